@@ -1,0 +1,97 @@
+"""A conversation with the target: prompt formatting, history, and one answer per turn.
+
+`ChatSession` holds the loaded target, the engine, the drafter (which lives as long as the conversation, so
+its automata and tables keep learning) and the message history. `format_prompt` is the one place prompts
+become token ids: the tokenizer's chat template with the generation prompt, a system message first when
+given, or the raw text with `raw=True`. Rendering is the CLI's job; nothing here prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+from .drafters import DrafterOptions, TargetInfo, make_drafter
+from .engine import Engine, EventCallback, Generation, GenerationConfig
+from .errors import SpecdecError
+
+
+def format_prompt(tokenizer: Any, messages: list[dict], raw: bool = False) -> list[int]:
+    """Token ids for a conversation ending in a user turn (raw: the concatenated contents, no template)."""
+    if raw:
+        text = "".join(message["content"] for message in messages if message["role"] != "system")
+        return list(tokenizer(text)["input_ids"])
+    if not getattr(tokenizer, "chat_template", None):
+        raise SpecdecError("this model's tokenizer has no chat template; use --raw")
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def target_info(model: Any, tokenizer: Any) -> TargetInfo:
+    from .fingerprint import tokenizer_fingerprint
+
+    eos: list[int] = []
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (configured if isinstance(configured, list) else [configured]) + [tokenizer.eos_token_id]:
+        if value is not None and value not in eos:
+            eos.append(int(value))
+    vocab = max(len(tokenizer), int(getattr(model.config, "vocab_size", 0) or 0))
+    return TargetInfo(vocab_size=vocab, eos_token_ids=tuple(eos), fingerprint=tokenizer_fingerprint(tokenizer))
+
+
+@dataclass
+class Turn:
+    user: str
+    answer: str
+    prompt_tokens: int
+    generation: Generation
+    drafter: str
+
+
+@dataclass
+class ChatSession:
+    model: Any
+    tokenizer: Any
+    drafter_name: str = "pld"
+    drafter_options: DrafterOptions = field(default_factory=DrafterOptions)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    system: Optional[str] = None
+    raw: bool = False
+
+    def __post_init__(self) -> None:
+        self.engine = Engine(self.model, self.tokenizer)
+        self.info = target_info(self.model, self.tokenizer)
+        self.generation = replace(self.generation, eos_token_ids=self.info.eos_token_ids)
+        self.generation.check()
+        self.drafter = make_drafter(self.drafter_name, self.drafter_options, self.info)
+        self.history: list[dict] = []
+        self.turns: list[Turn] = []
+
+    def set_drafter(self, name: str) -> None:
+        self.drafter = make_drafter(name, self.drafter_options, self.info)
+        self.drafter_name = name
+
+    def clear(self) -> None:
+        """A new conversation: history and every learned drafter state are dropped."""
+        self.history.clear()
+        self.turns.clear()
+        self.drafter = make_drafter(self.drafter_name, self.drafter_options, self.info)
+
+    def messages_for(self, user_text: str) -> list[dict]:
+        messages = [{"role": "system", "content": self.system}] if self.system else []
+        return messages + self.history + [{"role": "user", "content": user_text}]
+
+    def ask(self, user_text: str, on_event: Optional[EventCallback] = None) -> Turn:
+        if not user_text.strip():
+            raise SpecdecError("the prompt is empty")
+        prompt_ids = format_prompt(self.tokenizer, self.messages_for(user_text), self.raw)
+        generation = self.engine.generate(prompt_ids, self.drafter, self.generation, on_event)
+        answer = self.decode(generation)
+        self.history += [{"role": "user", "content": user_text}, {"role": "assistant", "content": answer}]
+        turn = Turn(user_text, answer, len(prompt_ids), generation, self.drafter_name)
+        self.turns.append(turn)
+        return turn
+
+    def decode(self, generation: Generation) -> str:
+        text = self.tokenizer.decode(generation.tokens, skip_special_tokens=True)
+        return text[: generation.text_end] if generation.text_end is not None else text

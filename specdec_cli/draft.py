@@ -1,0 +1,53 @@
+"""What a drafter proposes and what the engine reports back after each step.
+
+A `Draft` is a token tree flattened breadth first. Node indices count from 0 over the drafted tokens;
+`parents[i]` is the index of node i's parent, or -1 when its parent is the root (the last committed token,
+which the target scores in the same forward). A chain is the tree whose parents are -1, 0, 1, ...; it is
+the common case and `parents=None` spells it.
+
+A `StepEvent` is emitted by the engine once per target forward (and once for the prefill). Displays,
+statistics and drafters all read the same events; a drafter that needs more from the engine gets it here.
+This module holds data only: no torch import at module load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int]  # drafted token ids, breadth-first; the root (last committed token) is not included
+    source: str  # which drafter (or hybrid source) produced it: "pld", "sam-static", ...
+    parents: Optional[list[int]] = None  # None = chain; else parent index per node, -1 = root
+    p_draft: Optional["torch.Tensor"] = None  # [len(tokens), vocab] draft distributions; None = deterministic
+
+    @property
+    def is_chain(self) -> bool:
+        return self.parents is None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @staticmethod
+    def empty(source: str) -> "Draft":
+        return Draft(tokens=[], source=source)
+
+
+@dataclass
+class StepEvent:
+    kind: str  # "prefill" (prompt processed, first token chosen) or "step" (one verify forward)
+    draft: Draft  # what was proposed (empty for the prefill and for plain decoding)
+    accepted: int  # how many draft tokens the target accepted (along the accepted path)
+    committed: list[int]  # tokens appended to the context by this event: accepted drafts + target's token
+    target_token: int  # the target's own token: correction at the first mismatch, or the bonus token
+    accepted_path: list[int] = field(default_factory=list)  # node indices of the accepted drafts
+    context_len: int = 0  # committed context length after this event (prompt included)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    prompt_tokens: Sequence[int] = ()  # prefill only: the prompt as fed to the target
+    finished: Optional[str] = None  # "eos" | "stop" | "length" on the last event of a generation

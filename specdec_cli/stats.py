@@ -1,0 +1,82 @@
+"""Statistics of one generation, computed from the engine's step events (Spec-Bench conventions).
+
+- steps: target forwards after the prefill;
+- mean_accepted_tokens (tau): tokens committed per step, the target's own token included (plain = 1.0);
+- acceptance_rate: accepted draft tokens / drafted tokens;
+- per_position_acceptance[i]: among steps that drafted at least i+1 tokens, the share whose (i+1)-th draft
+  token was accepted.
+Pure bookkeeping over events; no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+from .draft import StepEvent
+
+
+@dataclass
+class GenerationStats:
+    new_tokens: int = 0
+    steps: int = 0
+    mean_accepted_tokens: float = 0.0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    acceptance_rate: float = 0.0
+    per_position_acceptance: list[float] = field(default_factory=list)
+    tokens_per_second: float = 0.0
+    wall_seconds: float = 0.0
+    ttft_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    # raw per-position counts, so several generations can be pooled exactly
+    position_drafted: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+    sources: dict = field(default_factory=dict)  # draft source -> steps it drafted
+
+    def as_json(self) -> dict:
+        """The contract of `specdec chat --json`'s "stats" object (extra keys are allowed)."""
+        return asdict(self)
+
+
+def summarize(events: Iterable[StepEvent], wall_seconds: float, ttft_seconds: float) -> GenerationStats:
+    stats = GenerationStats(wall_seconds=wall_seconds, ttft_seconds=ttft_seconds)
+    committed_in_steps = 0
+    for event in events:
+        stats.new_tokens += len(event.committed)
+        stats.draft_seconds += event.draft_seconds
+        stats.verify_seconds += event.verify_seconds
+        if event.kind != "step":
+            continue
+        stats.steps += 1
+        committed_in_steps += len(event.committed)
+        drafted = len(event.draft)
+        stats.drafted_tokens += drafted
+        stats.accepted_tokens += event.accepted
+        if drafted:
+            stats.sources[event.draft.source] = stats.sources.get(event.draft.source, 0) + 1
+        _add_positions(stats, drafted, event.accepted)
+    return finish(stats, committed_in_steps)
+
+
+def _add_positions(stats: GenerationStats, drafted: int, accepted: int) -> None:
+    while len(stats.position_drafted) < drafted:
+        stats.position_drafted.append(0)
+        stats.position_accepted.append(0)
+    for position in range(drafted):
+        stats.position_drafted[position] += 1
+        if position < accepted:
+            stats.position_accepted[position] += 1
+
+
+def finish(stats: GenerationStats, committed_in_steps: int) -> GenerationStats:
+    """Fill the derived rates from the raw counts."""
+    stats.mean_accepted_tokens = committed_in_steps / stats.steps if stats.steps else 0.0
+    stats.acceptance_rate = stats.accepted_tokens / stats.drafted_tokens if stats.drafted_tokens else 0.0
+    stats.per_position_acceptance = [
+        accepted / drafted if drafted else 0.0
+        for accepted, drafted in zip(stats.position_accepted, stats.position_drafted)
+    ]
+    stats.tokens_per_second = stats.new_tokens / stats.wall_seconds if stats.wall_seconds > 0 else 0.0
+    return stats

@@ -1,0 +1,66 @@
+"""Acceptance rules: which drafted tokens the target keeps, and which token it adds.
+
+Pure functions over token lists and probability tensors, callable from tests without a model.
+- Greedy (exact): accept draft tokens while each equals the target's argmax at its position.
+- Speculative sampling (lossless): accept drafted x with probability min(1, p_target(x) / p_draft(x));
+  at the first rejection draw from normalize(max(0, p_target - p_draft)); after a fully accepted chain
+  draw a bonus token from p_target. A deterministic drafter (no p_draft) is the point-mass case: accept
+  with probability p_target(x), on rejection draw from p_target with x removed.
+Each rule commits between 1 and len(draft)+1 tokens, and the committed sequence is distributed exactly as
+plain decoding's (greedy: identical). Token trees reuse these rules node by node (tree verification).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from .sampling import sample
+
+
+def greedy_accept(draft_tokens: Sequence[int], target_argmax: Sequence[int]) -> int:
+    """Number of leading draft tokens equal to the target's argmax at their positions.
+
+    target_argmax[i] is the target's choice after the root and draft_tokens[:i]; it has len(draft)+1 entries.
+    """
+    accepted = 0
+    for drafted, wanted in zip(draft_tokens, target_argmax):
+        if drafted != wanted:
+            break
+        accepted += 1
+    return accepted
+
+
+def residual(p_target: torch.Tensor, p_draft: Optional[torch.Tensor], drafted: int) -> torch.Tensor:
+    """Distribution to draw from after rejecting `drafted`: normalize(max(0, p_target - p_draft)).
+
+    With p_draft None (a deterministic drafter, point mass on `drafted`) this is p_target without `drafted`.
+    """
+    if p_draft is None:
+        rest = p_target.clone()
+        rest[drafted] = 0.0
+    else:
+        rest = torch.clamp(p_target - p_draft, min=0.0)
+    total = rest.sum()
+    if total <= 0:  # p_draft >= p_target everywhere: only possible when they are equal; fall back safely
+        return p_target
+    return rest / total
+
+
+def speculative_accept(
+    draft_tokens: Sequence[int],
+    p_target: torch.Tensor,  # [len(draft)+1, vocab], warped like plain sampling
+    p_draft: Optional[torch.Tensor],  # [len(draft), vocab] or None for a deterministic drafter
+    generator: Optional[torch.Generator],
+) -> tuple[int, int]:
+    """Returns (number of accepted draft tokens, the target's token after them)."""
+    for position, drafted in enumerate(draft_tokens):
+        p_target_x = float(p_target[position, drafted])
+        p_draft_x = 1.0 if p_draft is None else float(p_draft[position, drafted])
+        if p_draft_x <= 0:  # not a sample of p_draft at all: ignore it and draw from the target itself
+            return position, sample(p_target[position], generator)
+        if torch.rand((), generator=generator).item() >= min(1.0, p_target_x / p_draft_x):
+            row_draft = None if p_draft is None else p_draft[position]
+            return position, sample(residual(p_target[position], row_draft, drafted), generator)
+    return len(draft_tokens), sample(p_target[len(draft_tokens)], generator)

@@ -1,0 +1,63 @@
+"""Shared fixtures: tiny randomly initialised target models built from configs (no downloads).
+
+Weights get a large init scale so the logits are peaked and greedy choices are far from ties; otherwise a
+one-token and a many-token forward could legitimately round differently and pick different tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+TINY_VOCAB = 64
+TINY_EOS = 3
+
+
+def _tiny(kind: str):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    common = dict(
+        vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        initializer_range=0.3, eos_token_id=TINY_EOS, bos_token_id=1, pad_token_id=0,
+    )
+    torch.manual_seed(1234 if kind == "llama" else 4321)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    model.generation_config.eos_token_id = TINY_EOS
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2"])
+def tiny_model(request):
+    return _tiny(request.param)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    return _tiny("llama")
+
+
+def hf_greedy(model, prompt_ids, max_new_tokens, eos=TINY_EOS):
+    """The model's own plain greedy decoding through transformers' generate (the reference)."""
+    input_ids = torch.tensor([prompt_ids])
+    with torch.inference_mode():
+        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                             max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=0,
+                             min_new_tokens=0, temperature=None, top_p=None, top_k=None)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def run_cli(*args, input_text=None, env_extra=None, timeout=600):
+    env = dict(os.environ)
+    env.pop("SPECDEC_DEBUG", None)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "specdec_cli", *args], input=input_text, capture_output=True,
+                          text=True, env=env, timeout=timeout)

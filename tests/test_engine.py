@@ -1,0 +1,164 @@
+"""The engine on tiny models: every drafter's greedy output is token-identical to plain greedy decoding."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from conftest import TINY_EOS, TINY_VOCAB, hf_greedy
+from specdec_cli.draft import Draft
+from specdec_cli.drafters.none import NoDrafter
+from specdec_cli.drafters.pld import PromptLookupDrafter, find_latest_match
+from specdec_cli.engine import Engine, GenerationConfig
+
+PROMPTS = [
+    [1, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11],
+    [1, 5, 6, 7, 8, 9, 20, 21, 22, 5, 6, 7],
+    [1, 40],
+]
+
+
+class ScriptedDrafter:
+    """Proposes the reference continuation with a twist: exact, corrupted at one position, or run past EOS."""
+
+    def __init__(self, reference: list[int], prompt_len: int, mode: str, seed: int = 0):
+        self.name = f"scripted-{mode}"
+        self.reference, self.prompt_len, self.mode = reference, prompt_len, mode
+        self.rng = random.Random(seed)
+
+    def propose(self, context, budget):
+        done = len(context) - self.prompt_len
+        if self.mode == "junk":
+            return Draft([self.rng.randrange(TINY_VOCAB) for _ in range(budget)], self.name)
+        truth = self.reference[done : done + budget]
+        if self.mode == "past-eos":  # the true continuation, then EOS, then garbage after it
+            truth = (truth + [TINY_EOS, 7, 8, 9])[:budget]
+        if self.mode == "partial" and len(truth) > 1:
+            wrong = self.rng.randrange(len(truth))
+            truth = truth[:wrong] + [(truth[wrong] + 1) % TINY_VOCAB] + truth[wrong + 1 :]
+        return Draft(list(truth), self.name)
+
+    def observe(self, event):
+        pass
+
+
+def _generate(model, prompt, drafter, max_new_tokens, draft_max=6):
+    config = GenerationConfig(max_new_tokens=max_new_tokens, draft_max=draft_max, eos_token_ids=(TINY_EOS,))
+    return Engine(model).generate(prompt, drafter, config)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("mode", ["none", "pld", "exact", "partial", "junk", "past-eos"])
+def test_greedy_identical_to_plain_decoding(tiny_model, prompt, mode):
+    reference = hf_greedy(tiny_model, prompt, 40)
+    if mode == "none":
+        drafter = NoDrafter()
+    elif mode == "pld":
+        drafter = PromptLookupDrafter()
+    else:
+        drafter = ScriptedDrafter(reference, len(prompt), mode)
+    generation = _generate(tiny_model, prompt, drafter, 40)
+    assert generation.tokens == reference
+    stats = generation.stats
+    assert stats.new_tokens == len(reference)
+    assert stats.steps == sum(1 for event in generation.events if event.kind == "step")
+    if mode == "none":
+        assert stats.mean_accepted_tokens == pytest.approx(1.0) and stats.drafted_tokens == 0
+    if mode == "exact" and stats.steps:
+        assert stats.mean_accepted_tokens > 1.5
+
+
+def test_eos_stops_and_is_kept(tiny_llama):
+    """Declare a token the model produces to be EOS: output stops right after it, like generate."""
+    prompt = PROMPTS[0]
+    reference = hf_greedy(tiny_llama, prompt, 12, eos=None)
+    eos = reference[3]
+    expected = reference[: reference.index(eos) + 1]
+    drafter = ScriptedDrafter(reference, len(prompt), "exact")
+    config = GenerationConfig(max_new_tokens=40, draft_max=6, eos_token_ids=(eos,))
+    generation = Engine(tiny_llama).generate(prompt, drafter, config)
+    assert generation.tokens == expected == hf_greedy(tiny_llama, prompt, 40, eos=eos)
+    assert generation.finish_reason == "eos"
+
+
+def test_max_new_tokens_is_exact(tiny_llama):
+    prompt = PROMPTS[0]
+    reference = hf_greedy(tiny_llama, prompt, 7)
+    generation = _generate(tiny_llama, prompt, ScriptedDrafter(reference, len(prompt), "exact"), 7, draft_max=16)
+    assert generation.tokens == reference and len(generation.tokens) == 7
+    assert generation.finish_reason in ("length", "eos")
+    assert all(len(event.draft) <= 16 for event in generation.events)
+
+
+def test_events_are_consistent(tiny_llama):
+    prompt = PROMPTS[1]
+    generation = _generate(tiny_llama, prompt, PromptLookupDrafter(), 30)
+    events = generation.events
+    assert events[0].kind == "prefill" and list(events[0].prompt_tokens) == prompt
+    committed = [token for event in events for token in event.committed]
+    assert committed == generation.tokens
+    for event in events[1:]:
+        assert event.committed[: event.accepted] == event.draft.tokens[: event.accepted]
+        assert event.committed[-1] == event.target_token or event.finished
+    assert events[-1].finished == generation.finish_reason
+    assert events[-1].context_len == len(prompt) + len(generation.tokens)
+
+
+def _exact_second_token_law(model, prompt, temperature):
+    """P(2nd new token) = sum over t1 of P(t1) P(t2 | t1), from the model's own warped distributions."""
+    from specdec_cli.sampling import warp_probs
+
+    with torch.inference_mode():
+        first = warp_probs(model(torch.tensor([prompt])).logits[0, -1], temperature)  # [vocab]
+        batch = torch.tensor([prompt + [token] for token in range(TINY_VOCAB)])  # [vocab, len+1]
+        second = warp_probs(model(batch).logits[:, -1], temperature)  # [vocab, vocab]
+    return (first.unsqueeze(1) * second).sum(0).double()
+
+
+def _chi_square(counts, expected_probs):
+    """Pearson statistic with categories of expected count < 5 pooled; returns (statistic, degrees of freedom)."""
+    runs = counts.sum()
+    expected = expected_probs * runs
+    big = expected >= 5
+    observed = torch.cat([counts[big], counts[~big].sum().reshape(1)])
+    wanted = torch.cat([expected[big], expected[~big].sum().reshape(1)])
+    keep = wanted > 0
+    statistic = float(((observed[keep] - wanted[keep]) ** 2 / wanted[keep]).sum())
+    return statistic, int(keep.sum()) - 1
+
+
+@pytest.mark.parametrize("mode", ["none", "exact", "junk"])
+def test_sampling_keeps_the_target_distribution(tiny_llama, mode):
+    """Seeded Monte-Carlo on a real (tiny) model: the 2nd new token follows the model's exact law."""
+    prompt = [1, 10, 11, 12, 10, 11]
+    temperature = 1.0
+    config = GenerationConfig(max_new_tokens=4, temperature=temperature, draft_max=4, eos_token_ids=())
+    engine = Engine(tiny_llama)
+    drafter = NoDrafter() if mode == "none" else ScriptedDrafter([11, 12, 10, 11], len(prompt), mode)
+    runs = 800
+    counts = torch.zeros(TINY_VOCAB, dtype=torch.float64)
+    for seed in range(runs):
+        config.seed = seed
+        counts[engine.generate(prompt, drafter, config).tokens[1]] += 1
+    statistic, dof = _chi_square(counts, _exact_second_token_law(tiny_llama, prompt, temperature))
+    # mean dof, sd sqrt(2 dof): 5 sd is a one-in-millions false alarm; a biased rule overshoots by far
+    assert statistic < dof + 5 * (2 * dof) ** 0.5 + 5, (statistic, dof)
+
+
+def test_find_latest_match():
+    import numpy as np
+
+    tokens = np.array([1, 2, 3, 9, 1, 2, 3, 7, 1, 2])
+    assert find_latest_match(tokens, 2) == 4
+    assert find_latest_match(tokens, 3) is None or find_latest_match(tokens, 3) < 8
+    assert find_latest_match(np.array([4, 5]), 1) is None
+
+
+def test_pld_drafts_the_continuation():
+    drafter = PromptLookupDrafter(max_ngram=2, draft_max=3)
+    draft = drafter.propose([1, 2, 3, 4, 5, 9, 2, 3], budget=8)
+    assert draft.tokens == [4, 5, 9]
+    assert drafter.propose([1, 2], budget=4).tokens == []
+    assert drafter.propose([1, 2, 1], budget=0).tokens == []

@@ -1,0 +1,78 @@
+"""The embedded default model (SmolLM2-135M-Instruct): the one-shot command equals transformers' greedy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import run_cli
+
+pytestmark = pytest.mark.real_model
+
+# Prompts written for this test only (not in any benchmark suite).
+PROMPTS = [
+    "List three uses of a paperclip, one per line, then repeat the list in reverse order.",
+    "Write a Python function `count_vowels(text)` and a short test for it.",
+]
+
+
+@pytest.fixture(scope="module")
+def default_target():
+    from specdec_cli.models import load_target
+
+    return load_target()
+
+
+def _reference(target, prompt, max_new_tokens):
+    from specdec_cli.chat import format_prompt
+
+    ids = format_prompt(target.tokenizer, [{"role": "user", "content": prompt}])
+    input_ids = torch.tensor([ids])
+    with torch.inference_mode():
+        out = target.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                                    max_new_tokens=max_new_tokens)
+    return ids, out[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("drafter", ["none", "pld"])
+def test_one_shot_json_equals_transformers_greedy(default_target, drafter):
+    prompt = PROMPTS[0] if drafter == "none" else PROMPTS[1]
+    ids, reference = _reference(default_target, prompt, 96)
+    result = run_cli("chat", "--prompt", prompt, "--drafter", drafter, "--max-new-tokens", "96", "--json")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["output_token_ids"] == reference
+    assert payload["prompt_tokens"] == len(ids)
+    assert payload["drafter"] == drafter
+    assert payload["output"] == default_target.tokenizer.decode(reference, skip_special_tokens=True)
+    stats = payload["stats"]
+    assert stats["new_tokens"] == len(reference)
+    assert set(stats) >= {"new_tokens", "steps", "mean_accepted_tokens", "drafted_tokens", "accepted_tokens",
+                          "acceptance_rate", "per_position_acceptance", "tokens_per_second", "wall_seconds",
+                          "ttft_seconds"}
+    if drafter == "none":
+        assert stats["mean_accepted_tokens"] == pytest.approx(1.0)
+
+
+def test_every_drafter_is_lossless_in_process(default_target):
+    """All registered drafters, greedy, against transformers' generate on a repetitive prompt."""
+    from specdec_cli.chat import ChatSession
+    from specdec_cli.drafters import DRAFTERS
+    from specdec_cli.engine import GenerationConfig
+
+    prompt = "Repeat this sentence three times: the quick brown fox jumps over the lazy dog."
+    _, reference = _reference(default_target, prompt, 64)
+    for name in DRAFTERS:
+        session = ChatSession(default_target.model, default_target.tokenizer, name,
+                              generation=GenerationConfig(max_new_tokens=64))
+        assert session.ask(prompt).generation.tokens == reference, name
+
+
+def test_stop_string_cuts_the_output(default_target):
+    result = run_cli("chat", "--prompt", PROMPTS[1], "--max-new-tokens", "64", "--stop", "def ", "--json")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert "def " not in payload["output"]
+    assert payload["finish_reason"] == "stop"
