@@ -13,7 +13,7 @@ This module holds data only: no torch import at module load.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -50,4 +50,5 @@ class StepEvent:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     prompt_tokens: Sequence[int] = ()  # prefill only: the prompt as fed to the target
+    settings: Any = None  # prefill only: the GenerationConfig in force (temperature, top_k, top_p, ...)
     finished: Optional[str] = None  # "eos" | "stop" | "length" on the last event of a generation

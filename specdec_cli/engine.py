@@ -123,7 +123,7 @@ class Engine:
         ttft = time.perf_counter() - started
         finish, committed, text_end = self._commit(context, new_tokens, [first], eos, config)
         emit(StepEvent("prefill", Draft.empty("prefill"), 0, committed, first, context_len=len(context),
-                       verify_seconds=ttft, prompt_tokens=tuple(prompt_ids), finished=finish))
+                       verify_seconds=ttft, prompt_tokens=tuple(prompt_ids), settings=config, finished=finish))
 
         while finish is None:
             budget = min(config.draft_max, config.max_new_tokens - len(new_tokens) - 1)

@@ -29,6 +29,8 @@ def load_session(
     dtype: str,
     drafter: str,
     index: Optional[str],
+    draft_model: Optional[str],
+    draft_min_prob: float,
     draft_max: Optional[int],
     max_new_tokens: int,
     temperature: float,
@@ -48,7 +50,7 @@ def load_session(
 
     if drafter not in DRAFTERS:
         raise SpecdecError(f"unknown drafter {drafter!r}; choose one of: {', '.join(DRAFTERS)}")
-    options = DrafterOptions(draft_max=draft_max, index=index)
+    options = DrafterOptions(draft_max=draft_max, index=index, draft_model=draft_model, draft_min_prob=draft_min_prob)
     generation = GenerationConfig(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
@@ -69,8 +71,10 @@ def load_session(
 def chat(
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="One-shot prompt ('-' reads stdin); omit for the interactive chat."),
     target: str = typer.Option("smollm2-135m-instruct", "--target", "-m", help="HF repo id, model directory, or .gguf file."),
-    drafter: str = typer.Option(DEFAULT_DRAFTER, "--drafter", "-d", help="none, pld, sam."),
+    drafter: str = typer.Option(DEFAULT_DRAFTER, "--drafter", "-d", help="none, pld, sam, model."),
     index: Optional[str] = typer.Option(None, "--index", help="Suffix-automaton index for --drafter sam."),
+    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft model directory for --drafter model."),
+    draft_min_prob: float = typer.Option(0.0, "--draft-min-prob", help="model: stop drafting below this top probability."),
     draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Longest draft per step."),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", help="Stop after this many new tokens."),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy (exact); > 0 = lossless sampling."),
@@ -90,7 +94,7 @@ def chat(
 
         raise SpecdecError("interactive chat is not available yet; pass --prompt TEXT")
     text = read_prompt(prompt)
-    session, loaded = load_session(target, device, dtype, drafter, index, draft_max, max_new_tokens,
+    session, loaded = load_session(target, device, dtype, drafter, index, draft_model, draft_min_prob, draft_max, max_new_tokens,
                                    temperature, top_p, top_k, seed, system, raw, stop)
     if as_json:
         turn = session.ask(text)

@@ -16,6 +16,7 @@ DRAFTERS = {
     "none": "plain decoding through the same loop (the baseline)",
     "pld": "prompt lookup: continue the longest recent n-gram match in the context",
     "sam": "suffix automata over the conversation and an optional static index (SAM-Decoding)",
+    "model": "a small draft model with the target's tokenizer (see `specdec distill`)",
 }
 
 
@@ -36,6 +37,8 @@ class DrafterOptions:
     l_threshold: int = 5  # sam: below this match length an auxiliary drafter may take over
     pld_max_ngram: int = 3  # pld: longest n-gram to look up
     pld_min_ngram: int = 1  # pld: shortest n-gram to look up
+    draft_model: Optional[str] = None  # model: directory of the draft model
+    draft_min_prob: float = 0.0  # model: stop a chain when the draft's top probability falls below this
     extra: dict = field(default_factory=dict)
 
 
@@ -55,4 +58,8 @@ def make_drafter(name: str, options: DrafterOptions, target: TargetInfo) -> Draf
         from .sam import make_sam_drafter
 
         return make_sam_drafter(options, target)
+    if name == "model":
+        from .model import make_model_drafter
+
+        return make_model_drafter(options, target)
     raise SpecdecError(f"unknown drafter {name!r}; choose one of: {', '.join(DRAFTERS)}")
