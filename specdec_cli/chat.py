@@ -92,6 +92,10 @@ class ChatSession:
         self.turns.append(turn)
         return turn
 
+    def record(self, user_text: str, answer: str) -> None:
+        """Keep an answer that was cut short (Ctrl-C) in the history, so the conversation goes on from it."""
+        self.history += [{"role": "user", "content": user_text}, {"role": "assistant", "content": answer}]
+
     def decode(self, generation: Generation) -> str:
         text = self.tokenizer.decode(generation.tokens, skip_special_tokens=True)
         return text[: generation.text_end] if generation.text_end is not None else text

@@ -61,3 +61,49 @@ def run_cli(*args, input_text=None, env_extra=None, timeout=600):
     env.update(env_extra or {})
     return subprocess.run([sys.executable, "-m", "specdec_cli", *args], input=input_text, capture_output=True,
                           text=True, env=env, timeout=timeout)
+
+
+def make_char_tokenizer():
+    """A character-level fast tokenizer with a ChatML-style template, built offline."""
+    import string
+
+    from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "<unk>", "<|im_end|>", "<|im_start|>"]
+    chars = sorted(set(string.printable) - set("\x0b\x0c\r"))
+    core = Tokenizer(WordLevel({token: i for i, token in enumerate(specials + chars)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="<|im_end|>",
+                                        unk_token="<unk>", pad_token="<pad>",
+                                        additional_special_tokens=["<|im_start|>"])
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    return tokenizer
+
+
+def make_tiny_model_dir(path, seed: int = 99):
+    """A tiny Llama with the character tokenizer, saved as a model directory `--target DIR` can load."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = make_char_tokenizer()
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         initializer_range=0.3, eos_token_id=tokenizer.eos_token_id, bos_token_id=1,
+                         pad_token_id=0)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = 0
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    return str(make_tiny_model_dir(tmp_path_factory.mktemp("tiny-model")))

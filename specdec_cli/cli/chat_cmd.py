@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from . import app
-from .common import err_console
+from .common import console, err_console
 
 DEFAULT_DRAFTER = "pld"
 
@@ -85,25 +85,54 @@ def chat(
     raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without the chat template."),
     stop: Optional[List[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the output and statistics."),
+    plain: bool = typer.Option(False, "--plain", help="Stream plain text (also when stdout is not a terminal)."),
+    show_rejected: bool = typer.Option(True, "--show-rejected/--hide-rejected", help="Show rejected drafts struck through."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, mps."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16, float16."),
 ) -> None:
     """Speculative chat: one-shot with --prompt, interactive otherwise."""
-    if prompt is None:
-        from ..errors import SpecdecError
+    text = read_prompt(prompt) if prompt is not None else None
+    session, loaded = load_session(target, device, dtype, drafter, index, draft_model, draft_min_prob, draft_max,
+                                   max_new_tokens, temperature, top_p, top_k, seed, system, raw, stop)
+    plain = plain or not sys.stdout.isatty()
+    if text is None:
+        from .repl import Repl
 
-        raise SpecdecError("interactive chat is not available yet; pass --prompt TEXT")
-    text = read_prompt(prompt)
-    session, loaded = load_session(target, device, dtype, drafter, index, draft_model, draft_min_prob, draft_max, max_new_tokens,
-                                   temperature, top_p, top_k, seed, system, raw, stop)
+        repl = Repl(session, console(), err_console(), plain, show_rejected, settings_lines(session, loaded))
+        raise typer.Exit(repl.run())
     if as_json:
         turn = session.ask(text)
         print(json.dumps(turn_json(turn), ensure_ascii=False))
         return
-    stream = TextStream(session.tokenizer, session.generation.stop)
-    turn = session.ask(text, on_event=stream.on_event)
-    stream.finish(turn.answer)
+    if plain:
+        stream = TextStream(session.tokenizer, session.generation.stop)
+        turn = session.ask(text, on_event=stream.on_event)
+        stream.finish(turn.answer)
+    else:
+        from .render import LiveTranscript, TranscriptView
+
+        view = TranscriptView(session.tokenizer.decode, session.drafter_name, show_rejected)
+        with LiveTranscript(console(), view) as live:
+            turn = session.ask(text, on_event=live.on_event)
     err_console().print(stats_line(turn))
+
+
+def settings_lines(session, loaded) -> list[str]:
+    """What the chat runs with, printed once at start."""
+    generation = session.generation
+    options = session.drafter_options
+    drafter = session.drafter_name
+    if drafter == "sam":
+        drafter += f" (index {options.index}, l_bias {options.l_bias})" if options.index else " (conversation only)"
+    if drafter == "model":
+        drafter += f" ({options.draft_model})"
+    sampling = "greedy" if generation.greedy else (
+        f"temperature {generation.temperature}, top_p {generation.top_p}, top_k {generation.top_k}, seed {generation.seed}")
+    dtype = str(loaded.dtype).replace("torch.", "")
+    return [
+        f"[bold]specdec chat[/bold] · model {loaded.name} · {loaded.device} · {dtype}",
+        f"drafter {drafter} · draft_max {generation.draft_max} · {sampling} · max_new_tokens {generation.max_new_tokens}",
+    ]
 
 
 def turn_json(turn) -> dict:

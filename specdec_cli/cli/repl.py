@@ -1,0 +1,224 @@
+"""The interactive `specdec chat`: a read-answer loop with slash commands and the live speculation view.
+
+The conversation, the engine and the drafter live in a `ChatSession` (specdec_cli.chat); this module only
+reads lines, dispatches commands, renders answers and prints tables. Ctrl-C while generating stops that
+answer and keeps what was written; Ctrl-C or Ctrl-D at the prompt leaves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import replace
+from typing import Optional
+
+from .render import LiveTranscript, TranscriptView
+
+HELP = """\
+/help                 this list
+/exit, /quit, Ctrl-D  leave
+/clear                start a new conversation (history and drafter state are dropped)
+/system TEXT          set the system message (and start a new conversation)
+/set KEY VALUE        temperature, top_p, top_k, seed, max_new_tokens, draft_max
+/drafter NAME         switch drafter: {drafters}
+/stats                per-turn speed and acceptance, per-position acceptance chart
+/save FILE            the conversation and its statistics as JSON
+\"\"\"                   start or end multi-line input
+Ctrl-C                stop the answer being written (it is kept)"""
+
+SETTABLE = {
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "seed": int,
+    "max_new_tokens": int,
+    "draft_max": int,
+}
+
+
+class Repl:
+    def __init__(self, session, console, err, plain: bool, show_rejected: bool, settings_lines: list[str]):
+        self.session = session
+        self.console = console  # answers
+        self.err = err  # messages, status, tables
+        self.plain = plain
+        self.show_rejected = show_rejected
+        self.settings_lines = settings_lines
+
+    # -- input ---------------------------------------------------------------------------------------------
+
+    def read(self) -> Optional[str]:
+        """One user message (multi-line between triple quotes); None at end of input."""
+        first = input(">>> ")
+        if first.strip() != '"""':
+            return first
+        lines = []
+        while True:
+            line = input("... ")
+            if line.strip() == '"""':
+                return "\n".join(lines)
+            lines.append(line)
+
+    def run(self) -> int:
+        try:
+            import readline  # noqa: F401  (line editing and history where available)
+        except ImportError:
+            pass
+        for line in self.settings_lines:
+            self.err.print(line)
+        self.err.print("[dim]Type /help for commands, /exit to leave.[/dim]")
+        while True:
+            try:
+                text = self.read()
+            except EOFError:
+                self.err.print()
+                return 0
+            except KeyboardInterrupt:
+                self.err.print()
+                return 0
+            if text is None:
+                return 0
+            if not text.strip():
+                continue
+            if text.startswith("/") and not text.startswith("//"):
+                if self.command(text.strip()) == "exit":
+                    return 0
+                continue
+            self.answer(text[1:] if text.startswith("//") else text)
+
+    # -- commands ------------------------------------------------------------------------------------------
+
+    def command(self, line: str) -> Optional[str]:
+        from ..drafters import DRAFTERS
+        from ..errors import SpecdecError
+
+        name, _, arg = line.partition(" ")
+        arg = arg.strip()
+        try:
+            if name in ("/exit", "/quit"):
+                return "exit"
+            if name == "/help":
+                self.err.print(HELP.format(drafters=", ".join(DRAFTERS)), markup=False)
+            elif name == "/clear":
+                self.session.clear()
+                self.err.print("[dim]New conversation.[/dim]")
+            elif name == "/system":
+                self.session.system = arg or None
+                self.session.clear()
+                self.err.print(f"[dim]System message {'set' if arg else 'cleared'}; new conversation.[/dim]")
+            elif name == "/set":
+                self.set(arg)
+            elif name == "/drafter":
+                if not arg:
+                    raise SpecdecError(f"usage: /drafter NAME ({', '.join(DRAFTERS)})")
+                self.session.set_drafter(arg)
+                self.err.print(f"[dim]Drafter: {arg}.[/dim]")
+            elif name == "/stats":
+                self.stats()
+            elif name == "/save":
+                if not arg:
+                    raise SpecdecError("usage: /save FILE")
+                self.save(arg)
+            else:
+                raise SpecdecError(f"unknown command {name}; /help lists the commands")
+        except SpecdecError as exc:
+            self.err.print(f"[red]{exc}[/red]", markup=True, highlight=False)
+        return None
+
+    def set(self, arg: str) -> None:
+        from ..errors import SpecdecError
+
+        key, _, value = arg.partition(" ")
+        key = key.replace("-", "_")
+        if key not in SETTABLE or not value.strip():
+            raise SpecdecError(f"usage: /set KEY VALUE with KEY one of {', '.join(SETTABLE)}")
+        try:
+            parsed = SETTABLE[key](value.strip())
+        except ValueError:
+            raise SpecdecError(f"/set {key}: {value.strip()!r} is not a valid {SETTABLE[key].__name__}") from None
+        updated = replace(self.session.generation, **{key: parsed})
+        updated.check()  # raises with a one-line reason; the old settings stay
+        self.session.generation = updated
+        if key == "draft_max":
+            self.session.drafter_options.draft_max = parsed
+            self.session.set_drafter(self.session.drafter_name)
+        self.err.print(f"[dim]{key} = {parsed}[/dim]")
+
+    # -- answering -----------------------------------------------------------------------------------------
+
+    def answer(self, text: str) -> None:
+        view = TranscriptView(self.session.tokenizer.decode, self.session.drafter_name, self.show_rejected)
+        try:
+            if self.plain:
+                from .chat_cmd import TextStream
+
+                stream = TextStream(self.session.tokenizer, self.session.generation.stop)
+                turn = self.session.ask(text, on_event=lambda event: (view.add(event), stream.on_event(event)))
+                stream.finish(turn.answer)
+            else:
+                with LiveTranscript(self.console, view) as live:
+                    turn = self.session.ask(text, on_event=live.on_event)
+        except KeyboardInterrupt:
+            partial = self.session.tokenizer.decode(view.tokens, skip_special_tokens=True)
+            self.session.record(text, partial)
+            if self.plain:
+                sys.stdout.write("\n")
+            self.err.print(f"[yellow]Interrupted; kept {len(view.tokens)} tokens of the answer.[/yellow]")
+            return
+        self.err.print(f"[dim]{view.status().line()}[/dim]")
+        del turn
+
+    # -- statistics ----------------------------------------------------------------------------------------
+
+    def stats(self) -> None:
+        from rich.table import Table
+
+        turns = self.session.turns
+        if not turns:
+            self.err.print("[dim]No answers yet.[/dim]")
+            return
+        table = Table(title="This conversation", title_justify="left")
+        for column in ("turn", "drafter", "tokens", "tok/s", "tokens/step", "acceptance", "TTFT s"):
+            table.add_column(column, justify="right" if column not in ("drafter",) else "left")
+        position_drafted: list[int] = []
+        position_accepted: list[int] = []
+        for number, turn in enumerate(turns, 1):
+            stats = turn.generation.stats
+            table.add_row(str(number), turn.drafter, str(stats.new_tokens), f"{stats.tokens_per_second:.1f}",
+                          f"{stats.mean_accepted_tokens:.2f}", f"{stats.acceptance_rate:.0%}",
+                          f"{stats.ttft_seconds:.2f}")
+            for position, (drafted, accepted) in enumerate(zip(stats.position_drafted, stats.position_accepted)):
+                if position >= len(position_drafted):
+                    position_drafted.append(0)
+                    position_accepted.append(0)
+                position_drafted[position] += drafted
+                position_accepted[position] += accepted
+        self.err.print(table)
+        if position_drafted:
+            self.err.print("Per-position acceptance (share of steps whose i-th draft token was accepted):")
+            for position, (drafted, accepted) in enumerate(zip(position_drafted, position_accepted), 1):
+                share = accepted / drafted if drafted else 0.0
+                bar = "█" * round(share * 40)
+                self.err.print(f"  {position:>2} {bar:<40} {share:5.0%}  ({accepted}/{drafted})", markup=False)
+
+    def save(self, path: str) -> None:
+        from ..errors import SpecdecError
+        from .chat_cmd import turn_json
+
+        document = {
+            "system": self.session.system,
+            "drafter": self.session.drafter_name,
+            "messages": self.session.history,
+            "turns": [dict(turn_json(turn), user=turn.user) for turn in self.session.turns],
+        }
+        tmp = f"{path}.tmp-{os.getpid()}"
+        try:
+            with open(tmp, "w", encoding="utf-8") as handle:
+                json.dump(document, handle, ensure_ascii=False, indent=1)
+            os.replace(tmp, path)
+        except OSError as exc:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise SpecdecError(f"cannot save to {path}: {exc.strerror or exc}") from None
+        self.err.print(f"[dim]Saved {len(self.session.history)} messages to {path}.[/dim]")

@@ -1,0 +1,75 @@
+"""The real REPL in a pseudo-terminal on a tiny model: what a person types, what a person sees."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+pexpect = pytest.importorskip("pexpect")
+
+
+def _spawn(model_dir, *extra):
+    env = dict(os.environ, TERM="xterm", COLUMNS="100", LINES="40")
+    env.pop("NO_COLOR", None)
+    return pexpect.spawn(sys.executable, ["-m", "specdec_cli", "chat", "--target", model_dir, "-n", "24", *extra],
+                         env=env, encoding="utf-8", timeout=60, dimensions=(40, 100))
+
+
+def test_repl_session(tiny_model_dir, tmp_path):
+    child = _spawn(tiny_model_dir)
+    child.expect("drafter pld")
+    child.expect(">>> ")
+    child.sendline("hello there")
+    child.expect("tokens/step")  # the status line after the answer
+    child.expect(">>> ")
+    child.sendline('"""')
+    child.sendline("first line")
+    child.sendline("second line")
+    child.sendline('"""')
+    child.expect("tokens/step")
+    child.expect(">>> ")
+    child.sendline("/set temperature 0.7")
+    child.expect("temperature = 0.7")
+    child.sendline("/set top_p 7")
+    child.expect(r"--top-p must be in \(0, 1\]")
+    child.sendline("/frobnicate")
+    child.expect("unknown command /frobnicate")
+    child.sendline("/stats")
+    child.expect("Per-position acceptance")
+    save = tmp_path / "conversation.json"
+    child.sendline(f"/save {save}")
+    child.expect("Saved 4 messages")
+    child.sendline("/clear")
+    child.expect("New conversation")
+    child.sendline("/drafter none")
+    child.expect("Drafter: none")
+    # a long answer, interrupted with Ctrl-C: the REPL stays and keeps the partial answer
+    child.sendline("/set max_new_tokens 1900")
+    child.expect("max_new_tokens = 1900")
+    child.sendline("tell me a long story")
+    child.expect("tokens/s", timeout=30)  # the live status line is drawing
+    child.sendintr()
+    child.expect("Interrupted; kept")
+    child.expect(">>> ")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    document = json.loads(save.read_text())
+    assert [m["role"] for m in document["messages"]] == ["user", "assistant", "user", "assistant"]
+    assert document["messages"][2]["content"] == "first line\nsecond line"
+    assert len(document["turns"]) == 2 and "mean_accepted_tokens" in document["turns"][0]["stats"]
+
+
+def test_ctrl_c_and_ctrl_d_at_prompt_exit_cleanly(tiny_model_dir):
+    for key in ("intr", "eof"):
+        child = _spawn(tiny_model_dir)
+        child.expect(">>> ")
+        child.sendintr() if key == "intr" else child.sendeof()
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 0, key
+        assert "Traceback" not in (child.before or "")
