@@ -25,6 +25,7 @@ class Draft:
     source: str  # which drafter (or hybrid source) produced it: "pld", "sam-static", ...
     parents: Optional[list[int]] = None  # None = chain; else parent index per node, -1 = root
     p_draft: Optional["torch.Tensor"] = None  # [len(tokens), vocab] draft distributions; None = deterministic
+    match_len: int = 0  # length of the context match the draft continues (retrieval drafters), 0 = n/a
 
     @property
     def is_chain(self) -> bool:

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from .budget import AcceptanceTracker, CostCurve, load_or_measure
 from .draft import Draft, StepEvent
 from .drafters.base import Drafter
 from .errors import SpecdecError
@@ -36,6 +37,7 @@ class GenerationConfig:
     draft_max: int = 8  # the length budget handed to the drafter each step
     stop: Sequence[str] = ()  # stop strings (need a tokenizer)
     eos_token_ids: Sequence[int] = ()
+    cost_aware: bool = True  # verify only as much of each draft as is expected to pay off (budget.py)
 
     @property
     def greedy(self) -> bool:
@@ -65,6 +67,8 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer  # only needed for stop strings
         self.device = next(model.parameters()).device
+        self.acceptance = AcceptanceTracker()  # lives as long as the engine: a chat session learns
+        self._cost: Optional[CostCurve] = None
 
     # -- the model, one forward at a time ------------------------------------------------------------------
 
@@ -130,9 +134,10 @@ class Engine:
             # 1. Draft: the drafter guesses up to `budget` tokens after the committed context.
             t0 = time.perf_counter()
             draft = drafter.propose(context, budget) if budget > 0 else Draft.empty(drafter.name)
-            if len(draft) > budget:  # a drafter over budget is cut, never trusted
-                p_draft = None if draft.p_draft is None else draft.p_draft[:budget]
-                draft = Draft(draft.tokens[:budget], draft.source, None, p_draft)
+            if config.cost_aware and len(draft):
+                key = self.acceptance.key(draft.source, draft.match_len)
+                budget = self.acceptance.plan(key, self.cost_curve(), min(budget, len(draft)))
+            draft = _trim(draft, budget)
             t1 = time.perf_counter()
             # 2. Verify: score the newest committed token and the whole draft in one forward.
             logits = self._forward([context[-1], *draft.tokens], cache, len(context) - 1)  # [k+1, vocab]
@@ -151,12 +156,58 @@ class Engine:
             )
             self._truncate_cache(cache, len(context) - 1)
             t2 = time.perf_counter()
+            if config.cost_aware and len(draft):
+                self.acceptance.record(key, len(draft), accepted)
+                self._cost.observe(len(draft) + 1, t2 - t1)
             emit(StepEvent("step", draft, accepted, committed, target_token, list(range(accepted)), len(context),
                            draft_seconds=t1 - t0, verify_seconds=t2 - t1, finished=finish))
 
         wall = time.perf_counter() - started
         stats = summarize(events, wall_seconds=wall, ttft_seconds=ttft)
         return Generation(new_tokens, finish, stats, events, text_end)
+
+    def cost_curve(self) -> CostCurve:
+        """t(n) for this model on this device: from the cache under $SPECDEC_HOME, else measured now (~1 s)."""
+        if self._cost is None:
+            self._cost = load_or_measure(self._cost_cache_file(), lambda: self._forward_timer())
+        return self._cost
+
+    def _cost_cache_file(self):
+        import hashlib
+
+        from .models import specdec_home
+
+        name = getattr(self.model.config, "_name_or_path", "") or ""
+        if not name:  # an in-memory model (tests): measure, but do not cache on disk
+            return None
+        params = sum(p.numel() for p in self.model.parameters())
+        dtype = next(self.model.parameters()).dtype
+        key = f"{name}|{params}|{self.device}|{dtype}|{torch.get_num_threads()}|{torch.__version__}"
+        return specdec_home() / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+    def _forward_timer(self, prefix: int = 256) -> Callable[[int], float]:
+        """A function n -> seconds of one forward of n new tokens after a `prefix`-token cache."""
+        from transformers import DynamicCache
+
+        generator = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, self.model.config.vocab_size, (prefix + 64,), generator=generator).tolist()
+        cache = DynamicCache()
+        with torch.inference_mode():
+            self._forward(ids[:prefix], cache, 0, last_only=True)
+
+        @torch.inference_mode()
+        def timed(tokens: int) -> float:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            self._forward(ids[prefix : prefix + tokens], cache, prefix)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            elapsed = time.perf_counter() - started
+            self._truncate_cache(cache, prefix)
+            return elapsed
+
+        return timed
 
     def _choose(self, logits: torch.Tensor, generator: Optional[torch.Generator], config: GenerationConfig) -> int:
         """The target's own choice from one row of logits [vocab], as plain decoding makes it."""
@@ -199,3 +250,11 @@ class Engine:
             if len(decode(before + committed[:keep])) > cut:
                 return keep, cut
         return len(committed), cut
+
+
+def _trim(draft: Draft, length: int) -> Draft:
+    """The first `length` tokens of a chain draft (a drafter over budget is cut, never trusted)."""
+    if len(draft) <= length:
+        return draft
+    p_draft = None if draft.p_draft is None else draft.p_draft[:length]
+    return Draft(draft.tokens[:length], draft.source, None, p_draft, draft.match_len)

@@ -34,7 +34,7 @@ class PromptLookupDrafter:
             if start is not None:
                 follow = tokens[start + ngram : start + ngram + budget]
                 if len(follow):
-                    return Draft(follow.tolist(), self.name)
+                    return Draft(follow.tolist(), self.name, match_len=match_length(tokens, start + ngram))
         return Draft.empty(self.name)
 
     def observe(self, event: StepEvent) -> None:
@@ -53,3 +53,11 @@ def find_latest_match(tokens: np.ndarray, ngram: int) -> Optional[int]:
         hits &= tokens[offset : candidates + offset] == pattern[offset]
     found = np.flatnonzero(hits)
     return int(found[-1]) if len(found) else None
+
+
+def match_length(tokens: np.ndarray, end: int, longest: int = 64) -> int:
+    """How many tokens before `end` equal the context's last tokens (the match behind a draft), up to longest."""
+    length = 0
+    while length < longest and end - length - 1 >= 0 and tokens[end - length - 1] == tokens[len(tokens) - length - 1]:
+        length += 1
+    return length

@@ -1,0 +1,55 @@
+"""Cost-aware draft length: the arithmetic, without a model."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec_cli.budget import AcceptanceTracker, CostCurve, choose_length, expected_tokens
+
+
+def test_expected_tokens_matches_closed_form():
+    accept = 0.6
+    for length in range(6):
+        closed = (1 - accept ** (length + 1)) / (1 - accept)  # algorithms.md section 1
+        assert expected_tokens([accept] * length, length) == pytest.approx(closed)
+
+
+def test_flat_cost_drafts_everything_steep_cost_drafts_nothing():
+    flat = CostCurve({1: 1.0, 32: 1.0})
+    assert choose_length([0.3] * 8, flat, 8) == 8
+    steep = CostCurve({1: 1.0, 2: 2.0, 32: 32.0})
+    assert choose_length([0.9] * 8, steep, 8) == 0
+
+
+def test_cpu_like_curve_prefers_short_drafts_at_low_acceptance():
+    cpu = CostCurve({1: 37.0, 2: 39.0, 3: 41.0, 4: 55.0, 8: 66.0, 16: 72.0})
+    assert choose_length([0.02] * 8, cpu, 8) == 0
+    assert 1 <= choose_length([0.5] * 8, cpu, 8) <= 3
+    assert choose_length([0.95] * 15, cpu, 15) == 15
+
+
+def test_cost_curve_interpolates_and_stays_monotone():
+    curve = CostCurve({1: 10.0, 4: 40.0, 8: 30.0})
+    assert curve(2) == pytest.approx(20.0)
+    assert curve(8) == 40.0  # noise smoothed: more tokens never cost less
+    assert curve(16) >= curve(8)
+
+
+def test_tracker_counts_positions_conditionally():
+    tracker = AcceptanceTracker()
+    key = tracker.key("pld", 3)
+    for _ in range(50):
+        tracker.record(key, drafted=4, accepted=1)  # position 1 accepted, position 2 rejected, 3-4 never reached
+    rates = tracker.conditional(key, 4)
+    assert rates[0] > 0.9 and rates[1] < 0.1
+    assert rates[2] == pytest.approx(0.5) and rates[3] == pytest.approx(0.5)  # untried: the prior
+
+
+def test_tracker_probes_a_useless_source_now_and_then():
+    tracker = AcceptanceTracker()
+    key = tracker.key("junk", 0)
+    for _ in range(60):
+        tracker.record(key, drafted=1, accepted=0)
+    steep = CostCurve({1: 1.0, 2: 1.5, 32: 20.0})
+    plans = [tracker.plan(key, steep, 8) for _ in range(32)]
+    assert plans.count(0) >= 28 and 1 in plans
