@@ -150,11 +150,19 @@ class AcceptanceTracker:
             if position < accepted:
                 rows_accepted[position] += 1.0
 
-    def plan(self, key: tuple[str, int], cost: Callable[[int], float], longest: int) -> int:
-        """How many of a `longest`-token draft of this key to verify."""
+    def plan(self, key: tuple[str, int], cost: Callable[[int], float], longest: int, depth: Optional[int] = None) -> int:
+        """How many of a `longest`-node draft of this key to verify.
+
+        A chain (depth None or == longest) is priced exactly; a tree of `depth` levels is priced as its best
+        path, all nodes or none: the expected path is the chain formula over the depths it reaches.
+        """
         if longest <= 0:
             return 0
-        length = choose_length(self.conditional(key, longest), cost, longest)
+        if depth is not None and depth < longest:  # a tree
+            gain = expected_tokens(self.conditional(key, depth), depth)
+            length = longest if gain / cost(longest + 1) > 1.0 / cost(1) else 0
+        else:
+            length = choose_length(self.conditional(key, longest), cost, longest)
         if length == 0:
             idle = self.idle_steps.get(key, 0) + 1
             self.idle_steps[key] = idle

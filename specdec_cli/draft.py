@@ -53,3 +53,4 @@ class StepEvent:
     prompt_tokens: Sequence[int] = ()  # prefill only: the prompt as fed to the target
     settings: Any = None  # prefill only: the GenerationConfig in force (temperature, top_k, top_p, ...)
     finished: Optional[str] = None  # "eos" | "stop" | "length" on the last event of a generation
+    scored_topk: Optional[list[list[int]]] = None  # step only: target's top-8 ids after root and each node

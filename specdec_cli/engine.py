@@ -11,6 +11,7 @@ or print anything.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -22,9 +23,13 @@ from .drafters.base import Drafter
 from .errors import SpecdecError
 from .sampling import check_sampling, sample, warp_probs
 from .stats import GenerationStats, summarize
-from .verify import greedy_accept, speculative_accept
+from .verify import (children_of, greedy_accept, greedy_accept_tree, speculative_accept,
+                     speculative_accept_tree)
 
 EventCallback = Callable[[StepEvent], None]
+SCORED_TOPK = 8  # each step event carries the target's top-8 tokens at every scored position
+# model families whose attention accepts a 4-D custom mask with explicit position ids (checked in tests)
+TREE_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "phi3", "smollm3"}
 
 
 @dataclass
@@ -69,16 +74,41 @@ class Engine:
         self.device = next(model.parameters()).device
         self.acceptance = AcceptanceTracker()  # lives as long as the engine: a chat session learns
         self._cost: Optional[CostCurve] = None
+        self._tree_ok: Optional[bool] = None
 
     # -- the model, one forward at a time ------------------------------------------------------------------
 
-    def _forward(self, token_ids: Sequence[int], cache: Any, start: int, last_only: bool = False) -> torch.Tensor:
-        """Score token_ids placed at positions start.. after the cached prefix; returns logits [n, vocab]."""
+    def _forward(
+        self, token_ids: Sequence[int], cache: Any, start: int, last_only: bool = False,
+        tree: Optional[Sequence[int]] = None,
+    ) -> torch.Tensor:
+        """Score token_ids placed after the `start` cached tokens; returns logits [n, vocab].
+
+        A chain sits at positions start..start+n-1 under the causal mask. With `tree` (parents of
+        token_ids[1:], token_ids[0] being the root) each node sits at start + depth and attends to the cached
+        prefix, its ancestors and itself only.
+        """
         input_ids = torch.tensor([list(token_ids)], device=self.device)  # [1, n]
-        position_ids = torch.arange(start, start + len(token_ids), device=self.device).unsqueeze(0)  # [1, n]
-        kwargs = {"logits_to_keep": 1} if last_only else {}
+        kwargs: dict = {"logits_to_keep": 1} if last_only else {}
+        if tree is None:
+            position_ids = torch.arange(start, start + len(token_ids), device=self.device).unsqueeze(0)  # [1, n]
+        else:
+            depth, ancestors = tree_layout(tree)  # [n], [n, n]
+            position_ids = (start + depth).unsqueeze(0).to(self.device)  # [1, n]
+            prefix = torch.ones(len(token_ids), start, dtype=torch.bool)  # [n, start]
+            kwargs["attention_mask"] = torch.cat([prefix, ancestors], dim=1)[None, None].to(self.device)  # [1, 1, n, start+n]
         out = self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True, **kwargs)
         return out.logits[0]  # [n, vocab] (or [1, vocab] with last_only)
+
+    @staticmethod
+    def _keep_in_cache(cache: Any, past: int, path: Sequence[int], is_chain: bool, length: int) -> None:
+        """Keep the prefix, the root and the accepted path's entries; drop the rest of the block."""
+        if not is_chain and list(path) != list(range(len(path))):  # a tree path: gather it into place first
+            keep = torch.tensor([*range(past + 1), *(past + 1 + node for node in path)])
+            for layer in cache.layers:
+                layer.keys = layer.keys.index_select(-2, keep.to(layer.keys.device))
+                layer.values = layer.values.index_select(-2, keep.to(layer.values.device))
+        Engine._truncate_cache(cache, length)
 
     @staticmethod
     def _truncate_cache(cache: Any, length: int) -> None:
@@ -131,40 +161,73 @@ class Engine:
 
         while finish is None:
             budget = min(config.draft_max, config.max_new_tokens - len(new_tokens) - 1)
-            # 1. Draft: the drafter guesses up to `budget` tokens after the committed context.
+            # 1. Draft: the drafter guesses up to `budget` tokens (chain) or nodes (tree) after the context.
             t0 = time.perf_counter()
             draft = drafter.propose(context, budget) if budget > 0 else Draft.empty(drafter.name)
-            if config.cost_aware and len(draft):
-                key = self.acceptance.key(draft.source, draft.match_len)
-                budget = self.acceptance.plan(key, self.cost_curve(), min(budget, len(draft)))
-            draft = _trim(draft, budget)
+            draft = self._fit(draft, budget, config)
             t1 = time.perf_counter()
-            # 2. Verify: score the newest committed token and the whole draft in one forward.
-            logits = self._forward([context[-1], *draft.tokens], cache, len(context) - 1)  # [k+1, vocab]
-            # 3. Accept: the longest acceptable prefix, then the target's own token after it.
-            if config.greedy:
-                target_argmax = logits.argmax(dim=-1).tolist()  # [k+1]
-                accepted = greedy_accept(draft.tokens, target_argmax)
-                target_token = target_argmax[accepted]
-            else:
-                p_target = warp_probs(logits, config.temperature, config.top_k, config.top_p)  # [k+1, vocab]
-                p_draft = None if draft.p_draft is None else draft.p_draft.to(p_target.device, torch.float32)
-                accepted, target_token = speculative_accept(draft.tokens, p_target, p_draft, generator)
-            # 4. Commit accepted drafts + the correction/bonus token; roll the cache back to match.
+            # 2. Verify: score the newest committed token and every drafted node in one forward.
+            past = len(context) - 1
+            logits = self._forward([context[-1], *draft.tokens], cache, past, tree=draft.parents)  # [k+1, vocab]
+            # 3. Accept: the longest acceptable path, then the target's own token after it.
+            path, target_token = self._accept(draft, logits, config, generator)
+            # 4. Commit the accepted drafts + the correction/bonus token; roll the cache back to match.
             finish, committed, text_end = self._commit(
-                context, new_tokens, [*draft.tokens[:accepted], target_token], eos, config
+                context, new_tokens, [*(draft.tokens[node] for node in path), target_token], eos, config
             )
-            self._truncate_cache(cache, len(context) - 1)
+            self._keep_in_cache(cache, past, path, draft.is_chain, len(context) - 1)
             t2 = time.perf_counter()
-            if config.cost_aware and len(draft):
-                self.acceptance.record(key, len(draft), accepted)
-                self._cost.observe(len(draft) + 1, t2 - t1)
-            emit(StepEvent("step", draft, accepted, committed, target_token, list(range(accepted)), len(context),
-                           draft_seconds=t1 - t0, verify_seconds=t2 - t1, finished=finish))
+            self._learn(draft, len(path), t2 - t1, config)
+            topk = torch.topk(logits, min(SCORED_TOPK, logits.shape[-1]), dim=-1).indices.tolist()  # [k+1, 8]
+            emit(StepEvent("step", draft, len(path), committed, target_token, path, len(context),
+                           draft_seconds=t1 - t0, verify_seconds=t2 - t1, finished=finish, scored_topk=topk))
 
         wall = time.perf_counter() - started
         stats = summarize(events, wall_seconds=wall, ttft_seconds=ttft)
         return Generation(new_tokens, finish, stats, events, text_end)
+
+    def _fit(self, draft: Draft, budget: int, config: GenerationConfig) -> Draft:
+        """Cut a draft to the budget, to what the cost model expects to pay off, and to chains where needed."""
+        if not draft.is_chain and not self.supports_trees:
+            draft = first_branch(draft)
+        if config.cost_aware and len(draft):
+            key = self.acceptance.key(draft.source, draft.match_len)
+            budget = self.acceptance.plan(key, self.cost_curve(), min(budget, len(draft)), depth_of(draft))
+        return trim(draft, budget)
+
+    def _accept(self, draft: Draft, logits: torch.Tensor, config: GenerationConfig,
+                generator: Optional[torch.Generator]) -> tuple[list[int], int]:
+        """(accepted node indices, the target's own token) under greedy or speculative sampling."""
+        if config.greedy:
+            target_argmax = logits.argmax(dim=-1).tolist()  # [k+1]
+            if draft.is_chain:
+                path = list(range(greedy_accept(draft.tokens, target_argmax)))
+            else:
+                path = greedy_accept_tree(draft.tokens, draft.parents, target_argmax)
+            return path, target_argmax[path[-1] + 1 if path else 0]
+        p_target = warp_probs(logits, config.temperature, config.top_k, config.top_p)  # [k+1, vocab]
+        if not draft.is_chain:
+            return speculative_accept_tree(draft.tokens, draft.parents, p_target, generator)
+        p_draft = None if draft.p_draft is None else draft.p_draft.to(p_target.device, torch.float32)
+        accepted, target_token = speculative_accept(draft.tokens, p_target, p_draft, generator)
+        return list(range(accepted)), target_token
+
+    def _learn(self, draft: Draft, accepted: int, verify_seconds: float, config: GenerationConfig) -> None:
+        """Feed the cost model: how far this source's draft got, and what verifying it cost."""
+        if config.cost_aware and len(draft):
+            key = self.acceptance.key(draft.source, draft.match_len)
+            self.acceptance.record(key, depth_of(draft), accepted)
+            self.cost_curve().observe(len(draft) + 1, verify_seconds)
+
+    @property
+    def supports_trees(self) -> bool:
+        """Whether this model's attention takes a custom 4-D mask (else trees fall back to chains)."""
+        if self._tree_ok is None:
+            model_type = getattr(self.model.config, "model_type", "")
+            self._tree_ok = model_type in TREE_MODEL_TYPES
+            if not self._tree_ok:
+                warnings.warn(f"{model_type or 'this model'}: no custom attention masks; token trees fall back to chains")
+        return self._tree_ok
 
     def cost_curve(self) -> CostCurve:
         """t(n) for this model on this device: from the cache under $SPECDEC_HOME, else measured now (~1 s)."""
@@ -252,9 +315,44 @@ class Engine:
         return len(committed), cut
 
 
-def _trim(draft: Draft, length: int) -> Draft:
-    """The first `length` tokens of a chain draft (a drafter over budget is cut, never trusted)."""
+def trim(draft: Draft, length: int) -> Draft:
+    """The first `length` nodes of a draft (breadth-first order keeps every parent before its children)."""
     if len(draft) <= length:
         return draft
+    parents = None if draft.parents is None else draft.parents[:length]
     p_draft = None if draft.p_draft is None else draft.p_draft[:length]
-    return Draft(draft.tokens[:length], draft.source, None, p_draft, draft.match_len)
+    return Draft(draft.tokens[:length], draft.source, parents, p_draft, draft.match_len)
+
+
+def depth_of(draft: Draft) -> int:
+    """Longest root-to-node path of a draft (a chain's length)."""
+    if draft.is_chain:
+        return len(draft)
+    depth = [0] * len(draft)
+    for node, parent in enumerate(draft.parents):
+        depth[node] = 1 if parent < 0 else depth[parent] + 1
+    return max(depth, default=0)
+
+
+def first_branch(draft: Draft) -> Draft:
+    """A tree's first root-to-leaf path (each node's first child), as a chain."""
+    tokens, node = [], -1
+    children = children_of(draft.parents)
+    while children.get(node):
+        node = children[node][0]
+        tokens.append(draft.tokens[node])
+    return Draft(tokens, draft.source, None, None, draft.match_len)
+
+
+def tree_layout(parents: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """For a block [root, node 0, node 1, ...]: depth [n] and ancestor-or-self mask [n, n] (bool)."""
+    size = len(parents) + 1
+    depth = torch.zeros(size, dtype=torch.long)
+    ancestors = torch.eye(size, dtype=torch.bool)
+    for node, parent in enumerate(parents):
+        row, parent_row = node + 1, parent + 1
+        if not 0 <= parent_row < row:
+            raise ValueError(f"tree node {node} has parent {parent}: parents must come first (breadth-first)")
+        depth[row] = depth[parent_row] + 1
+        ancestors[row] |= ancestors[parent_row]
+    return depth, ancestors

@@ -64,3 +64,58 @@ def speculative_accept(
             row_draft = None if p_draft is None else p_draft[position]
             return position, sample(residual(p_target[position], row_draft, drafted), generator)
     return len(draft_tokens), sample(p_target[len(draft_tokens)], generator)
+
+
+# -- token trees ------------------------------------------------------------------------------------------
+# Node i of a tree draft has parent parents[i] (-1 = the root, i.e. the newest committed token). Logit row 0
+# belongs to the root and row 1 + i to node i: each row is the target's prediction after that node's path.
+
+
+def children_of(parents: Sequence[int]) -> dict[int, list[int]]:
+    """Parent index (-1 = root) -> its children in draft order."""
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(parents):
+        children.setdefault(parent, []).append(node)
+    return children
+
+
+def greedy_accept_tree(tokens: Sequence[int], parents: Sequence[int], target_argmax: Sequence[int]) -> list[int]:
+    """The accepted path (node indices): from the root, follow the child equal to the target's argmax."""
+    children = children_of(parents)
+    path: list[int] = []
+    node = -1
+    while True:
+        wanted = target_argmax[node + 1]
+        match = next((child for child in children.get(node, []) if tokens[child] == wanted), None)
+        if match is None:
+            return path
+        path.append(match)
+        node = match
+
+
+def speculative_accept_tree(
+    tokens: Sequence[int],
+    parents: Sequence[int],
+    p_target: torch.Tensor,  # [len(tokens)+1, vocab], row 0 = root
+    generator: Optional[torch.Generator],
+) -> tuple[list[int], int]:
+    """Multi-draft rule with point-mass drafts: try each child in turn, accepting x with probability
+    p_residual(x) and removing x from the residual when rejected; returns (accepted path, next token)."""
+    children = children_of(parents)
+    path: list[int] = []
+    node = -1
+    while True:
+        p_residual = p_target[node + 1].clone()
+        for child in children.get(node, []):
+            drafted = tokens[child]
+            mass = float(p_residual.sum())
+            accept_prob = float(p_residual[drafted]) / mass if mass > 0 else 0.0
+            if accept_prob > 0 and torch.rand((), generator=generator).item() < accept_prob:
+                path.append(child)
+                node = child
+                break
+            p_residual[drafted] = 0.0
+        else:  # every child rejected (or a leaf): the target's own token from what is left
+            if float(p_residual.sum()) <= 0:
+                p_residual = p_target[node + 1]
+            return path, sample(p_residual / p_residual.sum(), generator)

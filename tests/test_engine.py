@@ -44,14 +44,17 @@ class ScriptedDrafter:
         pass
 
 
-def _generate(model, prompt, drafter, max_new_tokens, draft_max=6):
-    config = GenerationConfig(max_new_tokens=max_new_tokens, draft_max=draft_max, eos_token_ids=(TINY_EOS,))
+def _generate(model, prompt, drafter, max_new_tokens, draft_max=6, cost_aware=False):
+    """Cost-aware trimming is off by default here so every draft reaches the verifier whole."""
+    config = GenerationConfig(max_new_tokens=max_new_tokens, draft_max=draft_max, eos_token_ids=(TINY_EOS,),
+                              cost_aware=cost_aware)
     return Engine(model).generate(prompt, drafter, config)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("cost_aware", [False, True])
 @pytest.mark.parametrize("mode", ["none", "pld", "exact", "partial", "junk", "past-eos"])
-def test_greedy_identical_to_plain_decoding(tiny_model, prompt, mode):
+def test_greedy_identical_to_plain_decoding(tiny_model, prompt, mode, cost_aware):
     reference = hf_greedy(tiny_model, prompt, 40)
     if mode == "none":
         drafter = NoDrafter()
@@ -59,14 +62,16 @@ def test_greedy_identical_to_plain_decoding(tiny_model, prompt, mode):
         drafter = PromptLookupDrafter()
     else:
         drafter = ScriptedDrafter(reference, len(prompt), mode)
-    generation = _generate(tiny_model, prompt, drafter, 40)
+    if cost_aware and mode not in ("pld", "junk", "partial"):
+        pytest.skip("cost-aware trimming is exercised on the drafters it trims most")
+    generation = _generate(tiny_model, prompt, drafter, 40, cost_aware=cost_aware)
     assert generation.tokens == reference
     stats = generation.stats
     assert stats.new_tokens == len(reference)
     assert stats.steps == sum(1 for event in generation.events if event.kind == "step")
     if mode == "none":
         assert stats.mean_accepted_tokens == pytest.approx(1.0) and stats.drafted_tokens == 0
-    if mode == "exact" and stats.steps:
+    if mode == "exact" and stats.steps and not cost_aware:
         assert stats.mean_accepted_tokens > 1.5
 
 
@@ -77,7 +82,7 @@ def test_eos_stops_and_is_kept(tiny_llama):
     eos = reference[3]
     expected = reference[: reference.index(eos) + 1]
     drafter = ScriptedDrafter(reference, len(prompt), "exact")
-    config = GenerationConfig(max_new_tokens=40, draft_max=6, eos_token_ids=(eos,))
+    config = GenerationConfig(max_new_tokens=40, draft_max=6, eos_token_ids=(eos,), cost_aware=False)
     generation = Engine(tiny_llama).generate(prompt, drafter, config)
     assert generation.tokens == expected == hf_greedy(tiny_llama, prompt, 40, eos=eos)
     assert generation.finish_reason == "eos"
@@ -134,7 +139,8 @@ def test_sampling_keeps_the_target_distribution(tiny_llama, mode):
     """Seeded Monte-Carlo on a real (tiny) model: the 2nd new token follows the model's exact law."""
     prompt = [1, 10, 11, 12, 10, 11]
     temperature = 1.0
-    config = GenerationConfig(max_new_tokens=4, temperature=temperature, draft_max=4, eos_token_ids=())
+    config = GenerationConfig(max_new_tokens=4, temperature=temperature, draft_max=4, eos_token_ids=(),
+                              cost_aware=False)
     engine = Engine(tiny_llama)
     drafter = NoDrafter() if mode == "none" else ScriptedDrafter([11, 12, 10, 11], len(prompt), mode)
     runs = 800
