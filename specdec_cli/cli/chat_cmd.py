@@ -11,7 +11,7 @@ import typer
 from . import app
 from .common import console, err_console
 
-DEFAULT_DRAFTER = "pld"
+DEFAULT_DRAFTER = "sam"
 
 
 def read_prompt(prompt: str) -> str:
@@ -123,7 +123,13 @@ def settings_lines(session, loaded) -> list[str]:
     options = session.drafter_options
     drafter = session.drafter_name
     if drafter == "sam":
-        drafter += f" (index {options.index}, l_bias {options.l_bias})" if options.index else " (conversation only)"
+        if options.index:
+            from ..sam.index import read_index_info
+
+            tokens = read_index_info(options.index).get("tokens", "?")
+            drafter += f" (index {options.index}: {tokens:,} tokens, l_bias {options.l_bias})"
+        else:
+            drafter += " (conversation only)"
     if drafter == "model":
         drafter += f" ({options.draft_model})"
     sampling = "greedy" if generation.greedy else (

@@ -1,0 +1,150 @@
+"""The `sam` drafter (SAM-Decoding): continue the longest suffix match in the conversation or an index.
+
+Two suffix automata are matched against the committed text: a dynamic one over this conversation (prompt
+and generated tokens, extended as tokens are committed) and, optionally, a static one loaded from an
+index file. For every committed token the match states advance first and the dynamic automaton is
+extended second (extending first would make the text match itself, with nothing after it to draft).
+
+Drafting (algorithms.md, section 2): with match lengths `l_dynamic` and `l_static`, the static automaton
+drafts only if `l_static - l_bias > l_dynamic` (ties go to the dynamic one). If an auxiliary drafter is
+given and `max(l_dynamic, l_static - l_bias) < l_threshold`, it drafts instead and sees every event too.
+The draft is the continuation of the match's earliest occurrence, stopped before an EOS and at the end
+of the text, never padded, and `min(budget, draft_max, 1 + floor(ALPHA * match_len))` tokens long; no
+match (or nothing after it), no draft.
+
+A prefill whose prompt extends the text seen so far (a multi-turn chat re-sending the conversation) feeds
+only the new tokens; any other prompt starts a new conversation. This module does not build or save
+indexes (sam/, corpus.py) and never calls the engine.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
+
+from ..draft import Draft, StepEvent
+from ..errors import SpecdecError
+from ..sam.automaton import ROOT, DynamicAutomaton, StaticAutomaton
+from .base import Drafter
+
+if TYPE_CHECKING:  # pragma: no cover
+    from . import DrafterOptions, TargetInfo
+
+DRAFT_MAX = 16  # longest draft by default (to tune on CPU; the engine's cost-aware budget trims it further)
+ALPHA = 4  # draft length grows by this many tokens per matched token (the paper's adaptive length)
+SOURCE_DYNAMIC = "sam-dynamic"
+SOURCE_STATIC = "sam-static"
+
+
+class SamDrafter:
+    name = "sam"
+
+    def __init__(
+        self,
+        static: Optional[StaticAutomaton] = None,
+        *,
+        separators: Iterable[int] = (),
+        draft_max: int = DRAFT_MAX,
+        l_bias: int = 5,
+        l_threshold: int = 5,
+        alpha: float = ALPHA,
+        aux: Optional[Drafter] = None,
+    ) -> None:
+        if draft_max < 1:
+            raise SpecdecError(f"--draft-max must be at least 1, got {draft_max}")
+        self.static = static
+        self.separators = frozenset(int(token) for token in separators)
+        self.draft_max = draft_max
+        self.l_bias = l_bias
+        self.l_threshold = l_threshold
+        self.alpha = alpha
+        self.aux = aux
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the conversation (the static index stays)."""
+        self.dynamic = DynamicAutomaton(self.separators)
+        self.dynamic_state, self.dynamic_len = ROOT, 0
+        self.static_state, self.static_len = ROOT, 0
+
+    # ------------------------------------------------------------------------------ following the text
+
+    def _feed(self, tokens: Iterable[int]) -> None:
+        dynamic, static = self.dynamic, self.static
+        for token in tokens:
+            token = int(token)
+            self.dynamic_state, self.dynamic_len = dynamic.advance(self.dynamic_state, self.dynamic_len, token)
+            if static is not None:
+                self.static_state, self.static_len = static.advance(self.static_state, self.static_len, token)
+            dynamic.extend(token)
+
+    def _sync(self, tokens: Sequence[int]) -> None:
+        """Make the drafter's text equal `tokens`: feed what is new, or start over if it diverged."""
+        tokens = [int(token) for token in tokens]
+        seen = self.dynamic.text
+        if len(tokens) < len(seen) or tokens[: len(seen)] != seen:
+            self.reset()
+            seen = self.dynamic.text
+        self._feed(tokens[len(seen) :])
+
+    def observe(self, event: StepEvent) -> None:
+        if self.aux is not None:
+            self.aux.observe(event)
+        if event.kind == "prefill":
+            self._sync(event.prompt_tokens)
+        self._feed(event.committed)
+
+    # ------------------------------------------------------------------------------ drafting
+
+    def _draft_length(self, match_len: int, budget: int) -> int:
+        return min(budget, self.draft_max, 1 + int(self.alpha * match_len))
+
+    def propose(self, context: Sequence[int], budget: int) -> Draft:
+        if len(context) != len(self.dynamic.text):  # called without the events, or they were missed
+            self._sync(context)
+        l_dynamic, l_static = self.dynamic_len, self.static_len  # static_len stays 0 without an index
+        if self.aux is not None and max(l_dynamic, l_static - self.l_bias) < self.l_threshold:
+            return self.aux.propose(context, budget)
+        if self.static is not None and l_static - self.l_bias > l_dynamic:
+            source, automaton, state, match_len = SOURCE_STATIC, self.static, self.static_state, l_static
+        else:
+            source, automaton, state, match_len = SOURCE_DYNAMIC, self.dynamic, self.dynamic_state, l_dynamic
+        if match_len == 0 or budget <= 0:
+            return Draft.empty(source)
+        tokens = automaton.continuation(state, self._draft_length(match_len, budget))
+        return Draft(tokens=tokens, source=source, match_len=match_len)
+
+
+def make_sam_drafter(options: "DrafterOptions", target: "TargetInfo") -> SamDrafter:
+    """The `sam` drafter for `make_drafter`: the index in `options.index` (if any) is loaded and checked
+    against the target's tokenizer fingerprint, EOS ids and vocabulary size."""
+    separators = set(target.eos_token_ids)
+    static = None
+    if options.index:
+        from ..sam.index import load_index
+
+        index = load_index(options.index)
+        if target.fingerprint and index.fingerprint != target.fingerprint:
+            raise SpecdecError(
+                f"{options.index}: index built for tokenizer {index.fingerprint}, but the target's tokenizer "
+                f"is {target.fingerprint}; rebuild it with `specdec build-index ... --target <this model>`"
+            )
+        if target.eos_token_ids and index.eos_id not in target.eos_token_ids:
+            raise SpecdecError(
+                f"{options.index}: index separates documents with EOS id {index.eos_id}, but the target's EOS "
+                f"ids are {list(target.eos_token_ids)}; rebuild it for this model"
+            )
+        if target.vocab_size and index.vocab_size > target.vocab_size:
+            raise SpecdecError(
+                f"{options.index}: index vocabulary has {index.vocab_size} tokens, the target only "
+                f"{target.vocab_size}; rebuild it for this model"
+            )
+        static = index.automaton
+        separators.add(index.eos_id)
+        static.separators = frozenset(separators)
+    return SamDrafter(
+        static,
+        separators=separators,
+        draft_max=options.draft_max or DRAFT_MAX,
+        l_bias=options.l_bias,
+        l_threshold=options.l_threshold,
+    )

@@ -1,0 +1,266 @@
+"""The static index file: a suffix automaton saved as a safetensors file of flat int32 arrays.
+
+Layout (safetensors: 8-byte little-endian header length, JSON header, raw data): tensors `text`, `link`,
+`length`, `min_endpos`, `count`, `trans_offsets`, `trans_tokens`, `trans_targets` (all I32, 1-d), and a
+`__metadata__` map of strings: `format` = "specdec-sam-index", `format_version`, `tokenizer_fingerprint`,
+`vocab_size`, `eos_id`, `documents`, `tokens`, `states`, `transitions`, `sources` (JSON list of
+{path, sha256, size}), `build` (JSON settings), `created`, `specdec_version`.
+
+`save_index` writes to a temporary file in the target directory, fsyncs and renames it into place, so an
+interrupted build leaves nothing behind. `load_index` memory-maps the arrays after checking the header
+(names, dtypes, shapes, offsets, file length, metadata), so a truncated, corrupt or foreign file is a
+one-line `SpecdecError` naming the file. `read_index_info` reads the header only. Nothing is pickled.
+This module does not build automata (automaton.py) and does not tokenise (corpus.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+
+from ..errors import SpecdecError
+from .automaton import StaticAutomaton
+
+FORMAT = "specdec-sam-index"
+FORMAT_VERSION = 1
+ARRAY_ORDER = ("text", "link", "length", "min_endpos", "count", "trans_offsets", "trans_tokens", "trans_targets")
+INT_FIELDS = ("format_version", "vocab_size", "eos_id", "documents", "tokens", "states", "transitions")
+JSON_FIELDS = ("sources", "build")
+MAX_HEADER_BYTES = 64 * 1024 * 1024  # the sources list of a huge corpus stays far below this
+
+PathLike = Union[str, os.PathLike]
+
+
+@dataclass
+class SamIndex:
+    """A loaded index: the automaton (arrays memory-mapped) and its metadata."""
+
+    path: str
+    automaton: StaticAutomaton
+    metadata: dict[str, Any]
+
+    @property
+    def fingerprint(self) -> str:
+        return self.metadata["tokenizer_fingerprint"]
+
+    @property
+    def eos_id(self) -> int:
+        return self.metadata["eos_id"]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.metadata["vocab_size"]
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+
+def _encode_metadata(metadata: dict[str, Any]) -> dict[str, str]:
+    encoded = {}
+    for key, value in metadata.items():
+        if key in JSON_FIELDS:
+            encoded[key] = json.dumps(value, ensure_ascii=False, sort_keys=True)
+        else:
+            encoded[key] = str(value)
+    return encoded
+
+
+def save_index(path: PathLike, automaton: StaticAutomaton, metadata: dict[str, Any]) -> int:
+    """Write `automaton` and `metadata` atomically to `path`; returns the file size in bytes.
+
+    `metadata` must hold `tokenizer_fingerprint`, `vocab_size` and `eos_id`; format, version, counts and
+    the creation time are filled in here.
+    """
+    from .. import __version__
+
+    arrays = automaton.arrays()
+    full_metadata = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "documents": 0,
+        "sources": [],
+        "build": {},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "specdec_version": __version__,
+        **metadata,
+        "tokens": len(arrays["text"]),
+        "states": automaton.num_states,
+        "transitions": automaton.num_transitions,
+    }
+    header: dict[str, Any] = {"__metadata__": _encode_metadata(full_metadata)}
+    offset = 0
+    for name in ARRAY_ORDER:
+        nbytes = len(arrays[name]) * 4
+        header[name] = {"dtype": "I32", "shape": [len(arrays[name])], "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    header_bytes = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    header_bytes += b" " * (-len(header_bytes) % 8)  # keeps the data 8-byte aligned, as safetensors does
+
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        raise SpecdecError(f"{target}: directory {directory} does not exist")
+    temporary = directory / f".{target.name}.tmp-{os.getpid()}"
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(len(header_bytes).to_bytes(8, "little"))
+            handle.write(header_bytes)
+            for name in ARRAY_ORDER:
+                data = np.ascontiguousarray(arrays[name], dtype="<i4")
+                handle.write(memoryview(data).cast("B"))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+    except OSError as exc:
+        raise SpecdecError(f"{target}: cannot write the index ({exc.strerror or exc})") from exc
+    finally:
+        if temporary.exists():
+            temporary.unlink()
+    try:  # make the rename itself durable
+        directory_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(directory_fd)
+        finally:
+            os.close(directory_fd)
+    except OSError:
+        pass
+    return 8 + len(header_bytes) + offset
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def _bad(path: PathLike, why: str) -> SpecdecError:
+    return SpecdecError(f"{path}: {why}")
+
+
+def _read_header(path: PathLike) -> tuple[dict[str, Any], dict[str, Any], int, int]:
+    """Parse and check the header: (metadata, tensor entries, data start, file size)."""
+    try:
+        file_size = os.path.getsize(path)
+        with open(path, "rb") as handle:
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                raise _bad(path, "not a specdec index (file too short)")
+            header_length = int.from_bytes(prefix, "little")
+            if header_length > min(MAX_HEADER_BYTES, file_size - 8):
+                raise _bad(path, "not a specdec index (no safetensors header; truncated or another format)")
+            raw = handle.read(header_length)
+    except FileNotFoundError:
+        raise SpecdecError(f"{path}: index file not found") from None
+    except IsADirectoryError:
+        raise SpecdecError(f"{path}: is a directory, not an index file") from None
+    except OSError as exc:
+        raise SpecdecError(f"{path}: cannot read the index ({exc.strerror or exc})") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise _bad(path, "not a specdec index (corrupt or foreign header)") from None
+    if not isinstance(header, dict):
+        raise _bad(path, "not a specdec index (corrupt or foreign header)")
+    raw_metadata = header.pop("__metadata__", None)
+    if not isinstance(raw_metadata, dict) or raw_metadata.get("format") != FORMAT:
+        raise _bad(path, f"not a specdec suffix-automaton index (no format {FORMAT!r} in its metadata)")
+    metadata = _decode_metadata(path, raw_metadata)
+    if metadata["format_version"] != FORMAT_VERSION:
+        raise _bad(
+            path,
+            f"index format version {metadata['format_version']}, this specdec reads version {FORMAT_VERSION}; "
+            "rebuild it with `specdec build-index`",
+        )
+    return metadata, header, 8 + header_length, file_size
+
+
+def _decode_metadata(path: PathLike, raw: dict[str, Any]) -> dict[str, Any]:
+    metadata: dict[str, Any] = {}
+    required = ("format_version", "tokenizer_fingerprint", "vocab_size", "eos_id", "tokens", "states", "transitions")
+    for key in required:
+        if key not in raw:
+            raise _bad(path, f"corrupt index metadata (no {key!r})")
+    for key, value in raw.items():
+        if not isinstance(value, str):
+            raise _bad(path, f"corrupt index metadata ({key!r} is not a string)")
+        try:
+            if key in INT_FIELDS:
+                metadata[key] = int(value)
+            elif key in JSON_FIELDS:
+                metadata[key] = json.loads(value)
+            else:
+                metadata[key] = value
+        except ValueError:
+            raise _bad(path, f"corrupt index metadata ({key!r} = {value[:40]!r})") from None
+    return metadata
+
+
+def _check_layout(path: PathLike, metadata: dict[str, Any], entries: dict[str, Any], data_bytes: int) -> None:
+    """Names, dtypes, shapes and offsets agree with each other, the metadata and the file length."""
+    if set(entries) != set(ARRAY_ORDER):
+        missing = sorted(set(ARRAY_ORDER) - set(entries))
+        raise _bad(path, f"not a specdec index (arrays {', '.join(missing) or 'unexpected'} missing)")
+    states, transitions, tokens = metadata["states"], metadata["transitions"], metadata["tokens"]
+    expected = {
+        "text": tokens,
+        "link": states,
+        "length": states,
+        "min_endpos": states,
+        "count": states,
+        "trans_offsets": states + 1,
+        "trans_tokens": transitions,
+        "trans_targets": transitions,
+    }
+    position = 0
+    for name in ARRAY_ORDER:
+        entry = entries[name]
+        if not isinstance(entry, dict) or entry.get("dtype") != "I32":
+            raise _bad(path, f"corrupt index (array {name!r} is not int32)")
+        if entry.get("shape") != [expected[name]]:
+            raise _bad(path, f"corrupt index (array {name!r} has shape {entry.get('shape')}, expected [{expected[name]}])")
+        offsets = entry.get("data_offsets")
+        if offsets != [position, position + 4 * expected[name]]:
+            raise _bad(path, f"corrupt index (array {name!r} at offsets {offsets})")
+        position = offsets[1]
+    if position != data_bytes:
+        how = "truncated" if position > data_bytes else "has trailing bytes"
+        raise _bad(path, f"corrupt index (file {how}: {data_bytes} data bytes, header says {position})")
+    if states < 1:
+        raise _bad(path, "corrupt index (no states)")
+
+
+def read_index_info(path: PathLike) -> dict[str, Any]:
+    """The index's metadata plus size statistics, from the header alone (no arrays are read)."""
+    metadata, entries, data_start, file_size = _read_header(path)
+    _check_layout(path, metadata, entries, file_size - data_start)
+    tokens = metadata["tokens"]
+    return {
+        **metadata,
+        "path": str(path),
+        "file_bytes": file_size,
+        "bytes_per_token": file_size / tokens if tokens else 0.0,
+        "states_per_token": metadata["states"] / tokens if tokens else 0.0,
+        "transitions_per_token": metadata["transitions"] / tokens if tokens else 0.0,
+    }
+
+
+def load_index(path: PathLike) -> SamIndex:
+    """Open an index: check the header, then memory-map the arrays (nothing is copied)."""
+    metadata, entries, data_start, file_size = _read_header(path)
+    _check_layout(path, metadata, entries, file_size - data_start)
+    # Plain ndarray views of the mapping (the map stays open through their base): indexing a np.memmap
+    # subclass is about twice as slow, which the per-token match walk would pay.
+    mapped = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
+    arrays = {}
+    for name in ARRAY_ORDER:
+        begin, end = entries[name]["data_offsets"]
+        arrays[name] = mapped[data_start + begin : data_start + end].view("<i4")
+    offsets = arrays["trans_offsets"]
+    if int(offsets[0]) != 0 or int(offsets[-1]) != metadata["transitions"] or int(arrays["link"][0]) != -1:
+        raise _bad(path, "corrupt index (inconsistent transition offsets or root)")
+    eos_id = metadata["eos_id"]
+    automaton = StaticAutomaton(separators=(eos_id,) if eos_id >= 0 else (), **arrays)
+    return SamIndex(path=str(path), automaton=automaton, metadata=metadata)

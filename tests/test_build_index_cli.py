@@ -1,0 +1,108 @@
+"""`specdec build-index` end to end, in subprocesses (`python -m specdec_cli`), with a tiny character-level
+tokenizer directory as --target: the happy path with --info, and every user error as one line on stderr
+(`specdec: error: ...`), a non-zero exit, no traceback and no file left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_sam_index import make_char_tokenizer_dir
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def specdec(*args: str, cwd: Path, stdin: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env.pop("SPECDEC_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "specdec_cli", *args], cwd=cwd, env=env, input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+def assert_user_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode != 0
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specdec: error:"), result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    return make_char_tokenizer_dir(tmp_path_factory.mktemp("cli") / "chartok")
+
+
+def test_build_then_info(tmp_path, tokenizer_dir):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "one.txt").write_text("def square(x):\n    return x * x\n")
+    (tmp_path / "docs" / "two.md").write_text("# heading\n\nsome markdown\n")
+    (tmp_path / "rows.jsonl").write_text(json.dumps({"prompt": "Say hi.", "answer": "Hi!"}) + "\n")
+    result = specdec("build-index", "docs", "rows.jsonl", "-", "--glob", "*.txt",
+                     "-o", "out.sam", "--target", str(tokenizer_dir), "--json", cwd=tmp_path, stdin="from stdin")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["documents"] == 3 and summary["tokens"] > 40 and Path(tmp_path / "out.sam").is_file()
+    assert summary["file_bytes"] == (tmp_path / "out.sam").stat().st_size
+
+    info = specdec("build-index", "--info", "out.sam", "--json", cwd=tmp_path)
+    assert info.returncode == 0, info.stderr
+    metadata = json.loads(info.stdout)
+    assert metadata["format"] == "specdec-sam-index" and metadata["tokens"] == summary["tokens"]
+    assert metadata["tokenizer_fingerprint"].startswith("sha256:") and metadata["build"]["glob"] == "*.txt"
+    assert [source["path"] for source in metadata["sources"]] == [str(Path("docs") / "one.txt"), "rows.jsonl", "-"]
+
+    table = specdec("build-index", "--info", "out.sam", cwd=tmp_path)
+    assert table.returncode == 0 and metadata["tokenizer_fingerprint"] in table.stdout
+
+
+def test_info_loads_neither_torch_nor_transformers(tmp_path, tokenizer_dir):
+    (tmp_path / "a.txt").write_text("some text to index")
+    assert specdec("build-index", "a.txt", "-o", "a.sam", "--target", str(tokenizer_dir), cwd=tmp_path).returncode == 0
+    probe = (
+        "import sys\n"
+        "sys.argv = ['specdec', 'build-index', '--info', 'a.sam']\n"
+        "from specdec_cli.cli import main\n"
+        "try:\n    main()\nexcept SystemExit as exit:\n    assert exit.code == 0, exit.code\n"
+        "heavy = [name for name in ('torch', 'transformers') if name in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_missing_input(tmp_path):
+    assert_user_error(specdec("build-index", "absent.txt", "-o", "out.sam", cwd=tmp_path), "absent.txt")
+    assert not (tmp_path / "out.sam").exists()
+
+
+def test_binary_file_given_as_text(tmp_path):
+    (tmp_path / "image.txt").write_bytes(bytes(range(256)) * 4)
+    assert_user_error(specdec("build-index", "image.txt", "-o", "out.sam", cwd=tmp_path), "looks binary")
+    assert list(tmp_path.iterdir()) == [tmp_path / "image.txt"]
+
+
+def test_empty_corpus(tmp_path, tokenizer_dir):
+    (tmp_path / "empty.txt").write_text("\n\n")
+    result = specdec("build-index", "empty.txt", "-o", "out.sam", "--target", str(tokenizer_dir), cwd=tmp_path)
+    assert_user_error(result, "empty corpus")
+    assert list(tmp_path.iterdir()) == [tmp_path / "empty.txt"]
+
+
+def test_usage_errors(tmp_path):
+    (tmp_path / "a.txt").write_text("text")
+    assert_user_error(specdec("build-index", "a.txt", cwd=tmp_path), "-o")
+    assert_user_error(specdec("build-index", "-o", "x.sam", cwd=tmp_path), "corpus")
+    assert_user_error(specdec("build-index", "a.txt", "--info", "x.sam", cwd=tmp_path), "--info")
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00" * 7, b"garbage that is not an index" * 10])
+def test_info_on_a_bad_file(tmp_path, content):
+    (tmp_path / "bad.sam").write_bytes(content)
+    assert_user_error(specdec("build-index", "--info", "bad.sam", cwd=tmp_path), "bad.sam")

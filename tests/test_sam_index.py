@@ -1,0 +1,298 @@
+"""Index files and corpus reading: save/load round trip, refusal of bad files, build_index on a tiny
+character-level tokenizer (no model needed), and the tokenizer fingerprint."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import make_char_tokenizer
+from specdec_cli.corpus import build_index, row_text
+from specdec_cli.errors import SpecdecError
+from specdec_cli.fingerprint import tokenizer_fingerprint
+from specdec_cli.sam.automaton import ROOT, build_static
+from specdec_cli.sam.index import FORMAT_VERSION, load_index, read_index_info, save_index
+
+def make_char_tokenizer_dir(directory: Path, extra_tokens: tuple[str, ...] = ()) -> Path:
+    """The shared character-level tokenizer saved as a model directory (`load_tokenizer` accepts it)."""
+    tokenizer = make_char_tokenizer()
+    tokenizer.add_tokens(list(extra_tokens))
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(directory)
+    config = {"model_type": "llama", "vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
+              "eos_token_id": tokenizer.eos_token_id}
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def char_tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(make_char_tokenizer_dir(tmp_path_factory.mktemp("chartok")))
+
+
+def small_automaton():
+    tokens = np.array([3, 4, 5, 0, 3, 4, 6, 0], dtype=np.int32)
+    return build_static(tokens, vocab_size=10, separators=(0,))
+
+
+def save_small(path: Path, **metadata) -> int:
+    return save_index(path, small_automaton(), {"tokenizer_fingerprint": "sha256:test", "vocab_size": 10,
+                                                 "eos_id": 0, **metadata})
+
+
+def rewrite_header(path: Path, change) -> None:
+    data = path.read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + length])
+    change(header)
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    path.write_bytes(len(encoded).to_bytes(8, "little") + encoded + data[8 + length :])
+
+
+# ------------------------------------------------------------------------------------------ round trip
+
+
+def test_save_load_round_trip(tmp_path):
+    path = tmp_path / "small.sam"
+    size = save_small(path, documents=2, sources=[{"path": "a.txt", "sha256": "00", "size": 3}])
+    assert size == path.stat().st_size
+    index = load_index(path)
+    for name, array in small_automaton().arrays().items():
+        assert np.array_equal(index.automaton.arrays()[name], array), name
+        assert not index.automaton.arrays()[name].flags.owndata  # a view of the file mapping, not a copy
+    assert index.fingerprint == "sha256:test" and index.eos_id == 0 and index.vocab_size == 10
+    assert index.metadata["format"] == "specdec-sam-index" and index.metadata["format_version"] == FORMAT_VERSION
+    assert index.metadata["documents"] == 2 and index.metadata["sources"][0]["path"] == "a.txt"
+    automaton = index.automaton
+    state, match_len = ROOT, 0
+    for token in (3, 4):
+        state, match_len = automaton.advance(state, match_len, token)
+    assert match_len == 2 and automaton.continuation(state, 5) == [5] and automaton.count(state) == 2
+    info = read_index_info(path)
+    assert info["tokens"] == 8 and info["file_bytes"] == size and info["states"] == automaton.num_states
+    assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_file_is_plain_safetensors(tmp_path):
+    from safetensors.numpy import load_file
+
+    path = tmp_path / "small.sam"
+    save_small(path)
+    arrays = load_file(str(path))
+    assert np.array_equal(arrays["text"], small_automaton().text)
+
+
+def test_interrupted_save_leaves_nothing(tmp_path, monkeypatch):
+    path = tmp_path / "small.sam"
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("specdec_cli.sam.index.os.fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_small(path)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------------ bad files
+
+
+def assert_refused(path: Path, *fragments: str) -> None:
+    for opener in (load_index, read_index_info):
+        with pytest.raises(SpecdecError) as caught:
+            opener(path)
+        message = str(caught.value)
+        assert str(path) in message and "\n" not in message
+        for fragment in fragments:
+            assert fragment in message
+
+
+@pytest.mark.parametrize("keep", [0, 5, 8, 30, -1, -4, -100])
+def test_truncated_file(tmp_path, keep):
+    path = tmp_path / "small.sam"
+    save_small(path)
+    data = path.read_bytes()
+    path.write_bytes(data[:keep] if keep >= 0 else data[: len(data) + keep])
+    assert_refused(path)
+
+
+def test_trailing_bytes(tmp_path):
+    path = tmp_path / "small.sam"
+    save_small(path)
+    path.write_bytes(path.read_bytes() + b"\0\0\0\0")
+    assert_refused(path, "trailing")
+
+
+def test_corrupted_header(tmp_path):
+    path = tmp_path / "small.sam"
+    save_small(path)
+    data = bytearray(path.read_bytes())
+    data[20:30] = b"#" * 10
+    path.write_bytes(bytes(data))
+    assert_refused(path)
+
+
+def test_random_bytes(tmp_path):
+    path = tmp_path / "noise.sam"
+    path.write_bytes(np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8).tobytes())
+    assert_refused(path, "not a specdec")
+
+
+def test_foreign_safetensors_file(tmp_path):
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "weights.safetensors"
+    save_file({"weight": np.zeros((4, 4), dtype=np.float32)}, str(path))
+    assert_refused(path, "not a specdec")
+
+
+def test_wrong_format_version(tmp_path):
+    path = tmp_path / "small.sam"
+    save_small(path)
+    rewrite_header(path, lambda header: header["__metadata__"].update(format_version="2"))
+    assert_refused(path, "version 2", "rebuild")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda header: header["link"].update(dtype="F32"),
+        lambda header: header["link"].update(shape=[3]),
+        lambda header: header["text"].update(data_offsets=[4, 36]),
+        lambda header: header.pop("count"),
+        lambda header: header["__metadata__"].update(states="abc"),
+        lambda header: header["__metadata__"].pop("tokenizer_fingerprint"),
+    ],
+)
+def test_inconsistent_header(tmp_path, change):
+    path = tmp_path / "small.sam"
+    save_small(path)
+    rewrite_header(path, change)
+    assert_refused(path)
+
+
+def test_missing_file_and_directory(tmp_path):
+    assert_refused(tmp_path / "absent.sam", "not found")
+    with pytest.raises(SpecdecError):
+        load_index(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------ corpus
+
+
+def test_row_text_variants():
+    assert row_text({"text": "plain"}) == "plain"
+    assert row_text({"body": "other"}, field="body") == "other"
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    assert row_text(chat) == "hi\n\nhello"
+    assert row_text({"turns": ["one", "two"]}) == "one\n\ntwo"
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
+    assert row_text(parts) == "ab"
+    assert row_text({"prompt": "Q?", "answer": "A."}) == "Q?\n\nA."
+    assert row_text({"other": 1}) is None and row_text(3) is None
+
+
+def test_build_index_reads_all_input_kinds(tmp_path, char_tokenizer, monkeypatch):
+    corpus = tmp_path / "corpus"
+    (corpus / "nested").mkdir(parents=True)
+    (corpus / "a.txt").write_text("def add(a, b):\n    return a + b\n")
+    (corpus / "nested" / "b.txt").write_text("the cat sat on the mat")
+    (corpus / "ignored.md").write_text("not matched by the glob")
+    rows = [
+        {"text": "row one"},
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "answer"}]},
+        {"prompt": "p", "answer": "a"},
+        {"nothing": True},
+    ]
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_text("\n".join(json.dumps(row) for row in rows) + "\n\n")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"from stdin")))
+    progress = []
+    output = tmp_path / "out.sam"
+    summary = build_index([str(corpus), str(jsonl), "-"], output, char_tokenizer,
+                          target_name="chartok", on_progress=lambda *args: progress.append(args))
+    assert summary["documents"] == 2 + 3 + 1 and summary["skipped_rows"] == 1
+    texts = ["def add(a, b):\n    return a + b\n", "the cat sat on the mat", "row one", "q\n\nanswer", "p\n\na",
+             "from stdin"]
+    assert summary["tokens"] == sum(len(text) + 1 for text in texts)
+    assert progress and progress[-1] == (summary["tokens"], summary["documents"])
+    index = load_index(output)
+    eos = char_tokenizer.eos_token_id
+    text = index.automaton.text.tolist()
+    assert text.count(eos) == 6 and text[-1] == eos
+    assert char_tokenizer.decode(text[: text.index(eos)]) == texts[0]
+    meta = index.metadata
+    assert meta["tokenizer_fingerprint"] == tokenizer_fingerprint(char_tokenizer)
+    assert meta["eos_id"] == eos and meta["vocab_size"] == len(char_tokenizer)
+    assert [source["path"] for source in meta["sources"]][-1] == "-"
+    assert meta["sources"][0]["sha256"] and meta["sources"][0]["size"] > 0
+    assert meta["build"]["target"] == "chartok" and meta["documents"] == 6
+    # A match drafts what followed it in the corpus, stopping at the document's end.
+    automaton = index.automaton
+    state, match_len = ROOT, 0
+    for token in char_tokenizer("the cat", add_special_tokens=False)["input_ids"]:
+        state, match_len = automaton.advance(state, match_len, token)
+    assert char_tokenizer.decode(automaton.continuation(state, 100)) == " sat on the mat"
+
+
+def test_build_index_errors(tmp_path, char_tokenizer):
+    output = tmp_path / "out.sam"
+    with pytest.raises(SpecdecError, match="no such file"):
+        build_index([str(tmp_path / "absent.txt")], output, char_tokenizer)
+    binary = tmp_path / "blob.txt"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00")
+    with pytest.raises(SpecdecError, match="looks binary"):
+        build_index([str(binary)], output, char_tokenizer)
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("caf\xe9".encode("latin-1"))
+    with pytest.raises(SpecdecError, match="looks binary"):
+        build_index([str(latin)], output, char_tokenizer)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    with pytest.raises(SpecdecError, match="empty corpus"):
+        build_index([str(empty)], output, char_tokenizer)
+    (tmp_path / "docs").mkdir()
+    with pytest.raises(SpecdecError, match="glob"):
+        build_index([str(tmp_path / "docs")], output, char_tokenizer)
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text('{"text": "ok"}\n{oops\n')
+    with pytest.raises(SpecdecError, match=r"bad.jsonl:2"):
+        build_index([str(bad_json)], output, char_tokenizer)
+    assert not output.exists() and not list(tmp_path.glob(".*tmp*"))
+
+
+def test_fingerprint_is_stable_and_tells_tokenizers_apart(tmp_path, char_tokenizer):
+    from transformers import AutoTokenizer
+
+    same = AutoTokenizer.from_pretrained(make_char_tokenizer_dir(tmp_path / "same"))
+    other = AutoTokenizer.from_pretrained(make_char_tokenizer_dir(tmp_path / "other", extra_tokens=("é",)))
+    fingerprint = tokenizer_fingerprint(char_tokenizer)
+    assert fingerprint.startswith("sha256:") and len(fingerprint) == len("sha256:") + 16
+    assert tokenizer_fingerprint(same) == fingerprint
+    assert tokenizer_fingerprint(other) != fingerprint
+
+
+@pytest.mark.real_model
+def test_default_tokenizer_index(tmp_path):
+    from specdec_cli.models import load_tokenizer
+
+    tokenizer = load_tokenizer()
+    corpora = Path(__file__).resolve().parent.parent / "corpora"
+    output = tmp_path / "default.sam"
+    inputs = [str(corpora / "python_answers.jsonl"), str(corpora / "prose")]
+    summary = build_index(inputs, output, tokenizer, target_name="default")
+    assert summary["documents"] >= 20 and summary["tokens"] > 5000 and summary["bytes_per_token"] <= 64
+    index = load_index(output)
+    assert index.fingerprint == tokenizer_fingerprint(tokenizer) and index.eos_id == tokenizer.eos_token_id
+    automaton = index.automaton
+    state, match_len = ROOT, 0
+    for token in tokenizer("def is_palindrome(text):", add_special_tokens=False)["input_ids"]:
+        state, match_len = automaton.advance(state, match_len, token)
+    assert tokenizer.decode(automaton.continuation(state, 12)).startswith('\n    """Return True if text')
