@@ -229,6 +229,10 @@ class Engine:
                 warnings.warn(f"{model_type or 'this model'}: no custom attention masks; token trees fall back to chains")
         return self._tree_ok
 
+    def forget(self) -> None:
+        """Drop what the cost model learned about drafters' acceptance (the measured cost curve stays)."""
+        self.acceptance = AcceptanceTracker()
+
     def cost_curve(self) -> CostCurve:
         """t(n) for this model on this device: from the cache under $SPECDEC_HOME, else measured now (~1 s)."""
         if self._cost is None:

@@ -65,6 +65,8 @@ def test_every_drafter_is_lossless_in_process(default_target):
     prompt = "Repeat this sentence three times: the quick brown fox jumps over the lazy dog."
     _, reference = _reference(default_target, prompt, 64)
     for name in DRAFTERS:
+        if name == "model":  # needs a trained draft directory: covered in tests/test_model_drafter.py
+            continue
         session = ChatSession(default_target.model, default_target.tokenizer, name,
                               generation=GenerationConfig(max_new_tokens=64))
         assert session.ask(prompt).generation.tokens == reference, name

@@ -12,6 +12,7 @@ from . import app
 from .common import console, err_console
 
 DEFAULT_DRAFTER = "sam"
+DEFAULT_AUX = "none"
 
 
 def read_prompt(prompt: str) -> str:
@@ -29,6 +30,7 @@ def load_session(
     dtype: str,
     drafter: str,
     index: Optional[str],
+    aux: str,
     draft_model: Optional[str],
     draft_min_prob: float,
     draft_max: Optional[int],
@@ -50,7 +52,8 @@ def load_session(
 
     if drafter not in DRAFTERS:
         raise SpecdecError(f"unknown drafter {drafter!r}; choose one of: {', '.join(DRAFTERS)}")
-    options = DrafterOptions(draft_max=draft_max, index=index, draft_model=draft_model, draft_min_prob=draft_min_prob)
+    options = DrafterOptions(draft_max=draft_max, index=index, aux=aux, draft_model=draft_model,
+                             draft_min_prob=draft_min_prob)
     generation = GenerationConfig(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
@@ -73,6 +76,7 @@ def chat(
     target: str = typer.Option("smollm2-135m-instruct", "--target", "-m", help="HF repo id, model directory, or .gguf file."),
     drafter: str = typer.Option(DEFAULT_DRAFTER, "--drafter", "-d", help="none, pld, sam, model."),
     index: Optional[str] = typer.Option(None, "--index", help="Suffix-automaton index for --drafter sam."),
+    aux: str = typer.Option(DEFAULT_AUX, "--aux", help="sam: drafter used when the match is short (recycle, aded, model, pld, none)."),
     draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft model directory for --drafter model."),
     draft_min_prob: float = typer.Option(0.0, "--draft-min-prob", help="model: stop drafting below this top probability."),
     draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Longest draft per step."),
@@ -92,7 +96,7 @@ def chat(
 ) -> None:
     """Speculative chat: one-shot with --prompt, interactive otherwise."""
     text = read_prompt(prompt) if prompt is not None else None
-    session, loaded = load_session(target, device, dtype, drafter, index, draft_model, draft_min_prob, draft_max,
+    session, loaded = load_session(target, device, dtype, drafter, index, aux, draft_model, draft_min_prob, draft_max,
                                    max_new_tokens, temperature, top_p, top_k, seed, system, raw, stop)
     plain = plain or not sys.stdout.isatty()
     if text is None:
@@ -130,6 +134,8 @@ def settings_lines(session, loaded) -> list[str]:
             drafter += f" (index {options.index}: {tokens:,} tokens, l_bias {options.l_bias})"
         else:
             drafter += " (conversation only)"
+        if options.aux != "none":
+            drafter += f" + {options.aux} when the match is shorter than {options.l_threshold}"
     if drafter == "model":
         drafter += f" ({options.draft_model})"
     sampling = "greedy" if generation.greedy else (

@@ -34,7 +34,8 @@ class DrafterOptions:
     draft_max: Optional[int] = None  # longest draft; None = the drafter's own default
     index: Optional[str] = None  # static suffix-automaton index file (sam)
     l_bias: int = 5  # sam: static match must beat the dynamic one by more than this
-    l_threshold: int = 5  # sam: below this match length an auxiliary drafter may take over
+    l_threshold: int = 5  # sam: below this match length the auxiliary drafter takes over
+    aux: str = "none"  # sam: the auxiliary drafter (recycle, aded, model, pld) or "none"
     pld_max_ngram: int = 3  # pld: longest n-gram to look up
     pld_min_ngram: int = 1  # pld: shortest n-gram to look up
     draft_model: Optional[str] = None  # model: directory of the draft model

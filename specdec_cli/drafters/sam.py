@@ -141,10 +141,18 @@ def make_sam_drafter(options: "DrafterOptions", target: "TargetInfo") -> SamDraf
         static = index.automaton
         separators.add(index.eos_id)
         static.separators = frozenset(separators)
+    aux = None
+    if options.aux and options.aux != "none":
+        from . import make_drafter
+
+        if options.aux == "sam":
+            raise SpecdecError("--aux sam: the auxiliary drafter must be another drafter (recycle, aded, model, pld)")
+        aux = make_drafter(options.aux, options, target)
     return SamDrafter(
         static,
         separators=separators,
         draft_max=options.draft_max or DRAFT_MAX,
         l_bias=options.l_bias,
         l_threshold=options.l_threshold,
+        aux=aux,
     )

