@@ -20,7 +20,7 @@ def _spawn(model_dir, *extra):
 
 def test_repl_session(tiny_model_dir, tmp_path):
     child = _spawn(tiny_model_dir)
-    child.expect("drafter pld")
+    child.expect("drafter sam")
     child.expect(">>> ")
     child.sendline("hello there")
     child.expect("tokens/step")  # the status line after the answer

@@ -113,9 +113,9 @@ def chat(
         turn = session.ask(text, on_event=stream.on_event)
         stream.finish(turn.answer)
     else:
-        from .render import LiveTranscript, TranscriptView
+        from .render import LiveTranscript, TranscriptView, text_decoder
 
-        view = TranscriptView(session.tokenizer.decode, session.drafter_name, show_rejected)
+        view = TranscriptView(text_decoder(session.tokenizer), session.drafter_name, show_rejected)
         with LiveTranscript(console(), view) as live:
             turn = session.ask(text, on_event=live.on_event)
     err_console().print(stats_line(turn))

@@ -18,6 +18,11 @@ Decode = Callable[[Sequence[int]], str]
 _DECODE_WINDOW = 8  # tokens of left context used to decode a token's text (byte-level BPE, spaces, UTF-8)
 
 
+def text_decoder(tokenizer) -> Decode:
+    """Token ids -> display text (special tokens such as EOS are not shown)."""
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+
+
 @dataclass
 class Span:
     text: str

@@ -13,7 +13,7 @@ import sys
 from dataclasses import replace
 from typing import Optional
 
-from .render import LiveTranscript, TranscriptView
+from .render import LiveTranscript, TranscriptView, text_decoder
 
 HELP = """\
 /help                 this list
@@ -148,7 +148,7 @@ class Repl:
     # -- answering -----------------------------------------------------------------------------------------
 
     def answer(self, text: str) -> None:
-        view = TranscriptView(self.session.tokenizer.decode, self.session.drafter_name, self.show_rejected)
+        view = TranscriptView(text_decoder(self.session.tokenizer), self.session.drafter_name, self.show_rejected)
         try:
             if self.plain:
                 from .chat_cmd import TextStream
