@@ -118,6 +118,7 @@ class AcceptanceTracker:
     drafted: dict = field(default_factory=dict)  # key -> [weight at position i]
     accepted: dict = field(default_factory=dict)
     idle_steps: dict = field(default_factory=dict)  # key -> steps since this key last drafted anything
+    tree_stats: dict = field(default_factory=dict)  # (source, node bucket) -> (decayed accepted sum, weight)
 
     @staticmethod
     def key(source: str, match_len: int) -> tuple[str, int]:
@@ -150,19 +151,11 @@ class AcceptanceTracker:
             if position < accepted:
                 rows_accepted[position] += 1.0
 
-    def plan(self, key: tuple[str, int], cost: Callable[[int], float], longest: int, depth: Optional[int] = None) -> int:
-        """How many of a `longest`-node draft of this key to verify.
-
-        A chain (depth None or == longest) is priced exactly; a tree of `depth` levels is priced as its best
-        path, all nodes or none: the expected path is the chain formula over the depths it reaches.
-        """
+    def plan(self, key: tuple[str, int], cost: Callable[[int], float], longest: int) -> int:
+        """How many tokens of a `longest`-token chain draft of this key to verify."""
         if longest <= 0:
             return 0
-        if depth is not None and depth < longest:  # a tree
-            gain = expected_tokens(self.conditional(key, depth), depth)
-            length = longest if gain / cost(longest + 1) > 1.0 / cost(1) else 0
-        else:
-            length = choose_length(self.conditional(key, longest), cost, longest)
+        length = choose_length(self.conditional(key, longest), cost, longest)
         if length == 0:
             idle = self.idle_steps.get(key, 0) + 1
             self.idle_steps[key] = idle
@@ -171,3 +164,55 @@ class AcceptanceTracker:
         else:
             self.idle_steps[key] = 0
         return length
+
+    # -- trees: a bandit over node counts ------------------------------------------------------------------
+    # A tree's nodes come best first, so keeping m nodes keeps the best m-node subtree. Its payoff is
+    # learned per source and node-count bucket as the decayed mean accepted path length.
+
+    def tree_estimate(self, source: str, nodes: int) -> float:
+        """Expected accepted path length when verifying `nodes` nodes of this source's trees."""
+        bucket = tree_bucket(nodes)
+        total, weight = self.tree_stats.get((source, bucket), (0.0, 0.0))
+        prior = TREE_PRIOR_PER_DOUBLING * math.log2(bucket + 1)
+        return (total + prior * PRIOR_WEIGHT) / (weight + PRIOR_WEIGHT)
+
+    def plan_tree(self, source: str, cost: Callable[[int], float], longest: int) -> int:
+        """The node count (a power of two, or all of a smaller tree) with the best expected tokens/s."""
+        best_nodes, best_rate = 0, 1.0 / cost(1)
+        for nodes in tree_sizes(longest):
+            rate = (1.0 + self.tree_estimate(source, nodes)) / cost(nodes + 1)
+            if rate > best_rate:
+                best_nodes, best_rate = nodes, rate
+        if best_nodes == 0:
+            idle = self.idle_steps.get(source, 0) + 1
+            self.idle_steps[source] = idle
+            if idle % PROBE_EVERY == 0:
+                return 1
+        else:
+            self.idle_steps[source] = 0
+        return best_nodes
+
+    def record_tree(self, source: str, nodes: int, accepted: int) -> None:
+        for key, (total, weight) in list(self.tree_stats.items()):
+            if key[0] == source:
+                self.tree_stats[key] = (total * DECAY, weight * DECAY)
+        key = (source, tree_bucket(nodes))
+        total, weight = self.tree_stats.get(key, (0.0, 0.0))
+        self.tree_stats[key] = (total + accepted, weight + 1.0)
+
+
+TREE_PRIOR_PER_DOUBLING = 0.6  # optimistic enough that larger trees get tried, then judged on evidence
+
+
+def tree_bucket(nodes: int) -> int:
+    """Node counts are grouped by the power of two at or below them: 1, 2, 4, 8, ..."""
+    return 1 << (max(1, nodes).bit_length() - 1)
+
+
+def tree_sizes(longest: int) -> list[int]:
+    """Candidate node counts: powers of two up to `longest`, and `longest` itself."""
+    sizes, nodes = [], 1
+    while nodes < longest:
+        sizes.append(nodes)
+        nodes *= 2
+    return sizes + [longest] if longest > 0 else sizes

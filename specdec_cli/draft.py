@@ -1,9 +1,10 @@
 """What a drafter proposes and what the engine reports back after each step.
 
-A `Draft` is a token tree flattened breadth first. Node indices count from 0 over the drafted tokens;
-`parents[i]` is the index of node i's parent, or -1 when its parent is the root (the last committed token,
-which the target scores in the same forward). A chain is the tree whose parents are -1, 0, 1, ...; it is
-the common case and `parents=None` spells it.
+A `Draft` is a token tree flattened with every parent before its children. Node indices count from 0 over
+the drafted tokens; `parents[i]` is the index of node i's parent, or -1 when its parent is the root (the last
+committed token, which the target scores in the same forward). Tree drafters list their most promising nodes
+first, so that any prefix the engine keeps (it trims drafts to what pays off) is the best subtree of that
+size. A chain is the tree whose parents are -1, 0, 1, ...; it is the common case and `parents=None` spells it.
 
 A `StepEvent` is emitted by the engine once per target forward (and once for the prefill). Displays,
 statistics and drafters all read the same events; a drafter that needs more from the engine gets it here.
@@ -21,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass(frozen=True)
 class Draft:
-    tokens: list[int]  # drafted token ids, breadth-first; the root (last committed token) is not included
+    tokens: list[int]  # drafted token ids, parents first; the root (last committed token) is not included
     source: str  # which drafter (or hybrid source) produced it: "pld", "sam-static", ...
     parents: Optional[list[int]] = None  # None = chain; else parent index per node, -1 = root
     p_draft: Optional["torch.Tensor"] = None  # [len(tokens), vocab] draft distributions; None = deterministic

@@ -191,8 +191,12 @@ class Engine:
         if not draft.is_chain and not self.supports_trees:
             draft = first_branch(draft)
         if config.cost_aware and len(draft):
-            key = self.acceptance.key(draft.source, draft.match_len)
-            budget = self.acceptance.plan(key, self.cost_curve(), min(budget, len(draft)), depth_of(draft))
+            longest = min(budget, len(draft))
+            if draft.is_chain:
+                key = self.acceptance.key(draft.source, draft.match_len)
+                budget = self.acceptance.plan(key, self.cost_curve(), longest)
+            else:
+                budget = self.acceptance.plan_tree(draft.source, self.cost_curve(), longest)
         return trim(draft, budget)
 
     def _accept(self, draft: Draft, logits: torch.Tensor, config: GenerationConfig,
@@ -215,8 +219,10 @@ class Engine:
     def _learn(self, draft: Draft, accepted: int, verify_seconds: float, config: GenerationConfig) -> None:
         """Feed the cost model: how far this source's draft got, and what verifying it cost."""
         if config.cost_aware and len(draft):
-            key = self.acceptance.key(draft.source, draft.match_len)
-            self.acceptance.record(key, depth_of(draft), accepted)
+            if draft.is_chain:
+                self.acceptance.record(self.acceptance.key(draft.source, draft.match_len), len(draft), accepted)
+            else:
+                self.acceptance.record_tree(draft.source, len(draft), accepted)
             self.cost_curve().observe(len(draft) + 1, verify_seconds)
 
     @property
@@ -320,7 +326,7 @@ class Engine:
 
 
 def trim(draft: Draft, length: int) -> Draft:
-    """The first `length` nodes of a draft (breadth-first order keeps every parent before its children)."""
+    """The first `length` nodes of a draft (parents come first, so any prefix is a tree)."""
     if len(draft) <= length:
         return draft
     parents = None if draft.parents is None else draft.parents[:length]

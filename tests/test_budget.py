@@ -53,3 +53,21 @@ def test_tracker_probes_a_useless_source_now_and_then():
     steep = CostCurve({1: 1.0, 2: 1.5, 32: 20.0})
     plans = [tracker.plan(key, steep, 8) for _ in range(32)]
     assert plans.count(0) >= 28 and 1 in plans
+
+
+def test_tree_plan_learns_which_size_pays():
+    from specdec_cli.budget import tree_sizes
+
+    assert tree_sizes(20) == [1, 2, 4, 8, 16, 20] and tree_sizes(1) == [1]
+    cpu = CostCurve({1: 37.0, 2: 39.0, 3: 41.0, 4: 55.0, 8: 66.0, 16: 72.0, 32: 90.0, 64: 120.0})
+    tracker = AcceptanceTracker()
+    for _ in range(80):  # small trees usually get one token, big ones barely more
+        tracker.record_tree("recycle", 1, 1)
+        tracker.record_tree("recycle", 2, 1)
+        tracker.record_tree("recycle", 64, 1)
+    assert tracker.plan_tree("recycle", cpu, 64) in (1, 2)
+    junk = AcceptanceTracker()
+    for nodes in (1, 2, 4, 8, 16, 32, 64):
+        for _ in range(80):
+            junk.record_tree("junk", nodes, 0)
+    assert junk.plan_tree("junk", cpu, 64) == 0

@@ -16,6 +16,8 @@ DRAFTERS = {
     "none": "plain decoding through the same loop (the baseline)",
     "pld": "prompt lookup: continue the longest recent n-gram match in the context",
     "sam": "suffix automata over the conversation and an optional static index (SAM-Decoding)",
+    "recycle": "Token Recycling: a tree from the target's own recent top-8 predictions per token",
+    "aded": "ADED: an adaptive tri-gram table searched with PUCT into a token tree",
     "model": "a small draft model with the target's tokenizer (see `specdec distill`)",
 }
 
@@ -59,6 +61,14 @@ def make_drafter(name: str, options: DrafterOptions, target: TargetInfo) -> Draf
         from .sam import make_sam_drafter
 
         return make_sam_drafter(options, target)
+    if name == "recycle":
+        from .recycle import make_recycle_drafter
+
+        return make_recycle_drafter(options, target)
+    if name == "aded":
+        from .aded import make_aded_drafter
+
+        return make_aded_drafter(options, target)
     if name == "model":
         from .model import make_model_drafter
 
