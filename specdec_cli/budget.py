@@ -193,15 +193,13 @@ class AcceptanceTracker:
         return best_nodes
 
     def record_tree(self, source: str, nodes: int, accepted: int) -> None:
-        for key, (total, weight) in list(self.tree_stats.items()):
-            if key[0] == source:
-                self.tree_stats[key] = (total * DECAY, weight * DECAY)
+        """A tree of `nodes` verified nodes got a path of `accepted` tokens accepted (older evidence fades)."""
         key = (source, tree_bucket(nodes))
         total, weight = self.tree_stats.get(key, (0.0, 0.0))
-        self.tree_stats[key] = (total + accepted, weight + 1.0)
+        self.tree_stats[key] = (total * DECAY + accepted, weight * DECAY + 1.0)
 
 
-TREE_PRIOR_PER_DOUBLING = 0.6  # optimistic enough that larger trees get tried, then judged on evidence
+TREE_PRIOR_PER_DOUBLING = 0.35  # untried sizes look this good: small trees get tried, large ones must earn it
 
 
 def tree_bucket(nodes: int) -> int:
