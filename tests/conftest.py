@@ -61,6 +61,7 @@ def hf_greedy(model, prompt_ids, max_new_tokens, eos=TINY_EOS):
 def run_cli(*args, input_text=None, env_extra=None, timeout=600):
     env = dict(os.environ)
     env.pop("SPECDEC_DEBUG", None)
+    env.setdefault("OMP_NUM_THREADS", "1")  # robust when the machine is busy: no thread oversubscription
     env.update(env_extra or {})
     return subprocess.run([sys.executable, "-m", "specdec_cli", *args], input=input_text, capture_output=True,
                           text=True, env=env, timeout=timeout)

@@ -64,7 +64,7 @@ def test_real_model_sam_with_index_is_lossless_and_beats_pld_on_code(tmp_path):
     outputs = {}
     for drafter in ("none", "pld", "sam"):
         extra = ["--index", str(index)] if drafter == "sam" else []
-        result = run_cli("chat", "--prompt", prompt, "--drafter", drafter, "-n", "128", "--json", *extra)
+        result = run_cli("chat", "--prompt", prompt, "--drafter", drafter, "-n", "96", "--json", *extra)
         assert result.returncode == 0, result.stderr
         outputs[drafter] = json.loads(result.stdout)
     assert outputs["sam"]["output_token_ids"] == outputs["none"]["output_token_ids"]
