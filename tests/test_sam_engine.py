@@ -55,7 +55,7 @@ def test_sam_multi_turn_keeps_learning(tiny_llama):
 
 
 @pytest.mark.real_model
-def test_real_model_sam_with_index_is_lossless_and_beats_pld_on_code(tmp_path):
+def test_real_model_sam_with_index_is_lossless(tmp_path):
     """build-index over the sample corpus, then greedy chat --json: identical to --drafter none."""
     index = tmp_path / "corpus.sam"
     built = run_cli("build-index", "corpora/python_answers.jsonl", "-o", str(index))

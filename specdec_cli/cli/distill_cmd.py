@@ -1,0 +1,435 @@
+"""`specdec distill`: make a draft model for a target (generate -> train -> evaluate), or one stage of it.
+
+`specdec distill` alone runs the whole pipeline with defaults sized for the default model on a 2-core CPU;
+`distill generate`, `distill train` and `distill evaluate` run one stage each. Thin layer: flags in,
+library calls (specdec_cli.distill) with Rich progress on stderr, a results table and usage hints out.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from ..models import DEFAULT_TARGET
+
+DEFAULT_DRAFT_VOCAB = 16384  # = distill.train.DEFAULT_DRAFT_VOCAB (not imported: keeps --help light)
+from . import app
+from .common import console, err_console
+
+distill_app = typer.Typer(
+    name="distill",
+    help="Make a draft model that imitates the target (sequence-level knowledge distillation).",
+    invoke_without_command=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(distill_app, name="distill")
+
+# Pipeline defaults: SmolLM2-135M on 2 CPU cores in well under 30 minutes (generate ~12 min, train ~8,
+# evaluate ~6); see README for the measured numbers.
+PIPELINE_LIMIT = 110
+PIPELINE_MAX_NEW_TOKENS = 160
+PIPELINE_EPOCHS = 4.0
+PIPELINE_EVAL_LIMIT = 18
+EVAL_MAX_NEW_TOKENS = 96
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _target_spec(target: str) -> str:
+    """What to record as the target: an absolute path for files and directories, the name otherwise."""
+    path = Path(target).expanduser()
+    return str(path.resolve()) if path.exists() else target
+
+
+def _load_target(target: str, device: str = "auto", dtype: str = "auto"):
+    from ..models import load_target
+
+    status = err_console().status("Loading model…")
+    with status:
+        return load_target(target, device, dtype, on_status=lambda message: status.update(message))
+
+
+def _target_from_data(data: str) -> Optional[str]:
+    """The target recorded in the first row of a data file (None when unreadable)."""
+    try:
+        with open(Path(data).expanduser(), encoding="utf-8") as handle:
+            for line in handle:
+                if line.strip():
+                    return str(json.loads(line).get("target") or "") or None
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _target_from_draft(draft_dir: str) -> Optional[str]:
+    try:
+        meta = json.loads((Path(draft_dir).expanduser() / "specdec_draft.json").read_text(encoding="utf-8"))
+        return str(meta.get("target") or "") or None
+    except (OSError, ValueError):
+        return None
+
+
+def _usable_target(recorded: Optional[str]) -> str:
+    """A recorded target if it can still be resolved, else the default model."""
+    if not recorded:
+        return DEFAULT_TARGET
+    from ..errors import SpecdecError
+    from ..models import resolve_target
+
+    try:
+        resolve_target(recorded)
+    except SpecdecError:
+        return DEFAULT_TARGET
+    return recorded
+
+
+def _progress(*fields: str):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn()]
+    columns += [TextColumn(f"{{task.fields[{name}]}}") for name in fields]
+    columns += [TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
+    return Progress(*columns, console=err_console(), transient=False)
+
+
+def _check_data(loaded: Any, target_spec: str, data: str, allow_empty: bool) -> None:
+    from ..chat import target_info
+    from ..distill.generate import read_rows
+
+    read_rows(data, target_info(loaded.model, loaded.tokenizer).fingerprint, target_spec, allow_empty=allow_empty)
+
+
+def _default_output(target_name: str) -> Path:
+    from ..models import specdec_home
+
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in Path(target_name).name) or "draft"
+    return specdec_home() / "drafts" / safe
+
+
+# ---------------------------------------------------------------------------------------------- stages
+
+
+def run_generate(loaded: Any, target_spec: str, prompts: list, data: str, *, drafter: str, draft_max: Optional[int],
+                 index: Optional[str], draft_model: Optional[str], max_new_tokens: int, temperature: float,
+                 top_p: float, top_k: int, seed: int, system: Optional[str], raw: bool):
+    from ..distill.generate import generate_data
+    from ..drafters import DrafterOptions
+
+    _check_data(loaded, target_spec, data, allow_empty=True)  # before any progress display
+    options = DrafterOptions(draft_max=draft_max, index=index, draft_model=draft_model)
+    with _progress("info") as progress:
+        task = progress.add_task("Generating", total=len(prompts), info="")
+
+        def on_progress(update) -> None:
+            progress.update(task, total=update.total, completed=update.done,
+                            info=f"{update.new_tokens:,} tokens · {update.tokens_per_second:.1f} tok/s")
+
+        summary = generate_data(
+            loaded.model, loaded.tokenizer, target_spec, prompts, data, drafter=drafter, drafter_options=options,
+            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+            draft_max=draft_max, raw=raw, system=system, on_progress=on_progress,
+        )
+        progress.update(task, total=max(1, summary.written), completed=max(1, summary.written))
+    for warning in summary.warnings:
+        err_console().print(f"[yellow]warning:[/yellow] {warning}")
+    err_console().print(
+        f"{summary.path}: {summary.written} new rows ({summary.new_tokens:,} tokens, {summary.tokens_per_second:.1f} tok/s), "
+        f"{summary.skipped} already answered, {summary.rows} rows in all"
+    )
+    return summary
+
+
+def run_train(loaded: Any, target_spec: str, data: str, output: str, config: Any, *, checkpoint_dir: Optional[str],
+              resume: bool):
+    from ..distill.train import train_draft
+
+    _check_data(loaded, target_spec, data, allow_empty=False)  # before any progress display
+    with _progress("loss", "lr", "speed") as progress:
+        task = progress.add_task("Training", total=None, loss="", lr="", speed="")
+
+        def on_progress(update) -> None:
+            loss = f"loss {update.loss:.3f}" + (f" kd {update.kd:.3f}" if update.kd is not None else "")
+            progress.update(task, total=update.total_steps, completed=update.step, loss=loss, lr=f"lr {update.lr:.1e}",
+                            speed=f"{update.tokens_per_second:,.0f} tok/s")
+
+        result = train_draft(loaded.model, loaded.tokenizer, target_spec, data, output, config,
+                             checkpoint_dir=checkpoint_dir, resume=resume, on_progress=on_progress,
+                             on_status=lambda message: progress.console.print(message))
+    first = "-" if result.first_loss is None else f"{result.first_loss:.3f}"
+    final = "-" if result.final_loss is None else f"{result.final_loss:.3f}"
+    err_console().print(
+        f"Trained {result.steps} steps in {result.seconds:.0f} s ({result.train_rows} rows, {result.held_out_rows} held out, "
+        f"{result.parameters / 1e6:.1f} M parameters): loss {first} -> {final}; saved {result.output}"
+    )
+    return result
+
+
+def run_evaluate(loaded: Any, target_spec: str, draft_dir: str, prompts: list, source: str, *, baseline: bool,
+                 max_new_tokens: int, draft_max: int, draft_min_prob: float) -> dict:
+    from ..distill.evaluate import evaluate_draft
+
+    labels = 2 if baseline else 1
+    with _progress("info") as progress:
+        task = progress.add_task("Evaluating", total=len(prompts) * labels, info="")
+        done: dict = {}
+
+        def on_progress(update) -> None:
+            done[update.label] = update.done
+            progress.update(task, completed=sum(done.values()),
+                            info=f"{update.label}: tau {update.score.mean_accepted_tokens:.2f}, "
+                                 f"agreement {update.score.agreement:.0%}")
+
+        evaluation = evaluate_draft(loaded.model, loaded.tokenizer, target_spec, draft_dir, prompts, baseline=baseline,
+                                    max_new_tokens=max_new_tokens, draft_max=draft_max, min_prob=draft_min_prob,
+                                    prompt_source=source, on_progress=on_progress,
+                                    on_status=lambda message: progress.console.print(message))
+    return evaluation
+
+
+def show_evaluation(evaluation: dict, draft_dir: str) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"Draft vs target on {evaluation['prompts']} held-out prompts ({evaluation.get('source') or 'prompts'})",
+                  title_justify="left")
+    table.add_column("draft")
+    for name in ("top-1 agreement", "1 - TVD", "mean accepted tokens", "acceptance rate", "tokens/s"):
+        table.add_column(name, justify="right")
+    names = {"before": "initialisation (untrained)", "after": "distilled"}
+    for label in ("before", "after"):
+        score = evaluation.get(label)
+        if score:
+            table.add_row(names[label], f"{score['agreement']:.1%}", f"{score['sampling_acceptance']:.1%}",
+                          f"{score['mean_accepted_tokens']:.2f}", f"{score['acceptance_rate']:.1%}",
+                          f"{score['tokens_per_second']:.1f}")
+    console().print(table)
+    console().print(f"[dim]report: {Path(draft_dir) / 'distill_report.json'}[/dim]")
+
+
+def show_usage(draft_dir: str, target_spec: str) -> None:
+    target = "" if target_spec == DEFAULT_TARGET else f" --target {target_spec}"
+    console().print("\nUse the draft:")
+    console().print(f"  specdec chat{target} --drafter model --draft-model {draft_dir} --prompt \"...\"")
+    console().print(f"  specdec bench{target} --drafters none,model --draft-model {draft_dir}")
+
+
+def _eval_prompts(loaded: Any, target_spec: str, draft_dir: str, data: Optional[str], prompts: Optional[str],
+                  suite: Optional[str], limit: Optional[int], raw: bool) -> tuple[list, str]:
+    from ..chat import target_info
+    from ..distill.evaluate import prompts_from_data, prompts_from_items, read_report
+    from ..distill.generate import load_prompts
+    from ..errors import SpecdecError
+
+    if prompts or suite:
+        items = load_prompts(prompts, suite, limit)
+        return prompts_from_items(loaded.tokenizer, items, raw), (prompts or f"suite {suite}")
+    report = read_report(Path(draft_dir).expanduser())
+    data = data or (report.get("data") or {}).get("path")
+    if not data:
+        raise SpecdecError("give the held-out prompts: --data DATA.jsonl, --suite builtin or --prompts FILE")
+    holdout = float((report.get("data") or {}).get("holdout", 0.1))
+    info = target_info(loaded.model, loaded.tokenizer)
+    found = prompts_from_data(data, holdout, info.fingerprint, target_spec)
+    return (found[:limit] if limit else found), f"held-out rows of {data}"
+
+
+# ---------------------------------------------------------------------------------------------- commands
+
+
+@distill_app.callback()
+def distill(
+    ctx: typer.Context,
+    target: str = typer.Option(DEFAULT_TARGET, "--target", "-m", help="HF repo id, model directory, or .gguf file."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Draft directory (default: $SPECDEC_HOME/drafts/NAME)."),
+    data: Optional[str] = typer.Option(None, "--data", help="Data file (default: OUTPUT.data.jsonl); resumed if it exists."),
+    prompts: Optional[str] = typer.Option(None, "--prompts", help="Training prompts file (Spec-Bench or plain JSONL, or text)."),
+    suite: Optional[str] = typer.Option(None, "--suite", help="Training prompt suite: distill (default), builtin, humaneval."),
+    limit: int = typer.Option(PIPELINE_LIMIT, "--limit", help="Answer at most this many training prompts."),
+    max_new_tokens: int = typer.Option(PIPELINE_MAX_NEW_TOKENS, "--max-new-tokens", "-n", help="Longest answer in the data."),
+    drafter: str = typer.Option("pld", "--drafter", "-d", help="Drafter that speeds up data generation."),
+    layers: int = typer.Option(4, "--layers", help="Student blocks (the target's first N)."),
+    epochs: float = typer.Option(PIPELINE_EPOCHS, "--epochs", help="Passes over the data."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (overrides --epochs)."),
+    lr: float = typer.Option(3e-4, "--lr", help="Peak learning rate."),
+    kd_weight: float = typer.Option(0.0, "--kd-weight", help="Weight of the divergence to the target's distributions."),
+    kd_loss: str = typer.Option("fkl", "--kd-loss", help="fkl, rkl or tvd."),
+    draft_vocab: int = typer.Option(DEFAULT_DRAFT_VOCAB, "--draft-vocab", help="Tokens the draft's head predicts (0 = all)."),
+    eval_suite: Optional[str] = typer.Option(None, "--eval-suite", help="Held-out prompt suite (default: builtin)."),
+    eval_prompts: Optional[str] = typer.Option(None, "--eval-prompts", help="Held-out prompts file."),
+    eval_limit: Optional[int] = typer.Option(PIPELINE_EVAL_LIMIT, "--eval-limit", help="Evaluate on at most this many prompts."),
+    eval_max_new_tokens: int = typer.Option(EVAL_MAX_NEW_TOKENS, "--eval-max-new-tokens", help="Tokens per evaluation answer."),
+    resume: bool = typer.Option(False, "--resume", help="Continue training from the checkpoint."),
+    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, mps."),
+) -> None:
+    """Generate data, train a draft and evaluate it (no subcommand), or run one stage (see the commands)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from ..distill.generate import load_prompts
+    from ..distill.train import TrainConfig
+
+    if prompts and suite:
+        from ..errors import SpecdecError
+
+        raise SpecdecError("give either --prompts or --suite, not both")
+    config = TrainConfig(layers=layers, epochs=epochs, steps=steps, lr=lr, kd_weight=kd_weight, kd_loss=kd_loss,
+                         seed=seed, holdout=0.0, draft_vocab=draft_vocab)
+    config.check()
+    train_items = load_prompts(prompts, None if prompts else (suite or "distill"), limit)
+    loaded = _load_target(target, device)
+    spec = _target_spec(target)
+    out_dir = Path(output).expanduser() if output else _default_output(loaded.name)
+    data_file = data or str(out_dir.parent / f"{out_dir.name}.data.jsonl")
+    err_console().print(f"[bold]1/3[/bold] Answering {len(train_items)} prompts with the target -> {data_file}")
+    run_generate(loaded, spec, train_items, data_file, drafter=drafter, draft_max=None, index=None, draft_model=None,
+                 max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0, top_k=0, seed=seed, system=None, raw=False)
+    err_console().print(f"[bold]2/3[/bold] Training a {layers}-block student -> {out_dir}")
+    run_train(loaded, spec, data_file, str(out_dir), config, checkpoint_dir=None, resume=resume)
+    eval_items = load_prompts(eval_prompts, None if eval_prompts else (eval_suite or "builtin"), None)
+    chosen = _spread(eval_items, eval_limit)
+    from ..distill.evaluate import prompts_from_items
+
+    source = eval_prompts or f"suite {eval_suite or 'builtin'}"
+    err_console().print(f"[bold]3/3[/bold] Evaluating before and after training on {len(chosen)} prompts ({source})")
+    evaluation = run_evaluate(loaded, spec, str(out_dir), prompts_from_items(loaded.tokenizer, chosen), source,
+                              baseline=True, max_new_tokens=eval_max_new_tokens, draft_max=6, draft_min_prob=0.0)
+    show_evaluation(evaluation, str(out_dir))
+    show_usage(str(out_dir), spec)
+
+
+def _spread(items: list, limit: Optional[int]) -> list:
+    """At most `limit` items, taken round-robin over categories so that every category is represented."""
+    if not limit or len(items) <= limit:
+        return list(items)
+    groups: dict = {}
+    for item in items:
+        groups.setdefault(item.category, []).append(item)
+    chosen: list = []
+    while len(chosen) < limit:
+        for group in groups.values():
+            if group and len(chosen) < limit:
+                chosen.append(group.pop(0))
+    return chosen
+
+
+@distill_app.command("generate")
+def generate(
+    output: str = typer.Option(..., "--output", "-o", help="Data file (JSONL) to append answers to."),
+    prompts: Optional[str] = typer.Option(None, "--prompts", help="Prompts: Spec-Bench or plain JSONL, or one per line."),
+    suite: Optional[str] = typer.Option(None, "--suite", help="Prompt suite: distill, builtin, humaneval."),
+    target: str = typer.Option(DEFAULT_TARGET, "--target", "-m", help="HF repo id, model directory, or .gguf file."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Use only the first N prompts."),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", help="Longest answer."),
+    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy; > 0 samples (lossless)."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1]."),
+    top_k: int = typer.Option(0, "--top-k", help="Keep the k best tokens (0 = off)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed for sampling."),
+    drafter: str = typer.Option("pld", "--drafter", "-d", help="Drafter for speed: none, pld, sam, model."),
+    draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Longest draft per step."),
+    index: Optional[str] = typer.Option(None, "--index", help="Suffix-automaton index for --drafter sam."),
+    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft model directory for --drafter model."),
+    system: Optional[str] = typer.Option(None, "--system", "-s", help="System message."),
+    raw: bool = typer.Option(False, "--raw", help="Feed prompts as is, without the chat template."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, mps."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16, float16."),
+) -> None:
+    """Answer prompts with the target and append one row per answer (resumable)."""
+    from ..distill.generate import load_prompts
+    from ..drafters import DRAFTERS
+    from ..engine import GenerationConfig
+    from ..errors import SpecdecError
+
+    if prompts is None and suite is None:
+        raise SpecdecError("give the prompts: --prompts FILE or --suite NAME")
+    if drafter not in DRAFTERS:
+        raise SpecdecError(f"unknown drafter {drafter!r}; choose one of: {', '.join(DRAFTERS)}")
+    GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k).check()
+    items = load_prompts(prompts, suite, limit)
+    loaded = _load_target(target, device, dtype)
+    run_generate(loaded, _target_spec(target), items, output, drafter=drafter, draft_max=draft_max, index=index,
+                 draft_model=draft_model, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                 top_k=top_k, seed=seed, system=system, raw=raw)
+
+
+@distill_app.command("train")
+def train(
+    data: str = typer.Option(..., "--data", help="Data file from `specdec distill generate`."),
+    output: str = typer.Option(..., "--output", "-o", help="Draft model directory to write."),
+    target: Optional[str] = typer.Option(None, "--target", "-m", help="Target (default: the one that wrote the data)."),
+    init: str = typer.Option("target", "--init", help="target (its first blocks), config (fresh), student (--student)."),
+    layers: int = typer.Option(4, "--layers", help="Student blocks."),
+    hidden: Optional[int] = typer.Option(None, "--hidden", help="Hidden size with --init config."),
+    student: Optional[str] = typer.Option(None, "--student", help="Existing model directory to start from."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (overrides --epochs)."),
+    epochs: float = typer.Option(3.0, "--epochs", help="Passes over the training rows."),
+    batch_size: int = typer.Option(4, "--batch-size", help="Sequences per micro-batch."),
+    grad_accum: int = typer.Option(1, "--grad-accum", help="Micro-batches per optimizer step."),
+    lr: float = typer.Option(3e-4, "--lr", help="Peak learning rate."),
+    warmup: Optional[int] = typer.Option(None, "--warmup", help="Warm-up steps (default: 5%)."),
+    weight_decay: float = typer.Option(0.01, "--weight-decay", help="AdamW weight decay."),
+    clip: float = typer.Option(1.0, "--clip", help="Gradient norm clip (0 = off)."),
+    max_len: int = typer.Option(768, "--max-len", help="Longest training sequence."),
+    kd_weight: float = typer.Option(0.0, "--kd-weight", help="Weight of the divergence to the target's distributions."),
+    kd_loss: str = typer.Option("fkl", "--kd-loss", help="fkl, rkl or tvd."),
+    holdout: float = typer.Option(0.1, "--holdout", help="Share of rows kept for evaluation."),
+    draft_vocab: int = typer.Option(DEFAULT_DRAFT_VOCAB, "--draft-vocab", help="Tokens the draft's head predicts (0 = all)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    save_every: int = typer.Option(100, "--save-every", help="Checkpoint every N steps."),
+    checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help="Checkpoint directory (default: OUTPUT.checkpoint)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint."),
+    device: str = typer.Option("cpu", "--device", help="Where the target runs (training runs on the CPU)."),
+) -> None:
+    """Train a draft on the target's answers; Ctrl-C saves a checkpoint (continue with --resume)."""
+    from ..distill.generate import read_rows
+    from ..distill.train import TrainConfig
+
+    config = TrainConfig(init=init, layers=layers, hidden=hidden, student=student, steps=steps, epochs=epochs,
+                         batch_size=batch_size, grad_accum=grad_accum, lr=lr, warmup_steps=warmup,
+                         weight_decay=weight_decay, clip=clip, max_len=max_len, kd_weight=kd_weight, kd_loss=kd_loss,
+                         seed=seed, save_every=save_every, holdout=holdout, draft_vocab=draft_vocab)
+    config.check()
+    read_rows(data)  # a missing or empty file fails before the model loads
+    target = target or _usable_target(_target_from_data(data))
+    loaded = _load_target(target, device, "float32")
+    run_train(loaded, _target_spec(target), data, output, config, checkpoint_dir=checkpoint_dir, resume=resume)
+
+
+@distill_app.command("evaluate")
+def evaluate(
+    draft_model: str = typer.Option(..., "--draft-model", "-D", help="Draft directory from `specdec distill train`."),
+    data: Optional[str] = typer.Option(None, "--data", help="Evaluate on this data file's held-out rows [default]."),
+    prompts: Optional[str] = typer.Option(None, "--prompts", help="Or on these prompts."),
+    suite: Optional[str] = typer.Option(None, "--suite", help="Or on a suite: builtin, humaneval, distill."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="At most this many prompts."),
+    target: Optional[str] = typer.Option(None, "--target", "-m", help="Target (default: the draft's)."),
+    max_new_tokens: int = typer.Option(EVAL_MAX_NEW_TOKENS, "--max-new-tokens", "-n", help="Tokens per answer."),
+    draft_max: int = typer.Option(6, "--draft-max", help="Longest draft per step."),
+    draft_min_prob: float = typer.Option(0.0, "--draft-min-prob", help="Stop drafting below this top probability."),
+    no_baseline: bool = typer.Option(False, "--no-baseline", help="Skip the untrained initialisation."),
+    raw: bool = typer.Option(False, "--raw", help="Feed prompts without the chat template."),
+    as_json: bool = typer.Option(False, "--json", help="Print the evaluation as JSON."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, mps."),
+) -> None:
+    """Top-1 agreement and mean accepted tokens of a draft (and of its initialisation) on held-out prompts."""
+    from ..errors import SpecdecError
+
+    if sum(bool(value) for value in (data, prompts, suite)) > 1:
+        raise SpecdecError("give one of --data, --prompts, --suite")
+    directory = Path(draft_model).expanduser()
+    if not directory.is_dir():
+        raise SpecdecError(f"--draft-model {draft_model}: no such directory")
+    target = target or _usable_target(_target_from_draft(draft_model))
+    loaded = _load_target(target, device, "float32")
+    spec = _target_spec(target)
+    chosen, source = _eval_prompts(loaded, spec, draft_model, data, prompts, suite, limit, raw)
+    evaluation = run_evaluate(loaded, spec, draft_model, chosen, source, baseline=not no_baseline,
+                              max_new_tokens=max_new_tokens, draft_max=draft_max, draft_min_prob=draft_min_prob)
+    if as_json:
+        print(json.dumps(evaluation, ensure_ascii=False))
+        return
+    show_evaluation(evaluation, draft_model)

@@ -1,0 +1,288 @@
+"""Measuring a draft against its target on held-out prompts: agreement and real speculative acceptance.
+
+For every prompt the target answers greedily through the engine with the draft as the `model` drafter; the
+answer is the target's own (greedy verification is exact), and the run gives the mean accepted tokens per
+target forward (tau, the target's own token included) and the acceptance rate. Along that same answer
+one forward of the target and one of the draft give the top-1 agreement (share of answer positions where
+the draft's argmax is the target's argmax) and the mean of 1 - TVD(p_target, p_draft) at temperature 1,
+the per-token acceptance speculative sampling would have. The engine's cost-aware trimming, if any, is
+switched off so that the numbers describe the draft, not the scheduler.
+
+`evaluate_draft` measures a trained draft directory and, unless told not to, the untrained initialisation
+it started from (rebuilt from its recorded init), and stores both under "evaluation" in the directory's
+`distill_report.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from ..errors import SpecdecError
+from .train import REPORT, build_student, split_rows, write_json_atomic
+
+DEFAULT_EVAL_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class EvalPrompt:
+    ids: list[int]
+    category: str = ""
+    id: str = ""
+
+
+@dataclass
+class DraftScore:
+    label: str
+    prompts: int = 0
+    positions: int = 0  # answer positions compared
+    agreement: float = 0.0  # top-1 agreement with the target along its answers
+    sampling_acceptance: float = 0.0  # mean 1 - TVD(p_target, p_draft) at temperature 1
+    steps: int = 0
+    new_tokens: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    mean_accepted_tokens: float = 0.0  # committed tokens per target forward (plain decoding = 1.0)
+    acceptance_rate: float = 0.0
+    tokens_per_second: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    per_category: dict = field(default_factory=dict)  # category -> {"agreement", "mean_accepted_tokens"}
+
+    def as_json(self) -> dict:
+        body = asdict(self)
+        for key in ("agreement", "sampling_acceptance", "mean_accepted_tokens", "acceptance_rate",
+                    "tokens_per_second", "draft_seconds", "verify_seconds"):
+            body[key] = round(body[key], 4)
+        return body
+
+
+@dataclass
+class EvalProgress:
+    label: str
+    done: int
+    total: int
+    score: DraftScore
+
+
+# ---------------------------------------------------------------------------------------------- prompts
+
+
+def prompts_from_items(tokenizer: Any, items: Sequence[Any], raw: bool = False) -> list[EvalPrompt]:
+    from ..chat import format_prompt
+
+    return [EvalPrompt(format_prompt(tokenizer, [{"role": "user", "content": item.text}], raw), item.category, item.id)
+            for item in items]
+
+
+def prompts_from_data(data_path: str, holdout: float, fingerprint: str, target_name: str = "") -> list[EvalPrompt]:
+    """The held-out rows of a data file, split exactly as training split them."""
+    from .generate import read_rows
+
+    rows = read_rows(data_path, fingerprint, target_name)
+    _, held = split_rows(rows, holdout)
+    if not held:
+        raise SpecdecError(
+            f"{data_path}: no held-out rows (the draft was trained with --holdout {holdout}); "
+            "evaluate on --suite builtin or --prompts FILE instead"
+        )
+    return [EvalPrompt([int(t) for t in row["prompt_ids"]], str(row.get("category", "")), str(row.get("id", "")))
+            for row in held]
+
+
+def read_report(draft_dir: Path) -> dict:
+    path = draft_dir / REPORT
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        return {}
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+
+
+def score_drafts(
+    target: Any,
+    tokenizer: Any,
+    prompts: Sequence[EvalPrompt],
+    drafts: dict,
+    *,
+    max_new_tokens: int = DEFAULT_EVAL_TOKENS,
+    draft_max: int = 6,
+    min_prob: float = 0.0,
+    head_tokens: Optional[Sequence[int]] = None,
+    on_progress: Optional[Callable[[EvalProgress], None]] = None,
+) -> dict:
+    """{label: DraftScore} for every draft model in `drafts` ({label: model}) over the same prompts.
+
+    `head_tokens` restricts every draft's output head as the `model` drafter does (None = full head).
+    """
+    from ..chat import target_info
+    from ..drafters.model import ModelDrafter
+    from ..engine import Engine, GenerationConfig
+
+    if not prompts:
+        raise SpecdecError("no prompts to evaluate on")
+    info = target_info(target, tokenizer)
+    engine = Engine(target, tokenizer)
+    config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, draft_max=draft_max,
+                              eos_token_ids=info.eos_token_ids)
+    if any(item.name == "cost_aware" for item in fields(GenerationConfig)):
+        config = replace(config, cost_aware=False)
+    config.check()
+    scores = {label: DraftScore(label) for label in drafts}
+    sums = {label: {"tvd": 0.0, "matches": 0, "committed": 0.0, "wall": 0.0} for label in drafts}
+    categories: dict = {label: {} for label in drafts}
+    drafters = {label: ModelDrafter(model.eval(), draft_max=draft_max, min_prob=min_prob, eos_token_ids=info.eos_token_ids,
+                                    head_tokens=head_tokens)
+                for label, model in drafts.items()}
+    for index, prompt in enumerate(prompts):
+        reference = None  # the target's answer and its distributions along it, shared by all drafts
+        for label, drafter in drafters.items():
+            drafter.reset()
+            generation = engine.generate(prompt.ids, drafter, config)
+            stats = generation.stats
+            if reference is None:  # greedy runs all produce the target's own answer: measure along the first
+                reference = _target_along(target, prompt.ids, list(generation.tokens))
+            score, acc = scores[label], sums[label]
+            score.prompts += 1
+            score.steps += stats.steps
+            score.new_tokens += stats.new_tokens
+            score.drafted_tokens += stats.drafted_tokens
+            score.accepted_tokens += stats.accepted_tokens
+            score.draft_seconds += stats.draft_seconds
+            score.verify_seconds += stats.verify_seconds
+            acc["committed"] += stats.mean_accepted_tokens * stats.steps
+            acc["wall"] += stats.wall_seconds
+            matches, tvd_sum, positions = _agreement(drafts[label], reference, head_tokens)
+            score.positions += positions
+            acc["matches"] += matches
+            acc["tvd"] += tvd_sum
+            bucket = categories[label].setdefault(prompt.category or "prompts", [0, 0, 0.0, 0])
+            bucket[0] += matches
+            bucket[1] += positions
+            bucket[2] += stats.mean_accepted_tokens * stats.steps
+            bucket[3] += stats.steps
+            _finish(score, acc, categories[label])
+            if on_progress is not None:
+                on_progress(EvalProgress(label, index + 1, len(prompts), score))
+    return scores
+
+
+def _finish(score: DraftScore, acc: dict, categories: dict) -> None:
+    score.agreement = acc["matches"] / score.positions if score.positions else 0.0
+    score.sampling_acceptance = 1.0 - acc["tvd"] / score.positions if score.positions else 0.0
+    score.mean_accepted_tokens = acc["committed"] / score.steps if score.steps else 0.0
+    score.acceptance_rate = score.accepted_tokens / score.drafted_tokens if score.drafted_tokens else 0.0
+    score.tokens_per_second = score.new_tokens / acc["wall"] if acc["wall"] > 0 else 0.0
+    score.per_category = {
+        name: {"agreement": round(b[0] / b[1], 4) if b[1] else 0.0,
+               "mean_accepted_tokens": round(b[2] / b[3], 4) if b[3] else 0.0}
+        for name, b in categories.items()
+    }
+
+
+def _target_along(target: Any, prompt_ids: list[int], answer: list[int]) -> Optional[tuple]:
+    """(input ids [1, n], first and last compared position, target argmax [m], target probs [m, V])."""
+    import torch
+
+    if not answer:
+        return None
+    ids = torch.tensor([list(prompt_ids) + list(answer)])  # [1, n]
+    start, end = len(prompt_ids) - 1, ids.shape[1] - 1  # position start predicts answer[0]
+    with torch.inference_mode():
+        logits = target(input_ids=ids.to(_device(target))).logits[0, start:end].float().cpu()  # [m, V]
+    return ids, start, end, logits.argmax(-1), torch.softmax(logits, -1)
+
+
+def _agreement(draft: Any, reference: Optional[tuple], head_tokens: Optional[Sequence[int]] = None) -> tuple[int, float, int]:
+    """(matching argmaxes, sum of TVDs, positions compared) of a draft along the target's answer.
+
+    With a restricted head, position i may predict the head's tokens and the tokens of ids[: i + 1], as the
+    drafter would at that point of the conversation.
+    """
+    import torch
+
+    if reference is None:
+        return 0, 0.0, 0
+    ids, start, end, target_argmax, target_probs = reference
+    with torch.inference_mode():
+        logits = draft(input_ids=ids.to(_device(draft))).logits[0, start:end].float().cpu()  # [m, V]
+        if head_tokens:
+            vocab = logits.shape[-1]
+            allowed_static = torch.zeros(vocab, dtype=torch.bool)
+            allowed_static[[int(token) for token in head_tokens if 0 <= int(token) < vocab]] = True
+            sequence = ids[0].cpu()
+            first_seen = torch.full((vocab,), sequence.numel(), dtype=torch.long)  # first index of each token
+            first_seen.scatter_reduce_(0, sequence, torch.arange(sequence.numel()), reduce="amin")
+            positions = torch.arange(start, end).unsqueeze(1)  # [m, 1]
+            allowed = allowed_static.unsqueeze(0) | (first_seen.unsqueeze(0) <= positions)  # [m, V]
+            logits = logits.masked_fill(~allowed, float("-inf"))
+        width = min(logits.shape[-1], target_probs.shape[-1])
+        draft_probs = torch.softmax(logits, -1)
+        matches = int((logits.argmax(-1) == target_argmax).sum())
+        tvd = 0.5 * (target_probs[:, :width] - draft_probs[:, :width]).abs().sum(-1)  # [m]
+    return matches, float(tvd.sum()), int(end - start)
+
+
+def _device(model: Any) -> Any:
+    return next(model.parameters()).device
+
+
+# ---------------------------------------------------------------------------------------------- a draft directory
+
+
+def evaluate_draft(
+    target: Any,
+    tokenizer: Any,
+    target_name: str,
+    draft_dir: str,
+    prompts: Sequence[EvalPrompt],
+    *,
+    baseline: bool = True,
+    max_new_tokens: int = DEFAULT_EVAL_TOKENS,
+    draft_max: int = 6,
+    min_prob: float = 0.0,
+    prompt_source: str = "",
+    on_progress: Optional[Callable[[EvalProgress], None]] = None,
+    on_status: Optional[Callable[[str], None]] = None,
+) -> dict:
+    """Score the draft in `draft_dir` (and its initialisation) and store the result in its report."""
+    from ..chat import target_info
+    from ..drafters.model import check_draft_compatible, draft_vocab_size, load_draft_model
+    from ..fingerprint import tokenizer_fingerprint
+
+    status = on_status or (lambda message: None)
+    directory = Path(draft_dir).expanduser()
+    info = target_info(target, tokenizer)
+    model, draft_tokenizer, meta = load_draft_model(str(directory))
+    fingerprint = tokenizer_fingerprint(draft_tokenizer) if draft_tokenizer is not None else str(meta.get("fingerprint", ""))
+    check_draft_compatible(str(directory), draft_vocab_size(model, draft_tokenizer), fingerprint, info)
+    report = read_report(directory)
+    drafts = {}
+    spec = (report.get("student") or {}).get("init") or meta.get("init")
+    if baseline and spec:
+        status("Rebuilding the untrained initialisation…")
+        drafts["before"] = build_student(target, spec, info.fingerprint, info.vocab_size)
+    drafts["after"] = model
+    started = time.perf_counter()
+    head_tokens = meta.get("head_tokens")
+    scores = score_drafts(target, tokenizer, prompts, drafts, max_new_tokens=max_new_tokens, draft_max=draft_max,
+                          min_prob=min_prob, head_tokens=head_tokens, on_progress=on_progress)
+    evaluation = {
+        "target": target_name, "fingerprint": info.fingerprint, "prompts": len(prompts), "source": prompt_source,
+        "settings": {"max_new_tokens": max_new_tokens, "draft_max": draft_max, "draft_min_prob": min_prob,
+                     "decoding": "greedy", "head_tokens": len(head_tokens) if head_tokens else None},
+        "seconds": round(time.perf_counter() - started, 1),
+        **{label: score.as_json() for label, score in scores.items()},
+    }
+    if not report:
+        report = {"target": target_name, "fingerprint": info.fingerprint}
+    report["evaluation"] = evaluation
+    write_json_atomic(directory / REPORT, report)
+    return evaluation

@@ -1,0 +1,247 @@
+"""`specdec distill` on tiny models: generate, train (loss falls, resume continues), evaluate, use the draft.
+
+The target is the conftest tiny Llama saved with a character-level tokenizer built here (64 ids, a chat
+template), so `--target DIR` works offline like a real model directory.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import TINY_EOS, TINY_VOCAB, _tiny, hf_greedy, run_cli
+
+SPECIALS = ["<pad>", "<s>", "<unk>", "</s>", "<|user|>", "<|assistant|>"]
+CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 .,!?'\n-:;()+=*/\"")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+PROMPTS = ["hello there, how are you?", "add 2 and 3.", "name a colour.", "write one word.", "what is a cat?"]
+
+
+def make_tokenizer(extra: str = ""):
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokens = SPECIALS + CHARS + list(extra)
+    tokens += [f"<x{i}>" for i in range(TINY_VOCAB - len(tokens))]
+    vocab = {token: index for index, token in enumerate(tokens)}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.normalizer = normalizers.Lowercase()
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens(SPECIALS)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                        pad_token="<pad>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tiny-target")
+    tokenizer = make_tokenizer()
+    assert len(tokenizer) == TINY_VOCAB and tokenizer.eos_token_id == TINY_EOS
+    model = _tiny("llama")
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def target(target_dir):
+    from specdec_cli.models import load_target
+
+    return load_target(str(target_dir), "cpu", "float32")
+
+
+@pytest.fixture(scope="module")
+def data_file(target_dir, tmp_path_factory):
+    """Four answers written by `specdec distill generate` (the CLI), then a rerun that adds nothing."""
+    folder = tmp_path_factory.mktemp("data")
+    prompts = folder / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS[:4]) + "\n")
+    data = folder / "data.jsonl"
+    result = run_cli("distill", "generate", "--target", str(target_dir), "--prompts", str(prompts), "-o", str(data),
+                     "--max-new-tokens", "24")
+    assert result.returncode == 0, result.stderr
+    rerun = run_cli("distill", "generate", "--target", str(target_dir), "--prompts", str(prompts), "-o", str(data),
+                    "--max-new-tokens", "24", "--drafter", "none")
+    assert rerun.returncode == 0, rerun.stderr
+    assert "0 new rows" in rerun.stderr and "4 already answered" in rerun.stderr
+    return data
+
+
+def _config(**changes):
+    from specdec_cli.distill.train import TrainConfig
+
+    values = dict(layers=1, steps=12, batch_size=2, lr=3e-3, holdout=0.25, save_every=0, seed=1)
+    values.update(changes)
+    return TrainConfig(**values)
+
+
+def test_generated_rows(data_file, target):
+    from specdec_cli.fingerprint import tokenizer_fingerprint
+
+    rows = [json.loads(line) for line in data_file.read_text().splitlines()]
+    assert [row["prompt"] for row in rows] == PROMPTS[:4]
+    for row in rows:
+        assert row["fingerprint"] == tokenizer_fingerprint(target.tokenizer)
+        assert row["answer_ids"] and row["prompt_ids"]
+        assert len(row["answer_ids"]) <= 24
+        assert row["answer"] == target.tokenizer.decode(row["answer_ids"], skip_special_tokens=True)
+        # the answer is the target's own greedy continuation of the prompt
+        assert row["answer_ids"] == hf_greedy(target.model, row["prompt_ids"], 24)
+        assert row["target"].endswith(target.name)
+        assert {"category", "finish_reason", "temperature"} <= set(row)
+
+
+def test_generate_resumes_after_a_torn_row(data_file, target, tmp_path):
+    from specdec_cli.distill.generate import PromptItem, generate_data, read_rows
+
+    data = tmp_path / "torn.jsonl"
+    lines = data_file.read_text().splitlines()
+    data.write_text(lines[0] + "\n" + lines[1][: len(lines[1]) // 2])  # a crash in the middle of row 2
+    assert len(read_rows(str(data))) == 1
+    items = [PromptItem(text) for text in PROMPTS[:3]]
+    summary = generate_data(target.model, target.tokenizer, "tiny", items, str(data), max_new_tokens=24)
+    assert (summary.written, summary.skipped, summary.rows) == (2, 1, 3)
+    assert [row["prompt"] for row in read_rows(str(data))] == PROMPTS[:3]
+
+
+def test_train_evaluate_and_use_the_draft(data_file, target, target_dir, tmp_path):
+    from specdec_cli.distill.evaluate import evaluate_draft, prompts_from_data
+    from specdec_cli.distill.train import train_draft
+
+    out = tmp_path / "draft"
+    result = train_draft(target.model, target.tokenizer, str(target_dir), str(data_file), str(out), _config())
+    assert result.steps == 12 and (result.train_rows, result.held_out_rows) == (3, 1)
+    losses = [entry[1] for entry in result.history]
+    assert sum(losses[-3:]) / 3 < losses[0] - 0.05, losses
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json",
+                 "specdec_draft.json", "distill_report.json"):
+        assert (out / name).is_file(), name
+    assert not list(tmp_path.glob(".draft.tmp-*"))
+    meta = json.loads((out / "specdec_draft.json").read_text())
+    assert meta["fingerprint"].startswith("sha256:") and meta["layers"] == 1
+
+    prompts = prompts_from_data(str(data_file), 0.25, meta["fingerprint"])
+    assert len(prompts) == 1
+    evaluation = evaluate_draft(target.model, target.tokenizer, str(target_dir), str(out), prompts, max_new_tokens=16)
+    for label in ("before", "after"):
+        score = evaluation[label]
+        assert 0.0 <= score["agreement"] <= 1.0 and score["mean_accepted_tokens"] >= 1.0
+        assert score["positions"] > 0
+    report = json.loads((out / "distill_report.json").read_text())
+    assert report["evaluation"]["after"]["agreement"] == evaluation["after"]["agreement"]
+    assert report["training"]["steps"] == 12
+
+    # the CLI's chat with --drafter model gives the plain greedy output
+    text = "what is a cat?"
+    ids = target.tokenizer(target.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                                 add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+    chat = run_cli("chat", "--target", str(target_dir), "--drafter", "model", "--draft-model", str(out), "--prompt", text,
+                   "--max-new-tokens", "30", "--json", "--device", "cpu")
+    assert chat.returncode == 0, chat.stderr
+    payload = json.loads(chat.stdout)
+    assert payload["output_token_ids"] == hf_greedy(target.model, ids, 30)
+    assert payload["prompt_tokens"] == len(ids)
+
+
+def test_resume_continues_the_run(data_file, target, target_dir, tmp_path):
+    from specdec_cli.distill.train import train_draft
+
+    straight = train_draft(target.model, target.tokenizer, "t", str(data_file), str(tmp_path / "a"), _config(steps=6))
+
+    def interrupt(progress):
+        if progress.step == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_draft(target.model, target.tokenizer, "t", str(data_file), str(tmp_path / "b"), _config(steps=6),
+                    on_progress=interrupt)
+    state = json.loads((tmp_path / "b.checkpoint" / "state.json").read_text())
+    assert state["step"] == 3 and not (tmp_path / "b").exists()
+    resumed = train_draft(target.model, target.tokenizer, "t", str(data_file), str(tmp_path / "b"), _config(steps=6),
+                          resume=True)
+    assert resumed.resumed_from == 3 and resumed.steps == 6
+    assert [entry[0] for entry in resumed.history] == [1, 2, 3, 4, 5, 6]
+    straight_losses = [entry[1] for entry in straight.history]
+    resumed_losses = [entry[1] for entry in resumed.history]
+    assert resumed_losses == pytest.approx(straight_losses, abs=2e-3)
+
+    from specdec_cli.errors import SpecdecError
+
+    with pytest.raises(SpecdecError, match="other settings"):
+        train_draft(target.model, target.tokenizer, "t", str(data_file), str(tmp_path / "b"), _config(steps=6, lr=1e-2),
+                    resume=True)
+
+
+def test_kd_config_init_and_small_head(data_file, target, tmp_path):
+    from specdec_cli.distill.evaluate import evaluate_draft, prompts_from_items
+    from specdec_cli.distill.generate import PromptItem
+    from specdec_cli.distill.train import train_draft
+
+    out = tmp_path / "kd"
+    result = train_draft(target.model, target.tokenizer, "t", str(data_file), str(out),
+                         _config(steps=4, kd_weight=1.0, kd_loss="tvd", init="config", hidden=32, layers=1, draft_vocab=24))
+    assert result.steps == 4 and all(entry[2] is not None for entry in result.history)
+    config = json.loads((out / "config.json").read_text())
+    assert config["hidden_size"] == 32 and config["vocab_size"] == TINY_VOCAB
+    meta = json.loads((out / "specdec_draft.json").read_text())
+    assert len(meta["head_tokens"]) == 24 and TINY_EOS in meta["head_tokens"]
+    prompts = prompts_from_items(target.tokenizer, [PromptItem(PROMPTS[4])])
+    evaluation = evaluate_draft(target.model, target.tokenizer, "t", str(out), prompts, max_new_tokens=12)
+    assert evaluation["settings"]["head_tokens"] == 24
+    assert evaluation["before"]["positions"] == evaluation["after"]["positions"] > 0
+
+
+def _one_line_error(result, needle):
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("specdec: error:"), result.stderr
+    assert needle.lower() in lines[0].lower(), lines[0]
+
+
+def test_data_errors(target_dir, data_file, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    _one_line_error(run_cli("distill", "train", "--data", str(empty), "-o", str(tmp_path / "x")), "no rows")
+    _one_line_error(run_cli("distill", "train", "--data", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "x")),
+                    "no such data file")
+    other = tmp_path / "other.jsonl"
+    rows = [json.loads(line) for line in data_file.read_text().splitlines()]
+    other.write_text("".join(json.dumps({**row, "fingerprint": "sha256:0000000000000000", "target": "other-model"}) + "\n"
+                             for row in rows))
+    _one_line_error(run_cli("distill", "train", "--data", str(other), "-o", str(tmp_path / "x"), "--target", str(target_dir)),
+                    "generated by target 'other-model'")
+
+
+def test_vocabulary_mismatch_in_chat(target_dir, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    draft = LlamaForCausalLM(LlamaConfig(vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    draft.save_pretrained(tmp_path / "wrong")
+    make_tokenizer().save_pretrained(tmp_path / "wrong")  # same tokenizer, wrong head size
+    result = run_cli("chat", "--target", str(target_dir), "--drafter", "model", "--draft-model", str(tmp_path / "wrong"),
+                     "--prompt", "hi", "--device", "cpu")
+    _one_line_error(result, "vocabulary of 80 tokens but the target has 64")
+
+
+def test_other_tokenizer_is_refused(target, tmp_path):
+    from specdec_cli.chat import target_info
+    from specdec_cli.drafters import DrafterOptions, make_drafter
+    from specdec_cli.errors import SpecdecError
+
+    folder = tmp_path / "other-tokenizer"
+    _tiny("llama").save_pretrained(folder)
+    other = make_tokenizer()
+    other.add_special_tokens({"additional_special_tokens": ["<x0>"]})  # same size, other special tokens
+    other.save_pretrained(folder)
+    with pytest.raises(SpecdecError, match="another tokenizer") as caught:
+        make_drafter("model", DrafterOptions(draft_model=str(folder)), target_info(target.model, target.tokenizer))
+    assert "draft" in str(caught.value) and "target" in str(caught.value)
