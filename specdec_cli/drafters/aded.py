@@ -413,17 +413,9 @@ def make_aded_drafter(options: "DrafterOptions", target: "TargetInfo") -> AdedDr
     per-draft search time."""
     table = None
     if options.index:
-        from ..sam.index import load_index
+        from .sam import load_index_for_target
 
-        index = load_index(options.index)
-        if target.fingerprint and index.fingerprint != target.fingerprint:
-            raise SpecdecError(
-                f"{options.index}: index built for tokenizer {index.fingerprint}, but the target's tokenizer "
-                f"is {target.fingerprint}; rebuild it with `specdec build-index ... --target <this model>`"
-            )
-        if target.vocab_size and index.vocab_size > target.vocab_size:
-            raise SpecdecError(f"{options.index}: index vocabulary has {index.vocab_size} tokens, the target only "
-                               f"{target.vocab_size}; rebuild it for this model")
+        index = load_index_for_target(options.index, target)
         table = build_trigram_table(np.asarray(index.automaton.text), index.eos_id)
     extra = options.extra if isinstance(options.extra, dict) else {}
     time_budget = float(extra.get("aded_time_budget", TIME_BUDGET))

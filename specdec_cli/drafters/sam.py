@@ -114,30 +114,36 @@ class SamDrafter:
         return Draft(tokens=tokens, source=source, match_len=match_len)
 
 
+def load_index_for_target(path: str, target: "TargetInfo"):
+    """Load an index and refuse it unless it fits the target's tokenizer (fingerprint, EOS id, vocabulary)."""
+    from ..sam.index import load_index
+
+    index = load_index(path)
+    if target.fingerprint and index.fingerprint != target.fingerprint:
+        raise SpecdecError(
+            f"{path}: index built for tokenizer {index.fingerprint}, but the target's tokenizer "
+            f"is {target.fingerprint}; rebuild it with `specdec build-index ... --target <this model>`"
+        )
+    if target.eos_token_ids and index.eos_id not in target.eos_token_ids:
+        raise SpecdecError(
+            f"{path}: index separates documents with EOS id {index.eos_id}, but the target's EOS "
+            f"ids are {list(target.eos_token_ids)}; rebuild it for this model"
+        )
+    if target.vocab_size and index.vocab_size > target.vocab_size:
+        raise SpecdecError(
+            f"{path}: index vocabulary has {index.vocab_size} tokens, the target only "
+            f"{target.vocab_size}; rebuild it for this model"
+        )
+    return index
+
+
 def make_sam_drafter(options: "DrafterOptions", target: "TargetInfo") -> SamDrafter:
     """The `sam` drafter for `make_drafter`: the index in `options.index` (if any) is loaded and checked
     against the target's tokenizer fingerprint, EOS ids and vocabulary size."""
     separators = set(target.eos_token_ids)
     static = None
     if options.index:
-        from ..sam.index import load_index
-
-        index = load_index(options.index)
-        if target.fingerprint and index.fingerprint != target.fingerprint:
-            raise SpecdecError(
-                f"{options.index}: index built for tokenizer {index.fingerprint}, but the target's tokenizer "
-                f"is {target.fingerprint}; rebuild it with `specdec build-index ... --target <this model>`"
-            )
-        if target.eos_token_ids and index.eos_id not in target.eos_token_ids:
-            raise SpecdecError(
-                f"{options.index}: index separates documents with EOS id {index.eos_id}, but the target's EOS "
-                f"ids are {list(target.eos_token_ids)}; rebuild it for this model"
-            )
-        if target.vocab_size and index.vocab_size > target.vocab_size:
-            raise SpecdecError(
-                f"{options.index}: index vocabulary has {index.vocab_size} tokens, the target only "
-                f"{target.vocab_size}; rebuild it for this model"
-            )
+        index = load_index_for_target(options.index, target)
         static = index.automaton
         separators.add(index.eos_id)
         static.separators = frozenset(separators)
