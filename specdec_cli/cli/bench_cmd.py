@@ -51,6 +51,7 @@ def bench(
     oracle_lengths: str = typer.Option("2,4,8,16", "--oracle-lengths", help="Draft lengths of the --oracle rows, comma-separated."),
     target: str = typer.Option("smollm2-135m-instruct", "--target", "-m", help="HF repo id, model directory, or .gguf file."),
     index: Optional[str] = typer.Option(None, "--index", help="Suffix-automaton index for the sam drafter."),
+    aux: str = typer.Option("none", "--aux", help="sam: drafter for short matches (recycle, aded, model, pld, none)."),
     draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft model directory for the model drafter."),
     draft_min_prob: float = typer.Option(0.0, "--draft-min-prob", help="model: stop drafting below this top probability."),
     draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Longest draft per step (default 8, as in chat)."),
@@ -79,7 +80,8 @@ def bench(
     methods = resolve_methods(split_names(drafters), split_names(reference), lengths)
     settings = BenchSettings(
         methods=methods,
-        options=DrafterOptions(draft_max=draft_max, index=index, draft_model=draft_model, draft_min_prob=draft_min_prob),
+        options=DrafterOptions(draft_max=draft_max, index=index, aux=aux, draft_model=draft_model,
+                               draft_min_prob=draft_min_prob),
         draft_max=draft_max,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
