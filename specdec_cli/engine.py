@@ -334,16 +334,6 @@ def trim(draft: Draft, length: int) -> Draft:
     return Draft(draft.tokens[:length], draft.source, parents, p_draft, draft.match_len)
 
 
-def depth_of(draft: Draft) -> int:
-    """Longest root-to-node path of a draft (a chain's length)."""
-    if draft.is_chain:
-        return len(draft)
-    depth = [0] * len(draft)
-    for node, parent in enumerate(draft.parents):
-        depth[node] = 1 if parent < 0 else depth[parent] + 1
-    return max(depth, default=0)
-
-
 def first_branch(draft: Draft) -> Draft:
     """A tree's first root-to-leaf path (each node's first child), as a chain."""
     tokens, node = [], -1

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from conftest import TINY_EOS, TINY_VOCAB, _tiny, hf_greedy, run_cli
 

@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import numpy as np
 
 from ..draft import Draft, StepEvent
-from ..errors import SpecdecError
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import DrafterOptions, TargetInfo
