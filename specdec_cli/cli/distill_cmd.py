@@ -33,7 +33,7 @@ app.add_typer(distill_app, name="distill")
 # evaluate ~6); see README for the measured numbers.
 PIPELINE_LIMIT = 110
 PIPELINE_MAX_NEW_TOKENS = 160
-PIPELINE_EPOCHS = 4.0
+PIPELINE_EPOCHS = 6.0
 PIPELINE_EVAL_LIMIT = 18
 EVAL_MAX_NEW_TOKENS = 96
 
@@ -255,7 +255,7 @@ def distill(
     layers: int = typer.Option(4, "--layers", help="Student blocks (the target's first N)."),
     epochs: float = typer.Option(PIPELINE_EPOCHS, "--epochs", help="Passes over the data."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (overrides --epochs)."),
-    lr: float = typer.Option(3e-4, "--lr", help="Peak learning rate."),
+    lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate."),
     kd_weight: float = typer.Option(0.0, "--kd-weight", help="Weight of the divergence to the target's distributions."),
     kd_loss: str = typer.Option("fkl", "--kd-loss", help="fkl, rkl or tvd."),
     draft_vocab: int = typer.Option(DEFAULT_DRAFT_VOCAB, "--draft-vocab", help="Tokens the draft's head predicts (0 = all)."),
@@ -366,16 +366,19 @@ def train(
     hidden: Optional[int] = typer.Option(None, "--hidden", help="Hidden size with --init config."),
     student: Optional[str] = typer.Option(None, "--student", help="Existing model directory to start from."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (overrides --epochs)."),
-    epochs: float = typer.Option(3.0, "--epochs", help="Passes over the training rows."),
+    epochs: float = typer.Option(6.0, "--epochs", help="Passes over the training rows."),
     batch_size: int = typer.Option(4, "--batch-size", help="Sequences per micro-batch."),
     grad_accum: int = typer.Option(1, "--grad-accum", help="Micro-batches per optimizer step."),
-    lr: float = typer.Option(3e-4, "--lr", help="Peak learning rate."),
+    lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate."),
     warmup: Optional[int] = typer.Option(None, "--warmup", help="Warm-up steps (default: 5%)."),
     weight_decay: float = typer.Option(0.01, "--weight-decay", help="AdamW weight decay."),
     clip: float = typer.Option(1.0, "--clip", help="Gradient norm clip (0 = off)."),
     max_len: int = typer.Option(768, "--max-len", help="Longest training sequence."),
     kd_weight: float = typer.Option(0.0, "--kd-weight", help="Weight of the divergence to the target's distributions."),
     kd_loss: str = typer.Option("fkl", "--kd-loss", help="fkl, rkl or tvd."),
+    kd_positions: str = typer.Option("answer", "--kd-positions", help="Divergence on answer tokens, or on all tokens."),
+    freeze_embeddings: bool = typer.Option(True, "--freeze-embeddings/--train-embeddings",
+                                           help="Keep the target's embeddings and head fixed (faster, less overfitting)."),
     holdout: float = typer.Option(0.1, "--holdout", help="Share of rows kept for evaluation."),
     draft_vocab: int = typer.Option(DEFAULT_DRAFT_VOCAB, "--draft-vocab", help="Tokens the draft's head predicts (0 = all)."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
@@ -391,7 +394,8 @@ def train(
     config = TrainConfig(init=init, layers=layers, hidden=hidden, student=student, steps=steps, epochs=epochs,
                          batch_size=batch_size, grad_accum=grad_accum, lr=lr, warmup_steps=warmup,
                          weight_decay=weight_decay, clip=clip, max_len=max_len, kd_weight=kd_weight, kd_loss=kd_loss,
-                         seed=seed, save_every=save_every, holdout=holdout, draft_vocab=draft_vocab)
+                         seed=seed, save_every=save_every, holdout=holdout, draft_vocab=draft_vocab,
+                         kd_positions=kd_positions, freeze_embeddings=freeze_embeddings)
     config.check()
     read_rows(data)  # a missing or empty file fails before the model loads
     target = target or _usable_target(_target_from_data(data))

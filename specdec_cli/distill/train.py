@@ -65,10 +65,10 @@ class TrainConfig:
     hidden: Optional[int] = None  # hidden size (config init; default: the target's)
     student: Optional[str] = None  # model directory (student init)
     steps: Optional[int] = None  # optimizer steps; None = epochs over the training rows
-    epochs: float = 3.0
+    epochs: float = 6.0
     batch_size: int = 4  # sequences per micro-batch
     grad_accum: int = 1  # micro-batches per optimizer step
-    lr: float = 3e-4
+    lr: float = 1e-3
     min_lr_ratio: float = 0.1  # the cosine ends at lr * this
     warmup_steps: Optional[int] = None  # None = 5% of the steps (at least 1)
     weight_decay: float = 0.01
@@ -77,7 +77,7 @@ class TrainConfig:
     kd_weight: float = 0.0  # weight of the divergence to the target's distributions
     kd_loss: str = "fkl"
     kd_positions: str = "answer"  # answer | all (the divergence also on prompt tokens)
-    freeze_embeddings: bool = False  # keep the target's embeddings (and a tied head) fixed
+    freeze_embeddings: bool = True  # keep the target's embeddings (and a tied head) fixed
     seed: int = 0
     save_every: int = 100  # checkpoint every N steps (0 = only at the end and on Ctrl-C)
     holdout: float = 0.1  # share of the data rows kept for evaluation (by a hash of the prompt)
