@@ -90,8 +90,11 @@ def make_char_tokenizer():
     return tokenizer
 
 
-def make_tiny_model_dir(path, seed: int = 99):
-    """A tiny Llama with the character tokenizer, saved as a model directory `--target DIR` can load."""
+def make_tiny_model_dir(path, seed: int = 99, never_eos: bool = False):
+    """A tiny Llama with the character tokenizer, saved as a model directory `--target DIR` can load.
+
+    never_eos: the EOS row of the output layer is zeroed, so greedy decoding practically never ends early
+    (some other token's logit is positive), which lets a test interrupt a long answer."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = make_char_tokenizer()
@@ -103,6 +106,9 @@ def make_tiny_model_dir(path, seed: int = 99):
     model = LlamaForCausalLM(config).eval()
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = 0
+    if never_eos:
+        with torch.no_grad():
+            model.lm_head.weight[tokenizer.eos_token_id] = 0.0
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
@@ -111,3 +117,8 @@ def make_tiny_model_dir(path, seed: int = 99):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     return str(make_tiny_model_dir(tmp_path_factory.mktemp("tiny-model")))
+
+
+@pytest.fixture(scope="session")
+def endless_model_dir(tmp_path_factory):
+    return str(make_tiny_model_dir(tmp_path_factory.mktemp("endless-model"), never_eos=True))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import pytest
 
@@ -18,8 +19,8 @@ def _spawn(model_dir, *extra):
                          env=env, encoding="utf-8", timeout=60, dimensions=(40, 100))
 
 
-def test_repl_session(tiny_model_dir, tmp_path):
-    child = _spawn(tiny_model_dir)
+def test_repl_session(endless_model_dir, tmp_path):
+    child = _spawn(endless_model_dir)
     child.expect("drafter sam")
     child.expect(">>> ")
     child.sendline("hello there")
@@ -51,6 +52,7 @@ def test_repl_session(tiny_model_dir, tmp_path):
     child.expect("max_new_tokens = 1900")
     child.sendline("tell me a long story")
     child.expect("tokens/s", timeout=30)  # the live status line is drawing
+    time.sleep(0.3)
     child.sendintr()
     child.expect("Interrupted; kept")
     child.expect(">>> ")
@@ -68,6 +70,7 @@ def test_ctrl_c_and_ctrl_d_at_prompt_exit_cleanly(tiny_model_dir):
     for key in ("intr", "eof"):
         child = _spawn(tiny_model_dir)
         child.expect(">>> ")
+        time.sleep(1.0)  # let input() and readline take the terminal before the key arrives
         child.sendintr() if key == "intr" else child.sendeof()
         child.expect(pexpect.EOF)
         child.close()
