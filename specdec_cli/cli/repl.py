@@ -61,6 +61,10 @@ class Repl:
             lines.append(line)
 
     def run(self) -> int:
+        import signal
+
+        # Ctrl-C must reach us even when a parent started us with SIGINT ignored (background jobs, CI).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             import readline  # noqa: F401  (line editing and history where available)
         except ImportError:
