@@ -41,7 +41,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from .drafters import DRAFTERS, DrafterOptions
+from .drafters import DRAFTERS, DrafterOptions, is_drafter
 from .errors import SpecdecError
 from .prompts import Conversation, categories_of
 from .stats import GenerationStats
@@ -118,13 +118,13 @@ def resolve_methods(
         if name in REFERENCES:
             if name not in refs:
                 refs.append(name)
-        elif name in DRAFTERS:
+        elif is_drafter(name):
             if name not in engine:
                 engine.append(name)
         elif name == ORACLE or name.startswith(ORACLE + "-"):
             raise SpecdecError("oracle rows come from --oracle (and --oracle-lengths), not from --drafters")
         else:
-            choices = ", ".join([*DRAFTERS, *REFERENCES])
+            choices = ", ".join([*DRAFTERS, "sam+AUX", *REFERENCES])
             raise SpecdecError(f"unknown method {name!r}; choose from: {choices}")
     names = [BASELINE] + [name for name in engine if name != BASELINE]
     methods = [Method(name, "engine") for name in names]

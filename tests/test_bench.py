@@ -231,6 +231,10 @@ def test_resolve_methods():
         resolve_methods(["warp"])
     with pytest.raises(SpecdecError, match="--oracle"):
         resolve_methods(["oracle-4"])
+    assert [m.name for m in resolve_methods(["sam", "sam+aded"])] == ["none", "sam", "sam+aded"]
+    for bad in ("sam+sam", "pld+sam", "sam+"):
+        with pytest.raises(SpecdecError, match="unknown"):
+            resolve_methods([bad])
     assert parse_lengths("1, 4,4,16") == [1, 4, 16]
     for bad in ("0", "x"):
         with pytest.raises(SpecdecError, match="--oracle-lengths"):
@@ -429,6 +433,7 @@ def test_every_registered_drafter_runs_losslessly(tiny_llama, tokenizer, convers
             continue
         names.append(name)
     assert {"none", "pld"} <= set(names)
+    names += ["sam+recycle", "sam+aded", "sam+pld"]  # hybrids: sam hands short matches to another drafter
     settings = BenchSettings(methods=resolve_methods(names), max_new_tokens=12, warmup=False)
     report = run_bench(tiny_llama, tokenizer, conversations[:1], settings)
     rows = [row for row in report.results if row["category"] == OVERALL]

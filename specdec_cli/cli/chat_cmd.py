@@ -45,13 +45,11 @@ def load_session(
 ):
     """Validate the settings before the (slow) model load, then build a ChatSession."""
     from ..chat import ChatSession
-    from ..drafters import DRAFTERS, DrafterOptions
+    from ..drafters import check_drafter, DrafterOptions
     from ..engine import GenerationConfig
-    from ..errors import SpecdecError
     from ..models import load_target
 
-    if drafter not in DRAFTERS:
-        raise SpecdecError(f"unknown drafter {drafter!r}; choose one of: {', '.join(DRAFTERS)}")
+    check_drafter(drafter)
     options = DrafterOptions(draft_max=draft_max, index=index, aux=aux, draft_model=draft_model,
                              draft_min_prob=draft_min_prob)
     generation = GenerationConfig(

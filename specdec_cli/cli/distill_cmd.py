@@ -31,7 +31,7 @@ app.add_typer(distill_app, name="distill")
 
 # Pipeline defaults: SmolLM2-135M on 2 CPU cores in well under 30 minutes (generate ~12 min, train ~8,
 # evaluate ~6); see README for the measured numbers.
-PIPELINE_LIMIT = 110
+PIPELINE_LIMIT = 200
 PIPELINE_MAX_NEW_TOKENS = 160
 PIPELINE_EPOCHS = 6.0
 PIPELINE_EVAL_LIMIT = 18
@@ -198,9 +198,9 @@ def show_evaluation(evaluation: dict, draft_dir: str) -> None:
     table = Table(title=f"Draft vs target on {evaluation['prompts']} held-out prompts ({evaluation.get('source') or 'prompts'})",
                   title_justify="left")
     table.add_column("draft")
-    for name in ("top-1 agreement", "1 - TVD", "mean accepted tokens", "acceptance rate", "tokens/s"):
+    for name in ("agreement", "1-TVD", "tau", "accepted", "tok/s"):
         table.add_column(name, justify="right")
-    names = {"before": "initialisation (untrained)", "after": "distilled"}
+    names = {"before": "untrained", "after": "distilled"}
     for label in ("before", "after"):
         score = evaluation.get(label)
         if score:
@@ -208,7 +208,9 @@ def show_evaluation(evaluation: dict, draft_dir: str) -> None:
                           f"{score['mean_accepted_tokens']:.2f}", f"{score['acceptance_rate']:.1%}",
                           f"{score['tokens_per_second']:.1f}")
     console().print(table)
-    console().print(f"[dim]report: {Path(draft_dir) / 'distill_report.json'}[/dim]")
+    console().print("[dim]agreement: top-1 agreement with the target along its answers; 1-TVD: expected per-token "
+                    "acceptance when sampling; tau: mean tokens per target forward (plain decoding = 1); accepted: "
+                    f"share of drafted tokens accepted[/dim]\n[dim]report: {Path(draft_dir) / 'distill_report.json'}[/dim]")
 
 
 def show_usage(draft_dir: str, target_spec: str) -> None:
@@ -340,14 +342,13 @@ def generate(
 ) -> None:
     """Answer prompts with the target and append one row per answer (resumable)."""
     from ..distill.generate import load_prompts
-    from ..drafters import DRAFTERS
+    from ..drafters import check_drafter
     from ..engine import GenerationConfig
     from ..errors import SpecdecError
 
     if prompts is None and suite is None:
         raise SpecdecError("give the prompts: --prompts FILE or --suite NAME")
-    if drafter not in DRAFTERS:
-        raise SpecdecError(f"unknown drafter {drafter!r}; choose one of: {', '.join(DRAFTERS)}")
+    check_drafter(drafter)
     GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k).check()
     items = load_prompts(prompts, suite, limit)
     loaded = _load_target(target, device, dtype)

@@ -6,7 +6,7 @@ added here appears everywhere. Heavy modules are imported only when their drafte
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from ..errors import SpecdecError
@@ -45,8 +45,41 @@ class DrafterOptions:
     extra: dict = field(default_factory=dict)
 
 
-def make_drafter(name: str, options: DrafterOptions, target: TargetInfo) -> Drafter:
+HYBRID_HEAD = "sam"  # `sam+recycle` = sam with recycle as its auxiliary drafter (same as `sam --aux recycle`)
+AUX_CHOICES = ("recycle", "aded", "model", "pld")
+
+
+def split_hybrid(name: str) -> tuple[str, Optional[str]]:
+    """`"sam+aded"` -> `("sam", "aded")`; a plain name -> `(name, None)`. Raises on a malformed hybrid."""
     name = name.strip().lower()
+    if "+" not in name:
+        return name, None
+    head, _, aux = name.partition("+")
+    if head != HYBRID_HEAD or aux not in AUX_CHOICES:
+        raise SpecdecError(f"unknown drafter {name!r}: a hybrid is sam+AUX with AUX one of {', '.join(AUX_CHOICES)}")
+    return head, aux
+
+
+def is_drafter(name: str) -> bool:
+    """True for a registered drafter name or a valid `sam+AUX` hybrid."""
+    try:
+        head, _ = split_hybrid(name)
+    except SpecdecError:
+        return False
+    return head in DRAFTERS
+
+
+def check_drafter(name: str) -> None:
+    """Raise a one-line SpecdecError unless `name` is a drafter `make_drafter` can build."""
+    split_hybrid(name)
+    if not is_drafter(name):
+        raise SpecdecError(f"unknown drafter {name!r}; choose one of: {', '.join(DRAFTERS)}, sam+AUX")
+
+
+def make_drafter(name: str, options: DrafterOptions, target: TargetInfo) -> Drafter:
+    name, aux = split_hybrid(name)
+    if aux is not None:
+        options = replace(options, aux=aux)
     if name == "none":
         from .none import NoDrafter
 
@@ -73,4 +106,5 @@ def make_drafter(name: str, options: DrafterOptions, target: TargetInfo) -> Draf
         from .model import make_model_drafter
 
         return make_model_drafter(options, target)
-    raise SpecdecError(f"unknown drafter {name!r}; choose one of: {', '.join(DRAFTERS)}")
+    check_drafter(name)
+    raise AssertionError(f"drafter {name!r} is registered but has no constructor")
