@@ -163,6 +163,8 @@ class BenchSettings:
             raise SpecdecError(f"--draft-max must be >= 1, got {self.draft_max}")
         if self.repeats < 1:
             raise SpecdecError(f"--repeats must be >= 1, got {self.repeats}")
+        if self.options.l_threshold < 0:
+            raise SpecdecError(f"--l-threshold must be >= 0, got {self.options.l_threshold}")
 
     def as_json(self) -> dict:
         return {
@@ -181,6 +183,8 @@ class BenchSettings:
             "warmup": self.warmup,
             "raw": self.raw,
             "index": self.options.index,
+            "aux": self.options.aux,  # sam's auxiliary drafter (rows named sam+AUX override it)
+            "l_threshold": self.options.l_threshold,
             "draft_model": self.options.draft_model,
             "draft_min_prob": self.options.draft_min_prob,
             "cost_aware": _default_cost_aware(),  # drafters' rows; oracle rows always verify whole drafts

@@ -433,7 +433,7 @@ def test_every_registered_drafter_runs_losslessly(tiny_llama, tokenizer, convers
             continue
         names.append(name)
     assert {"none", "pld"} <= set(names)
-    names += ["sam+recycle", "sam+aded", "sam+pld"]  # hybrids: sam hands short matches to another drafter
+    names += ["sam+recycle", "sam+aded", "sam+pld", "sam+none"]  # hybrids: sam hands short matches to another drafter
     settings = BenchSettings(methods=resolve_methods(names), max_new_tokens=12, warmup=False)
     report = run_bench(tiny_llama, tokenizer, conversations[:1], settings)
     rows = [row for row in report.results if row["category"] == OVERALL]

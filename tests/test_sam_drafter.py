@@ -150,6 +150,22 @@ def test_auxiliary_drafter_below_the_threshold():
     assert aux.events == ["prefill", "step"] and aux.calls == 1
 
 
+def test_default_hybrid_hands_over_only_when_nothing_matches():
+    """By default `sam` is the hybrid with ADED, which drafts only when the newest token has no match;
+    `sam+none` is the automata alone."""
+    from specdec_cli.drafters.aded import AdedDrafter
+
+    target = TargetInfo(vocab_size=100, eos_token_ids=(EOS,))
+    hybrid = make_drafter("sam", DrafterOptions(), target)
+    assert isinstance(hybrid.aux, AdedDrafter) and hybrid.l_threshold == 1
+    assert make_drafter("sam+none", DrafterOptions(), target).aux is None
+    assert make_drafter("sam+recycle", DrafterOptions(aux="none"), target).aux.name == "recycle"  # name wins
+    hybrid.observe(prefill([5, 6, 7, 5, 6, 7, 8], 5))  # 5 was seen before: sam drafts its continuation
+    assert hybrid.propose([5, 6, 7, 5, 6, 7, 8, 5], 8).source == "sam-dynamic"
+    hybrid.observe(step(9))  # 9 is new: no match anywhere, ADED's turn
+    assert hybrid.propose([5, 6, 7, 5, 6, 7, 8, 5, 9], 8).source == "aded"
+
+
 def write_index(path, fingerprint="sha256:aaaa", eos_id=EOS, vocab_size=100):
     automaton = static_of([1, 2, 3, 4, EOS])
     save_index(path, automaton, {"tokenizer_fingerprint": fingerprint, "vocab_size": vocab_size, "eos_id": eos_id})

@@ -12,7 +12,7 @@ from . import app
 from .common import console, err_console
 
 DEFAULT_DRAFTER = "sam"
-DEFAULT_AUX = "none"
+DEFAULT_AUX = "aded"  # = drafters.sam.DEFAULT_AUX (not imported: keeps --help light)
 
 
 def read_prompt(prompt: str) -> str:
@@ -133,7 +133,8 @@ def settings_lines(session, loaded) -> list[str]:
         else:
             drafter += " (conversation only)"
         if options.aux != "none":
-            drafter += f" + {options.aux} when the match is shorter than {options.l_threshold}"
+            drafter += f" + {options.aux} when " + (
+                "nothing matches" if options.l_threshold <= 1 else f"the match is shorter than {options.l_threshold}")
     if drafter == "model":
         drafter += f" ({options.draft_model})"
     sampling = "greedy" if generation.greedy else (

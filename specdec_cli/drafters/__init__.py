@@ -35,9 +35,9 @@ class TargetInfo:
 class DrafterOptions:
     draft_max: Optional[int] = None  # longest draft; None = the drafter's own default
     index: Optional[str] = None  # static suffix-automaton index file (sam)
-    l_bias: int = 5  # sam: static match must beat the dynamic one by more than this
-    l_threshold: int = 5  # sam: below this match length the auxiliary drafter takes over
-    aux: str = "none"  # sam: the auxiliary drafter (recycle, aded, model, pld) or "none"
+    l_bias: int = 5  # sam: static match must beat the dynamic one by more than this (= sam.L_BIAS)
+    l_threshold: int = 1  # sam: below this match length the auxiliary drafter takes over (= sam.L_THRESHOLD)
+    aux: str = "aded"  # sam: the auxiliary drafter (recycle, aded, model, pld) or "none" (= sam.DEFAULT_AUX)
     pld_max_ngram: int = 3  # pld: longest n-gram to look up
     pld_min_ngram: int = 1  # pld: shortest n-gram to look up
     draft_model: Optional[str] = None  # model: directory of the draft model
@@ -46,7 +46,7 @@ class DrafterOptions:
 
 
 HYBRID_HEAD = "sam"  # `sam+recycle` = sam with recycle as its auxiliary drafter (same as `sam --aux recycle`)
-AUX_CHOICES = ("recycle", "aded", "model", "pld")
+AUX_CHOICES = ("recycle", "aded", "model", "pld", "none")  # `sam+none`: the suffix automata alone
 
 
 def split_hybrid(name: str) -> tuple[str, Optional[str]]:

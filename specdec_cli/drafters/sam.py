@@ -8,6 +8,10 @@ extended second (extending first would make the text match itself, with nothing 
 Drafting (algorithms.md, section 2): with match lengths `l_dynamic` and `l_static`, the static automaton
 drafts only if `l_static - l_bias > l_dynamic` (ties go to the dynamic one). If an auxiliary drafter is
 given and `max(l_dynamic, l_static - l_bias) < l_threshold`, it drafts instead and sees every event too.
+The paper's grid search (GPU, 40-token drafts) put `l_threshold` at 5; on a CPU, where every verified token
+costs, our replay over Spec-Bench and the builtin suite found that any match, even one token long, drafts
+better than the auxiliary's tree, so the default threshold is 1: the auxiliary drafts only when the last
+token has never been seen (benchmarks/README.md has the sweep).
 The draft is the continuation of the match's earliest occurrence, stopped before an EOS and at the end
 of the text, never padded, and `min(budget, draft_max, 1 + floor(ALPHA * match_len))` tokens long; no
 match (or nothing after it), no draft.
@@ -31,6 +35,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 DRAFT_MAX = 16  # longest draft by default (to tune on CPU; the engine's cost-aware budget trims it further)
 ALPHA = 4  # draft length grows by this many tokens per matched token (the paper's adaptive length)
+L_BIAS = 5  # the static match must beat the dynamic one by more than this (the paper's value)
+L_THRESHOLD = 1  # below this match length the auxiliary drafter takes over (measured; the paper's GPU value is 5)
+DEFAULT_AUX = "aded"  # the auxiliary drafter by default (measured best: see README)
 SOURCE_DYNAMIC = "sam-dynamic"
 SOURCE_STATIC = "sam-static"
 
@@ -44,8 +51,8 @@ class SamDrafter:
         *,
         separators: Iterable[int] = (),
         draft_max: int = DRAFT_MAX,
-        l_bias: int = 5,
-        l_threshold: int = 5,
+        l_bias: int = L_BIAS,
+        l_threshold: int = L_THRESHOLD,
         alpha: float = ALPHA,
         aux: Optional[Drafter] = None,
     ) -> None:
