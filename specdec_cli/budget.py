@@ -84,6 +84,26 @@ class CostCurve:
             self._make_monotone()
 
 
+@dataclass
+class DraftCosts:
+    """Seconds a source spends drafting per drafted token (decayed mean), so that a drafter with a real cost,
+    a draft model, is planned with it: verifying k of its tokens is charged t(k + 1) plus k drafted tokens.
+    Retrieval drafters cost microseconds and are planned as before."""
+
+    per_token: dict = field(default_factory=dict)  # source -> seconds per drafted token
+
+    def observe(self, source: str, tokens: int, seconds: float) -> None:
+        if tokens > 0 and seconds >= 0:
+            sample = seconds / tokens
+            old = self.per_token.get(source)
+            self.per_token[source] = sample if old is None else 0.8 * old + 0.2 * sample
+
+    def charged(self, curve: Callable[[int], float], source: str) -> Callable[[int], float]:
+        """n -> seconds of a step that verifies n - 1 drafted tokens of `source` (n = tokens in the forward)."""
+        per_token = self.per_token.get(source, 0.0)
+        return lambda tokens: curve(tokens) + per_token * max(0, tokens - 1)
+
+
 def measure_cost_curve(forward: Callable[[int], float], sizes: Sequence[int] = PROBE_SIZES, repeats: int = 3) -> CostCurve:
     """Median time of `forward(n)` (which runs one forward of n tokens and returns its seconds) per size."""
     forward(1)  # warm-up

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .budget import AcceptanceTracker, CostCurve, load_or_measure
+from .budget import AcceptanceTracker, CostCurve, DraftCosts, load_or_measure
 from .draft import Draft, StepEvent
 from .drafters.base import Drafter
 from .errors import SpecdecError
@@ -73,6 +73,7 @@ class Engine:
         self.tokenizer = tokenizer  # only needed for stop strings
         self.device = next(model.parameters()).device
         self.acceptance = AcceptanceTracker()  # lives as long as the engine: a chat session learns
+        self.draft_costs = DraftCosts()  # what each draft source spends per drafted token
         self._cost: Optional[CostCurve] = None
         self._tree_ok: Optional[bool] = None
 
@@ -164,6 +165,7 @@ class Engine:
             # 1. Draft: the drafter guesses up to `budget` tokens (chain) or nodes (tree) after the context.
             t0 = time.perf_counter()
             draft = drafter.propose(context, budget) if budget > 0 else Draft.empty(drafter.name)
+            self.draft_costs.observe(draft.source, len(draft), time.perf_counter() - t0)
             draft = self._fit(draft, budget, config)
             t1 = time.perf_counter()
             # 2. Verify: score the newest committed token and every drafted node in one forward.
@@ -192,11 +194,12 @@ class Engine:
             draft = first_branch(draft)
         if config.cost_aware and len(draft):
             longest = min(budget, len(draft))
+            cost = self.draft_costs.charged(self.cost_curve(), draft.source)  # verify + drafting
             if draft.is_chain:
                 key = self.acceptance.key(draft.source, draft.match_len)
-                budget = self.acceptance.plan(key, self.cost_curve(), longest)
+                budget = self.acceptance.plan(key, cost, longest)
             else:
-                budget = self.acceptance.plan_tree(draft.source, self.cost_curve(), longest)
+                budget = self.acceptance.plan_tree(draft.source, cost, longest)
         return trim(draft, budget)
 
     def _accept(self, draft: Draft, logits: torch.Tensor, config: GenerationConfig,

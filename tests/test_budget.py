@@ -71,3 +71,22 @@ def test_tree_plan_learns_which_size_pays():
         for _ in range(80):
             junk.record_tree("junk", nodes, 0)
     assert junk.plan_tree("junk", cpu, 64) == 0
+
+
+def test_draft_costs_charge_drafted_tokens_to_their_source():
+    from specdec_cli.budget import DraftCosts
+
+    costs = DraftCosts()
+    curve = CostCurve({1: 0.040, 2: 0.044, 8: 0.060})
+    assert costs.charged(curve, "model")(3) == pytest.approx(curve(3))  # nothing observed: verify cost only
+    costs.observe("model", 4, 0.024)  # 6 ms per drafted token
+    costs.observe("pld", 8, 0.0)
+    assert costs.charged(curve, "model")(1) == pytest.approx(0.040)  # verifying no draft costs no drafting
+    assert costs.charged(curve, "model")(3) == pytest.approx(curve(3) + 2 * 0.006)
+    assert costs.charged(curve, "pld")(3) == pytest.approx(curve(3))
+    costs.observe("model", 1, 0.001)
+    assert costs.per_token["model"] == pytest.approx(0.8 * 0.006 + 0.2 * 0.001)
+    # with 6 ms per drafted token, a 20%-accepted first token no longer pays; a free one does
+
+    assert choose_length([0.2], costs.charged(curve, "model"), 1) == 0
+    assert choose_length([0.2], costs.charged(curve, "pld"), 1) == 1

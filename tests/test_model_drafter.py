@@ -122,6 +122,34 @@ def test_budget_and_draft_max():
     assert len(drafter.propose(PROMPTS[0], 0)) == 0
 
 
+def _verified(drafter, prompt, kept):
+    """Propose, then tell the drafter the engine verified `kept` of its tokens (a step event)."""
+    from specdec_cli.draft import Draft, StepEvent
+
+    draft = drafter.propose(prompt, 8)
+    shown = Draft(draft.tokens[:kept], draft.source)
+    drafter.observe(StepEvent("step", shown, 0, [3], 3))
+    return len(draft)
+
+
+def test_drafts_only_what_the_engine_verifies_and_pauses_when_it_verifies_nothing():
+    from specdec_cli.drafters.model import PROBE_EVERY, RECENT, ModelDrafter
+
+    drafter = ModelDrafter(_tiny_draft(), draft_max=6)
+    assert [_verified(drafter, PROMPTS[0], 2) for _ in range(RECENT)] == [6] * RECENT  # no evidence yet: all
+    assert _verified(drafter, PROMPTS[0], 0) == 3  # the engine kept at most 2: draft one more than that
+    for _ in range(RECENT):
+        _verified(drafter, PROMPTS[0], 0)
+    lengths = [_verified(drafter, PROMPTS[0], 0) for _ in range(2 * PROBE_EVERY)]
+    assert sum(lengths) == 2 and set(lengths) == {0, 1}  # paused: one probe token every PROBE_EVERY steps
+    forwards = drafter.forwards
+    drafter.propose(PROMPTS[0], 8)
+    assert drafter.forwards == forwards  # a paused drafter runs no forward
+    while _verified(drafter, PROMPTS[0], 1) == 0:  # a probe the engine verified: drafting resumes
+        pass
+    assert _verified(drafter, PROMPTS[0], 0) == 2
+
+
 def test_vocabulary_mismatch_is_refused(tmp_path):
     from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
     from specdec_cli.errors import SpecdecError

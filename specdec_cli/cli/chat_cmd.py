@@ -72,9 +72,9 @@ def load_session(
 def chat(
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="One-shot prompt ('-' reads stdin); omit for the interactive chat."),
     target: str = typer.Option("smollm2-135m-instruct", "--target", "-m", help="HF repo id, model directory, or .gguf file."),
-    drafter: str = typer.Option(DEFAULT_DRAFTER, "--drafter", "-d", help="none, pld, sam, model."),
+    drafter: str = typer.Option(DEFAULT_DRAFTER, "--drafter", "-d", help="none, pld, sam, recycle, aded, model, or sam+AUX (e.g. sam+none)."),
     index: Optional[str] = typer.Option(None, "--index", help="Suffix-automaton index for --drafter sam."),
-    aux: str = typer.Option(DEFAULT_AUX, "--aux", help="sam: drafter used when the match is short (recycle, aded, model, pld, none)."),
+    aux: str = typer.Option(DEFAULT_AUX, "--aux", help="sam: drafter used when nothing matches (aded, recycle, model, pld, none)."),
     draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft model directory for --drafter model."),
     draft_min_prob: float = typer.Option(0.0, "--draft-min-prob", help="model: stop drafting below this top probability."),
     draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Longest draft per step."),

@@ -8,6 +8,11 @@ from its distribution warped exactly like the target's (temperature, top-k, top-
 event's settings) under speculative sampling, returning those distributions as `p_draft`. The chain stops
 early when the draft's own top probability falls below `min_prob`, and after an EOS.
 
+Every drafted token costs a forward, so the drafter listens to what the engine did with its drafts (the
+step event carries the draft as verified, after the engine's cost-aware trimming): it drafts at most one
+token more than the longest verified in its last `RECENT` drafts, and when the engine verified none of its
+last `RECENT` drafts it pauses, drafting one token every `PROBE_EVERY` steps to see whether that changed.
+
 A draft trained by `specdec distill` usually predicts only a subset of the vocabulary (`head_tokens` in its
 `specdec_draft.json`: the tokens its training data and its target use most), which cuts its largest matrix,
 the output head, and so its cost per drafted token. Tokens seen in the context are added to that subset as
@@ -28,6 +33,8 @@ from ..draft import Draft, StepEvent
 from ..errors import SpecdecError
 
 DEFAULT_DRAFT_MAX = 6  # drafting costs a forward per token: shorter chains than the retrieval drafters
+RECENT = 8  # how many of its recent drafts the drafter sizes the next one by
+PROBE_EVERY = 16  # while paused, draft one token this often
 DRAFT_META = "specdec_draft.json"  # written by `specdec distill train` next to the weights
 
 
@@ -135,6 +142,9 @@ class ModelDrafter:
         self.top_p = 1.0
         self.generator: Optional[torch.Generator] = None
         self.forwards = 0  # draft forwards so far (for statistics and tests)
+        self.verified: list[int] = []  # how many tokens of each of its recent drafts the engine verified
+        self.proposed = False  # whether the last propose returned tokens (so the next step event is about them)
+        self.idle = 0  # proposals skipped while paused
         self.reset()
 
     def reset(self) -> None:
@@ -147,6 +157,9 @@ class ModelDrafter:
 
     def observe(self, event: StepEvent) -> None:
         if event.kind != "prefill":
+            if self.proposed and event.draft.source == self.name:
+                self.verified = (self.verified + [len(event.draft)])[-RECENT:]
+            self.proposed = False
             return
         settings = event.settings
         self.temperature = float(getattr(settings, "temperature", 0.0) or 0.0)
@@ -161,10 +174,23 @@ class ModelDrafter:
             # a seeded run is reproducible; the offset keeps the draft's stream apart from the engine's
             self.generator.manual_seed(int(seed) + 7919 if seed is not None else torch.seed())
 
+    def useful_length(self) -> int:
+        """The longest chain worth drafting now, judged by what the engine verified of the recent drafts."""
+        if len(self.verified) < RECENT:
+            return self.draft_max
+        longest = max(self.verified)
+        if longest > 0:
+            return longest + 1
+        self.idle += 1
+        return 1 if self.idle % PROBE_EVERY == 0 else 0
+
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         limit = min(int(budget), self.draft_max)
+        if limit > 0:
+            limit = min(limit, self.useful_length())
         if limit <= 0 or not context:
             return Draft.empty(self.name)
+        self.proposed = True
         import torch
 
         with torch.inference_mode():
