@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from collections import defaultdict
 
@@ -72,10 +71,10 @@ def record(args: argparse.Namespace) -> None:
     document = {"version": 1, "target": loaded.name, "vocab_size": info.vocab_size,
                 "eos_token_ids": list(info.eos_token_ids), "fingerprint": info.fingerprint, "cost": cost,
                 "rows": rows}
-    folder = os.path.dirname(os.path.abspath(args.output))
-    with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as handle:
+    partial = f"{args.output}.{os.getpid()}.tmp"  # written whole, then renamed into place
+    with open(partial, "w", encoding="utf-8") as handle:
         json.dump(document, handle)
-    os.replace(handle.name, args.output)
+    os.replace(partial, args.output)
 
 
 # ---------------------------------------------------------------------------------------------- replay

@@ -87,6 +87,5 @@ def test_draft_costs_charge_drafted_tokens_to_their_source():
     costs.observe("model", 1, 0.001)
     assert costs.per_token["model"] == pytest.approx(0.8 * 0.006 + 0.2 * 0.001)
     # with 6 ms per drafted token, a 20%-accepted first token no longer pays; a free one does
-
     assert choose_length([0.2], costs.charged(curve, "model"), 1) == 0
     assert choose_length([0.2], costs.charged(curve, "pld"), 1) == 1

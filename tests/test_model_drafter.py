@@ -137,7 +137,8 @@ def test_drafts_only_what_the_engine_verifies_and_pauses_when_it_verifies_nothin
 
     drafter = ModelDrafter(_tiny_draft(), draft_max=6)
     assert [_verified(drafter, PROMPTS[0], 2) for _ in range(RECENT)] == [6] * RECENT  # no evidence yet: all
-    assert _verified(drafter, PROMPTS[0], 0) == 3  # the engine kept at most 2: draft one more than that
+    assert _verified(drafter, PROMPTS[0], 0) == 2  # the engine kept at most 2: draft no more than that
+    assert _verified(drafter, PROMPTS[0], 0) == 2  # still 1.75 verified per draft on average
     for _ in range(RECENT):
         _verified(drafter, PROMPTS[0], 0)
     lengths = [_verified(drafter, PROMPTS[0], 0) for _ in range(2 * PROBE_EVERY)]
@@ -147,7 +148,20 @@ def test_drafts_only_what_the_engine_verifies_and_pauses_when_it_verifies_nothin
     assert drafter.forwards == forwards  # a paused drafter runs no forward
     while _verified(drafter, PROMPTS[0], 1) == 0:  # a probe the engine verified: drafting resumes
         pass
-    assert _verified(drafter, PROMPTS[0], 0) == 2
+    assert _verified(drafter, PROMPTS[0], 0) == 1
+    assert _verified(drafter, PROMPTS[0], 0) == 0  # ... until the engine trims its draft away again
+
+
+def test_grows_its_chains_when_the_engine_keeps_all_of_them():
+    from specdec_cli.drafters.model import PROBE_EVERY, RECENT, ModelDrafter
+
+    drafter = ModelDrafter(_tiny_draft(), draft_max=6)
+    for _ in range(RECENT):
+        _verified(drafter, PROMPTS[0], 2)
+    lengths = []
+    for _ in range(2 * PROBE_EVERY):
+        lengths.append(_verified(drafter, PROMPTS[0], 8))  # the engine verifies whatever it gets
+    assert lengths[0] == 2 and max(lengths) == 4  # one token longer every PROBE_EVERY drafts
 
 
 def test_vocabulary_mismatch_is_refused(tmp_path):

@@ -9,9 +9,11 @@ event's settings) under speculative sampling, returning those distributions as `
 early when the draft's own top probability falls below `min_prob`, and after an EOS.
 
 Every drafted token costs a forward, so the drafter listens to what the engine did with its drafts (the
-step event carries the draft as verified, after the engine's cost-aware trimming): it drafts at most one
-token more than the longest verified in its last `RECENT` drafts, and when the engine verified none of its
-last `RECENT` drafts it pauses, drafting one token every `PROBE_EVERY` steps to see whether that changed.
+step event carries the draft as verified, after the engine's cost-aware trimming, which charges the drafting
+time too): it drafts as many tokens as the engine verified at most in its last `RECENT` drafts (one more
+every `PROBE_EVERY` drafts, to find out whether longer chains now pay), and when the engine verified nothing
+of its latest draft and on average under half a token of the recent ones, it pauses, drafting one token
+every `PROBE_EVERY` steps to see whether that changed.
 
 A draft trained by `specdec distill` usually predicts only a subset of the vocabulary (`head_tokens` in its
 `specdec_draft.json`: the tokens its training data and its target use most), which cuts its largest matrix,
@@ -144,7 +146,7 @@ class ModelDrafter:
         self.forwards = 0  # draft forwards so far (for statistics and tests)
         self.verified: list[int] = []  # how many tokens of each of its recent drafts the engine verified
         self.proposed = False  # whether the last propose returned tokens (so the next step event is about them)
-        self.idle = 0  # proposals skipped while paused
+        self.idle = 0  # proposals since the drafter started judging by the engine's verdicts
         self.reset()
 
     def reset(self) -> None:
@@ -178,10 +180,9 @@ class ModelDrafter:
         """The longest chain worth drafting now, judged by what the engine verified of the recent drafts."""
         if len(self.verified) < RECENT:
             return self.draft_max
-        longest = max(self.verified)
-        if longest > 0:
-            return longest + 1
         self.idle += 1
+        if self.verified[-1] > 0 or sum(self.verified) >= 0.5 * len(self.verified):
+            return max(self.verified) + (1 if self.idle % PROBE_EVERY == 0 else 0)
         return 1 if self.idle % PROBE_EVERY == 0 else 0
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
