@@ -64,12 +64,34 @@ def test_every_drafter_is_lossless_in_process(default_target):
 
     prompt = "Repeat this sentence three times: the quick brown fox jumps over the lazy dog."
     _, reference = _reference(default_target, prompt, 64)
-    for name in DRAFTERS:
-        if name == "model":  # needs a trained draft directory: covered in tests/test_model_drafter.py
+    for name in [*DRAFTERS, "sam+none", "sam+recycle"]:
+        if name == "model":  # needs a draft directory: see the next test
             continue
         session = ChatSession(default_target.model, default_target.tokenizer, name,
                               generation=GenerationConfig(max_new_tokens=64))
         assert session.ask(prompt).generation.tokens == reference, name
+
+
+def test_model_drafter_is_lossless_on_the_real_model(default_target):
+    """A draft built like `specdec distill`'s initialisation (the target's first 2 blocks, untrained) drafts
+    mostly wrong tokens; the output must still be the target's own greedy answer, with and without the
+    engine's cost-aware trimming."""
+    from dataclasses import replace
+
+    from specdec_cli.chat import format_prompt, target_info
+    from specdec_cli.distill.train import build_student
+    from specdec_cli.drafters.model import ModelDrafter
+    from specdec_cli.engine import Engine, GenerationConfig
+
+    student = build_student(default_target.model, {"kind": "target", "layers": 2}).eval()
+    info = target_info(default_target.model, default_target.tokenizer)
+    ids, reference = _reference(default_target, PROMPTS[1], 48)
+    config = GenerationConfig(max_new_tokens=48, eos_token_ids=info.eos_token_ids)
+    for cost_aware in (False, True):
+        drafter = ModelDrafter(student, draft_max=4, eos_token_ids=info.eos_token_ids)
+        generation = Engine(default_target.model).generate(ids, drafter, replace(config, cost_aware=cost_aware))
+        assert generation.tokens == reference, cost_aware
+        assert generation.stats.drafted_tokens > 0
 
 
 def test_stop_string_cuts_the_output(default_target):
