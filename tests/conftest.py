@@ -122,3 +122,29 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def endless_model_dir(tmp_path_factory):
     return str(make_tiny_model_dir(tmp_path_factory.mktemp("endless-model"), never_eos=True))
+
+
+def check_draft(draft, budget: int) -> None:
+    """A well-formed draft: within the budget, parents before children."""
+    assert len(draft.tokens) <= budget
+    if draft.parents is not None:
+        assert len(draft.parents) == len(draft.tokens)
+        assert all(-1 <= parent < node for node, parent in enumerate(draft.parents))
+
+
+class CheckedDrafter:
+    """Wraps a drafter, checks every draft it emits, and counts calls and non-empty drafts."""
+
+    def __init__(self, inner):
+        self.inner, self.name = inner, inner.name
+        self.nonempty = self.calls = 0
+
+    def propose(self, context, budget):
+        draft = self.inner.propose(context, budget)
+        check_draft(draft, budget)
+        self.nonempty += bool(len(draft))
+        self.calls += 1
+        return draft
+
+    def observe(self, event):
+        self.inner.observe(event)

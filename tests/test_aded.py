@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from conftest import TINY_EOS, hf_greedy
+from conftest import CheckedDrafter, check_draft, TINY_EOS, hf_greedy
 from specdec_cli.draft import Draft, StepEvent
 from specdec_cli.drafters import DrafterOptions, TargetInfo
 from specdec_cli.drafters.aded import (AdedDrafter, TrigramTable, best_paths, build_trigram_table, keep_best,
@@ -19,12 +19,6 @@ from specdec_cli.errors import SpecdecError
 PROMPT = [1, 10, 11, 12, 13, 10, 11]
 CORPUS = np.array([1, 2, 3, 1, 2, 3, 1, 2, 4, 0, 1, 2, 5], dtype=np.int32)  # EOS 0 separates two documents
 
-
-def check_draft(draft: Draft, budget: int) -> None:
-    assert len(draft.tokens) <= budget
-    if draft.parents is not None:
-        assert len(draft.parents) == len(draft.tokens)
-        assert all(-1 <= parent < node for node, parent in enumerate(draft.parents))
 
 
 def test_table_from_corpus_hand_computed():
@@ -206,21 +200,6 @@ def test_factory(tmp_path):
         make_aded_drafter(DrafterOptions(index=str(path)), TargetInfo(10, (0,), fingerprint="sha256:other"))
 
 
-class Checked:
-    def __init__(self, inner):
-        self.inner, self.name = inner, inner.name
-        self.nonempty = self.calls = 0
-
-    def propose(self, context, budget):
-        draft = self.inner.propose(context, budget)
-        check_draft(draft, budget)
-        self.nonempty += bool(len(draft))
-        self.calls += 1
-        return draft
-
-    def observe(self, event):
-        self.inner.observe(event)
-
 
 @pytest.mark.parametrize("prompt", [PROMPT, [1, 5, 6, 7]])
 @pytest.mark.parametrize("cost_aware", [False, True])
@@ -229,10 +208,10 @@ def test_greedy_identity(tiny_model, cost_aware, prompt):
     drafter = AdedDrafter(time_budget=None, iterations=60)
     config = GenerationConfig(max_new_tokens=40, draft_max=64, eos_token_ids=(TINY_EOS,), cost_aware=cost_aware)
     engine = Engine(tiny_model)
-    generation = engine.generate(prompt, Checked(drafter), config)
+    generation = engine.generate(prompt, CheckedDrafter(drafter), config)
     assert generation.tokens == reference
     # the table outlives the generation: the same request again is drafted from the first answer
-    checked = Checked(drafter)
+    checked = CheckedDrafter(drafter)
     again = engine.generate(prompt, checked, config)
     assert again.tokens == reference
     assert checked.nonempty >= checked.calls / 2

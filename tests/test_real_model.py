@@ -78,7 +78,7 @@ def test_model_drafter_is_lossless_on_the_real_model(default_target):
     engine's cost-aware trimming."""
     from dataclasses import replace
 
-    from specdec_cli.chat import format_prompt, target_info
+    from specdec_cli.chat import target_info
     from specdec_cli.distill.train import build_student
     from specdec_cli.drafters.model import ModelDrafter
     from specdec_cli.engine import Engine, GenerationConfig

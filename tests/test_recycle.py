@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import TINY_EOS, TINY_VOCAB, hf_greedy
+from conftest import CheckedDrafter, check_draft, TINY_EOS, TINY_VOCAB, hf_greedy
 from specdec_cli.draft import Draft, StepEvent
 from specdec_cli.drafters import DrafterOptions, TargetInfo
 from specdec_cli.drafters.recycle import TEMPLATE, RecycleDrafter, TreeTemplate, make_recycle_drafter
@@ -13,12 +13,6 @@ from specdec_cli.engine import Engine, GenerationConfig
 
 PROMPT = [1, 10, 11, 12, 13, 10, 11]
 
-
-def check_draft(draft: Draft, budget: int) -> None:
-    assert len(draft.tokens) <= budget
-    if draft.parents is not None:
-        assert len(draft.parents) == len(draft.tokens)
-        assert all(-1 <= parent < node for node, parent in enumerate(draft.parents))
 
 
 def step(draft: Draft, committed, topk, path=()) -> StepEvent:
@@ -129,23 +123,6 @@ def test_factory():
     assert drafter.name == "recycle" and drafter.draft_max == 24 and drafter.matrix.shape == (100, 8)
 
 
-class Checked:
-    """Wraps a drafter and checks every draft it emits."""
-
-    def __init__(self, inner):
-        self.inner, self.name = inner, inner.name
-        self.nonempty = self.calls = 0
-
-    def propose(self, context, budget):
-        draft = self.inner.propose(context, budget)
-        check_draft(draft, budget)
-        self.nonempty += bool(len(draft))
-        self.calls += 1
-        return draft
-
-    def observe(self, event):
-        self.inner.observe(event)
-
 
 @pytest.mark.parametrize("prompt", [PROMPT, [1, 5, 6, 7]])
 @pytest.mark.parametrize("cost_aware", [False, True])
@@ -154,7 +131,7 @@ def test_greedy_identity(tiny_model, cost_aware, prompt):
     drafter = RecycleDrafter(TINY_VOCAB)
     config = GenerationConfig(max_new_tokens=40, draft_max=64, eos_token_ids=(TINY_EOS,), cost_aware=cost_aware)
     engine = Engine(tiny_model)
-    checked = Checked(drafter)
+    checked = CheckedDrafter(drafter)
     generation = engine.generate(prompt, checked, config)
     assert generation.tokens == reference
     assert checked.nonempty > 0  # a root never fed to the target yet has no row: no draft that step
@@ -162,7 +139,7 @@ def test_greedy_identity(tiny_model, cost_aware, prompt):
         assert generation.stats.drafted_tokens > 0
         assert generation.stats.mean_accepted_tokens >= 1.0
     # hot start: the matrix outlives a generation; every root of the same answer again has a row
-    checked = Checked(drafter)
+    checked = CheckedDrafter(drafter)
     again = engine.generate(prompt, checked, config)
     assert again.tokens == reference
     assert checked.nonempty == checked.calls
