@@ -139,6 +139,76 @@ def test_corrupted_header(tmp_path):
     assert_refused(path)
 
 
+def assert_load_refused(path: Path, fragment: str) -> None:
+    """Opening fails with one line naming the file (`--info` reads the header only, so it still works)."""
+    with pytest.raises(SpecdecError) as caught:
+        load_index(path)
+    message = str(caught.value)
+    assert str(path) in message and "\n" not in message and fragment in message
+
+
+def _body_values(path: Path):
+    """(whole file bytes, data start, {array name: (begin, end)}) of a saved index, for corrupting its body."""
+    data = bytearray(path.read_bytes())
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + length])
+    spans = {name: tuple(entry["data_offsets"]) for name, entry in header.items() if name != "__metadata__"}
+    return data, 8 + length, spans
+
+
+@pytest.mark.parametrize("name, value", [("text", 99), ("text", -3), ("link", 50), ("link", -7), ("length", 0),
+                                         ("length", 1000), ("min_endpos", 8), ("trans_tokens", 10),
+                                         ("trans_targets", 0), ("trans_targets", 400), ("trans_offsets", 2**30)])
+def test_corrupted_body_is_refused(tmp_path, name, value):
+    """Values out of range anywhere in the arrays are one clear error, not an IndexError while drafting."""
+    path = tmp_path / "small.sam"
+    save_small(path)
+    data, start, spans = _body_values(path)
+    begin, end = spans[name]
+    where = start + (begin + end) // 2 // 4 * 4 if name != "trans_offsets" else start + begin + 4
+    data[where : where + 4] = int(value).to_bytes(4, "little", signed=True)
+    path.write_bytes(bytes(data))
+    assert_load_refused(path, "corrupt index")
+
+
+def test_suffix_link_cycle_is_refused(tmp_path):
+    """A link to a state that is not shorter would make the match walk loop forever."""
+    path = tmp_path / "small.sam"
+    save_small(path)
+    data, start, spans = _body_values(path)
+    begin, _ = spans["link"]
+    data[start + begin + 4 * 2 : start + begin + 4 * 3] = (2).to_bytes(4, "little")  # state 2 links to itself
+    path.write_bytes(bytes(data))
+    assert_load_refused(path, "suffix links")
+
+
+def test_in_range_corruption_never_crashes_the_drafter(tmp_path):
+    """Whatever passes the checks may draft nonsense (verification rejects it) but must not raise or hang."""
+    path = tmp_path / "small.sam"
+    save_small(path)
+    clean, start, spans = _body_values(path)
+    rng = np.random.default_rng(0)
+    loaded = 0
+    for trial in range(300):
+        data = bytearray(clean)
+        name = list(spans)[trial % len(spans)]
+        begin, end = spans[name]
+        word = start + begin + 4 * int(rng.integers(0, (end - begin) // 4))
+        data[word : word + 4] = int(rng.integers(-2, 12)).to_bytes(4, "little", signed=True)
+        path.write_bytes(bytes(data))
+        try:
+            automaton = load_index(path).automaton
+        except SpecdecError:
+            continue
+        loaded += 1
+        state, match_len = ROOT, 0
+        for token in rng.integers(0, 10, 40):
+            state, match_len = automaton.advance(state, match_len, int(token))
+            assert 0 <= state < automaton.num_states
+            automaton.continuation(state, 4)
+    assert loaded > 50  # most in-range changes load (the check is not a checksum)
+
+
 def test_random_bytes(tmp_path):
     path = tmp_path / "noise.sam"
     path.write_bytes(np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8).tobytes())
