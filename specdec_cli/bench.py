@@ -744,15 +744,6 @@ def environment(model_name: str, device: str, dtype: Any, started: Optional[date
     }
 
 
-def set_threads(threads: int) -> None:
-    """Pin torch's CPU threads (the environment block records the count in force)."""
-    if threads < 1:
-        raise SpecdecError(f"--threads must be >= 1, got {threads}")
-    import torch
-
-    torch.set_num_threads(threads)
-
-
 def _model_name(model: Any) -> str:
     name = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
     return Path(name).name if name else type(model).__name__

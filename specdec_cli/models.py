@@ -229,3 +229,13 @@ def _hub_hint(source: TargetSource, exc: Exception) -> str:
         offline = " (HF_HUB_OFFLINE is set: only the local cache is searched)" if os.environ.get("HF_HUB_OFFLINE") else ""
         return f"cannot load model {source.location!r} from the Hugging Face hub or cache{offline}: {first_line}"
     return f"cannot load model from {source.location}: {first_line}"
+
+
+def set_threads(threads: int) -> None:
+    """Pin torch's CPU threads (`--threads`): on a CPU shared with other jobs, fewer threads than cores avoid
+    the threads thrashing each other."""
+    if threads < 1:
+        raise SpecdecError(f"--threads must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)

@@ -29,6 +29,10 @@ def _assert_one_line_error(result, needle):
         (["chat", "--prompt", "hi", "--device", "tpu"], "--device"),
         (["chat", "--prompt", "hi", "--temperature", "warm"], "temperature"),
         (["chat", "--no-such-flag"], "no such option"),
+        (["chat", "--prompt", "hi", "--threads", "0"], "--threads"),
+        (["chat", "--prompt", "hi", "--drafter", "sam+sam"], "a hybrid is sam+AUX"),
+        (["bench", "--drafters", "none,sam+bogus"], "unknown method"),
+        (["bench", "--l-threshold", "-1"], "--l-threshold"),
     ],
 )
 def test_bad_input_is_one_line(args, needle):

@@ -71,8 +71,9 @@ def bench(
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16, float16."),
 ) -> None:
     """Measure speedup over plain decoding on a prompt suite (Spec-Bench conventions: greedy, batch 1, warm-up excluded)."""
-    from ..bench import (BenchSettings, check_output_path, parse_lengths, resolve_methods, run_bench, set_threads,
-                         split_names, to_json_text, write_csv, write_json)
+    from ..bench import (BenchSettings, check_output_path, parse_lengths, resolve_methods, run_bench, split_names,
+                         to_json_text, write_csv, write_json)
+    from ..models import set_threads
     from ..drafters import DrafterOptions
     from ..models import load_target
 

@@ -89,10 +89,15 @@ def chat(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the output and statistics."),
     plain: bool = typer.Option(False, "--plain", help="Stream plain text (also when stdout is not a terminal)."),
     show_rejected: bool = typer.Option(True, "--show-rejected/--hide-rejected", help="Show rejected drafts struck through."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, mps."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16, float16."),
 ) -> None:
     """Speculative chat: one-shot with --prompt, interactive otherwise."""
+    if threads is not None:
+        from ..models import set_threads
+
+        set_threads(threads)
     text = read_prompt(prompt) if prompt is not None else None
     session, loaded = load_session(target, device, dtype, drafter, index, aux, draft_model, draft_min_prob, draft_max,
                                    max_new_tokens, temperature, top_p, top_k, seed, system, raw, stop)
