@@ -156,6 +156,14 @@ def _body_values(path: Path):
     return data, 8 + length, spans
 
 
+def set_word(path: Path, name: str, index: int, value: int) -> None:
+    """Overwrite element `index` of array `name` in a saved index file."""
+    data, start, spans = _body_values(path)
+    where = start + spans[name][0] + 4 * index
+    data[where : where + 4] = int(value).to_bytes(4, "little", signed=True)
+    path.write_bytes(bytes(data))
+
+
 @pytest.mark.parametrize("name, value", [("text", 99), ("text", -3), ("link", 50), ("link", -7), ("length", 0),
                                          ("length", 1000), ("min_endpos", 8), ("trans_tokens", 10),
                                          ("trans_targets", 0), ("trans_targets", 400), ("trans_offsets", 2**30)])
@@ -163,11 +171,8 @@ def test_corrupted_body_is_refused(tmp_path, name, value):
     """Values out of range anywhere in the arrays are one clear error, not an IndexError while drafting."""
     path = tmp_path / "small.sam"
     save_small(path)
-    data, start, spans = _body_values(path)
-    begin, end = spans[name]
-    where = start + (begin + end) // 2 // 4 * 4 if name != "trans_offsets" else start + begin + 4
-    data[where : where + 4] = int(value).to_bytes(4, "little", signed=True)
-    path.write_bytes(bytes(data))
+    begin, end = _body_values(path)[2][name]
+    set_word(path, name, 1 if name == "trans_offsets" else (end - begin) // 8, value)  # 1 or the middle
     assert_load_refused(path, "corrupt index")
 
 
@@ -175,10 +180,7 @@ def test_suffix_link_cycle_is_refused(tmp_path):
     """A link to a state that is not shorter would make the match walk loop forever."""
     path = tmp_path / "small.sam"
     save_small(path)
-    data, start, spans = _body_values(path)
-    begin, _ = spans["link"]
-    data[start + begin + 4 * 2 : start + begin + 4 * 3] = (2).to_bytes(4, "little")  # state 2 links to itself
-    path.write_bytes(bytes(data))
+    set_word(path, "link", 2, 2)  # state 2 links to itself
     assert_load_refused(path, "suffix links")
 
 
