@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections import defaultdict
@@ -36,6 +35,7 @@ from specdec_cli.budget import AcceptanceTracker, CostCurve, PROBE_SIZES
 from specdec_cli.draft import Draft, StepEvent
 from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
 from specdec_cli.engine import GenerationConfig, trim
+from specdec_cli.files import write_json_atomic
 
 TOP_K = 8
 
@@ -71,10 +71,7 @@ def record(args: argparse.Namespace) -> None:
     document = {"version": 1, "target": loaded.name, "vocab_size": info.vocab_size,
                 "eos_token_ids": list(info.eos_token_ids), "fingerprint": info.fingerprint, "cost": cost,
                 "rows": rows}
-    partial = f"{args.output}.{os.getpid()}.tmp"  # written whole, then renamed into place
-    with open(partial, "w", encoding="utf-8") as handle:
-        json.dump(document, handle)
-    os.replace(partial, args.output)
+    write_json_atomic(args.output, document)
 
 
 # ---------------------------------------------------------------------------------------------- replay

@@ -34,7 +34,6 @@ import math
 import os
 import platform
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -43,6 +42,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from .drafters import DRAFTERS, DrafterOptions, is_drafter
 from .errors import SpecdecError
+from .files import write_atomic
 from .prompts import Conversation, categories_of
 from .stats import GenerationStats
 
@@ -764,38 +764,6 @@ def check_output_path(path: str | Path, flag: str) -> Path:
     if not path.parent.is_dir():
         raise SpecdecError(f"{flag} {path}: the folder {path.parent} does not exist")
     return path
-
-
-def write_atomic(path: str | Path, data: str | bytes) -> Path:
-    """Write to a temporary file beside `path`, then rename it into place (readers never see half a file)."""
-    path = Path(path).expanduser()
-    if not path.parent.is_dir():
-        raise SpecdecError(f"{path}: the folder {path.parent} does not exist")
-    try:
-        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise SpecdecError(f"{path}: cannot write ({exc.strerror or exc})") from exc
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data.encode("utf-8") if isinstance(data, str) else data)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(temporary, 0o666 & ~mask)
-        os.replace(temporary, path)
-    except OSError as exc:
-        _remove(temporary)
-        raise SpecdecError(f"{path}: cannot write ({exc.strerror or exc})") from exc
-    except BaseException:
-        _remove(temporary)
-        raise
-    return path
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def to_json_text(report: BenchReport | dict) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,10 +123,10 @@ def load_or_measure(cache_file: Optional[Path], make_forward: Callable[[], Calla
             pass  # a damaged cache is just measured again
     curve = measure_cost_curve(make_forward())
     if cache_file is not None:
+        from .files import write_json_atomic
+
         cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_name(f".{cache_file.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps({"seconds": curve.seconds, "measured": time.time()}, indent=1))
-        os.replace(tmp, cache_file)
+        write_json_atomic(cache_file, {"seconds": curve.seconds, "measured": time.time()})
     return curve
 
 

@@ -110,7 +110,7 @@ def _acceptance_figure(plt: Any, results: list[dict], title: str) -> Any:
 
 
 def _save(plt: Any, figure: Any, path: Path) -> Path:
-    from .bench import write_atomic
+    from .files import write_atomic
 
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=120)

@@ -27,11 +27,11 @@ from specdec_cli.bench import (
     per_prompt_rows,
     resolve_methods,
     run_bench,
-    write_atomic,
 )
 from specdec_cli.draft import Draft, StepEvent
 from specdec_cli.drafters.oracle import OracleDrafter
 from specdec_cli.errors import SpecdecError
+from specdec_cli.files import write_atomic
 from specdec_cli.prompts import MT_BENCH, load_builtin, load_prompt_file, load_suite, select
 from specdec_cli.stats import GenerationStats
 

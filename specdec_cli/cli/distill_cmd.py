@@ -13,9 +13,8 @@ from typing import Any, Optional
 
 import typer
 
+from ..distill.train import DEFAULT_DRAFT_VOCAB  # light: torch is imported inside its functions
 from ..models import DEFAULT_TARGET
-
-DEFAULT_DRAFT_VOCAB = 16384  # = distill.train.DEFAULT_DRAFT_VOCAB (not imported: keeps --help light)
 from . import app
 from .common import console, err_console
 
@@ -68,11 +67,9 @@ def _target_from_data(data: str) -> Optional[str]:
 
 
 def _target_from_draft(draft_dir: str) -> Optional[str]:
-    try:
-        meta = json.loads((Path(draft_dir).expanduser() / "specdec_draft.json").read_text(encoding="utf-8"))
-        return str(meta.get("target") or "") or None
-    except (OSError, ValueError):
-        return None
+    from ..drafters.model import read_draft_meta
+
+    return str(read_draft_meta(Path(draft_dir).expanduser()).get("target") or "") or None
 
 
 def _usable_target(recorded: Optional[str]) -> str:

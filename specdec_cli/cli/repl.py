@@ -7,8 +7,6 @@ answer and keeps what was written; Ctrl-C or Ctrl-D at the prompt leaves.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from dataclasses import replace
 from typing import Optional
@@ -207,7 +205,7 @@ class Repl:
                 self.err.print(f"  {position:>2} {bar:<40} {share:5.0%}  ({accepted}/{drafted})", markup=False)
 
     def save(self, path: str) -> None:
-        from ..errors import SpecdecError
+        from ..files import write_json_atomic
         from .chat_cmd import turn_json
 
         document = {
@@ -216,13 +214,5 @@ class Repl:
             "messages": self.session.history,
             "turns": [dict(turn_json(turn), user=turn.user) for turn in self.session.turns],
         }
-        tmp = f"{path}.tmp-{os.getpid()}"
-        try:
-            with open(tmp, "w", encoding="utf-8") as handle:
-                json.dump(document, handle, ensure_ascii=False, indent=1)
-            os.replace(tmp, path)
-        except OSError as exc:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise SpecdecError(f"cannot save to {path}: {exc.strerror or exc}") from None
+        write_json_atomic(path, document)
         self.err.print(f"[dim]Saved {len(self.session.history)} messages to {path}.[/dim]")

@@ -15,14 +15,14 @@ it started from (rebuilt from its recorded init), and stores both under "evaluat
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import SpecdecError
-from .train import REPORT, build_student, split_rows, write_json_atomic
+from ..files import read_json, write_json_atomic
+from .train import REPORT, build_student, split_rows
 
 DEFAULT_EVAL_TOKENS = 128
 
@@ -94,13 +94,7 @@ def prompts_from_data(data_path: str, holdout: float, fingerprint: str, target_n
 
 
 def read_report(draft_dir: Path) -> dict:
-    path = draft_dir / REPORT
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:
-        return {}
+    return read_json(draft_dir / REPORT)
 
 
 # ---------------------------------------------------------------------------------------------- measuring
@@ -131,9 +125,7 @@ def score_drafts(
     info = target_info(target, tokenizer)
     engine = Engine(target, tokenizer)
     config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, draft_max=draft_max,
-                              eos_token_ids=info.eos_token_ids)
-    if any(item.name == "cost_aware" for item in fields(GenerationConfig)):
-        config = replace(config, cost_aware=False)
+                              eos_token_ids=info.eos_token_ids, cost_aware=False)
     config.check()
     scores = {label: DraftScore(label) for label in drafts}
     sums = {label: {"tvd": 0.0, "matches": 0, "committed": 0.0, "wall": 0.0} for label in drafts}

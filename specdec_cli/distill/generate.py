@@ -21,7 +21,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ..errors import SpecdecError
 
@@ -113,15 +113,8 @@ def _suite(name: str) -> list[PromptItem]:
         return distill_prompts()
     if name not in SUITES:
         raise SpecdecError(f"unknown suite {name!r}; choose one of: {', '.join(SUITES)} (or give --prompts FILE)")
-    try:
-        from ..prompts import load_suite
-    except ImportError:  # the benchmark module is not there: read the packaged file directly
-        if name != "builtin":
-            raise SpecdecError(f"suite {name!r} is not available in this installation") from None
-        from importlib import resources
+    from ..prompts import load_suite
 
-        text = resources.files("specdec_cli").joinpath("data", "builtin_prompts.jsonl").read_text(encoding="utf-8")
-        return _plain_rows(text.splitlines(), "builtin_prompts.jsonl")
     return [_from_conversation(conversation) for conversation in load_suite(name)]
 
 
@@ -137,10 +130,8 @@ def _prompt_file(path: str) -> list[PromptItem]:
     if not file.is_file():
         raise SpecdecError(f"{path}: not a file")
     if file.suffix.lower() == ".jsonl":
-        try:
-            from ..prompts import load_prompt_file
-        except ImportError:
-            return _plain_rows(_read_text(file).splitlines(), str(file))
+        from ..prompts import load_prompt_file
+
         return [_from_conversation(conversation) for conversation in load_prompt_file(file)]
     lines = [line.strip() for line in _read_text(file).splitlines()]
     items = [PromptItem(line.replace("\\n", "\n"), "prompts", str(number))
@@ -157,25 +148,6 @@ def _read_text(file: Path) -> str:
         raise SpecdecError(f"{file}: not UTF-8 text (byte {exc.start})") from exc
     except OSError as exc:
         raise SpecdecError(f"{file}: cannot read ({exc.strerror or exc})") from exc
-
-
-def _plain_rows(lines: Iterable[str], source: str) -> list[PromptItem]:
-    items = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SpecdecError(f"{source}, line {number}: not valid JSON ({exc.msg})") from None
-        turns = row.get("turns") if isinstance(row, dict) else None
-        text = turns[0] if isinstance(turns, list) and turns else (row.get("prompt") if isinstance(row, dict) else None)
-        if not isinstance(text, str) or not text.strip():
-            raise SpecdecError(f'{source}, line {number}: missing field "prompt" (or Spec-Bench\'s "turns")')
-        items.append(PromptItem(text, str(row.get("category", "prompts")), str(row.get("question_id", row.get("id", number)))))
-    if not items:
-        raise SpecdecError(f"{source}: no prompts (the file is empty)")
-    return items
 
 
 # The `distill` suite: training prompts from templates. Written for this project; kept apart from the
@@ -312,6 +284,10 @@ def distill_prompts(seed: int = 0) -> list[PromptItem]:
 # ---------------------------------------------------------------------------------------------- rows
 
 
+def _token_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(token, int) and token >= 0 for token in value)
+
+
 def read_rows(path: str, fingerprint: Optional[str] = None, target_name: Optional[str] = None,
               allow_empty: bool = False, warnings: Optional[list[str]] = None) -> list[dict]:
     """The rows of a data file; a last line cut short by a crash is ignored. Checks the target fingerprint."""
@@ -335,8 +311,8 @@ def read_rows(path: str, fingerprint: Optional[str] = None, target_name: Optiona
             if last:
                 break
             raise SpecdecError(f"{path}, line {number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("answer_ids"), list) or not isinstance(row.get("prompt_ids"), list):
-            raise SpecdecError(f"{path}, line {number}: not a distillation row (no prompt_ids / answer_ids)")
+        if not isinstance(row, dict) or not _token_list(row.get("answer_ids")) or not _token_list(row.get("prompt_ids")):
+            raise SpecdecError(f"{path}, line {number}: not a distillation row (no prompt_ids / answer_ids token lists)")
         rows.append(row)
     if not rows and not allow_empty:
         raise SpecdecError(f"{path}: the data file has no rows (run `specdec distill generate` first)")

@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from ..drafters.model import DRAFT_META  # the metadata file the model drafter reads
 from ..errors import SpecdecError
 
 CHECKPOINT_FORMAT = 1
@@ -47,7 +48,6 @@ DEFAULT_LAYERS = 4
 INITS = ("target", "config", "student")
 KD_LOSSES = ("fkl", "rkl", "tvd")
 REPORT = "distill_report.json"
-DRAFT_META = "specdec_draft.json"  # the same name drafters/model.py reads
 # Settings a resumed run must share with its checkpoint (the rest may change, e.g. a longer run).
 RESUME_KEYS = ("init", "layers", "hidden", "student", "batch_size", "grad_accum", "lr", "min_lr_ratio",
                "weight_decay", "max_len", "kd_weight", "kd_loss", "seed", "holdout", "draft_vocab", "kd_positions",
@@ -522,12 +522,6 @@ def load_checkpoint(directory: Path, model: Any, optimizer: Any, state: dict) ->
 
 
 # ---------------------------------------------------------------------------------------------- output
-
-
-def write_json_atomic(path: Path, payload: dict) -> None:
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(payload, indent=1, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def check_output_dir(output: Path) -> None:

@@ -27,7 +27,6 @@ strings. This module loads the draft directory; it does not train drafts (specde
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -273,13 +272,9 @@ def draft_vocab_size(model: Any, tokenizer: Any = None) -> int:
 
 
 def read_draft_meta(directory: Path) -> dict:
-    path = directory / DRAFT_META
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
+    from ..files import read_json
+
+    return read_json(directory / DRAFT_META)
 
 
 def check_draft_compatible(where: str, draft_vocab: int, draft_fingerprint: str, target: Any) -> None:
