@@ -85,9 +85,10 @@ class CostCurve:
 
 @dataclass
 class DraftCosts:
-    """Seconds a source spends drafting per drafted token (decayed mean), so that a drafter with a real cost,
-    a draft model, is planned with it: verifying k of its tokens is charged t(k + 1) plus k drafted tokens.
-    Retrieval drafters cost microseconds and are planned as before."""
+    """Seconds a source spends drafting per drafted token (decayed mean), so that a chain drafter with a real
+    cost, a draft model, is planned with it: verifying k of its tokens is charged t(k + 1) plus k drafted
+    tokens. Retrieval drafters cost microseconds and are planned as before; tree searches are not charged
+    (their cost does not grow with the part of the tree that is verified)."""
 
     per_token: dict = field(default_factory=dict)  # source -> seconds per drafted token
 

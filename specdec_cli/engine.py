@@ -194,12 +194,12 @@ class Engine:
             draft = first_branch(draft)
         if config.cost_aware and len(draft):
             longest = min(budget, len(draft))
-            cost = self.draft_costs.charged(self.cost_curve(), draft.source)  # verify + drafting
-            if draft.is_chain:
+            if draft.is_chain:  # a chain's drafting grows with its length (a draft model: a forward a token)
+                cost = self.draft_costs.charged(self.cost_curve(), draft.source)
                 key = self.acceptance.key(draft.source, draft.match_len)
                 budget = self.acceptance.plan(key, cost, longest)
-            else:
-                budget = self.acceptance.plan_tree(draft.source, cost, longest)
+            else:  # a tree search costs the same whatever prefix of it is verified
+                budget = self.acceptance.plan_tree(draft.source, self.cost_curve(), longest)
         return trim(draft, budget)
 
     def _accept(self, draft: Draft, logits: torch.Tensor, config: GenerationConfig,

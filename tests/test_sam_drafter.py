@@ -160,6 +160,9 @@ def test_default_hybrid_hands_over_only_when_nothing_matches():
     assert isinstance(hybrid.aux, AdedDrafter) and hybrid.l_threshold == 1
     assert make_drafter("sam+none", DrafterOptions(), target).aux is None
     assert make_drafter("sam+recycle", DrafterOptions(aux="none"), target).aux.name == "recycle"  # name wins
+    for bad in ("sam", "sam+pld", "bogus"):  # no nested hybrids
+        with pytest.raises(SpecdecError, match="auxiliary drafter must be one of"):
+            make_drafter("sam", DrafterOptions(aux=bad), target)
     hybrid.observe(prefill([5, 6, 7, 5, 6, 7, 8], 5))  # 5 was seen before: sam drafts its continuation
     assert hybrid.propose([5, 6, 7, 5, 6, 7, 8, 5], 8).source == "sam-dynamic"
     hybrid.observe(step(9))  # 9 is new: no match anywhere, ADED's turn

@@ -60,20 +60,20 @@ def split_hybrid(name: str) -> tuple[str, Optional[str]]:
     return head, aux
 
 
+def check_drafter(name: str) -> None:
+    """Raise a one-line SpecdecError unless `name` is a drafter `make_drafter` can build."""
+    head, _ = split_hybrid(name)
+    if head not in DRAFTERS:
+        raise SpecdecError(f"unknown drafter {name!r}; choose one of: {', '.join(DRAFTERS)}, sam+AUX")
+
+
 def is_drafter(name: str) -> bool:
     """True for a registered drafter name or a valid `sam+AUX` hybrid."""
     try:
-        head, _ = split_hybrid(name)
+        check_drafter(name)
     except SpecdecError:
         return False
-    return head in DRAFTERS
-
-
-def check_drafter(name: str) -> None:
-    """Raise a one-line SpecdecError unless `name` is a drafter `make_drafter` can build."""
-    split_hybrid(name)
-    if not is_drafter(name):
-        raise SpecdecError(f"unknown drafter {name!r}; choose one of: {', '.join(DRAFTERS)}, sam+AUX")
+    return True
 
 
 def make_drafter(name: str, options: DrafterOptions, target: TargetInfo) -> Drafter:

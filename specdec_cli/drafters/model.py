@@ -200,10 +200,10 @@ class ModelDrafter:
             sampling = self.temperature > 0
             for position in range(limit):
                 if sampling:
-                    from ..sampling import warp_probs
+                    from ..sampling import sample, warp_probs
 
                     probs = warp_probs(logits, self.temperature, self.top_k, self.top_p)  # [vocab]
-                    token = int(torch.multinomial(probs, 1, generator=self.generator).item())
+                    token = sample(probs, self.generator)
                     top = float(probs.max())
                 else:
                     token = int(logits.argmax())
@@ -216,7 +216,7 @@ class ModelDrafter:
                 if token in self.eos or position + 1 == limit:
                     break
                 logits = self._feed([token])
-        p_draft = torch.stack(rows).cpu() if rows else None  # [len(tokens), vocab]
+        p_draft = torch.stack(rows) if rows else None  # [len(tokens), vocab], on the draft's device
         return Draft(tokens, self.name, None, p_draft)
 
     # -- the draft's own cache ---------------------------------------------------------------------------

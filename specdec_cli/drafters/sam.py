@@ -156,10 +156,10 @@ def make_sam_drafter(options: "DrafterOptions", target: "TargetInfo") -> SamDraf
         static.separators = frozenset(separators)
     aux = None
     if options.aux and options.aux != "none":
-        from . import make_drafter
+        from . import AUX_CHOICES, make_drafter
 
-        if options.aux == "sam":
-            raise SpecdecError("--aux sam: the auxiliary drafter must be another drafter (recycle, aded, model, pld)")
+        if options.aux not in AUX_CHOICES:
+            raise SpecdecError(f"--aux {options.aux}: the auxiliary drafter must be one of {', '.join(AUX_CHOICES)}")
         aux = make_drafter(options.aux, options, target)
     return SamDrafter(
         static,
