@@ -3,7 +3,8 @@
 Greedy speculative decoding commits exactly the target's greedy answer, whatever the drafter; what a drafter
 changes is how many tokens each verify pass commits and how many it had to verify. So once the target's
 answers are recorded, a drafter can be replayed against them without the model: at each step it proposes,
-the engine's own cost-aware planner (`specdec_cli.budget`) trims the draft, the accepted path is the
+the engine's own cost-aware planner (`specdec_cli.planner.DraftPlanner`, drafting costs and
+row padding included) trims the draft, the accepted path is the
 longest one that matches the recorded answer, and the step is charged the measured verify time t(n) of the
 target. Two stages:
 
@@ -31,11 +32,11 @@ import sys
 import time
 from collections import defaultdict
 
-from specdec_cli.budget import AcceptanceTracker, CostCurve, PROBE_SIZES
 from specdec_cli.draft import Draft, StepEvent
 from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
 from specdec_cli.engine import GenerationConfig, trim
 from specdec_cli.files import write_json_atomic
+from specdec_cli.planner import PROBE_SIZES, CostCurve, DraftPlanner
 
 TOP_K = 8
 
@@ -107,9 +108,9 @@ def replay(spec: str, document: dict, index: str | None, draft_max: int) -> tupl
     """Per category [answer tokens, estimated seconds, verify passes]; per source [steps, verified, accepted]."""
     name, options = parse_method(spec, index)
     info = TargetInfo(document["vocab_size"], tuple(document["eos_token_ids"]), document["fingerprint"])
-    cost = CostCurve({int(size): seconds for size, seconds in document["cost"].items()})
+    cost = CostCurve.fixed({int(size): seconds for size, seconds in document["cost"].items()})
     drafter = make_drafter(name, options, info)
-    tracker = AcceptanceTracker()
+    planner = DraftPlanner(cost)  # the engine's planner, on the recorded curve (fixed: replays are deterministic)
     per_category: dict = defaultdict(lambda: [0, 0.0, 0])
     per_source: dict = defaultdict(lambda: [0, 0, 0])
     for row in document["rows"]:
@@ -120,22 +121,14 @@ def replay(spec: str, document: dict, index: str | None, draft_max: int) -> tupl
         while done < len(answer):
             started = time.perf_counter()
             draft = drafter.propose(context, draft_max)
-            seconds += time.perf_counter() - started
-            if len(draft):  # the engine's planner: keep what is expected to pay off
-                longest = min(draft_max, len(draft))
-                if draft.is_chain:
-                    keep = tracker.plan(tracker.key(draft.source, draft.match_len), cost, longest)
-                else:
-                    keep = tracker.plan_tree(draft.source, cost, longest)
-                draft = trim(draft, keep)
+            drafting = time.perf_counter() - started
+            planner.observe_drafting(draft.source, len(draft), drafting)
+            plan = planner.plan(draft, draft_max)  # keep what is expected to pay off, in the cheapest block
+            draft = trim(draft, plan.keep)
             path = accepted_path(draft, answer[done:])
             committed = answer[done : done + len(path) + 1]
-            if len(draft):
-                if draft.is_chain:
-                    tracker.record(tracker.key(draft.source, draft.match_len), len(draft), len(path))
-                else:
-                    tracker.record_tree(draft.source, len(draft), len(path))
-            seconds += cost(len(draft) + 1)
+            planner.record(draft, len(path), len(committed), plan.rows, cost(plan.rows), drafting)
+            seconds += drafting + cost(plan.rows)
             passes += 1
             stats = per_source[draft.source]
             stats[0], stats[1], stats[2] = stats[0] + 1, stats[1] + len(draft), stats[2] + len(path)

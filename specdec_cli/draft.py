@@ -55,3 +55,4 @@ class StepEvent:
     settings: Any = None  # prefill only: the GenerationConfig in force (temperature, top_k, top_p, ...)
     finished: Optional[str] = None  # "eos" | "stop" | "length" on the last event of a generation
     scored_topk: Optional[list[list[int]]] = None  # step only: target's top-8 ids after root and each node
+    verify_rows: int = 0  # step only: rows of the verify forward (len(draft) + 1, more when padded)

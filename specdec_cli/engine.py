@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .budget import AcceptanceTracker, CostCurve, DraftCosts, load_or_measure
+from .planner import CostCurve, DraftPlanner, Plan, load_or_measure, save_curve
 from .draft import Draft, StepEvent
 from .drafters.base import Drafter
 from .errors import SpecdecError
@@ -42,7 +42,7 @@ class GenerationConfig:
     draft_max: int = 8  # the length budget handed to the drafter each step
     stop: Sequence[str] = ()  # stop strings (need a tokenizer)
     eos_token_ids: Sequence[int] = ()
-    cost_aware: bool = True  # verify only as much of each draft as is expected to pay off (budget.py)
+    cost_aware: bool = True  # verify only as much of each draft as is expected to pay off (planner.py)
 
     @property
     def greedy(self) -> bool:
@@ -68,13 +68,14 @@ class Generation:
 class Engine:
     """Speculative generation with one target model (batch size 1)."""
 
-    def __init__(self, model: Any, tokenizer: Any = None):
+    def __init__(self, model: Any, tokenizer: Any = None, planner: Optional[DraftPlanner] = None):
         self.model = model
         self.tokenizer = tokenizer  # only needed for stop strings
         self.device = next(model.parameters()).device
-        self.acceptance = AcceptanceTracker()  # lives as long as the engine: a chat session learns
-        self.draft_costs = DraftCosts()  # what each draft source spends per drafted token
-        self._cost: Optional[CostCurve] = None
+        # what to verify each step; lives as long as the engine, so a chat session keeps learning. Without one
+        # given, the verify-cost curve is the one stored for this machine and model, else measured (~1-2 s).
+        self.planner = planner or DraftPlanner(self._stored_or_measured_curve)
+        self._saved_observations = 0
         self._tree_ok: Optional[bool] = None
 
     # -- the model, one forward at a time ------------------------------------------------------------------
@@ -162,15 +163,18 @@ class Engine:
 
         while finish is None:
             budget = min(config.draft_max, config.max_new_tokens - len(new_tokens) - 1)
-            # 1. Draft: the drafter guesses up to `budget` tokens (chain) or nodes (tree) after the context.
+            # 1. Draft: the drafter guesses up to `budget` tokens (chain) or nodes (tree) after the context;
+            #    the planner keeps the part worth verifying and picks the forward's row count.
             t0 = time.perf_counter()
             draft = drafter.propose(context, budget) if budget > 0 else Draft.empty(drafter.name)
-            self.draft_costs.observe(draft.source, len(draft), time.perf_counter() - t0)
-            draft = self._fit(draft, budget, config)
+            self.planner.observe_drafting(draft.source, len(draft), time.perf_counter() - t0)
+            draft, plan = self._plan(draft, budget, config)
             t1 = time.perf_counter()
-            # 2. Verify: score the newest committed token and every drafted node in one forward.
+            # 2. Verify: score the newest committed token and every kept node in one forward (plus padding rows
+            #    when a bigger forward is cheaper on this machine; their outputs and cache entries are dropped).
             past = len(context) - 1
-            logits = self._forward([context[-1], *draft.tokens], cache, past, tree=draft.parents)  # [k+1, vocab]
+            block, parents = pad_block([context[-1], *draft.tokens], draft.parents, plan.rows)
+            logits = self._forward(block, cache, past, tree=parents)[: len(draft) + 1]  # [k+1, vocab]
             # 3. Accept: the longest acceptable path, then the target's own token after it.
             path, target_token = self._accept(draft, logits, config, generator)
             # 4. Commit the accepted drafts + the correction/bonus token; roll the cache back to match.
@@ -179,28 +183,27 @@ class Engine:
             )
             self._keep_in_cache(cache, past, path, draft.is_chain, len(context) - 1)
             t2 = time.perf_counter()
-            self._learn(draft, len(path), t2 - t1, config)
+            if config.cost_aware:
+                self.planner.record(draft, len(path), len(committed), plan.rows, t2 - t1, t1 - t0)
             topk = torch.topk(logits, min(SCORED_TOPK, logits.shape[-1]), dim=-1).indices.tolist()  # [k+1, 8]
             emit(StepEvent("step", draft, len(path), committed, target_token, path, len(context),
-                           draft_seconds=t1 - t0, verify_seconds=t2 - t1, finished=finish, scored_topk=topk))
+                           draft_seconds=t1 - t0, verify_seconds=t2 - t1, finished=finish, scored_topk=topk,
+                           verify_rows=plan.rows))
 
         wall = time.perf_counter() - started
+        self._save_curve()
         stats = summarize(events, wall_seconds=wall, ttft_seconds=ttft)
         return Generation(new_tokens, finish, stats, events, text_end)
 
-    def _fit(self, draft: Draft, budget: int, config: GenerationConfig) -> Draft:
-        """Cut a draft to the budget, to what the cost model expects to pay off, and to chains where needed."""
+    def _plan(self, draft: Draft, budget: int, config: GenerationConfig) -> tuple[Draft, Plan]:
+        """The part of the draft to verify and the verify forward's rows (trees become chains where needed)."""
         if not draft.is_chain and not self.supports_trees:
             draft = first_branch(draft)
-        if config.cost_aware and len(draft):
-            longest = min(budget, len(draft))
-            if draft.is_chain:  # a chain's drafting grows with its length (a draft model: a forward a token)
-                cost = self.draft_costs.charged(self.cost_curve(), draft.source)
-                key = self.acceptance.key(draft.source, draft.match_len)
-                budget = self.acceptance.plan(key, cost, longest)
-            else:  # a tree search costs the same whatever prefix of it is verified
-                budget = self.acceptance.plan_tree(draft.source, self.cost_curve(), longest)
-        return trim(draft, budget)
+        if not config.cost_aware:
+            draft = trim(draft, budget)
+            return draft, Plan(len(draft), len(draft) + 1)
+        plan = self.planner.plan(draft, budget)
+        return trim(draft, plan.keep), plan
 
     def _accept(self, draft: Draft, logits: torch.Tensor, config: GenerationConfig,
                 generator: Optional[torch.Generator]) -> tuple[list[int], int]:
@@ -219,15 +222,6 @@ class Engine:
         accepted, target_token = speculative_accept(draft.tokens, p_target, p_draft, generator)
         return list(range(accepted)), target_token
 
-    def _learn(self, draft: Draft, accepted: int, verify_seconds: float, config: GenerationConfig) -> None:
-        """Feed the cost model: how far this source's draft got, and what verifying it cost."""
-        if config.cost_aware and len(draft):
-            if draft.is_chain:
-                self.acceptance.record(self.acceptance.key(draft.source, draft.match_len), len(draft), accepted)
-            else:
-                self.acceptance.record_tree(draft.source, len(draft), accepted)
-            self.cost_curve().observe(len(draft) + 1, verify_seconds)
-
     @property
     def supports_trees(self) -> bool:
         """Whether this model's attention takes a custom 4-D mask (else trees fall back to chains)."""
@@ -239,18 +233,33 @@ class Engine:
         return self._tree_ok
 
     def forget(self) -> None:
-        """Drop what the cost model learned about drafters' acceptance (the measured cost curve stays)."""
-        self.acceptance = AcceptanceTracker()
+        """Drop what the planner learned about drafters (the machine's cost curve stays)."""
+        self.planner.forget()
 
     def cost_curve(self) -> CostCurve:
-        """t(n) for this model on this device: from the cache under $SPECDEC_HOME, else measured now (~1 s)."""
-        if self._cost is None:
-            self._cost = load_or_measure(self._cost_cache_file(), lambda: self._forward_timer())
-        return self._cost
+        """t(rows) for this model on this machine (the planner's; measured now if not known yet)."""
+        return self.planner.curve
+
+    def _stored_or_measured_curve(self) -> CostCurve:
+        return load_or_measure(self._cost_cache_file(), self._forward_timer)
+
+    def _save_curve(self) -> None:
+        """Store what this engine's steps taught the curve, as the next session's starting point."""
+        if not self.planner.has_curve:
+            return
+        curve = self.planner.curve
+        if curve.learn and curve.observations - self._saved_observations >= 16:
+            self._saved_observations = curve.observations
+            try:
+                save_curve(self._cost_cache_file(), curve)
+            except SpecdecError:
+                pass  # a read-only cache is no reason to fail a generation
 
     def _cost_cache_file(self):
+        """$SPECDEC_HOME/costs/KEY.json, KEY from the model, device, CPU, dtype, threads and torch version."""
         import hashlib
 
+        from .machine import cpu_model
         from .models import specdec_home
 
         name = getattr(self.model.config, "_name_or_path", "") or ""
@@ -258,7 +267,8 @@ class Engine:
             return None
         params = sum(p.numel() for p in self.model.parameters())
         dtype = next(self.model.parameters()).dtype
-        key = f"{name}|{params}|{self.device}|{dtype}|{torch.get_num_threads()}|{torch.__version__}"
+        key = (f"{name}|{params}|{self.device}|{cpu_model()}|{dtype}|{torch.get_num_threads()}|"
+               f"{torch.__version__}")
         return specdec_home() / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
     def _forward_timer(self, prefix: int = 256) -> Callable[[int], float]:
@@ -335,6 +345,16 @@ def trim(draft: Draft, length: int) -> Draft:
     parents = None if draft.parents is None else draft.parents[:length]
     p_draft = None if draft.p_draft is None else draft.p_draft[:length]
     return Draft(draft.tokens[:length], draft.source, parents, p_draft, draft.match_len)
+
+
+def pad_block(block: list[int], parents: Optional[list[int]], rows: int) -> tuple[list[int], Optional[list[int]]]:
+    """Fill a verify block [root, *drafted] up to `rows` rows by repeating its last token: a chain's padding
+    continues the chain, a tree's hangs off the root; the engine drops their outputs and cache entries."""
+    padding = rows - len(block)
+    if padding <= 0:
+        return block, parents
+    block = [*block, *[block[-1]] * padding]
+    return block, None if parents is None else [*parents, *[-1] * padding]
 
 
 def first_branch(draft: Draft) -> Draft:

@@ -12,6 +12,12 @@ from specdec_cli.draft import Draft
 from specdec_cli.drafters.none import NoDrafter
 from specdec_cli.drafters.pld import PromptLookupDrafter, find_latest_match
 from specdec_cli.engine import Engine, GenerationConfig
+from specdec_cli.planner import CostCurve, DraftPlanner
+
+# Fixed verify-cost curves (no timing: the outcome of a test never depends on this machine's speed).
+FLAT_CURVE = {1: 1.0, 64: 1.0}  # drafts are free: everything the acceptance model likes is verified
+# 2-3 rows dearest, big blocks cheap (the shape of float32 on some CPUs): blocks are padded up to 8 or 12 rows
+DIP_CURVE = {1: 1.0, 2: 2.0, 3: 2.2, 4: 1.9, 8: 1.5, 12: 1.6, 16: 1.9}
 
 PROMPTS = [
     [1, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11],
@@ -44,21 +50,23 @@ class ScriptedDrafter:
         pass
 
 
-def _generate(model, prompt, drafter, max_new_tokens, draft_max=6, cost_aware=False):
-    """Cost-aware trimming is off by default here so every draft reaches the verifier whole."""
+def _generate(model, prompt, drafter, max_new_tokens, draft_max=6, curve=None):
+    """Without a fixed `curve` cost-aware planning is off, so every draft reaches the verifier whole."""
     config = GenerationConfig(max_new_tokens=max_new_tokens, draft_max=draft_max, eos_token_ids=(TINY_EOS,),
-                              cost_aware=cost_aware)
-    return Engine(model).generate(prompt, drafter, config)
+                              cost_aware=curve is not None)
+    planner = None if curve is None else DraftPlanner(CostCurve.fixed(curve))
+    return Engine(model, planner=planner).generate(prompt, drafter, config)
 
 
 MODES = ["none", "pld", "exact", "partial", "junk", "past-eos"]
-# cost-aware trimming is exercised on the drafters it trims most
-CASES = [(mode, False) for mode in MODES] + [(mode, True) for mode in ("pld", "partial", "junk")]
+# cost-aware planning (trimming, and padding to cheaper row counts) on the drafters it changes most
+CASES = ([(mode, None) for mode in MODES] + [(mode, FLAT_CURVE) for mode in ("pld", "partial", "junk")]
+         + [(mode, DIP_CURVE) for mode in ("pld", "exact", "partial", "junk")])
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-@pytest.mark.parametrize("mode, cost_aware", CASES)
-def test_greedy_identical_to_plain_decoding(tiny_model, prompt, mode, cost_aware):
+@pytest.mark.parametrize("mode, curve", CASES)
+def test_greedy_identical_to_plain_decoding(tiny_model, prompt, mode, curve):
     reference = hf_greedy(tiny_model, prompt, 40)
     if mode == "none":
         drafter = NoDrafter()
@@ -66,15 +74,20 @@ def test_greedy_identical_to_plain_decoding(tiny_model, prompt, mode, cost_aware
         drafter = PromptLookupDrafter()
     else:
         drafter = ScriptedDrafter(reference, len(prompt), mode)
-    generation = _generate(tiny_model, prompt, drafter, 40, cost_aware=cost_aware)
+    generation = _generate(tiny_model, prompt, drafter, 40, curve=curve)
     assert generation.tokens == reference
     stats = generation.stats
     assert stats.new_tokens == len(reference)
     assert stats.steps == sum(1 for event in generation.events if event.kind == "step")
     if mode == "none":
         assert stats.mean_accepted_tokens == pytest.approx(1.0) and stats.drafted_tokens == 0
-    if mode == "exact" and stats.steps and not cost_aware:
+    if mode == "exact" and stats.steps:
         assert stats.mean_accepted_tokens > 1.5
+    steps = [event for event in generation.events if event.kind == "step"]
+    assert all(event.verify_rows >= len(event.draft) + 1 for event in steps)
+    if curve is DIP_CURVE and mode == "exact" and len(steps) > 2:
+        # the 2-3 row forwards are never used: a short draft is padded up to a cheaper block
+        assert all(event.verify_rows == 1 or event.verify_rows >= 4 for event in steps)
 
 
 def test_eos_stops_and_is_kept(tiny_llama):

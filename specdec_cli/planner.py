@@ -1,0 +1,480 @@
+"""Cost-aware planning: how much of each draft to verify, and in one forward of how many rows.
+
+Verifying k drafted tokens costs one target forward over k+1 rows, t(k+1). A step commits
+1 + sum over i <= k of P(first i drafts accepted) tokens, so the best k maximises
+
+    expected_tokens(k) / cost(k+1)
+
+and k = 0 (plain decoding) wins whenever the draft is unlikely to be right. The curve t is measured, never
+assumed, and it need not be monotone: float32 GEMMs on some CPUs are slowest at 2-3 rows, so a forward of 8
+rows can cost less than one of 3 (see docs/methods.md, "the cost curve on a CPU"). Hence:
+
+- `CostCurve` holds t(rows): a prior (a ~1 s measurement, or the curve stored for this machine, model and
+  dtype) refined by every step's own forward time at its size (the lower quartile of the recent steps), so a
+  wrong prior does not last. Verifying *at least* n rows costs min over m >= n of t(m): where a bigger
+  forward is cheaper, the block is filled up to it with more of the draft, or with padding rows whose
+  outputs and cache entries are dropped.
+- `AcceptanceTracker` keeps, per draft source and match-length bucket, the conditional acceptance at each
+  draft position (chains) and the accepted path length per node count (trees), with a decaying memory.
+- `DraftCosts` charges a chain drafter's own seconds per drafted token (a draft model).
+- `SourceRates` is the safety net: per source, the realised tokens per second of the steps that verified its
+  drafts against plain decoding's 1 / t(1); a source that loses is benched (probed now and then).
+- `DraftPlanner` puts them together for the engine (and for benchmarks/replay_drafters.py).
+
+Nothing here touches the accept/reject rule: planning changes what is verified, never what is committed.
+This module does not run the model: `measure_cost_curve` takes a function that times one forward.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .draft import Draft
+
+PROBE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # row counts measured up front
+MEASURE_SECONDS = 1.5  # the up-front measurement's time budget (after one warm-up pass over every size)
+MEASURE_ROUNDS = (2, 6)  # at least / at most this many interleaved timed rounds
+WINDOW = 8  # recent observations kept per row count; the estimate is their lower quartile
+PAD_MARGIN = 0.02  # fill a block up to a bigger forward only when that is at least 2% cheaper
+COST_PROBE_EVERY = 8  # every 8th drafting step may run a row count whose timing has gone stale
+STALE_STEPS = 256  # a row count not seen for this many steps is stale
+PRIOR_ACCEPT = 0.5  # before any evidence a draft position is a coin flip
+PRIOR_WEIGHT = 2.0  # worth this many observations
+DECAY = 0.97  # older acceptance evidence fades, so the tracker follows a conversation that turns repetitive
+PROBE_EVERY = 16  # a source trimmed to nothing, or benched, still verifies a draft this often
+RATE_DECAY = 0.9  # a source's realised speed follows its last ~10 verified steps
+RATE_MIN_STEPS = 4.0  # evidence needed before benching a source
+RATE_MARGIN = 0.02  # bench a source whose steps run more than 2% slower than plain decoding
+TREE_PRIOR_PER_DOUBLING = 0.35  # untried tree sizes look this good: small trees get tried, big ones must earn it
+CURVE_FORMAT = 2  # version of the cached curve's JSON (1: monotone-smoothed medians, no longer trusted)
+
+
+def expected_tokens(conditional_accept: Sequence[float], length: int) -> float:
+    """Committed tokens per step with a draft of `length`: 1 + sum_i prod_{j<=i} accept_j."""
+    total, survive = 1.0, 1.0
+    for position in range(length):
+        survive *= conditional_accept[position]
+        total += survive
+    return total
+
+
+def choose_length(conditional_accept: Sequence[float], cost: Callable[[int], float], longest: int) -> int:
+    """The draft length in 0..longest that maximises expected committed tokens per second.
+
+    `cost(rows)` is the price of a forward that verifies rows - 1 drafted tokens.
+    """
+    best_length, best_rate = 0, 1.0 / cost(1)
+    for length in range(1, longest + 1):
+        rate = expected_tokens(conditional_accept, length) / cost(length + 1)
+        if rate > best_rate:
+            best_length, best_rate = length, rate
+    return best_length
+
+
+# ------------------------------------------------------------------------------------------ the cost curve
+
+
+class CostCurve:
+    """t(rows): seconds of one target forward over `rows` new tokens, learned from a prior and observations.
+
+    At a row count with observations the estimate is the lower quartile of the last WINDOW of them, the
+    prior counted as one more while fewer than WINDOW were seen (timing noise is mostly upward, so a low
+    quantile is robust; the prior is outvoted after a few steps). Between known row counts, linear
+    interpolation; past the largest, its last slope. No smoothing: the curve keeps its real shape.
+    A `learn=False` curve is fixed (tests and replays): observations are ignored.
+    """
+
+    def __init__(self, prior: dict[int, float], learn: bool = True, origin: str = "given"):
+        if not prior or any(rows < 1 or not seconds > 0 for rows, seconds in prior.items()):
+            raise ValueError(f"a cost curve needs positive seconds at row counts >= 1, got {prior!r}")
+        self.prior = {int(rows): float(seconds) for rows, seconds in prior.items()}
+        self.learn = learn
+        self.origin = origin  # "measured", "cache", "given" (where the prior came from)
+        self.recent: dict[int, deque] = {}
+        self.last_seen: dict[int, int] = {}  # row count -> observation counter when last seen
+        self.observations = 0
+        self._estimates: Optional[dict[int, float]] = None
+
+    @classmethod
+    def fixed(cls, prior: dict[int, float]) -> "CostCurve":
+        return cls(prior, learn=False, origin="fixed")
+
+    # -- reading ---------------------------------------------------------------------------------------------
+
+    @property
+    def seconds(self) -> dict[int, float]:
+        """The current estimate at every known row count (the prior's and any observed one), sorted."""
+        if self._estimates is None:
+            sizes = sorted(set(self.prior) | set(self.recent))
+            self._estimates = {rows: self._estimate(rows) for rows in sizes}
+        return self._estimates
+
+    def _estimate(self, rows: int) -> float:
+        samples = list(self.recent.get(rows, ()))
+        if rows in self.prior and len(samples) < WINDOW:
+            samples.append(self.prior[rows])
+        samples.sort()
+        return samples[(len(samples) - 1) // 4]
+
+    def __call__(self, rows: int) -> float:
+        table = self.seconds
+        if rows in table:
+            return table[rows]
+        sizes = list(table)
+        if rows < sizes[0]:
+            return table[sizes[0]]
+        for low, high in zip(sizes, sizes[1:]):
+            if rows < high:
+                share = (rows - low) / (high - low)
+                return table[low] + share * (table[high] - table[low])
+        last, before = sizes[-1], sizes[-2] if len(sizes) > 1 else sizes[-1]
+        slope = max(0.0, (table[last] - table[before]) / max(1, last - before))
+        return table[last] + slope * (rows - last)
+
+    def cheapest_at_least(self, rows: int, max_rows: int) -> int:
+        """The row count m in [rows, max_rows] with the lowest t(m): `rows` itself, or a known bigger count
+        that is at least PAD_MARGIN cheaper."""
+        best, best_seconds = rows, self(rows)
+        for size in self.seconds:
+            if rows < size <= max_rows and self(size) < best_seconds * (1 - PAD_MARGIN):
+                best, best_seconds = size, self(size)
+        return best
+
+    def envelope(self, max_rows: int) -> Callable[[int], float]:
+        """rows -> the cost of verifying at least `rows` rows: min over m >= rows (up to max_rows) of t(m)."""
+        return lambda rows: self(self.cheapest_at_least(rows, max(rows, max_rows)))
+
+    # -- learning --------------------------------------------------------------------------------------------
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """One forward of `rows` rows took `seconds` (ignored by a fixed curve)."""
+        if not self.learn or not seconds > 0:
+            return
+        self.recent.setdefault(rows, deque(maxlen=WINDOW)).append(seconds)
+        self.observations += 1
+        self.last_seen[rows] = self.observations
+        self._estimates = None
+
+    def stale(self, candidates: Sequence[int]) -> Optional[int]:
+        """The candidate row count whose timing is oldest (never observed first), if any is stale."""
+        if not self.learn:
+            return None
+        stale = [rows for rows in candidates
+                 if self.observations - self.last_seen.get(rows, -STALE_STEPS) >= STALE_STEPS]
+        return min(stale, key=lambda rows: (self.last_seen.get(rows, -STALE_STEPS), rows)) if stale else None
+
+    # -- storing ---------------------------------------------------------------------------------------------
+
+    def as_json(self) -> dict:
+        return {"format": CURVE_FORMAT, "origin": self.origin, "observations": self.observations,
+                "seconds": {str(rows): seconds for rows, seconds in self.seconds.items()}}
+
+    @classmethod
+    def from_json(cls, document: dict, origin: str = "cache") -> "CostCurve":
+        if document.get("format") != CURVE_FORMAT:
+            raise ValueError("a cost curve of another format")
+        return cls({int(rows): float(seconds) for rows, seconds in document["seconds"].items()}, origin=origin)
+
+
+def measure_cost_curve(forward: Callable[[int], float], sizes: Sequence[int] = PROBE_SIZES,
+                       budget_seconds: float = MEASURE_SECONDS) -> CostCurve:
+    """t(rows) from `forward(rows)` (one forward of that many rows; returns its seconds).
+
+    Every size is run once untimed first (a shape's first call pays for allocation and kernel choice), then
+    the sizes are timed in interleaved rounds (each round visits them in a rotated order, so a slow second
+    of the machine does not land on one size) until the time budget is spent, at least MEASURE_ROUNDS[0]
+    rounds; the minimum per size is kept.
+    """
+    for size in sizes:
+        forward(size)
+    runs: dict[int, list[float]] = {size: [] for size in sizes}
+    started = time.perf_counter()
+    for round_index in range(MEASURE_ROUNDS[1]):
+        if round_index >= MEASURE_ROUNDS[0] and time.perf_counter() - started > budget_seconds:
+            break
+        shift = round_index % len(sizes)
+        for size in [*sizes[shift:], *sizes[:shift]]:
+            runs[size].append(forward(size))
+    return CostCurve({size: min(times) for size, times in runs.items()}, origin="measured")
+
+
+def load_or_measure(cache_file: Optional[Path], make_forward: Callable[[], Callable[[int], float]]) -> CostCurve:
+    """The curve stored for this machine, model and dtype as a prior, else measured now (~1-2 s)."""
+    from .files import read_json
+
+    if cache_file is not None:
+        stored = read_json(cache_file)
+        try:
+            return CostCurve.from_json(stored)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass  # missing, damaged, or of an older format: measure again
+    curve = measure_cost_curve(make_forward())
+    save_curve(cache_file, curve)
+    return curve
+
+
+def save_curve(cache_file: Optional[Path], curve: CostCurve) -> None:
+    """Store the curve's current estimates as the next session's prior (atomically)."""
+    if cache_file is None:
+        return
+    from .files import write_json_atomic
+
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(cache_file, {**curve.as_json(), "saved": time.time()})
+
+
+# ---------------------------------------------------------------------------------------- drafting costs
+
+
+@dataclass
+class DraftCosts:
+    """Seconds a source spends drafting per drafted token (decayed mean), so that a chain drafter with a real
+    cost, a draft model, is planned with it: verifying k of its tokens is charged the forward plus k drafted
+    tokens. Retrieval drafters cost microseconds; tree searches are not charged (their cost does not grow
+    with the part of the tree that is verified)."""
+
+    per_token: dict = field(default_factory=dict)  # source -> seconds per drafted token
+
+    def observe(self, source: str, tokens: int, seconds: float) -> None:
+        if tokens > 0 and seconds >= 0:
+            sample = seconds / tokens
+            old = self.per_token.get(source)
+            self.per_token[source] = sample if old is None else 0.8 * old + 0.2 * sample
+
+    def charged(self, cost: Callable[[int], float], source: str) -> Callable[[int], float]:
+        """rows -> seconds of a step that verifies rows - 1 drafted tokens of `source`."""
+        per_token = self.per_token.get(source, 0.0)
+        return lambda rows: cost(rows) + per_token * max(0, rows - 1)
+
+
+# ------------------------------------------------------------------------------------- acceptance memory
+
+
+@dataclass
+class AcceptanceTracker:
+    """Per (source, match-length bucket): decayed counts of drafted and accepted tokens at each position."""
+
+    drafted: dict = field(default_factory=dict)  # key -> [weight at position i]
+    accepted: dict = field(default_factory=dict)
+    idle_steps: dict = field(default_factory=dict)  # key -> steps since this key last drafted anything
+    tree_stats: dict = field(default_factory=dict)  # (source, node bucket) -> (decayed accepted sum, weight)
+
+    @staticmethod
+    def key(source: str, match_len: int) -> tuple[str, int]:
+        bucket = 0 if match_len <= 0 else min(1 + int(math.log2(match_len)), 6)  # 0, 1, 2-3, 4-7, ... 32+
+        return source, bucket
+
+    def conditional(self, key: tuple[str, int], length: int) -> list[float]:
+        """P(draft i accepted | drafts before it accepted), for i < length, with the prior mixed in."""
+        drafted = self.drafted.get(key, [])
+        accepted = self.accepted.get(key, [])
+        rates = []
+        for position in range(length):
+            seen = drafted[position] if position < len(drafted) else 0.0
+            kept = accepted[position] if position < len(accepted) else 0.0
+            rates.append((kept + PRIOR_ACCEPT * PRIOR_WEIGHT) / (seen + PRIOR_WEIGHT))
+        return rates
+
+    def record(self, key: tuple[str, int], drafted: int, accepted: int) -> None:
+        """A step verified `drafted` tokens of this key and accepted the first `accepted` of them."""
+        rows_drafted = self.drafted.setdefault(key, [])
+        rows_accepted = self.accepted.setdefault(key, [])
+        for rows in (rows_drafted, rows_accepted):
+            for position in range(len(rows)):
+                rows[position] *= DECAY
+            while len(rows) < drafted:
+                rows.append(0.0)
+        # position i was "tried" only if every draft before it was accepted
+        for position in range(min(drafted, accepted + 1)):
+            rows_drafted[position] += 1.0
+            if position < accepted:
+                rows_accepted[position] += 1.0
+
+    def plan(self, key: tuple[str, int], cost: Callable[[int], float], longest: int) -> int:
+        """How many tokens of a `longest`-token chain draft of this key to verify."""
+        if longest <= 0:
+            return 0
+        length = choose_length(self.conditional(key, longest), cost, longest)
+        return self._probe_if_idle(key, length)
+
+    def _probe_if_idle(self, key: object, planned: int) -> int:
+        if planned:
+            self.idle_steps[key] = 0
+            return planned
+        idle = self.idle_steps[key] = self.idle_steps.get(key, 0) + 1
+        return 1 if idle % PROBE_EVERY == 0 else 0  # keep learning about a source that looks useless
+
+    # -- trees: a bandit over node counts ------------------------------------------------------------------
+    # A tree's nodes come best first, so keeping m nodes keeps the best m-node subtree. Its payoff is
+    # learned per source and node-count bucket as the decayed mean accepted path length.
+
+    def tree_estimate(self, source: str, nodes: int) -> float:
+        """Expected accepted path length when verifying `nodes` nodes of this source's trees."""
+        bucket = tree_bucket(nodes)
+        total, weight = self.tree_stats.get((source, bucket), (0.0, 0.0))
+        prior = TREE_PRIOR_PER_DOUBLING * math.log2(bucket + 1)
+        return (total + prior * PRIOR_WEIGHT) / (weight + PRIOR_WEIGHT)
+
+    def plan_tree(self, source: str, cost: Callable[[int], float], longest: int) -> int:
+        """The node count (a power of two, or all of a smaller tree) with the best expected tokens/s."""
+        best_nodes, best_rate = 0, 1.0 / cost(1)
+        for nodes in tree_sizes(longest):
+            rate = (1.0 + self.tree_estimate(source, nodes)) / cost(nodes + 1)
+            if rate > best_rate:
+                best_nodes, best_rate = nodes, rate
+        return self._probe_if_idle(source, best_nodes)
+
+    def record_tree(self, source: str, nodes: int, accepted: int) -> None:
+        """A tree of `nodes` verified nodes got a path of `accepted` tokens accepted (older evidence fades)."""
+        key = (source, tree_bucket(nodes))
+        total, weight = self.tree_stats.get(key, (0.0, 0.0))
+        self.tree_stats[key] = (total * DECAY + accepted, weight * DECAY + 1.0)
+
+
+def tree_bucket(nodes: int) -> int:
+    """Node counts are grouped by the power of two at or below them: 1, 2, 4, 8, ..."""
+    return 1 << (max(1, nodes).bit_length() - 1)
+
+
+def tree_sizes(longest: int) -> list[int]:
+    """Candidate node counts: powers of two up to `longest`, and `longest` itself."""
+    sizes, nodes = [], 1
+    while nodes < longest:
+        sizes.append(nodes)
+        nodes *= 2
+    return sizes + [longest] if longest > 0 else sizes
+
+
+# ------------------------------------------------------------------------------ never slower than plain
+
+
+@dataclass
+class SourceRates:
+    """Per draft source, the realised speed of the steps that verified its drafts (decayed sums of committed
+    tokens and of seconds, drafting included), to compare with plain decoding's 1 / t(1)."""
+
+    tokens: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)
+    weight: dict = field(default_factory=dict)
+    benched_steps: dict = field(default_factory=dict)  # source -> steps it has been held back
+
+    def record(self, source: str, committed: int, seconds: float) -> None:
+        for table, value in ((self.tokens, committed), (self.seconds, seconds), (self.weight, 1.0)):
+            table[source] = table.get(source, 0.0) * RATE_DECAY + value
+
+    def tokens_per_second(self, source: str) -> Optional[float]:
+        seconds = self.seconds.get(source, 0.0)
+        return self.tokens.get(source, 0.0) / seconds if seconds > 0 else None
+
+    def losing(self, source: str, plain_seconds: float) -> bool:
+        """Whether this source's steps are measurably slower than plain decoding's."""
+        rate = self.tokens_per_second(source)
+        if rate is None or self.weight.get(source, 0.0) < RATE_MIN_STEPS:
+            return False
+        return rate < (1.0 - RATE_MARGIN) / plain_seconds
+
+    def hold_back(self, source: str) -> bool:
+        """Called for a losing source's draft: True to skip it, False now and then to probe it again."""
+        held = self.benched_steps[source] = self.benched_steps.get(source, 0) + 1
+        return held % PROBE_EVERY != 0
+
+
+# ---------------------------------------------------------------------------------------------- planner
+
+
+@dataclass(frozen=True)
+class Plan:
+    keep: int  # draft nodes to verify: a prefix of the draft (parents first)
+    rows: int  # rows of the verify forward: keep + 1, or more where a bigger forward is cheaper (padding)
+
+
+CurveSource = Union[CostCurve, Callable[[], CostCurve]]
+
+
+class DraftPlanner:
+    """Decides each step's verify block from the cost curve, the acceptance memory, drafting costs and the
+    sources' realised speed, and learns from every step the engine reports back.
+
+    `curve` is a CostCurve or a function that makes one (called at the first draft worth planning, so plain
+    decoding never pays for a measurement).
+    """
+
+    def __init__(self, curve: CurveSource):
+        self._curve_source = curve
+        self._curve: Optional[CostCurve] = curve if isinstance(curve, CostCurve) else None
+        self.acceptance = AcceptanceTracker()
+        self.draft_costs = DraftCosts()
+        self.rates = SourceRates()
+        self.steps = 0  # drafting steps planned
+
+    @property
+    def curve(self) -> CostCurve:
+        if self._curve is None:
+            self._curve = self._curve_source()  # type: ignore[operator]
+        return self._curve
+
+    @property
+    def has_curve(self) -> bool:
+        return self._curve is not None
+
+    def forget(self) -> None:
+        """Drop what was learned about drafters (acceptance, drafting costs, realised speed); the machine's
+        cost curve stays."""
+        self.acceptance = AcceptanceTracker()
+        self.draft_costs = DraftCosts()
+        self.rates = SourceRates()
+
+    def observe_drafting(self, source: str, drafted: int, seconds: float) -> None:
+        self.draft_costs.observe(source, drafted, seconds)
+
+    def plan(self, draft: "Draft", budget: int) -> Plan:
+        """How many of the draft's nodes to verify, in a forward of how many rows."""
+        longest = min(budget, len(draft))
+        if longest <= 0:
+            return Plan(0, 1)
+        self.steps += 1
+        curve = self.curve
+        max_rows = self._max_rows(budget)
+        cost = curve.envelope(max_rows)
+        if draft.is_chain:
+            key = self.acceptance.key(draft.source, draft.match_len)
+            keep = self.acceptance.plan(key, self.draft_costs.charged(cost, draft.source), longest)
+        else:
+            keep = self.acceptance.plan_tree(draft.source, cost, longest)
+        if keep and self.rates.losing(draft.source, curve(1)) and self.rates.hold_back(draft.source):
+            keep = 0
+        if self.steps % COST_PROBE_EVERY == 0:  # time a row count that has not been seen for long
+            stale = curve.stale([size for size in curve.seconds if 1 < size <= max_rows])
+            if stale is not None:
+                return Plan(min(longest, stale - 1), stale)
+        if keep == 0:
+            return Plan(0, 1)
+        rows = curve.cheapest_at_least(keep + 1, max_rows)
+        return Plan(min(longest, rows - 1), rows)  # a cheaper bigger block takes more of the draft if it has it
+
+    def _max_rows(self, budget: int) -> int:
+        """The largest forward a step may use: the budget's rows, or the next known row count above them."""
+        above = [size for size in self.curve.seconds if size >= budget + 1]
+        return min(above) if above else budget + 1
+
+    def record(self, draft: "Draft", accepted: int, committed: int, rows: int, verify_seconds: float,
+               draft_seconds: float) -> None:
+        """What the step did: `draft` is what was verified (already trimmed) in a forward of `rows` rows."""
+        if self._curve is None:
+            return  # plain decoding before any draft: nothing to learn yet
+        curve = self._curve
+        curve.observe(rows, verify_seconds)
+        if not len(draft):
+            return
+        if draft.is_chain:
+            self.acceptance.record(self.acceptance.key(draft.source, draft.match_len), len(draft), accepted)
+        else:
+            self.acceptance.record_tree(draft.source, len(draft), accepted)
+        seconds = verify_seconds + draft_seconds if curve.learn else curve(rows)  # fixed curve: modelled time
+        self.rates.record(draft.source, committed, seconds)
