@@ -1,0 +1,39 @@
+"""One prompt answered plainly and speculatively on the same engine (what `make demo` shows)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import TINY_EOS, hf_greedy
+from specdec_cli.compare import compare
+from specdec_cli.drafters.pld import PromptLookupDrafter
+from specdec_cli.engine import Engine, GenerationConfig
+from specdec_cli.errors import SpecdecError
+from specdec_cli.planner import CostCurve, DraftPlanner
+
+PROMPT = [1, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11]
+
+
+def test_compare_runs_both_and_finds_them_identical(tiny_llama):
+    engine = Engine(tiny_llama, planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})))
+    config = GenerationConfig(max_new_tokens=24, eos_token_ids=(TINY_EOS,))
+    seen = []
+    result = compare(engine, PROMPT, PromptLookupDrafter(), config, on_event=seen.append)
+    assert result.plain.tokens == hf_greedy(tiny_llama, PROMPT, 24)
+    assert result.identical and result.first_divergence is None
+    assert result.plain.stats.drafted_tokens == 0 and result.plain.stats.mean_accepted_tokens == pytest.approx(1.0)
+    assert [event.kind for event in seen][0] == "prefill" and len(seen) == len(result.speculative.events)
+    assert result.speedup > 0
+
+
+def test_compare_reports_where_outputs_diverge(tiny_llama):
+    engine = Engine(tiny_llama)
+    config = GenerationConfig(max_new_tokens=8, eos_token_ids=(TINY_EOS,), cost_aware=False)
+    result = compare(engine, PROMPT, PromptLookupDrafter(), config)
+    result.speculative.tokens[3] += 1  # what a broken verifier would do
+    assert not result.identical and result.first_divergence == 3
+
+
+def test_compare_needs_greedy(tiny_llama):
+    with pytest.raises(SpecdecError, match="greedy"):
+        compare(Engine(tiny_llama), PROMPT, PromptLookupDrafter(), GenerationConfig(temperature=0.7))
