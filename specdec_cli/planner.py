@@ -357,23 +357,34 @@ def tree_sizes(longest: int) -> list[int]:
 @dataclass
 class SourceRates:
     """Per draft source, the realised speed of the steps that verified its drafts (decayed sums of committed
-    tokens and of seconds, drafting included), to compare with plain decoding's 1 / t(1)."""
+    tokens and of seconds, drafting included), against the realised speed of plain steps (one row, nothing
+    drafted) in the same session: means against means, so timing noise weighs on both sides alike."""
 
     tokens: dict = field(default_factory=dict)
     seconds: dict = field(default_factory=dict)
     weight: dict = field(default_factory=dict)
     benched_steps: dict = field(default_factory=dict)  # source -> steps it has been held back
+    plain_seconds: float = 0.0  # decayed sum of plain steps' seconds
+    plain_weight: float = 0.0
 
     def record(self, source: str, committed: int, seconds: float) -> None:
         for table, value in ((self.tokens, committed), (self.seconds, seconds), (self.weight, 1.0)):
             table[source] = table.get(source, 0.0) * RATE_DECAY + value
 
+    def record_plain(self, seconds: float) -> None:
+        self.plain_seconds = self.plain_seconds * RATE_DECAY + seconds
+        self.plain_weight = self.plain_weight * RATE_DECAY + 1.0
+
     def tokens_per_second(self, source: str) -> Optional[float]:
         seconds = self.seconds.get(source, 0.0)
         return self.tokens.get(source, 0.0) / seconds if seconds > 0 else None
 
+    def plain_step_seconds(self, fallback: float) -> float:
+        """Mean seconds of a plain step in this session (`fallback`, the curve's t(1), before there are any)."""
+        return self.plain_seconds / self.plain_weight if self.plain_weight >= 1.0 else fallback
+
     def losing(self, source: str, plain_seconds: float) -> bool:
-        """Whether this source's steps are measurably slower than plain decoding's."""
+        """Whether this source's steps are measurably slower than plain decoding's (`plain_seconds` a step)."""
         rate = self.tokens_per_second(source)
         if rate is None or self.weight.get(source, 0.0) < RATE_MIN_STEPS:
             return False
@@ -447,7 +458,8 @@ class DraftPlanner:
             keep = self.acceptance.plan(key, self.draft_costs.charged(cost, draft.source), longest)
         else:
             keep = self.acceptance.plan_tree(draft.source, cost, longest)
-        if keep and self.rates.losing(draft.source, curve(1)) and self.rates.hold_back(draft.source):
+        plain_seconds = self.rates.plain_step_seconds(curve(1))
+        if keep and self.rates.losing(draft.source, plain_seconds) and self.rates.hold_back(draft.source):
             keep = 0
         if self.steps % COST_PROBE_EVERY == 0:  # time a row count that has not been seen for long
             stale = curve.stale([size for size in curve.seconds if 1 < size <= max_rows])
@@ -471,6 +483,8 @@ class DraftPlanner:
         curve = self._curve
         curve.observe(rows, verify_seconds)
         if not len(draft):
+            if rows == 1:
+                self.rates.record_plain(verify_seconds if curve.learn else curve(1))
             return
         if draft.is_chain:
             self.acceptance.record(self.acceptance.key(draft.source, draft.match_len), len(draft), accepted)
