@@ -30,6 +30,7 @@ STDIN = "-"
 SNIFF_BYTES = 8192
 BATCH_DOCUMENTS = 256  # documents per tokenizer call ...
 BATCH_CHARACTERS = 1_000_000  # ... or fewer when they are long (about one progress update a second)
+PIECE_CHARACTERS = 200_000  # a longer document is tokenised in pieces cut at line ends (Ctrl-C stays prompt)
 TURN_KEYS = ("messages", "turns")
 TURN_TEXT_KEYS = ("content", "text", "value")
 
@@ -219,6 +220,23 @@ def eos_id_of(tokenizer: Any) -> int:
     return int(eos_id)
 
 
+def pieces(text: str, limit: int = PIECE_CHARACTERS) -> list[str]:
+    """`text` cut into pieces of at most about `limit` characters, each ending at a line end when one is near.
+
+    The tokenizer is native code that does not return to Python until a call is done: a 50 MB document in
+    one call ignores Ctrl-C for a minute. Tokens at a cut may differ from those of the whole text (a merge
+    across the cut is lost), which does not matter for an index that only drafts.
+    """
+    out, start = [], 0
+    while len(text) - start > limit:
+        end = text.rfind("\n", start + limit // 2, start + limit)
+        end = start + limit if end < 0 else end + 1
+        out.append(text[start:end])
+        start = end
+    out.append(text[start:])
+    return out
+
+
 def tokenize_documents(
     documents: Iterable[tuple[SourceRecord, str]],
     tokenizer: Any,
@@ -228,21 +246,25 @@ def tokenize_documents(
     eos_id = eos_id_of(tokenizer)
     chunks: list[np.ndarray] = []
     tokens_done = documents_done = 0
-    batch: list[tuple[SourceRecord, str]] = []
+    batch: list[tuple[SourceRecord, str, bool]] = []  # (source, piece, the document's last piece?)
     batch_characters = 0
+    document: list[int] = []  # ids of the document being assembled from its pieces
 
     def flush() -> None:
         nonlocal tokens_done, documents_done, batch_characters
         encoded = tokenizer(
-            [text for _, text in batch], add_special_tokens=False, return_attention_mask=False, verbose=False
+            [text for _, text, _ in batch], add_special_tokens=False, return_attention_mask=False, verbose=False
         )["input_ids"]
         flat: list[int] = []
-        for (record, _), ids in zip(batch, encoded):
-            if ids:
-                flat.extend(ids)
+        for (record, _, last), ids in zip(batch, encoded):
+            document.extend(ids)
+            if last and document:
+                flat.extend(document)
                 flat.append(eos_id)
                 record.documents += 1
                 documents_done += 1
+            if last:
+                document.clear()
         chunks.append(np.asarray(flat, dtype=np.int32))
         tokens_done += len(flat)
         batch.clear()
@@ -250,11 +272,13 @@ def tokenize_documents(
         if on_progress is not None:
             on_progress(tokens_done, documents_done)
 
-    for item in documents:
-        batch.append(item)
-        batch_characters += len(item[1])
-        if len(batch) >= BATCH_DOCUMENTS or batch_characters >= BATCH_CHARACTERS:
-            flush()
+    for record, text in documents:
+        parts = pieces(text)
+        for number, part in enumerate(parts):
+            batch.append((record, part, number == len(parts) - 1))
+            batch_characters += len(part)
+            if len(batch) >= BATCH_DOCUMENTS or batch_characters >= BATCH_CHARACTERS:
+                flush()
     if batch:
         flush()
     tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int32)
@@ -293,6 +317,10 @@ def build_index(
     tokenized = time.perf_counter()
     if documents == 0:
         where = ", ".join(str(item) for item in inputs)
+        if stats.skipped_rows:
+            raise SpecdecError(f"no row of {where} has text in the field {field!r} ({stats.skipped_rows} rows "
+                               f"skipped; rows with messages/turns lists or prompt and answer work too): "
+                               f"name the field with --field")
         hint = f" (no files matching --glob {glob!r} in {', '.join(stats.empty_directories)})" if stats.empty_directories else ""
         raise SpecdecError(f"empty corpus: no text in {where}{hint}")
 

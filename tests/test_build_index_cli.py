@@ -106,3 +106,38 @@ def test_usage_errors(tmp_path):
 def test_info_on_a_bad_file(tmp_path, content):
     (tmp_path / "bad.sam").write_bytes(content)
     assert_user_error(specdec("build-index", "--info", "bad.sam", cwd=tmp_path), "bad.sam")
+
+
+def test_jsonl_rows_without_the_field_name_it(tmp_path, tokenizer_dir):
+    (tmp_path / "rows.jsonl").write_text('{"body": "some text"}\n{"body": "more"}\n')
+    result = specdec("build-index", "rows.jsonl", "-o", "x.sam", "--target", str(tokenizer_dir), cwd=tmp_path)
+    assert_user_error(result, "'text'", "2 rows skipped", "--field")
+    assert not (tmp_path / "x.sam").exists()
+
+
+def test_a_long_document_is_tokenised_in_pieces():
+    """One call per ~200k characters (so Ctrl-C is seen between calls), and still one document, one EOS."""
+    from specdec_cli.corpus import SourceRecord, pieces, tokenize_documents
+
+    from specdec_cli.corpus import BATCH_CHARACTERS, PIECE_CHARACTERS
+
+    text = "".join(f"line {number} of a long document\n" for number in range(90_000))  # ~2.9 M characters
+    parts = pieces(text)
+    assert "".join(parts) == text and len(parts) >= 4
+    assert all(len(part) <= PIECE_CHARACTERS and part.endswith("\n") for part in parts)
+    assert pieces("x" * 500_000, limit=200_000) == ["x" * 200_000, "x" * 200_000, "x" * 100_000]
+
+    calls = []
+
+    class CharTokenizer:
+        eos_token_id = 0
+
+        def __call__(self, texts, **_):
+            calls.append(sum(map(len, texts)))
+            return {"input_ids": [[ord(char) for char in text] for text in texts]}
+
+    record = SourceRecord("long.txt")
+    tokens, documents = tokenize_documents([(record, text), (record, "short")], CharTokenizer())
+    assert documents == 2 and record.documents == 2
+    assert tokens.tolist() == [ord(char) for char in text] + [0] + [ord(char) for char in "short"] + [0]
+    assert len(calls) >= 3 and max(calls) <= BATCH_CHARACTERS + PIECE_CHARACTERS  # no call sees it whole
