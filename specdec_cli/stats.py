@@ -5,13 +5,14 @@
 - acceptance_rate: accepted draft tokens / drafted tokens;
 - per_position_acceptance[i]: among steps that drafted at least i+1 tokens, the share whose (i+1)-th draft
   token was accepted.
-Pure bookkeeping over events; no torch.
+Every figure derives from raw counts kept alongside it, so several generations pool exactly with `merge`
+(bench's per-category rows, the REPL's /stats, the distill report). Pure bookkeeping over events; no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
+from typing import Iterable, Optional
 
 from .draft import StepEvent
 
@@ -30,7 +31,8 @@ class GenerationStats:
     ttft_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
-    # raw per-position counts, so several generations can be pooled exactly
+    # raw counts, so several generations can be pooled exactly (`merge`)
+    committed_in_steps: int = 0  # tokens committed by steps (the prefill's first token excluded)
     position_drafted: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
     sources: dict = field(default_factory=dict)  # draft source -> steps it drafted
@@ -57,7 +59,30 @@ def summarize(events: Iterable[StepEvent], wall_seconds: float, ttft_seconds: fl
         if drafted:
             stats.sources[event.draft.source] = stats.sources.get(event.draft.source, 0) + 1
         _add_positions(stats, drafted, event.accepted)
-    return finish(stats, committed_in_steps)
+    stats.committed_in_steps = committed_in_steps
+    return finish(stats)
+
+
+def merge(items: Iterable[GenerationStats]) -> Optional[GenerationStats]:
+    """Several generations' statistics pooled from their raw counts (times add up); None for no items."""
+    items = list(items)
+    if not items:
+        return None
+    pooled = GenerationStats()
+    for item in items:
+        for name in ("new_tokens", "steps", "drafted_tokens", "accepted_tokens", "committed_in_steps",
+                     "wall_seconds", "ttft_seconds", "draft_seconds", "verify_seconds"):
+            setattr(pooled, name, getattr(pooled, name) + getattr(item, name))
+        width = max(len(pooled.position_drafted), len(item.position_drafted))
+        for counts, more in ((pooled.position_drafted, item.position_drafted),
+                             (pooled.position_accepted, item.position_accepted)):
+            counts.extend([0] * (width - len(counts)))
+            for position, count in enumerate(more):
+                counts[position] += count
+        for source, steps in item.sources.items():
+            pooled.sources[source] = pooled.sources.get(source, 0) + steps
+    pooled.ttft_seconds /= len(items)  # a mean: time to first token does not add up
+    return finish(pooled)
 
 
 def _add_positions(stats: GenerationStats, drafted: int, accepted: int) -> None:
@@ -70,9 +95,9 @@ def _add_positions(stats: GenerationStats, drafted: int, accepted: int) -> None:
             stats.position_accepted[position] += 1
 
 
-def finish(stats: GenerationStats, committed_in_steps: int) -> GenerationStats:
+def finish(stats: GenerationStats) -> GenerationStats:
     """Fill the derived rates from the raw counts."""
-    stats.mean_accepted_tokens = committed_in_steps / stats.steps if stats.steps else 0.0
+    stats.mean_accepted_tokens = stats.committed_in_steps / stats.steps if stats.steps else 0.0
     stats.acceptance_rate = stats.accepted_tokens / stats.drafted_tokens if stats.drafted_tokens else 0.0
     stats.per_position_acceptance = [
         accepted / drafted if drafted else 0.0

@@ -266,7 +266,7 @@ def test_first_divergence():
 
 def _stats(new_tokens, steps, drafted=(), accepted=()):
     stats = GenerationStats(new_tokens=new_tokens, steps=steps)
-    stats.mean_accepted_tokens = (new_tokens - 1) / steps if steps else 0.0
+    stats.committed_in_steps = new_tokens - 1  # the prefill commits the first token
     stats.position_drafted, stats.position_accepted = list(drafted), list(accepted)
     stats.drafted_tokens, stats.accepted_tokens = sum(drafted), sum(accepted)
     stats.draft_seconds, stats.verify_seconds = 0.1, 0.5
@@ -280,7 +280,7 @@ def test_aggregate_pools_exactly():
         TurnRun("pld", 0, "a", "x", 0, 0, 5, [1] * 10, 1.0, 0.1, "length", _stats(10, 3, [3, 3, 2], [3, 2, 1])),
         TurnRun("pld", 1, "b", "y", 0, 0, 5, [2] * 29 + [7], 2.0, 0.1, "length", _stats(30, 20, [4], [2])),
     ]
-    rows = aggregate(runs, ["none", "pld"], ["x", "y"], repeats=1, greedy=True)
+    rows = [row.as_json() for row in aggregate(runs, ["none", "pld"], ["x", "y"], repeats=1, greedy=True)]
     table = {(row["method"], row["category"]): row for row in rows}
     assert [(row["category"], row["method"]) for row in rows] == [
         ("x", "none"), ("x", "pld"), ("y", "none"), ("y", "pld"), (OVERALL, "none"), (OVERALL, "pld")]
@@ -295,7 +295,7 @@ def test_aggregate_pools_exactly():
     assert (overall["identical"], overall["compared"]) == (1, 2)
     [diverged] = [row for row in per_prompt_rows(runs, ["none", "pld"], True) if row["identical"] is False]
     assert diverged["prompt_id"] == "b" and diverged["first_divergence"] == 29
-    assert aggregate(runs, ["none", "pld"], ["x", "y"], 1, greedy=False)[1]["identical"] is None
+    assert aggregate(runs, ["none", "pld"], ["x", "y"], 1, greedy=False)[1].identical is None
 
 
 def test_write_atomic_and_csv(tmp_path):
@@ -330,7 +330,7 @@ def test_plots_are_written(tmp_path, library_report):
     from specdec_cli.plots import write_plots
 
     paths = write_plots(library_report[0].as_json(), tmp_path / "charts")
-    assert sorted(path.name for path in paths) == ["acceptance.png", "speedup.png"]
+    assert sorted(path.name for path in paths) == ["acceptance.png", "cost_curve.png", "speedup.png"]
     assert all(path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for path in paths)
 
 
@@ -350,7 +350,10 @@ def library_report(tiny_llama, tokenizer, conversations):
 def test_library_run_document(library_report, conversations):
     report, events = library_report
     document = json.loads(json.dumps(report.as_json()))  # JSON-clean
-    assert set(document) == {"environment", "settings", "results", "per_prompt"}
+    assert set(document) == {"environment", "settings", "cost_curve", "results", "per_prompt"}
+    curve = document["cost_curve"]  # the verify-cost curve the drafting rows were planned with
+    assert curve["origin"] == "measured" and curve["rows"][0] == 1 and len(curve["rows"]) >= 8
+    assert all(ms > 0 for ms in curve["start_ms"] + curve["end_ms"] if ms is not None)
     assert {"cpu", "cpu_cores", "gpu", "torch", "transformers", "specdec", "model", "dtype", "device", "date"} <= set(
         document["environment"])
     assert document["settings"]["methods"] == ["none", "pld", "oracle-4", "hf", "hf-pld"]
@@ -404,7 +407,7 @@ def test_library_run_identity_matches_direct_comparison(library_report, tiny_lla
             for run in report.runs:
                 if (run.conversation, run.turn) == (index, turn):
                     assert run.prompt_tokens == len(prompt_ids)
-    table = {(row["method"], row["category"]): row for row in report.results}
+    table = {(row["method"], row["category"]): row for row in report.as_json()["results"]}
     for method in report.settings["methods"]:
         verdicts: dict[tuple[int, int], bool] = {}
         for run in report.runs:
@@ -436,7 +439,7 @@ def test_every_registered_drafter_runs_losslessly(tiny_llama, tokenizer, convers
     names += ["sam+recycle", "sam+aded", "sam+pld", "sam+none"]  # hybrids: sam hands short matches to another drafter
     settings = BenchSettings(methods=resolve_methods(names), max_new_tokens=12, warmup=False)
     report = run_bench(tiny_llama, tokenizer, conversations[:1], settings)
-    rows = [row for row in report.results if row["category"] == OVERALL]
+    rows = [row for row in report.as_json()["results"] if row["category"] == OVERALL]
     assert [row["method"] for row in rows] == [BASELINE] + [name for name in names if name != BASELINE]
     assert all(row["identical"] == row["compared"] == 2 for row in rows)
 
@@ -445,9 +448,9 @@ def test_sampling_run_has_no_identity_check(tiny_llama, tokenizer, conversations
     settings = BenchSettings(methods=resolve_methods(["none", "pld"], ["hf"]), max_new_tokens=8, temperature=0.9,
                              seed=7, warmup=False)
     report = run_bench(tiny_llama, tokenizer, conversations[1:], settings)
-    assert all(row["identical"] is None and row["compared"] is None for row in report.results)
+    assert all(row.identical is None and row.compared is None for row in report.results)
     assert report.settings["greedy"] is False
-    assert all(row["speedup"] is not None for row in report.results)
+    assert all(row.speedup is not None for row in report.results)
 
 
 def test_cli_run_writes_json_and_csv(target_dir, prompt_file, tmp_path):
@@ -477,3 +480,15 @@ def test_cli_json_stdout(target_dir, prompt_file):
     document = json.loads(result.stdout)
     assert document["settings"]["conversations"] == 1 and document["settings"]["categories"] == ["copy"]
     assert [row["method"] for row in document["per_prompt"]] == ["none", "pld"]
+
+
+def test_cli_table_in_a_log_keeps_every_column_whole(target_dir, prompt_file):
+    """Piped to a file, the table is as wide as it needs (an 80-column cut made `Me…`, `Pr…`, `Sp…`)."""
+    result = run_cli("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none,pld",
+                     "--limit", "1", "--max-new-tokens", "8", env_extra={"NO_COLOR": "1", "COLUMNS": "80", **ONE_THREAD})
+    assert result.returncode == 0, result.stderr
+    header = next(line for line in result.stdout.splitlines() if "Category" in line)
+    for name in ("Category", "Method", "Prompts", "Tokens", "Seconds", "Tok/s", "Speedup", "Accept", "Draft/Verify",
+                 "TTFT", "Identical"):
+        assert name in header, (name, header)
+    assert "Verify cost, ms per forward of N rows" in result.stdout

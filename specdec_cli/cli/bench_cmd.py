@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 
+from ..defaults import DEFAULT_AUX, DEFAULT_TARGET
 from . import app
 from .common import console, err_console
 
@@ -49,9 +50,9 @@ def bench(
     reference: Optional[str] = typer.Option(None, "--reference", help="Reference rows from transformers' generate: hf (greedy), hf-pld (prompt_lookup_num_tokens=10); comma-separated."),
     oracle: bool = typer.Option(False, "--oracle", help="Add oracle rows that replay the baseline's own output: the ceiling speedup per draft length."),
     oracle_lengths: str = typer.Option("2,4,8,16", "--oracle-lengths", help="Draft lengths of the --oracle rows, comma-separated."),
-    target: str = typer.Option("smollm2-135m-instruct", "--target", "-m", help="HF repo id, model directory, or .gguf file."),
+    target: str = typer.Option(DEFAULT_TARGET, "--target", "-m", help="HF repo id, model directory, or .gguf file."),
     index: Optional[str] = typer.Option(None, "--index", help="Suffix-automaton index for the sam drafter."),
-    aux: str = typer.Option("aded", "--aux", help="sam: drafter for short matches (recycle, aded, model, pld, none); sam+NAME in --drafters picks it per row."),
+    aux: str = typer.Option(DEFAULT_AUX, "--aux", help="sam: drafter for short matches (recycle, aded, model, pld, none); sam+NAME in --drafters picks it per row."),
     l_threshold: int = typer.Option(1, "--l-threshold", help="sam: the auxiliary drafts when the longest match is shorter than this."),
     draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft model directory for the model drafter."),
     draft_min_prob: float = typer.Option(0.0, "--draft-min-prob", help="model: stop drafting below this top probability."),
@@ -177,12 +178,33 @@ def header_lines(document: dict) -> list[str]:
     ]
 
 
+def table_width(out, table) -> int:
+    """Columns a table needs with no cell cut short."""
+    from rich.measure import Measurement
+
+    return Measurement.get(out, out.options.update(width=10_000), table).maximum
+
+
+def curve_lines(document: dict) -> list[str]:
+    """The verify-cost curve the engine planned with, as one or two lines of "rows: ms"."""
+    curve = document.get("cost_curve")
+    if not curve:
+        return []
+    label = {"measured": "measured now", "cache": "stored for this machine"}.get(curve["origin"], curve["origin"])
+    start = " ".join(f"{rows}:{ms:.1f}" for rows, ms in zip(curve["rows"], curve["start_ms"]) if ms is not None)
+    end = " ".join(f"{rows}:{ms:.1f}" for rows, ms in zip(curve["rows"], curve["end_ms"]) if ms is not None)
+    lines = [f"Verify cost, ms per forward of N rows ({label}): {start}"]
+    if end != start:
+        lines.append(f"  refined by this run's steps: {end}")
+    return lines
+
+
 def render(document: dict) -> None:
     from rich.table import Table
 
     out = console()
-    for line in header_lines(document):
-        out.print(f"[dim]{line}[/dim]")
+    for line in header_lines(document) + curve_lines(document):
+        out.print(f"[dim]{line}[/dim]", soft_wrap=not out.is_terminal)
     repeats = document["settings"]["repeats"]
     greedy = document["settings"]["greedy"]
     table = Table(show_lines=False, pad_edge=False)
@@ -213,9 +235,12 @@ def render(document: dict) -> None:
             _fmt(None if row["ttft_seconds"] is None else row["ttft_seconds"] * 1000, ".0f", " ms"), identical,
             style=style,
         )
+    if not out.is_terminal:  # a log or a pipe: every column whole, however wide the table
+        out.width = max(out.width, table_width(out, table))
     out.print(table)
     out.print("[dim]speedup = tokens/s ÷ none's tokens/s on the same prompts · τ = tokens per target forward · "
-              "Draft/Verify = share of wall time · Identical = outputs token-equal to none (greedy)[/dim]")
+              "Draft/Verify = share of wall time · Identical = outputs token-equal to none (greedy)[/dim]",
+              soft_wrap=not out.is_terminal)
     diverged = [row for row in document["per_prompt"] if row["identical"] is False]
     for row in diverged[:5]:
         out.print(f"[yellow]{row['method']}: prompt {row['prompt_id']} turn {row['turn']} differs from none at "

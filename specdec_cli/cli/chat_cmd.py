@@ -8,11 +8,9 @@ from typing import List, Optional
 
 import typer
 
+from ..defaults import DEFAULT_AUX, DEFAULT_DRAFTER, DEFAULT_TARGET
 from . import app
 from .common import console, err_console
-
-DEFAULT_DRAFTER = "sam"
-DEFAULT_AUX = "aded"  # = drafters.sam.DEFAULT_AUX (not imported: keeps --help light)
 
 
 def read_prompt(prompt: str) -> str:
@@ -71,7 +69,7 @@ def load_session(
 @app.command("chat")
 def chat(
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="One-shot prompt ('-' reads stdin); omit for the interactive chat."),
-    target: str = typer.Option("smollm2-135m-instruct", "--target", "-m", help="HF repo id, model directory, or .gguf file."),
+    target: str = typer.Option(DEFAULT_TARGET, "--target", "-m", help="HF repo id, model directory, or .gguf file."),
     drafter: str = typer.Option(DEFAULT_DRAFTER, "--drafter", "-d", help="none, pld, sam, recycle, aded, model, or sam+AUX (e.g. sam+none)."),
     index: Optional[str] = typer.Option(None, "--index", help="Suffix-automaton index for --drafter sam."),
     aux: str = typer.Option(DEFAULT_AUX, "--aux", help="sam: drafter used when nothing matches (aded, recycle, model, pld, none)."),

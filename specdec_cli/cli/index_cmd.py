@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import typer
 
-from ..models import DEFAULT_TARGET
+from ..defaults import DEFAULT_TARGET
 from . import app
 from .common import console, err_console
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
+from ..defaults import DEFAULT_AUX
 from ..errors import SpecdecError
 from .base import Drafter
 
@@ -37,7 +38,7 @@ class DrafterOptions:
     index: Optional[str] = None  # static suffix-automaton index file (sam)
     l_bias: int = 5  # sam: static match must beat the dynamic one by more than this (= sam.L_BIAS)
     l_threshold: int = 1  # sam: below this match length the auxiliary drafter takes over (= sam.L_THRESHOLD)
-    aux: str = "aded"  # sam: the auxiliary drafter (recycle, aded, model, pld) or "none" (= sam.DEFAULT_AUX)
+    aux: str = DEFAULT_AUX  # sam: the auxiliary drafter (recycle, aded, model, pld) or "none"
     pld_max_ngram: int = 3  # pld: longest n-gram to look up
     pld_min_ngram: int = 1  # pld: shortest n-gram to look up
     draft_model: Optional[str] = None  # model: directory of the draft model

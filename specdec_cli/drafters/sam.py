@@ -37,7 +37,6 @@ DRAFT_MAX = 16  # longest draft by default (to tune on CPU; the engine's cost-aw
 ALPHA = 4  # draft length grows by this many tokens per matched token (the paper's adaptive length)
 L_BIAS = 5  # the static match must beat the dynamic one by more than this (the paper's value)
 L_THRESHOLD = 1  # below this match length the auxiliary drafter takes over (measured; the paper's GPU value is 5)
-DEFAULT_AUX = "aded"  # the auxiliary drafter by default (measured best: see README)
 SOURCE_DYNAMIC = "sam-dynamic"
 SOURCE_STATIC = "sam-static"
 

@@ -1,0 +1,63 @@
+"""Where a bench ran: the machine, the software, the model, and the verify-cost curve the engine planned with.
+
+Reads the engine's curve; never measures anything itself.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
+from ..machine import cpu_model, usable_cores
+
+
+def environment(model_name: str, device: str, dtype: Any, started: Optional[datetime] = None) -> dict:
+    import torch
+    import transformers
+
+    from .. import __version__
+
+    gpu = None
+    if torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name(torch.cuda.current_device())
+        if torch.cuda.device_count() > 1:
+            gpu = f"{gpu} (x{torch.cuda.device_count()})"
+    return {
+        "cpu": cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "usable_cores": usable_cores(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": gpu,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "specdec": __version__,
+        "model": model_name,
+        "dtype": str(dtype).replace("torch.", ""),
+        "device": str(device),
+        "date": (started or datetime.now(timezone.utc)).isoformat(timespec="seconds"),
+    }
+
+
+def model_name_of(model: Any) -> str:
+    name = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
+    return Path(name).name if name else type(model).__name__
+
+
+def model_dtype(model: Any) -> Any:
+    return getattr(model, "dtype", None) or next(model.parameters()).dtype
+
+
+def cost_curve_table(engine: Any) -> Optional[dict]:
+    """The engine's verify-cost curve as {"origin", "rows", "ms"}, or None when it has none (plain decoding
+    only: nothing was planned, so nothing was measured)."""
+    planner = engine.planner
+    if not planner.has_curve:
+        return None
+    curve = planner.curve
+    table = curve.seconds
+    return {"origin": curve.origin, "rows": list(table), "ms": [round(seconds * 1000, 3) for seconds in table.values()]}

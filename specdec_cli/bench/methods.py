@@ -1,0 +1,91 @@
+"""Which rows a bench run has: method names on the command line -> `Method`s in running order.
+
+`none` (plain decoding through the same engine, the baseline) always comes first, then the drafters, the
+oracle rows (`oracle-K`: a drafter replaying the baseline's answer in K-token drafts, the ceiling at that
+length) and the reference rows (`hf`: transformers' own `generate`; `hf-pld`: its prompt lookup decoding).
+Names only: nothing here loads a model or runs anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from ..drafters import DRAFTERS, is_drafter
+from ..errors import SpecdecError
+
+BASELINE = "none"
+REFERENCES = {
+    "hf": "transformers generate, greedy: plain decoding outside specdec",
+    "hf-pld": "transformers prompt lookup decoding, prompt_lookup_num_tokens=10",
+}
+HF_PLD_TOKENS = 10
+ORACLE = "oracle"
+DEFAULT_MAX_NEW_TOKENS = 128  # bench answers are shorter than chat's
+DEFAULT_ORACLE_LENGTHS = (2, 4, 8, 16)
+WARMUP_MAX_NEW_TOKENS = 16
+OVERALL = "overall"
+
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str  # the row label: none, pld, sam, oracle-8, hf, hf-pld
+    kind: str  # "engine" (a registered drafter), "oracle", or "hf" (transformers generate)
+    draft_length: int = 0  # oracle: tokens per draft
+
+    @property
+    def drafter(self) -> str:
+        return self.name if self.kind == "engine" else ""
+
+
+def split_names(text: Optional[str | Sequence[str]]) -> list[str]:
+    """'none, pld,sam' -> ['none', 'pld', 'sam'] (lists of such strings are flattened)."""
+    if text is None:
+        return []
+    parts = [text] if isinstance(text, str) else list(text)
+    return [name.strip().lower() for part in parts for name in str(part).split(",") if name.strip()]
+
+
+def parse_lengths(text: Optional[str | Sequence[int]]) -> list[int]:
+    if text is None:
+        return []
+    items = split_names(text) if isinstance(text, str) else [str(item) for item in text]
+    lengths: list[int] = []
+    for item in items:
+        try:
+            value = int(item)
+        except ValueError:
+            raise SpecdecError(f"--oracle-lengths takes whole numbers such as 2,4,8, got {item!r}") from None
+        if value < 1:
+            raise SpecdecError(f"--oracle-lengths must be >= 1, got {value}")
+        if value not in lengths:
+            lengths.append(value)
+    return lengths
+
+
+def resolve_methods(
+    drafters: Sequence[str], references: Sequence[str] = (), oracle_lengths: Sequence[int] = ()
+) -> list[Method]:
+    """The method list in running order: `none` first (always), drafters, oracle rows, reference rows.
+
+    `hf` and `hf-pld` may be named among the drafters or the references alike."""
+    engine: list[str] = []
+    refs: list[str] = []
+    for name in [*drafters, *references]:
+        if name in REFERENCES:
+            if name not in refs:
+                refs.append(name)
+        elif is_drafter(name):
+            if name not in engine:
+                engine.append(name)
+        elif name == ORACLE or name.startswith(ORACLE + "-"):
+            raise SpecdecError("oracle rows come from --oracle (and --oracle-lengths), not from --drafters")
+        else:
+            choices = ", ".join([*DRAFTERS, "sam+AUX", *REFERENCES])
+            raise SpecdecError(f"unknown method {name!r}; choose from: {choices}")
+    names = [BASELINE] + [name for name in engine if name != BASELINE]
+    methods = [Method(name, "engine") for name in names]
+    methods += [Method(f"{ORACLE}-{length}", ORACLE, length) for length in oracle_lengths]
+    methods += [Method(name, "hf") for name in refs]
+    return methods

@@ -1,0 +1,267 @@
+"""Running a bench: every method on every conversation, interleaved, after a warm-up; the raw `TurnRun`s.
+
+- Methods run interleaved conversation by conversation (every method on prompt 1, then every method on
+  prompt 2, ...), so drift in the machine's speed hits all of them alike. `--repeats N` repeats each
+  method on each conversation N times in a row before moving on.
+- Each method gets a fresh drafter per conversation; the drafter lives across the turns of that
+  conversation. Turn k+1 follows the *baseline's* answer to turn k, so every method sees the same prompts.
+- Drafter rows run with the engine's own defaults (chat's draft budget without --draft-max, and its
+  cost-aware planning, whose acceptance memory starts fresh per conversation and whose verify-cost curve
+  is known before any timing). Oracle rows switch the planning off: they verify every drafted token.
+
+Aggregation is metrics.py's; this module prints nothing (progress goes through a callback) and imports
+torch and transformers inside functions only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Optional, Sequence
+
+from ..errors import SpecdecError
+from ..prompts import Conversation, categories_of
+from ..stats import GenerationStats
+from .environment import cost_curve_table, environment, model_dtype, model_name_of
+from .hf_reference import hf_generate, synchronize
+from .methods import BASELINE, ORACLE, WARMUP_MAX_NEW_TOKENS, Method
+from .metrics import aggregate, per_prompt_rows
+from .report import BenchReport
+from .settings import BenchSettings
+
+
+@dataclass
+class TurnRun:
+    """One generation: one method, one turn of one conversation, one repeat."""
+
+    method: str
+    conversation: int  # index in the suite
+    prompt_id: str
+    category: str
+    turn: int  # 0-based
+    repeat: int  # 0-based
+    prompt_tokens: int
+    tokens: list[int]
+    seconds: float  # wall time around the generate call
+    ttft_seconds: Optional[float]
+    finish_reason: str
+    stats: Optional[GenerationStats] = None  # engine methods only
+
+
+@dataclass
+class ProgressEvent:
+    done: int  # units finished (a unit = one method on one conversation, warm-ups included)
+    total: int
+    method: str
+    prompt_id: str
+    category: str
+    repeat: int
+    phase: str  # "warmup" | "run" | "done"
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
+
+
+def run_bench(
+    model: Any,
+    tokenizer: Any,
+    conversations: Sequence[Conversation],
+    settings: BenchSettings,
+    *,
+    model_name: Optional[str] = None,
+    device: Optional[str] = None,
+    dtype: Any = None,
+    suite: str = "",
+    on_progress: Optional[ProgressCallback] = None,
+) -> BenchReport:
+    """Run every method on every conversation (interleaved) and aggregate; `suite` names the prompts' source."""
+    settings.check()
+    if not conversations:
+        raise SpecdecError("no prompts to run (check --categories and --limit)")
+    started = datetime.now(timezone.utc)
+    runner = _Runner(model, tokenizer, settings)
+    runner.check_drafters()
+    runner.calibrate()
+    curve_at_start = cost_curve_table(runner.engine)
+    methods = settings.methods
+    units = len(conversations) * len(methods) * settings.repeats
+    total = units + (len(methods) if settings.warmup else 0)
+    done = 0
+
+    def report(method: str, conversation: Conversation, repeat: int, phase: str) -> None:
+        if on_progress is not None:
+            on_progress(ProgressEvent(done, total, method, conversation.id, conversation.category, repeat, phase))
+
+    if settings.warmup:
+        for method in methods:
+            report(method.name, conversations[0], 0, "warmup")
+            runner.warm_up(method, conversations[0])
+            done += 1
+    runs: list[TurnRun] = []
+    for index, conversation in enumerate(conversations):
+        for repeat in range(settings.repeats):
+            for method in methods:
+                report(method.name, conversation, repeat, "run")
+                runs += runner.run_conversation(method, index, conversation, repeat)
+                done += 1
+    if on_progress is not None:
+        last = conversations[-1]
+        on_progress(ProgressEvent(done, total, methods[-1].name, last.id, last.category, settings.repeats - 1, "done"))
+
+    categories = categories_of(conversations)
+    results = aggregate(runs, [method.name for method in methods], categories, settings.repeats, settings.greedy)
+    per_prompt = per_prompt_rows(runs, [method.name for method in methods], settings.greedy)
+    env = environment(model_name or model_name_of(model), device or str(runner.device), dtype or model_dtype(model),
+                      started)
+    settings_json = settings.as_json()
+    settings_json.update(
+        prompts=suite,
+        categories=categories,
+        conversations=len(conversations),
+        turns=sum(len(conversation.turns) for conversation in conversations),
+    )
+    return BenchReport(env, settings_json, results, per_prompt, runs,
+                       cost_curve=_curve_report(curve_at_start, cost_curve_table(runner.engine)))
+
+
+def _curve_report(start: Optional[dict], end: Optional[dict]) -> Optional[dict]:
+    """The curve the run began with (measured or stored) and the one its steps refined it into, in ms."""
+    if start is None:
+        return None
+    end = end or start
+    start_ms = dict(zip(start["rows"], start["ms"]))
+    end_ms = dict(zip(end["rows"], end["ms"]))
+    rows = sorted(set(start_ms) | set(end_ms))
+    return {"origin": start["origin"], "rows": rows, "start_ms": [start_ms.get(row) for row in rows],
+            "end_ms": [end_ms.get(row) for row in rows]}
+
+
+class _Runner:
+    """Holds the model, the engine and the per-conversation state (prompt ids, the baseline's answers)."""
+
+    def __init__(self, model: Any, tokenizer: Any, settings: BenchSettings):
+        from ..chat import target_info
+        from ..engine import Engine
+
+        self.model = model
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.engine = Engine(model, tokenizer)
+        self.device = self.engine.device
+        self.info = target_info(model, tokenizer)
+        self.prompt_ids: dict[int, list[list[int]]] = {}  # conversation -> prompt ids per turn
+        self.references: dict[int, list[list[int]]] = {}  # conversation -> baseline tokens per turn (repeat 0)
+        self.warmup_reference: list[int] = []  # the baseline's warm-up output, replayed by oracle warm-ups
+
+    # -- pieces --------------------------------------------------------------------------------------------
+
+    def check_drafters(self) -> None:
+        """Build each drafter once before the run, so a bad index or draft model fails in the first second."""
+        for method in self.settings.methods:
+            if method.kind == "engine":
+                self._drafter(method, [])
+
+    def _drafter(self, method: Method, references: list[list[int]]):
+        from ..drafters import make_drafter
+        from ..drafters.oracle import OracleDrafter
+
+        if method.kind == ORACLE:
+            return OracleDrafter(references, method.draft_length)
+        return make_drafter(method.drafter, self.settings.options, self.info)
+
+    def _config(self, method: Method, conversation: int, turn: int, max_new_tokens: Optional[int] = None):
+        from ..engine import GenerationConfig
+
+        settings = self.settings
+        seed = None if settings.seed is None else settings.seed + 1000 * conversation + turn
+        draft_max = method.draft_length if method.kind == ORACLE else settings.engine_draft_max
+        extra = {}
+        if method.kind == ORACLE:
+            extra["cost_aware"] = False  # the ceiling at exactly this draft length: verify every drafted token
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens or settings.max_new_tokens,
+            temperature=settings.temperature,
+            seed=seed,
+            draft_max=draft_max,
+            eos_token_ids=self.info.eos_token_ids,
+            **extra,
+        )
+        config.check()
+        return config
+
+    def calibrate(self) -> None:
+        """Whatever the engine measures once per model (its verify-cost curve) is measured now, untimed."""
+        drafts = any(method.kind == "engine" and method.name != BASELINE for method in self.settings.methods)
+        if drafts:
+            self.engine.cost_curve()
+
+    def _fresh_learning(self) -> None:
+        """The engine's per-source acceptance memory starts empty for each conversation, like the drafter:
+        results do not depend on the order of the prompts."""
+        self.engine.forget()
+
+    def _format(self, messages: list[dict]) -> list[int]:
+        from ..chat import format_prompt
+
+        return format_prompt(self.tokenizer, messages, self.settings.raw)
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def _sync(self) -> None:
+        synchronize(self.device)
+
+    # -- one generation ------------------------------------------------------------------------------------
+
+    def _generate(self, method: Method, prompt_ids: list[int], drafter: Any, config: Any):
+        """-> (tokens, seconds, ttft, finish_reason, stats)"""
+        if method.kind == "hf":
+            return hf_generate(self.model, self.tokenizer, prompt_ids, config, pld=method.name == "hf-pld")
+        self._sync()
+        started = time.perf_counter()
+        generation = self.engine.generate(prompt_ids, drafter, config)
+        self._sync()
+        seconds = time.perf_counter() - started
+        stats = generation.stats
+        return generation.tokens, seconds, stats.ttft_seconds, generation.finish_reason, stats
+
+    # -- a conversation ------------------------------------------------------------------------------------
+
+    def run_conversation(self, method: Method, index: int, conversation: Conversation, repeat: int) -> list[TurnRun]:
+        """All turns of one conversation with one method. The first baseline run builds the prompts: turn k+1
+        is the conversation so far with the baseline's answers, so every method sees the same prompts."""
+        building = index not in self.prompt_ids
+        if building and method.name != BASELINE:
+            raise RuntimeError("the baseline must run first on every conversation")
+        drafter = None if method.kind == "hf" else self._drafter(method, self.references.get(index, []))
+        self._fresh_learning()
+        runs = []
+        history: list[dict] = []
+        prompts: list[list[int]] = [] if building else self.prompt_ids[index]
+        for turn, user_text in enumerate(conversation.turns):
+            if building:
+                history.append({"role": "user", "content": user_text})
+                prompts.append(self._format(history))
+            prompt_ids = prompts[turn]
+            config = self._config(method, index, turn)
+            tokens, seconds, ttft, finish, stats = self._generate(method, prompt_ids, drafter, config)
+            if building:
+                history.append({"role": "assistant", "content": self._decode(tokens)})
+                self.references.setdefault(index, []).append(list(tokens))
+            runs.append(TurnRun(method.name, index, conversation.id, conversation.category, turn, repeat,
+                                len(prompt_ids), list(tokens), seconds, ttft, finish, stats))
+        if building:
+            self.prompt_ids[index] = prompts
+        return runs
+
+    def warm_up(self, method: Method, conversation: Conversation) -> None:
+        """One short generation on the first turn of the first prompt; nothing is recorded."""
+        prompt_ids = self._format([{"role": "user", "content": conversation.turns[0]}])
+        config = self._config(method, 0, 0, max_new_tokens=min(WARMUP_MAX_NEW_TOKENS, self.settings.max_new_tokens))
+        references = [self.warmup_reference] if self.warmup_reference else []
+        drafter = None if method.kind == "hf" else self._drafter(method, references)
+        self._fresh_learning()
+        tokens, *_ = self._generate(method, prompt_ids, drafter, config)
+        if method.name == BASELINE:
+            self.warmup_reference = list(tokens)

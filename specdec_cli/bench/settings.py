@@ -1,0 +1,78 @@
+"""`BenchSettings`: what one bench run does (methods, drafter options, budget, lengths, sampling, repeats),
+checked before the model loads, and recorded in the report's JSON as it was run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..defaults import DEFAULT_BUDGET
+from ..drafters import DrafterOptions
+from ..errors import SpecdecError
+from .methods import BASELINE, DEFAULT_MAX_NEW_TOKENS, ORACLE, Method, resolve_methods
+
+
+@dataclass
+class BenchSettings:
+    methods: list[Method] = field(default_factory=lambda: resolve_methods([BASELINE]))
+    options: DrafterOptions = field(default_factory=DrafterOptions)
+    draft_max: Optional[int] = None  # engine budget per step; None = the chat default (DEFAULT_BUDGET)
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    temperature: float = 0.0  # 0 = greedy, with the identity check; > 0 = lossless sampling, no check
+    seed: Optional[int] = None
+    repeats: int = 1
+    warmup: bool = True
+    raw: bool = False  # prompts without the chat template
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def check(self) -> None:
+        if not self.methods or self.methods[0].name != BASELINE:
+            raise SpecdecError("the method list must start with the baseline `none`")
+        if not self.temperature >= 0.0:
+            raise SpecdecError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.max_new_tokens < 1:
+            raise SpecdecError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.draft_max is not None and self.draft_max < 1:
+            raise SpecdecError(f"--draft-max must be >= 1, got {self.draft_max}")
+        if self.repeats < 1:
+            raise SpecdecError(f"--repeats must be >= 1, got {self.repeats}")
+        if self.options.l_threshold < 0:
+            raise SpecdecError(f"--l-threshold must be >= 0, got {self.options.l_threshold}")
+
+    def as_json(self) -> dict:
+        return {
+            "baseline": BASELINE,
+            "methods": [method.name for method in self.methods],
+            "drafters": [method.name for method in self.methods if method.kind == "engine"],
+            "oracle_lengths": [method.draft_length for method in self.methods if method.kind == ORACLE],
+            "references": [method.name for method in self.methods if method.kind == "hf"],
+            "draft_max": self.draft_max,
+            "engine_draft_max": self.engine_draft_max,
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "greedy": self.greedy,
+            "seed": self.seed,
+            "repeats": self.repeats,
+            "warmup": self.warmup,
+            "raw": self.raw,
+            "index": self.options.index,
+            "aux": self.options.aux,  # sam's auxiliary drafter (rows named sam+AUX override it)
+            "l_threshold": self.options.l_threshold,
+            "draft_model": self.options.draft_model,
+            "draft_min_prob": self.options.draft_min_prob,
+            "cost_aware": _default_cost_aware(),  # drafters' rows; oracle rows always verify whole drafts
+            "batch_size": 1,
+        }
+
+    @property
+    def engine_draft_max(self) -> int:
+        return self.draft_max if self.draft_max is not None else DEFAULT_BUDGET
+
+
+def _default_cost_aware() -> bool:
+    from ..engine import GenerationConfig
+
+    return GenerationConfig().cost_aware

