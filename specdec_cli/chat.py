@@ -1,7 +1,8 @@
 """A conversation with the target: prompt formatting, history, and one answer per turn.
 
-`ChatSession` holds the loaded target, the engine, the drafter (which lives as long as the conversation, so
-its automata and tables keep learning) and the message history. `format_prompt` is the one place prompts
+`ChatSettings` is everything a session is made from (checked before the slow model load); `open_session`
+loads the target and builds the `ChatSession`, which holds the loaded target, the engine, the drafter (which
+lives as long as the conversation, so its automata and tables keep learning) and the message history. `format_prompt` is the one place prompts
 become token ids: the tokenizer's chat template with the generation prompt, a system message first when
 given, or the raw text with `raw=True`. Rendering is the CLI's job; nothing here prints.
 """
@@ -9,11 +10,16 @@ given, or the raw text with `raw=True`. Rendering is the CLI's job; nothing here
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .drafters import DrafterOptions, TargetInfo, make_drafter
+from .compare import Comparison, compare
+from .defaults import DEFAULT_DRAFTER, DEFAULT_TARGET
+from .drafters import DrafterOptions, TargetInfo, check_drafter, make_drafter
 from .engine import Engine, EventCallback, Generation, GenerationConfig
 from .errors import SpecdecError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .models import LoadedTarget
 
 
 def format_prompt(tokenizer: Any, messages: list[dict], raw: bool = False) -> list[int]:
@@ -37,6 +43,37 @@ def target_info(model: Any, tokenizer: Any) -> TargetInfo:
             eos.append(int(value))
     vocab = max(len(tokenizer), int(getattr(model.config, "vocab_size", 0) or 0))
     return TargetInfo(vocab_size=vocab, eos_token_ids=tuple(eos), fingerprint=tokenizer_fingerprint(tokenizer))
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    """What a chat session is made from: the target and how to load it, the drafter, generation settings."""
+
+    target: str = DEFAULT_TARGET
+    device: str = "auto"
+    dtype: str = "auto"
+    drafter: str = DEFAULT_DRAFTER
+    drafter_options: DrafterOptions = field(default_factory=DrafterOptions)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    system: Optional[str] = None
+    raw: bool = False  # prompts as they are, without the chat template
+
+    def check(self) -> None:
+        """Everything that can be checked without the model (so a bad setting fails in the first second)."""
+        check_drafter(self.drafter)
+        self.generation.check()
+
+
+def open_session(settings: ChatSettings,
+                 on_status: Optional[Callable[[str], None]] = None) -> tuple["ChatSession", "LoadedTarget"]:
+    """Check the settings, load the target (the slow part), and start a conversation."""
+    from .models import load_target
+
+    settings.check()
+    loaded = load_target(settings.target, settings.device, settings.dtype, on_status=on_status)
+    session = ChatSession(loaded.model, loaded.tokenizer, settings.drafter, settings.drafter_options,
+                          settings.generation, settings.system, settings.raw)
+    return session, loaded
 
 
 @dataclass
@@ -91,6 +128,13 @@ class ChatSession:
         turn = Turn(user_text, answer, len(prompt_ids), generation, self.drafter_name)
         self.turns.append(turn)
         return turn
+
+    def compare(self, user_text: str, on_event: Optional[EventCallback] = None) -> Comparison:
+        """Answer once plainly and once with the drafter (greedy), outside the conversation's history."""
+        if not user_text.strip():
+            raise SpecdecError("the prompt is empty")
+        prompt_ids = format_prompt(self.tokenizer, self.messages_for(user_text), self.raw)
+        return compare(self.engine, prompt_ids, self.drafter, self.generation, on_event)
 
     def record(self, user_text: str, answer: str) -> None:
         """Keep an answer that was cut short (Ctrl-C) in the history, so the conversation goes on from it."""

@@ -51,7 +51,8 @@ def compare(engine: "Engine", prompt_ids: Sequence[int], drafter: "Drafter", con
     """Answer `prompt_ids` with plain decoding, then with `drafter` (events of the second run go to
     `on_event`), after an untimed warm-up."""
     if not config.greedy:
-        raise SpecdecError("comparing with plain decoding needs greedy decoding (temperature 0)")
+        raise SpecdecError("temperature must be 0 to compare with plain decoding (greedy outputs are identical; "
+                           "sampled ones differ by design)", setting="temperature")
     engine.generate(prompt_ids, NoDrafter(), replace(config, max_new_tokens=WARMUP_TOKENS, stop=()))
     if config.cost_aware:
         engine.cost_curve()

@@ -52,9 +52,9 @@ class GenerationConfig:
     def check(self) -> None:
         check_sampling(self.temperature, self.top_p, self.top_k)
         if self.max_new_tokens < 1:
-            raise SpecdecError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+            raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}", setting="max_new_tokens")
         if self.draft_max < 0:
-            raise SpecdecError(f"--draft-max must be >= 0, got {self.draft_max}")
+            raise SpecdecError(f"draft_max must be >= 0 (0 = no drafting), got {self.draft_max}", setting="draft_max")
 
 
 @dataclass

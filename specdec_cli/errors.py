@@ -1,9 +1,31 @@
-"""The one exception type for problems a user can fix (bad flag, missing file, wrong index).
+"""The one exception type for problems a user can fix (bad setting, missing file, wrong index).
 
-The CLI prints its message as one line and exits non-zero; any other exception is a bug and shows a
+A library error about a setting names the setting as the library knows it (`top_p`, `max_new_tokens`) and
+carries it in `setting`; the command line shows it as its flag (`--top-p`), the chat REPL as its `/set`
+key. The CLI prints the message as one line and exits non-zero; any other exception is a bug and shows a
 traceback only with SPECDEC_DEBUG=1.
 """
+
+from __future__ import annotations
+
+from typing import Optional
 
 
 class SpecdecError(Exception):
     """A user-facing error: the message is the whole story, no traceback needed."""
+
+    def __init__(self, message: str, setting: Optional[str] = None):
+        super().__init__(message)
+        self.setting = setting  # the library's name of the setting at fault, when one is
+
+    def naming(self, spelled: str) -> str:
+        """The message with the setting's name, where it opens the message, spelled another way."""
+        message = str(self)
+        if self.setting and message.startswith(self.setting):
+            return spelled + message[len(self.setting):]
+        return message
+
+
+def flag_of(setting: str) -> str:
+    """The command-line flag of a library setting: `max_new_tokens` -> `--max-new-tokens`."""
+    return "--" + setting.replace("_", "-")

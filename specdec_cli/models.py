@@ -58,7 +58,7 @@ def resolve_target(target: str) -> TargetSource:
     """Map what the user typed to a source, without loading anything."""
     target = (target or "").strip()
     if not target:
-        raise SpecdecError("--target is empty")
+        raise SpecdecError("target is empty", setting="target")
     if target.lower() in (DEFAULT_TARGET, "default"):
         return TargetSource("gguf", str(default_gguf_path()), DEFAULT_TARGET)
     path = Path(target).expanduser()
@@ -85,7 +85,7 @@ def pick_device(device: str) -> str:
     import torch
 
     if device not in DEVICES:
-        raise SpecdecError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+        raise SpecdecError(f"device must be one of {', '.join(DEVICES)}, got {device!r}", setting="device")
     if device == "auto":
         if torch.cuda.is_available():
             return "cuda"
@@ -93,9 +93,9 @@ def pick_device(device: str) -> str:
             return "mps"
         return "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise SpecdecError("--device cuda: no CUDA device is available")
+        raise SpecdecError("device cuda: no CUDA device is available", setting="device")
     if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise SpecdecError("--device mps: no MPS device is available")
+        raise SpecdecError("device mps: no MPS device is available", setting="device")
     return device
 
 
@@ -103,7 +103,7 @@ def pick_dtype(dtype: str, device: str) -> Any:
     import torch
 
     if dtype not in DTYPES:
-        raise SpecdecError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        raise SpecdecError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}", setting="dtype")
     if dtype == "auto":
         if device == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
@@ -235,7 +235,7 @@ def set_threads(threads: int) -> None:
     """Pin torch's CPU threads (`--threads`): on a CPU shared with other jobs, fewer threads than cores avoid
     the threads thrashing each other."""
     if threads < 1:
-        raise SpecdecError(f"--threads must be >= 1, got {threads}")
+        raise SpecdecError(f"threads must be >= 1, got {threads}", setting="threads")
     import torch
 
     torch.set_num_threads(threads)

@@ -28,14 +28,14 @@ def require_matplotlib() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SpecdecError(f"--plot needs matplotlib: {INSTALL}") from None
+        raise SpecdecError(f"plot needs matplotlib: {INSTALL}", setting="plot") from None
     return plt
 
 
 def check_plot_dir(path: str | Path) -> Path:
     path = Path(path).expanduser()
     if path.exists() and not path.is_dir():
-        raise SpecdecError(f"--plot {path}: not a directory")
+        raise SpecdecError(f"plot {path}: not a directory", setting="plot")
     return path
 
 
@@ -46,7 +46,7 @@ def write_plots(document: dict, out_dir: str | Path) -> list[Path]:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise SpecdecError(f"--plot {out_dir}: cannot create the directory ({exc.strerror or exc})") from exc
+        raise SpecdecError(f"plot {out_dir}: cannot create the directory ({exc.strerror or exc})", setting="plot") from exc
     results = document.get("results", [])
     title = _title(document.get("environment", {}))
     written = [

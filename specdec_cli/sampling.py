@@ -15,11 +15,11 @@ from .errors import SpecdecError
 def check_sampling(temperature: float, top_p: float, top_k: int) -> None:
     """Reject settings plain sampling could not honour, with one clear line."""
     if not temperature >= 0.0:  # also catches NaN
-        raise SpecdecError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+        raise SpecdecError(f"temperature must be >= 0 (0 = greedy), got {temperature}", setting="temperature")
     if not 0.0 < top_p <= 1.0:
-        raise SpecdecError(f"--top-p must be in (0, 1], got {top_p}")
+        raise SpecdecError(f"top_p must be in (0, 1], got {top_p}", setting="top_p")
     if top_k < 0:
-        raise SpecdecError(f"--top-k must be >= 0 (0 = off), got {top_k}")
+        raise SpecdecError(f"top_k must be >= 0 (0 = off), got {top_k}", setting="top_k")
 
 
 def warp_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:

@@ -35,7 +35,8 @@ def test_repl_session(endless_model_dir, tmp_path):
     child.sendline("/set temperature 0.7")
     child.expect("temperature = 0.7")
     child.sendline("/set top_p 7")
-    child.expect(r"--top-p must be in \(0, 1\]")
+    child.expect(r"(--top-p|top_p) must be in \(0, 1\]")  # named as the /set key, not as a command-line flag
+    assert child.match.group(1) == "top_p"
     child.sendline("/frobnicate")
     child.expect("unknown command /frobnicate")
     child.sendline("/stats")

@@ -79,3 +79,25 @@ def test_help_is_fast_and_lists_commands():
     result = run_cli("--help")
     assert result.returncode == 0
     assert "chat" in result.stdout
+
+
+def test_a_setting_error_is_named_as_its_flag_on_the_command_line_and_as_a_key_in_the_library():
+    from specdec_cli.cli.common import flag_message
+    from specdec_cli.errors import SpecdecError
+    from specdec_cli.sampling import check_sampling
+
+    with pytest.raises(SpecdecError) as caught:
+        check_sampling(0.5, 2.0, 0)
+    assert str(caught.value).startswith("top_p must be in (0, 1]") and caught.value.setting == "top_p"
+    assert flag_message(caught.value).startswith("--top-p must be in (0, 1]")
+    plain = SpecdecError("the prompt is empty")
+    assert flag_message(plain) == "the prompt is empty"
+    assert flag_message(SpecdecError("max_new_tokens must be >= 1", setting="max_new_tokens")) == "--max-new-tokens must be >= 1"
+
+
+def test_compare_needs_a_prompt_and_greedy_decoding():
+    for args, fragment in ((["chat", "--compare"], "--compare needs a one-shot --prompt"),
+                           (["chat", "-p", "hi", "--compare", "-t", "0.7"], "--compare needs greedy")):
+        result = run_cli(*args)
+        assert result.returncode == 1 and fragment in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1

@@ -37,3 +37,26 @@ def test_compare_reports_where_outputs_diverge(tiny_llama):
 def test_compare_needs_greedy(tiny_llama):
     with pytest.raises(SpecdecError, match="greedy"):
         compare(Engine(tiny_llama), PROMPT, PromptLookupDrafter(), GenerationConfig(temperature=0.7))
+
+
+def test_cli_compare_json(tiny_model_dir):
+    import json
+
+    from conftest import run_cli
+
+    result = run_cli("chat", "--target", tiny_model_dir, "--prompt", "abcabcabc", "--drafter", "pld", "-n", "16",
+                     "--compare", "--json")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["identical"] is True and payload["first_divergence"] is None
+    assert payload["plain"]["output_token_ids"] == payload["speculative"]["output_token_ids"]
+    assert payload["plain"]["stats"]["mean_accepted_tokens"] == 1.0 and payload["speedup"] > 0
+
+
+def test_cli_compare_text(tiny_model_dir):
+    from conftest import run_cli
+
+    result = run_cli("chat", "--target", tiny_model_dir, "--prompt", "abcabcabc", "--drafter", "pld", "-n", "16",
+                     "--compare", "--plain")
+    assert result.returncode == 0, result.stderr
+    assert "plain decoding:" in result.stderr and "pld:" in result.stderr and "outputs identical" in result.stderr

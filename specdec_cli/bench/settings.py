@@ -32,15 +32,15 @@ class BenchSettings:
         if not self.methods or self.methods[0].name != BASELINE:
             raise SpecdecError("the method list must start with the baseline `none`")
         if not self.temperature >= 0.0:
-            raise SpecdecError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
+            raise SpecdecError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}", setting="temperature")
         if self.max_new_tokens < 1:
-            raise SpecdecError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
-        if self.draft_max is not None and self.draft_max < 1:
-            raise SpecdecError(f"--draft-max must be >= 1, got {self.draft_max}")
+            raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}", setting="max_new_tokens")
+        if self.draft_max is not None and self.draft_max < 0:
+            raise SpecdecError(f"draft_max must be >= 0 (0 = no drafting), got {self.draft_max}", setting="draft_max")
         if self.repeats < 1:
-            raise SpecdecError(f"--repeats must be >= 1, got {self.repeats}")
+            raise SpecdecError(f"repeats must be >= 1, got {self.repeats}", setting="repeats")
         if self.options.l_threshold < 0:
-            raise SpecdecError(f"--l-threshold must be >= 0, got {self.options.l_threshold}")
+            raise SpecdecError(f"l_threshold must be >= 0, got {self.options.l_threshold}", setting="l_threshold")
 
     def as_json(self) -> dict:
         return {

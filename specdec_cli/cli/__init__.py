@@ -29,14 +29,7 @@ def _root() -> None:
 
 
 # Each module registers its command(s) on `app` when imported.
-from . import chat_cmd  # noqa: E402,F401
-
-for _optional in ("index_cmd", "bench_cmd", "distill_cmd"):
-    try:
-        __import__(f"{__name__}.{_optional}")
-    except ModuleNotFoundError as exc:  # a command module not written yet
-        if exc.name != f"{__name__}.{_optional}":
-            raise
+from . import bench_cmd, chat_cmd, distill_cmd, index_cmd  # noqa: E402,F401
 
 
 def _debug() -> bool:
@@ -50,7 +43,7 @@ def _is_click(exc: BaseException, *names: str) -> bool:
 
 def main() -> None:
     from ..errors import SpecdecError
-    from .common import print_error
+    from .common import flag_message, print_error
 
     try:
         code = app(prog_name="specdec", standalone_mode=False)
@@ -60,7 +53,7 @@ def main() -> None:
     except SpecdecError as exc:
         if _debug():
             raise
-        print_error(str(exc))
+        print_error(flag_message(exc))
         code = 1
     except Exception as exc:
         if _is_click(exc, "Exit"):

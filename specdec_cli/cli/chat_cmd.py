@@ -9,61 +9,44 @@ from typing import List, Optional
 import typer
 
 from ..defaults import DEFAULT_AUX, DEFAULT_DRAFTER, DEFAULT_TARGET
+from ..errors import SpecdecError
 from . import app
 from .common import console, err_console
+from .output import TextStream, compare_json, compare_lines, stats_line, turn_json
 
 
 def read_prompt(prompt: str) -> str:
-    from ..errors import SpecdecError
-
     text = sys.stdin.read() if prompt == "-" else prompt
     if not text.strip():
         raise SpecdecError("the prompt is empty")
     return text
 
 
-def load_session(
-    target: str,
-    device: str,
-    dtype: str,
-    drafter: str,
-    index: Optional[str],
-    aux: str,
-    draft_model: Optional[str],
-    draft_min_prob: float,
-    draft_max: Optional[int],
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    seed: Optional[int],
-    system: Optional[str],
-    raw: bool,
-    stop: Optional[List[str]],
-):
-    """Validate the settings before the (slow) model load, then build a ChatSession."""
-    from ..chat import ChatSession
-    from ..drafters import check_drafter, DrafterOptions
+def chat_settings(*, target, device, dtype, drafter, index, aux, draft_model, draft_min_prob, draft_max,
+                  max_new_tokens, temperature, top_p, top_k, seed, system, raw, stop):
+    """The flags as a checked ChatSettings (everything checkable before the slow model load)."""
+    from ..chat import ChatSettings
+    from ..drafters import DrafterOptions
     from ..engine import GenerationConfig
-    from ..models import load_target
 
-    check_drafter(drafter)
     options = DrafterOptions(draft_max=draft_max, index=index, aux=aux, draft_model=draft_model,
                              draft_min_prob=draft_min_prob)
-    generation = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        seed=seed,
-        draft_max=draft_max if draft_max is not None else GenerationConfig.draft_max,
-        stop=tuple(stop or ()),
-    )
-    generation.check()
+    generation = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                  seed=seed, stop=tuple(stop or ()),
+                                  **({} if draft_max is None else {"draft_max": draft_max}))
+    settings = ChatSettings(target=target, device=device, dtype=dtype, drafter=drafter, drafter_options=options,
+                            generation=generation, system=system, raw=raw)
+    settings.check()
+    return settings
+
+
+def load_session(settings):
+    """Load the model under a spinner and start the session."""
+    from ..chat import open_session
+
     status = err_console().status("Loading model…")
     with status:
-        loaded = load_target(target, device, dtype, on_status=lambda message: status.update(message))
-    return ChatSession(loaded.model, loaded.tokenizer, drafter, options, generation, system, raw), loaded
+        return open_session(settings, on_status=lambda message: status.update(message))
 
 
 @app.command("chat")
@@ -87,6 +70,7 @@ def chat(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the output and statistics."),
     plain: bool = typer.Option(False, "--plain", help="Stream plain text (also when stdout is not a terminal)."),
     show_rejected: bool = typer.Option(True, "--show-rejected/--hide-rejected", help="Show rejected drafts struck through."),
+    compare: bool = typer.Option(False, "--compare", help="Answer --prompt plainly too, and show both speeds and whether the outputs are identical."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, mps."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16, float16."),
@@ -97,14 +81,24 @@ def chat(
 
         set_threads(threads)
     text = read_prompt(prompt) if prompt is not None else None
-    session, loaded = load_session(target, device, dtype, drafter, index, aux, draft_model, draft_min_prob, draft_max,
-                                   max_new_tokens, temperature, top_p, top_k, seed, system, raw, stop)
+    settings = chat_settings(target=target, device=device, dtype=dtype, drafter=drafter, index=index, aux=aux,
+                             draft_model=draft_model, draft_min_prob=draft_min_prob, draft_max=draft_max,
+                             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                             seed=seed, system=system, raw=raw, stop=stop)
+    if compare and text is None:
+        raise SpecdecError("--compare needs a one-shot --prompt")
+    if compare and not settings.generation.greedy:
+        raise SpecdecError("--compare needs greedy decoding (--temperature 0): sampled answers differ by design")
+    session, loaded = load_session(settings)
     plain = plain or not sys.stdout.isatty()
     if text is None:
         from .repl import Repl
 
         repl = Repl(session, console(), err_console(), plain, show_rejected, settings_lines(session, loaded))
         raise typer.Exit(repl.run())
+    if compare:
+        _compare(session, text, as_json, plain, show_rejected)
+        return
     if as_json:
         turn = session.ask(text)
         print(json.dumps(turn_json(turn), ensure_ascii=False))
@@ -120,6 +114,29 @@ def chat(
         with LiveTranscript(console(), view) as live:
             turn = session.ask(text, on_event=live.on_event)
     err_console().print(stats_line(turn))
+
+
+def _compare(session, text: str, as_json: bool, plain: bool, show_rejected: bool) -> None:
+    """--compare: plain decoding first (untimed warm-up before it), then the drafter, shown as it runs."""
+    if as_json:
+        comparison = session.compare(text)
+        print(json.dumps(compare_json(comparison, session.drafter_name), ensure_ascii=False))
+        return
+    err_console().print("[dim]Answering plainly first (timed, not shown), then speculatively:[/dim]")
+    if plain:
+        stream = TextStream(session.tokenizer, session.generation.stop)
+        comparison = session.compare(text, on_event=stream.on_event)
+        stream.finish(session.decode(comparison.speculative))
+    else:
+        from .render import LiveTranscript, TranscriptView, text_decoder
+
+        view = TranscriptView(text_decoder(session.tokenizer), session.drafter_name, show_rejected)
+        with LiveTranscript(console(), view) as live:
+            comparison = session.compare(text, on_event=live.on_event)
+    for line in compare_lines(comparison, session.drafter_name):
+        err_console().print(line, style=None if comparison.identical else "bold red", highlight=False, soft_wrap=True)
+    if not comparison.identical:
+        raise typer.Exit(1)
 
 
 def settings_lines(session, loaded) -> list[str]:
@@ -147,58 +164,3 @@ def settings_lines(session, loaded) -> list[str]:
         f"[bold]specdec chat[/bold] · model {loaded.name} · {loaded.device} · {dtype}",
         f"drafter {drafter} · draft_max {generation.draft_max} · {sampling} · max_new_tokens {generation.max_new_tokens}",
     ]
-
-
-def turn_json(turn) -> dict:
-    stats = turn.generation.stats
-    keys = ("new_tokens", "steps", "mean_accepted_tokens", "drafted_tokens", "accepted_tokens", "acceptance_rate",
-            "per_position_acceptance", "tokens_per_second", "wall_seconds", "ttft_seconds")
-    body = {key: getattr(stats, key) for key in keys}
-    body.update(draft_seconds=stats.draft_seconds, verify_seconds=stats.verify_seconds, sources=stats.sources)
-    return {
-        "output": turn.answer,
-        "output_token_ids": turn.generation.tokens,
-        "prompt_tokens": turn.prompt_tokens,
-        "drafter": turn.drafter,
-        "finish_reason": turn.generation.finish_reason,
-        "stats": body,
-    }
-
-
-def stats_line(turn) -> str:
-    stats = turn.generation.stats
-    return (
-        f"[dim]{stats.new_tokens} tokens in {stats.wall_seconds:.2f} s ({stats.tokens_per_second:.1f} tok/s) · "
-        f"{stats.steps} steps · {stats.mean_accepted_tokens:.2f} tokens/step · "
-        f"acceptance {stats.acceptance_rate:.0%} · drafter {turn.drafter}[/dim]"
-    )
-
-
-class TextStream:
-    """Prints the answer to stdout as tokens are committed (plain text, held back at partial characters)."""
-
-    def __init__(self, tokenizer, stops=()):
-        self.tokenizer = tokenizer
-        self.tokens: list[int] = []
-        self.printed = 0
-        self.holdback = max((len(stop) for stop in stops), default=1) - 1  # a stop string may be forming
-
-    def on_event(self, event) -> None:
-        self.tokens.extend(event.committed)
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        if text.endswith("\ufffd") or event.finished:  # incomplete character, or finish() prints the end
-            return
-        self._write(text[: len(text) - self.holdback])
-
-    def finish(self, answer: str) -> None:
-        if len(answer) < self.printed:  # a stop string arrived after part of it was printed
-            answer = answer[: self.printed]
-        self._write(answer)
-        sys.stdout.write("\n")
-        sys.stdout.flush()
-
-    def _write(self, text: str) -> None:
-        if len(text) > self.printed:
-            sys.stdout.write(text[self.printed :])
-            sys.stdout.flush()
-            self.printed = len(text)

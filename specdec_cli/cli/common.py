@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
+    from ..errors import SpecdecError
+
 
 @lru_cache(maxsize=None)
 def console() -> "Console":
@@ -25,6 +27,13 @@ def err_console() -> "Console":
     from rich.console import Console
 
     return Console(stderr=True, highlight=False, no_color="NO_COLOR" in os.environ)
+
+
+def flag_message(exc: "SpecdecError") -> str:
+    """A library error as the command line says it: the setting's name spelled as its flag."""
+    from ..errors import flag_of
+
+    return exc.naming(flag_of(exc.setting)) if exc.setting else str(exc)
 
 
 def print_error(message: str) -> None:

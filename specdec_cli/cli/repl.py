@@ -11,6 +11,7 @@ import sys
 from dataclasses import replace
 from typing import Optional
 
+from .output import TextStream, turn_json
 from .render import LiveTranscript, TranscriptView, text_decoder
 
 HELP = """\
@@ -153,7 +154,6 @@ class Repl:
         view = TranscriptView(text_decoder(self.session.tokenizer), self.session.drafter_name, self.show_rejected)
         try:
             if self.plain:
-                from .chat_cmd import TextStream
 
                 stream = TextStream(self.session.tokenizer, self.session.generation.stop)
                 turn = self.session.ask(text, on_event=lambda event: (view.add(event), stream.on_event(event)))
@@ -206,7 +206,6 @@ class Repl:
 
     def save(self, path: str) -> None:
         from ..files import write_json_atomic
-        from .chat_cmd import turn_json
 
         document = {
             "system": self.session.system,

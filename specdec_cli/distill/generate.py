@@ -93,7 +93,7 @@ def load_prompts(path: Optional[str] = None, suite: Optional[str] = None, limit:
     if (path is None) == (suite is None):
         raise SpecdecError("give either --prompts FILE or --suite NAME")
     if limit is not None and limit < 1:
-        raise SpecdecError(f"--limit must be >= 1, got {limit}")
+        raise SpecdecError(f"limit must be >= 1, got {limit}", setting="limit")
     if suite is not None:
         items = _suite(suite)
     else:

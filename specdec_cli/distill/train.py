@@ -85,35 +85,35 @@ class TrainConfig:
 
     def check(self) -> None:
         if self.init not in INITS:
-            raise SpecdecError(f"--init must be one of {', '.join(INITS)}, got {self.init!r}")
+            raise SpecdecError(f"init must be one of {', '.join(INITS)}, got {self.init!r}", setting="init")
         if self.init == "student" and not self.student:
-            raise SpecdecError("--init student needs --student PATH")
+            raise SpecdecError("init student needs --student PATH", setting="init")
         if self.layers < 1:
-            raise SpecdecError(f"--layers must be >= 1, got {self.layers}")
+            raise SpecdecError(f"layers must be >= 1, got {self.layers}", setting="layers")
         if self.hidden is not None and self.hidden < 8:
-            raise SpecdecError(f"--hidden must be >= 8, got {self.hidden}")
+            raise SpecdecError(f"hidden must be >= 8, got {self.hidden}", setting="hidden")
         if self.steps is not None and self.steps < 1:
-            raise SpecdecError(f"--steps must be >= 1, got {self.steps}")
+            raise SpecdecError(f"steps must be >= 1, got {self.steps}", setting="steps")
         if not self.epochs > 0:
-            raise SpecdecError(f"--epochs must be > 0, got {self.epochs}")
+            raise SpecdecError(f"epochs must be > 0, got {self.epochs}", setting="epochs")
         if self.batch_size < 1 or self.grad_accum < 1:
-            raise SpecdecError("--batch-size and --grad-accum must be >= 1")
+            raise SpecdecError("batch_size and --grad-accum must be >= 1", setting="batch_size")
         if not self.lr > 0:
-            raise SpecdecError(f"--lr must be > 0, got {self.lr}")
+            raise SpecdecError(f"lr must be > 0, got {self.lr}", setting="lr")
         if self.kd_loss not in KD_LOSSES:
-            raise SpecdecError(f"--kd-loss must be one of {', '.join(KD_LOSSES)}, got {self.kd_loss!r}")
+            raise SpecdecError(f"kd_loss must be one of {', '.join(KD_LOSSES)}, got {self.kd_loss!r}", setting="kd_loss")
         if self.kd_positions not in ("answer", "all"):
-            raise SpecdecError(f"--kd-positions must be answer or all, got {self.kd_positions!r}")
+            raise SpecdecError(f"kd_positions must be answer or all, got {self.kd_positions!r}", setting="kd_positions")
         if self.kd_weight < 0:
-            raise SpecdecError(f"--kd-weight must be >= 0, got {self.kd_weight}")
+            raise SpecdecError(f"kd_weight must be >= 0, got {self.kd_weight}", setting="kd_weight")
         if self.max_len < 8:
-            raise SpecdecError(f"--max-len must be >= 8, got {self.max_len}")
+            raise SpecdecError(f"max_len must be >= 8, got {self.max_len}", setting="max_len")
         if not 0.0 <= self.holdout < 1.0:
-            raise SpecdecError(f"--holdout must be in [0, 1), got {self.holdout}")
+            raise SpecdecError(f"holdout must be in [0, 1), got {self.holdout}", setting="holdout")
         if self.save_every < 0:
-            raise SpecdecError(f"--save-every must be >= 0, got {self.save_every}")
+            raise SpecdecError(f"save_every must be >= 0, got {self.save_every}", setting="save_every")
         if self.draft_vocab < 0:
-            raise SpecdecError(f"--draft-vocab must be >= 0 (0 = the whole vocabulary), got {self.draft_vocab}")
+            raise SpecdecError(f"draft_vocab must be >= 0 (0 = the whole vocabulary), got {self.draft_vocab}", setting="draft_vocab")
 
 
 @dataclass
@@ -162,7 +162,7 @@ def split_rows(rows: Sequence[dict], holdout: float) -> tuple[list[dict], list[d
     held_ids = {id(row) for row in held}
     train = [row for row in rows if id(row) not in held_ids]
     if not train:
-        raise SpecdecError(f"--holdout {holdout} leaves no training rows")
+        raise SpecdecError(f"holdout {holdout} leaves no training rows", setting="holdout")
     return train, held
 
 
@@ -254,7 +254,7 @@ def build_student(target: Any, spec: dict, target_fingerprint: str = "", target_
     layers = int(spec["layers"])
     if kind == "target":
         if layers > total:
-            raise SpecdecError(f"--layers {layers}: the target has only {total} blocks")
+            raise SpecdecError(f"layers {layers}: the target has only {total} blocks", setting="layers")
         config = _with(base, num_hidden_layers=layers)
         student = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         state = {}
@@ -277,7 +277,7 @@ def build_student(target: Any, spec: dict, target_fingerprint: str = "", target_
     hidden = int(spec.get("hidden") or base.hidden_size)
     head_dim = int(getattr(base, "head_dim", 0) or base.hidden_size // base.num_attention_heads)
     if hidden % head_dim:
-        raise SpecdecError(f"--hidden {hidden} must be a multiple of the target's head size {head_dim}")
+        raise SpecdecError(f"hidden {hidden} must be a multiple of the target's head size {head_dim}", setting="hidden")
     heads = hidden // head_dim
     kv_ratio = max(1, int(base.num_attention_heads) // int(getattr(base, "num_key_value_heads", base.num_attention_heads)))
     kv_heads = heads // kv_ratio if heads % kv_ratio == 0 and heads >= kv_ratio else heads
@@ -494,7 +494,7 @@ def save_checkpoint(directory: Path, model: Any, optimizer: Any, state: dict) ->
 def read_checkpoint_state(directory: Path) -> dict:
     path = directory / "state.json"
     if not path.is_file() or not (directory / "model.safetensors").is_file():
-        raise SpecdecError(f"--resume: no checkpoint in {directory}")
+        raise SpecdecError(f"resume: no checkpoint in {directory}", setting="resume")
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
@@ -601,9 +601,9 @@ def train_draft(
                 + ", ".join(f"{key} {saved[key]!r} != {asdict(config)[key]!r}" for key in changed) + ")"
             )
         if state.get("fingerprint") != info.fingerprint:
-            raise SpecdecError(f"--resume: the checkpoint in {ckpt_dir} was made for another target tokenizer")
+            raise SpecdecError(f"resume: the checkpoint in {ckpt_dir} was made for another target tokenizer", setting="resume")
         if state.get("data_digest") != digest:
-            raise SpecdecError(f"--resume: {data_path} changed since the checkpoint in {ckpt_dir} was made; train afresh")
+            raise SpecdecError(f"resume: {data_path} changed since the checkpoint in {ckpt_dir} was made; train afresh", setting="resume")
 
     if threads:
         torch.set_num_threads(threads)

@@ -131,9 +131,9 @@ class ModelDrafter:
         self.head = DraftHead(model, head_tokens, draft_vocab_size(model))
         self.draft_max = DEFAULT_DRAFT_MAX if draft_max is None else int(draft_max)
         if self.draft_max < 0:
-            raise SpecdecError(f"--draft-max must be >= 0, got {self.draft_max}")
+            raise SpecdecError(f"draft_max must be >= 0, got {self.draft_max}", setting="draft_max")
         if not 0.0 <= min_prob <= 1.0:
-            raise SpecdecError(f"--draft-min-prob must be in [0, 1], got {min_prob}")
+            raise SpecdecError(f"draft_min_prob must be in [0, 1], got {min_prob}", setting="draft_min_prob")
         self.min_prob = float(min_prob)
         self.eos = frozenset(int(token) for token in eos_token_ids)
         self.name = name
@@ -298,9 +298,9 @@ def load_draft_model(directory: str, device: str = "cpu", dtype: Any = None) -> 
     """(model, tokenizer or None, specdec metadata) from a draft directory; one-line errors."""
     path = Path(directory).expanduser()
     if not path.exists():
-        raise SpecdecError(f"--draft-model {directory}: no such directory")
+        raise SpecdecError(f"draft_model {directory}: no such directory", setting="draft_model")
     if not path.is_dir() or not (path / "config.json").is_file():
-        raise SpecdecError(f"--draft-model {directory}: not a model directory (no config.json)")
+        raise SpecdecError(f"draft_model {directory}: not a model directory (no config.json)", setting="draft_model")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -316,7 +316,7 @@ def load_draft_model(directory: str, device: str = "cpu", dtype: Any = None) -> 
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SpecdecError(f"--draft-model {directory}: cannot load the model: {first}") from exc
+        raise SpecdecError(f"draft_model {directory}: cannot load the model: {first}", setting="draft_model") from exc
     model.to(device)
     model.eval()
     return model, tokenizer, read_draft_meta(path)
@@ -324,7 +324,7 @@ def load_draft_model(directory: str, device: str = "cpu", dtype: Any = None) -> 
 
 def make_model_drafter(options: Any, target: Any) -> ModelDrafter:
     if not options.draft_model:
-        raise SpecdecError("--drafter model needs --draft-model DIR (make one with `specdec distill`)")
+        raise SpecdecError("the model drafter needs a draft model directory (make one with `specdec distill`)", setting="draft_model")
     from ..fingerprint import tokenizer_fingerprint
 
     extra = getattr(options, "extra", None) or {}

@@ -56,7 +56,7 @@ class SamDrafter:
         aux: Optional[Drafter] = None,
     ) -> None:
         if draft_max < 1:
-            raise SpecdecError(f"--draft-max must be at least 1, got {draft_max}")
+            raise SpecdecError(f"draft_max must be at least 1, got {draft_max}", setting="draft_max")
         self.static = static
         self.separators = frozenset(int(token) for token in separators)
         self.draft_max = draft_max
@@ -158,7 +158,7 @@ def make_sam_drafter(options: "DrafterOptions", target: "TargetInfo") -> SamDraf
         from . import AUX_CHOICES, make_drafter
 
         if options.aux not in AUX_CHOICES:
-            raise SpecdecError(f"--aux {options.aux}: the auxiliary drafter must be one of {', '.join(AUX_CHOICES)}")
+            raise SpecdecError(f"aux {options.aux}: the auxiliary drafter must be one of {', '.join(AUX_CHOICES)}", setting="aux")
         aux = make_drafter(options.aux, options, target)
     return SamDrafter(
         static,
