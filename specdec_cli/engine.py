@@ -40,7 +40,7 @@ class GenerationConfig:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     seed: Optional[int] = None
-    draft_max: int = DEFAULT_BUDGET  # the length budget handed to the drafter each step
+    budget: int = DEFAULT_BUDGET  # per step: the most draft tokens (chain) or nodes (tree) the engine verifies
     stop: Sequence[str] = ()  # stop strings (need a tokenizer)
     eos_token_ids: Sequence[int] = ()
     cost_aware: bool = True  # verify only as much of each draft as is expected to pay off (planner.py)
@@ -53,8 +53,8 @@ class GenerationConfig:
         check_sampling(self.temperature, self.top_p, self.top_k)
         if self.max_new_tokens < 1:
             raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}", setting="max_new_tokens")
-        if self.draft_max < 0:
-            raise SpecdecError(f"draft_max must be >= 0 (0 = no drafting), got {self.draft_max}", setting="draft_max")
+        if self.budget < 0:
+            raise SpecdecError(f"draft_max must be >= 0 (0 = no drafting), got {self.budget}", setting="draft_max")
 
 
 @dataclass
@@ -163,7 +163,7 @@ class Engine:
                        verify_seconds=ttft, prompt_tokens=tuple(prompt_ids), settings=config, finished=finish))
 
         while finish is None:
-            budget = min(config.draft_max, config.max_new_tokens - len(new_tokens) - 1)
+            budget = min(config.budget, config.max_new_tokens - len(new_tokens) - 1)
             # 1. Draft: the drafter guesses up to `budget` tokens (chain) or nodes (tree) after the context;
             #    the planner keeps the part worth verifying and picks the forward's row count.
             t0 = time.perf_counter()

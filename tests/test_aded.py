@@ -206,7 +206,7 @@ def test_factory(tmp_path):
 def test_greedy_identity(tiny_model, cost_aware, prompt):
     reference = hf_greedy(tiny_model, prompt, 40)
     drafter = AdedDrafter(time_budget=None, iterations=60)
-    config = GenerationConfig(max_new_tokens=40, draft_max=64, eos_token_ids=(TINY_EOS,), cost_aware=cost_aware)
+    config = GenerationConfig(max_new_tokens=40, budget=64, eos_token_ids=(TINY_EOS,), cost_aware=cost_aware)
     engine = Engine(tiny_model)
     generation = engine.generate(prompt, CheckedDrafter(drafter), config)
     assert generation.tokens == reference

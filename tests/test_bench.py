@@ -237,7 +237,7 @@ def test_resolve_methods():
             resolve_methods([bad])
     assert parse_lengths("1, 4,4,16") == [1, 4, 16]
     for bad in ("0", "x"):
-        with pytest.raises(SpecdecError, match="--oracle-lengths"):
+        with pytest.raises(SpecdecError, match="oracle_lengths"):
             parse_lengths(bad)
 
 

@@ -179,7 +179,7 @@ def test_missing_draft_model_is_an_error(tmp_path):
     from specdec_cli.errors import SpecdecError
 
     target = TargetInfo(vocab_size=TINY_VOCAB, eos_token_ids=(TINY_EOS,))
-    with pytest.raises(SpecdecError, match="--draft-model"):
+    with pytest.raises(SpecdecError, match="needs a draft model directory"):
         make_drafter("model", DrafterOptions(), target)
     with pytest.raises(SpecdecError, match="no such directory"):
         make_drafter("model", DrafterOptions(draft_model=str(tmp_path / "nope")), target)

@@ -129,7 +129,7 @@ def test_factory():
 def test_greedy_identity(tiny_model, cost_aware, prompt):
     reference = hf_greedy(tiny_model, prompt, 40)
     drafter = RecycleDrafter(TINY_VOCAB)
-    config = GenerationConfig(max_new_tokens=40, draft_max=64, eos_token_ids=(TINY_EOS,), cost_aware=cost_aware)
+    config = GenerationConfig(max_new_tokens=40, budget=64, eos_token_ids=(TINY_EOS,), cost_aware=cost_aware)
     engine = Engine(tiny_model)
     checked = CheckedDrafter(drafter)
     generation = engine.generate(prompt, checked, config)

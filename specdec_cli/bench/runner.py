@@ -175,7 +175,7 @@ class _Runner:
 
         settings = self.settings
         seed = None if settings.seed is None else settings.seed + 1000 * conversation + turn
-        draft_max = method.draft_length if method.kind == ORACLE else settings.engine_draft_max
+        budget = method.draft_length if method.kind == ORACLE else settings.budget
         extra = {}
         if method.kind == ORACLE:
             extra["cost_aware"] = False  # the ceiling at exactly this draft length: verify every drafted token
@@ -183,7 +183,7 @@ class _Runner:
             max_new_tokens=max_new_tokens or settings.max_new_tokens,
             temperature=settings.temperature,
             seed=seed,
-            draft_max=draft_max,
+            budget=budget,
             eos_token_ids=self.info.eos_token_ids,
             **extra,
         )

@@ -50,7 +50,7 @@ class BenchSettings:
             "oracle_lengths": [method.draft_length for method in self.methods if method.kind == ORACLE],
             "references": [method.name for method in self.methods if method.kind == "hf"],
             "draft_max": self.draft_max,
-            "engine_draft_max": self.engine_draft_max,
+            "engine_draft_max": self.budget,  # the engine's per-step budget in force
             "max_new_tokens": self.max_new_tokens,
             "temperature": self.temperature,
             "greedy": self.greedy,
@@ -68,7 +68,8 @@ class BenchSettings:
         }
 
     @property
-    def engine_draft_max(self) -> int:
+    def budget(self) -> int:
+        """The engine's per-step draft budget: --draft-max, else chat's default."""
         return self.draft_max if self.draft_max is not None else DEFAULT_BUDGET
 
 

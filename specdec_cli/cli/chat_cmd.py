@@ -33,7 +33,7 @@ def chat_settings(*, target, device, dtype, drafter, index, aux, draft_model, dr
                              draft_min_prob=draft_min_prob)
     generation = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                   seed=seed, stop=tuple(stop or ()),
-                                  **({} if draft_max is None else {"draft_max": draft_max}))
+                                  **({} if draft_max is None else {"budget": draft_max}))
     settings = ChatSettings(target=target, device=device, dtype=dtype, drafter=drafter, drafter_options=options,
                             generation=generation, system=system, raw=raw)
     settings.check()
@@ -162,5 +162,5 @@ def settings_lines(session, loaded) -> list[str]:
     dtype = str(loaded.dtype).replace("torch.", "")
     return [
         f"[bold]specdec chat[/bold] · model {loaded.name} · {loaded.device} · {dtype}",
-        f"drafter {drafter} · draft_max {generation.draft_max} · {sampling} · max_new_tokens {generation.max_new_tokens}",
+        f"drafter {drafter} · draft_max {generation.budget} · {sampling} · max_new_tokens {generation.max_new_tokens}",
     ]

@@ -140,7 +140,8 @@ class Repl:
             parsed = SETTABLE[key](value.strip())
         except ValueError:
             raise SpecdecError(f"/set {key}: {value.strip()!r} is not a valid {SETTABLE[key].__name__}") from None
-        updated = replace(self.session.generation, **{key: parsed})
+        field = "budget" if key == "draft_max" else key  # /set draft_max: the engine's budget and the drafter's cap
+        updated = replace(self.session.generation, **{field: parsed})
         updated.check()  # raises with a one-line reason; the old settings stay
         self.session.generation = updated
         if key == "draft_max":

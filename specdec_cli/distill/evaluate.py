@@ -124,7 +124,7 @@ def score_drafts(
         raise SpecdecError("no prompts to evaluate on")
     info = target_info(target, tokenizer)
     engine = Engine(target, tokenizer)
-    config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, draft_max=draft_max,
+    config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, budget=draft_max,
                               eos_token_ids=info.eos_token_ids, cost_aware=False)
     config.check()
     scores = {label: DraftScore(label) for label in drafts}

@@ -411,7 +411,7 @@ def generate_data(
     config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                               eos_token_ids=info.eos_token_ids)
     if draft_max is not None:
-        config = replace(config, draft_max=draft_max)
+        config = replace(config, budget=draft_max)
     config.check()
     started = time.perf_counter()
     new_tokens = steps = committed = 0
