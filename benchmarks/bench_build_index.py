@@ -183,7 +183,8 @@ def main() -> None:
     tokenizer = load_tokenizer(args.target)
     eos_id = eos_id_of(tokenizer)
     started = time.perf_counter()
-    tokens, documents = tokenize_documents(iter_documents(resolve_inputs(files, "*.py"), "text", CorpusStats()), tokenizer)
+    tokens, documents = tokenize_documents(iter_documents(resolve_inputs(files, "*.py"), "text", CorpusStats()),
+                                           tokenizer)
     tokenize_seconds = time.perf_counter() - started
 
     rows: list[tuple[str, str, str]] = []
@@ -209,7 +210,8 @@ def main() -> None:
     rows.append(("tokenise", f"{tokenize_seconds:.2f} s", f"{n / tokenize_seconds:,.0f} tokens/s"))
     if baseline is not None:
         rows.append(("pure-Python build", f"{baseline['seconds']:.2f} s",
-                     f"peak RSS {baseline['peak_rss_mb']:.0f} MB (process before the build: {baseline['base_rss_mb']:.0f} MB)"))
+                     f"peak RSS {baseline['peak_rss_mb']:.0f} MB "
+                     f"(process before the build: {baseline['base_rss_mb']:.0f} MB)"))
     rows.append(("C build", f"{native['seconds']:.3f} s",
                  f"peak RSS {native['peak_rss_mb_build']:.0f} MB (before: {native['base_rss_mb']:.0f} MB); "
                  f"{native['states']:,} states, {native['transitions']:,} transitions"))
@@ -217,20 +219,25 @@ def main() -> None:
         speedup = baseline["seconds"] / native["seconds"]
         memory = native["peak_rss_mb_build"] / baseline["peak_rss_mb"]
         rows.append(("  speed-up", f"{speedup:.1f}x", "goal >= 5x: " + ("met" if speedup >= 5 else "MISSED")))
-        rows.append(("  peak memory", f"{memory:.0%} of pure Python", "goal < 25%: " + ("met" if memory < 0.25 else "MISSED")))
-    rows.append(("index file", f"{native['file_bytes'] / 1e6:.1f} MB", f"{bytes_per_token:.1f} bytes/token; goal <= 64: "
+        rows.append(("  peak memory", f"{memory:.0%} of pure Python",
+                     "goal < 25%: " + ("met" if memory < 0.25 else "MISSED")))
+    rows.append(("index file", f"{native['file_bytes'] / 1e6:.1f} MB",
+                 f"{bytes_per_token:.1f} bytes/token; goal <= 64: "
                  + ("met" if bytes_per_token <= 64 else "MISSED")))
     rows.append(("  write", f"{native['write_seconds']:.3f} s", ""))
     rows.append(("  open", f"{opened['open_seconds'] * 1e3:.1f} ms",
-                 f"goal < 500 ms: {'met' if opened['open_seconds'] < 0.5 else 'MISSED'}; advance {opened['advance_us']:.1f} us/token"))
+                 f"goal < 500 ms: {'met' if opened['open_seconds'] < 0.5 else 'MISSED'}; "
+                 f"advance {opened['advance_us']:.1f} us/token"))
     large_n = large_native["tokens"]
     rows.append((f"{large_n / 1e6:.1f}M-token build", f"{large_native['seconds']:.2f} s",
                  f"goal < 30 s: {'met' if large_native['seconds'] < 30 else 'MISSED'}; peak RSS "
                  f"{large_native['peak_rss_mb_build']:.0f} MB; {large_native['states']:,} states"))
     rows.append(("  index file", f"{large_native['file_bytes'] / 1e6:.0f} MB",
-                 f"{large_native['file_bytes'] / large_n:.1f} bytes/token; write {large_native['write_seconds']:.2f} s"))
+                 f"{large_native['file_bytes'] / large_n:.1f} bytes/token; "
+                 f"write {large_native['write_seconds']:.2f} s"))
     rows.append(("  open", f"{large_opened['open_seconds'] * 1e3:.1f} ms",
-                 f"goal < 500 ms: {'met' if large_opened['open_seconds'] < 0.5 else 'MISSED'}; advance {large_opened['advance_us']:.1f} us/token"))
+                 f"goal < 500 ms: {'met' if large_opened['open_seconds'] < 0.5 else 'MISSED'}; "
+                 f"advance {large_opened['advance_us']:.1f} us/token"))
 
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.system()}"
     print(f"build-index benchmark ({machine})")

@@ -2,9 +2,10 @@
 
 `ChatSettings` is everything a session is made from (checked before the slow model load); `open_session`
 loads the target and builds the `ChatSession`, which holds the loaded target, the engine, the drafter (which
-lives as long as the conversation, so its automata and tables keep learning) and the message history. `format_prompt` is the one place prompts
-become token ids: the tokenizer's chat template with the generation prompt, a system message first when
-given, or the raw text with `raw=True`. Rendering is the CLI's job; nothing here prints.
+lives as long as the conversation, so its automata and tables keep learning) and the message history.
+`format_prompt` is the one place prompts become token ids: the tokenizer's chat template with the generation
+prompt, a system message first when given, or the raw text with `raw=True`. Rendering is the CLI's job;
+nothing here prints.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .compare import Comparison, compare
 from .defaults import DEFAULT_DRAFTER, DEFAULT_TARGET
-from .drafters import DrafterOptions, TargetInfo, check_drafter, make_drafter
+from .drafters import DrafterOptions, TargetInfo, check_drafter, check_drafter_options, make_drafter
 from .engine import Engine, EventCallback, Generation, GenerationConfig
 from .errors import SpecdecError
 
@@ -61,6 +62,7 @@ class ChatSettings:
     def check(self) -> None:
         """Everything that can be checked without the model (so a bad setting fails in the first second)."""
         check_drafter(self.drafter)
+        check_drafter_options(self.drafter, self.drafter_options)
         self.generation.check()
 
 

@@ -18,7 +18,8 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field as dataclass_field
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
@@ -321,7 +322,8 @@ def build_index(
             raise SpecdecError(f"no row of {where} has text in the field {field!r} ({stats.skipped_rows} rows "
                                f"skipped; rows with messages/turns lists or prompt and answer work too): "
                                f"name the field with --field")
-        hint = f" (no files matching --glob {glob!r} in {', '.join(stats.empty_directories)})" if stats.empty_directories else ""
+        empty = ", ".join(stats.empty_directories)
+        hint = f" (no files matching --glob {glob!r} in {empty})" if empty else ""
         raise SpecdecError(f"empty corpus: no text in {where}{hint}")
 
     if on_phase is not None:

@@ -17,15 +17,14 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .planner import CostCurve, DraftPlanner, Plan, load_or_measure, save_curve
 from .defaults import DEFAULT_BUDGET
 from .draft import Draft, StepEvent
 from .drafters.base import Drafter
 from .errors import SpecdecError
+from .planner import CostCurve, DraftPlanner, Plan, load_or_measure, save_curve
 from .sampling import check_sampling, sample, warp_probs
 from .stats import GenerationStats, summarize
-from .verify import (children_of, greedy_accept, greedy_accept_tree, speculative_accept,
-                     speculative_accept_tree)
+from .verify import children_of, greedy_accept, greedy_accept_tree, speculative_accept, speculative_accept_tree
 
 EventCallback = Callable[[StepEvent], None]
 SCORED_TOPK = 8  # each step event carries the target's top-8 tokens at every scored position
@@ -55,6 +54,10 @@ class GenerationConfig:
             raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}", setting="max_new_tokens")
         if self.budget < 0:
             raise SpecdecError(f"draft_max must be >= 0 (0 = no drafting), got {self.budget}", setting="draft_max")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise SpecdecError(f"seed must be between 0 and 2^63 - 1, got {self.seed}", setting="seed")
+        if any(not stop for stop in self.stop):
+            raise SpecdecError("stop strings must not be empty", setting="stop")
 
 
 @dataclass
@@ -99,8 +102,10 @@ class Engine:
             depth, ancestors = tree_layout(tree)  # [n], [n, n]
             position_ids = (start + depth).unsqueeze(0).to(self.device)  # [1, n]
             prefix = torch.ones(len(token_ids), start, dtype=torch.bool)  # [n, start]
-            kwargs["attention_mask"] = torch.cat([prefix, ancestors], dim=1)[None, None].to(self.device)  # [1, 1, n, start+n]
-        out = self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True, **kwargs)
+            mask = torch.cat([prefix, ancestors], dim=1)  # [n, start+n]
+            kwargs["attention_mask"] = mask[None, None].to(self.device)  # [1, 1, n, start+n]
+        out = self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True,
+                         **kwargs)
         return out.logits[0]  # [n, vocab] (or [1, vocab] with last_only)
 
     @staticmethod
@@ -211,13 +216,13 @@ class Engine:
         """(accepted node indices, the target's own token) under greedy or speculative sampling."""
         if config.greedy:
             target_argmax = logits.argmax(dim=-1).tolist()  # [k+1]
-            if draft.is_chain:
+            if draft.parents is None:  # a chain
                 path = list(range(greedy_accept(draft.tokens, target_argmax)))
             else:
                 path = greedy_accept_tree(draft.tokens, draft.parents, target_argmax)
             return path, target_argmax[path[-1] + 1 if path else 0]
         p_target = warp_probs(logits, config.temperature, config.top_k, config.top_p)  # [k+1, vocab]
-        if not draft.is_chain:
+        if draft.parents is not None:  # a tree
             return speculative_accept_tree(draft.tokens, draft.parents, p_target, generator)
         p_draft = None if draft.p_draft is None else draft.p_draft.to(p_target.device, torch.float32)
         accepted, target_token = speculative_accept(draft.tokens, p_target, p_draft, generator)
@@ -230,7 +235,8 @@ class Engine:
             model_type = getattr(self.model.config, "model_type", "")
             self._tree_ok = model_type in TREE_MODEL_TYPES
             if not self._tree_ok:
-                warnings.warn(f"{model_type or 'this model'}: no custom attention masks; token trees fall back to chains")
+                warnings.warn(f"{model_type or 'this model'}: no custom attention masks; token trees fall back "
+                              "to chains", stacklevel=2)
         return self._tree_ok
 
     def forget(self) -> None:
@@ -305,7 +311,9 @@ class Engine:
     def _commit(
         self, context: list[int], new_tokens: list[int], tokens: list[int], eos: set[int], config: GenerationConfig
     ) -> tuple[Optional[str], list[int], Optional[int]]:
-        """Append tokens, cutting at EOS, at the token budget or at a stop string; returns (finish, committed, text_end)."""
+        """Append tokens, cutting at EOS, at the token budget or at a stop string.
+
+        Returns (finish reason or None, the tokens committed, the text length before a stop string or None)."""
         committed: list[int] = []
         finish: Optional[str] = None
         for token in tokens:
@@ -361,7 +369,7 @@ def pad_block(block: list[int], parents: Optional[list[int]], rows: int) -> tupl
 def first_branch(draft: Draft) -> Draft:
     """A tree's first root-to-leaf path (each node's first child), as a chain."""
     tokens, node = [], -1
-    children = children_of(draft.parents)
+    children = children_of(draft.parents or [])
     while children.get(node):
         node = children[node][0]
         tokens.append(draft.tokens[node])

@@ -2,8 +2,8 @@
 
 `tokenizer_fingerprint(tokenizer)` hashes the vocabulary (token -> id pairs, sorted by id), the special
 added tokens (id, text) and the EOS token of a Hugging Face tokenizer; no model is loaded and nothing else
-(normaliser, merges, the pad token a caller may set at run time) is read. Two tokenizers with the same fingerprint map ids to the same
-strings. The result looks like "sha256:0123456789abcdef".
+(normaliser, merges, the pad token a caller may set at run time) is read. Two tokenizers with the same
+fingerprint map ids to the same strings. The result looks like "sha256:0123456789abcdef".
 """
 
 from __future__ import annotations

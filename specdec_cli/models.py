@@ -13,7 +13,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,6 +135,8 @@ def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .files import atomic_directory
+
     _quiet_transformers()
     if on_status:
         on_status(f"Converting {gguf_path.name} to safetensors once (about 20 s); later loads are instant")
@@ -146,11 +147,7 @@ def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
     except Exception as exc:  # gguf's own errors are varied; the file is what the user can act on
         raise SpecdecError(f"{gguf_path}: cannot read this GGUF file ({type(exc).__name__}: {exc})") from exc
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    try:
-        tmp_dir.mkdir()
+    with atomic_directory(out_dir, replace=False) as tmp_dir:  # another process finishing first: keep theirs
         config = model.config
         if hasattr(config, "quantization_config"):  # the weights are dequantized: a plain float model now
             del config.quantization_config
@@ -160,20 +157,55 @@ def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None
         save_model(model, str(tmp_dir / "model.safetensors"))  # handles tied embeddings
         marker = {"format": CONVERTED_FORMAT, "source": str(gguf_path), "seconds": time.perf_counter() - started}
         (tmp_dir / "specdec-converted.json").write_text(json.dumps(marker, indent=1))
-        try:
-            os.rename(tmp_dir, out_dir)
-        except OSError:  # another process finished first: keep theirs
-            if not (out_dir / "specdec-converted.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
     return out_dir
 
 
 def model_location(source: TargetSource, on_status: Optional[StatusCallback] = None) -> str:
     if source.kind == "gguf":
         return str(ensure_converted(Path(source.location), on_status))
+    if source.kind == "hub":
+        check_hub(source.location)
     return source.location
+
+
+HUB_PROBE_SECONDS = 3.0
+
+
+def check_hub(repo_id: str) -> None:
+    """A hub id must be in the local Hugging Face cache or the hub must answer; else one line at once
+    (instead of a minute of retries). A cached model with the hub out of reach is loaded offline."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - transformers depends on it
+        return
+    cached = isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
+        if not cached:
+            raise SpecdecError(f"{repo_id}: not a local file or directory, and not in the Hugging Face cache "
+                               f"(HF_HUB_OFFLINE is set)", setting="target")
+        return
+    if hub_reachable():
+        return
+    if cached:
+        os.environ["HF_HUB_OFFLINE"] = "1"  # use the cache without a minute of retries
+        return
+    raise SpecdecError(f"{repo_id}: not a local file or directory, not in the Hugging Face cache "
+                       f"({os.environ.get('HF_HOME') or '~/.cache/huggingface'}), and the hub cannot be reached",
+                       setting="target")
+
+
+def hub_reachable() -> bool:
+    """Whether the Hugging Face endpoint accepts a TCP connection within a few seconds."""
+    import socket
+    from urllib.parse import urlparse
+
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        with socket.create_connection((endpoint.hostname or "huggingface.co", port), timeout=HUB_PROBE_SECONDS):
+            return True
+    except OSError:
+        return False
 
 
 def load_tokenizer(target: str = DEFAULT_TARGET, on_status: Optional[StatusCallback] = None) -> Any:
@@ -218,7 +250,9 @@ def load_target(
         model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype)
     except Exception as exc:
         raise SpecdecError(_hub_hint(source, exc)) from exc
-    model.to(device_name)
+    import torch
+
+    torch.nn.Module.to(model, device_name)  # (transformers' own `to` wrapper confuses type checkers)
     model.eval()
     return LoadedTarget(model, tokenizer, source.name, device_name, torch_dtype, time.perf_counter() - started)
 
@@ -226,7 +260,9 @@ def load_target(
 def _hub_hint(source: TargetSource, exc: Exception) -> str:
     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if source.kind == "hub":
-        offline = " (HF_HUB_OFFLINE is set: only the local cache is searched)" if os.environ.get("HF_HUB_OFFLINE") else ""
+        offline = ""
+        if os.environ.get("HF_HUB_OFFLINE"):
+            offline = " (HF_HUB_OFFLINE is set: only the local cache is searched)"
         return f"cannot load model {source.location!r} from the Hugging Face hub or cache{offline}: {first_line}"
     return f"cannot load model from {source.location}: {first_line}"
 

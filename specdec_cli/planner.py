@@ -7,7 +7,7 @@ Verifying k drafted tokens costs one target forward over k+1 rows, t(k+1). A ste
 
 and k = 0 (plain decoding) wins whenever the draft is unlikely to be right. The curve t is measured, never
 assumed, and it need not be monotone: float32 GEMMs on some CPUs are slowest at 2-3 rows, so a forward of 8
-rows can cost less than one of 3 (see docs/methods.md, "the cost curve on a CPU"). Hence:
+rows can cost less than one of 3 (docs/methods.md, section 7). Hence:
 
 - `CostCurve` holds t(rows): a prior (a ~1 s measurement, or the curve stored for this machine, model and
   dtype) refined by every step's own forward time at its size (the lower quartile of the recent steps), so a
@@ -427,7 +427,8 @@ class DraftPlanner:
     @property
     def curve(self) -> CostCurve:
         if self._curve is None:
-            self._curve = self._curve_source()  # type: ignore[operator]
+            source = self._curve_source
+            self._curve = source if isinstance(source, CostCurve) else source()
         return self._curve
 
     @property

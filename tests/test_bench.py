@@ -12,8 +12,8 @@ import json
 import sys
 
 import pytest
-
 from conftest import TINY_EOS, TINY_VOCAB, hf_greedy, run_cli
+
 from specdec_cli.bench import (
     BASELINE,
     OVERALL,
@@ -469,7 +469,7 @@ def test_cli_run_writes_json_and_csv(target_dir, prompt_file, tmp_path):
     assert none_overall[0]["speedup"] == 1.0 and none_overall[0]["identical"] == none_overall[0]["compared"] == 4
     rows = list(csv.DictReader(io.StringIO(csv_path.read_text())))
     assert len(rows) == len(document["results"]) and rows[0]["method"] == "none"
-    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert not [p for p in tmp_path.iterdir() if ".specdec-tmp-" in p.name]
 
 
 def test_cli_json_stdout(target_dir, prompt_file):
@@ -485,7 +485,8 @@ def test_cli_json_stdout(target_dir, prompt_file):
 def test_cli_table_in_a_log_keeps_every_column_whole(target_dir, prompt_file):
     """Piped to a file, the table is as wide as it needs (an 80-column cut made `Me…`, `Pr…`, `Sp…`)."""
     result = run_cli("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none,pld",
-                     "--limit", "1", "--max-new-tokens", "8", env_extra={"NO_COLOR": "1", "COLUMNS": "80", **ONE_THREAD})
+                     "--limit", "1", "--max-new-tokens", "8",
+                     env_extra={"NO_COLOR": "1", "COLUMNS": "80", **ONE_THREAD})
     assert result.returncode == 0, result.stderr
     header = next(line for line in result.stdout.splitlines() if "Category" in line)
     for name in ("Category", "Method", "Prompts", "Tokens", "Seconds", "Tok/s", "Speedup", "Accept", "Draft/Verify",

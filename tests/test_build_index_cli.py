@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_sam_index import make_char_tokenizer_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -117,9 +116,7 @@ def test_jsonl_rows_without_the_field_name_it(tmp_path, tokenizer_dir):
 
 def test_a_long_document_is_tokenised_in_pieces():
     """One call per ~200k characters (so Ctrl-C is seen between calls), and still one document, one EOS."""
-    from specdec_cli.corpus import SourceRecord, pieces, tokenize_documents
-
-    from specdec_cli.corpus import BATCH_CHARACTERS, PIECE_CHARACTERS
+    from specdec_cli.corpus import BATCH_CHARACTERS, PIECE_CHARACTERS, SourceRecord, pieces, tokenize_documents
 
     text = "".join(f"line {number} of a long document\n" for number in range(90_000))  # ~2.9 M characters
     parts = pieces(text)

@@ -77,3 +77,27 @@ def test_ctrl_c_and_ctrl_d_at_prompt_exit_cleanly(tiny_model_dir):
         child.close()
         assert child.exitstatus == 0, key
         assert "Traceback" not in (child.before or "")
+
+
+def test_a_pasted_line_longer_than_the_terminal_buffer_arrives_whole(tiny_model_dir, tmp_path):
+    """A terminal in line mode holds 4,095 bytes a line; a 20,000-character paste must still arrive (and
+    Ctrl-D still end the session)."""
+    child = _spawn(tiny_model_dir, "-n", "4")
+    child.expect(">>> ")
+    time.sleep(1.0)
+    long_line = ("abcdefghij" * 2000)[:20000]
+    for start in range(0, len(long_line), 1000):  # as a paste arrives: in chunks
+        child.send(long_line[start : start + 1000])
+    child.send("\r")
+    child.expect("tokens/step", timeout=120)
+    child.expect(">>> ")
+    save = tmp_path / "long.json"
+    child.sendline(f"/save {save}")
+    child.expect("Saved")
+    child.expect(">>> ")
+    time.sleep(0.5)
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert json.loads(save.read_text())["messages"][0]["content"] == long_line

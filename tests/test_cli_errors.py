@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import run_cli
 
 
@@ -92,7 +91,8 @@ def test_a_setting_error_is_named_as_its_flag_on_the_command_line_and_as_a_key_i
     assert flag_message(caught.value).startswith("--top-p must be in (0, 1]")
     plain = SpecdecError("the prompt is empty")
     assert flag_message(plain) == "the prompt is empty"
-    assert flag_message(SpecdecError("max_new_tokens must be >= 1", setting="max_new_tokens")) == "--max-new-tokens must be >= 1"
+    assert flag_message(SpecdecError("max_new_tokens must be >= 1",
+                                     setting="max_new_tokens")) == "--max-new-tokens must be >= 1"
 
 
 def test_compare_needs_a_prompt_and_greedy_decoding():
@@ -101,3 +101,51 @@ def test_compare_needs_a_prompt_and_greedy_decoding():
         result = run_cli(*args)
         assert result.returncode == 1 and fragment in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["chat", "-p", "hi", "-t", "1", "--seed", "99999999999999999999999"], "--seed must be between 0 and"),
+        (["chat", "-p", "hi", "--seed", "-1"], "--seed must be between 0 and"),
+        (["chat", "-p", "hi", "--stop", ""], "--stop strings must not be empty"),
+        (["chat", "-p", "hi", "--index", "missing.sam"], "index file not found"),
+        (["chat", "-p", "hi", "--aux", "bogus"], "--aux bogus: the auxiliary drafter must be one of"),
+        (["chat", "-p", "hi", "-d", "model"], "needs a draft model directory"),
+        (["chat", "-p", "hi", "-d", "sam+model", "--draft-model", "nowhere"],
+         "--draft-model nowhere: no such directory"),
+        (["build-index", "corpus.txt", "-o", "missing/dir/x.sam"], "the folder missing/dir does not exist"),
+        (["bench", "--json-out", "missing/dir/x.json"], "--json-out missing/dir/x.json: the folder missing/dir"),
+        (["distill", "generate", "--suite", "builtin", "-o", "missing/dir/a.jsonl"], "--output missing/dir/a.jsonl"),
+    ],
+)
+def test_settings_and_files_are_checked_before_the_model_loads(tmp_path, args, needle):
+    """Each of these used to fail only after loading the model (or tokenising the corpus), or not at all."""
+    (tmp_path / "corpus.txt").write_text("some text\n")
+    started = __import__("time").monotonic()
+    result = run_cli(*args, env_extra={"SPECDEC_HOME": str(tmp_path / "home")}, cwd=tmp_path)
+    _assert_one_line_error(result, needle)
+    assert not (tmp_path / "home" / "models").exists()  # the default model was never converted, so never loaded
+    assert __import__("time").monotonic() - started < 60
+
+
+def test_non_utf8_stdin_is_one_line():
+    result = run_cli("chat", "--prompt", "-", "--json", input_text=None, input_bytes=b"\xff\xfe\x80abc")
+    _assert_one_line_error(result, "not UTF-8 text (byte 0xff at offset 0)")
+
+
+def test_an_unknown_model_name_without_network_fails_at_once(tmp_path):
+    import time
+
+    for offline in ("1", ""):
+        started = time.monotonic()
+        result = run_cli("chat", "-p", "hi", "--target", "nobody/no-such-model",
+                         env_extra={"HF_HUB_OFFLINE": offline, "HF_HOME": str(tmp_path / "hf")})
+        _assert_one_line_error(result, "nobody/no-such-model: not a local file or directory")
+        assert time.monotonic() - started < 40
+
+
+def test_too_many_threads_warn(tiny_model_dir):
+    result = run_cli("chat", "--target", tiny_model_dir, "-p", "hi", "-n", "2", "--threads", "999", "--json")
+    assert result.returncode == 0, result.stderr
+    assert "warning: --threads 999 is more than the" in result.stderr

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import TINY_EOS, hf_greedy
+
 from specdec_cli.compare import compare
 from specdec_cli.drafters.pld import PromptLookupDrafter
 from specdec_cli.engine import Engine, GenerationConfig

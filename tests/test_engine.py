@@ -6,8 +6,8 @@ import random
 
 import pytest
 import torch
-
 from conftest import TINY_EOS, TINY_VOCAB, hf_greedy
+
 from specdec_cli.draft import Draft
 from specdec_cli.drafters.none import NoDrafter
 from specdec_cli.drafters.pld import PromptLookupDrafter, find_latest_match

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import TINY_EOS, TINY_VOCAB, hf_greedy
 
 PROMPTS = [[1, 5, 9, 14, 20, 7], [1, 30, 31, 32, 33, 34, 35, 36, 12, 40, 2, 6], [1, 17]]
@@ -205,7 +204,8 @@ def test_restricted_head_under_sampling(tiny_llama):
     from specdec_cli.engine import GenerationConfig
 
     drafter = ModelDrafter(tiny_llama, draft_max=4, head_tokens=[0, 2, 4, 6, 8])
-    drafter.observe(StepEvent("prefill", Draft.empty("prefill"), 0, [7], 7, settings=GenerationConfig(temperature=1.0, seed=2)))
+    settings = GenerationConfig(temperature=1.0, seed=2)
+    drafter.observe(StepEvent("prefill", Draft.empty("prefill"), 0, [7], 7, settings=settings))
     draft = drafter.propose(PROMPTS[0], 4)
     allowed = {0, 2, 4, 6, 8} | set(PROMPTS[0]) | set(draft.tokens)
     support = set(torch.nonzero(draft.p_draft.sum(0)).flatten().tolist())

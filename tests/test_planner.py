@@ -5,8 +5,17 @@ from __future__ import annotations
 import pytest
 
 from specdec_cli.draft import Draft
-from specdec_cli.planner import (COST_PROBE_EVERY, PROBE_EVERY, AcceptanceTracker, CostCurve, DraftPlanner, Plan,
-                                 choose_length, expected_tokens, measure_cost_curve)
+from specdec_cli.planner import (
+    COST_PROBE_EVERY,
+    PROBE_EVERY,
+    AcceptanceTracker,
+    CostCurve,
+    DraftPlanner,
+    Plan,
+    choose_length,
+    expected_tokens,
+    measure_cost_curve,
+)
 
 # Measured on an AMD EPYC in float32 (issue 11): slowest at 2-3 rows, cheaper again from 4 rows on.
 EPYC_FLOAT32 = {1: 41.8, 2: 66.1, 3: 79.8, 4: 64.9, 6: 61.7, 8: 60.8, 12: 68.5, 16: 74.0, 24: 87.2, 32: 99.3}
@@ -127,7 +136,8 @@ def _simulate(planner: DraftPlanner, true_ms: dict, steps: int, draft_tokens: in
     for _ in range(steps):
         draft = _chain(draft_tokens)
         plan = planner.plan(draft, budget)
-        kept = Draft(draft.tokens[: plan.keep], draft.source, match_len=draft.match_len) if plan.keep else Draft.empty("pld")
+        kept = Draft(draft.tokens[: plan.keep], draft.source,
+                     match_len=draft.match_len) if plan.keep else Draft.empty("pld")
         accepted = accepted_of(plan.keep)
         planner.record(kept, accepted, accepted + 1, plan.rows, truth(plan.rows), 0.0)
         plans.append(plan)

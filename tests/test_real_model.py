@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from conftest import run_cli
 
 pytestmark = pytest.mark.real_model
@@ -79,7 +78,7 @@ def test_model_drafter_is_lossless_on_the_real_model(default_target):
     from dataclasses import replace
 
     from specdec_cli.chat import target_info
-    from specdec_cli.distill.train import build_student
+    from specdec_cli.distill.student import build_student
     from specdec_cli.drafters.model import ModelDrafter
     from specdec_cli.engine import Engine, GenerationConfig
     from specdec_cli.planner import CostCurve, DraftPlanner

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import TINY_EOS, TINY_VOCAB, CheckedDrafter, check_draft, hf_greedy
 
-from conftest import CheckedDrafter, check_draft, TINY_EOS, TINY_VOCAB, hf_greedy
 from specdec_cli.draft import Draft, StepEvent
 from specdec_cli.drafters import DrafterOptions, TargetInfo
 from specdec_cli.drafters.recycle import TEMPLATE, RecycleDrafter, TreeTemplate, make_recycle_drafter

@@ -27,11 +27,12 @@ def test_spans_accepted_target_rejected():
     assert view.rejected == []
     assert "".join(s.text for s in view.spans()) == "Help!!?"
     status = view.status()
-    assert status.steps == 2 and status.new_tokens == 7
-    assert status.drafted == 6 and status.accepted == 4
-    assert status.acceptance_rate == 4 / 6
-    assert status.mean_accepted_tokens == (3 + 3) / 2
-    assert status.tokens_per_second == 7 / 1.5
+    stats = status.stats
+    assert stats.steps == 2 and stats.new_tokens == 7
+    assert stats.drafted_tokens == 6 and stats.accepted_tokens == 4
+    assert stats.acceptance_rate == 4 / 6
+    assert stats.mean_accepted_tokens == (3 + 3) / 2
+    assert stats.tokens_per_second == 7 / 1.5
     assert "pld" in status.line() and "tokens/step" in status.line()
 
 
@@ -49,4 +50,4 @@ def test_plain_decoding_has_no_accepted_spans():
     for char in "bcd":
         view.add(ev("step", "", 0, char, source="none"))
     assert {s.kind for s in view.spans()} == {"target"}
-    assert view.status().mean_accepted_tokens == 1.0
+    assert view.status().stats.mean_accepted_tokens == 1.0

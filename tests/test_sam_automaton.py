@@ -14,7 +14,8 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specdec_cli.sam.automaton import ROOT, DynamicAutomaton, StaticAutomaton, build_static
 

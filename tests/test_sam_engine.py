@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import TINY_EOS, hf_greedy, run_cli
+
 from specdec_cli.drafters.sam import SamDrafter
 from specdec_cli.engine import Engine, GenerationConfig
 from specdec_cli.sam.automaton import build_static

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import make_char_tokenizer
+
 from specdec_cli.corpus import build_index, row_text
 from specdec_cli.errors import SpecdecError
 from specdec_cli.fingerprint import tokenizer_fingerprint
 from specdec_cli.sam.automaton import ROOT, build_static
-from specdec_cli.sam.index import FORMAT_VERSION, load_index, read_index_info, save_index
+from specdec_cli.sam.index import ARRAY_ORDER, FORMAT_VERSION, load_index, read_index_info, save_index, verify_index
+
 
 def make_char_tokenizer_dir(directory: Path, extra_tokens: tuple[str, ...] = ()) -> Path:
     """The shared character-level tokenizer saved as a model directory (`load_tokenizer` accepts it)."""
@@ -368,3 +369,43 @@ def test_default_tokenizer_index(tmp_path):
     for token in tokenizer("def is_palindrome(text):", add_special_tokens=False)["input_ids"]:
         state, match_len = automaton.advance(state, match_len, token)
     assert tokenizer.decode(automaton.continuation(state, 12)).startswith('\n    """Return True if text')
+
+
+def test_an_index_rewritten_by_the_safetensors_library_still_opens(tmp_path):
+    """Another safetensors writer may store the arrays in another order: same arrays, same index."""
+    from safetensors.numpy import load_file, save_file
+
+    path, copy = tmp_path / "small.sam", tmp_path / "copy.sam"
+    save_small(path)
+    arrays = load_file(str(path))
+    metadata = json.loads(path.read_bytes()[8 : 8 + int.from_bytes(path.read_bytes()[:8], "little")])["__metadata__"]
+    save_file(dict(reversed(list(arrays.items()))), str(copy), metadata=metadata)
+    spans = _body_values(copy)[2]
+    assert sorted(spans, key=lambda name: spans[name][0]) != list(ARRAY_ORDER)  # stored in another order
+    index = load_index(copy)
+    assert np.array_equal(index.automaton.text, small_automaton().text)
+    assert verify_index(copy)["checksum"] in ("ok", "absent")
+
+
+def test_verify_finds_a_flipped_byte_that_the_open_time_checks_cannot(tmp_path):
+    """`count` is not used by drafting's invariants: a changed count opens fine, but --verify catches it."""
+    path = tmp_path / "small.sam"
+    save_small(path)
+    assert verify_index(path)["checksum"] == "ok"
+    set_word(path, "count", 1, 12345)
+    load_index(path)  # the structure is intact
+    with pytest.raises(SpecdecError, match="checksum"):
+        verify_index(path)
+
+
+def test_verify_on_the_command_line(tmp_path):
+    from conftest import run_cli
+
+    path = tmp_path / "small.sam"
+    save_small(path)
+    good = run_cli("build-index", "--verify", str(path), "--json")
+    assert good.returncode == 0, good.stderr
+    assert json.loads(good.stdout)["checksum"] == "ok"
+    set_word(path, "trans_tokens", 0, 7)
+    bad = run_cli("build-index", "--verify", str(path))
+    assert bad.returncode == 1 and "corrupt index" in bad.stderr and "Traceback" not in bad.stderr

@@ -6,8 +6,8 @@ import random
 
 import pytest
 import torch
-
 from conftest import TINY_EOS, TINY_VOCAB, hf_greedy
+
 from specdec_cli.draft import Draft
 from specdec_cli.engine import Engine, GenerationConfig, first_branch, tree_layout, trim
 from specdec_cli.verify import greedy_accept_tree, speculative_accept_tree

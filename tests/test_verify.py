@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -69,7 +68,10 @@ def test_monte_carlo_two_token_joint_matches_target(deterministic):
         rows_draft = []
         for _ in range(2):  # a 2-token chain drafted from the toy draft model (or a fixed guess)
             row = _toy_draft(draft)
-            token = int(torch.multinomial(row, 1, generator=generator)) if not deterministic else (draft[-1] + 1) % 4 if draft else 1
+            if deterministic:
+                token = (draft[-1] + 1) % 4 if draft else 1
+            else:
+                token = int(torch.multinomial(row, 1, generator=generator))
             rows_draft.append(row)
             draft.append(token)
         p_target = torch.stack([_toy_target(draft[:i]) for i in range(3)])  # [3, 4]

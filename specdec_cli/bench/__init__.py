@@ -1,6 +1,6 @@
 """`specdec bench`: plain decoding and drafters on the same prompts in one process, measured as the field does.
 
-Conventions (docs/methods.md section 7, after Spec-Bench): batch size 1, greedy by default, a warm-up
+Conventions (docs/methods.md section 8, after Spec-Bench): batch size 1, greedy by default, a warm-up
 excluded, the baseline (`none`, plain decoding through the same engine) in the same run on the same prompts.
 The package, one concept a module:
 
@@ -15,15 +15,24 @@ The package, one concept a module:
 Nothing here prints or imports Typer or Rich (cli/bench_cmd.py renders); torch is imported inside functions.
 """
 
-from .methods import BASELINE, DEFAULT_ORACLE_LENGTHS, OVERALL, REFERENCES, Method, parse_lengths, resolve_methods, split_names
+from .methods import (
+    BASELINE,
+    DEFAULT_ORACLE_LENGTHS,
+    OVERALL,
+    REFERENCES,
+    Method,
+    parse_lengths,
+    resolve_methods,
+    split_names,
+)
 from .metrics import RESULT_FIELDS, ResultRow, aggregate, first_divergence, per_prompt_rows
-from .report import BenchReport, check_output_path, csv_text, to_json_text, write_csv, write_json
+from .report import BenchReport, csv_text, to_json_text, write_csv, write_json
 from .runner import ProgressEvent, TurnRun, run_bench
 from .settings import BenchSettings
 
 __all__ = [
     "BASELINE", "DEFAULT_ORACLE_LENGTHS", "OVERALL", "REFERENCES", "RESULT_FIELDS", "BenchReport", "BenchSettings",
-    "Method", "ProgressEvent", "ResultRow", "TurnRun", "aggregate", "check_output_path", "csv_text",
+    "Method", "ProgressEvent", "ResultRow", "TurnRun", "aggregate", "csv_text",
     "first_divergence", "parse_lengths", "per_prompt_rows", "resolve_methods", "run_bench", "split_names",
     "to_json_text", "write_csv", "write_json",
 ]

@@ -56,7 +56,8 @@ def parse_lengths(text: Optional[str | Sequence[int]]) -> list[int]:
         try:
             value = int(item)
         except ValueError:
-            raise SpecdecError(f"oracle_lengths takes whole numbers such as 2,4,8, got {item!r}", setting="oracle_lengths") from None
+            raise SpecdecError(f"oracle_lengths takes whole numbers such as 2,4,8, got {item!r}",
+                               setting="oracle_lengths") from None
         if value < 1:
             raise SpecdecError(f"oracle_lengths must be >= 1, got {value}", setting="oracle_lengths")
         if value not in lengths:

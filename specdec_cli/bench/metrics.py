@@ -1,4 +1,4 @@
-"""Bench metrics (Spec-Bench conventions, docs/methods.md section 7), per method, per category and overall
+"""Bench metrics (Spec-Bench conventions, docs/methods.md section 8), per method, per category and overall
 (the pooled sum of every category), from the raw runs:
 
 tokens/s = new tokens / wall seconds (totals); speedup = tokens/s of the method / tokens/s of `none` on the
@@ -121,8 +121,8 @@ def aggregate(
     references = _references(runs)
     rows = []
     for category in [*categories, OVERALL]:
-        def members(method: str) -> list["TurnRun"]:
-            return [run for run in runs if run.method == method and (category == OVERALL or run.category == category)]
+        def members(method: str, category: str = category) -> list["TurnRun"]:
+            return [run for run in runs if run.method == method and category in (OVERALL, run.category)]
 
         base = _per_repeat(members(BASELINE))
         base_tokens = sum(tokens for tokens, _ in base.values())

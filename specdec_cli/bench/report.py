@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from ..errors import SpecdecError
 from ..files import write_atomic
 from .metrics import RESULT_FIELDS, ResultRow
 
@@ -35,16 +34,6 @@ class BenchReport:
             "results": [row.as_json() for row in self.results],
             "per_prompt": self.per_prompt,
         }
-
-
-def check_output_path(path: str | Path, flag: str) -> Path:
-    """Fail before the run, not after it, when an output file cannot be written there."""
-    path = Path(path).expanduser()
-    if path.is_dir():
-        raise SpecdecError(f"{flag} {path}: is a directory, give a file name")
-    if not path.parent.is_dir():
-        raise SpecdecError(f"{flag} {path}: the folder {path.parent} does not exist")
-    return path
 
 
 def to_json_text(report: BenchReport | dict) -> str:

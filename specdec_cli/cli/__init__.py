@@ -41,22 +41,55 @@ def _is_click(exc: BaseException, *names: str) -> bool:
     return any(cls.__name__ in names for cls in type(exc).__mro__)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: whatever was being written is cleaned up on the way out."""
+
+
+_received: list[str] = []  # the signals that interrupted this run (Typer turns them into a plain exit code)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    import signal
+
+    _received.append(signal.Signals(signum).name)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _interrupted() -> int:
+    """Say what was interrupted; the exit status of a run ended by a signal (130 for Ctrl-C, 143 for SIGTERM)."""
+    from .common import interruption_message, print_error
+
+    terminated = "SIGTERM" in _received
+    print_error(interruption_message("SIGTERM" if terminated else ""))
+    return 143 if terminated else 130
+
+
 def main() -> None:
+    import signal
+
     from ..errors import SpecdecError
     from .common import flag_message, print_error
 
+    signal.signal(signal.SIGTERM, _interrupt)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when started with SIGINT ignored
+        signal.signal(signal.SIGINT, _interrupt)
     try:
         code = app(prog_name="specdec", standalone_mode=False)
+        if _received and code in (130, 143):
+            code = _interrupted()
     except KeyboardInterrupt:
-        print_error("interrupted")
-        code = 130
+        _received.append("SIGINT") if not _received else None
+        code = _interrupted()
     except SpecdecError as exc:
         if _debug():
             raise
         print_error(flag_message(exc))
         code = 1
     except Exception as exc:
-        if _is_click(exc, "Exit"):
+        interrupt = exc.__cause__ or exc.__context__
+        if _is_click(exc, "Exit", "Abort") and isinstance(interrupt, KeyboardInterrupt):  # Typer's wrapping of Ctrl-C
+            code = _interrupted()
+        elif _is_click(exc, "Exit"):
             code = getattr(exc, "exit_code", 0)
         elif _is_click(exc, "Abort"):
             print_error("aborted")

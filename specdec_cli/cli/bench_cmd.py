@@ -12,7 +12,7 @@ import typer
 
 from ..defaults import DEFAULT_AUX, DEFAULT_TARGET
 from . import app
-from .common import console, err_console
+from .common import apply_threads, console, doing, err_console
 
 DEFAULT_DRAFTERS = "none,pld,sam"
 DEFAULT_SUITE = "builtin"
@@ -72,10 +72,18 @@ def bench(
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16, float16."),
 ) -> None:
     """Measure speedup over plain decoding on a prompt suite (Spec-Bench conventions: greedy, batch 1, warm-up excluded)."""
-    from ..bench import (BenchSettings, check_output_path, parse_lengths, resolve_methods, run_bench, split_names,
-                         to_json_text, write_csv, write_json)
-    from ..models import set_threads
+    from ..bench import (
+        BenchSettings,
+        parse_lengths,
+        resolve_methods,
+        run_bench,
+        split_names,
+        to_json_text,
+        write_csv,
+        write_json,
+    )
     from ..drafters import DrafterOptions
+    from ..files import check_output_file
     from ..models import load_target
 
     # Everything a user can get wrong is checked before the model loads.
@@ -95,8 +103,8 @@ def bench(
     )
     settings.check()
     conversations, source = load_prompts(suite, prompts, categories, limit)
-    json_path = check_output_path(json_out, "--json-out") if json_out else None
-    csv_path = check_output_path(csv_out, "--csv") if csv_out else None
+    json_path = check_output_file(json_out, "json_out") if json_out else None
+    csv_path = check_output_file(csv_out, "csv") if csv_out else None
     if plot:
         from ..plots import check_plot_dir, require_matplotlib
 
@@ -104,11 +112,12 @@ def bench(
         check_plot_dir(plot)
 
     if threads is not None:
-        set_threads(threads)
+        apply_threads(threads)
     status = err_console().status("Loading model…")
     with status:
         loaded = load_target(target, device, dtype, on_status=lambda message: status.update(message))
-    report = _run_with_progress(run_bench, loaded, conversations, settings, source)
+    with doing("benchmarking", "no report was written"):
+        report = _run_with_progress(run_bench, loaded, conversations, settings, source)
     document = report.as_json()
 
     if json_path:
@@ -130,7 +139,14 @@ def bench(
 
 
 def _run_with_progress(run_bench, loaded, conversations, settings, source):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     stderr = err_console()
     progress = Progress(

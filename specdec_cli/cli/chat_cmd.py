@@ -11,12 +11,20 @@ import typer
 from ..defaults import DEFAULT_AUX, DEFAULT_DRAFTER, DEFAULT_TARGET
 from ..errors import SpecdecError
 from . import app
-from .common import console, err_console
+from .common import apply_threads, console, doing, err_console
 from .output import TextStream, compare_json, compare_lines, stats_line, turn_json
 
 
 def read_prompt(prompt: str) -> str:
-    text = sys.stdin.read() if prompt == "-" else prompt
+    if prompt == "-":
+        data = sys.stdin.buffer.read()
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise SpecdecError(f"the prompt on stdin is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                               f"{exc.start})") from None
+    else:
+        text = prompt
     if not text.strip():
         raise SpecdecError("the prompt is empty")
     return text
@@ -45,7 +53,7 @@ def load_session(settings):
     from ..chat import open_session
 
     status = err_console().status("Loading model…")
-    with status:
+    with status, doing("loading the model"):
         return open_session(settings, on_status=lambda message: status.update(message))
 
 
@@ -77,9 +85,7 @@ def chat(
 ) -> None:
     """Speculative chat: one-shot with --prompt, interactive otherwise."""
     if threads is not None:
-        from ..models import set_threads
-
-        set_threads(threads)
+        apply_threads(threads)
     text = read_prompt(prompt) if prompt is not None else None
     settings = chat_settings(target=target, device=device, dtype=dtype, drafter=drafter, index=index, aux=aux,
                              draft_model=draft_model, draft_min_prob=draft_min_prob, draft_max=draft_max,
@@ -97,12 +103,20 @@ def chat(
         repl = Repl(session, console(), err_console(), plain, show_rejected, settings_lines(session, loaded))
         raise typer.Exit(repl.run())
     if compare:
-        _compare(session, text, as_json, plain, show_rejected)
+        with doing("comparing with plain decoding"):
+            _compare(session, text, as_json, plain, show_rejected)
         return
     if as_json:
-        turn = session.ask(text)
+        with doing("answering", "no JSON was printed"):
+            turn = session.ask(text)
         print(json.dumps(turn_json(turn), ensure_ascii=False))
         return
+    with doing("answering", "the answer so far is printed above"):
+        turn = _answer(session, text, plain, show_rejected)
+    err_console().print(stats_line(turn))
+
+
+def _answer(session, text: str, plain: bool, show_rejected: bool):
     if plain:
         stream = TextStream(session.tokenizer, session.generation.stop)
         turn = session.ask(text, on_event=stream.on_event)
@@ -113,7 +127,7 @@ def chat(
         view = TranscriptView(text_decoder(session.tokenizer), session.drafter_name, show_rejected)
         with LiveTranscript(console(), view) as live:
             turn = session.ask(text, on_event=live.on_event)
-    err_console().print(stats_line(turn))
+    return turn
 
 
 def _compare(session, text: str, as_json: bool, plain: bool, show_rejected: bool) -> None:

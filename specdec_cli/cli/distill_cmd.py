@@ -13,8 +13,17 @@ from typing import Any, Optional
 
 import typer
 
-from ..distill.train import DEFAULT_DRAFT_VOCAB  # light: torch is imported inside its functions
 from ..defaults import DEFAULT_TARGET
+from ..distill.pipeline import (
+    default_output,
+    held_out_prompts,
+    spread,
+    target_of_data,
+    target_of_draft,
+    target_spec,
+    usable_target,
+)
+from ..distill.student import DEFAULT_DRAFT_VOCAB  # light: torch is imported inside its functions
 from . import app
 from .common import console, err_console
 
@@ -40,12 +49,6 @@ EVAL_MAX_NEW_TOKENS = 96
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def _target_spec(target: str) -> str:
-    """What to record as the target: an absolute path for files and directories, the name otherwise."""
-    path = Path(target).expanduser()
-    return str(path.resolve()) if path.exists() else target
-
-
 def _load_target(target: str, device: str = "auto", dtype: str = "auto"):
     from ..models import load_target
 
@@ -54,40 +57,15 @@ def _load_target(target: str, device: str = "auto", dtype: str = "auto"):
         return load_target(target, device, dtype, on_status=lambda message: status.update(message))
 
 
-def _target_from_data(data: str) -> Optional[str]:
-    """The target recorded in the first row of a data file (None when unreadable)."""
-    try:
-        with open(Path(data).expanduser(), encoding="utf-8") as handle:
-            for line in handle:
-                if line.strip():
-                    return str(json.loads(line).get("target") or "") or None
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def _target_from_draft(draft_dir: str) -> Optional[str]:
-    from ..drafters.model import read_draft_meta
-
-    return str(read_draft_meta(Path(draft_dir).expanduser()).get("target") or "") or None
-
-
-def _usable_target(recorded: Optional[str]) -> str:
-    """A recorded target if it can still be resolved, else the default model."""
-    if not recorded:
-        return DEFAULT_TARGET
-    from ..errors import SpecdecError
-    from ..models import resolve_target
-
-    try:
-        resolve_target(recorded)
-    except SpecdecError:
-        return DEFAULT_TARGET
-    return recorded
-
-
 def _progress(*fields: str):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn()]
     columns += [TextColumn(f"{{task.fields[{name}]}}") for name in fields]
@@ -100,13 +78,6 @@ def _check_data(loaded: Any, target_spec: str, data: str, allow_empty: bool) -> 
     from ..distill.generate import read_rows
 
     read_rows(data, target_info(loaded.model, loaded.tokenizer).fingerprint, target_spec, allow_empty=allow_empty)
-
-
-def _default_output(target_name: str) -> Path:
-    from ..models import specdec_home
-
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in Path(target_name).name) or "draft"
-    return specdec_home() / "drafts" / safe
 
 
 # ---------------------------------------------------------------------------------------------- stages
@@ -217,26 +188,6 @@ def show_usage(draft_dir: str, target_spec: str) -> None:
     console().print(f"  specdec bench{target} --drafters none,model --draft-model {draft_dir}")
 
 
-def _eval_prompts(loaded: Any, target_spec: str, draft_dir: str, data: Optional[str], prompts: Optional[str],
-                  suite: Optional[str], limit: Optional[int], raw: bool) -> tuple[list, str]:
-    from ..chat import target_info
-    from ..distill.evaluate import prompts_from_data, prompts_from_items, read_report
-    from ..distill.generate import load_prompts
-    from ..errors import SpecdecError
-
-    if prompts or suite:
-        items = load_prompts(prompts, suite, limit)
-        return prompts_from_items(loaded.tokenizer, items, raw), (prompts or f"suite {suite}")
-    report = read_report(Path(draft_dir).expanduser())
-    data = data or (report.get("data") or {}).get("path")
-    if not data:
-        raise SpecdecError("give the held-out prompts: --data DATA.jsonl, --suite builtin or --prompts FILE")
-    holdout = float((report.get("data") or {}).get("holdout", 0.1))
-    info = target_info(loaded.model, loaded.tokenizer)
-    found = prompts_from_data(data, holdout, info.fingerprint, target_spec)
-    return (found[:limit] if limit else found), f"held-out rows of {data}"
-
-
 # ---------------------------------------------------------------------------------------------- commands
 
 
@@ -281,8 +232,10 @@ def distill(
     config.check()
     train_items = load_prompts(prompts, None if prompts else (suite or "distill"), limit)
     loaded = _load_target(target, device)
-    spec = _target_spec(target)
-    out_dir = Path(output).expanduser() if output else _default_output(loaded.name)
+    spec = target_spec(target)
+    out_dir = Path(output).expanduser() if output else default_output(loaded.name)
+    if not output:  # the default place under $SPECDEC_HOME is ours to create
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
     data_file = data or str(out_dir.parent / f"{out_dir.name}.data.jsonl")
     err_console().print(f"[bold]1/3[/bold] Answering {len(train_items)} prompts with the target -> {data_file}")
     run_generate(loaded, spec, train_items, data_file, drafter=drafter, draft_max=None, index=None, draft_model=None,
@@ -290,7 +243,7 @@ def distill(
     err_console().print(f"[bold]2/3[/bold] Training a {layers}-block student -> {out_dir}")
     run_train(loaded, spec, data_file, str(out_dir), config, checkpoint_dir=None, resume=resume)
     eval_items = load_prompts(eval_prompts, None if eval_prompts else (eval_suite or "builtin"), None)
-    chosen = _spread(eval_items, eval_limit)
+    chosen = spread(eval_items, eval_limit)
     from ..distill.evaluate import prompts_from_items
 
     source = eval_prompts or f"suite {eval_suite or 'builtin'}"
@@ -299,21 +252,6 @@ def distill(
                               baseline=True, max_new_tokens=eval_max_new_tokens, draft_max=6, draft_min_prob=0.0)
     show_evaluation(evaluation, str(out_dir))
     show_usage(str(out_dir), spec)
-
-
-def _spread(items: list, limit: Optional[int]) -> list:
-    """At most `limit` items, taken round-robin over categories so that every category is represented."""
-    if not limit or len(items) <= limit:
-        return list(items)
-    groups: dict = {}
-    for item in items:
-        groups.setdefault(item.category, []).append(item)
-    chosen: list = []
-    while len(chosen) < limit:
-        for group in groups.values():
-            if group and len(chosen) < limit:
-                chosen.append(group.pop(0))
-    return chosen
 
 
 @distill_app.command("generate")
@@ -339,17 +277,20 @@ def generate(
 ) -> None:
     """Answer prompts with the target and append one row per answer (resumable)."""
     from ..distill.generate import load_prompts
-    from ..drafters import check_drafter
+    from ..drafters import DrafterOptions, check_drafter, check_drafter_options
     from ..engine import GenerationConfig
     from ..errors import SpecdecError
+    from ..files import check_output_file
 
     if prompts is None and suite is None:
         raise SpecdecError("give the prompts: --prompts FILE or --suite NAME")
     check_drafter(drafter)
+    check_drafter_options(drafter, DrafterOptions(draft_max=draft_max, index=index, draft_model=draft_model))
     GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k).check()
+    check_output_file(output, "output")
     items = load_prompts(prompts, suite, limit)
     loaded = _load_target(target, device, dtype)
-    run_generate(loaded, _target_spec(target), items, output, drafter=drafter, draft_max=draft_max, index=index,
+    run_generate(loaded, target_spec(target), items, output, drafter=drafter, draft_max=draft_max, index=index,
                  draft_model=draft_model, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                  top_k=top_k, seed=seed, system=system, raw=raw)
 
@@ -396,9 +337,9 @@ def train(
                          kd_positions=kd_positions, freeze_embeddings=freeze_embeddings)
     config.check()
     read_rows(data)  # a missing or empty file fails before the model loads
-    target = target or _usable_target(_target_from_data(data))
+    target = target or usable_target(target_of_data(data))
     loaded = _load_target(target, device, "float32")
-    run_train(loaded, _target_spec(target), data, output, config, checkpoint_dir=checkpoint_dir, resume=resume)
+    run_train(loaded, target_spec(target), data, output, config, checkpoint_dir=checkpoint_dir, resume=resume)
 
 
 @distill_app.command("evaluate")
@@ -425,10 +366,10 @@ def evaluate(
     directory = Path(draft_model).expanduser()
     if not directory.is_dir():
         raise SpecdecError(f"--draft-model {draft_model}: no such directory")
-    target = target or _usable_target(_target_from_draft(draft_model))
+    target = target or usable_target(target_of_draft(draft_model))
     loaded = _load_target(target, device, "float32")
-    spec = _target_spec(target)
-    chosen, source = _eval_prompts(loaded, spec, draft_model, data, prompts, suite, limit, raw)
+    spec = target_spec(target)
+    chosen, source = held_out_prompts(loaded, spec, draft_model, data, prompts, suite, limit, raw)
     evaluation = run_evaluate(loaded, spec, draft_model, chosen, source, baseline=not no_baseline,
                               max_new_tokens=max_new_tokens, draft_max=draft_max, draft_min_prob=draft_min_prob)
     if as_json:

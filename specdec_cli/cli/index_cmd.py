@@ -16,7 +16,7 @@ import typer
 
 from ..defaults import DEFAULT_TARGET
 from . import app
-from .common import console, err_console
+from .common import console, doing, err_console
 
 
 def _size(num_bytes: float) -> str:
@@ -38,10 +38,10 @@ def _table(title: str, rows: list[tuple[str, str]]) -> Any:
     return table
 
 
-def _show_info(path: str, as_json: bool) -> None:
-    from ..sam.index import read_index_info
+def _show_info(path: str, as_json: bool, verify: bool = False) -> None:
+    from ..sam.index import read_index_info, verify_index
 
-    info = read_index_info(path)
+    info = verify_index(path) if verify else read_index_info(path)
     if as_json:
         console().print_json(json.dumps(info))
         return
@@ -61,6 +61,10 @@ def _show_info(path: str, as_json: bool) -> None:
         ("file", f"{_size(info['file_bytes'])} ({info['bytes_per_token']:.1f} bytes per token)"),
         ("sources", f"{len(sources):,} files, {_size(sum(s.get('size', 0) for s in sources))}"),
     ]
+    if verify:
+        rows.append(("checksum", {"ok": "every byte verified (CRC-32)",
+                                  "absent": "none recorded (built by an older specdec): structure checked only"}
+                     [info["checksum"]]))
     for source in sources[:5]:
         rows.append(("", f"{source['path']}  sha256:{source.get('sha256', '')[:12]}"))
     if len(sources) > 5:
@@ -98,15 +102,18 @@ def build_index_command(
     info: Optional[str] = typer.Option(
         None, "--info", metavar="FILE", help="Describe an existing index (reads only its header) and exit."
     ),
+    verify: Optional[str] = typer.Option(
+        None, "--verify", metavar="FILE", help="Check every byte of an existing index against its checksum, and exit."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Build a static suffix-automaton index (the `sam` drafter's --index) from a corpus."""
     from ..errors import SpecdecError
 
-    if info is not None:
-        if corpus or output:
-            raise SpecdecError("--info describes an existing index; give no corpus and no -o with it")
-        _show_info(info, as_json)
+    if info is not None or verify is not None:
+        if corpus or output or (info and verify):
+            raise SpecdecError("--info and --verify read one existing index; give no corpus and no -o with them")
+        _show_info(info or verify, as_json, verify=verify is not None)
         return
     if not corpus:
         raise SpecdecError("no corpus given: name files, directories or - (stdin); see --help")
@@ -116,9 +123,11 @@ def build_index_command(
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from ..corpus import build_index, resolve_inputs
+    from ..files import check_output_file
     from ..models import load_tokenizer
 
     resolve_inputs(corpus, glob)  # a missing or binary input fails before the tokenizer loads
+    check_output_file(output, "output")  # so does an -o into a missing folder
     status = err_console()
     live = status.is_terminal  # progress displays only on a terminal: a redirected stderr gets errors alone
     with status.status(f"Loading the tokenizer of {target}") if live else contextlib.nullcontext():
@@ -141,10 +150,11 @@ def build_index_command(
         def on_phase(phase: str) -> None:
             progress.update(task, description=phase)
 
-        summary = build_index(
-            corpus, output, tokenizer, field=field, glob=glob, target_name=target,
-            on_progress=on_progress, on_phase=on_phase,
-        )
+        with doing("building the index", f"no index was written to {output}"):
+            summary = build_index(
+                corpus, output, tokenizer, field=field, glob=glob, target_name=target,
+                on_progress=on_progress, on_phase=on_phase,
+            )
     if as_json:
         console().print_json(json.dumps(summary))
     else:

@@ -10,7 +10,10 @@ in it) is at the bottom; tests drive the pure part with scripted events and a fa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..stats import GenerationStats
 
 STYLES = {"accepted": "green", "target": "bold", "rejected": "red strike dim", "prompt": ""}
 
@@ -31,32 +34,19 @@ class Span:
 
 @dataclass
 class Status:
-    drafter: str = ""
-    source: str = ""  # which source drafted the latest step (hybrid drafters name theirs)
-    new_tokens: int = 0
-    steps: int = 0
-    committed_in_steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    seconds: float = 0.0
+    """The status line under an answer: the drafter, the source of the latest draft, and the statistics so far
+    (stats.py's, from the same events the engine summarises)."""
 
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def mean_accepted_tokens(self) -> float:
-        return self.committed_in_steps / self.steps if self.steps else 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+    drafter: str
+    source: str
+    stats: "GenerationStats"
 
     def line(self) -> str:
+        stats = self.stats
         source = f" ({self.source})" if self.source and self.source != self.drafter else ""
-        return (f"{self.drafter}{source} · {self.tokens_per_second:.1f} tok/s · "
-                f"{self.mean_accepted_tokens:.2f} tokens/step · acceptance {self.acceptance_rate:.0%} · "
-                f"{self.new_tokens} tokens")
+        return (f"{self.drafter}{source} · {stats.tokens_per_second:.1f} tok/s · "
+                f"{stats.mean_accepted_tokens:.2f} tokens/step · acceptance {stats.acceptance_rate:.0%} · "
+                f"{stats.new_tokens} tokens")
 
 
 @dataclass
@@ -69,7 +59,9 @@ class TranscriptView:
     rejected: list[Span] = field(default_factory=list)  # the latest step's rejected drafts only
 
     def __post_init__(self) -> None:
-        self.state = Status(drafter=self.drafter)
+        from ..stats import Tally
+
+        self.tally = Tally()
 
     def pieces(self, tokens: Sequence[int]) -> list[str]:
         """Text of each token appended after the committed answer (from a short window of left context)."""
@@ -93,16 +85,7 @@ class TranscriptView:
             self.rejected = [Span(text, "rejected") for text in self._pieces_after(kept, rejected_tokens)]
         self.committed += [Span(text, kind) for text, kind in zip(self.pieces(kept), kinds)]
         self.tokens += list(kept)
-        state = self.state
-        state.new_tokens += len(kept)
-        state.seconds += event.draft_seconds + event.verify_seconds
-        if event.kind == "step":
-            state.steps += 1
-            state.committed_in_steps += len(kept)
-            state.drafted += len(event.draft)
-            state.accepted += event.accepted
-            if len(event.draft):
-                state.source = event.draft.source
+        self.tally.add(event)
 
     def _pieces_after(self, kept: Sequence[int], rejected: Sequence[int]) -> list[str]:
         """Rejected drafts are rendered where they were guessed: after the accepted part of this step."""
@@ -118,7 +101,7 @@ class TranscriptView:
         return self.committed + self.rejected
 
     def status(self) -> Status:
-        return self.state
+        return Status(self.drafter, self.tally.latest_source, self.tally.snapshot())
 
 
 # -- Rich plumbing ---------------------------------------------------------------------------------------

@@ -177,6 +177,8 @@ class Repl:
     def stats(self) -> None:
         from rich.table import Table
 
+        from ..stats import merge
+
         turns = self.session.turns
         if not turns:
             self.err.print("[dim]No answers yet.[/dim]")
@@ -184,23 +186,19 @@ class Repl:
         table = Table(title="This conversation", title_justify="left")
         for column in ("turn", "drafter", "tokens", "tok/s", "tokens/step", "acceptance", "TTFT s"):
             table.add_column(column, justify="right" if column not in ("drafter",) else "left")
-        position_drafted: list[int] = []
-        position_accepted: list[int] = []
         for number, turn in enumerate(turns, 1):
             stats = turn.generation.stats
             table.add_row(str(number), turn.drafter, str(stats.new_tokens), f"{stats.tokens_per_second:.1f}",
                           f"{stats.mean_accepted_tokens:.2f}", f"{stats.acceptance_rate:.0%}",
                           f"{stats.ttft_seconds:.2f}")
-            for position, (drafted, accepted) in enumerate(zip(stats.position_drafted, stats.position_accepted)):
-                if position >= len(position_drafted):
-                    position_drafted.append(0)
-                    position_accepted.append(0)
-                position_drafted[position] += drafted
-                position_accepted[position] += accepted
+        pooled = merge(turn.generation.stats for turn in turns)
+        table.add_row("all", "", str(pooled.new_tokens), f"{pooled.tokens_per_second:.1f}",
+                      f"{pooled.mean_accepted_tokens:.2f}", f"{pooled.acceptance_rate:.0%}",
+                      f"{pooled.ttft_seconds:.2f}", style="bold")
         self.err.print(table)
-        if position_drafted:
+        if pooled.position_drafted:
             self.err.print("Per-position acceptance (share of steps whose i-th draft token was accepted):")
-            for position, (drafted, accepted) in enumerate(zip(position_drafted, position_accepted), 1):
+            for position, (drafted, accepted) in enumerate(zip(pooled.position_drafted, pooled.position_accepted), 1):
                 share = accepted / drafted if drafted else 0.0
                 bar = "█" * round(share * 40)
                 self.err.print(f"  {position:>2} {bar:<40} {share:5.0%}  ({accepted}/{drafted})", markup=False)

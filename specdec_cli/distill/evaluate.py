@@ -22,7 +22,10 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..errors import SpecdecError
 from ..files import read_json, write_json_atomic
-from .train import REPORT, build_student, split_rows
+from ..stats import merge
+from .checkpoints import REPORT
+from .data import split_rows
+from .student import build_student
 
 DEFAULT_EVAL_TOKENS = 128
 
@@ -128,9 +131,11 @@ def score_drafts(
                               eos_token_ids=info.eos_token_ids, cost_aware=False)
     config.check()
     scores = {label: DraftScore(label) for label in drafts}
-    sums = {label: {"tvd": 0.0, "matches": 0, "committed": 0.0, "wall": 0.0} for label in drafts}
-    categories: dict = {label: {} for label in drafts}
-    drafters = {label: ModelDrafter(model.eval(), draft_max=draft_max, min_prob=min_prob, eos_token_ids=info.eos_token_ids,
+    sums = {label: {"tvd": 0.0, "matches": 0} for label in drafts}
+    runs: dict = {label: [] for label in drafts}  # label -> GenerationStats of each prompt
+    categories: dict = {label: {} for label in drafts}  # label -> category -> [matches, positions, stats list]
+    drafters = {label: ModelDrafter(model.eval(), draft_max=draft_max, min_prob=min_prob,
+                                    eos_token_ids=info.eos_token_ids,
                                     head_tokens=head_tokens)
                 for label, model in drafts.items()}
     for index, prompt in enumerate(prompts):
@@ -143,39 +148,36 @@ def score_drafts(
                 reference = _target_along(target, prompt.ids, list(generation.tokens))
             score, acc = scores[label], sums[label]
             score.prompts += 1
-            score.steps += stats.steps
-            score.new_tokens += stats.new_tokens
-            score.drafted_tokens += stats.drafted_tokens
-            score.accepted_tokens += stats.accepted_tokens
-            score.draft_seconds += stats.draft_seconds
-            score.verify_seconds += stats.verify_seconds
-            acc["committed"] += stats.mean_accepted_tokens * stats.steps
-            acc["wall"] += stats.wall_seconds
+            runs[label].append(stats)
             matches, tvd_sum, positions = _agreement(drafts[label], reference, head_tokens)
             score.positions += positions
             acc["matches"] += matches
             acc["tvd"] += tvd_sum
-            bucket = categories[label].setdefault(prompt.category or "prompts", [0, 0, 0.0, 0])
+            bucket = categories[label].setdefault(prompt.category or "prompts", [0, 0, []])
             bucket[0] += matches
             bucket[1] += positions
-            bucket[2] += stats.mean_accepted_tokens * stats.steps
-            bucket[3] += stats.steps
-            _finish(score, acc, categories[label])
+            bucket[2].append(stats)
+            _finish(score, acc, categories[label], runs[label])
             if on_progress is not None:
                 on_progress(EvalProgress(label, index + 1, len(prompts), score))
     return scores
 
 
-def _finish(score: DraftScore, acc: dict, categories: dict) -> None:
+def _finish(score: DraftScore, acc: dict, categories: dict, runs: list) -> None:
+    """The score's speed and acceptance from its generations pooled (stats.merge); agreement from `acc`."""
+    pooled = merge(runs)
+    score.steps, score.new_tokens = pooled.steps, pooled.new_tokens
+    score.drafted_tokens, score.accepted_tokens = pooled.drafted_tokens, pooled.accepted_tokens
+    score.draft_seconds, score.verify_seconds = pooled.draft_seconds, pooled.verify_seconds
+    score.mean_accepted_tokens = pooled.mean_accepted_tokens
+    score.acceptance_rate = pooled.acceptance_rate
+    score.tokens_per_second = pooled.tokens_per_second
     score.agreement = acc["matches"] / score.positions if score.positions else 0.0
     score.sampling_acceptance = 1.0 - acc["tvd"] / score.positions if score.positions else 0.0
-    score.mean_accepted_tokens = acc["committed"] / score.steps if score.steps else 0.0
-    score.acceptance_rate = score.accepted_tokens / score.drafted_tokens if score.drafted_tokens else 0.0
-    score.tokens_per_second = score.new_tokens / acc["wall"] if acc["wall"] > 0 else 0.0
     score.per_category = {
-        name: {"agreement": round(b[0] / b[1], 4) if b[1] else 0.0,
-               "mean_accepted_tokens": round(b[2] / b[3], 4) if b[3] else 0.0}
-        for name, b in categories.items()
+        name: {"agreement": round(matches / positions, 4) if positions else 0.0,
+               "mean_accepted_tokens": round(merge(stats).mean_accepted_tokens, 4)}
+        for name, (matches, positions, stats) in categories.items()
     }
 
 
@@ -192,7 +194,8 @@ def _target_along(target: Any, prompt_ids: list[int], answer: list[int]) -> Opti
     return ids, start, end, logits.argmax(-1), torch.softmax(logits, -1)
 
 
-def _agreement(draft: Any, reference: Optional[tuple], head_tokens: Optional[Sequence[int]] = None) -> tuple[int, float, int]:
+def _agreement(draft: Any, reference: Optional[tuple],
+               head_tokens: Optional[Sequence[int]] = None) -> tuple[int, float, int]:
     """(matching argmaxes, sum of TVDs, positions compared) of a draft along the target's answer.
 
     With a restricted head, position i may predict the head's tokens and the tokens of ids[: i + 1], as the
@@ -246,15 +249,12 @@ def evaluate_draft(
 ) -> dict:
     """Score the draft in `draft_dir` (and its initialisation) and store the result in its report."""
     from ..chat import target_info
-    from ..drafters.model import check_draft_compatible, draft_vocab_size, load_draft_model
-    from ..fingerprint import tokenizer_fingerprint
+    from ..drafters.model import load_draft_model
 
     status = on_status or (lambda message: None)
     directory = Path(draft_dir).expanduser()
     info = target_info(target, tokenizer)
-    model, draft_tokenizer, meta = load_draft_model(str(directory))
-    fingerprint = tokenizer_fingerprint(draft_tokenizer) if draft_tokenizer is not None else str(meta.get("fingerprint", ""))
-    check_draft_compatible(str(directory), draft_vocab_size(model, draft_tokenizer), fingerprint, info)
+    model, _, meta = load_draft_model(str(directory), info)
     report = read_report(directory)
     drafts = {}
     spec = (report.get("student") or {}).get("init") or meta.get("init")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -88,7 +87,8 @@ class GenerateSummary:
 # ---------------------------------------------------------------------------------------------- prompts
 
 
-def load_prompts(path: Optional[str] = None, suite: Optional[str] = None, limit: Optional[int] = None) -> list[PromptItem]:
+def load_prompts(path: Optional[str] = None, suite: Optional[str] = None,
+                 limit: Optional[int] = None) -> list[PromptItem]:
     """Prompts from a file or a suite (exactly one), first turns only, duplicates dropped, first `limit`."""
     if (path is None) == (suite is None):
         raise SpecdecError("give either --prompts FILE or --suite NAME")
@@ -110,6 +110,8 @@ def load_prompts(path: Optional[str] = None, suite: Optional[str] = None, limit:
 def _suite(name: str) -> list[PromptItem]:
     name = name.strip().lower()
     if name == SUITE_DISTILL:
+        from .suite import distill_prompts
+
         return distill_prompts()
     if name not in SUITES:
         raise SpecdecError(f"unknown suite {name!r}; choose one of: {', '.join(SUITES)} (or give --prompts FILE)")
@@ -150,137 +152,6 @@ def _read_text(file: Path) -> str:
         raise SpecdecError(f"{file}: cannot read ({exc.strerror or exc})") from exc
 
 
-# The `distill` suite: training prompts from templates. Written for this project; kept apart from the
-# builtin benchmark prompts so that held-out measurements on those stay honest.
-
-_CONCEPTS = [
-    "photosynthesis", "compound interest", "the water cycle", "inflation", "a black hole", "machine learning",
-    "the immune system", "plate tectonics", "supply and demand", "climate change", "the Pythagorean theorem",
-    "a blockchain", "natural selection", "the greenhouse effect", "an operating system", "vaccination",
-    "the stock market", "electric circuits", "the French Revolution", "recursion in programming", "gravity",
-    "the Internet", "a neural network", "democracy", "the speed of light", "DNA", "renewable energy",
-    "a credit score", "the Renaissance", "sleep cycles", "probability", "a hash table", "the moon's phases",
-    "caffeine", "encryption", "a volcano", "the scientific method", "public key cryptography", "tides",
-    "the human heart", "a compiler", "opportunity cost", "the Roman Empire", "solar panels", "antibiotics",
-    "a database index", "the placebo effect", "ocean currents", "version control", "cloud computing",
-]
-_ACTIVITIES = [
-    "learning a new language", "running a first 5k race", "saving money on groceries", "studying for exams",
-    "starting a vegetable garden", "working from home", "cooking for one person", "keeping a journal",
-    "preparing for a job interview", "travelling on a budget", "learning to play the guitar",
-    "reducing screen time", "organising a small closet", "public speaking", "making friends in a new city",
-    "getting better sleep", "writing a cover letter", "training a puppy", "reading more books",
-    "planning a birthday party", "staying focused while studying", "learning to code", "camping for the first time",
-    "taking better photos with a phone", "managing stress at work",
-]
-_FORMS = ["poem", "short story", "product description", "thank-you note", "limerick", "diary entry",
-          "motivational speech", "haiku sequence", "news headline and summary", "dialogue between two friends"]
-_SUBJECTS = ["a rainy afternoon", "an old lighthouse", "a lost cat", "the first day of school", "a robot learning to paint",
-             "a mountain sunrise", "a busy train station", "a forgotten birthday", "a small bakery", "the last leaf of autumn",
-             "a time traveller", "a chess tournament", "a winter market", "a broken umbrella", "a library at midnight"]
-_CODE_TASKS = [
-    "reverses a string", "checks whether a number is prime", "returns the n-th Fibonacci number",
-    "counts the words in a sentence", "removes duplicates from a list while keeping the order",
-    "finds the largest element of a list without using max()", "checks whether a string is a palindrome",
-    "merges two sorted lists into one sorted list", "converts Celsius to Fahrenheit",
-    "returns the factorial of a number", "flattens a nested list", "counts how often each character appears",
-    "computes the average of a list of numbers", "finds the second smallest number in a list",
-    "checks whether two strings are anagrams", "returns all even numbers from a list",
-    "implements binary search on a sorted list", "capitalizes the first letter of every word",
-    "computes the greatest common divisor of two numbers", "transposes a matrix given as a list of lists",
-    "validates that a string is a simple email address", "sums the digits of an integer",
-    "rotates a list by k positions", "reads a text file and returns its number of lines",
-    "groups a list of words by their first letter",
-]
-_LANGUAGES = ["JavaScript", "Python", "C", "Go", "Rust"]
-_SENTENCES = [
-    "The library opens at nine o'clock every morning.", "My brother bought a new bicycle last week.",
-    "It is going to rain tomorrow afternoon.", "We need more chairs for the meeting room.",
-    "The museum is closed on Mondays.", "She has been learning to play the piano for two years.",
-    "Could you tell me where the train station is?", "The soup is too hot to eat right now.",
-    "Our neighbours are moving to another city.", "This book is much more interesting than the film.",
-    "The children played in the garden until sunset.", "Please turn off the lights when you leave.",
-    "The price of coffee has gone up again.", "I forgot my umbrella at the office.",
-    "The concert was cancelled because of the storm.", "He writes a letter to his grandmother every month.",
-    "The new bridge will be finished next year.", "Fresh bread is sold at the market on Saturdays.",
-    "The doctor said I should drink more water.", "We watched the stars from the roof of the house.",
-]
-_TARGET_LANGUAGES = ["French", "Spanish", "German", "Italian", "Portuguese"]
-_FACTS = [
-    "The town council approved a plan to build a new public park near the river.",
-    "The park will include a playground, walking paths and a small pond.",
-    "Construction is expected to begin in the spring and last about eight months.",
-    "Some residents worry that the project will increase traffic in the area.",
-    "The council says that new bus routes will reduce the number of cars.",
-    "A local bakery has started delivering bread to customers by bicycle.",
-    "The owner says the bicycles are cheaper to run than a delivery van.",
-    "Customers can order online until eight o'clock in the evening.",
-    "The bakery now employs three delivery riders, all of them students.",
-    "Researchers studied the sleep of two hundred teenagers for six months.",
-    "They found that students who slept more than eight hours had better grades.",
-    "Teenagers who used their phones late at night slept less on average.",
-    "The researchers recommend switching off screens an hour before bed.",
-    "A small company released an app that helps people track their water use.",
-    "Users who checked the app daily cut their water use by about ten percent.",
-    "The company plans to add features for tracking electricity next year.",
-    "The city library will extend its opening hours during the exam period.",
-    "Extra study rooms will be available and can be booked in advance.",
-    "Volunteers will offer free tutoring in mathematics on weekday evenings.",
-    "The library hopes the programme will become a permanent service.",
-]
-_ITEMS = ["apples", "notebooks", "concert tickets", "bus passes", "coffee cups", "pencils", "plants", "T-shirts"]
-_NAMES = ["Anna", "Ben", "Carla", "David", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jonas"]
-
-
-def distill_prompts(seed: int = 0) -> list[PromptItem]:
-    """The `distill` suite: deterministic, shuffled across categories so that any prefix is a mix."""
-    rng = random.Random(seed)
-    items: list[PromptItem] = []
-
-    def add(category: str, text: str) -> None:
-        items.append(PromptItem(text, category, f"{category}-{sum(1 for item in items if item.category == category) + 1}"))
-
-    explain = ["Explain {} in simple terms.", "What is {}? Give a short answer with one example.",
-               "Describe {} to a ten-year-old.", "Give three key facts about {}.",
-               "What are common misconceptions about {}?"]
-    for number, concept in enumerate(_CONCEPTS):
-        add("qa", explain[number % len(explain)].format(concept))
-        add("qa", explain[(number + 2) % len(explain)].format(concept))
-    tips = ["Give me five practical tips for {}.", "What mistakes do beginners make when {}?",
-            "Make a simple one-week plan for {}.", "What are the benefits of {}? Answer briefly."]
-    for number, activity in enumerate(_ACTIVITIES):
-        add("chat", tips[number % len(tips)].format(activity))
-        add("chat", tips[(number + 1) % len(tips)].format(activity))
-    for number, subject in enumerate(_SUBJECTS):
-        for form in (_FORMS[number % len(_FORMS)], _FORMS[(number + 3) % len(_FORMS)]):
-            add("writing", f"Write a {form} about {subject}.")
-    for number, task in enumerate(_CODE_TASKS):
-        add("code", f"Write a Python function that {task}. Include a short docstring.")
-        if number % 2 == 0:
-            add("code", f"Write a function in {_LANGUAGES[number % len(_LANGUAGES)]} that {task}, and explain it briefly.")
-    for number in range(30):
-        name, item = _NAMES[number % len(_NAMES)], _ITEMS[number % len(_ITEMS)]
-        price, count, extra = rng.randint(2, 15), rng.randint(3, 12), rng.randint(2, 9)
-        templates = [
-            f"{name} buys {count} {item} at ${price} each and pays with a ${(price * count // 10 + 1) * 10} bill. "
-            f"How much change does {name} get? Explain step by step.",
-            f"A box holds {count} {item}. How many {item} are in {extra} boxes plus {price} loose ones? Show your work.",
-            f"{name} reads {count} pages a day. How many days does a book of {count * extra + price} pages take? "
-            "Explain your reasoning.",
-        ]
-        add("math", templates[number % 3])
-    for number, sentence in enumerate(_SENTENCES):
-        for language in (_TARGET_LANGUAGES[number % 5], _TARGET_LANGUAGES[(number + 2) % 5]):
-            add("translation", f"Translate into {language}: {sentence}")
-    for start in range(0, len(_FACTS), 2):
-        chosen = rng.sample(_FACTS, 4)
-        passage = " ".join(chosen)
-        style = ["in one sentence", "in two sentences", "as three bullet points", "for a busy reader"][start // 2 % 4]
-        add("summarization", f"Summarize the following text {style}.\n\n{passage}")
-    rng.shuffle(items)
-    return items
-
-
 # ---------------------------------------------------------------------------------------------- rows
 
 
@@ -311,20 +182,25 @@ def read_rows(path: str, fingerprint: Optional[str] = None, target_name: Optiona
             if last:
                 break
             raise SpecdecError(f"{path}, line {number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(row, dict) or not _token_list(row.get("answer_ids")) or not _token_list(row.get("prompt_ids")):
-            raise SpecdecError(f"{path}, line {number}: not a distillation row (no prompt_ids / answer_ids token lists)")
+        if not isinstance(row, dict) or "prompt_ids" not in row or "answer_ids" not in row:
+            raise SpecdecError(f"{path}, line {number}: not a distillation row (no prompt_ids and answer_ids)")
+        if not (_token_list(row["answer_ids"]) and _token_list(row["prompt_ids"])):
+            raise SpecdecError(f"{path}, line {number}: prompt_ids and answer_ids must be lists of token ids "
+                               "(non-negative integers)")
         rows.append(row)
     if not rows and not allow_empty:
         raise SpecdecError(f"{path}: the data file has no rows (run `specdec distill generate` first)")
     fingerprints = {str(row.get("fingerprint", "")) for row in rows}
     if len(fingerprints) > 1:
-        raise SpecdecError(f"{path}: rows from several tokenizers ({', '.join(sorted(fingerprints))}); use one file per target")
+        raise SpecdecError(f"{path}: rows from several tokenizers ({', '.join(sorted(fingerprints))}); "
+                           "use one file per target")
     if rows and fingerprint is not None:
         theirs = fingerprints.pop()
         if theirs != fingerprint:
             raise SpecdecError(
                 f"{path} was generated by target {rows[0].get('target', '?')!r} (tokenizer {theirs}), "
-                f"not by {target_name or 'this target'!s} (tokenizer {fingerprint}); use a data file made by this target"
+                f"not by {target_name or 'this target'!s} (tokenizer {fingerprint}); "
+                "use a data file made by this target"
             )
         names = {str(row.get("target", "")) for row in rows}
         if target_name and warnings is not None and names != {target_name}:
@@ -394,11 +270,9 @@ def generate_data(
 
     if not prompts:
         raise SpecdecError("no prompts to answer")
-    file = Path(out_path).expanduser()
-    if file.exists() and not file.is_file():
-        raise SpecdecError(f"{out_path}: not a file")
-    if file.parent and not file.parent.exists():
-        file.parent.mkdir(parents=True, exist_ok=True)
+    from ..files import check_output_file
+
+    file = check_output_file(out_path, "output")  # the folder must exist, as for every command's outputs
     info = target_info(model, tokenizer)
     warnings: list[str] = []
     _repair_tail(file)
@@ -416,7 +290,8 @@ def generate_data(
     started = time.perf_counter()
     new_tokens = steps = committed = 0
     for done, item in enumerate(todo, start=1):
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": item.text}]
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": item.text})
         prompt_ids = format_prompt(tokenizer, messages, raw)
         if temperature > 0:
             config = replace(config, seed=seed + len(existing) + done)

@@ -68,6 +68,29 @@ def check_drafter(name: str) -> None:
         raise SpecdecError(f"unknown drafter {name!r}; choose one of: {', '.join(DRAFTERS)}, sam+AUX")
 
 
+def check_drafter_options(name: str, options: DrafterOptions) -> None:
+    """What can be checked of a drafter's options before the target loads: the files it will open exist and
+    are what they claim to be, and the drafter it needs is named (a tokenizer match is checked at build)."""
+    from pathlib import Path
+
+    head, aux = split_hybrid(name)
+    aux = aux if aux is not None else (options.aux if head == HYBRID_HEAD else None)
+    if aux is not None and aux not in AUX_CHOICES:
+        raise SpecdecError(f"aux {aux}: the auxiliary drafter must be one of {', '.join(AUX_CHOICES)}", setting="aux")
+    if options.index and (head in ("sam", "aded") or aux == "aded"):
+        from ..sam.index import read_index_info
+
+        read_index_info(options.index)  # a missing, foreign or truncated file fails here, in a millisecond
+    if "model" in (head, aux):
+        if not options.draft_model:
+            raise SpecdecError("the model drafter needs a draft model directory (make one with `specdec distill`)",
+                               setting="draft_model")
+        folder = Path(options.draft_model).expanduser()
+        if not (folder / "config.json").is_file():
+            state = "no such directory" if not folder.exists() else "not a model directory (no config.json)"
+            raise SpecdecError(f"draft_model {options.draft_model}: {state}", setting="draft_model")
+
+
 def is_drafter(name: str) -> bool:
     """True for a registered drafter name or a valid `sam+AUX` hybrid."""
     try:

@@ -5,9 +5,10 @@ tokens of a static index, documents separated by EOS) a score is P(c | a, b) = c
 top 12 successors per pair; without a corpus the table starts empty and learns from the conversation alone.
 Adaptation, before each draft: every trigram inside the last 16 committed tokens gets +0.04 (created at 0.04
 when new), capped at 3.0, never renormalised. It runs when a step's event arrives, so steps drafted by
-another source (ADED as the hybrid `sam` drafter's auxiliary) adapt the table too. A prompt (the new part of a conversation) is adapted at the
-prefill as if it had been committed one token at a time: each trigram occurrence gets the 14 boosts of the
-windows it would have sat in. The table lives as long as the drafter (a chat session).
+another source (ADED as the hybrid `sam` drafter's auxiliary) adapt the table too. A prompt (the new part
+of a conversation) is adapted at the prefill as if it had been committed one token at a time: each trigram
+occurrence gets the 14 boosts of the windows it would have sat in. The table lives as long as the drafter
+(a chat session).
 
 Search (from the root state (previous token, newest token)): iterations of select -> rollout -> backup over
 states up to depth 4. Selection takes a node's first unvisited child (children sorted by score), else the
@@ -304,7 +305,10 @@ def merge_paths(paths: Sequence[Sequence[int]], max_nodes: int = MAX_NODES,
     of the paths through it (each path weighs 1 by default); children are ordered by weight, ties by the
     earlier path. A path that does not fit is cut where the trie is full.
     """
-    trie_token, trie_parent, trie_weight, trie_first = [], [], [], []
+    trie_token: list[int] = []
+    trie_parent: list[int] = []
+    trie_weight: list[float] = []
+    trie_first: list[int] = []
     lookup: dict[tuple[int, int], int] = {}
     for rank, path in enumerate(paths):
         parent = -1
@@ -317,14 +321,15 @@ def merge_paths(paths: Sequence[Sequence[int]], max_nodes: int = MAX_NODES,
                 lookup[(parent, int(token))] = node
                 trie_token.append(int(token))
                 trie_parent.append(parent)
-                trie_weight.append(0)
+                trie_weight.append(0.0)
                 trie_first.append(rank)
             trie_weight[node] += 1 if path_weights is None else path_weights[rank]
             parent = node
     kids: dict[int, list[int]] = {}
     for node, parent in enumerate(trie_parent):
         kids.setdefault(parent, []).append(node)
-    order, new_index, head = [], {-1: -1}, [-1]
+    order: list[int] = []
+    new_index, head = {-1: -1}, [-1]
     while head:  # breadth first, better children first
         level = []
         for parent in head:

@@ -40,7 +40,8 @@ DRAFT_META = "specdec_draft.json"  # written by `specdec distill train` next to 
 
 
 def split_model(model: Any) -> tuple[Any, Any]:
-    """(base transformer, output head) when logits are a plain linear map of the last hidden state, else (None, None)."""
+    """(base transformer, output head) when logits are a plain linear map of the last hidden state, else
+    (None, None)."""
     config = model.config
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
         return None, None
@@ -64,7 +65,7 @@ class DraftHead:
         self.base, head = split_model(model)
         self.vocab_size = vocab_size
         self.restricted = bool(head_tokens) and self.base is not None
-        if not self.restricted:
+        if not self.restricted or head_tokens is None:
             return
         ids = sorted({int(token) for token in head_tokens if 0 <= int(token) < vocab_size})
         self.ids = torch.tensor(ids, dtype=torch.long, device=head.weight.device)  # [K]
@@ -90,7 +91,8 @@ class DraftHead:
             return
         import torch
 
-        new = sorted({int(token) for token in tokens if 0 <= int(token) < self.vocab_size and not self.allowed[int(token)]})
+        wanted = {int(token) for token in tokens}
+        new = sorted(token for token in wanted if 0 <= token < self.vocab_size and not self.allowed[token])
         if not new:
             return
         self.allowed[new] = True
@@ -253,7 +255,8 @@ class ModelDrafter:
         self.tokens.extend(tokens)
         if self.head.restricted:
             self.head.add(tokens)
-            out = self.head.base(input_ids=input_ids, position_ids=position_ids, past_key_values=self.cache, use_cache=True)
+            out = self.head.base(input_ids=input_ids, position_ids=position_ids, past_key_values=self.cache,
+                                 use_cache=True)
             return self.head.logits(out.last_hidden_state[0, -1:])[0]  # [vocab]
         out = self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=self.cache,
                          use_cache=True, logits_to_keep=1)
@@ -294,8 +297,9 @@ def check_draft_compatible(where: str, draft_vocab: int, draft_fingerprint: str,
         )
 
 
-def load_draft_model(directory: str, device: str = "cpu", dtype: Any = None) -> tuple[Any, Any, dict]:
-    """(model, tokenizer or None, specdec metadata) from a draft directory; one-line errors."""
+def load_draft_model(directory: str, target: Any, device: Any = "cpu", dtype: Any = None) -> tuple[Any, Any, dict]:
+    """(model, tokenizer or None, specdec metadata) from a draft directory, refused unless its vocabulary and
+    tokenizer fit `target` (anything with `vocab_size` and `fingerprint`); one-line errors."""
     path = Path(directory).expanduser()
     if not path.exists():
         raise SpecdecError(f"draft_model {directory}: no such directory", setting="draft_model")
@@ -319,17 +323,19 @@ def load_draft_model(directory: str, device: str = "cpu", dtype: Any = None) -> 
         raise SpecdecError(f"draft_model {directory}: cannot load the model: {first}", setting="draft_model") from exc
     model.to(device)
     model.eval()
-    return model, tokenizer, read_draft_meta(path)
+    meta = read_draft_meta(path)
+    from ..fingerprint import tokenizer_fingerprint
+
+    fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else str(meta.get("fingerprint", ""))
+    check_draft_compatible(str(directory), draft_vocab_size(model, tokenizer), fingerprint, target)
+    return model, tokenizer, meta
 
 
 def make_model_drafter(options: Any, target: Any) -> ModelDrafter:
     if not options.draft_model:
-        raise SpecdecError("the model drafter needs a draft model directory (make one with `specdec distill`)", setting="draft_model")
-    from ..fingerprint import tokenizer_fingerprint
-
+        raise SpecdecError("the model drafter needs a draft model directory (make one with `specdec distill`)",
+                           setting="draft_model")
     extra = getattr(options, "extra", None) or {}
-    model, tokenizer, meta = load_draft_model(options.draft_model, extra.get("device", "cpu"), extra.get("dtype"))
-    fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else str(meta.get("fingerprint", ""))
-    check_draft_compatible(options.draft_model, draft_vocab_size(model, tokenizer), fingerprint, target)
+    model, _, meta = load_draft_model(options.draft_model, target, extra.get("device", "cpu"), extra.get("dtype"))
     return ModelDrafter(model, draft_max=options.draft_max, min_prob=options.draft_min_prob,
                         eos_token_ids=target.eos_token_ids, head_tokens=meta.get("head_tokens"))

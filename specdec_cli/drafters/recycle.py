@@ -59,7 +59,10 @@ class TreeTemplate:
         counts = [int(count) for count in child_counts]
         if not counts or any(count < 0 or count > TOPK for count in counts):
             raise ValueError(f"child counts must be 0..{TOPK}")
-        parent, rank, depth = [], [], []  # per drafted node; parent -1 = root; template node j+1 = drafted j
+        # per drafted node; parent -1 = root; template node j+1 = drafted j
+        parent: list[int] = []
+        rank: list[int] = []
+        depth: list[int] = []
         for template_node, count in enumerate(counts):
             if template_node > len(parent):
                 raise ValueError("template: a node has children but no parent")

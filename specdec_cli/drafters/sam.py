@@ -5,7 +5,7 @@ and generated tokens, extended as tokens are committed) and, optionally, a stati
 index file. For every committed token the match states advance first and the dynamic automaton is
 extended second (extending first would make the text match itself, with nothing after it to draft).
 
-Drafting (algorithms.md, section 2): with match lengths `l_dynamic` and `l_static`, the static automaton
+Drafting (docs/methods.md, section 2): with match lengths `l_dynamic` and `l_static`, the static automaton
 drafts only if `l_static - l_bias > l_dynamic` (ties go to the dynamic one). If an auxiliary drafter is
 given and `max(l_dynamic, l_static - l_bias) < l_threshold`, it drafts instead and sees every event too.
 The paper's grid search (GPU, 40-token drafts) put `l_threshold` at 5; on a CPU, where every verified token
@@ -110,6 +110,7 @@ class SamDrafter:
         l_dynamic, l_static = self.dynamic_len, self.static_len  # static_len stays 0 without an index
         if self.aux is not None and max(l_dynamic, l_static - self.l_bias) < self.l_threshold:
             return self.aux.propose(context, budget)
+        automaton: StaticAutomaton | DynamicAutomaton
         if self.static is not None and l_static - self.l_bias > l_dynamic:
             source, automaton, state, match_len = SOURCE_STATIC, self.static, self.static_state, l_static
         else:
@@ -158,7 +159,8 @@ def make_sam_drafter(options: "DrafterOptions", target: "TargetInfo") -> SamDraf
         from . import AUX_CHOICES, make_drafter
 
         if options.aux not in AUX_CHOICES:
-            raise SpecdecError(f"aux {options.aux}: the auxiliary drafter must be one of {', '.join(AUX_CHOICES)}", setting="aux")
+            raise SpecdecError(f"aux {options.aux}: the auxiliary drafter must be one of {', '.join(AUX_CHOICES)}",
+                               setting="aux")
         aux = make_drafter(options.aux, options, target)
     return SamDrafter(
         static,

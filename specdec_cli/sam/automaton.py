@@ -1,7 +1,7 @@
 """Suffix automata over token ids: the static one (built in C, flat arrays) and the dynamic one (Python).
 
 Both answer the same three questions for a *match state* `(state, match_len)`, the longest suffix of the
-tokens seen so far that occurs in the automaton's text (algorithms.md, section 2):
+tokens seen so far that occurs in the automaton's text (docs/methods.md, section 2):
 
 - `advance(state, match_len, token)`: the match state after one more token (follow suffix links until a
   transition on `token` exists, then take it; or fall back to the root with length 0);
@@ -135,7 +135,7 @@ def build_static(
     the unused tails are never touched, so they cost address space, not memory.
     """
     try:
-        from . import _native
+        from . import _native  # type: ignore[attr-defined]  # the C extension, built by pip install
     except ImportError as exc:  # a source checkout that was never built
         raise SpecdecError(
             "the suffix-automaton builder (specdec_cli.sam._native) is not compiled: run `pip install -e .` "

@@ -7,11 +7,15 @@ Layout (safetensors: 8-byte little-endian header length, JSON header, raw data):
 {path, sha256, size}), `build` (JSON settings), `created`, `specdec_version`.
 
 `save_index` writes to a temporary file in the target directory, fsyncs and renames it into place, so an
-interrupted build leaves nothing behind. `load_index` memory-maps the arrays after checking the header
+interrupted build leaves nothing behind; the metadata records a CRC-32 of the arrays
+(`body_crc32`). `load_index` memory-maps the arrays after checking the header
 (names, dtypes, shapes, offsets, file length, metadata) and the arrays' invariants that drafting relies on
 (every id in range, suffix links to strictly shorter states, so no walk can loop or index out of bounds),
 so a truncated, corrupt or foreign file is a one-line `SpecdecError` naming the file. Values that pass
-those checks but are still wrong can only produce bad drafts, which verification rejects. `read_index_info` reads the header only. Nothing is pickled.
+those checks but are still wrong can only produce bad drafts, which verification rejects; `verify_index`
+(`specdec build-index --verify`) also checks every byte against the checksum. The arrays may be stored in
+any order (another safetensors writer may reorder them). `read_index_info` reads the header only. Nothing
+is pickled.
 This module does not build automata (automaton.py) and does not tokenise (corpus.py).
 """
 
@@ -20,8 +24,8 @@ from __future__ import annotations
 import json
 import os
 import time
+import zlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Union
 
 import numpy as np
@@ -95,6 +99,8 @@ def save_index(path: PathLike, automaton: StaticAutomaton, metadata: dict[str, A
         "states": automaton.num_states,
         "transitions": automaton.num_transitions,
     }
+    full_metadata["body_crc32"] = body_checksum(np.ascontiguousarray(arrays[name], dtype="<i4")
+                                                for name in ARRAY_ORDER)
     header: dict[str, Any] = {"__metadata__": _encode_metadata(full_metadata)}
     offset = 0
     for name in ARRAY_ORDER:
@@ -104,34 +110,14 @@ def save_index(path: PathLike, automaton: StaticAutomaton, metadata: dict[str, A
     header_bytes = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     header_bytes += b" " * (-len(header_bytes) % 8)  # keeps the data 8-byte aligned, as safetensors does
 
-    target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    if not directory.is_dir():
-        raise SpecdecError(f"{target}: directory {directory} does not exist")
-    temporary = directory / f".{target.name}.tmp-{os.getpid()}"
-    try:
-        with open(temporary, "wb") as handle:
-            handle.write(len(header_bytes).to_bytes(8, "little"))
-            handle.write(header_bytes)
-            for name in ARRAY_ORDER:
-                data = np.ascontiguousarray(arrays[name], dtype="<i4")
-                handle.write(memoryview(data).cast("B"))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-    except OSError as exc:
-        raise SpecdecError(f"{target}: cannot write the index ({exc.strerror or exc})") from exc
-    finally:
-        if temporary.exists():
-            temporary.unlink()
-    try:  # make the rename itself durable
-        directory_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(directory_fd)
-        finally:
-            os.close(directory_fd)
-    except OSError:
-        pass
+    from ..files import atomic_file
+
+    with atomic_file(os.fspath(path)) as temporary, open(temporary, "wb") as handle:
+        handle.write(len(header_bytes).to_bytes(8, "little"))
+        handle.write(header_bytes)
+        for name in ARRAY_ORDER:
+            data = np.ascontiguousarray(arrays[name], dtype="<i4")
+            data.tofile(handle)
     return 8 + len(header_bytes) + offset
 
 
@@ -216,17 +202,24 @@ def _check_layout(path: PathLike, metadata: dict[str, Any], entries: dict[str, A
         "trans_tokens": transitions,
         "trans_targets": transitions,
     }
-    position = 0
     for name in ARRAY_ORDER:
         entry = entries[name]
         if not isinstance(entry, dict) or entry.get("dtype") != "I32":
             raise _bad(path, f"corrupt index (array {name!r} is not int32)")
         if entry.get("shape") != [expected[name]]:
-            raise _bad(path, f"corrupt index (array {name!r} has shape {entry.get('shape')}, expected [{expected[name]}])")
+            raise _bad(path,
+                       f"corrupt index (array {name!r} has shape {entry.get('shape')}, expected [{expected[name]}])")
         offsets = entry.get("data_offsets")
-        if offsets != [position, position + 4 * expected[name]]:
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) for o in offsets)
+                or offsets[1] - offsets[0] != 4 * expected[name]):
             raise _bad(path, f"corrupt index (array {name!r} at offsets {offsets})")
-        position = offsets[1]
+    # the arrays may come in any order (safetensors writers differ), but they must tile the data exactly
+    position = 0
+    for name in sorted(ARRAY_ORDER, key=lambda name: entries[name]["data_offsets"][0]):
+        begin, end = entries[name]["data_offsets"]
+        if begin != position:
+            raise _bad(path, f"corrupt index (array {name!r} at offsets {[begin, end]})")
+        position = end
     if position != data_bytes:
         how = "truncated" if position > data_bytes else "has trailing bytes"
         raise _bad(path, f"corrupt index (file {how}: {data_bytes} data bytes, header says {position})")
@@ -259,8 +252,36 @@ def _check_arrays(path: PathLike, arrays: dict[str, np.ndarray], metadata: dict[
             raise _bad(path, f"corrupt index ({what} out of range)")
     # every suffix link leads to a strictly shorter state, so following links always reaches the root;
     # a match of `length` tokens ending at `min_endpos` starts inside the text
-    if states > 1 and not (bool(np.all(length[link[1:]] < length[1:])) and bool(np.all(min_endpos[1:] >= length[1:] - 1))):
+    links_shorter = bool(np.all(length[link[1:]] < length[1:]))
+    ends_inside = bool(np.all(min_endpos[1:] >= length[1:] - 1))
+    if states > 1 and not (links_shorter and ends_inside):
         raise _bad(path, "corrupt index (inconsistent suffix links or lengths)")
+
+
+def body_checksum(chunks: Any) -> str:
+    """CRC-32 of the data section (the arrays' bytes in file order), as 8 hex digits."""
+    crc = 0
+    for chunk in chunks:
+        crc = zlib.crc32(memoryview(chunk).cast("B"), crc)
+    return f"{crc:08x}"
+
+
+def verify_index(path: PathLike) -> dict[str, Any]:
+    """Every check `load_index` makes, plus the checksum of every byte of the arrays (a bit flipped anywhere
+    is found; about 1 s per GB). Returns the index's info with "checksum": "ok" or "absent" (older files)."""
+    index = load_index(path)
+    info = read_index_info(path)
+    stored = index.metadata.get("body_crc32")
+    if stored is None:
+        return {**info, "checksum": "absent"}
+    metadata, entries, data_start, file_size = _read_header(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    step = 64 * 1024 * 1024
+    chunks = (mapped[offset : min(offset + step, file_size)] for offset in range(data_start, file_size, step))
+    actual = body_checksum(chunks)
+    if actual != stored:
+        raise _bad(path, f"corrupt index (checksum {actual}, the file records {stored})")
+    return {**info, "checksum": "ok"}
 
 
 def read_index_info(path: PathLike) -> dict[str, Any]:

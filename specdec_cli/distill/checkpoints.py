@@ -1,0 +1,94 @@
+"""What training writes: checkpoints (resumable) and the finished draft directory, each atomically.
+
+A checkpoint is a directory: `model.safetensors`, `optimizer.safetensors` (AdamW moments per parameter
+name) and `state.json` (step, history, settings, data digest); nothing is pickled. The draft is a Hugging
+Face model directory with `specdec_draft.json` (target name and tokenizer fingerprint) and
+`distill_report.json` (data, settings, losses; evaluate.py adds its measurements there).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..drafters.model import DRAFT_META  # the metadata file the model drafter reads
+from ..errors import SpecdecError
+from ..files import atomic_directory
+
+CHECKPOINT_FORMAT = 1
+DRAFT_FORMAT = 1
+REPORT = "distill_report.json"
+
+
+def save_checkpoint(directory: Path, model: Any, optimizer: Any, state: dict) -> None:
+    from safetensors.torch import save_file, save_model
+
+    with atomic_directory(directory) as tmp:
+        save_model(model, str(tmp / "model.safetensors"))
+        moments: dict = {}
+        adam_step = 0.0
+        names = {id(parameter): name for name, parameter in model.named_parameters()}
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                slot = optimizer.state.get(parameter)
+                if not slot:
+                    continue
+                name = names[id(parameter)]
+                moments[f"{name}::exp_avg"] = slot["exp_avg"].detach().contiguous()
+                moments[f"{name}::exp_avg_sq"] = slot["exp_avg_sq"].detach().contiguous()
+                adam_step = float(slot["step"])
+        save_file(moments, str(tmp / "optimizer.safetensors"))
+        (tmp / "state.json").write_text(json.dumps({**state, "adam_step": adam_step}, indent=1))
+
+
+def read_checkpoint_state(directory: Path) -> dict:
+    path = directory / "state.json"
+    if not path.is_file() or not (directory / "model.safetensors").is_file():
+        raise SpecdecError(f"resume: no checkpoint in {directory}", setting="resume")
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise SpecdecError(f"{path}: unreadable checkpoint state ({exc})") from None
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise SpecdecError(f"{directory}: checkpoint format {state.get('format')} is not supported")
+    return state
+
+
+def load_checkpoint(directory: Path, model: Any, optimizer: Any, state: dict) -> None:
+    import torch
+    from safetensors.torch import load_file, load_model
+
+    load_model(model, str(directory / "model.safetensors"))
+    moments = load_file(str(directory / "optimizer.safetensors"))
+    step = torch.tensor(float(state.get("adam_step", 0.0)))
+    for name, parameter in model.named_parameters():
+        key = f"{name}::exp_avg"
+        if key in moments:
+            optimizer.state[parameter] = {
+                "step": step.clone(),
+                "exp_avg": moments[key].to(parameter.dtype),
+                "exp_avg_sq": moments[f"{name}::exp_avg_sq"].to(parameter.dtype),
+            }
+
+
+def check_output_dir(output: Path) -> None:
+    if output.exists():
+        if not output.is_dir():
+            raise SpecdecError(f"{output}: exists and is not a directory")
+        if any(output.iterdir()) and not (output / DRAFT_META).is_file():
+            raise SpecdecError(f"{output}: exists and is not a specdec draft directory; choose another --output")
+
+
+def save_draft(output: Path, student: Any, tokenizer: Any, target: Any, meta: dict, report: dict) -> None:
+    import copy
+
+    check_output_dir(output)
+    with atomic_directory(output) as tmp:
+        generation_config = getattr(target, "generation_config", None)
+        if generation_config is not None:
+            student.generation_config = copy.deepcopy(generation_config)
+        student.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / DRAFT_META).write_text(json.dumps(meta, indent=1, ensure_ascii=False), encoding="utf-8")
+        (tmp / REPORT).write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")

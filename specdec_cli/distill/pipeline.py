@@ -1,0 +1,92 @@
+"""The distill pipeline's decisions, apart from its display: which target a data file or draft was made
+for, where outputs go by default, which prompts evaluate a draft, and how a prompt list is thinned evenly
+over its categories. The stages themselves are generate.py, train.py and evaluate.py; cli/distill_cmd.py
+runs them with progress bars.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from ..defaults import DEFAULT_TARGET
+from ..errors import SpecdecError
+
+
+def target_spec(target: str) -> str:
+    """What to record as the target: an absolute path for files and directories, the name otherwise."""
+    path = Path(target).expanduser()
+    return str(path.resolve()) if path.exists() else target
+
+
+def target_of_data(data: str) -> Optional[str]:
+    """The target recorded in the first row of a data file (None when unreadable)."""
+    try:
+        with open(Path(data).expanduser(), encoding="utf-8") as handle:
+            for line in handle:
+                if line.strip():
+                    return str(json.loads(line).get("target") or "") or None
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def target_of_draft(draft_dir: str) -> Optional[str]:
+    from ..drafters.model import read_draft_meta
+
+    return str(read_draft_meta(Path(draft_dir).expanduser()).get("target") or "") or None
+
+
+def usable_target(recorded: Optional[str]) -> str:
+    """A recorded target if it can still be resolved, else the default model."""
+    if not recorded:
+        return DEFAULT_TARGET
+    from ..models import resolve_target
+
+    try:
+        resolve_target(recorded)
+    except SpecdecError:
+        return DEFAULT_TARGET
+    return recorded
+
+
+def default_output(target_name: str) -> Path:
+    from ..models import specdec_home
+
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in Path(target_name).name) or "draft"
+    return specdec_home() / "drafts" / safe
+
+
+def held_out_prompts(loaded: Any, target_spec: str, draft_dir: str, data: Optional[str], prompts: Optional[str],
+                  suite: Optional[str], limit: Optional[int], raw: bool) -> tuple[list, str]:
+    from ..chat import target_info
+    from .evaluate import prompts_from_data, prompts_from_items, read_report
+    from .generate import load_prompts
+
+    if prompts or suite:
+        items = load_prompts(prompts, suite, limit)
+        return prompts_from_items(loaded.tokenizer, items, raw), (prompts or f"suite {suite}")
+    report = read_report(Path(draft_dir).expanduser())
+    data = data or (report.get("data") or {}).get("path")
+    if not data:
+        raise SpecdecError("give the held-out prompts: --data DATA.jsonl, --suite builtin or --prompts FILE")
+    holdout = float((report.get("data") or {}).get("holdout", 0.1))
+    info = target_info(loaded.model, loaded.tokenizer)
+    found = prompts_from_data(data, holdout, info.fingerprint, target_spec)
+    return (found[:limit] if limit else found), f"held-out rows of {data}"
+
+
+def spread(items: list, limit: Optional[int]) -> list:
+    """At most `limit` items, taken round-robin over categories so that every category is represented."""
+    if not limit or len(items) <= limit:
+        return list(items)
+    groups: dict = {}
+    for item in items:
+        groups.setdefault(item.category, []).append(item)
+    chosen: list = []
+    while len(chosen) < limit:
+        for group in groups.values():
+            if group and len(chosen) < limit:
+                chosen.append(group.pop(0))
+    return chosen
