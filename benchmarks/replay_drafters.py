@@ -32,11 +32,12 @@ import sys
 import time
 from collections import defaultdict
 
+from specdec_cli.cost_curve import PROBE_SIZES, CostCurve
 from specdec_cli.draft import Draft, StepEvent
 from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
 from specdec_cli.engine import GenerationConfig, trim
 from specdec_cli.files import write_json_atomic
-from specdec_cli.planner import PROBE_SIZES, CostCurve, DraftPlanner
+from specdec_cli.planner import DraftPlanner
 
 TOP_K = 8
 

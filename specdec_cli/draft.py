@@ -14,10 +14,15 @@ This module holds data only: no torch import at module load.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Literal, Optional, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+
+    from .engine import GenerationConfig
+
+EventKind = Literal["prefill", "step"]  # the prompt processed (first token chosen), or one verify forward
+FinishReason = Literal["eos", "stop", "length"]  # the target's EOS, a stop string, or the token budget
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,7 @@ class Draft:
 
 @dataclass
 class StepEvent:
-    kind: str  # "prefill" (prompt processed, first token chosen) or "step" (one verify forward)
+    kind: EventKind
     draft: Draft  # what was proposed (empty for the prefill and for plain decoding)
     accepted: int  # how many draft tokens the target accepted (along the accepted path)
     committed: list[int]  # tokens appended to the context by this event: accepted drafts + target's token
@@ -52,7 +57,7 @@ class StepEvent:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     prompt_tokens: Sequence[int] = ()  # prefill only: the prompt as fed to the target
-    settings: Any = None  # prefill only: the GenerationConfig in force (temperature, top_k, top_p, ...)
-    finished: Optional[str] = None  # "eos" | "stop" | "length" on the last event of a generation
+    settings: Optional["GenerationConfig"] = None  # prefill only: the generation settings in force
+    finished: Optional[FinishReason] = None  # on the last event of a generation
     scored_topk: Optional[list[list[int]]] = None  # step only: target's top-8 ids after root and each node
     verify_rows: int = 0  # step only: rows of the verify forward (len(draft) + 1, more when padded)

@@ -17,11 +17,12 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from .cost_curve import CostCurve, load_or_measure, save_curve
 from .defaults import DEFAULT_BUDGET
-from .draft import Draft, StepEvent
+from .draft import Draft, FinishReason, StepEvent
 from .drafters.base import Drafter
 from .errors import SpecdecError
-from .planner import CostCurve, DraftPlanner, Plan, load_or_measure, save_curve
+from .planner import DraftPlanner, Plan
 from .sampling import check_sampling, sample, warp_probs
 from .stats import GenerationStats, summarize
 from .verify import children_of, greedy_accept, greedy_accept_tree, speculative_accept, speculative_accept_tree
@@ -63,7 +64,7 @@ class GenerationConfig:
 @dataclass
 class Generation:
     tokens: list[int]  # new tokens (EOS included when the target produced it, like transformers' generate)
-    finish_reason: str  # "eos" | "stop" | "length"
+    finish_reason: FinishReason
     stats: GenerationStats
     events: list[StepEvent] = field(default_factory=list)
     text_end: Optional[int] = None  # with a stop string: length of the decoded text before it
@@ -310,12 +311,12 @@ class Engine:
 
     def _commit(
         self, context: list[int], new_tokens: list[int], tokens: list[int], eos: set[int], config: GenerationConfig
-    ) -> tuple[Optional[str], list[int], Optional[int]]:
+    ) -> tuple[Optional[FinishReason], list[int], Optional[int]]:
         """Append tokens, cutting at EOS, at the token budget or at a stop string.
 
         Returns (finish reason or None, the tokens committed, the text length before a stop string or None)."""
         committed: list[int] = []
-        finish: Optional[str] = None
+        finish: Optional[FinishReason] = None
         for token in tokens:
             committed.append(token)
             if token in eos:

@@ -9,11 +9,10 @@ and k = 0 (plain decoding) wins whenever the draft is unlikely to be right. The 
 assumed, and it need not be monotone: float32 GEMMs on some CPUs are slowest at 2-3 rows, so a forward of 8
 rows can cost less than one of 3 (docs/methods.md, section 7). Hence:
 
-- `CostCurve` holds t(rows): a prior (a ~1 s measurement, or the curve stored for this machine, model and
-  dtype) refined by every step's own forward time at its size (the lower quartile of the recent steps), so a
-  wrong prior does not last. Verifying *at least* n rows costs min over m >= n of t(m): where a bigger
-  forward is cheaper, the block is filled up to it with more of the draft, or with padding rows whose
-  outputs and cache entries are dropped.
+- `CostCurve` (cost_curve.py) holds t(rows), learned from a measured or stored prior and every step's own
+  timing. Verifying *at least* n rows costs min over m >= n of t(m): where a bigger forward is cheaper, the
+  block is filled up to it with more of the draft, or with padding rows whose outputs and cache entries are
+  dropped. Every COST_PROBE_EVERY-th drafting step may time a row count that has gone stale.
 - `AcceptanceTracker` keeps, per draft source and match-length bucket, the conditional acceptance at each
   draft position (chains) and the accepted path length per node count (trees), with a decaying memory.
 - `DraftCosts` charges a chain drafter's own seconds per drafted token (a draft model).
@@ -22,28 +21,21 @@ rows can cost less than one of 3 (docs/methods.md, section 7). Hence:
 - `DraftPlanner` puts them together for the engine (and for benchmarks/replay_drafters.py).
 
 Nothing here touches the accept/reject rule: planning changes what is verified, never what is committed.
-This module does not run the model: `measure_cost_curve` takes a function that times one forward.
+This module does not run the model or time anything itself: the engine reports each step's seconds.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+
+from .cost_curve import CostCurve
 
 if TYPE_CHECKING:  # pragma: no cover
     from .draft import Draft
 
-PROBE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # row counts measured up front
-MEASURE_SECONDS = 1.5  # the up-front measurement's time budget (after one warm-up pass over every size)
-MEASURE_ROUNDS = (2, 6)  # at least / at most this many interleaved timed rounds
-WINDOW = 8  # recent observations kept per row count; the estimate is their lower quartile
-PAD_MARGIN = 0.02  # fill a block up to a bigger forward only when that is at least 2% cheaper
 COST_PROBE_EVERY = 8  # every 8th drafting step may run a row count whose timing has gone stale
-STALE_STEPS = 256  # a row count not seen for this many steps is stale
 PRIOR_ACCEPT = 0.5  # before any evidence a draft position is a coin flip
 PRIOR_WEIGHT = 2.0  # worth this many observations
 DECAY = 0.97  # older acceptance evidence fades, so the tracker follows a conversation that turns repetitive
@@ -52,7 +44,6 @@ RATE_DECAY = 0.9  # a source's realised speed follows its last ~10 verified step
 RATE_MIN_STEPS = 4.0  # evidence needed before benching a source
 RATE_MARGIN = 0.02  # bench a source whose steps run more than 2% slower than plain decoding
 TREE_PRIOR_PER_DOUBLING = 0.35  # untried tree sizes look this good: small trees get tried, big ones must earn it
-CURVE_FORMAT = 2  # version of the cached curve's JSON (1: monotone-smoothed medians, no longer trusted)
 
 
 def expected_tokens(conditional_accept: Sequence[float], length: int) -> float:
@@ -75,158 +66,6 @@ def choose_length(conditional_accept: Sequence[float], cost: Callable[[int], flo
         if rate > best_rate:
             best_length, best_rate = length, rate
     return best_length
-
-
-# ------------------------------------------------------------------------------------------ the cost curve
-
-
-class CostCurve:
-    """t(rows): seconds of one target forward over `rows` new tokens, learned from a prior and observations.
-
-    At a row count with observations the estimate is the lower quartile of the last WINDOW of them, the
-    prior counted as one more while fewer than WINDOW were seen (timing noise is mostly upward, so a low
-    quantile is robust; the prior is outvoted after a few steps). Between known row counts, linear
-    interpolation; past the largest, its last slope. No smoothing: the curve keeps its real shape.
-    A `learn=False` curve is fixed (tests and replays): observations are ignored.
-    """
-
-    def __init__(self, prior: dict[int, float], learn: bool = True, origin: str = "given"):
-        if not prior or any(rows < 1 or not seconds > 0 for rows, seconds in prior.items()):
-            raise ValueError(f"a cost curve needs positive seconds at row counts >= 1, got {prior!r}")
-        self.prior = {int(rows): float(seconds) for rows, seconds in prior.items()}
-        self.learn = learn
-        self.origin = origin  # "measured", "cache", "given" (where the prior came from)
-        self.recent: dict[int, deque] = {}
-        self.last_seen: dict[int, int] = {}  # row count -> observation counter when last seen
-        self.observations = 0
-        self._estimates: Optional[dict[int, float]] = None
-
-    @classmethod
-    def fixed(cls, prior: dict[int, float]) -> "CostCurve":
-        return cls(prior, learn=False, origin="fixed")
-
-    # -- reading ---------------------------------------------------------------------------------------------
-
-    @property
-    def seconds(self) -> dict[int, float]:
-        """The current estimate at every known row count (the prior's and any observed one), sorted."""
-        if self._estimates is None:
-            sizes = sorted(set(self.prior) | set(self.recent))
-            self._estimates = {rows: self._estimate(rows) for rows in sizes}
-        return self._estimates
-
-    def _estimate(self, rows: int) -> float:
-        samples = list(self.recent.get(rows, ()))
-        if rows in self.prior and len(samples) < WINDOW:
-            samples.append(self.prior[rows])
-        samples.sort()
-        return samples[(len(samples) - 1) // 4]
-
-    def __call__(self, rows: int) -> float:
-        table = self.seconds
-        if rows in table:
-            return table[rows]
-        sizes = list(table)
-        if rows < sizes[0]:
-            return table[sizes[0]]
-        for low, high in zip(sizes, sizes[1:]):
-            if rows < high:
-                share = (rows - low) / (high - low)
-                return table[low] + share * (table[high] - table[low])
-        last, before = sizes[-1], sizes[-2] if len(sizes) > 1 else sizes[-1]
-        slope = max(0.0, (table[last] - table[before]) / max(1, last - before))
-        return table[last] + slope * (rows - last)
-
-    def cheapest_at_least(self, rows: int, max_rows: int) -> int:
-        """The row count m in [rows, max_rows] with the lowest t(m): `rows` itself, or a known bigger count
-        that is at least PAD_MARGIN cheaper."""
-        best, best_seconds = rows, self(rows)
-        for size in self.seconds:
-            if rows < size <= max_rows and self(size) < best_seconds * (1 - PAD_MARGIN):
-                best, best_seconds = size, self(size)
-        return best
-
-    def envelope(self, max_rows: int) -> Callable[[int], float]:
-        """rows -> the cost of verifying at least `rows` rows: min over m >= rows (up to max_rows) of t(m)."""
-        return lambda rows: self(self.cheapest_at_least(rows, max(rows, max_rows)))
-
-    # -- learning --------------------------------------------------------------------------------------------
-
-    def observe(self, rows: int, seconds: float) -> None:
-        """One forward of `rows` rows took `seconds` (ignored by a fixed curve)."""
-        if not self.learn or not seconds > 0:
-            return
-        self.recent.setdefault(rows, deque(maxlen=WINDOW)).append(seconds)
-        self.observations += 1
-        self.last_seen[rows] = self.observations
-        self._estimates = None
-
-    def stale(self, candidates: Sequence[int]) -> Optional[int]:
-        """The candidate row count whose timing is oldest (never observed first), if any is stale."""
-        if not self.learn:
-            return None
-        stale = [rows for rows in candidates
-                 if self.observations - self.last_seen.get(rows, -STALE_STEPS) >= STALE_STEPS]
-        return min(stale, key=lambda rows: (self.last_seen.get(rows, -STALE_STEPS), rows)) if stale else None
-
-    # -- storing ---------------------------------------------------------------------------------------------
-
-    def as_json(self) -> dict:
-        return {"format": CURVE_FORMAT, "origin": self.origin, "observations": self.observations,
-                "seconds": {str(rows): seconds for rows, seconds in self.seconds.items()}}
-
-    @classmethod
-    def from_json(cls, document: dict, origin: str = "cache") -> "CostCurve":
-        if document.get("format") != CURVE_FORMAT:
-            raise ValueError("a cost curve of another format")
-        return cls({int(rows): float(seconds) for rows, seconds in document["seconds"].items()}, origin=origin)
-
-
-def measure_cost_curve(forward: Callable[[int], float], sizes: Sequence[int] = PROBE_SIZES,
-                       budget_seconds: float = MEASURE_SECONDS) -> CostCurve:
-    """t(rows) from `forward(rows)` (one forward of that many rows; returns its seconds).
-
-    Every size is run once untimed first (a shape's first call pays for allocation and kernel choice), then
-    the sizes are timed in interleaved rounds (each round visits them in a rotated order, so a slow second
-    of the machine does not land on one size) until the time budget is spent, at least MEASURE_ROUNDS[0]
-    rounds; the minimum per size is kept.
-    """
-    for size in sizes:
-        forward(size)
-    runs: dict[int, list[float]] = {size: [] for size in sizes}
-    started = time.perf_counter()
-    for round_index in range(MEASURE_ROUNDS[1]):
-        if round_index >= MEASURE_ROUNDS[0] and time.perf_counter() - started > budget_seconds:
-            break
-        shift = round_index % len(sizes)
-        for size in [*sizes[shift:], *sizes[:shift]]:
-            runs[size].append(forward(size))
-    return CostCurve({size: min(times) for size, times in runs.items()}, origin="measured")
-
-
-def load_or_measure(cache_file: Optional[Path], make_forward: Callable[[], Callable[[int], float]]) -> CostCurve:
-    """The curve stored for this machine, model and dtype as a prior, else measured now (~1-2 s)."""
-    from .files import read_json
-
-    if cache_file is not None:
-        stored = read_json(cache_file)
-        try:
-            return CostCurve.from_json(stored)
-        except (ValueError, KeyError, TypeError, AttributeError):
-            pass  # missing, damaged, or of an older format: measure again
-    curve = measure_cost_curve(make_forward())
-    save_curve(cache_file, curve)
-    return curve
-
-
-def save_curve(cache_file: Optional[Path], curve: CostCurve) -> None:
-    """Store the curve's current estimates as the next session's prior (atomically)."""
-    if cache_file is None:
-        return
-    from .files import write_json_atomic
-
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(cache_file, {**curve.as_json(), "saved": time.time()})
 
 
 # ---------------------------------------------------------------------------------------- drafting costs

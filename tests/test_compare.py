@@ -6,10 +6,11 @@ import pytest
 from conftest import TINY_EOS, hf_greedy
 
 from specdec_cli.compare import compare
+from specdec_cli.cost_curve import CostCurve
 from specdec_cli.drafters.pld import PromptLookupDrafter
 from specdec_cli.engine import Engine, GenerationConfig
 from specdec_cli.errors import SpecdecError
-from specdec_cli.planner import CostCurve, DraftPlanner
+from specdec_cli.planner import DraftPlanner
 
 PROMPT = [1, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11]
 

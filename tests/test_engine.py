@@ -8,11 +8,12 @@ import pytest
 import torch
 from conftest import TINY_EOS, TINY_VOCAB, hf_greedy
 
+from specdec_cli.cost_curve import CostCurve
 from specdec_cli.draft import Draft
 from specdec_cli.drafters.none import NoDrafter
 from specdec_cli.drafters.pld import PromptLookupDrafter, find_latest_match
 from specdec_cli.engine import Engine, GenerationConfig
-from specdec_cli.planner import CostCurve, DraftPlanner
+from specdec_cli.planner import DraftPlanner
 
 # Fixed verify-cost curves (no timing: the outcome of a test never depends on this machine's speed).
 FLAT_CURVE = {1: 1.0, 64: 1.0}  # drafts are free: everything the acceptance model likes is verified

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from specdec_cli.cost_curve import CostCurve, measure_cost_curve
 from specdec_cli.draft import Draft
 from specdec_cli.planner import (
     COST_PROBE_EVERY,
     PROBE_EVERY,
     AcceptanceTracker,
-    CostCurve,
     DraftPlanner,
     Plan,
     choose_length,
     expected_tokens,
-    measure_cost_curve,
 )
 
 # Measured on an AMD EPYC in float32 (issue 11): slowest at 2-3 rows, cheaper again from 4 rows on.

@@ -78,10 +78,11 @@ def test_model_drafter_is_lossless_on_the_real_model(default_target):
     from dataclasses import replace
 
     from specdec_cli.chat import target_info
+    from specdec_cli.cost_curve import CostCurve
     from specdec_cli.distill.student import build_student
     from specdec_cli.drafters.model import ModelDrafter
     from specdec_cli.engine import Engine, GenerationConfig
-    from specdec_cli.planner import CostCurve, DraftPlanner
+    from specdec_cli.planner import DraftPlanner
 
     student = build_student(default_target.model, {"kind": "target", "layers": 2}).eval()
     info = target_info(default_target.model, default_target.tokenizer)

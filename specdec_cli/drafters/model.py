@@ -165,15 +165,15 @@ class ModelDrafter:
             self.proposed = False
             return
         settings = event.settings
-        self.temperature = float(getattr(settings, "temperature", 0.0) or 0.0)
-        self.top_k = int(getattr(settings, "top_k", 0) or 0)
-        self.top_p = float(getattr(settings, "top_p", 1.0) or 1.0)
+        self.temperature = settings.temperature if settings is not None else 0.0
+        self.top_k = settings.top_k if settings is not None else 0
+        self.top_p = settings.top_p if settings is not None else 1.0
         self.generator = None
         if self.temperature > 0:
             import torch
 
             self.generator = torch.Generator(device="cpu")
-            seed = getattr(settings, "seed", None)
+            seed = settings.seed if settings is not None else None
             # a seeded run is reproducible; the offset keeps the draft's stream apart from the engine's
             self.generator.manual_seed(int(seed) + 7919 if seed is not None else torch.seed())
 

@@ -259,7 +259,7 @@ def _check_arrays(path: PathLike, arrays: dict[str, np.ndarray], metadata: dict[
 
 
 def body_checksum(chunks: Any) -> str:
-    """CRC-32 of the data section (the arrays' bytes in file order), as 8 hex digits."""
+    """CRC-32 of the arrays' bytes, taken in ARRAY_ORDER whatever their order in the file, as 8 hex digits."""
     crc = 0
     for chunk in chunks:
         crc = zlib.crc32(memoryview(chunk).cast("B"), crc)
@@ -277,8 +277,14 @@ def verify_index(path: PathLike) -> dict[str, Any]:
     metadata, entries, data_start, file_size = _read_header(path)
     mapped = np.memmap(path, dtype=np.uint8, mode="r")
     step = 64 * 1024 * 1024
-    chunks = (mapped[offset : min(offset + step, file_size)] for offset in range(data_start, file_size, step))
-    actual = body_checksum(chunks)
+
+    def chunks():  # every array's bytes, in the canonical order, 64 MB at a time
+        for name in ARRAY_ORDER:
+            begin, end = (data_start + offset for offset in entries[name]["data_offsets"])
+            for offset in range(begin, end, step):
+                yield mapped[offset : min(offset + step, end)]
+
+    actual = body_checksum(chunks())
     if actual != stored:
         raise _bad(path, f"corrupt index (checksum {actual}, the file records {stored})")
     return {**info, "checksum": "ok"}
