@@ -43,7 +43,9 @@ def target_info(model: Any, tokenizer: Any) -> TargetInfo:
         if value is not None and value not in eos:
             eos.append(int(value))
     vocab = max(len(tokenizer), int(getattr(model.config, "vocab_size", 0) or 0))
-    return TargetInfo(vocab_size=vocab, eos_token_ids=tuple(eos), fingerprint=tokenizer_fingerprint(tokenizer))
+    device = str(next(model.parameters()).device)
+    return TargetInfo(vocab_size=vocab, eos_token_ids=tuple(eos), fingerprint=tokenizer_fingerprint(tokenizer),
+                      device=device)
 
 
 @dataclass(frozen=True)

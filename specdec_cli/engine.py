@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -29,8 +29,10 @@ from .verify import children_of, greedy_accept, greedy_accept_tree, speculative_
 
 EventCallback = Callable[[StepEvent], None]
 SCORED_TOPK = 8  # each step event carries the target's top-8 tokens at every scored position
-# model families whose attention accepts a 4-D custom mask with explicit position ids (checked in tests)
-TREE_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "phi3", "smollm3"}
+# Families whose attention takes a 4-D custom mask with explicit position ids (tests/test_families.py). Families
+# with sliding-window layers (mistral, gemma2, gemma3_text) verify chains: one tree mask cannot express a window
+# per layer. Whatever the family, a loaded model's first tree is checked against sequential decoding.
+TREE_MODEL_TYPES = {"llama", "qwen2", "qwen3", "gemma", "phi3", "smollm3"}
 
 
 @dataclass
@@ -82,6 +84,7 @@ class Engine:
         self.planner = planner or DraftPlanner(self._stored_or_measured_curve)
         self._saved_observations = 0
         self._tree_ok: Optional[bool] = None
+        self.tree_check = "not checked"  # "passed", "failed: ...", or "chains only: ..." once a tree was drafted
 
     # -- the model, one forward at a time ------------------------------------------------------------------
 
@@ -141,6 +144,13 @@ class Engine:
         config.check()
         if not prompt_ids:
             raise SpecdecError("the prompt is empty")
+        limit = context_limit(self.model.config)  # positions the model was trained for, if it says
+        if limit is not None:
+            if len(prompt_ids) >= limit:
+                raise SpecdecError(f"the prompt has {len(prompt_ids)} tokens, but this model reads at most {limit} "
+                                   "(prompt and answer together): shorten it", setting="prompt")
+            # the answer stops where the model's context ends (finish reason "length"), never past it
+            config = replace(config, max_new_tokens=min(config.max_new_tokens, limit - len(prompt_ids)))
         if config.stop and self.tokenizer is None:
             raise SpecdecError("stop strings need the target's tokenizer")
         generator = None
@@ -180,7 +190,8 @@ class Engine:
             # 2. Verify: score the newest committed token and every kept node in one forward (plus padding rows
             #    when a bigger forward is cheaper on this machine; their outputs and cache entries are dropped).
             past = len(context) - 1
-            block, parents = pad_block([context[-1], *draft.tokens], draft.parents, plan.rows)
+            rows = plan.rows if limit is None else min(plan.rows, limit - past)  # padding stays inside the context
+            block, parents = pad_block([context[-1], *draft.tokens], draft.parents, rows)
             logits = self._forward(block, cache, past, tree=parents)[: len(draft) + 1]  # [k+1, vocab]
             # 3. Accept: the longest acceptable path, then the target's own token after it.
             path, target_token = self._accept(draft, logits, config, generator)
@@ -191,11 +202,11 @@ class Engine:
             self._keep_in_cache(cache, past, path, draft.is_chain, len(context) - 1)
             t2 = time.perf_counter()
             if config.cost_aware:
-                self.planner.record(draft, len(path), len(committed), plan.rows, t2 - t1, t1 - t0)
+                self.planner.record(draft, len(path), len(committed), rows, t2 - t1, t1 - t0)
             topk = torch.topk(logits, min(SCORED_TOPK, logits.shape[-1]), dim=-1).indices.tolist()  # [k+1, 8]
             emit(StepEvent("step", draft, len(path), committed, target_token, path, len(context),
                            draft_seconds=t1 - t0, verify_seconds=t2 - t1, finished=finish, scored_topk=topk,
-                           verify_rows=plan.rows))
+                           verify_rows=rows))
 
         wall = time.perf_counter() - started
         self._save_curve()
@@ -231,14 +242,52 @@ class Engine:
 
     @property
     def supports_trees(self) -> bool:
-        """Whether this model's attention takes a custom 4-D mask (else trees fall back to chains)."""
+        """Whether this model verifies token trees exactly (else trees fall back to their first branch).
+
+        Decided once per engine, the first time a tree is drafted: the family must be one whose attention
+        takes a 4-D mask and has no sliding window, and a small tree's logits must match sequential decoding.
+        """
         if self._tree_ok is None:
-            model_type = getattr(self.model.config, "model_type", "")
-            self._tree_ok = model_type in TREE_MODEL_TYPES
+            config = self.model.config
+            model_type = getattr(config, "model_type", "") or "this model"
+            if uses_sliding_window(config):
+                self.tree_check = "chains only: sliding-window attention, which one tree mask cannot express"
+            elif model_type not in TREE_MODEL_TYPES:
+                self.tree_check = f"chains only: {model_type} is not a family checked with tree masks"
+            else:
+                mismatch = self._tree_mismatch()
+                self.tree_check = "passed" if mismatch is None else f"failed: {mismatch}"
+            self._tree_ok = self.tree_check == "passed"
             if not self._tree_ok:
-                warnings.warn(f"{model_type or 'this model'}: no custom attention masks; token trees fall back "
-                              "to chains", stacklevel=2)
+                warnings.warn(f"{model_type}: token trees are verified as chains ({self.tree_check})", stacklevel=2)
         return self._tree_ok
+
+    @torch.inference_mode()
+    def _tree_mismatch(self) -> Optional[str]:
+        """Compare a 6-node tree's logits after a short prompt with one sequential forward per path; None when
+        they agree (argmax equal, differences at rounding level), else what differed."""
+        from transformers import DynamicCache
+
+        vocab = int(self.model.config.vocab_size)
+        generator = torch.Generator().manual_seed(0)
+        prompt = torch.randint(3, vocab, (12,), generator=generator).tolist()
+        tokens = torch.randint(3, vocab, (6,), generator=generator).tolist()
+        parents = [-1, -1, 0, 0, 1, 3]
+        cache = DynamicCache()
+        self._forward(prompt[:-1], cache, 0)
+        tree_logits = self._forward([prompt[-1], *tokens], cache, len(prompt) - 1, tree=parents).float()  # [7, V]
+        for row in range(len(tokens) + 1):
+            path, node = [], row - 1
+            while node >= 0:
+                path.append(tokens[node])
+                node = parents[node]
+            sequence = torch.tensor([prompt + path[::-1]], device=self.device)
+            reference = self.model(input_ids=sequence).logits[0, -1].float()  # [V]
+            gap = float((tree_logits[row] - reference).abs().max())
+            tolerance = 1e-2 * (1 + float(reference.abs().max()))  # rounding passes, a wrong mask does not
+            if int(tree_logits[row].argmax()) != int(reference.argmax()) or gap > tolerance:
+                return f"tree node {row}'s logits differ from sequential decoding by {gap:.3g}"
+        return None
 
     def forget(self) -> None:
         """Drop what the planner learned about drafters (the machine's cost curve stays)."""
@@ -355,6 +404,19 @@ def trim(draft: Draft, length: int) -> Draft:
     parents = None if draft.parents is None else draft.parents[:length]
     p_draft = None if draft.p_draft is None else draft.p_draft[:length]
     return Draft(draft.tokens[:length], draft.source, parents, p_draft, draft.match_len)
+
+
+def context_limit(config: Any) -> Optional[int]:
+    """The longest sequence (prompt and answer) the model was made for, when its config says."""
+    limit = getattr(config, "max_position_embeddings", None)
+    return int(limit) if isinstance(limit, int) and limit > 0 else None
+
+
+def uses_sliding_window(config: Any) -> bool:
+    """Whether any attention layer of this model sees only a window of the past."""
+    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+        return True
+    return bool(getattr(config, "sliding_window", None)) and bool(getattr(config, "use_sliding_window", True))
 
 
 def pad_block(block: list[int], parents: Optional[list[int]], rows: int) -> tuple[list[int], Optional[list[int]]]:

@@ -14,8 +14,9 @@ from .errors import SpecdecError
 
 def check_sampling(temperature: float, top_p: float, top_k: int) -> None:
     """Reject settings plain sampling could not honour, with one clear line."""
-    if not temperature >= 0.0:  # also catches NaN
-        raise SpecdecError(f"temperature must be >= 0 (0 = greedy), got {temperature}", setting="temperature")
+    if not 0.0 <= temperature < float("inf"):  # also catches NaN
+        raise SpecdecError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}",
+                           setting="temperature")
     if not 0.0 < top_p <= 1.0:
         raise SpecdecError(f"top_p must be in (0, 1], got {top_p}", setting="top_p")
     if top_k < 0:

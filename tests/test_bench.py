@@ -357,6 +357,7 @@ def test_library_run_document(library_report, conversations):
     assert {"cpu", "cpu_cores", "gpu", "torch", "transformers", "specdec", "model", "dtype", "device", "date"} <= set(
         document["environment"])
     assert document["settings"]["methods"] == ["none", "pld", "oracle-4", "hf", "hf-pld"]
+    assert document["settings"]["tree_check"] == "passed"  # a llama: trees checked against sequential decoding
     methods = document["settings"]["methods"]
     results = document["results"]
     assert all(set(RESULT_FIELDS) <= set(row) for row in results)

@@ -213,3 +213,29 @@ def test_restricted_head_under_sampling(tiny_llama):
     generation = _generate(tiny_llama, ModelDrafter(tiny_llama, draft_max=4, head_tokens=[0, 2, 4, 6, 8]), PROMPTS[0],
                            temperature=1.0, seed=2, eos_token_ids=())
     assert len(generation.tokens) == 40 and generation.stats.drafted_tokens > 0
+
+
+def test_the_draft_goes_on_the_targets_device(monkeypatch, tmp_path):
+    """`--device cuda` puts the target on the GPU; its draft must follow (the placement, with the device
+    injected, since this machine has no GPU)."""
+    from specdec_cli.drafters import DrafterOptions, TargetInfo
+    from specdec_cli.drafters import model as model_module
+
+    seen = {}
+
+    def fake_load(directory, target, device="cpu", dtype=None):
+        seen["device"] = device
+        return _tiny_draft(), None, {}
+
+    monkeypatch.setattr(model_module, "load_draft_model", fake_load)
+    target = TargetInfo(vocab_size=TINY_VOCAB, eos_token_ids=(TINY_EOS,), device="cuda:0")
+    model_module.make_model_drafter(DrafterOptions(draft_model=str(tmp_path)), target)
+    assert seen["device"] == "cuda:0"
+
+
+def test_target_info_names_the_targets_device(tiny_llama):
+    from conftest import make_char_tokenizer
+
+    from specdec_cli.chat import target_info
+
+    assert target_info(tiny_llama, make_char_tokenizer()).device == "cpu"

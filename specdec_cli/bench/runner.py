@@ -116,6 +116,7 @@ def run_bench(
                       started)
     settings_json = settings.as_json()
     settings_json.update(
+        tree_check=runner.engine.tree_check,  # "passed", or why trees were verified as chains
         prompts=suite,
         categories=categories,
         conversations=len(conversations),
@@ -195,6 +196,7 @@ class _Runner:
         drafts = any(method.kind == "engine" and method.name != BASELINE for method in self.settings.methods)
         if drafts:
             self.engine.cost_curve()
+            _ = self.engine.supports_trees  # the one-time tree self-check, kept out of the timings
 
     def _fresh_learning(self) -> None:
         """The engine's per-source acceptance memory starts empty for each conversation, like the drafter:

@@ -66,10 +66,15 @@ def _interrupted() -> int:
 
 def main() -> None:
     import signal
+    import warnings
 
     from ..errors import SpecdecError
     from .common import flag_message, print_error
 
+    def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+        sys.stderr.write(f"specdec: warning: {message}\n")  # one line, not Python's file:line form
+
+    warnings.showwarning = show_warning
     signal.signal(signal.SIGTERM, _interrupt)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when started with SIGINT ignored
         signal.signal(signal.SIGINT, _interrupt)

@@ -30,6 +30,7 @@ class TargetInfo:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     fingerprint: str = ""  # tokenizer fingerprint (see specdec_cli.fingerprint)
+    device: str = "cpu"  # where the target runs: a draft model is put there too
 
 
 @dataclass

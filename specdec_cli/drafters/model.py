@@ -336,6 +336,7 @@ def make_model_drafter(options: Any, target: Any) -> ModelDrafter:
         raise SpecdecError("the model drafter needs a draft model directory (make one with `specdec distill`)",
                            setting="draft_model")
     extra = getattr(options, "extra", None) or {}
-    model, _, meta = load_draft_model(options.draft_model, target, extra.get("device", "cpu"), extra.get("dtype"))
+    # on the target's device (a draft on the CPU beside a target on a GPU would copy every step's tokens across)
+    model, _, meta = load_draft_model(options.draft_model, target, target.device, extra.get("dtype"))
     return ModelDrafter(model, draft_max=options.draft_max, min_prob=options.draft_min_prob,
                         eos_token_ids=target.eos_token_ids, head_tokens=meta.get("head_tokens"))
