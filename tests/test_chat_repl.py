@@ -80,8 +80,9 @@ def test_ctrl_c_and_ctrl_d_at_prompt_exit_cleanly(tiny_model_dir):
 
 
 def test_a_pasted_line_longer_than_the_terminal_buffer_arrives_whole(tiny_model_dir, tmp_path):
-    """A terminal in line mode holds 4,095 bytes a line; a 20,000-character paste must still arrive (and
-    Ctrl-D still end the session)."""
+    """A terminal in line mode holds 4,095 bytes a line; a 20,000-character paste must arrive whole (the tiny
+    model's 2,048-token context then refuses it, naming its length, and the chat goes on), and Ctrl-D must
+    still end the session."""
     child = _spawn(tiny_model_dir, "-n", "4")
     child.expect(">>> ")
     time.sleep(1.0)
@@ -89,15 +90,14 @@ def test_a_pasted_line_longer_than_the_terminal_buffer_arrives_whole(tiny_model_
     for start in range(0, len(long_line), 1000):  # as a paste arrives: in chunks
         child.send(long_line[start : start + 1000])
     child.send("\r")
-    child.expect("tokens/step", timeout=120)
+    child.expect(r"the prompt has (\d+) tokens, but this model reads at most 2048", timeout=120)
+    assert int(child.match.group(1)) >= 20000  # every character arrived (plus the chat template's tokens)
     child.expect(">>> ")
-    save = tmp_path / "long.json"
-    child.sendline(f"/save {save}")
-    child.expect("Saved")
+    child.sendline("hello")
+    child.expect("tokens/step")
     child.expect(">>> ")
     time.sleep(0.5)
     child.sendeof()
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
-    assert json.loads(save.read_text())["messages"][0]["content"] == long_line

@@ -152,10 +152,11 @@ class Repl:
     # -- answering -----------------------------------------------------------------------------------------
 
     def answer(self, text: str) -> None:
+        from ..errors import SpecdecError
+
         view = TranscriptView(text_decoder(self.session.tokenizer), self.session.drafter_name, self.show_rejected)
         try:
             if self.plain:
-
                 stream = TextStream(self.session.tokenizer, self.session.generation.stop)
                 turn = self.session.ask(text, on_event=lambda event: (view.add(event), stream.on_event(event)))
                 stream.finish(turn.answer)
@@ -168,6 +169,9 @@ class Repl:
             if self.plain:
                 sys.stdout.write("\n")
             self.err.print(f"[yellow]Interrupted; kept {len(view.tokens)} tokens of the answer.[/yellow]")
+            return
+        except SpecdecError as exc:  # a prompt the model cannot take: say so, and the conversation goes on
+            self.err.print(f"[red]{exc}[/red]", highlight=False)
             return
         self.err.print(f"[dim]{view.status().line()}[/dim]")
         del turn
