@@ -116,11 +116,15 @@ def _acceptance_figure(plt: Any, results: list[dict], title: str) -> Any:
 
 def _cost_figure(plt: Any, curve: dict, title: str) -> Any:
     figure, axes = plt.subplots(figsize=(7, 4))
-    for key, label, style in (("start_ms", f"at the start ({curve.get('origin', '')})", "o--"),
+    origin = {"measured": "measured before the run", "cache": "stored for this machine"}.get(
+        curve.get("origin", ""), "at the start")
+    for key, label, style in (("start_ms", origin, "o--"),
                               ("end_ms", "refined by the run's steps", "s-")):
         points = [(rows, ms) for rows, ms in zip(curve["rows"], curve[key]) if ms is not None]
         axes.plot([rows for rows, _ in points], [ms for _, ms in points], style, markersize=4, label=label)
     axes.set_xscale("log", base=2)
+    ticks = [rows for rows in (1, 2, 4, 8, 16, 32, 64) if rows <= max(curve["rows"])]
+    axes.set_xticks(ticks, [str(rows) for rows in ticks])
     axes.set_xlabel("rows in one target forward (1 = a plain step; k drafted tokens = k + 1 rows)")
     axes.set_ylabel("milliseconds")
     axes.set_ylim(bottom=0)
