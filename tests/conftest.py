@@ -157,3 +157,15 @@ class CheckedDrafter:
 
     def observe(self, event):
         self.inner.observe(event)
+
+
+def chi_square(counts, expected_probs):
+    """Pearson statistic with categories of expected count < 5 pooled; returns (statistic, degrees of freedom)."""
+    runs = counts.sum()
+    expected = expected_probs * runs
+    big = expected >= 5
+    observed = torch.cat([counts[big], counts[~big].sum().reshape(1)])
+    wanted = torch.cat([expected[big], expected[~big].sum().reshape(1)])
+    keep = wanted > 0
+    statistic = float(((observed[keep] - wanted[keep]) ** 2 / wanted[keep]).sum())
+    return statistic, int(keep.sum()) - 1

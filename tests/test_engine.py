@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from conftest import TINY_EOS, TINY_VOCAB, hf_greedy
+from conftest import TINY_EOS, TINY_VOCAB, chi_square, hf_greedy
 
 from specdec_cli.cost_curve import CostCurve
 from specdec_cli.draft import Draft
@@ -138,18 +138,6 @@ def _exact_second_token_law(model, prompt, temperature):
     return (first.unsqueeze(1) * second).sum(0).double()
 
 
-def _chi_square(counts, expected_probs):
-    """Pearson statistic with categories of expected count < 5 pooled; returns (statistic, degrees of freedom)."""
-    runs = counts.sum()
-    expected = expected_probs * runs
-    big = expected >= 5
-    observed = torch.cat([counts[big], counts[~big].sum().reshape(1)])
-    wanted = torch.cat([expected[big], expected[~big].sum().reshape(1)])
-    keep = wanted > 0
-    statistic = float(((observed[keep] - wanted[keep]) ** 2 / wanted[keep]).sum())
-    return statistic, int(keep.sum()) - 1
-
-
 @pytest.mark.parametrize("mode", ["none", "exact", "junk"])
 def test_sampling_keeps_the_target_distribution(tiny_llama, mode):
     """Seeded Monte-Carlo on a real (tiny) model: the 2nd new token follows the model's exact law."""
@@ -164,7 +152,7 @@ def test_sampling_keeps_the_target_distribution(tiny_llama, mode):
     for seed in range(runs):
         config.seed = seed
         counts[engine.generate(prompt, drafter, config).tokens[1]] += 1
-    statistic, dof = _chi_square(counts, _exact_second_token_law(tiny_llama, prompt, temperature))
+    statistic, dof = chi_square(counts, _exact_second_token_law(tiny_llama, prompt, temperature))
     # mean dof, sd sqrt(2 dof): 5 sd is a one-in-millions false alarm; a biased rule overshoots by far
     assert statistic < dof + 5 * (2 * dof) ** 0.5 + 5, (statistic, dof)
 

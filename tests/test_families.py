@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import hf_greedy
+from conftest import chi_square, hf_greedy
 
 from specdec_cli.cost_curve import CostCurve
 from specdec_cli.draft import Draft
@@ -24,36 +24,33 @@ PROMPTS = [
 ]
 
 
+# family -> (its transformers config class, what differs from the common tiny settings)
+CONFIGS = {
+    "llama": ("LlamaConfig", {}),
+    "llama-big-vocab": ("LlamaConfig", {}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {"head_dim": 16}),
+    "mistral": ("MistralConfig", {"sliding_window": WINDOW}),
+    "phi3": ("Phi3Config", {}),
+    "smollm3": ("SmolLM3Config", {}),
+    "gemma": ("GemmaConfig", {"head_dim": 16}),
+    "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": WINDOW}),
+    "gemma3_text": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": WINDOW,
+                                         "layer_types": ["sliding_attention", "full_attention"]}),
+}
+
+
 def _config(family: str, vocab: int):
     import transformers
 
-    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  initializer_range=0.3, eos_token_id=EOS, bos_token_id=1, pad_token_id=0)
-    if family in ("llama", "llama-big-vocab"):
-        return transformers.LlamaConfig(**common)
-    if family == "qwen2":
-        return transformers.Qwen2Config(**common)
-    if family == "qwen3":
-        return transformers.Qwen3Config(**common, head_dim=16)
-    if family == "mistral":
-        return transformers.MistralConfig(**common, sliding_window=WINDOW)
-    if family == "phi3":
-        return transformers.Phi3Config(**common)
-    if family == "smollm3":
-        return transformers.SmolLM3Config(**common)
-    if family == "gemma":
-        return transformers.GemmaConfig(**common, head_dim=16)
-    if family == "gemma2":
-        return transformers.Gemma2Config(**common, head_dim=16, sliding_window=WINDOW)
-    if family == "gemma3_text":
-        return transformers.Gemma3TextConfig(**common, head_dim=16, sliding_window=WINDOW,
-                                             layer_types=["sliding_attention", "full_attention"])
-    raise ValueError(family)
+    name, extra = CONFIGS[family]
+    return getattr(transformers, name)(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.3, eos_token_id=EOS,
+        bos_token_id=1, pad_token_id=0, **extra)
 
 
-FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "gemma", "gemma2", "gemma3_text",
-            "llama-big-vocab"]
+FAMILIES = list(CONFIGS)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -178,13 +175,7 @@ def test_sampling_keeps_the_law_past_the_window(family):
     for seed in range(runs):
         config = GenerationConfig(max_new_tokens=2, temperature=1.0, seed=seed, eos_token_ids=(), budget=2)
         counts[engine.generate(prompt, Half(), config).tokens[0]] += 1
-    expected = law * runs
-    big = expected >= 5
-    observed = torch.cat([counts[big], counts[~big].sum().reshape(1)])
-    wanted = torch.cat([expected[big], expected[~big].sum().reshape(1)])
-    keep = wanted > 0
-    statistic = float(((observed[keep] - wanted[keep]) ** 2 / wanted[keep]).sum())
-    dof = int(keep.sum()) - 1
+    statistic, dof = chi_square(counts, law)
     assert statistic < dof + 5 * (2 * dof) ** 0.5 + 5, (statistic, dof)
 
 
@@ -202,13 +193,7 @@ def test_a_model_whose_attention_ignores_the_tree_mask_falls_back_to_chains():
         return original(*args, **kwargs)
 
     model.forward = ignore_custom_masks
-    prompt = PROMPTS[0]
-    reference = hf_greedy(model, prompt, 20, eos=EOS)
-    engine = _engine(model)
-    with pytest.warns(UserWarning, match="tree"):
-        generation = engine.generate(prompt, Scripted(reference, len(prompt), 64, tree=True),
-                                     GenerationConfig(max_new_tokens=20, budget=8, eos_token_ids=(EOS,)))
-    assert generation.tokens == reference
+    engine, generation = _tree_drafts_on(model, PROMPTS[0])
     assert not engine.supports_trees and engine.tree_check.startswith("failed")
     assert all(event.draft.parents is None for event in generation.events)  # trees became chains
 
@@ -219,13 +204,19 @@ def test_a_family_outside_the_list_works_with_chains(monkeypatch):
     torch.manual_seed(5)
     model = AutoModelForCausalLM.from_config(_config("qwen2", 64)).eval()
     monkeypatch.setattr(model.config, "model_type", "some-new-family")
-    prompt = PROMPTS[1]
+    engine, _ = _tree_drafts_on(model, PROMPTS[1])
+    assert engine.tree_check.startswith("chains only")
+
+
+def _tree_drafts_on(model, prompt):
+    """Tree drafts on a model that must verify chains: one warning, and the output is still exact."""
     reference = hf_greedy(model, prompt, 20, eos=EOS)
     engine = _engine(model)
-    with pytest.warns(UserWarning, match="chains"):
+    with pytest.warns(UserWarning, match="token trees are verified as chains"):
         generation = engine.generate(prompt, Scripted(reference, len(prompt), 64, tree=True),
                                      GenerationConfig(max_new_tokens=20, budget=8, eos_token_ids=(EOS,)))
-    assert generation.tokens == reference and engine.tree_check.startswith("chains only")
+    assert generation.tokens == reference
+    return engine, generation
 
 
 def test_prompts_longer_than_the_context_are_refused_and_answers_stop_at_its_end():

@@ -139,22 +139,15 @@ def bench(
 
 
 def _run_with_progress(run_bench, loaded, conversations, settings, source):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from rich import progress as bars
 
     stderr = err_console()
-    progress = Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
+    progress = bars.Progress(
+        bars.TextColumn("[progress.description]{task.description}"),
+        bars.BarColumn(),
+        bars.MofNCompleteColumn(),
+        bars.TimeElapsedColumn(),
+        bars.TimeRemainingColumn(),
         console=stderr,
         transient=True,
         disable=not stderr.is_terminal,

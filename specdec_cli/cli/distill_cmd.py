@@ -58,19 +58,12 @@ def _load_target(target: str, device: str = "auto", dtype: str = "auto"):
 
 
 def _progress(*fields: str):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from rich import progress as bars
 
-    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn()]
-    columns += [TextColumn(f"{{task.fields[{name}]}}") for name in fields]
-    columns += [TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
-    return Progress(*columns, console=err_console(), transient=False)
+    columns = [bars.TextColumn("[bold]{task.description}"), bars.BarColumn(), bars.MofNCompleteColumn()]
+    columns += [bars.TextColumn(f"{{task.fields[{name}]}}") for name in fields]
+    columns += [bars.TimeElapsedColumn(), bars.TextColumn("eta"), bars.TimeRemainingColumn()]
+    return bars.Progress(*columns, console=err_console(), transient=False)
 
 
 def _check_data(loaded: Any, target_spec: str, data: str, allow_empty: bool) -> None:
