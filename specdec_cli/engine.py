@@ -294,7 +294,8 @@ class Engine:
                 self._forward(prompt[:-1], cache, 0, last_only=True)
                 tree_logits = self._forward([prompt[-1], *tokens], cache, past, tree=parents).float()  # [7, V]
                 for leaf in sorted(set(range(len(tokens))) - set(parents)):
-                    path, node = [], leaf
+                    path: list[int] = []
+                    node = leaf
                     while node >= 0:
                         path.insert(0, node)
                         node = parents[node]
