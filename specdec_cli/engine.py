@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -29,10 +30,12 @@ from .verify import children_of, greedy_accept, greedy_accept_tree, speculative_
 
 EventCallback = Callable[[StepEvent], None]
 SCORED_TOPK = 8  # each step event carries the target's top-8 tokens at every scored position
-# Families whose attention takes a 4-D custom mask with explicit position ids (tests/test_families.py). Families
-# with sliding-window layers (mistral, gemma2, gemma3_text) verify chains: one tree mask cannot express a window
-# per layer. Whatever the family, a loaded model's first tree is checked against sequential decoding.
-TREE_MODEL_TYPES = {"llama", "qwen2", "qwen3", "gemma", "phi3", "smollm3"}
+# Families whose attention takes 4-D custom masks with explicit position ids (tests/test_families.py), sliding-window
+# layers included: those get a windowed tree mask (tree_attention_mask). Whatever the family, a loaded model's
+# first tree is checked against sequential decoding (Engine._tree_mismatch); other families verify chains.
+TREE_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "phi3", "smollm3"}
+MASKED_KINDS = ("full_attention", "sliding_attention")  # the layer kinds a tree mask is built for
+CHECK_WINDOW = 4  # the tree self-check shortens sliding windows to this, so its 12-token prompt runs past them
 
 
 @dataclass
@@ -105,9 +108,8 @@ class Engine:
         else:
             depth, ancestors = tree_layout(tree)  # [n], [n, n]
             position_ids = (start + depth).unsqueeze(0).to(self.device)  # [1, n]
-            prefix = torch.ones(len(token_ids), start, dtype=torch.bool)  # [n, start]
-            mask = torch.cat([prefix, ancestors], dim=1)  # [n, start+n]
-            kwargs["attention_mask"] = mask[None, None].to(self.device)  # [1, 1, n, start+n]
+            kwargs["attention_mask"] = tree_attention_mask(self.model.config, start, depth, ancestors,
+                                                           self.model.dtype, self.device)
         out = self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True,
                          **kwargs)
         return out.logits[0]  # [n, vocab] (or [1, vocab] with last_only)
@@ -116,6 +118,7 @@ class Engine:
     def _keep_in_cache(cache: Any, past: int, path: Sequence[int], is_chain: bool, length: int) -> None:
         """Keep the prefix, the root and the accepted path's entries; drop the rest of the block."""
         if not is_chain and list(path) != list(range(len(path))):  # a tree path: gather it into place first
+            check_rollback(cache)
             keep = torch.tensor([*range(past + 1), *(past + 1 + node for node in path)])
             for layer in cache.layers:
                 layer.keys = layer.keys.index_select(-2, keep.to(layer.keys.device))
@@ -127,6 +130,7 @@ class Engine:
         """Roll the KV cache back to `length` tokens (drop the rejected drafts)."""
         extra = cache.get_seq_length() - length
         if extra > 0:
+            check_rollback(cache)
             cache.crop(-extra)
 
     # -- the loop ------------------------------------------------------------------------------------------
@@ -244,16 +248,19 @@ class Engine:
     def supports_trees(self) -> bool:
         """Whether this model verifies token trees exactly (else trees fall back to their first branch).
 
-        Decided once per engine, the first time a tree is drafted: the family must be one whose attention
-        takes a 4-D mask and has no sliding window, and a small tree's logits must match sequential decoding.
+        Decided once per engine, the first time a tree is drafted: the family must be one whose attention takes
+        4-D masks (TREE_MODEL_TYPES) with layers of kinds a tree mask is built for, and a small tree's logits
+        must match sequential decoding (`_tree_mismatch`). The outcome is in `tree_check`: "passed",
+        "failed: ..." or "chains only: ..."; anything but "passed" is said once, as a warning.
         """
         if self._tree_ok is None:
             config = self.model.config
             model_type = getattr(config, "model_type", "") or "this model"
-            if uses_sliding_window(config):
-                self.tree_check = "chains only: sliding-window attention, which one tree mask cannot express"
-            elif model_type not in TREE_MODEL_TYPES:
+            other_kinds = sorted(attention_kinds(config) - set(MASKED_KINDS))
+            if model_type not in TREE_MODEL_TYPES:
                 self.tree_check = f"chains only: {model_type} is not a family checked with tree masks"
+            elif other_kinds:
+                self.tree_check = f"chains only: no tree mask for {', '.join(other_kinds)} layers"
             else:
                 mismatch = self._tree_mismatch()
                 self.tree_check = "passed" if mismatch is None else f"failed: {mismatch}"
@@ -264,29 +271,44 @@ class Engine:
 
     @torch.inference_mode()
     def _tree_mismatch(self) -> Optional[str]:
-        """Compare a 6-node tree's logits after a short prompt with one sequential forward per path; None when
-        they agree (argmax equal, differences at rounding level), else what differed."""
+        """None when a 6-node tree's logits after a 12-token prompt equal sequential decoding's, else what differed.
+
+        Sequential decoding is the model's own: each root-to-leaf path as a chain under the causal (and window)
+        masks the model builds itself. Sliding windows are shortened to CHECK_WINDOW meanwhile (models build
+        their window masks from the config at each forward), so the tree's window masks are compared with the
+        model's past the window. Cost: five small forwards (prompt, tree, three leaf chains) on a throwaway cache.
+        """
         from transformers import DynamicCache
 
         vocab = int(self.model.config.vocab_size)
         generator = torch.Generator().manual_seed(0)
         prompt = torch.randint(3, vocab, (12,), generator=generator).tolist()
         tokens = torch.randint(3, vocab, (6,), generator=generator).tolist()
-        parents = [-1, -1, 0, 0, 1, 3]
-        cache = DynamicCache()
-        self._forward(prompt[:-1], cache, 0)
-        tree_logits = self._forward([prompt[-1], *tokens], cache, len(prompt) - 1, tree=parents).float()  # [7, V]
-        for row in range(len(tokens) + 1):
-            path, node = [], row - 1
-            while node >= 0:
-                path.append(tokens[node])
-                node = parents[node]
-            sequence = torch.tensor([prompt + path[::-1]], device=self.device)
-            reference = self.model(input_ids=sequence).logits[0, -1].float()  # [V]
-            gap = float((tree_logits[row] - reference).abs().max())
-            tolerance = 1e-2 * (1 + float(reference.abs().max()))  # rounding passes, a wrong mask does not
-            if int(tree_logits[row].argmax()) != int(reference.argmax()) or gap > tolerance:
-                return f"tree node {row}'s logits differ from sequential decoding by {gap:.3g}"
+        parents = [-1, -1, 0, 0, 1, 3]  # two roots; depth up to 3
+        past = len(prompt) - 1
+        # rounding passes (a masked and a causal forward may run different kernels); a wrong mask moves whole units
+        relative = 2e-3 if next(self.model.parameters()).dtype == torch.float32 else 3e-2
+        try:
+            with shortened_windows(self.model, CHECK_WINDOW):
+                cache = DynamicCache()
+                self._forward(prompt[:-1], cache, 0, last_only=True)
+                tree_logits = self._forward([prompt[-1], *tokens], cache, past, tree=parents).float()  # [7, V]
+                for leaf in sorted(set(range(len(tokens))) - set(parents)):
+                    path: list[int] = []
+                    node = leaf
+                    while node >= 0:
+                        path.insert(0, node)
+                        node = parents[node]
+                    self._truncate_cache(cache, past)
+                    chain = self._forward([prompt[-1], *(tokens[node] for node in path)], cache, past).float()
+                    for row, reference in zip([0, *(node + 1 for node in path)], chain):  # [V] each
+                        gap = float((tree_logits[row] - reference).abs().max())
+                        tolerance = relative * (1 + float(reference.abs().max()))
+                        if gap > tolerance:
+                            return f"tree node {row}'s logits differ from sequential decoding by {gap:.3g}"
+        except Exception as error:  # e.g. an attention implementation that refuses custom masks
+            reason = str(error).strip().splitlines()[0][:120] if str(error).strip() else ""
+            return f"the tree forward raised {type(error).__name__}" + (f" ({reason})" if reason else "")
         return None
 
     def forget(self) -> None:
@@ -412,11 +434,71 @@ def context_limit(config: Any) -> Optional[int]:
     return int(limit) if isinstance(limit, int) and limit > 0 else None
 
 
-def uses_sliding_window(config: Any) -> bool:
-    """Whether any attention layer of this model sees only a window of the past."""
-    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
-        return True
-    return bool(getattr(config, "sliding_window", None)) and bool(getattr(config, "use_sliding_window", True))
+def attention_kinds(config: Any) -> set[str]:
+    """The kinds of attention layer the model has, named as transformers' `layer_types` name them."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types:
+        return set(layer_types)
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return {"sliding_attention"}  # mistral, phi3: one window for every layer
+    return {"full_attention"}
+
+
+def tree_attention_mask(config: Any, start: int, depth: torch.Tensor, ancestors: torch.Tensor,
+                        dtype: torch.dtype = torch.float32, device: Any = None) -> Any:
+    """The attention mask of a tree block placed after `start` cached tokens.
+
+    Every node (at position start + depth) sees the cached prefix, its ancestors and itself; on a sliding-window
+    layer only the keys less than `sliding_window` positions before its own, as transformers' own sliding
+    masks (`kv_idx > q_idx - sliding_window`) do. One mask [1, 1, n, start+n] when all layers attend alike,
+    else a dict by layer kind (the form models with mixed layers, gemma2/gemma3, take). Bool (True = attend),
+    except for eager attention, which adds its mask to the scores: 0 or the dtype's lowest value there, as
+    transformers' own `eager_mask`.
+    """
+    n = len(depth)
+    full = torch.cat([torch.ones(n, start, dtype=torch.bool), ancestors], dim=1)  # [n, start+n]
+    masks = {}
+    for kind in sorted(attention_kinds(config)):
+        if kind == "full_attention":
+            mask = full
+        elif kind == "sliding_attention":
+            query = start + depth  # [n] positions
+            key = torch.cat([torch.arange(start), start + depth])  # [start+n] positions
+            mask = full & (key[None, :] > query[:, None] - int(config.sliding_window))  # [n, start+n]
+        else:
+            raise SpecdecError(f"no tree mask for {kind} layers")
+        if getattr(config, "_attn_implementation", None) == "eager":
+            mask = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+        masks[kind] = mask[None, None].to(device)  # [1, 1, n, start+n]
+    return next(iter(masks.values())) if len(masks) == 1 else masks
+
+
+@contextmanager
+def shortened_windows(model: Any, window: int) -> Iterator[None]:
+    """Shorten every sliding window longer than `window` in the model's config(s), for the while."""
+    configs = {id(module.config): module.config for module in model.modules()
+               if isinstance(getattr(getattr(module, "config", None), "sliding_window", None), int)}
+    saved = {key: config.sliding_window for key, config in configs.items()}
+    try:
+        for config in configs.values():
+            config.sliding_window = min(config.sliding_window, window)
+        yield
+    finally:
+        for key, config in configs.items():
+            config.sliding_window = saved[key]
+
+
+def check_rollback(cache: Any) -> None:
+    """Refuse a cache that cannot be rolled back or gathered: one with layers that do not keep an entry for every
+    cached token (transformers' sliding-window layers keep the last window - 1; a recurrent state keeps none)."""
+    length = cache.get_seq_length()
+    for index, layer in enumerate(getattr(cache, "layers", ())):
+        if not getattr(layer, "is_initialized", True):
+            continue  # a layer that shares another's entries
+        held = getattr(layer, "keys", None)
+        if getattr(layer, "is_sliding", False) or held is None or held.dim() < 2 or held.shape[-2] != length:
+            raise SpecdecError(f"the KV cache's layer {index} ({type(layer).__name__}) does not keep every token, so "
+                               "rejected drafts cannot be rolled back: use a plain DynamicCache()")
 
 
 def pad_block(block: list[int], parents: Optional[list[int]], rows: int) -> tuple[list[int], Optional[list[int]]]:

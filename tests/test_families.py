@@ -1,90 +1,165 @@
-"""Every model family README promises, on tiny models built from configs (no downloads): tree logits equal
-sequential decoding where the engine verifies trees, every kind of drafter is greedy-identical to
-transformers' `generate`, sampling keeps the target's law, and sliding-window attention (prompts longer than
-the window) stays exact because such models verify chains. A family outside the list still works with
-chains, and the engine's tree self-check catches a model whose attention ignores the tree mask."""
+"""Every model family README promises, on tiny models built from configs (no downloads).
+
+Per family: a tree's logits equal sequential decoding (trees deeper than the sliding window included), every
+kind of drafter (chains: pld, a scripted chain that is sometimes wrong, the model drafter; trees: a scripted
+tree, recycle, aded) is greedy-identical to transformers' `generate` on prompts and answers longer than the
+sliding window, and sampling keeps the target's law. Then the engine's tree self-check (it catches attention
+that ignores the tree mask, or the window), the cache rules under sliding windows, and the context limits.
+"""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 from conftest import chi_square, hf_greedy
 
+import specdec_cli.engine as engine_module
 from specdec_cli.cost_curve import CostCurve
 from specdec_cli.draft import Draft
-from specdec_cli.drafters.pld import PromptLookupDrafter
 from specdec_cli.engine import TREE_MODEL_TYPES, Engine, GenerationConfig
+from specdec_cli.errors import SpecdecError
 from specdec_cli.planner import DraftPlanner
 
 EOS = 3
-WINDOW = 8  # sliding windows are this short, so every prompt below is longer than the window
+WINDOW = 8  # sliding windows are this short: prompts, answers and the deepest trees below run past them
+BUDGET = 12  # nodes per verify: deep enough for a tree path longer than the window
+NEW = 24
 PROMPTS = [
     [1, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11],
     [1, 5, 6, 7, 8, 9, 20, 21, 22, 23, 24, 25, 26, 27, 5, 6, 7, 8],
 ]
+BIG_VOCAB = 262_144  # Gemma 3's vocabulary
 
 
-# family -> (its transformers config class, what differs from the common tiny settings)
-CONFIGS = {
-    "llama": ("LlamaConfig", {}),
-    "llama-big-vocab": ("LlamaConfig", {}),
-    "qwen2": ("Qwen2Config", {}),
-    "qwen3": ("Qwen3Config", {"head_dim": 16}),
-    "mistral": ("MistralConfig", {"sliding_window": WINDOW}),
-    "phi3": ("Phi3Config", {}),
-    "smollm3": ("SmolLM3Config", {}),
-    "gemma": ("GemmaConfig", {"head_dim": 16}),
-    "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": WINDOW}),
-    "gemma3_text": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": WINDOW,
-                                         "layer_types": ["sliding_attention", "full_attention"]}),
-}
-
-
-def _config(family: str, vocab: int):
+def _config(family: str, vocab: int = 64, **extra):
     import transformers
 
-    name, extra = CONFIGS[family]
-    return getattr(transformers, name)(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.3, eos_token_id=EOS,
-        bos_token_id=1, pad_token_id=0, **extra)
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  initializer_range=0.3, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, **extra)
+    if family == "llama":
+        return transformers.LlamaConfig(**common)
+    if family == "qwen2":
+        return transformers.Qwen2Config(**common)
+    if family == "qwen3":  # hybrid: a full layer, then a sliding one (Qwen's max_window_layers)
+        return transformers.Qwen3Config(**common, head_dim=16, use_sliding_window=True, sliding_window=WINDOW,
+                                        max_window_layers=1)
+    if family == "mistral":
+        return transformers.MistralConfig(**{"sliding_window": WINDOW, **common})
+    if family == "phi3":  # a window on every layer, as Phi-3-mini-4k's 2047
+        return transformers.Phi3Config(**common, sliding_window=WINDOW)
+    if family == "smollm3":  # its second layer has no rotary embedding (NoPE)
+        return transformers.SmolLM3Config(**common, no_rope_layers=[1, 0])
+    if family == "gemma":
+        return transformers.GemmaConfig(**common, head_dim=16)
+    # Tiny Gemmas with tied embeddings only repeat their last input token (the scaled embedding dominates):
+    # untied, their answers vary, so a wrong mask would show
+    if family == "gemma2":  # eager attention (soft-capping), alternating sliding and full layers
+        return transformers.Gemma2Config(**common, head_dim=16, sliding_window=WINDOW, tie_word_embeddings=False)
+    if family == "gemma3_text":
+        return transformers.Gemma3TextConfig(**common, head_dim=16, sliding_window=WINDOW, tie_word_embeddings=False,
+                                             layer_types=["sliding_attention", "full_attention"])
+    raise ValueError(family)
 
 
-FAMILIES = list(CONFIGS)
+# (test id, family, vocabulary, attention implementation or None for the family's default, seed or 0)
+VARIANTS = [
+    ("llama", "llama", 64, None, 0),
+    ("llama-eager", "llama", 64, "eager", 0),  # eager attention adds its mask: a float mask, not a bool one
+    ("qwen2", "qwen2", 64, None, 0),
+    ("qwen3-hybrid", "qwen3", 64, None, 0),
+    ("mistral", "mistral", 64, None, 0),
+    ("phi3", "phi3", 64, None, 0),
+    ("smollm3", "smollm3", 64, None, 0),
+    ("gemma", "gemma", 64, None, 0),
+    ("gemma2", "gemma2", 64, None, 0),
+    ("gemma3_text", "gemma3_text", 64, None, 5),
+    ("gemma3_text-262k", "gemma3_text", BIG_VOCAB, None, 0),
+]
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
-def family_model(request):
+def _model(family: str, vocab: int = 64, attention=None, seed: int = 0, **extra):
     from transformers import AutoModelForCausalLM
 
-    vocab = 4096 if request.param == "llama-big-vocab" else 64
-    torch.manual_seed(sum(map(ord, request.param)))
-    model = AutoModelForCausalLM.from_config(_config(request.param, vocab)).eval()
+    torch.manual_seed(seed or sum(map(ord, family)) + vocab)
+    kwargs = {} if attention is None else {"attn_implementation": attention}
+    model = AutoModelForCausalLM.from_config(_config(family, vocab, **extra), **kwargs).eval()
     model.generation_config.eos_token_id = EOS
     model.generation_config.pad_token_id = 0
-    return request.param, model
+    return model
+
+
+class Family:
+    def __init__(self, name, family, vocab, attention, seed):
+        self.name, self.vocab = name, vocab
+        self.model = _model(family, vocab, attention, seed)
+        self.references = [hf_greedy(self.model, prompt, NEW, eos=EOS) for prompt in PROMPTS]
+
+
+@pytest.fixture(scope="module", params=VARIANTS, ids=[variant[0] for variant in VARIANTS])
+def family(request):
+    return Family(*request.param)
 
 
 def _engine(model) -> Engine:
-    return Engine(model, planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})))
+    return Engine(model, planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})))  # no timing anywhere
 
 
-class Scripted:
-    """The true continuation as a chain, or hidden as a later sibling in a tree (junk first)."""
+def _config_for(**settings) -> GenerationConfig:
+    settings = {"max_new_tokens": NEW, "budget": BUDGET, "eos_token_ids": (EOS,), "cost_aware": False, **settings}
+    return GenerationConfig(**settings)
 
-    def __init__(self, reference, prompt_len, vocab, tree=False):
-        self.name = "tree" if tree else "chain"
-        self.reference, self.prompt_len, self.vocab, self.tree = reference, prompt_len, vocab, tree
+
+def _path(parents, node):
+    """Node indices from a root to `node`."""
+    path = []
+    while node >= 0:
+        path.insert(0, node)
+        node = parents[node]
+    return path
+
+
+class ScriptedChain:
+    """The true continuation as a chain, with its third token wrong every other step (rollbacks mid-chain)."""
+
+    name = "chain"
+
+    def __init__(self, reference, prompt_len, vocab):
+        self.reference, self.prompt_len, self.vocab, self.calls = reference, prompt_len, vocab, 0
 
     def propose(self, context, budget):
         done = len(context) - self.prompt_len
-        truth = self.reference[done : done + min(budget, 4)]
-        if not self.tree:
-            return Draft(truth, self.name)
+        tokens = list(self.reference[done : done + budget])
+        self.calls += 1
+        if self.calls % 2 and len(tokens) > 2:
+            tokens[2] = (tokens[2] + 1) % self.vocab
+        return Draft(tokens, self.name)
+
+    def observe(self, event):
+        pass
+
+
+class ScriptedTree:
+    """The truth behind a junk first sibling at depths 0 and 2, then a chain of truth: up to `budget` nodes, a
+    path deeper than the window, and an accepted path that must be gathered in the cache."""
+
+    name = "tree"
+
+    def __init__(self, reference, prompt_len, vocab):
+        self.reference, self.prompt_len, self.vocab = reference, prompt_len, vocab
+
+    def propose(self, context, budget):
+        done = len(context) - self.prompt_len
+        truth = self.reference[done : done + budget]
         tokens, parents, parent = [], [], -1
-        for token in truth[:3]:
-            tokens += [(token + 1) % self.vocab, token]
-            parents += [parent, parent]
+        for depth, token in enumerate(truth):
+            if depth in (0, 2):
+                tokens.append((token + 1) % self.vocab)
+                parents.append(parent)
+            tokens.append(token)
+            parents.append(parent)
             parent = len(tokens) - 1
         return Draft(tokens[:budget], self.name, parents=parents[:budget])
 
@@ -92,100 +167,164 @@ class Scripted:
         pass
 
 
-def test_the_tree_list_names_only_families_without_sliding_windows():
-    assert {"llama", "qwen2", "qwen3", "phi3", "smollm3", "gemma"} <= TREE_MODEL_TYPES
-    assert not {"mistral", "gemma2", "gemma3_text"} & TREE_MODEL_TYPES
+def _drafter(kind, family, prompt_index):
+    from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
+    from specdec_cli.drafters.model import ModelDrafter
+
+    prompt, reference = PROMPTS[prompt_index], family.references[prompt_index]
+    if kind in ("pld", "recycle", "aded"):
+        return make_drafter(kind, DrafterOptions(), TargetInfo(family.vocab, (EOS,)))
+    if kind == "chain":
+        return ScriptedChain(reference, len(prompt), family.vocab)
+    if kind == "tree":
+        return ScriptedTree(reference, len(prompt), family.vocab)
+    return ModelDrafter(_perturbed(family.model, 0.02), draft_max=4, eos_token_ids=(EOS,))
 
 
-def test_tree_logits_equal_sequential_decoding_or_trees_are_off(family_model):
+def _perturbed(model, scale=0.05, seed=0):
+    """A draft of the same family and vocabulary that mostly agrees with the target, but not always: each
+    weight moved by `scale` times its tensor's spread."""
+    draft = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in draft.parameters():
+            spread = float(parameter.std()) if parameter.numel() > 1 else 0.0
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * scale * (spread or 0.1))
+    return draft
+
+
+# -- tree masks ------------------------------------------------------------------------------------------------
+
+
+def test_the_tree_list_names_every_family_tested_here():
+    assert {"llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "gemma", "gemma2", "gemma3_text"} \
+        == TREE_MODEL_TYPES
+
+
+@pytest.mark.parametrize("shape", ["bushy", "deeper-than-the-window"])
+def test_tree_logits_equal_sequential_decoding(family, shape):
     from transformers import DynamicCache
 
-    family, model = family_model
+    model = family.model
     engine = _engine(model)
-    tokens, parents = [20, 21, 22, 23, 24, 20], [-1, -1, 0, 0, 1, 3]
+    if shape == "bushy":  # two roots, duplicate tokens at two depths
+        tokens, parents = [20, 21, 22, 23, 24, 20], [-1, -1, 0, 0, 1, 3]
+    else:  # a junk root, then a 10-deep chain: its deepest nodes see neither the prefix nor the root
+        tokens, parents = [30, *range(40, 50)], [-1, -1, *range(1, 10)]
     prompt = PROMPTS[0]
     with torch.inference_mode():
         cache = DynamicCache()
         engine._forward(prompt[:-1], cache, 0)
-        tree_logits = engine._forward([prompt[-1], *tokens], cache, len(prompt) - 1, tree=parents)
-        matches = []
+        tree_logits = engine._forward([prompt[-1], *tokens], cache, len(prompt) - 1, tree=parents)  # [n+1, V]
         for row in range(len(tokens) + 1):
-            path, node = [], row - 1
-            while node >= 0:
-                path.append(tokens[node])
-                node = parents[node]
-            reference = model(torch.tensor([prompt + path[::-1]])).logits[0, -1]
-            matches.append(torch.allclose(tree_logits[row], reference, atol=1e-4))
-    if engine.supports_trees:
-        assert all(matches), (family, matches)
-        assert engine.tree_check == "passed"
-    else:  # a sliding window the tree mask cannot express: chains only, and said so
-        assert engine.tree_check == "chains only: sliding-window attention, which one tree mask cannot express"
-        assert not all(matches)  # and indeed: past the window the tree's logits are wrong
+            sequence = prompt + [tokens[node] for node in _path(parents, row - 1)]
+            reference = model(torch.tensor([sequence])).logits[0, -1]  # [V]
+            assert torch.allclose(tree_logits[row], reference, atol=1e-4, rtol=1e-4), (family.name, row)
+    assert engine.supports_trees and engine.tree_check == "passed", engine.tree_check
 
 
-@pytest.mark.parametrize("kind", ["pld", "chain", "tree", "model"])
-def test_every_drafter_kind_is_greedy_identical(family_model, kind):
-    from specdec_cli.drafters.model import ModelDrafter
-
-    family, model = family_model
-    vocab = model.config.vocab_size
-    for prompt in PROMPTS:
-        reference = hf_greedy(model, prompt, 24, eos=EOS)
-        if kind == "pld":
-            drafter = PromptLookupDrafter()
-        elif kind == "model":
-            drafter = ModelDrafter(model, draft_max=4, eos_token_ids=(EOS,))  # the target drafting for itself
-        else:
-            drafter = Scripted(reference, len(prompt), vocab, tree=kind == "tree")
-        config = GenerationConfig(max_new_tokens=24, budget=8, eos_token_ids=(EOS,))
-        generation = _engine(model).generate(prompt, drafter, config)
-        assert generation.tokens == reference, (family, kind, prompt)
-        if kind in ("chain", "model") and len(reference) > 4:
-            assert generation.stats.mean_accepted_tokens > 1.5, (family, kind)
+@pytest.mark.parametrize("kind", ["pld", "chain", "model", "tree", "recycle", "aded"])
+def test_every_drafter_kind_is_greedy_identical(family, kind):
+    for index, prompt in enumerate(PROMPTS):
+        engine = _engine(family.model)
+        generation = engine.generate(prompt, _drafter(kind, family, index), _config_for())
+        assert generation.tokens == family.references[index], (family.name, kind, index)
+        if kind in ("chain", "tree", "model") and len(generation.tokens) > 8:
+            assert generation.stats.mean_accepted_tokens > 1.5, (family.name, kind)
+        if kind == "tree":  # the trees were verified as trees, and paths deeper than the window accepted
+            assert engine.tree_check == "passed"
+            assert any(event.draft.parents is not None and len(event.accepted_path) > WINDOW
+                       for event in generation.events) or len(generation.tokens) < NEW
 
 
-@pytest.mark.parametrize("family", ["mistral", "gemma3_text"])
-def test_sampling_keeps_the_law_past_the_window(family):
-    """Seeded Monte-Carlo: the first sampled token after a long prompt follows the model's own law, with a
-    scripted drafter that is right half the time."""
-    from transformers import AutoModelForCausalLM
+# -- sampling ----------------------------------------------------------------------------------------------------
 
+
+def _second_token_law(model, prompt):
+    """P(2nd new token) = sum over t1 of P(t1) P(t2 | t1) at temperature 1, from the model itself."""
     from specdec_cli.sampling import warp_probs
 
-    torch.manual_seed(7)
-    model = AutoModelForCausalLM.from_config(_config(family, 64)).eval()
-    prompt = PROMPTS[1]
+    vocab = model.config.vocab_size
     with torch.inference_mode():
-        law = warp_probs(model(torch.tensor([prompt])).logits[0, -1], 1.0).double()  # [vocab]
-    guess = int(law.argmax())
+        first = warp_probs(model(torch.tensor([prompt])).logits[0, -1], 1.0)  # [V]
+        second = warp_probs(model(torch.tensor([prompt + [t] for t in range(vocab)])).logits[:, -1], 1.0)  # [V, V]
+    return (first.unsqueeze(1) * second).sum(0).double()  # [V]
 
-    class Half:
-        name = "half"
 
-        def propose(self, context, budget):
-            return Draft([guess if len(context) % 2 else (guess + 1) % 64], self.name)
+class LikelyTree:
+    """At temperature > 0: a tree of the likeliest second tokens (a junk one first), continued by a chain."""
 
-        def observe(self, event):
-            pass
+    name = "tree"
 
+    def __init__(self, guesses, vocab):
+        self.guesses, self.vocab = guesses, vocab
+
+    def propose(self, context, budget):
+        junk = (self.guesses[0] + 7) % self.vocab
+        tokens = [junk, *self.guesses[:2], self.guesses[0], self.guesses[1]]
+        return Draft(tokens[:budget], self.name, parents=[-1, -1, -1, 1, 3][:budget])
+
+    def observe(self, event):
+        pass
+
+
+@pytest.mark.parametrize("family_name,kind", [("gemma2", "tree"), ("mistral", "model")])
+def test_sampling_keeps_the_law_past_the_window(family_name, kind):
+    """Seeded Monte-Carlo: the 2nd new token (the first one a verify forward decides) after a prompt longer than
+    the window follows the model's own law, with a tree (gemma2: eager attention, mixed layers) or the model
+    drafter and its draft distributions (mistral)."""
+    from specdec_cli.drafters.model import ModelDrafter
+
+    model = _model(family_name, seed=7)
+    prompt = PROMPTS[1]
+    law = _second_token_law(model, prompt)
     engine = _engine(model)
+    if kind == "tree":
+        drafter = LikelyTree(torch.topk(law, 2).indices.tolist(), 64)
+    else:
+        drafter = ModelDrafter(_perturbed(model, 0.1), draft_max=3, eos_token_ids=())
     counts = torch.zeros(64, dtype=torch.float64)
-    runs = 600
+    runs = 500
     for seed in range(runs):
-        config = GenerationConfig(max_new_tokens=2, temperature=1.0, seed=seed, eos_token_ids=(), budget=2)
-        counts[engine.generate(prompt, Half(), config).tokens[0]] += 1
+        config = _config_for(max_new_tokens=3, temperature=1.0, seed=seed, eos_token_ids=(), budget=5)
+        counts[engine.generate(prompt, drafter, config).tokens[1]] += 1
+    assert engine.tree_check == ("passed" if kind == "tree" else "not checked")
     statistic, dof = chi_square(counts, law)
+    # mean dof, sd sqrt(2 dof): 5 sd is a one-in-millions false alarm; a biased rule overshoots by far
     assert statistic < dof + 5 * (2 * dof) ** 0.5 + 5, (statistic, dof)
 
 
-def test_a_model_whose_attention_ignores_the_tree_mask_falls_back_to_chains():
-    """The self-check compares a small tree's logits with sequential ones the first time a tree would be
-    verified; a mismatch means chains for that model, with one warning, and the output stays exact."""
-    from transformers import AutoModelForCausalLM
+# -- the tree self-check -----------------------------------------------------------------------------------------
 
-    torch.manual_seed(3)
-    model = AutoModelForCausalLM.from_config(_config("llama", 64)).eval()
+
+def _tree_generation(model, prompt, engine=None):
+    reference = hf_greedy(model, prompt, 20, eos=EOS)
+    engine = engine or _engine(model)
+    drafter = ScriptedTree(reference, len(prompt), model.config.vocab_size)
+    return reference, engine, engine.generate(prompt, drafter, _config_for(max_new_tokens=20))
+
+
+def test_the_self_check_costs_five_small_forwards_and_runs_once():
+    model = _model("gemma3_text", seed=2)
+    calls = []
+    original = model.forward
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs["input_ids"].shape[-1])
+        return original(*args, **kwargs)
+
+    model.forward = counting
+    engine = _engine(model)
+    assert engine.tree_check == "not checked"
+    assert engine.supports_trees and engine.tree_check == "passed"
+    assert len(calls) == 5 and max(calls) <= 11, calls  # prompt, tree, three leaf chains
+    assert engine.supports_trees and len(calls) == 5  # decided once per engine
+    assert model.config.sliding_window == WINDOW  # the window shortened for the check is restored
+
+
+def test_a_model_whose_attention_ignores_the_tree_mask_falls_back_to_chains():
+    """A mismatch means chains for that model, with one warning, and the output stays exact."""
+    model = _model("llama", seed=3)
     original = model.forward
 
     def ignore_custom_masks(*args, **kwargs):
@@ -193,39 +332,107 @@ def test_a_model_whose_attention_ignores_the_tree_mask_falls_back_to_chains():
         return original(*args, **kwargs)
 
     model.forward = ignore_custom_masks
-    engine, generation = _tree_drafts_on(model, PROMPTS[0])
-    assert not engine.supports_trees and engine.tree_check.startswith("failed")
+    with pytest.warns(UserWarning, match="token trees are verified as chains") as caught:
+        reference, engine, generation = _tree_generation(model, PROMPTS[0])
+    assert len([w for w in caught if "token trees" in str(w.message)]) == 1
+    assert generation.tokens == reference
+    assert engine.tree_check.startswith("failed: tree node") and not engine.supports_trees
     assert all(event.draft.parents is None for event in generation.events)  # trees became chains
 
 
-def test_a_family_outside_the_list_works_with_chains(monkeypatch):
-    from transformers import AutoModelForCausalLM
+def test_a_model_that_refuses_custom_masks_falls_back_to_chains():
+    """An attention implementation that raises on a 4-D mask (as some kernels do) fails the check, not the run."""
+    model = _model("qwen2", seed=4)
+    original = model.forward
 
-    torch.manual_seed(5)
-    model = AutoModelForCausalLM.from_config(_config("qwen2", 64)).eval()
-    monkeypatch.setattr(model.config, "model_type", "some-new-family")
-    engine, _ = _tree_drafts_on(model, PROMPTS[1])
-    assert engine.tree_check.startswith("chains only")
+    def refuse(*args, **kwargs):
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, dict) or (mask is not None and mask.dim() == 4):
+            raise NotImplementedError("custom 4-D masks are not supported\nsecond line")
+        return original(*args, **kwargs)
 
-
-def _tree_drafts_on(model, prompt):
-    """Tree drafts on a model that must verify chains: one warning, and the output is still exact."""
-    reference = hf_greedy(model, prompt, 20, eos=EOS)
-    engine = _engine(model)
-    with pytest.warns(UserWarning, match="token trees are verified as chains"):
-        generation = engine.generate(prompt, Scripted(reference, len(prompt), 64, tree=True),
-                                     GenerationConfig(max_new_tokens=20, budget=8, eos_token_ids=(EOS,)))
+    model.forward = refuse
+    with pytest.warns(UserWarning, match="chains"):
+        reference, engine, generation = _tree_generation(model, PROMPTS[1])
     assert generation.tokens == reference
-    return engine, generation
+    assert engine.tree_check == ("failed: the tree forward raised NotImplementedError "
+                                 "(custom 4-D masks are not supported)")
+
+
+def test_the_self_check_catches_a_window_mask_gone_wrong_even_with_a_long_window(monkeypatch):
+    """With Mistral's real 4096-token window, a tree mask that forgot the window would agree with sequential
+    decoding on any short prompt; the check shortens the window, so it does not agree there."""
+    model = _model("mistral", sliding_window=4096, seed=5)
+    real_mask = engine_module.tree_attention_mask
+
+    def windowless(config, *args, **kwargs):
+        unwindowed = copy.copy(config)
+        unwindowed.sliding_window = None
+        return real_mask(unwindowed, *args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "tree_attention_mask", windowless)
+    with pytest.warns(UserWarning, match="chains"):
+        reference, engine, generation = _tree_generation(model, PROMPTS[0])
+    assert engine.tree_check.startswith("failed: tree node"), engine.tree_check
+    assert generation.tokens == reference and model.config.sliding_window == 4096
+    monkeypatch.setattr(engine_module, "CHECK_WINDOW", 10**6)  # without the shortening: fooled
+    assert _engine(model).supports_trees
+
+
+def test_a_family_outside_the_list_works_with_chains(monkeypatch):
+    model = _model("qwen2", seed=5)
+    monkeypatch.setattr(model.config, "model_type", "some-new-family")
+    with pytest.warns(UserWarning, match="chains"):
+        reference, engine, generation = _tree_generation(model, PROMPTS[1])
+    assert generation.tokens == reference
+    assert engine.tree_check == "chains only: some-new-family is not a family checked with tree masks"
+
+
+def test_layers_of_another_kind_get_chains(monkeypatch):
+    model = _model("qwen2", seed=6)
+    monkeypatch.setattr(model.config, "layer_types", ["full_attention", "chunked_attention"])
+    engine = _engine(model)
+    with pytest.warns(UserWarning, match="chains"):
+        assert not engine.supports_trees
+    assert engine.tree_check == "chains only: no tree mask for chunked_attention layers"
+
+
+# -- caches under sliding windows -----------------------------------------------------------------------------
+
+
+def test_a_cache_that_keeps_only_the_window_is_refused_not_wrong():
+    """transformers' DynamicCache(config=...) keeps only the last window - 1 entries of a sliding layer, so a
+    rollback past the window cannot be done: the engine refuses such a cache in one line, from the first
+    rollback on (its own caches keep every entry)."""
+    from transformers import DynamicCache
+
+    model = _model("gemma3_text", seed=8)
+    engine = _engine(model)
+    prompt = PROMPTS[0]
+    with torch.inference_mode():
+        short = DynamicCache(config=model.config)
+        engine._forward(prompt[:6], short, 0)  # within the window, refused all the same
+        with pytest.raises(SpecdecError, match="does not keep every token"):
+            engine._keep_in_cache(short, 3, [1], False, 4)
+        cache = DynamicCache(config=model.config)
+        engine._forward(prompt, cache, 0)  # past the window
+        assert [layer.keys.shape[-2] for layer in cache.layers] == [WINDOW - 1, len(prompt)]
+        with pytest.raises(SpecdecError, match=r"layer 0 \(DynamicSlidingWindowLayer\) does not keep every token"):
+            engine._truncate_cache(cache, len(prompt) - 3)
+        with pytest.raises(SpecdecError, match="does not keep every token"):
+            engine._keep_in_cache(cache, len(prompt) - 4, [1, 2], False, len(prompt) - 1)
+        plain = DynamicCache()
+        engine._forward(prompt, plain, 0)
+        assert [layer.keys.shape[-2] for layer in plain.layers] == [len(prompt)] * 2  # what the engine uses
+
+
+# -- context limits --------------------------------------------------------------------------------------------
 
 
 def test_prompts_longer_than_the_context_are_refused_and_answers_stop_at_its_end():
-    from transformers import AutoModelForCausalLM
+    from specdec_cli.drafters.pld import PromptLookupDrafter
 
-    from specdec_cli.errors import SpecdecError
-
-    torch.manual_seed(11)
-    model = AutoModelForCausalLM.from_config(_config("llama", 64)).eval()  # 256 positions
+    model = _model("llama", seed=11)  # 256 positions
     engine = _engine(model)
     config = GenerationConfig(max_new_tokens=50, budget=8, eos_token_ids=())
     with pytest.raises(SpecdecError, match="the prompt has 300 tokens, but this model reads at most 256"):
@@ -239,7 +446,5 @@ def test_prompts_longer_than_the_context_are_refused_and_answers_stop_at_its_end
 
 
 def test_infinite_temperature_is_refused():
-    from specdec_cli.errors import SpecdecError
-
     with pytest.raises(SpecdecError, match="finite"):
         GenerationConfig(temperature=float("inf")).check()
