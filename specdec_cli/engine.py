@@ -23,9 +23,11 @@ from .defaults import DEFAULT_BUDGET
 from .draft import Draft, FinishReason, StepEvent
 from .drafters.base import Drafter
 from .errors import SpecdecError
+from .exact import ExactState, exact_rows, install, uninstall
 from .planner import DraftPlanner, Plan
 from .sampling import check_sampling, sample, warp_probs
 from .stats import GenerationStats, summarize
+from .tree_mask import MASKED_KINDS, attention_kinds, tree_attention_mask, tree_layout
 from .verify import children_of, greedy_accept, greedy_accept_tree, speculative_accept, speculative_accept_tree
 
 EventCallback = Callable[[StepEvent], None]
@@ -34,7 +36,6 @@ SCORED_TOPK = 8  # each step event carries the target's top-8 tokens at every sc
 # layers included: those get a windowed tree mask (tree_attention_mask). Whatever the family, a loaded model's
 # first tree is checked against sequential decoding (Engine._tree_mismatch); other families verify chains.
 TREE_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "phi3", "smollm3"}
-MASKED_KINDS = ("full_attention", "sliding_attention")  # the layer kinds a tree mask is built for
 CHECK_WINDOW = 4  # the tree self-check shortens sliding windows to this, so its 12-token prompt runs past them
 
 
@@ -78,7 +79,8 @@ class Generation:
 class Engine:
     """Speculative generation with one target model (batch size 1)."""
 
-    def __init__(self, model: Any, tokenizer: Any = None, planner: Optional[DraftPlanner] = None):
+    def __init__(self, model: Any, tokenizer: Any = None, planner: Optional[DraftPlanner] = None,
+                 exact: Optional[bool] = None):
         self.model = model
         self.tokenizer = tokenizer  # only needed for stop strings
         self.device = next(model.parameters()).device
@@ -86,6 +88,10 @@ class Engine:
         # given, the verify-cost curve is the one stored for this machine and model, else measured (~1-2 s).
         self.planner = planner or DraftPlanner(self._stored_or_measured_curve)
         self._saved_observations = 0
+        # reduced precision: verify row-invariantly (exact.py), so speculative output equals plain decoding's
+        self.exact = reduced_precision(model) if exact is None else exact
+        self._exact_state: Optional[ExactState] = None
+        self.exact_check = "off" if not self.exact else "not checked"  # "on: ...", "failed: ..." once installed
         self._tree_ok: Optional[bool] = None
         self.tree_check = "not checked"  # "passed", "failed: ...", or "chains only: ..." once a tree was drafted
 
@@ -157,6 +163,7 @@ class Engine:
             config = replace(config, max_new_tokens=min(config.max_new_tokens, limit - len(prompt_ids)))
         if config.stop and self.tokenizer is None:
             raise SpecdecError("stop strings need the target's tokenizer")
+        max_rows = self._prepare_exact(config.budget)  # row-invariant blocks up to this size (None: not exact)
         generator = None
         if not config.greedy:
             generator = torch.Generator(device="cpu")
@@ -195,6 +202,7 @@ class Engine:
             #    when a bigger forward is cheaper on this machine; their outputs and cache entries are dropped).
             past = len(context) - 1
             rows = plan.rows if limit is None else min(plan.rows, limit - past)  # padding stays inside the context
+            rows = rows if max_rows is None else min(rows, max_rows)  # and inside the row-invariant sizes
             block, parents = pad_block([context[-1], *draft.tokens], draft.parents, rows)
             logits = self._forward(block, cache, past, tree=parents)[: len(draft) + 1]  # [k+1, vocab]
             # 3. Accept: the longest acceptable path, then the target's own token after it.
@@ -243,6 +251,32 @@ class Engine:
         p_draft = None if draft.p_draft is None else draft.p_draft.to(p_target.device, torch.float32)
         accepted, target_token = speculative_accept(draft.tokens, p_target, p_draft, generator)
         return list(range(accepted)), target_token
+
+    def _prepare_exact(self, budget: int) -> Optional[int]:
+        """Install row-invariant verification for blocks of this budget (once; again for a bigger budget).
+        Returns the largest row-invariant block, or None when verification is not exact (off, or the check
+        failed: said once as a warning, the reason kept in `exact_check`)."""
+        if not self.exact:
+            return None
+        rows = exact_rows(budget)
+        state = self._exact_state
+        if state is not None and state.rows >= rows:
+            return state.rows
+        if self.exact_check.startswith("failed"):
+            return None
+        if state is not None:
+            uninstall(self.model, state)
+            self._exact_state = None
+        try:
+            self._exact_state = state = install(self.model, rows)
+        except ValueError as error:
+            self.exact_check = f"failed: {error}"
+            warnings.warn(f"verification is not row-invariant on this model and machine ({error}): speculative "
+                          "output may differ from plain decoding where rounding decides", stacklevel=3)
+            return None
+        padded = ", ".join(f"{inputs}x{outputs}" for inputs, outputs in state.padded_shapes) or "none"
+        self.exact_check = f"on: blocks up to {rows} rows; linear shapes padded: {padded}"
+        return rows
 
     @property
     def supports_trees(self) -> bool:
@@ -346,8 +380,9 @@ class Engine:
             return None
         params = sum(p.numel() for p in self.model.parameters())
         dtype = next(self.model.parameters()).dtype
+        exact = self._exact_state.rows if self._exact_state is not None else 0
         key = (f"{name}|{params}|{self.device}|{cpu_model()}|{dtype}|{torch.get_num_threads()}|"
-               f"{torch.__version__}")
+               f"{torch.__version__}" + (f"|exact{exact}" if exact else ""))
         return specdec_home() / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
     def _forward_timer(self, prefix: int = 256) -> Callable[[int], float]:
@@ -419,6 +454,11 @@ class Engine:
         return len(committed), cut
 
 
+def reduced_precision(model: Any) -> bool:
+    """Whether the model computes in a 16-bit float type, where verification is made row-invariant by default."""
+    return next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
+
+
 def trim(draft: Draft, length: int) -> Draft:
     """The first `length` nodes of a draft (parents come first, so any prefix is a tree)."""
     if len(draft) <= length:
@@ -432,45 +472,6 @@ def context_limit(config: Any) -> Optional[int]:
     """The longest sequence (prompt and answer) the model was made for, when its config says."""
     limit = getattr(config, "max_position_embeddings", None)
     return int(limit) if isinstance(limit, int) and limit > 0 else None
-
-
-def attention_kinds(config: Any) -> set[str]:
-    """The kinds of attention layer the model has, named as transformers' `layer_types` name them."""
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types:
-        return set(layer_types)
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return {"sliding_attention"}  # mistral, phi3: one window for every layer
-    return {"full_attention"}
-
-
-def tree_attention_mask(config: Any, start: int, depth: torch.Tensor, ancestors: torch.Tensor,
-                        dtype: torch.dtype = torch.float32, device: Any = None) -> Any:
-    """The attention mask of a tree block placed after `start` cached tokens.
-
-    Every node (at position start + depth) sees the cached prefix, its ancestors and itself; on a sliding-window
-    layer only the keys less than `sliding_window` positions before its own, as transformers' own sliding
-    masks (`kv_idx > q_idx - sliding_window`) do. One mask [1, 1, n, start+n] when all layers attend alike,
-    else a dict by layer kind (the form models with mixed layers, gemma2/gemma3, take). Bool (True = attend),
-    except for eager attention, which adds its mask to the scores: 0 or the dtype's lowest value there, as
-    transformers' own `eager_mask`.
-    """
-    n = len(depth)
-    full = torch.cat([torch.ones(n, start, dtype=torch.bool), ancestors], dim=1)  # [n, start+n]
-    masks = {}
-    for kind in sorted(attention_kinds(config)):
-        if kind == "full_attention":
-            mask = full
-        elif kind == "sliding_attention":
-            query = start + depth  # [n] positions
-            key = torch.cat([torch.arange(start), start + depth])  # [start+n] positions
-            mask = full & (key[None, :] > query[:, None] - int(config.sliding_window))  # [n, start+n]
-        else:
-            raise SpecdecError(f"no tree mask for {kind} layers")
-        if getattr(config, "_attn_implementation", None) == "eager":
-            mask = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
-        masks[kind] = mask[None, None].to(device)  # [1, 1, n, start+n]
-    return next(iter(masks.values())) if len(masks) == 1 else masks
 
 
 @contextmanager
@@ -519,17 +520,3 @@ def first_branch(draft: Draft) -> Draft:
         node = children[node][0]
         tokens.append(draft.tokens[node])
     return Draft(tokens, draft.source, None, None, draft.match_len)
-
-
-def tree_layout(parents: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """For a block [root, node 0, node 1, ...]: depth [n] and ancestor-or-self mask [n, n] (bool)."""
-    size = len(parents) + 1
-    depth = torch.zeros(size, dtype=torch.long)
-    ancestors = torch.eye(size, dtype=torch.bool)
-    for node, parent in enumerate(parents):
-        row, parent_row = node + 1, parent + 1
-        if not 0 <= parent_row < row:
-            raise ValueError(f"tree node {node} has parent {parent}: parents must come first (breadth-first)")
-        depth[row] = depth[parent_row] + 1
-        ancestors[row] |= ancestors[parent_row]
-    return depth, ancestors

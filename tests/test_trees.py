@@ -9,7 +9,8 @@ import torch
 from conftest import TINY_EOS, TINY_VOCAB, hf_greedy
 
 from specdec_cli.draft import Draft
-from specdec_cli.engine import Engine, GenerationConfig, first_branch, tree_layout, trim
+from specdec_cli.engine import Engine, GenerationConfig, first_branch, trim
+from specdec_cli.tree_mask import tree_layout
 from specdec_cli.verify import greedy_accept_tree, speculative_accept_tree
 
 PROMPT = [1, 10, 11, 12, 13, 10, 11]

@@ -1,0 +1,242 @@
+"""Row-invariant verification: a token's logits do not depend on how many tokens share its forward.
+
+A verify forward scores k+1 tokens at once where plain decoding scores them one per forward. Two things make
+the rows of a block round differently from one-row forwards on CPUs (measured: docs/methods.md, "Exactness"):
+matrix kernels pick their reduction order by the number of rows, and a block's attention reduces over the
+whole block under a mask. In float32 the differences are ~1e-6 and only flip near-ties; in bfloat16 they
+flip greedy choices within a hundred tokens. This file removes both causes for one loaded model:
+
+- attention (`rowwise_attention`, registered with transformers' attention-function registry): each row of a
+  small block attends, in its own call, over exactly the keys its mask allows (its prefix; for a tree node,
+  the prefix and its ancestors), gathered into the same contiguous layout a one-row step sees;
+- linear layers (`install`): every distinct weight shape is checked for row invariance at each row count up to
+  `rows`; a shape whose rows round differently with the count runs every small call padded to `rows` rows
+  (at a fixed row count a row's result does not depend on its place, which is checked too).
+
+Forwards of more than `rows` tokens (a prompt's prefill) run the model's own kernels: plain and speculative
+decoding run the same prefill, so it needs no invariance. `install` ends with an end-to-end check on the
+model itself (a chain and a tree block against one-row forwards, bit for bit) and refuses exactness where it
+fails. Nothing here changes what a model computes, only which kernels compute it; the engine decides when.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .cost_curve import PROBE_SIZES
+from .tree_mask import tree_attention_mask, tree_layout
+
+ATTENTION_NAME = "specdec_rowwise"  # the attention implementation's name in transformers' registries
+CHECK_ROWS = (1, 2, 3, 4, 5, 6, 7, 8)  # row counts the end-to-end check compares (within `rows`)
+CHECKED_OUTPUTS = 300_000  # outputs compared per row count when checking a linear layer
+UNSUPPORTED_ATTENTION = ("softcap", "s_aux", "sinks", "position_bias")  # attention kwargs rowwise cannot honour
+
+
+def exact_rows(budget: int) -> int:
+    """The block size to make row-invariant for a draft budget: its rows (budget + 1) rounded up to the next
+    row count the cost curve measures, since the planner may pad a block up to that size."""
+    return min((size for size in PROBE_SIZES if size >= budget + 1), default=budget + 1)
+
+
+@dataclass
+class ExactState:
+    """What `install` did to a model, so that `uninstall` can undo it."""
+
+    rows: int  # blocks up to this many rows are computed row-invariantly
+    attention_before: str  # the model's attention implementation before
+    padded_shapes: list[tuple[int, int]] = field(default_factory=list)  # (in, out) shapes run padded to `rows`
+    handles: list[Any] = field(default_factory=list)  # forward hooks on padded linear layers
+
+
+def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: Optional[torch.Tensor], scaling: Optional[float] = None,
+                      dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Attention whose every row equals a one-row call over that row's allowed keys (transformers' signature).
+
+    query [1, heads, q, d]; key/value [1, kv_heads, kv, d]; attention_mask [1, 1, q, kv] bool or None (causal).
+    Returns ([1, q, heads, d], None). Blocks of more than the model's exact rows use SDPA as a whole.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    rows = getattr(module, "specdec_exact_rows", 0)
+    q_len = query.shape[2]
+    if q_len > rows or query.shape[0] != 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                      **kwargs)
+    for name in UNSUPPORTED_ATTENTION:
+        if kwargs.get(name) is not None:
+            raise ValueError(f"row-invariant attention does not support {name}")
+    heads, kv_heads = query.shape[1], key.shape[1]
+    group = heads // kv_heads
+    outputs = []
+    for row, (start, stop, picked) in enumerate(_row_keys(attention_mask, q_len, key.shape[2])):
+        if picked is None:  # a contiguous run of keys (a chain, a window): a view, as a one-row step reads it
+            row_keys, row_values = key[:, :, start:stop], value[:, :, start:stop]  # [1, kv_heads, n, d]
+        else:  # a tree node: the prefix and its ancestors, gathered
+            row_keys, row_values = key.index_select(2, picked), value.index_select(2, picked)
+        # the row's heads grouped by the key/value head they share: [1, kv_heads, group, d]
+        row_query = query[:, :, row].reshape(1, kv_heads, group, query.shape[-1])
+        out = F.scaled_dot_product_attention(row_query, row_keys, row_values, scale=scaling)  # [1, kv_heads, group, d]
+        outputs.append(out.reshape(1, heads, query.shape[-1]))
+    return torch.stack(outputs, dim=1), None  # [1, q, heads, d]
+
+
+RowKeys = list[tuple[int, int, Optional[torch.Tensor]]]
+_parsed: list[Any] = [None, None]  # [the last mask parsed, its RowKeys]: one mask serves every layer of a forward
+
+
+def _row_keys(attention_mask: Optional[torch.Tensor], q_len: int, kv_len: int) -> RowKeys:
+    """Per query row: the keys it attends to, as (start, stop, None) for a contiguous run, else (start, stop,
+    indices [n]). A None mask is causal: the cached keys and the block's rows up to this one."""
+    if attention_mask is None:
+        return [(0, kv_len - q_len + row + 1, None) for row in range(q_len)]
+    if _parsed[0] is attention_mask:  # held, so no other mask can reuse its identity
+        return _parsed[1]
+    parsed: RowKeys = []
+    for row in range(q_len):
+        picked = attention_mask[0, 0, row].nonzero().squeeze(-1)  # [n]
+        start, stop = int(picked[0]), int(picked[-1]) + 1
+        parsed.append((start, stop, None if stop - start == picked.numel() else picked))
+    _parsed[:] = [attention_mask, parsed]
+    return parsed
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(ATTENTION_NAME, rowwise_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, sdpa_mask)  # boolean masks, as SDPA's
+
+
+def rows_vary(weight: torch.Tensor, rows: int) -> bool:
+    """Whether a linear layer with this weight rounds a row differently depending on the call's row count.
+
+    A different reduction order changes a reduced-precision output only where its float32 accumulation lands
+    near a rounding boundary (measured: 1 element in 12,000 for SmolLM2's down projection in bfloat16), so the
+    check compares enough outputs (~300,000 per row count) for such a rate to show many times over.
+    """
+    generator = torch.Generator().manual_seed(0)
+    checked = min(512, max(16, -(-CHECKED_OUTPUTS // weight.shape[0])))  # rows of random input
+    inputs = torch.randn(checked, weight.shape[1], generator=generator).to(weight.dtype).to(weight.device)
+    with torch.inference_mode():
+        alone = torch.cat([F.linear(inputs[row : row + 1], weight) for row in range(checked)])  # [checked, out]
+        for count in range(2, rows + 1):
+            covered = checked // count * count
+            blocks = torch.cat([F.linear(inputs[start : start + count], weight)
+                                for start in range(0, covered, count)])  # [covered, out]
+            if not torch.equal(blocks, alone[:covered]):
+                return True
+    return False
+
+
+def _pad_rows(rows: int) -> tuple[Any, Any]:
+    """Forward hooks running a linear layer's calls of <= rows tokens at exactly `rows` rows."""
+    real: list[int] = []
+
+    def before(module: Any, args: tuple) -> Optional[tuple]:
+        hidden = args[0]  # [..., n, in]
+        count = hidden.shape[-2]
+        real.append(count)
+        if count >= rows or hidden.dim() != 3 or hidden.shape[0] != 1:
+            return None
+        padding = hidden.new_zeros(1, rows - count, hidden.shape[-1])
+        return (torch.cat([hidden, padding], dim=1), *args[1:])  # [1, rows, in]
+
+    def after(module: Any, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        return output[:, : real.pop()]  # [1, n, out]
+
+    return before, after
+
+
+def install(model: Any, rows: int) -> ExactState:
+    """Make blocks of up to `rows` tokens row-invariant on `model` (in place). Raises ValueError with the
+    reason where that cannot be had (an unsupported attention, a kernel that varies even at a fixed row count,
+    or the end-to-end check failing)."""
+    _register()
+    state = ExactState(rows, getattr(model.config, "_attn_implementation", "sdpa") or "sdpa")
+    try:
+        varying: dict[tuple, bool] = {}
+        for module in model.modules():
+            if hasattr(module, "q_proj") or hasattr(module, "qkv_proj"):  # an attention layer
+                module.specdec_exact_rows = rows
+            if isinstance(module, torch.nn.Linear):
+                shape = (module.in_features, module.out_features, module.weight.dtype, module.bias is not None)
+                if shape not in varying:
+                    varying[shape] = rows_vary(module.weight, rows)
+                if varying[shape]:
+                    before, after = _pad_rows(rows)
+                    state.handles += [module.register_forward_pre_hook(before),
+                                      module.register_forward_hook(after)]
+        state.padded_shapes = [(shape[0], shape[1]) for shape, vary in varying.items() if vary]
+        model.set_attn_implementation(ATTENTION_NAME)
+        mismatch = block_mismatch(model, rows)
+        if mismatch is not None:
+            raise ValueError(mismatch)
+    except Exception:
+        uninstall(model, state)
+        raise
+    return state
+
+
+def uninstall(model: Any, state: ExactState) -> None:
+    """Undo `install`."""
+    for handle in state.handles:
+        handle.remove()
+    state.handles.clear()
+    for module in model.modules():
+        if hasattr(module, "specdec_exact_rows"):
+            del module.specdec_exact_rows
+    model.set_attn_implementation(state.attention_before)
+
+
+@torch.inference_mode()
+def block_mismatch(model: Any, rows: int) -> Optional[str]:
+    """None when blocks of 1..min(rows, 8) tokens, chains and a tree, give the same logits bit for bit as
+    one-row forwards of the same tokens after a 24-token prompt; else what differed."""
+    from transformers import DynamicCache
+
+
+    vocab = int(model.config.vocab_size)
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(3, vocab, (24 + max(CHECK_ROWS),), generator=generator).tolist()
+    device = next(model.parameters()).device
+    prompt = 24
+
+    def forward(ids: list[int], cache: Any, start: int, mask: Any = None, positions: Any = None) -> torch.Tensor:
+        input_ids = torch.tensor([ids], device=device)
+        if positions is None:
+            positions = torch.arange(start, start + len(ids))
+        extra = {} if mask is None else {"attention_mask": mask}
+        out = model(input_ids=input_ids, position_ids=positions[None].to(device), past_key_values=cache,
+                    use_cache=True, **extra)
+        return out.logits[0]  # [n, vocab]
+
+    cache = DynamicCache()
+    forward(tokens[:prompt], cache, 0)
+    one_row = []  # logits of tokens[prompt + i], each from its own one-row forward
+    for index in range(max(CHECK_ROWS)):
+        one_row.append(forward([tokens[prompt + index]], cache, prompt + index)[0])
+    for count in CHECK_ROWS:
+        if count > rows:
+            break
+        cache.crop(prompt - cache.get_seq_length())
+        block = forward(tokens[prompt : prompt + count], cache, prompt)  # [count, vocab]
+        for index in range(count):
+            if not torch.equal(block[index], one_row[index]):
+                return f"row {index} of a {count}-token block differs from a one-row forward"
+    if rows >= 4:  # a tree whose last node skips a sibling: its keys are gathered, not sliced
+        cache.crop(prompt - cache.get_seq_length())
+        parents = [-1, -1, 0]  # node 0 and node 1 under the root, node 2 under node 0
+        ids = [tokens[prompt], tokens[prompt + 1], 7, tokens[prompt + 2]]  # root -> node 0 -> node 2 = the chain
+        depth, ancestors = tree_layout(parents)
+        mask = tree_attention_mask(model.config, prompt, depth, ancestors, device=device)
+        block = forward(ids, cache, prompt, mask, prompt + depth)
+        for row, index in ((0, 0), (1, 1), (3, 2)):
+            if not torch.equal(block[row], one_row[index]):
+                return f"tree node {row} differs from a one-row forward"
+    return None
