@@ -60,6 +60,7 @@ class ChatSettings:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     system: Optional[str] = None
     raw: bool = False  # prompts as they are, without the chat template
+    exact: Optional[bool] = None  # row-invariant verification; None = on in 16-bit dtypes (engine.py)
 
     def check(self) -> None:
         """Everything that can be checked without the model (so a bad setting fails in the first second)."""
@@ -76,7 +77,7 @@ def open_session(settings: ChatSettings,
     settings.check()
     loaded = load_target(settings.target, settings.device, settings.dtype, on_status=on_status)
     session = ChatSession(loaded.model, loaded.tokenizer, settings.drafter, settings.drafter_options,
-                          settings.generation, settings.system, settings.raw)
+                          settings.generation, settings.system, settings.raw, settings.exact)
     return session, loaded
 
 
@@ -98,9 +99,10 @@ class ChatSession:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     system: Optional[str] = None
     raw: bool = False
+    exact: Optional[bool] = None
 
     def __post_init__(self) -> None:
-        self.engine = Engine(self.model, self.tokenizer)
+        self.engine = Engine(self.model, self.tokenizer, exact=self.exact)
         self.info = target_info(self.model, self.tokenizer)
         self.generation = replace(self.generation, eos_token_ids=self.info.eos_token_ids)
         self.generation.check()

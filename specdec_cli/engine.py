@@ -23,7 +23,7 @@ from .defaults import DEFAULT_BUDGET
 from .draft import Draft, FinishReason, StepEvent
 from .drafters.base import Drafter
 from .errors import SpecdecError
-from .exact import ExactState, exact_rows, install, uninstall
+from .exact import ExactState, exact_rows, install, remove, suspended
 from .planner import DraftPlanner, Plan
 from .sampling import check_sampling, sample, warp_probs
 from .stats import GenerationStats, summarize
@@ -265,7 +265,7 @@ class Engine:
         if self.exact_check.startswith("failed"):
             return None
         if state is not None:
-            uninstall(self.model, state)
+            remove(self.model, state)
             self._exact_state = None
         try:
             self._exact_state = state = install(self.model, rows)
@@ -277,6 +277,10 @@ class Engine:
         padded = ", ".join(f"{inputs}x{outputs}" for inputs, outputs in state.padded_shapes) or "none"
         self.exact_check = f"on: blocks up to {rows} rows; linear shapes padded: {padded}"
         return rows
+
+    def native_kernels(self) -> Any:
+        """A context in which the model runs its own kernels (exact verification suspended)."""
+        return suspended(self.model, self._exact_state)
 
     @property
     def supports_trees(self) -> bool:

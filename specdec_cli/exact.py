@@ -21,8 +21,9 @@ fails. Nothing here changes what a model computes, only which kernels compute it
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +33,7 @@ from .tree_mask import tree_attention_mask, tree_layout
 
 ATTENTION_NAME = "specdec_rowwise"  # the attention implementation's name in transformers' registries
 CHECK_ROWS = (1, 2, 3, 4, 5, 6, 7, 8)  # row counts the end-to-end check compares (within `rows`)
-CHECKED_OUTPUTS = 300_000  # outputs compared per row count when checking a linear layer
+CHECKED_OUTPUTS = 1_000_000  # outputs compared per row count when checking a linear layer
 UNSUPPORTED_ATTENTION = ("softcap", "s_aux", "sinks", "position_bias")  # attention kwargs rowwise cannot honour
 
 
@@ -44,12 +45,13 @@ def exact_rows(budget: int) -> int:
 
 @dataclass
 class ExactState:
-    """What `install` did to a model, so that `uninstall` can undo it."""
+    """What `install` found for a model: which layers run padded (`apply` and `remove` switch it)."""
 
     rows: int  # blocks up to this many rows are computed row-invariantly
     attention_before: str  # the model's attention implementation before
-    padded_shapes: list[tuple[int, int]] = field(default_factory=list)  # (in, out) shapes run padded to `rows`
-    handles: list[Any] = field(default_factory=list)  # forward hooks on padded linear layers
+    padded_shapes: list[tuple[int, int]]  # (in, out) weight shapes whose calls run padded to `rows`
+    padded: list[Any]  # the linear layers with those shapes
+    handles: list[Any] = field(default_factory=list)  # their forward hooks while applied
 
 
 def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -118,10 +120,10 @@ def rows_vary(weight: torch.Tensor, rows: int) -> bool:
 
     A different reduction order changes a reduced-precision output only where its float32 accumulation lands
     near a rounding boundary (measured: 1 element in 12,000 for SmolLM2's down projection in bfloat16), so the
-    check compares enough outputs (~300,000 per row count) for such a rate to show many times over.
+    check compares enough outputs (a million per row count) for such a rate to show dozens of times.
     """
     generator = torch.Generator().manual_seed(0)
-    checked = min(512, max(16, -(-CHECKED_OUTPUTS // weight.shape[0])))  # rows of random input
+    checked = max(16, -(-CHECKED_OUTPUTS // weight.shape[0]))  # rows of random input
     inputs = torch.randn(checked, weight.shape[1], generator=generator).to(weight.dtype).to(weight.device)
     with torch.inference_mode():
         alone = torch.cat([F.linear(inputs[row : row + 1], weight) for row in range(checked)])  # [checked, out]
@@ -155,36 +157,46 @@ def _pad_rows(rows: int) -> tuple[Any, Any]:
 
 def install(model: Any, rows: int) -> ExactState:
     """Make blocks of up to `rows` tokens row-invariant on `model` (in place). Raises ValueError with the
-    reason where that cannot be had (an unsupported attention, a kernel that varies even at a fixed row count,
-    or the end-to-end check failing)."""
+    reason where that cannot be had (an attention this file cannot reproduce, or the end-to-end check
+    failing); the model is then left as it was."""
+    before = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    if before not in ("sdpa", ATTENTION_NAME):
+        raise ValueError(f"row-invariant attention replaces SDPA attention; this model uses {before}")
     _register()
-    state = ExactState(rows, getattr(model.config, "_attn_implementation", "sdpa") or "sdpa")
+    varying: dict[tuple, bool] = {}
+    padded = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            shape = (module.in_features, module.out_features, module.weight.dtype, module.bias is not None)
+            if shape not in varying:
+                varying[shape] = rows_vary(module.weight, rows)
+            if varying[shape]:
+                padded.append(module)
+    state = ExactState(rows, "sdpa", [(shape[0], shape[1]) for shape, vary in varying.items() if vary], padded)
+    apply(model, state)
     try:
-        varying: dict[tuple, bool] = {}
-        for module in model.modules():
-            if hasattr(module, "q_proj") or hasattr(module, "qkv_proj"):  # an attention layer
-                module.specdec_exact_rows = rows
-            if isinstance(module, torch.nn.Linear):
-                shape = (module.in_features, module.out_features, module.weight.dtype, module.bias is not None)
-                if shape not in varying:
-                    varying[shape] = rows_vary(module.weight, rows)
-                if varying[shape]:
-                    before, after = _pad_rows(rows)
-                    state.handles += [module.register_forward_pre_hook(before),
-                                      module.register_forward_hook(after)]
-        state.padded_shapes = [(shape[0], shape[1]) for shape, vary in varying.items() if vary]
-        model.set_attn_implementation(ATTENTION_NAME)
         mismatch = block_mismatch(model, rows)
-        if mismatch is not None:
-            raise ValueError(mismatch)
-    except Exception:
-        uninstall(model, state)
-        raise
+    except Exception as error:  # e.g. an attention argument rowwise_attention cannot honour
+        mismatch = f"the check raised {type(error).__name__}: {str(error).strip()[:120]}"
+    if mismatch is not None:
+        remove(model, state)
+        raise ValueError(mismatch)
     return state
 
 
-def uninstall(model: Any, state: ExactState) -> None:
-    """Undo `install`."""
+def apply(model: Any, state: ExactState) -> None:
+    """Switch the model to row-invariant kernels as `state` describes (no checks: `install` made them)."""
+    for module in model.modules():
+        if module.__class__.__name__.endswith("Attention"):
+            module.specdec_exact_rows = state.rows  # read by rowwise_attention
+    for module in state.padded:
+        before, after = _pad_rows(state.rows)
+        state.handles += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
+    model.set_attn_implementation(ATTENTION_NAME)
+
+
+def remove(model: Any, state: ExactState) -> None:
+    """Back to the model's own kernels (`apply` undoes this)."""
     for handle in state.handles:
         handle.remove()
     state.handles.clear()
@@ -192,6 +204,19 @@ def uninstall(model: Any, state: ExactState) -> None:
         if hasattr(module, "specdec_exact_rows"):
             del module.specdec_exact_rows
     model.set_attn_implementation(state.attention_before)
+
+
+@contextmanager
+def suspended(model: Any, state: Optional[ExactState]) -> Iterator[None]:
+    """The model's own kernels for the while (the bench's native plain decoding and transformers' generate)."""
+    if state is None:
+        yield
+        return
+    remove(model, state)
+    try:
+        yield
+    finally:
+        apply(model, state)
 
 
 @torch.inference_mode()
