@@ -106,6 +106,7 @@ class ChatSession:
         self.info = target_info(self.model, self.tokenizer)
         self.generation = replace(self.generation, eos_token_ids=self.info.eos_token_ids)
         self.generation.check()
+        self.engine.prepare(self.generation.budget)  # row-invariant verification, when on, is checked now
         self.drafter = make_drafter(self.drafter_name, self.drafter_options, self.info)
         self.history: list[dict] = []
         self.turns: list[Turn] = []

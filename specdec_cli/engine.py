@@ -163,7 +163,7 @@ class Engine:
             config = replace(config, max_new_tokens=min(config.max_new_tokens, limit - len(prompt_ids)))
         if config.stop and self.tokenizer is None:
             raise SpecdecError("stop strings need the target's tokenizer")
-        max_rows = self._prepare_exact(config.budget)  # row-invariant blocks up to this size (None: not exact)
+        max_rows = self.prepare(config.budget)  # row-invariant blocks up to this size (None: not exact)
         generator = None
         if not config.greedy:
             generator = torch.Generator(device="cpu")
@@ -252,10 +252,12 @@ class Engine:
         accepted, target_token = speculative_accept(draft.tokens, p_target, p_draft, generator)
         return list(range(accepted)), target_token
 
-    def _prepare_exact(self, budget: int) -> Optional[int]:
+    def prepare(self, budget: int) -> Optional[int]:
         """Install row-invariant verification for blocks of this budget (once; again for a bigger budget).
-        Returns the largest row-invariant block, or None when verification is not exact (off, or the check
-        failed: said once as a warning, the reason kept in `exact_check`)."""
+
+        Each generation does it; a session calls it at load, so the check's ~2 s is part of loading. Returns the
+        largest row-invariant block, or None when verification is not exact (off, or the check failed: said once
+        as a warning, the reason kept in `exact_check`)."""
         if not self.exact:
             return None
         rows = exact_rows(budget)

@@ -229,6 +229,7 @@ class LoadedTarget:
     device: str
     dtype: Any
     load_seconds: float
+    dtype_reason: str = ""  # how the dtype was chosen ("auto: bfloat16 (one plain step ...)"), for displays
 
 
 def load_target(
@@ -245,16 +246,33 @@ def load_target(
     torch_dtype = pick_dtype(dtype, device_name)
     location = model_location(source, on_status)
     started = time.perf_counter()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(location)
-        model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype)
-    except Exception as exc:
-        raise SpecdecError(_hub_hint(source, exc)) from exc
     import torch
 
-    torch.nn.Module.to(model, device_name)  # (transformers' own `to` wrapper confuses type checkers)
-    model.eval()
-    return LoadedTarget(model, tokenizer, source.name, device_name, torch_dtype, time.perf_counter() - started)
+    def load(torch_dtype: Any) -> tuple[Any, Any]:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(location)
+            model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype)
+        except Exception as exc:
+            raise SpecdecError(_hub_hint(source, exc)) from exc
+        torch.nn.Module.to(model, device_name)  # (transformers' own `to` wrapper confuses type checkers)
+        return model.eval(), tokenizer
+
+    model, tokenizer = load(torch_dtype)
+    reason = f"{str(torch_dtype).removeprefix('torch.')}" + (" (auto)" if dtype == "auto" else "")
+    if dtype == "auto" and device_name == "cpu":  # float32 unless bfloat16 is native here and measured faster
+        from .dtype_choice import choose_cpu_dtype
+        from .machine import cpu_model
+
+        if on_status is not None:
+            on_status("choosing the dtype (timed once per model and machine)...")
+        params = sum(parameter.numel() for parameter in model.parameters())
+        key = f"{location}|{params}|{cpu_model()}|{torch.get_num_threads()}|{torch.__version__}"
+        choice = choose_cpu_dtype(model, key)
+        if choice.dtype == "reload":
+            model, tokenizer = load(torch.float32)
+        torch_dtype, reason = next(model.parameters()).dtype, choice.reason
+    return LoadedTarget(model, tokenizer, source.name, device_name, torch_dtype, time.perf_counter() - started,
+                        reason)
 
 
 def _hub_hint(source: TargetSource, exc: Exception) -> str:

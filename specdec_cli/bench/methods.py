@@ -2,7 +2,8 @@
 
 `none` (plain decoding through the same engine, the baseline) always comes first, then the drafters, the
 oracle rows (`oracle-K`: a drafter replaying the baseline's answer in K-token drafts, the ceiling at that
-length) and the reference rows (`hf`: transformers' own `generate`; `hf-pld`: its prompt lookup decoding).
+length) and the reference rows (`native`: plain decoding on the model's own kernels where verification is
+row-invariant; `hf`: transformers' own `generate`; `hf-pld`: its prompt lookup decoding).
 Names only: nothing here loads a model or runs anything.
 """
 
@@ -15,7 +16,10 @@ from ..drafters import DRAFTERS, is_drafter
 from ..errors import SpecdecError
 
 BASELINE = "none"
+NATIVE = "native"  # plain decoding with the model's own kernels, where verification is row-invariant
 REFERENCES = {
+    NATIVE: "plain decoding through the same engine on the model's own kernels (row-invariant verification off): "
+            "the fastest plain decoding in this dtype; added by itself when verification is row-invariant",
     "hf": "transformers generate, greedy: plain decoding outside specdec",
     "hf-pld": "transformers prompt lookup decoding, prompt_lookup_num_tokens=10",
 }
@@ -31,12 +35,12 @@ OVERALL = "overall"
 @dataclass(frozen=True)
 class Method:
     name: str  # the row label: none, pld, sam, oracle-8, hf, hf-pld
-    kind: str  # "engine" (a registered drafter), "oracle", or "hf" (transformers generate)
+    kind: str  # "engine" (a registered drafter), "oracle", "native" (plain, own kernels) or "hf" (generate)
     draft_length: int = 0  # oracle: tokens per draft
 
     @property
     def drafter(self) -> str:
-        return self.name if self.kind == "engine" else ""
+        return self.name if self.kind == "engine" else BASELINE if self.kind == NATIVE else ""
 
 
 def split_names(text: Optional[str | Sequence[str]]) -> list[str]:
@@ -88,5 +92,5 @@ def resolve_methods(
     names = [BASELINE] + [name for name in engine if name != BASELINE]
     methods = [Method(name, "engine") for name in names]
     methods += [Method(f"{ORACLE}-{length}", ORACLE, length) for length in oracle_lengths]
-    methods += [Method(name, "hf") for name in refs]
+    methods += [Method(name, NATIVE if name == NATIVE else "hf") for name in refs]
     return methods

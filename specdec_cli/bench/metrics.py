@@ -2,10 +2,12 @@
 (the pooled sum of every category), from the raw runs:
 
 tokens/s = new tokens / wall seconds (totals); speedup = tokens/s of the method / tokens/s of `none` on the
-same prompts; mean accepted tokens (tau) = tokens committed per target forward, the target's own token
-included; acceptance rate = accepted / drafted tokens; per-position acceptance from pooled counts
-(stats.merge); shares of the wall time spent drafting and verifying (the prefill counts as verifying); mean
-time to first token; for greedy runs, how many outputs are token-identical to the baseline's first repeat.
+same prompts; speedup over the fastest plain decoding = the same against the best of `none`, `native` and
+`hf` (where row-invariant verification makes `none` slower than the model's own kernels); mean accepted
+tokens (tau) = tokens committed per target forward, the target's own token included; acceptance rate =
+accepted / drafted tokens; per-position acceptance from pooled counts (stats.merge); shares of the wall time
+spent drafting and verifying (the prefill counts as verifying); mean time to first token; for greedy runs,
+how many outputs are token-identical to the baseline's first repeat.
 Pure arithmetic over `TurnRun`s; no model, no torch.
 """
 
@@ -17,7 +19,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 from ..stats import GenerationStats, merge
-from .methods import BASELINE, OVERALL
+from .methods import BASELINE, NATIVE, OVERALL
+
+PLAIN_METHODS = (BASELINE, NATIVE, "hf")  # plain decoding, in each of the bench's ways
 
 if TYPE_CHECKING:  # pragma: no cover
     from .runner import TurnRun
@@ -49,6 +53,7 @@ class ResultRow:
     steps: Optional[float] = None
     drafted_tokens: Optional[float] = None
     accepted_tokens: Optional[float] = None
+    speedup_vs_fastest_plain: Optional[float] = None  # tokens/s over the best plain row's (none, native, hf)
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -132,6 +137,14 @@ def aggregate(
             group = members(method)
             if group:
                 rows.append(_result_row(method, category, group, base, base_tps, repeats, greedy, references))
+    for category in [*categories, OVERALL]:
+        in_category = [row for row in rows if row.category == category]
+        plain = [row.tokens_per_second for row in in_category
+                 if row.method in PLAIN_METHODS and row.tokens_per_second is not None]
+        if plain:
+            for row in in_category:
+                if row.tokens_per_second is not None:
+                    row.speedup_vs_fastest_plain = _round(row.tokens_per_second / max(plain))
     return rows
 
 

@@ -16,7 +16,8 @@ torch and transformers inside functions only.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional, Sequence
 
@@ -25,7 +26,7 @@ from ..prompts import Conversation, categories_of
 from ..stats import GenerationStats
 from .environment import cost_curve_table, environment, model_dtype, model_name_of
 from .hf_reference import hf_generate, synchronize
-from .methods import BASELINE, ORACLE, WARMUP_MAX_NEW_TOKENS, Method
+from .methods import BASELINE, NATIVE, ORACLE, WARMUP_MAX_NEW_TOKENS, Method
 from .metrics import aggregate, per_prompt_rows
 from .report import BenchReport
 from .settings import BenchSettings
@@ -81,6 +82,10 @@ def run_bench(
         raise SpecdecError("no prompts to run (check --categories and --limit)")
     started = datetime.now(timezone.utc)
     runner = _Runner(model, tokenizer, settings)
+    if runner.engine.prepare(settings.budget) is not None and all(method.kind != NATIVE for method in settings.methods):
+        # verification is row-invariant, which slows plain steps a little: also time the model's own kernels
+        settings = replace(settings, methods=[*settings.methods, Method(NATIVE, NATIVE)])
+        runner.settings = settings
     runner.check_drafters()
     runner.calibrate()
     curve_at_start = cost_curve_table(runner.engine)
@@ -117,6 +122,7 @@ def run_bench(
     settings_json = settings.as_json()
     settings_json.update(
         tree_check=runner.engine.tree_check,  # "passed", or why trees were verified as chains
+        exact_check=runner.engine.exact_check,  # "on: ...", "off", or "failed: ..." (row-invariant verification)
         prompts=suite,
         categories=categories,
         conversations=len(conversations),
@@ -148,7 +154,7 @@ class _Runner:
         self.model = model
         self.tokenizer = tokenizer
         self.settings = settings
-        self.engine = Engine(model, tokenizer)
+        self.engine = Engine(model, tokenizer, exact=settings.exact)
         self.device = self.engine.device
         self.info = target_info(model, tokenizer)
         self.prompt_ids: dict[int, list[list[int]]] = {}  # conversation -> prompt ids per turn
@@ -180,6 +186,8 @@ class _Runner:
         extra = {}
         if method.kind == ORACLE:
             extra["cost_aware"] = False  # the ceiling at exactly this draft length: verify every drafted token
+        if method.kind == NATIVE:
+            extra["cost_aware"] = False  # its steps run other kernels: they teach the planner nothing
         config = GenerationConfig(
             max_new_tokens=max_new_tokens or settings.max_new_tokens,
             temperature=settings.temperature,
@@ -218,11 +226,13 @@ class _Runner:
 
     def _generate(self, method: Method, prompt_ids: list[int], drafter: Any, config: Any):
         """-> (tokens, seconds, ttft, finish_reason, stats)"""
-        if method.kind == "hf":
-            return hf_generate(self.model, self.tokenizer, prompt_ids, config, pld=method.name == "hf-pld")
+        if method.kind == "hf":  # transformers' generate on the model's own kernels
+            with self.engine.native_kernels():
+                return hf_generate(self.model, self.tokenizer, prompt_ids, config, pld=method.name == "hf-pld")
         self._sync()
         started = time.perf_counter()
-        generation = self.engine.generate(prompt_ids, drafter, config)
+        with self.engine.native_kernels() if method.kind == NATIVE else nullcontext():
+            generation = self.engine.generate(prompt_ids, drafter, config)
         self._sync()
         seconds = time.perf_counter() - started
         stats = generation.stats

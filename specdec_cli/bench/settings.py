@@ -23,6 +23,7 @@ class BenchSettings:
     repeats: int = 1
     warmup: bool = True
     raw: bool = False  # prompts without the chat template
+    exact: Optional[bool] = None  # row-invariant verification; None = on in 16-bit dtypes (engine.py)
 
     @property
     def greedy(self) -> bool:
@@ -48,7 +49,8 @@ class BenchSettings:
             "methods": [method.name for method in self.methods],
             "drafters": [method.name for method in self.methods if method.kind == "engine"],
             "oracle_lengths": [method.draft_length for method in self.methods if method.kind == ORACLE],
-            "references": [method.name for method in self.methods if method.kind == "hf"],
+            "references": [method.name for method in self.methods if method.kind in ("hf", "native")],
+            "exact": self.exact,
             "draft_max": self.draft_max,
             "engine_draft_max": self.budget,  # the engine's per-step budget in force
             "max_new_tokens": self.max_new_tokens,

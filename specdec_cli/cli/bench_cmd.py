@@ -69,7 +69,8 @@ def bench(
     as_json: bool = typer.Option(False, "--json", help="Print the JSON report on stdout instead of the table."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice); pin it for comparable runs."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, mps."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16, float16."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 where this CPU runs it natively and it is measured faster, else float32; bfloat16 on GPUs), float32, bfloat16, float16."),
+    exact: Optional[bool] = typer.Option(None, "--exact/--no-exact", help="Row-invariant verification (default: on in bfloat16/float16, off in float32); when on, the `native` row times plain decoding on the model's own kernels."),
 ) -> None:
     """Measure speedup over plain decoding on a prompt suite (Spec-Bench conventions: greedy, batch 1, warm-up excluded)."""
     from ..bench import (
@@ -100,6 +101,7 @@ def bench(
         repeats=repeats,
         warmup=warmup,
         raw=raw,
+        exact=exact,
     )
     settings.check()
     conversations, source = load_prompts(suite, prompts, categories, limit)
@@ -119,6 +121,7 @@ def bench(
     with doing("benchmarking", "no report was written"):
         report = _run_with_progress(run_bench, loaded, conversations, settings, source)
     document = report.as_json()
+    document["environment"]["dtype_choice"] = loaded.dtype_reason
 
     if json_path:
         write_json(document, json_path)
@@ -184,6 +187,7 @@ def header_lines(document: dict) -> list[str]:
         f"new tokens · draft budget {settings['engine_draft_max']} · repeats {settings['repeats']}",
         f"Prompts: {settings['prompts']} · {len(settings['categories'])} categories · "
         f"{settings['conversations']} prompts ({settings['turns']} turns) · {env['date']}",
+        f"Dtype: {env.get('dtype_choice') or env['dtype']} · exact verification: {settings.get('exact_check', 'off')}",
     ]
 
 
@@ -205,6 +209,24 @@ def curve_lines(document: dict) -> list[str]:
     lines = [f"Verify cost, ms per forward of N rows ({label}): {start}"]
     if end != start:
         lines.append(f"  refined by this run's steps: {end}")
+    return lines
+
+
+def fastest_plain_lines(results: list[dict]) -> list[str]:
+    """Where `none` is not the fastest plain decoding (row-invariant verification costs plain steps a little):
+    by how much, and each drafter's speedup over the fastest plain row instead."""
+    overall = {row["method"]: row for row in results if row["category"] == "overall"}
+    plain = {name: overall[name]["tokens_per_second"] for name in ("none", "native", "hf")
+             if name in overall and overall[name]["tokens_per_second"]}
+    if "none" not in plain or max(plain, key=lambda name: plain[name]) == "none":
+        return []
+    fastest = max(plain, key=lambda name: plain[name])
+    drafters = [f"{name} {row['speedup_vs_fastest_plain']:.2f}x" for name, row in overall.items()
+                if name not in plain and row.get("speedup_vs_fastest_plain") is not None]
+    lines = [f"fastest plain decoding: {fastest} {plain[fastest]:.1f} tok/s; none (row-invariant kernels) "
+             f"{plain['none']:.1f} tok/s, {1 - plain['none'] / plain[fastest]:.0%} slower"]
+    if drafters:
+        lines.append("speedup over the fastest plain decoding: " + ", ".join(drafters))
     return lines
 
 
@@ -250,6 +272,8 @@ def render(document: dict) -> None:
     out.print("[dim]speedup = tokens/s ÷ none's tokens/s on the same prompts · τ = tokens per target forward · "
               "Draft/Verify = share of wall time · Identical = outputs token-equal to none (greedy)[/dim]",
               soft_wrap=not out.is_terminal)
+    for line in fastest_plain_lines(document["results"]):
+        out.print(f"[dim]{line}[/dim]", soft_wrap=not out.is_terminal)
     diverged = [row for row in document["per_prompt"] if row["identical"] is False]
     for row in diverged[:5]:
         out.print(f"[yellow]{row['method']}: prompt {row['prompt_id']} turn {row['turn']} differs from none at "

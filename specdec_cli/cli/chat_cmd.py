@@ -31,7 +31,7 @@ def read_prompt(prompt: str) -> str:
 
 
 def chat_settings(*, target, device, dtype, drafter, index, aux, draft_model, draft_min_prob, draft_max,
-                  max_new_tokens, temperature, top_p, top_k, seed, system, raw, stop):
+                  max_new_tokens, temperature, top_p, top_k, seed, system, raw, stop, exact=None):
     """The flags as a checked ChatSettings (everything checkable before the slow model load)."""
     from ..chat import ChatSettings
     from ..drafters import DrafterOptions
@@ -43,7 +43,7 @@ def chat_settings(*, target, device, dtype, drafter, index, aux, draft_model, dr
                                   seed=seed, stop=tuple(stop or ()),
                                   **({} if draft_max is None else {"budget": draft_max}))
     settings = ChatSettings(target=target, device=device, dtype=dtype, drafter=drafter, drafter_options=options,
-                            generation=generation, system=system, raw=raw)
+                            generation=generation, system=system, raw=raw, exact=exact)
     settings.check()
     return settings
 
@@ -81,7 +81,8 @@ def chat(
     compare: bool = typer.Option(False, "--compare", help="Answer --prompt plainly too, and show both speeds and whether the outputs are identical."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, mps."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16, float16."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 where this CPU runs it natively and it is measured faster, else float32; bfloat16 on GPUs), float32, bfloat16, float16."),
+    exact: Optional[bool] = typer.Option(None, "--exact/--no-exact", help="Row-invariant verification, so output is bit-identical to plain decoding (default: on in bfloat16/float16, off in float32)."),
 ) -> None:
     """Speculative chat: one-shot with --prompt, interactive otherwise."""
     if threads is not None:
@@ -90,7 +91,7 @@ def chat(
     settings = chat_settings(target=target, device=device, dtype=dtype, drafter=drafter, index=index, aux=aux,
                              draft_model=draft_model, draft_min_prob=draft_min_prob, draft_max=draft_max,
                              max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                             seed=seed, system=system, raw=raw, stop=stop)
+                             seed=seed, system=system, raw=raw, stop=stop, exact=exact)
     if compare and text is None:
         raise SpecdecError("--compare needs a one-shot --prompt")
     if compare and not settings.generation.greedy:
@@ -173,8 +174,12 @@ def settings_lines(session, loaded) -> list[str]:
         drafter += f" ({options.draft_model})"
     sampling = "greedy" if generation.greedy else (
         f"temperature {generation.temperature}, top_p {generation.top_p}, top_k {generation.top_k}, seed {generation.seed}")
-    dtype = str(loaded.dtype).replace("torch.", "")
+    dtype = loaded.dtype_reason or str(loaded.dtype).replace("torch.", "")
+    exact = session.engine.exact_check
+    if exact == "off":
+        exact = "off (a token whose top two logits tie to rounding may differ from plain decoding)"
     return [
         f"[bold]specdec chat[/bold] · model {loaded.name} · {loaded.device} · {dtype}",
         f"drafter {drafter} · draft_max {generation.budget} · {sampling} · max_new_tokens {generation.max_new_tokens}",
+        f"exact verification: {exact}",
     ]

@@ -224,7 +224,7 @@ def distill(
                          seed=seed, holdout=0.0, draft_vocab=draft_vocab)
     config.check()
     train_items = load_prompts(prompts, None if prompts else (suite or "distill"), limit)
-    loaded = _load_target(target, device)
+    loaded = _load_target(target, device, "float32")  # the student is built from and trained against float32
     spec = target_spec(target)
     out_dir = Path(output).expanduser() if output else default_output(loaded.name)
     if not output:  # the default place under $SPECDEC_HOME is ours to create

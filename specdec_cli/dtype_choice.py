@@ -1,0 +1,108 @@
+"""`--dtype auto`: the faster of float32 and bfloat16 for one model on this machine, measured once and cached.
+
+On a GPU, auto means bfloat16 (or float16 where bfloat16 is not supported), as everywhere. On a CPU, bfloat16
+is only a candidate where the CPU computes it natively (AVX512-BF16 or AMX); there one plain decoding step is
+timed in both dtypes (the model is loaded in float32, timed, cast to bfloat16 in place and timed again), and
+bfloat16 is kept when it is at least MARGIN faster. The verdict is cached under $SPECDEC_HOME/costs per model,
+CPU, thread count and torch version, so the timing runs once. Exactness does not depend on the choice: 16-bit
+verification is row-invariant (exact.py). This file does not load models (models.py does).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+MARGIN = 0.10  # bfloat16 is chosen when one plain step is at least 10% faster than in float32
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    dtype: str  # "float32" or "bfloat16"
+    reason: str  # one line: why, with the measured times when there were any
+
+
+def native_bfloat16_cpu() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX tiles), as torch sees it."""
+    import torch
+
+    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(check is not None and check() for check in checks)
+
+
+def step_seconds(model: Any, prefix: int = 64, rounds: int = 5) -> float:
+    """The fastest of `rounds` one-token forwards after a `prefix`-token cache (two warm-up forwards first)."""
+    import torch
+    from transformers import DynamicCache
+
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, int(model.config.vocab_size), (1, prefix + 1), generator=generator)
+    device = next(model.parameters()).device
+    ids = ids.to(device)
+    best = float("inf")
+    with torch.inference_mode():
+        cache = DynamicCache()
+        model(input_ids=ids[:, :prefix], past_key_values=cache, use_cache=True)
+        for attempt in range(rounds + 2):
+            started = time.perf_counter()
+            model(input_ids=ids[:, prefix:], past_key_values=cache, use_cache=True)
+            if attempt >= 2:
+                best = min(best, time.perf_counter() - started)
+            cache.crop(prefix - cache.get_seq_length())
+    return best
+
+
+def choose_cpu_dtype(model: Any, cache_key: str) -> DtypeChoice:
+    """For a float32 model on a CPU: the dtype to run it in. Leaves the model in that dtype (cast in place)."""
+    import torch
+
+    if not native_bfloat16_cpu():
+        return DtypeChoice("float32", "auto: float32 (this CPU has no native bfloat16)")
+    cached = _read(cache_key)
+    if cached is None:
+        float32_ms = step_seconds(model) * 1000
+        model.to(torch.bfloat16)
+        bfloat16_ms = step_seconds(model) * 1000
+        cached = {"format": FORMAT, "float32_ms": round(float32_ms, 2), "bfloat16_ms": round(bfloat16_ms, 2)}
+        _write(cache_key, cached)
+    float32_ms, bfloat16_ms = float(cached["float32_ms"]), float(cached["bfloat16_ms"])
+    times = f"one plain step {bfloat16_ms:.1f} ms in bfloat16, {float32_ms:.1f} ms in float32"
+    if bfloat16_ms <= (1 - MARGIN) * float32_ms:
+        model.to(torch.bfloat16)
+        return DtypeChoice("bfloat16", f"auto: bfloat16 ({times})")
+    if next(model.parameters()).dtype != torch.float32:
+        return DtypeChoice("reload", f"auto: float32 ({times})")  # the caller reloads: a cast back loses bits
+    return DtypeChoice("float32", f"auto: float32 ({times})")
+
+
+def _path(cache_key: str) -> Any:
+    from .models import specdec_home
+
+    digest = hashlib.sha256(cache_key.encode()).hexdigest()[:16]
+    return specdec_home() / "costs" / f"dtype-{digest}.json"
+
+
+def _read(cache_key: str) -> Optional[dict]:
+    try:
+        document = json.loads(_path(cache_key).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(document, dict) and document.get("format") == FORMAT
+    return document if ok and all(isinstance(document.get(key), (int, float)) for key in
+                                  ("float32_ms", "bfloat16_ms")) else None
+
+
+def _write(cache_key: str, document: dict) -> None:
+    from .errors import SpecdecError
+    from .files import write_atomic
+
+    path = _path(cache_key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(document).encode())
+    except (OSError, SpecdecError):
+        pass  # a read-only home only costs a measurement next time
