@@ -21,7 +21,7 @@ PROMPTS = [
 def default_target():
     from specdec_cli.models import load_target
 
-    return load_target()
+    return load_target(dtype="float32")  # transformers' float32 generate is the reference below
 
 
 def _reference(target, prompt, max_new_tokens):
@@ -39,7 +39,8 @@ def _reference(target, prompt, max_new_tokens):
 def test_one_shot_json_equals_transformers_greedy(default_target, drafter):
     prompt = PROMPTS[0] if drafter == "none" else PROMPTS[1]
     ids, reference = _reference(default_target, prompt, 96)
-    result = run_cli("chat", "--prompt", prompt, "--drafter", drafter, "--max-new-tokens", "96", "--json")
+    result = run_cli("chat", "--prompt", prompt, "--drafter", drafter, "--max-new-tokens", "96", "--json",
+                     "--dtype", "float32")
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
     assert payload["output_token_ids"] == reference

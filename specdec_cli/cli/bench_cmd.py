@@ -274,7 +274,14 @@ def render(document: dict) -> None:
               soft_wrap=not out.is_terminal)
     for line in fastest_plain_lines(document["results"]):
         out.print(f"[dim]{line}[/dim]", soft_wrap=not out.is_terminal)
-    diverged = [row for row in document["per_prompt"] if row["identical"] is False]
+    exact = str(document["settings"].get("exact_check", "")).startswith("on")
+    own_kernels = ("native", "hf", "hf-pld") if exact else ()  # plain decoding that rounds its own way
+    for row in document["results"]:
+        if row["category"] == "overall" and row["method"] in own_kernels and row["identical"] is not None:
+            out.print(f"[dim]{row['method']}: {row['identical']}/{row['compared']} outputs equal none's: the model's "
+                      "own kernels round differently from the row-invariant ones (both are plain greedy decoding)"
+                      "[/dim]", soft_wrap=not out.is_terminal)
+    diverged = [row for row in document["per_prompt"] if row["identical"] is False and row["method"] not in own_kernels]
     for row in diverged[:5]:
         out.print(f"[yellow]{row['method']}: prompt {row['prompt_id']} turn {row['turn']} differs from none at "
                   f"token {row['first_divergence']}[/yellow]")

@@ -105,7 +105,7 @@ def chat(
         raise typer.Exit(repl.run())
     if compare:
         with doing("comparing with plain decoding"):
-            _compare(session, text, as_json, plain, show_rejected)
+            _compare(session, text, as_json, plain, show_rejected, loaded)
         return
     if as_json:
         with doing("answering", "no JSON was printed"):
@@ -131,12 +131,17 @@ def _answer(session, text: str, plain: bool, show_rejected: bool):
     return turn
 
 
-def _compare(session, text: str, as_json: bool, plain: bool, show_rejected: bool) -> None:
+def _compare(session, text: str, as_json: bool, plain: bool, show_rejected: bool, loaded) -> None:
     """--compare: plain decoding first (untimed warm-up before it), then the drafter, shown as it runs."""
+    dtype = str(loaded.dtype).replace("torch.", "")
     if as_json:
         comparison = session.compare(text)
-        print(json.dumps(compare_json(comparison, session.drafter_name), ensure_ascii=False))
+        payload = compare_json(comparison, session.drafter_name)
+        payload.update(dtype=dtype, exact_verification=session.engine.exact_check)
+        print(json.dumps(payload, ensure_ascii=False))
         return
+    err_console().print(f"[dim]{loaded.dtype_reason or dtype} · exact verification: {session.engine.exact_check}"
+                        "[/dim]", highlight=False)
     err_console().print("[dim]Answering plainly first (timed, not shown), then speculatively:[/dim]")
     if plain:
         stream = TextStream(session.tokenizer, session.generation.stop)
