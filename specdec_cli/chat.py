@@ -44,8 +44,10 @@ def target_info(model: Any, tokenizer: Any) -> TargetInfo:
             eos.append(int(value))
     vocab = max(len(tokenizer), int(getattr(model.config, "vocab_size", 0) or 0))
     device = str(next(model.parameters()).device)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return TargetInfo(vocab_size=vocab, eos_token_ids=tuple(eos), fingerprint=tokenizer_fingerprint(tokenizer),
-                      device=device)
+                      device=device, hidden_size=int(getattr(model.config, "hidden_size", 0) or 0),
+                      embeddings=model.get_input_embeddings(), lm_head=head)
 
 
 @dataclass(frozen=True)

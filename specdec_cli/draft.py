@@ -61,3 +61,8 @@ class StepEvent:
     finished: Optional[FinishReason] = None  # on the last event of a generation
     scored_topk: Optional[list[list[int]]] = None  # step only: target's top-8 ids after root and each node
     verify_rows: int = 0  # step only: rows of the verify forward (len(draft) + 1, more when padded)
+    # the target's last hidden states (after its final norm: what its LM head reads) at the positions this event
+    # scored and committed: prefill [prompt_len, hidden]; step [1 + accepted, hidden] (the root and the accepted
+    # drafts). The newest committed token has none until the next forward scores it. Views of tensors the
+    # forward computed anyway (feature-level drafters read them; others ignore them).
+    features: Optional["torch.Tensor"] = None

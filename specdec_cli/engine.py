@@ -93,6 +93,7 @@ class Engine:
         self._exact_state: Optional[ExactState] = None
         self.exact_check = "off" if not self.exact else "not checked"  # "on: ...", "failed: ..." once installed
         self._tree_ok: Optional[bool] = None
+        self._features: Optional[torch.Tensor] = None  # the last forward's last hidden states [n, hidden]
         self.tree_check = "not checked"  # "passed", "failed: ...", or "chains only: ..." once a tree was drafted
 
     # -- the model, one forward at a time ------------------------------------------------------------------
@@ -117,7 +118,8 @@ class Engine:
             kwargs["attention_mask"] = tree_attention_mask(self.model.config, start, depth, ancestors,
                                                            self.model.dtype, self.device)
         out = self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True,
-                         **kwargs)
+                         output_hidden_states=True, **kwargs)
+        self._features = out.hidden_states[-1][0] if out.hidden_states else None  # [n, hidden] (last layer, normed)
         return out.logits[0]  # [n, vocab] (or [1, vocab] with last_only)
 
     @staticmethod
@@ -187,7 +189,8 @@ class Engine:
         ttft = time.perf_counter() - started
         finish, committed, text_end = self._commit(context, new_tokens, [first], eos, config)
         emit(StepEvent("prefill", Draft.empty("prefill"), 0, committed, first, context_len=len(context),
-                       verify_seconds=ttft, prompt_tokens=tuple(prompt_ids), settings=config, finished=finish))
+                       verify_seconds=ttft, prompt_tokens=tuple(prompt_ids), settings=config, finished=finish,
+                       features=self._features))
 
         while finish is None:
             budget = min(config.budget, config.max_new_tokens - len(new_tokens) - 1)
@@ -205,6 +208,7 @@ class Engine:
             rows = rows if max_rows is None else min(rows, max_rows)  # and inside the row-invariant sizes
             block, parents = pad_block([context[-1], *draft.tokens], draft.parents, rows)
             logits = self._forward(block, cache, past, tree=parents)[: len(draft) + 1]  # [k+1, vocab]
+            features = self._features
             # 3. Accept: the longest acceptable path, then the target's own token after it.
             path, target_token = self._accept(draft, logits, config, generator)
             # 4. Commit the accepted drafts + the correction/bonus token; roll the cache back to match.
@@ -216,9 +220,11 @@ class Engine:
             if config.cost_aware:
                 self.planner.record(draft, len(path), len(committed), rows, t2 - t1, t1 - t0)
             topk = torch.topk(logits, min(SCORED_TOPK, logits.shape[-1]), dim=-1).indices.tolist()  # [k+1, 8]
+            if features is not None:  # the root's and the accepted path's rows: [1 + accepted, hidden]
+                features = features[[0, *(node + 1 for node in path)]]
             emit(StepEvent("step", draft, len(path), committed, target_token, path, len(context),
                            draft_seconds=t1 - t0, verify_seconds=t2 - t1, finished=finish, scored_topk=topk,
-                           verify_rows=rows))
+                           verify_rows=rows, features=features))
 
         wall = time.perf_counter() - started
         self._save_curve()

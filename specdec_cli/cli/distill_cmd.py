@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -24,8 +24,9 @@ from ..distill.pipeline import (
     usable_target,
 )
 from ..distill.student import DEFAULT_DRAFT_VOCAB  # light: torch is imported inside its functions
+from ..errors import SpecdecError
 from . import app
-from .common import console, err_console
+from .common import console, doing, err_console
 
 distill_app = typer.Typer(
     name="distill",
@@ -129,6 +130,30 @@ def run_train(loaded: Any, target_spec: str, data: str, output: str, config: Any
         f"{result.parameters / 1e6:.1f} M parameters): loss {first} -> {final}; saved {result.output}"
     )
     return result
+
+
+def run_train_eagle(loaded: Any, target_spec: str, data: str, corpus: list, output: str, config: Any) -> dict:
+    from ..distill.eagle_train import build_eagle_head
+
+    _check_data(loaded, target_spec, data, allow_empty=False)
+    with _progress("loss") as progress:
+        task = progress.add_task("Features", total=None, loss="")
+
+        def on_progress(update) -> None:
+            description = "Target features" if update.phase == "features" else "Training"
+            loss = "" if update.loss is None else f"loss {update.loss:.3f}"
+            progress.update(task, description=description, total=update.total, completed=update.done, loss=loss)
+
+        with doing("training the head", "nothing was written"):
+            report = build_eagle_head(loaded.model, loaded.tokenizer, target_spec, output, data, corpus, config,
+                                      on_progress)
+    before, after = report["top1_agreement_before"], report["top1_agreement_after"]
+    agreement = "" if after is None else f"; held-out top-1 agreement {before:.1%} -> {after:.1%}"
+    err_console().print(f"Trained an EAGLE head: {report['steps']} steps in {report['seconds']:.0f} s on "
+                        f"{report['train_tokens']:,} tokens ({report['answer_tokens']:,} from answers, "
+                        f"{report['corpus_tokens']:,} from corpora){agreement}; saved {output}")
+    err_console().print(f"Use it: specdec chat --drafter eagle --draft-model {output}   (or sam+eagle)")
+    return report
 
 
 def run_evaluate(loaded: Any, target_spec: str, draft_dir: str, prompts: list, source: str, *, baseline: bool,
@@ -318,10 +343,27 @@ def train(
     checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help="Checkpoint directory (default: OUTPUT.checkpoint)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint."),
     device: str = typer.Option("cpu", "--device", help="Where the target runs (training runs on the CPU)."),
+    kind: str = typer.Option("student", "--kind", help="student (a small model of its own) or eagle (a head on the target's features)."),
+    corpus: Optional[List[str]] = typer.Option(None, "--corpus", help="eagle: also learn the target's features over this text (file, folder or JSONL; repeatable)."),
+    token_weight: float = typer.Option(0.1, "--token-weight", help="eagle: weight of the token loss beside the feature regression."),
 ) -> None:
     """Train a draft on the target's answers; Ctrl-C saves a checkpoint (continue with --resume)."""
     from ..distill.generate import read_rows
     from ..distill.train import TrainConfig
+
+    if kind not in ("student", "eagle"):
+        raise SpecdecError(f"kind must be student or eagle, got {kind!r}", setting="kind")
+    if kind == "eagle":
+        from ..distill.eagle_train import EagleTrainConfig
+
+        eagle_config = EagleTrainConfig(epochs=epochs, steps=steps, lr=lr, token_weight=token_weight,
+                                        max_len=min(max_len, 512), head_vocab=draft_vocab, holdout=holdout, seed=seed)
+        eagle_config.check()
+        read_rows(data)  # a missing or empty file fails before the model loads
+        target = target or usable_target(target_of_data(data))
+        loaded = _load_target(target, device, "float32")
+        run_train_eagle(loaded, target_spec(target), data, list(corpus or ()), output, eagle_config)
+        return
 
     config = TrainConfig(init=init, layers=layers, hidden=hidden, student=student, steps=steps, epochs=epochs,
                          batch_size=batch_size, grad_accum=grad_accum, lr=lr, warmup_steps=warmup,

@@ -7,7 +7,7 @@ added here appears everywhere. Heavy modules are imported only when their drafte
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Any, Optional
 
 from ..defaults import DEFAULT_AUX
 from ..errors import SpecdecError
@@ -20,6 +20,7 @@ DRAFTERS = {
     "recycle": "Token Recycling: a tree from the target's own recent top-8 predictions per token",
     "aded": "ADED: an adaptive tri-gram table searched with PUCT into a token tree",
     "model": "a small draft model with the target's tokenizer (see `specdec distill`)",
+    "eagle": "a draft head on the target's own hidden states (EAGLE-style; `specdec distill train --kind eagle`)",
 }
 
 
@@ -31,6 +32,10 @@ class TargetInfo:
     eos_token_ids: tuple[int, ...]
     fingerprint: str = ""  # tokenizer fingerprint (see specdec_cli.fingerprint)
     device: str = "cpu"  # where the target runs: a draft model is put there too
+    hidden_size: int = 0  # width of the target's last hidden state (the features step events carry)
+    # the target's frozen token embeddings and LM head (feature-level heads read tokens through them); never trained
+    embeddings: Any = field(default=None, compare=False, repr=False)
+    lm_head: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -48,7 +53,7 @@ class DrafterOptions:
 
 
 HYBRID_HEAD = "sam"  # `sam+recycle` = sam with recycle as its auxiliary drafter (same as `sam --aux recycle`)
-AUX_CHOICES = ("recycle", "aded", "model", "pld", "none")  # `sam+none`: the suffix automata alone
+AUX_CHOICES = ("recycle", "aded", "model", "eagle", "pld", "none")  # `sam+none`: the suffix automata alone
 
 
 def split_hybrid(name: str) -> tuple[str, Optional[str]]:
@@ -82,6 +87,13 @@ def check_drafter_options(name: str, options: DrafterOptions) -> None:
         from ..sam.index import read_index_info
 
         read_index_info(options.index)  # a missing, foreign or truncated file fails here, in a millisecond
+    if "eagle" in (head, aux):
+        if not options.draft_model:
+            raise SpecdecError("the eagle drafter needs a head directory (make one with `specdec distill train "
+                               "--kind eagle`)", setting="draft_model")
+        from ..eagle_head import read_head_meta
+
+        read_head_meta(options.draft_model)
     if "model" in (head, aux):
         if not options.draft_model:
             raise SpecdecError("the model drafter needs a draft model directory (make one with `specdec distill`)",
@@ -131,5 +143,9 @@ def make_drafter(name: str, options: DrafterOptions, target: TargetInfo) -> Draf
         from .model import make_model_drafter
 
         return make_model_drafter(options, target)
+    if name == "eagle":
+        from .eagle import make_eagle_drafter
+
+        return make_eagle_drafter(options, target)
     check_drafter(name)
     raise AssertionError(f"drafter {name!r} is registered but has no constructor")

@@ -1,0 +1,253 @@
+"""Training an EAGLE-style head (eagle_head.py) on the target's own features, teacher-forced.
+
+Data: token sequences (the target's own answers from `specdec distill generate`, prompt and answer together,
+and any text corpus, cut into pieces of at most `max_len` tokens). One target forward per piece gives its
+last hidden state at every position (thousands of tokens per second even on a CPU, far more data than
+generating answers gives); they are kept in memory in float32. The head learns, at each position t, from
+(f_t, token t+1) to f_{t+1}: loss = smooth-L1 feature regression + `token_weight` x the cross-entropy of its
+next-token distribution against the target's (both read through the target's frozen LM head restricted to
+`head_tokens`, the training data's most frequent tokens). Held-out pieces (`holdout`, chosen by hash) give
+the report's top-1 agreement with the target's own greedy choice, before and after training.
+
+This file does not generate answers (generate.py) or draft (drafters/eagle.py); it returns the head and a
+report, and `save_head` writes them.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from ..errors import SpecdecError
+
+DEFAULT_HEAD_VOCAB = 8192
+
+
+@dataclass(frozen=True)
+class EagleTrainConfig:
+    epochs: float = 3.0
+    steps: Optional[int] = None  # optimizer steps (overrides epochs)
+    lr: float = 1e-3
+    token_weight: float = 0.1  # the token loss's weight beside the feature regression (the EAGLE papers' 0.1)
+    max_len: int = 512  # longest piece, in tokens
+    head_vocab: int = DEFAULT_HEAD_VOCAB  # tokens the head drafts (0 = all)
+    holdout: float = 0.1
+    seed: int = 0
+
+    def check(self) -> None:
+        if not (self.epochs > 0 or (self.steps or 0) > 0):
+            raise SpecdecError("epochs must be > 0", setting="epochs")
+        if self.steps is not None and self.steps < 1:
+            raise SpecdecError(f"steps must be >= 1, got {self.steps}", setting="steps")
+        if not self.lr > 0:
+            raise SpecdecError(f"lr must be > 0, got {self.lr}", setting="lr")
+        if self.token_weight < 0:
+            raise SpecdecError(f"token_weight must be >= 0, got {self.token_weight}", setting="token_weight")
+        if self.max_len < 8:
+            raise SpecdecError(f"max_len must be >= 8, got {self.max_len}", setting="max_len")
+        if self.head_vocab < 0:
+            raise SpecdecError(f"head_vocab must be >= 0, got {self.head_vocab}", setting="head_vocab")
+        if not 0 <= self.holdout < 1:
+            raise SpecdecError(f"holdout must be in [0, 1), got {self.holdout}", setting="holdout")
+
+
+@dataclass(frozen=True)
+class EagleProgress:
+    phase: str  # "features" | "train"
+    done: int
+    total: int
+    loss: Optional[float] = None
+
+
+def pieces(sequences: Sequence[Sequence[int]], max_len: int) -> list[list[int]]:
+    """Sequences cut into pieces of at most max_len tokens (pieces shorter than 8 tokens are dropped)."""
+    out = []
+    for sequence in sequences:
+        for start in range(0, len(sequence), max_len):
+            piece = list(sequence[start : start + max_len])
+            if len(piece) >= 8:
+                out.append(piece)
+    return out
+
+
+def choose_head_tokens(pieces_: Sequence[Sequence[int]], size: int, vocab: int) -> Optional[list[int]]:
+    """The `size` most frequent tokens of the data (ties by id); None = the whole vocabulary."""
+    if size <= 0 or size >= vocab:
+        return None
+    counts = Counter(token for piece in pieces_ for token in piece)
+    ranked = sorted(counts, key=lambda token: (-counts[token], token))[:size]
+    filler = (token for token in range(vocab) if token not in counts)
+    while len(ranked) < size:
+        ranked.append(next(filler))
+    return sorted(ranked)
+
+
+def target_features(target: Any, pieces_: Sequence[Sequence[int]],
+                    on_progress: Optional[Callable[[EagleProgress], None]] = None) -> list[Any]:
+    """The target's last hidden states [n, H] (float32, CPU) per piece: one forward each."""
+    import torch
+
+    device = next(target.parameters()).device
+    features = []
+    with torch.no_grad():  # (not inference mode: these tensors are training inputs)
+        for index, piece in enumerate(pieces_):
+            out = target(input_ids=torch.tensor([list(piece)], device=device), output_hidden_states=True,
+                         logits_to_keep=1)
+            features.append(out.hidden_states[-1][0].float().cpu())  # [n, H]
+            if on_progress is not None:
+                on_progress(EagleProgress("features", index + 1, len(pieces_)))
+    return features
+
+
+def train_eagle(target: Any, sequences: Sequence[Sequence[int]], config: EagleTrainConfig,
+                on_progress: Optional[Callable[[EagleProgress], None]] = None) -> tuple[Any, dict]:
+    """Train a head for `target` on `sequences` (token id lists); returns (head, report)."""
+    import torch
+    import torch.nn.functional as F
+
+    from ..eagle_head import EagleHead, head_config_for
+
+    config.check()
+    started = time.perf_counter()
+    all_pieces = pieces(sequences, config.max_len)
+    if len(all_pieces) < 2:
+        raise SpecdecError("too little data to train a head: give answers from `specdec distill generate` or a "
+                           "corpus with at least two pieces of 8+ tokens")
+    rng = random.Random(config.seed)
+    order = list(range(len(all_pieces)))
+    rng.shuffle(order)
+    held = max(1, round(len(order) * config.holdout)) if config.holdout > 0 else 0
+    held_out = [all_pieces[index] for index in order[:held]]
+    train = [all_pieces[index] for index in order[held:]]
+    vocab = int(target.get_output_embeddings().weight.shape[0])
+    head_tokens = choose_head_tokens(train, config.head_vocab, vocab)
+    features = target_features(target, train + held_out, on_progress)
+    train_features, held_features = features[: len(train)], features[len(train) :]
+
+    torch.manual_seed(config.seed)
+    head = EagleHead(head_config_for(target.config))
+    lm_weight = target.get_output_embeddings().weight.detach().float().cpu()  # [V, H]
+    ids = torch.tensor(head_tokens) if head_tokens is not None else torch.arange(vocab)
+    head_weight = lm_weight[ids]  # [K, H]
+    embeddings = target.get_input_embeddings()
+
+    def embed(tokens: Sequence[int]) -> Any:
+        with torch.inference_mode():
+            values = embeddings(torch.tensor([list(tokens)], device=embeddings.weight.device))
+        return values.float().cpu().clone()  # [1, n, H]
+
+    embedded = [embed(piece[1:]) for piece in train]
+
+    def losses(piece_features: Any, piece_embedded: Any) -> tuple[Any, Any, Any]:
+        inputs, wanted = piece_features[None, :-1], piece_features[None, 1:]  # f_t -> f_{t+1}: [1, n-1, H]
+        positions = torch.arange(inputs.shape[1])
+        predicted = head(inputs, piece_embedded, positions)  # [1, n-1, H]
+        feature_loss = F.smooth_l1_loss(predicted, wanted)
+        target_probs = torch.softmax(wanted @ head_weight.T, dim=-1)  # [1, n-1, K]
+        token_loss = -(target_probs * torch.log_softmax(predicted @ head_weight.T, dim=-1)).sum(-1).mean()
+        return feature_loss + config.token_weight * token_loss, feature_loss, token_loss
+
+    before = agreement(head, held_out, held_features, embed, lm_weight, head_weight, ids)
+    total = config.steps or max(1, math.ceil(config.epochs * len(train)))
+    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0)
+    history = []
+    schedule: list[int] = []  # this epoch's remaining pieces, shuffled
+    head.train()
+    for step in range(total):
+        if not schedule:
+            schedule = rng.sample(range(len(train)), len(train))
+        piece = schedule.pop()
+        lr = config.lr * min(1.0, (step + 1) / max(1, total // 20)) * 0.5 * (1 + math.cos(math.pi * step / total))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss, feature_loss, token_loss = losses(train_features[piece], embedded[piece])
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        optimizer.step()
+        history.append(float(loss.detach()))
+        if on_progress is not None:
+            on_progress(EagleProgress("train", step + 1, total, history[-1]))
+    head.eval()
+    after = agreement(head, held_out, held_features, embed, lm_weight, head_weight, ids)
+    report = {
+        "kind": "eagle",
+        "config": asdict(config),
+        "pieces": len(all_pieces), "train_pieces": len(train), "held_out_pieces": len(held_out),
+        "train_tokens": sum(len(piece) for piece in train),
+        "held_out_tokens": sum(len(piece) for piece in held_out),
+        "head_tokens": len(ids),
+        "steps": total,
+        "final_loss": sum(history[-20:]) / len(history[-20:]),
+        "top1_agreement_before": before,
+        "top1_agreement_after": after,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    return head, {"report": report, "head_tokens": head_tokens}
+
+
+def agreement(head: Any, held_out: Sequence[Sequence[int]], held_features: Sequence[Any], embed: Callable,
+              lm_weight: Any, head_weight: Any, ids: Any) -> Optional[float]:
+    """Teacher-forced top-1 agreement on held-out pieces: the head's token at t+2 (from f_t and token t+1)
+    against the target's own greedy choice there (its full LM head's argmax)."""
+    import torch
+
+    if not held_out:
+        return None
+    hits = count = 0
+    with torch.inference_mode():
+        for piece, piece_features in zip(held_out, held_features):
+            predicted = head(piece_features[None, :-1], embed(piece[1:]), torch.arange(len(piece) - 1))[0]
+            head_choice = ids[(predicted @ head_weight.T).argmax(-1)]  # [n-1]
+            target_choice = (piece_features[1:] @ lm_weight.T).argmax(-1)  # [n-1]
+            hits += int((head_choice == target_choice).sum())
+            count += len(piece) - 1
+    return round(hits / count, 4) if count else None
+
+
+def training_sequences(tokenizer: Any, fingerprint: str, target_name: str, data: Optional[str],
+                       corpus: Sequence[str] = ()) -> tuple[list[list[int]], dict]:
+    """Token sequences to train on: each answer of a `distill generate` file (prompt and answer together,
+    checked against the target's tokenizer) and the text of any corpus files; and their sizes."""
+    from ..corpus import CorpusStats, iter_documents, resolve_inputs, tokenize_documents
+    from .generate import read_rows
+
+    sequences: list[list[int]] = []
+    if data:
+        for row in read_rows(data, fingerprint, target_name):
+            sequences.append([int(token) for token in row["prompt_ids"]] + [int(token) for token in row["answer_ids"]])
+    answers = sum(len(sequence) for sequence in sequences)
+    corpus_tokens = 0
+    if corpus:
+        stats = CorpusStats()
+        ids, _ = tokenize_documents(iter_documents(resolve_inputs(list(corpus), stats=stats), "text", stats), tokenizer)
+        sequences.append([int(token) for token in ids])
+        corpus_tokens = int(len(ids))
+    if not sequences or not answers + corpus_tokens:
+        raise SpecdecError("no training data: give --data (answers from `specdec distill generate`) or --corpus")
+    return sequences, {"answer_tokens": answers, "corpus_tokens": corpus_tokens, "data": data, "corpus": list(corpus)}
+
+
+def build_eagle_head(target: Any, tokenizer: Any, target_name: str, output: str, data: Optional[str],
+                     corpus: Sequence[str], config: EagleTrainConfig,
+                     on_progress: Optional[Callable[[EagleProgress], None]] = None) -> dict:
+    """Read the data, train a head, write it to `output` (atomically); returns the report."""
+    from pathlib import Path
+
+    from ..eagle_head import save_head
+    from ..fingerprint import tokenizer_fingerprint
+
+    config.check()
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    sequences, sizes = training_sequences(tokenizer, fingerprint, target_name, data, corpus)
+    head, result = train_eagle(target, sequences, config, on_progress)
+    report = {**result["report"], **sizes}
+    vocab = int(target.get_output_embeddings().weight.shape[0])
+    meta = {"target": target_name, "fingerprint": fingerprint, "vocab_size": max(vocab, len(tokenizer)),
+            "head_tokens": result["head_tokens"], "report": report}
+    save_head(Path(output).expanduser(), head, meta)
+    return report

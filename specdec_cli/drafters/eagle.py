@@ -1,0 +1,139 @@
+"""The `eagle` drafter: a feature-level head (eagle_head.py) drafts a chain from the target's own hidden states.
+
+The engine's step events carry the target's last hidden states for the positions each forward scored and
+committed (the prefill's prompt, then each step's root and accepted drafts), so after every event the drafter
+holds a feature for every committed token but the newest. `propose` feeds the head the pairs (f_t, x_{t+1})
+it has not seen yet, in one forward with the head's own KV cache; the last output predicts the newest token's
+feature, whose LM-head argmax is the first drafted token; each further token feeds the predicted feature back
+in with the token just chosen. The speculative pairs are dropped from the head's cache afterwards (the next
+event brings the real features). The chain stops at `draft_max`, at an EOS, or when the head's own top
+probability falls below `min_prob`. Drafts are deterministic (no `p_draft`), which speculative sampling
+handles exactly. Tokens are read through the target's frozen LM head restricted to the head's `head_tokens`
+(plus the tokens seen in the context). This module never calls the engine and does not train heads.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import torch
+
+from ..draft import Draft, StepEvent
+from ..errors import SpecdecError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from . import DrafterOptions, TargetInfo
+
+DEFAULT_DRAFT_MAX = 5
+SOURCE = "eagle"
+
+
+class EagleDrafter:
+    name = "eagle"
+
+    def __init__(self, head: Any, embeddings: Any, lm_head: Any, *, head_tokens: Optional[Sequence[int]] = None,
+                 draft_max: Optional[int] = None, min_prob: float = 0.0, eos_token_ids: Sequence[int] = ()) -> None:
+        weight = lm_head.weight.detach()
+        self.device = weight.device
+        self.head = head.to(self.device, torch.float32).eval()
+        self.embeddings = embeddings
+        vocab = int(weight.shape[0])
+        ids = sorted({int(token) for token in head_tokens or range(vocab) if 0 <= int(token) < vocab})
+        self.ids = torch.tensor(ids, dtype=torch.long, device=self.device)  # [K] tokens the head can draft
+        self.weight = weight[self.ids].float()  # [K, H]
+        self.lm_weight = weight
+        self.known = set(ids)
+        self.draft_max = draft_max or DEFAULT_DRAFT_MAX
+        self.min_prob = min_prob
+        self.eos = {int(token) for token in eos_token_ids}
+        self.reset()
+
+    def reset(self) -> None:
+        from ..eagle_head import HeadCache
+
+        self.features: Optional[torch.Tensor] = None  # [committed - 1, H] float32
+        self.cache = HeadCache()  # pairs (f_t, x_{t+1}) for t < len(cache)
+        self.last: Optional[torch.Tensor] = None  # the head's prediction of the newest token's feature [H]
+
+    def _allow(self, tokens: Sequence[int]) -> None:
+        """Let the head draft tokens that appeared in the context (names, identifiers)."""
+        new = sorted({int(token) for token in tokens} - self.known)
+        new = [token for token in new if 0 <= token < self.lm_weight.shape[0]]
+        if new:
+            extra = torch.tensor(new, dtype=torch.long, device=self.device)
+            self.ids = torch.cat([self.ids, extra])
+            self.weight = torch.cat([self.weight, self.lm_weight[extra].float()])
+            self.known.update(new)
+
+    # -- following the engine ------------------------------------------------------------------------------
+
+    def observe(self, event: StepEvent) -> None:
+        if event.features is None:
+            return
+        features = event.features.detach().to(self.device, torch.float32)  # [rows, H]
+        if event.kind == "prefill":
+            self.reset()
+            self.features = features
+            self._allow(event.prompt_tokens)
+        elif self.features is not None:
+            self.features = torch.cat([self.features, features])
+        self._allow(event.committed)
+
+    # -- drafting ------------------------------------------------------------------------------------------
+
+    def _embed(self, tokens: Sequence[int]) -> torch.Tensor:
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, n]
+        return self.embeddings(ids).float()  # [1, n, H]
+
+    def _read(self, feature: torch.Tensor) -> tuple[int, float]:
+        """A predicted feature [H] -> (the head's token, its probability among the drafted tokens)."""
+        probs = torch.softmax(self.weight @ feature, dim=-1)  # [K]
+        best = int(torch.argmax(probs))
+        return int(self.ids[best]), float(probs[best])
+
+    @torch.inference_mode()
+    def propose(self, context: Sequence[int], budget: int) -> Draft:
+        known = 0 if self.features is None else int(self.features.shape[0])
+        longest = min(budget, self.draft_max)
+        if longest <= 0 or self.features is None or known != len(context) - 1:
+            return Draft.empty(SOURCE)
+        fed = len(self.cache)
+        if fed > known:  # (cannot happen: the cache only ever holds committed pairs)
+            self.cache.crop(known)
+            fed = known
+        if fed < known:  # the pairs (f_t, x_{t+1}) the head has not seen: t = fed .. known - 1
+            positions = torch.arange(fed, known, device=self.device)
+            predicted = self.head(self.features[None, fed:known], self._embed(context[fed + 1 : known + 1]),
+                                  positions, self.cache)[0, -1]  # [H]: the newest token's feature
+            self.last = predicted
+        elif self.last is not None:
+            predicted = self.last
+        else:
+            return Draft.empty(SOURCE)
+        tokens: list[int] = []
+        for index in range(longest):
+            token, prob = self._read(predicted)
+            if prob < self.min_prob and tokens:
+                break
+            tokens.append(token)
+            if token in self.eos or index == longest - 1:
+                break
+            position = torch.tensor([known + index], device=self.device)
+            predicted = self.head(predicted[None, None], self._embed([token]), position, self.cache)[0, -1]
+        self.cache.crop(known)  # drop the speculative pairs
+        return Draft(tokens, SOURCE)
+
+
+def make_eagle_drafter(options: "DrafterOptions", target: "TargetInfo") -> EagleDrafter:
+    from ..eagle_head import load_head
+
+    if not options.draft_model:
+        raise SpecdecError("the eagle drafter needs a head directory (make one with `specdec distill train "
+                           "--kind eagle`)", setting="draft_model")
+    if target.embeddings is None or target.lm_head is None or not hasattr(target.lm_head, "weight"):
+        raise SpecdecError("the eagle drafter reads tokens through the target's LM head; this target has none "
+                           "that is a plain linear map")
+    head, meta = load_head(options.draft_model, target)
+    return EagleDrafter(head, target.embeddings, target.lm_head, head_tokens=meta.get("head_tokens"),
+                        draft_max=options.draft_max, min_prob=options.draft_min_prob,
+                        eos_token_ids=target.eos_token_ids)

@@ -1,0 +1,150 @@
+"""The EAGLE-style head: the module and its cache, features in step events, training that learns, the head's
+files and their checks, and the `eagle` / `sam+eagle` drafters lossless (greedy identity, sampling law)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import TINY_EOS, chi_square, hf_greedy, run_cli
+
+from specdec_cli.chat import target_info
+from specdec_cli.cost_curve import CostCurve
+from specdec_cli.drafters import DrafterOptions, make_drafter
+from specdec_cli.drafters.eagle import EagleDrafter
+from specdec_cli.eagle_head import EagleHead, HeadCache, head_config_for, load_head, save_head
+from specdec_cli.engine import Engine, GenerationConfig
+from specdec_cli.errors import SpecdecError
+from specdec_cli.planner import DraftPlanner
+
+PATTERN = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
+PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11, 12], [1, 30, 31, 32, 33, 30, 31]]
+
+
+class _Tokenizer:
+    """Enough of a tokenizer for target_info: a length, an EOS and a vocabulary to fingerprint."""
+
+    eos_token_id = TINY_EOS
+
+    def __len__(self) -> int:
+        return 64
+
+    def get_vocab(self) -> dict:
+        return {f"t{index}": index for index in range(64)}
+
+
+def _engine(model) -> Engine:
+    return Engine(model, planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})))
+
+
+def _trained_head(model):
+    """A head trained briefly on the model's own greedy answers to a few prompts."""
+    from specdec_cli.distill.eagle_train import EagleTrainConfig, train_eagle
+
+    sequences = [prompt + hf_greedy(model, prompt, 40) for prompt in ([1, *PATTERN], *PROMPTS, [1, 40, 41, 42])]
+    sequences = sequences * 3
+    head, result = train_eagle(model, sequences, EagleTrainConfig(steps=150, lr=3e-3, head_vocab=0, holdout=0.25))
+    return head, result
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_llama):
+    return _trained_head(tiny_llama)
+
+
+def test_feeding_a_block_equals_feeding_its_positions_one_by_one(tiny_llama):
+    torch.manual_seed(0)
+    head = EagleHead(head_config_for(tiny_llama.config)).eval()
+    features, embedded = torch.randn(1, 6, 64), torch.randn(1, 6, 64)
+    with torch.inference_mode():
+        whole = head(features, embedded, torch.arange(6))  # [1, 6, 64]
+        cache = HeadCache()
+        first = head(features[:, :4], embedded[:, :4], torch.arange(4), cache)
+        rest = [head(features[:, index : index + 1], embedded[:, index : index + 1], torch.tensor([index]), cache)
+                for index in (4, 5)]
+    assert torch.allclose(torch.cat([first, *rest], dim=1), whole, atol=1e-5)
+    assert len(cache) == 6
+    cache.crop(3)
+    assert len(cache) == 3
+
+
+def test_step_events_carry_the_committed_positions_features(tiny_llama):
+    engine = _engine(tiny_llama)
+    events = []
+    drafter = make_drafter("pld", DrafterOptions(), target_info(tiny_llama, _Tokenizer()))
+    prompt = [1, *PATTERN, *PATTERN[:6]]
+    generation = engine.generate(prompt, drafter, GenerationConfig(max_new_tokens=12), events.append)
+    sequence = prompt + generation.tokens
+    with torch.inference_mode():
+        reference = tiny_llama(torch.tensor([sequence]), output_hidden_states=True).hidden_states[-1][0]  # [n, H]
+    features = torch.cat([event.features for event in events])
+    assert events[0].features.shape == (len(prompt), 64)
+    assert all(event.features.shape[0] == 1 + event.accepted for event in events[1:])
+    assert features.shape[0] == len(sequence) - 1  # every committed token but the newest
+    assert torch.allclose(features, reference[: len(sequence) - 1], atol=1e-4)
+
+
+def test_training_raises_agreement_with_the_target(trained):
+    _, result = trained
+    report = result["report"]
+    assert report["top1_agreement_after"] > report["top1_agreement_before"] + 0.2, report
+    assert report["train_tokens"] > 0 and report["steps"] == 150
+
+
+@pytest.mark.parametrize("name", ["eagle", "sam+eagle"])
+def test_eagle_drafting_is_greedy_identical(tiny_llama, trained, tmp_path, name):
+    head, _ = trained
+    info = target_info(tiny_llama, _Tokenizer())
+    save_head(tmp_path / "head", head, {"fingerprint": info.fingerprint, "vocab_size": 64, "head_tokens": None})
+    drafter = make_drafter(name, DrafterOptions(draft_model=str(tmp_path / "head")), info)
+    accepted = 0
+    for prompt in [[1, *PATTERN], *PROMPTS]:
+        generation = _engine(tiny_llama).generate(prompt, drafter, GenerationConfig(max_new_tokens=32,
+                                                                                       eos_token_ids=(TINY_EOS,)))
+        assert generation.tokens == hf_greedy(tiny_llama, prompt, 32), (name, prompt)
+        accepted += generation.stats.accepted_tokens
+    assert accepted > 0  # the head drafted tokens the target kept
+
+
+def test_eagle_sampling_keeps_the_target_law(tiny_llama, trained):
+    from specdec_cli.sampling import warp_probs
+
+    head, _ = trained
+    prompt = PROMPTS[0]
+    with torch.inference_mode():
+        first = warp_probs(tiny_llama(torch.tensor([prompt])).logits[0, -1], 1.0)  # [V]
+        second = warp_probs(tiny_llama(torch.tensor([prompt + [t] for t in range(64)])).logits[:, -1], 1.0)
+    law = (first.unsqueeze(1) * second).sum(0).double()  # P(2nd new token)
+    engine = _engine(tiny_llama)
+    counts = torch.zeros(64, dtype=torch.float64)
+    for seed in range(400):
+        drafter = EagleDrafter(copy.deepcopy(head), tiny_llama.get_input_embeddings(), tiny_llama.lm_head)
+        config = GenerationConfig(max_new_tokens=3, temperature=1.0, seed=seed)
+        counts[engine.generate(prompt, drafter, config).tokens[1]] += 1
+    statistic, dof = chi_square(counts, law)
+    assert statistic < dof + 5 * (2 * dof) ** 0.5 + 5, (statistic, dof)
+
+
+def test_a_head_for_another_tokenizer_or_width_is_refused(tiny_llama, trained, tmp_path):
+    head, _ = trained
+    info = target_info(tiny_llama, _Tokenizer())
+    save_head(tmp_path / "foreign", head, {"fingerprint": "someone-else", "vocab_size": 64, "head_tokens": None})
+    with pytest.raises(SpecdecError, match="another tokenizer"):
+        load_head(tmp_path / "foreign", info)
+    save_head(tmp_path / "ok", head, {"fingerprint": info.fingerprint, "vocab_size": 64, "head_tokens": None})
+    from dataclasses import replace
+
+    with pytest.raises(SpecdecError, match="features"):
+        load_head(tmp_path / "ok", replace(info, hidden_size=128))
+    (tmp_path / "ok" / "head.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(SpecdecError, match="cannot load"):
+        load_head(tmp_path / "ok", info)
+
+
+def test_the_cli_refuses_a_missing_or_foreign_head_directory(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    for folder, message in ((tmp_path / "nothing", "no such directory"), (tmp_path / "model", "not an EAGLE head")):
+        result = run_cli("chat", "--prompt", "hi", "--drafter", "eagle", "--draft-model", str(folder))
+        assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr
