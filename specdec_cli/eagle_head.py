@@ -90,9 +90,10 @@ class EagleHead(nn.Module):
         self.down = nn.Linear(config.intermediate_size, size, bias=False)
 
     def forward(self, features: torch.Tensor, token_embeddings: torch.Tensor, positions: torch.Tensor,
-                cache: Optional[HeadCache] = None) -> torch.Tensor:
+                cache: Optional[HeadCache] = None, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """features, token_embeddings [B, n, H] (f_t and embed(x_{t+1})), positions [n] -> predicted f_{t+1}
-        [B, n, H]. With a cache (B = 1), the n new positions follow the cached ones."""
+        [B, n, H]. With a cache (B = 1), the n new rows follow the cached ones and attend causally, or as
+        `mask` [n, cached + n] (bool, True = attend) says: a draft tree's rows see only their ancestors."""
         heads = self.config.num_heads
         batch, length, size = features.shape
         hidden = self.fuse(torch.cat([token_embeddings, features], dim=-1))  # [B, n, H]
@@ -107,7 +108,8 @@ class EagleHead(nn.Module):
             if cache.keys is not None and cache.values is not None:
                 key, value = torch.cat([cache.keys, key], dim=2), torch.cat([cache.values, value], dim=2)
             cache.keys, cache.values = key, value
-        mask = torch.ones(length, past + length, dtype=torch.bool, device=features.device).tril(past)  # [n, past+n]
+        if mask is None:
+            mask = torch.ones(length, past + length, dtype=torch.bool, device=features.device).tril(past)  # [n, past+n]
         attended = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=1 / math.sqrt(shape[-1]))
         hidden = hidden + self.out(attended.transpose(1, 2).reshape(batch, length, size))
         gate, up = self.gate_up(self.mlp_norm(hidden)).chunk(2, dim=-1)

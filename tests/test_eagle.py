@@ -92,19 +92,27 @@ def test_training_raises_agreement_with_the_target(trained):
     assert report["train_tokens"] > 0 and report["steps"] == 150
 
 
-@pytest.mark.parametrize("name", ["eagle", "sam+eagle"])
+@pytest.mark.parametrize("name", ["eagle", "eagle-chain", "sam+eagle"])
 def test_eagle_drafting_is_greedy_identical(tiny_llama, trained, tmp_path, name):
     head, _ = trained
     info = target_info(tiny_llama, _Tokenizer())
     save_head(tmp_path / "head", head, {"fingerprint": info.fingerprint, "vocab_size": 64, "head_tokens": None})
-    drafter = make_drafter(name, DrafterOptions(draft_model=str(tmp_path / "head")), info)
+    if name == "eagle-chain":
+        drafter = EagleDrafter(copy.deepcopy(head), tiny_llama.get_input_embeddings(), tiny_llama.lm_head,
+                               tree_width=0, eos_token_ids=(TINY_EOS,))
+    else:
+        drafter = make_drafter(name, DrafterOptions(draft_model=str(tmp_path / "head")), info)
     accepted = 0
+    trees = 0
     for prompt in [[1, *PATTERN], *PROMPTS]:
         generation = _engine(tiny_llama).generate(prompt, drafter, GenerationConfig(max_new_tokens=32,
                                                                                        eos_token_ids=(TINY_EOS,)))
         assert generation.tokens == hf_greedy(tiny_llama, prompt, 32), (name, prompt)
         accepted += generation.stats.accepted_tokens
+        trees += sum(event.draft.parents is not None and len(set(event.draft.parents)) < len(event.draft)
+                     for event in generation.events)
     assert accepted > 0  # the head drafted tokens the target kept
+    assert (trees > 0) == (name != "eagle-chain")  # eagle drafts trees with siblings; its chain mode does not
 
 
 def test_eagle_sampling_keeps_the_target_law(tiny_llama, trained):

@@ -1,15 +1,21 @@
 """The `eagle` drafter: a feature-level head (eagle_head.py) drafts a chain from the target's own hidden states.
 
-The engine's step events carry the target's last hidden states for the positions each forward scored and
-committed (the prefill's prompt, then each step's root and accepted drafts), so after every event the drafter
-holds a feature for every committed token but the newest. `propose` feeds the head the pairs (f_t, x_{t+1})
-it has not seen yet, in one forward with the head's own KV cache; the last output predicts the newest token's
-feature, whose LM-head argmax is the first drafted token; each further token feeds the predicted feature back
-in with the token just chosen. The speculative pairs are dropped from the head's cache afterwards (the next
-event brings the real features). The chain stops at `draft_max`, at an EOS, or when the head's own top
-probability falls below `min_prob`. Drafts are deterministic (no `p_draft`), which speculative sampling
-handles exactly. Tokens are read through the target's frozen LM head restricted to the head's `head_tokens`
-(plus the tokens seen in the context). This module never calls the engine and does not train heads.
+The engine's step events carry the target's last hidden states for the positions each forward scored and committed
+(the prefill's prompt, then each step's root and accepted drafts), so after every event the drafter holds a feature
+for every committed token but the newest. `propose` feeds the head the pairs (f_t, x_{t+1}) it has not seen yet, in
+one forward with the head's own KV cache; the last output predicts the newest token's feature, whose LM-head argmax
+is the first drafted token; each further token feeds the predicted feature back in with the token just chosen. The
+speculative pairs are dropped from the head's cache afterwards (the next event brings the real features). A chain
+stops at `draft_max`, at an EOS, or when the head's own top probability falls below `min_prob`.
+
+With `tree_width` > 0 it drafts a tree instead, as EAGLE-2 grows one: every node's score is the product of the
+head's probabilities along its path; each level, the `tree_width` best-scoring unexpanded nodes are fed to the head
+in one forward (each row attending to the committed pairs and its own ancestors only) and offer their
+`TREE_CHILDREN` likeliest children; after `draft_max` levels the `budget` best-scoring nodes are returned, best
+first (a child never outscores its parent, so every prefix of the list is a tree). Drafts are deterministic (no
+`p_draft`), which speculative sampling handles exactly. Tokens are read through the target's frozen LM head
+restricted to the head's `head_tokens` (plus the tokens seen in the context). This module never calls the engine
+and does not train heads.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from ..errors import SpecdecError
 if TYPE_CHECKING:  # pragma: no cover
     from . import DrafterOptions, TargetInfo
 
-DEFAULT_DRAFT_MAX = 5
+DEFAULT_DRAFT_MAX = 5  # chain length, or tree depth
+DEFAULT_TREE_WIDTH = 4  # nodes expanded per tree level (0 = chains)
+TREE_CHILDREN = 4  # children offered by each expanded node
 SOURCE = "eagle"
 
 
@@ -32,7 +40,8 @@ class EagleDrafter:
     name = "eagle"
 
     def __init__(self, head: Any, embeddings: Any, lm_head: Any, *, head_tokens: Optional[Sequence[int]] = None,
-                 draft_max: Optional[int] = None, min_prob: float = 0.0, eos_token_ids: Sequence[int] = ()) -> None:
+                 draft_max: Optional[int] = None, min_prob: float = 0.0, eos_token_ids: Sequence[int] = (),
+                 tree_width: int = DEFAULT_TREE_WIDTH) -> None:
         weight = lm_head.weight.detach()
         self.device = weight.device
         self.head = head.to(self.device, torch.float32).eval()
@@ -46,6 +55,7 @@ class EagleDrafter:
         self.draft_max = draft_max or DEFAULT_DRAFT_MAX
         self.min_prob = min_prob
         self.eos = {int(token) for token in eos_token_ids}
+        self.tree_width = tree_width
         self.reset()
 
     def reset(self) -> None:
@@ -110,6 +120,11 @@ class EagleDrafter:
             predicted = self.last
         else:
             return Draft.empty(SOURCE)
+        draft = self._tree(predicted, known, budget) if self.tree_width > 0 else self._chain(predicted, known, longest)
+        self.cache.crop(known)  # drop the speculative pairs
+        return draft
+
+    def _chain(self, predicted: torch.Tensor, known: int, longest: int) -> Draft:
         tokens: list[int] = []
         for index in range(longest):
             token, prob = self._read(predicted)
@@ -120,8 +135,62 @@ class EagleDrafter:
                 break
             position = torch.tensor([known + index], device=self.device)
             predicted = self.head(predicted[None, None], self._embed([token]), position, self.cache)[0, -1]
-        self.cache.crop(known)  # drop the speculative pairs
         return Draft(tokens, SOURCE)
+
+    def _children(self, feature: torch.Tensor) -> tuple[list[int], list[float]]:
+        """The TREE_CHILDREN likeliest tokens after a predicted feature [H], with their probabilities."""
+        probs = torch.softmax(self.weight @ feature, dim=-1)  # [K]
+        top = torch.topk(probs, min(TREE_CHILDREN, probs.shape[0]))
+        return self.ids[top.indices].tolist(), top.values.tolist()
+
+    def _tree(self, root_feature: torch.Tensor, known: int, budget: int) -> Draft:
+        tokens: list[int] = []  # per node, in creation order
+        parents: list[int] = []  # -1 = the root (the newest committed token)
+        scores: list[float] = []  # product of the head's probabilities along the path
+        depth: list[int] = []
+        cache_row: dict[int, int] = {}  # node -> its row in the head's cache (once expanded)
+
+        def offer(parent: int, feature: torch.Tensor) -> None:
+            for token, prob in zip(*self._children(feature)):
+                tokens.append(token)
+                parents.append(parent)
+                scores.append((scores[parent] if parent >= 0 else 1.0) * prob)
+                depth.append(depth[parent] + 1 if parent >= 0 else 1)
+
+        offer(-1, root_feature)
+        fed_features = {-1: root_feature}
+        for _ in range(self.draft_max - 1):
+            frontier = sorted((node for node in range(len(tokens)) if node not in cache_row and
+                               tokens[node] not in self.eos), key=lambda node: -scores[node])[: self.tree_width]
+            if not frontier:
+                break
+            past = len(self.cache)
+            rows = len(frontier)
+            mask = torch.zeros(rows, past + rows, dtype=torch.bool, device=self.device)  # [rows, past + rows]
+            mask[:, :known] = True
+            for row, node in enumerate(frontier):
+                mask[row, past + row] = True
+                ancestor = parents[node]
+                while ancestor >= 0:
+                    mask[row, cache_row[ancestor]] = True
+                    ancestor = parents[ancestor]
+            features = torch.stack([fed_features[parents[node]] for node in frontier])[None]  # [1, rows, H]
+            positions = torch.tensor([known + depth[node] - 1 for node in frontier], device=self.device)
+            out = self.head(features, self._embed([tokens[node] for node in frontier]), positions, self.cache,
+                            mask)[0]  # [rows, H]
+            for row, node in enumerate(frontier):
+                cache_row[node] = past + row
+                fed_features[node] = out[row]
+                offer(node, out[row])
+        best = sorted(range(len(tokens)), key=lambda node: (-scores[node], depth[node]))[:budget]
+        chosen: list[int] = []
+        order: dict[int, int] = {}  # node -> its index in the draft
+        for node in best:  # parents come first: a child never outscores its parent, ties go to the shallower
+            if parents[node] < 0 or parents[node] in order:
+                order[node] = len(chosen)
+                chosen.append(node)
+        return Draft([tokens[node] for node in chosen], SOURCE,
+                     parents=[order[parents[node]] if parents[node] >= 0 else -1 for node in chosen])
 
 
 def make_eagle_drafter(options: "DrafterOptions", target: "TargetInfo") -> EagleDrafter:
