@@ -18,6 +18,7 @@ from .defaults import DEFAULT_DRAFTER, DEFAULT_TARGET
 from .drafters import DrafterOptions, TargetInfo, check_drafter, check_drafter_options, make_drafter
 from .engine import Engine, EventCallback, Generation, GenerationConfig
 from .errors import SpecdecError
+from .memory import Memory
 
 if TYPE_CHECKING:  # pragma: no cover
     from .models import LoadedTarget
@@ -63,6 +64,7 @@ class ChatSettings:
     system: Optional[str] = None
     raw: bool = False  # prompts as they are, without the chat template
     exact: Optional[bool] = None  # row-invariant verification; None = on in 16-bit dtypes (engine.py)
+    memory: bool = True  # remember answers and let `sam` draft from them (memory.py; SPECDEC_NO_MEMORY=1 = off)
 
     def check(self) -> None:
         """Everything that can be checked without the model (so a bad setting fails in the first second)."""
@@ -74,12 +76,21 @@ class ChatSettings:
 def open_session(settings: ChatSettings,
                  on_status: Optional[Callable[[str], None]] = None) -> tuple["ChatSession", "LoadedTarget"]:
     """Check the settings, load the target (the slow part), and start a conversation."""
+    from .memory import memory_cap, memory_dir, memory_enabled
     from .models import load_target
 
     settings.check()
+    use_memory = settings.memory and memory_enabled()
+    if use_memory:
+        memory_cap()  # a malformed SPECDEC_MEMORY_MAX_TOKENS fails before the model loads
     loaded = load_target(settings.target, settings.device, settings.dtype, on_status=on_status)
-    session = ChatSession(loaded.model, loaded.tokenizer, settings.drafter, settings.drafter_options,
-                          settings.generation, settings.system, settings.raw, settings.exact)
+    options, memory = settings.drafter_options, None
+    if use_memory:
+        fingerprint = target_info(loaded.model, loaded.tokenizer).fingerprint
+        memory = Memory(memory_dir(loaded.name, fingerprint), fingerprint, loaded.name)
+        options = replace(options, memory=str(memory.directory))
+    session = ChatSession(loaded.model, loaded.tokenizer, settings.drafter, options,
+                          settings.generation, settings.system, settings.raw, settings.exact, memory)
     return session, loaded
 
 
@@ -102,6 +113,7 @@ class ChatSession:
     system: Optional[str] = None
     raw: bool = False
     exact: Optional[bool] = None
+    memory: Optional[Memory] = None  # where each answer is remembered (None: nowhere)
 
     def __post_init__(self) -> None:
         self.engine = Engine(self.model, self.tokenizer, exact=self.exact)
@@ -136,7 +148,19 @@ class ChatSession:
         self.history += [{"role": "user", "content": user_text}, {"role": "assistant", "content": answer}]
         turn = Turn(user_text, answer, len(prompt_ids), generation, self.drafter_name)
         self.turns.append(turn)
+        self._remember(generation.tokens, prompt_ids)
         return turn
+
+    def _remember(self, tokens: list[int], prompt_ids: list[int]) -> None:
+        """Append a finished answer to the memory; a memory that cannot be written costs a warning, not the answer."""
+        if self.memory is None:
+            return
+        try:
+            self.memory.append(tokens, prompt_ids)
+        except SpecdecError as error:
+            import warnings
+
+            warnings.warn(f"memory: {error} (the answer was not remembered)", stacklevel=3)
 
     def compare(self, user_text: str, on_event: Optional[EventCallback] = None) -> Comparison:
         """Answer once plainly and once with the drafter (greedy), outside the conversation's history."""

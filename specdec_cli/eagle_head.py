@@ -7,10 +7,10 @@ own small KV cache; the output is the predicted feature f_{t+1}, read as tokens 
 LM head (restricted to `head_tokens`, the tokens that matter, to keep the largest matrix small on a CPU).
 Drafting k tokens feeds each predicted feature back in with the token it chose.
 
-The head's files: `head.safetensors` (its own weights only; the embeddings and LM head are the target's) and
+The head's files: `head.safetensors` (its own weights only; the embeddings and LM head are the target's),
 `specdec_head.json` (format, kind "eagle", hidden size, heads, tokenizer fingerprint, vocabulary, head
-tokens, training report). This file defines the module, its cache and its files; training is
-distill/eagle_train.py's, drafting drafters/eagle.py's.
+tokens, training report) and `distill_report.json` (the report alone). This file defines the module, its
+cache and its files; training is distill/eagle_train.py's, drafting drafters/eagle.py's.
 """
 
 from __future__ import annotations
@@ -140,6 +140,8 @@ def save_head(directory: Path, head: EagleHead, meta: dict) -> None:
         save_file(state, str(folder / HEAD_WEIGHTS))
         document = {"format": HEAD_FORMAT, "kind": "eagle", "config": asdict(head.config), **meta}
         (folder / HEAD_META).write_text(json.dumps(document, indent=1), encoding="utf-8")
+        if meta.get("report"):  # the training report alone, where `specdec distill` puts a student's
+            (folder / "distill_report.json").write_text(json.dumps(meta["report"], indent=1), encoding="utf-8")
 
 
 def read_head_meta(directory: str | Path) -> dict:

@@ -243,6 +243,10 @@ def load_target(
     _quiet_transformers()
     source = resolve_target(target)
     device_name = pick_device(device)
+    if dtype == "auto" and os.environ.get("SPECDEC_DTYPE", "").strip():  # a default of one's own for --dtype
+        dtype = os.environ["SPECDEC_DTYPE"].strip()
+        if dtype not in DTYPES:
+            raise SpecdecError(f"SPECDEC_DTYPE must be one of {', '.join(DTYPES)}, got {dtype!r}")
     torch_dtype = pick_dtype(dtype, device_name)
     location = model_location(source, on_status)
     started = time.perf_counter()

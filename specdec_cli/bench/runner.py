@@ -128,8 +128,22 @@ def run_bench(
         conversations=len(conversations),
         turns=sum(len(conversation.turns) for conversation in conversations),
     )
+    if settings.options.memory:
+        settings_json["memory"] = memory_report(settings.options.memory, runner.info.fingerprint,
+                                                [ids for turns in runner.prompt_ids.values() for ids in turns])
     return BenchReport(env, settings_json, results, per_prompt, runs,
                        cost_curve=_curve_report(curve_at_start, cost_curve_table(runner.engine)))
+
+
+def memory_report(directory: str, fingerprint: str, measured_prompts: Sequence[Sequence[int]]) -> dict:
+    """What the memory `sam` read holds, and how many of its answers answer prompts this run measured (a
+    memory built from the very prompts measured flatters the drafter)."""
+    from ..memory import Memory, prompt_hash
+
+    recalled = Memory(directory, fingerprint).recall()
+    measured = {prompt_hash(ids) for ids in measured_prompts}
+    return {"directory": directory, "answers": len(recalled.answers), "tokens": recalled.tokens,
+            "answers_to_measured_prompts": sum(value in measured for value in recalled.prompt_hashes)}
 
 
 def _curve_report(start: Optional[dict], end: Optional[dict]) -> Optional[dict]:

@@ -42,6 +42,11 @@ class BenchSettings:
             raise SpecdecError(f"repeats must be >= 1, got {self.repeats}", setting="repeats")
         if self.options.l_threshold < 0:
             raise SpecdecError(f"l_threshold must be >= 0, got {self.options.l_threshold}", setting="l_threshold")
+        from ..drafters import check_drafter_options
+
+        for method in self.methods:  # files the drafters will open exist and are what they claim (a millisecond)
+            if method.kind == "engine":
+                check_drafter_options(method.drafter, self.options)
 
     def as_json(self) -> dict:
         return {

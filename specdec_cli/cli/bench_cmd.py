@@ -70,6 +70,7 @@ def bench(
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice); pin it for comparable runs."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, mps."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 where this CPU runs it natively and it is measured faster, else float32; bfloat16 on GPUs), float32, bfloat16, float16."),
+    memory: Optional[str] = typer.Option(None, "--memory", help="Let sam draft from this answer-memory directory (`specdec memory info` shows it); the bench never reads or writes the memory otherwise."),
     exact: Optional[bool] = typer.Option(None, "--exact/--no-exact", help="Row-invariant verification (default: on in bfloat16/float16, off in float32); when on, the `native` row times plain decoding on the model's own kernels."),
 ) -> None:
     """Measure speedup over plain decoding on a prompt suite (Spec-Bench conventions: greedy, batch 1, warm-up excluded)."""
@@ -93,7 +94,7 @@ def bench(
     settings = BenchSettings(
         methods=methods,
         options=DrafterOptions(draft_max=draft_max, index=index, aux=aux, l_threshold=l_threshold,
-                               draft_model=draft_model, draft_min_prob=draft_min_prob),
+                               draft_model=draft_model, draft_min_prob=draft_min_prob, memory=memory),
         draft_max=draft_max,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
@@ -272,6 +273,11 @@ def render(document: dict) -> None:
     out.print("[dim]speedup = tokens/s ÷ none's tokens/s on the same prompts · τ = tokens per target forward · "
               "Draft/Verify = share of wall time · Identical = outputs token-equal to none (greedy)[/dim]",
               soft_wrap=not out.is_terminal)
+    remembered = document["settings"].get("memory")
+    if remembered and remembered.get("answers_to_measured_prompts"):
+        out.print(f"[yellow]memory: {remembered['answers_to_measured_prompts']} of its {remembered['answers']} answers "
+                  "answer prompts measured here: sam's speed on them is not what new prompts would see[/yellow]",
+                  soft_wrap=not out.is_terminal)
     for line in fastest_plain_lines(document["results"]):
         out.print(f"[dim]{line}[/dim]", soft_wrap=not out.is_terminal)
     exact = str(document["settings"].get("exact_check", "")).startswith("on")

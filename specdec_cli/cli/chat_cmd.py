@@ -31,7 +31,7 @@ def read_prompt(prompt: str) -> str:
 
 
 def chat_settings(*, target, device, dtype, drafter, index, aux, draft_model, draft_min_prob, draft_max,
-                  max_new_tokens, temperature, top_p, top_k, seed, system, raw, stop, exact=None):
+                  max_new_tokens, temperature, top_p, top_k, seed, system, raw, stop, exact=None, memory=True):
     """The flags as a checked ChatSettings (everything checkable before the slow model load)."""
     from ..chat import ChatSettings
     from ..drafters import DrafterOptions
@@ -43,7 +43,7 @@ def chat_settings(*, target, device, dtype, drafter, index, aux, draft_model, dr
                                   seed=seed, stop=tuple(stop or ()),
                                   **({} if draft_max is None else {"budget": draft_max}))
     settings = ChatSettings(target=target, device=device, dtype=dtype, drafter=drafter, drafter_options=options,
-                            generation=generation, system=system, raw=raw, exact=exact)
+                            generation=generation, system=system, raw=raw, exact=exact, memory=memory)
     settings.check()
     return settings
 
@@ -82,6 +82,7 @@ def chat(
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, mps."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 where this CPU runs it natively and it is measured faster, else float32; bfloat16 on GPUs), float32, bfloat16, float16."),
+    memory: bool = typer.Option(True, "--memory/--no-memory", help="Remember this run's answers and let sam draft from every answer remembered for this model (SPECDEC_NO_MEMORY=1 turns it off; --compare never uses it)."),
     exact: Optional[bool] = typer.Option(None, "--exact/--no-exact", help="Row-invariant verification, so output is bit-identical to plain decoding (default: on in bfloat16/float16, off in float32)."),
 ) -> None:
     """Speculative chat: one-shot with --prompt, interactive otherwise."""
@@ -91,7 +92,8 @@ def chat(
     settings = chat_settings(target=target, device=device, dtype=dtype, drafter=drafter, index=index, aux=aux,
                              draft_model=draft_model, draft_min_prob=draft_min_prob, draft_max=draft_max,
                              max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                             seed=seed, system=system, raw=raw, stop=stop, exact=exact)
+                             seed=seed, system=system, raw=raw, stop=stop, exact=exact,
+                             memory=memory and not compare)  # a measurement neither reads nor feeds the memory
     if compare and text is None:
         raise SpecdecError("--compare needs a one-shot --prompt")
     if compare and not settings.generation.greedy:

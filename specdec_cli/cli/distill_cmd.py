@@ -234,6 +234,8 @@ def distill(
     resume: bool = typer.Option(False, "--resume", help="Continue training from the checkpoint."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, mps."),
+    kind: str = typer.Option("student", "--kind", help="student (a small model of its own) or eagle (a head on the target's features)."),
+    corpus: Optional[List[str]] = typer.Option(None, "--corpus", help="eagle: also learn the target's features over this text (repeatable)."),
 ) -> None:
     """Generate data, train a draft and evaluate it (no subcommand), or run one stage (see the commands)."""
     if ctx.invoked_subcommand is not None:
@@ -242,12 +244,19 @@ def distill(
     from ..distill.train import TrainConfig
 
     if prompts and suite:
-        from ..errors import SpecdecError
-
         raise SpecdecError("give either --prompts or --suite, not both")
+    if kind not in ("student", "eagle"):
+        raise SpecdecError(f"kind must be student or eagle, got {kind!r}", setting="kind")
     config = TrainConfig(layers=layers, epochs=epochs, steps=steps, lr=lr, kd_weight=kd_weight, kd_loss=kd_loss,
                          seed=seed, holdout=0.0, draft_vocab=draft_vocab)
     config.check()
+    eagle_config = None
+    if kind == "eagle":
+        from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, EagleTrainConfig
+
+        eagle_config = EagleTrainConfig(epochs=epochs, steps=steps, lr=lr, seed=seed,
+                                        head_vocab=DEFAULT_HEAD_VOCAB if draft_vocab == DEFAULT_DRAFT_VOCAB else draft_vocab)
+        eagle_config.check()
     train_items = load_prompts(prompts, None if prompts else (suite or "distill"), limit)
     loaded = _load_target(target, device, "float32")  # the student is built from and trained against float32
     spec = target_spec(target)
@@ -258,6 +267,10 @@ def distill(
     err_console().print(f"[bold]1/3[/bold] Answering {len(train_items)} prompts with the target -> {data_file}")
     run_generate(loaded, spec, train_items, data_file, drafter=drafter, draft_max=None, index=None, draft_model=None,
                  max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0, top_k=0, seed=seed, system=None, raw=False)
+    if eagle_config is not None:
+        err_console().print(f"[bold]2/2[/bold] Training an EAGLE head -> {out_dir}")
+        run_train_eagle(loaded, spec, data_file, list(corpus or ()), str(out_dir), eagle_config)
+        return
     err_console().print(f"[bold]2/3[/bold] Training a {layers}-block student -> {out_dir}")
     run_train(loaded, spec, data_file, str(out_dir), config, checkpoint_dir=None, resume=resume)
     eval_items = load_prompts(eval_prompts, None if eval_prompts else (eval_suite or "builtin"), None)

@@ -4,10 +4,12 @@ Data: token sequences (the target's own answers from `specdec distill generate`,
 and any text corpus, cut into pieces of at most `max_len` tokens). One target forward per piece gives its
 last hidden state at every position (thousands of tokens per second even on a CPU, far more data than
 generating answers gives); they are kept in memory in float32. The head learns, at each position t, from
-(f_t, token t+1) to f_{t+1}: loss = smooth-L1 feature regression + `token_weight` x the cross-entropy of its
-next-token distribution against the target's (both read through the target's frozen LM head restricted to
-`head_tokens`, the training data's most frequent tokens). Held-out pieces (`holdout`, chosen by hash) give
-the report's top-1 agreement with the target's own greedy choice, before and after training.
+(f_t, token t+1) to f_{t+1}, and again from its own prediction (f^_{t+1}, token t+2) to f_{t+2}, since
+drafting feeds its predictions back in: loss = smooth-L1 feature regression + `token_weight` x the
+cross-entropy of its next-token distribution against the target's (both read through the target's frozen
+LM head restricted to `head_tokens`, the training data's most frequent tokens). Held-out pieces (`holdout`,
+chosen at random with `seed`) give the report's top-1 agreement with the target's own greedy choice,
+before and after training.
 
 This file does not generate answers (generate.py) or draft (drafters/eagle.py); it returns the head and a
 report, and `save_head` writes them.
@@ -24,7 +26,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..errors import SpecdecError
 
-DEFAULT_HEAD_VOCAB = 8192
+DEFAULT_HEAD_VOCAB = 4096  # the LM-head slice a drafted token reads: 4096 x 576 in bfloat16 is 4.7 MB
 
 
 @dataclass(frozen=True)
@@ -142,14 +144,19 @@ def train_eagle(target: Any, sequences: Sequence[Sequence[int]], config: EagleTr
 
     embedded = [embed(piece[1:]) for piece in train]
 
-    def losses(piece_features: Any, piece_embedded: Any) -> tuple[Any, Any, Any]:
-        inputs, wanted = piece_features[None, :-1], piece_features[None, 1:]  # f_t -> f_{t+1}: [1, n-1, H]
-        positions = torch.arange(inputs.shape[1])
-        predicted = head(inputs, piece_embedded, positions)  # [1, n-1, H]
-        feature_loss = F.smooth_l1_loss(predicted, wanted)
-        target_probs = torch.softmax(wanted @ head_weight.T, dim=-1)  # [1, n-1, K]
-        token_loss = -(target_probs * torch.log_softmax(predicted @ head_weight.T, dim=-1)).sum(-1).mean()
-        return feature_loss + config.token_weight * token_loss, feature_loss, token_loss
+    def losses(piece_features: Any, piece_embedded: Any) -> Any:
+        """Teacher-forced (f_t, x_{t+1}) -> f_{t+1}, then one step on the head's own predictions
+        (f^_{t+1}, x_{t+2}) -> f_{t+2}, as drafting a second token feeds them back in."""
+        total = 0
+        inputs, embedded_next = piece_features[None, :-1], piece_embedded  # [1, n-1, H] each
+        for unroll in range(2):
+            wanted = piece_features[None, 1 + unroll :]  # [1, n-1-unroll, H]
+            predicted = head(inputs, embedded_next, torch.arange(inputs.shape[1]))  # [1, n-1-unroll, H]
+            target_probs = torch.softmax(wanted @ head_weight.T, dim=-1)  # [1, ., K]
+            token_loss = -(target_probs * torch.log_softmax(predicted @ head_weight.T, dim=-1)).sum(-1).mean()
+            total = total + F.smooth_l1_loss(predicted, wanted) + config.token_weight * token_loss
+            inputs, embedded_next = predicted[:, :-1], piece_embedded[:, 1:]  # f^_{t+1} with x_{t+2}
+        return total
 
     before = agreement(head, held_out, held_features, embed, lm_weight, head_weight, ids)
     total = config.steps or max(1, math.ceil(config.epochs * len(train)))
@@ -164,7 +171,7 @@ def train_eagle(target: Any, sequences: Sequence[Sequence[int]], config: EagleTr
         lr = config.lr * min(1.0, (step + 1) / max(1, total // 20)) * 0.5 * (1 + math.cos(math.pi * step / total))
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss, feature_loss, token_loss = losses(train_features[piece], embedded[piece])
+        loss = losses(train_features[piece], embedded[piece])
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)

@@ -94,10 +94,7 @@ def load_prompts(path: Optional[str] = None, suite: Optional[str] = None,
         raise SpecdecError("give either --prompts FILE or --suite NAME")
     if limit is not None and limit < 1:
         raise SpecdecError(f"limit must be >= 1, got {limit}", setting="limit")
-    if suite is not None:
-        items = _suite(suite)
-    else:
-        items = _prompt_file(path)
+    items = _suite(suite) if suite is not None else _prompt_file(str(path))
     seen: set[str] = set()
     unique = []
     for item in items:
@@ -288,7 +285,8 @@ def generate_data(
         config = replace(config, budget=draft_max)
     config.check()
     started = time.perf_counter()
-    new_tokens = steps = committed = 0
+    new_tokens = steps = 0
+    committed = 0.0
     for done, item in enumerate(todo, start=1):
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": item.text})

@@ -46,7 +46,7 @@ def init_spec(config: TrainConfig) -> dict:
         return {"kind": "target", "layers": config.layers}
     if config.init == "config":
         return {"kind": "config", "layers": config.layers, "hidden": config.hidden, "seed": config.seed}
-    return {"kind": "student", "path": str(Path(config.student).expanduser().resolve())}
+    return {"kind": "student", "path": str(Path(config.student or "").expanduser().resolve())}
 
 
 def build_student(target: Any, spec: dict, target_fingerprint: str = "", target_vocab: int = 0) -> Any:

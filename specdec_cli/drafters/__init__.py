@@ -49,6 +49,7 @@ class DrafterOptions:
     pld_min_ngram: int = 1  # pld: shortest n-gram to look up
     draft_model: Optional[str] = None  # model: directory of the draft model
     draft_min_prob: float = 0.0  # model: stop a chain when the draft's top probability falls below this
+    memory: Optional[str] = None  # sam: an answer-memory directory read as a static index (memory.py)
     extra: dict = field(default_factory=dict)
 
 
@@ -87,6 +88,9 @@ def check_drafter_options(name: str, options: DrafterOptions) -> None:
         from ..sam.index import read_index_info
 
         read_index_info(options.index)  # a missing, foreign or truncated file fails here, in a millisecond
+    if options.memory and head == HYBRID_HEAD and not Path(options.memory).expanduser().is_dir():
+        raise SpecdecError(f"memory {options.memory}: no such directory (`specdec memory info` shows where the "
+                           "memory lives)", setting="memory")
     if "eagle" in (head, aux):
         if not options.draft_model:
             raise SpecdecError("the eagle drafter needs a head directory (make one with `specdec distill train "

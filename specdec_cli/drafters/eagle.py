@@ -44,12 +44,15 @@ class EagleDrafter:
                  tree_width: int = DEFAULT_TREE_WIDTH) -> None:
         weight = lm_head.weight.detach()
         self.device = weight.device
-        self.head = head.to(self.device, torch.float32).eval()
+        # the target's dtype: drafting a token reads the head's and the LM-head slice's weights once each, so
+        # on a CPU its cost is their size (bfloat16 halves it)
+        self.dtype = weight.dtype
+        self.head = head.to(self.device, self.dtype).eval()
         self.embeddings = embeddings
         vocab = int(weight.shape[0])
         ids = sorted({int(token) for token in head_tokens or range(vocab) if 0 <= int(token) < vocab})
         self.ids = torch.tensor(ids, dtype=torch.long, device=self.device)  # [K] tokens the head can draft
-        self.weight = weight[self.ids].float()  # [K, H]
+        self.weight = weight[self.ids]  # [K, H]
         self.lm_weight = weight
         self.known = set(ids)
         self.draft_max = draft_max or DEFAULT_DRAFT_MAX
@@ -61,7 +64,7 @@ class EagleDrafter:
     def reset(self) -> None:
         from ..eagle_head import HeadCache
 
-        self.features: Optional[torch.Tensor] = None  # [committed - 1, H] float32
+        self.features: Optional[torch.Tensor] = None  # [committed - 1, H] in the target's dtype
         self.cache = HeadCache()  # pairs (f_t, x_{t+1}) for t < len(cache)
         self.last: Optional[torch.Tensor] = None  # the head's prediction of the newest token's feature [H]
 
@@ -72,7 +75,7 @@ class EagleDrafter:
         if new:
             extra = torch.tensor(new, dtype=torch.long, device=self.device)
             self.ids = torch.cat([self.ids, extra])
-            self.weight = torch.cat([self.weight, self.lm_weight[extra].float()])
+            self.weight = torch.cat([self.weight, self.lm_weight[extra]])
             self.known.update(new)
 
     # -- following the engine ------------------------------------------------------------------------------
@@ -80,7 +83,7 @@ class EagleDrafter:
     def observe(self, event: StepEvent) -> None:
         if event.features is None:
             return
-        features = event.features.detach().to(self.device, torch.float32)  # [rows, H]
+        features = event.features.detach().to(self.device, self.dtype)  # [rows, H]
         if event.kind == "prefill":
             self.reset()
             self.features = features
@@ -93,11 +96,11 @@ class EagleDrafter:
 
     def _embed(self, tokens: Sequence[int]) -> torch.Tensor:
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, n]
-        return self.embeddings(ids).float()  # [1, n, H]
+        return self.embeddings(ids).to(self.dtype)  # [1, n, H]
 
     def _read(self, feature: torch.Tensor) -> tuple[int, float]:
         """A predicted feature [H] -> (the head's token, its probability among the drafted tokens)."""
-        probs = torch.softmax(self.weight @ feature, dim=-1)  # [K]
+        probs = torch.softmax((self.weight @ feature).float(), dim=-1)  # [K]
         best = int(torch.argmax(probs))
         return int(self.ids[best]), float(probs[best])
 
@@ -139,7 +142,7 @@ class EagleDrafter:
 
     def _children(self, feature: torch.Tensor) -> tuple[list[int], list[float]]:
         """The TREE_CHILDREN likeliest tokens after a predicted feature [H], with their probabilities."""
-        probs = torch.softmax(self.weight @ feature, dim=-1)  # [K]
+        probs = torch.softmax((self.weight @ feature).float(), dim=-1)  # [K]
         top = torch.topk(probs, min(TREE_CHILDREN, probs.shape[0]))
         return self.ids[top.indices].tolist(), top.values.tolist()
 

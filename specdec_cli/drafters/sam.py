@@ -16,6 +16,10 @@ The draft is the continuation of the match's earliest occurrence, stopped before
 of the text, never padded, and `min(budget, draft_max, 1 + floor(ALPHA * match_len))` tokens long; no
 match (or nothing after it), no draft.
 
+With an answer memory (memory.py: every answer `specdec chat` committed for this target), the remembered
+answers join the index in the static automaton, after its text; a static draft whose earliest occurrence lies
+among them is reported as source "sam-memory".
+
 A prefill whose prompt extends the text seen so far (a multi-turn chat re-sending the conversation) feeds
 only the new tokens; any other prompt starts a new conversation. This module does not build or save
 indexes (sam/, corpus.py) and never calls the engine.
@@ -39,6 +43,7 @@ L_BIAS = 5  # the static match must beat the dynamic one by more than this (the 
 L_THRESHOLD = 1  # below this match length the auxiliary drafter takes over (measured; the paper's GPU value is 5)
 SOURCE_DYNAMIC = "sam-dynamic"
 SOURCE_STATIC = "sam-static"
+SOURCE_MEMORY = "sam-memory"  # a static draft whose earliest occurrence lies in the answer memory
 
 
 class SamDrafter:
@@ -54,6 +59,7 @@ class SamDrafter:
         l_threshold: int = L_THRESHOLD,
         alpha: float = ALPHA,
         aux: Optional[Drafter] = None,
+        memory_from: Optional[int] = None,
     ) -> None:
         if draft_max < 1:
             raise SpecdecError(f"draft_max must be at least 1, got {draft_max}", setting="draft_max")
@@ -64,6 +70,7 @@ class SamDrafter:
         self.l_threshold = l_threshold
         self.alpha = alpha
         self.aux = aux
+        self.memory_from = memory_from  # static text positions from here on are remembered answers
         self.reset()
 
     def reset(self) -> None:
@@ -113,6 +120,8 @@ class SamDrafter:
         automaton: StaticAutomaton | DynamicAutomaton
         if self.static is not None and l_static - self.l_bias > l_dynamic:
             source, automaton, state, match_len = SOURCE_STATIC, self.static, self.static_state, l_static
+            if self.memory_from is not None and int(self.static.min_endpos[state]) >= self.memory_from:
+                source = SOURCE_MEMORY
         else:
             source, automaton, state, match_len = SOURCE_DYNAMIC, self.dynamic, self.dynamic_state, l_dynamic
         if match_len == 0 or budget <= 0:
@@ -146,14 +155,20 @@ def load_index_for_target(path: str, target: "TargetInfo"):
 
 def make_sam_drafter(options: "DrafterOptions", target: "TargetInfo") -> SamDrafter:
     """The `sam` drafter for `make_drafter`: the index in `options.index` (if any) is loaded and checked
-    against the target's tokenizer fingerprint, EOS ids and vocabulary size."""
+    against the target's tokenizer fingerprint, EOS ids and vocabulary size; the answer memory in
+    `options.memory` (if any) joins it in one static automaton (memory.py)."""
     separators = set(target.eos_token_ids)
     static = None
+    index_text = None
     if options.index:
         index = load_index_for_target(options.index, target)
         static = index.automaton
+        index_text = static.text
         separators.add(index.eos_id)
         static.separators = frozenset(separators)
+    memory_from = None
+    if options.memory:
+        static, memory_from = _with_memory(options.memory, target, index_text, separators, static)
     aux = None
     if options.aux and options.aux != "none":
         from . import AUX_CHOICES, make_drafter
@@ -169,4 +184,30 @@ def make_sam_drafter(options: "DrafterOptions", target: "TargetInfo") -> SamDraf
         l_bias=options.l_bias,
         l_threshold=options.l_threshold,
         aux=aux,
+        memory_from=memory_from,
     )
+
+
+def _with_memory(directory: str, target: "TargetInfo", index_text, separators: set, static):
+    """(the static automaton over the index's text and then every remembered answer, the text position where
+    the memory begins), or the index alone (and None) when the memory is empty."""
+    import warnings
+
+    import numpy as np
+
+    from ..memory import Memory
+    from ..sam.automaton import build_static
+
+    recalled = Memory(directory, target.fingerprint).recall()
+    warning = recalled.warning()
+    if warning:
+        warnings.warn(warning, stacklevel=3)
+    if not recalled.answers:
+        return static, None
+    separator = min(target.eos_token_ids) if target.eos_token_ids else 0
+    parts = [] if index_text is None else [np.asarray(index_text, dtype=np.int32)]
+    start = 0 if index_text is None else len(index_text)
+    for answer in recalled.answers:
+        parts.append(np.asarray([*answer, separator], dtype=np.int32))
+    text = np.concatenate(parts)
+    return build_static(text, max(int(text.max()) + 1, target.vocab_size or 0), separators), start

@@ -1,0 +1,146 @@
+"""The answer memory (memory.py): storage, cap and eviction, bad files, concurrent writers, `sam` drafting from
+it losslessly, the `specdec memory` commands, chat writing it (and not with --no-memory or SPECDEC_NO_MEMORY),
+and bench leaving it alone unless asked."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import TINY_EOS, hf_greedy, run_cli
+
+from specdec_cli.cost_curve import CostCurve
+from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
+from specdec_cli.engine import Engine, GenerationConfig
+from specdec_cli.memory import Memory, prompt_hash
+from specdec_cli.planner import DraftPlanner
+
+FINGERPRINT = "tiny-fingerprint"
+ON = {"SPECDEC_NO_MEMORY": "0"}
+
+
+def test_answers_come_back_oldest_first_with_their_prompts(tmp_path):
+    memory = Memory(tmp_path / "memory", FINGERPRINT)
+    memory.append([5, 6, 7], prompt_ids=[1, 2])
+    memory.append([8, 9])
+    recalled = memory.recall()
+    assert recalled.answers == [[5, 6, 7], [8, 9]] and recalled.tokens == 5
+    assert recalled.prompt_hashes == [prompt_hash([1, 2]), ""] and recalled.warning() is None
+    assert memory.append([]) is None  # nothing to remember
+    assert memory.info()["answers"] == 2 and memory.info()["tokens"] == 5
+
+
+def test_the_cap_evicts_the_oldest_answers_first(tmp_path):
+    memory = Memory(tmp_path / "memory", FINGERPRINT, cap=10)
+    for start in (10, 20, 30, 40):
+        memory.append(list(range(start, start + 4)))  # 4 tokens each: 16 > 10
+    assert memory.recall().answers == [[30, 31, 32, 33], [40, 41, 42, 43]]
+    assert Memory(tmp_path / "none", FINGERPRINT, cap=0).append([1, 2]) is None  # a cap of 0 keeps nothing
+
+
+def test_a_corrupt_or_foreign_file_is_skipped_and_the_rest_kept(tmp_path):
+    memory = Memory(tmp_path / "memory", FINGERPRINT)
+    memory.append([5, 6])
+    (memory.directory / "1-1-2.json").write_text("{not json")
+    foreign = Memory(memory.directory, "another-tokenizer")
+    foreign.append([7, 8])
+    memory.append([9])
+    recalled = memory.recall()
+    assert recalled.answers == [[5, 6], [9]]
+    assert len(recalled.skipped) == 2
+    warning = recalled.warning()
+    assert warning is not None and warning.count("\n") == 0 and "(and 1 more)" in warning
+
+
+def test_two_writers_at_once_lose_nothing(tmp_path):
+    directory = tmp_path / "memory"
+    script = ("import sys; from specdec_cli.memory import Memory\n"
+              "memory = Memory(sys.argv[1], 'tiny-fingerprint')\n"
+              "for index in range(60): memory.append([int(sys.argv[2]), index])\n")
+    root = str(Path(__file__).resolve().parent.parent)
+    writers = [subprocess.Popen([sys.executable, "-c", script, str(directory), str(writer)], cwd=root)
+               for writer in (1, 2)]
+    assert all(writer.wait(timeout=120) == 0 for writer in writers)
+    answers = Memory(directory, FINGERPRINT).recall().answers
+    assert sorted(map(tuple, answers)) == sorted((writer, index) for writer in (1, 2) for index in range(60))
+
+
+def test_sam_drafting_from_the_memory_is_greedy_identical(tiny_llama, tmp_path):
+    prompts = [[1, 8, 9, 10, 11], [1, 20, 21, 22]]
+    memory = Memory(tmp_path / "memory", FINGERPRINT)
+    references = [hf_greedy(tiny_llama, prompt, 40) for prompt in prompts]
+    for prompt, reference in zip(prompts, references):
+        memory.append(reference, prompt)
+    info = TargetInfo(64, (TINY_EOS,), FINGERPRINT)
+    engine = Engine(tiny_llama, planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})))
+    for prompt, reference in zip(prompts, references):
+        drafter = make_drafter("sam+none", DrafterOptions(memory=str(memory.directory)), info)
+        generation = engine.generate(prompt, drafter, GenerationConfig(max_new_tokens=40, eos_token_ids=(TINY_EOS,)))
+        assert generation.tokens == reference
+        from_memory = [event for event in generation.events if event.draft.source == "sam-memory"]
+        assert from_memory and sum(event.accepted for event in from_memory) > len(reference) // 2
+
+
+def _memory_dir(home: Path) -> Path:
+    folders = list((home / "memory").iterdir())
+    assert len(folders) == 1, folders
+    return folders[0]
+
+
+def test_chat_remembers_answers_unless_told_not_to(tiny_model_dir, tmp_path):
+    home = tmp_path / "home"
+    base = ("chat", "--target", tiny_model_dir, "--drafter", "sam", "-n", "12", "--json")
+    env = {"SPECDEC_HOME": str(home), **ON}
+    assert run_cli(*base, "--prompt", "abc abc", env_extra=env).returncode == 0
+    directory = _memory_dir(home)
+    assert len(list(directory.glob("*.json"))) == 1
+    assert run_cli(*base, "--prompt", "abd", "--no-memory", env_extra=env).returncode == 0
+    assert run_cli(*base, "--prompt", "abe", env_extra={**env, "SPECDEC_NO_MEMORY": "1"}).returncode == 0
+    assert run_cli(*base, "--prompt", "abf", "--compare", env_extra=env).returncode == 0  # a measurement
+    assert len(list(directory.glob("*.json"))) == 1
+    result = run_cli("memory", "info", "--target", tiny_model_dir, "--json", env_extra=env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["answers"] == 1
+
+
+def test_memory_commands_import_export_and_clear(tiny_model_dir, tmp_path):
+    env = {"SPECDEC_HOME": str(tmp_path / "home"), **ON}
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("hello memory " * 400)
+    result = run_cli("memory", "import", str(corpus), "--target", tiny_model_dir, env_extra=env)
+    assert result.returncode == 0 and "remembered" in result.stderr, result.stderr
+    exported = tmp_path / "out.jsonl"
+    result = run_cli("memory", "export", str(exported), "--target", tiny_model_dir, env_extra=env)
+    assert result.returncode == 0, result.stderr
+    assert "hello memory" in "".join(json.loads(line)["text"] for line in exported.read_text().splitlines())
+    result = run_cli("memory", "clear", "--target", tiny_model_dir, env_extra=env)
+    assert result.returncode == 0 and "cleared" in result.stderr
+    info = json.loads(run_cli("memory", "info", "--target", tiny_model_dir, "--json", env_extra=env).stdout)
+    assert info["answers"] == 0
+    result = run_cli("memory", "import", str(tmp_path / "missing.txt"), "--target", tiny_model_dir, env_extra=env)
+    assert result.returncode != 0 and "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_bench_leaves_the_memory_alone_unless_asked(tiny_model_dir, tmp_path):
+    home = tmp_path / "home"
+    env = {"SPECDEC_HOME": str(home), **ON}
+    assert run_cli("chat", "--target", tiny_model_dir, "--prompt", "abc", "-n", "8", env_extra=env).returncode == 0
+    directory = _memory_dir(home)
+    before = sorted(path.name for path in directory.iterdir())
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": index, "category": "x", "turns": [text]}) + "\n"
+                               for index, text in enumerate(["abc", "xyz"])))
+    args = ("bench", "--target", tiny_model_dir, "--prompts", str(prompts), "--drafters", "none,sam", "-n", "8",
+            "--no-warmup")
+    plain = run_cli(*args, "--json", env_extra=env)
+    assert plain.returncode == 0, plain.stderr
+    assert "memory" not in json.loads(plain.stdout)["settings"]
+    asked = run_cli(*args, "--json", "--memory", str(directory), env_extra=env)
+    assert asked.returncode == 0, asked.stderr
+    memory = json.loads(asked.stdout)["settings"]["memory"]
+    assert memory["answers"] == 1 and memory["answers_to_measured_prompts"] == 1  # it answered "abc" itself
+    assert sorted(path.name for path in directory.iterdir()) == before
+    missing = run_cli(*args, "--memory", str(tmp_path / "nowhere"), env_extra=env)
+    assert missing.returncode != 0 and "no such directory" in missing.stderr
