@@ -367,10 +367,11 @@ def train(
     if kind not in ("student", "eagle"):
         raise SpecdecError(f"kind must be student or eagle, got {kind!r}", setting="kind")
     if kind == "eagle":
-        from ..distill.eagle_train import EagleTrainConfig
+        from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, EagleTrainConfig
 
+        head_vocab = DEFAULT_HEAD_VOCAB if draft_vocab == DEFAULT_DRAFT_VOCAB else draft_vocab  # a head's own default
         eagle_config = EagleTrainConfig(epochs=epochs, steps=steps, lr=lr, token_weight=token_weight,
-                                        max_len=min(max_len, 512), head_vocab=draft_vocab, holdout=holdout, seed=seed)
+                                        max_len=min(max_len, 512), head_vocab=head_vocab, holdout=holdout, seed=seed)
         eagle_config.check()
         read_rows(data)  # a missing or empty file fails before the model loads
         target = target or usable_target(target_of_data(data))
