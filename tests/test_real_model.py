@@ -56,23 +56,36 @@ def test_one_shot_json_equals_transformers_greedy(default_target, drafter):
         assert stats["mean_accepted_tokens"] == pytest.approx(1.0)
 
 
-def test_every_drafter_is_lossless_in_process(default_target):
+def _untrained_head(target, folder):
+    """An EAGLE head for the real model, untrained (its drafts are mostly wrong: the output must not care)."""
+    from specdec_cli.chat import target_info
+    from specdec_cli.eagle_head import EagleHead, head_config_for, save_head
+
+    info = target_info(target.model, target.tokenizer)
+    torch.manual_seed(0)
+    save_head(folder, EagleHead(head_config_for(target.model.config)),
+              {"fingerprint": info.fingerprint, "vocab_size": info.vocab_size, "head_tokens": None})
+    return str(folder)
+
+
+def test_every_drafter_is_lossless_in_process(default_target, tmp_path):
     """All registered drafters, greedy, against transformers' generate on a repetitive prompt."""
     from specdec_cli.chat import ChatSession
-    from specdec_cli.drafters import DRAFTERS
+    from specdec_cli.drafters import DRAFTERS, DrafterOptions
     from specdec_cli.engine import GenerationConfig
 
     prompt = "Repeat this sentence three times: the quick brown fox jumps over the lazy dog."
     _, reference = _reference(default_target, prompt, 64)
-    for name in [*DRAFTERS, "sam+none", "sam+recycle"]:
-        if name == "model":  # needs a draft directory: see the next test
+    head = _untrained_head(default_target, tmp_path / "head")
+    for name in [*DRAFTERS, "sam+none", "sam+recycle", "sam+eagle"]:
+        if name == "model":  # needs a draft directory: see the model drafter's test below
             continue
-        session = ChatSession(default_target.model, default_target.tokenizer, name,
+        session = ChatSession(default_target.model, default_target.tokenizer, name, DrafterOptions(draft_model=head),
                               generation=GenerationConfig(max_new_tokens=64))
         assert session.ask(prompt).generation.tokens == reference, name
 
 
-def test_every_drafter_is_exact_in_bfloat16():
+def test_every_drafter_is_exact_in_bfloat16(tmp_path):
     """In bfloat16 a block's rows round differently from one-row forwards unless verification is row-invariant
     (exact.py; before it, pld and sam diverged within ~90 tokens on 3 of 4 prompts): every drafter, chains and
     trees, against the same engine's plain bfloat16 decoding."""
@@ -91,10 +104,11 @@ def test_every_drafter_is_exact_in_bfloat16():
     ids = format_prompt(target.tokenizer, [{"role": "user", "content": prompt}])
     reference = engine.generate(ids, make_drafter("none", DrafterOptions(), info), config).tokens
     assert engine.exact_check.startswith("on"), engine.exact_check
-    for name in [*DRAFTERS, "sam+recycle"]:
+    options = DrafterOptions(draft_model=_untrained_head(target, tmp_path / "head"))
+    for name in [*DRAFTERS, "sam+recycle", "sam+eagle"]:
         if name in ("none", "model"):
             continue
-        generation = engine.generate(ids, make_drafter(name, DrafterOptions(), info), config)
+        generation = engine.generate(ids, make_drafter(name, options, info), config)
         assert generation.tokens == reference, name
         assert generation.stats.drafted_tokens > 0, name
 
