@@ -40,6 +40,16 @@ class Draft:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @property
+    def depth(self) -> int:
+        """The longest path from the root: len(tokens) for a chain."""
+        if self.parents is None:
+            return len(self.tokens)
+        depths: list[int] = []
+        for parent in self.parents:  # parents come before their children
+            depths.append(1 if parent < 0 else depths[parent] + 1)
+        return max(depths, default=0)
+
     @staticmethod
     def empty(source: str) -> "Draft":
         return Draft(tokens=[], source=source)

@@ -127,6 +127,17 @@ def head_config_for(target_config: Any) -> HeadConfig:
     )
 
 
+def check_head_output(directory: Path) -> None:
+    """Refuse to replace anything but an earlier head: writing a head replaces its directory."""
+    folder = Path(directory).expanduser()
+    if folder.exists():
+        if not folder.is_dir():
+            raise SpecdecError(f"{folder}: exists and is not a directory", setting="output")
+        if any(folder.iterdir()) and not (folder / HEAD_META).is_file():
+            raise SpecdecError(f"{folder}: exists and is not an EAGLE head directory; choose another --output",
+                               setting="output")
+
+
 def save_head(directory: Path, head: EagleHead, meta: dict) -> None:
     """Write the head's weights and metadata into `directory` atomically (a folder renamed into place)."""
     import json
@@ -135,6 +146,7 @@ def save_head(directory: Path, head: EagleHead, meta: dict) -> None:
 
     from .files import atomic_directory
 
+    check_head_output(directory)
     with atomic_directory(directory) as folder:
         state = {name: tensor.detach().float().contiguous().cpu() for name, tensor in head.state_dict().items()}
         save_file(state, str(folder / HEAD_WEIGHTS))

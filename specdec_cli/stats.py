@@ -3,8 +3,8 @@
 - steps: target forwards after the prefill;
 - mean_accepted_tokens (tau): tokens committed per step, the target's own token included (plain = 1.0);
 - acceptance_rate: accepted draft tokens / drafted tokens;
-- per_position_acceptance[i]: among steps that drafted at least i+1 tokens, the share whose (i+1)-th draft
-  token was accepted.
+- per_position_acceptance[i]: among steps whose draft reached depth i+1 (a chain of at least i+1 tokens, or a
+  tree with a path that long), the share that accepted at least i+1 draft tokens.
 Every figure derives from raw counts kept alongside it, so several generations pool exactly with `merge`
 (bench's per-category rows, the REPL's /stats, the distill report). Pure bookkeeping over events; no torch.
 """
@@ -65,7 +65,7 @@ class Tally:
         if drafted:
             stats.sources[event.draft.source] = stats.sources.get(event.draft.source, 0) + 1
             self.latest_source = event.draft.source
-        _add_positions(stats, drafted, event.accepted)
+        _add_positions(stats, event.draft.depth, event.accepted)
 
     def snapshot(self, wall_seconds: Optional[float] = None, ttft_seconds: float = 0.0) -> GenerationStats:
         """The statistics so far, rates derived (wall time: the engine's draft + verify seconds if not given)."""
@@ -105,11 +105,11 @@ def merge(items: Iterable[GenerationStats]) -> Optional[GenerationStats]:
     return finish(pooled)
 
 
-def _add_positions(stats: GenerationStats, drafted: int, accepted: int) -> None:
-    while len(stats.position_drafted) < drafted:
+def _add_positions(stats: GenerationStats, depth: int, accepted: int) -> None:
+    while len(stats.position_drafted) < depth:
         stats.position_drafted.append(0)
         stats.position_accepted.append(0)
-    for position in range(drafted):
+    for position in range(depth):
         stats.position_drafted[position] += 1
         if position < accepted:
             stats.position_accepted[position] += 1

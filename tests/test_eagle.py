@@ -156,3 +156,59 @@ def test_the_cli_refuses_a_missing_or_foreign_head_directory(tmp_path):
     for folder, message in ((tmp_path / "nothing", "no such directory"), (tmp_path / "model", "not an EAGLE head")):
         result = run_cli("chat", "--prompt", "hi", "--drafter", "eagle", "--draft-model", str(folder))
         assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_interrupted_training_resumes_to_the_same_head(tiny_llama, tmp_path):
+    from specdec_cli.distill.eagle_train import EagleTrainConfig, train_eagle
+
+    sequences = [prompt + hf_greedy(tiny_llama, prompt, 24) for prompt in ([1, *PATTERN], *PROMPTS)] * 2
+    config = EagleTrainConfig(steps=14, lr=3e-3, head_vocab=0, holdout=0.2, save_every=5)
+    whole, _ = train_eagle(tiny_llama, sequences, config, checkpoint_dir=tmp_path / "whole")
+
+    def stop_at_step_8(update) -> None:
+        if update.phase == "train" and update.done == 8:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_eagle(tiny_llama, sequences, config, stop_at_step_8, checkpoint_dir=tmp_path / "cut")
+    with pytest.raises(SpecdecError, match="other settings"):
+        train_eagle(tiny_llama, sequences, EagleTrainConfig(steps=14, lr=1e-3, head_vocab=0, holdout=0.2),
+                    checkpoint_dir=tmp_path / "cut", resume=True)
+    with pytest.raises(SpecdecError, match="data changed"):
+        train_eagle(tiny_llama, sequences[1:], config, checkpoint_dir=tmp_path / "cut", resume=True)
+    resumed, result = train_eagle(tiny_llama, sequences, config, checkpoint_dir=tmp_path / "cut", resume=True)
+    assert result["report"]["resumed_from"] == 8
+    for (name, value), other in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(value, other), name  # the same pieces, moments and steps: the same head, bit for bit
+
+
+def test_writing_a_head_never_replaces_a_foreign_directory(trained, tmp_path):
+    head, _ = trained
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("mine")
+    with pytest.raises(SpecdecError, match="not an EAGLE head directory"):
+        save_head(tmp_path / "notes", head, {"fingerprint": "x", "vocab_size": 64, "head_tokens": None})
+    assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
+    save_head(tmp_path / "head", head, {"fingerprint": "x", "vocab_size": 64, "head_tokens": None})
+    save_head(tmp_path / "head", head, {"fingerprint": "y", "vocab_size": 64, "head_tokens": None})  # a head: replaced
+
+
+def test_evaluating_a_head_reports_what_training_bought(tiny_llama, trained, tmp_path):
+    from specdec_cli.distill.eagle_evaluate import evaluate_head
+    from specdec_cli.distill.evaluate import EvalPrompt
+    from specdec_cli.files import read_json
+
+    head, result = trained
+    info = target_info(tiny_llama, _Tokenizer())
+    save_head(tmp_path / "head", head, {"fingerprint": info.fingerprint, "vocab_size": 64, "head_tokens": None,
+                                        "report": result["report"]})
+    prompts = [EvalPrompt([1, *PATTERN], "copy"), EvalPrompt(PROMPTS[0], "other"), EvalPrompt(PROMPTS[1], "other")]
+    evaluation = evaluate_head(tiny_llama, _Tokenizer(), "tiny", str(tmp_path / "head"), prompts, max_new_tokens=24)
+    before, after, chain = evaluation["before"], evaluation["after"], evaluation["after_chain"]
+    assert evaluation["before_chain"]["prompts"] == 3 and after["positions"] == before["positions"] > 0
+    # the teacher-forced agreement along the answers and the real acceptance both show what training bought
+    assert after["agreement"] > before["agreement"] + 0.2, (before, after)
+    assert after["mean_accepted_tokens"] > before["mean_accepted_tokens"]
+    assert after["mean_accepted_tokens"] >= chain["mean_accepted_tokens"] - 0.05  # trees keep at least as much
+    assert chain["per_position_acceptance"] and 0 <= chain["per_position_acceptance"][0] <= 1
+    assert read_json(tmp_path / "head" / "distill_report.json")["evaluation"]["after"] == after

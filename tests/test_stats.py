@@ -37,3 +37,17 @@ def test_merge_equals_summarizing_all_events_together():
     assert pooled.tokens_per_second == pytest.approx(pooled.new_tokens / 5.0)
     assert pooled.ttft_seconds == pytest.approx(0.6)  # a mean, not a sum
     assert merge([]) is None
+
+
+def test_per_position_acceptance_counts_a_tree_by_its_depth():
+    # a tree of 5 nodes, two levels deep: root -> {0, 1, 2}, 0 -> {3}, 1 -> {4}
+    tree = Draft([10, 11, 12, 13, 14], "recycle", parents=[-1, -1, -1, 0, 1])
+    assert tree.depth == 2 and Draft([1, 2, 3], "pld").depth == 3 and Draft.empty("pld").depth == 0
+    events = [StepEvent("prefill", Draft.empty("prefill"), 0, [1], 1),
+              StepEvent("step", tree, 2, [11, 14, 9], 9),  # the path 1 -> 4: both levels accepted
+              StepEvent("step", tree, 1, [10, 9], 9),
+              StepEvent("step", Draft([5, 6, 7], "pld"), 0, [9], 9)]
+    stats = summarize(events, wall_seconds=1.0, ttft_seconds=0.1)
+    assert stats.position_drafted == [3, 3, 1]  # depth, not node count: no tree reaches position 3
+    assert stats.position_accepted == [2, 1, 0]
+    assert stats.drafted_tokens == 13 and stats.accepted_tokens == 3

@@ -132,7 +132,8 @@ def run_train(loaded: Any, target_spec: str, data: str, output: str, config: Any
     return result
 
 
-def run_train_eagle(loaded: Any, target_spec: str, data: str, corpus: list, output: str, config: Any) -> dict:
+def run_train_eagle(loaded: Any, target_spec: str, data: str, corpus: list, output: str, config: Any, *,
+                    checkpoint_dir: Optional[str] = None, resume: bool = False) -> dict:
     from ..distill.eagle_train import build_eagle_head
 
     _check_data(loaded, target_spec, data, allow_empty=False)
@@ -144,16 +145,35 @@ def run_train_eagle(loaded: Any, target_spec: str, data: str, corpus: list, outp
             loss = "" if update.loss is None else f"loss {update.loss:.3f}"
             progress.update(task, description=description, total=update.total, completed=update.done, loss=loss)
 
-        with doing("training the head", "nothing was written"):
+        with doing("training the head", "the head was not written (--resume continues from the last checkpoint)"):
             report = build_eagle_head(loaded.model, loaded.tokenizer, target_spec, output, data, corpus, config,
-                                      on_progress)
+                                      on_progress, checkpoint_dir=checkpoint_dir, resume=resume,
+                                      on_status=lambda message: progress.console.print(message))
     before, after = report["top1_agreement_before"], report["top1_agreement_after"]
     agreement = "" if after is None else f"; held-out top-1 agreement {before:.1%} -> {after:.1%}"
     err_console().print(f"Trained an EAGLE head: {report['steps']} steps in {report['seconds']:.0f} s on "
                         f"{report['train_tokens']:,} tokens ({report['answer_tokens']:,} from answers, "
                         f"{report['corpus_tokens']:,} from corpora){agreement}; saved {output}")
-    err_console().print(f"Use it: specdec chat --drafter eagle --draft-model {output}   (or sam+eagle)")
     return report
+
+
+def run_evaluate_eagle(loaded: Any, target_spec: str, head_dir: str, prompts: list, source: str, *, baseline: bool,
+                       max_new_tokens: int, draft_max: Optional[int]) -> dict:
+    from ..distill.eagle_evaluate import EAGLE_RUNS, evaluate_head
+
+    runs = len(EAGLE_RUNS) if baseline else len([run for run in EAGLE_RUNS if run[1]])
+    with _progress("info") as progress:
+        task = progress.add_task("Evaluating", total=len(prompts) * runs, info="")
+        done: dict = {}
+
+        def on_progress(update) -> None:
+            done[update.label] = update.done
+            progress.update(task, completed=sum(done.values()),
+                            info=f"{update.label}: tau {update.score.mean_accepted_tokens:.2f}")
+
+        return evaluate_head(loaded.model, loaded.tokenizer, target_spec, head_dir, prompts, baseline=baseline,
+                             max_new_tokens=max_new_tokens, draft_max=draft_max, prompt_source=source,
+                             on_progress=on_progress)
 
 
 def run_evaluate(loaded: Any, target_spec: str, draft_dir: str, prompts: list, source: str, *, baseline: bool,
@@ -184,26 +204,32 @@ def show_evaluation(evaluation: dict, draft_dir: str) -> None:
     table = Table(title=f"Draft vs target on {evaluation['prompts']} held-out prompts ({evaluation.get('source') or 'prompts'})",
                   title_justify="left")
     table.add_column("draft")
-    for name in ("agreement", "1-TVD", "tau", "accepted", "tok/s"):
+    for name in ("agreement", "1-TVD", "tau", "accepted", "by position", "tok/s"):
         table.add_column(name, justify="right")
     names = {"before": "untrained", "after": "distilled"}
-    for label in ("before", "after"):
+    if "after_chain" in evaluation:  # an EAGLE head: trees (how it drafts) and chains
+        names = {"before_chain": "untrained, chains", "after_chain": "trained, chains",
+                 "before": "untrained, trees", "after": "trained, trees"}
+    for label, name in names.items():
         score = evaluation.get(label)
         if score:
-            table.add_row(names[label], f"{score['agreement']:.1%}", f"{score['sampling_acceptance']:.1%}",
-                          f"{score['mean_accepted_tokens']:.2f}", f"{score['acceptance_rate']:.1%}",
+            positions = " ".join(f"{value:.0%}" for value in (score.get("per_position_acceptance") or [])[:5])
+            table.add_row(name, f"{score['agreement']:.1%}", f"{score['sampling_acceptance']:.1%}",
+                          f"{score['mean_accepted_tokens']:.2f}", f"{score['acceptance_rate']:.1%}", positions,
                           f"{score['tokens_per_second']:.1f}")
     console().print(table)
     console().print("[dim]agreement: top-1 agreement with the target along its answers; 1-TVD: expected per-token "
                     "acceptance when sampling; tau: mean tokens per target forward (plain decoding = 1); accepted: "
-                    f"share of drafted tokens accepted[/dim]\n[dim]report: {Path(draft_dir) / 'distill_report.json'}[/dim]")
+                    "share of drafted tokens accepted; by position: acceptance of draft positions 1-5 (tree depths)"
+                    f"[/dim]\n[dim]report: {Path(draft_dir) / 'distill_report.json'}[/dim]")
 
 
-def show_usage(draft_dir: str, target_spec: str) -> None:
+def show_usage(draft_dir: str, target_spec: str, drafter: str = "model") -> None:
     target = "" if target_spec == DEFAULT_TARGET else f" --target {target_spec}"
     console().print("\nUse the draft:")
-    console().print(f"  specdec chat{target} --drafter model --draft-model {draft_dir} --prompt \"...\"")
-    console().print(f"  specdec bench{target} --drafters none,model --draft-model {draft_dir}")
+    console().print(f"  specdec chat{target} --drafter {drafter} --draft-model {draft_dir} --prompt \"...\"")
+    others = "sam,eagle,sam+eagle" if drafter == "eagle" else "model"
+    console().print(f"  specdec bench{target} --drafters none,{others} --draft-model {draft_dir}")
 
 
 # ---------------------------------------------------------------------------------------------- commands
@@ -268,21 +294,26 @@ def distill(
     run_generate(loaded, spec, train_items, data_file, drafter=drafter, draft_max=None, index=None, draft_model=None,
                  max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0, top_k=0, seed=seed, system=None, raw=False)
     if eagle_config is not None:
-        err_console().print(f"[bold]2/2[/bold] Training an EAGLE head -> {out_dir}")
-        run_train_eagle(loaded, spec, data_file, list(corpus or ()), str(out_dir), eagle_config)
-        return
-    err_console().print(f"[bold]2/3[/bold] Training a {layers}-block student -> {out_dir}")
-    run_train(loaded, spec, data_file, str(out_dir), config, checkpoint_dir=None, resume=resume)
+        err_console().print(f"[bold]2/3[/bold] Training an EAGLE head -> {out_dir}")
+        run_train_eagle(loaded, spec, data_file, list(corpus or ()), str(out_dir), eagle_config, resume=resume)
+    else:
+        err_console().print(f"[bold]2/3[/bold] Training a {layers}-block student -> {out_dir}")
+        run_train(loaded, spec, data_file, str(out_dir), config, checkpoint_dir=None, resume=resume)
     eval_items = load_prompts(eval_prompts, None if eval_prompts else (eval_suite or "builtin"), None)
     chosen = spread(eval_items, eval_limit)
     from ..distill.evaluate import prompts_from_items
 
     source = eval_prompts or f"suite {eval_suite or 'builtin'}"
     err_console().print(f"[bold]3/3[/bold] Evaluating before and after training on {len(chosen)} prompts ({source})")
-    evaluation = run_evaluate(loaded, spec, str(out_dir), prompts_from_items(loaded.tokenizer, chosen), source,
-                              baseline=True, max_new_tokens=eval_max_new_tokens, draft_max=6, draft_min_prob=0.0)
+    held_out = prompts_from_items(loaded.tokenizer, chosen)
+    if eagle_config is not None:
+        evaluation = run_evaluate_eagle(loaded, spec, str(out_dir), held_out, source, baseline=True,
+                                        max_new_tokens=eval_max_new_tokens, draft_max=None)
+    else:
+        evaluation = run_evaluate(loaded, spec, str(out_dir), held_out, source, baseline=True,
+                                  max_new_tokens=eval_max_new_tokens, draft_max=6, draft_min_prob=0.0)
     show_evaluation(evaluation, str(out_dir))
-    show_usage(str(out_dir), spec)
+    show_usage(str(out_dir), spec, "eagle" if eagle_config is not None else "model")
 
 
 @distill_app.command("generate")
@@ -371,12 +402,15 @@ def train(
 
         head_vocab = DEFAULT_HEAD_VOCAB if draft_vocab == DEFAULT_DRAFT_VOCAB else draft_vocab  # a head's own default
         eagle_config = EagleTrainConfig(epochs=epochs, steps=steps, lr=lr, token_weight=token_weight,
-                                        max_len=min(max_len, 512), head_vocab=head_vocab, holdout=holdout, seed=seed)
+                                        max_len=min(max_len, 512), head_vocab=head_vocab, holdout=holdout, seed=seed,
+                                        save_every=save_every)
         eagle_config.check()
         read_rows(data)  # a missing or empty file fails before the model loads
         target = target or usable_target(target_of_data(data))
         loaded = _load_target(target, device, "float32")
-        run_train_eagle(loaded, target_spec(target), data, list(corpus or ()), output, eagle_config)
+        run_train_eagle(loaded, target_spec(target), data, list(corpus or ()), output, eagle_config,
+                        checkpoint_dir=checkpoint_dir, resume=resume)
+        show_usage(output, target_spec(target), "eagle")
         return
 
     config = TrainConfig(init=init, layers=layers, hidden=hidden, student=student, steps=steps, epochs=epochs,
@@ -400,7 +434,7 @@ def evaluate(
     limit: Optional[int] = typer.Option(None, "--limit", help="At most this many prompts."),
     target: Optional[str] = typer.Option(None, "--target", "-m", help="Target (default: the draft's)."),
     max_new_tokens: int = typer.Option(EVAL_MAX_NEW_TOKENS, "--max-new-tokens", "-n", help="Tokens per answer."),
-    draft_max: int = typer.Option(6, "--draft-max", help="Longest draft per step."),
+    draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Longest draft per step (a student: 6), or an EAGLE head's tree depth (5)."),
     draft_min_prob: float = typer.Option(0.0, "--draft-min-prob", help="Stop drafting below this top probability."),
     no_baseline: bool = typer.Option(False, "--no-baseline", help="Skip the untrained initialisation."),
     raw: bool = typer.Option(False, "--raw", help="Feed prompts without the chat template."),
@@ -415,12 +449,35 @@ def evaluate(
     directory = Path(draft_model).expanduser()
     if not directory.is_dir():
         raise SpecdecError(f"--draft-model {draft_model}: no such directory")
-    target = target or usable_target(target_of_draft(draft_model))
-    loaded = _load_target(target, device, "float32")
-    spec = target_spec(target)
-    chosen, source = held_out_prompts(loaded, spec, draft_model, data, prompts, suite, limit, raw)
-    evaluation = run_evaluate(loaded, spec, draft_model, chosen, source, baseline=not no_baseline,
-                              max_new_tokens=max_new_tokens, draft_max=draft_max, draft_min_prob=draft_min_prob)
+    if draft_max is not None and draft_max < 1:
+        raise SpecdecError(f"draft_max must be >= 1, got {draft_max}", setting="draft_max")
+    from ..eagle_head import HEAD_META, read_head_meta
+
+    if (directory / HEAD_META).is_file():  # an EAGLE head: scored on prompts (its held-out pieces are scored in training)
+        if data:
+            raise SpecdecError("an EAGLE head is evaluated on --suite or --prompts (training scores its held-out "
+                               "pieces)", setting="data")
+        target = target or usable_target(str(read_head_meta(directory).get("target") or "") or None)
+        loaded = _load_target(target, device, "float32")
+        spec = target_spec(target)
+        from ..distill.evaluate import prompts_from_items
+        from ..distill.generate import load_prompts
+
+        if prompts or suite:
+            items, source = load_prompts(prompts, suite, limit), (prompts or f"suite {suite}")
+        else:  # the builtin suite, spread over its categories
+            items, source = spread(load_prompts(None, "builtin"), limit or PIPELINE_EVAL_LIMIT), "suite builtin"
+        chosen = prompts_from_items(loaded.tokenizer, items, raw)
+        evaluation = run_evaluate_eagle(loaded, spec, draft_model, chosen, source, baseline=not no_baseline,
+                                        max_new_tokens=max_new_tokens, draft_max=draft_max)
+    else:
+        target = target or usable_target(target_of_draft(draft_model))
+        loaded = _load_target(target, device, "float32")
+        spec = target_spec(target)
+        chosen, source = held_out_prompts(loaded, spec, draft_model, data, prompts, suite, limit, raw)
+        evaluation = run_evaluate(loaded, spec, draft_model, chosen, source, baseline=not no_baseline,
+                                  max_new_tokens=max_new_tokens, draft_max=draft_max or 6,
+                                  draft_min_prob=draft_min_prob)
     if as_json:
         print(json.dumps(evaluation, ensure_ascii=False))
         return

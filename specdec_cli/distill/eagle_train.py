@@ -9,7 +9,10 @@ drafting feeds its predictions back in: loss = smooth-L1 feature regression + `t
 cross-entropy of its next-token distribution against the target's (both read through the target's frozen
 LM head restricted to `head_tokens`, the training data's most frequent tokens). Held-out pieces (`holdout`,
 chosen at random with `seed`) give the report's top-1 agreement with the target's own greedy choice,
-before and after training.
+before and after training. Checkpoints (checkpoints.py's format: safetensors and JSON) are written every
+`save_every` steps, at the end and on Ctrl-C; a resumed run recomputes the features (deterministic), restores
+the head, AdamW's moments and the step, and sees the very pieces the interrupted run would have (each epoch's
+order is a function of the seed and the epoch alone).
 
 This file does not generate answers (generate.py) or draft (drafters/eagle.py); it returns the head and a
 report, and `save_head` writes them.
@@ -17,11 +20,14 @@ report, and `save_head` writes them.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import random
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import SpecdecError
@@ -39,6 +45,7 @@ class EagleTrainConfig:
     head_vocab: int = DEFAULT_HEAD_VOCAB  # tokens the head drafts (0 = all)
     holdout: float = 0.1
     seed: int = 0
+    save_every: int = 100  # checkpoint every N steps (0 = only at the end and on Ctrl-C)
 
     def check(self) -> None:
         if not (self.epochs > 0 or (self.steps or 0) > 0):
@@ -55,6 +62,12 @@ class EagleTrainConfig:
             raise SpecdecError(f"head_vocab must be >= 0, got {self.head_vocab}", setting="head_vocab")
         if not 0 <= self.holdout < 1:
             raise SpecdecError(f"holdout must be in [0, 1), got {self.holdout}", setting="holdout")
+        if self.save_every < 0:
+            raise SpecdecError(f"save_every must be >= 0, got {self.save_every}", setting="save_every")
+
+
+# Settings a resumed run must share with its checkpoint (the length of the run may change).
+RESUME_KEYS = ("lr", "token_weight", "max_len", "head_vocab", "holdout", "seed")
 
 
 @dataclass(frozen=True)
@@ -105,16 +118,53 @@ def target_features(target: Any, pieces_: Sequence[Sequence[int]],
     return features
 
 
+def epoch_order(count: int, seed: int, epoch: int) -> list[int]:
+    """The order of the training pieces in one epoch: a function of (seed, epoch) alone."""
+    return random.Random(f"eagle-{seed}-{epoch}").sample(range(count), count)
+
+
+def sequences_digest(sequences: Sequence[Sequence[int]]) -> str:
+    digest = hashlib.sha256()
+    for sequence in sequences:
+        digest.update(json.dumps([int(token) for token in sequence]).encode())
+    return "sha256:" + digest.hexdigest()[:16]
+
+
 def train_eagle(target: Any, sequences: Sequence[Sequence[int]], config: EagleTrainConfig,
-                on_progress: Optional[Callable[[EagleProgress], None]] = None) -> tuple[Any, dict]:
-    """Train a head for `target` on `sequences` (token id lists); returns (head, report)."""
+                on_progress: Optional[Callable[[EagleProgress], None]] = None, *,
+                checkpoint_dir: Optional[Path] = None, resume: bool = False,
+                on_status: Optional[Callable[[str], None]] = None) -> tuple[Any, dict]:
+    """Train a head for `target` on `sequences` (token id lists); returns (head, result). With `checkpoint_dir`
+    the run is checkpointed there (and continued from there with `resume`)."""
     import torch
     import torch.nn.functional as F
 
     from ..eagle_head import EagleHead, head_config_for
+    from .checkpoints import CHECKPOINT_FORMAT, load_checkpoint, read_checkpoint_state, save_checkpoint
 
     config.check()
+    status = on_status or (lambda message: None)
     started = time.perf_counter()
+    digest = sequences_digest(sequences)
+    hidden = int(target.config.hidden_size)
+    state: Optional[dict] = None
+    if resume:
+        if checkpoint_dir is None:
+            raise SpecdecError("resume: no checkpoint directory given", setting="resume")
+        state = read_checkpoint_state(checkpoint_dir)
+        if state.get("kind") != "eagle" or state.get("hidden_size") != hidden:
+            raise SpecdecError(f"resume: the checkpoint in {checkpoint_dir} is not one of an EAGLE head for this "
+                               "target", setting="resume")
+        saved = state.get("config", {})
+        changed = [key for key in RESUME_KEYS if saved.get(key) != asdict(config)[key]]
+        if changed:
+            raise SpecdecError(f"resume: the checkpoint in {checkpoint_dir} was made with other settings ("
+                               + ", ".join(f"{key} {saved.get(key)!r} != {asdict(config)[key]!r}" for key in changed)
+                               + ")", setting="resume")
+        if state.get("data_digest") != digest:
+            raise SpecdecError(f"resume: the training data changed since the checkpoint in {checkpoint_dir} was "
+                               "made; train afresh", setting="resume")
+
     all_pieces = pieces(sequences, config.max_len)
     if len(all_pieces) < 2:
         raise SpecdecError("too little data to train a head: give answers from `specdec distill generate` or a "
@@ -158,29 +208,57 @@ def train_eagle(target: Any, sequences: Sequence[Sequence[int]], config: EagleTr
             inputs, embedded_next = predicted[:, :-1], piece_embedded[:, 1:]  # f^_{t+1} with x_{t+2}
         return total
 
-    before = agreement(head, held_out, held_features, embed, lm_weight, head_weight, ids)
     total = config.steps or max(1, math.ceil(config.epochs * len(train)))
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0)
-    history = []
-    schedule: list[int] = []  # this epoch's remaining pieces, shuffled
+    if state is None:
+        before = agreement(head, held_out, held_features, embed, lm_weight, head_weight, ids)
+        step, history, elapsed_before = 0, [], 0.0
+    else:
+        load_checkpoint(checkpoint_dir, head, optimizer, state)  # type: ignore[arg-type]
+        before = state.get("top1_agreement_before")
+        step, history = int(state["step"]), [float(value) for value in state.get("history", [])]
+        elapsed_before = float(state.get("seconds", 0.0))
+        status(f"Resuming from step {step} ({checkpoint_dir})")
+    resumed_from = step if state else None
+
+    def checkpoint_state() -> dict:
+        return {"format": CHECKPOINT_FORMAT, "kind": "eagle", "step": step, "total_steps": total,
+                "history": history, "config": asdict(config), "hidden_size": hidden, "data_digest": digest,
+                "top1_agreement_before": before, "seconds": elapsed_before + time.perf_counter() - started}
+
     head.train()
-    for step in range(total):
-        if not schedule:
-            schedule = rng.sample(range(len(train)), len(train))
-        piece = schedule.pop()
-        lr = config.lr * min(1.0, (step + 1) / max(1, total // 20)) * 0.5 * (1 + math.cos(math.pi * step / total))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss = losses(train_features[piece], embedded[piece])
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        optimizer.step()
-        history.append(float(loss.detach()))
-        if on_progress is not None:
-            on_progress(EagleProgress("train", step + 1, total, history[-1]))
+    epoch_cache: dict[int, list[int]] = {}
+    try:
+        while step < total:
+            epoch, within = divmod(step, len(train))
+            if epoch not in epoch_cache:
+                epoch_cache = {epoch: epoch_order(len(train), config.seed, epoch)}
+            piece = epoch_cache[epoch][within]
+            lr = config.lr * min(1.0, (step + 1) / max(1, total // 20)) * 0.5 * (1 + math.cos(math.pi * step / total))
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss = losses(train_features[piece], embedded[piece])
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            optimizer.step()
+            step += 1
+            history.append(round(float(loss.detach()), 5))
+            if on_progress is not None:
+                on_progress(EagleProgress("train", step, total, history[-1]))
+            if checkpoint_dir is not None and config.save_every and step % config.save_every == 0 and step < total:
+                save_checkpoint(checkpoint_dir, head, optimizer, checkpoint_state())
+    except KeyboardInterrupt:
+        if checkpoint_dir is not None:
+            optimizer.zero_grad()
+            save_checkpoint(checkpoint_dir, head, optimizer, checkpoint_state())
+            status(f"Interrupted at step {step}/{total}; checkpoint saved in {checkpoint_dir} (rerun with --resume)")
+        raise
+    if checkpoint_dir is not None:
+        save_checkpoint(checkpoint_dir, head, optimizer, checkpoint_state())
     head.eval()
     after = agreement(head, held_out, held_features, embed, lm_weight, head_weight, ids)
+    tail = history[-20:]
     report = {
         "kind": "eagle",
         "config": asdict(config),
@@ -189,10 +267,12 @@ def train_eagle(target: Any, sequences: Sequence[Sequence[int]], config: EagleTr
         "held_out_tokens": sum(len(piece) for piece in held_out),
         "head_tokens": len(ids),
         "steps": total,
-        "final_loss": sum(history[-20:]) / len(history[-20:]),
+        "resumed_from": resumed_from,
+        "final_loss": round(sum(tail) / len(tail), 5) if tail else None,
+        "loss_history": history[:: max(1, math.ceil(len(history) / 200))],
         "top1_agreement_before": before,
         "top1_agreement_after": after,
-        "seconds": round(time.perf_counter() - started, 1),
+        "seconds": round(elapsed_before + time.perf_counter() - started, 1),
     }
     return head, {"report": report, "head_tokens": head_tokens}
 
@@ -241,20 +321,25 @@ def training_sequences(tokenizer: Any, fingerprint: str, target_name: str, data:
 
 def build_eagle_head(target: Any, tokenizer: Any, target_name: str, output: str, data: Optional[str],
                      corpus: Sequence[str], config: EagleTrainConfig,
-                     on_progress: Optional[Callable[[EagleProgress], None]] = None) -> dict:
-    """Read the data, train a head, write it to `output` (atomically); returns the report."""
-    from pathlib import Path
-
-    from ..eagle_head import save_head
+                     on_progress: Optional[Callable[[EagleProgress], None]] = None, *,
+                     checkpoint_dir: Optional[str] = None, resume: bool = False,
+                     on_status: Optional[Callable[[str], None]] = None) -> dict:
+    """Read the data, train a head (checkpointed in `checkpoint_dir`, default OUTPUT.checkpoint), write it to
+    `output` (atomically); returns the report."""
+    from ..eagle_head import check_head_output, save_head
     from ..fingerprint import tokenizer_fingerprint
 
     config.check()
+    check_head_output(Path(output))  # before any work
     fingerprint = tokenizer_fingerprint(tokenizer)
     sequences, sizes = training_sequences(tokenizer, fingerprint, target_name, data, corpus)
-    head, result = train_eagle(target, sequences, config, on_progress)
+    out_dir = Path(output).expanduser()
+    ckpt_dir = Path(checkpoint_dir).expanduser() if checkpoint_dir else out_dir.parent / f"{out_dir.name}.checkpoint"
+    head, result = train_eagle(target, sequences, config, on_progress, checkpoint_dir=ckpt_dir, resume=resume,
+                               on_status=on_status)
     report = {**result["report"], **sizes}
     vocab = int(target.get_output_embeddings().weight.shape[0])
     meta = {"target": target_name, "fingerprint": fingerprint, "vocab_size": max(vocab, len(tokenizer)),
             "head_tokens": result["head_tokens"], "report": report}
-    save_head(Path(output).expanduser(), head, meta)
+    save_head(out_dir, head, meta)
     return report

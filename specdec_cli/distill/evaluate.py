@@ -50,6 +50,7 @@ class DraftScore:
     accepted_tokens: int = 0
     mean_accepted_tokens: float = 0.0  # committed tokens per target forward (plain decoding = 1.0)
     acceptance_rate: float = 0.0
+    per_position_acceptance: list = field(default_factory=list)  # stats.py's: by draft depth
     tokens_per_second: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -103,6 +104,28 @@ def read_report(draft_dir: Path) -> dict:
 # ---------------------------------------------------------------------------------------------- measuring
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """One thing to score: a drafter the engine drafts with, and its logits [m, V] along the target's answer
+    (what it would predict at each answer position, given the true context: the top-1 agreement's input)."""
+
+    drafter: Any
+    logits_along: Callable[["Reference"], Any]
+    head_tokens: Optional[Sequence[int]] = None  # the tokens it may draft besides the context's (None = all)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The target's greedy answer to one prompt, and the target along it (one forward)."""
+
+    ids: Any  # [1, n] prompt + answer
+    start: int  # position start predicts answer[0]
+    end: int  # one past the last compared position
+    target_argmax: Any  # [m]
+    target_probs: Any  # [m, V]
+    features: Any  # [n, H] the target's last hidden states, float32
+
+
 def score_drafts(
     target: Any,
     tokenizer: Any,
@@ -121,35 +144,60 @@ def score_drafts(
     """
     from ..chat import target_info
     from ..drafters.model import ModelDrafter
+
+    info = target_info(target, tokenizer)
+
+    def along(model: Any) -> Callable[[Reference], Any]:
+        def logits(reference: Reference) -> Any:
+            return model(input_ids=reference.ids.to(_device(model))).logits[0, reference.start : reference.end]
+
+        return logits
+
+    candidates = {label: Candidate(ModelDrafter(model.eval(), draft_max=draft_max, min_prob=min_prob,
+                                                eos_token_ids=info.eos_token_ids, head_tokens=head_tokens),
+                                   along(model), head_tokens)
+                  for label, model in drafts.items()}
+    return score_candidates(target, tokenizer, prompts, candidates, max_new_tokens=max_new_tokens, budget=draft_max,
+                            on_progress=on_progress)
+
+
+def score_candidates(
+    target: Any,
+    tokenizer: Any,
+    prompts: Sequence[EvalPrompt],
+    candidates: dict,
+    *,
+    max_new_tokens: int = DEFAULT_EVAL_TOKENS,
+    budget: int = 6,
+    on_progress: Optional[Callable[[EvalProgress], None]] = None,
+) -> dict:
+    """{label: DraftScore} for every Candidate in `candidates` ({label: candidate}) over the same prompts."""
+    from ..chat import target_info
     from ..engine import Engine, GenerationConfig
 
     if not prompts:
         raise SpecdecError("no prompts to evaluate on")
     info = target_info(target, tokenizer)
     engine = Engine(target, tokenizer)
-    config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, budget=draft_max,
+    config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, budget=budget,
                               eos_token_ids=info.eos_token_ids, cost_aware=False)
     config.check()
-    scores = {label: DraftScore(label) for label in drafts}
-    sums = {label: {"tvd": 0.0, "matches": 0} for label in drafts}
-    runs: dict = {label: [] for label in drafts}  # label -> GenerationStats of each prompt
-    categories: dict = {label: {} for label in drafts}  # label -> category -> [matches, positions, stats list]
-    drafters = {label: ModelDrafter(model.eval(), draft_max=draft_max, min_prob=min_prob,
-                                    eos_token_ids=info.eos_token_ids,
-                                    head_tokens=head_tokens)
-                for label, model in drafts.items()}
+    scores = {label: DraftScore(label) for label in candidates}
+    sums = {label: {"tvd": 0.0, "matches": 0} for label in candidates}
+    runs: dict = {label: [] for label in candidates}  # label -> GenerationStats of each prompt
+    categories: dict = {label: {} for label in candidates}  # label -> category -> [matches, positions, stats list]
     for index, prompt in enumerate(prompts):
-        reference = None  # the target's answer and its distributions along it, shared by all drafts
-        for label, drafter in drafters.items():
-            drafter.reset()
-            generation = engine.generate(prompt.ids, drafter, config)
+        reference = None  # the target's answer and its distributions along it, shared by all candidates
+        for label, candidate in candidates.items():
+            candidate.drafter.reset()
+            generation = engine.generate(prompt.ids, candidate.drafter, config)
             stats = generation.stats
             if reference is None:  # greedy runs all produce the target's own answer: measure along the first
                 reference = _target_along(target, prompt.ids, list(generation.tokens))
             score, acc = scores[label], sums[label]
             score.prompts += 1
             runs[label].append(stats)
-            matches, tvd_sum, positions = _agreement(drafts[label], reference, head_tokens)
+            matches, tvd_sum, positions = _agreement(candidate, reference)
             score.positions += positions
             acc["matches"] += matches
             acc["tvd"] += tvd_sum
@@ -171,6 +219,7 @@ def _finish(score: DraftScore, acc: dict, categories: dict, runs: list) -> None:
     score.draft_seconds, score.verify_seconds = pooled.draft_seconds, pooled.verify_seconds
     score.mean_accepted_tokens = pooled.mean_accepted_tokens
     score.acceptance_rate = pooled.acceptance_rate
+    score.per_position_acceptance = [round(value, 4) for value in pooled.per_position_acceptance]
     score.tokens_per_second = pooled.tokens_per_second
     score.agreement = acc["matches"] / score.positions if score.positions else 0.0
     score.sampling_acceptance = 1.0 - acc["tvd"] / score.positions if score.positions else 0.0
@@ -181,8 +230,7 @@ def _finish(score: DraftScore, acc: dict, categories: dict, runs: list) -> None:
     }
 
 
-def _target_along(target: Any, prompt_ids: list[int], answer: list[int]) -> Optional[tuple]:
-    """(input ids [1, n], first and last compared position, target argmax [m], target probs [m, V])."""
+def _target_along(target: Any, prompt_ids: list[int], answer: list[int]) -> Optional[Reference]:
     import torch
 
     if not answer:
@@ -190,13 +238,14 @@ def _target_along(target: Any, prompt_ids: list[int], answer: list[int]) -> Opti
     ids = torch.tensor([list(prompt_ids) + list(answer)])  # [1, n]
     start, end = len(prompt_ids) - 1, ids.shape[1] - 1  # position start predicts answer[0]
     with torch.inference_mode():
-        logits = target(input_ids=ids.to(_device(target))).logits[0, start:end].float().cpu()  # [m, V]
-    return ids, start, end, logits.argmax(-1), torch.softmax(logits, -1)
+        out = target(input_ids=ids.to(_device(target)), output_hidden_states=True)
+        logits = out.logits[0, start:end].float().cpu()  # [m, V]
+        features = out.hidden_states[-1][0].float().cpu()  # [n, H]
+    return Reference(ids, start, end, logits.argmax(-1), torch.softmax(logits, -1), features)
 
 
-def _agreement(draft: Any, reference: Optional[tuple],
-               head_tokens: Optional[Sequence[int]] = None) -> tuple[int, float, int]:
-    """(matching argmaxes, sum of TVDs, positions compared) of a draft along the target's answer.
+def _agreement(candidate: Candidate, reference: Optional[Reference]) -> tuple[int, float, int]:
+    """(matching argmaxes, sum of TVDs, positions compared) of a candidate along the target's answer.
 
     With a restricted head, position i may predict the head's tokens and the tokens of ids[: i + 1], as the
     drafter would at that point of the conversation.
@@ -205,9 +254,10 @@ def _agreement(draft: Any, reference: Optional[tuple],
 
     if reference is None:
         return 0, 0.0, 0
-    ids, start, end, target_argmax, target_probs = reference
+    ids, start, end = reference.ids, reference.start, reference.end
     with torch.inference_mode():
-        logits = draft(input_ids=ids.to(_device(draft))).logits[0, start:end].float().cpu()  # [m, V]
+        logits = candidate.logits_along(reference).float().cpu()  # [m, V]
+        head_tokens = candidate.head_tokens
         if head_tokens:
             vocab = logits.shape[-1]
             allowed_static = torch.zeros(vocab, dtype=torch.bool)
@@ -218,10 +268,10 @@ def _agreement(draft: Any, reference: Optional[tuple],
             positions = torch.arange(start, end).unsqueeze(1)  # [m, 1]
             allowed = allowed_static.unsqueeze(0) | (first_seen.unsqueeze(0) <= positions)  # [m, V]
             logits = logits.masked_fill(~allowed, float("-inf"))
-        width = min(logits.shape[-1], target_probs.shape[-1])
+        width = min(logits.shape[-1], reference.target_probs.shape[-1])
         draft_probs = torch.softmax(logits, -1)
-        matches = int((logits.argmax(-1) == target_argmax).sum())
-        tvd = 0.5 * (target_probs[:, :width] - draft_probs[:, :width]).abs().sum(-1)  # [m]
+        matches = int((logits.argmax(-1) == reference.target_argmax).sum())
+        tvd = 0.5 * (reference.target_probs[:, :width] - draft_probs[:, :width]).abs().sum(-1)  # [m]
     return matches, float(tvd.sum()), int(end - start)
 
 

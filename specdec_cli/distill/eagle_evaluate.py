@@ -1,0 +1,114 @@
+"""Measuring an EAGLE head (eagle_head.py) against its target on held-out prompts, before and after training.
+
+The target answers every prompt greedily through the engine with the head as the `eagle` drafter, once drafting
+chains and once drafting EAGLE-2 trees (the drafter's default); the answers are the target's own (greedy
+verification is exact). Each run gives tokens per target forward (tau), the acceptance rate and the acceptance
+per draft position (per tree depth for trees). Along that same answer, one target forward gives the features
+the head reads; the head's teacher-forced prediction at every answer position gives the top-1 agreement and
+1 - TVD, as evaluate.py measures a student. "Before" is the untrained head the training started from (rebuilt
+from the recorded seed), so that the report shows what training bought.
+
+The numbers describe the head, not the scheduler: the engine's cost-aware trimming is off. Results go under
+"evaluation" in the head directory's `distill_report.json`. This file does not train (eagle_train.py).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from ..files import write_json_atomic
+from .checkpoints import REPORT
+from .evaluate import DEFAULT_EVAL_TOKENS, Candidate, EvalProgress, EvalPrompt, Reference, read_report, score_candidates
+
+# (label, trained?, tree width): chains show the head's own per-position acceptance; trees are what it drafts
+EAGLE_RUNS = (("before", False, None), ("after", True, None), ("before_chain", False, 0), ("after_chain", True, 0))
+
+
+def untrained_head(target: Any, seed: int) -> Any:
+    """The head a training run with `seed` starts from (eagle_train.py seeds torch before building it)."""
+    import torch
+
+    from ..eagle_head import EagleHead, head_config_for
+
+    torch.manual_seed(seed)
+    return EagleHead(head_config_for(target.config)).eval()
+
+
+def head_logits_along(head: Any, embeddings: Any, lm_weight: Any) -> Callable[[Reference], Any]:
+    """The head's teacher-forced logits [m, V] at the answer positions: position p from (f_{p-1}, token p)."""
+    import torch
+
+    def logits(reference: Reference) -> Any:
+        features, ids = reference.features, reference.ids[0]  # [n, H], [n]
+        dtype = next(head.parameters()).dtype
+        device = lm_weight.device
+        with torch.inference_mode():
+            embedded = embeddings(ids[None, 1 : reference.end].to(device)).to(dtype)  # [1, end-1, H]
+            predicted = head(features[None, : reference.end - 1].to(device, dtype), embedded,
+                             torch.arange(reference.end - 1, device=device))[0]  # [end-1, H]: rows p-1 -> p
+            rows = predicted[max(reference.start - 1, 0) : reference.end - 1]  # [m or m-1, H]
+            out = (rows @ lm_weight.T.to(dtype)).float()  # [., V]
+            if reference.start == 0:  # position 0 has no feature before it: no prediction there
+                out = torch.cat([torch.zeros_like(out[:1]), out])
+        return out
+
+    return logits
+
+
+def evaluate_head(
+    target: Any,
+    tokenizer: Any,
+    target_name: str,
+    head_dir: str,
+    prompts: Sequence[EvalPrompt],
+    *,
+    baseline: bool = True,
+    max_new_tokens: int = DEFAULT_EVAL_TOKENS,
+    draft_max: Optional[int] = None,
+    prompt_source: str = "",
+    on_progress: Optional[Callable[[EvalProgress], None]] = None,
+) -> dict:
+    """Score the head in `head_dir` (and its untrained start) and store the result in its report."""
+    from ..chat import target_info
+    from ..defaults import DEFAULT_BUDGET
+    from ..drafters.eagle import DEFAULT_DRAFT_MAX, DEFAULT_TREE_WIDTH, EagleDrafter
+    from ..eagle_head import load_head
+
+    directory = Path(head_dir).expanduser()
+    info = target_info(target, tokenizer)
+    trained, meta = load_head(directory, info)
+    report = read_report(directory)
+    seed = int(((report.get("config") or {}).get("seed")) or 0)
+    head_tokens = meta.get("head_tokens")
+    depth = draft_max or DEFAULT_DRAFT_MAX
+    heads = {True: trained, False: untrained_head(target, seed) if baseline else None}
+    lm_weight = info.lm_head.weight.detach()
+    candidates = {}
+    for label, is_trained, width in EAGLE_RUNS:
+        head = heads[is_trained]
+        if head is None:
+            continue
+        tree_width = DEFAULT_TREE_WIDTH if width is None else width
+        drafter = EagleDrafter(head, info.embeddings, info.lm_head, head_tokens=head_tokens, draft_max=depth,
+                               eos_token_ids=info.eos_token_ids, tree_width=tree_width)
+        candidates[label] = Candidate(drafter, head_logits_along(drafter.head, info.embeddings, lm_weight),
+                                      head_tokens)
+    started = time.perf_counter()
+    budget = max(DEFAULT_BUDGET, depth)  # tree nodes (or chain tokens) per step, as chat and bench verify
+    scores = score_candidates(target, tokenizer, prompts, candidates, max_new_tokens=max_new_tokens, budget=budget,
+                              on_progress=on_progress)
+    evaluation = {
+        "target": target_name, "fingerprint": info.fingerprint, "prompts": len(prompts), "source": prompt_source,
+        "settings": {"max_new_tokens": max_new_tokens, "draft_max": depth, "tree_width": DEFAULT_TREE_WIDTH,
+                     "tree_budget": budget, "decoding": "greedy",
+                     "head_tokens": len(head_tokens) if head_tokens else None},
+        "seconds": round(time.perf_counter() - started, 1),
+        **{label: score.as_json() for label, score in scores.items()},
+    }
+    if not report:
+        report = {"target": target_name, "fingerprint": info.fingerprint}
+    report["evaluation"] = evaluation
+    write_json_atomic(directory / REPORT, report)
+    return evaluation
