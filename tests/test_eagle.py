@@ -205,7 +205,7 @@ def test_evaluating_a_head_reports_what_training_bought(tiny_llama, trained, tmp
     prompts = [EvalPrompt([1, *PATTERN], "copy"), EvalPrompt(PROMPTS[0], "other"), EvalPrompt(PROMPTS[1], "other")]
     evaluation = evaluate_head(tiny_llama, _Tokenizer(), "tiny", str(tmp_path / "head"), prompts, max_new_tokens=24)
     before, after, chain = evaluation["before"], evaluation["after"], evaluation["after_chain"]
-    assert evaluation["before_chain"]["prompts"] == 3 and after["positions"] == before["positions"] > 0
+    assert chain["prompts"] == 3 and after["positions"] == before["positions"] > 0
     # the teacher-forced agreement along the answers and the real acceptance both show what training bought
     assert after["agreement"] > before["agreement"] + 0.2, (before, after)
     assert after["mean_accepted_tokens"] > before["mean_accepted_tokens"]

@@ -1,12 +1,12 @@
 """Measuring an EAGLE head (eagle_head.py) against its target on held-out prompts, before and after training.
 
-The target answers every prompt greedily through the engine with the head as the `eagle` drafter, once drafting
-chains and once drafting EAGLE-2 trees (the drafter's default); the answers are the target's own (greedy
-verification is exact). Each run gives tokens per target forward (tau), the acceptance rate and the acceptance
-per draft position (per tree depth for trees). Along that same answer, one target forward gives the features
-the head reads; the head's teacher-forced prediction at every answer position gives the top-1 agreement and
-1 - TVD, as evaluate.py measures a student. "Before" is the untrained head the training started from (rebuilt
-from the recorded seed), so that the report shows what training bought.
+The target answers every prompt greedily through the engine with the head as the `eagle` drafter, drafting
+EAGLE-2 trees (the drafter's default) and, for the trained head, chains as well; the answers are the target's
+own (greedy verification is exact). Each run gives tokens per target forward (tau), the acceptance rate and
+the acceptance per draft position (per tree depth for trees). Along that same answer, one target forward
+gives the features the head reads; the head's teacher-forced prediction at every answer position gives the
+top-1 agreement and 1 - TVD, as evaluate.py measures a student. "Before" is the untrained head the training
+started from (rebuilt from the recorded seed), so that the report shows what training bought.
 
 The numbers describe the head, not the scheduler: the engine's cost-aware trimming is off. Results go under
 "evaluation" in the head directory's `distill_report.json`. This file does not train (eagle_train.py).
@@ -22,8 +22,9 @@ from ..files import write_json_atomic
 from .checkpoints import REPORT
 from .evaluate import DEFAULT_EVAL_TOKENS, Candidate, EvalProgress, EvalPrompt, Reference, read_report, score_candidates
 
-# (label, trained?, tree width): chains show the head's own per-position acceptance; trees are what it drafts
-EAGLE_RUNS = (("before", False, None), ("after", True, None), ("before_chain", False, 0), ("after_chain", True, 0))
+# (label, trained?, tree width): trees are what it drafts; the trained head's chains show its own per-position
+# acceptance (an untrained head's chains add nothing: its trees already accept almost nothing)
+EAGLE_RUNS = (("before", False, None), ("after", True, None), ("after_chain", True, 0))
 
 
 def untrained_head(target: Any, seed: int) -> Any:
