@@ -23,7 +23,7 @@ from .defaults import DEFAULT_BUDGET
 from .draft import Draft, FinishReason, StepEvent
 from .drafters.base import Drafter
 from .errors import SpecdecError
-from .exact import ExactState, exact_rows, install, remove, suspended
+from .exact import ExactState, exact_rows, install, suspended
 from .planner import DraftPlanner, Plan
 from .sampling import check_sampling, sample, warp_probs
 from .stats import GenerationStats, summarize
@@ -268,23 +268,21 @@ class Engine:
             return None
         rows = exact_rows(budget)
         state = self._exact_state
-        if state is not None and state.rows >= rows:
+        if state is not None and state.rows >= rows and state.applied(self.model):
             return state.rows
         if self.exact_check.startswith("failed"):
             return None
-        if state is not None:
-            remove(self.model, state)
-            self._exact_state = None
-        try:
-            self._exact_state = state = install(self.model, rows)
+        try:  # (the model keeps its state: another engine's install is reused, a smaller one replaced)
+            self._exact_state = state = install(self.model, max(rows, state.rows if state is not None else 0))
         except ValueError as error:
+            self._exact_state = None
             self.exact_check = f"failed: {error}"
             warnings.warn(f"verification is not row-invariant on this model and machine ({error}): speculative "
                           "output may differ from plain decoding where rounding decides", stacklevel=3)
             return None
         padded = ", ".join(f"{inputs}x{outputs}" for inputs, outputs in state.padded_shapes) or "none"
-        self.exact_check = f"on: blocks up to {rows} rows; linear shapes padded: {padded}"
-        return rows
+        self.exact_check = f"on: blocks up to {state.rows} rows; linear shapes padded: {padded}"
+        return state.rows
 
     def native_kernels(self) -> Any:
         """A context in which the model runs its own kernels (exact verification suspended)."""

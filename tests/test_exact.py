@@ -178,3 +178,22 @@ def test_where_exactness_cannot_be_had_the_engine_says_so_and_goes_on():
 class _Fake:
     def __init__(self, model):
         self.model, self.vocab, self.references = model, 64, [[], []]
+
+
+def test_engines_over_one_model_share_its_row_invariant_state(monkeypatch):
+    import specdec_cli.exact as exact
+
+    model = _model("llama", seed=3).to(torch.bfloat16)
+    checks = []
+    check = exact.block_mismatch
+    monkeypatch.setattr(exact, "block_mismatch", lambda model_, rows: checks.append(rows) or check(model_, rows))
+    first, second = _exact_engine(model), _exact_engine(model)
+    assert first.prepare(8) == second.prepare(8) == exact_rows(8) and checks == [exact_rows(8)]  # checked once
+    hooks = sum(len(module._forward_hooks) for module in model.modules())
+    assert _exact_engine(model).prepare(8) == exact_rows(8)
+    assert sum(len(module._forward_hooks) for module in model.modules()) == hooks  # no hooks piled up
+    assert second.prepare(20) == exact_rows(20) > exact_rows(8) and checks[-1] == exact_rows(20)
+    assert first.prepare(8) == exact_rows(20)  # the first engine follows the model's bigger blocks
+    remove(model, model.specdec_exact_state)
+    assert model.config._attn_implementation == "sdpa"
+    assert not any(module._forward_hooks for module in model.modules())
