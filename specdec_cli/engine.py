@@ -23,7 +23,7 @@ from .defaults import DEFAULT_BUDGET
 from .draft import Draft, FinishReason, StepEvent
 from .drafters.base import Drafter
 from .errors import SpecdecError
-from .exact import ExactState, exact_rows, install, suspended
+from .exact import ExactState, current_state, exact_rows, install, suspended
 from .planner import DraftPlanner, Plan
 from .sampling import check_sampling, sample, warp_probs
 from .stats import GenerationStats, summarize
@@ -267,6 +267,9 @@ class Engine:
         if not self.exact:
             return None
         rows = exact_rows(budget)
+        current = current_state(self.model)
+        if current is not None and current.suspended:  # inside native_kernels: the model's own kernels
+            return None
         state = self._exact_state
         if state is not None and state.rows >= rows and state.applied(self.model):
             return state.rows
@@ -286,7 +289,7 @@ class Engine:
 
     def native_kernels(self) -> Any:
         """A context in which the model runs its own kernels (exact verification suspended)."""
-        return suspended(self.model, self._exact_state)
+        return suspended(self.model, current_state(self.model) if self._exact_state is not None else None)
 
     @property
     def supports_trees(self) -> bool:

@@ -53,10 +53,17 @@ class ExactState:
     padded_shapes: list[tuple[int, int]]  # (in, out) weight shapes whose calls run padded to `rows`
     padded: list[Any]  # the linear layers with those shapes
     handles: list[Any] = field(default_factory=list)  # their forward hooks while applied
+    suspended: bool = False  # inside `suspended`: the model runs its own kernels for the while
 
     def applied(self, model: Any) -> bool:
-        return getattr(model.config, "_attn_implementation", None) == ATTENTION_NAME and (
-            bool(self.handles) or not self.padded)
+        """Whether this is the model's current state and is switched on."""
+        return (current_state(model) is self and not self.suspended
+                and getattr(model.config, "_attn_implementation", None) == ATTENTION_NAME)
+
+
+def current_state(model: Any) -> Optional[ExactState]:
+    """The state `install` left on the model (None: never made row-invariant)."""
+    return getattr(model, STATE_ATTRIBUTE, None)
 
 
 def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -167,7 +174,9 @@ def install(model: Any, rows: int) -> ExactState:
 
     The state lives on the model: several engines over one model (bench's methods) share it, so a model that is
     already row-invariant for at least `rows` rows is neither checked nor hooked again."""
-    current = getattr(model, STATE_ATTRIBUTE, None)
+    current = current_state(model)
+    if current is not None and current.suspended:
+        raise ValueError("the model's own kernels are in use for the while (suspended)")
     if current is not None and current.applied(model):
         if current.rows >= rows:
             return current
@@ -223,13 +232,15 @@ def remove(model: Any, state: ExactState) -> None:
 @contextmanager
 def suspended(model: Any, state: Optional[ExactState]) -> Iterator[None]:
     """The model's own kernels for the while (the bench's native plain decoding and transformers' generate)."""
-    if state is None:
+    if state is None or state.suspended:
         yield
         return
     remove(model, state)
+    state.suspended = True
     try:
         yield
     finally:
+        state.suspended = False
         apply(model, state)
 
 

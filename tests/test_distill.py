@@ -256,3 +256,21 @@ def test_other_tokenizer_is_refused(target, tmp_path):
     with pytest.raises(SpecdecError, match="another tokenizer") as caught:
         make_drafter("model", DrafterOptions(draft_model=str(folder)), target_info(target.model, target.tokenizer))
     assert "draft" in str(caught.value) and "target" in str(caught.value)
+
+
+def test_a_signal_inside_a_training_update_arrives_after_it():
+    import os
+    import signal
+
+    from specdec_cli.distill.checkpoints import whole_step
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with whole_step():
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the middle of an update
+            done.append("rest of the update")
+    assert done == ["rest of the update"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers back as they were
+    with whole_step():
+        done.append("a quiet update")
+    assert len(done) == 2

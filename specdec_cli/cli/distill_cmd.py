@@ -291,7 +291,15 @@ def distill(
     train_items = load_prompts(prompts, None if prompts else (suite or "distill"), limit)
     loaded = _load_target(target, device, "float32")  # the student is built from and trained against float32
     spec = target_spec(target)
-    out_dir = Path(output).expanduser() if output else default_output(loaded.name)
+    out_dir = Path(output).expanduser() if output else default_output(loaded.name, kind)
+    if eagle_config is not None:  # before answering prompts for minutes: the output must be ours to replace
+        from ..eagle_head import check_head_output
+
+        check_head_output(out_dir)
+    else:
+        from ..distill.checkpoints import check_output_dir
+
+        check_output_dir(out_dir)
     if not output:  # the default place under $SPECDEC_HOME is ours to create
         out_dir.parent.mkdir(parents=True, exist_ok=True)
     data_file = data or str(out_dir.parent / f"{out_dir.name}.data.jsonl")

@@ -9,8 +9,9 @@ Face model directory with `specdec_draft.json` (target name and tokenizer finger
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..drafters.model import DRAFT_META  # the metadata file the model drafter reads
 from ..errors import SpecdecError
@@ -53,6 +54,35 @@ def read_checkpoint_state(directory: Path) -> dict:
     if state.get("format") != CHECKPOINT_FORMAT:
         raise SpecdecError(f"{directory}: checkpoint format {state.get('format')} is not supported")
     return state
+
+
+@contextmanager
+def whole_step() -> Iterator[None]:
+    """A training update that Ctrl-C (or SIGTERM) cannot cut in half: a signal arriving inside is delivered when
+    the block ends, so the checkpoint saved on the way out holds a finished step and its count, and a resumed run
+    repeats nothing. (Main thread only; elsewhere signals are not delivered to the code anyway.)"""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[tuple[int, Any]] = []
+    previous: dict[int, Any] = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    for number in previous:
+        signal.signal(number, lambda signum, frame: arrived.append((signum, frame)))
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
+        if arrived:
+            signum, frame = arrived[0]
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, frame)  # the command line's own handler, or Python's KeyboardInterrupt
+            elif handler != signal.SIG_IGN:
+                signal.raise_signal(signum)
 
 
 def load_checkpoint(directory: Path, model: Any, optimizer: Any, state: dict) -> None:

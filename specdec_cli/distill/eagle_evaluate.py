@@ -79,6 +79,11 @@ def evaluate_head(
 
     directory = Path(head_dir).expanduser()
     info = target_info(target, tokenizer)
+    if info.embeddings is None or not hasattr(info.lm_head, "weight"):
+        from ..errors import SpecdecError
+
+        raise SpecdecError("an EAGLE head reads tokens through the target's LM head; this target has none that is "
+                           "a plain linear map")
     trained, meta = load_head(directory, info)
     report = read_report(directory)
     seed = int(((report.get("config") or {}).get("seed")) or 0)

@@ -140,7 +140,7 @@ def train_eagle(target: Any, sequences: Sequence[Sequence[int]], config: EagleTr
     import torch.nn.functional as F
 
     from ..eagle_head import EagleHead, head_config_for
-    from .checkpoints import CHECKPOINT_FORMAT, load_checkpoint, read_checkpoint_state, save_checkpoint
+    from .checkpoints import CHECKPOINT_FORMAT, load_checkpoint, read_checkpoint_state, save_checkpoint, whole_step
 
     config.check()
     status = on_status or (lambda message: None)
@@ -241,9 +241,10 @@ def train_eagle(target: Any, sequences: Sequence[Sequence[int]], config: EagleTr
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-            optimizer.step()
-            step += 1
-            history.append(round(float(loss.detach()), 5))
+            with whole_step():  # the update and its count together, whatever Ctrl-C does
+                optimizer.step()
+                step += 1
+                history.append(round(float(loss.detach()), 5))
             if on_progress is not None:
                 on_progress(EagleProgress("train", step, total, history[-1]))
             if checkpoint_dir is not None and config.save_every and step % config.save_every == 0 and step < total:

@@ -51,11 +51,12 @@ def usable_target(recorded: Optional[str]) -> str:
     return recorded
 
 
-def default_output(target_name: str) -> Path:
+def default_output(target_name: str, kind: str = "student") -> Path:
+    """$SPECDEC_HOME/drafts/NAME for a student, NAME-eagle for an EAGLE head (each with its own data file)."""
     from ..models import specdec_home
 
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in Path(target_name).name) or "draft"
-    return specdec_home() / "drafts" / safe
+    return specdec_home() / "drafts" / (safe if kind == "student" else f"{safe}-{kind}")
 
 
 def held_out_prompts(loaded: Any, target_spec: str, draft_dir: str, data: Optional[str], prompts: Optional[str],

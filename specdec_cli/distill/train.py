@@ -37,6 +37,7 @@ from .checkpoints import (
     read_checkpoint_state,
     save_checkpoint,
     save_draft,
+    whole_step,
 )
 from .data import data_digest, epoch_batches, make_batch, make_examples, split_rows
 from .loss import KD_LOSSES, divergence, restricted_logits
@@ -327,12 +328,13 @@ def train_draft(
                 tokens_seen += int(mask.sum())
             if config.clip > 0:
                 torch.nn.utils.clip_grad_norm_([p for p in student.parameters() if p.requires_grad], config.clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
             loss_value = ce_total / answer_tokens
             kd_value = kd_total / kd_tokens if kd else None
-            history.append([step, round(loss_value, 5), None if kd_value is None else round(kd_value, 5)])
+            with whole_step():  # the update and its count together, whatever Ctrl-C does
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                history.append([step, round(loss_value, 5), None if kd_value is None else round(kd_value, 5)])
             seconds = time.perf_counter() - started
             if on_progress is not None:
                 on_progress(TrainProgress(step, total_steps, loss_value, kd_value, lr,
