@@ -274,3 +274,26 @@ def test_a_signal_inside_a_training_update_arrives_after_it():
     with whole_step():
         done.append("a quiet update")
     assert len(done) == 2
+
+
+def test_an_eagle_head_from_the_command_line_trains_resumes_and_is_evaluated(target_dir, data_file, tmp_path):
+    import json
+
+    head, prompts = tmp_path / "head", tmp_path / "held-out.txt"
+    prompts.write_text("\n".join(PROMPTS[4:]) + "\n")
+    train = ("distill", "train", "--kind", "eagle", "--data", str(data_file), "-o", str(head), "--steps", "6",
+             "--holdout", "0.25")
+    result = run_cli(*train)
+    assert result.returncode == 0, result.stderr
+    assert "Trained an EAGLE head: 6 steps" in result.stderr and (tmp_path / "head.checkpoint").is_dir()
+    again = run_cli(*train[:-4], "--steps", "8", "--holdout", "0.25", "--resume")  # a longer run, continued
+    assert again.returncode == 0 and "Resuming from step 6" in again.stderr, again.stderr
+    evaluated = run_cli("distill", "evaluate", "--draft-model", str(head), "--prompts", str(prompts), "-n", "12",
+                        "--json")
+    assert evaluated.returncode == 0, evaluated.stderr
+    evaluation = json.loads(evaluated.stdout)
+    assert set(evaluation) >= {"before", "after", "after_chain"} and evaluation["prompts"] == 1
+    assert evaluation["after"]["new_tokens"] == evaluation["before"]["new_tokens"] > 0
+    foreign = run_cli("distill", "evaluate", "--draft-model", str(head), "--data", str(data_file))
+    assert foreign.returncode != 0 and "evaluated on --suite or --prompts" in foreign.stderr
+    assert "Traceback" not in foreign.stderr

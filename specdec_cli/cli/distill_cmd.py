@@ -8,8 +8,9 @@ library calls (specdec_cli.distill) with Rich progress on stderr, a results tabl
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import typer
 
@@ -161,20 +162,28 @@ def run_train_eagle(loaded: Any, target_spec: str, data: str, corpus: list, outp
     return report
 
 
-def run_evaluate_eagle(loaded: Any, target_spec: str, head_dir: str, prompts: list, source: str, *, baseline: bool,
-                       max_new_tokens: int, draft_max: Optional[int]) -> dict:
-    from ..distill.eagle_evaluate import EAGLE_RUNS, evaluate_head
-
-    runs = len(EAGLE_RUNS) if baseline else len([run for run in EAGLE_RUNS if run[1]])
+@contextmanager
+def _scoring_progress(total: int) -> Iterator[tuple[Callable, Callable]]:
+    """A progress bar over (draft, prompt) runs; yields (on_progress, print above the bar)."""
     with _progress("info") as progress:
-        task = progress.add_task("Evaluating", total=len(prompts) * runs, info="")
+        task = progress.add_task("Evaluating", total=total, info="")
         done: dict = {}
 
         def on_progress(update) -> None:
             done[update.label] = update.done
             progress.update(task, completed=sum(done.values()),
-                            info=f"{update.label}: tau {update.score.mean_accepted_tokens:.2f}")
+                            info=f"{update.label}: tau {update.score.mean_accepted_tokens:.2f}, "
+                                 f"agreement {update.score.agreement:.0%}")
 
+        yield on_progress, progress.console.print
+
+
+def run_evaluate_eagle(loaded: Any, target_spec: str, head_dir: str, prompts: list, source: str, *, baseline: bool,
+                       max_new_tokens: int, draft_max: Optional[int]) -> dict:
+    from ..distill.eagle_evaluate import EAGLE_RUNS, evaluate_head
+
+    runs = len(EAGLE_RUNS) if baseline else len([run for run in EAGLE_RUNS if run[1]])
+    with _scoring_progress(len(prompts) * runs) as (on_progress, _):
         return evaluate_head(loaded.model, loaded.tokenizer, target_spec, head_dir, prompts, baseline=baseline,
                              max_new_tokens=max_new_tokens, draft_max=draft_max, prompt_source=source,
                              on_progress=on_progress)
@@ -184,22 +193,10 @@ def run_evaluate(loaded: Any, target_spec: str, draft_dir: str, prompts: list, s
                  max_new_tokens: int, draft_max: int, draft_min_prob: float) -> dict:
     from ..distill.evaluate import evaluate_draft
 
-    labels = 2 if baseline else 1
-    with _progress("info") as progress:
-        task = progress.add_task("Evaluating", total=len(prompts) * labels, info="")
-        done: dict = {}
-
-        def on_progress(update) -> None:
-            done[update.label] = update.done
-            progress.update(task, completed=sum(done.values()),
-                            info=f"{update.label}: tau {update.score.mean_accepted_tokens:.2f}, "
-                                 f"agreement {update.score.agreement:.0%}")
-
-        evaluation = evaluate_draft(loaded.model, loaded.tokenizer, target_spec, draft_dir, prompts, baseline=baseline,
-                                    max_new_tokens=max_new_tokens, draft_max=draft_max, min_prob=draft_min_prob,
-                                    prompt_source=source, on_progress=on_progress,
-                                    on_status=lambda message: progress.console.print(message))
-    return evaluation
+    with _scoring_progress(len(prompts) * (2 if baseline else 1)) as (on_progress, say):
+        return evaluate_draft(loaded.model, loaded.tokenizer, target_spec, draft_dir, prompts, baseline=baseline,
+                              max_new_tokens=max_new_tokens, draft_max=draft_max, min_prob=draft_min_prob,
+                              prompt_source=source, on_progress=on_progress, on_status=say)
 
 
 def show_evaluation(evaluation: dict, draft_dir: str) -> None:

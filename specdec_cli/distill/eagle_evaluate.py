@@ -18,9 +18,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ..files import write_json_atomic
-from .checkpoints import REPORT
-from .evaluate import DEFAULT_EVAL_TOKENS, Candidate, EvalProgress, EvalPrompt, Reference, read_report, score_candidates
+from .evaluate import (
+    DEFAULT_EVAL_TOKENS,
+    Candidate,
+    EvalProgress,
+    EvalPrompt,
+    Reference,
+    read_report,
+    score_candidates,
+    store_evaluation,
+)
 
 # (label, trained?, tree width): trees are what it drafts; the trained head's chains show its own per-position
 # acceptance (an untrained head's chains add nothing: its trees already accept almost nothing)
@@ -105,16 +112,7 @@ def evaluate_head(
     budget = max(DEFAULT_BUDGET, depth)  # tree nodes (or chain tokens) per step, as chat and bench verify
     scores = score_candidates(target, tokenizer, prompts, candidates, max_new_tokens=max_new_tokens, budget=budget,
                               on_progress=on_progress)
-    evaluation = {
-        "target": target_name, "fingerprint": info.fingerprint, "prompts": len(prompts), "source": prompt_source,
-        "settings": {"max_new_tokens": max_new_tokens, "draft_max": depth, "tree_width": DEFAULT_TREE_WIDTH,
-                     "tree_budget": budget, "decoding": "greedy",
-                     "head_tokens": len(head_tokens) if head_tokens else None},
-        "seconds": round(time.perf_counter() - started, 1),
-        **{label: score.as_json() for label, score in scores.items()},
-    }
-    if not report:
-        report = {"target": target_name, "fingerprint": info.fingerprint}
-    report["evaluation"] = evaluation
-    write_json_atomic(directory / REPORT, report)
-    return evaluation
+    settings = {"max_new_tokens": max_new_tokens, "draft_max": depth, "tree_width": DEFAULT_TREE_WIDTH,
+                "tree_budget": budget, "decoding": "greedy", "head_tokens": len(head_tokens) if head_tokens else None}
+    return store_evaluation(directory, report, target_name, info.fingerprint, len(prompts), prompt_source, settings,
+                            time.perf_counter() - started, scores)

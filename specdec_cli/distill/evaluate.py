@@ -316,15 +316,22 @@ def evaluate_draft(
     head_tokens = meta.get("head_tokens")
     scores = score_drafts(target, tokenizer, prompts, drafts, max_new_tokens=max_new_tokens, draft_max=draft_max,
                           min_prob=min_prob, head_tokens=head_tokens, on_progress=on_progress)
+    settings = {"max_new_tokens": max_new_tokens, "draft_max": draft_max, "draft_min_prob": min_prob,
+                "decoding": "greedy", "head_tokens": len(head_tokens) if head_tokens else None}
+    return store_evaluation(directory, report, target_name, info.fingerprint, len(prompts), prompt_source, settings,
+                            time.perf_counter() - started, scores)
+
+
+def store_evaluation(directory: Path, report: dict, target_name: str, fingerprint: str, prompts: int, source: str,
+                     settings: dict, seconds: float, scores: dict) -> dict:
+    """The evaluation record (settings, time, one DraftScore per label), written under "evaluation" in the
+    directory's report."""
     evaluation = {
-        "target": target_name, "fingerprint": info.fingerprint, "prompts": len(prompts), "source": prompt_source,
-        "settings": {"max_new_tokens": max_new_tokens, "draft_max": draft_max, "draft_min_prob": min_prob,
-                     "decoding": "greedy", "head_tokens": len(head_tokens) if head_tokens else None},
-        "seconds": round(time.perf_counter() - started, 1),
+        "target": target_name, "fingerprint": fingerprint, "prompts": prompts, "source": source,
+        "settings": settings, "seconds": round(seconds, 1),
         **{label: score.as_json() for label, score in scores.items()},
     }
-    if not report:
-        report = {"target": target_name, "fingerprint": info.fingerprint}
+    report = dict(report) if report else {"target": target_name, "fingerprint": fingerprint}
     report["evaluation"] = evaluation
     write_json_atomic(directory / REPORT, report)
     return evaluation
