@@ -17,8 +17,8 @@ import typer
 from ..defaults import DEFAULT_TARGET
 from ..distill.pipeline import (
     default_output,
+    evaluation_items,
     held_out_prompts,
-    spread,
     target_of_data,
     target_of_draft,
     target_spec,
@@ -309,11 +309,9 @@ def distill(
     else:
         err_console().print(f"[bold]2/3[/bold] Training a {layers}-block student -> {out_dir}")
         run_train(loaded, spec, data_file, str(out_dir), config, checkpoint_dir=None, resume=resume)
-    eval_items = load_prompts(eval_prompts, None if eval_prompts else (eval_suite or "builtin"), None)
-    chosen = spread(eval_items, eval_limit)
+    chosen, source = evaluation_items(eval_prompts, eval_suite, eval_limit)
     from ..distill.evaluate import prompts_from_items
 
-    source = eval_prompts or f"suite {eval_suite or 'builtin'}"
     err_console().print(f"[bold]3/3[/bold] Evaluating before and after training on {len(chosen)} prompts ({source})")
     held_out = prompts_from_items(loaded.tokenizer, chosen)
     if eagle_config is not None:
@@ -463,27 +461,22 @@ def evaluate(
         raise SpecdecError(f"draft_max must be >= 1, got {draft_max}", setting="draft_max")
     from ..eagle_head import HEAD_META, read_head_meta
 
-    if (directory / HEAD_META).is_file():  # an EAGLE head: scored on prompts (its held-out pieces are scored in training)
-        if data:
-            raise SpecdecError("an EAGLE head is evaluated on --suite or --prompts (training scores its held-out "
-                               "pieces)", setting="data")
-        target = target or usable_target(str(read_head_meta(directory).get("target") or "") or None)
-        loaded = _load_target(target, device, "float32")
-        spec = target_spec(target)
+    is_head = (directory / HEAD_META).is_file()
+    if is_head and data:  # an EAGLE head is scored on prompts (training scores its held-out pieces)
+        raise SpecdecError("an EAGLE head is evaluated on --suite or --prompts (training scores its held-out "
+                           "pieces)", setting="data")
+    recorded = (str(read_head_meta(directory).get("target") or "") or None) if is_head else target_of_draft(draft_model)
+    target = target or usable_target(recorded)
+    loaded = _load_target(target, device, "float32")
+    spec = target_spec(target)
+    if is_head:
         from ..distill.evaluate import prompts_from_items
-        from ..distill.generate import load_prompts
 
-        if prompts or suite:
-            items, source = load_prompts(prompts, suite, limit), (prompts or f"suite {suite}")
-        else:  # the builtin suite, spread over its categories
-            items, source = spread(load_prompts(None, "builtin"), limit or PIPELINE_EVAL_LIMIT), "suite builtin"
+        items, source = evaluation_items(prompts, suite, limit or PIPELINE_EVAL_LIMIT)
         chosen = prompts_from_items(loaded.tokenizer, items, raw)
         evaluation = run_evaluate_eagle(loaded, spec, draft_model, chosen, source, baseline=not no_baseline,
                                         max_new_tokens=max_new_tokens, draft_max=draft_max)
     else:
-        target = target or usable_target(target_of_draft(draft_model))
-        loaded = _load_target(target, device, "float32")
-        spec = target_spec(target)
         chosen, source = held_out_prompts(loaded, spec, draft_model, data, prompts, suite, limit, raw)
         evaluation = run_evaluate(loaded, spec, draft_model, chosen, source, baseline=not no_baseline,
                                   max_new_tokens=max_new_tokens, draft_max=draft_max or 6,

@@ -56,6 +56,19 @@ def read_checkpoint_state(directory: Path) -> dict:
     return state
 
 
+def check_resumable(state: dict, directory: Path, settings: dict, keys: tuple, digest: str, data: str) -> None:
+    """Refuse to continue a checkpoint made with other `keys` settings or from other data (`digest`)."""
+    saved = state.get("config", {})
+    changed = [key for key in keys if key in saved and saved[key] != settings[key]]
+    if changed:
+        raise SpecdecError(f"resume: the checkpoint in {directory} was made with other settings ("
+                           + ", ".join(f"{key} {saved[key]!r} != {settings[key]!r}" for key in changed) + ")",
+                           setting="resume")
+    if state.get("data_digest") != digest:
+        raise SpecdecError(f"resume: {data} changed since the checkpoint in {directory} was made; train afresh",
+                           setting="resume")
+
+
 @contextmanager
 def whole_step() -> Iterator[None]:
     """A training update that Ctrl-C (or SIGTERM) cannot cut in half: a signal arriving inside is delivered when

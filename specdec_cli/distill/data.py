@@ -12,7 +12,7 @@ import hashlib
 import json
 import random
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from ..errors import SpecdecError
 
@@ -36,11 +36,16 @@ def split_rows(rows: Sequence[dict], holdout: float) -> tuple[list[dict], list[d
     return train, held
 
 
-def data_digest(rows: Sequence[dict]) -> str:
+def items_digest(items: Iterable[Any]) -> str:
+    """A short digest of JSON-able items, in order (what a checkpoint was trained on)."""
     digest = hashlib.sha256()
-    for row in rows:
-        digest.update(json.dumps([row["prompt_ids"], row["answer_ids"]]).encode())
+    for item in items:
+        digest.update(json.dumps(item).encode())
     return "sha256:" + digest.hexdigest()[:16]
+
+
+def data_digest(rows: Sequence[dict]) -> str:
+    return items_digest([row["prompt_ids"], row["answer_ids"]] for row in rows)
 
 
 @dataclass

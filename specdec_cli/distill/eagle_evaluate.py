@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from .eagle_train import initial_head
 from .evaluate import (
     DEFAULT_EVAL_TOKENS,
     Candidate,
@@ -32,16 +33,6 @@ from .evaluate import (
 # (label, trained?, tree width): trees are what it drafts; the trained head's chains show its own per-position
 # acceptance (an untrained head's chains add nothing: its trees already accept almost nothing)
 EAGLE_RUNS = (("before", False, None), ("after", True, None), ("after_chain", True, 0))
-
-
-def untrained_head(target: Any, seed: int) -> Any:
-    """The head a training run with `seed` starts from (eagle_train.py seeds torch before building it)."""
-    import torch
-
-    from ..eagle_head import EagleHead, head_config_for
-
-    torch.manual_seed(seed)
-    return EagleHead(head_config_for(target.config)).eval()
 
 
 def head_logits_along(head: Any, embeddings: Any, lm_weight: Any) -> Callable[[Reference], Any]:
@@ -81,22 +72,18 @@ def evaluate_head(
     """Score the head in `head_dir` (and its untrained start) and store the result in its report."""
     from ..chat import target_info
     from ..defaults import DEFAULT_BUDGET
-    from ..drafters.eagle import DEFAULT_DRAFT_MAX, DEFAULT_TREE_WIDTH, EagleDrafter
+    from ..drafters.eagle import DEFAULT_DRAFT_MAX, DEFAULT_TREE_WIDTH, EagleDrafter, check_target
     from ..eagle_head import load_head
 
     directory = Path(head_dir).expanduser()
     info = target_info(target, tokenizer)
-    if info.embeddings is None or not hasattr(info.lm_head, "weight"):
-        from ..errors import SpecdecError
-
-        raise SpecdecError("an EAGLE head reads tokens through the target's LM head; this target has none that is "
-                           "a plain linear map")
+    check_target(info)
     trained, meta = load_head(directory, info)
     report = read_report(directory)
     seed = int(((report.get("config") or {}).get("seed")) or 0)
     head_tokens = meta.get("head_tokens")
     depth = draft_max or DEFAULT_DRAFT_MAX
-    heads = {True: trained, False: untrained_head(target, seed) if baseline else None}
+    heads = {True: trained, False: initial_head(target, seed).eval() if baseline else None}
     lm_weight = info.lm_head.weight.detach()
     candidates = {}
     for label, is_trained, width in EAGLE_RUNS:
@@ -110,8 +97,8 @@ def evaluate_head(
                                       head_tokens)
     started = time.perf_counter()
     budget = max(DEFAULT_BUDGET, depth)  # tree nodes (or chain tokens) per step, as chat and bench verify
-    scores = score_candidates(target, tokenizer, prompts, candidates, max_new_tokens=max_new_tokens, budget=budget,
-                              on_progress=on_progress)
+    scores = score_candidates(target, tokenizer, prompts, candidates, eos_token_ids=info.eos_token_ids,
+                              max_new_tokens=max_new_tokens, budget=budget, on_progress=on_progress)
     settings = {"max_new_tokens": max_new_tokens, "draft_max": depth, "tree_width": DEFAULT_TREE_WIDTH,
                 "tree_budget": budget, "decoding": "greedy", "head_tokens": len(head_tokens) if head_tokens else None}
     return store_evaluation(directory, report, target_name, info.fingerprint, len(prompts), prompt_source, settings,

@@ -20,8 +20,6 @@ report, and `save_head` writes them.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import random
 import time
@@ -31,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import SpecdecError
+from .data import items_digest
 
 DEFAULT_HEAD_VOCAB = 4096  # the LM-head slice a drafted token reads: 4096 x 576 in bfloat16 is 4.7 MB
 
@@ -123,11 +122,14 @@ def epoch_order(count: int, seed: int, epoch: int) -> list[int]:
     return random.Random(f"eagle-{seed}-{epoch}").sample(range(count), count)
 
 
-def sequences_digest(sequences: Sequence[Sequence[int]]) -> str:
-    digest = hashlib.sha256()
-    for sequence in sequences:
-        digest.update(json.dumps([int(token) for token in sequence]).encode())
-    return "sha256:" + digest.hexdigest()[:16]
+def initial_head(target: Any, seed: int) -> Any:
+    """The untrained head a run with `seed` starts from (the evaluation's "before" rebuilds it the same way)."""
+    import torch
+
+    from ..eagle_head import EagleHead, head_config_for
+
+    torch.manual_seed(seed)
+    return EagleHead(head_config_for(target.config))
 
 
 def train_eagle(target: Any, sequences: Sequence[Sequence[int]], config: EagleTrainConfig,
@@ -139,13 +141,19 @@ def train_eagle(target: Any, sequences: Sequence[Sequence[int]], config: EagleTr
     import torch
     import torch.nn.functional as F
 
-    from ..eagle_head import EagleHead, head_config_for
-    from .checkpoints import CHECKPOINT_FORMAT, load_checkpoint, read_checkpoint_state, save_checkpoint, whole_step
+    from .checkpoints import (
+        CHECKPOINT_FORMAT,
+        check_resumable,
+        load_checkpoint,
+        read_checkpoint_state,
+        save_checkpoint,
+        whole_step,
+    )
 
     config.check()
     status = on_status or (lambda message: None)
     started = time.perf_counter()
-    digest = sequences_digest(sequences)
+    digest = items_digest([int(token) for token in sequence] for sequence in sequences)
     hidden = int(target.config.hidden_size)
     state: Optional[dict] = None
     if resume:
@@ -155,15 +163,7 @@ def train_eagle(target: Any, sequences: Sequence[Sequence[int]], config: EagleTr
         if state.get("kind") != "eagle" or state.get("hidden_size") != hidden:
             raise SpecdecError(f"resume: the checkpoint in {checkpoint_dir} is not one of an EAGLE head for this "
                                "target", setting="resume")
-        saved = state.get("config", {})
-        changed = [key for key in RESUME_KEYS if saved.get(key) != asdict(config)[key]]
-        if changed:
-            raise SpecdecError(f"resume: the checkpoint in {checkpoint_dir} was made with other settings ("
-                               + ", ".join(f"{key} {saved.get(key)!r} != {asdict(config)[key]!r}" for key in changed)
-                               + ")", setting="resume")
-        if state.get("data_digest") != digest:
-            raise SpecdecError(f"resume: the training data changed since the checkpoint in {checkpoint_dir} was "
-                               "made; train afresh", setting="resume")
+        check_resumable(state, checkpoint_dir, asdict(config), RESUME_KEYS, digest, "the training data")
 
     all_pieces = pieces(sequences, config.max_len)
     if len(all_pieces) < 2:
@@ -180,8 +180,7 @@ def train_eagle(target: Any, sequences: Sequence[Sequence[int]], config: EagleTr
     features = target_features(target, train + held_out, on_progress)
     train_features, held_features = features[: len(train)], features[len(train) :]
 
-    torch.manual_seed(config.seed)
-    head = EagleHead(head_config_for(target.config))
+    head = initial_head(target, config.seed)
     lm_weight = target.get_output_embeddings().weight.detach().float().cpu()  # [V, H]
     ids = torch.tensor(head_tokens) if head_tokens is not None else torch.arange(vocab)
     head_weight = lm_weight[ids]  # [K, H]

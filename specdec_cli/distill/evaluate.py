@@ -157,8 +157,8 @@ def score_drafts(
                                                 eos_token_ids=info.eos_token_ids, head_tokens=head_tokens),
                                    along(model), head_tokens)
                   for label, model in drafts.items()}
-    return score_candidates(target, tokenizer, prompts, candidates, max_new_tokens=max_new_tokens, budget=draft_max,
-                            on_progress=on_progress)
+    return score_candidates(target, tokenizer, prompts, candidates, eos_token_ids=info.eos_token_ids,
+                            max_new_tokens=max_new_tokens, budget=draft_max, on_progress=on_progress)
 
 
 def score_candidates(
@@ -167,20 +167,19 @@ def score_candidates(
     prompts: Sequence[EvalPrompt],
     candidates: dict,
     *,
+    eos_token_ids: Sequence[int],
     max_new_tokens: int = DEFAULT_EVAL_TOKENS,
     budget: int = 6,
     on_progress: Optional[Callable[[EvalProgress], None]] = None,
 ) -> dict:
     """{label: DraftScore} for every Candidate in `candidates` ({label: candidate}) over the same prompts."""
-    from ..chat import target_info
     from ..engine import Engine, GenerationConfig
 
     if not prompts:
         raise SpecdecError("no prompts to evaluate on")
-    info = target_info(target, tokenizer)
     engine = Engine(target, tokenizer)
     config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, budget=budget,
-                              eos_token_ids=info.eos_token_ids, cost_aware=False)
+                              eos_token_ids=tuple(eos_token_ids), cost_aware=False)
     config.check()
     scores = {label: DraftScore(label) for label in candidates}
     sums = {label: {"tvd": 0.0, "matches": 0} for label in candidates}

@@ -78,6 +78,15 @@ def held_out_prompts(loaded: Any, target_spec: str, draft_dir: str, data: Option
     return (found[:limit] if limit else found), f"held-out rows of {data}"
 
 
+def evaluation_items(prompts: Optional[str], suite: Optional[str], limit: Optional[int]) -> tuple[list, str]:
+    """Held-out prompts to score a draft on (a file, or a suite: builtin by default), at most `limit` spread over
+    their categories; and where they came from."""
+    from .generate import load_prompts
+
+    items = load_prompts(prompts, None if prompts else (suite or "builtin"), None)
+    return spread(items, limit), prompts or f"suite {suite or 'builtin'}"
+
+
 def spread(items: list, limit: Optional[int]) -> list:
     """At most `limit` items, taken round-robin over categories so that every category is represented."""
     if not limit or len(items) <= limit:

@@ -33,6 +33,7 @@ from .checkpoints import (
     CHECKPOINT_FORMAT,
     DRAFT_FORMAT,
     check_output_dir,
+    check_resumable,
     load_checkpoint,
     read_checkpoint_state,
     save_checkpoint,
@@ -213,19 +214,10 @@ def train_draft(
     state: Optional[dict] = None
     if resume:
         state = read_checkpoint_state(ckpt_dir)
-        saved = state.get("config", {})
-        changed = [key for key in RESUME_KEYS if key in saved and saved[key] != asdict(config)[key]]
-        if changed:
-            raise SpecdecError(
-                f"--resume: the checkpoint in {ckpt_dir} was made with other settings ("
-                + ", ".join(f"{key} {saved[key]!r} != {asdict(config)[key]!r}" for key in changed) + ")"
-            )
         if state.get("fingerprint") != info.fingerprint:
             raise SpecdecError(f"resume: the checkpoint in {ckpt_dir} was made for another target tokenizer",
                                setting="resume")
-        if state.get("data_digest") != digest:
-            raise SpecdecError(f"resume: {data_path} changed since the checkpoint in {ckpt_dir} was made; "
-                               "train afresh", setting="resume")
+        check_resumable(state, ckpt_dir, asdict(config), RESUME_KEYS, digest, str(data_path))
 
     if threads:
         torch.set_num_threads(threads)

@@ -196,15 +196,20 @@ class EagleDrafter:
                      parents=[order[parents[node]] if parents[node] >= 0 else -1 for node in chosen])
 
 
+def check_target(target: "TargetInfo") -> None:
+    """A head reads the target's embeddings and plain linear LM head; refuse a target without them."""
+    if target.embeddings is None or target.lm_head is None or not hasattr(target.lm_head, "weight"):
+        raise SpecdecError("the eagle drafter reads tokens through the target's LM head; this target has none "
+                           "that is a plain linear map")
+
+
 def make_eagle_drafter(options: "DrafterOptions", target: "TargetInfo") -> EagleDrafter:
     from ..eagle_head import load_head
 
     if not options.draft_model:
         raise SpecdecError("the eagle drafter needs a head directory (make one with `specdec distill train "
                            "--kind eagle`)", setting="draft_model")
-    if target.embeddings is None or target.lm_head is None or not hasattr(target.lm_head, "weight"):
-        raise SpecdecError("the eagle drafter reads tokens through the target's LM head; this target has none "
-                           "that is a plain linear map")
+    check_target(target)
     head, meta = load_head(options.draft_model, target)
     return EagleDrafter(head, target.embeddings, target.lm_head, head_tokens=meta.get("head_tokens"),
                         draft_max=options.draft_max, min_prob=options.draft_min_prob,
