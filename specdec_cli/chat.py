@@ -58,16 +58,21 @@ class ChatSettings:
     target: str = DEFAULT_TARGET
     device: str = "auto"
     dtype: str = "auto"
+    weights: str = "auto"  # dense, gguf, int8, int4 or auto (quant.py, models.load_target)
     drafter: str = DEFAULT_DRAFTER
     drafter_options: DrafterOptions = field(default_factory=DrafterOptions)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     system: Optional[str] = None
     raw: bool = False  # prompts as they are, without the chat template
-    exact: Optional[bool] = None  # row-invariant verification; None = on in 16-bit dtypes (engine.py)
+    exact: Optional[bool] = None  # row-invariant verification; None = on in 16-bit dtypes and block weights
     memory: bool = True  # remember answers and let `sam` draft from them (memory.py; SPECDEC_NO_MEMORY=1 = off)
 
     def check(self) -> None:
         """Everything that can be checked without the model (so a bad setting fails in the first second)."""
+        from .quant import WEIGHTS
+
+        if self.weights not in WEIGHTS:
+            raise SpecdecError(f"weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}", setting="weights")
         check_drafter(self.drafter)
         check_drafter_options(self.drafter, self.drafter_options)
         self.generation.check()
@@ -83,7 +88,7 @@ def open_session(settings: ChatSettings,
     use_memory = settings.memory and memory_enabled()
     if use_memory:
         memory_cap()  # a malformed SPECDEC_MEMORY_MAX_TOKENS fails before the model loads
-    loaded = load_target(settings.target, settings.device, settings.dtype, on_status=on_status)
+    loaded = load_target(settings.target, settings.device, settings.dtype, on_status=on_status, weights=settings.weights)
     options, memory = settings.drafter_options, None
     if use_memory:
         fingerprint = target_info(loaded.model, loaded.tokenizer).fingerprint

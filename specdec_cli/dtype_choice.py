@@ -1,11 +1,14 @@
-"""`--dtype auto`: the faster of float32 and bfloat16 for one model on this machine, measured once and cached.
+"""`--dtype auto` and `--weights auto`: the fastest way to run one model on this machine, measured once and cached.
 
-On a GPU, auto means bfloat16 (or float16 where bfloat16 is not supported), as everywhere. On a CPU, bfloat16
-is only a candidate where the CPU computes it natively (AVX512-BF16 or AMX); there one plain decoding step is
-timed in both dtypes (the model is loaded in float32, timed, cast to bfloat16 in place and timed again), and
-bfloat16 is kept when it is at least MARGIN faster. The verdict is cached under $SPECDEC_HOME/costs per model,
-CPU, thread count and torch version, so the timing runs once. Exactness does not depend on the choice: 16-bit
-verification is row-invariant (exact.py). This file does not load models (models.py does).
+Dtype: on a GPU, auto means bfloat16 (or float16 where bfloat16 is not supported), as everywhere. On a CPU,
+bfloat16 is only a candidate where the CPU computes it natively (AVX512-BF16 or AMX); there one plain decoding
+step is timed in both dtypes (the model is loaded in float32, timed, cast to bfloat16 in place and timed again),
+and bfloat16 is kept when it is at least MARGIN faster.
+Weights: a GGUF target on a CPU is timed dense (in the dtype above) and on the GGUF's own blocks (quant.py), and
+the blocks are kept when a plain step on them is faster.
+Verdicts are cached under $SPECDEC_HOME/costs per model, CPU, thread count and torch version, so the timing runs
+once. Exactness does not depend on the choice: 16-bit and block-weight verification is row-invariant (exact.py).
+This file does not load models (models.py does; it hands in the loaders).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 MARGIN = 0.10  # bfloat16 is chosen when one plain step is at least 10% faster than in float32
 FORMAT = 1
@@ -62,7 +65,7 @@ def choose_cpu_dtype(model: Any, cache_key: str) -> DtypeChoice:
 
     if not native_bfloat16_cpu():
         return DtypeChoice("float32", "auto: float32 (this CPU has no native bfloat16)")
-    cached = _read(cache_key)
+    cached = _read(cache_key, ("float32_ms", "bfloat16_ms"))
     if cached is None:
         float32_ms = step_seconds(model) * 1000
         model.to(torch.bfloat16)
@@ -79,6 +82,56 @@ def choose_cpu_dtype(model: Any, cache_key: str) -> DtypeChoice:
     return DtypeChoice("float32", f"auto: float32 ({times})")
 
 
+@dataclass
+class WeightsChoice:
+    weights: str  # "gguf" (the GGUF's own blocks) or "dense"
+    model: Any  # the model as chosen (block layers installed, or dense in its dtype)
+    reason: str  # one line: why, with the measured times
+    dtype_reason: str = ""  # for a dense choice: how its dtype was chosen
+
+
+def choose_weights(model: Any, cache_key: str, dtype: str, reload_float32: Callable[[], Any],
+                   to_blocks: Callable[[Any], str]) -> WeightsChoice:
+    """For a float32 dense model from a GGUF on a CPU: its own blocks when one plain step on them is faster than
+    dense in the dtype `dtype` (auto or float32) would run. `to_blocks(model)` installs the blocks in place and
+    returns their summary; `reload_float32()` loads the dense model again (a cast back to float32 loses bits)."""
+    import torch
+
+    from . import kernels
+    from .quant import CACHE_FORMAT
+
+    key = f"weights|{cache_key}|{kernels.isa()}|{CACHE_FORMAT}"
+    record = _read(key, ("dense_ms", "blocks_ms"))
+    summary = ""
+    if record is None:
+        dense_dtype, dense_ms = "float32", step_seconds(model) * 1000
+        if dtype == "auto" and native_bfloat16_cpu():
+            if choose_cpu_dtype(model, cache_key).dtype == "bfloat16":
+                times = _read(cache_key, ("float32_ms", "bfloat16_ms")) or {}
+                dense_dtype, dense_ms = "bfloat16", float(times.get("bfloat16_ms", dense_ms))
+            if next(model.parameters()).dtype != torch.float32:
+                model = reload_float32()
+        summary = to_blocks(model)
+        record = {"format": FORMAT, "dense_ms": round(dense_ms, 2), "dense_dtype": dense_dtype,
+                  "blocks_ms": round(step_seconds(model) * 1000, 2)}
+        _write(key, record)
+    dense_ms, blocks_ms = float(record["dense_ms"]), float(record["blocks_ms"])
+    dense_dtype = str(record.get("dense_dtype", "float32"))
+    times = f"one plain step {blocks_ms:.1f} ms on its blocks, {dense_ms:.1f} ms dense in {dense_dtype}"
+    if blocks_ms < dense_ms:
+        summary = summary or to_blocks(model)
+        return WeightsChoice("gguf", model, f"auto: gguf blocks ({times}); {summary}")
+    if summary:  # the blocks were installed to be timed: back to the dense weights
+        model = reload_float32()
+    dtype_reason = "float32"
+    if dtype == "auto":
+        choice = choose_cpu_dtype(model, cache_key)
+        if choice.dtype == "reload":
+            model = reload_float32()
+        dtype_reason = choice.reason
+    return WeightsChoice("dense", model, f"auto: dense ({times})", dtype_reason)
+
+
 def _path(cache_key: str) -> Any:
     from .models import specdec_home
 
@@ -86,14 +139,14 @@ def _path(cache_key: str) -> Any:
     return specdec_home() / "costs" / f"dtype-{digest}.json"
 
 
-def _read(cache_key: str) -> Optional[dict]:
+def _read(cache_key: str, times: tuple[str, ...]) -> Optional[dict]:
+    """The cached verdict for this key, when it holds every one of `times` as a number."""
     try:
         document = json.loads(_path(cache_key).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     ok = isinstance(document, dict) and document.get("format") == FORMAT
-    return document if ok and all(isinstance(document.get(key), (int, float)) for key in
-                                  ("float32_ms", "bfloat16_ms")) else None
+    return document if ok and all(isinstance(document.get(key), (int, float)) for key in times) else None
 
 
 def _write(cache_key: str, document: dict) -> None:

@@ -24,6 +24,7 @@ from .draft import Draft, FinishReason, StepEvent
 from .drafters.base import Drafter
 from .errors import SpecdecError
 from .exact import ExactState, current_state, exact_rows, install, suspended
+from .kv_cache import KVCache
 from .planner import DraftPlanner, Plan
 from .sampling import check_sampling, sample, warp_probs
 from .stats import GenerationStats, summarize
@@ -88,8 +89,9 @@ class Engine:
         # given, the verify-cost curve is the one stored for this machine and model, else measured (~1-2 s).
         self.planner = planner or DraftPlanner(self._stored_or_measured_curve)
         self._saved_observations = 0
-        # reduced precision: verify row-invariantly (exact.py), so speculative output equals plain decoding's
-        self.exact = reduced_precision(model) if exact is None else exact
+        # reduced precision or block weights: verify row-invariantly (exact.py), so speculative output equals
+        # plain decoding's
+        self.exact = exact_by_default(model) if exact is None else exact
         self._exact_state: Optional[ExactState] = None
         self.exact_check = "off" if not self.exact else "not checked"  # "on: ...", "failed: ..." once installed
         self._tree_ok: Optional[bool] = None
@@ -123,14 +125,11 @@ class Engine:
         return out.logits[0]  # [n, vocab] (or [1, vocab] with last_only)
 
     @staticmethod
-    def _keep_in_cache(cache: Any, past: int, path: Sequence[int], is_chain: bool, length: int) -> None:
+    def _keep_in_cache(cache: KVCache, past: int, path: Sequence[int], is_chain: bool, length: int) -> None:
         """Keep the prefix, the root and the accepted path's entries; drop the rest of the block."""
-        if not is_chain and list(path) != list(range(len(path))):  # a tree path: gather it into place first
+        if not is_chain and list(path) != list(range(len(path))):  # a tree path: gather it into place
             check_rollback(cache)
-            keep = torch.tensor([*range(past + 1), *(past + 1 + node for node in path)])
-            for layer in cache.layers:
-                layer.keys = layer.keys.index_select(-2, keep.to(layer.keys.device))
-                layer.values = layer.values.index_select(-2, keep.to(layer.values.device))
+            cache.keep([*range(past + 1), *(past + 1 + node for node in path)])
         Engine._truncate_cache(cache, length)
 
     @staticmethod
@@ -151,8 +150,6 @@ class Engine:
         config: GenerationConfig,
         on_event: Optional[EventCallback] = None,
     ) -> Generation:
-        from transformers import DynamicCache
-
         config.check()
         if not prompt_ids:
             raise SpecdecError("the prompt is empty")
@@ -174,7 +171,7 @@ class Engine:
         events: list[StepEvent] = []
         context = list(prompt_ids)
         new_tokens: list[int] = []
-        cache = DynamicCache()
+        cache = KVCache()
 
         def emit(event: StepEvent) -> None:
             events.append(event)
@@ -325,8 +322,6 @@ class Engine:
         their window masks from the config at each forward), so the tree's window masks are compared with the
         model's past the window. Cost: five small forwards (prompt, tree, three leaf chains) on a throwaway cache.
         """
-        from transformers import DynamicCache
-
         vocab = int(self.model.config.vocab_size)
         generator = torch.Generator().manual_seed(0)
         prompt = torch.randint(3, vocab, (12,), generator=generator).tolist()
@@ -337,7 +332,7 @@ class Engine:
         relative = 2e-3 if next(self.model.parameters()).dtype == torch.float32 else 3e-2
         try:
             with shortened_windows(self.model, CHECK_WINDOW):
-                cache = DynamicCache()
+                cache = KVCache()
                 self._forward(prompt[:-1], cache, 0, last_only=True)
                 tree_logits = self._forward([prompt[-1], *tokens], cache, past, tree=parents).float()  # [7, V]
                 for leaf in sorted(set(range(len(tokens))) - set(parents)):
@@ -391,20 +386,21 @@ class Engine:
         name = getattr(self.model.config, "_name_or_path", "") or ""
         if not name:  # an in-memory model (tests): measure, but do not cache on disk
             return None
+        from .quant import block_layers, weights_summary
+
         params = sum(p.numel() for p in self.model.parameters())
         dtype = next(self.model.parameters()).dtype
         exact = self._exact_state.rows if self._exact_state is not None else 0
+        blocks = f"|{weights_summary(self.model)}" if block_layers(self.model) else ""
         key = (f"{name}|{params}|{self.device}|{cpu_model()}|{dtype}|{torch.get_num_threads()}|"
-               f"{torch.__version__}" + (f"|exact{exact}" if exact else ""))
+               f"{torch.__version__}" + (f"|exact{exact}" if exact else "") + blocks)
         return specdec_home() / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
     def _forward_timer(self, prefix: int = 256) -> Callable[[int], float]:
         """A function n -> seconds of one forward of n new tokens after a `prefix`-token cache."""
-        from transformers import DynamicCache
-
         generator = torch.Generator().manual_seed(0)
         ids = torch.randint(0, self.model.config.vocab_size, (prefix + 64,), generator=generator).tolist()
-        cache = DynamicCache()
+        cache = KVCache()
         with torch.inference_mode():
             self._forward(ids[:prefix], cache, 0, last_only=True)
 
@@ -467,9 +463,12 @@ class Engine:
         return len(committed), cut
 
 
-def reduced_precision(model: Any) -> bool:
-    """Whether the model computes in a 16-bit float type, where verification is made row-invariant by default."""
-    return next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
+def exact_by_default(model: Any) -> bool:
+    """Whether verification is made row-invariant by default: in a 16-bit float type (where a block's rounding
+    flips greedy choices within a hundred tokens) and on block weights (whose kernels make it nearly free)."""
+    from .quant import block_layers
+
+    return next(model.parameters()).dtype in (torch.bfloat16, torch.float16) or bool(block_layers(model))
 
 
 def trim(draft: Draft, length: int) -> Draft:

@@ -72,7 +72,9 @@ def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     """Attention whose every row equals a one-row call over that row's allowed keys (transformers' signature).
 
     query [1, heads, q, d]; key/value [1, kv_heads, kv, d]; attention_mask [1, 1, q, kv] bool or None (causal).
-    Returns ([1, q, heads, d], None). Blocks of more than the model's exact rows use SDPA as a whole.
+    Returns ([1, q, heads, d], None). Blocks of more than the model's exact rows use SDPA as a whole. With
+    specdec's CPU kernels (kernels/_cpu.c) all rows go in one call that computes each row over its own keys;
+    otherwise each row gets its own SDPA call over a view (or a gather) of its keys.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -84,38 +86,82 @@ def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     for name in UNSUPPORTED_ATTENTION:
         if kwargs.get(name) is not None:
             raise ValueError(f"row-invariant attention does not support {name}")
+    row_keys = _row_keys(attention_mask, q_len, key.shape[2])
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if _kernel_attention(query, key):
+        from . import kernels
+
+        out = kernels.attention(query[0].transpose(0, 1).to(torch.float32), key[0], value[0], *row_keys.arrays,
+                                scale)  # [q, heads, d] float32
+        return out.to(query.dtype).unsqueeze(0), None  # [1, q, heads, d]
     heads, kv_heads = query.shape[1], key.shape[1]
     group = heads // kv_heads
     outputs = []
-    for row, (start, stop, picked) in enumerate(_row_keys(attention_mask, q_len, key.shape[2])):
+    for row, (start, stop, picked) in enumerate(row_keys.runs):
         if picked is None:  # a contiguous run of keys (a chain, a window): a view, as a one-row step reads it
-            row_keys, row_values = key[:, :, start:stop], value[:, :, start:stop]  # [1, kv_heads, n, d]
-        else:  # a tree node: the prefix and its ancestors, gathered
-            row_keys, row_values = key.index_select(2, picked), value.index_select(2, picked)
+            row_key, row_value = key[:, :, start:stop], value[:, :, start:stop]  # [1, kv_heads, n, d]
+        else:  # a tree node: the run, then its ancestors and itself, gathered
+            row_key, row_value = key.index_select(2, picked), value.index_select(2, picked)
         # the row's heads grouped by the key/value head they share: [1, kv_heads, group, d]
         row_query = query[:, :, row].reshape(1, kv_heads, group, query.shape[-1])
-        out = F.scaled_dot_product_attention(row_query, row_keys, row_values, scale=scaling)  # [1, kv_heads, group, d]
+        out = F.scaled_dot_product_attention(row_query, row_key, row_value, scale=scale)  # [1, kv_heads, group, d]
         outputs.append(out.reshape(1, heads, query.shape[-1]))
     return torch.stack(outputs, dim=1), None  # [1, q, heads, d]
 
 
-RowKeys = list[tuple[int, int, Optional[torch.Tensor]]]
-_parsed: list[Any] = [None, None]  # [the last mask parsed, its RowKeys]: one mask serves every layer of a forward
+def _kernel_attention(query: torch.Tensor, key: torch.Tensor) -> bool:
+    """Whether specdec's CPU attention kernel takes these tensors (CPU, float32 or bfloat16 keys)."""
+    from . import kernels
+
+    return (kernels.available() and query.device.type == "cpu" and query.dtype in (torch.float32, torch.bfloat16)
+            and key.dtype in (torch.float32, torch.bfloat16) and key.stride(-1) == 1)
+
+
+@dataclass
+class RowKeys:
+    """Which cached keys each query row of a block attends to, in order: a contiguous run, then single positions.
+
+    runs: per row (start, stop, None) when the keys are one run, else (start, stop, all positions [n]) for the
+    SDPA fallback; arrays: (run_start, run_stop, extra_start, extra_pos) int32 for the kernel."""
+
+    runs: list[tuple[int, int, Optional[torch.Tensor]]]
+    arrays: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+PARSED_MASKS = 4  # masks remembered per forward (one per layer kind: full, sliding)
+_parsed: list[tuple[Any, RowKeys]] = []  # (mask or (q_len, kv_len), its RowKeys), newest last; masks are held so
+# that no other mask can reuse their id
 
 
 def _row_keys(attention_mask: Optional[torch.Tensor], q_len: int, kv_len: int) -> RowKeys:
-    """Per query row: the keys it attends to, as (start, stop, None) for a contiguous run, else (start, stop,
-    indices [n]). A None mask is causal: the cached keys and the block's rows up to this one."""
+    """Per query row, its keys. A None mask is causal: the cached keys and the block's rows up to this one."""
+    key = (q_len, kv_len) if attention_mask is None else attention_mask
+    for held, parsed in _parsed:
+        if held is key or (attention_mask is None and isinstance(held, tuple) and held == key):
+            return parsed
     if attention_mask is None:
-        return [(0, kv_len - q_len + row + 1, None) for row in range(q_len)]
-    if _parsed[0] is attention_mask:  # held, so no other mask can reuse its identity
-        return _parsed[1]
-    parsed: RowKeys = []
+        stops = torch.arange(kv_len - q_len + 1, kv_len + 1, dtype=torch.int32)
+        empty = torch.zeros(q_len + 1, dtype=torch.int32)
+        parsed = RowKeys([(0, int(stop), None) for stop in stops],
+                         (torch.zeros(q_len, dtype=torch.int32), stops, empty, empty[:0]))
+        _parsed.append((key, parsed))
+        del _parsed[:-PARSED_MASKS]
+        return parsed
+    runs, starts, stops, extra_start, extra_pos = [], [], [], [0], []
     for row in range(q_len):
-        picked = attention_mask[0, 0, row].nonzero().squeeze(-1)  # [n]
-        start, stop = int(picked[0]), int(picked[-1]) + 1
-        parsed.append((start, stop, None if stop - start == picked.numel() else picked))
-    _parsed[:] = [attention_mask, parsed]
+        picked = attention_mask[0, 0, row].nonzero().squeeze(-1)  # [n] ascending
+        first = int(picked[0])
+        gaps = (picked[1:] - picked[:-1] != 1).nonzero()
+        run = int(gaps[0, 0]) + 1 if gaps.numel() else picked.numel()  # length of the first contiguous run
+        runs.append((first, first + run, None if run == picked.numel() else picked))
+        starts.append(first)
+        stops.append(first + run)
+        extra_pos += picked[run:].tolist()
+        extra_start.append(len(extra_pos))
+    parsed = RowKeys(runs, tuple(torch.tensor(values, dtype=torch.int32)  # type: ignore[arg-type]
+                                 for values in (starts, stops, extra_start, extra_pos)))
+    _parsed.append((attention_mask, parsed))
+    del _parsed[:-PARSED_MASKS]
     return parsed
 
 
@@ -248,8 +294,7 @@ def suspended(model: Any, state: Optional[ExactState]) -> Iterator[None]:
 def block_mismatch(model: Any, rows: int) -> Optional[str]:
     """None when blocks of 1..min(rows, 8) tokens, chains and a tree, give the same logits bit for bit as
     one-row forwards of the same tokens after a 24-token prompt; else what differed."""
-    from transformers import DynamicCache
-
+    from .kv_cache import KVCache
 
     vocab = int(model.config.vocab_size)
     generator = torch.Generator().manual_seed(0)
@@ -266,7 +311,7 @@ def block_mismatch(model: Any, rows: int) -> Optional[str]:
                     use_cache=True, **extra)
         return out.logits[0]  # [n, vocab]
 
-    cache = DynamicCache()
+    cache = KVCache()
     forward(tokens[:prompt], cache, 0)
     one_row = []  # logits of tokens[prompt + i], each from its own one-row forward
     for index in range(max(CHECK_ROWS)):

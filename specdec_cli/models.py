@@ -230,6 +230,37 @@ class LoadedTarget:
     dtype: Any
     load_seconds: float
     dtype_reason: str = ""  # how the dtype was chosen ("auto: bfloat16 (one plain step ...)"), for displays
+    weights: str = "dense"  # dense, gguf, int8 or int4 (quant.py)
+    weights_reason: str = ""  # what the weights are and why ("auto: gguf blocks (one plain step ...)"), for displays
+
+
+def check_weights(weights: str, source: TargetSource, device: str, dtype: str) -> None:
+    """Refuse --weights values and combinations that cannot run, before anything loads."""
+    from . import kernels
+    from .quant import BLOCK_MODES, WEIGHTS
+
+    if weights not in WEIGHTS:
+        raise SpecdecError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}", setting="weights")
+    if weights not in BLOCK_MODES:
+        return
+    if weights == "gguf" and source.kind != "gguf":
+        raise SpecdecError("--weights gguf needs a .gguf target; int8 or int4 quantise any other model on load",
+                           setting="weights")
+    if device != "cpu":
+        raise SpecdecError(f"--weights {weights} runs on specdec's CPU kernels; on {device} use --weights dense",
+                           setting="weights")
+    if dtype not in ("auto", "float32"):
+        raise SpecdecError(f"--weights {weights} computes in float32 (its matmuls on 8-bit activations); "
+                           f"--dtype {dtype} needs --weights dense", setting="weights")
+    if not kernels.available():
+        kernels.set_threads(1)  # raises the one-line "not compiled" error
+
+
+def blocks_eligible(source: TargetSource, device: str, dtype: str) -> bool:
+    """Whether --weights auto considers the GGUF's own blocks here (then it measures which is faster)."""
+    from . import kernels
+
+    return source.kind == "gguf" and device == "cpu" and dtype in ("auto", "float32") and kernels.available()
 
 
 def load_target(
@@ -237,6 +268,7 @@ def load_target(
     device: str = "auto",
     dtype: str = "auto",
     on_status: Optional[StatusCallback] = None,
+    weights: str = "auto",
 ) -> LoadedTarget:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -248,6 +280,7 @@ def load_target(
         if dtype not in DTYPES:
             raise SpecdecError(f"SPECDEC_DTYPE must be one of {', '.join(DTYPES)}, got {dtype!r}")
     torch_dtype = pick_dtype(dtype, device_name)
+    check_weights(weights, source, device_name, dtype)
     location = model_location(source, on_status)
     started = time.perf_counter()
     import torch
@@ -261,22 +294,81 @@ def load_target(
         torch.nn.Module.to(model, device_name)  # (transformers' own `to` wrapper confuses type checkers)
         return model.eval(), tokenizer
 
+    def key_of(model: Any) -> str:
+        from .machine import cpu_model
+
+        params = sum(parameter.numel() for parameter in model.parameters())
+        return f"{location}|{params}|{cpu_model()}|{torch.get_num_threads()}|{torch.__version__}"
+
+    def to_blocks(model: Any, mode: str) -> str:
+        from . import quant
+
+        gguf = Path(source.location) if source.kind == "gguf" else None
+        if on_status is not None:
+            on_status(f"putting the weights in {mode} blocks (cached after the first time)...")
+        quant.convert(model, mode, gguf, _weights_identity(source, location, model), specdec_home())
+        use_block_threads()
+        return quant.weights_summary(model)
+
+    mode = weights
+    if mode == "auto":
+        mode = "gguf" if blocks_eligible(source, device_name, dtype) else "dense"
+    if mode != "dense":
+        model, tokenizer = load(torch.float32)
+        reason = ""
+        if weights == "auto":  # the GGUF's own blocks where a plain step measures faster than dense
+            from .dtype_choice import choose_weights
+
+            if on_status is not None:
+                on_status("choosing the weights (timed once per model and machine)...")
+            choice = choose_weights(model, key_of(model), dtype, lambda: load(torch.float32)[0],
+                                    lambda blocks_model: to_blocks(blocks_model, "gguf"))
+            model, reason = choice.model, choice.reason
+            if choice.weights == "dense":
+                dense_dtype = next(model.parameters()).dtype
+                return LoadedTarget(model, tokenizer, source.name, device_name, dense_dtype,
+                                    time.perf_counter() - started, choice.dtype_reason, "dense", reason)
+        summary = to_blocks(model, mode) if not reason else ""
+        reason = reason or f"{mode}: {summary}"
+        return LoadedTarget(model, tokenizer, source.name, device_name, torch.float32, time.perf_counter() - started,
+                            "float32 (block weights compute in float32)", mode, reason)
+
     model, tokenizer = load(torch_dtype)
     reason = f"{str(torch_dtype).removeprefix('torch.')}" + (" (auto)" if dtype == "auto" else "")
     if dtype == "auto" and device_name == "cpu":  # float32 unless bfloat16 is native here and measured faster
         from .dtype_choice import choose_cpu_dtype
-        from .machine import cpu_model
 
         if on_status is not None:
             on_status("choosing the dtype (timed once per model and machine)...")
-        params = sum(parameter.numel() for parameter in model.parameters())
-        key = f"{location}|{params}|{cpu_model()}|{torch.get_num_threads()}|{torch.__version__}"
-        choice = choose_cpu_dtype(model, key)
+        choice = choose_cpu_dtype(model, key_of(model))
         if choice.dtype == "reload":
             model, tokenizer = load(torch.float32)
         torch_dtype, reason = next(model.parameters()).dtype, choice.reason
     return LoadedTarget(model, tokenizer, source.name, device_name, torch_dtype, time.perf_counter() - started,
-                        reason)
+                        reason, "dense", "dense" + (" (auto)" if weights == "auto" else ""))
+
+
+def use_block_threads() -> None:
+    """Block weights: specdec's kernels take torch's threads and torch keeps one (two thread pools spinning on the
+    same cores slowed a step threefold on a 2-core CPU). `--threads N` before loading sets how many."""
+    import torch
+
+    from . import kernels
+
+    wanted = max(torch.get_num_threads(), kernels.threads())
+    kernels.set_threads(wanted)
+    torch.set_num_threads(1)
+
+
+def _weights_identity(source: TargetSource, location: str, model: Any) -> str:
+    """What the cached blocks were made from: the converted GGUF, a directory's weight files, a hub revision."""
+    if source.kind == "dir":
+        files = sorted(Path(location).glob("*.safetensors")) + sorted(Path(location).glob("*.bin"))
+        stamp = "|".join(f"{path.name}:{path.stat().st_size}:{path.stat().st_mtime_ns}" for path in files)
+        return f"dir|{location}|{stamp}"
+    if source.kind == "hub":
+        return f"hub|{location}|{getattr(model.config, '_commit_hash', '') or ''}"
+    return f"gguf|{location}"
 
 
 def _hub_hint(source: TargetSource, exc: Exception) -> str:
@@ -290,10 +382,14 @@ def _hub_hint(source: TargetSource, exc: Exception) -> str:
 
 
 def set_threads(threads: int) -> None:
-    """Pin torch's CPU threads (`--threads`): on a CPU shared with other jobs, fewer threads than cores avoid
-    the threads thrashing each other."""
+    """Pin the CPU threads (`--threads`) of torch and of specdec's kernels: on a CPU shared with other jobs, fewer
+    threads than cores avoid the threads thrashing each other."""
     if threads < 1:
         raise SpecdecError(f"threads must be >= 1, got {threads}", setting="threads")
     import torch
 
+    from . import kernels
+
     torch.set_num_threads(threads)
+    if kernels.available():
+        kernels.set_threads(threads)

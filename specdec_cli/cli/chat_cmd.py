@@ -30,7 +30,7 @@ def read_prompt(prompt: str) -> str:
     return text
 
 
-def chat_settings(*, target, device, dtype, drafter, index, aux, draft_model, draft_min_prob, draft_max,
+def chat_settings(*, target, device, dtype, weights="auto", drafter, index, aux, draft_model, draft_min_prob, draft_max,
                   max_new_tokens, temperature, top_p, top_k, seed, system, raw, stop, exact=None, memory=True):
     """The flags as a checked ChatSettings (everything checkable before the slow model load)."""
     from ..chat import ChatSettings
@@ -42,7 +42,7 @@ def chat_settings(*, target, device, dtype, drafter, index, aux, draft_model, dr
     generation = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                   seed=seed, stop=tuple(stop or ()),
                                   **({} if draft_max is None else {"budget": draft_max}))
-    settings = ChatSettings(target=target, device=device, dtype=dtype, drafter=drafter, drafter_options=options,
+    settings = ChatSettings(target=target, device=device, dtype=dtype, weights=weights, drafter=drafter, drafter_options=options,
                             generation=generation, system=system, raw=raw, exact=exact, memory=memory)
     settings.check()
     return settings
@@ -82,6 +82,7 @@ def chat(
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, mps."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 where this CPU runs it natively and it is measured faster, else float32; bfloat16 on GPUs), float32, bfloat16, float16."),
+    weights: str = typer.Option("auto", "--weights", help="auto (a GGUF's own 4/8-bit blocks on the CPU where measured faster, else dense), gguf, int8, int4 (quantise other layers on load: a smaller, different target), dense."),
     memory: bool = typer.Option(True, "--memory/--no-memory", help="Remember this run's answers and let sam draft from every answer remembered for this model (SPECDEC_NO_MEMORY=1 turns it off; --compare never uses it)."),
     exact: Optional[bool] = typer.Option(None, "--exact/--no-exact", help="Row-invariant verification, so output is bit-identical to plain decoding (default: on in bfloat16/float16, off in float32)."),
 ) -> None:
@@ -89,7 +90,7 @@ def chat(
     if threads is not None:
         apply_threads(threads)
     text = read_prompt(prompt) if prompt is not None else None
-    settings = chat_settings(target=target, device=device, dtype=dtype, drafter=drafter, index=index, aux=aux,
+    settings = chat_settings(target=target, device=device, dtype=dtype, weights=weights, drafter=drafter, index=index, aux=aux,
                              draft_model=draft_model, draft_min_prob=draft_min_prob, draft_max=draft_max,
                              max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                              seed=seed, system=system, raw=raw, stop=stop, exact=exact,
@@ -139,11 +140,11 @@ def _compare(session, text: str, as_json: bool, plain: bool, show_rejected: bool
     if as_json:
         comparison = session.compare(text)
         payload = compare_json(comparison, session.drafter_name)
-        payload.update(dtype=dtype, exact_verification=session.engine.exact_check)
+        payload.update(dtype=dtype, weights=loaded.weights_reason, exact_verification=session.engine.exact_check)
         print(json.dumps(payload, ensure_ascii=False))
         return
-    err_console().print(f"[dim]{loaded.dtype_reason or dtype} · exact verification: {session.engine.exact_check}"
-                        "[/dim]", highlight=False)
+    err_console().print(f"[dim]{loaded.dtype_reason or dtype} · weights {loaded.weights_reason} · exact verification: "
+                        f"{session.engine.exact_check}[/dim]", highlight=False)
     err_console().print("[dim]Answering plainly first (timed, not shown), then speculatively:[/dim]")
     if plain:
         stream = TextStream(session.tokenizer, session.generation.stop)
@@ -186,7 +187,7 @@ def settings_lines(session, loaded) -> list[str]:
     if exact == "off":
         exact = "off (a token whose top two logits tie to rounding may differ from plain decoding)"
     return [
-        f"[bold]specdec chat[/bold] · model {loaded.name} · {loaded.device} · {dtype}",
+        f"[bold]specdec chat[/bold] · model {loaded.name} · {loaded.device} · {dtype} · weights {loaded.weights_reason}",
         f"drafter {drafter} · draft_max {generation.budget} · {sampling} · max_new_tokens {generation.max_new_tokens}",
         f"exact verification: {exact}",
     ]

@@ -1,0 +1,776 @@
+/*
+ * specdec's CPU kernels: block-quantised matrix products and row-invariant attention, on a small thread pool.
+ *
+ * Why they exist: a CPU decoding step is bound by reading the weights, so a GGUF's 4-bit blocks should be read as
+ * they are stored (llama.cpp's approach), and verification needs every row of a block to come out bit for bit as a
+ * one-row forward would compute it. torch's kernels give neither on every CPU (their reduction order changes
+ * with the row count; their int4 path is slow without AVX512). Here each output element is computed by the same
+ * sequence of operations whatever the number of rows or threads, so the kernels are row-invariant by
+ * construction (exact.py still checks it end to end).
+ *
+ *   matmul(kind, x, rows, k, n, weights, out)
+ *       out[rows, n] = x[rows, k] @ W^T, W held as blocks of 32 weights along k, one record per output column
+ *       (read as one stream):
+ *         kind 4: float32 scales [k/32], float32 offsets [k/32], codes uint8 [k/32][16] (weight i of a block in
+ *                 the low nibble of byte i, weight i + 16 in its high nibble); W = scale * code + offset;
+ *         kind 8: float32 scales [k/32], codes int8 [k/32][32]; W = scale * code.
+ *       Each row of x is first rounded to 8 bits per block of 32 (scale = max |x| / 127, code = round(x / scale)),
+ *       as llama.cpp does, so a block's product is one integer dot product and two multiplications.
+ *   attention(...)
+ *       softmax(q . k * scale) v per query row and head, each row over its own keys: a contiguous run of cache
+ *       positions plus a list of further positions (a tree node's ancestors), in that order. Keys and values
+ *       are float32 or bfloat16, read in place through strides; scores, softmax and sums are float32.
+ *   set_threads(n), threads(), isa()
+ *
+ * Pointers arrive as integers (the Python side, kernels/__init__.py, checks dtypes, shapes and contiguity).
+ * The GIL is released while a kernel runs; a second caller arriving while the pool is busy runs on its own
+ * thread. x86-64 CPUs with AVX2 and FMA take vectorised paths chosen once at import; every other CPU takes the
+ * portable C loops (same results within a process, slower). This file knows nothing of models or GGUF files.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_X86 1
+#define AVX2 __attribute__((target("avx2,fma")))
+#else
+#define HAVE_X86 0
+#endif
+
+#define BLOCK 32          /* weights (and activations) per quantisation block */
+#define MAX_THREADS 64
+#define SPIN_SECONDS 5e-4
+#define PREFETCH_TILES 3 /* how far ahead the matmul asks for weights (tiles of 2-4 columns) */ /* an idle worker spins this long before sleeping: kernels come in quick succession */
+
+static int use_avx2 = 0;
+
+/* ------------------------------------------------------------------------------------------ thread pool */
+
+typedef void (*task_fn)(const void *ctx, long start, long stop);
+
+static struct {
+    pthread_t threads[MAX_THREADS];
+    int count;                /* threads working on a job, the caller included */
+    pthread_mutex_t job_lock; /* one job at a time; a second caller runs alone */
+    pthread_mutex_t sleep_lock;
+    pthread_cond_t wake;
+    atomic_long generation; /* bumped for each job */
+    atomic_int remaining;   /* workers still on the current job */
+    atomic_int sleepers;
+    atomic_int stopping;
+    long base_generation; /* the generation when the workers were started: their first job comes after it */
+    task_fn fn;
+    const void *ctx;
+    long items;
+} pool = {.count = 1,
+          .job_lock = PTHREAD_MUTEX_INITIALIZER,
+          .sleep_lock = PTHREAD_MUTEX_INITIALIZER,
+          .wake = PTHREAD_COND_INITIALIZER};
+
+static inline void cpu_relax(void)
+{
+#if HAVE_X86
+    _mm_pause();
+#endif
+}
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Thread `index` of `pool.count` takes items [start, stop): a fixed split, so results never depend on timing. */
+static void run_share(int index)
+{
+    long start = pool.items * index / pool.count, stop = pool.items * (index + 1) / pool.count;
+    if (start < stop)
+        pool.fn(pool.ctx, start, stop);
+}
+
+static void *worker_main(void *arg)
+{
+    int index = (int)(intptr_t)arg;
+    long seen = pool.base_generation; /* not the current one: a job may already have been posted */
+    for (;;) {
+        double spin_until = now_seconds() + SPIN_SECONDS;
+        long spins = 0, generation;
+        while ((generation = atomic_load(&pool.generation)) == seen && !atomic_load(&pool.stopping)) {
+            if ((++spins & 255) != 0 || now_seconds() < spin_until) {
+                cpu_relax();
+                continue;
+            }
+            pthread_mutex_lock(&pool.sleep_lock);
+            atomic_fetch_add(&pool.sleepers, 1);
+            while (atomic_load(&pool.generation) == seen && !atomic_load(&pool.stopping))
+                pthread_cond_wait(&pool.wake, &pool.sleep_lock);
+            atomic_fetch_sub(&pool.sleepers, 1);
+            pthread_mutex_unlock(&pool.sleep_lock);
+            spin_until = now_seconds() + SPIN_SECONDS;
+        }
+        if (atomic_load(&pool.stopping))
+            return NULL;
+        seen = generation;
+        run_share(index);
+        atomic_fetch_sub(&pool.remaining, 1);
+    }
+}
+
+static void wake_all(void)
+{
+    if (atomic_load(&pool.sleepers) > 0) {
+        pthread_mutex_lock(&pool.sleep_lock);
+        pthread_cond_broadcast(&pool.wake);
+        pthread_mutex_unlock(&pool.sleep_lock);
+    }
+}
+
+/* fn(ctx, start, stop) over items [0, items), split across the pool; returns when every share is done. */
+static void run_parallel(task_fn fn, const void *ctx, long items)
+{
+    if (pool.count <= 1 || items < 2 || pthread_mutex_trylock(&pool.job_lock) != 0) {
+        fn(ctx, 0, items);
+        return;
+    }
+    pool.fn = fn;
+    pool.ctx = ctx;
+    pool.items = items;
+    atomic_store(&pool.remaining, pool.count - 1);
+    atomic_fetch_add(&pool.generation, 1);
+    wake_all();
+    run_share(0);
+    while (atomic_load(&pool.remaining) > 0)
+        cpu_relax();
+    pthread_mutex_unlock(&pool.job_lock);
+}
+
+static void stop_workers(void)
+{
+    if (pool.count <= 1)
+        return;
+    atomic_store(&pool.stopping, 1);
+    pthread_mutex_lock(&pool.sleep_lock);
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.sleep_lock);
+    for (int i = 1; i < pool.count; i++)
+        pthread_join(pool.threads[i], NULL);
+    pool.count = 1;
+    atomic_store(&pool.stopping, 0);
+}
+
+static int start_workers(int count)
+{
+    pool.base_generation = atomic_load(&pool.generation);
+    for (int i = 1; i < count; i++) {
+        if (pthread_create(&pool.threads[i], NULL, worker_main, (void *)(intptr_t)i) != 0) {
+            pool.count = i;
+            return -1;
+        }
+        pool.count = i + 1;
+    }
+    return 0;
+}
+
+/* A forked child has none of the parent's workers: it starts single-threaded. */
+static void after_fork_in_child(void)
+{
+    pool.count = 1;
+    atomic_store(&pool.sleepers, 0);
+    atomic_store(&pool.stopping, 0);
+    pthread_mutex_init(&pool.job_lock, NULL);
+    pthread_mutex_init(&pool.sleep_lock, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+}
+
+/* ------------------------------------------------------------------ activations rounded to 8-bit blocks */
+
+/* Row r, block b: codes qx[r, 32b .. 32b+31], scale dx[r, b], and sx[r, b] = dx * sum of the codes. */
+static void quantize_rows_portable(const float *x, long rows, long k, int8_t *qx, float *dx, float *sx)
+{
+    long blocks = k / BLOCK;
+    for (long r = 0; r < rows; r++)
+        for (long b = 0; b < blocks; b++) {
+            const float *v = x + r * k + b * BLOCK;
+            float amax = 0.0f;
+            for (int i = 0; i < BLOCK; i++)
+                amax = fmaxf(amax, fabsf(v[i]));
+            float scale = amax / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+            int8_t *codes = qx + r * k + b * BLOCK;
+            int sum = 0;
+            for (int i = 0; i < BLOCK; i++) {
+                int code = (int)nearbyintf(v[i] * inverse);
+                codes[i] = (int8_t)code;
+                sum += code;
+            }
+            dx[r * blocks + b] = scale;
+            sx[r * blocks + b] = scale * (float)sum;
+        }
+}
+
+#if HAVE_X86
+AVX2 static inline float hsum8(__m256 v)
+{
+    __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
+    sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
+    return _mm_cvtss_f32(sum);
+}
+
+AVX2 static inline int hsum8i(__m256i v)
+{
+    __m128i sum = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0x4e));
+    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0xb1));
+    return _mm_cvtsi128_si32(sum);
+}
+
+AVX2 static void quantize_rows_avx2(const float *x, long rows, long k, int8_t *qx, float *dx, float *sx)
+{
+    long blocks = k / BLOCK;
+    const __m256 sign_off = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (long r = 0; r < rows; r++)
+        for (long b = 0; b < blocks; b++) {
+            const float *v = x + r * k + b * BLOCK;
+            __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), v2 = _mm256_loadu_ps(v + 16),
+                   v3 = _mm256_loadu_ps(v + 24);
+            __m256 amax = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, sign_off), _mm256_and_ps(v1, sign_off)),
+                                        _mm256_max_ps(_mm256_and_ps(v2, sign_off), _mm256_and_ps(v3, sign_off)));
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            float scale = _mm_cvtss_f32(m4) / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+            __m256 mul = _mm256_set1_ps(inverse);
+            const int round = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+            __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), round));
+            __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), round));
+            __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), round));
+            __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), round));
+            int sum = hsum8i(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
+            /* pack 32 int32 -> 32 int8 in order (packs interleave 128-bit lanes; the permute restores order) */
+            __m256i p01 = _mm256_packs_epi32(i0, i1), p23 = _mm256_packs_epi32(i2, i3);
+            __m256i packed = _mm256_packs_epi16(p01, p23);
+            packed = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(qx + r * k + b * BLOCK), packed);
+            dx[r * blocks + b] = scale;
+            sx[r * blocks + b] = scale * (float)sum;
+        }
+}
+#endif
+
+static void quantize_rows(const float *x, long rows, long k, int8_t *qx, float *dx, float *sx)
+{
+#if HAVE_X86
+    if (use_avx2) {
+        quantize_rows_avx2(x, rows, k, qx, dx, sx);
+        return;
+    }
+#endif
+    quantize_rows_portable(x, rows, k, qx, dx, sx);
+}
+
+/* ------------------------------------------------------------------------------ block-quantised matmul */
+
+typedef struct {
+    int kind; /* 4 or 8 */
+    long rows, k, n;
+    const int8_t *qx;
+    const float *dx, *sx;
+    const char *weights; /* one record per output column (matmul's docstring above) */
+    long record;         /* bytes per record */
+    float *out;
+} MatmulTask;
+
+/* Column `col`'s record: float32 scales [k/32], (kind 4) float32 offsets [k/32], then its codes. */
+static inline const float *record_scales(const MatmulTask *t, long col)
+{
+    return (const float *)(t->weights + col * t->record);
+}
+
+static inline const void *record_codes(const MatmulTask *t, long col)
+{
+    long blocks = t->k / BLOCK;
+    return t->weights + col * t->record + (t->kind == 4 ? 8 : 4) * blocks;
+}
+
+/* The offsets' share of an output: sum over blocks of offset * (scale_x * sum of the row's codes). */
+static inline float offset_term_portable(const float *offsets, const float *sx, long blocks)
+{
+    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0}, tail = 0.0f;
+    long b = 0;
+    for (; b + 8 <= blocks; b += 8)
+        for (int i = 0; i < 8; i++)
+            lanes[i] += offsets[b + i] * sx[b + i];
+    for (; b < blocks; b++)
+        tail += offsets[b] * sx[b];
+    return ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7])) + tail;
+}
+
+static void matmul_columns_portable(const void *arg, long start, long stop)
+{
+    const MatmulTask *t = arg;
+    long blocks = t->k / BLOCK;
+    for (long col = start; col < stop; col++) {
+        const float *scale = record_scales(t, col);
+        for (long r = 0; r < t->rows; r++) {
+            const int8_t *x = t->qx + r * t->k;
+            const float *dx = t->dx + r * blocks;
+            float acc = 0.0f;
+            for (long b = 0; b < blocks; b++) {
+                int dot = 0;
+                if (t->kind == 4) {
+                    const uint8_t *w = (const uint8_t *)record_codes(t, col) + b * (BLOCK / 2);
+                    for (int i = 0; i < BLOCK / 2; i++)
+                        dot += (w[i] & 15) * x[b * BLOCK + i] + (w[i] >> 4) * x[b * BLOCK + i + BLOCK / 2];
+                } else {
+                    const int8_t *w = (const int8_t *)record_codes(t, col) + b * BLOCK;
+                    for (int i = 0; i < BLOCK; i++)
+                        dot += w[i] * x[b * BLOCK + i];
+                }
+                acc += (float)dot * (scale[b] * dx[b]);
+            }
+            if (t->kind == 4)
+                acc += offset_term_portable(scale + blocks, t->sx + r * blocks, blocks);
+            t->out[r * t->n + col] = acc;
+        }
+    }
+}
+
+#if HAVE_X86
+AVX2 static inline float offset_term_avx2(const float *offsets, const float *sx, long blocks)
+{
+    __m256 lanes = _mm256_setzero_ps();
+    float tail = 0.0f;
+    long b = 0;
+    for (; b + 8 <= blocks; b += 8)
+        lanes = _mm256_add_ps(lanes, _mm256_mul_ps(_mm256_loadu_ps(offsets + b), _mm256_loadu_ps(sx + b)));
+    for (; b < blocks; b++)
+        tail += offsets[b] * sx[b];
+    return hsum8(lanes) + tail;
+}
+
+/*
+ * A tile of ROWS rows (from r0) by COLS columns (from col): ROWS * COLS independent accumulators, so the
+ * processor overlaps their dependency chains. Every output element is computed by the same operations in the
+ * same order whatever the tile's shape: for each block, acc += float(integer dot) * (scale_w * scale_x); then
+ * the lanes are summed and the offsets' share added.
+ */
+#define DEFINE_TILE(KIND, ROWS, COLS)                                                                              \
+    AVX2 static void tile_q##KIND##_##ROWS##x##COLS(const MatmulTask *t, long col, long r0)                         \
+    {                                                                                                              \
+        const long blocks = t->k / BLOCK, k = t->k;                                                                \
+        const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);                                   \
+        const float *scale[COLS];                                                                                  \
+        const char *codes[COLS];                                                                                   \
+        _Pragma("GCC unroll 8") for (int c = 0; c < COLS; c++) {                                                   \
+            scale[c] = (const float *)(t->weights + (col + c) * t->record);                                        \
+            codes[c] = (const char *)(scale[c] + (KIND == 4 ? 2 : 1) * blocks);                                    \
+        }                                                                                                          \
+        const int8_t *xrow = t->qx + r0 * k;                                                                       \
+        const float *dxrow = t->dx + r0 * blocks;                                                                  \
+        __m256 acc[ROWS][COLS];                                                                                    \
+        _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; r++)                                                     \
+            _Pragma("GCC unroll 8") for (int c = 0; c < COLS; c++) acc[r][c] = _mm256_setzero_ps();                \
+        for (long b = 0; b < blocks; b++) {                                                                        \
+            __m256i x[ROWS];                                                                                       \
+            __m256 dx[ROWS];                                                                                       \
+            _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; r++) {                                               \
+                x[r] = _mm256_loadu_si256((const __m256i *)(xrow + r * k + b * BLOCK));                            \
+                dx[r] = _mm256_broadcast_ss(dxrow + r * blocks + b);                                               \
+            }                                                                                                      \
+            _Pragma("GCC unroll 8") for (int c = 0; c < COLS; c++) {                                               \
+                __m256 dw = _mm256_broadcast_ss(scale[c] + b);                                                     \
+                __m256i w;                                                                                         \
+                if (KIND == 4) {                                                                                   \
+                    __m128i packed = _mm_loadu_si128((const __m128i *)(codes[c] + b * (BLOCK / 2)));               \
+                    w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);                \
+                } else {                                                                                           \
+                    w = _mm256_loadu_si256((const __m256i *)(codes[c] + b * BLOCK));                               \
+                }                                                                                                  \
+                __m256i magnitude = KIND == 4 ? w : _mm256_sign_epi8(w, w);                                        \
+                _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; r++) {                                           \
+                    __m256i signed_x = KIND == 4 ? x[r] : _mm256_sign_epi8(x[r], w);                               \
+                    __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_x), ones);              \
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, dx[r]), acc[r][c]);     \
+                }                                                                                                  \
+            }                                                                                                      \
+        }                                                                                                          \
+        _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; r++)                                                     \
+            _Pragma("GCC unroll 8") for (int c = 0; c < COLS; c++) {                                               \
+                float value = hsum8(acc[r][c]);                                                                    \
+                if (KIND == 4)                                                                                     \
+                    value += offset_term_avx2(scale[c] + blocks, t->sx + (r0 + r) * blocks, blocks);               \
+                t->out[(r0 + r) * t->n + col + c] = value;                                                         \
+            }                                                                                                      \
+    }
+DEFINE_TILE(4, 1, 4)
+DEFINE_TILE(4, 1, 1)
+DEFINE_TILE(4, 2, 2)
+DEFINE_TILE(4, 3, 2)
+DEFINE_TILE(4, 4, 2)
+DEFINE_TILE(4, 2, 1)
+DEFINE_TILE(4, 3, 1)
+DEFINE_TILE(4, 4, 1)
+DEFINE_TILE(8, 1, 4)
+DEFINE_TILE(8, 1, 1)
+DEFINE_TILE(8, 2, 2)
+DEFINE_TILE(8, 3, 2)
+DEFINE_TILE(8, 4, 2)
+DEFINE_TILE(8, 2, 1)
+DEFINE_TILE(8, 3, 1)
+DEFINE_TILE(8, 4, 1)
+
+typedef void (*tile_fn)(const MatmulTask *, long, long);
+static tile_fn const tiles[2][5][2] = {
+    /* [kind 4, kind 8][rows 1-4][one column, a full tile] */
+    {{NULL, NULL}, {tile_q4_1x1, tile_q4_1x4}, {tile_q4_2x1, tile_q4_2x2}, {tile_q4_3x1, tile_q4_3x2},
+     {tile_q4_4x1, tile_q4_4x2}},
+    {{NULL, NULL}, {tile_q8_1x1, tile_q8_1x4}, {tile_q8_2x1, tile_q8_2x2}, {tile_q8_3x1, tile_q8_3x2},
+     {tile_q8_4x1, tile_q8_4x2}},
+};
+
+/* Columns in tiles (4 wide for one row, 2 wide for more), every row group of 4 under one tile, so a thread
+ * reads each weight once from memory and the row groups after the first find it in L1. */
+AVX2 static void matmul_columns_avx2(const void *arg, long start, long stop)
+{
+    const MatmulTask *t = arg;
+    int kind = t->kind == 4 ? 0 : 1;
+    long width = t->rows == 1 ? 4 : 2;
+    for (long col = start; col < stop;) {
+        int full = col + width <= stop;
+        /* the weights stream from memory: ask for the records PREFETCH_TILES tiles ahead now */
+        long ahead = col + PREFETCH_TILES * width;
+        if (ahead + width <= stop) {
+            const char *next = t->weights + ahead * t->record;
+            for (long line = 0; line < width * t->record; line += 64)
+                _mm_prefetch(next + line, _MM_HINT_T0);
+        }
+        for (long r0 = 0; r0 < t->rows; r0 += 4) {
+            long rows = t->rows - r0 < 4 ? t->rows - r0 : 4;
+            if (full)
+                tiles[kind][rows][1](t, col, r0);
+            else
+                tiles[kind][rows][0](t, col, r0);
+        }
+        col += full ? width : 1;
+    }
+}
+#endif
+
+/* ---------------------------------------------------------------------------------- row-invariant attention */
+
+typedef struct {
+    long rows, heads, kv_heads, dim;
+    const float *q;
+    long q_row, q_head; /* strides in elements */
+    const char *k, *v;
+    int kv_bf16;
+    long k_head, k_pos, v_head, v_pos; /* strides in elements */
+    const int32_t *run_start, *run_stop; /* [rows]: row r's keys begin with the run run_start .. run_stop-1 */
+    const int32_t *extra_start;          /* [rows + 1]: then extra_pos[extra_start[r] .. extra_start[r+1]-1] */
+    const int32_t *extra_pos;
+    float scale;
+    float *out;
+    long o_row, o_head;
+} AttentionTask;
+
+static inline long key_count(const AttentionTask *t, long row)
+{
+    return t->run_stop[row] - t->run_start[row] + t->extra_start[row + 1] - t->extra_start[row];
+}
+
+static inline long key_position(const AttentionTask *t, long row, long j)
+{
+    long run = t->run_stop[row] - t->run_start[row];
+    return j < run ? t->run_start[row] + j : t->extra_pos[t->extra_start[row] + j - run];
+}
+
+static inline float load_scalar(const char *base, int bf16, long index)
+{
+    if (bf16) {
+        uint32_t bits = (uint32_t)((const uint16_t *)base)[index] << 16;
+        float value;
+        memcpy(&value, &bits, sizeof value);
+        return value;
+    }
+    return ((const float *)base)[index];
+}
+
+/* Out of memory for the scratch rows: the outputs say so (NaN), the caller raises. */
+static void fill_nan(const AttentionTask *t, long start, long stop)
+{
+    for (long item = start; item < stop; item++)
+        for (long d = 0; d < t->dim; d++)
+            t->out[(item / t->heads) * t->o_row + (item % t->heads) * t->o_head + d] = NAN;
+}
+
+static void attention_items_portable(const void *arg, long start, long stop)
+{
+    const AttentionTask *t = arg;
+    long group = t->heads / t->kv_heads, most = 0;
+    for (long item = start; item < stop; item++)
+        most = key_count(t, item / t->heads) > most ? key_count(t, item / t->heads) : most;
+    float *scores = malloc(sizeof(float) * (size_t)(most > 0 ? most : 1));
+    float *acc = malloc(sizeof(float) * (size_t)t->dim);
+    if (scores == NULL || acc == NULL) {
+        free(scores);
+        free(acc);
+        fill_nan(t, start, stop);
+        return;
+    }
+    for (long item = start; item < stop; item++) {
+        long row = item / t->heads, head = item % t->heads, kv = head / group, keys = key_count(t, row);
+        const float *q = t->q + row * t->q_row + head * t->q_head;
+        float best = -INFINITY;
+        for (long j = 0; j < keys; j++) {
+            long pos = key_position(t, row, j);
+            float dot = 0.0f;
+            for (long d = 0; d < t->dim; d++)
+                dot += q[d] * load_scalar(t->k, t->kv_bf16, kv * t->k_head + pos * t->k_pos + d);
+            scores[j] = dot * t->scale;
+            best = fmaxf(best, scores[j]);
+        }
+        float total = 0.0f;
+        for (long d = 0; d < t->dim; d++)
+            acc[d] = 0.0f;
+        for (long j = 0; j < keys; j++) {
+            float p = expf(scores[j] - best);
+            long pos = key_position(t, row, j);
+            total += p;
+            for (long d = 0; d < t->dim; d++)
+                acc[d] += p * load_scalar(t->v, t->kv_bf16, kv * t->v_head + pos * t->v_pos + d);
+        }
+        float *out = t->out + row * t->o_row + head * t->o_head;
+        for (long d = 0; d < t->dim; d++)
+            out[d] = acc[d] / total;
+    }
+    free(scores);
+    free(acc);
+}
+
+#if HAVE_X86
+AVX2 static inline __m256 load8(const char *base, int bf16, long index)
+{
+    if (bf16) {
+        __m128i half = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + index));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+    }
+    return _mm256_loadu_ps((const float *)base + index);
+}
+
+/* e^x for x <= 0 (scores minus their maximum): 2^n * p(r), x = n ln 2 + r, |r| <= ln 2 / 2, p of degree 6. */
+AVX2 static inline __m256 exp8(__m256 x)
+{
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
+}
+
+/* Head dimensions that are a multiple of 8 (the rest take the portable loop). */
+AVX2 static void attention_items_avx2(const void *arg, long start, long stop)
+{
+    const AttentionTask *t = arg;
+    long group = t->heads / t->kv_heads, chunks = t->dim / 8, most = 0;
+    for (long item = start; item < stop; item++)
+        most = key_count(t, item / t->heads) > most ? key_count(t, item / t->heads) : most;
+    float *scores = malloc(sizeof(float) * (size_t)(most + 8));
+    __m256 *acc = aligned_alloc(32, sizeof(__m256) * (size_t)(chunks > 0 ? chunks : 1));
+    if (scores == NULL || acc == NULL) {
+        free(scores);
+        free(acc);
+        fill_nan(t, start, stop);
+        return;
+    }
+    for (long item = start; item < stop; item++) {
+        long row = item / t->heads, head = item % t->heads, kv = head / group, keys = key_count(t, row);
+        const float *q = t->q + row * t->q_row + head * t->q_head;
+        /* scores, in key order; each a fixed-order dot product over the head dimension */
+        __m256 best8 = _mm256_set1_ps(-INFINITY);
+        for (long j = 0; j < keys; j++) {
+            long base = kv * t->k_head + key_position(t, row, j) * t->k_pos;
+            __m256 dot = _mm256_mul_ps(_mm256_loadu_ps(q), load8(t->k, t->kv_bf16, base));
+            for (long c = 1; c < chunks; c++)
+                dot = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), load8(t->k, t->kv_bf16, base + 8 * c), dot);
+            scores[j] = hsum8(dot) * t->scale;
+        }
+        for (long j = 0; j + 8 <= keys; j += 8)
+            best8 = _mm256_max_ps(best8, _mm256_loadu_ps(scores + j));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(best8), _mm256_extractf128_ps(best8, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        float best = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        for (long j = keys - keys % 8; j < keys; j++)
+            best = fmaxf(best, scores[j]);
+        /* probabilities in groups of 8 (the tail padded with -inf, whose exp is 0), summed lane-wise */
+        for (long j = keys; j < keys + 8; j++)
+            scores[j] = -INFINITY;
+        __m256 total8 = _mm256_setzero_ps(), best_vec = _mm256_set1_ps(best);
+        for (long j = 0; j < keys; j += 8) {
+            __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), best_vec));
+            p = _mm256_blendv_ps(p, _mm256_setzero_ps(),
+                                 _mm256_cmp_ps(_mm256_loadu_ps(scores + j), _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ));
+            _mm256_storeu_ps(scores + j, p);
+            total8 = _mm256_add_ps(total8, p);
+        }
+        float total = hsum8(total8);
+        for (long c = 0; c < chunks; c++)
+            acc[c] = _mm256_setzero_ps();
+        for (long j = 0; j < keys; j++) {
+            long base = kv * t->v_head + key_position(t, row, j) * t->v_pos;
+            __m256 p = _mm256_set1_ps(scores[j]);
+            for (long c = 0; c < chunks; c++)
+                acc[c] = _mm256_fmadd_ps(p, load8(t->v, t->kv_bf16, base + 8 * c), acc[c]);
+        }
+        __m256 inverse = _mm256_set1_ps(1.0f / total);
+        float *out = t->out + row * t->o_row + head * t->o_head;
+        for (long c = 0; c < chunks; c++)
+            _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(acc[c], inverse));
+    }
+    free(scores);
+    free(acc);
+}
+#endif
+
+/* -------------------------------------------------------------------------------------- Python bindings */
+
+static PyObject *py_matmul(PyObject *self, PyObject *args)
+{
+    int kind;
+    Py_ssize_t x, rows, k, n, weights, out;
+    if (!PyArg_ParseTuple(args, "innnnnn", &kind, &x, &rows, &k, &n, &weights, &out))
+        return NULL;
+    if ((kind != 4 && kind != 8) || rows < 1 || k < BLOCK || k % BLOCK != 0 || n < 1) {
+        PyErr_SetString(PyExc_ValueError, "matmul: kind must be 4 or 8, rows and n >= 1, k a multiple of 32");
+        return NULL;
+    }
+    long blocks = k / BLOCK;
+    int8_t *qx = malloc((size_t)(rows * k));
+    float *dx = malloc(sizeof(float) * (size_t)(rows * blocks)), *sx = malloc(sizeof(float) * (size_t)(rows * blocks));
+    if (qx == NULL || dx == NULL || sx == NULL) {
+        free(qx);
+        free(dx);
+        free(sx);
+        return PyErr_NoMemory();
+    }
+    long record = (kind == 4 ? 24 : 36) * blocks;
+    MatmulTask task = {kind, rows, k, n, qx, dx, sx, (const char *)weights, record, (float *)out};
+    Py_BEGIN_ALLOW_THREADS
+    quantize_rows((const float *)x, rows, k, qx, dx, sx);
+#if HAVE_X86
+    if (use_avx2)
+        run_parallel(matmul_columns_avx2, &task, n);
+    else
+#endif
+        run_parallel(matmul_columns_portable, &task, n);
+    Py_END_ALLOW_THREADS
+    free(qx);
+    free(dx);
+    free(sx);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_attention(PyObject *self, PyObject *args)
+{
+    AttentionTask t;
+    Py_ssize_t rows, heads, kv_heads, dim, q, q_row, q_head, k, v, k_head, k_pos, v_head, v_pos, run_start, run_stop,
+        extra_start, extra_pos, out, o_row, o_head;
+    int kv_bf16;
+    double scale;
+    if (!PyArg_ParseTuple(args, "nnnnnnnnnpnnnnnnnndnnn", &rows, &heads, &kv_heads, &dim, &q, &q_row, &q_head, &k,
+                          &v, &kv_bf16, &k_head, &k_pos, &v_head, &v_pos, &run_start, &run_stop, &extra_start,
+                          &extra_pos, &scale, &out, &o_row, &o_head))
+        return NULL;
+    if (rows < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || dim < 1) {
+        PyErr_SetString(PyExc_ValueError, "attention: rows, heads and dim >= 1, heads a multiple of kv_heads");
+        return NULL;
+    }
+    t = (AttentionTask){rows, heads, kv_heads, dim, (const float *)q, q_row, q_head, (const char *)k,
+                        (const char *)v, kv_bf16, k_head, k_pos, v_head, v_pos, (const int32_t *)run_start,
+                        (const int32_t *)run_stop, (const int32_t *)extra_start, (const int32_t *)extra_pos, (float)scale, (float *)out, o_row,
+                        o_head};
+    Py_BEGIN_ALLOW_THREADS
+#if HAVE_X86
+    if (use_avx2 && dim % 8 == 0)
+        run_parallel(attention_items_avx2, &t, rows * heads);
+    else
+#endif
+        run_parallel(attention_items_portable, &t, rows * heads);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_set_threads(PyObject *self, PyObject *args)
+{
+    int count;
+    if (!PyArg_ParseTuple(args, "i", &count))
+        return NULL;
+    if (count < 1 || count > MAX_THREADS) {
+        PyErr_Format(PyExc_ValueError, "threads must be between 1 and %d", MAX_THREADS);
+        return NULL;
+    }
+    if (count == pool.count)
+        Py_RETURN_NONE;
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&pool.job_lock);
+    stop_workers();
+    failed = start_workers(count);
+    pthread_mutex_unlock(&pool.job_lock);
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_SetString(PyExc_OSError, "could not start the kernels' worker threads");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_threads(PyObject *self, PyObject *unused)
+{
+    return PyLong_FromLong(pool.count);
+}
+
+static PyObject *py_isa(PyObject *self, PyObject *unused)
+{
+    return PyUnicode_FromString(use_avx2 ? "avx2" : "portable");
+}
+
+static PyMethodDef methods[] = {
+    {"matmul", py_matmul, METH_VARARGS, "matmul(kind, x, rows, k, n, weights, out): pointers as ints"},
+    {"attention", py_attention, METH_VARARGS, "row-invariant attention over each row's own keys (pointers as ints)"},
+    {"set_threads", py_set_threads, METH_VARARGS, "set_threads(n): the pool's threads, the caller included"},
+    {"threads", py_threads, METH_NOARGS, "threads(): the pool's threads, the caller included"},
+    {"isa", py_isa, METH_NOARGS, "isa(): 'avx2' or 'portable'"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu", "specdec's CPU kernels (see kernels/__init__.py)",
+                                    -1, methods};
+
+PyMODINIT_FUNC PyInit__cpu(void)
+{
+#if HAVE_X86
+    __builtin_cpu_init();
+    use_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+    pthread_atfork(NULL, NULL, after_fork_in_child);
+    return PyModule_Create(&module);
+}
