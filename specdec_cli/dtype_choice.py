@@ -40,19 +40,24 @@ def native_bfloat16_cpu() -> bool:
 def step_seconds(model: Any, prefix: int = 64, rounds: int = 5) -> float:
     """The fastest of `rounds` one-token forwards after a `prefix`-token cache (two warm-up forwards first)."""
     import torch
-    from transformers import DynamicCache
+
+    from .kv_cache import KVCache
+    from .native import decoder_for
 
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(3, int(model.config.vocab_size), (1, prefix + 1), generator=generator)
     device = next(model.parameters()).device
     ids = ids.to(device)
+    forward = decoder_for(model) or model  # the forward the engine will run
     best = float("inf")
     with torch.inference_mode():
-        cache = DynamicCache()
-        model(input_ids=ids[:, :prefix], past_key_values=cache, use_cache=True)
+        cache = KVCache()
+        forward(input_ids=ids[:, :prefix], position_ids=torch.arange(prefix, device=device)[None],
+                past_key_values=cache, use_cache=True)
         for attempt in range(rounds + 2):
             started = time.perf_counter()
-            model(input_ids=ids[:, prefix:], past_key_values=cache, use_cache=True)
+            forward(input_ids=ids[:, prefix:], position_ids=torch.tensor([[prefix]], device=device),
+                    past_key_values=cache, use_cache=True)
             if attempt >= 2:
                 best = min(best, time.perf_counter() - started)
             cache.crop(prefix - cache.get_seq_length())
@@ -98,17 +103,19 @@ def choose_weights(model: Any, cache_key: str, dtype: str, reload_float32: Calla
     import torch
 
     from . import kernels
+    from .native import FAMILIES
     from .quant import CACHE_FORMAT
 
-    key = f"weights|{cache_key}|{kernels.isa()}|{CACHE_FORMAT}"
+    forward = "native" if model.config.model_type in FAMILIES else "transformers"  # which forward the blocks run
+    key = f"weights|{cache_key}|{kernels.isa()}|{CACHE_FORMAT}|{forward}"
     record = _read(key, ("dense_ms", "blocks_ms"))
     summary = ""
     if record is None:
         dense_dtype, dense_ms = "float32", step_seconds(model) * 1000
         if dtype == "auto" and native_bfloat16_cpu():
             if choose_cpu_dtype(model, cache_key).dtype == "bfloat16":
-                times = _read(cache_key, ("float32_ms", "bfloat16_ms")) or {}
-                dense_dtype, dense_ms = "bfloat16", float(times.get("bfloat16_ms", dense_ms))
+                measured = _read(cache_key, ("float32_ms", "bfloat16_ms")) or {}
+                dense_dtype, dense_ms = "bfloat16", float(measured.get("bfloat16_ms", dense_ms))
             if next(model.parameters()).dtype != torch.float32:
                 model = reload_float32()
         summary = to_blocks(model)

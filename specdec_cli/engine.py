@@ -18,13 +18,15 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
+from . import native
 from .cost_curve import CostCurve, load_or_measure, save_curve
 from .defaults import DEFAULT_BUDGET
 from .draft import Draft, FinishReason, StepEvent
 from .drafters.base import Drafter
 from .errors import SpecdecError
-from .exact import ExactState, current_state, exact_rows, install, suspended
+from .exact import ExactState, block_mismatch, current_state, exact_rows, install, suspended
 from .kv_cache import KVCache
+from .native import ROW_INVARIANT_ROWS
 from .planner import DraftPlanner, Plan
 from .sampling import check_sampling, sample, warp_probs
 from .stats import GenerationStats, summarize
@@ -94,6 +96,9 @@ class Engine:
         self.exact = exact_by_default(model) if exact is None else exact
         self._exact_state: Optional[ExactState] = None
         self.exact_check = "off" if not self.exact else "not checked"  # "on: ...", "failed: ..." once installed
+        # block weights of a Llama-style model: specdec's own forward (native.py), row-invariant by construction
+        self.native = native.decoder_for(model) if self.exact else None
+        self._own_kernels = False  # inside native_kernels(): transformers' forward on the model's own kernels
         self._tree_ok: Optional[bool] = None
         self._features: Optional[torch.Tensor] = None  # the last forward's last hidden states [n, hidden]
         self.tree_check = "not checked"  # "passed", "failed: ...", or "chains only: ..." once a tree was drafted
@@ -119,8 +124,9 @@ class Engine:
             position_ids = (start + depth).unsqueeze(0).to(self.device)  # [1, n]
             kwargs["attention_mask"] = tree_attention_mask(self.model.config, start, depth, ancestors,
                                                            self.model.dtype, self.device)
-        out = self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True,
-                         output_hidden_states=True, **kwargs)
+        forward = self.native if self.native is not None and not self._own_kernels else self.model
+        out = forward(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True,
+                      output_hidden_states=True, **kwargs)
         self._features = out.hidden_states[-1][0] if out.hidden_states else None  # [n, hidden] (last layer, normed)
         return out.logits[0]  # [n, vocab] (or [1, vocab] with last_only)
 
@@ -263,6 +269,8 @@ class Engine:
         as a warning, the reason kept in `exact_check`)."""
         if not self.exact:
             return None
+        if self.native is not None:
+            return self._prepare_native()
         rows = exact_rows(budget)
         current = current_state(self.model)
         if current is not None and current.suspended:  # inside native_kernels: the model's own kernels
@@ -284,9 +292,33 @@ class Engine:
         self.exact_check = f"on: blocks up to {state.rows} rows; linear shapes padded: {padded}"
         return state.rows
 
+    def _prepare_native(self) -> Optional[int]:
+        """The native decoder needs no set-up; its row invariance is checked end to end once per engine."""
+        if self._own_kernels:
+            return None
+        if self.exact_check == "not checked":
+            mismatch = block_mismatch(self.native, self.model.config, self.device, ROW_INVARIANT_ROWS)
+            self.exact_check = (f"on: specdec's native decoder, blocks up to {ROW_INVARIANT_ROWS} rows"
+                                if mismatch is None else f"failed: {mismatch}")
+            if mismatch is not None:
+                warnings.warn(f"verification is not row-invariant on this model and machine ({mismatch}): speculative "
+                              "output may differ from plain decoding where rounding decides", stacklevel=3)
+        return ROW_INVARIANT_ROWS if self.exact_check.startswith("on") else None
+
     def native_kernels(self) -> Any:
-        """A context in which the model runs its own kernels (exact verification suspended)."""
+        """A context in which the model runs its own kernels (exact verification suspended): transformers'
+        forward, with the native decoder (if any) set aside."""
+        if self.native is not None:
+            return self._set_aside_native()
         return suspended(self.model, current_state(self.model) if self._exact_state is not None else None)
+
+    @contextmanager
+    def _set_aside_native(self) -> Iterator[None]:
+        saved, self._own_kernels = self._own_kernels, True
+        try:
+            yield
+        finally:
+            self._own_kernels = saved
 
     @property
     def supports_trees(self) -> bool:
@@ -390,7 +422,7 @@ class Engine:
 
         params = sum(p.numel() for p in self.model.parameters())
         dtype = next(self.model.parameters()).dtype
-        exact = self._exact_state.rows if self._exact_state is not None else 0
+        exact = self._exact_state.rows if self._exact_state is not None else ROW_INVARIANT_ROWS if self.native else 0
         blocks = f"|{weights_summary(self.model)}" if block_layers(self.model) else ""
         key = (f"{name}|{params}|{self.device}|{cpu_model()}|{dtype}|{torch.get_num_threads()}|"
                f"{torch.__version__}" + (f"|exact{exact}" if exact else "") + blocks)

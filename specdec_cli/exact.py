@@ -147,7 +147,11 @@ def _row_keys(attention_mask: Optional[torch.Tensor], q_len: int, kv_len: int) -
         _parsed.append((key, parsed))
         del _parsed[:-PARSED_MASKS]
         return parsed
-    runs, starts, stops, extra_start, extra_pos = [], [], [], [0], []
+    runs: list[tuple[int, int, Optional[torch.Tensor]]] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    extra_start: list[int] = [0]
+    extra_pos: list[int] = []
     for row in range(q_len):
         picked = attention_mask[0, 0, row].nonzero().squeeze(-1)  # [n] ascending
         first = int(picked[0])
@@ -155,11 +159,11 @@ def _row_keys(attention_mask: Optional[torch.Tensor], q_len: int, kv_len: int) -
         run = int(gaps[0, 0]) + 1 if gaps.numel() else picked.numel()  # length of the first contiguous run
         runs.append((first, first + run, None if run == picked.numel() else picked))
         starts.append(first)
-        stops.append(first + run)
+        ends.append(first + run)
         extra_pos += picked[run:].tolist()
         extra_start.append(len(extra_pos))
     parsed = RowKeys(runs, tuple(torch.tensor(values, dtype=torch.int32)  # type: ignore[arg-type]
-                                 for values in (starts, stops, extra_start, extra_pos)))
+                                 for values in (starts, ends, extra_start, extra_pos)))
     _parsed.append((attention_mask, parsed))
     del _parsed[:-PARSED_MASKS]
     return parsed
@@ -243,7 +247,7 @@ def install(model: Any, rows: int) -> ExactState:
     state = ExactState(rows, "sdpa", [(shape[0], shape[1]) for shape, vary in varying.items() if vary], padded)
     apply(model, state)
     try:
-        mismatch = block_mismatch(model, rows)
+        mismatch = block_mismatch(model, model.config, next(model.parameters()).device, rows)
     except Exception as error:  # e.g. an attention argument rowwise_attention cannot honour
         mismatch = f"the check raised {type(error).__name__}: {str(error).strip()[:120]}"
     if mismatch is not None:
@@ -291,15 +295,15 @@ def suspended(model: Any, state: Optional[ExactState]) -> Iterator[None]:
 
 
 @torch.inference_mode()
-def block_mismatch(model: Any, rows: int) -> Optional[str]:
+def block_mismatch(model: Any, config: Any, device: Any, rows: int) -> Optional[str]:
     """None when blocks of 1..min(rows, 8) tokens, chains and a tree, give the same logits bit for bit as
-    one-row forwards of the same tokens after a 24-token prompt; else what differed."""
+    one-row forwards of the same tokens after a 24-token prompt; else what differed. `model` is the model (or
+    the native decoder), called as transformers models are."""
     from .kv_cache import KVCache
 
-    vocab = int(model.config.vocab_size)
+    vocab = int(config.vocab_size)
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(3, vocab, (24 + max(CHECK_ROWS),), generator=generator).tolist()
-    device = next(model.parameters()).device
     prompt = 24
 
     def forward(ids: list[int], cache: Any, start: int, mask: Any = None, positions: Any = None) -> torch.Tensor:
@@ -329,7 +333,7 @@ def block_mismatch(model: Any, rows: int) -> Optional[str]:
         parents = [-1, -1, 0]  # node 0 and node 1 under the root, node 2 under node 0
         ids = [tokens[prompt], tokens[prompt + 1], 7, tokens[prompt + 2]]  # root -> node 0 -> node 2 = the chain
         depth, ancestors = tree_layout(parents)
-        mask = tree_attention_mask(model.config, prompt, depth, ancestors, device=device)
+        mask = tree_attention_mask(config, prompt, depth, ancestors, device=device)
         block = forward(ids, cache, prompt, mask, prompt + depth)
         for row, index in ((0, 0), (1, 1), (3, 2)):
             if not torch.equal(block[row], one_row[index]):

@@ -22,40 +22,56 @@ class GrowingLayer(DynamicLayer):
     """One layer's keys and values [batch, kv_heads, positions, head_dim] as views of larger buffers."""
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self.length = 0
-        self._key_buffer = key_states.new_empty(0)
-        self._value_buffer = value_states.new_empty(0)
-        self._reserve(key_states, value_states, INITIAL_CAPACITY)
-        self.is_initialized = True
+        batch, heads, _, dim = key_states.shape
+        self._initialize(batch, heads, dim, key_states.dtype, key_states.device)
 
-    def _reserve(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
-        capacity = self._key_buffer.shape[-2] if self._key_buffer.dim() == 4 else 0
+    def _initialize(self, batch: int, heads: int, dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.dtype, self.device = dtype, device
+        self.length = 0
+        self.key_buffer = torch.empty(batch, heads, INITIAL_CAPACITY, dim, dtype=dtype, device=device)
+        self.value_buffer = torch.empty_like(self.key_buffer)
+        self.is_initialized = True
+        self._expose()
+
+    def _reserve(self, needed: int) -> None:
+        """Room for `needed` entries (the buffers are reallocated, doubling, when they are too small)."""
+        capacity = self.key_buffer.shape[-2]
         if needed <= capacity:
             return
-        capacity = max(needed, 2 * capacity, INITIAL_CAPACITY)
-        keys = key_states.new_empty(*key_states.shape[:-2], capacity, key_states.shape[-1])
-        values = value_states.new_empty(*value_states.shape[:-2], capacity, value_states.shape[-1])
-        if self.length:
-            keys[..., : self.length, :] = self._key_buffer[..., : self.length, :]
-            values[..., : self.length, :] = self._value_buffer[..., : self.length, :]
-        self._key_buffer, self._value_buffer = keys, values
+        shape = (*self.key_buffer.shape[:-2], max(needed, 2 * capacity), self.key_buffer.shape[-1])
+        keys = self.key_buffer.new_empty(shape)
+        values = self.value_buffer.new_empty(shape)
+        keys[..., : self.length, :] = self.key_buffer[..., : self.length, :]
+        values[..., : self.length, :] = self.value_buffer[..., : self.length, :]
+        self.key_buffer, self.value_buffer = keys, values
 
     def _expose(self) -> None:
-        self.keys = self._key_buffer[..., : self.length, :]
-        self.values = self._value_buffer[..., : self.length, :]
+        self.keys = self.key_buffer[..., : self.length, :]
+        self.values = self.value_buffer[..., : self.length, :]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         added = key_states.shape[-2]
-        self._reserve(key_states, value_states, self.length + added)
-        self._key_buffer[..., self.length : self.length + added, :] = key_states
-        self._value_buffer[..., self.length : self.length + added, :] = value_states
+        self._reserve(self.length + added)
+        self.key_buffer[..., self.length : self.length + added, :] = key_states
+        self.value_buffer[..., self.length : self.length + added, :] = value_states
         self.length += added
         self._expose()
-        return self.keys, self.values
+        return self.key_buffer[..., : self.length, :], self.value_buffer[..., : self.length, :]
+
+    def open_rows(self, heads: int, dim: int, rows: int) -> "GrowingLayer":
+        """For a writer that fills the buffers itself (native.py): room for `rows` more entries (batch 1,
+        float32); it writes them at positions length .. length + rows - 1, then calls `advance(rows)`."""
+        if not self.is_initialized:
+            self._initialize(1, heads, dim, torch.float32, torch.device("cpu"))
+        self._reserve(self.length + rows)
+        return self
+
+    def advance(self, rows: int) -> None:
+        self.length += rows
+        self._expose()
 
     def get_seq_length(self) -> int:
         return self.length if self.is_initialized else 0
@@ -74,10 +90,10 @@ class GrowingLayer(DynamicLayer):
         if not self.is_initialized:
             return
         kept = positions.numel()
-        keys = self._key_buffer.index_select(-2, positions)  # [b, h, kept, d]
-        values = self._value_buffer.index_select(-2, positions)
-        self._key_buffer[..., :kept, :] = keys
-        self._value_buffer[..., :kept, :] = values
+        keys = self.key_buffer.index_select(-2, positions)  # [b, h, kept, d]
+        values = self.value_buffer.index_select(-2, positions)
+        self.key_buffer[..., :kept, :] = keys
+        self.value_buffer[..., :kept, :] = values
         self.length = kept
         self._expose()
 
@@ -92,9 +108,18 @@ class KVCache(DynamicCache):
     def __init__(self) -> None:
         Cache.__init__(self, layer_class_to_replicate=GrowingLayer)
 
+    def native_layer(self, index: int, heads: int, dim: int, rows: int) -> GrowingLayer:
+        """Layer `index`, with room for `rows` more entries, for a writer that fills it itself (native.py)."""
+        while len(self.layers) <= index:
+            self.layers.append(GrowingLayer())
+        layer = self.layers[index]
+        if not isinstance(layer, GrowingLayer):
+            raise TypeError("native writes need GrowingLayers")
+        return layer.open_rows(heads, dim, rows)
+
     def keep(self, positions: Sequence[int]) -> None:
         """Keep the cached entries at these positions (ascending), in every layer; drop the others."""
         index = torch.tensor(list(positions), dtype=torch.long)
         for layer in self.layers:
-            if getattr(layer, "is_initialized", False):
-                layer.keep(index.to(layer.device))
+            if isinstance(layer, GrowingLayer) and layer.is_initialized:
+                layer.keep(index.to(layer.key_buffer.device))

@@ -280,6 +280,12 @@ def load_target(
         if dtype not in DTYPES:
             raise SpecdecError(f"SPECDEC_DTYPE must be one of {', '.join(DTYPES)}, got {dtype!r}")
     torch_dtype = pick_dtype(dtype, device_name)
+    if weights == "auto" and os.environ.get("SPECDEC_WEIGHTS", "").strip():  # likewise for --weights
+        from .quant import WEIGHTS
+
+        weights = os.environ["SPECDEC_WEIGHTS"].strip()
+        if weights not in WEIGHTS:
+            raise SpecdecError(f"SPECDEC_WEIGHTS must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     check_weights(weights, source, device_name, dtype)
     location = model_location(source, on_status)
     started = time.perf_counter()
@@ -340,10 +346,10 @@ def load_target(
 
         if on_status is not None:
             on_status("choosing the dtype (timed once per model and machine)...")
-        choice = choose_cpu_dtype(model, key_of(model))
-        if choice.dtype == "reload":
+        dtype_choice = choose_cpu_dtype(model, key_of(model))
+        if dtype_choice.dtype == "reload":
             model, tokenizer = load(torch.float32)
-        torch_dtype, reason = next(model.parameters()).dtype, choice.reason
+        torch_dtype, reason = next(model.parameters()).dtype, dtype_choice.reason
     return LoadedTarget(model, tokenizer, source.name, device_name, torch_dtype, time.perf_counter() - started,
                         reason, "dense", "dense" + (" (auto)" if weights == "auto" else ""))
 

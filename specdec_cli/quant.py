@@ -73,6 +73,9 @@ class BlockWeights:
 class BlockLinear(torch.nn.Module):
     """A linear layer on specdec's block kernel: float32 rows in, float32 rows out, bias added in float32."""
 
+    records: torch.Tensor  # uint8 [out, record bytes] (kernels.pack_records)
+    bias: Optional[torch.Tensor]
+
     def __init__(self, weights: BlockWeights, bias: Optional[torch.Tensor] = None):
         from . import kernels
 
@@ -304,7 +307,7 @@ def cache_file(home: Path, identity: str, mode: str) -> Path:
 
 def load_cached(path: Path) -> Optional[dict[str, BlockWeights]]:
     """The planned blocks stored at `path`, or None when absent, foreign or unreadable (then converted again)."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), framework="pt") as handle:
@@ -318,7 +321,7 @@ def load_cached(path: Path) -> Optional[dict[str, BlockWeights]]:
                 planned[name] = BlockWeights(info["kind"], handle.get_tensor(f"{name}.codes"),
                                              handle.get_tensor(f"{name}.scales"), offsets, info["origin"])
             return planned
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError):
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError):
         return None
 
 

@@ -64,9 +64,10 @@ def run_cli(*args, input_text=None, env_extra=None, timeout=600, cwd=None, input
     env = dict(os.environ)
     env.pop("SPECDEC_DEBUG", None)
     env.setdefault("OMP_NUM_THREADS", "1")  # robust when the machine is busy: no thread oversubscription
-    # the same dtype on every machine (`--dtype auto` measures which is faster), and the user's answer memory
-    # never read or written; tests of either say otherwise in env_extra
+    # the same dtype and weights on every machine (`--dtype auto` and `--weights auto` measure which is faster),
+    # and the user's answer memory never read or written; tests of either say otherwise in env_extra
     env.setdefault("SPECDEC_DTYPE", "float32")
+    env.setdefault("SPECDEC_WEIGHTS", "dense")  # likewise for --weights auto; block weights are asked for by name
     env.setdefault("SPECDEC_NO_MEMORY", "1")
     env.update(env_extra or {})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),

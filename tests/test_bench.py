@@ -494,3 +494,31 @@ def test_cli_table_in_a_log_keeps_every_column_whole(target_dir, prompt_file):
                  "TTFT", "Identical"):
         assert name in header, (name, header)
     assert "Verify cost, ms per forward of N rows" in result.stdout
+
+
+def test_llama_cpp_rows_are_skipped_with_a_reason_for_a_target_that_is_not_a_gguf(target_dir, prompt_file):
+    result = run_cli("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none",
+                     "--reference", "llama.cpp", "--limit", "1", "--max-new-tokens", "6", "--no-warmup", "--json",
+                     env_extra=ONE_THREAD)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["settings"]["references_skipped"] == {"llama.cpp": "the target is not a .gguf file"}
+    assert {row["method"] for row in document["results"]} == {"none"}
+
+
+def test_llama_cpp_rows_name_the_missing_package(monkeypatch):
+    from specdec_cli.bench import llama_cpp
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # importing it raises ImportError
+    assert "pip install llama-cpp-python" in llama_cpp.unavailable("model.gguf")
+    assert resolve_methods(["none"], ["llama.cpp", "llama.cpp-pld"])[-1].kind == "llama.cpp"
+
+
+def test_speedup_over_llama_cpp_is_reported_per_row():
+    runs = [TurnRun(method, 0, "p", "qa", 0, 0, 5, [1] * tokens, seconds, None, "length")
+            for method, tokens, seconds in (("none", 10, 1.0), ("sam", 10, 0.5), ("llama.cpp", 10, 0.8))]
+    rows = {row.method: row for row in aggregate(runs, ["none", "sam", "llama.cpp"], ["qa"], 1, True)
+            if row.category == OVERALL}
+    assert rows["sam"].speedup_vs_llama_cpp == pytest.approx(1.6)
+    assert rows["none"].speedup_vs_llama_cpp == pytest.approx(0.8)
+    assert rows["sam"].speedup_vs_fastest_plain == pytest.approx(1.6)  # llama.cpp is the fastest plain row

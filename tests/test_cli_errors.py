@@ -32,6 +32,9 @@ def _assert_one_line_error(result, needle):
         (["chat", "--prompt", "hi", "--drafter", "sam+sam"], "a hybrid is sam+AUX"),
         (["bench", "--drafters", "none,sam+bogus"], "unknown method"),
         (["bench", "--l-threshold", "-1"], "--l-threshold"),
+        (["chat", "--prompt", "hi", "--weights", "int3"], "--weights must be one of"),
+        (["chat", "--prompt", "hi", "--weights", "int4", "--dtype", "bfloat16"], "computes in float32"),
+        (["bench", "--weights", "gguf", "--target", "HuggingFaceTB/SmolLM2-135M-Instruct"], "needs a .gguf target"),
     ],
 )
 def test_bad_input_is_one_line(args, needle):
@@ -143,6 +146,21 @@ def test_an_unknown_model_name_without_network_fails_at_once(tmp_path):
                          env_extra={"HF_HUB_OFFLINE": offline, "HF_HOME": str(tmp_path / "hf")})
         _assert_one_line_error(result, "nobody/no-such-model: not a local file or directory")
         assert time.monotonic() - started < 40
+
+
+def test_weights_gguf_on_a_model_directory_is_one_line(tiny_model_dir):
+    _assert_one_line_error(run_cli("chat", "--target", tiny_model_dir, "-p", "hi", "--weights", "gguf"),
+                           "needs a .gguf target")
+
+
+def test_a_model_directory_quantised_on_load_says_so(tiny_model_dir):
+    import json
+
+    result = run_cli("chat", "--target", tiny_model_dir, "-p", "hello", "-n", "6", "--weights", "int8", "--compare",
+                     "--json")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["identical"] and payload["weights"].startswith("int8: 15 int8 block layers")
 
 
 def test_too_many_threads_warn(tiny_model_dir):

@@ -186,7 +186,8 @@ def test_engines_over_one_model_share_its_row_invariant_state(monkeypatch):
     model = _model("llama", seed=3).to(torch.bfloat16)
     checks = []
     check = exact.block_mismatch
-    monkeypatch.setattr(exact, "block_mismatch", lambda model_, rows: checks.append(rows) or check(model_, rows))
+    monkeypatch.setattr(exact, "block_mismatch",
+                        lambda model_, config, device, rows: checks.append(rows) or check(model_, config, device, rows))
     first, second = _exact_engine(model), _exact_engine(model)
     assert first.prepare(8) == second.prepare(8) == exact_rows(8) and checks == [exact_rows(8)]  # checked once
     hooks = _padding_hooks(model)

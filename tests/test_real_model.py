@@ -21,7 +21,8 @@ PROMPTS = [
 def default_target():
     from specdec_cli.models import load_target
 
-    return load_target(dtype="float32")  # transformers' float32 generate is the reference below
+    # the dense float32 model: transformers' float32 generate on it is the reference below
+    return load_target(dtype="float32", weights="dense")
 
 
 def _reference(target, prompt, max_new_tokens):
@@ -40,7 +41,7 @@ def test_one_shot_json_equals_transformers_greedy(default_target, drafter):
     prompt = PROMPTS[0] if drafter == "none" else PROMPTS[1]
     ids, reference = _reference(default_target, prompt, 96)
     result = run_cli("chat", "--prompt", prompt, "--drafter", drafter, "--max-new-tokens", "96", "--json",
-                     "--dtype", "float32")
+                     "--dtype", "float32", "--weights", "dense")
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
     assert payload["output_token_ids"] == reference
@@ -96,7 +97,7 @@ def test_every_drafter_is_exact_in_bfloat16(tmp_path):
     from specdec_cli.models import load_target
     from specdec_cli.planner import DraftPlanner
 
-    target = load_target(dtype="bfloat16")
+    target = load_target(dtype="bfloat16", weights="dense")
     info = target_info(target.model, target.tokenizer)
     engine = Engine(target.model, target.tokenizer, DraftPlanner(CostCurve.fixed({1: 1.0, 2: 1.02, 16: 1.1})))
     config = GenerationConfig(max_new_tokens=80, eos_token_ids=info.eos_token_ids)
@@ -146,3 +147,58 @@ def test_stop_string_cuts_the_output(default_target):
     payload = json.loads(result.stdout)
     assert "def " not in payload["output"]
     assert payload["finish_reason"] == "stop"
+
+
+def test_every_drafter_is_exact_on_the_ggufs_own_blocks(tmp_path):
+    """The default GGUF at its own precision (Q4_1 and Q8_0 blocks on specdec's kernels, the native decoder):
+    every drafter, chains and trees, greedy-identical to plain decoding of the same block weights."""
+    from specdec_cli.chat import format_prompt, target_info
+    from specdec_cli.cost_curve import CostCurve
+    from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter
+    from specdec_cli.engine import Engine, GenerationConfig
+    from specdec_cli.models import load_target
+    from specdec_cli.planner import DraftPlanner
+    from specdec_cli.quant import weights_summary
+
+    target = load_target(weights="gguf")
+    assert target.weights == "gguf" and weights_summary(target.model) == "210 Q4_1 + 1 Q8_0 block layers, 0 dense"
+    info = target_info(target.model, target.tokenizer)
+    engine = Engine(target.model, target.tokenizer, DraftPlanner(CostCurve.fixed({1: 1.0, 2: 1.02, 16: 1.1})))
+    assert engine.native is not None
+    config = GenerationConfig(max_new_tokens=80, eos_token_ids=info.eos_token_ids)
+    prompt = "Repeat this list twice, then add a fourth item: apples, pears, plums."
+    ids = format_prompt(target.tokenizer, [{"role": "user", "content": prompt}])
+    reference = engine.generate(ids, make_drafter("none", DrafterOptions(), info), config).tokens
+    assert engine.exact_check.startswith("on"), engine.exact_check
+    options = DrafterOptions(draft_model=_untrained_head(target, tmp_path / "head"))
+    for name in [*DRAFTERS, "sam+recycle", "sam+eagle"]:
+        if name in ("none", "model"):
+            continue
+        generation = engine.generate(ids, make_drafter(name, options, info), config)
+        assert generation.tokens == reference, name
+        assert generation.stats.drafted_tokens > 0, name
+
+
+def test_chat_on_the_ggufs_blocks_says_so_and_speculates_identically():
+    result = run_cli("chat", "--prompt", PROMPTS[1], "--weights", "gguf", "--compare", "--json", "-n", "48")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["identical"] and payload["weights"] == "gguf: 210 Q4_1 + 1 Q8_0 block layers, 0 dense"
+    assert payload["exact_verification"].startswith("on: specdec's native decoder")
+
+
+def test_llama_cpp_decodes_the_same_gguf_where_it_is_installed():
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (optional)")
+    from types import SimpleNamespace
+
+    from specdec_cli.bench.llama_cpp import LlamaCpp
+    from specdec_cli.chat import format_prompt
+    from specdec_cli.models import default_gguf_path, load_tokenizer
+
+    tokenizer = load_tokenizer()
+    ids = format_prompt(tokenizer, [{"role": "user", "content": PROMPTS[0]}])
+    config = SimpleNamespace(max_new_tokens=12, eos_token_ids=(tokenizer.eos_token_id,), greedy=True, temperature=0.0,
+                             seed=None)
+    tokens, seconds, ttft, finish, _ = LlamaCpp(str(default_gguf_path()), 1, pld=False).generate(list(ids), config)
+    assert len(tokens) == 12 and finish == "length" and 0 < ttft <= seconds
+    assert tokenizer.decode(tokens).strip()  # text, in the model's own vocabulary

@@ -3,7 +3,8 @@
 `none` (plain decoding through the same engine, the baseline) always comes first, then the drafters, the
 oracle rows (`oracle-K`: a drafter replaying the baseline's answer in K-token drafts, the ceiling at that
 length) and the reference rows (`native`: plain decoding on the model's own kernels where verification is
-row-invariant; `hf`: transformers' own `generate`; `hf-pld`: its prompt lookup decoding).
+row-invariant; `hf`: transformers' own `generate`; `hf-pld`: its prompt lookup decoding; `llama.cpp`: llama.cpp's
+plain decoding of the same GGUF; `llama.cpp-pld`: its prompt lookup decoding).
 Names only: nothing here loads a model or runs anything.
 """
 
@@ -22,7 +23,11 @@ REFERENCES = {
             "the fastest plain decoding in this dtype; added by itself when verification is row-invariant",
     "hf": "transformers generate, greedy: plain decoding outside specdec",
     "hf-pld": "transformers prompt lookup decoding, prompt_lookup_num_tokens=10",
+    "llama.cpp": "llama.cpp's plain greedy decoding of the same GGUF (llama-cpp-python; skipped when absent)",
+    "llama.cpp-pld": "llama.cpp's prompt lookup decoding (llama-cpp-python's LlamaPromptLookupDecoding, 10 tokens)",
 }
+LLAMA_CPP_KIND = "llama.cpp"
+EXTERNAL_KINDS = ("hf", LLAMA_CPP_KIND)  # rows decoded outside specdec's engine
 HF_PLD_TOKENS = 10
 ORACLE = "oracle"
 DEFAULT_MAX_NEW_TOKENS = 128  # bench answers are shorter than chat's
@@ -34,8 +39,9 @@ OVERALL = "overall"
 
 @dataclass(frozen=True)
 class Method:
-    name: str  # the row label: none, pld, sam, oracle-8, hf, hf-pld
-    kind: str  # "engine" (a registered drafter), "oracle", "native" (plain, own kernels) or "hf" (generate)
+    name: str  # the row label: none, pld, sam, oracle-8, hf, hf-pld, llama.cpp
+    kind: str  # "engine" (a registered drafter), "oracle", "native" (plain, own kernels), "hf" (generate) or
+    # "llama.cpp" (llama-cpp-python on the same GGUF)
     draft_length: int = 0  # oracle: tokens per draft
 
     @property
@@ -92,5 +98,11 @@ def resolve_methods(
     names = [BASELINE] + [name for name in engine if name != BASELINE]
     methods = [Method(name, "engine") for name in names]
     methods += [Method(f"{ORACLE}-{length}", ORACLE, length) for length in oracle_lengths]
-    methods += [Method(name, NATIVE if name == NATIVE else "hf") for name in refs]
+    methods += [Method(name, reference_kind(name)) for name in refs]
     return methods
+
+
+def reference_kind(name: str) -> str:
+    if name == NATIVE:
+        return NATIVE
+    return LLAMA_CPP_KIND if name.startswith(LLAMA_CPP_KIND) else "hf"

@@ -2,8 +2,8 @@
 (the pooled sum of every category), from the raw runs:
 
 tokens/s = new tokens / wall seconds (totals); speedup = tokens/s of the method / tokens/s of `none` on the
-same prompts; speedup over the fastest plain decoding = the same against the best of `none`, `native` and
-`hf` (where row-invariant verification makes `none` slower than the model's own kernels); mean accepted
+same prompts; speedup over the fastest plain decoding = the same against the best of `none`, `native`, `hf`
+and `llama.cpp`; speedup over llama.cpp = the same against llama.cpp's plain decoding; mean accepted
 tokens (tau) = tokens committed per target forward, the target's own token included; acceptance rate =
 accepted / drafted tokens; per-position acceptance from pooled counts (stats.merge); shares of the wall time
 spent drafting and verifying (the prefill counts as verifying); mean time to first token; for greedy runs,
@@ -19,9 +19,10 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 from ..stats import GenerationStats, merge
+from .llama_cpp import LLAMA_CPP
 from .methods import BASELINE, NATIVE, OVERALL
 
-PLAIN_METHODS = (BASELINE, NATIVE, "hf")  # plain decoding, in each of the bench's ways
+PLAIN_METHODS = (BASELINE, NATIVE, "hf", LLAMA_CPP)  # plain decoding, in each of the bench's ways
 
 if TYPE_CHECKING:  # pragma: no cover
     from .runner import TurnRun
@@ -53,7 +54,8 @@ class ResultRow:
     steps: Optional[float] = None
     drafted_tokens: Optional[float] = None
     accepted_tokens: Optional[float] = None
-    speedup_vs_fastest_plain: Optional[float] = None  # tokens/s over the best plain row's (none, native, hf)
+    speedup_vs_fastest_plain: Optional[float] = None  # tokens/s over the best plain row's (none, native, hf, llama.cpp)
+    speedup_vs_llama_cpp: Optional[float] = None  # tokens/s over llama.cpp's plain decoding of the same GGUF
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -141,10 +143,13 @@ def aggregate(
         in_category = [row for row in rows if row.category == category]
         plain = [row.tokens_per_second for row in in_category
                  if row.method in PLAIN_METHODS and row.tokens_per_second is not None]
-        if plain:
-            for row in in_category:
-                if row.tokens_per_second is not None:
+        llama = [row.tokens_per_second for row in in_category if row.method == LLAMA_CPP and row.tokens_per_second]
+        for row in in_category:
+            if row.tokens_per_second is not None:
+                if plain:
                     row.speedup_vs_fastest_plain = _round(row.tokens_per_second / max(plain))
+                if llama:
+                    row.speedup_vs_llama_cpp = _round(row.tokens_per_second / llama[0])
     return rows
 
 

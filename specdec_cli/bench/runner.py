@@ -26,7 +26,7 @@ from ..prompts import Conversation, categories_of
 from ..stats import GenerationStats
 from .environment import cost_curve_table, environment, model_dtype, model_name_of
 from .hf_reference import hf_generate, synchronize
-from .methods import BASELINE, NATIVE, ORACLE, WARMUP_MAX_NEW_TOKENS, Method
+from .methods import BASELINE, EXTERNAL_KINDS, LLAMA_CPP_KIND, NATIVE, ORACLE, WARMUP_MAX_NEW_TOKENS, Method
 from .metrics import aggregate, per_prompt_rows
 from .report import BenchReport
 from .settings import BenchSettings
@@ -75,13 +75,23 @@ def run_bench(
     dtype: Any = None,
     suite: str = "",
     on_progress: Optional[ProgressCallback] = None,
+    gguf_path: Optional[str] = None,
 ) -> BenchReport:
-    """Run every method on every conversation (interleaved) and aggregate; `suite` names the prompts' source."""
+    """Run every method on every conversation (interleaved) and aggregate; `suite` names the prompts' source,
+    `gguf_path` the file the target was loaded from (llama.cpp's rows read it; without it they are skipped)."""
+    from .llama_cpp import unavailable
+
     settings.check()
     if not conversations:
         raise SpecdecError("no prompts to run (check --categories and --limit)")
     started = datetime.now(timezone.utc)
-    runner = _Runner(model, tokenizer, settings)
+    skipped = {}
+    if any(method.kind == LLAMA_CPP_KIND for method in settings.methods):
+        reason = unavailable(gguf_path)
+        if reason is not None:  # optional rows: the bench runs without them, and says why
+            skipped = {method.name: reason for method in settings.methods if method.kind == LLAMA_CPP_KIND}
+            settings = replace(settings, methods=[m for m in settings.methods if m.kind != LLAMA_CPP_KIND])
+    runner = _Runner(model, tokenizer, settings, gguf_path)
     if runner.engine.prepare(settings.budget) is not None and all(method.kind != NATIVE for method in settings.methods):
         # verification is row-invariant, which slows plain steps a little: also time the model's own kernels
         settings = replace(settings, methods=[*settings.methods, Method(NATIVE, NATIVE)])
@@ -127,6 +137,7 @@ def run_bench(
         categories=categories,
         conversations=len(conversations),
         turns=sum(len(conversation.turns) for conversation in conversations),
+        references_skipped=skipped,
     )
     if settings.options.memory:
         settings_json["memory"] = memory_report(settings.options.memory, runner.info.fingerprint,
@@ -161,10 +172,12 @@ def _curve_report(start: Optional[dict], end: Optional[dict]) -> Optional[dict]:
 class _Runner:
     """Holds the model, the engine and the per-conversation state (prompt ids, the baseline's answers)."""
 
-    def __init__(self, model: Any, tokenizer: Any, settings: BenchSettings):
+    def __init__(self, model: Any, tokenizer: Any, settings: BenchSettings, gguf_path: Optional[str] = None):
         from ..chat import target_info
         from ..engine import Engine
 
+        self.gguf_path = gguf_path
+        self.llama_cpp: dict[str, Any] = {}  # method name -> LlamaCpp, made on first use
         self.model = model
         self.tokenizer = tokenizer
         self.settings = settings
@@ -236,6 +249,19 @@ class _Runner:
     def _sync(self) -> None:
         synchronize(self.device)
 
+    def _llama_cpp(self, method: Method) -> Any:
+        """llama.cpp on the target's GGUF, with as many threads as specdec computes with."""
+        from .. import kernels
+        from ..quant import block_layers
+        from .llama_cpp import LLAMA_CPP_PLD, LlamaCpp
+
+        if method.name not in self.llama_cpp:
+            import torch
+
+            threads = kernels.threads() if block_layers(self.model) else torch.get_num_threads()
+            self.llama_cpp[method.name] = LlamaCpp(str(self.gguf_path), threads, pld=method.name == LLAMA_CPP_PLD)
+        return self.llama_cpp[method.name]
+
     # -- one generation ------------------------------------------------------------------------------------
 
     def _generate(self, method: Method, prompt_ids: list[int], drafter: Any, config: Any):
@@ -243,6 +269,8 @@ class _Runner:
         if method.kind == "hf":  # transformers' generate on the model's own kernels
             with self.engine.native_kernels():
                 return hf_generate(self.model, self.tokenizer, prompt_ids, config, pld=method.name == "hf-pld")
+        if method.kind == LLAMA_CPP_KIND:
+            return self._llama_cpp(method).generate(prompt_ids, config)
         self._sync()
         started = time.perf_counter()
         with self.engine.native_kernels() if method.kind == NATIVE else nullcontext():
@@ -260,7 +288,7 @@ class _Runner:
         building = index not in self.prompt_ids
         if building and method.name != BASELINE:
             raise RuntimeError("the baseline must run first on every conversation")
-        drafter = None if method.kind == "hf" else self._drafter(method, self.references.get(index, []))
+        drafter = None if method.kind in EXTERNAL_KINDS else self._drafter(method, self.references.get(index, []))
         self._fresh_learning()
         runs = []
         history: list[dict] = []
@@ -286,7 +314,7 @@ class _Runner:
         prompt_ids = self._format([{"role": "user", "content": conversation.turns[0]}])
         config = self._config(method, 0, 0, max_new_tokens=min(WARMUP_MAX_NEW_TOKENS, self.settings.max_new_tokens))
         references = [self.warmup_reference] if self.warmup_reference else []
-        drafter = None if method.kind == "hf" else self._drafter(method, references)
+        drafter = None if method.kind in EXTERNAL_KINDS else self._drafter(method, references)
         self._fresh_learning()
         tokens, *_ = self._generate(method, prompt_ids, drafter, config)
         if method.name == BASELINE:

@@ -54,7 +54,7 @@ class BenchSettings:
             "methods": [method.name for method in self.methods],
             "drafters": [method.name for method in self.methods if method.kind == "engine"],
             "oracle_lengths": [method.draft_length for method in self.methods if method.kind == ORACLE],
-            "references": [method.name for method in self.methods if method.kind in ("hf", "native")],
+            "references": [method.name for method in self.methods if method.kind not in ("engine", ORACLE)],
             "exact": self.exact,
             "draft_max": self.draft_max,
             "engine_draft_max": self.budget,  # the engine's per-step budget in force

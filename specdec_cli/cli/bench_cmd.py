@@ -47,7 +47,7 @@ def bench(
     categories: Optional[str] = typer.Option(None, "--categories", help="Keep only these categories, comma-separated (e.g. mt_bench,qa)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Run the first N prompts of EACH category."),
     drafters: str = typer.Option(DEFAULT_DRAFTERS, "--drafters", "-d", help="Comma-separated methods: none (plain decoding, always run as the baseline), pld, sam, recycle, aded, model, sam+AUX (sam with that auxiliary, e.g. sam+none); hf and hf-pld are accepted here too."),
-    reference: Optional[str] = typer.Option(None, "--reference", help="Reference rows from transformers' generate: hf (greedy), hf-pld (prompt_lookup_num_tokens=10); comma-separated."),
+    reference: Optional[str] = typer.Option(None, "--reference", help="Reference rows, comma-separated: hf (transformers' greedy generate), hf-pld (its prompt lookup, 10 tokens), llama.cpp (llama.cpp's plain decoding of the same GGUF; needs llama-cpp-python), llama.cpp-pld (its prompt lookup)."),
     oracle: bool = typer.Option(False, "--oracle", help="Add oracle rows that replay the baseline's own output: the ceiling speedup per draft length."),
     oracle_lengths: str = typer.Option("2,4,8,16", "--oracle-lengths", help="Draft lengths of the --oracle rows, comma-separated."),
     target: str = typer.Option(DEFAULT_TARGET, "--target", "-m", help="HF repo id, model directory, or .gguf file."),
@@ -70,6 +70,7 @@ def bench(
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice); pin it for comparable runs."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, mps."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 where this CPU runs it natively and it is measured faster, else float32; bfloat16 on GPUs), float32, bfloat16, float16."),
+    weights: str = typer.Option("auto", "--weights", help="auto (a GGUF's own 4/8-bit blocks on the CPU where measured faster, else dense), gguf, int8, int4 (quantise other layers on load: a smaller, different target), dense."),
     memory: Optional[str] = typer.Option(None, "--memory", help="Let sam draft from this answer-memory directory (`specdec memory info` shows it); the bench never reads or writes the memory otherwise."),
     exact: Optional[bool] = typer.Option(None, "--exact/--no-exact", help="Row-invariant verification (default: on in bfloat16/float16, off in float32); when on, the `native` row times plain decoding on the model's own kernels."),
 ) -> None:
@@ -86,7 +87,7 @@ def bench(
     )
     from ..drafters import DrafterOptions
     from ..files import check_output_file
-    from ..models import load_target
+    from ..models import check_weights, load_target, pick_device, resolve_target
 
     # Everything a user can get wrong is checked before the model loads.
     lengths = parse_lengths(oracle_lengths) if oracle else []
@@ -105,6 +106,9 @@ def bench(
         exact=exact,
     )
     settings.check()
+    source_file = resolve_target(target)
+    check_weights(weights, source_file, pick_device(device), dtype)
+    gguf_path = source_file.location if source_file.kind == "gguf" else None
     conversations, source = load_prompts(suite, prompts, categories, limit)
     json_path = check_output_file(json_out, "json_out") if json_out else None
     csv_path = check_output_file(csv_out, "csv") if csv_out else None
@@ -118,11 +122,13 @@ def bench(
         apply_threads(threads)
     status = err_console().status("Loading model…")
     with status:
-        loaded = load_target(target, device, dtype, on_status=lambda message: status.update(message))
+        loaded = load_target(target, device, dtype, on_status=lambda message: status.update(message),
+                             weights=weights)
     with doing("benchmarking", "no report was written"):
-        report = _run_with_progress(run_bench, loaded, conversations, settings, source)
+        report = _run_with_progress(run_bench, loaded, conversations, settings, source, gguf_path)
     document = report.as_json()
     document["environment"]["dtype_choice"] = loaded.dtype_reason
+    document["environment"]["weights"] = loaded.weights_reason
 
     if json_path:
         write_json(document, json_path)
@@ -142,7 +148,7 @@ def bench(
             err_console().print(f"[dim]wrote {path}[/dim]")
 
 
-def _run_with_progress(run_bench, loaded, conversations, settings, source):
+def _run_with_progress(run_bench, loaded, conversations, settings, source, gguf_path):
     from rich import progress as bars
 
     stderr = err_console()
@@ -168,7 +174,8 @@ def _run_with_progress(run_bench, loaded, conversations, settings, source):
                             description=f"{event.method:>10} · {label}{repeat}")
 
         return run_bench(loaded.model, loaded.tokenizer, conversations, settings, model_name=loaded.name,
-                         device=loaded.device, dtype=loaded.dtype, suite=source, on_progress=on_progress)
+                         device=loaded.device, dtype=loaded.dtype, suite=source, on_progress=on_progress,
+                         gguf_path=gguf_path)
 
 
 # ------------------------------------------------------------------------------------------------ the table
@@ -188,7 +195,8 @@ def header_lines(document: dict) -> list[str]:
         f"new tokens · draft budget {settings['engine_draft_max']} · repeats {settings['repeats']}",
         f"Prompts: {settings['prompts']} · {len(settings['categories'])} categories · "
         f"{settings['conversations']} prompts ({settings['turns']} turns) · {env['date']}",
-        f"Dtype: {env.get('dtype_choice') or env['dtype']} · exact verification: {settings.get('exact_check', 'off')}",
+        f"Dtype: {env.get('dtype_choice') or env['dtype']} · weights: {env.get('weights') or 'dense'} · "
+        f"exact verification: {settings.get('exact_check', 'off')}",
     ]
 
 
@@ -217,18 +225,25 @@ def fastest_plain_lines(results: list[dict]) -> list[str]:
     """Where `none` is not the fastest plain decoding (row-invariant verification costs plain steps a little):
     by how much, and each drafter's speedup over the fastest plain row instead."""
     overall = {row["method"]: row for row in results if row["category"] == "overall"}
-    plain = {name: overall[name]["tokens_per_second"] for name in ("none", "native", "hf")
+    plain = {name: overall[name]["tokens_per_second"] for name in ("none", "native", "hf", "llama.cpp")
              if name in overall and overall[name]["tokens_per_second"]}
     if "none" not in plain or max(plain, key=lambda name: plain[name]) == "none":
         return []
     fastest = max(plain, key=lambda name: plain[name])
     drafters = [f"{name} {row['speedup_vs_fastest_plain']:.2f}x" for name, row in overall.items()
                 if name not in plain and row.get("speedup_vs_fastest_plain") is not None]
-    lines = [f"fastest plain decoding: {fastest} {plain[fastest]:.1f} tok/s; none (row-invariant kernels) "
+    lines = [f"fastest plain decoding: {fastest} {plain[fastest]:.1f} tok/s; none (specdec's plain decoding) "
              f"{plain['none']:.1f} tok/s, {1 - plain['none'] / plain[fastest]:.0%} slower"]
     if drafters:
         lines.append("speedup over the fastest plain decoding: " + ", ".join(drafters))
     return lines
+
+
+def llama_cpp_lines(results: list[dict]) -> list[str]:
+    """Every row's speed against llama.cpp's plain decoding of the same GGUF, overall and per category."""
+    rows = [row for row in results if row.get("speedup_vs_llama_cpp") is not None and row["method"] != "llama.cpp"]
+    overall = [f"{row['method']} {row['speedup_vs_llama_cpp']:.2f}x" for row in rows if row["category"] == "overall"]
+    return ["speed over llama.cpp's plain decoding (overall): " + ", ".join(overall)] if overall else []
 
 
 def render(document: dict) -> None:
@@ -278,15 +293,19 @@ def render(document: dict) -> None:
         out.print(f"[yellow]memory: {remembered['answers_to_measured_prompts']} of its {remembered['answers']} answers "
                   "answer prompts measured here: sam's speed on them is not what new prompts would see[/yellow]",
                   soft_wrap=not out.is_terminal)
-    for line in fastest_plain_lines(document["results"]):
+    for name, reason in (document["settings"].get("references_skipped") or {}).items():
+        out.print(f"[yellow]{name}: skipped: {reason}[/yellow]", soft_wrap=not out.is_terminal)
+    for line in llama_cpp_lines(document["results"]) + fastest_plain_lines(document["results"]):
         out.print(f"[dim]{line}[/dim]", soft_wrap=not out.is_terminal)
     exact = str(document["settings"].get("exact_check", "")).startswith("on")
-    own_kernels = ("native", "hf", "hf-pld") if exact else ()  # plain decoding that rounds its own way
+    outside = ("llama.cpp", "llama.cpp-pld")  # another program's kernels: its rounding is its own
+    own_kernels = ("native", "hf", "hf-pld", *outside) if exact else outside  # plain decoding rounding its own way
     for row in document["results"]:
         if row["category"] == "overall" and row["method"] in own_kernels and row["identical"] is not None:
-            out.print(f"[dim]{row['method']}: {row['identical']}/{row['compared']} outputs equal none's: the model's "
-                      "own kernels round differently from the row-invariant ones (both are plain greedy decoding)"
-                      "[/dim]", soft_wrap=not out.is_terminal)
+            why = ("llama.cpp computes with its own kernels and rounding" if row["method"] in outside else
+                   "the model's own kernels round differently from the row-invariant ones")
+            out.print(f"[dim]{row['method']}: {row['identical']}/{row['compared']} outputs equal none's: {why} (both "
+                      "are greedy decoding of the same weights)[/dim]", soft_wrap=not out.is_terminal)
     diverged = [row for row in document["per_prompt"] if row["identical"] is False and row["method"] not in own_kernels]
     for row in diverged[:5]:
         out.print(f"[yellow]{row['method']}: prompt {row['prompt_id']} turn {row['turn']} differs from none at "

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import torch
 
 BLOCK = 32  # weights per block along the input dimension
+MAX_THREADS = 64  # the pool's limit (_cpu.c)
 
 try:  # built by `pip install` (setup.py); absent in a source tree nobody built
     from . import _cpu  # type: ignore[attr-defined]
@@ -41,8 +42,8 @@ def _require() -> Any:
 
 
 def set_threads(count: int) -> None:
-    """Threads the kernels split their work over, the calling thread included."""
-    _require().set_threads(int(count))
+    """Threads the kernels split their work over, the calling thread included (at most MAX_THREADS)."""
+    _require().set_threads(max(1, min(int(count), MAX_THREADS)))
 
 
 def threads() -> int:
@@ -129,7 +130,8 @@ def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, run
     if query.dtype != torch.float32 or query.stride(2) != 1:
         raise ValueError("attention: query must be float32 with unit stride along its last dimension")
     if keys.dtype != values.dtype or keys.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"attention: keys and values must both be float32 or bfloat16, got {keys.dtype}, {values.dtype}")
+        raise ValueError(f"attention: keys and values must both be float32 or bfloat16, got {keys.dtype}, "
+                         f"{values.dtype}")
     if keys.stride(2) != 1 or values.stride(2) != 1 or keys.shape[2] != dim or values.shape[2] != dim:
         raise ValueError("attention: keys/values [kv_heads, positions, dim] with unit stride along dim")
     for index in (run_start, run_stop, extra_start, extra_pos):

@@ -10,7 +10,7 @@
  *
  *   matmul(kind, x, rows, k, n, weights, out)
  *       out[rows, n] = x[rows, k] @ W^T, W held as blocks of 32 weights along k, one record per output column
- *       (read as one stream):
+ *       (read as one stream); with `accumulate`, out += the product (a residual connection):
  *         kind 4: float32 scales [k/32], float32 offsets [k/32], codes uint8 [k/32][16] (weight i of a block in
  *                 the low nibble of byte i, weight i + 16 in its high nibble); W = scale * code + offset;
  *         kind 8: float32 scales [k/32], codes int8 [k/32][32]; W = scale * code.
@@ -20,6 +20,10 @@
  *       softmax(q . k * scale) v per query row and head, each row over its own keys: a contiguous run of cache
  *       positions plus a list of further positions (a tree node's ancestors), in that order. Keys and values
  *       are float32 or bfloat16, read in place through strides; scores, softmax and sums are float32.
+ *   rms_norm, rope, store_rows, silu_mul
+ *       the decoder's small per-row steps (native.py composes a layer from them): RMS normalisation, rotary
+ *       position embedding in place (Hugging Face's rotate-half convention), copying key/value rows into the
+ *       cache, and SiLU(gate) * up. Each row is computed alone, on the calling thread.
  *   set_threads(n), threads(), isa()
  *
  * Pointers arrive as integers (the Python side, kernels/__init__.py, checks dtypes, shapes and contiguity).
@@ -288,7 +292,15 @@ typedef struct {
     const char *weights; /* one record per output column (matmul's docstring above) */
     long record;         /* bytes per record */
     float *out;
+    long out_stride; /* elements between rows of out */
+    int accumulate;  /* out += product instead of out = product (a residual connection) */
 } MatmulTask;
+
+static inline void store_output(const MatmulTask *t, long row, long col, float value)
+{
+    float *at = t->out + row * t->out_stride + col;
+    *at = t->accumulate ? *at + value : value;
+}
 
 /* Column `col`'s record: float32 scales [k/32], (kind 4) float32 offsets [k/32], then its codes. */
 static inline const float *record_scales(const MatmulTask *t, long col)
@@ -340,7 +352,7 @@ static void matmul_columns_portable(const void *arg, long start, long stop)
             }
             if (t->kind == 4)
                 acc += offset_term_portable(scale + blocks, t->sx + r * blocks, blocks);
-            t->out[r * t->n + col] = acc;
+            store_output(t, r, col, acc);
         }
     }
 }
@@ -409,10 +421,11 @@ AVX2 static inline float offset_term_avx2(const float *offsets, const float *sx,
                 float value = hsum8(acc[r][c]);                                                                    \
                 if (KIND == 4)                                                                                     \
                     value += offset_term_avx2(scale[c] + blocks, t->sx + (r0 + r) * blocks, blocks);               \
-                t->out[(r0 + r) * t->n + col + c] = value;                                                         \
+                store_output(t, r0 + r, col + c, value);                                                           \
             }                                                                                                      \
     }
 DEFINE_TILE(4, 1, 4)
+DEFINE_TILE(4, 1, 2)
 DEFINE_TILE(4, 1, 1)
 DEFINE_TILE(4, 2, 2)
 DEFINE_TILE(4, 3, 2)
@@ -421,6 +434,7 @@ DEFINE_TILE(4, 2, 1)
 DEFINE_TILE(4, 3, 1)
 DEFINE_TILE(4, 4, 1)
 DEFINE_TILE(8, 1, 4)
+DEFINE_TILE(8, 1, 2)
 DEFINE_TILE(8, 1, 1)
 DEFINE_TILE(8, 2, 2)
 DEFINE_TILE(8, 3, 2)
@@ -430,12 +444,12 @@ DEFINE_TILE(8, 3, 1)
 DEFINE_TILE(8, 4, 1)
 
 typedef void (*tile_fn)(const MatmulTask *, long, long);
-static tile_fn const tiles[2][5][2] = {
-    /* [kind 4, kind 8][rows 1-4][one column, a full tile] */
-    {{NULL, NULL}, {tile_q4_1x1, tile_q4_1x4}, {tile_q4_2x1, tile_q4_2x2}, {tile_q4_3x1, tile_q4_3x2},
-     {tile_q4_4x1, tile_q4_4x2}},
-    {{NULL, NULL}, {tile_q8_1x1, tile_q8_1x4}, {tile_q8_2x1, tile_q8_2x2}, {tile_q8_3x1, tile_q8_3x2},
-     {tile_q8_4x1, tile_q8_4x2}},
+/* [kind 4, kind 8][rows 1-4][columns: 1, 2, 4] (a 4-wide tile only for a lone row) */
+static tile_fn const tiles[2][5][3] = {
+    {{NULL, NULL, NULL}, {tile_q4_1x1, tile_q4_1x2, tile_q4_1x4}, {tile_q4_2x1, tile_q4_2x2, NULL},
+     {tile_q4_3x1, tile_q4_3x2, NULL}, {tile_q4_4x1, tile_q4_4x2, NULL}},
+    {{NULL, NULL, NULL}, {tile_q8_1x1, tile_q8_1x2, tile_q8_1x4}, {tile_q8_2x1, tile_q8_2x2, NULL},
+     {tile_q8_3x1, tile_q8_3x2, NULL}, {tile_q8_4x1, tile_q8_4x2, NULL}},
 };
 
 /* Columns in tiles (4 wide for one row, 2 wide for more), every row group of 4 under one tile, so a thread
@@ -444,7 +458,7 @@ AVX2 static void matmul_columns_avx2(const void *arg, long start, long stop)
 {
     const MatmulTask *t = arg;
     int kind = t->kind == 4 ? 0 : 1;
-    long width = t->rows == 1 ? 4 : 2;
+    long width = t->rows == 1 ? 4 : 2, wide = t->rows == 1 ? 2 : 1; /* tiles[..][..][wide] is width columns */
     for (long col = start; col < stop;) {
         int full = col + width <= stop;
         /* the weights stream from memory: ask for the records PREFETCH_TILES tiles ahead now */
@@ -456,10 +470,7 @@ AVX2 static void matmul_columns_avx2(const void *arg, long start, long stop)
         }
         for (long r0 = 0; r0 < t->rows; r0 += 4) {
             long rows = t->rows - r0 < 4 ? t->rows - r0 : 4;
-            if (full)
-                tiles[kind][rows][1](t, col, r0);
-            else
-                tiles[kind][rows][0](t, col, r0);
+            tiles[kind][rows][full ? wide : 0](t, col, r0);
         }
         col += full ? width : 1;
     }
@@ -586,78 +597,251 @@ AVX2 static inline __m256 exp8(__m256 x)
     return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
 }
 
-/* Head dimensions that are a multiple of 8 (the rest take the portable loop). */
+/* A key's score: its dot vector's 8 lanes summed as ((0+1)+(2+3)) + ((4+5)+(6+7)), times the scale. Four keys
+ * are reduced together (hadd pairs neighbouring lanes within each 128-bit half), which sums every key's lanes in
+ * that same order whichever keys share the group. */
+AVX2 static inline __m128 four_scores(__m256 a, __m256 b, __m256 c, __m256 d)
+{
+    __m256 pairs = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d)); /* [a03 b03 c03 d03 | a47 b47 c47 d47] */
+    return _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
+}
+
+/* The softmax weights of `keys` scores in place (the tail past `keys` padded with -inf, whose weight is 0), and
+ * their sum: max over all, then exp(score - max) in groups of 8, summed lane-wise. */
+AVX2 static inline float softmax_weights(float *scores, long keys)
+{
+    __m256 best8 = _mm256_set1_ps(-INFINITY);
+    for (long j = keys; j < keys + 8; j++)
+        scores[j] = -INFINITY;
+    for (long j = 0; j < keys; j += 8)
+        best8 = _mm256_max_ps(best8, _mm256_loadu_ps(scores + j));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(best8), _mm256_extractf128_ps(best8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    __m256 best = _mm256_set1_ps(_mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))));
+    __m256 total8 = _mm256_setzero_ps(), minus_infinity = _mm256_set1_ps(-INFINITY);
+    for (long j = 0; j < keys; j += 8) {
+        __m256 score = _mm256_loadu_ps(scores + j);
+        __m256 p = _mm256_blendv_ps(exp8(_mm256_sub_ps(score, best)), _mm256_setzero_ps(),
+                                    _mm256_cmp_ps(score, minus_infinity, _CMP_EQ_OQ));
+        _mm256_storeu_ps(scores + j, p);
+        total8 = _mm256_add_ps(total8, p);
+    }
+    return hsum8(total8);
+}
+
+/* One (row, head) item per call, for head_dim = 8 * CHUNKS: the query and the output accumulators stay in
+ * registers; scores are computed four keys at a time. */
+#define DEFINE_ATTENTION(CHUNKS)                                                                                   \
+    AVX2 static void attend_##CHUNKS(const AttentionTask *t, long row, long head, float *scores)                   \
+    {                                                                                                              \
+        long kv = head / (t->heads / t->kv_heads), keys = key_count(t, row);                                       \
+        const float *query = t->q + row * t->q_row + head * t->q_head;                                             \
+        __m256 q[CHUNKS], acc[CHUNKS], scale = _mm256_set1_ps(t->scale);                                           \
+        _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++) q[c] = _mm256_loadu_ps(query + 8 * c);          \
+        for (long j = 0; j < keys; j += 4) {                                                                       \
+            __m256 dots[4];                                                                                        \
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {                                                  \
+                dots[i] = _mm256_setzero_ps();                                                                     \
+                if (j + i < keys) {                                                                                \
+                    long base = kv * t->k_head + key_position(t, row, j + i) * t->k_pos;                           \
+                    dots[i] = _mm256_mul_ps(q[0], load8(t->k, t->kv_bf16, base));                                 \
+                    _Pragma("GCC unroll 16") for (int c = 1; c < CHUNKS; c++)                                      \
+                        dots[i] = _mm256_fmadd_ps(q[c], load8(t->k, t->kv_bf16, base + 8 * c), dots[i]);           \
+                }                                                                                                  \
+            }                                                                                                      \
+            _mm_storeu_ps(scores + j, _mm_mul_ps(four_scores(dots[0], dots[1], dots[2], dots[3]),                  \
+                                                 _mm256_castps256_ps128(scale)));                                  \
+        }                                                                                                          \
+        float total = softmax_weights(scores, keys);                                                               \
+        _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++) acc[c] = _mm256_setzero_ps();                   \
+        for (long j = 0; j < keys; j++) {                                                                          \
+            long base = kv * t->v_head + key_position(t, row, j) * t->v_pos;                                       \
+            __m256 p = _mm256_broadcast_ss(scores + j);                                                            \
+            _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++)                                              \
+                acc[c] = _mm256_fmadd_ps(p, load8(t->v, t->kv_bf16, base + 8 * c), acc[c]);                       \
+        }                                                                                                          \
+        __m256 inverse = _mm256_set1_ps(1.0f / total);                                                             \
+        float *out = t->out + row * t->o_row + head * t->o_head;                                                   \
+        _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++)                                                  \
+            _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(acc[c], inverse));                                         \
+    }
+DEFINE_ATTENTION(2)
+DEFINE_ATTENTION(4)
+DEFINE_ATTENTION(8)
+DEFINE_ATTENTION(12)
+DEFINE_ATTENTION(16)
+
+/* Head dimensions of 16, 32, 64, 96 or 128 (the rest take the portable loop). */
 AVX2 static void attention_items_avx2(const void *arg, long start, long stop)
 {
     const AttentionTask *t = arg;
-    long group = t->heads / t->kv_heads, chunks = t->dim / 8, most = 0;
+    long most = 0;
     for (long item = start; item < stop; item++)
         most = key_count(t, item / t->heads) > most ? key_count(t, item / t->heads) : most;
-    float *scores = malloc(sizeof(float) * (size_t)(most + 8));
-    __m256 *acc = aligned_alloc(32, sizeof(__m256) * (size_t)(chunks > 0 ? chunks : 1));
-    if (scores == NULL || acc == NULL) {
-        free(scores);
-        free(acc);
+    float *scores = malloc(sizeof(float) * (size_t)(most + 16));
+    if (scores == NULL) {
         fill_nan(t, start, stop);
         return;
     }
     for (long item = start; item < stop; item++) {
-        long row = item / t->heads, head = item % t->heads, kv = head / group, keys = key_count(t, row);
-        const float *q = t->q + row * t->q_row + head * t->q_head;
-        /* scores, in key order; each a fixed-order dot product over the head dimension */
-        __m256 best8 = _mm256_set1_ps(-INFINITY);
-        for (long j = 0; j < keys; j++) {
-            long base = kv * t->k_head + key_position(t, row, j) * t->k_pos;
-            __m256 dot = _mm256_mul_ps(_mm256_loadu_ps(q), load8(t->k, t->kv_bf16, base));
-            for (long c = 1; c < chunks; c++)
-                dot = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), load8(t->k, t->kv_bf16, base + 8 * c), dot);
-            scores[j] = hsum8(dot) * t->scale;
+        long row = item / t->heads, head = item % t->heads;
+        switch (t->dim) {
+        case 16: attend_2(t, row, head, scores); break;
+        case 32: attend_4(t, row, head, scores); break;
+        case 64: attend_8(t, row, head, scores); break;
+        case 96: attend_12(t, row, head, scores); break;
+        default: attend_16(t, row, head, scores); break;
         }
-        for (long j = 0; j + 8 <= keys; j += 8)
-            best8 = _mm256_max_ps(best8, _mm256_loadu_ps(scores + j));
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(best8), _mm256_extractf128_ps(best8, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        float best = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-        for (long j = keys - keys % 8; j < keys; j++)
-            best = fmaxf(best, scores[j]);
-        /* probabilities in groups of 8 (the tail padded with -inf, whose exp is 0), summed lane-wise */
-        for (long j = keys; j < keys + 8; j++)
-            scores[j] = -INFINITY;
-        __m256 total8 = _mm256_setzero_ps(), best_vec = _mm256_set1_ps(best);
-        for (long j = 0; j < keys; j += 8) {
-            __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), best_vec));
-            p = _mm256_blendv_ps(p, _mm256_setzero_ps(),
-                                 _mm256_cmp_ps(_mm256_loadu_ps(scores + j), _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ));
-            _mm256_storeu_ps(scores + j, p);
-            total8 = _mm256_add_ps(total8, p);
-        }
-        float total = hsum8(total8);
-        for (long c = 0; c < chunks; c++)
-            acc[c] = _mm256_setzero_ps();
-        for (long j = 0; j < keys; j++) {
-            long base = kv * t->v_head + key_position(t, row, j) * t->v_pos;
-            __m256 p = _mm256_set1_ps(scores[j]);
-            for (long c = 0; c < chunks; c++)
-                acc[c] = _mm256_fmadd_ps(p, load8(t->v, t->kv_bf16, base + 8 * c), acc[c]);
-        }
-        __m256 inverse = _mm256_set1_ps(1.0f / total);
-        float *out = t->out + row * t->o_row + head * t->o_head;
-        for (long c = 0; c < chunks; c++)
-            _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(acc[c], inverse));
     }
     free(scores);
-    free(acc);
+}
+
+static int avx2_attention_dim(long dim)
+{
+    return dim == 16 || dim == 32 || dim == 64 || dim == 96 || dim == 128;
 }
 #endif
+
+/* ------------------------------------------------------------------------- the decoder's per-row steps */
+
+/* out = weight * (x / sqrt(mean(x^2) + eps)) per row (Hugging Face's RMSNorm in float32). */
+static void rms_norm_rows(const float *x, long rows, long dim, long x_stride, const float *weight, float eps, float *out,
+                          long out_stride)
+{
+    for (long r = 0; r < rows; r++) {
+        const float *v = x + r * x_stride;
+        float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0}, tail = 0.0f;
+        long i = 0;
+        for (; i + 8 <= dim; i += 8)
+            for (int j = 0; j < 8; j++)
+                lanes[j] += v[i + j] * v[i + j];
+        for (; i < dim; i++)
+            tail += v[i] * v[i];
+        float sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+        float inverse = 1.0f / sqrtf((sum + tail) / (float)dim + eps);
+        float *o = out + r * out_stride;
+        for (i = 0; i < dim; i++)
+            o[i] = weight[i] * (v[i] * inverse);
+    }
+}
+
+/* In place, for `heads` heads of head_dim at base + r * row_stride: x[i] = a cos - b sin, x[i + half] = b cos + a sin
+ * with a = x[i], b = x[i + half] (rotate-half), cos/sin rows [positions][half] at each row's position. */
+static void rope_rows(float *base, long rows, long row_stride, long heads, long head_dim, const int32_t *positions,
+                      const float *cos_table, const float *sin_table)
+{
+    long half = head_dim / 2;
+    for (long r = 0; r < rows; r++) {
+        const float *c = cos_table + (long)positions[r] * half, *s = sin_table + (long)positions[r] * half;
+        for (long h = 0; h < heads; h++) {
+            float *x = base + r * row_stride + h * head_dim;
+            for (long i = 0; i < half; i++) {
+                float a = x[i], b = x[i + half];
+                x[i] = a * c[i] + (-b) * s[i];
+                x[i + half] = b * c[i] + a * s[i];
+            }
+        }
+    }
+}
+
+/* Rows of `heads` x dim (at src + r * row_stride) into a cache laid out [head][position][dim] from `start`. */
+static void store_rows_into(const float *src, long rows, long row_stride, long heads, long dim, float *dst,
+                            long head_stride, long pos_stride, long start)
+{
+    for (long r = 0; r < rows; r++)
+        for (long h = 0; h < heads; h++)
+            memcpy(dst + h * head_stride + (start + r) * pos_stride, src + r * row_stride + h * dim,
+                   sizeof(float) * (size_t)dim);
+}
+
+static void silu_mul_portable(const float *gate_up, long rows, long ffn, float *out)
+{
+    for (long r = 0; r < rows; r++) {
+        const float *gate = gate_up + r * 2 * ffn, *up = gate + ffn;
+        for (long i = 0; i < ffn; i++)
+            out[r * ffn + i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    }
+}
+
+#if HAVE_X86
+/* e^x for any x (clamped to [-87, 88], where float32 neither overflows nor goes subnormal). */
+AVX2 static inline __m256 exp8_any(__m256 x)
+{
+    return exp8(_mm256_min_ps(x, _mm256_set1_ps(88.0f)));
+}
+
+AVX2 static void silu_mul_avx2(const float *gate_up, long rows, long ffn, float *out)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    for (long r = 0; r < rows; r++) {
+        const float *gate = gate_up + r * 2 * ffn, *up = gate + ffn;
+        long i = 0;
+        for (; i + 8 <= ffn; i += 8) {
+            __m256 g = _mm256_loadu_ps(gate + i);
+            __m256 denominator = _mm256_add_ps(one, exp8_any(_mm256_sub_ps(zero, g)));
+            _mm256_storeu_ps(out + r * ffn + i, _mm256_mul_ps(_mm256_div_ps(g, denominator), _mm256_loadu_ps(up + i)));
+        }
+        for (; i < ffn; i++)
+            out[r * ffn + i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    }
+}
+#endif
+
+static PyObject *py_rms_norm(PyObject *self, PyObject *args)
+{
+    Py_ssize_t x, rows, dim, x_stride, weight, out, out_stride;
+    double eps;
+    if (!PyArg_ParseTuple(args, "nnnnndnn", &x, &rows, &dim, &x_stride, &weight, &eps, &out, &out_stride))
+        return NULL;
+    rms_norm_rows((const float *)x, rows, dim, x_stride, (const float *)weight, (float)eps, (float *)out, out_stride);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_rope(PyObject *self, PyObject *args)
+{
+    Py_ssize_t base, rows, row_stride, heads, head_dim, positions, cos_table, sin_table;
+    if (!PyArg_ParseTuple(args, "nnnnnnnn", &base, &rows, &row_stride, &heads, &head_dim, &positions, &cos_table,
+                          &sin_table))
+        return NULL;
+    rope_rows((float *)base, rows, row_stride, heads, head_dim, (const int32_t *)positions, (const float *)cos_table,
+              (const float *)sin_table);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_store_rows(PyObject *self, PyObject *args)
+{
+    Py_ssize_t src, rows, row_stride, heads, dim, dst, head_stride, pos_stride, start;
+    if (!PyArg_ParseTuple(args, "nnnnnnnnn", &src, &rows, &row_stride, &heads, &dim, &dst, &head_stride, &pos_stride,
+                          &start))
+        return NULL;
+    store_rows_into((const float *)src, rows, row_stride, heads, dim, (float *)dst, head_stride, pos_stride, start);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_silu_mul(PyObject *self, PyObject *args)
+{
+    Py_ssize_t gate_up, rows, ffn, out;
+    if (!PyArg_ParseTuple(args, "nnnn", &gate_up, &rows, &ffn, &out))
+        return NULL;
+#if HAVE_X86
+    if (use_avx2)
+        silu_mul_avx2((const float *)gate_up, rows, ffn, (float *)out);
+    else
+#endif
+        silu_mul_portable((const float *)gate_up, rows, ffn, (float *)out);
+    Py_RETURN_NONE;
+}
 
 /* -------------------------------------------------------------------------------------- Python bindings */
 
 static PyObject *py_matmul(PyObject *self, PyObject *args)
 {
-    int kind;
-    Py_ssize_t x, rows, k, n, weights, out;
-    if (!PyArg_ParseTuple(args, "innnnnn", &kind, &x, &rows, &k, &n, &weights, &out))
+    int kind, accumulate = 0;
+    Py_ssize_t x, rows, k, n, weights, out, out_stride = -1;
+    if (!PyArg_ParseTuple(args, "innnnnn|np", &kind, &x, &rows, &k, &n, &weights, &out, &out_stride, &accumulate))
         return NULL;
+    if (out_stride < 0)
+        out_stride = n;
     if ((kind != 4 && kind != 8) || rows < 1 || k < BLOCK || k % BLOCK != 0 || n < 1) {
         PyErr_SetString(PyExc_ValueError, "matmul: kind must be 4 or 8, rows and n >= 1, k a multiple of 32");
         return NULL;
@@ -672,7 +856,7 @@ static PyObject *py_matmul(PyObject *self, PyObject *args)
         return PyErr_NoMemory();
     }
     long record = (kind == 4 ? 24 : 36) * blocks;
-    MatmulTask task = {kind, rows, k, n, qx, dx, sx, (const char *)weights, record, (float *)out};
+    MatmulTask task = {kind, rows, k, n, qx, dx, sx, (const char *)weights, record, (float *)out, out_stride, accumulate};
     Py_BEGIN_ALLOW_THREADS
     quantize_rows((const float *)x, rows, k, qx, dx, sx);
 #if HAVE_X86
@@ -709,7 +893,7 @@ static PyObject *py_attention(PyObject *self, PyObject *args)
                         o_head};
     Py_BEGIN_ALLOW_THREADS
 #if HAVE_X86
-    if (use_avx2 && dim % 8 == 0)
+    if (use_avx2 && avx2_attention_dim(dim))
         run_parallel(attention_items_avx2, &t, rows * heads);
     else
 #endif
@@ -754,7 +938,11 @@ static PyObject *py_isa(PyObject *self, PyObject *unused)
 }
 
 static PyMethodDef methods[] = {
-    {"matmul", py_matmul, METH_VARARGS, "matmul(kind, x, rows, k, n, weights, out): pointers as ints"},
+    {"matmul", py_matmul, METH_VARARGS, "matmul(kind, x, rows, k, n, weights, out[, out_stride, accumulate])"},
+    {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x, rows, dim, x_stride, weight, eps, out, out_stride)"},
+    {"rope", py_rope, METH_VARARGS, "rope(base, rows, row_stride, heads, head_dim, positions, cos, sin)"},
+    {"store_rows", py_store_rows, METH_VARARGS, "store_rows(src, rows, row_stride, heads, dim, dst, head_stride, pos_stride, start)"},
+    {"silu_mul", py_silu_mul, METH_VARARGS, "silu_mul(gate_up, rows, ffn, out)"},
     {"attention", py_attention, METH_VARARGS, "row-invariant attention over each row's own keys (pointers as ints)"},
     {"set_threads", py_set_threads, METH_VARARGS, "set_threads(n): the pool's threads, the caller included"},
     {"threads", py_threads, METH_NOARGS, "threads(): the pool's threads, the caller included"},

@@ -1,0 +1,166 @@
+"""specdec's CPU kernels (kernels/_cpu.c) against plain torch references, and their row invariance.
+
+Row invariance is what exact verification rests on: a row's output must not depend on how many rows share the
+call, or on how many threads split it. Each check below is bit for bit, never approximate.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec_cli import kernels
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
+
+
+def _quantized_rows(x: torch.Tensor) -> torch.Tensor:
+    """What the kernel multiplies: each row rounded to 8 bits per block of 32 (scale = max |x| / 127)."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    scale = blocks.abs().amax(-1, keepdim=True) / 127
+    codes = torch.where(scale > 0, torch.round(blocks / scale), torch.zeros_like(blocks))
+    return (codes * scale).reshape(x.shape)
+
+
+def _random_blocks(kind: int, n: int, k: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    scales = torch.rand(n, k // 32, generator=generator) * 0.05
+    if kind == 4:
+        codes = torch.randint(0, 256, (n, k // 32, 16), dtype=torch.uint8, generator=generator)
+        offsets = torch.randn(n, k // 32, generator=generator) * 0.1
+        packed = codes.to(torch.int32)
+        values = torch.cat([packed & 15, packed >> 4], dim=-1).to(torch.float32)
+        dense = values * scales[..., None] + offsets[..., None]
+    else:
+        codes = torch.randint(-127, 128, (n, k // 32, 32), dtype=torch.int8, generator=generator)
+        offsets = None
+        dense = codes.to(torch.float32) * scales[..., None]
+    return kernels.pack_records(kind, codes, scales, offsets), dense.reshape(n, k), (codes, scales, offsets)
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    before = kernels.threads()
+    yield
+    kernels.set_threads(before)
+
+
+@pytest.mark.parametrize("kind", [4, 8])
+def test_matmul_is_the_product_of_the_rounded_rows_and_the_blocks(kind):
+    records, dense, _ = _random_blocks(kind, 80, 128)
+    x = torch.randn(13, 128, generator=torch.Generator().manual_seed(1))
+    out = kernels.matmul(x, kind, records)
+    reference = _quantized_rows(x) @ dense.T
+    assert torch.allclose(out, reference, rtol=1e-5, atol=1e-5 * float(reference.abs().max()))
+
+
+@pytest.mark.parametrize("kind", [4, 8])
+def test_matmul_rows_do_not_depend_on_the_row_count_or_the_threads(kind):
+    records, _, _ = _random_blocks(kind, 70, 96, seed=2)  # 70 columns: tiles of 4 and 2 with a remainder
+    x = torch.randn(13, 96, generator=torch.Generator().manual_seed(3))
+    kernels.set_threads(1)
+    one_by_one = torch.cat([kernels.matmul(x[row : row + 1], kind, records) for row in range(13)])
+    for threads in (1, 2, 3):
+        kernels.set_threads(threads)
+        for rows in range(1, 14):
+            assert torch.equal(kernels.matmul(x[:rows], kind, records), one_by_one[:rows]), (threads, rows)
+
+
+@pytest.mark.parametrize("kind", [4, 8])
+def test_matmul_accumulates_into_a_strided_output(kind):
+    records, _, _ = _random_blocks(kind, 40, 64, seed=4)
+    kernels.set_threads(2)
+    for rows in (1, 5, 9):
+        x = torch.randn(rows, 64)
+        product = kernels.matmul(x, kind, records)
+        wide = torch.randn(rows, 100)
+        expected = wide.clone()
+        expected[:, 30:70] += product
+        kernels._cpu.matmul(kind, x.data_ptr(), rows, 64, 40, records.data_ptr(), wide[:, 30:].data_ptr(), 100, True)
+        assert torch.equal(wide, expected)
+
+
+def test_records_unpack_to_what_was_packed():
+    for kind in (4, 8):
+        records, _, (codes, scales, offsets) = _random_blocks(kind, 8, 64)
+        back = kernels.unpack_records(kind, records)
+        assert torch.equal(back[0], codes) and torch.equal(back[1], scales)
+        assert (back[2] is None) == (offsets is None) and (offsets is None or torch.equal(back[2], offsets))
+    with pytest.raises(ValueError):
+        kernels.matmul(torch.randn(2, 96), 4, _random_blocks(4, 8, 64)[0])  # records for k=64, rows of k=96
+
+
+def _row_arrays(runs, extras):
+    """(run_start, run_stop, extra_start, extra_pos) int32 for per-row runs and extra positions."""
+    starts = torch.tensor([start for start, _ in runs], dtype=torch.int32)
+    stops = torch.tensor([stop for _, stop in runs], dtype=torch.int32)
+    offsets = [0]
+    for positions in extras:
+        offsets.append(offsets[-1] + len(positions))
+    flat = torch.tensor([p for positions in extras for p in positions], dtype=torch.int32)
+    return starts, stops, torch.tensor(offsets, dtype=torch.int32), flat
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_matches_sdpa_and_each_row_equals_its_own_call(dtype):
+    generator = torch.Generator().manual_seed(5)
+    heads, kv_heads, dim, cached = 6, 2, 64, 37
+    keys = torch.randn(kv_heads, 60, dim, generator=generator).to(dtype)
+    values = torch.randn(kv_heads, 60, dim, generator=generator).to(dtype)
+    query = torch.randn(5, heads, dim, generator=generator)
+    runs = [(0, cached + row + 1) for row in range(5)]  # a causal chain after `cached` tokens
+    out = kernels.attention(query, keys, values, *_row_arrays(runs, [[]] * 5), dim ** -0.5)
+    for row, (start, stop) in enumerate(runs):
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            query[row][:, None], keys[:, start:stop].float().repeat_interleave(3, 0),
+            values[:, start:stop].float().repeat_interleave(3, 0))[:, 0]  # [heads, dim]
+        assert torch.allclose(out[row], expected, atol=1e-5)
+        alone = kernels.attention(query[row : row + 1], keys, values, *_row_arrays([runs[row]], [[]]), dim ** -0.5)
+        assert torch.equal(alone[0], out[row])
+
+
+def test_a_tree_row_over_gathered_keys_equals_a_contiguous_row_with_the_same_keys():
+    generator = torch.Generator().manual_seed(6)
+    keys, values = torch.randn(2, 50, 16, generator=generator), torch.randn(2, 50, 16, generator=generator)
+    query = torch.randn(1, 4, 16, generator=generator)
+    tree = kernels.attention(query, keys, values, *_row_arrays([(0, 30)], [[33, 35, 36]]), 0.25)
+    picked = torch.tensor([*range(30), 33, 35, 36])
+    gathered_keys, gathered_values = keys[:, picked].contiguous(), values[:, picked].contiguous()
+    chain = kernels.attention(query, gathered_keys, gathered_values, *_row_arrays([(0, 33)], [[]]), 0.25)
+    assert torch.equal(tree, chain)
+    # a window: a run that does not start at 0
+    window = kernels.attention(query, keys, values, *_row_arrays([(10, 30)], [[]]), 0.25)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query[0][:, None], keys[:, 10:30].repeat_interleave(2, 0), values[:, 10:30].repeat_interleave(2, 0),
+        scale=0.25)[:, 0]
+    assert torch.allclose(window[0], expected, atol=1e-5)
+
+
+def test_the_decoders_row_steps_match_torch():
+    cpu = kernels._cpu
+    generator = torch.Generator().manual_seed(7)
+    x, weight = torch.randn(3, 96, generator=generator), torch.randn(96, generator=generator)
+    normed = torch.empty(3, 96)
+    cpu.rms_norm(x.data_ptr(), 3, 96, 96, weight.data_ptr(), 1e-5, normed.data_ptr(), 96)
+    expected = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
+    assert torch.allclose(normed, expected, atol=1e-5)
+
+    heads, head_dim = 3, 16
+    base = torch.randn(2, heads * head_dim, generator=generator)
+    positions = torch.tensor([4, 9], dtype=torch.int32)
+    freqs = torch.arange(12, dtype=torch.float32)[:, None] * (1.0 / 10000 ** (torch.arange(0, 16, 2) / 16))[None]
+    cos, sin = freqs.cos().contiguous(), freqs.sin().contiguous()
+    rotated = base.clone()
+    cpu.rope(rotated.data_ptr(), 2, heads * head_dim, heads, head_dim, positions.data_ptr(), cos.data_ptr(),
+             sin.data_ptr())
+    heads_view = base.view(2, heads, head_dim)
+    full_cos = torch.cat([cos, cos], -1)[positions.long()][:, None]  # [2, 1, 16]
+    full_sin = torch.cat([sin, sin], -1)[positions.long()][:, None]
+    half = head_dim // 2
+    rotate_half = torch.cat([-heads_view[..., half:], heads_view[..., :half]], -1)
+    assert torch.equal(rotated.view(2, heads, head_dim), heads_view * full_cos + rotate_half * full_sin)
+
+    gate_up = torch.randn(4, 2 * 40, generator=generator) * 4
+    act = torch.empty(4, 40)
+    cpu.silu_mul(gate_up.data_ptr(), 4, 40, act.data_ptr())
+    assert torch.allclose(act, torch.nn.functional.silu(gate_up[:, :40]) * gate_up[:, 40:], rtol=1e-5, atol=1e-6)

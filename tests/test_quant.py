@@ -1,0 +1,136 @@
+"""Block weights (quant.py): GGUF blocks decoded exactly, blocks made on load, GGUF tensors mapped onto a model's
+layers (llama's permuted q/k rows included), the cache, and BlockLinear against its dense meaning."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import _tiny
+
+from specdec_cli import kernels, quant
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
+
+GGUF_TYPES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q4_K": 144}  # bytes per block (Q4_K: per 256 weights)
+
+
+def _random_gguf_bytes(type_name: str, out_features: int, in_features: int, seed: int = 0) -> np.ndarray:
+    """Random bytes of a GGUF tensor, with small finite float16 scales where the format keeps them."""
+    rng = np.random.default_rng(seed)
+    per = 256 if type_name == "Q4_K" else 32
+    size = GGUF_TYPES[type_name]
+    raw = rng.integers(0, 256, (out_features, in_features // per, size), dtype=np.uint8)
+    halves = 2 if type_name in ("Q4_1", "Q4_K") else 1
+    scales = (rng.random((out_features, in_features // per, halves)) * 0.01).astype(np.float16)
+    raw[..., : 2 * halves] = scales.view(np.uint8).reshape(out_features, in_features // per, 2 * halves)
+    return raw.reshape(out_features, -1)
+
+
+@pytest.mark.parametrize("type_name", sorted(GGUF_TYPES))
+def test_gguf_blocks_decode_to_what_gguf_dequantizes(type_name):
+    import gguf
+
+    raw = _random_gguf_bytes(type_name, 16, 512)
+    expected = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, type_name)).reshape(16, 512)
+    weights = quant.decode_gguf_blocks(type_name, raw, 16, 512)
+    assert weights is not None and weights.kind == (8 if type_name == "Q8_0" else 4)
+    assert np.array_equal(weights.dense().numpy(), expected)
+    assert quant.decode_gguf_blocks("Q6_K", raw, 16, 512) is None  # no kernel: stays dense
+
+
+@pytest.mark.parametrize("kind", [4, 8])
+def test_blocks_made_on_load_round_to_the_nearest_code(kind):
+    weight = torch.randn(48, 96, generator=torch.Generator().manual_seed(0))
+    weights = quant.quantize_dense(weight, kind)
+    step = weights.scales.repeat_interleave(32, dim=1)  # [48, 96]
+    assert ((weights.dense() - weight).abs() <= step / 2 + 1e-6).all()
+    layer = quant.BlockLinear(weights)
+    x = torch.randn(5, 96)
+    blocks = x.reshape(5, 3, 32)
+    scale = blocks.abs().amax(-1, keepdim=True) / 127
+    rounded = (torch.round(blocks / scale) * scale).reshape(5, 96)  # the kernel's 8-bit activations
+    assert torch.allclose(layer(x), rounded @ weights.dense().T, atol=1e-4)
+    assert torch.equal(layer.weight, weights.dense())
+
+
+def _tiny_gguf(tmp_path, model, types):
+    """Write `model`'s linear layers to a GGUF in the given types (q/k rows permuted as llama.cpp writes them) and
+    set the model's dense weights to what the file dequantizes to, as transformers' GGUF loader would."""
+    import gguf
+
+    config = model.config
+    writer = gguf.GGUFWriter(str(tmp_path / "tiny.gguf"), "llama")
+    writer.add_block_count(config.num_hidden_layers)
+    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    for index, (name, module) in enumerate((n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)):
+        type_name = types[index % len(types)]
+        weight = module.weight.detach().to(torch.float32).numpy()
+        gguf_name = name_map.get_name(name)
+        order = None
+        if gguf_name.endswith("attn_q") or gguf_name.endswith("attn_k"):
+            heads = config.num_attention_heads if gguf_name.endswith("attn_q") else config.num_key_value_heads
+            order = quant.permuted_rows(weight.shape[0], heads)  # hf = gguf[order]
+            weight = weight[np.argsort(order)]
+        qtype = getattr(gguf.GGMLQuantizationType, type_name)
+        data = gguf.quants.quantize(weight, qtype)
+        writer.add_tensor(f"{gguf_name}.weight", data, raw_dtype=qtype)
+        dense = gguf.quants.dequantize(data, qtype).reshape(weight.shape)
+        with torch.no_grad():
+            module.weight.copy_(torch.from_numpy(dense[order] if order is not None else dense))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return tmp_path / "tiny.gguf"
+
+
+def test_a_ggufs_blocks_map_onto_the_models_layers(tmp_path):
+    model = _tiny("llama")
+    path = _tiny_gguf(tmp_path, model, ["Q4_0", "Q4_1", "Q8_0"])
+    planned = dict(quant.gguf_blocks(model, path))
+    linear = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    assert sorted(planned) == sorted(linear)  # every layer found, q and k un-permuted
+    modules = dict(model.named_modules())
+    for name, weights in planned.items():
+        assert torch.allclose(weights.dense(), modules[name].weight.float(), atol=1e-6), name
+    with torch.no_grad():  # a layer whose dense weight does not match its tensor is left dense
+        modules["model.layers.0.mlp.up_proj"].weight.add_(1.0)
+    assert "model.layers.0.mlp.up_proj" not in dict(quant.gguf_blocks(model, path))
+
+
+def test_modes_choose_what_becomes_blocks(tmp_path):
+    model = _tiny("llama")
+    path = _tiny_gguf(tmp_path, model, ["Q4_1", "Q8_0"])
+    gguf_plan = quant.plan_blocks(model, "gguf", path)
+    assert {w.origin for w in gguf_plan.values()} == {"Q4_1", "Q8_0"}
+    int4_plan = quant.plan_blocks(model, "int4", path)  # Q8_0 layers requantised to 4 bits
+    assert {w.origin for w in int4_plan.values()} == {"Q4_1", "int4"}
+    assert all(w.kind == 4 for w in int4_plan.values())
+    hf_plan = quant.plan_blocks(_tiny("qwen2"), "int8", None)  # a Hugging Face model: every layer made on load
+    assert {w.origin for w in hf_plan.values()} == {"int8"}
+
+
+def test_converted_blocks_are_cached_and_a_corrupt_cache_is_rebuilt(tmp_path, monkeypatch):
+    model = _tiny("qwen2")
+    count = quant.convert(model, "int4", None, "tiny-qwen2", tmp_path)
+    assert count == len(quant.block_layers(model)) > 0
+    cached = quant.cache_file(tmp_path, "tiny-qwen2", "int4")
+    assert cached.is_file()
+    reference = torch.randn(3, model.config.hidden_size)
+    with torch.inference_mode():
+        expected = model.model.layers[0].self_attn.q_proj(reference)
+
+    def not_again(*args, **kwargs):
+        raise AssertionError("converted again although cached")
+
+    monkeypatch.setattr(quant, "plan_blocks", not_again)
+    again = _tiny("qwen2")
+    quant.convert(again, "int4", None, "tiny-qwen2", tmp_path)
+    with torch.inference_mode():
+        assert torch.equal(again.model.layers[0].self_attn.q_proj(reference), expected)  # biases kept too
+    monkeypatch.undo()
+    cached.write_bytes(b"not safetensors")
+    third = _tiny("qwen2")
+    assert quant.convert(third, "int4", None, "tiny-qwen2", tmp_path) == count
+    assert quant.load_cached(cached) is not None
