@@ -569,15 +569,6 @@ static void attention_items_portable(const void *arg, long start, long stop)
 }
 
 #if HAVE_X86
-AVX2 static inline __m256 load8(const char *base, int bf16, long index)
-{
-    if (bf16) {
-        __m128i half = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + index));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
-    }
-    return _mm256_loadu_ps((const float *)base + index);
-}
-
 /* e^x for x <= 0 (scores minus their maximum): 2^n * p(r), x = n ln 2 + r, |r| <= ln 2 / 2, p of degree 6. */
 AVX2 static inline __m256 exp8(__m256 x)
 {
@@ -629,12 +620,29 @@ AVX2 static inline float softmax_weights(float *scores, long keys)
     return hsum8(total8);
 }
 
-/* One (row, head) item per call, for head_dim = 8 * CHUNKS: the query and the output accumulators stay in
- * registers; scores are computed four keys at a time. */
-#define DEFINE_ATTENTION(CHUNKS)                                                                                   \
-    AVX2 static void attend_##CHUNKS(const AttentionTask *t, long row, long head, float *scores)                   \
+AVX2 static inline __m256 load8_f32(const char *base, long index)
+{
+    return _mm256_loadu_ps((const float *)base + index);
+}
+
+AVX2 static inline __m256 load8_bf16(const char *base, long index)
+{
+    __m128i half = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + index));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+}
+
+/* One (row, head) item per call, for head_dim = 8 * CHUNKS and keys/values of type TYPE (f32 or bf16): the query
+ * and the output accumulators stay in registers; scores are computed four keys at a time. Key j of the row is
+ * at cache position run_start + j for j < run, then extra[j - run]. */
+#define DEFINE_ATTENTION(CHUNKS, TYPE)                                                                             \
+    AVX2 static void attend_##CHUNKS##_##TYPE(const AttentionTask *t, long row, long head, float *scores)          \
     {                                                                                                              \
-        long kv = head / (t->heads / t->kv_heads), keys = key_count(t, row);                                       \
+        const long kv = head / (t->heads / t->kv_heads), keys = key_count(t, row);                                 \
+        const long run_start = t->run_start[row], run = t->run_stop[row] - run_start;                              \
+        const int32_t *extra = t->extra_pos + t->extra_start[row];                                                 \
+        const long k_pos = t->k_pos, v_pos = t->v_pos;                                                             \
+        const char *k = t->k, *v = t->v;                                                                           \
+        const long k_head = kv * t->k_head, v_head = kv * t->v_head;                                               \
         const float *query = t->q + row * t->q_row + head * t->q_head;                                             \
         __m256 q[CHUNKS], acc[CHUNKS], scale = _mm256_set1_ps(t->scale);                                           \
         _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++) q[c] = _mm256_loadu_ps(query + 8 * c);          \
@@ -642,11 +650,12 @@ AVX2 static inline float softmax_weights(float *scores, long keys)
             __m256 dots[4];                                                                                        \
             _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {                                                  \
                 dots[i] = _mm256_setzero_ps();                                                                     \
-                if (j + i < keys) {                                                                                \
-                    long base = kv * t->k_head + key_position(t, row, j + i) * t->k_pos;                           \
-                    dots[i] = _mm256_mul_ps(q[0], load8(t->k, t->kv_bf16, base));                                 \
+                long key = j + i;                                                                                  \
+                if (key < keys) {                                                                                  \
+                    long base = k_head + (key < run ? run_start + key : (long)extra[key - run]) * k_pos;           \
+                    dots[i] = _mm256_mul_ps(q[0], load8_##TYPE(k, base));                                          \
                     _Pragma("GCC unroll 16") for (int c = 1; c < CHUNKS; c++)                                      \
-                        dots[i] = _mm256_fmadd_ps(q[c], load8(t->k, t->kv_bf16, base + 8 * c), dots[i]);           \
+                        dots[i] = _mm256_fmadd_ps(q[c], load8_##TYPE(k, base + 8 * c), dots[i]);                   \
                 }                                                                                                  \
             }                                                                                                      \
             _mm_storeu_ps(scores + j, _mm_mul_ps(four_scores(dots[0], dots[1], dots[2], dots[3]),                  \
@@ -654,22 +663,40 @@ AVX2 static inline float softmax_weights(float *scores, long keys)
         }                                                                                                          \
         float total = softmax_weights(scores, keys);                                                               \
         _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++) acc[c] = _mm256_setzero_ps();                   \
-        for (long j = 0; j < keys; j++) {                                                                          \
-            long base = kv * t->v_head + key_position(t, row, j) * t->v_pos;                                       \
-            __m256 p = _mm256_broadcast_ss(scores + j);                                                            \
+        for (long key = 0; key < keys; key++) {                                                                    \
+            long base = v_head + (key < run ? run_start + key : (long)extra[key - run]) * v_pos;                   \
+            __m256 p = _mm256_broadcast_ss(scores + key);                                                          \
             _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++)                                              \
-                acc[c] = _mm256_fmadd_ps(p, load8(t->v, t->kv_bf16, base + 8 * c), acc[c]);                       \
+                acc[c] = _mm256_fmadd_ps(p, load8_##TYPE(v, base + 8 * c), acc[c]);                               \
         }                                                                                                          \
         __m256 inverse = _mm256_set1_ps(1.0f / total);                                                             \
         float *out = t->out + row * t->o_row + head * t->o_head;                                                   \
         _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++)                                                  \
             _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(acc[c], inverse));                                         \
     }
-DEFINE_ATTENTION(2)
-DEFINE_ATTENTION(4)
-DEFINE_ATTENTION(8)
-DEFINE_ATTENTION(12)
-DEFINE_ATTENTION(16)
+DEFINE_ATTENTION(2, f32)
+DEFINE_ATTENTION(4, f32)
+DEFINE_ATTENTION(8, f32)
+DEFINE_ATTENTION(12, f32)
+DEFINE_ATTENTION(16, f32)
+DEFINE_ATTENTION(2, bf16)
+DEFINE_ATTENTION(4, bf16)
+DEFINE_ATTENTION(8, bf16)
+DEFINE_ATTENTION(12, bf16)
+DEFINE_ATTENTION(16, bf16)
+
+typedef void (*attend_fn)(const AttentionTask *, long, long, float *);
+
+static attend_fn attention_variant(long dim, int bf16)
+{
+    switch (dim) {
+    case 16: return bf16 ? attend_2_bf16 : attend_2_f32;
+    case 32: return bf16 ? attend_4_bf16 : attend_4_f32;
+    case 64: return bf16 ? attend_8_bf16 : attend_8_f32;
+    case 96: return bf16 ? attend_12_bf16 : attend_12_f32;
+    default: return bf16 ? attend_16_bf16 : attend_16_f32;
+    }
+}
 
 /* Head dimensions of 16, 32, 64, 96 or 128 (the rest take the portable loop). */
 AVX2 static void attention_items_avx2(const void *arg, long start, long stop)
@@ -683,16 +710,9 @@ AVX2 static void attention_items_avx2(const void *arg, long start, long stop)
         fill_nan(t, start, stop);
         return;
     }
-    for (long item = start; item < stop; item++) {
-        long row = item / t->heads, head = item % t->heads;
-        switch (t->dim) {
-        case 16: attend_2(t, row, head, scores); break;
-        case 32: attend_4(t, row, head, scores); break;
-        case 64: attend_8(t, row, head, scores); break;
-        case 96: attend_12(t, row, head, scores); break;
-        default: attend_16(t, row, head, scores); break;
-        }
-    }
+    attend_fn attend = attention_variant(t->dim, t->kv_bf16);
+    for (long item = start; item < stop; item++)
+        attend(t, item / t->heads, item % t->heads, scores);
     free(scores);
 }
 
