@@ -15,12 +15,14 @@ import pytest
 import torch
 from conftest import chi_square, hf_greedy
 
-import specdec_cli.engine as engine_module
+import specdec_cli.target_forward as target_forward
+import specdec_cli.tree_check as tree_check
 from specdec_cli.cost_curve import CostCurve
 from specdec_cli.draft import Draft
-from specdec_cli.engine import TREE_MODEL_TYPES, Engine, GenerationConfig
+from specdec_cli.engine import Engine, GenerationConfig
 from specdec_cli.errors import SpecdecError
 from specdec_cli.planner import DraftPlanner
+from specdec_cli.rollback import keep_accepted, truncate_cache
 
 EOS = 3
 WINDOW = 8  # sliding windows are this short: prompts, answers and the deepest trees below run past them
@@ -198,7 +200,7 @@ def _perturbed(model, scale=0.05, seed=0):
 
 def test_the_tree_list_names_every_family_tested_here():
     assert {"llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "gemma", "gemma2", "gemma3_text"} \
-        == TREE_MODEL_TYPES
+        == tree_check.TREE_MODEL_TYPES
 
 
 @pytest.mark.parametrize("shape", ["bushy", "deeper-than-the-window"])
@@ -215,7 +217,7 @@ def test_tree_logits_equal_sequential_decoding(family, shape):
     with torch.inference_mode():
         cache = DynamicCache()
         engine._forward(prompt[:-1], cache, 0)
-        tree_logits = engine._forward([prompt[-1], *tokens], cache, len(prompt) - 1, tree=parents)  # [n+1, V]
+        tree_logits = engine._forward([prompt[-1], *tokens], cache, len(prompt) - 1, tree=parents).logits  # [n+1, V]
         for row in range(len(tokens) + 1):
             sequence = prompt + [tokens[node] for node in _path(parents, row - 1)]
             reference = model(torch.tensor([sequence])).logits[0, -1]  # [V]
@@ -363,19 +365,19 @@ def test_the_self_check_catches_a_window_mask_gone_wrong_even_with_a_long_window
     """With Mistral's real 4096-token window, a tree mask that forgot the window would agree with sequential
     decoding on any short prompt; the check shortens the window, so it does not agree there."""
     model = _model("mistral", sliding_window=4096, seed=5)
-    real_mask = engine_module.tree_attention_mask
+    real_mask = target_forward.tree_attention_mask
 
     def windowless(config, *args, **kwargs):
         unwindowed = copy.copy(config)
         unwindowed.sliding_window = None
         return real_mask(unwindowed, *args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "tree_attention_mask", windowless)
+    monkeypatch.setattr(target_forward, "tree_attention_mask", windowless)
     with pytest.warns(UserWarning, match="chains"):
         reference, engine, generation = _tree_generation(model, PROMPTS[0])
     assert engine.tree_check.startswith("failed: tree node"), engine.tree_check
     assert generation.tokens == reference and model.config.sliding_window == 4096
-    monkeypatch.setattr(engine_module, "CHECK_WINDOW", 10**6)  # without the shortening: fooled
+    monkeypatch.setattr(tree_check, "CHECK_WINDOW", 10**6)  # without the shortening: fooled
     assert _engine(model).supports_trees
 
 
@@ -413,14 +415,14 @@ def test_a_cache_that_keeps_only_the_window_is_refused_not_wrong():
         short = DynamicCache(config=model.config)
         engine._forward(prompt[:6], short, 0)  # within the window, refused all the same
         with pytest.raises(SpecdecError, match="does not keep every token"):
-            engine._keep_in_cache(short, 3, [1], False, 4)
+            keep_accepted(short, 3, [1], False, 4)
         cache = DynamicCache(config=model.config)
         engine._forward(prompt, cache, 0)  # past the window
         assert [layer.keys.shape[-2] for layer in cache.layers] == [WINDOW - 1, len(prompt)]
         with pytest.raises(SpecdecError, match=r"layer 0 \(DynamicSlidingWindowLayer\) does not keep every token"):
-            engine._truncate_cache(cache, len(prompt) - 3)
+            truncate_cache(cache, len(prompt) - 3)
         with pytest.raises(SpecdecError, match="does not keep every token"):
-            engine._keep_in_cache(cache, len(prompt) - 4, [1, 2], False, len(prompt) - 1)
+            keep_accepted(cache, len(prompt) - 4, [1, 2], False, len(prompt) - 1)
         plain = DynamicCache()
         engine._forward(prompt, plain, 0)
         assert [layer.keys.shape[-2] for layer in plain.layers] == [len(prompt)] * 2  # what the engine uses

@@ -24,7 +24,7 @@ def test_tree_logits_equal_sequential_decoding(tiny_model):
     with torch.inference_mode():
         cache = DynamicCache()
         engine._forward(PROMPT[:-1], cache, 0)
-        tree_logits = engine._forward([PROMPT[-1], *tokens], cache, len(PROMPT) - 1, tree=parents)  # [7, vocab]
+        tree_logits = engine._forward([PROMPT[-1], *tokens], cache, len(PROMPT) - 1, tree=parents).logits  # [7, V]
 
         def path_to(node):
             path = []
