@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from .check_outcome import CheckOutcome
 from .cost_curve import CostCurve
 from .curve_store import CurveStore, cost_cache_file, forward_timer
 from .draft import Draft, FinishReason, StepEvent
@@ -64,7 +65,7 @@ class Engine:
         # what to verify each step; lives as long as the engine, so a chat session keeps learning. Without one
         # given, the verify-cost curve is the one stored for this machine and model, else measured.
         self.planner = planner or DraftPlanner(self.curves.load_or_measure)
-        self.tree_check = "not checked"  # "passed", "failed: ...", or "chains only: ..." once a tree was drafted
+        self.tree_outcome = CheckOutcome("not checked")  # passed, failed or chains only once a tree was drafted
 
     # -- the loop ------------------------------------------------------------------------------------------
 
@@ -242,9 +243,19 @@ class Engine:
         return self.exactness.native
 
     @property
+    def exact_outcome(self) -> CheckOutcome:
+        """What came of exact verification: off, not checked, on or failed (exact_setup.py)."""
+        return self.exactness.outcome
+
+    @property
     def exact_check(self) -> str:
-        """What came of exact verification: "off", "not checked", "on: ..." or "failed: ..."."""
-        return self.exactness.check
+        """`exact_outcome` as displays and bench JSON show it ("off", "on: ...", "failed: ...")."""
+        return self.exact_outcome.text()
+
+    @property
+    def tree_check(self) -> str:
+        """`tree_outcome` as displays and bench JSON show it ("passed", "chains only: ...", "failed: ...")."""
+        return self.tree_outcome.text()
 
     def prepare(self, budget: int) -> Optional[int]:
         """Install row-invariant verification for blocks of this budget; the largest such block, or None when
@@ -258,10 +269,10 @@ class Engine:
     @property
     def supports_trees(self) -> bool:
         """Whether this model verifies token trees exactly (else trees fall back to their first branch): decided
-        once per engine, the first time a tree is drafted (tree_check.py); the outcome is in `tree_check`."""
-        if self.tree_check == "not checked":
-            self.tree_check = check_trees(self.model, self._forward)
-        return self.tree_check == "passed"
+        once per engine, the first time a tree is drafted (tree_check.py); the outcome is in `tree_outcome`."""
+        if self.tree_outcome.state == "not checked":
+            self.tree_outcome = check_trees(self.model, self._forward)
+        return self.tree_outcome.state == "passed"
 
     def forget(self) -> None:
         """Drop what the planner learned about drafters (the machine's cost curve stays)."""

@@ -5,8 +5,8 @@ In reduced precision (bfloat16, float16) and on block weights, verification is r
 run specdec's native decoder (native.py), row-invariant by construction and checked end to end once per engine;
 any other model gets exact.py's row-invariant attention and padded linear layers, installed for the largest
 block a generation may verify (`ExactSetup.prepare`). `native_kernels` sets all of it aside for the while: the
-model's own kernels, as plain decoding outside specdec runs them. What came of it is kept in `check` ("off",
-"not checked", "on: ...", "failed: ..."); a failure is said once, as a warning, and verification goes on
+model's own kernels, as plain decoding outside specdec runs them. What came of it is kept in `outcome` (off,
+not checked, on or failed: check_outcome.py); a failure is said once, as a warning, and verification goes on
 without exactness.
 
 This file does not run the loop (engine.py) nor compute anything row-invariantly itself (exact.py, native.py).
@@ -21,6 +21,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from . import native
+from .check_outcome import CheckOutcome
 from .exact import ExactState, block_mismatch, current_state, exact_rows, install, suspended
 from .native import ROW_INVARIANT_ROWS
 
@@ -43,7 +44,7 @@ class ExactSetup:
         self.model = model
         self.enabled = exact_by_default(model) if exact is None else exact
         self.state: Optional[ExactState] = None  # exact.py's install, when it is what makes verification exact
-        self.check = "off" if not self.enabled else "not checked"  # "on: ...", "failed: ..." once installed
+        self.outcome = CheckOutcome("not checked" if self.enabled else "off")  # on or failed once installed
         # block weights of a Llama-style model: specdec's own forward, row-invariant by construction
         self.native = native.decoder_for(model) if self.enabled else None
         self._own_kernels = False  # inside native_kernels(): transformers' forward on the model's own kernels
@@ -65,7 +66,7 @@ class ExactSetup:
 
         Each generation does it; a session calls it at load, so the check's ~2 s is part of loading. Returns the
         largest row-invariant block, or None when verification is not exact (off, or the check failed: said once
-        as a warning, the reason kept in `check`)."""
+        as a warning, the reason kept in `outcome`)."""
         if not self.enabled:
             return None
         if self.native is not None:
@@ -77,31 +78,31 @@ class ExactSetup:
         state = self.state
         if state is not None and state.rows >= rows and state.applied(self.model):
             return state.rows
-        if self.check.startswith("failed"):
+        if self.outcome.state == "failed":
             return None
         try:  # (the model keeps its state: another engine's install is reused, a smaller one replaced)
             self.state = state = install(self.model, max(rows, state.rows if state is not None else 0))
         except ValueError as error:
             self.state = None
-            self.check = f"failed: {error}"
+            self.outcome = CheckOutcome("failed", str(error))
             warnings.warn(NOT_EXACT_WARNING.format(reason=error), stacklevel=4)
             return None
         padded = ", ".join(f"{inputs}x{outputs}" for inputs, outputs in state.padded_shapes) or "none"
-        self.check = f"on: blocks up to {state.rows} rows; linear shapes padded: {padded}"
+        self.outcome = CheckOutcome("on", f"blocks up to {state.rows} rows; linear shapes padded: {padded}")
         return state.rows
 
     def _prepare_native(self) -> Optional[int]:
         """The native decoder needs no set-up; its row invariance is checked end to end once per engine."""
         if self._own_kernels:
             return None
-        if self.check == "not checked":
+        if self.outcome.state == "not checked":
             device = next(self.model.parameters()).device
             mismatch = block_mismatch(self.native, self.model.config, device, ROW_INVARIANT_ROWS)
-            self.check = (f"on: specdec's native decoder, blocks up to {ROW_INVARIANT_ROWS} rows"
-                          if mismatch is None else f"failed: {mismatch}")
+            self.outcome = (CheckOutcome("on", f"specdec's native decoder, blocks up to {ROW_INVARIANT_ROWS} rows")
+                            if mismatch is None else CheckOutcome("failed", mismatch))
             if mismatch is not None:
                 warnings.warn(NOT_EXACT_WARNING.format(reason=mismatch), stacklevel=4)
-        return ROW_INVARIANT_ROWS if self.check.startswith("on") else None
+        return ROW_INVARIANT_ROWS if self.outcome.state == "on" else None
 
     def native_kernels(self) -> Any:
         """A context in which the model runs its own kernels (exact verification suspended): transformers'

@@ -3,7 +3,7 @@
 Three conditions, checked in order (`check_trees`): the family is one whose attention takes 4-D custom masks with
 explicit position ids (TREE_MODEL_TYPES, tests/test_families.py), sliding-window layers included; its layers are
 all of kinds a tree mask is built for (tree_mask.MASKED_KINDS); and a small tree's logits equal sequential
-decoding's on the model itself (`tree_mismatch`). The outcome is "passed", "failed: ..." or "chains only: ...";
+decoding's on the model itself (`tree_mismatch`). The outcome is passed, failed or chains only (check_outcome.py);
 anything but a pass is said once, as a warning, and the engine then verifies each tree's first branch as a chain.
 This file does not build masks (tree_mask.py) nor accept drafts (verify.py).
 """
@@ -16,6 +16,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
+from .check_outcome import CheckOutcome
 from .kv_cache import KVCache
 from .rollback import truncate_cache
 from .target_forward import TargetForward
@@ -27,21 +28,21 @@ TREE_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "ge
 CHECK_WINDOW = 4  # the self-check shortens sliding windows to this, so its 12-token prompt runs past them
 
 
-def check_trees(model: Any, forward: TargetForward) -> str:
-    """"passed" when the model verifies trees exactly, else why not ("chains only: ..." or "failed: ..."),
-    said once as a warning."""
+def check_trees(model: Any, forward: TargetForward) -> CheckOutcome:
+    """Passed when the model verifies trees exactly, else chains only or failed with the reason, said once as
+    a warning."""
     config = model.config
     model_type = getattr(config, "model_type", "") or "this model"
     other_kinds = sorted(attention_kinds(config) - set(MASKED_KINDS))
     if model_type not in TREE_MODEL_TYPES:
-        outcome = f"chains only: {model_type} is not a family checked with tree masks"
+        outcome = CheckOutcome("chains only", f"{model_type} is not a family checked with tree masks")
     elif other_kinds:
-        outcome = f"chains only: no tree mask for {', '.join(other_kinds)} layers"
+        outcome = CheckOutcome("chains only", f"no tree mask for {', '.join(other_kinds)} layers")
     else:
         mismatch = tree_mismatch(model, forward)
-        outcome = "passed" if mismatch is None else f"failed: {mismatch}"
-    if outcome != "passed":
-        warnings.warn(f"{model_type}: token trees are verified as chains ({outcome})", stacklevel=3)
+        outcome = CheckOutcome("passed") if mismatch is None else CheckOutcome("failed", mismatch)
+    if outcome.state != "passed":
+        warnings.warn(f"{model_type}: token trees are verified as chains ({outcome.text()})", stacklevel=3)
     return outcome
 
 

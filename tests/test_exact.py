@@ -99,7 +99,7 @@ def bf16_family(request):
     model = _model(request.param, seed=11).to(torch.bfloat16)
     engine = _exact_engine(model)
     references = [engine.generate(prompt, NoDrafter(), _config()).tokens for prompt in PROMPTS]
-    assert engine.exact_check.startswith("on"), engine.exact_check
+    assert engine.exact_outcome.state == "on", engine.exact_check
     return type("Family", (), {"name": request.param, "model": model, "vocab": 64, "references": references})
 
 
@@ -128,13 +128,13 @@ def test_float32_is_exact_by_construction_when_asked(tiny_llama):
     family = type("Family", (), {"model": model, "vocab": 64, "references": [plain.tokens, []]})
     for kind in ("chain", "tree"):
         assert engine.generate(PROMPTS[0], _drafter(kind, family, 0), _config()).tokens == plain.tokens, kind
-    assert engine.exact_check.startswith("on")
+    assert engine.exact_outcome.state == "on"
 
 
 def test_float32_is_left_alone_by_default(tiny_llama):
     engine = Engine(tiny_llama, planner=DraftPlanner(CostCurve.fixed({1: 1.0})))
     engine.generate(PROMPTS[0], NoDrafter(), _config(max_new_tokens=4))
-    assert not engine.exact and engine.exact_check == "off"
+    assert not engine.exact and engine.exact_outcome.state == "off" and engine.exact_check == "off"
     assert tiny_llama.config._attn_implementation == "sdpa"
 
 
@@ -170,7 +170,9 @@ def test_where_exactness_cannot_be_had_the_engine_says_so_and_goes_on():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         generation = engine.generate(PROMPTS[0], _drafter("pld", _Fake(model), 0), _config(max_new_tokens=8))
-    assert engine.exact_check.startswith("failed: row-invariant attention replaces SDPA attention")
+    assert engine.exact_outcome.state == "failed", engine.exact_check
+    assert engine.exact_outcome.detail.startswith("row-invariant attention replaces SDPA attention")
+    assert engine.exact_check == f"failed: {engine.exact_outcome.detail}"  # as displays and bench JSON show it
     assert any("not row-invariant" in str(warning.message) for warning in caught)
     assert len(generation.tokens) == 8 and model.config._attn_implementation == "eager"
 

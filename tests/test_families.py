@@ -222,7 +222,7 @@ def test_tree_logits_equal_sequential_decoding(family, shape):
             sequence = prompt + [tokens[node] for node in _path(parents, row - 1)]
             reference = model(torch.tensor([sequence])).logits[0, -1]  # [V]
             assert torch.allclose(tree_logits[row], reference, atol=1e-4, rtol=1e-4), (family.name, row)
-    assert engine.supports_trees and engine.tree_check == "passed", engine.tree_check
+    assert engine.supports_trees and engine.tree_outcome.state == "passed", engine.tree_check
 
 
 @pytest.mark.parametrize("kind", ["pld", "chain", "model", "tree", "recycle", "aded"])
@@ -234,7 +234,7 @@ def test_every_drafter_kind_is_greedy_identical(family, kind):
         if kind in ("chain", "tree", "model") and len(generation.tokens) > 8:
             assert generation.stats.mean_accepted_tokens > 1.5, (family.name, kind)
         if kind == "tree":  # the trees were verified as trees, and paths deeper than the window accepted
-            assert engine.tree_check == "passed"
+            assert engine.tree_outcome.state == "passed"
             assert any(event.draft.parents is not None and len(event.accepted_path) > WINDOW
                        for event in generation.events) or len(generation.tokens) < NEW
 
@@ -290,7 +290,7 @@ def test_sampling_keeps_the_law_past_the_window(family_name, kind):
     for seed in range(runs):
         config = _config_for(max_new_tokens=3, temperature=1.0, seed=seed, eos_token_ids=(), budget=5)
         counts[engine.generate(prompt, drafter, config).tokens[1]] += 1
-    assert engine.tree_check == ("passed" if kind == "tree" else "not checked")
+    assert engine.tree_outcome.state == ("passed" if kind == "tree" else "not checked")
     statistic, dof = chi_square(counts, law)
     # mean dof, sd sqrt(2 dof): 5 sd is a one-in-millions false alarm; a biased rule overshoots by far
     assert statistic < dof + 5 * (2 * dof) ** 0.5 + 5, (statistic, dof)
@@ -317,7 +317,7 @@ def test_the_self_check_costs_five_small_forwards_and_runs_once():
 
     model.forward = counting
     engine = _engine(model)
-    assert engine.tree_check == "not checked"
+    assert engine.tree_outcome.state == "not checked"
     assert engine.supports_trees and engine.tree_check == "passed"
     assert len(calls) == 5 and max(calls) <= 11, calls  # prompt, tree, three leaf chains
     assert engine.supports_trees and len(calls) == 5  # decided once per engine
@@ -338,7 +338,8 @@ def test_a_model_whose_attention_ignores_the_tree_mask_falls_back_to_chains():
         reference, engine, generation = _tree_generation(model, PROMPTS[0])
     assert len([w for w in caught if "token trees" in str(w.message)]) == 1
     assert generation.tokens == reference
-    assert engine.tree_check.startswith("failed: tree node") and not engine.supports_trees
+    assert engine.tree_outcome.state == "failed" and not engine.supports_trees
+    assert engine.tree_outcome.detail.startswith("tree node"), engine.tree_check
     assert all(event.draft.parents is None for event in generation.events)  # trees became chains
 
 
@@ -375,7 +376,8 @@ def test_the_self_check_catches_a_window_mask_gone_wrong_even_with_a_long_window
     monkeypatch.setattr(target_forward, "tree_attention_mask", windowless)
     with pytest.warns(UserWarning, match="chains"):
         reference, engine, generation = _tree_generation(model, PROMPTS[0])
-    assert engine.tree_check.startswith("failed: tree node"), engine.tree_check
+    assert engine.tree_outcome.state == "failed", engine.tree_check
+    assert engine.tree_outcome.detail.startswith("tree node")
     assert generation.tokens == reference and model.config.sliding_window == 4096
     monkeypatch.setattr(tree_check, "CHECK_WINDOW", 10**6)  # without the shortening: fooled
     assert _engine(model).supports_trees
