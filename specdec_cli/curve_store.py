@@ -81,8 +81,8 @@ def cost_cache_file(model: Any, exact_rows: int) -> Optional[Path]:
     """$SPECDEC_HOME/costs/KEY.json, KEY from the model, device, CPU, dtype, threads, torch version, the rows
     verified row-invariantly (0: none) and block weights. None for an in-memory model (tests): measured, not
     stored."""
+    from .home import specdec_home
     from .machine import cpu_model
-    from .models import specdec_home
     from .quant import block_layers, weights_summary
 
     name = getattr(model.config, "_name_or_path", "") or ""

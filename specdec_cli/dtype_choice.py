@@ -140,7 +140,7 @@ def choose_weights(model: Any, cache_key: str, dtype: str, reload_float32: Calla
 
 
 def _path(cache_key: str) -> Any:
-    from .models import specdec_home
+    from .home import specdec_home
 
     digest = hashlib.sha256(cache_key.encode()).hexdigest()[:16]
     return specdec_home() / "costs" / f"dtype-{digest}.json"

