@@ -1,7 +1,7 @@
 """The verify-cost curve t(rows): seconds of one target forward over `rows` new tokens on this machine.
 
-Measured, never assumed, and never smoothed: on a CPU it need not be monotone (float32 GEMMs on some CPUs
-are slowest at 2-3 rows, so a forward of 8 rows can cost less than one of 3; docs/methods.md, section 7).
+Measured, never assumed, and never smoothed: on a CPU it need not be monotone (a forward of more rows can cost
+less than one of fewer; docs/methods.md, section 7, has measured curves).
 `measure_cost_curve` times every size after a warm-up pass, in interleaved rounds, keeping the minimum; the
 result is stored per machine, model and dtype (curve_store.py) as a starting point that every step's own
 timing refines (`CostCurve.observe`). Verifying *at least* n rows costs the cheapest

