@@ -138,6 +138,7 @@ def _exact_second_token_law(model, prompt, temperature):
     return (first.unsqueeze(1) * second).sum(0).double()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["none", "exact", "junk"])
 def test_sampling_keeps_the_target_distribution(tiny_llama, mode):
     """Seeded Monte-Carlo on a real (tiny) model: the 2nd new token follows the model's exact law."""

@@ -111,6 +111,7 @@ def _config(**settings) -> GenerationConfig:
     return GenerationConfig(**{"max_new_tokens": NEW, "budget": BUDGET, "eos_token_ids": (EOS,), **settings})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["pld", "chain", "tree", "model", "recycle", "aded"])
 def test_bfloat16_speculation_is_identical_to_plain_decoding(bf16_family, kind):
     for index, prompt in enumerate(PROMPTS):
@@ -138,6 +139,7 @@ def test_float32_is_left_alone_by_default(tiny_llama):
     assert tiny_llama.config._attn_implementation == "sdpa"
 
 
+@pytest.mark.slow
 def test_sampling_keeps_the_law_in_bfloat16():
     model = _model("llama", seed=7).to(torch.bfloat16)
     prompt = PROMPTS[1]
@@ -182,6 +184,7 @@ class _Fake:
         self.model, self.vocab, self.references = model, 64, [[], []]
 
 
+@pytest.mark.slow
 def test_engines_over_one_model_share_its_row_invariant_state(monkeypatch):
     import specdec_cli.exact as exact
 

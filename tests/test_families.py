@@ -270,6 +270,7 @@ class LikelyTree:
         pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family_name,kind", [("gemma2", "tree"), ("mistral", "model")])
 def test_sampling_keeps_the_law_past_the_window(family_name, kind):
     """Seeded Monte-Carlo: the 2nd new token (the first one a verify forward decides) after a prompt longer than
