@@ -266,7 +266,10 @@ def load_target(
     dtype: str = "auto",
     on_status: Optional[StatusCallback] = None,
     weights: str = "auto",
+    step_timer: Optional[Callable[[Any], float]] = None,
 ) -> LoadedTarget:
+    """Load a target. `--dtype auto` and `--weights auto` time plain steps to choose (dtype_choice.py), unless
+    SPECDEC_DTYPE and SPECDEC_WEIGHTS say; `step_timer` (model -> seconds of one plain step) replaces that timing."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()
@@ -325,7 +328,7 @@ def load_target(
             if on_status is not None:
                 on_status("choosing the weights (timed once per model and machine)...")
             choice = choose_weights(model, key_of(model), dtype, lambda: load(torch.float32)[0],
-                                    lambda blocks_model: to_blocks(blocks_model, "gguf"))
+                                    lambda blocks_model: to_blocks(blocks_model, "gguf"), step_timer)
             model, reason = choice.model, choice.reason
             if choice.weights == "dense":
                 dense_dtype = next(model.parameters()).dtype
@@ -343,7 +346,7 @@ def load_target(
 
         if on_status is not None:
             on_status("choosing the dtype (timed once per model and machine)...")
-        dtype_choice = choose_cpu_dtype(model, key_of(model))
+        dtype_choice = choose_cpu_dtype(model, key_of(model), step_timer)
         if dtype_choice.dtype == "reload":
             model, tokenizer = load(torch.float32)
         torch_dtype, reason = next(model.parameters()).dtype, dtype_choice.reason

@@ -98,19 +98,28 @@ def hf_greedy(model, prompt_ids, max_new_tokens, eos=TINY_EOS):
     return out[0, len(prompt_ids):].tolist()
 
 
-def run_cli(*args, input_text=None, env_extra=None, timeout=600, cwd=None, input_bytes=None):
-    """`python -m specdec_cli ARGS` in a subprocess; text output (stdin as text, or raw `input_bytes`)."""
+HANG_GUARD = 600  # seconds: a process that takes longer is stuck, not slow (no test waits on speed)
+
+
+def cli_env(extra=None) -> dict:
+    """The environment of every specdec process a test starts (run_cli, pexpect, Popen).
+
+    The same dtype and weights on every machine (`--dtype auto` and `--weights auto` would time plain steps to
+    choose), and the user's answer memory never read or written; tests of either say otherwise in `extra`."""
     env = dict(os.environ)
     env.pop("SPECDEC_DEBUG", None)
     env.setdefault("OMP_NUM_THREADS", "1")  # robust when the machine is busy: no thread oversubscription
-    # the same dtype and weights on every machine (`--dtype auto` and `--weights auto` measure which is faster),
-    # and the user's answer memory never read or written; tests of either say otherwise in env_extra
     env.setdefault("SPECDEC_DTYPE", "float32")
-    env.setdefault("SPECDEC_WEIGHTS", "dense")  # likewise for --weights auto; block weights are asked for by name
+    env.setdefault("SPECDEC_WEIGHTS", "dense")  # block weights are asked for by name
     env.setdefault("SPECDEC_NO_MEMORY", "1")
-    env.update(env_extra or {})
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
-                                                      env.get("PYTHONPATH")]))
+    env.update(extra or {})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS.parent), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_cli(*args, input_text=None, env_extra=None, timeout=HANG_GUARD, cwd=None, input_bytes=None):
+    """`python -m specdec_cli ARGS` in a subprocess; text output (stdin as text, or raw `input_bytes`)."""
+    env = cli_env(env_extra)
     if input_bytes is not None:
         result = subprocess.run([sys.executable, "-m", "specdec_cli", *args], input=input_bytes,
                                 capture_output=True, env=env, timeout=timeout, cwd=cwd)
