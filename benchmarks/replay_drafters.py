@@ -116,8 +116,9 @@ def replay(spec: str, document: dict, index: str | None, draft_max: int) -> tupl
     per_source: dict = defaultdict(lambda: [0, 0, 0])
     for row in document["rows"]:
         prompt, answer, topk = row["prompt"], row["answer"], row["topk"]
-        drafter.observe(StepEvent("prefill", Draft.empty(name), 0, answer[:1], answer[0], prompt_tokens=prompt,
-                                  context_len=len(prompt) + 1, settings=GenerationConfig()))
+        drafter.observe(StepEvent(kind="prefill", draft=Draft.empty(name), accepted=0, committed=answer[:1],
+                                  target_token=answer[0], prompt_tokens=prompt, context_len=len(prompt) + 1,
+                                  settings=GenerationConfig()))
         context, done, seconds, passes = list(prompt) + answer[:1], 1, cost(1), 1
         while done < len(answer):
             started = time.perf_counter()
@@ -134,8 +135,8 @@ def replay(spec: str, document: dict, index: str | None, draft_max: int) -> tupl
             stats = per_source[draft.source]
             stats[0], stats[1], stats[2] = stats[0] + 1, stats[1] + len(draft), stats[2] + len(path)
             on_path = Draft([draft.tokens[node] for node in path], draft.source)  # rows known only on the path
-            drafter.observe(StepEvent("step", on_path, len(path), committed, committed[-1],
-                                      accepted_path=list(range(len(path))),
+            drafter.observe(StepEvent(kind="step", draft=on_path, accepted=len(path), committed=committed,
+                                      target_token=committed[-1], accepted_path=list(range(len(path))),
                                       context_len=len(context) + len(committed),
                                       scored_topk=[topk[done - 1 + depth] for depth in range(len(path) + 1)]))
             context += committed

@@ -30,7 +30,7 @@ from .errors import SpecdecError
 STDIN = "-"
 SNIFF_BYTES = 8192
 BATCH_DOCUMENTS = 256  # documents per tokenizer call ...
-BATCH_CHARACTERS = 1_000_000  # ... or fewer when they are long (about one progress update a second)
+BATCH_CHARACTERS = 1_000_000  # ... or fewer when they are long (progress updates come this often)
 PIECE_CHARACTERS = 200_000  # a longer document is tokenised in pieces cut at line ends (Ctrl-C stays prompt)
 TURN_KEYS = ("messages", "turns")
 TURN_TEXT_KEYS = ("content", "text", "value")
@@ -224,9 +224,10 @@ def eos_id_of(tokenizer: Any) -> int:
 def pieces(text: str, limit: int = PIECE_CHARACTERS) -> list[str]:
     """`text` cut into pieces of at most about `limit` characters, each ending at a line end when one is near.
 
-    The tokenizer is native code that does not return to Python until a call is done: a 50 MB document in
-    one call ignores Ctrl-C for a minute. Tokens at a cut may differ from those of the whole text (a merge
-    across the cut is lost), which does not matter for an index that only drafts.
+    The tokenizer is native code that does not return to Python until a call is done: a long document in one
+    call would ignore Ctrl-C until it is all tokenised (docs/measurements.md, "Tokenising a corpus"). Tokens at
+    a cut may differ from those of the whole text (a merge across the cut is lost), which does not matter for an
+    index that only drafts.
     """
     out, start = [], 0
     while len(text) - start > limit:

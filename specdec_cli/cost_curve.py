@@ -1,10 +1,10 @@
 """The verify-cost curve t(rows): seconds of one target forward over `rows` new tokens on this machine.
 
-Measured, never assumed, and never smoothed: on a CPU it need not be monotone (float32 GEMMs on some CPUs
-are slowest at 2-3 rows, so a forward of 8 rows can cost less than one of 3; docs/methods.md, section 7).
+Measured, never assumed, and never smoothed: on a CPU it need not be monotone (a forward of more rows can cost
+less than one of fewer; docs/methods.md, section 7, has measured curves).
 `measure_cost_curve` times every size after a warm-up pass, in interleaved rounds, keeping the minimum; the
-result is stored per machine, model and dtype (`load_or_measure`, `save_curve`) as a starting point that
-every step's own timing refines (`CostCurve.observe`). Verifying *at least* n rows costs the cheapest
+result is stored per machine, model and dtype (curve_store.py) as a starting point that every step's own
+timing refines (`CostCurve.observe`). Verifying *at least* n rows costs the cheapest
 forward of n rows or more (`cheapest_at_least`, `envelope`). How the curve is used to plan is planner.py's.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 PROBE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # row counts measured up front
@@ -147,27 +146,3 @@ def measure_cost_curve(forward: Callable[[int], float], sizes: Sequence[int] = P
             runs[size].append(forward(size))
     return CostCurve({size: min(times) for size, times in runs.items()}, origin="measured")
 
-
-def load_or_measure(cache_file: Optional[Path], make_forward: Callable[[], Callable[[int], float]]) -> CostCurve:
-    """The curve stored for this machine, model and dtype as a prior, else measured now (~1-2 s)."""
-    from .files import read_json
-
-    if cache_file is not None:
-        stored = read_json(cache_file)
-        try:
-            return CostCurve.from_json(stored)
-        except (ValueError, KeyError, TypeError, AttributeError):
-            pass  # missing, damaged, or of an older format: measure again
-    curve = measure_cost_curve(make_forward())
-    save_curve(cache_file, curve)
-    return curve
-
-
-def save_curve(cache_file: Optional[Path], curve: CostCurve) -> None:
-    """Store the curve's current estimates as the next session's prior (atomically)."""
-    if cache_file is None:
-        return
-    from .files import write_json_atomic
-
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(cache_file, {**curve.as_json(), "saved": time.time()})

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal, Optional, Sequence
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from .engine import GenerationConfig
+    from .generation_config import GenerationConfig
 
 EventKind = Literal["prefill", "step"]  # the prompt processed (first token chosen), or one verify forward
 FinishReason = Literal["eos", "stop", "length"]  # the target's EOS, a stop string, or the token budget
@@ -55,7 +55,7 @@ class Draft:
         return Draft(tokens=[], source=source)
 
 
-@dataclass
+@dataclass(kw_only=True)  # built by keyword only: its fields are many, and most are optional
 class StepEvent:
     kind: EventKind
     draft: Draft  # what was proposed (empty for the prefill and for plain decoding)

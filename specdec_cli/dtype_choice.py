@@ -7,7 +7,9 @@ and bfloat16 is kept when it is at least MARGIN faster.
 Weights: a GGUF target on a CPU is timed dense (in the dtype above) and on the GGUF's own blocks (quant.py), and
 the blocks are kept when a plain step on them is faster.
 Verdicts are cached under $SPECDEC_HOME/costs per model, CPU, thread count and torch version, so the timing runs
-once. Exactness does not depend on the choice: 16-bit and block-weight verification is row-invariant (exact.py).
+once. A timing is a fixed number of forwards (WARM_UP_STEPS, then TIMED_STEPS), so a busy machine measures slower
+but never longer; like the verify-cost curve, the measurement can be handed in instead (`timer`: tests, replays).
+Exactness does not depend on the choice: 16-bit and block-weight verification is row-invariant (exact.py).
 This file does not load models (models.py does; it hands in the loaders).
 """
 
@@ -21,6 +23,10 @@ from typing import Any, Callable, Optional
 
 MARGIN = 0.10  # bfloat16 is chosen when one plain step is at least 10% faster than in float32
 FORMAT = 1
+WARM_UP_STEPS = 2  # untimed one-token forwards before the timed ones
+TIMED_STEPS = 5  # timed one-token forwards; the fastest counts
+
+StepTimer = Callable[[Any], float]  # model -> seconds of one plain decoding step, as `step_seconds` measures it
 
 
 @dataclass(frozen=True)
@@ -37,8 +43,9 @@ def native_bfloat16_cpu() -> bool:
     return any(check is not None and check() for check in checks)
 
 
-def step_seconds(model: Any, prefix: int = 64, rounds: int = 5) -> float:
-    """The fastest of `rounds` one-token forwards after a `prefix`-token cache (two warm-up forwards first)."""
+def step_seconds(model: Any, prefix: int = 64, rounds: int = TIMED_STEPS) -> float:
+    """The fastest of `rounds` one-token forwards after a `prefix`-token cache (WARM_UP_STEPS forwards first):
+    one prefill and WARM_UP_STEPS + rounds steps in all, whatever the machine's load."""
     import torch
 
     from .kv_cache import KVCache
@@ -54,27 +61,30 @@ def step_seconds(model: Any, prefix: int = 64, rounds: int = 5) -> float:
         cache = KVCache()
         forward(input_ids=ids[:, :prefix], position_ids=torch.arange(prefix, device=device)[None],
                 past_key_values=cache, use_cache=True)
-        for attempt in range(rounds + 2):
+        for attempt in range(WARM_UP_STEPS + rounds):
             started = time.perf_counter()
             forward(input_ids=ids[:, prefix:], position_ids=torch.tensor([[prefix]], device=device),
                     past_key_values=cache, use_cache=True)
-            if attempt >= 2:
+            if attempt >= WARM_UP_STEPS:
                 best = min(best, time.perf_counter() - started)
             cache.crop(prefix - cache.get_seq_length())
     return best
 
 
-def choose_cpu_dtype(model: Any, cache_key: str) -> DtypeChoice:
-    """For a float32 model on a CPU: the dtype to run it in. Leaves the model in that dtype (cast in place)."""
+def choose_cpu_dtype(model: Any, cache_key: str, timer: Optional[StepTimer] = None) -> DtypeChoice:
+    """For a float32 model on a CPU: the dtype to run it in. Leaves the model in that dtype (cast in place).
+    `timer` times one plain step (default `step_seconds`)."""
     import torch
+
+    timer = timer or step_seconds
 
     if not native_bfloat16_cpu():
         return DtypeChoice("float32", "auto: float32 (this CPU has no native bfloat16)")
     cached = _read(cache_key, ("float32_ms", "bfloat16_ms"))
     if cached is None:
-        float32_ms = step_seconds(model) * 1000
+        float32_ms = timer(model) * 1000
         model.to(torch.bfloat16)
-        bfloat16_ms = step_seconds(model) * 1000
+        bfloat16_ms = timer(model) * 1000
         cached = {"format": FORMAT, "float32_ms": round(float32_ms, 2), "bfloat16_ms": round(bfloat16_ms, 2)}
         _write(cache_key, cached)
     float32_ms, bfloat16_ms = float(cached["float32_ms"]), float(cached["bfloat16_ms"])
@@ -96,11 +106,14 @@ class WeightsChoice:
 
 
 def choose_weights(model: Any, cache_key: str, dtype: str, reload_float32: Callable[[], Any],
-                   to_blocks: Callable[[Any], str]) -> WeightsChoice:
+                   to_blocks: Callable[[Any], str], timer: Optional[StepTimer] = None) -> WeightsChoice:
     """For a float32 dense model from a GGUF on a CPU: its own blocks when one plain step on them is faster than
     dense in the dtype `dtype` (auto or float32) would run. `to_blocks(model)` installs the blocks in place and
-    returns their summary; `reload_float32()` loads the dense model again (a cast back to float32 loses bits)."""
+    returns their summary; `reload_float32()` loads the dense model again (a cast back to float32 loses bits).
+    `timer` times one plain step (default `step_seconds`)."""
     import torch
+
+    timer = timer or step_seconds
 
     from . import kernels
     from .native import FAMILIES
@@ -111,16 +124,16 @@ def choose_weights(model: Any, cache_key: str, dtype: str, reload_float32: Calla
     record = _read(key, ("dense_ms", "blocks_ms"))
     summary = ""
     if record is None:
-        dense_dtype, dense_ms = "float32", step_seconds(model) * 1000
+        dense_dtype, dense_ms = "float32", timer(model) * 1000
         if dtype == "auto" and native_bfloat16_cpu():
-            if choose_cpu_dtype(model, cache_key).dtype == "bfloat16":
+            if choose_cpu_dtype(model, cache_key, timer).dtype == "bfloat16":
                 measured = _read(cache_key, ("float32_ms", "bfloat16_ms")) or {}
                 dense_dtype, dense_ms = "bfloat16", float(measured.get("bfloat16_ms", dense_ms))
             if next(model.parameters()).dtype != torch.float32:
                 model = reload_float32()
         summary = to_blocks(model)
         record = {"format": FORMAT, "dense_ms": round(dense_ms, 2), "dense_dtype": dense_dtype,
-                  "blocks_ms": round(step_seconds(model) * 1000, 2)}
+                  "blocks_ms": round(timer(model) * 1000, 2)}
         _write(key, record)
     dense_ms, blocks_ms = float(record["dense_ms"]), float(record["blocks_ms"])
     dense_dtype = str(record.get("dense_dtype", "float32"))
@@ -132,7 +145,7 @@ def choose_weights(model: Any, cache_key: str, dtype: str, reload_float32: Calla
         model = reload_float32()
     dtype_reason = "float32"
     if dtype == "auto":
-        choice = choose_cpu_dtype(model, cache_key)
+        choice = choose_cpu_dtype(model, cache_key, timer)
         if choice.dtype == "reload":
             model = reload_float32()
         dtype_reason = choice.reason
@@ -140,7 +153,7 @@ def choose_weights(model: Any, cache_key: str, dtype: str, reload_float32: Calla
 
 
 def _path(cache_key: str) -> Any:
-    from .models import specdec_home
+    from .home import specdec_home
 
     digest = hashlib.sha256(cache_key.encode()).hexdigest()[:16]
     return specdec_home() / "costs" / f"dtype-{digest}.json"

@@ -1,10 +1,10 @@
 """Row-invariant verification: a token's logits do not depend on how many tokens share its forward.
 
 A verify forward scores k+1 tokens at once where plain decoding scores them one per forward. Two things make
-the rows of a block round differently from one-row forwards on CPUs (measured: docs/methods.md, "Exactness"):
-matrix kernels pick their reduction order by the number of rows, and a block's attention reduces over the
-whole block under a mask. In float32 the differences are ~1e-6 and only flip near-ties; in bfloat16 they
-flip greedy choices within a hundred tokens. This file removes both causes for one loaded model:
+the rows of a block round differently from one-row forwards on CPUs: matrix kernels pick their reduction order
+by the number of rows, and a block's attention reduces over the whole block under a mask. In float32 the
+differences only flip near-ties; in bfloat16 they flip greedy choices (how often: docs/methods.md, section 10).
+This file removes both causes for one loaded model:
 
 - attention (`rowwise_attention`, registered with transformers' attention-function registry): each row of a
   small block attends, in its own call, over exactly the keys its mask allows (its prefix; for a tree node,
@@ -181,8 +181,8 @@ def rows_vary(weight: torch.Tensor, rows: int) -> bool:
     """Whether a linear layer with this weight rounds a row differently depending on the call's row count.
 
     A different reduction order changes a reduced-precision output only where its float32 accumulation lands
-    near a rounding boundary (measured: 1 element in 12,000 for SmolLM2's down projection in bfloat16), so the
-    check compares enough outputs (a million per row count) for such a rate to show dozens of times.
+    near a rounding boundary, which is rare (docs/methods.md, section 10, has a measured rate), so the check
+    compares enough outputs (CHECKED_OUTPUTS per row count) for such a rate to show dozens of times.
     """
     generator = torch.Generator().manual_seed(0)
     checked = max(16, -(-CHECKED_OUTPUTS // weight.shape[0]))  # rows of random input

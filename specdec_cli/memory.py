@@ -56,7 +56,7 @@ def prompt_hash(prompt_ids: Sequence[int]) -> str:
 
 
 def memory_dir(target_name: str, fingerprint: str) -> Path:
-    from .models import specdec_home
+    from .home import specdec_home
 
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", target_name).strip("_") or "model"
     return specdec_home() / "memory" / f"{safe}-{fingerprint[:12] or 'unknown'}"
@@ -239,6 +239,6 @@ def _generate_rows(path: str, fingerprint: str) -> Optional[list[dict]]:
         return None
     if not isinstance(row, dict) or "answer_ids" not in row or "prompt_ids" not in row:
         return None
-    from .distill.generate import read_rows
+    from .data_rows import read_rows
 
     return read_rows(str(file), fingerprint)

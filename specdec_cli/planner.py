@@ -6,8 +6,8 @@ Verifying k drafted tokens costs one target forward over k+1 rows, t(k+1). A ste
     expected_tokens(k) / cost(k+1)
 
 and k = 0 (plain decoding) wins whenever the draft is unlikely to be right. The curve t is measured, never
-assumed, and it need not be monotone: float32 GEMMs on some CPUs are slowest at 2-3 rows, so a forward of 8
-rows can cost less than one of 3 (docs/methods.md, section 7). Hence:
+assumed, and it need not be monotone: a forward of more rows can cost less than one of fewer (docs/methods.md,
+section 7, has measured curves). Hence:
 
 - `CostCurve` (cost_curve.py) holds t(rows), learned from a measured or stored prior and every step's own
   timing. Verifying *at least* n rows costs min over m >= n of t(m): where a bigger forward is cheaper, the

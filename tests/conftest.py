@@ -6,6 +6,7 @@ one-token and a many-token forward could legitimately round differently and pick
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -19,6 +20,44 @@ torch.set_num_threads(1)
 
 TINY_VOCAB = 64
 TINY_EOS = 3
+TESTS = Path(__file__).resolve().parent
+SPAWNS = ("run_cli(", "subprocess.", "pexpect.", "Popen(")  # what starts a process, as test code spells it
+
+
+def pytest_collection_modifyitems(items):
+    """Mark `subprocess` every test that starts a process, itself or through a fixture or helper of tests/ it
+    calls (run_cli, subprocess, pexpect), so that `make test-fast` can leave them out."""
+    for item in items:
+        function = getattr(item, "function", None)
+        fixtures = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        used = [function, *(definitions[-1].func for definitions in fixtures.values())]
+        if any(_spawns(used_function, set()) for used_function in used if used_function is not None):
+            item.add_marker(pytest.mark.subprocess)
+
+
+def _spawns(function, seen: set) -> bool:
+    """Whether a function of tests/ starts a process, or calls a function of tests/ that does (transitively)."""
+    function = inspect.unwrap(function)
+    code = getattr(function, "__code__", None)
+    if code is None or code in seen or not Path(code.co_filename).resolve().is_relative_to(TESTS):
+        return False
+    seen.add(code)
+    try:
+        if any(spawn in inspect.getsource(function) for spawn in SPAWNS):
+            return True
+    except (OSError, TypeError):
+        return False
+    called = getattr(function, "__globals__", {})
+    return any(inspect.isfunction(called.get(name)) and _spawns(called[name], seen) for name in _names(code))
+
+
+def _names(code) -> set:
+    """The global names a code object and the functions nested in it use."""
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if inspect.iscode(constant):
+            names |= _names(constant)
+    return names
 
 
 def _tiny(kind: str):
@@ -59,19 +98,28 @@ def hf_greedy(model, prompt_ids, max_new_tokens, eos=TINY_EOS):
     return out[0, len(prompt_ids):].tolist()
 
 
-def run_cli(*args, input_text=None, env_extra=None, timeout=600, cwd=None, input_bytes=None):
-    """`python -m specdec_cli ARGS` in a subprocess; text output (stdin as text, or raw `input_bytes`)."""
+HANG_GUARD = 600  # seconds: a process that takes longer is stuck, not slow (no test waits on speed)
+
+
+def cli_env(extra=None) -> dict:
+    """The environment of every specdec process a test starts (run_cli, pexpect, Popen).
+
+    The same dtype and weights on every machine (`--dtype auto` and `--weights auto` would time plain steps to
+    choose), and the user's answer memory never read or written; tests of either say otherwise in `extra`."""
     env = dict(os.environ)
     env.pop("SPECDEC_DEBUG", None)
     env.setdefault("OMP_NUM_THREADS", "1")  # robust when the machine is busy: no thread oversubscription
-    # the same dtype and weights on every machine (`--dtype auto` and `--weights auto` measure which is faster),
-    # and the user's answer memory never read or written; tests of either say otherwise in env_extra
     env.setdefault("SPECDEC_DTYPE", "float32")
-    env.setdefault("SPECDEC_WEIGHTS", "dense")  # likewise for --weights auto; block weights are asked for by name
+    env.setdefault("SPECDEC_WEIGHTS", "dense")  # block weights are asked for by name
     env.setdefault("SPECDEC_NO_MEMORY", "1")
-    env.update(env_extra or {})
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
-                                                      env.get("PYTHONPATH")]))
+    env.update(extra or {})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS.parent), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_cli(*args, input_text=None, env_extra=None, timeout=HANG_GUARD, cwd=None, input_bytes=None):
+    """`python -m specdec_cli ARGS` in a subprocess; text output (stdin as text, or raw `input_bytes`)."""
+    env = cli_env(env_extra)
     if input_bytes is not None:
         result = subprocess.run([sys.executable, "-m", "specdec_cli", *args], input=input_bytes,
                                 capture_output=True, env=env, timeout=timeout, cwd=cwd)

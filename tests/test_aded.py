@@ -82,7 +82,8 @@ def test_adaptation_window_is_the_last_16_tokens():
     assert adapted == list(zip(context[4:18], context[5:19]))
     assert drafter.table.row(104, 105) == pytest.approx({106: 0.04})
     # a step commits 120: the new window (105 .. 120) is adapted before the next draft, once
-    drafter.observe(StepEvent("step", Draft.empty("aded"), 0, [120], 120, scored_topk=[[0] * 8]))
+    drafter.observe(StepEvent(kind="step", draft=Draft.empty("aded"), accepted=0, committed=[120], target_token=120,
+                              scored_topk=[[0] * 8]))
     assert drafter.table.row(104, 105) == pytest.approx({106: 0.04})
     assert drafter.table.row(105, 106) == pytest.approx({107: 0.08})
     assert drafter.table.row(118, 119) == pytest.approx({120: 0.04})
@@ -93,15 +94,18 @@ def test_adaptation_window_is_the_last_16_tokens():
 def test_prompt_is_adapted_once_per_new_text():
     drafter = AdedDrafter(time_budget=None)
     prompt = (5, 6, 7, 5, 6, 8)
-    drafter.observe(StepEvent("prefill", Draft.empty("prefill"), 0, [9], 9, prompt_tokens=prompt))
+    drafter.observe(StepEvent(kind="prefill", draft=Draft.empty("prefill"), accepted=0, committed=[9], target_token=9,
+                              prompt_tokens=prompt))
     per_occurrence = 0.04 * 14
     assert drafter.table.row(5, 6) == pytest.approx({7: per_occurrence, 8: per_occurrence})
-    drafter.observe(StepEvent("step", Draft.empty("aded"), 0, [5], 5, scored_topk=[[0] * 8]))
+    drafter.observe(StepEvent(kind="step", draft=Draft.empty("aded"), accepted=0, committed=[5], target_token=5,
+                              scored_topk=[[0] * 8]))
     # the step adapted the window (5 6 7 5 6 8 9 5): +0.04 each
     assert drafter.table.row(5, 6) == pytest.approx({7: per_occurrence + 0.04, 8: per_occurrence + 0.04})
     assert drafter.table.row(8, 9) == pytest.approx({5: 0.04})
     # the next turn re-sends the conversation: only the trigrams ending in new text are adapted
-    drafter.observe(StepEvent("prefill", Draft.empty("prefill"), 0, [1], 1, prompt_tokens=(*prompt, 9, 5, 6, 7)))
+    drafter.observe(StepEvent(kind="prefill", draft=Draft.empty("prefill"), accepted=0, committed=[1], target_token=1,
+                              prompt_tokens=(*prompt, 9, 5, 6, 7)))
     assert drafter.table.row(5, 6) == pytest.approx({7: 2 * per_occurrence + 0.04, 8: per_occurrence + 0.04})
     assert drafter.table.row(9, 5) == pytest.approx({6: per_occurrence})
     assert drafter.table.row(8, 9) == pytest.approx({5: 0.04})  # text seen before: not again

@@ -11,16 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import HANG_GUARD, cli_env
 from test_sam_index import make_char_tokenizer_dir
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def specdec(*args: str, cwd: Path, stdin: str = "") -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    env.pop("SPECDEC_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "specdec_cli", *args], cwd=cwd, env=env, input=stdin,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "specdec_cli", *args], cwd=cwd, env=cli_env(), input=stdin,
+                          capture_output=True, text=True, timeout=HANG_GUARD)
 
 
 def assert_user_error(result: subprocess.CompletedProcess, *fragments: str) -> None:

@@ -1,22 +1,24 @@
-"""The real REPL in a pseudo-terminal on a tiny model: what a person types, what a person sees."""
+"""The real REPL in a pseudo-terminal on a tiny model: what a person types, what a person sees.
+
+Every wait is for something the REPL prints, never for a time: the prompt `>>> ` is drawn by readline once it
+has the terminal, so a key sent after it is read as typed. The timeout is a hang guard only."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
-import time
 
 import pytest
+from conftest import HANG_GUARD, cli_env
 
 pexpect = pytest.importorskip("pexpect")
 
 
 def _spawn(model_dir, *extra):
-    env = dict(os.environ, TERM="xterm", COLUMNS="100", LINES="40")
+    env = cli_env({"TERM": "xterm", "COLUMNS": "100", "LINES": "40"})  # dtype and weights pinned: nothing timed
     env.pop("NO_COLOR", None)
     return pexpect.spawn(sys.executable, ["-m", "specdec_cli", "chat", "--target", model_dir, "-n", "24", *extra],
-                         env=env, encoding="utf-8", timeout=60, dimensions=(40, 100))
+                         env=env, encoding="utf-8", timeout=HANG_GUARD, dimensions=(40, 100))
 
 
 def test_repl_session(endless_model_dir, tmp_path):
@@ -52,8 +54,7 @@ def test_repl_session(endless_model_dir, tmp_path):
     child.sendline("/set max_new_tokens 1900")
     child.expect("max_new_tokens = 1900")
     child.sendline("tell me a long story")
-    child.expect("tokens/s", timeout=30)  # the live status line is drawing
-    time.sleep(0.3)
+    child.expect("tokens/s")  # the live status line is drawing: the answer (1900 tokens) is under way
     child.sendintr()
     child.expect("Interrupted; kept")
     child.expect(">>> ")
@@ -70,8 +71,7 @@ def test_repl_session(endless_model_dir, tmp_path):
 def test_ctrl_c_and_ctrl_d_at_prompt_exit_cleanly(tiny_model_dir):
     for key in ("intr", "eof"):
         child = _spawn(tiny_model_dir)
-        child.expect(">>> ")
-        time.sleep(1.0)  # let input() and readline take the terminal before the key arrives
+        child.expect(">>> ")  # readline has the terminal
         child.sendintr() if key == "intr" else child.sendeof()
         child.expect(pexpect.EOF)
         child.close()
@@ -84,19 +84,17 @@ def test_a_pasted_line_longer_than_the_terminal_buffer_arrives_whole(tiny_model_
     model's 2,048-token context then refuses it, naming its length, and the chat goes on), and Ctrl-D must
     still end the session."""
     child = _spawn(tiny_model_dir, "-n", "4")
-    child.expect(">>> ")
-    time.sleep(1.0)
+    child.expect(">>> ")  # readline has the terminal
     long_line = ("abcdefghij" * 2000)[:20000]
     for start in range(0, len(long_line), 1000):  # as a paste arrives: in chunks
         child.send(long_line[start : start + 1000])
     child.send("\r")
-    child.expect(r"the prompt has (\d+) tokens, but this model reads at most 2048", timeout=120)
+    child.expect(r"the prompt has (\d+) tokens, but this model reads at most 2048")
     assert int(child.match.group(1)) >= 20000  # every character arrived (plus the chat template's tokens)
     child.expect(">>> ")
     child.sendline("hello")
     child.expect("tokens/step")
     child.expect(">>> ")
-    time.sleep(0.5)
     child.sendeof()
     child.expect(pexpect.EOF)
     child.close()

@@ -125,11 +125,9 @@ def test_compare_needs_a_prompt_and_greedy_decoding():
 def test_settings_and_files_are_checked_before_the_model_loads(tmp_path, args, needle):
     """Each of these used to fail only after loading the model (or tokenising the corpus), or not at all."""
     (tmp_path / "corpus.txt").write_text("some text\n")
-    started = __import__("time").monotonic()
     result = run_cli(*args, env_extra={"SPECDEC_HOME": str(tmp_path / "home")}, cwd=tmp_path)
     _assert_one_line_error(result, needle)
     assert not (tmp_path / "home" / "models").exists()  # the default model was never converted, so never loaded
-    assert __import__("time").monotonic() - started < 60
 
 
 def test_non_utf8_stdin_is_one_line():
@@ -138,14 +136,12 @@ def test_non_utf8_stdin_is_one_line():
 
 
 def test_an_unknown_model_name_without_network_fails_at_once(tmp_path):
-    import time
-
+    """This message comes from models.check_hub, before transformers is asked to load anything: so none of its
+    download retries ran (what used to take a minute), whatever the time it took here."""
     for offline in ("1", ""):
-        started = time.monotonic()
         result = run_cli("chat", "-p", "hi", "--target", "nobody/no-such-model",
                          env_extra={"HF_HUB_OFFLINE": offline, "HF_HOME": str(tmp_path / "hf")})
         _assert_one_line_error(result, "nobody/no-such-model: not a local file or directory")
-        assert time.monotonic() - started < 40
 
 
 def test_weights_gguf_on_a_model_directory_is_one_line(tiny_model_dir):

@@ -115,6 +115,7 @@ def test_eagle_drafting_is_greedy_identical(tiny_llama, trained, tmp_path, name)
     assert (trees > 0) == (name != "eagle-chain")  # eagle drafts trees with siblings; its chain mode does not
 
 
+@pytest.mark.slow
 def test_eagle_sampling_keeps_the_target_law(tiny_llama, trained):
     from specdec_cli.sampling import warp_probs
 

@@ -138,6 +138,7 @@ def _exact_second_token_law(model, prompt, temperature):
     return (first.unsqueeze(1) * second).sum(0).double()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["none", "exact", "junk"])
 def test_sampling_keeps_the_target_distribution(tiny_llama, mode):
     """Seeded Monte-Carlo on a real (tiny) model: the 2nd new token follows the model's exact law."""
@@ -172,3 +173,17 @@ def test_pld_drafts_the_continuation():
     assert draft.tokens == [4, 5, 9]
     assert drafter.propose([1, 2], budget=4).tokens == []
     assert drafter.propose([1, 2, 1], budget=0).tokens == []
+
+
+def test_a_check_outcome_renders_as_displays_and_bench_json_show_it(tiny_llama):
+    from specdec_cli.check_outcome import CheckOutcome
+
+    assert CheckOutcome("off").text() == "off" and CheckOutcome("not checked").text() == "not checked"
+    assert CheckOutcome("passed").text() == "passed"
+    assert CheckOutcome("on", "blocks up to 8 rows; linear shapes padded: none").text() \
+        == "on: blocks up to 8 rows; linear shapes padded: none"
+    assert CheckOutcome("chains only", "no tree mask for chunked_attention layers").text() \
+        == "chains only: no tree mask for chunked_attention layers"
+    engine = Engine(tiny_llama, planner=DraftPlanner(CostCurve.fixed(FLAT_CURVE)))  # float32: exactness off
+    assert engine.exact_outcome == CheckOutcome("off") and engine.exact_check == "off"
+    assert engine.tree_outcome == CheckOutcome("not checked") and engine.tree_check == "not checked"

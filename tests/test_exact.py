@@ -99,7 +99,7 @@ def bf16_family(request):
     model = _model(request.param, seed=11).to(torch.bfloat16)
     engine = _exact_engine(model)
     references = [engine.generate(prompt, NoDrafter(), _config()).tokens for prompt in PROMPTS]
-    assert engine.exact_check.startswith("on"), engine.exact_check
+    assert engine.exact_outcome.state == "on", engine.exact_check
     return type("Family", (), {"name": request.param, "model": model, "vocab": 64, "references": references})
 
 
@@ -111,6 +111,7 @@ def _config(**settings) -> GenerationConfig:
     return GenerationConfig(**{"max_new_tokens": NEW, "budget": BUDGET, "eos_token_ids": (EOS,), **settings})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["pld", "chain", "tree", "model", "recycle", "aded"])
 def test_bfloat16_speculation_is_identical_to_plain_decoding(bf16_family, kind):
     for index, prompt in enumerate(PROMPTS):
@@ -128,16 +129,17 @@ def test_float32_is_exact_by_construction_when_asked(tiny_llama):
     family = type("Family", (), {"model": model, "vocab": 64, "references": [plain.tokens, []]})
     for kind in ("chain", "tree"):
         assert engine.generate(PROMPTS[0], _drafter(kind, family, 0), _config()).tokens == plain.tokens, kind
-    assert engine.exact_check.startswith("on")
+    assert engine.exact_outcome.state == "on"
 
 
 def test_float32_is_left_alone_by_default(tiny_llama):
     engine = Engine(tiny_llama, planner=DraftPlanner(CostCurve.fixed({1: 1.0})))
     engine.generate(PROMPTS[0], NoDrafter(), _config(max_new_tokens=4))
-    assert not engine.exact and engine.exact_check == "off"
+    assert not engine.exact and engine.exact_outcome.state == "off" and engine.exact_check == "off"
     assert tiny_llama.config._attn_implementation == "sdpa"
 
 
+@pytest.mark.slow
 def test_sampling_keeps_the_law_in_bfloat16():
     model = _model("llama", seed=7).to(torch.bfloat16)
     prompt = PROMPTS[1]
@@ -170,7 +172,9 @@ def test_where_exactness_cannot_be_had_the_engine_says_so_and_goes_on():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         generation = engine.generate(PROMPTS[0], _drafter("pld", _Fake(model), 0), _config(max_new_tokens=8))
-    assert engine.exact_check.startswith("failed: row-invariant attention replaces SDPA attention")
+    assert engine.exact_outcome.state == "failed", engine.exact_check
+    assert engine.exact_outcome.detail.startswith("row-invariant attention replaces SDPA attention")
+    assert engine.exact_check == f"failed: {engine.exact_outcome.detail}"  # as displays and bench JSON show it
     assert any("not row-invariant" in str(warning.message) for warning in caught)
     assert len(generation.tokens) == 8 and model.config._attn_implementation == "eager"
 
@@ -180,6 +184,7 @@ class _Fake:
         self.model, self.vocab, self.references = model, 64, [[], []]
 
 
+@pytest.mark.slow
 def test_engines_over_one_model_share_its_row_invariant_state(monkeypatch):
     import specdec_cli.exact as exact
 

@@ -15,12 +15,14 @@ import pytest
 import torch
 from conftest import chi_square, hf_greedy
 
-import specdec_cli.engine as engine_module
+import specdec_cli.target_forward as target_forward
+import specdec_cli.tree_check as tree_check
 from specdec_cli.cost_curve import CostCurve
 from specdec_cli.draft import Draft
-from specdec_cli.engine import TREE_MODEL_TYPES, Engine, GenerationConfig
+from specdec_cli.engine import Engine, GenerationConfig
 from specdec_cli.errors import SpecdecError
 from specdec_cli.planner import DraftPlanner
+from specdec_cli.rollback import keep_accepted, truncate_cache
 
 EOS = 3
 WINDOW = 8  # sliding windows are this short: prompts, answers and the deepest trees below run past them
@@ -198,7 +200,7 @@ def _perturbed(model, scale=0.05, seed=0):
 
 def test_the_tree_list_names_every_family_tested_here():
     assert {"llama", "qwen2", "qwen3", "mistral", "phi3", "smollm3", "gemma", "gemma2", "gemma3_text"} \
-        == TREE_MODEL_TYPES
+        == tree_check.TREE_MODEL_TYPES
 
 
 @pytest.mark.parametrize("shape", ["bushy", "deeper-than-the-window"])
@@ -215,12 +217,12 @@ def test_tree_logits_equal_sequential_decoding(family, shape):
     with torch.inference_mode():
         cache = DynamicCache()
         engine._forward(prompt[:-1], cache, 0)
-        tree_logits = engine._forward([prompt[-1], *tokens], cache, len(prompt) - 1, tree=parents)  # [n+1, V]
+        tree_logits = engine._forward([prompt[-1], *tokens], cache, len(prompt) - 1, tree=parents).logits  # [n+1, V]
         for row in range(len(tokens) + 1):
             sequence = prompt + [tokens[node] for node in _path(parents, row - 1)]
             reference = model(torch.tensor([sequence])).logits[0, -1]  # [V]
             assert torch.allclose(tree_logits[row], reference, atol=1e-4, rtol=1e-4), (family.name, row)
-    assert engine.supports_trees and engine.tree_check == "passed", engine.tree_check
+    assert engine.supports_trees and engine.tree_outcome.state == "passed", engine.tree_check
 
 
 @pytest.mark.parametrize("kind", ["pld", "chain", "model", "tree", "recycle", "aded"])
@@ -232,7 +234,7 @@ def test_every_drafter_kind_is_greedy_identical(family, kind):
         if kind in ("chain", "tree", "model") and len(generation.tokens) > 8:
             assert generation.stats.mean_accepted_tokens > 1.5, (family.name, kind)
         if kind == "tree":  # the trees were verified as trees, and paths deeper than the window accepted
-            assert engine.tree_check == "passed"
+            assert engine.tree_outcome.state == "passed"
             assert any(event.draft.parents is not None and len(event.accepted_path) > WINDOW
                        for event in generation.events) or len(generation.tokens) < NEW
 
@@ -268,6 +270,7 @@ class LikelyTree:
         pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family_name,kind", [("gemma2", "tree"), ("mistral", "model")])
 def test_sampling_keeps_the_law_past_the_window(family_name, kind):
     """Seeded Monte-Carlo: the 2nd new token (the first one a verify forward decides) after a prompt longer than
@@ -288,7 +291,7 @@ def test_sampling_keeps_the_law_past_the_window(family_name, kind):
     for seed in range(runs):
         config = _config_for(max_new_tokens=3, temperature=1.0, seed=seed, eos_token_ids=(), budget=5)
         counts[engine.generate(prompt, drafter, config).tokens[1]] += 1
-    assert engine.tree_check == ("passed" if kind == "tree" else "not checked")
+    assert engine.tree_outcome.state == ("passed" if kind == "tree" else "not checked")
     statistic, dof = chi_square(counts, law)
     # mean dof, sd sqrt(2 dof): 5 sd is a one-in-millions false alarm; a biased rule overshoots by far
     assert statistic < dof + 5 * (2 * dof) ** 0.5 + 5, (statistic, dof)
@@ -315,7 +318,7 @@ def test_the_self_check_costs_five_small_forwards_and_runs_once():
 
     model.forward = counting
     engine = _engine(model)
-    assert engine.tree_check == "not checked"
+    assert engine.tree_outcome.state == "not checked"
     assert engine.supports_trees and engine.tree_check == "passed"
     assert len(calls) == 5 and max(calls) <= 11, calls  # prompt, tree, three leaf chains
     assert engine.supports_trees and len(calls) == 5  # decided once per engine
@@ -336,7 +339,8 @@ def test_a_model_whose_attention_ignores_the_tree_mask_falls_back_to_chains():
         reference, engine, generation = _tree_generation(model, PROMPTS[0])
     assert len([w for w in caught if "token trees" in str(w.message)]) == 1
     assert generation.tokens == reference
-    assert engine.tree_check.startswith("failed: tree node") and not engine.supports_trees
+    assert engine.tree_outcome.state == "failed" and not engine.supports_trees
+    assert engine.tree_outcome.detail.startswith("tree node"), engine.tree_check
     assert all(event.draft.parents is None for event in generation.events)  # trees became chains
 
 
@@ -363,19 +367,20 @@ def test_the_self_check_catches_a_window_mask_gone_wrong_even_with_a_long_window
     """With Mistral's real 4096-token window, a tree mask that forgot the window would agree with sequential
     decoding on any short prompt; the check shortens the window, so it does not agree there."""
     model = _model("mistral", sliding_window=4096, seed=5)
-    real_mask = engine_module.tree_attention_mask
+    real_mask = target_forward.tree_attention_mask
 
     def windowless(config, *args, **kwargs):
         unwindowed = copy.copy(config)
         unwindowed.sliding_window = None
         return real_mask(unwindowed, *args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "tree_attention_mask", windowless)
+    monkeypatch.setattr(target_forward, "tree_attention_mask", windowless)
     with pytest.warns(UserWarning, match="chains"):
         reference, engine, generation = _tree_generation(model, PROMPTS[0])
-    assert engine.tree_check.startswith("failed: tree node"), engine.tree_check
+    assert engine.tree_outcome.state == "failed", engine.tree_check
+    assert engine.tree_outcome.detail.startswith("tree node")
     assert generation.tokens == reference and model.config.sliding_window == 4096
-    monkeypatch.setattr(engine_module, "CHECK_WINDOW", 10**6)  # without the shortening: fooled
+    monkeypatch.setattr(tree_check, "CHECK_WINDOW", 10**6)  # without the shortening: fooled
     assert _engine(model).supports_trees
 
 
@@ -413,14 +418,14 @@ def test_a_cache_that_keeps_only_the_window_is_refused_not_wrong():
         short = DynamicCache(config=model.config)
         engine._forward(prompt[:6], short, 0)  # within the window, refused all the same
         with pytest.raises(SpecdecError, match="does not keep every token"):
-            engine._keep_in_cache(short, 3, [1], False, 4)
+            keep_accepted(short, 3, [1], False, 4)
         cache = DynamicCache(config=model.config)
         engine._forward(prompt, cache, 0)  # past the window
         assert [layer.keys.shape[-2] for layer in cache.layers] == [WINDOW - 1, len(prompt)]
         with pytest.raises(SpecdecError, match=r"layer 0 \(DynamicSlidingWindowLayer\) does not keep every token"):
-            engine._truncate_cache(cache, len(prompt) - 3)
+            truncate_cache(cache, len(prompt) - 3)
         with pytest.raises(SpecdecError, match="does not keep every token"):
-            engine._keep_in_cache(cache, len(prompt) - 4, [1, 2], False, len(prompt) - 1)
+            keep_accepted(cache, len(prompt) - 4, [1, 2], False, len(prompt) - 1)
         plain = DynamicCache()
         engine._forward(prompt, plain, 0)
         assert [layer.keys.shape[-2] for layer in plain.layers] == [len(prompt)] * 2  # what the engine uses

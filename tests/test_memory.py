@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import TINY_EOS, hf_greedy, run_cli
+from conftest import HANG_GUARD, TINY_EOS, hf_greedy, run_cli
 
 from specdec_cli.cost_curve import CostCurve
 from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
@@ -62,7 +62,7 @@ def test_two_writers_at_once_lose_nothing(tmp_path):
     root = str(Path(__file__).resolve().parent.parent)
     writers = [subprocess.Popen([sys.executable, "-c", script, str(directory), str(writer)], cwd=root)
                for writer in (1, 2)]
-    assert all(writer.wait(timeout=120) == 0 for writer in writers)
+    assert all(writer.wait(timeout=HANG_GUARD) == 0 for writer in writers)
     answers = Memory(directory, FINGERPRINT).recall().answers
     assert sorted(map(tuple, answers)) == sorted((writer, index) for writer in (1, 2) for index in range(60))
 

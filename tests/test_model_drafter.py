@@ -75,7 +75,8 @@ def test_sampling_drafts_carry_distributions(tiny_llama):
 
     drafter = ModelDrafter(_tiny_draft(), draft_max=4)
     settings = GenerationConfig(temperature=0.8, top_k=5, seed=1)
-    drafter.observe(StepEvent("prefill", Draft.empty("prefill"), 0, [7], 7, settings=settings))
+    drafter.observe(StepEvent(kind="prefill", draft=Draft.empty("prefill"), accepted=0, committed=[7], target_token=7,
+                              settings=settings))
     draft = drafter.propose(PROMPTS[0], 3)
     assert len(draft) == 3 and draft.p_draft is not None
     assert tuple(draft.p_draft.shape) == (3, TINY_VOCAB)
@@ -127,7 +128,7 @@ def _verified(drafter, prompt, kept):
 
     draft = drafter.propose(prompt, 8)
     shown = Draft(draft.tokens[:kept], draft.source)
-    drafter.observe(StepEvent("step", shown, 0, [3], 3))
+    drafter.observe(StepEvent(kind="step", draft=shown, accepted=0, committed=[3], target_token=3))
     return len(draft)
 
 
@@ -205,7 +206,8 @@ def test_restricted_head_under_sampling(tiny_llama):
 
     drafter = ModelDrafter(tiny_llama, draft_max=4, head_tokens=[0, 2, 4, 6, 8])
     settings = GenerationConfig(temperature=1.0, seed=2)
-    drafter.observe(StepEvent("prefill", Draft.empty("prefill"), 0, [7], 7, settings=settings))
+    drafter.observe(StepEvent(kind="prefill", draft=Draft.empty("prefill"), accepted=0, committed=[7], target_token=7,
+                              settings=settings))
     draft = drafter.propose(PROMPTS[0], 4)
     allowed = {0, 2, 4, 6, 8} | set(PROMPTS[0]) | set(draft.tokens)
     support = set(torch.nonzero(draft.p_draft.sum(0)).flatten().tolist())

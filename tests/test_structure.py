@@ -13,39 +13,28 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _top_level_imports(path: Path) -> tuple[set[str], set[str]]:
-    """(package modules, third-party roots) imported when the module loads: function bodies and
-    `if TYPE_CHECKING:` blocks do not count, since they do not run at import time."""
+def _imports(path: Path) -> set[str]:
+    """The package modules a module imports anywhere: at load time, inside functions, and under
+    `if TYPE_CHECKING:` (a cycle through any of them still ties the two modules together)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     name = _module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    inner, outer = set(), set()
-
-    def visit(statements) -> None:
-        for node in statements:
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+    inner = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif (node.module or "").split(".")[0] == PACKAGE.name:
+                target = node.module or ""
+            else:
                 continue
-            if isinstance(node, (ast.If, ast.Try)):
-                visit(node.body)
-                visit(getattr(node, "orelse", []))
-                for handler in getattr(node, "handlers", []):
-                    visit(handler.body)
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    target = ".".join(base + ([node.module] if node.module else []))
-                    for alias in node.names:
-                        full = f"{target}.{alias.name}"
-                        inner.add(full if _exists(full) else target)
-                else:
-                    outer.add((node.module or "").split(".")[0])
-            elif isinstance(node, ast.Import):
-                outer.update(alias.name.split(".")[0] for alias in node.names)
-            elif isinstance(node, ast.ClassDef):
-                visit(node.body)
-
-    visit(tree.body)
-    return inner, outer
+            for alias in node.names:
+                full = f"{target}.{alias.name}"
+                inner.add(full if _exists(full) else target)
+        elif isinstance(node, ast.Import):
+            inner.update(alias.name for alias in node.names if alias.name.split(".")[0] == PACKAGE.name)
+    return inner
 
 
 def _exists(module: str) -> bool:
@@ -54,14 +43,19 @@ def _exists(module: str) -> bool:
 
 
 def _graph() -> dict[str, set[str]]:
-    graph = {}
-    for path in PACKAGE.rglob("*.py"):
-        inner, _ = _top_level_imports(path)
-        graph[_module_name(path)] = inner
-    return graph
+    return {_module_name(path): _imports(path) for path in PACKAGE.rglob("*.py")}
+
+
+# Cycles tolerated for now, each between two named modules only (an edge of either pair is skipped, nothing else).
+# Both are inside distill/, which is being rewritten on its own branch: delete an entry once its cycle is gone.
+KNOWN_CYCLES = {
+    frozenset({"specdec_cli.distill.student", "specdec_cli.distill.train"}),  # train needs the student and back
+    frozenset({"specdec_cli.distill.generate", "specdec_cli.distill.suite"}),  # suite makes generate's PromptItem
+}
 
 
 def test_no_import_cycles():
+    """No cycle in the import graph, counting imports inside functions and under TYPE_CHECKING as edges."""
     graph = _graph()
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
 
@@ -70,6 +64,8 @@ def test_no_import_cycles():
         for dependency in sorted(graph.get(module, ())):
             if dependency not in graph or dependency == module or module.startswith(dependency + "."):
                 continue  # a package's own __init__ importing its children is how packages work
+            if frozenset({module, dependency}) in KNOWN_CYCLES:
+                continue
             if state.get(dependency) == 1:
                 raise AssertionError("import cycle: " + " -> ".join(path + [module, dependency]))
             if dependency not in state:
@@ -79,6 +75,12 @@ def test_no_import_cycles():
     for module in sorted(graph):
         if module not in state:
             visit(module, [])
+
+
+def test_the_cycle_check_sees_function_level_and_type_checking_imports():
+    graph = _graph()
+    assert "specdec_cli.generation_config" in graph["specdec_cli.draft"]  # under TYPE_CHECKING
+    assert "specdec_cli.data_rows" in graph["specdec_cli.memory"]  # inside a function
 
 
 def test_typer_and_rich_are_imported_only_by_the_cli():

@@ -24,7 +24,7 @@ def test_tree_logits_equal_sequential_decoding(tiny_model):
     with torch.inference_mode():
         cache = DynamicCache()
         engine._forward(PROMPT[:-1], cache, 0)
-        tree_logits = engine._forward([PROMPT[-1], *tokens], cache, len(PROMPT) - 1, tree=parents)  # [7, vocab]
+        tree_logits = engine._forward([PROMPT[-1], *tokens], cache, len(PROMPT) - 1, tree=parents).logits  # [7, V]
 
         def path_to(node):
             path = []
@@ -97,6 +97,7 @@ def test_greedy_accept_tree_takes_first_matching_child():
     assert greedy_accept_tree(tokens, parents, [5, 0, 0, 0, 0]) == []
 
 
+@pytest.mark.slow
 def test_tree_sampling_rule_is_exact_monte_carlo():
     """Children tried in turn with point-mass drafts, duplicates included: the first token follows p_target."""
     p_root = torch.tensor([0.1, 0.4, 0.3, 0.2])
@@ -128,6 +129,7 @@ def test_tree_sampling_analytic_first_token():
     assert torch.allclose(total, p_target)
 
 
+@pytest.mark.slow
 def test_tree_sampling_on_model_keeps_the_distribution(tiny_llama):
     """Engine-level: with a tree drafter at temperature 1, the first new token's law equals the model's."""
     from specdec_cli.sampling import warp_probs

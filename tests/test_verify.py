@@ -57,6 +57,7 @@ def _toy_draft(prefix):
     return _dist(table[prefix[-1] if prefix else None]).float()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_monte_carlo_two_token_joint_matches_target(deterministic):
     """Seeded Monte-Carlo: the first two committed tokens follow p_target(x) * p_target(y | x)."""

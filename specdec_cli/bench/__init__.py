@@ -25,9 +25,9 @@ from .methods import (
     resolve_methods,
     split_names,
 )
-from .metrics import RESULT_FIELDS, ResultRow, aggregate, first_divergence, per_prompt_rows
+from .metrics import RESULT_FIELDS, ResultRow, TurnRun, aggregate, first_divergence, per_prompt_rows
 from .report import BenchReport, csv_text, to_json_text, write_csv, write_json
-from .runner import ProgressEvent, TurnRun, run_bench
+from .runner import ProgressEvent, run_bench
 from .settings import BenchSettings
 
 __all__ = [

@@ -8,7 +8,7 @@ tokens (tau) = tokens committed per target forward, the target's own token inclu
 accepted / drafted tokens; per-position acceptance from pooled counts (stats.merge); shares of the wall time
 spent drafting and verifying (the prefill counts as verifying); mean time to first token; for greedy runs,
 how many outputs are token-identical to the baseline's first repeat.
-Pure arithmetic over `TurnRun`s; no model, no torch.
+Pure arithmetic over `TurnRun`s (one generation's record, as runner.py makes them); no model, no torch.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from ..stats import GenerationStats, merge
 from .llama_cpp import LLAMA_CPP
@@ -24,8 +24,23 @@ from .methods import BASELINE, NATIVE, OVERALL
 
 PLAIN_METHODS = (BASELINE, NATIVE, "hf", LLAMA_CPP)  # plain decoding, in each of the bench's ways
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .runner import TurnRun
+
+@dataclass
+class TurnRun:
+    """One generation: one method, one turn of one conversation, one repeat."""
+
+    method: str
+    conversation: int  # index in the suite
+    prompt_id: str
+    category: str
+    turn: int  # 0-based
+    repeat: int  # 0-based
+    prompt_tokens: int
+    tokens: list[int]
+    seconds: float  # wall time around the generate call
+    ttft_seconds: Optional[float]
+    finish_reason: str
+    stats: Optional[GenerationStats] = None  # engine methods only
 
 
 @dataclass
@@ -72,7 +87,7 @@ def first_divergence(tokens: Sequence[int], reference: Sequence[int]) -> Optiona
     return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
 
 
-def _references(runs: Iterable["TurnRun"]) -> dict[tuple[int, int], list[int]]:
+def _references(runs: Iterable[TurnRun]) -> dict[tuple[int, int], list[int]]:
     return {(run.conversation, run.turn): run.tokens for run in runs if run.method == BASELINE and run.repeat == 0}
 
 
@@ -84,7 +99,7 @@ def _std(values: Sequence[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def _per_repeat(runs: Sequence["TurnRun"]) -> dict[int, tuple[int, float]]:
+def _per_repeat(runs: Sequence[TurnRun]) -> dict[int, tuple[int, float]]:
     totals: dict[int, tuple[int, float]] = {}
     for run in runs:
         tokens, seconds = totals.get(run.repeat, (0, 0.0))
@@ -97,12 +112,12 @@ def _mean_count(total: float, repeats: int) -> float | int:
     return int(value) if float(value).is_integer() else value
 
 
-def _pooled_stats(runs: Sequence["TurnRun"]) -> Optional[GenerationStats]:
+def _pooled_stats(runs: Sequence[TurnRun]) -> Optional[GenerationStats]:
     """Engine statistics pooled over generations from their raw counts; None for transformers rows."""
     return merge(run.stats for run in runs if run.stats is not None)
 
 
-def _identity(runs: Sequence["TurnRun"], references: dict[tuple[int, int], list[int]]) -> tuple[int, int]:
+def _identity(runs: Sequence[TurnRun], references: dict[tuple[int, int], list[int]]) -> tuple[int, int]:
     """(identical, compared) over distinct outputs (conversation, turn); an output is identical when every
     repeat of it equals the baseline's first repeat."""
     verdict: dict[tuple[int, int], bool] = {}
@@ -122,13 +137,13 @@ def _round(value: Any, digits: int = 6) -> Any:
 
 
 def aggregate(
-    runs: Sequence["TurnRun"], methods: Sequence[str], categories: Sequence[str], repeats: int, greedy: bool
+    runs: Sequence[TurnRun], methods: Sequence[str], categories: Sequence[str], repeats: int, greedy: bool
 ) -> list["ResultRow"]:
     """One row per (category, method), categories in suite order, then the `overall` rows."""
     references = _references(runs)
     rows = []
     for category in [*categories, OVERALL]:
-        def members(method: str, category: str = category) -> list["TurnRun"]:
+        def members(method: str, category: str = category) -> list[TurnRun]:
             return [run for run in runs if run.method == method and category in (OVERALL, run.category)]
 
         base = _per_repeat(members(BASELINE))
@@ -198,10 +213,10 @@ def _result_row(method, category, group, base, base_tps, repeats, greedy, refere
     return ResultRow(**{key: _round(value) for key, value in row.items()})
 
 
-def per_prompt_rows(runs: Sequence["TurnRun"], methods: Sequence[str], greedy: bool) -> list[dict]:
+def per_prompt_rows(runs: Sequence[TurnRun], methods: Sequence[str], greedy: bool) -> list[dict]:
     """One row per (method, conversation, turn), repeats pooled, in running order."""
     references = _references(runs)
-    groups: dict[tuple[int, int, str], list["TurnRun"]] = {}
+    groups: dict[tuple[int, int, str], list[TurnRun]] = {}
     for run in runs:
         groups.setdefault((run.conversation, run.turn, run.method), []).append(run)
     base_tps: dict[tuple[int, int], Optional[float]] = {}

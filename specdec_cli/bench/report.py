@@ -8,13 +8,10 @@ import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..files import write_atomic
-from .metrics import RESULT_FIELDS, ResultRow
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .runner import TurnRun
+from .metrics import RESULT_FIELDS, ResultRow, TurnRun
 
 
 @dataclass
@@ -23,7 +20,7 @@ class BenchReport:
     settings: dict
     results: list[ResultRow]
     per_prompt: list[dict]
-    runs: list["TurnRun"] = field(default_factory=list, repr=False)
+    runs: list[TurnRun] = field(default_factory=list, repr=False)
     cost_curve: Optional[dict] = None  # the verify-cost curve: at the start and as refined by the run
 
     def as_json(self) -> dict:

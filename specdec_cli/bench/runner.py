@@ -9,8 +9,8 @@
   cost-aware planning, whose acceptance memory starts fresh per conversation and whose verify-cost curve
   is known before any timing). Oracle rows switch the planning off: they verify every drafted token.
 
-Aggregation is metrics.py's; this module prints nothing (progress goes through a callback) and imports
-torch and transformers inside functions only.
+The record of one generation (`TurnRun`) and aggregation are metrics.py's; this module prints nothing (progress
+goes through a callback) and imports torch and transformers inside functions only.
 """
 
 from __future__ import annotations
@@ -23,31 +23,12 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..errors import SpecdecError
 from ..prompts import Conversation, categories_of
-from ..stats import GenerationStats
 from .environment import cost_curve_table, environment, model_dtype, model_name_of
 from .hf_reference import hf_generate, synchronize
 from .methods import BASELINE, EXTERNAL_KINDS, LLAMA_CPP_KIND, NATIVE, ORACLE, WARMUP_MAX_NEW_TOKENS, Method
-from .metrics import aggregate, per_prompt_rows
+from .metrics import TurnRun, aggregate, per_prompt_rows
 from .report import BenchReport
 from .settings import BenchSettings
-
-
-@dataclass
-class TurnRun:
-    """One generation: one method, one turn of one conversation, one repeat."""
-
-    method: str
-    conversation: int  # index in the suite
-    prompt_id: str
-    category: str
-    turn: int  # 0-based
-    repeat: int  # 0-based
-    prompt_tokens: int
-    tokens: list[int]
-    seconds: float  # wall time around the generate call
-    ttft_seconds: Optional[float]
-    finish_reason: str
-    stats: Optional[GenerationStats] = None  # engine methods only
 
 
 @dataclass

@@ -20,7 +20,7 @@ with prior = score / (sum of the row's top-12 scores). From the first unvisited 
 successors proportionally to their scores down to depth 4; the rollout's nodes join the tree, so every
 iteration backs up a full-depth path. Reward = 1 + the sum of the scores along the path. The paper runs 150
 iterations in compiled code; here the loop stops at 150 or when `time_budget` seconds have passed, whichever
-comes first (the default keeps drafting a few per cent of a CPU step).
+comes first (the default's reason: docs/measurements.md, "ADED's time budget").
 
 Output: the 24 most visited paths (the visited nodes without a visited child, by visits), each extended by
 one greedy trigram token, merged into a trie of at most 64 nodes, emitted breadth first with the more visited
@@ -50,7 +50,7 @@ CAP = 3.0
 C1, C2 = 32.0, 8.0
 DEPTH = 4  # search depth (states below the root)
 ITERATIONS = 150
-TIME_BUDGET = 0.002  # seconds of search per draft (a CPU step of the default model costs 40-70 ms)
+TIME_BUDGET = 0.002  # seconds of search per draft, a small share of a target step (docs/measurements.md)
 VIEW_CACHE = 50_000  # sorted rows kept for the search; the cache starts over beyond this
 PATHS = 24
 MAX_NODES = 64

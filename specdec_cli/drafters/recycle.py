@@ -9,16 +9,16 @@ root's, then the rejected nodes' (later nodes over earlier ones).
 
 The prefill event carries no top-k (the engine scores only the prompt's last position), so the prompt gives
 what it can: each prompt token's successors in the prompt (distinct, most recent first) go in front of its
-row, until the target's own top-8 overwrites the row when the token is fed (on SmolLM2-135M this lifted the
-mean accepted tokens of 16-node trees from 1.39 to 1.66 over four prompts); the row of the prompt's last
-token gets the target's first token in front. A chat turn that re-sends the conversation contributes only
+row, until the target's own top-8 overwrites the row when the token is fed (what that gains:
+docs/measurements.md, "Token Recycling"); the row of the prompt's last token gets the target's first token in
+front. A chat turn that re-sends the conversation contributes only
 its new text. Rows are "filled" to a width (0-8); a tree node is drafted only where its parent's row has an
 entry at the node's rank, so an empty matrix drafts nothing instead of token 0.
 
 Drafting expands a fixed, imbalanced tree template (80 nodes, depth 6; earlier siblings get more children)
 level by level with one vectorised gather `M[parent tokens, ranks]` per level. The template was grown
 best-first from a guess of the per-rank acceptance (0.6, 0.14, 0.06, 0.035, ...; a node's worth is the
-product over its path). A node's priority is that product under `RANK_ACCEPT` (measured); when the budget is
+product over its path). A node's priority is that product under `RANK_ACCEPT`; when the budget is
 smaller than the tree, the `budget` valid nodes of highest priority are kept (an ancestor-closed subtree,
 since priority falls along every path) and emitted breadth first, better siblings first. The matrix lives
 as long as the drafter, so a chat session starts every turn hot.
@@ -46,8 +46,8 @@ TEMPLATE = [
     2, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0,  # depth 5: 11 nodes
     0, 0, 0, 0, 0, 0, 0,  # depth 6: 7 leaves
 ]
-# Probability that the successor of rank r is right (measured on SmolLM2-135M-Instruct over four prompts:
-# rank 0 ~0.41, rank 1 0.06-0.12, rank 2 0.02-0.05, ...); only the order of the priorities matters.
+# Probability that the successor of rank r is right, rounded from a measurement (docs/measurements.md, "Token
+# Recycling"); only the order of the priorities matters.
 RANK_ACCEPT = (0.45, 0.09, 0.045, 0.03, 0.015, 0.01, 0.007, 0.005)
 DRAFT_MAX = 80  # the whole template
 

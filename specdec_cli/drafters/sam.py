@@ -8,10 +8,8 @@ extended second (extending first would make the text match itself, with nothing 
 Drafting (docs/methods.md, section 2): with match lengths `l_dynamic` and `l_static`, the static automaton
 drafts only if `l_static - l_bias > l_dynamic` (ties go to the dynamic one). If an auxiliary drafter is
 given and `max(l_dynamic, l_static - l_bias) < l_threshold`, it drafts instead and sees every event too.
-The paper's grid search (GPU, 40-token drafts) put `l_threshold` at 5; on a CPU, where every verified token
-costs, our replay over Spec-Bench and the builtin suite found that any match, even one token long, drafts
-better than the auxiliary's tree, so the default threshold is 1: the auxiliary drafts only when the last
-token has never been seen (benchmarks/README.md has the sweep).
+The default threshold is 1 (the paper's is 5): the auxiliary drafts only when the last token has never been
+seen. Why, with the replay that chose it: docs/measurements.md, "sam's threshold and auxiliary".
 The draft is the continuation of the match's earliest occurrence, stopped before an EOS and at the end
 of the text, never padded, and `min(budget, draft_max, 1 + floor(ALPHA * match_len))` tokens long; no
 match (or nothing after it), no draft.
@@ -40,7 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
 DRAFT_MAX = 16  # longest draft by default (to tune on CPU; the engine's cost-aware budget trims it further)
 ALPHA = 4  # draft length grows by this many tokens per matched token (the paper's adaptive length)
 L_BIAS = 5  # the static match must beat the dynamic one by more than this (the paper's value)
-L_THRESHOLD = 1  # below this match length the auxiliary drafter takes over (measured; the paper's GPU value is 5)
+L_THRESHOLD = 1  # below this match length the auxiliary takes over (the paper's is 5; docs/measurements.md)
 SOURCE_DYNAMIC = "sam-dynamic"
 SOURCE_STATIC = "sam-static"
 SOURCE_MEMORY = "sam-memory"  # a static draft whose earliest occurrence lies in the answer memory

@@ -228,8 +228,8 @@ def _check_layout(path: PathLike, metadata: dict[str, Any], entries: dict[str, A
 
 
 def _check_arrays(path: PathLike, arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> None:
-    """The invariants the match walk and the drafts rely on, checked with whole-array operations (~10 ms per
-    million tokens): ids in range, transition offsets non-decreasing, suffix links to shorter states."""
+    """The invariants the match walk and the drafts rely on, checked with whole-array operations (cheap at every
+    load: docs/measurements.md): ids in range, transition offsets non-decreasing, suffix links to shorter states."""
     tokens, states, vocab = metadata["tokens"], metadata["states"], max(metadata["vocab_size"], metadata["eos_id"] + 1)
     text, link, length, min_endpos = arrays["text"], arrays["link"], arrays["length"], arrays["min_endpos"]
     offsets, trans_tokens, trans_targets = arrays["trans_offsets"], arrays["trans_tokens"], arrays["trans_targets"]
@@ -268,7 +268,8 @@ def body_checksum(chunks: Any) -> str:
 
 def verify_index(path: PathLike) -> dict[str, Any]:
     """Every check `load_index` makes, plus the checksum of every byte of the arrays (a bit flipped anywhere
-    is found; about 1 s per GB). Returns the index's info with "checksum": "ok" or "absent" (older files)."""
+    is found; it reads every byte, so it takes time in proportion to the file: docs/measurements.md). Returns the
+    index's info with "checksum": "ok" or "absent" (older files)."""
     index = load_index(path)
     info = read_index_info(path)
     stored = index.metadata.get("body_crc32")
@@ -309,8 +310,8 @@ def load_index(path: PathLike) -> SamIndex:
     """Open an index: check the header, then memory-map the arrays (nothing is copied)."""
     metadata, entries, data_start, file_size = _read_header(path)
     _check_layout(path, metadata, entries, file_size - data_start)
-    # Plain ndarray views of the mapping (the map stays open through their base): indexing a np.memmap
-    # subclass is about twice as slow, which the per-token match walk would pay.
+    # Plain ndarray views of the mapping (the map stays open through their base): indexing the np.memmap
+    # subclass is slower (docs/measurements.md), which the per-token match walk would pay.
     mapped = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
     arrays = {}
     for name in ARRAY_ORDER:

@@ -1,0 +1,121 @@
+"""Where an engine's verify-cost curve is kept between sessions, and how the engine's forward is timed to make one.
+
+A curve is stored per model and machine under $SPECDEC_HOME/costs/KEY.json, KEY from the model, device, CPU,
+dtype, threads, torch version, exact rows and block weights (`cost_cache_file`). Without a stored curve, one is
+measured by timing the engine's own forward (`forward_timer`, cost_curve.measure_cost_curve) and stored. What a
+session's steps teach the curve is saved back every SAVE_EVERY observations (`CurveStore.keep`), as the next
+session's starting point. A curve can also be given outright (the planner's, in tests and replays); then none is
+read, measured or stored here. The curve itself and how it learns are cost_curve.py's; planning is planner.py's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from .cost_curve import CostCurve, measure_cost_curve
+from .errors import SpecdecError
+from .kv_cache import KVCache
+from .rollback import truncate_cache
+from .target_forward import TargetForward
+
+SAVE_EVERY = 16  # observations a curve learns between two saves
+TIMED_PREFIX = 256  # cached tokens before each timed forward
+
+Timer = Callable[[int], float]  # rows -> seconds of one forward of that many new tokens
+
+
+class CurveStore:
+    """One engine's stored curve. Its file is named when needed: the key includes the exact rows, which are
+    known once verification is set up (and grow with a bigger budget)."""
+
+    def __init__(self, file: Callable[[], Optional[Path]], make_timer: Callable[[], Timer]):
+        self.file = file
+        self.make_timer = make_timer
+        self.saved_observations = 0
+
+    def load_or_measure(self) -> CostCurve:
+        """The curve stored for this machine and model as a prior, else measured now and stored."""
+        return load_or_measure(self.file(), self.make_timer)
+
+    def keep(self, curve: CostCurve) -> None:
+        """Store what the steps taught the curve since the last save, if that is SAVE_EVERY observations or more."""
+        if curve.learn and curve.observations - self.saved_observations >= SAVE_EVERY:
+            self.saved_observations = curve.observations
+            try:
+                save_curve(self.file(), curve)
+            except SpecdecError:
+                pass  # a read-only cache is no reason to fail a generation
+
+
+def load_or_measure(cache_file: Optional[Path], make_timer: Callable[[], Timer]) -> CostCurve:
+    """The curve stored in `cache_file` as a prior, else measured now with `make_timer()` and stored."""
+    from .files import read_json
+
+    if cache_file is not None:
+        stored = read_json(cache_file)
+        try:
+            return CostCurve.from_json(stored)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass  # missing, damaged, or of an older format: measure again
+    curve = measure_cost_curve(make_timer())
+    save_curve(cache_file, curve)
+    return curve
+
+
+def save_curve(cache_file: Optional[Path], curve: CostCurve) -> None:
+    """Store the curve's current estimates as the next session's prior (atomically)."""
+    if cache_file is None:
+        return
+    from .files import write_json_atomic
+
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(cache_file, {**curve.as_json(), "saved": time.time()})
+
+
+def cost_cache_file(model: Any, exact_rows: int) -> Optional[Path]:
+    """$SPECDEC_HOME/costs/KEY.json, KEY from the model, device, CPU, dtype, threads, torch version, the rows
+    verified row-invariantly (0: none) and block weights. None for an in-memory model (tests): measured, not
+    stored."""
+    from .home import specdec_home
+    from .machine import cpu_model
+    from .quant import block_layers, weights_summary
+
+    name = getattr(model.config, "_name_or_path", "") or ""
+    if not name:
+        return None
+    params = sum(p.numel() for p in model.parameters())
+    first = next(model.parameters())
+    blocks = f"|{weights_summary(model)}" if block_layers(model) else ""
+    key = (f"{name}|{params}|{first.device}|{cpu_model()}|{first.dtype}|{torch.get_num_threads()}|"
+           f"{torch.__version__}" + (f"|exact{exact_rows}" if exact_rows else "") + blocks)
+    return specdec_home() / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def forward_timer(forward: TargetForward, prefix: int = TIMED_PREFIX) -> Timer:
+    """A function n -> seconds of one forward of n new tokens after a `prefix`-token cache (filled now)."""
+    generator = torch.Generator().manual_seed(0)
+    vocab = forward.model.config.vocab_size
+    ids = torch.randint(0, vocab, (prefix + 64,), generator=generator).tolist()
+    cache = KVCache()
+    with torch.inference_mode():
+        forward(ids[:prefix], cache, 0, last_only=True)
+    on_gpu = forward.device.type == "cuda"
+
+    @torch.inference_mode()
+    def timed(tokens: int) -> float:
+        if on_gpu:
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        forward(ids[prefix : prefix + tokens], cache, prefix)
+        if on_gpu:
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - started
+        truncate_cache(cache, prefix)
+        return elapsed
+
+    return timed

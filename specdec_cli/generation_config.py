@@ -1,0 +1,43 @@
+"""The settings of one generation: how many tokens, greedy or sampled, the draft budget, where to stop.
+
+`GenerationConfig.check` refuses settings plain decoding could not honour, naming the setting. The engine reads
+these settings and reports them back on the prefill's step event (draft.StepEvent.settings). This file holds
+settings only; what they do is the engine's (engine.py), the planner's (planner.py) and sampling.py's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from .defaults import DEFAULT_BUDGET
+from .errors import SpecdecError
+from .sampling import check_sampling
+
+
+@dataclass
+class GenerationConfig:
+    max_new_tokens: int = 256
+    temperature: float = 0.0  # 0 = greedy (exact); > 0 = speculative sampling (lossless)
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: Optional[int] = None
+    budget: int = DEFAULT_BUDGET  # per step: the most draft tokens (chain) or nodes (tree) the engine verifies
+    stop: Sequence[str] = ()  # stop strings (need a tokenizer)
+    eos_token_ids: Sequence[int] = ()
+    cost_aware: bool = True  # verify only as much of each draft as is expected to pay off (planner.py)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def check(self) -> None:
+        check_sampling(self.temperature, self.top_p, self.top_k)
+        if self.max_new_tokens < 1:
+            raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}", setting="max_new_tokens")
+        if self.budget < 0:
+            raise SpecdecError(f"draft_max must be >= 0 (0 = no drafting), got {self.budget}", setting="draft_max")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise SpecdecError(f"seed must be between 0 and 2^63 - 1, got {self.seed}", setting="seed")
+        if any(not stop for stop in self.stop):
+            raise SpecdecError("stop strings must not be empty", setting="stop")
