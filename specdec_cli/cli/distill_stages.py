@@ -205,11 +205,11 @@ class HeadStages:
     def held_out(self, loaded: Any, target_spec: str, draft_dir: str, data: Optional[str], prompts: Optional[str],
                  suite: Optional[str], limit: Optional[int], raw: bool) -> tuple[list, str]:
         """The prompts of a file or suite (builtin by default), spread over their categories."""
-        from ..distill.evaluate import prompts_from_items
+        from ..distill.evaluate import tokenized
         from ..distill.pipeline import evaluation_items
 
         items, source = evaluation_items(prompts, suite, limit or EVAL_PROMPTS)
-        return prompts_from_items(loaded.tokenizer, items, raw), source
+        return tokenized(loaded.tokenizer, items, raw), source
 
     def train(self, loaded: Any, target_spec: str, data: str, output: str, *, checkpoint_dir: Optional[str],
               resume: bool) -> None:
