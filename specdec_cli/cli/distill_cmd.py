@@ -14,7 +14,7 @@ from typing import List, Optional
 
 import typer
 
-from ..defaults import DEFAULT_TARGET
+from ..defaults import DEFAULT_MAX_NEW_TOKENS
 from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, EagleTrainConfig
 from ..distill.pipeline import (
     default_output,
@@ -26,10 +26,11 @@ from ..distill.pipeline import (
 from ..distill.student import DEFAULT_DRAFT_VOCAB  # light: torch is imported inside its functions
 from ..distill.train import TrainConfig
 from ..errors import SpecdecError
-from . import app
+from . import app, options
 from .common import err_console
 from .distill_stages import (
     EVAL_PROMPTS,
+    STUDENT_DRAFT_MAX,
     HeadStages,
     StudentStages,
     load_target,
@@ -63,30 +64,31 @@ EVAL_MAX_NEW_TOKENS = 96
 @distill_app.callback()
 def distill(
     ctx: typer.Context,
-    target: str = typer.Option(DEFAULT_TARGET, "--target", "-m", help="HF repo id, model directory, or .gguf file."),
+    target: str = options.target(),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Draft directory (default: $SPECDEC_HOME/drafts/NAME)."),
     data: Optional[str] = typer.Option(None, "--data", help="Data file (default: OUTPUT.data.jsonl); resumed if it exists."),
-    prompts: Optional[str] = typer.Option(None, "--prompts", help="Training prompts file (Spec-Bench or plain JSONL, or text)."),
-    suite: Optional[str] = typer.Option(None, "--suite", help="Training prompt suite: distill (default), builtin, humaneval."),
-    limit: Optional[int] = typer.Option(None, "--limit", help=f"Answer at most this many training prompts [default: {StudentStages.pipeline_prompts}; {HeadStages.pipeline_prompts} with --kind eagle]."),
-    max_new_tokens: int = typer.Option(PIPELINE_MAX_NEW_TOKENS, "--max-new-tokens", "-n", help="Longest answer in the data."),
-    drafter: str = typer.Option("pld", "--drafter", "-d", help="Drafter that speeds up data generation."),
-    layers: int = typer.Option(4, "--layers", help="Student blocks (the target's first N)."),
-    epochs: float = typer.Option(PIPELINE_EPOCHS, "--epochs", help="Passes over the data."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (overrides --epochs)."),
-    lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate."),
-    kd_weight: float = typer.Option(0.0, "--kd-weight", help="Weight of the divergence to the target's distributions."),
-    kd_loss: str = typer.Option("fkl", "--kd-loss", help="fkl, rkl or tvd."),
-    draft_vocab: int = typer.Option(DEFAULT_DRAFT_VOCAB, "--draft-vocab", help="Tokens the draft's head predicts (0 = all)."),
-    eval_suite: Optional[str] = typer.Option(None, "--eval-suite", help="Held-out prompt suite (default: builtin)."),
-    eval_prompts: Optional[str] = typer.Option(None, "--eval-prompts", help="Held-out prompts file."),
-    eval_limit: Optional[int] = typer.Option(EVAL_PROMPTS, "--eval-limit", help="Evaluate on at most this many prompts."),
-    eval_max_new_tokens: int = typer.Option(EVAL_MAX_NEW_TOKENS, "--eval-max-new-tokens", help="Tokens per evaluation answer."),
-    resume: bool = typer.Option(False, "--resume", help="Continue training from the checkpoint."),
-    seed: int = typer.Option(0, "--seed", help="Random seed."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, mps."),
-    kind: str = typer.Option("student", "--kind", help="student (a small model of its own) or eagle (a head on the target's features)."),
-    corpus: Optional[List[str]] = typer.Option(None, "--corpus", help="eagle: also learn the target's features over this text (repeatable)."),
+    prompts: Optional[str] = options.prompts(role="Training prompts"),
+    suite: Optional[str] = options.suite(role="Training prompt suite", note=" (default: distill)"),
+    limit: Optional[int] = options.limit(),
+    max_prompts: Optional[int] = options.max_prompts(default_note=f"{StudentStages.pipeline_prompts}; {HeadStages.pipeline_prompts} with --kind eagle"),
+    max_new_tokens: int = options.max_new_tokens(PIPELINE_MAX_NEW_TOKENS),
+    drafter: str = options.drafter("pld", purpose="Drafter that speeds up answering the training prompts: "),
+    layers: int = options.layers(),
+    epochs: float = options.epochs(PIPELINE_EPOCHS),
+    steps: Optional[int] = options.steps(),
+    lr: float = options.lr(),
+    kd_weight: float = options.kd_weight(),
+    kd_loss: str = options.kd_loss(),
+    draft_vocab: int = options.draft_vocab(),
+    eval_suite: Optional[str] = options.suite(flag="--eval-suite", role="Held-out prompt suite", note=" (default: builtin)"),
+    eval_prompts: Optional[str] = options.prompts(flag="--eval-prompts", role="Held-out prompts"),
+    eval_max_prompts: Optional[int] = options.max_prompts(EVAL_PROMPTS, flag="--eval-max-prompts"),
+    eval_max_new_tokens: int = typer.Option(EVAL_MAX_NEW_TOKENS, "--eval-max-new-tokens", help="Longest evaluation answer, in new tokens."),
+    resume: bool = options.resume(),
+    seed: int = options.seed(0),
+    device: str = options.device(),
+    kind: str = options.kind(),
+    corpus: Optional[List[str]] = options.corpus(),
 ) -> None:
     """Generate data, train a draft and evaluate it (no subcommand), or run one stage (see the commands)."""
     if ctx.invoked_subcommand is not None:
@@ -102,8 +104,8 @@ def distill(
     stages = stages_of(kind, config, head_config, tuple(corpus or ()))
     config.check()  # the student's flags, whatever the kind
     stages.config.check()
-    train_items = load_prompts(prompts, None if prompts else (suite or "distill"), first_turns=True,
-                               max_prompts=stages.pipeline_prompts if limit is None else limit)
+    train_items = load_prompts(prompts, None if prompts else (suite or "distill"), first_turns=True, limit=limit,
+                               max_prompts=stages.pipeline_prompts if max_prompts is None else max_prompts)
     loaded = load_target(target, device, "float32")  # the student is built from and trained against float32
     spec = target_spec(target)
     out_dir = Path(output).expanduser() if output else default_output(loaded.name, stages.name)
@@ -116,7 +118,7 @@ def distill(
                  max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0, top_k=0, seed=seed, system=None, raw=False)
     err_console().print(f"[bold]2/3[/bold] Training {stages.title} -> {out_dir}")
     stages.train(loaded, spec, data_file, str(out_dir), checkpoint_dir=None, resume=resume)
-    chosen, source = evaluation_items(eval_prompts, eval_suite, eval_limit)
+    chosen, source = evaluation_items(eval_prompts, eval_suite, eval_max_prompts)
     from ..distill.evaluate import tokenized
 
     err_console().print(f"[bold]3/3[/bold] Evaluating before and after training on {len(chosen)} prompts ({source})")
@@ -130,23 +132,24 @@ def distill(
 @distill_app.command("generate")
 def generate(
     output: str = typer.Option(..., "--output", "-o", help="Data file (JSONL) to append answers to."),
-    prompts: Optional[str] = typer.Option(None, "--prompts", help="Prompts: Spec-Bench or plain JSONL, or one per line."),
-    suite: Optional[str] = typer.Option(None, "--suite", help="Prompt suite: distill, builtin, humaneval."),
-    target: str = typer.Option(DEFAULT_TARGET, "--target", "-m", help="HF repo id, model directory, or .gguf file."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Use only the first N prompts."),
-    max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", help="Longest answer."),
-    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy; > 0 samples (lossless)."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1]."),
-    top_k: int = typer.Option(0, "--top-k", help="Keep the k best tokens (0 = off)."),
-    seed: int = typer.Option(0, "--seed", help="Random seed for sampling."),
-    drafter: str = typer.Option("pld", "--drafter", "-d", help="Drafter for speed: none, pld, sam, model."),
-    draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Longest draft per step."),
-    index: Optional[str] = typer.Option(None, "--index", help="Suffix-automaton index for --drafter sam."),
-    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft model directory for --drafter model."),
-    system: Optional[str] = typer.Option(None, "--system", "-s", help="System message."),
-    raw: bool = typer.Option(False, "--raw", help="Feed prompts as is, without the chat template."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, mps."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16, float16."),
+    prompts: Optional[str] = options.prompts(),
+    suite: Optional[str] = options.suite(),
+    target: str = options.target(),
+    limit: Optional[int] = options.limit(),
+    max_prompts: Optional[int] = options.max_prompts(),
+    max_new_tokens: int = options.max_new_tokens(DEFAULT_MAX_NEW_TOKENS),
+    temperature: float = options.temperature(),
+    top_p: float = options.top_p(),
+    top_k: int = options.top_k(),
+    seed: int = options.seed(0, note=" for sampling"),
+    drafter: str = options.drafter("pld", purpose="Drafter that speeds up answering: "),
+    draft_max: Optional[int] = options.draft_max(),
+    index: Optional[str] = options.index(),
+    draft_model: Optional[str] = options.draft_model(),
+    system: Optional[str] = options.system(),
+    raw: bool = options.raw(),
+    device: str = options.device(),
+    dtype: str = options.dtype(),
 ) -> None:
     """Answer prompts with the target and append one row per answer (resumable)."""
     from ..drafters import DrafterOptions, check_drafter, check_drafter_options
@@ -161,7 +164,7 @@ def generate(
     check_drafter_options(drafter, DrafterOptions(draft_max=draft_max, index=index, draft_model=draft_model))
     GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k).check()
     check_output_file(output, "output")
-    items = load_prompts(prompts, suite, max_prompts=limit, first_turns=True)
+    items = load_prompts(prompts, suite, limit=limit, max_prompts=max_prompts, first_turns=True)
     loaded = load_target(target, device, dtype)
     run_generate(loaded, target_spec(target), items, output, drafter=drafter, draft_max=draft_max, index=index,
                  draft_model=draft_model, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
@@ -172,34 +175,34 @@ def generate(
 def train(
     data: str = typer.Option(..., "--data", help="Data file from `specdec distill generate`."),
     output: str = typer.Option(..., "--output", "-o", help="Draft model directory to write."),
-    target: Optional[str] = typer.Option(None, "--target", "-m", help="Target (default: the one that wrote the data)."),
+    target: Optional[str] = options.target(None, default_note="the target that wrote the data"),
     init: str = typer.Option("target", "--init", help="target (its first blocks), config (fresh), student (--student)."),
-    layers: int = typer.Option(4, "--layers", help="Student blocks."),
+    layers: int = options.layers(),
     hidden: Optional[int] = typer.Option(None, "--hidden", help="Hidden size with --init config."),
     student: Optional[str] = typer.Option(None, "--student", help="Existing model directory to start from."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (overrides --epochs)."),
-    epochs: float = typer.Option(6.0, "--epochs", help="Passes over the training rows."),
+    steps: Optional[int] = options.steps(),
+    epochs: float = options.epochs(6.0),
     batch_size: int = typer.Option(4, "--batch-size", help="Sequences per micro-batch."),
     grad_accum: int = typer.Option(1, "--grad-accum", help="Micro-batches per optimizer step."),
-    lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate."),
+    lr: float = options.lr(),
     warmup: Optional[int] = typer.Option(None, "--warmup", help="Warm-up steps (default: 5%)."),
     weight_decay: float = typer.Option(0.01, "--weight-decay", help="AdamW weight decay."),
     clip: float = typer.Option(1.0, "--clip", help="Gradient norm clip (0 = off)."),
     max_len: int = typer.Option(768, "--max-len", help="Longest training sequence."),
-    kd_weight: float = typer.Option(0.0, "--kd-weight", help="Weight of the divergence to the target's distributions."),
-    kd_loss: str = typer.Option("fkl", "--kd-loss", help="fkl, rkl or tvd."),
+    kd_weight: float = options.kd_weight(),
+    kd_loss: str = options.kd_loss(),
     kd_positions: str = typer.Option("answer", "--kd-positions", help="Divergence on answer tokens, or on all tokens."),
     freeze_embeddings: bool = typer.Option(True, "--freeze-embeddings/--train-embeddings",
                                            help="Keep the target's embeddings and head fixed (faster, less overfitting)."),
     holdout: float = typer.Option(0.1, "--holdout", help="Share of rows kept for evaluation."),
-    draft_vocab: int = typer.Option(DEFAULT_DRAFT_VOCAB, "--draft-vocab", help="Tokens the draft's head predicts (0 = all)."),
-    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    draft_vocab: int = options.draft_vocab(),
+    seed: int = options.seed(0),
     save_every: int = typer.Option(100, "--save-every", help="Checkpoint every N steps."),
     checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help="Checkpoint directory (default: OUTPUT.checkpoint)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint."),
-    device: str = typer.Option("cpu", "--device", help="Where the target runs (training runs on the CPU)."),
-    kind: str = typer.Option("student", "--kind", help="student (a small model of its own) or eagle (a head on the target's features)."),
-    corpus: Optional[List[str]] = typer.Option(None, "--corpus", help="eagle: also learn the target's features over this text (file, folder or JSONL; repeatable)."),
+    resume: bool = options.resume(),
+    device: str = options.device("cpu", note=": where the target runs (training runs on the CPU)"),
+    kind: str = options.kind(),
+    corpus: Optional[List[str]] = options.corpus(),
     token_weight: float = typer.Option(0.1, "--token-weight", help="eagle: weight of the token loss beside the feature regression."),
 ) -> None:
     """Train a draft on the target's answers; Ctrl-C saves a checkpoint (continue with --resume)."""
@@ -226,19 +229,20 @@ def train(
 
 @distill_app.command("evaluate")
 def evaluate(
-    draft_model: str = typer.Option(..., "--draft-model", "-D", help="Draft directory from `specdec distill train`."),
+    draft_model: str = options.draft_model(required=True),
     data: Optional[str] = typer.Option(None, "--data", help="Evaluate on this data file's held-out rows [default]."),
-    prompts: Optional[str] = typer.Option(None, "--prompts", help="Or on these prompts."),
-    suite: Optional[str] = typer.Option(None, "--suite", help="Or on a suite: builtin, humaneval, distill."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="At most this many prompts."),
-    target: Optional[str] = typer.Option(None, "--target", "-m", help="Target (default: the draft's)."),
-    max_new_tokens: int = typer.Option(EVAL_MAX_NEW_TOKENS, "--max-new-tokens", "-n", help="Tokens per answer."),
-    draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Longest draft per step (a student: 6), or an EAGLE head's tree depth (5)."),
-    draft_min_prob: float = typer.Option(0.0, "--draft-min-prob", help="Stop drafting below this top probability."),
+    prompts: Optional[str] = options.prompts(role="Held-out prompts (instead of --data)"),
+    suite: Optional[str] = options.suite(role="Held-out prompt suite", note=" (instead of --data)"),
+    limit: Optional[int] = options.limit(),
+    max_prompts: Optional[int] = options.max_prompts(),
+    target: Optional[str] = options.target(None, default_note="the draft's target"),
+    max_new_tokens: int = options.max_new_tokens(EVAL_MAX_NEW_TOKENS),
+    draft_max: Optional[int] = options.draft_max(default_note=f"{STUDENT_DRAFT_MAX} for a student; for an EAGLE head, its tree depth, 5"),
+    draft_min_prob: float = options.draft_min_prob(),
     no_baseline: bool = typer.Option(False, "--no-baseline", help="Skip the untrained initialisation."),
-    raw: bool = typer.Option(False, "--raw", help="Feed prompts without the chat template."),
-    as_json: bool = typer.Option(False, "--json", help="Print the evaluation as JSON."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, mps."),
+    raw: bool = options.raw(),
+    as_json: bool = options.as_json("the evaluation"),
+    device: str = options.device(),
 ) -> None:
     """Top-1 agreement and mean accepted tokens of a draft (and of its initialisation) on held-out prompts."""
     from ..errors import SpecdecError
@@ -255,7 +259,7 @@ def evaluate(
     target = target or usable_target(stages.recorded_target(directory))
     loaded = load_target(target, device, "float32")
     spec = target_spec(target)
-    chosen, source = stages.held_out(loaded, spec, draft_model, data, prompts, suite, limit, raw)
+    chosen, source = stages.held_out(loaded, spec, draft_model, data, prompts, suite, limit, max_prompts, raw)
     evaluation = stages.evaluate(loaded, spec, draft_model, chosen, source, baseline=not no_baseline,
                                  max_new_tokens=max_new_tokens, draft_max=draft_max, draft_min_prob=draft_min_prob)
     if as_json:

@@ -131,11 +131,12 @@ class StudentStages:
         """(A student is scored on held-out data rows or on prompts.)"""
 
     def held_out(self, loaded: Any, target_spec: str, draft_dir: str, data: Optional[str], prompts: Optional[str],
-                 suite: Optional[str], limit: Optional[int], raw: bool) -> tuple[list, str]:
+                 suite: Optional[str], limit: Optional[int], max_prompts: Optional[int],
+                 raw: bool) -> tuple[list, str]:
         """The prompts of a file or suite, else the held-out rows of the draft's data."""
         from ..distill.pipeline import held_out_prompts
 
-        return held_out_prompts(loaded, target_spec, draft_dir, data, prompts, suite, limit, raw)
+        return held_out_prompts(loaded, target_spec, draft_dir, data, prompts, suite, limit, max_prompts, raw)
 
     def train(self, loaded: Any, target_spec: str, data: str, output: str, *, checkpoint_dir: Optional[str],
               resume: bool) -> None:
@@ -203,12 +204,13 @@ class HeadStages:
                                "pieces)", setting="data")
 
     def held_out(self, loaded: Any, target_spec: str, draft_dir: str, data: Optional[str], prompts: Optional[str],
-                 suite: Optional[str], limit: Optional[int], raw: bool) -> tuple[list, str]:
+                 suite: Optional[str], limit: Optional[int], max_prompts: Optional[int],
+                 raw: bool) -> tuple[list, str]:
         """The prompts of a file or suite (builtin by default), spread over their categories."""
         from ..distill.evaluate import tokenized
         from ..distill.pipeline import evaluation_items
 
-        items, source = evaluation_items(prompts, suite, limit or EVAL_PROMPTS)
+        items, source = evaluation_items(prompts, suite, max_prompts or EVAL_PROMPTS, limit)
         return tokenized(loaded.tokenizer, items, raw), source
 
     def train(self, loaded: Any, target_spec: str, data: str, output: str, *, checkpoint_dir: Optional[str],
