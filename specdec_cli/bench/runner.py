@@ -191,18 +191,15 @@ class _Runner:
         settings = self.settings
         seed = None if settings.seed is None else settings.seed + 1000 * conversation + turn
         budget = method.draft_length if method.kind == ORACLE else settings.budget
-        extra = {}
-        if method.kind == ORACLE:
-            extra["cost_aware"] = False  # the ceiling at exactly this draft length: verify every drafted token
-        if method.kind == NATIVE:
-            extra["cost_aware"] = False  # its steps run other kernels: they teach the planner nothing
+        # Oracle rows measure the ceiling at exactly their draft length (every drafted token verified); native rows
+        # run other kernels, whose steps would teach the planner nothing: neither plans by cost.
         config = GenerationConfig(
             max_new_tokens=max_new_tokens or settings.max_new_tokens,
             temperature=settings.temperature,
             seed=seed,
             budget=budget,
             eos_token_ids=self.info.eos_token_ids,
-            **extra,
+            cost_aware=method.kind not in (ORACLE, NATIVE),
         )
         config.check()
         return config

@@ -102,7 +102,8 @@ def main() -> None:
         elif _is_click(exc, "ClickException"):  # usage errors: bad flag, bad value
             if _debug():
                 raise
-            print_error(exc.format_message())
+            format_message = getattr(exc, "format_message", None)
+            print_error(format_message() if callable(format_message) else str(exc))
             code = getattr(exc, "exit_code", 2)
         else:  # a bug: one line unless debugging
             if _debug():

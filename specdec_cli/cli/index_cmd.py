@@ -14,8 +14,7 @@ from typing import Any, Optional
 
 import typer
 
-from ..defaults import DEFAULT_TARGET
-from . import app
+from . import app, options
 from .common import console, doing, err_console
 
 
@@ -96,7 +95,7 @@ def build_index_command(
         None, metavar="CORPUS", help="Text files, .jsonl files, directories (searched with --glob), or - for stdin."
     ),
     output: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE", help="Index file to write."),
-    target: str = typer.Option(DEFAULT_TARGET, "--target", "-m", help="Model whose tokenizer is used: HF repo id, model directory, or .gguf file."),
+    target: str = options.target(whose="Model whose tokenizer is used: "),
     field: str = typer.Option("text", "--field", help="Field holding the text in .jsonl rows."),
     glob: str = typer.Option("*.txt", "--glob", help="Which files to take from directories (recursive)."),
     info: Optional[str] = typer.Option(
@@ -105,7 +104,7 @@ def build_index_command(
     verify: Optional[str] = typer.Option(
         None, "--verify", metavar="FILE", help="Check every byte of an existing index against its checksum, and exit."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    as_json: bool = options.as_json("the summary (or the --info, --verify result)"),
 ) -> None:
     """Build a static suffix-automaton index (the `sam` drafter's --index) from a corpus."""
     from ..errors import SpecdecError
@@ -113,7 +112,7 @@ def build_index_command(
     if info is not None or verify is not None:
         if corpus or output or (info and verify):
             raise SpecdecError("--info and --verify read one existing index; give no corpus and no -o with them")
-        _show_info(info or verify, as_json, verify=verify is not None)
+        _show_info(str(info or verify), as_json, verify=verify is not None)
         return
     if not corpus:
         raise SpecdecError("no corpus given: name files, directories or - (stdin); see --help")

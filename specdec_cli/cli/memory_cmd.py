@@ -11,15 +11,14 @@ from typing import Optional
 
 import typer
 
-from ..defaults import DEFAULT_TARGET
-from . import app
+from . import app, options
 from .common import console, doing, err_console
 
 memory_app = typer.Typer(help="The answer memory `sam` drafts from: info, clear, export, import.",
                          no_args_is_help=True)
 app.add_typer(memory_app, name="memory")
 
-TARGET = typer.Option(DEFAULT_TARGET, "--target", "-m", help="Whose memory: HF repo id, model directory, or .gguf file.")
+TARGET = options.target(whose="Whose memory: ")
 
 
 def _age(stamp: Optional[float]) -> str:
@@ -33,7 +32,7 @@ def _age(stamp: Optional[float]) -> str:
 
 
 @memory_app.command("info")
-def info(target: str = TARGET, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def info(target: str = TARGET, as_json: bool = options.as_json("the memory's details")) -> None:
     """Answers, tokens, size and age of the target's memory."""
     import json
 

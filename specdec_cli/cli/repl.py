@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
-from typing import Optional
+from typing import Any, Optional
 
 from .output import TextStream, turn_json
 from .render import LiveTranscript, TranscriptView, text_decoder
@@ -52,7 +52,7 @@ class Repl:
         first = input(">>> ")
         if first.strip() != '"""':
             return first
-        lines = []
+        lines: list[str] = []
         while True:
             line = input("... ")
             if line.strip() == '"""':
@@ -158,7 +158,11 @@ class Repl:
         try:
             if self.plain:
                 stream = TextStream(self.session.tokenizer, self.session.generation.stop)
-                turn = self.session.ask(text, on_event=lambda event: (view.add(event), stream.on_event(event)))
+                def show(event: Any) -> None:
+                    view.add(event)
+                    stream.on_event(event)
+
+                turn = self.session.ask(text, on_event=show)
                 stream.finish(turn.answer)
             else:
                 with LiveTranscript(self.console, view) as live:
@@ -181,7 +185,7 @@ class Repl:
     def stats(self) -> None:
         from rich.table import Table
 
-        from ..stats import merge
+        from ..stats import GenerationStats, merge
 
         turns = self.session.turns
         if not turns:
@@ -191,11 +195,11 @@ class Repl:
         for column in ("turn", "drafter", "tokens", "tok/s", "tokens/step", "acceptance", "TTFT s"):
             table.add_column(column, justify="right" if column not in ("drafter",) else "left")
         for number, turn in enumerate(turns, 1):
-            stats = turn.generation.stats
+            stats = turn.generation.stats or GenerationStats()
             table.add_row(str(number), turn.drafter, str(stats.new_tokens), f"{stats.tokens_per_second:.1f}",
                           f"{stats.mean_accepted_tokens:.2f}", f"{stats.acceptance_rate:.0%}",
                           f"{stats.ttft_seconds:.2f}")
-        pooled = merge(turn.generation.stats for turn in turns)
+        pooled = merge(turn.generation.stats for turn in turns if turn.generation.stats) or GenerationStats()
         table.add_row("all", "", str(pooled.new_tokens), f"{pooled.tokens_per_second:.1f}",
                       f"{pooled.mean_accepted_tokens:.2f}", f"{pooled.acceptance_rate:.0%}",
                       f"{pooled.ttft_seconds:.2f}", style="bold")

@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from ..prompts import Conversation
 from .eagle_train import initial_head
 from .evaluate import (
     DEFAULT_EVAL_TOKENS,
     Candidate,
     EvalProgress,
-    EvalPrompt,
     Reference,
     read_report,
     score_candidates,
@@ -61,7 +61,7 @@ def evaluate_head(
     tokenizer: Any,
     target_name: str,
     head_dir: str,
-    prompts: Sequence[EvalPrompt],
+    prompts: Sequence[Conversation],
     *,
     baseline: bool = True,
     max_new_tokens: int = DEFAULT_EVAL_TOKENS,

@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import SpecdecError
+from .checkpoints import CHECKPOINT_FORMAT, check_resumable
 from .data import items_digest
+from .loop import Trainee, TrainingRun, train
 
 DEFAULT_HEAD_VOCAB = 4096  # the LM-head slice a drafted token reads: 4096 x 576 in bfloat16 is 4.7 MB
 
@@ -132,39 +134,22 @@ def initial_head(target: Any, seed: int) -> Any:
     return EagleHead(head_config_for(target.config))
 
 
-def train_eagle(target: Any, sequences: Sequence[Sequence[int]], config: EagleTrainConfig,
-                on_progress: Optional[Callable[[EagleProgress], None]] = None, *,
-                checkpoint_dir: Optional[Path] = None, resume: bool = False,
-                on_status: Optional[Callable[[str], None]] = None) -> tuple[Any, dict]:
-    """Train a head for `target` on `sequences` (token id lists); returns (head, result). With `checkpoint_dir`
-    the run is checkpointed there (and continued from there with `resume`)."""
-    import torch
-    import torch.nn.functional as F
+@dataclass(frozen=True)
+class HeadData:
+    """Training sequences cut into pieces, split into training and held-out pieces, with the target's features."""
 
-    from .checkpoints import (
-        CHECKPOINT_FORMAT,
-        check_resumable,
-        load_checkpoint,
-        read_checkpoint_state,
-        save_checkpoint,
-        whole_step,
-    )
+    pieces: list[list[int]]
+    train: list[list[int]]
+    held_out: list[list[int]]
+    head_tokens: Optional[list[int]]  # the tokens the head drafts (None = all)
+    train_features: list[Any]  # [n, H] float32 per training piece
+    held_features: list[Any]  # [n, H] float32 per held-out piece
 
-    config.check()
-    status = on_status or (lambda message: None)
-    started = time.perf_counter()
-    digest = items_digest([int(token) for token in sequence] for sequence in sequences)
-    hidden = int(target.config.hidden_size)
-    state: Optional[dict] = None
-    if resume:
-        if checkpoint_dir is None:
-            raise SpecdecError("resume: no checkpoint directory given", setting="resume")
-        state = read_checkpoint_state(checkpoint_dir)
-        if state.get("kind") != "eagle" or state.get("hidden_size") != hidden:
-            raise SpecdecError(f"resume: the checkpoint in {checkpoint_dir} is not one of an EAGLE head for this "
-                               "target", setting="resume")
-        check_resumable(state, checkpoint_dir, asdict(config), RESUME_KEYS, digest, "the training data")
 
+def head_data(target: Any, sequences: Sequence[Sequence[int]], config: EagleTrainConfig,
+              on_progress: Optional[Callable[[EagleProgress], None]] = None) -> HeadData:
+    """Pieces of at most max_len tokens, `holdout` of them kept apart at random (seeded), the head's tokens
+    (the training pieces' most frequent), and the target's features over every piece (one forward each)."""
     all_pieces = pieces(sequences, config.max_len)
     if len(all_pieces) < 2:
         raise SpecdecError("too little data to train a head: give answers from `specdec distill generate` or a "
@@ -174,107 +159,148 @@ def train_eagle(target: Any, sequences: Sequence[Sequence[int]], config: EagleTr
     rng.shuffle(order)
     held = max(1, round(len(order) * config.holdout)) if config.holdout > 0 else 0
     held_out = [all_pieces[index] for index in order[:held]]
-    train = [all_pieces[index] for index in order[held:]]
+    train_pieces = [all_pieces[index] for index in order[held:]]
     vocab = int(target.get_output_embeddings().weight.shape[0])
-    head_tokens = choose_head_tokens(train, config.head_vocab, vocab)
-    features = target_features(target, train + held_out, on_progress)
-    train_features, held_features = features[: len(train)], features[len(train) :]
+    head_tokens = choose_head_tokens(train_pieces, config.head_vocab, vocab)
+    features = target_features(target, train_pieces + held_out, on_progress)
+    return HeadData(all_pieces, train_pieces, held_out, head_tokens, features[: len(train_pieces)],
+                    features[len(train_pieces) :])
 
-    head = initial_head(target, config.seed)
-    lm_weight = target.get_output_embeddings().weight.detach().float().cpu()  # [V, H]
-    ids = torch.tensor(head_tokens) if head_tokens is not None else torch.arange(vocab)
-    head_weight = lm_weight[ids]  # [K, H]
-    embeddings = target.get_input_embeddings()
 
-    def embed(tokens: Sequence[int]) -> Any:
+class HeadKind:
+    """An EAGLE head's part of the training loop (loop.py): one piece a step, the feature regression and token
+    loss (unrolled once on the head's own predictions), what its checkpoints hold, and the report with the
+    held-out agreement before and after training."""
+
+    def __init__(self, target: Any, sequences: Sequence[Sequence[int]], config: EagleTrainConfig,
+                 on_progress: Optional[Callable[[EagleProgress], None]] = None) -> None:
+        self.target, self.sequences, self.config, self.on_progress = target, sequences, config, on_progress
+        self.digest = items_digest([int(token) for token in sequence] for sequence in sequences)
+        self.hidden = int(target.config.hidden_size)
+        self.data: Optional[HeadData] = None
+        self.head: Any = None
+        self.lm_weight: Any = None  # the target's LM head [V, H], float32
+        self.ids: Any = None  # the head's tokens (all of them when unrestricted) [K]
+        self.head_weight: Any = None  # the LM head's rows for them [K, H]
+        self.embedded: list[Any] = []  # the target's embeddings of each training piece but its first token
+        self.before: Optional[float] = None  # held-out agreement of the untrained head
+        self._epoch_order: dict[int, list[int]] = {}
+
+    def check_checkpoint(self, state: dict, directory: Path) -> None:
+        if state.get("kind") != "eagle" or state.get("hidden_size") != self.hidden:
+            raise SpecdecError(f"resume: the checkpoint in {directory} is not one of an EAGLE head for this "
+                               "target", setting="resume")
+        check_resumable(state, directory, asdict(self.config), RESUME_KEYS, self.digest, "the training data")
+
+    def start(self, state: Optional[dict]) -> Trainee:
+        import torch
+
+        target, config = self.target, self.config
+        self.data = data = head_data(target, self.sequences, config, self.on_progress)
+        self.head = head = initial_head(target, config.seed)
+        self.lm_weight = target.get_output_embeddings().weight.detach().float().cpu()  # [V, H]
+        vocab = int(self.lm_weight.shape[0])
+        self.ids = torch.tensor(data.head_tokens) if data.head_tokens is not None else torch.arange(vocab)
+        self.head_weight = self.lm_weight[self.ids]  # [K, H]
+        self.embedded = [self.embed(piece[1:]) for piece in data.train]
+        total = config.steps or max(1, math.ceil(config.epochs * len(data.train)))
+        optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0)
+        self.before = self.agreement() if state is None else state.get("top1_agreement_before")
+        head.train()
+        return Trainee(head, optimizer, total)
+
+    def embed(self, tokens: Sequence[int]) -> Any:
+        """The target's embeddings of `tokens`, [1, n, H] float32 on the CPU."""
+        import torch
+
+        embeddings = self.target.get_input_embeddings()
         with torch.inference_mode():
             values = embeddings(torch.tensor([list(tokens)], device=embeddings.weight.device))
         return values.float().cpu().clone()  # [1, n, H]
 
-    embedded = [embed(piece[1:]) for piece in train]
+    def agreement(self) -> Optional[float]:
+        assert self.data is not None
+        return agreement(self.head, self.data.held_out, self.data.held_features, self.embed, self.lm_weight,
+                         self.head_weight, self.ids)
 
-    def losses(piece_features: Any, piece_embedded: Any) -> Any:
+    def learning_rate(self, step: int, total_steps: int) -> float:
+        """Linear warm-up over the first 5% of the steps, cosine decay to zero."""
+        return (self.config.lr * min(1.0, (step + 1) / max(1, total_steps // 20))
+                * 0.5 * (1 + math.cos(math.pi * step / total_steps)))
+
+    def backward(self, step: int) -> float:
         """Teacher-forced (f_t, x_{t+1}) -> f_{t+1}, then one step on the head's own predictions
-        (f^_{t+1}, x_{t+2}) -> f_{t+2}, as drafting a second token feeds them back in."""
-        total = 0
+        (f^_{t+1}, x_{t+2}) -> f_{t+2}, as drafting a second token feeds them back in; then clipping."""
+        import torch
+        import torch.nn.functional as F
+
+        assert self.data is not None
+        epoch, within = divmod(step, len(self.data.train))
+        if epoch not in self._epoch_order:
+            self._epoch_order = {epoch: epoch_order(len(self.data.train), self.config.seed, epoch)}
+        piece = self._epoch_order[epoch][within]
+        piece_features, piece_embedded = self.data.train_features[piece], self.embedded[piece]
+        total: Any = 0
         inputs, embedded_next = piece_features[None, :-1], piece_embedded  # [1, n-1, H] each
         for unroll in range(2):
             wanted = piece_features[None, 1 + unroll :]  # [1, n-1-unroll, H]
-            predicted = head(inputs, embedded_next, torch.arange(inputs.shape[1]))  # [1, n-1-unroll, H]
-            target_probs = torch.softmax(wanted @ head_weight.T, dim=-1)  # [1, ., K]
-            token_loss = -(target_probs * torch.log_softmax(predicted @ head_weight.T, dim=-1)).sum(-1).mean()
-            total = total + F.smooth_l1_loss(predicted, wanted) + config.token_weight * token_loss
+            predicted = self.head(inputs, embedded_next, torch.arange(inputs.shape[1]))  # [1, n-1-unroll, H]
+            target_probs = torch.softmax(wanted @ self.head_weight.T, dim=-1)  # [1, ., K]
+            token_loss = -(target_probs * torch.log_softmax(predicted @ self.head_weight.T, dim=-1)).sum(-1).mean()
+            total = total + F.smooth_l1_loss(predicted, wanted) + self.config.token_weight * token_loss
             inputs, embedded_next = predicted[:, :-1], piece_embedded[:, 1:]  # f^_{t+1} with x_{t+2}
-        return total
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
+        return float(total.detach())
 
-    total = config.steps or max(1, math.ceil(config.epochs * len(train)))
-    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0)
-    if state is None:
-        before = agreement(head, held_out, held_features, embed, lm_weight, head_weight, ids)
-        step, history, elapsed_before = 0, [], 0.0
-    else:
-        load_checkpoint(checkpoint_dir, head, optimizer, state)  # type: ignore[arg-type]
-        before = state.get("top1_agreement_before")
-        step, history = int(state["step"]), [float(value) for value in state.get("history", [])]
-        elapsed_before = float(state.get("seconds", 0.0))
-        status(f"Resuming from step {step} ({checkpoint_dir})")
-    resumed_from = step if state else None
+    def history_entry(self, step: int, loss: float) -> float:
+        return round(loss, 5)
 
-    def checkpoint_state() -> dict:
-        return {"format": CHECKPOINT_FORMAT, "kind": "eagle", "step": step, "total_steps": total,
-                "history": history, "config": asdict(config), "hidden_size": hidden, "data_digest": digest,
-                "top1_agreement_before": before, "seconds": elapsed_before + time.perf_counter() - started}
+    def progress(self, run: TrainingRun, lr: float, loss: float) -> None:
+        if self.on_progress is not None:
+            self.on_progress(EagleProgress("train", run.step, run.total_steps, run.history[-1]))
 
-    head.train()
-    epoch_cache: dict[int, list[int]] = {}
-    try:
-        while step < total:
-            epoch, within = divmod(step, len(train))
-            if epoch not in epoch_cache:
-                epoch_cache = {epoch: epoch_order(len(train), config.seed, epoch)}
-            piece = epoch_cache[epoch][within]
-            lr = config.lr * min(1.0, (step + 1) / max(1, total // 20)) * 0.5 * (1 + math.cos(math.pi * step / total))
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss = losses(train_features[piece], embedded[piece])
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-            with whole_step():  # the update and its count together, whatever Ctrl-C does
-                optimizer.step()
-                step += 1
-                history.append(round(float(loss.detach()), 5))
-            if on_progress is not None:
-                on_progress(EagleProgress("train", step, total, history[-1]))
-            if checkpoint_dir is not None and config.save_every and step % config.save_every == 0 and step < total:
-                save_checkpoint(checkpoint_dir, head, optimizer, checkpoint_state())
-    except KeyboardInterrupt:
-        if checkpoint_dir is not None:
-            optimizer.zero_grad()
-            save_checkpoint(checkpoint_dir, head, optimizer, checkpoint_state())
-            status(f"Interrupted at step {step}/{total}; checkpoint saved in {checkpoint_dir} (rerun with --resume)")
-        raise
-    if checkpoint_dir is not None:
-        save_checkpoint(checkpoint_dir, head, optimizer, checkpoint_state())
-    head.eval()
-    after = agreement(head, held_out, held_features, embed, lm_weight, head_weight, ids)
-    tail = history[-20:]
-    report = {
-        "kind": "eagle",
-        "config": asdict(config),
-        "pieces": len(all_pieces), "train_pieces": len(train), "held_out_pieces": len(held_out),
-        "train_tokens": sum(len(piece) for piece in train),
-        "held_out_tokens": sum(len(piece) for piece in held_out),
-        "head_tokens": len(ids),
-        "steps": total,
-        "resumed_from": resumed_from,
-        "final_loss": round(sum(tail) / len(tail), 5) if tail else None,
-        "loss_history": history[:: max(1, math.ceil(len(history) / 200))],
-        "top1_agreement_before": before,
-        "top1_agreement_after": after,
-        "seconds": round(elapsed_before + time.perf_counter() - started, 1),
-    }
-    return head, {"report": report, "head_tokens": head_tokens}
+    def checkpoint_state(self, run: TrainingRun) -> dict:
+        return {"format": CHECKPOINT_FORMAT, "kind": "eagle", "step": run.step, "total_steps": run.total_steps,
+                "history": run.history, "config": asdict(self.config), "hidden_size": self.hidden,
+                "data_digest": self.digest, "top1_agreement_before": self.before, "seconds": run.seconds}
+
+    def report(self, run: TrainingRun, trainee: Trainee) -> tuple[Any, dict]:
+        """(the trained head, {"report": the training's numbers, "head_tokens": the head's tokens})."""
+        assert self.data is not None
+        data, history = self.data, run.history
+        self.head.eval()
+        after = self.agreement()
+        tail = history[-20:]
+        report = {
+            "kind": "eagle",
+            "config": asdict(self.config),
+            "pieces": len(data.pieces), "train_pieces": len(data.train), "held_out_pieces": len(data.held_out),
+            "train_tokens": sum(len(piece) for piece in data.train),
+            "held_out_tokens": sum(len(piece) for piece in data.held_out),
+            "head_tokens": len(self.ids),
+            "steps": run.total_steps,
+            "resumed_from": run.resumed_from,
+            "final_loss": round(sum(tail) / len(tail), 5) if tail else None,
+            "loss_history": history[:: max(1, math.ceil(len(history) / 200))],
+            "top1_agreement_before": self.before,
+            "top1_agreement_after": after,
+            "seconds": round(run.seconds, 1),
+        }
+        return self.head, {"report": report, "head_tokens": data.head_tokens}
+
+
+def train_eagle(target: Any, sequences: Sequence[Sequence[int]], config: EagleTrainConfig,
+                on_progress: Optional[Callable[[EagleProgress], None]] = None, *,
+                checkpoint_dir: Optional[Path] = None, resume: bool = False,
+                on_status: Optional[Callable[[str], None]] = None) -> tuple[Any, dict]:
+    """Train a head for `target` on `sequences` (token id lists); returns (head, result). With `checkpoint_dir`
+    the run is checkpointed there (and continued from there with `resume`)."""
+    config.check()
+    started = time.perf_counter()  # the head's training time counts the target's features too
+    kind = HeadKind(target, sequences, config, on_progress)
+    return train(kind, checkpoint_dir, resume=resume, save_every=config.save_every, on_status=on_status,
+                 started=started)
 
 
 def agreement(head: Any, held_out: Sequence[Sequence[int]], held_features: Sequence[Any], embed: Callable,
@@ -301,7 +327,7 @@ def training_sequences(tokenizer: Any, fingerprint: str, target_name: str, data:
     """Token sequences to train on: each answer of a `distill generate` file (prompt and answer together,
     checked against the target's tokenizer) and the text of any corpus files; and their sizes."""
     from ..corpus import CorpusStats, iter_documents, resolve_inputs, tokenize_documents
-    from .generate import read_rows
+    from ..data_rows import read_rows
 
     sequences: list[list[int]] = []
     if data:

@@ -16,25 +16,19 @@ it started from (rebuilt from its recorded init), and stores both under "evaluat
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import SpecdecError
 from ..files import read_json, write_json_atomic
-from ..stats import merge
+from ..prompts import Conversation
+from ..stats import GenerationStats, merge
 from .checkpoints import REPORT
 from .data import split_rows
 from .student import build_student
 
 DEFAULT_EVAL_TOKENS = 128
-
-
-@dataclass(frozen=True)
-class EvalPrompt:
-    ids: list[int]
-    category: str = ""
-    id: str = ""
 
 
 @dataclass
@@ -75,16 +69,18 @@ class EvalProgress:
 # ---------------------------------------------------------------------------------------------- prompts
 
 
-def prompts_from_items(tokenizer: Any, items: Sequence[Any], raw: bool = False) -> list[EvalPrompt]:
+def tokenized(tokenizer: Any, prompts: Sequence[Conversation], raw: bool = False) -> list[Conversation]:
+    """The prompts with their first turns' token ids as the target reads them (chat template unless `raw`)."""
     from ..chat import format_prompt
 
-    return [EvalPrompt(format_prompt(tokenizer, [{"role": "user", "content": item.text}], raw), item.category, item.id)
-            for item in items]
+    return [replace(prompt, prompt_ids=tuple(format_prompt(tokenizer, [{"role": "user", "content": prompt.first_turn}],
+                                                           raw)))
+            for prompt in prompts]
 
 
-def prompts_from_data(data_path: str, holdout: float, fingerprint: str, target_name: str = "") -> list[EvalPrompt]:
-    """The held-out rows of a data file, split exactly as training split them."""
-    from .generate import read_rows
+def prompts_from_data(data_path: str, holdout: float, fingerprint: str, target_name: str = "") -> list[Conversation]:
+    """The held-out rows of a data file, split exactly as training split them, with the token ids they recorded."""
+    from ..data_rows import read_rows
 
     rows = read_rows(data_path, fingerprint, target_name)
     _, held = split_rows(rows, holdout)
@@ -93,8 +89,15 @@ def prompts_from_data(data_path: str, holdout: float, fingerprint: str, target_n
             f"{data_path}: no held-out rows (the draft was trained with --holdout {holdout}); "
             "evaluate on --suite builtin or --prompts FILE instead"
         )
-    return [EvalPrompt([int(t) for t in row["prompt_ids"]], str(row.get("category", "")), str(row.get("id", "")))
+    return [Conversation(str(row.get("id", "")), str(row.get("category", "")), (str(row.get("prompt", "")),),
+                         prompt_ids=tuple(int(t) for t in row["prompt_ids"]))
             for row in held]
+
+
+def _prompt_ids(prompt: Conversation) -> tuple[int, ...]:
+    if prompt.prompt_ids is None:
+        raise ValueError(f"prompt {prompt.id!r} is not tokenized (evaluate.tokenized)")
+    return prompt.prompt_ids
 
 
 def read_report(draft_dir: Path) -> dict:
@@ -129,7 +132,7 @@ class Reference:
 def score_drafts(
     target: Any,
     tokenizer: Any,
-    prompts: Sequence[EvalPrompt],
+    prompts: Sequence[Conversation],
     drafts: dict,
     *,
     max_new_tokens: int = DEFAULT_EVAL_TOKENS,
@@ -164,7 +167,7 @@ def score_drafts(
 def score_candidates(
     target: Any,
     tokenizer: Any,
-    prompts: Sequence[EvalPrompt],
+    prompts: Sequence[Conversation],
     candidates: dict,
     *,
     eos_token_ids: Sequence[int],
@@ -189,10 +192,10 @@ def score_candidates(
         reference = None  # the target's answer and its distributions along it, shared by all candidates
         for label, candidate in candidates.items():
             candidate.drafter.reset()
-            generation = engine.generate(prompt.ids, candidate.drafter, config)
+            generation = engine.generate(_prompt_ids(prompt), candidate.drafter, config)
             stats = generation.stats
             if reference is None:  # greedy runs all produce the target's own answer: measure along the first
-                reference = _target_along(target, prompt.ids, list(generation.tokens))
+                reference = _target_along(target, _prompt_ids(prompt), list(generation.tokens))
             score, acc = scores[label], sums[label]
             score.prompts += 1
             runs[label].append(stats)
@@ -200,7 +203,7 @@ def score_candidates(
             score.positions += positions
             acc["matches"] += matches
             acc["tvd"] += tvd_sum
-            bucket = categories[label].setdefault(prompt.category or "prompts", [0, 0, []])
+            bucket = categories[label].setdefault(prompt.source_category or "prompts", [0, 0, []])
             bucket[0] += matches
             bucket[1] += positions
             bucket[2].append(stats)
@@ -212,7 +215,7 @@ def score_candidates(
 
 def _finish(score: DraftScore, acc: dict, categories: dict, runs: list) -> None:
     """The score's speed and acceptance from its generations pooled (stats.merge); agreement from `acc`."""
-    pooled = merge(runs)
+    pooled = merge(runs) or GenerationStats()
     score.steps, score.new_tokens = pooled.steps, pooled.new_tokens
     score.drafted_tokens, score.accepted_tokens = pooled.drafted_tokens, pooled.accepted_tokens
     score.draft_seconds, score.verify_seconds = pooled.draft_seconds, pooled.verify_seconds
@@ -224,12 +227,12 @@ def _finish(score: DraftScore, acc: dict, categories: dict, runs: list) -> None:
     score.sampling_acceptance = 1.0 - acc["tvd"] / score.positions if score.positions else 0.0
     score.per_category = {
         name: {"agreement": round(matches / positions, 4) if positions else 0.0,
-               "mean_accepted_tokens": round(merge(stats).mean_accepted_tokens, 4)}
+               "mean_accepted_tokens": round((merge(stats) or GenerationStats()).mean_accepted_tokens, 4)}
         for name, (matches, positions, stats) in categories.items()
     }
 
 
-def _target_along(target: Any, prompt_ids: list[int], answer: list[int]) -> Optional[Reference]:
+def _target_along(target: Any, prompt_ids: Sequence[int], answer: list[int]) -> Optional[Reference]:
     import torch
 
     if not answer:
@@ -286,7 +289,7 @@ def evaluate_draft(
     tokenizer: Any,
     target_name: str,
     draft_dir: str,
-    prompts: Sequence[EvalPrompt],
+    prompts: Sequence[Conversation],
     *,
     baseline: bool = True,
     max_new_tokens: int = DEFAULT_EVAL_TOKENS,

@@ -1,10 +1,8 @@
 """Seq-KD data: the target answers prompts through the speculative engine; one JSONL row per answer.
 
-Prompts come from a file (Spec-Bench `question.jsonl` or plain `{"prompt": ...}` rows, read by
-specdec_cli.prompts; any other file: one prompt per non-blank line) or a suite: `builtin` and `humaneval`
-(specdec_cli.prompts) or `distill`, a few hundred training prompts made here from templates and topic lists
-(chat, writing, explanations, code, arithmetic word problems, translation, summarisation), deliberately
-disjoint from the builtin benchmark suite so that a draft trained on them can be measured on it.
+Prompts are specdec_cli.prompts' (a file, or a suite: `distill`, a few hundred training prompts deliberately
+disjoint from the builtin benchmark suite so that a draft trained on them can be measured on it, `builtin` or
+`humaneval`); the first turn of each is answered.
 
 Each row (see `DataRow`) holds the prompt, its category and id, the answer text and token ids (EOS included
 when the target produced it), the prompt token ids as fed to the target, the finish reason, the sampling
@@ -22,19 +20,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ..data_rows import read_rows, read_text
+from ..data_rows import read_rows
 from ..errors import SpecdecError
+from ..prompts import Conversation
 
 DATA_FORMAT = 1
-SUITE_DISTILL = "distill"
-SUITES = (SUITE_DISTILL, "builtin", "humaneval")
-
-
-@dataclass(frozen=True)
-class PromptItem:
-    text: str
-    category: str = "prompts"
-    id: str = ""
 
 
 @dataclass
@@ -85,65 +75,6 @@ class GenerateSummary:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-# ---------------------------------------------------------------------------------------------- prompts
-
-
-def load_prompts(path: Optional[str] = None, suite: Optional[str] = None,
-                 limit: Optional[int] = None) -> list[PromptItem]:
-    """Prompts from a file or a suite (exactly one), first turns only, duplicates dropped, first `limit`."""
-    if (path is None) == (suite is None):
-        raise SpecdecError("give either --prompts FILE or --suite NAME")
-    if limit is not None and limit < 1:
-        raise SpecdecError(f"limit must be >= 1, got {limit}", setting="limit")
-    items = _suite(suite) if suite is not None else _prompt_file(str(path))
-    seen: set[str] = set()
-    unique = []
-    for item in items:
-        if item.text not in seen:
-            seen.add(item.text)
-            unique.append(item)
-    return unique[:limit] if limit is not None else unique
-
-
-def _suite(name: str) -> list[PromptItem]:
-    name = name.strip().lower()
-    if name == SUITE_DISTILL:
-        from .suite import distill_prompts
-
-        return distill_prompts()
-    if name not in SUITES:
-        raise SpecdecError(f"unknown suite {name!r}; choose one of: {', '.join(SUITES)} (or give --prompts FILE)")
-    from ..prompts import load_suite
-
-    return [_from_conversation(conversation) for conversation in load_suite(name)]
-
-
-def _from_conversation(conversation: Any) -> PromptItem:
-    category = getattr(conversation, "subcategory", "") or conversation.category
-    return PromptItem(conversation.turns[0], category, str(conversation.id))
-
-
-def _prompt_file(path: str) -> list[PromptItem]:
-    file = Path(path).expanduser()
-    if not file.exists():
-        raise SpecdecError(f"{path}: no such file")
-    if not file.is_file():
-        raise SpecdecError(f"{path}: not a file")
-    if file.suffix.lower() == ".jsonl":
-        from ..prompts import load_prompt_file
-
-        return [_from_conversation(conversation) for conversation in load_prompt_file(file)]
-    lines = [line.strip() for line in read_text(file).splitlines()]
-    items = [PromptItem(line.replace("\\n", "\n"), "prompts", str(number))
-             for number, line in enumerate(lines, start=1) if line]
-    if not items:
-        raise SpecdecError(f"{path}: no prompts (the file is empty)")
-    return items
-
-
-# ---------------------------------------------------------------------------------------------- rows
-
-
 def _repair_tail(file: Path) -> None:
     """Drop a last line without its newline (a row cut short by a crash) so appends stay one row a line."""
     if not file.exists() or file.stat().st_size == 0:
@@ -182,7 +113,7 @@ def generate_data(
     model: Any,
     tokenizer: Any,
     target_name: str,
-    prompts: Sequence[PromptItem],
+    prompts: Sequence[Conversation],
     out_path: str,
     *,
     drafter: str = "pld",
@@ -197,7 +128,7 @@ def generate_data(
     system: Optional[str] = None,
     on_progress: Optional[Callable[[GenerateProgress], None]] = None,
 ) -> GenerateSummary:
-    """Answer every prompt not yet in `out_path` and append one row per answer."""
+    """Answer the first turn of every prompt not yet in `out_path` and append one row per answer."""
     from dataclasses import replace
 
     from ..chat import format_prompt, target_info
@@ -214,7 +145,7 @@ def generate_data(
     _repair_tail(file)
     existing = read_rows(str(file), info.fingerprint, target_name, allow_empty=True, warnings=warnings)
     answered = {str(row.get("prompt")) for row in existing}
-    todo = [item for item in prompts if item.text not in answered]
+    todo = [prompt for prompt in prompts if prompt.first_turn not in answered]
     options = drafter_options or DrafterOptions(draft_max=draft_max)
     drafter_object = make_drafter(drafter, options, info)
     engine = Engine(model, tokenizer)
@@ -226,9 +157,9 @@ def generate_data(
     started = time.perf_counter()
     new_tokens = steps = 0
     committed = 0.0
-    for done, item in enumerate(todo, start=1):
+    for done, prompt in enumerate(todo, start=1):
         messages = [{"role": "system", "content": system}] if system else []
-        messages.append({"role": "user", "content": item.text})
+        messages.append({"role": "user", "content": prompt.first_turn})
         prompt_ids = format_prompt(tokenizer, messages, raw)
         if temperature > 0:
             config = replace(config, seed=seed + len(existing) + done)
@@ -236,7 +167,7 @@ def generate_data(
             drafter_object.reset()
         generation = engine.generate(prompt_ids, drafter_object, config)
         answer = tokenizer.decode(generation.tokens, skip_special_tokens=True)
-        row = DataRow(item.text, item.category, item.id, answer, [int(t) for t in generation.tokens],
+        row = DataRow(prompt.first_turn, prompt.source_category, prompt.id, answer, [int(t) for t in generation.tokens],
                       [int(t) for t in prompt_ids], generation.finish_reason, target_name, info.fingerprint,
                       float(temperature))
         append_row(file, row)

