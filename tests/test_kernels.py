@@ -119,6 +119,30 @@ def test_attention_matches_sdpa_and_each_row_equals_its_own_call(dtype):
         assert torch.equal(alone[0], out[row])
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 13])
+def test_long_contexts_span_key_blocks_and_rows_still_equal_their_own_calls(rows):
+    """Past 64 keys the kernel works in key blocks shared by a unit's heads and rows (one read of the cache per
+    block); each row must still equal its own one-row call bit for bit, tree rows with gathered keys included."""
+    generator = torch.Generator().manual_seed(8)
+    heads, kv_heads, dim, cached = 9, 3, 64, 301
+    total = cached + rows + 4
+    keys = torch.randn(kv_heads, total, dim, generator=generator)
+    values = torch.randn(kv_heads, total, dim, generator=generator)
+    query = torch.randn(rows, heads, dim, generator=generator)
+    runs = [(0, cached + row + 1) for row in range(rows)]
+    extras = [[cached + rows + 1, cached + rows + 3] if row % 2 else [] for row in range(rows)]  # tree-like rows
+    out = kernels.attention(query, keys, values, *_row_arrays(runs, extras), dim ** -0.5)
+    for row in range(rows):
+        picked = torch.tensor([*range(*runs[row]), *extras[row]])
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            query[row][:, None], keys[:, picked].repeat_interleave(3, 0), values[:, picked].repeat_interleave(3, 0),
+            scale=dim ** -0.5)[:, 0]  # [heads, dim]
+        assert torch.allclose(out[row], expected, atol=1e-5)
+        alone = kernels.attention(query[row : row + 1], keys, values, *_row_arrays([runs[row]], [extras[row]]),
+                                  dim ** -0.5)
+        assert torch.equal(alone[0], out[row])
+
+
 def test_a_tree_row_over_gathered_keys_equals_a_contiguous_row_with_the_same_keys():
     generator = torch.Generator().manual_seed(6)
     keys, values = torch.randn(2, 50, 16, generator=generator), torch.randn(2, 50, 16, generator=generator)

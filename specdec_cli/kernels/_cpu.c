@@ -492,6 +492,7 @@ typedef struct {
     float scale;
     float *out;
     long o_row, o_head;
+    long row_tile; /* AVX2 work units: 0 = one (row, head) each; else a key/value head's query heads x row_tile rows */
 } AttentionTask;
 
 static inline long key_count(const AttentionTask *t, long row)
@@ -631,27 +632,31 @@ AVX2 static inline __m256 load8_bf16(const char *base, long index)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
 }
 
-/* One (row, head) item per call, for head_dim = 8 * CHUNKS and keys/values of type TYPE (f32 or bf16): the query
- * and the output accumulators stay in registers; scores are computed four keys at a time. Key j of the row is
- * at cache position run_start + j for j < run, then extra[j - run]. */
+/* Attention for head_dim = 8 * CHUNKS and keys/values of type TYPE (f32 or bf16), in two steps over key blocks,
+ * so that the items of a unit (the query heads that share a key/value head, for a few rows) read each block of
+ * the cache once from memory and then from the L1 cache:
+ *   score_block:  scores[j] = (q . key_j) * scale for j in [j0, j1), four keys at a time;
+ *   value_block:  acc += weight_j * value_j for j in [j0, j1), acc kept in `acc_mem` between blocks.
+ * Key j of a row is at cache position run_start + j for j < run, then extra[j - run]. Each score and each
+ * accumulator lane sees the same operations in the same order whatever the blocks, the unit or the rows. */
 #define DEFINE_ATTENTION(CHUNKS, TYPE)                                                                             \
-    AVX2 static void attend_##CHUNKS##_##TYPE(const AttentionTask *t, long row, long head, float *scores)          \
+    AVX2 static void score_block_##CHUNKS##_##TYPE(const AttentionTask *t, long row, long head, float *scores,     \
+                                                   long j0, long j1)                                               \
     {                                                                                                              \
-        const long kv = head / (t->heads / t->kv_heads), keys = key_count(t, row);                                 \
+        const long kv = head / (t->heads / t->kv_heads);                                                           \
         const long run_start = t->run_start[row], run = t->run_stop[row] - run_start;                              \
         const int32_t *extra = t->extra_pos + t->extra_start[row];                                                 \
-        const long k_pos = t->k_pos, v_pos = t->v_pos;                                                             \
-        const char *k = t->k, *v = t->v;                                                                           \
-        const long k_head = kv * t->k_head, v_head = kv * t->v_head;                                               \
+        const long k_pos = t->k_pos, k_head = kv * t->k_head;                                                      \
+        const char *k = t->k;                                                                                      \
         const float *query = t->q + row * t->q_row + head * t->q_head;                                             \
-        __m256 q[CHUNKS], acc[CHUNKS], scale = _mm256_set1_ps(t->scale);                                           \
+        __m256 q[CHUNKS], scale = _mm256_set1_ps(t->scale);                                                        \
         _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++) q[c] = _mm256_loadu_ps(query + 8 * c);          \
-        for (long j = 0; j < keys; j += 4) {                                                                       \
+        for (long j = j0; j < j1; j += 4) {                                                                        \
             __m256 dots[4];                                                                                        \
             _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {                                                  \
                 dots[i] = _mm256_setzero_ps();                                                                     \
                 long key = j + i;                                                                                  \
-                if (key < keys) {                                                                                  \
+                if (key < j1) {                                                                                    \
                     long base = k_head + (key < run ? run_start + key : (long)extra[key - run]) * k_pos;           \
                     dots[i] = _mm256_mul_ps(q[0], load8_##TYPE(k, base));                                          \
                     _Pragma("GCC unroll 16") for (int c = 1; c < CHUNKS; c++)                                      \
@@ -661,18 +666,24 @@ AVX2 static inline __m256 load8_bf16(const char *base, long index)
             _mm_storeu_ps(scores + j, _mm_mul_ps(four_scores(dots[0], dots[1], dots[2], dots[3]),                  \
                                                  _mm256_castps256_ps128(scale)));                                  \
         }                                                                                                          \
-        float total = softmax_weights(scores, keys);                                                               \
-        _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++) acc[c] = _mm256_setzero_ps();                   \
-        for (long key = 0; key < keys; key++) {                                                                    \
+    }                                                                                                              \
+    AVX2 static void value_block_##CHUNKS##_##TYPE(const AttentionTask *t, long row, long head,                    \
+                                                   const float *weights, float *acc_mem, long j0, long j1)         \
+    {                                                                                                              \
+        const long kv = head / (t->heads / t->kv_heads);                                                           \
+        const long run_start = t->run_start[row], run = t->run_stop[row] - run_start;                              \
+        const int32_t *extra = t->extra_pos + t->extra_start[row];                                                 \
+        const long v_pos = t->v_pos, v_head = kv * t->v_head;                                                      \
+        const char *v = t->v;                                                                                      \
+        __m256 acc[CHUNKS];                                                                                        \
+        _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++) acc[c] = _mm256_loadu_ps(acc_mem + 8 * c);      \
+        for (long key = j0; key < j1; key++) {                                                                     \
             long base = v_head + (key < run ? run_start + key : (long)extra[key - run]) * v_pos;                   \
-            __m256 p = _mm256_broadcast_ss(scores + key);                                                          \
+            __m256 p = _mm256_broadcast_ss(weights + key);                                                         \
             _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++)                                              \
-                acc[c] = _mm256_fmadd_ps(p, load8_##TYPE(v, base + 8 * c), acc[c]);                               \
+                acc[c] = _mm256_fmadd_ps(p, load8_##TYPE(v, base + 8 * c), acc[c]);                                \
         }                                                                                                          \
-        __m256 inverse = _mm256_set1_ps(1.0f / total);                                                             \
-        float *out = t->out + row * t->o_row + head * t->o_head;                                                   \
-        _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++)                                                  \
-            _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(acc[c], inverse));                                         \
+        _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++) _mm256_storeu_ps(acc_mem + 8 * c, acc[c]);      \
     }
 DEFINE_ATTENTION(2, f32)
 DEFINE_ATTENTION(4, f32)
@@ -685,34 +696,100 @@ DEFINE_ATTENTION(8, bf16)
 DEFINE_ATTENTION(12, bf16)
 DEFINE_ATTENTION(16, bf16)
 
-typedef void (*attend_fn)(const AttentionTask *, long, long, float *);
+typedef void (*score_fn)(const AttentionTask *, long, long, float *, long, long);
+typedef void (*value_fn)(const AttentionTask *, long, long, const float *, float *, long, long);
 
-static attend_fn attention_variant(long dim, int bf16)
+#define VARIANT(CHUNKS)                                                                                            \
+    if (bf16) {                                                                                                    \
+        *score = score_block_##CHUNKS##_bf16;                                                                      \
+        *value = value_block_##CHUNKS##_bf16;                                                                      \
+    } else {                                                                                                       \
+        *score = score_block_##CHUNKS##_f32;                                                                       \
+        *value = value_block_##CHUNKS##_f32;                                                                       \
+    }
+
+static void attention_variant(long dim, int bf16, score_fn *score, value_fn *value)
 {
     switch (dim) {
-    case 16: return bf16 ? attend_2_bf16 : attend_2_f32;
-    case 32: return bf16 ? attend_4_bf16 : attend_4_f32;
-    case 64: return bf16 ? attend_8_bf16 : attend_8_f32;
-    case 96: return bf16 ? attend_12_bf16 : attend_12_f32;
-    default: return bf16 ? attend_16_bf16 : attend_16_f32;
+    case 16: VARIANT(2) break;
+    case 32: VARIANT(4) break;
+    case 64: VARIANT(8) break;
+    case 96: VARIANT(12) break;
+    default: VARIANT(16) break;
     }
 }
+#undef VARIANT
 
-/* Head dimensions of 16, 32, 64, 96 or 128 (the rest take the portable loop). */
-AVX2 static void attention_items_avx2(const void *arg, long start, long stop)
+#define KEY_BLOCK 64 /* keys per block: 64 keys x 128 dims x 4 bytes = 32 KB of keys, an L1 cache's worth */
+#define MAX_UNIT_ITEMS 64
+
+/* The items of work unit `unit`: with t->row_tile = 0 one (row, head) pair; otherwise the query heads sharing
+ * one key/value head, for a tile of t->row_tile rows. Returns the count, rows and heads in `rows`, `heads`. */
+static long unit_items(const AttentionTask *t, long unit, long *rows, long *heads)
+{
+    if (t->row_tile == 0) {
+        rows[0] = unit / t->heads;
+        heads[0] = unit % t->heads;
+        return 1;
+    }
+    long group = t->heads / t->kv_heads, tiles = (t->rows + t->row_tile - 1) / t->row_tile;
+    long kv = unit / tiles, first_row = (unit % tiles) * t->row_tile, count = 0;
+    for (long row = first_row; row < t->rows && row < first_row + t->row_tile; row++)
+        for (long head = kv * group; head < (kv + 1) * group && count < MAX_UNIT_ITEMS; head++) {
+            rows[count] = row;
+            heads[count++] = head;
+        }
+    return count;
+}
+
+AVX2 static void attention_units_avx2(const void *arg, long start, long stop)
 {
     const AttentionTask *t = arg;
-    long most = 0;
-    for (long item = start; item < stop; item++)
-        most = key_count(t, item / t->heads) > most ? key_count(t, item / t->heads) : most;
-    float *scores = malloc(sizeof(float) * (size_t)(most + 16));
+    long rows[MAX_UNIT_ITEMS], heads[MAX_UNIT_ITEMS], most = 0;
+    for (long row = 0; row < t->rows; row++)
+        most = key_count(t, row) > most ? key_count(t, row) : most;
+    long stride = most + 16; /* scores of one item, padded for the four-key groups and the softmax's tail */
+    float *scores = malloc(sizeof(float) * (size_t)(stride + t->dim) * MAX_UNIT_ITEMS);
     if (scores == NULL) {
-        fill_nan(t, start, stop);
+        for (long unit = start; unit < stop; unit++) {
+            long count = unit_items(t, unit, rows, heads);
+            for (long i = 0; i < count; i++)
+                fill_nan(t, rows[i] * t->heads + heads[i], rows[i] * t->heads + heads[i] + 1);
+        }
         return;
     }
-    attend_fn attend = attention_variant(t->dim, t->kv_bf16);
-    for (long item = start; item < stop; item++)
-        attend(t, item / t->heads, item % t->heads, scores);
+    float *acc = scores + stride * MAX_UNIT_ITEMS; /* [items][dim] */
+    score_fn score;
+    value_fn value;
+    attention_variant(t->dim, t->kv_bf16, &score, &value);
+    for (long unit = start; unit < stop; unit++) {
+        long count = unit_items(t, unit, rows, heads), longest = 0;
+        float totals[MAX_UNIT_ITEMS];
+        for (long i = 0; i < count; i++)
+            longest = key_count(t, rows[i]) > longest ? key_count(t, rows[i]) : longest;
+        for (long j0 = 0; j0 < longest; j0 += KEY_BLOCK)
+            for (long i = 0; i < count; i++) {
+                long keys = key_count(t, rows[i]);
+                if (j0 < keys)
+                    score(t, rows[i], heads[i], scores + i * stride, j0, j0 + KEY_BLOCK < keys ? j0 + KEY_BLOCK : keys);
+            }
+        for (long i = 0; i < count; i++) {
+            totals[i] = softmax_weights(scores + i * stride, key_count(t, rows[i]));
+            memset(acc + i * t->dim, 0, sizeof(float) * (size_t)t->dim);
+        }
+        for (long j0 = 0; j0 < longest; j0 += KEY_BLOCK)
+            for (long i = 0; i < count; i++) {
+                long keys = key_count(t, rows[i]);
+                if (j0 < keys)
+                    value(t, rows[i], heads[i], scores + i * stride, acc + i * t->dim, j0,
+                          j0 + KEY_BLOCK < keys ? j0 + KEY_BLOCK : keys);
+            }
+        for (long i = 0; i < count; i++) {
+            float inverse = 1.0f / totals[i], *out = t->out + rows[i] * t->o_row + heads[i] * t->o_head;
+            for (long d = 0; d < t->dim; d++)
+                out[d] = acc[i * t->dim + d] * inverse;
+        }
+    }
     free(scores);
 }
 
@@ -910,12 +987,19 @@ static PyObject *py_attention(PyObject *self, PyObject *args)
     t = (AttentionTask){rows, heads, kv_heads, dim, (const float *)q, q_row, q_head, (const char *)k,
                         (const char *)v, kv_bf16, k_head, k_pos, v_head, v_pos, (const int32_t *)run_start,
                         (const int32_t *)run_stop, (const int32_t *)extra_start, (const int32_t *)extra_pos, (float)scale, (float *)out, o_row,
-                        o_head};
+                        o_head, 0};
     Py_BEGIN_ALLOW_THREADS
 #if HAVE_X86
-    if (use_avx2 && avx2_attention_dim(dim))
-        run_parallel(attention_items_avx2, &t, rows * heads);
-    else
+    if (use_avx2 && avx2_attention_dim(dim)) {
+        /* One row: its heads as units, for the threads' balance. Several rows: a unit is one key/value head's
+         * query heads for a tile of rows (at least two units per kv head), which then share each key block. */
+        long group = heads / kv_heads;
+        t.row_tile = rows == 1 || group > MAX_UNIT_ITEMS ? 0 : rows / 2 < 1 ? 1 : rows / 2;
+        while (t.row_tile > 1 && (t.row_tile > 4 || t.row_tile * group > MAX_UNIT_ITEMS))
+            t.row_tile--;
+        long units = t.row_tile == 0 ? rows * heads : kv_heads * ((rows + t.row_tile - 1) / t.row_tile);
+        run_parallel(attention_units_avx2, &t, units);
+    } else
 #endif
         run_parallel(attention_items_portable, &t, rows * heads);
     Py_END_ALLOW_THREADS
