@@ -17,6 +17,7 @@ from typing import Any, Optional
 LLAMA_CPP = "llama.cpp"
 LLAMA_CPP_PLD = "llama.cpp-pld"
 PLD_TOKENS = 10
+BATCH_TOKENS = 4096  # prompt tokens llama.cpp takes in one batch (the longest prompt it is given)
 INSTALL = "pip install llama-cpp-python (builds llama.cpp from source: 10+ minutes on 2 cores)"
 
 
@@ -47,15 +48,17 @@ class LlamaCpp:
                 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
                 extra["draft_model"] = LlamaPromptLookupDecoding(num_pred_tokens=PLD_TOKENS)
+            # n_batch: llama-cpp-python's prompt lookup fails on a prompt longer than one batch (its default, 512).
             self._llm = llama_cpp.Llama(model_path=self.gguf_path, n_threads=self.threads,
-                                        n_threads_batch=self.threads, n_ctx=0, verbose=False, **extra)
+                                        n_threads_batch=self.threads, n_ctx=0, n_batch=BATCH_TOKENS, verbose=False,
+                                        **extra)
         return self._llm
 
     def generate(self, prompt_ids: list[int], config: Any) -> tuple:
         """-> (tokens, seconds, ttft, finish_reason, None), timed like the engine's generations."""
         llm = self._model()
-        if len(prompt_ids) + config.max_new_tokens > llm.n_ctx():
-            raise ValueError(f"llama.cpp's context ({llm.n_ctx()}) is too short for this prompt")
+        if len(prompt_ids) + config.max_new_tokens > llm.n_ctx() or len(prompt_ids) > BATCH_TOKENS:
+            raise ValueError(f"llama.cpp's context ({min(llm.n_ctx(), BATCH_TOKENS)}) is too short for this prompt")
         eos = set(config.eos_token_ids)
         sampling = ({"temp": 0.0, "top_k": 1} if config.greedy else
                     {"temp": config.temperature, "top_k": 0, "top_p": 1.0, "min_p": 0.0})
