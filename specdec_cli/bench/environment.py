@@ -25,11 +25,14 @@ def environment(model_name: str, device: str, dtype: Any, started: Optional[date
         gpu = torch.cuda.get_device_name(torch.cuda.current_device())
         if torch.cuda.device_count() > 1:
             gpu = f"{gpu} (x{torch.cuda.device_count()})"
+    from .. import kernels
+
     return {
         "cpu": cpu_model(),
         "cpu_cores": os.cpu_count(),
         "usable_cores": usable_cores(),
         "torch_threads": torch.get_num_threads(),
+        "kernel_threads": kernels.threads() if kernels.available() else None,  # specdec's C kernels (block weights)
         "gpu": gpu,
         "platform": platform.platform(),
         "python": platform.python_version(),

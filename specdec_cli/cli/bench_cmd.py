@@ -115,6 +115,8 @@ def bench(
     document = report.as_json()
     document["environment"]["dtype_choice"] = loaded.dtype_reason
     document["environment"]["weights"] = loaded.weights_reason
+    if loaded.weights == "dense":  # the kernel threads matter only where the kernels compute the target
+        document["environment"]["kernel_threads"] = None
 
     if json_path:
         write_json(document, json_path)
@@ -174,7 +176,9 @@ def header_lines(document: dict) -> list[str]:
         cores += f" ({env['usable_cores']} usable)"
     mode = "greedy" if settings["greedy"] else f"sampling, temperature {settings['temperature']}"
     return [
-        f"Machine: {env['cpu']} · {cores} · torch threads {env['torch_threads']} · GPU: {env['gpu'] or 'none'}",
+        f"Machine: {env['cpu']} · {cores} · torch threads {env['torch_threads']}"
+        + (f" · kernel threads {env['kernel_threads']}" if env.get("kernel_threads") else "")
+        + f" · GPU: {env['gpu'] or 'none'}",
         f"Software: torch {env['torch']} · transformers {env['transformers']} · specdec {env['specdec']} · "
         f"Python {env['python']}",
         f"Model: {env['model']} · {env['dtype']} · {env['device']} · {mode} · max {settings['max_new_tokens']} "
