@@ -16,7 +16,9 @@ where it differs, so a wrong pairing costs speed only.
 
 Settings reach the class through the environment (vLLM passes only its own config, and its engine runs in a
 child process that inherits the environment): `SPECDEC_VLLM_DRAFTER` holds a JSON object,
-`{"drafter": "sam", "index": "FILE", "memory": "DIR"}` (`specdec serve` writes it; all keys optional). The
+`{"drafter": "sam", "index": "FILE", "memory": "DIR", "min_match": 3}` (`specdec serve` writes it; all keys
+optional). vLLM verifies every drafted token (specdec's own engine trims drafts by their expected payoff), so
+only continuations of matches of at least `min_match` tokens are drafted. The
 drafters: `sam` (the per-request suffix automaton, a static `--index`, the answer memory read-only),
 `sam+pld`, `sam+none` and `pld`; chains only (vLLM verifies chains). The classes to name in
 `speculative_config={"method": "custom_class", "model": ...}` are `specdec_cli.vllm_proposer.SamProposer` and
@@ -46,6 +48,7 @@ VLLM_DRAFTERS = ("sam", "sam+pld", "sam+none", "pld")  # chains: what vLLM verif
 TAIL_TOKENS = 16  # a sequence is filed under a hash of its last tokens (and its length)
 IDLE_STEPS = 64  # a drafter unused for this many steps belongs to a finished request
 MAX_SEQUENCES = 4096  # at most this many drafters are kept
+MIN_MATCH = 3  # shortest match whose continuation is drafted (vLLM verifies every drafted token)
 
 
 @dataclass
@@ -55,6 +58,7 @@ class ProposerSettings:
     drafter: str = "sam"
     index: Optional[str] = None
     memory: Optional[str] = None
+    min_match: int = MIN_MATCH  # draft only a continuation of a match this long (no planner trims drafts in vLLM)
 
     @staticmethod
     def from_environment(default_drafter: str) -> "ProposerSettings":
@@ -65,15 +69,17 @@ class ProposerSettings:
             values = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise SpecdecError(f"{SETTINGS_ENV} is not valid JSON ({exc.msg})") from None
-        if not isinstance(values, dict) or set(values) - {"drafter", "index", "memory"}:
-            raise SpecdecError(f"{SETTINGS_ENV} must be a JSON object with drafter, index and memory keys")
+        if not isinstance(values, dict) or set(values) - {"drafter", "index", "memory", "min_match"}:
+            raise SpecdecError(f"{SETTINGS_ENV} must be a JSON object with drafter, index, memory and min_match keys")
         return ProposerSettings(drafter=str(values.get("drafter") or default_drafter), index=values.get("index"),
-                                memory=values.get("memory"))
+                                memory=values.get("memory"), min_match=int(values.get("min_match", MIN_MATCH)))
 
     def check(self) -> None:
         if self.drafter not in VLLM_DRAFTERS:
             raise SpecdecError(f"drafter {self.drafter}: in vLLM specdec drafts with one of {', '.join(VLLM_DRAFTERS)}"
                                " (vLLM verifies chains)", setting="drafter")
+        if self.min_match < 1:
+            raise SpecdecError(f"min_match must be >= 1, got {self.min_match}", setting="min_match")
         if self.index and split_hybrid(self.drafter)[0] != "sam":
             raise SpecdecError("--index is for the sam drafter", setting="index")
 
@@ -216,7 +222,8 @@ class SpecdecProposer:
             tokens = token_ids_cpu[row, :length]  # [length]: the request's tokens, the newest included
             seq = self.tracker.find(row, tokens, taken)
             draft = seq.drafter.propose([int(token) for token in tokens], budget)
-            drafts.append(list(draft.tokens[:budget]) if draft.is_chain else [])
+            useful = draft.is_chain and (draft.match_len >= self.settings.min_match or not draft.match_len)
+            drafts.append(list(draft.tokens[:budget]) if useful else [])
         elapsed = time.perf_counter() - started
         self.tracker.stats.draft_seconds += elapsed
         if len(self.tracker.stats.per_step_seconds) < 100_000:

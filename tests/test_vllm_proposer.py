@@ -100,3 +100,12 @@ def test_settings_come_from_the_environment_and_are_checked(monkeypatch):
     with pytest.raises(SpecdecError, match="sam drafter"):
         ProposerSettings(drafter="pld", index="x.sam").check()
     assert proposer_path("pld") == "specdec_cli.vllm_proposer.PldProposer"
+
+
+def test_short_matches_are_not_drafted_in_vllm():
+    """vLLM verifies every drafted token: a one-token match's continuation is not worth a verified row there."""
+    text = [5, 6, 7, 8, 9, 5]  # the newest token matches once, one token long
+    assert proposer().propose(*batch([text])) == [[]]
+    loose = SamProposer(None, settings=ProposerSettings(drafter="sam", min_match=1), target=TARGET,
+                        num_speculative_tokens=4)
+    assert loose.propose(*batch([text]))[0][:1] == [6]
