@@ -8,3 +8,8 @@ DEFAULT_DRAFTER = "sam"  # chat's drafter
 DEFAULT_AUX = "aded"  # sam's auxiliary drafter when nothing matches (why: docs/measurements.md)
 DEFAULT_BUDGET = 8  # the engine's per-step draft budget (tokens of a chain, nodes of a tree) without --draft-max
 DEFAULT_MAX_NEW_TOKENS = 256  # chat's answer length
+
+# vLLM (vllm_proposer.py, serve.py): the drafters its custom_class proposers run (vLLM verifies chains), and the
+# shortest match whose continuation they draft (vLLM verifies every drafted token; nothing trims drafts there)
+VLLM_DRAFTERS = ("sam", "sam+pld", "sam+none", "pld")
+VLLM_MIN_MATCH = 3

@@ -39,16 +39,16 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from .defaults import VLLM_DRAFTERS, VLLM_MIN_MATCH
 from .drafters import DrafterOptions, TargetInfo, make_drafter, split_hybrid
 from .drafters.base import Drafter
 from .errors import SpecdecError
 
 SETTINGS_ENV = "SPECDEC_VLLM_DRAFTER"
-VLLM_DRAFTERS = ("sam", "sam+pld", "sam+none", "pld")  # chains: what vLLM verifies
 TAIL_TOKENS = 16  # a sequence is filed under a hash of its last tokens (and its length)
 IDLE_STEPS = 64  # a drafter unused for this many steps belongs to a finished request
 MAX_SEQUENCES = 4096  # at most this many drafters are kept
-MIN_MATCH = 3  # shortest match whose continuation is drafted (vLLM verifies every drafted token)
+MIN_MATCH = VLLM_MIN_MATCH
 
 
 @dataclass

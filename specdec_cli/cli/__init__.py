@@ -29,7 +29,7 @@ def _root() -> None:
 
 
 # Each module registers its command(s) on `app` when imported.
-from . import bench_cmd, chat_cmd, distill_cmd, index_cmd, memory_cmd  # noqa: E402,F401
+from . import bench_cmd, chat_cmd, distill_cmd, index_cmd, memory_cmd, serve_cmd  # noqa: E402,F401
 
 
 def _debug() -> bool:

@@ -1,0 +1,147 @@
+"""`specdec serve`: vLLM's OpenAI-compatible server on a target, with one of specdec's drafters as its proposer.
+
+What it does: checks the settings, resolves the target to a model directory vLLM can load (a GGUF is
+converted once, as for every command), and runs `python -m vllm.entrypoints.openai.api_server` with the same
+interpreter: `--speculative-config` names specdec's proposer class (vllm_proposer.py) and the environment
+variable SPECDEC_VLLM_DRAFTER carries its settings into vLLM's engine process. Ctrl-C or SIGTERM is passed on
+to the server, which shuts down; after a grace period it is killed.
+
+What it does not do: run vLLM in this process, or install it (`make install-vllm` does: vLLM's CPU build pins
+its own transformers, so it gets its own virtual environment). `--drafter none` serves without speculation.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from .defaults import DEFAULT_TARGET
+from .errors import SpecdecError
+from .vllm_proposer import MIN_MATCH, SETTINGS_ENV, VLLM_DRAFTERS, proposer_path
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+GRACE_SECONDS = 30  # how long a stopping server may take before it is killed
+CPU_MEMORY_FRACTION = 0.3  # vLLM's CPU build sizes its KV cache from this share of the machine's memory
+INSTALL_HINT = "vLLM is not installed in this environment: run `make install-vllm`, then `.venv-vllm/bin/specdec serve`"
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    target: str = DEFAULT_TARGET
+    drafter: str = "sam"  # one of VLLM_DRAFTERS, or "none" for no speculation
+    index: Optional[str] = None
+    draft_max: int = 8  # vLLM's num_speculative_tokens
+    min_match: int = MIN_MATCH
+    dtype: str = "auto"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_model_len: Optional[int] = None
+    memory_fraction: Optional[float] = None  # vLLM's --gpu-memory-utilization (None: 0.3 on a CPU build)
+    extra_args: tuple[str, ...] = ()  # passed to vLLM's server as they are
+
+    def check(self) -> None:
+        if self.drafter != "none" and self.drafter not in VLLM_DRAFTERS:
+            raise SpecdecError(f"drafter {self.drafter}: `specdec serve` drafts with none, {', '.join(VLLM_DRAFTERS)} "
+                               "(vLLM verifies chains)", setting="drafter")
+        if self.index:
+            if not self.drafter.startswith("sam"):
+                raise SpecdecError("--index is for the sam drafter", setting="index")
+            from .sam.index import read_index_info
+
+            read_index_info(self.index)
+        if self.draft_max < 1:
+            raise SpecdecError(f"draft_max must be >= 1, got {self.draft_max}", setting="draft_max")
+        if self.min_match < 1:
+            raise SpecdecError(f"min_match must be >= 1, got {self.min_match}", setting="min_match")
+        if not 1 <= self.port <= 65535:
+            raise SpecdecError(f"port must be in 1..65535, got {self.port}", setting="port")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise SpecdecError(f"dtype {self.dtype}: choose auto, float32, bfloat16 or float16", setting="dtype")
+        if self.max_model_len is not None and self.max_model_len < 16:
+            raise SpecdecError(f"max_model_len must be >= 16, got {self.max_model_len}", setting="max_model_len")
+        if self.memory_fraction is not None and not 0 < self.memory_fraction <= 1:
+            raise SpecdecError(f"memory fraction must be in (0, 1], got {self.memory_fraction}",
+                               setting="memory_fraction")
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def server_command(settings: ServeSettings, model_dir: str, served_name: str,
+                   cpu_build: bool) -> tuple[list[str], dict[str, str]]:
+    """The server's argv and the environment entries it needs (the proposer's settings)."""
+    argv = [sys.executable, "-m", SERVER_MODULE, "--model", model_dir, "--served-model-name", served_name,
+            "--dtype", settings.dtype, "--host", settings.host, "--port", str(settings.port)]
+    fraction = settings.memory_fraction if settings.memory_fraction is not None else (
+        CPU_MEMORY_FRACTION if cpu_build else None)
+    if fraction is not None:
+        argv += ["--gpu-memory-utilization", str(fraction)]
+    if settings.max_model_len is not None:
+        argv += ["--max-model-len", str(settings.max_model_len)]
+    env: dict[str, str] = {}
+    if settings.drafter != "none":
+        speculative = {"method": "custom_class", "model": proposer_path(settings.drafter),
+                       "num_speculative_tokens": settings.draft_max}
+        argv += ["--speculative-config", json.dumps(speculative)]
+        proposer: dict = {"drafter": settings.drafter, "min_match": settings.min_match}
+        if settings.index:
+            proposer["index"] = os.path.abspath(os.path.expanduser(settings.index))
+        env[SETTINGS_ENV] = json.dumps(proposer)
+    return argv + list(settings.extra_args), env
+
+
+def serve(settings: ServeSettings, on_status: Optional[Callable[[str], None]] = None,
+          run: Callable[[Sequence[str], dict[str, str]], int] | None = None) -> int:
+    """Check, resolve the target, run the server until it stops; its exit status (130/143 after Ctrl-C/SIGTERM)."""
+    settings.check()
+    if run is None and not vllm_installed():
+        raise SpecdecError(INSTALL_HINT)
+    from .models import model_location, resolve_target
+
+    source = resolve_target(settings.target)
+    model_dir = model_location(source, on_status)
+    argv, env = server_command(settings, model_dir, source.name, cpu_build=_cpu_build())
+    return (run or _run_server)(argv, env)
+
+
+def _cpu_build() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def _run_server(argv: Sequence[str], env: dict[str, str]) -> int:
+    """Run the server in the foreground; pass Ctrl-C and SIGTERM on to it and wait for it to stop."""
+    child = subprocess.Popen(list(argv), env={**os.environ, **env})
+    received: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        received.append(signum)
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            code = child.wait()
+        except subprocess.TimeoutExpired:  # pragma: no cover - wait() without a timeout does not raise it
+            code = 1
+        if received:
+            return 130 if received[0] == signal.SIGINT else 143
+        return code
+    finally:
+        if child.poll() is None:
+            try:
+                child.wait(timeout=GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
