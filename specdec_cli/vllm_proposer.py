@@ -221,7 +221,7 @@ class SpecdecProposer:
                 continue
             tokens = token_ids_cpu[row, :length]  # [length]: the request's tokens, the newest included
             seq = self.tracker.find(row, tokens, taken)
-            draft = seq.drafter.propose([int(token) for token in tokens], budget)
+            draft = seq.drafter.propose(tokens.tolist(), budget)
             useful = draft.is_chain and (draft.match_len >= self.settings.min_match or not draft.match_len)
             drafts.append(list(draft.tokens[:budget]) if useful else [])
         elapsed = time.perf_counter() - started
