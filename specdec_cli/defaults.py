@@ -13,3 +13,6 @@ DEFAULT_MAX_NEW_TOKENS = 256  # chat's answer length
 # shortest match whose continuation they draft (vLLM verifies every drafted token; nothing trims drafts there)
 VLLM_DRAFTERS = ("sam", "sam+pld", "sam+none", "pld")
 VLLM_MIN_MATCH = 3
+
+# distill's answer generation: prompts answered together per forward (distill/batched.py; why: docs/measurements.md)
+DEFAULT_BATCH_PROMPTS = 16

@@ -61,6 +61,21 @@ EVAL_MAX_NEW_TOKENS = 96
 # ---------------------------------------------------------------------------------------------- commands
 
 
+def check_batch_prompts(batch_prompts: Optional[int], temperature: float) -> int:
+    """Before the model loads: the prompts answered per forward (a batch is answered greedily)."""
+    from ..defaults import DEFAULT_BATCH_PROMPTS
+    from ..errors import SpecdecError
+
+    if batch_prompts is None:
+        return 1 if temperature > 0 else DEFAULT_BATCH_PROMPTS
+    if batch_prompts < 1:
+        raise SpecdecError(f"batch_prompts must be >= 1, got {batch_prompts}", setting="batch_prompts")
+    if batch_prompts > 1 and temperature > 0:
+        raise SpecdecError("batched answers are greedy: use --batch-prompts 1 to sample with --temperature",
+                           setting="batch_prompts")
+    return batch_prompts
+
+
 @distill_app.callback()
 def distill(
     ctx: typer.Context,
@@ -72,7 +87,9 @@ def distill(
     limit: Optional[int] = options.limit(),
     max_prompts: Optional[int] = options.max_prompts(default_note=f"{StudentStages.pipeline_prompts}; {HeadStages.pipeline_prompts} with --kind eagle"),
     max_new_tokens: int = options.max_new_tokens(PIPELINE_MAX_NEW_TOKENS),
-    drafter: str = options.drafter("pld", purpose="Drafter that speeds up answering the training prompts: "),
+    drafter: str = options.drafter("pld", purpose="With --batch-prompts 1: the drafter that speeds up answering the "
+                                   "training prompts: "),
+    batch_prompts: Optional[int] = options.batch_prompts(),
     layers: int = options.layers(),
     epochs: float = options.epochs(PIPELINE_EPOCHS),
     steps: Optional[int] = options.steps(),
@@ -102,6 +119,7 @@ def distill(
     head_config = EagleTrainConfig(epochs=epochs, steps=steps, lr=lr, seed=seed,
                                    head_vocab=DEFAULT_HEAD_VOCAB if draft_vocab == DEFAULT_DRAFT_VOCAB else draft_vocab)
     stages = stages_of(kind, config, head_config, tuple(corpus or ()))
+    batch_prompts = check_batch_prompts(batch_prompts, 0.0)
     config.check()  # the student's flags, whatever the kind
     stages.config.check()
     train_items = load_prompts(prompts, None if prompts else (suite or "distill"), first_turns=True, limit=limit,
@@ -115,7 +133,8 @@ def distill(
     data_file = data or str(out_dir.parent / f"{out_dir.name}.data.jsonl")
     err_console().print(f"[bold]1/3[/bold] Answering {len(train_items)} prompts with the target -> {data_file}")
     run_generate(loaded, spec, train_items, data_file, drafter=drafter, draft_max=None, index=None, draft_model=None,
-                 max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0, top_k=0, seed=seed, system=None, raw=False)
+                 max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0, top_k=0, seed=seed, system=None, raw=False,
+                 batch_prompts=batch_prompts)
     err_console().print(f"[bold]2/3[/bold] Training {stages.title} -> {out_dir}")
     stages.train(loaded, spec, data_file, str(out_dir), checkpoint_dir=None, resume=resume)
     chosen, source = evaluation_items(eval_prompts, eval_suite, eval_max_prompts)
@@ -142,7 +161,8 @@ def generate(
     top_p: float = options.top_p(),
     top_k: int = options.top_k(),
     seed: int = options.seed(0, note=" for sampling"),
-    drafter: str = options.drafter("pld", purpose="Drafter that speeds up answering: "),
+    drafter: str = options.drafter("pld", purpose="With --batch-prompts 1: the drafter that speeds up answering: "),
+    batch_prompts: Optional[int] = options.batch_prompts(),
     draft_max: Optional[int] = options.draft_max(),
     index: Optional[str] = options.index(),
     draft_model: Optional[str] = options.draft_model(),
@@ -163,12 +183,13 @@ def generate(
     check_drafter(drafter)
     check_drafter_options(drafter, DrafterOptions(draft_max=draft_max, index=index, draft_model=draft_model))
     GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k).check()
+    batch_prompts = check_batch_prompts(batch_prompts, temperature)
     check_output_file(output, "output")
     items = load_prompts(prompts, suite, limit=limit, max_prompts=max_prompts, first_turns=True)
     loaded = load_target(target, device, dtype)
     run_generate(loaded, target_spec(target), items, output, drafter=drafter, draft_max=draft_max, index=index,
                  draft_model=draft_model, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                 top_k=top_k, seed=seed, system=system, raw=raw)
+                 top_k=top_k, seed=seed, system=system, raw=raw, batch_prompts=batch_prompts)
 
 
 @distill_app.command("train")

@@ -52,7 +52,7 @@ def check_data(loaded: Any, target_spec: str, data: str, allow_empty: bool) -> N
 
 def run_generate(loaded: Any, target_spec: str, prompts: list, data: str, *, drafter: str, draft_max: Optional[int],
                  index: Optional[str], draft_model: Optional[str], max_new_tokens: int, temperature: float,
-                 top_p: float, top_k: int, seed: int, system: Optional[str], raw: bool) -> Any:
+                 top_p: float, top_k: int, seed: int, system: Optional[str], raw: bool, batch_prompts: int = 1) -> Any:
     from ..distill.generate import generate_data
     from ..drafters import DrafterOptions
 
@@ -70,6 +70,7 @@ def run_generate(loaded: Any, target_spec: str, prompts: list, data: str, *, dra
                 loaded.model, loaded.tokenizer, target_spec, prompts, data, drafter=drafter,
                 drafter_options=options, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                 top_k=top_k, seed=seed, draft_max=draft_max, raw=raw, system=system, on_progress=on_progress,
+                batch_size=batch_prompts,
             )
         progress.update(task, total=max(1, summary.written), completed=max(1, summary.written))
     for warning in summary.warnings:

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import typer
 
-from ..defaults import DEFAULT_AUX, DEFAULT_BUDGET, DEFAULT_TARGET
+from ..defaults import DEFAULT_AUX, DEFAULT_BATCH_PROMPTS, DEFAULT_BUDGET, DEFAULT_TARGET
 from ..distill.eagle_train import DEFAULT_HEAD_VOCAB
 from ..distill.loss import KD_LOSSES
 from ..distill.student import DEFAULT_DRAFT_VOCAB
@@ -196,6 +196,13 @@ def kd_loss() -> Any:
 def draft_vocab() -> Any:
     return typer.Option(DEFAULT_DRAFT_VOCAB, "--draft-vocab", help="Tokens the draft's head predicts (0 = all; an "
                         f"EAGLE head's own default: {DEFAULT_HEAD_VOCAB}).")
+
+
+def batch_prompts() -> Any:
+    """--batch-prompts: how many prompts `distill` answers per forward (1 = one by one, speculatively)."""
+    return typer.Option(None, "--batch-prompts", help="Prompts answered together, greedily, one forward per token "
+                        "for all of them; 1 = one by one through the speculative engine with --drafter, as sampling "
+                        f"needs (default: {DEFAULT_BATCH_PROMPTS}, or 1 with --temperature > 0).")
 
 
 def resume() -> Any:

@@ -127,16 +127,24 @@ def generate_data(
     raw: bool = False,
     system: Optional[str] = None,
     on_progress: Optional[Callable[[GenerateProgress], None]] = None,
+    batch_size: int = 1,
 ) -> GenerateSummary:
-    """Answer the first turn of every prompt not yet in `out_path` and append one row per answer."""
+    """Answer the first turn of every prompt not yet in `out_path` and append one row per answer: one by one
+    through the speculative engine (`batch_size` 1, greedy or sampled), or greedily `batch_size` prompts per
+    forward (batched.py)."""
     from dataclasses import replace
 
-    from ..chat import format_prompt, target_info
+    from ..chat import target_info
     from ..drafters import DrafterOptions, make_drafter
     from ..engine import Engine, GenerationConfig
 
     if not prompts:
         raise SpecdecError("no prompts to answer")
+    if batch_size < 1:
+        raise SpecdecError(f"batch_prompts must be >= 1, got {batch_size}", setting="batch_prompts")
+    if batch_size > 1 and temperature > 0:
+        raise SpecdecError("batched answers are greedy: use --batch-prompts 1 to sample with --temperature",
+                           setting="batch_prompts")
     from ..files import check_output_file
 
     file = check_output_file(out_path, "output")  # the folder must exist, as for every command's outputs
@@ -157,10 +165,12 @@ def generate_data(
     started = time.perf_counter()
     new_tokens = steps = 0
     committed = 0.0
+    if batch_size > 1:
+        return _generate_batched(model, tokenizer, target_name, todo, file, existing, info, warnings, prompts,
+                                 max_new_tokens=max_new_tokens, raw=raw, system=system, batch_size=batch_size,
+                                 on_progress=on_progress)
     for done, prompt in enumerate(todo, start=1):
-        messages = [{"role": "system", "content": system}] if system else []
-        messages.append({"role": "user", "content": prompt.first_turn})
-        prompt_ids = format_prompt(tokenizer, messages, raw)
+        prompt_ids = _prompt_ids(tokenizer, prompt, raw, system)
         if temperature > 0:
             config = replace(config, seed=seed + len(existing) + done)
         if hasattr(drafter_object, "reset"):
@@ -179,3 +189,40 @@ def generate_data(
                                          committed / steps if steps else 0.0, row))
     return GenerateSummary(str(file), len(todo), len(prompts) - len(todo), len(existing) + len(todo), new_tokens,
                            time.perf_counter() - started, committed / steps if steps else 0.0, warnings)
+
+
+def _prompt_ids(tokenizer: Any, prompt: Conversation, raw: bool, system: Optional[str]) -> list[int]:
+    from ..chat import format_prompt
+
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": prompt.first_turn})
+    return format_prompt(tokenizer, messages, raw)
+
+
+def _generate_batched(model: Any, tokenizer: Any, target_name: str, todo: list[Conversation], file: Path,
+                      existing: list[dict], info: Any, warnings: list[str], prompts: Sequence[Conversation], *,
+                      max_new_tokens: int, raw: bool, system: Optional[str], batch_size: int,
+                      on_progress: Optional[Callable[[GenerateProgress], None]]) -> GenerateSummary:
+    """generate_data's batched path: greedy answers, a row appended for each as its batch finishes."""
+    from .batched import BatchAnswer, greedy_batches
+
+    prompt_ids = [_prompt_ids(tokenizer, prompt, raw, system) for prompt in todo]
+    started = time.perf_counter()
+    written: list[int] = [0, 0]  # rows, tokens
+
+    def write(answer: BatchAnswer) -> None:
+        prompt = todo[answer.index]
+        text = tokenizer.decode(answer.tokens, skip_special_tokens=True)
+        row = DataRow(prompt.first_turn, prompt.source_category, prompt.id, text, list(answer.tokens),
+                      list(prompt_ids[answer.index]), answer.finish_reason, target_name, info.fingerprint, 0.0)
+        append_row(file, row)
+        written[0] += 1
+        written[1] += len(answer.tokens)
+        if on_progress is not None:
+            on_progress(GenerateProgress(written[0], len(todo), written[1], time.perf_counter() - started, 1.0, row))
+
+    if todo:
+        greedy_batches(model, prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=info.eos_token_ids,
+                       batch_size=batch_size, on_answer=write)
+    return GenerateSummary(str(file), len(todo), len(prompts) - len(todo), len(existing) + len(todo), written[1],
+                           time.perf_counter() - started, 1.0, warnings)
