@@ -15,4 +15,4 @@ VLLM_DRAFTERS = ("sam", "sam+pld", "sam+none", "pld")
 VLLM_MIN_MATCH = 3
 
 # distill's answer generation: prompts answered together per forward (distill/batched.py; why: docs/measurements.md)
-DEFAULT_BATCH_PROMPTS = 16
+DEFAULT_BATCH_PROMPTS = 32

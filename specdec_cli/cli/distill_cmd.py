@@ -61,13 +61,13 @@ EVAL_MAX_NEW_TOKENS = 96
 # ---------------------------------------------------------------------------------------------- commands
 
 
-def check_batch_prompts(batch_prompts: Optional[int], temperature: float) -> int:
-    """Before the model loads: the prompts answered per forward (a batch is answered greedily)."""
-    from ..defaults import DEFAULT_BATCH_PROMPTS
+def check_batch_prompts(batch_prompts: Optional[int], temperature: float) -> Optional[int]:
+    """Before the model loads: the prompts answered per forward (a batch is answered greedily); None = chosen by
+    the target's weights once it is loaded (distill_stages.run_generate)."""
     from ..errors import SpecdecError
 
     if batch_prompts is None:
-        return 1 if temperature > 0 else DEFAULT_BATCH_PROMPTS
+        return 1 if temperature > 0 else None
     if batch_prompts < 1:
         raise SpecdecError(f"batch_prompts must be >= 1, got {batch_prompts}", setting="batch_prompts")
     if batch_prompts > 1 and temperature > 0:

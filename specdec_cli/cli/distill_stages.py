@@ -52,11 +52,15 @@ def check_data(loaded: Any, target_spec: str, data: str, allow_empty: bool) -> N
 
 def run_generate(loaded: Any, target_spec: str, prompts: list, data: str, *, drafter: str, draft_max: Optional[int],
                  index: Optional[str], draft_model: Optional[str], max_new_tokens: int, temperature: float,
-                 top_p: float, top_k: int, seed: int, system: Optional[str], raw: bool, batch_prompts: int = 1) -> Any:
+                 top_p: float, top_k: int, seed: int, system: Optional[str], raw: bool,
+                 batch_prompts: Optional[int] = 1) -> Any:
+    from ..defaults import DEFAULT_BATCH_PROMPTS
     from ..distill.generate import generate_data
     from ..drafters import DrafterOptions
 
     check_data(loaded, target_spec, data, allow_empty=True)  # before any progress display
+    if batch_prompts is None:  # block weights: one by one, exact and as fast (docs/measurements.md)
+        batch_prompts = DEFAULT_BATCH_PROMPTS if loaded.weights == "dense" else 1
     options = DrafterOptions(draft_max=draft_max, index=index, draft_model=draft_model)
     with progress_bars("info") as progress:
         task = progress.add_task("Generating", total=len(prompts), info="")

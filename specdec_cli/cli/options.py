@@ -202,7 +202,8 @@ def batch_prompts() -> Any:
     """--batch-prompts: how many prompts `distill` answers per forward (1 = one by one, speculatively)."""
     return typer.Option(None, "--batch-prompts", help="Prompts answered together, greedily, one forward per token "
                         "for all of them; 1 = one by one through the speculative engine with --drafter, as sampling "
-                        f"needs (default: {DEFAULT_BATCH_PROMPTS}, or 1 with --temperature > 0).")
+                        f"needs (default: {DEFAULT_BATCH_PROMPTS} for dense weights; 1 for block weights, whose "
+                        "kernels gain nothing from batches, and with --temperature > 0).")
 
 
 def resume() -> Any:
