@@ -141,10 +141,17 @@ def build_index_command(
     with Progress(*columns, console=status, transient=True, disable=not live) as progress:
         task = progress.add_task("Tokenising", tokens=0, documents=0, rate=0.0)
         started = time.perf_counter()
+        drawn = [0.0]  # when the display was last redrawn from here
 
         def on_progress(tokens_done: int, documents_done: int) -> None:
-            rate = tokens_done / max(time.perf_counter() - started, 1e-9)
-            progress.update(task, tokens=tokens_done, documents=documents_done, rate=rate)
+            now = time.perf_counter()
+            rate = tokens_done / max(now - started, 1e-9)
+            # redrawn from the caller too (at most 10 times a second): on a busy machine the display's own
+            # refresh thread can starve while the tokenizer holds the interpreter
+            redraw = now - drawn[0] >= 0.1
+            if redraw:
+                drawn[0] = now
+            progress.update(task, tokens=tokens_done, documents=documents_done, rate=rate, refresh=redraw)
 
         def on_phase(phase: str) -> None:
             progress.update(task, description=phase)
