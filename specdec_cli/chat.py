@@ -37,12 +37,9 @@ def format_prompt(tokenizer: Any, messages: list[dict], raw: bool = False) -> li
 
 def target_info(model: Any, tokenizer: Any) -> TargetInfo:
     from .fingerprint import tokenizer_fingerprint
+    from .models import eos_token_ids
 
-    eos: list[int] = []
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for value in (configured if isinstance(configured, list) else [configured]) + [tokenizer.eos_token_id]:
-        if value is not None and value not in eos:
-            eos.append(int(value))
+    eos = eos_token_ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer)
     vocab = max(len(tokenizer), int(getattr(model.config, "vocab_size", 0) or 0))
     device = str(next(model.parameters()).device)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None

@@ -16,3 +16,4 @@ VLLM_MIN_MATCH = 3
 
 # distill's answer generation: prompts answered together per forward (distill/batched.py; why: docs/measurements.md)
 DEFAULT_BATCH_PROMPTS = 32
+DEFAULT_VLLM_CONCURRENCY = 64  # ... and requests in flight when vLLM answers them (vllm_runner.py)

@@ -220,6 +220,25 @@ def hub_reachable() -> bool:
         return False
 
 
+def eos_token_ids(configured: Any, tokenizer: Any) -> tuple[int, ...]:
+    """The ids that end an answer: the generation config's `eos_token_id` (one or a list), then the tokenizer's."""
+    eos: list[int] = []
+    for value in (configured if isinstance(configured, list) else [configured]) + [tokenizer.eos_token_id]:
+        if value is not None and int(value) not in eos:
+            eos.append(int(value))
+    return tuple(eos)
+
+
+def configured_eos(location: str) -> Any:
+    """A model directory's generation config `eos_token_id`, without loading weights (None: none given)."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(location).eos_token_id
+    except OSError:  # no generation_config.json
+        return None
+
+
 def load_tokenizer(target: str = DEFAULT_TARGET, on_status: Optional[StatusCallback] = None) -> Any:
     """The target's tokenizer alone (no weights are loaded for directories and hub ids)."""
     from transformers import AutoTokenizer

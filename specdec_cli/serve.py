@@ -12,7 +12,6 @@ its own transformers, so it gets its own virtual environment). `--drafter none` 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -23,12 +22,11 @@ from typing import Callable, Optional, Sequence
 
 from .defaults import DEFAULT_TARGET
 from .errors import SpecdecError
-from .vllm_proposer import MIN_MATCH, SETTINGS_ENV, VLLM_DRAFTERS, proposer_path
+from .vllm_proposer import MIN_MATCH, VLLM_DRAFTERS, proposer_settings
+from .vllm_runner import CPU_MEMORY_FRACTION, INSTALL_HINT, vllm_installed
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 GRACE_SECONDS = 30  # how long a stopping server may take before it is killed
-CPU_MEMORY_FRACTION = 0.3  # vLLM's CPU build sizes its KV cache from this share of the machine's memory
-INSTALL_HINT = "vLLM is not installed in this environment: run `make install-vllm`, then `.venv-vllm/bin/specdec serve`"
 
 
 @dataclass(frozen=True)
@@ -70,10 +68,6 @@ class ServeSettings:
                                setting="memory_fraction")
 
 
-def vllm_installed() -> bool:
-    return importlib.util.find_spec("vllm") is not None
-
-
 def server_command(settings: ServeSettings, model_dir: str, served_name: str,
                    cpu_build: bool) -> tuple[list[str], dict[str, str]]:
     """The server's argv and the environment entries it needs (the proposer's settings)."""
@@ -87,13 +81,9 @@ def server_command(settings: ServeSettings, model_dir: str, served_name: str,
         argv += ["--max-model-len", str(settings.max_model_len)]
     env: dict[str, str] = {}
     if settings.drafter != "none":
-        speculative = {"method": "custom_class", "model": proposer_path(settings.drafter),
-                       "num_speculative_tokens": settings.draft_max}
+        speculative, env = proposer_settings(settings.drafter, settings.draft_max, index=settings.index,
+                                             min_match=settings.min_match)
         argv += ["--speculative-config", json.dumps(speculative)]
-        proposer: dict = {"drafter": settings.drafter, "min_match": settings.min_match}
-        if settings.index:
-            proposer["index"] = os.path.abspath(os.path.expanduser(settings.index))
-        env[SETTINGS_ENV] = json.dumps(proposer)
     return argv + list(settings.extra_args), env
 
 

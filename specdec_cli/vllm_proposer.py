@@ -251,6 +251,17 @@ def proposer_path(drafter: str) -> str:
     return f"{__name__}.{PROPOSERS[drafter].__name__}"
 
 
+def proposer_settings(drafter: str, draft_max: int, *, index: Optional[str] = None, memory: Optional[str] = None,
+                      min_match: Optional[int] = None) -> tuple[dict, dict[str, str]]:
+    """vLLM's speculative_config for one of specdec's drafters, and the environment entry carrying its settings."""
+    speculative = {"method": "custom_class", "model": proposer_path(drafter), "num_speculative_tokens": draft_max}
+    values: dict = {"drafter": drafter, "min_match": MIN_MATCH if min_match is None else min_match}
+    for key, path in (("index", index), ("memory", memory)):
+        if path:
+            values[key] = os.path.abspath(os.path.expanduser(path))
+    return speculative, {SETTINGS_ENV: json.dumps(values)}
+
+
 def _target_info(model_config: Any, settings: ProposerSettings) -> TargetInfo:
     """What drafters may know of the target, from vLLM's model config (the tokenizer only for an index's checks)."""
     vocab = int(model_config.get_vocab_size()) if model_config is not None else 0

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -28,46 +27,79 @@ PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
 ]
 
-SCRIPT = textwrap.dedent('''
-    import json, sys
-    if __name__ == "__main__":
-        from vllm import LLM, SamplingParams
-        model, method, out = sys.argv[1], sys.argv[2], sys.argv[3]
-        spec = None
-        if method != "plain":
-            from specdec_cli.vllm_proposer import proposer_path
-            spec = {"method": "custom_class", "model": proposer_path(method), "num_speculative_tokens": 6}
-        llm = LLM(model=model, dtype="float32", max_model_len=1024, enforce_eager=True, gpu_memory_utilization=0.3,
-                  speculative_config=spec, seed=0)
-        tokenizer = llm.get_tokenizer()
-        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                                 add_generation_prompt=True) for p in json.loads(sys.argv[4])]
-        params = SamplingParams(temperature=0, max_tokens=48)
-        single = [list(llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids) for p in prompts]
-        batched = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
-        json.dump({"single": single, "batched": batched}, open(out, "w"))
-''')
-
-
 def model_dir() -> str:
     from specdec_cli.models import model_location, resolve_target
 
     return model_location(resolve_target("default"))
 
 
-def run_llm(tmp_path: Path, method: str) -> dict:
-    script, out = tmp_path / "run.py", tmp_path / f"{method}.json"
-    script.write_text(SCRIPT)
-    subprocess.run([sys.executable, str(script), model_dir(), method, str(out), json.dumps(PROMPTS)], check=True,
-                   timeout=900, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
-    return json.loads(out.read_text())
+@pytest.fixture(scope="module")
+def prompt_ids() -> list[list[int]]:
+    from specdec_cli.chat import format_prompt
+    from specdec_cli.models import load_tokenizer
+
+    tokenizer = load_tokenizer("default")
+    return [format_prompt(tokenizer, [{"role": "user", "content": prompt}]) for prompt in PROMPTS]
+
+
+def vllm_answers(method: str, prompt_ids: list[list[int]]) -> dict[str, list[list[int]]]:
+    """The prompts one request at a time ("single") and all four at once ("batched"), greedy, float32."""
+    from specdec_cli.models import configured_eos, eos_token_ids, load_tokenizer
+    from specdec_cli.vllm_runner import VllmPhase, VllmSettings, run_vllm
+
+    eos = eos_token_ids(configured_eos(model_dir()), load_tokenizer("default"))
+    run = run_vllm(VllmSettings(model_dir(), method=method, draft_max=6, max_model_len=1024),
+                   [VllmPhase("single", prompt_ids, 48, eos), VllmPhase("batched", prompt_ids, 48, eos, concurrency=4)])
+    return {name: [answer.tokens for answer in phase.answers] for name, phase in run.phases.items()}
+
+
+@pytest.fixture(scope="module")
+def plain_answers(prompt_ids) -> dict[str, list[list[int]]]:
+    return vllm_answers("none", prompt_ids)
 
 
 @pytest.mark.parametrize("drafter", ["sam", "pld"])
-def test_a_specdec_proposer_leaves_vllm_greedy_output_unchanged(tmp_path, drafter):
-    plain, speculative = run_llm(tmp_path, "plain"), run_llm(tmp_path, drafter)
-    assert speculative["single"] == plain["single"]
-    assert speculative["batched"] == plain["batched"]
+def test_a_specdec_proposer_leaves_vllm_greedy_output_unchanged(prompt_ids, plain_answers, drafter):
+    speculative = vllm_answers(drafter, prompt_ids)
+    assert all(plain_answers["single"])
+    assert speculative["single"] == plain_answers["single"]
+    assert speculative["batched"] == plain_answers["batched"]
+
+
+def specdec(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specdec_cli", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+
+
+def test_bench_runs_plain_vllm_its_ngram_and_a_specdec_proposer_on_the_same_prompts(tmp_path):
+    done = specdec("bench", "--engine", "vllm", "--suite", "builtin", "--categories", "code,summarization",
+                   "--limit", "1", "-d", "none,pld", "--reference", "ngram", "--max-new-tokens", "32",
+                   "--concurrency", "2", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    overall = {(row["regime"], row["method"]): row for row in report["results"] if row["category"] == "overall"}
+    methods = ("none", "pld", "ngram")
+    assert set(overall) == {(regime, method) for regime in ("single", "concurrent") for method in methods}
+    for (_, method), row in overall.items():
+        assert row["prompts"] == 2 and row["new_tokens"] > 0 and row["tokens_per_second"] > 0
+        assert row["identical"] == row["compared"] == 2  # float32: vLLM verifies every draft
+        if method != "none":
+            assert row["acceptance_rate"] is not None and row["mean_accepted_tokens"] >= 1.0
+    assert report["environment"]["dtype"] == "float32"
+
+
+def test_distill_generate_answers_through_vllm_and_resumes(tmp_path):
+    data = tmp_path / "answers.jsonl"
+    args = ("distill", "generate", "--engine", "vllm", "--suite", "distill", "--max-prompts", "6",
+            "--max-new-tokens", "24", "-o", str(data))
+    first = specdec(*args)
+    assert first.returncode == 0, first.stderr[-2000:]
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    assert len(rows) == 6 and len({row["prompt"] for row in rows}) == 6
+    assert all(1 <= len(row["answer_ids"]) <= 24 and row["answer"] and row["prompt_ids"] for row in rows)
+    again = specdec(*args)
+    said = " ".join(again.stderr.split())  # Rich wraps the line at the terminal width
+    assert again.returncode == 0 and "0 new rows" in said and "6 already answered" in said
 
 
 def wait_for(port: int, server: subprocess.Popen, seconds: float = 600) -> None:

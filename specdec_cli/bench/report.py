@@ -42,14 +42,14 @@ def write_json(report: BenchReport | dict, path: str | Path) -> Path:
     return write_atomic(path, to_json_text(report))
 
 
-def csv_text(results: Sequence[ResultRow | dict]) -> str:
+def csv_text(results: Sequence[ResultRow | dict], columns: Sequence[str] = RESULT_FIELDS) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(RESULT_FIELDS)
+    writer.writerow(columns)
     for item in results:
         row = item.as_json() if isinstance(item, ResultRow) else item
         cells = []
-        for key in RESULT_FIELDS:
+        for key in columns:
             value = row.get(key)
             if isinstance(value, list):
                 value = " ".join(f"{item:.4f}" for item in value)
@@ -58,5 +58,5 @@ def csv_text(results: Sequence[ResultRow | dict]) -> str:
     return buffer.getvalue()
 
 
-def write_csv(results: Sequence[ResultRow | dict], path: str | Path) -> Path:
-    return write_atomic(path, csv_text(results))
+def write_csv(results: Sequence[ResultRow | dict], path: str | Path, columns: Sequence[str] = RESULT_FIELDS) -> Path:
+    return write_atomic(path, csv_text(results, columns))

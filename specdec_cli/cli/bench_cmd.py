@@ -12,14 +12,10 @@ import typer
 
 from ..bench.methods import DEFAULT_MAX_NEW_TOKENS
 from . import app, options
-from .common import apply_threads, console, doing, err_console
+from .common import apply_threads, cell, console, doing, err_console, table_width
 
 DEFAULT_DRAFTERS = "none,pld,sam"
 DEFAULT_SUITE = "builtin"
-
-
-def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
-    return "–" if value is None else f"{value:{spec}}{suffix}"
 
 
 @app.command("bench")
@@ -55,8 +51,30 @@ def bench(
     weights: str = options.weights(),
     memory: Optional[str] = typer.Option(None, "--memory", help="Let sam draft from this answer-memory directory (`specdec memory info` shows it); the bench never reads or writes the memory otherwise."),
     exact: Optional[bool] = options.exact(note="; when on, the `native` row times plain decoding on the model's own kernels"),
+    engine: str = typer.Option("specdec", "--engine", help="specdec (this process), or vllm: the methods inside vLLM "
+                               "(each in its own vLLM process; drafters sam, sam+pld, sam+none, pld; --reference "
+                               "ngram,suffix for vLLM's own, default ngram), one request at a time and --concurrency "
+                               "at once. Needs `make install-vllm`."),
+    concurrency: int = typer.Option(8, "--concurrency", help="--engine vllm: requests in flight in the concurrent "
+                                    "rows (a new one as one finishes)."),
 ) -> None:
     """Measure speedup over plain decoding on a prompt suite (Spec-Bench conventions: greedy, batch 1, warm-up excluded)."""
+    if engine not in ("specdec", "vllm"):
+        from ..errors import SpecdecError
+
+        raise SpecdecError(f"engine must be specdec or vllm, got {engine!r}", setting="engine")
+    if engine == "vllm":
+        from .bench_vllm import bench_vllm
+
+        not_here = {"--oracle": oracle, "--temperature": temperature > 0, "--repeats": repeats > 1,
+                    "--draft-model": draft_model, "--plot": plot, "--exact/--no-exact": exact is not None,
+                    "--weights": weights != "auto", "--threads": threads is not None, "--device": device != "auto"}
+        bench_vllm(target=target, suite=suite or (None if prompts else DEFAULT_SUITE), prompts=prompts,
+                   categories=categories, limit=limit, drafters=drafters, reference=reference, index=index,
+                   memory=memory, draft_max=draft_max, max_new_tokens=max_new_tokens, dtype=dtype, raw=raw,
+                   warmup=warmup, concurrency=concurrency, json_out=json_out, csv_out=csv_out, as_json=as_json,
+                   unsupported=[flag for flag, used in not_here.items() if used])
+        return
     from ..bench import (
         BenchSettings,
         parse_lengths,
@@ -190,13 +208,6 @@ def header_lines(document: dict) -> list[str]:
     ]
 
 
-def table_width(out, table) -> int:
-    """Columns a table needs with no cell cut short."""
-    from rich.measure import Measurement
-
-    return Measurement.get(out, out.options.update(width=10_000), table).maximum
-
-
 def curve_lines(document: dict) -> list[str]:
     """The verify-cost curve the engine planned with, as one or two lines of "rows: ms"."""
     curve = document.get("cost_curve")
@@ -257,8 +268,8 @@ def render(document: dict) -> None:
             table.add_section()
         category = row["category"] if row["category"] != previous else ""
         previous = row["category"]
-        tps = _fmt(row["tokens_per_second"], ".1f")
-        speedup = _fmt(row["speedup"], ".2f", "x")
+        tps = cell(row["tokens_per_second"], ".1f")
+        speedup = cell(row["speedup"], ".2f", "x")
         if repeats > 1:
             tps += f" ±{row['tokens_per_second_std']:.1f}"
             speedup += f" ±{row['speedup_std']:.2f}"
@@ -268,9 +279,9 @@ def render(document: dict) -> None:
             identical = f"[yellow]{identical}[/yellow]"
         style = "bold" if row["category"] == "overall" else None
         table.add_row(
-            category, row["method"], str(row["prompts"]), str(row["new_tokens"]), _fmt(row["seconds"], ".1f"), tps,
-            speedup, _fmt(row["mean_accepted_tokens"], ".2f"), _fmt(row["acceptance_rate"], ".0%"), shares,
-            _fmt(None if row["ttft_seconds"] is None else row["ttft_seconds"] * 1000, ".0f", " ms"), identical,
+            category, row["method"], str(row["prompts"]), str(row["new_tokens"]), cell(row["seconds"], ".1f"), tps,
+            speedup, cell(row["mean_accepted_tokens"], ".2f"), cell(row["acceptance_rate"], ".0%"), shares,
+            cell(None if row["ttft_seconds"] is None else row["ttft_seconds"] * 1000, ".0f", " ms"), identical,
             style=style,
         )
     if not out.is_terminal:  # a log or a pipe: every column whole, however wide the table

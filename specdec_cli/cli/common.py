@@ -34,6 +34,18 @@ _activity: list[str] = []  # what the command is doing now, and what an interrup
 _interrupted_during: list[str] = []  # the innermost activity an interruption unwound through
 
 
+def cell(value, spec: str = ".2f", suffix: str = "") -> str:
+    """A table cell: the value formatted, or a dash where there is none."""
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def table_width(out, table) -> int:
+    """Columns a table needs with no cell cut short."""
+    from rich.measure import Measurement
+
+    return Measurement.get(out, out.options.update(width=10_000), table).maximum
+
+
 @contextmanager
 def doing(what: str, kept: str = "nothing was written") -> Iterator[None]:
     """Name the slow part a command is in, so Ctrl-C (or SIGTERM) is reported as "interrupted while ..."."""

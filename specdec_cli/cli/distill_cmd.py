@@ -35,6 +35,7 @@ from .distill_stages import (
     StudentStages,
     load_target,
     run_generate,
+    run_generate_vllm,
     show_evaluation,
     show_usage,
     stages_for_draft,
@@ -106,6 +107,7 @@ def distill(
     device: str = options.device(),
     kind: str = options.kind(),
     corpus: Optional[List[str]] = options.corpus(),
+    engine: str = options.answer_engine(),
 ) -> None:
     """Generate data, train a draft and evaluate it (no subcommand), or run one stage (see the commands)."""
     if ctx.invoked_subcommand is not None:
@@ -120,6 +122,7 @@ def distill(
                                    head_vocab=DEFAULT_HEAD_VOCAB if draft_vocab == DEFAULT_DRAFT_VOCAB else draft_vocab)
     stages = stages_of(kind, config, head_config, tuple(corpus or ()))
     batch_prompts = check_batch_prompts(batch_prompts, 0.0)
+    options.check_answer_engine(engine)
     config.check()  # the student's flags, whatever the kind
     stages.config.check()
     train_items = load_prompts(prompts, None if prompts else (suite or "distill"), first_turns=True, limit=limit,
@@ -132,9 +135,13 @@ def distill(
         out_dir.parent.mkdir(parents=True, exist_ok=True)
     data_file = data or str(out_dir.parent / f"{out_dir.name}.data.jsonl")
     err_console().print(f"[bold]1/3[/bold] Answering {len(train_items)} prompts with the target -> {data_file}")
-    run_generate(loaded, spec, train_items, data_file, drafter=drafter, draft_max=None, index=None, draft_model=None,
-                 max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0, top_k=0, seed=seed, system=None, raw=False,
-                 batch_prompts=batch_prompts)
+    if engine == "vllm":
+        run_generate_vllm(target, spec, train_items, data_file, max_new_tokens=max_new_tokens, dtype="auto",
+                          concurrency=batch_prompts, system=None, raw=False)
+    else:
+        run_generate(loaded, spec, train_items, data_file, drafter=drafter, draft_max=None, index=None,
+                     draft_model=None, max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0, top_k=0, seed=seed,
+                     system=None, raw=False, batch_prompts=batch_prompts)
     err_console().print(f"[bold]2/3[/bold] Training {stages.title} -> {out_dir}")
     stages.train(loaded, spec, data_file, str(out_dir), checkpoint_dir=None, resume=resume)
     chosen, source = evaluation_items(eval_prompts, eval_suite, eval_max_prompts)
@@ -170,6 +177,7 @@ def generate(
     raw: bool = options.raw(),
     device: str = options.device(),
     dtype: str = options.dtype(),
+    engine: str = options.answer_engine(),
 ) -> None:
     """Answer prompts with the target and append one row per answer (resumable)."""
     from ..drafters import DrafterOptions, check_drafter, check_drafter_options
@@ -184,8 +192,13 @@ def generate(
     check_drafter_options(drafter, DrafterOptions(draft_max=draft_max, index=index, draft_model=draft_model))
     GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k).check()
     batch_prompts = check_batch_prompts(batch_prompts, temperature)
+    options.check_answer_engine(engine, temperature)
     check_output_file(output, "output")
     items = load_prompts(prompts, suite, limit=limit, max_prompts=max_prompts, first_turns=True)
+    if engine == "vllm":
+        run_generate_vllm(target, target_spec(target), items, output, max_new_tokens=max_new_tokens, dtype=dtype,
+                          concurrency=batch_prompts, system=system, raw=raw)
+        return
     loaded = load_target(target, device, dtype)
     run_generate(loaded, target_spec(target), items, output, drafter=drafter, draft_max=draft_max, index=index,
                  draft_model=draft_model, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,

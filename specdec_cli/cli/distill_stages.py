@@ -62,21 +62,57 @@ def run_generate(loaded: Any, target_spec: str, prompts: list, data: str, *, dra
     if batch_prompts is None:  # block weights: one by one, exact and as fast (docs/measurements.md)
         batch_prompts = DEFAULT_BATCH_PROMPTS if loaded.weights == "dense" else 1
     options = DrafterOptions(draft_max=draft_max, index=index, draft_model=draft_model)
+    with answering_progress(len(prompts), data) as on_progress:
+        summary = generate_data(
+            loaded.model, loaded.tokenizer, target_spec, prompts, data, drafter=drafter, drafter_options=options,
+            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+            draft_max=draft_max, raw=raw, system=system, on_progress=on_progress, batch_size=batch_prompts,
+        )
+    return report_answers(summary)
+
+
+def run_generate_vllm(target: str, target_spec: str, prompts: list, data: str, *, max_new_tokens: int, dtype: str,
+                      concurrency: Optional[int], system: Optional[str], raw: bool) -> Any:
+    """run_generate through vLLM: the target's tokenizer here, its weights in vLLM's process only."""
+    from ..data_rows import read_rows
+    from ..defaults import DEFAULT_VLLM_CONCURRENCY
+    from ..distill.generate import generate_data_vllm
+    from ..fingerprint import tokenizer_fingerprint
+    from ..models import configured_eos, eos_token_ids, load_tokenizer, model_location, resolve_target
+    from ..vllm_runner import INSTALL_HINT, vllm_installed
+
+    if not vllm_installed():
+        raise SpecdecError(INSTALL_HINT)
+    status = err_console().status("Loading the tokenizer…")
+    with status:
+        location = model_location(resolve_target(target), on_status=lambda message: status.update(message))
+        tokenizer = load_tokenizer(location)
+    read_rows(data, tokenizer_fingerprint(tokenizer), target_spec, allow_empty=True)  # before any progress display
+    with answering_progress(len(prompts), data, starting="starting vLLM") as on_progress:
+        summary = generate_data_vllm(
+            location, tokenizer, target_spec, prompts, data, eos_token_ids=eos_token_ids(configured_eos(location),
+                                                                                          tokenizer),
+            max_new_tokens=max_new_tokens, dtype=dtype, concurrency=concurrency or DEFAULT_VLLM_CONCURRENCY, raw=raw,
+            system=system, on_progress=on_progress)
+    return report_answers(summary)
+
+
+@contextmanager
+def answering_progress(total: int, data: str, starting: str = "") -> Iterator[Callable[[Any], None]]:
+    """A progress bar over the prompts being answered; Ctrl-C inside says the finished answers are kept."""
     with progress_bars("info") as progress:
-        task = progress.add_task("Generating", total=len(prompts), info="")
+        task = progress.add_task("Generating", total=total, info=starting)
 
         def on_progress(update: Any) -> None:
             progress.update(task, total=update.total, completed=update.done,
                             info=f"{update.new_tokens:,} tokens · {update.tokens_per_second:.1f} tok/s")
 
         with doing("answering prompts", f"the finished answers are kept in {data} (run again to go on)"):
-            summary = generate_data(
-                loaded.model, loaded.tokenizer, target_spec, prompts, data, drafter=drafter,
-                drafter_options=options, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                top_k=top_k, seed=seed, draft_max=draft_max, raw=raw, system=system, on_progress=on_progress,
-                batch_size=batch_prompts,
-            )
-        progress.update(task, total=max(1, summary.written), completed=max(1, summary.written))
+            yield on_progress
+        progress.update(task, completed=progress.tasks[0].total)
+
+
+def report_answers(summary: Any) -> Any:
     for warning in summary.warnings:
         err_console().print(f"[yellow]warning:[/yellow] {warning}")
     err_console().print(

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import typer
 
-from ..defaults import DEFAULT_AUX, DEFAULT_BATCH_PROMPTS, DEFAULT_BUDGET, DEFAULT_TARGET
+from ..defaults import DEFAULT_AUX, DEFAULT_BATCH_PROMPTS, DEFAULT_BUDGET, DEFAULT_TARGET, DEFAULT_VLLM_CONCURRENCY
 from ..distill.eagle_train import DEFAULT_HEAD_VOCAB
 from ..distill.loss import KD_LOSSES
 from ..distill.student import DEFAULT_DRAFT_VOCAB
@@ -203,7 +203,24 @@ def batch_prompts() -> Any:
     return typer.Option(None, "--batch-prompts", help="Prompts answered together, greedily, one forward per token "
                         "for all of them; 1 = one by one through the speculative engine with --drafter, as sampling "
                         f"needs (default: {DEFAULT_BATCH_PROMPTS} for dense weights; 1 for block weights, whose "
-                        "kernels gain nothing from batches, and with --temperature > 0).")
+                        "kernels gain nothing from batches, and with --temperature > 0; with --engine vllm: requests "
+                        f"in flight, default {DEFAULT_VLLM_CONCURRENCY}).")
+
+
+def answer_engine() -> Any:
+    """--engine of `distill` and `distill generate`: what answers the training prompts."""
+    return typer.Option("specdec", "--engine", help="What answers the prompts: specdec (this process), or vllm "
+                        "(vLLM's continuous batching in its own process, greedy, in float32 on a CPU; `make "
+                        "install-vllm`, then run .venv-vllm/bin/specdec).")
+
+
+def check_answer_engine(engine: str, temperature: float = 0.0) -> None:
+    from ..errors import SpecdecError
+
+    if engine not in ("specdec", "vllm"):
+        raise SpecdecError(f"engine must be specdec or vllm, got {engine!r}", setting="engine")
+    if engine == "vllm" and temperature > 0:
+        raise SpecdecError("vLLM answers greedily here: drop --temperature or use --engine specdec", setting="engine")
 
 
 def resume() -> Any:

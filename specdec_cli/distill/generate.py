@@ -145,15 +145,17 @@ def generate_data(
     if batch_size > 1 and temperature > 0:
         raise SpecdecError("batched answers are greedy: use --batch-prompts 1 to sample with --temperature",
                            setting="batch_prompts")
-    from ..files import check_output_file
-
-    file = check_output_file(out_path, "output")  # the folder must exist, as for every command's outputs
     info = target_info(model, tokenizer)
-    warnings: list[str] = []
-    _repair_tail(file)
-    existing = read_rows(str(file), info.fingerprint, target_name, allow_empty=True, warnings=warnings)
-    answered = {str(row.get("prompt")) for row in existing}
-    todo = [prompt for prompt in prompts if prompt.first_turn not in answered]
+    rows = _RowWriter(out_path, tokenizer, target_name, info.fingerprint, prompts, raw, system, on_progress,
+                      temperature)
+    if batch_size > 1:
+        from .batched import greedy_batches
+
+        if rows.todo:
+            greedy_batches(model, rows.prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=info.eos_token_ids,
+                           batch_size=batch_size,
+                           on_answer=lambda answer: rows.write(answer.index, answer.tokens, answer.finish_reason))
+        return rows.summary()
     options = drafter_options or DrafterOptions(draft_max=draft_max)
     drafter_object = make_drafter(drafter, options, info)
     engine = Engine(model, tokenizer)
@@ -162,33 +164,48 @@ def generate_data(
     if draft_max is not None:
         config = replace(config, budget=draft_max)
     config.check()
-    started = time.perf_counter()
-    new_tokens = steps = 0
-    committed = 0.0
-    if batch_size > 1:
-        return _generate_batched(model, tokenizer, target_name, todo, file, existing, info, warnings, prompts,
-                                 max_new_tokens=max_new_tokens, raw=raw, system=system, batch_size=batch_size,
-                                 on_progress=on_progress)
-    for done, prompt in enumerate(todo, start=1):
-        prompt_ids = _prompt_ids(tokenizer, prompt, raw, system)
+    for index, prompt_ids in enumerate(rows.prompt_ids):
         if temperature > 0:
-            config = replace(config, seed=seed + len(existing) + done)
+            config = replace(config, seed=seed + len(rows.existing) + index + 1)
         if hasattr(drafter_object, "reset"):
             drafter_object.reset()
         generation = engine.generate(prompt_ids, drafter_object, config)
-        answer = tokenizer.decode(generation.tokens, skip_special_tokens=True)
-        row = DataRow(prompt.first_turn, prompt.source_category, prompt.id, answer, [int(t) for t in generation.tokens],
-                      [int(t) for t in prompt_ids], generation.finish_reason, target_name, info.fingerprint,
-                      float(temperature))
-        append_row(file, row)
-        new_tokens += len(generation.tokens)
-        steps += generation.stats.steps
-        committed += generation.stats.mean_accepted_tokens * generation.stats.steps
-        if on_progress is not None:
-            on_progress(GenerateProgress(done, len(todo), new_tokens, time.perf_counter() - started,
-                                         committed / steps if steps else 0.0, row))
-    return GenerateSummary(str(file), len(todo), len(prompts) - len(todo), len(existing) + len(todo), new_tokens,
-                           time.perf_counter() - started, committed / steps if steps else 0.0, warnings)
+        rows.write(index, generation.tokens, generation.finish_reason, generation.stats)
+    return rows.summary()
+
+
+def generate_data_vllm(
+    model_dir: str,
+    tokenizer: Any,
+    target_name: str,
+    prompts: Sequence[Conversation],
+    out_path: str,
+    *,
+    eos_token_ids: Sequence[int],
+    max_new_tokens: int = 256,
+    dtype: str = "auto",
+    concurrency: int = 64,
+    raw: bool = False,
+    system: Optional[str] = None,
+    on_progress: Optional[Callable[[GenerateProgress], None]] = None,
+) -> GenerateSummary:
+    """generate_data through vLLM (vllm_runner.py: a child process, continuous batching with `concurrency` requests
+    in flight, greedy): a row for each answer as it finishes, so an interrupted run keeps what it wrote."""
+    from ..fingerprint import tokenizer_fingerprint
+    from ..vllm_runner import VllmPhase, VllmSettings, run_vllm
+
+    if not prompts:
+        raise SpecdecError("no prompts to answer")
+    if concurrency < 1:
+        raise SpecdecError(f"batch_prompts must be >= 1, got {concurrency}", setting="batch_prompts")
+    rows = _RowWriter(out_path, tokenizer, target_name, tokenizer_fingerprint(tokenizer), prompts, raw, system,
+                      on_progress, 0.0)
+    if rows.todo:
+        longest = max(len(ids) for ids in rows.prompt_ids) + max_new_tokens + 16
+        settings = VllmSettings(model_dir, dtype=dtype, max_model_len=longest)
+        run_vllm(settings, [VllmPhase("answers", rows.prompt_ids, max_new_tokens, eos_token_ids, concurrency)],
+                 on_answer=lambda answer: rows.write(answer.index, answer.tokens, answer.finish_reason))
+    return rows.summary()
 
 
 def _prompt_ids(tokenizer: Any, prompt: Conversation, raw: bool, system: Optional[str]) -> list[int]:
@@ -199,30 +216,51 @@ def _prompt_ids(tokenizer: Any, prompt: Conversation, raw: bool, system: Optiona
     return format_prompt(tokenizer, messages, raw)
 
 
-def _generate_batched(model: Any, tokenizer: Any, target_name: str, todo: list[Conversation], file: Path,
-                      existing: list[dict], info: Any, warnings: list[str], prompts: Sequence[Conversation], *,
-                      max_new_tokens: int, raw: bool, system: Optional[str], batch_size: int,
-                      on_progress: Optional[Callable[[GenerateProgress], None]]) -> GenerateSummary:
-    """generate_data's batched path: greedy answers, a row appended for each as its batch finishes."""
-    from .batched import BatchAnswer, greedy_batches
+class _RowWriter:
+    """The prompts of `prompts` not yet answered in the file (`todo`, with their token ids), and a row appended for
+    each answer as it comes, with progress reported."""
 
-    prompt_ids = [_prompt_ids(tokenizer, prompt, raw, system) for prompt in todo]
-    started = time.perf_counter()
-    written: list[int] = [0, 0]  # rows, tokens
+    def __init__(self, out_path: str, tokenizer: Any, target_name: str, fingerprint: str,
+                 prompts: Sequence[Conversation], raw: bool, system: Optional[str],
+                 on_progress: Optional[Callable[[GenerateProgress], None]], temperature: float):
+        from ..files import check_output_file
 
-    def write(answer: BatchAnswer) -> None:
-        prompt = todo[answer.index]
-        text = tokenizer.decode(answer.tokens, skip_special_tokens=True)
-        row = DataRow(prompt.first_turn, prompt.source_category, prompt.id, text, list(answer.tokens),
-                      list(prompt_ids[answer.index]), answer.finish_reason, target_name, info.fingerprint, 0.0)
-        append_row(file, row)
-        written[0] += 1
-        written[1] += len(answer.tokens)
-        if on_progress is not None:
-            on_progress(GenerateProgress(written[0], len(todo), written[1], time.perf_counter() - started, 1.0, row))
+        self.file = check_output_file(out_path, "output")  # the folder must exist, as for every command's outputs
+        self.warnings: list[str] = []
+        _repair_tail(self.file)
+        self.existing = read_rows(str(self.file), fingerprint, target_name, allow_empty=True, warnings=self.warnings)
+        answered = {str(row.get("prompt")) for row in self.existing}
+        self.prompts = prompts
+        self.todo = [prompt for prompt in prompts if prompt.first_turn not in answered]
+        self.prompt_ids = [_prompt_ids(tokenizer, prompt, raw, system) for prompt in self.todo]
+        self.tokenizer, self.target_name, self.fingerprint = tokenizer, target_name, fingerprint
+        self.on_progress, self.temperature = on_progress, temperature
+        self.started = time.perf_counter()
+        self.written = self.new_tokens = self.steps = 0
+        self.committed = 0.0  # tokens committed by the speculative steps so far
 
-    if todo:
-        greedy_batches(model, prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=info.eos_token_ids,
-                       batch_size=batch_size, on_answer=write)
-    return GenerateSummary(str(file), len(todo), len(prompts) - len(todo), len(existing) + len(todo), written[1],
-                           time.perf_counter() - started, 1.0, warnings)
+    @property
+    def mean_accepted_tokens(self) -> float:
+        return self.committed / self.steps if self.steps else 1.0
+
+    def write(self, index: int, tokens: Sequence[int], finish_reason: str, stats: Any = None) -> None:
+        """Append the answer to todo[index]; `stats` are a speculative generation's (tokens per step)."""
+        prompt = self.todo[index]
+        answer = self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+        row = DataRow(prompt.first_turn, prompt.source_category, prompt.id, answer, [int(t) for t in tokens],
+                      [int(t) for t in self.prompt_ids[index]], finish_reason, self.target_name, self.fingerprint,
+                      float(self.temperature))
+        append_row(self.file, row)
+        self.written += 1
+        self.new_tokens += len(tokens)
+        if stats is not None:
+            self.steps += stats.steps
+            self.committed += stats.mean_accepted_tokens * stats.steps
+        if self.on_progress is not None:
+            self.on_progress(GenerateProgress(self.written, len(self.todo), self.new_tokens,
+                                              time.perf_counter() - self.started, self.mean_accepted_tokens, row))
+
+    def summary(self) -> GenerateSummary:
+        return GenerateSummary(str(self.file), len(self.todo), len(self.prompts) - len(self.todo),
+                               len(self.existing) + len(self.todo), self.new_tokens, time.perf_counter() - self.started,
+                               self.mean_accepted_tokens, self.warnings)
