@@ -15,7 +15,8 @@ target. Two stages:
 target's top-8 at every answer position, and the target's verify-cost curve measured on this machine.
 `replay` prints per-category and overall estimated speedups over plain decoding, mean tokens per verify
 pass (tau), and per draft source steps/verified/accepted. A method may carry settings after `@`:
-`sam+aded@t2` (l_threshold 2), `sam@b0` (l_bias 0).
+`sam+aded@t2` (l_threshold 2), `sam@b0` (l_bias 0), `sam@f1` (static drafts follow the most frequent
+continuation). `--remember` gives sam, for each answer, every earlier answer as the answer memory would.
 
 What it does not model: the drafters' own time (measured and added, but on an idle process), the engine's
 per-step overhead, and the rows of rejected tree nodes that Token Recycling would learn from (only the
@@ -93,29 +94,57 @@ def accepted_path(draft: Draft, truth: list[int]) -> list[int]:
     return path
 
 
-def parse_method(spec: str, index: str | None) -> tuple[str, DrafterOptions]:
-    """`sam+aded@t2b0` -> ("sam+aded", options with l_threshold 2, l_bias 0)."""
+def parse_method(spec: str, index: str | None) -> tuple[str, DrafterOptions, dict]:
+    """`sam+aded@t2b0f1` -> ("sam+aded", options with l_threshold 2 and l_bias 0, {"frequent": True})."""
     name, _, settings = spec.partition("@")
     options = DrafterOptions(index=index)
-    for part in filter(None, settings.replace("b", ",b").replace("t", ",t").split(",")):
+    attributes = {}
+    for part in filter(None, settings.replace("b", ",b").replace("t", ",t").replace("f", ",f").split(",")):
         if part[0] == "t":
             options.l_threshold = int(part[1:])
         elif part[0] == "b":
             options.l_bias = int(part[1:])
-    return name, options
+        elif part[0] == "f":  # sam's static drafts: the most frequent continuation (1) or the earliest (0)
+            attributes["frequent"] = part[1:] == "1"
+    return name, options, attributes
 
 
-def replay(spec: str, document: dict, index: str | None, draft_max: int) -> tuple[dict, dict]:
-    """Per category [answer tokens, estimated seconds, verify passes]; per source [steps, verified, accepted]."""
-    name, options = parse_method(spec, index)
+def remembered(rows: list, upto: int, document: dict, index_text) -> tuple:
+    """sam's static automaton as the answer memory would make it before answer `upto`: the index's text, then
+    every earlier answer with an EOS after it; and where the memory starts in it."""
+    import numpy as np
+
+    from specdec_cli.sam.automaton import build_static
+
+    separator = min(document["eos_token_ids"])
+    parts = [] if index_text is None else [np.asarray(index_text, dtype=np.int32)]
+    parts += [np.asarray([*row["answer"], separator], dtype=np.int32) for row in rows[:upto]]
+    if not parts:
+        return None, None
+    text = np.concatenate(parts)
+    static = build_static(text, max(int(text.max()) + 1, document["vocab_size"]), document["eos_token_ids"])
+    return static, 0 if index_text is None else len(index_text)
+
+
+def replay(spec: str, document: dict, index: str | None, draft_max: int,
+           remember: bool = False) -> tuple[dict, dict]:
+    """Per category [answer tokens, estimated seconds, verify passes]; per source [steps, verified, accepted].
+    With `remember`, sam drafts each answer with every earlier answer remembered (the answer memory)."""
+    name, options, attributes = parse_method(spec, index)
     info = TargetInfo(document["vocab_size"], tuple(document["eos_token_ids"]), document["fingerprint"])
     cost = CostCurve.fixed({int(size): seconds for size, seconds in document["cost"].items()})
     drafter = make_drafter(name, options, info)
+    for key, value in attributes.items():
+        setattr(drafter, key, value)
+    index_text = getattr(getattr(drafter, "static", None), "text", None)
     planner = DraftPlanner(cost)  # the engine's planner, on the recorded curve (fixed: replays are deterministic)
     per_category: dict = defaultdict(lambda: [0, 0.0, 0])
     per_source: dict = defaultdict(lambda: [0, 0, 0])
-    for row in document["rows"]:
+    for number, row in enumerate(document["rows"]):
         prompt, answer, topk = row["prompt"], row["answer"], row["topk"]
+        if remember and hasattr(drafter, "memory_from"):
+            drafter.static, drafter.memory_from = remembered(document["rows"], number, document, index_text)
+            drafter.reset()
         drafter.observe(StepEvent(kind="prefill", draft=Draft.empty(name), accepted=0, committed=answer[:1],
                                   target_token=answer[0], prompt_tokens=prompt, context_len=len(prompt) + 1,
                                   settings=GenerationConfig()))
@@ -156,7 +185,7 @@ def replay_all(args: argparse.Namespace) -> None:
     print("method".ljust(16) + "".join(category[:9].rjust(10) for category in categories) + "overall".rjust(10)
           + "tau".rjust(6) + "  sources: steps/verified/accepted")
     for spec in args.drafters.split(","):
-        per_category, per_source = replay(spec, document, args.index, args.draft_max)
+        per_category, per_source = replay(spec, document, args.index, args.draft_max, args.remember)
         speedups = [plain[category] / per_category[category][1] for category in categories]
         overall = sum(plain.values()) / sum(totals[1] for totals in per_category.values())
         tau = sum(totals[0] for totals in per_category.values()) / sum(totals[2] for totals in per_category.values())
@@ -180,6 +209,7 @@ def main() -> None:
     rep.add_argument("--drafters", default="pld,sam,sam+none,aded")
     rep.add_argument("--index", help="static suffix-automaton index for sam (and aded's tri-grams)")
     rep.add_argument("--draft-max", type=int, default=8)
+    rep.add_argument("--remember", action="store_true", help="sam drafts each answer with the earlier ones remembered")
     args = parser.parse_args()
     record(args) if args.command == "record" else replay_all(args)
 

@@ -193,3 +193,45 @@ def test_continuation_is_never_padded_and_stops_at_separator():
     assert automaton.continuation(state, 10) == [7]  # the earliest occurrence, cut before the separator
     state, match_len = automaton.advance(state, match_len, 8)
     assert automaton.continuation(state, 10) == []  # end of text: nothing, not padding
+
+
+def frequent_by_brute_force(text: list[int], matched: list[int], max_tokens: int, separators: set) -> list[int]:
+    """Extend the matched string by the token that most often follows its occurrences (smaller on a tie)."""
+    out: list[int] = []
+    current = list(matched)
+    while len(out) < max_tokens:
+        follows: dict[int, int] = {}
+        for end in range(len(current), len(text)):
+            if text[end - len(current) : end] == current:
+                follows[text[end]] = follows.get(text[end], 0) + 1
+        if not follows:
+            break
+        token = min(follows, key=lambda candidate: (-follows[candidate], candidate))
+        if token in separators:
+            break
+        out.append(token)
+        current.append(token)
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=40), st.lists(st.integers(0, 3), min_size=1, max_size=4))
+def test_the_frequent_continuation_follows_the_most_common_next_token(tokens, query):
+    automaton = build_static(np.array(tokens, dtype=np.int32), vocab_size=4, separators=(0,))
+    state, match_len = ROOT, 0
+    for token in query:
+        state, match_len = automaton.advance(state, match_len, token)
+    matched = query[len(query) - match_len :] if match_len else []
+    expected = frequent_by_brute_force(tokens, matched, 6, {0}) if match_len else []
+    assert automaton.frequent_continuation(state, 6) == expected
+
+
+def test_the_frequent_continuation_differs_from_the_earliest_occurrence():
+    text = np.array([5, 6, 7, 0, 5, 6, 8, 0, 5, 6, 8, 9], dtype=np.int32)
+    automaton = build_static(text, vocab_size=10, separators=(0,))
+    state, match_len = ROOT, 0
+    for token in (5, 6):
+        state, match_len = automaton.advance(state, match_len, token)
+    assert automaton.continuation(state, 3) == [7]  # the earliest occurrence
+    # two of three occurrences go on with 8; after "5 6 8" an EOS and a 9 tie and the smaller, the EOS, ends it
+    assert automaton.frequent_continuation(state, 3) == [8]

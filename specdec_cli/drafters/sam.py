@@ -39,6 +39,7 @@ DRAFT_MAX = 16  # longest draft by default (to tune on CPU; the engine's cost-aw
 ALPHA = 4  # draft length grows by this many tokens per matched token (the paper's adaptive length)
 L_BIAS = 5  # the static match must beat the dynamic one by more than this (the paper's value)
 L_THRESHOLD = 1  # below this match length the auxiliary takes over (the paper's is 5; docs/measurements.md)
+FREQUENT = False  # static drafts follow the most frequent continuation (docs/measurements.md)
 SOURCE_DYNAMIC = "sam-dynamic"
 SOURCE_STATIC = "sam-static"
 SOURCE_MEMORY = "sam-memory"  # a static draft whose earliest occurrence lies in the answer memory
@@ -58,6 +59,7 @@ class SamDrafter:
         alpha: float = ALPHA,
         aux: Optional[Drafter] = None,
         memory_from: Optional[int] = None,
+        frequent: bool = FREQUENT,
     ) -> None:
         if draft_max < 1:
             raise SpecdecError(f"draft_max must be at least 1, got {draft_max}", setting="draft_max")
@@ -69,6 +71,7 @@ class SamDrafter:
         self.alpha = alpha
         self.aux = aux
         self.memory_from = memory_from  # static text positions from here on are remembered answers
+        self.frequent = frequent  # static drafts: the continuation most occurrences take, not the earliest's
         self.reset()
 
     def reset(self) -> None:
@@ -124,7 +127,11 @@ class SamDrafter:
             source, automaton, state, match_len = SOURCE_DYNAMIC, self.dynamic, self.dynamic_state, l_dynamic
         if match_len == 0 or budget <= 0:
             return Draft.empty(source)
-        tokens = automaton.continuation(state, self._draft_length(match_len, budget))
+        length = self._draft_length(match_len, budget)
+        if self.frequent and isinstance(automaton, StaticAutomaton):
+            tokens = automaton.frequent_continuation(state, length)
+        else:
+            tokens = automaton.continuation(state, length)
         return Draft(tokens=tokens, source=source, match_len=match_len)
 
 

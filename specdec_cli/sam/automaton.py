@@ -7,7 +7,9 @@ tokens seen so far that occurs in the automaton's text (docs/methods.md, section
   transition on `token` exists, then take it; or fall back to the root with length 0);
 - `continuation(state, max_tokens)`: the tokens that follow the earliest occurrence of the match,
   `text[min_endpos + 1:]`, stopping before a separator token and at the end of the text, never padded;
-- `count(state)` (static only): how often the state's strings occur in the text.
+- `count(state)` (static only): how often the state's strings occur in the text;
+- `frequent_continuation(state, max_tokens)` (static only): the continuation most of the match's occurrences
+  take, token by token (as suffix trees over past outputs draft), rather than the earliest occurrence's.
 
 `StaticAutomaton` holds struct-of-arrays data (int32 numpy arrays, possibly memory-mapped from an index
 file) with transitions in CSR form; `build_static` makes one from a token array with the C extension.
@@ -114,6 +116,27 @@ class StaticAutomaton:
 
     def count(self, state: int) -> int:
         return int(self._count[state])
+
+    def frequent_continuation(self, state: int, max_tokens: int) -> list[int]:
+        """The continuation most occurrences take: from `state`, again and again the transition whose target
+        occurs most often (the smaller token on a tie), stopped before a separator or where the text ends. A
+        transition on `token` leads to the state of the matched string plus `token`, so its count is how often
+        that token followed the match."""
+        tokens: list[int] = []
+        if state == ROOT:
+            return tokens
+        while len(tokens) < max_tokens:
+            begin, end = int(self.trans_offsets[state]), int(self.trans_offsets[state + 1])
+            if begin == end:
+                break
+            targets = self.trans_targets[begin:end]  # [children]
+            best = int(np.argmax(self._count[targets]))  # the first maximum: tokens are sorted ascending
+            token = int(self.trans_tokens[begin + best])
+            if token in self.separators:
+                break
+            tokens.append(token)
+            state = int(targets[best])
+        return tokens
 
 
 def state_capacity(num_tokens: int) -> int:
