@@ -13,6 +13,7 @@ DEFAULT_MAX_NEW_TOKENS = 256  # chat's answer length
 # shortest match whose continuation they draft (vLLM verifies every drafted token; nothing trims drafts there)
 VLLM_DRAFTERS = ("sam", "sam+pld", "sam+none", "pld")
 VLLM_MIN_MATCH = 3
+VLLM_DRAFT_MAX = 4  # num_speculative_tokens by default (docs/vllm.md: 4 beat 8 on a CPU, most at 8 requests)
 
 # distill's answer generation: prompts answered together per forward (distill/batched.py; why: docs/measurements.md)
 DEFAULT_BATCH_PROMPTS = 32

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from .defaults import DEFAULT_TARGET
+from .defaults import DEFAULT_TARGET, VLLM_DRAFT_MAX
 from .errors import SpecdecError
 from .vllm_proposer import MIN_MATCH, VLLM_DRAFTERS, proposer_settings
 from .vllm_runner import CPU_MEMORY_FRACTION, INSTALL_HINT, vllm_installed
@@ -34,7 +34,7 @@ class ServeSettings:
     target: str = DEFAULT_TARGET
     drafter: str = "sam"  # one of VLLM_DRAFTERS, or "none" for no speculation
     index: Optional[str] = None
-    draft_max: int = 8  # vLLM's num_speculative_tokens
+    draft_max: int = VLLM_DRAFT_MAX  # vLLM's num_speculative_tokens
     min_match: int = MIN_MATCH
     dtype: str = "auto"
     host: str = "127.0.0.1"

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from .defaults import VLLM_DRAFTERS
+from .defaults import VLLM_DRAFT_MAX, VLLM_DRAFTERS
 from .errors import SpecdecError
 
 VLLM_METHODS = ("ngram", "suffix")  # vLLM's own drafters
@@ -61,7 +61,7 @@ class VllmSettings:
 
     model: str  # a model directory vLLM loads (models.model_location)
     method: str = "none"  # none, ngram, suffix or one of VLLM_DRAFTERS
-    draft_max: int = 8  # num_speculative_tokens
+    draft_max: int = VLLM_DRAFT_MAX  # num_speculative_tokens
     index: Optional[str] = None  # specdec sam's static index
     memory: Optional[str] = None  # specdec sam's answer memory (read only)
     min_match: Optional[int] = None  # specdec's proposers: None = vllm_proposer's default

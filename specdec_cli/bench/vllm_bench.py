@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional, Sequence
 
-from ..defaults import VLLM_DRAFTERS
+from ..defaults import VLLM_DRAFT_MAX, VLLM_DRAFTERS
 from ..errors import SpecdecError
 from ..prompts import Conversation, categories_of
 from ..vllm_runner import (
@@ -46,7 +46,7 @@ DEFAULT_VLLM_REFERENCES = ("ngram",)
 @dataclass(frozen=True)
 class VllmBenchSettings:
     methods: Sequence[str]  # `none` first, then specdec's proposers and vLLM's own drafters
-    draft_max: int = 8
+    draft_max: int = VLLM_DRAFT_MAX
     max_new_tokens: int = 128
     concurrency: Optional[int] = None  # prompts submitted together (None: all of them)
     dtype: str = "auto"

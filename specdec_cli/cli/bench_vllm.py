@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Literal, Optional, Sequence
 
+from ..defaults import VLLM_DRAFT_MAX
 from .common import cell, console, doing, err_console, table_width
 
 VLLM_COLUMNS = ("regime", "category", "method", "prompts", "new_tokens", "seconds", "tokens_per_second", "speedup",
                 "mean_accepted_tokens", "acceptance_rate", "identical", "compared")
-DEFAULT_VLLM_DRAFT_MAX = 8
 
 
 def bench_vllm(*, target: str, suite: Optional[str], prompts: Optional[str], categories: Optional[str],
@@ -34,7 +34,7 @@ def bench_vllm(*, target: str, suite: Optional[str], prompts: Optional[str], cat
         raise SpecdecError(f"{', '.join(unsupported)}: not with --engine vllm (greedy, one run per method, on vLLM's "
                            "own kernels and threads)")
     settings = VllmBenchSettings(vllm_methods(split_names(drafters), split_names(reference)),
-                                 draft_max=DEFAULT_VLLM_DRAFT_MAX if draft_max is None else draft_max,
+                                 draft_max=VLLM_DRAFT_MAX if draft_max is None else draft_max,
                                  max_new_tokens=max_new_tokens, concurrency=concurrency, dtype=dtype, index=index,
                                  memory=memory, warmup=warmup)
     settings.check()

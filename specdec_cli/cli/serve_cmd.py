@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from ..defaults import VLLM_DRAFTERS, VLLM_MIN_MATCH
+from ..defaults import VLLM_DRAFT_MAX, VLLM_DRAFTERS, VLLM_MIN_MATCH
 from . import app, options
 from .common import err_console
 
@@ -21,7 +21,7 @@ def serve_command(
     drafter: str = typer.Option("sam", "--drafter", "-d", help=f"none (no speculation), {', '.join(VLLM_DRAFTERS)}: "
                                 "the drafters vLLM can run (it verifies chains)."),
     index: Optional[str] = options.index(),
-    draft_max: int = typer.Option(8, "--draft-max", help="vLLM's num_speculative_tokens: longest draft per step."),
+    draft_max: int = typer.Option(VLLM_DRAFT_MAX, "--draft-max", help="vLLM's num_speculative_tokens: longest draft per step."),
     min_match: int = typer.Option(VLLM_MIN_MATCH, "--min-match", help="Draft only continuations of matches this long "
                                   "(vLLM verifies every drafted token)."),
     dtype: str = typer.Option("auto", "--dtype", help="vLLM's dtype: auto, float32, bfloat16, float16."),
