@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from ..defaults import DEFAULT_AUX
+from ..defaults import DEFAULT_AUX, DEFAULT_L_BIAS
 from ..errors import SpecdecError
 from .base import Drafter
 
@@ -42,7 +42,7 @@ class TargetInfo:
 class DrafterOptions:
     draft_max: Optional[int] = None  # longest draft; None = the drafter's own default
     index: Optional[str] = None  # static suffix-automaton index file (sam)
-    l_bias: int = 5  # sam: static match must beat the dynamic one by more than this (= sam.L_BIAS)
+    l_bias: int = DEFAULT_L_BIAS  # sam: static match must beat the dynamic one by more than this
     l_threshold: int = 1  # sam: below this match length the auxiliary drafter takes over (= sam.L_THRESHOLD)
     aux: str = DEFAULT_AUX  # sam: the auxiliary drafter (recycle, aded, model, pld) or "none"
     pld_max_ngram: int = 3  # pld: longest n-gram to look up

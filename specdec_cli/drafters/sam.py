@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
+from ..defaults import DEFAULT_L_BIAS
 from ..draft import Draft, StepEvent
 from ..errors import SpecdecError
 from ..sam.automaton import ROOT, DynamicAutomaton, StaticAutomaton
@@ -37,7 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 DRAFT_MAX = 16  # longest draft by default (to tune on CPU; the engine's cost-aware budget trims it further)
 ALPHA = 4  # draft length grows by this many tokens per matched token (the paper's adaptive length)
-L_BIAS = 5  # the static match must beat the dynamic one by more than this (the paper's value)
+L_BIAS = DEFAULT_L_BIAS  # the static match must beat the dynamic one by more than this (the paper's: 5)
 L_THRESHOLD = 1  # below this match length the auxiliary takes over (the paper's is 5; docs/measurements.md)
 FREQUENT = False  # static drafts follow the most frequent continuation (docs/measurements.md)
 SOURCE_DYNAMIC = "sam-dynamic"
