@@ -150,15 +150,15 @@ def test_auxiliary_drafter_below_the_threshold():
     assert aux.events == ["prefill", "step"] and aux.calls == 1
 
 
-def test_the_default_sam_has_no_auxiliary_and_a_named_one_drafts_only_when_nothing_matches():
-    """By default `sam` is the automata alone (no auxiliary measured to pay, docs/measurements.md); `sam+aded`
-    hands over to ADED only when the newest token has no match."""
+def test_default_hybrid_hands_over_only_when_nothing_matches():
+    """By default `sam` is the hybrid with ADED, which drafts only when the newest token has no match;
+    `sam+none` is the automata alone."""
     from specdec_cli.drafters.aded import AdedDrafter
 
     target = TargetInfo(vocab_size=100, eos_token_ids=(EOS,))
-    assert make_drafter("sam", DrafterOptions(), target).aux is None
-    hybrid = make_drafter("sam+aded", DrafterOptions(), target)
+    hybrid = make_drafter("sam", DrafterOptions(), target)
     assert isinstance(hybrid.aux, AdedDrafter) and hybrid.l_threshold == 1 and hybrid.l_bias == 3
+    assert make_drafter("sam+none", DrafterOptions(), target).aux is None
     assert make_drafter("sam+recycle", DrafterOptions(aux="none"), target).aux.name == "recycle"  # name wins
     for bad in ("sam", "sam+pld", "bogus"):  # no nested hybrids
         with pytest.raises(SpecdecError, match="auxiliary drafter must be one of"):

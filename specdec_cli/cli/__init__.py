@@ -75,6 +75,9 @@ def main() -> None:
         sys.stderr.write(f"specdec: warning: {message}\n")  # one line, not Python's file:line form
 
     warnings.showwarning = show_warning
+    # transformers >= 5.24 renames forward's `past_key_values` to `cache` (removed in 5.40, above the range
+    # pyproject.toml allows): a note for developers that a user can do nothing about
+    warnings.filterwarnings("ignore", message=r".*`past_key_values` is deprecated", category=FutureWarning)
     signal.signal(signal.SIGTERM, _interrupt)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when started with SIGINT ignored
         signal.signal(signal.SIGINT, _interrupt)

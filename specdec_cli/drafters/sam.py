@@ -9,7 +9,8 @@ Drafting (docs/methods.md, section 2): with match lengths `l_dynamic` and `l_sta
 drafts only if `l_static - l_bias > l_dynamic` (ties go to the dynamic one). If an auxiliary drafter is
 given and `max(l_dynamic, l_static - l_bias) < l_threshold`, it drafts instead and sees every event too.
 The default threshold is 1 (the paper's is 5): the auxiliary drafts only when the last token has never been
-seen. Why, with the replay that chose it: docs/measurements.md, "sam's threshold and auxiliary".
+seen. Why, with the replay and bench that chose it: docs/measurements.md, "sam's threshold, auxiliary and
+memory bias".
 The draft is the continuation of the match's earliest occurrence, stopped before an EOS and at the end
 of the text, never padded, and `min(budget, draft_max, 1 + floor(ALPHA * match_len))` tokens long; no
 match (or nothing after it), no draft.
