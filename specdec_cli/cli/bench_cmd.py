@@ -11,6 +11,8 @@ from typing import Literal, Optional
 import typer
 
 from ..bench.methods import DEFAULT_MAX_NEW_TOKENS
+from ..defaults import VLLM_DRAFTERS
+from ..vllm_runner import VLLM_METHODS
 from . import app, options
 from .common import apply_threads, cell, console, doing, err_console, table_width
 
@@ -52,9 +54,9 @@ def bench(
     memory: Optional[str] = typer.Option(None, "--memory", help="Let sam draft from this answer-memory directory (`specdec memory info` shows it); the bench never reads or writes the memory otherwise."),
     exact: Optional[bool] = options.exact(note="; when on, the `native` row times plain decoding on the model's own kernels"),
     engine: str = typer.Option("specdec", "--engine", help="specdec (this process), or vllm: the methods inside vLLM "
-                               "(each in its own vLLM process; drafters sam, sam+pld, sam+none, pld; --reference "
-                               "ngram,suffix for vLLM's own, default ngram), one request at a time and --concurrency "
-                               "at once. Needs `make install-vllm`."),
+                               f"(each in its own vLLM process; drafters {', '.join(VLLM_DRAFTERS)}; --reference "
+                               f"{','.join(VLLM_METHODS)} for vLLM's own, default ngram), one request at a time and "
+                               "--concurrency at once. Needs `make install-vllm`."),
     concurrency: int = typer.Option(8, "--concurrency", help="--engine vllm: requests in flight in the concurrent "
                                     "rows (a new one as one finishes)."),
 ) -> None:
