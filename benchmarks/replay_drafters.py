@@ -17,6 +17,8 @@ target's top-8 at every answer position, and the target's verify-cost curve meas
 pass (tau), and per draft source steps/verified/accepted. A method may carry settings after `@`:
 `sam+aded@t2` (l_threshold 2), `sam@b0` (l_bias 0), `sam@f1` (static drafts follow the most frequent
 continuation). `--remember` gives sam, for each answer, every earlier answer as the answer memory would.
+`suffix` replays Snowflake's SuffixDecoding (arctic-inference's suffix trees, where built) on the same answers:
+its global tree over earlier responses with `--remember`, the request alone without.
 
 What it does not model: the drafters' own time (measured and added, but on an idle process), the engine's
 per-step overhead, and the rows of rejected tree nodes that Token Recycling would learn from (only the
@@ -126,6 +128,50 @@ def remembered(rows: list, upto: int, document: dict, index_text) -> tuple:
     return static, 0 if index_text is None else len(index_text)
 
 
+SUFFIX = "suffix"
+SUFFIX_DEPTH = 24  # vLLM's defaults for SuffixDecoding: tree depth, draft length per matched token, token floor
+SUFFIX_FACTOR = 1.0
+SUFFIX_MIN_PROB = 0.1
+
+
+class SuffixReference:
+    """SuffixDecoding (Snowflake's arctic-inference suffix trees) as a replay drafter, for comparison only: each
+    prompt in a tree of its own, responses in a global tree; with `remember` every earlier response stays there
+    (its global cache), else only the current one. Needs the `arctic_inference.suffix_decoding` extension
+    (README in this folder: it builds alone with cmake and nanobind)."""
+
+    def __init__(self, remember: bool):
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        self.cache = SuffixDecodingCache(max_tree_depth=SUFFIX_DEPTH, max_cached_requests=-1 if remember else 1)
+        self.request = 0
+
+    def observe(self, event: StepEvent) -> None:
+        if event.kind == "prefill":
+            if self.request:
+                self.cache.stop_request(self.request)
+            self.request += 1
+            self.cache.start_request(self.request, list(event.prompt_tokens))
+        self.cache.add_active_response(self.request, list(event.committed))
+
+    def propose(self, context: list, budget: int) -> Draft:
+        draft = self.cache.speculate(self.request, context[-SUFFIX_DEPTH:], max_spec_tokens=budget,
+                                     max_spec_factor=SUFFIX_FACTOR, min_token_prob=SUFFIX_MIN_PROB)
+        return Draft(tokens=list(draft.token_ids), source=SUFFIX, match_len=int(draft.match_len))
+
+
+def make_replay_drafter(name: str, options: DrafterOptions, info: TargetInfo, remember: bool):
+    """specdec's drafters by name, and `suffix` (SuffixDecoding; skipped with one line where it is not built)."""
+    if name != SUFFIX:
+        return make_drafter(name, options, info)
+    try:
+        return SuffixReference(remember)
+    except ImportError:
+        print("suffix: skipped: arctic_inference.suffix_decoding is not importable (see benchmarks/README.md)",
+              file=sys.stderr)
+        return None
+
+
 def replay(spec: str, document: dict, index: str | None, draft_max: int,
            remember: bool = False) -> tuple[dict, dict]:
     """Per category [answer tokens, estimated seconds, verify passes]; per source [steps, verified, accepted].
@@ -133,7 +179,9 @@ def replay(spec: str, document: dict, index: str | None, draft_max: int,
     name, options, attributes = parse_method(spec, index)
     info = TargetInfo(document["vocab_size"], tuple(document["eos_token_ids"]), document["fingerprint"])
     cost = CostCurve.fixed({int(size): seconds for size, seconds in document["cost"].items()})
-    drafter = make_drafter(name, options, info)
+    drafter = make_replay_drafter(name, options, info, remember)
+    if drafter is None:
+        return {}, {}
     for key, value in attributes.items():
         setattr(drafter, key, value)
     index_text = getattr(getattr(drafter, "static", None), "text", None)
@@ -186,6 +234,8 @@ def replay_all(args: argparse.Namespace) -> None:
           + "tau".rjust(6) + "  sources: steps/verified/accepted")
     for spec in args.drafters.split(","):
         per_category, per_source = replay(spec, document, args.index, args.draft_max, args.remember)
+        if not per_category:
+            continue
         speedups = [plain[category] / per_category[category][1] for category in categories]
         overall = sum(plain.values()) / sum(totals[1] for totals in per_category.values())
         tau = sum(totals[0] for totals in per_category.values()) / sum(totals[2] for totals in per_category.values())
