@@ -215,3 +215,19 @@ def test_evaluating_a_head_reports_what_training_bought(tiny_llama, trained, tmp
     assert after["mean_accepted_tokens"] >= chain["mean_accepted_tokens"] - 0.05  # trees keep at least as much
     assert chain["per_position_acceptance"] and 0 <= chain["per_position_acceptance"][0] <= 1
     assert read_json(tmp_path / "head" / "distill_report.json")["evaluation"]["after"] == after
+
+
+def test_unrolling_deeper_trains_on_more_of_the_heads_own_predictions(tiny_llama):
+    """unroll 1 is teacher forcing alone; each further step adds a loss on the head's own predicted features, so
+    from the same start the first step's loss grows with the depth; a resumed run must keep the depth."""
+    from specdec_cli.distill.eagle_train import EagleTrainConfig, train_eagle
+
+    sequences = [prompt + hf_greedy(tiny_llama, prompt, 24) for prompt in ([1, *PATTERN], *PROMPTS)]
+    first_losses = []
+    for depth in (1, 2, 3):
+        _, result = train_eagle(tiny_llama, sequences, EagleTrainConfig(steps=2, head_vocab=0, holdout=0.2,
+                                                                         unroll=depth))
+        first_losses.append(result["report"]["loss_history"][0])
+    assert first_losses[0] < first_losses[1] < first_losses[2]
+    with pytest.raises(SpecdecError, match="unroll must be in 1..8"):
+        EagleTrainConfig(unroll=0).check()

@@ -106,6 +106,7 @@ def distill(
     seed: int = options.seed(0),
     device: str = options.device(),
     kind: str = options.kind(),
+    unroll: int = options.unroll(),
     corpus: Optional[List[str]] = options.corpus(),
     engine: str = options.answer_engine(),
 ) -> None:
@@ -118,7 +119,7 @@ def distill(
         raise SpecdecError("give either --prompts or --suite, not both")
     config = TrainConfig(layers=layers, epochs=epochs, steps=steps, lr=lr, kd_weight=kd_weight, kd_loss=kd_loss,
                          seed=seed, holdout=0.0, draft_vocab=draft_vocab)
-    head_config = EagleTrainConfig(epochs=epochs, steps=steps, lr=lr, seed=seed,
+    head_config = EagleTrainConfig(epochs=epochs, steps=steps, lr=lr, seed=seed, unroll=unroll,
                                    head_vocab=DEFAULT_HEAD_VOCAB if draft_vocab == DEFAULT_DRAFT_VOCAB else draft_vocab)
     stages = stages_of(kind, config, head_config, tuple(corpus or ()))
     batch_prompts = check_batch_prompts(batch_prompts, 0.0)
@@ -236,6 +237,7 @@ def train(
     resume: bool = options.resume(),
     device: str = options.device("cpu", note=": where the target runs (training runs on the CPU)"),
     kind: str = options.kind(),
+    unroll: int = options.unroll(),
     corpus: Optional[List[str]] = options.corpus(),
     token_weight: float = typer.Option(0.1, "--token-weight", help="eagle: weight of the token loss beside the feature regression."),
 ) -> None:
@@ -250,7 +252,7 @@ def train(
     head_vocab = DEFAULT_HEAD_VOCAB if draft_vocab == DEFAULT_DRAFT_VOCAB else draft_vocab  # a head's own default
     head_config = EagleTrainConfig(epochs=epochs, steps=steps, lr=lr, token_weight=token_weight,
                                    max_len=min(max_len, 512), head_vocab=head_vocab, holdout=holdout, seed=seed,
-                                   save_every=save_every)
+                                   save_every=save_every, unroll=unroll)
     stages = stages_of(kind, config, head_config, tuple(corpus or ()))
     stages.config.check()
     read_rows(data)  # a missing or empty file fails before the model loads

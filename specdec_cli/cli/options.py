@@ -14,7 +14,7 @@ from typing import Any, Optional
 import typer
 
 from ..defaults import DEFAULT_AUX, DEFAULT_BATCH_PROMPTS, DEFAULT_BUDGET, DEFAULT_TARGET, DEFAULT_VLLM_CONCURRENCY
-from ..distill.eagle_train import DEFAULT_HEAD_VOCAB
+from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, DEFAULT_UNROLL, MAX_UNROLL
 from ..distill.loss import KD_LOSSES
 from ..distill.student import DEFAULT_DRAFT_VOCAB
 from ..drafters import AUX_CHOICES, DRAFTERS, HYBRID_HEAD
@@ -196,6 +196,13 @@ def kd_loss() -> Any:
 def draft_vocab() -> Any:
     return typer.Option(DEFAULT_DRAFT_VOCAB, "--draft-vocab", help="Tokens the draft's head predicts (0 = all; an "
                         f"EAGLE head's own default: {DEFAULT_HEAD_VOCAB}).")
+
+
+def unroll() -> Any:
+    """--unroll: how deep an EAGLE head trains on its own predictions."""
+    return typer.Option(DEFAULT_UNROLL, "--unroll", help="--kind eagle: steps each position trains, the first "
+                        "teacher-forced and the rest on the head's own predicted features (EAGLE-3's training-time "
+                        f"test), 1-{MAX_UNROLL}.")
 
 
 def batch_prompts() -> Any:

@@ -4,9 +4,10 @@ Data: token sequences (the target's own answers from `specdec distill generate`,
 and any text corpus, cut into pieces of at most `max_len` tokens). One target forward per piece gives its
 last hidden state at every position (thousands of tokens per second even on a CPU, far more data than
 generating answers gives); they are kept in memory in float32. The head learns, at each position t, from
-(f_t, token t+1) to f_{t+1}, and again from its own prediction (f^_{t+1}, token t+2) to f_{t+2}, since
-drafting feeds its predictions back in: loss = smooth-L1 feature regression + `token_weight` x the
-cross-entropy of its next-token distribution against the target's (both read through the target's frozen
+(f_t, token t+1) to f_{t+1}, and again from its own prediction (f^_{t+1}, token t+2) to f_{t+2}, and so on
+for `unroll` steps in all (EAGLE-3's training-time test), since drafting feeds its predictions back in:
+loss = smooth-L1 feature regression + `token_weight` x the cross-entropy of its next-token distribution
+against the target's (both read through the target's frozen
 LM head restricted to `head_tokens`, the training data's most frequent tokens). Held-out pieces (`holdout`,
 chosen at random with `seed`) give the report's top-1 agreement with the target's own greedy choice,
 before and after training. Checkpoints (checkpoints.py's format: safetensors and JSON) are written every
@@ -34,6 +35,8 @@ from .data import items_digest
 from .loop import Trainee, TrainingRun, train
 
 DEFAULT_HEAD_VOCAB = 4096  # the LM-head slice a drafted token reads: 4096 x 576 in bfloat16 is 4.7 MB
+DEFAULT_UNROLL = 2  # training steps per position, the first teacher-forced (docs/measurements.md)
+MAX_UNROLL = 8
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class EagleTrainConfig:
     holdout: float = 0.1
     seed: int = 0
     save_every: int = 100  # checkpoint every N steps (0 = only at the end and on Ctrl-C)
+    unroll: int = DEFAULT_UNROLL  # steps per position: 1 teacher-forced, then on its own predicted features
 
     def check(self) -> None:
         if not (self.epochs > 0 or (self.steps or 0) > 0):
@@ -65,10 +69,12 @@ class EagleTrainConfig:
             raise SpecdecError(f"holdout must be in [0, 1), got {self.holdout}", setting="holdout")
         if self.save_every < 0:
             raise SpecdecError(f"save_every must be >= 0, got {self.save_every}", setting="save_every")
+        if not 1 <= self.unroll <= MAX_UNROLL:
+            raise SpecdecError(f"unroll must be in 1..{MAX_UNROLL}, got {self.unroll}", setting="unroll")
 
 
 # Settings a resumed run must share with its checkpoint (the length of the run may change).
-RESUME_KEYS = ("lr", "token_weight", "max_len", "head_vocab", "holdout", "seed")
+RESUME_KEYS = ("lr", "token_weight", "max_len", "head_vocab", "holdout", "seed", "unroll")
 
 
 @dataclass(frozen=True)
@@ -229,8 +235,8 @@ class HeadKind:
                 * 0.5 * (1 + math.cos(math.pi * step / total_steps)))
 
     def backward(self, step: int) -> float:
-        """Teacher-forced (f_t, x_{t+1}) -> f_{t+1}, then one step on the head's own predictions
-        (f^_{t+1}, x_{t+2}) -> f_{t+2}, as drafting a second token feeds them back in; then clipping."""
+        """Teacher-forced (f_t, x_{t+1}) -> f_{t+1}, then `unroll - 1` steps on the head's own predictions
+        (f^_{t+1}, x_{t+2}) -> f_{t+2}, ..., as drafting further tokens feeds them back in; then clipping."""
         import torch
         import torch.nn.functional as F
 
@@ -242,13 +248,13 @@ class HeadKind:
         piece_features, piece_embedded = self.data.train_features[piece], self.embedded[piece]
         total: Any = 0
         inputs, embedded_next = piece_features[None, :-1], piece_embedded  # [1, n-1, H] each
-        for unroll in range(2):
+        for unroll in range(min(self.config.unroll, piece_features.shape[0] - 1)):
             wanted = piece_features[None, 1 + unroll :]  # [1, n-1-unroll, H]
             predicted = self.head(inputs, embedded_next, torch.arange(inputs.shape[1]))  # [1, n-1-unroll, H]
             target_probs = torch.softmax(wanted @ self.head_weight.T, dim=-1)  # [1, ., K]
             token_loss = -(target_probs * torch.log_softmax(predicted @ self.head_weight.T, dim=-1)).sum(-1).mean()
             total = total + F.smooth_l1_loss(predicted, wanted) + self.config.token_weight * token_loss
-            inputs, embedded_next = predicted[:, :-1], piece_embedded[:, 1:]  # f^_{t+1} with x_{t+2}
+            inputs, embedded_next = predicted[:, :-1], embedded_next[:, 1:]  # f^_{t+1} with x_{t+2}, and so on
         total.backward()
         torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
         return float(total.detach())
