@@ -229,14 +229,27 @@ def eos_token_ids(configured: Any, tokenizer: Any) -> tuple[int, ...]:
     return tuple(eos)
 
 
-def configured_eos(location: str) -> Any:
-    """A model directory's generation config `eos_token_id`, without loading weights (None: none given)."""
+@dataclass(frozen=True)
+class TargetText:
+    """What a command needs of a target that another process runs (vLLM): no weights, only its text side."""
+
+    location: str  # the model directory (a GGUF converted once)
+    tokenizer: Any
+    eos_token_ids: tuple[int, ...]
+
+
+def load_target_text(target: str, on_status: Optional[StatusCallback] = None) -> TargetText:
+    """The target's model directory, tokenizer and end-of-answer ids (its generation config's, then the
+    tokenizer's), without loading its weights."""
     from transformers import GenerationConfig
 
+    location = model_location(resolve_target(target), on_status)
+    tokenizer = load_tokenizer(location)
     try:
-        return GenerationConfig.from_pretrained(location).eos_token_id
+        configured = GenerationConfig.from_pretrained(location).eos_token_id
     except OSError:  # no generation_config.json
-        return None
+        configured = None
+    return TargetText(location, tokenizer, eos_token_ids(configured, tokenizer))
 
 
 def load_tokenizer(target: str = DEFAULT_TARGET, on_status: Optional[StatusCallback] = None) -> Any:

@@ -23,7 +23,7 @@ from typing import Callable, Optional, Sequence
 from .defaults import DEFAULT_TARGET, VLLM_DRAFT_MAX
 from .errors import SpecdecError
 from .vllm_proposer import MIN_MATCH, VLLM_DRAFTERS, proposer_settings
-from .vllm_runner import CPU_MEMORY_FRACTION, INSTALL_HINT, vllm_installed
+from .vllm_runner import CPU_MEMORY_FRACTION, INSTALL_HINT, check_dtype, vllm_installed
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 GRACE_SECONDS = 30  # how long a stopping server may take before it is killed
@@ -59,8 +59,7 @@ class ServeSettings:
             raise SpecdecError(f"min_match must be >= 1, got {self.min_match}", setting="min_match")
         if not 1 <= self.port <= 65535:
             raise SpecdecError(f"port must be in 1..65535, got {self.port}", setting="port")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise SpecdecError(f"dtype {self.dtype}: choose auto, float32, bfloat16 or float16", setting="dtype")
+        check_dtype(self.dtype)
         if self.max_model_len is not None and self.max_model_len < 16:
             raise SpecdecError(f"max_model_len must be >= 16, got {self.max_model_len}", setting="max_model_len")
         if self.memory_fraction is not None and not 0 < self.memory_fraction <= 1:

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -38,6 +38,7 @@ from .errors import SpecdecError
 
 VLLM_METHODS = ("ngram", "suffix")  # vLLM's own drafters
 NGRAM_LOOKUP = (1, 3)  # vLLM's ngram: the shortest and longest suffix it looks up
+CONTEXT_MARGIN = 16  # tokens of context beyond the longest prompt and answer (speculative tokens past the end)
 CPU_MEMORY_FRACTION = 0.3  # vLLM's CPU build sizes its KV cache from this share of the machine's memory
 INSTALL_HINT = "vLLM is not installed in this environment: run `make install-vllm`, then use `.venv-vllm/bin/specdec`"
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
@@ -55,6 +56,12 @@ def method_unavailable(method: str) -> Optional[str]:
     return None
 
 
+def check_dtype(dtype: str) -> None:
+    """The dtypes vLLM takes (`auto`: float32 on its CPU build, its own choice elsewhere)."""
+    if dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise SpecdecError(f"dtype {dtype}: choose auto, float32, bfloat16 or float16", setting="dtype")
+
+
 @dataclass(frozen=True)
 class VllmSettings:
     """One vLLM engine: the model directory, its dtype, and how it speculates."""
@@ -66,7 +73,7 @@ class VllmSettings:
     memory: Optional[str] = None  # specdec sam's answer memory (read only)
     min_match: Optional[int] = None  # specdec's proposers: None = vllm_proposer's default
     dtype: str = "auto"
-    max_model_len: int = 4096
+    max_model_len: Optional[int] = None  # None: the longest prompt of the phases + its answer, and a margin
     memory_fraction: Optional[float] = None  # gpu_memory_utilization; None = 0.3 on a CPU build, vLLM's default on GPUs
 
     def check(self) -> None:
@@ -75,8 +82,7 @@ class VllmSettings:
                                f"{', '.join(VLLM_DRAFTERS)} (it verifies chains)", setting="drafter")
         if self.draft_max < 1:
             raise SpecdecError(f"draft_max must be >= 1, got {self.draft_max}", setting="draft_max")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise SpecdecError(f"dtype {self.dtype}: choose auto, float32, bfloat16 or float16", setting="dtype")
+        check_dtype(self.dtype)
 
     def speculative(self) -> tuple[Optional[dict], dict[str, str]]:
         """vLLM's speculative_config for this method, and the environment entries its proposer reads."""
@@ -142,6 +148,9 @@ def run_vllm(settings: VllmSettings, phases: Sequence[VllmPhase],
     if reason is not None:
         raise SpecdecError(reason)
     speculative, env = settings.speculative()
+    if settings.max_model_len is None:
+        longest = max((len(ids) + phase.max_tokens for phase in phases for ids in phase.prompts), default=0)
+        settings = replace(settings, max_model_len=longest + CONTEXT_MARGIN)
     job = {**asdict(settings), "speculative": speculative,
            "phases": [{**asdict(phase), "prompts": [list(map(int, ids)) for ids in phase.prompts],
                        "stop_token_ids": [int(token) for token in phase.stop_token_ids]} for phase in phases]}

@@ -201,3 +201,14 @@ def test_make_sam_drafter_refuses_other_eos_or_larger_vocabulary(tmp_path):
         make_sam_drafter(DrafterOptions(index=write_index(tmp_path / "vocab.sam", vocab_size=500)), target)
     with pytest.raises(SpecdecError, match="not found"):
         make_sam_drafter(DrafterOptions(index=str(tmp_path / "absent.sam")), target)
+
+
+def test_a_static_draft_can_follow_the_most_frequent_continuation():
+    """Off by default (the earliest occurrence's continuation); `frequent` drafts what most occurrences go on with."""
+    corpus = [10, 11, 12, 13, EOS, 10, 11, 12, 14, 15, EOS, 10, 11, 12, 14, 15, EOS]
+    prompt = [30, 31, 10, 11]  # then 12: "10 11 12" matches the corpus three times, the conversation not at all
+    for frequent, expected in ((False, [13]), (True, [14, 15])):
+        drafter = SamDrafter(static_of(corpus), separators=(EOS,), l_bias=0, frequent=frequent)
+        drafter.observe(prefill(prompt, 12))
+        draft = drafter.propose(prompt + [12], 8)
+        assert draft.source == "sam-static" and draft.tokens == expected

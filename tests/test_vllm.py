@@ -27,40 +27,40 @@ PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
 ]
 
-def model_dir() -> str:
-    from specdec_cli.models import model_location, resolve_target
 
-    return model_location(resolve_target("default"))
+@pytest.fixture(scope="module")
+def target():
+    """The default model's directory, tokenizer and end-of-answer ids (its weights run in vLLM only)."""
+    from specdec_cli.models import load_target_text
+
+    return load_target_text("default")
 
 
 @pytest.fixture(scope="module")
-def prompt_ids() -> list[list[int]]:
+def prompt_ids(target) -> list[list[int]]:
     from specdec_cli.chat import format_prompt
-    from specdec_cli.models import load_tokenizer
 
-    tokenizer = load_tokenizer("default")
-    return [format_prompt(tokenizer, [{"role": "user", "content": prompt}]) for prompt in PROMPTS]
+    return [format_prompt(target.tokenizer, [{"role": "user", "content": prompt}]) for prompt in PROMPTS]
 
 
-def vllm_answers(method: str, prompt_ids: list[list[int]]) -> dict[str, list[list[int]]]:
+def vllm_answers(target, method: str, prompt_ids: list[list[int]]) -> dict[str, list[list[int]]]:
     """The prompts one request at a time ("single") and all four at once ("batched"), greedy, float32."""
-    from specdec_cli.models import configured_eos, eos_token_ids, load_tokenizer
     from specdec_cli.vllm_runner import VllmPhase, VllmSettings, run_vllm
 
-    eos = eos_token_ids(configured_eos(model_dir()), load_tokenizer("default"))
-    run = run_vllm(VllmSettings(model_dir(), method=method, draft_max=6, max_model_len=1024),
+    eos = target.eos_token_ids
+    run = run_vllm(VllmSettings(target.location, method=method, draft_max=6, max_model_len=1024),
                    [VllmPhase("single", prompt_ids, 48, eos), VllmPhase("batched", prompt_ids, 48, eos, concurrency=4)])
     return {name: [answer.tokens for answer in phase.answers] for name, phase in run.phases.items()}
 
 
 @pytest.fixture(scope="module")
-def plain_answers(prompt_ids) -> dict[str, list[list[int]]]:
-    return vllm_answers("none", prompt_ids)
+def plain_answers(target, prompt_ids) -> dict[str, list[list[int]]]:
+    return vllm_answers(target, "none", prompt_ids)
 
 
 @pytest.mark.parametrize("drafter", ["sam", "pld"])
-def test_a_specdec_proposer_leaves_vllm_greedy_output_unchanged(prompt_ids, plain_answers, drafter):
-    speculative = vllm_answers(drafter, prompt_ids)
+def test_a_specdec_proposer_leaves_vllm_greedy_output_unchanged(target, prompt_ids, plain_answers, drafter):
+    speculative = vllm_answers(target, drafter, prompt_ids)
     assert all(plain_answers["single"])
     assert speculative["single"] == plain_answers["single"]
     assert speculative["batched"] == plain_answers["batched"]

@@ -10,7 +10,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from specdec_cli.bench.vllm_bench import result_rows, vllm_methods
+from specdec_cli.bench.vllm_bench import RESULT_COLUMNS, result_rows, vllm_methods
 from specdec_cli.cli import app
 from specdec_cli.errors import SpecdecError
 from specdec_cli.prompts import Conversation
@@ -64,6 +64,7 @@ def test_rows_give_speed_tau_acceptance_and_identity_per_regime_and_category():
     code = rows[("single", "code", "sam")]  # per category: from each request's own time
     assert code["prompts"] == 1 and code["tokens_per_second"] == 4.0 and code["mean_accepted_tokens"] is None
     assert ("concurrent", "code", "sam") not in rows  # concurrent requests share their time: overall only
+    assert all(tuple(row) == RESULT_COLUMNS for row in result_rows(regimes, conversations))  # the CSV's columns
     assert rows[("single", "overall", "none")]["mean_accepted_tokens"] is None
 
 

@@ -14,11 +14,24 @@ from typing import Any, Optional
 from ..machine import cpu_model, usable_cores
 
 
+def host_environment(started: Optional[datetime] = None) -> dict:
+    """The machine and the Python a bench ran on, whatever engine ran it."""
+    from .. import __version__
+
+    return {
+        "cpu": cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "usable_cores": usable_cores(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "specdec": __version__,
+        "date": (started or datetime.now(timezone.utc)).isoformat(timespec="seconds"),
+    }
+
+
 def environment(model_name: str, device: str, dtype: Any, started: Optional[datetime] = None) -> dict:
     import torch
     import transformers
-
-    from .. import __version__
 
     gpu = None
     if torch.cuda.is_available():
@@ -28,21 +41,15 @@ def environment(model_name: str, device: str, dtype: Any, started: Optional[date
     from .. import kernels
 
     return {
-        "cpu": cpu_model(),
-        "cpu_cores": os.cpu_count(),
-        "usable_cores": usable_cores(),
+        **host_environment(started),
         "torch_threads": torch.get_num_threads(),
         "kernel_threads": kernels.threads() if kernels.available() else None,  # specdec's C kernels (block weights)
         "gpu": gpu,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "specdec": __version__,
         "model": model_name,
         "dtype": str(dtype).replace("torch.", ""),
         "device": str(device),
-        "date": (started or datetime.now(timezone.utc)).isoformat(timespec="seconds"),
     }
 
 

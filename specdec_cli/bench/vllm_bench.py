@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from ..defaults import VLLM_DRAFT_MAX, VLLM_DRAFTERS
 from ..errors import SpecdecError
@@ -37,9 +37,12 @@ from ..vllm_runner import (
     method_unavailable,
     run_vllm,
 )
+from .environment import host_environment
 from .methods import BASELINE, OVERALL, WARMUP_MAX_NEW_TOKENS
 
 SINGLE, CONCURRENT = "single", "concurrent"
+RESULT_COLUMNS = ("regime", "category", "method", "prompts", "new_tokens", "seconds", "tokens_per_second", "speedup",
+                  "mean_accepted_tokens", "acceptance_rate", "identical", "compared")  # a result row's keys (CSV)
 DEFAULT_VLLM_REFERENCES = ("ngram",)
 
 
@@ -57,10 +60,8 @@ class VllmBenchSettings:
     def check(self) -> None:
         if not self.methods or self.methods[0] != BASELINE:
             raise SpecdecError("the method list must start with the baseline `none`")
-        for method in self.methods:
-            VllmSettings("", method=method, draft_max=max(1, self.draft_max), dtype=self.dtype).check()
-        if self.draft_max < 1:
-            raise SpecdecError(f"draft_max must be >= 1 in vLLM, got {self.draft_max}", setting="draft_max")
+        for method in self.methods:  # each method's name, the draft length and the dtype
+            VllmSettings("", method=method, draft_max=self.draft_max, dtype=self.dtype).check()
         if self.max_new_tokens < 1:
             raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}", setting="max_new_tokens")
         if self.concurrency is not None and self.concurrency < 1:
@@ -120,8 +121,7 @@ def run_vllm_bench(model_dir: str, model_name: str, prompt_ids: Sequence[Sequenc
         if on_progress is not None:
             on_progress(VllmProgress(method, done[0], total))
         runs[method] = run_vllm(VllmSettings(model_dir, method=method, draft_max=settings.draft_max,
-                                             index=settings.index, memory=settings.memory, dtype=settings.dtype,
-                                             max_model_len=_context_length(prompt_ids, settings.max_new_tokens)),
+                                             index=settings.index, memory=settings.memory, dtype=settings.dtype),
                                 phases, on_answer=counted)
     regimes = {method: {SINGLE: run.phases[SINGLE], CONCURRENT: run.phases[CONCURRENT]} for method, run in runs.items()}
     first = next(iter(runs.values()))
@@ -190,21 +190,6 @@ def _identical(single: VllmPhaseResult, concurrent: VllmPhaseResult) -> dict:
     return {"identical": same, "compared": len(single.answers)}
 
 
-def _context_length(prompt_ids: Sequence[Sequence[int]], max_new_tokens: int) -> int:
-    return max(len(ids) for ids in prompt_ids) + max_new_tokens + 16
-
-
 def _environment(model_name: str, run: VllmRun, started: datetime) -> dict:
-    import os
-    import platform
-
-    from .. import __version__
-    from ..machine import cpu_model, usable_cores
-
-    info: dict[str, Any] = {
-        "cpu": cpu_model(), "cpu_cores": os.cpu_count(), "usable_cores": usable_cores(),
-        "gpu": None if run.device == "cpu" else run.device, "platform": platform.platform(),
-        "python": platform.python_version(), "vllm": run.version, "specdec": __version__, "model": model_name,
-        "dtype": run.dtype, "device": run.device, "date": started.isoformat(timespec="seconds"),
-    }
-    return info
+    return {**host_environment(started), "gpu": None if run.device == "cpu" else run.device, "vllm": run.version,
+            "model": model_name, "dtype": run.dtype, "device": run.device}

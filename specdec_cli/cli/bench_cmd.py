@@ -61,17 +61,15 @@ def bench(
                                     "rows (a new one as one finishes)."),
 ) -> None:
     """Measure speedup over plain decoding on a prompt suite (Spec-Bench conventions: greedy, batch 1, warm-up excluded)."""
-    if engine not in ("specdec", "vllm"):
-        from ..errors import SpecdecError
-
-        raise SpecdecError(f"engine must be specdec or vllm, got {engine!r}", setting="engine")
+    options.check_engine(engine)
+    suite = suite if suite or prompts else DEFAULT_SUITE
     if engine == "vllm":
         from .bench_vllm import bench_vllm
 
         not_here = {"--oracle": oracle, "--temperature": temperature > 0, "--repeats": repeats > 1,
                     "--draft-model": draft_model, "--plot": plot, "--exact/--no-exact": exact is not None,
                     "--weights": weights != "auto", "--threads": threads is not None, "--device": device != "auto"}
-        bench_vllm(target=target, suite=suite or (None if prompts else DEFAULT_SUITE), prompts=prompts,
+        bench_vllm(target=target, suite=suite, prompts=prompts,
                    categories=categories, limit=limit, drafters=drafters, reference=reference, index=index,
                    memory=memory, draft_max=draft_max, max_new_tokens=max_new_tokens, dtype=dtype, raw=raw,
                    warmup=warmup, concurrency=concurrency, json_out=json_out, csv_out=csv_out, as_json=as_json,
@@ -112,7 +110,6 @@ def bench(
     source_file = resolve_target(target)
     check_weights(weights, source_file, pick_device(device), dtype)
     gguf_path = source_file.location if source_file.kind == "gguf" else None
-    suite = suite if suite or prompts else DEFAULT_SUITE
     wanted = [name.strip() for name in (categories or "").split(",") if name.strip()]
     conversations = load_prompts(prompts, suite, categories=wanted, limit=limit)
     source = prompts or str(suite).strip().lower()

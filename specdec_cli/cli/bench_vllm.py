@@ -12,9 +12,6 @@ from typing import Literal, Optional, Sequence
 from ..defaults import VLLM_DRAFT_MAX
 from .common import cell, console, doing, err_console, table_width
 
-VLLM_COLUMNS = ("regime", "category", "method", "prompts", "new_tokens", "seconds", "tokens_per_second", "speedup",
-                "mean_accepted_tokens", "acceptance_rate", "identical", "compared")
-
 
 def bench_vllm(*, target: str, suite: Optional[str], prompts: Optional[str], categories: Optional[str],
                limit: Optional[int], drafters: str, reference: Optional[str], index: Optional[str],
@@ -22,11 +19,11 @@ def bench_vllm(*, target: str, suite: Optional[str], prompts: Optional[str], cat
                warmup: bool, concurrency: int, json_out: Optional[str], csv_out: Optional[str], as_json: bool,
                unsupported: Sequence[str]) -> None:
     from ..bench import split_names, to_json_text, write_csv, write_json
-    from ..bench.vllm_bench import VllmBenchSettings, VllmProgress, run_vllm_bench, vllm_methods
+    from ..bench.vllm_bench import RESULT_COLUMNS, VllmBenchSettings, VllmProgress, run_vllm_bench, vllm_methods
     from ..chat import format_prompt
     from ..errors import SpecdecError
     from ..files import check_output_file
-    from ..models import configured_eos, eos_token_ids, load_tokenizer, model_location, resolve_target
+    from ..models import load_target_text, resolve_target
     from ..prompts import load_prompts
     from ..vllm_runner import INSTALL_HINT, vllm_installed
 
@@ -44,14 +41,11 @@ def bench_vllm(*, target: str, suite: Optional[str], prompts: Optional[str], cat
     conversations = load_prompts(prompts, suite, categories=wanted, limit=limit)
     json_path = check_output_file(json_out, "json_out") if json_out else None
     csv_path = check_output_file(csv_out, "csv") if csv_out else None
-    source = resolve_target(target)
     status = err_console().status("Loading the tokenizer…")
     with status:
-        location = model_location(source, on_status=lambda message: status.update(message))
-        tokenizer = load_tokenizer(location)
-    prompt_ids = [format_prompt(tokenizer, [{"role": "user", "content": conversation.first_turn}], raw)
+        text = load_target_text(target, on_status=lambda message: status.update(message))
+    prompt_ids = [format_prompt(text.tokenizer, [{"role": "user", "content": conversation.first_turn}], raw)
                   for conversation in conversations]
-    eos = eos_token_ids(configured_eos(location), tokenizer)
 
     from rich import progress as bars
 
@@ -64,12 +58,13 @@ def bench_vllm(*, target: str, suite: Optional[str], prompts: Optional[str], cat
         def on_progress(update: VllmProgress) -> None:
             progress.update(task, total=update.total, completed=update.done, description=f"vLLM · {update.method:>8}")
 
-        document = run_vllm_bench(location, source.name, prompt_ids, conversations, eos, settings,
+        document = run_vllm_bench(text.location, resolve_target(target).name, prompt_ids, conversations,
+                                  text.eos_token_ids, settings,
                                   suite=prompts or str(suite), on_progress=on_progress)
     if json_path:
         write_json(document, json_path)
     if csv_path:
-        write_csv(document["results"], csv_path, VLLM_COLUMNS)
+        write_csv(document["results"], csv_path, RESULT_COLUMNS)
     if as_json:
         print(to_json_text(document), end="")
     else:

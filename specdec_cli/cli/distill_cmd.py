@@ -123,7 +123,7 @@ def distill(
                                    head_vocab=DEFAULT_HEAD_VOCAB if draft_vocab == DEFAULT_DRAFT_VOCAB else draft_vocab)
     stages = stages_of(kind, config, head_config, tuple(corpus or ()))
     batch_prompts = check_batch_prompts(batch_prompts, 0.0)
-    options.check_answer_engine(engine)
+    options.check_engine(engine)
     config.check()  # the student's flags, whatever the kind
     stages.config.check()
     train_items = load_prompts(prompts, None if prompts else (suite or "distill"), first_turns=True, limit=limit,
@@ -193,7 +193,7 @@ def generate(
     check_drafter_options(drafter, DrafterOptions(draft_max=draft_max, index=index, draft_model=draft_model))
     GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k).check()
     batch_prompts = check_batch_prompts(batch_prompts, temperature)
-    options.check_answer_engine(engine, temperature)
+    options.check_engine(engine, temperature)
     check_output_file(output, "output")
     items = load_prompts(prompts, suite, limit=limit, max_prompts=max_prompts, first_turns=True)
     if engine == "vllm":

@@ -78,20 +78,18 @@ def run_generate_vllm(target: str, target_spec: str, prompts: list, data: str, *
     from ..defaults import DEFAULT_VLLM_CONCURRENCY
     from ..distill.generate import generate_data_vllm
     from ..fingerprint import tokenizer_fingerprint
-    from ..models import configured_eos, eos_token_ids, load_tokenizer, model_location, resolve_target
+    from ..models import load_target_text
     from ..vllm_runner import INSTALL_HINT, vllm_installed
 
     if not vllm_installed():
         raise SpecdecError(INSTALL_HINT)
     status = err_console().status("Loading the tokenizer…")
     with status:
-        location = model_location(resolve_target(target), on_status=lambda message: status.update(message))
-        tokenizer = load_tokenizer(location)
-    read_rows(data, tokenizer_fingerprint(tokenizer), target_spec, allow_empty=True)  # before any progress display
+        text = load_target_text(target, on_status=lambda message: status.update(message))
+    read_rows(data, tokenizer_fingerprint(text.tokenizer), target_spec, allow_empty=True)  # before any progress
     with answering_progress(len(prompts), data, starting="starting vLLM") as on_progress:
         summary = generate_data_vllm(
-            location, tokenizer, target_spec, prompts, data, eos_token_ids=eos_token_ids(configured_eos(location),
-                                                                                          tokenizer),
+            text.location, text.tokenizer, target_spec, prompts, data, eos_token_ids=text.eos_token_ids,
             max_new_tokens=max_new_tokens, dtype=dtype, concurrency=concurrency or DEFAULT_VLLM_CONCURRENCY, raw=raw,
             system=system, on_progress=on_progress)
     return report_answers(summary)

@@ -221,7 +221,8 @@ def answer_engine() -> Any:
                         "install-vllm`, then run .venv-vllm/bin/specdec).")
 
 
-def check_answer_engine(engine: str, temperature: float = 0.0) -> None:
+def check_engine(engine: str, temperature: float = 0.0) -> None:
+    """`--engine` of bench and distill: specdec or vllm, and vLLM only greedy where it answers prompts."""
     from ..errors import SpecdecError
 
     if engine not in ("specdec", "vllm"):

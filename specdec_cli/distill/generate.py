@@ -201,9 +201,8 @@ def generate_data_vllm(
     rows = _RowWriter(out_path, tokenizer, target_name, tokenizer_fingerprint(tokenizer), prompts, raw, system,
                       on_progress, 0.0)
     if rows.todo:
-        longest = max(len(ids) for ids in rows.prompt_ids) + max_new_tokens + 16
-        settings = VllmSettings(model_dir, dtype=dtype, max_model_len=longest)
-        run_vllm(settings, [VllmPhase("answers", rows.prompt_ids, max_new_tokens, eos_token_ids, concurrency)],
+        run_vllm(VllmSettings(model_dir, dtype=dtype),
+                 [VllmPhase("answers", rows.prompt_ids, max_new_tokens, eos_token_ids, concurrency)],
                  on_answer=lambda answer: rows.write(answer.index, answer.tokens, answer.finish_reason))
     return rows.summary()
 
