@@ -10,7 +10,8 @@ Drafting k tokens feeds each predicted feature back in with the token it chose.
 The head's files: `head.safetensors` (its own weights only; the embeddings and LM head are the target's),
 `specdec_head.json` (format, kind "eagle", hidden size, heads, tokenizer fingerprint, vocabulary, head
 tokens, training report) and `distill_report.json` (the report alone). This file defines the module, its
-cache and its files; training is distill/eagle_train.py's, drafting drafters/eagle.py's.
+cache, its files and its 8-bit block form for drafting (`head_on_blocks`); training is distill/eagle_train.py's,
+drafting drafters/eagle.py's.
 """
 
 from __future__ import annotations
@@ -114,6 +115,19 @@ class EagleHead(nn.Module):
         hidden = hidden + self.out(attended.transpose(1, 2).reshape(batch, length, size))
         gate, up = self.gate_up(self.mlp_norm(hidden)).chunk(2, dim=-1)
         return hidden + self.down(F.silu(gate) * up)  # [B, n, H]
+
+
+def head_on_blocks(head: EagleHead) -> EagleHead:
+    """The head for drafting on a block target: each linear layer quantised to 8-bit blocks of 32 (kernels/_cpu.c,
+    float32 rows in and out), so a head forward reads a quarter of its float32 weights. Drafts need not be exact
+    (the target verifies them); layers whose input width is not a multiple of 32 stay dense. In place."""
+    from .kernels import BLOCK
+    from .quant import BlockLinear, quantize_dense
+
+    for name, layer in list(head.named_children()):
+        if isinstance(layer, nn.Linear) and layer.in_features % BLOCK == 0:
+            setattr(head, name, BlockLinear(quantize_dense(layer.weight.detach(), 8)))
+    return head
 
 
 def head_config_for(target_config: Any) -> HeadConfig:

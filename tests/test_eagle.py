@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import TINY_EOS, chi_square, hf_greedy, run_cli
 
+from specdec_cli import kernels
 from specdec_cli.chat import target_info
 from specdec_cli.cost_curve import CostCurve
 from specdec_cli.drafters import DrafterOptions, make_drafter
@@ -113,6 +114,54 @@ def test_eagle_drafting_is_greedy_identical(tiny_llama, trained, tmp_path, name)
                      for event in generation.events)
     assert accepted > 0  # the head drafted tokens the target kept
     assert (trees > 0) == (name != "eagle-chain")  # eagle drafts trees with siblings; its chain mode does not
+
+
+def _block_target(tiny_llama):
+    from specdec_cli import quant
+
+    model = copy.deepcopy(tiny_llama)
+    quant.install_blocks(model, quant.plan_blocks(model, "int8", None))
+    return model
+
+
+@pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
+def test_on_a_block_target_the_head_drafts_on_the_kernels_and_stays_lossless(tiny_llama, trained):
+    """On a block target the head's layers become 8-bit block layers (close to the float head, not equal) and its
+    tokens are read from the target's own LM-head blocks (exactly the target's logits on them); greedy output is
+    still the target's own."""
+    from specdec_cli.eagle_head import head_on_blocks
+    from specdec_cli.quant import BlockLinear
+
+    head, _ = trained
+    model = _block_target(tiny_llama)
+    assert isinstance(model.lm_head, BlockLinear)
+    blocked = head_on_blocks(copy.deepcopy(head))
+    assert isinstance(blocked.qkv, BlockLinear) and isinstance(blocked.fuse, BlockLinear)
+    torch.manual_seed(1)
+    features, embedded = torch.randn(1, 5, 64), torch.randn(1, 5, 64)
+    with torch.inference_mode():
+        dense_out, block_out = head(features, embedded, torch.arange(5)), blocked(features, embedded, torch.arange(5))
+    assert not torch.equal(dense_out, block_out)
+    assert torch.allclose(dense_out, block_out, atol=0.05 * float(dense_out.abs().max()))
+
+    drafter = EagleDrafter(copy.deepcopy(head), model.get_input_embeddings(), model.lm_head, head_tokens=[3, 9, 7],
+                           eos_token_ids=(TINY_EOS,))
+    assert drafter.vocabulary.blocks and isinstance(drafter.head.down, BlockLinear)
+    drafter.vocabulary.extend([9, 40, 2])
+    assert drafter.vocabulary.ids.tolist() == [3, 7, 9, 2, 40]
+    rows = torch.randn(3, 64)
+    with torch.inference_mode():
+        assert torch.equal(drafter.vocabulary.logits(rows), model.lm_head(rows)[:, drafter.vocabulary.ids])
+
+    drafter = EagleDrafter(copy.deepcopy(head), model.get_input_embeddings(), model.lm_head,
+                           eos_token_ids=(TINY_EOS,))
+    accepted = 0
+    for prompt in [[1, *PATTERN], *PROMPTS]:
+        generation = _engine(model).generate(prompt, drafter, GenerationConfig(max_new_tokens=32,
+                                                                                 eos_token_ids=(TINY_EOS,)))
+        assert generation.tokens == hf_greedy(model, prompt, 32), prompt
+        accepted += generation.stats.accepted_tokens
+    assert accepted > 0
 
 
 @pytest.mark.slow

@@ -14,8 +14,10 @@ in one forward (each row attending to the committed pairs and its own ancestors 
 `TREE_CHILDREN` likeliest children; after `draft_max` levels the `budget` best-scoring nodes are returned, best
 first (a child never outscores its parent, so every prefix of the list is a tree). Drafts are deterministic (no
 `p_draft`), which speculative sampling handles exactly. Tokens are read through the target's frozen LM head
-restricted to the head's `head_tokens` (plus the tokens seen in the context). This module never calls the engine
-and does not train heads.
+restricted to the head's `head_tokens` (plus the tokens seen in the context), all of a tree level's rows in one read.
+On a block target (`--weights gguf|int8|int4`) the head drafts on the same CPU kernels: its layers in 8-bit blocks
+and the LM-head rows in the target's own blocks, so a head forward reads ~6 MB instead of ~26 MB of float32. This
+module never calls the engine and does not train heads.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 
 from ..draft import Draft, StepEvent
 from ..errors import SpecdecError
+from ..quant import BlockLinear
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import DrafterOptions, TargetInfo
@@ -36,25 +39,67 @@ TREE_CHILDREN = 4  # children offered by each expanded node
 SOURCE = "eagle"
 
 
+class HeadVocabulary:
+    """The tokens a head may draft (`ids`, [K]) and the target's LM-head rows for them, grown by the tokens seen in
+    the context. On a block target the rows stay in its blocks (8 or 4 bits a weight, read by the kernels: the
+    target's own logits on those tokens); otherwise they are the dense rows in the target's dtype."""
+
+    def __init__(self, lm_head: Any, ids: Sequence[int]) -> None:
+        from .. import kernels
+
+        self.blocks = isinstance(lm_head, BlockLinear) and kernels.available()
+        self.lm_head = lm_head
+        if self.blocks:
+            self.device, self.dtype = torch.device("cpu"), torch.float32
+            self.vocab = lm_head.out_features
+        else:
+            weight = lm_head.weight.detach()
+            self.device, self.dtype = weight.device, weight.dtype
+            self.vocab = int(weight.shape[0])
+        self.ids = torch.tensor([], dtype=torch.long, device=self.device)  # [K]
+        self.rows = self._rows(self.ids)  # [K, record bytes] block records, or [K, H] dense rows
+        self.known: set[int] = set()
+        self.extend(ids)
+
+    def _rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.records[ids] if self.blocks else self.lm_head.weight.detach()[ids]
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        new = sorted({int(token) for token in tokens if 0 <= int(token) < self.vocab} - self.known)
+        if new:
+            extra = torch.tensor(new, dtype=torch.long, device=self.device)
+            self.ids = torch.cat([self.ids, extra])
+            self.rows = torch.cat([self.rows, self._rows(extra)]).contiguous()
+            self.known.update(new)
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """features [rows, H] -> float32 logits [rows, K] over `ids`."""
+        if self.blocks:
+            from .. import kernels
+
+            return kernels.matmul(features.float(), self.lm_head.kind, self.rows)
+        return (features.to(self.dtype) @ self.rows.T).float()
+
+
 class EagleDrafter:
     name = "eagle"
 
     def __init__(self, head: Any, embeddings: Any, lm_head: Any, *, head_tokens: Optional[Sequence[int]] = None,
                  draft_max: Optional[int] = None, min_prob: float = 0.0, eos_token_ids: Sequence[int] = (),
                  tree_width: int = DEFAULT_TREE_WIDTH) -> None:
-        weight = lm_head.weight.detach()
-        self.device = weight.device
-        # the target's dtype: drafting a token reads the head's and the LM-head slice's weights once each, so
-        # on a CPU its cost is their size (bfloat16 halves it)
-        self.dtype = weight.dtype
-        self.head = head.to(self.device, self.dtype).eval()
-        self.embeddings = embeddings
-        vocab = int(weight.shape[0])
+        vocab = int(lm_head.weight.shape[0]) if not isinstance(lm_head, BlockLinear) else lm_head.out_features
         ids = sorted({int(token) for token in head_tokens or range(vocab) if 0 <= int(token) < vocab})
-        self.ids = torch.tensor(ids, dtype=torch.long, device=self.device)  # [K] tokens the head can draft
-        self.weight = weight[self.ids]  # [K, H]
-        self.lm_weight = weight
-        self.known = set(ids)
+        self.vocabulary = HeadVocabulary(lm_head, ids)
+        self.device = self.vocabulary.device
+        if self.vocabulary.blocks:  # a block target: the head's layers on the same kernels, in float32
+            from ..eagle_head import head_on_blocks
+
+            self.dtype = torch.float32
+            self.head = head_on_blocks(head.float()).eval()
+        else:  # the target's dtype: a draft reads the head's weights once per forward, so bfloat16 halves it
+            self.dtype = self.vocabulary.dtype
+            self.head = head.to(self.device, self.dtype).eval()
+        self.embeddings = embeddings
         self.draft_max = draft_max or DEFAULT_DRAFT_MAX
         self.min_prob = min_prob
         self.eos = {int(token) for token in eos_token_ids}
@@ -68,16 +113,6 @@ class EagleDrafter:
         self.cache = HeadCache()  # pairs (f_t, x_{t+1}) for t < len(cache)
         self.last: Optional[torch.Tensor] = None  # the head's prediction of the newest token's feature [H]
 
-    def _allow(self, tokens: Sequence[int]) -> None:
-        """Let the head draft tokens that appeared in the context (names, identifiers)."""
-        new = sorted({int(token) for token in tokens} - self.known)
-        new = [token for token in new if 0 <= token < self.lm_weight.shape[0]]
-        if new:
-            extra = torch.tensor(new, dtype=torch.long, device=self.device)
-            self.ids = torch.cat([self.ids, extra])
-            self.weight = torch.cat([self.weight, self.lm_weight[extra]])
-            self.known.update(new)
-
     # -- following the engine ------------------------------------------------------------------------------
 
     def observe(self, event: StepEvent) -> None:
@@ -87,10 +122,10 @@ class EagleDrafter:
         if event.kind == "prefill":
             self.reset()
             self.features = features
-            self._allow(event.prompt_tokens)
+            self.vocabulary.extend(event.prompt_tokens)  # names, identifiers: the context's tokens
         elif self.features is not None:
             self.features = torch.cat([self.features, features])
-        self._allow(event.committed)
+        self.vocabulary.extend(event.committed)
 
     # -- drafting ------------------------------------------------------------------------------------------
 
@@ -98,11 +133,13 @@ class EagleDrafter:
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, n]
         return self.embeddings(ids).to(self.dtype)  # [1, n, H]
 
-    def _read(self, feature: torch.Tensor) -> tuple[int, float]:
-        """A predicted feature [H] -> (the head's token, its probability among the drafted tokens)."""
-        probs = torch.softmax((self.weight @ feature).float(), dim=-1)  # [K]
-        best = int(torch.argmax(probs))
-        return int(self.ids[best]), float(probs[best])
+    def _top(self, features: torch.Tensor, count: int) -> list[tuple[list[int], list[float]]]:
+        """Predicted features [rows, H] -> per row, the `count` likeliest drafted tokens and their probabilities
+        (among the head's tokens), best first: one read of the LM-head rows for all of them."""
+        probs = torch.softmax(self.vocabulary.logits(features), dim=-1)  # [rows, K]
+        top = torch.topk(probs, min(count, probs.shape[-1]), dim=-1)
+        tokens = self.vocabulary.ids[top.indices].tolist()
+        return list(zip(tokens, top.values.tolist()))
 
     @torch.inference_mode()
     def propose(self, context: Sequence[int], budget: int) -> Draft:
@@ -130,7 +167,7 @@ class EagleDrafter:
     def _chain(self, predicted: torch.Tensor, known: int, longest: int) -> Draft:
         tokens: list[int] = []
         for index in range(longest):
-            token, prob = self._read(predicted)
+            [([token], [prob])] = self._top(predicted[None], 1)
             if prob < self.min_prob and tokens:
                 break
             tokens.append(token)
@@ -140,12 +177,6 @@ class EagleDrafter:
             predicted = self.head(predicted[None, None], self._embed([token]), position, self.cache)[0, -1]
         return Draft(tokens, SOURCE)
 
-    def _children(self, feature: torch.Tensor) -> tuple[list[int], list[float]]:
-        """The TREE_CHILDREN likeliest tokens after a predicted feature [H], with their probabilities."""
-        probs = torch.softmax((self.weight @ feature).float(), dim=-1)  # [K]
-        top = torch.topk(probs, min(TREE_CHILDREN, probs.shape[0]))
-        return self.ids[top.indices].tolist(), top.values.tolist()
-
     def _tree(self, root_feature: torch.Tensor, known: int, budget: int) -> Draft:
         tokens: list[int] = []  # per node, in creation order
         parents: list[int] = []  # -1 = the root (the newest committed token)
@@ -153,14 +184,14 @@ class EagleDrafter:
         depth: list[int] = []
         cache_row: dict[int, int] = {}  # node -> its row in the head's cache (once expanded)
 
-        def offer(parent: int, feature: torch.Tensor) -> None:
-            for token, prob in zip(*self._children(feature)):
+        def offer(parent: int, children: tuple[list[int], list[float]]) -> None:
+            for token, prob in zip(*children):
                 tokens.append(token)
                 parents.append(parent)
                 scores.append((scores[parent] if parent >= 0 else 1.0) * prob)
                 depth.append(depth[parent] + 1 if parent >= 0 else 1)
 
-        offer(-1, root_feature)
+        offer(-1, self._top(root_feature[None], TREE_CHILDREN)[0])
         fed_features = {-1: root_feature}
         for _ in range(self.draft_max - 1):
             frontier = sorted((node for node in range(len(tokens)) if node not in cache_row and
@@ -181,10 +212,10 @@ class EagleDrafter:
             positions = torch.tensor([known + depth[node] - 1 for node in frontier], device=self.device)
             out = self.head(features, self._embed([tokens[node] for node in frontier]), positions, self.cache,
                             mask)[0]  # [rows, H]
-            for row, node in enumerate(frontier):
+            for row, (node, children) in enumerate(zip(frontier, self._top(out, TREE_CHILDREN))):
                 cache_row[node] = past + row
                 fed_features[node] = out[row]
-                offer(node, out[row])
+                offer(node, children)
         best = sorted(range(len(tokens)), key=lambda node: (-scores[node], depth[node]))[:budget]
         chosen: list[int] = []
         order: dict[int, int] = {}  # node -> its index in the draft
