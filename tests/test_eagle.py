@@ -116,6 +116,32 @@ def test_eagle_drafting_is_greedy_identical(tiny_llama, trained, tmp_path, name)
     assert (trees > 0) == (name != "eagle-chain")  # eagle drafts trees with siblings; its chain mode does not
 
 
+def test_a_tree_stopped_early_is_the_best_nodes_of_the_whole_tree(tiny_llama, trained):
+    """Growing stops once `budget` nodes outscore every open node: the draft must be the first `budget` nodes of
+    the tree grown to full depth (a budget larger than any tree never stops early)."""
+    head, _ = trained
+    drafter = EagleDrafter(copy.deepcopy(head), tiny_llama.get_input_embeddings(), tiny_llama.lm_head, draft_max=5)
+    events = []
+    prompt = [1, *PATTERN, *PATTERN[:5]]
+    _engine(tiny_llama).generate(prompt, make_drafter("none", DrafterOptions(), target_info(tiny_llama, _Tokenizer())),
+                                 GenerationConfig(max_new_tokens=6), events.append)
+    forwards = []
+    drafter.head.register_forward_hook(lambda module, args, out: forwards.append(args[0].shape[1]))
+    context = list(prompt)
+    levels = {}
+    for event in events:
+        drafter.observe(event)
+        context += event.committed
+        whole = drafter.propose(context, 10_000)
+        assert len(whole) > 8
+        for budget in (1, 2, 3, 5, 8):
+            forwards.clear()
+            draft = drafter.propose(context, budget)
+            assert draft.tokens == whole.tokens[:budget] and draft.parents == whole.parents[:budget], budget
+            levels[budget] = levels.get(budget, 0) + len(forwards)
+    assert levels[1] < levels[8]  # small budgets grew fewer levels
+
+
 def _block_target(tiny_llama):
     from specdec_cli import quant
 

@@ -12,8 +12,9 @@ With `tree_width` > 0 it drafts a tree instead, as EAGLE-2 grows one: every node
 head's probabilities along its path; each level, the `tree_width` best-scoring unexpanded nodes are fed to the head
 in one forward (each row attending to the committed pairs and its own ancestors only) and offer their
 `TREE_CHILDREN` likeliest children; after `draft_max` levels the `budget` best-scoring nodes are returned, best
-first (a child never outscores its parent, so every prefix of the list is a tree). Drafts are deterministic (no
-`p_draft`), which speculative sampling handles exactly. Tokens are read through the target's frozen LM head
+first (a child never outscores its parent, so every prefix of the list is a tree; growing stops early once `budget`
+nodes outscore every node still to expand). Drafts are deterministic (no `p_draft`), which speculative sampling
+handles exactly. Tokens are read through the target's frozen LM head
 restricted to the head's `head_tokens` (plus the tokens seen in the context), all of a tree level's rows in one read.
 On a block target (`--weights gguf|int8|int4`) the head drafts on the same CPU kernels: its layers in 8-bit blocks
 and the LM-head rows in the target's own blocks, so a head forward reads ~6 MB instead of ~26 MB of float32. This
@@ -198,6 +199,8 @@ class EagleDrafter:
                                tokens[node] not in self.eos), key=lambda node: -scores[node])[: self.tree_width]
             if not frontier:
                 break
+            if sum(score > scores[frontier[0]] for score in scores) >= budget:
+                break  # every node yet to come scores at most the best open node's: the chosen `budget` are known
             past = len(self.cache)
             rows = len(frontier)
             mask = torch.zeros(rows, past + rows, dtype=torch.bool, device=self.device)  # [rows, past + rows]
