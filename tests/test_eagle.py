@@ -130,6 +130,7 @@ def test_a_tree_stopped_early_is_the_best_nodes_of_the_whole_tree(tiny_llama, tr
     context = list(prompt)
     levels = {}
     for event in events:
+        drafter.proposed = False  # the drafts below are only looked at: no planner dropped them
         drafter.observe(event)
         context += event.committed
         whole = drafter.propose(context, 10_000)
@@ -140,6 +141,49 @@ def test_a_tree_stopped_early_is_the_best_nodes_of_the_whole_tree(tiny_llama, tr
             assert draft.tokens == whole.tokens[:budget] and draft.parents == whole.parents[:budget], budget
             levels[budget] = levels.get(budget, 0) + len(forwards)
     assert levels[1] < levels[8]  # small budgets grew fewer levels
+
+
+def _event(kind, committed, features, draft=None, prompt=()):
+    from specdec_cli.draft import Draft, StepEvent
+
+    return StepEvent(kind=kind, draft=draft or Draft.empty("x"), accepted=0, committed=committed,
+                     target_token=committed[-1], features=features, prompt_tokens=prompt)
+
+
+def test_the_head_skips_unlikely_nodes(tiny_llama, trained):
+    head, _ = trained
+    prompt = [1, *PATTERN, *PATTERN[:5]]
+    events = []
+    _engine(tiny_llama).generate(prompt, make_drafter("none", DrafterOptions(), target_info(tiny_llama, _Tokenizer())),
+                                 GenerationConfig(max_new_tokens=1), events.append)
+    likely, whole = (EagleDrafter(copy.deepcopy(head), tiny_llama.get_input_embeddings(), tiny_llama.lm_head,
+                                  min_prob=min_prob) for min_prob in (0.2, 0.0))
+    for drafter in (likely, whole):
+        drafter.observe(events[0])
+    context = prompt + events[0].committed
+    short, full = likely.propose(context, 64), whole.propose(context, 64)
+    assert 0 < len(short) < len(full)  # the nodes scoring under 0.2 are left out, the rest kept in order
+    assert short.tokens == full.tokens[: len(short)] and short.parents == full.parents[: len(short)]
+
+
+def test_the_head_rests_while_the_planner_drops_its_drafts(tiny_llama, trained):
+    head, _ = trained
+    drafter = EagleDrafter(copy.deepcopy(head), tiny_llama.get_input_embeddings(), tiny_llama.lm_head)
+    torch.manual_seed(3)
+    context = [1, *PATTERN]
+    drafter.observe(_event("prefill", [PATTERN[0]], torch.randn(len(context), 64), prompt=context))
+    context.append(PATTERN[0])
+    drafted = []
+    for verified in [False, False, False, True, True, False]:
+        while not (draft := drafter.propose(context, 8)):  # empty while resting
+            drafted.append(0)
+            drafter.observe(_event("step", [7], torch.randn(1, 64)))
+            context.append(7)
+        drafted.append(len(draft))
+        drafter.observe(_event("step", [7], torch.randn(1, 64), draft if verified else None))
+        context.append(7)
+    rests = [len(run) for run in "".join("x" if count else "." for count in drafted).split("x")[1:-1]]
+    assert rests == [1, 2, 4, 0, 0], drafted  # doubling while dropped, none once a draft is verified
 
 
 def _block_target(tiny_llama):

@@ -93,7 +93,8 @@ def draft_model(*, required: bool = False) -> Any:
 
 
 def draft_min_prob() -> Any:
-    return typer.Option(0.0, "--draft-min-prob", help="model: stop drafting below this top probability.")
+    return typer.Option(0.0, "--draft-min-prob",
+                        help="model, eagle: stop drafting below this probability (0: each one's default; eagle 0.1).")
 
 
 def draft_max(*, default_note: str = f"{DEFAULT_BUDGET}") -> Any:

@@ -6,19 +6,21 @@ for every committed token but the newest. `propose` feeds the head the pairs (f_
 one forward with the head's own KV cache; the last output predicts the newest token's feature, whose LM-head argmax
 is the first drafted token; each further token feeds the predicted feature back in with the token just chosen. The
 speculative pairs are dropped from the head's cache afterwards (the next event brings the real features). A chain
-stops at `draft_max`, at an EOS, or when the head's own top probability falls below `min_prob`.
+stops at `draft_max`, at an EOS, or when the head's own top probability falls below `min_prob`. When the engine's
+planner drops its drafts (the step event's draft is empty: they would not pay), it skips its next 1, 2, 4, up to
+`MAX_BACKOFF` proposals, so a head that does not pay on this machine costs little.
 
 With `tree_width` > 0 it drafts a tree instead, as EAGLE-2 grows one: every node's score is the product of the
 head's probabilities along its path; each level, the `tree_width` best-scoring unexpanded nodes are fed to the head
 in one forward (each row attending to the committed pairs and its own ancestors only) and offer their
-`TREE_CHILDREN` likeliest children; after `draft_max` levels the `budget` best-scoring nodes are returned, best
-first (a child never outscores its parent, so every prefix of the list is a tree; growing stops early once `budget`
-nodes outscore every node still to expand). Drafts are deterministic (no `p_draft`), which speculative sampling
-handles exactly. Tokens are read through the target's frozen LM head
-restricted to the head's `head_tokens` (plus the tokens seen in the context), all of a tree level's rows in one read.
-On a block target (`--weights gguf|int8|int4`) the head drafts on the same CPU kernels: its layers in 8-bit blocks
-and the LM-head rows in the target's own blocks, so a head forward reads ~6 MB instead of ~26 MB of float32. This
-module never calls the engine and does not train heads.
+`TREE_CHILDREN` likeliest children that score at least `min_prob`; after `draft_max` levels the `budget` best-
+scoring nodes are returned, best first (a child never outscores its parent, so every prefix of the list is a tree;
+growing stops early once `budget` nodes outscore every node still to expand). Drafts are deterministic (no
+`p_draft`), which speculative sampling handles exactly. Tokens are read through the target's frozen LM head
+restricted to the head's `head_tokens` (plus the tokens seen in the context), all of a tree level's rows in one
+read. On a block target (`--weights gguf|int8|int4`) the head drafts on the same CPU kernels: its layers in 8-bit
+blocks and the LM-head rows in the target's own blocks, so a head forward reads ~6 MB instead of ~26 MB of float32.
+This module never calls the engine and does not train heads.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_DRAFT_MAX = 5  # chain length, or tree depth
 DEFAULT_TREE_WIDTH = 4  # nodes expanded per tree level (0 = chains)
 TREE_CHILDREN = 4  # children offered by each expanded node
+DEFAULT_MIN_PROB = 0.1  # nodes (chain tokens) the head gives less are not drafted (docs/measurements.md)
+MAX_BACKOFF = 8  # proposals skipped after the planner keeps dropping the head's drafts
 SOURCE = "eagle"
 
 
@@ -105,6 +109,9 @@ class EagleDrafter:
         self.min_prob = min_prob
         self.eos = {int(token) for token in eos_token_ids}
         self.tree_width = tree_width
+        self.proposed = False  # the last propose returned a draft, not yet answered by a step event
+        self.rest = 0  # proposals still to skip
+        self.backoff = 0  # how many the next dropped draft makes it skip (doubling, at most MAX_BACKOFF)
         self.reset()
 
     def reset(self) -> None:
@@ -117,6 +124,10 @@ class EagleDrafter:
     # -- following the engine ------------------------------------------------------------------------------
 
     def observe(self, event: StepEvent) -> None:
+        if event.kind == "step" and self.proposed:  # the planner's verdict on our draft: dropped, or verified
+            self.backoff = min(2 * self.backoff or 1, MAX_BACKOFF) if not len(event.draft) else 0
+            self.rest = self.backoff
+        self.proposed = False
         if event.features is None:
             return
         features = event.features.detach().to(self.device, self.dtype)  # [rows, H]
@@ -148,6 +159,9 @@ class EagleDrafter:
         longest = min(budget, self.draft_max)
         if longest <= 0 or self.features is None or known != len(context) - 1:
             return Draft.empty(SOURCE)
+        if self.rest > 0:  # the planner dropped our last drafts: rest, and leave the head's catch-up for later
+            self.rest -= 1
+            return Draft.empty(SOURCE)
         fed = len(self.cache)
         if fed > known:  # (cannot happen: the cache only ever holds committed pairs)
             self.cache.crop(known)
@@ -163,6 +177,7 @@ class EagleDrafter:
             return Draft.empty(SOURCE)
         draft = self._tree(predicted, known, budget) if self.tree_width > 0 else self._chain(predicted, known, longest)
         self.cache.crop(known)  # drop the speculative pairs
+        self.proposed = len(draft) > 0
         return draft
 
     def _chain(self, predicted: torch.Tensor, known: int, longest: int) -> Draft:
@@ -186,13 +201,18 @@ class EagleDrafter:
         cache_row: dict[int, int] = {}  # node -> its row in the head's cache (once expanded)
 
         def offer(parent: int, children: tuple[list[int], list[float]]) -> None:
-            for token, prob in zip(*children):
+            for token, prob in zip(*children):  # best first
+                score = (scores[parent] if parent >= 0 else 1.0) * prob
+                if score < self.min_prob:
+                    break  # too unlikely to be worth a verify row, and so are its descendants
                 tokens.append(token)
                 parents.append(parent)
-                scores.append((scores[parent] if parent >= 0 else 1.0) * prob)
+                scores.append(score)
                 depth.append(depth[parent] + 1 if parent >= 0 else 1)
 
         offer(-1, self._top(root_feature[None], TREE_CHILDREN)[0])
+        if not tokens:
+            return Draft.empty(SOURCE)
         fed_features = {-1: root_feature}
         for _ in range(self.draft_max - 1):
             frontier = sorted((node for node in range(len(tokens)) if node not in cache_row and
@@ -246,5 +266,5 @@ def make_eagle_drafter(options: "DrafterOptions", target: "TargetInfo") -> Eagle
     check_target(target)
     head, meta = load_head(options.draft_model, target)
     return EagleDrafter(head, target.embeddings, target.lm_head, head_tokens=meta.get("head_tokens"),
-                        draft_max=options.draft_max, min_prob=options.draft_min_prob,
+                        draft_max=options.draft_max, min_prob=options.draft_min_prob or DEFAULT_MIN_PROB,
                         eos_token_ids=target.eos_token_ids)
