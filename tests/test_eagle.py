@@ -13,7 +13,7 @@ from specdec_cli import kernels
 from specdec_cli.chat import target_info
 from specdec_cli.cost_curve import CostCurve
 from specdec_cli.drafters import DrafterOptions, make_drafter
-from specdec_cli.drafters.eagle import EagleDrafter
+from specdec_cli.drafters.eagle import EagleDrafter, check_target
 from specdec_cli.eagle_head import EagleHead, HeadCache, head_config_for, load_head, save_head
 from specdec_cli.engine import Engine, GenerationConfig
 from specdec_cli.errors import SpecdecError
@@ -146,7 +146,7 @@ def test_a_tree_stopped_early_is_the_best_nodes_of_the_whole_tree(tiny_llama, tr
 def _event(kind, committed, features, draft=None, prompt=()):
     from specdec_cli.draft import Draft, StepEvent
 
-    return StepEvent(kind=kind, draft=draft or Draft.empty("x"), accepted=0, committed=committed,
+    return StepEvent(kind=kind, draft=draft or Draft.empty("x"), accepted=1 if draft else 0, committed=committed,
                      target_token=committed[-1], features=features, prompt_tokens=prompt)
 
 
@@ -186,16 +186,17 @@ def test_the_head_rests_while_the_planner_drops_its_drafts(tiny_llama, trained):
     assert rests == [1, 2, 4, 0, 0], drafted  # doubling while dropped, none once a draft is verified
 
 
-def _block_target(tiny_llama):
+def _block_target(tiny_llama, mode):
     from specdec_cli import quant
 
     model = copy.deepcopy(tiny_llama)
-    quant.install_blocks(model, quant.plan_blocks(model, "int8", None))
+    quant.install_blocks(model, quant.plan_blocks(model, mode, None))
     return model
 
 
 @pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
-def test_on_a_block_target_the_head_drafts_on_the_kernels_and_stays_lossless(tiny_llama, trained):
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_on_a_block_target_the_head_drafts_on_the_kernels_and_stays_lossless(tiny_llama, trained, mode):
     """On a block target the head's layers become 8-bit block layers (close to the float head, not equal) and its
     tokens are read from the target's own LM-head blocks (exactly the target's logits on them); greedy output is
     still the target's own."""
@@ -203,8 +204,10 @@ def test_on_a_block_target_the_head_drafts_on_the_kernels_and_stays_lossless(tin
     from specdec_cli.quant import BlockLinear
 
     head, _ = trained
-    model = _block_target(tiny_llama)
+    model = _block_target(tiny_llama, mode)
     assert isinstance(model.lm_head, BlockLinear)
+    check_target(target_info(model, _Tokenizer()))
+    assert model.lm_head._dense is None  # checking the target unpacked no float32 copy of its LM head
     blocked = head_on_blocks(copy.deepcopy(head))
     assert isinstance(blocked.qkv, BlockLinear) and isinstance(blocked.fuse, BlockLinear)
     torch.manual_seed(1)
@@ -216,7 +219,7 @@ def test_on_a_block_target_the_head_drafts_on_the_kernels_and_stays_lossless(tin
 
     drafter = EagleDrafter(copy.deepcopy(head), model.get_input_embeddings(), model.lm_head, head_tokens=[3, 9, 7],
                            eos_token_ids=(TINY_EOS,))
-    assert drafter.vocabulary.blocks and isinstance(drafter.head.down, BlockLinear)
+    assert drafter.vocabulary.on_blocks and isinstance(drafter.head.down, BlockLinear)
     drafter.vocabulary.extend([9, 40, 2])
     assert drafter.vocabulary.ids.tolist() == [3, 7, 9, 2, 40]
     rows = torch.randn(3, 64)
@@ -225,6 +228,7 @@ def test_on_a_block_target_the_head_drafts_on_the_kernels_and_stays_lossless(tin
 
     drafter = EagleDrafter(copy.deepcopy(head), model.get_input_embeddings(), model.lm_head,
                            eos_token_ids=(TINY_EOS,))
+    assert model.lm_head._dense is None  # nor did building drafters
     accepted = 0
     for prompt in [[1, *PATTERN], *PROMPTS]:
         generation = _engine(model).generate(prompt, drafter, GenerationConfig(max_new_tokens=32,

@@ -1,4 +1,4 @@
-"""The `eagle` drafter: a feature-level head (eagle_head.py) drafts a chain from the target's own hidden states.
+"""The `eagle` drafter: a feature-level head (eagle_head.py) drafts from the target's own hidden states.
 
 The engine's step events carry the target's last hidden states for the positions each forward scored and committed
 (the prefill's prompt, then each step's root and accepted drafts), so after every event the drafter holds a feature
@@ -7,7 +7,7 @@ one forward with the head's own KV cache; the last output predicts the newest to
 is the first drafted token; each further token feeds the predicted feature back in with the token just chosen. The
 speculative pairs are dropped from the head's cache afterwards (the next event brings the real features). A chain
 stops at `draft_max`, at an EOS, or when the head's own top probability falls below `min_prob`. When the engine's
-planner drops its drafts (the step event's draft is empty: they would not pay), it skips its next 1, 2, 4, up to
+planner drops its drafts (they would not pay) or none of them is accepted, it skips its next 1, 2, 4, up to
 `MAX_BACKOFF` proposals, so a head that does not pay on this machine costs little.
 
 With `tree_width` > 0 it drafts a tree instead, as EAGLE-2 grows one: every node's score is the product of the
@@ -18,9 +18,9 @@ scoring nodes are returned, best first (a child never outscores its parent, so e
 growing stops early once `budget` nodes outscore every node still to expand). Drafts are deterministic (no
 `p_draft`), which speculative sampling handles exactly. Tokens are read through the target's frozen LM head
 restricted to the head's `head_tokens` (plus the tokens seen in the context), all of a tree level's rows in one
-read. On a block target (`--weights gguf|int8|int4`) the head drafts on the same CPU kernels: its layers in 8-bit
-blocks and the LM-head rows in the target's own blocks, so a head forward reads ~6 MB instead of ~26 MB of float32.
-This module never calls the engine and does not train heads.
+read. When the target's LM head is in blocks (the default GGUF's is) the head drafts on the same CPU kernels: its
+layers in 8-bit blocks and the LM-head rows in the target's own blocks, so a head forward reads ~6 MB instead of ~26
+MB of float32. This module never calls the engine and does not train heads.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_DRAFT_MAX = 5  # chain length, or tree depth
 DEFAULT_TREE_WIDTH = 4  # nodes expanded per tree level (0 = chains)
 TREE_CHILDREN = 4  # children offered by each expanded node
-DEFAULT_MIN_PROB = 0.1  # nodes (chain tokens) the head gives less are not drafted (docs/measurements.md)
+DEFAULT_MIN_PROB = 0.1  # chat and bench: tree nodes whose path probability is lower are not drafted, chains stop
+# at a token whose probability is lower (docs/measurements.md); evaluation scores the whole tree (0)
 MAX_BACKOFF = 8  # proposals skipped after the planner keeps dropping the head's drafts
 SOURCE = "eagle"
 
@@ -52,9 +53,9 @@ class HeadVocabulary:
     def __init__(self, lm_head: Any, ids: Sequence[int]) -> None:
         from .. import kernels
 
-        self.blocks = isinstance(lm_head, BlockLinear) and kernels.available()
+        self.on_blocks = isinstance(lm_head, BlockLinear) and kernels.available()
         self.lm_head = lm_head
-        if self.blocks:
+        if self.on_blocks:
             self.device, self.dtype = torch.device("cpu"), torch.float32
             self.vocab = lm_head.out_features
         else:
@@ -67,7 +68,7 @@ class HeadVocabulary:
         self.extend(ids)
 
     def _rows(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.lm_head.records[ids] if self.blocks else self.lm_head.weight.detach()[ids]
+        return self.lm_head.records[ids] if self.on_blocks else self.lm_head.weight.detach()[ids]
 
     def extend(self, tokens: Sequence[int]) -> None:
         new = sorted({int(token) for token in tokens if 0 <= int(token) < self.vocab} - self.known)
@@ -79,11 +80,14 @@ class HeadVocabulary:
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """features [rows, H] -> float32 logits [rows, K] over `ids`."""
-        if self.blocks:
+        bias = getattr(self.lm_head, "bias", None)
+        if self.on_blocks:
             from .. import kernels
 
-            return kernels.matmul(features.float(), self.lm_head.kind, self.rows)
-        return (features.to(self.dtype) @ self.rows.T).float()
+            logits = kernels.matmul(features.float(), self.lm_head.kind, self.rows)
+        else:
+            logits = (features.to(self.dtype) @ self.rows.T).float()
+        return logits if bias is None else logits + bias[self.ids].float()
 
 
 class EagleDrafter:
@@ -92,11 +96,11 @@ class EagleDrafter:
     def __init__(self, head: Any, embeddings: Any, lm_head: Any, *, head_tokens: Optional[Sequence[int]] = None,
                  draft_max: Optional[int] = None, min_prob: float = 0.0, eos_token_ids: Sequence[int] = (),
                  tree_width: int = DEFAULT_TREE_WIDTH) -> None:
-        vocab = int(lm_head.weight.shape[0]) if not isinstance(lm_head, BlockLinear) else lm_head.out_features
-        ids = sorted({int(token) for token in head_tokens or range(vocab) if 0 <= int(token) < vocab})
-        self.vocabulary = HeadVocabulary(lm_head, ids)
+        self.vocabulary = HeadVocabulary(lm_head, ())
+        vocab = self.vocabulary.vocab
+        self.vocabulary.extend(sorted({int(token) for token in head_tokens or range(vocab)}))
         self.device = self.vocabulary.device
-        if self.vocabulary.blocks:  # a block target: the head's layers on the same kernels, in float32
+        if self.vocabulary.on_blocks:  # a block target: the head's layers on the same kernels, in float32
             from ..eagle_head import head_on_blocks
 
             self.dtype = torch.float32
@@ -109,9 +113,10 @@ class EagleDrafter:
         self.min_prob = min_prob
         self.eos = {int(token) for token in eos_token_ids}
         self.tree_width = tree_width
+        # resting follows the planner, which keeps what it learned across conversations: reset() leaves it
         self.proposed = False  # the last propose returned a draft, not yet answered by a step event
         self.rest = 0  # proposals still to skip
-        self.backoff = 0  # how many the next dropped draft makes it skip (doubling, at most MAX_BACKOFF)
+        self.backoff = 0  # how many the next unpaid draft makes it skip (doubling, at most MAX_BACKOFF)
         self.reset()
 
     def reset(self) -> None:
@@ -124,8 +129,8 @@ class EagleDrafter:
     # -- following the engine ------------------------------------------------------------------------------
 
     def observe(self, event: StepEvent) -> None:
-        if event.kind == "step" and self.proposed:  # the planner's verdict on our draft: dropped, or verified
-            self.backoff = min(2 * self.backoff or 1, MAX_BACKOFF) if not len(event.draft) else 0
+        if event.kind == "step" and self.proposed:  # our draft: dropped by the planner, or verified and accepted
+            self.backoff = min(2 * self.backoff or 1, MAX_BACKOFF) if not event.accepted else 0
             self.rest = self.backoff
         self.proposed = False
         if event.features is None:
@@ -252,7 +257,9 @@ class EagleDrafter:
 
 def check_target(target: "TargetInfo") -> None:
     """A head reads the target's embeddings and plain linear LM head; refuse a target without them."""
-    if target.embeddings is None or target.lm_head is None or not hasattr(target.lm_head, "weight"):
+    lm_head = target.lm_head  # (a BlockLinear's `weight` would unpack and keep a float32 copy: test its type first)
+    if target.embeddings is None or lm_head is None or not (isinstance(lm_head, BlockLinear) or
+                                                            isinstance(getattr(lm_head, "weight", None), torch.Tensor)):
         raise SpecdecError("the eagle drafter reads tokens through the target's LM head; this target has none "
                            "that is a plain linear map")
 
