@@ -118,15 +118,12 @@ class EagleHead(nn.Module):
 
 
 def head_on_blocks(head: EagleHead) -> EagleHead:
-    """The head for drafting on a block target: each linear layer quantised to 8-bit blocks of 32 (kernels/_cpu.c,
-    float32 rows in and out), so a head forward reads a quarter of its float32 weights. Drafts need not be exact
-    (the target verifies them); layers whose input width is not a multiple of 32 stay dense. In place."""
-    from .kernels import BLOCK
-    from .quant import BlockLinear, quantize_dense
+    """The head for drafting on a block target: its linear layers quantised to 8-bit blocks as `--weights int8`
+    quantises a target's (quant.py; float32 rows in and out), so a head forward reads a quarter of its float32
+    weights. Drafts need not be exact (the target verifies them). In place."""
+    from . import quant
 
-    for name, layer in list(head.named_children()):
-        if isinstance(layer, nn.Linear) and layer.in_features % BLOCK == 0:
-            setattr(head, name, BlockLinear(quantize_dense(layer.weight.detach(), 8)))
+    quant.install_blocks(head, quant.plan_blocks(head, "int8", None))
     return head
 
 

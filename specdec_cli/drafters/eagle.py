@@ -50,7 +50,8 @@ class HeadVocabulary:
     the context. On a block target the rows stay in its blocks (8 or 4 bits a weight, read by the kernels: the
     target's own logits on those tokens); otherwise they are the dense rows in the target's dtype."""
 
-    def __init__(self, lm_head: Any, ids: Sequence[int]) -> None:
+    def __init__(self, lm_head: Any, ids: Optional[Sequence[int]]) -> None:
+        """`ids`: the head's tokens (None: the whole vocabulary)."""
         from .. import kernels
 
         self.on_blocks = isinstance(lm_head, BlockLinear) and kernels.available()
@@ -65,7 +66,7 @@ class HeadVocabulary:
         self.ids = torch.tensor([], dtype=torch.long, device=self.device)  # [K]
         self.rows = self._rows(self.ids)  # [K, record bytes] block records, or [K, H] dense rows
         self.known: set[int] = set()
-        self.extend(ids)
+        self.extend(range(self.vocab) if ids is None else ids)
 
     def _rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self.lm_head.records[ids] if self.on_blocks else self.lm_head.weight.detach()[ids]
@@ -96,9 +97,7 @@ class EagleDrafter:
     def __init__(self, head: Any, embeddings: Any, lm_head: Any, *, head_tokens: Optional[Sequence[int]] = None,
                  draft_max: Optional[int] = None, min_prob: float = 0.0, eos_token_ids: Sequence[int] = (),
                  tree_width: int = DEFAULT_TREE_WIDTH) -> None:
-        self.vocabulary = HeadVocabulary(lm_head, ())
-        vocab = self.vocabulary.vocab
-        self.vocabulary.extend(sorted({int(token) for token in head_tokens or range(vocab)}))
+        self.vocabulary = HeadVocabulary(lm_head, head_tokens or None)
         self.device = self.vocabulary.device
         if self.vocabulary.on_blocks:  # a block target: the head's layers on the same kernels, in float32
             from ..eagle_head import head_on_blocks
@@ -164,7 +163,7 @@ class EagleDrafter:
         longest = min(budget, self.draft_max)
         if longest <= 0 or self.features is None or known != len(context) - 1:
             return Draft.empty(SOURCE)
-        if self.rest > 0:  # the planner dropped our last drafts: rest, and leave the head's catch-up for later
+        if self.rest > 0:  # our last drafts did not pay: rest, and leave the head's catch-up for later
             self.rest -= 1
             return Draft.empty(SOURCE)
         fed = len(self.cache)
