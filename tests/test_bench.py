@@ -350,6 +350,19 @@ def library_report(tiny_llama, tokenizer, conversations):
     return report, events
 
 
+def test_settings_record_the_probability_floor_each_drafter_used():
+    """--draft-min-prob 0 means each drafter's own default: the document says which floor each row drafted with."""
+    from specdec_cli.drafters import DrafterOptions, min_prob_in_force
+
+    settings = BenchSettings(methods=resolve_methods(["none", "sam", "eagle", "sam+eagle", "model"]),
+                             options=DrafterOptions(draft_model="head"))
+    assert settings.as_json()["draft_min_prob"] == 0.0
+    assert settings.as_json()["min_prob_in_force"] == {"eagle": 0.1, "sam+eagle": 0.1, "model": 0.0}
+    chosen = DrafterOptions(draft_min_prob=0.3, aux="eagle")
+    assert min_prob_in_force("eagle", chosen) == min_prob_in_force("sam", chosen) == 0.3  # sam's aux is eagle
+    assert min_prob_in_force("pld", chosen) is None and min_prob_in_force("sam+aded", chosen) is None
+
+
 def test_library_run_document(library_report, conversations):
     report, events = library_report
     document = json.loads(json.dumps(report.as_json()))  # JSON-clean

@@ -49,6 +49,8 @@ class BenchSettings:
                 check_drafter_options(method.drafter, self.options)
 
     def as_json(self) -> dict:
+        from ..drafters import min_prob_in_force
+
         return {
             "baseline": BASELINE,
             "methods": [method.name for method in self.methods],
@@ -69,7 +71,9 @@ class BenchSettings:
             "aux": self.options.aux,  # sam's auxiliary drafter (rows named sam+AUX override it)
             "l_threshold": self.options.l_threshold,
             "draft_model": self.options.draft_model,
-            "draft_min_prob": self.options.draft_min_prob,
+            "draft_min_prob": self.options.draft_min_prob,  # the flag; 0 = each drafter's own default
+            "min_prob_in_force": {method.name: floor for method in self.methods if method.kind == "engine" and
+                                  (floor := min_prob_in_force(method.drafter, self.options)) is not None},
             "cost_aware": _default_cost_aware(),  # drafters' rows; oracle rows always verify whole drafts
             "batch_size": 1,
         }

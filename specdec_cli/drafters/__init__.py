@@ -108,6 +108,21 @@ def check_drafter_options(name: str, options: DrafterOptions) -> None:
             raise SpecdecError(f"draft_model {options.draft_model}: {state}", setting="draft_model")
 
 
+EAGLE_MIN_PROB = 0.1  # eagle's default --draft-min-prob in chat and bench (drafters/eagle.py, docs/measurements.md)
+
+
+def min_prob_in_force(name: str, options: DrafterOptions) -> Optional[float]:
+    """The probability floor a drafter (or hybrid) named `name` drafts with under `options`: --draft-min-prob, or
+    eagle's own default when it is 0; None for drafters that have no floor (retrieval and tables)."""
+    head, aux = split_hybrid(name)
+    aux = aux if aux is not None else (options.aux if head == HYBRID_HEAD else None)
+    if "eagle" in (head, aux):
+        return options.draft_min_prob or EAGLE_MIN_PROB
+    if "model" in (head, aux):
+        return options.draft_min_prob
+    return None
+
+
 def is_drafter(name: str) -> bool:
     """True for a registered drafter name or a valid `sam+AUX` hybrid."""
     try:

@@ -39,8 +39,6 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_DRAFT_MAX = 5  # chain length, or tree depth
 DEFAULT_TREE_WIDTH = 4  # nodes expanded per tree level (0 = chains)
 TREE_CHILDREN = 4  # children offered by each expanded node
-DEFAULT_MIN_PROB = 0.1  # chat and bench: tree nodes whose path probability is lower are not drafted, chains stop
-# at a token whose probability is lower (docs/measurements.md); evaluation scores the whole tree (0)
 MAX_BACKOFF = 8  # proposals skipped after the planner keeps dropping the head's drafts
 SOURCE = "eagle"
 
@@ -265,6 +263,7 @@ def check_target(target: "TargetInfo") -> None:
 
 def make_eagle_drafter(options: "DrafterOptions", target: "TargetInfo") -> EagleDrafter:
     from ..eagle_head import load_head
+    from . import min_prob_in_force  # --draft-min-prob, else eagle's default (0.1) for chat and bench
 
     if not options.draft_model:
         raise SpecdecError("the eagle drafter needs a head directory (make one with `specdec distill train "
@@ -272,5 +271,5 @@ def make_eagle_drafter(options: "DrafterOptions", target: "TargetInfo") -> Eagle
     check_target(target)
     head, meta = load_head(options.draft_model, target)
     return EagleDrafter(head, target.embeddings, target.lm_head, head_tokens=meta.get("head_tokens"),
-                        draft_max=options.draft_max, min_prob=options.draft_min_prob or DEFAULT_MIN_PROB,
+                        draft_max=options.draft_max, min_prob=min_prob_in_force("eagle", options) or 0.0,
                         eos_token_ids=target.eos_token_ids)
