@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,12 @@ import torch
 
 # Tiny models run faster on one thread than on two (thread start-up dwarfs their matrix products).
 torch.set_num_threads(1)
+
+# A test run started in the background by a non-interactive shell (`make test &`, some CI runners) inherits
+# SIGINT ignored, and so would every process it starts: Ctrl-C's tests would then test nothing. Python's own
+# handler here resets the signal to its default in the processes the tests start.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TINY_VOCAB = 64
 TINY_EOS = 3
