@@ -1,0 +1,165 @@
+"""Would EAGLE-3's multi-layer features help specdec's head? Train it both ways on the same data and compare.
+
+EAGLE-3 feeds its draft head the target's hidden states from a low, a middle and a high layer, fused by one
+linear map, instead of the last layer's alone. specdec's head (eagle_head.py) reads the last hidden state after
+the final norm. This script trains two heads with `specdec distill train --kind eagle`'s defaults (same pieces,
+held-out split, seed, schedule and unroll), differing only in what a committed position feeds the head:
+
+    last:   f_t, the final normed state (what specdec ships);
+    multi:  reduce([f_t; rms(h_low); rms(h_mid); rms(h_high)]), a [4H -> H] map that starts as the identity on
+            f_t, with h the residual stream entering layers 2, N/2 and N-3 (EAGLE-3's choice), each
+            RMS-normalised (no weights); positions the head drafts itself feed its own prediction, as before.
+
+It reports the held-out pieces' top-1 agreement with the target's greedy token at the first drafted position
+(teacher-forced) and at the second (fed the head's own prediction), the quantities that bound acceptance.
+
+    python benchmarks/head_feature_layers.py HEAD.data.jsonl [--steps 1608] [--variants last,multi]
+
+`HEAD.data.jsonl` is a `specdec distill generate` output for the default target (what `specdec distill --kind
+eagle -o HEAD` leaves beside the head). Takes ~10 minutes per variant on 2 cores. The head's file format and the
+engine's step events are unchanged by this script: it measures an option, it does not add one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+from specdec_cli.distill.eagle_train import (
+    EagleTrainConfig,
+    choose_head_tokens,
+    epoch_order,
+    initial_head,
+    pieces,
+    training_sequences,
+)
+from specdec_cli.fingerprint import tokenizer_fingerprint
+from specdec_cli.models import DEFAULT_TARGET, load_target
+
+
+def rms(states: torch.Tensor) -> torch.Tensor:
+    return states * torch.rsqrt(states.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def split(sequences: list, config: EagleTrainConfig) -> tuple[list, list]:
+    """The training run's own split: pieces shuffled with the seed, the first `holdout` of them held out."""
+    import random
+
+    all_pieces = pieces(sequences, config.max_len)
+    order = list(range(len(all_pieces)))
+    random.Random(config.seed).shuffle(order)
+    held = max(1, round(len(order) * config.holdout))
+    return [all_pieces[i] for i in order[held:]], [all_pieces[i] for i in order[:held]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("data")
+    parser.add_argument("--target", default=DEFAULT_TARGET)
+    parser.add_argument("--steps", type=int, default=1608, help="optimizer steps (the pipeline's default run: 1608)")
+    parser.add_argument("--variants", default="last,multi")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    loaded = load_target(args.target, dtype="float32")
+    model, tokenizer = loaded.model, loaded.tokenizer
+    config = EagleTrainConfig()
+    sequences, _ = training_sequences(tokenizer, tokenizer_fingerprint(tokenizer), args.target, args.data)
+    train_pieces, held_out = split(sequences, config)
+    lm_weight = model.get_output_embeddings().weight.detach().float()  # [V, H]
+    head_tokens = choose_head_tokens(train_pieces, config.head_vocab, lm_weight.shape[0])
+    ids = torch.tensor(head_tokens) if head_tokens is not None else torch.arange(lm_weight.shape[0])  # [K]
+    head_weight = lm_weight[ids]  # [K, H]
+    layers = int(model.config.num_hidden_layers)
+    picks = (2, layers // 2, layers - 3)
+    size = int(model.config.hidden_size)
+    embeddings = model.get_input_embeddings()
+
+    def features(piece: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(f [n, H], the three layers' normalised states side by side [n, 3H])."""
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([piece]), output_hidden_states=True, logits_to_keep=1)
+        return out.hidden_states[-1][0].float(), torch.cat([rms(out.hidden_states[i][0].float()) for i in picks], -1)
+
+    def embed(tokens: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return embeddings(torch.tensor([tokens])).float()  # [1, n, H]
+
+    started = time.perf_counter()
+    train_states = [features(piece) for piece in train_pieces]
+    held_states = [features(piece) for piece in held_out]
+    train_embedded = [embed(piece[1:]) for piece in train_pieces]
+    print(f"features of {len(train_pieces)} + {len(held_out)} pieces in {time.perf_counter() - started:.0f} s",
+          flush=True)
+
+    results = {}
+    for variant in args.variants.split(","):
+        head = initial_head(model, config.seed)
+        reduce = torch.nn.Linear(4 * size, size, bias=False)
+        with torch.no_grad():  # starts as the last-layer head: identity on f_t, zero on the other layers
+            reduce.weight.zero_()
+            reduce.weight[:, :size] = torch.eye(size)
+        parameters = list(head.parameters()) + (list(reduce.parameters()) if variant == "multi" else [])
+        optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=0.0)
+
+        def head_input(final: torch.Tensor, deeper: torch.Tensor, variant: str = variant,
+                       reduce: torch.nn.Linear = reduce) -> torch.Tensor:
+            return reduce(torch.cat([final, deeper], -1)) if variant == "multi" else final  # [n, H]
+
+        def agreement(head: torch.nn.Module = head, head_input=head_input) -> list[float]:
+            """Held-out top-1 at the first and second drafted positions."""
+            hits, counts = [0, 0], [0, 0]
+            with torch.no_grad():
+                for piece, (final, deeper) in zip(held_out, held_states):
+                    greedy = (final @ lm_weight.T).argmax(-1)  # [n]
+                    inputs, following = head_input(final, deeper)[None, :-1], embed(piece[1:])
+                    for depth in range(2):
+                        predicted = head(inputs, following, torch.arange(inputs.shape[1]))  # [1, m, H]
+                        chosen = ids[(predicted[0] @ head_weight.T).argmax(-1)]
+                        wanted = greedy[1 + depth :]
+                        hits[depth] += int((chosen == wanted).sum())
+                        counts[depth] += len(wanted)
+                        inputs, following = predicted[:, :-1], following[:, 1:]
+            return [round(hit / count, 4) for hit, count in zip(hits, counts)]
+
+        started = time.perf_counter()
+        head.train()
+        for step in range(args.steps):
+            epoch, within = divmod(step, len(train_pieces))
+            index = epoch_order(len(train_pieces), config.seed, epoch)[within]
+            final, deeper = train_states[index]
+            for group in optimizer.param_groups:  # eagle_train's schedule: 5% warm-up, cosine decay
+                group["lr"] = (config.lr * min(1.0, (step + 1) / max(1, args.steps // 20))
+                               * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
+            inputs, following = head_input(final, deeper)[None, :-1], train_embedded[index]
+            loss: torch.Tensor = torch.zeros(())
+            for depth in range(min(config.unroll, final.shape[0] - 1)):
+                wanted = final[None, 1 + depth :]
+                predicted = head(inputs, following, torch.arange(inputs.shape[1]))
+                target_probs = torch.softmax(wanted @ head_weight.T, -1)
+                token_loss = -(target_probs * torch.log_softmax(predicted @ head_weight.T, -1)).sum(-1).mean()
+                loss = loss + F.smooth_l1_loss(predicted, wanted) + config.token_weight * token_loss
+                inputs, following = predicted[:, :-1], following[:, 1:]
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+            optimizer.step()
+        head.eval()
+        first, second = agreement()
+        results[variant] = {"top1_first": first, "top1_second": second,
+                            "train_seconds": round(time.perf_counter() - started, 1)}
+        print(f"{variant:>6}: held-out top-1 {first:.1%} at the first drafted position, {second:.1%} at the second "
+              f"({results[variant]['train_seconds']:.0f} s)", flush=True)
+    print(json.dumps({"steps": args.steps, "pieces": len(train_pieces), "held_out": len(held_out),
+                      "layers": list(picks), "results": results}))
+
+
+if __name__ == "__main__":
+    main()
