@@ -36,6 +36,7 @@ from specdec_cli.distill.eagle_train import (
     epoch_order,
     initial_head,
     pieces,
+    split_pieces,
     training_sequences,
 )
 from specdec_cli.fingerprint import tokenizer_fingerprint
@@ -44,17 +45,6 @@ from specdec_cli.models import DEFAULT_TARGET, load_target
 
 def rms(states: torch.Tensor) -> torch.Tensor:
     return states * torch.rsqrt(states.pow(2).mean(-1, keepdim=True) + 1e-6)
-
-
-def split(sequences: list, config: EagleTrainConfig) -> tuple[list, list]:
-    """The training run's own split: pieces shuffled with the seed, the first `holdout` of them held out."""
-    import random
-
-    all_pieces = pieces(sequences, config.max_len)
-    order = list(range(len(all_pieces)))
-    random.Random(config.seed).shuffle(order)
-    held = max(1, round(len(order) * config.holdout))
-    return [all_pieces[i] for i in order[held:]], [all_pieces[i] for i in order[:held]]
 
 
 def main() -> None:
@@ -72,7 +62,7 @@ def main() -> None:
     model, tokenizer = loaded.model, loaded.tokenizer
     config = EagleTrainConfig()
     sequences, _ = training_sequences(tokenizer, tokenizer_fingerprint(tokenizer), args.target, args.data)
-    train_pieces, held_out = split(sequences, config)
+    train_pieces, held_out = split_pieces(pieces(sequences, config.max_len), config)
     lm_weight = model.get_output_embeddings().weight.detach().float()  # [V, H]
     head_tokens = choose_head_tokens(train_pieces, config.head_vocab, lm_weight.shape[0])
     ids = torch.tensor(head_tokens) if head_tokens is not None else torch.arange(lm_weight.shape[0])  # [K]

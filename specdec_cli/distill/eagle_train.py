@@ -152,6 +152,14 @@ class HeadData:
     held_features: list[Any]  # [n, H] float32 per held-out piece
 
 
+def split_pieces(all_pieces: Sequence[list[int]], config: EagleTrainConfig) -> tuple[list[list[int]], list[list[int]]]:
+    """(training pieces, held-out pieces): `holdout` of them (at least one) kept apart at random with `seed`."""
+    order = list(range(len(all_pieces)))
+    random.Random(config.seed).shuffle(order)
+    held = max(1, round(len(order) * config.holdout)) if config.holdout > 0 else 0
+    return [all_pieces[index] for index in order[held:]], [all_pieces[index] for index in order[:held]]
+
+
 def head_data(target: Any, sequences: Sequence[Sequence[int]], config: EagleTrainConfig,
               on_progress: Optional[Callable[[EagleProgress], None]] = None) -> HeadData:
     """Pieces of at most max_len tokens, `holdout` of them kept apart at random (seeded), the head's tokens
@@ -160,12 +168,7 @@ def head_data(target: Any, sequences: Sequence[Sequence[int]], config: EagleTrai
     if len(all_pieces) < 2:
         raise SpecdecError("too little data to train a head: give answers from `specdec distill generate` or a "
                            "corpus with at least two pieces of 8+ tokens")
-    rng = random.Random(config.seed)
-    order = list(range(len(all_pieces)))
-    rng.shuffle(order)
-    held = max(1, round(len(order) * config.holdout)) if config.holdout > 0 else 0
-    held_out = [all_pieces[index] for index in order[:held]]
-    train_pieces = [all_pieces[index] for index in order[held:]]
+    train_pieces, held_out = split_pieces(all_pieces, config)
     vocab = int(target.get_output_embeddings().weight.shape[0])
     head_tokens = choose_head_tokens(train_pieces, config.head_vocab, vocab)
     features = target_features(target, train_pieces + held_out, on_progress)

@@ -68,6 +68,13 @@ def split_hybrid(name: str) -> tuple[str, Optional[str]]:
     return head, aux
 
 
+def drafters_in(name: str, options: DrafterOptions) -> tuple[str, Optional[str]]:
+    """The drafter named `name` and the auxiliary it runs with under `options`: a hybrid's own, else `--aux` for
+    `sam`, else None."""
+    head, aux = split_hybrid(name)
+    return head, aux if aux is not None else (options.aux if head == HYBRID_HEAD else None)
+
+
 def check_drafter(name: str) -> None:
     """Raise a one-line SpecdecError unless `name` is a drafter `make_drafter` can build."""
     head, _ = split_hybrid(name)
@@ -80,8 +87,7 @@ def check_drafter_options(name: str, options: DrafterOptions) -> None:
     are what they claim to be, and the drafter it needs is named (a tokenizer match is checked at build)."""
     from pathlib import Path
 
-    head, aux = split_hybrid(name)
-    aux = aux if aux is not None else (options.aux if head == HYBRID_HEAD else None)
+    head, aux = drafters_in(name, options)
     if aux is not None and aux not in AUX_CHOICES:
         raise SpecdecError(f"aux {aux}: the auxiliary drafter must be one of {', '.join(AUX_CHOICES)}", setting="aux")
     if options.index and (head in ("sam", "aded") or aux == "aded"):
@@ -114,8 +120,7 @@ EAGLE_MIN_PROB = 0.1  # eagle's default --draft-min-prob in chat and bench (draf
 def min_prob_in_force(name: str, options: DrafterOptions) -> Optional[float]:
     """The probability floor a drafter (or hybrid) named `name` drafts with under `options`: --draft-min-prob, or
     eagle's own default when it is 0; None for drafters that have no floor (retrieval and tables)."""
-    head, aux = split_hybrid(name)
-    aux = aux if aux is not None else (options.aux if head == HYBRID_HEAD else None)
+    head, aux = drafters_in(name, options)
     if "eagle" in (head, aux):
         return options.draft_min_prob or EAGLE_MIN_PROB
     if "model" in (head, aux):
