@@ -1,41 +1,106 @@
-"""specdec's own forward for Llama-style models on block weights: each layer as ten calls into the CPU kernels.
+"""specdec's own forward on block weights: each decoder layer as a few calls into the CPU kernels.
 
 On a 2-core CPU, transformers' modelling code spends ~30 ms a token in Python and small torch operations for
 SmolLM2-135M's 30 layers, three times what the block matmuls themselves cost. `NativeDecoder` computes what
-transformers' Llama, Mistral and Qwen2 layers compute (RMSNorm, rotary position embedding in the rotate-half
-convention, grouped-query attention, SiLU-gated MLP, q/k/v biases) with a few calls per layer into
-kernels/_cpu.c on buffers it keeps between forwards. Every step is computed row by row (norms, rotary, SiLU) or
-row-invariantly (matmuls, attention over each row's own keys), so a verify block's rows equal one-row forwards
-bit for bit, with no padding and no hooks. Prompts longer than `ROW_INVARIANT_ROWS` take torch's SDPA for
+transformers' layers of the families in FAMILIES compute, with a few calls per layer into kernels/_cpu.c on
+buffers it keeps between forwards:
+
+- every family: RMSNorm, rotary position embedding in the rotate-half convention, grouped-query attention over
+  the KV cache, a gated MLP; q/k/v biases (qwen2);
+- per family (`_Layout` reads them off the loaded model, not off its name): QK-norm on each head before the
+  rotation (qwen3, gemma3); fused q/k/v and gate/up projections (phi3), and a rotation of only the first part of
+  each head (partial rotary); layers without rotary embedding (smollm3's NoPE layers); Gemma's RMSNorm with
+  (1 + weight), its embeddings scaled by sqrt(hidden) and GeLU-tanh gating; norms before and after attention and
+  MLP (gemma2, gemma3); soft-capped attention scores and final logits (gemma2); per layer kind its own rotary
+  base (gemma3's local and global layers) and sliding windows (mistral, phi3, gemma2, gemma3, hybrid qwen2/3).
+
+Every step is computed row by row (norms, rotary, activations, soft-capping) or row-invariantly (matmuls,
+attention over each row's own keys: its window of the prefix and, in a tree, its ancestors within the window),
+so a verify block's rows equal one-row forwards bit for bit, with no padding and no hooks. Steps the kernels do
+not have (GeLU-tanh, soft-capping, partial rotary) are torch calls that are row-invariant: one call per row on
+that row alone (GeLU-tanh, tanh), or elementwise products and sums (rounded the same wherever an element
+sits). Prompts longer than `ROW_INVARIANT_ROWS` take torch's SDPA (or, soft-capped, the eager formula) for
 attention, the same for plain and speculative decoding.
 
 It answers the subset of a transformers model's call the engine makes (input ids, positions, a KVCache, a tree
-mask, hidden states, logits_to_keep). Numbers differ from transformers' forward on the same weights only by
-rounding (summation order); tests compare them. `decoder_for(model)` returns None, with the reason in
-`unsupported(model)`, for anything else (another family, a dense layer, rope types that change with the
-length, sliding windows shorter than the context); such models run transformers' forward.
+mask or one per layer kind, hidden states, logits_to_keep). Numbers differ from transformers' forward on the
+same weights only by rounding (summation order); tests compare them. `decoder_for(model)` returns None, with
+the reason in `unsupported(model)`, for anything else (another family, a dense layer, rope types that change
+with the length); such models run transformers' forward.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import weakref
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Optional
 
 import torch
+import torch.nn.functional as F
 
-from .exact import _row_keys
+from .exact import RowKeys, _row_keys
 from .quant import BlockLinear
 
-FAMILIES = ("llama", "mistral", "qwen2")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "smollm3")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")  # fixed tables (no dynamic rescaling)
+LAYER_KINDS = ("full_attention", "sliding_attention")
 ROW_INVARIANT_ROWS = 32  # blocks up to this many rows attend through the row-invariant kernel
 _decoders: "weakref.WeakKeyDictionary[Any, NativeDecoder]" = weakref.WeakKeyDictionary()  # one per model
 
 
+def _activation(mlp: Any) -> Optional[str]:
+    """"silu" or "gelu_tanh" for the MLP's activation module, None for any other."""
+    from transformers.activations import GELUTanh
+
+    act = getattr(mlp, "act_fn", None) or getattr(mlp, "activation_fn", None)
+    if isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation":
+        return "silu"
+    if isinstance(act, GELUTanh) and isinstance(getattr(act, "act", None), functools.partial):
+        return "gelu_tanh"  # F.gelu(approximate="tanh"), not the Python formula
+    return None
+
+
+def layer_kinds(config: Any) -> list[str]:
+    """Each layer's attention kind as the model builds its masks: transformers' `layer_types` where the config has
+    them, else a sliding window on every layer where the config sets one (mistral, phi3)."""
+    count = int(config.num_hidden_layers)
+    kinds = getattr(config, "layer_types", None)
+    if kinds:
+        return list(kinds)[:count]
+    windowed = getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+    return ["sliding_attention" if windowed else "full_attention"] * count
+
+
+def _rope_of(model: Any, index: int, kind: str) -> Optional[tuple[torch.Tensor, float, str]]:
+    """Layer `index`'s (inv_freq, attention scaling, rope type), None for a layer without rotary embedding."""
+    config = model.config
+    no_rope = getattr(config, "no_rope_layers", None)
+    if no_rope is not None and not no_rope[index]:  # smollm3: 0 = NoPE
+        return None
+    rotary = model.model.rotary_emb
+    if isinstance(getattr(rotary, "rope_type", None), dict):  # gemma3: one table per layer kind
+        return (getattr(rotary, f"{kind}_inv_freq"), float(getattr(rotary, f"{kind}_attention_scaling")),
+                str(rotary.rope_type.get(kind, "default")))
+    return rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0)), str(getattr(rotary, "rope_type",
+                                                                                       "default"))
+
+
+def _dynamic_rope(config: Any, rope_type: str) -> bool:
+    """Whether the rotary tables change with the length of the input (then transformers recomputes them)."""
+    if rope_type not in ROPE_TYPES:
+        return True
+    if rope_type == "longrope":  # the long factors take over past the original context
+        parameters = getattr(config, "rope_parameters", None) or {}
+        original = parameters.get("original_max_position_embeddings") if isinstance(parameters, dict) else None
+        return original is not None and int(config.max_position_embeddings) > int(original)
+    return False
+
+
 def unsupported(model: Any) -> Optional[str]:
-    """Why `NativeDecoder` cannot run this model (None: it can)."""
+    """Why `NativeDecoder` cannot run this model (None: it can), in one line."""
     from . import kernels
 
     config = model.config
@@ -45,24 +110,34 @@ def unsupported(model: Any) -> Optional[str]:
         return f"{config.model_type} is not a family the native decoder implements ({', '.join(FAMILIES)})"
     if next(model.parameters()).device.type != "cpu":
         return "the model is not on the CPU"
-    rope = getattr(model.model, "rotary_emb", None)
-    if rope is None or getattr(rope, "rope_type", "default") not in ROPE_TYPES:
-        return f"rope type {getattr(rope, 'rope_type', None)!r} changes with the length"
-    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
-    if window is not None and window < int(getattr(config, "max_position_embeddings", 0) or 0):
-        return "sliding-window attention"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"activation {config.hidden_act}"
+    kinds = layer_kinds(config)
+    other = sorted(set(kinds) - set(LAYER_KINDS))
+    if other:
+        return f"{other[0]} layers"
+    if "sliding_attention" in kinds and not getattr(config, "sliding_window", None):
+        return "sliding layers without a window"
     for index, layer in enumerate(model.model.layers):
+        try:
+            rope = _rope_of(model, index, kinds[index])
+        except AttributeError:
+            return f"layer {index}'s rotary embedding is not one the native decoder knows"
+        if rope is not None and _dynamic_rope(config, rope[2]):
+            return f"rope type {rope[2]!r} changes with the length"
         attention, mlp = layer.self_attn, layer.mlp
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        names = ("qkv_proj", "o_proj") if hasattr(attention, "qkv_proj") else ("q_proj", "k_proj", "v_proj", "o_proj")
+        for name in names:
             if not isinstance(getattr(attention, name, None), BlockLinear):
                 return f"layer {index}'s {name} is not a block layer"
-        for name in ("gate_proj", "up_proj", "down_proj"):
+        names = ("gate_up_proj", "down_proj") if hasattr(mlp, "gate_up_proj") else ("gate_proj", "up_proj",
+                                                                                      "down_proj")
+        for name in names:
             if not isinstance(getattr(mlp, name, None), BlockLinear):
                 return f"layer {index}'s {name} is not a block layer"
         if getattr(attention.o_proj, "bias", None) is not None or getattr(mlp.down_proj, "bias", None) is not None:
             return "biases on output projections"
+        if _activation(mlp) is None:
+            act = getattr(mlp, "act_fn", None) or getattr(mlp, "activation_fn", None)
+            return f"activation {type(act).__name__}"
     if not isinstance(model.lm_head, BlockLinear):
         return "the output head is not a block layer"
     return None
@@ -97,7 +172,8 @@ class _Projections:
         for group in groups:
             biases = [layer.bias if layer.bias is not None else torch.zeros(layer.out_features) for layer in group]
             has_bias = any(layer.bias is not None for layer in group)
-            records = torch.cat([layer.records for layer in group]).contiguous()
+            records = group[0].records if len(group) == 1 else torch.cat([layer.records for layer in group])
+            records = records.contiguous()
             start = 0
             for layer in group:  # the layers keep views of the fused records: no second copy of the weights
                 layer.records = records[start : start + layer.out_features]
@@ -107,8 +183,47 @@ class _Projections:
         return fused
 
 
+class _Rope:
+    """One rotary table: cos/sin [positions, rotated/2] as transformers computes them (position * inv_freq in
+    float32, times the attention scaling), grown as positions come."""
+
+    def __init__(self, inv_freq: torch.Tensor, scaling: float):
+        self.inv_freq = inv_freq.detach().to(torch.float32)
+        self.scaling = scaling
+        self.half = int(self.inv_freq.numel())
+        self.cos = self.sin = torch.empty(0, self.half)
+
+    def tables(self, positions: int) -> None:
+        if self.cos.shape[0] >= positions:
+            return
+        count = max(positions, 2 * self.cos.shape[0], 512)
+        freqs = torch.arange(count, dtype=torch.float32)[:, None] * self.inv_freq[None, :]  # [count, half]
+        self.cos = (freqs.cos() * self.scaling).contiguous()
+        self.sin = (freqs.sin() * self.scaling).contiguous()
+
+
+def _norm_weight(norm: Any, offset: bool) -> torch.Tensor:
+    """An RMSNorm's float32 weight as the kernel multiplies by it: Gemma's norms multiply by (1 + weight)."""
+    weight = norm.weight.detach().to(torch.float32)
+    return (1.0 + weight if offset else weight).contiguous()
+
+
+def _eps(norm: Any, default: float) -> float:
+    return float(getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None) or default)
+
+
+def _window_keys(rows: int, past: int, window: int) -> RowKeys:
+    """A chain's keys on a sliding layer: row r (at cache position past + r) sees the `window` positions up to its
+    own, as transformers' sliding masks (`kv_idx > q_idx - sliding_window`)."""
+    stops = torch.arange(past + 1, past + rows + 1, dtype=torch.int32)
+    starts = (stops - window).clamp(min=0).to(torch.int32)
+    empty = torch.zeros(rows + 1, dtype=torch.int32)
+    runs: list[tuple[int, int, Optional[torch.Tensor]]] = [(int(a), int(b), None) for a, b in zip(starts, stops)]
+    return RowKeys(runs, (starts, stops, empty, empty[:0]))
+
+
 class NativeDecoder:
-    """A Llama-style model's forward on block weights (see the module docstring)."""
+    """A supported family's forward on block weights (see the module docstring)."""
 
     def __init__(self, model: Any):
         from . import kernels
@@ -123,28 +238,60 @@ class NativeDecoder:
         self.head_dim = int(getattr(config, "head_dim", None) or self.hidden // self.heads)
         self.ffn = int(config.intermediate_size)
         self.vocab = int(model.lm_head.out_features)
-        self.embeddings = model.model.embed_tokens.weight.detach()  # [vocab, hidden]
+        embed = model.model.embed_tokens
+        self.embeddings = embed.weight.detach()  # [vocab, hidden]
         if self.embeddings.dtype != torch.float32:
             raise ValueError("the native decoder computes in float32")
+        scale = getattr(embed, "embed_scale", None)  # gemma: sqrt(hidden), as a float32 scalar tensor
+        self.embed_scale = None if scale is None else torch.as_tensor(scale).detach().to(torch.float32)
+        offset = config.model_type in ("gemma", "gemma2", "gemma3_text")  # RMSNorm times (1 + weight)
         self.eps = float(getattr(config, "rms_norm_eps", 1e-6))
-        self.scaling = float(model.model.layers[0].self_attn.scaling)
+        self.attn_cap = getattr(config, "attn_logit_softcapping", None)
+        self.final_cap = getattr(config, "final_logit_softcapping", None)
+        ropes: dict[tuple[int, float], _Rope] = {}  # one table per distinct inv_freq (gemma3: local, global)
+        kinds = layer_kinds(config)
         self.layers = []
-        for layer in model.model.layers:
+        for index, layer in enumerate(model.model.layers):
             attention, mlp = layer.self_attn, layer.mlp
+            if hasattr(attention, "qkv_proj"):  # phi3: q, k and v as one layer
+                qkv = _Projections.of(attention.qkv_proj)
+            else:
+                qkv = _Projections.of(attention.q_proj, attention.k_proj, attention.v_proj)
+            gate_up = _Projections.of(mlp.gate_up_proj) if hasattr(mlp, "gate_up_proj") else \
+                _Projections.of(mlp.gate_proj, mlp.up_proj)
+            rope = None
+            found = _rope_of(model, index, kinds[index])
+            if found is not None:
+                key = (found[0].data_ptr(), found[1])
+                rope = ropes.setdefault(key, _Rope(found[0], found[1]))
+            sandwich = hasattr(layer, "pre_feedforward_layernorm")  # gemma2, gemma3: norms around both halves
+            q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
             self.layers.append(SimpleNamespace(
-                attn_norm=layer.input_layernorm.weight.detach().contiguous(),
-                qkv=_Projections.of(attention.q_proj, attention.k_proj, attention.v_proj),
+                attn_norm=_norm_weight(layer.input_layernorm, offset),
+                attn_eps=_eps(layer.input_layernorm, self.eps),
+                qkv=qkv,
+                q_norm=None if q_norm is None else _norm_weight(q_norm, offset),
+                k_norm=None if k_norm is None else _norm_weight(k_norm, offset),
+                qk_eps=self.eps if q_norm is None else _eps(q_norm, self.eps),
+                rope=rope,
+                kind=kinds[index],
+                window=int(config.sliding_window) if kinds[index] == "sliding_attention" else None,
+                scaling=float(attention.scaling),
                 out=attention.o_proj,
-                mlp_norm=layer.post_attention_layernorm.weight.detach().contiguous(),
-                gate_up=_Projections.of(mlp.gate_proj, mlp.up_proj),
+                post_attn_norm=_norm_weight(layer.post_attention_layernorm, offset) if sandwich else None,
+                mlp_norm=_norm_weight(layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm,
+                                      offset),
+                mlp_eps=_eps(layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm,
+                             self.eps),
+                gate_up=gate_up,
+                act=_activation(mlp),
                 down=mlp.down_proj,
+                post_mlp_norm=_norm_weight(layer.post_feedforward_layernorm, offset) if sandwich else None,
             ))
-        self.final_norm = model.model.norm.weight.detach().contiguous()
+        self.ropes = list(ropes.values())
+        self.final_norm = _norm_weight(model.model.norm, offset)
+        self.final_eps = _eps(model.model.norm, self.eps)
         self.head = model.lm_head
-        rope = model.model.rotary_emb
-        self.inv_freq = rope.inv_freq.detach().to(torch.float32)
-        self.rope_scaling = float(getattr(rope, "attention_scaling", 1.0))
-        self.cos = self.sin = torch.empty(0, self.head_dim // 2)
         self._scratch: dict[str, torch.Tensor] = {}
 
     # -- buffers ----------------------------------------------------------------------------------------------
@@ -157,82 +304,178 @@ class NativeDecoder:
             self._scratch[name] = held
         return held[:rows]
 
-    def _rope_tables(self, positions: int) -> None:
-        """cos/sin [positions, head_dim/2] as transformers computes them (position * inv_freq in float32)."""
-        if self.cos.shape[0] >= positions:
-            return
-        count = max(positions, 2 * self.cos.shape[0], 512)
-        freqs = torch.arange(count, dtype=torch.float32)[:, None] * self.inv_freq[None, :]  # [count, half]
-        self.cos = (freqs.cos() * self.rope_scaling).contiguous()
-        self.sin = (freqs.sin() * self.rope_scaling).contiguous()
+    def _keys_by_kind(self, attention_mask: Any, rows: int, past: int) -> dict[str, RowKeys]:
+        """Per layer kind, each row's keys: from the tree mask (one, or one per kind), else causal (and windowed)."""
+        keys = {}
+        for layer in self.layers:
+            if layer.kind in keys:
+                continue
+            mask = attention_mask.get(layer.kind) if isinstance(attention_mask, dict) else attention_mask
+            if mask is not None and mask.dtype != torch.bool:  # an additive (eager) mask
+                mask = mask == 0
+            if mask is None and layer.window is not None:
+                keys[layer.kind] = _window_keys(rows, past, layer.window)
+            else:
+                keys[layer.kind] = _row_keys(mask, rows, past + rows)
+        return keys
 
     # -- the forward -------------------------------------------------------------------------------------------
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, past_key_values: Any,
-                 attention_mask: Optional[torch.Tensor] = None, output_hidden_states: bool = False,
+                 attention_mask: Any = None, output_hidden_states: bool = False,
                  logits_to_keep: int = 0, use_cache: bool = True, **unused: Any) -> SimpleNamespace:
         """input_ids, position_ids [1, n]; past_key_values a KVCache (kv_cache.py); attention_mask None (causal)
-        or a boolean tree mask [1, 1, n, cached + n]. Returns .logits [1, n or logits_to_keep, vocab] and, with
-        output_hidden_states, .hidden_states[-1] = the final normed states [1, n, hidden]."""
+        or a boolean tree mask [1, 1, n, cached + n] (or a dict of them by layer kind). Returns .logits
+        [1, n or logits_to_keep, vocab] and, with output_hidden_states, .hidden_states[-1] = the final normed
+        states [1, n, hidden]."""
         cpu = self._cpu
         rows = int(input_ids.shape[1])
         positions = position_ids[0].to(torch.int32).contiguous()  # [n]
-        self._rope_tables(int(positions.max()) + 1)
+        for rope in self.ropes:
+            rope.tables(int(positions.max()) + 1)
         x = self.embeddings.index_select(0, input_ids[0]).contiguous()  # [n, hidden], the residual stream
+        if self.embed_scale is not None:
+            x.mul_(self.embed_scale)
         h = self._buffer("normed", rows, self.hidden)
         qkv_width = (self.heads + 2 * self.kv_heads) * self.head_dim
         qkv = self._buffer("qkv", rows, qkv_width)
         attended = self._buffer("attended", rows, self.heads * self.head_dim)
         gate_up = self._buffer("gate_up", rows, 2 * self.ffn)
         act = self._buffer("act", rows, self.ffn)
+        branch = self._buffer("branch", rows, self.hidden)  # gemma2/3: a half's output before its post-norm
         past = past_key_values.get_seq_length()
-        row_keys = None
+        keys_by_kind = None
         if rows <= ROW_INVARIANT_ROWS:
-            if attention_mask is not None and attention_mask.dtype != torch.bool:  # an additive (eager) mask
-                attention_mask = attention_mask == 0
-            row_keys = _row_keys(attention_mask, rows, past + rows)
+            keys_by_kind = self._keys_by_kind(attention_mask, rows, past)
         elif attention_mask is not None or past:
             raise ValueError("the native decoder's long forwards are prompts on an empty cache")
         q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
         for index, layer in enumerate(self.layers):
-            cpu.rms_norm(x.data_ptr(), rows, self.hidden, self.hidden, layer.attn_norm.data_ptr(), self.eps,
+            cpu.rms_norm(x.data_ptr(), rows, self.hidden, self.hidden, layer.attn_norm.data_ptr(), layer.attn_eps,
                          h.data_ptr(), self.hidden)
             self._project(h, layer.qkv, qkv)
-            cpu.rope(qkv.data_ptr(), rows, qkv_width, self.heads + self.kv_heads, self.head_dim, positions.data_ptr(),
-                     self.cos.data_ptr(), self.sin.data_ptr())
+            if layer.q_norm is not None:  # QK-norm: each head of q and k over its head_dim, row by row
+                for row in range(rows):
+                    start = qkv[row].data_ptr()
+                    cpu.rms_norm(start, self.heads, self.head_dim, self.head_dim, layer.q_norm.data_ptr(),
+                                 layer.qk_eps, start, self.head_dim)
+                    cpu.rms_norm(start + 4 * q_width, self.kv_heads, self.head_dim, self.head_dim,
+                                 layer.k_norm.data_ptr(), layer.qk_eps, start + 4 * q_width, self.head_dim)
+            if layer.rope is not None:
+                self._rotate(qkv, rows, layer.rope, positions)
             cache = past_key_values.native_layer(index, self.kv_heads, self.head_dim, rows)
             keys, values = cache.key_buffer, cache.value_buffer  # [1, kv_heads, capacity, head_dim]
             for buffer, offset in ((keys, q_width), (values, q_width + kv_width)):
                 cpu.store_rows(qkv.data_ptr() + 4 * offset, rows, qkv_width, self.kv_heads, self.head_dim,
                                buffer.data_ptr(), buffer.stride(1), buffer.stride(2), past)
             cache.advance(rows)
-            if row_keys is not None:
+            if keys_by_kind is None:  # a prompt: torch's attention over the whole causal block
+                self._prompt_attention(qkv, keys, values, rows, layer, attended)
+            elif self.attn_cap is not None:
+                self._capped_attention(qkv, keys, values, keys_by_kind[layer.kind], layer, attended)
+            else:
+                row_keys = keys_by_kind[layer.kind]
                 query = qkv[:, :q_width].view(rows, self.heads, self.head_dim)
                 cpu.attention(rows, self.heads, self.kv_heads, self.head_dim, query.data_ptr(), query.stride(0),
                               query.stride(1), keys.data_ptr(), values.data_ptr(), False, keys.stride(1),
                               keys.stride(2), values.stride(1), values.stride(2),
-                              *(array.data_ptr() for array in row_keys.arrays), self.scaling, attended.data_ptr(),
+                              *(array.data_ptr() for array in row_keys.arrays), layer.scaling, attended.data_ptr(),
                               q_width, self.head_dim)
-            else:  # a prompt: torch's SDPA over the whole causal block
-                query = qkv[:, :q_width].view(1, rows, self.heads, self.head_dim).transpose(1, 2)
-                out = torch.nn.functional.scaled_dot_product_attention(
-                    query, keys[:, :, :rows], values[:, :, :rows], is_causal=True, scale=self.scaling,
-                    enable_gqa=self.heads != self.kv_heads)  # [1, heads, n, head_dim]
-                attended.copy_(out[0].transpose(0, 1).reshape(rows, q_width))
-            self._matmul(attended, layer.out, x, accumulate=True)  # x += attended @ o_proj
-            cpu.rms_norm(x.data_ptr(), rows, self.hidden, self.hidden, layer.mlp_norm.data_ptr(), self.eps,
+            self._residual(attended, layer.out, layer.post_attn_norm, x, h, branch)
+            cpu.rms_norm(x.data_ptr(), rows, self.hidden, self.hidden, layer.mlp_norm.data_ptr(), layer.mlp_eps,
                          h.data_ptr(), self.hidden)
             self._project(h, layer.gate_up, gate_up)
-            cpu.silu_mul(gate_up.data_ptr(), rows, self.ffn, act.data_ptr())
-            self._matmul(act, layer.down, x, accumulate=True)  # x += act @ down_proj
+            if layer.act == "silu":
+                cpu.silu_mul(gate_up.data_ptr(), rows, self.ffn, act.data_ptr())
+            else:  # GeLU-tanh, one call per row (torch's vectorised and scalar tails round differently)
+                for row in range(rows):
+                    act[row] = F.gelu(gate_up[row, : self.ffn], approximate="tanh")
+                act.mul_(gate_up[:, self.ffn :])
+            self._residual(act, layer.down, layer.post_mlp_norm, x, h, branch)
         final = torch.empty(rows, self.hidden, dtype=torch.float32)
-        cpu.rms_norm(x.data_ptr(), rows, self.hidden, self.hidden, self.final_norm.data_ptr(), self.eps,
+        cpu.rms_norm(x.data_ptr(), rows, self.hidden, self.hidden, self.final_norm.data_ptr(), self.final_eps,
                      final.data_ptr(), self.hidden)
         keep = rows if not logits_to_keep else min(int(logits_to_keep), rows)
         logits = torch.empty(keep, self.vocab, dtype=torch.float32)
         self._matmul(final[rows - keep :], self.head, logits)
+        if self.final_cap is not None:  # gemma2: cap * tanh(logits / cap), row by row
+            cap = float(self.final_cap)
+            for row in range(keep):
+                logits[row] = torch.tanh(logits[row] / cap) * cap
         hidden_states = (final.unsqueeze(0),) if output_hidden_states else None
         return SimpleNamespace(logits=logits.unsqueeze(0), hidden_states=hidden_states)
+
+    # -- steps ----------------------------------------------------------------------------------------------------
+
+    def _rotate(self, qkv: torch.Tensor, rows: int, rope: _Rope, positions: torch.Tensor) -> None:
+        """Rotary embedding of the q and k heads in place (rotate-half); a partial rotary (phi3's
+        partial_rotary_factor) turns only the first 2 * half dimensions of each head."""
+        heads = self.heads + self.kv_heads
+        if 2 * rope.half == self.head_dim:
+            self._cpu.rope(qkv.data_ptr(), rows, qkv.stride(0), heads, self.head_dim, positions.data_ptr(),
+                           rope.cos.data_ptr(), rope.sin.data_ptr())
+            return
+        half = rope.half
+        view = qkv[:, : heads * self.head_dim].view(rows, heads, self.head_dim)
+        at = positions.to(torch.long)
+        cos, sin = rope.cos.index_select(0, at)[:, None, :], rope.sin.index_select(0, at)[:, None, :]  # [n, 1, half]
+        first, second = view[..., :half].clone(), view[..., half : 2 * half].clone()
+        view[..., :half] = first * cos - second * sin  # elementwise products and sums: the same in any layout
+        view[..., half : 2 * half] = second * cos + first * sin
+
+    def _capped_attention(self, qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, row_keys: RowKeys,
+                          layer: Any, out: torch.Tensor) -> None:
+        """Soft-capped attention (gemma2), each row in its own calls over its own keys copied contiguous, so that
+        a row's calls are those of a one-row forward: scores * scaling, cap * tanh(scores / cap), softmax."""
+        group, dim, cap = self.heads // self.kv_heads, self.head_dim, float(self.attn_cap)
+        q_width = self.heads * dim
+        for row, (start, stop, picked) in enumerate(row_keys.runs):
+            if picked is None:
+                row_keys_, row_values = keys[0, :, start:stop].contiguous(), values[0, :, start:stop].contiguous()
+            else:
+                row_keys_, row_values = keys[0].index_select(1, picked), values[0].index_select(1, picked)
+            query = qkv[row, :q_width].view(self.kv_heads, group, dim)
+            scores = torch.matmul(query, row_keys_.transpose(1, 2)) * layer.scaling  # [kv_heads, group, n]
+            scores = torch.tanh(scores / cap) * cap
+            weights = torch.softmax(scores, dim=-1)
+            out[row] = torch.matmul(weights, row_values).reshape(q_width)
+
+    def _prompt_attention(self, qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: int, layer: Any,
+                          out: torch.Tensor) -> None:
+        """A prompt's attention on an empty cache, causal (and windowed): SDPA, or the eager formula soft-capped."""
+        q_width = self.heads * self.head_dim
+        query = qkv[:, :q_width].view(1, rows, self.heads, self.head_dim).transpose(1, 2)  # [1, heads, n, d]
+        block_keys, block_values = keys[:, :, :rows], values[:, :, :rows]
+        mask = None
+        if layer.window is not None or self.attn_cap is not None:
+            position = torch.arange(rows)
+            mask = position[None, :] <= position[:, None]  # [n, n]
+            if layer.window is not None:
+                mask &= position[None, :] > position[:, None] - layer.window
+        if self.attn_cap is None:
+            result = F.scaled_dot_product_attention(query, block_keys, block_values, attn_mask=mask,
+                                                    is_causal=mask is None, scale=layer.scaling,
+                                                    enable_gqa=self.heads != self.kv_heads)  # [1, heads, n, d]
+        else:
+            group, cap = self.heads // self.kv_heads, float(self.attn_cap)
+            expanded_keys = block_keys.repeat_interleave(group, dim=1)  # [1, heads, n, d]
+            expanded_values = block_values.repeat_interleave(group, dim=1)
+            scores = torch.matmul(query, expanded_keys.transpose(2, 3)) * layer.scaling  # [1, heads, n, n]
+            scores = torch.tanh(scores / cap) * cap
+            scores = scores.masked_fill(~mask, -math.inf)
+            result = torch.matmul(torch.softmax(scores, dim=-1), expanded_values)
+        out.copy_(result[0].transpose(0, 1).reshape(rows, q_width))
+
+    def _residual(self, source: torch.Tensor, layer: BlockLinear, post_norm: Optional[torch.Tensor], x: torch.Tensor,
+                  normed: torch.Tensor, branch: torch.Tensor) -> None:
+        """x += source @ layer; with a post-norm (gemma2/3), x += norm(source @ layer)."""
+        if post_norm is None:
+            self._matmul(source, layer, x, accumulate=True)
+            return
+        self._matmul(source, layer, branch)
+        self._cpu.rms_norm(branch.data_ptr(), branch.shape[0], self.hidden, self.hidden, post_norm.data_ptr(),
+                           self.eps, normed.data_ptr(), self.hidden)
+        x += normed
 
     def _matmul(self, source: torch.Tensor, layer: BlockLinear, out: torch.Tensor, accumulate: bool = False) -> None:
         """out (+)= source @ layer's weight, both float32 and contiguous."""

@@ -36,34 +36,35 @@ BIG_VOCAB = 262_144  # Gemma 3's vocabulary
 
 
 def _config(family: str, vocab: int = 64, **extra):
+    """A tiny config of the family; `extra` settles any setting (the family's own ones below included)."""
     import transformers
 
     common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  initializer_range=0.3, eos_token_id=EOS, bos_token_id=1, pad_token_id=0, **extra)
-    if family == "llama":
-        return transformers.LlamaConfig(**common)
-    if family == "qwen2":
-        return transformers.Qwen2Config(**common)
-    if family == "qwen3":  # hybrid: a full layer, then a sliding one (Qwen's max_window_layers)
-        return transformers.Qwen3Config(**common, head_dim=16, use_sliding_window=True, sliding_window=WINDOW,
-                                        max_window_layers=1)
-    if family == "mistral":
-        return transformers.MistralConfig(**{"sliding_window": WINDOW, **common})
-    if family == "phi3":  # a window on every layer, as Phi-3-mini-4k's 2047
-        return transformers.Phi3Config(**common, sliding_window=WINDOW)
-    if family == "smollm3":  # its second layer has no rotary embedding (NoPE)
-        return transformers.SmolLM3Config(**common, no_rope_layers=[1, 0])
-    if family == "gemma":
-        return transformers.GemmaConfig(**common, head_dim=16)
+                  initializer_range=0.3, eos_token_id=EOS, bos_token_id=1, pad_token_id=0)
     # Tiny Gemmas with tied embeddings only repeat their last input token (the scaled embedding dominates):
     # untied, their answers vary, so a wrong mask would show
-    if family == "gemma2":  # eager attention (soft-capping), alternating sliding and full layers
-        return transformers.Gemma2Config(**common, head_dim=16, sliding_window=WINDOW, tie_word_embeddings=False)
-    if family == "gemma3_text":
-        return transformers.Gemma3TextConfig(**common, head_dim=16, sliding_window=WINDOW, tie_word_embeddings=False,
-                                             layer_types=["sliding_attention", "full_attention"])
-    raise ValueError(family)
+    families = {
+        "llama": (transformers.LlamaConfig, {}),
+        "qwen2": (transformers.Qwen2Config, {}),
+        # hybrid: a full layer, then a sliding one (Qwen's max_window_layers)
+        "qwen3": (transformers.Qwen3Config, dict(head_dim=16, use_sliding_window=True, sliding_window=WINDOW,
+                                                 max_window_layers=1)),
+        "mistral": (transformers.MistralConfig, dict(sliding_window=WINDOW)),
+        "phi3": (transformers.Phi3Config, dict(sliding_window=WINDOW)),  # a window on every layer (Phi-3-mini-4k)
+        "smollm3": (transformers.SmolLM3Config, dict(no_rope_layers=[1, 0])),  # layer 1 without rotary (NoPE)
+        "gemma": (transformers.GemmaConfig, dict(head_dim=16)),
+        # eager attention (soft-capping), alternating sliding and full layers
+        "gemma2": (transformers.Gemma2Config, dict(head_dim=16, sliding_window=WINDOW, tie_word_embeddings=False)),
+        "gemma3_text": (transformers.Gemma3TextConfig, dict(head_dim=16, sliding_window=WINDOW,
+                                                            tie_word_embeddings=False,
+                                                            layer_types=["sliding_attention", "full_attention"])),
+    }
+    if family not in families:
+        raise ValueError(family)
+    kind, own = families[family]
+    settings = {**common, **own, **extra}
+    return kind(**{key: value for key, value in settings.items() if value is not None})
 
 
 # (test id, family, vocabulary, attention implementation or None for the family's default, seed or 0)
