@@ -124,7 +124,8 @@ def unsupported(model: Any) -> Optional[str]:
         if rope is not None and _dynamic_rope(config, rope[2]):
             return f"rope type {rope[2]!r} changes with the length"
         attention, mlp = layer.self_attn, layer.mlp
-        names = ("qkv_proj", "o_proj") if hasattr(attention, "qkv_proj") else ("q_proj", "k_proj", "v_proj", "o_proj")
+        names: tuple[str, ...] = ("qkv_proj", "o_proj") if hasattr(attention, "qkv_proj") else \
+            ("q_proj", "k_proj", "v_proj", "o_proj")
         for name in names:
             if not isinstance(getattr(attention, name, None), BlockLinear):
                 return f"layer {index}'s {name} is not a block layer"
@@ -275,7 +276,6 @@ class NativeDecoder:
                 qk_eps=self.eps if q_norm is None else _eps(q_norm, self.eps),
                 rope=rope,
                 kind=kinds[index],
-                window=int(config.sliding_window) if kinds[index] == "sliding_attention" else None,
                 scaling=float(attention.scaling),
                 out=attention.o_proj,
                 post_attn_norm=_norm_weight(layer.post_attention_layernorm, offset) if sandwich else None,
@@ -304,17 +304,23 @@ class NativeDecoder:
             self._scratch[name] = held
         return held[:rows]
 
+    def _windows(self) -> dict[str, Optional[int]]:
+        """The window of each layer kind, read from the config at each forward (the tree self-check shortens it for
+        the while)."""
+        return {"full_attention": None, "sliding_attention": int(getattr(self.config, "sliding_window", 0) or 0)}
+
     def _keys_by_kind(self, attention_mask: Any, rows: int, past: int) -> dict[str, RowKeys]:
         """Per layer kind, each row's keys: from the tree mask (one, or one per kind), else causal (and windowed)."""
-        keys = {}
+        keys, windows = {}, self._windows()
         for layer in self.layers:
             if layer.kind in keys:
                 continue
             mask = attention_mask.get(layer.kind) if isinstance(attention_mask, dict) else attention_mask
             if mask is not None and mask.dtype != torch.bool:  # an additive (eager) mask
                 mask = mask == 0
-            if mask is None and layer.window is not None:
-                keys[layer.kind] = _window_keys(rows, past, layer.window)
+            window = windows[layer.kind]
+            if mask is None and window:
+                keys[layer.kind] = _window_keys(rows, past, window)
             else:
                 keys[layer.kind] = _row_keys(mask, rows, past + rows)
         return keys
@@ -370,7 +376,7 @@ class NativeDecoder:
                                buffer.data_ptr(), buffer.stride(1), buffer.stride(2), past)
             cache.advance(rows)
             if keys_by_kind is None:  # a prompt: torch's attention over the whole causal block
-                self._prompt_attention(qkv, keys, values, rows, layer, attended)
+                self._prompt_attention(qkv, keys, values, rows, layer, self._windows()[layer.kind], attended)
             elif self.attn_cap is not None:
                 self._capped_attention(qkv, keys, values, keys_by_kind[layer.kind], layer, attended)
             else:
@@ -427,7 +433,7 @@ class NativeDecoder:
                           layer: Any, out: torch.Tensor) -> None:
         """Soft-capped attention (gemma2), each row in its own calls over its own keys copied contiguous, so that
         a row's calls are those of a one-row forward: scores * scaling, cap * tanh(scores / cap), softmax."""
-        group, dim, cap = self.heads // self.kv_heads, self.head_dim, float(self.attn_cap)
+        group, dim, cap = self.heads // self.kv_heads, self.head_dim, float(self.attn_cap or 0)
         q_width = self.heads * dim
         for row, (start, stop, picked) in enumerate(row_keys.runs):
             if picked is None:
@@ -441,17 +447,17 @@ class NativeDecoder:
             out[row] = torch.matmul(weights, row_values).reshape(q_width)
 
     def _prompt_attention(self, qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: int, layer: Any,
-                          out: torch.Tensor) -> None:
+                          window: Optional[int], out: torch.Tensor) -> None:
         """A prompt's attention on an empty cache, causal (and windowed): SDPA, or the eager formula soft-capped."""
         q_width = self.heads * self.head_dim
         query = qkv[:, :q_width].view(1, rows, self.heads, self.head_dim).transpose(1, 2)  # [1, heads, n, d]
         block_keys, block_values = keys[:, :, :rows], values[:, :, :rows]
         mask = None
-        if layer.window is not None or self.attn_cap is not None:
+        if window or self.attn_cap is not None:
             position = torch.arange(rows)
             mask = position[None, :] <= position[:, None]  # [n, n]
-            if layer.window is not None:
-                mask &= position[None, :] > position[:, None] - layer.window
+            if window:
+                mask &= position[None, :] > position[:, None] - window
         if self.attn_cap is None:
             result = F.scaled_dot_product_attention(query, block_keys, block_values, attn_mask=mask,
                                                     is_causal=mask is None, scale=layer.scaling,
@@ -462,7 +468,8 @@ class NativeDecoder:
             expanded_values = block_values.repeat_interleave(group, dim=1)
             scores = torch.matmul(query, expanded_keys.transpose(2, 3)) * layer.scaling  # [1, heads, n, n]
             scores = torch.tanh(scores / cap) * cap
-            scores = scores.masked_fill(~mask, -math.inf)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, -math.inf)
             result = torch.matmul(torch.softmax(scores, dim=-1), expanded_values)
         out.copy_(result[0].transpose(0, 1).reshape(rows, q_width))
 

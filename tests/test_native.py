@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import chi_square
-from test_families import EOS, PROMPTS, LikelyTree, _drafter, _model, _second_token_law
+from conftest import chi_square, hf_greedy
+from test_families import EOS, PROMPTS, LikelyTree, _drafter, _model, _path, _second_token_law
 
 from specdec_cli import kernels, native, quant
 from specdec_cli.cost_curve import CostCurve
@@ -35,44 +35,117 @@ def _config(**settings) -> GenerationConfig:
     return GenerationConfig(**{"max_new_tokens": NEW, "budget": 7, "eos_token_ids": (EOS,), **settings})
 
 
-@pytest.mark.parametrize("family,mode", [("llama", "int4"), ("qwen2", "int8")])
+# every family README lists, on 4-bit or 8-bit blocks made on load (the GGUF tests below use a file's own blocks)
+BLOCK_FAMILIES = [("llama", "int4"), ("mistral", "int8"), ("qwen2", "int8"), ("qwen3", "int4"), ("phi3", "int4"),
+                  ("smollm3", "int8"), ("gemma", "int4"), ("gemma2", "int8"), ("gemma3_text", "int4")]
+# Logits against transformers' forward on the same block layers: the kernels round activations to 8 bits, so a
+# summation-order difference upstream now and then moves an activation by one code (~1% of a logit's scale)
+TOLERANCE = 2e-2
+LONG = 40  # a prompt longer than ROW_INVARIANT_ROWS (the prefill's own attention) and than the windows
+
+
+def _sequence(length: int, seed: int = 0) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return [1, *torch.randint(4, 64, (length - 1,), generator=generator).tolist()]
+
+
+@pytest.mark.parametrize("family,mode", BLOCK_FAMILIES)
 def test_the_native_decoder_computes_what_transformers_computes(family, mode):
+    """A short prompt (the row-invariant kernel), a long one (the prefill's attention), then one-row steps and a
+    4-row block on its cache: logits and hidden states as transformers' forward on the same block layers."""
     model = _blocks(family, mode)
     assert native.unsupported(model) is None
     decoder = native.decoder_for(model)
-    ids = torch.tensor([PROMPTS[1]])
-    positions = torch.arange(ids.shape[1])[None]
+    sequence = _sequence(LONG + 6)
     with torch.inference_mode():
-        reference = model(input_ids=ids, position_ids=positions, past_key_values=KVCache(), use_cache=True,
-                          output_hidden_states=True)
-        cache = KVCache()
-        ours = decoder(input_ids=ids, position_ids=positions, past_key_values=cache, output_hidden_states=True)
+        reference = model(torch.tensor([sequence]), output_hidden_states=True)  # [1, n, V]
         scale = float(reference.logits.abs().max())
-        assert torch.allclose(ours.logits, reference.logits, atol=2e-3 * scale)
-        assert torch.allclose(ours.hidden_states[-1], reference.hidden_states[-1], atol=2e-3 * scale)
-        assert cache.get_seq_length() == ids.shape[1]
-        last = decoder(input_ids=ids[:, -1:], position_ids=positions[:, -1:] + 1, past_key_values=cache,
-                       logits_to_keep=1)
-        assert last.logits.shape == (1, 1, model.config.vocab_size) and last.hidden_states is None
+        for prompt in (PROMPTS[1], sequence[:LONG]):
+            ids = torch.tensor([prompt])
+            positions = torch.arange(ids.shape[1])[None]
+            want = model(input_ids=ids, position_ids=positions, past_key_values=KVCache(), use_cache=True,
+                         output_hidden_states=True)
+            cache = KVCache()
+            ours = decoder(input_ids=ids, position_ids=positions, past_key_values=cache, output_hidden_states=True)
+            assert torch.allclose(ours.logits, want.logits, atol=TOLERANCE * scale), family
+            assert torch.allclose(ours.hidden_states[-1], want.hidden_states[-1], atol=TOLERANCE * scale), family
+            assert cache.get_seq_length() == ids.shape[1]
+        for step in range(2):  # one-row steps after the long prompt, then a block of 4
+            at = LONG + step
+            out = decoder(input_ids=torch.tensor([[sequence[at]]]), position_ids=torch.tensor([[at]]),
+                          past_key_values=cache, logits_to_keep=1)
+            assert out.logits.shape == (1, 1, model.config.vocab_size) and out.hidden_states is None
+            assert torch.allclose(out.logits[0, 0], reference.logits[0, at], atol=TOLERANCE * scale), (family, at)
+        out = decoder(input_ids=torch.tensor([sequence[LONG + 2 : LONG + 6]]),
+                      position_ids=torch.arange(LONG + 2, LONG + 6)[None], past_key_values=cache)
+        assert torch.allclose(out.logits[0], reference.logits[0, LONG + 2 : LONG + 6], atol=TOLERANCE * scale), family
 
 
-def test_what_the_native_decoder_leaves_to_transformers():
-    assert "family" in native.unsupported(_blocks("qwen3", "int4"))
+@pytest.mark.parametrize("family", ["mistral", "qwen3", "gemma2", "gemma3_text"])
+def test_a_tree_deeper_than_the_window_equals_one_row_steps_bit_for_bit(family):
+    """Sliding windows in a tree: a node attends only to the keys within the window of its own position (the
+    prefix's and its ancestors'). Each node's logits equal one-row forwards along its path bit for bit, and
+    transformers' forward of the path as a sequence up to rounding."""
+    from specdec_cli.tree_mask import tree_attention_mask, tree_layout
+
+    model = _blocks(family, "int4")
+    decoder = native.decoder_for(model)
+    prompt = PROMPTS[0]
+    tokens, parents = [30, *range(40, 50)], [-1, -1, *range(1, 10)]  # a junk root, then a 10-deep chain
+    depth, ancestors = tree_layout(parents)
+    past = len(prompt) - 1
+    mask = tree_attention_mask(model.config, past, depth, ancestors)
+    with torch.inference_mode():
+        cache = KVCache()
+        decoder(input_ids=torch.tensor([prompt[:-1]]), position_ids=torch.arange(past)[None], past_key_values=cache)
+        tree = decoder(input_ids=torch.tensor([[prompt[-1], *tokens]]), position_ids=(past + depth)[None],
+                       past_key_values=cache, attention_mask=mask).logits[0]  # [12, V]
+        for leaf in (0, 10):  # the junk root's path, and the deepest node's
+            cache.crop(past - cache.get_seq_length())
+            rows = [0, *(node + 1 for node in _path(parents, leaf))]
+            sequence = [prompt[-1], *(tokens[row - 1] for row in rows[1:])]
+            for offset, (row, token) in enumerate(zip(rows, sequence)):
+                one = decoder(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[past + offset]]),
+                              past_key_values=cache).logits[0, 0]
+                assert torch.equal(tree[row], one), (family, row)
+                want = model(torch.tensor([prompt[:-1] + sequence[: offset + 1]])).logits[0, -1]
+                assert torch.allclose(tree[row], want, atol=TOLERANCE * float(want.abs().max())), (family, row)
+
+
+def test_what_the_native_decoder_leaves_to_transformers(monkeypatch):
     dense = _model("llama", seed=3)
     assert "not a block layer" in native.unsupported(dense)
     assert native.decoder_for(dense) is None
+    model = _blocks("llama", "int4")
+    monkeypatch.setattr(model.config, "model_type", "some-new-family")
+    assert "some-new-family is not a family" in native.unsupported(model)
+    monkeypatch.undo()
+    monkeypatch.setattr(model.model.rotary_emb, "rope_type", "dynamic")
+    assert native.unsupported(model) == "rope type 'dynamic' changes with the length"
+    monkeypatch.undo()
+    from transformers.activations import GELUTanh
+
+    mlp = model.model.layers[1].mlp
+    saved, mlp.act_fn = mlp.act_fn, GELUTanh(use_gelu_tanh_python=True)  # the formula in Python, not torch's gelu
+    assert native.unsupported(model) == "activation GELUTanh"
+    mlp.act_fn = saved
+    monkeypatch.setattr(model.config, "layer_types", ["full_attention", "chunked_attention"], raising=False)
+    assert native.unsupported(model) == "chunked_attention layers"
+    monkeypatch.undo()
+    assert native.unsupported(model) is None
 
 
-@pytest.fixture(scope="module", params=[("llama", "int4"), ("qwen2", "int8"), ("qwen3", "int4")])
+@pytest.fixture(scope="module", params=BLOCK_FAMILIES, ids=[family for family, _ in BLOCK_FAMILIES])
 def block_family(request):
-    """A tiny block-weight model (llama, qwen2: native decoder; qwen3: transformers' forward made row-invariant)
-    and its plain greedy answers through the engine."""
+    """A tiny block-weight model on the native decoder and its plain greedy answers through the engine, which equal
+    transformers' greedy decoding on the same block layers."""
     family, mode = request.param
     model = _blocks(family, mode)
     engine = _engine(model)
     references = [engine.generate(prompt, NoDrafter(), _config()).tokens for prompt in PROMPTS]
     assert engine.exact_outcome.state == "on", engine.exact_check
-    assert (engine.native is not None) == (family != "qwen3")
+    assert engine.native is not None
+    assert references == [hf_greedy(model, prompt, NEW, eos=EOS) for prompt in PROMPTS], family
     return type("Family", (), {"name": family, "model": model, "vocab": 64, "references": references})
 
 
