@@ -289,6 +289,7 @@ class NativeDecoder:
                 post_mlp_norm=_norm_weight(layer.post_feedforward_layernorm, offset) if sandwich else None,
             ))
         self.ropes = list(ropes.values())
+        self.kinds = sorted(set(kinds))
         self.final_norm = _norm_weight(model.model.norm, offset)
         self.final_eps = _eps(model.model.norm, self.eps)
         self.head = model.lm_head
@@ -312,17 +313,15 @@ class NativeDecoder:
     def _keys_by_kind(self, attention_mask: Any, rows: int, past: int) -> dict[str, RowKeys]:
         """Per layer kind, each row's keys: from the tree mask (one, or one per kind), else causal (and windowed)."""
         keys, windows = {}, self._windows()
-        for layer in self.layers:
-            if layer.kind in keys:
-                continue
-            mask = attention_mask.get(layer.kind) if isinstance(attention_mask, dict) else attention_mask
+        for kind in self.kinds:
+            mask = attention_mask.get(kind) if isinstance(attention_mask, dict) else attention_mask
             if mask is not None and mask.dtype != torch.bool:  # an additive (eager) mask
                 mask = mask == 0
-            window = windows[layer.kind]
+            window = windows[kind]
             if mask is None and window:
-                keys[layer.kind] = _window_keys(rows, past, window)
+                keys[kind] = _window_keys(rows, past, window)
             else:
-                keys[layer.kind] = _row_keys(mask, rows, past + rows)
+                keys[kind] = _row_keys(mask, rows, past + rows)
         return keys
 
     # -- the forward -------------------------------------------------------------------------------------------
