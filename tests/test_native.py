@@ -21,8 +21,8 @@ pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU k
 NEW = 32
 
 
-def _blocks(family: str, mode: str, seed: int = 11):
-    model = _model(family, seed=seed)
+def _blocks(family: str, mode: str, seed: int = 11, **settings):
+    model = _model(family, seed=seed, **settings)
     quant.install_blocks(model, quant.plan_blocks(model, mode, None))
     return model
 
@@ -121,6 +121,22 @@ def test_a_tree_deeper_than_the_window_equals_one_row_steps_bit_for_bit(family):
                 assert torch.equal(tree[row], one), (family, row)
                 want = model(torch.tensor([prompt[:-1] + sequence[: offset + 1]])).logits[0, -1]
                 assert torch.allclose(tree[row], want, atol=TOLERANCE * float(want.abs().max())), (family, row)
+
+
+def test_a_partial_rotary_turns_only_the_first_dimensions_of_each_head():
+    """Phi-3.5/Phi-4-mini's partial_rotary_factor: the rotation in torch (the kernel turns whole heads), still
+    row-invariant (blocks, and a tree, bit for bit as one-row forwards)."""
+    from specdec_cli.exact import block_mismatch
+
+    model = _blocks("phi3", "int4", partial_rotary_factor=0.5)
+    decoder = native.decoder_for(model)
+    assert decoder.ropes[0].half * 2 < decoder.head_dim
+    ids = torch.tensor([PROMPTS[1]])
+    with torch.inference_mode():
+        want = model(ids).logits
+        ours = decoder(input_ids=ids, position_ids=torch.arange(ids.shape[1])[None], past_key_values=KVCache()).logits
+    assert torch.allclose(ours, want, atol=TOLERANCE * float(want.abs().max()))
+    assert block_mismatch(decoder, model.config, torch.device("cpu"), 8) is None
 
 
 def test_what_the_native_decoder_leaves_to_transformers(monkeypatch):
