@@ -140,8 +140,13 @@ def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None
     started = time.perf_counter()
     folder, filename = str(gguf_path.parent), gguf_path.name
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+        from . import gguf_families
+
+        if gguf_families.handles(gguf_path):  # gemma, smollm3: families transformers' GGUF loader does not read
+            model, tokenizer = gguf_families.load(gguf_path)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
     except Exception as exc:  # gguf's own errors are varied; the file is what the user can act on
         raise SpecdecError(f"{gguf_path}: cannot read this GGUF file ({type(exc).__name__}: {exc})") from exc
     with atomic_directory(out_dir, replace=False) as tmp_dir:  # another process finishing first: keep theirs

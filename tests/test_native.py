@@ -244,7 +244,27 @@ GGUF_FAMILIES = {
 }
 
 
-def _write_gguf(path, model, architecture: str) -> None:
+def _add_tokenizer(writer, kind: str, vocab: int) -> None:
+    """A tiny vocabulary (ids 0-3: pad, bos, eos... as the tests' EOS = 3), SentencePiece ("llama", as Gemma's
+    files) or byte-level BPE ("gpt2", as SmolLM3's)."""
+    letters = [chr(code) for code in range(ord("a"), ord("z") + 1)] + [chr(code) for code in range(ord("A"), 91)]
+    if kind == "llama":
+        tokens = ["<pad>", "<bos>", "<unk>", "<eos>"] + ["\u2581" + letter for letter in letters]
+    else:
+        tokens = ["<|pad|>", "<|bos|>", "<|unk|>", "<|eos|>", "\u0120"] + letters
+    tokens = (tokens + [f"{a}{b}" for a in "xyz" for b in letters])[:vocab]
+    writer.add_tokenizer_model(kind)
+    writer.add_token_list(tokens)
+    writer.add_token_types([3, 3, 2, 3] + [1] * (vocab - 4))
+    if kind == "llama":
+        writer.add_token_scores([0.0] * 4 + [-float(index) for index in range(vocab - 4)])
+    else:
+        writer.add_token_merges([f"{a} {b}" for a in "xyz" for b in letters][: vocab - 5 - len(letters)])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(EOS)
+
+
+def _write_gguf(path, model, architecture: str, tokenizer: str = "") -> None:
     """The model as llama.cpp would write it, in a Q4_K_M file's mix where the kernels have the types (Q4_0/Q4_1
     for most matrices, Q8_0 for the embeddings, attn_v and ffn_down, F32 norms and biases): llama's q/k rows
     interleaved, Gemma's norms stored as 1 + weight."""
@@ -272,6 +292,8 @@ def _write_gguf(path, model, architecture: str) -> None:
         add(value)
     if getattr(config, "sliding_window", None):
         writer.add_sliding_window(config.sliding_window)
+    if tokenizer:
+        _add_tokenizer(writer, tokenizer, config.vocab_size)
     name_map = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
     for index, (name, tensor) in enumerate(model.state_dict().items()):
         if name == "lm_head.weight" and config.tie_word_embeddings:
@@ -281,7 +303,7 @@ def _write_gguf(path, model, architecture: str) -> None:
         data = tensor.detach().to(torch.float32).numpy()
         if family.startswith("gemma") and "norm" in base:
             data = data + 1
-        if architecture == "llama" and found.endswith(("attn_q", "attn_k")):
+        if architecture in ("llama", "smollm3") and found.endswith(("attn_q", "attn_k")):
             heads = config.num_attention_heads if found.endswith("attn_q") else config.num_key_value_heads
             data = data[np.argsort(quant.permuted_rows(data.shape[0], heads))]
         if data.ndim == 1:
@@ -339,3 +361,54 @@ def test_a_gguf_of_each_family_runs_native_on_its_own_blocks(family, tmp_path):
             assert generation.tokens == plain, (family, kind, index)
             assert kind != "tree" or speculative.tree_outcome.state == "passed", speculative.tree_check
     assert engine.exact_outcome.state == "on", engine.exact_check
+
+
+# gemma and smollm3: files transformers' GGUF loader does not read, loaded by gguf_families.py
+OWN_LOADER = {"gemma": ("gemma", "llama", {"tie_word_embeddings": True}),
+              "smollm3": ("smollm3", "gpt2", {"tie_word_embeddings": True, "num_hidden_layers": 4,
+                                             "no_rope_layers": None})}  # layer 3 without rotary, as llama.cpp's
+
+
+@pytest.mark.parametrize("family", sorted(OWN_LOADER))
+def test_a_gguf_transformers_cannot_read_loads_through_specdec_and_runs_native(family, tmp_path, monkeypatch):
+    """specdec's own reader for gemma and smollm3 GGUFs (config from the metadata, Gemma's norms stored as
+    1 + weight, smollm3's q/k rows interleaved), through load_target as the CLI loads a file: every matrix the
+    file's own block layer, the native decoder, answers equal to transformers' greedy decoding and speculation
+    equal to plain decoding."""
+    from transformers import AutoModelForCausalLM
+
+    from specdec_cli import gguf_families, models
+
+    architecture, tokenizer, settings = OWN_LOADER[family]
+    source = _model(family, seed=5, **settings)
+    if family == "gemma":  # tied and scaled by sqrt(hidden), tiny embeddings would drown the layers
+        with torch.no_grad():
+            source.model.embed_tokens.weight.mul_(source.config.hidden_size ** -0.5)
+    path = tmp_path / f"tiny-{family}.gguf"
+    _write_gguf(path, source, architecture, tokenizer)
+    assert gguf_families.handles(path)
+    with pytest.raises(Exception, match="not supported"):  # what transformers' own loader says
+        AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name)
+    read, _ = gguf_families.load(path)
+    expected = source.state_dict()
+    for name, tensor in read.state_dict().items():  # within the 4/8-bit rounding (norms exact): rows in order
+        assert (tensor - expected[name]).abs().max() <= 0.15 * expected[name].abs().max() + 1e-6, name
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    loaded = models.load_target(str(path), device="cpu", weights="gguf")
+    model = loaded.model
+    assert model.config.model_type == family and loaded.tokenizer.eos_token_id == EOS
+    if family == "smollm3":
+        assert model.config.no_rope_layers == [1, 1, 1, 0]
+    assert not any(type(module) is torch.nn.Linear for module in model.modules())
+    assert {layer.origin for layer in quant.block_layers(model)} == {"Q4_0", "Q4_1", "Q8_0"}
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = EOS, 0
+    engine = _engine(model)
+    assert engine.native is not None
+    case = type("Family", (), {"name": family, "model": model, "vocab": model.config.vocab_size, "references": []})
+    for index, prompt in enumerate(PROMPTS):
+        plain = engine.generate(prompt, NoDrafter(), _config()).tokens
+        _assert_greedy(model, prompt, plain)
+        case.references.append(plain)
+        for kind in ("chain", "tree"):
+            generation = _engine(model).generate(prompt, _drafter(kind, case, index), _config())
+            assert generation.tokens == plain, (family, kind, index)
