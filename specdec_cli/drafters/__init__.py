@@ -186,7 +186,8 @@ def make_drafter(name: str, options: DrafterOptions, target: TargetInfo) -> Draf
         from .pld import PromptLookupDrafter
 
         return PromptLookupDrafter(
-            max_ngram=options.pld_max_ngram, min_ngram=options.pld_min_ngram, draft_max=options.draft_max
+            max_ngram=options.pld_max_ngram, min_ngram=options.pld_min_ngram, draft_max=options.draft_max,
+            vocab_size=target.vocab_size,
         )
     if name == "sam":
         from .sam import make_sam_drafter
