@@ -55,3 +55,12 @@ def test_the_commands_refuse_them_before_the_model_loads(tmp_path, args, needle)
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("specdec: error:") and needle in lines[0], result.stderr
     assert not (tmp_path / "home" / "models").exists()  # the model was never loaded
+
+
+def test_bench_in_vllm_refuses_an_index_no_proposer_reads():
+    from specdec_cli.bench.vllm_bench import VllmBenchSettings
+
+    with pytest.raises(SpecdecError, match="index /nonexistent.sam: pld does not use it"):
+        VllmBenchSettings(methods=["none", "pld"], index="/nonexistent.sam").check()
+    with pytest.raises(SpecdecError, match="index file not found"):  # sam reads it: so it must exist
+        VllmBenchSettings(methods=["none", "sam", "pld"], index="/nonexistent.sam").check()
