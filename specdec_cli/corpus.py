@@ -119,6 +119,37 @@ def resolve_inputs(
     return resolved
 
 
+def check_index_output(output: Union[str, os.PathLike], files: Sequence[InputFile], force: bool = False) -> Path:
+    """Refuse an index output that would destroy something: one of the corpus files (the same file by any
+    path: a symlink, a hard link, a folder given as input that holds it), with or without `force`, or an
+    existing file that is not a specdec index, unless `force`. An existing index is replaced (it is specdec's
+    own artefact, rebuilt from its corpus)."""
+    final = Path(output).expanduser()
+    if final.is_dir():
+        raise SpecdecError(f"{output}: is a directory; give the index file name with -o", setting="output")
+    try:
+        written = final.stat()
+    except OSError:  # nothing there yet (or a dangling link): nothing to lose
+        return final
+    for item in files:
+        if item.kind == "stdin":
+            continue
+        try:
+            read = os.stat(item.path)
+        except OSError:
+            continue
+        if (read.st_dev, read.st_ino) == (written.st_dev, written.st_ino):
+            via = "" if Path(item.path).absolute() == final.absolute() else f" (as {item.path})"
+            raise SpecdecError(f"output {output} is also an input{via}: the index would replace its own corpus; "
+                               "write it elsewhere", setting="output")
+    from .sam.index import is_index_file
+
+    if not force and not is_index_file(final):
+        raise SpecdecError(f"output {output} exists and is not a specdec index: add --force to replace it, or "
+                           "choose another -o", setting="output")
+    return final
+
+
 # ---------------------------------------------------------------------------------------------- documents
 
 
@@ -300,19 +331,19 @@ def build_index(
     target_name: str = "",
     on_progress: Optional[ProgressCallback] = None,
     on_phase: Optional[PhaseCallback] = None,
+    force: bool = False,
 ) -> dict[str, Any]:
-    """Read, tokenise, build and save; returns a summary (documents, tokens, states, transitions,
+    """Read, tokenise, build and save (`check_index_output` says which outputs are refused; `force` replaces a
+    file that is not an index); returns a summary (documents, tokens, states, transitions,
     file_bytes, bytes_per_token, seconds and per-phase seconds, output, sources, skipped_rows)."""
     from .fingerprint import tokenizer_fingerprint
     from .sam.automaton import build_static
     from .sam.index import save_index
 
     started = time.perf_counter()
-    output_path = Path(output)
-    if output_path.is_dir():
-        raise SpecdecError(f"{output}: is a directory; give the index file name with -o")
     stats = CorpusStats()
     files = resolve_inputs(inputs, glob, stats)
+    output_path = check_index_output(output, files, force)
     eos_id = eos_id_of(tokenizer)
 
     tokens, documents = tokenize_documents(iter_documents(files, field, stats), tokenizer, on_progress)

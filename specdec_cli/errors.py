@@ -29,3 +29,10 @@ class SpecdecError(Exception):
 def flag_of(setting: str) -> str:
     """The command-line flag of a library setting: `max_new_tokens` -> `--max-new-tokens`."""
     return "--" + setting.replace("_", "-")
+
+
+TOKEN_LIMIT = 2**31  # token ids lie in [0, 2**31): automata and index files hold int32
+
+
+class TokenIdError(SpecdecError, ValueError):
+    """A token id outside the vocabulary: one line for the command line, a ValueError for library callers."""

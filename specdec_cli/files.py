@@ -118,14 +118,16 @@ def atomic_directory(path: str | Path, replace: bool = True) -> Iterator[Path]:
         _remove(temporary)
 
 
-def check_output_file(path: str | Path, setting: str) -> Path:
+def check_output_file(path: str | Path, setting: str, flag: bool = True) -> Path:
     """One rule for every command's output files, checked before the slow part: the folder must exist (it
-    is never created behind the user's back) and the name must not be a folder."""
+    is never created behind the user's back) and the name must not be a folder. `setting` names the option
+    (shown as its flag), or with `flag=False` a positional argument, named in the message as it is."""
     final = Path(path).expanduser()
+    named = setting if flag else None
     if final.is_dir():
-        raise SpecdecError(f"{setting} {final}: is a directory; give a file name", setting=setting)
+        raise SpecdecError(f"{setting} {final}: is a directory; give a file name", setting=named)
     if not final.parent.is_dir():
-        raise SpecdecError(f"{setting} {final}: the folder {final.parent} does not exist", setting=setting)
+        raise SpecdecError(f"{setting} {final}: the folder {final.parent} does not exist", setting=named)
     return final
 
 

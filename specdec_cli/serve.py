@@ -6,6 +6,10 @@ interpreter: `--speculative-config` names specdec's proposer class (vllm_propose
 variable SPECDEC_VLLM_DRAFTER carries its settings into vLLM's engine process. Ctrl-C or SIGTERM is passed on
 to the server, which shuts down; after a grace period it is killed.
 
+Who may call it: with an API key (`--api-key`, or the VLLM_API_KEY environment variable, which keeps the key out
+of `ps`) vLLM refuses requests without it; the key reaches vLLM through its environment, never its command line.
+Listening beyond this machine (any non-loopback `--host`) without a key gets one warning line.
+
 What it does not do: run vLLM in this process, or install it (`make install-vllm` does: vLLM's CPU build pins
 its own transformers, so it gets its own virtual environment). `--drafter none` serves without speculation.
 """
@@ -26,6 +30,7 @@ from .vllm_proposer import MIN_MATCH, VLLM_DRAFTERS, proposer_settings
 from .vllm_runner import CPU_MEMORY_FRACTION, INSTALL_HINT, check_dtype, vllm_installed
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+API_KEY_ENV = "VLLM_API_KEY"  # vLLM's own: the server reads its key from here as from --api-key
 GRACE_SECONDS = 30  # how long a stopping server may take before it is killed
 
 
@@ -42,6 +47,18 @@ class ServeSettings:
     max_model_len: Optional[int] = None
     memory_fraction: Optional[float] = None  # vLLM's --gpu-memory-utilization (None: 0.3 on a CPU build)
     extra_args: tuple[str, ...] = ()  # passed to vLLM's server as they are
+    api_key: Optional[str] = None  # requests must carry it (None: VLLM_API_KEY's, if set; else anyone may call)
+
+    def key_in_force(self) -> Optional[str]:
+        """The key the server will demand: --api-key, else VLLM_API_KEY from the environment, else none."""
+        return self.api_key or os.environ.get(API_KEY_ENV) or None
+
+    def warnings(self) -> list[str]:
+        """One line when the server listens beyond this machine without an API key."""
+        if is_loopback(self.host) or self.key_in_force():
+            return []
+        return [f"--host {self.host} listens beyond this machine and no API key is set: anyone who can reach port "
+                f"{self.port} can use the model; set one with --api-key or the {API_KEY_ENV} environment variable"]
 
     def check(self) -> None:
         if self.drafter != "none" and self.drafter not in VLLM_DRAFTERS:
@@ -60,6 +77,11 @@ class ServeSettings:
         if not 1 <= self.port <= 65535:
             raise SpecdecError(f"port must be in 1..65535, got {self.port}", setting="port")
         check_dtype(self.dtype)
+        if self.api_key is not None and not self.api_key.strip():
+            raise SpecdecError("api_key must not be empty", setting="api_key")
+        if any(arg == "--api-key" or arg.startswith("--api-key=") for arg in self.extra_args):
+            raise SpecdecError("give the API key as specdec's --api-key (or VLLM_API_KEY), before vLLM's own options",
+                               setting="api_key")
         if self.max_model_len is not None and self.max_model_len < 16:
             raise SpecdecError(f"max_model_len must be >= 16, got {self.max_model_len}", setting="max_model_len")
         if self.memory_fraction is not None and not 0 < self.memory_fraction <= 1:
@@ -83,15 +105,34 @@ def server_command(settings: ServeSettings, model_dir: str, served_name: str,
         speculative, env = proposer_settings(settings.drafter, settings.draft_max, index=settings.index,
                                              min_match=settings.min_match)
         argv += ["--speculative-config", json.dumps(speculative)]
+    if settings.api_key:  # through the environment: an argument would show the key in `ps` to every local user
+        env[API_KEY_ENV] = settings.api_key
     return argv + list(settings.extra_args), env
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    name = host.strip().strip("[]").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:  # another host name: it may resolve to any interface
+        return False
+
+
 def serve(settings: ServeSettings, on_status: Optional[Callable[[str], None]] = None,
-          run: Callable[[Sequence[str], dict[str, str]], int] | None = None) -> int:
-    """Check, resolve the target, run the server until it stops; its exit status (130/143 after Ctrl-C/SIGTERM)."""
+          run: Callable[[Sequence[str], dict[str, str]], int] | None = None,
+          on_warning: Optional[Callable[[str], None]] = None) -> int:
+    """Check, resolve the target, run the server until it stops; its exit status (130/143 after Ctrl-C/SIGTERM).
+    `on_warning` is told `settings.warnings()` once the settings are good, before the server starts."""
     settings.check()
     if run is None and not vllm_installed():
         raise SpecdecError(INSTALL_HINT)
+    for warning in settings.warnings():
+        (on_warning or (lambda line: None))(warning)
     from .models import model_location, resolve_target
 
     source = resolve_target(settings.target)

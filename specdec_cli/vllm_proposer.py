@@ -14,6 +14,9 @@ at most one step's growth (preferring the row it held before), or a new one. A d
 used go first). Specdec's drafters check their own text against the context they are given and start over
 where it differs, so a wrong pairing costs speed only.
 
+A row whose tokens are not all ids of the vocabulary (negative, e.g. a placeholder, or too large) gets no draft
+and is not filed: vLLM cannot be told of an error from here, and a drafter must never hang its engine.
+
 Settings reach the class through the environment (vLLM passes only its own config, and its engine runs in a
 child process that inherits the environment): `SPECDEC_VLLM_DRAFTER` holds a JSON object,
 `{"drafter": "sam", "index": "FILE", "memory": "DIR", "min_match": 3}` (`specdec serve` writes it; all keys
@@ -41,7 +44,7 @@ import numpy as np
 
 from .defaults import VLLM_DRAFTERS, VLLM_MIN_MATCH
 from .drafters import DrafterOptions, TargetInfo, make_drafter, split_hybrid
-from .drafters.base import Drafter
+from .drafters.base import Drafter, valid_token_ids
 from .errors import SpecdecError
 
 SETTINGS_ENV = "SPECDEC_VLLM_DRAFTER"
@@ -220,6 +223,9 @@ class SpecdecProposer:
                 drafts.append([])
                 continue
             tokens = token_ids_cpu[row, :length]  # [length]: the request's tokens, the newest included
+            if not 0 < length <= len(tokens) or not valid_token_ids(tokens, self.target.vocab_size):
+                drafts.append([])  # ids no tokenizer makes (vLLM's -1 placeholders...): no draft, nothing learned
+                continue
             seq = self.tracker.find(row, tokens, taken)
             draft = seq.drafter.propose(tokens.tolist(), budget)
             useful = draft.is_chain and (draft.match_len >= self.settings.min_match or not draft.match_len)

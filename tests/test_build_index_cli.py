@@ -137,3 +137,45 @@ def test_a_long_document_is_tokenised_in_pieces():
     assert documents == 2 and record.documents == 2
     assert tokens.tolist() == [ord(char) for char in text] + [0] + [ord(char) for char in "short"] + [0]
     assert len(calls) >= 3 and max(calls) <= BATCH_CHARACTERS + PIECE_CHARACTERS  # no call sees it whole
+
+
+def test_an_input_is_never_the_output(tmp_path, tokenizer_dir):
+    """`build-index self.txt -o self.txt` used to replace the corpus with its own index; by any path, --force
+    or not, an input is refused as the output and left as it was."""
+    text = "notes that must survive\n"
+    (tmp_path / "self.txt").write_text(text)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "inner.txt").write_text(text)
+    (tmp_path / "link.txt").symlink_to(tmp_path / "self.txt")
+    target = ("--target", str(tokenizer_dir))
+    for args in (("self.txt", "-o", "self.txt"), ("self.txt", "-o", "link.txt"), ("link.txt", "-o", "./self.txt"),
+                 ("docs", "-o", "docs/inner.txt"), ("self.txt", "-o", "self.txt", "--force")):
+        assert_user_error(specdec("build-index", *args, *target, cwd=tmp_path), "also an input")
+    assert (tmp_path / "self.txt").read_text() == text and (tmp_path / "docs" / "inner.txt").read_text() == text
+
+
+def test_a_file_that_is_not_an_index_is_replaced_only_with_force(tmp_path, tokenizer_dir):
+    (tmp_path / "a.txt").write_text("some text to index")
+    (tmp_path / "keep.sam").write_text("not an index")
+    target = ("--target", str(tokenizer_dir))
+    assert_user_error(specdec("build-index", "a.txt", "-o", "keep.sam", *target, cwd=tmp_path), "--force")
+    assert (tmp_path / "keep.sam").read_text() == "not an index"
+    # an index is specdec's own: rebuilt in place without --force; another file with --force
+    assert specdec("build-index", "a.txt", "-o", "out.sam", *target, cwd=tmp_path).returncode == 0
+    assert specdec("build-index", "a.txt", "-o", "out.sam", *target, cwd=tmp_path).returncode == 0
+    result = specdec("build-index", "a.txt", "-o", "keep.sam", "--force", *target, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert specdec("build-index", "--info", "keep.sam", cwd=tmp_path).returncode == 0
+
+
+def test_the_library_refuses_the_same(tmp_path):
+    from specdec_cli.corpus import build_index
+    from specdec_cli.errors import SpecdecError
+
+    (tmp_path / "self.txt").write_text("text")
+    with pytest.raises(SpecdecError, match="also an input"):
+        build_index([tmp_path / "self.txt"], tmp_path / "self.txt", tokenizer=None)
+    (tmp_path / "other.txt").write_text("text")
+    with pytest.raises(SpecdecError, match="--force"):
+        build_index([tmp_path / "self.txt"], tmp_path / "other.txt", tokenizer=None)
+    assert (tmp_path / "self.txt").read_text() == (tmp_path / "other.txt").read_text() == "text"

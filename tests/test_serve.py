@@ -48,3 +48,65 @@ def test_without_vllm_serve_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr("specdec_cli.serve.vllm_installed", lambda: False)
     with pytest.raises(SpecdecError, match="make install-vllm"):
         serve(ServeSettings())
+
+
+def test_the_api_key_reaches_vllm_through_its_environment_only():
+    from specdec_cli.serve import API_KEY_ENV
+
+    argv, env = server_command(ServeSettings(drafter="pld", api_key="s3cret"), "/models/m", "m", cpu_build=True)
+    assert env[API_KEY_ENV] == "s3cret" and not any("s3cret" in arg for arg in argv)  # never in `ps`
+    argv, env = server_command(ServeSettings(drafter="none", api_key="s3cret"), "/models/m", "m", cpu_build=True)
+    assert env == {API_KEY_ENV: "s3cret"}
+    with pytest.raises(SpecdecError, match="api_key must not be empty"):
+        ServeSettings(api_key=" ").check()
+    with pytest.raises(SpecdecError, match="specdec's --api-key"):
+        ServeSettings(extra_args=("--api-key", "k")).check()
+
+
+@pytest.mark.parametrize("host, key, env_key, warned", [
+    ("0.0.0.0", None, None, True),
+    ("::", None, None, True),
+    ("192.168.1.5", None, None, True),
+    ("myhost.example", None, None, True),
+    ("0.0.0.0", "k", None, False),
+    ("0.0.0.0", None, "k", False),
+    ("127.0.0.1", None, None, False),
+    ("127.0.1.1", None, None, False),
+    ("localhost", None, None, False),
+    ("::1", None, None, False),
+])
+def test_listening_beyond_this_machine_without_a_key_warns_once(monkeypatch, host, key, env_key, warned):
+    if env_key is None:
+        monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_API_KEY", env_key)
+    monkeypatch.setattr("specdec_cli.models.model_location", lambda source, on_status=None: "/converted/dir")
+    said: list[str] = []
+    serve(ServeSettings(drafter="pld", host=host, api_key=key), run=lambda argv, env: 0, on_warning=said.append)
+    assert len(said) == (1 if warned else 0)
+    if warned:
+        assert host in said[0] and "--api-key" in said[0] and "VLLM_API_KEY" in said[0]
+
+
+def test_the_command_line_warns_in_one_line_and_passes_the_key(monkeypatch):
+    """`specdec serve --host 0.0.0.0 [--api-key KEY]` end to end, with the server (vLLM) replaced."""
+    from typer.testing import CliRunner
+
+    from specdec_cli.cli import app
+    from specdec_cli.models import TargetSource
+
+    runs: list[dict] = []
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    monkeypatch.setattr("specdec_cli.serve.vllm_installed", lambda: True)
+    monkeypatch.setattr("specdec_cli.serve._cpu_build", lambda: True)
+    monkeypatch.setattr("specdec_cli.models.resolve_target", lambda target: TargetSource("dir", "/m", "m"))
+    monkeypatch.setattr("specdec_cli.models.model_location", lambda source, on_status=None: "/m")
+    monkeypatch.setattr("specdec_cli.serve._run_server", lambda argv, env: runs.append(env) or 0)
+    runner = CliRunner()
+    open_to_all = runner.invoke(app, ["serve", "--drafter", "pld", "--host", "0.0.0.0"])
+    assert open_to_all.exit_code == 0, open_to_all.output
+    warnings = [line for line in open_to_all.stderr.splitlines() if "warning:" in line]
+    assert len(warnings) == 1 and "--api-key" in warnings[0] and "VLLM_API_KEY" in warnings[0]
+    keyed = runner.invoke(app, ["serve", "--drafter", "pld", "--host", "0.0.0.0", "--api-key", "s3cret"])
+    assert keyed.exit_code == 0 and "warning:" not in keyed.stderr
+    assert "VLLM_API_KEY" not in runs[0] and runs[1]["VLLM_API_KEY"] == "s3cret"

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -102,13 +103,24 @@ def test_distill_generate_answers_through_vllm_and_resumes(tmp_path):
     assert again.returncode == 0 and "0 new rows" in said and "6 already answered" in said
 
 
-def wait_for(port: int, server: subprocess.Popen, seconds: float = 600) -> None:
+def get(port: int, path: str, key: str = "") -> int:
+    """The HTTP status of GET http://127.0.0.1:PORT/PATH, with `Authorization: Bearer KEY` when a key is given."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+                                     headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=2) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def wait_for(port: int, server: subprocess.Popen, seconds: float = 600, key: str = "") -> None:
     deadline = time.time() + seconds
     while time.time() < deadline:
         assert server.poll() is None, "the server exited early"
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2):
-                return
+            get(port, "/v1/models", key)
+            return
         except OSError:
             time.sleep(2)
     raise TimeoutError("the server did not come up")
@@ -140,3 +152,30 @@ def test_serve_answers_concurrent_streaming_clients_as_the_plain_server_does():
     plain = served_answers(8471, "none")
     speculative = served_answers(8472, "sam")
     assert all(plain) and speculative == plain
+
+
+@pytest.mark.parametrize("through", ["flag", "environment"])
+def test_serve_with_an_api_key_refuses_requests_without_it(through):
+    """--api-key (or VLLM_API_KEY, which keeps the key out of `ps`): a request without the key, or with another, is
+    refused (401); with it, answered."""
+    key, port = "s3cret-key", 8473 if through == "flag" else 8474
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    args = ["--api-key", key] if through == "flag" else []
+    if through == "environment":
+        env["VLLM_API_KEY"] = key
+    server = subprocess.Popen([sys.executable, "-m", "specdec_cli", "serve", "--drafter", "none", "--port", str(port),
+                               "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager", *args], env=env)
+    try:
+        wait_for(port, server, key=key)
+        assert get(port, "/v1/models") == 401
+        assert get(port, "/v1/models", "another-key") == 401
+        assert get(port, "/v1/models", key) == 200
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):  # vLLM's server got the key by its environment
+            try:
+                words = cmdline.read_bytes()
+            except OSError:
+                continue
+            assert not (b"vllm.entrypoints" in words and key.encode() in words), "the key shows in ps"
+    finally:
+        server.terminate()
+        assert server.wait(timeout=120) in (0, 143, -15)

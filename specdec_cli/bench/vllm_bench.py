@@ -66,6 +66,11 @@ class VllmBenchSettings:
             raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}", setting="max_new_tokens")
         if self.concurrency is not None and self.concurrency < 1:
             raise SpecdecError(f"concurrency must be >= 1, got {self.concurrency}", setting="concurrency")
+        from ..drafters import DrafterOptions, check_drafter_options
+
+        # --index and --memory are used by one of specdec's proposers here, and their files are what they claim
+        check_drafter_options([method for method in self.methods if method in VLLM_DRAFTERS],
+                              DrafterOptions(index=self.index, memory=self.memory))
 
 
 def vllm_methods(drafters: Sequence[str], references: Sequence[str]) -> list[str]:

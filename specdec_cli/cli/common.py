@@ -6,7 +6,8 @@ import os
 import sys
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import TYPE_CHECKING, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator, Union
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
@@ -30,7 +31,7 @@ def err_console() -> "Console":
     return Console(stderr=True, highlight=False, no_color="NO_COLOR" in os.environ)
 
 
-_activity: list[str] = []  # what the command is doing now, and what an interruption keeps
+_activity: list[tuple[str, Union[str, Callable[[], str]]]] = []  # what the command is doing now, what Ctrl-C keeps
 _interrupted_during: list[str] = []  # the innermost activity an interruption unwound through
 
 
@@ -47,23 +48,58 @@ def table_width(out, table) -> int:
 
 
 @contextmanager
-def doing(what: str, kept: str = "nothing was written") -> Iterator[None]:
-    """Name the slow part a command is in, so Ctrl-C (or SIGTERM) is reported as "interrupted while ..."."""
-    _activity.append(f"while {what}; {kept}")
+def doing(what: str, kept: Union[str, Callable[[], str]] = "nothing was written") -> Iterator[None]:
+    """Name the slow part a command is in, so Ctrl-C (or SIGTERM) is reported as "interrupted while ...; KEPT".
+    `kept` may be a function, asked when the interruption comes (what was written depends on when)."""
+    _activity.append((what, kept))
     try:
         yield
     except KeyboardInterrupt:
         if not _interrupted_during:
-            _interrupted_during.append(_activity[-1])
+            _interrupted_during.append(_describe(*_activity[-1]))
         raise
     finally:
         _activity.pop()
 
 
+def _describe(what: str, kept: Union[str, Callable[[], str]]) -> str:
+    return f"while {what}; {kept() if callable(kept) else kept}"
+
+
 def interruption_message(signal_name: str = "") -> str:
     prefix = f"{signal_name}: " if signal_name else ""
-    during = _interrupted_during or _activity
-    return f"{prefix}interrupted {during[-1]}" if during else f"{prefix}interrupted"
+    if _interrupted_during:
+        return f"{prefix}interrupted {_interrupted_during[-1]}"
+    return f"{prefix}interrupted {_describe(*_activity[-1])}" if _activity else f"{prefix}interrupted"
+
+
+def cache_kept_since() -> Callable[[], str]:
+    """For `doing` around a model load: what an interruption keeps, judged then. A GGUF converted (or block
+    weights planned) since this call is in $SPECDEC_HOME and kept (later loads skip the work); else nothing."""
+    from ..files import TEMP_MARK
+    from ..home import specdec_home
+
+    folders = ("models", "weights")
+
+    def entries() -> set[Path]:
+        found: set[Path] = set()
+        for name in folders:
+            try:
+                found |= {entry for entry in (specdec_home() / name).iterdir() if TEMP_MARK not in entry.name}
+            except OSError:
+                pass
+        return found
+
+    before = entries()
+
+    def kept() -> str:
+        new = sorted(entries() - before)
+        if not new:
+            return "nothing was converted"
+        where = str(new[0]) if len(new) == 1 else f"{len(new)} entries under {specdec_home()}"
+        return f"the conversion finished and is kept in {where} (later loads skip it)"
+
+    return kept
 
 
 def flag_message(exc: "SpecdecError") -> str:

@@ -181,10 +181,10 @@ def generate(
     engine: str = options.answer_engine(),
 ) -> None:
     """Answer prompts with the target and append one row per answer (resumable)."""
+    from ..distill.generate import check_data_output
     from ..drafters import DrafterOptions, check_drafter, check_drafter_options
     from ..engine import GenerationConfig
     from ..errors import SpecdecError
-    from ..files import check_output_file
     from ..prompts import load_prompts
 
     if prompts is None and suite is None:
@@ -194,7 +194,7 @@ def generate(
     GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k).check()
     batch_prompts = check_batch_prompts(batch_prompts, temperature)
     options.check_engine(engine, temperature)
-    check_output_file(output, "output")
+    check_data_output(output)  # a file that is not this command's data is refused before the model loads
     items = load_prompts(prompts, suite, limit=limit, max_prompts=max_prompts, first_turns=True)
     if engine == "vllm":
         run_generate_vllm(target, target_spec(target), items, output, max_new_tokens=max_new_tokens, dtype=dtype,

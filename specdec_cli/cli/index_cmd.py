@@ -105,6 +105,9 @@ def build_index_command(
         None, "--verify", metavar="FILE", help="Check every byte of an existing index against its checksum, and exit."
     ),
     as_json: bool = options.as_json("the summary (or the --info, --verify result)"),
+    force: bool = typer.Option(
+        False, "--force", help="Replace an -o file that is not a specdec index (an existing index is replaced anyway)."
+    ),
 ) -> None:
     """Build a static suffix-automaton index (the `sam` drafter's --index) from a corpus."""
     from ..errors import SpecdecError
@@ -121,12 +124,13 @@ def build_index_command(
 
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from ..corpus import build_index, resolve_inputs
+    from ..corpus import build_index, check_index_output, resolve_inputs
     from ..files import check_output_file
     from ..models import load_tokenizer
 
-    resolve_inputs(corpus, glob)  # a missing or binary input fails before the tokenizer loads
+    files = resolve_inputs(corpus, glob)  # a missing or binary input fails before the tokenizer loads
     check_output_file(output, "output")  # so does an -o into a missing folder
+    check_index_output(output, files, force)  # and one of the inputs, or a file not an index without --force
     status = err_console()
     live = status.is_terminal  # progress displays only on a terminal: a redirected stderr gets errors alone
     with status.status(f"Loading the tokenizer of {target}") if live else contextlib.nullcontext():
@@ -159,7 +163,7 @@ def build_index_command(
         with doing("building the index", f"no index was written to {output}"):
             summary = build_index(
                 corpus, output, tokenizer, field=field, glob=glob, target_name=target,
-                on_progress=on_progress, on_phase=on_phase,
+                on_progress=on_progress, on_phase=on_phase, force=force,
             )
     if as_json:
         console().print_json(json.dumps(summary))

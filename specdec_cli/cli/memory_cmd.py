@@ -68,7 +68,7 @@ def export(path: str = typer.Argument(..., help="JSONL file to write ({\"text\":
     from ..files import check_output_file
     from ..memory import export_corpus, open_memory
 
-    check_output_file(path, "path")
+    check_output_file(path, "the export file", flag=False)  # PATH is an argument: no --path flag to name
     memory, tokenizer = open_memory(target)
     with doing("exporting the memory"):
         count = export_corpus(memory, tokenizer, path)

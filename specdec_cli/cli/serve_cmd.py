@@ -31,14 +31,21 @@ def serve_command(
                                                 "model's)."),
     memory_fraction: Optional[float] = typer.Option(None, "--gpu-memory-utilization", help="vLLM's memory share for "
                                                     "weights and KV cache (default: vLLM's; 0.3 on its CPU build)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Refuse requests without this key (`Authorization: "
+                                          "Bearer KEY`). The VLLM_API_KEY environment variable does the same and keeps "
+                                          "the key out of `ps`."),
 ) -> None:
     """Serve the target with vLLM's OpenAI-compatible API, drafting with specdec (needs `make install-vllm`)."""
+    from rich.markup import escape
+
     from ..serve import ServeSettings, serve
 
     settings = ServeSettings(target=target, drafter=drafter.strip().lower(), index=index, draft_max=draft_max,
                              min_match=min_match, dtype=dtype, host=host, port=port, max_model_len=max_model_len,
-                             memory_fraction=memory_fraction, extra_args=tuple(ctx.args))
-    code = serve(settings, on_status=lambda message: err_console().print(f"[dim]{message}[/dim]"))
+                             memory_fraction=memory_fraction, extra_args=tuple(ctx.args), api_key=api_key)
+    code = serve(settings, on_status=lambda message: err_console().print(f"[dim]{message}[/dim]"),
+                 on_warning=lambda message: err_console().print(f"[yellow]warning:[/yellow] {escape(message)}",
+                                                                soft_wrap=True))  # one line, however wide
     if code in (130, 143):
         err_console().print("server stopped")
     raise typer.Exit(code)

@@ -8,6 +8,7 @@ Each row (see `DataRow`) holds the prompt, its category and id, the answer text 
 when the target produced it), the prompt token ids as fed to the target, the finish reason, the sampling
 temperature, and the target's name and tokenizer fingerprint. Rows are appended one at a time and fsynced;
 a rerun skips prompts already answered, and a last line cut short by a crash is dropped before appending.
+A file that is not this command's data for this target is refused, untouched (`check_data_output`).
 The rows carry `prompt` and `answer`, so the file is also a corpus for `specdec build-index`.
 """
 
@@ -96,6 +97,41 @@ def _repair_tail(file: Path) -> None:
                 handle.truncate(position + index + 1)
                 return
         handle.truncate(0)
+
+
+ROW_START = '{"prompt": '  # how every row this command writes begins (json.dumps of DataRow)
+
+
+def check_data_output(out_path: str, fingerprint: Optional[str] = None, target_name: Optional[str] = None,
+                      warnings: Optional[list[str]] = None) -> Path:
+    """The -o of `distill generate`, before anything is written: a new (or empty) file, or one holding this
+    command's rows (with `fingerprint`: this target's), to resume. Anything else (another file, another target's
+    rows, a last line that is not the start of a row) is refused with one line and left untouched."""
+    from ..data_rows import read_text
+    from ..files import check_output_file
+
+    file = check_output_file(out_path, "output")  # the folder must exist, as for every command's outputs
+    if not file.exists() or (file.is_file() and file.stat().st_size == 0):
+        return file
+    whose = " for this target" if fingerprint else ""
+    try:
+        if not file.is_file():
+            raise SpecdecError("not a regular file")
+        tail = read_text(file).rpartition("\n")[2]
+        if tail.strip() and not (ROW_START.startswith(tail) or tail.startswith(ROW_START)):
+            raise SpecdecError("its last line is not a row")
+        rows = read_rows(str(file), fingerprint, target_name, allow_empty=True, warnings=warnings)
+        if not all(row.get("fingerprint") for row in rows):
+            raise SpecdecError("its rows name no tokenizer fingerprint")
+    except SpecdecError as exc:
+        why = str(exc)
+        for prefix in (f"{file}: ", f"{file}, ", f"{out_path}: ", f"{out_path}, "):
+            if why.startswith(prefix):
+                why = why[len(prefix):]
+                break
+        raise SpecdecError(f"output {out_path}: not a data file of `specdec distill generate`{whose}, so it is left "
+                           f"untouched ({why}); choose another -o", setting="output") from None
+    return file
 
 
 def append_row(file: Path, row: DataRow) -> None:
@@ -222,10 +258,8 @@ class _RowWriter:
     def __init__(self, out_path: str, tokenizer: Any, target_name: str, fingerprint: str,
                  prompts: Sequence[Conversation], raw: bool, system: Optional[str],
                  on_progress: Optional[Callable[[GenerateProgress], None]], temperature: float):
-        from ..files import check_output_file
-
-        self.file = check_output_file(out_path, "output")  # the folder must exist, as for every command's outputs
         self.warnings: list[str] = []
+        self.file = check_data_output(out_path, fingerprint, target_name)  # before anything is changed
         _repair_tail(self.file)
         self.existing = read_rows(str(self.file), fingerprint, target_name, allow_empty=True, warnings=self.warnings)
         answered = {str(row.get("prompt")) for row in self.existing}

@@ -7,7 +7,7 @@ added here appears everywhere. Heavy modules are imported only when their drafte
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import Any, Optional, Sequence, Union
 
 from ..defaults import DEFAULT_AUX, DEFAULT_L_BIAS
 from ..errors import SpecdecError
@@ -82,9 +82,46 @@ def check_drafter(name: str) -> None:
         raise SpecdecError(f"unknown drafter {name!r}; choose one of: {', '.join(DRAFTERS)}, sam+AUX")
 
 
-def check_drafter_options(name: str, options: DrafterOptions) -> None:
-    """What can be checked of a drafter's options before the target loads: the files it will open exist and
-    are what they claim to be, and the drafter it needs is named (a tokenizer match is checked at build)."""
+def check_drafter_options(name: Union[str, Sequence[str]], options: DrafterOptions) -> None:
+    """What can be checked of the options of a drafter (or of several that run with the same options, as bench's
+    do) before the target loads: every option set is used by one of them (`check_options_used`), the files they
+    will open exist and are what they claim to be, and the drafter a hybrid needs is named (a tokenizer match is
+    checked at build)."""
+    names = [name] if isinstance(name, str) else list(name)
+    check_options_used(names, options)
+    for one in names:
+        _check_files(one, options)
+
+
+def check_options_used(names: Sequence[str], options: DrafterOptions) -> None:
+    """A one-line error for an option none of `names` uses (`--index` with pld, `--draft-model` with sam, ...): an
+    option silently ignored would measure or answer something else than the user asked for. An option counts as
+    set when it differs from its default (`--aux aded`, the default, cannot be told from no --aux)."""
+    pairs = [drafters_in(name, options) for name in names]
+    using = {drafter for pair in pairs for drafter in pair if drafter is not None}
+    plain_sam = any(split_hybrid(name) == (HYBRID_HEAD, None) for name in names)
+    chosen = ", ".join(names) or "no drafter"
+
+    def unused(setting: str, shown: str, users: str) -> SpecdecError:
+        return SpecdecError(f"{setting} {shown}: {chosen} does not use it ({users})", setting=setting)
+
+    if options.index and not using & {"sam", "aded"}:
+        raise unused("index", options.index, "an index is read by sam and aded")
+    if options.draft_model and not using & {"model", "eagle"}:
+        raise unused("draft_model", options.draft_model, "a draft model is run by model and eagle, or sam+model "
+                     "and sam+eagle")
+    if options.draft_min_prob and not using & {"model", "eagle"}:
+        raise unused("draft_min_prob", str(options.draft_min_prob), "only model and eagle drafts have probabilities")
+    if options.aux != DEFAULT_AUX and not plain_sam:
+        raise unused("aux", options.aux, f"--aux picks {HYBRID_HEAD}'s auxiliary; a {HYBRID_HEAD}+AUX drafter "
+                     "names its own")
+    if options.memory and HYBRID_HEAD not in {head for head, _ in pairs}:
+        raise unused("memory", options.memory, f"only {HYBRID_HEAD} drafts from the answer memory")
+    if options.l_threshold != DrafterOptions.l_threshold and HYBRID_HEAD not in {head for head, _ in pairs}:
+        raise unused("l_threshold", str(options.l_threshold), f"it is {HYBRID_HEAD}'s")
+
+
+def _check_files(name: str, options: DrafterOptions) -> None:
     from pathlib import Path
 
     head, aux = drafters_in(name, options)
@@ -149,7 +186,8 @@ def make_drafter(name: str, options: DrafterOptions, target: TargetInfo) -> Draf
         from .pld import PromptLookupDrafter
 
         return PromptLookupDrafter(
-            max_ngram=options.pld_max_ngram, min_ngram=options.pld_min_ngram, draft_max=options.draft_max
+            max_ngram=options.pld_max_ngram, min_ngram=options.pld_min_ngram, draft_max=options.draft_max,
+            vocab_size=target.vocab_size,
         )
     if name == "sam":
         from .sam import make_sam_drafter

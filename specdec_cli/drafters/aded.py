@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import numpy as np
 
 from ..draft import Draft, StepEvent
+from .base import check_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import DrafterOptions, TargetInfo
@@ -348,7 +349,9 @@ class AdedDrafter:
     name = "aded"
 
     def __init__(self, table: Optional[TrigramTable] = None, *, draft_max: int = MAX_NODES,
-                 time_budget: Optional[float] = TIME_BUDGET, iterations: int = ITERATIONS, seed: int = 0):
+                 time_budget: Optional[float] = TIME_BUDGET, iterations: int = ITERATIONS, seed: int = 0,
+                 vocab_size: int = 0):
+        self.vocab_size = vocab_size  # ids at or above it are refused (0: not known; negative ones always are)
         self.table = table if table is not None else TrigramTable()
         self.draft_max = draft_max
         self.time_budget = time_budget
@@ -358,8 +361,10 @@ class AdedDrafter:
         self.last_iterations = 0
 
     def observe(self, event: StepEvent) -> None:
+        check_token_ids(event.committed, self.vocab_size, "committed tokens")
         if event.kind == "prefill":
             prompt = [int(token) for token in event.prompt_tokens]
+            check_token_ids(prompt, self.vocab_size, "prompt")
             seen = self.seen
             if len(prompt) >= len(seen) and prompt[: len(seen)] == seen:
                 new_from = max(0, len(seen) - 2)  # trigrams that end in the new text
@@ -382,6 +387,7 @@ class AdedDrafter:
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         budget = min(budget, self.draft_max)
         window = [int(token) for token in context[-WINDOW:]]
+        check_token_ids(window, self.vocab_size)  # the tokens it reads: the window (and the last two of it)
         if window != self.seen[-WINDOW:]:  # called without the events: adapt from the context itself
             self.seen = [int(token) for token in context]
             self.table.adapt_window(window)
@@ -423,4 +429,5 @@ def make_aded_drafter(options: "DrafterOptions", target: "TargetInfo") -> AdedDr
         table = build_trigram_table(np.asarray(index.automaton.text), index.eos_id)
     extra = options.extra if isinstance(options.extra, dict) else {}
     time_budget = float(extra.get("aded_time_budget", TIME_BUDGET))
-    return AdedDrafter(table, draft_max=min(options.draft_max or MAX_NODES, MAX_NODES), time_budget=time_budget)
+    return AdedDrafter(table, draft_max=min(options.draft_max or MAX_NODES, MAX_NODES), time_budget=time_budget,
+                       vocab_size=target.vocab_size)

@@ -32,6 +32,7 @@ import torch
 from ..draft import Draft, StepEvent
 from ..errors import SpecdecError
 from ..quant import BlockLinear
+from .base import check_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import DrafterOptions, TargetInfo
@@ -169,8 +170,10 @@ class EagleDrafter:
             self.cache.crop(known)
             fed = known
         if fed < known:  # the pairs (f_t, x_{t+1}) the head has not seen: t = fed .. known - 1
+            new = [int(token) for token in context[fed + 1 : known + 1]]
+            check_token_ids(new, int(getattr(self.embeddings, "num_embeddings", 0) or self.vocabulary.vocab))
             positions = torch.arange(fed, known, device=self.device)
-            predicted = self.head(self.features[None, fed:known], self._embed(context[fed + 1 : known + 1]),
+            predicted = self.head(self.features[None, fed:known], self._embed(new),
                                   positions, self.cache)[0, -1]  # [H]: the newest token's feature
             self.last = predicted
         elif self.last is not None:

@@ -32,6 +32,7 @@ from typing import Any, Optional, Sequence
 
 from ..draft import Draft, StepEvent
 from ..errors import SpecdecError
+from .base import check_token_ids
 
 DEFAULT_DRAFT_MAX = 6  # drafting costs a forward per token: shorter chains than the retrieval drafters
 RECENT = 8  # how many of its recent drafts the drafter sizes the next one by
@@ -190,13 +191,15 @@ class ModelDrafter:
         limit = min(int(budget), self.draft_max)
         if limit > 0:
             limit = min(limit, self.useful_length())
-        if limit <= 0 or not context:
+        if limit <= 0 or not len(context):
             return Draft.empty(self.name)
+        ids = [int(token) for token in context]
+        check_token_ids(ids, self.head.vocab_size)  # an id beyond the draft's embeddings would fail inside torch
         self.proposed = True
         import torch
 
         with torch.inference_mode():
-            logits = self._sync([int(token) for token in context])  # [vocab]
+            logits = self._sync(ids)  # [vocab]
             tokens: list[int] = []
             rows: list[torch.Tensor] = []
             sampling = self.temperature > 0

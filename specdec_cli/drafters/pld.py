@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..draft import Draft, StepEvent
+from .base import check_token_ids
 
 DEFAULT_DRAFT_MAX = 8
 
@@ -19,16 +20,18 @@ DEFAULT_DRAFT_MAX = 8
 class PromptLookupDrafter:
     name = "pld"
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, draft_max: Optional[int] = None):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, draft_max: Optional[int] = None, vocab_size: int = 0):
         self.max_ngram = max(1, max_ngram)
         self.min_ngram = max(1, min(min_ngram, self.max_ngram))
         self.draft_max = draft_max if draft_max is not None else DEFAULT_DRAFT_MAX
+        self.vocab_size = vocab_size  # ids at or above it are refused (0: not known)
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         budget = min(budget, self.draft_max)
         if budget <= 0 or len(context) < 2:
             return Draft.empty(self.name)
         tokens = np.asarray(context, dtype=np.int64)  # [n]
+        check_token_ids(tokens, self.vocab_size)
         for ngram in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
             start = find_latest_match(tokens, ngram)
             if start is not None:

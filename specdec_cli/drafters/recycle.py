@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import numpy as np
 
 from ..draft import Draft, StepEvent
+from .base import check_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import DrafterOptions, TargetInfo
@@ -92,6 +93,7 @@ class RecycleDrafter:
     name = "recycle"
 
     def __init__(self, vocab_size: int, draft_max: int = DRAFT_MAX, template: Sequence[int] = TEMPLATE):
+        self.vocab_size = vocab_size  # ids at or above it are refused (0: not known; negative ones always are)
         self.matrix = np.zeros((max(1, vocab_size), TOPK), dtype=np.int32)  # [vocab, 8]
         self.width = np.zeros(max(1, vocab_size), dtype=np.int8)  # [vocab]: filled entries per row (0 = unknown)
         self.draft_max = draft_max
@@ -151,8 +153,14 @@ class RecycleDrafter:
         self.width[token] = len(row)
 
     def observe(self, event: StepEvent) -> None:
+        # the ids it indexes its matrix with, or stores: checked first (a wrapped index, or a matrix grown to a huge id)
+        check_token_ids(event.committed, self.vocab_size, "committed tokens")
+        check_token_ids(event.draft.tokens, self.vocab_size, "draft")
+        if event.scored_topk is not None:
+            check_token_ids(event.scored_topk, self.vocab_size, "target's top tokens")
         if event.kind == "prefill":
             prompt = [int(token) for token in event.prompt_tokens]
+            check_token_ids(prompt, self.vocab_size, "prompt")
             seen = self._seen
             # a chat turn re-sends the conversation: learn from its new text only (the rest was fed already)
             start = len(seen) - 1 if 0 < len(seen) <= len(prompt) and prompt[: len(seen)] == seen else 0
@@ -191,6 +199,7 @@ class RecycleDrafter:
         budget = min(budget, self.draft_max)
         if budget <= 0 or not len(context):
             return Draft.empty(self.name)
+        check_token_ids(context[-1:], self.vocab_size)  # the only token it reads: the root
         tokens, valid = self.expand(int(context[-1]))
         keep = np.flatnonzero(valid)
         # most promising first: priority falls along every path, so parents still precede their children and

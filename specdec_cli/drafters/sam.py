@@ -32,7 +32,7 @@ from ..defaults import DEFAULT_L_BIAS
 from ..draft import Draft, StepEvent
 from ..errors import SpecdecError
 from ..sam.automaton import ROOT, DynamicAutomaton, StaticAutomaton
-from .base import Drafter
+from .base import Drafter, check_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import DrafterOptions, TargetInfo
@@ -62,6 +62,7 @@ class SamDrafter:
         aux: Optional[Drafter] = None,
         memory_from: Optional[int] = None,
         frequent: bool = FREQUENT,
+        vocab_size: int = 0,
     ) -> None:
         if draft_max < 1:
             raise SpecdecError(f"draft_max must be at least 1, got {draft_max}", setting="draft_max")
@@ -74,6 +75,7 @@ class SamDrafter:
         self.aux = aux
         self.memory_from = memory_from  # static text positions from here on are remembered answers
         self.frequent = frequent  # static drafts: the continuation most occurrences take, not the earliest's
+        self.vocab_size = vocab_size  # ids at or above it are refused (0: not known; negative ones always are)
         self.reset()
 
     def reset(self) -> None:
@@ -85,6 +87,8 @@ class SamDrafter:
     # ------------------------------------------------------------------------------ following the text
 
     def _feed(self, tokens: Iterable[int]) -> None:
+        tokens = [int(token) for token in tokens]
+        check_token_ids(tokens, self.vocab_size)  # before any state changes
         dynamic, static = self.dynamic, self.static
         for token in tokens:
             token = int(token)
@@ -192,6 +196,7 @@ def make_sam_drafter(options: "DrafterOptions", target: "TargetInfo") -> SamDraf
         l_threshold=options.l_threshold,
         aux=aux,
         memory_from=memory_from,
+        vocab_size=target.vocab_size,
     )
 
 

@@ -25,7 +25,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from ..errors import SpecdecError
+from ..errors import TOKEN_LIMIT, SpecdecError, TokenIdError  # ids < 2**31: int32 texts, keys (state << 32) | id
 
 ROOT = 0
 NO_STATE = -1
@@ -165,11 +165,16 @@ def build_static(
             f"or `python setup.py build_ext --inplace` ({exc})"
         ) from exc
 
-    text = np.ascontiguousarray(tokens, dtype=np.int32)
-    if text.ndim != 1:
+    given = np.asarray(tokens)
+    if given.ndim != 1:
         raise ValueError("tokens must be a 1-d array")
+    low, high = (int(given.min()), int(given.max())) if len(given) else (0, 0)
     if vocab_size is None:
-        vocab_size = int(text.max()) + 1 if len(text) else 1
+        vocab_size = high + 1
+    if low < 0 or high >= min(vocab_size, TOKEN_LIMIT):  # checked before the int32 cast, which would wrap them
+        bad = low if low < 0 else high
+        raise TokenIdError(f"token id {bad} is outside the vocabulary (ids 0 to {min(vocab_size, TOKEN_LIMIT) - 1})")
+    text = np.ascontiguousarray(given, dtype=np.int32)
     n = len(text)
     states = state_capacity(n)
     link = np.empty(states, dtype=np.int32)
@@ -243,7 +248,10 @@ class DynamicAutomaton:
         self._first_edge[state] = len(self._edge_token) - 1
 
     def extend(self, token: int) -> None:
-        """Append one token to the text (the classic online construction)."""
+        """Append one token to the text (the classic online construction). An id outside [0, 2**31) is refused:
+        packed into a transition key it would collide with every state's (a negative one made the walk loop)."""
+        if not 0 <= token < TOKEN_LIMIT:
+            raise TokenIdError(f"token id {token} is outside [0, {TOKEN_LIMIT}): not a token of any vocabulary")
         transitions = self._transitions
         link, length = self.link, self.length
         position = len(self.text)
@@ -274,6 +282,8 @@ class DynamicAutomaton:
         self._last = cur
 
     def advance(self, state: int, match_len: int, token: int) -> tuple[int, int]:
+        if not 0 <= token < TOKEN_LIMIT:  # in no text (extend refuses it): matches nothing
+            return ROOT, 0
         link, length, transitions = self.link, self.length, self._transitions
         # A clone made by `extend` since the last advance may now own the matched string: re-home it.
         while state != ROOT and match_len <= length[link[state]]:

@@ -291,6 +291,24 @@ def verify_index(path: PathLike) -> dict[str, Any]:
     return {**info, "checksum": "ok"}
 
 
+def is_index_file(path: PathLike) -> bool:
+    """Whether `path` is a file specdec wrote as an index (its header names the format; any version, even a
+    damaged body): such a file may be replaced by a new build, any other file may not without --force."""
+    try:
+        with open(path, "rb") as handle:
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                return False
+            header_length = int.from_bytes(prefix, "little")
+            if header_length > MAX_HEADER_BYTES:
+                return False
+            header = json.loads(handle.read(header_length).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    return isinstance(metadata, dict) and metadata.get("format") == FORMAT
+
+
 def read_index_info(path: PathLike) -> dict[str, Any]:
     """The index's metadata plus size statistics, from the header alone (no arrays are read)."""
     metadata, entries, data_start, file_size = _read_header(path)
