@@ -105,6 +105,7 @@ def distill(
     resume: bool = options.resume(),
     seed: int = options.seed(0),
     device: str = options.device(),
+    weights: str = options.weights(),
     kind: str = options.kind(),
     unroll: int = options.unroll(),
     corpus: Optional[List[str]] = options.corpus(),
@@ -128,12 +129,17 @@ def distill(
     stages.config.check()
     train_items = load_prompts(prompts, None if prompts else (suite or "distill"), first_turns=True, limit=limit,
                                max_prompts=stages.pipeline_prompts if max_prompts is None else max_prompts)
-    loaded = load_target(target, device, "float32")  # the student is built from and trained against float32
-    spec = target_spec(target)
-    out_dir = Path(output).expanduser() if output else default_output(loaded.name, stages.name)
-    stages.check_output(out_dir)  # before answering prompts for minutes: the output must be ours to replace
+    from ..models import resolve_target
+
+    out_dir = Path(output).expanduser() if output else default_output(resolve_target(target).name, stages.name)
+    stages.check_output(out_dir)  # before loading and answering for minutes: the output must be ours to replace
     if not output:  # the default place under $SPECDEC_HOME is ours to create
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        from ..home import writable_home_folder
+
+        writable_home_folder("drafts")
+    # the student is built from and trained against the target in float32 (its block weights dequantised)
+    loaded = load_target(target, device, "float32", weights)
+    spec = target_spec(target)
     data_file = data or str(out_dir.parent / f"{out_dir.name}.data.jsonl")
     err_console().print(f"[bold]1/3[/bold] Answering {len(train_items)} prompts with the target -> {data_file}")
     if engine == "vllm":
@@ -178,6 +184,7 @@ def generate(
     raw: bool = options.raw(),
     device: str = options.device(),
     dtype: str = options.dtype(),
+    weights: str = options.weights(),
     engine: str = options.answer_engine(),
 ) -> None:
     """Answer prompts with the target and append one row per answer (resumable)."""
@@ -200,7 +207,7 @@ def generate(
         run_generate_vllm(target, target_spec(target), items, output, max_new_tokens=max_new_tokens, dtype=dtype,
                           concurrency=batch_prompts, system=system, raw=raw)
         return
-    loaded = load_target(target, device, dtype)
+    loaded = load_target(target, device, dtype, weights)
     run_generate(loaded, target_spec(target), items, output, drafter=drafter, draft_max=draft_max, index=index,
                  draft_model=draft_model, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                  top_k=top_k, seed=seed, system=system, raw=raw, batch_prompts=batch_prompts)
@@ -236,6 +243,7 @@ def train(
     checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help="Checkpoint directory (default: OUTPUT.checkpoint)."),
     resume: bool = options.resume(),
     device: str = options.device("cpu", note=": where the target runs (training runs on the CPU)"),
+    weights: str = options.weights(),
     kind: str = options.kind(),
     unroll: int = options.unroll(),
     corpus: Optional[List[str]] = options.corpus(),
@@ -256,8 +264,9 @@ def train(
     stages = stages_of(kind, config, head_config, tuple(corpus or ()))
     stages.config.check()
     read_rows(data)  # a missing or empty file fails before the model loads
+    stages.check_output(Path(output).expanduser())  # and an output that is not ours to replace
     target = target or usable_target(target_of_data(data))
-    loaded = load_target(target, device, "float32")
+    loaded = load_target(target, device, "float32", weights)
     stages.train(loaded, target_spec(target), data, output, checkpoint_dir=checkpoint_dir, resume=resume)
     if stages.shows_usage_after_training:
         show_usage(output, target_spec(target), stages)
@@ -279,6 +288,7 @@ def evaluate(
     raw: bool = options.raw(),
     as_json: bool = options.as_json("the evaluation"),
     device: str = options.device(),
+    weights: str = options.weights(),
 ) -> None:
     """Top-1 agreement and mean accepted tokens of a draft (and of its initialisation) on held-out prompts."""
     from ..errors import SpecdecError
@@ -293,7 +303,7 @@ def evaluate(
     stages = stages_for_draft(directory)
     stages.check_held_out(data)
     target = target or usable_target(stages.recorded_target(directory))
-    loaded = load_target(target, device, "float32")
+    loaded = load_target(target, device, "float32", weights)
     spec = target_spec(target)
     chosen, source = stages.held_out(loaded, spec, draft_model, data, prompts, suite, limit, max_prompts, raw)
     evaluation = stages.evaluate(loaded, spec, draft_model, chosen, source, baseline=not no_baseline,
