@@ -27,7 +27,6 @@ from ..distill.student import DEFAULT_DRAFT_VOCAB  # light: torch is imported in
 from ..distill.train import TrainConfig
 from ..errors import SpecdecError
 from . import app, options
-from .common import err_console
 from .distill_stages import (
     EVAL_PROMPTS,
     STUDENT_DRAFT_MAX,
@@ -40,6 +39,7 @@ from .distill_stages import (
     show_usage,
     stages_for_draft,
     stages_of,
+    tell,
 )
 
 distill_app = typer.Typer(
@@ -141,7 +141,7 @@ def distill(
     loaded = load_target(target, device, "float32", weights)
     spec = target_spec(target)
     data_file = data or str(out_dir.parent / f"{out_dir.name}.data.jsonl")
-    err_console().print(f"[bold]1/3[/bold] Answering {len(train_items)} prompts with the target -> {data_file}")
+    tell(f"[bold]1/3[/bold] Answering {len(train_items)} prompts with the target -> {data_file}")
     if engine == "vllm":
         run_generate_vllm(target, spec, train_items, data_file, max_new_tokens=max_new_tokens, dtype="auto",
                           concurrency=batch_prompts, system=None, raw=False)
@@ -149,12 +149,12 @@ def distill(
         run_generate(loaded, spec, train_items, data_file, drafter=drafter, draft_max=None, index=None,
                      draft_model=None, max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0, top_k=0, seed=seed,
                      system=None, raw=False, batch_prompts=batch_prompts)
-    err_console().print(f"[bold]2/3[/bold] Training {stages.title} -> {out_dir}")
+    tell(f"[bold]2/3[/bold] Training {stages.title} -> {out_dir}")
     stages.train(loaded, spec, data_file, str(out_dir), checkpoint_dir=None, resume=resume)
     chosen, source = evaluation_items(eval_prompts, eval_suite, eval_max_prompts)
     from ..distill.evaluate import tokenized
 
-    err_console().print(f"[bold]3/3[/bold] Evaluating before and after training on {len(chosen)} prompts ({source})")
+    tell(f"[bold]3/3[/bold] Evaluating before and after training on {len(chosen)} prompts ({source})")
     held_out = tokenized(loaded.tokenizer, chosen)
     evaluation = stages.evaluate(loaded, spec, str(out_dir), held_out, source, baseline=True,
                                  max_new_tokens=eval_max_new_tokens, draft_max=None, draft_min_prob=0.0)

@@ -41,12 +41,17 @@ def progress_bars(*fields: str) -> Any:
     return bars.Progress(*columns, console=err_console(), transient=False, disable=not err_console().is_terminal)
 
 
+def tell(text: str) -> None:
+    """One message on stderr, one line however long (a terminal wraps it; a log keeps it whole)."""
+    err_console().print(text, soft_wrap=True)
+
+
 def notes(progress: Any) -> Callable[[str], None]:
     """Print a library's messages above a progress line; where stderr is not a terminal, leave out its notes of
     progress (those that end with "…"), as the bar itself is left out."""
     def say(message: str) -> None:
         if progress.console.is_terminal or not message.endswith("…"):
-            progress.console.print(message)
+            progress.console.print(message, soft_wrap=True)
 
     return say
 
@@ -123,8 +128,8 @@ def answering_progress(total: int, data: str, starting: str = "") -> Iterator[Ca
 
 def report_answers(summary: Any) -> Any:
     for warning in summary.warnings:
-        err_console().print(f"[yellow]warning:[/yellow] {warning}")
-    err_console().print(
+        tell(f"[yellow]warning:[/yellow] {warning}")
+    tell(
         f"{summary.path}: {summary.written} new rows ({summary.new_tokens:,} tokens, {summary.tokens_per_second:.1f} "
         f"tok/s), {summary.skipped} already answered, {summary.rows} rows in all"
     )
@@ -206,7 +211,7 @@ class StudentStages:
                                  on_status=notes(progress))
         first = "-" if result.first_loss is None else f"{result.first_loss:.3f}"
         final = "-" if result.final_loss is None else f"{result.final_loss:.3f}"
-        err_console().print(
+        tell(
             f"Trained {result.steps} steps in {result.seconds:.0f} s ({result.train_rows} rows, "
             f"{result.held_out_rows} held out, {result.parameters / 1e6:.1f} M parameters): loss {first} -> {final}; "
             f"saved {result.output}"
@@ -282,7 +287,7 @@ class HeadStages:
                                           resume=resume, on_status=notes(progress))
         before, after = report["top1_agreement_before"], report["top1_agreement_after"]
         agreement = "" if after is None else f"; held-out top-1 agreement {before:.1%} -> {after:.1%}"
-        err_console().print(f"Trained an EAGLE head: {report['steps']} steps in {report['seconds']:.0f} s on "
+        tell(f"Trained an EAGLE head: {report['steps']} steps in {report['seconds']:.0f} s on "
                             f"{report['train_tokens']:,} tokens ({report['answer_tokens']:,} from answers, "
                             f"{report['corpus_tokens']:,} from corpora){agreement}; saved {output}")
 
