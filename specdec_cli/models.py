@@ -140,10 +140,17 @@ def pick_dtype(dtype: str, device: str) -> Any:
 
 
 def _quiet_transformers() -> None:
+    """No logging and no tqdm bars from transformers or the hub's downloads: stderr gets specdec's one progress
+    line in a terminal (the CLI's), and the result alone in a log."""
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+    except ImportError:  # pragma: no cover - transformers depends on it
+        return
+    disable_progress_bars()
 
 
 def converted_dir(gguf_path: Path) -> Path:
@@ -420,7 +427,8 @@ def load_tokenizer(target: str = DEFAULT_TARGET, on_status: Optional[StatusCallb
         gguf_path = Path(source.location)
         if converted_damage(converted_dir(gguf_path)) is not None:
             try:
-                return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+                with _no_tqdm():
+                    return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
             except Exception as exc:
                 raise SpecdecError(f"{gguf_path}: cannot read this GGUF file ({type(exc).__name__}: {exc})") from exc
     location = model_location(source, on_status)
