@@ -212,6 +212,7 @@ def test_distill_with_its_defaults_then_draft_identically(tmp_path):
                      "--eval-max-new-tokens", "16", "--steps", "2")
     assert result.returncode == 0, result.stderr
     assert (draft / "model.safetensors").is_file() and (draft / "distill_report.json").is_file()
+    assert f"  specdec chat --drafter model --draft-model {draft} --prompt" in result.stdout  # one line, to copy
     chat = run_cli("chat", "--drafter", "model", "--draft-model", str(draft), "--prompt", PROMPTS[0], "-n", "16",
                    "--compare", "--json")
     assert chat.returncode == 0, chat.stderr

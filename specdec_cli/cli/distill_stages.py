@@ -351,5 +351,8 @@ def show_evaluation(evaluation: dict, draft_dir: str) -> None:
 def show_usage(draft_dir: str, target_spec: str, stages: StudentStages | HeadStages) -> None:
     target = "" if target_spec == DEFAULT_TARGET else f" --target {target_spec}"
     console().print("\nUse the draft:")
-    console().print(f"  specdec chat{target} --drafter {stages.drafter} --draft-model {draft_dir} --prompt \"...\"")
-    console().print(f"  specdec bench{target} --drafters none,{stages.bench_methods} --draft-model {draft_dir}")
+    # whole commands, one a line, to copy (markup off: a path may hold brackets)
+    console().print(f"  specdec chat{target} --drafter {stages.drafter} --draft-model {draft_dir} --prompt \"...\"",
+                    soft_wrap=True, markup=False)
+    console().print(f"  specdec bench{target} --drafters none,{stages.bench_methods} --draft-model {draft_dir}",
+                    soft_wrap=True, markup=False)
