@@ -352,3 +352,14 @@ def test_distill_takes_weights_like_every_command(target_dir, tmp_path):
                     ["distill", "evaluate", "-D", str(tmp_path)]):
         result = run_cli(*command, "--target", str(target_dir), "--weights", "int3")
         assert result.returncode != 0 and "No such option" not in result.stderr, (command, result.stderr)
+
+
+def test_the_pipeline_checks_where_it_writes_before_loading_the_target(tmp_path):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf")
+    _one_line_error(run_cli("distill", "-o", str(tmp_path / "missing" / "draft"), "--target", str(broken)),
+                    f"--output {tmp_path / 'missing' / 'draft'}: the folder {tmp_path / 'missing'} does not exist")
+    (tmp_path / "data-folder").mkdir()
+    _one_line_error(run_cli("distill", "-o", str(tmp_path / "draft"), "--data", str(tmp_path / "data-folder"),
+                            "--target", str(broken)), "is a directory")
+    assert not (tmp_path / "missing").exists()

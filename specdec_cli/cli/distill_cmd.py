@@ -137,10 +137,15 @@ def distill(
         from ..home import writable_home_folder
 
         writable_home_folder("drafts")
+    elif not out_dir.parent.is_dir():  # a folder given is never created behind the user's back
+        raise SpecdecError(f"output {out_dir}: the folder {out_dir.parent} does not exist", setting="output")
+    data_file = data or str(out_dir.parent / f"{out_dir.name}.data.jsonl")
+    from ..files import check_output_file
+
+    check_output_file(data_file, "data")
     # the student is built from and trained against the target in float32 (its block weights dequantised)
     loaded = load_target(target, device, "float32", weights)
     spec = target_spec(target)
-    data_file = data or str(out_dir.parent / f"{out_dir.name}.data.jsonl")
     tell(f"[bold]1/3[/bold] Answering {len(train_items)} prompts with the target -> {data_file}")
     if engine == "vllm":
         run_generate_vllm(target, spec, train_items, data_file, max_new_tokens=max_new_tokens, dtype="auto",
