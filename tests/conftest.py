@@ -111,13 +111,16 @@ HANG_GUARD = 600  # seconds: a process that takes longer is stuck, not slow (no 
 def cli_env(extra=None) -> dict:
     """The environment of every specdec process a test starts (run_cli, pexpect, Popen).
 
-    The same dtype and weights on every machine (`--dtype auto` and `--weights auto` would time plain steps to
-    choose), and the user's answer memory never read or written; tests of either say otherwise in `extra`."""
+    The same dtype on every machine (`--dtype auto` would time plain steps to choose) and the user's answer memory
+    never read or written; tests of either say otherwise in `extra`. The weights are a user's default,
+    `--weights auto`: on the default model, the GGUF's blocks where a plain step on them is measured faster (on
+    every machine so far), else dense; a test that needs one of them names it (`--weights dense`), and no test's
+    outcome depends on which `auto` chose."""
     env = dict(os.environ)
     env.pop("SPECDEC_DEBUG", None)
+    env.pop("SPECDEC_WEIGHTS", None)  # a developer's own default must not change what the tests run
     env.setdefault("OMP_NUM_THREADS", "1")  # robust when the machine is busy: no thread oversubscription
     env.setdefault("SPECDEC_DTYPE", "float32")
-    env.setdefault("SPECDEC_WEIGHTS", "dense")  # block weights are asked for by name
     env.setdefault("SPECDEC_NO_MEMORY", "1")
     env.update(extra or {})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS.parent), env.get("PYTHONPATH")]))

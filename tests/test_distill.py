@@ -298,3 +298,68 @@ def test_an_eagle_head_from_the_command_line_trains_resumes_and_is_evaluated(tar
     foreign = run_cli("distill", "evaluate", "--draft-model", str(head), "--data", str(data_file))
     assert foreign.returncode != 0 and "evaluated on --suite or --prompts" in foreign.stderr
     assert "Traceback" not in foreign.stderr
+
+
+def test_a_student_is_cut_from_block_weights_dequantised(target_dir, data_file, tmp_path):
+    """`--weights int8` (any block weights): the student starts from the target as it runs, its blocks
+    dequantised (they are not in the state dict), and trains against it."""
+    import torch
+
+    from specdec_cli.distill.student import build_student
+    from specdec_cli.distill.train import train_draft
+    from specdec_cli.models import load_target
+    from specdec_cli.quant import BlockLinear
+
+    blocks = load_target(str(target_dir), "cpu", "float32", weights="int8")
+    layer = blocks.model.model.layers[0].self_attn.q_proj
+    assert isinstance(layer, BlockLinear)
+    student = build_student(blocks.model, {"kind": "target", "layers": 1})
+    assert torch.equal(student.model.layers[0].self_attn.q_proj.weight, layer.blocks().dense())
+    assert torch.equal(student.lm_head.weight, blocks.model.lm_head.blocks().dense())  # the head as it runs
+    result = train_draft(blocks.model, blocks.tokenizer, str(target_dir), str(data_file), str(tmp_path / "draft"),
+                         _config(steps=2, kd_weight=1.0))
+    assert result.steps == 2
+
+
+def test_no_progress_bars_where_stderr_is_not_a_terminal(target_dir, data_file, tmp_path):
+    """A log or a pipe gets the results, not the frames of a progress bar (nor its last frame)."""
+    result = run_cli("distill", "train", "--data", str(data_file), "-o", str(tmp_path / "draft"), "--steps", "2",
+                     "--layers", "1")
+    assert result.returncode == 0, result.stderr
+    trained = [line for line in result.stderr.splitlines() if line.startswith("Trained 2 steps")]
+    assert len(trained) == 1 and trained[0].endswith(f"saved {tmp_path / 'draft'}"), result.stderr  # one line
+    assert "━" not in result.stderr and "Training" not in result.stderr.replace("Trained", ""), result.stderr
+    assert "Building the student" not in result.stderr
+
+
+def test_train_refuses_an_output_that_is_a_file_before_loading_the_target(data_file, tmp_path):
+    """The output is checked before the model loads: an unreadable target is never reached."""
+    existing = tmp_path / "notes.txt"
+    existing.write_text("mine")
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf")
+    _one_line_error(run_cli("distill", "train", "--data", str(data_file), "-o", str(existing), "--target",
+                            str(broken)), "exists and is not a directory")
+    assert existing.read_text() == "mine"
+    head_output = run_cli("distill", "train", "--kind", "eagle", "--data", str(data_file), "-o", str(existing),
+                          "--target", str(broken))
+    _one_line_error(head_output, "exists and is not a directory")
+
+
+def test_distill_takes_weights_like_every_command(target_dir, tmp_path):
+    for command in (["distill"], ["distill", "generate", "--prompts", "x", "-o", str(tmp_path / "d.jsonl")],
+                    ["distill", "train", "--data", "x", "-o", str(tmp_path / "o")],
+                    ["distill", "evaluate", "-D", str(tmp_path)]):
+        result = run_cli(*command, "--target", str(target_dir), "--weights", "int3")
+        assert result.returncode != 0 and "No such option" not in result.stderr, (command, result.stderr)
+
+
+def test_the_pipeline_checks_where_it_writes_before_loading_the_target(tmp_path):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf")
+    _one_line_error(run_cli("distill", "-o", str(tmp_path / "missing" / "draft"), "--target", str(broken)),
+                    f"--output {tmp_path / 'missing' / 'draft'}: the folder {tmp_path / 'missing'} does not exist")
+    (tmp_path / "data-folder").mkdir()
+    _one_line_error(run_cli("distill", "-o", str(tmp_path / "draft"), "--data", str(tmp_path / "data-folder"),
+                            "--target", str(broken)), "is a directory")
+    assert not (tmp_path / "missing").exists()

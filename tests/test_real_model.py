@@ -202,3 +202,54 @@ def test_llama_cpp_decodes_the_same_gguf_where_it_is_installed():
     tokens, seconds, ttft, finish, _ = LlamaCpp(str(default_gguf_path()), 1, pld=False).generate(list(ids), config)
     assert len(tokens) == 12 and finish == "length" and 0 < ttft <= seconds
     assert tokenizer.decode(tokens).strip()  # text, in the model's own vocabulary
+
+
+def test_distill_with_its_defaults_then_draft_identically(tmp_path):
+    """What a new user runs first: `specdec distill` with its defaults (`--weights auto`: the GGUF's blocks here),
+    a few prompts and steps, then chat drafting with the result: the answer is plain decoding's, token for token."""
+    draft = tmp_path / "my-draft"
+    result = run_cli("distill", "-o", str(draft), "--max-prompts", "1", "-n", "8", "--eval-max-prompts", "1",
+                     "--eval-max-new-tokens", "16", "--steps", "2")
+    assert result.returncode == 0, result.stderr
+    assert (draft / "model.safetensors").is_file() and (draft / "distill_report.json").is_file()
+    assert f"  specdec chat --drafter model --draft-model {draft} --prompt" in result.stdout  # one line, to copy
+    chat = run_cli("chat", "--drafter", "model", "--draft-model", str(draft), "--prompt", PROMPTS[0], "-n", "16",
+                   "--compare", "--json")
+    assert chat.returncode == 0, chat.stderr
+    payload = json.loads(chat.stdout)
+    assert payload["identical"], payload
+
+
+def test_a_damaged_conversion_is_converted_again_with_one_warning(tmp_path, monkeypatch):
+    """A converted model cut short (`truncate -s 1000000 model.safetensors`) is found on load and converted again,
+    with one warning line naming it; transformers' own progress bar never reaches stderr."""
+    import shutil
+
+    from specdec_cli.models import converted_dir, default_gguf_path, ensure_converted
+
+    ours = ensure_converted(default_gguf_path())  # this machine's (the tests' home), converted once
+    home = tmp_path / "home"
+    copy = home / "models" / ours.name
+    shutil.copytree(ours, copy)
+    with open(copy / "model.safetensors", "r+b") as handle:
+        handle.truncate(1_000_000)
+    result = run_cli("chat", "--prompt", "hi", "-n", "4", "--json", "--drafter", "none",
+                     env_extra={"SPECDEC_HOME": str(home)})
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("specdec: warning: the converted model"), result.stderr
+    assert str(copy) in lines[0] and "model.safetensors: 1,000,000 bytes" in lines[0]
+    assert "de-quantizing" not in result.stderr
+    from specdec_cli.models import converted_damage
+
+    monkeypatch.setenv("SPECDEC_HOME", str(home))
+    assert converted_dir(default_gguf_path()) == copy and converted_damage(copy) is None  # repaired in place
+
+
+def test_memory_info_converts_nothing(tmp_path):
+    """`memory info` needs the target's tokenizer at most: on a fresh home the default model is not converted."""
+    home = tmp_path / "home"
+    result = run_cli("memory", "info", "--json", env_extra={"SPECDEC_HOME": str(home)})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["answers"] == 0
+    assert not (home / "models").exists()

@@ -27,7 +27,6 @@ from ..distill.student import DEFAULT_DRAFT_VOCAB  # light: torch is imported in
 from ..distill.train import TrainConfig
 from ..errors import SpecdecError
 from . import app, options
-from .common import err_console
 from .distill_stages import (
     EVAL_PROMPTS,
     STUDENT_DRAFT_MAX,
@@ -40,6 +39,7 @@ from .distill_stages import (
     show_usage,
     stages_for_draft,
     stages_of,
+    tell,
 )
 
 distill_app = typer.Typer(
@@ -105,6 +105,7 @@ def distill(
     resume: bool = options.resume(),
     seed: int = options.seed(0),
     device: str = options.device(),
+    weights: str = options.weights(),
     kind: str = options.kind(),
     unroll: int = options.unroll(),
     corpus: Optional[List[str]] = options.corpus(),
@@ -128,14 +129,24 @@ def distill(
     stages.config.check()
     train_items = load_prompts(prompts, None if prompts else (suite or "distill"), first_turns=True, limit=limit,
                                max_prompts=stages.pipeline_prompts if max_prompts is None else max_prompts)
-    loaded = load_target(target, device, "float32")  # the student is built from and trained against float32
-    spec = target_spec(target)
-    out_dir = Path(output).expanduser() if output else default_output(loaded.name, stages.name)
-    stages.check_output(out_dir)  # before answering prompts for minutes: the output must be ours to replace
+    from ..models import resolve_target
+
+    out_dir = Path(output).expanduser() if output else default_output(resolve_target(target).name, stages.name)
+    stages.check_output(out_dir)  # before loading and answering for minutes: the output must be ours to replace
     if not output:  # the default place under $SPECDEC_HOME is ours to create
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        from ..home import writable_home_folder
+
+        writable_home_folder("drafts")
+    elif not out_dir.parent.is_dir():  # a folder given is never created behind the user's back
+        raise SpecdecError(f"output {out_dir}: the folder {out_dir.parent} does not exist", setting="output")
     data_file = data or str(out_dir.parent / f"{out_dir.name}.data.jsonl")
-    err_console().print(f"[bold]1/3[/bold] Answering {len(train_items)} prompts with the target -> {data_file}")
+    from ..files import check_output_file
+
+    check_output_file(data_file, "data")
+    # the student is built from and trained against the target in float32 (its block weights dequantised)
+    loaded = load_target(target, device, "float32", weights)
+    spec = target_spec(target)
+    tell(f"[bold]1/3[/bold] Answering {len(train_items)} prompts with the target -> {data_file}")
     if engine == "vllm":
         run_generate_vllm(target, spec, train_items, data_file, max_new_tokens=max_new_tokens, dtype="auto",
                           concurrency=batch_prompts, system=None, raw=False)
@@ -143,12 +154,12 @@ def distill(
         run_generate(loaded, spec, train_items, data_file, drafter=drafter, draft_max=None, index=None,
                      draft_model=None, max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0, top_k=0, seed=seed,
                      system=None, raw=False, batch_prompts=batch_prompts)
-    err_console().print(f"[bold]2/3[/bold] Training {stages.title} -> {out_dir}")
+    tell(f"[bold]2/3[/bold] Training {stages.title} -> {out_dir}")
     stages.train(loaded, spec, data_file, str(out_dir), checkpoint_dir=None, resume=resume)
     chosen, source = evaluation_items(eval_prompts, eval_suite, eval_max_prompts)
     from ..distill.evaluate import tokenized
 
-    err_console().print(f"[bold]3/3[/bold] Evaluating before and after training on {len(chosen)} prompts ({source})")
+    tell(f"[bold]3/3[/bold] Evaluating before and after training on {len(chosen)} prompts ({source})")
     held_out = tokenized(loaded.tokenizer, chosen)
     evaluation = stages.evaluate(loaded, spec, str(out_dir), held_out, source, baseline=True,
                                  max_new_tokens=eval_max_new_tokens, draft_max=None, draft_min_prob=0.0)
@@ -178,6 +189,7 @@ def generate(
     raw: bool = options.raw(),
     device: str = options.device(),
     dtype: str = options.dtype(),
+    weights: str = options.weights(),
     engine: str = options.answer_engine(),
 ) -> None:
     """Answer prompts with the target and append one row per answer (resumable)."""
@@ -200,7 +212,7 @@ def generate(
         run_generate_vllm(target, target_spec(target), items, output, max_new_tokens=max_new_tokens, dtype=dtype,
                           concurrency=batch_prompts, system=system, raw=raw)
         return
-    loaded = load_target(target, device, dtype)
+    loaded = load_target(target, device, dtype, weights)
     run_generate(loaded, target_spec(target), items, output, drafter=drafter, draft_max=draft_max, index=index,
                  draft_model=draft_model, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                  top_k=top_k, seed=seed, system=system, raw=raw, batch_prompts=batch_prompts)
@@ -236,6 +248,7 @@ def train(
     checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help="Checkpoint directory (default: OUTPUT.checkpoint)."),
     resume: bool = options.resume(),
     device: str = options.device("cpu", note=": where the target runs (training runs on the CPU)"),
+    weights: str = options.weights(),
     kind: str = options.kind(),
     unroll: int = options.unroll(),
     corpus: Optional[List[str]] = options.corpus(),
@@ -256,8 +269,9 @@ def train(
     stages = stages_of(kind, config, head_config, tuple(corpus or ()))
     stages.config.check()
     read_rows(data)  # a missing or empty file fails before the model loads
+    stages.check_output(Path(output).expanduser())  # and an output that is not ours to replace
     target = target or usable_target(target_of_data(data))
-    loaded = load_target(target, device, "float32")
+    loaded = load_target(target, device, "float32", weights)
     stages.train(loaded, target_spec(target), data, output, checkpoint_dir=checkpoint_dir, resume=resume)
     if stages.shows_usage_after_training:
         show_usage(output, target_spec(target), stages)
@@ -279,6 +293,7 @@ def evaluate(
     raw: bool = options.raw(),
     as_json: bool = options.as_json("the evaluation"),
     device: str = options.device(),
+    weights: str = options.weights(),
 ) -> None:
     """Top-1 agreement and mean accepted tokens of a draft (and of its initialisation) on held-out prompts."""
     from ..errors import SpecdecError
@@ -293,7 +308,7 @@ def evaluate(
     stages = stages_for_draft(directory)
     stages.check_held_out(data)
     target = target or usable_target(stages.recorded_target(directory))
-    loaded = load_target(target, device, "float32")
+    loaded = load_target(target, device, "float32", weights)
     spec = target_spec(target)
     chosen, source = stages.held_out(loaded, spec, draft_model, data, prompts, suite, limit, max_prompts, raw)
     evaluation = stages.evaluate(loaded, spec, draft_model, chosen, source, baseline=not no_baseline,

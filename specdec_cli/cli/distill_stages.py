@@ -23,21 +23,37 @@ STUDENT_DRAFT_MAX = 6  # the chains a student is evaluated with
 EVAL_PROMPTS = 18  # held-out prompts a draft is evaluated on by default, spread over their categories
 
 
-def load_target(target: str, device: str = "auto", dtype: str = "auto") -> Any:
+def load_target(target: str, device: str = "auto", dtype: str = "auto", weights: str = "auto") -> Any:
     from ..models import load_target as load
 
     status = err_console().status("Loading model…")
     with status:
-        return load(target, device, dtype, on_status=lambda message: status.update(message))
+        return load(target, device, dtype, on_status=lambda message: status.update(message), weights=weights)
 
 
 def progress_bars(*fields: str) -> Any:
+    """One progress line on stderr in a terminal; nothing at all where stderr is a file or a pipe."""
     from rich import progress as bars
 
     columns = [bars.TextColumn("[bold]{task.description}"), bars.BarColumn(), bars.MofNCompleteColumn()]
     columns += [bars.TextColumn(f"{{task.fields[{name}]}}") for name in fields]
     columns += [bars.TimeElapsedColumn(), bars.TextColumn("eta"), bars.TimeRemainingColumn()]
-    return bars.Progress(*columns, console=err_console(), transient=False)
+    return bars.Progress(*columns, console=err_console(), transient=False, disable=not err_console().is_terminal)
+
+
+def tell(text: str) -> None:
+    """One message on stderr, one line however long (a terminal wraps it; a log keeps it whole)."""
+    err_console().print(text, soft_wrap=True)
+
+
+def notes(progress: Any) -> Callable[[str], None]:
+    """Print a library's messages above a progress line; where stderr is not a terminal, leave out its notes of
+    progress (those that end with "…"), as the bar itself is left out."""
+    def say(message: str) -> None:
+        if progress.console.is_terminal or not message.endswith("…"):
+            progress.console.print(message, soft_wrap=True)
+
+    return say
 
 
 def check_data(loaded: Any, target_spec: str, data: str, allow_empty: bool) -> None:
@@ -112,8 +128,8 @@ def answering_progress(total: int, data: str, starting: str = "") -> Iterator[Ca
 
 def report_answers(summary: Any) -> Any:
     for warning in summary.warnings:
-        err_console().print(f"[yellow]warning:[/yellow] {warning}")
-    err_console().print(
+        tell(f"[yellow]warning:[/yellow] {warning}")
+    tell(
         f"{summary.path}: {summary.written} new rows ({summary.new_tokens:,} tokens, {summary.tokens_per_second:.1f} "
         f"tok/s), {summary.skipped} already answered, {summary.rows} rows in all"
     )
@@ -136,7 +152,7 @@ def scoring_progress(total: int) -> Iterator[tuple[Callable[[Any], None], Callab
                             info=f"{update.label}: tau {update.score.mean_accepted_tokens:.2f}, "
                                  f"agreement {update.score.agreement:.0%}")
 
-        yield on_progress, progress.console.print
+        yield on_progress, notes(progress)
 
 
 @dataclass(frozen=True)
@@ -192,10 +208,10 @@ class StudentStages:
 
             result = train_draft(loaded.model, loaded.tokenizer, target_spec, data, output, self.config,
                                  checkpoint_dir=checkpoint_dir, resume=resume, on_progress=on_progress,
-                                 on_status=lambda message: progress.console.print(message))
+                                 on_status=notes(progress))
         first = "-" if result.first_loss is None else f"{result.first_loss:.3f}"
         final = "-" if result.final_loss is None else f"{result.final_loss:.3f}"
-        err_console().print(
+        tell(
             f"Trained {result.steps} steps in {result.seconds:.0f} s ({result.train_rows} rows, "
             f"{result.held_out_rows} held out, {result.parameters / 1e6:.1f} M parameters): loss {first} -> {final}; "
             f"saved {result.output}"
@@ -268,10 +284,10 @@ class HeadStages:
             with doing("training the head", "the head was not written (--resume continues from the last checkpoint)"):
                 report = build_eagle_head(loaded.model, loaded.tokenizer, target_spec, output, data,
                                           list(self.corpus), self.config, on_progress, checkpoint_dir=checkpoint_dir,
-                                          resume=resume, on_status=lambda message: progress.console.print(message))
+                                          resume=resume, on_status=notes(progress))
         before, after = report["top1_agreement_before"], report["top1_agreement_after"]
         agreement = "" if after is None else f"; held-out top-1 agreement {before:.1%} -> {after:.1%}"
-        err_console().print(f"Trained an EAGLE head: {report['steps']} steps in {report['seconds']:.0f} s on "
+        tell(f"Trained an EAGLE head: {report['steps']} steps in {report['seconds']:.0f} s on "
                             f"{report['train_tokens']:,} tokens ({report['answer_tokens']:,} from answers, "
                             f"{report['corpus_tokens']:,} from corpora){agreement}; saved {output}")
 
@@ -335,5 +351,8 @@ def show_evaluation(evaluation: dict, draft_dir: str) -> None:
 def show_usage(draft_dir: str, target_spec: str, stages: StudentStages | HeadStages) -> None:
     target = "" if target_spec == DEFAULT_TARGET else f" --target {target_spec}"
     console().print("\nUse the draft:")
-    console().print(f"  specdec chat{target} --drafter {stages.drafter} --draft-model {draft_dir} --prompt \"...\"")
-    console().print(f"  specdec bench{target} --drafters none,{stages.bench_methods} --draft-model {draft_dir}")
+    # whole commands, one a line, to copy (markup off: a path may hold brackets)
+    console().print(f"  specdec chat{target} --drafter {stages.drafter} --draft-model {draft_dir} --prompt \"...\"",
+                    soft_wrap=True, markup=False)
+    console().print(f"  specdec bench{target} --drafters none,{stages.bench_methods} --draft-model {draft_dir}",
+                    soft_wrap=True, markup=False)

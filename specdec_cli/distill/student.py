@@ -54,16 +54,12 @@ def build_student(target: Any, spec: dict, target_fingerprint: str = "", target_
     if kind == "target":
         if layers > total:
             raise SpecdecError(f"layers {layers}: the target has only {total} blocks", setting="layers")
-        config = _with(base, num_hidden_layers=layers)
+        state = kept_weights(target, layers)
+        tied = _tied(target, state)
+        if tied and "lm_head.weight" in state:  # one tensor, the embeddings (as a dense target holds it)
+            state["lm_head.weight"] = target.get_input_embeddings().weight.detach().float()
+        config = _with(base, num_hidden_layers=layers, tie_word_embeddings=tied)
         student = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        state = {}
-        for name, tensor in target.state_dict().items():
-            parts = name.split(".")
-            if "layers" in parts:
-                index = parts.index("layers")
-                if index + 1 < len(parts) and parts[index + 1].isdigit() and int(parts[index + 1]) >= layers:
-                    continue
-            state[name] = tensor.detach().float()
         missing, unexpected = student.load_state_dict(state, strict=False)
         missing = [name for name in missing if "rotary" not in name]
         if missing or unexpected:
@@ -105,6 +101,41 @@ def build_student(target: Any, spec: dict, target_fingerprint: str = "", target_
                 _, _, basis = torch.linalg.svd(weight, full_matrices=False)
                 head.weight.copy_(weight @ basis[:hidden].T)
     return student
+
+
+def kept_weights(target: Any, layers: int) -> dict:
+    """The target's weights a student of its first `layers` blocks keeps, float32 under their state-dict names.
+    Block layers (`--weights gguf`, `int8`, `int4`: quant.BlockLinear, whose blocks are not in the state dict)
+    are dequantised: the student starts from the target as it runs, whatever its weights."""
+    from ..quant import BlockLinear
+
+    def kept(name: str) -> bool:
+        parts = name.split(".")
+        if "layers" in parts:
+            index = parts.index("layers")
+            if index + 1 < len(parts) and parts[index + 1].isdigit() and int(parts[index + 1]) >= layers:
+                return False
+        return True
+
+    state = {name: tensor.detach().float() for name, tensor in target.state_dict().items() if kept(name)}
+    for name, module in target.named_modules():
+        if isinstance(module, BlockLinear) and kept(f"{name}.weight"):
+            state[f"{name}.weight"] = module.blocks().dense()  # [out, in] (not `.weight`: it keeps a copy)
+            if module.bias is not None:
+                state[f"{name}.bias"] = module.bias.detach().float()
+    return state
+
+
+def _tied(target: Any, state: dict) -> bool:
+    """Whether the student ties its head to its embeddings: as the target's config says, or, where the target's
+    head became a block layer (quant.install_blocks unties it), when that head holds the embeddings (a GGUF's
+    tied head is the same tensor)."""
+    tied = bool(getattr(target.config, "tie_word_embeddings", False))
+    head, embeddings = state.get("lm_head.weight"), target.get_input_embeddings().weight.detach().float()
+    if tied or head is None or head.shape != embeddings.shape:
+        return tied
+    tolerance = 1e-5 * (1.0 + float(embeddings.abs().max()))
+    return bool((head - embeddings).abs().max() <= tolerance)
 
 
 @dataclass(frozen=True)

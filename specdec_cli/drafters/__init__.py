@@ -149,6 +149,9 @@ def _check_files(name: str, options: DrafterOptions) -> None:
         if not (folder / "config.json").is_file():
             state = "no such directory" if not folder.exists() else "not a model directory (no config.json)"
             raise SpecdecError(f"draft_model {options.draft_model}: {state}", setting="draft_model")
+        from ..models import refuse_pickled_weights
+
+        refuse_pickled_weights(folder, f"draft_model {options.draft_model}", "draft_model")
 
 
 EAGLE_MIN_PROB = 0.1  # eagle's default --draft-min-prob in chat and bench (drafters/eagle.py, docs/measurements.md)

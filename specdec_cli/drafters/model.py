@@ -308,6 +308,9 @@ def load_draft_model(directory: str, target: Any, device: Any = "cpu", dtype: An
         raise SpecdecError(f"draft_model {directory}: no such directory", setting="draft_model")
     if not path.is_dir() or not (path / "config.json").is_file():
         raise SpecdecError(f"draft_model {directory}: not a model directory (no config.json)", setting="draft_model")
+    from ..models import refuse_pickled_weights
+
+    refuse_pickled_weights(path, f"draft_model {directory}", "draft_model")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -320,7 +323,7 @@ def load_draft_model(directory: str, target: Any, device: Any = "cpu", dtype: An
         except Exception:  # a model directory with a broken tokenizer: the vocabulary check still applies
             tokenizer = None
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32, use_safetensors=True)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SpecdecError(f"draft_model {directory}: cannot load the model: {first}", setting="draft_model") from exc
