@@ -260,11 +260,12 @@ class LlamaServer:
             try:
                 self._wait_healthy()
                 return
-            except LlamaServerError:
-                lost_port = any("bind" in line.lower() for line in self.log_tail())
+            except LlamaServerError as error:
+                lost_port = any("bind" in line.lower() for line in error.log_tail)
                 if not lost_port or attempt == 2:
                     raise
-                self.stop(keep_log=False)
+                if error.log_path:
+                    os.unlink(error.log_path)
 
     def _spawn(self, port: int) -> None:
         handle, self.log_path = tempfile.mkstemp(prefix="specdec-llama-server-", suffix=".log")
@@ -326,6 +327,7 @@ class LlamaServer:
         tail = self.log_tail()
         path = self.log_path
         self.stop(keep_log=True)
+        self.log_path = None  # the error names it; nothing here removes it
         where = f" (its log: {path})" if path else ""
         return LlamaServerError(message + where, tail, path)
 
@@ -487,7 +489,7 @@ def plan(methods: Sequence[Any], binary: Optional[str], gguf_path: Optional[str]
     every spawned row when there is no binary or the target is not a GGUF. Errors (one line): a --llama-server
     PATH that is not an executable file, a URL where no llama.cpp server answers (when `probe_urls`)."""
     rows = ServerRows()
-    wanted = [method for method in methods if is_server_name(method.name)]
+    wanted = [method for method in methods if method.kind == LLAMA_SERVER]
     spawned = [method for method in wanted if not method.url]
     path: Optional[str] = None
     if spawned or binary:
