@@ -294,7 +294,8 @@ def server_lines(document: dict) -> list[str]:
     for name, info in servers.items():
         where = "started here" if info.get("started_here") else "already running"
         spec = info.get("speculative_types") or info.get("spec_type") or "none"
-        threads = f", {info['threads']} threads" if info.get("threads") else ""
+        count = info.get("threads")
+        threads = f", {count} thread{'s' if count != 1 else ''}" if count else ""
         lines.append(f"{name}: llama.cpp's server at {info.get('url')} ({where}{threads}; speculative: {spec}); "
                      f"timed by its own timings (prompt_ms + predicted_ms); compared by {info.get('tokens_from')}")
         if info.get("prompt_tokens_reused"):
@@ -302,7 +303,7 @@ def server_lines(document: dict) -> list[str]:
     overall = [row for row in document["results"] if row["category"] == "overall"
                and row.get("decode_tokens_per_second") is not None]
     if overall:
-        lines.append("tokens/s without the prompt (tokens after the first ÷ the time after it; llama-server: "
+        lines.append("tokens/s without the prompt (new tokens ÷ the time after the first; llama-server: "
                      "predicted_n ÷ predicted_ms): " + ", ".join(f"{row['method']} {row['decode_tokens_per_second']:.1f}"
                                                              for row in overall))
     return lines
