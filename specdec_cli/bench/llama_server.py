@@ -226,6 +226,8 @@ class LlamaServer:
     spec_types: Optional[str] = None  # what the server says it decodes with ("none", "ngram-mod"), if it says
     tokens_from: str = "server token ids"  # or "text" (a server that returns no ids)
     prompt_tokens_reused: int = 0  # cache_n over all requests (0 with cache_prompt off)
+    timed_seconds: float = 0.0  # llama.cpp's prompt_ms + predicted_ms over all requests
+    request_seconds: float = 0.0  # the wall time around those requests (HTTP and JSON included)
 
     @property
     def started_here(self) -> bool:
@@ -393,6 +395,8 @@ class LlamaServer:
         prompt_s, predicted_s = timings["prompt_ms"] / 1000.0, timings["predicted_ms"] / 1000.0
         drafted = timings.get("draft_n")
         accepted = timings.get("draft_n_accepted")
+        self.timed_seconds += prompt_s + predicted_s
+        self.request_seconds += wall
         return ServerTurn(tokens, prompt_s + predicted_s, prompt_s, finish,
                           int(drafted) if drafted is not None else (0 if self.spec_type else None),
                           int(accepted) if accepted is not None else (0 if self.spec_type else None), wall)
@@ -412,6 +416,8 @@ class LlamaServer:
             "tokens_from": self.tokens_from,
             "prompt_tokens_reused": self.prompt_tokens_reused,
             "timing": "llama.cpp's timings: prompt_ms + predicted_ms per request",
+            "timed_seconds": round(self.timed_seconds, 6),  # warm-up included
+            "request_seconds": round(self.request_seconds, 6),
         }
 
 
