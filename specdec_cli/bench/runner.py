@@ -19,7 +19,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Sequence
 
 from ..errors import SpecdecError
 from ..prompts import Conversation, categories_of
@@ -38,6 +38,9 @@ from .methods import (
 from .metrics import TurnRun, aggregate, per_prompt_rows
 from .report import BenchReport
 from .settings import BenchSettings
+
+if TYPE_CHECKING:
+    from .llama_server import ServerRows
 
 
 @dataclass
@@ -96,8 +99,9 @@ def run_bench(
         if reason is not None:  # optional rows: the bench runs without them, and says why
             skipped = {method.name: reason for method in settings.methods if method.kind == LLAMA_CPP_KIND}
             settings = replace(settings, methods=[m for m in settings.methods if m.kind != LLAMA_CPP_KIND])
-    servers = llama_server.plan(settings.methods, settings.llama_server, gguf_path, reference_threads(model),
-                                probe_urls=False)
+    wants_servers = any(method.kind == LLAMA_SERVER_KIND for method in settings.methods)
+    servers = llama_server.plan(settings.methods, settings.llama_server, gguf_path,
+                                reference_threads(model) if wants_servers else 1, probe_urls=False)
     if servers.skipped:  # no binary, or not a GGUF target: the bench runs without these rows, and says why
         skipped.update(servers.skipped)
         settings = replace(settings, methods=[m for m in settings.methods if m.name not in servers.skipped])
@@ -109,7 +113,8 @@ def run_bench(
         servers.stop()
 
 
-def _run(model: Any, tokenizer: Any, conversations: Sequence[Conversation], settings: BenchSettings, servers: Any,
+def _run(model: Any, tokenizer: Any, conversations: Sequence[Conversation], settings: BenchSettings,
+         servers: "ServerRows",
          skipped: dict, started: datetime, *, model_name: Optional[str], device: Optional[str], dtype: Any,
          suite: str, on_progress: Optional[ProgressCallback], gguf_path: Optional[str]) -> BenchReport:
     runner = _Runner(model, tokenizer, settings, gguf_path, servers.servers)
