@@ -29,7 +29,7 @@ install-llama: install
 # Optional: llama.cpp's own `llama-server` and `llama-bench` for `bench --reference llama-server`, built with cmake
 # from the llama.cpp inside the llama-cpp-python sdist (the same llama.cpp as `make install-llama`; no network needed
 # beyond PyPI: no web UI download, no curl, no OpenSSL) and installed into .venv/bin. cmake comes from PyPI into the
-# venv where none is on PATH. -march=native: the binaries are for this machine. About 10 minutes on 2 cores.
+# venv where none is on PATH. -march=native: the binaries are for this machine. 5-10 minutes on 2 cores.
 LLAMA_CPP_PYTHON := 0.3.36
 LLAMA_BUILD      ?= build/llama-server
 LLAMA_JOBS       ?= 2
