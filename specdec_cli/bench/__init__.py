@@ -8,6 +8,7 @@ The package, one concept a module:
 - settings.py: `BenchSettings`, checked before the model loads;
 - runner.py: `run_bench`, every method on every conversation, interleaved, after a warm-up;
 - hf_reference.py: transformers' own `generate` and prompt lookup, timed like the engine;
+- llama_cpp.py, llama_server.py: llama.cpp's rows, through its Python binding and through its own server binary;
 - metrics.py: tokens/s, speedup, tau, acceptance, identity, per category and overall (`ResultRow`);
 - environment.py: the machine, the software and the verify-cost curve the engine planned with;
 - report.py: `BenchReport` and its JSON and CSV files.
@@ -15,6 +16,7 @@ The package, one concept a module:
 Nothing here prints or imports Typer or Rich (cli/bench_cmd.py renders); torch is imported inside functions.
 """
 
+from .llama_server import plan as llama_server_rows
 from .methods import (
     BASELINE,
     DEFAULT_ORACLE_LENGTHS,
@@ -33,6 +35,7 @@ from .settings import BenchSettings
 __all__ = [
     "BASELINE", "DEFAULT_ORACLE_LENGTHS", "OVERALL", "REFERENCES", "RESULT_FIELDS", "BenchReport", "BenchSettings",
     "Method", "ProgressEvent", "ResultRow", "TurnRun", "aggregate", "csv_text",
-    "first_divergence", "parse_lengths", "per_prompt_rows", "resolve_methods", "run_bench", "split_names",
+    "first_divergence", "llama_server_rows", "parse_lengths", "per_prompt_rows", "resolve_methods", "run_bench",
+    "split_names",
     "to_json_text", "write_csv", "write_json",
 ]

@@ -4,7 +4,9 @@
 oracle rows (`oracle-K`: a drafter replaying the baseline's answer in K-token drafts, the ceiling at that
 length) and the reference rows (`native`: plain decoding on the model's own kernels where verification is
 row-invariant; `hf`: transformers' own `generate`; `hf-pld`: its prompt lookup decoding; `llama.cpp`: llama.cpp's
-plain decoding of the same GGUF; `llama.cpp-pld`: its prompt lookup decoding).
+plain decoding of the same GGUF through its Python binding; `llama.cpp-pld`: the binding's prompt lookup decoding;
+`llama-server`: llama.cpp's own server binary, plainly or with `llama-server:TYPE` its n-gram speculative decoding,
+or a server already running at `http://HOST:PORT`).
 Names only: nothing here loads a model or runs anything.
 """
 
@@ -15,6 +17,7 @@ from typing import Optional, Sequence
 
 from ..drafters import DRAFTERS, is_drafter
 from ..errors import SpecdecError
+from .llama_server import LLAMA_SERVER, SPEC_TYPES, is_server_name, is_url, parse_url
 
 BASELINE = "none"
 NATIVE = "native"  # plain decoding with the model's own kernels, where verification is row-invariant
@@ -23,11 +26,18 @@ REFERENCES = {
             "the fastest plain decoding in this dtype; added by itself when verification is row-invariant",
     "hf": "transformers generate, greedy: plain decoding outside specdec",
     "hf-pld": "transformers prompt lookup decoding, prompt_lookup_num_tokens=10",
-    "llama.cpp": "llama.cpp's plain greedy decoding of the same GGUF (llama-cpp-python; skipped when absent)",
-    "llama.cpp-pld": "llama.cpp's prompt lookup decoding (llama-cpp-python's LlamaPromptLookupDecoding, 10 tokens)",
+    "llama.cpp": "llama.cpp's plain greedy decoding of the same GGUF through its Python binding (llama-cpp-python; "
+                 "skipped when absent)",
+    "llama.cpp-pld": "the Python binding's prompt lookup decoding (llama-cpp-python's LlamaPromptLookupDecoding, "
+                     "10 tokens)",
+    LLAMA_SERVER: "llama.cpp's own server (the llama-server binary) decoding the same GGUF plainly, timed by its "
+                  "own per-request timings (skipped when the binary is absent)",
+    **{f"{LLAMA_SERVER}:{kind}": f"llama-server with --spec-type {kind} (its n-gram speculative decoding)"
+       for kind in SPEC_TYPES},
 }
 LLAMA_CPP_KIND = "llama.cpp"
-EXTERNAL_KINDS = ("hf", LLAMA_CPP_KIND)  # rows decoded outside specdec's engine
+LLAMA_SERVER_KIND = LLAMA_SERVER
+EXTERNAL_KINDS = ("hf", LLAMA_CPP_KIND, LLAMA_SERVER_KIND)  # rows decoded outside specdec's engine
 HF_PLD_TOKENS = 10
 ORACLE = "oracle"
 DEFAULT_MAX_NEW_TOKENS = 128  # bench answers are shorter than chat's
@@ -39,10 +49,11 @@ OVERALL = "overall"
 
 @dataclass(frozen=True)
 class Method:
-    name: str  # the row label: none, pld, sam, oracle-8, hf, hf-pld, llama.cpp
-    kind: str  # "engine" (a registered drafter), "oracle", "native" (plain, own kernels), "hf" (generate) or
-    # "llama.cpp" (llama-cpp-python on the same GGUF)
+    name: str  # the row label: none, pld, sam, oracle-8, hf, hf-pld, llama.cpp, llama-server, llama-server@HOST:PORT
+    kind: str  # "engine" (a registered drafter), "oracle", "native" (plain, own kernels), "hf" (generate),
+    # "llama.cpp" (llama-cpp-python on the same GGUF) or "llama-server" (llama.cpp's server binary)
     draft_length: int = 0  # oracle: tokens per draft
+    url: str = ""  # llama-server rows at a server already running: its base URL
 
     @property
     def drafter(self) -> str:
@@ -83,26 +94,36 @@ def resolve_methods(
     `hf` and `hf-pld` may be named among the drafters or the references alike."""
     engine: list[str] = []
     refs: list[str] = []
+    urls: dict[str, str] = {}  # row name -> base URL of a llama.cpp server already running
     for name in [*drafters, *references]:
-        if name in REFERENCES:
+        if is_url(name):
+            url, name = parse_url(name)
+            urls[name] = url
+        if name in REFERENCES or name in urls:
             if name not in refs:
                 refs.append(name)
+        elif is_server_name(name):
+            choices = ", ".join(f"{LLAMA_SERVER}:{kind}" for kind in SPEC_TYPES)
+            raise SpecdecError(f"unknown llama-server mode {name!r}; choose from: {LLAMA_SERVER}, {choices}, "
+                               "or a server's address http://HOST:PORT")
         elif is_drafter(name):
             if name not in engine:
                 engine.append(name)
         elif name == ORACLE or name.startswith(ORACLE + "-"):
             raise SpecdecError("oracle rows come from --oracle (and --oracle-lengths), not from --drafters")
         else:
-            choices = ", ".join([*DRAFTERS, "sam+AUX", *REFERENCES])
+            choices = ", ".join([*DRAFTERS, "sam+AUX", *REFERENCES, "http://HOST:PORT"])
             raise SpecdecError(f"unknown method {name!r}; choose from: {choices}")
     names = [BASELINE] + [name for name in engine if name != BASELINE]
     methods = [Method(name, "engine") for name in names]
     methods += [Method(f"{ORACLE}-{length}", ORACLE, length) for length in oracle_lengths]
-    methods += [Method(name, reference_kind(name)) for name in refs]
+    methods += [Method(name, reference_kind(name), url=urls.get(name, "")) for name in refs]
     return methods
 
 
 def reference_kind(name: str) -> str:
     if name == NATIVE:
         return NATIVE
+    if name == LLAMA_SERVER or name.startswith((LLAMA_SERVER + ":", LLAMA_SERVER + "@")):
+        return LLAMA_SERVER_KIND
     return LLAMA_CPP_KIND if name.startswith(LLAMA_CPP_KIND) else "hf"

@@ -1,9 +1,12 @@
 """Bench metrics (Spec-Bench conventions, docs/methods.md section 8), per method, per category and overall
 (the pooled sum of every category), from the raw runs:
 
-tokens/s = new tokens / wall seconds (totals); speedup = tokens/s of the method / tokens/s of `none` on the
+tokens/s = new tokens / wall seconds (totals; llama-server rows: llama.cpp's own prompt_ms + predicted_ms);
+tokens/s without the prompt = new tokens / (seconds - time to first token) (llama-server: predicted_n /
+predicted_ms); speedup = tokens/s of the method / tokens/s of `none` on the
 same prompts; speedup over the fastest plain decoding = the same against the best of `none`, `native`, `hf`
-and `llama.cpp`; speedup over llama.cpp = the same against llama.cpp's plain decoding; mean accepted
+and `llama.cpp` (and llama-server's plain row); speedup over llama.cpp = the same against llama.cpp's plain
+decoding through its Python binding, over llama-server against its server's plain decoding; mean accepted
 tokens (tau) = tokens committed per target forward, the target's own token included; acceptance rate =
 accepted / drafted tokens; per-position acceptance from pooled counts (stats.merge); shares of the wall time
 spent drafting and verifying (the prefill counts as verifying); mean time to first token; for greedy runs,
@@ -41,6 +44,8 @@ class TurnRun:
     ttft_seconds: Optional[float]
     finish_reason: str
     stats: Optional[GenerationStats] = None  # engine methods only
+    drafted_tokens: Optional[int] = None  # drafted and accepted tokens as an outside engine counts them
+    accepted_tokens: Optional[int] = None  # (llama-server's n-gram rows: timings.draft_n, draft_n_accepted)
 
 
 @dataclass
@@ -71,6 +76,8 @@ class ResultRow:
     accepted_tokens: Optional[float] = None
     speedup_vs_fastest_plain: Optional[float] = None  # tokens/s over the best plain row's (none, native, hf, llama.cpp)
     speedup_vs_llama_cpp: Optional[float] = None  # tokens/s over llama.cpp's plain decoding of the same GGUF
+    decode_tokens_per_second: Optional[float] = None  # without the prompt: tokens / (seconds - time to first token)
+    speedup_vs_llama_server: Optional[float] = None  # tokens/s over llama-server's plain decoding
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -117,6 +124,28 @@ def _pooled_stats(runs: Sequence[TurnRun]) -> Optional[GenerationStats]:
     return merge(run.stats for run in runs if run.stats is not None)
 
 
+def decode_rate(runs: Sequence[TurnRun]) -> Optional[float]:
+    """Tokens per second without the prompt: new tokens / (seconds - time to first token), pooled; None when a
+    run has no time to first token."""
+    if not runs or any(run.ttft_seconds is None for run in runs):
+        return None
+    return _ratio(sum(len(run.tokens) for run in runs),
+                  sum(run.seconds - (run.ttft_seconds or 0.0) for run in runs))
+
+
+def _outside_counts(runs: Sequence[TurnRun]) -> tuple[Optional[int], Optional[int]]:
+    """(drafted, accepted) tokens as an outside engine counted them; (None, None) when none did."""
+    counted = [run for run in runs if run.drafted_tokens is not None]
+    if not counted:
+        return None, None
+    return sum(run.drafted_tokens or 0 for run in counted), sum(run.accepted_tokens or 0 for run in counted)
+
+
+def _outside_rate(runs: Sequence[TurnRun]) -> Optional[float]:
+    drafted, accepted = _outside_counts(runs)
+    return _ratio(accepted or 0, drafted) if drafted else None
+
+
 def _identity(runs: Sequence[TurnRun], references: dict[tuple[int, int], list[int]]) -> tuple[int, int]:
     """(identical, compared) over distinct outputs (conversation, turn); an output is identical when every
     repeat of it equals the baseline's first repeat."""
@@ -137,9 +166,12 @@ def _round(value: Any, digits: int = 6) -> Any:
 
 
 def aggregate(
-    runs: Sequence[TurnRun], methods: Sequence[str], categories: Sequence[str], repeats: int, greedy: bool
+    runs: Sequence[TurnRun], methods: Sequence[str], categories: Sequence[str], repeats: int, greedy: bool,
+    llama_server_plain: Optional[str] = None,
 ) -> list["ResultRow"]:
-    """One row per (category, method), categories in suite order, then the `overall` rows."""
+    """One row per (category, method), categories in suite order, then the `overall` rows. `llama_server_plain`
+    names the row of llama-server's plain decoding (the base of `speedup_vs_llama_server`), if one ran."""
+    plain_methods = PLAIN_METHODS + ((llama_server_plain,) if llama_server_plain else ())
     references = _references(runs)
     rows = []
     for category in [*categories, OVERALL]:
@@ -157,14 +189,18 @@ def aggregate(
     for category in [*categories, OVERALL]:
         in_category = [row for row in rows if row.category == category]
         plain = [row.tokens_per_second for row in in_category
-                 if row.method in PLAIN_METHODS and row.tokens_per_second is not None]
+                 if row.method in plain_methods and row.tokens_per_second is not None]
         llama = [row.tokens_per_second for row in in_category if row.method == LLAMA_CPP and row.tokens_per_second]
+        server = [row.tokens_per_second for row in in_category
+                  if llama_server_plain and row.method == llama_server_plain and row.tokens_per_second]
         for row in in_category:
             if row.tokens_per_second is not None:
                 if plain:
                     row.speedup_vs_fastest_plain = _round(row.tokens_per_second / max(plain))
                 if llama:
                     row.speedup_vs_llama_cpp = _round(row.tokens_per_second / llama[0])
+                if server:
+                    row.speedup_vs_llama_server = _round(row.tokens_per_second / server[0])
     return rows
 
 
@@ -187,6 +223,7 @@ def _result_row(method, category, group, base, base_tps, repeats, greedy, refere
     pooled = _pooled_stats(group)
     ttfts = [run.ttft_seconds for run in group if run.ttft_seconds is not None]
     identical, compared = _identity(group, references) if greedy else (None, None)
+    drafted, accepted = (None, None) if pooled else _outside_counts(group)
     row = {
         "method": method,
         "category": category,
@@ -199,7 +236,8 @@ def _result_row(method, category, group, base, base_tps, repeats, greedy, refere
         "speedup": speedup,
         "speedup_std": _std(repeat_speedups),
         "mean_accepted_tokens": _ratio(pooled.committed_in_steps, pooled.steps) if pooled else None,
-        "acceptance_rate": _ratio(pooled.accepted_tokens, pooled.drafted_tokens) if pooled else None,
+        "acceptance_rate": (_ratio(pooled.accepted_tokens, pooled.drafted_tokens) if pooled else
+                            _ratio(accepted or 0, drafted) if drafted else None),
         "per_position_acceptance": pooled.per_position_acceptance if pooled else [],
         "draft_share": _ratio(pooled.draft_seconds, total_seconds) if pooled else None,
         "verify_share": _ratio(pooled.verify_seconds, total_seconds) if pooled else None,
@@ -207,8 +245,11 @@ def _result_row(method, category, group, base, base_tps, repeats, greedy, refere
         "identical": identical,
         "compared": compared,
         "steps": _mean_count(pooled.steps, repeats) if pooled else None,
-        "drafted_tokens": _mean_count(pooled.drafted_tokens, repeats) if pooled else None,
-        "accepted_tokens": _mean_count(pooled.accepted_tokens, repeats) if pooled else None,
+        "drafted_tokens": (_mean_count(pooled.drafted_tokens, repeats) if pooled else
+                           _mean_count(drafted, repeats) if drafted is not None else None),
+        "accepted_tokens": (_mean_count(pooled.accepted_tokens, repeats) if pooled else
+                            _mean_count(accepted, repeats) if accepted is not None else None),
+        "decode_tokens_per_second": decode_rate(group),
     }
     return ResultRow(**{key: _round(value) for key, value in row.items()})
 
@@ -250,11 +291,13 @@ def per_prompt_rows(runs: Sequence[TurnRun], methods: Sequence[str], greedy: boo
             "new_tokens": _mean_count(tokens, len(group)),
             "seconds": seconds / len(group),
             "tokens_per_second": tps,
+            "decode_tokens_per_second": decode_rate(group),
             "speedup": 1.0 if method == BASELINE else (tps / base if tps is not None and base else None),
             "ttft_seconds": statistics.fmean(ttfts) if ttfts else None,
             "steps": _mean_count(pooled.steps, len(group)) if pooled else None,
             "mean_accepted_tokens": _ratio(pooled.committed_in_steps, pooled.steps) if pooled else None,
-            "acceptance_rate": _ratio(pooled.accepted_tokens, pooled.drafted_tokens) if pooled else None,
+            "acceptance_rate": (_ratio(pooled.accepted_tokens, pooled.drafted_tokens) if pooled else
+                                _outside_rate(group)),
             "finish_reason": first.finish_reason,
             "identical": identical,
             "first_divergence": divergence,

@@ -19,16 +19,28 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Sequence
 
 from ..errors import SpecdecError
 from ..prompts import Conversation, categories_of
 from .environment import cost_curve_table, environment, model_dtype, model_name_of
 from .hf_reference import hf_generate, synchronize
-from .methods import BASELINE, EXTERNAL_KINDS, LLAMA_CPP_KIND, NATIVE, ORACLE, WARMUP_MAX_NEW_TOKENS, Method
+from .methods import (
+    BASELINE,
+    EXTERNAL_KINDS,
+    LLAMA_CPP_KIND,
+    LLAMA_SERVER_KIND,
+    NATIVE,
+    ORACLE,
+    WARMUP_MAX_NEW_TOKENS,
+    Method,
+)
 from .metrics import TurnRun, aggregate, per_prompt_rows
 from .report import BenchReport
 from .settings import BenchSettings
+
+if TYPE_CHECKING:
+    from .llama_server import ServerRows
 
 
 @dataclass
@@ -45,6 +57,18 @@ class ProgressEvent:
 ProgressCallback = Callable[[ProgressEvent], None]
 
 
+class Generated(NamedTuple):
+    """One generation as a row's engine reports it."""
+
+    tokens: list[int]
+    seconds: float
+    ttft: Optional[float]
+    finish: str
+    stats: Any = None  # GenerationStats of specdec's engine rows
+    drafted: Optional[int] = None  # drafted / accepted tokens as an outside engine counts them (llama-server)
+    accepted: Optional[int] = None
+
+
 def run_bench(
     model: Any,
     tokenizer: Any,
@@ -59,7 +83,10 @@ def run_bench(
     gguf_path: Optional[str] = None,
 ) -> BenchReport:
     """Run every method on every conversation (interleaved) and aggregate; `suite` names the prompts' source,
-    `gguf_path` the file the target was loaded from (llama.cpp's rows read it; without it they are skipped)."""
+    `gguf_path` the file the target was loaded from (llama.cpp's rows read it; without it they are skipped).
+    llama-server rows start their servers before the warm-up; every server started is stopped on the way out
+    (errors and Ctrl-C included)."""
+    from . import llama_server
     from .llama_cpp import unavailable
 
     settings.check()
@@ -72,7 +99,25 @@ def run_bench(
         if reason is not None:  # optional rows: the bench runs without them, and says why
             skipped = {method.name: reason for method in settings.methods if method.kind == LLAMA_CPP_KIND}
             settings = replace(settings, methods=[m for m in settings.methods if m.kind != LLAMA_CPP_KIND])
-    runner = _Runner(model, tokenizer, settings, gguf_path)
+    wants_servers = any(method.kind == LLAMA_SERVER_KIND for method in settings.methods)
+    servers = llama_server.plan(settings.methods, settings.llama_server, gguf_path,
+                                reference_threads(model) if wants_servers else 1, probe_urls=False)
+    if servers.skipped:  # no binary, or not a GGUF target: the bench runs without these rows, and says why
+        skipped.update(servers.skipped)
+        settings = replace(settings, methods=[m for m in settings.methods if m.name not in servers.skipped])
+    try:
+        servers.start()
+        return _run(model, tokenizer, conversations, settings, servers, skipped, started, model_name=model_name,
+                    device=device, dtype=dtype, suite=suite, on_progress=on_progress, gguf_path=gguf_path)
+    finally:
+        servers.stop()
+
+
+def _run(model: Any, tokenizer: Any, conversations: Sequence[Conversation], settings: BenchSettings,
+         servers: "ServerRows",
+         skipped: dict, started: datetime, *, model_name: Optional[str], device: Optional[str], dtype: Any,
+         suite: str, on_progress: Optional[ProgressCallback], gguf_path: Optional[str]) -> BenchReport:
+    runner = _Runner(model, tokenizer, settings, gguf_path, servers.servers)
     if runner.engine.prepare(settings.budget) is not None and all(method.kind != NATIVE for method in settings.methods):
         # verification is row-invariant, which slows plain steps a little: also time the model's own kernels
         settings = replace(settings, methods=[*settings.methods, Method(NATIVE, NATIVE)])
@@ -106,7 +151,8 @@ def run_bench(
         on_progress(ProgressEvent(done, total, methods[-1].name, last.id, last.category, settings.repeats - 1, "done"))
 
     categories = categories_of(conversations)
-    results = aggregate(runs, [method.name for method in methods], categories, settings.repeats, settings.greedy)
+    results = aggregate(runs, [method.name for method in methods], categories, settings.repeats, settings.greedy,
+                        llama_server_plain=servers.plain_row())
     per_prompt = per_prompt_rows(runs, [method.name for method in methods], settings.greedy)
     env = environment(model_name or model_name_of(model), device or str(runner.device), dtype or model_dtype(model),
                       started)
@@ -119,6 +165,8 @@ def run_bench(
         conversations=len(conversations),
         turns=sum(len(conversation.turns) for conversation in conversations),
         references_skipped=skipped,
+        llama_servers=servers.report(),
+        llama_server_plain=servers.plain_row(),
     )
     if settings.options.memory:
         settings_json["memory"] = memory_report(settings.options.memory, runner.info.fingerprint,
@@ -153,12 +201,14 @@ def _curve_report(start: Optional[dict], end: Optional[dict]) -> Optional[dict]:
 class _Runner:
     """Holds the model, the engine and the per-conversation state (prompt ids, the baseline's answers)."""
 
-    def __init__(self, model: Any, tokenizer: Any, settings: BenchSettings, gguf_path: Optional[str] = None):
+    def __init__(self, model: Any, tokenizer: Any, settings: BenchSettings, gguf_path: Optional[str] = None,
+                 servers: Optional[dict] = None):
         from ..chat import target_info
         from ..engine import Engine
 
         self.gguf_path = gguf_path
         self.llama_cpp: dict[str, Any] = {}  # method name -> LlamaCpp, made on first use
+        self.servers: dict[str, Any] = servers or {}  # method name -> LlamaServer, started by run_bench
         self.model = model
         self.tokenizer = tokenizer
         self.settings = settings
@@ -229,26 +279,25 @@ class _Runner:
 
     def _llama_cpp(self, method: Method) -> Any:
         """llama.cpp on the target's GGUF, with as many threads as specdec computes with."""
-        from .. import kernels
-        from ..quant import block_layers
         from .llama_cpp import LLAMA_CPP_PLD, LlamaCpp
 
         if method.name not in self.llama_cpp:
-            import torch
-
-            threads = kernels.threads() if block_layers(self.model) else torch.get_num_threads()
-            self.llama_cpp[method.name] = LlamaCpp(str(self.gguf_path), threads, pld=method.name == LLAMA_CPP_PLD)
+            self.llama_cpp[method.name] = LlamaCpp(str(self.gguf_path), reference_threads(self.model),
+                                                   pld=method.name == LLAMA_CPP_PLD)
         return self.llama_cpp[method.name]
 
     # -- one generation ------------------------------------------------------------------------------------
 
-    def _generate(self, method: Method, prompt_ids: list[int], drafter: Any, config: Any):
-        """-> (tokens, seconds, ttft, finish_reason, stats)"""
+    def _generate(self, method: Method, prompt_ids: list[int], drafter: Any, config: Any) -> Generated:
         if method.kind == "hf":  # transformers' generate on the model's own kernels
             with self.engine.native_kernels():
-                return hf_generate(self.model, self.tokenizer, prompt_ids, config, pld=method.name == "hf-pld")
+                return Generated(*hf_generate(self.model, self.tokenizer, prompt_ids, config,
+                                              pld=method.name == "hf-pld"))
         if method.kind == LLAMA_CPP_KIND:
-            return self._llama_cpp(method).generate(prompt_ids, config)
+            return Generated(*self._llama_cpp(method).generate(prompt_ids, config))
+        if method.kind == LLAMA_SERVER_KIND:  # timed by llama.cpp's own per-request timings
+            turn = self.servers[method.name].generate(prompt_ids, config, self.tokenizer)
+            return Generated(turn.tokens, turn.seconds, turn.ttft, turn.finish, None, turn.drafted, turn.accepted)
         self._sync()
         started = time.perf_counter()
         with self.engine.native_kernels() if method.kind == NATIVE else nullcontext():
@@ -256,7 +305,7 @@ class _Runner:
         self._sync()
         seconds = time.perf_counter() - started
         stats = generation.stats
-        return generation.tokens, seconds, stats.ttft_seconds, generation.finish_reason, stats
+        return Generated(generation.tokens, seconds, stats.ttft_seconds, generation.finish_reason, stats)
 
     # -- a conversation ------------------------------------------------------------------------------------
 
@@ -277,12 +326,14 @@ class _Runner:
                 prompts.append(self._format(history))
             prompt_ids = prompts[turn]
             config = self._config(method, index, turn)
-            tokens, seconds, ttft, finish, stats = self._generate(method, prompt_ids, drafter, config)
+            result = self._generate(method, prompt_ids, drafter, config)
+            tokens = result.tokens
             if building:
                 history.append({"role": "assistant", "content": self._decode(tokens)})
                 self.references.setdefault(index, []).append(list(tokens))
             runs.append(TurnRun(method.name, index, conversation.id, conversation.category, turn, repeat,
-                                len(prompt_ids), list(tokens), seconds, ttft, finish, stats))
+                                len(prompt_ids), list(tokens), result.seconds, result.ttft, result.finish,
+                                result.stats, result.drafted, result.accepted))
         if building:
             self.prompt_ids[index] = prompts
         return runs
@@ -294,6 +345,18 @@ class _Runner:
         references = [self.warmup_reference] if self.warmup_reference else []
         drafter = None if method.kind in EXTERNAL_KINDS else self._drafter(method, references)
         self._fresh_learning()
-        tokens, *_ = self._generate(method, prompt_ids, drafter, config)
+        tokens = self._generate(method, prompt_ids, drafter, config).tokens
         if method.name == BASELINE:
             self.warmup_reference = list(tokens)
+
+
+def reference_threads(model: Any) -> int:
+    """Threads for llama.cpp's rows: as many as specdec computes with (its kernels', or torch's for dense)."""
+    from .. import kernels
+    from ..quant import block_layers
+
+    if block_layers(model):
+        return kernels.threads()
+    import torch
+
+    return torch.get_num_threads()

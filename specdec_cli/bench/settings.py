@@ -24,6 +24,7 @@ class BenchSettings:
     warmup: bool = True
     raw: bool = False  # prompts without the chat template
     exact: Optional[bool] = None  # row-invariant verification; None = on in 16-bit dtypes (engine.py)
+    llama_server: Optional[str] = None  # the llama-server binary for the llama-server rows; None = from PATH
 
     @property
     def greedy(self) -> bool:
@@ -75,6 +76,7 @@ class BenchSettings:
                                   (floor := min_prob_in_force(method.drafter, self.options)) is not None},
             "cost_aware": _default_cost_aware(),  # drafters' rows; oracle rows always verify whole drafts
             "batch_size": 1,
+            "llama_server_binary": self.llama_server,
         }
 
     @property

@@ -6,7 +6,8 @@ a Rich progress bar on stderr -> files (--json-out, --csv, --plot) and a Rich ta
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from contextlib import contextmanager
+from typing import Iterator, Literal, Optional
 
 import typer
 
@@ -27,7 +28,8 @@ def bench(
     categories: Optional[str] = typer.Option(None, "--categories", help="Keep only these categories, comma-separated (e.g. mt_bench,qa)."),
     limit: Optional[int] = options.limit(),
     drafters: str = options.drafters(DEFAULT_DRAFTERS),
-    reference: Optional[str] = typer.Option(None, "--reference", help="Reference rows, comma-separated: hf (transformers' greedy generate), hf-pld (its prompt lookup, 10 tokens), llama.cpp (llama.cpp's plain decoding of the same GGUF; needs llama-cpp-python), llama.cpp-pld (its prompt lookup)."),
+    reference: Optional[str] = typer.Option(None, "--reference", help="Reference rows, comma-separated: hf (transformers' greedy generate), hf-pld (its prompt lookup, 10 tokens), llama.cpp (llama.cpp's plain decoding of the same GGUF through its Python binding; needs llama-cpp-python), llama.cpp-pld (the binding's prompt lookup), llama-server (llama.cpp's own server binary on the same GGUF; `make install-llama-server`), llama-server:ngram-mod, llama-server:ngram-simple, llama-server:ngram-map-k (its n-gram speculative decoding), or http://HOST:PORT (a llama.cpp server already running)."),
+    llama_server: Optional[str] = typer.Option(None, "--llama-server", help="The llama-server binary for the llama-server rows (default: llama-server on PATH)."),
     oracle: bool = typer.Option(False, "--oracle", help="Add oracle rows that replay the baseline's own output: the ceiling speedup per draft length."),
     oracle_lengths: str = typer.Option("2,4,8,16", "--oracle-lengths", help="Draft lengths of the --oracle rows, comma-separated."),
     target: str = options.target(),
@@ -77,6 +79,7 @@ def bench(
         return
     from ..bench import (
         BenchSettings,
+        llama_server_rows,
         parse_lengths,
         resolve_methods,
         run_bench,
@@ -105,11 +108,13 @@ def bench(
         warmup=warmup,
         raw=raw,
         exact=exact,
+        llama_server=llama_server,
     )
     settings.check()
     source_file = resolve_target(target)
     check_weights(weights, source_file, pick_device(device), dtype)
     gguf_path = source_file.location if source_file.kind == "gguf" else None
+    llama_server_rows(methods, llama_server, gguf_path)  # a bad --llama-server, a URL that does not answer
     wanted = [name.strip() for name in (categories or "").split(",") if name.strip()]
     conversations = load_prompts(prompts, suite, categories=wanted, limit=limit)
     source = prompts or str(suite).strip().lower()
@@ -127,7 +132,7 @@ def bench(
     with status:
         loaded = load_target(target, device, dtype, on_status=lambda message: status.update(message),
                              weights=weights)
-    with doing("benchmarking", "no report was written"):
+    with doing("benchmarking", "no report was written"), server_log_on_failure():
         report = _run_with_progress(run_bench, loaded, conversations, settings, source, gguf_path)
     document = report.as_json()
     document["environment"]["dtype_choice"] = loaded.dtype_reason
@@ -151,6 +156,24 @@ def bench(
     for path in [json_path, csv_path, *written]:
         if path:
             err_console().print(f"[dim]wrote {path}[/dim]")
+
+
+@contextmanager
+def server_log_on_failure() -> Iterator[None]:
+    """A llama.cpp server that failed: the last lines of its log on stderr, then the one-line error."""
+    from rich.markup import escape
+
+    from ..bench.llama_server import LlamaServerError
+
+    try:
+        yield
+    except LlamaServerError as error:
+        if error.log_tail:
+            stderr = err_console()
+            stderr.print(f"[dim]the last lines of {error.log_path or 'its log'}:[/dim]", highlight=False)
+            for line in error.log_tail:
+                stderr.print(f"[dim]  {escape(line)}[/dim]", highlight=False, soft_wrap=True)
+        raise
 
 
 def _run_with_progress(run_bench, loaded, conversations, settings, source, gguf_path):
@@ -221,11 +244,12 @@ def curve_lines(document: dict) -> list[str]:
     return lines
 
 
-def fastest_plain_lines(results: list[dict]) -> list[str]:
+def fastest_plain_lines(results: list[dict], server_plain: Optional[str] = None) -> list[str]:
     """Where `none` is not the fastest plain decoding (row-invariant verification costs plain steps a little):
     by how much, and each drafter's speedup over the fastest plain row instead."""
     overall = {row["method"]: row for row in results if row["category"] == "overall"}
-    plain = {name: overall[name]["tokens_per_second"] for name in ("none", "native", "hf", "llama.cpp")
+    names = ("none", "native", "hf", "llama.cpp", *((server_plain,) if server_plain else ()))
+    plain = {name: overall[name]["tokens_per_second"] for name in names
              if name in overall and overall[name]["tokens_per_second"]}
     if "none" not in plain or max(plain, key=lambda name: plain[name]) == "none":
         return []
@@ -243,7 +267,46 @@ def llama_cpp_lines(results: list[dict]) -> list[str]:
     """Every row's speed against llama.cpp's plain decoding of the same GGUF, overall and per category."""
     rows = [row for row in results if row.get("speedup_vs_llama_cpp") is not None and row["method"] != "llama.cpp"]
     overall = [f"{row['method']} {row['speedup_vs_llama_cpp']:.2f}x" for row in rows if row["category"] == "overall"]
-    return ["speed over llama.cpp's plain decoding (overall): " + ", ".join(overall)] if overall else []
+    lines = ["speed over llama.cpp's plain decoding through its Python binding (overall): " + ", ".join(overall)] \
+        if overall else []
+    rows = [row for row in results if row.get("speedup_vs_llama_server") is not None and row["category"] == "overall"]
+    server = [f"{row['method']} {row['speedup_vs_llama_server']:.2f}x" for row in rows
+              if row["speedup_vs_llama_server"] != 1.0 or not is_server_row(row["method"])]
+    if server:
+        lines.append("speed over llama-server's plain decoding (overall): " + ", ".join(server))
+    return lines
+
+
+def is_server_row(name: str) -> bool:
+    return name == "llama-server" or name.startswith(("llama-server:", "llama-server@"))
+
+
+def is_binding_row(name: str) -> bool:
+    return name in ("llama.cpp", "llama.cpp-pld")
+
+
+def server_lines(document: dict) -> list[str]:
+    """What each llama-server row ran, and every row's speed without the prompt (llama.cpp's timings)."""
+    servers = document["settings"].get("llama_servers") or {}
+    if not servers:
+        return []
+    lines = []
+    for name, info in servers.items():
+        where = "started here" if info.get("started_here") else "already running"
+        spec = info.get("speculative_types") or info.get("spec_type") or "none"
+        count = info.get("threads")
+        threads = f", {count} thread{'s' if count != 1 else ''}" if count else ""
+        lines.append(f"{name}: llama.cpp's server at {info.get('url')} ({where}{threads}; speculative: {spec}); "
+                     f"timed by its own timings (prompt_ms + predicted_ms); compared by {info.get('tokens_from')}")
+        if info.get("prompt_tokens_reused"):
+            lines.append(f"{name}: {info['prompt_tokens_reused']} prompt tokens came from its cache")
+    overall = [row for row in document["results"] if row["category"] == "overall"
+               and row.get("decode_tokens_per_second") is not None]
+    if overall:
+        lines.append("tokens/s without the prompt (new tokens ÷ the time after the first; llama-server: "
+                     "predicted_n ÷ predicted_ms): " + ", ".join(f"{row['method']} {row['decode_tokens_per_second']:.1f}"
+                                                             for row in overall))
+    return lines
 
 
 def render(document: dict) -> None:
@@ -277,8 +340,9 @@ def render(document: dict) -> None:
         if greedy and row["identical"] is not None and row["identical"] < row["compared"]:
             identical = f"[yellow]{identical}[/yellow]"
         style = "bold" if row["category"] == "overall" else None
+        label = f"{row['method']} (binding)" if is_binding_row(row["method"]) else row["method"]
         table.add_row(
-            category, row["method"], str(row["prompts"]), str(row["new_tokens"]), cell(row["seconds"], ".1f"), tps,
+            category, label, str(row["prompts"]), str(row["new_tokens"]), cell(row["seconds"], ".1f"), tps,
             speedup, cell(row["mean_accepted_tokens"], ".2f"), cell(row["acceptance_rate"], ".0%"), shares,
             cell(None if row["ttft_seconds"] is None else row["ttft_seconds"] * 1000, ".0f", " ms"), identical,
             style=style,
@@ -289,6 +353,11 @@ def render(document: dict) -> None:
     out.print("[dim]speedup = tokens/s ÷ none's tokens/s on the same prompts · τ = tokens per target forward · "
               "Draft/Verify = share of wall time · Identical = outputs token-equal to none (greedy)[/dim]",
               soft_wrap=not out.is_terminal)
+    names = [row["method"] for row in document["results"] if row["category"] == "overall"]
+    if any(is_binding_row(name) for name in names) or any(is_server_row(name) for name in names):
+        out.print("[dim](binding) = llama.cpp through its Python binding, llama-cpp-python, timed around the call · "
+                  "llama-server = llama.cpp's own server binary, timed by its per-request timings[/dim]",
+                  soft_wrap=not out.is_terminal)
     remembered = document["settings"].get("memory")
     if remembered and remembered.get("answers_to_measured_prompts"):
         out.print(f"[yellow]memory: {remembered['answers_to_measured_prompts']} of its {remembered['answers']} answers "
@@ -296,10 +365,13 @@ def render(document: dict) -> None:
                   soft_wrap=not out.is_terminal)
     for name, reason in (document["settings"].get("references_skipped") or {}).items():
         out.print(f"[yellow]{name}: skipped: {reason}[/yellow]", soft_wrap=not out.is_terminal)
-    for line in llama_cpp_lines(document["results"]) + fastest_plain_lines(document["results"]):
+    server_plain = document["settings"].get("llama_server_plain")
+    for line in (llama_cpp_lines(document["results"]) + fastest_plain_lines(document["results"], server_plain)
+                 + server_lines(document)):
         out.print(f"[dim]{line}[/dim]", soft_wrap=not out.is_terminal)
     exact = str(document["settings"].get("exact_check", "")).startswith("on")
-    outside = ("llama.cpp", "llama.cpp-pld")  # another program's kernels: its rounding is its own
+    servers = tuple(document["settings"].get("llama_servers") or ())
+    outside = ("llama.cpp", "llama.cpp-pld", *servers)  # another program's kernels: its rounding is its own
     own_kernels = ("native", "hf", "hf-pld", *outside) if exact else outside  # plain decoding rounding its own way
     for row in document["results"]:
         if row["category"] == "overall" and row["method"] in own_kernels and row["identical"] is not None:

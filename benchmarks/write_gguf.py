@@ -1,0 +1,341 @@
+"""Synthetic GGUF files for the bench: random weights in llama.cpp's Q4_K_M recipe, a real tokenizer.
+
+Shapes (the tokenizer, and so the vocabulary, is SmolLM2's, taken from the default model's GGUF metadata):
+
+- `llama-1b`: Llama-3.2-1B's shape (hidden 2048, 16 layers, FFN 8192, 32 query / 8 key-value heads of 64, tied
+  embeddings), arch `llama`;
+- `gemma3-270m`: Gemma-3-270M-like (hidden 640, 18 layers, FFN 2048, 4 query / 1 key-value heads of 256,
+  sliding window 512, tied embeddings), arch `gemma3` with its metadata keys and norms.
+
+The recipe (docs/algorithms.md section 10): Q4_K for most matrices; Q6_K for `attn_v` and `ffn_down` in the
+"more bits" layers (the first and last eighth of the layers and every third in between, as llama.cpp's
+`use_more_bits`) and for the output matrix (tied here: `token_embd` plays it, as llama.cpp quantises it then);
+where a row's length is not a multiple of 256, the legacy fallbacks Q5_0 (for Q4_K) and Q8_0 (for Q6_K). So
+gemma3-270m's rows of 640 take Q5_0/Q8_0 and only its 1024- and 2048-long rows (attn_output, ffn_down) stay K-quants.
+
+K-quant blocks are random bytes with f16 scales chosen so that a weight's standard deviation is about --std
+(0.02 by default; Q4_K's minimum centres the weights on zero); Q5_0/Q8_0 blocks quantise Gaussian weights with
+`gguf.quants.quantize`. Norm weights are ones. The file is written atomically (a temporary file, then a rename), is
+marked as written here (`specdec.synthetic`), and a file not so marked is not overwritten without --force. After
+writing, `gguf.GGUFReader` reads it back and the tensor types are checked against the recipe; --check-transformers
+also loads it with transformers (`AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`) and runs a forward.
+
+Run: `python benchmarks/write_gguf.py --shape llama-1b -o llama-1b-Q4_K_M.gguf [--seed 0] [--check-transformers]`.
+Not a test: nothing here is run in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+MARKER = "specdec.synthetic"  # a GGUF key naming how the file was made; files without it are not overwritten
+QK_K = 256
+FILE_TYPE_Q4_K_M = 15  # llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M
+
+
+@dataclass(frozen=True)
+class Shape:
+    arch: str  # "llama" | "gemma3"
+    hidden: int
+    layers: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    context: int
+    rope_theta: float
+    rms_eps: float
+    sliding_window: Optional[int] = None
+
+
+SHAPES = {
+    "llama-1b": Shape("llama", 2048, 16, 8192, 32, 8, 64, 131072, 500000.0, 1e-5),
+    "gemma3-270m": Shape("gemma3", 640, 18, 2048, 4, 1, 256, 32768, 1000000.0, 1e-6, sliding_window=512),
+}
+
+
+def more_bits(layer: int, layers: int) -> bool:
+    """llama.cpp's use_more_bits: the first and last eighth of the layers, and every third in between."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def recipe_type(name: str, row: int, layer: Optional[int], layers: int) -> Any:
+    """The Q4_K_M type of one tensor (row = its row length, the number of columns)."""
+    from gguf import GGMLQuantizationType as Q
+
+    if name.endswith("norm.weight"):
+        return Q.F32
+    if name == "token_embd.weight" or name == "output.weight":  # tied: the embedding is the output matrix
+        wanted = Q.Q6_K
+    elif layer is not None and (".attn_v." in name or ".ffn_down." in name) and more_bits(layer, layers):
+        wanted = Q.Q6_K
+    else:
+        wanted = Q.Q4_K
+    if row % QK_K:
+        return Q.Q8_0 if wanted == Q.Q6_K else Q.Q5_0
+    return wanted
+
+
+def tensor_plan(shape: Shape, vocab: int) -> list[tuple[str, tuple[int, int], Optional[int]]]:
+    """(name, (rows, row length), layer) for every tensor, in llama.cpp's naming."""
+    q_width, kv_width = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    plan: list[tuple[str, tuple[int, int], Optional[int]]] = [("token_embd.weight", (vocab, shape.hidden), None)]
+    for layer in range(shape.layers):
+        block = f"blk.{layer}"
+        plan += [
+            (f"{block}.attn_norm.weight", (1, shape.hidden), layer),
+            (f"{block}.attn_q.weight", (q_width, shape.hidden), layer),
+            (f"{block}.attn_k.weight", (kv_width, shape.hidden), layer),
+            (f"{block}.attn_v.weight", (kv_width, shape.hidden), layer),
+            (f"{block}.attn_output.weight", (shape.hidden, q_width), layer),
+            (f"{block}.ffn_norm.weight", (1, shape.hidden), layer),
+            (f"{block}.ffn_gate.weight", (shape.ffn, shape.hidden), layer),
+            (f"{block}.ffn_up.weight", (shape.ffn, shape.hidden), layer),
+            (f"{block}.ffn_down.weight", (shape.hidden, shape.ffn), layer),
+        ]
+        if shape.arch == "gemma3":
+            plan += [
+                (f"{block}.attn_q_norm.weight", (1, shape.head_dim), layer),
+                (f"{block}.attn_k_norm.weight", (1, shape.head_dim), layer),
+                (f"{block}.post_attention_norm.weight", (1, shape.hidden), layer),
+                (f"{block}.post_ffw_norm.weight", (1, shape.hidden), layer),
+            ]
+    plan.append(("output_norm.weight", (1, shape.hidden), None))
+    return plan
+
+
+# ------------------------------------------------------------------------------------------------ blocks
+
+
+def _f16_bytes(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.float16).view(np.uint8).reshape(*values.shape, 2)
+
+
+def q4_k_blocks(rng: np.random.Generator, rows: int, row: int, std: float) -> np.ndarray:
+    """Random Q4_K super-blocks (f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles):
+    w = d * scale * q - dmin * min, with dmin = 7.5 d so the weights centre on zero; std(w) is about 258 d."""
+    blocks = rows * row // QK_K
+    raw = rng.integers(0, 256, size=(blocks, 144), dtype=np.uint8)
+    d = (std / 258.0) * rng.uniform(0.75, 1.25, size=blocks)
+    raw[:, 0:2] = _f16_bytes(d)
+    raw[:, 2:4] = _f16_bytes(7.5 * d)
+    return raw.reshape(rows, row // QK_K * 144)
+
+
+def q6_k_blocks(rng: np.random.Generator, rows: int, row: int, std: float) -> np.ndarray:
+    """Random Q6_K super-blocks (128 bytes of low nibbles, 64 of high bits, 16 int8 scales, f16 d):
+    w = d * scale * (q - 32), scales drawn from [-64, 63] so std(w) is about 682 d."""
+    blocks = rows * row // QK_K
+    raw = rng.integers(0, 256, size=(blocks, 210), dtype=np.uint8)
+    raw[:, 192:208] = rng.integers(-64, 64, size=(blocks, 16), dtype=np.int8).view(np.uint8)
+    raw[:, 208:210] = _f16_bytes((std / 682.0) * rng.uniform(0.75, 1.25, size=blocks))
+    return raw.reshape(rows, row // QK_K * 210)
+
+
+def random_tensor(rng: np.random.Generator, qtype: Any, rows: int, row: int, std: float) -> np.ndarray:
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import quantize
+
+    if qtype == Q.F32:  # norm weights
+        return np.ones(row, dtype=np.float32)
+    if qtype == Q.Q4_K:
+        return q4_k_blocks(rng, rows, row, std)
+    if qtype == Q.Q6_K:
+        return q6_k_blocks(rng, rows, row, std)
+    weights = (rng.standard_normal((rows, row), dtype=np.float32) * std).astype(np.float32)
+    return quantize(weights, qtype)
+
+
+# ------------------------------------------------------------------------------------------------ metadata
+
+
+def tokenizer_fields(source: str) -> tuple[list[tuple[str, Any, Any, Any]], int]:
+    """The `tokenizer.*` key-values of a GGUF as (key, value, type, sub type), and its vocabulary size."""
+    from gguf import GGUFReader, GGUFValueType
+
+    reader = GGUFReader(source)
+    fields = []
+    vocab = 0
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        main = field.types[0]
+        sub = field.types[-1] if main == GGUFValueType.ARRAY else None
+        value = field.contents()
+        if key == "tokenizer.ggml.tokens":
+            vocab = len(value)
+        fields.append((key, value, main, sub))
+    if not vocab:
+        raise SystemExit(f"{source}: no tokenizer.ggml.tokens in its metadata")
+    return fields, vocab
+
+
+def default_tokenizer_gguf() -> str:
+    from specdec_cli.models import default_gguf_path
+
+    return str(default_gguf_path())
+
+
+def add_metadata(writer: Any, shape: Shape, shape_name: str, vocab: int, seed: int, std: float) -> None:
+    arch = shape.arch
+    writer.add_name(f"specdec synthetic {shape_name} Q4_K_M (random weights)")
+    writer.add_type("model")
+    writer.add_string(MARKER, f"benchmarks/write_gguf.py --shape {shape_name} --seed {seed} --std {std}")
+    writer.add_file_type(FILE_TYPE_Q4_K_M)
+    writer.add_quantization_version(2)
+    writer.add_uint32(f"{arch}.context_length", shape.context)
+    writer.add_uint32(f"{arch}.embedding_length", shape.hidden)
+    writer.add_uint32(f"{arch}.block_count", shape.layers)
+    writer.add_uint32(f"{arch}.feed_forward_length", shape.ffn)
+    writer.add_uint32(f"{arch}.attention.head_count", shape.heads)
+    writer.add_uint32(f"{arch}.attention.head_count_kv", shape.kv_heads)
+    writer.add_float32(f"{arch}.rope.freq_base", shape.rope_theta)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", shape.rms_eps)
+    if arch == "llama":
+        writer.add_uint32(f"{arch}.vocab_size", vocab)
+        writer.add_uint32(f"{arch}.rope.dimension_count", shape.head_dim)
+    else:  # gemma3: explicit head sizes (256 != hidden / heads) and the local layers' window
+        writer.add_uint32(f"{arch}.attention.key_length", shape.head_dim)
+        writer.add_uint32(f"{arch}.attention.value_length", shape.head_dim)
+        writer.add_uint32(f"{arch}.attention.sliding_window", shape.sliding_window or 512)
+
+
+# ------------------------------------------------------------------------------------------------ the file
+
+
+def refuse_overwrite(path: Path, force: bool) -> None:
+    """A file that exists and was not written here (no MARKER key) is kept unless --force."""
+    if not path.exists() or force:
+        return
+    try:
+        from gguf import GGUFReader
+
+        ours = MARKER in GGUFReader(str(path)).fields
+    except Exception:
+        ours = False
+    if not ours:
+        raise SystemExit(f"{path} exists and was not written by write_gguf.py; pass --force to overwrite it")
+
+
+def write(path: Path, shape_name: str, seed: int, std: float, tokenizer_gguf: str) -> dict:
+    from gguf import GGUFWriter
+
+    shape = SHAPES[shape_name]
+    fields, vocab = tokenizer_fields(tokenizer_gguf)
+    rng = np.random.default_rng(seed)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    counts: dict[str, int] = {}
+    try:
+        writer = GGUFWriter(temporary, shape.arch)
+        add_metadata(writer, shape, shape_name, vocab, seed, std)
+        for key, value, main, sub in fields:
+            writer.add_key_value(key, value, main, sub)
+        for name, (rows, row), layer in tensor_plan(shape, vocab):
+            qtype = recipe_type(name, row, layer, shape.layers)
+            data = random_tensor(rng, qtype, rows, row, std)
+            writer.add_tensor(name, data, raw_dtype=None if data.dtype == np.float32 else qtype)
+            counts[qtype.name] = counts.get(qtype.name, 0) + rows * row
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+    return counts
+
+
+def check_read_back(path: Path, shape_name: str) -> dict[str, int]:
+    """Read the file back with gguf.GGUFReader: every tensor present, with the recipe's type and shape."""
+    from gguf import GGUFReader
+
+    shape = SHAPES[shape_name]
+    reader = GGUFReader(str(path))
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    _, vocab = tokenizer_fields(str(path))
+    counts: dict[str, int] = {}
+    for name, (rows, row), layer in tensor_plan(shape, vocab):
+        tensor = tensors.pop(name)
+        expected = recipe_type(name, row, layer, shape.layers)
+        if tensor.tensor_type != expected:
+            raise SystemExit(f"{name}: read back as {tensor.tensor_type.name}, the recipe says {expected.name}")
+        logical = [int(value) for value in tensor.shape]  # GGUF lists the row length first
+        if logical[0] != row or int(np.prod(logical)) != rows * row:
+            raise SystemExit(f"{name}: read back with shape {logical}, expected {row} x {rows}")
+        counts[expected.name] = counts.get(expected.name, 0) + rows * row
+    if tensors:
+        raise SystemExit(f"unexpected tensors read back: {sorted(tensors)[:5]}")
+    return counts
+
+
+def check_transformers(path: Path) -> str:
+    """Load the file with transformers and run one forward; -> a one-line verdict."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        started = time.perf_counter()
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+        loaded = time.perf_counter() - started
+        with torch.inference_mode():
+            logits = model(torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])).logits
+        finite = bool(torch.isfinite(logits).all())
+        return (f"transformers: loaded as {type(model).__name__} in {loaded:.1f} s; one forward: logits "
+                f"{'finite' if finite else 'NOT finite'}, std {float(logits.float().std()):.3f}")
+    except Exception as error:  # reported, not raised: whether transformers reads it is what is asked
+        message = " ".join(str(error).split())
+        return f"transformers: cannot load it: {type(error).__name__}: {message[:300]}"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    parser.add_argument("-o", "--out", required=True, help="the .gguf file to write")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--std", type=float, default=0.02, help="standard deviation of the weights (about)")
+    parser.add_argument("--tokenizer-from", default=None,
+                        help="a GGUF whose tokenizer.* metadata to copy (default: the default model's)")
+    parser.add_argument("--force", action="store_true", help="overwrite a file not written by this script")
+    parser.add_argument("--check-transformers", action="store_true",
+                        help="also load the file with transformers and run one forward")
+    args = parser.parse_args(argv)
+    path = Path(args.out).expanduser().resolve()
+    if path.suffix.lower() != ".gguf":
+        parser.error("--out must name a .gguf file")
+    if not path.parent.is_dir():
+        parser.error(f"no such directory: {path.parent}")
+    if not 0.0 < args.std < 1.0:
+        parser.error("--std must be in (0, 1)")
+    refuse_overwrite(path, args.force)
+    started = time.perf_counter()
+    written = write(path, args.shape, args.seed, args.std, args.tokenizer_from or default_tokenizer_gguf())
+    seconds = time.perf_counter() - started
+    counts = check_read_back(path, args.shape)
+    assert counts == written
+    total = sum(counts.values())
+    mix = ", ".join(f"{name} {count / 1e6:.1f}M" for name, count in sorted(counts.items(), key=lambda item: -item[1]))
+    print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB, {total / 1e6:.0f}M weights) in {seconds:.1f} s")
+    print(f"read back with gguf.GGUFReader: every tensor has the recipe's type: {mix}")
+    if args.check_transformers:
+        print(check_transformers(path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
