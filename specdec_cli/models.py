@@ -553,10 +553,16 @@ def load_target(
 
             if on_status is not None:
                 on_status("choosing the weights (timed once per model and machine)...")
-            choice = choose_weights(model, key_of(model), dtype, lambda: load(torch.float32)[0],
+
+            def reload_dense() -> Any:
+                dense_threads()  # timing the blocks gave torch's threads to the kernels: dense runs on torch's
+                return load(torch.float32)[0]
+
+            choice = choose_weights(model, key_of(model), dtype, reload_dense,
                                     lambda blocks_model: to_blocks(blocks_model, "gguf"), step_timer)
             model, reason = choice.model, choice.reason
             if choice.weights == "dense":
+                dense_threads()
                 dense_dtype = next(model.parameters()).dtype
                 return LoadedTarget(model, tokenizer, source.name, device_name, dense_dtype,
                                     time.perf_counter() - started, choice.dtype_reason, "dense", reason)
@@ -590,6 +596,16 @@ def use_block_threads() -> None:
     wanted = max(torch.get_num_threads(), kernels.threads())
     kernels.set_threads(wanted)
     torch.set_num_threads(1)
+
+
+def dense_threads() -> None:
+    """Dense weights after the kernels took the threads (use_block_threads): torch gets them back."""
+    import torch
+
+    from . import kernels
+
+    if kernels.available():
+        torch.set_num_threads(max(torch.get_num_threads(), kernels.threads()))
 
 
 def _weights_identity(source: TargetSource, location: str, model: Any) -> str:
