@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -226,8 +225,8 @@ def decode_gguf_blocks(type_name: str, raw: np.ndarray, out_features: int, in_fe
         return None
     if type_name in GGUF_FLOATS:
         dtype = GGUF_FLOATS[type_name]
-        data = np.ascontiguousarray(raw).view(np.uint8).reshape(out_features, -1)
-        weights = torch.from_numpy(data.copy()).view(dtype).reshape(out_features, in_features)
+        flat = np.ascontiguousarray(raw).view(np.uint8).reshape(out_features, -1)
+        weights = torch.from_numpy(flat.copy()).view(dtype).reshape(out_features, in_features)
         kind = {"F32": kernels.KIND_F32, "F16": kernels.KIND_F16, "BF16": kernels.KIND_BF16}[type_name]
         return BlockWeights.from_codes(kind, weights, None, None, type_name)
     if type_name not in GGUF_BLOCKS:
@@ -235,8 +234,10 @@ def decode_gguf_blocks(type_name: str, raw: np.ndarray, out_features: int, in_fe
     size, per = GGUF_BLOCKS[type_name]
     if in_features % per:
         return None
-    data = np.asarray(raw).view(np.uint8).reshape(out_features, in_features // per, size)
+    data: np.ndarray = np.asarray(raw).view(np.uint8).reshape(out_features, in_features // per, size)
     shape = (out_features, in_features)
+    codes: np.ndarray
+    low: np.ndarray
     offsets: Optional[np.ndarray] = None
     if type_name in ("Q4_0", "Q4_1", "IQ4_NL"):
         q = _legacy_nibbles(data[..., size - 16 :])
@@ -295,8 +296,8 @@ def decode_gguf_blocks(type_name: str, raw: np.ndarray, out_features: int, in_fe
         high_bits = np.ascontiguousarray(data[..., 2:4]).view(np.uint16)  # [out, supers, 1]
         low = _bits(data[..., 4:8], [0, 4], 15)  # [out, supers, 2, 4]: sub-block 2i + h in row h, column i
         low = low.swapaxes(-1, -2).reshape(out_features, -1, 8)
-        high = (high_bits >> (2 * np.arange(8, dtype=np.uint16))) & 3  # [out, supers, 8]
-        scales = d[..., None] * ((low | (high << 4)).astype(np.float32) - 32)
+        high_scales = (high_bits >> (2 * np.arange(8, dtype=np.uint16))) & 3  # [out, supers, 8]
+        scales = d[..., None] * ((low | (high_scales << 4)).astype(np.float32) - 32)
         q = _legacy_nibbles(data[..., 8:].reshape(out_features, -1, 8, 16))  # [out, supers, 8, 32]
         kind, codes = kernels.KIND_Q8, IQ4_VALUES[q] + 128
     codes_t = torch.from_numpy(np.ascontiguousarray(codes).astype(np.uint8).reshape(shape))
