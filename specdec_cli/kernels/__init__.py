@@ -153,6 +153,8 @@ def pack_records(kind: int, codes: torch.Tensor, scales: Optional[torch.Tensor] 
     info = kind_of(kind)
     n, k = codes.shape
     count = groups(n)
+    if count == 0:
+        return torch.empty(0, record_bytes(kind, k), dtype=torch.uint8)
     if info.bits >= 16:
         weights = _pad(codes.to(info.dtype).contiguous(), count * GROUP)  # [G*16, k]
         return weights.reshape(count, GROUP, k).transpose(1, 2).contiguous().view(torch.uint8).reshape(count, -1)
@@ -246,7 +248,7 @@ def matmul(x: torch.Tensor, kind: int, records: torch.Tensor, n: Optional[int] =
         raise ValueError(f"matmul: records of shape {tuple(records.shape)} do not hold {n} columns of kind "
                          f"{kind_of(kind).name} for k={k}")
     out = torch.empty(rows, n, dtype=torch.float32)
-    if rows:
+    if rows and n:
         kernel.matmul(kind, x.data_ptr(), rows, k, n, records.data_ptr(), out.data_ptr())
     return out
 
