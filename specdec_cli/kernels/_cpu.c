@@ -218,8 +218,9 @@ static void after_fork_in_child(void)
 
 /* ------------------------------------------------------------------ activations rounded to 8-bit blocks */
 
-/* Row r, block b of 32: codes qx[r, 32b .. 32b+31], scale dx[r, b]; sums[r, 2b + h] = the sum of codes
- * 16h .. 16h+15 of that block (the kinds with zero points or offsets need them per sub-block). */
+/* Row r of `rows`, block b of 32, laid out block by block so that a tile of rows finds its codes at fixed offsets
+ * from one pointer: codes qx[b, r, 0..31], scale dx[b, r]; sums[2b + h, r] = the sum of codes 16h .. 16h+15 of
+ * that block (the kinds with zero points or offsets need them per sub-block). */
 static void quantize_rows_portable(const float *x, long rows, long k, int8_t *qx, float *dx, int32_t *sums)
 {
     long blocks = k / BLOCK;
@@ -230,16 +231,16 @@ static void quantize_rows_portable(const float *x, long rows, long k, int8_t *qx
             for (int i = 0; i < BLOCK; i++)
                 amax = fmaxf(amax, fabsf(v[i]));
             float scale = amax / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
-            int8_t *codes = qx + r * k + b * BLOCK;
+            int8_t *codes = qx + (b * rows + r) * BLOCK;
             int sum[2] = {0, 0};
             for (int i = 0; i < BLOCK; i++) {
                 int code = (int)nearbyintf(v[i] * inverse);
                 codes[i] = (int8_t)code;
                 sum[i / 16] += code;
             }
-            dx[r * blocks + b] = scale;
-            sums[r * 2 * blocks + 2 * b] = sum[0];
-            sums[r * 2 * blocks + 2 * b + 1] = sum[1];
+            dx[b * rows + r] = scale;
+            sums[2 * b * rows + r] = sum[0];
+            sums[(2 * b + 1) * rows + r] = sum[1];
         }
 }
 
@@ -285,10 +286,10 @@ AVX2 static void quantize_rows_avx2(const float *x, long rows, long k, int8_t *q
             __m256i p01 = _mm256_packs_epi32(i0, i1), p23 = _mm256_packs_epi32(i2, i3);
             __m256i packed = _mm256_packs_epi16(p01, p23);
             packed = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-            _mm256_storeu_si256((__m256i *)(qx + r * k + b * BLOCK), packed);
-            dx[r * blocks + b] = scale;
-            sums[r * 2 * blocks + 2 * b] = hsum8i(_mm256_add_epi32(i0, i1));
-            sums[r * 2 * blocks + 2 * b + 1] = hsum8i(_mm256_add_epi32(i2, i3));
+            _mm256_storeu_si256((__m256i *)(qx + (b * rows + r) * BLOCK), packed);
+            dx[b * rows + r] = scale;
+            sums[2 * b * rows + r] = hsum8i(_mm256_add_epi32(i0, i1));
+            sums[(2 * b + 1) * rows + r] = hsum8i(_mm256_add_epi32(i2, i3));
         }
 }
 #endif
@@ -352,11 +353,11 @@ typedef struct {
     KindInfo info;
     long rows, k, n;
     const float *x;       /* float kinds: the rows themselves */
-    const int8_t *qx;     /* block kinds: the rows' 8-bit codes [rows][k] */
-    const float *dx;      /* their scales [rows][k/32] */
-    const int32_t *init;  /* [rows][k/sub]: -zero * (sum of the row's codes over the sub-block), the integer
+    const int8_t *qx;     /* block kinds: the rows' 8-bit codes [k/32][rows][32] */
+    const float *dx;      /* their scales [k/32][rows] */
+    const int32_t *init;  /* [k/sub][rows]: -zero * (sum of the row's codes over the sub-block), the integer
                            * accumulator's start (so the dot product comes out of codes - zero) */
-    const float *sx;      /* [rows][k/sub]: dx * (sum of the row's codes over the sub-block), for offsets */
+    const float *sx;      /* [k/sub][rows]: dx * (sum of the row's codes over the sub-block), for offsets */
     const char *weights;  /* one record per group of GROUP columns */
     long record, block;   /* bytes per group record, per block of it */
     float *out;
@@ -466,18 +467,17 @@ static void matmul_groups_portable(const void *arg, long start, long stop)
                 }
                 long subs = k / info->sub, per_block = BLOCK / info->sub;
                 for (long r = 0; r < rows; r++) {
-                    const int8_t *x = t->qx + (r0 + r) * k;
-                    const float *sx = t->sx + (r0 + r) * subs, *dx = t->dx + (r0 + r) * blocks;
                     float acc = 0.0f;
                     for (long j = 0; j < subs; j++) {
-                        long b = j / per_block;
+                        long b = j / per_block, first = (j % per_block) * info->sub;
+                        const int8_t *x = t->qx + (b * t->rows + r0 + r) * BLOCK;
                         const float *scales = (const float *)(record + b * t->block);
                         int dot = 0;
-                        for (long i = j * info->sub; i < (j + 1) * info->sub; i++)
-                            dot += codes[i] * x[i];
-                        acc = fmaf((float)dot, scales[(j % per_block) * GROUP + c] * dx[b], acc);
+                        for (long i = first; i < first + info->sub; i++)
+                            dot += codes[b * BLOCK + i] * x[i];
+                        acc = fmaf((float)dot, scales[(j % per_block) * GROUP + c] * t->dx[b * t->rows + r0 + r], acc);
                         if (info->offsets)
-                            acc = fmaf(scales[(per_block + j % per_block) * GROUP + c], sx[j], acc);
+                            acc = fmaf(scales[(per_block + j % per_block) * GROUP + c], t->sx[j * t->rows + r0 + r], acc);
                     }
                     values[r][c] = acc;
                 }
@@ -528,9 +528,9 @@ static inline __attribute__((always_inline)) int32_t load_i32(const int8_t *p)
                     _mm_prefetch(block + t->record + line, _MM_HINT_T0);                                           \
             _Pragma("GCC unroll 2") for (int j = 0; j < S; j++) {                                                  \
                 __m256i ia[AVX2_ROWS];                                                                             \
-                const int8_t *xs = t->qx + r0 * k + b * BLOCK + j * SUB;                                           \
+                const int8_t *xs = t->qx + (b * t->rows + r0) * BLOCK + j * SUB;                                   \
                 _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                                \
-                    ia[r] = _mm256_set1_epi32(t->init[(r0 + r) * subs + b * S + j]);                               \
+                    ia[r] = _mm256_set1_epi32(t->init[(b * S + j) * t->rows + r0 + r]);                            \
                 if (BITS == 4) {                                                                                   \
                     __m256i m16[AVX2_ROWS];                                                                        \
                     _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) m16[r] = _mm256_setzero_si256();           \
@@ -538,8 +538,8 @@ static inline __attribute__((always_inline)) int32_t load_i32(const int8_t *p)
                         __m256i v = _mm256_loadu_si256((const __m256i *)(codes + (j * (C / 2) + q) * 64 + 32 * h)); \
                         __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low); \
                         _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                      \
-                            __m256i xa = _mm256_set1_epi32(load_i32(xs + r * k + 4 * q));                           \
-                            __m256i xb = _mm256_set1_epi32(load_i32(xs + r * k + 4 * (q + C / 2)));                 \
+                            __m256i xa = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * q));                           \
+                            __m256i xb = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + C / 2)));                 \
                             if (VNNI) {                                                                            \
                                 ia[r] = _mm256_dpbusd_avx_epi32(ia[r], lo, xa);                                    \
                                 ia[r] = _mm256_dpbusd_avx_epi32(ia[r], hi, xb);                                    \
@@ -557,13 +557,13 @@ static inline __attribute__((always_inline)) int32_t load_i32(const int8_t *p)
                         __m256i w = _mm256_loadu_si256((const __m256i *)(codes + (j * C + c) * 64 + 32 * h));      \
                         if (VNNI) {                                                                                \
                             _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) ia[r] = _mm256_dpbusd_avx_epi32(   \
-                                ia[r], w, _mm256_set1_epi32(load_i32(xs + r * k + 4 * c)));                        \
+                                ia[r], w, _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * c)));                        \
                         } else {                                                                                   \
                             if (flip_bytes)                                                                        \
                                 w = _mm256_xor_si256(w, flip);                                                     \
                             __m256i magnitude = _mm256_sign_epi8(w, w);                                            \
                             _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                  \
-                                __m256i xa = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xs + r * k + 4 * c)), w); \
+                                __m256i xa = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * c)), w); \
                                 ia[r] = _mm256_add_epi32(                                                          \
                                     ia[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, xa), ones));          \
                             }                                                                                      \
@@ -572,13 +572,13 @@ static inline __attribute__((always_inline)) int32_t load_i32(const int8_t *p)
                 }                                                                                                  \
                 __m256 scale = _mm256_loadu_ps(scales + j * GROUP + 8 * h);                                        \
                 _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                              \
-                    __m256 sd = _mm256_mul_ps(scale, _mm256_set1_ps(t->dx[(r0 + r) * blocks + b]));                \
+                    __m256 sd = _mm256_mul_ps(scale, _mm256_set1_ps(t->dx[b * t->rows + r0 + r]));                 \
                     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), sd, acc[r]);                               \
                 }                                                                                                  \
                 if (OFF) {                                                                                         \
                     __m256 offset = _mm256_loadu_ps(scales + (S + j) * GROUP + 8 * h);                             \
                     _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(                  \
-                        offset, _mm256_set1_ps(t->sx[(r0 + r) * subs + b * S + j]), acc[r]);                       \
+                        offset, _mm256_set1_ps(t->sx[(b * S + j) * t->rows + r0 + r]), acc[r]);                    \
                 }                                                                                                  \
             }                                                                                                      \
         }                                                                                                          \
@@ -664,35 +664,35 @@ VNNI512 static inline __attribute__((always_inline)) void tile_512(const MatmulT
                 _mm_prefetch(block + t->record + line, _MM_HINT_T0);
         _Pragma("GCC unroll 2") for (int j = 0; j < S; j++) {
             __m512i ia[WIDE_ROWS];
-            const int8_t *xs = t->qx + r0 * k + b * BLOCK + j * SUB;
+            const int8_t *xs = t->qx + (b * t->rows + r0) * BLOCK + j * SUB;
             _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) ia[r] =
-                _mm512_set1_epi32(t->init[(r0 + r) * subs + b * S + j]);
+                _mm512_set1_epi32(t->init[(b * S + j) * t->rows + r0 + r]);
             if (BITS == 4) {
                 _Pragma("GCC unroll 4") for (int q = 0; q < C / 2; q++) {
                     __m512i v = _mm512_loadu_si512((const void *)(codes + (j * (C / 2) + q) * 64));
                     __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
                     _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {
-                        ia[r] = _mm512_dpbusd_epi32(ia[r], lo, _mm512_set1_epi32(load_i32(xs + r * k + 4 * q)));
+                        ia[r] = _mm512_dpbusd_epi32(ia[r], lo, _mm512_set1_epi32(load_i32(xs + r * BLOCK + 4 * q)));
                         ia[r] = _mm512_dpbusd_epi32(ia[r], hi,
-                                                    _mm512_set1_epi32(load_i32(xs + r * k + 4 * (q + C / 2))));
+                                                    _mm512_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + C / 2))));
                     }
                 }
             } else {
                 _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) {
                     __m512i w = _mm512_loadu_si512((const void *)(codes + (j * C + c) * 64));
                     _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) ia[r] =
-                        _mm512_dpbusd_epi32(ia[r], w, _mm512_set1_epi32(load_i32(xs + r * k + 4 * c)));
+                        _mm512_dpbusd_epi32(ia[r], w, _mm512_set1_epi32(load_i32(xs + r * BLOCK + 4 * c)));
                 }
             }
             __m512 scale = _mm512_loadu_ps(scales + j * GROUP);
             _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {
-                __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(t->dx[(r0 + r) * blocks + b]));
+                __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(t->dx[b * t->rows + r0 + r]));
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), sd, acc[r]);
             }
             if (OFF) {
                 __m512 offset = _mm512_loadu_ps(scales + (S + j) * GROUP);
                 _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) acc[r] =
-                    _mm512_fmadd_ps(offset, _mm512_set1_ps(t->sx[(r0 + r) * subs + b * S + j]), acc[r]);
+                    _mm512_fmadd_ps(offset, _mm512_set1_ps(t->sx[(b * S + j) * t->rows + r0 + r]), acc[r]);
             }
         }
     }
@@ -1346,6 +1346,102 @@ static PyObject *py_silu_mul(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------------- the paths' arithmetic peak */
+
+/* Multiply-adds a second of one thread running only the path's multiplying instruction on registers, in
+ * independent chains: vpdpbusd on 512 or 256 bits (64 or 32 multiply-adds), or AVX2's vpmaddubsw (32). The
+ * benchmark's efficiency divides by this. */
+#if HAVE_X86
+#define PEAK_ACCUMULATORS 12
+VNNI512 static double peak_512(long rounds)
+{
+    __m512i acc[PEAK_ACCUMULATORS], a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(2);
+    for (int i = 0; i < PEAK_ACCUMULATORS; i++)
+        acc[i] = _mm512_set1_epi32(i);
+    for (long n = 0; n < rounds; n++) {
+        _Pragma("GCC unroll 12") for (int i = 0; i < PEAK_ACCUMULATORS; i++) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+        __asm__ volatile("" : "+v"(a));
+    }
+    __m512i sum = acc[0];
+    for (int i = 1; i < PEAK_ACCUMULATORS; i++)
+        sum = _mm512_add_epi32(sum, acc[i]);
+    return (double)_mm512_reduce_add_epi32(sum) * 0 + 64.0 * PEAK_ACCUMULATORS * (double)rounds;
+}
+
+AVXVNNI static double peak_avxvnni(long rounds)
+{
+    __m256i acc[PEAK_ACCUMULATORS], a = _mm256_set1_epi8(1), b = _mm256_set1_epi8(2);
+    for (int i = 0; i < PEAK_ACCUMULATORS; i++)
+        acc[i] = _mm256_set1_epi32(i);
+    for (long n = 0; n < rounds; n++) {
+        _Pragma("GCC unroll 12") for (int i = 0; i < PEAK_ACCUMULATORS; i++) acc[i] =
+            _mm256_dpbusd_avx_epi32(acc[i], a, b);
+        __asm__ volatile("" : "+v"(a));
+    }
+    volatile int sink = hsum8i(acc[0]);
+    (void)sink;
+    return 32.0 * PEAK_ACCUMULATORS * (double)rounds;
+}
+
+AVX2 static double peak_avx2(long rounds)
+{
+    /* vpmaddubsw alone (32 multiply-adds), its pairs summed in 16 bits: eight chains, each its own operand */
+    __m256i b = _mm256_set1_epi8(2);
+    __m256i a0 = _mm256_set1_epi8(1), a1 = _mm256_set1_epi8(2), a2 = _mm256_set1_epi8(3), a3 = _mm256_set1_epi8(4),
+            a4 = _mm256_set1_epi8(5), a5 = _mm256_set1_epi8(6), a6 = _mm256_set1_epi8(7), a7 = _mm256_set1_epi8(8);
+    __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+#define PEAK_STEP(A, C) C = _mm256_add_epi16(C, _mm256_maddubs_epi16(A, b))
+    for (long n = 0; n < rounds; n++) {
+        PEAK_STEP(a0, c0);
+        PEAK_STEP(a1, c1);
+        PEAK_STEP(a2, c2);
+        PEAK_STEP(a3, c3);
+        PEAK_STEP(a4, c4);
+        PEAK_STEP(a5, c5);
+        PEAK_STEP(a6, c6);
+        PEAK_STEP(a7, c7);
+        __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6), "+x"(a7));
+    }
+#undef PEAK_STEP
+    __m256i sum = _mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(c0, c1), _mm256_add_epi16(c2, c3)),
+                                   _mm256_add_epi16(_mm256_add_epi16(c4, c5), _mm256_add_epi16(c6, c7)));
+    volatile int sink = hsum8i(sum);
+    (void)sink;
+    return 32.0 * 8 * (double)rounds;
+}
+#endif
+
+static PyObject *py_peak(PyObject *self, PyObject *args)
+{
+    const char *name;
+    double seconds = 0.05;
+    if (!PyArg_ParseTuple(args, "s|d", &name, &seconds))
+        return NULL;
+    int path = -1;
+    for (int i = 0; i < 4; i++)
+        if (strcmp(name, isa_names[i]) == 0 && cpu_has[i])
+            path = i;
+    if (path <= ISA_PORTABLE) {
+        PyErr_Format(PyExc_ValueError, "no arithmetic peak for %s here", name);
+        return NULL;
+    }
+    double best = 0.0;
+#if HAVE_X86
+    Py_BEGIN_ALLOW_THREADS
+    double stop = now_seconds() + seconds;
+    while (now_seconds() < stop) {
+        double start = now_seconds(), macs;
+        long rounds = 20000;
+        macs = path == ISA_AVX512VNNI ? peak_512(rounds) : path == ISA_AVXVNNI ? peak_avxvnni(rounds) : peak_avx2(rounds);
+        double rate = macs / (now_seconds() - start);
+        best = rate > best ? rate : best;
+    }
+    Py_END_ALLOW_THREADS
+#endif
+    return PyFloat_FromDouble(best);
+}
+
+
 /* -------------------------------------------------------------------------------------- Python bindings */
 
 static PyObject *py_matmul(PyObject *self, PyObject *args)
@@ -1389,12 +1485,11 @@ static PyObject *py_matmul(PyObject *self, PyObject *args)
         quantize_rows((const float *)x, rows, k, qx, dx, sums);
         /* AVX2 multiplies the bytes of zero point 128 as the signed values they encode: no zero point there */
         int zero = path == ISA_AVX2 && info.bits == 8 && info.zero == 128 ? 0 : info.zero;
-        for (long r = 0; r < rows; r++)
-            for (long j = 0; j < subs; j++) {
-                const int32_t *s = sums + r * 2 * blocks;
-                int32_t sum = info.sub == 32 ? s[2 * j] + s[2 * j + 1] : s[j];
-                init[r * subs + j] = -zero * sum;
-                sx[r * subs + j] = dx[r * blocks + j * info.sub / BLOCK] * (float)sum;
+        for (long j = 0; j < subs; j++)
+            for (long r = 0; r < rows; r++) {
+                int32_t sum = info.sub == 32 ? sums[2 * j * rows + r] + sums[(2 * j + 1) * rows + r] : sums[j * rows + r];
+                init[j * rows + r] = -zero * sum;
+                sx[j * rows + r] = dx[(j * info.sub / BLOCK) * rows + r] * (float)sum;
             }
     }
 #if HAVE_X86
@@ -1549,6 +1644,7 @@ static PyMethodDef methods[] = {
     {"isa", py_isa, METH_NOARGS, "isa(): the path in use: 'avx512vnni', 'avxvnni', 'avx2' or 'portable'"},
     {"isas", py_isas, METH_NOARGS, "isas(): the paths this CPU can run, best last"},
     {"set_isa", py_set_isa, METH_VARARGS, "set_isa(name): run on that path ('best': the best the CPU has)"},
+    {"peak", py_peak, METH_VARARGS, "peak(isa[, seconds]): one thread's multiply-adds a second on that path's dot products"},
     {"record_bytes", py_record_bytes, METH_VARARGS, "record_bytes(kind, k): bytes of one group's record"},
     {NULL, NULL, 0, NULL},
 };
