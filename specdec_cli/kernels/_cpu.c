@@ -374,15 +374,23 @@ static inline void store_values(const MatmulTask *t, long row, long col, const f
         at[c] = t->accumulate ? at[c] + values[c] : values[c];
 }
 
-/* The code of weight i (0..31) of column c in a block's codes (the layout in the header comment). */
-static inline int code_at(const KindInfo *info, const uint8_t *codes, int c, int i)
+/* The 32 codes of column c in a block's codes (the layout in the header comment), less the zero point. */
+static void column_codes(const KindInfo *info, const uint8_t *codes, int c, int16_t *out)
 {
-    if (info->bits == 8)
-        return codes[(i / 4) * 4 * GROUP + c * 4 + i % 4];
-    int sub = info->sub, chunks = sub / 4, j = i / sub, within = i % sub, chunk = within / 4;
-    int vector = j * (chunks / 2) + chunk % (chunks / 2);
-    uint8_t byte = codes[vector * 4 * GROUP + c * 4 + within % 4];
-    return chunk < chunks / 2 ? byte & 15 : byte >> 4;
+    if (info->bits == 8) {
+        for (int chunk = 0; chunk < BLOCK / 4; chunk++)
+            for (int e = 0; e < 4; e++)
+                out[chunk * 4 + e] = (int16_t)(codes[chunk * 4 * GROUP + c * 4 + e] - info->zero);
+        return;
+    }
+    int sub = info->sub, half = sub / 8; /* vectors per sub-block: chunk q low nibbles, chunk q + half high */
+    for (int j = 0; j < BLOCK / sub; j++)
+        for (int q = 0; q < half; q++)
+            for (int e = 0; e < 4; e++) {
+                uint8_t byte = codes[(j * half + q) * 4 * GROUP + c * 4 + e];
+                out[j * sub + q * 4 + e] = (int16_t)((byte & 15) - info->zero);
+                out[j * sub + (q + half) * 4 + e] = (int16_t)((byte >> 4) - info->zero);
+            }
 }
 
 static float half_to_float(uint16_t h)
@@ -462,8 +470,7 @@ static void matmul_groups_portable(const void *arg, long start, long stop)
                 for (long b = 0; b < blocks; b++) {
                     const uint8_t *block_codes =
                         (const uint8_t *)record + b * t->block + 4 * GROUP * (BLOCK / info->sub) * (1 + info->offsets);
-                    for (int i = 0; i < BLOCK; i++)
-                        codes[b * BLOCK + i] = (int16_t)(code_at(info, block_codes, c, i) - info->zero);
+                    column_codes(info, block_codes, c, codes + b * BLOCK);
                 }
                 long subs = k / info->sub, per_block = BLOCK / info->sub;
                 for (long r = 0; r < rows; r++) {
@@ -512,7 +519,7 @@ static inline __attribute__((always_inline)) int32_t load_i32(const int8_t *p)
                                                                   const int R, const int BITS, const int SUB,       \
                                                                   const int OFF, int prefetch)                      \
     {                                                                                                              \
-        const long k = t->k, blocks = k / BLOCK, subs = k / SUB;                                                   \
+        const long blocks = t->k / BLOCK;                                                                          \
         const int S = BLOCK / SUB, C = SUB / 4;                                                                    \
         const char *record = t->weights + g * t->record;                                                          \
         const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(-128);    \
@@ -643,13 +650,13 @@ AVX2 static inline __attribute__((always_inline)) void tile_float_avx2(const Mat
  * row's signed codes, broadcast four at a time; the zero point's share is the accumulator's start. ---- */
 
 #define VNNI512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
-#define WIDE_ROWS 8
+#define WIDE_ROWS 8 /* the largest tile (12 measured no faster) */
 
 VNNI512 static inline __attribute__((always_inline)) void tile_512(const MatmulTask *t, long g, long r0, const int R,
                                                                    const int BITS, const int SUB, const int OFF,
                                                                    int prefetch)
 {
-    const long k = t->k, blocks = k / BLOCK, subs = k / SUB;
+    const long blocks = t->k / BLOCK;
     const int S = BLOCK / SUB, C = SUB / 4;
     const char *record = t->weights + g * t->record;
     const __m512i low = _mm512_set1_epi8(0x0F);
@@ -815,19 +822,22 @@ FLOAT_FNS(32, 0, f32)
 FLOAT_FNS(16, 0, f16)
 FLOAT_FNS(16, 1, bf16)
 
-/* Tiles by row count index: [0] 1 row, [1] 2, [2] 4, [3] 8 (NULL where a path has none). */
+/* A path's tiles for one kind, largest last: fn[i] takes rows[i] rows (NULL past the path's largest). */
 typedef struct {
-    tile_fn fn[4];
+    tile_fn fn[5];
+    int rows[5];
 } TileSet;
 
 #define SET256(PREFIX, BITS, SUB, OFF)                                                                             \
     {                                                                                                              \
-        {PREFIX##_##BITS##_##SUB##_##OFF##_1, PREFIX##_##BITS##_##SUB##_##OFF##_2, PREFIX##_##BITS##_##SUB##_##OFF##_4, NULL} \
+        {PREFIX##_##BITS##_##SUB##_##OFF##_1, PREFIX##_##BITS##_##SUB##_##OFF##_2, PREFIX##_##BITS##_##SUB##_##OFF##_4},   \
+            {1, 2, 4}                                                                                              \
     }
 #define SET512(BITS, SUB, OFF)                                                                                     \
     {                                                                                                              \
         {t5_##BITS##_##SUB##_##OFF##_1, t5_##BITS##_##SUB##_##OFF##_2, t5_##BITS##_##SUB##_##OFF##_4,              \
-         t5_##BITS##_##SUB##_##OFF##_8}                                                                            \
+         t5_##BITS##_##SUB##_##OFF##_8},                                                                           \
+            {1, 2, 4, 8}                                                                                           \
     }
 
 static int shape_index(const KindInfo *info)
@@ -847,10 +857,11 @@ static const TileSet tiles_avxvnni[7] = {SET256(tv, 4, 32, 1), SET256(tv, 4, 32,
                                          SET256(tv, 4, 16, 1)};
 static const TileSet tiles_512[7] = {SET512(4, 32, 1), SET512(4, 32, 0), SET512(8, 32, 0), SET512(8, 32, 1),
                                      SET512(8, 16, 0), SET512(4, 16, 0), SET512(4, 16, 1)};
-static const TileSet floats_avx2[3] = {{{f2_f32_1, f2_f32_2, NULL, NULL}}, {{f2_f16_1, f2_f16_2, NULL, NULL}},
-                                       {{f2_bf16_1, f2_bf16_2, NULL, NULL}}};
-static const TileSet floats_512[3] = {{{f5_f32_1, f5_f32_2, f5_f32_4, NULL}}, {{f5_f16_1, f5_f16_2, f5_f16_4, NULL}},
-                                      {{f5_bf16_1, f5_bf16_2, f5_bf16_4, NULL}}};
+static const TileSet floats_avx2[3] = {{{f2_f32_1, f2_f32_2}, {1, 2}}, {{f2_f16_1, f2_f16_2}, {1, 2}},
+                                       {{f2_bf16_1, f2_bf16_2}, {1, 2}}};
+static const TileSet floats_512[3] = {{{f5_f32_1, f5_f32_2, f5_f32_4}, {1, 2, 4}},
+                                      {{f5_f16_1, f5_f16_2, f5_f16_4}, {1, 2, 4}},
+                                      {{f5_bf16_1, f5_bf16_2, f5_bf16_4}, {1, 2, 4}}};
 
 static const TileSet *tile_set(const KindInfo *info, int path)
 {
@@ -869,12 +880,15 @@ typedef struct {
 } TiledTask;
 
 /* A thread's groups: each group's record is read from memory once (and prefetched a group ahead), then every row
- * tile after the first finds it in L1; rows go in tiles of the largest size the path has, then 4, 2, 1. */
+ * tile after the first finds it in L1; rows go in tiles of the largest size the path has, then the smaller ones
+ * (any split computes every row alike). */
 static void matmul_groups_tiled(const void *arg, long start, long stop)
 {
     const TiledTask *tiled = arg;
     const MatmulTask *t = tiled->task;
-    int largest = tiled->tiles->fn[3] != NULL ? 3 : tiled->tiles->fn[2] != NULL ? 2 : 1;
+    int largest = 4;
+    while (tiled->tiles->fn[largest] == NULL)
+        largest--;
     for (long g = start; g < stop; g++) {
         int prefetch = g + 1 < stop;
         for (int h = 0; h < tiled->halves; h++) {
@@ -882,7 +896,7 @@ static void matmul_groups_tiled(const void *arg, long start, long stop)
                 break;
             long r0 = 0;
             for (int size = largest; size >= 0; size--) {
-                long rows = 1L << size;
+                long rows = tiled->tiles->rows[size];
                 while (t->rows - r0 >= rows) {
                     tiled->tiles->fn[size](t, g, h, r0, prefetch);
                     prefetch = 0;
