@@ -1,23 +1,29 @@
-"""The target's weights in blocks: a GGUF's 4-bit and 8-bit blocks as stored, or blocks made on load (`--weights`).
+"""The target's weights in blocks: a GGUF's quantised tensors as stored, or blocks made on load (`--weights`).
 
 A CPU decoding step is bound by reading weights: SmolLM2-135M dequantised to bfloat16 is 270 MB a token, its
 GGUF ~85 MB. Here every linear layer whose weight can be held in blocks of 32 along the input dimension becomes a
-`BlockLinear`, multiplied by specdec's CPU kernel (kernels/_cpu.c; each row of activations rounded to 8 bits per
-block of 32 first, as llama.cpp does). What `--weights` means:
+`BlockLinear`, multiplied by specdec's CPU kernels (kernels/_cpu.c: integer dot products of the weight codes
+with each row of activations rounded to 8 bits per block of 32, as llama.cpp does). What `--weights` means:
 
 - `dense`: every weight dequantised to the compute dtype (0.2.0's path).
-- `gguf`: a GGUF's Q4_0, Q4_1 and Q4_K tensors run as 4-bit blocks and its Q8_0 tensors as 8-bit blocks, exactly
-  as stored (a Q4_K super-block's 6-bit scales and minimums become per-32 scales and offsets, exact in float32);
-  tensors of any other type (F32, F16, BF16, Q5_*, Q6_K, Q2_K, Q3_K, IQ*) stay dense.
-- `int8`: `gguf`, and every other linear layer quantised on load to 8-bit blocks (symmetric, scale = max|w|/127):
-  a Hugging Face model becomes a different, smaller target, said so wherever the target is named.
-- `int4`: a GGUF's 4-bit blocks as stored, and every other linear layer (Q8_0 ones too) quantised on load to
-  4-bit blocks (scale = (max - min)/15, offset = min).
+- `gguf`: every tensor of a type users hold runs on the kernels from its own bits, repacked at conversion into
+  one of the kernels' kinds (kernels.KINDS) that keeps every weight value exact: Q4_0, Q4_1 and Q4_K as nibbles
+  (a Q4_K super-block's 6-bit scales and minimums become per-32 scales and offsets, exact in float32); Q8_0, Q5_0,
+  IQ4_NL and IQ4_XS as int8 values (IQ4's 16-entry table read at conversion); Q5_1 and Q5_K as bytes 0..31 with
+  offsets; Q6_K, Q3_K and Q2_K with their per-16 sub-scales (times the super-block's d, exact in float32) as
+  scales of 16 weights; F16, BF16 and F32 matrices as they are, on a fixed-order float kernel. Any other type
+  (IQ1-IQ3, TQ*, ...) and any matrix whose input size is not a multiple of its block stays dense.
+- `int8`: `gguf`, and every other linear layer (float GGUF matrices too) quantised on load to 8-bit blocks
+  (symmetric, scale = max|w|/127): a Hugging Face model becomes a different, smaller target, said so wherever
+  the target is named.
+- `int4`: a GGUF's 4-bit kinds as stored, and every other linear layer (Q8_0, Q5_*, Q6_K, IQ4, float ones too)
+  quantised on load to 4-bit blocks (scale = (max - min)/15, offset = min).
 - `auto` (models.py decides): `gguf` for a GGUF on a CPU where a plain step measures faster than dense.
 
 Every block weight taken from a GGUF is checked at conversion against the dense weight transformers dequantised
 from the same tensor (including the row order of llama's permuted q/k projections); a tensor that does not match
-stays dense. The result is cached as safetensors under $SPECDEC_HOME/weights, one file per model and mode.
+stays dense. `weights_summary` names each type and how many layers run on blocks or dense. The result is cached
+as safetensors (the kernels' packed records) under $SPECDEC_HOME/weights, one file per model and mode.
 Quantised models compute in float32 (the kernels take float32 rows). Exactness does not change: the kernels are
 row-invariant, and exact.py verifies blocks against one-row forwards as for any model.
 This file converts and caches weights; it does not choose a mode (models.py) or run anything but the check.

@@ -1,10 +1,15 @@
 """specdec's CPU kernels from Python: block-quantised matmuls and row-invariant attention (`_cpu.c`).
 
-`matmul` multiplies float32 rows by a weight held in blocks of 32 (4-bit or 8-bit codes, a float32 scale per
-block and, for 4-bit codes, an offset); `attention` computes each query row over its own keys. Both return, for
-every row, exactly what a one-row call returns, whatever the number of rows or threads (the C file says how).
-This module checks what the C code cannot (dtypes, shapes, contiguity) and owns the worker threads' count; it
-does not know about models, GGUF files or `--weights` (quant.py does).
+`matmul` multiplies float32 rows by a weight held as records of 16 output columns in one of a small set of
+kinds (`KINDS`): 4-bit or 8-bit codes with a float32 scale per 32 or 16 weights, an integer zero point and
+optionally a float32 offset, into which quant.py repacks every GGUF type exactly (Q4_0 ... Q8_0, the K-quants,
+IQ4_NL/IQ4_XS); or float32/float16/bfloat16 weights as they are. Block kinds round each row to 8 bits per block of
+32 first and multiply with integer dot products. `attention` computes each query row over its own keys. Both
+return, for every row, exactly what a one-row call returns, whatever the number of rows or threads, and matmul
+the same bits on every instruction-set path (the C file says how); `force_isa` (or SPECDEC_ISA) picks a path
+for tests and timings. This module checks what the C code cannot (dtypes, shapes, contiguity), packs and
+unpacks records, and owns the worker threads' count; it does not know about models, GGUF files or `--weights`
+(quant.py does).
 """
 
 from __future__ import annotations

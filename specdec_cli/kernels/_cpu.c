@@ -8,14 +8,39 @@
  * sequence of operations whatever the number of rows or threads, so the kernels are row-invariant by
  * construction (exact.py still checks it end to end).
  *
- *   matmul(kind, x, rows, k, n, weights, out)
- *       out[rows, n] = x[rows, k] @ W^T, W held as blocks of 32 weights along k, one record per output column
- *       (read as one stream); with `accumulate`, out += the product (a residual connection):
- *         kind 4: float32 scales [k/32], float32 offsets [k/32], codes uint8 [k/32][16] (weight i of a block in
- *                 the low nibble of byte i, weight i + 16 in its high nibble); W = scale * code + offset;
- *         kind 8: float32 scales [k/32], codes int8 [k/32][32]; W = scale * code.
- *       Each row of x is first rounded to 8 bits per block of 32 (scale = max |x| / 127, code = round(x / scale)),
- *       as llama.cpp does, so a block's product is one integer dot product and two multiplications.
+ *   matmul(kind, x, rows, k, n, weights, out[, out_stride, accumulate])
+ *       out[rows, n] = x[rows, k] @ W^T; with `accumulate`, out += the product (a residual connection). W is held
+ *       as one record per group of GROUP = 16 output columns (read as one stream; columns past n are padding),
+ *       made of blocks of 32 weights along k. A block kind's block is: float32 scales [32/sub][16 columns],
+ *       float32 offsets [32/sub][16] (kinds with offsets), then the codes, 4 bytes (4 consecutive k) of each of
+ *       the 16 columns side by side, 64 bytes a "chunk vector":
+ *         byte codes (8 bits): the block's 8 chunks in order, 8 x 64 bytes;
+ *         nibble codes (4 bits): per sub-block of `sub` weights (sub/4 chunks), sub/8 vectors; vector q holds
+ *                 chunk q in its low nibbles and chunk q + sub/8 in its high nibbles; 4 x 64 bytes a block.
+ *       W = scale * (code - zero) (+ offset), scale and offset per sub-block of `sub` weights. The kinds:
+ *         kind  codes   sub zero offset  GGUF types (quant.py)
+ *          4    nibble  32   0    yes    Q4_1, Q4_K (and int4 made on load)
+ *          5    nibble  32   8    no     Q4_0
+ *          8    byte    32  128   no     Q8_0, Q5_0, IQ4_NL, IQ4_XS: the int8 value + 128 (and int8)
+ *          9    byte    32   0    yes    Q5_1, Q5_K (codes 0..31)
+ *         16    byte    16   32   no     Q6_K (codes 0..63)
+ *         17    nibble  16   4    no     Q3_K (codes 0..7)
+ *         18    nibble  16   0    yes    Q2_K (codes 0..3)
+ *       Each row of x is first rounded to 8 bits per block of 32 (scale dx = max |x| / 127, code = round(x / dx)),
+ *       as llama.cpp does. Output (row, column) is then, in this order for every path, row count and thread count:
+ *         acc = 0; for each sub-block j along k: acc = fma(float(dot_j), scale_j * dx_b, acc) and, with offsets,
+ *         acc = fma(offset_j, dx_b * float(sum of the row's codes over j), acc)
+ *       where dot_j = sum over the sub-block of (code - zero) * the row's code, an exact integer (so the integer
+ *       work may be split and ordered freely: vpdpbusd of the unsigned codes with the row's codes broadcast 4 at a
+ *       time, its accumulator started at -zero * the row's code sum; AVX2's maddubs; the portable loop).
+ *       Float kinds (32: float32, 33: float16, 34: bfloat16) hold the weights as they are, [k][16 columns] per
+ *       record; x is not rounded, and output (row, column) = (s0 + s1) + (s2 + s3), s_i the fma chain over
+ *       k = i mod 4 in order.
+ *       Paths: "avx512vnni" (a tile is 16 columns x up to 8 rows, one zmm accumulator a row), "avxvnni" (256-bit
+ *       vpdpbusd, 8 columns x up to 4 rows), "avx2" (maddubs + madd) and "portable" C; the best the CPU has is
+ *       chosen at import (set_isa forces another). They give the same bits: each computes the order above. A
+ *       tile unpacks each block of weights once for all its rows; the rows of a call go in tiles of 8, 4, 2, 1
+ *       (from L1 after the first); the threads split the groups.
  *   attention(...)
  *       softmax(q . k * scale) v per query row and head, each row over its own keys: a contiguous run of cache
  *       positions plus a list of further positions (a tree node's ancestors), in that order. Keys and values
@@ -24,12 +49,13 @@
  *       the decoder's small per-row steps (native.py composes a layer from them): RMS normalisation, rotary
  *       position embedding in place (Hugging Face's rotate-half convention), copying key/value rows into the
  *       cache, and SiLU(gate) * up. Each row is computed alone, on the calling thread.
- *   set_threads(n), threads(), isa()
+ *   set_threads(n), threads(), isa(), isas(), set_isa(name), record_bytes(kind, k), peak(isa)
  *
  * Pointers arrive as integers (the Python side, kernels/__init__.py, checks dtypes, shapes and contiguity).
  * The GIL is released while a kernel runs; a second caller arriving while the pool is busy runs on its own
- * thread. x86-64 CPUs with AVX2 and FMA take vectorised paths chosen once at import; every other CPU takes the
- * portable C loops (same results within a process, slower). This file knows nothing of models or GGUF files.
+ * thread. x86-64 CPUs take the best vectorised path they have (AVX512-VNNI, AVX-VNNI, AVX2 with FMA and F16C),
+ * chosen at import; every other CPU takes the portable C loops (the same matmul results, slower; attention's
+ * AVX2 path rounds differently from its portable one). This file knows nothing of models or GGUF files.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
