@@ -114,13 +114,14 @@ static struct {
     pthread_mutex_t sleep_lock;
     pthread_cond_t wake;
     atomic_long generation; /* bumped for each job */
-    atomic_int remaining;   /* workers still on the current job */
+    atomic_llong claim;     /* (the job's generation << 32) | the next item to hand out */
+    atomic_long done;       /* items of the current job finished */
     atomic_int sleepers;
     atomic_int stopping;
     long base_generation; /* the generation when the workers were started: their first job comes after it */
     task_fn fn;
     const void *ctx;
-    long items;
+    long items, chunk;
 } pool = {.count = 1,
           .job_lock = PTHREAD_MUTEX_INITIALIZER,
           .sleep_lock = PTHREAD_MUTEX_INITIALIZER,
@@ -140,17 +141,34 @@ static double now_seconds(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Thread `index` of `pool.count` takes items [start, stop): a fixed split, so results never depend on timing. */
-static void run_share(int index)
+/* Take chunks of job `generation`'s items until none is left. Any thread may compute any item: every kernel
+ * computes an item by the same operations whichever thread takes it, so results never depend on timing, and a
+ * thread the OS preempts delays only the chunk it holds. A claim is valid only while the claim word still names
+ * the job (run_parallel renews it before it writes the next job's fields). */
+static void work_on(long generation)
 {
-    long start = pool.items * index / pool.count, stop = pool.items * (index + 1) / pool.count;
-    if (start < stop)
-        pool.fn(pool.ctx, start, stop);
+    task_fn fn = pool.fn;
+    const void *ctx = pool.ctx;
+    long items = pool.items, chunk = pool.chunk;
+    long long tag = (long long)(generation & 0xffffffffL) << 32;
+    for (;;) {
+        long long word = atomic_load(&pool.claim);
+        if ((word & ~0xffffffffLL) != tag)
+            return;
+        long start = (long)(word & 0xffffffffLL);
+        if (start >= items)
+            return;
+        long stop = start + chunk < items ? start + chunk : items;
+        if (!atomic_compare_exchange_weak(&pool.claim, &word, tag | stop))
+            continue;
+        fn(ctx, start, stop);
+        atomic_fetch_add(&pool.done, stop - start);
+    }
 }
 
 static void *worker_main(void *arg)
 {
-    int index = (int)(intptr_t)arg;
+    (void)arg;
     long seen = pool.base_generation; /* not the current one: a job may already have been posted */
     for (;;) {
         double spin_until = now_seconds() + SPIN_SECONDS;
@@ -171,8 +189,7 @@ static void *worker_main(void *arg)
         if (atomic_load(&pool.stopping))
             return NULL;
         seen = generation;
-        run_share(index);
-        atomic_fetch_sub(&pool.remaining, 1);
+        work_on(generation);
     }
 }
 
@@ -192,14 +209,17 @@ static void run_parallel(task_fn fn, const void *ctx, long items)
         fn(ctx, 0, items);
         return;
     }
+    long generation = atomic_load(&pool.generation) + 1;
+    atomic_store(&pool.claim, (long long)(generation & 0xffffffffL) << 32); /* stale claims fail from here */
     pool.fn = fn;
     pool.ctx = ctx;
     pool.items = items;
-    atomic_store(&pool.remaining, pool.count - 1);
-    atomic_fetch_add(&pool.generation, 1);
+    pool.chunk = items / (4 * pool.count) > 1 ? items / (4 * pool.count) : 1;
+    atomic_store(&pool.done, 0);
+    atomic_store(&pool.generation, generation);
     wake_all();
-    run_share(0);
-    while (atomic_load(&pool.remaining) > 0)
+    work_on(generation);
+    while (atomic_load(&pool.done) < items)
         cpu_relax();
     pthread_mutex_unlock(&pool.job_lock);
 }
