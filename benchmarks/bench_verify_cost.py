@@ -126,7 +126,7 @@ def gemm(decoder, rows_list: list[int], repeats: int) -> None:
     inputs = {k: torch.randn(max(rows_list), k) for _, k, _, _ in shapes}
     threads = kernels.threads()
     path = kernels.isa()
-    peak = cpu.peak(path, 0.2) * threads if path != "portable" else float("nan")
+    peak = cpu.peak(path, 0.2) * threads if path != "portable" and hasattr(cpu, "peak") else float("nan")
 
     def run(rows: int) -> None:
         for kind, k, n, records in shapes:
@@ -200,11 +200,13 @@ def main() -> None:
         return
     if args.threads:
         kernels.set_threads(args.threads)
-    for path in args.isa.split(",") if args.isa else [kernels.isa()]:
-        kernels.force_isa(path)
+    for path in args.isa.split(",") if args.isa else [""]:
+        if path:
+            kernels.force_isa(path)
         gemm(decoder, rows_list, args.repeats)
         whole_forward(decoder, int(loaded.model.config.vocab_size), contexts, rows_list, args.repeats)
-    kernels.force_isa(None)
+    if args.isa:
+        kernels.force_isa(None)
 
 
 if __name__ == "__main__":
