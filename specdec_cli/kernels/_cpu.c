@@ -697,64 +697,90 @@ AVX2 static inline __attribute__((always_inline)) void tile_float_avx2(const Mat
 
 #define VNNI512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
 #define WIDE_ROWS 8 /* the largest tile (12 measured no faster) */
+#ifndef PAIR_ROWS
+#define PAIR_ROWS 32 /* calls of up to this many rows take two-group tiles */
+#endif
 
+/* NG groups (1 or 2: 16 or 32 columns) x R rows: with two groups each broadcast of a row's codes serves two
+ * vpdpbusd. Every output element gets the operations of the header comment in their order. */
 VNNI512 static inline __attribute__((always_inline)) void tile_512(const MatmulTask *t, long g, long r0, const int R,
                                                                    const int BITS, const int SUB, const int OFF,
-                                                                   int prefetch)
+                                                                   int prefetch, const int NG)
 {
     const long blocks = t->k / BLOCK;
     const int S = BLOCK / SUB, C = SUB / 4;
-    const char *record = t->weights + g * t->record;
     const __m512i low = _mm512_set1_epi8(0x0F);
-    __m512 acc[WIDE_ROWS];
-    _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    __m512 acc[2][WIDE_ROWS];
+    _Pragma("GCC unroll 2") for (int n = 0; n < NG; n++)
+        _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) acc[n][r] = _mm512_setzero_ps();
     for (long b = 0; b < blocks; b++) {
-        const char *block = record + b * t->block;
-        const float *scales = (const float *)block;
-        const char *codes = block + 4 * GROUP * S * (1 + OFF);
-        if (prefetch)
-            for (long line = 0; line < t->block; line += 64)
-                _mm_prefetch(block + t->record + line, _MM_HINT_T0);
+        const char *block[2];
+        _Pragma("GCC unroll 2") for (int n = 0; n < NG; n++) {
+            block[n] = t->weights + (g + n) * t->record + b * t->block;
+            if (prefetch)
+                for (long line = 0; line < t->block; line += 64)
+                    _mm_prefetch(block[n] + NG * t->record + line, _MM_HINT_T0);
+        }
         _Pragma("GCC unroll 2") for (int j = 0; j < S; j++) {
-            __m512i ia[WIDE_ROWS];
+            __m512i ia[2][WIDE_ROWS];
             const int8_t *xs = t->qx + (b * t->rows + r0) * BLOCK + j * SUB;
-            _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) ia[r] =
-                _mm512_set1_epi32(t->init[(b * S + j) * t->rows + r0 + r]);
+            _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {
+                __m512i init = _mm512_set1_epi32(t->init[(b * S + j) * t->rows + r0 + r]);
+                _Pragma("GCC unroll 2") for (int n = 0; n < NG; n++) ia[n][r] = init;
+            }
             if (BITS == 4) {
                 _Pragma("GCC unroll 4") for (int q = 0; q < C / 2; q++) {
-                    __m512i v = _mm512_loadu_si512((const void *)(codes + (j * (C / 2) + q) * 64));
-                    __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                    __m512i lo[2], hi[2];
+                    _Pragma("GCC unroll 2") for (int n = 0; n < NG; n++) {
+                        const char *codes = block[n] + 4 * GROUP * S * (1 + OFF);
+                        __m512i v = _mm512_loadu_si512((const void *)(codes + (j * (C / 2) + q) * 64));
+                        lo[n] = _mm512_and_si512(v, low);
+                        hi[n] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                    }
                     _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {
-                        ia[r] = _mm512_dpbusd_epi32(ia[r], lo, _mm512_set1_epi32(load_i32(xs + r * BLOCK + 4 * q)));
-                        ia[r] = _mm512_dpbusd_epi32(ia[r], hi,
-                                                    _mm512_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + C / 2))));
+                        __m512i xa = _mm512_set1_epi32(load_i32(xs + r * BLOCK + 4 * q));
+                        __m512i xb = _mm512_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + C / 2)));
+                        _Pragma("GCC unroll 2") for (int n = 0; n < NG; n++) {
+                            ia[n][r] = _mm512_dpbusd_epi32(ia[n][r], lo[n], xa);
+                            ia[n][r] = _mm512_dpbusd_epi32(ia[n][r], hi[n], xb);
+                        }
                     }
                 }
             } else {
                 _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) {
-                    __m512i w = _mm512_loadu_si512((const void *)(codes + (j * C + c) * 64));
-                    _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) ia[r] =
-                        _mm512_dpbusd_epi32(ia[r], w, _mm512_set1_epi32(load_i32(xs + r * BLOCK + 4 * c)));
+                    __m512i w[2];
+                    _Pragma("GCC unroll 2") for (int n = 0; n < NG; n++) w[n] = _mm512_loadu_si512(
+                        (const void *)(block[n] + 4 * GROUP * S * (1 + OFF) + (j * C + c) * 64));
+                    _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {
+                        __m512i x = _mm512_set1_epi32(load_i32(xs + r * BLOCK + 4 * c));
+                        _Pragma("GCC unroll 2") for (int n = 0; n < NG; n++) ia[n][r] =
+                            _mm512_dpbusd_epi32(ia[n][r], w[n], x);
+                    }
                 }
             }
-            __m512 scale = _mm512_loadu_ps(scales + j * GROUP);
-            _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {
-                __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(t->dx[b * t->rows + r0 + r]));
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), sd, acc[r]);
-            }
-            if (OFF) {
-                __m512 offset = _mm512_loadu_ps(scales + (S + j) * GROUP);
-                _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) acc[r] =
-                    _mm512_fmadd_ps(offset, _mm512_set1_ps(t->sx[(b * S + j) * t->rows + r0 + r]), acc[r]);
+            _Pragma("GCC unroll 2") for (int n = 0; n < NG; n++) {
+                const float *scales = (const float *)block[n];
+                __m512 scale = _mm512_loadu_ps(scales + j * GROUP);
+                _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {
+                    __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(t->dx[b * t->rows + r0 + r]));
+                    acc[n][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[n][r]), sd, acc[n][r]);
+                }
+                if (OFF) {
+                    __m512 offset = _mm512_loadu_ps(scales + (S + j) * GROUP);
+                    _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) acc[n][r] = _mm512_fmadd_ps(
+                        offset, _mm512_set1_ps(t->sx[(b * S + j) * t->rows + r0 + r]), acc[n][r]);
+                }
             }
         }
     }
-    long count = t->n - g * GROUP;
-    __mmask16 mask = count >= GROUP ? (__mmask16)0xFFFF : (__mmask16)((1u << count) - 1);
-    _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {
-        float *at = t->out + (r0 + r) * t->out_stride + g * GROUP;
-        __m512 value = t->accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, at), acc[r]) : acc[r];
-        _mm512_mask_storeu_ps(at, mask, value);
+    _Pragma("GCC unroll 2") for (int n = 0; n < NG; n++) {
+        long count = t->n - (g + n) * GROUP;
+        __mmask16 mask = count >= GROUP ? (__mmask16)0xFFFF : (__mmask16)((1u << count) - 1);
+        _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {
+            float *at = t->out + (r0 + r) * t->out_stride + (g + n) * GROUP;
+            __m512 value = t->accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, at), acc[n][r]) : acc[n][r];
+            _mm512_mask_storeu_ps(at, mask, value);
+        }
     }
 }
 
@@ -827,19 +853,31 @@ SHAPES(AVXVNNI_FNS)
 #define WIDE_FNS(BITS, SUB, OFF)                                                                                   \
     VNNI512 static void t5_##BITS##_##SUB##_##OFF##_1(const MatmulTask *t, long g, int h, long r0, int p)         \
     {                                                                                                              \
-        tile_512(t, g, r0, 1, BITS, SUB, OFF, p);                                                                  \
+        tile_512(t, g, r0, 1, BITS, SUB, OFF, p, 1);                                                                  \
     }                                                                                                              \
     VNNI512 static void t5_##BITS##_##SUB##_##OFF##_2(const MatmulTask *t, long g, int h, long r0, int p)         \
     {                                                                                                              \
-        tile_512(t, g, r0, 2, BITS, SUB, OFF, p);                                                                  \
+        tile_512(t, g, r0, 2, BITS, SUB, OFF, p, 1);                                                                  \
     }                                                                                                              \
     VNNI512 static void t5_##BITS##_##SUB##_##OFF##_4(const MatmulTask *t, long g, int h, long r0, int p)         \
     {                                                                                                              \
-        tile_512(t, g, r0, 4, BITS, SUB, OFF, p);                                                                  \
+        tile_512(t, g, r0, 4, BITS, SUB, OFF, p, 1);                                                                  \
     }                                                                                                              \
     VNNI512 static void t5_##BITS##_##SUB##_##OFF##_8(const MatmulTask *t, long g, int h, long r0, int p)         \
     {                                                                                                              \
-        tile_512(t, g, r0, 8, BITS, SUB, OFF, p);                                                                  \
+        tile_512(t, g, r0, 8, BITS, SUB, OFF, p, 1);                                                               \
+    }                                                                                                              \
+    VNNI512 static void p5_##BITS##_##SUB##_##OFF##_1(const MatmulTask *t, long g, int h, long r0, int p)         \
+    {                                                                                                              \
+        tile_512(t, g, r0, 1, BITS, SUB, OFF, p, 2);                                                               \
+    }                                                                                                              \
+    VNNI512 static void p5_##BITS##_##SUB##_##OFF##_2(const MatmulTask *t, long g, int h, long r0, int p)         \
+    {                                                                                                              \
+        tile_512(t, g, r0, 2, BITS, SUB, OFF, p, 2);                                                               \
+    }                                                                                                              \
+    VNNI512 static void p5_##BITS##_##SUB##_##OFF##_4(const MatmulTask *t, long g, int h, long r0, int p)         \
+    {                                                                                                              \
+        tile_512(t, g, r0, 4, BITS, SUB, OFF, p, 2);                                                               \
     }
 SHAPES(WIDE_FNS)
 
@@ -872,6 +910,7 @@ FLOAT_FNS(16, 1, bf16)
 typedef struct {
     tile_fn fn[5];
     int rows[5];
+    tile_fn pairs[3]; /* 512-bit tiles of two groups: 1, 2, 4 rows (NULL on other paths) */
 } TileSet;
 
 #define SET256(PREFIX, BITS, SUB, OFF)                                                                             \
@@ -883,7 +922,8 @@ typedef struct {
     {                                                                                                              \
         {t5_##BITS##_##SUB##_##OFF##_1, t5_##BITS##_##SUB##_##OFF##_2, t5_##BITS##_##SUB##_##OFF##_4,              \
          t5_##BITS##_##SUB##_##OFF##_8},                                                                           \
-            {1, 2, 4, 8}                                                                                           \
+            {1, 2, 4, 8},                                                                                          \
+            {p5_##BITS##_##SUB##_##OFF##_1, p5_##BITS##_##SUB##_##OFF##_2, p5_##BITS##_##SUB##_##OFF##_4}          \
     }
 
 static int shape_index(const KindInfo *info)
@@ -935,7 +975,19 @@ static void matmul_groups_tiled(const void *arg, long start, long stop)
     int largest = 4;
     while (tiled->tiles->fn[largest] == NULL)
         largest--;
-    for (long g = start; g < stop; g++) {
+    long g = start;
+    if (tiled->tiles->pairs[0] != NULL && t->info.bits == 4 && t->rows >= 2 && t->rows <= PAIR_ROWS)
+        for (; g + 2 <= stop && (g + 2) * GROUP <= t->n + GROUP - 1; g += 2) {
+            int prefetch = g + 3 < stop;
+            long r0 = 0;
+            for (int size = 2; size >= 0; size--)
+                while (t->rows - r0 >= (1L << size)) {
+                    tiled->tiles->pairs[size](t, g, 0, r0, prefetch);
+                    prefetch = 0;
+                    r0 += 1L << size;
+                }
+        }
+    for (; g < stop; g++) {
         int prefetch = g + 1 < stop;
         for (int h = 0; h < tiled->halves; h++) {
             if (h * 8 >= t->n - g * GROUP)
