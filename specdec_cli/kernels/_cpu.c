@@ -36,11 +36,12 @@
  *       Float kinds (32: float32, 33: float16, 34: bfloat16) hold the weights as they are, [k][16 columns] per
  *       record; x is not rounded, and output (row, column) = (s0 + s1) + (s2 + s3), s_i the fma chain over
  *       k = i mod 4 in order.
- *       Paths: "avx512vnni" (a tile is 16 columns x up to 8 rows, one zmm accumulator a row), "avxvnni" (256-bit
- *       vpdpbusd, 8 columns x up to 4 rows), "avx2" (maddubs + madd) and "portable" C; the best the CPU has is
- *       chosen at import (set_isa forces another). They give the same bits: each computes the order above. A
- *       tile unpacks each block of weights once for all its rows; the rows of a call go in tiles of 8, 4, 2, 1
- *       (from L1 after the first); the threads split the groups.
+ *       Paths: "avx512vnni" (a tile is 16 columns x up to 8 rows, one zmm accumulator a row; nibble kinds with
+ *       2-32 rows take two groups, 32 columns x up to 4 rows, so that each broadcast of a row's codes serves two
+ *       vpdpbusd), "avxvnni" (256-bit vpdpbusd, 8 columns x up to 4 rows), "avx2" (maddubs + madd, 8 x 4) and
+ *       "portable" C; the best the CPU has is chosen at import (set_isa forces another). They give the same
+ *       bits: each computes the order above. A tile unpacks each block of weights once for all its rows; the
+ *       rows of a call go in tiles of 8, 4, 2, 1 (from L1 after the first); the threads split the groups.
  *   attention(...)
  *       softmax(q . k * scale) v per query row and head, each row over its own keys: a contiguous run of cache
  *       positions plus a list of further positions (a tree node's ancestors), in that order. Keys and values
