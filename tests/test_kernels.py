@@ -138,8 +138,10 @@ def _row_arrays(runs, extras):
     return starts, stops, torch.tensor(offsets, dtype=torch.int32), flat
 
 
+@pytest.mark.parametrize("path", kernels.isas())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_attention_matches_sdpa_and_each_row_equals_its_own_call(dtype):
+def test_attention_matches_sdpa_and_each_row_equals_its_own_call(dtype, path):
+    kernels.force_isa(path)
     generator = torch.Generator().manual_seed(5)
     heads, kv_heads, dim, cached = 6, 2, 64, 37
     keys = torch.randn(kv_heads, 60, dim, generator=generator).to(dtype)
@@ -156,10 +158,13 @@ def test_attention_matches_sdpa_and_each_row_equals_its_own_call(dtype):
         assert torch.equal(alone[0], out[row])
 
 
+@pytest.mark.parametrize("path", kernels.isas())
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 13])
-def test_long_contexts_span_key_blocks_and_rows_still_equal_their_own_calls(rows):
+def test_long_contexts_span_key_blocks_and_rows_still_equal_their_own_calls(rows, path):
     """Past 64 keys the kernel works in key blocks shared by a unit's heads and rows (one read of the cache per
-    block); each row must still equal its own one-row call bit for bit, tree rows with gathered keys included."""
+    block); each row must still equal its own one-row call bit for bit, tree rows with gathered keys included, on
+    every instruction-set path (each with its own order)."""
+    kernels.force_isa(path)
     generator = torch.Generator().manual_seed(8)
     heads, kv_heads, dim, cached = 9, 3, 64, 301
     total = cached + rows + 4

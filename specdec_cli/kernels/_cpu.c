@@ -45,7 +45,8 @@
  *   attention(...)
  *       softmax(q . k * scale) v per query row and head, each row over its own keys: a contiguous run of cache
  *       positions plus a list of further positions (a tree node's ancestors), in that order. Keys and values
- *       are float32 or bfloat16, read in place through strides; scores, softmax and sums are float32.
+ *       are float32 or bfloat16, read in place through strides; scores, softmax and sums are float32. The
+ *       avx512vnni path computes scores and value sums on 512-bit registers.
  *   rms_norm, rope, store_rows, silu_mul
  *       the decoder's small per-row steps (native.py composes a layer from them): RMS normalisation, rotary
  *       position embedding in place (Hugging Face's rotate-half convention), copying key/value rows into the
@@ -56,7 +57,8 @@
  * The GIL is released while a kernel runs; a second caller arriving while the pool is busy runs on its own
  * thread. x86-64 CPUs take the best vectorised path they have (AVX512-VNNI, AVX-VNNI, AVX2 with FMA and F16C),
  * chosen at import; every other CPU takes the portable C loops (the same matmul results, slower; attention's
- * AVX2 path rounds differently from its portable one). This file knows nothing of models or GGUF files.
+ * portable, AVX2 and 512-bit steps each round in their own order, each row-invariant). This file knows nothing
+ * of models or GGUF files.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1023,6 +1025,7 @@ typedef struct {
     float *out;
     long o_row, o_head;
     long row_tile; /* AVX2 work units: 0 = one (row, head) each; else a key/value head's query heads x row_tile rows */
+    int wide; /* the 512-bit score and value steps (the avx512vnni path) */
 } AttentionTask;
 
 static inline long key_count(const AttentionTask *t, long row)
@@ -1226,6 +1229,83 @@ DEFINE_ATTENTION(8, bf16)
 DEFINE_ATTENTION(12, bf16)
 DEFINE_ATTENTION(16, bf16)
 
+/* The same two steps on 512-bit registers (head_dim = 16 * CHUNKS): a score's 16 lanes are first added as
+ * lane i + lane i + 8, then reduced as the AVX2 step reduces its 8; an accumulator lane sees the same operations
+ * whatever the blocks, the unit or the rows (the avx512vnni path's own order, not AVX2's). */
+VNNI512 static inline __m512 load16_f32(const char *base, long index)
+{
+    return _mm512_loadu_ps((const float *)base + index);
+}
+
+VNNI512 static inline __m512 load16_bf16(const char *base, long index)
+{
+    __m256i half = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + index));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+VNNI512 static inline __m256 fold16(__m512 v)
+{
+    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
+#define DEFINE_ATTENTION512(CHUNKS, TYPE)                                                                          \
+    VNNI512 static void score_wide_##CHUNKS##_##TYPE(const AttentionTask *t, long row, long head, float *scores,   \
+                                                     long j0, long j1)                                             \
+    {                                                                                                              \
+        const long kv = head / (t->heads / t->kv_heads);                                                           \
+        const long run_start = t->run_start[row], run = t->run_stop[row] - run_start;                              \
+        const int32_t *extra = t->extra_pos + t->extra_start[row];                                                 \
+        const long k_pos = t->k_pos, k_head = kv * t->k_head;                                                      \
+        const char *k = t->k;                                                                                      \
+        const float *query = t->q + row * t->q_row + head * t->q_head;                                             \
+        __m512 q[CHUNKS];                                                                                          \
+        __m128 scale = _mm_set1_ps(t->scale);                                                                      \
+        _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++) q[c] = _mm512_loadu_ps(query + 16 * c);         \
+        for (long j = j0; j < j1; j += 4) {                                                                        \
+            __m256 dots[4];                                                                                        \
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {                                                  \
+                dots[i] = _mm256_setzero_ps();                                                                     \
+                long key = j + i;                                                                                  \
+                if (key < j1) {                                                                                    \
+                    long base = k_head + (key < run ? run_start + key : (long)extra[key - run]) * k_pos;           \
+                    __m512 dot = _mm512_mul_ps(q[0], load16_##TYPE(k, base));                                      \
+                    _Pragma("GCC unroll 16") for (int c = 1; c < CHUNKS; c++)                                      \
+                        dot = _mm512_fmadd_ps(q[c], load16_##TYPE(k, base + 16 * c), dot);                         \
+                    dots[i] = fold16(dot);                                                                         \
+                }                                                                                                  \
+            }                                                                                                      \
+            _mm_storeu_ps(scores + j, _mm_mul_ps(four_scores(dots[0], dots[1], dots[2], dots[3]), scale));         \
+        }                                                                                                          \
+    }                                                                                                              \
+    VNNI512 static void value_wide_##CHUNKS##_##TYPE(const AttentionTask *t, long row, long head,                  \
+                                                     const float *weights, float *acc_mem, long j0, long j1)       \
+    {                                                                                                              \
+        const long kv = head / (t->heads / t->kv_heads);                                                           \
+        const long run_start = t->run_start[row], run = t->run_stop[row] - run_start;                              \
+        const int32_t *extra = t->extra_pos + t->extra_start[row];                                                 \
+        const long v_pos = t->v_pos, v_head = kv * t->v_head;                                                      \
+        const char *v = t->v;                                                                                      \
+        __m512 acc[CHUNKS];                                                                                        \
+        _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++) acc[c] = _mm512_loadu_ps(acc_mem + 16 * c);     \
+        for (long key = j0; key < j1; key++) {                                                                     \
+            long base = v_head + (key < run ? run_start + key : (long)extra[key - run]) * v_pos;                   \
+            __m512 p = _mm512_set1_ps(weights[key]);                                                               \
+            _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++)                                              \
+                acc[c] = _mm512_fmadd_ps(p, load16_##TYPE(v, base + 16 * c), acc[c]);                              \
+        }                                                                                                          \
+        _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++) _mm512_storeu_ps(acc_mem + 16 * c, acc[c]);     \
+    }
+DEFINE_ATTENTION512(1, f32)
+DEFINE_ATTENTION512(2, f32)
+DEFINE_ATTENTION512(4, f32)
+DEFINE_ATTENTION512(6, f32)
+DEFINE_ATTENTION512(8, f32)
+DEFINE_ATTENTION512(1, bf16)
+DEFINE_ATTENTION512(2, bf16)
+DEFINE_ATTENTION512(4, bf16)
+DEFINE_ATTENTION512(6, bf16)
+DEFINE_ATTENTION512(8, bf16)
+
 typedef void (*score_fn)(const AttentionTask *, long, long, float *, long, long);
 typedef void (*value_fn)(const AttentionTask *, long, long, const float *, float *, long, long);
 
@@ -1238,8 +1318,27 @@ typedef void (*value_fn)(const AttentionTask *, long, long, const float *, float
         *value = value_block_##CHUNKS##_f32;                                                                       \
     }
 
-static void attention_variant(long dim, int bf16, score_fn *score, value_fn *value)
+#define WIDE_VARIANT(CHUNKS)                                                                                       \
+    if (bf16) {                                                                                                    \
+        *score = score_wide_##CHUNKS##_bf16;                                                                       \
+        *value = value_wide_##CHUNKS##_bf16;                                                                       \
+    } else {                                                                                                       \
+        *score = score_wide_##CHUNKS##_f32;                                                                        \
+        *value = value_wide_##CHUNKS##_f32;                                                                        \
+    }
+
+static void attention_variant(long dim, int bf16, int wide, score_fn *score, value_fn *value)
 {
+    if (wide) {
+        switch (dim) {
+        case 16: WIDE_VARIANT(1) break;
+        case 32: WIDE_VARIANT(2) break;
+        case 64: WIDE_VARIANT(4) break;
+        case 96: WIDE_VARIANT(6) break;
+        default: WIDE_VARIANT(8) break;
+        }
+        return;
+    }
     switch (dim) {
     case 16: VARIANT(2) break;
     case 32: VARIANT(4) break;
@@ -1249,6 +1348,7 @@ static void attention_variant(long dim, int bf16, score_fn *score, value_fn *val
     }
 }
 #undef VARIANT
+#undef WIDE_VARIANT
 
 #define KEY_BLOCK 64 /* keys per block: 64 keys x 128 dims x 4 bytes = 32 KB of keys, an L1 cache's worth */
 #define MAX_UNIT_ITEMS 64
@@ -1291,7 +1391,7 @@ AVX2 static void attention_units_avx2(const void *arg, long start, long stop)
     float *acc = scores + stride * MAX_UNIT_ITEMS; /* [items][dim] */
     score_fn score;
     value_fn value;
-    attention_variant(t->dim, t->kv_bf16, &score, &value);
+    attention_variant(t->dim, t->kv_bf16, t->wide, &score, &value);
     for (long unit = start; unit < stop; unit++) {
         long count = unit_items(t, unit, rows, heads), longest = 0;
         float totals[MAX_UNIT_ITEMS];
@@ -1653,7 +1753,7 @@ static PyObject *py_attention(PyObject *self, PyObject *args)
     t = (AttentionTask){rows, heads, kv_heads, dim, (const float *)q, q_row, q_head, (const char *)k,
                         (const char *)v, kv_bf16, k_head, k_pos, v_head, v_pos, (const int32_t *)run_start,
                         (const int32_t *)run_stop, (const int32_t *)extra_start, (const int32_t *)extra_pos, (float)scale, (float *)out, o_row,
-                        o_head, 0};
+                        o_head, 0, isa_path == ISA_AVX512VNNI};
     Py_BEGIN_ALLOW_THREADS
 #if HAVE_X86
     if (use_avx2 && avx2_attention_dim(dim)) {
