@@ -79,11 +79,11 @@ def save_curve(cache_file: Optional[Path], curve: CostCurve) -> None:
 
 def cost_cache_file(model: Any, exact_rows: int) -> Optional[Path]:
     """$SPECDEC_HOME/costs/KEY.json, KEY from the model, device, CPU, dtype, threads, torch version, the rows
-    verified row-invariantly (0: none) and block weights (with the kernels' path and record format). None for an in-memory model (tests): measured, not
-    stored."""
+    verified row-invariantly (0: none) and block weights (with the kernels' path and record format). None for an
+    in-memory model (tests): measured, not stored."""
+    from . import kernels
     from .home import specdec_home
     from .machine import cpu_model
-    from . import kernels
     from .quant import CACHE_FORMAT, block_layers, weights_summary
 
     name = getattr(model.config, "_name_or_path", "") or ""
