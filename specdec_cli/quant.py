@@ -54,6 +54,7 @@ class BlockWeights:
     def __init__(self, kind: int, records: torch.Tensor, out_features: int, in_features: int, origin: str):
         self.kind, self.records, self.origin = kind, records, origin
         self.shape = (int(out_features), int(in_features))
+        self._unpacked: Optional[tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]] = None
 
     @classmethod
     def from_codes(cls, kind: int, codes: torch.Tensor, scales: Optional[torch.Tensor],
@@ -62,13 +63,21 @@ class BlockWeights:
         from . import kernels
 
         records = kernels.pack_records(kind, codes, scales, offsets)
-        return cls(kind, records, codes.shape[0], codes.shape[1], origin)
+        weights = cls(kind, records, codes.shape[0], codes.shape[1], origin)
+        weights._unpacked = (codes, scales, offsets)  # kept while converting (checks, q/k row order)
+        return weights
 
     def unpacked(self) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
         """(codes [out, in], scales, offsets): kernels.unpack_records."""
         from . import kernels
 
+        if self._unpacked is not None:
+            return self._unpacked
         return kernels.unpack_records(self.kind, self.records, self.shape[0])
+
+    def forget_unpacked(self) -> None:
+        """Drop the codes kept from `from_codes` (a byte a weight): later calls unpack the records again."""
+        self._unpacked = None
 
     def dense(self) -> torch.Tensor:
         """The weight as float32 [out, in] (what the blocks mean; for checks and for drafters that read rows)."""
@@ -376,6 +385,7 @@ def gguf_blocks(model: Any, gguf_path: Path) -> Iterator[tuple[str, BlockWeights
             weights = weights.take(torch.from_numpy(permuted_rows(module.out_features, int(heads[kind]))))
             if not _matches(weights.dense(), reference):
                 continue
+        weights.forget_unpacked()  # only the records are kept
         yield module_name, weights
 
 
@@ -400,6 +410,7 @@ def plan_blocks(model: Any, mode: str, gguf_path: Optional[Path]) -> dict[str, B
         for name, module in model.named_modules():
             if isinstance(module, torch.nn.Linear) and name not in planned and module.in_features % BLOCK == 0:
                 planned[name] = quantize_dense(module.weight, kind)
+                planned[name].forget_unpacked()
     return planned
 
 

@@ -226,10 +226,11 @@ def dequantize(kind: int, codes: torch.Tensor, scales: Optional[torch.Tensor],
     if info.bits >= 16:
         return codes.to(torch.float32)
     assert scales is not None
-    weight = (codes.to(torch.float32) - info.zero) * scales.repeat_interleave(info.sub, dim=1)
+    n, k = codes.shape
+    weight = (codes.to(torch.float32).reshape(n, -1, info.sub) - info.zero) * scales[..., None]
     if offsets is not None:
-        weight = weight + offsets.repeat_interleave(info.sub, dim=1)
-    return weight
+        weight = weight + offsets[..., None]
+    return weight.reshape(n, k)
 
 
 def select_columns(kind: int, records: torch.Tensor, n: int, ids: torch.Tensor) -> torch.Tensor:
