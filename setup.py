@@ -1,8 +1,8 @@
 """Builds specdec's two small C extensions; all other metadata lives in pyproject.toml.
 
 - specdec_cli.sam._native: the static suffix-automaton builder.
-- specdec_cli.kernels._cpu: block-quantised matmuls and row-invariant attention for the CPU (AVX2 paths chosen
-  at run time, portable C elsewhere). `-ffp-contract=off`: no multiply-add is fused behind the code's back, so
+- specdec_cli.kernels._cpu: block-quantised matmuls and row-invariant attention for the CPU (AVX512-VNNI,
+  AVX-VNNI and AVX2 paths chosen at run time through target attributes, portable C elsewhere). `-ffp-contract=off`: no multiply-add is fused behind the code's back, so
   the order of every floating-point operation is the one written.
 """
 from setuptools import Extension, setup

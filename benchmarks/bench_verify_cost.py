@@ -1,20 +1,23 @@
-"""The cost of verifying a block at long contexts: exact (row-invariant) attention against one batched call.
+"""The cost of verifying a block of n rows: the block matmuls, exact attention and the whole forward.
 
-Exact verification needs every row of a block to see exactly the keys a one-row step would see, reduced in
-the same order. specdec's attention kernel (kernels/_cpu.c) does that in one call for the whole block: each
-(row, head) pair is one work item over its own keys. This script measures, on the default model's attention
-shape (9 query heads, 3 key/value heads, 64 dims) and on the whole model with block weights:
+Exact verification needs every row of a block to come out as a one-row forward would compute it. specdec's
+kernels (kernels/_cpu.c) do that by construction; this script measures what it costs, on the default model
+(block weights from its GGUF, the native decoder):
 
-1. attention alone, per layer: the exact kernel against torch's batched `scaled_dot_product_attention` over
-   the same block and cache (one call, causal within the block; what a non-exact verifier does), for
-   contexts of 128 to 4096 tokens and blocks of 1 to 16 rows;
-2. a whole forward of n rows after a context of L tokens, relative to a one-row forward at the same context
-   (the verify-cost curve a long prompt gives the planner).
+1. the GEMM: every block matmul of one forward (the layers' fused projections and the LM head) for n rows,
+   as multiply-adds a second and as a share of the path's arithmetic peak (`kernels._cpu.peak`: one thread
+   running only the path's multiplying instruction, vpdpbusd or vpmaddubsw, on registers, times the threads);
+2. attention alone, per layer: the exact kernel against torch's batched `scaled_dot_product_attention` over
+   the same block and cache (one call, causal within the block; what a non-exact verifier does), on the default
+   model's attention shape (9 query heads, 3 key/value heads, 64 dims);
+3. a whole forward of n rows after a context of L tokens, relative to a one-row forward at the same context
+   (the verify-cost curve the planner sees).
 
-    python benchmarks/bench_verify_cost.py [--contexts 128,1024,2048,4096] [--rows 1,4,8,16]
+    python benchmarks/bench_verify_cost.py [--contexts 64,512] [--rows 1,2,4,8,16,32] [--isa avx2,avx512vnni]
 
-Numbers move with the machine's load; read them within one run (the timings are interleaved, best of N).
-It measures; it does not assert anything.
+`--isa` repeats the GEMM and the whole forward on each named instruction-set path (kernels.force_isa; default:
+the best this CPU has). Numbers move with the machine's load; read them within one run (the timings are
+interleaved, best of N). It measures; it does not assert anything.
 """
 
 from __future__ import annotations
@@ -89,21 +92,72 @@ def attention_times(context: int, rows: int, repeats: int) -> tuple[float, float
     return exact_ms, sdpa_ms, matmul_ms
 
 
-def whole_forward(contexts: list[int], rows_list: list[int], repeats: int) -> None:
-    import torch
-
-    from specdec_cli.kv_cache import KVCache
+def load_decoder():
     from specdec_cli.models import load_target
     from specdec_cli.native import decoder_for
 
     loaded = load_target(weights="gguf", device="cpu")
     decoder = decoder_for(loaded.model)
     if decoder is None:
-        print("the native decoder does not run this model; skipping the whole-forward part")
-        return
+        print("the native decoder does not run this model; skipping the model's parts")
+    return loaded, decoder
+
+
+def gemm(decoder, rows_list: list[int], repeats: int) -> None:
+    """Every block matmul of one forward, n rows: ms, multiply-adds a second, share of the path's peak."""
+    import torch
+
+    from specdec_cli import kernels
+
+    cpu = kernels._require()
+    shapes = []  # (kind, k, n, records)
+    for layer in decoder.layers:
+        for group in layer.qkv:
+            shapes.append((group.kind, decoder.hidden, group.width, group.records))
+        shapes.append((layer.out.kind, layer.out.in_features, layer.out.out_features, layer.out.records))
+        for group in layer.gate_up:
+            shapes.append((group.kind, decoder.hidden, group.width, group.records))
+        shapes.append((layer.down.kind, layer.down.in_features, layer.down.out_features, layer.down.records))
+    head = decoder.head
+    shapes.append((head.kind, head.in_features, head.out_features, head.records))
+    macs_per_row = sum(k * n for _, k, n, _ in shapes)
+    widest = max(n for _, _, n, _ in shapes)
+    out = torch.empty(max(rows_list), widest)
+    inputs = {k: torch.randn(max(rows_list), k) for _, k, _, _ in shapes}
+    threads = kernels.threads()
+    path = kernels.isa()
+    peak = cpu.peak(path, 0.2) * threads if path != "portable" and hasattr(cpu, "peak") else float("nan")
+
+    def run(rows: int) -> None:
+        for kind, k, n, records in shapes:
+            cpu.matmul(kind, inputs[k].data_ptr(), rows, k, n, records.data_ptr(), out.data_ptr(), n, False)
+
+    times = {rows: float("inf") for rows in rows_list}
+    for rows in rows_list:
+        run(rows)  # warm
+    for _ in range(repeats):
+        for rows in rows_list:
+            start = time.perf_counter()
+            run(rows)
+            times[rows] = min(times[rows], time.perf_counter() - start)
+    print(f"\nGEMM on {path}, {threads} thread(s): every block matmul of one forward ({macs_per_row / 1e6:.0f} M "
+          f"multiply-adds a row); peak {peak / 1e9:.0f} G multiply-adds/s = {threads} x one thread's run of the "
+          f"path's multiplying instruction alone (kernels._cpu.peak)")
+    print(f"{'rows':>5} {'ms':>8} {'GMAC/s':>8} {'of peak':>8}")
+    for rows in rows_list:
+        rate = rows * macs_per_row / times[rows]
+        print(f"{rows:>5} {1000 * times[rows]:>8.2f} {rate / 1e9:>8.1f} {rate / peak:>8.1%}")
+
+
+def whole_forward(decoder, vocab: int, contexts: list[int], rows_list: list[int], repeats: int) -> None:
+    import torch
+
+    from specdec_cli import kernels
+    from specdec_cli.kv_cache import KVCache
+
     generator = torch.Generator().manual_seed(0)
-    vocab = int(loaded.model.config.vocab_size)
-    print("\nwhole forward of n rows after a context, ms (block weights, native decoder); t(n) / t(1)")
+    print(f"\nwhole forward of n rows after a context, ms (block weights, native decoder, {kernels.isa()}, "
+          f"{kernels.threads()} thread(s)); t(n) / t(1)")
     print(f"{'context':>8} " + " ".join(f"{'t(' + str(rows) + ')':>8}" for rows in rows_list) + "   ratios")
     for context in contexts:
         cache = KVCache()
@@ -125,16 +179,34 @@ def whole_forward(contexts: list[int], rows_list: list[int], repeats: int) -> No
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--contexts", default="128,1024,2048,4096")
-    parser.add_argument("--rows", default="1,4,8,16")
+    parser.add_argument("--contexts", default="64,512")
+    parser.add_argument("--rows", default="1,2,4,8,16,32")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--isa", default="", help="comma-separated instruction-set paths (default: the best)")
+    parser.add_argument("--threads", type=int, default=0, help="the kernels' threads (default: torch's)")
     parser.add_argument("--skip-model", action="store_true", help="attention alone (no model load)")
+    parser.add_argument("--skip-attention", action="store_true", help="the model's parts only")
     args = parser.parse_args()
     contexts = [int(value) for value in args.contexts.split(",")]
     rows_list = [int(value) for value in args.rows.split(",")]
-    attention_alone(contexts, rows_list, args.repeats)
-    if not args.skip_model:
-        whole_forward(contexts, rows_list, args.repeats)
+    if not args.skip_attention:
+        attention_alone(contexts, rows_list, args.repeats)
+    if args.skip_model:
+        return
+    from specdec_cli import kernels
+
+    loaded, decoder = load_decoder()
+    if decoder is None:
+        return
+    if args.threads:
+        kernels.set_threads(args.threads)
+    for path in args.isa.split(",") if args.isa else [""]:
+        if path:
+            kernels.force_isa(path)
+        gemm(decoder, rows_list, args.repeats)
+        whole_forward(decoder, int(loaded.model.config.vocab_size), contexts, rows_list, args.repeats)
+    if args.isa:
+        kernels.force_isa(None)
 
 
 if __name__ == "__main__":

@@ -79,18 +79,20 @@ def save_curve(cache_file: Optional[Path], curve: CostCurve) -> None:
 
 def cost_cache_file(model: Any, exact_rows: int) -> Optional[Path]:
     """$SPECDEC_HOME/costs/KEY.json, KEY from the model, device, CPU, dtype, threads, torch version, the rows
-    verified row-invariantly (0: none) and block weights. None for an in-memory model (tests): measured, not
-    stored."""
+    verified row-invariantly (0: none) and block weights (with the kernels' path and record format). None for an
+    in-memory model (tests): measured, not stored."""
+    from . import kernels
     from .home import specdec_home
     from .machine import cpu_model
-    from .quant import block_layers, weights_summary
+    from .quant import CACHE_FORMAT, block_layers, weights_summary
 
     name = getattr(model.config, "_name_or_path", "") or ""
     if not name:
         return None
     params = sum(p.numel() for p in model.parameters())
     first = next(model.parameters())
-    blocks = f"|{weights_summary(model)}" if block_layers(model) else ""
+    # block weights: their kernels' path and layout too (a new kernel release measures its own curve)
+    blocks = f"|{weights_summary(model)}|{kernels.isa()}|{CACHE_FORMAT}" if block_layers(model) else ""
     key = (f"{name}|{params}|{first.device}|{cpu_model()}|{first.dtype}|{torch.get_num_threads()}|"
            f"{torch.__version__}" + (f"|exact{exact_rows}" if exact_rows else "") + blocks)
     return specdec_home() / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"

@@ -163,9 +163,11 @@ class _Projections:
 
     @staticmethod
     def of(*layers: BlockLinear) -> list["_Projections"]:
+        from .kernels import GROUP
+
         groups: list[list[BlockLinear]] = []
-        for layer in layers:
-            if groups and groups[-1][0].kind == layer.kind:
+        for layer in layers:  # records hold GROUP outputs each: a layer joins one that ends on a whole record
+            if groups and groups[-1][0].kind == layer.kind and groups[-1][-1].out_features % GROUP == 0:
                 groups[-1].append(layer)
             else:
                 groups.append([layer])
@@ -177,7 +179,7 @@ class _Projections:
             records = records.contiguous()
             start = 0
             for layer in group:  # the layers keep views of the fused records: no second copy of the weights
-                layer.records = records[start : start + layer.out_features]
+                layer.records = records[start // GROUP : (start + layer.out_features + GROUP - 1) // GROUP]
                 start += layer.out_features
             bias = torch.cat(biases).contiguous() if has_bias else None
             fused.append(_Projections(group[0].kind, records, start, bias))

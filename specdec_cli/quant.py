@@ -1,23 +1,29 @@
-"""The target's weights in blocks: a GGUF's 4-bit and 8-bit blocks as stored, or blocks made on load (`--weights`).
+"""The target's weights in blocks: a GGUF's quantised tensors as stored, or blocks made on load (`--weights`).
 
 A CPU decoding step is bound by reading weights: SmolLM2-135M dequantised to bfloat16 is 270 MB a token, its
 GGUF ~85 MB. Here every linear layer whose weight can be held in blocks of 32 along the input dimension becomes a
-`BlockLinear`, multiplied by specdec's CPU kernel (kernels/_cpu.c; each row of activations rounded to 8 bits per
-block of 32 first, as llama.cpp does). What `--weights` means:
+`BlockLinear`, multiplied by specdec's CPU kernels (kernels/_cpu.c: integer dot products of the weight codes
+with each row of activations rounded to 8 bits per block of 32, as llama.cpp does). What `--weights` means:
 
 - `dense`: every weight dequantised to the compute dtype (0.2.0's path).
-- `gguf`: a GGUF's Q4_0, Q4_1 and Q4_K tensors run as 4-bit blocks and its Q8_0 tensors as 8-bit blocks, exactly
-  as stored (a Q4_K super-block's 6-bit scales and minimums become per-32 scales and offsets, exact in float32);
-  tensors of any other type (F32, F16, BF16, Q5_*, Q6_K, Q2_K, Q3_K, IQ*) stay dense.
-- `int8`: `gguf`, and every other linear layer quantised on load to 8-bit blocks (symmetric, scale = max|w|/127):
-  a Hugging Face model becomes a different, smaller target, said so wherever the target is named.
-- `int4`: a GGUF's 4-bit blocks as stored, and every other linear layer (Q8_0 ones too) quantised on load to
-  4-bit blocks (scale = (max - min)/15, offset = min).
+- `gguf`: every tensor of a type users hold runs on the kernels from its own bits, repacked at conversion into
+  one of the kernels' kinds (kernels.KINDS) that keeps every weight value exact: Q4_0, Q4_1 and Q4_K as nibbles
+  (a Q4_K super-block's 6-bit scales and minimums become per-32 scales and offsets, exact in float32); Q8_0, Q5_0,
+  IQ4_NL and IQ4_XS as int8 values (IQ4's 16-entry table read at conversion); Q5_1 and Q5_K as bytes 0..31 with
+  offsets; Q6_K, Q3_K and Q2_K with their per-16 sub-scales (times the super-block's d, exact in float32) as
+  scales of 16 weights; F16, BF16 and F32 matrices as they are, on a fixed-order float kernel. Any other type
+  (IQ1-IQ3, TQ*, ...) and any matrix whose input size is not a multiple of its block stays dense.
+- `int8`: `gguf`, and every other linear layer (float GGUF matrices too) quantised on load to 8-bit blocks
+  (symmetric, scale = max|w|/127): a Hugging Face model becomes a different, smaller target, said so wherever
+  the target is named.
+- `int4`: a GGUF's 4-bit kinds as stored, and every other linear layer (Q8_0, Q5_*, Q6_K, IQ4, float ones too)
+  quantised on load to 4-bit blocks (scale = (max - min)/15, offset = min).
 - `auto` (models.py decides): `gguf` for a GGUF on a CPU where a plain step measures faster than dense.
 
 Every block weight taken from a GGUF is checked at conversion against the dense weight transformers dequantised
 from the same tensor (including the row order of llama's permuted q/k projections); a tensor that does not match
-stays dense. The result is cached as safetensors under $SPECDEC_HOME/weights, one file per model and mode.
+stays dense. `weights_summary` names each type and how many layers run on blocks or dense. The result is cached
+as safetensors (the kernels' packed records) under $SPECDEC_HOME/weights, one file per model and mode.
 Quantised models compute in float32 (the kernels take float32 rows). Exactness does not change: the kernels are
 row-invariant, and exact.py verifies blocks against one-row forwards as for any model.
 This file converts and caches weights; it does not choose a mode (models.py) or run anything but the check.
@@ -27,9 +33,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
@@ -39,68 +44,91 @@ from .kernels import BLOCK
 
 WEIGHTS = ("auto", "dense", "gguf", "int8", "int4")
 BLOCK_MODES = ("gguf", "int8", "int4")
-CACHE_FORMAT = 1  # bump when the cached file's layout or a conversion rule changes
-BlockKind = Literal[4, 8]
+CACHE_FORMAT = 2  # bump when the cached file's layout or a conversion rule changes (2: kernels' GROUP records)
 
 
-@dataclass
 class BlockWeights:
-    """One weight [out, in] in blocks of 32 along `in`: kind 4 codes uint8 [out, in/32, 16] (weight i of a block in
-    the low nibble of byte i, weight i + 16 in the high nibble) with W = scales * code + offsets; kind 8 codes int8
-    [out, in/32, 32] with W = scales * code. scales, offsets float32 [out, in/32]."""
+    """One weight [out, in] as the kernels hold it: packed records of `kind` (kernels.KINDS) and where they came
+    from (`origin`: a GGUF type such as "Q4_K", or "int4"/"int8" for blocks made on load)."""
 
-    kind: BlockKind
-    codes: torch.Tensor
-    scales: torch.Tensor
-    offsets: Optional[torch.Tensor]
-    origin: str  # "Q4_1" (a GGUF's own blocks), "int4" or "int8" (quantised on load)
+    def __init__(self, kind: int, records: torch.Tensor, out_features: int, in_features: int, origin: str):
+        self.kind, self.records, self.origin = kind, records, origin
+        self.shape = (int(out_features), int(in_features))
+        self._unpacked: Optional[tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]] = None
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return int(self.codes.shape[0]), int(self.codes.shape[1]) * BLOCK
+    @classmethod
+    def from_codes(cls, kind: int, codes: torch.Tensor, scales: Optional[torch.Tensor],
+                   offsets: Optional[torch.Tensor], origin: str) -> "BlockWeights":
+        """codes [out, in] one code a byte (float kinds: the weights), scales/offsets float32 [out, in/sub]."""
+        from . import kernels
+
+        records = kernels.pack_records(kind, codes, scales, offsets)
+        weights = cls(kind, records, codes.shape[0], codes.shape[1], origin)
+        weights._unpacked = (codes, scales, offsets)  # kept while converting (checks, q/k row order)
+        return weights
+
+    def unpacked(self) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """(codes [out, in], scales, offsets): kernels.unpack_records."""
+        from . import kernels
+
+        if self._unpacked is not None:
+            return self._unpacked
+        return kernels.unpack_records(self.kind, self.records, self.shape[0])
+
+    def forget_unpacked(self) -> None:
+        """Drop the codes kept from `from_codes` (a byte a weight): later calls unpack the records again."""
+        self._unpacked = None
 
     def dense(self) -> torch.Tensor:
         """The weight as float32 [out, in] (what the blocks mean; for checks and for drafters that read rows)."""
-        if self.kind == 4:
-            packed = self.codes.to(torch.int32)
-            codes = torch.cat([packed & 15, packed >> 4], dim=-1).to(torch.float32)  # [out, in/32, 32]
-            weight = codes * self.scales[..., None] + self.offsets[..., None]  # type: ignore[index]
-        else:
-            weight = self.codes.to(torch.float32) * self.scales[..., None]
-        return weight.reshape(self.shape)
+        from . import kernels
+
+        return kernels.dequantize(self.kind, *self.unpacked())
+
+    def take(self, order: torch.Tensor) -> "BlockWeights":
+        """The same blocks with the output rows in `order`."""
+        codes, scales, offsets = self.unpacked()
+        return BlockWeights.from_codes(self.kind, codes[order], None if scales is None else scales[order],
+                                       None if offsets is None else offsets[order], self.origin)
 
 
 class BlockLinear(torch.nn.Module):
     """A linear layer on specdec's block kernel: float32 rows in, float32 rows out, bias added in float32."""
 
-    records: torch.Tensor  # uint8 [out, record bytes] (kernels.pack_records)
+    records: torch.Tensor  # uint8 [groups of 16 outputs, record bytes] (kernels.pack_records)
     bias: Optional[torch.Tensor]
 
     def __init__(self, weights: BlockWeights, bias: Optional[torch.Tensor] = None):
-        from . import kernels
-
         super().__init__()
         self.out_features, self.in_features = weights.shape
         self.kind, self.origin = weights.kind, weights.origin
-        records = kernels.pack_records(weights.kind, weights.codes, weights.scales, weights.offsets)
-        self.register_buffer("records", records, persistent=False)  # uint8 [out, record bytes]
+        self.register_buffer("records", weights.records, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach().to(torch.float32), persistent=False)
         self._dense: Optional[torch.Tensor] = None
+        self._unpacked: Optional[tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]] = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         from . import kernels
 
         rows = hidden.reshape(-1, self.in_features)  # [n, in]
-        out = kernels.matmul(rows, self.kind, self.records)  # [n, out]
+        out = kernels.matmul(rows, self.kind, self.records, self.out_features)  # [n, out]
         if self.bias is not None:
             out += self.bias
         return out.reshape(*hidden.shape[:-1], self.out_features)
 
     def blocks(self) -> BlockWeights:
+        return BlockWeights(self.kind, self.records, self.out_features, self.in_features, self.origin)
+
+    def select_records(self, ids: torch.Tensor) -> torch.Tensor:
+        """Records of the output rows `ids` only (a drafter's vocabulary subset of an LM head); the unpacked codes
+        are kept for the next call."""
         from . import kernels
 
-        codes, scales, offsets = kernels.unpack_records(self.kind, self.records)
-        return BlockWeights(self.kind, codes, scales, offsets, self.origin)
+        if self._unpacked is None:
+            self._unpacked = self.blocks().unpacked()
+        codes, scales, offsets = self._unpacked
+        return kernels.pack_records(self.kind, codes[ids], None if scales is None else scales[ids],
+                                    None if offsets is None else offsets[ids])
 
     @property
     def weight(self) -> torch.Tensor:
@@ -118,37 +146,49 @@ def block_layers(model: Any) -> list[BlockLinear]:
 
 
 def weights_summary(model: Any) -> str:
-    """'210 Q4_1 + 1 Q8_0 block layers, 0 dense' style, for the chat header and the bench report."""
+    """'169 Q8_0 + 63 Q5_0 + 24 Q4_K + 12 Q6_K block layers, 0 dense' style (most frequent first), for the chat
+    header and the bench report."""
     counts: dict[str, int] = {}
     for layer in block_layers(model):
         counts[layer.origin] = counts.get(layer.origin, 0) + 1
     dense = sum(isinstance(module, torch.nn.Linear) for module in model.modules())
-    parts = [f"{count} {origin}" for origin, count in sorted(counts.items())]
+    parts = [f"{count} {origin}" for origin, count in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
     return f"{' + '.join(parts) or 'no'} block layers, {dense} dense"
 
 
 # -- quantising dense weights on load ------------------------------------------------------------------------
 
 
-def quantize_dense(weight: torch.Tensor, kind: BlockKind) -> BlockWeights:
+def quantize_dense(weight: torch.Tensor, kind: int) -> BlockWeights:
     """Blocks of 32 for a dense weight [out, in]: kind 8 symmetric (scale = max|w|/127), kind 4 asymmetric
     (scale = (max - min)/15, offset = min), codes rounded to nearest."""
+    from . import kernels
+
     out_features, in_features = weight.shape
     blocks = weight.detach().to(torch.float32).reshape(out_features, in_features // BLOCK, BLOCK)
-    if kind == 8:
+    if kind == kernels.KIND_Q8:
         scales = blocks.abs().amax(dim=-1) / 127  # [out, in/32]
         safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-        codes = torch.round(blocks / safe[..., None]).clamp(-127, 127).to(torch.int8)
-        return BlockWeights(8, codes, scales, None, "int8")
+        codes = torch.round(blocks / safe[..., None]).clamp(-127, 127) + 128
+        return BlockWeights.from_codes(kind, codes.to(torch.uint8).reshape(out_features, in_features), scales, None,
+                                       "int8")
+    if kind != kernels.KIND_Q4:
+        raise ValueError(f"blocks made on load are of kind 4 or 8, not {kind}")
     low, high = blocks.amin(dim=-1), blocks.amax(dim=-1)
     scales = (high - low) / 15
     safe = torch.where(scales > 0, scales, torch.ones_like(scales))
     codes = torch.round((blocks - low[..., None]) / safe[..., None]).clamp(0, 15).to(torch.uint8)  # [out, in/32, 32]
-    packed = codes[..., :16] | (codes[..., 16:] << 4)
-    return BlockWeights(4, packed, scales, low, "int4")
+    return BlockWeights.from_codes(kind, codes.reshape(out_features, in_features), scales, low, "int4")
 
 
 # -- a GGUF's own blocks --------------------------------------------------------------------------------------
+
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int16)
+# bytes per block of each GGUF type specdec's kernels take, and weights per block
+GGUF_BLOCKS = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q5_0": (22, 32), "Q5_1": (24, 32), "Q8_0": (34, 32),
+               "Q2_K": (84, 256), "Q3_K": (110, 256), "Q4_K": (144, 256), "Q5_K": (176, 256), "Q6_K": (210, 256),
+               "IQ4_NL": (18, 32), "IQ4_XS": (136, 256)}
+GGUF_FLOATS = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
 def _halves(raw: np.ndarray, start: int) -> np.ndarray:
@@ -156,48 +196,133 @@ def _halves(raw: np.ndarray, start: int) -> np.ndarray:
     return np.ascontiguousarray(raw[..., start : start + 2]).view(np.float16)[..., 0].astype(np.float32)
 
 
+def _bits(data: np.ndarray, shifts: list[int], mask: int) -> np.ndarray:
+    """(data >> shift) & mask for each shift, stacked on a new axis before the last: [..., len(shifts), bytes]."""
+    return np.stack([(data >> shift) & mask for shift in shifts], axis=-2)
+
+
 def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K's 12 bytes of 6-bit scales and minimums for its 8 sub-blocks: bytes 0-3 hold scales 0-3 (low 6 bits)
-    and the top 2 bits of scales 4-7, bytes 4-7 the same for minimums, bytes 8-11 the low 4 bits of scales 4-7
-    (low nibble) and of minimums 4-7 (high nibble)."""
+    """Q4_K/Q5_K's 12 bytes of 6-bit scales and minimums for their 8 sub-blocks: bytes 0-3 hold scales 0-3 (low
+    6 bits) and the top 2 bits of scales 4-7, bytes 4-7 the same for minimums, bytes 8-11 the low 4 bits of scales
+    4-7 (low nibble) and of minimums 4-7 (high nibble)."""
     first, second, low_bits = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
     scales = np.concatenate([first & 63, (low_bits & 15) | ((first >> 6) << 4)], axis=-1)
     minimums = np.concatenate([second & 63, (low_bits >> 4) | ((second >> 6) << 4)], axis=-1)
     return scales.astype(np.float32), minimums.astype(np.float32)
 
 
-def decode_gguf_blocks(type_name: str, raw: np.ndarray, out_features: int, in_features: int) -> Optional[BlockWeights]:
-    """A GGUF tensor's raw bytes (type Q4_0, Q4_1, Q4_K or Q8_0) as kernel blocks; None for any other type.
+def _legacy_nibbles(qs: np.ndarray) -> np.ndarray:
+    """16 bytes of a 32-weight block: weight i in the low nibble of byte i, weight i + 16 in its high nibble."""
+    return np.concatenate([qs & 15, qs >> 4], axis=-1)
 
-    Layouts (ggml): Q4_0 = f16 scale + 16 bytes of nibbles per 32 weights, w = scale * (q - 8); Q4_1 = f16 scale,
-    f16 minimum, 16 bytes, w = scale * q + minimum (nibble i holds weight i, its high half weight i + 16, as the
-    kernel wants); Q8_0 = f16 scale + 32 int8, w = scale * q; Q4_K = super-blocks of 256: f16 d, f16 dmin, 12 bytes
-    of 6-bit scales/minimums, 128 bytes where byte i of each 32-byte quarter holds weight i of one sub-block (low
-    nibble) and of the next (high nibble); w = d * scale_j * q - dmin * minimum_j."""
-    rows = np.asarray(raw).view(np.uint8).reshape(out_features, -1)
-    blocks = in_features // BLOCK
-    if type_name in ("Q4_0", "Q4_1"):
-        size = 18 if type_name == "Q4_0" else 20
-        data = rows.reshape(out_features, blocks, size)
-        scale = _halves(data, 0)
-        offset = -8 * scale if type_name == "Q4_0" else _halves(data, 2)
-        codes = np.ascontiguousarray(data[..., size - 16 :])
-        return BlockWeights(4, torch.from_numpy(codes), torch.from_numpy(scale), torch.from_numpy(offset), type_name)
-    if type_name == "Q8_0":
-        data = rows.reshape(out_features, blocks, 34)
-        codes = np.ascontiguousarray(data[..., 2:]).view(np.int8)
-        return BlockWeights(8, torch.from_numpy(codes), torch.from_numpy(_halves(data, 0)), None, type_name)
-    if type_name == "Q4_K":
-        data = rows.reshape(out_features, in_features // 256, 144)
+
+def decode_gguf_blocks(type_name: str, raw: np.ndarray, out_features: int, in_features: int) -> Optional[BlockWeights]:
+    """A GGUF tensor's raw bytes as kernel blocks, every weight exactly as the type defines it (gguf/quants.py,
+    the reference dequantiser); None for a type the kernels do not take. Per type (ggml's layouts):
+
+    - Q4_0: f16 d, 16 bytes of nibbles (weight i low, i + 16 high), w = d (q - 8): kind q4z.
+    - Q4_1: f16 d, f16 m, nibbles, w = d q + m: kind q4. Q4_K: super-blocks of 256, f16 d and dmin, 12 bytes of
+      6-bit scales/minimums for 8 sub-blocks of 32, 128 bytes where each 32-byte quarter holds one sub-block (low
+      nibbles) and the next (high); w = (d sc) q - dmin m: kind q4 (offset -(dmin m)).
+    - Q5_0: f16 d, 32 high bits, nibbles, w = d (q - 16): kind q8 (q - 16 as int8). Q5_1: f16 d, f16 m, w = d q + m:
+      kind u8. Q5_K: as Q4_K with 32 bytes of fifth bits (bit j of byte i: weight i of sub-block j): kind u8.
+    - Q8_0: f16 d, 32 int8: kind q8. IQ4_NL: f16 d, nibbles as Q4_0, w = d table[q]; IQ4_XS: super-blocks of 256,
+      f16 d, 6-bit sub-block scales (ls - 32) for 8 sub-blocks of 32, w = d (ls - 32) table[q]: kind q8 (the
+      table's values are int8).
+    - Q6_K: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales of sub-blocks of 16, f16 d,
+      w = (d sc) (q - 32): kind q8s. Q3_K: 32 bytes of high bits, 64 of 2-bit pairs, 12 bytes of 6-bit scales
+      (sc - 32) of 16 sub-blocks of 16, f16 d, w = (d (sc - 32)) (q - 4): kind q4s. Q2_K: 16 bytes of 4-bit
+      scale/minimum pairs, 64 of 2-bit codes, f16 d, dmin, w = (d sc) q - dmin m: kind q2s.
+    - F32, F16, BF16: the weights themselves (float kinds)."""
+    from . import kernels
+
+    if in_features % BLOCK:
+        return None
+    if type_name in GGUF_FLOATS:
+        dtype = GGUF_FLOATS[type_name]
+        flat = np.ascontiguousarray(raw).view(np.uint8).reshape(out_features, -1)
+        weights = torch.from_numpy(flat.copy()).view(dtype).reshape(out_features, in_features)
+        kind = {"F32": kernels.KIND_F32, "F16": kernels.KIND_F16, "BF16": kernels.KIND_BF16}[type_name]
+        return BlockWeights.from_codes(kind, weights, None, None, type_name)
+    if type_name not in GGUF_BLOCKS:
+        return None
+    size, per = GGUF_BLOCKS[type_name]
+    if in_features % per:
+        return None
+    data: np.ndarray = np.asarray(raw).view(np.uint8).reshape(out_features, in_features // per, size)
+    shape = (out_features, in_features)
+    codes: np.ndarray
+    low: np.ndarray
+    offsets: Optional[np.ndarray] = None
+    if type_name in ("Q4_0", "Q4_1", "IQ4_NL"):
+        q = _legacy_nibbles(data[..., size - 16 :])
+        scales = _halves(data, 0)
+        if type_name == "Q4_0":
+            kind, codes = kernels.KIND_Q4Z, q
+        elif type_name == "Q4_1":
+            kind, codes, offsets = kernels.KIND_Q4, q, _halves(data, 2)
+        else:
+            kind, codes = kernels.KIND_Q8, IQ4_VALUES[q] + 128
+    elif type_name in ("Q5_0", "Q5_1"):
+        high = np.unpackbits(data[..., size - 20 : size - 16], axis=-1, bitorder="little")  # [.., 32] bit i: weight i
+        q = _legacy_nibbles(data[..., size - 16 :]) | (high << 4)
+        scales = _halves(data, 0)
+        if type_name == "Q5_0":
+            kind, codes = kernels.KIND_Q8, q.astype(np.int16) - 16 + 128
+        else:
+            kind, codes, offsets = kernels.KIND_U8, q, _halves(data, 2)
+    elif type_name == "Q8_0":
+        kind, codes, scales = kernels.KIND_Q8, data[..., 2:].view(np.int8).astype(np.int16) + 128, _halves(data, 0)
+    elif type_name in ("Q4_K", "Q5_K"):
         d, dmin = _halves(data, 0), _halves(data, 2)
         sub_scales, sub_minimums = _k_scales(data[..., 4:16])  # [out, supers, 8]
-        quarters = data[..., 16:].reshape(out_features, -1, 4, 32)  # [out, supers, 4, 32]
-        values = np.stack([quarters & 15, quarters >> 4], axis=3).reshape(out_features, blocks, BLOCK)  # 0..15
-        codes = np.ascontiguousarray(values[..., :16] | (values[..., 16:] << 4)).astype(np.uint8)
-        scale = (d[..., None] * sub_scales).reshape(out_features, blocks)
-        offset = (-(dmin[..., None] * sub_minimums)).reshape(out_features, blocks)
-        return BlockWeights(4, torch.from_numpy(codes), torch.from_numpy(scale), torch.from_numpy(offset), type_name)
-    return None
+        quarters = data[..., size - 128 :].reshape(out_features, -1, 4, 32)  # [out, supers, 4, 32]
+        q = _bits(quarters, [0, 4], 15).reshape(out_features, -1, 8, 32)  # sub-block 2i low, 2i + 1 high nibbles
+        if type_name == "Q5_K":
+            high = _bits(data[..., 16:48], list(range(8)), 1)  # [out, supers, 8, 32]: bit j -> sub-block j
+            q = q | (high << 4)
+        kind = kernels.KIND_Q4 if type_name == "Q4_K" else kernels.KIND_U8
+        codes, scales, offsets = q, d[..., None] * sub_scales, -(dmin[..., None] * sub_minimums)
+    elif type_name == "Q6_K":
+        low = _bits(data[..., :128].reshape(out_features, -1, 2, 64), [0, 4], 15)  # [out, supers, 2, 2, 64]
+        high = _bits(data[..., 128:192].reshape(out_features, -1, 2, 32), [0, 2, 4, 6], 3)  # [.., 2, 4, 32]
+        q = low.reshape(out_features, -1, 8, 32) | (high.reshape(out_features, -1, 8, 32) << 4)
+        d = _halves(data, 208)
+        kind, codes = kernels.KIND_Q8S, q
+        scales = d[..., None] * data[..., 192:208].view(np.int8).astype(np.float32)
+    elif type_name == "Q3_K":
+        low = _bits(data[..., 32:96].reshape(out_features, -1, 2, 32), [0, 2, 4, 6], 3)  # [out, supers, 2, 4, 32]
+        high = _bits(data[..., :32], list(range(8)), 1)  # [out, supers, 8, 32]
+        q = low.reshape(out_features, -1, 8, 32) + 4 * high  # q - 4 is the weight's code
+        packed = data[..., 96:108]
+        low_scales = _bits(packed[..., :8], [0, 4], 15).reshape(out_features, -1, 16)
+        high_scales = _bits(packed[..., 8:12], [0, 2, 4, 6], 3).reshape(out_features, -1, 16)
+        sub = (low_scales | (high_scales << 4)).astype(np.float32) - 32
+        kind, codes, scales = kernels.KIND_Q4S, q, _halves(data, 108)[..., None] * sub
+    elif type_name == "Q2_K":
+        q = _bits(data[..., 16:80].reshape(out_features, -1, 2, 32), [0, 2, 4, 6], 3)  # [out, supers, 2, 4, 32]
+        d, dmin = _halves(data, 80), _halves(data, 82)
+        packed = data[..., :16]
+        kind, codes = kernels.KIND_Q2S, q
+        scales = d[..., None] * (packed & 15).astype(np.float32)
+        offsets = -(dmin[..., None] * (packed >> 4).astype(np.float32))
+    else:  # IQ4_XS
+        d = _halves(data, 0)
+        high_bits = np.ascontiguousarray(data[..., 2:4]).view(np.uint16)  # [out, supers, 1]
+        low = _bits(data[..., 4:8], [0, 4], 15)  # [out, supers, 2, 4]: sub-block 2i + h in row h, column i
+        low = low.swapaxes(-1, -2).reshape(out_features, -1, 8)
+        high_scales = (high_bits >> (2 * np.arange(8, dtype=np.uint16))) & 3  # [out, supers, 8]
+        scales = d[..., None] * ((low | (high_scales << 4)).astype(np.float32) - 32)
+        q = _legacy_nibbles(data[..., 8:].reshape(out_features, -1, 8, 16))  # [out, supers, 8, 32]
+        kind, codes = kernels.KIND_Q8, IQ4_VALUES[q] + 128
+    codes_t = torch.from_numpy(np.ascontiguousarray(codes).astype(np.uint8).reshape(shape))
+    sub = kernels.kind_of(kind).sub
+    scales_t = torch.from_numpy(np.ascontiguousarray(scales, dtype=np.float32).reshape(out_features, -1))
+    offsets_t = None if offsets is None else torch.from_numpy(
+        np.ascontiguousarray(offsets, dtype=np.float32).reshape(out_features, -1))
+    if scales_t.shape[1] != in_features // sub:  # pragma: no cover - a layout mistake
+        raise AssertionError(f"{type_name}: {scales_t.shape[1]} scales for {in_features // sub} sub-blocks")
+    return BlockWeights.from_codes(kind, codes_t, scales_t, offsets_t, type_name)
 
 
 def permuted_rows(out_features: int, heads: int) -> np.ndarray:
@@ -257,12 +382,10 @@ def gguf_blocks(model: Any, gguf_path: Path) -> Iterator[tuple[str, BlockWeights
             kind = tensor.name.split(".")[-2] if tensor.name.count(".") >= 2 else ""
             if kind not in heads:
                 continue
-            order = torch.from_numpy(permuted_rows(module.out_features, int(heads[kind])))
-            weights = BlockWeights(weights.kind, weights.codes[order].contiguous(), weights.scales[order].contiguous(),
-                                   None if weights.offsets is None else weights.offsets[order].contiguous(),
-                                   weights.origin)
+            weights = weights.take(torch.from_numpy(permuted_rows(module.out_features, int(heads[kind]))))
             if not _matches(weights.dense(), reference):
                 continue
+        weights.forget_unpacked()  # only the records are kept
         yield module_name, weights
 
 
@@ -271,19 +394,23 @@ def gguf_blocks(model: Any, gguf_path: Path) -> Iterator[tuple[str, BlockWeights
 
 def plan_blocks(model: Any, mode: str, gguf_path: Optional[Path]) -> dict[str, BlockWeights]:
     """{linear layer name: its blocks} for `mode` (gguf, int8, int4); layers left out stay dense."""
+    from . import kernels
+
     if mode not in BLOCK_MODES:
         raise SpecdecError(f"weights must be one of {', '.join(WEIGHTS)}, got {mode!r}", setting="weights")
     planned: dict[str, BlockWeights] = {}
     if gguf_path is not None:
         for name, weights in gguf_blocks(model, gguf_path):
-            if mode == "int4" and weights.kind == 8:
-                continue  # requantised to 4 bits below
+            bits = kernels.kind_of(weights.kind).bits
+            if (mode == "int4" and bits != 4) or (mode == "int8" and bits >= 16):
+                continue  # quantised on load below
             planned[name] = weights
     if mode in ("int8", "int4"):
-        kind: BlockKind = 8 if mode == "int8" else 4
+        kind = kernels.KIND_Q8 if mode == "int8" else kernels.KIND_Q4
         for name, module in model.named_modules():
             if isinstance(module, torch.nn.Linear) and name not in planned and module.in_features % BLOCK == 0:
                 planned[name] = quantize_dense(module.weight, kind)
+                planned[name].forget_unpacked()
     return planned
 
 
@@ -309,6 +436,8 @@ def load_cached(path: Path) -> Optional[dict[str, BlockWeights]]:
     """The planned blocks stored at `path`, or None when absent, foreign or unreadable (then converted again)."""
     from safetensors import SafetensorError, safe_open
 
+    from . import kernels
+
     try:
         with safe_open(str(path), framework="pt") as handle:
             meta = handle.metadata() or {}
@@ -317,9 +446,11 @@ def load_cached(path: Path) -> Optional[dict[str, BlockWeights]]:
             layers = json.loads(meta["layers"])
             planned = {}
             for name, info in layers.items():
-                offsets = handle.get_tensor(f"{name}.offsets") if info["kind"] == 4 else None
-                planned[name] = BlockWeights(info["kind"], handle.get_tensor(f"{name}.codes"),
-                                             handle.get_tensor(f"{name}.scales"), offsets, info["origin"])
+                records = handle.get_tensor(f"{name}.records")
+                kind, out_features, in_features = int(info["kind"]), int(info["out"]), int(info["in"])
+                if tuple(records.shape) != (kernels.groups(out_features), kernels.record_bytes(kind, in_features)):
+                    return None
+                planned[name] = BlockWeights(kind, records, out_features, in_features, str(info["origin"]))
             return planned
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError):
         return None
@@ -334,11 +465,8 @@ def save_cached(path: Path, planned: dict[str, BlockWeights]) -> None:
     tensors: dict[str, torch.Tensor] = {}
     layers = {}
     for name, weights in planned.items():
-        tensors[f"{name}.codes"] = weights.codes.contiguous()
-        tensors[f"{name}.scales"] = weights.scales.contiguous()
-        if weights.offsets is not None:
-            tensors[f"{name}.offsets"] = weights.offsets.contiguous()
-        layers[name] = {"kind": weights.kind, "origin": weights.origin}
+        tensors[f"{name}.records"] = weights.records.contiguous()
+        layers[name] = {"kind": weights.kind, "out": weights.shape[0], "in": weights.shape[1], "origin": weights.origin}
     meta = {"format": str(CACHE_FORMAT), "kind": "specdec-blocks", "layers": json.dumps(layers)}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """specdec's CPU kernels (kernels/_cpu.c) against plain torch references, and their row invariance.
 
 Row invariance is what exact verification rests on: a row's output must not depend on how many rows share the
-call, or on how many threads split it. Each check below is bit for bit, never approximate.
+call, or on how many threads split it. Each such check below is bit for bit, never approximate, and runs on every
+instruction-set path this CPU has (kernels.force_isa).
 """
 
 from __future__ import annotations
@@ -23,19 +24,21 @@ def _quantized_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def _random_blocks(kind: int, n: int, k: int, seed: int = 0):
+    """(records, dense float32 [n, k], (codes, scales, offsets)) of random weights of `kind`."""
+    info = kernels.kind_of(kind)
     generator = torch.Generator().manual_seed(seed)
-    scales = torch.rand(n, k // 32, generator=generator) * 0.05
-    if kind == 4:
-        codes = torch.randint(0, 256, (n, k // 32, 16), dtype=torch.uint8, generator=generator)
-        offsets = torch.randn(n, k // 32, generator=generator) * 0.1
-        packed = codes.to(torch.int32)
-        values = torch.cat([packed & 15, packed >> 4], dim=-1).to(torch.float32)
-        dense = values * scales[..., None] + offsets[..., None]
-    else:
-        codes = torch.randint(-127, 128, (n, k // 32, 32), dtype=torch.int8, generator=generator)
-        offsets = None
-        dense = codes.to(torch.float32) * scales[..., None]
-    return kernels.pack_records(kind, codes, scales, offsets), dense.reshape(n, k), (codes, scales, offsets)
+    if info.bits >= 16:
+        weights = (torch.randn(n, k, generator=generator) * 0.1).to(info.dtype)
+        return kernels.pack_records(kind, weights), weights.float(), (weights, None, None)
+    top = 16 if info.bits == 4 else 256 if info.zero == 128 else 2 * info.zero if info.zero else 32
+    codes = torch.randint(0, top, (n, k), dtype=torch.uint8, generator=generator)
+    scales = torch.rand(n, k // info.sub, generator=generator) * 0.05
+    offsets = torch.randn(n, k // info.sub, generator=generator) * 0.1 if info.offsets else None
+    dense = kernels.dequantize(kind, codes, scales, offsets)
+    return kernels.pack_records(kind, codes, scales, offsets), dense, (codes, scales, offsets)
+
+
+ALL_KINDS = sorted(kernels.KINDS)
 
 
 @pytest.fixture(autouse=True)
@@ -43,51 +46,85 @@ def _restore_threads():
     before = kernels.threads()
     yield
     kernels.set_threads(before)
+    kernels.force_isa(None)
 
 
-@pytest.mark.parametrize("kind", [4, 8])
+def _reference(kind: int, x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+    """Float kinds multiply the rows as they are; block kinds their 8-bit rounding."""
+    return (x if kernels.kind_of(kind).bits >= 16 else _quantized_rows(x)) @ dense.T
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
 def test_matmul_is_the_product_of_the_rounded_rows_and_the_blocks(kind):
     records, dense, _ = _random_blocks(kind, 80, 128)
     x = torch.randn(13, 128, generator=torch.Generator().manual_seed(1))
-    out = kernels.matmul(x, kind, records)
-    reference = _quantized_rows(x) @ dense.T
-    assert torch.allclose(out, reference, rtol=1e-5, atol=1e-5 * float(reference.abs().max()))
+    reference = _reference(kind, x, dense)
+    for path in kernels.isas():
+        kernels.force_isa(path)
+        out = kernels.matmul(x, kind, records, 80)
+        assert torch.allclose(out, reference, rtol=1e-5, atol=1e-5 * float(reference.abs().max())), path
 
 
-@pytest.mark.parametrize("kind", [4, 8])
-def test_matmul_rows_do_not_depend_on_the_row_count_or_the_threads(kind):
-    records, _, _ = _random_blocks(kind, 70, 96, seed=2)  # 70 columns: tiles of 4 and 2 with a remainder
-    x = torch.randn(13, 96, generator=torch.Generator().manual_seed(3))
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_matmul_rows_do_not_depend_on_the_row_count_the_threads_or_the_path(kind):
+    """Every row of a call equals its one-row call bit for bit, for 1-32 rows, 1-2 threads, on every instruction
+    set this CPU has; and the paths agree with each other (each computes the same operations in the same order)."""
+    records, _, _ = _random_blocks(kind, 70, 96, seed=2)  # 70 columns: 4 whole groups of 16 and a part one
+    x = torch.randn(32, 96, generator=torch.Generator().manual_seed(3))
     kernels.set_threads(1)
-    one_by_one = torch.cat([kernels.matmul(x[row : row + 1], kind, records) for row in range(13)])
-    for threads in (1, 2, 3):
-        kernels.set_threads(threads)
-        for rows in range(1, 14):
-            assert torch.equal(kernels.matmul(x[:rows], kind, records), one_by_one[:rows]), (threads, rows)
+    kernels.force_isa("portable")
+    expected = torch.cat([kernels.matmul(x[row : row + 1], kind, records, 70) for row in range(32)])
+    for path in kernels.isas():
+        kernels.force_isa(path)
+        for threads in (1, 2):
+            kernels.set_threads(threads)
+            for rows in (1, 2, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 24, 31, 32):
+                assert torch.equal(kernels.matmul(x[:rows], kind, records, 70), expected[:rows]), (path, threads, rows)
+            one_by_one = torch.cat([kernels.matmul(x[row : row + 1], kind, records, 70) for row in range(32)])
+            assert torch.equal(one_by_one, expected), (path, threads)
 
 
-@pytest.mark.parametrize("kind", [4, 8])
+@pytest.mark.parametrize("kind", [kernels.KIND_Q4, kernels.KIND_Q8, kernels.KIND_Q8S, kernels.KIND_BF16])
 def test_matmul_accumulates_into_a_strided_output(kind):
     records, _, _ = _random_blocks(kind, 40, 64, seed=4)
     kernels.set_threads(2)
-    for rows in (1, 5, 9):
-        x = torch.randn(rows, 64)
-        product = kernels.matmul(x, kind, records)
-        wide = torch.randn(rows, 100)
-        expected = wide.clone()
-        expected[:, 30:70] += product
-        kernels._cpu.matmul(kind, x.data_ptr(), rows, 64, 40, records.data_ptr(), wide[:, 30:].data_ptr(), 100, True)
-        assert torch.equal(wide, expected)
+    for path in kernels.isas():
+        kernels.force_isa(path)
+        for rows in (1, 5, 9):
+            x = torch.randn(rows, 64)
+            product = kernels.matmul(x, kind, records, 40)
+            wide = torch.randn(rows, 100)
+            expected = wide.clone()
+            expected[:, 30:70] += product
+            kernels._cpu.matmul(kind, x.data_ptr(), rows, 64, 40, records.data_ptr(), wide[:, 30:].data_ptr(), 100,
+                                True)
+            assert torch.equal(wide, expected), path  # columns 70.. untouched although the last group is padded
 
 
-def test_records_unpack_to_what_was_packed():
-    for kind in (4, 8):
-        records, _, (codes, scales, offsets) = _random_blocks(kind, 8, 64)
-        back = kernels.unpack_records(kind, records)
-        assert torch.equal(back[0], codes) and torch.equal(back[1], scales)
-        assert (back[2] is None) == (offsets is None) and (offsets is None or torch.equal(back[2], offsets))
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_records_unpack_to_what_was_packed(kind):
+    records, dense, (codes, scales, offsets) = _random_blocks(kind, 21, 64)
+    assert records.shape == (kernels.groups(21), kernels.record_bytes(kind, 64))
+    back = kernels.unpack_records(kind, records, 21)
+    assert torch.equal(back[0], codes)
+    for got, made in zip(back[1:], (scales, offsets)):
+        assert (got is None) == (made is None) and (made is None or torch.equal(got, made))
+    ids = torch.tensor([20, 3, 3, 17])
+    picked = kernels.select_columns(kind, records, 21, ids)
+    x = torch.randn(3, 64)
+    assert torch.equal(kernels.matmul(x, kind, picked, 4), kernels.matmul(x, kind, records, 21)[:, ids])
+
+
+def test_matmul_refuses_records_of_another_shape_and_unknown_paths():
     with pytest.raises(ValueError):
-        kernels.matmul(torch.randn(2, 96), 4, _random_blocks(4, 8, 64)[0])  # records for k=64, rows of k=96
+        kernels.matmul(torch.randn(2, 96), 4, _random_blocks(4, 8, 64)[0], 8)  # records for k=64, rows of k=96
+    with pytest.raises(ValueError):
+        kernels.matmul(torch.randn(2, 64), 4, _random_blocks(4, 8, 64)[0], 40)  # 8 columns' records, 40 asked
+    with pytest.raises(ValueError):
+        kernels.force_isa("sse9")
+    assert kernels.isa() == kernels.isas()[-1]  # the best path unless forced
+    kernels.force_isa("portable")
+    assert kernels.isa() == "portable"
 
 
 def _row_arrays(runs, extras):
@@ -101,8 +138,10 @@ def _row_arrays(runs, extras):
     return starts, stops, torch.tensor(offsets, dtype=torch.int32), flat
 
 
+@pytest.mark.parametrize("path", kernels.isas())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_attention_matches_sdpa_and_each_row_equals_its_own_call(dtype):
+def test_attention_matches_sdpa_and_each_row_equals_its_own_call(dtype, path):
+    kernels.force_isa(path)
     generator = torch.Generator().manual_seed(5)
     heads, kv_heads, dim, cached = 6, 2, 64, 37
     keys = torch.randn(kv_heads, 60, dim, generator=generator).to(dtype)
@@ -119,10 +158,13 @@ def test_attention_matches_sdpa_and_each_row_equals_its_own_call(dtype):
         assert torch.equal(alone[0], out[row])
 
 
+@pytest.mark.parametrize("path", kernels.isas())
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 13])
-def test_long_contexts_span_key_blocks_and_rows_still_equal_their_own_calls(rows):
+def test_long_contexts_span_key_blocks_and_rows_still_equal_their_own_calls(rows, path):
     """Past 64 keys the kernel works in key blocks shared by a unit's heads and rows (one read of the cache per
-    block); each row must still equal its own one-row call bit for bit, tree rows with gathered keys included."""
+    block); each row must still equal its own one-row call bit for bit, tree rows with gathered keys included, on
+    every instruction-set path (each with its own order)."""
+    kernels.force_isa(path)
     generator = torch.Generator().manual_seed(8)
     heads, kv_heads, dim, cached = 9, 3, 64, 301
     total = cached + rows + 4

@@ -1,5 +1,6 @@
-"""Block weights (quant.py): GGUF blocks decoded exactly, blocks made on load, GGUF tensors mapped onto a model's
-layers (llama's permuted q/k rows included), the cache, and BlockLinear against its dense meaning."""
+"""Block weights (quant.py): every GGUF type the kernels take decoded exactly (against gguf's own dequantiser) and
+multiplied on every instruction-set path, blocks made on load, GGUF tensors mapped onto a model's layers (llama's
+permuted q/k rows included), the cache, and BlockLinear against its dense meaning."""
 
 from __future__ import annotations
 
@@ -12,38 +13,83 @@ from specdec_cli import kernels, quant
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
 
-GGUF_TYPES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q4_K": 144}  # bytes per block (Q4_K: per 256 weights)
+GGUF_TYPES = sorted([*quant.GGUF_BLOCKS, *quant.GGUF_FLOATS])
+QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "F16", "BF16", "F32")  # gguf.quants.quantize makes these
+# where each type keeps its float16 scales: byte offsets in a block
+F16_AT = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,),
+          "IQ4_XS": (0,)}
 
 
-def _random_gguf_bytes(type_name: str, out_features: int, in_features: int, seed: int = 0) -> np.ndarray:
-    """Random bytes of a GGUF tensor, with small finite float16 scales where the format keeps them."""
+def _gguf_bytes(type_name: str, out_features: int, in_features: int, seed: int = 0) -> np.ndarray:
+    """A GGUF tensor's bytes: quantised by gguf itself where it can, otherwise random bytes with small finite
+    float16 scales where the format keeps them."""
+    import gguf
+
     rng = np.random.default_rng(seed)
-    per = 256 if type_name == "Q4_K" else 32
-    size = GGUF_TYPES[type_name]
+    qtype = getattr(gguf.GGMLQuantizationType, type_name)
+    if type_name in QUANTIZABLE:
+        weights = rng.standard_normal((out_features, in_features)).astype(np.float32) * 0.1
+        return np.asarray(gguf.quants.quantize(weights, qtype)).view(np.uint8).reshape(out_features, -1)
+    size, per = quant.GGUF_BLOCKS[type_name]
     raw = rng.integers(0, 256, (out_features, in_features // per, size), dtype=np.uint8)
-    halves = 2 if type_name in ("Q4_1", "Q4_K") else 1
-    scales = (rng.random((out_features, in_features // per, halves)) * 0.01).astype(np.float16)
-    raw[..., : 2 * halves] = scales.view(np.uint8).reshape(out_features, in_features // per, 2 * halves)
+    for at in F16_AT[type_name]:
+        scales = (rng.random((out_features, in_features // per)) * 0.01).astype(np.float16)
+        raw[..., at : at + 2] = scales.view(np.uint8).reshape(out_features, in_features // per, 2)
     return raw.reshape(out_features, -1)
 
 
-@pytest.mark.parametrize("type_name", sorted(GGUF_TYPES))
-def test_gguf_blocks_decode_to_what_gguf_dequantizes(type_name):
+def _dequantized(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     import gguf
 
-    raw = _random_gguf_bytes(type_name, 16, 512)
-    expected = gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, type_name)).reshape(16, 512)
-    weights = quant.decode_gguf_blocks(type_name, raw, 16, 512)
-    assert weights is not None and weights.kind == (8 if type_name == "Q8_0" else 4)
-    assert np.array_equal(weights.dense().numpy(), expected)
-    assert quant.decode_gguf_blocks("Q6_K", raw, 16, 512) is None  # no kernel: stays dense
+    qtype = getattr(gguf.GGMLQuantizationType, type_name)
+    return np.asarray(gguf.quants.dequantize(raw, qtype), dtype=np.float32).reshape(shape)
 
 
-@pytest.mark.parametrize("kind", [4, 8])
+@pytest.mark.parametrize("type_name", GGUF_TYPES)
+def test_gguf_blocks_decode_to_what_gguf_dequantizes(type_name):
+    raw = _gguf_bytes(type_name, 24, 512)
+    expected = _dequantized(type_name, raw, (24, 512))
+    weights = quant.decode_gguf_blocks(type_name, raw, 24, 512)
+    assert weights is not None and weights.origin == type_name
+    assert np.array_equal(weights.dense().numpy(), expected)  # every weight exactly, from the type's own bits
+
+
+@pytest.mark.parametrize("type_name", GGUF_TYPES)
+def test_a_gguf_types_kernel_product_is_its_dense_product(type_name):
+    """The kernel's product equals the dense product of the dequantised weight with the 8-bit rounded rows
+    (float kinds: with the rows as they are), on every instruction set this CPU has."""
+    raw = _gguf_bytes(type_name, 40, 512, seed=1)
+    dense = torch.from_numpy(_dequantized(type_name, raw, (40, 512)))
+    layer = quant.BlockLinear(quant.decode_gguf_blocks(type_name, raw, 40, 512))
+    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(2))
+    if kernels.kind_of(layer.kind).bits < 16:
+        blocks = x.reshape(9, -1, 32)
+        scale = blocks.abs().amax(-1, keepdim=True) / 127
+        rows = (torch.round(blocks / scale) * scale).reshape(9, 512)
+    else:
+        rows = x
+    reference = rows.double() @ dense.double().T
+    try:
+        for path in kernels.isas():
+            kernels.force_isa(path)
+            out = layer(x)
+            assert torch.allclose(out.double(), reference, rtol=1e-5, atol=2e-6 * float(reference.abs().max())), path
+    finally:
+        kernels.force_isa(None)
+
+
+def test_other_types_and_shapes_stay_dense():
+    raw = _gguf_bytes("Q6_K", 4, 512)
+    assert quant.decode_gguf_blocks("Q6_K", raw, 4, 500) is None  # not a whole number of blocks
+    assert quant.decode_gguf_blocks("IQ2_XXS", raw, 4, 512) is None  # a type without a kernel
+
+
+@pytest.mark.parametrize("kind", [kernels.KIND_Q4, kernels.KIND_Q8])
 def test_blocks_made_on_load_round_to_the_nearest_code(kind):
     weight = torch.randn(48, 96, generator=torch.Generator().manual_seed(0))
     weights = quant.quantize_dense(weight, kind)
-    step = weights.scales.repeat_interleave(32, dim=1)  # [48, 96]
+    _, scales, _ = weights.unpacked()
+    step = scales.repeat_interleave(32, dim=1)  # [48, 96]
     assert ((weights.dense() - weight).abs() <= step / 2 + 1e-6).all()
     layer = quant.BlockLinear(weights)
     x = torch.randn(5, 96)
@@ -75,7 +121,7 @@ def _tiny_gguf(tmp_path, model, types):
         qtype = getattr(gguf.GGMLQuantizationType, type_name)
         data = gguf.quants.quantize(weight, qtype)
         writer.add_tensor(f"{gguf_name}.weight", data, raw_dtype=qtype)
-        dense = gguf.quants.dequantize(data, qtype).reshape(weight.shape)
+        dense = _dequantized(type_name, np.asarray(data).view(np.uint8), weight.shape)
         with torch.no_grad():
             module.weight.copy_(torch.from_numpy(dense[order] if order is not None else dense))
     writer.write_header_to_file()
@@ -87,7 +133,7 @@ def _tiny_gguf(tmp_path, model, types):
 
 def test_a_ggufs_blocks_map_onto_the_models_layers(tmp_path):
     model = _tiny("llama")
-    path = _tiny_gguf(tmp_path, model, ["Q4_0", "Q4_1", "Q8_0"])
+    path = _tiny_gguf(tmp_path, model, ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "F16", "BF16"])
     planned = dict(quant.gguf_blocks(model, path))
     linear = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
     assert sorted(planned) == sorted(linear)  # every layer found, q and k un-permuted
@@ -97,6 +143,9 @@ def test_a_ggufs_blocks_map_onto_the_models_layers(tmp_path):
     with torch.no_grad():  # a layer whose dense weight does not match its tensor is left dense
         modules["model.layers.0.mlp.up_proj"].weight.add_(1.0)
     assert "model.layers.0.mlp.up_proj" not in dict(quant.gguf_blocks(model, path))
+    quant.install_blocks(model, planned)
+    summary = quant.weights_summary(model)
+    assert summary.endswith("block layers, 0 dense") and all(name in summary for name in ("Q4_0", "Q5_1", "BF16"))
 
 
 def test_modes_choose_what_becomes_blocks(tmp_path):
@@ -106,7 +155,7 @@ def test_modes_choose_what_becomes_blocks(tmp_path):
     assert {w.origin for w in gguf_plan.values()} == {"Q4_1", "Q8_0"}
     int4_plan = quant.plan_blocks(model, "int4", path)  # Q8_0 layers requantised to 4 bits
     assert {w.origin for w in int4_plan.values()} == {"Q4_1", "int4"}
-    assert all(w.kind == 4 for w in int4_plan.values())
+    assert all(kernels.kind_of(w.kind).bits == 4 for w in int4_plan.values())
     hf_plan = quant.plan_blocks(_tiny("qwen2"), "int8", None)  # a Hugging Face model: every layer made on load
     assert {w.origin for w in hf_plan.values()} == {"int8"}
 

@@ -63,19 +63,22 @@ class HeadVocabulary:
             self.device, self.dtype = weight.device, weight.dtype
             self.vocab = int(weight.shape[0])
         self.ids = torch.tensor([], dtype=torch.long, device=self.device)  # [K]
-        self.rows = self._rows(self.ids)  # [K, record bytes] block records, or [K, H] dense rows
+        self.rows = self._rows(self.ids)  # block records of K rows, or [K, H] dense rows
         self.known: set[int] = set()
         self.extend(range(self.vocab) if ids is None else ids)
 
     def _rows(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.lm_head.records[ids] if self.on_blocks else self.lm_head.weight.detach()[ids]
+        return self.lm_head.select_records(ids) if self.on_blocks else self.lm_head.weight.detach()[ids]
 
     def extend(self, tokens: Sequence[int]) -> None:
         new = sorted({int(token) for token in tokens if 0 <= int(token) < self.vocab} - self.known)
         if new:
             extra = torch.tensor(new, dtype=torch.long, device=self.device)
             self.ids = torch.cat([self.ids, extra])
-            self.rows = torch.cat([self.rows, self._rows(extra)]).contiguous()
+            if self.on_blocks:  # records hold 16 rows each: packed again for the whole list
+                self.rows = self._rows(self.ids)
+            else:
+                self.rows = torch.cat([self.rows, self._rows(extra)]).contiguous()
             self.known.update(new)
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
@@ -84,7 +87,7 @@ class HeadVocabulary:
         if self.on_blocks:
             from .. import kernels
 
-            logits = kernels.matmul(features.float(), self.lm_head.kind, self.rows)
+            logits = kernels.matmul(features.float(), self.lm_head.kind, self.rows, len(self.ids))
         else:
             logits = (features.to(self.dtype) @ self.rows.T).float()
         return logits if bias is None else logits + bias[self.ids].float()

@@ -8,28 +8,57 @@
  * sequence of operations whatever the number of rows or threads, so the kernels are row-invariant by
  * construction (exact.py still checks it end to end).
  *
- *   matmul(kind, x, rows, k, n, weights, out)
- *       out[rows, n] = x[rows, k] @ W^T, W held as blocks of 32 weights along k, one record per output column
- *       (read as one stream); with `accumulate`, out += the product (a residual connection):
- *         kind 4: float32 scales [k/32], float32 offsets [k/32], codes uint8 [k/32][16] (weight i of a block in
- *                 the low nibble of byte i, weight i + 16 in its high nibble); W = scale * code + offset;
- *         kind 8: float32 scales [k/32], codes int8 [k/32][32]; W = scale * code.
- *       Each row of x is first rounded to 8 bits per block of 32 (scale = max |x| / 127, code = round(x / scale)),
- *       as llama.cpp does, so a block's product is one integer dot product and two multiplications.
+ *   matmul(kind, x, rows, k, n, weights, out[, out_stride, accumulate])
+ *       out[rows, n] = x[rows, k] @ W^T; with `accumulate`, out += the product (a residual connection). W is held
+ *       as one record per group of GROUP = 16 output columns (read as one stream; columns past n are padding),
+ *       made of blocks of 32 weights along k. A block kind's block is: float32 scales [32/sub][16 columns],
+ *       float32 offsets [32/sub][16] (kinds with offsets), then the codes, 4 bytes (4 consecutive k) of each of
+ *       the 16 columns side by side, 64 bytes a "chunk vector":
+ *         byte codes (8 bits): the block's 8 chunks in order, 8 x 64 bytes;
+ *         nibble codes (4 bits): per sub-block of `sub` weights (sub/4 chunks), sub/8 vectors; vector q holds
+ *                 chunk q in its low nibbles and chunk q + sub/8 in its high nibbles; 4 x 64 bytes a block.
+ *       W = scale * (code - zero) (+ offset), scale and offset per sub-block of `sub` weights. The kinds:
+ *         kind  codes   sub zero offset  GGUF types (quant.py)
+ *          4    nibble  32   0    yes    Q4_1, Q4_K (and int4 made on load)
+ *          5    nibble  32   8    no     Q4_0
+ *          8    byte    32  128   no     Q8_0, Q5_0, IQ4_NL, IQ4_XS: the int8 value + 128 (and int8)
+ *          9    byte    32   0    yes    Q5_1, Q5_K (codes 0..31)
+ *         16    byte    16   32   no     Q6_K (codes 0..63)
+ *         17    nibble  16   4    no     Q3_K (codes 0..7)
+ *         18    nibble  16   0    yes    Q2_K (codes 0..3)
+ *       Each row of x is first rounded to 8 bits per block of 32 (scale dx = max |x| / 127, code = round(x / dx)),
+ *       as llama.cpp does. Output (row, column) is then, in this order for every path, row count and thread count:
+ *         acc = 0; for each sub-block j along k: acc = fma(float(dot_j), scale_j * dx_b, acc) and, with offsets,
+ *         acc = fma(offset_j, dx_b * float(sum of the row's codes over j), acc)
+ *       where dot_j = sum over the sub-block of (code - zero) * the row's code, an exact integer (so the integer
+ *       work may be split and ordered freely: vpdpbusd of the unsigned codes with the row's codes broadcast 4 at a
+ *       time, its accumulator started at -zero * the row's code sum; AVX2's maddubs; the portable loop).
+ *       Float kinds (32: float32, 33: float16, 34: bfloat16) hold the weights as they are, [k][16 columns] per
+ *       record; x is not rounded, and output (row, column) = (s0 + s1) + (s2 + s3), s_i the fma chain over
+ *       k = i mod 4 in order.
+ *       Paths: "avx512vnni" (a tile is 16 columns x up to 8 rows, one zmm accumulator a row; nibble kinds with
+ *       2-32 rows take two groups, 32 columns x up to 4 rows, so that each broadcast of a row's codes serves two
+ *       vpdpbusd), "avxvnni" (256-bit vpdpbusd, 8 columns x up to 4 rows), "avx2" (maddubs + madd, 8 x 4) and
+ *       "portable" C; the best the CPU has is chosen at import (set_isa forces another). They give the same
+ *       bits: each computes the order above. A tile unpacks each block of weights once for all its rows; the
+ *       rows of a call go in tiles of 8, 4, 2, 1 (from L1 after the first); the threads split the groups.
  *   attention(...)
  *       softmax(q . k * scale) v per query row and head, each row over its own keys: a contiguous run of cache
  *       positions plus a list of further positions (a tree node's ancestors), in that order. Keys and values
- *       are float32 or bfloat16, read in place through strides; scores, softmax and sums are float32.
+ *       are float32 or bfloat16, read in place through strides; scores, softmax and sums are float32. The
+ *       avx512vnni path computes scores and value sums on 512-bit registers.
  *   rms_norm, rope, store_rows, silu_mul
  *       the decoder's small per-row steps (native.py composes a layer from them): RMS normalisation, rotary
  *       position embedding in place (Hugging Face's rotate-half convention), copying key/value rows into the
  *       cache, and SiLU(gate) * up. Each row is computed alone, on the calling thread.
- *   set_threads(n), threads(), isa()
+ *   set_threads(n), threads(), isa(), isas(), set_isa(name), record_bytes(kind, k), peak(isa)
  *
  * Pointers arrive as integers (the Python side, kernels/__init__.py, checks dtypes, shapes and contiguity).
  * The GIL is released while a kernel runs; a second caller arriving while the pool is busy runs on its own
- * thread. x86-64 CPUs with AVX2 and FMA take vectorised paths chosen once at import; every other CPU takes the
- * portable C loops (same results within a process, slower). This file knows nothing of models or GGUF files.
+ * thread. x86-64 CPUs take the best vectorised path they have (AVX512-VNNI, AVX-VNNI, AVX2 with FMA and F16C),
+ * chosen at import; every other CPU takes the portable C loops (the same matmul results, slower; attention's
+ * portable, AVX2 and 512-bit steps each round in their own order, each row-invariant). This file knows nothing
+ * of models or GGUF files.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -45,17 +74,37 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define HAVE_X86 1
-#define AVX2 __attribute__((target("avx2,fma")))
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
 #else
 #define HAVE_X86 0
 #endif
 
-#define BLOCK 32          /* weights (and activations) per quantisation block */
+#define BLOCK 32 /* weights (and activations) per quantisation block */
+#define GROUP 16 /* output columns per record: the lanes of one 512-bit register of int32 or float32 */
 #define MAX_THREADS 64
-#define SPIN_SECONDS 5e-4
-#define PREFETCH_TILES 3 /* how far ahead the matmul asks for weights (tiles of 2-4 columns) */ /* an idle worker spins this long before sleeping: kernels come in quick succession */
+#define SPIN_SECONDS 5e-4 /* an idle worker spins this long before sleeping: kernels come in quick succession */
 
-static int use_avx2 = 0;
+/* The weights' kinds (the header comment; kernels/__init__.py names them too). */
+enum {
+    KIND_Q4 = 4,    /* nibbles, per 32: scale, offset */
+    KIND_Q4Z = 5,   /* nibbles, per 32: scale; zero point 8 */
+    KIND_Q8 = 8,    /* bytes (int8 + 128), per 32: scale; zero point 128 */
+    KIND_U8 = 9,    /* bytes 0..127, per 32: scale, offset */
+    KIND_Q8S = 16,  /* bytes 0..127, per 16: scale; zero point 32 */
+    KIND_Q4S = 17,  /* nibbles, per 16: scale; zero point 4 */
+    KIND_Q2S = 18,  /* nibbles, per 16: scale, offset */
+    KIND_F32 = 32,  /* float32 weights */
+    KIND_F16 = 33,  /* float16 weights */
+    KIND_BF16 = 34, /* bfloat16 weights */
+};
+
+/* The instruction sets, in order of preference; `isa_path` is the one in use (the best the CPU has, unless
+ * set_isa chose another it has). */
+enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVXVNNI = 2, ISA_AVX512VNNI = 3 };
+static const char *const isa_names[] = {"portable", "avx2", "avxvnni", "avx512vnni"};
+static int isa_path = ISA_PORTABLE, isa_best = ISA_PORTABLE;
+static int cpu_has[4] = {1, 0, 0, 0};
+#define use_avx2 (isa_path >= ISA_AVX2)
 
 /* ------------------------------------------------------------------------------------------ thread pool */
 
@@ -68,13 +117,14 @@ static struct {
     pthread_mutex_t sleep_lock;
     pthread_cond_t wake;
     atomic_long generation; /* bumped for each job */
-    atomic_int remaining;   /* workers still on the current job */
+    atomic_llong claim;     /* (the job's generation << 32) | the next item to hand out */
+    atomic_long done;       /* items of the current job finished */
     atomic_int sleepers;
     atomic_int stopping;
     long base_generation; /* the generation when the workers were started: their first job comes after it */
     task_fn fn;
     const void *ctx;
-    long items;
+    long items, chunk;
 } pool = {.count = 1,
           .job_lock = PTHREAD_MUTEX_INITIALIZER,
           .sleep_lock = PTHREAD_MUTEX_INITIALIZER,
@@ -94,17 +144,34 @@ static double now_seconds(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Thread `index` of `pool.count` takes items [start, stop): a fixed split, so results never depend on timing. */
-static void run_share(int index)
+/* Take chunks of job `generation`'s items until none is left. Any thread may compute any item: every kernel
+ * computes an item by the same operations whichever thread takes it, so results never depend on timing, and a
+ * thread the OS preempts delays only the chunk it holds. A claim is valid only while the claim word still names
+ * the job (run_parallel renews it before it writes the next job's fields). */
+static void work_on(long generation)
 {
-    long start = pool.items * index / pool.count, stop = pool.items * (index + 1) / pool.count;
-    if (start < stop)
-        pool.fn(pool.ctx, start, stop);
+    task_fn fn = pool.fn;
+    const void *ctx = pool.ctx;
+    long items = pool.items, chunk = pool.chunk;
+    long long tag = (long long)(generation & 0xffffffffL) << 32;
+    for (;;) {
+        long long word = atomic_load(&pool.claim);
+        if ((word & ~0xffffffffLL) != tag)
+            return;
+        long start = (long)(word & 0xffffffffLL);
+        if (start >= items)
+            return;
+        long stop = start + chunk < items ? start + chunk : items;
+        if (!atomic_compare_exchange_weak(&pool.claim, &word, tag | stop))
+            continue;
+        fn(ctx, start, stop);
+        atomic_fetch_add(&pool.done, stop - start);
+    }
 }
 
 static void *worker_main(void *arg)
 {
-    int index = (int)(intptr_t)arg;
+    (void)arg;
     long seen = pool.base_generation; /* not the current one: a job may already have been posted */
     for (;;) {
         double spin_until = now_seconds() + SPIN_SECONDS;
@@ -125,8 +192,7 @@ static void *worker_main(void *arg)
         if (atomic_load(&pool.stopping))
             return NULL;
         seen = generation;
-        run_share(index);
-        atomic_fetch_sub(&pool.remaining, 1);
+        work_on(generation);
     }
 }
 
@@ -146,14 +212,17 @@ static void run_parallel(task_fn fn, const void *ctx, long items)
         fn(ctx, 0, items);
         return;
     }
+    long generation = atomic_load(&pool.generation) + 1;
+    atomic_store(&pool.claim, (long long)(generation & 0xffffffffL) << 32); /* stale claims fail from here */
     pool.fn = fn;
     pool.ctx = ctx;
     pool.items = items;
-    atomic_store(&pool.remaining, pool.count - 1);
-    atomic_fetch_add(&pool.generation, 1);
+    pool.chunk = items / (4 * pool.count) > 1 ? items / (4 * pool.count) : 1;
+    atomic_store(&pool.done, 0);
+    atomic_store(&pool.generation, generation);
     wake_all();
-    run_share(0);
-    while (atomic_load(&pool.remaining) > 0)
+    work_on(generation);
+    while (atomic_load(&pool.done) < items)
         cpu_relax();
     pthread_mutex_unlock(&pool.job_lock);
 }
@@ -198,8 +267,10 @@ static void after_fork_in_child(void)
 
 /* ------------------------------------------------------------------ activations rounded to 8-bit blocks */
 
-/* Row r, block b: codes qx[r, 32b .. 32b+31], scale dx[r, b], and sx[r, b] = dx * sum of the codes. */
-static void quantize_rows_portable(const float *x, long rows, long k, int8_t *qx, float *dx, float *sx)
+/* Row r of `rows`, block b of 32, laid out block by block so that a tile of rows finds its codes at fixed offsets
+ * from one pointer: codes qx[b, r, 0..31], scale dx[b, r]; sums[2b + h, r] = the sum of codes 16h .. 16h+15 of
+ * that block (the kinds with zero points or offsets need them per sub-block). */
+static void quantize_rows_portable(const float *x, long rows, long k, int8_t *qx, float *dx, int32_t *sums)
 {
     long blocks = k / BLOCK;
     for (long r = 0; r < rows; r++)
@@ -209,15 +280,16 @@ static void quantize_rows_portable(const float *x, long rows, long k, int8_t *qx
             for (int i = 0; i < BLOCK; i++)
                 amax = fmaxf(amax, fabsf(v[i]));
             float scale = amax / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
-            int8_t *codes = qx + r * k + b * BLOCK;
-            int sum = 0;
+            int8_t *codes = qx + (b * rows + r) * BLOCK;
+            int sum[2] = {0, 0};
             for (int i = 0; i < BLOCK; i++) {
                 int code = (int)nearbyintf(v[i] * inverse);
                 codes[i] = (int8_t)code;
-                sum += code;
+                sum[i / 16] += code;
             }
-            dx[r * blocks + b] = scale;
-            sx[r * blocks + b] = scale * (float)sum;
+            dx[b * rows + r] = scale;
+            sums[2 * b * rows + r] = sum[0];
+            sums[(2 * b + 1) * rows + r] = sum[1];
         }
 }
 
@@ -238,7 +310,7 @@ AVX2 static inline int hsum8i(__m256i v)
     return _mm_cvtsi128_si32(sum);
 }
 
-AVX2 static void quantize_rows_avx2(const float *x, long rows, long k, int8_t *qx, float *dx, float *sx)
+AVX2 static void quantize_rows_avx2(const float *x, long rows, long k, int8_t *qx, float *dx, int32_t *sums)
 {
     long blocks = k / BLOCK;
     const __m256 sign_off = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -259,220 +331,680 @@ AVX2 static void quantize_rows_avx2(const float *x, long rows, long k, int8_t *q
             __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), round));
             __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), round));
             __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), round));
-            int sum = hsum8i(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
             /* pack 32 int32 -> 32 int8 in order (packs interleave 128-bit lanes; the permute restores order) */
             __m256i p01 = _mm256_packs_epi32(i0, i1), p23 = _mm256_packs_epi32(i2, i3);
             __m256i packed = _mm256_packs_epi16(p01, p23);
             packed = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-            _mm256_storeu_si256((__m256i *)(qx + r * k + b * BLOCK), packed);
-            dx[r * blocks + b] = scale;
-            sx[r * blocks + b] = scale * (float)sum;
+            _mm256_storeu_si256((__m256i *)(qx + (b * rows + r) * BLOCK), packed);
+            dx[b * rows + r] = scale;
+            sums[2 * b * rows + r] = hsum8i(_mm256_add_epi32(i0, i1));
+            sums[(2 * b + 1) * rows + r] = hsum8i(_mm256_add_epi32(i2, i3));
         }
 }
 #endif
 
-static void quantize_rows(const float *x, long rows, long k, int8_t *qx, float *dx, float *sx)
+static void quantize_rows(const float *x, long rows, long k, int8_t *qx, float *dx, int32_t *sums)
 {
 #if HAVE_X86
-    if (use_avx2) {
-        quantize_rows_avx2(x, rows, k, qx, dx, sx);
+    if (isa_path >= ISA_AVX2) {
+        quantize_rows_avx2(x, rows, k, qx, dx, sums);
         return;
     }
 #endif
-    quantize_rows_portable(x, rows, k, qx, dx, sx);
+    quantize_rows_portable(x, rows, k, qx, dx, sums);
 }
 
-/* ------------------------------------------------------------------------------ block-quantised matmul */
+/* ------------------------------------------------------------------------------ the weights' kinds */
 
 typedef struct {
-    int kind; /* 4 or 8 */
+    int bits;    /* 4: two codes a byte; 8: one code a byte; 32/16: float32, float16 or bfloat16 weights */
+    int sub;     /* weights per scale (16 or 32) */
+    int zero;    /* the codes' zero point: W = scale * (code - zero) (+ offset) */
+    int offsets; /* a float32 offset per sub-block */
+    int bf16;    /* bits 16: bfloat16 rather than float16 */
+} KindInfo;
+
+static int kind_info(int kind, KindInfo *info)
+{
+    switch (kind) {
+    case KIND_Q4: *info = (KindInfo){4, 32, 0, 1, 0}; return 1;
+    case KIND_Q4Z: *info = (KindInfo){4, 32, 8, 0, 0}; return 1;
+    case KIND_Q8: *info = (KindInfo){8, 32, 128, 0, 0}; return 1;
+    case KIND_U8: *info = (KindInfo){8, 32, 0, 1, 0}; return 1;
+    case KIND_Q8S: *info = (KindInfo){8, 16, 32, 0, 0}; return 1;
+    case KIND_Q4S: *info = (KindInfo){4, 16, 4, 0, 0}; return 1;
+    case KIND_Q2S: *info = (KindInfo){4, 16, 0, 1, 0}; return 1;
+    case KIND_F32: *info = (KindInfo){32, 0, 0, 0, 0}; return 1;
+    case KIND_F16: *info = (KindInfo){16, 0, 0, 0, 0}; return 1;
+    case KIND_BF16: *info = (KindInfo){16, 0, 0, 0, 1}; return 1;
+    default: return 0;
+    }
+}
+
+/* Bytes of one block of 32 weights for a group of GROUP columns: scales, offsets, codes. */
+static long block_bytes(const KindInfo *info)
+{
+    long subs = BLOCK / info->sub;
+    return 4 * GROUP * subs * (1 + info->offsets) + (info->bits == 4 ? 16 : 32) * GROUP;
+}
+
+/* Bytes of one group's record (k weights of GROUP columns). */
+static long group_bytes(const KindInfo *info, long k)
+{
+    if (info->bits >= 16)
+        return k * GROUP * (info->bits / 8);
+    return (k / BLOCK) * block_bytes(info);
+}
+
+/* ------------------------------------------------------------------------------ the matmul */
+
+typedef struct {
+    KindInfo info;
     long rows, k, n;
-    const int8_t *qx;
-    const float *dx, *sx;
-    const char *weights; /* one record per output column (matmul's docstring above) */
-    long record;         /* bytes per record */
+    const float *x;       /* float kinds: the rows themselves */
+    const int8_t *qx;     /* block kinds: the rows' 8-bit codes [k/32][rows][32] */
+    const float *dx;      /* their scales [k/32][rows] */
+    const int32_t *init;  /* [k/sub][rows]: -zero * (sum of the row's codes over the sub-block), the integer
+                           * accumulator's start (so the dot product comes out of codes - zero) */
+    const float *sx;      /* [k/sub][rows]: dx * (sum of the row's codes over the sub-block), for offsets */
+    const char *weights;  /* one record per group of GROUP columns */
+    long record, block;   /* bytes per group record, per block of it */
     float *out;
     long out_stride; /* elements between rows of out */
     int accumulate;  /* out += product instead of out = product (a residual connection) */
 } MatmulTask;
 
-static inline void store_output(const MatmulTask *t, long row, long col, float value)
+/* Row r, columns col .. col+GROUP-1 of a group's results in `values` (only the columns below n are written). */
+static inline void store_values(const MatmulTask *t, long row, long col, const float *values)
 {
     float *at = t->out + row * t->out_stride + col;
-    *at = t->accumulate ? *at + value : value;
+    long count = t->n - col < GROUP ? t->n - col : GROUP;
+    for (long c = 0; c < count; c++)
+        at[c] = t->accumulate ? at[c] + values[c] : values[c];
 }
 
-/* Column `col`'s record: float32 scales [k/32], (kind 4) float32 offsets [k/32], then its codes. */
-static inline const float *record_scales(const MatmulTask *t, long col)
+/* The 32 codes of column c in a block's codes (the layout in the header comment), less the zero point. */
+static void column_codes(const KindInfo *info, const uint8_t *codes, int c, int16_t *out)
 {
-    return (const float *)(t->weights + col * t->record);
+    if (info->bits == 8) {
+        for (int chunk = 0; chunk < BLOCK / 4; chunk++)
+            for (int e = 0; e < 4; e++)
+                out[chunk * 4 + e] = (int16_t)(codes[chunk * 4 * GROUP + c * 4 + e] - info->zero);
+        return;
+    }
+    int sub = info->sub, half = sub / 8; /* vectors per sub-block: chunk q low nibbles, chunk q + half high */
+    for (int j = 0; j < BLOCK / sub; j++)
+        for (int q = 0; q < half; q++)
+            for (int e = 0; e < 4; e++) {
+                uint8_t byte = codes[(j * half + q) * 4 * GROUP + c * 4 + e];
+                out[j * sub + q * 4 + e] = (int16_t)((byte & 15) - info->zero);
+                out[j * sub + (q + half) * 4 + e] = (int16_t)((byte >> 4) - info->zero);
+            }
 }
 
-static inline const void *record_codes(const MatmulTask *t, long col)
+static float half_to_float(uint16_t h)
 {
-    long blocks = t->k / BLOCK;
-    return t->weights + col * t->record + (t->kind == 4 ? 8 : 4) * blocks;
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = (h >> 10) & 31, mantissa = h & 1023, bits;
+    if (exponent == 31)
+        bits = sign | 0x7f800000u | (mantissa << 13);
+    else if (exponent != 0)
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    else if (mantissa == 0)
+        bits = sign;
+    else { /* subnormal: normalise */
+        exponent = 113;
+        while (!(mantissa & 1024)) {
+            mantissa <<= 1;
+            exponent--;
+        }
+        bits = sign | (exponent << 23) | ((mantissa & 1023) << 13);
+    }
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
 }
 
-/* The offsets' share of an output: sum over blocks of offset * (scale_x * sum of the row's codes). */
-static inline float offset_term_portable(const float *offsets, const float *sx, long blocks)
-{
-    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0}, tail = 0.0f;
-    long b = 0;
-    for (; b + 8 <= blocks; b += 8)
-        for (int i = 0; i < 8; i++)
-            lanes[i] += offsets[b + i] * sx[b + i];
-    for (; b < blocks; b++)
-        tail += offsets[b] * sx[b];
-    return ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7])) + tail;
-}
-
-static void matmul_columns_portable(const void *arg, long start, long stop)
+/* The reference order every path reproduces, one column at a time. Block kinds: for each sub-block j in order,
+ * acc = fma(float(integer dot of codes - zero with the row's codes), scale_j * dx_b, acc), then with offsets
+ * acc = fma(offset_j, sx_j, acc). Float kinds: four partial sums over k = 0, 1, 2, 3 mod 4, each an fma chain
+ * in order, added as (s0 + s1) + (s2 + s3). */
+static void matmul_groups_portable(const void *arg, long start, long stop)
 {
     const MatmulTask *t = arg;
-    long blocks = t->k / BLOCK;
-    for (long col = start; col < stop; col++) {
-        const float *scale = record_scales(t, col);
-        for (long r = 0; r < t->rows; r++) {
-            const int8_t *x = t->qx + r * t->k;
-            const float *dx = t->dx + r * blocks;
-            float acc = 0.0f;
-            for (long b = 0; b < blocks; b++) {
-                int dot = 0;
-                if (t->kind == 4) {
-                    const uint8_t *w = (const uint8_t *)record_codes(t, col) + b * (BLOCK / 2);
-                    for (int i = 0; i < BLOCK / 2; i++)
-                        dot += (w[i] & 15) * x[b * BLOCK + i] + (w[i] >> 4) * x[b * BLOCK + i + BLOCK / 2];
-                } else {
-                    const int8_t *w = (const int8_t *)record_codes(t, col) + b * BLOCK;
-                    for (int i = 0; i < BLOCK; i++)
-                        dot += w[i] * x[b * BLOCK + i];
+    const KindInfo *info = &t->info;
+    long k = t->k, blocks = k / BLOCK;
+    float *column = malloc(sizeof(float) * (size_t)k); /* float kinds: one column's weights */
+    int16_t *codes = malloc(sizeof(int16_t) * (size_t)k); /* block kinds: one column's codes - zero */
+    if (column == NULL || codes == NULL) {
+        free(column);
+        free(codes);
+        float nan[GROUP];
+        for (int c = 0; c < GROUP; c++)
+            nan[c] = NAN;
+        for (long g = start; g < stop; g++)
+            for (long r = 0; r < t->rows; r++)
+                store_values(t, r, g * GROUP, nan);
+        return;
+    }
+    for (long g = start; g < stop; g++) {
+        const char *record = t->weights + g * t->record;
+        float values[32][GROUP];
+        for (long r0 = 0; r0 < t->rows; r0 += 32) {
+            long rows = t->rows - r0 < 32 ? t->rows - r0 : 32;
+            for (int c = 0; c < GROUP; c++) {
+                if (info->bits >= 16) {
+                    for (long i = 0; i < k; i++) {
+                        if (info->bits == 32)
+                            memcpy(&column[i], record + (i * GROUP + c) * 4, 4);
+                        else {
+                            uint16_t h;
+                            memcpy(&h, record + (i * GROUP + c) * 2, 2);
+                            if (info->bf16) {
+                                uint32_t bits = (uint32_t)h << 16;
+                                memcpy(&column[i], &bits, 4);
+                            } else
+                                column[i] = half_to_float(h);
+                        }
+                    }
+                    for (long r = 0; r < rows; r++) {
+                        const float *x = t->x + (r0 + r) * k;
+                        float s[4] = {0, 0, 0, 0};
+                        for (long i = 0; i < k; i += 4)
+                            for (int lane = 0; lane < 4; lane++)
+                                s[lane] = fmaf(x[i + lane], column[i + lane], s[lane]);
+                        values[r][c] = (s[0] + s[1]) + (s[2] + s[3]);
+                    }
+                    continue;
                 }
-                acc += (float)dot * (scale[b] * dx[b]);
+                for (long b = 0; b < blocks; b++) {
+                    const uint8_t *block_codes =
+                        (const uint8_t *)record + b * t->block + 4 * GROUP * (BLOCK / info->sub) * (1 + info->offsets);
+                    column_codes(info, block_codes, c, codes + b * BLOCK);
+                }
+                long subs = k / info->sub, per_block = BLOCK / info->sub;
+                for (long r = 0; r < rows; r++) {
+                    float acc = 0.0f;
+                    for (long j = 0; j < subs; j++) {
+                        long b = j / per_block, first = (j % per_block) * info->sub;
+                        const int8_t *x = t->qx + (b * t->rows + r0 + r) * BLOCK;
+                        const float *scales = (const float *)(record + b * t->block);
+                        int dot = 0;
+                        for (long i = first; i < first + info->sub; i++)
+                            dot += codes[b * BLOCK + i] * x[i];
+                        acc = fmaf((float)dot, scales[(j % per_block) * GROUP + c] * t->dx[b * t->rows + r0 + r], acc);
+                        if (info->offsets)
+                            acc = fmaf(scales[(per_block + j % per_block) * GROUP + c], t->sx[j * t->rows + r0 + r], acc);
+                    }
+                    values[r][c] = acc;
+                }
             }
-            if (t->kind == 4)
-                acc += offset_term_portable(scale + blocks, t->sx + r * blocks, blocks);
-            store_output(t, r, col, acc);
+            for (long r = 0; r < rows; r++)
+                store_values(t, r0 + r, g * GROUP, values[r]);
         }
     }
+    free(column);
+    free(codes);
 }
 
 #if HAVE_X86
-AVX2 static inline float offset_term_avx2(const float *offsets, const float *sx, long blocks)
+/* ---- AVX2 (and AVX-VNNI): 8 columns (half h of a group) x R rows a tile. ----
+ * Nibbles: maddubs of the unsigned codes with the row's signed codes (at most 2 * 15 * 127 a pair of lanes, so the
+ * eight chunks of a sub-block add up in 16 bits), then madd by ones to 32 bits. Bytes: the codes as signed values
+ * (bytes of kinds with zero point 128 flipped back to int8), maddubs of their magnitude with the row's codes
+ * carrying their signs. With AVX-VNNI, vpdpbusd of the unsigned codes with the row's codes. Either way the
+ * integer sums are exact, then the float steps are those of the portable loop, lane by lane. */
+
+#define AVX2_ROWS 4
+
+static inline __attribute__((always_inline)) int32_t load_i32(const int8_t *p)
 {
-    __m256 lanes = _mm256_setzero_ps();
-    float tail = 0.0f;
-    long b = 0;
-    for (; b + 8 <= blocks; b += 8)
-        lanes = _mm256_add_ps(lanes, _mm256_mul_ps(_mm256_loadu_ps(offsets + b), _mm256_loadu_ps(sx + b)));
-    for (; b < blocks; b++)
-        tail += offsets[b] * sx[b];
-    return hsum8(lanes) + tail;
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
 }
 
-/*
- * A tile of ROWS rows (from r0) by COLS columns (from col): ROWS * COLS independent accumulators, so the
- * processor overlaps their dependency chains. Every output element is computed by the same operations in the
- * same order whatever the tile's shape: for each block, acc += float(integer dot) * (scale_w * scale_x); then
- * the lanes are summed and the offsets' share added.
- */
-#define DEFINE_TILE(KIND, ROWS, COLS)                                                                              \
-    AVX2 static void tile_q##KIND##_##ROWS##x##COLS(const MatmulTask *t, long col, long r0)                         \
+#define DEFINE_TILE256(NAME, TARGET, VNNI)                                                                         \
+    TARGET static inline __attribute__((always_inline)) void NAME(const MatmulTask *t, long g, int h, long r0,     \
+                                                                  const int R, const int BITS, const int SUB,       \
+                                                                  const int OFF, int prefetch)                      \
     {                                                                                                              \
-        const long blocks = t->k / BLOCK, k = t->k;                                                                \
-        const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);                                   \
-        const float *scale[COLS];                                                                                  \
-        const char *codes[COLS];                                                                                   \
-        _Pragma("GCC unroll 8") for (int c = 0; c < COLS; c++) {                                                   \
-            scale[c] = (const float *)(t->weights + (col + c) * t->record);                                        \
-            codes[c] = (const char *)(scale[c] + (KIND == 4 ? 2 : 1) * blocks);                                    \
-        }                                                                                                          \
-        const int8_t *xrow = t->qx + r0 * k;                                                                       \
-        const float *dxrow = t->dx + r0 * blocks;                                                                  \
-        __m256 acc[ROWS][COLS];                                                                                    \
-        _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; r++)                                                     \
-            _Pragma("GCC unroll 8") for (int c = 0; c < COLS; c++) acc[r][c] = _mm256_setzero_ps();                \
+        const long blocks = t->k / BLOCK;                                                                          \
+        const int S = BLOCK / SUB, C = SUB / 4;                                                                    \
+        const char *record = t->weights + g * t->record;                                                          \
+        const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(-128);    \
+        const int flip_bytes = !(VNNI) && t->info.zero == 128;                                                     \
+        __m256 acc[AVX2_ROWS];                                                                                     \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                          \
         for (long b = 0; b < blocks; b++) {                                                                        \
-            __m256i x[ROWS];                                                                                       \
-            __m256 dx[ROWS];                                                                                       \
-            _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; r++) {                                               \
-                x[r] = _mm256_loadu_si256((const __m256i *)(xrow + r * k + b * BLOCK));                            \
-                dx[r] = _mm256_broadcast_ss(dxrow + r * blocks + b);                                               \
-            }                                                                                                      \
-            _Pragma("GCC unroll 8") for (int c = 0; c < COLS; c++) {                                               \
-                __m256 dw = _mm256_broadcast_ss(scale[c] + b);                                                     \
-                __m256i w;                                                                                         \
-                if (KIND == 4) {                                                                                   \
-                    __m128i packed = _mm_loadu_si128((const __m128i *)(codes[c] + b * (BLOCK / 2)));               \
-                    w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);                \
+            const char *block = record + b * t->block;                                                             \
+            const float *scales = (const float *)block;                                                            \
+            const char *codes = block + 4 * GROUP * S * (1 + OFF);                                                 \
+            if (prefetch)                                                                                          \
+                for (long line = 0; line < t->block; line += 64)                                                   \
+                    _mm_prefetch(block + t->record + line, _MM_HINT_T0);                                           \
+            _Pragma("GCC unroll 2") for (int j = 0; j < S; j++) {                                                  \
+                __m256i ia[AVX2_ROWS];                                                                             \
+                const int8_t *xs = t->qx + (b * t->rows + r0) * BLOCK + j * SUB;                                   \
+                _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                                \
+                    ia[r] = _mm256_set1_epi32(t->init[(b * S + j) * t->rows + r0 + r]);                            \
+                if (BITS == 4) {                                                                                   \
+                    __m256i m16[AVX2_ROWS];                                                                        \
+                    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) m16[r] = _mm256_setzero_si256();           \
+                    _Pragma("GCC unroll 4") for (int q = 0; q < C / 2; q++) {                                      \
+                        __m256i v = _mm256_loadu_si256((const __m256i *)(codes + (j * (C / 2) + q) * 64 + 32 * h)); \
+                        __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low); \
+                        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                      \
+                            __m256i xa = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * q));                           \
+                            __m256i xb = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + C / 2)));                 \
+                            if (VNNI) {                                                                            \
+                                ia[r] = _mm256_dpbusd_avx_epi32(ia[r], lo, xa);                                    \
+                                ia[r] = _mm256_dpbusd_avx_epi32(ia[r], hi, xb);                                    \
+                            } else                                                                                 \
+                                m16[r] = _mm256_add_epi16(                                                         \
+                                    m16[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb))); \
+                        }                                                                                          \
+                    }                                                                                              \
+                    if (!(VNNI)) {                                                                                 \
+                        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                        \
+                            ia[r] = _mm256_add_epi32(ia[r], _mm256_madd_epi16(m16[r], ones));                      \
+                    }                                                                                              \
                 } else {                                                                                           \
-                    w = _mm256_loadu_si256((const __m256i *)(codes[c] + b * BLOCK));                               \
+                    _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) {                                          \
+                        __m256i w = _mm256_loadu_si256((const __m256i *)(codes + (j * C + c) * 64 + 32 * h));      \
+                        if (VNNI) {                                                                                \
+                            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) ia[r] = _mm256_dpbusd_avx_epi32(   \
+                                ia[r], w, _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * c)));                        \
+                        } else {                                                                                   \
+                            if (flip_bytes)                                                                        \
+                                w = _mm256_xor_si256(w, flip);                                                     \
+                            __m256i magnitude = _mm256_sign_epi8(w, w);                                            \
+                            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                  \
+                                __m256i xa = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * c)), w); \
+                                ia[r] = _mm256_add_epi32(                                                          \
+                                    ia[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, xa), ones));          \
+                            }                                                                                      \
+                        }                                                                                          \
+                    }                                                                                              \
                 }                                                                                                  \
-                __m256i magnitude = KIND == 4 ? w : _mm256_sign_epi8(w, w);                                        \
-                _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; r++) {                                           \
-                    __m256i signed_x = KIND == 4 ? x[r] : _mm256_sign_epi8(x[r], w);                               \
-                    __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_x), ones);              \
-                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, dx[r]), acc[r][c]);     \
+                __m256 scale = _mm256_loadu_ps(scales + j * GROUP + 8 * h);                                        \
+                _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                              \
+                    __m256 sd = _mm256_mul_ps(scale, _mm256_set1_ps(t->dx[b * t->rows + r0 + r]));                 \
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), sd, acc[r]);                               \
+                }                                                                                                  \
+                if (OFF) {                                                                                         \
+                    __m256 offset = _mm256_loadu_ps(scales + (S + j) * GROUP + 8 * h);                             \
+                    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(                  \
+                        offset, _mm256_set1_ps(t->sx[(b * S + j) * t->rows + r0 + r]), acc[r]);                    \
                 }                                                                                                  \
             }                                                                                                      \
         }                                                                                                          \
-        _Pragma("GCC unroll 8") for (int r = 0; r < ROWS; r++)                                                     \
-            _Pragma("GCC unroll 8") for (int c = 0; c < COLS; c++) {                                               \
-                float value = hsum8(acc[r][c]);                                                                    \
-                if (KIND == 4)                                                                                     \
-                    value += offset_term_avx2(scale[c] + blocks, t->sx + (r0 + r) * blocks, blocks);               \
-                store_output(t, r0 + r, col + c, value);                                                           \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                                      \
+            float *at = t->out + (r0 + r) * t->out_stride + g * GROUP + 8 * h;                                     \
+            long count = t->n - (g * GROUP + 8 * h);                                                               \
+            if (count >= 8) {                                                                                      \
+                _mm256_storeu_ps(at, t->accumulate ? _mm256_add_ps(_mm256_loadu_ps(at), acc[r]) : acc[r]);         \
+            } else if (count > 0) {                                                                                \
+                float values[8];                                                                                   \
+                _mm256_storeu_ps(values, acc[r]);                                                                  \
+                for (long c = 0; c < count; c++)                                                                   \
+                    at[c] = t->accumulate ? at[c] + values[c] : values[c];                                         \
             }                                                                                                      \
+        }                                                                                                          \
     }
-DEFINE_TILE(4, 1, 4)
-DEFINE_TILE(4, 1, 2)
-DEFINE_TILE(4, 1, 1)
-DEFINE_TILE(4, 2, 2)
-DEFINE_TILE(4, 3, 2)
-DEFINE_TILE(4, 4, 2)
-DEFINE_TILE(4, 2, 1)
-DEFINE_TILE(4, 3, 1)
-DEFINE_TILE(4, 4, 1)
-DEFINE_TILE(8, 1, 4)
-DEFINE_TILE(8, 1, 2)
-DEFINE_TILE(8, 1, 1)
-DEFINE_TILE(8, 2, 2)
-DEFINE_TILE(8, 3, 2)
-DEFINE_TILE(8, 4, 2)
-DEFINE_TILE(8, 2, 1)
-DEFINE_TILE(8, 3, 1)
-DEFINE_TILE(8, 4, 1)
 
-typedef void (*tile_fn)(const MatmulTask *, long, long);
-/* [kind 4, kind 8][rows 1-4][columns: 1, 2, 4] (a 4-wide tile only for a lone row) */
-static tile_fn const tiles[2][5][3] = {
-    {{NULL, NULL, NULL}, {tile_q4_1x1, tile_q4_1x2, tile_q4_1x4}, {tile_q4_2x1, tile_q4_2x2, NULL},
-     {tile_q4_3x1, tile_q4_3x2, NULL}, {tile_q4_4x1, tile_q4_4x2, NULL}},
-    {{NULL, NULL, NULL}, {tile_q8_1x1, tile_q8_1x2, tile_q8_1x4}, {tile_q8_2x1, tile_q8_2x2, NULL},
-     {tile_q8_3x1, tile_q8_3x2, NULL}, {tile_q8_4x1, tile_q8_4x2, NULL}},
-};
+#define AVXVNNI __attribute__((target("avx2,fma,avxvnni")))
+DEFINE_TILE256(tile_avx2, AVX2, 0)
+DEFINE_TILE256(tile_avxvnni, AVXVNNI, 1)
 
-/* Columns in tiles (4 wide for one row, 2 wide for more), every row group of 4 under one tile, so a thread
- * reads each weight once from memory and the row groups after the first find it in L1. */
-AVX2 static void matmul_columns_avx2(const void *arg, long start, long stop)
+/* Float kinds, 8 columns x R rows: per row four accumulators (k mod 4), the portable loop's order. */
+AVX2 static inline __attribute__((always_inline)) __m256 load8_weights(const char *p, int bits, int bf16)
 {
-    const MatmulTask *t = arg;
-    int kind = t->kind == 4 ? 0 : 1;
-    long width = t->rows == 1 ? 4 : 2, wide = t->rows == 1 ? 2 : 1; /* tiles[..][..][wide] is width columns */
-    for (long col = start; col < stop;) {
-        int full = col + width <= stop;
-        /* the weights stream from memory: ask for the records PREFETCH_TILES tiles ahead now */
-        long ahead = col + PREFETCH_TILES * width;
-        if (ahead + width <= stop) {
-            const char *next = t->weights + ahead * t->record;
-            for (long line = 0; line < width * t->record; line += 64)
-                _mm_prefetch(next + line, _MM_HINT_T0);
+    if (bits == 32)
+        return _mm256_loadu_ps((const float *)p);
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (bf16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+#define FLOAT_ROWS 2
+AVX2 static inline __attribute__((always_inline)) void tile_float_avx2(const MatmulTask *t, long g, int h, long r0,
+                                                                       const int R, const int BITS, const int BF16)
+{
+    const long k = t->k, elem = BITS / 8;
+    const char *record = t->weights + g * t->record + 8 * h * elem;
+    __m256 acc[FLOAT_ROWS][4];
+    for (int r = 0; r < R; r++)
+        for (int lane = 0; lane < 4; lane++)
+            acc[r][lane] = _mm256_setzero_ps();
+    for (long i = 0; i < k; i += 4) {
+        _Pragma("GCC unroll 4") for (int lane = 0; lane < 4; lane++) {
+            __m256 w = load8_weights(record + (i + lane) * GROUP * elem, BITS, BF16);
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][lane] =
+                _mm256_fmadd_ps(_mm256_set1_ps(t->x[(r0 + r) * k + i + lane]), w, acc[r][lane]);
         }
-        for (long r0 = 0; r0 < t->rows; r0 += 4) {
-            long rows = t->rows - r0 < 4 ? t->rows - r0 : 4;
-            tiles[kind][rows][full ? wide : 0](t, col, r0);
+    }
+    for (int r = 0; r < R; r++) {
+        __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]));
+        float values[8];
+        _mm256_storeu_ps(values, sum);
+        float *at = t->out + (r0 + r) * t->out_stride + g * GROUP + 8 * h;
+        long count = t->n - (g * GROUP + 8 * h);
+        for (long c = 0; c < count && c < 8; c++)
+            at[c] = t->accumulate ? at[c] + values[c] : values[c];
+    }
+}
+
+/* ---- AVX512-VNNI: a whole group (16 columns, one zmm) x R rows a tile; vpdpbusd of the unsigned codes with the
+ * row's signed codes, broadcast four at a time; the zero point's share is the accumulator's start. ---- */
+
+#define VNNI512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
+#define WIDE_ROWS 8 /* the largest tile (12 measured no faster) */
+#ifndef PAIR_ROWS
+#define PAIR_ROWS 32 /* calls of up to this many rows take two-group tiles */
+#endif
+
+/* NG groups (1 or 2: 16 or 32 columns) x R rows: with two groups each broadcast of a row's codes serves two
+ * vpdpbusd. Every output element gets the operations of the header comment in their order. */
+VNNI512 static inline __attribute__((always_inline)) void tile_512(const MatmulTask *t, long g, long r0, const int R,
+                                                                   const int BITS, const int SUB, const int OFF,
+                                                                   int prefetch, const int NG)
+{
+    const long blocks = t->k / BLOCK;
+    const int S = BLOCK / SUB, C = SUB / 4;
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    __m512 acc[2][WIDE_ROWS];
+    _Pragma("GCC unroll 2") for (int n = 0; n < NG; n++)
+        _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) acc[n][r] = _mm512_setzero_ps();
+    for (long b = 0; b < blocks; b++) {
+        const char *block[2];
+        _Pragma("GCC unroll 2") for (int n = 0; n < NG; n++) {
+            block[n] = t->weights + (g + n) * t->record + b * t->block;
+            if (prefetch)
+                for (long line = 0; line < t->block; line += 64)
+                    _mm_prefetch(block[n] + NG * t->record + line, _MM_HINT_T0);
         }
-        col += full ? width : 1;
+        _Pragma("GCC unroll 2") for (int j = 0; j < S; j++) {
+            __m512i ia[2][WIDE_ROWS];
+            const int8_t *xs = t->qx + (b * t->rows + r0) * BLOCK + j * SUB;
+            _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {
+                __m512i init = _mm512_set1_epi32(t->init[(b * S + j) * t->rows + r0 + r]);
+                _Pragma("GCC unroll 2") for (int n = 0; n < NG; n++) ia[n][r] = init;
+            }
+            if (BITS == 4) {
+                _Pragma("GCC unroll 4") for (int q = 0; q < C / 2; q++) {
+                    __m512i lo[2], hi[2];
+                    _Pragma("GCC unroll 2") for (int n = 0; n < NG; n++) {
+                        const char *codes = block[n] + 4 * GROUP * S * (1 + OFF);
+                        __m512i v = _mm512_loadu_si512((const void *)(codes + (j * (C / 2) + q) * 64));
+                        lo[n] = _mm512_and_si512(v, low);
+                        hi[n] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                    }
+                    _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {
+                        __m512i xa = _mm512_set1_epi32(load_i32(xs + r * BLOCK + 4 * q));
+                        __m512i xb = _mm512_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + C / 2)));
+                        _Pragma("GCC unroll 2") for (int n = 0; n < NG; n++) {
+                            ia[n][r] = _mm512_dpbusd_epi32(ia[n][r], lo[n], xa);
+                            ia[n][r] = _mm512_dpbusd_epi32(ia[n][r], hi[n], xb);
+                        }
+                    }
+                }
+            } else {
+                _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) {
+                    __m512i w[2];
+                    _Pragma("GCC unroll 2") for (int n = 0; n < NG; n++) w[n] = _mm512_loadu_si512(
+                        (const void *)(block[n] + 4 * GROUP * S * (1 + OFF) + (j * C + c) * 64));
+                    _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {
+                        __m512i x = _mm512_set1_epi32(load_i32(xs + r * BLOCK + 4 * c));
+                        _Pragma("GCC unroll 2") for (int n = 0; n < NG; n++) ia[n][r] =
+                            _mm512_dpbusd_epi32(ia[n][r], w[n], x);
+                    }
+                }
+            }
+            _Pragma("GCC unroll 2") for (int n = 0; n < NG; n++) {
+                const float *scales = (const float *)block[n];
+                __m512 scale = _mm512_loadu_ps(scales + j * GROUP);
+                _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {
+                    __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(t->dx[b * t->rows + r0 + r]));
+                    acc[n][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[n][r]), sd, acc[n][r]);
+                }
+                if (OFF) {
+                    __m512 offset = _mm512_loadu_ps(scales + (S + j) * GROUP);
+                    _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) acc[n][r] = _mm512_fmadd_ps(
+                        offset, _mm512_set1_ps(t->sx[(b * S + j) * t->rows + r0 + r]), acc[n][r]);
+                }
+            }
+        }
+    }
+    _Pragma("GCC unroll 2") for (int n = 0; n < NG; n++) {
+        long count = t->n - (g + n) * GROUP;
+        __mmask16 mask = count >= GROUP ? (__mmask16)0xFFFF : (__mmask16)((1u << count) - 1);
+        _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {
+            float *at = t->out + (r0 + r) * t->out_stride + (g + n) * GROUP;
+            __m512 value = t->accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, at), acc[n][r]) : acc[n][r];
+            _mm512_mask_storeu_ps(at, mask, value);
+        }
+    }
+}
+
+VNNI512 static inline __attribute__((always_inline)) __m512 load16_weights(const char *p, int bits, int bf16)
+{
+    if (bits == 32)
+        return _mm512_loadu_ps((const float *)p);
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    if (bf16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+#define WIDE_FLOAT_ROWS 4
+VNNI512 static inline __attribute__((always_inline)) void tile_float_512(const MatmulTask *t, long g, long r0,
+                                                                         const int R, const int BITS, const int BF16)
+{
+    const long k = t->k, elem = BITS / 8;
+    const char *record = t->weights + g * t->record;
+    __m512 acc[WIDE_FLOAT_ROWS][4];
+    for (int r = 0; r < R; r++)
+        for (int lane = 0; lane < 4; lane++)
+            acc[r][lane] = _mm512_setzero_ps();
+    for (long i = 0; i < k; i += 4) {
+        _Pragma("GCC unroll 4") for (int lane = 0; lane < 4; lane++) {
+            __m512 w = load16_weights(record + (i + lane) * GROUP * elem, BITS, BF16);
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][lane] =
+                _mm512_fmadd_ps(_mm512_set1_ps(t->x[(r0 + r) * k + i + lane]), w, acc[r][lane]);
+        }
+    }
+    long count = t->n - g * GROUP;
+    __mmask16 mask = count >= GROUP ? (__mmask16)0xFFFF : (__mmask16)((1u << count) - 1);
+    for (int r = 0; r < R; r++) {
+        __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3]));
+        float *at = t->out + (r0 + r) * t->out_stride + g * GROUP;
+        _mm512_mask_storeu_ps(at, mask, t->accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, at), sum) : sum);
+    }
+}
+
+/* The block kinds' compiled shapes: (bits, sub, offsets) of each kind, and tiles of 1, 2, 4 (and 8) rows. */
+#define SHAPES(X)                                                                                                  \
+    X(4, 32, 1)                                                                                                    \
+    X(4, 32, 0)                                                                                                    \
+    X(8, 32, 0)                                                                                                    \
+    X(8, 32, 1)                                                                                                    \
+    X(8, 16, 0)                                                                                                    \
+    X(4, 16, 0)                                                                                                    \
+    X(4, 16, 1)
+
+typedef void (*tile_fn)(const MatmulTask *, long, int, long, int);
+
+#define TILE256_FNS(PREFIX, TARGET, BODY, BITS, SUB, OFF)                                                           \
+    TARGET static void PREFIX##_##BITS##_##SUB##_##OFF##_1(const MatmulTask *t, long g, int h, long r0, int p)     \
+    {                                                                                                              \
+        BODY(t, g, h, r0, 1, BITS, SUB, OFF, p);                                                                   \
+    }                                                                                                              \
+    TARGET static void PREFIX##_##BITS##_##SUB##_##OFF##_2(const MatmulTask *t, long g, int h, long r0, int p)     \
+    {                                                                                                              \
+        BODY(t, g, h, r0, 2, BITS, SUB, OFF, p);                                                                   \
+    }                                                                                                              \
+    TARGET static void PREFIX##_##BITS##_##SUB##_##OFF##_4(const MatmulTask *t, long g, int h, long r0, int p)     \
+    {                                                                                                              \
+        BODY(t, g, h, r0, 4, BITS, SUB, OFF, p);                                                                   \
+    }
+#define AVX2_FNS(BITS, SUB, OFF) TILE256_FNS(t2, AVX2, tile_avx2, BITS, SUB, OFF)
+#define AVXVNNI_FNS(BITS, SUB, OFF) TILE256_FNS(tv, AVXVNNI, tile_avxvnni, BITS, SUB, OFF)
+SHAPES(AVX2_FNS)
+SHAPES(AVXVNNI_FNS)
+
+#define WIDE_FNS(BITS, SUB, OFF)                                                                                   \
+    VNNI512 static void t5_##BITS##_##SUB##_##OFF##_1(const MatmulTask *t, long g, int h, long r0, int p)         \
+    {                                                                                                              \
+        tile_512(t, g, r0, 1, BITS, SUB, OFF, p, 1);                                                                  \
+    }                                                                                                              \
+    VNNI512 static void t5_##BITS##_##SUB##_##OFF##_2(const MatmulTask *t, long g, int h, long r0, int p)         \
+    {                                                                                                              \
+        tile_512(t, g, r0, 2, BITS, SUB, OFF, p, 1);                                                                  \
+    }                                                                                                              \
+    VNNI512 static void t5_##BITS##_##SUB##_##OFF##_4(const MatmulTask *t, long g, int h, long r0, int p)         \
+    {                                                                                                              \
+        tile_512(t, g, r0, 4, BITS, SUB, OFF, p, 1);                                                                  \
+    }                                                                                                              \
+    VNNI512 static void t5_##BITS##_##SUB##_##OFF##_8(const MatmulTask *t, long g, int h, long r0, int p)         \
+    {                                                                                                              \
+        tile_512(t, g, r0, 8, BITS, SUB, OFF, p, 1);                                                               \
+    }                                                                                                              \
+    VNNI512 static void p5_##BITS##_##SUB##_##OFF##_1(const MatmulTask *t, long g, int h, long r0, int p)         \
+    {                                                                                                              \
+        tile_512(t, g, r0, 1, BITS, SUB, OFF, p, 2);                                                               \
+    }                                                                                                              \
+    VNNI512 static void p5_##BITS##_##SUB##_##OFF##_2(const MatmulTask *t, long g, int h, long r0, int p)         \
+    {                                                                                                              \
+        tile_512(t, g, r0, 2, BITS, SUB, OFF, p, 2);                                                               \
+    }                                                                                                              \
+    VNNI512 static void p5_##BITS##_##SUB##_##OFF##_4(const MatmulTask *t, long g, int h, long r0, int p)         \
+    {                                                                                                              \
+        tile_512(t, g, r0, 4, BITS, SUB, OFF, p, 2);                                                               \
+    }
+SHAPES(WIDE_FNS)
+
+#define FLOAT_FNS(BITS, BF16, NAME)                                                                                \
+    AVX2 static void f2_##NAME##_1(const MatmulTask *t, long g, int h, long r0, int p)                             \
+    {                                                                                                              \
+        tile_float_avx2(t, g, h, r0, 1, BITS, BF16);                                                               \
+    }                                                                                                              \
+    AVX2 static void f2_##NAME##_2(const MatmulTask *t, long g, int h, long r0, int p)                             \
+    {                                                                                                              \
+        tile_float_avx2(t, g, h, r0, 2, BITS, BF16);                                                               \
+    }                                                                                                              \
+    VNNI512 static void f5_##NAME##_1(const MatmulTask *t, long g, int h, long r0, int p)                          \
+    {                                                                                                              \
+        tile_float_512(t, g, r0, 1, BITS, BF16);                                                                   \
+    }                                                                                                              \
+    VNNI512 static void f5_##NAME##_2(const MatmulTask *t, long g, int h, long r0, int p)                          \
+    {                                                                                                              \
+        tile_float_512(t, g, r0, 2, BITS, BF16);                                                                   \
+    }                                                                                                              \
+    VNNI512 static void f5_##NAME##_4(const MatmulTask *t, long g, int h, long r0, int p)                          \
+    {                                                                                                              \
+        tile_float_512(t, g, r0, 4, BITS, BF16);                                                                   \
+    }
+FLOAT_FNS(32, 0, f32)
+FLOAT_FNS(16, 0, f16)
+FLOAT_FNS(16, 1, bf16)
+
+/* A path's tiles for one kind, largest last: fn[i] takes rows[i] rows (NULL past the path's largest). */
+typedef struct {
+    tile_fn fn[5];
+    int rows[5];
+    tile_fn pairs[3]; /* 512-bit tiles of two groups: 1, 2, 4 rows (NULL on other paths) */
+} TileSet;
+
+#define SET256(PREFIX, BITS, SUB, OFF)                                                                             \
+    {                                                                                                              \
+        {PREFIX##_##BITS##_##SUB##_##OFF##_1, PREFIX##_##BITS##_##SUB##_##OFF##_2, PREFIX##_##BITS##_##SUB##_##OFF##_4},   \
+            {1, 2, 4}                                                                                              \
+    }
+#define SET512(BITS, SUB, OFF)                                                                                     \
+    {                                                                                                              \
+        {t5_##BITS##_##SUB##_##OFF##_1, t5_##BITS##_##SUB##_##OFF##_2, t5_##BITS##_##SUB##_##OFF##_4,              \
+         t5_##BITS##_##SUB##_##OFF##_8},                                                                           \
+            {1, 2, 4, 8},                                                                                          \
+            {p5_##BITS##_##SUB##_##OFF##_1, p5_##BITS##_##SUB##_##OFF##_2, p5_##BITS##_##SUB##_##OFF##_4}          \
+    }
+
+static int shape_index(const KindInfo *info)
+{
+    static const int shapes[7][3] = {{4, 32, 1}, {4, 32, 0}, {8, 32, 0}, {8, 32, 1}, {8, 16, 0}, {4, 16, 0}, {4, 16, 1}};
+    for (int i = 0; i < 7; i++)
+        if (shapes[i][0] == info->bits && shapes[i][1] == info->sub && shapes[i][2] == info->offsets)
+            return i;
+    return -1;
+}
+
+static const TileSet tiles_avx2[7] = {SET256(t2, 4, 32, 1), SET256(t2, 4, 32, 0), SET256(t2, 8, 32, 0),
+                                      SET256(t2, 8, 32, 1), SET256(t2, 8, 16, 0), SET256(t2, 4, 16, 0),
+                                      SET256(t2, 4, 16, 1)};
+static const TileSet tiles_avxvnni[7] = {SET256(tv, 4, 32, 1), SET256(tv, 4, 32, 0), SET256(tv, 8, 32, 0),
+                                         SET256(tv, 8, 32, 1), SET256(tv, 8, 16, 0), SET256(tv, 4, 16, 0),
+                                         SET256(tv, 4, 16, 1)};
+static const TileSet tiles_512[7] = {SET512(4, 32, 1), SET512(4, 32, 0), SET512(8, 32, 0), SET512(8, 32, 1),
+                                     SET512(8, 16, 0), SET512(4, 16, 0), SET512(4, 16, 1)};
+static const TileSet floats_avx2[3] = {{{f2_f32_1, f2_f32_2}, {1, 2}}, {{f2_f16_1, f2_f16_2}, {1, 2}},
+                                       {{f2_bf16_1, f2_bf16_2}, {1, 2}}};
+static const TileSet floats_512[3] = {{{f5_f32_1, f5_f32_2, f5_f32_4}, {1, 2, 4}},
+                                      {{f5_f16_1, f5_f16_2, f5_f16_4}, {1, 2, 4}},
+                                      {{f5_bf16_1, f5_bf16_2, f5_bf16_4}, {1, 2, 4}}};
+
+static const TileSet *tile_set(const KindInfo *info, int path)
+{
+    if (info->bits >= 16) {
+        int index = info->bits == 32 ? 0 : info->bf16 ? 2 : 1;
+        return path == ISA_AVX512VNNI ? &floats_512[index] : &floats_avx2[index];
+    }
+    int index = shape_index(info);
+    return path == ISA_AVX512VNNI ? &tiles_512[index] : path == ISA_AVXVNNI ? &tiles_avxvnni[index] : &tiles_avx2[index];
+}
+
+typedef struct {
+    const MatmulTask *task;
+    const TileSet *tiles;
+    int halves; /* 1: a tile spans the group's 16 columns; 2: two tiles of 8 */
+} TiledTask;
+
+/* A thread's groups: each group's record is read from memory once (and prefetched a group ahead), then every row
+ * tile after the first finds it in L1; rows go in tiles of the largest size the path has, then the smaller ones
+ * (any split computes every row alike). */
+static void matmul_groups_tiled(const void *arg, long start, long stop)
+{
+    const TiledTask *tiled = arg;
+    const MatmulTask *t = tiled->task;
+    int largest = 4;
+    while (tiled->tiles->fn[largest] == NULL)
+        largest--;
+    long g = start;
+    if (tiled->tiles->pairs[0] != NULL && t->info.bits == 4 && t->rows >= 2 && t->rows <= PAIR_ROWS)
+        for (; g + 2 <= stop && (g + 2) * GROUP <= t->n + GROUP - 1; g += 2) {
+            int prefetch = g + 3 < stop;
+            long r0 = 0;
+            for (int size = 2; size >= 0; size--)
+                while (t->rows - r0 >= (1L << size)) {
+                    tiled->tiles->pairs[size](t, g, 0, r0, prefetch);
+                    prefetch = 0;
+                    r0 += 1L << size;
+                }
+        }
+    for (; g < stop; g++) {
+        int prefetch = g + 1 < stop;
+        for (int h = 0; h < tiled->halves; h++) {
+            if (h * 8 >= t->n - g * GROUP)
+                break;
+            long r0 = 0;
+            for (int size = largest; size >= 0; size--) {
+                long rows = tiled->tiles->rows[size];
+                while (t->rows - r0 >= rows) {
+                    tiled->tiles->fn[size](t, g, h, r0, prefetch);
+                    prefetch = 0;
+                    r0 += rows;
+                }
+            }
+        }
     }
 }
 #endif
@@ -493,6 +1025,7 @@ typedef struct {
     float *out;
     long o_row, o_head;
     long row_tile; /* AVX2 work units: 0 = one (row, head) each; else a key/value head's query heads x row_tile rows */
+    int wide; /* the 512-bit score and value steps (the avx512vnni path) */
 } AttentionTask;
 
 static inline long key_count(const AttentionTask *t, long row)
@@ -696,6 +1229,83 @@ DEFINE_ATTENTION(8, bf16)
 DEFINE_ATTENTION(12, bf16)
 DEFINE_ATTENTION(16, bf16)
 
+/* The same two steps on 512-bit registers (head_dim = 16 * CHUNKS): a score's 16 lanes are first added as
+ * lane i + lane i + 8, then reduced as the AVX2 step reduces its 8; an accumulator lane sees the same operations
+ * whatever the blocks, the unit or the rows (the avx512vnni path's own order, not AVX2's). */
+VNNI512 static inline __m512 load16_f32(const char *base, long index)
+{
+    return _mm512_loadu_ps((const float *)base + index);
+}
+
+VNNI512 static inline __m512 load16_bf16(const char *base, long index)
+{
+    __m256i half = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + index));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
+VNNI512 static inline __m256 fold16(__m512 v)
+{
+    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
+#define DEFINE_ATTENTION512(CHUNKS, TYPE)                                                                          \
+    VNNI512 static void score_wide_##CHUNKS##_##TYPE(const AttentionTask *t, long row, long head, float *scores,   \
+                                                     long j0, long j1)                                             \
+    {                                                                                                              \
+        const long kv = head / (t->heads / t->kv_heads);                                                           \
+        const long run_start = t->run_start[row], run = t->run_stop[row] - run_start;                              \
+        const int32_t *extra = t->extra_pos + t->extra_start[row];                                                 \
+        const long k_pos = t->k_pos, k_head = kv * t->k_head;                                                      \
+        const char *k = t->k;                                                                                      \
+        const float *query = t->q + row * t->q_row + head * t->q_head;                                             \
+        __m512 q[CHUNKS];                                                                                          \
+        __m128 scale = _mm_set1_ps(t->scale);                                                                      \
+        _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++) q[c] = _mm512_loadu_ps(query + 16 * c);         \
+        for (long j = j0; j < j1; j += 4) {                                                                        \
+            __m256 dots[4];                                                                                        \
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {                                                  \
+                dots[i] = _mm256_setzero_ps();                                                                     \
+                long key = j + i;                                                                                  \
+                if (key < j1) {                                                                                    \
+                    long base = k_head + (key < run ? run_start + key : (long)extra[key - run]) * k_pos;           \
+                    __m512 dot = _mm512_mul_ps(q[0], load16_##TYPE(k, base));                                      \
+                    _Pragma("GCC unroll 16") for (int c = 1; c < CHUNKS; c++)                                      \
+                        dot = _mm512_fmadd_ps(q[c], load16_##TYPE(k, base + 16 * c), dot);                         \
+                    dots[i] = fold16(dot);                                                                         \
+                }                                                                                                  \
+            }                                                                                                      \
+            _mm_storeu_ps(scores + j, _mm_mul_ps(four_scores(dots[0], dots[1], dots[2], dots[3]), scale));         \
+        }                                                                                                          \
+    }                                                                                                              \
+    VNNI512 static void value_wide_##CHUNKS##_##TYPE(const AttentionTask *t, long row, long head,                  \
+                                                     const float *weights, float *acc_mem, long j0, long j1)       \
+    {                                                                                                              \
+        const long kv = head / (t->heads / t->kv_heads);                                                           \
+        const long run_start = t->run_start[row], run = t->run_stop[row] - run_start;                              \
+        const int32_t *extra = t->extra_pos + t->extra_start[row];                                                 \
+        const long v_pos = t->v_pos, v_head = kv * t->v_head;                                                      \
+        const char *v = t->v;                                                                                      \
+        __m512 acc[CHUNKS];                                                                                        \
+        _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++) acc[c] = _mm512_loadu_ps(acc_mem + 16 * c);     \
+        for (long key = j0; key < j1; key++) {                                                                     \
+            long base = v_head + (key < run ? run_start + key : (long)extra[key - run]) * v_pos;                   \
+            __m512 p = _mm512_set1_ps(weights[key]);                                                               \
+            _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++)                                              \
+                acc[c] = _mm512_fmadd_ps(p, load16_##TYPE(v, base + 16 * c), acc[c]);                              \
+        }                                                                                                          \
+        _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++) _mm512_storeu_ps(acc_mem + 16 * c, acc[c]);     \
+    }
+DEFINE_ATTENTION512(1, f32)
+DEFINE_ATTENTION512(2, f32)
+DEFINE_ATTENTION512(4, f32)
+DEFINE_ATTENTION512(6, f32)
+DEFINE_ATTENTION512(8, f32)
+DEFINE_ATTENTION512(1, bf16)
+DEFINE_ATTENTION512(2, bf16)
+DEFINE_ATTENTION512(4, bf16)
+DEFINE_ATTENTION512(6, bf16)
+DEFINE_ATTENTION512(8, bf16)
+
 typedef void (*score_fn)(const AttentionTask *, long, long, float *, long, long);
 typedef void (*value_fn)(const AttentionTask *, long, long, const float *, float *, long, long);
 
@@ -708,8 +1318,27 @@ typedef void (*value_fn)(const AttentionTask *, long, long, const float *, float
         *value = value_block_##CHUNKS##_f32;                                                                       \
     }
 
-static void attention_variant(long dim, int bf16, score_fn *score, value_fn *value)
+#define WIDE_VARIANT(CHUNKS)                                                                                       \
+    if (bf16) {                                                                                                    \
+        *score = score_wide_##CHUNKS##_bf16;                                                                       \
+        *value = value_wide_##CHUNKS##_bf16;                                                                       \
+    } else {                                                                                                       \
+        *score = score_wide_##CHUNKS##_f32;                                                                        \
+        *value = value_wide_##CHUNKS##_f32;                                                                        \
+    }
+
+static void attention_variant(long dim, int bf16, int wide, score_fn *score, value_fn *value)
 {
+    if (wide) {
+        switch (dim) {
+        case 16: WIDE_VARIANT(1) break;
+        case 32: WIDE_VARIANT(2) break;
+        case 64: WIDE_VARIANT(4) break;
+        case 96: WIDE_VARIANT(6) break;
+        default: WIDE_VARIANT(8) break;
+        }
+        return;
+    }
     switch (dim) {
     case 16: VARIANT(2) break;
     case 32: VARIANT(4) break;
@@ -719,6 +1348,7 @@ static void attention_variant(long dim, int bf16, score_fn *score, value_fn *val
     }
 }
 #undef VARIANT
+#undef WIDE_VARIANT
 
 #define KEY_BLOCK 64 /* keys per block: 64 keys x 128 dims x 4 bytes = 32 KB of keys, an L1 cache's worth */
 #define MAX_UNIT_ITEMS 64
@@ -761,7 +1391,7 @@ AVX2 static void attention_units_avx2(const void *arg, long start, long stop)
     float *acc = scores + stride * MAX_UNIT_ITEMS; /* [items][dim] */
     score_fn score;
     value_fn value;
-    attention_variant(t->dim, t->kv_bf16, &score, &value);
+    attention_variant(t->dim, t->kv_bf16, t->wide, &score, &value);
     for (long unit = start; unit < stop; unit++) {
         long count = unit_items(t, unit, rows, heads), longest = 0;
         float totals[MAX_UNIT_ITEMS];
@@ -929,6 +1559,102 @@ static PyObject *py_silu_mul(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------------- the paths' arithmetic peak */
+
+/* Multiply-adds a second of one thread running only the path's multiplying instruction on registers, in
+ * independent chains: vpdpbusd on 512 or 256 bits (64 or 32 multiply-adds), or AVX2's vpmaddubsw (32). The
+ * benchmark's efficiency divides by this. */
+#if HAVE_X86
+#define PEAK_ACCUMULATORS 12
+VNNI512 static double peak_512(long rounds)
+{
+    __m512i acc[PEAK_ACCUMULATORS], a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(2);
+    for (int i = 0; i < PEAK_ACCUMULATORS; i++)
+        acc[i] = _mm512_set1_epi32(i);
+    for (long n = 0; n < rounds; n++) {
+        _Pragma("GCC unroll 12") for (int i = 0; i < PEAK_ACCUMULATORS; i++) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+        __asm__ volatile("" : "+v"(a));
+    }
+    __m512i sum = acc[0];
+    for (int i = 1; i < PEAK_ACCUMULATORS; i++)
+        sum = _mm512_add_epi32(sum, acc[i]);
+    return (double)_mm512_reduce_add_epi32(sum) * 0 + 64.0 * PEAK_ACCUMULATORS * (double)rounds;
+}
+
+AVXVNNI static double peak_avxvnni(long rounds)
+{
+    __m256i acc[PEAK_ACCUMULATORS], a = _mm256_set1_epi8(1), b = _mm256_set1_epi8(2);
+    for (int i = 0; i < PEAK_ACCUMULATORS; i++)
+        acc[i] = _mm256_set1_epi32(i);
+    for (long n = 0; n < rounds; n++) {
+        _Pragma("GCC unroll 12") for (int i = 0; i < PEAK_ACCUMULATORS; i++) acc[i] =
+            _mm256_dpbusd_avx_epi32(acc[i], a, b);
+        __asm__ volatile("" : "+v"(a));
+    }
+    volatile int sink = hsum8i(acc[0]);
+    (void)sink;
+    return 32.0 * PEAK_ACCUMULATORS * (double)rounds;
+}
+
+AVX2 static double peak_avx2(long rounds)
+{
+    /* vpmaddubsw alone (32 multiply-adds), its pairs summed in 16 bits: eight chains, each its own operand */
+    __m256i b = _mm256_set1_epi8(2);
+    __m256i a0 = _mm256_set1_epi8(1), a1 = _mm256_set1_epi8(2), a2 = _mm256_set1_epi8(3), a3 = _mm256_set1_epi8(4),
+            a4 = _mm256_set1_epi8(5), a5 = _mm256_set1_epi8(6), a6 = _mm256_set1_epi8(7), a7 = _mm256_set1_epi8(8);
+    __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+#define PEAK_STEP(A, C) C = _mm256_add_epi16(C, _mm256_maddubs_epi16(A, b))
+    for (long n = 0; n < rounds; n++) {
+        PEAK_STEP(a0, c0);
+        PEAK_STEP(a1, c1);
+        PEAK_STEP(a2, c2);
+        PEAK_STEP(a3, c3);
+        PEAK_STEP(a4, c4);
+        PEAK_STEP(a5, c5);
+        PEAK_STEP(a6, c6);
+        PEAK_STEP(a7, c7);
+        __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6), "+x"(a7));
+    }
+#undef PEAK_STEP
+    __m256i sum = _mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(c0, c1), _mm256_add_epi16(c2, c3)),
+                                   _mm256_add_epi16(_mm256_add_epi16(c4, c5), _mm256_add_epi16(c6, c7)));
+    volatile int sink = hsum8i(sum);
+    (void)sink;
+    return 32.0 * 8 * (double)rounds;
+}
+#endif
+
+static PyObject *py_peak(PyObject *self, PyObject *args)
+{
+    const char *name;
+    double seconds = 0.05;
+    if (!PyArg_ParseTuple(args, "s|d", &name, &seconds))
+        return NULL;
+    int path = -1;
+    for (int i = 0; i < 4; i++)
+        if (strcmp(name, isa_names[i]) == 0 && cpu_has[i])
+            path = i;
+    if (path <= ISA_PORTABLE) {
+        PyErr_Format(PyExc_ValueError, "no arithmetic peak for %s here", name);
+        return NULL;
+    }
+    double best = 0.0;
+#if HAVE_X86
+    Py_BEGIN_ALLOW_THREADS
+    double stop = now_seconds() + seconds;
+    while (now_seconds() < stop) {
+        double start = now_seconds(), macs;
+        long rounds = 20000;
+        macs = path == ISA_AVX512VNNI ? peak_512(rounds) : path == ISA_AVXVNNI ? peak_avxvnni(rounds) : peak_avx2(rounds);
+        double rate = macs / (now_seconds() - start);
+        best = rate > best ? rate : best;
+    }
+    Py_END_ALLOW_THREADS
+#endif
+    return PyFloat_FromDouble(best);
+}
+
+
 /* -------------------------------------------------------------------------------------- Python bindings */
 
 static PyObject *py_matmul(PyObject *self, PyObject *args)
@@ -939,34 +1665,74 @@ static PyObject *py_matmul(PyObject *self, PyObject *args)
         return NULL;
     if (out_stride < 0)
         out_stride = n;
-    if ((kind != 4 && kind != 8) || rows < 1 || k < BLOCK || k % BLOCK != 0 || n < 1) {
-        PyErr_SetString(PyExc_ValueError, "matmul: kind must be 4 or 8, rows and n >= 1, k a multiple of 32");
+    KindInfo info;
+    if (!kind_info(kind, &info) || rows < 1 || k < BLOCK || k % BLOCK != 0 || n < 1) {
+        PyErr_SetString(PyExc_ValueError, "matmul: an unknown kind, or rows and n < 1, or k not a multiple of 32");
         return NULL;
     }
-    long blocks = k / BLOCK;
-    int8_t *qx = malloc((size_t)(rows * k));
-    float *dx = malloc(sizeof(float) * (size_t)(rows * blocks)), *sx = malloc(sizeof(float) * (size_t)(rows * blocks));
-    if (qx == NULL || dx == NULL || sx == NULL) {
-        free(qx);
-        free(dx);
-        free(sx);
-        return PyErr_NoMemory();
+    long blocks = k / BLOCK, groups = (n + GROUP - 1) / GROUP, subs = info.bits < 16 ? k / info.sub : 0;
+    int8_t *qx = NULL;
+    float *dx = NULL, *sx = NULL;
+    int32_t *sums = NULL, *init = NULL;
+    if (info.bits < 16) {
+        qx = malloc((size_t)(rows * k));
+        dx = malloc(sizeof(float) * (size_t)(rows * blocks));
+        sx = malloc(sizeof(float) * (size_t)(rows * subs));
+        sums = malloc(sizeof(int32_t) * (size_t)(rows * 2 * blocks));
+        init = malloc(sizeof(int32_t) * (size_t)(rows * subs));
+        if (qx == NULL || dx == NULL || sx == NULL || sums == NULL || init == NULL) {
+            free(qx);
+            free(dx);
+            free(sx);
+            free(sums);
+            free(init);
+            return PyErr_NoMemory();
+        }
     }
-    long record = (kind == 4 ? 24 : 36) * blocks;
-    MatmulTask task = {kind, rows, k, n, qx, dx, sx, (const char *)weights, record, (float *)out, out_stride, accumulate};
+    int path = isa_path;
+    MatmulTask task = {info, rows, k, n, (const float *)x, qx, dx, init, sx, (const char *)weights,
+                       group_bytes(&info, k), info.bits < 16 ? block_bytes(&info) : 0, (float *)out, out_stride,
+                       accumulate};
     Py_BEGIN_ALLOW_THREADS
-    quantize_rows((const float *)x, rows, k, qx, dx, sx);
+    if (info.bits < 16) {
+        quantize_rows((const float *)x, rows, k, qx, dx, sums);
+        /* AVX2 multiplies the bytes of zero point 128 as the signed values they encode: no zero point there */
+        int zero = path == ISA_AVX2 && info.bits == 8 && info.zero == 128 ? 0 : info.zero;
+        for (long j = 0; j < subs; j++)
+            for (long r = 0; r < rows; r++) {
+                int32_t sum = info.sub == 32 ? sums[2 * j * rows + r] + sums[(2 * j + 1) * rows + r] : sums[j * rows + r];
+                init[j * rows + r] = -zero * sum;
+                sx[j * rows + r] = dx[(j * info.sub / BLOCK) * rows + r] * (float)sum;
+            }
+    }
 #if HAVE_X86
-    if (use_avx2)
-        run_parallel(matmul_columns_avx2, &task, n);
-    else
+    if (path != ISA_PORTABLE) {
+        TiledTask tiled = {&task, tile_set(&info, path), path == ISA_AVX512VNNI ? 1 : 2};
+        run_parallel(matmul_groups_tiled, &tiled, groups);
+    } else
 #endif
-        run_parallel(matmul_columns_portable, &task, n);
+        run_parallel(matmul_groups_portable, &task, groups);
     Py_END_ALLOW_THREADS
     free(qx);
     free(dx);
     free(sx);
+    free(sums);
+    free(init);
     Py_RETURN_NONE;
+}
+
+static PyObject *py_record_bytes(PyObject *self, PyObject *args)
+{
+    int kind;
+    Py_ssize_t k;
+    KindInfo info;
+    if (!PyArg_ParseTuple(args, "in", &kind, &k))
+        return NULL;
+    if (!kind_info(kind, &info) || k < BLOCK || k % BLOCK != 0) {
+        PyErr_SetString(PyExc_ValueError, "record_bytes: an unknown kind, or k not a multiple of 32");
+        return NULL;
+    }
+    return PyLong_FromLong(group_bytes(&info, k));
 }
 
 static PyObject *py_attention(PyObject *self, PyObject *args)
@@ -987,7 +1753,7 @@ static PyObject *py_attention(PyObject *self, PyObject *args)
     t = (AttentionTask){rows, heads, kv_heads, dim, (const float *)q, q_row, q_head, (const char *)k,
                         (const char *)v, kv_bf16, k_head, k_pos, v_head, v_pos, (const int32_t *)run_start,
                         (const int32_t *)run_stop, (const int32_t *)extra_start, (const int32_t *)extra_pos, (float)scale, (float *)out, o_row,
-                        o_head, 0};
+                        o_head, 0, isa_path == ISA_AVX512VNNI};
     Py_BEGIN_ALLOW_THREADS
 #if HAVE_X86
     if (use_avx2 && avx2_attention_dim(dim)) {
@@ -1038,7 +1804,45 @@ static PyObject *py_threads(PyObject *self, PyObject *unused)
 
 static PyObject *py_isa(PyObject *self, PyObject *unused)
 {
-    return PyUnicode_FromString(use_avx2 ? "avx2" : "portable");
+    return PyUnicode_FromString(isa_names[isa_path]);
+}
+
+static PyObject *py_isas(PyObject *self, PyObject *unused)
+{
+    PyObject *list = PyList_New(0);
+    for (int i = 0; list != NULL && i < 4; i++)
+        if (cpu_has[i]) {
+            PyObject *name = PyUnicode_FromString(isa_names[i]);
+            if (name == NULL || PyList_Append(list, name) < 0) {
+                Py_XDECREF(name);
+                Py_DECREF(list);
+                return NULL;
+            }
+            Py_DECREF(name);
+        }
+    return list;
+}
+
+static PyObject *py_set_isa(PyObject *self, PyObject *args)
+{
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s", &name))
+        return NULL;
+    if (strcmp(name, "best") == 0) {
+        isa_path = isa_best;
+        Py_RETURN_NONE;
+    }
+    for (int i = 0; i < 4; i++)
+        if (strcmp(name, isa_names[i]) == 0) {
+            if (!cpu_has[i]) {
+                PyErr_Format(PyExc_ValueError, "this CPU cannot run the %s path", name);
+                return NULL;
+            }
+            isa_path = i;
+            Py_RETURN_NONE;
+        }
+    PyErr_Format(PyExc_ValueError, "unknown instruction set %s (portable, avx2, avxvnni, avx512vnni or best)", name);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
@@ -1050,7 +1854,11 @@ static PyMethodDef methods[] = {
     {"attention", py_attention, METH_VARARGS, "row-invariant attention over each row's own keys (pointers as ints)"},
     {"set_threads", py_set_threads, METH_VARARGS, "set_threads(n): the pool's threads, the caller included"},
     {"threads", py_threads, METH_NOARGS, "threads(): the pool's threads, the caller included"},
-    {"isa", py_isa, METH_NOARGS, "isa(): 'avx2' or 'portable'"},
+    {"isa", py_isa, METH_NOARGS, "isa(): the path in use: 'avx512vnni', 'avxvnni', 'avx2' or 'portable'"},
+    {"isas", py_isas, METH_NOARGS, "isas(): the paths this CPU can run, best last"},
+    {"set_isa", py_set_isa, METH_VARARGS, "set_isa(name): run on that path ('best': the best the CPU has)"},
+    {"peak", py_peak, METH_VARARGS, "peak(isa[, seconds]): one thread's multiply-adds a second on that path's dot products"},
+    {"record_bytes", py_record_bytes, METH_VARARGS, "record_bytes(kind, k): bytes of one group's record"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1061,7 +1869,15 @@ PyMODINIT_FUNC PyInit__cpu(void)
 {
 #if HAVE_X86
     __builtin_cpu_init();
-    use_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    cpu_has[ISA_AVX2] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    cpu_has[ISA_AVXVNNI] = cpu_has[ISA_AVX2] && __builtin_cpu_supports("avxvnni");
+    cpu_has[ISA_AVX512VNNI] = cpu_has[ISA_AVX2] && __builtin_cpu_supports("avx512f") &&
+                              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                              __builtin_cpu_supports("avx512vnni");
+    for (int i = 0; i < 4; i++)
+        if (cpu_has[i])
+            isa_best = i;
+    isa_path = isa_best;
 #endif
     pthread_atfork(NULL, NULL, after_fork_in_child);
     return PyModule_Create(&module);
