@@ -163,3 +163,59 @@ def test_too_many_threads_warn(tiny_model_dir):
     result = run_cli("chat", "--target", tiny_model_dir, "-p", "hi", "-n", "2", "--threads", "999", "--json")
     assert result.returncode == 0, result.stderr
     assert "warning: --threads 999 is more than the" in result.stderr
+
+
+def _repl(lines, session):
+    """The REPL reading `lines` (then end of input), its messages captured."""
+    import builtins
+    import io
+
+    from rich.console import Console
+
+    from specdec_cli.cli.repl import Repl
+
+    feed = iter(lines)
+
+    def fake_input(prompt=""):
+        try:
+            return next(feed)
+        except StopIteration:
+            raise EOFError from None
+
+    err = io.StringIO()
+    repl = Repl(session, Console(file=io.StringIO()), Console(file=err, width=400), plain=True, show_rejected=False,
+                settings_lines=[])
+    real_input = builtins.input
+    builtins.input = fake_input
+    try:
+        assert repl.run() == 0
+    finally:
+        builtins.input = real_input
+    return err.getvalue()
+
+
+class _Session:
+    system = None
+    drafter_name = "sam"
+    history: list = []
+    turns: list = []
+
+    def ask(self, text, on_event=None):
+        raise AssertionError(f"asked {text!r}")
+
+
+def test_repl_input_that_is_not_text_is_one_line_not_an_internal_error():
+    """Binary bytes piped into `specdec chat` reach input() as lone surrogates; the tokenizer raised TypeError."""
+    said = _repl(["\udcff\udcfeabc\x00", "/exit"], _Session())
+    assert "not UTF-8 text" in said and "internal error" not in said
+
+
+def test_repl_save_replaces_only_its_own_file(tmp_path):
+    """`/save FILE` over a file that is not a saved conversation is refused (it replaced any file)."""
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"my": "data"}\n')
+    said = _repl([f"/save {mine}", f"/save {tmp_path / 'chat.json'}", f"/save {tmp_path / 'chat.json'}"], _Session())
+    assert mine.read_text() == '{"my": "data"}\n' and "not a saved specdec conversation" in said
+    assert said.count("Saved 0 messages") == 2
+    _repl([f"/save --force {mine}"], _Session())
+    assert '"format": "specdec-conversation"' in mine.read_text()
