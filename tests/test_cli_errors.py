@@ -29,6 +29,7 @@ def _assert_one_line_error(result, needle):
         (["chat", "--prompt", "hi", "--temperature", "warm"], "temperature"),
         (["chat", "--no-such-flag"], "no such option"),
         (["chat", "--prompt", "hi", "--threads", "0"], "--threads"),
+        (["chat", "--prompt", "hi", "--threads", "99999"], "--threads must be between 1 and 1,024"),
         (["chat", "--prompt", "hi", "--drafter", "sam+sam"], "a hybrid is sam+AUX"),
         (["bench", "--drafters", "none,sam+bogus"], "unknown method"),
         (["bench", "--l-threshold", "-1"], "--l-threshold"),
