@@ -154,7 +154,15 @@ def check_output_file(path: str | Path, setting: str, flag: bool = True) -> Path
         raise SpecdecError(f"{setting} {final}: is a directory; give a file name", setting=named)
     if not final.parent.is_dir():
         raise SpecdecError(f"{setting} {final}: the folder {final.parent} does not exist", setting=named)
+    check_writable_folder(final, setting, named)
     return final
+
+
+def check_writable_folder(final: Path, setting: str, named: str | None) -> None:
+    """Refuse, before any slow work, an output whose folder this process cannot create files in."""
+    if not os.access(final.parent, os.W_OK | os.X_OK):
+        raise SpecdecError(f"{setting} {final}: cannot write in the folder {final.parent} (permission denied)",
+                           setting=named)
 
 
 def read_json(path: str | Path) -> dict:

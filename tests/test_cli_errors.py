@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import run_cli
 
@@ -220,3 +222,33 @@ def test_repl_save_replaces_only_its_own_file(tmp_path):
     assert said.count("Saved 0 messages") == 2
     _repl([f"/save --force {mine}"], _Session())
     assert '"format": "specdec-conversation"' in mine.read_text()
+
+
+@pytest.mark.parametrize("args", [
+    ["build-index", "CORPUS", "-o", "FOLDER/x.sam"],
+    ["distill", "generate", "--suite", "distill", "-o", "FOLDER/x.jsonl"],
+    ["memory", "export", "FOLDER/x.jsonl"],
+])
+def test_an_output_folder_that_cannot_be_written_fails_before_loading(tmp_path, monkeypatch, args):
+    """An -o into a folder without write permission failed only when writing, after the slow work."""
+    import os
+
+    from typer.testing import CliRunner
+
+    from specdec_cli.cli import app
+    from specdec_cli.errors import SpecdecError
+
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text\n")
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, *a, **k: False if Path(path) == folder
+                        else real_access(path, mode, *a, **k))
+    for loader in ("specdec_cli.models.load_tokenizer", "specdec_cli.models.load_target",
+                   "specdec_cli.cli.distill_cmd.load_target"):
+        monkeypatch.setattr(loader, lambda *a, **k: pytest.fail("loaded before checking the output"))
+    args = [str(corpus) if arg == "CORPUS" else arg.replace("FOLDER", str(folder)) for arg in args]
+    result = CliRunner().invoke(app, args)
+    assert isinstance(result.exception, SpecdecError), result.exception
+    assert "cannot write in the folder" in str(result.exception)
