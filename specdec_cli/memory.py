@@ -189,68 +189,24 @@ def open_memory(target: str) -> tuple["Memory", Any]:
     return Memory(memory_dir(name, fingerprint), fingerprint, name), tokenizer
 
 
-EXPORTS_FILE = "memory-exports.json"  # under $SPECDEC_HOME: {absolute path: {"size", "sha256"}} of each export
-
-
-def _exports_record() -> Path:
-    from .home import specdec_home
-
-    return specdec_home() / EXPORTS_FILE
-
-
-def _digest(path: Path) -> str:
-    hasher = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            hasher.update(block)
-    return hasher.hexdigest()
-
-
-def is_own_export(path: str | Path) -> bool:
-    """Whether `path` is a file `export_corpus` wrote, unchanged since (its size and SHA-256 as recorded)."""
-    from .files import read_json
-
-    final = Path(path).expanduser()
-    if final.is_symlink() or not final.is_file():
-        return False
-    recorded = read_json(_exports_record()).get(str(final.absolute()))
-    try:
-        return (isinstance(recorded, dict) and recorded.get("size") == final.stat().st_size
-                and recorded.get("sha256") == _digest(final))
-    except OSError:
-        return False
-
-
 def check_export_output(path: str | Path, force: bool = False) -> Path:
     """Before the tokenizer loads: the export's folder exists, and an existing file there is replaced only when
-    it is an unchanged earlier export (`is_own_export`) or with `force`."""
+    it is an unchanged earlier output of specdec (files.written_here) or with `force`."""
     from .files import check_output_file
 
-    final = check_output_file(path, "the export file", flag=False)  # PATH is an argument: no --path flag to name
-    if force or not os.path.lexists(final) or is_own_export(final):
-        return final
-    raise SpecdecError(f"{path} exists and is not a specdec memory export: add --force to replace it, or choose "
-                       "another file")
+    # PATH is an argument: no --path flag to name
+    return check_output_file(path, "the export file", flag=False, force=force, force_flag="--force")
 
 
 def export_corpus(memory: Memory, tokenizer: Any, path: str | Path) -> int:
-    """Write every remembered answer as a JSON line {"text": ...} (a `build-index` corpus); returns how many.
-    The file's size and hash are recorded under $SPECDEC_HOME, so that exporting there again may replace it."""
-    from .files import read_json, write_atomic, write_json_atomic
+    """Write every remembered answer as a JSON line {"text": ...} (a `build-index` corpus); returns how many."""
+    from .files import write_atomic
 
     recalled = memory.recall()
     decode = tokenizer.decode
     lines = [json.dumps({"text": decode(answer, skip_special_tokens=True)}, ensure_ascii=False)
              for answer in recalled.answers]
-    data = "".join(line + "\n" for line in lines).encode("utf-8")
-    final = write_atomic(path, data)
-    record = read_json(_exports_record())
-    record[str(final.absolute())] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    try:
-        _exports_record().parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(_exports_record(), record)
-    except (OSError, SpecdecError):  # the home cannot be written: the next export there asks for --force, nothing worse
-        pass
+    write_atomic(path, "".join(line + "\n" for line in lines))
     return len(lines)
 
 

@@ -252,3 +252,29 @@ def test_an_output_folder_that_cannot_be_written_fails_before_loading(tmp_path, 
     result = CliRunner().invoke(app, args)
     assert isinstance(result.exception, SpecdecError), result.exception
     assert "cannot write in the folder" in str(result.exception)
+
+
+@pytest.mark.parametrize("flag", ["--json-out", "--csv"])
+def test_bench_outputs_never_replace_a_file_specdec_did_not_write(tmp_path, monkeypatch, flag):
+    """`bench --json-out FILE` replaced any file, its own --prompts file included; a report it wrote itself is
+    replaced on the next run."""
+    from typer.testing import CliRunner
+
+    from specdec_cli.cli import app
+    from specdec_cli.errors import SpecdecError
+    from specdec_cli.files import check_output_file, write_atomic
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "What is 2+2?"}\n')
+    monkeypatch.setattr("specdec_cli.models.load_target", lambda *a, **k: pytest.fail("loaded before the check"))
+    result = CliRunner().invoke(app, ["bench", "--prompts", str(prompts), flag, str(prompts)])
+    assert isinstance(result.exception, SpecdecError), result.exception
+    assert "specdec did not write it" in str(result.exception)
+    assert prompts.read_text() == '{"prompt": "What is 2+2?"}\n'
+    report = tmp_path / "report.json"
+    write_atomic(check_output_file(report, "json_out"), "{}\n")
+    write_atomic(check_output_file(report, "json_out"), "{\"again\": 1}\n")  # its own: replaced
+    report.write_text("edited by hand\n")
+    with pytest.raises(SpecdecError, match="did not write it"):
+        check_output_file(report, "json_out")

@@ -160,7 +160,7 @@ def test_export_replaces_only_its_own_unchanged_export(tmp_path, monkeypatch):
     user_file.write_text('{"text": "mine"}\n')
     result = CliRunner().invoke(app, ["memory", "export", str(user_file)])
     assert result.exit_code != 0 and isinstance(result.exception, SpecdecError), result.exception
-    assert "not a specdec memory export" in str(result.exception) and "--force" in str(result.exception)
+    assert "specdec did not write it" in str(result.exception) and "--force" in str(result.exception)
     assert user_file.read_text() == '{"text": "mine"}\n'
 
     class Tokens:

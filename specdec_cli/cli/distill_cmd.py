@@ -167,7 +167,7 @@ def distill(
     data_file = data or str(out_dir.parent / f"{out_dir.name}.data.jsonl")
     from ..files import check_output_file
 
-    check_output_file(data_file, "data")
+    check_output_file(data_file, "data", own_rule=True)  # appended to: distill/generate.py
     # the student is built from and trained against the target in float32 (its block weights dequantised)
     loaded = load_target(target, device, "float32", weights)
     spec = target_spec(target)

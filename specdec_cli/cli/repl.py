@@ -238,7 +238,7 @@ class Repl:
         from ..errors import SpecdecError
         from ..files import check_output_file, read_json, write_json_atomic
 
-        final = check_output_file(path, "/save", flag=False)
+        final = check_output_file(path, "/save", flag=False, own_rule=True)
         if not force and os.path.lexists(final) and read_json(final).get("format") != SAVE_FORMAT:
             raise SpecdecError(f"/save {path}: the file exists and is not a saved specdec conversation; choose "
                                "another name, or /save --force FILE to replace it")

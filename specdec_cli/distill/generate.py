@@ -110,7 +110,7 @@ def check_data_output(out_path: str, fingerprint: Optional[str] = None, target_n
     from ..data_rows import read_text
     from ..files import check_output_file
 
-    file = check_output_file(out_path, "output")  # the folder must exist, as for every command's outputs
+    file = check_output_file(out_path, "output", own_rule=True)  # the folder must exist, as for every command's outputs
     if not file.exists() or (file.is_file() and file.stat().st_size == 0):
         return file
     whose = " for this target" if fingerprint else ""
