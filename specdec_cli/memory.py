@@ -227,6 +227,8 @@ def import_file(memory: Memory, tokenizer: Any, path: str) -> tuple[int, int]:
         ids, _ = tokenize_documents(iter_documents(resolve_inputs([path], stats=stats), "text", stats), tokenizer)
         answers = [([int(t) for t in ids[start : start + IMPORT_PIECE]], []) for start in range(0, len(ids),
                                                                                                  IMPORT_PIECE)]
+    if not answers:
+        raise SpecdecError(f"empty corpus: no text in {path}; nothing to remember")
     added = tokens = 0
     for answer, prompt in answers:
         if memory.append(answer, prompt) is not None:

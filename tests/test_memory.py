@@ -182,3 +182,26 @@ def test_export_replaces_only_its_own_unchanged_export(tmp_path, monkeypatch):
         assert "--force" in str(error)
     assert check_export_output(exported, force=True) == exported
     assert check_export_output(user_file, force=True) == user_file
+
+
+def test_importing_nothing_is_an_error(tmp_path):
+    """An empty file, folder or stdin was "remembered 0 answers" with exit status 0."""
+    import pytest
+
+    from specdec_cli.errors import SpecdecError
+    from specdec_cli.memory import import_file
+
+    class Tokens:
+        eos_token_id = 2
+
+        def __call__(self, texts, **options):
+            return {"input_ids": [[1] * len(text) for text in texts]}
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    (tmp_path / "folder").mkdir()
+    memory = Memory(tmp_path / "memory", FINGERPRINT)
+    for path in (empty, tmp_path / "folder"):
+        with pytest.raises(SpecdecError, match="empty corpus: no text in"):
+            import_file(memory, Tokens(), str(path))
+    assert memory.info()["answers"] == 0

@@ -58,7 +58,7 @@ def clear(target: str = TARGET) -> None:
     from ..memory import open_memory
 
     memory, _ = open_memory(target)
-    err_console().print(f"cleared {memory.clear():,} answers from {memory.directory}")
+    err_console().print(f"cleared {memory.clear():,} answers from {memory.directory}", soft_wrap=True)
 
 
 @memory_app.command("export")
@@ -73,7 +73,7 @@ def export(path: str = typer.Argument(..., help="JSONL file to write ({\"text\":
     memory, tokenizer = open_memory(target)
     with doing("exporting the memory"):
         count = export_corpus(memory, tokenizer, path)
-    err_console().print(f"wrote {count:,} answers to {path}")
+    err_console().print(f"wrote {count:,} answers to {path}", soft_wrap=True)
 
 
 @memory_app.command("import")
@@ -85,4 +85,4 @@ def import_(path: str = typer.Argument(..., help="A `specdec distill generate` o
     memory, tokenizer = open_memory(target)
     with doing("importing into the memory", "what was imported so far is kept"):
         answers, tokens = import_file(memory, tokenizer, path)
-    err_console().print(f"remembered {answers:,} answers ({tokens:,} tokens) in {memory.directory}")
+    err_console().print(f"remembered {answers:,} answers ({tokens:,} tokens) in {memory.directory}", soft_wrap=True)
