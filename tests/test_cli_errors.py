@@ -278,3 +278,24 @@ def test_bench_outputs_never_replace_a_file_specdec_did_not_write(tmp_path, monk
     report.write_text("edited by hand\n")
     with pytest.raises(SpecdecError, match="did not write it"):
         check_output_file(report, "json_out")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["distill", "-o", "TMP/new-draft", "--data", "TMP/notes.txt"], "data TMP/notes.txt: not a data file"),
+    (["distill", "evaluate", "-D", "TMP/empty"], "not a draft (no config.json"),
+])
+def test_distill_refuses_foreign_inputs_before_loading(tmp_path, monkeypatch, args, needle):
+    """The pipeline's --data that is a user's file, and an evaluated folder that is no draft, were found out only
+    after the target had loaded (the pipeline's error came after its "1/3" line)."""
+    from typer.testing import CliRunner
+
+    from specdec_cli.cli import app
+    from specdec_cli.errors import SpecdecError
+
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setattr("specdec_cli.cli.distill_cmd.load_target", lambda *a, **k: pytest.fail("the target loaded"))
+    result = CliRunner().invoke(app, [arg.replace("TMP", str(tmp_path)) for arg in args])
+    assert isinstance(result.exception, SpecdecError), result.exception
+    assert needle.replace("TMP", str(tmp_path)) in str(result.exception)
+    assert (tmp_path / "notes.txt").read_text() == "my notes\n"

@@ -168,6 +168,9 @@ def distill(
     from ..files import check_output_file
 
     check_output_file(data_file, "data", own_rule=True)  # appended to: distill/generate.py
+    from ..distill.generate import check_data_output
+
+    check_data_output(data_file, setting="data")  # a file that is not distill data is refused before the target loads
     # the student is built from and trained against the target in float32 (its block weights dequantised)
     loaded = load_target(target, device, "float32", weights)
     spec = target_spec(target)
@@ -330,6 +333,11 @@ def evaluate(
     directory = Path(draft_model).expanduser()
     if not directory.is_dir():
         raise SpecdecError(f"--draft-model {draft_model}: no such directory")
+    from ..eagle_head import HEAD_META
+
+    if not (directory / "config.json").is_file() and not (directory / HEAD_META).is_file():
+        raise SpecdecError(f"--draft-model {draft_model}: not a draft (no config.json or {HEAD_META}; make one with "
+                           "`specdec distill`)")
     if draft_max is not None and draft_max < 1:
         raise SpecdecError(f"draft_max must be >= 1, got {draft_max}", setting="draft_max")
     stages = stages_for_draft(directory)

@@ -103,14 +103,14 @@ ROW_START = '{"prompt": '  # how every row this command writes begins (json.dump
 
 
 def check_data_output(out_path: str, fingerprint: Optional[str] = None, target_name: Optional[str] = None,
-                      warnings: Optional[list[str]] = None) -> Path:
+                      warnings: Optional[list[str]] = None, setting: str = "output") -> Path:
     """The -o of `distill generate`, before anything is written: a new (or empty) file, or one holding this
     command's rows (with `fingerprint`: this target's), to resume. Anything else (another file, another target's
     rows, a last line that is not the start of a row) is refused with one line and left untouched."""
     from ..data_rows import read_text
     from ..files import check_output_file
 
-    file = check_output_file(out_path, "output", own_rule=True)  # the folder must exist, as for every command's outputs
+    file = check_output_file(out_path, setting, own_rule=True)  # the folder must exist, as for every output
     if not file.exists() or (file.is_file() and file.stat().st_size == 0):
         return file
     whose = " for this target" if fingerprint else ""
@@ -129,8 +129,9 @@ def check_data_output(out_path: str, fingerprint: Optional[str] = None, target_n
             if why.startswith(prefix):
                 why = why[len(prefix):]
                 break
-        raise SpecdecError(f"output {out_path}: not a data file of `specdec distill generate`{whose}, so it is left "
-                           f"untouched ({why}); choose another -o", setting="output") from None
+        flag = "-o" if setting == "output" else f"--{setting}"
+        raise SpecdecError(f"{setting} {out_path}: not a data file of `specdec distill generate`{whose}, so it is "
+                           f"left untouched ({why}); choose another {flag}", setting=setting) from None
     return file
 
 
