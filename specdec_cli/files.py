@@ -226,6 +226,33 @@ def check_writable_folder(final: Path, setting: str, named: str | None) -> None:
                            setting=named)
 
 
+def lock_output(path: str | Path, setting: str = "output") -> Any:
+    """Claim `path` for writing by this process until the returned handle is closed (or the process ends): a
+    second specdec process writing the same file is refused with one line instead of writing it twice. The lock
+    is an flock on a file under $SPECDEC_HOME/locks named by the path's hash, so nothing appears beside the
+    output; where the home cannot be written, nothing is locked (best effort)."""
+    import fcntl
+    import hashlib
+
+    from .home import specdec_home
+
+    final = Path(path).expanduser()
+    folder = specdec_home() / "locks"
+    name = hashlib.sha256(str(final.absolute()).encode()).hexdigest()[:32]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle = open(folder / name, "a+")
+    except OSError:
+        return None
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise SpecdecError(f"{setting} {final}: another specdec process is writing it now; wait for it to finish, "
+                           "or choose another file", setting=setting) from None
+    return handle
+
+
 def read_json(path: str | Path) -> dict:
     """A JSON object from `path`, or {} when the file is missing or unreadable (callers treat both alike)."""
     try:

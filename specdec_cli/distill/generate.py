@@ -259,8 +259,11 @@ class _RowWriter:
     def __init__(self, out_path: str, tokenizer: Any, target_name: str, fingerprint: str,
                  prompts: Sequence[Conversation], raw: bool, system: Optional[str],
                  on_progress: Optional[Callable[[GenerateProgress], None]], temperature: float):
+        from ..files import lock_output
+
         self.warnings: list[str] = []
         self.file = check_data_output(out_path, fingerprint, target_name)  # before anything is changed
+        self.lock = lock_output(self.file)  # held while this writer lives: two runs would answer every prompt twice
         _repair_tail(self.file)
         self.existing = read_rows(str(self.file), fingerprint, target_name, allow_empty=True, warnings=self.warnings)
         answered = {str(row.get("prompt")) for row in self.existing}
