@@ -127,6 +127,10 @@ def check_index_output(output: Union[str, os.PathLike], files: Sequence[InputFil
     final = Path(output).expanduser()
     if final.is_dir():
         raise SpecdecError(f"{output}: is a directory; give the index file name with -o", setting="output")
+    if final.parent.is_dir():
+        from .files import check_writable_folder
+
+        check_writable_folder(final, "output", "output")
     try:
         written = final.stat()
     except OSError:  # nothing there yet (or a dangling link): nothing to lose

@@ -65,6 +65,8 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
         mask = os.umask(0)
         os.umask(mask)
         os.chmod(temporary, 0o666 & ~mask)
+        if str(final.absolute()) in _checked_outputs:
+            _record_output(final, temporary)
         os.replace(temporary, final)
         _sync_folder(folder)
     except OSError as exc:
@@ -144,17 +146,111 @@ def sync_tree(folder: Path) -> None:
         _sync_folder(Path(root))
 
 
-def check_output_file(path: str | Path, setting: str, flag: bool = True) -> Path:
+OUTPUTS_RECORD = "outputs.json"  # under $SPECDEC_HOME: {absolute path: {"size", "sha256"}} of each output written
+_checked_outputs: set[str] = set()  # outputs check_output_file let through in this process: recorded once written
+
+
+def check_output_file(path: str | Path, setting: str, flag: bool = True, *, own_rule: bool = False,
+                      force: bool = False, force_flag: str = "") -> Path:
     """One rule for every command's output files, checked before the slow part: the folder must exist (it
-    is never created behind the user's back) and the name must not be a folder. `setting` names the option
-    (shown as its flag), or with `flag=False` a positional argument, named in the message as it is."""
+    is never created behind the user's back and must be writable) and the name must not be a folder. An
+    existing file is replaced only when specdec wrote it there and nobody changed it since (`written_here`), or
+    with `force` (a command's `force_flag`); `own_rule=True` leaves existing files to the caller's own rule (an
+    index replaces an index, data is appended to). `setting` names the option (shown as its flag), or with
+    `flag=False` a positional argument, named in the message as it is."""
     final = Path(path).expanduser()
     named = setting if flag else None
     if final.is_dir():
         raise SpecdecError(f"{setting} {final}: is a directory; give a file name", setting=named)
     if not final.parent.is_dir():
         raise SpecdecError(f"{setting} {final}: the folder {final.parent} does not exist", setting=named)
+    check_writable_folder(final, setting, named)
+    if own_rule:
+        return final
+    if not force and os.path.lexists(final) and not written_here(final):
+        how = f"add {force_flag} to replace it" if force_flag else "remove it first"
+        raise SpecdecError(f"{setting} {final}: the file exists and specdec did not write it; choose another "
+                           f"name, or {how}", setting=named)
+    _checked_outputs.add(str(final.absolute()))
     return final
+
+
+def _outputs_record() -> Path:
+    from .home import specdec_home
+
+    return specdec_home() / OUTPUTS_RECORD
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    hasher = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            hasher.update(block)
+    return hasher.hexdigest()
+
+
+def written_here(path: str | Path) -> bool:
+    """Whether `path` is an output specdec wrote (through check_output_file), unchanged since: its size and SHA-256
+    as recorded under $SPECDEC_HOME."""
+    final = Path(path).expanduser()
+    if final.is_symlink() or not final.is_file():
+        return False
+    recorded = read_json(_outputs_record()).get(str(final.absolute()))
+    try:
+        return (isinstance(recorded, dict) and recorded.get("size") == final.stat().st_size
+                and recorded.get("sha256") == _digest(final))
+    except OSError:
+        return False
+
+
+def _record_output(final: Path, written: Path) -> None:
+    """Remember an output's size and hash, so that the next run may replace it (best effort: a home that cannot
+    be written only means the next run asks for another name)."""
+    try:
+        entry = {"size": written.stat().st_size, "sha256": _digest(written)}
+        record = read_json(_outputs_record())
+        record[str(final.absolute())] = entry
+        _outputs_record().parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(_outputs_record()) as temporary:
+            temporary.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    except (OSError, SpecdecError):
+        pass
+
+
+def check_writable_folder(final: Path, setting: str, named: str | None) -> None:
+    """Refuse, before any slow work, an output whose folder this process cannot create files in."""
+    if not os.access(final.parent, os.W_OK | os.X_OK):
+        raise SpecdecError(f"{setting} {final}: cannot write in the folder {final.parent} (permission denied)",
+                           setting=named)
+
+
+def lock_output(path: str | Path, setting: str = "output") -> Any:
+    """Claim `path` for writing by this process until the returned handle is closed (or the process ends): a
+    second specdec process writing the same file is refused with one line instead of writing it twice. The lock
+    is an flock on a file under $SPECDEC_HOME/locks named by the path's hash, so nothing appears beside the
+    output; where the home cannot be written, nothing is locked (best effort)."""
+    import fcntl
+    import hashlib
+
+    from .home import specdec_home
+
+    final = Path(path).expanduser()
+    folder = specdec_home() / "locks"
+    name = hashlib.sha256(str(final.absolute()).encode()).hexdigest()[:32]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle = open(folder / name, "a+")
+    except OSError:
+        return None
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise SpecdecError(f"{setting} {final}: another specdec process is writing it now; wait for it to finish, "
+                           "or choose another file", setting=setting) from None
+    return handle
 
 
 def read_json(path: str | Path) -> dict:

@@ -189,6 +189,15 @@ def open_memory(target: str) -> tuple["Memory", Any]:
     return Memory(memory_dir(name, fingerprint), fingerprint, name), tokenizer
 
 
+def check_export_output(path: str | Path, force: bool = False) -> Path:
+    """Before the tokenizer loads: the export's folder exists, and an existing file there is replaced only when
+    it is an unchanged earlier output of specdec (files.written_here) or with `force`."""
+    from .files import check_output_file
+
+    # PATH is an argument: no --path flag to name
+    return check_output_file(path, "the export file", flag=False, force=force, force_flag="--force")
+
+
 def export_corpus(memory: Memory, tokenizer: Any, path: str | Path) -> int:
     """Write every remembered answer as a JSON line {"text": ...} (a `build-index` corpus); returns how many."""
     from .files import write_atomic
@@ -218,6 +227,8 @@ def import_file(memory: Memory, tokenizer: Any, path: str) -> tuple[int, int]:
         ids, _ = tokenize_documents(iter_documents(resolve_inputs([path], stats=stats), "text", stats), tokenizer)
         answers = [([int(t) for t in ids[start : start + IMPORT_PIECE]], []) for start in range(0, len(ids),
                                                                                                  IMPORT_PIECE)]
+    if not answers:
+        raise SpecdecError(f"empty corpus: no text in {path}; nothing to remember")
     added = tokens = 0
     for answer, prompt in answers:
         if memory.append(answer, prompt) is not None:

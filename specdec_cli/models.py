@@ -634,11 +634,14 @@ def _hub_hint(source: TargetSource, exc: Exception) -> str:
     return f"cannot load model from {source.location}: {first_line}"
 
 
+MAX_THREADS = 1024  # --threads: far beyond any CPU's cores, far below what makes thread creation fail
+
+
 def set_threads(threads: int) -> None:
     """Pin the CPU threads (`--threads`) of torch and of specdec's kernels: on a CPU shared with other jobs, fewer
     threads than cores avoid the threads thrashing each other."""
-    if threads < 1:
-        raise SpecdecError(f"threads must be >= 1, got {threads}", setting="threads")
+    if not 1 <= threads <= MAX_THREADS:  # tens of thousands of OpenMP threads exhaust the process and crash it
+        raise SpecdecError(f"threads must be between 1 and {MAX_THREADS:,}, got {threads:,}", setting="threads")
     import torch
 
     from . import kernels

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import run_cli
 
@@ -29,6 +31,7 @@ def _assert_one_line_error(result, needle):
         (["chat", "--prompt", "hi", "--temperature", "warm"], "temperature"),
         (["chat", "--no-such-flag"], "no such option"),
         (["chat", "--prompt", "hi", "--threads", "0"], "--threads"),
+        (["chat", "--prompt", "hi", "--threads", "99999"], "--threads must be between 1 and 1,024"),
         (["chat", "--prompt", "hi", "--drafter", "sam+sam"], "a hybrid is sam+AUX"),
         (["bench", "--drafters", "none,sam+bogus"], "unknown method"),
         (["bench", "--l-threshold", "-1"], "--l-threshold"),
@@ -163,3 +166,136 @@ def test_too_many_threads_warn(tiny_model_dir):
     result = run_cli("chat", "--target", tiny_model_dir, "-p", "hi", "-n", "2", "--threads", "999", "--json")
     assert result.returncode == 0, result.stderr
     assert "warning: --threads 999 is more than the" in result.stderr
+
+
+def _repl(lines, session):
+    """The REPL reading `lines` (then end of input), its messages captured."""
+    import builtins
+    import io
+
+    from rich.console import Console
+
+    from specdec_cli.cli.repl import Repl
+
+    feed = iter(lines)
+
+    def fake_input(prompt=""):
+        try:
+            return next(feed)
+        except StopIteration:
+            raise EOFError from None
+
+    err = io.StringIO()
+    repl = Repl(session, Console(file=io.StringIO()), Console(file=err, width=400), plain=True, show_rejected=False,
+                settings_lines=[])
+    real_input = builtins.input
+    builtins.input = fake_input
+    try:
+        assert repl.run() == 0
+    finally:
+        builtins.input = real_input
+    return err.getvalue()
+
+
+class _Session:
+    system = None
+    drafter_name = "sam"
+    history: list = []
+    turns: list = []
+
+    def ask(self, text, on_event=None):
+        raise AssertionError(f"asked {text!r}")
+
+
+def test_repl_input_that_is_not_text_is_one_line_not_an_internal_error():
+    """Binary bytes piped into `specdec chat` reach input() as lone surrogates; the tokenizer raised TypeError."""
+    said = _repl(["\udcff\udcfeabc\x00", "/exit"], _Session())
+    assert "not UTF-8 text" in said and "internal error" not in said
+
+
+def test_repl_save_replaces_only_its_own_file(tmp_path):
+    """`/save FILE` over a file that is not a saved conversation is refused (it replaced any file)."""
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"my": "data"}\n')
+    said = _repl([f"/save {mine}", f"/save {tmp_path / 'chat.json'}", f"/save {tmp_path / 'chat.json'}"], _Session())
+    assert mine.read_text() == '{"my": "data"}\n' and "not a saved specdec conversation" in said
+    assert said.count("Saved 0 messages") == 2
+    _repl([f"/save --force {mine}"], _Session())
+    assert '"format": "specdec-conversation"' in mine.read_text()
+
+
+@pytest.mark.parametrize("args", [
+    ["build-index", "CORPUS", "-o", "FOLDER/x.sam"],
+    ["distill", "generate", "--suite", "distill", "-o", "FOLDER/x.jsonl"],
+    ["memory", "export", "FOLDER/x.jsonl"],
+])
+def test_an_output_folder_that_cannot_be_written_fails_before_loading(tmp_path, monkeypatch, args):
+    """An -o into a folder without write permission failed only when writing, after the slow work."""
+    import os
+
+    from typer.testing import CliRunner
+
+    from specdec_cli.cli import app
+    from specdec_cli.errors import SpecdecError
+
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text\n")
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, *a, **k: False if Path(path) == folder
+                        else real_access(path, mode, *a, **k))
+    for loader in ("specdec_cli.models.load_tokenizer", "specdec_cli.models.load_target",
+                   "specdec_cli.cli.distill_cmd.load_target"):
+        monkeypatch.setattr(loader, lambda *a, **k: pytest.fail("loaded before checking the output"))
+    args = [str(corpus) if arg == "CORPUS" else arg.replace("FOLDER", str(folder)) for arg in args]
+    result = CliRunner().invoke(app, args)
+    assert isinstance(result.exception, SpecdecError), result.exception
+    assert "cannot write in the folder" in str(result.exception)
+
+
+@pytest.mark.parametrize("flag", ["--json-out", "--csv"])
+def test_bench_outputs_never_replace_a_file_specdec_did_not_write(tmp_path, monkeypatch, flag):
+    """`bench --json-out FILE` replaced any file, its own --prompts file included; a report it wrote itself is
+    replaced on the next run."""
+    from typer.testing import CliRunner
+
+    from specdec_cli.cli import app
+    from specdec_cli.errors import SpecdecError
+    from specdec_cli.files import check_output_file, write_atomic
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "What is 2+2?"}\n')
+    monkeypatch.setattr("specdec_cli.models.load_target", lambda *a, **k: pytest.fail("loaded before the check"))
+    result = CliRunner().invoke(app, ["bench", "--prompts", str(prompts), flag, str(prompts)])
+    assert isinstance(result.exception, SpecdecError), result.exception
+    assert "specdec did not write it" in str(result.exception)
+    assert prompts.read_text() == '{"prompt": "What is 2+2?"}\n'
+    report = tmp_path / "report.json"
+    write_atomic(check_output_file(report, "json_out"), "{}\n")
+    write_atomic(check_output_file(report, "json_out"), "{\"again\": 1}\n")  # its own: replaced
+    report.write_text("edited by hand\n")
+    with pytest.raises(SpecdecError, match="did not write it"):
+        check_output_file(report, "json_out")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["distill", "-o", "TMP/new-draft", "--data", "TMP/notes.txt"], "data TMP/notes.txt: not a data file"),
+    (["distill", "evaluate", "-D", "TMP/empty"], "not a draft (no config.json"),
+])
+def test_distill_refuses_foreign_inputs_before_loading(tmp_path, monkeypatch, args, needle):
+    """The pipeline's --data that is a user's file, and an evaluated folder that is no draft, were found out only
+    after the target had loaded (the pipeline's error came after its "1/3" line)."""
+    from typer.testing import CliRunner
+
+    from specdec_cli.cli import app
+    from specdec_cli.errors import SpecdecError
+
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setattr("specdec_cli.cli.distill_cmd.load_target", lambda *a, **k: pytest.fail("the target loaded"))
+    result = CliRunner().invoke(app, [arg.replace("TMP", str(tmp_path)) for arg in args])
+    assert isinstance(result.exception, SpecdecError), result.exception
+    assert needle.replace("TMP", str(tmp_path)) in str(result.exception)
+    assert (tmp_path / "notes.txt").read_text() == "my notes\n"

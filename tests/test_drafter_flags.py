@@ -64,3 +64,51 @@ def test_bench_in_vllm_refuses_an_index_no_proposer_reads():
         VllmBenchSettings(methods=["none", "pld"], index="/nonexistent.sam").check()
     with pytest.raises(SpecdecError, match="index file not found"):  # sam reads it: so it must exist
         VllmBenchSettings(methods=["none", "sam", "pld"], index="/nonexistent.sam").check()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["distill", "generate", "--suite", "distill", "-o", "x.jsonl", "--batch-prompts", "4", "--drafter", "sam"],
+     "--drafter: --batch-prompts 4 answers in batches"),
+    (["distill", "generate", "--suite", "distill", "-o", "x.jsonl", "--batch-prompts", "8", "--draft-max", "3"],
+     "--draft-max: --batch-prompts 8"),
+    (["distill", "generate", "--suite", "distill", "-o", "x.jsonl", "--engine", "vllm", "--drafter", "sam",
+      "--index", "a.sam"], "--drafter and --index: vLLM answers without specdec's drafters"),
+    (["distill", "generate", "--suite", "distill", "-o", "x.jsonl", "--engine", "vllm", "--draft-model", "d"],
+     "--draft-model: vLLM"),
+    (["distill", "--drafter", "sam", "--batch-prompts", "2", "-o", "d"], "--drafter: --batch-prompts 2"),
+    (["distill", "--engine", "vllm", "--drafter", "pld", "-o", "d"], "--drafter: vLLM"),
+])
+def test_distill_refuses_drafter_flags_its_answering_would_ignore(tmp_path, monkeypatch, args, needle):
+    """Batched or vLLM answering drafts with nothing: a drafter flag beside them is refused before the model
+    loads (it was silently ignored)."""
+    from typer.testing import CliRunner
+
+    from specdec_cli.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("specdec_cli.cli.distill_cmd.load_target", lambda *a, **k: pytest.fail("the model loaded"))
+    monkeypatch.setattr("specdec_cli.vllm_runner.vllm_installed", lambda: True)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0 and isinstance(result.exception, SpecdecError), result.exception
+    assert needle in str(result.exception)
+    assert not list(tmp_path.iterdir())
+
+
+def test_distill_generate_drafts_one_by_one_with_a_drafter_given(tmp_path, monkeypatch):
+    """With --batch-prompts left to the weights (32 prompts a forward on dense ones, no drafter), a drafter flag
+    given answers one by one, with that drafter; without one the weights still choose."""
+    from typer.testing import CliRunner
+
+    from specdec_cli.cli import app
+
+    calls: list[dict] = []
+    monkeypatch.setattr("specdec_cli.cli.distill_cmd.load_target", lambda *a, **k: object())
+    monkeypatch.setattr("specdec_cli.cli.distill_cmd.target_spec", lambda target: "t")
+    monkeypatch.setattr("specdec_cli.cli.distill_cmd.run_generate", lambda *a, **k: calls.append(k))
+    out = str(tmp_path / "rows.jsonl")
+    base = ["distill", "generate", "--suite", "distill", "--max-prompts", "1", "-o", out]
+    for extra in (["--drafter", "sam"], ["--draft-max", "4"], []):
+        result = CliRunner().invoke(app, base + extra)
+        assert result.exit_code == 0, result.exception
+    assert [call["batch_prompts"] for call in calls] == [1, 1, None]
+    assert calls[0]["drafter"] == "sam" and calls[1]["draft_max"] == 4

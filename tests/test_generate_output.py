@@ -64,3 +64,18 @@ def test_generate_data_refuses_before_writing(tmp_path, tiny_llama):
     with pytest.raises(SpecdecError, match="left untouched"):
         generate_data(tiny_llama, make_char_tokenizer(), "tiny", [Conversation("1", "chat", ("Hi",))], str(data))
     assert data.read_text() == "one line of notes, no newline"
+
+
+def test_two_writers_of_one_data_file_the_second_is_refused(tmp_path, monkeypatch):
+    """Two `distill generate -o same.jsonl` at once both answered every prompt and appended it: each prompt twice,
+    and each said "6 rows in all" of a file with 12. The second now stops with one line; once the first is done,
+    the file is free again."""
+    from specdec_cli.distill.generate import _RowWriter
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    out = str(tmp_path / "rows.jsonl")
+    first = _RowWriter(out, None, "t", "fp", [], False, None, None, 0.0)
+    with pytest.raises(SpecdecError, match="another specdec process is writing it now"):
+        _RowWriter(out, None, "t", "fp", [], False, None, None, 0.0)
+    first.lock.close()
+    _RowWriter(out, None, "t", "fp", [], False, None, None, 0.0)

@@ -144,3 +144,64 @@ def test_bench_leaves_the_memory_alone_unless_asked(tiny_model_dir, tmp_path):
     assert sorted(path.name for path in directory.iterdir()) == before
     missing = run_cli(*args, "--memory", str(tmp_path / "nowhere"), env_extra=env)
     assert missing.returncode != 0 and "no such directory" in missing.stderr
+
+
+def test_export_replaces_only_its_own_unchanged_export(tmp_path, monkeypatch):
+    """`memory export PATH` refuses a file it did not write (before the tokenizer loads) unless --force; an
+    earlier export, unchanged, is replaced; the same export edited by the user is the user's file again."""
+    from typer.testing import CliRunner
+
+    from specdec_cli.cli import app
+    from specdec_cli.errors import SpecdecError
+    from specdec_cli.memory import check_export_output, export_corpus
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    user_file = tmp_path / "notes.jsonl"
+    user_file.write_text('{"text": "mine"}\n')
+    result = CliRunner().invoke(app, ["memory", "export", str(user_file)])
+    assert result.exit_code != 0 and isinstance(result.exception, SpecdecError), result.exception
+    assert "specdec did not write it" in str(result.exception) and "--force" in str(result.exception)
+    assert user_file.read_text() == '{"text": "mine"}\n'
+
+    class Tokens:
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(str(token) for token in ids)
+
+    memory = Memory(tmp_path / "memory", FINGERPRINT)
+    memory.append([5, 6])
+    exported = tmp_path / "answers.jsonl"
+    assert export_corpus(memory, Tokens(), check_export_output(exported)) == 1
+    memory.append([7])
+    assert export_corpus(memory, Tokens(), check_export_output(exported)) == 2  # its own export: replaced
+    with open(exported, "a") as handle:
+        handle.write('{"text": "added by hand"}\n')
+    try:
+        check_export_output(exported)
+        raise AssertionError("an edited export was not refused")
+    except SpecdecError as error:
+        assert "--force" in str(error)
+    assert check_export_output(exported, force=True) == exported
+    assert check_export_output(user_file, force=True) == user_file
+
+
+def test_importing_nothing_is_an_error(tmp_path):
+    """An empty file, folder or stdin was "remembered 0 answers" with exit status 0."""
+    import pytest
+
+    from specdec_cli.errors import SpecdecError
+    from specdec_cli.memory import import_file
+
+    class Tokens:
+        eos_token_id = 2
+
+        def __call__(self, texts, **options):
+            return {"input_ids": [[1] * len(text) for text in texts]}
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    (tmp_path / "folder").mkdir()
+    memory = Memory(tmp_path / "memory", FINGERPRINT)
+    for path in (empty, tmp_path / "folder"):
+        with pytest.raises(SpecdecError, match="empty corpus: no text in"):
+            import_file(memory, Tokens(), str(path))
+    assert memory.info()["answers"] == 0

@@ -77,6 +77,30 @@ def check_batch_prompts(batch_prompts: Optional[int], temperature: float) -> Opt
     return batch_prompts
 
 
+ANSWERING_DRAFTER_FLAGS = ("drafter", "draft_max", "index", "draft_model")  # what answering one by one drafts with
+
+
+def check_answering_drafter(ctx: typer.Context, batch_prompts: Optional[int], engine: str) -> Optional[int]:
+    """Before the model loads: a drafter flag given (`--drafter`, `--draft-max`, `--index`, `--draft-model`) is
+    used, never ignored. Only answering one by one drafts, so such a flag answers one by one where the number of
+    prompts per forward was left to the weights, and is refused beside `--batch-prompts N` > 1 or `--engine vllm`."""
+    def given_by_user(name: str) -> bool:  # by name: Typer may bundle its own copy of Click
+        source = ctx.get_parameter_source(name)
+        return source is not None and getattr(source, "name", "") not in ("DEFAULT", "DEFAULT_MAP")
+
+    given = [f"--{name.replace('_', '-')}" for name in ANSWERING_DRAFTER_FLAGS if name in ctx.params
+             and given_by_user(name)]
+    if not given:
+        return batch_prompts
+    flags = " and ".join(given)
+    if engine == "vllm":
+        raise SpecdecError(f"{flags}: vLLM answers without specdec's drafters; drop {flags} or use --engine specdec")
+    if batch_prompts is not None and batch_prompts > 1:
+        raise SpecdecError(f"{flags}: --batch-prompts {batch_prompts} answers in batches, without a drafter; use "
+                           f"--batch-prompts 1 to draft, or drop {flags}")
+    return 1
+
+
 @distill_app.callback()
 def distill(
     ctx: typer.Context,
@@ -88,7 +112,7 @@ def distill(
     limit: Optional[int] = options.limit(),
     max_prompts: Optional[int] = options.max_prompts(default_note=f"{StudentStages.pipeline_prompts}; {HeadStages.pipeline_prompts} with --kind eagle"),
     max_new_tokens: int = options.max_new_tokens(PIPELINE_MAX_NEW_TOKENS),
-    drafter: str = options.drafter("pld", purpose="With --batch-prompts 1: the drafter that speeds up answering the "
+    drafter: str = options.drafter("pld", purpose="Answering one by one (given, it answers so; not with --batch-prompts > 1 or --engine vllm): the drafter that speeds up answering the "
                                    "training prompts: "),
     batch_prompts: Optional[int] = options.batch_prompts(),
     layers: int = options.layers(),
@@ -125,6 +149,7 @@ def distill(
     stages = stages_of(kind, config, head_config, tuple(corpus or ()))
     batch_prompts = check_batch_prompts(batch_prompts, 0.0)
     options.check_engine(engine)
+    batch_prompts = check_answering_drafter(ctx, batch_prompts, engine)
     config.check()  # the student's flags, whatever the kind
     stages.config.check()
     train_items = load_prompts(prompts, None if prompts else (suite or "distill"), first_turns=True, limit=limit,
@@ -142,7 +167,10 @@ def distill(
     data_file = data or str(out_dir.parent / f"{out_dir.name}.data.jsonl")
     from ..files import check_output_file
 
-    check_output_file(data_file, "data")
+    check_output_file(data_file, "data", own_rule=True)  # appended to: distill/generate.py
+    from ..distill.generate import check_data_output
+
+    check_data_output(data_file, setting="data")  # a file that is not distill data is refused before the target loads
     # the student is built from and trained against the target in float32 (its block weights dequantised)
     loaded = load_target(target, device, "float32", weights)
     spec = target_spec(target)
@@ -169,6 +197,7 @@ def distill(
 
 @distill_app.command("generate")
 def generate(
+    ctx: typer.Context,
     output: str = typer.Option(..., "--output", "-o", help="Data file (JSONL) to append answers to."),
     prompts: Optional[str] = options.prompts(),
     suite: Optional[str] = options.suite(),
@@ -180,7 +209,7 @@ def generate(
     top_p: float = options.top_p(),
     top_k: int = options.top_k(),
     seed: int = options.seed(0, note=" for sampling"),
-    drafter: str = options.drafter("pld", purpose="With --batch-prompts 1: the drafter that speeds up answering: "),
+    drafter: str = options.drafter("pld", purpose="Answering one by one (given, it answers so; not with --batch-prompts > 1 or --engine vllm): the drafter that speeds up answering: "),
     batch_prompts: Optional[int] = options.batch_prompts(),
     draft_max: Optional[int] = options.draft_max(),
     index: Optional[str] = options.index(),
@@ -201,11 +230,12 @@ def generate(
 
     if prompts is None and suite is None:
         raise SpecdecError("give the prompts: --prompts FILE or --suite NAME")
-    check_drafter(drafter)
-    check_drafter_options(drafter, DrafterOptions(draft_max=draft_max, index=index, draft_model=draft_model))
     GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k).check()
     batch_prompts = check_batch_prompts(batch_prompts, temperature)
     options.check_engine(engine, temperature)
+    batch_prompts = check_answering_drafter(ctx, batch_prompts, engine)  # a drafter flag is used, or refused
+    check_drafter(drafter)
+    check_drafter_options(drafter, DrafterOptions(draft_max=draft_max, index=index, draft_model=draft_model))
     check_data_output(output)  # a file that is not this command's data is refused before the model loads
     items = load_prompts(prompts, suite, limit=limit, max_prompts=max_prompts, first_turns=True)
     if engine == "vllm":
@@ -303,6 +333,11 @@ def evaluate(
     directory = Path(draft_model).expanduser()
     if not directory.is_dir():
         raise SpecdecError(f"--draft-model {draft_model}: no such directory")
+    from ..eagle_head import HEAD_META
+
+    if not (directory / "config.json").is_file() and not (directory / HEAD_META).is_file():
+        raise SpecdecError(f"--draft-model {draft_model}: not a draft (no config.json or {HEAD_META}; make one with "
+                           "`specdec distill`)")
     if draft_max is not None and draft_max < 1:
         raise SpecdecError(f"draft_max must be >= 1, got {draft_max}", setting="draft_max")
     stages = stages_for_draft(directory)

@@ -129,7 +129,7 @@ def build_index_command(
     from ..models import load_tokenizer
 
     files = resolve_inputs(corpus, glob)  # a missing or binary input fails before the tokenizer loads
-    check_output_file(output, "output")  # so does an -o into a missing folder
+    check_output_file(output, "output", own_rule=True)  # so does an -o into a missing folder
     check_index_output(output, files, force)  # and one of the inputs, or a file not an index without --force
     status = err_console()
     live = status.is_terminal  # progress displays only on a terminal: a redirected stderr gets errors alone

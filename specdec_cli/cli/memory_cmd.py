@@ -58,21 +58,22 @@ def clear(target: str = TARGET) -> None:
     from ..memory import open_memory
 
     memory, _ = open_memory(target)
-    err_console().print(f"cleared {memory.clear():,} answers from {memory.directory}")
+    err_console().print(f"cleared {memory.clear():,} answers from {memory.directory}", soft_wrap=True)
 
 
 @memory_app.command("export")
 def export(path: str = typer.Argument(..., help="JSONL file to write ({\"text\": ...} per answer)."),
-           target: str = TARGET) -> None:
+           target: str = TARGET,
+           force: bool = typer.Option(False, "--force", help="Replace an existing file that is not an unchanged "
+                                      "earlier export (an earlier export is replaced anyway).")) -> None:
     """Write the remembered answers as a corpus for `specdec build-index`."""
-    from ..files import check_output_file
-    from ..memory import export_corpus, open_memory
+    from ..memory import check_export_output, export_corpus, open_memory
 
-    check_output_file(path, "the export file", flag=False)  # PATH is an argument: no --path flag to name
+    check_export_output(path, force)  # before the tokenizer loads: never over a file that is not ours
     memory, tokenizer = open_memory(target)
     with doing("exporting the memory"):
         count = export_corpus(memory, tokenizer, path)
-    err_console().print(f"wrote {count:,} answers to {path}")
+    err_console().print(f"wrote {count:,} answers to {path}", soft_wrap=True)
 
 
 @memory_app.command("import")
@@ -84,4 +85,4 @@ def import_(path: str = typer.Argument(..., help="A `specdec distill generate` o
     memory, tokenizer = open_memory(target)
     with doing("importing into the memory", "what was imported so far is kept"):
         answers, tokens = import_file(memory, tokenizer, path)
-    err_console().print(f"remembered {answers:,} answers ({tokens:,} tokens) in {memory.directory}")
+    err_console().print(f"remembered {answers:,} answers ({tokens:,} tokens) in {memory.directory}", soft_wrap=True)

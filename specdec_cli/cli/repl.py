@@ -22,7 +22,7 @@ HELP = """\
 /set KEY VALUE        temperature, top_p, top_k, seed, max_new_tokens, draft_max
 /drafter NAME         switch drafter: {drafters}
 /stats                per-turn speed and acceptance, per-position acceptance chart
-/save FILE            the conversation and its statistics as JSON
+/save [--force] FILE  the conversation and its statistics as JSON
 \"\"\"                   start or end multi-line input
 Ctrl-C                stop the answer being written (it is kept)"""
 
@@ -34,6 +34,18 @@ SETTABLE = {
     "max_new_tokens": int,
     "draft_max": int,
 }
+
+
+SAVE_FORMAT = "specdec-conversation"  # what /save writes, and what it may replace without --force
+
+
+def _is_text(text: str) -> bool:
+    """Whether a line read is text: stdin that is not UTF-8 arrives with lone surrogates in it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class Repl:
@@ -80,9 +92,14 @@ class Repl:
             except KeyboardInterrupt:
                 self.err.print()
                 return 0
+            except UnicodeDecodeError:
+                text = "\udcff"  # a strict stdin's way of saying the same as a lone surrogate: not text
             if text is None:
                 return 0
             if not text.strip():
+                continue
+            if not _is_text(text):  # bytes that are not UTF-8 (a binary file piped in): said, and skipped
+                self.err.print("[red]that input is not UTF-8 text; it was not sent[/red]", highlight=False)
                 continue
             if text.startswith("/") and not text.startswith("//"):
                 if self.command(text.strip()) == "exit":
@@ -120,9 +137,11 @@ class Repl:
             elif name == "/stats":
                 self.stats()
             elif name == "/save":
+                force = arg.startswith("--force ")
+                arg = arg[len("--force "):].strip() if force else arg
                 if not arg:
-                    raise SpecdecError("usage: /save FILE")
-                self.save(arg)
+                    raise SpecdecError("usage: /save [--force] FILE")
+                self.save(arg, force)
             else:
                 raise SpecdecError(f"unknown command {name}; /help lists the commands")
         except SpecdecError as exc:
@@ -211,10 +230,20 @@ class Repl:
                 bar = "█" * round(share * 40)
                 self.err.print(f"  {position:>2} {bar:<40} {share:5.0%}  ({accepted}/{drafted})", markup=False)
 
-    def save(self, path: str) -> None:
-        from ..files import write_json_atomic
+    def save(self, path: str, force: bool = False) -> None:
+        """The conversation as JSON; an existing file is replaced only when it is a saved conversation, or with
+        `/save --force FILE`."""
+        import os
 
+        from ..errors import SpecdecError
+        from ..files import check_output_file, read_json, write_json_atomic
+
+        final = check_output_file(path, "/save", flag=False, own_rule=True)
+        if not force and os.path.lexists(final) and read_json(final).get("format") != SAVE_FORMAT:
+            raise SpecdecError(f"/save {path}: the file exists and is not a saved specdec conversation; choose "
+                               "another name, or /save --force FILE to replace it")
         document = {
+            "format": SAVE_FORMAT,
             "system": self.session.system,
             "drafter": self.session.drafter_name,
             "messages": self.session.history,

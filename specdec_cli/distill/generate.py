@@ -103,14 +103,14 @@ ROW_START = '{"prompt": '  # how every row this command writes begins (json.dump
 
 
 def check_data_output(out_path: str, fingerprint: Optional[str] = None, target_name: Optional[str] = None,
-                      warnings: Optional[list[str]] = None) -> Path:
+                      warnings: Optional[list[str]] = None, setting: str = "output") -> Path:
     """The -o of `distill generate`, before anything is written: a new (or empty) file, or one holding this
     command's rows (with `fingerprint`: this target's), to resume. Anything else (another file, another target's
     rows, a last line that is not the start of a row) is refused with one line and left untouched."""
     from ..data_rows import read_text
     from ..files import check_output_file
 
-    file = check_output_file(out_path, "output")  # the folder must exist, as for every command's outputs
+    file = check_output_file(out_path, setting, own_rule=True)  # the folder must exist, as for every output
     if not file.exists() or (file.is_file() and file.stat().st_size == 0):
         return file
     whose = " for this target" if fingerprint else ""
@@ -129,8 +129,9 @@ def check_data_output(out_path: str, fingerprint: Optional[str] = None, target_n
             if why.startswith(prefix):
                 why = why[len(prefix):]
                 break
-        raise SpecdecError(f"output {out_path}: not a data file of `specdec distill generate`{whose}, so it is left "
-                           f"untouched ({why}); choose another -o", setting="output") from None
+        flag = "-o" if setting == "output" else f"--{setting}"
+        raise SpecdecError(f"{setting} {out_path}: not a data file of `specdec distill generate`{whose}, so it is "
+                           f"left untouched ({why}); choose another {flag}", setting=setting) from None
     return file
 
 
@@ -258,8 +259,11 @@ class _RowWriter:
     def __init__(self, out_path: str, tokenizer: Any, target_name: str, fingerprint: str,
                  prompts: Sequence[Conversation], raw: bool, system: Optional[str],
                  on_progress: Optional[Callable[[GenerateProgress], None]], temperature: float):
+        from ..files import lock_output
+
         self.warnings: list[str] = []
         self.file = check_data_output(out_path, fingerprint, target_name)  # before anything is changed
+        self.lock = lock_output(self.file)  # held while this writer lives: two runs would answer every prompt twice
         _repair_tail(self.file)
         self.existing = read_rows(str(self.file), fingerprint, target_name, allow_empty=True, warnings=self.warnings)
         answered = {str(row.get("prompt")) for row in self.existing}
