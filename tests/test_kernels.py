@@ -160,13 +160,14 @@ def test_attention_matches_sdpa_and_each_row_equals_its_own_call(dtype, path):
 
 @pytest.mark.parametrize("path", kernels.isas())
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 13])
-def test_long_contexts_span_key_blocks_and_rows_still_equal_their_own_calls(rows, path):
+@pytest.mark.parametrize("dim", [64, 256])  # 256: the Gemmas' head size
+def test_long_contexts_span_key_blocks_and_rows_still_equal_their_own_calls(rows, path, dim):
     """Past 64 keys the kernel works in key blocks shared by a unit's heads and rows (one read of the cache per
     block); each row must still equal its own one-row call bit for bit, tree rows with gathered keys included, on
     every instruction-set path (each with its own order)."""
     kernels.force_isa(path)
     generator = torch.Generator().manual_seed(8)
-    heads, kv_heads, dim, cached = 9, 3, 64, 301
+    heads, kv_heads, cached = 9, 3, 301
     total = cached + rows + 4
     keys = torch.randn(kv_heads, total, dim, generator=generator)
     values = torch.randn(kv_heads, total, dim, generator=generator)

@@ -1223,11 +1223,13 @@ DEFINE_ATTENTION(4, f32)
 DEFINE_ATTENTION(8, f32)
 DEFINE_ATTENTION(12, f32)
 DEFINE_ATTENTION(16, f32)
+DEFINE_ATTENTION(32, f32)
 DEFINE_ATTENTION(2, bf16)
 DEFINE_ATTENTION(4, bf16)
 DEFINE_ATTENTION(8, bf16)
 DEFINE_ATTENTION(12, bf16)
 DEFINE_ATTENTION(16, bf16)
+DEFINE_ATTENTION(32, bf16)
 
 /* The same two steps on 512-bit registers (head_dim = 16 * CHUNKS): a score's 16 lanes are first added as
  * lane i + lane i + 8, then reduced as the AVX2 step reduces its 8; an accumulator lane sees the same operations
@@ -1300,11 +1302,13 @@ DEFINE_ATTENTION512(2, f32)
 DEFINE_ATTENTION512(4, f32)
 DEFINE_ATTENTION512(6, f32)
 DEFINE_ATTENTION512(8, f32)
+DEFINE_ATTENTION512(16, f32)
 DEFINE_ATTENTION512(1, bf16)
 DEFINE_ATTENTION512(2, bf16)
 DEFINE_ATTENTION512(4, bf16)
 DEFINE_ATTENTION512(6, bf16)
 DEFINE_ATTENTION512(8, bf16)
+DEFINE_ATTENTION512(16, bf16)
 
 typedef void (*score_fn)(const AttentionTask *, long, long, float *, long, long);
 typedef void (*value_fn)(const AttentionTask *, long, long, const float *, float *, long, long);
@@ -1335,6 +1339,7 @@ static void attention_variant(long dim, int bf16, int wide, score_fn *score, val
         case 32: WIDE_VARIANT(2) break;
         case 64: WIDE_VARIANT(4) break;
         case 96: WIDE_VARIANT(6) break;
+        case 256: WIDE_VARIANT(16) break;
         default: WIDE_VARIANT(8) break;
         }
         return;
@@ -1344,6 +1349,7 @@ static void attention_variant(long dim, int bf16, int wide, score_fn *score, val
     case 32: VARIANT(4) break;
     case 64: VARIANT(8) break;
     case 96: VARIANT(12) break;
+    case 256: VARIANT(32) break;
     default: VARIANT(16) break;
     }
 }
@@ -1425,7 +1431,7 @@ AVX2 static void attention_units_avx2(const void *arg, long start, long stop)
 
 static int avx2_attention_dim(long dim)
 {
-    return dim == 16 || dim == 32 || dim == 64 || dim == 96 || dim == 128;
+    return dim == 16 || dim == 32 || dim == 64 || dim == 96 || dim == 128 || dim == 256; /* Gemma's 256 */
 }
 #endif
 
