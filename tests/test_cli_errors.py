@@ -34,6 +34,7 @@ def _assert_one_line_error(result, needle):
         (["chat", "--prompt", "hi", "--threads", "99999"], "--threads must be between 1 and 1,024"),
         (["chat", "--prompt", "hi", "--drafter", "sam+sam"], "a hybrid is sam+AUX"),
         (["bench", "--drafters", "none,sam+bogus"], "unknown method"),
+        (["bench", "--drafters", ""], "give at least one name"),
         (["bench", "--l-threshold", "-1"], "--l-threshold"),
         (["chat", "--prompt", "hi", "--weights", "int3"], "--weights must be one of"),
         (["chat", "--prompt", "hi", "--weights", "int4", "--dtype", "bfloat16"], "computes in float32"),

@@ -95,6 +95,10 @@ def bench(
 
     # Everything a user can get wrong is checked before the model loads.
     lengths = parse_lengths(oracle_lengths) if oracle else []
+    if not split_names(drafters):
+        from ..errors import SpecdecError
+
+        raise SpecdecError("--drafters: give at least one name (none: plain decoding alone)", setting="--drafters")
     methods = resolve_methods(split_names(drafters), split_names(reference), lengths)
     settings = BenchSettings(
         methods=methods,
