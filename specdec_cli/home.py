@@ -8,6 +8,7 @@ folder only; each of those is written by its own module.
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 from .errors import SpecdecError
@@ -20,8 +21,6 @@ def specdec_home() -> Path:
 def writable_home_folder(*parts: str) -> Path:
     """`$SPECDEC_HOME/PARTS`, created if need be and checked writable (a file is made and removed there): for work
     that takes long and then writes there, so that a home that is a file, or read-only, fails before it starts."""
-    from .files import temporary_beside
-
     home = specdec_home()
     named = f"SPECDEC_HOME {home}" if os.environ.get("SPECDEC_HOME") else f"specdec's home {home} (SPECDEC_HOME)"
     for folder in [home, *(home.joinpath(*parts[: index + 1]) for index in range(len(parts)))]:
@@ -30,7 +29,7 @@ def writable_home_folder(*parts: str) -> Path:
     folder = home.joinpath(*parts)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = temporary_beside(folder / "write-check")
+        probe = folder / f".write-check-{os.getpid()}-{secrets.token_hex(4)}"  # (files.py imports this module)
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         os.unlink(probe)
     except OSError as exc:
