@@ -85,6 +85,16 @@ def _tiny(kind: str):
     return model.eval()
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module's tests, restored after them (a test that loads a model may change the count):
+    tiny models run fastest on one thread, and a busy shared machine makes more threads far slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session", params=["llama", "qwen2"])
 def tiny_model(request):
     return _tiny(request.param)

@@ -30,13 +30,8 @@ PROMPTS = [{"prompt": "count: 1 2 3 1 2 3 1 2", "category": "copy"},
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_torch_thread(one_torch_thread):
+    """Every test of this module on one torch thread (conftest.py's one_torch_thread)."""
 
 
 @pytest.fixture(scope="module")
