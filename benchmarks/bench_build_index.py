@@ -175,8 +175,8 @@ def main() -> None:
 
     import numpy as np
 
-    from specdec_cli.corpus import CorpusStats, eos_id_of, iter_documents, resolve_inputs, tokenize_documents
-    from specdec_cli.models import load_tokenizer
+    from specdec_cli.target.models import load_tokenizer
+    from specdec_cli.texts.corpus import CorpusStats, eos_id_of, iter_documents, resolve_inputs, tokenize_documents
 
     files = stdlib_files()
     corpus_bytes = sum(os.path.getsize(path) for path in files)

@@ -42,7 +42,7 @@ FOLLOW_UPS = [
 
 def follow_up_prompts() -> list[str]:
     """FOLLOW_UPS with the two references to builtin prompts expanded into new requests on the same text."""
-    from specdec_cli.prompts import load_builtin
+    from specdec_cli.texts.prompts import load_builtin
 
     builtin = {conversation.id: conversation.turns[0] for conversation in load_builtin()}
     prompts = []
@@ -68,13 +68,13 @@ def main() -> None:
 
     import torch
 
-    from specdec_cli.chat import format_prompt, target_info
+    from specdec_cli.decoding.engine import Engine, GenerationConfig
+    from specdec_cli.decoding.stats import merge
     from specdec_cli.drafters import DrafterOptions, make_drafter
-    from specdec_cli.engine import Engine, GenerationConfig
-    from specdec_cli.memory import Memory, prompt_hash
-    from specdec_cli.models import load_target
-    from specdec_cli.prompts import load_builtin
-    from specdec_cli.stats import merge
+    from specdec_cli.session.chat import format_prompt, target_info
+    from specdec_cli.target.models import load_target
+    from specdec_cli.texts.memory import Memory, prompt_hash
+    from specdec_cli.texts.prompts import load_builtin
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -39,8 +39,8 @@ from specdec_cli.distill.eagle_train import (
     split_pieces,
     training_sequences,
 )
-from specdec_cli.fingerprint import tokenizer_fingerprint
-from specdec_cli.models import DEFAULT_TARGET, load_target
+from specdec_cli.target.models import DEFAULT_TARGET, load_target
+from specdec_cli.texts.fingerprint import tokenizer_fingerprint
 
 
 def rms(states: torch.Tensor) -> torch.Tensor:

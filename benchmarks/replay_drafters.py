@@ -3,7 +3,7 @@
 Greedy speculative decoding commits exactly the target's greedy answer, whatever the drafter; what a drafter
 changes is how many tokens each verify pass commits and how many it had to verify. So once the target's
 answers are recorded, a drafter can be replayed against them without the model: at each step it proposes,
-the engine's own cost-aware planner (`specdec_cli.planner.DraftPlanner`, drafting costs and
+the engine's own cost-aware planner (`specdec_cli.decoding.planner.DraftPlanner`, drafting costs and
 row padding included) trims the draft, the accepted path is the
 longest one that matches the recorded answer, and the step is charged the measured verify time t(n) of the
 target. Two stages:
@@ -35,12 +35,12 @@ import sys
 import time
 from collections import defaultdict
 
-from specdec_cli.cost_curve import PROBE_SIZES, CostCurve
-from specdec_cli.draft import Draft, StepEvent
+from specdec_cli.decoding.cost_curve import PROBE_SIZES, CostCurve
+from specdec_cli.decoding.draft import Draft, StepEvent
+from specdec_cli.decoding.engine import GenerationConfig, trim
+from specdec_cli.decoding.planner import DraftPlanner
 from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
-from specdec_cli.engine import GenerationConfig, trim
 from specdec_cli.files import write_json_atomic
-from specdec_cli.planner import DraftPlanner
 
 TOP_K = 8
 
@@ -51,11 +51,11 @@ TOP_K = 8
 def record(args: argparse.Namespace) -> None:
     import torch
 
-    from specdec_cli.chat import format_prompt, target_info
+    from specdec_cli.decoding.engine import Engine
     from specdec_cli.drafters.none import NoDrafter
-    from specdec_cli.engine import Engine
-    from specdec_cli.models import load_target
-    from specdec_cli.prompts import load_prompt_file, load_suite, select
+    from specdec_cli.session.chat import format_prompt, target_info
+    from specdec_cli.target.models import load_target
+    from specdec_cli.texts.prompts import load_prompt_file, load_suite, select
 
     loaded = load_target(args.target, "cpu", "float32")
     model, tokenizer = loaded.model, loaded.tokenizer

@@ -9,8 +9,10 @@ DEFAULT_AUX = "aded"  # sam's auxiliary drafter when the newest token matches no
 DEFAULT_L_BIAS = 3  # sam: a static (index or memory) match must beat the conversation's by more than this
 DEFAULT_BUDGET = 8  # the engine's per-step draft budget (tokens of a chain, nodes of a tree) without --draft-max
 DEFAULT_MAX_NEW_TOKENS = 256  # chat's answer length
+# row counts a verify forward is padded up to (exact verification) and the verify-cost curve measures up front
+VERIFY_ROW_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
-# vLLM (vllm_proposer.py, serve.py): the drafters its custom_class proposers run (vLLM verifies chains), and the
+# vLLM (vllm/proposer.py, vllm/serve.py): the drafters its custom_class proposers run (vLLM verifies chains), and the
 # shortest match whose continuation they draft (vLLM verifies every drafted token; nothing trims drafts there)
 VLLM_DRAFTERS = ("sam", "sam+pld", "sam+none", "pld")
 VLLM_MIN_MATCH = 3
@@ -18,4 +20,4 @@ VLLM_DRAFT_MAX = 4  # num_speculative_tokens by default (docs/vllm.md: 4 beat 8 
 
 # distill's answer generation: prompts answered together per forward (distill/batched.py; why: docs/measurements.md)
 DEFAULT_BATCH_PROMPTS = 32
-DEFAULT_VLLM_CONCURRENCY = 64  # ... and requests in flight when vLLM answers them (vllm_runner.py)
+DEFAULT_VLLM_CONCURRENCY = 64  # ... and requests in flight when vLLM answers them (vllm/runner.py)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from conftest import TINY_EOS, CheckedDrafter, check_draft, hf_greedy
 
-from specdec_cli.draft import Draft, StepEvent
+from specdec_cli.decoding.draft import Draft, StepEvent
+from specdec_cli.decoding.engine import Engine, GenerationConfig
 from specdec_cli.drafters import DrafterOptions, TargetInfo
 from specdec_cli.drafters.aded import (
     AdedDrafter,
@@ -23,7 +24,6 @@ from specdec_cli.drafters.aded import (
     run_search,
     select_child,
 )
-from specdec_cli.engine import Engine, GenerationConfig
 from specdec_cli.errors import SpecdecError
 
 PROMPT = [1, 10, 11, 12, 13, 10, 11]

@@ -28,12 +28,12 @@ from specdec_cli.bench import (
     resolve_methods,
     run_bench,
 )
-from specdec_cli.draft import Draft, StepEvent
+from specdec_cli.decoding.draft import Draft, StepEvent
+from specdec_cli.decoding.stats import GenerationStats
 from specdec_cli.drafters.oracle import OracleDrafter
 from specdec_cli.errors import SpecdecError
 from specdec_cli.files import write_atomic
-from specdec_cli.prompts import MT_BENCH, load_builtin, load_prompt_file, load_suite, select
-from specdec_cli.stats import GenerationStats
+from specdec_cli.texts.prompts import MT_BENCH, load_builtin, load_prompt_file, load_suite, select
 
 SPECIALS = ["<pad>", "<s>", "<x>", "</s>", "<unk>"]  # ids 0..4; </s> = 3 = conftest's TINY_EOS
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 .,?!:'-\n;()\"/+=*<>_#%&")
@@ -85,7 +85,7 @@ def conversations():
 
 
 def _row_conversation(row, index):
-    from specdec_cli.prompts import parse_prompt_lines
+    from specdec_cli.texts.prompts import parse_prompt_lines
 
     return parse_prompt_lines([json.dumps(row)], "rows")[0]
 
@@ -307,7 +307,7 @@ def test_write_atomic_and_csv(tmp_path):
 
 
 def test_plot_without_matplotlib_names_pip(monkeypatch):
-    from specdec_cli.plots import require_matplotlib
+    from specdec_cli.bench.plots import require_matplotlib
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(SpecdecError, match="pip install matplotlib"):
@@ -324,7 +324,7 @@ def test_cli_plot_without_matplotlib():
 
 def test_plots_are_written(tmp_path, library_report):
     pytest.importorskip("matplotlib")
-    from specdec_cli.plots import write_plots
+    from specdec_cli.bench.plots import write_plots
 
     paths = write_plots(library_report[0].as_json(), tmp_path / "charts")
     assert sorted(path.name for path in paths) == ["acceptance.png", "cost_curve.png", "speedup.png"]
@@ -403,7 +403,7 @@ def test_library_run_document(library_report, conversations):
 
 def test_library_run_identity_matches_direct_comparison(library_report, tiny_llama, tokenizer, conversations):
     """Every output against transformers' greedy on the same prompt; the second turn follows the baseline."""
-    from specdec_cli.chat import format_prompt
+    from specdec_cli.session.chat import format_prompt
 
     report, _ = library_report
     expected: dict[tuple[int, int], list[int]] = {}
@@ -436,8 +436,8 @@ def test_library_run_identity_matches_direct_comparison(library_report, tiny_lla
 def test_every_registered_drafter_runs_losslessly(tiny_llama, tokenizer, conversations):
     """Drafters added to the registry appear in bench without changes; those needing options (a draft model
     directory) are left out here."""
-    from specdec_cli.chat import target_info
     from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter
+    from specdec_cli.session.chat import target_info
 
     names = []
     for name in DRAFTERS:

@@ -115,7 +115,7 @@ def test_jsonl_rows_without_the_field_name_it(tmp_path, tokenizer_dir):
 
 def test_a_long_document_is_tokenised_in_pieces():
     """One call per ~200k characters (so Ctrl-C is seen between calls), and still one document, one EOS."""
-    from specdec_cli.corpus import BATCH_CHARACTERS, PIECE_CHARACTERS, SourceRecord, pieces, tokenize_documents
+    from specdec_cli.texts.corpus import BATCH_CHARACTERS, PIECE_CHARACTERS, SourceRecord, pieces, tokenize_documents
 
     text = "".join(f"line {number} of a long document\n" for number in range(90_000))  # ~2.9 M characters
     parts = pieces(text)
@@ -169,8 +169,8 @@ def test_a_file_that_is_not_an_index_is_replaced_only_with_force(tmp_path, token
 
 
 def test_the_library_refuses_the_same(tmp_path):
-    from specdec_cli.corpus import build_index
     from specdec_cli.errors import SpecdecError
+    from specdec_cli.texts.corpus import build_index
 
     (tmp_path / "self.txt").write_text("text")
     with pytest.raises(SpecdecError, match="also an input"):

@@ -14,7 +14,7 @@ import typer.main
 from specdec_cli.cli import app
 from specdec_cli.defaults import VLLM_DRAFTERS
 from specdec_cli.drafters import AUX_CHOICES, DRAFTERS, HYBRID_HEAD
-from specdec_cli.prompts import SUITES
+from specdec_cli.texts.prompts import SUITES
 
 
 def all_commands() -> list[tuple[str, Any]]:

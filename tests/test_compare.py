@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from conftest import TINY_EOS, hf_greedy
 
-from specdec_cli.compare import compare
-from specdec_cli.cost_curve import CostCurve
+from specdec_cli.decoding.cost_curve import CostCurve
+from specdec_cli.decoding.engine import Engine, GenerationConfig
+from specdec_cli.decoding.planner import DraftPlanner
 from specdec_cli.drafters.pld import PromptLookupDrafter
-from specdec_cli.engine import Engine, GenerationConfig
 from specdec_cli.errors import SpecdecError
-from specdec_cli.planner import DraftPlanner
+from specdec_cli.session.compare import compare
 
 PROMPT = [1, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11]
 

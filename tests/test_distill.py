@@ -51,7 +51,7 @@ def target_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def target(target_dir):
-    from specdec_cli.models import load_target
+    from specdec_cli.target.models import load_target
 
     return load_target(str(target_dir), "cpu", "float32")
 
@@ -82,7 +82,7 @@ def _config(**changes):
 
 
 def test_generated_rows(data_file, target):
-    from specdec_cli.fingerprint import tokenizer_fingerprint
+    from specdec_cli.texts.fingerprint import tokenizer_fingerprint
 
     rows = [json.loads(line) for line in data_file.read_text().splitlines()]
     assert [row["prompt"] for row in rows] == PROMPTS[:4]
@@ -99,7 +99,7 @@ def test_generated_rows(data_file, target):
 
 def test_generate_resumes_after_a_torn_row(data_file, target, tmp_path):
     from specdec_cli.distill.generate import generate_data, read_rows
-    from specdec_cli.prompts import Conversation
+    from specdec_cli.texts.prompts import Conversation
 
     data = tmp_path / "torn.jsonl"
     lines = data_file.read_text().splitlines()
@@ -184,7 +184,7 @@ def test_resume_continues_the_run(data_file, target, target_dir, tmp_path):
 def test_kd_config_init_and_small_head(data_file, target, tmp_path):
     from specdec_cli.distill.evaluate import evaluate_draft, tokenized
     from specdec_cli.distill.train import train_draft
-    from specdec_cli.prompts import Conversation
+    from specdec_cli.texts.prompts import Conversation
 
     out = tmp_path / "kd"
     result = train_draft(target.model, target.tokenizer, "t", str(data_file), str(out),
@@ -245,9 +245,9 @@ def test_vocabulary_mismatch_in_chat(target_dir, tmp_path):
 
 
 def test_other_tokenizer_is_refused(target, tmp_path):
-    from specdec_cli.chat import target_info
     from specdec_cli.drafters import DrafterOptions, make_drafter
     from specdec_cli.errors import SpecdecError
+    from specdec_cli.session.chat import target_info
 
     folder = tmp_path / "other-tokenizer"
     _tiny("llama").save_pretrained(folder)
@@ -307,8 +307,8 @@ def test_a_student_is_cut_from_block_weights_dequantised(target_dir, data_file, 
 
     from specdec_cli.distill.student import build_student
     from specdec_cli.distill.train import train_draft
-    from specdec_cli.models import load_target
-    from specdec_cli.quant import BlockLinear
+    from specdec_cli.target.models import load_target
+    from specdec_cli.target.quant import BlockLinear
 
     blocks = load_target(str(target_dir), "cpu", "float32", weights="int8")
     layer = blocks.model.model.layers[0].self_attn.q_proj

@@ -87,7 +87,7 @@ def test_distill_refuses_drafter_flags_its_answering_would_ignore(tmp_path, monk
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("specdec_cli.cli.distill_cmd.load_target", lambda *a, **k: pytest.fail("the model loaded"))
-    monkeypatch.setattr("specdec_cli.vllm_runner.vllm_installed", lambda: True)
+    monkeypatch.setattr("specdec_cli.vllm.runner.vllm_installed", lambda: True)
     result = CliRunner().invoke(app, args)
     assert result.exit_code != 0 and isinstance(result.exception, SpecdecError), result.exception
     assert needle in str(result.exception)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import TINY_EOS, TINY_VOCAB
 
-from specdec_cli.draft import Draft, StepEvent
+from specdec_cli.decoding.draft import Draft, StepEvent
 from specdec_cli.drafters import AUX_CHOICES, DRAFTERS, DrafterOptions, TargetInfo, make_drafter
 from specdec_cli.drafters.eagle import EagleDrafter
 from specdec_cli.drafters.model import ModelDrafter
@@ -21,7 +21,7 @@ from specdec_cli.drafters.oracle import OracleDrafter
 from specdec_cli.drafters.sam import SamDrafter
 from specdec_cli.errors import SpecdecError
 from specdec_cli.sam.automaton import DynamicAutomaton, build_static
-from specdec_cli.vllm_proposer import PROPOSERS, ProposerSettings
+from specdec_cli.vllm.proposer import PROPOSERS, ProposerSettings
 
 SECONDS = 5  # per call: generous on a loaded 2-core machine, short against a hang
 VOCAB = TINY_VOCAB
@@ -109,7 +109,7 @@ def test_every_drafter_made_by_name(name):
 
 
 def test_the_model_and_eagle_drafters_and_their_hybrids(tiny_llama):
-    from specdec_cli.eagle_head import EagleHead, head_config_for
+    from specdec_cli.drafters.eagle_head import EagleHead, head_config_for
 
     hidden = tiny_llama.config.hidden_size
     torch.manual_seed(0)

@@ -10,14 +10,14 @@ import torch
 from conftest import TINY_EOS, chi_square, hf_greedy, run_cli
 
 from specdec_cli import kernels
-from specdec_cli.chat import target_info
-from specdec_cli.cost_curve import CostCurve
+from specdec_cli.decoding.cost_curve import CostCurve
+from specdec_cli.decoding.engine import Engine, GenerationConfig
+from specdec_cli.decoding.planner import DraftPlanner
 from specdec_cli.drafters import DrafterOptions, make_drafter
 from specdec_cli.drafters.eagle import EagleDrafter, check_target
-from specdec_cli.eagle_head import EagleHead, HeadCache, head_config_for, load_head, save_head
-from specdec_cli.engine import Engine, GenerationConfig
+from specdec_cli.drafters.eagle_head import EagleHead, HeadCache, head_config_for, load_head, save_head
 from specdec_cli.errors import SpecdecError
-from specdec_cli.planner import DraftPlanner
+from specdec_cli.session.chat import target_info
 
 PATTERN = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
 PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11, 12], [1, 30, 31, 32, 33, 30, 31]]
@@ -144,7 +144,7 @@ def test_a_tree_stopped_early_is_the_best_nodes_of_the_whole_tree(tiny_llama, tr
 
 
 def _event(kind, committed, features, draft=None, prompt=()):
-    from specdec_cli.draft import Draft, StepEvent
+    from specdec_cli.decoding.draft import Draft, StepEvent
 
     return StepEvent(kind=kind, draft=draft or Draft.empty("x"), accepted=1 if draft else 0, committed=committed,
                      target_token=committed[-1], features=features, prompt_tokens=prompt)
@@ -187,7 +187,7 @@ def test_the_head_rests_while_the_planner_drops_its_drafts(tiny_llama, trained):
 
 
 def _block_target(tiny_llama, mode):
-    from specdec_cli import quant
+    from specdec_cli.target import quant
 
     model = copy.deepcopy(tiny_llama)
     quant.install_blocks(model, quant.plan_blocks(model, mode, None))
@@ -200,8 +200,8 @@ def test_on_a_block_target_the_head_drafts_on_the_kernels_and_stays_lossless(tin
     """On a block target the head's layers become 8-bit block layers (close to the float head, not equal) and its
     tokens are read from the target's own LM-head blocks (exactly the target's logits on them); greedy output is
     still the target's own."""
-    from specdec_cli.eagle_head import head_on_blocks
-    from specdec_cli.quant import BlockLinear
+    from specdec_cli.drafters.eagle_head import head_on_blocks
+    from specdec_cli.target.quant import BlockLinear
 
     head, _ = trained
     model = _block_target(tiny_llama, mode)
@@ -240,7 +240,7 @@ def test_on_a_block_target_the_head_drafts_on_the_kernels_and_stays_lossless(tin
 
 @pytest.mark.slow
 def test_eagle_sampling_keeps_the_target_law(tiny_llama, trained):
-    from specdec_cli.sampling import warp_probs
+    from specdec_cli.decoding.sampling import warp_probs
 
     head, _ = trained
     prompt = PROMPTS[0]
@@ -320,7 +320,7 @@ def test_writing_a_head_never_replaces_a_foreign_directory(trained, tmp_path):
 def test_evaluating_a_head_reports_what_training_bought(tiny_llama, trained, tmp_path):
     from specdec_cli.distill.eagle_evaluate import evaluate_head
     from specdec_cli.files import read_json
-    from specdec_cli.prompts import Conversation
+    from specdec_cli.texts.prompts import Conversation
 
     head, result = trained
     info = target_info(tiny_llama, _Tokenizer())

@@ -8,12 +8,12 @@ import pytest
 import torch
 from conftest import TINY_EOS, TINY_VOCAB, chi_square, hf_greedy
 
-from specdec_cli.cost_curve import CostCurve
-from specdec_cli.draft import Draft
+from specdec_cli.decoding.cost_curve import CostCurve
+from specdec_cli.decoding.draft import Draft
+from specdec_cli.decoding.engine import Engine, GenerationConfig
+from specdec_cli.decoding.planner import DraftPlanner
 from specdec_cli.drafters.none import NoDrafter
 from specdec_cli.drafters.pld import PromptLookupDrafter, find_latest_match
-from specdec_cli.engine import Engine, GenerationConfig
-from specdec_cli.planner import DraftPlanner
 
 # Fixed verify-cost curves (no timing: the outcome of a test never depends on this machine's speed).
 FLAT_CURVE = {1: 1.0, 64: 1.0}  # drafts are free: everything the acceptance model likes is verified
@@ -129,7 +129,7 @@ def test_events_are_consistent(tiny_llama):
 
 def _exact_second_token_law(model, prompt, temperature):
     """P(2nd new token) = sum over t1 of P(t1) P(t2 | t1), from the model's own warped distributions."""
-    from specdec_cli.sampling import warp_probs
+    from specdec_cli.decoding.sampling import warp_probs
 
     with torch.inference_mode():
         first = warp_probs(model(torch.tensor([prompt])).logits[0, -1], temperature)  # [vocab]
@@ -176,7 +176,7 @@ def test_pld_drafts_the_continuation():
 
 
 def test_a_check_outcome_renders_as_displays_and_bench_json_show_it(tiny_llama):
-    from specdec_cli.check_outcome import CheckOutcome
+    from specdec_cli.target.check_outcome import CheckOutcome
 
     assert CheckOutcome("off").text() == "off" and CheckOutcome("not checked").text() == "not checked"
     assert CheckOutcome("passed").text() == "passed"

@@ -17,12 +17,12 @@ import torch
 from conftest import chi_square
 from test_families import EOS, PROMPTS, LikelyTree, _drafter, _model, _second_token_law
 
-from specdec_cli.cost_curve import CostCurve
+from specdec_cli.decoding.cost_curve import CostCurve
+from specdec_cli.decoding.engine import Engine, GenerationConfig
+from specdec_cli.decoding.planner import DraftPlanner
 from specdec_cli.drafters.none import NoDrafter
-from specdec_cli.engine import Engine, GenerationConfig
-from specdec_cli.exact import _pad_rows, exact_rows, install, remove, rowwise_attention, suspended
-from specdec_cli.planner import DraftPlanner
-from specdec_cli.tree_mask import tree_attention_mask, tree_layout
+from specdec_cli.target.exact import _pad_rows, exact_rows, install, remove, rowwise_attention, suspended
+from specdec_cli.target.tree_mask import tree_attention_mask, tree_layout
 
 NEW = 32
 BUDGET = 7  # chains and trees of up to 7 nodes: blocks of up to 8 rows
@@ -186,7 +186,7 @@ class _Fake:
 
 @pytest.mark.slow
 def test_engines_over_one_model_share_its_row_invariant_state(monkeypatch):
-    import specdec_cli.exact as exact
+    import specdec_cli.target.exact as exact
 
     model = _model("llama", seed=3).to(torch.bfloat16)
     checks = []

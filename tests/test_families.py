@@ -15,14 +15,14 @@ import pytest
 import torch
 from conftest import chi_square, hf_greedy
 
-import specdec_cli.target_forward as target_forward
-import specdec_cli.tree_check as tree_check
-from specdec_cli.cost_curve import CostCurve
-from specdec_cli.draft import Draft
-from specdec_cli.engine import Engine, GenerationConfig
+import specdec_cli.target.forward as target_forward
+import specdec_cli.target.tree_check as tree_check
+from specdec_cli.decoding.cost_curve import CostCurve
+from specdec_cli.decoding.draft import Draft
+from specdec_cli.decoding.engine import Engine, GenerationConfig
+from specdec_cli.decoding.planner import DraftPlanner
 from specdec_cli.errors import SpecdecError
-from specdec_cli.planner import DraftPlanner
-from specdec_cli.rollback import keep_accepted, truncate_cache
+from specdec_cli.target.rollback import keep_accepted, truncate_cache
 
 EOS = 3
 WINDOW = 8  # sliding windows are this short: prompts, answers and the deepest trees below run past them
@@ -245,7 +245,7 @@ def test_every_drafter_kind_is_greedy_identical(family, kind):
 
 def _second_token_law(model, prompt):
     """P(2nd new token) = sum over t1 of P(t1) P(t2 | t1) at temperature 1, from the model itself."""
-    from specdec_cli.sampling import warp_probs
+    from specdec_cli.decoding.sampling import warp_probs
 
     vocab = model.config.vocab_size
     with torch.inference_mode():

@@ -57,7 +57,7 @@ def test_this_commands_rows_resume_a_torn_last_row_included(tmp_path, content):
 
 def test_generate_data_refuses_before_writing(tmp_path, tiny_llama):
     from specdec_cli.distill.generate import generate_data
-    from specdec_cli.prompts import Conversation
+    from specdec_cli.texts.prompts import Conversation
 
     data = tmp_path / "notes.txt"
     data.write_text("one line of notes, no newline")

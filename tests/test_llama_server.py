@@ -41,7 +41,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def conversations():
-    from specdec_cli.prompts import parse_prompt_lines
+    from specdec_cli.texts.prompts import parse_prompt_lines
 
     return parse_prompt_lines([json.dumps(row) for row in PROMPTS], "rows")
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from conftest import HANG_GUARD, TINY_EOS, hf_greedy, run_cli
 
-from specdec_cli.cost_curve import CostCurve
+from specdec_cli.decoding.cost_curve import CostCurve
+from specdec_cli.decoding.engine import Engine, GenerationConfig
+from specdec_cli.decoding.planner import DraftPlanner
 from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
-from specdec_cli.engine import Engine, GenerationConfig
-from specdec_cli.memory import Memory, prompt_hash
-from specdec_cli.planner import DraftPlanner
+from specdec_cli.texts.memory import Memory, prompt_hash
 
 FINGERPRINT = "tiny-fingerprint"
 ON = {"SPECDEC_NO_MEMORY": "0"}
@@ -56,7 +56,7 @@ def test_a_corrupt_or_foreign_file_is_skipped_and_the_rest_kept(tmp_path):
 
 def test_two_writers_at_once_lose_nothing(tmp_path):
     directory = tmp_path / "memory"
-    script = ("import sys; from specdec_cli.memory import Memory\n"
+    script = ("import sys; from specdec_cli.texts.memory import Memory\n"
               "memory = Memory(sys.argv[1], 'tiny-fingerprint')\n"
               "for index in range(60): memory.append([int(sys.argv[2]), index])\n")
     root = str(Path(__file__).resolve().parent.parent)
@@ -153,7 +153,7 @@ def test_export_replaces_only_its_own_unchanged_export(tmp_path, monkeypatch):
 
     from specdec_cli.cli import app
     from specdec_cli.errors import SpecdecError
-    from specdec_cli.memory import check_export_output, export_corpus
+    from specdec_cli.texts.memory import check_export_output, export_corpus
 
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
     user_file = tmp_path / "notes.jsonl"
@@ -189,7 +189,7 @@ def test_importing_nothing_is_an_error(tmp_path):
     import pytest
 
     from specdec_cli.errors import SpecdecError
-    from specdec_cli.memory import import_file
+    from specdec_cli.texts.memory import import_file
 
     class Tokens:
         eos_token_id = 2

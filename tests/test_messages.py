@@ -9,8 +9,8 @@ from conftest import run_cli
 def test_ctrl_c_right_after_a_conversion_says_the_model_was_kept(tmp_path, monkeypatch):
     """The load converts a GGUF into $SPECDEC_HOME/models and is interrupted just after: the message used to say
     "nothing was written"."""
-    from specdec_cli import chat
     from specdec_cli.cli import chat_cmd, common
+    from specdec_cli.session import chat
 
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
     converted = tmp_path / "models" / "model-q4_1-0123456789ab"

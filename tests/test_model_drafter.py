@@ -23,7 +23,7 @@ def _generate(model, drafter, prompt, **settings):
     """One generation with every draft token verified (no cost-aware trimming, when the engine has it)."""
     from dataclasses import fields
 
-    from specdec_cli.engine import Engine, GenerationConfig
+    from specdec_cli.decoding.engine import Engine, GenerationConfig
 
     if any(field.name == "cost_aware" for field in fields(GenerationConfig)):
         settings["cost_aware"] = False
@@ -69,9 +69,9 @@ def test_self_draft_under_sampling_uses_the_warped_distribution(tiny_llama):
 
 
 def test_sampling_drafts_carry_distributions(tiny_llama):
-    from specdec_cli.draft import Draft, StepEvent
+    from specdec_cli.decoding.draft import Draft, StepEvent
+    from specdec_cli.decoding.engine import GenerationConfig
     from specdec_cli.drafters.model import ModelDrafter
-    from specdec_cli.engine import GenerationConfig
 
     drafter = ModelDrafter(_tiny_draft(), draft_max=4)
     settings = GenerationConfig(temperature=0.8, top_k=5, seed=1)
@@ -124,7 +124,7 @@ def test_budget_and_draft_max():
 
 def _verified(drafter, prompt, kept):
     """Propose, then tell the drafter the engine verified `kept` of its tokens (a step event)."""
-    from specdec_cli.draft import Draft, StepEvent
+    from specdec_cli.decoding.draft import Draft, StepEvent
 
     draft = drafter.propose(prompt, 8)
     shown = Draft(draft.tokens[:kept], draft.source)
@@ -200,9 +200,9 @@ def test_restricted_head_drafts_only_allowed_tokens(tiny_model):
 
 
 def test_restricted_head_under_sampling(tiny_llama):
-    from specdec_cli.draft import Draft, StepEvent
+    from specdec_cli.decoding.draft import Draft, StepEvent
+    from specdec_cli.decoding.engine import GenerationConfig
     from specdec_cli.drafters.model import ModelDrafter
-    from specdec_cli.engine import GenerationConfig
 
     drafter = ModelDrafter(tiny_llama, draft_max=4, head_tokens=[0, 2, 4, 6, 8])
     settings = GenerationConfig(temperature=1.0, seed=2)
@@ -238,6 +238,6 @@ def test_the_draft_goes_on_the_targets_device(monkeypatch, tmp_path):
 def test_target_info_names_the_targets_device(tiny_llama):
     from conftest import make_char_tokenizer
 
-    from specdec_cli.chat import target_info
+    from specdec_cli.session.chat import target_info
 
     assert target_info(tiny_llama, make_char_tokenizer()).device == "cpu"

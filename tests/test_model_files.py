@@ -77,7 +77,7 @@ def test_a_home_that_is_a_file_fails_before_converting(tmp_path):
 
 
 def _recorded(folder):
-    from specdec_cli import models
+    from specdec_cli.target import models
 
     marker = {"format": models.CONVERTED_FORMAT,
               "files": {path.name: models._file_record(path) for path in sorted(folder.iterdir())}}
@@ -85,7 +85,7 @@ def _recorded(folder):
 
 
 def test_a_conversion_is_checked_by_size_and_by_checksum_when_touched(tmp_path):
-    from specdec_cli.models import CONVERTED_MARKER, converted_damage
+    from specdec_cli.target.models import CONVERTED_MARKER, converted_damage
 
     folder = tmp_path / "converted"
     folder.mkdir()
@@ -113,7 +113,7 @@ def test_a_conversion_recorded_before_checksums_is_checked_by_its_header(tmp_pat
     import torch
     from safetensors.torch import save_file
 
-    from specdec_cli.models import CONVERTED_MARKER, converted_damage
+    from specdec_cli.target.models import CONVERTED_MARKER, converted_damage
 
     folder = tmp_path / "converted"
     folder.mkdir()

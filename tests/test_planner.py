@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdec_cli.cost_curve import CostCurve, measure_cost_curve
-from specdec_cli.draft import Draft
-from specdec_cli.planner import (
+from specdec_cli.decoding.cost_curve import CostCurve, measure_cost_curve
+from specdec_cli.decoding.draft import Draft
+from specdec_cli.decoding.planner import (
     COST_PROBE_EVERY,
     PROBE_EVERY,
     AcceptanceTracker,
@@ -70,7 +70,7 @@ def test_tracker_probes_a_useless_source_now_and_then():
 
 
 def test_tree_plan_learns_which_size_pays():
-    from specdec_cli.planner import tree_sizes
+    from specdec_cli.decoding.planner import tree_sizes
 
     assert tree_sizes(20) == [1, 2, 4, 8, 16, 20] and tree_sizes(1) == [1]
     cpu = CostCurve({1: 37.0, 2: 39.0, 3: 41.0, 4: 55.0, 8: 66.0, 16: 72.0, 32: 90.0, 64: 120.0})
@@ -88,7 +88,7 @@ def test_tree_plan_learns_which_size_pays():
 
 
 def test_draft_costs_charge_drafted_tokens_to_their_source():
-    from specdec_cli.planner import DraftCosts
+    from specdec_cli.decoding.planner import DraftCosts
 
     costs = DraftCosts()
     curve = CostCurve({1: 0.040, 2: 0.044, 8: 0.060})

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from specdec_cli.errors import SpecdecError
-from specdec_cli.prompts import MT_BENCH, load_prompt_file, load_prompts, load_suite
+from specdec_cli.texts.prompts import MT_BENCH, load_prompt_file, load_prompts, load_suite
 
 ROWS = [
     {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Shorter."]},

@@ -9,7 +9,8 @@ import pytest
 import torch
 from conftest import _tiny
 
-from specdec_cli import kernels, quant
+from specdec_cli import kernels
+from specdec_cli.target import quant
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
 
@@ -191,7 +192,7 @@ def test_converted_weights_keep_tied_embeddings_under_the_name_every_tool_reads(
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    from specdec_cli.models import save_weights
+    from specdec_cli.target.models import save_weights
 
     model = _tiny("llama")
     model.config.tie_word_embeddings = True

@@ -19,14 +19,14 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def default_target():
-    from specdec_cli.models import load_target
+    from specdec_cli.target.models import load_target
 
     # the dense float32 model: transformers' float32 generate on it is the reference below
     return load_target(dtype="float32", weights="dense")
 
 
 def _reference(target, prompt, max_new_tokens):
-    from specdec_cli.chat import format_prompt
+    from specdec_cli.session.chat import format_prompt
 
     ids = format_prompt(target.tokenizer, [{"role": "user", "content": prompt}])
     input_ids = torch.tensor([ids])
@@ -59,8 +59,8 @@ def test_one_shot_json_equals_transformers_greedy(default_target, drafter):
 
 def _untrained_head(target, folder):
     """An EAGLE head for the real model, untrained (its drafts are mostly wrong: the output must not care)."""
-    from specdec_cli.chat import target_info
-    from specdec_cli.eagle_head import EagleHead, head_config_for, save_head
+    from specdec_cli.drafters.eagle_head import EagleHead, head_config_for, save_head
+    from specdec_cli.session.chat import target_info
 
     info = target_info(target.model, target.tokenizer)
     torch.manual_seed(0)
@@ -71,9 +71,9 @@ def _untrained_head(target, folder):
 
 def test_every_drafter_is_lossless_in_process(default_target, tmp_path):
     """All registered drafters, greedy, against transformers' generate on a repetitive prompt."""
-    from specdec_cli.chat import ChatSession
+    from specdec_cli.decoding.engine import GenerationConfig
     from specdec_cli.drafters import DRAFTERS, DrafterOptions
-    from specdec_cli.engine import GenerationConfig
+    from specdec_cli.session.chat import ChatSession
 
     prompt = "Repeat this sentence three times: the quick brown fox jumps over the lazy dog."
     _, reference = _reference(default_target, prompt, 64)
@@ -90,12 +90,12 @@ def test_every_drafter_is_exact_in_bfloat16(tmp_path):
     """In bfloat16 a block's rows round differently from one-row forwards unless verification is row-invariant
     (exact.py; before it, pld and sam diverged within ~90 tokens on 3 of 4 prompts): every drafter, chains and
     trees, against the same engine's plain bfloat16 decoding."""
-    from specdec_cli.chat import format_prompt, target_info
-    from specdec_cli.cost_curve import CostCurve
+    from specdec_cli.decoding.cost_curve import CostCurve
+    from specdec_cli.decoding.engine import Engine, GenerationConfig
+    from specdec_cli.decoding.planner import DraftPlanner
     from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter
-    from specdec_cli.engine import Engine, GenerationConfig
-    from specdec_cli.models import load_target
-    from specdec_cli.planner import DraftPlanner
+    from specdec_cli.session.chat import format_prompt, target_info
+    from specdec_cli.target.models import load_target
 
     target = load_target(dtype="bfloat16", weights="dense")
     info = target_info(target.model, target.tokenizer)
@@ -120,12 +120,12 @@ def test_model_drafter_is_lossless_on_the_real_model(default_target):
     engine's cost-aware trimming."""
     from dataclasses import replace
 
-    from specdec_cli.chat import target_info
-    from specdec_cli.cost_curve import CostCurve
+    from specdec_cli.decoding.cost_curve import CostCurve
+    from specdec_cli.decoding.engine import Engine, GenerationConfig
+    from specdec_cli.decoding.planner import DraftPlanner
     from specdec_cli.distill.student import build_student
     from specdec_cli.drafters.model import ModelDrafter
-    from specdec_cli.engine import Engine, GenerationConfig
-    from specdec_cli.planner import DraftPlanner
+    from specdec_cli.session.chat import target_info
 
     student = build_student(default_target.model, {"kind": "target", "layers": 2}).eval()
     info = target_info(default_target.model, default_target.tokenizer)
@@ -152,13 +152,13 @@ def test_stop_string_cuts_the_output(default_target):
 def test_every_drafter_is_exact_on_the_ggufs_own_blocks(tmp_path):
     """The default GGUF at its own precision (Q4_1 and Q8_0 blocks on specdec's kernels, the native decoder):
     every drafter, chains and trees, greedy-identical to plain decoding of the same block weights."""
-    from specdec_cli.chat import format_prompt, target_info
-    from specdec_cli.cost_curve import CostCurve
+    from specdec_cli.decoding.cost_curve import CostCurve
+    from specdec_cli.decoding.engine import Engine, GenerationConfig
+    from specdec_cli.decoding.planner import DraftPlanner
     from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter
-    from specdec_cli.engine import Engine, GenerationConfig
-    from specdec_cli.models import load_target
-    from specdec_cli.planner import DraftPlanner
-    from specdec_cli.quant import weights_summary
+    from specdec_cli.session.chat import format_prompt, target_info
+    from specdec_cli.target.models import load_target
+    from specdec_cli.target.quant import weights_summary
 
     target = load_target(weights="gguf")
     assert target.weights == "gguf" and weights_summary(target.model) == "210 Q4_1 + 1 Q8_0 block layers, 0 dense"
@@ -192,8 +192,8 @@ def test_llama_cpp_decodes_the_same_gguf_where_it_is_installed():
     from types import SimpleNamespace
 
     from specdec_cli.bench.llama_cpp import LlamaCpp
-    from specdec_cli.chat import format_prompt
-    from specdec_cli.models import default_gguf_path, load_tokenizer
+    from specdec_cli.session.chat import format_prompt
+    from specdec_cli.target.models import default_gguf_path, load_tokenizer
 
     tokenizer = load_tokenizer()
     ids = format_prompt(tokenizer, [{"role": "user", "content": PROMPTS[0]}])
@@ -225,7 +225,7 @@ def test_a_damaged_conversion_is_converted_again_with_one_warning(tmp_path, monk
     with one warning line naming it; transformers' own progress bar never reaches stderr."""
     import shutil
 
-    from specdec_cli.models import converted_dir, default_gguf_path, ensure_converted
+    from specdec_cli.target.models import converted_dir, default_gguf_path, ensure_converted
 
     ours = ensure_converted(default_gguf_path())  # this machine's (the tests' home), converted once
     home = tmp_path / "home"
@@ -240,7 +240,7 @@ def test_a_damaged_conversion_is_converted_again_with_one_warning(tmp_path, monk
     assert len(lines) == 1 and lines[0].startswith("specdec: warning: the converted model"), result.stderr
     assert str(copy) in lines[0] and "model.safetensors: 1,000,000 bytes" in lines[0]
     assert "de-quantizing" not in result.stderr
-    from specdec_cli.models import converted_damage
+    from specdec_cli.target.models import converted_damage
 
     monkeypatch.setenv("SPECDEC_HOME", str(home))
     assert converted_dir(default_gguf_path()) == copy and converted_damage(copy) is None  # repaired in place

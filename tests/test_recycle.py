@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from conftest import TINY_EOS, TINY_VOCAB, CheckedDrafter, check_draft, hf_greedy
 
-from specdec_cli.draft import Draft, StepEvent
+from specdec_cli.decoding.draft import Draft, StepEvent
+from specdec_cli.decoding.engine import Engine, GenerationConfig
 from specdec_cli.drafters import DrafterOptions, TargetInfo
 from specdec_cli.drafters.recycle import TEMPLATE, RecycleDrafter, TreeTemplate, make_recycle_drafter
-from specdec_cli.engine import Engine, GenerationConfig
 
 PROMPT = [1, 10, 11, 12, 13, 10, 11]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specdec_cli.cli.render import TranscriptView
-from specdec_cli.draft import Draft, StepEvent
+from specdec_cli.decoding.draft import Draft, StepEvent
 
 
 def decode(ids):

@@ -6,9 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec_cli.draft import Draft, StepEvent
+from specdec_cli.decoding.draft import Draft, Drafter, StepEvent
 from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
-from specdec_cli.drafters.base import Drafter
 from specdec_cli.drafters.sam import ALPHA, DRAFT_MAX, SamDrafter, make_sam_drafter
 from specdec_cli.errors import SpecdecError
 from specdec_cli.sam.automaton import build_static

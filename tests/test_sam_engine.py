@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from conftest import TINY_EOS, hf_greedy, run_cli
 
+from specdec_cli.decoding.engine import Engine, GenerationConfig
 from specdec_cli.drafters.sam import SamDrafter
-from specdec_cli.engine import Engine, GenerationConfig
 from specdec_cli.sam.automaton import build_static
 
 PROMPTS = [[1, 10, 11, 12, 13, 10, 11, 12, 13, 10], [1, 30, 31, 32, 33], [1, 7]]

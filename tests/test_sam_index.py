@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from conftest import make_char_tokenizer
 
-from specdec_cli.corpus import build_index, row_text
 from specdec_cli.errors import SpecdecError
-from specdec_cli.fingerprint import tokenizer_fingerprint
 from specdec_cli.sam.automaton import ROOT, build_static
 from specdec_cli.sam.index import ARRAY_ORDER, FORMAT_VERSION, load_index, read_index_info, save_index, verify_index
+from specdec_cli.texts.corpus import build_index, row_text
+from specdec_cli.texts.fingerprint import tokenizer_fingerprint
 
 
 def make_char_tokenizer_dir(directory: Path, extra_tokens: tuple[str, ...] = ()) -> Path:
@@ -354,7 +354,7 @@ def test_fingerprint_is_stable_and_tells_tokenizers_apart(tmp_path, char_tokeniz
 
 @pytest.mark.real_model
 def test_default_tokenizer_index(tmp_path):
-    from specdec_cli.models import load_tokenizer
+    from specdec_cli.target.models import load_tokenizer
 
     tokenizer = load_tokenizer()
     corpora = Path(__file__).resolve().parent.parent / "corpora"

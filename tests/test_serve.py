@@ -7,8 +7,8 @@ import json
 import pytest
 
 from specdec_cli.errors import SpecdecError
-from specdec_cli.serve import SERVER_MODULE, ServeSettings, serve, server_command
-from specdec_cli.vllm_proposer import SETTINGS_ENV
+from specdec_cli.vllm.proposer import SETTINGS_ENV
+from specdec_cli.vllm.serve import SERVER_MODULE, ServeSettings, serve, server_command
 
 
 def test_the_server_command_names_the_proposer_and_passes_its_settings():
@@ -16,7 +16,7 @@ def test_the_server_command_names_the_proposer_and_passes_its_settings():
                                              extra_args=("--max-num-seqs", "16")), "/models/m", "m", cpu_build=True)
     assert argv[1:3] == ["-m", SERVER_MODULE] and argv[argv.index("--model") + 1] == "/models/m"
     speculative = json.loads(argv[argv.index("--speculative-config") + 1])
-    assert speculative == {"method": "custom_class", "model": "specdec_cli.vllm_proposer.SamProposer",
+    assert speculative == {"method": "custom_class", "model": "specdec_cli.vllm.proposer.SamProposer",
                            "num_speculative_tokens": 5}
     assert json.loads(env[SETTINGS_ENV]) == {"drafter": "sam+pld", "min_match": 2}
     assert argv[argv.index("--port") + 1] == "8123" and argv[argv.index("--gpu-memory-utilization") + 1] == "0.3"
@@ -27,7 +27,7 @@ def test_the_server_command_names_the_proposer_and_passes_its_settings():
 
 def test_serve_resolves_the_target_and_runs_the_server(monkeypatch):
     calls = []
-    monkeypatch.setattr("specdec_cli.models.model_location", lambda source, on_status=None: "/converted/dir")
+    monkeypatch.setattr("specdec_cli.target.models.model_location", lambda source, on_status=None: "/converted/dir")
     code = serve(ServeSettings(drafter="pld"), run=lambda argv, env: calls.append((argv, env)) or 0)
     assert code == 0 and calls[0][0][calls[0][0].index("--model") + 1] == "/converted/dir"
 
@@ -45,13 +45,13 @@ def test_bad_settings_are_one_error(settings, message):
 
 
 def test_without_vllm_serve_says_how_to_install_it(monkeypatch):
-    monkeypatch.setattr("specdec_cli.serve.vllm_installed", lambda: False)
+    monkeypatch.setattr("specdec_cli.vllm.serve.vllm_installed", lambda: False)
     with pytest.raises(SpecdecError, match="make install-vllm"):
         serve(ServeSettings())
 
 
 def test_the_api_key_reaches_vllm_through_its_environment_only():
-    from specdec_cli.serve import API_KEY_ENV
+    from specdec_cli.vllm.serve import API_KEY_ENV
 
     argv, env = server_command(ServeSettings(drafter="pld", api_key="s3cret"), "/models/m", "m", cpu_build=True)
     assert env[API_KEY_ENV] == "s3cret" and not any("s3cret" in arg for arg in argv)  # never in `ps`
@@ -80,7 +80,7 @@ def test_listening_beyond_this_machine_without_a_key_warns_once(monkeypatch, hos
         monkeypatch.delenv("VLLM_API_KEY", raising=False)
     else:
         monkeypatch.setenv("VLLM_API_KEY", env_key)
-    monkeypatch.setattr("specdec_cli.models.model_location", lambda source, on_status=None: "/converted/dir")
+    monkeypatch.setattr("specdec_cli.target.models.model_location", lambda source, on_status=None: "/converted/dir")
     said: list[str] = []
     serve(ServeSettings(drafter="pld", host=host, api_key=key), run=lambda argv, env: 0, on_warning=said.append)
     assert len(said) == (1 if warned else 0)
@@ -93,15 +93,15 @@ def test_the_command_line_warns_in_one_line_and_passes_the_key(monkeypatch):
     from typer.testing import CliRunner
 
     from specdec_cli.cli import app
-    from specdec_cli.models import TargetSource
+    from specdec_cli.target.models import TargetSource
 
     runs: list[dict] = []
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
-    monkeypatch.setattr("specdec_cli.serve.vllm_installed", lambda: True)
-    monkeypatch.setattr("specdec_cli.serve._cpu_build", lambda: True)
-    monkeypatch.setattr("specdec_cli.models.resolve_target", lambda target: TargetSource("dir", "/m", "m"))
-    monkeypatch.setattr("specdec_cli.models.model_location", lambda source, on_status=None: "/m")
-    monkeypatch.setattr("specdec_cli.serve._run_server", lambda argv, env: runs.append(env) or 0)
+    monkeypatch.setattr("specdec_cli.vllm.serve.vllm_installed", lambda: True)
+    monkeypatch.setattr("specdec_cli.vllm.serve._cpu_build", lambda: True)
+    monkeypatch.setattr("specdec_cli.target.models.resolve_target", lambda target: TargetSource("dir", "/m", "m"))
+    monkeypatch.setattr("specdec_cli.target.models.model_location", lambda source, on_status=None: "/m")
+    monkeypatch.setattr("specdec_cli.vllm.serve._run_server", lambda argv, env: runs.append(env) or 0)
     runner = CliRunner()
     open_to_all = runner.invoke(app, ["serve", "--drafter", "pld", "--host", "0.0.0.0"])
     assert open_to_all.exit_code == 0, open_to_all.output

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdec_cli.draft import Draft, StepEvent
-from specdec_cli.stats import merge, summarize
+from specdec_cli.decoding.draft import Draft, StepEvent
+from specdec_cli.decoding.stats import merge, summarize
 
 
 def _events(plan):

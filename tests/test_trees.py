@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import TINY_EOS, TINY_VOCAB, hf_greedy
 
-from specdec_cli.draft import Draft
-from specdec_cli.engine import Engine, GenerationConfig, first_branch, trim
-from specdec_cli.tree_mask import tree_layout
-from specdec_cli.verify import greedy_accept_tree, speculative_accept_tree
+from specdec_cli.decoding.draft import Draft
+from specdec_cli.decoding.engine import Engine, GenerationConfig, first_branch, trim
+from specdec_cli.decoding.verify import greedy_accept_tree, speculative_accept_tree
+from specdec_cli.target.tree_mask import tree_layout
 
 PROMPT = [1, 10, 11, 12, 13, 10, 11]
 
@@ -132,7 +132,7 @@ def test_tree_sampling_analytic_first_token():
 @pytest.mark.slow
 def test_tree_sampling_on_model_keeps_the_distribution(tiny_llama):
     """Engine-level: with a tree drafter at temperature 1, the first new token's law equals the model's."""
-    from specdec_cli.sampling import warp_probs
+    from specdec_cli.decoding.sampling import warp_probs
 
     prompt = PROMPT
     with torch.inference_mode():

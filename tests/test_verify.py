@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec_cli.sampling import warp_probs
-from specdec_cli.verify import greedy_accept, residual, speculative_accept
+from specdec_cli.decoding.sampling import warp_probs
+from specdec_cli.decoding.verify import greedy_accept, residual, speculative_accept
 
 
 def test_greedy_accept_counts_matching_prefix():

@@ -32,21 +32,21 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def target():
     """The default model's directory, tokenizer and end-of-answer ids (its weights run in vLLM only)."""
-    from specdec_cli.models import load_target_text
+    from specdec_cli.target.models import load_target_text
 
     return load_target_text("default")
 
 
 @pytest.fixture(scope="module")
 def prompt_ids(target) -> list[list[int]]:
-    from specdec_cli.chat import format_prompt
+    from specdec_cli.session.chat import format_prompt
 
     return [format_prompt(target.tokenizer, [{"role": "user", "content": prompt}]) for prompt in PROMPTS]
 
 
 def vllm_answers(target, method: str, prompt_ids: list[list[int]]) -> dict[str, list[list[int]]]:
     """The prompts one request at a time ("single") and all four at once ("batched"), greedy, float32."""
-    from specdec_cli.vllm_runner import VllmPhase, VllmSettings, run_vllm
+    from specdec_cli.vllm.runner import VllmPhase, VllmSettings, run_vllm
 
     eos = target.eos_token_ids
     run = run_vllm(VllmSettings(target.location, method=method, draft_max=6, max_model_len=1024),

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from specdec_cli.bench.vllm_bench import RESULT_COLUMNS, result_rows, vllm_methods
 from specdec_cli.cli import app
 from specdec_cli.errors import SpecdecError
-from specdec_cli.prompts import Conversation
-from specdec_cli.vllm_runner import VllmAnswer, VllmPhaseResult, VllmSettings, _collect
+from specdec_cli.texts.prompts import Conversation
+from specdec_cli.vllm.runner import VllmAnswer, VllmPhaseResult, VllmSettings, _collect
 
 ACCEPTED, DRAFTED = "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_draft_tokens"
 
@@ -33,7 +33,7 @@ def test_speculative_settings_name_vllm_methods_and_specdec_proposers():
     ngram, env = VllmSettings("m", method="ngram", draft_max=5).speculative()
     assert ngram["method"] == "ngram" and ngram["num_speculative_tokens"] == 5 and env == {}
     custom, env = VllmSettings("m", method="sam+pld", draft_max=4, min_match=2).speculative()
-    assert custom == {"method": "custom_class", "model": "specdec_cli.vllm_proposer.SamProposer",
+    assert custom == {"method": "custom_class", "model": "specdec_cli.vllm.proposer.SamProposer",
                       "num_speculative_tokens": 4}
     assert json.loads(env["SPECDEC_VLLM_DRAFTER"]) == {"drafter": "sam+pld", "min_match": 2}
     with pytest.raises(SpecdecError, match="vLLM runs none"):
@@ -102,7 +102,7 @@ def test_distill_rows_are_written_from_vllms_answers_as_they_come_and_a_rerun_sk
         for index in reversed(range(len(phases[0].prompts))):  # finishing out of order
             on_answer(VllmAnswer("answers", index, [5 + index, 6], "length", 0.1))
 
-    monkeypatch.setattr("specdec_cli.vllm_runner.run_vllm", fake_run)
+    monkeypatch.setattr("specdec_cli.vllm.runner.run_vllm", fake_run)
     from specdec_cli.distill.generate import generate_data_vllm
 
     prompts = [Conversation(str(i), "qa", (f"question {i}",)) for i in range(3)]
@@ -126,7 +126,7 @@ def failure(args: list[str]) -> str:
 
 
 def test_without_vllm_both_commands_say_how_to_install_it(monkeypatch):
-    monkeypatch.setattr("specdec_cli.vllm_runner.vllm_installed", lambda: False)
+    monkeypatch.setattr("specdec_cli.vllm.runner.vllm_installed", lambda: False)
     assert "make install-vllm" in failure(["bench", "--engine", "vllm", "--limit", "1"])
     assert "make install-vllm" in failure(["distill", "generate", "--engine", "vllm", "--suite", "distill",
                                            "-o", "x.jsonl"])

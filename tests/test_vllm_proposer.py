@@ -7,7 +7,7 @@ import pytest
 
 from specdec_cli.drafters import TargetInfo
 from specdec_cli.errors import SpecdecError
-from specdec_cli.vllm_proposer import (
+from specdec_cli.vllm.proposer import (
     IDLE_STEPS,
     PldProposer,
     ProposerSettings,
@@ -99,7 +99,7 @@ def test_settings_come_from_the_environment_and_are_checked(monkeypatch):
         ProposerSettings(drafter="aded").check()
     with pytest.raises(SpecdecError, match="sam drafter"):
         ProposerSettings(drafter="pld", index="x.sam").check()
-    assert proposer_path("pld") == "specdec_cli.vllm_proposer.PldProposer"
+    assert proposer_path("pld") == "specdec_cli.vllm.proposer.PldProposer"
 
 
 def test_short_matches_are_not_drafted_in_vllm():

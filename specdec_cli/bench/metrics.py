@@ -21,7 +21,7 @@ import statistics
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterable, Optional, Sequence
 
-from ..stats import GenerationStats, merge
+from ..decoding.stats import GenerationStats, merge
 from .llama_cpp import LLAMA_CPP
 from .methods import BASELINE, NATIVE, OVERALL
 

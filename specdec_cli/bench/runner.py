@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Sequence
 
 from ..errors import SpecdecError
-from ..prompts import Conversation, categories_of
+from ..texts.prompts import Conversation, categories_of
 from .environment import cost_curve_table, environment, model_dtype, model_name_of
 from .hf_reference import hf_generate, synchronize
 from .methods import (
@@ -178,7 +178,7 @@ def _run(model: Any, tokenizer: Any, conversations: Sequence[Conversation], sett
 def memory_report(directory: str, fingerprint: str, measured_prompts: Sequence[Sequence[int]]) -> dict:
     """What the memory `sam` read holds, and how many of its answers answer prompts this run measured (a
     memory built from the very prompts measured flatters the drafter)."""
-    from ..memory import Memory, prompt_hash
+    from ..texts.memory import Memory, prompt_hash
 
     recalled = Memory(directory, fingerprint).recall()
     measured = {prompt_hash(ids) for ids in measured_prompts}
@@ -203,8 +203,8 @@ class _Runner:
 
     def __init__(self, model: Any, tokenizer: Any, settings: BenchSettings, gguf_path: Optional[str] = None,
                  servers: Optional[dict] = None):
-        from ..chat import target_info
-        from ..engine import Engine
+        from ..decoding.engine import Engine
+        from ..session.chat import target_info
 
         self.gguf_path = gguf_path
         self.llama_cpp: dict[str, Any] = {}  # method name -> LlamaCpp, made on first use
@@ -236,7 +236,7 @@ class _Runner:
         return make_drafter(method.drafter, self.settings.options, self.info)
 
     def _config(self, method: Method, conversation: int, turn: int, max_new_tokens: Optional[int] = None):
-        from ..engine import GenerationConfig
+        from ..decoding.engine import GenerationConfig
 
         settings = self.settings
         seed = None if settings.seed is None else settings.seed + 1000 * conversation + turn
@@ -267,7 +267,7 @@ class _Runner:
         self.engine.forget()
 
     def _format(self, messages: list[dict]) -> list[int]:
-        from ..chat import format_prompt
+        from ..session.chat import format_prompt
 
         return format_prompt(self.tokenizer, messages, self.settings.raw)
 
@@ -353,7 +353,7 @@ class _Runner:
 def reference_threads(model: Any) -> int:
     """Threads for llama.cpp's rows: as many as specdec computes with (its kernels', or torch's for dense)."""
     from .. import kernels
-    from ..quant import block_layers
+    from ..target.quant import block_layers
 
     if block_layers(model):
         return kernels.threads()

@@ -86,6 +86,6 @@ class BenchSettings:
 
 
 def _default_cost_aware() -> bool:
-    from ..engine import GenerationConfig
+    from ..decoding.engine import GenerationConfig
 
     return GenerationConfig().cost_aware

@@ -26,8 +26,8 @@ from typing import Callable, Optional, Sequence
 
 from ..defaults import VLLM_DRAFT_MAX, VLLM_DRAFTERS
 from ..errors import SpecdecError
-from ..prompts import Conversation, categories_of
-from ..vllm_runner import (
+from ..texts.prompts import Conversation, categories_of
+from ..vllm.runner import (
     VLLM_METHODS,
     VllmAnswer,
     VllmPhase,

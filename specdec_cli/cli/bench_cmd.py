@@ -13,7 +13,7 @@ import typer
 
 from ..bench.methods import DEFAULT_MAX_NEW_TOKENS
 from ..defaults import VLLM_DRAFTERS
-from ..vllm_runner import VLLM_METHODS
+from ..vllm.runner import VLLM_METHODS
 from . import app, options
 from .common import apply_threads, cell, console, doing, err_console, table_width
 
@@ -90,8 +90,8 @@ def bench(
     )
     from ..drafters import DrafterOptions
     from ..files import check_output_file
-    from ..models import check_weights, load_target, pick_device, resolve_target
-    from ..prompts import load_prompts
+    from ..target.models import check_weights, load_target, pick_device, resolve_target
+    from ..texts.prompts import load_prompts
 
     # Everything a user can get wrong is checked before the model loads.
     lengths = parse_lengths(oracle_lengths) if oracle else []
@@ -125,7 +125,7 @@ def bench(
     json_path = check_output_file(json_out, "json_out") if json_out else None
     csv_path = check_output_file(csv_out, "csv") if csv_out else None
     if plot:
-        from ..plots import check_plot_dir, require_matplotlib
+        from ..bench.plots import check_plot_dir, require_matplotlib
 
         require_matplotlib()
         check_plot_dir(plot)
@@ -150,7 +150,7 @@ def bench(
         write_csv(document["results"], csv_path)
     written = []
     if plot:
-        from ..plots import write_plots
+        from ..bench.plots import write_plots
 
         written = write_plots(document, plot)
     if as_json:

@@ -20,12 +20,12 @@ def bench_vllm(*, target: str, suite: Optional[str], prompts: Optional[str], cat
                unsupported: Sequence[str]) -> None:
     from ..bench import split_names, to_json_text, write_csv, write_json
     from ..bench.vllm_bench import RESULT_COLUMNS, VllmBenchSettings, VllmProgress, run_vllm_bench, vllm_methods
-    from ..chat import format_prompt
     from ..errors import SpecdecError
     from ..files import check_output_file
-    from ..models import load_target_text, resolve_target
-    from ..prompts import load_prompts
-    from ..vllm_runner import INSTALL_HINT, vllm_installed
+    from ..session.chat import format_prompt
+    from ..target.models import load_target_text, resolve_target
+    from ..texts.prompts import load_prompts
+    from ..vllm.runner import INSTALL_HINT, vllm_installed
 
     if unsupported:
         raise SpecdecError(f"{', '.join(unsupported)}: not with --engine vllm (greedy, one run per method, on vLLM's "

@@ -33,9 +33,9 @@ def read_prompt(prompt: str) -> str:
 def chat_settings(*, target, device, dtype, weights="auto", drafter, index, aux, draft_model, draft_min_prob, draft_max,
                   max_new_tokens, temperature, top_p, top_k, seed, system, raw, stop, exact=None, memory=True):
     """The flags as a checked ChatSettings (everything checkable before the slow model load)."""
-    from ..chat import ChatSettings
+    from ..decoding.engine import GenerationConfig
     from ..drafters import DrafterOptions
-    from ..engine import GenerationConfig
+    from ..session.chat import ChatSettings
 
     options = DrafterOptions(draft_max=draft_max, index=index, aux=aux, draft_model=draft_model,
                              draft_min_prob=draft_min_prob)
@@ -50,7 +50,7 @@ def chat_settings(*, target, device, dtype, weights="auto", drafter, index, aux,
 
 def load_session(settings):
     """Load the model under a spinner and start the session."""
-    from ..chat import open_session
+    from ..session.chat import open_session
 
     status = err_console().status("Loading model…")
     with status, doing("loading the model", cache_kept_since()):

@@ -16,13 +16,7 @@ import typer
 
 from ..defaults import DEFAULT_MAX_NEW_TOKENS
 from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, EagleTrainConfig
-from ..distill.pipeline import (
-    default_output,
-    evaluation_items,
-    target_of_data,
-    target_spec,
-    usable_target,
-)
+from ..distill.pipeline import default_output, evaluation_items, target_of_data, target_spec, usable_target
 from ..distill.student import DEFAULT_DRAFT_VOCAB  # light: torch is imported inside its functions
 from ..distill.train import TrainConfig
 from ..errors import SpecdecError
@@ -138,7 +132,7 @@ def distill(
     """Generate data, train a draft and evaluate it (no subcommand), or run one stage (see the commands)."""
     if ctx.invoked_subcommand is not None:
         return
-    from ..prompts import load_prompts
+    from ..texts.prompts import load_prompts
 
     if prompts and suite:
         raise SpecdecError("give either --prompts or --suite, not both")
@@ -154,7 +148,7 @@ def distill(
     stages.config.check()
     train_items = load_prompts(prompts, None if prompts else (suite or "distill"), first_turns=True, limit=limit,
                                max_prompts=stages.pipeline_prompts if max_prompts is None else max_prompts)
-    from ..models import resolve_target
+    from ..target.models import resolve_target
 
     out_dir = Path(output).expanduser() if output else default_output(resolve_target(target).name, stages.name)
     stages.check_output(out_dir)  # before loading and answering for minutes: the output must be ours to replace
@@ -222,11 +216,11 @@ def generate(
     engine: str = options.answer_engine(),
 ) -> None:
     """Answer prompts with the target and append one row per answer (resumable)."""
+    from ..decoding.engine import GenerationConfig
     from ..distill.generate import check_data_output
     from ..drafters import DrafterOptions, check_drafter, check_drafter_options
-    from ..engine import GenerationConfig
     from ..errors import SpecdecError
-    from ..prompts import load_prompts
+    from ..texts.prompts import load_prompts
 
     if prompts is None and suite is None:
         raise SpecdecError("give the prompts: --prompts FILE or --suite NAME")
@@ -285,7 +279,7 @@ def train(
     token_weight: float = typer.Option(0.1, "--token-weight", help="eagle: weight of the token loss beside the feature regression."),
 ) -> None:
     """Train a draft on the target's answers; Ctrl-C saves a checkpoint (continue with --resume)."""
-    from ..data_rows import read_rows
+    from ..texts.data_rows import read_rows
 
     config = TrainConfig(init=init, layers=layers, hidden=hidden, student=student, steps=steps, epochs=epochs,
                          batch_size=batch_size, grad_accum=grad_accum, lr=lr, warmup_steps=warmup,
@@ -333,7 +327,7 @@ def evaluate(
     directory = Path(draft_model).expanduser()
     if not directory.is_dir():
         raise SpecdecError(f"--draft-model {draft_model}: no such directory")
-    from ..eagle_head import HEAD_META
+    from ..drafters.eagle_head import HEAD_META
 
     if not (directory / "config.json").is_file() and not (directory / HEAD_META).is_file():
         raise SpecdecError(f"--draft-model {draft_model}: not a draft (no config.json or {HEAD_META}; make one with "

@@ -24,7 +24,7 @@ EVAL_PROMPTS = 18  # held-out prompts a draft is evaluated on by default, spread
 
 
 def load_target(target: str, device: str = "auto", dtype: str = "auto", weights: str = "auto") -> Any:
-    from ..models import load_target as load
+    from ..target.models import load_target as load
 
     status = err_console().status("Loading model…")
     with status:
@@ -57,8 +57,8 @@ def notes(progress: Any) -> Callable[[str], None]:
 
 
 def check_data(loaded: Any, target_spec: str, data: str, allow_empty: bool) -> None:
-    from ..chat import target_info
-    from ..data_rows import read_rows
+    from ..session.chat import target_info
+    from ..texts.data_rows import read_rows
 
     read_rows(data, target_info(loaded.model, loaded.tokenizer).fingerprint, target_spec, allow_empty=allow_empty)
 
@@ -90,12 +90,12 @@ def run_generate(loaded: Any, target_spec: str, prompts: list, data: str, *, dra
 def run_generate_vllm(target: str, target_spec: str, prompts: list, data: str, *, max_new_tokens: int, dtype: str,
                       concurrency: Optional[int], system: Optional[str], raw: bool) -> Any:
     """run_generate through vLLM: the target's tokenizer here, its weights in vLLM's process only."""
-    from ..data_rows import read_rows
     from ..defaults import DEFAULT_VLLM_CONCURRENCY
     from ..distill.generate import generate_data_vllm
-    from ..fingerprint import tokenizer_fingerprint
-    from ..models import load_target_text
-    from ..vllm_runner import INSTALL_HINT, vllm_installed
+    from ..target.models import load_target_text
+    from ..texts.data_rows import read_rows
+    from ..texts.fingerprint import tokenizer_fingerprint
+    from ..vllm.runner import INSTALL_HINT, vllm_installed
 
     if not vllm_installed():
         raise SpecdecError(INSTALL_HINT)
@@ -244,12 +244,12 @@ class HeadStages:
     title = "an EAGLE head"
 
     def check_output(self, directory: Path) -> None:
-        from ..eagle_head import check_head_output
+        from ..drafters.eagle_head import check_head_output
 
         check_head_output(directory)
 
     def recorded_target(self, directory: Path) -> Optional[str]:
-        from ..eagle_head import read_head_meta
+        from ..drafters.eagle_head import read_head_meta
 
         return str(read_head_meta(directory).get("target") or "") or None
 
@@ -305,7 +305,7 @@ class HeadStages:
 
 def stages_for_draft(directory: Path) -> StudentStages | HeadStages:
     """The stages of the draft in `directory`: a head's, when it holds an EAGLE head's files."""
-    from ..eagle_head import HEAD_META
+    from ..drafters.eagle_head import HEAD_META
 
     return HeadStages() if (directory / HEAD_META).is_file() else StudentStages()
 

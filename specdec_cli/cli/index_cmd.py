@@ -1,7 +1,7 @@
 """`specdec build-index`: build a static suffix-automaton index from a corpus, or describe one (`--info`).
 
 Thin layer: parse the flags, check the inputs, load the target's tokenizer, call
-`specdec_cli.corpus.build_index` with a Rich progress display (tokens/s, on stderr), and print a summary.
+`specdec_cli.texts.corpus.build_index` with a Rich progress display (tokens/s, on stderr), and print a summary.
 `--info FILE` reads only the index header: no model, no tokenizer, no torch.
 """
 
@@ -124,9 +124,9 @@ def build_index_command(
 
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from ..corpus import build_index, check_index_output, resolve_inputs
     from ..files import check_output_file
-    from ..models import load_tokenizer
+    from ..target.models import load_tokenizer
+    from ..texts.corpus import build_index, check_index_output, resolve_inputs
 
     files = resolve_inputs(corpus, glob)  # a missing or binary input fails before the tokenizer loads
     check_output_file(output, "output", own_rule=True)  # so does an -o into a missing folder

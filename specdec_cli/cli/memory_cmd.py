@@ -1,6 +1,6 @@
 """`specdec memory`: what the answer memory holds (`info`), `clear`, `export` (a build-index corpus), `import`.
 
-Thin layer over specdec_cli/memory.py: each command loads the target's tokenizer (no model), opens that
+Thin layer over specdec_cli/texts/memory.py: each command loads the target's tokenizer (no model), opens that
 target's memory and calls one function.
 """
 
@@ -36,7 +36,7 @@ def info(target: str = TARGET, as_json: bool = options.as_json("the memory's det
     """Answers, tokens, size and age of the target's memory."""
     import json
 
-    from ..memory import memory_enabled, open_memory
+    from ..texts.memory import memory_enabled, open_memory
 
     memory, _ = open_memory(target)
     details = memory.info()
@@ -55,7 +55,7 @@ def info(target: str = TARGET, as_json: bool = options.as_json("the memory's det
 @memory_app.command("clear")
 def clear(target: str = TARGET) -> None:
     """Forget every remembered answer of the target."""
-    from ..memory import open_memory
+    from ..texts.memory import open_memory
 
     memory, _ = open_memory(target)
     err_console().print(f"cleared {memory.clear():,} answers from {memory.directory}", soft_wrap=True)
@@ -67,7 +67,7 @@ def export(path: str = typer.Argument(..., help="JSONL file to write ({\"text\":
            force: bool = typer.Option(False, "--force", help="Replace an existing file that is not an unchanged "
                                       "earlier export (an earlier export is replaced anyway).")) -> None:
     """Write the remembered answers as a corpus for `specdec build-index`."""
-    from ..memory import check_export_output, export_corpus, open_memory
+    from ..texts.memory import check_export_output, export_corpus, open_memory
 
     check_export_output(path, force)  # before the tokenizer loads: never over a file that is not ours
     memory, tokenizer = open_memory(target)
@@ -80,7 +80,7 @@ def export(path: str = typer.Argument(..., help="JSONL file to write ({\"text\":
 def import_(path: str = typer.Argument(..., help="A `specdec distill generate` output, or any corpus (text, JSONL, folder)."),
             target: str = TARGET) -> None:
     """Remember answers from a file: a `distill generate` output as it is, any other corpus tokenized once."""
-    from ..memory import import_file, open_memory
+    from ..texts.memory import import_file, open_memory
 
     memory, tokenizer = open_memory(target)
     with doing("importing into the memory", "what was imported so far is kept"):

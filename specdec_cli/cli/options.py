@@ -3,7 +3,7 @@ a command may choose (`--max-new-tokens` is 256 in chat and 128 in bench; its me
 
 Each function returns the Typer option to use as a parameter's default (`target: str = options.target()`).
 Help that names drafters or suites is generated from their registries (`specdec_cli.drafters`,
-`specdec_cli.prompts`), so a new drafter or suite appears in every command's help by itself. Light imports only:
+`specdec_cli.texts.prompts`), so a new drafter or suite appears in every command's help by itself. Light imports only:
 `specdec --help` must not load torch.
 """
 
@@ -18,7 +18,7 @@ from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, DEFAULT_UNROLL, MAX_UNROLL
 from ..distill.loss import KD_LOSSES
 from ..distill.student import DEFAULT_DRAFT_VOCAB
 from ..drafters import AUX_CHOICES, DRAFTERS, HYBRID_HEAD
-from ..prompts import SUITES
+from ..texts.prompts import SUITES
 
 # ---------------------------------------------------------------------------------------------- the model
 

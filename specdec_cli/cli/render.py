@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..stats import GenerationStats
+    from ..decoding.stats import GenerationStats
 
 STYLES = {"accepted": "green", "target": "bold", "rejected": "red strike dim", "prompt": ""}
 
@@ -59,7 +59,7 @@ class TranscriptView:
     rejected: list[Span] = field(default_factory=list)  # the latest step's rejected drafts only
 
     def __post_init__(self) -> None:
-        from ..stats import Tally
+        from ..decoding.stats import Tally
 
         self.tally = Tally()
 

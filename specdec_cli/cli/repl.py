@@ -1,6 +1,6 @@
 """The interactive `specdec chat`: a read-answer loop with slash commands and the live speculation view.
 
-The conversation, the engine and the drafter live in a `ChatSession` (specdec_cli.chat); this module only
+The conversation, the engine and the drafter live in a `ChatSession` (specdec_cli.session.chat); this module only
 reads lines, dispatches commands, renders answers and prints tables. Ctrl-C while generating stops that
 answer and keeps what was written; Ctrl-C or Ctrl-D at the prompt leaves.
 """
@@ -204,7 +204,7 @@ class Repl:
     def stats(self) -> None:
         from rich.table import Table
 
-        from ..stats import GenerationStats, merge
+        from ..decoding.stats import GenerationStats, merge
 
         turns = self.session.turns
         if not turns:

@@ -1,4 +1,4 @@
-"""`specdec serve`: vLLM's OpenAI-compatible server with a specdec proposer (thin layer over specdec_cli/serve.py).
+"""`specdec serve`: vLLM's OpenAI-compatible server with a specdec proposer (thin layer over specdec_cli/vllm/serve.py).
 
 Unknown options after the known ones go to vLLM's server as they are (e.g. `--max-num-seqs 16`).
 """
@@ -38,7 +38,7 @@ def serve_command(
     """Serve the target with vLLM's OpenAI-compatible API, drafting with specdec (needs `make install-vllm`)."""
     from rich.markup import escape
 
-    from ..serve import ServeSettings, serve
+    from ..vllm.serve import ServeSettings, serve
 
     settings = ServeSettings(target=target, drafter=drafter.strip().lower(), index=index, draft_max=draft_max,
                              min_match=min_match, dtype=dtype, host=host, port=port, max_model_len=max_model_len,

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ..prompts import Conversation
+from ..texts.prompts import Conversation
 from .eagle_train import initial_head
 from .evaluate import (
     DEFAULT_EVAL_TOKENS,
@@ -70,10 +70,10 @@ def evaluate_head(
     on_progress: Optional[Callable[[EvalProgress], None]] = None,
 ) -> dict:
     """Score the head in `head_dir` (and its untrained start) and store the result in its report."""
-    from ..chat import target_info
     from ..defaults import DEFAULT_BUDGET
     from ..drafters.eagle import DEFAULT_DRAFT_MAX, DEFAULT_TREE_WIDTH, EagleDrafter, check_target
-    from ..eagle_head import load_head
+    from ..drafters.eagle_head import load_head
+    from ..session.chat import target_info
 
     directory = Path(head_dir).expanduser()
     info = target_info(target, tokenizer)

@@ -134,7 +134,7 @@ def initial_head(target: Any, seed: int) -> Any:
     """The untrained head a run with `seed` starts from (the evaluation's "before" rebuilds it the same way)."""
     import torch
 
-    from ..eagle_head import EagleHead, head_config_for
+    from ..drafters.eagle_head import EagleHead, head_config_for
 
     torch.manual_seed(seed)
     return EagleHead(head_config_for(target.config))
@@ -335,8 +335,8 @@ def training_sequences(tokenizer: Any, fingerprint: str, target_name: str, data:
                        corpus: Sequence[str] = ()) -> tuple[list[list[int]], dict]:
     """Token sequences to train on: each answer of a `distill generate` file (prompt and answer together,
     checked against the target's tokenizer) and the text of any corpus files; and their sizes."""
-    from ..corpus import CorpusStats, iter_documents, resolve_inputs, tokenize_documents
-    from ..data_rows import read_rows
+    from ..texts.corpus import CorpusStats, iter_documents, resolve_inputs, tokenize_documents
+    from ..texts.data_rows import read_rows
 
     sequences: list[list[int]] = []
     if data:
@@ -361,8 +361,8 @@ def build_eagle_head(target: Any, tokenizer: Any, target_name: str, output: str,
                      on_status: Optional[Callable[[str], None]] = None) -> dict:
     """Read the data, train a head (checkpointed in `checkpoint_dir`, default OUTPUT.checkpoint), write it to
     `output` (atomically); returns the report."""
-    from ..eagle_head import check_head_output, save_head
-    from ..fingerprint import tokenizer_fingerprint
+    from ..drafters.eagle_head import check_head_output, save_head
+    from ..texts.fingerprint import tokenizer_fingerprint
 
     config.check()
     check_head_output(Path(output))  # before any work

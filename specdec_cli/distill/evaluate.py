@@ -20,10 +20,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from ..decoding.stats import GenerationStats, merge
 from ..errors import SpecdecError
 from ..files import read_json, write_json_atomic
-from ..prompts import Conversation
-from ..stats import GenerationStats, merge
+from ..texts.prompts import Conversation
 from .checkpoints import REPORT
 from .data import split_rows
 from .student import build_student
@@ -71,7 +71,7 @@ class EvalProgress:
 
 def tokenized(tokenizer: Any, prompts: Sequence[Conversation], raw: bool = False) -> list[Conversation]:
     """The prompts with their first turns' token ids as the target reads them (chat template unless `raw`)."""
-    from ..chat import format_prompt
+    from ..session.chat import format_prompt
 
     return [replace(prompt, prompt_ids=tuple(format_prompt(tokenizer, [{"role": "user", "content": prompt.first_turn}],
                                                            raw)))
@@ -80,7 +80,7 @@ def tokenized(tokenizer: Any, prompts: Sequence[Conversation], raw: bool = False
 
 def prompts_from_data(data_path: str, holdout: float, fingerprint: str, target_name: str = "") -> list[Conversation]:
     """The held-out rows of a data file, split exactly as training split them, with the token ids they recorded."""
-    from ..data_rows import read_rows
+    from ..texts.data_rows import read_rows
 
     rows = read_rows(data_path, fingerprint, target_name)
     _, held = split_rows(rows, holdout)
@@ -145,8 +145,8 @@ def score_drafts(
 
     `head_tokens` restricts every draft's output head as the `model` drafter does (None = full head).
     """
-    from ..chat import target_info
     from ..drafters.model import ModelDrafter
+    from ..session.chat import target_info
 
     info = target_info(target, tokenizer)
 
@@ -176,7 +176,7 @@ def score_candidates(
     on_progress: Optional[Callable[[EvalProgress], None]] = None,
 ) -> dict:
     """{label: DraftScore} for every Candidate in `candidates` ({label: candidate}) over the same prompts."""
-    from ..engine import Engine, GenerationConfig
+    from ..decoding.engine import Engine, GenerationConfig
 
     if not prompts:
         raise SpecdecError("no prompts to evaluate on")
@@ -300,8 +300,8 @@ def evaluate_draft(
     on_status: Optional[Callable[[str], None]] = None,
 ) -> dict:
     """Score the draft in `draft_dir` (and its initialisation) and store the result in its report."""
-    from ..chat import target_info
     from ..drafters.model import load_draft_model
+    from ..session.chat import target_info
 
     status = on_status or (lambda message: None)
     directory = Path(draft_dir).expanduser()

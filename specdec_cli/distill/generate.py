@@ -1,6 +1,6 @@
 """Seq-KD data: the target answers prompts through the speculative engine; one JSONL row per answer.
 
-Prompts are specdec_cli.prompts' (a file, or a suite: `distill`, a few hundred training prompts deliberately
+Prompts are specdec_cli.texts.prompts' (a file, or a suite: `distill`, a few hundred training prompts deliberately
 disjoint from the builtin benchmark suite so that a draft trained on them can be measured on it, `builtin` or
 `humaneval`); the first turn of each is answered.
 
@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ..data_rows import read_rows
 from ..errors import SpecdecError
-from ..prompts import Conversation
+from ..texts.data_rows import read_rows
+from ..texts.prompts import Conversation
 
 DATA_FORMAT = 1
 
@@ -107,8 +107,8 @@ def check_data_output(out_path: str, fingerprint: Optional[str] = None, target_n
     """The -o of `distill generate`, before anything is written: a new (or empty) file, or one holding this
     command's rows (with `fingerprint`: this target's), to resume. Anything else (another file, another target's
     rows, a last line that is not the start of a row) is refused with one line and left untouched."""
-    from ..data_rows import read_text
     from ..files import check_output_file
+    from ..texts.data_rows import read_text
 
     file = check_output_file(out_path, setting, own_rule=True)  # the folder must exist, as for every output
     if not file.exists() or (file.is_file() and file.stat().st_size == 0):
@@ -171,9 +171,9 @@ def generate_data(
     forward (batched.py)."""
     from dataclasses import replace
 
-    from ..chat import target_info
+    from ..decoding.engine import Engine, GenerationConfig
     from ..drafters import DrafterOptions, make_drafter
-    from ..engine import Engine, GenerationConfig
+    from ..session.chat import target_info
 
     if not prompts:
         raise SpecdecError("no prompts to answer")
@@ -228,8 +228,8 @@ def generate_data_vllm(
 ) -> GenerateSummary:
     """generate_data through vLLM (vllm_runner.py: a child process, continuous batching with `concurrency` requests
     in flight, greedy): a row for each answer as it finishes, so an interrupted run keeps what it wrote."""
-    from ..fingerprint import tokenizer_fingerprint
-    from ..vllm_runner import VllmPhase, VllmSettings, run_vllm
+    from ..texts.fingerprint import tokenizer_fingerprint
+    from ..vllm.runner import VllmPhase, VllmSettings, run_vllm
 
     if not prompts:
         raise SpecdecError("no prompts to answer")
@@ -245,7 +245,7 @@ def generate_data_vllm(
 
 
 def _prompt_ids(tokenizer: Any, prompt: Conversation, raw: bool, system: Optional[str]) -> list[int]:
-    from ..chat import format_prompt
+    from ..session.chat import format_prompt
 
     messages = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": prompt.first_turn})

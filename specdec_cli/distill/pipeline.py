@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from ..defaults import DEFAULT_TARGET
 from ..errors import SpecdecError
-from ..prompts import Conversation, load_prompts
+from ..texts.prompts import Conversation, load_prompts
 
 
 def target_spec(target: str) -> str:
@@ -43,7 +43,7 @@ def usable_target(recorded: Optional[str]) -> str:
     """A recorded target if it can still be resolved, else the default model."""
     if not recorded:
         return DEFAULT_TARGET
-    from ..models import resolve_target
+    from ..target.models import resolve_target
 
     try:
         resolve_target(recorded)
@@ -54,7 +54,7 @@ def usable_target(recorded: Optional[str]) -> str:
 
 def default_output(target_name: str, kind: str = "student") -> Path:
     """$SPECDEC_HOME/drafts/NAME for a student, NAME-eagle for an EAGLE head (each with its own data file)."""
-    from ..models import specdec_home
+    from ..target.models import specdec_home
 
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in Path(target_name).name) or "draft"
     return specdec_home() / "drafts" / (safe if kind == "student" else f"{safe}-{kind}")
@@ -65,7 +65,7 @@ def held_out_prompts(loaded: Any, target_spec: str, draft_dir: str, data: Option
                      raw: bool) -> tuple[list[Conversation], str]:
     """A student's held-out prompts (tokenized) and where they came from: a file or a suite, else the held-out rows
     of its data (`data`, or the file its report names)."""
-    from ..chat import target_info
+    from ..session.chat import target_info
     from .evaluate import prompts_from_data, read_report, tokenized
 
     if prompts or suite:

@@ -107,7 +107,7 @@ def kept_weights(target: Any, layers: int) -> dict:
     """The target's weights a student of its first `layers` blocks keeps, float32 under their state-dict names.
     Block layers (`--weights gguf`, `int8`, `int4`: quant.BlockLinear, whose blocks are not in the state dict)
     are dequantised: the student starts from the target as it runs, whatever its weights."""
-    from ..quant import BlockLinear
+    from ..target.quant import BlockLinear
 
     def kept(name: str) -> bool:
         parts = name.split(".")

@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ..data_rows import read_rows
 from ..errors import SpecdecError
+from ..texts.data_rows import read_rows
 from .checkpoints import CHECKPOINT_FORMAT, DRAFT_FORMAT, check_output_dir, check_resumable, save_draft
 from .data import Example, data_digest, epoch_batches, make_batch, make_examples, split_rows
 from .loop import Trainee, TrainingRun, train
@@ -385,7 +385,7 @@ def train_draft(
     threads: Optional[int] = None,
 ) -> TrainResult:
     """Train a student on `data_path` and write it to `output`; Ctrl-C saves a checkpoint and re-raises."""
-    from ..chat import target_info
+    from ..session.chat import target_info
 
     config.check()
     status = on_status or (lambda message: None)

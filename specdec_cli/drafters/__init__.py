@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence, Union
 
+from ..decoding.draft import Drafter
 from ..defaults import DEFAULT_AUX, DEFAULT_L_BIAS
 from ..errors import SpecdecError
-from .base import Drafter
 
 DRAFTERS = {
     "none": "plain decoding through the same loop (the baseline)",
@@ -30,7 +30,7 @@ class TargetInfo:
 
     vocab_size: int
     eos_token_ids: tuple[int, ...]
-    fingerprint: str = ""  # tokenizer fingerprint (see specdec_cli.fingerprint)
+    fingerprint: str = ""  # tokenizer fingerprint (see specdec_cli.texts.fingerprint)
     device: str = "cpu"  # where the target runs: a draft model is put there too
     hidden_size: int = 0  # width of the target's last hidden state (the features step events carry)
     # the target's frozen token embeddings and LM head (feature-level heads read tokens through them); never trained
@@ -138,7 +138,7 @@ def _check_files(name: str, options: DrafterOptions) -> None:
         if not options.draft_model:
             raise SpecdecError("the eagle drafter needs a head directory (make one with `specdec distill train "
                                "--kind eagle`)", setting="draft_model")
-        from ..eagle_head import read_head_meta
+        from .eagle_head import read_head_meta
 
         read_head_meta(options.draft_model)
     if "model" in (head, aux):
@@ -149,7 +149,7 @@ def _check_files(name: str, options: DrafterOptions) -> None:
         if not (folder / "config.json").is_file():
             state = "no such directory" if not folder.exists() else "not a model directory (no config.json)"
             raise SpecdecError(f"draft_model {options.draft_model}: {state}", setting="draft_model")
-        from ..models import refuse_pickled_weights
+        from ..target.models import refuse_pickled_weights
 
         refuse_pickled_weights(folder, f"draft_model {options.draft_model}", "draft_model")
 

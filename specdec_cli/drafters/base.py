@@ -1,4 +1,5 @@
-"""The drafter interface: two typed methods, nothing else.
+"""What every drafter shares: token ids checked where they enter a drafter. The protocol itself, two typed
+methods and nothing else, is `Drafter` in decoding/draft.py:
 
 `propose(context, budget)` returns a `Draft` of at most `budget` tokens (nodes) to follow `context`, the
 whole committed token sequence (prompt and generated tokens). `observe(event)` is told every engine event,
@@ -13,19 +14,9 @@ send anything (vllm_proposer.py leaves such a row undrafted instead).
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any
 
-from ..draft import Draft, StepEvent
 from ..errors import TOKEN_LIMIT, SpecdecError, TokenIdError
-
-
-@runtime_checkable
-class Drafter(Protocol):
-    name: str
-
-    def propose(self, context: Sequence[int], budget: int) -> Draft: ...
-
-    def observe(self, event: StepEvent) -> None: ...
 
 
 def check_token_ids(tokens: Any, vocab_size: int = 0, what: str = "context") -> None:

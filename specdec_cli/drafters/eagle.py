@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 
-from ..draft import Draft, StepEvent
+from ..decoding.draft import Draft, StepEvent
 from ..errors import SpecdecError
-from ..quant import BlockLinear
+from ..target.quant import BlockLinear
 from .base import check_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -102,7 +102,7 @@ class EagleDrafter:
         self.vocabulary = HeadVocabulary(lm_head, head_tokens or None)
         self.device = self.vocabulary.device
         if self.vocabulary.on_blocks:  # a block target: the head's layers on the same kernels, in float32
-            from ..eagle_head import head_on_blocks
+            from .eagle_head import head_on_blocks
 
             self.dtype = torch.float32
             self.head = head_on_blocks(head.float()).eval()
@@ -121,7 +121,7 @@ class EagleDrafter:
         self.reset()
 
     def reset(self) -> None:
-        from ..eagle_head import HeadCache
+        from .eagle_head import HeadCache
 
         self.features: Optional[torch.Tensor] = None  # [committed - 1, H] in the target's dtype
         self.cache = HeadCache()  # pairs (f_t, x_{t+1}) for t < len(cache)
@@ -268,8 +268,8 @@ def check_target(target: "TargetInfo") -> None:
 
 
 def make_eagle_drafter(options: "DrafterOptions", target: "TargetInfo") -> EagleDrafter:
-    from ..eagle_head import load_head
     from . import min_prob_in_force  # --draft-min-prob, else eagle's default (0.1) for chat and bench
+    from .eagle_head import load_head
 
     if not options.draft_model:
         raise SpecdecError("the eagle drafter needs a head directory (make one with `specdec distill train "

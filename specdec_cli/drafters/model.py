@@ -30,7 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..draft import Draft, StepEvent
+from ..decoding.draft import Draft, StepEvent
 from ..errors import SpecdecError
 from .base import check_token_ids
 
@@ -205,7 +205,7 @@ class ModelDrafter:
             sampling = self.temperature > 0
             for position in range(limit):
                 if sampling:
-                    from ..sampling import sample, warp_probs
+                    from ..decoding.sampling import sample, warp_probs
 
                     probs = warp_probs(logits, self.temperature, self.top_k, self.top_p)  # [vocab]
                     token = sample(probs, self.generator)
@@ -308,7 +308,7 @@ def load_draft_model(directory: str, target: Any, device: Any = "cpu", dtype: An
         raise SpecdecError(f"draft_model {directory}: no such directory", setting="draft_model")
     if not path.is_dir() or not (path / "config.json").is_file():
         raise SpecdecError(f"draft_model {directory}: not a model directory (no config.json)", setting="draft_model")
-    from ..models import refuse_pickled_weights
+    from ..target.models import refuse_pickled_weights
 
     refuse_pickled_weights(path, f"draft_model {directory}", "draft_model")
     import torch
@@ -330,7 +330,7 @@ def load_draft_model(directory: str, target: Any, device: Any = "cpu", dtype: An
     model.to(device)
     model.eval()
     meta = read_draft_meta(path)
-    from ..fingerprint import tokenizer_fingerprint
+    from ..texts.fingerprint import tokenizer_fingerprint
 
     fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else str(meta.get("fingerprint", ""))
     check_draft_compatible(str(directory), draft_vocab_size(model, tokenizer), fingerprint, target)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..draft import Draft, StepEvent
+from ..decoding.draft import Draft, StepEvent
 
 
 class NoDrafter:

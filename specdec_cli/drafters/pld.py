@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..draft import Draft, StepEvent
+from ..decoding.draft import Draft, StepEvent
 from .base import check_token_ids
 
 DEFAULT_DRAFT_MAX = 8

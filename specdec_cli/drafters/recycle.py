@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 
-from ..draft import Draft, StepEvent
+from ..decoding.draft import Draft, StepEvent
 from .base import check_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
+from ..decoding.draft import Draft, Drafter, StepEvent
 from ..defaults import DEFAULT_L_BIAS
-from ..draft import Draft, StepEvent
 from ..errors import SpecdecError
 from ..sam.automaton import ROOT, DynamicAutomaton, StaticAutomaton
-from .base import Drafter, check_token_ids
+from .base import check_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import DrafterOptions, TargetInfo
@@ -207,8 +207,8 @@ def _with_memory(directory: str, target: "TargetInfo", index_text, separators: s
 
     import numpy as np
 
-    from ..memory import Memory
     from ..sam.automaton import build_static
+    from ..texts.memory import Memory
 
     recalled = Memory(directory, target.fingerprint).recall()
     warning = recalled.warning()

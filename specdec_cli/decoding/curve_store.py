@@ -17,11 +17,11 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ..errors import SpecdecError
+from ..target.forward import TargetForward
+from ..target.kv_cache import KVCache
+from ..target.rollback import truncate_cache
 from .cost_curve import CostCurve, measure_cost_curve
-from .errors import SpecdecError
-from .kv_cache import KVCache
-from .rollback import truncate_cache
-from .target_forward import TargetForward
 
 SAVE_EVERY = 16  # observations a curve learns between two saves
 TIMED_PREFIX = 256  # cached tokens before each timed forward
@@ -54,7 +54,7 @@ class CurveStore:
 
 def load_or_measure(cache_file: Optional[Path], make_timer: Callable[[], Timer]) -> CostCurve:
     """The curve stored in `cache_file` as a prior, else measured now with `make_timer()` and stored."""
-    from .files import read_json
+    from ..files import read_json
 
     if cache_file is not None:
         stored = read_json(cache_file)
@@ -71,7 +71,7 @@ def save_curve(cache_file: Optional[Path], curve: CostCurve) -> None:
     """Store the curve's current estimates as the next session's prior (atomically)."""
     if cache_file is None:
         return
-    from .files import write_json_atomic
+    from ..files import write_json_atomic
 
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(cache_file, {**curve.as_json(), "saved": time.time()})
@@ -81,10 +81,10 @@ def cost_cache_file(model: Any, exact_rows: int) -> Optional[Path]:
     """$SPECDEC_HOME/costs/KEY.json, KEY from the model, device, CPU, dtype, threads, torch version, the rows
     verified row-invariantly (0: none) and block weights (with the kernels' path and record format). None for an
     in-memory model (tests): measured, not stored."""
-    from . import kernels
-    from .home import specdec_home
-    from .machine import cpu_model
-    from .quant import CACHE_FORMAT, block_layers, weights_summary
+    from .. import kernels
+    from ..home import specdec_home
+    from ..machine import cpu_model
+    from ..target.quant import CACHE_FORMAT, block_layers, weights_summary
 
     name = getattr(model.config, "_name_or_path", "") or ""
     if not name:

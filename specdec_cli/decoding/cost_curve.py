@@ -14,7 +14,9 @@ import time
 from collections import deque
 from typing import Callable, Optional, Sequence
 
-PROBE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # row counts measured up front
+from ..defaults import VERIFY_ROW_COUNTS
+
+PROBE_SIZES = VERIFY_ROW_COUNTS  # row counts measured up front
 MEASURE_SECONDS = 1.5  # the up-front measurement's time budget (after one warm-up pass over every size)
 MEASURE_ROUNDS = (2, 6)  # at least / at most this many interleaved timed rounds
 WINDOW = 8  # recent observations kept per row count; the estimate is their lower quartile

@@ -115,7 +115,7 @@ def choose_weights(model: Any, cache_key: str, dtype: str, reload_float32: Calla
 
     timer = timer or step_seconds
 
-    from . import kernels
+    from .. import kernels
     from .native import FAMILIES
     from .quant import CACHE_FORMAT
 
@@ -153,7 +153,7 @@ def choose_weights(model: Any, cache_key: str, dtype: str, reload_float32: Calla
 
 
 def _path(cache_key: str) -> Any:
-    from .home import specdec_home
+    from ..home import specdec_home
 
     digest = hashlib.sha256(cache_key.encode()).hexdigest()[:16]
     return specdec_home() / "costs" / f"dtype-{digest}.json"
@@ -170,8 +170,8 @@ def _read(cache_key: str, times: tuple[str, ...]) -> Optional[dict]:
 
 
 def _write(cache_key: str, document: dict) -> None:
-    from .errors import SpecdecError
-    from .files import write_atomic
+    from ..errors import SpecdecError
+    from ..files import write_atomic
 
     path = _path(cache_key)
     try:

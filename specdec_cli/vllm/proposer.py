@@ -24,8 +24,8 @@ optional). vLLM verifies every drafted token (specdec's own engine trims drafts 
 only continuations of matches of at least `min_match` tokens are drafted. The
 drafters: `sam` (the per-request suffix automaton, a static `--index`, the answer memory read-only),
 `sam+pld`, `sam+none` and `pld`; chains only (vLLM verifies chains). The classes to name in
-`speculative_config={"method": "custom_class", "model": ...}` are `specdec_cli.vllm_proposer.SamProposer` and
-`specdec_cli.vllm_proposer.PldProposer`.
+`speculative_config={"method": "custom_class", "model": ...}` are `specdec_cli.vllm.proposer.SamProposer` and
+`specdec_cli.vllm.proposer.PldProposer`.
 
 This module does not import vLLM; it needs only numpy and specdec's drafters (torch for an index's checks).
 """
@@ -42,10 +42,11 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from .defaults import VLLM_DRAFTERS, VLLM_MIN_MATCH
-from .drafters import DrafterOptions, TargetInfo, make_drafter, split_hybrid
-from .drafters.base import Drafter, valid_token_ids
-from .errors import SpecdecError
+from ..decoding.draft import Drafter
+from ..defaults import VLLM_DRAFTERS, VLLM_MIN_MATCH
+from ..drafters import DrafterOptions, TargetInfo, make_drafter, split_hybrid
+from ..drafters.base import valid_token_ids
+from ..errors import SpecdecError
 
 SETTINGS_ENV = "SPECDEC_VLLM_DRAFTER"
 TAIL_TOKENS = 16  # a sequence is filed under a hash of its last tokens (and its length)
@@ -276,7 +277,7 @@ def _target_info(model_config: Any, settings: ProposerSettings) -> TargetInfo:
     if model_config is not None and (settings.index or settings.memory):
         from transformers import AutoTokenizer
 
-        from .fingerprint import tokenizer_fingerprint
+        from ..texts.fingerprint import tokenizer_fingerprint
 
         tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer)
         fingerprint = tokenizer_fingerprint(tokenizer)

@@ -11,13 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from .drafters.none import NoDrafter
-from .errors import SpecdecError
+from ..drafters.none import NoDrafter
+from ..errors import SpecdecError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .draft import StepEvent
-    from .drafters.base import Drafter
-    from .engine import Engine, Generation, GenerationConfig
+    from ..decoding.draft import Drafter, StepEvent
+    from ..decoding.engine import Engine, Generation, GenerationConfig
 
 WARMUP_TOKENS = 8
 

@@ -101,7 +101,7 @@ def _dynamic_rope(config: Any, rope_type: str) -> bool:
 
 def unsupported(model: Any) -> Optional[str]:
     """Why `NativeDecoder` cannot run this model (None: it can), in one line."""
-    from . import kernels
+    from .. import kernels
 
     config = model.config
     if not kernels.available():
@@ -163,7 +163,7 @@ class _Projections:
 
     @staticmethod
     def of(*layers: BlockLinear) -> list["_Projections"]:
-        from .kernels import GROUP
+        from ..kernels import GROUP
 
         groups: list[list[BlockLinear]] = []
         for layer in layers:  # records hold GROUP outputs each: a layer joins one that ends on a whole record
@@ -229,7 +229,7 @@ class NativeDecoder:
     """A supported family's forward on block weights (see the module docstring)."""
 
     def __init__(self, model: Any):
-        from . import kernels
+        from .. import kernels
 
         kernels.ensure_threads()
         self._cpu = kernels._require()

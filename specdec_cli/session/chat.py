@@ -13,15 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from ..decoding.engine import Engine, EventCallback, Generation, GenerationConfig
+from ..defaults import DEFAULT_DRAFTER, DEFAULT_TARGET
+from ..drafters import DrafterOptions, TargetInfo, check_drafter, check_drafter_options, make_drafter
+from ..errors import SpecdecError
+from ..texts.memory import Memory
 from .compare import Comparison, compare
-from .defaults import DEFAULT_DRAFTER, DEFAULT_TARGET
-from .drafters import DrafterOptions, TargetInfo, check_drafter, check_drafter_options, make_drafter
-from .engine import Engine, EventCallback, Generation, GenerationConfig
-from .errors import SpecdecError
-from .memory import Memory
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .models import LoadedTarget
+    from ..target.models import LoadedTarget
 
 
 def format_prompt(tokenizer: Any, messages: list[dict], raw: bool = False) -> list[int]:
@@ -36,8 +36,8 @@ def format_prompt(tokenizer: Any, messages: list[dict], raw: bool = False) -> li
 
 
 def target_info(model: Any, tokenizer: Any) -> TargetInfo:
-    from .fingerprint import tokenizer_fingerprint
-    from .models import eos_token_ids
+    from ..target.models import eos_token_ids
+    from ..texts.fingerprint import tokenizer_fingerprint
 
     eos = eos_token_ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer)
     vocab = max(len(tokenizer), int(getattr(model.config, "vocab_size", 0) or 0))
@@ -66,7 +66,7 @@ class ChatSettings:
 
     def check(self) -> None:
         """Everything that can be checked without the model (so a bad setting fails in the first second)."""
-        from .quant import WEIGHTS
+        from ..target.quant import WEIGHTS
 
         if self.weights not in WEIGHTS:
             raise SpecdecError(f"weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}", setting="weights")
@@ -78,8 +78,8 @@ class ChatSettings:
 def open_session(settings: ChatSettings,
                  on_status: Optional[Callable[[str], None]] = None) -> tuple["ChatSession", "LoadedTarget"]:
     """Check the settings, load the target (the slow part), and start a conversation."""
-    from .memory import memory_cap, memory_dir, memory_enabled
-    from .models import load_target
+    from ..target.models import load_target
+    from ..texts.memory import memory_cap, memory_dir, memory_enabled
 
     settings.check()
     use_memory = settings.memory and memory_enabled()

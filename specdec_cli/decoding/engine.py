@@ -19,21 +19,20 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .check_outcome import CheckOutcome
+from ..errors import SpecdecError
+from ..target.check_outcome import CheckOutcome
+from ..target.exact_setup import ExactSetup
+from ..target.forward import TargetForward
+from ..target.kv_cache import KVCache
+from ..target.rollback import keep_accepted
+from ..target.tree_check import check_trees
 from .cost_curve import CostCurve
 from .curve_store import CurveStore, cost_cache_file, forward_timer
-from .draft import Draft, FinishReason, StepEvent
-from .drafters.base import Drafter
-from .errors import SpecdecError
-from .exact_setup import ExactSetup
+from .draft import Draft, Drafter, FinishReason, StepEvent
 from .generation_config import GenerationConfig
-from .kv_cache import KVCache
 from .planner import DraftPlanner, Plan
-from .rollback import keep_accepted
 from .sampling import sample, warp_probs
 from .stats import GenerationStats, summarize
-from .target_forward import TargetForward
-from .tree_check import check_trees
 from .verify import children_of, greedy_accept, greedy_accept_tree, speculative_accept, speculative_accept_tree
 
 EventCallback = Callable[[StepEvent], None]

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from .errors import SpecdecError
+from ..errors import SpecdecError
 
 
 def read_text(file: Path) -> str:

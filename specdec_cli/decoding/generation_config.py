@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .defaults import DEFAULT_BUDGET
-from .errors import SpecdecError
+from ..defaults import DEFAULT_BUDGET
+from ..errors import SpecdecError
 from .sampling import check_sampling
 
 

@@ -31,7 +31,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from .errors import SpecdecError
+from ..errors import SpecdecError
 
 MT_BENCH_CATEGORIES = frozenset(
     {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}

@@ -17,9 +17,9 @@ from typing import Any, Iterator, Optional
 import torch
 
 from .check_outcome import CheckOutcome
+from .forward import TargetForward
 from .kv_cache import KVCache
 from .rollback import truncate_cache
-from .target_forward import TargetForward
 from .tree_mask import MASKED_KINDS, attention_kinds
 
 # Families whose attention takes 4-D custom masks with explicit position ids, sliding-window layers included: those

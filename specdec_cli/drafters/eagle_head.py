@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import SpecdecError
+from ..errors import SpecdecError
 
 HEAD_FORMAT = 1
 HEAD_META = "specdec_head.json"
@@ -121,7 +121,7 @@ def head_on_blocks(head: EagleHead) -> EagleHead:
     """The head for drafting on a block target: its linear layers quantised to 8-bit blocks as `--weights int8`
     quantises a target's (quant.py; float32 rows in and out), so a head forward reads a quarter of its float32
     weights. Drafts need not be exact (the target verifies them). In place."""
-    from . import quant
+    from ..target import quant
 
     quant.install_blocks(head, quant.plan_blocks(head, "int8", None))
     return head
@@ -155,7 +155,7 @@ def save_head(directory: Path, head: EagleHead, meta: dict) -> None:
 
     from safetensors.torch import save_file
 
-    from .files import atomic_directory
+    from ..files import atomic_directory
 
     check_head_output(directory)
     with atomic_directory(directory) as folder:
@@ -169,7 +169,7 @@ def save_head(directory: Path, head: EagleHead, meta: dict) -> None:
 
 def read_head_meta(directory: str | Path) -> dict:
     """The head's metadata; one-line errors for a missing, foreign or newer directory."""
-    from .files import read_json
+    from ..files import read_json
 
     folder = Path(directory).expanduser()
     if not folder.is_dir():

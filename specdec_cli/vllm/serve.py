@@ -24,10 +24,10 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from .defaults import DEFAULT_TARGET, VLLM_DRAFT_MAX
-from .errors import SpecdecError
-from .vllm_proposer import MIN_MATCH, VLLM_DRAFTERS, proposer_settings
-from .vllm_runner import CPU_MEMORY_FRACTION, INSTALL_HINT, check_dtype, vllm_installed
+from ..defaults import DEFAULT_TARGET, VLLM_DRAFT_MAX
+from ..errors import SpecdecError
+from .proposer import MIN_MATCH, VLLM_DRAFTERS, proposer_settings
+from .runner import CPU_MEMORY_FRACTION, INSTALL_HINT, check_dtype, vllm_installed
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 API_KEY_ENV = "VLLM_API_KEY"  # vLLM's own: the server reads its key from here as from --api-key
@@ -67,7 +67,7 @@ class ServeSettings:
         if self.index:
             if not self.drafter.startswith("sam"):
                 raise SpecdecError("--index is for the sam drafter", setting="index")
-            from .sam.index import read_index_info
+            from ..sam.index import read_index_info
 
             read_index_info(self.index)
         if self.draft_max < 1:
@@ -133,7 +133,7 @@ def serve(settings: ServeSettings, on_status: Optional[Callable[[str], None]] = 
         raise SpecdecError(INSTALL_HINT)
     for warning in settings.warnings():
         (on_warning or (lambda line: None))(warning)
-    from .models import model_location, resolve_target
+    from ..target.models import model_location, resolve_target
 
     source = resolve_target(settings.target)
     model_dir = model_location(source, on_status)

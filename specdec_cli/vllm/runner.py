@@ -1,7 +1,7 @@
 """vLLM in a child process: greedy answers to token-id prompts, one request at a time or all at once.
 
 `specdec bench --engine vllm` (bench/vllm_bench.py) and `specdec distill generate --engine vllm`
-(distill/generate.py) run vLLM through `run_vllm`. Each call starts one child, `python -m specdec_cli.vllm_runner
+(distill/generate.py) run vLLM through `run_vllm`. Each call starts one child, `python -m specdec_cli.vllm.runner
 JOB`, with the same interpreter: vLLM's engine starts its own processes with spawn and keeps process-wide state,
 so one `LLM` (one model, one speculative method) lives in one process and is gone when it ends.
 
@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from .defaults import VLLM_DRAFT_MAX, VLLM_DRAFTERS
-from .errors import SpecdecError
+from ..defaults import VLLM_DRAFT_MAX, VLLM_DRAFTERS
+from ..errors import SpecdecError
 
 VLLM_METHODS = ("ngram", "suffix")  # vLLM's own drafters
 NGRAM_LOOKUP = (1, 3)  # vLLM's ngram: the shortest and longest suffix it looks up
@@ -94,7 +94,7 @@ class VllmSettings:
                     "prompt_lookup_max": longest}, {}
         if self.method == "suffix":
             return {"method": "suffix", "num_speculative_tokens": self.draft_max}, {}
-        from .vllm_proposer import proposer_settings
+        from .proposer import proposer_settings
 
         return proposer_settings(self.method, self.draft_max, index=self.index, memory=self.memory,
                                  min_match=self.min_match)

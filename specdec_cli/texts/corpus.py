@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
-from .errors import SpecdecError
+from ..errors import SpecdecError
 
 STDIN = "-"
 SNIFF_BYTES = 8192
@@ -128,7 +128,7 @@ def check_index_output(output: Union[str, os.PathLike], files: Sequence[InputFil
     if final.is_dir():
         raise SpecdecError(f"{output}: is a directory; give the index file name with -o", setting="output")
     if final.parent.is_dir():
-        from .files import check_writable_folder
+        from ..files import check_writable_folder
 
         check_writable_folder(final, "output", "output")
     try:
@@ -146,7 +146,7 @@ def check_index_output(output: Union[str, os.PathLike], files: Sequence[InputFil
             via = "" if Path(item.path).absolute() == final.absolute() else f" (as {item.path})"
             raise SpecdecError(f"output {output} is also an input{via}: the index would replace its own corpus; "
                                "write it elsewhere", setting="output")
-    from .sam.index import is_index_file
+    from ..sam.index import is_index_file
 
     if not force and not is_index_file(final):
         raise SpecdecError(f"output {output} exists and is not a specdec index: add --force to replace it, or "
@@ -340,9 +340,9 @@ def build_index(
     """Read, tokenise, build and save (`check_index_output` says which outputs are refused; `force` replaces a
     file that is not an index); returns a summary (documents, tokens, states, transitions,
     file_bytes, bytes_per_token, seconds and per-phase seconds, output, sources, skipped_rows)."""
+    from ..sam.automaton import build_static
+    from ..sam.index import save_index
     from .fingerprint import tokenizer_fingerprint
-    from .sam.automaton import build_static
-    from .sam.index import save_index
 
     started = time.perf_counter()
     stats = CorpusStats()
