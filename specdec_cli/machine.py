@@ -1,7 +1,7 @@
 """What machine this is, in the words a benchmark report and a cache key need: the CPU model and the cores.
 
 Reads /proc/cpuinfo and the scheduler's affinity; never imports torch. It does not measure speed
-(planner.py does that).
+(decoding/planner.py does that).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 /*
- * Static suffix-automaton builder: the one piece of specdec written in C.
+ * Static suffix-automaton builder (one of specdec's two C extensions; the other is kernels/_cpu.c).
  *
  * `build(tokens, vocab_size, link, length, min_endpos, count, trans_offsets, trans_tokens, trans_targets)`
  * builds the suffix automaton of a token sequence (int32 ids in [0, vocab_size)) with the classic online
