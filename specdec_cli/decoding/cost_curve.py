@@ -30,7 +30,8 @@ class CostCurve:
 
     At a row count with observations the estimate is the lower quartile of the last WINDOW of them, the
     prior counted as one more while fewer than WINDOW were seen (timing noise is mostly upward, so a low
-    quantile is robust; the prior is outvoted after a few steps). Between known row counts, linear
+    quantile is robust; the prior is outvoted after a few steps). A row count with none keeps the prior's
+    value scaled by how the observed counts compare with theirs (`_level`). Between known row counts, linear
     interpolation; past the largest, its last slope. No smoothing: the curve keeps its real shape.
     A `learn=False` curve is fixed (tests and replays): observations are ignored.
     """
@@ -56,8 +57,11 @@ class CostCurve:
     def seconds(self) -> dict[int, float]:
         """The current estimate at every known row count (the prior's and any observed one), sorted."""
         if self._estimates is None:
+            observed = {rows: self._estimate(rows) for rows in self.recent}
+            level = self._level(observed)
             sizes = sorted(set(self.prior) | set(self.recent))
-            self._estimates = {rows: self._estimate(rows) for rows in sizes}
+            self._estimates = {rows: observed[rows] if rows in observed else self.prior[rows] * level
+                               for rows in sizes}
         return self._estimates
 
     def _estimate(self, rows: int) -> float:
@@ -66,6 +70,18 @@ class CostCurve:
             samples.append(self.prior[rows])
         samples.sort()
         return samples[(len(samples) - 1) // 4]
+
+    def _level(self, observed: dict[int, float]) -> float:
+        """How this session's timings compare with the prior's where both exist: the median ratio, 1 without
+        observations. A row count never observed keeps the prior's shape at this level: a prior measured on a
+        quiet machine and steps timed on a busy one (or the reverse) must not make an unobserved count look
+        cheaper than an observed smaller one (a busy session once stored t(12) < t(1), and the planner padded
+        every step to 12 rows)."""
+        ratios = sorted(seconds / self.prior[rows] for rows, seconds in observed.items() if rows in self.prior)
+        if not ratios:
+            return 1.0
+        middle = len(ratios) // 2
+        return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
 
     def __call__(self, rows: int) -> float:
         table = self.seconds

@@ -1,0 +1,34 @@
+"""The verify-cost curve's learning: a prior from another session and this session's timings kept consistent."""
+
+from specdec_cli.decoding.cost_curve import WINDOW, CostCurve
+
+QUIET = {1: 1.0, 2: 1.05, 4: 1.2, 8: 1.5, 12: 2.0}  # a prior measured on a quiet machine
+
+
+def test_an_unobserved_row_count_follows_the_observed_level():
+    """Steps timed on a busy machine (everything 2x the prior) must not leave a never-verified row count at its
+    quiet prior, cheaper than the counts the steps did time: the planner would pad every step up to it."""
+    curve = CostCurve(QUIET)
+    for _ in range(WINDOW):
+        for rows in (1, 2, 4, 8):
+            curve.observe(rows, 2 * QUIET[rows])
+    assert curve(12) == 2 * QUIET[12]
+    assert curve(12) > curve(8) > curve(1)
+    assert curve.cheapest_at_least(8, 12) == 8 and curve.cheapest_at_least(1, 12) == 1
+
+
+def test_the_level_is_the_median_ratio_and_one_without_observations():
+    curve = CostCurve(QUIET)
+    assert curve.seconds == QUIET  # nothing observed: the prior as it is
+    for _ in range(WINDOW):
+        curve.observe(1, 3.0)  # one count at 3x, two at 1.5x: the median ratio is 1.5
+        curve.observe(2, 1.5 * QUIET[2])
+        curve.observe(4, 1.5 * QUIET[4])
+    assert abs(curve(8) - 1.5 * QUIET[8]) < 1e-12
+    assert curve(1) == 3.0  # an observed count keeps its own estimate
+
+
+def test_a_fixed_curve_ignores_observations_and_keeps_its_prior():
+    curve = CostCurve.fixed(QUIET)
+    curve.observe(1, 10.0)
+    assert curve.seconds == QUIET
