@@ -9,7 +9,7 @@ import torch
 from conftest import TINY_EOS, TINY_VOCAB, chi_square, hf_greedy
 
 from specdec_cli.decoding.cost_curve import CostCurve
-from specdec_cli.decoding.draft import Draft
+from specdec_cli.decoding.draft import NOTHING, Draft
 from specdec_cli.decoding.engine import Engine, GenerationConfig
 from specdec_cli.decoding.planner import DraftPlanner
 from specdec_cli.drafters.none import NoDrafter
@@ -30,6 +30,8 @@ PROMPTS = [
 class ScriptedDrafter:
     """Proposes the reference continuation with a twist: exact, corrupted at one position, or run past EOS."""
 
+    needs = NOTHING  # tokens only
+
     def __init__(self, reference: list[int], prompt_len: int, mode: str, seed: int = 0):
         self.name = f"scripted-{mode}"
         self.reference, self.prompt_len, self.mode = reference, prompt_len, mode
@@ -48,6 +50,9 @@ class ScriptedDrafter:
         return Draft(list(truth), self.name)
 
     def observe(self, event):
+        pass
+
+    def reset(self):
         pass
 
 
@@ -122,9 +127,9 @@ def test_events_are_consistent(tiny_llama):
     assert committed == generation.tokens
     for event in events[1:]:
         assert event.committed[: event.accepted] == event.draft.tokens[: event.accepted]
-        assert event.committed[-1] == event.target_token or event.finished
+        assert len(event.committed) == event.accepted + 1 or event.finished  # the target's own token last
+        assert event.features is None and event.scored_topk is None  # pld needs neither: neither is computed
     assert events[-1].finished == generation.finish_reason
-    assert events[-1].context_len == len(prompt) + len(generation.tokens)
 
 
 def _exact_second_token_law(model, prompt, temperature):

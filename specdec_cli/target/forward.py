@@ -4,7 +4,8 @@ A chain sits at positions start..start+n-1 under the causal mask. A token tree (
 token_ids[1:], token_ids[0] being the root) puts each node at start + depth, attending to the cached prefix,
 its ancestors and itself only (tree_mask.py). A forward returns the logits and, when asked (`features`), the
 last hidden states (what feature-level drafters read; other forwards do not request them). Which forward runs,
-specdec's native decoder or the model's own, is exact_setup.py's choice. This file does not choose tokens, roll the cache back (rollback.py) or time anything.
+specdec's native decoder or the model's own, is exact_setup.py's choice. This file does not choose tokens, roll
+the cache back (rollback.py) or time anything.
 """
 
 from __future__ import annotations
