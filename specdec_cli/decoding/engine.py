@@ -108,9 +108,10 @@ class Engine:
             # 1. Draft: the drafter guesses up to `budget` tokens (chain) or nodes (tree) after the context;
             #    the planner keeps the part worth verifying and picks the forward's row count.
             t0 = time.perf_counter()
-            if config.cost_aware and budget > 0:  # the planner's one call on whether drafting pays, and how much
-                budget = self.planner.draft_budget(drafter.name, budget)
-            draft = drafter.propose(context, budget) if budget > 0 else Draft.empty(drafter.name)
+            asked = budget  # the planner's one call on whether drafting pays, and how much (planner.py)
+            if config.cost_aware and budget > 0:
+                asked = self.planner.draft_budget(drafter.name, budget)
+            draft = drafter.propose(context, asked) if asked > 0 else Draft.empty(drafter.name)
             self.planner.observe_drafting(draft.source, len(draft), time.perf_counter() - t0)
             draft, plan = self._plan(draft, budget, config)
             t1 = time.perf_counter()
