@@ -36,7 +36,7 @@ import time
 from collections import defaultdict
 
 from specdec_cli.decoding.cost_curve import PROBE_SIZES, CostCurve
-from specdec_cli.decoding.draft import Draft, StepEvent
+from specdec_cli.decoding.draft import NOTHING, Draft, StepEvent
 from specdec_cli.decoding.engine import GenerationConfig, trim
 from specdec_cli.decoding.planner import DraftPlanner
 from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
@@ -140,6 +140,9 @@ class SuffixReference:
     (its global cache), else only the current one. Needs the `arctic_inference.suffix_decoding` extension
     (README in this folder: it builds alone with cmake and nanobind)."""
 
+    name = SUFFIX
+    needs = NOTHING
+
     def __init__(self, remember: bool):
         from arctic_inference.suffix_decoding import SuffixDecodingCache
 
@@ -153,6 +156,9 @@ class SuffixReference:
             self.request += 1
             self.cache.start_request(self.request, list(event.prompt_tokens))
         self.cache.add_active_response(self.request, list(event.committed))
+
+    def reset(self) -> None:
+        pass  # each prefill starts a request of its own
 
     def propose(self, context: list, budget: int) -> Draft:
         draft = self.cache.speculate(self.request, context[-SUFFIX_DEPTH:], max_spec_tokens=budget,
@@ -193,8 +199,7 @@ def replay(spec: str, document: dict, index: str | None, draft_max: int,
         if remember and hasattr(drafter, "memory_from"):
             drafter.static, drafter.memory_from = remembered(document["rows"], number, document, index_text)
             drafter.reset()
-        drafter.observe(StepEvent(kind="prefill", draft=Draft.empty(name), accepted=0, committed=answer[:1],
-                                  target_token=answer[0], prompt_tokens=prompt, context_len=len(prompt) + 1,
+        drafter.observe(StepEvent(kind="prefill", draft=Draft.empty(name), committed=answer[:1], prompt_tokens=prompt,
                                   settings=GenerationConfig()))
         context, done, seconds, passes = list(prompt) + answer[:1], 1, cost(1), 1
         while done < len(answer):
@@ -212,9 +217,8 @@ def replay(spec: str, document: dict, index: str | None, draft_max: int,
             stats = per_source[draft.source]
             stats[0], stats[1], stats[2] = stats[0] + 1, stats[1] + len(draft), stats[2] + len(path)
             on_path = Draft([draft.tokens[node] for node in path], draft.source)  # rows known only on the path
-            drafter.observe(StepEvent(kind="step", draft=on_path, accepted=len(path), committed=committed,
-                                      target_token=committed[-1], accepted_path=list(range(len(path))),
-                                      context_len=len(context) + len(committed),
+            drafter.observe(StepEvent(kind="step", draft=on_path, committed=committed,
+                                      accepted_path=list(range(len(path))),
                                       scored_topk=[topk[done - 1 + depth] for depth in range(len(path) + 1)]))
             context += committed
             done += len(committed)

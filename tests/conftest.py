@@ -218,7 +218,7 @@ class CheckedDrafter:
     """Wraps a drafter, checks every draft it emits, and counts calls and non-empty drafts."""
 
     def __init__(self, inner):
-        self.inner, self.name = inner, inner.name
+        self.inner, self.name, self.needs = inner, inner.name, inner.needs
         self.nonempty = self.calls = 0
 
     def propose(self, context, budget):
@@ -230,6 +230,9 @@ class CheckedDrafter:
 
     def observe(self, event):
         self.inner.observe(event)
+
+    def reset(self):
+        self.inner.reset()
 
 
 def chi_square(counts, expected_probs):

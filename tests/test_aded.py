@@ -82,7 +82,7 @@ def test_adaptation_window_is_the_last_16_tokens():
     assert adapted == list(zip(context[4:18], context[5:19]))
     assert drafter.table.row(104, 105) == pytest.approx({106: 0.04})
     # a step commits 120: the new window (105 .. 120) is adapted before the next draft, once
-    drafter.observe(StepEvent(kind="step", draft=Draft.empty("aded"), accepted=0, committed=[120], target_token=120,
+    drafter.observe(StepEvent(kind="step", draft=Draft.empty("aded"), committed=[120],
                               scored_topk=[[0] * 8]))
     assert drafter.table.row(104, 105) == pytest.approx({106: 0.04})
     assert drafter.table.row(105, 106) == pytest.approx({107: 0.08})
@@ -94,17 +94,17 @@ def test_adaptation_window_is_the_last_16_tokens():
 def test_prompt_is_adapted_once_per_new_text():
     drafter = AdedDrafter(time_budget=None)
     prompt = (5, 6, 7, 5, 6, 8)
-    drafter.observe(StepEvent(kind="prefill", draft=Draft.empty("prefill"), accepted=0, committed=[9], target_token=9,
+    drafter.observe(StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=[9],
                               prompt_tokens=prompt))
     per_occurrence = 0.04 * 14
     assert drafter.table.row(5, 6) == pytest.approx({7: per_occurrence, 8: per_occurrence})
-    drafter.observe(StepEvent(kind="step", draft=Draft.empty("aded"), accepted=0, committed=[5], target_token=5,
+    drafter.observe(StepEvent(kind="step", draft=Draft.empty("aded"), committed=[5],
                               scored_topk=[[0] * 8]))
     # the step adapted the window (5 6 7 5 6 8 9 5): +0.04 each
     assert drafter.table.row(5, 6) == pytest.approx({7: per_occurrence + 0.04, 8: per_occurrence + 0.04})
     assert drafter.table.row(8, 9) == pytest.approx({5: 0.04})
     # the next turn re-sends the conversation: only the trigrams ending in new text are adapted
-    drafter.observe(StepEvent(kind="prefill", draft=Draft.empty("prefill"), accepted=0, committed=[1], target_token=1,
+    drafter.observe(StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=[1],
                               prompt_tokens=(*prompt, 9, 5, 6, 7)))
     assert drafter.table.row(5, 6) == pytest.approx({7: 2 * per_occurrence + 0.04, 8: per_occurrence + 0.04})
     assert drafter.table.row(9, 5) == pytest.approx({6: per_occurrence})
@@ -206,7 +206,7 @@ def test_factory(tmp_path):
     path = tmp_path / "small.sam"
     save_index(path, build_static(CORPUS, vocab_size=10, separators=(0,)),
                {"tokenizer_fingerprint": "sha256:test", "vocab_size": 10, "eos_id": 0})
-    drafter = make_aded_drafter(DrafterOptions(index=str(path), draft_max=32, extra={"aded_time_budget": 0.01}),
+    drafter = make_aded_drafter(DrafterOptions(index=str(path), draft_max=32, aded_time_budget=0.01),
                                 target)
     assert drafter.table.row(1, 2) == {3: 0.5, 4: 0.25, 5: 0.25}
     assert drafter.draft_max == 32 and drafter.time_budget == 0.01

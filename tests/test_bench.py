@@ -238,14 +238,14 @@ def test_resolve_methods():
 def test_oracle_drafter_replays_each_turn():
     oracle = OracleDrafter([[5, 6, 7, 8], [9, 10]], draft_max=3)
     settings = None
-    oracle.observe(StepEvent(kind="prefill", draft=Draft.empty("prefill"), accepted=0, committed=[5], target_token=5,
+    oracle.observe(StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=[5],
                              prompt_tokens=(1, 2), settings=settings))
     assert oracle.propose([1, 2, 5], 8).tokens == [6, 7, 8]
     assert oracle.propose([1, 2, 5], 2).tokens == [6, 7]
-    oracle.observe(StepEvent(kind="step", draft=Draft([6, 7], "oracle"), accepted=1, committed=[6, 99],
-                             target_token=99))  # leaves the reference
+    oracle.observe(StepEvent(kind="step", draft=Draft([6, 7], "oracle"), accepted_path=[0],
+                             committed=[6, 99]))  # leaves the reference
     assert oracle.propose([1, 2, 5, 6, 99], 8).tokens == []
-    oracle.observe(StepEvent(kind="prefill", draft=Draft.empty("prefill"), accepted=0, committed=[9], target_token=9,
+    oracle.observe(StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=[9],
                              prompt_tokens=(1, 2, 5, 6, 99, 4)))
     assert oracle.propose([1, 2, 5, 6, 99, 4, 9], 8).tokens == [10]  # second turn, back on track
     with pytest.raises(SpecdecError):

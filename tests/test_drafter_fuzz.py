@@ -14,7 +14,7 @@ import torch
 from conftest import TINY_EOS, TINY_VOCAB
 
 from specdec_cli.decoding.draft import Draft, StepEvent
-from specdec_cli.drafters import AUX_CHOICES, DRAFTERS, DrafterOptions, TargetInfo, make_drafter
+from specdec_cli.drafters import AUX_CHOICES, DRAFTERS, DrafterOptions, TargetInfo, make_drafter, target_weights
 from specdec_cli.drafters.eagle import EagleDrafter
 from specdec_cli.drafters.model import ModelDrafter
 from specdec_cli.drafters.oracle import OracleDrafter
@@ -77,11 +77,11 @@ def valid(tokens, vocab: int = VOCAB) -> bool:
 
 def events(context: list[int], draft: Draft, hidden: int) -> tuple[StepEvent, StepEvent]:
     """A prefill of context[:-1] committing context[-1], then a step that drafted `draft` and committed one token."""
-    prefill = StepEvent(kind="prefill", draft=Draft.empty("prefill"), accepted=0, committed=[context[-1]],
-                        target_token=context[-1], prompt_tokens=context[:-1],
+    prefill = StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=[context[-1]],
+                        prompt_tokens=context[:-1],
                         features=torch.zeros(max(len(context) - 1, 0), hidden))
     token = context[-1]
-    step = StepEvent(kind="step", draft=draft, accepted=0, committed=[token], target_token=token,
+    step = StepEvent(kind="step", draft=draft, committed=[token],
                      scored_topk=[[token] * 8 for _ in range(len(draft) + 1)], features=torch.zeros(1, hidden))
     return prefill, step
 
@@ -104,7 +104,7 @@ def fuzz(drafter, name: str, rng: np.random.Generator, hidden: int = 8, vocab_kn
 @pytest.mark.parametrize("name", [*sorted(DRAFTERS.keys() - {"none", "model", "eagle"}),
                                   *(f"sam+{aux}" for aux in AUX_CHOICES if aux not in ("model", "eagle"))])
 def test_every_drafter_made_by_name(name):
-    options = DrafterOptions(extra={"aded_time_budget": 0.001})
+    options = DrafterOptions(aded_time_budget=0.001)
     fuzz(make_drafter(name, options, TARGET), name, np.random.default_rng(len(name)))
 
 
@@ -116,7 +116,7 @@ def test_the_model_and_eagle_drafters_and_their_hybrids(tiny_llama):
     head = EagleHead(head_config_for(tiny_llama.config))
 
     def eagle():
-        return EagleDrafter(copy.deepcopy(head), tiny_llama.get_input_embeddings(), tiny_llama.lm_head,
+        return EagleDrafter(copy.deepcopy(head), target_weights(tiny_llama),
                             eos_token_ids=(TINY_EOS,))
 
     made = {

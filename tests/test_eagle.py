@@ -11,11 +11,14 @@ from conftest import TINY_EOS, chi_square, hf_greedy, run_cli
 
 from specdec_cli import kernels
 from specdec_cli.decoding.cost_curve import CostCurve
+from specdec_cli.decoding.draft import Needs
 from specdec_cli.decoding.engine import Engine, GenerationConfig
 from specdec_cli.decoding.planner import DraftPlanner
-from specdec_cli.drafters import DrafterOptions, make_drafter
+from specdec_cli.drafters import DrafterOptions, make_drafter, target_weights
 from specdec_cli.drafters.eagle import EagleDrafter, check_target
 from specdec_cli.drafters.eagle_head import EagleHead, HeadCache, head_config_for, load_head, save_head
+from specdec_cli.drafters.none import NoDrafter
+from specdec_cli.drafters.pld import PromptLookupDrafter
 from specdec_cli.errors import SpecdecError
 from specdec_cli.session.chat import target_info
 
@@ -33,6 +36,18 @@ class _Tokenizer:
 
     def get_vocab(self) -> dict:
         return {f"t{index}": index for index in range(64)}
+
+
+class _Listener(NoDrafter):
+    """Plain decoding whose events carry the target's features (what the eagle drafter reads)."""
+
+    needs = Needs(features=True)
+
+
+class _FeaturePld(PromptLookupDrafter):
+    """Prompt lookup (drafts that get accepted) that asks for the features too."""
+
+    needs = Needs(features=True)
 
 
 def _engine(model) -> Engine:
@@ -73,7 +88,7 @@ def test_feeding_a_block_equals_feeding_its_positions_one_by_one(tiny_llama):
 def test_step_events_carry_the_committed_positions_features(tiny_llama):
     engine = _engine(tiny_llama)
     events = []
-    drafter = make_drafter("pld", DrafterOptions(), target_info(tiny_llama, _Tokenizer()))
+    drafter = _FeaturePld()
     prompt = [1, *PATTERN, *PATTERN[:6]]
     generation = engine.generate(prompt, drafter, GenerationConfig(max_new_tokens=12), events.append)
     sequence = prompt + generation.tokens
@@ -84,6 +99,12 @@ def test_step_events_carry_the_committed_positions_features(tiny_llama):
     assert all(event.features.shape[0] == 1 + event.accepted for event in events[1:])
     assert features.shape[0] == len(sequence) - 1  # every committed token but the newest
     assert torch.allclose(features, reference[: len(sequence) - 1], atol=1e-4)
+    assert all(event.scored_topk is None for event in events)  # not asked for: not computed
+    plain = []  # a drafter that needs no features gets none: the forwards do not even request them
+    engine.generate(prompt, make_drafter("pld", DrafterOptions(), target_info(tiny_llama, _Tokenizer())),
+                    GenerationConfig(max_new_tokens=12), plain.append)
+    assert all(event.features is None for event in plain)
+    assert sum(event.accepted for event in plain) == sum(event.accepted for event in events)
 
 
 def test_training_raises_agreement_with_the_target(trained):
@@ -99,7 +120,7 @@ def test_eagle_drafting_is_greedy_identical(tiny_llama, trained, tmp_path, name)
     info = target_info(tiny_llama, _Tokenizer())
     save_head(tmp_path / "head", head, {"fingerprint": info.fingerprint, "vocab_size": 64, "head_tokens": None})
     if name == "eagle-chain":
-        drafter = EagleDrafter(copy.deepcopy(head), tiny_llama.get_input_embeddings(), tiny_llama.lm_head,
+        drafter = EagleDrafter(copy.deepcopy(head), target_weights(tiny_llama),
                                tree_width=0, eos_token_ids=(TINY_EOS,))
     else:
         drafter = make_drafter(name, DrafterOptions(draft_model=str(tmp_path / "head")), info)
@@ -120,17 +141,16 @@ def test_a_tree_stopped_early_is_the_best_nodes_of_the_whole_tree(tiny_llama, tr
     """Growing stops once `budget` nodes outscore every open node: the draft must be the first `budget` nodes of
     the tree grown to full depth (a budget larger than any tree never stops early)."""
     head, _ = trained
-    drafter = EagleDrafter(copy.deepcopy(head), tiny_llama.get_input_embeddings(), tiny_llama.lm_head, draft_max=5)
+    drafter = EagleDrafter(copy.deepcopy(head), target_weights(tiny_llama), draft_max=5)
     events = []
     prompt = [1, *PATTERN, *PATTERN[:5]]
-    _engine(tiny_llama).generate(prompt, make_drafter("none", DrafterOptions(), target_info(tiny_llama, _Tokenizer())),
+    _engine(tiny_llama).generate(prompt, _Listener(),
                                  GenerationConfig(max_new_tokens=6), events.append)
     forwards = []
     drafter.head.register_forward_hook(lambda module, args, out: forwards.append(args[0].shape[1]))
     context = list(prompt)
     levels = {}
     for event in events:
-        drafter.proposed = False  # the drafts below are only looked at: no planner dropped them
         drafter.observe(event)
         context += event.committed
         whole = drafter.propose(context, 10_000)
@@ -146,17 +166,17 @@ def test_a_tree_stopped_early_is_the_best_nodes_of_the_whole_tree(tiny_llama, tr
 def _event(kind, committed, features, draft=None, prompt=()):
     from specdec_cli.decoding.draft import Draft, StepEvent
 
-    return StepEvent(kind=kind, draft=draft or Draft.empty("x"), accepted=1 if draft else 0, committed=committed,
-                     target_token=committed[-1], features=features, prompt_tokens=prompt)
+    return StepEvent(kind=kind, draft=draft or Draft.empty("x"), accepted_path=[0] if draft else [],
+                     committed=committed, features=features, prompt_tokens=prompt)
 
 
 def test_the_head_skips_unlikely_nodes(tiny_llama, trained):
     head, _ = trained
     prompt = [1, *PATTERN, *PATTERN[:5]]
     events = []
-    _engine(tiny_llama).generate(prompt, make_drafter("none", DrafterOptions(), target_info(tiny_llama, _Tokenizer())),
+    _engine(tiny_llama).generate(prompt, _Listener(),
                                  GenerationConfig(max_new_tokens=1), events.append)
-    likely, whole = (EagleDrafter(copy.deepcopy(head), tiny_llama.get_input_embeddings(), tiny_llama.lm_head,
+    likely, whole = (EagleDrafter(copy.deepcopy(head), target_weights(tiny_llama),
                                   min_prob=min_prob) for min_prob in (0.2, 0.0))
     for drafter in (likely, whole):
         drafter.observe(events[0])
@@ -166,24 +186,19 @@ def test_the_head_skips_unlikely_nodes(tiny_llama, trained):
     assert short.tokens == full.tokens[: len(short)] and short.parents == full.parents[: len(short)]
 
 
-def test_the_head_rests_while_the_planner_drops_its_drafts(tiny_llama, trained):
+def test_the_head_drafts_what_it_is_asked_for(tiny_llama, trained):
+    """No back-off of its own (the planner decides whether drafting pays): unverified drafts change nothing."""
     head, _ = trained
-    drafter = EagleDrafter(copy.deepcopy(head), tiny_llama.get_input_embeddings(), tiny_llama.lm_head)
+    drafter = EagleDrafter(copy.deepcopy(head), target_weights(tiny_llama))
     torch.manual_seed(3)
     context = [1, *PATTERN]
     drafter.observe(_event("prefill", [PATTERN[0]], torch.randn(len(context), 64), prompt=context))
     context.append(PATTERN[0])
-    drafted = []
-    for verified in [False, False, False, True, True, False]:
-        while not (draft := drafter.propose(context, 8)):  # empty while resting
-            drafted.append(0)
-            drafter.observe(_event("step", [7], torch.randn(1, 64)))
-            context.append(7)
-        drafted.append(len(draft))
-        drafter.observe(_event("step", [7], torch.randn(1, 64), draft if verified else None))
+    for _ in range(6):
+        assert len(drafter.propose(context, 8)) > 0
+        drafter.observe(_event("step", [7], torch.randn(1, 64)))
         context.append(7)
-    rests = [len(run) for run in "".join("x" if count else "." for count in drafted).split("x")[1:-1]]
-    assert rests == [1, 2, 4, 0, 0], drafted  # doubling while dropped, none once a draft is verified
+    assert len(drafter.propose(context, 0)) == 0
 
 
 def _block_target(tiny_llama, mode):
@@ -217,7 +232,7 @@ def test_on_a_block_target_the_head_drafts_on_the_kernels_and_stays_lossless(tin
     assert not torch.equal(dense_out, block_out)
     assert torch.allclose(dense_out, block_out, atol=0.05 * float(dense_out.abs().max()))
 
-    drafter = EagleDrafter(copy.deepcopy(head), model.get_input_embeddings(), model.lm_head, head_tokens=[3, 9, 7],
+    drafter = EagleDrafter(copy.deepcopy(head), target_weights(model), head_tokens=[3, 9, 7],
                            eos_token_ids=(TINY_EOS,))
     assert drafter.vocabulary.on_blocks and isinstance(drafter.head.down, BlockLinear)
     drafter.vocabulary.extend([9, 40, 2])
@@ -226,7 +241,7 @@ def test_on_a_block_target_the_head_drafts_on_the_kernels_and_stays_lossless(tin
     with torch.inference_mode():
         assert torch.equal(drafter.vocabulary.logits(rows), model.lm_head(rows)[:, drafter.vocabulary.ids])
 
-    drafter = EagleDrafter(copy.deepcopy(head), model.get_input_embeddings(), model.lm_head,
+    drafter = EagleDrafter(copy.deepcopy(head), target_weights(model),
                            eos_token_ids=(TINY_EOS,))
     assert model.lm_head._dense is None  # nor did building drafters
     accepted = 0
@@ -251,7 +266,7 @@ def test_eagle_sampling_keeps_the_target_law(tiny_llama, trained):
     engine = _engine(tiny_llama)
     counts = torch.zeros(64, dtype=torch.float64)
     for seed in range(400):
-        drafter = EagleDrafter(copy.deepcopy(head), tiny_llama.get_input_embeddings(), tiny_llama.lm_head)
+        drafter = EagleDrafter(copy.deepcopy(head), target_weights(tiny_llama))
         config = GenerationConfig(max_new_tokens=3, temperature=1.0, seed=seed)
         counts[engine.generate(prompt, drafter, config).tokens[1]] += 1
     statistic, dof = chi_square(counts, law)

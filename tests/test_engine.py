@@ -9,7 +9,7 @@ import torch
 from conftest import TINY_EOS, TINY_VOCAB, chi_square, hf_greedy
 
 from specdec_cli.decoding.cost_curve import CostCurve
-from specdec_cli.decoding.draft import Draft
+from specdec_cli.decoding.draft import NOTHING, Draft
 from specdec_cli.decoding.engine import Engine, GenerationConfig
 from specdec_cli.decoding.planner import DraftPlanner
 from specdec_cli.drafters.none import NoDrafter
@@ -30,6 +30,8 @@ PROMPTS = [
 class ScriptedDrafter:
     """Proposes the reference continuation with a twist: exact, corrupted at one position, or run past EOS."""
 
+    needs = NOTHING  # tokens only
+
     def __init__(self, reference: list[int], prompt_len: int, mode: str, seed: int = 0):
         self.name = f"scripted-{mode}"
         self.reference, self.prompt_len, self.mode = reference, prompt_len, mode
@@ -48,6 +50,9 @@ class ScriptedDrafter:
         return Draft(list(truth), self.name)
 
     def observe(self, event):
+        pass
+
+    def reset(self):
         pass
 
 
@@ -122,9 +127,9 @@ def test_events_are_consistent(tiny_llama):
     assert committed == generation.tokens
     for event in events[1:]:
         assert event.committed[: event.accepted] == event.draft.tokens[: event.accepted]
-        assert event.committed[-1] == event.target_token or event.finished
+        assert len(event.committed) == event.accepted + 1 or event.finished  # the target's own token last
+        assert event.features is None and event.scored_topk is None  # pld needs neither: neither is computed
     assert events[-1].finished == generation.finish_reason
-    assert events[-1].context_len == len(prompt) + len(generation.tokens)
 
 
 def _exact_second_token_law(model, prompt, temperature):
@@ -187,3 +192,132 @@ def test_a_check_outcome_renders_as_displays_and_bench_json_show_it(tiny_llama):
     engine = Engine(tiny_llama, planner=DraftPlanner(CostCurve.fixed(FLAT_CURVE)))  # float32: exactness off
     assert engine.exact_outcome == CheckOutcome("off") and engine.exact_check == "off"
     assert engine.tree_outcome == CheckOutcome("not checked") and engine.tree_check == "not checked"
+
+
+# -- stop strings: checked on a tail window, placed as a whole decode places them ----------------------------
+
+
+class _ByteTokenizer:
+    """Tokens of 1-3 characters, lone UTF-8 bytes (characters split across tokens) and a special token that
+    decodes to nothing: what makes a stop string span tokens. Counts the ids it decodes."""
+
+    SPECIAL = 63
+
+    def __init__(self):
+        pieces = ["a", "b", " ", "ab", "ba", "\n", "</", "s>", "STOP", "x", "yz", "é", "<", "/", "s", ">", "é!"]
+        self.pieces = [piece.encode() for piece in pieces] + [bytes([byte]) for byte in "é😀".encode()]
+        self.decoded = 0
+
+    def decode(self, ids, skip_special_tokens=False):
+        self.decoded += len(ids)
+        parts = [b"" if token == self.SPECIAL else self.pieces[token % len(self.pieces)] for token in ids]
+        return b"".join(parts).decode("utf-8", errors="replace")
+
+
+def _whole_text_stop(tokenizer, before, committed, stops):
+    """The stop search as it was: the whole output decoded, every step."""
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    text = decode(before + committed)
+    hits = [text.find(stop) for stop in stops if stop and stop in text]
+    if not hits:
+        return len(committed), None
+    cut = min(hits)
+    for keep in range(len(committed) + 1):
+        if len(decode(before + committed[:keep])) > cut:
+            return keep, cut
+    return len(committed), cut
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_stop_strings_found_on_a_tail_are_placed_as_the_whole_text_places_them(seed):
+    rng = random.Random(seed)
+    tokenizer = _ByteTokenizer()
+    engine = Engine.__new__(Engine)  # only the stop search: no model
+    engine.tokenizer = tokenizer
+    vocab = len(tokenizer.pieces)
+    for _ in range(60):
+        stops = rng.choice([("</s>",), ("STOP", "ba b"), ("é",), ("😀",), ("\n\n", "yzx"), ("a" * 30,)])
+        before, found = [], (0, None)
+        while found[1] is None and len(before) < 300:  # an answer grown step by step until a stop shows
+            committed = [rng.choice([rng.randrange(vocab), _ByteTokenizer.SPECIAL]) for _ in range(rng.randint(1, 6))]
+            found = engine._find_stop(before, committed, stops)
+            assert found == _whole_text_stop(tokenizer, before, committed, stops), (stops, before, committed)
+            before += committed[: found[0]]
+
+
+def test_stop_search_decodes_a_window_per_step_not_the_whole_answer():
+    tokenizer = _ByteTokenizer()
+    engine = Engine.__new__(Engine)
+    engine.tokenizer = tokenizer
+    before = []
+    for _ in range(2000):
+        engine._find_stop(before, [0, 2], ("</s>",))  # "a a a ...": never a stop
+        before += [0, 2]
+    assert tokenizer.decoded < 100 * 2000  # a whole decode per step would be ~4,000,000 ids
+
+
+def test_a_stop_string_spanning_tokens_cuts_the_generation(tiny_llama):
+    """Through the engine: the output stops at the token that completes the stop string's first character, the
+    finish reason is "stop" and text_end is where the stop string begins."""
+    tokenizer = _ByteTokenizer()
+    prompt = PROMPTS[0]
+    plain = _generate(tiny_llama, prompt, NoDrafter(), 40)
+    text = tokenizer.decode(plain.tokens, skip_special_tokens=True)
+    start = len(text) // 2
+    stop = text[start : start + 3]
+    assert len(stop) == 3
+    cut = text.find(stop)
+    for drafter in (NoDrafter(), PromptLookupDrafter()):
+        engine = Engine(tiny_llama, tokenizer, planner=DraftPlanner(CostCurve.fixed(FLAT_CURVE)))
+        config = GenerationConfig(max_new_tokens=40, budget=6, eos_token_ids=(TINY_EOS,), stop=(stop,))
+        generation = engine.generate(prompt, drafter, config)
+        assert generation.finish_reason == "stop" and generation.text_end == cut
+        assert plain.tokens[: len(generation.tokens)] == generation.tokens
+        assert len(tokenizer.decode(generation.tokens, skip_special_tokens=True)) > cut
+        assert len(tokenizer.decode(generation.tokens[:-1], skip_special_tokens=True)) <= cut
+
+
+# -- what a drafter reads, and who decides whether drafting pays ------------------------------------------------
+
+
+class _CountingJunk(ScriptedDrafter):
+    """Junk drafts (never accepted); counts the proposals the engine asks for and what it gets told."""
+
+    def __init__(self, reference, prompt_len):
+        super().__init__(reference, prompt_len, "junk")
+        self.budgets = []
+
+    def propose(self, context, budget):
+        self.budgets.append(budget)
+        return super().propose(context, budget)
+
+
+def test_the_engine_stops_asking_a_drafter_whose_drafts_do_not_pay(tiny_llama):
+    prompt = PROMPTS[1]
+    reference = hf_greedy(tiny_llama, prompt, 60)
+    drafter = _CountingJunk(reference, len(prompt))
+    generation = _generate(tiny_llama, prompt, drafter, 60, draft_max=6, curve={1: 1.0, 2: 1.8, 8: 6.0})
+    assert generation.tokens == reference
+    steps = generation.stats.steps
+    assert len(drafter.budgets) < steps // 2  # most steps drafted nothing: the planner asked for nothing
+    assert drafter.budgets[0] == 6 and min(drafter.budgets) >= 1
+
+
+def test_drafters_declare_what_they_read_and_get_only_that(tiny_llama):
+    from specdec_cli.decoding.draft import Drafter, Needs
+    from specdec_cli.drafters import DRAFTERS, DrafterOptions, TargetInfo, make_drafter
+    from specdec_cli.drafters.recycle import RecycleDrafter
+
+    target = TargetInfo(vocab_size=TINY_VOCAB, eos_token_ids=(TINY_EOS,))
+    for name in [name for name in DRAFTERS if name not in ("model", "eagle")] + ["sam+recycle", "sam+none"]:
+        drafter = make_drafter(name, DrafterOptions(), target)
+        assert isinstance(drafter, Drafter) and isinstance(drafter.needs, Needs), name
+        drafter.reset()
+    assert make_drafter("recycle", DrafterOptions(), target).needs == Needs(scored_topk=True)
+    assert make_drafter("sam+recycle", DrafterOptions(), target).needs == Needs(scored_topk=True)  # its auxiliary's
+    assert make_drafter("sam+aded", DrafterOptions(), target).needs == Needs()
+    prompt = PROMPTS[0]
+    generation = _generate(tiny_llama, prompt, RecycleDrafter(TINY_VOCAB), 24)
+    events = generation.events[1:]
+    assert all(len(event.scored_topk) == len(event.draft) + 1 and event.features is None for event in events)
+    assert generation.tokens == hf_greedy(tiny_llama, prompt, 24)

@@ -18,7 +18,7 @@ from conftest import chi_square, hf_greedy
 import specdec_cli.target.forward as target_forward
 import specdec_cli.target.tree_check as tree_check
 from specdec_cli.decoding.cost_curve import CostCurve
-from specdec_cli.decoding.draft import Draft
+from specdec_cli.decoding.draft import NOTHING, Draft
 from specdec_cli.decoding.engine import Engine, GenerationConfig
 from specdec_cli.decoding.planner import DraftPlanner
 from specdec_cli.errors import SpecdecError
@@ -128,6 +128,7 @@ class ScriptedChain:
     """The true continuation as a chain, with its third token wrong every other step (rollbacks mid-chain)."""
 
     name = "chain"
+    needs = NOTHING
 
     def __init__(self, reference, prompt_len, vocab):
         self.reference, self.prompt_len, self.vocab, self.calls = reference, prompt_len, vocab, 0
@@ -143,12 +144,16 @@ class ScriptedChain:
     def observe(self, event):
         pass
 
+    def reset(self):
+        pass
+
 
 class ScriptedTree:
     """The truth behind a junk first sibling at depths 0 and 2, then a chain of truth: up to `budget` nodes, a
     path deeper than the window, and an accepted path that must be gathered in the cache."""
 
     name = "tree"
+    needs = NOTHING
 
     def __init__(self, reference, prompt_len, vocab):
         self.reference, self.prompt_len, self.vocab = reference, prompt_len, vocab
@@ -167,6 +172,9 @@ class ScriptedTree:
         return Draft(tokens[:budget], self.name, parents=parents[:budget])
 
     def observe(self, event):
+        pass
+
+    def reset(self):
         pass
 
 
@@ -258,6 +266,7 @@ class LikelyTree:
     """At temperature > 0: a tree of the likeliest second tokens (a junk one first), continued by a chain."""
 
     name = "tree"
+    needs = NOTHING
 
     def __init__(self, guesses, vocab):
         self.guesses, self.vocab = guesses, vocab
@@ -268,6 +277,9 @@ class LikelyTree:
         return Draft(tokens[:budget], self.name, parents=[-1, -1, -1, 1, 3][:budget])
 
     def observe(self, event):
+        pass
+
+    def reset(self):
         pass
 
 
@@ -445,10 +457,11 @@ def test_prompts_longer_than_the_context_are_refused_and_answers_stop_at_its_end
         engine.generate([5] * 300, PromptLookupDrafter(), config)
     generation = engine.generate([5, 6, 7] * 83, PromptLookupDrafter(), config)  # 249 tokens: room for 7
     assert len(generation.tokens) == 7 and generation.finish_reason == "length"
-    assert all(event.context_len <= 256 for event in generation.events)
+    context_len = 249 + len(generation.events[0].committed)
     for event in generation.events[1:]:  # every verify forward (padding rows included) fits the 256 positions
-        past = event.context_len - len(event.committed) - 1
-        assert past + event.verify_rows <= 256
+        past = context_len - 1
+        context_len += len(event.committed)
+        assert past + event.verify_rows <= 256 and context_len <= 256
 
 
 def test_infinite_temperature_is_refused():

@@ -232,3 +232,61 @@ def test_measurement_warms_every_size_interleaves_rounds_and_keeps_the_minimum()
     assert calls[3:6] == [1, 2, 4] and calls[6:9] == [2, 4, 1]  # rounds in rotated order
     assert curve.seconds == pytest.approx({1: 1.0, 2: 2.0, 4: 4.0})  # the minimum, cold calls excluded
     assert curve.origin == "measured"
+
+
+# -- deciding before drafting: the one place that stops drafting when it does not pay --------------------------
+
+
+STEEP = {1: 1.0, 2: 1.6, 4: 3.0, 8: 6.0}  # verifying costs nearly a forward per row: only sure drafts pay
+
+
+def _answer(planner, source, drafted, accepted, budget=8):
+    """One engine step for a drafter of `source` (no match length): ask, draft `drafted` of it, plan, record."""
+    asked = planner.draft_budget(source, budget)
+    draft = Draft([5] * min(asked, drafted), source)
+    plan = planner.plan(draft, budget)
+    kept = Draft(draft.tokens[: plan.keep], source)
+    planner.record(kept, min(accepted, plan.keep), min(accepted, plan.keep) + 1, plan.rows, 1.0, 0.0)
+    return asked, plan.keep
+
+
+def test_a_drafter_is_asked_for_nothing_once_its_drafts_do_not_pay_and_probed_now_and_then():
+    planner = DraftPlanner(CostCurve.fixed(STEEP))
+    assert planner.draft_budget("model", 8) == 8  # no record yet (and no curve asked for): the whole budget
+    answers = [_answer(planner, "model", 8, 0) for _ in range(6 * PROBE_EVERY)]
+    asked = [count for count, _ in answers[PROBE_EVERY:]]
+    assert asked.count(0) > len(asked) * 3 // 4  # no drafting at all on most steps
+    probes = [index for index, (count, kept) in enumerate(answers) if count and kept]
+    assert probes and all(answers[index][1] <= answers[index][0] for index in probes)  # a probe is verified whole
+    later = [_answer(planner, "model", 8, 8) for _ in range(20 * PROBE_EVERY)]  # the drafts turn right
+    assert any(asked and kept for asked, kept in later)  # probes still go out, and are verified
+
+
+def test_what_is_asked_for_is_what_plan_keeps():
+    """Decided once: the draft of the asked length is kept whole, never re-decided (nor counted idle twice)."""
+    planner = DraftPlanner(CostCurve.fixed({1: 1.0, 2: 1.1, 4: 1.3, 8: 1.8}))
+    _answer(planner, "model", 8, 3)  # the first draft: no record yet, planned after drafting
+    for _ in range(40):
+        asked, kept = _answer(planner, "model", 8, 3)
+        assert kept == asked
+    assert 0 < asked < 8  # three of every draft accepted: about that many are worth drafting
+
+
+def test_drafters_without_a_fixed_key_are_asked_for_the_whole_budget():
+    """Retrieval drafts carry a match length and hybrids name other sources: planned after drafting, as before."""
+    planner = DraftPlanner(CostCurve.fixed(STEEP))
+    for _ in range(50):
+        plan = planner.plan(Draft([5] * 8, "pld", match_len=3), 8)
+        planner.record(Draft([5] * plan.keep, "pld", match_len=3), 0, 1, plan.rows, 1.0, 0.0)
+        plan = planner.plan(Draft([5] * 8, "sam-dynamic", match_len=2), 8)
+        planner.record(Draft([5] * plan.keep, "sam-dynamic", match_len=2), 0, 1, plan.rows, 1.0, 0.0)
+    assert planner.draft_budget("pld", 8) == 8 and planner.draft_budget("sam", 8) == 8
+
+
+def test_a_costly_drafter_is_asked_for_shorter_chains():
+    cheap, costly = (DraftPlanner(CostCurve.fixed({1: 1.0, 2: 1.1, 4: 1.3, 8: 1.8})) for _ in range(2))
+    costly.observe_drafting("model", 4, 1.2)  # 0.3 s a drafted token: a third of a forward
+    for planner in (cheap, costly):
+        for _ in range(40):
+            _answer(planner, "model", 8, 6)
+    assert costly.draft_budget("model", 8) < cheap.draft_budget("model", 8)

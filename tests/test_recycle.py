@@ -16,8 +16,7 @@ PROMPT = [1, 10, 11, 12, 13, 10, 11]
 
 
 def step(draft: Draft, committed, topk, path=()) -> StepEvent:
-    return StepEvent(kind="step", draft=draft, accepted=len(path), committed=list(committed),
-                     target_token=committed[-1], accepted_path=list(path),
+    return StepEvent(kind="step", draft=draft, committed=list(committed), accepted_path=list(path),
                      scored_topk=[list(row) for row in topk])
 
 
@@ -39,7 +38,7 @@ def test_template_shape():
 
 def test_matrix_update_hand_computed():
     drafter = RecycleDrafter(vocab_size=50)
-    drafter.observe(StepEvent(kind="prefill", draft=Draft.empty("prefill"), accepted=0, committed=[7], target_token=7,
+    drafter.observe(StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=[7],
                               prompt_tokens=(1, 2)))
     # step: root 7 (the prefill's token), tree 20 -> (21, 22), 23; accepted path: node 0 then node 2 (22)
     draft = Draft([20, 23, 22, 21], "recycle", parents=[-1, -1, 0, 0])
@@ -71,8 +70,7 @@ def test_prefill_puts_prompt_successors_first():
     drafter.matrix[9] = [1, 2, 3, 4, 5, 6, 7, 8]
     drafter.width[9] = 8
     prompt = (4, 5, 4, 6, 9, 4, 5)
-    drafter.observe(StepEvent(kind="prefill", draft=Draft.empty("prefill"), accepted=0, committed=[11],
-                              target_token=11, prompt_tokens=prompt))
+    drafter.observe(StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=[11], prompt_tokens=prompt))
     assert drafter.matrix[4, :2].tolist() == [5, 6] and drafter.width[4] == 2  # latest first, distinct
     assert drafter.matrix[6, :1].tolist() == [9] and drafter.width[6] == 1
     assert drafter.matrix[9].tolist() == [4, 1, 2, 3, 5, 6, 7, 8]  # in front of what the target said
@@ -81,8 +79,8 @@ def test_prefill_puts_prompt_successors_first():
     drafter.observe(step(Draft.empty("recycle"), [12], [[12, 0, 0, 0, 0, 0, 0, 0]]))  # root 11 -> 12
     drafter.matrix[4, :3] = [7, 8, 9]
     drafter.width[4] = 3
-    drafter.observe(StepEvent(kind="prefill", draft=Draft.empty("prefill"), accepted=0, committed=[13],
-                              target_token=13, prompt_tokens=(*prompt, 11, 12, 4, 6)))
+    drafter.observe(StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=[13],
+                              prompt_tokens=(*prompt, 11, 12, 4, 6)))
     assert drafter.matrix[4, :4].tolist() == [6, 7, 8, 9]  # (4, 6) is new; the old (4, 5) is not re-learned
     assert drafter.matrix[12, :1].tolist() == [4]
     assert drafter.matrix[6, :2].tolist() == [13, 9]

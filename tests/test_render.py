@@ -11,8 +11,8 @@ def decode(ids):
 
 
 def ev(kind, draft, accepted, committed, seconds=0.5, source="pld"):
-    return StepEvent(kind=kind, draft=Draft([ord(c) for c in draft], source), accepted=accepted,
-                     committed=[ord(c) for c in committed], target_token=ord(committed[-1]), verify_seconds=seconds)
+    return StepEvent(kind=kind, draft=Draft([ord(c) for c in draft], source), accepted_path=list(range(accepted)),
+                     committed=[ord(c) for c in committed], verify_seconds=seconds)
 
 
 def test_spans_accepted_target_rejected():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec_cli.decoding.draft import Draft, Drafter, StepEvent
+from specdec_cli.decoding.draft import NOTHING, Draft, Drafter, StepEvent
 from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
 from specdec_cli.drafters.sam import ALPHA, DRAFT_MAX, SamDrafter, make_sam_drafter
 from specdec_cli.errors import SpecdecError
@@ -17,13 +17,12 @@ EOS = 0
 
 
 def prefill(prompt, first_token) -> StepEvent:
-    return StepEvent(kind="prefill", draft=Draft.empty("none"), accepted=0, committed=[first_token],
-                     target_token=first_token, prompt_tokens=list(prompt))
+    return StepEvent(kind="prefill", draft=Draft.empty("none"), committed=[first_token], prompt_tokens=list(prompt))
 
 
 def step(*committed) -> StepEvent:
-    return StepEvent(kind="step", draft=Draft.empty("none"), accepted=len(committed) - 1,
-                     committed=list(committed), target_token=committed[-1])
+    return StepEvent(kind="step", draft=Draft.empty("none"), accepted_path=list(range(len(committed) - 1)),
+                     committed=list(committed))
 
 
 def static_of(tokens):
@@ -127,6 +126,7 @@ def test_propose_without_events_follows_the_context():
 
 class RecordingDrafter:
     name = "aux"
+    needs = NOTHING
 
     def __init__(self):
         self.events, self.calls = [], 0
@@ -137,6 +137,9 @@ class RecordingDrafter:
 
     def observe(self, event):
         self.events.append(event.kind)
+
+    def reset(self):
+        self.events.append("reset")
 
 
 def test_auxiliary_drafter_below_the_threshold():

@@ -10,12 +10,12 @@ from specdec_cli.decoding.stats import merge, summarize
 
 def _events(plan):
     """A prefill then one step per (drafted, accepted) pair; each step commits accepted + 1 tokens."""
-    events = [StepEvent(kind="prefill", draft=Draft.empty("prefill"), accepted=0, committed=[1], target_token=1,
+    events = [StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=[1],
                         verify_seconds=0.5)]
     for drafted, accepted in plan:
         draft = Draft(list(range(drafted)), "pld" if drafted % 2 else "sam-dynamic")
-        events.append(StepEvent(kind="step", draft=draft, accepted=accepted, committed=[7] * (accepted + 1),
-                                target_token=7, draft_seconds=0.01, verify_seconds=0.1))
+        events.append(StepEvent(kind="step", draft=draft, accepted_path=list(range(accepted)),
+                                committed=[7] * (accepted + 1), draft_seconds=0.01, verify_seconds=0.1))
     return events
 
 
@@ -44,11 +44,11 @@ def test_per_position_acceptance_counts_a_tree_by_its_depth():
     # a tree of 5 nodes, two levels deep: root -> {0, 1, 2}, 0 -> {3}, 1 -> {4}
     tree = Draft([10, 11, 12, 13, 14], "recycle", parents=[-1, -1, -1, 0, 1])
     assert tree.depth == 2 and Draft([1, 2, 3], "pld").depth == 3 and Draft.empty("pld").depth == 0
-    events = [StepEvent(kind="prefill", draft=Draft.empty("prefill"), accepted=0, committed=[1], target_token=1),
+    events = [StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=[1]),
               # the path 1 -> 4: both levels accepted
-              StepEvent(kind="step", draft=tree, accepted=2, committed=[11, 14, 9], target_token=9),
-              StepEvent(kind="step", draft=tree, accepted=1, committed=[10, 9], target_token=9),
-              StepEvent(kind="step", draft=Draft([5, 6, 7], "pld"), accepted=0, committed=[9], target_token=9)]
+              StepEvent(kind="step", draft=tree, accepted_path=list(range(2)), committed=[11, 14, 9]),
+              StepEvent(kind="step", draft=tree, accepted_path=list(range(1)), committed=[10, 9]),
+              StepEvent(kind="step", draft=Draft([5, 6, 7], "pld"), committed=[9])]
     stats = summarize(events, wall_seconds=1.0, ttft_seconds=0.1)
     assert stats.position_drafted == [3, 3, 1]  # depth, not node count: no tree reaches position 3
     assert stats.position_accepted == [2, 1, 0]

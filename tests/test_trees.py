@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import TINY_EOS, TINY_VOCAB, hf_greedy
 
-from specdec_cli.decoding.draft import Draft
+from specdec_cli.decoding.draft import NOTHING, Draft
 from specdec_cli.decoding.engine import Engine, GenerationConfig, first_branch, trim
 from specdec_cli.decoding.verify import greedy_accept_tree, speculative_accept_tree
 from specdec_cli.target.tree_mask import tree_layout
@@ -57,6 +57,7 @@ class TreeDrafter:
     """A tree around the true continuation: junk first child, the truth as a later sibling, duplicates."""
 
     name = "tree"
+    needs = NOTHING
 
     def __init__(self, reference, prompt_len, seed=0):
         self.reference, self.prompt_len, self.rng = reference, prompt_len, random.Random(seed)
@@ -78,6 +79,9 @@ class TreeDrafter:
         return Draft(tokens[:budget], self.name, parents=parents[:budget])
 
     def observe(self, event):
+        pass
+
+    def reset(self):
         pass
 
 

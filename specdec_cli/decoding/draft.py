@@ -7,7 +7,9 @@ first, so that any prefix the engine keeps (it trims drafts to what pays off) is
 size. A chain is the tree whose parents are -1, 0, 1, ...; it is the common case and `parents=None` spells it.
 
 A `StepEvent` is emitted by the engine once per target forward (and once for the prefill). Displays,
-statistics and drafters all read the same events; a drafter that needs more from the engine gets it here.
+statistics and drafters all read the same events. What costs the engine extra work (the target's top tokens at
+every scored position, its hidden states) is on an event only when the drafter in use asks for it: a drafter
+declares what it reads in `needs`, and the engine computes that and nothing else, once per generation.
 This module holds data only: no torch import at module load.
 """
 
@@ -55,33 +57,63 @@ class Draft:
         return Draft(tokens=[], source=source)
 
 
+@dataclass(frozen=True)
+class Needs:
+    """What a drafter reads from step events beyond the tokens, each costing the engine work on every step."""
+
+    scored_topk: bool = False  # the target's top-8 token ids at every scored position (a torch.topk per step)
+    features: bool = False  # the target's last hidden states (requested from every forward)
+
+    def __or__(self, other: "Needs") -> "Needs":
+        """What two drafters read together (a hybrid and its auxiliary)."""
+        return Needs(self.scored_topk or other.scored_topk, self.features or other.features)
+
+
+NOTHING = Needs()  # a drafter that reads tokens only
+
+
 @dataclass(kw_only=True)  # built by keyword only: its fields are many, and most are optional
 class StepEvent:
     kind: EventKind
-    draft: Draft  # what was proposed (empty for the prefill and for plain decoding)
-    accepted: int  # how many draft tokens the target accepted (along the accepted path)
-    committed: list[int]  # tokens appended to the context by this event: accepted drafts + target's token
-    target_token: int  # the target's own token: correction at the first mismatch, or the bonus token
-    accepted_path: list[int] = field(default_factory=list)  # node indices of the accepted drafts
-    context_len: int = 0  # committed context length after this event (prompt included)
+    draft: Draft  # what was verified (empty for the prefill and for plain decoding)
+    committed: list[int]  # tokens appended to the context by this event: accepted drafts + target's own token
+    # node indices of the accepted drafts (a chain's: 0, 1, ..., accepted - 1); the target's own token follows
+    # them in `committed` (unless a stop string or the token budget cut it)
+    accepted_path: list[int] = field(default_factory=list)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     prompt_tokens: Sequence[int] = ()  # prefill only: the prompt as fed to the target
     settings: Optional["GenerationConfig"] = None  # prefill only: the generation settings in force
     finished: Optional[FinishReason] = None  # on the last event of a generation
-    scored_topk: Optional[list[list[int]]] = None  # step only: target's top-8 ids after root and each node
+    # step only, for a drafter whose needs say so: the target's top-8 ids after the root and after each node
+    scored_topk: Optional[list[list[int]]] = None
     verify_rows: int = 0  # step only: rows of the verify forward (len(draft) + 1, more when padded)
     # the target's last hidden states (after its final norm: what its LM head reads) at the positions this event
     # scored and committed: prefill [prompt_len, hidden]; step [1 + accepted, hidden] (the root and the accepted
-    # drafts). The newest committed token has none until the next forward scores it. Views of tensors the
-    # forward computed anyway (feature-level drafters read them; others ignore them).
+    # drafts). The newest committed token has none until the next forward scores it. Only for a drafter whose
+    # needs say so (None otherwise).
     features: Optional["torch.Tensor"] = None
+
+    @property
+    def accepted(self) -> int:
+        """How many draft tokens the target accepted (along the accepted path)."""
+        return len(self.accepted_path)
 
 
 @runtime_checkable
 class Drafter(Protocol):
+    """`name` names the drafter (drafts name their own `source`); `needs` is what it reads from step events beyond
+    the tokens (read once per generation: the engine computes only that). `propose(context, budget)` returns at
+    most `budget` tokens (nodes) to follow `context`; `observe(event)` is told every event, the prefill included;
+    `reset()` forgets the conversation (the next context starts a new one; static indexes and what was learned of
+    the target's habits may stay). Whether a draft is worth its verification, or its drafting, is the engine's
+    planner's call alone (planner.py): a drafter drafts what it is asked for."""
+
     name: str
+    needs: Needs
 
     def propose(self, context: Sequence[int], budget: int) -> Draft: ...
 
     def observe(self, event: StepEvent) -> None: ...
+
+    def reset(self) -> None: ...

@@ -36,7 +36,8 @@ from .stats import GenerationStats, summarize
 from .verify import children_of, greedy_accept, greedy_accept_tree, speculative_accept, speculative_accept_tree
 
 EventCallback = Callable[[StepEvent], None]
-SCORED_TOPK = 8  # each step event carries the target's top-8 tokens at every scored position
+SCORED_TOPK = 8  # a drafter that needs scored_topk gets the target's top-8 tokens at every scored position
+STOP_MARGIN = 16  # characters of earlier text decoded beyond the longest stop string (split characters, spaces)
 
 
 @dataclass
@@ -91,14 +92,15 @@ class Engine:
             if on_event is not None:
                 on_event(event)
 
+        needs = drafter.needs  # what the drafter reads beyond tokens: computed for it alone
         started = time.perf_counter()
         # Prefill: the whole prompt in one forward; its last logits give the first new token.
-        logits, features = self._forward(context, cache, 0, last_only=True)  # [1, vocab], [prompt, hidden]
+        logits, features = self._forward(context, cache, 0, last_only=True,
+                                         features=needs.features)  # [1, vocab], [prompt, hidden] or None
         first = self._choose(logits[-1], generator, config)
         ttft = time.perf_counter() - started
         finish, committed, text_end = self._commit(context, new_tokens, [first], eos, config)
-        emit(StepEvent(kind="prefill", draft=Draft.empty("prefill"), accepted=0, committed=committed,
-                       target_token=first, context_len=len(context), verify_seconds=ttft,
+        emit(StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=committed, verify_seconds=ttft,
                        prompt_tokens=tuple(prompt_ids), settings=config, finished=finish, features=features))
 
         while finish is None:
@@ -106,7 +108,10 @@ class Engine:
             # 1. Draft: the drafter guesses up to `budget` tokens (chain) or nodes (tree) after the context;
             #    the planner keeps the part worth verifying and picks the forward's row count.
             t0 = time.perf_counter()
-            draft = drafter.propose(context, budget) if budget > 0 else Draft.empty(drafter.name)
+            asked = budget  # the planner's one call on whether drafting pays, and how much (planner.py)
+            if config.cost_aware and budget > 0:
+                asked = self.planner.draft_budget(drafter.name, budget)
+            draft = drafter.propose(context, asked) if asked > 0 else Draft.empty(drafter.name)
             self.planner.observe_drafting(draft.source, len(draft), time.perf_counter() - t0)
             draft, plan = self._plan(draft, budget, config)
             t1 = time.perf_counter()
@@ -116,7 +121,8 @@ class Engine:
             rows = plan.rows if limit is None else min(plan.rows, limit - past)  # padding stays inside the context
             rows = rows if max_rows is None else min(rows, max_rows)  # and inside the row-invariant sizes
             block, parents = pad_block([context[-1], *draft.tokens], draft.parents, rows)
-            logits, features = self._forward(block, cache, past, tree=parents)  # [rows, vocab], [rows, hidden]
+            logits, features = self._forward(block, cache, past, tree=parents,
+                                             features=needs.features)  # [rows, vocab], [rows, hidden] or None
             logits = logits[: len(draft) + 1]  # [k+1, vocab]
             # 3. Accept: the longest acceptable path, then the target's own token after it.
             path, target_token = self._accept(draft, logits, config, generator)
@@ -128,11 +134,12 @@ class Engine:
             t2 = time.perf_counter()
             if config.cost_aware:
                 self.planner.record(draft, len(path), len(committed), rows, t2 - t1, t1 - t0)
-            topk = torch.topk(logits, min(SCORED_TOPK, logits.shape[-1]), dim=-1).indices.tolist()  # [k+1, 8]
+            topk = None
+            if needs.scored_topk:  # [k+1, 8]
+                topk = torch.topk(logits, min(SCORED_TOPK, logits.shape[-1]), dim=-1).indices.tolist()
             if features is not None:  # the root's and the accepted path's rows: [1 + accepted, hidden]
                 features = features[[0, *(node + 1 for node in path)]]
-            emit(StepEvent(kind="step", draft=draft, accepted=len(path), committed=committed,
-                           target_token=target_token, accepted_path=path, context_len=len(context),
+            emit(StepEvent(kind="step", draft=draft, committed=committed, accepted_path=path,
                            draft_seconds=t1 - t0, verify_seconds=t2 - t1, finished=finish, scored_topk=topk,
                            verify_rows=rows, features=features))
 
@@ -217,7 +224,13 @@ class Engine:
         return finish, committed, text_end
 
     def _find_stop(self, before: list[int], committed: list[int], stops: Sequence[str]) -> tuple[int, Optional[int]]:
-        """Where the first stop string begins in the decoded output, and how many committed tokens reach it."""
+        """Where the first stop string begins in the decoded output, and how many committed tokens reach it.
+
+        A step decodes only a tail window: the committed tokens after enough of the earlier ones to hold any stop
+        string that began before them (and a margin for characters split across tokens). Only when a stop string
+        shows there is the whole output decoded, once, to place it exactly."""
+        if not self._stop_in_tail(before, committed, stops):
+            return len(committed), None
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         text = decode(before + committed)
         hits = [text.find(stop) for stop in stops if stop and stop in text]
@@ -228,6 +241,17 @@ class Engine:
             if len(decode(before + committed[:keep])) > cut:
                 return keep, cut
         return len(committed), cut
+
+    def _stop_in_tail(self, before: list[int], committed: list[int], stops: Sequence[str]) -> bool:
+        """Whether a stop string shows in the text of the committed tokens after a tail of the earlier ones that
+        decodes to at least the longest stop string plus STOP_MARGIN characters (or all of them)."""
+        wanted = max(len(stop) for stop in stops) + STOP_MARGIN
+        count = min(len(before), wanted)  # tokens of the tail; most decode to a character or more
+        while count < len(before) and len(self.tokenizer.decode(before[-count:], skip_special_tokens=True)) < wanted:
+            count = min(len(before), 2 * count)
+        tail = before[len(before) - count :]
+        text = self.tokenizer.decode(tail + committed, skip_special_tokens=True)
+        return any(stop and stop in text for stop in stops)
 
     # -- set-up the loop relies on, each in its own room ---------------------------------------------------
 

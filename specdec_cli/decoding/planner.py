@@ -18,7 +18,10 @@ section 7, has measured curves). Hence:
 - `DraftCosts` charges a chain drafter's own seconds per drafted token (a draft model).
 - `SourceRates` is the safety net: per source, the realised tokens per second of the steps that verified its
   drafts against plain decoding's 1 / t(1); a source that loses is benched (probed now and then).
-- `DraftPlanner` puts them together for the engine (and for benchmarks/replay_drafters.py).
+- `DraftPlanner` puts them together for the engine (and for benchmarks/replay_drafters.py). For a drafter whose
+  drafts have a fixed planning key (a draft model, a feature head: no match length) it decides before drafting
+  (`draft_budget`), so that drafting which would be trimmed away is never done: the one place where drafting
+  stops when it does not pay (drafters do not back off on their own).
 
 Nothing here touches the accept/reject rule: planning changes what is verified, never what is committed.
 This module does not run the model or time anything itself: the engine reports each step's seconds.
@@ -262,6 +265,7 @@ class DraftPlanner:
         self.draft_costs = DraftCosts()
         self.rates = SourceRates()
         self.steps = 0  # drafting steps planned
+        self._granted: Optional[tuple[str, int]] = None  # (source, nodes): this step's decision before drafting
 
     @property
     def curve(self) -> CostCurve:
@@ -284,23 +288,40 @@ class DraftPlanner:
     def observe_drafting(self, source: str, drafted: int, seconds: float) -> None:
         self.draft_costs.observe(source, drafted, seconds)
 
+    def draft_budget(self, source: str, budget: int) -> int:
+        """Before drafting: how many tokens (nodes) to ask of a drafter whose drafts come from `source` with no
+        match length (a draft model, a feature head, a table), once such drafts have a record: what `plan` would
+        keep of a whole draft, so that drafting that would be trimmed away is not done (0: no drafting this step;
+        now and then a probe, as `plan` verifies one). `plan` then keeps that decision for the draft. A drafter
+        without such a record (a hybrid's drafts name other sources; a retrieval draft has a match length) is
+        asked for `budget` and planned after drafting. This is the one place that stops drafting when it does not
+        pay: drafters draft what they are asked for."""
+        self._granted = None
+        if budget <= 0 or self._curve is None:
+            return budget
+        chain = (source, 0) in self.acceptance.drafted
+        tree = any(key[0] == source for key in self.acceptance.tree_stats)
+        if not (chain or tree):
+            return budget
+        keep = self._decide(source, 0, not tree, budget, budget)
+        if tree and keep:  # a tree search costs the same for more nodes: fill the forward `plan` will choose
+            keep = min(budget, self.curve.cheapest_at_least(keep + 1, self._max_rows(budget)) - 1)
+        self._granted = (source, keep)
+        return keep
+
     def plan(self, draft: "Draft", budget: int) -> Plan:
         """How many of the draft's nodes to verify, in a forward of how many rows."""
+        granted, self._granted = self._granted, None
         longest = min(budget, len(draft))
         if longest <= 0:
             return Plan(0, 1)
         self.steps += 1
         curve = self.curve
         max_rows = self._max_rows(budget)
-        cost = curve.envelope(max_rows)
-        if draft.is_chain:
-            key = self.acceptance.key(draft.source, draft.match_len)
-            keep = self.acceptance.plan(key, self.draft_costs.charged(cost, draft.source), longest)
+        if granted is not None and granted[0] == draft.source:  # decided before drafting (`draft_budget`)
+            keep = min(granted[1], longest)
         else:
-            keep = self.acceptance.plan_tree(draft.source, cost, longest)
-        plain_seconds = self.rates.plain_step_seconds(curve(1))
-        if keep and self.rates.losing(draft.source, plain_seconds) and self.rates.hold_back(draft.source):
-            keep = 0
+            keep = self._decide(draft.source, draft.match_len, draft.is_chain, longest, budget)
         if self.steps % COST_PROBE_EVERY == 0:  # time a row count that has not been seen for long
             stale = curve.stale([size for size in curve.seconds if 1 < size <= max_rows])
             if stale is not None:
@@ -309,6 +330,20 @@ class DraftPlanner:
             return Plan(0, 1)
         rows = curve.cheapest_at_least(keep + 1, max_rows)
         return Plan(min(longest, rows - 1), rows)  # a cheaper bigger block takes more of the draft if it has it
+
+    def _decide(self, source: str, match_len: int, chain: bool, longest: int, budget: int) -> int:
+        """How many of `longest` drafted tokens (nodes) of `source` pay for their verification (and drafting)."""
+        curve = self.curve
+        cost = curve.envelope(self._max_rows(budget))
+        if chain:
+            key = self.acceptance.key(source, match_len)
+            keep = self.acceptance.plan(key, self.draft_costs.charged(cost, source), longest)
+        else:
+            keep = self.acceptance.plan_tree(source, cost, longest)
+        plain_seconds = self.rates.plain_step_seconds(curve(1))
+        if keep and self.rates.losing(source, plain_seconds) and self.rates.hold_back(source):
+            keep = 0
+        return keep
 
     def _max_rows(self, budget: int) -> int:
         """The largest forward a step may use: the budget's rows, or the next known row count above them."""

@@ -77,23 +77,23 @@ def evaluate_head(
 
     directory = Path(head_dir).expanduser()
     info = target_info(target, tokenizer)
-    check_target(info)
+    weights = check_target(info)
     trained, meta = load_head(directory, info)
     report = read_report(directory)
     seed = int(((report.get("config") or {}).get("seed")) or 0)
     head_tokens = meta.get("head_tokens")
     depth = draft_max or DEFAULT_DRAFT_MAX
     heads = {True: trained, False: initial_head(target, seed).eval() if baseline else None}
-    lm_weight = info.lm_head.weight.detach()
+    lm_weight = weights.dense_lm_head()
     candidates = {}
     for label, is_trained, width in EAGLE_RUNS:
         head = heads[is_trained]
         if head is None:
             continue
         tree_width = DEFAULT_TREE_WIDTH if width is None else width
-        drafter = EagleDrafter(head, info.embeddings, info.lm_head, head_tokens=head_tokens, draft_max=depth,
+        drafter = EagleDrafter(head, weights, head_tokens=head_tokens, draft_max=depth,
                                eos_token_ids=info.eos_token_ids, tree_width=tree_width)
-        candidates[label] = Candidate(drafter, head_logits_along(drafter.head, info.embeddings, lm_weight),
+        candidates[label] = Candidate(drafter, head_logits_along(drafter.head, weights.embed, lm_weight),
                                       head_tokens)
     started = time.perf_counter()
     budget = max(DEFAULT_BUDGET, depth)  # tree nodes (or chain tokens) per step, as chat and bench verify

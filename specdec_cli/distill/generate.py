@@ -204,8 +204,7 @@ def generate_data(
     for index, prompt_ids in enumerate(rows.prompt_ids):
         if temperature > 0:
             config = replace(config, seed=seed + len(rows.existing) + index + 1)
-        if hasattr(drafter_object, "reset"):
-            drafter_object.reset()
+        drafter_object.reset()
         generation = engine.generate(prompt_ids, drafter_object, config)
         rows.write(index, generation.tokens, generation.finish_reason, generation.stats)
     return rows.summary()

@@ -7,11 +7,16 @@ added here appears everywhere. Heavy modules are imported only when their drafte
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from ..decoding.draft import Drafter
 from ..defaults import DEFAULT_AUX, DEFAULT_L_BIAS
 from ..errors import SpecdecError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from ..target.quant import BlockLinear
 
 DRAFTERS = {
     "none": "plain decoding through the same loop (the baseline)",
@@ -25,6 +30,56 @@ DRAFTERS = {
 
 
 @dataclass(frozen=True)
+class TargetWeights:
+    """The target's frozen token embeddings and LM head, read (never trained) by feature-level heads (eagle)."""
+
+    embedding: "torch.Tensor"  # [vocab, hidden]: the input embedding matrix
+    lm_head: "Union[torch.Tensor, BlockLinear]"  # [vocab, hidden] dense rows, or the target's block layer (quant.py)
+    lm_bias: Optional["torch.Tensor"] = None  # [vocab], when the LM head has one
+    embed_scale: Optional[float] = None  # what the embedding layer multiplies looked-up rows by (Gemma 3's)
+
+    def embed(self, ids: "torch.Tensor") -> "torch.Tensor":
+        """Token ids [...] -> their embeddings [..., hidden], as the target's embedding layer gives them."""
+        import torch
+
+        rows = torch.nn.functional.embedding(ids, self.embedding)
+        return rows if self.embed_scale is None else rows * torch.tensor(self.embed_scale, dtype=rows.dtype)
+
+    def dense_lm_head(self) -> "torch.Tensor":
+        """The LM head's weight [vocab, hidden] as dense rows (a block head unpacked: a float32 copy)."""
+        import torch
+
+        lm_head = self.lm_head
+        return lm_head if isinstance(lm_head, torch.Tensor) else lm_head.weight.detach()
+
+
+def target_weights(model: Any) -> Optional[TargetWeights]:
+    """The embeddings and LM head of a loaded target, or None when its logits are not a plain linear map of its last
+    hidden states (a softcap) or its layers are not an embedding table and a linear (or block) head."""
+    import torch
+
+    from ..target.quant import BlockLinear
+
+    config = getattr(model, "config", None)
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+        return None
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(embeddings, torch.nn.Embedding) or head is None:
+        return None
+    scale = getattr(embeddings, "embed_scale", None)  # (transformers' scaled embeddings keep it as a buffer)
+    bias = getattr(head, "bias", None)
+    bias = bias.detach() if isinstance(bias, torch.Tensor) else None
+    if isinstance(head, BlockLinear):  # (its `weight` would unpack and keep a float32 copy: test the type first)
+        lm_head: Union[torch.Tensor, BlockLinear] = head
+    elif isinstance(getattr(head, "weight", None), torch.Tensor):
+        lm_head = head.weight.detach()
+    else:
+        return None
+    return TargetWeights(embeddings.weight.detach(), lm_head, bias, None if scale is None else float(scale))
+
+
+@dataclass(frozen=True)
 class TargetInfo:
     """What drafters may know about the target without holding the model."""
 
@@ -33,9 +88,7 @@ class TargetInfo:
     fingerprint: str = ""  # tokenizer fingerprint (see specdec_cli.texts.fingerprint)
     device: str = "cpu"  # where the target runs: a draft model is put there too
     hidden_size: int = 0  # width of the target's last hidden state (the features step events carry)
-    # the target's frozen token embeddings and LM head (feature-level heads read tokens through them); never trained
-    embeddings: Any = field(default=None, compare=False, repr=False)
-    lm_head: Any = field(default=None, compare=False, repr=False)
+    weights: Optional[TargetWeights] = field(default=None, compare=False, repr=False)  # for feature-level heads
 
 
 @dataclass
@@ -50,7 +103,7 @@ class DrafterOptions:
     draft_model: Optional[str] = None  # model: directory of the draft model
     draft_min_prob: float = 0.0  # model: stop a chain when the draft's top probability falls below this
     memory: Optional[str] = None  # sam: an answer-memory directory read as a static index (memory.py)
-    extra: dict = field(default_factory=dict)
+    aded_time_budget: Optional[float] = None  # aded: seconds of tree search per draft; None = aded.TIME_BUDGET
 
 
 HYBRID_HEAD = "sam"  # `sam+recycle` = sam with recycle as its auxiliary drafter (same as `sam --aux recycle`)

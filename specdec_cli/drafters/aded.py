@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 
-from ..decoding.draft import Draft, StepEvent
+from ..decoding.draft import NOTHING, Draft, StepEvent
 from .base import check_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -347,6 +347,7 @@ def merge_paths(paths: Sequence[Sequence[int]], max_nodes: int = MAX_NODES,
 
 class AdedDrafter:
     name = "aded"
+    needs = NOTHING
 
     def __init__(self, table: Optional[TrigramTable] = None, *, draft_max: int = MAX_NODES,
                  time_budget: Optional[float] = TIME_BUDGET, iterations: int = ITERATIONS, seed: int = 0,
@@ -359,6 +360,10 @@ class AdedDrafter:
         self.rng = random.Random(seed)
         self.seen: list[int] = []  # the conversation so far (to adapt only new prompt text)
         self.last_iterations = 0
+
+    def reset(self) -> None:
+        """Forget the conversation (the next prompt is learned whole); the tri-gram table stays."""
+        self.seen = []
 
     def observe(self, event: StepEvent) -> None:
         check_token_ids(event.committed, self.vocab_size, "committed tokens")
@@ -419,15 +424,14 @@ def keep_best(tokens: Sequence[int], parents: Sequence[int], weights: Sequence[f
 def make_aded_drafter(options: "DrafterOptions", target: "TargetInfo") -> AdedDrafter:
     """The `aded` drafter for `make_drafter`: with `options.index` the tri-gram table is built from the index's
     corpus tokens (checked against the target's tokenizer like the `sam` drafter's index), else it starts
-    empty and learns from the conversation. `options.extra["aded_time_budget"]` (seconds) overrides the
-    per-draft search time."""
+    empty and learns from the conversation. `options.aded_time_budget` (seconds) overrides the per-draft search
+    time."""
     table = None
     if options.index:
         from .sam import load_index_for_target
 
         index = load_index_for_target(options.index, target)
         table = build_trigram_table(np.asarray(index.automaton.text), index.eos_id)
-    extra = options.extra if isinstance(options.extra, dict) else {}
-    time_budget = float(extra.get("aded_time_budget", TIME_BUDGET))
+    time_budget = TIME_BUDGET if options.aded_time_budget is None else float(options.aded_time_budget)
     return AdedDrafter(table, draft_max=min(options.draft_max or MAX_NODES, MAX_NODES), time_budget=time_budget,
                        vocab_size=target.vocab_size)

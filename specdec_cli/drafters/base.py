@@ -1,10 +1,13 @@
-"""What every drafter shares: token ids checked where they enter a drafter. The protocol itself, two typed
-methods and nothing else, is `Drafter` in decoding/draft.py:
+"""What every drafter shares: token ids checked where they enter a drafter. The protocol itself is `Drafter` in
+decoding/draft.py, typed and nothing else:
 
 `propose(context, budget)` returns a `Draft` of at most `budget` tokens (nodes) to follow `context`, the
 whole committed token sequence (prompt and generated tokens). `observe(event)` is told every engine event,
 the prefill included, so stateful drafters (automata, n-gram tables, draft-model caches) stay in step with
-the committed text. A drafter never calls back into the engine.
+the committed text; `reset()` forgets the conversation. `needs` (a `Needs`) says what a drafter reads from the
+events beyond tokens (the target's scored top-k, its hidden states): the engine computes that and nothing
+else. Whether drafting pays is the engine's planner's call (`budget` 0: the engine does not even ask); a
+drafter drafts what it is asked for. A drafter never calls back into the engine.
 
 Token ids are checked where they enter a drafter (`check_token_ids`): one negative or not below the vocabulary
 (when the drafter knows it) is a one-line SpecdecError, never a hang, a wrapped index or a huge allocation. The

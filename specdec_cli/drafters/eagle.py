@@ -6,9 +6,10 @@ for every committed token but the newest. `propose` feeds the head the pairs (f_
 one forward with the head's own KV cache; the last output predicts the newest token's feature, whose LM-head argmax
 is the first drafted token; each further token feeds the predicted feature back in with the token just chosen. The
 speculative pairs are dropped from the head's cache afterwards (the next event brings the real features). A chain
-stops at `draft_max`, at an EOS, or when the head's own top probability falls below `min_prob`. When the engine's
-planner drops its drafts (they would not pay) or none of them is accepted, it skips its next 1, 2, 4, up to
-`MAX_BACKOFF` proposals, so a head that does not pay on this machine costs little.
+stops at `draft_max`, at an EOS, or when the head's own top probability falls below `min_prob`. It drafts what the
+engine asks for: the engine's planner asks for nothing when its drafts would not pay (and for a probe now and
+then), so a head that does not pay on this machine costs little. It declares `needs.features`: only then do the
+engine's forwards return hidden states.
 
 With `tree_width` > 0 it drafts a tree instead, as EAGLE-2 grows one: every node's score is the product of the
 head's probabilities along its path; each level, the `tree_width` best-scoring unexpanded nodes are fed to the head
@@ -18,29 +19,29 @@ scoring nodes are returned, best first (a child never outscores its parent, so e
 growing stops early once `budget` nodes outscore every node still to expand). Drafts are deterministic (no
 `p_draft`), which speculative sampling handles exactly. Tokens are read through the target's frozen LM head
 restricted to the head's `head_tokens` (plus the tokens seen in the context), all of a tree level's rows in one
-read. When the target's LM head is in blocks (the default GGUF's is) the head drafts on the same CPU kernels: its
-layers in 8-bit blocks and the LM-head rows in the target's own blocks, so a head forward reads ~6 MB instead of ~26
-MB of float32. This module never calls the engine and does not train heads.
+read; the target's embeddings and LM head come typed (`TargetWeights`: tensors, or the LM head's block layer). When
+the target's LM head is in blocks (the default GGUF's is) the head drafts on the same CPU kernels: its layers in
+8-bit blocks and the LM-head rows in the target's own blocks, so a head forward reads ~6 MB instead of ~26 MB of
+float32. This module never calls the engine and does not train heads.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import torch
 
-from ..decoding.draft import Draft, StepEvent
+from ..decoding.draft import Draft, Needs, StepEvent
 from ..errors import SpecdecError
 from ..target.quant import BlockLinear
 from .base import check_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover
-    from . import DrafterOptions, TargetInfo
+    from . import DrafterOptions, TargetInfo, TargetWeights
 
 DEFAULT_DRAFT_MAX = 5  # chain length, or tree depth
 DEFAULT_TREE_WIDTH = 4  # nodes expanded per tree level (0 = chains)
 TREE_CHILDREN = 4  # children offered by each expanded node
-MAX_BACKOFF = 8  # proposals skipped after the planner keeps dropping the head's drafts
 SOURCE = "eagle"
 
 
@@ -49,26 +50,32 @@ class HeadVocabulary:
     the context. On a block target the rows stay in its blocks (8 or 4 bits a weight, read by the kernels: the
     target's own logits on those tokens); otherwise they are the dense rows in the target's dtype."""
 
-    def __init__(self, lm_head: Any, ids: Optional[Sequence[int]]) -> None:
-        """`ids`: the head's tokens (None: the whole vocabulary)."""
+    def __init__(self, lm_head: Union[torch.Tensor, BlockLinear], ids: Optional[Sequence[int]],
+                 bias: Optional[torch.Tensor] = None) -> None:
+        """`lm_head`: dense rows [vocab, H] or the target's block layer; `ids`: the head's tokens (None: the whole
+        vocabulary); `bias` [vocab], if the LM head has one."""
         from .. import kernels
 
-        self.on_blocks = isinstance(lm_head, BlockLinear) and kernels.available()
+        if isinstance(lm_head, BlockLinear) and not kernels.available():
+            lm_head = lm_head.weight.detach()  # no kernels to read the blocks: the dense rows
         self.lm_head = lm_head
-        if self.on_blocks:
+        self.bias = bias
+        if isinstance(lm_head, BlockLinear):
+            self.on_blocks = True
             self.device, self.dtype = torch.device("cpu"), torch.float32
             self.vocab = lm_head.out_features
         else:
-            weight = lm_head.weight.detach()
-            self.device, self.dtype = weight.device, weight.dtype
-            self.vocab = int(weight.shape[0])
+            self.on_blocks = False
+            self.device, self.dtype = lm_head.device, lm_head.dtype
+            self.vocab = int(lm_head.shape[0])
         self.ids = torch.tensor([], dtype=torch.long, device=self.device)  # [K]
         self.rows = self._rows(self.ids)  # block records of K rows, or [K, H] dense rows
         self.known: set[int] = set()
         self.extend(range(self.vocab) if ids is None else ids)
 
     def _rows(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.lm_head.select_records(ids) if self.on_blocks else self.lm_head.weight.detach()[ids]
+        lm_head = self.lm_head
+        return lm_head.select_records(ids) if isinstance(lm_head, BlockLinear) else lm_head[ids]
 
     def extend(self, tokens: Sequence[int]) -> None:
         new = sorted({int(token) for token in tokens if 0 <= int(token) < self.vocab} - self.known)
@@ -83,8 +90,8 @@ class HeadVocabulary:
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """features [rows, H] -> float32 logits [rows, K] over `ids`."""
-        bias = getattr(self.lm_head, "bias", None)
-        if self.on_blocks:
+        bias = self.bias
+        if isinstance(self.lm_head, BlockLinear):
             from .. import kernels
 
             logits = kernels.matmul(features.float(), self.lm_head.kind, self.rows, len(self.ids))
@@ -95,11 +102,13 @@ class HeadVocabulary:
 
 class EagleDrafter:
     name = "eagle"
+    needs = Needs(features=True)  # the target's hidden states on every event
 
-    def __init__(self, head: Any, embeddings: Any, lm_head: Any, *, head_tokens: Optional[Sequence[int]] = None,
+    def __init__(self, head: Any, weights: "TargetWeights", *, head_tokens: Optional[Sequence[int]] = None,
                  draft_max: Optional[int] = None, min_prob: float = 0.0, eos_token_ids: Sequence[int] = (),
                  tree_width: int = DEFAULT_TREE_WIDTH) -> None:
-        self.vocabulary = HeadVocabulary(lm_head, head_tokens or None)
+        """`head`: an EagleHead (eagle_head.py); `weights`: the target's embeddings and LM head (never trained)."""
+        self.vocabulary = HeadVocabulary(weights.lm_head, head_tokens or None, weights.lm_bias)
         self.device = self.vocabulary.device
         if self.vocabulary.on_blocks:  # a block target: the head's layers on the same kernels, in float32
             from .eagle_head import head_on_blocks
@@ -109,18 +118,15 @@ class EagleDrafter:
         else:  # the target's dtype: a draft reads the head's weights once per forward, so bfloat16 halves it
             self.dtype = self.vocabulary.dtype
             self.head = head.to(self.device, self.dtype).eval()
-        self.embeddings = embeddings
+        self.weights = weights
         self.draft_max = draft_max or DEFAULT_DRAFT_MAX
         self.min_prob = min_prob
         self.eos = {int(token) for token in eos_token_ids}
         self.tree_width = tree_width
-        # resting follows the planner, which keeps what it learned across conversations: reset() leaves it
-        self.proposed = False  # the last propose returned a draft, not yet answered by a step event
-        self.rest = 0  # proposals still to skip
-        self.backoff = 0  # how many the next unpaid draft makes it skip (doubling, at most MAX_BACKOFF)
         self.reset()
 
     def reset(self) -> None:
+        """Forget the conversation: its features and the head's cache (the next prefill brings new ones)."""
         from .eagle_head import HeadCache
 
         self.features: Optional[torch.Tensor] = None  # [committed - 1, H] in the target's dtype
@@ -130,10 +136,6 @@ class EagleDrafter:
     # -- following the engine ------------------------------------------------------------------------------
 
     def observe(self, event: StepEvent) -> None:
-        if event.kind == "step" and self.proposed:  # our draft: dropped by the planner, or verified and accepted
-            self.backoff = min(2 * self.backoff or 1, MAX_BACKOFF) if not event.accepted else 0
-            self.rest = self.backoff
-        self.proposed = False
         if event.features is None:
             return
         features = event.features.detach().to(self.device, self.dtype)  # [rows, H]
@@ -149,7 +151,7 @@ class EagleDrafter:
 
     def _embed(self, tokens: Sequence[int]) -> torch.Tensor:
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, n]
-        return self.embeddings(ids).to(self.dtype)  # [1, n, H]
+        return self.weights.embed(ids).to(self.dtype)  # [1, n, H]
 
     def _top(self, features: torch.Tensor, count: int) -> list[tuple[list[int], list[float]]]:
         """Predicted features [rows, H] -> per row, the `count` likeliest drafted tokens and their probabilities
@@ -164,17 +166,14 @@ class EagleDrafter:
         known = 0 if self.features is None else int(self.features.shape[0])
         longest = min(budget, self.draft_max)
         if longest <= 0 or self.features is None or known != len(context) - 1:
-            return Draft.empty(SOURCE)
-        if self.rest > 0:  # our last drafts did not pay: rest, and leave the head's catch-up for later
-            self.rest -= 1
-            return Draft.empty(SOURCE)
+            return Draft.empty(SOURCE)  # (nothing asked for: the head's catch-up waits for the next draft)
         fed = len(self.cache)
         if fed > known:  # (cannot happen: the cache only ever holds committed pairs)
             self.cache.crop(known)
             fed = known
         if fed < known:  # the pairs (f_t, x_{t+1}) the head has not seen: t = fed .. known - 1
             new = [int(token) for token in context[fed + 1 : known + 1]]
-            check_token_ids(new, int(getattr(self.embeddings, "num_embeddings", 0) or self.vocabulary.vocab))
+            check_token_ids(new, int(self.weights.embedding.shape[0]))
             positions = torch.arange(fed, known, device=self.device)
             predicted = self.head(self.features[None, fed:known], self._embed(new),
                                   positions, self.cache)[0, -1]  # [H]: the newest token's feature
@@ -185,7 +184,6 @@ class EagleDrafter:
             return Draft.empty(SOURCE)
         draft = self._tree(predicted, known, budget) if self.tree_width > 0 else self._chain(predicted, known, longest)
         self.cache.crop(known)  # drop the speculative pairs
-        self.proposed = len(draft) > 0
         return draft
 
     def _chain(self, predicted: torch.Tensor, known: int, longest: int) -> Draft:
@@ -258,13 +256,12 @@ class EagleDrafter:
                      parents=[order[parents[node]] if parents[node] >= 0 else -1 for node in chosen])
 
 
-def check_target(target: "TargetInfo") -> None:
+def check_target(target: "TargetInfo") -> "TargetWeights":
     """A head reads the target's embeddings and plain linear LM head; refuse a target without them."""
-    lm_head = target.lm_head  # (a BlockLinear's `weight` would unpack and keep a float32 copy: test its type first)
-    if target.embeddings is None or lm_head is None or not (isinstance(lm_head, BlockLinear) or
-                                                            isinstance(getattr(lm_head, "weight", None), torch.Tensor)):
+    if target.weights is None:
         raise SpecdecError("the eagle drafter reads tokens through the target's LM head; this target has none "
                            "that is a plain linear map")
+    return target.weights
 
 
 def make_eagle_drafter(options: "DrafterOptions", target: "TargetInfo") -> EagleDrafter:
@@ -274,8 +271,7 @@ def make_eagle_drafter(options: "DrafterOptions", target: "TargetInfo") -> Eagle
     if not options.draft_model:
         raise SpecdecError("the eagle drafter needs a head directory (make one with `specdec distill train "
                            "--kind eagle`)", setting="draft_model")
-    check_target(target)
+    weights = check_target(target)
     head, meta = load_head(options.draft_model, target)
-    return EagleDrafter(head, target.embeddings, target.lm_head, head_tokens=meta.get("head_tokens"),
-                        draft_max=options.draft_max, min_prob=min_prob_in_force("eagle", options) or 0.0,
-                        eos_token_ids=target.eos_token_ids)
+    return EagleDrafter(head, weights, head_tokens=meta.get("head_tokens"), draft_max=options.draft_max,
+                        min_prob=min_prob_in_force("eagle", options) or 0.0, eos_token_ids=target.eos_token_ids)

@@ -8,12 +8,9 @@ from its distribution warped exactly like the target's (temperature, top-k, top-
 event's settings) under speculative sampling, returning those distributions as `p_draft`. The chain stops
 early when the draft's own top probability falls below `min_prob`, and after an EOS.
 
-Every drafted token costs a forward, so the drafter listens to what the engine did with its drafts (the
-step event carries the draft as verified, after the engine's cost-aware trimming, which charges the drafting
-time too): it drafts as many tokens as the engine verified at most in its last `RECENT` drafts (one more
-every `PROBE_EVERY` drafts, to find out whether longer chains now pay), and when the engine verified nothing
-of its latest draft and on average under half a token of the recent ones, it pauses, drafting one token
-every `PROBE_EVERY` steps to see whether that changed.
+Every drafted token costs a forward, so how long a chain is worth drafting is the engine's planner's call: it
+charges the drafting time per token, and asks (through `budget`) for the length that pays, or for nothing
+(with a probe now and then). The drafter drafts what it is asked for.
 
 A draft trained by `specdec distill` usually predicts only a subset of the vocabulary (`head_tokens` in its
 `specdec_draft.json`: the tokens its training data and its target use most), which cuts its largest matrix,
@@ -30,13 +27,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..decoding.draft import Draft, StepEvent
+from ..decoding.draft import NOTHING, Draft, StepEvent
 from ..errors import SpecdecError
 from .base import check_token_ids
 
 DEFAULT_DRAFT_MAX = 6  # drafting costs a forward per token: shorter chains than the retrieval drafters
-RECENT = 8  # how many of its recent drafts the drafter sizes the next one by
-PROBE_EVERY = 16  # while paused, draft one token this often
 DRAFT_META = "specdec_draft.json"  # written by `specdec distill train` next to the weights
 
 
@@ -117,6 +112,7 @@ class DraftHead:
 
 class ModelDrafter:
     name = "model"
+    needs = NOTHING  # tokens only
 
     def __init__(
         self,
@@ -146,9 +142,6 @@ class ModelDrafter:
         self.top_p = 1.0
         self.generator: Optional[torch.Generator] = None
         self.forwards = 0  # draft forwards so far (for statistics and tests)
-        self.verified: list[int] = []  # how many tokens of each of its recent drafts the engine verified
-        self.proposed = False  # whether the last propose returned tokens (so the next step event is about them)
-        self.idle = 0  # proposals since the drafter started judging by the engine's verdicts
         self.reset()
 
     def reset(self) -> None:
@@ -161,9 +154,6 @@ class ModelDrafter:
 
     def observe(self, event: StepEvent) -> None:
         if event.kind != "prefill":
-            if self.proposed and event.draft.source == self.name:
-                self.verified = (self.verified + [len(event.draft)])[-RECENT:]
-            self.proposed = False
             return
         settings = event.settings
         self.temperature = settings.temperature if settings is not None else 0.0
@@ -178,24 +168,12 @@ class ModelDrafter:
             # a seeded run is reproducible; the offset keeps the draft's stream apart from the engine's
             self.generator.manual_seed(int(seed) + 7919 if seed is not None else torch.seed())
 
-    def useful_length(self) -> int:
-        """The longest chain worth drafting now, judged by what the engine verified of the recent drafts."""
-        if len(self.verified) < RECENT:
-            return self.draft_max
-        self.idle += 1
-        if self.verified[-1] > 0 or sum(self.verified) >= 0.5 * len(self.verified):
-            return max(self.verified) + (1 if self.idle % PROBE_EVERY == 0 else 0)
-        return 1 if self.idle % PROBE_EVERY == 0 else 0
-
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         limit = min(int(budget), self.draft_max)
-        if limit > 0:
-            limit = min(limit, self.useful_length())
         if limit <= 0 or not len(context):
             return Draft.empty(self.name)
         ids = [int(token) for token in context]
         check_token_ids(ids, self.head.vocab_size)  # an id beyond the draft's embeddings would fail inside torch
-        self.proposed = True
         import torch
 
         with torch.inference_mode():
@@ -341,8 +319,7 @@ def make_model_drafter(options: Any, target: Any) -> ModelDrafter:
     if not options.draft_model:
         raise SpecdecError("the model drafter needs a draft model directory (make one with `specdec distill`)",
                            setting="draft_model")
-    extra = getattr(options, "extra", None) or {}
     # on the target's device (a draft on the CPU beside a target on a GPU would copy every step's tokens across)
-    model, _, meta = load_draft_model(options.draft_model, target, target.device, extra.get("dtype"))
+    model, _, meta = load_draft_model(options.draft_model, target, target.device)
     return ModelDrafter(model, draft_max=options.draft_max, min_prob=options.draft_min_prob,
                         eos_token_ids=target.eos_token_ids, head_tokens=meta.get("head_tokens"))

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..decoding.draft import Draft, StepEvent
+from ..decoding.draft import NOTHING, Draft, StepEvent
 
 
 class NoDrafter:
     name = "none"
+    needs = NOTHING
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         return Draft.empty(self.name)
 
     def observe(self, event: StepEvent) -> None:
+        pass
+
+    def reset(self) -> None:
         pass

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..decoding.draft import Draft, StepEvent
+from ..decoding.draft import NOTHING, Draft, StepEvent
 from ..errors import SpecdecError
 
 SOURCE = "oracle"
@@ -23,6 +23,7 @@ SOURCE = "oracle"
 
 class OracleDrafter:
     name = "oracle"
+    needs = NOTHING
 
     def __init__(self, references: Sequence[Sequence[int]], draft_max: int):
         if draft_max < 1:
@@ -45,6 +46,11 @@ class OracleDrafter:
         if self.on_track and reference[self.done : self.done + len(committed)] != committed:
             self.on_track = False
         self.done += len(committed)
+
+    def reset(self) -> None:
+        """Back on track for the rest of this turn (the next prefill still moves to the next reference)."""
+        self.done = 0
+        self.on_track = True
 
     def _reference(self) -> list[int]:
         return self.references[self.turn] if 0 <= self.turn < len(self.references) else []

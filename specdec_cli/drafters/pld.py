@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..decoding.draft import Draft, StepEvent
+from ..decoding.draft import NOTHING, Draft, StepEvent
 from .base import check_token_ids
 
 DEFAULT_DRAFT_MAX = 8
@@ -19,6 +19,7 @@ DEFAULT_DRAFT_MAX = 8
 
 class PromptLookupDrafter:
     name = "pld"
+    needs = NOTHING
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, draft_max: Optional[int] = None, vocab_size: int = 0):
         self.max_ngram = max(1, max_ngram)
@@ -42,6 +43,9 @@ class PromptLookupDrafter:
 
     def observe(self, event: StepEvent) -> None:
         pass
+
+    def reset(self) -> None:
+        pass  # it keeps nothing: every draft reads the context it is given
 
 
 def find_latest_match(tokens: np.ndarray, ngram: int) -> Optional[int]:

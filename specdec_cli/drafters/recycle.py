@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 
-from ..decoding.draft import Draft, StepEvent
+from ..decoding.draft import Draft, Needs, StepEvent
 from .base import check_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -91,6 +91,7 @@ class TreeTemplate:
 
 class RecycleDrafter:
     name = "recycle"
+    needs = Needs(scored_topk=True)  # the target's top-8 at every scored position: the matrix's rows
 
     def __init__(self, vocab_size: int, draft_max: int = DRAFT_MAX, template: Sequence[int] = TEMPLATE):
         self.vocab_size = vocab_size  # ids at or above it are refused (0: not known; negative ones always are)
@@ -100,6 +101,11 @@ class RecycleDrafter:
         self.template = TreeTemplate(template)
         self._last: Optional[int] = None  # newest committed token: the root of the next step
         self._seen: list[int] = []  # the conversation so far (prompt and committed tokens)
+
+    def reset(self) -> None:
+        """Forget the conversation (the next prompt is learned whole); the matrix stays, so the next starts hot."""
+        self._last = None
+        self._seen = []
 
     # ------------------------------------------------------------------------------ learning
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
-from ..decoding.draft import Draft, Drafter, StepEvent
+from ..decoding.draft import NOTHING, Draft, Drafter, StepEvent
 from ..defaults import DEFAULT_L_BIAS
 from ..errors import SpecdecError
 from ..sam.automaton import ROOT, DynamicAutomaton, StaticAutomaton
@@ -76,10 +76,17 @@ class SamDrafter:
         self.memory_from = memory_from  # static text positions from here on are remembered answers
         self.frequent = frequent  # static drafts: the continuation most occurrences take, not the earliest's
         self.vocab_size = vocab_size  # ids at or above it are refused (0: not known; negative ones always are)
-        self.reset()
+        self.needs = NOTHING if aux is None else aux.needs  # the automata read tokens only; the auxiliary may not
+        self._restart()
 
     def reset(self) -> None:
-        """Forget the conversation (the static index stays)."""
+        """Forget the conversation, the auxiliary's too (the static index stays)."""
+        self._restart()
+        if self.aux is not None:
+            self.aux.reset()
+
+    def _restart(self) -> None:
+        """Start the dynamic automaton over (its text diverged from the context, or a new conversation)."""
         self.dynamic = DynamicAutomaton(self.separators)
         self.dynamic_state, self.dynamic_len = ROOT, 0
         self.static_state, self.static_len = ROOT, 0
@@ -102,7 +109,7 @@ class SamDrafter:
         tokens = [int(token) for token in tokens]
         seen = self.dynamic.text
         if len(tokens) < len(seen) or tokens[: len(seen)] != seen:
-            self.reset()
+            self._restart()
             seen = self.dynamic.text
         self._feed(tokens[len(seen) :])
 

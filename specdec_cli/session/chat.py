@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..decoding.engine import Engine, EventCallback, Generation, GenerationConfig
 from ..defaults import DEFAULT_DRAFTER, DEFAULT_TARGET
-from ..drafters import DrafterOptions, TargetInfo, check_drafter, check_drafter_options, make_drafter
+from ..drafters import DrafterOptions, TargetInfo, check_drafter, check_drafter_options, make_drafter, target_weights
 from ..errors import SpecdecError
 from ..texts.memory import Memory
 from .compare import Comparison, compare
@@ -42,10 +42,9 @@ def target_info(model: Any, tokenizer: Any) -> TargetInfo:
     eos = eos_token_ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer)
     vocab = max(len(tokenizer), int(getattr(model.config, "vocab_size", 0) or 0))
     device = str(next(model.parameters()).device)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return TargetInfo(vocab_size=vocab, eos_token_ids=tuple(eos), fingerprint=tokenizer_fingerprint(tokenizer),
                       device=device, hidden_size=int(getattr(model.config, "hidden_size", 0) or 0),
-                      embeddings=model.get_input_embeddings(), lm_head=head)
+                      weights=target_weights(model))
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,10 @@
 
 A chain sits at positions start..start+n-1 under the causal mask. A token tree (`tree`: the parents of
 token_ids[1:], token_ids[0] being the root) puts each node at start + depth, attending to the cached prefix,
-its ancestors and itself only (tree_mask.py). A forward returns the logits and the last hidden states (the
-features feature-level drafters read). Which forward runs, specdec's native decoder or the model's own, is
-exact_setup.py's choice. This file does not choose tokens, roll the cache back (rollback.py) or time anything.
+its ancestors and itself only (tree_mask.py). A forward returns the logits and, when asked (`features`), the
+last hidden states (what feature-level drafters read; other forwards do not request them). Which forward runs,
+specdec's native decoder or the model's own, is exact_setup.py's choice. This file does not choose tokens, roll
+the cache back (rollback.py) or time anything.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ class Scores(NamedTuple):
     """What one forward computed for its n new tokens."""
 
     logits: torch.Tensor  # [n, vocab] ([1, vocab] with last_only)
-    features: Optional[torch.Tensor]  # the last hidden states [n, hidden] (after the final norm), if given
+    features: Optional[torch.Tensor]  # the last hidden states [n, hidden] (after the final norm), if asked for
 
 
 class TargetForward:
-    """`forward(token_ids, cache, start, last_only, tree)` -> Scores, on the forward `exactness` chooses."""
+    """`forward(token_ids, cache, start, last_only, tree, features)` -> Scores, on the forward `exactness` chooses."""
 
     def __init__(self, model: Any, exactness: ExactSetup):
         self.model = model
@@ -33,8 +34,9 @@ class TargetForward:
         self.device = next(model.parameters()).device
 
     def __call__(self, token_ids: Sequence[int], cache: Any, start: int, last_only: bool = False,
-                 tree: Optional[Sequence[int]] = None) -> Scores:
-        """Score token_ids placed after the `start` cached tokens (appending their entries to the cache)."""
+                 tree: Optional[Sequence[int]] = None, features: bool = False) -> Scores:
+        """Score token_ids placed after the `start` cached tokens (appending their entries to the cache); with
+        `features`, return the last hidden states too (all n rows, also with last_only)."""
         input_ids = torch.tensor([list(token_ids)], device=self.device)  # [1, n]
         kwargs: dict = {"logits_to_keep": 1} if last_only else {}
         if tree is None:
@@ -46,6 +48,6 @@ class TargetForward:
             kwargs["attention_mask"] = tree_attention_mask(self.model.config, start, depth, ancestors,
                                                            self.model.dtype, self.device)
         out = self.exactness.forward(input_ids=input_ids, position_ids=position_ids, past_key_values=cache,
-                                     use_cache=True, output_hidden_states=True, **kwargs)
-        features = out.hidden_states[-1][0] if out.hidden_states else None  # [n, hidden] (last layer, normed)
-        return Scores(out.logits[0], features)  # logits [n, vocab] (or [1, vocab] with last_only)
+                                     use_cache=True, output_hidden_states=features, **kwargs)
+        hidden = out.hidden_states[-1][0] if features and out.hidden_states else None  # [n, hidden] (last, normed)
+        return Scores(out.logits[0], hidden)  # logits [n, vocab] (or [1, vocab] with last_only)
