@@ -55,7 +55,7 @@ def bench(
     weights: str = options.weights(),
     memory: Optional[str] = typer.Option(None, "--memory", help="Let sam draft from this answer-memory directory (`specdec memory info` shows it); the bench never reads or writes the memory otherwise."),
     exact: Optional[bool] = options.exact(note="; when on, the `native` row times plain decoding on the model's own kernels"),
-    engine: str = typer.Option("specdec", "--engine", help="specdec (this process), or vllm: the methods inside vLLM "
+    engine: str = options.choice("specdec", "--engine", options.ENGINES, help="specdec (this process), or vllm: the methods inside vLLM "
                                f"(each in its own vLLM process; drafters {', '.join(VLLM_DRAFTERS)}; --reference "
                                f"{','.join(VLLM_METHODS)} for vLLM's own, default ngram), one request at a time and "
                                "--concurrency at once. Needs `make install-vllm`."),
@@ -90,7 +90,7 @@ def bench(
     )
     from ..drafters import DrafterOptions
     from ..files import check_output_file
-    from ..target.models import check_weights, load_target, pick_device, resolve_target
+    from ..target.models import LoadSettings, check_load, load_target
     from ..texts.prompts import load_prompts
 
     # Everything a user can get wrong is checked before the model loads.
@@ -115,8 +115,7 @@ def bench(
         llama_server=llama_server,
     )
     settings.check()
-    source_file = resolve_target(target)
-    check_weights(weights, source_file, pick_device(device), dtype)
+    source_file = check_load(LoadSettings(target, device, dtype, weights)).source  # loads nothing yet
     gguf_path = source_file.location if source_file.kind == "gguf" else None
     llama_server_rows(methods, llama_server, gguf_path)  # a bad --llama-server, a URL that does not answer
     wanted = [name.strip() for name in (categories or "").split(",") if name.strip()]

@@ -41,9 +41,8 @@ import torch
 
 from ..errors import SpecdecError
 from ..kernels import BLOCK
+from .load_settings import BLOCK_MODES, check_choice
 
-WEIGHTS = ("auto", "dense", "gguf", "int8", "int4")
-BLOCK_MODES = ("gguf", "int8", "int4")
 CACHE_FORMAT = 2  # bump when the cached file's layout or a conversion rule changes (2: kernels' GROUP records)
 
 
@@ -396,8 +395,7 @@ def plan_blocks(model: Any, mode: str, gguf_path: Optional[Path]) -> dict[str, B
     """{linear layer name: its blocks} for `mode` (gguf, int8, int4); layers left out stay dense."""
     from .. import kernels
 
-    if mode not in BLOCK_MODES:
-        raise SpecdecError(f"weights must be one of {', '.join(WEIGHTS)}, got {mode!r}", setting="weights")
+    check_choice(mode, BLOCK_MODES, "weights")
     planned: dict[str, BlockWeights] = {}
     if gguf_path is not None:
         for name, weights in gguf_blocks(model, gguf_path):
