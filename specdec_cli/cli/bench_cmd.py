@@ -11,8 +11,7 @@ from typing import Iterator, Literal, Optional
 
 import typer
 
-from ..bench.methods import DEFAULT_MAX_NEW_TOKENS
-from ..defaults import VLLM_DRAFTERS
+from ..defaults import DEFAULT_BENCH_MAX_NEW_TOKENS, VLLM_DRAFTERS
 from ..vllm.runner import VLLM_METHODS
 from . import app, options
 from .common import apply_threads, cell, console, doing, err_console, table_width
@@ -39,7 +38,7 @@ def bench(
     draft_model: Optional[str] = options.draft_model(),
     draft_min_prob: float = options.draft_min_prob(),
     draft_max: Optional[int] = options.draft_max(),
-    max_new_tokens: int = options.max_new_tokens(DEFAULT_MAX_NEW_TOKENS),
+    max_new_tokens: int = options.max_new_tokens(DEFAULT_BENCH_MAX_NEW_TOKENS),
     temperature: float = options.temperature(note=" (greedy runs check that every output is identical to plain decoding's)"),
     seed: Optional[int] = options.seed(note=" for sampling (per prompt: seed + 1000 x prompt + turn)"),
     repeats: int = typer.Option(1, "--repeats", help="Run each method N times per prompt; tokens/s is reported as mean ± std over repeats."),

@@ -5,12 +5,17 @@ Dequantizing a GGUF is slow, so the first load converts it once into a safetenso
 (weights, config, tokenizer) under $SPECDEC_HOME/models (default ~/.cache/specdec), written to a temporary
 directory, synced and renamed into place; later loads read that directory (timings: docs/measurements.md).
 The conversion records every file's size, modification time and SHA-256; a load compares sizes and times (a
-stat per file) and hashes a file again only when its time changed (0.4 s for the 538 MB weights: too much for
-every load, and any write through the filesystem changes the time). A damaged or incomplete copy is converted
-again, with one warning. A GGUF's tokenizer alone is read from the GGUF when it is not converted yet (3 s, not
-20). Hub ids go through the normal Hugging Face cache (HF_HOME, HF_HUB_OFFLINE). Weights are read from
-safetensors only: a model directory or repo whose weights are a pickle (`pytorch_model.bin`) is refused.
-This module does not decode anything.
+stat per file) and hashes a file again only when its time changed (hashing every load costs too much, and any
+write through the filesystem changes the time). A damaged or incomplete copy is converted again, with one
+warning. A GGUF's tokenizer alone is read from the GGUF when it is not converted yet (much faster than
+converting). Hub ids go through the normal Hugging Face cache (HF_HOME, HF_HUB_OFFLINE); with the hub out of
+reach, a cached model loads from its directory in the cache. Weights are read from safetensors only: a model
+directory or repo whose weights are a pickle (`pytorch_model.bin`) is refused.
+
+`load_target` reads top to bottom: the settings checked against the target and the machine (load_settings.py,
+`check_load`), the location (a GGUF converted, a hub id checked), the model loaded dense (`_load_dense`) or in
+blocks (`_load_blocks`), timing a dtype or the weights where `auto` asks. This module does not decode anything,
+and does not change the process's environment: what transformers and the hub need is passed as arguments.
 """
 
 from __future__ import annotations

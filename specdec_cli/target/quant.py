@@ -1,7 +1,8 @@
 """The target's weights in blocks: a GGUF's quantised tensors as stored, or blocks made on load (`--weights`).
 
-A CPU decoding step is bound by reading weights: SmolLM2-135M dequantised to bfloat16 is 270 MB a token, its
-GGUF ~85 MB. Here every linear layer whose weight can be held in blocks of 32 along the input dimension becomes a
+A CPU decoding step is bound by reading weights, and a GGUF's quantised tensors are a fraction of the bytes of
+the same weights dequantised (docs/measurements.md has the default model's). Here every linear layer whose weight
+can be held in blocks of 32 along the input dimension becomes a
 `BlockLinear`, multiplied by specdec's CPU kernels (kernels/_cpu.c: integer dot products of the weight codes
 with each row of activations rounded to 8 bits per block of 32, as llama.cpp does). What `--weights` means:
 
