@@ -251,9 +251,12 @@ def resume() -> Any:
     return typer.Option(False, "--resume", help="Continue training from the checkpoint.")
 
 
+DRAFT_KINDS = ("student", "eagle")  # distill's --kind (distill_stages.stages_of)
+
+
 def kind() -> Any:
-    return typer.Option("student", "--kind", help="student (a small model of its own) or eagle (a head on the "
-                        "target's features).")
+    return choice("student", "--kind", DRAFT_KINDS, help="student (a small model of its own) or eagle (a head on "
+                  "the target's features).")
 
 
 def corpus() -> Any:
