@@ -29,10 +29,10 @@ ENGINES = ("specdec", "vllm")  # --engine of bench and distill
 
 def choice(default: Optional[str], flag: str, choices: Sequence[str], *, help: str, setting: str = "") -> Any:
     """An option taking one of `choices`, checked when parsed by load_settings.check_choice (the library's check:
-    the same message from the command line and from library code); --help shows them as [a|b|c]."""
+    the same message from the command line and from library code). `help` names the choices (with what each
+    means); a [a|b|c] metavar would squeeze the help column of a narrow terminal."""
     name = setting or flag.lstrip("-").replace("-", "_")
-    return typer.Option(default, flag, parser=lambda value: check_choice(value, choices, name),
-                        metavar="[" + "|".join(choices) + "]", help=help)
+    return typer.Option(default, flag, parser=lambda value: check_choice(value, choices, name), help=help)
 
 
 # ---------------------------------------------------------------------------------------------- the model
