@@ -40,7 +40,6 @@ LLAMA_SERVER_KIND = LLAMA_SERVER
 EXTERNAL_KINDS = ("hf", LLAMA_CPP_KIND, LLAMA_SERVER_KIND)  # rows decoded outside specdec's engine
 HF_PLD_TOKENS = 10
 ORACLE = "oracle"
-DEFAULT_MAX_NEW_TOKENS = 128  # bench answers are shorter than chat's
 DEFAULT_ORACLE_LENGTHS = (2, 4, 8, 16)
 WARMUP_MAX_NEW_TOKENS = 16
 OVERALL = "overall"
