@@ -301,13 +301,13 @@ def test_gelu_tanh_mul_rows_and_elements_do_not_depend_on_the_call_threads_or_pa
 def test_soft_cap_elements_do_not_depend_on_the_call_threads_or_path():
     """Logits of 32 rows capped in one call: each row the same bits as alone, each element as alone, on every path
     and thread count (the pool splits the call into pieces; a vector loop takes its tail masked)."""
-    vocab = 3001
+    vocab = 20011  # past one piece of the pool (16384)
     logits = torch.randn(32, vocab, generator=torch.Generator().manual_seed(13)) * 40
     kernels.force_isa("portable")
     kernels.set_threads(1)
     alone = torch.cat([kernels.soft_cap(logits[row : row + 1], 30.0) for row in range(32)])
-    single = torch.stack([kernels.soft_cap(logits[0, i : i + 1], 30.0)[0] for i in range(vocab)])
-    assert torch.equal(single, alone[0])
+    single = torch.stack([kernels.soft_cap(logits[0, i : i + 1], 30.0)[0] for i in range(0, vocab, 7)])
+    assert torch.equal(single, alone[0, ::7])
     for path in kernels.isas():
         kernels.force_isa(path)
         for threads in (1, 2):

@@ -53,8 +53,8 @@
  *       rows, or of each head of q or k in every row: QK-norm), rotary position embedding in place (Hugging
  *       Face's rotate-half convention, partial rotary included), copying key/value rows into the cache,
  *       SiLU(gate) * up, GeLU-tanh(gate) * up and cap * tanh(x / cap) in place. Each row is computed alone, on
- *       the calling thread, except the last two: elementwise, every element by one formula on every path
- *       (see "elementwise functions"), split over the pool.
+ *       the calling thread (soft_cap: pieces of a long call on the pool); the last two give every element the
+ *       same bits on every path and wherever it sits (see "elementwise functions").
  *   set_threads(n), threads(), isa(), isas(), set_isa(name), record_bytes(kind, k), peak(isa)
  *
  * Pointers arrive as integers (the Python side, kernels/__init__.py, checks dtypes, shapes and contiguity).
@@ -1160,45 +1160,28 @@ AVX2 static void soft_cap_avx2(float *x, long count, float cap)
 }
 #endif
 
-/* The two steps on the pool: work items of ELEMENTWISE_ITEM elements (gelu: of one row), each element computed
- * alone, so the split changes nothing. */
-#define ELEMENTWISE_ITEM 1024
+/* Soft-capping a block's logits (rows x a vocabulary) on the pool, in pieces of SOFT_CAP_ITEM elements: each
+ * element is computed alone, so the split changes nothing. (GeLU-tanh runs on the calling thread: a layer's few
+ * thousand elements a row cost less than waking the pool.) */
+#define SOFT_CAP_ITEM 16384
 
 typedef struct {
-    const float *in;
-    float *out;
-    long rows, width; /* gelu: rows of gate_up [rows, 2 * width] into out [rows, width]; soft_cap: one row */
+    float *x;
+    long count;
     float cap;
     int avx2;
-} ElementwiseTask;
-
-static void gelu_tanh_mul_items(const void *arg, long start, long stop)
-{
-    const ElementwiseTask *t = arg;
-    long chunks = (t->width + ELEMENTWISE_ITEM - 1) / ELEMENTWISE_ITEM;
-    for (long item = start; item < stop; item++) {
-        long r = item / chunks, i0 = (item % chunks) * ELEMENTWISE_ITEM;
-        long count = t->width - i0 < ELEMENTWISE_ITEM ? t->width - i0 : ELEMENTWISE_ITEM;
-        const float *gate = t->in + r * 2 * t->width + i0, *up = gate + t->width;
-#if HAVE_X86
-        if (t->avx2)
-            gelu_tanh_mul_avx2(gate, up, count, t->out + r * t->width + i0);
-        else
-#endif
-            gelu_tanh_mul_portable(gate, up, count, t->out + r * t->width + i0);
-    }
-}
+} SoftCapTask;
 
 static void soft_cap_items(const void *arg, long start, long stop)
 {
-    const ElementwiseTask *t = arg;
-    long i0 = start * ELEMENTWISE_ITEM, i1 = stop * ELEMENTWISE_ITEM < t->width ? stop * ELEMENTWISE_ITEM : t->width;
+    const SoftCapTask *t = arg;
+    long i0 = start * SOFT_CAP_ITEM, i1 = stop * SOFT_CAP_ITEM < t->count ? stop * SOFT_CAP_ITEM : t->count;
 #if HAVE_X86
     if (t->avx2)
-        soft_cap_avx2(t->out + i0, i1 - i0, t->cap);
+        soft_cap_avx2(t->x + i0, i1 - i0, t->cap);
     else
 #endif
-        soft_cap_portable(t->out + i0, i1 - i0, t->cap);
+        soft_cap_portable(t->x + i0, i1 - i0, t->cap);
 }
 
 /* ---------------------------------------------------------------------------------- row-invariant attention */
@@ -1788,12 +1771,15 @@ static PyObject *py_gelu_tanh_mul(PyObject *self, PyObject *args)
     Py_ssize_t gate_up, rows, ffn, out;
     if (!PyArg_ParseTuple(args, "nnnn", &gate_up, &rows, &ffn, &out))
         return NULL;
-    if (rows < 1 || ffn < 1)
-        Py_RETURN_NONE;
-    ElementwiseTask t = {(const float *)gate_up, (float *)out, rows, ffn, 0.0f, use_avx2};
-    Py_BEGIN_ALLOW_THREADS
-    run_parallel(gelu_tanh_mul_items, &t, rows * ((ffn + ELEMENTWISE_ITEM - 1) / ELEMENTWISE_ITEM));
-    Py_END_ALLOW_THREADS
+    for (long r = 0; r < rows; r++) {
+        const float *gate = (const float *)gate_up + r * 2 * ffn;
+#if HAVE_X86
+        if (use_avx2)
+            gelu_tanh_mul_avx2(gate, gate + ffn, ffn, (float *)out + r * ffn);
+        else
+#endif
+            gelu_tanh_mul_portable(gate, gate + ffn, ffn, (float *)out + r * ffn);
+    }
     Py_RETURN_NONE;
 }
 
@@ -1809,9 +1795,9 @@ static PyObject *py_soft_cap(PyObject *self, PyObject *args)
     }
     if (count < 1)
         Py_RETURN_NONE;
-    ElementwiseTask t = {NULL, (float *)x, 1, count, (float)cap, use_avx2};
+    SoftCapTask t = {(float *)x, count, (float)cap, use_avx2};
     Py_BEGIN_ALLOW_THREADS
-    run_parallel(soft_cap_items, &t, (count + ELEMENTWISE_ITEM - 1) / ELEMENTWISE_ITEM);
+    run_parallel(soft_cap_items, &t, (count + SOFT_CAP_ITEM - 1) / SOFT_CAP_ITEM);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
