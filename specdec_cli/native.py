@@ -221,7 +221,8 @@ def _window_keys(rows: int, past: int, window: int) -> RowKeys:
     stops = torch.arange(past + 1, past + rows + 1, dtype=torch.int32)
     starts = (stops - window).clamp(min=0).to(torch.int32)
     empty = torch.zeros(rows + 1, dtype=torch.int32)
-    runs: list[tuple[int, int, Optional[torch.Tensor]]] = [(int(a), int(b), None) for a, b in zip(starts, stops)]
+    runs: list[tuple[int, int, Optional[torch.Tensor]]] = [(a, b, None) for a, b in zip(starts.tolist(),
+                                                                                          stops.tolist())]
     return RowKeys(runs, (starts, stops, empty, empty[:0]))
 
 
