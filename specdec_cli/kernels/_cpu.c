@@ -1090,7 +1090,8 @@ AVX2 static inline __m256 exp8_exact(__m256 x)
 {
     x = _mm256_min_ps(_mm256_set1_ps(EXP_HI), x);
     x = _mm256_max_ps(_mm256_set1_ps(EXP_LO), x);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_C1), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_C2), r);
     __m256 p = _mm256_set1_ps(1.9875691500e-4f);
@@ -1116,7 +1117,8 @@ AVX2 static inline __m256 tanh8(__m256 y)
     p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.33332819422e-1f));
     __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), a, a);
     __m256 one = _mm256_set1_ps(1.0f);
-    __m256 big = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(exp8_exact(_mm256_add_ps(a, a)), one)));
+    __m256 e = exp8_exact(_mm256_add_ps(a, a));
+    __m256 big = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
     __m256 t = _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, _mm256_set1_ps(TANH_SMALL), _CMP_LT_OQ));
     return _mm256_or_ps(t, _mm256_and_ps(sign, y)); /* t >= 0 or NaN: copysign */
 }
@@ -2096,7 +2098,8 @@ static PyMethodDef methods[] = {
     {"silu_mul", py_silu_mul, METH_VARARGS, "silu_mul(gate_up, rows, ffn, out)"},
     {"gelu_tanh_mul", py_gelu_tanh_mul, METH_VARARGS, "gelu_tanh_mul(gate_up, rows, ffn, out): GeLU-tanh(gate) * up"},
     {"soft_cap", py_soft_cap, METH_VARARGS, "soft_cap(x, count, cap): x = cap * tanh(x / cap) in place"},
-    {"rms_norm_heads", py_rms_norm_heads, METH_VARARGS, "rms_norm_heads(x, rows, row_stride, heads, head_dim, weight, eps): in place"},
+    {"rms_norm_heads", py_rms_norm_heads, METH_VARARGS,
+     "rms_norm_heads(x, rows, row_stride, heads, head_dim, weight, eps): each head of every row, in place"},
     {"attention", py_attention, METH_VARARGS, "row-invariant attention over each row's own keys (pointers as ints)"},
     {"set_threads", py_set_threads, METH_VARARGS, "set_threads(n): the pool's threads, the caller included"},
     {"threads", py_threads, METH_NOARGS, "threads(): the pool's threads, the caller included"},
