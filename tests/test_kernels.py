@@ -231,3 +231,171 @@ def test_the_decoders_row_steps_match_torch():
     act = torch.empty(4, 40)
     cpu.silu_mul(gate_up.data_ptr(), 4, 40, act.data_ptr())
     assert torch.allclose(act, torch.nn.functional.silu(gate_up[:, :40]) * gate_up[:, 40:], rtol=1e-5, atol=1e-6)
+
+
+# -- elementwise steps: GeLU-tanh gating and soft-capping (gemma, gemma2, gemma3) -------------------------------
+
+def _gelu_tanh_f64(x: torch.Tensor) -> torch.Tensor:
+    """GeLU-tanh in float64, written as x * sigmoid(2u) (no cancellation for negative x)."""
+    x = x.double()
+    inner = (2 / torch.pi) ** 0.5 * (x + 0.044715 * x ** 3)
+    return x * torch.sigmoid(2 * inner)
+
+
+def _elementwise_values(count: int, seed: int, spread: float) -> torch.Tensor:
+    """Random values, a sweep through the regions where the formulas switch, and special values."""
+    generator = torch.Generator().manual_seed(seed)
+    special = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 1e30, -1e30, float("inf"), -float("inf"), 0.625, -0.625])
+    sweep = torch.linspace(-12, 12, 997) * spread / 4
+    return torch.cat([torch.randn(count, generator=generator) * spread, sweep, special])
+
+
+@pytest.mark.parametrize("path", kernels.isas())
+def test_gelu_tanh_mul_is_the_float64_formula_and_torchs_gelu(path):
+    kernels.force_isa(path)
+    gate = _elementwise_values(3000, 9, 3.0)
+    gate = gate[gate.isfinite() & (gate.abs() < 1e6)]
+    ffn = gate.numel()
+    up = torch.randn(ffn, generator=torch.Generator().manual_seed(10))
+    out = kernels.gelu_tanh_mul(torch.cat([gate, up])[None])[0]
+    expected = _gelu_tanh_f64(gate) * up.double()
+    assert torch.allclose(out.double(), expected, rtol=2e-6, atol=1e-7)
+    torchs = torch.nn.functional.gelu(gate, approximate="tanh") * up
+    scale = gate.abs().clamp(min=1) * up.abs()
+    assert bool(((out - torchs).abs() <= 1e-6 * scale).all())  # torch rounds 1 + tanh(u): ~1e-7 of |x| apart
+
+
+@pytest.mark.parametrize("path", kernels.isas())
+def test_soft_cap_is_the_float64_formula(path):
+    kernels.force_isa(path)
+    x = _elementwise_values(5000, 11, 40.0)
+    for cap in (30.0, 50.0):
+        out = kernels.soft_cap(x, cap)
+        expected = cap * torch.tanh(x.double() / cap)
+        assert torch.allclose(out.double(), expected, rtol=1e-6, atol=0), cap  # ~3 ulp at worst
+        assert torch.equal(out.abs() <= cap, torch.ones_like(out, dtype=torch.bool))
+    assert kernels.soft_cap(torch.tensor([float("nan")]), 30.0).isnan().all()
+
+
+@pytest.mark.parametrize("ffn", [1, 7, 8, 1000, 1027])
+def test_gelu_tanh_mul_rows_and_elements_do_not_depend_on_the_call_threads_or_path(ffn):
+    """Row r of a call of n rows (1..32) is the same bits as row r alone, on 1 or 2 threads and on every path; and
+    every element the same bits wherever it sits relative to a vector boundary (here: alone, in a 1-wide call)."""
+    generator = torch.Generator().manual_seed(12)
+    gate_up = torch.randn(32, 2 * ffn, generator=generator) * 3
+    kernels.force_isa("portable")
+    kernels.set_threads(1)
+    alone = torch.cat([kernels.gelu_tanh_mul(gate_up[row : row + 1]) for row in range(32)])
+    gate, up = gate_up[:, :ffn].reshape(-1, 1), gate_up[:, ffn:].reshape(-1, 1)
+    one_by_one = kernels.gelu_tanh_mul(torch.cat([gate, up], 1)).reshape(32, ffn)  # every element in a masked tail
+    assert torch.equal(one_by_one, alone)
+    for path in kernels.isas():
+        kernels.force_isa(path)
+        for threads in (1, 2):
+            kernels.set_threads(threads)
+            for rows in (1, 2, 3, 5, 8, 13, 16, 31, 32):
+                assert torch.equal(kernels.gelu_tanh_mul(gate_up[:rows]), alone[:rows]), (path, threads, rows)
+            assert torch.equal(kernels.gelu_tanh_mul(torch.cat([gate, up], 1)).reshape(32, ffn), alone), path
+
+
+def test_soft_cap_elements_do_not_depend_on_the_call_threads_or_path():
+    """Logits of 32 rows capped in one call: each row the same bits as alone, each element as alone, on every path
+    and thread count (the pool splits the call into pieces; a vector loop takes its tail masked)."""
+    vocab = 20011  # past one piece of the pool (16384)
+    logits = torch.randn(32, vocab, generator=torch.Generator().manual_seed(13)) * 40
+    kernels.force_isa("portable")
+    kernels.set_threads(1)
+    alone = torch.cat([kernels.soft_cap(logits[row : row + 1], 30.0) for row in range(32)])
+    single = torch.stack([kernels.soft_cap(logits[0, i : i + 1], 30.0)[0] for i in range(0, vocab, 7)])
+    assert torch.equal(single, alone[0, ::7])
+    for path in kernels.isas():
+        kernels.force_isa(path)
+        for threads in (1, 2):
+            kernels.set_threads(threads)
+            for rows in (1, 2, 4, 7, 8, 16, 32):
+                assert torch.equal(kernels.soft_cap(logits[:rows], 30.0), alone[:rows]), (path, threads, rows)
+            assert torch.equal(kernels.soft_cap(logits[0, 5:], 30.0), alone[0, 5:]), path  # shifted by 5
+
+
+def _capped_reference(query, keys, values, picked, scale, cap):
+    """Eager soft-capped attention (transformers' gemma2) over the keys `picked`, float64: [heads, dim]."""
+    group = query.shape[0] // keys.shape[0]
+    k = keys[:, picked].double().repeat_interleave(group, 0)  # [heads, n, dim]
+    v = values[:, picked].double().repeat_interleave(group, 0)
+    scores = (query.double()[:, None] @ k.transpose(1, 2))[:, 0] * scale  # [heads, n]
+    scores = cap * torch.tanh(scores / cap)
+    return (torch.softmax(scores, -1)[:, None] @ v)[:, 0]
+
+
+@pytest.mark.parametrize("path", kernels.isas())
+@pytest.mark.parametrize("dim", [48, 64, 256])  # 48: the portable loop on every path
+def test_soft_capped_attention_is_the_eager_formula_and_rows_equal_their_own_calls(path, dim):
+    kernels.force_isa(path)
+    generator = torch.Generator().manual_seed(14)
+    heads, kv_heads, cached, rows = 8, 2, 90, 6
+    total = cached + rows + 4
+    keys = torch.randn(kv_heads, total, dim, generator=generator) * 2
+    values = torch.randn(kv_heads, total, dim, generator=generator)
+    query = torch.randn(rows, heads, dim, generator=generator) * 2
+    runs = [(0, cached + row + 1) for row in range(rows)]
+    extras = [[cached + rows + 1, cached + rows + 3] if row % 2 else [] for row in range(rows)]
+    scale, cap = dim ** -0.5, 5.0  # a small cap, so that it bites
+    arrays = _row_arrays(runs, extras)
+    out = kernels.attention(query, keys, values, *arrays, scale, cap)
+    uncapped = kernels.attention(query, keys, values, *arrays, scale)
+    assert torch.equal(kernels.attention(query, keys, values, *arrays, scale, 0.0), uncapped)
+    assert not torch.allclose(out, uncapped, atol=1e-3)
+    for row in range(rows):
+        picked = torch.tensor([*range(*runs[row]), *extras[row]])
+        expected = _capped_reference(query[row], keys, values, picked, scale, cap)
+        assert torch.allclose(out[row].double(), expected, atol=1e-5), (path, row)
+        alone = kernels.attention(query[row : row + 1], keys, values, *_row_arrays([runs[row]], [extras[row]]),
+                                  scale, cap)
+        assert torch.equal(alone[0], out[row]), (path, row)
+
+
+def test_qk_norm_of_every_row_in_one_call_equals_the_per_row_calls():
+    """rms_norm_heads (each head of q or k in every row of the fused q/k/v rows, in place) is bit for bit what
+    rms_norm computes head by head, row by row."""
+    cpu = kernels._cpu
+    generator = torch.Generator().manual_seed(15)
+    rows, heads, kv_heads, dim = 13, 4, 2, 256
+    width = (heads + 2 * kv_heads) * dim
+    qkv = torch.randn(rows, width, generator=generator) * 3
+    q_weight, k_weight = torch.randn(dim, generator=generator), torch.randn(dim, generator=generator)
+    expected = qkv.clone()
+    for row in range(rows):
+        start = expected[row].data_ptr()
+        cpu.rms_norm(start, heads, dim, dim, q_weight.data_ptr(), 1e-6, start, dim)
+        cpu.rms_norm(start + 4 * heads * dim, kv_heads, dim, dim, k_weight.data_ptr(), 1e-6, start + 4 * heads * dim,
+                     dim)
+    ours = qkv.clone()
+    cpu.rms_norm_heads(ours.data_ptr(), rows, width, heads, dim, q_weight.data_ptr(), 1e-6)
+    cpu.rms_norm_heads(ours.data_ptr() + 4 * heads * dim, rows, width, kv_heads, dim, k_weight.data_ptr(), 1e-6)
+    assert torch.equal(ours, expected)
+    heads_view = qkv[:, : heads * dim].view(rows, heads, dim)
+    reference = q_weight * (heads_view * torch.rsqrt(heads_view.pow(2).mean(-1, keepdim=True) + 1e-6))
+    assert torch.allclose(ours[:, : heads * dim].view(rows, heads, dim), reference, atol=1e-5)
+
+
+def test_a_partial_rotary_in_the_kernel_is_torchs_elementwise_formula_bit_for_bit():
+    cpu = kernels._cpu
+    generator = torch.Generator().manual_seed(16)
+    rows, heads, dim, half = 5, 3, 32, 8  # rotates the first 16 of each head's 32 dimensions
+    base = torch.randn(rows, heads * dim + 7, generator=generator)  # a row stride past the heads
+    positions = torch.tensor([3, 4, 5, 9, 11], dtype=torch.int32)
+    freqs = torch.arange(16, dtype=torch.float32)[:, None] * (1.0 / 10000 ** (torch.arange(0, 16, 2) / 16))[None]
+    cos, sin = freqs.cos().contiguous(), freqs.sin().contiguous()  # [positions, half]
+    rotated = base.clone()
+    cpu.rope(rotated.data_ptr(), rows, base.stride(0), heads, dim, positions.data_ptr(), cos.data_ptr(),
+             sin.data_ptr(), half)
+    expected = base.clone()
+    view = expected[:, : heads * dim].view(rows, heads, dim)
+    c, s = cos[positions.long()][:, None], sin[positions.long()][:, None]
+    first, second = view[..., :half].clone(), view[..., half : 2 * half].clone()
+    view[..., :half] = first * c - second * s
+    view[..., half : 2 * half] = second * c + first * s
+    assert torch.equal(rotated, expected)
+    with pytest.raises(ValueError):
+        cpu.rope(rotated.data_ptr(), rows, base.stride(0), heads, dim, positions.data_ptr(), cos.data_ptr(),
+                 sin.data_ptr(), dim)

@@ -260,9 +260,11 @@ def matmul(x: torch.Tensor, kind: int, records: torch.Tensor, n: Optional[int] =
 
 
 def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, run_start: torch.Tensor,
-              run_stop: torch.Tensor, extra_start: torch.Tensor, extra_pos: torch.Tensor, scale: float) -> torch.Tensor:
+              run_stop: torch.Tensor, extra_start: torch.Tensor, extra_pos: torch.Tensor, scale: float,
+              cap: float = 0.0) -> torch.Tensor:
     """Each query row attends to its own keys: cache positions run_start[row] .. run_stop[row]-1, then
     extra_pos[extra_start[row] : extra_start[row + 1]] (a tree node's ancestors and itself), in that order.
+    cap > 0 soft-caps the scores (score * scale) before the softmax: cap * tanh(score / cap) (gemma2).
 
     query [rows, heads, dim] float32 (any strides, unit stride along dim); keys/values [kv_heads, positions, dim]
     float32 or bfloat16 (unit stride along dim); run_start, run_stop [rows], extra_start [rows + 1], extra_pos:
@@ -285,5 +287,32 @@ def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, run
                      keys.data_ptr(), values.data_ptr(), keys.dtype == torch.bfloat16, keys.stride(0), keys.stride(1),
                      values.stride(0), values.stride(1), run_start.data_ptr(), run_stop.data_ptr(),
                      extra_start.data_ptr(), extra_pos.data_ptr(), float(scale), out.data_ptr(), out.stride(0),
-                     out.stride(1))
+                     out.stride(1), float(cap))
+    return out
+
+
+def _rows(x: torch.Tensor, name: str) -> torch.Tensor:
+    if x.dtype != torch.float32 or x.device.type != "cpu":
+        raise ValueError(f"{name} takes float32 CPU tensors, got {x.dtype} on {x.device}")
+    return x.contiguous()
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [rows, 2 * ffn] float32 -> GeLU-tanh(gate) * up [rows, ffn]: torch's F.gelu(approximate="tanh")
+    within a few ulp, every element by one formula on every instruction-set path (kernels/_cpu.c)."""
+    kernel = _require()
+    gate_up = _rows(gate_up, "gelu_tanh_mul")
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2:
+        raise ValueError(f"gelu_tanh_mul takes [rows, 2 * ffn], got {tuple(gate_up.shape)}")
+    rows, ffn = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(rows, ffn, dtype=torch.float32)
+    kernel.gelu_tanh_mul(gate_up.data_ptr(), rows, ffn, out.data_ptr())
+    return out
+
+
+def soft_cap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(x / cap) of float32 x (a new tensor), every element by one formula on every path."""
+    kernel = _require()
+    out = _rows(x, "soft_cap").clone()
+    kernel.soft_cap(out.data_ptr(), out.numel(), float(cap))
     return out

@@ -42,15 +42,19 @@
  *       "portable" C; the best the CPU has is chosen at import (set_isa forces another). They give the same
  *       bits: each computes the order above. A tile unpacks each block of weights once for all its rows; the
  *       rows of a call go in tiles of 8, 4, 2, 1 (from L1 after the first); the threads split the groups.
- *   attention(...)
+ *   attention(...[, cap])
  *       softmax(q . k * scale) v per query row and head, each row over its own keys: a contiguous run of cache
  *       positions plus a list of further positions (a tree node's ancestors), in that order. Keys and values
  *       are float32 or bfloat16, read in place through strides; scores, softmax and sums are float32. The
- *       avx512vnni path computes scores and value sums on 512-bit registers.
- *   rms_norm, rope, store_rows, silu_mul
- *       the decoder's small per-row steps (native.py composes a layer from them): RMS normalisation, rotary
- *       position embedding in place (Hugging Face's rotate-half convention), copying key/value rows into the
- *       cache, and SiLU(gate) * up. Each row is computed alone, on the calling thread.
+ *       avx512vnni path computes scores and value sums on 512-bit registers. cap > 0 soft-caps the scores
+ *       (cap * tanh(score / cap), gemma2) before the softmax.
+ *   rms_norm, rms_norm_heads, rope, store_rows, silu_mul, gelu_tanh_mul, soft_cap
+ *       the decoder's small per-row steps (native.py composes a layer from them): RMS normalisation (of whole
+ *       rows, or of each head of q or k in every row: QK-norm), rotary position embedding in place (Hugging
+ *       Face's rotate-half convention, partial rotary included), copying key/value rows into the cache,
+ *       SiLU(gate) * up, GeLU-tanh(gate) * up and cap * tanh(x / cap) in place. Each row is computed alone, on
+ *       the calling thread (soft_cap: pieces of a long call on the pool); the last two give every element the
+ *       same bits on every path and wherever it sits (see "elementwise functions").
  *   set_threads(n), threads(), isa(), isas(), set_isa(name), record_bytes(kind, k), peak(isa)
  *
  * Pointers arrive as integers (the Python side, kernels/__init__.py, checks dtypes, shapes and contiguity).
@@ -1009,6 +1013,179 @@ static void matmul_groups_tiled(const void *arg, long start, long stop)
 }
 #endif
 
+/* ----------------------------------------------------- elementwise functions: one formula on every path */
+
+/* e^x, tanh and the two steps built on them (GeLU-tanh gating, soft-capping) give every element the same bits
+ * wherever it sits and on every path: the scalar functions (the portable path) and the 8-lane AVX2 ones (every
+ * x86 vector path) run the same IEEE operations in the same order (fmaf is the fused multiply-add vfmadd computes,
+ * rintf the round-to-nearest-even of _mm256_round_ps, min/max written as minps/maxps compare), and the vector
+ * loops take their tail through the same code on a masked load. Accuracy is that of Cephes' expf and tanhf
+ * (about 1 ulp; 2-3 ulp after the steps around them). NaN stays NaN. */
+
+#define EXP_HI 88.0f
+#define EXP_LO -87.0f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_C1 0.693359375f /* ln 2 = C1 - C2, C1 with few bits so that n * C1 is exact */
+#define EXP_C2 -2.12194440e-4f
+#define TANH_SMALL 0.625f /* below: tanh(a) = a + a^3 P(a^2); above: 1 - 2 / (e^(2a) + 1) */
+/* GeLU-tanh: 0.5 x (1 + tanh(u)) = x / (1 + e^(-2u)), u = sqrt(2 / pi) (x + 0.044715 x^3); torch's float constants */
+#define GELU_KAPPA 0.044715f
+#define GELU_MINUS_2BETA (-2.0f * (float)(M_SQRT2 * M_2_SQRTPI * 0.5))
+
+static inline float exp_scalar(float x)
+{
+    x = EXP_HI < x ? EXP_HI : x; /* minps(88, x): a NaN passes */
+    x = EXP_LO > x ? EXP_LO : x;
+    float n = rintf(x * EXP_LOG2E);
+    float r = fmaf(-n, EXP_C1, x);
+    r = fmaf(-n, EXP_C2, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    float y = fmaf(p, r * r, r) + 1.0f;
+    uint32_t bits = (uint32_t)((n == n ? (int32_t)n : 0) + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return y * scale;
+}
+
+static inline float tanh_scalar(float y)
+{
+    float a = fabsf(y), z = a * a;
+    float p = -5.70498872745e-3f;
+    p = fmaf(p, z, 2.06390887954e-2f);
+    p = fmaf(p, z, -5.37397155531e-2f);
+    p = fmaf(p, z, 1.33314422036e-1f);
+    p = fmaf(p, z, -3.33332819422e-1f);
+    float small = fmaf(p * z, a, a);
+    float big = 1.0f - 2.0f / (exp_scalar(a + a) + 1.0f);
+    return copysignf(a < TANH_SMALL ? small : big, y);
+}
+
+static inline float gelu_tanh_scalar(float x)
+{
+    float cube = x * x * x;
+    return x / (1.0f + exp_scalar(GELU_MINUS_2BETA * (x + GELU_KAPPA * cube)));
+}
+
+/* out[i] = GeLU-tanh(gate[i]) * up[i] for i < count. */
+static void gelu_tanh_mul_portable(const float *gate, const float *up, long count, float *out)
+{
+    for (long i = 0; i < count; i++)
+        out[i] = gelu_tanh_scalar(gate[i]) * up[i];
+}
+
+/* x = cap * tanh(x / cap) in place. */
+static void soft_cap_portable(float *x, long count, float cap)
+{
+    for (long i = 0; i < count; i++)
+        x[i] = tanh_scalar(x[i] / cap) * cap;
+}
+
+#if HAVE_X86
+AVX2 static inline __m256 exp8_exact(__m256 x)
+{
+    x = _mm256_min_ps(_mm256_set1_ps(EXP_HI), x);
+    x = _mm256_max_ps(_mm256_set1_ps(EXP_LO), x);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_C1), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_C2), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    __m256i n32 = _mm256_cvtps_epi32(n); /* a NaN's lanes: any exponent, y is NaN there */
+    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(n32, _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+}
+
+AVX2 static inline __m256 tanh8(__m256 y)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 a = _mm256_andnot_ps(sign, y), z = _mm256_mul_ps(a, a);
+    __m256 p = _mm256_set1_ps(-5.70498872745e-3f);
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(2.06390887954e-2f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-5.37397155531e-2f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.33314422036e-1f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.33332819422e-1f));
+    __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), a, a);
+    __m256 one = _mm256_set1_ps(1.0f);
+    __m256 e = exp8_exact(_mm256_add_ps(a, a));
+    __m256 big = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+    __m256 t = _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, _mm256_set1_ps(TANH_SMALL), _CMP_LT_OQ));
+    return _mm256_or_ps(t, _mm256_and_ps(sign, y)); /* t >= 0 or NaN: copysign */
+}
+
+AVX2 static inline __m256 gelu_tanh8(__m256 x)
+{
+    __m256 cube = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+    __m256 inner = _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(GELU_KAPPA), cube));
+    __m256 e = exp8_exact(_mm256_mul_ps(_mm256_set1_ps(GELU_MINUS_2BETA), inner));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+/* Lanes 0 .. count-1 (count < 8) on, the rest off: the tail of a loop, loaded and stored through the same code. */
+AVX2 static inline __m256i tail_mask(long count)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+AVX2 static void gelu_tanh_mul_avx2(const float *gate, const float *up, long count, float *out)
+{
+    long i = 0;
+    for (; i + 8 <= count; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(gelu_tanh8(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
+    if (i < count) {
+        __m256i mask = tail_mask(count - i);
+        __m256 value = _mm256_mul_ps(gelu_tanh8(_mm256_maskload_ps(gate + i, mask)), _mm256_maskload_ps(up + i, mask));
+        _mm256_maskstore_ps(out + i, mask, value);
+    }
+}
+
+AVX2 static void soft_cap_avx2(float *x, long count, float cap)
+{
+    const __m256 c = _mm256_set1_ps(cap);
+    long i = 0;
+    for (; i + 8 <= count; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(tanh8(_mm256_div_ps(_mm256_loadu_ps(x + i), c)), c));
+    if (i < count) {
+        __m256i mask = tail_mask(count - i);
+        _mm256_maskstore_ps(x + i, mask, _mm256_mul_ps(tanh8(_mm256_div_ps(_mm256_maskload_ps(x + i, mask), c)), c));
+    }
+}
+#endif
+
+/* Soft-capping a block's logits (rows x a vocabulary) on the pool, in pieces of SOFT_CAP_ITEM elements: each
+ * element is computed alone, so the split changes nothing. (GeLU-tanh runs on the calling thread: a layer's few
+ * thousand elements a row cost less than waking the pool.) */
+#define SOFT_CAP_ITEM 16384
+
+typedef struct {
+    float *x;
+    long count;
+    float cap;
+    int avx2;
+} SoftCapTask;
+
+static void soft_cap_items(const void *arg, long start, long stop)
+{
+    const SoftCapTask *t = arg;
+    long i0 = start * SOFT_CAP_ITEM, i1 = stop * SOFT_CAP_ITEM < t->count ? stop * SOFT_CAP_ITEM : t->count;
+#if HAVE_X86
+    if (t->avx2)
+        soft_cap_avx2(t->x + i0, i1 - i0, t->cap);
+    else
+#endif
+        soft_cap_portable(t->x + i0, i1 - i0, t->cap);
+}
+
 /* ---------------------------------------------------------------------------------- row-invariant attention */
 
 typedef struct {
@@ -1026,6 +1203,7 @@ typedef struct {
     long o_row, o_head;
     long row_tile; /* AVX2 work units: 0 = one (row, head) each; else a key/value head's query heads x row_tile rows */
     int wide; /* the 512-bit score and value steps (the avx512vnni path) */
+    float cap; /* > 0: scores soft-capped before the softmax, cap * tanh(score / cap) (gemma2); 0: none */
 } AttentionTask;
 
 static inline long key_count(const AttentionTask *t, long row)
@@ -1082,6 +1260,8 @@ static void attention_items_portable(const void *arg, long start, long stop)
             for (long d = 0; d < t->dim; d++)
                 dot += q[d] * load_scalar(t->k, t->kv_bf16, kv * t->k_head + pos * t->k_pos + d);
             scores[j] = dot * t->scale;
+            if (t->cap > 0.0f)
+                soft_cap_portable(scores + j, 1, t->cap);
             best = fmaxf(best, scores[j]);
         }
         float total = 0.0f;
@@ -1410,6 +1590,8 @@ AVX2 static void attention_units_avx2(const void *arg, long start, long stop)
                     score(t, rows[i], heads[i], scores + i * stride, j0, j0 + KEY_BLOCK < keys ? j0 + KEY_BLOCK : keys);
             }
         for (long i = 0; i < count; i++) {
+            if (t->cap > 0.0f)
+                soft_cap_avx2(scores + i * stride, key_count(t, rows[i]), t->cap);
             totals[i] = softmax_weights(scores + i * stride, key_count(t, rows[i]));
             memset(acc + i * t->dim, 0, sizeof(float) * (size_t)t->dim);
         }
@@ -1459,11 +1641,11 @@ static void rms_norm_rows(const float *x, long rows, long dim, long x_stride, co
 }
 
 /* In place, for `heads` heads of head_dim at base + r * row_stride: x[i] = a cos - b sin, x[i + half] = b cos + a sin
- * with a = x[i], b = x[i + half] (rotate-half), cos/sin rows [positions][half] at each row's position. */
-static void rope_rows(float *base, long rows, long row_stride, long heads, long head_dim, const int32_t *positions,
-                      const float *cos_table, const float *sin_table)
+ * with a = x[i], b = x[i + half] for i < half (rotate-half; half < head_dim / 2 leaves the rest of each head as it is:
+ * a partial rotary), cos/sin rows [positions][half] at each row's position. */
+static void rope_rows(float *base, long rows, long row_stride, long heads, long head_dim, long half,
+                      const int32_t *positions, const float *cos_table, const float *sin_table)
 {
-    long half = head_dim / 2;
     for (long r = 0; r < rows; r++) {
         const float *c = cos_table + (long)positions[r] * half, *s = sin_table + (long)positions[r] * half;
         for (long h = 0; h < heads; h++) {
@@ -1532,12 +1714,33 @@ static PyObject *py_rms_norm(PyObject *self, PyObject *args)
 
 static PyObject *py_rope(PyObject *self, PyObject *args)
 {
-    Py_ssize_t base, rows, row_stride, heads, head_dim, positions, cos_table, sin_table;
-    if (!PyArg_ParseTuple(args, "nnnnnnnn", &base, &rows, &row_stride, &heads, &head_dim, &positions, &cos_table,
-                          &sin_table))
+    Py_ssize_t base, rows, row_stride, heads, head_dim, positions, cos_table, sin_table, half = -1;
+    if (!PyArg_ParseTuple(args, "nnnnnnnn|n", &base, &rows, &row_stride, &heads, &head_dim, &positions, &cos_table,
+                          &sin_table, &half))
         return NULL;
-    rope_rows((float *)base, rows, row_stride, heads, head_dim, (const int32_t *)positions, (const float *)cos_table,
-              (const float *)sin_table);
+    if (half < 0)
+        half = head_dim / 2;
+    if (2 * half > head_dim) {
+        PyErr_SetString(PyExc_ValueError, "rope: half must be at most head_dim / 2");
+        return NULL;
+    }
+    rope_rows((float *)base, rows, row_stride, heads, head_dim, half, (const int32_t *)positions,
+              (const float *)cos_table, (const float *)sin_table);
+    Py_RETURN_NONE;
+}
+
+/* In place: RMSNorm of each of `heads` heads of head_dim at x + r * row_stride (QK-norm), every row in one call;
+ * each head as rms_norm computes it. */
+static PyObject *py_rms_norm_heads(PyObject *self, PyObject *args)
+{
+    Py_ssize_t x, rows, row_stride, heads, head_dim, weight;
+    double eps;
+    if (!PyArg_ParseTuple(args, "nnnnnnd", &x, &rows, &row_stride, &heads, &head_dim, &weight, &eps))
+        return NULL;
+    for (long r = 0; r < rows; r++) {
+        float *row = (float *)x + r * row_stride;
+        rms_norm_rows(row, heads, head_dim, head_dim, (const float *)weight, (float)eps, row, head_dim);
+    }
     Py_RETURN_NONE;
 }
 
@@ -1562,6 +1765,42 @@ static PyObject *py_silu_mul(PyObject *self, PyObject *args)
     else
 #endif
         silu_mul_portable((const float *)gate_up, rows, ffn, (float *)out);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_gelu_tanh_mul(PyObject *self, PyObject *args)
+{
+    Py_ssize_t gate_up, rows, ffn, out;
+    if (!PyArg_ParseTuple(args, "nnnn", &gate_up, &rows, &ffn, &out))
+        return NULL;
+    for (long r = 0; r < rows; r++) {
+        const float *gate = (const float *)gate_up + r * 2 * ffn;
+#if HAVE_X86
+        if (use_avx2)
+            gelu_tanh_mul_avx2(gate, gate + ffn, ffn, (float *)out + r * ffn);
+        else
+#endif
+            gelu_tanh_mul_portable(gate, gate + ffn, ffn, (float *)out + r * ffn);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_soft_cap(PyObject *self, PyObject *args)
+{
+    Py_ssize_t x, count;
+    double cap;
+    if (!PyArg_ParseTuple(args, "nnd", &x, &count, &cap))
+        return NULL;
+    if (!(cap > 0.0)) {
+        PyErr_SetString(PyExc_ValueError, "soft_cap: cap must be > 0");
+        return NULL;
+    }
+    if (count < 1)
+        Py_RETURN_NONE;
+    SoftCapTask t = {(float *)x, count, (float)cap, use_avx2};
+    Py_BEGIN_ALLOW_THREADS
+    run_parallel(soft_cap_items, &t, (count + SOFT_CAP_ITEM - 1) / SOFT_CAP_ITEM);
+    Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 
@@ -1747,19 +1986,19 @@ static PyObject *py_attention(PyObject *self, PyObject *args)
     Py_ssize_t rows, heads, kv_heads, dim, q, q_row, q_head, k, v, k_head, k_pos, v_head, v_pos, run_start, run_stop,
         extra_start, extra_pos, out, o_row, o_head;
     int kv_bf16;
-    double scale;
-    if (!PyArg_ParseTuple(args, "nnnnnnnnnpnnnnnnnndnnn", &rows, &heads, &kv_heads, &dim, &q, &q_row, &q_head, &k,
+    double scale, cap = 0.0;
+    if (!PyArg_ParseTuple(args, "nnnnnnnnnpnnnnnnnndnnn|d", &rows, &heads, &kv_heads, &dim, &q, &q_row, &q_head, &k,
                           &v, &kv_bf16, &k_head, &k_pos, &v_head, &v_pos, &run_start, &run_stop, &extra_start,
-                          &extra_pos, &scale, &out, &o_row, &o_head))
+                          &extra_pos, &scale, &out, &o_row, &o_head, &cap))
         return NULL;
-    if (rows < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || dim < 1) {
-        PyErr_SetString(PyExc_ValueError, "attention: rows, heads and dim >= 1, heads a multiple of kv_heads");
+    if (rows < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || dim < 1 || !(cap >= 0.0)) {
+        PyErr_SetString(PyExc_ValueError, "attention: rows, heads and dim >= 1, heads a multiple of kv_heads, cap >= 0");
         return NULL;
     }
     t = (AttentionTask){rows, heads, kv_heads, dim, (const float *)q, q_row, q_head, (const char *)k,
                         (const char *)v, kv_bf16, k_head, k_pos, v_head, v_pos, (const int32_t *)run_start,
                         (const int32_t *)run_stop, (const int32_t *)extra_start, (const int32_t *)extra_pos, (float)scale, (float *)out, o_row,
-                        o_head, 0, isa_path == ISA_AVX512VNNI};
+                        o_head, 0, isa_path == ISA_AVX512VNNI, (float)cap};
     Py_BEGIN_ALLOW_THREADS
 #if HAVE_X86
     if (use_avx2 && avx2_attention_dim(dim)) {
@@ -1854,9 +2093,13 @@ static PyObject *py_set_isa(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"matmul", py_matmul, METH_VARARGS, "matmul(kind, x, rows, k, n, weights, out[, out_stride, accumulate])"},
     {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x, rows, dim, x_stride, weight, eps, out, out_stride)"},
-    {"rope", py_rope, METH_VARARGS, "rope(base, rows, row_stride, heads, head_dim, positions, cos, sin)"},
+    {"rope", py_rope, METH_VARARGS, "rope(base, rows, row_stride, heads, head_dim, positions, cos, sin[, half])"},
     {"store_rows", py_store_rows, METH_VARARGS, "store_rows(src, rows, row_stride, heads, dim, dst, head_stride, pos_stride, start)"},
     {"silu_mul", py_silu_mul, METH_VARARGS, "silu_mul(gate_up, rows, ffn, out)"},
+    {"gelu_tanh_mul", py_gelu_tanh_mul, METH_VARARGS, "gelu_tanh_mul(gate_up, rows, ffn, out): GeLU-tanh(gate) * up"},
+    {"soft_cap", py_soft_cap, METH_VARARGS, "soft_cap(x, count, cap): x = cap * tanh(x / cap) in place"},
+    {"rms_norm_heads", py_rms_norm_heads, METH_VARARGS,
+     "rms_norm_heads(x, rows, row_stride, heads, head_dim, weight, eps): each head of every row, in place"},
     {"attention", py_attention, METH_VARARGS, "row-invariant attention over each row's own keys (pointers as ints)"},
     {"set_threads", py_set_threads, METH_VARARGS, "set_threads(n): the pool's threads, the caller included"},
     {"threads", py_threads, METH_NOARGS, "threads(): the pool's threads, the caller included"},

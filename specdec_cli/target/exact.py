@@ -142,28 +142,30 @@ def _row_keys(attention_mask: Optional[torch.Tensor], q_len: int, kv_len: int) -
     if attention_mask is None:
         stops = torch.arange(kv_len - q_len + 1, kv_len + 1, dtype=torch.int32)
         empty = torch.zeros(q_len + 1, dtype=torch.int32)
-        parsed = RowKeys([(0, int(stop), None) for stop in stops],
+        parsed = RowKeys([(0, stop, None) for stop in stops.tolist()],
                          (torch.zeros(q_len, dtype=torch.int32), stops, empty, empty[:0]))
         _parsed.append((key, parsed))
         del _parsed[:-PARSED_MASKS]
         return parsed
-    runs: list[tuple[int, int, Optional[torch.Tensor]]] = []
-    starts: list[int] = []
-    ends: list[int] = []
-    extra_start: list[int] = [0]
-    extra_pos: list[int] = []
-    for row in range(q_len):
-        picked = attention_mask[0, 0, row].nonzero().squeeze(-1)  # [n] ascending
-        first = int(picked[0])
-        gaps = (picked[1:] - picked[:-1] != 1).nonzero()
-        run = int(gaps[0, 0]) + 1 if gaps.numel() else picked.numel()  # length of the first contiguous run
-        runs.append((first, first + run, None if run == picked.numel() else picked))
-        starts.append(first)
-        ends.append(first + run)
-        extra_pos += picked[run:].tolist()
-        extra_start.append(len(extra_pos))
-    parsed = RowKeys(runs, tuple(torch.tensor(values, dtype=torch.int32)  # type: ignore[arg-type]
-                                 for values in (starts, ends, extra_start, extra_pos)))
+    # every row at once (a block's rows in a few tensor calls, not a few calls per row): a row's run starts at its
+    # first allowed key and stops at the first key after it that is not allowed; the allowed keys past the run
+    # are its extras
+    allowed = attention_mask[0, 0, :q_len]  # [q, kv] bool
+    if not bool(allowed.any(dim=1).all()):
+        raise ValueError("a row of the attention mask allows no key")
+    index = torch.arange(allowed.shape[1])
+    firsts = allowed.to(torch.uint8).argmax(dim=1)  # the first allowed key
+    holes = ~allowed & (index[None, :] >= firsts[:, None])
+    stops = torch.where(holes.any(dim=1), holes.to(torch.uint8).argmax(dim=1), allowed.shape[1])
+    extra = allowed & (index[None, :] >= stops[:, None])
+    counts = extra.sum(dim=1)
+    picked = torch.split(allowed.nonzero()[:, 1], allowed.sum(dim=1).tolist())  # each row's keys, ascending
+    runs: list[tuple[int, int, Optional[torch.Tensor]]] = [
+        (first, stop, None if count == 0 else keys)
+        for first, stop, count, keys in zip(firsts.tolist(), stops.tolist(), counts.tolist(), picked)]
+    extra_start = torch.cat([torch.zeros(1, dtype=counts.dtype), counts.cumsum(0)])
+    parsed = RowKeys(runs, (firsts.to(torch.int32), stops.to(torch.int32), extra_start.to(torch.int32),
+                            extra.nonzero()[:, 1].to(torch.int32)))
     _parsed.append((attention_mask, parsed))
     del _parsed[:-PARSED_MASKS]
     return parsed

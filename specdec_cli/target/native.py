@@ -14,13 +14,13 @@ kernels/_cpu.c on buffers it keeps between forwards:
   MLP (gemma2, gemma3); soft-capped attention scores and final logits (gemma2); per layer kind its own rotary
   base (gemma3's local and global layers) and sliding windows (mistral, phi3, gemma2, gemma3, hybrid qwen2/3).
 
-Every step is computed row by row (norms, rotary, activations, soft-capping) or row-invariantly (matmuls,
-attention over each row's own keys: its window of the prefix and, in a tree, its ancestors within the window),
-so a verify block's rows equal one-row forwards bit for bit, with no padding and no hooks. Steps the kernels do
-not have (GeLU-tanh, soft-capping, partial rotary) are torch calls that are row-invariant: one call per row on
-that row alone (GeLU-tanh, tanh), or elementwise products and sums (rounded the same wherever an element
-sits). Prompts longer than `ROW_INVARIANT_ROWS` take torch's SDPA (or, soft-capped, the eager formula) for
-attention, the same for plain and speculative decoding.
+Every step is computed row by row (norms, rotary), elementwise by one formula wherever an element sits
+(activations, soft-capping) or row-invariantly (matmuls, attention over each row's own keys: its window of the
+prefix and, in a tree, its ancestors within the window), so a verify block's rows equal one-row forwards bit for
+bit, with no padding and no hooks. Each step is one kernel call for all the rows of a block (QK-norm, partial
+rotary, GeLU-tanh, soft-capped scores and logits included), so that a block costs little more than a row where
+the matmuls allow. Prompts longer than `ROW_INVARIANT_ROWS` take torch's SDPA (or, soft-capped, the eager
+formula) for attention, the same for plain and speculative decoding.
 
 It answers the subset of a transformers model's call the engine makes (input ids, positions, a KVCache, a tree
 mask or one per layer kind, hidden states, logits_to_keep). Numbers differ from transformers' forward on the
@@ -221,7 +221,8 @@ def _window_keys(rows: int, past: int, window: int) -> RowKeys:
     stops = torch.arange(past + 1, past + rows + 1, dtype=torch.int32)
     starts = (stops - window).clamp(min=0).to(torch.int32)
     empty = torch.zeros(rows + 1, dtype=torch.int32)
-    runs: list[tuple[int, int, Optional[torch.Tensor]]] = [(int(a), int(b), None) for a, b in zip(starts, stops)]
+    runs: list[tuple[int, int, Optional[torch.Tensor]]] = [(a, b, None) for a, b in zip(starts.tolist(),
+                                                                                          stops.tolist())]
     return RowKeys(runs, (starts, stops, empty, empty[:0]))
 
 
@@ -361,13 +362,11 @@ class NativeDecoder:
             cpu.rms_norm(x.data_ptr(), rows, self.hidden, self.hidden, layer.attn_norm.data_ptr(), layer.attn_eps,
                          h.data_ptr(), self.hidden)
             self._project(h, layer.qkv, qkv)
-            if layer.q_norm is not None:  # QK-norm: each head of q and k over its head_dim, row by row
-                for row in range(rows):
-                    start = qkv[row].data_ptr()
-                    cpu.rms_norm(start, self.heads, self.head_dim, self.head_dim, layer.q_norm.data_ptr(),
-                                 layer.qk_eps, start, self.head_dim)
-                    cpu.rms_norm(start + 4 * q_width, self.kv_heads, self.head_dim, self.head_dim,
-                                 layer.k_norm.data_ptr(), layer.qk_eps, start + 4 * q_width, self.head_dim)
+            if layer.q_norm is not None:  # QK-norm: each head of q and k over its head_dim, every row in one call
+                cpu.rms_norm_heads(qkv.data_ptr(), rows, qkv_width, self.heads, self.head_dim, layer.q_norm.data_ptr(),
+                                   layer.qk_eps)
+                cpu.rms_norm_heads(qkv.data_ptr() + 4 * q_width, rows, qkv_width, self.kv_heads, self.head_dim,
+                                   layer.k_norm.data_ptr(), layer.qk_eps)
             if layer.rope is not None:
                 self._rotate(qkv, rows, layer.rope, positions)
             cache = past_key_values.native_layer(index, self.kv_heads, self.head_dim, rows)
@@ -378,26 +377,22 @@ class NativeDecoder:
             cache.advance(rows)
             if keys_by_kind is None:  # a prompt: torch's attention over the whole causal block
                 self._prompt_attention(qkv, keys, values, rows, layer, self._windows()[layer.kind], attended)
-            elif self.attn_cap is not None:
-                self._capped_attention(qkv, keys, values, keys_by_kind[layer.kind], layer, attended)
-            else:
+            else:  # soft-capped scores (gemma2) in the kernel too
                 row_keys = keys_by_kind[layer.kind]
                 query = qkv[:, :q_width].view(rows, self.heads, self.head_dim)
                 cpu.attention(rows, self.heads, self.kv_heads, self.head_dim, query.data_ptr(), query.stride(0),
                               query.stride(1), keys.data_ptr(), values.data_ptr(), False, keys.stride(1),
                               keys.stride(2), values.stride(1), values.stride(2),
                               *(array.data_ptr() for array in row_keys.arrays), layer.scaling, attended.data_ptr(),
-                              q_width, self.head_dim)
+                              q_width, self.head_dim, float(self.attn_cap or 0.0))
             self._residual(attended, layer.out, layer.post_attn_norm, x, h, branch)
             cpu.rms_norm(x.data_ptr(), rows, self.hidden, self.hidden, layer.mlp_norm.data_ptr(), layer.mlp_eps,
                          h.data_ptr(), self.hidden)
             self._project(h, layer.gate_up, gate_up)
             if layer.act == "silu":
                 cpu.silu_mul(gate_up.data_ptr(), rows, self.ffn, act.data_ptr())
-            else:  # GeLU-tanh, one call per row (torch's vectorised and scalar tails round differently)
-                for row in range(rows):
-                    act[row] = F.gelu(gate_up[row, : self.ffn], approximate="tanh")
-                act.mul_(gate_up[:, self.ffn :])
+            else:  # GeLU-tanh, every element by one formula (torch's vectorised and scalar tails round differently)
+                cpu.gelu_tanh_mul(gate_up.data_ptr(), rows, self.ffn, act.data_ptr())
             self._residual(act, layer.down, layer.post_mlp_norm, x, h, branch)
         final = torch.empty(rows, self.hidden, dtype=torch.float32)
         cpu.rms_norm(x.data_ptr(), rows, self.hidden, self.hidden, self.final_norm.data_ptr(), self.final_eps,
@@ -405,10 +400,8 @@ class NativeDecoder:
         keep = rows if not logits_to_keep else min(int(logits_to_keep), rows)
         logits = torch.empty(keep, self.vocab, dtype=torch.float32)
         self._matmul(final[rows - keep :], self.head, logits)
-        if self.final_cap is not None:  # gemma2: cap * tanh(logits / cap), row by row
-            cap = float(self.final_cap)
-            for row in range(keep):
-                logits[row] = torch.tanh(logits[row] / cap) * cap
+        if self.final_cap is not None:  # gemma2: cap * tanh(logits / cap), every element by one formula
+            cpu.soft_cap(logits.data_ptr(), keep * self.vocab, float(self.final_cap))
         hidden_states = (final.unsqueeze(0),) if output_hidden_states else None
         return SimpleNamespace(logits=logits.unsqueeze(0), hidden_states=hidden_states)
 
@@ -416,36 +409,11 @@ class NativeDecoder:
 
     def _rotate(self, qkv: torch.Tensor, rows: int, rope: _Rope, positions: torch.Tensor) -> None:
         """Rotary embedding of the q and k heads in place (rotate-half); a partial rotary (phi3's
-        partial_rotary_factor) turns only the first 2 * half dimensions of each head."""
+        partial_rotary_factor) turns only the first 2 * half dimensions of each head (the kernel computes what
+        torch's elementwise first * cos - second * sin, second * cos + first * sin computes, bit for bit)."""
         heads = self.heads + self.kv_heads
-        if 2 * rope.half == self.head_dim:
-            self._cpu.rope(qkv.data_ptr(), rows, qkv.stride(0), heads, self.head_dim, positions.data_ptr(),
-                           rope.cos.data_ptr(), rope.sin.data_ptr())
-            return
-        half = rope.half
-        view = qkv[:, : heads * self.head_dim].view(rows, heads, self.head_dim)
-        at = positions.to(torch.long)
-        cos, sin = rope.cos.index_select(0, at)[:, None, :], rope.sin.index_select(0, at)[:, None, :]  # [n, 1, half]
-        first, second = view[..., :half].clone(), view[..., half : 2 * half].clone()
-        view[..., :half] = first * cos - second * sin  # elementwise products and sums: the same in any layout
-        view[..., half : 2 * half] = second * cos + first * sin
-
-    def _capped_attention(self, qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, row_keys: RowKeys,
-                          layer: Any, out: torch.Tensor) -> None:
-        """Soft-capped attention (gemma2), each row in its own calls over its own keys copied contiguous, so that
-        a row's calls are those of a one-row forward: scores * scaling, cap * tanh(scores / cap), softmax."""
-        group, dim, cap = self.heads // self.kv_heads, self.head_dim, float(self.attn_cap or 0)
-        q_width = self.heads * dim
-        for row, (start, stop, picked) in enumerate(row_keys.runs):
-            if picked is None:
-                row_keys_, row_values = keys[0, :, start:stop].contiguous(), values[0, :, start:stop].contiguous()
-            else:
-                row_keys_, row_values = keys[0].index_select(1, picked), values[0].index_select(1, picked)
-            query = qkv[row, :q_width].view(self.kv_heads, group, dim)
-            scores = torch.matmul(query, row_keys_.transpose(1, 2)) * layer.scaling  # [kv_heads, group, n]
-            scores = torch.tanh(scores / cap) * cap
-            weights = torch.softmax(scores, dim=-1)
-            out[row] = torch.matmul(weights, row_values).reshape(q_width)
+        self._cpu.rope(qkv.data_ptr(), rows, qkv.stride(0), heads, self.head_dim, positions.data_ptr(),
+                       rope.cos.data_ptr(), rope.sin.data_ptr(), rope.half)
 
     def _prompt_attention(self, qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: int, layer: Any,
                           window: Optional[int], out: torch.Tensor) -> None:
