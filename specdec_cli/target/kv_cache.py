@@ -10,12 +10,18 @@ needs to roll back. This file holds the cache only; the engine decides what to k
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 INITIAL_CAPACITY = 256  # tokens; doubled as needed
+
+
+def _only_none(value: Optional[torch.Tensor]) -> None:
+    """transformers clears a layer's keys and values by setting None (`reset`); nothing else may set them."""
+    if value is not None:
+        raise TypeError("a GrowingLayer's keys and values are views of its buffers; write through update()")
 
 
 class GrowingLayer(DynamicLayer):
@@ -31,7 +37,6 @@ class GrowingLayer(DynamicLayer):
         self.key_buffer = torch.empty(batch, heads, INITIAL_CAPACITY, dim, dtype=dtype, device=device)
         self.value_buffer = torch.empty_like(self.key_buffer)
         self.is_initialized = True
-        self._expose()
 
     def _reserve(self, needed: int) -> None:
         """Room for `needed` entries (the buffers are reallocated, doubling, when they are too small)."""
@@ -45,9 +50,24 @@ class GrowingLayer(DynamicLayer):
         values[..., : self.length, :] = self.value_buffer[..., : self.length, :]
         self.key_buffer, self.value_buffer = keys, values
 
-    def _expose(self) -> None:
-        self.keys = self.key_buffer[..., : self.length, :]
-        self.values = self.value_buffer[..., : self.length, :]
+    # transformers' layers keep `keys` and `values` as attributes; here they are views of the filled part of the
+    # buffers, made when read (the native decoder writes and reads the buffers themselves and never asks: making
+    # two views after every layer's write cost ~5 us, 30 layers a step)
+    @property
+    def keys(self) -> Optional[torch.Tensor]:  # [batch, kv_heads, length, head_dim]
+        return self.key_buffer[..., : self.length, :] if getattr(self, "is_initialized", False) else None
+
+    @keys.setter
+    def keys(self, value: Optional[torch.Tensor]) -> None:
+        _only_none(value)
+
+    @property
+    def values(self) -> Optional[torch.Tensor]:
+        return self.value_buffer[..., : self.length, :] if getattr(self, "is_initialized", False) else None
+
+    @values.setter
+    def values(self, value: Optional[torch.Tensor]) -> None:
+        _only_none(value)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,7 +78,6 @@ class GrowingLayer(DynamicLayer):
         self.key_buffer[..., self.length : self.length + added, :] = key_states
         self.value_buffer[..., self.length : self.length + added, :] = value_states
         self.length += added
-        self._expose()
         return self.key_buffer[..., : self.length, :], self.value_buffer[..., : self.length, :]
 
     def open_rows(self, heads: int, dim: int, rows: int) -> "GrowingLayer":
@@ -71,7 +90,6 @@ class GrowingLayer(DynamicLayer):
 
     def advance(self, rows: int) -> None:
         self.length += rows
-        self._expose()
 
     def get_seq_length(self) -> int:
         return self.length if self.is_initialized else 0
@@ -83,7 +101,6 @@ class GrowingLayer(DynamicLayer):
         if not self.is_initialized or tokens_to_remove == 0:
             return
         self.length = max(0, self.length + tokens_to_remove)
-        self._expose()
 
     def keep(self, positions: torch.Tensor) -> None:
         """Keep the entries at `positions` (ascending), moved to the front in that order; drop the rest."""
@@ -95,7 +112,6 @@ class GrowingLayer(DynamicLayer):
         self.key_buffer[..., :kept, :] = keys
         self.value_buffer[..., :kept, :] = values
         self.length = kept
-        self._expose()
 
     def reset(self) -> None:
         self.length = 0
