@@ -14,6 +14,7 @@ kernels (kernels/_cpu.c) do that by construction; this script measures what it c
    (the verify-cost curve the planner sees).
 
     python benchmarks/bench_verify_cost.py [--contexts 64,512] [--rows 1,2,4,8,16,32] [--isa avx2,avx512vnni]
+        [--target FILE.gguf]
 
 `--isa` repeats the GEMM and the whole forward on each named instruction-set path (kernels.force_isa; default:
 the best this CPU has). Numbers move with the machine's load; read them within one run (the timings are
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import time
+
+from specdec_cli.defaults import DEFAULT_TARGET
 
 
 def best_ms(call, repeats: int) -> float:
@@ -92,11 +95,11 @@ def attention_times(context: int, rows: int, repeats: int) -> tuple[float, float
     return exact_ms, sdpa_ms, matmul_ms
 
 
-def load_decoder():
+def load_decoder(target: str):
     from specdec_cli.target.models import load_target
     from specdec_cli.target.native import decoder_for
 
-    loaded = load_target(weights="gguf", device="cpu")
+    loaded = load_target(target, weights="gguf", device="cpu")
     decoder = decoder_for(loaded.model)
     if decoder is None:
         print("the native decoder does not run this model; skipping the model's parts")
@@ -184,6 +187,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--isa", default="", help="comma-separated instruction-set paths (default: the best)")
     parser.add_argument("--threads", type=int, default=0, help="the kernels' threads (default: torch's)")
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="a GGUF file or the default model's name")
     parser.add_argument("--skip-model", action="store_true", help="attention alone (no model load)")
     parser.add_argument("--skip-attention", action="store_true", help="the model's parts only")
     args = parser.parse_args()
@@ -195,7 +199,7 @@ def main() -> None:
         return
     from specdec_cli import kernels
 
-    loaded, decoder = load_decoder()
+    loaded, decoder = load_decoder(args.target)
     if decoder is None:
         return
     if args.threads:
