@@ -11,6 +11,8 @@ import os
 import signal
 import subprocess
 import sys
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -147,6 +149,83 @@ def run_cli(*args, input_text=None, env_extra=None, timeout=HANG_GUARD, cwd=None
                                            result.stderr.decode("utf-8", "replace"))
     return subprocess.run([sys.executable, "-m", "specdec_cli", *args], input=input_text, capture_output=True,
                           text=True, env=env, timeout=timeout, cwd=cwd)
+
+
+@dataclass
+class CliResult:
+    """What `invoke` returns: a run's exit status and its output, as a finished process's would be."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def invoke(*args, input_text=None, env_extra=None, cwd=None, input_bytes=None) -> CliResult:
+    """`specdec ARGS` in this process: the console script's own `main()` (the same mapping of errors to one line
+    and an exit status) under Typer's CliRunner, whose stdin, stdout, stderr and environment are swapped in for the
+    run. For the tests where no process boundary is under test; it costs no interpreter, torch or model start-up.
+
+    The environment is run_cli's (cli_env: float32, no answer memory, no SPECDEC_DEBUG); whatever a run changes in
+    this process is put back after it: os.environ, the working directory, torch's and the kernels' threads,
+    signal handlers, warning filters and the CLI's per-process records."""
+    from typer.testing import CliRunner
+
+    from specdec_cli import cli as cli_package
+    from specdec_cli import files, kernels
+    from specdec_cli.cli import common
+
+    environ, where, argv = dict(os.environ), os.getcwd(), sys.argv
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    torch_threads = torch.get_num_threads()
+    kernel_threads = kernels.threads() if kernels.available() else None
+    records = (cli_package._received, common._activity, common._interrupted_during, files._checked_outputs)
+    kept = [type(record)(record) for record in records]
+    for record in records:
+        record.clear()
+    env = {key: value for key, value in cli_env(env_extra).items() if os.environ.get(key) != value}
+    env.update({key: None for key in os.environ if key not in cli_env(env_extra)})  # e.g. SPECDEC_DEBUG
+    stdin = input_bytes if input_bytes is not None else input_text
+    code: object = 0
+    try:
+        with CliRunner().isolation(input=stdin, env=env) as (out, err, _), warnings.catch_warnings():
+            if cwd is not None:
+                os.chdir(cwd)
+            sys.argv = ["specdec", *map(str, args)]
+            try:
+                cli_package.main()
+            except SystemExit as exit:
+                code = exit.code
+            sys.stdout.flush()
+            sys.stderr.flush()
+            stdout, stderr = out.getvalue().decode("utf-8", "replace"), err.getvalue().decode("utf-8", "replace")
+    finally:
+        sys.argv = argv
+        os.chdir(where)
+        os.environ.clear()
+        os.environ.update(environ)
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+        torch.set_num_threads(torch_threads)
+        if kernel_threads is not None:
+            kernels.set_threads(kernel_threads)
+        for record, before in zip(records, kept):
+            record.clear()
+            if isinstance(record, list):
+                record.extend(before)
+            else:
+                record.update(before)
+    return CliResult(code if isinstance(code, int) else (0 if code is None else 1), stdout, stderr)
+
+
+def assert_one_line_error(result, needle: str = "", code=None) -> str:
+    """A user error: a non-zero exit (`code` where given), one line `specdec: error: ...` on stderr holding
+    `needle` (case-insensitive), no traceback; returns the line."""
+    assert result.returncode != 0 if code is None else result.returncode == code, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("specdec: error:"), result.stderr
+    assert needle.lower() in lines[0].lower(), lines[0]
+    return lines[0]
 
 
 def make_char_tokenizer():
