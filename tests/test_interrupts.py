@@ -55,7 +55,7 @@ def test_build_index_stops_while_tokenising_and_leaves_no_file(tmp_path):
     piece of the document, not at its end, is test_build_index_cli.py's test_a_long_document_is_tokenised_in_pieces
     (no call into the tokenizer sees the whole document)."""
     pexpect = pytest.importorskip("pexpect")
-    from test_sam_index import make_char_tokenizer_dir
+    from helpers import make_char_tokenizer_dir
 
     tokenizer = make_char_tokenizer_dir(tmp_path / "tok")
     (tmp_path / "big.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 550_000)

@@ -9,11 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import HANG_GUARD, TINY_EOS, hf_greedy, run_cli
+from conftest import HANG_GUARD, TINY_EOS, fixed_engine, hf_greedy, run_cli
 
-from specdec_cli.decoding.cost_curve import CostCurve
-from specdec_cli.decoding.engine import Engine, GenerationConfig
-from specdec_cli.decoding.planner import DraftPlanner
+from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
 from specdec_cli.texts.memory import Memory, prompt_hash
 
@@ -74,7 +72,7 @@ def test_sam_drafting_from_the_memory_is_greedy_identical(tiny_llama, tmp_path):
     for prompt, reference in zip(prompts, references):
         memory.append(reference, prompt)
     info = TargetInfo(64, (TINY_EOS,), FINGERPRINT)
-    engine = Engine(tiny_llama, planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})))
+    engine = fixed_engine(tiny_llama)
     for prompt, reference in zip(prompts, references):
         drafter = make_drafter("sam+none", DrafterOptions(memory=str(memory.directory)), info)
         generation = engine.generate(prompt, drafter, GenerationConfig(max_new_tokens=40, eos_token_ids=(TINY_EOS,)))

@@ -9,25 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_char_tokenizer
+from helpers import make_char_tokenizer_dir
 
 from specdec_cli.errors import SpecdecError
 from specdec_cli.sam.automaton import ROOT, build_static
 from specdec_cli.sam.index import ARRAY_ORDER, FORMAT_VERSION, load_index, read_index_info, save_index, verify_index
 from specdec_cli.texts.corpus import build_index, row_text
 from specdec_cli.texts.fingerprint import tokenizer_fingerprint
-
-
-def make_char_tokenizer_dir(directory: Path, extra_tokens: tuple[str, ...] = ()) -> Path:
-    """The shared character-level tokenizer saved as a model directory (`load_tokenizer` accepts it)."""
-    tokenizer = make_char_tokenizer()
-    tokenizer.add_tokens(list(extra_tokens))
-    directory.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(directory)
-    config = {"model_type": "llama", "vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
-              "eos_token_id": tokenizer.eos_token_id}
-    (directory / "config.json").write_text(json.dumps(config))
-    return directory
 
 
 @pytest.fixture(scope="module")
