@@ -238,6 +238,47 @@ def assert_one_line_error(result, needle: str = "", code=None) -> str:
     return lines[0]
 
 
+BLOCK_WEIGHTS = ("gguf", "int8", "int4")  # computed in float32 whatever --dtype says
+
+
+@pytest.fixture(scope="session")
+def real_target():
+    """The embedded default model (SmolLM2-135M-Instruct), loaded once a session for each (dtype, weights) asked
+    for: `real_target()` is the dense float32 model transformers' float32 generate is compared with;
+    `real_target("float32", "auto")` what a user's `--weights auto` loads. Tests must not change the model."""
+    from specdec_cli.target.models import load_target  # the loader itself, also where shared_real_model replaces it
+
+    loaded: dict = {}
+
+    def load(dtype: str = "float32", weights: str = "dense"):
+        key = ("float32" if weights in BLOCK_WEIGHTS else dtype, weights)
+        if key not in loaded:
+            loaded[key] = load_target(dtype=key[0], weights=weights)
+        return loaded[key]
+
+    return load
+
+
+@pytest.fixture
+def shared_real_model(real_target, monkeypatch):
+    """For `invoke`: a command that loads the default model (chat, bench, distill...) gets the session's copy of it
+    (real_target) instead of loading it again; any other target, device or home loads as usual."""
+    from specdec_cli.defaults import DEFAULT_TARGET
+    from specdec_cli.target import models
+
+    load_target, home = models.load_target, os.environ.get("SPECDEC_HOME")
+
+    def shared(target=DEFAULT_TARGET, device="auto", dtype="auto", on_status=None, weights="auto", step_timer=None):
+        dtype = dtype if dtype != "auto" else os.environ.get("SPECDEC_DTYPE", "").strip() or "auto"
+        weights = weights if weights != "auto" else os.environ.get("SPECDEC_WEIGHTS", "").strip() or "auto"
+        if (target, device, step_timer, os.environ.get("SPECDEC_HOME")) != (DEFAULT_TARGET, "auto", None, home) or \
+                dtype == "auto":
+            return load_target(target, device, dtype, on_status, weights, step_timer)
+        return real_target(dtype, weights)
+
+    monkeypatch.setattr(models, "load_target", shared)
+
+
 def make_char_tokenizer():
     """A character-level fast tokenizer with a ChatML-style template, built offline."""
     import string
