@@ -41,10 +41,10 @@ def test_compare_needs_greedy(tiny_llama):
 def test_cli_compare_json(tiny_model_dir):
     import json
 
-    from conftest import run_cli
+    from conftest import invoke
 
-    result = run_cli("chat", "--target", tiny_model_dir, "--prompt", "abcabcabc", "--drafter", "pld", "-n", "16",
-                     "--compare", "--json")
+    result = invoke("chat", "--target", tiny_model_dir, "--prompt", "abcabcabc", "--drafter", "pld", "-n", "16",
+                    "--compare", "--json")
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
     assert payload["identical"] is True and payload["first_divergence"] is None
@@ -53,9 +53,9 @@ def test_cli_compare_json(tiny_model_dir):
 
 
 def test_cli_compare_text(tiny_model_dir):
-    from conftest import run_cli
+    from conftest import invoke
 
-    result = run_cli("chat", "--target", tiny_model_dir, "--prompt", "abcabcabc", "--drafter", "pld", "-n", "16",
-                     "--compare", "--plain")
+    result = invoke("chat", "--target", tiny_model_dir, "--prompt", "abcabcabc", "--drafter", "pld", "-n", "16",
+                    "--compare", "--plain")
     assert result.returncode == 0, result.stderr
     assert "plain decoding:" in result.stderr and "pld:" in result.stderr and "outputs identical" in result.stderr

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from conftest import TINY_EOS, chi_square, fixed_engine, hf_greedy, run_cli
+from conftest import TINY_EOS, chi_square, fixed_engine, hf_greedy, invoke
 
 from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
@@ -271,7 +271,7 @@ def test_the_cli_refuses_a_missing_or_foreign_head_directory(tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
     for folder, message in ((tmp_path / "nothing", "no such directory"), (tmp_path / "model", "not an EAGLE head")):
-        result = run_cli("chat", "--prompt", "hi", "--drafter", "eagle", "--draft-model", str(folder))
+        result = invoke("chat", "--prompt", "hi", "--drafter", "eagle", "--draft-model", str(folder))
         assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr
 
 

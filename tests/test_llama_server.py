@@ -275,9 +275,9 @@ def test_without_the_binary_the_rows_are_skipped_with_one_line(tiny_llama, token
 
 def test_cli_against_a_running_server(target_dir, prompt_file, tiny_llama, tokenizer):
     with FakeServer(_greedy_answer(tiny_llama, tokenizer), spec_type="ngram-mod") as fake:
-        result = run_cli("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none",
-                         "--reference", f"{fake.url},llama.cpp", "--max-new-tokens", "8", "--no-warmup",
-                         env_extra={"NO_COLOR": "1", "COLUMNS": "200", **ONE_THREAD})
+        result = invoke("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none",
+                        "--reference", f"{fake.url},llama.cpp", "--max-new-tokens", "8", "--no-warmup",
+                        env_extra={"NO_COLOR": "1", "COLUMNS": "200", **ONE_THREAD})
     assert result.returncode == 0, result.stderr
     name = "llama-server@" + fake.url.removeprefix("http://")
     assert name in result.stdout
@@ -300,9 +300,9 @@ def test_cli_bad_values_are_one_line_before_the_model_loads(tmp_path):
 
 
 def test_cli_skips_a_started_server_for_a_target_that_is_not_a_gguf(target_dir, prompt_file, fake_binary):
-    result = run_cli("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none",
-                     "--reference", "llama-server", "--llama-server", str(fake_binary), "--max-new-tokens", "4",
-                     "--limit", "1", "--no-warmup", env_extra={"NO_COLOR": "1", "COLUMNS": "200", **ONE_THREAD})
+    result = invoke("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none",
+                    "--reference", "llama-server", "--llama-server", str(fake_binary), "--max-new-tokens", "4",
+                    "--limit", "1", "--no-warmup", env_extra={"NO_COLOR": "1", "COLUMNS": "200", **ONE_THREAD})
     assert result.returncode == 0, result.stderr
     assert "llama-server: skipped: the target is not a .gguf file" in result.stdout
 

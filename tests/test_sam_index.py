@@ -387,13 +387,13 @@ def test_verify_finds_a_flipped_byte_that_the_open_time_checks_cannot(tmp_path):
 
 
 def test_verify_on_the_command_line(tmp_path):
-    from conftest import run_cli
+    from conftest import invoke
 
     path = tmp_path / "small.sam"
     save_small(path)
-    good = run_cli("build-index", "--verify", str(path), "--json")
+    good = invoke("build-index", "--verify", str(path), "--json")
     assert good.returncode == 0, good.stderr
     assert json.loads(good.stdout)["checksum"] == "ok"
     set_word(path, "trans_tokens", 0, 7)
-    bad = run_cli("build-index", "--verify", str(path))
+    bad = invoke("build-index", "--verify", str(path))
     assert bad.returncode == 1 and "corrupt index" in bad.stderr and "Traceback" not in bad.stderr
