@@ -35,8 +35,11 @@ SPAWNS = ("run_cli(", "subprocess.", "pexpect.", "Popen(")  # what starts a proc
 
 def pytest_collection_modifyitems(items):
     """Mark `subprocess` every test that starts a process, itself or through a fixture or helper of tests/ it
-    calls (run_cli, subprocess, pexpect), so that `make test-fast` can leave them out."""
+    calls (run_cli, subprocess, pexpect), and `real_model` every test that uses the embedded model's fixture
+    (real_target), so that `make test-fast` can leave them out."""
     for item in items:
+        if "real_target" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.real_model)
         function = getattr(item, "function", None)
         fixtures = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
         used = [function, *(definitions[-1].func for definitions in fixtures.values())]
