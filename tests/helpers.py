@@ -237,5 +237,3 @@ def make_char_tokenizer_dir(directory: Path, extra_tokens: tuple[str, ...] = ())
     (directory / "config.json").write_text(json.dumps(config))
     return directory
 
-
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # a CLI process's torch on one thread

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from conftest import assert_one_line_error, hf_greedy, invoke
-from helpers import ONE_THREAD, char_tokenizer
+from helpers import char_tokenizer
 
 from specdec_cli.bench import (
     BASELINE,
@@ -441,7 +441,7 @@ def test_cli_run_writes_json_and_csv(target_dir, prompt_file, tmp_path):
     json_path, csv_path = tmp_path / "bench.json", tmp_path / "bench.csv"
     result = invoke("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none,pld,hf",
                     "--oracle", "--oracle-lengths", "2,4", "--max-new-tokens", "12", "--json-out", str(json_path),
-                    "--csv", str(csv_path), env_extra={"NO_COLOR": "1", "COLUMNS": "200", **ONE_THREAD})
+                    "--csv", str(csv_path), env_extra={"NO_COLOR": "1", "COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
     assert "overall" in result.stdout and "oracle-4" in result.stdout and "Machine:" in result.stdout
     document = json.loads(json_path.read_text())
@@ -458,8 +458,7 @@ def test_cli_run_writes_json_and_csv(target_dir, prompt_file, tmp_path):
 
 def test_cli_json_stdout(target_dir, prompt_file):
     result = invoke("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "pld",
-                    "--categories", "copy", "--limit", "1", "--max-new-tokens", "8", "--no-warmup", "--json",
-                    env_extra=ONE_THREAD)
+                    "--categories", "copy", "--limit", "1", "--max-new-tokens", "8", "--no-warmup", "--json")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["settings"]["conversations"] == 1 and document["settings"]["categories"] == ["copy"]
@@ -470,7 +469,7 @@ def test_cli_table_in_a_log_keeps_every_column_whole(target_dir, prompt_file):
     """Piped to a file, the table is as wide as it needs (an 80-column cut made `Me…`, `Pr…`, `Sp…`)."""
     result = invoke("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none,pld",
                     "--limit", "1", "--max-new-tokens", "8",
-                    env_extra={"NO_COLOR": "1", "COLUMNS": "80", **ONE_THREAD})
+                    env_extra={"NO_COLOR": "1", "COLUMNS": "80"})
     assert result.returncode == 0, result.stderr
     header = next(line for line in result.stdout.splitlines() if "Category" in line)
     for name in ("Category", "Method", "Prompts", "Tokens", "Seconds", "Tok/s", "Speedup", "Accept", "Draft/Verify",
@@ -481,8 +480,7 @@ def test_cli_table_in_a_log_keeps_every_column_whole(target_dir, prompt_file):
 
 def test_llama_cpp_rows_are_skipped_with_a_reason_for_a_target_that_is_not_a_gguf(target_dir, prompt_file):
     result = invoke("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none",
-                    "--reference", "llama.cpp", "--limit", "1", "--max-new-tokens", "6", "--no-warmup", "--json",
-                    env_extra=ONE_THREAD)
+                    "--reference", "llama.cpp", "--limit", "1", "--max-new-tokens", "6", "--no-warmup", "--json")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["settings"]["references_skipped"] == {"llama.cpp": "the target is not a .gguf file"}

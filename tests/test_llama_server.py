@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY_EOS, assert_one_line_error, hf_greedy, invoke, run_cli
 from fake_llama_server import PROMPT_MS, TOKEN_MS, FakeServer
-from helpers import ONE_THREAD, char_tokenizer
+from helpers import char_tokenizer
 
 from specdec_cli.bench import OVERALL, BenchSettings, resolve_methods, run_bench
 from specdec_cli.bench import llama_server as ls
@@ -277,7 +277,7 @@ def test_cli_against_a_running_server(target_dir, prompt_file, tiny_llama, token
     with FakeServer(_greedy_answer(tiny_llama, tokenizer), spec_type="ngram-mod") as fake:
         result = invoke("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none",
                         "--reference", f"{fake.url},llama.cpp", "--max-new-tokens", "8", "--no-warmup",
-                        env_extra={"NO_COLOR": "1", "COLUMNS": "200", **ONE_THREAD})
+                        env_extra={"NO_COLOR": "1", "COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
     name = "llama-server@" + fake.url.removeprefix("http://")
     assert name in result.stdout
@@ -302,7 +302,7 @@ def test_cli_bad_values_are_one_line_before_the_model_loads(tmp_path):
 def test_cli_skips_a_started_server_for_a_target_that_is_not_a_gguf(target_dir, prompt_file, fake_binary):
     result = invoke("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none",
                     "--reference", "llama-server", "--llama-server", str(fake_binary), "--max-new-tokens", "4",
-                    "--limit", "1", "--no-warmup", env_extra={"NO_COLOR": "1", "COLUMNS": "200", **ONE_THREAD})
+                    "--limit", "1", "--no-warmup", env_extra={"NO_COLOR": "1", "COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
     assert "llama-server: skipped: the target is not a .gguf file" in result.stdout
 
