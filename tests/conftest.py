@@ -180,7 +180,7 @@ def invoke(*args, input_text=None, env_extra=None, cwd=None, input_bytes=None) -
 
     The environment is run_cli's (cli_env: float32, no answer memory, no SPECDEC_DEBUG); whatever a run changes in
     this process is put back after it: os.environ, the working directory, torch's and the kernels' threads,
-    signal handlers, warning filters and the CLI's per-process records."""
+    signal handlers, warning filters and the CLI's per-process records and consoles."""
     from typer.testing import CliRunner
 
     from specdec_cli import cli as cli_package
@@ -191,10 +191,14 @@ def invoke(*args, input_text=None, env_extra=None, cwd=None, input_bytes=None) -
     handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
     torch_threads = torch.get_num_threads()
     kernel_threads = kernels.threads() if kernels.available() else None
+    threads_chosen, kernels._threads_chosen = kernels._threads_chosen, False  # chosen once a process (ensure_threads)
     records = (cli_package._received, common._activity, common._interrupted_during, files._checked_outputs)
     kept = [type(record)(record) for record in records]
     for record in records:
         record.clear()
+    consoles = (common.console, common.err_console)  # made once a process: each run makes its own (COLUMNS, NO_COLOR)
+    for made in consoles:
+        made.cache_clear()
     env = {key: value for key, value in cli_env(env_extra).items() if os.environ.get(key) != value}
     env.update({key: None for key in os.environ if key not in cli_env(env_extra)})  # e.g. SPECDEC_DEBUG
     stdin = input_bytes if input_bytes is not None else input_text
@@ -221,6 +225,9 @@ def invoke(*args, input_text=None, env_extra=None, cwd=None, input_bytes=None) -
         torch.set_num_threads(torch_threads)
         if kernel_threads is not None:
             kernels.set_threads(kernel_threads)
+        kernels._threads_chosen = threads_chosen
+        for made in consoles:
+            made.cache_clear()
         for record, before in zip(records, kept):
             record.clear()
             if isinstance(record, list):
