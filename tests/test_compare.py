@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from conftest import TINY_EOS, hf_greedy
+from conftest import TINY_EOS, fixed_engine, hf_greedy
 
-from specdec_cli.decoding.cost_curve import CostCurve
 from specdec_cli.decoding.engine import Engine, GenerationConfig
-from specdec_cli.decoding.planner import DraftPlanner
 from specdec_cli.drafters.pld import PromptLookupDrafter
 from specdec_cli.errors import SpecdecError
 from specdec_cli.session.compare import compare
@@ -16,7 +14,7 @@ PROMPT = [1, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11]
 
 
 def test_compare_runs_both_and_finds_them_identical(tiny_llama):
-    engine = Engine(tiny_llama, planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})))
+    engine = fixed_engine(tiny_llama)
     config = GenerationConfig(max_new_tokens=24, eos_token_ids=(TINY_EOS,))
     seen = []
     result = compare(engine, PROMPT, PromptLookupDrafter(), config, on_event=seen.append)
@@ -43,10 +41,10 @@ def test_compare_needs_greedy(tiny_llama):
 def test_cli_compare_json(tiny_model_dir):
     import json
 
-    from conftest import run_cli
+    from conftest import invoke
 
-    result = run_cli("chat", "--target", tiny_model_dir, "--prompt", "abcabcabc", "--drafter", "pld", "-n", "16",
-                     "--compare", "--json")
+    result = invoke("chat", "--target", tiny_model_dir, "--prompt", "abcabcabc", "--drafter", "pld", "-n", "16",
+                    "--compare", "--json")
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
     assert payload["identical"] is True and payload["first_divergence"] is None
@@ -55,9 +53,9 @@ def test_cli_compare_json(tiny_model_dir):
 
 
 def test_cli_compare_text(tiny_model_dir):
-    from conftest import run_cli
+    from conftest import invoke
 
-    result = run_cli("chat", "--target", tiny_model_dir, "--prompt", "abcabcabc", "--drafter", "pld", "-n", "16",
-                     "--compare", "--plain")
+    result = invoke("chat", "--target", tiny_model_dir, "--prompt", "abcabcabc", "--drafter", "pld", "-n", "16",
+                    "--compare", "--plain")
     assert result.returncode == 0, result.stderr
     assert "plain decoding:" in result.stderr and "pld:" in result.stderr and "outputs identical" in result.stderr

@@ -9,33 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import TINY_EOS, TINY_VOCAB, _tiny, hf_greedy, run_cli
+from conftest import TINY_EOS, TINY_VOCAB, _tiny, assert_one_line_error, hf_greedy, invoke
+from helpers import make_tokenizer
 
-SPECIALS = ["<pad>", "<s>", "<unk>", "</s>", "<|user|>", "<|assistant|>"]
-CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 .,!?'\n-:;()+=*/\"")
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
 PROMPTS = ["hello there, how are you?", "add 2 and 3.", "name a colour.", "write one word.", "what is a cat?"]
-
-
-def make_tokenizer(extra: str = ""):
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tokens = SPECIALS + CHARS + list(extra)
-    tokens += [f"<x{i}>" for i in range(TINY_VOCAB - len(tokens))]
-    vocab = {token: index for index, token in enumerate(tokens)}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.normalizer = normalizers.Lowercase()
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    core.add_special_tokens(SPECIALS)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                        pad_token="<pad>")
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +40,11 @@ def data_file(target_dir, tmp_path_factory):
     prompts = folder / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS[:4]) + "\n")
     data = folder / "data.jsonl"
-    result = run_cli("distill", "generate", "--target", str(target_dir), "--prompts", str(prompts), "-o", str(data),
-                     "--max-new-tokens", "24")
+    result = invoke("distill", "generate", "--target", str(target_dir), "--prompts", str(prompts), "-o", str(data),
+                    "--max-new-tokens", "24")
     assert result.returncode == 0, result.stderr
-    rerun = run_cli("distill", "generate", "--target", str(target_dir), "--prompts", str(prompts), "-o", str(data),
-                    "--max-new-tokens", "24", "--drafter", "none")
+    rerun = invoke("distill", "generate", "--target", str(target_dir), "--prompts", str(prompts), "-o", str(data),
+                   "--max-new-tokens", "24", "--drafter", "none")
     assert rerun.returncode == 0, rerun.stderr
     assert "0 new rows" in rerun.stderr and "4 already answered" in rerun.stderr
     return data
@@ -143,9 +120,9 @@ def test_train_evaluate_and_use_the_draft(data_file, target, target_dir, tmp_pat
     templated = target.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                                      add_generation_prompt=True)
     ids = target.tokenizer(templated, add_special_tokens=False)["input_ids"]
-    chat = run_cli("chat", "--target", str(target_dir), "--drafter", "model", "--draft-model", str(out), "--prompt",
-                   text,
-                   "--max-new-tokens", "30", "--json", "--device", "cpu")
+    chat = invoke("chat", "--target", str(target_dir), "--drafter", "model", "--draft-model", str(out), "--prompt",
+                  text,
+                  "--max-new-tokens", "30", "--json", "--device", "cpu")
     assert chat.returncode == 0, chat.stderr
     payload = json.loads(chat.stdout)
     assert payload["output_token_ids"] == hf_greedy(target.model, ids, 30)
@@ -201,34 +178,26 @@ def test_kd_config_init_and_small_head(data_file, target, tmp_path):
     assert evaluation["before"]["positions"] == evaluation["after"]["positions"] > 0
 
 
-def _one_line_error(result, needle):
-    assert result.returncode == 1, (result.stdout, result.stderr)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("specdec: error:"), result.stderr
-    assert needle.lower() in lines[0].lower(), lines[0]
-
-
 def test_data_errors(target_dir, data_file, tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    _one_line_error(run_cli("distill", "train", "--data", str(empty), "-o", str(tmp_path / "x")), "no rows")
-    _one_line_error(run_cli("distill", "train", "--data", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "x")),
-                    "no such data file")
+    train = ("distill", "train", "-o", str(tmp_path / "x"), "--data")
+    assert_one_line_error(invoke(*train, str(empty)), "no rows", code=1)
+    assert_one_line_error(invoke(*train, str(tmp_path / "missing.jsonl")), "no such data file", code=1)
     other = tmp_path / "other.jsonl"
     rows = [json.loads(line) for line in data_file.read_text().splitlines()]
     other.write_text("".join(json.dumps({**row, "fingerprint": "sha256:0000000000000000",
                                          "target": "other-model"}) + "\n"
                              for row in rows))
-    _one_line_error(run_cli("distill", "train", "--data", str(other), "-o", str(tmp_path / "x"), "--target",
-                            str(target_dir)),
-                    "generated by target 'other-model'")
+    assert_one_line_error(invoke(*train, str(other), "--target", str(target_dir)),
+                          "generated by target 'other-model'", code=1)
     garbled = tmp_path / "garbled.jsonl"
     garbled.write_text(json.dumps({**rows[0], "answer_ids": ["not", "ids"]}) + "\n")
-    _one_line_error(run_cli("distill", "train", "--data", str(garbled), "-o", str(tmp_path / "x")),
-                    "line 1: prompt_ids and answer_ids must be lists of token ids")
+    assert_one_line_error(invoke(*train, str(garbled)), "line 1: prompt_ids and answer_ids must be lists of token ids",
+                          code=1)
     garbled.write_text(json.dumps({"prompt": "hi", "answer": "hello"}) + "\n")
-    _one_line_error(run_cli("distill", "train", "--data", str(garbled), "-o", str(tmp_path / "x")),
-                    "line 1: not a distillation row (no prompt_ids and answer_ids)")
+    assert_one_line_error(invoke(*train, str(garbled)), "line 1: not a distillation row (no prompt_ids and answer_ids)",
+                          code=1)
 
 
 def test_vocabulary_mismatch_in_chat(target_dir, tmp_path):
@@ -238,10 +207,10 @@ def test_vocabulary_mismatch_in_chat(target_dir, tmp_path):
                                          num_attention_heads=2, num_key_value_heads=1))
     draft.save_pretrained(tmp_path / "wrong")
     make_tokenizer().save_pretrained(tmp_path / "wrong")  # same tokenizer, wrong head size
-    result = run_cli("chat", "--target", str(target_dir), "--drafter", "model", "--draft-model",
-                     str(tmp_path / "wrong"),
-                     "--prompt", "hi", "--device", "cpu")
-    _one_line_error(result, "vocabulary of 80 tokens but the target has 64")
+    result = invoke("chat", "--target", str(target_dir), "--drafter", "model", "--draft-model",
+                    str(tmp_path / "wrong"),
+                    "--prompt", "hi", "--device", "cpu")
+    assert_one_line_error(result, "vocabulary of 80 tokens but the target has 64", code=1)
 
 
 def test_other_tokenizer_is_refused(target, tmp_path):
@@ -284,18 +253,18 @@ def test_an_eagle_head_from_the_command_line_trains_resumes_and_is_evaluated(tar
     prompts.write_text("\n".join(PROMPTS[4:]) + "\n")
     train = ("distill", "train", "--kind", "eagle", "--data", str(data_file), "-o", str(head), "--steps", "6",
              "--holdout", "0.25")
-    result = run_cli(*train)
+    result = invoke(*train)
     assert result.returncode == 0, result.stderr
     assert "Trained an EAGLE head: 6 steps" in result.stderr and (tmp_path / "head.checkpoint").is_dir()
-    again = run_cli(*train[:-4], "--steps", "8", "--holdout", "0.25", "--resume")  # a longer run, continued
+    again = invoke(*train[:-4], "--steps", "8", "--holdout", "0.25", "--resume")  # a longer run, continued
     assert again.returncode == 0 and "Resuming from step 6" in again.stderr, again.stderr
-    evaluated = run_cli("distill", "evaluate", "--draft-model", str(head), "--prompts", str(prompts), "-n", "12",
-                        "--json")
+    evaluated = invoke("distill", "evaluate", "--draft-model", str(head), "--prompts", str(prompts), "-n", "12",
+                       "--json")
     assert evaluated.returncode == 0, evaluated.stderr
     evaluation = json.loads(evaluated.stdout)
     assert set(evaluation) >= {"before", "after", "after_chain"} and evaluation["prompts"] == 1
     assert evaluation["after"]["new_tokens"] == evaluation["before"]["new_tokens"] > 0
-    foreign = run_cli("distill", "evaluate", "--draft-model", str(head), "--data", str(data_file))
+    foreign = invoke("distill", "evaluate", "--draft-model", str(head), "--data", str(data_file))
     assert foreign.returncode != 0 and "evaluated on --suite or --prompts" in foreign.stderr
     assert "Traceback" not in foreign.stderr
 
@@ -323,8 +292,8 @@ def test_a_student_is_cut_from_block_weights_dequantised(target_dir, data_file, 
 
 def test_no_progress_bars_where_stderr_is_not_a_terminal(target_dir, data_file, tmp_path):
     """A log or a pipe gets the results, not the frames of a progress bar (nor its last frame)."""
-    result = run_cli("distill", "train", "--data", str(data_file), "-o", str(tmp_path / "draft"), "--steps", "2",
-                     "--layers", "1")
+    result = invoke("distill", "train", "--data", str(data_file), "-o", str(tmp_path / "draft"), "--steps", "2",
+                    "--layers", "1")
     assert result.returncode == 0, result.stderr
     trained = [line for line in result.stderr.splitlines() if line.startswith("Trained 2 steps")]
     assert len(trained) == 1 and trained[0].endswith(f"saved {tmp_path / 'draft'}"), result.stderr  # one line
@@ -338,28 +307,29 @@ def test_train_refuses_an_output_that_is_a_file_before_loading_the_target(data_f
     existing.write_text("mine")
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"not a gguf")
-    _one_line_error(run_cli("distill", "train", "--data", str(data_file), "-o", str(existing), "--target",
-                            str(broken)), "exists and is not a directory")
+    assert_one_line_error(invoke("distill", "train", "--data", str(data_file), "-o", str(existing), "--target",
+                                 str(broken)), "exists and is not a directory", code=1)
     assert existing.read_text() == "mine"
-    head_output = run_cli("distill", "train", "--kind", "eagle", "--data", str(data_file), "-o", str(existing),
-                          "--target", str(broken))
-    _one_line_error(head_output, "exists and is not a directory")
+    head_output = invoke("distill", "train", "--kind", "eagle", "--data", str(data_file), "-o", str(existing),
+                         "--target", str(broken))
+    assert_one_line_error(head_output, "exists and is not a directory", code=1)
 
 
 def test_distill_takes_weights_like_every_command(target_dir, tmp_path):
     for command in (["distill"], ["distill", "generate", "--prompts", "x", "-o", str(tmp_path / "d.jsonl")],
                     ["distill", "train", "--data", "x", "-o", str(tmp_path / "o")],
                     ["distill", "evaluate", "-D", str(tmp_path)]):
-        result = run_cli(*command, "--target", str(target_dir), "--weights", "int3")
+        result = invoke(*command, "--target", str(target_dir), "--weights", "int3")
         assert result.returncode != 0 and "No such option" not in result.stderr, (command, result.stderr)
 
 
 def test_the_pipeline_checks_where_it_writes_before_loading_the_target(tmp_path):
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"not a gguf")
-    _one_line_error(run_cli("distill", "-o", str(tmp_path / "missing" / "draft"), "--target", str(broken)),
-                    f"--output {tmp_path / 'missing' / 'draft'}: the folder {tmp_path / 'missing'} does not exist")
+    missing = tmp_path / "missing"
+    assert_one_line_error(invoke("distill", "-o", str(missing / "draft"), "--target", str(broken)),
+                          f"--output {missing / 'draft'}: the folder {missing} does not exist", code=1)
     (tmp_path / "data-folder").mkdir()
-    _one_line_error(run_cli("distill", "-o", str(tmp_path / "draft"), "--data", str(tmp_path / "data-folder"),
-                            "--target", str(broken)), "is a directory")
+    assert_one_line_error(invoke("distill", "-o", str(tmp_path / "draft"), "--data", str(tmp_path / "data-folder"),
+                                 "--target", str(broken)), "is a directory", code=1)
     assert not (tmp_path / "missing").exists()

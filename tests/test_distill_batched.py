@@ -38,7 +38,7 @@ def test_an_answer_that_ends_early_stops_while_the_batch_goes_on():
 
 
 def test_generate_data_in_batches_resumes_and_keeps_finished_rows(tmp_path):
-    from test_distill import make_tokenizer
+    from helpers import make_tokenizer
 
     from specdec_cli.distill.generate import generate_data
     from specdec_cli.texts.data_rows import read_rows

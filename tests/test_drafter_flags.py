@@ -4,7 +4,7 @@ distill generate (`--drafter pld --index /nonexistent.sam` used to exit 0, `--dr
 from __future__ import annotations
 
 import pytest
-from conftest import run_cli
+from conftest import invoke
 
 from specdec_cli.drafters import DrafterOptions, check_drafter_options
 from specdec_cli.errors import SpecdecError
@@ -50,7 +50,7 @@ def test_options_one_of_the_drafters_uses_pass(names, options):
      "--index /nonexistent.sam: pld does not use it"),
 ])
 def test_the_commands_refuse_them_before_the_model_loads(tmp_path, args, needle):
-    result = run_cli(*args, env_extra={"SPECDEC_HOME": str(tmp_path / "home")}, cwd=tmp_path)
+    result = invoke(*args, env_extra={"SPECDEC_HOME": str(tmp_path / "home")}, cwd=tmp_path)
     assert result.returncode != 0
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("specdec: error:") and needle in lines[0], result.stderr

@@ -7,13 +7,11 @@ import copy
 
 import pytest
 import torch
-from conftest import TINY_EOS, chi_square, hf_greedy, run_cli
+from conftest import TINY_EOS, chi_square, fixed_engine, hf_greedy, invoke
 
 from specdec_cli import kernels
-from specdec_cli.decoding.cost_curve import CostCurve
 from specdec_cli.decoding.draft import Needs
-from specdec_cli.decoding.engine import Engine, GenerationConfig
-from specdec_cli.decoding.planner import DraftPlanner
+from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.drafters import DrafterOptions, make_drafter, target_weights
 from specdec_cli.drafters.eagle import EagleDrafter, check_target
 from specdec_cli.drafters.eagle_head import EagleHead, HeadCache, head_config_for, load_head, save_head
@@ -50,10 +48,6 @@ class _FeaturePld(PromptLookupDrafter):
     needs = Needs(features=True)
 
 
-def _engine(model) -> Engine:
-    return Engine(model, planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})))
-
-
 def _trained_head(model):
     """A head trained briefly on the model's own greedy answers to a few prompts."""
     from specdec_cli.distill.eagle_train import EagleTrainConfig, train_eagle
@@ -86,7 +80,7 @@ def test_feeding_a_block_equals_feeding_its_positions_one_by_one(tiny_llama):
 
 
 def test_step_events_carry_the_committed_positions_features(tiny_llama):
-    engine = _engine(tiny_llama)
+    engine = fixed_engine(tiny_llama)
     events = []
     drafter = _FeaturePld()
     prompt = [1, *PATTERN, *PATTERN[:6]]
@@ -127,7 +121,7 @@ def test_eagle_drafting_is_greedy_identical(tiny_llama, trained, tmp_path, name)
     accepted = 0
     trees = 0
     for prompt in [[1, *PATTERN], *PROMPTS]:
-        generation = _engine(tiny_llama).generate(prompt, drafter, GenerationConfig(max_new_tokens=32,
+        generation = fixed_engine(tiny_llama).generate(prompt, drafter, GenerationConfig(max_new_tokens=32,
                                                                                        eos_token_ids=(TINY_EOS,)))
         assert generation.tokens == hf_greedy(tiny_llama, prompt, 32), (name, prompt)
         accepted += generation.stats.accepted_tokens
@@ -144,7 +138,7 @@ def test_a_tree_stopped_early_is_the_best_nodes_of_the_whole_tree(tiny_llama, tr
     drafter = EagleDrafter(copy.deepcopy(head), target_weights(tiny_llama), draft_max=5)
     events = []
     prompt = [1, *PATTERN, *PATTERN[:5]]
-    _engine(tiny_llama).generate(prompt, _Listener(),
+    fixed_engine(tiny_llama).generate(prompt, _Listener(),
                                  GenerationConfig(max_new_tokens=6), events.append)
     forwards = []
     drafter.head.register_forward_hook(lambda module, args, out: forwards.append(args[0].shape[1]))
@@ -174,7 +168,7 @@ def test_the_head_skips_unlikely_nodes(tiny_llama, trained):
     head, _ = trained
     prompt = [1, *PATTERN, *PATTERN[:5]]
     events = []
-    _engine(tiny_llama).generate(prompt, _Listener(),
+    fixed_engine(tiny_llama).generate(prompt, _Listener(),
                                  GenerationConfig(max_new_tokens=1), events.append)
     likely, whole = (EagleDrafter(copy.deepcopy(head), target_weights(tiny_llama),
                                   min_prob=min_prob) for min_prob in (0.2, 0.0))
@@ -246,7 +240,7 @@ def test_on_a_block_target_the_head_drafts_on_the_kernels_and_stays_lossless(tin
     assert model.lm_head._dense is None  # nor did building drafters
     accepted = 0
     for prompt in [[1, *PATTERN], *PROMPTS]:
-        generation = _engine(model).generate(prompt, drafter, GenerationConfig(max_new_tokens=32,
+        generation = fixed_engine(model).generate(prompt, drafter, GenerationConfig(max_new_tokens=32,
                                                                                  eos_token_ids=(TINY_EOS,)))
         assert generation.tokens == hf_greedy(model, prompt, 32), prompt
         accepted += generation.stats.accepted_tokens
@@ -263,7 +257,7 @@ def test_eagle_sampling_keeps_the_target_law(tiny_llama, trained):
         first = warp_probs(tiny_llama(torch.tensor([prompt])).logits[0, -1], 1.0)  # [V]
         second = warp_probs(tiny_llama(torch.tensor([prompt + [t] for t in range(64)])).logits[:, -1], 1.0)
     law = (first.unsqueeze(1) * second).sum(0).double()  # P(2nd new token)
-    engine = _engine(tiny_llama)
+    engine = fixed_engine(tiny_llama)
     counts = torch.zeros(64, dtype=torch.float64)
     for seed in range(400):
         drafter = EagleDrafter(copy.deepcopy(head), target_weights(tiny_llama))
@@ -293,7 +287,7 @@ def test_the_cli_refuses_a_missing_or_foreign_head_directory(tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
     for folder, message in ((tmp_path / "nothing", "no such directory"), (tmp_path / "model", "not an EAGLE head")):
-        result = run_cli("chat", "--prompt", "hi", "--drafter", "eagle", "--draft-model", str(folder))
+        result = invoke("chat", "--prompt", "hi", "--drafter", "eagle", "--draft-model", str(folder))
         assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr
 
 

@@ -14,8 +14,8 @@ import warnings
 
 import pytest
 import torch
-from conftest import chi_square
-from test_families import EOS, PROMPTS, LikelyTree, _drafter, _model, _second_token_law
+from conftest import chi_square, fixed_engine
+from helpers import EOS, PROMPTS, LikelyTree, family_drafter, family_model, second_token_law
 
 from specdec_cli.decoding.cost_curve import CostCurve
 from specdec_cli.decoding.engine import Engine, GenerationConfig
@@ -96,16 +96,11 @@ FAMILIES = ["llama", "qwen2", "mistral", "gemma", "qwen3"]
 @pytest.fixture(scope="module", params=FAMILIES)
 def bf16_family(request):
     """A tiny model of the family in bfloat16, and its plain greedy answers through an exact engine."""
-    model = _model(request.param, seed=11).to(torch.bfloat16)
-    engine = _exact_engine(model)
+    model = family_model(request.param, seed=11).to(torch.bfloat16)
+    engine = fixed_engine(model, exact=True)
     references = [engine.generate(prompt, NoDrafter(), _config()).tokens for prompt in PROMPTS]
     assert engine.exact_outcome.state == "on", engine.exact_check
     return type("Family", (), {"name": request.param, "model": model, "vocab": 64, "references": references})
-
-
-def _exact_engine(model, exact=True) -> Engine:
-    return Engine(model, planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})), exact=exact)
-
 
 def _config(**settings) -> GenerationConfig:
     return GenerationConfig(**{"max_new_tokens": NEW, "budget": BUDGET, "eos_token_ids": (EOS,), **settings})
@@ -115,8 +110,8 @@ def _config(**settings) -> GenerationConfig:
 @pytest.mark.parametrize("kind", ["pld", "chain", "tree", "model", "recycle", "aded"])
 def test_bfloat16_speculation_is_identical_to_plain_decoding(bf16_family, kind):
     for index, prompt in enumerate(PROMPTS):
-        engine = _exact_engine(bf16_family.model)
-        generation = engine.generate(prompt, _drafter(kind, bf16_family, index), _config())
+        engine = fixed_engine(bf16_family.model, exact=True)
+        generation = engine.generate(prompt, family_drafter(kind, bf16_family, index), _config())
         assert generation.tokens == bf16_family.references[index], (bf16_family.name, kind, index)
         if kind in ("chain", "tree"):  # the drafts were long and mostly right: blocks of many rows were verified
             assert max(event.verify_rows for event in generation.events if event.kind == "step") >= 4
@@ -124,11 +119,11 @@ def test_bfloat16_speculation_is_identical_to_plain_decoding(bf16_family, kind):
 
 def test_float32_is_exact_by_construction_when_asked(tiny_llama):
     model = copy.deepcopy(tiny_llama)
-    engine = _exact_engine(model)
+    engine = fixed_engine(model, exact=True)
     plain = engine.generate(PROMPTS[0], NoDrafter(), _config())
     family = type("Family", (), {"model": model, "vocab": 64, "references": [plain.tokens, []]})
     for kind in ("chain", "tree"):
-        assert engine.generate(PROMPTS[0], _drafter(kind, family, 0), _config()).tokens == plain.tokens, kind
+        assert engine.generate(PROMPTS[0], family_drafter(kind, family, 0), _config()).tokens == plain.tokens, kind
     assert engine.exact_outcome.state == "on"
 
 
@@ -141,10 +136,10 @@ def test_float32_is_left_alone_by_default(tiny_llama):
 
 @pytest.mark.slow
 def test_sampling_keeps_the_law_in_bfloat16():
-    model = _model("llama", seed=7).to(torch.bfloat16)
+    model = family_model("llama", seed=7).to(torch.bfloat16)
     prompt = PROMPTS[1]
-    law = _second_token_law(model, prompt)
-    engine = _exact_engine(model)
+    law = second_token_law(model, prompt)
+    engine = fixed_engine(model, exact=True)
     drafter = LikelyTree(torch.topk(law, 2).indices.tolist(), 64)
     counts = torch.zeros(64, dtype=torch.float64)
     for seed in range(400):
@@ -155,7 +150,7 @@ def test_sampling_keeps_the_law_in_bfloat16():
 
 
 def test_the_models_own_kernels_come_back_when_suspended_or_removed():
-    model = _model("llama", seed=3).to(torch.bfloat16)
+    model = family_model("llama", seed=3).to(torch.bfloat16)
     state = install(model, 8)
     assert model.config._attn_implementation == "specdec_rowwise"
     with suspended(model, state):
@@ -167,11 +162,11 @@ def test_the_models_own_kernels_come_back_when_suspended_or_removed():
 
 
 def test_where_exactness_cannot_be_had_the_engine_says_so_and_goes_on():
-    model = _model("llama", attention="eager", seed=3).to(torch.bfloat16)
-    engine = _exact_engine(model)
+    model = family_model("llama", attention="eager", seed=3).to(torch.bfloat16)
+    engine = fixed_engine(model, exact=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        generation = engine.generate(PROMPTS[0], _drafter("pld", _Fake(model), 0), _config(max_new_tokens=8))
+        generation = engine.generate(PROMPTS[0], family_drafter("pld", _Fake(model), 0), _config(max_new_tokens=8))
     assert engine.exact_outcome.state == "failed", engine.exact_check
     assert engine.exact_outcome.detail.startswith("row-invariant attention replaces SDPA attention")
     assert engine.exact_check == f"failed: {engine.exact_outcome.detail}"  # as displays and bench JSON show it
@@ -188,15 +183,15 @@ class _Fake:
 def test_engines_over_one_model_share_its_row_invariant_state(monkeypatch):
     import specdec_cli.target.exact as exact
 
-    model = _model("llama", seed=3).to(torch.bfloat16)
+    model = family_model("llama", seed=3).to(torch.bfloat16)
     checks = []
     check = exact.block_mismatch
     monkeypatch.setattr(exact, "block_mismatch",
                         lambda model_, config, device, rows: checks.append(rows) or check(model_, config, device, rows))
-    first, second = _exact_engine(model), _exact_engine(model)
+    first, second = fixed_engine(model, exact=True), fixed_engine(model, exact=True)
     assert first.prepare(8) == second.prepare(8) == exact_rows(8) and checks == [exact_rows(8)]  # checked once
     hooks = _padding_hooks(model)
-    assert _exact_engine(model).prepare(8) == exact_rows(8)
+    assert fixed_engine(model, exact=True).prepare(8) == exact_rows(8)
     assert _padding_hooks(model) == hooks  # no hooks piled up
     assert second.prepare(20) == exact_rows(20) > exact_rows(8) and checks[-1] == exact_rows(20)
     assert first.prepare(8) == exact_rows(20)  # the first engine follows the model's bigger blocks

@@ -13,58 +13,29 @@ import copy
 
 import pytest
 import torch
-from conftest import chi_square, hf_greedy
+from conftest import chi_square, fixed_engine, hf_greedy
+from helpers import (
+    EOS,
+    PROMPTS,
+    WINDOW,
+    LikelyTree,
+    ScriptedTree,
+    family_drafter,
+    family_model,
+    perturbed,
+    second_token_law,
+    tree_path,
+)
 
 import specdec_cli.target.forward as target_forward
 import specdec_cli.target.tree_check as tree_check
-from specdec_cli.decoding.cost_curve import CostCurve
-from specdec_cli.decoding.draft import NOTHING, Draft
-from specdec_cli.decoding.engine import Engine, GenerationConfig
-from specdec_cli.decoding.planner import DraftPlanner
+from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.errors import SpecdecError
 from specdec_cli.target.rollback import keep_accepted, truncate_cache
 
-EOS = 3
-WINDOW = 8  # sliding windows are this short: prompts, answers and the deepest trees below run past them
 BUDGET = 12  # nodes per verify: deep enough for a tree path longer than the window
 NEW = 24
-PROMPTS = [
-    [1, 10, 11, 12, 13, 14, 15, 10, 11, 12, 13, 14, 15, 10, 11],
-    [1, 5, 6, 7, 8, 9, 20, 21, 22, 23, 24, 25, 26, 27, 5, 6, 7, 8],
-]
 BIG_VOCAB = 262_144  # Gemma 3's vocabulary
-
-
-def _config(family: str, vocab: int = 64, **extra):
-    """A tiny config of the family; `extra` settles any setting (the family's own ones below included)."""
-    import transformers
-
-    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  initializer_range=0.3, eos_token_id=EOS, bos_token_id=1, pad_token_id=0)
-    # Tiny Gemmas with tied embeddings only repeat their last input token (the scaled embedding dominates):
-    # untied, their answers vary, so a wrong mask would show
-    families = {
-        "llama": (transformers.LlamaConfig, {}),
-        "qwen2": (transformers.Qwen2Config, {}),
-        # hybrid: a full layer, then a sliding one (Qwen's max_window_layers)
-        "qwen3": (transformers.Qwen3Config, dict(head_dim=16, use_sliding_window=True, sliding_window=WINDOW,
-                                                 max_window_layers=1)),
-        "mistral": (transformers.MistralConfig, dict(sliding_window=WINDOW)),
-        "phi3": (transformers.Phi3Config, dict(sliding_window=WINDOW)),  # a window on every layer (Phi-3-mini-4k)
-        "smollm3": (transformers.SmolLM3Config, dict(no_rope_layers=[1, 0])),  # layer 1 without rotary (NoPE)
-        "gemma": (transformers.GemmaConfig, dict(head_dim=16)),
-        # eager attention (soft-capping), alternating sliding and full layers
-        "gemma2": (transformers.Gemma2Config, dict(head_dim=16, sliding_window=WINDOW, tie_word_embeddings=False)),
-        "gemma3_text": (transformers.Gemma3TextConfig, dict(head_dim=16, sliding_window=WINDOW,
-                                                            tie_word_embeddings=False,
-                                                            layer_types=["sliding_attention", "full_attention"])),
-    }
-    if family not in families:
-        raise ValueError(family)
-    kind, own = families[family]
-    settings = {**common, **own, **extra}
-    return kind(**{key: value for key, value in settings.items() if value is not None})
 
 
 # (test id, family, vocabulary, attention implementation or None for the family's default, seed or 0)
@@ -83,21 +54,10 @@ VARIANTS = [
 ]
 
 
-def _model(family: str, vocab: int = 64, attention=None, seed: int = 0, **extra):
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed or sum(map(ord, family)) + vocab)
-    kwargs = {} if attention is None else {"attn_implementation": attention}
-    model = AutoModelForCausalLM.from_config(_config(family, vocab, **extra), **kwargs).eval()
-    model.generation_config.eos_token_id = EOS
-    model.generation_config.pad_token_id = 0
-    return model
-
-
 class Family:
     def __init__(self, name, family, vocab, attention, seed):
         self.name, self.vocab = name, vocab
-        self.model = _model(family, vocab, attention, seed)
+        self.model = family_model(family, vocab, attention, seed)
         self.references = [hf_greedy(self.model, prompt, NEW, eos=EOS) for prompt in PROMPTS]
 
 
@@ -105,103 +65,9 @@ class Family:
 def family(request):
     return Family(*request.param)
 
-
-def _engine(model) -> Engine:
-    return Engine(model, planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})))  # no timing anywhere
-
-
 def _config_for(**settings) -> GenerationConfig:
     settings = {"max_new_tokens": NEW, "budget": BUDGET, "eos_token_ids": (EOS,), "cost_aware": False, **settings}
     return GenerationConfig(**settings)
-
-
-def _path(parents, node):
-    """Node indices from a root to `node`."""
-    path = []
-    while node >= 0:
-        path.insert(0, node)
-        node = parents[node]
-    return path
-
-
-class ScriptedChain:
-    """The true continuation as a chain, with its third token wrong every other step (rollbacks mid-chain)."""
-
-    name = "chain"
-    needs = NOTHING
-
-    def __init__(self, reference, prompt_len, vocab):
-        self.reference, self.prompt_len, self.vocab, self.calls = reference, prompt_len, vocab, 0
-
-    def propose(self, context, budget):
-        done = len(context) - self.prompt_len
-        tokens = list(self.reference[done : done + budget])
-        self.calls += 1
-        if self.calls % 2 and len(tokens) > 2:
-            tokens[2] = (tokens[2] + 1) % self.vocab
-        return Draft(tokens, self.name)
-
-    def observe(self, event):
-        pass
-
-    def reset(self):
-        pass
-
-
-class ScriptedTree:
-    """The truth behind a junk first sibling at depths 0 and 2, then a chain of truth: up to `budget` nodes, a
-    path deeper than the window, and an accepted path that must be gathered in the cache."""
-
-    name = "tree"
-    needs = NOTHING
-
-    def __init__(self, reference, prompt_len, vocab):
-        self.reference, self.prompt_len, self.vocab = reference, prompt_len, vocab
-
-    def propose(self, context, budget):
-        done = len(context) - self.prompt_len
-        truth = self.reference[done : done + budget]
-        tokens, parents, parent = [], [], -1
-        for depth, token in enumerate(truth):
-            if depth in (0, 2):
-                tokens.append((token + 1) % self.vocab)
-                parents.append(parent)
-            tokens.append(token)
-            parents.append(parent)
-            parent = len(tokens) - 1
-        return Draft(tokens[:budget], self.name, parents=parents[:budget])
-
-    def observe(self, event):
-        pass
-
-    def reset(self):
-        pass
-
-
-def _drafter(kind, family, prompt_index):
-    from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
-    from specdec_cli.drafters.model import ModelDrafter
-
-    prompt, reference = PROMPTS[prompt_index], family.references[prompt_index]
-    if kind in ("pld", "recycle", "aded"):
-        return make_drafter(kind, DrafterOptions(), TargetInfo(family.vocab, (EOS,)))
-    if kind == "chain":
-        return ScriptedChain(reference, len(prompt), family.vocab)
-    if kind == "tree":
-        return ScriptedTree(reference, len(prompt), family.vocab)
-    return ModelDrafter(_perturbed(family.model, 0.02), draft_max=4, eos_token_ids=(EOS,))
-
-
-def _perturbed(model, scale=0.05, seed=0):
-    """A draft of the same family and vocabulary that mostly agrees with the target, but not always: each
-    weight moved by `scale` times its tensor's spread."""
-    draft = copy.deepcopy(model)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in draft.parameters():
-            spread = float(parameter.std()) if parameter.numel() > 1 else 0.0
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * scale * (spread or 0.1))
-    return draft
 
 
 # -- tree masks ------------------------------------------------------------------------------------------------
@@ -217,7 +83,7 @@ def test_tree_logits_equal_sequential_decoding(family, shape):
     from transformers import DynamicCache
 
     model = family.model
-    engine = _engine(model)
+    engine = fixed_engine(model)
     if shape == "bushy":  # two roots, duplicate tokens at two depths
         tokens, parents = [20, 21, 22, 23, 24, 20], [-1, -1, 0, 0, 1, 3]
     else:  # a junk root, then a 10-deep chain: its deepest nodes see neither the prefix nor the root
@@ -228,7 +94,7 @@ def test_tree_logits_equal_sequential_decoding(family, shape):
         engine._forward(prompt[:-1], cache, 0)
         tree_logits = engine._forward([prompt[-1], *tokens], cache, len(prompt) - 1, tree=parents).logits  # [n+1, V]
         for row in range(len(tokens) + 1):
-            sequence = prompt + [tokens[node] for node in _path(parents, row - 1)]
+            sequence = prompt + [tokens[node] for node in tree_path(parents, row - 1)]
             reference = model(torch.tensor([sequence])).logits[0, -1]  # [V]
             assert torch.allclose(tree_logits[row], reference, atol=1e-4, rtol=1e-4), (family.name, row)
     assert engine.supports_trees and engine.tree_outcome.state == "passed", engine.tree_check
@@ -237,8 +103,8 @@ def test_tree_logits_equal_sequential_decoding(family, shape):
 @pytest.mark.parametrize("kind", ["pld", "chain", "model", "tree", "recycle", "aded"])
 def test_every_drafter_kind_is_greedy_identical(family, kind):
     for index, prompt in enumerate(PROMPTS):
-        engine = _engine(family.model)
-        generation = engine.generate(prompt, _drafter(kind, family, index), _config_for())
+        engine = fixed_engine(family.model)
+        generation = engine.generate(prompt, family_drafter(kind, family, index), _config_for())
         assert generation.tokens == family.references[index], (family.name, kind, index)
         if kind in ("chain", "tree", "model") and len(generation.tokens) > 8:
             assert generation.stats.mean_accepted_tokens > 1.5, (family.name, kind)
@@ -251,38 +117,6 @@ def test_every_drafter_kind_is_greedy_identical(family, kind):
 # -- sampling ----------------------------------------------------------------------------------------------------
 
 
-def _second_token_law(model, prompt):
-    """P(2nd new token) = sum over t1 of P(t1) P(t2 | t1) at temperature 1, from the model itself."""
-    from specdec_cli.decoding.sampling import warp_probs
-
-    vocab = model.config.vocab_size
-    with torch.inference_mode():
-        first = warp_probs(model(torch.tensor([prompt])).logits[0, -1], 1.0)  # [V]
-        second = warp_probs(model(torch.tensor([prompt + [t] for t in range(vocab)])).logits[:, -1], 1.0)  # [V, V]
-    return (first.unsqueeze(1) * second).sum(0).double()  # [V]
-
-
-class LikelyTree:
-    """At temperature > 0: a tree of the likeliest second tokens (a junk one first), continued by a chain."""
-
-    name = "tree"
-    needs = NOTHING
-
-    def __init__(self, guesses, vocab):
-        self.guesses, self.vocab = guesses, vocab
-
-    def propose(self, context, budget):
-        junk = (self.guesses[0] + 7) % self.vocab
-        tokens = [junk, *self.guesses[:2], self.guesses[0], self.guesses[1]]
-        return Draft(tokens[:budget], self.name, parents=[-1, -1, -1, 1, 3][:budget])
-
-    def observe(self, event):
-        pass
-
-    def reset(self):
-        pass
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("family_name,kind", [("gemma2", "tree"), ("mistral", "model")])
 def test_sampling_keeps_the_law_past_the_window(family_name, kind):
@@ -291,14 +125,14 @@ def test_sampling_keeps_the_law_past_the_window(family_name, kind):
     drafter and its draft distributions (mistral)."""
     from specdec_cli.drafters.model import ModelDrafter
 
-    model = _model(family_name, seed=7)
+    model = family_model(family_name, seed=7)
     prompt = PROMPTS[1]
-    law = _second_token_law(model, prompt)
-    engine = _engine(model)
+    law = second_token_law(model, prompt)
+    engine = fixed_engine(model)
     if kind == "tree":
         drafter = LikelyTree(torch.topk(law, 2).indices.tolist(), 64)
     else:
-        drafter = ModelDrafter(_perturbed(model, 0.1), draft_max=3, eos_token_ids=())
+        drafter = ModelDrafter(perturbed(model, 0.1), draft_max=3, eos_token_ids=())
     counts = torch.zeros(64, dtype=torch.float64)
     runs = 500
     for seed in range(runs):
@@ -315,13 +149,13 @@ def test_sampling_keeps_the_law_past_the_window(family_name, kind):
 
 def _tree_generation(model, prompt, engine=None):
     reference = hf_greedy(model, prompt, 20, eos=EOS)
-    engine = engine or _engine(model)
+    engine = engine or fixed_engine(model)
     drafter = ScriptedTree(reference, len(prompt), model.config.vocab_size)
     return reference, engine, engine.generate(prompt, drafter, _config_for(max_new_tokens=20))
 
 
 def test_the_self_check_costs_five_small_forwards_and_runs_once():
-    model = _model("gemma3_text", seed=2)
+    model = family_model("gemma3_text", seed=2)
     calls = []
     original = model.forward
 
@@ -330,7 +164,7 @@ def test_the_self_check_costs_five_small_forwards_and_runs_once():
         return original(*args, **kwargs)
 
     model.forward = counting
-    engine = _engine(model)
+    engine = fixed_engine(model)
     assert engine.tree_outcome.state == "not checked"
     assert engine.supports_trees and engine.tree_check == "passed"
     assert len(calls) == 5 and max(calls) <= 11, calls  # prompt, tree, three leaf chains
@@ -340,7 +174,7 @@ def test_the_self_check_costs_five_small_forwards_and_runs_once():
 
 def test_a_model_whose_attention_ignores_the_tree_mask_falls_back_to_chains():
     """A mismatch means chains for that model, with one warning, and the output stays exact."""
-    model = _model("llama", seed=3)
+    model = family_model("llama", seed=3)
     original = model.forward
 
     def ignore_custom_masks(*args, **kwargs):
@@ -359,7 +193,7 @@ def test_a_model_whose_attention_ignores_the_tree_mask_falls_back_to_chains():
 
 def test_a_model_that_refuses_custom_masks_falls_back_to_chains():
     """An attention implementation that raises on a 4-D mask (as some kernels do) fails the check, not the run."""
-    model = _model("qwen2", seed=4)
+    model = family_model("qwen2", seed=4)
     original = model.forward
 
     def refuse(*args, **kwargs):
@@ -379,7 +213,7 @@ def test_a_model_that_refuses_custom_masks_falls_back_to_chains():
 def test_the_self_check_catches_a_window_mask_gone_wrong_even_with_a_long_window(monkeypatch):
     """With Mistral's real 4096-token window, a tree mask that forgot the window would agree with sequential
     decoding on any short prompt; the check shortens the window, so it does not agree there."""
-    model = _model("mistral", sliding_window=4096, seed=5)
+    model = family_model("mistral", sliding_window=4096, seed=5)
     real_mask = target_forward.tree_attention_mask
 
     def windowless(config, *args, **kwargs):
@@ -394,11 +228,11 @@ def test_the_self_check_catches_a_window_mask_gone_wrong_even_with_a_long_window
     assert engine.tree_outcome.detail.startswith("tree node")
     assert generation.tokens == reference and model.config.sliding_window == 4096
     monkeypatch.setattr(tree_check, "CHECK_WINDOW", 10**6)  # without the shortening: fooled
-    assert _engine(model).supports_trees
+    assert fixed_engine(model).supports_trees
 
 
 def test_a_family_outside_the_list_works_with_chains(monkeypatch):
-    model = _model("qwen2", seed=5)
+    model = family_model("qwen2", seed=5)
     monkeypatch.setattr(model.config, "model_type", "some-new-family")
     with pytest.warns(UserWarning, match="chains"):
         reference, engine, generation = _tree_generation(model, PROMPTS[1])
@@ -407,9 +241,9 @@ def test_a_family_outside_the_list_works_with_chains(monkeypatch):
 
 
 def test_layers_of_another_kind_get_chains(monkeypatch):
-    model = _model("qwen2", seed=6)
+    model = family_model("qwen2", seed=6)
     monkeypatch.setattr(model.config, "layer_types", ["full_attention", "chunked_attention"])
-    engine = _engine(model)
+    engine = fixed_engine(model)
     with pytest.warns(UserWarning, match="chains"):
         assert not engine.supports_trees
     assert engine.tree_check == "chains only: no tree mask for chunked_attention layers"
@@ -424,8 +258,8 @@ def test_a_cache_that_keeps_only_the_window_is_refused_not_wrong():
     rollback on (its own caches keep every entry)."""
     from transformers import DynamicCache
 
-    model = _model("gemma3_text", seed=8)
-    engine = _engine(model)
+    model = family_model("gemma3_text", seed=8)
+    engine = fixed_engine(model)
     prompt = PROMPTS[0]
     with torch.inference_mode():
         short = DynamicCache(config=model.config)
@@ -450,8 +284,8 @@ def test_a_cache_that_keeps_only_the_window_is_refused_not_wrong():
 def test_prompts_longer_than_the_context_are_refused_and_answers_stop_at_its_end():
     from specdec_cli.drafters.pld import PromptLookupDrafter
 
-    model = _model("llama", seed=11)  # 256 positions
-    engine = _engine(model)
+    model = family_model("llama", seed=11)  # 256 positions
+    engine = fixed_engine(model)
     config = GenerationConfig(max_new_tokens=50, budget=8, eos_token_ids=())
     with pytest.raises(SpecdecError, match="the prompt has 300 tokens, but this model reads at most 256"):
         engine.generate([5] * 300, PromptLookupDrafter(), config)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import make_char_tokenizer, run_cli
+from conftest import invoke, make_char_tokenizer
 
 from specdec_cli.distill.generate import DataRow, check_data_output
 from specdec_cli.errors import SpecdecError
@@ -24,8 +24,8 @@ def test_the_cli_refuses_a_text_file_before_the_model_loads(tmp_path):
     for name, content in (("notes.txt", "one line of notes, no newline"), ("poem.txt", "two lines\nof verse\n"),
                           ("config.json", '{"a": 1}\n')):
         (tmp_path / name).write_text(content)
-        result = run_cli("distill", "generate", "-o", name, "--suite", "builtin", "--limit", "1",
-                         "--target", "/nonexistent-model", cwd=tmp_path)
+        result = invoke("distill", "generate", "-o", name, "--suite", "builtin", "--limit", "1",
+                        "--target", "/nonexistent-model", cwd=tmp_path)
         assert result.returncode != 0
         lines = result.stderr.splitlines()
         assert len(lines) == 1 and "not a data file of `specdec distill generate`" in lines[0], result.stderr

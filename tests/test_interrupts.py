@@ -53,16 +53,18 @@ def test_chat_interrupted_while_answering(endless_model_dir, tmp_path, sent, cod
 def test_build_index_stops_while_tokenising_and_leaves_no_file(tmp_path):
     """One 24 MB document, interrupted once its tokenising has begun. That the interruption is seen within one
     piece of the document, not at its end, is test_build_index_cli.py's test_a_long_document_is_tokenised_in_pieces
-    (no call into the tokenizer sees the whole document)."""
+    (no call into the tokenizer sees the whole document). A short document comes first: the progress counts the
+    tokens of whole documents only, so without it the count would stay 0 until the long one was done."""
     pexpect = pytest.importorskip("pexpect")
-    from test_sam_index import make_char_tokenizer_dir
+    from helpers import make_char_tokenizer_dir
 
     tokenizer = make_char_tokenizer_dir(tmp_path / "tok")
+    (tmp_path / "first.txt").write_text("a short first document\n")
     (tmp_path / "big.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 550_000)
     # in a terminal, so that the progress display is drawn: it tells when the first tokens are done
-    child = pexpect.spawn(sys.executable, ["-m", "specdec_cli", "build-index", "big.txt", "-o", "big.sam", "--target",
-                                           str(tokenizer)], cwd=str(tmp_path), env=cli_env({"TERM": "xterm"}),
-                          encoding="utf-8", timeout=HANG_GUARD, dimensions=(40, 200))
+    command = ["-m", "specdec_cli", "build-index", "first.txt", "big.txt", "-o", "big.sam", "--target", str(tokenizer)]
+    child = pexpect.spawn(sys.executable, command, cwd=str(tmp_path), env=cli_env({"TERM": "xterm"}), encoding="utf-8",
+                          timeout=HANG_GUARD, dimensions=(40, 200))
     child.expect(r"Tokenising\s+[1-9][\d,]* tokens")
     child.kill(signal.SIGINT)
     child.expect("specdec: error: interrupted while building the index; no index was written to big.sam")

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY_EOS, hf_greedy, run_cli
+from conftest import TINY_EOS, assert_one_line_error, hf_greedy, invoke, run_cli
 from fake_llama_server import PROMPT_MS, TOKEN_MS, FakeServer
-from test_bench import ONE_THREAD, _assert_one_line_error, char_tokenizer
+from helpers import char_tokenizer
 
 from specdec_cli.bench import OVERALL, BenchSettings, resolve_methods, run_bench
 from specdec_cli.bench import llama_server as ls
@@ -275,9 +275,9 @@ def test_without_the_binary_the_rows_are_skipped_with_one_line(tiny_llama, token
 
 def test_cli_against_a_running_server(target_dir, prompt_file, tiny_llama, tokenizer):
     with FakeServer(_greedy_answer(tiny_llama, tokenizer), spec_type="ngram-mod") as fake:
-        result = run_cli("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none",
-                         "--reference", f"{fake.url},llama.cpp", "--max-new-tokens", "8", "--no-warmup",
-                         env_extra={"NO_COLOR": "1", "COLUMNS": "200", **ONE_THREAD})
+        result = invoke("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none",
+                        "--reference", f"{fake.url},llama.cpp", "--max-new-tokens", "8", "--no-warmup",
+                        env_extra={"NO_COLOR": "1", "COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
     name = "llama-server@" + fake.url.removeprefix("http://")
     assert name in result.stdout
@@ -289,20 +289,20 @@ def test_cli_against_a_running_server(target_dir, prompt_file, tiny_llama, token
 
 def test_cli_bad_values_are_one_line_before_the_model_loads(tmp_path):
     port = ls.free_port()
-    _assert_one_line_error(run_cli("bench", "--reference", "llama-server:warp"),
-                           "unknown llama-server mode 'llama-server:warp'")
-    _assert_one_line_error(run_cli("bench", "--reference", "llama-server", "--llama-server", str(tmp_path / "nope")),
-                           f"--llama-server: no such file: {tmp_path / 'nope'}")
-    _assert_one_line_error(run_cli("bench", "--reference", f"http://127.0.0.1:{port}"),
-                           f"--reference http://127.0.0.1:{port}: no llama.cpp server answers there")
-    _assert_one_line_error(run_cli("bench", "--reference", "http://127.0.0.1:8080/v1"),
-                           "a llama.cpp server's address is http://HOST:PORT")
+    assert_one_line_error(invoke("bench", "--reference", "llama-server:warp"),
+                          "unknown llama-server mode 'llama-server:warp'", code=1)
+    assert_one_line_error(invoke("bench", "--reference", "llama-server", "--llama-server", str(tmp_path / "nope")),
+                          f"--llama-server: no such file: {tmp_path / 'nope'}", code=1)
+    assert_one_line_error(invoke("bench", "--reference", f"http://127.0.0.1:{port}"),
+                          f"--reference http://127.0.0.1:{port}: no llama.cpp server answers there", code=1)
+    assert_one_line_error(invoke("bench", "--reference", "http://127.0.0.1:8080/v1"),
+                          "a llama.cpp server's address is http://HOST:PORT", code=1)
 
 
 def test_cli_skips_a_started_server_for_a_target_that_is_not_a_gguf(target_dir, prompt_file, fake_binary):
-    result = run_cli("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none",
-                     "--reference", "llama-server", "--llama-server", str(fake_binary), "--max-new-tokens", "4",
-                     "--limit", "1", "--no-warmup", env_extra={"NO_COLOR": "1", "COLUMNS": "200", **ONE_THREAD})
+    result = invoke("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none",
+                    "--reference", "llama-server", "--llama-server", str(fake_binary), "--max-new-tokens", "4",
+                    "--limit", "1", "--no-warmup", env_extra={"NO_COLOR": "1", "COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
     assert "llama-server: skipped: the target is not a .gguf file" in result.stdout
 

@@ -9,11 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import HANG_GUARD, TINY_EOS, hf_greedy, run_cli
+from conftest import HANG_GUARD, TINY_EOS, fixed_engine, hf_greedy, invoke
 
-from specdec_cli.decoding.cost_curve import CostCurve
-from specdec_cli.decoding.engine import Engine, GenerationConfig
-from specdec_cli.decoding.planner import DraftPlanner
+from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
 from specdec_cli.texts.memory import Memory, prompt_hash
 
@@ -74,7 +72,7 @@ def test_sam_drafting_from_the_memory_is_greedy_identical(tiny_llama, tmp_path):
     for prompt, reference in zip(prompts, references):
         memory.append(reference, prompt)
     info = TargetInfo(64, (TINY_EOS,), FINGERPRINT)
-    engine = Engine(tiny_llama, planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})))
+    engine = fixed_engine(tiny_llama)
     for prompt, reference in zip(prompts, references):
         drafter = make_drafter("sam+none", DrafterOptions(memory=str(memory.directory)), info)
         generation = engine.generate(prompt, drafter, GenerationConfig(max_new_tokens=40, eos_token_ids=(TINY_EOS,)))
@@ -93,14 +91,14 @@ def test_chat_remembers_answers_unless_told_not_to(tiny_model_dir, tmp_path):
     home = tmp_path / "home"
     base = ("chat", "--target", tiny_model_dir, "--drafter", "sam", "-n", "12", "--json")
     env = {"SPECDEC_HOME": str(home), **ON}
-    assert run_cli(*base, "--prompt", "abc abc", env_extra=env).returncode == 0
+    assert invoke(*base, "--prompt", "abc abc", env_extra=env).returncode == 0
     directory = _memory_dir(home)
     assert len(list(directory.glob("*.json"))) == 1
-    assert run_cli(*base, "--prompt", "abd", "--no-memory", env_extra=env).returncode == 0
-    assert run_cli(*base, "--prompt", "abe", env_extra={**env, "SPECDEC_NO_MEMORY": "1"}).returncode == 0
-    assert run_cli(*base, "--prompt", "abf", "--compare", env_extra=env).returncode == 0  # a measurement
+    assert invoke(*base, "--prompt", "abd", "--no-memory", env_extra=env).returncode == 0
+    assert invoke(*base, "--prompt", "abe", env_extra={**env, "SPECDEC_NO_MEMORY": "1"}).returncode == 0
+    assert invoke(*base, "--prompt", "abf", "--compare", env_extra=env).returncode == 0  # a measurement
     assert len(list(directory.glob("*.json"))) == 1
-    result = run_cli("memory", "info", "--target", tiny_model_dir, "--json", env_extra=env)
+    result = invoke("memory", "info", "--target", tiny_model_dir, "--json", env_extra=env)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["answers"] == 1
 
@@ -109,24 +107,24 @@ def test_memory_commands_import_export_and_clear(tiny_model_dir, tmp_path):
     env = {"SPECDEC_HOME": str(tmp_path / "home"), **ON}
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("hello memory " * 400)
-    result = run_cli("memory", "import", str(corpus), "--target", tiny_model_dir, env_extra=env)
+    result = invoke("memory", "import", str(corpus), "--target", tiny_model_dir, env_extra=env)
     assert result.returncode == 0 and "remembered" in result.stderr, result.stderr
     exported = tmp_path / "out.jsonl"
-    result = run_cli("memory", "export", str(exported), "--target", tiny_model_dir, env_extra=env)
+    result = invoke("memory", "export", str(exported), "--target", tiny_model_dir, env_extra=env)
     assert result.returncode == 0, result.stderr
     assert "hello memory" in "".join(json.loads(line)["text"] for line in exported.read_text().splitlines())
-    result = run_cli("memory", "clear", "--target", tiny_model_dir, env_extra=env)
+    result = invoke("memory", "clear", "--target", tiny_model_dir, env_extra=env)
     assert result.returncode == 0 and "cleared" in result.stderr
-    info = json.loads(run_cli("memory", "info", "--target", tiny_model_dir, "--json", env_extra=env).stdout)
+    info = json.loads(invoke("memory", "info", "--target", tiny_model_dir, "--json", env_extra=env).stdout)
     assert info["answers"] == 0
-    result = run_cli("memory", "import", str(tmp_path / "missing.txt"), "--target", tiny_model_dir, env_extra=env)
+    result = invoke("memory", "import", str(tmp_path / "missing.txt"), "--target", tiny_model_dir, env_extra=env)
     assert result.returncode != 0 and "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_bench_leaves_the_memory_alone_unless_asked(tiny_model_dir, tmp_path):
     home = tmp_path / "home"
     env = {"SPECDEC_HOME": str(home), **ON}
-    assert run_cli("chat", "--target", tiny_model_dir, "--prompt", "abc", "-n", "8", env_extra=env).returncode == 0
+    assert invoke("chat", "--target", tiny_model_dir, "--prompt", "abc", "-n", "8", env_extra=env).returncode == 0
     directory = _memory_dir(home)
     before = sorted(path.name for path in directory.iterdir())
     prompts = tmp_path / "prompts.jsonl"
@@ -134,15 +132,15 @@ def test_bench_leaves_the_memory_alone_unless_asked(tiny_model_dir, tmp_path):
                                for index, text in enumerate(["abc", "xyz"])))
     args = ("bench", "--target", tiny_model_dir, "--prompts", str(prompts), "--drafters", "none,sam", "-n", "8",
             "--no-warmup")
-    plain = run_cli(*args, "--json", env_extra=env)
+    plain = invoke(*args, "--json", env_extra=env)
     assert plain.returncode == 0, plain.stderr
     assert "memory" not in json.loads(plain.stdout)["settings"]
-    asked = run_cli(*args, "--json", "--memory", str(directory), env_extra=env)
+    asked = invoke(*args, "--json", "--memory", str(directory), env_extra=env)
     assert asked.returncode == 0, asked.stderr
     memory = json.loads(asked.stdout)["settings"]["memory"]
     assert memory["answers"] == 1 and memory["answers_to_measured_prompts"] == 1  # it answered "abc" itself
     assert sorted(path.name for path in directory.iterdir()) == before
-    missing = run_cli(*args, "--memory", str(tmp_path / "nowhere"), env_extra=env)
+    missing = invoke(*args, "--memory", str(tmp_path / "nowhere"), env_extra=env)
     assert missing.returncode != 0 and "no such directory" in missing.stderr
 
 

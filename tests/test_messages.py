@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import run_cli
+from conftest import invoke
 
 
 def test_ctrl_c_right_after_a_conversion_says_the_model_was_kept(tmp_path, monkeypatch):
@@ -38,7 +38,7 @@ def test_ctrl_c_right_after_a_conversion_says_the_model_was_kept(tmp_path, monke
 
 def test_memory_export_names_no_flag_that_does_not_exist(tmp_path):
     for where in (tmp_path, tmp_path / "absent" / "out.jsonl"):
-        result = run_cli("memory", "export", str(where), env_extra={"SPECDEC_HOME": str(tmp_path / "home")})
+        result = invoke("memory", "export", str(where), env_extra={"SPECDEC_HOME": str(tmp_path / "home")})
         assert result.returncode != 0
         lines = result.stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith("specdec: error:"), result.stderr

@@ -8,15 +8,7 @@ import os
 import pickle
 
 import pytest
-from conftest import run_cli
-
-
-def _one_line_error(result, needle):
-    assert result.returncode == 1, (result.stdout, result.stderr)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("specdec: error:"), result.stderr
-    assert needle.lower() in lines[0].lower(), lines[0]
-    return lines[0]
+from conftest import assert_one_line_error, invoke
 
 
 class _Runs:
@@ -43,7 +35,8 @@ def _pickled_model_dir(folder, tiny_model_dir, ran):
 def test_a_target_with_pickled_weights_is_refused_with_how_to_convert(tiny_model_dir, tmp_path):
     ran = tmp_path / "the-pickle-ran"
     folder = _pickled_model_dir(tmp_path / "pickled", tiny_model_dir, ran)
-    line = _one_line_error(run_cli("chat", "--target", str(folder), "--prompt", "hi", "-n", "2"), "pickle")
+    line = assert_one_line_error(invoke("chat", "--target", str(folder), "--prompt", "hi", "-n", "2"), "pickle",
+                                 code=1)
     assert "pytorch_model.bin" in line and "save_pretrained" in line and "safetensors" in line
     assert not ran.exists()
 
@@ -51,9 +44,9 @@ def test_a_target_with_pickled_weights_is_refused_with_how_to_convert(tiny_model
 def test_a_draft_model_with_pickled_weights_is_refused(tiny_model_dir, tmp_path):
     ran = tmp_path / "the-pickle-ran"
     folder = _pickled_model_dir(tmp_path / "pickled-draft", tiny_model_dir, ran)
-    result = run_cli("chat", "--target", tiny_model_dir, "--drafter", "model", "--draft-model", str(folder),
-                     "--prompt", "hi", "-n", "2")
-    line = _one_line_error(result, "--draft-model")
+    result = invoke("chat", "--target", tiny_model_dir, "--drafter", "model", "--draft-model", str(folder),
+                    "--prompt", "hi", "-n", "2")
+    line = assert_one_line_error(result, "--draft-model", code=1)
     assert "pickle" in line and "safetensors" in line
     assert not ran.exists()
     from specdec_cli.drafters.model import load_draft_model
@@ -70,8 +63,8 @@ def test_a_home_that_is_a_file_fails_before_converting(tmp_path):
     home.write_text("not a folder")
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF but not really")
-    line = _one_line_error(run_cli("chat", "--target", str(gguf), "--prompt", "hi",
-                                   env_extra={"SPECDEC_HOME": str(home)}), "SPECDEC_HOME")
+    line = assert_one_line_error(invoke("chat", "--target", str(gguf), "--prompt", "hi",
+                                        env_extra={"SPECDEC_HOME": str(home)}), "SPECDEC_HOME", code=1)
     assert "is a file, not a folder" in line
     assert home.read_text() == "not a folder"
 

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import chi_square
-from test_families import EOS, PROMPTS, LikelyTree, _drafter, _model, _path, _second_token_law
+from conftest import chi_square, fixed_engine
+from helpers import EOS, PROMPTS, LikelyTree, family_drafter, family_model, second_token_law, tree_path
 
 from specdec_cli import kernels
-from specdec_cli.decoding.cost_curve import CostCurve
-from specdec_cli.decoding.engine import Engine, GenerationConfig
-from specdec_cli.decoding.planner import DraftPlanner
+from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.drafters.none import NoDrafter
 from specdec_cli.target import native, quant
 from specdec_cli.target.kv_cache import KVCache
@@ -23,14 +21,9 @@ NEW = 32
 
 
 def _blocks(family: str, mode: str, seed: int = 11, **settings):
-    model = _model(family, seed=seed, **settings)
+    model = family_model(family, seed=seed, **settings)
     quant.install_blocks(model, quant.plan_blocks(model, mode, None))
     return model
-
-
-def _engine(model) -> Engine:
-    return Engine(model, planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})))
-
 
 def _config(**settings) -> GenerationConfig:
     return GenerationConfig(**{"max_new_tokens": NEW, "budget": 7, "eos_token_ids": (EOS,), **settings})
@@ -115,7 +108,7 @@ def test_a_tree_deeper_than_the_window_equals_one_row_steps_bit_for_bit(family):
                        past_key_values=cache, attention_mask=mask).logits[0]  # [12, V]
         for leaf in (0, 10):  # the junk root's path, and the deepest node's
             cache.crop(past - cache.get_seq_length())
-            rows = [0, *(node + 1 for node in _path(parents, leaf))]
+            rows = [0, *(node + 1 for node in tree_path(parents, leaf))]
             sequence = [prompt[-1], *(tokens[row - 1] for row in rows[1:])]
             for offset, (row, token) in enumerate(zip(rows, sequence)):
                 one = decoder(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[past + offset]]),
@@ -142,7 +135,7 @@ def test_a_partial_rotary_turns_only_the_first_dimensions_of_each_head():
 
 
 def test_what_the_native_decoder_leaves_to_transformers(monkeypatch):
-    dense = _model("llama", seed=3)
+    dense = family_model("llama", seed=3)
     assert "not a block layer" in native.unsupported(dense)
     assert native.decoder_for(dense) is None
     model = _blocks("llama", "int4")
@@ -170,7 +163,7 @@ def block_family(request):
     transformers' greedy decoding on the same block layers."""
     family, mode = request.param
     model = _blocks(family, mode)
-    engine = _engine(model)
+    engine = fixed_engine(model)
     references = [engine.generate(prompt, NoDrafter(), _config()).tokens for prompt in PROMPTS]
     assert engine.exact_outcome.state == "on", engine.exact_check
     assert engine.native is not None
@@ -182,7 +175,8 @@ def block_family(request):
 @pytest.mark.parametrize("kind", ["pld", "chain", "tree", "model", "recycle", "aded"])
 def test_speculation_on_block_weights_is_identical_to_plain_decoding(block_family, kind):
     for index, prompt in enumerate(PROMPTS):
-        generation = _engine(block_family.model).generate(prompt, _drafter(kind, block_family, index), _config())
+        drafter = family_drafter(kind, block_family, index)
+        generation = fixed_engine(block_family.model).generate(prompt, drafter, _config())
         assert generation.tokens == block_family.references[index], (block_family.name, kind, index)
         if kind in ("chain", "tree"):
             assert max(event.verify_rows for event in generation.events if event.kind == "step") >= 4
@@ -191,8 +185,8 @@ def test_speculation_on_block_weights_is_identical_to_plain_decoding(block_famil
 def test_sampling_on_block_weights_keeps_the_law():
     model = _blocks("llama", "int4", seed=7)
     prompt = PROMPTS[1]
-    law = _second_token_law(model, prompt)
-    engine = _engine(model)
+    law = second_token_law(model, prompt)
+    engine = fixed_engine(model)
     assert engine.native is not None
     drafter = LikelyTree(torch.topk(law, 2).indices.tolist(), 64)
     counts = torch.zeros(64, dtype=torch.float64)
@@ -331,7 +325,7 @@ def test_a_gguf_of_each_family_runs_native_on_its_own_blocks(family, tmp_path):
     from transformers.utils import logging
 
     architecture, settings = GGUF_FAMILIES[family]
-    source = _model(family, seed=5, **settings)
+    source = family_model(family, seed=5, **settings)
     if family.startswith("gemma"):  # tied and scaled by sqrt(hidden), tiny embeddings would drown the layers
         with torch.no_grad():
             source.model.embed_tokens.weight.mul_(source.config.hidden_size ** -0.5)
@@ -350,7 +344,7 @@ def test_a_gguf_of_each_family_runs_native_on_its_own_blocks(family, tmp_path):
         ours = native.decoder_for(model)(input_ids=ids, position_ids=torch.arange(ids.shape[1])[None],
                                          past_key_values=KVCache()).logits
     assert torch.allclose(ours, want, atol=TOLERANCE * float(want.abs().max()))
-    engine = _engine(model)
+    engine = fixed_engine(model)
     assert engine.native is not None
     case = type("Family", (), {"name": family, "model": model, "vocab": model.config.vocab_size, "references": []})
     for index, prompt in enumerate(PROMPTS):
@@ -358,8 +352,8 @@ def test_a_gguf_of_each_family_runs_native_on_its_own_blocks(family, tmp_path):
         _assert_greedy(model, prompt, plain)
         case.references.append(plain)
         for kind in ("chain", "tree", "pld"):
-            speculative = _engine(model)
-            generation = speculative.generate(prompt, _drafter(kind, case, index), _config())
+            speculative = fixed_engine(model)
+            generation = speculative.generate(prompt, family_drafter(kind, case, index), _config())
             assert generation.tokens == plain, (family, kind, index)
             assert kind != "tree" or speculative.tree_outcome.state == "passed", speculative.tree_check
     assert engine.exact_outcome.state == "on", engine.exact_check
@@ -382,7 +376,7 @@ def test_a_gguf_transformers_cannot_read_loads_through_specdec_and_runs_native(f
     from specdec_cli.target import gguf_families, models
 
     architecture, tokenizer, settings = OWN_LOADER[family]
-    source = _model(family, seed=5, **settings)
+    source = family_model(family, seed=5, **settings)
     if family == "gemma":  # tied and scaled by sqrt(hidden), tiny embeddings would drown the layers
         with torch.no_grad():
             source.model.embed_tokens.weight.mul_(source.config.hidden_size ** -0.5)
@@ -404,7 +398,7 @@ def test_a_gguf_transformers_cannot_read_loads_through_specdec_and_runs_native(f
     assert not any(type(module) is torch.nn.Linear for module in model.modules())
     assert {layer.origin for layer in quant.block_layers(model)} == {"Q4_0", "Q4_1", "Q8_0"}
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = EOS, 0
-    engine = _engine(model)
+    engine = fixed_engine(model)
     assert engine.native is not None
     case = type("Family", (), {"name": family, "model": model, "vocab": model.config.vocab_size, "references": []})
     for index, prompt in enumerate(PROMPTS):
@@ -412,7 +406,7 @@ def test_a_gguf_transformers_cannot_read_loads_through_specdec_and_runs_native(f
         _assert_greedy(model, prompt, plain)
         case.references.append(plain)
         for kind in ("chain", "tree"):
-            generation = _engine(model).generate(prompt, _drafter(kind, case, index), _config())
+            generation = fixed_engine(model).generate(prompt, family_drafter(kind, case, index), _config())
             assert generation.tokens == plain, (family, kind, index)
 
 
@@ -422,7 +416,7 @@ def test_auto_weights_that_choose_dense_give_torch_its_threads_back(tmp_path, mo
     from specdec_cli import kernels
     from specdec_cli.target import models
 
-    source = _model("llama", seed=5)
+    source = family_model("llama", seed=5)
     path = tmp_path / "tiny.gguf"
     _write_gguf(path, source, "llama", "llama")
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))

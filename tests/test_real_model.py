@@ -1,4 +1,7 @@
-"""The embedded default model (SmolLM2-135M-Instruct): the one-shot command equals transformers' greedy."""
+"""The embedded default model (SmolLM2-135M-Instruct): the one-shot command equals transformers' greedy.
+
+The model is loaded once a session (conftest's real_target); the commands run in process on it (`invoke` with
+shared_real_model), except where a fresh process is what is tested (a damaged conversion's one warning line)."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import json
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import invoke, run_cli
 
 pytestmark = pytest.mark.real_model
 
@@ -17,12 +20,11 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def default_target():
-    from specdec_cli.target.models import load_target
-
-    # the dense float32 model: transformers' float32 generate on it is the reference below
-    return load_target(dtype="float32", weights="dense")
+@pytest.fixture
+def default_target(real_target):
+    """The dense float32 model (conftest's real_target, loaded once a session): transformers' float32 generate on
+    it is the reference below."""
+    return real_target("float32", "dense")
 
 
 def _reference(target, prompt, max_new_tokens):
@@ -37,11 +39,11 @@ def _reference(target, prompt, max_new_tokens):
 
 
 @pytest.mark.parametrize("drafter", ["none", "pld"])
-def test_one_shot_json_equals_transformers_greedy(default_target, drafter):
+def test_one_shot_json_equals_transformers_greedy(default_target, shared_real_model, drafter):
     prompt = PROMPTS[0] if drafter == "none" else PROMPTS[1]
     ids, reference = _reference(default_target, prompt, 96)
-    result = run_cli("chat", "--prompt", prompt, "--drafter", drafter, "--max-new-tokens", "96", "--json",
-                     "--dtype", "float32", "--weights", "dense")
+    result = invoke("chat", "--prompt", prompt, "--drafter", drafter, "--max-new-tokens", "96", "--json",
+                    "--dtype", "float32", "--weights", "dense")
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
     assert payload["output_token_ids"] == reference
@@ -86,7 +88,7 @@ def test_every_drafter_is_lossless_in_process(default_target, tmp_path):
         assert session.ask(prompt).generation.tokens == reference, name
 
 
-def test_every_drafter_is_exact_in_bfloat16(tmp_path):
+def test_every_drafter_is_exact_in_bfloat16(real_target, tmp_path):
     """In bfloat16 a block's rows round differently from one-row forwards unless verification is row-invariant
     (exact.py; before it, pld and sam diverged within ~90 tokens on 3 of 4 prompts): every drafter, chains and
     trees, against the same engine's plain bfloat16 decoding."""
@@ -95,9 +97,8 @@ def test_every_drafter_is_exact_in_bfloat16(tmp_path):
     from specdec_cli.decoding.planner import DraftPlanner
     from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter
     from specdec_cli.session.chat import format_prompt, target_info
-    from specdec_cli.target.models import load_target
 
-    target = load_target(dtype="bfloat16", weights="dense")
+    target = real_target("bfloat16", "dense")
     info = target_info(target.model, target.tokenizer)
     engine = Engine(target.model, target.tokenizer, DraftPlanner(CostCurve.fixed({1: 1.0, 2: 1.02, 16: 1.1})))
     config = GenerationConfig(max_new_tokens=80, eos_token_ids=info.eos_token_ids)
@@ -141,15 +142,15 @@ def test_model_drafter_is_lossless_on_the_real_model(default_target):
         assert generation.stats.drafted_tokens > 0
 
 
-def test_stop_string_cuts_the_output(default_target):
-    result = run_cli("chat", "--prompt", PROMPTS[1], "--max-new-tokens", "64", "--stop", "def ", "--json")
+def test_stop_string_cuts_the_output(shared_real_model):
+    result = invoke("chat", "--prompt", PROMPTS[1], "--max-new-tokens", "64", "--stop", "def ", "--json")
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
     assert "def " not in payload["output"]
     assert payload["finish_reason"] == "stop"
 
 
-def test_every_drafter_is_exact_on_the_ggufs_own_blocks(tmp_path):
+def test_every_drafter_is_exact_on_the_ggufs_own_blocks(real_target, tmp_path):
     """The default GGUF at its own precision (Q4_1 and Q8_0 blocks on specdec's kernels, the native decoder):
     every drafter, chains and trees, greedy-identical to plain decoding of the same block weights."""
     from specdec_cli.decoding.cost_curve import CostCurve
@@ -157,10 +158,9 @@ def test_every_drafter_is_exact_on_the_ggufs_own_blocks(tmp_path):
     from specdec_cli.decoding.planner import DraftPlanner
     from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter
     from specdec_cli.session.chat import format_prompt, target_info
-    from specdec_cli.target.models import load_target
     from specdec_cli.target.quant import weights_summary
 
-    target = load_target(weights="gguf")
+    target = real_target("float32", "gguf")
     assert target.weights == "gguf" and weights_summary(target.model) == "210 Q4_1 + 1 Q8_0 block layers, 0 dense"
     info = target_info(target.model, target.tokenizer)
     engine = Engine(target.model, target.tokenizer, DraftPlanner(CostCurve.fixed({1: 1.0, 2: 1.02, 16: 1.1})))
@@ -179,8 +179,8 @@ def test_every_drafter_is_exact_on_the_ggufs_own_blocks(tmp_path):
         assert generation.stats.drafted_tokens > 0, name
 
 
-def test_chat_on_the_ggufs_blocks_says_so_and_speculates_identically():
-    result = run_cli("chat", "--prompt", PROMPTS[1], "--weights", "gguf", "--compare", "--json", "-n", "48")
+def test_chat_on_the_ggufs_blocks_says_so_and_speculates_identically(shared_real_model):
+    result = invoke("chat", "--prompt", PROMPTS[1], "--weights", "gguf", "--compare", "--json", "-n", "48")
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
     assert payload["identical"] and payload["weights"] == "gguf: 210 Q4_1 + 1 Q8_0 block layers, 0 dense"
@@ -204,17 +204,17 @@ def test_llama_cpp_decodes_the_same_gguf_where_it_is_installed():
     assert tokenizer.decode(tokens).strip()  # text, in the model's own vocabulary
 
 
-def test_distill_with_its_defaults_then_draft_identically(tmp_path):
+def test_distill_with_its_defaults_then_draft_identically(shared_real_model, tmp_path):
     """What a new user runs first: `specdec distill` with its defaults (`--weights auto`: the GGUF's blocks here),
     a few prompts and steps, then chat drafting with the result: the answer is plain decoding's, token for token."""
     draft = tmp_path / "my-draft"
-    result = run_cli("distill", "-o", str(draft), "--max-prompts", "1", "-n", "8", "--eval-max-prompts", "1",
-                     "--eval-max-new-tokens", "16", "--steps", "2")
+    result = invoke("distill", "-o", str(draft), "--max-prompts", "1", "-n", "8", "--eval-max-prompts", "1",
+                    "--eval-max-new-tokens", "16", "--steps", "2")
     assert result.returncode == 0, result.stderr
     assert (draft / "model.safetensors").is_file() and (draft / "distill_report.json").is_file()
     assert f"  specdec chat --drafter model --draft-model {draft} --prompt" in result.stdout  # one line, to copy
-    chat = run_cli("chat", "--drafter", "model", "--draft-model", str(draft), "--prompt", PROMPTS[0], "-n", "16",
-                   "--compare", "--json")
+    chat = invoke("chat", "--drafter", "model", "--draft-model", str(draft), "--prompt", PROMPTS[0], "-n", "16",
+                  "--compare", "--json")
     assert chat.returncode == 0, chat.stderr
     payload = json.loads(chat.stdout)
     assert payload["identical"], payload
@@ -222,7 +222,8 @@ def test_distill_with_its_defaults_then_draft_identically(tmp_path):
 
 def test_a_damaged_conversion_is_converted_again_with_one_warning(tmp_path, monkeypatch):
     """A converted model cut short (`truncate -s 1000000 model.safetensors`) is found on load and converted again,
-    with one warning line naming it; transformers' own progress bar never reaches stderr."""
+    with one warning line naming it; transformers' own progress bar never reaches stderr. In a process of its own:
+    all that reaches its stderr is checked (transformers' logging included)."""
     import shutil
 
     from specdec_cli.target.models import converted_dir, default_gguf_path, ensure_converted
@@ -233,7 +234,8 @@ def test_a_damaged_conversion_is_converted_again_with_one_warning(tmp_path, monk
     shutil.copytree(ours, copy)
     with open(copy / "model.safetensors", "r+b") as handle:
         handle.truncate(1_000_000)
-    result = run_cli("chat", "--prompt", "hi", "-n", "4", "--json", "--drafter", "none",
+    # dense weights: the GGUF's blocks would be made again and timed in this fresh home, which is not what is tested
+    result = run_cli("chat", "--prompt", "hi", "-n", "4", "--json", "--drafter", "none", "--weights", "dense",
                      env_extra={"SPECDEC_HOME": str(home)})
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -249,7 +251,7 @@ def test_a_damaged_conversion_is_converted_again_with_one_warning(tmp_path, monk
 def test_memory_info_converts_nothing(tmp_path):
     """`memory info` needs the target's tokenizer at most: on a fresh home the default model is not converted."""
     home = tmp_path / "home"
-    result = run_cli("memory", "info", "--json", env_extra={"SPECDEC_HOME": str(home)})
+    result = invoke("memory", "info", "--json", env_extra={"SPECDEC_HOME": str(home)})
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["answers"] == 0
     assert not (home / "models").exists()

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import TINY_EOS, hf_greedy, run_cli
+from conftest import TINY_EOS, hf_greedy, invoke
 
 from specdec_cli.decoding.engine import Engine, GenerationConfig
 from specdec_cli.drafters.sam import SamDrafter
@@ -55,16 +55,17 @@ def test_sam_multi_turn_keeps_learning(tiny_llama):
 
 
 @pytest.mark.real_model
-def test_real_model_sam_with_index_is_lossless(tmp_path):
-    """build-index over the sample corpus, then greedy chat --json: identical to --drafter none."""
+def test_real_model_sam_with_index_is_lossless(shared_real_model, tmp_path):
+    """build-index over the sample corpus, then greedy chat --json: identical to --drafter none (in process, on the
+    session's copy of the model)."""
     index = tmp_path / "corpus.sam"
-    built = run_cli("build-index", "corpora/python_answers.jsonl", "-o", str(index))
+    built = invoke("build-index", "corpora/python_answers.jsonl", "-o", str(index))
     assert built.returncode == 0, built.stderr
     prompt = "Write a Python function that reads a text file and returns the number of lines, words and characters."
     outputs = {}
     for drafter in ("none", "pld", "sam"):
         extra = ["--index", str(index)] if drafter == "sam" else []
-        result = run_cli("chat", "--prompt", prompt, "--drafter", drafter, "-n", "96", "--json", *extra)
+        result = invoke("chat", "--prompt", prompt, "--drafter", drafter, "-n", "96", "--json", *extra)
         assert result.returncode == 0, result.stderr
         outputs[drafter] = json.loads(result.stdout)
     assert outputs["sam"]["output_token_ids"] == outputs["none"]["output_token_ids"]

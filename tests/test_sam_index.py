@@ -9,25 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_char_tokenizer
+from helpers import make_char_tokenizer_dir
 
 from specdec_cli.errors import SpecdecError
 from specdec_cli.sam.automaton import ROOT, build_static
 from specdec_cli.sam.index import ARRAY_ORDER, FORMAT_VERSION, load_index, read_index_info, save_index, verify_index
 from specdec_cli.texts.corpus import build_index, row_text
 from specdec_cli.texts.fingerprint import tokenizer_fingerprint
-
-
-def make_char_tokenizer_dir(directory: Path, extra_tokens: tuple[str, ...] = ()) -> Path:
-    """The shared character-level tokenizer saved as a model directory (`load_tokenizer` accepts it)."""
-    tokenizer = make_char_tokenizer()
-    tokenizer.add_tokens(list(extra_tokens))
-    directory.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(directory)
-    config = {"model_type": "llama", "vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
-              "eos_token_id": tokenizer.eos_token_id}
-    (directory / "config.json").write_text(json.dumps(config))
-    return directory
 
 
 @pytest.fixture(scope="module")
@@ -399,13 +387,13 @@ def test_verify_finds_a_flipped_byte_that_the_open_time_checks_cannot(tmp_path):
 
 
 def test_verify_on_the_command_line(tmp_path):
-    from conftest import run_cli
+    from conftest import invoke
 
     path = tmp_path / "small.sam"
     save_small(path)
-    good = run_cli("build-index", "--verify", str(path), "--json")
+    good = invoke("build-index", "--verify", str(path), "--json")
     assert good.returncode == 0, good.stderr
     assert json.loads(good.stdout)["checksum"] == "ok"
     set_word(path, "trans_tokens", 0, 7)
-    bad = run_cli("build-index", "--verify", str(path))
+    bad = invoke("build-index", "--verify", str(path))
     assert bad.returncode == 1 and "corrupt index" in bad.stderr and "Traceback" not in bad.stderr
