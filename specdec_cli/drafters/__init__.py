@@ -149,7 +149,7 @@ def check_drafter_options(name: Union[str, Sequence[str]], options: DrafterOptio
 def check_options_used(names: Sequence[str], options: DrafterOptions) -> None:
     """A one-line error for an option none of `names` uses (`--index` with pld, `--draft-model` with sam, ...): an
     option silently ignored would measure or answer something else than the user asked for. An option counts as
-    set when it differs from its default (`--aux aded`, the default, cannot be told from no --aux)."""
+    set when it differs from its default (`--aux none`, the default, cannot be told from no --aux)."""
     pairs = [drafters_in(name, options) for name in names]
     using = {drafter for pair in pairs for drafter in pair if drafter is not None}
     plain_sam = any(split_hybrid(name) == (HYBRID_HEAD, None) for name in names)
