@@ -147,7 +147,7 @@ def test_non_utf8_stdin_is_one_line():
 
 
 def test_an_unknown_model_name_without_network_fails_at_once(tmp_path):
-    """This message comes from models.check_hub, before transformers is asked to load anything: so none of its
+    """This message comes from hub.check_hub, before transformers is asked to load anything: so none of its
     download retries ran (what used to take a minute), whatever the time it took here."""
     for offline in ("1", ""):
         result = invoke("chat", "-p", "hi", "--target", "nobody/no-such-model",

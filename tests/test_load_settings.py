@@ -12,7 +12,7 @@ import pytest
 from conftest import cli_env
 
 from specdec_cli.errors import SpecdecError
-from specdec_cli.target import models
+from specdec_cli.target import hub, models
 from specdec_cli.target.load_settings import DEVICES, DTYPES, WEIGHTS, LoadSettings, check_choice
 
 
@@ -62,7 +62,7 @@ def test_a_cached_hub_model_without_the_hub_loads_from_its_cache_directory(tmp_p
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr("huggingface_hub.try_to_load_from_cache",
                         lambda repo, name: str(snapshot / name) if repo == "org/m" else None)
-    monkeypatch.setattr(models, "hub_reachable", lambda: False)
+    monkeypatch.setattr(hub, "hub_reachable", lambda: False)
     before = dict(os.environ)
     assert models.model_location(models.TargetSource("hub", "org/m", "org/m")) == str(snapshot)
     assert dict(os.environ) == before
@@ -74,18 +74,18 @@ def test_a_hub_repo_without_safetensors_is_refused_before_transformers_asks_for_
     """What DISABLE_SAFETENSORS_CONVERSION, set for the whole process, used to prevent."""
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr("huggingface_hub.try_to_load_from_cache", lambda repo, name: None)
-    monkeypatch.setattr(models, "hub_reachable", lambda: True)
+    monkeypatch.setattr(hub, "hub_reachable", lambda: True)
     files = {"org/safe": {"model.safetensors.index.json"}, "org/pickled": {"pytorch_model.bin"}}
     monkeypatch.setattr("huggingface_hub.file_exists", lambda repo, name: name in files[repo])
-    assert models.check_hub("org/safe") == "org/safe"
+    assert hub.check_hub("org/safe") == "org/safe"
     with pytest.raises(SpecdecError, match="org/pickled: the repo has no safetensors weights"):
-        models.check_hub("org/pickled")
+        hub.check_hub("org/pickled")
 
     def unanswered(repo, name):
         raise OSError("no answer")
 
     monkeypatch.setattr("huggingface_hub.file_exists", unanswered)
-    assert models.check_hub("org/pickled") == "org/pickled"  # transformers says what is wrong, with the load
+    assert hub.check_hub("org/pickled") == "org/pickled"  # transformers says what is wrong, with the load
 
 
 LOAD_AND_COMPARE = """

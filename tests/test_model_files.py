@@ -70,15 +70,15 @@ def test_a_home_that_is_a_file_fails_before_converting(tmp_path):
 
 
 def _recorded(folder):
-    from specdec_cli.target import models
+    from specdec_cli.target import converted
 
-    marker = {"format": models.CONVERTED_FORMAT,
-              "files": {path.name: models._file_record(path) for path in sorted(folder.iterdir())}}
-    (folder / models.CONVERTED_MARKER).write_text(json.dumps(marker))
+    marker = {"format": converted.CONVERTED_FORMAT,
+              "files": {path.name: converted._file_record(path) for path in sorted(folder.iterdir())}}
+    (folder / converted.CONVERTED_MARKER).write_text(json.dumps(marker))
 
 
 def test_a_conversion_is_checked_by_size_and_by_checksum_when_touched(tmp_path):
-    from specdec_cli.target.models import CONVERTED_MARKER, converted_damage
+    from specdec_cli.target.converted import CONVERTED_MARKER, converted_damage
 
     folder = tmp_path / "converted"
     folder.mkdir()
@@ -106,7 +106,7 @@ def test_a_conversion_recorded_before_checksums_is_checked_by_its_header(tmp_pat
     import torch
     from safetensors.torch import save_file
 
-    from specdec_cli.target.models import CONVERTED_MARKER, converted_damage
+    from specdec_cli.target.converted import CONVERTED_MARKER, converted_damage
 
     folder = tmp_path / "converted"
     folder.mkdir()

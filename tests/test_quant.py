@@ -192,7 +192,7 @@ def test_converted_weights_keep_tied_embeddings_under_the_name_every_tool_reads(
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    from specdec_cli.target.models import save_weights
+    from specdec_cli.target.converted import save_weights
 
     model = _tiny("llama")
     model.config.tie_word_embeddings = True

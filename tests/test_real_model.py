@@ -226,7 +226,8 @@ def test_a_damaged_conversion_is_converted_again_with_one_warning(tmp_path, monk
     all that reaches its stderr is checked (transformers' logging included)."""
     import shutil
 
-    from specdec_cli.target.models import converted_dir, default_gguf_path, ensure_converted
+    from specdec_cli.target.converted import converted_dir, ensure_converted
+    from specdec_cli.target.models import default_gguf_path
 
     ours = ensure_converted(default_gguf_path())  # this machine's (the tests' home), converted once
     home = tmp_path / "home"
@@ -242,7 +243,7 @@ def test_a_damaged_conversion_is_converted_again_with_one_warning(tmp_path, monk
     assert len(lines) == 1 and lines[0].startswith("specdec: warning: the converted model"), result.stderr
     assert str(copy) in lines[0] and "model.safetensors: 1,000,000 bytes" in lines[0]
     assert "de-quantizing" not in result.stderr
-    from specdec_cli.target.models import converted_damage
+    from specdec_cli.target.converted import converted_damage
 
     monkeypatch.setenv("SPECDEC_HOME", str(home))
     assert converted_dir(default_gguf_path()) == copy and converted_damage(copy) is None  # repaired in place

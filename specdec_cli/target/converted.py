@@ -1,0 +1,226 @@
+"""A GGUF target converted once into a safetensors model directory under $SPECDEC_HOME/models, and checked on
+every load.
+
+Dequantising a GGUF is slow, so the first load converts it (weights, config, tokenizer) into a temporary
+directory, syncs it and renames it into place; a marker written last records every file's size, modification
+time and SHA-256. A load compares sizes and times (a stat per file) and hashes a file again only when its time
+changed (hashing every load costs too much, and any write through the filesystem changes the time); a damaged or
+incomplete copy is set aside and converted again, with one warning. This module converts and checks; finding
+and loading targets is models.py's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from ..errors import SpecdecError
+from ..files import file_sha256
+from ..home import specdec_home, writable_home_folder
+
+CONVERTED_FORMAT = 2  # bump when the converted directory's layout changes (2: tied weights under their first name)
+CONVERTED_MARKER = "specdec-converted.json"  # written last: its presence means the conversion finished
+
+StatusCallback = Callable[[str], None]
+
+
+def quiet_transformers() -> None:
+    """No logging and no tqdm bars from transformers or the hub's downloads: stderr gets specdec's one progress
+    line in a terminal (the CLI's), and the result alone in a log."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+    except ImportError:  # pragma: no cover - transformers depends on it
+        return
+    disable_progress_bars()
+
+
+def converted_dir(gguf_path: Path) -> Path:
+    """Cache directory for one GGUF file, keyed by its name, size and modification time."""
+    stat = gguf_path.stat()
+    identity = f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{CONVERTED_FORMAT}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:12]
+    return specdec_home() / "models" / f"{gguf_path.stem}-{key}"
+
+
+def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None) -> Path:
+    """Convert a GGUF file once into a safetensors model directory; return that directory. A copy that is
+    damaged (a file missing, cut short or changed since the conversion) is converted again, with one warning."""
+    out_dir = converted_dir(gguf_path)
+    damage = converted_damage(out_dir)
+    if damage is None:
+        return out_dir
+    try:
+        writable_home_folder("models")  # before the slow part: a home specdec cannot write fails now
+    except SpecdecError as exc:
+        raise SpecdecError(f"{exc}" + (f"; the converted model {out_dir} is damaged ({damage})"
+                                       if out_dir.exists() else "")) from exc
+    if out_dir.exists():
+        warnings.warn(f"the converted model {out_dir} is damaged ({damage}); converting {gguf_path.name} again",
+                      stacklevel=2)
+        _set_aside(out_dir)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..files import atomic_directory
+
+    quiet_transformers()
+    if on_status:
+        on_status(f"Converting {gguf_path.name} to safetensors once (about 20 s); later loads are instant")
+    started = time.perf_counter()
+    folder, filename = str(gguf_path.parent), gguf_path.name
+    try:
+        from . import gguf_families
+
+        with no_tqdm():
+            if gguf_families.handles(gguf_path):  # gemma, smollm3: families transformers' GGUF loader does not read
+                model, tokenizer = gguf_families.load(gguf_path)
+            else:
+                tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+                model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    except Exception as exc:  # gguf's own errors are varied; the file is what the user can act on
+        raise SpecdecError(f"{gguf_path}: cannot read this GGUF file ({type(exc).__name__}: {exc})") from exc
+    with atomic_directory(out_dir, replace=False) as tmp_dir:  # another process finishing first: keep theirs
+        config = model.config
+        if hasattr(config, "quantization_config"):  # the weights are dequantized: a plain float model now
+            del config.quantization_config
+        config.save_pretrained(tmp_dir)
+        model.generation_config.save_pretrained(tmp_dir)
+        tokenizer.save_pretrained(tmp_dir)
+        save_weights(model, tmp_dir / "model.safetensors")
+        marker = {"format": CONVERTED_FORMAT, "source": str(gguf_path), "seconds": time.perf_counter() - started,
+                  "files": {entry.name: _file_record(entry) for entry in sorted(tmp_dir.iterdir())}}
+        (tmp_dir / CONVERTED_MARKER).write_text(json.dumps(marker, indent=1))
+    return out_dir
+
+
+def converted_damage(out_dir: Path) -> Optional[str]:
+    """None when `out_dir` holds a whole conversion, else what is wrong ("not converted yet" when it is absent).
+
+    Each file's size and modification time are compared with those recorded at conversion; a file whose time
+    changed is hashed again (and its new time recorded when its SHA-256 still matches). A conversion recorded
+    before checksums were (no "files" in its marker) is checked by its safetensors header, then recorded."""
+    marker_path = out_dir / CONVERTED_MARKER
+    if not marker_path.is_file():
+        return f"{CONVERTED_MARKER} is missing" if out_dir.exists() else "not converted yet"
+    try:
+        marker = json.loads(marker_path.read_text(encoding="utf-8"))
+        files = marker.get("files") if isinstance(marker, dict) else None
+    except (OSError, ValueError, UnicodeDecodeError):
+        return f"{CONVERTED_MARKER} is unreadable"
+    if not isinstance(marker, dict):
+        return f"{CONVERTED_MARKER} is unreadable"
+    if files is None:  # converted by an earlier specdec: check what can be checked, then record it
+        problem = _safetensors_damage(out_dir / "model.safetensors")
+        if problem is None:
+            names = sorted(entry.name for entry in out_dir.iterdir() if entry.name != CONVERTED_MARKER)
+            _rewrite_marker(marker_path, {**marker, "files": {name: _file_record(out_dir / name) for name in names}})
+        return problem
+    changed = False
+    try:
+        for name, record in files.items():
+            path = out_dir / name
+            try:
+                stat = path.stat()
+            except OSError:
+                return f"{name} is missing"
+            if stat.st_size != int(record["size"]):
+                return f"{name}: {stat.st_size:,} bytes, {int(record['size']):,} expected"
+            if stat.st_mtime_ns != int(record["mtime_ns"]):
+                if file_sha256(path) != record["sha256"]:
+                    return f"{name} changed since the conversion (its SHA-256 differs)"
+                record["mtime_ns"], changed = stat.st_mtime_ns, True
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return f"{CONVERTED_MARKER} is unreadable"
+    if changed:  # touched, not changed: no hashing next time
+        _rewrite_marker(marker_path, marker)
+    return None
+
+
+def _file_record(path: Path) -> dict:
+    stat = path.stat()
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": file_sha256(path)}
+
+
+def _safetensors_damage(path: Path) -> Optional[str]:
+    """What is wrong with a safetensors file's header or length, or None."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            header_size = int.from_bytes(handle.read(8), "little")
+            if not 0 < header_size <= size - 8:
+                return f"{path.name}: its header is damaged"
+            header = json.loads(handle.read(header_size))
+        end = max((int(info["data_offsets"][1]) for key, info in header.items() if key != "__metadata__"), default=0)
+    except OSError:
+        return f"{path.name} is missing"
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return f"{path.name}: its header is damaged"
+    if size != 8 + header_size + end:
+        return f"{path.name}: {size:,} bytes, {8 + header_size + end:,} expected"
+    return None
+
+
+def _rewrite_marker(marker_path: Path, marker: dict) -> None:
+    """Best effort: a read-only home only costs the check again next time."""
+    from ..files import write_atomic
+
+    try:
+        write_atomic(marker_path, json.dumps(marker, indent=1))
+    except (OSError, SpecdecError):
+        pass
+
+
+def _set_aside(out_dir: Path) -> None:
+    """Move a damaged conversion out of the way (a rename: only one of several processes does it), then remove it."""
+    from ..files import _remove, temporary_beside
+
+    aside = temporary_beside(out_dir)
+    try:
+        os.rename(out_dir, aside)
+    except OSError:
+        return  # another process moved it first
+    _remove(aside)
+
+
+@contextmanager
+def no_tqdm() -> Iterator[None]:
+    """transformers draws its GGUF conversion with tqdm on stderr whatever stderr is; specdec says it itself."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - another transformers layout
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+    gguf_utils.tqdm = lambda iterable=None, *args, **kwargs: iterable
+    try:
+        yield
+    finally:
+        if original is not None:
+            gguf_utils.tqdm = original
+
+
+def save_weights(model: Any, path: Path) -> None:
+    """The model's weights as one safetensors file under the names Hugging Face checkpoints use. A tensor shared
+    by several names (tied embeddings) is stored once, under its first name (`model.embed_tokens.weight`, not
+    `lm_head.weight`): transformers and vLLM re-tie from the config, and vLLM reads only that name."""
+    from safetensors.torch import save_file
+
+    state, seen = {}, set()
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        state[name] = tensor.detach().contiguous()
+    save_file(state, str(path), metadata={"format": "pt"})
+
+
