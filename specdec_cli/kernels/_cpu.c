@@ -1490,6 +1490,94 @@ DEFINE_ATTENTION512(6, bf16)
 DEFINE_ATTENTION512(8, bf16)
 DEFINE_ATTENTION512(16, bf16)
 
+/* The same two steps for N query heads of one key/value head in one row (GQA: they read the same keys): each
+ * key vector (and value vector) is loaded once for the N items, and each item's score and accumulator lanes see
+ * exactly the operations of score_wide / value_wide above, in the same order, so an item's result does not
+ * depend on whether it was computed alone or in a group. `scores` and `acc_mem` are the items' rows, `stride`
+ * and `acc_stride` floats apart. */
+#define DEFINE_GROUP512(N, CHUNKS, TYPE)                                                                           \
+    VNNI512 static void score_group_##N##_##CHUNKS##_##TYPE(const AttentionTask *t, long row, long head,           \
+                                                            float *scores, long stride, long j0, long j1)          \
+    {                                                                                                              \
+        const long kv = head / (t->heads / t->kv_heads);                                                           \
+        const long run_start = t->run_start[row], run = t->run_stop[row] - run_start;                              \
+        const int32_t *extra = t->extra_pos + t->extra_start[row];                                                 \
+        const long k_pos = t->k_pos, k_head = kv * t->k_head;                                                      \
+        const char *k = t->k;                                                                                      \
+        __m512 q[N][CHUNKS];                                                                                       \
+        __m128 scale = _mm_set1_ps(t->scale);                                                                      \
+        _Pragma("GCC unroll 4") for (int g = 0; g < N; g++) {                                                      \
+            const float *query = t->q + row * t->q_row + (head + g) * t->q_head;                                   \
+            _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++) q[g][c] = _mm512_loadu_ps(query + 16 * c);  \
+        }                                                                                                          \
+        for (long j = j0; j < j1; j += 4) {                                                                        \
+            __m256 dots[N][4];                                                                                     \
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {                                                  \
+                long key = j + i;                                                                                  \
+                if (key < j1) {                                                                                    \
+                    long base = k_head + (key < run ? run_start + key : (long)extra[key - run]) * k_pos;           \
+                    __m512 dot[N];                                                                                 \
+                    __m512 kc = load16_##TYPE(k, base);                                                            \
+                    _Pragma("GCC unroll 4") for (int g = 0; g < N; g++) dot[g] = _mm512_mul_ps(q[g][0], kc);       \
+                    _Pragma("GCC unroll 16") for (int c = 1; c < CHUNKS; c++) {                                    \
+                        kc = load16_##TYPE(k, base + 16 * c);                                                      \
+                        _Pragma("GCC unroll 4") for (int g = 0; g < N; g++)                                        \
+                            dot[g] = _mm512_fmadd_ps(q[g][c], kc, dot[g]);                                         \
+                    }                                                                                              \
+                    _Pragma("GCC unroll 4") for (int g = 0; g < N; g++) dots[g][i] = fold16(dot[g]);               \
+                } else {                                                                                           \
+                    _Pragma("GCC unroll 4") for (int g = 0; g < N; g++) dots[g][i] = _mm256_setzero_ps();          \
+                }                                                                                                  \
+            }                                                                                                      \
+            _Pragma("GCC unroll 4") for (int g = 0; g < N; g++)                                                    \
+                _mm_storeu_ps(scores + g * stride + j,                                                             \
+                              _mm_mul_ps(four_scores(dots[g][0], dots[g][1], dots[g][2], dots[g][3]), scale));     \
+        }                                                                                                          \
+    }                                                                                                              \
+    VNNI512 static void value_group_##N##_##CHUNKS##_##TYPE(const AttentionTask *t, long row, long head,           \
+                                                            const float *weights, long stride, float *acc_mem,     \
+                                                            long acc_stride, long j0, long j1)                     \
+    {                                                                                                              \
+        const long kv = head / (t->heads / t->kv_heads);                                                           \
+        const long run_start = t->run_start[row], run = t->run_stop[row] - run_start;                              \
+        const int32_t *extra = t->extra_pos + t->extra_start[row];                                                 \
+        const long v_pos = t->v_pos, v_head = kv * t->v_head;                                                      \
+        const char *v = t->v;                                                                                      \
+        __m512 acc[N][CHUNKS];                                                                                     \
+        _Pragma("GCC unroll 4") for (int g = 0; g < N; g++)                                                        \
+            _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++)                                              \
+                acc[g][c] = _mm512_loadu_ps(acc_mem + g * acc_stride + 16 * c);                                    \
+        for (long key = j0; key < j1; key++) {                                                                     \
+            long base = v_head + (key < run ? run_start + key : (long)extra[key - run]) * v_pos;                   \
+            __m512 p[N];                                                                                           \
+            _Pragma("GCC unroll 4") for (int g = 0; g < N; g++) p[g] = _mm512_set1_ps(weights[g * stride + key]);  \
+            _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++) {                                            \
+                __m512 vc = load16_##TYPE(v, base + 16 * c);                                                       \
+                _Pragma("GCC unroll 4") for (int g = 0; g < N; g++)                                                \
+                    acc[g][c] = _mm512_fmadd_ps(p[g], vc, acc[g][c]);                                              \
+            }                                                                                                      \
+        }                                                                                                          \
+        _Pragma("GCC unroll 4") for (int g = 0; g < N; g++)                                                        \
+            _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++)                                              \
+                _mm512_storeu_ps(acc_mem + g * acc_stride + 16 * c, acc[g][c]);                                    \
+    }
+#define DEFINE_GROUPS512(CHUNKS, TYPE)                                                                             \
+    DEFINE_GROUP512(2, CHUNKS, TYPE)                                                                               \
+    DEFINE_GROUP512(3, CHUNKS, TYPE)                                                                               \
+    DEFINE_GROUP512(4, CHUNKS, TYPE)
+DEFINE_GROUPS512(1, f32)
+DEFINE_GROUPS512(2, f32)
+DEFINE_GROUPS512(4, f32)
+DEFINE_GROUPS512(6, f32)
+DEFINE_GROUPS512(8, f32)
+DEFINE_GROUPS512(16, f32)
+DEFINE_GROUPS512(1, bf16)
+DEFINE_GROUPS512(2, bf16)
+DEFINE_GROUPS512(4, bf16)
+DEFINE_GROUPS512(6, bf16)
+DEFINE_GROUPS512(8, bf16)
+DEFINE_GROUPS512(16, bf16)
+
 typedef void (*score_fn)(const AttentionTask *, long, long, float *, long, long);
 typedef void (*value_fn)(const AttentionTask *, long, long, const float *, float *, long, long);
 
@@ -1536,6 +1624,49 @@ static void attention_variant(long dim, int bf16, int wide, score_fn *score, val
 #undef VARIANT
 #undef WIDE_VARIANT
 
+typedef void (*score_group_fn)(const AttentionTask *, long, long, float *, long, long, long);
+typedef void (*value_group_fn)(const AttentionTask *, long, long, const float *, long, float *, long, long, long);
+#define MAX_GROUP 4
+
+#define GROUP_VARIANT(CHUNKS)                                                                                      \
+    if (bf16) {                                                                                                    \
+        score[2] = score_group_2_##CHUNKS##_bf16, value[2] = value_group_2_##CHUNKS##_bf16;                        \
+        score[3] = score_group_3_##CHUNKS##_bf16, value[3] = value_group_3_##CHUNKS##_bf16;                        \
+        score[4] = score_group_4_##CHUNKS##_bf16, value[4] = value_group_4_##CHUNKS##_bf16;                        \
+    } else {                                                                                                       \
+        score[2] = score_group_2_##CHUNKS##_f32, value[2] = value_group_2_##CHUNKS##_f32;                          \
+        score[3] = score_group_3_##CHUNKS##_f32, value[3] = value_group_3_##CHUNKS##_f32;                          \
+        score[4] = score_group_4_##CHUNKS##_f32, value[4] = value_group_4_##CHUNKS##_f32;                          \
+    }                                                                                                              \
+    chunks = CHUNKS;
+
+/* The grouped steps of the 512-bit path (score[n], value[n] for n = 2 .. MAX_GROUP query heads of one row), and
+ * the most heads each step takes at once: as many as keep the items' queries (score) or accumulators (value)
+ * in registers; 1 = the one-item steps only (the AVX2 path). */
+static void group_variant(long dim, int bf16, int wide, score_group_fn *score, value_group_fn *value,
+                          long *score_most, long *value_most)
+{
+    long chunks;
+    *score_most = *value_most = 1;
+    if (!wide)
+        return;
+    switch (dim) {
+    case 16: GROUP_VARIANT(1) break;
+    case 32: GROUP_VARIANT(2) break;
+    case 64: GROUP_VARIANT(4) break;
+    case 96: GROUP_VARIANT(6) break;
+    case 256: GROUP_VARIANT(16) break;
+    default: GROUP_VARIANT(8) break;
+    }
+    for (long n = 2; n <= MAX_GROUP; n++) {
+        if (n * chunks <= 16)
+            *score_most = n;
+        if (n * chunks <= 24)
+            *value_most = n;
+    }
+}
+#undef GROUP_VARIANT
+
 #define KEY_BLOCK 64 /* keys per block: 64 keys x 128 dims x 4 bytes = 32 KB of keys, an L1 cache's worth */
 #define MAX_UNIT_ITEMS 64
 
@@ -1558,6 +1689,16 @@ static long unit_items(const AttentionTask *t, long unit, long *rows, long *head
     return count;
 }
 
+/* How many of items i, i+1, .. (at most `most`) are consecutive query heads of the same row: they read the same
+ * keys and values, and the grouped steps take them together. */
+static inline long same_row_heads(const long *rows, const long *heads, long i, long count, long most)
+{
+    long n = 1;
+    while (n < most && i + n < count && rows[i + n] == rows[i] && heads[i + n] == heads[i] + n)
+        n++;
+    return n;
+}
+
 AVX2 static void attention_units_avx2(const void *arg, long start, long stop)
 {
     const AttentionTask *t = arg;
@@ -1578,16 +1719,25 @@ AVX2 static void attention_units_avx2(const void *arg, long start, long stop)
     score_fn score;
     value_fn value;
     attention_variant(t->dim, t->kv_bf16, t->wide, &score, &value);
+    score_group_fn score_group[MAX_GROUP + 1] = {0};
+    value_group_fn value_group[MAX_GROUP + 1] = {0};
+    long score_most, value_most;
+    group_variant(t->dim, t->kv_bf16, t->wide, score_group, value_group, &score_most, &value_most);
     for (long unit = start; unit < stop; unit++) {
         long count = unit_items(t, unit, rows, heads), longest = 0;
         float totals[MAX_UNIT_ITEMS];
         for (long i = 0; i < count; i++)
             longest = key_count(t, rows[i]) > longest ? key_count(t, rows[i]) : longest;
         for (long j0 = 0; j0 < longest; j0 += KEY_BLOCK)
-            for (long i = 0; i < count; i++) {
-                long keys = key_count(t, rows[i]);
-                if (j0 < keys)
-                    score(t, rows[i], heads[i], scores + i * stride, j0, j0 + KEY_BLOCK < keys ? j0 + KEY_BLOCK : keys);
+            for (long i = 0, n; i < count; i += n) {
+                long keys = key_count(t, rows[i]), j1 = j0 + KEY_BLOCK < keys ? j0 + KEY_BLOCK : keys;
+                n = same_row_heads(rows, heads, i, count, score_most);
+                if (j0 >= keys)
+                    continue;
+                if (n > 1)
+                    score_group[n](t, rows[i], heads[i], scores + i * stride, stride, j0, j1);
+                else
+                    score(t, rows[i], heads[i], scores + i * stride, j0, j1);
             }
         for (long i = 0; i < count; i++) {
             if (t->cap > 0.0f)
@@ -1596,11 +1746,15 @@ AVX2 static void attention_units_avx2(const void *arg, long start, long stop)
             memset(acc + i * t->dim, 0, sizeof(float) * (size_t)t->dim);
         }
         for (long j0 = 0; j0 < longest; j0 += KEY_BLOCK)
-            for (long i = 0; i < count; i++) {
-                long keys = key_count(t, rows[i]);
-                if (j0 < keys)
-                    value(t, rows[i], heads[i], scores + i * stride, acc + i * t->dim, j0,
-                          j0 + KEY_BLOCK < keys ? j0 + KEY_BLOCK : keys);
+            for (long i = 0, n; i < count; i += n) {
+                long keys = key_count(t, rows[i]), j1 = j0 + KEY_BLOCK < keys ? j0 + KEY_BLOCK : keys;
+                n = same_row_heads(rows, heads, i, count, value_most);
+                if (j0 >= keys)
+                    continue;
+                if (n > 1)
+                    value_group[n](t, rows[i], heads[i], scores + i * stride, stride, acc + i * t->dim, t->dim, j0, j1);
+                else
+                    value(t, rows[i], heads[i], scores + i * stride, acc + i * t->dim, j0, j1);
             }
         for (long i = 0; i < count; i++) {
             float inverse = 1.0f / totals[i], *out = t->out + rows[i] * t->o_row + heads[i] * t->o_head;
