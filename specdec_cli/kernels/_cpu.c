@@ -1495,6 +1495,32 @@ DEFINE_ATTENTION512(16, bf16)
  * exactly the operations of score_wide / value_wide above, in the same order, so an item's result does not
  * depend on whether it was computed alone or in a group. `scores` and `acc_mem` are the items' rows, `stride`
  * and `acc_stride` floats apart. */
+/* Two keys' dot vectors folded at once: [fold16(a) | fold16(b)]. */
+VNNI512 static inline __m512 fold16_pair(__m512 a, __m512 b)
+{
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+}
+
+/* _mm256_hadd_ps in each 128-bit lane of two 512-bit registers: [x0+x1, x2+x3, y0+y1, y2+y3] per lane. */
+VNNI512 static inline __m512 hadd512(__m512 x, __m512 y)
+{
+    return _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x88), _mm512_shuffle_ps(x, y, 0xDD));
+}
+
+/* The scores of keys j .. j+7 from their dot vectors d[0..7], times the scale: each key's lanes summed exactly
+ * as fold16 then four_scores sum them (lane i + lane i+8, then ((0+1)+(2+3)) + ((4+5)+(6+7))), on 512-bit
+ * registers, eight keys at a time. */
+VNNI512 static inline __m256 eight_scores(__m512 d0, __m512 d1, __m512 d2, __m512 d3, __m512 d4, __m512 d5,
+                                          __m512 d6, __m512 d7, __m256 scale)
+{
+    __m512 h0 = hadd512(fold16_pair(d0, d2), fold16_pair(d1, d3)); /* lanes: a01 a23 b01 b23 | a45 .. | c01 .. | c45 .. */
+    __m512 h1 = hadd512(fold16_pair(d4, d6), fold16_pair(d5, d7));
+    __m512 h = hadd512(h0, h1); /* lanes: [a03 b03 e03 f03] [a47 b47 e47 f47] [c03 d03 g03 h03] [c47 d47 g47 h47] */
+    __m256 sum = _mm256_add_ps(_mm512_castps512_ps256(_mm512_shuffle_f32x4(h, h, 0x88)),
+                               _mm512_castps512_ps256(_mm512_shuffle_f32x4(h, h, 0xDD))); /* a b e f | c d g h */
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_mul_ps(sum, scale)), 0xD8));
+}
+
 #define DEFINE_GROUP512(N, CHUNKS, TYPE)                                                                           \
     VNNI512 static void score_group_##N##_##CHUNKS##_##TYPE(const AttentionTask *t, long row, long head,           \
                                                             float *scores, long stride, long j0, long j1)          \
@@ -1505,33 +1531,32 @@ DEFINE_ATTENTION512(16, bf16)
         const long k_pos = t->k_pos, k_head = kv * t->k_head;                                                      \
         const char *k = t->k;                                                                                      \
         __m512 q[N][CHUNKS];                                                                                       \
-        __m128 scale = _mm_set1_ps(t->scale);                                                                      \
+        __m256 scale = _mm256_set1_ps(t->scale);                                                                   \
         _Pragma("GCC unroll 4") for (int g = 0; g < N; g++) {                                                      \
             const float *query = t->q + row * t->q_row + (head + g) * t->q_head;                                   \
             _Pragma("GCC unroll 16") for (int c = 0; c < CHUNKS; c++) q[g][c] = _mm512_loadu_ps(query + 16 * c);  \
         }                                                                                                          \
-        for (long j = j0; j < j1; j += 4) {                                                                        \
-            __m256 dots[N][4];                                                                                     \
-            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {                                                  \
+        for (long j = j0; j < j1; j += 8) {                                                                        \
+            __m512 dots[N][8];                                                                                     \
+            _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {                                                  \
                 long key = j + i;                                                                                  \
                 if (key < j1) {                                                                                    \
                     long base = k_head + (key < run ? run_start + key : (long)extra[key - run]) * k_pos;           \
-                    __m512 dot[N];                                                                                 \
                     __m512 kc = load16_##TYPE(k, base);                                                            \
-                    _Pragma("GCC unroll 4") for (int g = 0; g < N; g++) dot[g] = _mm512_mul_ps(q[g][0], kc);       \
+                    _Pragma("GCC unroll 4") for (int g = 0; g < N; g++) dots[g][i] = _mm512_mul_ps(q[g][0], kc);   \
                     _Pragma("GCC unroll 16") for (int c = 1; c < CHUNKS; c++) {                                    \
                         kc = load16_##TYPE(k, base + 16 * c);                                                      \
                         _Pragma("GCC unroll 4") for (int g = 0; g < N; g++)                                        \
-                            dot[g] = _mm512_fmadd_ps(q[g][c], kc, dot[g]);                                         \
+                            dots[g][i] = _mm512_fmadd_ps(q[g][c], kc, dots[g][i]);                                 \
                     }                                                                                              \
-                    _Pragma("GCC unroll 4") for (int g = 0; g < N; g++) dots[g][i] = fold16(dot[g]);               \
                 } else {                                                                                           \
-                    _Pragma("GCC unroll 4") for (int g = 0; g < N; g++) dots[g][i] = _mm256_setzero_ps();          \
+                    _Pragma("GCC unroll 4") for (int g = 0; g < N; g++) dots[g][i] = _mm512_setzero_ps();          \
                 }                                                                                                  \
             }                                                                                                      \
             _Pragma("GCC unroll 4") for (int g = 0; g < N; g++)                                                    \
-                _mm_storeu_ps(scores + g * stride + j,                                                             \
-                              _mm_mul_ps(four_scores(dots[g][0], dots[g][1], dots[g][2], dots[g][3]), scale));     \
+                _mm256_storeu_ps(scores + g * stride + j,                                                          \
+                                 eight_scores(dots[g][0], dots[g][1], dots[g][2], dots[g][3], dots[g][4],          \
+                                              dots[g][5], dots[g][6], dots[g][7], scale));                         \
         }                                                                                                          \
     }                                                                                                              \
     VNNI512 static void value_group_##N##_##CHUNKS##_##TYPE(const AttentionTask *t, long row, long head,           \
