@@ -1495,6 +1495,58 @@ DEFINE_ATTENTION512(16, bf16)
  * exactly the operations of score_wide / value_wide above, in the same order, so an item's result does not
  * depend on whether it was computed alone or in a group. `scores` and `acc_mem` are the items' rows, `stride`
  * and `acc_stride` floats apart. */
+/* exp8 on 16 lanes: each lane sees exp8's operations (the same rounding to nearest, polynomial and exponent). */
+VNNI512 static inline __m512 exp16(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(exponent));
+}
+
+/* softmax_weights with the exponentials 16 at a time: the same maximum, the same weights, and the same lane-wise
+ * sum (each group of 8 added to the 8 totals in key order, the low half of 16 before the high half). */
+VNNI512 static float softmax_weights_wide(float *scores, long keys)
+{
+    __m256 best8 = _mm256_set1_ps(-INFINITY);
+    for (long j = keys; j < keys + 8; j++)
+        scores[j] = -INFINITY;
+    for (long j = 0; j < keys; j += 8)
+        best8 = _mm256_max_ps(best8, _mm256_loadu_ps(scores + j));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(best8), _mm256_extractf128_ps(best8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    float top = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    __m512 best = _mm512_set1_ps(top), minus_infinity = _mm512_set1_ps(-INFINITY);
+    __m256 total8 = _mm256_setzero_ps();
+    long j = 0;
+    for (; j + 8 < keys; j += 16) { /* groups j .. j+7 and j+8 .. j+15, both of which the 8-wide loop visits */
+        __m512 score = _mm512_loadu_ps(scores + j);
+        __mmask16 dead = _mm512_cmp_ps_mask(score, minus_infinity, _CMP_EQ_OQ);
+        __m512 p = _mm512_mask_blend_ps(dead, exp16(_mm512_sub_ps(score, best)), _mm512_setzero_ps());
+        _mm512_storeu_ps(scores + j, p);
+        total8 = _mm256_add_ps(total8, _mm512_castps512_ps256(p));
+        total8 = _mm256_add_ps(total8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1)));
+    }
+    if (j < keys) {
+        __m256 score = _mm256_loadu_ps(scores + j);
+        __m256 p = _mm256_blendv_ps(exp8(_mm256_sub_ps(score, _mm512_castps512_ps256(best))), _mm256_setzero_ps(),
+                                    _mm256_cmp_ps(score, _mm512_castps512_ps256(minus_infinity), _CMP_EQ_OQ));
+        _mm256_storeu_ps(scores + j, p);
+        total8 = _mm256_add_ps(total8, p);
+    }
+    return hsum8(total8);
+}
+
 /* Two keys' dot vectors folded at once: [fold16(a) | fold16(b)]. */
 VNNI512 static inline __m512 fold16_pair(__m512 a, __m512 b)
 {
@@ -1767,7 +1819,8 @@ AVX2 static void attention_units_avx2(const void *arg, long start, long stop)
         for (long i = 0; i < count; i++) {
             if (t->cap > 0.0f)
                 soft_cap_avx2(scores + i * stride, key_count(t, rows[i]), t->cap);
-            totals[i] = softmax_weights(scores + i * stride, key_count(t, rows[i]));
+            totals[i] = t->wide ? softmax_weights_wide(scores + i * stride, key_count(t, rows[i]))
+                                : softmax_weights(scores + i * stride, key_count(t, rows[i]));
             memset(acc + i * t->dim, 0, sizeof(float) * (size_t)t->dim);
         }
         for (long j0 = 0; j0 < longest; j0 += KEY_BLOCK)
