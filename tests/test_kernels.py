@@ -186,6 +186,38 @@ def test_long_contexts_span_key_blocks_and_rows_still_equal_their_own_calls(rows
         assert torch.equal(alone[0], out[row])
 
 
+@pytest.mark.parametrize("path", kernels.isas())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim", [64, 128, 256])
+def test_grouped_query_heads_equal_each_head_and_row_alone(path, dtype, dim):
+    """On the 512-bit path the query heads of one key/value head in one row share each key and value load (up
+    to 4 at a time, as many as fit in registers); every (row, head) must still equal the same head computed
+    alone (a one-row, one-head call, which takes the one-item steps) bit for bit, whatever the group size, the
+    rows, the threads and the tree rows' unequal key counts."""
+    kernels.force_isa(path)
+    generator = torch.Generator().manual_seed(16 + dim)
+    cases = [(1, 1, 9), (1, 3, 1), (3, 3, 32), (2, 4, 5), (1, 5, 3), (2, 7, 2), (4, 1, 17), (3, 3, 16), (3, 3, 8)]
+    for case, (kv_heads, group, rows) in enumerate(cases):
+        heads, cached = kv_heads * group, [0, 5, 63, 64, 130, 301][case % 6]
+        total = cached + rows + 8
+        keys = torch.randn(kv_heads, total, dim, generator=generator).to(dtype)
+        values = torch.randn(kv_heads, total, dim, generator=generator).to(dtype)
+        query = torch.randn(rows, heads, dim, generator=generator)
+        lengths = torch.randint(0, rows + 1, (rows,), generator=generator).tolist()
+        runs = [(0, cached + (row + 1 if case % 2 else lengths[row]) or 1) for row in range(rows)]
+        extras = [sorted(torch.randperm(rows + 8, generator=generator)[: row % 5].add(cached).tolist())
+                  for row in range(rows)]  # tree rows: their own extra positions, unequal key counts
+        kernels.set_threads(1 + case % 2)
+        out = kernels.attention(query, keys, values, *_row_arrays(runs, extras), dim ** -0.5)
+        for row in range(rows):
+            arrays = _row_arrays([runs[row]], [extras[row]])
+            for head in range(heads):
+                kv = head // group
+                alone = kernels.attention(query[row : row + 1, head : head + 1], keys[kv : kv + 1],
+                                          values[kv : kv + 1], *arrays, dim ** -0.5)
+                assert torch.equal(alone[0, 0], out[row, head]), (path, dtype, dim, case, row, head)
+
+
 def test_a_tree_row_over_gathered_keys_equals_a_contiguous_row_with_the_same_keys():
     generator = torch.Generator().manual_seed(6)
     keys, values = torch.randn(2, 50, 16, generator=generator), torch.randn(2, 50, 16, generator=generator)
