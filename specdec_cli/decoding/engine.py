@@ -5,10 +5,10 @@ token except the newest one, which the next verify forward scores together with 
 the committed context and a length budget; it learns what happened from the `StepEvent` the engine emits
 after every forward (the same events feed displays and statistics).
 
-This file is the loop alone. Around it, one room each: a forward of the model (target_forward.py), rolling the
-cache back (rollback.py), exact verification's set-up (exact_setup.py), the one-time tree self-check
-(tree_check.py), the stored verify-cost curve (curve_store.py), what to verify (planner.py), acceptance math
-(verify.py) and distribution warping (sampling.py). It does not format prompts or print anything.
+This file is the loop alone. Around it, one room each: in target/, a forward of the model (forward.py), rolling
+the cache back (rollback.py), exact verification's set-up (exact_setup.py) and the one-time tree self-check
+(tree_check.py); here in decoding/, the stored verify-cost curve (curve_store.py), what to verify (planner.py),
+acceptance math (verify.py) and distribution warping (sampling.py). It does not format prompts or print anything.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ drafter drafts what it is asked for. A drafter never calls back into the engine.
 Token ids are checked where they enter a drafter (`check_token_ids`): one negative or not below the vocabulary
 (when the drafter knows it) is a one-line SpecdecError, never a hang, a wrapped index or a huge allocation. The
 engine only ever hands over the target's own ids; the check is for the library API and for engines that can
-send anything (vllm_proposer.py leaves such a row undrafted instead).
+send anything (vllm/proposer.py leaves such a row undrafted instead).
 """
 
 from __future__ import annotations
