@@ -1490,11 +1490,6 @@ DEFINE_ATTENTION512(6, bf16)
 DEFINE_ATTENTION512(8, bf16)
 DEFINE_ATTENTION512(16, bf16)
 
-/* The same two steps for N query heads of one key/value head in one row (GQA: they read the same keys): each
- * key vector (and value vector) is loaded once for the N items, and each item's score and accumulator lanes see
- * exactly the operations of score_wide / value_wide above, in the same order, so an item's result does not
- * depend on whether it was computed alone or in a group. `scores` and `acc_mem` are the items' rows, `stride`
- * and `acc_stride` floats apart. */
 /* exp8 on 16 lanes: each lane sees exp8's operations (the same rounding to nearest, polynomial and exponent). */
 VNNI512 static inline __m512 exp16(__m512 x)
 {
@@ -1573,6 +1568,11 @@ VNNI512 static inline __m256 eight_scores(__m512 d0, __m512 d1, __m512 d2, __m51
     return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_mul_ps(sum, scale)), 0xD8));
 }
 
+/* The same two steps for N query heads of one key/value head in one row (GQA: they read the same keys): each
+ * key vector (and value vector) is loaded once for the N items, and each item's score and accumulator lanes see
+ * exactly the operations of score_wide / value_wide above, in the same order, so an item's result does not
+ * depend on whether it was computed alone or in a group. `scores` and `acc_mem` are the items' rows, `stride`
+ * and `acc_stride` floats apart. */
 #define DEFINE_GROUP512(N, CHUNKS, TYPE)                                                                           \
     VNNI512 static void score_group_##N##_##CHUNKS##_##TYPE(const AttentionTask *t, long row, long head,           \
                                                             float *scores, long stride, long j0, long j1)          \
