@@ -18,15 +18,25 @@ def specdec_home() -> Path:
     return Path(os.environ.get("SPECDEC_HOME") or Path.home() / ".cache" / "specdec").expanduser()
 
 
+def _named(home: Path) -> str:
+    return f"SPECDEC_HOME {home}" if os.environ.get("SPECDEC_HOME") else f"specdec's home {home} (SPECDEC_HOME)"
+
+
+def home_folder(*parts: str) -> Path:
+    """`$SPECDEC_HOME/PARTS`, not created: a one-line error when the home or a folder on the way is a file (what is
+    read there would silently be nothing)."""
+    home = specdec_home()
+    for folder in [home, *(home.joinpath(*parts[: index + 1]) for index in range(len(parts)))]:
+        if folder.exists() and not folder.is_dir():
+            raise SpecdecError(f"{_named(home)}: {folder} is a file, not a folder")
+    return home.joinpath(*parts)
+
+
 def writable_home_folder(*parts: str) -> Path:
     """`$SPECDEC_HOME/PARTS`, created if need be and checked writable (a file is made and removed there): for work
     that takes long and then writes there, so that a home that is a file, or read-only, fails before it starts."""
-    home = specdec_home()
-    named = f"SPECDEC_HOME {home}" if os.environ.get("SPECDEC_HOME") else f"specdec's home {home} (SPECDEC_HOME)"
-    for folder in [home, *(home.joinpath(*parts[: index + 1]) for index in range(len(parts)))]:
-        if folder.exists() and not folder.is_dir():
-            raise SpecdecError(f"{named}: {folder} is a file, not a folder")
-    folder = home.joinpath(*parts)
+    folder = home_folder(*parts)
+    named = _named(specdec_home())
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f".write-check-{os.getpid()}-{secrets.token_hex(4)}"  # (files.py imports this module)

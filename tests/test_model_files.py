@@ -69,6 +69,17 @@ def test_a_home_that_is_a_file_fails_before_converting(tmp_path):
     assert home.read_text() == "not a folder"
 
 
+@pytest.mark.parametrize("command", [("memory", "info"), ("memory", "clear"), ("memory", "info", "--json")])
+def test_the_memory_commands_refuse_a_home_that_is_a_file(tmp_path, command):
+    """They read (or clear) a folder under the home: with the home a file there is none, and saying "0 answers"
+    (exit 0) would report a memory that cannot exist. One line, before the tokenizer loads."""
+    home = tmp_path / "home"
+    home.write_text("not a folder")
+    line = assert_one_line_error(invoke(*command, env_extra={"SPECDEC_HOME": str(home)}), "SPECDEC_HOME", code=1)
+    assert "is a file, not a folder" in line
+    assert home.read_text() == "not a folder"
+
+
 def _recorded(folder):
     from specdec_cli.target import converted
 
