@@ -110,6 +110,18 @@ def tiny_llama():
     return _tiny("llama")
 
 
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, tiny_llama):
+    """tiny_llama with the bench's character tokenizer, saved as a model directory `--target DIR` loads (never
+    written to by a test)."""
+    from helpers import char_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-target")
+    tiny_llama.save_pretrained(folder)
+    char_tokenizer().save_pretrained(folder)
+    return folder
+
+
 def hf_greedy(model, prompt_ids, max_new_tokens, eos=TINY_EOS):
     """The model's own plain greedy decoding through transformers' generate (the reference)."""
     input_ids = torch.tensor([prompt_ids])

@@ -67,14 +67,6 @@ def _row_conversation(row, index):
 
 
 @pytest.fixture(scope="module")
-def target_dir(tmp_path_factory, tiny_llama, tokenizer):
-    folder = tmp_path_factory.mktemp("tiny-target")
-    tiny_llama.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
 def prompt_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("prompts") / "question.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in PROMPT_ROWS), encoding="utf-8")
@@ -437,17 +429,17 @@ def test_sampling_run_has_no_identity_check(tiny_llama, tokenizer, conversations
     assert all(row.speedup is not None for row in report.results)
 
 
-def test_cli_run_writes_json_and_csv(target_dir, prompt_file, tmp_path):
+def test_cli_run_writes_json_and_csv(tiny_llama_dir, prompt_file, tmp_path):
     json_path, csv_path = tmp_path / "bench.json", tmp_path / "bench.csv"
-    result = invoke("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none,pld,hf",
-                    "--oracle", "--oracle-lengths", "2,4", "--max-new-tokens", "12", "--json-out", str(json_path),
-                    "--csv", str(csv_path), env_extra={"NO_COLOR": "1", "COLUMNS": "200"})
+    result = invoke("bench", "--target", str(tiny_llama_dir), "--prompts", str(prompt_file), "--drafters",
+                    "none,pld,hf", "--oracle", "--oracle-lengths", "2,4", "--max-new-tokens", "12", "--json-out",
+                    str(json_path), "--csv", str(csv_path), env_extra={"NO_COLOR": "1", "COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
     assert "overall" in result.stdout and "oracle-4" in result.stdout and "Machine:" in result.stdout
     document = json.loads(json_path.read_text())
     assert document["settings"]["methods"] == ["none", "pld", "oracle-2", "oracle-4", "hf"]
     assert document["settings"]["prompts"] == str(prompt_file)
-    assert document["environment"]["model"] == target_dir.name
+    assert document["environment"]["model"] == tiny_llama_dir.name
     assert {(row["method"], row["category"]) for row in document["results"]} >= {("none", OVERALL), ("hf", OVERALL)}
     none_overall = [row for row in document["results"] if row["method"] == "none" and row["category"] == OVERALL]
     assert none_overall[0]["speedup"] == 1.0 and none_overall[0]["identical"] == none_overall[0]["compared"] == 4
@@ -456,8 +448,8 @@ def test_cli_run_writes_json_and_csv(target_dir, prompt_file, tmp_path):
     assert not [p for p in tmp_path.iterdir() if ".specdec-tmp-" in p.name]
 
 
-def test_cli_json_stdout(target_dir, prompt_file):
-    result = invoke("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "pld",
+def test_cli_json_stdout(tiny_llama_dir, prompt_file):
+    result = invoke("bench", "--target", str(tiny_llama_dir), "--prompts", str(prompt_file), "--drafters", "pld",
                     "--categories", "copy", "--limit", "1", "--max-new-tokens", "8", "--no-warmup", "--json")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
@@ -465,9 +457,9 @@ def test_cli_json_stdout(target_dir, prompt_file):
     assert [row["method"] for row in document["per_prompt"]] == ["none", "pld"]
 
 
-def test_cli_table_in_a_log_keeps_every_column_whole(target_dir, prompt_file):
+def test_cli_table_in_a_log_keeps_every_column_whole(tiny_llama_dir, prompt_file):
     """Piped to a file, the table is as wide as it needs (an 80-column cut made `Me…`, `Pr…`, `Sp…`)."""
-    result = invoke("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none,pld",
+    result = invoke("bench", "--target", str(tiny_llama_dir), "--prompts", str(prompt_file), "--drafters", "none,pld",
                     "--limit", "1", "--max-new-tokens", "8",
                     env_extra={"NO_COLOR": "1", "COLUMNS": "80"})
     assert result.returncode == 0, result.stderr
@@ -478,8 +470,8 @@ def test_cli_table_in_a_log_keeps_every_column_whole(target_dir, prompt_file):
     assert "Verify cost, ms per forward of N rows" in result.stdout
 
 
-def test_llama_cpp_rows_are_skipped_with_a_reason_for_a_target_that_is_not_a_gguf(target_dir, prompt_file):
-    result = invoke("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none",
+def test_llama_cpp_rows_are_skipped_with_a_reason_for_a_target_that_is_not_a_gguf(tiny_llama_dir, prompt_file):
+    result = invoke("bench", "--target", str(tiny_llama_dir), "--prompts", str(prompt_file), "--drafters", "none",
                     "--reference", "llama.cpp", "--limit", "1", "--max-new-tokens", "6", "--no-warmup", "--json")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)

@@ -47,14 +47,6 @@ def conversations():
 
 
 @pytest.fixture(scope="module")
-def target_dir(tmp_path_factory, tiny_llama, tokenizer):
-    folder = tmp_path_factory.mktemp("tiny-target")
-    tiny_llama.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
 def prompt_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in PROMPTS), encoding="utf-8")
@@ -273,9 +265,9 @@ def test_without_the_binary_the_rows_are_skipped_with_one_line(tiny_llama, token
 # ------------------------------------------------------------------------------------------------ the command
 
 
-def test_cli_against_a_running_server(target_dir, prompt_file, tiny_llama, tokenizer):
+def test_cli_against_a_running_server(tiny_llama_dir, prompt_file, tiny_llama, tokenizer):
     with FakeServer(_greedy_answer(tiny_llama, tokenizer), spec_type="ngram-mod") as fake:
-        result = invoke("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none",
+        result = invoke("bench", "--target", str(tiny_llama_dir), "--prompts", str(prompt_file), "--drafters", "none",
                         "--reference", f"{fake.url},llama.cpp", "--max-new-tokens", "8", "--no-warmup",
                         env_extra={"NO_COLOR": "1", "COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
@@ -299,8 +291,8 @@ def test_cli_bad_values_are_one_line_before_the_model_loads(tmp_path):
                           "a llama.cpp server's address is http://HOST:PORT", code=1)
 
 
-def test_cli_skips_a_started_server_for_a_target_that_is_not_a_gguf(target_dir, prompt_file, fake_binary):
-    result = invoke("bench", "--target", str(target_dir), "--prompts", str(prompt_file), "--drafters", "none",
+def test_cli_skips_a_started_server_for_a_target_that_is_not_a_gguf(tiny_llama_dir, prompt_file, fake_binary):
+    result = invoke("bench", "--target", str(tiny_llama_dir), "--prompts", str(prompt_file), "--drafters", "none",
                     "--reference", "llama-server", "--llama-server", str(fake_binary), "--max-new-tokens", "4",
                     "--limit", "1", "--no-warmup", env_extra={"NO_COLOR": "1", "COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
