@@ -49,7 +49,7 @@ def _graph() -> dict[str, set[str]]:
 # The layers, lowest first: a module may import its own package and the packages of lower layers, never a higher
 # one. The top-level modules (errors, files, home, machine, defaults) are the foundation everything stands on.
 LAYERS = (
-    ("specdec_cli",),  # the foundation: errors, files, home, machine, defaults
+    ("specdec_cli",),  # the foundation: errors, files, home, machine, processes, defaults
     ("kernels", "sam"),  # the C kernels; the suffix automaton
     ("target",),  # the target model: loading, block weights, native decoder, exactness, KV cache
     ("texts",),  # corpora, prompts, data rows, the answer memory

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from ..errors import SpecdecError
+from ..processes import stop_child
 
 LLAMA_SERVER = "llama-server"
 SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod")  # llama.cpp's n-gram --spec-type values offered here
@@ -298,13 +299,8 @@ class LlamaServer:
     def stop(self, keep_log: bool = False) -> None:
         """Stop a server started here (SIGTERM, then SIGKILL after 10 s); remove its log unless kept."""
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        if process is not None:
+            stop_child(process, grace_seconds=10)
         if self.log_path and not keep_log:
             try:
                 os.unlink(self.log_path)

@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..defaults import VLLM_DRAFT_MAX, VLLM_DRAFTERS
 from ..errors import SpecdecError
+from ..processes import stop_child
 
 VLLM_METHODS = ("ngram", "suffix")  # vLLM's own drafters
 NGRAM_LOOKUP = (1, 3)  # vLLM's ngram: the shortest and longest suffix it looks up
@@ -168,13 +169,7 @@ def run_vllm(settings: VllmSettings, phases: Sequence[VllmPhase],
                 run, error = _collect(child, on_answer)
                 code = child.wait()
             finally:
-                if child.poll() is None:  # interrupted: vLLM's engine processes go with their parent
-                    child.terminate()
-                    try:
-                        child.wait(timeout=30)
-                    except subprocess.TimeoutExpired:
-                        child.kill()
-                        child.wait()
+                stop_child(child, grace_seconds=30)  # interrupted: vLLM's engine processes go with their parent
         if error or code != 0 or run is None:
             why = error or _last_error_line(log_file.read_text(errors="replace")) or f"exit status {code}"
             raise SpecdecError(f"vLLM ({settings.method}) failed: {why}")
