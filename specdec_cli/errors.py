@@ -8,7 +8,7 @@ traceback only with SPECDEC_DEBUG=1.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 
 class SpecdecError(Exception):
@@ -24,6 +24,15 @@ class SpecdecError(Exception):
         if self.setting and message.startswith(self.setting):
             return spelled + message[len(self.setting):]
         return message
+
+
+def check_choice(value: str, choices: Sequence[str], setting: str, *, named: Optional[str] = None) -> str:
+    """`value` when it is one of `choices`, else one line: "SETTING must be one of ..., got VALUE". `named` is how
+    the message names a value that is not a setting (an environment variable); `setting` is then left off."""
+    if value not in choices:
+        raise SpecdecError(f"{named or setting} must be one of {', '.join(choices)}, got {value!r}",
+                           setting=None if named else setting)
+    return value
 
 
 def flag_of(setting: str) -> str:

@@ -11,9 +11,9 @@ import sys
 import pytest
 from conftest import cli_env
 
-from specdec_cli.errors import SpecdecError
+from specdec_cli.errors import SpecdecError, check_choice
 from specdec_cli.target import hub, models
-from specdec_cli.target.load_settings import DEVICES, DTYPES, WEIGHTS, LoadSettings, check_choice
+from specdec_cli.target.load_settings import DEVICES, DTYPES, WEIGHTS, LoadSettings
 
 
 @pytest.mark.parametrize("setting, value", [("device", "tpu"), ("dtype", "float8"), ("weights", "int3")])

@@ -313,7 +313,7 @@ def stages_for_draft(directory: Path) -> StudentStages | HeadStages:
 def stages_of(kind: str, config: TrainConfig, head_config: EagleTrainConfig,
               corpus: tuple[str, ...]) -> StudentStages | HeadStages:
     """`--kind` (checked as parsed, and here for other callers): the stages of a student or of a head."""
-    from ..target.load_settings import check_choice
+    from ..errors import check_choice
     from .options import DRAFT_KINDS
 
     check_choice(kind, DRAFT_KINDS, "kind")

@@ -21,14 +21,15 @@ from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, DEFAULT_UNROLL, MAX_UNROLL
 from ..distill.loss import KD_LOSSES
 from ..distill.student import DEFAULT_DRAFT_VOCAB
 from ..drafters import AUX_CHOICES, DRAFTERS, HYBRID_HEAD
-from ..target.load_settings import DEVICES, DTYPES, WEIGHTS, check_choice
+from ..errors import check_choice
+from ..target.load_settings import DEVICES, DTYPES, WEIGHTS
 from ..texts.prompts import SUITES
 
 ENGINES = ("specdec", "vllm")  # --engine of bench and distill
 
 
 def choice(default: Optional[str], flag: str, choices: Sequence[str], *, help: str, setting: str = "") -> Any:
-    """An option taking one of `choices`, checked when parsed by load_settings.check_choice (the library's check:
+    """An option taking one of `choices`, checked when parsed by errors.check_choice (the library's check:
     the same message from the command line and from library code). `help` names the choices (with what each
     means); a [a|b|c] metavar would squeeze the help column of a narrow terminal."""
     name = setting or flag.lstrip("-").replace("-", "_")

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ..errors import SpecdecError
+from ..errors import SpecdecError, check_choice
 from ..texts.data_rows import read_rows
 from .checkpoints import CHECKPOINT_FORMAT, DRAFT_FORMAT, check_output_dir, check_resumable, save_draft
 from .data import Example, data_digest, epoch_batches, make_batch, make_examples, split_rows
@@ -72,8 +72,7 @@ class TrainConfig:
     draft_vocab: int = DEFAULT_DRAFT_VOCAB  # tokens the draft's head predicts (0 = all)
 
     def check(self) -> None:
-        if self.init not in INITS:
-            raise SpecdecError(f"init must be one of {', '.join(INITS)}, got {self.init!r}", setting="init")
+        check_choice(self.init, INITS, "init")
         if self.init == "student" and not self.student:
             raise SpecdecError("init student needs --student PATH", setting="init")
         if self.layers < 1:
@@ -88,9 +87,7 @@ class TrainConfig:
             raise SpecdecError("batch_size and --grad-accum must be >= 1", setting="batch_size")
         if not self.lr > 0:
             raise SpecdecError(f"lr must be > 0, got {self.lr}", setting="lr")
-        if self.kd_loss not in KD_LOSSES:
-            raise SpecdecError(f"kd_loss must be one of {', '.join(KD_LOSSES)}, got {self.kd_loss!r}",
-                               setting="kd_loss")
+        check_choice(self.kd_loss, KD_LOSSES, "kd_loss")
         if self.kd_positions not in ("answer", "all"):
             raise SpecdecError(f"kd_positions must be answer or all, got {self.kd_positions!r}", setting="kd_positions")
         if self.kd_weight < 0:

@@ -110,6 +110,12 @@ HYBRID_HEAD = "sam"  # `sam+recycle` = sam with recycle as its auxiliary drafter
 AUX_CHOICES = ("recycle", "aded", "model", "eagle", "pld", "none")  # `sam+none`: the suffix automata alone
 
 
+def check_aux(aux: str) -> None:
+    """A one-line SpecdecError unless `aux` is a drafter sam can hand over to (or "none")."""
+    if aux not in AUX_CHOICES:
+        raise SpecdecError(f"aux {aux}: the auxiliary drafter must be one of {', '.join(AUX_CHOICES)}", setting="aux")
+
+
 def split_hybrid(name: str) -> tuple[str, Optional[str]]:
     """`"sam+aded"` -> `("sam", "aded")`; a plain name -> `(name, None)`. Raises on a malformed hybrid."""
     name = name.strip().lower()
@@ -178,8 +184,8 @@ def _check_files(name: str, options: DrafterOptions) -> None:
     from pathlib import Path
 
     head, aux = drafters_in(name, options)
-    if aux is not None and aux not in AUX_CHOICES:
-        raise SpecdecError(f"aux {aux}: the auxiliary drafter must be one of {', '.join(AUX_CHOICES)}", setting="aux")
+    if aux is not None:
+        check_aux(aux)
     if options.index and (head in ("sam", "aded") or aux == "aded"):
         from ..sam.index import read_index_info
 

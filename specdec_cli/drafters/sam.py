@@ -189,11 +189,9 @@ def make_sam_drafter(options: "DrafterOptions", target: "TargetInfo") -> SamDraf
         static, memory_from = _with_memory(options.memory, target, index_text, separators, static)
     aux = None
     if options.aux and options.aux != "none":
-        from . import AUX_CHOICES, make_drafter
+        from . import check_aux, make_drafter
 
-        if options.aux not in AUX_CHOICES:
-            raise SpecdecError(f"aux {options.aux}: the auxiliary drafter must be one of {', '.join(AUX_CHOICES)}",
-                               setting="aux")
+        check_aux(options.aux)
         aux = make_drafter(options.aux, options, target)
     return SamDrafter(
         static,

@@ -12,25 +12,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional
 
 from ..defaults import DEFAULT_TARGET
-from ..errors import SpecdecError
+from ..errors import check_choice
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 WEIGHTS = ("auto", "dense", "gguf", "int8", "int4")  # what each means: target/quant.py
 BLOCK_MODES = ("gguf", "int8", "int4")  # the weights that run on specdec's CPU kernels
 ENVIRONMENT_DEFAULTS = {"dtype": "SPECDEC_DTYPE", "weights": "SPECDEC_WEIGHTS"}  # what `auto` means, if set
-
-
-def check_choice(value: str, choices: Sequence[str], setting: str, *, named: Optional[str] = None) -> str:
-    """`value` when it is one of `choices`, else one line: "SETTING must be one of ..., got VALUE". `named` is how
-    the message names a value that is not a setting (an environment variable); `setting` is then left off."""
-    if value not in choices:
-        raise SpecdecError(f"{named or setting} must be one of {', '.join(choices)}, got {value!r}",
-                           setting=None if named else setting)
-    return value
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,9 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 
-from ..errors import SpecdecError
+from ..errors import SpecdecError, check_choice
 from ..kernels import BLOCK
-from .load_settings import BLOCK_MODES, check_choice
+from .load_settings import BLOCK_MODES
 
 CACHE_FORMAT = 2  # bump when the cached file's layout or a conversion rule changes (2: kernels' GROUP records)
 
