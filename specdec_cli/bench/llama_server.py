@@ -68,10 +68,6 @@ def is_url(name: str) -> bool:
     return name.startswith(("http://", "https://"))
 
 
-def row_names() -> list[str]:
-    return [LLAMA_SERVER, *(f"{LLAMA_SERVER}:{kind}" for kind in SPEC_TYPES)]
-
-
 def parse_url(text: str) -> tuple[str, str]:
     """'http://host:port[/]' -> (base URL without a trailing slash, row name `llama-server@host:port`)."""
     parsed = urllib.parse.urlsplit(text)
