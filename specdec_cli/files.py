@@ -16,6 +16,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -298,3 +299,17 @@ def _remove(path: Path | str) -> None:
             path.unlink()
     except OSError:
         pass
+
+
+def check_regular(path: Path, what: str = "") -> None:
+    """Refuse a path that is not a regular file (a FIFO, a socket or a device would block or never end) before
+    anything opens it. `what` opens the message ("--index"); the path does otherwise."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise SpecdecError(f"{what or path}: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else \
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else \
+            "not a regular file"
+        raise SpecdecError(f"{what + ' ' if what else ''}{path}: {kind}, not a regular file; specdec does not read it")

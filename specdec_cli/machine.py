@@ -30,3 +30,30 @@ def usable_cores() -> Optional[int]:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count()
+
+
+def _status_kb(*keys: str) -> Optional[dict[str, int]]:
+    """Fields of /proc/self/status in bytes (Linux), or None."""
+    found: dict[str, int] = {}
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key in keys and value.strip().endswith("kB"):
+                    found[key] = int(value.split()[0]) * 1024
+    except (OSError, ValueError):
+        return None
+    return found if len(found) == len(keys) else None
+
+
+def resident_memory() -> Optional[tuple[int, int]]:
+    """(resident bytes, of which pages of mapped files) of this process now, or None off Linux. Mapped file pages
+    (a GGUF, a blocks cache) are shared with the page cache and dropped under pressure; the rest is anonymous."""
+    found = _status_kb("VmRSS", "RssFile")
+    return None if found is None else (found["VmRSS"], found["RssFile"])
+
+
+def peak_resident_memory() -> Optional[int]:
+    """The most bytes this process has held resident (VmHWM), or None off Linux."""
+    found = _status_kb("VmHWM")
+    return None if found is None else found["VmHWM"]

@@ -11,6 +11,7 @@ import torch
 from conftest import TINY_EOS, TINY_VOCAB, make_char_tokenizer
 
 from specdec_cli.decoding.draft import NOTHING, Draft
+from specdec_cli.target import quant
 
 # -- tiny models of every family README lists (test_families.py, test_exact.py, test_native.py) ------------------
 
@@ -249,3 +250,96 @@ def make_char_tokenizer_dir(directory: Path, extra_tokens: tuple[str, ...] = ())
     (directory / "config.json").write_text(json.dumps(config))
     return directory
 
+
+# The families transformers loads from a GGUF: (the file's architecture, settings of the tiny source model that its
+# loader reads back or defaults to). A Mistral GGUF is a llama file (llama.cpp writes Mistral as llama).
+GGUF_FAMILIES = {
+    "llama": ("llama", {}),
+    "qwen2": ("qwen2", {}),
+    "qwen3": ("qwen3", {"head_dim": 128}),  # its GGUF loader keeps Qwen3's default head_dim
+    "phi3": ("phi3", {}),
+    "gemma2": ("gemma2", {"tie_word_embeddings": True}),  # llama.cpp's Gemmas have no output tensor
+    "gemma3_text": ("gemma3", {"tie_word_embeddings": True, "num_hidden_layers": 6, "layer_types": None}),
+}
+
+
+def add_tiny_tokenizer(writer, kind: str, vocab: int) -> None:
+    """A tiny vocabulary (ids 0-3: pad, bos, eos... as the tests' EOS = 3), SentencePiece ("llama", as Gemma's
+    files) or byte-level BPE ("gpt2", as SmolLM3's)."""
+    letters = [chr(code) for code in range(ord("a"), ord("z") + 1)] + [chr(code) for code in range(ord("A"), 91)]
+    if kind == "llama":
+        tokens = ["<pad>", "<bos>", "<unk>", "<eos>"] + ["\u2581" + letter for letter in letters]
+    else:
+        tokens = ["<|pad|>", "<|bos|>", "<|unk|>", "<|eos|>", "\u0120"] + letters
+    tokens = (tokens + [f"{a}{b}" for a in "xyz" for b in letters])[:vocab]
+    writer.add_tokenizer_model(kind)
+    writer.add_token_list(tokens)
+    writer.add_token_types([3, 3, 2, 3] + [1] * (vocab - 4))
+    if kind == "llama":
+        writer.add_token_scores([0.0] * 4 + [-float(index) for index in range(vocab - 4)])
+    else:
+        writer.add_token_merges([f"{a} {b}" for a in "xyz" for b in letters][: vocab - 5 - len(letters)])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(EOS)
+
+
+def write_family_gguf(path, model, architecture: str, tokenizer: str = "", drop=(), extra_tensor: str = "",
+                      metadata=None, label: str = "") -> None:
+    """The model as llama.cpp would write it, in a Q4_K_M file's mix where the kernels have the types (Q4_0/Q4_1
+    for most matrices, Q8_0 for the embeddings, attn_v and ffn_down, F32 norms and biases): llama's q/k rows
+    interleaved, Gemma's norms stored as 1 + weight."""
+    import gguf
+    import numpy as np
+
+    config = model.config
+    family = config.model_type
+    arch = next(key for key, value in gguf.MODEL_ARCH_NAMES.items() if value == architecture)
+    writer = gguf.GGUFWriter(str(path), label or architecture)  # label: a file that lies about its family
+    writer.add_name(f"tiny-{family}")
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rope = config.rope_parameters
+    for key, value in (("context_length", config.max_position_embeddings), ("block_count", config.num_hidden_layers),
+                       ("embedding_length", config.hidden_size), ("feed_forward_length", config.intermediate_size),
+                       ("head_count", config.num_attention_heads), ("head_count_kv", config.num_key_value_heads),
+                       ("layer_norm_rms_eps", config.rms_norm_eps),
+                       ("rope_freq_base", (rope.get("full_attention") or rope)["rope_theta"]),
+                       ("rope_dimension_count", head_dim), ("key_length", head_dim), ("value_length", head_dim),
+                       ("vocab_size", config.vocab_size), ("pad_token_id", 0)):
+        getattr(writer, f"add_{key}")((metadata or {}).get(key, value))  # metadata: values that lie
+    if getattr(config, "sliding_window", None):
+        writer.add_sliding_window(config.sliding_window)
+    if tokenizer:
+        add_tiny_tokenizer(writer, tokenizer, config.vocab_size)
+    name_map = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
+    for index, (name, tensor) in enumerate(model.state_dict().items()):
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        base, _, suffix = name.rpartition(".")
+        found = name_map.get_name(base)
+        data = tensor.detach().to(torch.float32).numpy()
+        if family.startswith("gemma") and "norm" in base:
+            data = data + 1
+        if architecture in ("llama", "smollm3") and found.endswith(("attn_q", "attn_k")):
+            heads = config.num_attention_heads if found.endswith("attn_q") else config.num_key_value_heads
+            data = data[np.argsort(quant.permuted_rows(data.shape[0], heads))]
+        if f"{found}.{suffix}" in drop:
+            continue
+        if data.ndim == 1:
+            writer.add_tensor(f"{found}.{suffix}", data)
+            continue
+        type_name = "Q8_0" if found == "token_embd" or found.endswith(("attn_v", "ffn_down")) else \
+            ("Q4_0", "Q4_1")[index % 2]
+        qtype = getattr(gguf.GGMLQuantizationType, type_name)
+        writer.add_tensor(f"{found}.{suffix}", gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    if extra_tensor:
+        writer.add_tensor(extra_tensor, np.ones(32, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+# gemma and smollm3: files transformers' GGUF loader does not read, loaded by gguf_families.py
+OWN_LOADER = {"gemma": ("gemma", "llama", {"tie_word_embeddings": True}),
+              "smollm3": ("smollm3", "gpt2", {"tie_word_embeddings": True, "num_hidden_layers": 4,
+                                             "no_rope_layers": None})}  # layer 3 without rotary, as llama.cpp's

@@ -7,7 +7,18 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import chi_square, fixed_engine
-from helpers import EOS, PROMPTS, LikelyTree, family_drafter, family_model, second_token_law, tree_path
+from helpers import (
+    EOS,
+    GGUF_FAMILIES,
+    OWN_LOADER,
+    PROMPTS,
+    LikelyTree,
+    family_drafter,
+    family_model,
+    second_token_law,
+    tree_path,
+    write_family_gguf,
+)
 
 from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
@@ -228,93 +239,6 @@ def test_the_kv_cache_rolls_back_and_keeps_paths_like_a_dynamic_cache():
 
 # -- GGUF files ---------------------------------------------------------------------------------------------------
 
-# The families transformers loads from a GGUF: (the file's architecture, settings of the tiny source model that its
-# loader reads back or defaults to). A Mistral GGUF is a llama file (llama.cpp writes Mistral as llama).
-GGUF_FAMILIES = {
-    "llama": ("llama", {}),
-    "qwen2": ("qwen2", {}),
-    "qwen3": ("qwen3", {"head_dim": 128}),  # its GGUF loader keeps Qwen3's default head_dim
-    "phi3": ("phi3", {}),
-    "gemma2": ("gemma2", {"tie_word_embeddings": True}),  # llama.cpp's Gemmas have no output tensor
-    "gemma3_text": ("gemma3", {"tie_word_embeddings": True, "num_hidden_layers": 6, "layer_types": None}),
-}
-
-
-def _add_tokenizer(writer, kind: str, vocab: int) -> None:
-    """A tiny vocabulary (ids 0-3: pad, bos, eos... as the tests' EOS = 3), SentencePiece ("llama", as Gemma's
-    files) or byte-level BPE ("gpt2", as SmolLM3's)."""
-    letters = [chr(code) for code in range(ord("a"), ord("z") + 1)] + [chr(code) for code in range(ord("A"), 91)]
-    if kind == "llama":
-        tokens = ["<pad>", "<bos>", "<unk>", "<eos>"] + ["\u2581" + letter for letter in letters]
-    else:
-        tokens = ["<|pad|>", "<|bos|>", "<|unk|>", "<|eos|>", "\u0120"] + letters
-    tokens = (tokens + [f"{a}{b}" for a in "xyz" for b in letters])[:vocab]
-    writer.add_tokenizer_model(kind)
-    writer.add_token_list(tokens)
-    writer.add_token_types([3, 3, 2, 3] + [1] * (vocab - 4))
-    if kind == "llama":
-        writer.add_token_scores([0.0] * 4 + [-float(index) for index in range(vocab - 4)])
-    else:
-        writer.add_token_merges([f"{a} {b}" for a in "xyz" for b in letters][: vocab - 5 - len(letters)])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(EOS)
-
-
-def _write_gguf(path, model, architecture: str, tokenizer: str = "") -> None:
-    """The model as llama.cpp would write it, in a Q4_K_M file's mix where the kernels have the types (Q4_0/Q4_1
-    for most matrices, Q8_0 for the embeddings, attn_v and ffn_down, F32 norms and biases): llama's q/k rows
-    interleaved, Gemma's norms stored as 1 + weight."""
-    import gguf
-    import numpy as np
-
-    config = model.config
-    family = config.model_type
-    arch = next(key for key, value in gguf.MODEL_ARCH_NAMES.items() if value == architecture)
-    writer = gguf.GGUFWriter(str(path), architecture)
-    writer.add_name(f"tiny-{family}")
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    rope = config.rope_parameters
-    for add, value in ((writer.add_context_length, config.max_position_embeddings),
-                       (writer.add_block_count, config.num_hidden_layers),
-                       (writer.add_embedding_length, config.hidden_size),
-                       (writer.add_feed_forward_length, config.intermediate_size),
-                       (writer.add_head_count, config.num_attention_heads),
-                       (writer.add_head_count_kv, config.num_key_value_heads),
-                       (writer.add_layer_norm_rms_eps, config.rms_norm_eps),
-                       (writer.add_rope_freq_base, (rope.get("full_attention") or rope)["rope_theta"]),
-                       (writer.add_rope_dimension_count, head_dim), (writer.add_key_length, head_dim),
-                       (writer.add_value_length, head_dim), (writer.add_vocab_size, config.vocab_size),
-                       (writer.add_pad_token_id, 0)):
-        add(value)
-    if getattr(config, "sliding_window", None):
-        writer.add_sliding_window(config.sliding_window)
-    if tokenizer:
-        _add_tokenizer(writer, tokenizer, config.vocab_size)
-    name_map = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
-    for index, (name, tensor) in enumerate(model.state_dict().items()):
-        if name == "lm_head.weight" and config.tie_word_embeddings:
-            continue
-        base, _, suffix = name.rpartition(".")
-        found = name_map.get_name(base)
-        data = tensor.detach().to(torch.float32).numpy()
-        if family.startswith("gemma") and "norm" in base:
-            data = data + 1
-        if architecture in ("llama", "smollm3") and found.endswith(("attn_q", "attn_k")):
-            heads = config.num_attention_heads if found.endswith("attn_q") else config.num_key_value_heads
-            data = data[np.argsort(quant.permuted_rows(data.shape[0], heads))]
-        if data.ndim == 1:
-            writer.add_tensor(f"{found}.{suffix}", data)
-            continue
-        type_name = "Q8_0" if found == "token_embd" or found.endswith(("attn_v", "ffn_down")) else \
-            ("Q4_0", "Q4_1")[index % 2]
-        qtype = getattr(gguf.GGMLQuantizationType, type_name)
-        writer.add_tensor(f"{found}.{suffix}", gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
 @pytest.mark.parametrize("family", sorted(GGUF_FAMILIES))
 def test_a_gguf_of_each_family_runs_native_on_its_own_blocks(family, tmp_path):
     """A tiny GGUF of the family, loaded as specdec loads one (transformers' loader, then the file's own blocks):
@@ -329,7 +253,7 @@ def test_a_gguf_of_each_family_runs_native_on_its_own_blocks(family, tmp_path):
     if family.startswith("gemma"):  # tied and scaled by sqrt(hidden), tiny embeddings would drown the layers
         with torch.no_grad():
             source.model.embed_tokens.weight.mul_(source.config.hidden_size ** -0.5)
-    _write_gguf(tmp_path / "tiny.gguf", source, architecture)
+    write_family_gguf(tmp_path / "tiny.gguf", source, architecture)
     logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="tiny.gguf", dtype=torch.float32).eval()
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = EOS, 0
@@ -359,12 +283,6 @@ def test_a_gguf_of_each_family_runs_native_on_its_own_blocks(family, tmp_path):
     assert engine.exact_outcome.state == "on", engine.exact_check
 
 
-# gemma and smollm3: files transformers' GGUF loader does not read, loaded by gguf_families.py
-OWN_LOADER = {"gemma": ("gemma", "llama", {"tie_word_embeddings": True}),
-              "smollm3": ("smollm3", "gpt2", {"tie_word_embeddings": True, "num_hidden_layers": 4,
-                                             "no_rope_layers": None})}  # layer 3 without rotary, as llama.cpp's
-
-
 @pytest.mark.parametrize("family", sorted(OWN_LOADER))
 def test_a_gguf_transformers_cannot_read_loads_through_specdec_and_runs_native(family, tmp_path, monkeypatch):
     """specdec's own reader for gemma and smollm3 GGUFs (config from the metadata, Gemma's norms stored as
@@ -381,7 +299,7 @@ def test_a_gguf_transformers_cannot_read_loads_through_specdec_and_runs_native(f
         with torch.no_grad():
             source.model.embed_tokens.weight.mul_(source.config.hidden_size ** -0.5)
     path = tmp_path / f"tiny-{family}.gguf"
-    _write_gguf(path, source, architecture, tokenizer)
+    write_family_gguf(path, source, architecture, tokenizer)
     assert gguf_families.handles(path)
     with pytest.raises(Exception, match="not supported"):  # what transformers' own loader says
         AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name)
@@ -418,7 +336,7 @@ def test_auto_weights_that_choose_dense_give_torch_its_threads_back(tmp_path, mo
 
     source = family_model("llama", seed=5)
     path = tmp_path / "tiny.gguf"
-    _write_gguf(path, source, "llama", "llama")
+    write_family_gguf(path, source, "llama", "llama")
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("SPECDEC_WEIGHTS", raising=False)
     threads, kernel_threads = torch.get_num_threads(), kernels.threads()

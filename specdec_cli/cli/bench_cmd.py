@@ -14,7 +14,7 @@ import typer
 from ..defaults import DEFAULT_BENCH_MAX_NEW_TOKENS, VLLM_DRAFTERS
 from ..vllm.runner import VLLM_METHODS
 from . import app, options
-from .common import apply_threads, cell, console, doing, err_console, table_width
+from .common import apply_threads, cell, console, doing, err_console, say_loaded, table_width
 
 DEFAULT_DRAFTERS = "none,pld,sam"
 DEFAULT_SUITE = "builtin"
@@ -134,6 +134,7 @@ def bench(
     with status:
         loaded = load_target(target, device, dtype, on_status=lambda message: status.update(message),
                              weights=weights)
+    say_loaded(loaded)
     with doing("benchmarking", "no report was written"), server_log_on_failure():
         report = _run_with_progress(run_bench, loaded, conversations, settings, source, gguf_path)
     document = report.as_json()

@@ -11,7 +11,7 @@ import typer
 from ..defaults import DEFAULT_DRAFTER, DEFAULT_MAX_NEW_TOKENS
 from ..errors import SpecdecError
 from . import app, options
-from .common import apply_threads, cache_kept_since, console, doing, err_console
+from .common import apply_threads, cache_kept_since, console, doing, err_console, say_loaded
 from .output import TextStream, compare_json, compare_lines, stats_line, turn_json
 
 
@@ -54,7 +54,9 @@ def load_session(settings):
 
     status = err_console().status("Loading model…")
     with status, doing("loading the model", cache_kept_since()):
-        return open_session(settings, on_status=lambda message: status.update(message))
+        session, loaded = open_session(settings, on_status=lambda message: status.update(message))
+    say_loaded(loaded)
+    return session, loaded
 
 
 @app.command("chat")

@@ -126,3 +126,9 @@ def print_error(message: str) -> None:
     first = " ".join(str(message).strip().split("\n")[0].split())
     sys.stderr.write(f"specdec: error: {first}\n")
     sys.stderr.flush()
+
+
+def say_loaded(loaded) -> None:
+    """The load line on stderr (what loading did: file, family, types, where the weights live, memory, time)."""
+    if getattr(loaded, "load_line", ""):
+        err_console().print(f"[dim]{loaded.load_line}[/dim]", highlight=False, soft_wrap=True)

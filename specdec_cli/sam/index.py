@@ -26,11 +26,13 @@ import os
 import time
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Union
 
 import numpy as np
 
 from ..errors import SpecdecError
+from ..files import check_regular
 from .automaton import StaticAutomaton
 
 FORMAT = "specdec-sam-index"
@@ -130,6 +132,8 @@ def _bad(path: PathLike, why: str) -> SpecdecError:
 
 def _read_header(path: PathLike) -> tuple[dict[str, Any], dict[str, Any], int, int]:
     """Parse and check the header: (metadata, tensor entries, data start, file size)."""
+    if os.path.exists(path):
+        check_regular(Path(path))  # a FIFO or a device would block the read, or never end
     try:
         file_size = os.path.getsize(path)
         with open(path, "rb") as handle:

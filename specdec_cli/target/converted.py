@@ -24,7 +24,7 @@ from ..errors import SpecdecError
 from ..files import file_sha256
 from ..home import specdec_home, writable_home_folder
 
-CONVERTED_FORMAT = 2  # bump when the converted directory's layout changes (2: tied weights under their first name)
+CONVERTED_FORMAT = 3  # bump when the converted directory's layout changes (3: bfloat16 for non-native families)
 CONVERTED_MARKER = "specdec-converted.json"  # written last: its presence means the conversion finished
 
 StatusCallback = Callable[[str], None]
@@ -44,21 +44,76 @@ def quiet_transformers() -> None:
     disable_progress_bars()
 
 
+def check_conversion(gguf: Any, config: Any, dtype: str) -> None:
+    """Refuse, before any slow work, a GGUF that transformers would convert into the wrong model or that cannot fit:
+    an architecture transformers does not read, a tensor its architecture does not have (a file labelled mamba
+    holding llama tensors would become a random Mamba model), or more memory than this machine has free for the
+    dequantised weights (`dtype`, with transformers' copy while it builds the model)."""
+    import gguf as gguf_package
+
+    from . import gguf_families
+
+    arch = gguf.architecture
+    readable = config is not None or (arch in gguf_families.ARCHITECTURES)
+    arch_id = next((key for key, value in gguf_package.MODEL_ARCH_NAMES.items() if value == arch), None)
+    if not readable or arch_id is None:
+        raise SpecdecError(f"{gguf.path}: unknown architecture {arch!r}: neither specdec nor transformers reads it")
+    known = {gguf_package.TENSOR_NAMES[tensor] for tensor in gguf_package.MODEL_TENSORS[arch_id]}
+    for name in gguf.tensors:
+        base = name.rsplit(".", 1)[0] if name.endswith((".weight", ".bias")) else name
+        parts = base.split(".")
+        if len(parts) > 1 and parts[0] == "blk" and parts[1].isdigit():
+            base = ".".join(["blk", "{bid}", *parts[2:]])
+        if base not in known:
+            raise SpecdecError(f"{gguf.path}: unexpected tensor {name} for a {arch} model")
+    weights = sum(info.elements for info in gguf.tensors.values())
+    width = 2 if dtype == "bfloat16" else 4
+    needed = weights * width * 2 + (1 << 30)  # the state dict, the model, and a GiB for the rest
+    available = _available_memory()
+    if available is not None and needed > available:
+        raise SpecdecError(f"{gguf.path}: {arch} is not a family specdec computes in place, and converting its "
+                           f"{weights / 1e9:.2f} B weights to {dtype} for transformers needs about "
+                           f"{needed / 1e9:.1f} GB of memory; {available / 1e9:.1f} GB is available")
+
+
+def _available_memory() -> Optional[int]:
+    """MemAvailable from /proc/meminfo, in bytes (None off Linux)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def converted_dir(gguf_path: Path) -> Path:
-    """Cache directory for one GGUF file, keyed by its name, size and modification time."""
+    """Cache directory for one GGUF file, keyed by its name, size, modification time and conversion dtype."""
     stat = gguf_path.stat()
-    identity = f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{CONVERTED_FORMAT}"
+    identity = f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{CONVERTED_FORMAT}|{_dtype_of(gguf_path)}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:12]
     return specdec_home() / "models" / f"{gguf_path.stem}-{key}"
+
+
+def _dtype_of(gguf_path: Path) -> str:
+    """The dtype the file is converted to (models.conversion_dtype), after its checks."""
+    from .models import checked_gguf, conversion_dtype
+
+    return conversion_dtype(checked_gguf(gguf_path))
 
 
 def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None) -> Path:
     """Convert a GGUF file once into a safetensors model directory; return that directory. A copy that is
     damaged (a file missing, cut short or changed since the conversion) is converted again, with one warning."""
+    from .models import checked_gguf, conversion_dtype
+
+    checked = checked_gguf(gguf_path)  # a file that fails a check is refused before anything is cached
     out_dir = converted_dir(gguf_path)
     damage = converted_damage(out_dir)
     if damage is None:
         return out_dir
+    check_conversion(checked.gguf, checked.config, conversion_dtype(checked))
     try:
         writable_home_folder("models")  # before the slow part: a home specdec cannot write fails now
     except SpecdecError as exc:
@@ -74,8 +129,9 @@ def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None
     from ..files import atomic_directory
 
     quiet_transformers()
+    dtype = _dtype_of(gguf_path)
     if on_status:
-        on_status(f"Converting {gguf_path.name} to safetensors once (about 20 s); later loads are instant")
+        on_status(f"Converting {gguf_path.name} to {dtype} safetensors for transformers once; later loads are quick")
     started = time.perf_counter()
     folder, filename = str(gguf_path.parent), gguf_path.name
     try:
@@ -84,11 +140,22 @@ def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None
         with no_tqdm():
             if gguf_families.handles(gguf_path):  # gemma, smollm3: families transformers' GGUF loader does not read
                 model, tokenizer = gguf_families.load(gguf_path)
+                model = model.to(getattr(torch, dtype))
+                missing: list[str] = []
             else:
                 tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-                model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+                loaded: Any = AutoModelForCausalLM.from_pretrained(
+                    folder, gguf_file=filename, dtype=getattr(torch, dtype), output_loading_info=True)
+                model, info = loaded
+                tied = getattr(model.config, "tie_word_embeddings", False)
+                missing = [name for name in dict(info).get("missing_keys", ())
+                           if not (tied and name == "lm_head.weight")]
     except Exception as exc:  # gguf's own errors are varied; the file is what the user can act on
-        raise SpecdecError(f"{gguf_path}: cannot read this GGUF file ({type(exc).__name__}: {exc})") from exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise SpecdecError(f"{gguf_path}: cannot read this GGUF file ({type(exc).__name__}: {first})") from exc
+    if missing:
+        raise SpecdecError(f"{gguf_path}: missing tensor for {sorted(missing)[0]}"
+                           + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     with atomic_directory(out_dir, replace=False) as tmp_dir:  # another process finishing first: keep theirs
         config = model.config
         if hasattr(config, "quantization_config"):  # the weights are dequantized: a plain float model now

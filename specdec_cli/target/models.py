@@ -71,6 +71,10 @@ def resolve_target(target: str) -> TargetSource:
             raise SpecdecError(f"{target}: not a model directory (no config.json)")
         refuse_pickled_weights(path, target)
         return TargetSource("dir", str(path.resolve()), path.name)
+    if path.exists():  # a FIFO, a socket, a device: refused, never read
+        from ..files import check_regular
+
+        check_regular(path)
     looks_like_path = target.startswith((".", "/", "~")) or target.endswith(".gguf") or target.count("/") > 1
     if looks_like_path or os.sep in target and not _looks_like_repo_id(target):
         raise SpecdecError(f"{target}: no such file or directory")
@@ -183,6 +187,13 @@ def load_tokenizer(target: str = DEFAULT_TARGET, on_status: Optional[StatusCallb
     source = resolve_target(target)
     if source.kind == "gguf":
         gguf_path = Path(source.location)
+        checked = checked_gguf(gguf_path)  # a file that fails a check is refused here too
+        if checked.native_reason is None:
+            from .gguf_model import cached_tokenizer
+
+            cached = cached_tokenizer(gguf_path)
+            if cached is not None:
+                return cached
         if converted_damage(converted_dir(gguf_path)) is not None:
             try:
                 with no_tqdm():
@@ -207,6 +218,7 @@ class LoadedTarget:
     dtype_reason: str = ""  # how the dtype was chosen ("auto: bfloat16 (one plain step ...)"), for displays
     weights: str = "dense"  # dense, gguf, int8 or int4 (quant.py)
     weights_reason: str = ""  # what the weights are and why ("auto: gguf blocks (one plain step ...)"), for displays
+    load_line: str = ""  # what loading did: file, family, types, where the weights live, memory, time (one line)
 
 
 @dataclass(frozen=True)
@@ -216,6 +228,8 @@ class LoadPlan:
     settings: LoadSettings  # with SPECDEC_DTYPE and SPECDEC_WEIGHTS applied
     source: TargetSource
     device: str  # cpu, cuda or mps
+    in_place: bool = False  # a GGUF the native decoder computes where it lies (gguf_model.py)
+    family: str = ""  # a GGUF's config model_type
 
     @property
     def weights(self) -> str:
@@ -232,7 +246,64 @@ def check_load(settings: LoadSettings) -> LoadPlan:
     source = resolve_target(settings.target)
     device = pick_device(settings.device)
     check_weights(settings.weights, source, device, settings.dtype)
-    return LoadPlan(settings, source, device)
+    if source.kind != "gguf":
+        return LoadPlan(settings, source, device)
+    checked = checked_gguf(Path(source.location))
+    family = getattr(checked.config, "model_type", "") or checked.gguf.architecture
+    in_place = (checked.native_reason is None and device == "cpu" and settings.weights in ("auto", "gguf")
+                and settings.dtype in ("auto", "float32"))
+    if not in_place:
+        from .converted import check_conversion
+
+        check_conversion(checked.gguf, checked.config, conversion_dtype(checked))
+    return LoadPlan(settings, source, device, in_place, family)
+
+
+@dataclass(frozen=True)
+class CheckedGGUF:
+    """A GGUF file whose header and tensors passed the checks (gguf_file.py, gguf_layout.py)."""
+
+    gguf: Any  # gguf_file.GGUFFile (mapped)
+    config: Any  # its transformers config, None for a family transformers has no config for
+    native_reason: Optional[str]  # why the native decoder cannot compute it in place (None: it can)
+
+
+_checked: dict[tuple[str, int, int], CheckedGGUF] = {}
+
+
+def checked_gguf(path: Path) -> CheckedGGUF:
+    """Open and check a GGUF once per process and file version: the header, and for a family the native decoder
+    computes, every tensor with the shape its metadata implies (SpecdecError naming the first fault)."""
+    from .gguf_config import hf_config
+    from .gguf_file import open_gguf
+    from .gguf_layout import check_tensors, is_native_architecture, native_reason
+
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key in _checked:
+        return _checked[key]
+    gguf = open_gguf(path)
+    config = None
+    if is_native_architecture(gguf.architecture) or _transformers_has_config(gguf.architecture):
+        config = hf_config(gguf)
+    reason = native_reason(gguf, config)
+    if reason is None:
+        check_tensors(gguf, config)
+    _checked.clear()  # one file at a time: its mapping is released with it
+    _checked[key] = CheckedGGUF(gguf, config, reason)
+    return _checked[key]
+
+
+def _transformers_has_config(architecture: str) -> bool:
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    return architecture in GGUF_CONFIG_MAPPING
+
+
+def conversion_dtype(checked: CheckedGGUF) -> str:
+    """The dtype a GGUF is converted to for transformers: float32 for a family the native decoder computes (asked
+    for dense, or for vLLM), bfloat16 for the others, which only run that way (half the memory)."""
+    return "float32" if checked.native_reason is None else "bfloat16"
 
 
 def check_weights(weights: str, source: TargetSource, device: str, dtype: str) -> None:
@@ -276,15 +347,55 @@ def load_target(
     In order: the settings are checked and the target located (check_load), a GGUF converted once or a hub id
     checked (model_location), then the model is loaded and its weights put in blocks (_load_blocks) or left dense
     in the chosen dtype (_load_dense)."""
+    started = time.perf_counter()
     plan = check_load(LoadSettings(target, device, dtype, weights))
+    if plan.in_place:
+        return _load_in_place(plan, on_status, started)
     quiet_transformers()
     location = model_location(plan.source, on_status)
-    started = time.perf_counter()
     if plan.weights == "dense":
         loaded = _load_dense(plan, location, on_status, step_timer)
     else:
         loaded = _load_blocks(plan, location, on_status, step_timer)
-    return replace(loaded, load_seconds=time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    return replace(loaded, load_seconds=seconds, load_line=load_line(loaded.name, plan, None, seconds,
+                                                                     loaded.weights_reason))
+
+
+def _load_in_place(plan: LoadPlan, on_status: Optional[StatusCallback], started: float) -> LoadedTarget:
+    """A GGUF of a family the native decoder computes, read where it lies (gguf_model.py)."""
+    from .gguf_model import open_in_place
+    from .quant import weights_summary
+
+    checked = checked_gguf(Path(plan.source.location))
+    model, tokenizer = open_in_place(checked.gguf, checked.config, on_status)
+    use_block_threads()
+    seconds = time.perf_counter() - started
+    reason = f"gguf in place ({weights_summary(model)})"
+    return LoadedTarget(model, tokenizer, plan.source.name, "cpu", model.dtype, seconds, BLOCKS_DTYPE_REASON, "gguf",
+                        reason, load_line(plan.source.name, plan, model.source, seconds, reason))
+
+
+def load_line(name: str, plan: LoadPlan, in_place: Any, seconds: float, weights_reason: str) -> str:
+    """'Loaded NAME · llama · 210 Q4_1 + 61 F32 + 1 Q8_0 · weights mapped from ... · 210 MB resident · 1.9 s'."""
+    from ..machine import resident_memory
+
+    parts = [f"Loaded {name}"]
+    if in_place is not None:
+        types = " + ".join(f"{count} {kind}" for kind, count in in_place.types.items())
+        made = "repacked now" if in_place.repacked else "mapped"
+        parts += [f"{plan.family}", types,
+                  f"weights {made} from {in_place.cache} ({in_place.cache_bytes / 1e6:,.0f} MB; "
+                  f"file {in_place.file_bytes / 1e6:,.0f} MB)"]
+    else:
+        where = "dense" if plan.weights == "dense" else "blocks"
+        parts += [plan.family or plan.source.kind, f"weights {where}: {weights_reason}"]
+    memory = resident_memory()
+    if memory is not None:
+        total, mapped = memory
+        parts.append(f"{total / 1e6:,.0f} MB resident ({mapped / 1e6:,.0f} MB of it mapped files)")
+    parts.append(f"{seconds:.1f} s")
+    return " · ".join(parts)
 
 
 def _load_dense(plan: LoadPlan, location: str, on_status: Optional[StatusCallback],

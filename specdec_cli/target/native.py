@@ -175,8 +175,8 @@ class _Projections:
         for group in groups:
             biases = [layer.bias if layer.bias is not None else torch.zeros(layer.out_features) for layer in group]
             has_bias = any(layer.bias is not None for layer in group)
-            records = group[0].records if len(group) == 1 else torch.cat([layer.records for layer in group])
-            records = records.contiguous()
+            adjacent = _adjacent(group) if len(group) > 1 else group[0].records
+            records = (adjacent if adjacent is not None else torch.cat([layer.records for layer in group])).contiguous()
             start = 0
             for layer in group:  # the layers keep views of the fused records: no second copy of the weights
                 layer.records = records[start // GROUP : (start + layer.out_features + GROUP - 1) // GROUP]
@@ -184,6 +184,22 @@ class _Projections:
             bias = torch.cat(biases).contiguous() if has_bias else None
             fused.append(_Projections(group[0].kind, records, start, bias))
         return fused
+
+
+def _adjacent(layers: list[BlockLinear]) -> Optional[torch.Tensor]:
+    """The layers' records as one tensor when they already lie side by side in one storage (a GGUF's blocks cache
+    stores q, k, v and gate, up so: gguf_blocks.py), a view with no copy; else None."""
+    first = layers[0].records
+    storage, offset = first.untyped_storage(), first.storage_offset()
+    for layer in layers:
+        records = layer.records
+        if (records.untyped_storage().data_ptr() != storage.data_ptr() or records.storage_offset() != offset or
+                not records.is_contiguous() or records.shape[1] != first.shape[1]):
+            return None
+        offset += records.numel()
+    count = sum(layer.records.shape[0] for layer in layers)
+    fused = torch.empty(0, dtype=torch.uint8)
+    return fused.set_(storage, first.storage_offset(), (count, first.shape[1]))  # type: ignore[call-overload]
 
 
 class _Rope:
@@ -243,9 +259,13 @@ class NativeDecoder:
         self.ffn = int(config.intermediate_size)
         self.vocab = int(model.lm_head.out_features)
         embed = model.model.embed_tokens
-        self.embeddings = embed.weight.detach()  # [vocab, hidden]
-        if self.embeddings.dtype != torch.float32:
-            raise ValueError("the native decoder computes in float32")
+        rows = getattr(embed, "rows", None)  # a GGUF's mapped table (gguf_model.MappedEmbedding): rows on demand
+        if rows is None:
+            table = embed.weight.detach()  # [vocab, hidden]
+            if table.dtype != torch.float32:
+                raise ValueError("the native decoder computes in float32")
+            rows = functools.partial(torch.index_select, table, 0)
+        self.embedding_rows = rows  # ids [n] -> float32 [n, hidden], unscaled
         scale = getattr(embed, "embed_scale", None)  # gemma: sqrt(hidden), as a float32 scalar tensor
         self.embed_scale = None if scale is None else torch.as_tensor(scale).detach().to(torch.float32)
         offset = config.model_type in ("gemma", "gemma2", "gemma3_text")  # RMSNorm times (1 + weight)
@@ -341,7 +361,7 @@ class NativeDecoder:
         positions = position_ids[0].to(torch.int32).contiguous()  # [n]
         for rope in self.ropes:
             rope.tables(int(positions.max()) + 1)
-        x = self.embeddings.index_select(0, input_ids[0]).contiguous()  # [n, hidden], the residual stream
+        x = self.embedding_rows(input_ids[0]).contiguous()  # [n, hidden], the residual stream
         if self.embed_scale is not None:
             x.mul_(self.embed_scale)
         h = self._buffer("normed", rows, self.hidden)

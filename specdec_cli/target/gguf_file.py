@@ -1,0 +1,237 @@
+"""A GGUF file opened in place: its header parsed, its tensors located in a read-only mapping, every byte checked.
+
+Layout (GGUF v2/v3, little-endian; docs/algorithms.md section 11): magic `GGUF`, version, tensor count, metadata
+count; the metadata as key, type, value; one record per tensor (name, dims fastest-first, ggml type, offset); padding
+to `general.alignment`; then the data, each tensor at data start + its offset. `open_gguf` reads the header into
+plain Python values (strings decoded, arrays as lists) and refuses, in one line naming what is wrong, anything that
+is not such a file: not a regular file (a FIFO or a device is never read), a foreign magic, another version, a
+header or metadata cut short, an unknown value or tensor type, a dimension that does not fill whole blocks, a
+tensor whose data ends past the end of the file, two tensors of one name. Nothing is dequantised here, and
+nothing knows what a family needs (gguf_layout.py): `GGUFFile.raw(name)` is a tensor's bytes as a numpy view of
+the mapping, no copy; pages are read from disk only when touched, and `release` hands them back.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from ..errors import SpecdecError
+from ..files import check_regular
+
+MAGIC = b"GGUF"
+VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+MAX_COUNT = 1 << 24  # tensors, keys or array items: far beyond any model, far below what exhausts memory
+# metadata value types (gguf's GGUFValueType): struct format of each scalar
+SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+STRING, ARRAY = 8, 9
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor's record: `shape` as torch orders it (slowest first: [rows, columns] for a matrix)."""
+
+    name: str
+    shape: tuple[int, ...]
+    type_name: str  # ggml's name: "Q4_K", "F32", ...
+    type_id: int
+    start: int  # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def elements(self) -> int:
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count
+
+
+class GGUFFile:
+    """A GGUF's metadata and tensor records, with the file mapped read-only (see the module docstring)."""
+
+    def __init__(self, path: Path, version: int, metadata: dict[str, Any], tensors: dict[str, TensorInfo],
+                 data_start: int, size: int, mapping: mmap.mmap):
+        self.path, self.version, self.metadata, self.tensors = path, version, metadata, tensors
+        self.data_start, self.size = data_start, size
+        self._mapping = mapping
+        self._bytes = np.frombuffer(mapping, dtype=np.uint8)  # [size], a view of the mapping
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", "") or "")
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes, uint8 [nbytes], a view of the mapping (read-only)."""
+        info = self.tensors[name]
+        return self._bytes[info.start : info.start + info.nbytes]
+
+    def release(self, name: str) -> None:
+        """Let the kernel drop the tensor's pages from this process (they are re-read from disk if touched again):
+        repacking a file layer by layer then never holds the whole file in memory."""
+        info = self.tensors[name]
+        page = mmap.PAGESIZE
+        start = info.start // page * page
+        length = info.start + info.nbytes - start
+        if length > 0 and hasattr(self._mapping, "madvise"):
+            try:
+                self._mapping.madvise(mmap.MADV_DONTNEED, start, length)
+            except (OSError, ValueError):  # pragma: no cover - an old kernel: the pages stay until unmapped
+                pass
+
+    def type_names(self) -> dict[str, int]:
+        """{ggml type: tensors of it}, most frequent first."""
+        counts: dict[str, int] = {}
+        for info in self.tensors.values():
+            counts[info.type_name] = counts.get(info.type_name, 0) + 1
+        return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+class _Cursor:
+    """Reads little-endian values from the mapping, refusing to run past its end."""
+
+    def __init__(self, data: mmap.mmap, size: int):
+        self.data, self.size, self.at = data, size, 0
+
+    def take(self, count: int, what: str) -> int:
+        start = self.at
+        if count < 0 or start + count > self.size:
+            raise _Truncated(what)
+        self.at = start + count
+        return start
+
+    def scalar(self, fmt: str, what: str) -> Any:
+        start = self.take(struct.calcsize(fmt), what)
+        return struct.unpack_from(fmt, self.data, start)[0]
+
+    def string(self, what: str) -> str:
+        length = self.scalar("<Q", what)
+        start = self.take(length, what)
+        return self.data[start : start + length].decode("utf-8", "replace")
+
+    def value(self, type_id: int, what: str) -> Any:
+        if type_id in SCALARS:
+            return self.scalar(SCALARS[type_id], what)
+        if type_id == STRING:
+            return self.string(what)
+        if type_id == ARRAY:
+            item_type, count = self.scalar("<I", what), self.scalar("<Q", what)
+            if count > MAX_COUNT:
+                raise SpecdecError(f"metadata {what} claims {count:,} items")
+            if item_type in SCALARS:  # one read for the whole array
+                fmt = SCALARS[item_type]
+                width = struct.calcsize(fmt)
+                start = self.take(width * count, what)
+                return list(np.frombuffer(self.data, dtype=np.dtype(fmt), count=count, offset=start).tolist())
+            if item_type == STRING:
+                return [self.string(what) for _ in range(count)]
+            raise SpecdecError(f"metadata {what} holds arrays of unknown type {item_type}")
+        raise SpecdecError(f"metadata {what} has an unknown value type {type_id}")
+
+
+class _Truncated(Exception):
+    def __init__(self, what: str):
+        super().__init__(what)
+        self.what = what
+
+
+def ggml_types() -> dict[int, tuple[str, int, int]]:
+    """{ggml type id: (name, weights per block, bytes per block)}, as the gguf package knows them."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    return {int(kind): (kind.name, *GGML_QUANT_SIZES[kind]) for kind in GGMLQuantizationType
+            if kind in GGML_QUANT_SIZES}
+
+
+def open_gguf(path: Path) -> GGUFFile:
+    """Parse and check a GGUF file's header and tensor records (SpecdecError naming the fault, prefixed by the
+    path); the file stays mapped while the returned object lives."""
+    path = Path(path)
+    check_regular(path)
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size < 24:
+                raise SpecdecError(f"{path}: truncated: {size} bytes, shorter than a GGUF header")
+            mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as exc:
+        raise SpecdecError(f"{path}: cannot read this file ({exc.strerror or exc})") from exc
+    try:
+        return _parse(path, mapping, size)
+    except _Truncated as cut:
+        mapping.close()
+        raise SpecdecError(f"{path}: truncated: the header ends past the end of the file (in {cut.what})") from None
+    except SpecdecError as exc:
+        mapping.close()
+        raise SpecdecError(f"{path}: {exc}") from None
+
+
+def _parse(path: Path, mapping: mmap.mmap, size: int) -> GGUFFile:
+    if mapping[:4] != MAGIC:
+        raise SpecdecError(f"not a GGUF file (it starts with {bytes(mapping[:4])!r}, not {MAGIC!r})")
+    cursor = _Cursor(mapping, size)
+    cursor.take(4, "magic")
+    version = cursor.scalar("<I", "version")
+    if version not in VERSIONS:
+        swapped = struct.unpack("<I", struct.pack(">I", version))[0]
+        hint = " (a big-endian file)" if swapped in VERSIONS else ""
+        raise SpecdecError(f"GGUF version {version}{hint} is not supported (versions {VERSIONS[0]}-{VERSIONS[-1]})")
+    tensor_count, key_count = cursor.scalar("<Q", "tensor count"), cursor.scalar("<Q", "metadata count")
+    if tensor_count > MAX_COUNT or key_count > MAX_COUNT:
+        raise SpecdecError(f"its header claims {tensor_count:,} tensors and {key_count:,} metadata keys")
+    metadata: dict[str, Any] = {}
+    for index in range(key_count):
+        key = cursor.string(f"metadata key {index}")
+        metadata[key] = cursor.value(cursor.scalar("<I", key), key)
+    types = ggml_types()
+    records = []
+    for index in range(tensor_count):
+        name = cursor.string(f"tensor record {index}")
+        dims_count = cursor.scalar("<I", name)
+        if not 1 <= dims_count <= 4:
+            raise SpecdecError(f"tensor {name} has {dims_count} dimensions")
+        dims = [cursor.scalar("<Q", name) for _ in range(dims_count)]
+        type_id, offset = cursor.scalar("<I", name), cursor.scalar("<Q", name)
+        records.append((name, dims, type_id, offset))
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise SpecdecError(f"general.alignment {alignment!r} is not a power of two")
+    data_start = -(-cursor.at // alignment) * alignment
+    tensors: dict[str, TensorInfo] = {}
+    for name, dims, type_id, offset in records:
+        if type_id not in types:
+            raise SpecdecError(f"tensor {name} has ggml type {type_id}, which specdec does not know")
+        type_name, per_block, block_bytes = types[type_id]
+        if dims[0] % per_block:
+            raise SpecdecError(f"tensor {name} is {type_name} with rows of {dims[0]}, not whole blocks of "
+                               f"{per_block}")
+        if offset % alignment:
+            raise SpecdecError(f"tensor {name} is not aligned to {alignment} bytes")
+        elements = 1
+        for dim in dims:
+            elements *= dim
+        nbytes = elements // per_block * block_bytes
+        start = data_start + offset
+        if start + nbytes > size:
+            raise SpecdecError(f"truncated: tensor {name} ends past the end of the file "
+                               f"(at byte {start + nbytes:,} of {size:,})")
+        if name in tensors:
+            raise SpecdecError(f"two tensors are named {name}")
+        tensors[name] = TensorInfo(name, tuple(int(dim) for dim in reversed(dims)), type_name, type_id, start, nbytes)
+    return GGUFFile(path, version, metadata, tensors, data_start, size, mapping)
+
+
+def metadata_int(gguf: GGUFFile, key: str, default: Optional[int] = None) -> int:
+    """An integer metadata value; SpecdecError when absent (without default) or not a whole number."""
+    value = gguf.metadata.get(key, default)
+    if value is None:
+        raise SpecdecError(f"{gguf.path}: the metadata has no {key}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 0:
+        raise SpecdecError(f"{gguf.path}: metadata {key} is {value!r}, not a count")
+    return int(value)

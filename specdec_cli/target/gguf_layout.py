@@ -1,0 +1,167 @@
+"""What a GGUF of a family the native decoder computes must hold, and where each tensor goes.
+
+`expected_tensors(config, architecture, tensor_names)` lists, in the order the blocks cache stores them, every tensor
+such a file holds: its GGUF name, the shape its metadata implies ([rows, columns] as torch orders them), the module
+name transformers gives the same weight, and whether it is a matrix (repacked for the kernels) or a vector (norms,
+biases: read as float32). `check_tensors` compares that list with the file (gguf_file.py) and refuses, in one line,
+the first missing tensor, unexpected tensor, wrong shape or unknown type. What llama.cpp's converter did to the
+weights, undone here as transformers' loader undoes it: llama's and smollm3's q/k rows interleaved per head
+(`PERMUTED_QK`), the Gemmas' norms stored as 1 + weight (`NORM_PLUS_ONE`). Nothing is read or computed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ..errors import SpecdecError
+from .gguf_file import GGUFFile
+
+# GGUF architecture label -> the config's model_type the native decoder computes (native.FAMILIES)
+NATIVE_ARCHITECTURES = {"llama": ("llama", "mistral"), "qwen2": ("qwen2",), "qwen3": ("qwen3",),
+                        "phi3": ("phi3",), "gemma": ("gemma",), "gemma2": ("gemma2",), "gemma3": ("gemma3_text",),
+                        "smollm3": ("smollm3",)}
+PERMUTED_QK = ("llama", "smollm3")  # architectures whose attn_q/attn_k rows llama.cpp interleaves per head
+NORM_PLUS_ONE = ("gemma", "gemma2", "gemma3")  # norms stored as 1 + weight
+QK_NORMS = ("qwen3", "gemma3")
+SANDWICH_NORMS = ("gemma2", "gemma3")  # norms after attention and after the MLP too
+FUSED = ("phi3",)  # attn_qkv, and ffn_up holding gate and up
+QKV_BIASES = ("qwen2",)
+
+
+@dataclass(frozen=True)
+class Expected:
+    """One tensor a family's file holds."""
+
+    gguf_name: str
+    shape: tuple[int, ...]
+    module: str  # transformers' name of the weight's module ("model.layers.0.self_attn.q_proj")
+    matrix: bool  # repacked for the kernels (else a float32 vector)
+    heads: int = 0  # rows interleaved per head for this many heads (PERMUTED_QK), else 0
+    optional: bool = False
+
+
+def is_native_architecture(architecture: str) -> bool:
+    return architecture in NATIVE_ARCHITECTURES
+
+
+def _dims(config: Any) -> tuple[int, int, int, int, int, int, int]:
+    hidden = int(config.hidden_size)
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+    return hidden, heads, kv_heads, head_dim, int(config.intermediate_size), int(config.vocab_size), \
+        int(config.num_hidden_layers)
+
+
+def expected_tensors(config: Any, architecture: str, tensor_names: set[str]) -> list[Expected]:
+    """Every tensor a native-family file of this config holds, in cache order (see the module docstring)."""
+    hidden, heads, kv_heads, head_dim, ffn, vocab, layers = _dims(config)
+    q_rows, kv_rows = heads * head_dim, kv_heads * head_dim
+    permuted = architecture in PERMUTED_QK
+    found: list[Expected] = [Expected("token_embd.weight", (vocab, hidden), "model.embed_tokens", False)]
+    for index in range(layers):
+        blk, mod = f"blk.{index}.", f"model.layers.{index}."
+        attn, mlp = mod + "self_attn.", mod + "mlp."
+        found.append(Expected(blk + "attn_norm.weight", (hidden,), mod + "input_layernorm", False))
+        if architecture in FUSED:
+            found.append(Expected(blk + "attn_qkv.weight", (q_rows + 2 * kv_rows, hidden), attn + "qkv_proj", True))
+        else:
+            found += [Expected(blk + "attn_q.weight", (q_rows, hidden), attn + "q_proj", True,
+                               heads if permuted else 0),
+                      Expected(blk + "attn_k.weight", (kv_rows, hidden), attn + "k_proj", True,
+                               kv_heads if permuted else 0),
+                      Expected(blk + "attn_v.weight", (kv_rows, hidden), attn + "v_proj", True)]
+        if architecture in QKV_BIASES:
+            found += [Expected(blk + f"attn_{part}.bias", (rows,), attn + f"{part}_proj", False)
+                      for part, rows in (("q", q_rows), ("k", kv_rows), ("v", kv_rows))]
+        found.append(Expected(blk + "attn_output.weight", (hidden, q_rows), attn + "o_proj", True))
+        if architecture in QK_NORMS:
+            found += [Expected(blk + "attn_q_norm.weight", (head_dim,), attn + "q_norm", False),
+                      Expected(blk + "attn_k_norm.weight", (head_dim,), attn + "k_norm", False)]
+        if architecture in SANDWICH_NORMS:
+            found += [Expected(blk + "post_attention_norm.weight", (hidden,), mod + "post_attention_layernorm", False),
+                      Expected(blk + "ffn_norm.weight", (hidden,), mod + "pre_feedforward_layernorm", False),
+                      Expected(blk + "post_ffw_norm.weight", (hidden,), mod + "post_feedforward_layernorm", False)]
+        else:
+            found.append(Expected(blk + "ffn_norm.weight", (hidden,), mod + "post_attention_layernorm", False))
+        if architecture in FUSED:
+            found.append(Expected(blk + "ffn_up.weight", (2 * ffn, hidden), mlp + "gate_up_proj", True))
+        else:
+            found += [Expected(blk + "ffn_gate.weight", (ffn, hidden), mlp + "gate_proj", True),
+                      Expected(blk + "ffn_up.weight", (ffn, hidden), mlp + "up_proj", True)]
+        found.append(Expected(blk + "ffn_down.weight", (hidden, ffn), mlp + "down_proj", True))
+    found.append(Expected("output_norm.weight", (hidden,), "model.norm", False))
+    if "output.weight" in tensor_names:
+        found.append(Expected("output.weight", (vocab, hidden), "lm_head", True))
+    if architecture == "llama":  # llama 3's rotary frequency factors (llama.cpp divides the frequencies by them)
+        found.append(Expected("rope_freqs.weight", (head_dim // 2,), "rope_freqs", False, optional=True))
+    return found
+
+
+def check_tensors(gguf: GGUFFile, config: Any) -> list[Expected]:
+    """The file's tensors against what its metadata implies; returns the expected list (present optional ones
+    only). SpecdecError naming the first fault, the file's path first."""
+    from .quant import GGUF_BLOCKS, GGUF_FLOATS
+
+    expected = expected_tensors(config, gguf.architecture, set(gguf.tensors))
+    present = [item for item in expected if not (item.optional and item.gguf_name not in gguf.tensors)]
+    wanted = {item.gguf_name for item in present}
+    for item in present:
+        info = gguf.tensors.get(item.gguf_name)
+        if info is None:
+            raise SpecdecError(f"{gguf.path}: missing tensor {item.gguf_name} (a {gguf.architecture} file of "
+                               f"{config.num_hidden_layers} layers holds it)")
+        if info.shape != item.shape:
+            raise SpecdecError(f"{gguf.path}: tensor {item.gguf_name} is {_shape(info.shape)}, its metadata implies "
+                               f"{_shape(item.shape)}")
+        if len(item.shape) == 1 and info.type_name not in GGUF_FLOATS:
+            raise SpecdecError(f"{gguf.path}: tensor {item.gguf_name} is {info.type_name}; vectors are F32, F16 or "
+                               f"BF16 in a GGUF")
+        if len(item.shape) == 2 and info.type_name not in GGUF_BLOCKS and info.type_name not in GGUF_FLOATS \
+                and not dequantisable(info.type_name):
+            raise SpecdecError(f"{gguf.path}: tensor {item.gguf_name} is {info.type_name}, a type specdec cannot "
+                               f"read")
+    extra = sorted(set(gguf.tensors) - wanted)
+    if extra:
+        raise SpecdecError(f"{gguf.path}: unexpected tensor {extra[0]} for a {gguf.architecture} model"
+                           + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""))
+    return present
+
+
+def dequantisable(type_name: str) -> bool:
+    """Whether the gguf package dequantises this type (then a matrix of it is held as float32 rows)."""
+    import gguf
+    from gguf import quants
+
+    kind = getattr(gguf.GGMLQuantizationType, type_name, None)
+    return kind is not None and kind in getattr(quants, "_type_traits", {})
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(size) for size in shape) + "]"
+
+
+def native_reason(gguf: GGUFFile, config: Optional[Any]) -> Optional[str]:
+    """Why the native decoder cannot compute this file in place (None: it can): the family, a row length the
+    kernels' blocks do not divide, an activation or rotary type it does not implement."""
+    from .native import FAMILIES, ROPE_TYPES
+
+    if not is_native_architecture(gguf.architecture) or config is None:
+        return f"{gguf.architecture or 'unlabelled'} is not a family specdec's native decoder computes"
+    if config.model_type not in FAMILIES:
+        return f"{config.model_type} is not a family specdec's native decoder computes"
+    act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+    if act not in ("silu", "gelu_pytorch_tanh"):
+        return f"activation {act}"
+    parameters = getattr(config, "rope_parameters", None) or {}
+    types = {value.get("rope_type", "default") for value in parameters.values() if isinstance(value, dict)} or \
+        {parameters.get("rope_type", "default") if isinstance(parameters, dict) else "default"}
+    other = sorted(types - set(ROPE_TYPES))
+    if other:
+        return f"rope type {other[0]}"
+    hidden, heads, kv_heads, head_dim, ffn, vocab, layers = _dims(config)
+    for width in (hidden, ffn, heads * head_dim):
+        if width % 32:
+            return f"rows of {width} weights (the kernels take multiples of 32)"
+    return None

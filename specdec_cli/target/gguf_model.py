@@ -1,0 +1,349 @@
+"""A GGUF target loaded in place: no transformers model, no dense copy of the weights, in memory or on disk.
+
+`open_in_place(path)` checks the file (gguf_file.py: the header; gguf_layout.py: every tensor its family needs,
+with the shape its metadata implies), then builds a `GGUFModel`:
+
+- config from the metadata (gguf_config.py), tokenizer (with its chat template) from the metadata too, made once
+  by transformers' GGUF tokenizer converter and kept as tokenizer files beside the blocks;
+- the matrices from the blocks cache (gguf_blocks.py): repacked once, layer by layer, then mapped;
+- the norms and biases (vectors: kilobytes) read from the file as float32; the token embeddings left in the mapped
+  file, each looked-up row dequantised when a forward asks for it (`MappedEmbedding`).
+
+The cache is a folder under $SPECDEC_HOME/models named by the file's path, size and modification time, made in a
+temporary folder and renamed into place with a marker written last (`specdec-gguf.json`: the format, the
+source, the blocks file's size); a folder whose marker or blocks file does not match is made again. Nothing is
+cached for a file that fails a check.
+
+The `GGUFModel`'s modules carry transformers' names (model.layers.N.self_attn.q_proj, ...: block layers, norms,
+the family's rotary table), so that the native decoder (native.py), the drafters and the checks read it as they
+read a transformers model on block weights; its forward is the native decoder's, the only forward it has
+(`generate`, and the bench's `native` and `hf` rows, need a transformers model: models.py says so in one line).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+from ..errors import SpecdecError
+from ..home import specdec_home
+from . import gguf_blocks
+from .gguf_file import GGUFFile
+from .gguf_layout import NORM_PLUS_ONE, Expected, check_tensors
+from .quant import BlockLinear, BlockWeights
+
+CACHE_FORMAT = 1  # the folder's layout (its blocks file has its own gguf_blocks.BLOCKS_FORMAT)
+MARKER = "specdec-gguf.json"
+BLOCKS_FILE = "blocks.safetensors"
+
+StatusCallback = Callable[[str], None]
+
+
+# -- the modules ---------------------------------------------------------------------------------------------
+
+
+class MappedEmbedding(torch.nn.Embedding):
+    """Token embeddings left in the mapped GGUF: `forward(ids)` dequantises the rows asked for (gguf's reference
+    dequantiser, as transformers' loader dequantises the whole table); `weight`, the whole table in float32, is
+    made only when something asks for it (a drafter that reads every row), then kept."""
+
+    def __init__(self, gguf: GGUFFile, name: str, embed_scale: Optional[float] = None):
+        torch.nn.Module.__init__(self)
+        info = gguf.tensors[name]
+        self.num_embeddings, self.embedding_dim = info.shape
+        self.padding_idx, self.max_norm, self.norm_type, self.scale_grad_by_freq, self.sparse = None, None, 2.0, \
+            False, False
+        self._gguf, self._name, self._type = gguf, name, info.type_name
+        self._dense: Optional[torch.Tensor] = None
+        if embed_scale is not None:  # gemma: sqrt(hidden) as transformers' float32 buffer
+            self.register_buffer("embed_scale", torch.tensor(embed_scale), persistent=False)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [n] -> float32 [n, hidden], unscaled."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        if self._dense is not None:
+            return self._dense.index_select(0, ids)
+        table = self._gguf.raw(self._name).reshape(self.num_embeddings, -1)  # [vocab, bytes per row]
+        picked = table[ids.to(torch.int64).numpy()]
+        dense = dequantize(picked, GGMLQuantizationType[self._type]).astype(np.float32, copy=False)
+        return torch.from_numpy(np.ascontiguousarray(dense.reshape(len(picked), self.embedding_dim)))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.rows(ids.reshape(-1)).reshape(*ids.shape, self.embedding_dim)
+        scale = getattr(self, "embed_scale", None)
+        return rows if scale is None else rows * scale
+
+    @property  # type: ignore[override,unused-ignore]
+    def weight(self) -> torch.Tensor:  # type: ignore[override]
+        if self._dense is None:
+            self._dense = self.rows(torch.arange(self.num_embeddings))
+        return self._dense
+
+
+class _Norm(torch.nn.Module):
+    def __init__(self, weight: torch.Tensor, eps: float):
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight, requires_grad=False)
+        self.variance_epsilon = eps
+
+
+class _Holder(torch.nn.Module):
+    """A named place in the module tree (self_attn, mlp, a layer)."""
+
+
+class GGUFModel(torch.nn.Module):
+    """A family the native decoder computes, on a GGUF's own blocks (see the module docstring)."""
+
+    def __init__(self, config: Any, generation_config: Any, source: "InPlace"):
+        super().__init__()
+        self.config, self.generation_config, self.source = config, generation_config, source
+        self.model = _Holder()
+        self._decoder: Any = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def get_input_embeddings(self) -> Any:
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self) -> Any:
+        return self.lm_head
+
+    def forward(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
+                past_key_values: Any = None, **inputs: Any) -> Any:
+        """The native decoder's forward (native.NativeDecoder.__call__); called as a transformers model is called
+        with input ids alone, it starts at position 0 on a fresh cache."""
+        if self._decoder is None:
+            from .native import decoder_for, unsupported
+
+            self._decoder = decoder_for(self)
+            if self._decoder is None:  # pragma: no cover - checked before the model was built
+                raise SpecdecError(f"specdec's native decoder cannot run this model: {unsupported(self)}")
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1])[None]  # [1, n]
+        if past_key_values is None:
+            from .kv_cache import KVCache
+
+            past_key_values = KVCache()
+        return self._decoder(input_ids=input_ids, position_ids=position_ids, past_key_values=past_key_values,
+                             **inputs)
+
+
+# -- opening a file ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InPlace:
+    """Where a GGUF target's weights live, for the load line."""
+
+    path: Path
+    cache: Path
+    types: dict[str, int]  # ggml type: tensors of it
+    file_bytes: int
+    cache_bytes: int
+    repacked: bool  # this load repacked the file (else the cache was mapped)
+    seconds: float
+
+
+def cache_folder(path: Path) -> Path:
+    import hashlib
+
+    stat = path.stat()
+    identity = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{CACHE_FORMAT}|{gguf_blocks.BLOCKS_FORMAT}"
+    return specdec_home() / "models" / f"{path.stem}-inplace-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
+
+
+def _cache_ready(folder: Path) -> bool:
+    try:
+        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+        return (marker.get("format") == CACHE_FORMAT and
+                (folder / BLOCKS_FILE).stat().st_size == int(marker["blocks_bytes"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def check_file(gguf: GGUFFile, config: Any) -> list[Expected]:
+    """Every check that needs no weights: tensors present with the metadata's shapes and readable types."""
+    return check_tensors(gguf, config)
+
+
+def open_in_place(gguf: GGUFFile, config: Any, on_status: Optional[StatusCallback] = None) -> tuple[GGUFModel, Any]:
+    """(the model, its tokenizer) from a checked file's cache, repacking it first when absent."""
+    from ..files import atomic_directory
+    from ..home import writable_home_folder
+
+    started = time.perf_counter()
+    expected = check_file(gguf, config)
+    tied = "output.weight" not in gguf.tensors
+    planned = gguf_blocks.plan_matrices(gguf, expected, tied)
+    folder = cache_folder(gguf.path)
+    repacked = False
+    if not _cache_ready(folder):
+        writable_home_folder("models")
+        needed = gguf_blocks.cache_bytes(planned)
+        free = shutil.disk_usage(folder.parent).free
+        if free < needed + (64 << 20):
+            raise SpecdecError(f"{gguf.path}: its repacked blocks need {needed / 1e9:.2f} GB under "
+                               f"{folder.parent}, which has {free / 1e9:.2f} GB free")
+        tokenizer = _tokenizer_from_file(gguf)
+        with atomic_directory(folder, replace=True) as tmp:
+            _report = _progress(on_status, gguf.path.name)
+            gguf_blocks.write_blocks(gguf, planned, tmp / BLOCKS_FILE, _report)
+            tokenizer.save_pretrained(tmp)
+            config.save_pretrained(tmp)
+            _generation_config(config).save_pretrained(tmp)
+            blocks_bytes = (tmp / BLOCKS_FILE).stat().st_size
+            marker = {"format": CACHE_FORMAT, "source": str(gguf.path), "blocks_bytes": blocks_bytes,
+                      "seconds": round(time.perf_counter() - started, 3)}
+            (tmp / MARKER).write_text(json.dumps(marker, indent=1))
+        repacked = True
+    mapped = gguf_blocks.map_blocks(folder / BLOCKS_FILE)
+    if mapped is None or any(matrix.module not in mapped for matrix in planned):
+        raise SpecdecError(f"{folder / BLOCKS_FILE}: the repacked blocks are damaged; remove {folder} and load again")
+    tokenizer = _cached_tokenizer(folder)
+    source = InPlace(gguf.path, folder, gguf.type_names(), gguf.size,
+                     (folder / BLOCKS_FILE).stat().st_size, repacked, 0.0)
+    model = _build(gguf, config, _generation_config(config), expected, mapped, source)
+    return model, tokenizer
+
+
+def _progress(on_status: Optional[StatusCallback], name: str) -> Optional[Callable[[int, int], None]]:
+    if on_status is None:
+        return None
+    last = [-1]
+
+    def report(done: int, total: int) -> None:
+        percent = int(100 * done / max(1, total))
+        if percent != last[0] and percent % 5 == 0:
+            last[0] = percent
+            on_status(f"repacking {name} for specdec's kernels (once): {percent}%")
+    return report
+
+
+def _generation_config(config: Any) -> Any:
+    from transformers import GenerationConfig
+
+    return GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                            pad_token_id=getattr(config, "pad_token_id", None))
+
+
+def _tokenizer_from_file(gguf: GGUFFile) -> Any:
+    """The file's tokenizer as transformers builds it from GGUF metadata (chat template included)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from . import gguf_families
+    from .converted import no_tqdm, quiet_transformers
+
+    quiet_transformers()
+    arch = gguf.architecture
+    # (transformers' AutoTokenizer asks its config reader first, which refuses the families it does not read)
+    reader = PreTrainedTokenizerFast if arch in gguf_families.ARCHITECTURES and \
+        not gguf_families.transformers_reads(arch) else AutoTokenizer
+    try:
+        with no_tqdm():
+            return reader.from_pretrained(str(gguf.path.parent), gguf_file=gguf.path.name)
+    except Exception as exc:  # the tokenizer converters' errors are varied: the file is what a user can act on
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecdecError(f"{gguf.path}: its tokenizer metadata cannot be read ({first})") from exc
+
+
+def _cached_tokenizer(folder: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def cached_tokenizer(path: Path) -> Optional[Any]:
+    """The tokenizer kept beside a file's repacked blocks, or None when the file has not been loaded in place."""
+    folder = cache_folder(path)
+    return _cached_tokenizer(folder) if _cache_ready(folder) else None
+
+
+def _vector(gguf: GGUFFile, name: str) -> torch.Tensor:
+    """A norm's or bias's values as float32 [n] (a copy: kilobytes)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    info = gguf.tensors[name]
+    values = dequantize(gguf.raw(name), GGMLQuantizationType[info.type_name]).astype(np.float32)
+    return torch.from_numpy(np.array(values.reshape(-1), dtype=np.float32))
+
+
+def _rotary(config: Any) -> torch.nn.Module:
+    """The family's rotary table as transformers computes it (a module of buffers: inv_freq, scaling)."""
+    module = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
+    classes = [value for name, value in vars(module).items() if name.endswith("RotaryEmbedding")
+               and isinstance(value, type) and value.__module__ == module.__name__]
+    if len(classes) != 1:  # pragma: no cover - another transformers layout
+        raise SpecdecError(f"transformers' {module.__name__} has no single rotary embedding class")
+    return classes[0](config=config)
+
+
+def _build(gguf: GGUFFile, config: Any, generation_config: Any, expected: list[Expected],
+           mapped: dict[str, gguf_blocks.MappedMatrix], source: InPlace) -> GGUFModel:
+    """The module tree under transformers' names (see the module docstring)."""
+    from transformers.activations import ACT2FN
+
+    model = GGUFModel(config, generation_config, source)
+    plus_one = gguf.architecture in NORM_PLUS_ONE
+    eps = float(getattr(config, "rms_norm_eps", 1e-6))
+    layers = torch.nn.ModuleList()
+    for _ in range(int(config.num_hidden_layers)):
+        layer: Any = _Holder()
+        layer.self_attn, layer.mlp = _Holder(), _Holder()
+        layers.append(layer)
+    model.model.layers = layers
+    hidden = int(config.hidden_size)
+    scale = float(hidden) ** 0.5 if config.model_type in ("gemma", "gemma2", "gemma3_text") else None
+    model.model.embed_tokens = MappedEmbedding(gguf, "token_embd.weight", scale)
+    biases: dict[str, torch.Tensor] = {}
+    for item in expected:
+        if item.gguf_name.endswith(".bias"):
+            biases[item.module] = _vector(gguf, item.gguf_name)
+    for item in expected:
+        if item.module in ("model.embed_tokens", "rope_freqs") or item.gguf_name.endswith(".bias"):
+            continue
+        parent_name, _, attribute = item.module.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        if item.matrix:
+            matrix = mapped[item.module]
+            weights = BlockWeights(matrix.kind, matrix.records, matrix.out_features, matrix.in_features, matrix.origin)
+            setattr(parent, attribute, BlockLinear(weights, biases.get(item.module)))
+        else:
+            values = _vector(gguf, item.gguf_name)
+            if plus_one:  # stored as 1 + weight; transformers' loader subtracts the one in float32, as here
+                values = values - 1
+            setattr(parent, attribute, _Norm(values, eps))
+    if "lm_head" not in dict(model.named_children()):
+        matrix = mapped["lm_head"]
+        model.lm_head = BlockLinear(BlockWeights(matrix.kind, matrix.records, matrix.out_features,
+                                                 matrix.in_features, matrix.origin))
+    rotary = _rotary(config)
+    if "rope_freqs.weight" in gguf.tensors:  # llama 3: frequencies divided by the file's factors, as llama.cpp
+        rotary.inv_freq = torch.as_tensor(rotary.inv_freq) / _vector(gguf, "rope_freqs.weight")
+    model.model.rotary_emb = rotary
+    activation = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+    head_dim = int(getattr(config, "head_dim", None) or hidden // int(config.num_attention_heads))
+    pre_scalar = getattr(config, "query_pre_attn_scalar", None)
+    block: Any
+    for block in model.model.layers:
+        attention: Any = block.self_attn
+        block.mlp.act_fn = ACT2FN[activation]
+        attention.scaling = float(pre_scalar if pre_scalar is not None and config.model_type in
+                                        ("gemma2", "gemma3_text") else head_dim) ** -0.5
+    return model.eval()

@@ -1,0 +1,257 @@
+"""GGUF files loaded in place (target/gguf_model.py): no transformers model and no dense copy, the same logits bit for
+bit as the file's blocks installed into transformers' model of it (the path before), greedy speculation equal to
+plain decoding, the repacked cache made once and mapped after; and every hostile file refused in one line, exit 1,
+with nothing cached."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+from conftest import assert_one_line_error, fixed_engine, invoke
+from helpers import EOS, GGUF_FAMILIES, OWN_LOADER, PROMPTS, family_drafter, family_model, write_family_gguf
+
+from specdec_cli import kernels
+from specdec_cli.decoding.engine import GenerationConfig
+from specdec_cli.drafters.none import NoDrafter
+from specdec_cli.target import gguf_blocks, native, quant
+from specdec_cli.target.kv_cache import KVCache
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
+
+FAMILIES = {**{family: (arch, "", settings) for family, (arch, settings) in GGUF_FAMILIES.items()}, **OWN_LOADER}
+
+
+def _source(family: str):
+    architecture, tokenizer, settings = FAMILIES[family]
+    source = family_model(family, seed=5, **settings)
+    if family.startswith("gemma"):  # tied and scaled by sqrt(hidden): tiny embeddings would drown the layers
+        with torch.no_grad():
+            source.model.embed_tokens.weight.mul_(source.config.hidden_size ** -0.5)
+    return source, architecture, tokenizer or "gpt2"
+
+
+def _in_place(path, home, monkeypatch):
+    from specdec_cli.target import models
+
+    monkeypatch.setenv("SPECDEC_HOME", str(home))
+    return models.load_target(str(path), device="cpu")
+
+
+def _before(path, family):
+    """The file's blocks installed into transformers' model of it, as specdec loaded a GGUF before."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    from specdec_cli.target import gguf_families
+
+    logging.disable_progress_bar()
+    if gguf_families.handles(path):
+        model = gguf_families.load(path)[0]
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                     dtype=torch.float32).eval()
+    quant.install_blocks(model, quant.plan_blocks(model, "gguf", path))
+    return model
+
+
+def _logits(forward, ids):
+    cache = KVCache()
+    out = [forward(input_ids=torch.tensor([ids[:-3]]), position_ids=torch.arange(len(ids) - 3)[None],
+                   past_key_values=cache).logits[0]]
+    out.append(forward(input_ids=torch.tensor([ids[-3:]]), position_ids=torch.arange(len(ids) - 3, len(ids))[None],
+                       past_key_values=cache).logits[0])
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_in_place_computes_what_the_converted_blocks_computed_bit_for_bit(family, tmp_path, monkeypatch):
+    """Every family the native decoder computes: the model is specdec's own (no transformers model, no dense layer,
+    the embeddings left in the file), its logits equal bit for bit those of the same blocks installed into
+    transformers' model of the file, and greedy speculation (chains, trees, prompt lookup) equals plain decoding."""
+    from transformers import PreTrainedModel
+
+    source, architecture, tokenizer = _source(family)
+    path = tmp_path / f"tiny-{family}.gguf"
+    write_family_gguf(path, source, architecture, tokenizer)
+    loaded = _in_place(path, tmp_path / "home", monkeypatch)
+    model = loaded.model
+    assert not isinstance(model, PreTrainedModel) and loaded.weights == "gguf"
+    assert not any(isinstance(module, torch.nn.Linear) for module in model.modules())
+    assert model.config.model_type == family and loaded.tokenizer.eos_token_id == EOS
+    before = _before(path, family)
+    with torch.inference_mode():
+        for prompt in PROMPTS:
+            assert torch.equal(_logits(model, prompt), _logits(native.decoder_for(before), prompt)), family
+    engine = fixed_engine(model)
+    assert engine.native is not None
+    config = GenerationConfig(max_new_tokens=24, budget=7, eos_token_ids=(EOS,))
+    case = type("Family", (), {"name": family, "model": model, "vocab": model.config.vocab_size, "references": []})
+    for index, prompt in enumerate(PROMPTS):
+        plain = engine.generate(prompt, NoDrafter(), config).tokens
+        case.references.append(plain)
+        for kind in ("chain", "tree", "pld"):
+            speculative = fixed_engine(model)
+            assert speculative.generate(prompt, family_drafter(kind, case, index), config).tokens == plain, kind
+            assert kind != "tree" or speculative.tree_outcome.state == "passed", speculative.tree_check
+    assert engine.exact_outcome.state == "on", engine.exact_check
+    assert model.model.embed_tokens._dense is None  # rows were dequantised as asked, never the whole table
+
+
+def test_the_cache_is_made_once_then_mapped_and_remade_when_damaged(tmp_path, monkeypatch):
+    from safetensors import safe_open
+
+    source, architecture, tokenizer = _source("llama")
+    path = tmp_path / "tiny.gguf"
+    write_family_gguf(path, source, architecture, tokenizer)
+    first = _in_place(path, tmp_path / "home", monkeypatch)
+    cache = first.model.source.cache
+    assert first.model.source.repacked and "repacked now" in first.load_line
+    blocks = cache / gguf_model_blocks()
+    with safe_open(str(blocks), framework="pt") as handle:  # any safetensors reader reads it
+        assert "model.layers.0.self_attn.q_proj.records" in handle.keys()
+    from specdec_cli.target import models
+
+    models._checked.clear()
+    again = models.load_target(str(path), device="cpu")
+    assert not again.model.source.repacked and "mapped" in again.load_line
+    q_proj = again.model.model.layers[0].self_attn.q_proj
+    assert q_proj.records.untyped_storage().nbytes() == blocks.stat().st_size  # a view of the mapped file
+    with torch.inference_mode():
+        want = _logits(first.model, PROMPTS[0])
+        assert torch.equal(want, _logits(again.model, PROMPTS[0]))
+    with open(blocks, "r+b") as handle:  # cut short: made again, with the same result
+        handle.truncate(blocks.stat().st_size - 100)
+    models._checked.clear()
+    remade = models.load_target(str(path), device="cpu")
+    assert remade.model.source.repacked
+    with torch.inference_mode():
+        assert torch.equal(want, _logits(remade.model, PROMPTS[0]))
+
+
+def gguf_model_blocks() -> str:
+    from specdec_cli.target.gguf_model import BLOCKS_FILE
+
+    return BLOCKS_FILE
+
+
+def test_q_k_and_v_are_fused_as_views_of_the_mapped_cache(tmp_path, monkeypatch):
+    """Matrices that read the same input lie side by side in the cache: the decoder multiplies them as one, with no
+    copy of their records."""
+    source, architecture, tokenizer = _source("qwen2")
+    path = tmp_path / "tiny.gguf"
+    write_family_gguf(path, source, architecture, tokenizer)
+    model = _in_place(path, tmp_path / "home", monkeypatch).model
+    decoder = native.decoder_for(model)
+    layer = model.model.layers[0]
+    for group, projections in ((decoder.layers[0].gate_up, (layer.mlp.gate_proj, layer.mlp.up_proj)),):
+        fused = group[0]
+        assert fused.records.untyped_storage().data_ptr() == projections[0].records.untyped_storage().data_ptr()
+
+
+def test_repacking_decodes_every_type_as_gguf_dequantises_it(tmp_path):
+    """The blocks cache holds each matrix exactly as the gguf package dequantises it, in transformers' row order."""
+    import gguf
+    import numpy as np
+
+    from specdec_cli.target.gguf_file import open_gguf
+
+    source, architecture, tokenizer = _source("llama")
+    path = tmp_path / "tiny.gguf"
+    write_family_gguf(path, source, architecture, tokenizer)
+    opened = open_gguf(path)
+    from specdec_cli.target.gguf_config import hf_config
+    from specdec_cli.target.gguf_layout import check_tensors
+
+    config = hf_config(opened)
+    expected = check_tensors(opened, config)
+    planned = gguf_blocks.plan_matrices(opened, expected, tied="output.weight" not in opened.tensors)
+    gguf_blocks.write_blocks(opened, planned, tmp_path / "blocks.safetensors")
+    mapped = gguf_blocks.map_blocks(tmp_path / "blocks.safetensors")
+    assert mapped is not None
+    for matrix in planned:
+        info = opened.tensors[matrix.gguf_name]
+        reference = gguf.quants.dequantize(opened.raw(matrix.gguf_name).reshape(info.shape[0], -1),
+                                           gguf.GGMLQuantizationType[info.type_name]).astype(np.float32)
+        if matrix.heads:
+            reference = reference[quant.permuted_rows(matrix.out_features, matrix.heads)]
+        held = mapped[matrix.module]
+        weights = quant.BlockWeights(held.kind, held.records, held.out_features, held.in_features, held.origin)
+        assert torch.equal(weights.dense(), torch.from_numpy(np.ascontiguousarray(reference))), matrix.module
+
+
+# -- hostile files ----------------------------------------------------------------------------------------------
+
+
+def _tiny_file(tmp_path, name="tiny.gguf", **changes):
+    source, architecture, tokenizer = _source("llama")
+    path = tmp_path / name
+    write_family_gguf(path, source, architecture, tokenizer, **changes)
+    return path
+
+
+def _refused(tmp_path, target, needle, *extra):
+    home = tmp_path / "home"
+    result = invoke("chat", "--target", str(target), "--prompt", "hello", "-n", "4", *extra,
+                    env_extra={"SPECDEC_HOME": str(home)})
+    assert_one_line_error(result, needle, code=1)
+    for raw in ("When changing to a larger dtype", "index 0 is out of bounds", "cannot reshape array"):
+        assert raw not in result.stderr
+    models = home / "models"
+    assert not models.exists() or not any(models.iterdir()), "nothing is cached for a refused file"
+    return result
+
+
+def test_a_missing_tensor_is_named(tmp_path):
+    _refused(tmp_path, _tiny_file(tmp_path, drop=("blk.1.attn_q.weight",)), "missing tensor blk.1.attn_q.weight")
+
+
+def test_an_unexpected_tensor_is_named(tmp_path):
+    _refused(tmp_path, _tiny_file(tmp_path, extra_tensor="blk.0.ssm_conv1d.weight"),
+             "unexpected tensor blk.0.ssm_conv1d.weight")
+
+
+def test_metadata_that_lies_about_a_shape_is_named(tmp_path):
+    _refused(tmp_path, _tiny_file(tmp_path, metadata={"embedding_length": 96}),
+             "tensor token_embd.weight is [64, 64], its metadata implies [64, 96]")
+
+
+def test_metadata_that_lies_about_the_layers_is_a_missing_tensor(tmp_path):
+    _refused(tmp_path, _tiny_file(tmp_path, metadata={"block_count": 5}), "missing tensor blk.2.attn_norm.weight")
+
+
+def test_a_truncated_file_names_the_tensor_cut_off(tmp_path):
+    path = _tiny_file(tmp_path)
+    cut = tmp_path / "cut.gguf"
+    shutil.copy(path, cut)
+    with open(cut, "r+b") as handle:
+        handle.truncate(cut.stat().st_size - 4000)
+    _refused(tmp_path, cut, "truncated: tensor ")
+    with open(cut, "r+b") as handle:
+        handle.truncate(200)
+    _refused(tmp_path, cut, "truncated: the header ends past the end of the file")
+
+
+def test_a_file_labelled_with_another_architecture_is_refused(tmp_path):
+    _refused(tmp_path, _tiny_file(tmp_path, label="mamba"), "unexpected tensor ")
+    _refused(tmp_path, _tiny_file(tmp_path, name="other.gguf", label="nosuchfamily"),
+             "unknown architecture 'nosuchfamily'")
+
+
+def test_a_file_that_is_not_a_gguf_is_refused(tmp_path):
+    path = tmp_path / "fake.gguf"
+    path.write_bytes(b"PK\x03\x04" + bytes(100))
+    _refused(tmp_path, path, "not a GGUF file")
+
+
+def test_a_fifo_is_refused_not_read(tmp_path):
+    fifo = tmp_path / "pipe.gguf"
+    os.mkfifo(fifo)
+    _refused(tmp_path, fifo, "a FIFO, not a regular file")
+    index = tmp_path / "pipe.idx"
+    os.mkfifo(index)
+    result = invoke("chat", "--index", str(index), "--prompt", "hello", "-n", "4",
+                    env_extra={"SPECDEC_HOME": str(tmp_path / "home")})
+    assert_one_line_error(result, "a FIFO, not a regular file")
