@@ -33,7 +33,7 @@ DRAFTERS = {
 class TargetWeights:
     """The target's frozen token embeddings and LM head, read (never trained) by feature-level heads (eagle)."""
 
-    embedding: "torch.Tensor"  # [vocab, hidden]: the input embedding matrix
+    embedding: "Union[torch.Tensor, torch.nn.Embedding]"  # [vocab, hidden] rows, or a table that looks rows up
     lm_head: "Union[torch.Tensor, BlockLinear]"  # [vocab, hidden] dense rows, or the target's block layer (quant.py)
     lm_bias: Optional["torch.Tensor"] = None  # [vocab], when the LM head has one
     embed_scale: Optional[float] = None  # what the embedding layer multiplies looked-up rows by (Gemma 3's)
@@ -42,8 +42,18 @@ class TargetWeights:
         """Token ids [...] -> their embeddings [..., hidden], as the target's embedding layer gives them."""
         import torch
 
-        rows = torch.nn.functional.embedding(ids, self.embedding)
+        if isinstance(self.embedding, torch.Tensor):
+            rows = torch.nn.functional.embedding(ids, self.embedding)
+        else:  # a GGUF's table left in the file (target/gguf_model.MappedEmbedding): only these rows are read
+            rows = self.embedding.rows(ids.reshape(-1)).reshape(*ids.shape, -1)  # type: ignore[operator]
         return rows if self.embed_scale is None else rows * torch.tensor(self.embed_scale, dtype=rows.dtype)
+
+    @property
+    def vocab_size(self) -> int:
+        import torch
+
+        embedding = self.embedding
+        return int(embedding.shape[0] if isinstance(embedding, torch.Tensor) else embedding.num_embeddings)
 
     def dense_lm_head(self) -> "torch.Tensor":
         """The LM head's weight [vocab, hidden] as dense rows (a block head unpacked: a float32 copy)."""
@@ -76,7 +86,8 @@ def target_weights(model: Any) -> Optional[TargetWeights]:
         lm_head = head.weight.detach()
     else:
         return None
-    return TargetWeights(embeddings.weight.detach(), lm_head, bias, None if scale is None else float(scale))
+    table = embeddings if hasattr(embeddings, "rows") else embeddings.weight.detach()  # (rows: read on demand)
+    return TargetWeights(table, lm_head, bias, None if scale is None else float(scale))
 
 
 @dataclass(frozen=True)

@@ -173,7 +173,7 @@ class EagleDrafter:
             fed = known
         if fed < known:  # the pairs (f_t, x_{t+1}) the head has not seen: t = fed .. known - 1
             new = [int(token) for token in context[fed + 1 : known + 1]]
-            check_token_ids(new, int(self.weights.embedding.shape[0]))
+            check_token_ids(new, self.weights.vocab_size)
             positions = torch.arange(fed, known, device=self.device)
             predicted = self.head(self.features[None, fed:known], self._embed(new),
                                   positions, self.cache)[0, -1]  # [H]: the newest token's feature
