@@ -180,3 +180,20 @@ def test_the_library_refuses_the_same(tmp_path):
     with pytest.raises(SpecdecError, match="--force"):
         build_index([tmp_path / "self.txt"], tmp_path / "other.txt", tokenizer=None)
     assert (tmp_path / "self.txt").read_text() == (tmp_path / "other.txt").read_text() == "text"
+
+
+def test_the_same_file_by_two_paths_is_indexed_once(tmp_path, tokenizer_dir):
+    """`corpus.txt ./dir/../corpus.txt link.txt` (a symlink) and a folder holding it are one file: read once,
+    said in one line (it was indexed four times)."""
+    (tmp_path / "corpus.txt").write_text("def square(x):\n    return x * x\n")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "link.txt").symlink_to(tmp_path / "corpus.txt")
+    result = specdec("build-index", "corpus.txt", "./dir/../corpus.txt", "link.txt", ".", "--glob", "corpus.txt",
+                     "-o", "out.sam", "--target", str(tokenizer_dir), "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["documents"] == 1
+    assert result.stderr.splitlines() == [
+        "specdec: warning: the same file given twice is read once: ./dir/../corpus.txt, link.txt, corpus.txt (in .) "
+        "are corpus.txt"]
+    info = json.loads(specdec("build-index", "--info", "out.sam", "--json", cwd=tmp_path).stdout)
+    assert [source["path"] for source in info["sources"]] == ["corpus.txt"]
