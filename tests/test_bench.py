@@ -192,6 +192,17 @@ def test_resolve_methods():
             parse_lengths(bad)
 
 
+def test_resolve_methods_names_what_it_drops(recwarn):
+    """A method named twice, among the drafters or across drafters and references, has one row and one warning."""
+    names = [m.name for m in resolve_methods(["none", "sam", "hf", "sam"], ["hf"])]
+    assert names == ["none", "sam", "hf"]
+    assert [str(warning.message) for warning in recwarn] == [
+        "dropped the repeated methods 'sam', 'hf': each method is benchmarked once"]
+    recwarn.clear()
+    resolve_methods(["none", "sam"], ["hf"])
+    assert not recwarn.list
+
+
 def test_oracle_drafter_replays_each_turn():
     oracle = OracleDrafter([[5, 6, 7, 8], [9, 10]], draft_max=3)
     settings = None
@@ -455,6 +466,16 @@ def test_cli_json_stdout(tiny_llama_dir, prompt_file):
     document = json.loads(result.stdout)
     assert document["settings"]["conversations"] == 1 and document["settings"]["categories"] == ["copy"]
     assert [row["method"] for row in document["per_prompt"]] == ["none", "pld"]
+
+
+def test_cli_a_repeated_drafter_is_dropped_with_one_warning(tiny_llama_dir, prompt_file):
+    """`--drafters none,pld,pld`: one row of pld and one warning line naming it (it was dropped without a word)."""
+    result = invoke("bench", "--target", str(tiny_llama_dir), "--prompts", str(prompt_file), "--drafters",
+                    "none,pld,pld", "--limit", "1", "--max-new-tokens", "6", "--no-warmup", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["settings"]["methods"] == ["none", "pld"]
+    warned = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert warned == ["specdec: warning: dropped the repeated method 'pld': each method is benchmarked once"]
 
 
 def test_cli_table_in_a_log_keeps_every_column_whole(tiny_llama_dir, prompt_file):

@@ -99,3 +99,29 @@ def test_a_pasted_line_longer_than_the_terminal_buffer_arrives_whole(tiny_model_
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
+
+
+def test_no_color_means_no_styling_at_all(tiny_model_dir):
+    """NO_COLOR (no-color.org) in a terminal: the banner, the live answer, its status line and /stats carry no
+    ANSI styling (Rich's no_color dropped colours but still sent bold and dim)."""
+    import io
+    import re
+
+    env = cli_env({"TERM": "xterm", "COLUMNS": "100", "LINES": "40", "NO_COLOR": "1"})
+    child = pexpect.spawn(sys.executable, ["-m", "specdec_cli", "chat", "--target", tiny_model_dir, "-n", "8"],
+                          env=env, encoding="utf-8", timeout=HANG_GUARD, dimensions=(40, 100))
+    child.logfile_read = seen = io.StringIO()
+    child.expect("Type /help")
+    child.expect(">>> ")
+    child.sendline("hello there")
+    child.expect("tokens/step")
+    child.expect(">>> ")
+    child.sendline("/stats")
+    child.expect("Per-position acceptance")
+    child.expect(">>> ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert "specdec chat" in seen.getvalue()
+    assert re.findall(r"\x1b\[[0-9;]*m", seen.getvalue()) == []  # select graphic rendition: colours, bold, dim

@@ -333,3 +333,27 @@ def test_the_pipeline_checks_where_it_writes_before_loading_the_target(tmp_path)
     assert_one_line_error(invoke("distill", "-o", str(tmp_path / "draft"), "--data", str(tmp_path / "data-folder"),
                                  "--target", str(broken)), "is a directory", code=1)
     assert not (tmp_path / "missing").exists()
+
+
+def test_an_interrupted_evaluation_of_the_pipeline_says_the_draft_is_kept(target_dir, tmp_path, monkeypatch):
+    """Ctrl-C in `distill`'s third stage: the draft trained in the second is saved, and the line says where (it
+    said only "interrupted")."""
+    import signal
+
+    from specdec_cli.distill import evaluate
+
+    def interrupted(*args, **kwargs):
+        signal.raise_signal(signal.SIGINT)  # through the command line's handler, as a user's Ctrl-C
+
+    monkeypatch.setattr(evaluate, "evaluate_draft", interrupted)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS[:2]) + "\n")
+    out = tmp_path / "draft"
+    result = invoke("distill", "--target", str(target_dir), "-o", str(out), "--prompts", str(prompts),
+                    "--eval-prompts", str(prompts), "--max-new-tokens", "8", "--layers", "1", "--steps", "2",
+                    "--device", "cpu")
+    assert result.returncode == 130, result.stderr
+    assert (out / "model.safetensors").is_file()
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == (f"specdec: error: interrupted while evaluating the draft; the trained draft is saved in {out} "
+                    f"(`specdec distill evaluate -D {out}` scores it)")

@@ -28,6 +28,15 @@ def test_methods_start_with_plain_vllm_and_take_only_what_runs_there():
         vllm_methods(["none"], ["llama.cpp"])
 
 
+def test_a_repeated_method_is_dropped_with_one_warning(recwarn):
+    assert vllm_methods(["none", "sam", "sam", "none"], ["ngram", "ngram"]) == ["none", "sam", "ngram"]
+    assert [str(warning.message) for warning in recwarn] == [
+        "dropped the repeated methods 'sam', 'none', 'ngram': each method is benchmarked once"]
+    recwarn.clear()
+    vllm_methods(["none", "sam"], [])  # `none` named once, before the one always run: no warning
+    assert not recwarn.list
+
+
 def test_speculative_settings_name_vllm_methods_and_specdec_proposers():
     assert VllmSettings("m").speculative() == (None, {})
     ngram, env = VllmSettings("m", method="ngram", draft_max=5).speculative()

@@ -12,6 +12,7 @@ Names only: nothing here loads a model or runs anything.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -85,34 +86,43 @@ def parse_lengths(text: Optional[str | Sequence[int]]) -> list[int]:
     return lengths
 
 
+def warn_repeated(repeated: Sequence[str]) -> None:
+    """One warning naming the methods given more than once, whose repeats were dropped; none where none was."""
+    if repeated:
+        named = ", ".join(repr(name) for name in dict.fromkeys(repeated))
+        warnings.warn(f"dropped the repeated method{'s' if len(set(repeated)) > 1 else ''} {named}: each method is "
+                      "benchmarked once", stacklevel=3)
+
+
 def resolve_methods(
     drafters: Sequence[str], references: Sequence[str] = (), oracle_lengths: Sequence[int] = ()
 ) -> list[Method]:
     """The method list in running order: `none` first (always), drafters, oracle rows, reference rows.
 
-    `hf` and `hf-pld` may be named among the drafters or the references alike."""
+    `hf` and `hf-pld` may be named among the drafters or the references alike. A name given more than once has
+    one row, with one warning naming it."""
     engine: list[str] = []
     refs: list[str] = []
+    repeated: list[str] = []  # names given again, dropped
     urls: dict[str, str] = {}  # row name -> base URL of a llama.cpp server already running
     for name in [*drafters, *references]:
         if is_url(name):
             url, name = parse_url(name)
             urls[name] = url
         if name in REFERENCES or name in urls:
-            if name not in refs:
-                refs.append(name)
+            (refs if name not in refs else repeated).append(name)
         elif is_server_name(name):
             choices = ", ".join(f"{LLAMA_SERVER}:{kind}" for kind in SPEC_TYPES)
             raise SpecdecError(f"unknown llama-server mode {name!r}; choose from: {LLAMA_SERVER}, {choices}, "
                                "or a server's address http://HOST:PORT")
         elif is_drafter(name):
-            if name not in engine:
-                engine.append(name)
+            (engine if name not in engine else repeated).append(name)
         elif name == ORACLE or name.startswith(ORACLE + "-"):
             raise SpecdecError("oracle rows come from --oracle (and --oracle-lengths), not from --drafters")
         else:
             choices = ", ".join([*DRAFTERS, "sam+AUX", *REFERENCES, "http://HOST:PORT"])
             raise SpecdecError(f"unknown method {name!r}; choose from: {choices}")
+    warn_repeated(repeated)
     names = [BASELINE] + [name for name in engine if name != BASELINE]
     methods = [Method(name, "engine") for name in names]
     methods += [Method(f"{ORACLE}-{length}", ORACLE, length) for length in oracle_lengths]

@@ -38,7 +38,7 @@ from ..vllm.runner import (
     run_vllm,
 )
 from .environment import host_environment
-from .methods import BASELINE, OVERALL, WARMUP_MAX_NEW_TOKENS
+from .methods import BASELINE, OVERALL, WARMUP_MAX_NEW_TOKENS, warn_repeated
 
 SINGLE, CONCURRENT = "single", "concurrent"
 RESULT_COLUMNS = ("regime", "category", "method", "prompts", "new_tokens", "seconds", "tokens_per_second", "speedup",
@@ -75,20 +75,17 @@ class VllmBenchSettings:
 
 def vllm_methods(drafters: Sequence[str], references: Sequence[str]) -> list[str]:
     """`none` first, then the drafters (specdec's proposers), then vLLM's own drafters (--reference)."""
-    methods = [BASELINE]
     for name in drafters:
         if name != BASELINE and name not in VLLM_DRAFTERS:
             raise SpecdecError(f"drafter {name} does not run in vLLM: there specdec drafts with "
                                f"{', '.join(VLLM_DRAFTERS)} (vLLM verifies chains)", setting="drafters")
-        if name not in methods:
-            methods.append(name)
     for name in references or DEFAULT_VLLM_REFERENCES:
         if name not in VLLM_METHODS:
             raise SpecdecError(f"reference {name}: with --engine vllm the references are vLLM's "
                                f"{', '.join(VLLM_METHODS)}", setting="reference")
-        if name not in methods:
-            methods.append(name)
-    return methods
+    named = [*drafters, *(references or DEFAULT_VLLM_REFERENCES)]
+    warn_repeated([name for index, name in enumerate(named) if name in named[:index]])
+    return list(dict.fromkeys([BASELINE, *named]))
 
 
 @dataclass

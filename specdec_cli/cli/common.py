@@ -15,20 +15,26 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..errors import SpecdecError
 
 
+def no_color() -> bool:
+    """NO_COLOR set and not empty (no-color.org): no ANSI styling at all, neither colours nor bold, dim or strike."""
+    return os.environ.get("NO_COLOR", "") != ""
+
+
 @lru_cache(maxsize=None)
 def console() -> "Console":
     """Console for results on stdout (honours NO_COLOR and non-terminal stdout)."""
     from rich.console import Console
 
-    return Console(highlight=False, no_color="NO_COLOR" in os.environ)
+    # Rich's no_color drops colours only; without a colour system it writes no styling at all
+    return Console(highlight=False, no_color=no_color(), color_system=None if no_color() else "auto")
 
 
 @lru_cache(maxsize=None)
 def err_console() -> "Console":
-    """Console for progress, status and messages on stderr, so stdout stays clean for --json."""
+    """Console for progress, status and messages on stderr, so stdout stays clean for --json (honours NO_COLOR)."""
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False, no_color="NO_COLOR" in os.environ)
+    return Console(stderr=True, highlight=False, no_color=no_color(), color_system=None if no_color() else "auto")
 
 
 _activity: list[tuple[str, Union[str, Callable[[], str]]]] = []  # what the command is doing now, what Ctrl-C keeps

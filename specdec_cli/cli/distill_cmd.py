@@ -21,6 +21,7 @@ from ..distill.student import DEFAULT_DRAFT_VOCAB  # light: torch is imported in
 from ..distill.train import TrainConfig
 from ..errors import SpecdecError
 from . import app, options
+from .common import doing
 from .distill_stages import (
     EVAL_PROMPTS,
     STUDENT_DRAFT_MAX,
@@ -183,8 +184,10 @@ def distill(
 
     tell(f"[bold]3/3[/bold] Evaluating before and after training on {len(chosen)} prompts ({source})")
     held_out = tokenized(loaded.tokenizer, chosen)
-    evaluation = stages.evaluate(loaded, spec, str(out_dir), held_out, source, baseline=True,
-                                 max_new_tokens=eval_max_new_tokens, draft_max=None, draft_min_prob=0.0)
+    with doing("evaluating the draft", f"the trained draft is saved in {out_dir} (`specdec distill evaluate -D "
+                                       f"{out_dir}` scores it)"):
+        evaluation = stages.evaluate(loaded, spec, str(out_dir), held_out, source, baseline=True,
+                                     max_new_tokens=eval_max_new_tokens, draft_max=None, draft_min_prob=0.0)
     show_evaluation(evaluation, str(out_dir))
     show_usage(str(out_dir), spec, stages)
 

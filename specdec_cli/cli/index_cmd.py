@@ -128,7 +128,7 @@ def build_index_command(
     from ..target.models import load_tokenizer
     from ..texts.corpus import build_index, check_index_output, resolve_inputs
 
-    files = resolve_inputs(corpus, glob)  # a missing or binary input fails before the tokenizer loads
+    files = resolve_inputs(corpus, glob, quiet=True)  # a missing or binary input fails before the tokenizer loads
     check_output_file(output, "output", own_rule=True)  # so does an -o into a missing folder
     check_index_output(output, files, force)  # and one of the inputs, or a file not an index without --force
     status = err_console()

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from pathlib import Path
@@ -86,13 +87,28 @@ def _sniff(path: Path) -> None:
 
 
 def resolve_inputs(
-    inputs: Sequence[Union[str, os.PathLike]], glob: str = "*.txt", stats: Optional[CorpusStats] = None
+    inputs: Sequence[Union[str, os.PathLike]], glob: str = "*.txt", stats: Optional[CorpusStats] = None,
+    quiet: bool = False,
 ) -> list[InputFile]:
-    """Expand directories, check that every input exists and the files do not look binary."""
+    """Expand directories, check that every input exists and the files do not look binary. A file given again
+    by another path (`./dir/../a.txt`, a symlink, a folder that holds it; the same real path) is read once, with
+    one warning naming it, unless `quiet` (a check before the call that reads them)."""
     if not inputs:
         raise SpecdecError("no corpus given: name files, directories or - (stdin)")
     resolved: list[InputFile] = []
     seen_stdin = False
+    first_names: dict[str, str] = {}  # real path -> the name it was first given as
+    repeats: dict[str, list[str]] = {}  # name given first -> the names it was given again as
+
+    def add(path: Path, shown: str) -> None:
+        real = os.path.realpath(path)
+        if real in first_names:
+            repeats.setdefault(first_names[real], []).append(shown)
+            return
+        first_names[real] = shown
+        _sniff(path)
+        resolved.append(InputFile(str(path), _kind_of(path)))
+
     for raw in inputs:
         name = str(raw)
         if name == STDIN:
@@ -107,15 +123,18 @@ def resolve_inputs(
             if not matches and stats is not None:
                 stats.empty_directories.append(name)
             for found in matches:
-                _sniff(found)
-                resolved.append(InputFile(str(found), _kind_of(found)))
+                add(found, f"{found} (in {name})")
         elif path.is_file():
-            _sniff(path)
-            resolved.append(InputFile(str(path), _kind_of(path)))
+            add(path, name)
         elif path.exists():
             raise SpecdecError(f"{name}: not a regular file or directory")
         else:
             raise SpecdecError(f"{name}: no such file or directory")
+    if repeats and not quiet:
+        named = "; ".join(f"{', '.join(again)} {'is' if len(again) == 1 else 'are'} {first}"
+                          for first, again in list(repeats.items())[:3])
+        more = f"; and {len(repeats) - 3} more files" if len(repeats) > 3 else ""
+        warnings.warn(f"the same file given twice is read once: {named}{more}", stacklevel=2)
     return resolved
 
 
