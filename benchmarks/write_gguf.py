@@ -4,21 +4,29 @@ Shapes (the tokenizer, and so the vocabulary, is SmolLM2's, taken from the defau
 
 - `llama-1b`: Llama-3.2-1B's shape (hidden 2048, 16 layers, FFN 8192, 32 query / 8 key-value heads of 64, tied
   embeddings), arch `llama`;
+- `llama-8b`: Llama-3-8B's shape (hidden 4096, 32 layers, FFN 14336, 32 query / 8 key-value heads of 128, rope
+  theta 500000, context 8192, an untied output matrix `output.weight`), arch `llama`: 7.38 B weights with this
+  vocabulary (8.03 B with Llama-3's own), 4.16 GiB;
 - `gemma3-270m`: Gemma-3-270M-like (hidden 640, 18 layers, FFN 2048, 4 query / 1 key-value heads of 256,
   sliding window 512, tied embeddings), arch `gemma3` with its metadata keys and norms.
 
 The recipe (docs/algorithms.md section 10): Q4_K for most matrices; Q6_K for `attn_v` and `ffn_down` in the
 "more bits" layers (the first and last eighth of the layers and every third in between, as llama.cpp's
-`use_more_bits`) and for the output matrix (tied here: `token_embd` plays it, as llama.cpp quantises it then);
+`use_more_bits`) and for the output matrix (`output.weight` where the shape has one, its embedding `token_embd`
+then Q4_K; in the tied shapes `token_embd` plays the output matrix and takes Q6_K, as llama.cpp quantises it then);
 where a row's length is not a multiple of 256, the legacy fallbacks Q5_0 (for Q4_K) and Q8_0 (for Q6_K). So
 gemma3-270m's rows of 640 take Q5_0/Q8_0 and only its 1024- and 2048-long rows (attn_output, ffn_down) stay K-quants.
 
 K-quant blocks are random bytes with f16 scales chosen so that a weight's standard deviation is about --std
 (0.02 by default; Q4_K's minimum centres the weights on zero); Q5_0/Q8_0 blocks quantise Gaussian weights with
-`gguf.quants.quantize`. Norm weights are ones. The file is written atomically (a temporary file, then a rename), is
-marked as written here (`specdec.synthetic`), and a file not so marked is not overwritten without --force. After
-writing, `gguf.GGUFReader` reads it back and the tensor types are checked against the recipe; --check-transformers
-also loads it with transformers (`AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`) and runs a forward.
+`gguf.quants.quantize`. Norm weights are ones. The file is streamed: every tensor's name, shape and type go
+to the header first, then each tensor is made and written one at a time and dropped, so memory holds one tensor,
+never the file (llama-8b: 4.16 GiB written in about 35 s here, a peak RSS of 266 MB while writing and 396 MB with
+the read-back check). The same seed gives the same bytes. The file is written atomically (a temporary file, then
+a rename), is marked as written here (`specdec.synthetic`), and a file not so marked is not overwritten without
+--force. After writing, `gguf.GGUFReader` reads it back and the tensor types are checked against the recipe;
+--check-transformers also loads it with transformers (`AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`)
+and runs a forward.
 
 Run: `python benchmarks/write_gguf.py --shape llama-1b -o llama-1b-Q4_K_M.gguf [--seed 0] [--check-transformers]`.
 Not a test: nothing here is run in CI.
@@ -58,10 +66,12 @@ class Shape:
     rope_theta: float
     rms_eps: float
     sliding_window: Optional[int] = None
+    tied: bool = True  # the embedding is the output matrix; False: a separate `output.weight`
 
 
 SHAPES = {
     "llama-1b": Shape("llama", 2048, 16, 8192, 32, 8, 64, 131072, 500000.0, 1e-5),
+    "llama-8b": Shape("llama", 4096, 32, 14336, 32, 8, 128, 8192, 500000.0, 1e-5, tied=False),
     "gemma3-270m": Shape("gemma3", 640, 18, 2048, 4, 1, 256, 32768, 1000000.0, 1e-6, sliding_window=512),
 }
 
@@ -71,13 +81,14 @@ def more_bits(layer: int, layers: int) -> bool:
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
 
 
-def recipe_type(name: str, row: int, layer: Optional[int], layers: int) -> Any:
-    """The Q4_K_M type of one tensor (row = its row length, the number of columns)."""
+def recipe_type(name: str, row: int, layer: Optional[int], layers: int, tied: bool = True) -> Any:
+    """The Q4_K_M type of one tensor (row = its row length, the number of columns; tied = no `output.weight`,
+    the embedding plays the output matrix, as llama.cpp then quantises it)."""
     from gguf import GGMLQuantizationType as Q
 
     if name.endswith("norm.weight"):
         return Q.F32
-    if name == "token_embd.weight" or name == "output.weight":  # tied: the embedding is the output matrix
+    if name == "output.weight" or (name == "token_embd.weight" and tied):
         wanted = Q.Q6_K
     elif layer is not None and (".attn_v." in name or ".ffn_down." in name) and more_bits(layer, layers):
         wanted = Q.Q6_K
@@ -113,6 +124,8 @@ def tensor_plan(shape: Shape, vocab: int) -> list[tuple[str, tuple[int, int], Op
                 (f"{block}.post_ffw_norm.weight", (1, shape.hidden), layer),
             ]
     plan.append(("output_norm.weight", (1, shape.hidden), None))
+    if not shape.tied:
+        plan.append(("output.weight", (vocab, shape.hidden), None))
     return plan
 
 
@@ -230,7 +243,8 @@ def refuse_overwrite(path: Path, force: bool) -> None:
 
 
 def write(path: Path, shape_name: str, seed: int, std: float, tokenizer_gguf: str) -> dict:
-    from gguf import GGUFWriter
+    from gguf import GGML_QUANT_SIZES, GGUFWriter
+    from gguf import GGMLQuantizationType as Q
 
     shape = SHAPES[shape_name]
     fields, vocab = tokenizer_fields(tokenizer_gguf)
@@ -243,15 +257,27 @@ def write(path: Path, shape_name: str, seed: int, std: float, tokenizer_gguf: st
         add_metadata(writer, shape, shape_name, vocab, seed, std)
         for key, value, main, sub in fields:
             writer.add_key_value(key, value, main, sub)
-        for name, (rows, row), layer in tensor_plan(shape, vocab):
-            qtype = recipe_type(name, row, layer, shape.layers)
-            data = random_tensor(rng, qtype, rows, row, std)
-            writer.add_tensor(name, data, raw_dtype=None if data.dtype == np.float32 else qtype)
+        # Streamed: every tensor's info first (name, shape, type, size), then the data one tensor at a time, each
+        # made just before it is written and dropped after, so the writer holds one tensor, never the whole file.
+        plan = [(name, rows, row, recipe_type(name, row, layer, shape.layers, shape.tied))
+                for name, (rows, row), layer in tensor_plan(shape, vocab)]
+        for name, rows, row, qtype in plan:
+            if qtype == Q.F32:
+                writer.add_tensor_info(name, (row,), np.dtype(np.float32), row * 4)
+            else:
+                block, size = GGML_QUANT_SIZES[qtype]
+                writer.add_tensor_info(name, (rows, row // block * size), np.dtype(np.uint8),
+                                       rows * row // block * size, raw_dtype=qtype)
             counts[qtype.name] = counts.get(qtype.name, 0) + rows * row
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
+        writer.write_ti_data_to_file()
+        for _, rows, row, qtype in plan:  # in the order of the infos, as the writer expects
+            writer.write_tensor_data(random_tensor(rng, qtype, rows, row, std))
         writer.close()
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(temporary, 0o666 & ~mask)  # mkstemp's 0600 would keep the file from other users
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):
@@ -271,7 +297,7 @@ def check_read_back(path: Path, shape_name: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     for name, (rows, row), layer in tensor_plan(shape, vocab):
         tensor = tensors.pop(name)
-        expected = recipe_type(name, row, layer, shape.layers)
+        expected = recipe_type(name, row, layer, shape.layers, shape.tied)
         if tensor.tensor_type != expected:
             raise SystemExit(f"{name}: read back as {tensor.tensor_type.name}, the recipe says {expected.name}")
         logical = [int(value) for value in tensor.shape]  # GGUF lists the row length first
