@@ -16,7 +16,7 @@ from helpers import EOS, GGUF_FAMILIES, OWN_LOADER, PROMPTS, family_drafter, fam
 from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.drafters.none import NoDrafter
-from specdec_cli.target import gguf_blocks, native, quant
+from specdec_cli.target import gguf_blocks, gguf_check, native, quant
 from specdec_cli.target.kv_cache import KVCache
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
@@ -114,7 +114,7 @@ def test_the_cache_is_made_once_then_mapped_and_remade_when_damaged(tmp_path, mo
         assert "model.layers.0.self_attn.q_proj.records" in handle.keys()
     from specdec_cli.target import models
 
-    models._checked.clear()
+    gguf_check._checked.clear()
     again = models.load_target(str(path), device="cpu")
     assert not again.model.source.repacked and "mapped" in again.load_line
     q_proj = again.model.model.layers[0].self_attn.q_proj
@@ -124,7 +124,7 @@ def test_the_cache_is_made_once_then_mapped_and_remade_when_damaged(tmp_path, mo
         assert torch.equal(want, _logits(again.model, PROMPTS[0]))
     with open(blocks, "r+b") as handle:  # cut short: made again, with the same result
         handle.truncate(blocks.stat().st_size - 100)
-    models._checked.clear()
+    gguf_check._checked.clear()
     remade = models.load_target(str(path), device="cpu")
     assert remade.model.source.repacked
     with torch.inference_mode():

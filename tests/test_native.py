@@ -329,10 +329,14 @@ def test_a_gguf_transformers_cannot_read_loads_through_specdec_and_runs_native(f
 
 
 def test_auto_weights_that_choose_dense_give_torch_its_threads_back(tmp_path, monkeypatch):
-    """`--weights auto` times the blocks (which hands torch's threads to the kernels); when dense wins, the dense
-    model must run on those threads again, not on the one torch keeps while the kernels compute."""
+    """`--weights auto` on a GGUF of a family the native decoder does not compute (transformers' forward on the
+    file's blocks; a llama file stands in for one here) times the blocks, which hands torch's threads to the
+    kernels; when dense wins, the dense model must run on those threads again, not on the one torch keeps while
+    the kernels compute."""
     from specdec_cli import kernels
-    from specdec_cli.target import models
+    from specdec_cli.target import gguf_layout, models
+
+    monkeypatch.setattr(gguf_layout, "native_reason", lambda gguf, config: "a family computed by transformers")
 
     source = family_model("llama", seed=5)
     path = tmp_path / "tiny.gguf"

@@ -183,7 +183,7 @@ def test_chat_on_the_ggufs_blocks_says_so_and_speculates_identically(shared_real
     result = invoke("chat", "--prompt", PROMPTS[1], "--weights", "gguf", "--compare", "--json", "-n", "48")
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
-    assert payload["identical"] and payload["weights"] == "gguf: 210 Q4_1 + 1 Q8_0 block layers, 0 dense"
+    assert payload["identical"] and payload["weights"] == "gguf in place (210 Q4_1 + 1 Q8_0 block layers, 0 dense)"
     assert payload["exact_verification"].startswith("on: specdec's native decoder")
 
 

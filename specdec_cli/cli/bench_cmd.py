@@ -140,6 +140,7 @@ def bench(
     document = report.as_json()
     document["environment"]["dtype_choice"] = loaded.dtype_reason
     document["environment"]["weights"] = loaded.weights_reason
+    document["environment"]["load"] = loaded.load_line
     if loaded.weights == "dense":  # the kernel threads matter only where the kernels compute the target
         document["environment"]["kernel_threads"] = None
 

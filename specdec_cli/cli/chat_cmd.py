@@ -115,7 +115,7 @@ def chat(
     if as_json:
         with doing("answering", "no JSON was printed"):
             turn = session.ask(text)
-        print(json.dumps(turn_json(turn), ensure_ascii=False))
+        print(json.dumps({**turn_json(turn), "load": loaded.load_line}, ensure_ascii=False))
         return
     with doing("answering", "the answer so far is printed above"):
         turn = _answer(session, text, plain, show_rejected)
@@ -142,7 +142,8 @@ def _compare(session, text: str, as_json: bool, plain: bool, show_rejected: bool
     if as_json:
         comparison = session.compare(text)
         payload = compare_json(comparison, session.drafter_name)
-        payload.update(dtype=dtype, weights=loaded.weights_reason, exact_verification=session.engine.exact_check)
+        payload.update(dtype=dtype, weights=loaded.weights_reason, exact_verification=session.engine.exact_check,
+                       load=loaded.load_line)
         print(json.dumps(payload, ensure_ascii=False))
         return
     err_console().print(f"[dim]{loaded.dtype_reason or dtype} · weights {loaded.weights_reason} · exact verification: "

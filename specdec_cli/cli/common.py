@@ -135,6 +135,8 @@ def print_error(message: str) -> None:
 
 
 def say_loaded(loaded) -> None:
-    """The load line on stderr (what loading did: file, family, types, where the weights live, memory, time)."""
-    if getattr(loaded, "load_line", ""):
+    """The load line on stderr in a terminal (what loading did: file, family, types, where the weights live,
+    memory, time); where stderr is a file or a pipe it stays quiet, as the spinner does (`--json` outputs carry
+    the line as `load`)."""
+    if getattr(loaded, "load_line", "") and err_console().is_terminal:
         err_console().print(f"[dim]{loaded.load_line}[/dim]", highlight=False, soft_wrap=True)

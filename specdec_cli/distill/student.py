@@ -107,6 +107,8 @@ def kept_weights(target: Any, layers: int) -> dict:
     """The target's weights a student of its first `layers` blocks keeps, float32 under their state-dict names.
     Block layers (`--weights gguf`, `int8`, `int4`: quant.BlockLinear, whose blocks are not in the state dict)
     are dequantised: the student starts from the target as it runs, whatever its weights."""
+    import torch
+
     from ..target.quant import BlockLinear
 
     def kept(name: str) -> bool:
@@ -119,6 +121,9 @@ def kept_weights(target: Any, layers: int) -> dict:
 
     state = {name: tensor.detach().float() for name, tensor in target.state_dict().items() if kept(name)}
     for name, module in target.named_modules():
+        if isinstance(module, torch.nn.Embedding) and hasattr(module, "rows") and kept(f"{name}.weight"):
+            # a GGUF's table left in the file (target/gguf_model.MappedEmbedding): dequantised here, alone
+            state[f"{name}.weight"] = module.rows(torch.arange(module.num_embeddings))
         if isinstance(module, BlockLinear) and kept(f"{name}.weight"):
             state[f"{name}.weight"] = module.blocks().dense()  # [out, in] (not `.weight`: it keeps a copy)
             if module.bias is not None:
@@ -131,7 +136,10 @@ def _tied(target: Any, state: dict) -> bool:
     head became a block layer (quant.install_blocks unties it), when that head holds the embeddings (a GGUF's
     tied head is the same tensor)."""
     tied = bool(getattr(target.config, "tie_word_embeddings", False))
-    head, embeddings = state.get("lm_head.weight"), target.get_input_embeddings().weight.detach().float()
+    head = state.get("lm_head.weight")
+    embeddings = state.get("model.embed_tokens.weight")
+    if embeddings is None:
+        embeddings = target.get_input_embeddings().weight.detach().float()
     if tied or head is None or head.shape != embeddings.shape:
         return tied
     tolerance = 1e-5 * (1.0 + float(embeddings.abs().max()))

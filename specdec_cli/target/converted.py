@@ -98,7 +98,7 @@ def converted_dir(gguf_path: Path) -> Path:
 
 def _dtype_of(gguf_path: Path) -> str:
     """The dtype the file is converted to (models.conversion_dtype), after its checks."""
-    from .models import checked_gguf, conversion_dtype
+    from .gguf_check import checked_gguf, conversion_dtype
 
     return conversion_dtype(checked_gguf(gguf_path))
 
@@ -106,7 +106,7 @@ def _dtype_of(gguf_path: Path) -> str:
 def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None) -> Path:
     """Convert a GGUF file once into a safetensors model directory; return that directory. A copy that is
     damaged (a file missing, cut short or changed since the conversion) is converted again, with one warning."""
-    from .models import checked_gguf, conversion_dtype
+    from .gguf_check import checked_gguf, conversion_dtype
 
     checked = checked_gguf(gguf_path)  # a file that fails a check is refused before anything is cached
     out_dir = converted_dir(gguf_path)

@@ -23,8 +23,9 @@ from typing import Any, Callable, Optional
 
 from ..defaults import DEFAULT_TARGET
 from ..errors import SpecdecError
-from ..home import specdec_home
+from ..home import home_folder, specdec_home
 from .converted import converted_damage, converted_dir, ensure_converted, no_tqdm, quiet_transformers
+from .gguf_check import checked_gguf, conversion_dtype
 from .hub import _NO_SAFETENSORS, check_hub
 from .load_settings import BLOCK_MODES, LoadSettings
 
@@ -248,6 +249,7 @@ def check_load(settings: LoadSettings) -> LoadPlan:
     check_weights(settings.weights, source, device, settings.dtype)
     if source.kind != "gguf":
         return LoadPlan(settings, source, device)
+    home_folder("models")  # a home that is a file is said first, before the GGUF is read
     checked = checked_gguf(Path(source.location))
     family = getattr(checked.config, "model_type", "") or checked.gguf.architecture
     in_place = (checked.native_reason is None and device == "cpu" and settings.weights in ("auto", "gguf")
@@ -257,53 +259,6 @@ def check_load(settings: LoadSettings) -> LoadPlan:
 
         check_conversion(checked.gguf, checked.config, conversion_dtype(checked))
     return LoadPlan(settings, source, device, in_place, family)
-
-
-@dataclass(frozen=True)
-class CheckedGGUF:
-    """A GGUF file whose header and tensors passed the checks (gguf_file.py, gguf_layout.py)."""
-
-    gguf: Any  # gguf_file.GGUFFile (mapped)
-    config: Any  # its transformers config, None for a family transformers has no config for
-    native_reason: Optional[str]  # why the native decoder cannot compute it in place (None: it can)
-
-
-_checked: dict[tuple[str, int, int], CheckedGGUF] = {}
-
-
-def checked_gguf(path: Path) -> CheckedGGUF:
-    """Open and check a GGUF once per process and file version: the header, and for a family the native decoder
-    computes, every tensor with the shape its metadata implies (SpecdecError naming the first fault)."""
-    from .gguf_config import hf_config
-    from .gguf_file import open_gguf
-    from .gguf_layout import check_tensors, is_native_architecture, native_reason
-
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    if key in _checked:
-        return _checked[key]
-    gguf = open_gguf(path)
-    config = None
-    if is_native_architecture(gguf.architecture) or _transformers_has_config(gguf.architecture):
-        config = hf_config(gguf)
-    reason = native_reason(gguf, config)
-    if reason is None:
-        check_tensors(gguf, config)
-    _checked.clear()  # one file at a time: its mapping is released with it
-    _checked[key] = CheckedGGUF(gguf, config, reason)
-    return _checked[key]
-
-
-def _transformers_has_config(architecture: str) -> bool:
-    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
-
-    return architecture in GGUF_CONFIG_MAPPING
-
-
-def conversion_dtype(checked: CheckedGGUF) -> str:
-    """The dtype a GGUF is converted to for transformers: float32 for a family the native decoder computes (asked
-    for dense, or for vLLM), bfloat16 for the others, which only run that way (half the memory)."""
-    return "float32" if checked.native_reason is None else "bfloat16"
 
 
 def check_weights(weights: str, source: TargetSource, device: str, dtype: str) -> None:

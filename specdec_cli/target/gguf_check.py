@@ -1,0 +1,57 @@
+"""A GGUF file opened and checked once per process (gguf_file.py's header, gguf_layout.py's tensors), and what
+follows from the checks: whether the native decoder computes it in place, or which dtype transformers converts it
+to. Nothing is loaded or cached here; models.py and converted.py both ask it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class CheckedGGUF:
+    """A GGUF file whose header and tensors passed the checks (gguf_file.py, gguf_layout.py)."""
+
+    gguf: Any  # gguf_file.GGUFFile (mapped)
+    config: Any  # its transformers config, None for a family transformers has no config for
+    native_reason: Optional[str]  # why the native decoder cannot compute it in place (None: it can)
+
+
+_checked: dict[tuple[str, int, int], CheckedGGUF] = {}
+
+
+def checked_gguf(path: Path) -> CheckedGGUF:
+    """Open and check a GGUF once per process and file version: the header, and for a family the native decoder
+    computes, every tensor with the shape its metadata implies (SpecdecError naming the first fault)."""
+    from .gguf_config import hf_config
+    from .gguf_file import open_gguf
+    from .gguf_layout import check_tensors, is_native_architecture, native_reason
+
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key in _checked:
+        return _checked[key]
+    gguf = open_gguf(path)
+    config = None
+    if is_native_architecture(gguf.architecture) or _transformers_has_config(gguf.architecture):
+        config = hf_config(gguf)
+    reason = native_reason(gguf, config)
+    if reason is None:
+        check_tensors(gguf, config)
+    _checked.clear()  # one file at a time: its mapping is released with it
+    _checked[key] = CheckedGGUF(gguf, config, reason)
+    return _checked[key]
+
+
+def _transformers_has_config(architecture: str) -> bool:
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    return architecture in GGUF_CONFIG_MAPPING
+
+
+def conversion_dtype(checked: CheckedGGUF) -> str:
+    """The dtype a GGUF is converted to for transformers: float32 for a family the native decoder computes (asked
+    for dense, or for vLLM), bfloat16 for the others, which only run that way (half the memory)."""
+    return "float32" if checked.native_reason is None else "bfloat16"
