@@ -105,6 +105,10 @@ def run_bench(
     if servers.skipped:  # no binary, or not a GGUF target: the bench runs without these rows, and says why
         skipped.update(servers.skipped)
         settings = replace(settings, methods=[m for m in settings.methods if m.name not in servers.skipped])
+    if not hasattr(model, "generate"):  # a GGUF loaded in place: the native decoder is its only forward
+        needs = {m.name: IN_PLACE_SKIP for m in settings.methods if m.kind in ("hf", NATIVE)}
+        skipped.update(needs)
+        settings = replace(settings, methods=[m for m in settings.methods if m.name not in needs])
     try:
         servers.start()
         return _run(model, tokenizer, conversations, settings, servers, skipped, started, model_name=model_name,
@@ -113,12 +117,18 @@ def run_bench(
         servers.stop()
 
 
+IN_PLACE_SKIP = ("needs transformers' model of the target, and this GGUF is loaded in place (specdec's native "
+                 "decoder is its only forward); `--weights dense` converts it for transformers")
+
+
 def _run(model: Any, tokenizer: Any, conversations: Sequence[Conversation], settings: BenchSettings,
          servers: "ServerRows",
          skipped: dict, started: datetime, *, model_name: Optional[str], device: Optional[str], dtype: Any,
          suite: str, on_progress: Optional[ProgressCallback], gguf_path: Optional[str]) -> BenchReport:
     runner = _Runner(model, tokenizer, settings, gguf_path, servers.servers)
-    if runner.engine.prepare(settings.budget) is not None and all(method.kind != NATIVE for method in settings.methods):
+    own_kernels = hasattr(model, "generate")  # (a GGUF in place has no other kernels than the native decoder's)
+    if runner.engine.prepare(settings.budget) is not None and own_kernels and \
+            all(method.kind != NATIVE for method in settings.methods):
         # verification is row-invariant, which slows plain steps a little: also time the model's own kernels
         settings = replace(settings, methods=[*settings.methods, Method(NATIVE, NATIVE)])
         runner.settings = settings

@@ -123,7 +123,7 @@ def kept_weights(target: Any, layers: int) -> dict:
     for name, module in target.named_modules():
         if isinstance(module, torch.nn.Embedding) and hasattr(module, "rows") and kept(f"{name}.weight"):
             # a GGUF's table left in the file (target/gguf_model.MappedEmbedding): dequantised here, alone
-            state[f"{name}.weight"] = module.rows(torch.arange(module.num_embeddings))
+            state[f"{name}.weight"] = module.rows(torch.arange(module.num_embeddings))  # type: ignore[operator]
         if isinstance(module, BlockLinear) and kept(f"{name}.weight"):
             state[f"{name}.weight"] = module.blocks().dense()  # [out, in] (not `.weight`: it keeps a copy)
             if module.bias is not None:
