@@ -122,6 +122,11 @@ def test_the_cache_is_made_once_then_mapped_and_remade_when_damaged(tmp_path, mo
     with torch.inference_mode():
         want = _logits(first.model, PROMPTS[0])
         assert torch.equal(want, _logits(again.model, PROMPTS[0]))
+    first_check, again_check = fixed_engine(first.model), fixed_engine(again.model)
+    first_check.prepare(8)
+    again_check.prepare(8)  # the row-invariance check passed for this file on this machine: remembered
+    assert first_check.exact_check.startswith("on: specdec's native decoder")
+    assert again_check.exact_check.endswith("(checked on this machine before)"), again_check.exact_check
     with open(blocks, "r+b") as handle:  # cut short: made again, with the same result
         handle.truncate(blocks.stat().st_size - 100)
     gguf_check._checked.clear()

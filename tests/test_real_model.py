@@ -256,3 +256,39 @@ def test_memory_info_converts_nothing(tmp_path):
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["answers"] == 0
     assert not (home / "models").exists()
+
+
+def test_the_default_gguf_in_place_is_the_converted_model_on_its_own_blocks(real_target):
+    """The default file loaded in place (no transformers model, no dense copy): its tokenizer encodes and templates
+    as transformers' AutoTokenizer reads the file, and its logits equal bit for bit those of the file's blocks
+    installed into transformers' model of it (specdec's path before)."""
+    from transformers import AutoTokenizer, PreTrainedModel
+
+    from specdec_cli.session.chat import format_prompt
+    from specdec_cli.target import native, quant
+    from specdec_cli.target.kv_cache import KVCache
+    from specdec_cli.target.models import default_gguf_path
+
+    in_place = real_target("float32", "gguf")
+    assert not isinstance(in_place.model, PreTrainedModel) and in_place.model.source.cache.is_dir()
+    path = default_gguf_path()
+    reference = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    messages = [{"role": "user", "content": PROMPTS[1] + " Ünïcödé, 日本語, tabs\tand  spaces."}]
+    assert format_prompt(in_place.tokenizer, messages) == format_prompt(reference, messages)
+    assert in_place.tokenizer.eos_token_id == reference.eos_token_id
+    dense = real_target("float32", "dense").model  # the converted float32 model: copied, never changed
+    before = type(dense)(dense.config).eval()
+    before.load_state_dict(dense.state_dict())
+    quant.install_blocks(before, quant.plan_blocks(before, "gguf", path))
+    ids = format_prompt(in_place.tokenizer, messages)
+
+    def logits(forward):
+        cache = KVCache()
+        rows = [forward(input_ids=torch.tensor([ids[:-5]]), position_ids=torch.arange(len(ids) - 5)[None],
+                        past_key_values=cache).logits[0]]
+        rows.append(forward(input_ids=torch.tensor([ids[-5:]]), position_ids=torch.arange(len(ids) - 5, len(ids))[None],
+                            past_key_values=cache).logits[0])
+        return torch.cat(rows)
+
+    with torch.inference_mode():
+        assert torch.equal(logits(in_place.model), logits(native.decoder_for(before)))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import warnings
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import torch
@@ -98,12 +99,18 @@ class ExactSetup:
         if self._own_kernels:
             return None
         if self.outcome.state == "not checked":
+            passed = f"specdec's native decoder, blocks up to {ROW_INVARIANT_ROWS} rows"
+            remembered = _passed_file(self.model)
+            if remembered is not None and remembered.is_file():  # this file's blocks, this CPU path: passed before
+                self.outcome = CheckOutcome("on", f"{passed} (checked on this machine before)")
+                return ROW_INVARIANT_ROWS
             device = next(self.model.parameters()).device
             mismatch = block_mismatch(self.native, self.model.config, device, ROW_INVARIANT_ROWS)
-            self.outcome = (CheckOutcome("on", f"specdec's native decoder, blocks up to {ROW_INVARIANT_ROWS} rows")
-                            if mismatch is None else CheckOutcome("failed", mismatch))
+            self.outcome = (CheckOutcome("on", passed) if mismatch is None else CheckOutcome("failed", mismatch))
             if mismatch is not None:
                 warnings.warn(NOT_EXACT_WARNING.format(reason=mismatch), stacklevel=4)
+            elif remembered is not None:
+                _remember(remembered)
         return ROW_INVARIANT_ROWS if self.outcome.state == "on" else None
 
     def native_kernels(self) -> Any:
@@ -120,3 +127,38 @@ class ExactSetup:
             yield
         finally:
             self._own_kernels = saved
+
+
+def _passed_file(model: Any) -> Optional[Any]:
+    """Where a passed check of this model is remembered: only a GGUF loaded in place (gguf_model.py) has an identity
+    cheap to know (its blocks cache, named by the file's path, size and time), kept with the CPU, the kernels' path
+    and build and specdec's version; None for any other model (checked at every load)."""
+    import hashlib
+
+    from .. import __version__, kernels
+    from ..home import specdec_home
+    from ..machine import cpu_model
+
+    source = getattr(model, "source", None)
+    cache = getattr(source, "cache", None)
+    if cache is None or not kernels.available():
+        return None
+    build = getattr(kernels._cpu, "__file__", "") or ""
+    try:
+        stamp = f"{build}:{Path(build).stat().st_mtime_ns}"
+    except OSError:
+        return None
+    key = f"{cache.name}|{cpu_model()}|{kernels.isa()}|{stamp}|{__version__}|{ROW_INVARIANT_ROWS}"
+    return specdec_home() / "checks" / f"exact-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def _remember(path: Any) -> None:
+    """Best effort: a home specdec cannot write only costs the check again next time."""
+    from ..errors import SpecdecError
+    from ..files import write_json_atomic
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, {"passed": True})
+    except (OSError, SpecdecError):
+        pass

@@ -123,32 +123,53 @@ def _records(gguf: GGUFFile, matrix: PlannedMatrix, first: int, stop: int, rows_
     return kernels.pack_records(kernels.KIND_F32, torch.from_numpy(dense.reshape(rows, matrix.in_features)))
 
 
-def write_blocks(gguf: GGUFFile, planned: list[PlannedMatrix], path: Path, on_progress: Optional[Progress] = None
-                 ) -> None:
-    """Repack every planned matrix into `path` (a new file), slice by slice (see the module docstring)."""
+def write_blocks(gguf: GGUFFile, planned: list[PlannedMatrix], path: Path, on_progress: Optional[Progress] = None,
+                 workers: int = 1) -> None:
+    """Repack every planned matrix into `path` (a new file), slice by slice (see the module docstring); `workers`
+    threads decode slices side by side (numpy and torch release the GIL), written in order, a few slices ahead at
+    most."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     from .quant import permuted_rows
 
     total = cache_bytes(planned)
-    with open(path, "wb") as handle:
-        handle.write(_header(planned, f"{gguf.path}"))
-        written = 0
-        for matrix in planned:
-            info = gguf.tensors[matrix.gguf_name]
-            rows_raw = gguf.raw(matrix.gguf_name).reshape(matrix.out_features, -1)  # [out, bytes per row]
-            if matrix.heads:  # llama.cpp's interleaved rotary halves, back in transformers' order
-                rows_raw = rows_raw[permuted_rows(matrix.out_features, matrix.heads)]
-            step = max(kernels.GROUP, SLICE_WEIGHTS // max(1, matrix.in_features) // kernels.GROUP * kernels.GROUP)
-            for first in range(0, matrix.out_features, step):
-                records = _records(gguf, matrix, first, min(first + step, matrix.out_features), rows_raw)
-                handle.write(records.numpy().tobytes())
-                written += records.numel()
+    header = _header(planned, f"{gguf.path}")
+    slices = []  # (matrix, first row, stop row, the matrix's last slice)
+    for matrix in planned:
+        step = max(kernels.GROUP, SLICE_WEIGHTS // max(1, matrix.in_features) // kernels.GROUP * kernels.GROUP)
+        starts = list(range(0, matrix.out_features, step))
+        slices += [(matrix, first, min(first + step, matrix.out_features), first == starts[-1]) for first in starts]
+
+    def rows_of(matrix: PlannedMatrix) -> np.ndarray:
+        rows_raw = gguf.raw(matrix.gguf_name).reshape(matrix.out_features, -1)  # [out, bytes per row]
+        if matrix.heads:  # llama.cpp's interleaved rotary halves, back in transformers' order
+            rows_raw = rows_raw[permuted_rows(matrix.out_features, matrix.heads)]
+        return rows_raw
+
+    def job(matrix: PlannedMatrix, first: int, stop: int) -> bytes:
+        return _records(gguf, matrix, first, stop, rows_of(matrix)).numpy().tobytes()
+
+    written = 0
+    with open(path, "wb") as handle, ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        handle.write(header)
+        pending: list[tuple[Future, PlannedMatrix, bool]] = []
+        ahead = 2 * max(1, workers)
+        for index in range(len(slices) + ahead):
+            if index < len(slices):
+                matrix, first, stop, last = slices[index]
+                pending.append((pool.submit(job, matrix, first, stop), matrix, last))
+            if len(pending) > ahead or (index >= len(slices) and pending):
+                future, done_matrix, done_last = pending.pop(0)
+                data = future.result()
+                handle.write(data)
+                written += len(data)
+                if done_last:
+                    gguf.release(done_matrix.gguf_name)
                 if on_progress is not None:
                     on_progress(written, total)
-            del rows_raw
-            gguf.release(info.name)
         handle.flush()
         os.fsync(handle.fileno())
-    if path.stat().st_size != written + len(_header(planned, f"{gguf.path}")):  # pragma: no cover - a sizing mistake
+    if path.stat().st_size != written + len(header):  # pragma: no cover - a sizing mistake
         raise AssertionError("the blocks cache's size disagrees with its header")
 
 

@@ -189,12 +189,11 @@ def load_tokenizer(target: str = DEFAULT_TARGET, on_status: Optional[StatusCallb
     if source.kind == "gguf":
         gguf_path = Path(source.location)
         checked = checked_gguf(gguf_path)  # a file that fails a check is refused here too
-        if checked.native_reason is None:
-            from .gguf_model import cached_tokenizer
+        if checked.native_reason is None:  # the tokenizer loaded in place: kept beside the blocks, or read now
+            from .gguf_model import cached_tokenizer, tokenizer_from_file
 
             cached = cached_tokenizer(gguf_path)
-            if cached is not None:
-                return cached
+            return cached if cached is not None else tokenizer_from_file(checked.gguf)
         if converted_damage(converted_dir(gguf_path)) is not None:
             try:
                 with no_tqdm():
