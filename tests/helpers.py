@@ -343,3 +343,16 @@ def write_family_gguf(path, model, architecture: str, tokenizer: str = "", drop=
 OWN_LOADER = {"gemma": ("gemma", "llama", {"tie_word_embeddings": True}),
               "smollm3": ("smollm3", "gpt2", {"tie_word_embeddings": True, "num_hidden_layers": 4,
                                              "no_rope_layers": None})}  # layer 3 without rotary, as llama.cpp's
+
+
+def split_logits(forward, ids: list[int], tail: int = 3) -> torch.Tensor:
+    """Logits [len(ids), vocab] of a prompt then a block of its last `tail` tokens on one cache (a prefill and a
+    verify-sized block), from anything called as the native decoder is."""
+    from specdec_cli.target.kv_cache import KVCache
+
+    cache, head = KVCache(), len(ids) - tail
+    rows = [forward(input_ids=torch.tensor([ids[:head]]), position_ids=torch.arange(head)[None],
+                    past_key_values=cache).logits[0]]
+    rows.append(forward(input_ids=torch.tensor([ids[head:]]), position_ids=torch.arange(head, len(ids))[None],
+                        past_key_values=cache).logits[0])
+    return torch.cat(rows)

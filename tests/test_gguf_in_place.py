@@ -11,13 +11,21 @@ import shutil
 import pytest
 import torch
 from conftest import assert_one_line_error, fixed_engine, invoke
-from helpers import EOS, GGUF_FAMILIES, OWN_LOADER, PROMPTS, family_drafter, family_model, write_family_gguf
+from helpers import (
+    EOS,
+    GGUF_FAMILIES,
+    OWN_LOADER,
+    PROMPTS,
+    family_drafter,
+    family_model,
+    split_logits,
+    write_family_gguf,
+)
 
 from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.drafters.none import NoDrafter
 from specdec_cli.target import gguf_blocks, gguf_check, native, quant
-from specdec_cli.target.kv_cache import KVCache
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
 
@@ -57,15 +65,6 @@ def _before(path, family):
     return model
 
 
-def _logits(forward, ids):
-    cache = KVCache()
-    out = [forward(input_ids=torch.tensor([ids[:-3]]), position_ids=torch.arange(len(ids) - 3)[None],
-                   past_key_values=cache).logits[0]]
-    out.append(forward(input_ids=torch.tensor([ids[-3:]]), position_ids=torch.arange(len(ids) - 3, len(ids))[None],
-                       past_key_values=cache).logits[0])
-    return torch.cat(out)
-
-
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_in_place_computes_what_the_converted_blocks_computed_bit_for_bit(family, tmp_path, monkeypatch):
     """Every family the native decoder computes: the model is specdec's own (no transformers model, no dense layer,
@@ -84,7 +83,7 @@ def test_in_place_computes_what_the_converted_blocks_computed_bit_for_bit(family
     before = _before(path, family)
     with torch.inference_mode():
         for prompt in PROMPTS:
-            assert torch.equal(_logits(model, prompt), _logits(native.decoder_for(before), prompt)), family
+            assert torch.equal(split_logits(model, prompt), split_logits(native.decoder_for(before), prompt)), family
     engine = fixed_engine(model)
     assert engine.native is not None
     config = GenerationConfig(max_new_tokens=24, budget=7, eos_token_ids=(EOS,))
@@ -120,8 +119,8 @@ def test_the_cache_is_made_once_then_mapped_and_remade_when_damaged(tmp_path, mo
     q_proj = again.model.model.layers[0].self_attn.q_proj
     assert q_proj.records.untyped_storage().nbytes() == blocks.stat().st_size  # a view of the mapped file
     with torch.inference_mode():
-        want = _logits(first.model, PROMPTS[0])
-        assert torch.equal(want, _logits(again.model, PROMPTS[0]))
+        want = split_logits(first.model, PROMPTS[0])
+        assert torch.equal(want, split_logits(again.model, PROMPTS[0]))
     first_check, again_check = fixed_engine(first.model), fixed_engine(again.model)
     first_check.prepare(8)
     again_check.prepare(8)  # the row-invariance check passed for this file on this machine: remembered
@@ -133,7 +132,7 @@ def test_the_cache_is_made_once_then_mapped_and_remade_when_damaged(tmp_path, mo
     remade = models.load_target(str(path), device="cpu")
     assert remade.model.source.repacked
     with torch.inference_mode():
-        assert torch.equal(want, _logits(remade.model, PROMPTS[0]))
+        assert torch.equal(want, split_logits(remade.model, PROMPTS[0]))
 
 
 def gguf_model_blocks() -> str:

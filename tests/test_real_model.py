@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 from conftest import invoke, run_cli
+from helpers import split_logits
 
 pytestmark = pytest.mark.real_model
 
@@ -266,7 +267,6 @@ def test_the_default_gguf_in_place_is_the_converted_model_on_its_own_blocks(real
 
     from specdec_cli.session.chat import format_prompt
     from specdec_cli.target import native, quant
-    from specdec_cli.target.kv_cache import KVCache
     from specdec_cli.target.models import default_gguf_path
 
     in_place = real_target("float32", "gguf")
@@ -282,13 +282,5 @@ def test_the_default_gguf_in_place_is_the_converted_model_on_its_own_blocks(real
     quant.install_blocks(before, quant.plan_blocks(before, "gguf", path))
     ids = format_prompt(in_place.tokenizer, messages)
 
-    def logits(forward):
-        cache = KVCache()
-        rows = [forward(input_ids=torch.tensor([ids[:-5]]), position_ids=torch.arange(len(ids) - 5)[None],
-                        past_key_values=cache).logits[0]]
-        rows.append(forward(input_ids=torch.tensor([ids[-5:]]), position_ids=torch.arange(len(ids) - 5, len(ids))[None],
-                            past_key_values=cache).logits[0])
-        return torch.cat(rows)
-
     with torch.inference_mode():
-        assert torch.equal(logits(in_place.model), logits(native.decoder_for(before)))
+        assert torch.equal(split_logits(in_place.model, ids, 5), split_logits(native.decoder_for(before), ids, 5))

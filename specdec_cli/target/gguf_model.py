@@ -177,18 +177,13 @@ def _cache_ready(folder: Path) -> bool:
         return False
 
 
-def check_file(gguf: GGUFFile, config: Any) -> list[Expected]:
-    """Every check that needs no weights: tensors present with the metadata's shapes and readable types."""
-    return check_tensors(gguf, config)
-
-
 def open_in_place(gguf: GGUFFile, config: Any, on_status: Optional[StatusCallback] = None) -> tuple[GGUFModel, Any]:
     """(the model, its tokenizer) from a checked file's cache, repacking it first when absent."""
     from ..files import atomic_directory
     from ..home import writable_home_folder
 
     started = time.perf_counter()
-    expected = check_file(gguf, config)
+    expected = check_tensors(gguf, config)  # (gguf_check did it once already: milliseconds)
     tied = "output.weight" not in gguf.tensors
     planned = gguf_blocks.plan_matrices(gguf, expected, tied)
     folder = cache_folder(gguf.path)

