@@ -207,6 +207,7 @@ def open_in_place(gguf: GGUFFile, config: Any, on_status: Optional[StatusCallbac
                       "seconds": round(time.perf_counter() - started, 3)}
             (tmp / MARKER).write_text(json.dumps(marker, indent=1))
         repacked = True
+        _give_back_freed_memory()
     mapped = gguf_blocks.map_blocks(folder / BLOCKS_FILE)
     if mapped is None or any(matrix.module not in mapped for matrix in planned):
         raise SpecdecError(f"{folder / BLOCKS_FILE}: the repacked blocks are damaged; remove {folder} and load again")
@@ -215,6 +216,21 @@ def open_in_place(gguf: GGUFFile, config: Any, on_status: Optional[StatusCallbac
                      (folder / BLOCKS_FILE).stat().st_size, repacked, 0.0)
     model = _build(gguf, config, _generation_config(config), expected, mapped, source)
     return model, tokenizer
+
+
+def _give_back_freed_memory() -> None:
+    """Return what repacking's threads freed to the system (glibc keeps freed slices in per-thread arenas, which
+    would count in this process's memory for the rest of the session); nothing off glibc."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:  # pragma: no cover - no C library to ask
+        pass
 
 
 def _progress(on_status: Optional[StatusCallback], name: str) -> Optional[Callable[[int, int], None]]:
