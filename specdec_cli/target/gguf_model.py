@@ -172,7 +172,8 @@ def _cache_ready(folder: Path) -> bool:
     try:
         marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
         return (marker.get("format") == CACHE_FORMAT and
-                (folder / BLOCKS_FILE).stat().st_size == int(marker["blocks_bytes"]))
+                (folder / BLOCKS_FILE).stat().st_size == int(marker["blocks_bytes"]) and
+                all((folder / name).is_file() for name in ("tokenizer_config.json", "config.json")))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
 
