@@ -157,7 +157,6 @@ class InPlace:
     file_bytes: int
     cache_bytes: int
     repacked: bool  # this load repacked the file (else the cache was mapped)
-    seconds: float
 
 
 def cache_folder(path: Path) -> Path:
@@ -179,44 +178,56 @@ def _cache_ready(folder: Path) -> bool:
 
 
 def open_in_place(gguf: GGUFFile, config: Any, on_status: Optional[StatusCallback] = None) -> tuple[GGUFModel, Any]:
-    """(the model, its tokenizer) from a checked file's cache, repacking it first when absent."""
+    """(the model, its tokenizer) from a checked file's cache, repacking it first when it is absent or damaged."""
+    expected = check_tensors(gguf, config)  # (gguf_check did it once already: milliseconds)
+    planned = gguf_blocks.plan_matrices(gguf, expected, tied="output.weight" not in gguf.tensors)
+    folder = cache_folder(gguf.path)
+    mapped = _mapped(folder, planned) if _cache_ready(folder) else None
+    repacked = mapped is None
+    if mapped is None:
+        _repack(gguf, config, planned, folder, on_status)
+        mapped = _mapped(folder, planned)
+        if mapped is None:  # pragma: no cover - written and read by the same code
+            raise SpecdecError(f"{folder / BLOCKS_FILE}: the repacked blocks cannot be read back")
+    source = InPlace(gguf.path, folder, gguf.type_names(), gguf.size, (folder / BLOCKS_FILE).stat().st_size,
+                     repacked)
+    model = _build(gguf, config, _generation_config(config), expected, mapped, source)
+    return model, _cached_tokenizer(folder)
+
+
+def _mapped(folder: Path, planned: list[gguf_blocks.PlannedMatrix]) -> Optional[dict[str, gguf_blocks.MappedMatrix]]:
+    """The cache's records, mapped, when it holds every planned matrix with its planned size; else None."""
+    mapped = gguf_blocks.map_blocks(folder / BLOCKS_FILE)
+    if mapped is None or any(matrix.module not in mapped or mapped[matrix.module].records.numel() != matrix.nbytes
+                             for matrix in planned):
+        return None
+    return mapped
+
+
+def _repack(gguf: GGUFFile, config: Any, planned: list[gguf_blocks.PlannedMatrix], folder: Path,
+            on_status: Optional[StatusCallback]) -> None:
+    """Make the cache folder (blocks, tokenizer, config, marker last) in a temporary folder renamed into place."""
     from ..files import atomic_directory
     from ..home import writable_home_folder
 
     started = time.perf_counter()
-    expected = check_tensors(gguf, config)  # (gguf_check did it once already: milliseconds)
-    tied = "output.weight" not in gguf.tensors
-    planned = gguf_blocks.plan_matrices(gguf, expected, tied)
-    folder = cache_folder(gguf.path)
-    repacked = False
-    if not _cache_ready(folder):
-        writable_home_folder("models")
-        needed = gguf_blocks.cache_bytes(planned)
-        free = shutil.disk_usage(folder.parent).free
-        if free < needed + (64 << 20):
-            raise SpecdecError(f"{gguf.path}: its repacked blocks need {needed / 1e9:.2f} GB under "
-                               f"{folder.parent}, which has {free / 1e9:.2f} GB free")
-        tokenizer = tokenizer_from_file(gguf)
-        with atomic_directory(folder, replace=True) as tmp:
-            _report = _progress(on_status, gguf.path.name)
-            gguf_blocks.write_blocks(gguf, planned, tmp / BLOCKS_FILE, _report, workers=torch.get_num_threads())
-            tokenizer.save_pretrained(tmp)
-            config.save_pretrained(tmp)
-            _generation_config(config).save_pretrained(tmp)
-            blocks_bytes = (tmp / BLOCKS_FILE).stat().st_size
-            marker = {"format": CACHE_FORMAT, "source": str(gguf.path), "blocks_bytes": blocks_bytes,
-                      "seconds": round(time.perf_counter() - started, 3)}
-            (tmp / MARKER).write_text(json.dumps(marker, indent=1))
-        repacked = True
-        _give_back_freed_memory()
-    mapped = gguf_blocks.map_blocks(folder / BLOCKS_FILE)
-    if mapped is None or any(matrix.module not in mapped for matrix in planned):
-        raise SpecdecError(f"{folder / BLOCKS_FILE}: the repacked blocks are damaged; remove {folder} and load again")
-    tokenizer = _cached_tokenizer(folder)
-    source = InPlace(gguf.path, folder, gguf.type_names(), gguf.size,
-                     (folder / BLOCKS_FILE).stat().st_size, repacked, 0.0)
-    model = _build(gguf, config, _generation_config(config), expected, mapped, source)
-    return model, tokenizer
+    writable_home_folder("models")
+    needed = gguf_blocks.cache_bytes(planned)
+    free = shutil.disk_usage(folder.parent).free
+    if free < needed + (64 << 20):
+        raise SpecdecError(f"{gguf.path}: its repacked blocks need {needed / 1e9:.2f} GB under {folder.parent}, "
+                           f"which has {free / 1e9:.2f} GB free")
+    tokenizer = tokenizer_from_file(gguf)
+    with atomic_directory(folder, replace=True) as tmp:  # (replaces a damaged folder; a reader keeps its mapping)
+        gguf_blocks.write_blocks(gguf, planned, tmp / BLOCKS_FILE, _progress(on_status, gguf.path.name),
+                                 workers=torch.get_num_threads())
+        tokenizer.save_pretrained(tmp)
+        config.save_pretrained(tmp)
+        _generation_config(config).save_pretrained(tmp)
+        marker = {"format": CACHE_FORMAT, "source": str(gguf.path), "blocks_bytes": (tmp / BLOCKS_FILE).stat().st_size,
+                  "seconds": round(time.perf_counter() - started, 3)}
+        (tmp / MARKER).write_text(json.dumps(marker, indent=1))
+    _give_back_freed_memory()
 
 
 def _give_back_freed_memory() -> None:
