@@ -59,9 +59,10 @@ def dtype() -> Any:
 
 
 def weights() -> Any:
-    return choice("auto", "--weights", WEIGHTS, help="auto (a GGUF's own 4/8-bit blocks on the CPU where measured "
-                  "faster, else dense), gguf, int8, int4 (quantise other layers on load: a smaller, different "
-                  "target), dense (default from SPECDEC_WEIGHTS where set).")
+    return choice("auto", "--weights", WEIGHTS, help="auto (a GGUF loaded in place on its own blocks on the CPU; "
+                  "other GGUF families on their blocks where measured faster, else dense), gguf, int8, int4 "
+                  "(quantise other layers on load: a smaller, different target), dense (converted for transformers; "
+                  "default from SPECDEC_WEIGHTS where set).")
 
 
 def threads() -> Any:
