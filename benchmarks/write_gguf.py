@@ -35,9 +35,7 @@ Not a test: nothing here is run in CI.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,11 +247,11 @@ def write(path: Path, shape_name: str, seed: int, std: float, tokenizer_gguf: st
     shape = SHAPES[shape_name]
     fields, vocab = tokenizer_fields(tokenizer_gguf)
     rng = np.random.default_rng(seed)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(handle)
+    from specdec_cli.files import atomic_file  # a temporary beside it, synced, renamed; removed on any failure
+
     counts: dict[str, int] = {}
-    try:
-        writer = GGUFWriter(temporary, shape.arch)
+    with atomic_file(path) as temporary:
+        writer = GGUFWriter(str(temporary), shape.arch)
         add_metadata(writer, shape, shape_name, vocab, seed, std)
         for key, value, main, sub in fields:
             writer.add_key_value(key, value, main, sub)
@@ -275,14 +273,6 @@ def write(path: Path, shape_name: str, seed: int, std: float, tokenizer_gguf: st
         for _, rows, row, qtype in plan:  # in the order of the infos, as the writer expects
             writer.write_tensor_data(random_tensor(rng, qtype, rows, row, std))
         writer.close()
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(temporary, 0o666 & ~mask)  # mkstemp's 0600 would keep the file from other users
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
     return counts
 
 

@@ -90,8 +90,9 @@ def _available_memory() -> Optional[int]:
 
 def converted_dir(gguf_path: Path) -> Path:
     """Cache directory for one GGUF file, keyed by its name, size, modification time and conversion dtype."""
-    stat = gguf_path.stat()
-    identity = f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{CONVERTED_FORMAT}|{_dtype_of(gguf_path)}"
+    from .gguf_file import file_identity
+
+    identity = f"{file_identity(gguf_path)}|{CONVERTED_FORMAT}|{_dtype_of(gguf_path)}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:12]
     return specdec_home() / "models" / f"{gguf_path.stem}-{key}"
 
@@ -129,7 +130,7 @@ def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None
     from ..files import atomic_directory
 
     quiet_transformers()
-    dtype = _dtype_of(gguf_path)
+    dtype = conversion_dtype(checked)
     if on_status:
         on_status(f"Converting {gguf_path.name} to {dtype} safetensors for transformers once; later loads are quick")
     started = time.perf_counter()

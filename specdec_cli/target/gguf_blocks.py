@@ -104,14 +104,17 @@ def _header(planned: list[PlannedMatrix], source: str) -> bytes:
     return struct.pack("<Q", len(text)) + text
 
 
-def _records(gguf: GGUFFile, matrix: PlannedMatrix, first: int, stop: int, rows_raw: np.ndarray) -> torch.Tensor:
-    """Records of output rows first..stop-1 (a multiple of 16 rows, but the last slice)."""
+def _records(gguf: GGUFFile, matrix: PlannedMatrix, first: int, stop: int) -> torch.Tensor:
+    """Records of output rows first..stop-1 (a multiple of 16 rows, but the last slice), in transformers' row
+    order (llama.cpp's interleaved q/k rotary halves put back: only this slice's rows are gathered)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    from .quant import decode_gguf_blocks
+    from .quant import decode_gguf_blocks, permuted_rows
 
-    raw = rows_raw[first:stop]  # [rows, bytes per row]
+    rows_raw = gguf.raw(matrix.gguf_name).reshape(matrix.out_features, -1)  # [out, bytes per row], the mapping
+    raw = rows_raw[permuted_rows(matrix.out_features, matrix.heads)[first:stop]] if matrix.heads else \
+        rows_raw[first:stop]  # [rows, bytes per row]
     rows = stop - first
     if matrix.origin in KIND_OF_TYPE:
         weights = decode_gguf_blocks(matrix.origin, raw, rows, matrix.in_features)
@@ -129,8 +132,6 @@ def write_blocks(gguf: GGUFFile, planned: list[PlannedMatrix], path: Path, on_pr
     most."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
-    from .quant import permuted_rows
-
     total = cache_bytes(planned)
     header = _header(planned, f"{gguf.path}")
     slices = []  # (matrix, first row, stop row, the matrix's last slice)
@@ -139,14 +140,8 @@ def write_blocks(gguf: GGUFFile, planned: list[PlannedMatrix], path: Path, on_pr
         starts = list(range(0, matrix.out_features, step))
         slices += [(matrix, first, min(first + step, matrix.out_features), first == starts[-1]) for first in starts]
 
-    def rows_of(matrix: PlannedMatrix) -> np.ndarray:
-        rows_raw = gguf.raw(matrix.gguf_name).reshape(matrix.out_features, -1)  # [out, bytes per row]
-        if matrix.heads:  # llama.cpp's interleaved rotary halves, back in transformers' order
-            rows_raw = rows_raw[permuted_rows(matrix.out_features, matrix.heads)]
-        return rows_raw
-
-    def job(matrix: PlannedMatrix, first: int, stop: int) -> bytes:
-        return _records(gguf, matrix, first, stop, rows_of(matrix)).numpy().tobytes()
+    def job(matrix: PlannedMatrix, first: int, stop: int) -> torch.Tensor:
+        return _records(gguf, matrix, first, stop)  # uint8 [groups, record bytes], contiguous
 
     written = 0
     with open(path, "wb") as handle, ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -159,9 +154,9 @@ def write_blocks(gguf: GGUFFile, planned: list[PlannedMatrix], path: Path, on_pr
                 pending.append((pool.submit(job, matrix, first, stop), matrix, last))
             if len(pending) > ahead or (index >= len(slices) and pending):
                 future, done_matrix, done_last = pending.pop(0)
-                data = future.result()
-                handle.write(data)
-                written += len(data)
+                records = future.result()
+                handle.write(records.numpy().data)  # (the buffer itself, no copy)
+                written += records.numel()
                 if done_last:
                     gguf.release(done_matrix.gguf_name)
                 if on_progress is not None:

@@ -19,18 +19,17 @@ class CheckedGGUF:
     native_reason: Optional[str]  # why the native decoder cannot compute it in place (None: it can)
 
 
-_checked: dict[tuple[str, int, int], CheckedGGUF] = {}
+_checked: dict[str, CheckedGGUF] = {}  # by gguf_file.file_identity
 
 
 def checked_gguf(path: Path) -> CheckedGGUF:
     """Open and check a GGUF once per process and file version: the header, and for a family the native decoder
     computes, every tensor with the shape its metadata implies (SpecdecError naming the first fault)."""
     from .gguf_config import hf_config
-    from .gguf_file import open_gguf
+    from .gguf_file import file_identity, open_gguf
     from .gguf_layout import check_tensors, is_native_architecture, native_reason
 
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    key = file_identity(path)
     if key in _checked:
         return _checked[key]
     gguf = open_gguf(path)

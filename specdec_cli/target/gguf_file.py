@@ -18,7 +18,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -57,9 +57,8 @@ class GGUFFile:
     """A GGUF's metadata and tensor records, with the file mapped read-only (see the module docstring)."""
 
     def __init__(self, path: Path, version: int, metadata: dict[str, Any], tensors: dict[str, TensorInfo],
-                 data_start: int, size: int, mapping: mmap.mmap):
-        self.path, self.version, self.metadata, self.tensors = path, version, metadata, tensors
-        self.data_start, self.size = data_start, size
+                 size: int, mapping: mmap.mmap):
+        self.path, self.version, self.metadata, self.tensors, self.size = path, version, metadata, tensors, size
         self._mapping = mapping
         self._bytes = np.frombuffer(mapping, dtype=np.uint8)  # [size], a view of the mapping
 
@@ -224,14 +223,11 @@ def _parse(path: Path, mapping: mmap.mmap, size: int) -> GGUFFile:
         if name in tensors:
             raise SpecdecError(f"two tensors are named {name}")
         tensors[name] = TensorInfo(name, tuple(int(dim) for dim in reversed(dims)), type_name, type_id, start, nbytes)
-    return GGUFFile(path, version, metadata, tensors, data_start, size, mapping)
+    return GGUFFile(path, version, metadata, tensors, size, mapping)
 
 
-def metadata_int(gguf: GGUFFile, key: str, default: Optional[int] = None) -> int:
-    """An integer metadata value; SpecdecError when absent (without default) or not a whole number."""
-    value = gguf.metadata.get(key, default)
-    if value is None:
-        raise SpecdecError(f"{gguf.path}: the metadata has no {key}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 0:
-        raise SpecdecError(f"{gguf.path}: metadata {key} is {value!r}, not a count")
-    return int(value)
+def file_identity(path: Path) -> str:
+    """'resolved path|size|modification time': what a cache made from the file is keyed by (a file rewritten in
+    place gets a new key)."""
+    stat = path.stat()
+    return f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"

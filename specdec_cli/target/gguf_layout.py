@@ -17,10 +17,9 @@ from typing import Any, Optional
 from ..errors import SpecdecError
 from .gguf_file import GGUFFile
 
-# GGUF architecture label -> the config's model_type the native decoder computes (native.FAMILIES)
-NATIVE_ARCHITECTURES = {"llama": ("llama", "mistral"), "qwen2": ("qwen2",), "qwen3": ("qwen3",),
-                        "phi3": ("phi3",), "gemma": ("gemma",), "gemma2": ("gemma2",), "gemma3": ("gemma3_text",),
-                        "smollm3": ("smollm3",)}
+# GGUF architecture labels of the families the native decoder computes (native.FAMILIES: a Mistral file is labelled
+# llama, a Gemma 3 file gemma3 for gemma3_text)
+NATIVE_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "smollm3")
 PERMUTED_QK = ("llama", "smollm3")  # architectures whose attn_q/attn_k rows llama.cpp interleaves per head
 NORM_PLUS_ONE = ("gemma", "gemma2", "gemma3")  # norms stored as 1 + weight
 QK_NORMS = ("qwen3", "gemma3")

@@ -162,8 +162,9 @@ class InPlace:
 def cache_folder(path: Path) -> Path:
     import hashlib
 
-    stat = path.stat()
-    identity = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{CACHE_FORMAT}|{gguf_blocks.BLOCKS_FORMAT}"
+    from .gguf_file import file_identity
+
+    identity = f"{file_identity(path)}|{CACHE_FORMAT}|{gguf_blocks.BLOCKS_FORMAT}"
     return specdec_home() / "models" / f"{path.stem}-inplace-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
 
 
