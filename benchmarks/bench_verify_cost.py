@@ -57,7 +57,7 @@ def attention_times(context: int, rows: int, repeats: int) -> tuple[float, float
     import torch
 
     from specdec_cli import kernels
-    from specdec_cli.target.exact import _row_keys
+    from specdec_cli.target_model.exact import _row_keys
 
     cpu = kernels._require()
     heads, kv_heads, dim = 9, 3, 64  # SmolLM2-135M's attention
@@ -96,8 +96,8 @@ def attention_times(context: int, rows: int, repeats: int) -> tuple[float, float
 
 
 def load_decoder(target: str):
-    from specdec_cli.target.models import load_target
-    from specdec_cli.target.native import decoder_for
+    from specdec_cli.target_model.models import load_target
+    from specdec_cli.target_model.native import decoder_for
 
     loaded = load_target(target, weights="gguf", device="cpu")
     decoder = decoder_for(loaded.model)
@@ -156,7 +156,7 @@ def whole_forward(decoder, vocab: int, contexts: list[int], rows_list: list[int]
     import torch
 
     from specdec_cli import kernels
-    from specdec_cli.target.kv_cache import KVCache
+    from specdec_cli.target_model.kv_cache import KVCache
 
     generator = torch.Generator().manual_seed(0)
     print(f"\nwhole forward of n rows after a context, ms (block weights, native decoder, {kernels.isa()}, "

@@ -11,7 +11,7 @@ import torch
 from conftest import TINY_EOS, TINY_VOCAB, make_char_tokenizer
 
 from specdec_cli.decoding.draft import NOTHING, Draft
-from specdec_cli.target import quant
+from specdec_cli.target_model import quant
 
 # -- tiny models of every family README lists (test_families.py, test_exact.py, test_native.py) ------------------
 
@@ -348,7 +348,7 @@ OWN_LOADER = {"gemma": ("gemma", "llama", {"tie_word_embeddings": True}),
 def split_logits(forward, ids: list[int], tail: int = 3) -> torch.Tensor:
     """Logits [len(ids), vocab] of a prompt then a block of its last `tail` tokens on one cache (a prefill and a
     verify-sized block), from anything called as the native decoder is."""
-    from specdec_cli.target.kv_cache import KVCache
+    from specdec_cli.target_model.kv_cache import KVCache
 
     cache, head = KVCache(), len(ids) - tail
     rows = [forward(input_ids=torch.tensor([ids[:head]]), position_ids=torch.arange(head)[None],

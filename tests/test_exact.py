@@ -21,8 +21,8 @@ from specdec_cli.decoding.cost_curve import CostCurve
 from specdec_cli.decoding.engine import Engine, GenerationConfig
 from specdec_cli.decoding.planner import DraftPlanner
 from specdec_cli.drafters.none import NoDrafter
-from specdec_cli.target.exact import _pad_rows, exact_rows, install, remove, rowwise_attention, suspended
-from specdec_cli.target.tree_mask import tree_attention_mask, tree_layout
+from specdec_cli.target_model.exact import _pad_rows, exact_rows, install, remove, rowwise_attention, suspended
+from specdec_cli.target_model.tree_mask import tree_attention_mask, tree_layout
 
 NEW = 32
 BUDGET = 7  # chains and trees of up to 7 nodes: blocks of up to 8 rows
@@ -181,7 +181,7 @@ class _Fake:
 
 @pytest.mark.slow
 def test_engines_over_one_model_share_its_row_invariant_state(monkeypatch):
-    import specdec_cli.target.exact as exact
+    import specdec_cli.target_model.exact as exact
 
     model = family_model("llama", seed=3).to(torch.bfloat16)
     checks = []

@@ -1,5 +1,5 @@
-"""GGUF files loaded in place (target/gguf_model.py): no transformers model and no dense copy, the same logits bit for
-bit as the file's blocks installed into transformers' model of it (the path before), greedy speculation equal to
+"""GGUF files loaded in place (target_model/gguf_model.py): no transformers model and no dense copy, the same logits
+bit for bit as the file's blocks installed into transformers' model of it (the path before), greedy speculation equal to
 plain decoding, the repacked cache made once and mapped after; and every hostile file refused in one line, exit 1,
 with nothing cached."""
 
@@ -25,7 +25,7 @@ from helpers import (
 from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.drafters.none import NoDrafter
-from specdec_cli.target import gguf_blocks, gguf_check, native, quant
+from specdec_cli.target_model import gguf_blocks, gguf_check, native, quant
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
 
@@ -42,7 +42,7 @@ def _source(family: str):
 
 
 def _in_place(path, home, monkeypatch):
-    from specdec_cli.target import models
+    from specdec_cli.target_model import models
 
     monkeypatch.setenv("SPECDEC_HOME", str(home))
     return models.load_target(str(path), device="cpu")
@@ -53,7 +53,7 @@ def _before(path, family):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
-    from specdec_cli.target import gguf_families
+    from specdec_cli.target_model import gguf_families
 
     logging.disable_progress_bar()
     if gguf_families.handles(path):
@@ -111,7 +111,7 @@ def test_the_cache_is_made_once_then_mapped_and_remade_when_damaged(tmp_path, mo
     blocks = cache / gguf_model_blocks()
     with safe_open(str(blocks), framework="pt") as handle:  # any safetensors reader reads it
         assert "model.layers.0.self_attn.q_proj.records" in handle.keys()
-    from specdec_cli.target import models
+    from specdec_cli.target_model import models
 
     gguf_check._checked.clear()
     again = models.load_target(str(path), device="cpu")
@@ -140,7 +140,7 @@ def test_the_cache_is_made_once_then_mapped_and_remade_when_damaged(tmp_path, mo
 
 
 def gguf_model_blocks() -> str:
-    from specdec_cli.target.gguf_model import BLOCKS_FILE
+    from specdec_cli.target_model.gguf_model import BLOCKS_FILE
 
     return BLOCKS_FILE
 
@@ -164,14 +164,14 @@ def test_repacking_decodes_every_type_as_gguf_dequantises_it(tmp_path):
     import gguf
     import numpy as np
 
-    from specdec_cli.target.gguf_file import open_gguf
+    from specdec_cli.target_model.gguf_file import open_gguf
 
     source, architecture, tokenizer = _source("llama")
     path = tmp_path / "tiny.gguf"
     write_family_gguf(path, source, architecture, tokenizer)
     opened = open_gguf(path)
-    from specdec_cli.target.gguf_config import hf_config
-    from specdec_cli.target.gguf_layout import check_tensors
+    from specdec_cli.target_model.gguf_config import hf_config
+    from specdec_cli.target_model.gguf_layout import check_tensors
 
     config = hf_config(opened)
     expected = check_tensors(opened, config)

@@ -51,7 +51,7 @@ def _graph() -> dict[str, set[str]]:
 LAYERS = (
     ("specdec_cli",),  # the foundation: errors, files, home, machine, processes, defaults
     ("kernels", "sam"),  # the C kernels; the suffix automaton
-    ("target",),  # the target model: loading, block weights, native decoder, exactness, KV cache
+    ("target_model",),  # the target model: loading, block weights, native decoder, exactness, KV cache
     ("texts",),  # corpora, prompts, data rows, the answer memory
     ("decoding",),  # the engine and its pure parts
     ("drafters",),  # every drafter behind the two-method protocol

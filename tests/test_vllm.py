@@ -32,7 +32,7 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def target():
     """The default model's directory, tokenizer and end-of-answer ids (its weights run in vLLM only)."""
-    from specdec_cli.target.models import load_target_text
+    from specdec_cli.target_model.models import load_target_text
 
     return load_target_text("default")
 

@@ -363,7 +363,7 @@ class _Runner:
 def reference_threads(model: Any) -> int:
     """Threads for llama.cpp's rows: as many as specdec computes with (its kernels', or torch's for dense)."""
     from .. import kernels
-    from ..target.quant import block_layers
+    from ..target_model.quant import block_layers
 
     if block_layers(model):
         return kernels.threads()

@@ -89,7 +89,7 @@ def bench(
     )
     from ..drafters import DrafterOptions
     from ..files import check_output_file
-    from ..target.models import LoadSettings, check_load, load_target
+    from ..target_model.models import LoadSettings, check_load, load_target
     from ..texts.prompts import load_prompts
 
     # Everything a user can get wrong is checked before the model loads.

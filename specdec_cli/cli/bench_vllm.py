@@ -23,7 +23,7 @@ def bench_vllm(*, target: str, suite: Optional[str], prompts: Optional[str], cat
     from ..errors import SpecdecError
     from ..files import check_output_file
     from ..session.chat import format_prompt
-    from ..target.models import load_target_text, resolve_target
+    from ..target_model.models import load_target_text, resolve_target
     from ..texts.prompts import load_prompts
     from ..vllm.runner import INSTALL_HINT, vllm_installed
 

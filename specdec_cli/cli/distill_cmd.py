@@ -149,7 +149,7 @@ def distill(
     stages.config.check()
     train_items = load_prompts(prompts, None if prompts else (suite or "distill"), first_turns=True, limit=limit,
                                max_prompts=stages.pipeline_prompts if max_prompts is None else max_prompts)
-    from ..target.models import resolve_target
+    from ..target_model.models import resolve_target
 
     out_dir = Path(output).expanduser() if output else default_output(resolve_target(target).name, stages.name)
     stages.check_output(out_dir)  # before loading and answering for minutes: the output must be ours to replace

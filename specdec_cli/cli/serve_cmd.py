@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from ..defaults import VLLM_DRAFT_MAX, VLLM_DRAFTERS, VLLM_MIN_MATCH
-from ..target.load_settings import DTYPES
+from ..target_model.load_settings import DTYPES
 from . import app, options
 from .common import err_console
 

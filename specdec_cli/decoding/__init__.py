@@ -2,5 +2,5 @@
 the generation settings, acceptance rules, sampling, the cost-aware planner, the verify-cost curve and where it is
 kept, and the statistics of a generation.
 
-It drives a target (target/) through the drafter protocol; no drafter is named here.
+It drives a target (target_model/) through the drafter protocol; no drafter is named here.
 """

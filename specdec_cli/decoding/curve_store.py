@@ -18,9 +18,9 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..errors import SpecdecError
-from ..target.forward import TargetForward
-from ..target.kv_cache import KVCache
-from ..target.rollback import truncate_cache
+from ..target_model.forward import TargetForward
+from ..target_model.kv_cache import KVCache
+from ..target_model.rollback import truncate_cache
 from .cost_curve import CostCurve, measure_cost_curve
 
 SAVE_EVERY = 16  # observations a curve learns between two saves
@@ -84,7 +84,7 @@ def cost_cache_file(model: Any, exact_rows: int) -> Optional[Path]:
     from .. import kernels
     from ..home import specdec_home
     from ..machine import cpu_model
-    from ..target.quant import CACHE_FORMAT, block_layers, weights_summary
+    from ..target_model.quant import CACHE_FORMAT, block_layers, weights_summary
 
     name = getattr(model.config, "_name_or_path", "") or ""
     if not name:

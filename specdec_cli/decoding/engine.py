@@ -5,7 +5,7 @@ token except the newest one, which the next verify forward scores together with 
 the committed context and a length budget; it learns what happened from the `StepEvent` the engine emits
 after every forward (the same events feed displays and statistics).
 
-This file is the loop alone. Around it, one room each: in target/, a forward of the model (forward.py), rolling
+This file is the loop alone. Around it, one room each: in target_model/, a forward of the model (forward.py), rolling
 the cache back (rollback.py), exact verification's set-up (exact_setup.py) and the one-time tree self-check
 (tree_check.py); here in decoding/, the stored verify-cost curve (curve_store.py), what to verify (planner.py),
 acceptance math (verify.py) and distribution warping (sampling.py). It does not format prompts or print anything.
@@ -20,12 +20,12 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from ..errors import SpecdecError
-from ..target.check_outcome import CheckOutcome
-from ..target.exact_setup import ExactSetup
-from ..target.forward import TargetForward
-from ..target.kv_cache import KVCache
-from ..target.rollback import keep_accepted
-from ..target.tree_check import check_trees
+from ..target_model.check_outcome import CheckOutcome
+from ..target_model.exact_setup import ExactSetup
+from ..target_model.forward import TargetForward
+from ..target_model.kv_cache import KVCache
+from ..target_model.rollback import keep_accepted
+from ..target_model.tree_check import check_trees
 from .cost_curve import CostCurve
 from .curve_store import CurveStore, cost_cache_file, forward_timer
 from .draft import Draft, Drafter, FinishReason, StepEvent

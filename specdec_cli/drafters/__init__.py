@@ -16,7 +16,7 @@ from ..errors import SpecdecError
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from ..target.quant import BlockLinear
+    from ..target_model.quant import BlockLinear
 
 DRAFTERS = {
     "none": "plain decoding through the same loop (the baseline)",
@@ -44,7 +44,7 @@ class TargetWeights:
 
         if isinstance(self.embedding, torch.Tensor):
             rows = torch.nn.functional.embedding(ids, self.embedding)
-        else:  # a GGUF's table left in the file (target/gguf_model.MappedEmbedding): only these rows are read
+        else:  # a GGUF's table left in the file (target_model/gguf_model.MappedEmbedding): only these rows are read
             rows = self.embedding.rows(ids.reshape(-1)).reshape(*ids.shape, -1)  # type: ignore[operator]
         return rows if self.embed_scale is None else rows * torch.tensor(self.embed_scale, dtype=rows.dtype)
 
@@ -68,7 +68,7 @@ def target_weights(model: Any) -> Optional[TargetWeights]:
     hidden states (a softcap) or its layers are not an embedding table and a linear (or block) head."""
     import torch
 
-    from ..target.quant import BlockLinear
+    from ..target_model.quant import BlockLinear
 
     config = getattr(model, "config", None)
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
@@ -219,7 +219,7 @@ def _check_files(name: str, options: DrafterOptions) -> None:
         if not (folder / "config.json").is_file():
             state = "no such directory" if not folder.exists() else "not a model directory (no config.json)"
             raise SpecdecError(f"draft_model {options.draft_model}: {state}", setting="draft_model")
-        from ..target.models import refuse_pickled_weights
+        from ..target_model.models import refuse_pickled_weights
 
         refuse_pickled_weights(folder, f"draft_model {options.draft_model}", "draft_model")
 

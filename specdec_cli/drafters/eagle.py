@@ -33,7 +33,7 @@ import torch
 
 from ..decoding.draft import Draft, Needs, StepEvent
 from ..errors import SpecdecError
-from ..target.quant import BlockLinear
+from ..target_model.quant import BlockLinear
 from .base import check_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -286,7 +286,7 @@ def load_draft_model(directory: str, target: Any, device: Any = "cpu", dtype: An
         raise SpecdecError(f"draft_model {directory}: no such directory", setting="draft_model")
     if not path.is_dir() or not (path / "config.json").is_file():
         raise SpecdecError(f"draft_model {directory}: not a model directory (no config.json)", setting="draft_model")
-    from ..target.models import refuse_pickled_weights
+    from ..target_model.models import refuse_pickled_weights
 
     refuse_pickled_weights(path, f"draft_model {directory}", "draft_model")
     import torch

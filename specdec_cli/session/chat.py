@@ -21,7 +21,7 @@ from ..texts.memory import Memory
 from .compare import Comparison, compare
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..target.models import LoadedTarget
+    from ..target_model.models import LoadedTarget
 
 
 def format_prompt(tokenizer: Any, messages: list[dict], raw: bool = False) -> list[int]:
@@ -36,7 +36,7 @@ def format_prompt(tokenizer: Any, messages: list[dict], raw: bool = False) -> li
 
 
 def target_info(model: Any, tokenizer: Any) -> TargetInfo:
-    from ..target.models import eos_token_ids
+    from ..target_model.models import eos_token_ids
     from ..texts.fingerprint import tokenizer_fingerprint
 
     eos = eos_token_ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer)
@@ -66,7 +66,7 @@ class ChatSettings:
 
     def check(self) -> None:
         """Everything that can be checked without the model (so a bad setting fails in the first second)."""
-        from ..target.load_settings import LoadSettings
+        from ..target_model.load_settings import LoadSettings
 
         LoadSettings(self.target, self.device, self.dtype, self.weights)  # each value one of its choices
         check_drafter(self.drafter)
@@ -77,7 +77,7 @@ class ChatSettings:
 def open_session(settings: ChatSettings,
                  on_status: Optional[Callable[[str], None]] = None) -> tuple["ChatSession", "LoadedTarget"]:
     """Check the settings, load the target (the slow part), and start a conversation."""
-    from ..target.models import load_target
+    from ..target_model.models import load_target
     from ..texts.memory import memory_cap, memory_dir, memory_enabled
 
     settings.check()

@@ -133,7 +133,7 @@ def serve(settings: ServeSettings, on_status: Optional[Callable[[str], None]] = 
         raise SpecdecError(INSTALL_HINT)
     for warning in settings.warnings():
         (on_warning or (lambda line: None))(warning)
-    from ..target.models import model_location, resolve_target
+    from ..target_model.models import model_location, resolve_target
 
     source = resolve_target(settings.target)
     model_dir = model_location(source, on_status)
