@@ -14,6 +14,7 @@ unpacks records, and owns the worker threads' count; it does not know about mode
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -132,6 +133,7 @@ def groups(n: int) -> int:
     return (n + GROUP - 1) // GROUP
 
 
+@functools.lru_cache(maxsize=None)
 def record_bytes(kind: int, k: int) -> int:
     """Bytes of one group's record: GROUP output columns, k inputs (kernels/_cpu.c's header comment)."""
     info = kind_of(kind)
@@ -240,79 +242,232 @@ def select_columns(kind: int, records: torch.Tensor, n: int, ids: torch.Tensor) 
                         None if offsets is None else offsets[ids])
 
 
-def matmul(x: torch.Tensor, kind: int, records: torch.Tensor, n: Optional[int] = None) -> torch.Tensor:
+# -- the C calls, typed ---------------------------------------------------------------------------------------------
+# Every call into _cpu goes through the functions below: they take tensors, check what the C code reads blindly
+# (dtype, device, dimensions, the unit stride along a row, shapes that agree) and raise ValueError naming the
+# kernel and the argument, never handing C a pointer it would read past. Values (positions within a rotary table,
+# key positions within the cache) are the caller's to keep in range. The checks are attribute reads, about a
+# microsecond a call, against tens of microseconds for the smallest kernel call of a decoding step.
+
+_F32, _U8, _I32 = torch.float32, torch.uint8, torch.int32
+
+
+def _refuse(kernel: str, what: str, tensor: Optional[torch.Tensor] = None) -> ValueError:
+    seen = "" if tensor is None else f", got {tensor.dtype} {tuple(tensor.shape)} on {tensor.device}"
+    return ValueError(f"{kernel}: {what}{seen}")
+
+
+def _matrix(tensor: torch.Tensor, kernel: str, name: str) -> None:
+    """A float32 CPU matrix [rows, width] whose rows may be strided but whose elements lie side by side."""
+    if tensor.dtype is not _F32 or not tensor.is_cpu or tensor.dim() != 2 or tensor.stride(1) != 1:
+        raise _refuse(kernel, f"{name} must be a float32 CPU matrix [rows, width] with unit stride along a row",
+                      tensor)
+
+
+def _dense(tensor: torch.Tensor, kernel: str, name: str, dtype: torch.dtype = _F32) -> None:
+    """A contiguous CPU tensor of `dtype`."""
+    if tensor.dtype is not dtype or not tensor.is_cpu or not tensor.is_contiguous():
+        raise _refuse(kernel, f"{name} must be a contiguous {dtype} CPU tensor", tensor)
+
+
+def matmul(x: torch.Tensor, kind: int, records: torch.Tensor, n: Optional[int] = None,
+           out: Optional[torch.Tensor] = None, accumulate: bool = False) -> torch.Tensor:
     """x [rows, k] float32 @ W^T -> [rows, n] float32, W as packed records (pack_records; n defaults to every
-    column the records hold). Block kinds round each row of x to 8 bits per block of 32 first (kernels/_cpu.c)."""
+    column the records hold, or to out's width). Block kinds round each row of x to 8 bits per block of 32 first
+    (kernels/_cpu.c). With `out` (float32 [rows, n], rows may be strided: a slice of a wider buffer) the product
+    is written there, or added to it with `accumulate`; returns out."""
     kernel = _require()
-    if x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu":
-        raise ValueError(f"matmul takes float32 CPU rows [rows, k], got {x.dtype} {tuple(x.shape)} on {x.device}")
+    if x.dtype is not _F32 or not x.is_cpu or x.dim() != 2:
+        raise _refuse("matmul", "x must be float32 CPU rows [rows, k]", x)
     x = x.contiguous()
     rows, k = x.shape
-    n = records.shape[0] * GROUP if n is None else int(n)
-    if (records.dtype != torch.uint8 or not records.is_contiguous() or k % BLOCK or
-            records.shape[1] != record_bytes(kind, k) or records.shape[0] != groups(n)):
+    if out is None:
+        if accumulate:
+            raise _refuse("matmul", "accumulate needs an out to add to")
+        n = records.shape[0] * GROUP if n is None else int(n)
+        out = torch.empty(rows, n, dtype=torch.float32)
+    else:
+        _matrix(out, "matmul", "out")
+        if out.shape[0] != rows or (n is not None and out.shape[1] != n):
+            raise _refuse("matmul", f"out must be [{rows}, {n if n is not None else 'n'}]", out)
+        n = out.shape[1]
+    if (records.dtype is not _U8 or not records.is_cpu or not records.is_contiguous() or records.dim() != 2 or
+            k % BLOCK or records.shape[1] != record_bytes(kind, k) or records.shape[0] != groups(n)):
         raise ValueError(f"matmul: records of shape {tuple(records.shape)} do not hold {n} columns of kind "
                          f"{kind_of(kind).name} for k={k}")
-    out = torch.empty(rows, n, dtype=torch.float32)
     if rows and n:
-        kernel.matmul(kind, x.data_ptr(), rows, k, n, records.data_ptr(), out.data_ptr())
+        kernel.matmul(kind, x.data_ptr(), rows, k, n, records.data_ptr(), out.data_ptr(), out.stride(0), accumulate)
     return out
 
 
 def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, run_start: torch.Tensor,
               run_stop: torch.Tensor, extra_start: torch.Tensor, extra_pos: torch.Tensor, scale: float,
-              cap: float = 0.0) -> torch.Tensor:
+              cap: float = 0.0, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Each query row attends to its own keys: cache positions run_start[row] .. run_stop[row]-1, then
     extra_pos[extra_start[row] : extra_start[row + 1]] (a tree node's ancestors and itself), in that order.
     cap > 0 soft-caps the scores (score * scale) before the softmax: cap * tanh(score / cap) (gemma2).
 
     query [rows, heads, dim] float32 (any strides, unit stride along dim); keys/values [kv_heads, positions, dim]
-    float32 or bfloat16 (unit stride along dim); run_start, run_stop [rows], extra_start [rows + 1], extra_pos:
-    contiguous int32. Returns [rows, heads, dim] float32."""
+    or [1, kv_heads, positions, dim] (a KV cache's buffers), float32 or bfloat16, unit stride along dim; run_start,
+    run_stop [rows], extra_start [rows + 1], extra_pos [extras]: contiguous int32. Writes [rows, heads, dim] float32
+    into `out` (unit stride along dim) or a new tensor, and returns it."""
     kernel = _require()
+    if query.dtype is not _F32 or not query.is_cpu or query.dim() != 3 or query.stride(2) != 1:
+        raise _refuse("attention", "query must be float32 CPU [rows, heads, dim] with unit stride along dim", query)
     rows, heads, dim = query.shape
-    kv_heads = keys.shape[0]
-    if query.dtype != torch.float32 or query.stride(2) != 1:
-        raise ValueError("attention: query must be float32 with unit stride along its last dimension")
-    if keys.dtype != values.dtype or keys.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"attention: keys and values must both be float32 or bfloat16, got {keys.dtype}, "
-                         f"{values.dtype}")
-    if keys.stride(2) != 1 or values.stride(2) != 1 or keys.shape[2] != dim or values.shape[2] != dim:
-        raise ValueError("attention: keys/values [kv_heads, positions, dim] with unit stride along dim")
-    for index in (run_start, run_stop, extra_start, extra_pos):
-        if index.dtype != torch.int32 or not index.is_contiguous():
-            raise ValueError("attention: key positions must be contiguous int32 tensors")
-    out = torch.empty(rows, heads, dim, dtype=torch.float32)
+    for name, tensor in (("keys", keys), ("values", values)):
+        if (tensor.dtype is not keys.dtype or tensor.dtype not in (_F32, torch.bfloat16) or not tensor.is_cpu or
+                tensor.dim() not in (3, 4) or (tensor.dim() == 4 and tensor.shape[0] != 1) or
+                tensor.shape[-1] != dim or tensor.stride(-1) != 1 or tensor.shape[-3:] != keys.shape[-3:]):
+            raise _refuse("attention", f"{name} must be float32 or bfloat16 CPU [kv_heads, positions, {dim}] (as the "
+                          "keys are) with unit stride along dim", tensor)
+    kv_heads = keys.shape[-3]
+    if heads % kv_heads:
+        raise _refuse("attention", f"{heads} query heads do not share {kv_heads} key/value heads evenly")
+    for name, index, count in (("run_start", run_start, rows), ("run_stop", run_stop, rows),
+                               ("extra_start", extra_start, rows + 1), ("extra_pos", extra_pos, None)):
+        _dense(index, "attention", name, _I32)
+        if index.dim() != 1 or (count is not None and index.shape[0] != count):
+            raise _refuse("attention", f"{name} must be [{count if count is not None else 'extras'}]", index)
+    if out is None:
+        out = torch.empty(rows, heads, dim, dtype=torch.float32)
+    elif out.dtype is not _F32 or not out.is_cpu or out.shape != query.shape or out.stride(2) != 1:
+        raise _refuse("attention", f"out must be float32 CPU [{rows}, {heads}, {dim}] with unit stride along dim", out)
     kernel.attention(rows, heads, kv_heads, dim, query.data_ptr(), query.stride(0), query.stride(1),
-                     keys.data_ptr(), values.data_ptr(), keys.dtype == torch.bfloat16, keys.stride(0), keys.stride(1),
-                     values.stride(0), values.stride(1), run_start.data_ptr(), run_stop.data_ptr(),
+                     keys.data_ptr(), values.data_ptr(), keys.dtype is torch.bfloat16, keys.stride(-3),
+                     keys.stride(-2), values.stride(-3), values.stride(-2), run_start.data_ptr(), run_stop.data_ptr(),
                      extra_start.data_ptr(), extra_pos.data_ptr(), float(scale), out.data_ptr(), out.stride(0),
                      out.stride(1), float(cap))
     return out
 
 
-def _rows(x: torch.Tensor, name: str) -> torch.Tensor:
-    if x.dtype != torch.float32 or x.device.type != "cpu":
-        raise ValueError(f"{name} takes float32 CPU tensors, got {x.dtype} on {x.device}")
-    return x.contiguous()
-
-
-def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up [rows, 2 * ffn] float32 -> GeLU-tanh(gate) * up [rows, ffn]: torch's F.gelu(approximate="tanh")
-    within a few ulp, every element by one formula on every instruction-set path (kernels/_cpu.c)."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """RMSNorm of each row: out = weight * x / sqrt(mean(x^2) + eps). x, out float32 [rows, dim] (rows may be
+    strided; out may be x); weight float32 [dim]. Returns out (a new tensor if not given)."""
     kernel = _require()
-    gate_up = _rows(gate_up, "gelu_tanh_mul")
+    _matrix(x, "rms_norm", "x")
+    rows, dim = x.shape
+    _dense(weight, "rms_norm", "weight")
+    if weight.shape != (dim,):
+        raise _refuse("rms_norm", f"weight must be [{dim}]", weight)
+    if out is None:
+        out = torch.empty(rows, dim, dtype=torch.float32)
+    else:
+        _matrix(out, "rms_norm", "out")
+        if out.shape != x.shape:
+            raise _refuse("rms_norm", f"out must be [{rows}, {dim}]", out)
+    kernel.rms_norm(x.data_ptr(), rows, dim, x.stride(0), weight.data_ptr(), float(eps), out.data_ptr(), out.stride(0))
+    return out
+
+
+def rms_norm_heads(x: torch.Tensor, head_dim: int, weight: torch.Tensor, eps: float) -> None:
+    """In place: RMSNorm of each head of head_dim in every row of x [rows, heads * head_dim] (float32, rows may be
+    strided: q's or k's columns of fused q/k/v rows), each head as rms_norm computes it (QK-norm)."""
+    kernel = _require()
+    _matrix(x, "rms_norm_heads", "x")
+    rows, width = x.shape
+    if width % head_dim:
+        raise _refuse("rms_norm_heads", f"x's width is not whole heads of {head_dim}", x)
+    _dense(weight, "rms_norm_heads", "weight")
+    if weight.shape != (head_dim,):
+        raise _refuse("rms_norm_heads", f"weight must be [{head_dim}]", weight)
+    kernel.rms_norm_heads(x.data_ptr(), rows, x.stride(0), width // head_dim, head_dim, weight.data_ptr(), float(eps))
+
+
+def rope(x: torch.Tensor, heads: int, head_dim: int, positions: torch.Tensor, cos: torch.Tensor,
+         sin: torch.Tensor) -> None:
+    """In place: the rotary embedding (rotate-half) of the first `heads` heads of each row of x [rows, width]
+    (float32, rows may be strided), row r at positions[r] (int32 [rows]); cos/sin float32 [positions, half] tables
+    turn the first 2 * half dimensions of each head (half < head_dim / 2: a partial rotary). Positions must lie
+    within the tables."""
+    kernel = _require()
+    _matrix(x, "rope", "x")
+    rows = x.shape[0]
+    if x.shape[1] < heads * head_dim:
+        raise _refuse("rope", f"x holds fewer than {heads} heads of {head_dim}", x)
+    _dense(positions, "rope", "positions", _I32)
+    if positions.shape != (rows,):
+        raise _refuse("rope", f"positions must be [{rows}]", positions)
+    _dense(cos, "rope", "cos")
+    _dense(sin, "rope", "sin")
+    if cos.dim() != 2 or sin.shape != cos.shape or 2 * cos.shape[1] > head_dim:
+        raise _refuse("rope", f"cos and sin must be [positions, half] alike, half <= {head_dim // 2}", sin)
+    kernel.rope(x.data_ptr(), rows, x.stride(0), heads, head_dim, positions.data_ptr(), cos.data_ptr(),
+                sin.data_ptr(), cos.shape[1])
+
+
+def store_rows(rows: torch.Tensor, cache: torch.Tensor, start: int) -> None:
+    """Copy each row of rows [n, heads * dim] (float32, rows may be strided: k's or v's columns of fused q/k/v
+    rows) into a KV cache buffer [(1,) heads, capacity, dim] at positions start .. start + n - 1."""
+    kernel = _require()
+    _matrix(rows, "store_rows", "rows")
+    count, width = rows.shape
+    if (cache.dtype is not _F32 or not cache.is_cpu or cache.dim() not in (3, 4) or cache.stride(-1) != 1 or
+            (cache.dim() == 4 and cache.shape[0] != 1) or cache.shape[-3] * cache.shape[-1] != width):
+        raise _refuse("store_rows", f"cache must be a float32 CPU buffer [heads, capacity, dim] for rows of {width}",
+                      cache)
+    if start < 0 or start + count > cache.shape[-2]:
+        raise _refuse("store_rows", f"positions {start}..{start + count - 1} past the cache's {cache.shape[-2]}")
+    kernel.store_rows(rows.data_ptr(), count, rows.stride(0), cache.shape[-3], cache.shape[-1], cache.data_ptr(),
+                      cache.stride(-3), cache.stride(-2), int(start))
+
+
+def _gated(name: str, gate_up: torch.Tensor, out: Optional[torch.Tensor]) -> tuple[int, int, torch.Tensor]:
+    _dense(gate_up, name, "gate_up")
     if gate_up.dim() != 2 or gate_up.shape[1] % 2:
-        raise ValueError(f"gelu_tanh_mul takes [rows, 2 * ffn], got {tuple(gate_up.shape)}")
+        raise _refuse(name, "gate_up must be [rows, 2 * ffn]", gate_up)
     rows, ffn = gate_up.shape[0], gate_up.shape[1] // 2
-    out = torch.empty(rows, ffn, dtype=torch.float32)
+    if out is None:
+        return rows, ffn, torch.empty(rows, ffn, dtype=torch.float32)
+    _dense(out, name, "out")
+    if out.shape != (rows, ffn):
+        raise _refuse(name, f"out must be [{rows}, {ffn}]", out)
+    return rows, ffn, out
+
+
+def silu_mul(gate_up: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """gate_up [rows, 2 * ffn] float32 -> SiLU(gate) * up [rows, ffn] (into `out` where given)."""
+    kernel = _require()
+    rows, ffn, out = _gated("silu_mul", gate_up, out)
+    kernel.silu_mul(gate_up.data_ptr(), rows, ffn, out.data_ptr())
+    return out
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """gate_up [rows, 2 * ffn] float32 -> GeLU-tanh(gate) * up [rows, ffn] (into `out` where given): torch's
+    F.gelu(approximate="tanh") within a few ulp, every element by one formula on every instruction-set path
+    (kernels/_cpu.c)."""
+    kernel = _require()
+    if gate_up.dtype is not _F32 or not gate_up.is_cpu:
+        raise _refuse("gelu_tanh_mul", "gate_up must be float32 on the CPU", gate_up)
+    gate_up = gate_up.contiguous()
+    rows, ffn, out = _gated("gelu_tanh_mul", gate_up, out)
     kernel.gelu_tanh_mul(gate_up.data_ptr(), rows, ffn, out.data_ptr())
     return out
 
 
-def soft_cap(x: torch.Tensor, cap: float) -> torch.Tensor:
-    """cap * tanh(x / cap) of float32 x (a new tensor), every element by one formula on every path."""
+def soft_cap_(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """In place: x = cap * tanh(x / cap) of contiguous float32 x, every element by one formula on every path."""
     kernel = _require()
-    out = _rows(x, "soft_cap").clone()
-    kernel.soft_cap(out.data_ptr(), out.numel(), float(cap))
-    return out
+    _dense(x, "soft_cap", "x")
+    kernel.soft_cap(x.data_ptr(), x.numel(), float(cap))
+    return x
+
+
+def soft_cap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(x / cap) of float32 x, a new tensor (soft_cap_)."""
+    if x.dtype is not _F32 or not x.is_cpu:
+        raise _refuse("soft_cap", "x must be float32 on the CPU", x)
+    return soft_cap_(x.contiguous().clone(), cap)
+
+
+def peak(path: str, seconds: float = 0.05) -> float:
+    """One thread's multiply-adds a second on path `path`'s dot-product instruction alone (for benchmarks); nan
+    where the build has no such measure."""
+    kernel = _require()
+    return float(kernel.peak(path, seconds)) if hasattr(kernel, "peak") else float("nan")
+
+
+def build_file() -> Optional[str]:
+    """The compiled extension's file (None when not compiled): its time stamp says which build computed."""
+    return getattr(_cpu, "__file__", None) if _cpu is not None else None

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..defaults import VERIFY_ROW_COUNTS
+from .row_keys import row_keys
 from .tree_mask import tree_attention_mask, tree_layout
 
 ATTENTION_NAME = "specdec_rowwise"  # the attention implementation's name in transformers' registries
@@ -86,18 +87,18 @@ def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     for name in UNSUPPORTED_ATTENTION:
         if kwargs.get(name) is not None:
             raise ValueError(f"row-invariant attention does not support {name}")
-    row_keys = _row_keys(attention_mask, q_len, key.shape[2])
+    keys_of_rows = row_keys(attention_mask, q_len, key.shape[2])
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if _kernel_attention(query, key):
         from .. import kernels
 
-        out = kernels.attention(query[0].transpose(0, 1).to(torch.float32), key[0], value[0], *row_keys.arrays,
+        out = kernels.attention(query[0].transpose(0, 1).to(torch.float32), key[0], value[0], *keys_of_rows.arrays,
                                 scale)  # [q, heads, d] float32
         return out.to(query.dtype).unsqueeze(0), None  # [1, q, heads, d]
     heads, kv_heads = query.shape[1], key.shape[1]
     group = heads // kv_heads
     outputs = []
-    for row, (start, stop, picked) in enumerate(row_keys.runs):
+    for row, (start, stop, picked) in enumerate(keys_of_rows.runs):
         if picked is None:  # a contiguous run of keys (a chain, a window): a view, as a one-row step reads it
             row_key, row_value = key[:, :, start:stop], value[:, :, start:stop]  # [1, kv_heads, n, d]
         else:  # a tree node: the run, then its ancestors and itself, gathered
@@ -115,60 +116,6 @@ def _kernel_attention(query: torch.Tensor, key: torch.Tensor) -> bool:
 
     return (kernels.available() and query.device.type == "cpu" and query.dtype in (torch.float32, torch.bfloat16)
             and key.dtype in (torch.float32, torch.bfloat16) and key.stride(-1) == 1)
-
-
-@dataclass
-class RowKeys:
-    """Which cached keys each query row of a block attends to, in order: a contiguous run, then single positions.
-
-    runs: per row (start, stop, None) when the keys are one run, else (start, stop, all positions [n]) for the
-    SDPA fallback; arrays: (run_start, run_stop, extra_start, extra_pos) int32 for the kernel."""
-
-    runs: list[tuple[int, int, Optional[torch.Tensor]]]
-    arrays: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-
-
-PARSED_MASKS = 4  # masks remembered per forward (one per layer kind: full, sliding)
-_parsed: list[tuple[Any, RowKeys]] = []  # (mask or (q_len, kv_len), its RowKeys), newest last; masks are held so
-# that no other mask can reuse their id
-
-
-def _row_keys(attention_mask: Optional[torch.Tensor], q_len: int, kv_len: int) -> RowKeys:
-    """Per query row, its keys. A None mask is causal: the cached keys and the block's rows up to this one."""
-    key = (q_len, kv_len) if attention_mask is None else attention_mask
-    for held, parsed in _parsed:
-        if held is key or (attention_mask is None and isinstance(held, tuple) and held == key):
-            return parsed
-    if attention_mask is None:
-        stops = torch.arange(kv_len - q_len + 1, kv_len + 1, dtype=torch.int32)
-        empty = torch.zeros(q_len + 1, dtype=torch.int32)
-        parsed = RowKeys([(0, stop, None) for stop in stops.tolist()],
-                         (torch.zeros(q_len, dtype=torch.int32), stops, empty, empty[:0]))
-        _parsed.append((key, parsed))
-        del _parsed[:-PARSED_MASKS]
-        return parsed
-    # every row at once (a block's rows in a few tensor calls, not a few calls per row): a row's run starts at its
-    # first allowed key and stops at the first key after it that is not allowed; the allowed keys past the run
-    # are its extras
-    allowed = attention_mask[0, 0, :q_len]  # [q, kv] bool
-    if not bool(allowed.any(dim=1).all()):
-        raise ValueError("a row of the attention mask allows no key")
-    index = torch.arange(allowed.shape[1])
-    firsts = allowed.to(torch.uint8).argmax(dim=1)  # the first allowed key
-    holes = ~allowed & (index[None, :] >= firsts[:, None])
-    stops = torch.where(holes.any(dim=1), holes.to(torch.uint8).argmax(dim=1), allowed.shape[1])
-    extra = allowed & (index[None, :] >= stops[:, None])
-    counts = extra.sum(dim=1)
-    picked = torch.split(allowed.nonzero()[:, 1], allowed.sum(dim=1).tolist())  # each row's keys, ascending
-    runs: list[tuple[int, int, Optional[torch.Tensor]]] = [
-        (first, stop, None if count == 0 else keys)
-        for first, stop, count, keys in zip(firsts.tolist(), stops.tolist(), counts.tolist(), picked)]
-    extra_start = torch.cat([torch.zeros(1, dtype=counts.dtype), counts.cumsum(0)])
-    parsed = RowKeys(runs, (firsts.to(torch.int32), stops.to(torch.int32), extra_start.to(torch.int32),
-                            extra.nonzero()[:, 1].to(torch.int32)))
-    _parsed.append((attention_mask, parsed))
-    del _parsed[:-PARSED_MASKS]
-    return parsed
 
 
 def _register() -> None:

@@ -143,7 +143,7 @@ def _passed_file(model: Any) -> Optional[Any]:
     cache = getattr(source, "cache", None)
     if cache is None or not kernels.available():
         return None
-    build = getattr(kernels._cpu, "__file__", "") or ""
+    build = kernels.build_file() or ""
     try:
         stamp = f"{build}:{Path(build).stat().st_mtime_ns}"
     except OSError:

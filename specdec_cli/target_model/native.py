@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import math
-import weakref
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Optional
@@ -41,14 +40,13 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-from .exact import RowKeys, _row_keys
 from .quant import BlockLinear
+from .row_keys import RowKeys, row_keys, window_keys
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "smollm3")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")  # fixed tables (no dynamic rescaling)
 LAYER_KINDS = ("full_attention", "sliding_attention")
 ROW_INVARIANT_ROWS = 32  # blocks up to this many rows attend through the row-invariant kernel
-_decoders: "weakref.WeakKeyDictionary[Any, NativeDecoder]" = weakref.WeakKeyDictionary()  # one per model
 
 
 def _activation(mlp: Any) -> Optional[str]:
@@ -145,11 +143,8 @@ def unsupported(model: Any) -> Optional[str]:
 
 
 def decoder_for(model: Any) -> Optional["NativeDecoder"]:
-    """The model's native decoder (made once per model, dropped with it), or None where `unsupported` says why."""
-    decoder = _decoders.get(model)
-    if decoder is None and unsupported(model) is None:
-        decoder = _decoders[model] = NativeDecoder(model)
-    return decoder
+    """A native decoder of the model (a new one: whoever asks keeps it), or None where `unsupported` says why."""
+    return NativeDecoder(model) if unsupported(model) is None else None
 
 
 @dataclass
@@ -231,17 +226,6 @@ def _eps(norm: Any, default: float) -> float:
     return float(getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None) or default)
 
 
-def _window_keys(rows: int, past: int, window: int) -> RowKeys:
-    """A chain's keys on a sliding layer: row r (at cache position past + r) sees the `window` positions up to its
-    own, as transformers' sliding masks (`kv_idx > q_idx - sliding_window`)."""
-    stops = torch.arange(past + 1, past + rows + 1, dtype=torch.int32)
-    starts = (stops - window).clamp(min=0).to(torch.int32)
-    empty = torch.zeros(rows + 1, dtype=torch.int32)
-    runs: list[tuple[int, int, Optional[torch.Tensor]]] = [(a, b, None) for a, b in zip(starts.tolist(),
-                                                                                          stops.tolist())]
-    return RowKeys(runs, (starts, stops, empty, empty[:0]))
-
-
 class NativeDecoder:
     """A supported family's forward on block weights (see the module docstring)."""
 
@@ -249,8 +233,9 @@ class NativeDecoder:
         from .. import kernels
 
         kernels.ensure_threads()
-        self._cpu = kernels._require()
-        config = model.config  # (the model itself is not held: its decoder lives as long as it does)
+        if not kernels.available():
+            kernels.set_threads(1)  # raises the one-line "not compiled" error
+        config = model.config  # (the model itself is not held: whoever holds the decoder holds the model)
         self.config = config
         self.hidden = int(config.hidden_size)
         self.heads = int(config.num_attention_heads)
@@ -342,9 +327,9 @@ class NativeDecoder:
                 mask = mask == 0
             window = windows[kind]
             if mask is None and window:
-                keys[kind] = _window_keys(rows, past, window)
+                keys[kind] = window_keys(rows, past, window)
             else:
-                keys[kind] = _row_keys(mask, rows, past + rows)
+                keys[kind] = row_keys(mask, rows, past + rows)
         return keys
 
     # -- the forward -------------------------------------------------------------------------------------------
@@ -356,7 +341,8 @@ class NativeDecoder:
         or a boolean tree mask [1, 1, n, cached + n] (or a dict of them by layer kind). Returns .logits
         [1, n or logits_to_keep, vocab] and, with output_hidden_states, .hidden_states[-1] = the final normed
         states [1, n, hidden]."""
-        cpu = self._cpu
+        from .. import kernels
+
         rows = int(input_ids.shape[1])
         positions = position_ids[0].to(torch.int32).contiguous()  # [n]
         for rope in self.ropes:
@@ -365,9 +351,12 @@ class NativeDecoder:
         if self.embed_scale is not None:
             x.mul_(self.embed_scale)
         h = self._buffer("normed", rows, self.hidden)
-        qkv_width = (self.heads + 2 * self.kv_heads) * self.head_dim
-        qkv = self._buffer("qkv", rows, qkv_width)
-        attended = self._buffer("attended", rows, self.heads * self.head_dim)
+        q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        qkv = self._buffer("qkv", rows, q_width + 2 * kv_width)  # [n, q | k | v]
+        query = qkv[:, :q_width].view(rows, self.heads, self.head_dim)  # [n, heads, head_dim]
+        new_keys, new_values = qkv[:, q_width : q_width + kv_width], qkv[:, q_width + kv_width :]  # [n, kv_width]
+        attended = self._buffer("attended", rows, q_width)
+        attended_heads = attended.view(rows, self.heads, self.head_dim)
         gate_up = self._buffer("gate_up", rows, 2 * self.ffn)
         act = self._buffer("act", rows, self.ffn)
         branch = self._buffer("branch", rows, self.hidden)  # gemma2/3: a half's output before its post-norm
@@ -377,63 +366,44 @@ class NativeDecoder:
             keys_by_kind = self._keys_by_kind(attention_mask, rows, past)
         elif attention_mask is not None or past:
             raise ValueError("the native decoder's long forwards are prompts on an empty cache")
-        q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        cap = float(self.attn_cap or 0.0)
         for index, layer in enumerate(self.layers):
-            cpu.rms_norm(x.data_ptr(), rows, self.hidden, self.hidden, layer.attn_norm.data_ptr(), layer.attn_eps,
-                         h.data_ptr(), self.hidden)
+            kernels.rms_norm(x, layer.attn_norm, layer.attn_eps, out=h)
             self._project(h, layer.qkv, qkv)
             if layer.q_norm is not None:  # QK-norm: each head of q and k over its head_dim, every row in one call
-                cpu.rms_norm_heads(qkv.data_ptr(), rows, qkv_width, self.heads, self.head_dim, layer.q_norm.data_ptr(),
-                                   layer.qk_eps)
-                cpu.rms_norm_heads(qkv.data_ptr() + 4 * q_width, rows, qkv_width, self.kv_heads, self.head_dim,
-                                   layer.k_norm.data_ptr(), layer.qk_eps)
-            if layer.rope is not None:
-                self._rotate(qkv, rows, layer.rope, positions)
+                kernels.rms_norm_heads(qkv[:, :q_width], self.head_dim, layer.q_norm, layer.qk_eps)
+                kernels.rms_norm_heads(new_keys, self.head_dim, layer.k_norm, layer.qk_eps)
+            if layer.rope is not None:  # q's and k's heads, side by side in each row
+                kernels.rope(qkv, self.heads + self.kv_heads, self.head_dim, positions, layer.rope.cos,
+                             layer.rope.sin)
             cache = past_key_values.native_layer(index, self.kv_heads, self.head_dim, rows)
             keys, values = cache.key_buffer, cache.value_buffer  # [1, kv_heads, capacity, head_dim]
-            for buffer, offset in ((keys, q_width), (values, q_width + kv_width)):
-                cpu.store_rows(qkv.data_ptr() + 4 * offset, rows, qkv_width, self.kv_heads, self.head_dim,
-                               buffer.data_ptr(), buffer.stride(1), buffer.stride(2), past)
+            kernels.store_rows(new_keys, keys, past)
+            kernels.store_rows(new_values, values, past)
             cache.advance(rows)
             if keys_by_kind is None:  # a prompt: torch's attention over the whole causal block
                 self._prompt_attention(qkv, keys, values, rows, layer, self._windows()[layer.kind], attended)
             else:  # soft-capped scores (gemma2) in the kernel too
-                row_keys = keys_by_kind[layer.kind]
-                query = qkv[:, :q_width].view(rows, self.heads, self.head_dim)
-                cpu.attention(rows, self.heads, self.kv_heads, self.head_dim, query.data_ptr(), query.stride(0),
-                              query.stride(1), keys.data_ptr(), values.data_ptr(), False, keys.stride(1),
-                              keys.stride(2), values.stride(1), values.stride(2),
-                              *(array.data_ptr() for array in row_keys.arrays), layer.scaling, attended.data_ptr(),
-                              q_width, self.head_dim, float(self.attn_cap or 0.0))
+                kernels.attention(query, keys, values, *keys_by_kind[layer.kind].arrays, layer.scaling, cap,
+                                  out=attended_heads)
             self._residual(attended, layer.out, layer.post_attn_norm, x, h, branch)
-            cpu.rms_norm(x.data_ptr(), rows, self.hidden, self.hidden, layer.mlp_norm.data_ptr(), layer.mlp_eps,
-                         h.data_ptr(), self.hidden)
+            kernels.rms_norm(x, layer.mlp_norm, layer.mlp_eps, out=h)
             self._project(h, layer.gate_up, gate_up)
             if layer.act == "silu":
-                cpu.silu_mul(gate_up.data_ptr(), rows, self.ffn, act.data_ptr())
+                kernels.silu_mul(gate_up, out=act)
             else:  # GeLU-tanh, every element by one formula (torch's vectorised and scalar tails round differently)
-                cpu.gelu_tanh_mul(gate_up.data_ptr(), rows, self.ffn, act.data_ptr())
+                kernels.gelu_tanh_mul(gate_up, out=act)
             self._residual(act, layer.down, layer.post_mlp_norm, x, h, branch)
-        final = torch.empty(rows, self.hidden, dtype=torch.float32)
-        cpu.rms_norm(x.data_ptr(), rows, self.hidden, self.hidden, self.final_norm.data_ptr(), self.final_eps,
-                     final.data_ptr(), self.hidden)
+        final = kernels.rms_norm(x, self.final_norm, self.final_eps)  # [n, hidden]
         keep = rows if not logits_to_keep else min(int(logits_to_keep), rows)
         logits = torch.empty(keep, self.vocab, dtype=torch.float32)
         self._matmul(final[rows - keep :], self.head, logits)
         if self.final_cap is not None:  # gemma2: cap * tanh(logits / cap), every element by one formula
-            cpu.soft_cap(logits.data_ptr(), keep * self.vocab, float(self.final_cap))
+            kernels.soft_cap_(logits, float(self.final_cap))
         hidden_states = (final.unsqueeze(0),) if output_hidden_states else None
         return SimpleNamespace(logits=logits.unsqueeze(0), hidden_states=hidden_states)
 
     # -- steps ----------------------------------------------------------------------------------------------------
-
-    def _rotate(self, qkv: torch.Tensor, rows: int, rope: _Rope, positions: torch.Tensor) -> None:
-        """Rotary embedding of the q and k heads in place (rotate-half); a partial rotary (phi3's
-        partial_rotary_factor) turns only the first 2 * half dimensions of each head (the kernel computes what
-        torch's elementwise first * cos - second * sin, second * cos + first * sin computes, bit for bit)."""
-        heads = self.heads + self.kv_heads
-        self._cpu.rope(qkv.data_ptr(), rows, qkv.stride(0), heads, self.head_dim, positions.data_ptr(),
-                       rope.cos.data_ptr(), rope.sin.data_ptr(), rope.half)
 
     def _prompt_attention(self, qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: int, layer: Any,
                           window: Optional[int], out: torch.Tensor) -> None:
@@ -465,27 +435,36 @@ class NativeDecoder:
     def _residual(self, source: torch.Tensor, layer: BlockLinear, post_norm: Optional[torch.Tensor], x: torch.Tensor,
                   normed: torch.Tensor, branch: torch.Tensor) -> None:
         """x += source @ layer; with a post-norm (gemma2/3), x += norm(source @ layer)."""
+        from .. import kernels
+
         if post_norm is None:
             self._matmul(source, layer, x, accumulate=True)
             return
         self._matmul(source, layer, branch)
-        self._cpu.rms_norm(branch.data_ptr(), branch.shape[0], self.hidden, self.hidden, post_norm.data_ptr(),
-                           self.eps, normed.data_ptr(), self.hidden)
+        kernels.rms_norm(branch, post_norm, self.eps, out=normed)
         x += normed
 
     def _matmul(self, source: torch.Tensor, layer: BlockLinear, out: torch.Tensor, accumulate: bool = False) -> None:
         """out (+)= source @ layer's weight, both float32 and contiguous."""
-        self._cpu.matmul(layer.kind, source.data_ptr(), source.shape[0], layer.in_features, layer.out_features,
-                         layer.records.data_ptr(), out.data_ptr(), out.stride(0), accumulate)
+        from .. import kernels
+
+        kernels.matmul(source, layer.kind, layer.records, out=out, accumulate=accumulate)
         if layer.bias is not None:
             out += layer.bias
 
     def _project(self, source: torch.Tensor, groups: list[_Projections], out: torch.Tensor) -> None:
         """out[:, :] = source @ the fused projections, side by side."""
+        from .. import kernels
+
+        if len(groups) == 1:  # one fused matmul fills the row
+            kernels.matmul(source, groups[0].kind, groups[0].records, out=out)
+            if groups[0].bias is not None:
+                out += groups[0].bias
+            return
         column = 0
         for group in groups:
-            self._cpu.matmul(group.kind, source.data_ptr(), source.shape[0], source.shape[1], group.width,
-                             group.records.data_ptr(), out.data_ptr() + 4 * column, out.stride(0), False)
+            part = out[:, column : column + group.width]  # [n, width]
+            kernels.matmul(source, group.kind, group.records, out=part)
             if group.bias is not None:
-                out[:, column : column + group.width] += group.bias
+                part += group.bias
             column += group.width
