@@ -132,14 +132,15 @@ def hf_greedy(model, prompt_ids, max_new_tokens, eos=TINY_EOS):
     return out[0, len(prompt_ids):].tolist()
 
 
-def fixed_engine(model, **settings):
+def fixed_engine(model, exact=None):
     """An engine whose planner prices a forward of 1 to 64 rows the same (a fixed cost curve, no timing anywhere):
-    drafts are never trimmed for speed, so no outcome depends on this machine. `settings` go to Engine."""
+    drafts are never trimmed for speed, so no outcome depends on this machine. `exact` goes to choose_forward."""
     from specdec_cli.decoding.cost_curve import CostCurve
     from specdec_cli.decoding.engine import Engine
     from specdec_cli.decoding.planner import DraftPlanner
+    from specdec_cli.target_model.exact_setup import choose_forward
 
-    return Engine(model, planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})), **settings)
+    return Engine(choose_forward(model, exact), planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})))
 
 
 HANG_GUARD = 600  # seconds: a process that takes longer is stuck, not slow (no test waits on speed)

@@ -190,7 +190,7 @@ def test_a_check_outcome_renders_as_displays_and_bench_json_show_it(tiny_llama):
     assert CheckOutcome("chains only", "no tree mask for chunked_attention layers").text() \
         == "chains only: no tree mask for chunked_attention layers"
     engine = Engine(tiny_llama, planner=DraftPlanner(CostCurve.fixed(FLAT_CURVE)))  # float32: exactness off
-    assert engine.exact_outcome == CheckOutcome("off") and engine.exact_check == "off"
+    assert engine.forward.outcome == CheckOutcome("off") and engine.forward.outcome.text() == "off"
     assert engine.tree_outcome == CheckOutcome("not checked") and engine.tree_check == "not checked"
 
 

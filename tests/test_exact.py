@@ -10,6 +10,7 @@ the model's law; and where exactness cannot be had (eager attention) the engine 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 
 import pytest
@@ -21,7 +22,8 @@ from specdec_cli.decoding.cost_curve import CostCurve
 from specdec_cli.decoding.engine import Engine, GenerationConfig
 from specdec_cli.decoding.planner import DraftPlanner
 from specdec_cli.drafters.none import NoDrafter
-from specdec_cli.target_model.exact import _pad_rows, exact_rows, install, remove, rowwise_attention, suspended
+from specdec_cli.target_model.exact import _pad_rows, exact_rows, install, row_invariant, rowwise_attention
+from specdec_cli.target_model.exact_setup import choose_forward
 from specdec_cli.target_model.tree_mask import tree_attention_mask, tree_layout
 
 NEW = 32
@@ -99,7 +101,7 @@ def bf16_family(request):
     model = family_model(request.param, seed=11).to(torch.bfloat16)
     engine = fixed_engine(model, exact=True)
     references = [engine.generate(prompt, NoDrafter(), _config()).tokens for prompt in PROMPTS]
-    assert engine.exact_outcome.state == "on", engine.exact_check
+    assert engine.forward.outcome.state == "on", engine.forward.outcome.text()
     return type("Family", (), {"name": request.param, "model": model, "vocab": 64, "references": references})
 
 def _config(**settings) -> GenerationConfig:
@@ -124,13 +126,13 @@ def test_float32_is_exact_by_construction_when_asked(tiny_llama):
     family = type("Family", (), {"model": model, "vocab": 64, "references": [plain.tokens, []]})
     for kind in ("chain", "tree"):
         assert engine.generate(PROMPTS[0], family_drafter(kind, family, 0), _config()).tokens == plain.tokens, kind
-    assert engine.exact_outcome.state == "on"
+    assert engine.forward.outcome.state == "on"
 
 
 def test_float32_is_left_alone_by_default(tiny_llama):
     engine = Engine(tiny_llama, planner=DraftPlanner(CostCurve.fixed({1: 1.0})))
     engine.generate(PROMPTS[0], NoDrafter(), _config(max_new_tokens=4))
-    assert not engine.exact and engine.exact_outcome.state == "off" and engine.exact_check == "off"
+    assert not engine.forward.exact and engine.forward.outcome.state == "off" and engine.forward.outcome.text() == "off"
     assert tiny_llama.config._attn_implementation == "sdpa"
 
 
@@ -149,15 +151,19 @@ def test_sampling_keeps_the_law_in_bfloat16():
     assert statistic < dof + 5 * (2 * dof) ** 0.5 + 5, (statistic, dof)
 
 
-def test_the_models_own_kernels_come_back_when_suspended_or_removed():
+def test_the_row_invariant_kernels_are_switched_on_for_a_forward_only():
     model = family_model("llama", seed=3).to(torch.bfloat16)
     state = install(model, 8)
-    assert model.config._attn_implementation == "specdec_rowwise"
-    with suspended(model, state):
-        assert model.config._attn_implementation == "sdpa" and not state.handles
-    assert model.config._attn_implementation == "specdec_rowwise"
-    remove(model, state)
-    assert model.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == "sdpa" and _padding_hooks(model) == 0
+    state = dataclasses.replace(state, padded=[model.lm_head])  # as if its shape rounded rows differently here
+    assert not hasattr(model, "specdec_exact_state")  # nothing of specdec's is left on the model
+    with row_invariant(model, state):
+        assert model.config._attn_implementation == "specdec_rowwise"
+        assert _padding_hooks(model) == 2 * len(state.padded)  # before and after each padded layer's call
+    assert model.config._attn_implementation == "sdpa" and _padding_hooks(model) == 0
+    with pytest.raises(RuntimeError), row_invariant(model, state):
+        raise RuntimeError("a forward that fails")
+    assert model.config._attn_implementation == "sdpa" and _padding_hooks(model) == 0
     assert not any(module._forward_hooks for module in model.modules())
 
 
@@ -167,9 +173,10 @@ def test_where_exactness_cannot_be_had_the_engine_says_so_and_goes_on():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         generation = engine.generate(PROMPTS[0], family_drafter("pld", _Fake(model), 0), _config(max_new_tokens=8))
-    assert engine.exact_outcome.state == "failed", engine.exact_check
-    assert engine.exact_outcome.detail.startswith("row-invariant attention replaces SDPA attention")
-    assert engine.exact_check == f"failed: {engine.exact_outcome.detail}"  # as displays and bench JSON show it
+    assert engine.forward.outcome.state == "failed", engine.forward.outcome.text()
+    assert engine.forward.outcome.detail.startswith("row-invariant attention replaces SDPA attention")
+    outcome = engine.forward.outcome
+    assert outcome.text() == f"failed: {outcome.detail}"  # as displays and bench JSON show it
     assert any("not row-invariant" in str(warning.message) for warning in caught)
     assert len(generation.tokens) == 8 and model.config._attn_implementation == "eager"
 
@@ -180,7 +187,7 @@ class _Fake:
 
 
 @pytest.mark.slow
-def test_engines_over_one_model_share_its_row_invariant_state(monkeypatch):
+def test_one_forward_handed_to_engines_is_checked_once_and_leaves_the_model_alone(monkeypatch):
     import specdec_cli.target_model.exact as exact
 
     model = family_model("llama", seed=3).to(torch.bfloat16)
@@ -188,27 +195,25 @@ def test_engines_over_one_model_share_its_row_invariant_state(monkeypatch):
     check = exact.block_mismatch
     monkeypatch.setattr(exact, "block_mismatch",
                         lambda model_, config, device, rows: checks.append(rows) or check(model_, config, device, rows))
-    first, second = fixed_engine(model, exact=True), fixed_engine(model, exact=True)
-    assert first.prepare(8) == second.prepare(8) == exact_rows(8) and checks == [exact_rows(8)]  # checked once
-    hooks = _padding_hooks(model)
-    assert fixed_engine(model, exact=True).prepare(8) == exact_rows(8)
-    assert _padding_hooks(model) == hooks  # no hooks piled up
-    assert second.prepare(20) == exact_rows(20) > exact_rows(8) and checks[-1] == exact_rows(20)
-    assert first.prepare(8) == exact_rows(20)  # the first engine follows the model's bigger blocks
-    hooks = _padding_hooks(model)
-    for _ in range(2):  # bench's native rows: the model's own kernels, nothing re-installed or piled up
-        with first.native_kernels():
-            assert first.prepare(8) is None and model.config._attn_implementation == "sdpa"
-            assert _padding_hooks(model) == 0
+    forward = choose_forward(model, exact=True)
+    planner = DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0}))
+    first, second = Engine(forward, planner=planner), Engine(forward, planner=planner)
+    assert first.forward is second.forward is forward
+    assert forward.prepare(8) == forward.prepare(8) == exact_rows(8) and checks == [exact_rows(8)]  # checked once
+    generation = first.generate(PROMPTS[0], NoDrafter(), _config(max_new_tokens=4))
+    assert model.config._attn_implementation == "sdpa" and _padding_hooks(model) == 0  # between forwards: its own
+    assert forward.prepare(20) == exact_rows(20) > exact_rows(8) and checks[-1] == exact_rows(20)
+    assert second.generate(PROMPTS[0], NoDrafter(), _config(max_new_tokens=4)).tokens == generation.tokens
+    for _ in range(2):  # bench's native rows: the model's own kernels, nothing re-checked
+        with forward.own_kernels():
+            assert forward.prepare(8) is None
             first.generate(PROMPTS[0], NoDrafter(), _config(max_new_tokens=4))
-        assert _padding_hooks(model) == hooks
-    assert len(checks) == 2 and first.prepare(8) == second.prepare(8) == exact_rows(20)
-    remove(model, model.specdec_exact_state)
-    assert model.config._attn_implementation == "sdpa"
-    assert _padding_hooks(model) == 0
+    assert len(checks) == 2 and forward.prepare(8) == exact_rows(20)
+    assert model.config._attn_implementation == "sdpa" and _padding_hooks(model) == 0
+    assert choose_forward(model, exact=True).outcome.state == "not checked"  # another forward checks for itself
 
 
 def _padding_hooks(model) -> int:
     """exact.py's hooks on the model (transformers adds hooks of its own, to capture hidden states)."""
     return sum(hook.__qualname__.startswith("_pad_rows") for module in model.modules()
-               for hook in module._forward_hooks.values())
+               for hook in [*module._forward_pre_hooks.values(), *module._forward_hooks.values()])

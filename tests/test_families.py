@@ -91,8 +91,8 @@ def test_tree_logits_equal_sequential_decoding(family, shape):
     prompt = PROMPTS[0]
     with torch.inference_mode():
         cache = DynamicCache()
-        engine._forward(prompt[:-1], cache, 0)
-        tree_logits = engine._forward([prompt[-1], *tokens], cache, len(prompt) - 1, tree=parents).logits  # [n+1, V]
+        engine.forward(prompt[:-1], cache, 0)
+        tree_logits = engine.forward([prompt[-1], *tokens], cache, len(prompt) - 1, tree=parents).logits  # [n+1, V]
         for row in range(len(tokens) + 1):
             sequence = prompt + [tokens[node] for node in tree_path(parents, row - 1)]
             reference = model(torch.tensor([sequence])).logits[0, -1]  # [V]
@@ -263,18 +263,18 @@ def test_a_cache_that_keeps_only_the_window_is_refused_not_wrong():
     prompt = PROMPTS[0]
     with torch.inference_mode():
         short = DynamicCache(config=model.config)
-        engine._forward(prompt[:6], short, 0)  # within the window, refused all the same
+        engine.forward(prompt[:6], short, 0)  # within the window, refused all the same
         with pytest.raises(SpecdecError, match="does not keep every token"):
             keep_accepted(short, 3, [1], False, 4)
         cache = DynamicCache(config=model.config)
-        engine._forward(prompt, cache, 0)  # past the window
+        engine.forward(prompt, cache, 0)  # past the window
         assert [layer.keys.shape[-2] for layer in cache.layers] == [WINDOW - 1, len(prompt)]
         with pytest.raises(SpecdecError, match=r"layer 0 \(DynamicSlidingWindowLayer\) does not keep every token"):
             truncate_cache(cache, len(prompt) - 3)
         with pytest.raises(SpecdecError, match="does not keep every token"):
             keep_accepted(cache, len(prompt) - 4, [1, 2], False, len(prompt) - 1)
         plain = DynamicCache()
-        engine._forward(prompt, plain, 0)
+        engine.forward(prompt, plain, 0)
         assert [layer.keys.shape[-2] for layer in plain.layers] == [len(prompt)] * 2  # what the engine uses
 
 

@@ -26,6 +26,7 @@ from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.drafters.none import NoDrafter
 from specdec_cli.target_model import gguf_blocks, gguf_check, native, quant
+from specdec_cli.target_model.exact_setup import NativeForward
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
 
@@ -85,7 +86,7 @@ def test_in_place_computes_what_the_converted_blocks_computed_bit_for_bit(family
         for prompt in PROMPTS:
             assert torch.equal(split_logits(model, prompt), split_logits(native.decoder_for(before), prompt)), family
     engine = fixed_engine(model)
-    assert engine.native is not None
+    assert isinstance(engine.forward, NativeForward)
     config = GenerationConfig(max_new_tokens=24, budget=7, eos_token_ids=(EOS,))
     case = type("Family", (), {"name": family, "model": model, "vocab": model.config.vocab_size, "references": []})
     for index, prompt in enumerate(PROMPTS):
@@ -95,7 +96,7 @@ def test_in_place_computes_what_the_converted_blocks_computed_bit_for_bit(family
             speculative = fixed_engine(model)
             assert speculative.generate(prompt, family_drafter(kind, case, index), config).tokens == plain, kind
             assert kind != "tree" or speculative.tree_outcome.state == "passed", speculative.tree_check
-    assert engine.exact_outcome.state == "on", engine.exact_check
+    assert engine.forward.outcome.state == "on", engine.forward.outcome.text()
     assert model.model.embed_tokens._dense is None  # rows were dequantised as asked, never the whole table
 
 
@@ -122,10 +123,11 @@ def test_the_cache_is_made_once_then_mapped_and_remade_when_damaged(tmp_path, mo
         want = split_logits(first.model, PROMPTS[0])
         assert torch.equal(want, split_logits(again.model, PROMPTS[0]))
     first_check, again_check = fixed_engine(first.model), fixed_engine(again.model)
-    first_check.prepare(8)
-    again_check.prepare(8)  # the row-invariance check passed for this file on this machine: remembered
-    assert first_check.exact_check.startswith("on: specdec's native decoder")
-    assert again_check.exact_check.endswith("(checked on this machine before)"), again_check.exact_check
+    first_check.forward.prepare(8)
+    again_check.forward.prepare(8)  # the row-invariance check passed for this file on this machine: remembered
+    assert first_check.forward.outcome.text().startswith("on: specdec's native decoder")
+    remembered = again_check.forward.outcome.text()
+    assert remembered.endswith("(checked on this machine before)"), remembered
     with open(blocks, "r+b") as handle:  # cut short: made again, with the same result
         handle.truncate(blocks.stat().st_size - 100)
     gguf_check._checked.clear()

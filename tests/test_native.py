@@ -24,6 +24,7 @@ from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.drafters.none import NoDrafter
 from specdec_cli.target_model import native, quant
+from specdec_cli.target_model.exact_setup import NativeForward
 from specdec_cli.target_model.kv_cache import KVCache
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
@@ -176,8 +177,8 @@ def block_family(request):
     model = _blocks(family, mode)
     engine = fixed_engine(model)
     references = [engine.generate(prompt, NoDrafter(), _config()).tokens for prompt in PROMPTS]
-    assert engine.exact_outcome.state == "on", engine.exact_check
-    assert engine.native is not None
+    assert engine.forward.outcome.state == "on", engine.forward.outcome.text()
+    assert isinstance(engine.forward, NativeForward)
     for prompt, answer in zip(PROMPTS, references):
         _assert_greedy(model, prompt, answer)
     return type("Family", (), {"name": family, "model": model, "vocab": 64, "references": references})
@@ -198,7 +199,7 @@ def test_sampling_on_block_weights_keeps_the_law():
     prompt = PROMPTS[1]
     law = second_token_law(model, prompt)
     engine = fixed_engine(model)
-    assert engine.native is not None
+    assert isinstance(engine.forward, NativeForward)
     drafter = LikelyTree(torch.topk(law, 2).indices.tolist(), 64)
     counts = torch.zeros(64, dtype=torch.float64)
     for seed in range(400):
@@ -269,7 +270,7 @@ def test_a_gguf_of_each_family_runs_native_on_its_own_blocks(family, tmp_path):
                                          past_key_values=KVCache()).logits
     assert torch.allclose(ours, want, atol=TOLERANCE * float(want.abs().max()))
     engine = fixed_engine(model)
-    assert engine.native is not None
+    assert isinstance(engine.forward, NativeForward)
     case = type("Family", (), {"name": family, "model": model, "vocab": model.config.vocab_size, "references": []})
     for index, prompt in enumerate(PROMPTS):
         plain = engine.generate(prompt, NoDrafter(), _config()).tokens
@@ -280,7 +281,7 @@ def test_a_gguf_of_each_family_runs_native_on_its_own_blocks(family, tmp_path):
             generation = speculative.generate(prompt, family_drafter(kind, case, index), _config())
             assert generation.tokens == plain, (family, kind, index)
             assert kind != "tree" or speculative.tree_outcome.state == "passed", speculative.tree_check
-    assert engine.exact_outcome.state == "on", engine.exact_check
+    assert engine.forward.outcome.state == "on", engine.forward.outcome.text()
 
 
 @pytest.mark.parametrize("family", sorted(OWN_LOADER))
@@ -317,7 +318,7 @@ def test_a_gguf_transformers_cannot_read_loads_through_specdec_and_runs_native(f
     assert {layer.origin for layer in quant.block_layers(model)} == {"Q4_0", "Q4_1", "Q8_0"}
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = EOS, 0
     engine = fixed_engine(model)
-    assert engine.native is not None
+    assert isinstance(engine.forward, NativeForward)
     case = type("Family", (), {"name": family, "model": model, "vocab": model.config.vocab_size, "references": []})
     for index, prompt in enumerate(PROMPTS):
         plain = engine.generate(prompt, NoDrafter(), _config()).tokens

@@ -106,7 +106,7 @@ def test_every_drafter_is_exact_in_bfloat16(real_target, tmp_path):
     prompt = "Explain in two short paragraphs why the sky is blue, then summarise it in one sentence."
     ids = format_prompt(target.tokenizer, [{"role": "user", "content": prompt}])
     reference = engine.generate(ids, make_drafter("none", DrafterOptions(), info), config).tokens
-    assert engine.exact_outcome.state == "on", engine.exact_check
+    assert engine.forward.outcome.state == "on", engine.forward.outcome.text()
     options = DrafterOptions(draft_model=_untrained_head(target, tmp_path / "head"))
     for name in [*DRAFTERS, "sam+recycle", "sam+eagle"]:
         if name in ("none", "model"):
@@ -159,18 +159,19 @@ def test_every_drafter_is_exact_on_the_ggufs_own_blocks(real_target, tmp_path):
     from specdec_cli.decoding.planner import DraftPlanner
     from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter
     from specdec_cli.session.chat import format_prompt, target_info
+    from specdec_cli.target_model.exact_setup import NativeForward
     from specdec_cli.target_model.quant import weights_summary
 
     target = real_target("float32", "gguf")
     assert target.weights == "gguf" and weights_summary(target.model) == "210 Q4_1 + 1 Q8_0 block layers, 0 dense"
     info = target_info(target.model, target.tokenizer)
     engine = Engine(target.model, target.tokenizer, DraftPlanner(CostCurve.fixed({1: 1.0, 2: 1.02, 16: 1.1})))
-    assert engine.native is not None
+    assert isinstance(engine.forward, NativeForward)
     config = GenerationConfig(max_new_tokens=80, eos_token_ids=info.eos_token_ids)
     prompt = "Repeat this list twice, then add a fourth item: apples, pears, plums."
     ids = format_prompt(target.tokenizer, [{"role": "user", "content": prompt}])
     reference = engine.generate(ids, make_drafter("none", DrafterOptions(), info), config).tokens
-    assert engine.exact_outcome.state == "on", engine.exact_check
+    assert engine.forward.outcome.state == "on", engine.forward.outcome.text()
     options = DrafterOptions(draft_model=_untrained_head(target, tmp_path / "head"))
     for name in [*DRAFTERS, "sam+recycle", "sam+eagle"]:
         if name in ("none", "model"):

@@ -23,8 +23,8 @@ def test_tree_logits_equal_sequential_decoding(tiny_model):
     tokens, parents = [20, 21, 22, 23, 24, 20], [-1, -1, 0, 0, 1, 3]  # duplicate token 20 at two depths
     with torch.inference_mode():
         cache = DynamicCache()
-        engine._forward(PROMPT[:-1], cache, 0)
-        tree_logits = engine._forward([PROMPT[-1], *tokens], cache, len(PROMPT) - 1, tree=parents).logits  # [7, V]
+        engine.forward(PROMPT[:-1], cache, 0)
+        tree_logits = engine.forward([PROMPT[-1], *tokens], cache, len(PROMPT) - 1, tree=parents).logits  # [7, V]
 
         def path_to(node):
             path = []

@@ -127,7 +127,7 @@ def _run(model: Any, tokenizer: Any, conversations: Sequence[Conversation], sett
          suite: str, on_progress: Optional[ProgressCallback], gguf_path: Optional[str]) -> BenchReport:
     runner = _Runner(model, tokenizer, settings, gguf_path, servers.servers)
     own_kernels = hasattr(model, "generate")  # (a GGUF in place has no other kernels than the native decoder's)
-    if runner.engine.prepare(settings.budget) is not None and own_kernels and \
+    if runner.engine.forward.prepare(settings.budget) is not None and own_kernels and \
             all(method.kind != NATIVE for method in settings.methods):
         # verification is row-invariant, which slows plain steps a little: also time the model's own kernels
         settings = replace(settings, methods=[*settings.methods, Method(NATIVE, NATIVE)])
@@ -169,7 +169,7 @@ def _run(model: Any, tokenizer: Any, conversations: Sequence[Conversation], sett
     settings_json = settings.as_json()
     settings_json.update(
         tree_check=runner.engine.tree_check,  # "passed", or why trees were verified as chains
-        exact_check=runner.engine.exact_check,  # "on: ...", "off", or "failed: ..." (row-invariant verification)
+        exact_check=runner.engine.forward.outcome.text(),  # "on: ...", "off", or "failed: ..." (row-invariant)
         prompts=suite,
         categories=categories,
         conversations=len(conversations),
@@ -215,6 +215,7 @@ class _Runner:
                  servers: Optional[dict] = None):
         from ..decoding.engine import Engine
         from ..session.chat import target_info
+        from ..target_model.exact_setup import choose_forward
 
         self.gguf_path = gguf_path
         self.llama_cpp: dict[str, Any] = {}  # method name -> LlamaCpp, made on first use
@@ -222,7 +223,7 @@ class _Runner:
         self.model = model
         self.tokenizer = tokenizer
         self.settings = settings
-        self.engine = Engine(model, tokenizer, exact=settings.exact)
+        self.engine = Engine(choose_forward(model, settings.exact), tokenizer)
         self.device = self.engine.device
         self.info = target_info(model, tokenizer)
         self.prompt_ids: dict[int, list[list[int]]] = {}  # conversation -> prompt ids per turn
@@ -300,7 +301,7 @@ class _Runner:
 
     def _generate(self, method: Method, prompt_ids: list[int], drafter: Any, config: Any) -> Generated:
         if method.kind == "hf":  # transformers' generate on the model's own kernels
-            with self.engine.native_kernels():
+            with self.engine.forward.own_kernels():
                 return Generated(*hf_generate(self.model, self.tokenizer, prompt_ids, config,
                                               pld=method.name == "hf-pld"))
         if method.kind == LLAMA_CPP_KIND:
@@ -310,7 +311,7 @@ class _Runner:
             return Generated(turn.tokens, turn.seconds, turn.ttft, turn.finish, None, turn.drafted, turn.accepted)
         self._sync()
         started = time.perf_counter()
-        with self.engine.native_kernels() if method.kind == NATIVE else nullcontext():
+        with self.engine.forward.own_kernels() if method.kind == NATIVE else nullcontext():
             generation = self.engine.generate(prompt_ids, drafter, config)
         self._sync()
         seconds = time.perf_counter() - started

@@ -142,12 +142,12 @@ def _compare(session, text: str, as_json: bool, plain: bool, show_rejected: bool
     if as_json:
         comparison = session.compare(text)
         payload = compare_json(comparison, session.drafter_name)
-        payload.update(dtype=dtype, weights=loaded.weights_reason, exact_verification=session.engine.exact_check,
+        payload.update(dtype=dtype, weights=loaded.weights_reason, exact_verification=session.engine.forward.outcome.text(),
                        load=loaded.load_line)
         print(json.dumps(payload, ensure_ascii=False))
         return
     err_console().print(f"[dim]{loaded.dtype_reason or dtype} · weights {loaded.weights_reason} · exact verification: "
-                        f"{session.engine.exact_check}[/dim]", highlight=False)
+                        f"{session.engine.forward.outcome.text()}[/dim]", highlight=False)
     err_console().print("[dim]Answering plainly first (timed, not shown), then speculatively:[/dim]")
     if plain:
         stream = TextStream(session.tokenizer, session.generation.stop)
@@ -186,7 +186,7 @@ def settings_lines(session, loaded) -> list[str]:
     sampling = "greedy" if generation.greedy else (
         f"temperature {generation.temperature}, top_p {generation.top_p}, top_k {generation.top_k}, seed {generation.seed}")
     dtype = loaded.dtype_reason or str(loaded.dtype).replace("torch.", "")
-    exact = session.engine.exact_check
+    exact = session.engine.forward.outcome.text()
     if exact == "off":
         exact = "off (a token whose top two logits tie to rounding may differ from plain decoding)"
     return [

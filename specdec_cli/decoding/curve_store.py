@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..errors import SpecdecError
-from ..target_model.forward import TargetForward
+from ..target_model.forward import VerifyForward
 from ..target_model.kv_cache import KVCache
 from ..target_model.rollback import truncate_cache
 from .cost_curve import CostCurve, measure_cost_curve
@@ -98,7 +98,7 @@ def cost_cache_file(model: Any, exact_rows: int) -> Optional[Path]:
     return specdec_home() / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
-def forward_timer(forward: TargetForward, prefix: int = TIMED_PREFIX) -> Timer:
+def forward_timer(forward: VerifyForward, prefix: int = TIMED_PREFIX) -> Timer:
     """A function n -> seconds of one forward of n new tokens after a `prefix`-token cache (filled now)."""
     generator = torch.Generator().manual_seed(0)
     vocab = forward.model.config.vocab_size

@@ -5,10 +5,11 @@ token except the newest one, which the next verify forward scores together with 
 the committed context and a length budget; it learns what happened from the `StepEvent` the engine emits
 after every forward (the same events feed displays and statistics).
 
-This file is the loop alone. Around it, one room each: in target_model/, a forward of the model (forward.py), rolling
-the cache back (rollback.py), exact verification's set-up (exact_setup.py) and the one-time tree self-check
-(tree_check.py); here in decoding/, the stored verify-cost curve (curve_store.py), what to verify (planner.py),
-acceptance math (verify.py) and distribution warping (sampling.py). It does not format prompts or print anything.
+This file is the loop alone. Around it, one room each: in target_model/, the verifying forward, chosen once per
+target with its row-invariant set-up (forward.py, exact_setup.py), rolling the cache back (rollback.py) and the
+one-time tree self-check (tree_check.py); here in decoding/, the stored verify-cost curve (curve_store.py), what
+to verify (planner.py), acceptance math (verify.py) and distribution warping (sampling.py). It does not format
+prompts or print anything.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import torch
 
 from ..errors import SpecdecError
 from ..target_model.check_outcome import CheckOutcome
-from ..target_model.exact_setup import ExactSetup
-from ..target_model.forward import TargetForward
+from ..target_model.exact_setup import choose_forward
+from ..target_model.forward import VerifyForward
 from ..target_model.kv_cache import KVCache
 from ..target_model.rollback import keep_accepted
 from ..target_model.tree_check import check_trees
@@ -50,18 +51,20 @@ class Generation:
 
 
 class Engine:
-    """Speculative generation with one target model (batch size 1)."""
+    """Speculative generation with one target model (batch size 1).
 
-    def __init__(self, model: Any, tokenizer: Any = None, planner: Optional[DraftPlanner] = None,
-                 exact: Optional[bool] = None):
-        self.model = model
+    `target` is the verifying forward chosen for the model (exact_setup.choose_forward: the native decoder or
+    transformers' modules, row-invariant where exactness is on), or a model, given the forward chosen for it by
+    default. The engine reads what it needs from it; callers ask `engine.forward` (its outcome, `prepare`,
+    `own_kernels`)."""
+
+    def __init__(self, target: Any, tokenizer: Any = None, planner: Optional[DraftPlanner] = None):
+        self.forward: VerifyForward = target if isinstance(target, VerifyForward) else choose_forward(target)
+        self.model = model = self.forward.model
         self.tokenizer = tokenizer  # only needed for stop strings
-        self.device = next(model.parameters()).device
-        # reduced precision or block weights: verify row-invariantly, so speculative output equals plain decoding's
-        self.exactness = ExactSetup(model, exact)
-        self._forward = TargetForward(model, self.exactness)  # one forward of the model: logits and features
-        self.curves = CurveStore(lambda: cost_cache_file(model, self.exactness.rows),
-                                 lambda: forward_timer(self._forward))
+        self.device = self.forward.device
+        self.curves = CurveStore(lambda: cost_cache_file(model, self.forward.rows),
+                                 lambda: forward_timer(self.forward))
         # what to verify each step; lives as long as the engine, so a chat session keeps learning. Without one
         # given, the verify-cost curve is the one stored for this machine and model, else measured.
         self.planner = planner or DraftPlanner(self.curves.load_or_measure)
@@ -78,7 +81,7 @@ class Engine:
         on_event: Optional[EventCallback] = None,
     ) -> Generation:
         config, limit = self._checked(prompt_ids, config)
-        max_rows = self.prepare(config.budget)  # row-invariant blocks up to this size (None: not exact)
+        max_rows = self.forward.prepare(config.budget)  # row-invariant blocks up to this size (None: not exact)
         generator = _generator(config)
         eos = set(config.eos_token_ids)
         events: list[StepEvent] = []
@@ -95,7 +98,7 @@ class Engine:
         needs = drafter.needs  # what the drafter reads beyond tokens: computed for it alone
         started = time.perf_counter()
         # Prefill: the whole prompt in one forward; its last logits give the first new token.
-        logits, features = self._forward(context, cache, 0, last_only=True,
+        logits, features = self.forward(context, cache, 0, last_only=True,
                                          features=needs.features)  # [1, vocab], [prompt, hidden] or None
         first = self._choose(logits[-1], generator, config)
         ttft = time.perf_counter() - started
@@ -121,7 +124,7 @@ class Engine:
             rows = plan.rows if limit is None else min(plan.rows, limit - past)  # padding stays inside the context
             rows = rows if max_rows is None else min(rows, max_rows)  # and inside the row-invariant sizes
             block, parents = pad_block([context[-1], *draft.tokens], draft.parents, rows)
-            logits, features = self._forward(block, cache, past, tree=parents,
+            logits, features = self.forward(block, cache, past, tree=parents,
                                              features=needs.features)  # [rows, vocab], [rows, hidden] or None
             logits = logits[: len(draft) + 1]  # [k+1, vocab]
             # 3. Accept: the longest acceptable path, then the target's own token after it.
@@ -256,45 +259,16 @@ class Engine:
     # -- set-up the loop relies on, each in its own room ---------------------------------------------------
 
     @property
-    def exact(self) -> bool:
-        """Whether verification is meant to be row-invariant (exact_setup.py)."""
-        return self.exactness.enabled
-
-    @property
-    def native(self) -> Any:
-        """specdec's native decoder for this model (native.py), or None."""
-        return self.exactness.native
-
-    @property
-    def exact_outcome(self) -> CheckOutcome:
-        """What came of exact verification: off, not checked, on or failed (exact_setup.py)."""
-        return self.exactness.outcome
-
-    @property
-    def exact_check(self) -> str:
-        """`exact_outcome` as displays and bench JSON show it ("off", "on: ...", "failed: ...")."""
-        return self.exact_outcome.text()
-
-    @property
     def tree_check(self) -> str:
         """`tree_outcome` as displays and bench JSON show it ("passed", "chains only: ...", "failed: ...")."""
         return self.tree_outcome.text()
-
-    def prepare(self, budget: int) -> Optional[int]:
-        """Install row-invariant verification for blocks of this budget; the largest such block, or None when
-        verification is not exact (exact_setup.ExactSetup.prepare)."""
-        return self.exactness.prepare(budget)
-
-    def native_kernels(self) -> Any:
-        """A context in which the model runs its own kernels (exact verification suspended)."""
-        return self.exactness.native_kernels()
 
     @property
     def supports_trees(self) -> bool:
         """Whether this model verifies token trees exactly (else trees fall back to their first branch): decided
         once per engine, the first time a tree is drafted (tree_check.py); the outcome is in `tree_outcome`."""
         if self.tree_outcome.state == "not checked":
-            self.tree_outcome = check_trees(self.model, self._forward)
+            self.tree_outcome = check_trees(self.model, self.forward)
         return self.tree_outcome.state == "passed"
 
     def forget(self) -> None:

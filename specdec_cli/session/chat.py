@@ -17,6 +17,7 @@ from ..decoding.engine import Engine, EventCallback, Generation, GenerationConfi
 from ..defaults import DEFAULT_DRAFTER, DEFAULT_TARGET
 from ..drafters import DrafterOptions, TargetInfo, check_drafter, check_drafter_options, make_drafter, target_weights
 from ..errors import SpecdecError
+from ..target_model.exact_setup import choose_forward
 from ..texts.memory import Memory
 from .compare import Comparison, compare
 
@@ -118,11 +119,11 @@ class ChatSession:
     memory: Optional[Memory] = None  # where each answer is remembered (None: nowhere)
 
     def __post_init__(self) -> None:
-        self.engine = Engine(self.model, self.tokenizer, exact=self.exact)
+        self.engine = Engine(choose_forward(self.model, self.exact), self.tokenizer)
         self.info = target_info(self.model, self.tokenizer)
         self.generation = replace(self.generation, eos_token_ids=self.info.eos_token_ids)
         self.generation.check()
-        self.engine.prepare(self.generation.budget)  # row-invariant verification, when on, is checked now
+        self.engine.forward.prepare(self.generation.budget)  # row-invariant verification, when on, is checked now
         self.drafter = make_drafter(self.drafter_name, self.drafter_options, self.info)
         self.history: list[dict] = []
         self.turns: list[Turn] = []

@@ -6,23 +6,31 @@ by the number of rows, and a block's attention reduces over the whole block unde
 differences only flip near-ties; in bfloat16 they flip greedy choices (how often: docs/methods.md, section 10).
 This file removes both causes for one loaded model:
 
-- attention (`rowwise_attention`, registered with transformers' attention-function registry): each row of a
-  small block attends, in its own call, over exactly the keys its mask allows (its prefix; for a tree node,
-  the prefix and its ancestors), gathered into the same contiguous layout a one-row step sees;
+- attention (`rowwise_attention`): each row of a small block attends, in its own call, over exactly the keys its
+  mask allows (its prefix; for a tree node, the prefix and its ancestors), gathered into the same contiguous
+  layout a one-row step sees;
 - linear layers (`install`): every distinct weight shape is checked for row invariance at each row count up to
   `rows`; a shape whose rows round differently with the count runs every small call padded to `rows` rows
   (at a fixed row count a row's result does not depend on its place, which is checked too).
 
-Forwards of more than `rows` tokens (a prompt's prefill) run the model's own kernels: plain and speculative
-decoding run the same prefill, so it needs no invariance. `install` ends with an end-to-end check on the
-model itself (a chain and a tree block against one-row forwards, bit for bit) and refuses exactness where it
-fails. Nothing here changes what a model computes, only which kernels compute it; the engine decides when.
+`install` finds what to pad and ends with an end-to-end check on the model (a chain and a tree block against
+one-row forwards, bit for bit), refusing exactness where it fails; it returns an `ExactState` and leaves the model
+as it was. `forward` runs one forward with that state: a block of up to `rows` tokens inside `row_invariant`,
+which switches the model to the row-invariant attention and pads the linear layers for that call only and puts
+everything back after it; longer forwards (a prompt's prefill, the same for plain and speculative decoding) run
+the model as it is. So between forwards the model carries nothing of specdec's: no attribute, no hook, its own
+attention implementation. Nothing here changes what a model computes, only which kernels compute it.
+
+transformers' attention layers look their attention function up by name (the config's `_attn_implementation`)
+in a process-wide registry, with no way to pass one in a call; `register_rowwise_attention` therefore registers
+`rowwise_attention` under ATTENTION_NAME, once, and the forward object that uses it (exact_setup.py) calls it
+when it is made.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 import torch
@@ -32,10 +40,9 @@ from ..defaults import VERIFY_ROW_COUNTS
 from .row_keys import row_keys
 from .tree_mask import tree_attention_mask, tree_layout
 
-ATTENTION_NAME = "specdec_rowwise"  # the attention implementation's name in transformers' registries
+ATTENTION_NAME = "specdec_rowwise"  # rowwise_attention's name in transformers' registries (register_rowwise_attention)
 CHECK_ROWS = (1, 2, 3, 4, 5, 6, 7, 8)  # row counts the end-to-end check compares (within `rows`)
 CHECKED_OUTPUTS = 1_000_000  # outputs compared per row count when checking a linear layer
-STATE_ATTRIBUTE = "specdec_exact_state"  # where a model keeps its ExactState (install)
 UNSUPPORTED_ATTENTION = ("softcap", "s_aux", "sinks", "position_bias")  # attention kwargs rowwise cannot honour
 
 
@@ -45,26 +52,13 @@ def exact_rows(budget: int) -> int:
     return min((size for size in VERIFY_ROW_COUNTS if size >= budget + 1), default=budget + 1)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ExactState:
-    """What `install` found for a model: which layers run padded (`apply` and `remove` switch it)."""
+    """What `install` found for a model: the largest row-invariant block and which linear layers run padded."""
 
     rows: int  # blocks up to this many rows are computed row-invariantly
-    attention_before: str  # the model's attention implementation before
     padded_shapes: list[tuple[int, int]]  # (in, out) weight shapes whose calls run padded to `rows`
     padded: list[Any]  # the linear layers with those shapes
-    handles: list[Any] = field(default_factory=list)  # their forward hooks while applied
-    suspended: bool = False  # inside `suspended`: the model runs its own kernels for the while
-
-    def applied(self, model: Any) -> bool:
-        """Whether this is the model's current state and is switched on."""
-        return (current_state(model) is self and not self.suspended
-                and getattr(model.config, "_attn_implementation", None) == ATTENTION_NAME)
-
-
-def current_state(model: Any) -> Optional[ExactState]:
-    """The state `install` left on the model (None: never made row-invariant)."""
-    return getattr(model, STATE_ATTRIBUTE, None)
 
 
 def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -73,15 +67,14 @@ def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     """Attention whose every row equals a one-row call over that row's allowed keys (transformers' signature).
 
     query [1, heads, q, d]; key/value [1, kv_heads, kv, d]; attention_mask [1, 1, q, kv] bool or None (causal).
-    Returns ([1, q, heads, d], None). Blocks of more than the model's exact rows use SDPA as a whole. With
-    specdec's CPU kernels (kernels/_cpu.c) all rows go in one call that computes each row over its own keys;
-    otherwise each row gets its own SDPA call over a view (or a gather) of its keys.
+    Returns ([1, q, heads, d], None); a batch of more than one runs SDPA as a whole. With specdec's CPU kernels
+    (kernels/_cpu.c) all rows go in one call that computes each row over its own keys; otherwise each row gets its
+    own SDPA call over a view (or a gather) of its keys.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    rows = getattr(module, "specdec_exact_rows", 0)
     q_len = query.shape[2]
-    if q_len > rows or query.shape[0] != 1:
+    if query.shape[0] != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       **kwargs)
     for name in UNSUPPORTED_ATTENTION:
@@ -118,7 +111,9 @@ def _kernel_attention(query: torch.Tensor, key: torch.Tensor) -> bool:
             and key.dtype in (torch.float32, torch.bfloat16) and key.stride(-1) == 1)
 
 
-def _register() -> None:
+def register_rowwise_attention() -> None:
+    """Register `rowwise_attention` (and SDPA's boolean masks) under ATTENTION_NAME with transformers: its attention
+    layers find their function by that name only (the module docstring). Idempotent."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
@@ -167,23 +162,13 @@ def _pad_rows(rows: int) -> tuple[Any, Any]:
 
 
 def install(model: Any, rows: int) -> ExactState:
-    """Make blocks of up to `rows` tokens row-invariant on `model` (in place). Raises ValueError with the
-    reason where that cannot be had (an attention this file cannot reproduce, or the end-to-end check
-    failing); the model is then left as it was.
-
-    The state lives on the model: several engines over one model (bench's methods) share it, so a model that is
-    already row-invariant for at least `rows` rows is neither checked nor hooked again."""
-    current = current_state(model)
-    if current is not None and current.suspended:
-        raise ValueError("the model's own kernels are in use for the while (suspended)")
-    if current is not None and current.applied(model):
-        if current.rows >= rows:
-            return current
-        remove(model, current)  # a bigger block size: checked afresh
+    """What makes blocks of up to `rows` tokens row-invariant on `model`: which linear layers run padded, after an
+    end-to-end check with them (`forward`). Raises ValueError with the reason where that cannot be had (an
+    attention this file cannot reproduce, or the check failing). The model is left as it was."""
     before = getattr(model.config, "_attn_implementation", None) or "sdpa"
-    if before not in ("sdpa", ATTENTION_NAME):
+    if before != "sdpa":
         raise ValueError(f"row-invariant attention replaces SDPA attention; this model uses {before}")
-    _register()
+    register_rowwise_attention()
     varying: dict[tuple, bool] = {}
     padded = []
     for module in model.modules():
@@ -193,61 +178,49 @@ def install(model: Any, rows: int) -> ExactState:
                 varying[shape] = rows_vary(module.weight, rows)
             if varying[shape]:
                 padded.append(module)
-    state = ExactState(rows, "sdpa", [(shape[0], shape[1]) for shape, vary in varying.items() if vary], padded)
-    apply(model, state)
+    state = ExactState(rows, [(shape[0], shape[1]) for shape, vary in varying.items() if vary], padded)
     try:
-        mismatch = block_mismatch(model, model.config, next(model.parameters()).device, rows)
+        mismatch = block_mismatch(lambda **inputs: forward(model, state, **inputs), model.config,
+                                  next(model.parameters()).device, rows)
     except Exception as error:  # e.g. an attention argument rowwise_attention cannot honour
         mismatch = f"the check raised {type(error).__name__}: {str(error).strip()[:120]}"
     if mismatch is not None:
-        remove(model, state)
         raise ValueError(mismatch)
-    setattr(model, STATE_ATTRIBUTE, state)
     return state
 
 
-def apply(model: Any, state: ExactState) -> None:
-    """Switch the model to row-invariant kernels as `state` describes (no checks: `install` made them)."""
-    for module in model.modules():
-        if module.__class__.__name__.endswith("Attention"):
-            module.specdec_exact_rows = state.rows  # read by rowwise_attention
-    for module in state.padded:
-        before, after = _pad_rows(state.rows)
-        state.handles += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
-    model.set_attn_implementation(ATTENTION_NAME)
-
-
-def remove(model: Any, state: ExactState) -> None:
-    """Back to the model's own kernels (`apply` undoes this)."""
-    for handle in state.handles:
-        handle.remove()
-    state.handles.clear()
-    for module in model.modules():
-        if hasattr(module, "specdec_exact_rows"):
-            del module.specdec_exact_rows
-    model.set_attn_implementation(state.attention_before)
+def forward(model: Any, state: ExactState, **inputs: Any) -> Any:
+    """The model's forward on `inputs` (transformers' keywords), row-invariant for a block of up to `state.rows`
+    tokens; a longer one (a prompt) as the model runs it."""
+    if inputs["input_ids"].shape[1] > state.rows:
+        return model(**inputs)
+    with row_invariant(model, state):
+        return model(**inputs)
 
 
 @contextmanager
-def suspended(model: Any, state: Optional[ExactState]) -> Iterator[None]:
-    """The model's own kernels for the while (the bench's native plain decoding and transformers' generate)."""
-    if state is None or state.suspended:
-        yield
-        return
-    remove(model, state)
-    state.suspended = True
+def row_invariant(model: Any, state: ExactState) -> Iterator[None]:
+    """For the while: the model's attention is `rowwise_attention` and the padded layers' calls run at state.rows
+    rows; after it, the model's own attention and no hook, whatever happened inside."""
+    before = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    handles = []
     try:
+        for module in state.padded:
+            pad, unpad = _pad_rows(state.rows)
+            handles += [module.register_forward_pre_hook(pad), module.register_forward_hook(unpad)]
+        model.set_attn_implementation(ATTENTION_NAME)
         yield
     finally:
-        state.suspended = False
-        apply(model, state)
+        for handle in handles:
+            handle.remove()
+        model.set_attn_implementation(before)
 
 
 @torch.inference_mode()
 def block_mismatch(model: Any, config: Any, device: Any, rows: int) -> Optional[str]:
     """None when blocks of 1..min(rows, 8) tokens, chains and a tree, give the same logits bit for bit as
-    one-row forwards of the same tokens after a 24-token prompt; else what differed. `model` is the model (or
-    the native decoder), called as transformers models are."""
+    one-row forwards of the same tokens after a 24-token prompt; else what differed. `model` is what computes
+    (the model, the native decoder, or exact.forward with a state), called as transformers models are."""
     from .kv_cache import KVCache
 
     vocab = int(config.vocab_size)

@@ -1,14 +1,20 @@
-"""One engine's exactness set-up: which forward verifies, and row-invariant verification installed before it does.
+"""The verifying forward chosen once per loaded target, and row-invariant verification set up in it.
+
+`choose_forward(model, exact)` picks, once, what the engine calls (forward.VerifyForward):
+
+- `NativeForward`: block weights of a model of one of the families native.py computes (native.FAMILIES: llama,
+  mistral, qwen2, qwen3, phi3, smollm3, gemma, gemma2, gemma3_text) run specdec's native decoder, row-invariant by
+  construction and checked end to end once (remembered per file and machine for a GGUF loaded in place);
+- `TransformersForward`: any other model runs transformers' modules; where exactness is on, exact.py's
+  row-invariant attention and padded linear layers, found and checked for the largest block a generation may
+  verify (`prepare`) and applied around each verify forward only.
 
 In reduced precision (bfloat16, float16) and on block weights, verification is row-invariant by default
-(`exact_by_default`), so that speculative output equals plain decoding's. Block weights of a model of one of the
-families native.py computes (native.FAMILIES: llama, mistral, qwen2, qwen3, phi3, smollm3, gemma, gemma2,
-gemma3_text) run specdec's native decoder, row-invariant by construction and checked end to end once per engine;
-any other model gets exact.py's row-invariant attention and padded linear layers, installed for the largest
-block a generation may verify (`ExactSetup.prepare`). `native_kernels` sets all of it aside for the while: the
-model's own kernels, as plain decoding outside specdec runs them. What came of it is kept in `outcome` (off,
-not checked, on or failed: check_outcome.py); a failure is said once, as a warning, and verification goes on
-without exactness.
+(`exact_by_default`), so that speculative output equals plain decoding's. `own_kernels()` sets it aside for the
+while: the model's own kernels, as plain decoding outside specdec runs them. What came of it is kept in the
+forward's `outcome` (off, not checked, on or failed: check_outcome.py); a failure is said once, as a warning, and
+verification goes on without exactness. Each forward object holds all of this itself: nothing is stored on the
+model between forwards.
 
 This file does not run the loop (engine.py) nor compute anything row-invariantly itself (exact.py, native.py).
 """
@@ -22,10 +28,10 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from . import native
+from . import exact as row_invariant
 from .check_outcome import CheckOutcome
-from .exact import ExactState, block_mismatch, current_state, exact_rows, install, suspended
-from .native import ROW_INVARIANT_ROWS
+from .forward import ModelForward, VerifyForward
+from .native import ROW_INVARIANT_ROWS, NativeDecoder, unsupported
 
 NOT_EXACT_WARNING = ("verification is not row-invariant on this model and machine ({reason}): speculative output "
                      "may differ from plain decoding where rounding decides")
@@ -40,63 +46,47 @@ def exact_by_default(model: Any) -> bool:
     return next(model.parameters()).dtype in (torch.bfloat16, torch.float16) or bool(block_layers(model))
 
 
-class ExactSetup:
-    """Row-invariant verification for one engine's model (see the module docstring)."""
+def choose_forward(model: Any, exact: Optional[bool] = None) -> VerifyForward:
+    """The forward that verifies on `model`: the native decoder where exactness is on and native.py computes the
+    model, else transformers' modules (row-invariant where exactness is on). `exact` None: exact_by_default."""
+    enabled = exact_by_default(model) if exact is None else exact
+    if enabled and unsupported(model) is None:
+        return NativeForward(model)
+    return TransformersForward(model, enabled)
 
-    def __init__(self, model: Any, exact: Optional[bool] = None):
-        self.model = model
-        self.enabled = exact_by_default(model) if exact is None else exact
-        self.state: Optional[ExactState] = None  # exact.py's install, when it is what makes verification exact
-        self.outcome = CheckOutcome("not checked" if self.enabled else "off")  # on or failed once installed
-        # block weights of a native.FAMILIES model: specdec's own forward, row-invariant by construction
-        self.native = native.decoder_for(model) if self.enabled else None
-        self._own_kernels = False  # inside native_kernels(): transformers' forward on the model's own kernels
 
-    @property
-    def forward(self) -> Any:
-        """What a forward calls: the native decoder, or the model itself (its own or exact.py's kernels)."""
-        return self.native if self.native is not None and not self._own_kernels else self.model
+class _OwnKernels:
+    """`own_kernels()`: a flag the forward reads, set for the while (nested uses nest)."""
+
+    _own = False
+
+    @contextmanager
+    def own_kernels(self) -> Iterator[None]:
+        saved, self._own = self._own, True
+        try:
+            yield
+        finally:
+            self._own = saved
+
+
+class NativeForward(_OwnKernels, ModelForward):
+    """specdec's native decoder (native.py): row-invariant by construction, checked end to end once."""
+
+    def __init__(self, model: Any):
+        super().__init__(model, exact=True)
+        self.decoder = NativeDecoder(model)
 
     @property
     def rows(self) -> int:
-        """The largest block verified row-invariantly (0: none); part of the cost curve's key."""
-        if self.state is not None:
-            return self.state.rows
-        return ROW_INVARIANT_ROWS if self.native else 0
+        return ROW_INVARIANT_ROWS
+
+    def run(self, **inputs: Any) -> Any:
+        """The native decoder, or inside own_kernels() the model's own forward."""
+        return self.model(**inputs) if self._own else self.decoder(**inputs)
 
     def prepare(self, budget: int) -> Optional[int]:
-        """Install row-invariant verification for blocks of this budget (once; again for a bigger budget).
-
-        Each generation does it; a session calls it at load, so the check's time (docs/measurements.md) is part
-        of loading. Returns the largest row-invariant block, or None when verification is not exact (off, or the
-        check failed: said once as a warning, the reason kept in `outcome`)."""
-        if not self.enabled:
-            return None
-        if self.native is not None:
-            return self._prepare_native()
-        rows = exact_rows(budget)
-        current = current_state(self.model)
-        if current is not None and current.suspended:  # inside native_kernels: the model's own kernels
-            return None
-        state = self.state
-        if state is not None and state.rows >= rows and state.applied(self.model):
-            return state.rows
-        if self.outcome.state == "failed":
-            return None
-        try:  # (the model keeps its state: another engine's install is reused, a smaller one replaced)
-            self.state = state = install(self.model, max(rows, state.rows if state is not None else 0))
-        except ValueError as error:
-            self.state = None
-            self.outcome = CheckOutcome("failed", str(error))
-            warnings.warn(NOT_EXACT_WARNING.format(reason=error), stacklevel=4)
-            return None
-        padded = ", ".join(f"{inputs}x{outputs}" for inputs, outputs in state.padded_shapes) or "none"
-        self.outcome = CheckOutcome("on", f"blocks up to {state.rows} rows; linear shapes padded: {padded}")
-        return state.rows
-
-    def _prepare_native(self) -> Optional[int]:
-        """The native decoder needs no set-up; its row invariance is checked end to end once per engine."""
-        if self._own_kernels:
+        """The native decoder needs no set-up; its row invariance is checked end to end once."""
+        if self._own:
             return None
         if self.outcome.state == "not checked":
             passed = f"specdec's native decoder, blocks up to {ROW_INVARIANT_ROWS} rows"
@@ -104,29 +94,57 @@ class ExactSetup:
             if remembered is not None and remembered.is_file():  # this file's blocks, this CPU path: passed before
                 self.outcome = CheckOutcome("on", f"{passed} (checked on this machine before)")
                 return ROW_INVARIANT_ROWS
-            device = next(self.model.parameters()).device
-            mismatch = block_mismatch(self.native, self.model.config, device, ROW_INVARIANT_ROWS)
+            mismatch = row_invariant.block_mismatch(self.decoder, self.model.config, self.device, ROW_INVARIANT_ROWS)
             self.outcome = (CheckOutcome("on", passed) if mismatch is None else CheckOutcome("failed", mismatch))
             if mismatch is not None:
-                warnings.warn(NOT_EXACT_WARNING.format(reason=mismatch), stacklevel=4)
+                warnings.warn(NOT_EXACT_WARNING.format(reason=mismatch), stacklevel=3)
             elif remembered is not None:
                 _remember(remembered)
         return ROW_INVARIANT_ROWS if self.outcome.state == "on" else None
 
-    def native_kernels(self) -> Any:
-        """A context in which the model runs its own kernels (exact verification suspended): transformers'
-        forward, with the native decoder (if any) set aside."""
-        if self.native is not None:
-            return self._set_aside_native()
-        return suspended(self.model, current_state(self.model) if self.state is not None else None)
 
-    @contextmanager
-    def _set_aside_native(self) -> Iterator[None]:
-        saved, self._own_kernels = self._own_kernels, True
+class TransformersForward(_OwnKernels, ModelForward):
+    """transformers' modules; where exactness is on, exact.py's row-invariant kernels around each verify forward."""
+
+    def __init__(self, model: Any, exact: bool):
+        super().__init__(model, exact)
+        self.state: Optional[row_invariant.ExactState] = None  # what exact.install found, once prepared
+        if exact:  # transformers finds attention functions by name only (exact.py's docstring)
+            row_invariant.register_rowwise_attention()
+
+    @property
+    def rows(self) -> int:
+        return self.state.rows if self.state is not None else 0
+
+    def run(self, **inputs: Any) -> Any:
+        """The model's forward, row-invariant once prepared (not inside own_kernels())."""
+        if self.state is None or self._own:
+            return self.model(**inputs)
+        return row_invariant.forward(self.model, self.state, **inputs)
+
+    def prepare(self, budget: int) -> Optional[int]:
+        """Row-invariant verification for blocks of this budget (found and checked once; again for a bigger
+        budget). Each generation calls it; a session calls it at load, so the check's time (docs/measurements.md)
+        is part of loading. Returns the largest row-invariant block, or None when verification is not exact (off,
+        inside own_kernels(), or the check failed: said once as a warning, the reason kept in `outcome`)."""
+        if not self.exact or self._own:
+            return None
+        rows = row_invariant.exact_rows(budget)
+        state = self.state
+        if state is not None and state.rows >= rows:
+            return state.rows
+        if self.outcome.state == "failed":
+            return None
         try:
-            yield
-        finally:
-            self._own_kernels = saved
+            self.state = state = row_invariant.install(self.model, rows)
+        except ValueError as error:
+            self.state = None
+            self.outcome = CheckOutcome("failed", str(error))
+            warnings.warn(NOT_EXACT_WARNING.format(reason=error), stacklevel=3)
+            return None
+        padded = ", ".join(f"{inputs}x{outputs}" for inputs, outputs in state.padded_shapes) or "none"
+        self.outcome = CheckOutcome("on", f"blocks up to {state.rows} rows; linear shapes padded: {padded}")
+        return state.rows
 
 
 def _passed_file(model: Any) -> Optional[Any]:

@@ -17,7 +17,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from .check_outcome import CheckOutcome
-from .forward import TargetForward
+from .forward import VerifyForward
 from .kv_cache import KVCache
 from .rollback import truncate_cache
 from .tree_mask import MASKED_KINDS, attention_kinds
@@ -28,7 +28,7 @@ TREE_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "ge
 CHECK_WINDOW = 4  # the self-check shortens sliding windows to this, so its 12-token prompt runs past them
 
 
-def check_trees(model: Any, forward: TargetForward) -> CheckOutcome:
+def check_trees(model: Any, forward: VerifyForward) -> CheckOutcome:
     """Passed when the model verifies trees exactly, else chains only or failed with the reason, said once as
     a warning."""
     config = model.config
@@ -47,7 +47,7 @@ def check_trees(model: Any, forward: TargetForward) -> CheckOutcome:
 
 
 @torch.inference_mode()
-def tree_mismatch(model: Any, forward: TargetForward) -> Optional[str]:
+def tree_mismatch(model: Any, forward: VerifyForward) -> Optional[str]:
     """None when a 6-node tree's logits after a 12-token prompt equal sequential decoding's, else what differed.
 
     Sequential decoding is the model's own: each root-to-leaf path as a chain under the causal (and window)
