@@ -5,7 +5,7 @@ kernels (kernels/_cpu.c) do that by construction; this script measures what it c
 (block weights from its GGUF, the native decoder):
 
 1. the GEMM: every block matmul of one forward (the layers' fused projections and the LM head) for n rows,
-   as multiply-adds a second and as a share of the path's arithmetic peak (`kernels._cpu.peak`: one thread
+   as multiply-adds a second and as a share of the path's arithmetic peak (`kernels.peak`: one thread
    running only the path's multiplying instruction, vpdpbusd or vpmaddubsw, on registers, times the threads);
 2. attention alone, per layer: the exact kernel against torch's batched `scaled_dot_product_attention` over
    the same block and cache (one call, causal within the block; what a non-exact verifier does), on the default
@@ -57,23 +57,20 @@ def attention_times(context: int, rows: int, repeats: int) -> tuple[float, float
     import torch
 
     from specdec_cli import kernels
-    from specdec_cli.target_model.exact import _row_keys
+    from specdec_cli.target_model.row_keys import row_keys
 
-    cpu = kernels._require()
     heads, kv_heads, dim = 9, 3, 64  # SmolLM2-135M's attention
     total = context + rows
     keys = torch.randn(1, kv_heads, total, dim)  # [1, kv_heads, keys, dim]
     values = torch.randn(1, kv_heads, total, dim)
     query = torch.randn(rows, heads, dim)  # [rows, heads, dim]
     out = torch.empty(rows, heads * dim)
-    row_keys = _row_keys(None, rows, total)
+    keys_of_rows = row_keys(None, rows, total)
+    out_heads = out.view(rows, heads, dim)
     scale = dim ** -0.5
 
     def exact() -> None:
-        cpu.attention(rows, heads, kv_heads, dim, query.data_ptr(), query.stride(0), query.stride(1),
-                      keys.data_ptr(), values.data_ptr(), False, keys.stride(1), keys.stride(2),
-                      values.stride(1), values.stride(2), *(a.data_ptr() for a in row_keys.arrays),
-                      scale, out.data_ptr(), heads * dim, dim)
+        kernels.attention(query, keys, values, *keys_of_rows.arrays, scale, out=out_heads)
 
     mask = torch.ones(rows, total, dtype=torch.bool).tril(diagonal=context)  # [rows, keys]
     batched_query = query.transpose(0, 1).unsqueeze(0)  # [1, heads, rows, dim]
@@ -112,7 +109,6 @@ def gemm(decoder, rows_list: list[int], repeats: int) -> None:
 
     from specdec_cli import kernels
 
-    cpu = kernels._require()
     shapes = []  # (kind, k, n, records)
     for layer in decoder.layers:
         for group in layer.qkv:
@@ -129,11 +125,13 @@ def gemm(decoder, rows_list: list[int], repeats: int) -> None:
     inputs = {k: torch.randn(max(rows_list), k) for _, k, _, _ in shapes}
     threads = kernels.threads()
     path = kernels.isa()
-    peak = cpu.peak(path, 0.2) * threads if path != "portable" and hasattr(cpu, "peak") else float("nan")
+    peak = kernels.peak(path, 0.2) * threads if path != "portable" else float("nan")
+    outs = {(rows, n): out.view(-1)[: rows * n].view(rows, n) for rows in rows_list for _, _, n, _ in shapes}
+    rows_of = {(rows, k): inputs[k][:rows] for rows in rows_list for k in inputs}
 
     def run(rows: int) -> None:
         for kind, k, n, records in shapes:
-            cpu.matmul(kind, inputs[k].data_ptr(), rows, k, n, records.data_ptr(), out.data_ptr(), n, False)
+            kernels.matmul(rows_of[rows, k], kind, records, out=outs[rows, n])
 
     times = {rows: float("inf") for rows in rows_list}
     for rows in rows_list:
@@ -145,7 +143,7 @@ def gemm(decoder, rows_list: list[int], repeats: int) -> None:
             times[rows] = min(times[rows], time.perf_counter() - start)
     print(f"\nGEMM on {path}, {threads} thread(s): every block matmul of one forward ({macs_per_row / 1e6:.0f} M "
           f"multiply-adds a row); peak {peak / 1e9:.0f} G multiply-adds/s = {threads} x one thread's run of the "
-          f"path's multiplying instruction alone (kernels._cpu.peak)")
+          f"path's multiplying instruction alone (kernels.peak)")
     print(f"{'rows':>5} {'ms':>8} {'GMAC/s':>8} {'of peak':>8}")
     for rows in rows_list:
         rate = rows * macs_per_row / times[rows]

@@ -96,8 +96,7 @@ def test_matmul_accumulates_into_a_strided_output(kind):
             wide = torch.randn(rows, 100)
             expected = wide.clone()
             expected[:, 30:70] += product
-            kernels._cpu.matmul(kind, x.data_ptr(), rows, 64, 40, records.data_ptr(), wide[:, 30:].data_ptr(), 100,
-                                True)
+            kernels.matmul(x, kind, records, out=wide[:, 30:70], accumulate=True)
             assert torch.equal(wide, expected), path  # columns 70.. untouched although the last group is padded
 
 
@@ -236,11 +235,9 @@ def test_a_tree_row_over_gathered_keys_equals_a_contiguous_row_with_the_same_key
 
 
 def test_the_decoders_row_steps_match_torch():
-    cpu = kernels._cpu
     generator = torch.Generator().manual_seed(7)
     x, weight = torch.randn(3, 96, generator=generator), torch.randn(96, generator=generator)
-    normed = torch.empty(3, 96)
-    cpu.rms_norm(x.data_ptr(), 3, 96, 96, weight.data_ptr(), 1e-5, normed.data_ptr(), 96)
+    normed = kernels.rms_norm(x, weight, 1e-5)
     expected = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
     assert torch.allclose(normed, expected, atol=1e-5)
 
@@ -250,8 +247,7 @@ def test_the_decoders_row_steps_match_torch():
     freqs = torch.arange(12, dtype=torch.float32)[:, None] * (1.0 / 10000 ** (torch.arange(0, 16, 2) / 16))[None]
     cos, sin = freqs.cos().contiguous(), freqs.sin().contiguous()
     rotated = base.clone()
-    cpu.rope(rotated.data_ptr(), 2, heads * head_dim, heads, head_dim, positions.data_ptr(), cos.data_ptr(),
-             sin.data_ptr())
+    kernels.rope(rotated, heads, head_dim, positions, cos, sin)
     heads_view = base.view(2, heads, head_dim)
     full_cos = torch.cat([cos, cos], -1)[positions.long()][:, None]  # [2, 1, 16]
     full_sin = torch.cat([sin, sin], -1)[positions.long()][:, None]
@@ -260,8 +256,7 @@ def test_the_decoders_row_steps_match_torch():
     assert torch.equal(rotated.view(2, heads, head_dim), heads_view * full_cos + rotate_half * full_sin)
 
     gate_up = torch.randn(4, 2 * 40, generator=generator) * 4
-    act = torch.empty(4, 40)
-    cpu.silu_mul(gate_up.data_ptr(), 4, 40, act.data_ptr())
+    act = kernels.silu_mul(gate_up)
     assert torch.allclose(act, torch.nn.functional.silu(gate_up[:, :40]) * gate_up[:, 40:], rtol=1e-5, atol=1e-6)
 
 
@@ -389,21 +384,20 @@ def test_soft_capped_attention_is_the_eager_formula_and_rows_equal_their_own_cal
 def test_qk_norm_of_every_row_in_one_call_equals_the_per_row_calls():
     """rms_norm_heads (each head of q or k in every row of the fused q/k/v rows, in place) is bit for bit what
     rms_norm computes head by head, row by row."""
-    cpu = kernels._cpu
     generator = torch.Generator().manual_seed(15)
     rows, heads, kv_heads, dim = 13, 4, 2, 256
     width = (heads + 2 * kv_heads) * dim
     qkv = torch.randn(rows, width, generator=generator) * 3
     q_weight, k_weight = torch.randn(dim, generator=generator), torch.randn(dim, generator=generator)
     expected = qkv.clone()
-    for row in range(rows):
-        start = expected[row].data_ptr()
-        cpu.rms_norm(start, heads, dim, dim, q_weight.data_ptr(), 1e-6, start, dim)
-        cpu.rms_norm(start + 4 * heads * dim, kv_heads, dim, dim, k_weight.data_ptr(), 1e-6, start + 4 * heads * dim,
-                     dim)
+    q_columns, k_columns = slice(0, heads * dim), slice(heads * dim, (heads + kv_heads) * dim)
+    for row in range(rows):  # each row's heads as the rows of one rms_norm call, in place
+        q_heads, k_heads = expected[row, q_columns].view(heads, dim), expected[row, k_columns].view(kv_heads, dim)
+        kernels.rms_norm(q_heads, q_weight, 1e-6, out=q_heads)
+        kernels.rms_norm(k_heads, k_weight, 1e-6, out=k_heads)
     ours = qkv.clone()
-    cpu.rms_norm_heads(ours.data_ptr(), rows, width, heads, dim, q_weight.data_ptr(), 1e-6)
-    cpu.rms_norm_heads(ours.data_ptr() + 4 * heads * dim, rows, width, kv_heads, dim, k_weight.data_ptr(), 1e-6)
+    kernels.rms_norm_heads(ours[:, q_columns], dim, q_weight, 1e-6)
+    kernels.rms_norm_heads(ours[:, k_columns], dim, k_weight, 1e-6)
     assert torch.equal(ours, expected)
     heads_view = qkv[:, : heads * dim].view(rows, heads, dim)
     reference = q_weight * (heads_view * torch.rsqrt(heads_view.pow(2).mean(-1, keepdim=True) + 1e-6))
@@ -411,7 +405,6 @@ def test_qk_norm_of_every_row_in_one_call_equals_the_per_row_calls():
 
 
 def test_a_partial_rotary_in_the_kernel_is_torchs_elementwise_formula_bit_for_bit():
-    cpu = kernels._cpu
     generator = torch.Generator().manual_seed(16)
     rows, heads, dim, half = 5, 3, 32, 8  # rotates the first 16 of each head's 32 dimensions
     base = torch.randn(rows, heads * dim + 7, generator=generator)  # a row stride past the heads
@@ -419,8 +412,7 @@ def test_a_partial_rotary_in_the_kernel_is_torchs_elementwise_formula_bit_for_bi
     freqs = torch.arange(16, dtype=torch.float32)[:, None] * (1.0 / 10000 ** (torch.arange(0, 16, 2) / 16))[None]
     cos, sin = freqs.cos().contiguous(), freqs.sin().contiguous()  # [positions, half]
     rotated = base.clone()
-    cpu.rope(rotated.data_ptr(), rows, base.stride(0), heads, dim, positions.data_ptr(), cos.data_ptr(),
-             sin.data_ptr(), half)
+    kernels.rope(rotated, heads, dim, positions, cos, sin)  # half = the tables' width
     expected = base.clone()
     view = expected[:, : heads * dim].view(rows, heads, dim)
     c, s = cos[positions.long()][:, None], sin[positions.long()][:, None]
@@ -428,6 +420,6 @@ def test_a_partial_rotary_in_the_kernel_is_torchs_elementwise_formula_bit_for_bi
     view[..., :half] = first * c - second * s
     view[..., half : 2 * half] = second * c + first * s
     assert torch.equal(rotated, expected)
+    wide = torch.zeros(16, dim)  # tables turning 2 * dim dimensions of a head of dim
     with pytest.raises(ValueError):
-        cpu.rope(rotated.data_ptr(), rows, base.stride(0), heads, dim, positions.data_ptr(), cos.data_ptr(),
-                 sin.data_ptr(), dim)
+        kernels.rope(rotated, heads, dim, positions, wide, wide)

@@ -1,0 +1,138 @@
+"""The kernels' typed facade (specdec_cli/kernels/): the only door to the C extension, and one that refuses what
+the C code would read blindly (a wrong dtype, shape, stride or device) with a ValueError instead of a crash."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec_cli import kernels
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
+
+
+def _extension_uses(path: Path) -> list[str]:
+    """Where a file imports the C extension or reaches into it (`_cpu`, `kernels._require`), as 'line: what'."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and any(alias.name == "_cpu" for alias in node.names):
+            found.append(f"{node.lineno}: from {node.module or '.'} import _cpu")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").endswith("_cpu"):
+            found.append(f"{node.lineno}: from {node.module} import ...")
+        elif isinstance(node, ast.Import) and any(alias.name.endswith("_cpu") for alias in node.names):
+            found.append(f"{node.lineno}: import ..._cpu")
+        elif isinstance(node, ast.Attribute) and node.attr in ("_cpu", "_require"):
+            found.append(f"{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Name) and node.id == "_cpu":
+            found.append(f"{node.lineno}: _cpu")
+    return found
+
+
+def test_no_module_outside_the_facade_touches_the_c_extension():
+    files = [*sorted((ROOT / "specdec_cli").rglob("*.py")), *sorted((ROOT / "benchmarks").rglob("*.py")),
+             *sorted((ROOT / "tests").glob("test_*.py"))]
+    facade = ROOT / "specdec_cli" / "kernels"
+    offenders = {str(path.relative_to(ROOT)): uses for path in files
+                 if facade not in path.parents and path != Path(__file__).resolve() and (uses := _extension_uses(path))}
+    assert not offenders, offenders
+    assert _extension_uses(facade / "__init__.py")  # (the scan does see the facade's own uses)
+
+
+def _meta(*shape: int) -> torch.Tensor:
+    return torch.empty(*shape, device="meta")
+
+
+def test_matmul_refuses_what_the_kernel_cannot_read():
+    records = kernels.pack_records(kernels.KIND_Q8, torch.zeros(32, 64, dtype=torch.uint8) + 128,
+                                   torch.ones(32, 2))  # 32 columns, k = 64
+    x = torch.randn(3, 64)
+    assert kernels.matmul(x, kernels.KIND_Q8, records).shape == (3, 32)
+    wrong = [
+        dict(x=x.double()),  # float64 rows
+        dict(x=x[0]),  # one dimension
+        dict(x=_meta(3, 64)),  # not on the CPU
+        dict(records=records[:, :-1]),  # another record size
+        dict(records=records.float()),  # not bytes
+        dict(records=records.t()),  # not contiguous
+        dict(out=torch.empty(3, 40)),  # wider than the records' columns
+        dict(out=torch.empty(2, 32)),  # fewer rows than x
+        dict(out=torch.empty(32, 3).t()),  # columns not side by side
+        dict(out=torch.empty(3, 32, dtype=torch.bfloat16)),
+        dict(accumulate=True),  # nothing to add to
+    ]
+    for change in wrong:
+        arguments = dict(x=x, records=records, out=None, accumulate=False)
+        arguments.update(change)
+        with pytest.raises(ValueError, match="matmul"):
+            kernels.matmul(arguments["x"], kernels.KIND_Q8, arguments["records"], out=arguments["out"],
+                           accumulate=arguments["accumulate"])
+    with pytest.raises(ValueError, match="unknown block kind"):
+        kernels.matmul(x, 99, records)
+
+
+def test_attention_refuses_mismatched_heads_dtypes_and_key_positions():
+    rows, heads, kv_heads, dim, positions = 2, 4, 2, 16, 10
+    query, keys, values = torch.randn(rows, heads, dim), torch.randn(kv_heads, positions, dim), \
+        torch.randn(kv_heads, positions, dim)
+    starts, stops = torch.zeros(rows, dtype=torch.int32), torch.tensor([9, 10], dtype=torch.int32)
+    extra_start, extra_pos = torch.zeros(rows + 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32)
+    good = (query, keys, values, starts, stops, extra_start, extra_pos)
+    assert kernels.attention(*good, 0.25).shape == (rows, heads, dim)
+    assert kernels.attention(query, keys[None], values[None], *good[3:], 0.25).shape == (rows, heads, dim)  # a cache
+    wrong = {
+        0: [query.double(), query[:, :, :8], query.transpose(1, 2), _meta(rows, heads, dim)],
+        1: [keys.bfloat16(), keys[:, :, :8], torch.randn(3, positions, dim), torch.randn(2, kv_heads, positions, dim)],
+        2: [values[:, :5], values.transpose(1, 2).contiguous().transpose(1, 2)[:, :, :8]],
+        3: [starts.long(), starts[:1]],
+        4: [torch.tensor([9.0, 10.0])],
+        5: [extra_start[:rows]],
+        6: [torch.zeros(2, 1, dtype=torch.int32)],
+    }
+    for place, tensors in wrong.items():
+        for tensor in tensors:
+            arguments = list(good)
+            arguments[place] = tensor
+            with pytest.raises(ValueError, match="attention"):
+                kernels.attention(*arguments, 0.25)
+    with pytest.raises(ValueError, match="attention: out"):
+        kernels.attention(*good, 0.25, out=torch.empty(rows, heads * dim))
+
+
+def test_the_decoders_steps_refuse_wrong_shapes_and_dtypes():
+    x, weight = torch.randn(3, 32), torch.randn(32)
+    for call in (lambda: kernels.rms_norm(x.double(), weight, 1e-6),
+                 lambda: kernels.rms_norm(x, weight[:16], 1e-6),
+                 lambda: kernels.rms_norm(x, weight, 1e-6, out=torch.empty(3, 16)),
+                 lambda: kernels.rms_norm(x.t(), weight, 1e-6),
+                 lambda: kernels.rms_norm_heads(x, 12, torch.randn(12), 1e-6),  # 32 is not whole heads of 12
+                 lambda: kernels.rms_norm_heads(x, 16, weight, 1e-6),
+                 lambda: kernels.silu_mul(torch.randn(3, 33)),
+                 lambda: kernels.silu_mul(x, out=torch.empty(3, 15)),
+                 lambda: kernels.gelu_tanh_mul(x.bfloat16()),
+                 lambda: kernels.soft_cap(x.half(), 30.0),
+                 lambda: kernels.soft_cap_(x.t(), 30.0)):
+        with pytest.raises(ValueError):
+            call()
+    cos = sin = torch.randn(8, 4)
+    positions = torch.tensor([1, 2, 3], dtype=torch.int32)
+    kernels.rope(x.clone(), 2, 16, positions, cos, sin)
+    for call in (lambda: kernels.rope(x, 3, 16, positions, cos, sin),  # more heads than the row holds
+                 lambda: kernels.rope(x, 2, 16, positions.long(), cos, sin),
+                 lambda: kernels.rope(x, 2, 16, positions[:2], cos, sin),
+                 lambda: kernels.rope(x, 2, 16, positions, cos, sin[:, :2]),
+                 lambda: kernels.rope(x, 2, 16, positions, torch.randn(8, 9), torch.randn(8, 9))):  # half past 16/2
+        with pytest.raises(ValueError, match="rope"):
+            call()
+    cache = torch.zeros(1, 2, 5, 16)
+    kernels.store_rows(x, cache, 2)
+    assert torch.equal(cache[0, :, 2:5], x.view(3, 2, 16).transpose(0, 1))
+    for call in (lambda: kernels.store_rows(x, cache, 3),  # past the cache's 5 positions
+                 lambda: kernels.store_rows(x, torch.zeros(1, 3, 5, 16), 0),
+                 lambda: kernels.store_rows(x, cache.bfloat16(), 0),
+                 lambda: kernels.store_rows(x[:, :30], cache, 0)):
+        with pytest.raises(ValueError, match="store_rows"):
+            call()
