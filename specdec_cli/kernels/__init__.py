@@ -246,8 +246,8 @@ def select_columns(kind: int, records: torch.Tensor, n: int, ids: torch.Tensor) 
 # Every call into _cpu goes through the functions below: they take tensors, check what the C code reads blindly
 # (dtype, device, dimensions, the unit stride along a row, shapes that agree) and raise ValueError naming the
 # kernel and the argument, never handing C a pointer it would read past. Values (positions within a rotary table,
-# key positions within the cache) are the caller's to keep in range. The checks are attribute reads, about a
-# microsecond a call, against tens of microseconds for the smallest kernel call of a decoding step.
+# key positions within the cache) are the caller's to keep in range. The checks are attribute reads, one or two
+# microseconds a call, against the tens of microseconds a decoding step's kernel calls take.
 
 _F32, _U8, _I32 = torch.float32, torch.uint8, torch.int32
 
@@ -257,17 +257,20 @@ def _refuse(kernel: str, what: str, tensor: Optional[torch.Tensor] = None) -> Va
     return ValueError(f"{kernel}: {what}{seen}")
 
 
-def _matrix(tensor: torch.Tensor, kernel: str, name: str) -> None:
-    """A float32 CPU matrix [rows, width] whose rows may be strided but whose elements lie side by side."""
-    if tensor.dtype is not _F32 or not tensor.is_cpu or tensor.dim() != 2 or tensor.stride(1) != 1:
-        raise _refuse(kernel, f"{name} must be a float32 CPU matrix [rows, width] with unit stride along a row",
-                      tensor)
+def _not_matrix(tensor: torch.Tensor) -> bool:
+    """Not a float32 CPU matrix [rows, width] whose elements lie side by side along a row (rows may be strided)."""
+    return tensor.dtype is not _F32 or not tensor.is_cpu or tensor.ndim != 2 or tensor.stride()[1] != 1
 
 
-def _dense(tensor: torch.Tensor, kernel: str, name: str, dtype: torch.dtype = _F32) -> None:
-    """A contiguous CPU tensor of `dtype`."""
-    if tensor.dtype is not dtype or not tensor.is_cpu or not tensor.is_contiguous():
-        raise _refuse(kernel, f"{name} must be a contiguous {dtype} CPU tensor", tensor)
+def _not_dense(tensor: torch.Tensor, dtype: torch.dtype = _F32) -> bool:
+    """Not a contiguous CPU tensor of `dtype`."""
+    return tensor.dtype is not dtype or not tensor.is_cpu or not tensor.is_contiguous()
+
+
+@functools.lru_cache(maxsize=None)
+def _records_shape(kind: int, k: int, n: int) -> tuple[int, int]:
+    """The shape of records holding n columns of `kind` for k inputs (raises ValueError on an unknown kind)."""
+    return groups(n), record_bytes(kind, k)
 
 
 def matmul(x: torch.Tensor, kind: int, records: torch.Tensor, n: Optional[int] = None,
@@ -276,8 +279,8 @@ def matmul(x: torch.Tensor, kind: int, records: torch.Tensor, n: Optional[int] =
     column the records hold, or to out's width). Block kinds round each row of x to 8 bits per block of 32 first
     (kernels/_cpu.c). With `out` (float32 [rows, n], rows may be strided: a slice of a wider buffer) the product
     is written there, or added to it with `accumulate`; returns out."""
-    kernel = _require()
-    if x.dtype is not _F32 or not x.is_cpu or x.dim() != 2:
+    kernel = _cpu if _cpu is not None else _require()
+    if x.dtype is not _F32 or not x.is_cpu or x.ndim != 2:
         raise _refuse("matmul", "x must be float32 CPU rows [rows, k]", x)
     x = x.contiguous()
     rows, k = x.shape
@@ -287,16 +290,19 @@ def matmul(x: torch.Tensor, kind: int, records: torch.Tensor, n: Optional[int] =
         n = records.shape[0] * GROUP if n is None else int(n)
         out = torch.empty(rows, n, dtype=torch.float32)
     else:
-        _matrix(out, "matmul", "out")
-        if out.shape[0] != rows or (n is not None and out.shape[1] != n):
+        if _not_matrix(out):
+            raise _refuse("matmul", "out must be a float32 CPU matrix with unit stride along a row", out)
+        out_rows, width = out.shape
+        if out_rows != rows or (n is not None and width != n):
             raise _refuse("matmul", f"out must be [{rows}, {n if n is not None else 'n'}]", out)
-        n = out.shape[1]
-    if (records.dtype is not _U8 or not records.is_cpu or not records.is_contiguous() or records.dim() != 2 or
-            k % BLOCK or records.shape[1] != record_bytes(kind, k) or records.shape[0] != groups(n)):
+        n = width
+    if (records.dtype is not _U8 or not records.is_cpu or not records.is_contiguous() or k % BLOCK or
+            records.shape != _records_shape(kind, k, n)):
         raise ValueError(f"matmul: records of shape {tuple(records.shape)} do not hold {n} columns of kind "
                          f"{kind_of(kind).name} for k={k}")
     if rows and n:
-        kernel.matmul(kind, x.data_ptr(), rows, k, n, records.data_ptr(), out.data_ptr(), out.stride(0), accumulate)
+        kernel.matmul(kind, x.data_ptr(), rows, k, n, records.data_ptr(), out.data_ptr(), out.stride()[0],
+                      accumulate)
     return out
 
 
@@ -311,67 +317,67 @@ def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, run
     or [1, kv_heads, positions, dim] (a KV cache's buffers), float32 or bfloat16, unit stride along dim; run_start,
     run_stop [rows], extra_start [rows + 1], extra_pos [extras]: contiguous int32. Writes [rows, heads, dim] float32
     into `out` (unit stride along dim) or a new tensor, and returns it."""
-    kernel = _require()
-    if query.dtype is not _F32 or not query.is_cpu or query.dim() != 3 or query.stride(2) != 1:
+    kernel = _cpu if _cpu is not None else _require()
+    if query.dtype is not _F32 or not query.is_cpu or query.ndim != 3 or query.stride()[2] != 1:
         raise _refuse("attention", "query must be float32 CPU [rows, heads, dim] with unit stride along dim", query)
     rows, heads, dim = query.shape
-    for name, tensor in (("keys", keys), ("values", values)):
-        if (tensor.dtype is not keys.dtype or tensor.dtype not in (_F32, torch.bfloat16) or not tensor.is_cpu or
-                tensor.dim() not in (3, 4) or (tensor.dim() == 4 and tensor.shape[0] != 1) or
-                tensor.shape[-1] != dim or tensor.stride(-1) != 1 or tensor.shape[-3:] != keys.shape[-3:]):
-            raise _refuse("attention", f"{name} must be float32 or bfloat16 CPU [kv_heads, positions, {dim}] (as the "
-                          "keys are) with unit stride along dim", tensor)
-    kv_heads = keys.shape[-3]
+    key_strides, value_strides = keys.stride(), values.stride()
+    key_shape = keys.shape
+    if (keys.dtype not in (_F32, torch.bfloat16) or values.dtype is not keys.dtype or not keys.is_cpu or
+            not values.is_cpu or key_shape != values.shape or key_shape[-1] != dim or key_strides[-1] != 1 or
+            value_strides[-1] != 1 or not (len(key_shape) == 3 or (len(key_shape) == 4 and key_shape[0] == 1))):
+        raise _refuse("attention", f"keys and values must be float32 or bfloat16 CPU [(1,) kv_heads, positions, {dim}] "
+                      "alike with unit stride along dim", values)
+    kv_heads = key_shape[-3]
     if heads % kv_heads:
         raise _refuse("attention", f"{heads} query heads do not share {kv_heads} key/value heads evenly")
-    for name, index, count in (("run_start", run_start, rows), ("run_stop", run_stop, rows),
-                               ("extra_start", extra_start, rows + 1), ("extra_pos", extra_pos, None)):
-        _dense(index, "attention", name, _I32)
-        if index.dim() != 1 or (count is not None and index.shape[0] != count):
-            raise _refuse("attention", f"{name} must be [{count if count is not None else 'extras'}]", index)
+    if (_not_dense(run_start, _I32) or _not_dense(run_stop, _I32) or _not_dense(extra_start, _I32) or
+            _not_dense(extra_pos, _I32) or run_start.shape != (rows,) or run_stop.shape != (rows,) or
+            extra_start.shape != (rows + 1,) or extra_pos.ndim != 1):
+        raise _refuse("attention", f"key positions must be contiguous int32 [{rows}], [{rows}], [{rows + 1}] and "
+                      "[extras] tensors")
     if out is None:
         out = torch.empty(rows, heads, dim, dtype=torch.float32)
-    elif out.dtype is not _F32 or not out.is_cpu or out.shape != query.shape or out.stride(2) != 1:
+    elif out.dtype is not _F32 or not out.is_cpu or out.shape != query.shape or out.stride()[2] != 1:
         raise _refuse("attention", f"out must be float32 CPU [{rows}, {heads}, {dim}] with unit stride along dim", out)
-    kernel.attention(rows, heads, kv_heads, dim, query.data_ptr(), query.stride(0), query.stride(1),
-                     keys.data_ptr(), values.data_ptr(), keys.dtype is torch.bfloat16, keys.stride(-3),
-                     keys.stride(-2), values.stride(-3), values.stride(-2), run_start.data_ptr(), run_stop.data_ptr(),
-                     extra_start.data_ptr(), extra_pos.data_ptr(), float(scale), out.data_ptr(), out.stride(0),
-                     out.stride(1), float(cap))
+    out_strides, query_strides = out.stride(), query.stride()
+    kernel.attention(rows, heads, kv_heads, dim, query.data_ptr(), query_strides[0], query_strides[1],
+                     keys.data_ptr(), values.data_ptr(), keys.dtype is torch.bfloat16, key_strides[-3],
+                     key_strides[-2], value_strides[-3], value_strides[-2], run_start.data_ptr(), run_stop.data_ptr(),
+                     extra_start.data_ptr(), extra_pos.data_ptr(), float(scale), out.data_ptr(), out_strides[0],
+                     out_strides[1], float(cap))
     return out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """RMSNorm of each row: out = weight * x / sqrt(mean(x^2) + eps). x, out float32 [rows, dim] (rows may be
     strided; out may be x); weight float32 [dim]. Returns out (a new tensor if not given)."""
-    kernel = _require()
-    _matrix(x, "rms_norm", "x")
-    rows, dim = x.shape
-    _dense(weight, "rms_norm", "weight")
-    if weight.shape != (dim,):
-        raise _refuse("rms_norm", f"weight must be [{dim}]", weight)
+    kernel = _cpu if _cpu is not None else _require()
+    if _not_matrix(x):
+        raise _refuse("rms_norm", "x must be a float32 CPU matrix with unit stride along a row", x)
+    shape = x.shape
+    if _not_dense(weight) or weight.shape != shape[1:]:
+        raise _refuse("rms_norm", f"weight must be a contiguous float32 CPU [{shape[1]}]", weight)
     if out is None:
-        out = torch.empty(rows, dim, dtype=torch.float32)
-    else:
-        _matrix(out, "rms_norm", "out")
-        if out.shape != x.shape:
-            raise _refuse("rms_norm", f"out must be [{rows}, {dim}]", out)
-    kernel.rms_norm(x.data_ptr(), rows, dim, x.stride(0), weight.data_ptr(), float(eps), out.data_ptr(), out.stride(0))
+        out = torch.empty(shape, dtype=torch.float32)
+    elif _not_matrix(out) or out.shape != shape:
+        raise _refuse("rms_norm", f"out must be a float32 CPU matrix [{shape[0]}, {shape[1]}]", out)
+    kernel.rms_norm(x.data_ptr(), shape[0], shape[1], x.stride()[0], weight.data_ptr(), float(eps), out.data_ptr(),
+                    out.stride()[0])
     return out
 
 
 def rms_norm_heads(x: torch.Tensor, head_dim: int, weight: torch.Tensor, eps: float) -> None:
     """In place: RMSNorm of each head of head_dim in every row of x [rows, heads * head_dim] (float32, rows may be
     strided: q's or k's columns of fused q/k/v rows), each head as rms_norm computes it (QK-norm)."""
-    kernel = _require()
-    _matrix(x, "rms_norm_heads", "x")
+    kernel = _cpu if _cpu is not None else _require()
+    if _not_matrix(x) or x.shape[1] % head_dim:
+        raise _refuse("rms_norm_heads", f"x must be a float32 CPU matrix of whole heads of {head_dim}", x)
+    if _not_dense(weight) or weight.shape != (head_dim,):
+        raise _refuse("rms_norm_heads", f"weight must be a contiguous float32 CPU [{head_dim}]", weight)
     rows, width = x.shape
-    if width % head_dim:
-        raise _refuse("rms_norm_heads", f"x's width is not whole heads of {head_dim}", x)
-    _dense(weight, "rms_norm_heads", "weight")
-    if weight.shape != (head_dim,):
-        raise _refuse("rms_norm_heads", f"weight must be [{head_dim}]", weight)
-    kernel.rms_norm_heads(x.data_ptr(), rows, x.stride(0), width // head_dim, head_dim, weight.data_ptr(), float(eps))
+    kernel.rms_norm_heads(x.data_ptr(), rows, x.stride()[0], width // head_dim, head_dim, weight.data_ptr(),
+                          float(eps))
 
 
 def rope(x: torch.Tensor, heads: int, head_dim: int, positions: torch.Tensor, cos: torch.Tensor,
@@ -380,55 +386,54 @@ def rope(x: torch.Tensor, heads: int, head_dim: int, positions: torch.Tensor, co
     (float32, rows may be strided), row r at positions[r] (int32 [rows]); cos/sin float32 [positions, half] tables
     turn the first 2 * half dimensions of each head (half < head_dim / 2: a partial rotary). Positions must lie
     within the tables."""
-    kernel = _require()
-    _matrix(x, "rope", "x")
+    kernel = _cpu if _cpu is not None else _require()
+    if _not_matrix(x) or x.shape[1] < heads * head_dim:
+        raise _refuse("rope", f"x must be a float32 CPU matrix holding {heads} heads of {head_dim} a row", x)
     rows = x.shape[0]
-    if x.shape[1] < heads * head_dim:
-        raise _refuse("rope", f"x holds fewer than {heads} heads of {head_dim}", x)
-    _dense(positions, "rope", "positions", _I32)
-    if positions.shape != (rows,):
-        raise _refuse("rope", f"positions must be [{rows}]", positions)
-    _dense(cos, "rope", "cos")
-    _dense(sin, "rope", "sin")
-    if cos.dim() != 2 or sin.shape != cos.shape or 2 * cos.shape[1] > head_dim:
-        raise _refuse("rope", f"cos and sin must be [positions, half] alike, half <= {head_dim // 2}", sin)
-    kernel.rope(x.data_ptr(), rows, x.stride(0), heads, head_dim, positions.data_ptr(), cos.data_ptr(),
-                sin.data_ptr(), cos.shape[1])
+    if _not_dense(positions, _I32) or positions.shape != (rows,):
+        raise _refuse("rope", f"positions must be contiguous int32 [{rows}]", positions)
+    table = cos.shape
+    if (_not_dense(cos) or _not_dense(sin) or len(table) != 2 or sin.shape != table or 2 * table[1] > head_dim):
+        raise _refuse("rope", "cos and sin must be contiguous float32 [positions, half] alike, half <= "
+                      f"{head_dim // 2}", sin)
+    kernel.rope(x.data_ptr(), rows, x.stride()[0], heads, head_dim, positions.data_ptr(), cos.data_ptr(),
+                sin.data_ptr(), table[1])
 
 
 def store_rows(rows: torch.Tensor, cache: torch.Tensor, start: int) -> None:
     """Copy each row of rows [n, heads * dim] (float32, rows may be strided: k's or v's columns of fused q/k/v
     rows) into a KV cache buffer [(1,) heads, capacity, dim] at positions start .. start + n - 1."""
-    kernel = _require()
-    _matrix(rows, "store_rows", "rows")
+    kernel = _cpu if _cpu is not None else _require()
+    if _not_matrix(rows):
+        raise _refuse("store_rows", "rows must be a float32 CPU matrix with unit stride along a row", rows)
     count, width = rows.shape
-    if (cache.dtype is not _F32 or not cache.is_cpu or cache.dim() not in (3, 4) or cache.stride(-1) != 1 or
-            (cache.dim() == 4 and cache.shape[0] != 1) or cache.shape[-3] * cache.shape[-1] != width):
-        raise _refuse("store_rows", f"cache must be a float32 CPU buffer [heads, capacity, dim] for rows of {width}",
-                      cache)
-    if start < 0 or start + count > cache.shape[-2]:
-        raise _refuse("store_rows", f"positions {start}..{start + count - 1} past the cache's {cache.shape[-2]}")
-    kernel.store_rows(rows.data_ptr(), count, rows.stride(0), cache.shape[-3], cache.shape[-1], cache.data_ptr(),
-                      cache.stride(-3), cache.stride(-2), int(start))
+    shape, strides = cache.shape, cache.stride()
+    if (cache.dtype is not _F32 or not cache.is_cpu or strides[-1] != 1 or shape[-3] * shape[-1] != width or
+            not (len(shape) == 3 or (len(shape) == 4 and shape[0] == 1))):
+        raise _refuse("store_rows", "cache must be a float32 CPU buffer [(1,) heads, capacity, dim] for rows of "
+                      f"{width}", cache)
+    if start < 0 or start + count > shape[-2]:
+        raise _refuse("store_rows", f"positions {start}..{start + count - 1} past the cache's {shape[-2]}")
+    kernel.store_rows(rows.data_ptr(), count, rows.stride()[0], shape[-3], shape[-1], cache.data_ptr(), strides[-3],
+                      strides[-2], int(start))
 
 
-def _gated(name: str, gate_up: torch.Tensor, out: Optional[torch.Tensor]) -> tuple[int, int, torch.Tensor]:
-    _dense(gate_up, name, "gate_up")
-    if gate_up.dim() != 2 or gate_up.shape[1] % 2:
-        raise _refuse(name, "gate_up must be [rows, 2 * ffn]", gate_up)
+def _gated(name: str, gate_up: torch.Tensor, out: Optional[torch.Tensor]) -> tuple[Any, int, int, torch.Tensor]:
+    """The kernel, rows, ffn and the output of a gated activation, checked."""
+    kernel = _cpu if _cpu is not None else _require()
+    if _not_dense(gate_up) or gate_up.ndim != 2 or gate_up.shape[1] % 2:
+        raise _refuse(name, "gate_up must be a contiguous float32 CPU [rows, 2 * ffn]", gate_up)
     rows, ffn = gate_up.shape[0], gate_up.shape[1] // 2
     if out is None:
-        return rows, ffn, torch.empty(rows, ffn, dtype=torch.float32)
-    _dense(out, name, "out")
-    if out.shape != (rows, ffn):
-        raise _refuse(name, f"out must be [{rows}, {ffn}]", out)
-    return rows, ffn, out
+        return kernel, rows, ffn, torch.empty(rows, ffn, dtype=torch.float32)
+    if _not_dense(out) or out.shape != (rows, ffn):
+        raise _refuse(name, f"out must be a contiguous float32 CPU [{rows}, {ffn}]", out)
+    return kernel, rows, ffn, out
 
 
 def silu_mul(gate_up: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """gate_up [rows, 2 * ffn] float32 -> SiLU(gate) * up [rows, ffn] (into `out` where given)."""
-    kernel = _require()
-    rows, ffn, out = _gated("silu_mul", gate_up, out)
+    kernel, rows, ffn, out = _gated("silu_mul", gate_up, out)
     kernel.silu_mul(gate_up.data_ptr(), rows, ffn, out.data_ptr())
     return out
 
@@ -437,19 +442,19 @@ def gelu_tanh_mul(gate_up: torch.Tensor, out: Optional[torch.Tensor] = None) -> 
     """gate_up [rows, 2 * ffn] float32 -> GeLU-tanh(gate) * up [rows, ffn] (into `out` where given): torch's
     F.gelu(approximate="tanh") within a few ulp, every element by one formula on every instruction-set path
     (kernels/_cpu.c)."""
-    kernel = _require()
     if gate_up.dtype is not _F32 or not gate_up.is_cpu:
         raise _refuse("gelu_tanh_mul", "gate_up must be float32 on the CPU", gate_up)
     gate_up = gate_up.contiguous()
-    rows, ffn, out = _gated("gelu_tanh_mul", gate_up, out)
+    kernel, rows, ffn, out = _gated("gelu_tanh_mul", gate_up, out)
     kernel.gelu_tanh_mul(gate_up.data_ptr(), rows, ffn, out.data_ptr())
     return out
 
 
 def soft_cap_(x: torch.Tensor, cap: float) -> torch.Tensor:
     """In place: x = cap * tanh(x / cap) of contiguous float32 x, every element by one formula on every path."""
-    kernel = _require()
-    _dense(x, "soft_cap", "x")
+    kernel = _cpu if _cpu is not None else _require()
+    if _not_dense(x):
+        raise _refuse("soft_cap", "x must be a contiguous float32 CPU tensor", x)
     kernel.soft_cap(x.data_ptr(), x.numel(), float(cap))
     return x
 
