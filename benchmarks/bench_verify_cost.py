@@ -70,7 +70,7 @@ def attention_times(context: int, rows: int, repeats: int) -> tuple[float, float
     scale = dim ** -0.5
 
     def exact() -> None:
-        kernels.attention(query, keys, values, *keys_of_rows.arrays, scale, out=out_heads)
+        kernels.attention(query, keys, values, keys_of_rows.positions, scale, out=out_heads)
 
     mask = torch.ones(rows, total, dtype=torch.bool).tril(diagonal=context)  # [rows, keys]
     batched_query = query.transpose(0, 1).unsqueeze(0)  # [1, heads, rows, dim]
@@ -113,12 +113,12 @@ def gemm(decoder, rows_list: list[int], repeats: int) -> None:
     for layer in decoder.layers:
         for group in layer.qkv:
             shapes.append((group.kind, decoder.hidden, group.width, group.records))
-        shapes.append((layer.out.kind, layer.out.in_features, layer.out.out_features, layer.out.records))
         for group in layer.gate_up:
             shapes.append((group.kind, decoder.hidden, group.width, group.records))
-        shapes.append((layer.down.kind, layer.down.in_features, layer.down.out_features, layer.down.records))
-    head = decoder.head
-    shapes.append((head.kind, head.in_features, head.out_features, head.records))
+        for single in (layer.out, layer.down):
+            shapes.append((single.matrix.kind, single.matrix.k, single.matrix.n, single.matrix.records))
+    head = decoder.head.matrix
+    shapes.append((head.kind, head.k, head.n, head.records))
     macs_per_row = sum(k * n for _, k, n, _ in shapes)
     widest = max(n for _, _, n, _ in shapes)
     out = torch.empty(max(rows_list), widest)

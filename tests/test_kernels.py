@@ -126,15 +126,15 @@ def test_matmul_refuses_records_of_another_shape_and_unknown_paths():
     assert kernels.isa() == "portable"
 
 
-def _row_arrays(runs, extras):
-    """(run_start, run_stop, extra_start, extra_pos) int32 for per-row runs and extra positions."""
+def _key_positions(runs, extras):
+    """The kernel's KeyPositions for per-row runs and extra positions."""
     starts = torch.tensor([start for start, _ in runs], dtype=torch.int32)
     stops = torch.tensor([stop for _, stop in runs], dtype=torch.int32)
     offsets = [0]
     for positions in extras:
         offsets.append(offsets[-1] + len(positions))
     flat = torch.tensor([p for positions in extras for p in positions], dtype=torch.int32)
-    return starts, stops, torch.tensor(offsets, dtype=torch.int32), flat
+    return kernels.KeyPositions(starts, stops, torch.tensor(offsets, dtype=torch.int32), flat)
 
 
 @pytest.mark.parametrize("path", kernels.isas())
@@ -147,13 +147,13 @@ def test_attention_matches_sdpa_and_each_row_equals_its_own_call(dtype, path):
     values = torch.randn(kv_heads, 60, dim, generator=generator).to(dtype)
     query = torch.randn(5, heads, dim, generator=generator)
     runs = [(0, cached + row + 1) for row in range(5)]  # a causal chain after `cached` tokens
-    out = kernels.attention(query, keys, values, *_row_arrays(runs, [[]] * 5), dim ** -0.5)
+    out = kernels.attention(query, keys, values, _key_positions(runs, [[]] * 5), dim ** -0.5)
     for row, (start, stop) in enumerate(runs):
         expected = torch.nn.functional.scaled_dot_product_attention(
             query[row][:, None], keys[:, start:stop].float().repeat_interleave(3, 0),
             values[:, start:stop].float().repeat_interleave(3, 0))[:, 0]  # [heads, dim]
         assert torch.allclose(out[row], expected, atol=1e-5)
-        alone = kernels.attention(query[row : row + 1], keys, values, *_row_arrays([runs[row]], [[]]), dim ** -0.5)
+        alone = kernels.attention(query[row : row + 1], keys, values, _key_positions([runs[row]], [[]]), dim ** -0.5)
         assert torch.equal(alone[0], out[row])
 
 
@@ -173,14 +173,14 @@ def test_long_contexts_span_key_blocks_and_rows_still_equal_their_own_calls(rows
     query = torch.randn(rows, heads, dim, generator=generator)
     runs = [(0, cached + row + 1) for row in range(rows)]
     extras = [[cached + rows + 1, cached + rows + 3] if row % 2 else [] for row in range(rows)]  # tree-like rows
-    out = kernels.attention(query, keys, values, *_row_arrays(runs, extras), dim ** -0.5)
+    out = kernels.attention(query, keys, values, _key_positions(runs, extras), dim ** -0.5)
     for row in range(rows):
         picked = torch.tensor([*range(*runs[row]), *extras[row]])
         expected = torch.nn.functional.scaled_dot_product_attention(
             query[row][:, None], keys[:, picked].repeat_interleave(3, 0), values[:, picked].repeat_interleave(3, 0),
             scale=dim ** -0.5)[:, 0]  # [heads, dim]
         assert torch.allclose(out[row], expected, atol=1e-5)
-        alone = kernels.attention(query[row : row + 1], keys, values, *_row_arrays([runs[row]], [extras[row]]),
+        alone = kernels.attention(query[row : row + 1], keys, values, _key_positions([runs[row]], [extras[row]]),
                                   dim ** -0.5)
         assert torch.equal(alone[0], out[row])
 
@@ -207,13 +207,13 @@ def test_grouped_query_heads_equal_each_head_and_row_alone(path, dtype, dim):
         extras = [sorted(torch.randperm(rows + 8, generator=generator)[: row % 5].add(cached).tolist())
                   for row in range(rows)]  # tree rows: their own extra positions, unequal key counts
         kernels.set_threads(1 + case % 2)
-        out = kernels.attention(query, keys, values, *_row_arrays(runs, extras), dim ** -0.5)
+        out = kernels.attention(query, keys, values, _key_positions(runs, extras), dim ** -0.5)
         for row in range(rows):
-            arrays = _row_arrays([runs[row]], [extras[row]])
+            positions = _key_positions([runs[row]], [extras[row]])
             for head in range(heads):
                 kv = head // group
                 alone = kernels.attention(query[row : row + 1, head : head + 1], keys[kv : kv + 1],
-                                          values[kv : kv + 1], *arrays, dim ** -0.5)
+                                          values[kv : kv + 1], positions, dim ** -0.5)
                 assert torch.equal(alone[0, 0], out[row, head]), (path, dtype, dim, case, row, head)
 
 
@@ -221,13 +221,13 @@ def test_a_tree_row_over_gathered_keys_equals_a_contiguous_row_with_the_same_key
     generator = torch.Generator().manual_seed(6)
     keys, values = torch.randn(2, 50, 16, generator=generator), torch.randn(2, 50, 16, generator=generator)
     query = torch.randn(1, 4, 16, generator=generator)
-    tree = kernels.attention(query, keys, values, *_row_arrays([(0, 30)], [[33, 35, 36]]), 0.25)
+    tree = kernels.attention(query, keys, values, _key_positions([(0, 30)], [[33, 35, 36]]), 0.25)
     picked = torch.tensor([*range(30), 33, 35, 36])
     gathered_keys, gathered_values = keys[:, picked].contiguous(), values[:, picked].contiguous()
-    chain = kernels.attention(query, gathered_keys, gathered_values, *_row_arrays([(0, 33)], [[]]), 0.25)
+    chain = kernels.attention(query, gathered_keys, gathered_values, _key_positions([(0, 33)], [[]]), 0.25)
     assert torch.equal(tree, chain)
     # a window: a run that does not start at 0
-    window = kernels.attention(query, keys, values, *_row_arrays([(10, 30)], [[]]), 0.25)
+    window = kernels.attention(query, keys, values, _key_positions([(10, 30)], [[]]), 0.25)
     expected = torch.nn.functional.scaled_dot_product_attention(
         query[0][:, None], keys[:, 10:30].repeat_interleave(2, 0), values[:, 10:30].repeat_interleave(2, 0),
         scale=0.25)[:, 0]
@@ -367,16 +367,16 @@ def test_soft_capped_attention_is_the_eager_formula_and_rows_equal_their_own_cal
     runs = [(0, cached + row + 1) for row in range(rows)]
     extras = [[cached + rows + 1, cached + rows + 3] if row % 2 else [] for row in range(rows)]
     scale, cap = dim ** -0.5, 5.0  # a small cap, so that it bites
-    arrays = _row_arrays(runs, extras)
-    out = kernels.attention(query, keys, values, *arrays, scale, cap)
-    uncapped = kernels.attention(query, keys, values, *arrays, scale)
-    assert torch.equal(kernels.attention(query, keys, values, *arrays, scale, 0.0), uncapped)
+    positions = _key_positions(runs, extras)
+    out = kernels.attention(query, keys, values, positions, scale, cap)
+    uncapped = kernels.attention(query, keys, values, positions, scale)
+    assert torch.equal(kernels.attention(query, keys, values, positions, scale, 0.0), uncapped)
     assert not torch.allclose(out, uncapped, atol=1e-3)
     for row in range(rows):
         picked = torch.tensor([*range(*runs[row]), *extras[row]])
         expected = _capped_reference(query[row], keys, values, picked, scale, cap)
         assert torch.allclose(out[row].double(), expected, atol=1e-5), (path, row)
-        alone = kernels.attention(query[row : row + 1], keys, values, *_row_arrays([runs[row]], [extras[row]]),
+        alone = kernels.attention(query[row : row + 1], keys, values, _key_positions([runs[row]], [extras[row]]),
                                   scale, cap)
         assert torch.equal(alone[0], out[row]), (path, row)
 

@@ -80,17 +80,15 @@ def test_attention_refuses_mismatched_heads_dtypes_and_key_positions():
         torch.randn(kv_heads, positions, dim)
     starts, stops = torch.zeros(rows, dtype=torch.int32), torch.tensor([9, 10], dtype=torch.int32)
     extra_start, extra_pos = torch.zeros(rows + 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32)
-    good = (query, keys, values, starts, stops, extra_start, extra_pos)
-    assert kernels.attention(*good, 0.25).shape == (rows, heads, dim)
-    assert kernels.attention(query, keys[None], values[None], *good[3:], 0.25).shape == (rows, heads, dim)  # a cache
+    keys_of_rows = kernels.KeyPositions(starts, stops, extra_start, extra_pos)
+    assert kernels.attention(query, keys, values, keys_of_rows, 0.25).shape == (rows, heads, dim)
+    assert kernels.attention(query, keys[None], values[None], keys_of_rows, 0.25).shape == (rows, heads, dim)  # a cache
+    good = [query, keys, values, keys_of_rows]
     wrong = {
-        0: [query.double(), query[:, :, :8], query.transpose(1, 2), _meta(rows, heads, dim)],
+        0: [query.double(), query[:, :, :8], query.transpose(1, 2), _meta(rows, heads, dim), query[:1]],
         1: [keys.bfloat16(), keys[:, :, :8], torch.randn(3, positions, dim), torch.randn(2, kv_heads, positions, dim)],
         2: [values[:, :5], values.transpose(1, 2).contiguous().transpose(1, 2)[:, :, :8]],
-        3: [starts.long(), starts[:1]],
-        4: [torch.tensor([9.0, 10.0])],
-        5: [extra_start[:rows]],
-        6: [torch.zeros(2, 1, dtype=torch.int32)],
+        3: [(starts, stops, extra_start, extra_pos)],  # positions not checked as KeyPositions
     }
     for place, tensors in wrong.items():
         for tensor in tensors:
@@ -100,6 +98,33 @@ def test_attention_refuses_mismatched_heads_dtypes_and_key_positions():
                 kernels.attention(*arguments, 0.25)
     with pytest.raises(ValueError, match="attention: out"):
         kernels.attention(*good, 0.25, out=torch.empty(rows, heads * dim))
+    for parts in ((starts.long(), stops, extra_start, extra_pos), (starts[:1], stops, extra_start, extra_pos),
+                  (starts, torch.tensor([9.0, 10.0]), extra_start, extra_pos), (starts, stops, extra_start[:rows],
+                                                                                extra_pos),
+                  (starts, stops, extra_start, torch.zeros(2, 1, dtype=torch.int32)),
+                  (starts, stops, torch.zeros(2 * rows + 2, dtype=torch.int32)[::2], extra_pos)):
+        with pytest.raises(ValueError, match="KeyPositions"):
+            kernels.KeyPositions(*parts)
+
+
+def test_a_checked_matrix_multiplies_rows_as_matmul_does_and_refuses_others():
+    codes, scales = torch.randint(0, 256, (40, 64), dtype=torch.uint8), torch.rand(40, 2)
+    records = kernels.pack_records(kernels.KIND_Q8, codes, scales)
+    matrix = kernels.BlockMatrix(kernels.KIND_Q8, records, 64, 40)
+    x = torch.randn(3, 64)
+    wide = torch.zeros(3, 50)
+    kernels.matmul_into(x, matrix, wide[:, 5:45])
+    assert torch.equal(wide[:, 5:45], kernels.matmul(x, kernels.KIND_Q8, records, 40))
+    for call in (lambda: kernels.BlockMatrix(kernels.KIND_Q8, records, 96, 40),
+                 lambda: kernels.BlockMatrix(kernels.KIND_Q8, records, 64, 50),
+                 lambda: kernels.BlockMatrix(kernels.KIND_Q8, records.t(), 64, 40),
+                 lambda: kernels.matmul_into(x[:, :32], matrix, torch.empty(3, 40)),
+                 lambda: kernels.matmul_into(x, matrix, torch.empty(3, 41)),
+                 lambda: kernels.matmul_into(x, matrix, torch.empty(2, 40)),
+                 lambda: kernels.matmul_into(x.t().contiguous().t(), matrix, torch.empty(3, 40)),
+                 lambda: kernels.matmul_into(x, (kernels.KIND_Q8, records), torch.empty(3, 40))):
+        with pytest.raises(ValueError):
+            call()
 
 
 def test_the_decoders_steps_refuse_wrong_shapes_and_dtypes():

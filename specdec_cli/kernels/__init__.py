@@ -273,6 +273,43 @@ def _records_shape(kind: int, k: int, n: int) -> tuple[int, int]:
     return groups(n), record_bytes(kind, k)
 
 
+@dataclass(frozen=True)
+class BlockMatrix:
+    """A weight W [n, k] as packed records (pack_records) of `kind`, checked once when made: `matmul_into` then
+    checks only the rows it multiplies (a decoding step's matmuls, layer after layer)."""
+
+    kind: int
+    records: torch.Tensor  # uint8 [groups(n), record_bytes(kind, k)], contiguous, on the CPU
+    k: int
+    n: int
+
+    def __post_init__(self) -> None:
+        records = self.records
+        if (records.dtype is not _U8 or not records.is_cpu or not records.is_contiguous() or self.k % BLOCK or
+                tuple(records.shape) != _records_shape(self.kind, self.k, self.n)):
+            raise ValueError(f"BlockMatrix: records of shape {tuple(records.shape)} do not hold {self.n} columns of "
+                             f"kind {kind_of(self.kind).name} for k={self.k}")
+
+
+def matmul_into(x: torch.Tensor, matrix: BlockMatrix, out: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
+    """out (+)= x @ W^T: x contiguous float32 [rows, k], out float32 [rows, n] (rows may be strided: a slice of a
+    wider buffer), W a checked BlockMatrix (matmul's product, with the records checked once). Returns out."""
+    kernel = _cpu if _cpu is not None else _require()
+    if type(matrix) is not BlockMatrix:
+        raise _refuse("matmul_into", f"the weight must be a BlockMatrix, got {type(matrix).__name__}")
+    if x.dtype is not _F32 or not x.is_cpu or x.ndim != 2 or not x.is_contiguous():
+        raise _refuse("matmul_into", "x must be contiguous float32 CPU rows [rows, k]", x)
+    rows, k = x.shape
+    if (out.dtype is not _F32 or not out.is_cpu or out.shape != (rows, matrix.n) or out.stride()[1] != 1 or
+            k != matrix.k):
+        raise _refuse("matmul_into", f"x [rows, {matrix.k}] and out [rows, {matrix.n}] with unit stride along a row",
+                      out)
+    if rows:
+        kernel.matmul(matrix.kind, x.data_ptr(), rows, k, matrix.n, matrix.records.data_ptr(), out.data_ptr(),
+                      out.stride()[0], accumulate)
+    return out
+
+
 def matmul(x: torch.Tensor, kind: int, records: torch.Tensor, n: Optional[int] = None,
            out: Optional[torch.Tensor] = None, accumulate: bool = False) -> torch.Tensor:
     """x [rows, k] float32 @ W^T -> [rows, n] float32, W as packed records (pack_records; n defaults to every
@@ -306,17 +343,39 @@ def matmul(x: torch.Tensor, kind: int, records: torch.Tensor, n: Optional[int] =
     return out
 
 
-def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, run_start: torch.Tensor,
-              run_stop: torch.Tensor, extra_start: torch.Tensor, extra_pos: torch.Tensor, scale: float,
+@dataclass(frozen=True)
+class KeyPositions:
+    """Which cached keys each of `rows` query rows attends to, checked once when made: cache positions
+    run_start[row] .. run_stop[row]-1, then extra_pos[extra_start[row] : extra_start[row + 1]] (a tree node's
+    ancestors and itself), in that order. All contiguous int32 CPU tensors: run_start, run_stop [rows],
+    extra_start [rows + 1], extra_pos [extras]. The positions must lie within the keys the attention gets."""
+
+    run_start: torch.Tensor
+    run_stop: torch.Tensor
+    extra_start: torch.Tensor
+    extra_pos: torch.Tensor
+
+    def __post_init__(self) -> None:
+        rows = self.run_start.shape[0] if self.run_start.ndim == 1 else -1
+        if (any(_not_dense(part, _I32) for part in (self.run_start, self.run_stop, self.extra_start, self.extra_pos))
+                or tuple(self.run_stop.shape) != (rows,) or tuple(self.extra_start.shape) != (rows + 1,)
+                or self.extra_pos.ndim != 1):
+            raise ValueError("KeyPositions: run_start, run_stop [rows], extra_start [rows + 1] and extra_pos [extras] "
+                             "must be contiguous int32 CPU tensors")
+
+    @property
+    def rows(self) -> int:
+        return self.run_start.shape[0]
+
+
+def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: KeyPositions, scale: float,
               cap: float = 0.0, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Each query row attends to its own keys: cache positions run_start[row] .. run_stop[row]-1, then
-    extra_pos[extra_start[row] : extra_start[row + 1]] (a tree node's ancestors and itself), in that order.
-    cap > 0 soft-caps the scores (score * scale) before the softmax: cap * tanh(score / cap) (gemma2).
+    """Each query row attends to its own keys (`positions`: KeyPositions). cap > 0 soft-caps the scores
+    (score * scale) before the softmax: cap * tanh(score / cap) (gemma2).
 
     query [rows, heads, dim] float32 (any strides, unit stride along dim); keys/values [kv_heads, positions, dim]
-    or [1, kv_heads, positions, dim] (a KV cache's buffers), float32 or bfloat16, unit stride along dim; run_start,
-    run_stop [rows], extra_start [rows + 1], extra_pos [extras]: contiguous int32. Writes [rows, heads, dim] float32
-    into `out` (unit stride along dim) or a new tensor, and returns it."""
+    or [1, kv_heads, positions, dim] (a KV cache's buffers), float32 or bfloat16, unit stride along dim. Writes
+    [rows, heads, dim] float32 into `out` (unit stride along dim) or a new tensor, and returns it."""
     kernel = _cpu if _cpu is not None else _require()
     if query.dtype is not _F32 or not query.is_cpu or query.ndim != 3 or query.stride()[2] != 1:
         raise _refuse("attention", "query must be float32 CPU [rows, heads, dim] with unit stride along dim", query)
@@ -331,11 +390,8 @@ def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, run
     kv_heads = key_shape[-3]
     if heads % kv_heads:
         raise _refuse("attention", f"{heads} query heads do not share {kv_heads} key/value heads evenly")
-    if (_not_dense(run_start, _I32) or _not_dense(run_stop, _I32) or _not_dense(extra_start, _I32) or
-            _not_dense(extra_pos, _I32) or run_start.shape != (rows,) or run_stop.shape != (rows,) or
-            extra_start.shape != (rows + 1,) or extra_pos.ndim != 1):
-        raise _refuse("attention", f"key positions must be contiguous int32 [{rows}], [{rows}], [{rows + 1}] and "
-                      "[extras] tensors")
+    if type(positions) is not KeyPositions or positions.run_start.shape[0] != rows:
+        raise _refuse("attention", f"positions must be KeyPositions of {rows} rows")
     if out is None:
         out = torch.empty(rows, heads, dim, dtype=torch.float32)
     elif out.dtype is not _F32 or not out.is_cpu or out.shape != query.shape or out.stride()[2] != 1:
@@ -343,9 +399,9 @@ def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, run
     out_strides, query_strides = out.stride(), query.stride()
     kernel.attention(rows, heads, kv_heads, dim, query.data_ptr(), query_strides[0], query_strides[1],
                      keys.data_ptr(), values.data_ptr(), keys.dtype is torch.bfloat16, key_strides[-3],
-                     key_strides[-2], value_strides[-3], value_strides[-2], run_start.data_ptr(), run_stop.data_ptr(),
-                     extra_start.data_ptr(), extra_pos.data_ptr(), float(scale), out.data_ptr(), out_strides[0],
-                     out_strides[1], float(cap))
+                     key_strides[-2], value_strides[-3], value_strides[-2], positions.run_start.data_ptr(),
+                     positions.run_stop.data_ptr(), positions.extra_start.data_ptr(), positions.extra_pos.data_ptr(),
+                     float(scale), out.data_ptr(), out_strides[0], out_strides[1], float(cap))
     return out
 
 

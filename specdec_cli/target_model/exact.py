@@ -85,7 +85,7 @@ def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     if _kernel_attention(query, key):
         from .. import kernels
 
-        out = kernels.attention(query[0].transpose(0, 1).to(torch.float32), key[0], value[0], *keys_of_rows.arrays,
+        out = kernels.attention(query[0].transpose(0, 1).to(torch.float32), key[0], value[0], keys_of_rows.positions,
                                 scale)  # [q, heads, d] float32
         return out.to(query.dtype).unsqueeze(0), None  # [1, q, heads, d]
     heads, kv_heads = query.shape[1], key.shape[1]

@@ -40,6 +40,7 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
+from .. import kernels
 from .quant import BlockLinear
 from .row_keys import RowKeys, row_keys, window_keys
 
@@ -99,8 +100,6 @@ def _dynamic_rope(config: Any, rope_type: str) -> bool:
 
 def unsupported(model: Any) -> Optional[str]:
     """Why `NativeDecoder` cannot run this model (None: it can), in one line."""
-    from .. import kernels
-
     config = model.config
     if not kernels.available():
         return "specdec's CPU kernels are not compiled"
@@ -148,6 +147,20 @@ def decoder_for(model: Any) -> Optional["NativeDecoder"]:
 
 
 @dataclass
+class _Linear:
+    """One block layer as the kernels multiply it: its weight checked once (kernels.BlockMatrix), its bias."""
+
+    matrix: Any  # kernels.BlockMatrix [out, in]
+    bias: Optional[torch.Tensor]  # float32 [out] or None
+
+    @staticmethod
+    def of(layer: BlockLinear) -> "_Linear":
+        from ..kernels import BlockMatrix
+
+        return _Linear(BlockMatrix(layer.kind, layer.records, layer.in_features, layer.out_features), layer.bias)
+
+
+@dataclass
 class _Projections:
     """Linear layers that read the same input, run as one fused matmul where their block kinds agree."""
 
@@ -155,10 +168,11 @@ class _Projections:
     records: torch.Tensor  # uint8 [sum of outputs, record bytes]
     width: int  # sum of outputs
     bias: Optional[torch.Tensor]  # float32 [width] or None
+    matrix: Any  # kernels.BlockMatrix of the records: [width, in]
 
     @staticmethod
     def of(*layers: BlockLinear) -> list["_Projections"]:
-        from ..kernels import GROUP
+        from ..kernels import GROUP, BlockMatrix
 
         groups: list[list[BlockLinear]] = []
         for layer in layers:  # records hold GROUP outputs each: a layer joins one that ends on a whole record
@@ -177,7 +191,8 @@ class _Projections:
                 layer.records = records[start // GROUP : (start + layer.out_features + GROUP - 1) // GROUP]
                 start += layer.out_features
             bias = torch.cat(biases).contiguous() if has_bias else None
-            fused.append(_Projections(group[0].kind, records, start, bias))
+            matrix = BlockMatrix(group[0].kind, records, group[0].in_features, start)
+            fused.append(_Projections(group[0].kind, records, start, bias, matrix))
         return fused
 
 
@@ -230,8 +245,6 @@ class NativeDecoder:
     """A supported family's forward on block weights (see the module docstring)."""
 
     def __init__(self, model: Any):
-        from .. import kernels
-
         kernels.ensure_threads()
         if not kernels.available():
             kernels.set_threads(1)  # raises the one-line "not compiled" error
@@ -285,7 +298,7 @@ class NativeDecoder:
                 rope=rope,
                 kind=kinds[index],
                 scaling=float(attention.scaling),
-                out=attention.o_proj,
+                out=_Linear.of(attention.o_proj),
                 post_attn_norm=_norm_weight(layer.post_attention_layernorm, offset) if sandwich else None,
                 mlp_norm=_norm_weight(layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm,
                                       offset),
@@ -293,14 +306,14 @@ class NativeDecoder:
                              self.eps),
                 gate_up=gate_up,
                 act=_activation(mlp),
-                down=mlp.down_proj,
+                down=_Linear.of(mlp.down_proj),
                 post_mlp_norm=_norm_weight(layer.post_feedforward_layernorm, offset) if sandwich else None,
             ))
         self.ropes = list(ropes.values())
         self.kinds = sorted(set(kinds))
         self.final_norm = _norm_weight(model.model.norm, offset)
         self.final_eps = _eps(model.model.norm, self.eps)
-        self.head = model.lm_head
+        self.head = _Linear.of(model.lm_head)
         self._scratch: dict[str, torch.Tensor] = {}
 
     # -- buffers ----------------------------------------------------------------------------------------------
@@ -341,8 +354,6 @@ class NativeDecoder:
         or a boolean tree mask [1, 1, n, cached + n] (or a dict of them by layer kind). Returns .logits
         [1, n or logits_to_keep, vocab] and, with output_hidden_states, .hidden_states[-1] = the final normed
         states [1, n, hidden]."""
-        from .. import kernels
-
         rows = int(input_ids.shape[1])
         positions = position_ids[0].to(torch.int32).contiguous()  # [n]
         for rope in self.ropes:
@@ -384,7 +395,7 @@ class NativeDecoder:
             if keys_by_kind is None:  # a prompt: torch's attention over the whole causal block
                 self._prompt_attention(qkv, keys, values, rows, layer, self._windows()[layer.kind], attended)
             else:  # soft-capped scores (gemma2) in the kernel too
-                kernels.attention(query, keys, values, *keys_by_kind[layer.kind].arrays, layer.scaling, cap,
+                kernels.attention(query, keys, values, keys_by_kind[layer.kind].positions, layer.scaling, cap,
                                   out=attended_heads)
             self._residual(attended, layer.out, layer.post_attn_norm, x, h, branch)
             kernels.rms_norm(x, layer.mlp_norm, layer.mlp_eps, out=h)
@@ -432,11 +443,9 @@ class NativeDecoder:
             result = torch.matmul(torch.softmax(scores, dim=-1), expanded_values)
         out.copy_(result[0].transpose(0, 1).reshape(rows, q_width))
 
-    def _residual(self, source: torch.Tensor, layer: BlockLinear, post_norm: Optional[torch.Tensor], x: torch.Tensor,
+    def _residual(self, source: torch.Tensor, layer: _Linear, post_norm: Optional[torch.Tensor], x: torch.Tensor,
                   normed: torch.Tensor, branch: torch.Tensor) -> None:
         """x += source @ layer; with a post-norm (gemma2/3), x += norm(source @ layer)."""
-        from .. import kernels
-
         if post_norm is None:
             self._matmul(source, layer, x, accumulate=True)
             return
@@ -444,27 +453,19 @@ class NativeDecoder:
         kernels.rms_norm(branch, post_norm, self.eps, out=normed)
         x += normed
 
-    def _matmul(self, source: torch.Tensor, layer: BlockLinear, out: torch.Tensor, accumulate: bool = False) -> None:
-        """out (+)= source @ layer's weight, both float32 and contiguous."""
-        from .. import kernels
-
-        kernels.matmul(source, layer.kind, layer.records, out=out, accumulate=accumulate)
+    def _matmul(self, source: torch.Tensor, layer: "_Linear | _Projections", out: torch.Tensor,
+                accumulate: bool = False) -> None:
+        """out (+)= source @ layer's weight (+ its bias): source contiguous, out [rows, layer's outputs]."""
+        kernels.matmul_into(source, layer.matrix, out, accumulate)
         if layer.bias is not None:
             out += layer.bias
 
     def _project(self, source: torch.Tensor, groups: list[_Projections], out: torch.Tensor) -> None:
         """out[:, :] = source @ the fused projections, side by side."""
-        from .. import kernels
-
         if len(groups) == 1:  # one fused matmul fills the row
-            kernels.matmul(source, groups[0].kind, groups[0].records, out=out)
-            if groups[0].bias is not None:
-                out += groups[0].bias
+            self._matmul(source, groups[0], out)
             return
         column = 0
         for group in groups:
-            part = out[:, column : column + group.width]  # [n, width]
-            kernels.matmul(source, group.kind, group.records, out=part)
-            if group.bias is not None:
-                part += group.bias
+            self._matmul(source, group, out[:, column : column + group.width])  # [n, width]
             column += group.width

@@ -14,16 +14,18 @@ from typing import Any, Optional
 
 import torch
 
+from ..kernels import KeyPositions
+
 
 @dataclass
 class RowKeys:
     """Which cached keys each query row of a block attends to, in order: a contiguous run, then single positions.
 
     runs: per row (start, stop, None) when the keys are one run, else (start, stop, all positions [n]) for the
-    SDPA fallback; arrays: (run_start, run_stop, extra_start, extra_pos) int32 for the kernel."""
+    SDPA fallback; positions: the same for the kernel (kernels.KeyPositions, checked once here)."""
 
     runs: list[tuple[int, int, Optional[torch.Tensor]]]
-    arrays: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+    positions: KeyPositions
 
 
 PARSED_MASKS = 4  # masks remembered per forward (one per layer kind: full, sliding)
@@ -41,7 +43,7 @@ def row_keys(attention_mask: Optional[torch.Tensor], q_len: int, kv_len: int) ->
         stops = torch.arange(kv_len - q_len + 1, kv_len + 1, dtype=torch.int32)
         empty = torch.zeros(q_len + 1, dtype=torch.int32)
         parsed = RowKeys([(0, stop, None) for stop in stops.tolist()],
-                         (torch.zeros(q_len, dtype=torch.int32), stops, empty, empty[:0]))
+                         KeyPositions(torch.zeros(q_len, dtype=torch.int32), stops, empty, empty[:0]))
         _parsed.append((key, parsed))
         del _parsed[:-PARSED_MASKS]
         return parsed
@@ -62,8 +64,8 @@ def row_keys(attention_mask: Optional[torch.Tensor], q_len: int, kv_len: int) ->
         (first, stop, None if count == 0 else keys)
         for first, stop, count, keys in zip(firsts.tolist(), stops.tolist(), counts.tolist(), picked)]
     extra_start = torch.cat([torch.zeros(1, dtype=counts.dtype), counts.cumsum(0)])
-    parsed = RowKeys(runs, (firsts.to(torch.int32), stops.to(torch.int32), extra_start.to(torch.int32),
-                            extra.nonzero()[:, 1].to(torch.int32)))
+    parsed = RowKeys(runs, KeyPositions(firsts.to(torch.int32), stops.to(torch.int32), extra_start.to(torch.int32),
+                                        extra.nonzero()[:, 1].to(torch.int32).contiguous()))
     _parsed.append((attention_mask, parsed))
     del _parsed[:-PARSED_MASKS]
     return parsed
@@ -77,4 +79,4 @@ def window_keys(rows: int, past: int, window: int) -> RowKeys:
     empty = torch.zeros(rows + 1, dtype=torch.int32)
     runs: list[tuple[int, int, Optional[torch.Tensor]]] = [(a, b, None) for a, b in zip(starts.tolist(),
                                                                                           stops.tolist())]
-    return RowKeys(runs, (starts, stops, empty, empty[:0]))
+    return RowKeys(runs, KeyPositions(starts, stops, empty, empty[:0]))
