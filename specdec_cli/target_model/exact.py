@@ -59,6 +59,7 @@ class ExactState:
     rows: int  # blocks up to this many rows are computed row-invariantly
     padded_shapes: list[tuple[int, int]]  # (in, out) weight shapes whose calls run padded to `rows`
     padded: list[Any]  # the linear layers with those shapes
+    configs: list[Any]  # the model's configs whose attention implementation `row_invariant` switches
 
 
 def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -178,7 +179,14 @@ def install(model: Any, rows: int) -> ExactState:
                 varying[shape] = rows_vary(module.weight, rows)
             if varying[shape]:
                 padded.append(module)
-    state = ExactState(rows, [(shape[0], shape[1]) for shape, vary in varying.items() if vary], padded)
+    model.set_attn_implementation(ATTENTION_NAME)  # once: transformers checks that the model takes it
+    try:  # (and sets it on every config its layers read: the ones a forward switches, cheaply, by itself)
+        configs = list({id(config): config for module in model.modules()
+                        if getattr(config := getattr(module, "config", None), "_attn_implementation", None)
+                        == ATTENTION_NAME}.values())
+    finally:
+        model.set_attn_implementation(before)
+    state = ExactState(rows, [(shape[0], shape[1]) for shape, vary in varying.items() if vary], padded, configs)
     try:
         mismatch = block_mismatch(lambda **inputs: forward(model, state, **inputs), model.config,
                                   next(model.parameters()).device, rows)
@@ -201,19 +209,23 @@ def forward(model: Any, state: ExactState, **inputs: Any) -> Any:
 @contextmanager
 def row_invariant(model: Any, state: ExactState) -> Iterator[None]:
     """For the while: the model's attention is `rowwise_attention` and the padded layers' calls run at state.rows
-    rows; after it, the model's own attention and no hook, whatever happened inside."""
-    before = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    rows; after it, the model's own attention and no hook, whatever happened inside. (The configs' implementation
+    is set directly, as transformers' set_attn_implementation does after its checks, which install made: those
+    checks walk every module, about a millisecond on a 30-layer model, and a forward switches twice.)"""
+    before = [config._attn_implementation_internal for config in state.configs]
     handles = []
     try:
         for module in state.padded:
             pad, unpad = _pad_rows(state.rows)
             handles += [module.register_forward_pre_hook(pad), module.register_forward_hook(unpad)]
-        model.set_attn_implementation(ATTENTION_NAME)
+        for config in state.configs:
+            config._attn_implementation_internal = ATTENTION_NAME
         yield
     finally:
         for handle in handles:
             handle.remove()
-        model.set_attn_implementation(before)
+        for config, implementation in zip(state.configs, before):
+            config._attn_implementation_internal = implementation
 
 
 @torch.inference_mode()
