@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -282,6 +282,7 @@ class BlockMatrix:
     records: torch.Tensor  # uint8 [groups(n), record_bytes(kind, k)], contiguous, on the CPU
     k: int
     n: int
+    _address: int = field(init=False, repr=False, compare=False, default=0)  # the records' (set once checked)
 
     def __post_init__(self) -> None:
         records = self.records
@@ -289,6 +290,7 @@ class BlockMatrix:
                 tuple(records.shape) != _records_shape(self.kind, self.k, self.n)):
             raise ValueError(f"BlockMatrix: records of shape {tuple(records.shape)} do not hold {self.n} columns of "
                              f"kind {kind_of(self.kind).name} for k={self.k}")
+        object.__setattr__(self, "_address", records.data_ptr())  # held with the records: it cannot move
 
 
 def matmul_into(x: torch.Tensor, matrix: BlockMatrix, out: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
@@ -300,13 +302,14 @@ def matmul_into(x: torch.Tensor, matrix: BlockMatrix, out: torch.Tensor, accumul
     if x.dtype is not _F32 or not x.is_cpu or x.ndim != 2 or not x.is_contiguous():
         raise _refuse("matmul_into", "x must be contiguous float32 CPU rows [rows, k]", x)
     rows, k = x.shape
-    if (out.dtype is not _F32 or not out.is_cpu or out.shape != (rows, matrix.n) or out.stride()[1] != 1 or
+    out_strides = out.stride()
+    if (out.dtype is not _F32 or not out.is_cpu or out.shape != (rows, matrix.n) or out_strides[1] != 1 or
             k != matrix.k):
         raise _refuse("matmul_into", f"x [rows, {matrix.k}] and out [rows, {matrix.n}] with unit stride along a row",
                       out)
     if rows:
-        kernel.matmul(matrix.kind, x.data_ptr(), rows, k, matrix.n, matrix.records.data_ptr(), out.data_ptr(),
-                      out.stride()[0], accumulate)
+        kernel.matmul(matrix.kind, x.data_ptr(), rows, k, matrix.n, matrix._address, out.data_ptr(),
+                      out_strides[0], accumulate)
     return out
 
 
@@ -354,6 +357,7 @@ class KeyPositions:
     run_stop: torch.Tensor
     extra_start: torch.Tensor
     extra_pos: torch.Tensor
+    _addresses: tuple[int, ...] = field(init=False, repr=False, compare=False, default=())  # (set once checked)
 
     def __post_init__(self) -> None:
         rows = self.run_start.shape[0] if self.run_start.ndim == 1 else -1
@@ -362,6 +366,8 @@ class KeyPositions:
                 or self.extra_pos.ndim != 1):
             raise ValueError("KeyPositions: run_start, run_stop [rows], extra_start [rows + 1] and extra_pos [extras] "
                              "must be contiguous int32 CPU tensors")
+        object.__setattr__(self, "_addresses", tuple(part.data_ptr() for part in (  # held with the tensors
+            self.run_start, self.run_stop, self.extra_start, self.extra_pos)))
 
     @property
     def rows(self) -> int:
@@ -399,8 +405,7 @@ def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos
     out_strides, query_strides = out.stride(), query.stride()
     kernel.attention(rows, heads, kv_heads, dim, query.data_ptr(), query_strides[0], query_strides[1],
                      keys.data_ptr(), values.data_ptr(), keys.dtype is torch.bfloat16, key_strides[-3],
-                     key_strides[-2], value_strides[-3], value_strides[-2], positions.run_start.data_ptr(),
-                     positions.run_stop.data_ptr(), positions.extra_start.data_ptr(), positions.extra_pos.data_ptr(),
+                     key_strides[-2], value_strides[-3], value_strides[-2], *positions._addresses,
                      float(scale), out.data_ptr(), out_strides[0], out_strides[1], float(cap))
     return out
 
