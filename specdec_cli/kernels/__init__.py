@@ -7,9 +7,10 @@ IQ4_NL/IQ4_XS); or float32/float16/bfloat16 weights as they are. Block kinds rou
 32 first and multiply with integer dot products. `attention` computes each query row over its own keys. Both
 return, for every row, exactly what a one-row call returns, whatever the number of rows or threads, and matmul
 the same bits on every instruction-set path (the C file says how); `force_isa` (or SPECDEC_ISA) picks a path
-for tests and timings. This module checks what the C code cannot (dtypes, shapes, contiguity), packs and
-unpacks records, and owns the worker threads' count; it does not know about models, GGUF files or `--weights`
-(quant.py does).
+for tests and timings. This module is the only door to the C extension: every call takes tensors (or the checked
+BlockMatrix and KeyPositions) and checks what the C code cannot (dtypes, devices, shapes, strides), raising a
+ValueError rather than handing C a pointer it would misread; it owns the worker threads' count. records.py packs
+and unpacks the records. Neither knows about models, GGUF files or `--weights` (quant.py does).
 """
 
 from __future__ import annotations
@@ -21,8 +22,38 @@ from typing import Any, Optional
 
 import torch
 
-BLOCK = 32  # weights per block along the input dimension
-GROUP = 16  # output columns per record
+from .records import (
+    BLOCK,
+    GROUP,
+    KIND_BF16,
+    KIND_F16,
+    KIND_F32,
+    KIND_Q2S,
+    KIND_Q4,
+    KIND_Q4S,
+    KIND_Q4Z,
+    KIND_Q8,
+    KIND_Q8S,
+    KIND_U8,
+    KINDS,
+    Kind,
+    dequantize,
+    groups,
+    kind_of,
+    pack_records,
+    record_bytes,
+    select_columns,
+    unpack_records,
+)
+
+__all__ = [  # the records' layout (records.py), and the typed calls into the C extension (here)
+    "BLOCK", "GROUP", "KIND_BF16", "KIND_F16", "KIND_F32", "KIND_Q2S", "KIND_Q4", "KIND_Q4S", "KIND_Q4Z", "KIND_Q8",
+    "KIND_Q8S", "KIND_U8", "KINDS", "Kind", "dequantize", "groups", "kind_of", "pack_records", "record_bytes",
+    "select_columns", "unpack_records", "MAX_THREADS", "available", "isa", "isas", "force_isa", "set_threads",
+    "threads", "ensure_threads", "BlockMatrix", "matmul_into", "matmul", "KeyPositions", "attention", "rms_norm",
+    "rms_norm_heads", "rope", "store_rows", "silu_mul", "gelu_tanh_mul", "soft_cap_", "soft_cap", "peak", "build_file",
+]
+
 MAX_THREADS = 64  # the pool's limit (_cpu.c)
 
 try:  # built by `pip install` (setup.py); absent in a source tree nobody built
@@ -89,157 +120,6 @@ def ensure_threads() -> None:
         _threads_chosen = True
         if _cpu is not None and _cpu.threads() == 1 and torch.get_num_threads() > 1:
             _cpu.set_threads(torch.get_num_threads())
-
-
-@dataclass(frozen=True)
-class Kind:
-    """How a kind holds its weights: `bits` 4 (two codes a byte) or 8 (one a byte) with a float32 scale per `sub`
-    weights along k, W = scale * (code - zero) (+ a float32 offset per `sub` where `offsets`); or bits 32/16 for
-    float weights (float32, float16, bfloat16) multiplied as they are."""
-
-    name: str
-    bits: int
-    sub: int = 0
-    zero: int = 0
-    offsets: bool = False
-    dtype: Optional[torch.dtype] = None  # float kinds
-
-
-KIND_Q4, KIND_Q4Z, KIND_Q8, KIND_U8, KIND_Q8S, KIND_Q4S, KIND_Q2S = 4, 5, 8, 9, 16, 17, 18
-KIND_F32, KIND_F16, KIND_BF16 = 32, 33, 34
-KINDS = {
-    KIND_Q4: Kind("q4", 4, 32, 0, True),  # Q4_1, Q4_K, int4
-    KIND_Q4Z: Kind("q4z", 4, 32, 8),  # Q4_0
-    KIND_Q8: Kind("q8", 8, 32, 128),  # Q8_0, Q5_0, IQ4_NL, IQ4_XS, int8 (bytes hold int8 + 128)
-    KIND_U8: Kind("u8", 8, 32, 0, True),  # Q5_1, Q5_K
-    KIND_Q8S: Kind("q8s", 8, 16, 32),  # Q6_K
-    KIND_Q4S: Kind("q4s", 4, 16, 4),  # Q3_K
-    KIND_Q2S: Kind("q2s", 4, 16, 0, True),  # Q2_K
-    KIND_F32: Kind("f32", 32, dtype=torch.float32),
-    KIND_F16: Kind("f16", 16, dtype=torch.float16),
-    KIND_BF16: Kind("bf16", 16, dtype=torch.bfloat16),
-}
-
-
-def kind_of(kind: int) -> Kind:
-    try:
-        return KINDS[kind]
-    except KeyError:
-        raise ValueError(f"unknown block kind {kind}") from None
-
-
-def groups(n: int) -> int:
-    """Records holding n output columns (GROUP columns a record; the last one padded)."""
-    return (n + GROUP - 1) // GROUP
-
-
-@functools.lru_cache(maxsize=None)
-def record_bytes(kind: int, k: int) -> int:
-    """Bytes of one group's record: GROUP output columns, k inputs (kernels/_cpu.c's header comment)."""
-    info = kind_of(kind)
-    if info.bits >= 16:
-        return k * GROUP * info.bits // 8
-    subs = BLOCK // info.sub
-    return (k // BLOCK) * (4 * GROUP * subs * (2 if info.offsets else 1) + info.bits * 4 * GROUP)
-
-
-def _pad(tensor: torch.Tensor, rows: int) -> torch.Tensor:
-    if tensor.shape[0] == rows:
-        return tensor
-    return torch.cat([tensor, tensor.new_zeros(rows - tensor.shape[0], *tensor.shape[1:])])
-
-
-def pack_records(kind: int, codes: torch.Tensor, scales: Optional[torch.Tensor] = None,
-                 offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The kernel's layout, one record per group of GROUP output columns (read as one stream): uint8
-    [groups(n), record_bytes(kind, k)].
-
-    Block kinds: codes uint8 [n, k] (one code a byte, as the kind stores it: 0..15 for nibble kinds, int8 + 128 for
-    zero point 128), scales (and offsets) float32 [n, k / sub]. Float kinds: codes are the weights [n, k] in the
-    kind's dtype. Columns past n are zeros."""
-    info = kind_of(kind)
-    n, k = codes.shape
-    count = groups(n)
-    if count == 0:
-        return torch.empty(0, record_bytes(kind, k), dtype=torch.uint8)
-    if info.bits >= 16:
-        weights = _pad(codes.to(info.dtype).contiguous(), count * GROUP)  # [G*16, k]
-        return weights.reshape(count, GROUP, k).transpose(1, 2).contiguous().view(torch.uint8).reshape(count, -1)
-    if k % BLOCK:
-        raise ValueError(f"block weights need k a multiple of {BLOCK}, got {k}")
-    if scales is None or scales.shape != (n, k // info.sub) or (offsets is None) == info.offsets:
-        raise ValueError(f"kind {info.name} needs scales{' and offsets' if info.offsets else ''} [n, k/{info.sub}]")
-    blocks, subs, chunks = k // BLOCK, BLOCK // info.sub, info.sub // 4
-    codes = _pad(codes.to(torch.uint8), count * GROUP)
-    if info.bits == 8:  # [G, blocks, 8 chunks, 16 columns, 4]
-        packed = codes.reshape(count, GROUP, blocks, 8, 4).permute(0, 2, 3, 1, 4)
-    else:  # per sub-block: vector q holds chunk q (low nibbles) and chunk q + chunks/2 (high nibbles)
-        split = codes.reshape(count, GROUP, blocks, subs, 2, chunks // 2, 4)
-        nibbles = split[:, :, :, :, 0] | (split[:, :, :, :, 1] << 4)  # [G, 16, blocks, subs, chunks/2, 4]
-        packed = nibbles.permute(0, 2, 3, 4, 1, 5)
-    parts = [_pad(scales.to(torch.float32), count * GROUP)]
-    if info.offsets:
-        parts.append(_pad(offsets.to(torch.float32), count * GROUP))  # type: ignore[union-attr]
-    per_block = [part.reshape(count, GROUP, blocks, subs).permute(0, 2, 3, 1).contiguous().view(torch.uint8)
-                 .reshape(count, blocks, -1) for part in parts]
-    records = torch.cat(per_block + [packed.reshape(count, blocks, -1)], dim=2).reshape(count, -1).contiguous()
-    if records.shape[1] != record_bytes(kind, k):  # pragma: no cover - a layout mistake
-        raise AssertionError("pack_records and record_bytes disagree")
-    return records
-
-
-def unpack_records(kind: int, records: torch.Tensor, n: int) -> tuple[torch.Tensor, Optional[torch.Tensor],
-                                                                      Optional[torch.Tensor]]:
-    """(codes [n, k], scales, offsets) of packed records (pack_records' inverse; float kinds: (weights, None,
-    None))."""
-    info = kind_of(kind)
-    count = records.shape[0]
-    if info.bits >= 16:
-        k = records.shape[1] // (GROUP * info.bits // 8)
-        weights = records.contiguous().view(info.dtype).reshape(count, k, GROUP).transpose(1, 2)  # type: ignore
-        return weights.reshape(count * GROUP, k)[:n].contiguous(), None, None
-    subs = BLOCK // info.sub
-    scale_bytes = 4 * GROUP * subs
-    code_bytes = info.bits * 4 * GROUP
-    per_block = scale_bytes * (2 if info.offsets else 1) + code_bytes
-    blocks = records.shape[1] // per_block
-    k, chunks = blocks * BLOCK, info.sub // 4
-    data = records.reshape(count, blocks, per_block)
-
-    def floats(start: int) -> torch.Tensor:  # [n, blocks * subs]
-        part = data[:, :, start : start + scale_bytes].contiguous().view(torch.float32)  # [G, blocks, subs*16]
-        return part.reshape(count, blocks, subs, GROUP).permute(0, 3, 1, 2).reshape(count * GROUP, -1)[:n]
-
-    scales = floats(0).contiguous()
-    offsets = floats(scale_bytes).contiguous() if info.offsets else None
-    raw = data[:, :, per_block - code_bytes :]
-    if info.bits == 8:
-        codes = raw.reshape(count, blocks, 8, GROUP, 4).permute(0, 3, 1, 2, 4)
-    else:
-        nibbles = raw.reshape(count, blocks, subs, chunks // 2, GROUP, 4).permute(0, 4, 1, 2, 3, 5)
-        codes = torch.stack([nibbles & 15, nibbles >> 4], dim=4)  # [G, 16, blocks, subs, 2, chunks/2, 4]
-    return codes.reshape(count * GROUP, k)[:n].contiguous(), scales, offsets
-
-
-def dequantize(kind: int, codes: torch.Tensor, scales: Optional[torch.Tensor],
-               offsets: Optional[torch.Tensor]) -> torch.Tensor:
-    """What (codes, scales, offsets) mean, float32 [n, k]: scale * (code - zero) (+ offset) per weight."""
-    info = kind_of(kind)
-    if info.bits >= 16:
-        return codes.to(torch.float32)
-    assert scales is not None
-    n, k = codes.shape
-    weight = (codes.to(torch.float32).reshape(n, -1, info.sub) - info.zero) * scales[..., None]
-    if offsets is not None:
-        weight = weight + offsets[..., None]
-    return weight.reshape(n, k)
-
-
-def select_columns(kind: int, records: torch.Tensor, n: int, ids: torch.Tensor) -> torch.Tensor:
-    """Records of the output columns `ids` (in that order) of records holding n columns."""
-    codes, scales, offsets = unpack_records(kind, records, n)
-    return pack_records(kind, codes[ids], None if scales is None else scales[ids],
-                        None if offsets is None else offsets[ids])
 
 
 # -- the C calls, typed ---------------------------------------------------------------------------------------------
