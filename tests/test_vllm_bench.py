@@ -49,8 +49,8 @@ def test_a_repeated_method_is_dropped_with_one_warning(recwarn):
 
 
 def engine(method: str, draft_max=None, **proposer) -> VllmSettings:
-    return VllmSettings(LoadSettings("m"), ProposerSettings(DrafterSettings(method, DrafterOptions(draft_max=draft_max)),
-                                                            **proposer))
+    drafter = DrafterSettings(method, DrafterOptions(draft_max=draft_max))
+    return VllmSettings(LoadSettings("m"), ProposerSettings(drafter, **proposer))
 
 
 def test_speculative_settings_name_vllm_methods_and_specdec_proposers():

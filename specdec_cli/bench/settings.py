@@ -13,7 +13,7 @@ from ..errors import SpecdecError
 from ..session.run_settings import RunSettings, run_settings, take_fields
 from .methods import BASELINE, ORACLE, Method, resolve_methods
 
-RUN_DEFAULTS = {"max_new_tokens": DEFAULT_BENCH_MAX_NEW_TOKENS}  # where a bench's run differs from chat's
+RUN_DEFAULTS: dict[str, Any] = {"max_new_tokens": DEFAULT_BENCH_MAX_NEW_TOKENS}  # where bench differs from chat
 
 
 def default_run() -> RunSettings:

@@ -30,15 +30,13 @@ def read_prompt(prompt: str) -> str:
     return text
 
 
-def chat_settings(*, drafter: str, draft_max: Optional[int], exact: Optional[bool], raw: bool, system: Optional[str],
-                  remember: bool, stop: Optional[List[str]], **values):
+def chat_settings(*, drafter: str, system: Optional[str], remember: bool, stop: Optional[List[str]], **values):
     """The flags as a checked ChatSettings (everything checkable before the slow model load); `values` are named
-    as the run settings' fields (session/run_settings.py)."""
+    as the run settings' fields (session/run_settings.run_settings)."""
     from ..session.chat import ChatSettings
     from ..session.run_settings import run_settings
 
-    run = run_settings(drafter, draft_max=draft_max, exact=exact, raw=raw, stop=tuple(stop or ()), **values)
-    settings = ChatSettings(run, system=system, remember=remember)
+    settings = ChatSettings(run_settings(drafter, stop=tuple(stop or ()), **values), system=system, remember=remember)
     settings.check()
     return settings
 

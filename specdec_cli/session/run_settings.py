@@ -60,7 +60,6 @@ class RunSettings:
         self.drafter.check(drafters)
         self.generation.check()
 
-
     def with_draft_max(self, draft_max: Optional[int]) -> "RunSettings":
         """These settings with --draft-max, the one draft-length setting: the drafter's longest draft and the
         engine's per-step budget (None: each keeps its default)."""
@@ -71,16 +70,18 @@ class RunSettings:
                        generation=replace(self.generation, budget=draft_max))
 
 
-def run_settings(drafter: Optional[str] = DEFAULT_DRAFTER, *, draft_max: Optional[int] = None,
-                 exact: Optional[bool] = None, raw: bool = False, **values: Any) -> RunSettings:
-    """One run's settings from values named as the components' fields (target, dtype, index, max_new_tokens, ...):
-    each value goes to the one component that declares it (no two declare the same name), the rest keep their
-    defaults. The command line builds every command's settings through here, so no flag is mapped twice."""
-    parts = {component: component(**take_fields(component, values)) for component in COMPONENTS}
+def run_settings(drafter: Optional[str] = DEFAULT_DRAFTER, **values: Any) -> RunSettings:
+    """One run's settings from values named as the fields of RunSettings and its components (target, dtype, index,
+    draft_max, max_new_tokens, exact, ...): each value goes to the one type that declares it (no two declare the same
+    name), the rest keep their defaults; `draft_max` also sets the engine's budget (`with_draft_max`). The command
+    line builds every command's settings through here, so no flag is mapped twice."""
+    parts: dict[type, Any] = {component: component(**take_fields(component, values)) for component in COMPONENTS}
+    own = take_fields(RunSettings, values)
     if values:
         raise TypeError(f"no run setting is named {', '.join(sorted(values))}")
-    return RunSettings(parts[LoadSettings], DrafterSettings(drafter, parts[DrafterOptions]), parts[GenerationConfig],
-                       exact=exact, raw=raw).with_draft_max(draft_max)
+    options = parts[DrafterOptions]
+    run = RunSettings(parts[LoadSettings], DrafterSettings(drafter, options), parts[GenerationConfig], **own)
+    return run.with_draft_max(options.draft_max)
 
 
 COMPONENTS = (LoadSettings, DrafterOptions, GenerationConfig)  # what `run_settings` fills by field name
