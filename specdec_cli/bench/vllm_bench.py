@@ -80,11 +80,13 @@ class VllmBenchSettings:
         self.bench.run.generation.check()  # max_new_tokens (greedy: vLLM answers greedily here)
         if self.concurrency is not None and self.concurrency < 1:
             raise SpecdecError(f"concurrency must be >= 1, got {self.concurrency}", setting="concurrency")
-        from ..drafters import check_drafter_options
+        from ..drafters import DrafterOptions, check_drafter_options
 
-        # --index and --memory are used by one of specdec's proposers here, and their files are what they claim
+        # --index and --memory (the options the proposers read) are used by one of them, and their files are what
+        # they claim; the other drafter options do not reach vLLM
+        options = self.bench.run.drafter.options
         check_drafter_options([method for method in self.method_names if method in VLLM_DRAFTERS],
-                              self.bench.run.drafter.options)
+                              DrafterOptions(index=options.index, memory=options.memory))
 
 
 def vllm_methods(drafters: Sequence[str], references: Sequence[str]) -> list[Method]:
