@@ -14,8 +14,10 @@ stdout; vLLM's own prints and logs go to stderr, which the parent keeps and quot
 (`SPECDEC_DEBUG=1` shows it all).
 
 Methods: `none` (no speculation), vLLM's `ngram` and `suffix` (the latter needs `arctic-inference`), and
-specdec's proposers (vllm_proposer.py, VLLM_DRAFTERS). `dtype` "auto" is float32 on vLLM's CPU build (where
-bfloat16 single and batched runs already differ from each other) and vLLM's own choice elsewhere.
+specdec's proposers (proposer.py, VLLM_DRAFTERS). `VllmSettings` holds the target's `LoadSettings` (its dtype
+one of load_settings.DTYPES, checked as it is made) and the `ProposerSettings`. `dtype` "auto" is float32 on
+vLLM's CPU build (where bfloat16 single and batched runs already differ from each other) and vLLM's own choice
+elsewhere.
 
 What it does not do: sampling, or anything with the answers (callers write rows or tables).
 """

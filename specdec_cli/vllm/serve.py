@@ -1,10 +1,14 @@
 """`specdec serve`: vLLM's OpenAI-compatible server on a target, with one of specdec's drafters as its proposer.
 
+Settings: `ServeSettings` holds one vLLM engine's settings whole (runner.VllmSettings: the target's load, the
+proposer, vLLM's sizes) and keeps only the server's own (address, extra arguments, API key); `serve_settings`
+builds them from values named as their fields, as the command line does.
+
 What it does: checks the settings, resolves the target to a model directory vLLM can load (a GGUF is
 converted once, as for every command), and runs `python -m vllm.entrypoints.openai.api_server` with the same
-interpreter: `--speculative-config` names specdec's proposer class (vllm_proposer.py) and the environment
-variable SPECDEC_VLLM_DRAFTER carries its settings into vLLM's engine process. Ctrl-C or SIGTERM is passed on
-to the server, which shuts down; after a grace period it is killed.
+interpreter: `--speculative-config` names specdec's proposer class (proposer.py) and the environment variable
+SPECDEC_VLLM_DRAFTER carries its settings (proposer_settings.py) into vLLM's engine process. Ctrl-C or SIGTERM is
+passed on to the server, which shuts down; after a grace period it is killed.
 
 Who may call it: with an API key (`--api-key`, or the VLLM_API_KEY environment variable, which keeps the key out
 of `ps`) vLLM refuses requests without it; the key reaches vLLM through its environment, never its command line.
