@@ -143,8 +143,8 @@ static PyObject *py_attention(PyObject *self, PyObject *args)
     }
     t = (AttentionTask){rows, heads, kv_heads, dim, (const float *)q, q_row, q_head, (const char *)k,
                         (const char *)v, kv_bf16, k_head, k_pos, v_head, v_pos, (const int32_t *)run_start,
-                        (const int32_t *)run_stop, (const int32_t *)extra_start, (const int32_t *)extra_pos, (float)scale, (float *)out, o_row,
-                        o_head, 0, 0, (float)cap};
+                        (const int32_t *)run_stop, (const int32_t *)extra_start, (const int32_t *)extra_pos,
+                        (float)scale, (float *)out, o_row, o_head, 0, 0, (float)cap}; /* cpu_attention sets the 0s */
     int path = isa_path;
     Py_BEGIN_ALLOW_THREADS
     cpu_attention(&t, path);

@@ -87,7 +87,7 @@ static void attention_items_portable(const void *arg, long start, long stop)
 }
 
 #if HAVE_X86
-/* ------------------------------------------------------------------- the vector paths: units of items */
+/* ------------------------------------------------------------------------- the vector paths: units of items */
 
 /* The softmax weights of `keys` scores in place (the tail past `keys` padded with -inf, whose weight is 0), and
  * their sum: max over all, then exp(score - max) in groups of 8, summed lane-wise. */

@@ -8,7 +8,7 @@
  */
 #include "kernels.h"
 
-/* ------------------------------------------------------------------------------ the weights' kinds */
+/* --------------------------------------------------------------------------------------- the weights' kinds */
 
 int cpu_kind_info(int kind, KindInfo *info)
 {
@@ -42,7 +42,7 @@ long cpu_group_bytes(const KindInfo *info, long k)
     return (k / BLOCK) * cpu_block_bytes(info);
 }
 
-/* ------------------------------------------------------------------ activations rounded to 8-bit blocks */
+/* ---------------------------------------------------------------------- activations rounded to 8-bit blocks */
 
 /* Row r of `rows`, block b of 32, laid out block by block so that a tile of rows finds its codes at fixed offsets
  * from one pointer: codes qx[b, r, 0..31], scale dx[b, r]; sums[2b + h, r] = the sum of codes 16h .. 16h+15 of
@@ -102,7 +102,7 @@ AVX2 static void quantize_rows_avx2(const float *x, long rows, long k, int8_t *q
             sums[(2 * b + 1) * rows + r] = hsum8i(_mm256_add_epi32(i2, i3));
         }
 }
-#else /* no vector path on this CPU: the path is always ISA_PORTABLE, and the AVX2 name stands for the portable loop */
+#else /* no vector path on this CPU: the path is always ISA_PORTABLE (the AVX2 name stands for the portable loop) */
 #define quantize_rows_avx2 quantize_rows_portable
 #endif
 

@@ -9,7 +9,7 @@
  */
 #include "kernels.h"
 
-/* ------------------------------------------------------------------------- the decoder's per-row steps */
+/* ------------------------------------------------------------------------------ the decoder's per-row steps */
 
 /* out = weight * (x / sqrt(mean(x^2) + eps)) per row (Hugging Face's RMSNorm in float32). */
 void cpu_rms_norm(const float *x, long rows, long dim, long x_stride, const float *weight, float eps, float *out,
@@ -81,7 +81,7 @@ static void silu_mul_portable(const float *gate_up, long rows, long ffn, float *
     }
 }
 
-/* ----------------------------------------------------- elementwise functions: one formula on every path */
+/* --------------------------------------------------------- elementwise functions: one formula on every path */
 
 /* e^x, tanh and the two steps built on them (GeLU-tanh gating, soft-capping) give every element the same bits
  * wherever it sits and on every path: the scalar functions (the portable path) and the 8-lane AVX2 ones (every
@@ -250,7 +250,7 @@ AVX2 static void silu_mul_avx2(const float *gate_up, long rows, long ffn, float 
             out[r * ffn + i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
     }
 }
-#else /* no vector path on this CPU: the path is always ISA_PORTABLE, and the AVX2 names stand for the portable loops */
+#else /* no vector path on this CPU: the path is always ISA_PORTABLE (the AVX2 names stand for the portable loops) */
 #define silu_mul_avx2 silu_mul_portable
 #define gelu_tanh_mul_avx2 gelu_tanh_mul_portable
 #define cpu_soft_cap_avx2 cpu_soft_cap_portable
@@ -267,7 +267,6 @@ typedef struct {
     float cap;
     int avx2;
 } SoftCapTask;
-
 
 static void soft_cap_items(const void *arg, long start, long stop)
 {

@@ -120,7 +120,7 @@ enum {
  * set_isa chose another it has) and passes it to each kernel as `path`. */
 enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVXVNNI = 2, ISA_AVX512VNNI = 3 };
 
-/* -------------------------------------------------------------------------------- the thread pool (pool.c) */
+/* --------------------------------------------------------------------------------- the thread pool (pool.c) */
 
 typedef void (*task_fn)(const void *ctx, long start, long stop);
 
@@ -145,7 +145,7 @@ long cpu_block_bytes(const KindInfo *info);
 long cpu_group_bytes(const KindInfo *info, long k);
 void cpu_quantize_rows(int path, const float *x, long rows, long k, int8_t *qx, float *dx, int32_t *sums);
 
-/* ------------------------------------------------- the matmul (matmul.c; tiles in matmul_avx2.c, matmul_avx512.c) */
+/* ------------------------------------------- the matmul (matmul.c; tiles in matmul_avx2.c, matmul_avx512.c) */
 
 typedef struct {
     KindInfo info;
@@ -163,7 +163,6 @@ typedef struct {
     int accumulate;  /* out += product instead of out = product (a residual connection) */
 } MatmulTask;
 
-
 int cpu_matmul(const KindInfo *info, const float *x, long rows, long k, long n, const char *weights, float *out,
                long out_stride, int accumulate, int path);
 
@@ -176,9 +175,10 @@ int cpu_matmul(const KindInfo *info, const float *x, long rows, long k, long n, 
     X(8, 16, 0)                                                                                                    \
     X(4, 16, 0)                                                                                                    \
     X(4, 16, 1)
-
-typedef void (*tile_fn)(const MatmulTask *, long, int, long, int);
 #define SHAPE_COUNT 7
+
+/* A tile: (task, group, half of the group (256-bit paths), first row, prefetch the next group). */
+typedef void (*tile_fn)(const MatmulTask *, long, int, long, int);
 
 /* A path's tiles for one kind, largest last: fn[i] takes rows[i] rows (NULL past the path's largest). */
 typedef struct {
@@ -191,7 +191,7 @@ typedef struct {
 extern const TileSet cpu_tiles_avx2[SHAPE_COUNT], cpu_tiles_avxvnni[SHAPE_COUNT], cpu_floats_avx2[3];
 extern const TileSet cpu_tiles_512[SHAPE_COUNT], cpu_floats_512[3];
 
-/* ------------------------------------------------------- row-invariant attention (attention*.c) */
+/* ------------------------------------------------------------------- row-invariant attention (attention*.c) */
 
 typedef struct {
     long rows, heads, kv_heads, dim;
@@ -226,7 +226,7 @@ void cpu_attention_group_steps(long dim, int bf16, int wide, score_group_fn *sco
                                long *score_most, long *value_most);
 float cpu_softmax_weights_wide(float *scores, long keys);
 
-/* ---------------------------------------------------------------------- per-row steps (elementwise.c) */
+/* ---------------------------------------------------------------------------- per-row steps (elementwise.c) */
 
 void cpu_rms_norm(const float *x, long rows, long dim, long x_stride, const float *weight, float eps, float *out,
                   long out_stride);
@@ -239,10 +239,10 @@ void cpu_store_rows(const float *src, long rows, long row_stride, long heads, lo
 void cpu_silu_mul(int path, const float *gate_up, long rows, long ffn, float *out);
 void cpu_gelu_tanh_mul(int path, const float *gate_up, long rows, long ffn, float *out);
 void cpu_soft_cap(int path, float *x, long count, float cap);
-void cpu_soft_cap_portable(float *x, long count, float cap);
-void cpu_soft_cap_avx2(float *x, long count, float cap); /* x86 only */
+void cpu_soft_cap_portable(float *x, long count, float cap); /* attention.c soft-caps its scores with these */
+void cpu_soft_cap_avx2(float *x, long count, float cap);     /* x86 only */
 
-/* ------------------------------------------------------------------------------ the paths' peak (peak.c) */
+/* --------------------------------------------------------------------------------- the paths' peak (peak.c) */
 
 double cpu_peak(int path, double seconds);
 

@@ -144,9 +144,8 @@ static void matmul_groups_portable(const void *arg, long start, long stop)
     free(codes);
 }
 
-
 #if HAVE_X86
-/* ------------------------------------------------------------------- the vector paths: tiles of rows */
+/* -------------------------------------------------------------------------- the vector paths: tiles of rows */
 
 static int shape_index(const KindInfo *info)
 {

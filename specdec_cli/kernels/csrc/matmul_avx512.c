@@ -133,7 +133,6 @@ VNNI512 static inline __attribute__((always_inline)) void tile_float_512(const M
     }
 }
 
-
 /* One function per compiled shape (SHAPES) and tile size: one group 1, 2, 4, 8 rows; two groups 1, 2, 4 rows;
  * float kinds 1, 2, 4 rows. */
 #define WIDE_FNS(BITS, SUB, OFF)                                                                                   \
