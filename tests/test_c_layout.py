@@ -72,6 +72,6 @@ def test_functions_shared_across_files_are_prefixed():
     assert len(declared) > 10
     assert [name for name in declared if not name.startswith("cpu_")] == []
     for path in sorted(KERNELS.rglob("*.c")):
-        for name in re.findall(r"^(?:AVX2 |VNNI512 )?(?!static)[a-z][\w ]*?[ *](\w+)\([^;]*?\)\n\{", path.read_text(),
+        for name in re.findall(r"^(?:AVX2 |VNNI512 )?(?!static)[a-z][\w ]*?[ *](\w+)\([^;]*?\)\s*\{", path.read_text(),
                                re.MULTILINE):
             assert name.startswith("cpu_") or name == "PyInit__cpu", f"{path.name}: {name} is neither static nor cpu_*"
