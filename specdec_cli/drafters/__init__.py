@@ -4,17 +4,17 @@ Each drafter module declares its `SPEC` (spec.py: name, help, the options it use
 this file only lists the modules, one line each, and derives the rest from their specs: `DRAFTERS` (names and
 help), sam's auxiliaries (`AUX_CHOICES`), the "option X: drafter Y does not use it" errors, the file checks run
 before the target loads and `make_drafter`, the only constructor the CLI, bench and chat use. A drafter added
-to `_MODULES` appears everywhere. The drafter modules are light to import (torch and numpy are imported inside
+to `DRAFTER_MODULES` appears everywhere. The drafter modules are light to import (torch and numpy are imported inside
 their functions), so listing drafters loads nothing heavy.
 """
 
 from __future__ import annotations
 
 from dataclasses import fields, replace
+from importlib import import_module
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 from ..errors import SpecdecError
-from . import aded, eagle, model, none, pld, recycle, sam
 from .spec import UNUSED_OPTION_NOTES, DrafterOptions, DrafterSpec
 from .target import TargetInfo, TargetWeights, target_weights
 
@@ -25,17 +25,18 @@ __all__ = ["AUX_CHOICES", "DRAFTERS", "HYBRID_HEAD", "SPECS", "DrafterOptions", 
            "TargetWeights", "check_aux", "check_drafter", "check_drafter_options", "is_drafter", "make_drafter",
            "min_prob_in_force", "split_hybrid", "target_weights"]
 
-_MODULES = (
-    none,
-    pld,
-    sam,
-    recycle,
-    aded,
-    model,
-    eagle,
+DRAFTER_MODULES = (  # one line per drafter: its module in this package, in the order help lists them
+    "none",
+    "pld",
+    "sam",
+    "recycle",
+    "aded",
+    "model",
+    "eagle",
 )
 
-SPECS: dict[str, DrafterSpec] = {module.SPEC.name: module.SPEC for module in _MODULES}
+SPECS: dict[str, DrafterSpec] = {spec.name: spec for spec in
+                                 (import_module(f"{__name__}.{module}").SPEC for module in DRAFTER_MODULES)}
 DRAFTERS = {name: spec.help for name, spec in SPECS.items()}
 # `sam+recycle` = sam with recycle as its auxiliary drafter (same as `sam --aux recycle`)
 [HYBRID_HEAD] = [name for name, spec in SPECS.items() if spec.takes_aux]
