@@ -4,8 +4,8 @@ Each drafter module declares its `SPEC` (spec.py: name, help, the options it use
 this file only lists the modules, one line each, and derives the rest from their specs: `DRAFTERS` (names and
 help), sam's auxiliaries (`AUX_CHOICES`), the "option X: drafter Y does not use it" errors, the file checks run
 before the target loads and `make_drafter`, the only constructor the CLI, bench and chat use. A drafter added
-to `DRAFTER_MODULES` appears everywhere. The drafter modules are light to import (torch and numpy are imported inside
-their functions), so listing drafters loads nothing heavy.
+to `DRAFTER_MODULES` appears everywhere. The drafter modules are light to import (torch and numpy are imported
+inside their functions), so listing drafters loads nothing heavy.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ def split_hybrid(name: str) -> tuple[str, Optional[str]]:
         return name, None
     head, _, aux = name.partition("+")
     if head != HYBRID_HEAD or aux not in AUX_CHOICES:
-        raise SpecdecError(f"unknown drafter {name!r}: a hybrid is sam+AUX with AUX one of {', '.join(AUX_CHOICES)}")
+        raise SpecdecError(f"unknown drafter {name!r}: a hybrid is {HYBRID_HEAD}+AUX with AUX one of "
+                           f"{', '.join(AUX_CHOICES)}")
     return head, aux
 
 
@@ -78,7 +79,7 @@ def check_drafter(name: str) -> None:
     """Raise a one-line SpecdecError unless `name` is a drafter `make_drafter` can build."""
     head, _ = split_hybrid(name)
     if head not in DRAFTERS:
-        raise SpecdecError(f"unknown drafter {name!r}; choose one of: {', '.join(DRAFTERS)}, sam+AUX")
+        raise SpecdecError(f"unknown drafter {name!r}; choose one of: {', '.join(DRAFTERS)}, {HYBRID_HEAD}+AUX")
 
 
 def check_drafter_options(name: Union[str, Sequence[str]], options: DrafterOptions) -> None:

@@ -21,7 +21,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass
 class DrafterOptions:
-    draft_max: Optional[int] = None  # longest draft; None = the one default (defaults.DEFAULT_BUDGET)
+    """The drafter part of a run's settings. Each field is read by the drafters whose SPEC lists it; one set for a
+    drafter that does not read it is refused (the registry's `check_options_used`)."""
+
+    # longest draft per step (--draft-max, also the engine's budget); None: not given, so the one default
+    # (defaults.DEFAULT_BUDGET, `draft_max_or_default`), or what model and eagle draft below it
+    draft_max: Optional[int] = None
     index: Optional[str] = None  # static suffix-automaton index file (sam)
     l_bias: int = DEFAULT_L_BIAS  # sam: static match must beat the dynamic one by more than this
     l_threshold: int = 1  # sam: below this match length the auxiliary drafter takes over
