@@ -2,10 +2,26 @@
 
 - specdec_cli.sam._native: the static suffix-automaton builder.
 - specdec_cli.kernels._cpu: block-quantised matmuls and row-invariant attention for the CPU (AVX512-VNNI,
-  AVX-VNNI and AVX2 paths chosen at run time through target attributes, portable C elsewhere). `-ffp-contract=off`: no multiply-add is fused behind the code's back, so
-  the order of every floating-point operation is the one written.
+  AVX-VNNI and AVX2 paths chosen at run time through target attributes, portable C elsewhere): kernels/_cpu.c (the
+  Python module) and kernels/csrc/*.c (one concern a file), sharing one header, kernels/csrc/kernels.h.
+  `-ffp-contract=off`: no multiply-add is fused behind the code's back, so the order of every floating-point
+  operation is the one written.
 """
 from setuptools import Extension, setup
+
+KERNEL_SOURCES = [
+    "specdec_cli/kernels/_cpu.c",
+    "specdec_cli/kernels/csrc/attention.c",
+    "specdec_cli/kernels/csrc/attention_avx512.c",
+    "specdec_cli/kernels/csrc/blocks.c",
+    "specdec_cli/kernels/csrc/elementwise.c",
+    "specdec_cli/kernels/csrc/matmul.c",
+    "specdec_cli/kernels/csrc/matmul_avx2.c",
+    "specdec_cli/kernels/csrc/matmul_avx512.c",
+    "specdec_cli/kernels/csrc/peak.c",
+    "specdec_cli/kernels/csrc/pool.c",
+]
+KERNEL_HEADERS = ["specdec_cli/kernels/csrc/kernels.h"]
 
 setup(
     ext_modules=[
@@ -16,7 +32,8 @@ setup(
         ),
         Extension(
             "specdec_cli.kernels._cpu",
-            sources=["specdec_cli/kernels/_cpu.c"],
+            sources=KERNEL_SOURCES,
+            depends=KERNEL_HEADERS,  # a change to the header rebuilds every file
             extra_compile_args=["-O3", "-ffp-contract=off", "-std=gnu11"],
             extra_link_args=["-lpthread"],
         ),

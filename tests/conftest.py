@@ -302,27 +302,41 @@ def shared_real_model(real_target, monkeypatch):
     monkeypatch.setattr(models, "load_target", shared)
 
 
-def make_char_tokenizer():
-    """A character-level fast tokenizer with a ChatML-style template, built offline."""
-    import string
+def char_level_tokenizer(specials: list[str], chars: list[str], chat_template: str, *, eos_token: str,
+                         vocab_size: int = 0, lowercase: bool = False, more_specials: tuple[str, ...] = ()):
+    """The tests' one tokenizer builder: a fast tokenizer with one token per character, built offline.
 
-    from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
+    Token ids are `specials`, then `chars`, then fillers `<x0>`, `<x1>`, ... up to `vocab_size` (when given).
+    `<s>`, `<unk>`, `<pad>`, `eos_token` and `more_specials` are special tokens (matched whole in text); other
+    entries of `specials` are plain tokens. `lowercase`: text is lowercased first (a vocabulary without capitals).
+    """
+    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast
 
-    specials = ["<pad>", "<s>", "<unk>", "<|im_end|>", "<|im_start|>"]
-    chars = sorted(set(string.printable) - set("\x0b\x0c\r"))
-    core = Tokenizer(WordLevel({token: i for i, token in enumerate(specials + chars)}, unk_token="<unk>"))
+    tokens = specials + chars
+    tokens += [f"<x{index}>" for index in range(vocab_size - len(tokens))]
+    core = Tokenizer(WordLevel({token: index for index, token in enumerate(tokens)}, unk_token="<unk>"))
+    if lowercase:
+        core.normalizer = normalizers.Lowercase()
     core.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="<|im_end|>",
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token=eos_token,
                                         unk_token="<unk>", pad_token="<pad>",
-                                        additional_special_tokens=["<|im_start|>"])
-    tokenizer.chat_template = (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
+                                        additional_special_tokens=list(more_specials))
+    tokenizer.chat_template = chat_template
     return tokenizer
+
+
+def make_char_tokenizer():
+    """Printable ASCII, one token each, with a ChatML-style template (`<|im_end|>` ends a turn)."""
+    import string
+
+    return char_level_tokenizer(
+        ["<pad>", "<s>", "<unk>", "<|im_end|>", "<|im_start|>"], sorted(set(string.printable) - set("\x0b\x0c\r")),
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+        eos_token="<|im_end|>", more_specials=("<|im_start|>",))
 
 
 def make_tiny_model_dir(path, seed: int = 99, never_eos: bool = False):

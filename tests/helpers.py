@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import torch
-from conftest import TINY_EOS, TINY_VOCAB, make_char_tokenizer
+from conftest import TINY_EOS, TINY_VOCAB, char_level_tokenizer, make_char_tokenizer
 
 from specdec_cli.decoding.draft import NOTHING, Draft
 from specdec_cli.target_model import quant
@@ -199,17 +199,10 @@ BENCH_CHAT_TEMPLATE = (
 
 
 def char_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, normalizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {token: index for index, token in enumerate(BENCH_SPECIALS + BENCH_CHARS)}
-    assert len(vocab) == TINY_VOCAB and vocab["</s>"] == TINY_EOS
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))  # no merges: one token per char
-    backend.normalizer = normalizers.Lowercase()
-    backend.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
-                                        unk_token="<unk>", pad_token="<pad>")
-    tokenizer.chat_template = BENCH_CHAT_TEMPLATE
+    """Lowercase letters, digits and punctuation, one token each, `</s>` = TINY_EOS, a `role: text` template."""
+    tokenizer = char_level_tokenizer(BENCH_SPECIALS, BENCH_CHARS, BENCH_CHAT_TEMPLATE, eos_token="</s>",
+                                     lowercase=True)
+    assert len(tokenizer) == TINY_VOCAB and tokenizer.convert_tokens_to_ids("</s>") == TINY_EOS
     return tokenizer
 
 
@@ -222,21 +215,10 @@ DISTILL_CHAT_TEMPLATE = (
 
 
 def make_tokenizer(extra: str = ""):
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tokens = DISTILL_SPECIALS + DISTILL_CHARS + list(extra)
-    tokens += [f"<x{i}>" for i in range(TINY_VOCAB - len(tokens))]
-    vocab = {token: index for index, token in enumerate(tokens)}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.normalizer = normalizers.Lowercase()
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    core.add_special_tokens(DISTILL_SPECIALS)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                        pad_token="<pad>")
-    tokenizer.chat_template = DISTILL_CHAT_TEMPLATE
-    return tokenizer
+    """distill's tokenizer: `<|user|>`/`<|assistant|>` turns, lowercase characters (+ `extra`), TINY_VOCAB ids."""
+    return char_level_tokenizer(DISTILL_SPECIALS, DISTILL_CHARS + list(extra), DISTILL_CHAT_TEMPLATE,
+                                eos_token="</s>", vocab_size=TINY_VOCAB, lowercase=True,
+                                more_specials=("<|user|>", "<|assistant|>"))
 
 
 def make_char_tokenizer_dir(directory: Path, extra_tokens: tuple[str, ...] = ()) -> Path:

@@ -19,9 +19,9 @@ from specdec_cli.bench import (
     BASELINE,
     OVERALL,
     RESULT_FIELDS,
-    BenchSettings,
     TurnRun,
     aggregate,
+    bench_settings,
     csv_text,
     first_divergence,
     parse_lengths,
@@ -312,8 +312,8 @@ def test_plots_are_written(tmp_path, library_report):
 
 @pytest.fixture(scope="module")
 def library_report(tiny_llama, tokenizer, conversations):
-    settings = BenchSettings(methods=resolve_methods(["none", "pld", "hf"], ["hf-pld"], [4]), max_new_tokens=20,
-                             repeats=2)
+    settings = bench_settings(resolve_methods(["none", "pld", "hf"], ["hf-pld"], [4]), max_new_tokens=20,
+                              repeats=2)
     events = []
     report = run_bench(tiny_llama, tokenizer, conversations, settings, model_name="tiny", suite="test",
                        on_progress=events.append)
@@ -324,8 +324,7 @@ def test_settings_record_the_probability_floor_each_drafter_used():
     """--draft-min-prob 0 means each drafter's own default: the document says which floor each row drafted with."""
     from specdec_cli.drafters import DrafterOptions, min_prob_in_force
 
-    settings = BenchSettings(methods=resolve_methods(["none", "sam", "eagle", "sam+eagle", "model"]),
-                             options=DrafterOptions(draft_model="head"))
+    settings = bench_settings(resolve_methods(["none", "sam", "eagle", "sam+eagle", "model"]), draft_model="head")
     assert settings.as_json()["draft_min_prob"] == 0.0
     assert settings.as_json()["min_prob_in_force"] == {"eagle": 0.1, "sam+eagle": 0.1, "model": 0.0}
     chosen = DrafterOptions(draft_min_prob=0.3, aux="eagle")
@@ -424,7 +423,7 @@ def test_every_registered_drafter_runs_losslessly(tiny_llama, tokenizer, convers
         names.append(name)
     assert {"none", "pld"} <= set(names)
     names += ["sam+recycle", "sam+aded", "sam+pld", "sam+none"]  # hybrids: sam hands short matches to another drafter
-    settings = BenchSettings(methods=resolve_methods(names), max_new_tokens=12, warmup=False)
+    settings = bench_settings(resolve_methods(names), max_new_tokens=12, warmup=False)
     report = run_bench(tiny_llama, tokenizer, conversations[:1], settings)
     rows = [row for row in report.as_json()["results"] if row["category"] == OVERALL]
     assert [row["method"] for row in rows] == [BASELINE] + [name for name in names if name != BASELINE]
@@ -432,8 +431,8 @@ def test_every_registered_drafter_runs_losslessly(tiny_llama, tokenizer, convers
 
 
 def test_sampling_run_has_no_identity_check(tiny_llama, tokenizer, conversations):
-    settings = BenchSettings(methods=resolve_methods(["none", "pld"], ["hf"]), max_new_tokens=8, temperature=0.9,
-                             seed=7, warmup=False)
+    settings = bench_settings(resolve_methods(["none", "pld"], ["hf"]), max_new_tokens=8, temperature=0.9, seed=7,
+                              warmup=False)
     report = run_bench(tiny_llama, tokenizer, conversations[1:], settings)
     assert all(row.identical is None and row.compared is None for row in report.results)
     assert report.settings["greedy"] is False

@@ -58,12 +58,13 @@ def test_the_commands_refuse_them_before_the_model_loads(tmp_path, args, needle)
 
 
 def test_bench_in_vllm_refuses_an_index_no_proposer_reads():
-    from specdec_cli.bench.vllm_bench import VllmBenchSettings
+    from specdec_cli.bench.settings import bench_settings
+    from specdec_cli.bench.vllm_bench import VllmBenchSettings, vllm_methods
 
     with pytest.raises(SpecdecError, match="index /nonexistent.sam: pld does not use it"):
-        VllmBenchSettings(methods=["none", "pld"], index="/nonexistent.sam").check()
+        VllmBenchSettings(bench_settings(vllm_methods(["pld"], ["ngram"]), index="/nonexistent.sam")).check()
     with pytest.raises(SpecdecError, match="index file not found"):  # sam reads it: so it must exist
-        VllmBenchSettings(methods=["none", "sam", "pld"], index="/nonexistent.sam").check()
+        VllmBenchSettings(bench_settings(vllm_methods(["sam", "pld"], []), index="/nonexistent.sam")).check()
 
 
 @pytest.mark.parametrize("args, needle", [

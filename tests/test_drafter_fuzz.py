@@ -21,6 +21,7 @@ from specdec_cli.drafters.oracle import OracleDrafter
 from specdec_cli.drafters.sam import SamDrafter
 from specdec_cli.errors import SpecdecError
 from specdec_cli.sam.automaton import DynamicAutomaton, build_static
+from specdec_cli.session.run_settings import DrafterSettings
 from specdec_cli.vllm.proposer import PROPOSERS, ProposerSettings
 
 SECONDS = 5  # per call: generous on a loaded 2-core machine, short against a hang
@@ -164,7 +165,7 @@ def test_the_automata():
 def test_every_vllm_proposer(drafter):
     """vLLM cannot be told of an error: a row with ids outside the vocabulary gets no draft; the others theirs."""
     rng = np.random.default_rng(5)
-    proposer = PROPOSERS[drafter](None, settings=ProposerSettings(drafter=drafter), target=TARGET,
+    proposer = PROPOSERS[drafter](None, settings=ProposerSettings(DrafterSettings(drafter)), target=TARGET,
                                   num_speculative_tokens=4)
     drafts, _ = call("the issue's row", proposer.propose, [[-1]], np.array([5]), np.array([[-1, -2, -1, -2, -1]]))
     assert drafts == [[]]

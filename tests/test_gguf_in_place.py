@@ -270,7 +270,7 @@ def test_a_fifo_is_refused_not_read(tmp_path):
 def test_the_bench_runs_without_the_rows_that_need_transformers_model(tmp_path, monkeypatch):
     """On a GGUF loaded in place the native decoder is the only forward: `hf` (and the `native` row the bench adds
     where verification is row-invariant) are skipped with their reason, the rest runs."""
-    from specdec_cli.bench import BenchSettings, resolve_methods, run_bench
+    from specdec_cli.bench import bench_settings, resolve_methods, run_bench
     from specdec_cli.bench.runner import IN_PLACE_SKIP
     from specdec_cli.texts.prompts import parse_prompt_lines
 
@@ -280,8 +280,7 @@ def test_the_bench_runs_without_the_rows_that_need_transformers_model(tmp_path, 
     loaded = _in_place(path, tmp_path / "home", monkeypatch)
     conversations = parse_prompt_lines(['{"question_id": 1, "category": "writing", "turns": ["abc abc abc"]}'],
                                        "prompts.jsonl")
-    settings = BenchSettings(methods=resolve_methods(["none", "pld"], ["hf"]), max_new_tokens=6, warmup=False,
-                             raw=True)
+    settings = bench_settings(resolve_methods(["none", "pld"], ["hf"]), max_new_tokens=6, warmup=False, raw=True)
     document = run_bench(loaded.model, loaded.tokenizer, conversations, settings).as_json()
     assert document["settings"]["references_skipped"] == {"hf": IN_PLACE_SKIP}
     assert {row["method"] for row in document["results"]} == {"none", "pld"}

@@ -20,7 +20,7 @@ from conftest import TINY_EOS, assert_one_line_error, hf_greedy, invoke, run_cli
 from fake_llama_server import PROMPT_MS, TOKEN_MS, FakeServer
 from helpers import char_tokenizer
 
-from specdec_cli.bench import OVERALL, BenchSettings, resolve_methods, run_bench
+from specdec_cli.bench import OVERALL, bench_settings, resolve_methods, run_bench
 from specdec_cli.bench import llama_server as ls
 from specdec_cli.errors import SpecdecError
 
@@ -143,7 +143,7 @@ def test_context_length_of_a_gguf_is_the_servers_bound(tmp_path):
 
 def test_server_at_a_url_is_timed_by_its_own_timings(tiny_llama, tokenizer, conversations):
     with FakeServer(_greedy_answer(tiny_llama, tokenizer)) as fake:
-        settings = BenchSettings(methods=resolve_methods(["none"], [fake.url]), max_new_tokens=10, warmup=False)
+        settings = bench_settings(resolve_methods(["none"], [fake.url]), max_new_tokens=10, warmup=False)
         report = run_bench(tiny_llama, tokenizer, conversations, settings)
     name = "llama-server@" + fake.url.removeprefix("http://")
     document = json.loads(json.dumps(report.as_json()))
@@ -173,7 +173,7 @@ def test_server_at_a_url_is_timed_by_its_own_timings(tiny_llama, tokenizer, conv
 
 def test_server_without_token_ids_is_compared_by_text(tiny_llama, tokenizer, conversations):
     with FakeServer(_greedy_answer(tiny_llama, tokenizer), return_tokens=False) as fake:
-        settings = BenchSettings(methods=resolve_methods(["none"], [fake.url]), max_new_tokens=10, warmup=False)
+        settings = bench_settings(resolve_methods(["none"], [fake.url]), max_new_tokens=10, warmup=False)
         report = run_bench(tiny_llama, tokenizer, conversations[:1], settings)
     name = report.settings["methods"][1]
     assert report.settings["llama_servers"][name]["tokens_from"] == "text"
@@ -188,8 +188,8 @@ def test_spawned_server_rows_and_their_stop(tiny_llama, tokenizer, conversations
     monkeypatch.setenv("FAKE_LLAMA_PIDFILE", str(pidfile))
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the servers' logs go
     tempfile.tempdir = None
-    settings = BenchSettings(methods=resolve_methods(["none"], ["llama-server", "llama-server:ngram-mod"]),
-                             max_new_tokens=6, warmup=True, llama_server=str(fake_binary))
+    settings = bench_settings(resolve_methods(["none"], ["llama-server", "llama-server:ngram-mod"]),
+                              max_new_tokens=6, warmup=True, llama_server=str(fake_binary))
     report = run_bench(tiny_llama, tokenizer, conversations, settings, gguf_path=str(tmp_path / "model.gguf"))
     servers = report.settings["llama_servers"]
     assert set(servers) == {"llama-server", "llama-server:ngram-mod"}
@@ -209,8 +209,8 @@ def test_spawned_server_rows_and_their_stop(tiny_llama, tokenizer, conversations
 def test_server_that_fails_to_start_shows_its_log(tiny_llama, tokenizer, conversations, fake_binary, tmp_path,
                                                   monkeypatch):
     monkeypatch.setenv("FAKE_LLAMA_FAIL_START", "1")
-    settings = BenchSettings(methods=resolve_methods(["none"], ["llama-server"]), max_new_tokens=4,
-                             llama_server=str(fake_binary))
+    settings = bench_settings(resolve_methods(["none"], ["llama-server"]), max_new_tokens=4,
+                              llama_server=str(fake_binary))
     with pytest.raises(ls.LlamaServerError) as caught:
         run_bench(tiny_llama, tokenizer, conversations, settings, gguf_path=str(tmp_path / "model.gguf"))
     error = caught.value
@@ -225,8 +225,8 @@ def test_server_that_dies_mid_run_is_reported_and_stopped(tiny_llama, tokenizer,
     pidfile = tmp_path / "pid"
     monkeypatch.setenv("FAKE_LLAMA_PIDFILE", str(pidfile))
     monkeypatch.setenv("FAKE_LLAMA_EXIT_AFTER", "1")
-    settings = BenchSettings(methods=resolve_methods(["none"], ["llama-server"]), max_new_tokens=4, warmup=False,
-                             llama_server=str(fake_binary))
+    settings = bench_settings(resolve_methods(["none"], ["llama-server"]), max_new_tokens=4, warmup=False,
+                              llama_server=str(fake_binary))
     with pytest.raises(ls.LlamaServerError) as caught:
         run_bench(tiny_llama, tokenizer, conversations, settings, gguf_path=str(tmp_path / "model.gguf"))
     assert "llama-server:" in str(caught.value) and "giving up, as told" in "\n".join(caught.value.log_tail)
@@ -237,8 +237,8 @@ def test_server_that_dies_mid_run_is_reported_and_stopped(tiny_llama, tokenizer,
 def test_ctrl_c_stops_the_server(tiny_llama, tokenizer, conversations, fake_binary, tmp_path, monkeypatch):
     pidfile = tmp_path / "pid"
     monkeypatch.setenv("FAKE_LLAMA_PIDFILE", str(pidfile))
-    settings = BenchSettings(methods=resolve_methods(["none"], ["llama-server"]), max_new_tokens=4, warmup=False,
-                             llama_server=str(fake_binary))
+    settings = bench_settings(resolve_methods(["none"], ["llama-server"]), max_new_tokens=4, warmup=False,
+                              llama_server=str(fake_binary))
 
     def interrupt(event):
         if event.method == "llama-server":
@@ -254,8 +254,8 @@ def test_ctrl_c_stops_the_server(tiny_llama, tokenizer, conversations, fake_bina
 def test_without_the_binary_the_rows_are_skipped_with_one_line(tiny_llama, tokenizer, conversations, tmp_path,
                                                                monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
-    settings = BenchSettings(methods=resolve_methods(["none"], ["llama-server", "llama-server:ngram-mod"]),
-                             max_new_tokens=4, warmup=False)
+    settings = bench_settings(resolve_methods(["none"], ["llama-server", "llama-server:ngram-mod"]),
+                              max_new_tokens=4, warmup=False)
     report = run_bench(tiny_llama, tokenizer, conversations[:1], settings, gguf_path="model.gguf")
     assert set(report.settings["references_skipped"]) == {"llama-server", "llama-server:ngram-mod"}
     assert "make install-llama-server" in report.settings["references_skipped"]["llama-server"]

@@ -116,14 +116,15 @@ def test_each_default_is_stated_once():
     """defaults.py's promise: the library's settings take its values rather than numbers of their own."""
     import dataclasses
 
-    from specdec_cli.bench.settings import BenchSettings
+    from specdec_cli.bench.settings import BenchSettings, bench_settings
     from specdec_cli.decoding.generation_config import GenerationConfig
     from specdec_cli.defaults import DEFAULT_BENCH_MAX_NEW_TOKENS, DEFAULT_DRAFTER, DEFAULT_MAX_NEW_TOKENS
     from specdec_cli.session.chat import ChatSession, ChatSettings
 
     assert GenerationConfig().max_new_tokens == DEFAULT_MAX_NEW_TOKENS
-    assert BenchSettings().max_new_tokens == DEFAULT_BENCH_MAX_NEW_TOKENS
-    assert ChatSettings().drafter == DEFAULT_DRAFTER
+    assert BenchSettings().run.generation.max_new_tokens == DEFAULT_BENCH_MAX_NEW_TOKENS
+    assert bench_settings().run.generation.max_new_tokens == DEFAULT_BENCH_MAX_NEW_TOKENS
+    assert ChatSettings().run.drafter.name == DEFAULT_DRAFTER
     assert {field.name: field.default for field in dataclasses.fields(ChatSession)}["drafter_name"] == DEFAULT_DRAFTER
 
 
@@ -134,16 +135,17 @@ def test_each_default_is_stated_once():
     ({"seed": -1}, "seed must be between 0 and 2^63 - 1, got -1"),
 ])
 def test_bench_checks_the_generation_settings_as_chat_does(changes, message):
-    from specdec_cli.bench.settings import BenchSettings
+    from specdec_cli.bench.settings import bench_settings
 
     with pytest.raises(SpecdecError) as caught:
-        BenchSettings(**changes).check()
+        bench_settings(**changes).check()
     assert str(caught.value).startswith(message)
 
 
 def test_chat_settings_check_each_load_value():
     from specdec_cli.session.chat import ChatSettings
+    from specdec_cli.session.run_settings import run_settings
 
     for changes in ({"device": "tpu"}, {"dtype": "float8"}, {"weights": "int3"}):
         with pytest.raises(SpecdecError, match=f"^{next(iter(changes))} must be one of"):
-            ChatSettings(**changes).check()
+            ChatSettings(run_settings(**changes)).check()

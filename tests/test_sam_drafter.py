@@ -8,7 +8,7 @@ import pytest
 
 from specdec_cli.decoding.draft import NOTHING, Draft, Drafter, StepEvent
 from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
-from specdec_cli.drafters.sam import ALPHA, DRAFT_MAX, SamDrafter, make_sam_drafter
+from specdec_cli.drafters.sam import ALPHA, SamDrafter, make_sam_drafter
 from specdec_cli.errors import SpecdecError
 from specdec_cli.sam.automaton import build_static
 from specdec_cli.sam.index import save_index
@@ -54,7 +54,9 @@ def test_draft_length_adapts_to_the_match_length():
     drafter.observe(step(3))  # match length 3
     assert len(drafter.propose(text + [1, 2, 3], 64).tokens) == 1 + ALPHA * 3
     assert len(drafter.propose(text + [1, 2, 3], 4).tokens) == 4  # the budget bounds it
-    assert SamDrafter(separators=(EOS,)).draft_max == DRAFT_MAX
+    unbounded = SamDrafter(separators=(EOS,))  # no draft_max of its own: the engine's budget bounds it
+    unbounded.observe(prefill(text + [1], 2))
+    assert unbounded.draft_max is None and unbounded.propose(text + [1, 2], 64).tokens == list(range(3, 12))
 
 
 def test_source_choice_with_l_bias():

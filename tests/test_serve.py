@@ -7,12 +7,12 @@ import json
 import pytest
 
 from specdec_cli.errors import SpecdecError
-from specdec_cli.vllm.proposer import SETTINGS_ENV
-from specdec_cli.vllm.serve import SERVER_MODULE, ServeSettings, serve, server_command
+from specdec_cli.vllm.proposer_settings import SETTINGS_ENV
+from specdec_cli.vllm.serve import SERVER_MODULE, ServeSettings, serve, serve_settings, server_command
 
 
 def test_the_server_command_names_the_proposer_and_passes_its_settings():
-    argv, env = server_command(ServeSettings(drafter="sam+pld", draft_max=5, port=8123, min_match=2,
+    argv, env = server_command(serve_settings("sam+pld", draft_max=5, port=8123, min_match=2,
                                              extra_args=("--max-num-seqs", "16")), "/models/m", "m", cpu_build=True)
     assert argv[1:3] == ["-m", SERVER_MODULE] and argv[argv.index("--model") + 1] == "/models/m"
     speculative = json.loads(argv[argv.index("--speculative-config") + 1])
@@ -21,7 +21,7 @@ def test_the_server_command_names_the_proposer_and_passes_its_settings():
     assert json.loads(env[SETTINGS_ENV]) == {"drafter": "sam+pld", "min_match": 2}
     assert argv[argv.index("--port") + 1] == "8123" and argv[argv.index("--gpu-memory-utilization") + 1] == "0.3"
     assert argv[-2:] == ["--max-num-seqs", "16"]
-    plain, plain_env = server_command(ServeSettings(drafter="none"), "/models/m", "m", cpu_build=False)
+    plain, plain_env = server_command(serve_settings("none"), "/models/m", "m", cpu_build=False)
     assert "--speculative-config" not in plain and not plain_env and "--gpu-memory-utilization" not in plain
 
 
@@ -29,20 +29,22 @@ def test_serve_resolves_the_target_and_runs_the_server(monkeypatch):
     calls = []
     monkeypatch.setattr("specdec_cli.target_model.models.model_location",
                         lambda source, on_status=None: "/converted/dir")
-    code = serve(ServeSettings(drafter="pld"), run=lambda argv, env: calls.append((argv, env)) or 0)
+    code = serve(serve_settings("pld"), run=lambda argv, env: calls.append((argv, env)) or 0)
     assert code == 0 and calls[0][0][calls[0][0].index("--model") + 1] == "/converted/dir"
 
 
-@pytest.mark.parametrize("settings, message", [
-    (ServeSettings(drafter="aded"), "verifies chains"),
-    (ServeSettings(drafter="pld", index="x.sam"), "sam drafter"),
-    (ServeSettings(draft_max=0), "draft_max"),
-    (ServeSettings(port=70000), "port"),
-    (ServeSettings(dtype="int4"), "dtype"),
+@pytest.mark.parametrize("changes, message", [
+    ({"drafter": "aded"}, "verifies chains"),
+    ({"drafter": "pld", "index": "x.sam"}, "sam drafter"),
+    ({"draft_max": 0}, "draft_max"),
+    ({"port": 70000}, "port"),
+    ({"dtype": "int4"}, "dtype"),
+    ({"max_model_len": 8}, "max_model_len must be >= 16"),
+    ({"memory_fraction": 1.5}, "memory fraction must be in"),
 ])
-def test_bad_settings_are_one_error(settings, message):
-    with pytest.raises(SpecdecError, match=message):
-        settings.check()
+def test_bad_settings_are_one_error(changes, message):
+    with pytest.raises(SpecdecError, match=message):  # (a dtype is refused as the settings are made)
+        serve_settings(**changes).check()
 
 
 def test_without_vllm_serve_says_how_to_install_it(monkeypatch):
@@ -54,14 +56,14 @@ def test_without_vllm_serve_says_how_to_install_it(monkeypatch):
 def test_the_api_key_reaches_vllm_through_its_environment_only():
     from specdec_cli.vllm.serve import API_KEY_ENV
 
-    argv, env = server_command(ServeSettings(drafter="pld", api_key="s3cret"), "/models/m", "m", cpu_build=True)
+    argv, env = server_command(serve_settings("pld", api_key="s3cret"), "/models/m", "m", cpu_build=True)
     assert env[API_KEY_ENV] == "s3cret" and not any("s3cret" in arg for arg in argv)  # never in `ps`
-    argv, env = server_command(ServeSettings(drafter="none", api_key="s3cret"), "/models/m", "m", cpu_build=True)
+    argv, env = server_command(serve_settings("none", api_key="s3cret"), "/models/m", "m", cpu_build=True)
     assert env == {API_KEY_ENV: "s3cret"}
     with pytest.raises(SpecdecError, match="api_key must not be empty"):
-        ServeSettings(api_key=" ").check()
+        serve_settings(api_key=" ").check()
     with pytest.raises(SpecdecError, match="specdec's --api-key"):
-        ServeSettings(extra_args=("--api-key", "k")).check()
+        serve_settings(extra_args=("--api-key", "k")).check()
 
 
 @pytest.mark.parametrize("host, key, env_key, warned", [
@@ -84,7 +86,7 @@ def test_listening_beyond_this_machine_without_a_key_warns_once(monkeypatch, hos
     monkeypatch.setattr("specdec_cli.target_model.models.model_location",
                         lambda source, on_status=None: "/converted/dir")
     said: list[str] = []
-    serve(ServeSettings(drafter="pld", host=host, api_key=key), run=lambda argv, env: 0, on_warning=said.append)
+    serve(serve_settings("pld", host=host, api_key=key), run=lambda argv, env: 0, on_warning=said.append)
     assert len(said) == (1 if warned else 0)
     if warned:
         assert host in said[0] and "--api-key" in said[0] and "VLLM_API_KEY" in said[0]

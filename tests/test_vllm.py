@@ -46,10 +46,15 @@ def prompt_ids(target) -> list[list[int]]:
 
 def vllm_answers(target, method: str, prompt_ids: list[list[int]]) -> dict[str, list[list[int]]]:
     """The prompts one request at a time ("single") and all four at once ("batched"), greedy, float32."""
+    from specdec_cli.drafters import DrafterOptions
+    from specdec_cli.session.run_settings import DrafterSettings
+    from specdec_cli.target_model.load_settings import LoadSettings
+    from specdec_cli.vllm.proposer_settings import ProposerSettings
     from specdec_cli.vllm.runner import VllmPhase, VllmSettings, run_vllm
 
     eos = target.eos_token_ids
-    run = run_vllm(VllmSettings(target.location, method=method, draft_max=6, max_model_len=1024),
+    proposer = ProposerSettings(DrafterSettings(method, DrafterOptions(draft_max=6)))
+    run = run_vllm(VllmSettings(LoadSettings(target.location), proposer, max_model_len=1024),
                    [VllmPhase("single", prompt_ids, 48, eos), VllmPhase("batched", prompt_ids, 48, eos, concurrency=4)])
     return {name: [answer.tokens for answer in phase.answers] for name, phase in run.phases.items()}
 

@@ -12,16 +12,25 @@ from typer.testing import CliRunner
 
 from specdec_cli.bench.vllm_bench import RESULT_COLUMNS, result_rows, vllm_methods
 from specdec_cli.cli import app
+from specdec_cli.defaults import VLLM_DRAFT_MAX
+from specdec_cli.drafters import DrafterOptions
 from specdec_cli.errors import SpecdecError
+from specdec_cli.session.run_settings import DrafterSettings
+from specdec_cli.target_model.load_settings import LoadSettings
 from specdec_cli.texts.prompts import Conversation
+from specdec_cli.vllm.proposer_settings import ProposerSettings
 from specdec_cli.vllm.runner import VllmAnswer, VllmPhaseResult, VllmSettings, _collect
 
 ACCEPTED, DRAFTED = "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_draft_tokens"
 
 
+def names(methods) -> list[str]:
+    return [method.name for method in methods]
+
+
 def test_methods_start_with_plain_vllm_and_take_only_what_runs_there():
-    assert vllm_methods(["none", "sam", "pld"], []) == ["none", "sam", "pld", "ngram"]  # vLLM's ngram by default
-    assert vllm_methods(["sam"], ["suffix", "ngram"]) == ["none", "sam", "suffix", "ngram"]
+    assert names(vllm_methods(["none", "sam", "pld"], [])) == ["none", "sam", "pld", "ngram"]  # vLLM's ngram by default
+    assert names(vllm_methods(["sam"], ["suffix", "ngram"])) == ["none", "sam", "suffix", "ngram"]
     with pytest.raises(SpecdecError, match="does not run in vLLM"):
         vllm_methods(["none", "ttr"], [])
     with pytest.raises(SpecdecError, match="the references are vLLM's ngram, suffix"):
@@ -29,7 +38,9 @@ def test_methods_start_with_plain_vllm_and_take_only_what_runs_there():
 
 
 def test_a_repeated_method_is_dropped_with_one_warning(recwarn):
-    assert vllm_methods(["none", "sam", "sam", "none"], ["ngram", "ngram"]) == ["none", "sam", "ngram"]
+    methods = vllm_methods(["none", "sam", "sam", "none"], ["ngram", "ngram"])
+    assert [(method.name, method.kind) for method in methods] == [("none", "engine"), ("sam", "engine"),
+                                                                  ("ngram", "vllm")]
     assert [str(warning.message) for warning in recwarn] == [
         "dropped the repeated methods 'sam', 'none', 'ngram': each method is benchmarked once"]
     recwarn.clear()
@@ -37,16 +48,24 @@ def test_a_repeated_method_is_dropped_with_one_warning(recwarn):
     assert not recwarn.list
 
 
+def engine(method: str, draft_max=None, **proposer) -> VllmSettings:
+    drafter = DrafterSettings(method, DrafterOptions(draft_max=draft_max))
+    return VllmSettings(LoadSettings("m"), ProposerSettings(drafter, **proposer))
+
+
 def test_speculative_settings_name_vllm_methods_and_specdec_proposers():
-    assert VllmSettings("m").speculative() == (None, {})
-    ngram, env = VllmSettings("m", method="ngram", draft_max=5).speculative()
+    assert VllmSettings(LoadSettings("m")).speculative() == (None, {})
+    ngram, env = engine("ngram", draft_max=5).speculative()
     assert ngram["method"] == "ngram" and ngram["num_speculative_tokens"] == 5 and env == {}
-    custom, env = VllmSettings("m", method="sam+pld", draft_max=4, min_match=2).speculative()
+    assert engine("suffix").speculative()[0]["num_speculative_tokens"] == VLLM_DRAFT_MAX  # the one default
+    custom, env = engine("sam+pld", draft_max=4, min_match=2).speculative()
     assert custom == {"method": "custom_class", "model": "specdec_cli.vllm.proposer.SamProposer",
                       "num_speculative_tokens": 4}
     assert json.loads(env["SPECDEC_VLLM_DRAFTER"]) == {"drafter": "sam+pld", "min_match": 2}
     with pytest.raises(SpecdecError, match="vLLM runs none"):
-        VllmSettings("m", method="eagle").check()
+        engine("eagle").check()
+    with pytest.raises(SpecdecError, match="weights int8: vLLM chooses it"):
+        VllmSettings(LoadSettings("m", weights="int8")).check()
 
 
 def phase(answers: list[list[int]], seconds: float, accepted: float = 0, drafted: float = 0) -> VllmPhaseResult:

@@ -5,16 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec_cli.drafters import TargetInfo
+from specdec_cli.drafters import DrafterOptions, TargetInfo
 from specdec_cli.errors import SpecdecError
-from specdec_cli.vllm.proposer import (
-    IDLE_STEPS,
-    PldProposer,
-    ProposerSettings,
-    RequestTracker,
-    SamProposer,
-    proposer_path,
-)
+from specdec_cli.session.run_settings import DrafterSettings
+from specdec_cli.vllm.proposer import IDLE_STEPS, PldProposer, RequestTracker, SamProposer
+from specdec_cli.vllm.proposer_settings import ProposerSettings, proposer_path
 
 TARGET = TargetInfo(vocab_size=1000, eos_token_ids=(0,))
 
@@ -29,7 +24,8 @@ def batch(sequences: list[list[int]], width: int = 256) -> tuple[list[list[int]]
 
 
 def proposer(kind=SamProposer, drafter: str = "sam", draft_max: int = 4) -> SamProposer:
-    return kind(None, settings=ProposerSettings(drafter=drafter), target=TARGET, num_speculative_tokens=draft_max)
+    return kind(None, settings=ProposerSettings(DrafterSettings(drafter)), target=TARGET,
+                num_speculative_tokens=draft_max)
 
 
 def test_sam_drafts_the_continuation_of_a_repeat_and_respects_the_budget():
@@ -88,7 +84,7 @@ def test_finished_requests_are_dropped_and_hundreds_stay_bounded():
 
 def test_settings_come_from_the_environment_and_are_checked(monkeypatch):
     monkeypatch.setenv("SPECDEC_VLLM_DRAFTER", '{"drafter": "sam+pld"}')
-    assert ProposerSettings.from_environment("sam").drafter == "sam+pld"
+    assert ProposerSettings.from_environment("sam").drafter.name == "sam+pld"
     monkeypatch.setenv("SPECDEC_VLLM_DRAFTER", "{not json")
     with pytest.raises(SpecdecError, match="not valid JSON"):
         ProposerSettings.from_environment("sam")
@@ -96,9 +92,9 @@ def test_settings_come_from_the_environment_and_are_checked(monkeypatch):
     with pytest.raises(SpecdecError, match="JSON object"):
         ProposerSettings.from_environment("sam")
     with pytest.raises(SpecdecError, match="verifies chains"):
-        ProposerSettings(drafter="aded").check()
+        ProposerSettings(DrafterSettings("aded")).check()
     with pytest.raises(SpecdecError, match="sam drafter"):
-        ProposerSettings(drafter="pld", index="x.sam").check()
+        ProposerSettings(DrafterSettings("pld", DrafterOptions(index="x.sam"))).check()
     assert proposer_path("pld") == "specdec_cli.vllm.proposer.PldProposer"
 
 
@@ -106,6 +102,6 @@ def test_short_matches_are_not_drafted_in_vllm():
     """vLLM verifies every drafted token: a one-token match's continuation is not worth a verified row there."""
     text = [5, 6, 7, 8, 9, 5]  # the newest token matches once, one token long
     assert proposer().propose(*batch([text])) == [[]]
-    loose = SamProposer(None, settings=ProposerSettings(drafter="sam", min_match=1), target=TARGET,
+    loose = SamProposer(None, settings=ProposerSettings(DrafterSettings("sam"), min_match=1), target=TARGET,
                         num_speculative_tokens=4)
     assert loose.propose(*batch([text]))[0][:1] == [6]

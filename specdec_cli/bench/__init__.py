@@ -30,11 +30,11 @@ from .methods import (
 from .metrics import RESULT_FIELDS, ResultRow, TurnRun, aggregate, first_divergence, per_prompt_rows
 from .report import BenchReport, csv_text, to_json_text, write_csv, write_json
 from .runner import ProgressEvent, run_bench
-from .settings import BenchSettings
+from .settings import BenchSettings, bench_settings
 
 __all__ = [
     "BASELINE", "DEFAULT_ORACLE_LENGTHS", "OVERALL", "REFERENCES", "RESULT_FIELDS", "BenchReport", "BenchSettings",
-    "Method", "ProgressEvent", "ResultRow", "TurnRun", "aggregate", "csv_text",
+    "Method", "ProgressEvent", "ResultRow", "TurnRun", "aggregate", "bench_settings", "csv_text",
     "first_divergence", "llama_server_rows", "parse_lengths", "per_prompt_rows", "resolve_methods", "run_bench",
     "split_names",
     "to_json_text", "write_csv", "write_json",

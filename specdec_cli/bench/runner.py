@@ -127,7 +127,7 @@ def _run(model: Any, tokenizer: Any, conversations: Sequence[Conversation], sett
          suite: str, on_progress: Optional[ProgressCallback], gguf_path: Optional[str]) -> BenchReport:
     runner = _Runner(model, tokenizer, settings, gguf_path, servers.servers)
     own_kernels = hasattr(model, "generate")  # (a GGUF in place has no other kernels than the native decoder's)
-    if runner.engine.forward.prepare(settings.budget) is not None and own_kernels and \
+    if runner.engine.forward.prepare(settings.run.generation.budget) is not None and own_kernels and \
             all(method.kind != NATIVE for method in settings.methods):
         # verification is row-invariant, which slows plain steps a little: also time the model's own kernels
         settings = replace(settings, methods=[*settings.methods, Method(NATIVE, NATIVE)])
@@ -161,9 +161,10 @@ def _run(model: Any, tokenizer: Any, conversations: Sequence[Conversation], sett
         on_progress(ProgressEvent(done, total, methods[-1].name, last.id, last.category, settings.repeats - 1, "done"))
 
     categories = categories_of(conversations)
-    results = aggregate(runs, [method.name for method in methods], categories, settings.repeats, settings.greedy,
+    greedy = settings.run.generation.greedy
+    results = aggregate(runs, [method.name for method in methods], categories, settings.repeats, greedy,
                         llama_server_plain=servers.plain_row())
-    per_prompt = per_prompt_rows(runs, [method.name for method in methods], settings.greedy)
+    per_prompt = per_prompt_rows(runs, [method.name for method in methods], greedy)
     env = environment(model_name or model_name_of(model), device or str(runner.device), dtype or model_dtype(model),
                       started)
     settings_json = settings.as_json()
@@ -178,8 +179,8 @@ def _run(model: Any, tokenizer: Any, conversations: Sequence[Conversation], sett
         llama_servers=servers.report(),
         llama_server_plain=servers.plain_row(),
     )
-    if settings.options.memory:
-        settings_json["memory"] = memory_report(settings.options.memory, runner.info.fingerprint,
+    if settings.run.drafter.options.memory:
+        settings_json["memory"] = memory_report(settings.run.drafter.options.memory, runner.info.fingerprint,
                                                 [ids for turns in runner.prompt_ids.values() for ids in turns])
     return BenchReport(env, settings_json, results, per_prompt, runs,
                        cost_curve=_curve_report(curve_at_start, cost_curve_table(runner.engine)))
@@ -223,7 +224,7 @@ class _Runner:
         self.model = model
         self.tokenizer = tokenizer
         self.settings = settings
-        self.engine = Engine(choose_forward(model, settings.exact), tokenizer)
+        self.engine = Engine(choose_forward(model, settings.run.exact), tokenizer)
         self.device = self.engine.device
         self.info = target_info(model, tokenizer)
         self.prompt_ids: dict[int, list[list[int]]] = {}  # conversation -> prompt ids per turn
@@ -244,24 +245,17 @@ class _Runner:
 
         if method.kind == ORACLE:
             return OracleDrafter(references, method.draft_length)
-        return make_drafter(method.drafter, self.settings.options, self.info)
+        return make_drafter(method.drafter, self.settings.run.drafter.options, self.info)
 
     def _config(self, method: Method, conversation: int, turn: int, max_new_tokens: Optional[int] = None):
-        from ..decoding.engine import GenerationConfig
-
-        settings = self.settings
-        seed = None if settings.seed is None else settings.seed + 1000 * conversation + turn
-        budget = method.draft_length if method.kind == ORACLE else settings.budget
+        generation = self.settings.run.generation
+        seed = None if generation.seed is None else generation.seed + 1000 * conversation + turn
+        budget = method.draft_length if method.kind == ORACLE else generation.budget
         # Oracle rows measure the ceiling at exactly their draft length (every drafted token verified); native rows
         # run other kernels, whose steps would teach the planner nothing: neither plans by cost.
-        config = GenerationConfig(
-            max_new_tokens=max_new_tokens or settings.max_new_tokens,
-            temperature=settings.temperature,
-            seed=seed,
-            budget=budget,
-            eos_token_ids=self.info.eos_token_ids,
-            cost_aware=method.kind not in (ORACLE, NATIVE),
-        )
+        config = replace(generation, max_new_tokens=max_new_tokens or generation.max_new_tokens, seed=seed,
+                         budget=budget, eos_token_ids=self.info.eos_token_ids,
+                         cost_aware=method.kind not in (ORACLE, NATIVE))
         config.check()
         return config
 
@@ -280,7 +274,7 @@ class _Runner:
     def _format(self, messages: list[dict]) -> list[int]:
         from ..session.chat import format_prompt
 
-        return format_prompt(self.tokenizer, messages, self.settings.raw)
+        return format_prompt(self.tokenizer, messages, self.settings.run.raw)
 
     def _decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
@@ -352,7 +346,8 @@ class _Runner:
     def warm_up(self, method: Method, conversation: Conversation) -> None:
         """One short generation on the first turn of the first prompt; nothing is recorded."""
         prompt_ids = self._format([{"role": "user", "content": conversation.turns[0]}])
-        config = self._config(method, 0, 0, max_new_tokens=min(WARMUP_MAX_NEW_TOKENS, self.settings.max_new_tokens))
+        longest = min(WARMUP_MAX_NEW_TOKENS, self.settings.run.generation.max_new_tokens)
+        config = self._config(method, 0, 0, max_new_tokens=longest)
         references = [self.warmup_reference] if self.warmup_reference else []
         drafter = None if method.kind in EXTERNAL_KINDS else self._drafter(method, references)
         self._fresh_learning()

@@ -1,91 +1,84 @@
-"""`BenchSettings`: what one bench run does (methods, drafter options, budget, lengths, sampling, repeats),
-checked before the model loads, and recorded in the report's JSON as it was run. The settings it shares with
-chat (length, temperature, seed, budget) are checked by GenerationConfig.check, as chat's are."""
+"""`BenchSettings`: what one bench run does, checked before the model loads, and recorded in the report's JSON as
+it was run. The settings it shares with chat (the target's load, the drafters' options, length, temperature, seed,
+budget, exact verification, raw prompts) are one `RunSettings` (session/run_settings.py), checked as chat's are;
+what is the bench's own is its rows (methods), repeats, warm-up and the llama-server binary."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
-from ..defaults import DEFAULT_BENCH_MAX_NEW_TOKENS, DEFAULT_BUDGET
-from ..drafters import DrafterOptions
+from ..defaults import DEFAULT_BENCH_MAX_NEW_TOKENS
 from ..errors import SpecdecError
+from ..session.run_settings import RunSettings, run_settings, take_fields
 from .methods import BASELINE, ORACLE, Method, resolve_methods
+
+RUN_DEFAULTS: dict[str, Any] = {"max_new_tokens": DEFAULT_BENCH_MAX_NEW_TOKENS}  # where bench differs from chat
+
+
+def default_run() -> RunSettings:
+    """A bench's run settings by default: chat's, with bench's shorter answers and the drafters named by its rows."""
+    return run_settings(None, **RUN_DEFAULTS)
 
 
 @dataclass
 class BenchSettings:
+    run: RunSettings = field(default_factory=default_run)  # run.drafter.options: every drafter row's options
     methods: list[Method] = field(default_factory=lambda: resolve_methods([BASELINE]))
-    options: DrafterOptions = field(default_factory=DrafterOptions)
-    draft_max: Optional[int] = None  # engine budget per step; None = the chat default (DEFAULT_BUDGET)
-    max_new_tokens: int = DEFAULT_BENCH_MAX_NEW_TOKENS
-    temperature: float = 0.0  # 0 = greedy, with the identity check; > 0 = lossless sampling, no check
-    seed: Optional[int] = None
     repeats: int = 1
     warmup: bool = True
-    raw: bool = False  # prompts without the chat template
-    exact: Optional[bool] = None  # row-invariant verification; None = on in 16-bit dtypes (engine.py)
     llama_server: Optional[str] = None  # the llama-server binary for the llama-server rows; None = from PATH
 
     @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+    def engine_drafters(self) -> list[str]:
+        """The drafters of the rows specdec's engine runs, in row order."""
+        return [method.drafter for method in self.methods if method.kind == "engine"]
 
     def check(self) -> None:
         if not self.methods or self.methods[0].name != BASELINE:
             raise SpecdecError("the method list must start with the baseline `none`")
-        from ..decoding.generation_config import GenerationConfig
-
-        # length, sampling, seed and budget as the engine checks them (generation_config.py), with its messages
-        GenerationConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed,
-                         budget=self.budget).check()
         if self.repeats < 1:
             raise SpecdecError(f"repeats must be >= 1, got {self.repeats}", setting="repeats")
-        if self.options.l_threshold < 0:
-            raise SpecdecError(f"l_threshold must be >= 0, got {self.options.l_threshold}", setting="l_threshold")
-        from ..drafters import check_drafter_options
-
-        # every drafter option is used by one of the drafters; the files they open exist (a millisecond)
-        check_drafter_options([method.drafter for method in self.methods if method.kind == "engine"], self.options)
+        # the drafters' options and files, then length, sampling, seed and budget, as chat checks them
+        self.run.check(self.engine_drafters)
 
     def as_json(self) -> dict:
         from ..drafters import min_prob_in_force
 
+        options, generation = self.run.drafter.options, self.run.generation
         return {
             "baseline": BASELINE,
             "methods": [method.name for method in self.methods],
             "drafters": [method.name for method in self.methods if method.kind == "engine"],
             "oracle_lengths": [method.draft_length for method in self.methods if method.kind == ORACLE],
             "references": [method.name for method in self.methods if method.kind not in ("engine", ORACLE)],
-            "exact": self.exact,
-            "draft_max": self.draft_max,
-            "engine_draft_max": self.budget,  # the engine's per-step budget in force
-            "max_new_tokens": self.max_new_tokens,
-            "temperature": self.temperature,
-            "greedy": self.greedy,
-            "seed": self.seed,
+            "exact": self.run.exact,
+            "draft_max": options.draft_max,
+            "engine_draft_max": generation.budget,  # the engine's per-step budget in force
+            "max_new_tokens": generation.max_new_tokens,
+            "temperature": generation.temperature,
+            "greedy": generation.greedy,
+            "seed": generation.seed,
             "repeats": self.repeats,
             "warmup": self.warmup,
-            "raw": self.raw,
-            "index": self.options.index,
-            "aux": self.options.aux,  # sam's auxiliary drafter (rows named sam+AUX override it)
-            "l_threshold": self.options.l_threshold,
-            "draft_model": self.options.draft_model,
-            "draft_min_prob": self.options.draft_min_prob,  # the flag; 0 = each drafter's own default
+            "raw": self.run.raw,
+            "index": options.index,
+            "aux": options.aux,  # sam's auxiliary drafter (rows named sam+AUX override it)
+            "l_threshold": options.l_threshold,
+            "draft_model": options.draft_model,
+            "draft_min_prob": options.draft_min_prob,  # the flag; 0 = each drafter's own default
             "min_prob_in_force": {method.name: floor for method in self.methods if method.kind == "engine" and
-                                  (floor := min_prob_in_force(method.drafter, self.options)) is not None},
-            "cost_aware": _default_cost_aware(),  # drafters' rows; oracle rows always verify whole drafts
+                                  (floor := min_prob_in_force(method.drafter, options)) is not None},
+            "cost_aware": self.run.generation.cost_aware,  # drafters' rows; oracle rows always verify whole drafts
             "batch_size": 1,
             "llama_server_binary": self.llama_server,
         }
 
-    @property
-    def budget(self) -> int:
-        """The engine's per-step draft budget: --draft-max, else chat's default."""
-        return self.draft_max if self.draft_max is not None else DEFAULT_BUDGET
 
-
-def _default_cost_aware() -> bool:
-    from ..decoding.engine import GenerationConfig
-
-    return GenerationConfig().cost_aware
+def bench_settings(methods: Optional[list[Method]] = None, **values: Any) -> BenchSettings:
+    """BenchSettings from values named as its own fields (repeats, warmup, llama_server) and its run's
+    (session/run_settings.run_settings: target, max_new_tokens, index, draft_max, ...); the rest keep their defaults.
+    `bench` and `bench --engine vllm` build theirs here from the same flags."""
+    own = take_fields(BenchSettings, values)
+    run = run_settings(None, **{**RUN_DEFAULTS, **values})
+    return BenchSettings(run, methods or resolve_methods([BASELINE]), **own)

@@ -20,13 +20,15 @@ difference. Nothing here prints; cli/bench_cmd.py renders the document.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Callable, Optional, Sequence
 
-from ..defaults import VLLM_DRAFT_MAX, VLLM_DRAFTERS
+from ..defaults import VLLM_DRAFTERS
 from ..errors import SpecdecError
+from ..session.run_settings import DrafterSettings
 from ..texts.prompts import Conversation, categories_of
+from ..vllm.proposer_settings import ProposerSettings
 from ..vllm.runner import (
     VLLM_METHODS,
     VllmAnswer,
@@ -38,42 +40,56 @@ from ..vllm.runner import (
     run_vllm,
 )
 from .environment import host_environment
-from .methods import BASELINE, OVERALL, WARMUP_MAX_NEW_TOKENS, warn_repeated
+from .methods import BASELINE, OVERALL, WARMUP_MAX_NEW_TOKENS, Method, warn_repeated
+from .settings import BenchSettings
 
 SINGLE, CONCURRENT = "single", "concurrent"
 RESULT_COLUMNS = ("regime", "category", "method", "prompts", "new_tokens", "seconds", "tokens_per_second", "speedup",
                   "mean_accepted_tokens", "acceptance_rate", "identical", "compared")  # a result row's keys (CSV)
 DEFAULT_VLLM_REFERENCES = ("ngram",)
+VLLM_KIND = "vllm"  # a Method of vLLM's own drafters (specdec's proposers and `none` are "engine" rows)
 
 
 @dataclass(frozen=True)
 class VllmBenchSettings:
-    methods: Sequence[str]  # `none` first, then specdec's proposers and vLLM's own drafters
-    draft_max: int = VLLM_DRAFT_MAX
-    max_new_tokens: int = 128
+    # the rows (`none` first, then specdec's proposers, then vLLM's own drafters), the warm-up and the run: the
+    # target and its dtype, the proposers' options (draft_max: vLLM's draft length), max_new_tokens, raw prompts
+    bench: BenchSettings
     concurrency: Optional[int] = None  # prompts submitted together (None: all of them)
-    dtype: str = "auto"
-    index: Optional[str] = None
-    memory: Optional[str] = None
-    warmup: bool = True
+
+    @property
+    def method_names(self) -> list[str]:
+        return [method.name for method in self.bench.methods]
+
+    @property
+    def draft_length(self) -> int:
+        """vLLM's num_speculative_tokens for every row that drafts."""
+        return self.engine(BASELINE).proposer.draft_length
+
+    def engine(self, method: str, model_dir: str = "") -> VllmSettings:
+        """The vLLM engine one row runs in (`model_dir`: the directory it loads)."""
+        run = self.bench.run
+        load = replace(run.load, target=model_dir) if model_dir else run.load
+        return VllmSettings(load, ProposerSettings(DrafterSettings(method, run.drafter.options)))
 
     def check(self) -> None:
-        if not self.methods or self.methods[0] != BASELINE:
+        if not self.bench.methods or self.bench.methods[0].name != BASELINE:
             raise SpecdecError("the method list must start with the baseline `none`")
-        for method in self.methods:  # each method's name, the draft length and the dtype
-            VllmSettings("", method=method, draft_max=self.draft_max, dtype=self.dtype).check()
-        if self.max_new_tokens < 1:
-            raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}", setting="max_new_tokens")
+        for method in self.method_names:  # each method's name and the draft length
+            self.engine(method).check()
+        self.bench.run.generation.check()  # max_new_tokens (greedy: vLLM answers greedily here)
         if self.concurrency is not None and self.concurrency < 1:
             raise SpecdecError(f"concurrency must be >= 1, got {self.concurrency}", setting="concurrency")
         from ..drafters import DrafterOptions, check_drafter_options
 
-        # --index and --memory are used by one of specdec's proposers here, and their files are what they claim
-        check_drafter_options([method for method in self.methods if method in VLLM_DRAFTERS],
-                              DrafterOptions(index=self.index, memory=self.memory))
+        # --index and --memory (the options the proposers read) are used by one of them, and their files are what
+        # they claim; the other drafter options do not reach vLLM
+        options = self.bench.run.drafter.options
+        check_drafter_options([method for method in self.method_names if method in VLLM_DRAFTERS],
+                              DrafterOptions(index=options.index, memory=options.memory))
 
 
-def vllm_methods(drafters: Sequence[str], references: Sequence[str]) -> list[str]:
+def vllm_methods(drafters: Sequence[str], references: Sequence[str]) -> list[Method]:
     """`none` first, then the drafters (specdec's proposers), then vLLM's own drafters (--reference)."""
     for name in drafters:
         if name != BASELINE and name not in VLLM_DRAFTERS:
@@ -85,7 +101,8 @@ def vllm_methods(drafters: Sequence[str], references: Sequence[str]) -> list[str
                                f"{', '.join(VLLM_METHODS)}", setting="reference")
     named = [*drafters, *(references or DEFAULT_VLLM_REFERENCES)]
     warn_repeated([name for index, name in enumerate(named) if name in named[:index]])
-    return list(dict.fromkeys([BASELINE, *named]))
+    return [Method(name, VLLM_KIND if name in VLLM_METHODS else "engine")
+            for name in dict.fromkeys([BASELINE, *named])]
 
 
 @dataclass
@@ -103,12 +120,13 @@ def run_vllm_bench(model_dir: str, model_name: str, prompt_ids: Sequence[Sequenc
     if not prompt_ids:
         raise SpecdecError("no prompts to run (check --categories and --limit)")
     started = datetime.now(timezone.utc)
-    skipped = {method: reason for method in settings.methods if (reason := method_unavailable(method))}
-    methods = [method for method in settings.methods if method not in skipped]
+    skipped = {method: reason for method in settings.method_names if (reason := method_unavailable(method))}
+    methods = [method for method in settings.method_names if method not in skipped]
     together = min(settings.concurrency or len(prompt_ids), len(prompt_ids))
-    phases = [VllmPhase(SINGLE, prompt_ids, settings.max_new_tokens, eos_token_ids),
-              VllmPhase(CONCURRENT, prompt_ids, settings.max_new_tokens, eos_token_ids, concurrency=together)]
-    if settings.warmup:
+    max_new_tokens = settings.bench.run.generation.max_new_tokens
+    phases = [VllmPhase(SINGLE, prompt_ids, max_new_tokens, eos_token_ids),
+              VllmPhase(CONCURRENT, prompt_ids, max_new_tokens, eos_token_ids, concurrency=together)]
+    if settings.bench.warmup:
         phases.insert(0, VllmPhase("warmup", prompt_ids[:1], WARMUP_MAX_NEW_TOKENS, eos_token_ids))
     total = len(methods) * 2 * len(prompt_ids)
     done = [0]
@@ -122,18 +140,17 @@ def run_vllm_bench(model_dir: str, model_name: str, prompt_ids: Sequence[Sequenc
 
         if on_progress is not None:
             on_progress(VllmProgress(method, done[0], total))
-        runs[method] = run_vllm(VllmSettings(model_dir, method=method, draft_max=settings.draft_max,
-                                             index=settings.index, memory=settings.memory, dtype=settings.dtype),
-                                phases, on_answer=counted)
+        runs[method] = run_vllm(settings.engine(method, model_dir), phases, on_answer=counted)
     regimes = {method: {SINGLE: run.phases[SINGLE], CONCURRENT: run.phases[CONCURRENT]} for method, run in runs.items()}
     first = next(iter(runs.values()))
+    options = settings.bench.run.drafter.options
     return {
         "environment": _environment(model_name, first, started),
         "settings": {"engine": "vllm", "methods": methods, "references_skipped": skipped,
-                     "draft_max": settings.draft_max, "max_new_tokens": settings.max_new_tokens,
+                     "draft_max": settings.draft_length, "max_new_tokens": max_new_tokens,
                      "concurrency": together, "greedy": True, "prompts": suite,
                      "categories": categories_of(conversations), "conversations": len(conversations),
-                     "index": settings.index, "memory": settings.memory},
+                     "index": options.index, "memory": options.memory},
         "results": result_rows(regimes, conversations),
         "per_prompt": _per_prompt(regimes, conversations),
         "baseline_single_vs_concurrent": _identical(regimes[BASELINE][SINGLE], regimes[BASELINE][CONCURRENT]),

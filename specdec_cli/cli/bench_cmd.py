@@ -7,7 +7,7 @@ a Rich progress bar on stderr -> files (--json-out, --csv, --plot) and a Rich ta
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Literal, Optional
+from typing import Iterator, Literal, NamedTuple, Optional
 
 import typer
 
@@ -62,78 +62,87 @@ def bench(
                                     "rows (a new one as one finishes)."),
 ) -> None:
     """Measure speedup over plain decoding on a prompt suite (Spec-Bench conventions: greedy, batch 1, warm-up excluded)."""
+    from ..bench import parse_lengths, resolve_methods, split_names
+    from ..bench.settings import bench_settings
+
     options.check_engine(engine)
-    suite = suite if suite or prompts else DEFAULT_SUITE
+    chosen = PromptChoice(suite if suite or prompts else DEFAULT_SUITE, prompts, categories, limit)
+    outputs = Outputs(json_out, csv_out, plot, as_json)
+    values = dict(target=target, device=device, dtype=dtype, weights=weights, index=index, aux=aux,
+                  l_threshold=l_threshold, draft_model=draft_model, draft_min_prob=draft_min_prob, memory=memory,
+                  draft_max=draft_max, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                  exact=exact, raw=raw, warmup=warmup)  # named as the settings' fields (bench/settings.py)
     if engine == "vllm":
         from .bench_vllm import bench_vllm
 
         not_here = {"--oracle": oracle, "--temperature": temperature > 0, "--repeats": repeats > 1,
                     "--draft-model": draft_model, "--plot": plot, "--exact/--no-exact": exact is not None,
                     "--weights": weights != "auto", "--threads": threads is not None, "--device": device != "auto"}
-        bench_vllm(target=target, suite=suite, prompts=prompts,
-                   categories=categories, limit=limit, drafters=drafters, reference=reference, index=index,
-                   memory=memory, draft_max=draft_max, max_new_tokens=max_new_tokens, dtype=dtype, raw=raw,
-                   warmup=warmup, concurrency=concurrency, json_out=json_out, csv_out=csv_out, as_json=as_json,
+        bench_vllm(values, split_names(drafters), split_names(reference), chosen, outputs, concurrency=concurrency,
                    unsupported=[flag for flag, used in not_here.items() if used])
         return
-    from ..bench import (
-        BenchSettings,
-        llama_server_rows,
-        parse_lengths,
-        resolve_methods,
-        run_bench,
-        split_names,
-        to_json_text,
-        write_csv,
-        write_json,
-    )
-    from ..drafters import DrafterOptions
-    from ..files import check_output_file
-    from ..target_model.models import LoadSettings, check_load, load_target
-    from ..texts.prompts import load_prompts
-
     # Everything a user can get wrong is checked before the model loads.
     lengths = parse_lengths(oracle_lengths) if oracle else []
     if not split_names(drafters):
         from ..errors import SpecdecError
 
         raise SpecdecError("--drafters: give at least one name (none: plain decoding alone)", setting="--drafters")
-    methods = resolve_methods(split_names(drafters), split_names(reference), lengths)
-    settings = BenchSettings(
-        methods=methods,
-        options=DrafterOptions(draft_max=draft_max, index=index, aux=aux, l_threshold=l_threshold,
-                               draft_model=draft_model, draft_min_prob=draft_min_prob, memory=memory),
-        draft_max=draft_max,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        seed=seed,
-        repeats=repeats,
-        warmup=warmup,
-        raw=raw,
-        exact=exact,
-        llama_server=llama_server,
-    )
+    settings = bench_settings(resolve_methods(split_names(drafters), split_names(reference), lengths),
+                              repeats=repeats, llama_server=llama_server, **values)
+    bench_specdec(settings, chosen, outputs, threads)
+
+
+class PromptChoice(NamedTuple):
+    """Which prompts a bench runs: --suite or --prompts, then --categories and --limit."""
+
+    suite: Optional[str]
+    prompts: Optional[str]
+    categories: Optional[str]
+    limit: Optional[int]
+
+    def load(self) -> list:
+        from ..texts.prompts import load_prompts
+
+        wanted = [name.strip() for name in (self.categories or "").split(",") if name.strip()]
+        return load_prompts(self.prompts, self.suite, categories=wanted, limit=self.limit)
+
+
+class Outputs(NamedTuple):
+    """Where a bench's report goes besides the table: --json-out, --csv, --plot, and --json instead of the table."""
+
+    json_out: Optional[str]
+    csv_out: Optional[str]
+    plot: Optional[str]
+    as_json: bool
+
+
+def bench_specdec(settings, chosen: PromptChoice, outputs: Outputs, threads: Optional[int]) -> None:
+    """Check everything, load the target, run the bench with a progress bar, write the files and render."""
+    from ..bench import llama_server_rows, run_bench, to_json_text, write_csv, write_json
+    from ..files import check_output_file
+    from ..target_model.models import check_load, load_target
+
     settings.check()
-    source_file = check_load(LoadSettings(target, device, dtype, weights)).source  # loads nothing yet
+    load = settings.run.load
+    source_file = check_load(load).source  # loads nothing yet
     gguf_path = source_file.location if source_file.kind == "gguf" else None
-    llama_server_rows(methods, llama_server, gguf_path)  # a bad --llama-server, a URL that does not answer
-    wanted = [name.strip() for name in (categories or "").split(",") if name.strip()]
-    conversations = load_prompts(prompts, suite, categories=wanted, limit=limit)
-    source = prompts or str(suite).strip().lower()
-    json_path = check_output_file(json_out, "json_out") if json_out else None
-    csv_path = check_output_file(csv_out, "csv") if csv_out else None
-    if plot:
+    llama_server_rows(settings.methods, settings.llama_server, gguf_path)  # a bad --llama-server, a silent URL
+    conversations = chosen.load()
+    source = chosen.prompts or str(chosen.suite).strip().lower()
+    json_path = check_output_file(outputs.json_out, "json_out") if outputs.json_out else None
+    csv_path = check_output_file(outputs.csv_out, "csv") if outputs.csv_out else None
+    if outputs.plot:
         from ..bench.plots import check_plot_dir, require_matplotlib
 
         require_matplotlib()
-        check_plot_dir(plot)
+        check_plot_dir(outputs.plot)
 
     if threads is not None:
         apply_threads(threads)
     status = err_console().status("Loading model…")
     with status:
-        loaded = load_target(target, device, dtype, on_status=lambda message: status.update(message),
-                             weights=weights)
+        loaded = load_target(load.target, load.device, load.dtype, on_status=lambda message: status.update(message),
+                             weights=load.weights)
     say_loaded(loaded)
     with doing("benchmarking", "no report was written"), server_log_on_failure():
         report = _run_with_progress(run_bench, loaded, conversations, settings, source, gguf_path)
@@ -149,11 +158,11 @@ def bench(
     if csv_path:
         write_csv(document["results"], csv_path)
     written = []
-    if plot:
+    if outputs.plot:
         from ..bench.plots import write_plots
 
-        written = write_plots(document, plot)
-    if as_json:
+        written = write_plots(document, outputs.plot)
+    if outputs.as_json:
         print(to_json_text(document), end="")
     else:
         render(document)

@@ -1,50 +1,46 @@
 """`specdec bench --engine vllm`: the same prompts through vLLM, plain and speculative, rendered as a table.
 
-Thin layer: flags -> VllmBenchSettings (checked before anything loads) -> the tokenizer and the model directory
-(no weights in this process) -> bench.vllm_bench.run_vllm_bench with a progress bar -> files and a table (or
---json). The library call and its rows are documented in specdec_cli/bench/vllm_bench.py.
+Thin layer: bench's run settings and rows -> VllmBenchSettings (checked before anything loads) -> the tokenizer
+and the model directory (no weights in this process) -> bench.vllm_bench.run_vllm_bench with a progress bar ->
+files and a table (or --json). The library call and its rows are documented in specdec_cli/bench/vllm_bench.py.
 """
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Sequence
+from typing import Literal, Sequence
 
-from ..defaults import VLLM_DRAFT_MAX
 from .common import cell, console, doing, err_console, table_width
 
 
-def bench_vllm(*, target: str, suite: Optional[str], prompts: Optional[str], categories: Optional[str],
-               limit: Optional[int], drafters: str, reference: Optional[str], index: Optional[str],
-               memory: Optional[str], draft_max: Optional[int], max_new_tokens: int, dtype: str, raw: bool,
-               warmup: bool, concurrency: int, json_out: Optional[str], csv_out: Optional[str], as_json: bool,
-               unsupported: Sequence[str]) -> None:
-    from ..bench import split_names, to_json_text, write_csv, write_json
+def bench_vllm(values: dict, drafters: Sequence[str], references: Sequence[str], chosen, outputs, *,
+               concurrency: int, unsupported: Sequence[str]) -> None:
+    """`values`: bench's flags named as its settings' fields; `chosen`, `outputs`: bench_cmd's PromptChoice and
+    Outputs."""
+    from ..bench import to_json_text, write_csv, write_json
+    from ..bench.settings import bench_settings
     from ..bench.vllm_bench import RESULT_COLUMNS, VllmBenchSettings, VllmProgress, run_vllm_bench, vllm_methods
     from ..errors import SpecdecError
     from ..files import check_output_file
     from ..session.chat import format_prompt
     from ..target_model.models import load_target_text, resolve_target
-    from ..texts.prompts import load_prompts
     from ..vllm.runner import INSTALL_HINT, vllm_installed
 
     if unsupported:
         raise SpecdecError(f"{', '.join(unsupported)}: not with --engine vllm (greedy, one run per method, on vLLM's "
                            "own kernels and threads)")
-    settings = VllmBenchSettings(vllm_methods(split_names(drafters), split_names(reference)),
-                                 draft_max=VLLM_DRAFT_MAX if draft_max is None else draft_max,
-                                 max_new_tokens=max_new_tokens, concurrency=concurrency, dtype=dtype, index=index,
-                                 memory=memory, warmup=warmup)
+    settings = VllmBenchSettings(bench_settings(vllm_methods(drafters, references), **values), concurrency=concurrency)
     settings.check()
+    run = settings.bench.run
     if not vllm_installed():
         raise SpecdecError(INSTALL_HINT)
-    wanted = [name.strip() for name in (categories or "").split(",") if name.strip()]
-    conversations = load_prompts(prompts, suite, categories=wanted, limit=limit)
-    json_path = check_output_file(json_out, "json_out") if json_out else None
-    csv_path = check_output_file(csv_out, "csv") if csv_out else None
+    conversations = chosen.load()
+    json_path = check_output_file(outputs.json_out, "json_out") if outputs.json_out else None
+    csv_path = check_output_file(outputs.csv_out, "csv") if outputs.csv_out else None
+    target = run.load.target
     status = err_console().status("Loading the tokenizer…")
     with status:
         text = load_target_text(target, on_status=lambda message: status.update(message))
-    prompt_ids = [format_prompt(text.tokenizer, [{"role": "user", "content": conversation.first_turn}], raw)
+    prompt_ids = [format_prompt(text.tokenizer, [{"role": "user", "content": conversation.first_turn}], run.raw)
                   for conversation in conversations]
 
     from rich import progress as bars
@@ -60,12 +56,12 @@ def bench_vllm(*, target: str, suite: Optional[str], prompts: Optional[str], cat
 
         document = run_vllm_bench(text.location, resolve_target(target).name, prompt_ids, conversations,
                                   text.eos_token_ids, settings,
-                                  suite=prompts or str(suite), on_progress=on_progress)
+                                  suite=chosen.prompts or str(chosen.suite), on_progress=on_progress)
     if json_path:
         write_json(document, json_path)
     if csv_path:
         write_csv(document["results"], csv_path, RESULT_COLUMNS)
-    if as_json:
+    if outputs.as_json:
         print(to_json_text(document), end="")
     else:
         render_vllm(document)

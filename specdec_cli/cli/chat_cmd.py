@@ -30,20 +30,13 @@ def read_prompt(prompt: str) -> str:
     return text
 
 
-def chat_settings(*, target, device, dtype, weights="auto", drafter, index, aux, draft_model, draft_min_prob, draft_max,
-                  max_new_tokens, temperature, top_p, top_k, seed, system, raw, stop, exact=None, memory=True):
-    """The flags as a checked ChatSettings (everything checkable before the slow model load)."""
-    from ..decoding.engine import GenerationConfig
-    from ..drafters import DrafterOptions
+def chat_settings(*, drafter: str, system: Optional[str], remember: bool, stop: Optional[List[str]], **values):
+    """The flags as a checked ChatSettings (everything checkable before the slow model load); `values` are named
+    as the run settings' fields (session/run_settings.run_settings)."""
     from ..session.chat import ChatSettings
+    from ..session.run_settings import run_settings
 
-    options = DrafterOptions(draft_max=draft_max, index=index, aux=aux, draft_model=draft_model,
-                             draft_min_prob=draft_min_prob)
-    generation = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                  seed=seed, stop=tuple(stop or ()),
-                                  **({} if draft_max is None else {"budget": draft_max}))
-    settings = ChatSettings(target=target, device=device, dtype=dtype, weights=weights, drafter=drafter, drafter_options=options,
-                            generation=generation, system=system, raw=raw, exact=exact, memory=memory)
+    settings = ChatSettings(run_settings(drafter, stop=tuple(stop or ()), **values), system=system, remember=remember)
     settings.check()
     return settings
 
@@ -92,14 +85,14 @@ def chat(
     if threads is not None:
         apply_threads(threads)
     text = read_prompt(prompt) if prompt is not None else None
-    settings = chat_settings(target=target, device=device, dtype=dtype, weights=weights, drafter=drafter, index=index, aux=aux,
-                             draft_model=draft_model, draft_min_prob=draft_min_prob, draft_max=draft_max,
+    settings = chat_settings(target=target, device=device, dtype=dtype, weights=weights, drafter=drafter, index=index,
+                             aux=aux, draft_model=draft_model, draft_min_prob=draft_min_prob, draft_max=draft_max,
                              max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                              seed=seed, system=system, raw=raw, stop=stop, exact=exact,
-                             memory=memory and not compare)  # a measurement neither reads nor feeds the memory
+                             remember=memory and not compare)  # a measurement neither reads nor feeds the memory
     if compare and text is None:
         raise SpecdecError("--compare needs a one-shot --prompt")
-    if compare and not settings.generation.greedy:
+    if compare and not settings.run.generation.greedy:
         raise SpecdecError("--compare needs greedy decoding (--temperature 0): sampled answers differ by design")
     session, loaded = load_session(settings)
     plain = plain or not sys.stdout.isatty()

@@ -221,8 +221,9 @@ def generate(
     """Answer prompts with the target and append one row per answer (resumable)."""
     from ..decoding.engine import GenerationConfig
     from ..distill.generate import check_data_output
-    from ..drafters import DrafterOptions, check_drafter, check_drafter_options
+    from ..drafters import DrafterOptions
     from ..errors import SpecdecError
+    from ..session.run_settings import DrafterSettings
     from ..texts.prompts import load_prompts
 
     if prompts is None and suite is None:
@@ -231,8 +232,7 @@ def generate(
     batch_prompts = check_batch_prompts(batch_prompts, temperature)
     options.check_engine(engine, temperature)
     batch_prompts = check_answering_drafter(ctx, batch_prompts, engine)  # a drafter flag is used, or refused
-    check_drafter(drafter)
-    check_drafter_options(drafter, DrafterOptions(draft_max=draft_max, index=index, draft_model=draft_model))
+    DrafterSettings(drafter, DrafterOptions(draft_max=draft_max, index=index, draft_model=draft_model)).check()
     check_data_output(output)  # a file that is not this command's data is refused before the model loads
     items = load_prompts(prompts, suite, limit=limit, max_prompts=max_prompts, first_turns=True)
     if engine == "vllm":

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from ..defaults import VLLM_DRAFT_MAX, VLLM_DRAFTERS, VLLM_MIN_MATCH
+from ..defaults import DEFAULT_DRAFTER, VLLM_DRAFT_MAX, VLLM_DRAFTERS, VLLM_MIN_MATCH
 from ..target_model.load_settings import DTYPES
 from . import app, options
 from .common import err_console
@@ -19,7 +19,7 @@ from .common import err_console
 def serve_command(
     ctx: typer.Context,
     target: str = options.target(),
-    drafter: str = typer.Option("sam", "--drafter", "-d", help=f"none (no speculation), {', '.join(VLLM_DRAFTERS)}: "
+    drafter: str = typer.Option(DEFAULT_DRAFTER, "--drafter", "-d", help=f"none (no speculation), {', '.join(VLLM_DRAFTERS)}: "
                                 "the drafters vLLM can run (it verifies chains)."),
     index: Optional[str] = options.index(),
     draft_max: int = typer.Option(VLLM_DRAFT_MAX, "--draft-max", help="vLLM's num_speculative_tokens: longest draft per step."),
@@ -39,11 +39,11 @@ def serve_command(
     """Serve the target with vLLM's OpenAI-compatible API, drafting with specdec (needs `make install-vllm`)."""
     from rich.markup import escape
 
-    from ..vllm.serve import ServeSettings, serve
+    from ..vllm.serve import serve, serve_settings
 
-    settings = ServeSettings(target=target, drafter=drafter.strip().lower(), index=index, draft_max=draft_max,
-                             min_match=min_match, dtype=dtype, host=host, port=port, max_model_len=max_model_len,
-                             memory_fraction=memory_fraction, extra_args=tuple(ctx.args), api_key=api_key)
+    settings = serve_settings(drafter.strip().lower(), target=target, index=index, draft_max=draft_max,
+                              min_match=min_match, dtype=dtype, host=host, port=port, max_model_len=max_model_len,
+                              memory_fraction=memory_fraction, extra_args=tuple(ctx.args), api_key=api_key)
     code = serve(settings, on_status=lambda message: err_console().print(f"[dim]{message}[/dim]"),
                  on_warning=lambda message: err_console().print(f"[yellow]warning:[/yellow] {escape(message)}",
                                                                 soft_wrap=True))  # one line, however wide

@@ -12,7 +12,6 @@ from typing import Optional, Sequence
 
 from ..defaults import DEFAULT_BUDGET, DEFAULT_MAX_NEW_TOKENS
 from ..errors import SpecdecError
-from .sampling import check_sampling
 
 
 @dataclass
@@ -32,6 +31,8 @@ class GenerationConfig:
         return self.temperature == 0.0
 
     def check(self) -> None:
+        from .sampling import check_sampling  # (torch: imported when a run is checked, not when the CLI loads)
+
         check_sampling(self.temperature, self.top_p, self.top_k)
         if self.max_new_tokens < 1:
             raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}", setting="max_new_tokens")

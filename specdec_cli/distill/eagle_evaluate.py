@@ -71,7 +71,7 @@ def evaluate_head(
 ) -> dict:
     """Score the head in `head_dir` (and its untrained start) and store the result in its report."""
     from ..defaults import DEFAULT_BUDGET
-    from ..drafters.eagle import DEFAULT_DRAFT_MAX, DEFAULT_TREE_WIDTH, EagleDrafter, check_target
+    from ..drafters.eagle import DEFAULT_TREE_DEPTH, DEFAULT_TREE_WIDTH, EagleDrafter, check_target
     from ..drafters.eagle_head import load_head
     from ..session.chat import target_info
 
@@ -82,7 +82,7 @@ def evaluate_head(
     report = read_report(directory)
     seed = int(((report.get("config") or {}).get("seed")) or 0)
     head_tokens = meta.get("head_tokens")
-    depth = draft_max or DEFAULT_DRAFT_MAX
+    depth = draft_max or DEFAULT_TREE_DEPTH
     heads = {True: trained, False: initial_head(target, seed).eval() if baseline else None}
     lm_weight = weights.dense_lm_head()
     candidates = {}

@@ -227,6 +227,7 @@ def generate_data_vllm(
 ) -> GenerateSummary:
     """generate_data through vLLM (vllm_runner.py: a child process, continuous batching with `concurrency` requests
     in flight, greedy): a row for each answer as it finishes, so an interrupted run keeps what it wrote."""
+    from ..target_model.load_settings import LoadSettings
     from ..texts.fingerprint import tokenizer_fingerprint
     from ..vllm.runner import VllmPhase, VllmSettings, run_vllm
 
@@ -237,7 +238,7 @@ def generate_data_vllm(
     rows = _RowWriter(out_path, tokenizer, target_name, tokenizer_fingerprint(tokenizer), prompts, raw, system,
                       on_progress, 0.0)
     if rows.todo:
-        run_vllm(VllmSettings(model_dir, dtype=dtype),
+        run_vllm(VllmSettings(LoadSettings(model_dir, dtype=dtype)),
                  [VllmPhase("answers", rows.prompt_ids, max_new_tokens, eos_token_ids, concurrency)],
                  on_answer=lambda answer: rows.write(answer.index, answer.tokens, answer.finish_reason))
     return rows.summary()

@@ -36,13 +36,14 @@ import time
 from bisect import bisect_right
 from typing import TYPE_CHECKING, Optional, Sequence
 
-import numpy as np
-
 from ..decoding.draft import NOTHING, Draft, StepEvent
 from .base import check_token_ids
+from .sam import check_index
+from .spec import DrafterOptions, DrafterSpec
+from .target import TargetInfo
 
 if TYPE_CHECKING:  # pragma: no cover
-    from . import DrafterOptions, TargetInfo
+    import numpy as np
 
 TOP_SUCCESSORS = 12
 WINDOW = 16  # adaptation window (committed tokens)
@@ -71,6 +72,8 @@ class TrigramTable:
 
     def __init__(self, keys: Optional[np.ndarray] = None, offsets: Optional[np.ndarray] = None,
                  successors: Optional[np.ndarray] = None, scores: Optional[np.ndarray] = None):
+        import numpy as np
+
         self.keys = np.zeros(0, np.int64) if keys is None else keys  # [P] sorted pair keys
         self.offsets = np.zeros(1, np.int64) if offsets is None else offsets  # [P+1]
         self.successors = np.zeros(0, np.int64) if successors is None else successors  # [T], per pair by score
@@ -83,6 +86,8 @@ class TrigramTable:
         return len(self.keys)
 
     def _static_row(self, key: int) -> dict[int, float]:
+        import numpy as np
+
         at = int(np.searchsorted(self.keys, key))
         if at < len(self.keys) and int(self.keys[at]) == key:
             begin, end = int(self.offsets[at]), int(self.offsets[at + 1])
@@ -139,6 +144,8 @@ class TrigramTable:
 def build_trigram_table(tokens: np.ndarray, eos_id: Optional[int] = None, top: int = TOP_SUCCESSORS) -> TrigramTable:
     """Tri-gram table from a token corpus: scores count(a, b, c) / count(a, b), the top `top` successors per
     pair (ties: smaller token id first). Trigrams that contain `eos_id` (document separators) are skipped."""
+    import numpy as np
+
     tokens = np.asarray(tokens, dtype=np.int64).ravel()
     if len(tokens) < 3:
         return TrigramTable()
@@ -421,11 +428,13 @@ def keep_best(tokens: Sequence[int], parents: Sequence[int], weights: Sequence[f
     return [tokens[node] for node in keep], [new_index[parents[node]] for node in keep]
 
 
-def make_aded_drafter(options: "DrafterOptions", target: "TargetInfo") -> AdedDrafter:
+def make_aded_drafter(options: DrafterOptions, target: TargetInfo) -> AdedDrafter:
     """The `aded` drafter for `make_drafter`: with `options.index` the tri-gram table is built from the index's
     corpus tokens (checked against the target's tokenizer like the `sam` drafter's index), else it starts
     empty and learns from the conversation. `options.aded_time_budget` (seconds) overrides the per-draft search
     time."""
+    import numpy as np
+
     table = None
     if options.index:
         from .sam import load_index_for_target
@@ -433,5 +442,9 @@ def make_aded_drafter(options: "DrafterOptions", target: "TargetInfo") -> AdedDr
         index = load_index_for_target(options.index, target)
         table = build_trigram_table(np.asarray(index.automaton.text), index.eos_id)
     time_budget = TIME_BUDGET if options.aded_time_budget is None else float(options.aded_time_budget)
-    return AdedDrafter(table, draft_max=min(options.draft_max or MAX_NODES, MAX_NODES), time_budget=time_budget,
+    return AdedDrafter(table, draft_max=min(options.draft_max_or_default(), MAX_NODES), time_budget=time_budget,
                        vocab_size=target.vocab_size)
+
+
+SPEC = DrafterSpec(name="aded", help="ADED: an adaptive tri-gram table searched with PUCT into a token tree",
+                   build=make_aded_drafter, options=("index", "aded_time_budget"), check=check_index, aux_rank=2)

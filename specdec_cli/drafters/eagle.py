@@ -29,18 +29,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
-import torch
-
 from ..decoding.draft import Draft, Needs, StepEvent
 from ..errors import SpecdecError
-from ..target_model.quant import BlockLinear
 from .base import check_token_ids
+from .spec import DrafterOptions, DrafterSpec
+from .target import TargetInfo, TargetWeights
 
 if TYPE_CHECKING:  # pragma: no cover
-    from . import DrafterOptions, TargetInfo, TargetWeights
+    import torch
 
-DEFAULT_DRAFT_MAX = 5  # chain length, or tree depth
+    from ..target_model.quant import BlockLinear
+
+# Levels of head forwards per draft when --draft-max is not given (a chain's length when tree_width is 0); the
+# engine's budget caps the tree's nodes. --draft-max sets both.
+DEFAULT_TREE_DEPTH = 5
 DEFAULT_TREE_WIDTH = 4  # nodes expanded per tree level (0 = chains)
+MIN_PROB = 0.1  # the probability floor when --draft-min-prob is 0, in chat and bench (docs/measurements.md)
 TREE_CHILDREN = 4  # children offered by each expanded node
 SOURCE = "eagle"
 
@@ -54,7 +58,10 @@ class HeadVocabulary:
                  bias: Optional[torch.Tensor] = None) -> None:
         """`lm_head`: dense rows [vocab, H] or the target's block layer; `ids`: the head's tokens (None: the whole
         vocabulary); `bias` [vocab], if the LM head has one."""
+        import torch
+
         from .. import kernels
+        from ..target_model.quant import BlockLinear
 
         if isinstance(lm_head, BlockLinear) and not kernels.available():
             lm_head = lm_head.weight.detach()  # no kernels to read the blocks: the dense rows
@@ -74,10 +81,14 @@ class HeadVocabulary:
         self.extend(range(self.vocab) if ids is None else ids)
 
     def _rows(self, ids: torch.Tensor) -> torch.Tensor:
+        from ..target_model.quant import BlockLinear
+
         lm_head = self.lm_head
         return lm_head.select_records(ids) if isinstance(lm_head, BlockLinear) else lm_head[ids]
 
     def extend(self, tokens: Sequence[int]) -> None:
+        import torch
+
         new = sorted({int(token) for token in tokens if 0 <= int(token) < self.vocab} - self.known)
         if new:
             extra = torch.tensor(new, dtype=torch.long, device=self.device)
@@ -90,6 +101,8 @@ class HeadVocabulary:
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """features [rows, H] -> float32 logits [rows, K] over `ids`."""
+        from ..target_model.quant import BlockLinear
+
         bias = self.bias
         if isinstance(self.lm_head, BlockLinear):
             from .. import kernels
@@ -104,10 +117,12 @@ class EagleDrafter:
     name = "eagle"
     needs = Needs(features=True)  # the target's hidden states on every event
 
-    def __init__(self, head: Any, weights: "TargetWeights", *, head_tokens: Optional[Sequence[int]] = None,
+    def __init__(self, head: Any, weights: TargetWeights, *, head_tokens: Optional[Sequence[int]] = None,
                  draft_max: Optional[int] = None, min_prob: float = 0.0, eos_token_ids: Sequence[int] = (),
                  tree_width: int = DEFAULT_TREE_WIDTH) -> None:
         """`head`: an EagleHead (eagle_head.py); `weights`: the target's embeddings and LM head (never trained)."""
+        import torch
+
         self.vocabulary = HeadVocabulary(weights.lm_head, head_tokens or None, weights.lm_bias)
         self.device = self.vocabulary.device
         if self.vocabulary.on_blocks:  # a block target: the head's layers on the same kernels, in float32
@@ -119,7 +134,7 @@ class EagleDrafter:
             self.dtype = self.vocabulary.dtype
             self.head = head.to(self.device, self.dtype).eval()
         self.weights = weights
-        self.draft_max = draft_max or DEFAULT_DRAFT_MAX
+        self.draft_max = draft_max or DEFAULT_TREE_DEPTH
         self.min_prob = min_prob
         self.eos = {int(token) for token in eos_token_ids}
         self.tree_width = tree_width
@@ -127,6 +142,7 @@ class EagleDrafter:
 
     def reset(self) -> None:
         """Forget the conversation: its features and the head's cache (the next prefill brings new ones)."""
+
         from .eagle_head import HeadCache
 
         self.features: Optional[torch.Tensor] = None  # [committed - 1, H] in the target's dtype
@@ -136,6 +152,8 @@ class EagleDrafter:
     # -- following the engine ------------------------------------------------------------------------------
 
     def observe(self, event: StepEvent) -> None:
+        import torch
+
         if event.features is None:
             return
         features = event.features.detach().to(self.device, self.dtype)  # [rows, H]
@@ -150,19 +168,30 @@ class EagleDrafter:
     # -- drafting ------------------------------------------------------------------------------------------
 
     def _embed(self, tokens: Sequence[int]) -> torch.Tensor:
+        import torch
+
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, n]
         return self.weights.embed(ids).to(self.dtype)  # [1, n, H]
 
     def _top(self, features: torch.Tensor, count: int) -> list[tuple[list[int], list[float]]]:
         """Predicted features [rows, H] -> per row, the `count` likeliest drafted tokens and their probabilities
         (among the head's tokens), best first: one read of the LM-head rows for all of them."""
+        import torch
+
         probs = torch.softmax(self.vocabulary.logits(features), dim=-1)  # [rows, K]
         top = torch.topk(probs, min(count, probs.shape[-1]), dim=-1)
         tokens = self.vocabulary.ids[top.indices].tolist()
         return list(zip(tokens, top.values.tolist()))
 
-    @torch.inference_mode()
     def propose(self, context: Sequence[int], budget: int) -> Draft:
+        import torch
+
+        with torch.inference_mode():
+            return self._propose(context, budget)
+
+    def _propose(self, context: Sequence[int], budget: int) -> Draft:
+        import torch
+
         known = 0 if self.features is None else int(self.features.shape[0])
         longest = min(budget, self.draft_max)
         if longest <= 0 or self.features is None or known != len(context) - 1:
@@ -187,6 +216,8 @@ class EagleDrafter:
         return draft
 
     def _chain(self, predicted: torch.Tensor, known: int, longest: int) -> Draft:
+        import torch
+
         tokens: list[int] = []
         for index in range(longest):
             [([token], [prob])] = self._top(predicted[None], 1)
@@ -200,6 +231,8 @@ class EagleDrafter:
         return Draft(tokens, SOURCE)
 
     def _tree(self, root_feature: torch.Tensor, known: int, budget: int) -> Draft:
+        import torch
+
         tokens: list[int] = []  # per node, in creation order
         parents: list[int] = []  # -1 = the root (the newest committed token)
         scores: list[float] = []  # product of the head's probabilities along the path
@@ -256,7 +289,7 @@ class EagleDrafter:
                      parents=[order[parents[node]] if parents[node] >= 0 else -1 for node in chosen])
 
 
-def check_target(target: "TargetInfo") -> "TargetWeights":
+def check_target(target: TargetInfo) -> TargetWeights:
     """A head reads the target's embeddings and plain linear LM head; refuse a target without them."""
     if target.weights is None:
         raise SpecdecError("the eagle drafter reads tokens through the target's LM head; this target has none "
@@ -264,14 +297,30 @@ def check_target(target: "TargetInfo") -> "TargetWeights":
     return target.weights
 
 
-def make_eagle_drafter(options: "DrafterOptions", target: "TargetInfo") -> EagleDrafter:
-    from . import min_prob_in_force  # --draft-min-prob, else eagle's default (0.1) for chat and bench
-    from .eagle_head import load_head
-
+def _head_dir(options: DrafterOptions) -> str:
     if not options.draft_model:
         raise SpecdecError("the eagle drafter needs a head directory (make one with `specdec distill train "
                            "--kind eagle`)", setting="draft_model")
+    return options.draft_model
+
+
+def make_eagle_drafter(options: DrafterOptions, target: TargetInfo) -> EagleDrafter:
+    from .eagle_head import load_head
+
+    head_dir = _head_dir(options)
     weights = check_target(target)
-    head, meta = load_head(options.draft_model, target)
+    head, meta = load_head(head_dir, target)
     return EagleDrafter(head, weights, head_tokens=meta.get("head_tokens"), draft_max=options.draft_max,
-                        min_prob=min_prob_in_force("eagle", options) or 0.0, eos_token_ids=target.eos_token_ids)
+                        min_prob=options.draft_min_prob or MIN_PROB, eos_token_ids=target.eos_token_ids)
+
+
+def check_eagle(options: DrafterOptions) -> None:
+    """The head directory is an EAGLE head (before the target loads)."""
+    from .eagle_head import read_head_meta
+
+    read_head_meta(_head_dir(options))
+
+
+SPEC = DrafterSpec(name="eagle", help="a draft head on the target's own hidden states (EAGLE-style; `specdec distill "
+                   "train --kind eagle`)", build=make_eagle_drafter, options=("draft_model", "draft_min_prob"),
+                   check=check_eagle, aux_rank=4, min_prob=MIN_PROB)

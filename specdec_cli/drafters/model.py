@@ -30,8 +30,12 @@ from typing import Any, Optional, Sequence
 from ..decoding.draft import NOTHING, Draft, StepEvent
 from ..errors import SpecdecError
 from .base import check_token_ids
+from .spec import DrafterOptions, DrafterSpec
+from .target import TargetInfo
 
-DEFAULT_DRAFT_MAX = 6  # drafting costs a forward per token: shorter chains than the retrieval drafters
+# Draft forwards per step when --draft-max is not given: one per drafted token, so a chain stops below the engine's
+# default budget (a drafted token costs a forward here, not a lookup). --draft-max sets both.
+FORWARDS_PER_DRAFT = 6
 DRAFT_META = "specdec_draft.json"  # written by `specdec distill train` next to the weights
 
 
@@ -128,7 +132,7 @@ class ModelDrafter:
 
         self.model = model
         self.head = DraftHead(model, head_tokens, draft_vocab_size(model))
-        self.draft_max = DEFAULT_DRAFT_MAX if draft_max is None else int(draft_max)
+        self.draft_max = FORWARDS_PER_DRAFT if draft_max is None else int(draft_max)
         if self.draft_max < 0:
             raise SpecdecError(f"draft_max must be >= 0, got {self.draft_max}", setting="draft_max")
         if not 0.0 <= min_prob <= 1.0:
@@ -315,11 +319,31 @@ def load_draft_model(directory: str, target: Any, device: Any = "cpu", dtype: An
     return model, tokenizer, meta
 
 
-def make_model_drafter(options: Any, target: Any) -> ModelDrafter:
+def _draft_model_dir(options: DrafterOptions) -> str:
     if not options.draft_model:
         raise SpecdecError("the model drafter needs a draft model directory (make one with `specdec distill`)",
                            setting="draft_model")
+    return options.draft_model
+
+
+def make_model_drafter(options: DrafterOptions, target: TargetInfo) -> ModelDrafter:
     # on the target's device (a draft on the CPU beside a target on a GPU would copy every step's tokens across)
-    model, _, meta = load_draft_model(options.draft_model, target, target.device)
+    model, _, meta = load_draft_model(_draft_model_dir(options), target, target.device)
     return ModelDrafter(model, draft_max=options.draft_max, min_prob=options.draft_min_prob,
                         eos_token_ids=target.eos_token_ids, head_tokens=meta.get("head_tokens"))
+
+
+def check_model(options: DrafterOptions) -> None:
+    """The draft model directory exists, holds a config.json and no pickled weights (before the target loads)."""
+    folder = Path(_draft_model_dir(options)).expanduser()
+    if not (folder / "config.json").is_file():
+        state = "no such directory" if not folder.exists() else "not a model directory (no config.json)"
+        raise SpecdecError(f"draft_model {options.draft_model}: {state}", setting="draft_model")
+    from ..target_model.models import refuse_pickled_weights
+
+    refuse_pickled_weights(folder, f"draft_model {options.draft_model}", "draft_model")
+
+
+SPEC = DrafterSpec(name="model", help="a small draft model with the target's tokenizer (see `specdec distill`)",
+                   build=make_model_drafter, options=("draft_model", "draft_min_prob"), check=check_model,
+                   aux_rank=3, min_prob=0.0)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..decoding.draft import NOTHING, Draft, StepEvent
+from .spec import DrafterOptions, DrafterSpec
+from .target import TargetInfo
 
 
 class NoDrafter:
@@ -19,3 +21,11 @@ class NoDrafter:
 
     def reset(self) -> None:
         pass
+
+
+def make_no_drafter(options: DrafterOptions, target: TargetInfo) -> NoDrafter:
+    return NoDrafter()
+
+
+SPEC = DrafterSpec(name="none", help="plain decoding through the same loop (the baseline)", build=make_no_drafter,
+                   aux_rank=6)

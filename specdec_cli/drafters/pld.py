@@ -7,27 +7,32 @@ It does not look outside the current context (the suffix-automaton drafter does 
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..decoding.draft import NOTHING, Draft, StepEvent
+from ..defaults import DEFAULT_BUDGET
 from .base import check_token_ids
+from .spec import DrafterOptions, DrafterSpec
+from .target import TargetInfo
 
-DEFAULT_DRAFT_MAX = 8
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
 
 
 class PromptLookupDrafter:
     name = "pld"
     needs = NOTHING
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, draft_max: Optional[int] = None, vocab_size: int = 0):
+    def __init__(self, max_ngram: int = DrafterOptions.pld_max_ngram, min_ngram: int = DrafterOptions.pld_min_ngram,
+                 draft_max: Optional[int] = None, vocab_size: int = 0):
         self.max_ngram = max(1, max_ngram)
         self.min_ngram = max(1, min(min_ngram, self.max_ngram))
-        self.draft_max = draft_max if draft_max is not None else DEFAULT_DRAFT_MAX
+        self.draft_max = draft_max if draft_max is not None else DEFAULT_BUDGET
         self.vocab_size = vocab_size  # ids at or above it are refused (0: not known)
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
+        import numpy as np
+
         budget = min(budget, self.draft_max)
         if budget <= 0 or len(context) < 2:
             return Draft.empty(self.name)
@@ -50,6 +55,8 @@ class PromptLookupDrafter:
 
 def find_latest_match(tokens: np.ndarray, ngram: int) -> Optional[int]:
     """Start of the latest earlier occurrence of tokens[-ngram:] (not the suffix itself), or None."""
+    import numpy as np
+
     pattern = tokens[-ngram:]
     # candidate starts 0 .. len-ngram-1: windows that end before the suffix's own position
     candidates = len(tokens) - ngram
@@ -68,3 +75,12 @@ def match_length(tokens: np.ndarray, end: int, longest: int = 64) -> int:
     while length < longest and end - length - 1 >= 0 and tokens[end - length - 1] == tokens[len(tokens) - length - 1]:
         length += 1
     return length
+
+
+def make_pld_drafter(options: DrafterOptions, target: TargetInfo) -> PromptLookupDrafter:
+    return PromptLookupDrafter(max_ngram=options.pld_max_ngram, min_ngram=options.pld_min_ngram,
+                               draft_max=options.draft_max_or_default(), vocab_size=target.vocab_size)
+
+
+SPEC = DrafterSpec(name="pld", help="prompt lookup: continue the longest recent n-gram match in the context",
+                   build=make_pld_drafter, options=("pld_max_ngram", "pld_min_ngram"), aux_rank=5)

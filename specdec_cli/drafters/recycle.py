@@ -28,13 +28,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Sequence
 
-import numpy as np
-
 from ..decoding.draft import Draft, Needs, StepEvent
 from .base import check_token_ids
+from .spec import DrafterOptions, DrafterSpec
+from .target import TargetInfo
 
 if TYPE_CHECKING:  # pragma: no cover
-    from . import DrafterOptions, TargetInfo
+    import numpy as np
 
 TOPK = 8  # successors kept per token (the engine's SCORED_TOPK)
 # Children per template node, breadth first (node 0 = the root). Earlier siblings get more children.
@@ -50,13 +50,14 @@ TEMPLATE = [
 # Probability that the successor of rank r is right, rounded from a measurement (docs/measurements.md, "Token
 # Recycling"); only the order of the priorities matters.
 RANK_ACCEPT = (0.45, 0.09, 0.045, 0.03, 0.015, 0.01, 0.007, 0.005)
-DRAFT_MAX = 80  # the whole template
 
 
 class TreeTemplate:
     """A template given as child counts per node in breadth-first order, flattened into index arrays."""
 
     def __init__(self, child_counts: Sequence[int], rank_accept: Sequence[float] = RANK_ACCEPT):
+        import numpy as np
+
         counts = [int(count) for count in child_counts]
         if not counts or any(count < 0 or count > TOPK for count in counts):
             raise ValueError(f"child counts must be 0..{TOPK}")
@@ -93,12 +94,14 @@ class RecycleDrafter:
     name = "recycle"
     needs = Needs(scored_topk=True)  # the target's top-8 at every scored position: the matrix's rows
 
-    def __init__(self, vocab_size: int, draft_max: int = DRAFT_MAX, template: Sequence[int] = TEMPLATE):
+    def __init__(self, vocab_size: int, draft_max: Optional[int] = None, template: Sequence[int] = TEMPLATE):
+        import numpy as np
+
         self.vocab_size = vocab_size  # ids at or above it are refused (0: not known; negative ones always are)
         self.matrix = np.zeros((max(1, vocab_size), TOPK), dtype=np.int32)  # [vocab, 8]
         self.width = np.zeros(max(1, vocab_size), dtype=np.int8)  # [vocab]: filled entries per row (0 = unknown)
-        self.draft_max = draft_max
         self.template = TreeTemplate(template)
+        self.draft_max = len(self.template) if draft_max is None else draft_max  # None: the whole template
         self._last: Optional[int] = None  # newest committed token: the root of the next step
         self._seen: list[int] = []  # the conversation so far (prompt and committed tokens)
 
@@ -111,6 +114,8 @@ class RecycleDrafter:
 
     def _ensure_rows(self, largest: int) -> None:
         """Grow the matrix when the model emits ids beyond the vocabulary it was sized for."""
+        import numpy as np
+
         if largest >= len(self.matrix):
             rows = largest + 1
             self.matrix = np.concatenate([self.matrix, np.zeros((rows - len(self.matrix), TOPK), np.int32)])
@@ -118,6 +123,8 @@ class RecycleDrafter:
 
     def update(self, fed: Sequence[int], topk: Sequence[Sequence[int]], accepted_path: Sequence[int] = ()) -> None:
         """M[fed[i]] = topk[i]; fed[0] is the root, fed[1 + j] draft node j. Duplicates: path > root > others."""
+        import numpy as np
+
         if not len(fed):
             return
         fed_arr = np.asarray(fed, dtype=np.int64)  # [m]
@@ -183,6 +190,8 @@ class RecycleDrafter:
     def expand(self, root: int) -> tuple[np.ndarray, np.ndarray]:
         """The whole template under `root`: (tokens [n], valid [n]); a node is valid when its parent is and the
         parent's row has an entry at the node's rank."""
+        import numpy as np
+
         template = self.template
         tokens = np.zeros(len(template), dtype=np.int64)
         valid = np.zeros(len(template), dtype=bool)
@@ -202,6 +211,8 @@ class RecycleDrafter:
         return tokens, valid
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
+        import numpy as np
+
         budget = min(budget, self.draft_max)
         if budget <= 0 or not len(context):
             return Draft.empty(self.name)
@@ -218,12 +229,18 @@ class RecycleDrafter:
 
 def reindex_parents(parents: np.ndarray, keep: np.ndarray) -> list[int]:
     """Parents of the kept nodes (ancestor-closed, parents first) in the kept numbering; -1 stays the root."""
+    import numpy as np
+
     new_index = np.full(len(parents), -1, dtype=np.int64)
     new_index[keep] = np.arange(len(keep))
     old = parents[keep]
     return np.where(old >= 0, new_index[np.maximum(old, 0)], -1).tolist()
 
 
-def make_recycle_drafter(options: "DrafterOptions", target: "TargetInfo") -> RecycleDrafter:
+def make_recycle_drafter(options: DrafterOptions, target: TargetInfo) -> RecycleDrafter:
     """The `recycle` drafter for `make_drafter`: a matrix sized to the target's vocabulary."""
-    return RecycleDrafter(target.vocab_size, draft_max=options.draft_max or DRAFT_MAX)
+    return RecycleDrafter(target.vocab_size, draft_max=options.draft_max_or_default())
+
+
+SPEC = DrafterSpec(name="recycle", help="Token Recycling: a tree from the target's own recent top-8 predictions per "
+                   "token", build=make_recycle_drafter, aux_rank=1)

@@ -26,21 +26,21 @@ indexes (sam/, corpus.py) and never calls the engine.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Optional, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 from ..decoding.draft import NOTHING, Draft, Drafter, StepEvent
-from ..defaults import DEFAULT_L_BIAS
 from ..errors import SpecdecError
-from ..sam.automaton import ROOT, DynamicAutomaton, StaticAutomaton
 from .base import check_token_ids
+from .spec import DrafterOptions, DrafterSpec
+from .target import TargetInfo
 
 if TYPE_CHECKING:  # pragma: no cover
-    from . import DrafterOptions, TargetInfo
+    from ..sam.automaton import DynamicAutomaton, StaticAutomaton
 
-DRAFT_MAX = 16  # longest draft by default (to tune on CPU; the engine's cost-aware budget trims it further)
 ALPHA = 4  # draft length grows by this many tokens per matched token (the paper's adaptive length)
-L_BIAS = DEFAULT_L_BIAS  # the static match must beat the dynamic one by more than this (the paper's: 5)
-L_THRESHOLD = 1  # below this match length the auxiliary takes over (the paper's is 5; docs/measurements.md)
+# l_bias: the static match must beat the dynamic one by more than this (the paper's: 5); l_threshold: below this
+# match length the auxiliary takes over (the paper's is 5; docs/measurements.md). Defaults: DrafterOptions'.
 FREQUENT = False  # static drafts follow the most frequent continuation (docs/measurements.md)
 SOURCE_DYNAMIC = "sam-dynamic"
 SOURCE_STATIC = "sam-static"
@@ -55,20 +55,20 @@ class SamDrafter:
         static: Optional[StaticAutomaton] = None,
         *,
         separators: Iterable[int] = (),
-        draft_max: int = DRAFT_MAX,
-        l_bias: int = L_BIAS,
-        l_threshold: int = L_THRESHOLD,
+        draft_max: Optional[int] = None,
+        l_bias: int = DrafterOptions.l_bias,
+        l_threshold: int = DrafterOptions.l_threshold,
         alpha: float = ALPHA,
         aux: Optional[Drafter] = None,
         memory_from: Optional[int] = None,
         frequent: bool = FREQUENT,
         vocab_size: int = 0,
     ) -> None:
-        if draft_max < 1:
+        if draft_max is not None and draft_max < 1:
             raise SpecdecError(f"draft_max must be at least 1, got {draft_max}", setting="draft_max")
         self.static = static
         self.separators = frozenset(int(token) for token in separators)
-        self.draft_max = draft_max
+        self.draft_max = draft_max  # None: as long as the engine's budget allows
         self.l_bias = l_bias
         self.l_threshold = l_threshold
         self.alpha = alpha
@@ -87,6 +87,8 @@ class SamDrafter:
 
     def _restart(self) -> None:
         """Start the dynamic automaton over (its text diverged from the context, or a new conversation)."""
+        from ..sam.automaton import ROOT, DynamicAutomaton
+
         self.dynamic = DynamicAutomaton(self.separators)
         self.dynamic_state, self.dynamic_len = ROOT, 0
         self.static_state, self.static_len = ROOT, 0
@@ -123,15 +125,18 @@ class SamDrafter:
     # ------------------------------------------------------------------------------ drafting
 
     def _draft_length(self, match_len: int, budget: int) -> int:
-        return min(budget, self.draft_max, 1 + int(self.alpha * match_len))
+        longest = budget if self.draft_max is None else min(budget, self.draft_max)
+        return min(longest, 1 + int(self.alpha * match_len))
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
+        from ..sam.automaton import StaticAutomaton
+
         if len(context) != len(self.dynamic.text):  # called without the events, or they were missed
             self._sync(context)
         l_dynamic, l_static = self.dynamic_len, self.static_len  # static_len stays 0 without an index
         if self.aux is not None and max(l_dynamic, l_static - self.l_bias) < self.l_threshold:
             return self.aux.propose(context, budget)
-        automaton: StaticAutomaton | DynamicAutomaton
+        automaton: "StaticAutomaton | DynamicAutomaton"
         if self.static is not None and l_static - self.l_bias > l_dynamic:
             source, automaton, state, match_len = SOURCE_STATIC, self.static, self.static_state, l_static
             if self.memory_from is not None and int(self.static.min_endpos[state]) >= self.memory_from:
@@ -148,7 +153,7 @@ class SamDrafter:
         return Draft(tokens=tokens, source=source, match_len=match_len)
 
 
-def load_index_for_target(path: str, target: "TargetInfo"):
+def load_index_for_target(path: str, target: TargetInfo):
     """Load an index and refuse it unless it fits the target's tokenizer (fingerprint, EOS id, vocabulary)."""
     from ..sam.index import load_index
 
@@ -171,10 +176,12 @@ def load_index_for_target(path: str, target: "TargetInfo"):
     return index
 
 
-def make_sam_drafter(options: "DrafterOptions", target: "TargetInfo") -> SamDrafter:
+def make_sam_drafter(options: DrafterOptions, target: TargetInfo,
+                     make_aux: Callable[[], Optional[Drafter]] = lambda: None) -> SamDrafter:
     """The `sam` drafter for `make_drafter`: the index in `options.index` (if any) is loaded and checked
     against the target's tokenizer fingerprint, EOS ids and vocabulary size; the answer memory in
-    `options.memory` (if any) joins it in one static automaton (memory.py)."""
+    `options.memory` (if any) joins it in one static automaton (memory.py); `make_aux` builds the auxiliary
+    drafter `options.aux` names (None: the automata alone)."""
     separators = set(target.eos_token_ids)
     static = None
     index_text = None
@@ -187,25 +194,19 @@ def make_sam_drafter(options: "DrafterOptions", target: "TargetInfo") -> SamDraf
     memory_from = None
     if options.memory:
         static, memory_from = _with_memory(options.memory, target, index_text, separators, static)
-    aux = None
-    if options.aux and options.aux != "none":
-        from . import check_aux, make_drafter
-
-        check_aux(options.aux)
-        aux = make_drafter(options.aux, options, target)
     return SamDrafter(
         static,
         separators=separators,
-        draft_max=options.draft_max or DRAFT_MAX,
+        draft_max=options.draft_max_or_default(),
         l_bias=options.l_bias,
         l_threshold=options.l_threshold,
-        aux=aux,
+        aux=make_aux(),
         memory_from=memory_from,
         vocab_size=target.vocab_size,
     )
 
 
-def _with_memory(directory: str, target: "TargetInfo", index_text, separators: set, static):
+def _with_memory(directory: str, target: TargetInfo, index_text, separators: set, static):
     """(the static automaton over the index's text and then every remembered answer, the text position where
     the memory begins), or the index alone (and None) when the memory is empty."""
     import warnings
@@ -228,3 +229,23 @@ def _with_memory(directory: str, target: "TargetInfo", index_text, separators: s
         parts.append(np.asarray([*answer, separator], dtype=np.int32))
     text = np.concatenate(parts)
     return build_static(text, max(int(text.max()) + 1, target.vocab_size or 0), separators), start
+
+
+def check_index(options: DrafterOptions) -> None:
+    """A missing, foreign or truncated index fails here, in a millisecond (sam's and aded's check)."""
+    if options.index:
+        from ..sam.index import read_index_info
+
+        read_index_info(options.index)
+
+
+def check_sam(options: DrafterOptions) -> None:
+    check_index(options)
+    if options.memory and not Path(options.memory).expanduser().is_dir():
+        raise SpecdecError(f"memory {options.memory}: no such directory (`specdec memory info` shows where the "
+                           "memory lives)", setting="memory")
+
+
+SPEC = DrafterSpec(name="sam", help="suffix automata over the conversation and an optional static index (SAM-Decoding)",
+                   build=make_sam_drafter, options=("index", "l_bias", "l_threshold", "aux", "memory"),
+                   check=check_sam, takes_aux=True)

@@ -54,7 +54,7 @@ __all__ = [  # the records' layout (records.py), and the typed calls into the C 
     "rms_norm_heads", "rope", "store_rows", "silu_mul", "gelu_tanh_mul", "soft_cap_", "soft_cap", "peak", "build_file",
 ]
 
-MAX_THREADS = 64  # the pool's limit (_cpu.c)
+MAX_THREADS = 64  # the pool's limit (MAX_THREADS in csrc/kernels.h)
 
 try:  # built by `pip install` (setup.py); absent in a source tree nobody built
     from . import _cpu  # type: ignore[attr-defined]

@@ -1,8 +1,9 @@
 """A conversation with the target: prompt formatting, history, and one answer per turn.
 
-`ChatSettings` is everything a session is made from (checked before the slow model load); `open_session`
-loads the target and builds the `ChatSession`, which holds the loaded target, the engine, the drafter (which
-lives as long as the conversation, so its automata and tables keep learning) and the message history.
+`ChatSettings` is everything a session is made from (one run's settings, run_settings.py, and the system
+message), checked before the slow model load; `open_session` loads the target and builds the `ChatSession`,
+which holds the loaded target, the engine, the drafter (which lives as long as the conversation, so its automata
+and tables keep learning) and the message history.
 `format_prompt` is the one place prompts become token ids: the tokenizer's chat template with the generation
 prompt, a system message first when given, or the raw text with `raw=True`. Rendering is the CLI's job;
 nothing here prints.
@@ -14,12 +15,13 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..decoding.engine import Engine, EventCallback, Generation, GenerationConfig
-from ..defaults import DEFAULT_DRAFTER, DEFAULT_TARGET
-from ..drafters import DrafterOptions, TargetInfo, check_drafter, check_drafter_options, make_drafter, target_weights
+from ..defaults import DEFAULT_DRAFTER
+from ..drafters import DrafterOptions, TargetInfo, make_drafter, target_weights
 from ..errors import SpecdecError
 from ..target_model.exact_setup import choose_forward
 from ..texts.memory import Memory
 from .compare import Comparison, compare
+from .run_settings import RunSettings
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..target_model.models import LoadedTarget
@@ -50,29 +52,18 @@ def target_info(model: Any, tokenizer: Any) -> TargetInfo:
 
 @dataclass(frozen=True)
 class ChatSettings:
-    """What a chat session is made from: the target and how to load it, the drafter, generation settings."""
+    """What a chat session is made from: one run's settings (the target and how to load it, the drafter,
+    generation), and what is the conversation's own."""
 
-    target: str = DEFAULT_TARGET
-    device: str = "auto"
-    dtype: str = "auto"
-    weights: str = "auto"  # dense, gguf, int8, int4 or auto (quant.py, models.load_target)
-    # (target, device, dtype and weights are checked as target.load_settings.LoadSettings: `check`)
-    drafter: str = DEFAULT_DRAFTER
-    drafter_options: DrafterOptions = field(default_factory=DrafterOptions)
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    run: RunSettings = field(default_factory=RunSettings)
     system: Optional[str] = None
-    raw: bool = False  # prompts as they are, without the chat template
-    exact: Optional[bool] = None  # row-invariant verification; None = on in 16-bit dtypes and block weights
-    memory: bool = True  # remember answers and let `sam` draft from them (memory.py; SPECDEC_NO_MEMORY=1 = off)
+    remember: bool = True  # remember answers and let `sam` draft from them (memory.py; SPECDEC_NO_MEMORY=1 = off)
 
     def check(self) -> None:
         """Everything that can be checked without the model (so a bad setting fails in the first second)."""
-        from ..target_model.load_settings import LoadSettings
-
-        LoadSettings(self.target, self.device, self.dtype, self.weights)  # each value one of its choices
-        check_drafter(self.drafter)
-        check_drafter_options(self.drafter, self.drafter_options)
-        self.generation.check()
+        if self.run.drafter.name is None:
+            raise SpecdecError("a chat drafts with one drafter: name it", setting="drafter")
+        self.run.check()
 
 
 def open_session(settings: ChatSettings,
@@ -82,18 +73,18 @@ def open_session(settings: ChatSettings,
     from ..texts.memory import memory_cap, memory_dir, memory_enabled
 
     settings.check()
-    use_memory = settings.memory and memory_enabled()
+    run, load = settings.run, settings.run.load
+    use_memory = settings.remember and memory_enabled()
     if use_memory:
         memory_cap()  # a malformed SPECDEC_MEMORY_MAX_TOKENS fails before the model loads
-    loaded = load_target(settings.target, settings.device, settings.dtype, on_status=on_status,
-                         weights=settings.weights)
-    options, memory = settings.drafter_options, None
+    loaded = load_target(load.target, load.device, load.dtype, on_status=on_status, weights=load.weights)
+    options, memory = run.drafter.options, None
     if use_memory:
         fingerprint = target_info(loaded.model, loaded.tokenizer).fingerprint
         memory = Memory(memory_dir(loaded.name, fingerprint), fingerprint, loaded.name)
         options = replace(options, memory=str(memory.directory))
-    session = ChatSession(loaded.model, loaded.tokenizer, settings.drafter, options,
-                          settings.generation, settings.system, settings.raw, settings.exact, memory)
+    session = ChatSession(loaded.model, loaded.tokenizer, str(run.drafter.name), options,
+                          run.generation, settings.system, run.raw, run.exact, memory)
     return session, loaded
 
 

@@ -20,9 +20,9 @@ and is not filed: vLLM cannot be told of an error from here, and a drafter must 
 Settings reach the class through the environment (vLLM passes only its own config, and its engine runs in a
 child process that inherits the environment): `SPECDEC_VLLM_DRAFTER` holds a JSON object,
 `{"drafter": "sam", "index": "FILE", "memory": "DIR", "min_match": 3}` (`specdec serve` writes it; all keys
-optional). vLLM verifies every drafted token (specdec's own engine trims drafts by their expected payoff), so
-only continuations of matches of at least `min_match` tokens are drafted. The
-drafters: `sam` (the per-request suffix automaton, a static `--index`, the answer memory read-only),
+optional; proposer_settings.py writes and reads it). vLLM verifies every drafted token (specdec's own engine
+trims drafts by their expected payoff), so only continuations of matches of at least `min_match` tokens are
+drafted. The drafters: `sam` (the per-request suffix automaton, a static `--index`, the answer memory read-only),
 `sam+pld`, `sam+none` and `pld`; chains only (vLLM verifies chains). The classes to name in
 `speculative_config={"method": "custom_class", "model": ...}` are `specdec_cli.vllm.proposer.SamProposer` and
 `specdec_cli.vllm.proposer.PldProposer`.
@@ -33,59 +33,21 @@ This module does not import vLLM; it needs only numpy and specdec's drafters (to
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from ..decoding.draft import Drafter
-from ..defaults import VLLM_DRAFTERS, VLLM_MIN_MATCH
-from ..drafters import DrafterOptions, TargetInfo, make_drafter, split_hybrid
+from ..drafters import TargetInfo, make_drafter
 from ..drafters.base import valid_token_ids
-from ..errors import SpecdecError
+from .proposer_settings import PROPOSER_CLASSES, ProposerSettings
 
-SETTINGS_ENV = "SPECDEC_VLLM_DRAFTER"
 TAIL_TOKENS = 16  # a sequence is filed under a hash of its last tokens (and its length)
 IDLE_STEPS = 64  # a drafter unused for this many steps belongs to a finished request
 MAX_SEQUENCES = 4096  # at most this many drafters are kept
-MIN_MATCH = VLLM_MIN_MATCH
-
-
-@dataclass
-class ProposerSettings:
-    """What the proposer drafts with: a drafter name of VLLM_DRAFTERS, a static index, an answer memory."""
-
-    drafter: str = "sam"
-    index: Optional[str] = None
-    memory: Optional[str] = None
-    min_match: int = MIN_MATCH  # draft only a continuation of a match this long (no planner trims drafts in vLLM)
-
-    @staticmethod
-    def from_environment(default_drafter: str) -> "ProposerSettings":
-        raw = os.environ.get(SETTINGS_ENV, "").strip()
-        if not raw:
-            return ProposerSettings(drafter=default_drafter)
-        try:
-            values = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise SpecdecError(f"{SETTINGS_ENV} is not valid JSON ({exc.msg})") from None
-        if not isinstance(values, dict) or set(values) - {"drafter", "index", "memory", "min_match"}:
-            raise SpecdecError(f"{SETTINGS_ENV} must be a JSON object with drafter, index, memory and min_match keys")
-        return ProposerSettings(drafter=str(values.get("drafter") or default_drafter), index=values.get("index"),
-                                memory=values.get("memory"), min_match=int(values.get("min_match", MIN_MATCH)))
-
-    def check(self) -> None:
-        if self.drafter not in VLLM_DRAFTERS:
-            raise SpecdecError(f"drafter {self.drafter}: in vLLM specdec drafts with one of {', '.join(VLLM_DRAFTERS)}"
-                               " (vLLM verifies chains)", setting="drafter")
-        if self.min_match < 1:
-            raise SpecdecError(f"min_match must be >= 1, got {self.min_match}", setting="min_match")
-        if self.index and split_hybrid(self.drafter)[0] != "sam":
-            raise SpecdecError("--index is for the sam drafter", setting="index")
 
 
 @dataclass
@@ -198,15 +160,16 @@ class SpecdecProposer:
         self.settings = settings or ProposerSettings.from_environment(self.default_drafter)
         self.settings.check()
         spec = getattr(vllm_config, "speculative_config", None)
-        self.draft_max = int(num_speculative_tokens or getattr(spec, "num_speculative_tokens", 0) or 8)
+        self.draft_max = int(num_speculative_tokens or getattr(spec, "num_speculative_tokens", 0)
+                             or self.settings.draft_length)
         model_config = getattr(vllm_config, "model_config", None)
         self.max_model_len = int(getattr(model_config, "max_model_len", 0) or 0)
         self.target = target or _target_info(model_config, self.settings)
-        options = DrafterOptions(draft_max=self.draft_max, index=self.settings.index, memory=self.settings.memory,
-                                 aux="none")
-        if self.settings.index or self.settings.memory:  # load and check them once; drafters share the automaton
-            make_drafter(self.settings.drafter, options, self.target)
-        self.tracker = RequestTracker(lambda: make_drafter(self.settings.drafter, options, self.target),
+        options = replace(self.settings.drafter.options, draft_max=self.draft_max, aux="none")
+        name = str(self.settings.drafter.name)
+        if options.index or options.memory:  # load and check them once; drafters share the automaton
+            make_drafter(name, options, self.target)
+        self.tracker = RequestTracker(lambda: make_drafter(name, options, self.target),
                                       max_growth=self.draft_max + 1)
 
     def load_model(self, model: Any) -> None:
@@ -250,23 +213,8 @@ class PldProposer(SpecdecProposer):
     default_drafter = "pld"
 
 
-PROPOSERS = {"sam": SamProposer, "sam+pld": SamProposer, "sam+none": SamProposer, "pld": PldProposer}
-
-
-def proposer_path(drafter: str) -> str:
-    """The dotted class path to give vLLM's speculative_config["model"] for a drafter."""
-    return f"{__name__}.{PROPOSERS[drafter].__name__}"
-
-
-def proposer_settings(drafter: str, draft_max: int, *, index: Optional[str] = None, memory: Optional[str] = None,
-                      min_match: Optional[int] = None) -> tuple[dict, dict[str, str]]:
-    """vLLM's speculative_config for one of specdec's drafters, and the environment entry carrying its settings."""
-    speculative = {"method": "custom_class", "model": proposer_path(drafter), "num_speculative_tokens": draft_max}
-    values: dict = {"drafter": drafter, "min_match": MIN_MATCH if min_match is None else min_match}
-    for key, path in (("index", index), ("memory", memory)):
-        if path:
-            values[key] = os.path.abspath(os.path.expanduser(path))
-    return speculative, {SETTINGS_ENV: json.dumps(values)}
+PROPOSERS = {drafter: {"SamProposer": SamProposer, "PldProposer": PldProposer}[name]
+             for drafter, name in PROPOSER_CLASSES.items()}
 
 
 def _target_info(model_config: Any, settings: ProposerSettings) -> TargetInfo:
@@ -274,7 +222,7 @@ def _target_info(model_config: Any, settings: ProposerSettings) -> TargetInfo:
     vocab = int(model_config.get_vocab_size()) if model_config is not None else 0
     eos: tuple[int, ...] = ()
     fingerprint = ""
-    if model_config is not None and (settings.index or settings.memory):
+    if model_config is not None and (settings.drafter.options.index or settings.drafter.options.memory):
         from transformers import AutoTokenizer
 
         from ..texts.fingerprint import tokenizer_fingerprint

@@ -14,8 +14,10 @@ stdout; vLLM's own prints and logs go to stderr, which the parent keeps and quot
 (`SPECDEC_DEBUG=1` shows it all).
 
 Methods: `none` (no speculation), vLLM's `ngram` and `suffix` (the latter needs `arctic-inference`), and
-specdec's proposers (vllm_proposer.py, VLLM_DRAFTERS). `dtype` "auto" is float32 on vLLM's CPU build (where
-bfloat16 single and batched runs already differ from each other) and vLLM's own choice elsewhere.
+specdec's proposers (proposer.py, VLLM_DRAFTERS). `VllmSettings` holds the target's `LoadSettings` (its dtype
+one of load_settings.DTYPES, checked as it is made) and the `ProposerSettings`. `dtype` "auto" is float32 on
+vLLM's CPU build (where bfloat16 single and batched runs already differ from each other) and vLLM's own choice
+elsewhere.
 
 What it does not do: sampling, or anything with the answers (callers write rows or tables).
 """
@@ -29,14 +31,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ..defaults import VLLM_DRAFT_MAX, VLLM_DRAFTERS
+from ..defaults import VLLM_DRAFTERS
 from ..errors import SpecdecError
 from ..processes import stop_child
+from ..session.run_settings import DrafterSettings
+from ..target_model.load_settings import LoadSettings
+from .proposer_settings import ProposerSettings
 
+NO_SPECULATION = "none"
 VLLM_METHODS = ("ngram", "suffix")  # vLLM's own drafters
 NGRAM_LOOKUP = (1, 3)  # vLLM's ngram: the shortest and longest suffix it looks up
 CONTEXT_MARGIN = 16  # tokens of context beyond the longest prompt and answer (speculative tokens past the end)
@@ -57,48 +63,53 @@ def method_unavailable(method: str) -> Optional[str]:
     return None
 
 
-def check_dtype(dtype: str) -> None:
-    """The dtypes vLLM takes (`auto`: float32 on its CPU build, its own choice elsewhere)."""
-    if dtype not in ("auto", "float32", "bfloat16", "float16"):
-        raise SpecdecError(f"dtype {dtype}: choose auto, float32, bfloat16 or float16", setting="dtype")
-
-
 @dataclass(frozen=True)
 class VllmSettings:
-    """One vLLM engine: the model directory, its dtype, and how it speculates."""
+    """One vLLM engine: the model and its dtype, how it speculates, and vLLM's own sizing knobs."""
 
-    model: str  # a model directory vLLM loads (models.model_location)
-    method: str = "none"  # none, ngram, suffix or one of VLLM_DRAFTERS
-    draft_max: int = VLLM_DRAFT_MAX  # num_speculative_tokens
-    index: Optional[str] = None  # specdec sam's static index
-    memory: Optional[str] = None  # specdec sam's answer memory (read only)
-    min_match: Optional[int] = None  # specdec's proposers: None = vllm_proposer's default
-    dtype: str = "auto"
+    load: LoadSettings  # target: a model directory vLLM loads (models.model_location); dtype: vLLM's (auto: see above)
+    # proposer.drafter.name: none, vLLM's ngram or suffix, or one of VLLM_DRAFTERS (specdec's proposers, whose
+    # settings the rest of `proposer` holds); proposer.draft_length is num_speculative_tokens
+    proposer: ProposerSettings = field(default_factory=lambda: ProposerSettings(DrafterSettings(NO_SPECULATION)))
     max_model_len: Optional[int] = None  # None: the longest prompt of the phases + its answer, and a margin
     memory_fraction: Optional[float] = None  # gpu_memory_utilization; None = 0.3 on a CPU build, vLLM's default on GPUs
 
+    @property
+    def method(self) -> str:
+        return str(self.proposer.drafter.name)
+
     def check(self) -> None:
-        if self.method not in ("none", *VLLM_METHODS, *VLLM_DRAFTERS):
+        if self.method not in (NO_SPECULATION, *VLLM_METHODS, *VLLM_DRAFTERS):
             raise SpecdecError(f"method {self.method}: vLLM runs none, {', '.join(VLLM_METHODS)} and specdec's "
                                f"{', '.join(VLLM_DRAFTERS)} (it verifies chains)", setting="drafter")
-        if self.draft_max < 1:
-            raise SpecdecError(f"draft_max must be >= 1, got {self.draft_max}", setting="draft_max")
-        check_dtype(self.dtype)
+        self.proposer.check_lengths()
+        if self.max_model_len is not None and self.max_model_len < 16:
+            raise SpecdecError(f"max_model_len must be >= 16, got {self.max_model_len}", setting="max_model_len")
+        if self.memory_fraction is not None and not 0 < self.memory_fraction <= 1:
+            raise SpecdecError(f"memory fraction must be in (0, 1], got {self.memory_fraction}",
+                               setting="memory_fraction")
+        for setting in ("device", "weights"):
+            if getattr(self.load, setting) != "auto":
+                raise SpecdecError(f"{setting} {getattr(self.load, setting)}: vLLM chooses it (leave it auto)",
+                                   setting=setting)
 
     def speculative(self) -> tuple[Optional[dict], dict[str, str]]:
         """vLLM's speculative_config for this method, and the environment entries its proposer reads."""
-        if self.method == "none":
+        draft_length = self.proposer.draft_length
+        if self.method == NO_SPECULATION:
             return None, {}
         if self.method == "ngram":
             shortest, longest = NGRAM_LOOKUP
-            return {"method": "ngram", "num_speculative_tokens": self.draft_max, "prompt_lookup_min": shortest,
+            return {"method": "ngram", "num_speculative_tokens": draft_length, "prompt_lookup_min": shortest,
                     "prompt_lookup_max": longest}, {}
         if self.method == "suffix":
-            return {"method": "suffix", "num_speculative_tokens": self.draft_max}, {}
-        from .proposer import proposer_settings
+            return {"method": "suffix", "num_speculative_tokens": draft_length}, {}
+        return self.proposer.speculative_config()
 
-        return proposer_settings(self.method, self.draft_max, index=self.index, memory=self.memory,
-                                 min_match=self.min_match)
+    def job(self, speculative: Optional[dict], max_model_len: int) -> dict:
+        """What the child process builds its `LLM` from (`_run_job`)."""
+        return {"model": self.load.target, "dtype": self.load.dtype, "max_model_len": max_model_len,
+                "memory_fraction": self.memory_fraction, "speculative": speculative}
 
 
 @dataclass(frozen=True)
@@ -149,10 +160,9 @@ def run_vllm(settings: VllmSettings, phases: Sequence[VllmPhase],
     if reason is not None:
         raise SpecdecError(reason)
     speculative, env = settings.speculative()
-    if settings.max_model_len is None:
-        longest = max((len(ids) + phase.max_tokens for phase in phases for ids in phase.prompts), default=0)
-        settings = replace(settings, max_model_len=longest + CONTEXT_MARGIN)
-    job = {**asdict(settings), "speculative": speculative,
+    longest = max((len(ids) + phase.max_tokens for phase in phases for ids in phase.prompts), default=0)
+    max_model_len = settings.max_model_len if settings.max_model_len is not None else longest + CONTEXT_MARGIN
+    job = {**settings.job(speculative, max_model_len),
            "phases": [{**asdict(phase), "prompts": [list(map(int, ids)) for ids in phase.prompts],
                        "stop_token_ids": [int(token) for token in phase.stop_token_ids]} for phase in phases]}
     debug = bool(os.environ.get("SPECDEC_DEBUG"))

@@ -1,10 +1,14 @@
 """`specdec serve`: vLLM's OpenAI-compatible server on a target, with one of specdec's drafters as its proposer.
 
+Settings: `ServeSettings` holds one vLLM engine's settings whole (runner.VllmSettings: the target's load, the
+proposer, vLLM's sizes) and keeps only the server's own (address, extra arguments, API key); `serve_settings`
+builds them from values named as their fields, as the command line does.
+
 What it does: checks the settings, resolves the target to a model directory vLLM can load (a GGUF is
 converted once, as for every command), and runs `python -m vllm.entrypoints.openai.api_server` with the same
-interpreter: `--speculative-config` names specdec's proposer class (vllm_proposer.py) and the environment
-variable SPECDEC_VLLM_DRAFTER carries its settings into vLLM's engine process. Ctrl-C or SIGTERM is passed on
-to the server, which shuts down; after a grace period it is killed.
+interpreter: `--speculative-config` names specdec's proposer class (proposer.py) and the environment variable
+SPECDEC_VLLM_DRAFTER carries its settings (proposer_settings.py) into vLLM's engine process. Ctrl-C or SIGTERM is
+passed on to the server, which shuts down; after a grace period it is killed.
 
 Who may call it: with an API key (`--api-key`, or the VLLM_API_KEY environment variable, which keeps the key out
 of `ps`) vLLM refuses requests without it; the key reaches vLLM through its environment, never its command line.
@@ -21,13 +25,15 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
 
-from ..defaults import DEFAULT_TARGET, VLLM_DRAFT_MAX
+from ..defaults import DEFAULT_DRAFTER, VLLM_DRAFTERS
 from ..errors import SpecdecError
-from .proposer import MIN_MATCH, VLLM_DRAFTERS, proposer_settings
-from .runner import CPU_MEMORY_FRACTION, INSTALL_HINT, check_dtype, vllm_installed
+from ..session.run_settings import run_settings, take_fields
+from ..target_model.load_settings import LoadSettings
+from .proposer_settings import ProposerSettings
+from .runner import CPU_MEMORY_FRACTION, INSTALL_HINT, NO_SPECULATION, VllmSettings, vllm_installed
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 API_KEY_ENV = "VLLM_API_KEY"  # vLLM's own: the server reads its key from here as from --api-key
@@ -36,16 +42,10 @@ GRACE_SECONDS = 30  # how long a stopping server may take before it is killed
 
 @dataclass(frozen=True)
 class ServeSettings:
-    target: str = DEFAULT_TARGET
-    drafter: str = "sam"  # one of VLLM_DRAFTERS, or "none" for no speculation
-    index: Optional[str] = None
-    draft_max: int = VLLM_DRAFT_MAX  # vLLM's num_speculative_tokens
-    min_match: int = MIN_MATCH
-    dtype: str = "auto"
+    # the target and its dtype, the proposer (drafter none: no speculation), vLLM's context length and memory share
+    engine: VllmSettings = field(default_factory=lambda: VllmSettings(LoadSettings(), ProposerSettings()))
     host: str = "127.0.0.1"
     port: int = 8000
-    max_model_len: Optional[int] = None
-    memory_fraction: Optional[float] = None  # vLLM's --gpu-memory-utilization (None: 0.3 on a CPU build)
     extra_args: tuple[str, ...] = ()  # passed to vLLM's server as they are
     api_key: Optional[str] = None  # requests must carry it (None: VLLM_API_KEY's, if set; else anyone may call)
 
@@ -61,49 +61,48 @@ class ServeSettings:
                 f"{self.port} can use the model; set one with --api-key or the {API_KEY_ENV} environment variable"]
 
     def check(self) -> None:
-        if self.drafter != "none" and self.drafter not in VLLM_DRAFTERS:
-            raise SpecdecError(f"drafter {self.drafter}: `specdec serve` drafts with none, {', '.join(VLLM_DRAFTERS)} "
+        drafter = self.engine.method
+        if drafter != NO_SPECULATION and drafter not in VLLM_DRAFTERS:
+            raise SpecdecError(f"drafter {drafter}: `specdec serve` drafts with none, {', '.join(VLLM_DRAFTERS)} "
                                "(vLLM verifies chains)", setting="drafter")
-        if self.index:
-            if not self.drafter.startswith("sam"):
-                raise SpecdecError("--index is for the sam drafter", setting="index")
+        self.engine.check()  # the draft length, the shortest match, vLLM's sizes
+        self.engine.proposer.check_index()
+        if self.engine.proposer.drafter.options.index:
             from ..sam.index import read_index_info
 
-            read_index_info(self.index)
-        if self.draft_max < 1:
-            raise SpecdecError(f"draft_max must be >= 1, got {self.draft_max}", setting="draft_max")
-        if self.min_match < 1:
-            raise SpecdecError(f"min_match must be >= 1, got {self.min_match}", setting="min_match")
+            read_index_info(self.engine.proposer.drafter.options.index)
         if not 1 <= self.port <= 65535:
             raise SpecdecError(f"port must be in 1..65535, got {self.port}", setting="port")
-        check_dtype(self.dtype)
         if self.api_key is not None and not self.api_key.strip():
             raise SpecdecError("api_key must not be empty", setting="api_key")
         if any(arg == "--api-key" or arg.startswith("--api-key=") for arg in self.extra_args):
             raise SpecdecError("give the API key as specdec's --api-key (or VLLM_API_KEY), before vLLM's own options",
                                setting="api_key")
-        if self.max_model_len is not None and self.max_model_len < 16:
-            raise SpecdecError(f"max_model_len must be >= 16, got {self.max_model_len}", setting="max_model_len")
-        if self.memory_fraction is not None and not 0 < self.memory_fraction <= 1:
-            raise SpecdecError(f"memory fraction must be in (0, 1], got {self.memory_fraction}",
-                               setting="memory_fraction")
+
+
+def serve_settings(drafter: str = DEFAULT_DRAFTER, **values: Any) -> ServeSettings:
+    """ServeSettings from values named as the fields of ServeSettings (host, port, ...), VllmSettings (max_model_len,
+    memory_fraction), ProposerSettings (min_match) and the run's (session/run_settings.run_settings: target, dtype,
+    index, draft_max); the rest keep their defaults. `specdec serve` builds its settings here from its flags."""
+    own, engine, proposer = (take_fields(kind, values) for kind in (ServeSettings, VllmSettings, ProposerSettings))
+    run = run_settings(drafter, **values)
+    return ServeSettings(VllmSettings(run.load, ProposerSettings(run.drafter, **proposer), **engine), **own)
 
 
 def server_command(settings: ServeSettings, model_dir: str, served_name: str,
                    cpu_build: bool) -> tuple[list[str], dict[str, str]]:
     """The server's argv and the environment entries it needs (the proposer's settings)."""
+    engine = settings.engine
     argv = [sys.executable, "-m", SERVER_MODULE, "--model", model_dir, "--served-model-name", served_name,
-            "--dtype", settings.dtype, "--host", settings.host, "--port", str(settings.port)]
-    fraction = settings.memory_fraction if settings.memory_fraction is not None else (
+            "--dtype", engine.load.dtype, "--host", settings.host, "--port", str(settings.port)]
+    fraction = engine.memory_fraction if engine.memory_fraction is not None else (
         CPU_MEMORY_FRACTION if cpu_build else None)
     if fraction is not None:
         argv += ["--gpu-memory-utilization", str(fraction)]
-    if settings.max_model_len is not None:
-        argv += ["--max-model-len", str(settings.max_model_len)]
-    env: dict[str, str] = {}
-    if settings.drafter != "none":
-        speculative, env = proposer_settings(settings.drafter, settings.draft_max, index=settings.index,
-                                             min_match=settings.min_match)
+    if engine.max_model_len is not None:
+        argv += ["--max-model-len", str(engine.max_model_len)]
+    speculative, env = engine.speculative()  # (none: no speculative config)
+    if speculative is not None:
         argv += ["--speculative-config", json.dumps(speculative)]
     if settings.api_key:  # through the environment: an argument would show the key in `ps` to every local user
         env[API_KEY_ENV] = settings.api_key
@@ -135,7 +134,7 @@ def serve(settings: ServeSettings, on_status: Optional[Callable[[str], None]] = 
         (on_warning or (lambda line: None))(warning)
     from ..target_model.models import model_location, resolve_target
 
-    source = resolve_target(settings.target)
+    source = resolve_target(settings.engine.load.target)
     model_dir = model_location(source, on_status)
     argv, env = server_command(settings, model_dir, source.name, cpu_build=_cpu_build())
     return (run or _run_server)(argv, env)

@@ -1,0 +1,115 @@
+/*
+ * blocks.c: the block formats on the kernels' side. The weights' kinds (bits, weights per scale, zero point,
+ * offsets) and the bytes of their records (cpu_kind_info, cpu_block_bytes, cpu_group_bytes); and each row of
+ * activations rounded to 8 bits per block of 32 (cpu_quantize_rows: scale dx = max |x| / 127, code = round(x / dx),
+ * as llama.cpp does), the first step of every block-kind matmul, on the portable or the AVX2 path (the same bits).
+ * Not here: packing weights into records (kernels/__init__.py's pack_records, from the GGUF blocks of
+ * target_model/quant.py), and the products themselves (matmul*.c).
+ */
+#include "kernels.h"
+
+/* --------------------------------------------------------------------------------------- the weights' kinds */
+
+int cpu_kind_info(int kind, KindInfo *info)
+{
+    switch (kind) {
+    case KIND_Q4: *info = (KindInfo){4, 32, 0, 1, 0}; return 1;
+    case KIND_Q4Z: *info = (KindInfo){4, 32, 8, 0, 0}; return 1;
+    case KIND_Q8: *info = (KindInfo){8, 32, 128, 0, 0}; return 1;
+    case KIND_U8: *info = (KindInfo){8, 32, 0, 1, 0}; return 1;
+    case KIND_Q8S: *info = (KindInfo){8, 16, 32, 0, 0}; return 1;
+    case KIND_Q4S: *info = (KindInfo){4, 16, 4, 0, 0}; return 1;
+    case KIND_Q2S: *info = (KindInfo){4, 16, 0, 1, 0}; return 1;
+    case KIND_F32: *info = (KindInfo){32, 0, 0, 0, 0}; return 1;
+    case KIND_F16: *info = (KindInfo){16, 0, 0, 0, 0}; return 1;
+    case KIND_BF16: *info = (KindInfo){16, 0, 0, 0, 1}; return 1;
+    default: return 0;
+    }
+}
+
+/* Bytes of one block of 32 weights for a group of GROUP columns: scales, offsets, codes. */
+long cpu_block_bytes(const KindInfo *info)
+{
+    long subs = BLOCK / info->sub;
+    return 4 * GROUP * subs * (1 + info->offsets) + (info->bits == 4 ? 16 : 32) * GROUP;
+}
+
+/* Bytes of one group's record (k weights of GROUP columns). */
+long cpu_group_bytes(const KindInfo *info, long k)
+{
+    if (info->bits >= 16)
+        return k * GROUP * (info->bits / 8);
+    return (k / BLOCK) * cpu_block_bytes(info);
+}
+
+/* ---------------------------------------------------------------------- activations rounded to 8-bit blocks */
+
+/* Row r of `rows`, block b of 32, laid out block by block so that a tile of rows finds its codes at fixed offsets
+ * from one pointer: codes qx[b, r, 0..31], scale dx[b, r]; sums[2b + h, r] = the sum of codes 16h .. 16h+15 of
+ * that block (the kinds with zero points or offsets need them per sub-block). */
+static void quantize_rows_portable(const float *x, long rows, long k, int8_t *qx, float *dx, int32_t *sums)
+{
+    long blocks = k / BLOCK;
+    for (long r = 0; r < rows; r++)
+        for (long b = 0; b < blocks; b++) {
+            const float *v = x + r * k + b * BLOCK;
+            float amax = 0.0f;
+            for (int i = 0; i < BLOCK; i++)
+                amax = fmaxf(amax, fabsf(v[i]));
+            float scale = amax / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+            int8_t *codes = qx + (b * rows + r) * BLOCK;
+            int sum[2] = {0, 0};
+            for (int i = 0; i < BLOCK; i++) {
+                int code = (int)nearbyintf(v[i] * inverse);
+                codes[i] = (int8_t)code;
+                sum[i / 16] += code;
+            }
+            dx[b * rows + r] = scale;
+            sums[2 * b * rows + r] = sum[0];
+            sums[(2 * b + 1) * rows + r] = sum[1];
+        }
+}
+
+#if HAVE_X86
+AVX2 static void quantize_rows_avx2(const float *x, long rows, long k, int8_t *qx, float *dx, int32_t *sums)
+{
+    long blocks = k / BLOCK;
+    const __m256 sign_off = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (long r = 0; r < rows; r++)
+        for (long b = 0; b < blocks; b++) {
+            const float *v = x + r * k + b * BLOCK;
+            __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), v2 = _mm256_loadu_ps(v + 16),
+                   v3 = _mm256_loadu_ps(v + 24);
+            __m256 amax = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, sign_off), _mm256_and_ps(v1, sign_off)),
+                                        _mm256_max_ps(_mm256_and_ps(v2, sign_off), _mm256_and_ps(v3, sign_off)));
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            float scale = _mm_cvtss_f32(m4) / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+            __m256 mul = _mm256_set1_ps(inverse);
+            const int round = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+            __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), round));
+            __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), round));
+            __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), round));
+            __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), round));
+            /* pack 32 int32 -> 32 int8 in order (packs interleave 128-bit lanes; the permute restores order) */
+            __m256i p01 = _mm256_packs_epi32(i0, i1), p23 = _mm256_packs_epi32(i2, i3);
+            __m256i packed = _mm256_packs_epi16(p01, p23);
+            packed = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(qx + (b * rows + r) * BLOCK), packed);
+            dx[b * rows + r] = scale;
+            sums[2 * b * rows + r] = hsum8i(_mm256_add_epi32(i0, i1));
+            sums[(2 * b + 1) * rows + r] = hsum8i(_mm256_add_epi32(i2, i3));
+        }
+}
+#else /* no vector path on this CPU: the path is always ISA_PORTABLE (the AVX2 name stands for the portable loop) */
+#define quantize_rows_avx2 quantize_rows_portable
+#endif
+
+void cpu_quantize_rows(int path, const float *x, long rows, long k, int8_t *qx, float *dx, int32_t *sums)
+{
+    if (path >= ISA_AVX2)
+        quantize_rows_avx2(x, rows, k, qx, dx, sums);
+    else
+        quantize_rows_portable(x, rows, k, qx, dx, sums);
+}

@@ -1,0 +1,249 @@
+/*
+ * kernels.h: the one internal header of specdec's CPU kernels (the extension specdec_cli.kernels._cpu; ../_cpu.c
+ * describes what they compute and in which order). Every C file of the extension includes it, and nothing else
+ * of the extension's own.
+ *
+ * Holds: the standard includes; the x86 target attributes (AVX2, AVXVNNI, VNNI512) and HAVE_X86; the constants
+ * (BLOCK, GROUP, MAX_THREADS); the weights' kinds and the instruction-set paths; the task structures the files
+ * hand each other (KindInfo, MatmulTask, TileSet, AttentionTask); the few small vector helpers that several
+ * files inline in their loops (hsum8, hsum8i, load_i32, exp8, four_scores); and the declaration of every function
+ * one file defines and another calls, each named cpu_*. Everything else is `static` in its file.
+ * Not here: any kernel's body, and Python: only ../_cpu.c includes Python.h.
+ */
+#ifndef SPECDEC_KERNELS_H
+#define SPECDEC_KERNELS_H
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* x86-64: the vector paths, each function compiled for its instruction set by a target attribute and called only
+ * when the CPU has it (../_cpu.c checks at import); their small helpers that several files inline. Every other
+ * CPU: HAVE_X86 0, and only the portable loops are compiled. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_X86 1
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define AVXVNNI __attribute__((target("avx2,fma,avxvnni")))
+#define VNNI512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
+
+static inline void cpu_relax(void)
+{
+    _mm_pause();
+}
+
+AVX2 static inline float hsum8(__m256 v)
+{
+    __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
+    sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
+    return _mm_cvtss_f32(sum);
+}
+
+AVX2 static inline int hsum8i(__m256i v)
+{
+    __m128i sum = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0x4e));
+    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0xb1));
+    return _mm_cvtsi128_si32(sum);
+}
+
+/* e^x for x <= 0 (scores minus their maximum): 2^n * p(r), x = n ln 2 + r, |r| <= ln 2 / 2, p of degree 6. */
+AVX2 static inline __m256 exp8(__m256 x)
+{
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
+}
+
+/* A key's score: its dot vector's 8 lanes summed as ((0+1)+(2+3)) + ((4+5)+(6+7)), times the scale. Four keys
+ * are reduced together (hadd pairs neighbouring lanes within each 128-bit half), which sums every key's lanes in
+ * that same order whichever keys share the group. */
+AVX2 static inline __m128 four_scores(__m256 a, __m256 b, __m256 c, __m256 d)
+{
+    __m256 pairs = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d)); /* [a03 b03 c03 d03 | a47 b47 c47 d47] */
+    return _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
+}
+
+#else
+#define HAVE_X86 0
+
+static inline void cpu_relax(void)
+{
+}
+#endif
+
+static inline __attribute__((always_inline)) int32_t load_i32(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* The cpu_* names below stay inside the extension's shared object (calls between its files go direct). */
+#pragma GCC visibility push(hidden)
+
+#define BLOCK 32 /* weights (and activations) per quantisation block */
+#define GROUP 16 /* output columns per record: the lanes of one 512-bit register of int32 or float32 */
+#define MAX_THREADS 64
+
+/* The weights' kinds (../_cpu.c's header comment; kernels/__init__.py names them too). */
+enum {
+    KIND_Q4 = 4,    /* nibbles, per 32: scale, offset */
+    KIND_Q4Z = 5,   /* nibbles, per 32: scale; zero point 8 */
+    KIND_Q8 = 8,    /* bytes (int8 + 128), per 32: scale; zero point 128 */
+    KIND_U8 = 9,    /* bytes 0..127, per 32: scale, offset */
+    KIND_Q8S = 16,  /* bytes 0..127, per 16: scale; zero point 32 */
+    KIND_Q4S = 17,  /* nibbles, per 16: scale; zero point 4 */
+    KIND_Q2S = 18,  /* nibbles, per 16: scale, offset */
+    KIND_F32 = 32,  /* float32 weights */
+    KIND_F16 = 33,  /* float16 weights */
+    KIND_BF16 = 34, /* bfloat16 weights */
+};
+
+/* The instruction sets, in order of preference. ../_cpu.c keeps the one in use (the best the CPU has, unless
+ * set_isa chose another it has) and passes it to each kernel as `path`. */
+enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVXVNNI = 2, ISA_AVX512VNNI = 3 };
+
+/* --------------------------------------------------------------------------------- the thread pool (pool.c) */
+
+typedef void (*task_fn)(const void *ctx, long start, long stop);
+
+void cpu_run_parallel(task_fn fn, const void *ctx, long items);
+int cpu_threads(void);
+int cpu_set_threads(int count);
+void cpu_pool_init(void);
+double cpu_now_seconds(void);
+
+/* -------------------------------------------------------- the weights' kinds and the activations (blocks.c) */
+
+typedef struct {
+    int bits;    /* 4: two codes a byte; 8: one code a byte; 32/16: float32, float16 or bfloat16 weights */
+    int sub;     /* weights per scale (16 or 32) */
+    int zero;    /* the codes' zero point: W = scale * (code - zero) (+ offset) */
+    int offsets; /* a float32 offset per sub-block */
+    int bf16;    /* bits 16: bfloat16 rather than float16 */
+} KindInfo;
+
+int cpu_kind_info(int kind, KindInfo *info);
+long cpu_block_bytes(const KindInfo *info);
+long cpu_group_bytes(const KindInfo *info, long k);
+void cpu_quantize_rows(int path, const float *x, long rows, long k, int8_t *qx, float *dx, int32_t *sums);
+
+/* ------------------------------------------- the matmul (matmul.c; tiles in matmul_avx2.c, matmul_avx512.c) */
+
+typedef struct {
+    KindInfo info;
+    long rows, k, n;
+    const float *x;       /* float kinds: the rows themselves */
+    const int8_t *qx;     /* block kinds: the rows' 8-bit codes [k/32][rows][32] */
+    const float *dx;      /* their scales [k/32][rows] */
+    const int32_t *init;  /* [k/sub][rows]: -zero * (sum of the row's codes over the sub-block), the integer
+                           * accumulator's start (so the dot product comes out of codes - zero) */
+    const float *sx;      /* [k/sub][rows]: dx * (sum of the row's codes over the sub-block), for offsets */
+    const char *weights;  /* one record per group of GROUP columns */
+    long record, block;   /* bytes per group record, per block of it */
+    float *out;
+    long out_stride; /* elements between rows of out */
+    int accumulate;  /* out += product instead of out = product (a residual connection) */
+} MatmulTask;
+
+int cpu_matmul(const KindInfo *info, const float *x, long rows, long k, long n, const char *weights, float *out,
+               long out_stride, int accumulate, int path);
+
+/* The block kinds' compiled shapes: (bits, sub, offsets) of each kind, and tiles of 1, 2, 4 (and 8) rows. */
+#define SHAPES(X)                                                                                                  \
+    X(4, 32, 1)                                                                                                    \
+    X(4, 32, 0)                                                                                                    \
+    X(8, 32, 0)                                                                                                    \
+    X(8, 32, 1)                                                                                                    \
+    X(8, 16, 0)                                                                                                    \
+    X(4, 16, 0)                                                                                                    \
+    X(4, 16, 1)
+#define SHAPE_COUNT 7
+
+/* A tile: (task, group, half of the group (256-bit paths), first row, prefetch the next group). */
+typedef void (*tile_fn)(const MatmulTask *, long, int, long, int);
+
+/* A path's tiles for one kind, largest last: fn[i] takes rows[i] rows (NULL past the path's largest). */
+typedef struct {
+    tile_fn fn[5];
+    int rows[5];
+    tile_fn pairs[3]; /* 512-bit tiles of two groups: 1, 2, 4 rows (NULL on other paths) */
+} TileSet;
+
+/* Indexed as SHAPES lists the block kinds' shapes, and float32, float16, bfloat16. */
+extern const TileSet cpu_tiles_avx2[SHAPE_COUNT], cpu_tiles_avxvnni[SHAPE_COUNT], cpu_floats_avx2[3];
+extern const TileSet cpu_tiles_512[SHAPE_COUNT], cpu_floats_512[3];
+
+/* ------------------------------------------------------------------- row-invariant attention (attention*.c) */
+
+typedef struct {
+    long rows, heads, kv_heads, dim;
+    const float *q;
+    long q_row, q_head; /* strides in elements */
+    const char *k, *v;
+    int kv_bf16;
+    long k_head, k_pos, v_head, v_pos; /* strides in elements */
+    const int32_t *run_start, *run_stop; /* [rows]: row r's keys begin with the run run_start .. run_stop-1 */
+    const int32_t *extra_start;          /* [rows + 1]: then extra_pos[extra_start[r] .. extra_start[r+1]-1] */
+    const int32_t *extra_pos;
+    float scale;
+    float *out;
+    long o_row, o_head;
+    long row_tile; /* AVX2 work units: 0 = one (row, head) each; else a key/value head's query heads x row_tile rows */
+    int wide; /* the 512-bit score and value steps (the avx512vnni path) */
+    float cap; /* > 0: scores soft-capped before the softmax, cap * tanh(score / cap) (gemma2); 0: none */
+} AttentionTask;
+
+void cpu_attention(AttentionTask *t, int path);
+
+/* The two steps over a block of keys, for one item (score_fn, value_fn) or for n query heads of one row
+ * (score_group_fn, value_group_fn; attention_avx512.c). */
+typedef void (*score_fn)(const AttentionTask *, long, long, float *, long, long);
+typedef void (*value_fn)(const AttentionTask *, long, long, const float *, float *, long, long);
+typedef void (*score_group_fn)(const AttentionTask *, long, long, float *, long, long, long);
+typedef void (*value_group_fn)(const AttentionTask *, long, long, const float *, long, float *, long, long, long);
+#define MAX_GROUP 4
+
+void cpu_attention_wide_steps(long dim, int bf16, score_fn *score, value_fn *value);
+void cpu_attention_group_steps(long dim, int bf16, int wide, score_group_fn *score, value_group_fn *value,
+                               long *score_most, long *value_most);
+float cpu_softmax_weights_wide(float *scores, long keys);
+
+/* ---------------------------------------------------------------------------- per-row steps (elementwise.c) */
+
+void cpu_rms_norm(const float *x, long rows, long dim, long x_stride, const float *weight, float eps, float *out,
+                  long out_stride);
+void cpu_rms_norm_heads(float *x, long rows, long row_stride, long heads, long head_dim, const float *weight,
+                        float eps);
+void cpu_rope(float *base, long rows, long row_stride, long heads, long head_dim, long half, const int32_t *positions,
+              const float *cos_table, const float *sin_table);
+void cpu_store_rows(const float *src, long rows, long row_stride, long heads, long dim, float *dst, long head_stride,
+                    long pos_stride, long start);
+void cpu_silu_mul(int path, const float *gate_up, long rows, long ffn, float *out);
+void cpu_gelu_tanh_mul(int path, const float *gate_up, long rows, long ffn, float *out);
+void cpu_soft_cap(int path, float *x, long count, float cap);
+void cpu_soft_cap_portable(float *x, long count, float cap); /* attention.c soft-caps its scores with these */
+void cpu_soft_cap_avx2(float *x, long count, float cap);     /* x86 only */
+
+/* --------------------------------------------------------------------------------- the paths' peak (peak.c) */
+
+double cpu_peak(int path, double seconds);
+
+#endif /* SPECDEC_KERNELS_H */
