@@ -161,3 +161,31 @@ def test_the_decoders_steps_refuse_wrong_shapes_and_dtypes():
                  lambda: kernels.store_rows(x[:, :30], cache, 0)):
         with pytest.raises(ValueError, match="store_rows"):
             call()
+
+
+def test_checked_rows_and_dense_give_what_tensors_give_and_refuse_the_same():
+    """A decoding step checks its buffers once (kernels.Rows, kernels.Dense) and hands those to every call: the
+    results are the tensors' calls' bit for bit, and what a tensor call refuses, making the handle refuses."""
+    x, weight = torch.randn(3, 32), torch.randn(32)
+    wide = torch.zeros(3, 40)
+    out = kernels.Rows(wide[:, 4:36])  # a slice of a wider buffer: strided rows
+    returned = kernels.rms_norm(kernels.Rows(x), kernels.Dense(weight), 1e-6, out=out)
+    assert returned is out.tensor and torch.equal(wide[:, 4:36], kernels.rms_norm(x, weight, 1e-6))
+    gate_up = torch.randn(3, 64)
+    assert torch.equal(kernels.silu_mul(kernels.Rows(gate_up), out=kernels.Rows(torch.empty(3, 32))),
+                       kernels.silu_mul(gate_up))
+    rotated, expected = x.clone(), x.clone()
+    cos, sin, positions = torch.randn(8, 4), torch.randn(8, 4), torch.tensor([1, 2, 3], dtype=torch.int32)
+    kernels.rope(kernels.Rows(rotated), 2, 16, kernels.Dense(positions, torch.int32), kernels.Dense(cos),
+                 kernels.Dense(sin))
+    kernels.rope(expected, 2, 16, positions, cos, sin)
+    assert torch.equal(rotated, expected)
+    for call in (lambda: kernels.Rows(x.double()), lambda: kernels.Rows(x.t()), lambda: kernels.Rows(x[0]),
+                 lambda: kernels.Rows(_meta(3, 32)), lambda: kernels.Dense(x.t()),
+                 lambda: kernels.Dense(positions, torch.float32), lambda: kernels.Dense(positions.long(), torch.int32),
+                 lambda: kernels.rms_norm(kernels.Rows(x), kernels.Dense(weight[:16]), 1e-6),
+                 lambda: kernels.rms_norm(kernels.Rows(x), weight, 1e-6, out=kernels.Rows(torch.empty(2, 32))),
+                 lambda: kernels.silu_mul(kernels.Rows(wide[:, 4:36])),  # rows not contiguous
+                 lambda: kernels.rope(kernels.Rows(x), 2, 16, kernels.Dense(positions[:2], torch.int32), cos, sin)):
+        with pytest.raises(ValueError):
+            call()

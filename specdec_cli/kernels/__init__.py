@@ -1,4 +1,4 @@
-"""specdec's CPU kernels from Python: block-quantised matmuls and row-invariant attention (`_cpu.c`).
+"""specdec's CPU kernels from Python: block-quantised matmuls and row-invariant attention (`_cpu.c`, `csrc/`).
 
 `matmul` multiplies float32 rows by a weight held as records of 16 output columns in one of a small set of
 kinds (`KINDS`): 4-bit or 8-bit codes with a float32 scale per 32 or 16 weights, an integer zero point and
@@ -6,9 +6,9 @@ optionally a float32 offset, into which quant.py repacks every GGUF type exactly
 IQ4_NL/IQ4_XS); or float32/float16/bfloat16 weights as they are. Block kinds round each row to 8 bits per block of
 32 first and multiply with integer dot products. `attention` computes each query row over its own keys. Both
 return, for every row, exactly what a one-row call returns, whatever the number of rows or threads, and matmul
-the same bits on every instruction-set path (the C file says how); `force_isa` (or SPECDEC_ISA) picks a path
-for tests and timings. This module is the only door to the C extension: every call takes tensors (or the checked
-BlockMatrix and KeyPositions) and checks what the C code cannot (dtypes, devices, shapes, strides), raising a
+the same bits on every instruction-set path (csrc/matmul.c says how); `force_isa` (or SPECDEC_ISA) picks a path
+for tests and timings. This module is the only door to the C extension: every call takes tensors (or handles checked once
+when made: Rows, Dense, BlockMatrix, KeyPositions) and checks what the C code cannot (dtypes, devices, shapes, strides), raising a
 ValueError rather than handing C a pointer it would misread; it owns the worker threads' count. records.py packs
 and unpacks the records. Neither knows about models, GGUF files or `--weights` (quant.py does).
 """
@@ -50,8 +50,9 @@ __all__ = [  # the records' layout (records.py), and the typed calls into the C 
     "BLOCK", "GROUP", "KIND_BF16", "KIND_F16", "KIND_F32", "KIND_Q2S", "KIND_Q4", "KIND_Q4S", "KIND_Q4Z", "KIND_Q8",
     "KIND_Q8S", "KIND_U8", "KINDS", "Kind", "dequantize", "groups", "kind_of", "pack_records", "record_bytes",
     "select_columns", "unpack_records", "MAX_THREADS", "available", "isa", "isas", "force_isa", "set_threads",
-    "threads", "ensure_threads", "BlockMatrix", "matmul_into", "matmul", "KeyPositions", "attention", "rms_norm",
-    "rms_norm_heads", "rope", "store_rows", "silu_mul", "gelu_tanh_mul", "soft_cap_", "soft_cap", "peak", "build_file",
+    "threads", "ensure_threads", "Rows", "Dense", "BlockMatrix", "matmul_into", "matmul", "KeyPositions", "attention",
+    "rms_norm", "rms_norm_heads", "rope", "store_rows", "silu_mul", "gelu_tanh_mul", "soft_cap_", "soft_cap", "peak",
+    "build_file",
 ]
 
 MAX_THREADS = 64  # the pool's limit (MAX_THREADS in csrc/kernels.h)
@@ -88,7 +89,7 @@ def isas() -> list[str]:
 
 def force_isa(name: Optional[str]) -> None:
     """Run the kernels on path `name` (one of `isas()`), or on the best again with None. Every path computes each
-    block kind's products in the same order (kernels/_cpu.c), so results do not change; for tests and timings."""
+    block kind's products in the same order (kernels/csrc/), so results do not change; for tests and timings."""
     _require().set_isa(name or "best")
 
 
@@ -126,8 +127,9 @@ def ensure_threads() -> None:
 # Every call into _cpu goes through the functions below: they take tensors, check what the C code reads blindly
 # (dtype, device, dimensions, the unit stride along a row, shapes that agree) and raise ValueError naming the
 # kernel and the argument, never handing C a pointer it would read past. Values (positions within a rotary table,
-# key positions within the cache) are the caller's to keep in range. The checks are attribute reads, one or two
-# microseconds a call, against the tens of microseconds a decoding step's kernel calls take.
+# key positions within the cache) are the caller's to keep in range. A tensor's checks are attribute reads, one or
+# two microseconds a call; a decoding step's 300-odd calls take handles checked once (Rows, Dense), whose checks
+# compare integers, so the facade costs a step nothing measurable (docs/measurements.md).
 
 _F32, _U8, _I32 = torch.float32, torch.uint8, torch.int32
 
@@ -153,6 +155,48 @@ def _records_shape(kind: int, k: int, n: int) -> tuple[int, int]:
     return groups(n), record_bytes(kind, k)
 
 
+class Rows:
+    """A float32 CPU matrix [rows, width] with unit stride along a row (rows may be strided: a slice of a wider
+    buffer), checked once when made: the calls below then compare integers, not tensors' attributes (a decoding
+    step makes some 300 calls, so per-call tensor checks would cost it several percent). Every call also takes a
+    plain tensor and makes the Rows itself. Holds the tensor, so its address stays valid."""
+
+    __slots__ = ("tensor", "address", "rows", "width", "row_stride", "contiguous")
+
+    def __init__(self, tensor: torch.Tensor, kernel: str = "Rows", name: str = "the tensor"):
+        if tensor.dtype is not _F32 or not tensor.is_cpu or tensor.ndim != 2 or tensor.stride()[1] != 1:
+            raise _refuse(kernel, f"{name} must be a float32 CPU matrix with unit stride along a row", tensor)
+        self.tensor = tensor
+        self.address: int = tensor.data_ptr()
+        self.rows: int = tensor.shape[0]
+        self.width: int = tensor.shape[1]
+        self.row_stride: int = tensor.stride()[0]
+        self.contiguous: bool = tensor.is_contiguous()
+
+
+class Dense:
+    """A contiguous CPU tensor of one dtype (a norm's weight, rotary tables, positions), checked once when made,
+    like Rows."""
+
+    __slots__ = ("tensor", "address", "shape")
+
+    def __init__(self, tensor: torch.Tensor, dtype: torch.dtype = _F32, kernel: str = "Dense",
+                 name: str = "the tensor"):
+        if tensor.dtype is not dtype or not tensor.is_cpu or not tensor.is_contiguous():
+            raise _refuse(kernel, f"{name} must be a contiguous {str(dtype).replace('torch.', '')} CPU tensor", tensor)
+        self.tensor = tensor
+        self.address: int = tensor.data_ptr()
+        self.shape: tuple[int, ...] = tuple(tensor.shape)
+
+
+def _rows(value: "torch.Tensor | Rows", kernel: str, name: str) -> Rows:
+    return value if isinstance(value, Rows) else Rows(value, kernel, name)
+
+
+def _dense(value: "torch.Tensor | Dense", kernel: str, name: str, dtype: torch.dtype = _F32) -> Dense:
+    return value if isinstance(value, Dense) else Dense(value, dtype, kernel, name)
+
+
 @dataclass(frozen=True)
 class BlockMatrix:
     """A weight W [n, k] as packed records (pack_records) of `kind`, checked once when made: `matmul_into` then
@@ -173,31 +217,31 @@ class BlockMatrix:
         object.__setattr__(self, "_address", records.data_ptr())  # held with the records: it cannot move
 
 
-def matmul_into(x: torch.Tensor, matrix: BlockMatrix, out: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
+def matmul_into(x: "torch.Tensor | Rows", matrix: BlockMatrix, out: "torch.Tensor | Rows",
+                accumulate: bool = False) -> torch.Tensor:
     """out (+)= x @ W^T: x contiguous float32 [rows, k], out float32 [rows, n] (rows may be strided: a slice of a
-    wider buffer), W a checked BlockMatrix (matmul's product, with the records checked once). Returns out."""
+    wider buffer), each a tensor or a checked Rows; W a checked BlockMatrix (matmul's product, with the records
+    checked once). Returns out's tensor."""
     kernel = _cpu if _cpu is not None else _require()
     if type(matrix) is not BlockMatrix:
         raise _refuse("matmul_into", f"the weight must be a BlockMatrix, got {type(matrix).__name__}")
-    if x.dtype is not _F32 or not x.is_cpu or x.ndim != 2 or not x.is_contiguous():
-        raise _refuse("matmul_into", "x must be contiguous float32 CPU rows [rows, k]", x)
-    rows, k = x.shape
-    out_strides = out.stride()
-    if (out.dtype is not _F32 or not out.is_cpu or out.shape != (rows, matrix.n) or out_strides[1] != 1 or
-            k != matrix.k):
-        raise _refuse("matmul_into", f"x [rows, {matrix.k}] and out [rows, {matrix.n}] with unit stride along a row",
-                      out)
-    if rows:
-        kernel.matmul(matrix.kind, x.data_ptr(), rows, k, matrix.n, matrix._address, out.data_ptr(),
-                      out_strides[0], accumulate)
-    return out
+    x, out = _rows(x, "matmul_into", "x"), _rows(out, "matmul_into", "out")
+    if not x.contiguous:
+        raise _refuse("matmul_into", "x must be contiguous rows [rows, k]", x.tensor)
+    if x.width != matrix.k or out.width != matrix.n or out.rows != x.rows:
+        raise _refuse("matmul_into", f"x [rows, {matrix.k}] and out [rows, {matrix.n}] must have the same rows",
+                      out.tensor)
+    if x.rows:
+        kernel.matmul(matrix.kind, x.address, x.rows, x.width, matrix.n, matrix._address, out.address,
+                      out.row_stride, accumulate)
+    return out.tensor
 
 
 def matmul(x: torch.Tensor, kind: int, records: torch.Tensor, n: Optional[int] = None,
            out: Optional[torch.Tensor] = None, accumulate: bool = False) -> torch.Tensor:
     """x [rows, k] float32 @ W^T -> [rows, n] float32, W as packed records (pack_records; n defaults to every
     column the records hold, or to out's width). Block kinds round each row of x to 8 bits per block of 32 first
-    (kernels/_cpu.c). With `out` (float32 [rows, n], rows may be strided: a slice of a wider buffer) the product
+    (kernels/csrc/blocks.c). With `out` (float32 [rows, n], rows may be strided: a slice of a wider buffer) the product
     is written there, or added to it with `accumulate`; returns out."""
     kernel = _cpu if _cpu is not None else _require()
     if x.dtype is not _F32 or not x.is_cpu or x.ndim != 2:
@@ -290,105 +334,102 @@ def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos
     return out
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def rms_norm(x: "torch.Tensor | Rows", weight: "torch.Tensor | Dense", eps: float,
+             out: "torch.Tensor | Rows | None" = None) -> torch.Tensor:
     """RMSNorm of each row: out = weight * x / sqrt(mean(x^2) + eps). x, out float32 [rows, dim] (rows may be
-    strided; out may be x); weight float32 [dim]. Returns out (a new tensor if not given)."""
+    strided; out may be x), tensors or Rows; weight float32 [dim]. Returns out's tensor (a new one if not given)."""
     kernel = _cpu if _cpu is not None else _require()
-    if _not_matrix(x):
-        raise _refuse("rms_norm", "x must be a float32 CPU matrix with unit stride along a row", x)
-    shape = x.shape
-    if _not_dense(weight) or weight.shape != shape[1:]:
-        raise _refuse("rms_norm", f"weight must be a contiguous float32 CPU [{shape[1]}]", weight)
-    if out is None:
-        out = torch.empty(shape, dtype=torch.float32)
-    elif _not_matrix(out) or out.shape != shape:
-        raise _refuse("rms_norm", f"out must be a float32 CPU matrix [{shape[0]}, {shape[1]}]", out)
-    kernel.rms_norm(x.data_ptr(), shape[0], shape[1], x.stride()[0], weight.data_ptr(), float(eps), out.data_ptr(),
-                    out.stride()[0])
-    return out
+    x, weight = _rows(x, "rms_norm", "x"), _dense(weight, "rms_norm", "weight")
+    if weight.shape != (x.width,):
+        raise _refuse("rms_norm", f"weight must be [{x.width}]", weight.tensor)
+    out = Rows(torch.empty(x.rows, x.width, dtype=torch.float32)) if out is None else _rows(out, "rms_norm", "out")
+    if out.rows != x.rows or out.width != x.width:
+        raise _refuse("rms_norm", f"out must be [{x.rows}, {x.width}]", out.tensor)
+    kernel.rms_norm(x.address, x.rows, x.width, x.row_stride, weight.address, float(eps), out.address, out.row_stride)
+    return out.tensor
 
 
-def rms_norm_heads(x: torch.Tensor, head_dim: int, weight: torch.Tensor, eps: float) -> None:
+def rms_norm_heads(x: "torch.Tensor | Rows", head_dim: int, weight: "torch.Tensor | Dense", eps: float) -> None:
     """In place: RMSNorm of each head of head_dim in every row of x [rows, heads * head_dim] (float32, rows may be
     strided: q's or k's columns of fused q/k/v rows), each head as rms_norm computes it (QK-norm)."""
     kernel = _cpu if _cpu is not None else _require()
-    if _not_matrix(x) or x.shape[1] % head_dim:
-        raise _refuse("rms_norm_heads", f"x must be a float32 CPU matrix of whole heads of {head_dim}", x)
-    if _not_dense(weight) or weight.shape != (head_dim,):
-        raise _refuse("rms_norm_heads", f"weight must be a contiguous float32 CPU [{head_dim}]", weight)
-    rows, width = x.shape
-    kernel.rms_norm_heads(x.data_ptr(), rows, x.stride()[0], width // head_dim, head_dim, weight.data_ptr(),
-                          float(eps))
+    x, weight = _rows(x, "rms_norm_heads", "x"), _dense(weight, "rms_norm_heads", "weight")
+    if x.width % head_dim:
+        raise _refuse("rms_norm_heads", f"x must hold whole heads of {head_dim}", x.tensor)
+    if weight.shape != (head_dim,):
+        raise _refuse("rms_norm_heads", f"weight must be [{head_dim}]", weight.tensor)
+    kernel.rms_norm_heads(x.address, x.rows, x.row_stride, x.width // head_dim, head_dim, weight.address, float(eps))
 
 
-def rope(x: torch.Tensor, heads: int, head_dim: int, positions: torch.Tensor, cos: torch.Tensor,
-         sin: torch.Tensor) -> None:
+def rope(x: "torch.Tensor | Rows", heads: int, head_dim: int, positions: "torch.Tensor | Dense",
+         cos: "torch.Tensor | Dense", sin: "torch.Tensor | Dense") -> None:
     """In place: the rotary embedding (rotate-half) of the first `heads` heads of each row of x [rows, width]
     (float32, rows may be strided), row r at positions[r] (int32 [rows]); cos/sin float32 [positions, half] tables
     turn the first 2 * half dimensions of each head (half < head_dim / 2: a partial rotary). Positions must lie
     within the tables."""
     kernel = _cpu if _cpu is not None else _require()
-    if _not_matrix(x) or x.shape[1] < heads * head_dim:
-        raise _refuse("rope", f"x must be a float32 CPU matrix holding {heads} heads of {head_dim} a row", x)
-    rows = x.shape[0]
-    if _not_dense(positions, _I32) or positions.shape != (rows,):
-        raise _refuse("rope", f"positions must be contiguous int32 [{rows}]", positions)
+    x = _rows(x, "rope", "x")
+    if x.width < heads * head_dim:
+        raise _refuse("rope", f"x must hold {heads} heads of {head_dim} a row", x.tensor)
+    positions = _dense(positions, "rope", "positions", _I32)
+    if positions.shape != (x.rows,):
+        raise _refuse("rope", f"positions must be [{x.rows}]", positions.tensor)
+    cos, sin = _dense(cos, "rope", "cos"), _dense(sin, "rope", "sin")
     table = cos.shape
-    if (_not_dense(cos) or _not_dense(sin) or len(table) != 2 or sin.shape != table or 2 * table[1] > head_dim):
-        raise _refuse("rope", "cos and sin must be contiguous float32 [positions, half] alike, half <= "
-                      f"{head_dim // 2}", sin)
-    kernel.rope(x.data_ptr(), rows, x.stride()[0], heads, head_dim, positions.data_ptr(), cos.data_ptr(),
-                sin.data_ptr(), table[1])
+    if len(table) != 2 or sin.shape != table or 2 * table[1] > head_dim:
+        raise _refuse("rope", f"cos and sin must be [positions, half] alike, half <= {head_dim // 2}", sin.tensor)
+    kernel.rope(x.address, x.rows, x.row_stride, heads, head_dim, positions.address, cos.address, sin.address,
+                table[1])
 
 
-def store_rows(rows: torch.Tensor, cache: torch.Tensor, start: int) -> None:
+def store_rows(rows: "torch.Tensor | Rows", cache: torch.Tensor, start: int) -> None:
     """Copy each row of rows [n, heads * dim] (float32, rows may be strided: k's or v's columns of fused q/k/v
     rows) into a KV cache buffer [(1,) heads, capacity, dim] at positions start .. start + n - 1."""
     kernel = _cpu if _cpu is not None else _require()
-    if _not_matrix(rows):
-        raise _refuse("store_rows", "rows must be a float32 CPU matrix with unit stride along a row", rows)
-    count, width = rows.shape
+    rows = _rows(rows, "store_rows", "rows")
     shape, strides = cache.shape, cache.stride()
-    if (cache.dtype is not _F32 or not cache.is_cpu or strides[-1] != 1 or shape[-3] * shape[-1] != width or
+    if (cache.dtype is not _F32 or not cache.is_cpu or strides[-1] != 1 or shape[-3] * shape[-1] != rows.width or
             not (len(shape) == 3 or (len(shape) == 4 and shape[0] == 1))):
         raise _refuse("store_rows", "cache must be a float32 CPU buffer [(1,) heads, capacity, dim] for rows of "
-                      f"{width}", cache)
-    if start < 0 or start + count > shape[-2]:
-        raise _refuse("store_rows", f"positions {start}..{start + count - 1} past the cache's {shape[-2]}")
-    kernel.store_rows(rows.data_ptr(), count, rows.stride()[0], shape[-3], shape[-1], cache.data_ptr(), strides[-3],
+                      f"{rows.width}", cache)
+    if start < 0 or start + rows.rows > shape[-2]:
+        raise _refuse("store_rows", f"positions {start}..{start + rows.rows - 1} past the cache's {shape[-2]}")
+    kernel.store_rows(rows.address, rows.rows, rows.row_stride, shape[-3], shape[-1], cache.data_ptr(), strides[-3],
                       strides[-2], int(start))
 
 
-def _gated(name: str, gate_up: torch.Tensor, out: Optional[torch.Tensor]) -> tuple[Any, int, int, torch.Tensor]:
-    """The kernel, rows, ffn and the output of a gated activation, checked."""
+def _gated(name: str, gate_up: "torch.Tensor | Rows", out: "torch.Tensor | Rows | None") -> tuple[Any, Rows, Rows]:
+    """The kernel, the input and the output of a gated activation, checked (both contiguous)."""
     kernel = _cpu if _cpu is not None else _require()
-    if _not_dense(gate_up) or gate_up.ndim != 2 or gate_up.shape[1] % 2:
-        raise _refuse(name, "gate_up must be a contiguous float32 CPU [rows, 2 * ffn]", gate_up)
-    rows, ffn = gate_up.shape[0], gate_up.shape[1] // 2
-    if out is None:
-        return kernel, rows, ffn, torch.empty(rows, ffn, dtype=torch.float32)
-    if _not_dense(out) or out.shape != (rows, ffn):
-        raise _refuse(name, f"out must be a contiguous float32 CPU [{rows}, {ffn}]", out)
-    return kernel, rows, ffn, out
+    gate_up = _rows(gate_up, name, "gate_up")
+    if not gate_up.contiguous or gate_up.width % 2:
+        raise _refuse(name, "gate_up must be contiguous [rows, 2 * ffn]", gate_up.tensor)
+    rows, ffn = gate_up.rows, gate_up.width // 2
+    out = Rows(torch.empty(rows, ffn, dtype=torch.float32)) if out is None else _rows(out, name, "out")
+    if not out.contiguous or out.rows != rows or out.width != ffn:
+        raise _refuse(name, f"out must be contiguous [{rows}, {ffn}]", out.tensor)
+    return kernel, gate_up, out
 
 
-def silu_mul(gate_up: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """gate_up [rows, 2 * ffn] float32 -> SiLU(gate) * up [rows, ffn] (into `out` where given)."""
-    kernel, rows, ffn, out = _gated("silu_mul", gate_up, out)
-    kernel.silu_mul(gate_up.data_ptr(), rows, ffn, out.data_ptr())
-    return out
+def silu_mul(gate_up: "torch.Tensor | Rows", out: "torch.Tensor | Rows | None" = None) -> torch.Tensor:
+    """gate_up [rows, 2 * ffn] float32 -> SiLU(gate) * up [rows, ffn] (into `out` where given); returns out's
+    tensor."""
+    kernel, gate_up, out = _gated("silu_mul", gate_up, out)
+    kernel.silu_mul(gate_up.address, gate_up.rows, out.width, out.address)
+    return out.tensor
 
 
-def gelu_tanh_mul(gate_up: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def gelu_tanh_mul(gate_up: "torch.Tensor | Rows", out: "torch.Tensor | Rows | None" = None) -> torch.Tensor:
     """gate_up [rows, 2 * ffn] float32 -> GeLU-tanh(gate) * up [rows, ffn] (into `out` where given): torch's
     F.gelu(approximate="tanh") within a few ulp, every element by one formula on every instruction-set path
-    (kernels/_cpu.c)."""
-    if gate_up.dtype is not _F32 or not gate_up.is_cpu:
-        raise _refuse("gelu_tanh_mul", "gate_up must be float32 on the CPU", gate_up)
-    gate_up = gate_up.contiguous()
-    kernel, rows, ffn, out = _gated("gelu_tanh_mul", gate_up, out)
-    kernel.gelu_tanh_mul(gate_up.data_ptr(), rows, ffn, out.data_ptr())
-    return out
+    (kernels/csrc/elementwise.c). Returns out's tensor."""
+    if isinstance(gate_up, torch.Tensor):
+        if gate_up.dtype is not _F32 or not gate_up.is_cpu:
+            raise _refuse("gelu_tanh_mul", "gate_up must be float32 on the CPU", gate_up)
+        gate_up = gate_up.contiguous()
+    kernel, gate_up, out = _gated("gelu_tanh_mul", gate_up, out)
+    kernel.gelu_tanh_mul(gate_up.address, gate_up.rows, out.width, out.address)
+    return out.tensor
 
 
 def soft_cap_(x: torch.Tensor, cap: float) -> torch.Tensor:

@@ -3,7 +3,7 @@
 In a small model's CPU decoding step, transformers' modelling code spends more time in Python and small torch
 operations than the block matmuls themselves take (docs/measurements.md has the numbers). `NativeDecoder`
 computes what transformers' layers of the families in FAMILIES compute, with a few calls per layer into
-kernels/_cpu.c on buffers it keeps between forwards:
+the CPU kernels (kernels/, checked once per buffer) on buffers it keeps between forwards:
 
 - every family: RMSNorm, rotary position embedding in the rotate-half convention, grouped-query attention over
   the KV cache, a gated MLP; q/k/v biases (qwen2);
@@ -220,21 +220,24 @@ class _Rope:
         self.inv_freq = inv_freq.detach().to(torch.float32)
         self.scaling = scaling
         self.half = int(self.inv_freq.numel())
-        self.cos = self.sin = torch.empty(0, self.half)
+        self.count = 0
+        self.cos = self.sin = kernels.Dense(torch.empty(0, self.half))  # checked once per table (kernels.Dense)
 
     def tables(self, positions: int) -> None:
-        if self.cos.shape[0] >= positions:
+        if self.count >= positions:
             return
-        count = max(positions, 2 * self.cos.shape[0], 512)
+        count = max(positions, 2 * self.count, 512)
         freqs = torch.arange(count, dtype=torch.float32)[:, None] * self.inv_freq[None, :]  # [count, half]
-        self.cos = (freqs.cos() * self.scaling).contiguous()
-        self.sin = (freqs.sin() * self.scaling).contiguous()
+        self.cos = kernels.Dense((freqs.cos() * self.scaling).contiguous())
+        self.sin = kernels.Dense((freqs.sin() * self.scaling).contiguous())
+        self.count = count
 
 
-def _norm_weight(norm: Any, offset: bool) -> torch.Tensor:
-    """An RMSNorm's float32 weight as the kernel multiplies by it: Gemma's norms multiply by (1 + weight)."""
+def _norm_weight(norm: Any, offset: bool) -> Any:
+    """An RMSNorm's float32 weight as the kernel multiplies by it (Gemma's norms multiply by (1 + weight)),
+    checked once: a kernels.Dense [dim]."""
     weight = norm.weight.detach().to(torch.float32)
-    return (1.0 + weight if offset else weight).contiguous()
+    return kernels.Dense((1.0 + weight if offset else weight).contiguous())
 
 
 def _eps(norm: Any, default: float) -> float:
@@ -315,6 +318,7 @@ class NativeDecoder:
         self.final_eps = _eps(model.model.norm, self.eps)
         self.head = _Linear.of(model.lm_head)
         self._scratch: dict[str, torch.Tensor] = {}
+        self._checked: dict[tuple[str, int], Any] = {}  # (buffer, rows) -> kernels.Rows of its first rows
 
     # -- buffers ----------------------------------------------------------------------------------------------
 
@@ -324,7 +328,17 @@ class NativeDecoder:
         if held is None or held.shape[0] < rows or held.shape[1] != width:
             held = torch.empty(max(rows, 16), width, dtype=torch.float32)
             self._scratch[name] = held
+            self._checked = {key: value for key, value in self._checked.items() if key[0] != name}
         return held[:rows]
+
+    def _rows(self, name: str, rows: int, width: int) -> Any:
+        """The scratch buffer `name` [rows, width] as checked kernels.Rows, made once per buffer and row count (the
+        kernels then compare integers, not the tensor's attributes, at each of a step's calls)."""
+        checked = self._checked.get((name, rows))
+        if checked is None or checked.width != width:
+            buffer = self._buffer(name, rows, width)
+            checked = self._checked[(name, rows)] = kernels.Rows(buffer)
+        return checked
 
     def _windows(self) -> dict[str, Optional[int]]:
         """The window of each layer kind, read from the config at each forward (the tree self-check shortens it for
@@ -355,22 +369,26 @@ class NativeDecoder:
         [1, n or logits_to_keep, vocab] and, with output_hidden_states, .hidden_states[-1] = the final normed
         states [1, n, hidden]."""
         rows = int(input_ids.shape[1])
-        positions = position_ids[0].to(torch.int32).contiguous()  # [n]
+        positions = kernels.Dense(position_ids[0].to(torch.int32).contiguous(), torch.int32)  # [n]
         for rope in self.ropes:
-            rope.tables(int(positions.max()) + 1)
+            rope.tables(int(positions.tensor.max()) + 1)
         x = self.embedding_rows(input_ids[0]).contiguous()  # [n, hidden], the residual stream
         if self.embed_scale is not None:
             x.mul_(self.embed_scale)
-        h = self._buffer("normed", rows, self.hidden)
+        # every buffer a step's kernels read or write, checked once (kernels.Rows)
+        residual = kernels.Rows(x)
+        h = self._rows("normed", rows, self.hidden)
         q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        qkv = self._buffer("qkv", rows, q_width + 2 * kv_width)  # [n, q | k | v]
-        query = qkv[:, :q_width].view(rows, self.heads, self.head_dim)  # [n, heads, head_dim]
-        new_keys, new_values = qkv[:, q_width : q_width + kv_width], qkv[:, q_width + kv_width :]  # [n, kv_width]
-        attended = self._buffer("attended", rows, q_width)
-        attended_heads = attended.view(rows, self.heads, self.head_dim)
-        gate_up = self._buffer("gate_up", rows, 2 * self.ffn)
-        act = self._buffer("act", rows, self.ffn)
-        branch = self._buffer("branch", rows, self.hidden)  # gemma2/3: a half's output before its post-norm
+        qkv = self._rows("qkv", rows, q_width + 2 * kv_width)  # [n, q | k | v]
+        q_part = kernels.Rows(qkv.tensor[:, :q_width])  # [n, q_width]
+        query = q_part.tensor.view(rows, self.heads, self.head_dim)  # [n, heads, head_dim]
+        new_keys = kernels.Rows(qkv.tensor[:, q_width : q_width + kv_width])  # [n, kv_width]
+        new_values = kernels.Rows(qkv.tensor[:, q_width + kv_width :])  # [n, kv_width]
+        attended = self._rows("attended", rows, q_width)
+        attended_heads = attended.tensor.view(rows, self.heads, self.head_dim)
+        gate_up = self._rows("gate_up", rows, 2 * self.ffn)
+        act = self._rows("act", rows, self.ffn)
+        branch = self._rows("branch", rows, self.hidden)  # gemma2/3: a half's output before its post-norm
         past = past_key_values.get_seq_length()
         keys_by_kind = None
         if rows <= ROW_INVARIANT_ROWS:
@@ -379,10 +397,10 @@ class NativeDecoder:
             raise ValueError("the native decoder's long forwards are prompts on an empty cache")
         cap = float(self.attn_cap or 0.0)
         for index, layer in enumerate(self.layers):
-            kernels.rms_norm(x, layer.attn_norm, layer.attn_eps, out=h)
+            kernels.rms_norm(residual, layer.attn_norm, layer.attn_eps, out=h)
             self._project(h, layer.qkv, qkv)
             if layer.q_norm is not None:  # QK-norm: each head of q and k over its head_dim, every row in one call
-                kernels.rms_norm_heads(qkv[:, :q_width], self.head_dim, layer.q_norm, layer.qk_eps)
+                kernels.rms_norm_heads(q_part, self.head_dim, layer.q_norm, layer.qk_eps)
                 kernels.rms_norm_heads(new_keys, self.head_dim, layer.k_norm, layer.qk_eps)
             if layer.rope is not None:  # q's and k's heads, side by side in each row
                 kernels.rope(qkv, self.heads + self.kv_heads, self.head_dim, positions, layer.rope.cos,
@@ -393,22 +411,23 @@ class NativeDecoder:
             kernels.store_rows(new_values, values, past)
             cache.advance(rows)
             if keys_by_kind is None:  # a prompt: torch's attention over the whole causal block
-                self._prompt_attention(qkv, keys, values, rows, layer, self._windows()[layer.kind], attended)
+                self._prompt_attention(qkv.tensor, keys, values, rows, layer, self._windows()[layer.kind],
+                                       attended.tensor)
             else:  # soft-capped scores (gemma2) in the kernel too
                 kernels.attention(query, keys, values, keys_by_kind[layer.kind].positions, layer.scaling, cap,
                                   out=attended_heads)
-            self._residual(attended, layer.out, layer.post_attn_norm, x, h, branch)
-            kernels.rms_norm(x, layer.mlp_norm, layer.mlp_eps, out=h)
+            self._residual(attended, layer.out, layer.post_attn_norm, residual, h, branch)
+            kernels.rms_norm(residual, layer.mlp_norm, layer.mlp_eps, out=h)
             self._project(h, layer.gate_up, gate_up)
             if layer.act == "silu":
                 kernels.silu_mul(gate_up, out=act)
             else:  # GeLU-tanh, every element by one formula (torch's vectorised and scalar tails round differently)
                 kernels.gelu_tanh_mul(gate_up, out=act)
-            self._residual(act, layer.down, layer.post_mlp_norm, x, h, branch)
-        final = kernels.rms_norm(x, self.final_norm, self.final_eps)  # [n, hidden]
+            self._residual(act, layer.down, layer.post_mlp_norm, residual, h, branch)
+        final = kernels.rms_norm(residual, self.final_norm, self.final_eps)  # [n, hidden]
         keep = rows if not logits_to_keep else min(int(logits_to_keep), rows)
         logits = torch.empty(keep, self.vocab, dtype=torch.float32)
-        self._matmul(final[rows - keep :], self.head, logits)
+        self._matmul(kernels.Rows(final[rows - keep :]), self.head, kernels.Rows(logits))
         if self.final_cap is not None:  # gemma2: cap * tanh(logits / cap), every element by one formula
             kernels.soft_cap_(logits, float(self.final_cap))
         hidden_states = (final.unsqueeze(0),) if output_hidden_states else None
@@ -443,29 +462,29 @@ class NativeDecoder:
             result = torch.matmul(torch.softmax(scores, dim=-1), expanded_values)
         out.copy_(result[0].transpose(0, 1).reshape(rows, q_width))
 
-    def _residual(self, source: torch.Tensor, layer: _Linear, post_norm: Optional[torch.Tensor], x: torch.Tensor,
-                  normed: torch.Tensor, branch: torch.Tensor) -> None:
-        """x += source @ layer; with a post-norm (gemma2/3), x += norm(source @ layer)."""
+    def _residual(self, source: Any, layer: _Linear, post_norm: Any, x: Any, normed: Any, branch: Any) -> None:
+        """x += source @ layer; with a post-norm (gemma2/3), x += norm(source @ layer). (Every buffer a checked
+        kernels.Rows, post_norm a kernels.Dense or None.)"""
         if post_norm is None:
             self._matmul(source, layer, x, accumulate=True)
             return
         self._matmul(source, layer, branch)
         kernels.rms_norm(branch, post_norm, self.eps, out=normed)
-        x += normed
+        x.tensor += normed.tensor
 
-    def _matmul(self, source: torch.Tensor, layer: "_Linear | _Projections", out: torch.Tensor,
-                accumulate: bool = False) -> None:
-        """out (+)= source @ layer's weight (+ its bias): source contiguous, out [rows, layer's outputs]."""
+    def _matmul(self, source: Any, layer: "_Linear | _Projections", out: Any, accumulate: bool = False) -> None:
+        """out (+)= source @ layer's weight (+ its bias): source contiguous, out [rows, layer's outputs], both
+        kernels.Rows."""
         kernels.matmul_into(source, layer.matrix, out, accumulate)
         if layer.bias is not None:
-            out += layer.bias
+            out.tensor += layer.bias
 
-    def _project(self, source: torch.Tensor, groups: list[_Projections], out: torch.Tensor) -> None:
-        """out[:, :] = source @ the fused projections, side by side."""
+    def _project(self, source: Any, groups: list[_Projections], out: Any) -> None:
+        """out[:, :] = source @ the fused projections, side by side (source and out kernels.Rows)."""
         if len(groups) == 1:  # one fused matmul fills the row
             self._matmul(source, groups[0], out)
             return
         column = 0
         for group in groups:
-            self._matmul(source, group, out[:, column : column + group.width])  # [n, width]
+            self._matmul(source, group, kernels.Rows(out.tensor[:, column : column + group.width]))  # [n, width]
             column += group.width
