@@ -132,15 +132,30 @@ def hf_greedy(model, prompt_ids, max_new_tokens, eos=TINY_EOS):
     return out[0, len(prompt_ids):].tolist()
 
 
+_FORWARDS: dict = {}  # (id(model), exact) -> (model, its forward): one per model within a test module
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _forget_forwards():
+    """fixed_engine's forwards (and the models they hold) last one test module."""
+    yield
+    _FORWARDS.clear()
+
+
 def fixed_engine(model, exact=None):
     """An engine whose planner prices a forward of 1 to 64 rows the same (a fixed cost curve, no timing anywhere):
-    drafts are never trimmed for speed, so no outcome depends on this machine. `exact` goes to choose_forward."""
+    drafts are never trimmed for speed, so no outcome depends on this machine. Engines over one model share one
+    forward (choose_forward(model, exact)), as one session's would: its row-invariance check, seconds in
+    bfloat16, runs once per model, not per test."""
     from specdec_cli.decoding.cost_curve import CostCurve
     from specdec_cli.decoding.engine import Engine
     from specdec_cli.decoding.planner import DraftPlanner
     from specdec_cli.target_model.exact_setup import choose_forward
 
-    return Engine(choose_forward(model, exact), planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})))
+    held = _FORWARDS.get((id(model), exact))
+    if held is None or held[0] is not model:
+        held = _FORWARDS[(id(model), exact)] = (model, choose_forward(model, exact))
+    return Engine(held[1], planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})))
 
 
 HANG_GUARD = 600  # seconds: a process that takes longer is stuck, not slow (no test waits on speed)

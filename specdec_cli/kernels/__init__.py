@@ -7,10 +7,11 @@ IQ4_NL/IQ4_XS); or float32/float16/bfloat16 weights as they are. Block kinds rou
 32 first and multiply with integer dot products. `attention` computes each query row over its own keys. Both
 return, for every row, exactly what a one-row call returns, whatever the number of rows or threads, and matmul
 the same bits on every instruction-set path (csrc/matmul.c says how); `force_isa` (or SPECDEC_ISA) picks a path
-for tests and timings. This module is the only door to the C extension: every call takes tensors (or handles checked once
-when made: Rows, Dense, BlockMatrix, KeyPositions) and checks what the C code cannot (dtypes, devices, shapes, strides), raising a
-ValueError rather than handing C a pointer it would misread; it owns the worker threads' count. records.py packs
-and unpacks the records. Neither knows about models, GGUF files or `--weights` (quant.py does).
+for tests and timings. This module is the only door to the C extension: every call takes tensors (or handles
+checked once when made: Rows, Dense, BlockMatrix, KeyPositions) and checks what the C code cannot (dtypes,
+devices, shapes, strides), raising a ValueError rather than handing C a pointer it would misread; it owns the
+worker threads' count. records.py packs and unpacks the records. Neither knows about models, GGUF files or
+`--weights` (quant.py does).
 """
 
 from __future__ import annotations
