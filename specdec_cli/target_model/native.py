@@ -220,20 +220,18 @@ class _Rope:
         self.inv_freq = inv_freq.detach().to(torch.float32)
         self.scaling = scaling
         self.half = int(self.inv_freq.numel())
-        self.count = 0
         self.cos = self.sin = kernels.Dense(torch.empty(0, self.half))  # checked once per table (kernels.Dense)
 
     def tables(self, positions: int) -> None:
-        if self.count >= positions:
+        if self.cos.shape[0] >= positions:
             return
-        count = max(positions, 2 * self.count, 512)
+        count = max(positions, 2 * self.cos.shape[0], 512)
         freqs = torch.arange(count, dtype=torch.float32)[:, None] * self.inv_freq[None, :]  # [count, half]
         self.cos = kernels.Dense((freqs.cos() * self.scaling).contiguous())
         self.sin = kernels.Dense((freqs.sin() * self.scaling).contiguous())
-        self.count = count
 
 
-def _norm_weight(norm: Any, offset: bool) -> Any:
+def _norm_weight(norm: Any, offset: bool) -> kernels.Dense:
     """An RMSNorm's float32 weight as the kernel multiplies by it (Gemma's norms multiply by (1 + weight)),
     checked once: a kernels.Dense [dim]."""
     weight = norm.weight.detach().to(torch.float32)
@@ -318,26 +316,21 @@ class NativeDecoder:
         self.final_eps = _eps(model.model.norm, self.eps)
         self.head = _Linear.of(model.lm_head)
         self._scratch: dict[str, torch.Tensor] = {}
-        self._checked: dict[tuple[str, int], Any] = {}  # (buffer, rows) -> kernels.Rows of its first rows
+        self._checked: dict[tuple[str, int], kernels.Rows] = {}  # (buffer, rows) -> its first rows, checked
 
     # -- buffers ----------------------------------------------------------------------------------------------
 
-    def _buffer(self, name: str, rows: int, width: int) -> torch.Tensor:
-        """A float32 [rows, width] scratch buffer kept between forwards (grown, never shrunk)."""
+    def _rows(self, name: str, rows: int, width: int) -> kernels.Rows:
+        """The float32 scratch buffer `name`'s first `rows` rows [rows, width], kept between forwards (grown, never
+        shrunk) and checked once per row count (kernels.Rows: the kernels then compare integers at each call)."""
+        checked = self._checked.get((name, rows))
+        if checked is not None:
+            return checked
         held = self._scratch.get(name)
         if held is None or held.shape[0] < rows or held.shape[1] != width:
-            held = torch.empty(max(rows, 16), width, dtype=torch.float32)
-            self._scratch[name] = held
+            held = self._scratch[name] = torch.empty(max(rows, 16), width, dtype=torch.float32)
             self._checked = {key: value for key, value in self._checked.items() if key[0] != name}
-        return held[:rows]
-
-    def _rows(self, name: str, rows: int, width: int) -> Any:
-        """The scratch buffer `name` [rows, width] as checked kernels.Rows, made once per buffer and row count (the
-        kernels then compare integers, not the tensor's attributes, at each of a step's calls)."""
-        checked = self._checked.get((name, rows))
-        if checked is None or checked.width != width:
-            buffer = self._buffer(name, rows, width)
-            checked = self._checked[(name, rows)] = kernels.Rows(buffer)
+        checked = self._checked[(name, rows)] = kernels.Rows(held[:rows])
         return checked
 
     def _windows(self) -> dict[str, Optional[int]]:
@@ -462,9 +455,9 @@ class NativeDecoder:
             result = torch.matmul(torch.softmax(scores, dim=-1), expanded_values)
         out.copy_(result[0].transpose(0, 1).reshape(rows, q_width))
 
-    def _residual(self, source: Any, layer: _Linear, post_norm: Any, x: Any, normed: Any, branch: Any) -> None:
-        """x += source @ layer; with a post-norm (gemma2/3), x += norm(source @ layer). (Every buffer a checked
-        kernels.Rows, post_norm a kernels.Dense or None.)"""
+    def _residual(self, source: kernels.Rows, layer: _Linear, post_norm: Optional[kernels.Dense], x: kernels.Rows,
+                  normed: kernels.Rows, branch: kernels.Rows) -> None:
+        """x += source @ layer; with a post-norm (gemma2/3), x += norm(source @ layer)."""
         if post_norm is None:
             self._matmul(source, layer, x, accumulate=True)
             return
@@ -472,15 +465,15 @@ class NativeDecoder:
         kernels.rms_norm(branch, post_norm, self.eps, out=normed)
         x.tensor += normed.tensor
 
-    def _matmul(self, source: Any, layer: "_Linear | _Projections", out: Any, accumulate: bool = False) -> None:
-        """out (+)= source @ layer's weight (+ its bias): source contiguous, out [rows, layer's outputs], both
-        kernels.Rows."""
+    def _matmul(self, source: kernels.Rows, layer: "_Linear | _Projections", out: kernels.Rows,
+                accumulate: bool = False) -> None:
+        """out (+)= source @ layer's weight (+ its bias): source contiguous, out [rows, layer's outputs]."""
         kernels.matmul_into(source, layer.matrix, out, accumulate)
         if layer.bias is not None:
             out.tensor += layer.bias
 
-    def _project(self, source: Any, groups: list[_Projections], out: Any) -> None:
-        """out[:, :] = source @ the fused projections, side by side (source and out kernels.Rows)."""
+    def _project(self, source: kernels.Rows, groups: list[_Projections], out: kernels.Rows) -> None:
+        """out[:, :] = source @ the fused projections, side by side."""
         if len(groups) == 1:  # one fused matmul fills the row
             self._matmul(source, groups[0], out)
             return
