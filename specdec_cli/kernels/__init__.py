@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 import torch
 
+from .packed import PACKED, Fields, KIND_OF_GGUF_TYPE, pack_fields, unpack_fields
 from .records import (
     BLOCK,
     GROUP,
@@ -37,6 +38,7 @@ from .records import (
     KIND_Q8S,
     KIND_U8,
     KINDS,
+    PACKED_KINDS,
     Kind,
     dequantize,
     groups,
@@ -49,7 +51,8 @@ from .records import (
 
 __all__ = [  # the records' layout (records.py), and the typed calls into the C extension (here)
     "BLOCK", "GROUP", "KIND_BF16", "KIND_F16", "KIND_F32", "KIND_Q2S", "KIND_Q4", "KIND_Q4S", "KIND_Q4Z", "KIND_Q8",
-    "KIND_Q8S", "KIND_U8", "KINDS", "Kind", "dequantize", "groups", "kind_of", "pack_records", "record_bytes",
+    "KIND_Q8S", "KIND_U8", "KINDS", "PACKED_KINDS", "PACKED", "Fields", "KIND_OF_GGUF_TYPE", "pack_fields",
+    "unpack_fields", "Kind", "dequantize", "groups", "kind_of", "pack_records", "record_bytes",
     "select_columns", "unpack_records", "MAX_THREADS", "available", "isa", "isas", "force_isa", "set_threads",
     "threads", "ensure_threads", "Rows", "Dense", "BlockMatrix", "matmul_into", "matmul", "KeyPositions", "attention",
     "rms_norm", "rms_norm_heads", "rope", "store_rows", "silu_mul", "gelu_tanh_mul", "soft_cap_", "soft_cap", "peak",

@@ -72,6 +72,7 @@
  *   csrc/matmul.c             the matmul's driver and its portable reference loop
  *   csrc/matmul_avx2.c        the avx2 and avxvnni tiles
  *   csrc/matmul_avx512.c      the avx512vnni tiles
+ *   csrc/matmul_packed.c      the packed kinds (a GGUF type's own fields): their reference loop and AVX2 tiles
  *   csrc/attention.c          attention's driver, its portable and AVX2 steps
  *   csrc/attention_avx512.c   attention's 512-bit steps (avx512vnni)
  *   csrc/elementwise.c        the per-row steps: norms, rotary, cache rows, SiLU/GeLU gating, soft-capping
@@ -98,8 +99,10 @@ static PyObject *py_matmul(PyObject *self, PyObject *args)
     if (out_stride < 0)
         out_stride = n;
     KindInfo info;
-    if (!cpu_kind_info(kind, &info) || rows < 1 || k < BLOCK || k % BLOCK != 0 || n < 1) {
-        PyErr_SetString(PyExc_ValueError, "matmul: an unknown kind, or rows and n < 1, or k not a multiple of 32");
+    if (!cpu_kind_info(kind, &info) || rows < 1 || k < BLOCK || k % BLOCK != 0 || n < 1 ||
+        (info.form != FORM_RECORDS && k % info.sb != 0)) {
+        PyErr_SetString(PyExc_ValueError, "matmul: an unknown kind, or rows and n < 1, or k not a multiple of 32 "
+                                          "(of the super-block for packed kinds)");
         return NULL;
     }
     int path = isa_path, failed;
@@ -119,8 +122,9 @@ static PyObject *py_record_bytes(PyObject *self, PyObject *args)
     KindInfo info;
     if (!PyArg_ParseTuple(args, "in", &kind, &k))
         return NULL;
-    if (!cpu_kind_info(kind, &info) || k < BLOCK || k % BLOCK != 0) {
-        PyErr_SetString(PyExc_ValueError, "record_bytes: an unknown kind, or k not a multiple of 32");
+    if (!cpu_kind_info(kind, &info) || k < BLOCK || k % BLOCK != 0 || (info.form != FORM_RECORDS && k % info.sb)) {
+        PyErr_SetString(PyExc_ValueError, "record_bytes: an unknown kind, or k not a multiple of 32 (of the "
+                                          "super-block for packed kinds)");
         return NULL;
     }
     return PyLong_FromLong(cpu_group_bytes(&info, k));
