@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import torch
 
-from .packed import PACKED, Fields, KIND_OF_GGUF_TYPE, pack_fields, unpack_fields
+from .packed import KIND_OF_GGUF_TYPE, PACKED, Fields, pack_fields, unpack_fields
 from .records import (
     BLOCK,
     GROUP,

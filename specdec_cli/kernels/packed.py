@@ -111,12 +111,11 @@ def _padded(tensor: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def _columns_last(part: torch.Tensor, count: int) -> torch.Tensor:
-    """[count * 16, supers, ...] -> uint8 [count, supers, bytes] with the 16 columns innermost but for the
-    trailing element bytes (a field's [..., 16 columns, element bytes])."""
+    """A one-byte field [count * 16, supers, values] -> uint8 [count, supers, values * 16]: the 16 columns of each
+    value side by side."""
     per_row = part.reshape(count, GROUP, part.shape[1], -1)  # [G, 16, supers, values]
     raw = per_row.permute(0, 2, 3, 1).contiguous()  # [G, supers, values, 16]
-    return raw.view(torch.uint8).reshape(count, part.shape[1], -1) if raw.dtype != torch.uint8 else \
-        raw.reshape(count, part.shape[1], -1)
+    return raw.view(torch.uint8).reshape(count, part.shape[1], -1)
 
 
 def _halves_bytes(part: torch.Tensor, count: int) -> torch.Tensor:
@@ -148,11 +147,15 @@ def _code_bytes(info: PackedKind, codes: torch.Tensor, count: int, supers: int) 
         parts.append(nibbles.permute(0, 2, 3, 4, 5, 1, 6))  # [G, S, B, subs, chunks/2, 16, 4]
         if info.bits == 5:
             fifth = (per >> 4) & 1  # [G, 16, S, B, 8, 4]
-            plane = sum(fifth[:, :, :, :, i] << i for i in range(8))  # [G, 16, S, B, 4]
+            plane = fifth[:, :, :, :, 0].clone()  # [G, 16, S, B, 4]
+            for i in range(1, 8):
+                plane |= fifth[:, :, :, :, i] << i
             parts.append(plane.permute(0, 2, 3, 1, 4))  # [G, S, B, 16, 4]
         elif info.bits == 6:
             tops = ((per >> 4) & 3).reshape(count, GROUP, supers, blocks, 2, 4, 4)  # [.., sub-block, t, weight]
-            plane = sum(tops[:, :, :, :, :, t] << (2 * t) for t in range(4))  # [G, 16, S, B, 2, 4]
+            plane = tops[:, :, :, :, :, 0].clone()  # [G, 16, S, B, 2, 4]
+            for t in range(1, 4):
+                plane |= tops[:, :, :, :, :, t] << (2 * t)
             parts.append(plane.permute(0, 2, 3, 4, 1, 5))  # [G, S, B, 2, 16, 4]
     flat = [part.reshape(count, supers, blocks, -1).to(torch.uint8) for part in parts]
     return torch.cat(flat, dim=3).reshape(count, supers, -1)
