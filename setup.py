@@ -21,6 +21,7 @@ KERNEL_SOURCES = [
     "specdec_cli/kernels/csrc/matmul_packed.c",
     "specdec_cli/kernels/csrc/peak.c",
     "specdec_cli/kernels/csrc/pool.c",
+    "specdec_cli/kernels/csrc/repack.c",
 ]
 KERNEL_HEADERS = ["specdec_cli/kernels/csrc/kernels.h"]
 

@@ -248,7 +248,7 @@ def decode_gguf_blocks(type_name: str, raw: np.ndarray, out_features: int, in_fe
     the reference dequantiser); None for a type the kernels do not take. Per type (ggml's layouts):
 
     - Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: the packed kind of the same name, the file's own fields at
-      the file's size (gguf_fields; kernels/packed.py).
+      the file's size, repacked by kernels.repack_gguf (gguf_fields says what the fields are; kernels/packed.py).
     - IQ4_NL: f16 d, nibbles as Q4_0, w = d table[q]; IQ4_XS: super-blocks of 256, f16 d, 6-bit sub-block scales
       (ls - 32) for 8 sub-blocks of 32, w = d (ls - 32) table[q]: kind q8 (the table's values are int8).
     - Q3_K: 32 bytes of high bits, 64 of 2-bit pairs, 12 bytes of 6-bit scales (sc - 32) of 16 sub-blocks of 16,
@@ -275,9 +275,10 @@ def decode_gguf_blocks(type_name: str, raw: np.ndarray, out_features: int, in_fe
     codes: np.ndarray
     low: np.ndarray
     offsets: Optional[np.ndarray] = None
-    if type_name in kernels.KIND_OF_GGUF_TYPE:
-        return BlockWeights.from_fields(kernels.KIND_OF_GGUF_TYPE[type_name], gguf_fields(type_name, data),
-                                        type_name)
+    if type_name in kernels.KIND_OF_GGUF_TYPE:  # the file's bytes reordered (kernels.repack_gguf, in C)
+        kind = kernels.KIND_OF_GGUF_TYPE[type_name]
+        rows = torch.from_numpy(np.ascontiguousarray(data).reshape(out_features, -1))
+        return BlockWeights(kind, kernels.repack_gguf(kind, rows, in_features), out_features, in_features, type_name)
     if type_name == "IQ4_NL":
         q = _legacy_nibbles(data[..., size - 16 :])
         kind, codes, scales = kernels.KIND_Q8, IQ4_VALUES[q] + 128, _halves(data, 0)
@@ -323,7 +324,8 @@ def _f16(raw: np.ndarray, start: int) -> torch.Tensor:
 
 def gguf_fields(type_name: str, data: np.ndarray) -> kernels.Fields:
     """A packed type's blocks (uint8 [out, blocks, bytes per block]) as the packed kind's fields (kernels/packed.py):
-    the codes as stored, d (m, dmin) as f16, sub-scales as integers; every value as the file holds it.
+    the codes as stored, d (m, dmin) as f16, sub-scales as integers; every value as the file holds it. The reference
+    for kernels.repack_gguf (C), which loads use; tests hold pack_fields(gguf_fields(...)) equal to it.
 
     - Q4_0: f16 d, 16 bytes of nibbles (weight i low, i + 16 high), w = d (q - 8). Q4_1: f16 d, f16 m, nibbles,
       w = d q + m. Q5_0/Q5_1: as Q4_0/Q4_1 with 32 fifth bits after the f16s (bit i: weight i); Q5_0 w = d (q - 16).

@@ -215,6 +215,7 @@ extern const TileSet cpu_tiles_512[SHAPE_COUNT], cpu_floats_512[3];
 #define PACKED_COUNT 8
 extern const TileSet cpu_tiles_packed[PACKED_COUNT];
 void cpu_matmul_packed_portable(const void *arg, long start, long stop);
+int cpu_repack_gguf(int kind, const uint8_t *rows, long n, long row_bytes, long k, uint8_t *records);
 
 /* ------------------------------------------------------------------- row-invariant attention (attention*.c) */
 
