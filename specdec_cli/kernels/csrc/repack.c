@@ -113,23 +113,33 @@ static void write_super(const KindInfo *info, const SuperFields *f, int c, uint8
         for (int j = 0; j < 16; j++)
             out[32 + j * GROUP + c] = (uint8_t)(int8_t)f->scales[j];
     long header = cpu_packed_header_bytes(info), block_bytes = cpu_packed_block_bytes(info);
-    int chunks = info->sub / 4, half = info->sub / 8;
     for (int b = 0; b < info->sb / BLOCK; b++) {
-        uint8_t *p = out + header + b * block_bytes;
-        for (int i = 0; i < BLOCK / 4; i++)
-            for (int e = 0; e < 4; e++) {
-                uint8_t code = f->codes[b * BLOCK + 4 * i + e];
-                if (info->bits == 8) {
-                    p[i * 64 + c * 4 + e] = code;
-                    continue;
+        uint8_t *p = out + header + b * block_bytes + c * 4;
+        const uint8_t *code = f->codes + b * BLOCK; /* chunk i: code[4i .. 4i+3] */
+        for (int e = 0; e < 4; e++) {
+            if (info->bits == 8) {
+                for (int i = 0; i < 8; i++)
+                    p[i * 64 + e] = code[4 * i + e];
+            } else if (info->bits == 6) { /* sub-blocks of 16: vector 2j+q holds chunks 4j+q and 4j+q+2 */
+                for (int j = 0; j < 2; j++) {
+                    const uint8_t *sub = code + 16 * j;
+                    uint8_t plane = 0;
+                    for (int q = 0; q < 2; q++)
+                        p[(2 * j + q) * 64 + e] = (uint8_t)((sub[4 * q + e] & 15) | ((sub[4 * (q + 2) + e] & 15) << 4));
+                    for (int t = 0; t < 4; t++)
+                        plane |= (uint8_t)(((sub[4 * t + e] >> 4) & 3) << (2 * t));
+                    p[256 + j * 64 + e] = plane;
                 }
-                int j = i / chunks, q = i % chunks;
-                p[(j * half + q % half) * 64 + c * 4 + e] |= (uint8_t)((code & 15) << (4 * (q / half)));
+            } else { /* vector q holds chunks q and q+4 */
+                uint8_t plane = 0;
+                for (int q = 0; q < 4; q++)
+                    p[q * 64 + e] = (uint8_t)((code[4 * q + e] & 15) | ((code[4 * (q + 4) + e] & 15) << 4));
+                for (int i = 0; i < 8; i++)
+                    plane |= (uint8_t)(((code[4 * i + e] >> 4) & 1) << i);
                 if (info->bits == 5)
-                    p[256 + c * 4 + e] |= (uint8_t)(((code >> 4) & 1) << i);
-                if (info->bits == 6)
-                    p[256 + j * 64 + c * 4 + e] |= (uint8_t)(((code >> 4) & 3) << (2 * q));
+                    p[256 + e] = plane;
             }
+        }
     }
 }
 
