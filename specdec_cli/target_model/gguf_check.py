@@ -27,12 +27,13 @@ def checked_gguf(path: Path) -> CheckedGGUF:
     computes, every tensor with the shape its metadata implies (SpecdecError naming the first fault)."""
     from .gguf_config import hf_config
     from .gguf_file import file_identity, open_gguf
-    from .gguf_layout import check_tensors, is_native_architecture, native_reason
+    from .gguf_layout import check_metadata, check_tensors, is_native_architecture, native_reason
 
     key = file_identity(path)
     if key in _checked:
         return _checked[key]
     gguf = open_gguf(path)
+    check_metadata(gguf)  # before any config: transformers' configs build per-layer lists
     config = None
     if is_native_architecture(gguf.architecture) or _transformers_has_config(gguf.architecture):
         config = hf_config(gguf)
