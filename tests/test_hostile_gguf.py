@@ -80,7 +80,7 @@ def rewrite(source: Path, target: Path, values=None, drop=(), raw=(), types=None
                 for key, (type_id, value) in values.items()]
     encoded += list(raw)
     section = bytearray(section)
-    for name, dims, type_id, offset in records:
+    for name, _, _, offset in records:
         if patch and name in patch:
             section[offset : offset + len(patch[name])] = patch[name]
     header = bytearray(b"GGUF" + struct.pack("<IQQ", version, len(records) if tensor_count is None else tensor_count,
@@ -138,7 +138,8 @@ def test_a_huge_layer_count_costs_what_the_file_costs(tiny, tmp_path):
 def _peak(tmp_path, args) -> tuple[str, int]:
     """(stderr's last line, peak resident bytes) of `specdec ARGS` in a fresh process."""
     script = ("import atexit, resource, sys\n"
-              "atexit.register(lambda: sys.stderr.write(f'peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}\\n'))\n"
+              "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+              "atexit.register(lambda: sys.stderr.write(f'peak {peak()}\\n'))\n"
               f"sys.argv = ['specdec', *{args!r}]\n"
               "from specdec_cli.cli import main\n"
               "main()\n")
