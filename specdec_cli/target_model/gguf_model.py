@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ..errors import SpecdecError
-from ..home import specdec_home
+from ..home import short_stem, specdec_home
 from . import gguf_blocks
 from .gguf_file import GGUFFile
 from .gguf_layout import NORM_PLUS_ONE, Expected, check_tensors
@@ -165,7 +165,8 @@ def cache_folder(path: Path) -> Path:
     from .gguf_file import file_identity
 
     identity = f"{file_identity(path)}|{CACHE_FORMAT}|{gguf_blocks.BLOCKS_FORMAT}"
-    return specdec_home() / "models" / f"{path.stem}-inplace-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:12]
+    return specdec_home() / "models" / f"{short_stem(path.stem)}-inplace-{key}"
 
 
 def _cache_ready(folder: Path) -> bool:
