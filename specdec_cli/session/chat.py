@@ -162,6 +162,7 @@ class ChatSession:
         self.drafter = make_drafter(self.drafter_name, self.drafter_options, self.info)
         self.history: list[dict] = []
         self.turns: list[Turn] = []
+        self.cut_short: list[int] = []  # tokens kept of each answer cut short (Ctrl-C): in the history, not in turns
 
     def set_drafter(self, name: str) -> None:
         self.drafter = make_drafter(name, self.drafter_options, self.info)
@@ -171,6 +172,7 @@ class ChatSession:
         """A new conversation: history and every learned drafter state are dropped."""
         self.history.clear()
         self.turns.clear()
+        self.cut_short.clear()
         self.drafter = make_drafter(self.drafter_name, self.drafter_options, self.info)
 
     def messages_for(self, user_text: str) -> list[dict]:
@@ -207,9 +209,11 @@ class ChatSession:
         prompt_ids = format_prompt(self.tokenizer, self.messages_for(user_text), self.raw)
         return compare(self.engine, prompt_ids, self.drafter, self.generation, on_event)
 
-    def record(self, user_text: str, answer: str) -> None:
-        """Keep an answer that was cut short (Ctrl-C) in the history, so the conversation goes on from it."""
+    def record(self, user_text: str, answer: str, tokens: int = 0) -> None:
+        """Keep an answer that was cut short (Ctrl-C) in the history, so the conversation goes on from it (its
+        `tokens` are counted in `cut_short`; its statistics were never finished)."""
         self.history += [{"role": "user", "content": user_text}, {"role": "assistant", "content": answer}]
+        self.cut_short.append(tokens)
 
     def decode(self, generation: Generation) -> str:
         text = self.tokenizer.decode(generation.tokens, skip_special_tokens=True)
