@@ -156,6 +156,12 @@ def test_a_layer_count_stored_as_a_string_is_named(tiny, tmp_path):
     refused(tmp_path, path, "llama.block_count is a string ('2'), not an integer")
 
 
+@pytest.mark.parametrize("value, type_id, shown", [("3", STRING, "a string ('3')"), (-1, INT32, "-1")])
+def test_a_token_id_that_is_not_one_is_named(tiny, tmp_path, value, type_id, shown):
+    path = rewrite(tiny, tmp_path / "eos.gguf", {"tokenizer.ggml.eos_token_id": (type_id, value)})
+    refused(tmp_path, path, f"tokenizer.ggml.eos_token_id is {shown}, not a token id")
+
+
 # -- the widths --------------------------------------------------------------------------------------------------
 
 

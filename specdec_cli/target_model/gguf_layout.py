@@ -54,6 +54,7 @@ INTEGER_KEYS = ("block_count", "context_length", "embedding_length", "feed_forwa
                 "expert_used_count")
 POSITIVE_FLOAT_KEYS = ("rope.freq_base", "attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon",
                        "rope.scaling.factor", "attn_logit_softcapping", "final_logit_softcapping")
+TOKEN_ID_KEYS = tuple(f"tokenizer.ggml.{name}_token_id" for name in ("bos", "eos", "padding", "unknown"))
 REQUIRED_KEYS = ("block_count", "embedding_length", "feed_forward_length", "attention.head_count")
 _LAYER = re.compile(r"blk\.(\d+)\.")
 
@@ -72,6 +73,10 @@ def check_metadata(gguf: GGUFFile) -> None:
         key = f"{architecture}.{suffix}"
         if key in metadata and (isinstance(metadata[key], bool) or not isinstance(metadata[key], int)):
             raise refuse(f"{key} is {_described(metadata[key])}, not an integer")
+    for key in TOKEN_ID_KEYS:
+        value = metadata.get(key)
+        if key in metadata and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31):
+            raise refuse(f"{key} is {_described(value)}, not a token id")
     for suffix in POSITIVE_FLOAT_KEYS:
         key = f"{architecture}.{suffix}"
         if key not in metadata:
