@@ -102,6 +102,7 @@ def atomic_directory(path: str | Path, replace: bool = True) -> Iterator[Path]:
     On failure the temporary directory is removed.
     """
     final = Path(path).expanduser()
+    refuse_special(final, "output")  # a FIFO or a device is never moved aside and removed
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

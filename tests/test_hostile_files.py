@@ -73,6 +73,16 @@ def test_an_atomic_write_never_renames_over_a_fifo(tmp_path, hang_guard):
     assert fifo.is_fifo() and [entry.name for entry in tmp_path.iterdir()] == ["out.json"]  # no temporary left
 
 
+def test_a_directory_output_never_replaces_a_fifo(tmp_path, hang_guard):
+    from specdec_cli.files import atomic_directory
+
+    fifo = tmp_path / "draft"
+    os.mkfifo(fifo)
+    with pytest.raises(SpecdecError, match="a FIFO, not a regular file"), atomic_directory(fifo) as folder:
+        (folder / "config.json").write_text("{}")
+    assert fifo.is_fifo()
+
+
 def test_save_into_a_fifo_is_refused_and_the_repl_goes_on(tmp_path, hang_guard):
     from test_cli_errors import _repl, _Session
 
