@@ -46,18 +46,22 @@ def render_template(tokenizer: Any, messages: list[dict]) -> str:
     sandboxed environment, its special tokens), but piece by piece: a template that renders more than
     MAX_TEMPLATE_OUTPUT characters is stopped there, and one that fails (a syntax error, a sandbox refusal, its own
     raise_exception) is a SpecdecError carrying the template's own message."""
+    import importlib
+
     try:
-        from transformers.utils.chat_template_utils import _compile_jinja_template, _plain_template_data
+        utils: Any = importlib.import_module("transformers.utils.chat_template_utils")
     except ImportError:  # pragma: no cover - another transformers layout: rendered whole, failures still one line
-        _compile_jinja_template = None
+        utils = None
+    compile_template = getattr(utils, "_compile_jinja_template", None)
+    plain = getattr(utils, "_plain_template_data", None) or (lambda data: data)
     try:
-        if _compile_jinja_template is None:  # pragma: no cover
+        if compile_template is None:  # pragma: no cover
             text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             return _bounded([text])
-        template = _compile_jinja_template(tokenizer.get_chat_template())
-        settings = _plain_template_data({**tokenizer.special_tokens_map})
-        pieces = template.generate(messages=_plain_template_data(messages), tools=None, documents=None,
-                                   add_generation_prompt=True, **settings)
+        template = compile_template(tokenizer.get_chat_template())
+        settings = plain({**tokenizer.special_tokens_map})
+        pieces = template.generate(messages=plain(messages), tools=None, documents=None, add_generation_prompt=True,
+                                   **settings)
         return _bounded(pieces)
     except SpecdecError:
         raise
