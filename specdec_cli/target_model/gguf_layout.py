@@ -106,14 +106,15 @@ def check_metadata(gguf: GGUFFile) -> None:
 
 
 def _check_layers(gguf: GGUFFile, refuse: Any, native: bool) -> None:
-    """A layer count the tensor table bears out: as many `blk.N.` layers as `block_count` says (for another family,
-    at least not more than the table holds, which is what would cost memory)."""
+    """A layer count the tensor table bears out: as many `blk.N.` layers as `block_count` says (for a family
+    transformers converts, which may keep layers elsewhere: no more layers than the file has tensors, which is what
+    would cost memory)."""
     key = f"{gguf.architecture}.block_count"
     if key not in gguf.metadata:
         return
     declared = gguf.metadata[key]
     layers = {int(found.group(1)) for found in map(_LAYER.match, gguf.tensors) if found is not None}
-    if declared == len(layers) or (not native and declared < len(layers)):
+    if declared == len(layers) or (not native and declared <= len(gguf.tensors)):
         return
     held = f"{len(layers)} layers" + (f" (blk.{min(layers)} to blk.{max(layers)})" if layers else "")
     raise refuse(f"{key} is {declared:,}, but the file's tensors hold {held}")
