@@ -124,6 +124,12 @@ def test_a_layer_count_the_tensor_table_does_not_bear_out_is_refused(tiny, tmp_p
     refused(tmp_path, path, f"llama.block_count is {count:,}, but the file's tensors hold 2 layers (blk.0 to blk.1)")
 
 
+def test_a_family_transformers_converts_gets_the_same_bound(tiny, tmp_path):
+    path = rewrite(tiny, tmp_path / "mamba.gguf", {"general.architecture": (STRING, "mamba"),
+                                                   "mamba.block_count": (UINT32, 4294967295)})
+    refused(tmp_path, path, "mamba.block_count is 4,294,967,295, but the file's tensors hold 2 layers")
+
+
 def test_a_huge_layer_count_costs_what_the_file_costs(tiny, tmp_path):
     """block_count 2^32 - 1 in a 64 KB file: refused from the tensor table, in a process whose peak memory stays
     that of a normal start (a config or an expected-tensor list of 4 billion layers would take gigabytes)."""
