@@ -243,7 +243,8 @@ def test_counts_the_file_cannot_hold_are_refused(tiny, tmp_path):
     refused(tmp_path, path, "truncated: the header ends past the end of the file (in 16,777,215 tensor records")
     lying = _string("lying") + struct.pack("<I", ARRAY) + struct.pack("<IQ", UINT64, 1 << 40)
     path = rewrite(tiny, tmp_path / "array.gguf", raw=[lying])
-    refused(tmp_path, path, "metadata lying claims 1,099,511,627,776 items, more than the")
+    refused(tmp_path, path, "truncated: the header ends past the end of the file (in lying: 1,099,511,627,776 items "
+                            "claimed, more than the")
     long = _string("long") + struct.pack("<I", STRING) + struct.pack("<Q", 1 << 62)
     refused(tmp_path, rewrite(tiny, tmp_path / "string.gguf", raw=[long]), "truncated: the header ends past the end")
 

@@ -147,9 +147,8 @@ class _Cursor:
             width = struct.calcsize(SCALARS[item_type]) if item_type in SCALARS else 8 if item_type == STRING else 0
             if not width:
                 raise SpecdecError(f"metadata {what} holds arrays of unknown type {item_type}")
-            if count * width > self.left:  # before anything is allocated for it
-                raise SpecdecError(f"metadata {what} claims {count:,} items, more than the {self.left:,} bytes left "
-                                   f"in the file can hold")
+            if count * width > self.left:  # before anything is allocated for it (a hostile count, or a cut file)
+                raise _Truncated(f"{what}: {count:,} items claimed, more than the {self.left:,} bytes left can hold")
             self.items += count
             if count > MAX_COUNT or self.items > MAX_ARRAY_ITEMS:
                 raise SpecdecError(f"metadata {what} claims {count:,} items; the metadata's arrays hold at most "
