@@ -104,9 +104,10 @@ def tiny(tmp_path_factory) -> Path:
     return path
 
 
-def refused(tmp_path, path: Path, needle: str, command=("chat",)) -> str:
+def refused(tmp_path, path: Path, needle: str, command=("chat",), extra=()) -> str:
     home = tmp_path / "home"
     args = [*command, "--target", str(path)] + (["--prompt", "hello", "-n", "2"] if command == ("chat",) else [])
+    args += list(extra)
     result = invoke(*args, env_extra={"SPECDEC_HOME": str(home)})
     line = assert_one_line_error(result, needle, code=1)
     assert "internal error" not in line
@@ -229,10 +230,11 @@ def test_a_matrix_relabelled_with_a_larger_type_is_refused(tiny, tmp_path):
                             "blk.0.attn_v.weight's start")
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_a_norm_holding_nan_is_refused_before_anything_is_cached(tiny, tmp_path, bad):
+@pytest.mark.parametrize("bad, extra", [(float("nan"), ()), (float("inf"), ()), (float("nan"), ("--weights", "dense"))])
+def test_a_norm_holding_nan_is_refused_before_anything_is_cached(tiny, tmp_path, bad, extra):
+    """In place or converted for transformers (`--weights dense`): refused before anything is cached."""
     path = rewrite(tiny, tmp_path / "nan.gguf", patch={"blk.1.ffn_norm.weight": struct.pack("<f", bad)})
-    refused(tmp_path, path, "tensor blk.1.ffn_norm.weight holds 1 NaN or infinite values of 64")
+    refused(tmp_path, path, "tensor blk.1.ffn_norm.weight holds 1 NaN or infinite values of 64", extra=extra)
 
 
 # -- the header's counts and arrays -------------------------------------------------------------------------------

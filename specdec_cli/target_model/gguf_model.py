@@ -182,9 +182,6 @@ def _cache_ready(folder: Path) -> bool:
 def open_in_place(gguf: GGUFFile, config: Any, on_status: Optional[StatusCallback] = None) -> tuple[GGUFModel, Any]:
     """(the model, its tokenizer) from a checked file's cache, repacking it first when it is absent or damaged."""
     expected = check_tensors(gguf, config)  # (gguf_check did it once already: milliseconds)
-    for item in expected:  # norms, biases, rope factors: kilobytes, checked finite before anything is cached
-        if not item.matrix and item.module != "model.embed_tokens":
-            _vector(gguf, item.gguf_name)
     planned = gguf_blocks.plan_matrices(gguf, expected, tied="output.weight" not in gguf.tensors)
     folder = cache_folder(gguf.path)
     mapped = _mapped(folder, planned) if _cache_ready(folder) else None
