@@ -69,13 +69,13 @@ def check_metadata(gguf: GGUFFile) -> None:
     def refuse(message: str) -> SpecdecError:
         return SpecdecError(f"{gguf.path}: {message}")
 
-    for suffix in INTEGER_KEYS:
+    for suffix in INTEGER_KEYS if native else ("block_count",):  # (other families may hold per-layer arrays)
         key = f"{architecture}.{suffix}"
         if key in metadata and (isinstance(metadata[key], bool) or not isinstance(metadata[key], int)):
             raise refuse(f"{key} is {_described(metadata[key])}, not an integer")
     for key in TOKEN_ID_KEYS:
         value = metadata.get(key)
-        if key in metadata and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31):
+        if key in metadata and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise refuse(f"{key} is {_described(value)}, not a token id")
     for suffix in POSITIVE_FLOAT_KEYS:
         key = f"{architecture}.{suffix}"
@@ -98,7 +98,7 @@ def check_metadata(gguf: GGUFFile) -> None:
                           ("attention.head_count", 1), ("attention.head_count_kv", 1), ("attention.key_length", 1),
                           ("attention.value_length", 1), ("vocab_size", 1), ("block_count", 0)):
         key = f"{architecture}.{suffix}"
-        if key in metadata and metadata[key] < least:
+        if (native or suffix == "block_count") and key in metadata and metadata[key] < least:
             raise refuse(f"{key} is {metadata[key]}; it must be at least {least}")
     _check_layers(gguf, refuse, native)
     if native:
