@@ -266,6 +266,19 @@ def test_the_metadata_s_arrays_are_capped_in_all(tiny, tmp_path):
             f"metadata spare.strings claims {strings:,} strings; the metadata holds at most")
 
 
+def test_the_metadata_s_strings_are_capped_in_all(tiny, tmp_path, monkeypatch):
+    """Strings each under the one-string cap, together over the whole's: refused at the one that passes it (the
+    whole's cap made small here, so that the file is too)."""
+    monkeypatch.setattr(gguf_file, "MAX_TEXT_BYTES", 1 << 16)
+    raw = [_string(f"spare.{index}") + struct.pack("<I", STRING) + _string(b"x" * (1 << 14)) for index in range(4)]
+    refused(tmp_path, rewrite(tiny, tmp_path / "text.gguf", raw=raw),
+            "metadata spare.3: the metadata's strings hold more than 65,536 bytes in all")
+    many = _string("spare.strings") + struct.pack("<I", ARRAY) + \
+        _value(ARRAY, (STRING, 1 << 13, _string(b"y" * 8) * (1 << 13)))
+    refused(tmp_path, rewrite(tiny, tmp_path / "texts.gguf", raw=[many]),
+            "metadata spare.strings: the metadata's strings hold more than 65,536 bytes in all")
+
+
 def test_huge_metadata_arrays_cost_what_the_file_costs(tiny, tmp_path):
     """Four arrays of 2^21 uint64 (64 MiB): refused at the cap, parsed as numpy arrays (never Python lists of
     millions of ints), in a process whose peak memory stays well under a gigabyte."""

@@ -40,6 +40,7 @@ MAX_COUNT = 1 << 24  # tensors, keys or array items: far beyond any model, far b
 MAX_ARRAY_ITEMS = 1 << 22
 MAX_STRINGS = 1 << 20
 MAX_STRING_BYTES = 1 << 24  # one metadata string (a chat template is kilobytes)
+MAX_TEXT_BYTES = 1 << 26  # the metadata's strings in all (a 262k-token vocabulary and its merges: under 10 MB)
 SMALL_ARRAY = 4096  # arrays of numbers up to this long are Python lists; longer ones stay numpy arrays
 # the fewest bytes a record can take: a metadata key (name length, type, a one-byte value), a tensor record
 # (name length, dimension count, one dimension, type, offset)
@@ -113,7 +114,7 @@ class _Cursor:
 
     def __init__(self, data: mmap.mmap, size: int):
         self.data, self.size, self.at = data, size, 0
-        self.items, self.strings = 0, 0
+        self.items, self.strings, self.text = 0, 0, 0
 
     @property
     def left(self) -> int:
@@ -135,6 +136,7 @@ class _Cursor:
         if length > MAX_STRING_BYTES and length <= self.left:
             raise SpecdecError(f"metadata {what} holds a string of {length:,} bytes (at most {MAX_STRING_BYTES:,})")
         start = self.take(length, what)
+        self._count_text(length, what)
         return self.data[start : start + length].decode("utf-8", "replace")
 
     def value(self, type_id: int, what: str) -> Any:
@@ -168,6 +170,12 @@ class _Cursor:
             return self.strings_array(count, what)
         raise SpecdecError(f"metadata {what} has an unknown value type {type_id}")
 
+    def _count_text(self, length: int, what: str) -> None:
+        self.text += length
+        if self.text > MAX_TEXT_BYTES:
+            raise SpecdecError(f"metadata {what}: the metadata's strings hold more than {MAX_TEXT_BYTES:,} bytes in "
+                               "all")
+
     def strings_array(self, count: int, what: str) -> list[str]:
         data, size, unpack = self.data, self.size, _LENGTH.unpack_from
         at, found = self.at, []
@@ -178,6 +186,9 @@ class _Cursor:
             at += 8
             if length > size - at:
                 raise _Truncated(what)
+            self.text += length
+            if self.text > MAX_TEXT_BYTES:
+                self._count_text(0, what)
             found.append(data[at : at + length].decode("utf-8", "replace"))
             at += length
         self.at = at
