@@ -125,10 +125,12 @@ def _records(gguf: GGUFFile, matrix: PlannedMatrix, first: int, stop: int) -> to
 
 
 def write_blocks(gguf: GGUFFile, planned: list[PlannedMatrix], path: Path, on_progress: Optional[Progress] = None,
-                 workers: int = 1) -> None:
+                 workers: int = 1) -> dict[str, str]:
     """Repack every planned matrix into `path` (a new file), slice by slice (see the module docstring); `workers`
     threads decode slices side by side (numpy and torch release the GIL), written in order, a few slices ahead at
-    most."""
+    most. Returns each matrix's records' SHA-256 ({module: hex digest}; `verify_blocks` checks a mapping against
+    them) and, under "", the file header's."""
+    import hashlib
     from concurrent.futures import Future, ThreadPoolExecutor
 
     total = cache_bytes(planned)
@@ -143,6 +145,8 @@ def write_blocks(gguf: GGUFFile, planned: list[PlannedMatrix], path: Path, on_pr
         return _records(gguf, matrix, first, stop)  # uint8 [groups, record bytes], contiguous
 
     written = 0
+    digests = {"": hashlib.sha256(header).hexdigest()}
+    hashers = {matrix.module: hashlib.sha256() for matrix in planned}
     with open(path, "wb") as handle, ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         handle.write(header)
         pending: list[tuple[Future, PlannedMatrix, bool]] = []
@@ -155,15 +159,46 @@ def write_blocks(gguf: GGUFFile, planned: list[PlannedMatrix], path: Path, on_pr
                 future, done_matrix, done_last = pending.pop(0)
                 records = future.result()
                 handle.write(records.numpy().data)  # (the buffer itself, no copy)
+                hashers[done_matrix.module].update(records.numpy().data)
                 written += records.numel()
                 if done_last:
                     gguf.release(done_matrix.gguf_name)
+                    digests[done_matrix.module] = hashers[done_matrix.module].hexdigest()
                 if on_progress is not None:
                     on_progress(written, total)
         handle.flush()
         os.fsync(handle.fileno())
     if path.stat().st_size != written + len(header):  # pragma: no cover - a sizing mistake
         raise AssertionError("the blocks cache's size disagrees with its header")
+    return digests
+
+
+def verify_blocks(path: Path, mapped: dict[str, "MappedMatrix"], digests: dict[str, str],
+                  workers: int = 1) -> Optional[str]:
+    """None when the mapped records and the file's header hash to what `write_blocks` recorded; else which part does
+    not (the first in order). Matrices are hashed side by side on `workers` threads (hashlib releases the GIL): it
+    reads every page of the mapping once, as the first forward would."""
+    import hashlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    with open(path, "rb") as handle:
+        header_size = struct.unpack("<Q", handle.read(8))[0]
+        handle.seek(0)
+        header = handle.read(8 + header_size)
+    if hashlib.sha256(header).hexdigest() != digests.get(""):
+        return "its header"
+    if set(mapped) != set(digests) - {""}:
+        return "its list of matrices"
+
+    def digest(module: str) -> str:
+        return hashlib.sha256(mapped[module].records.numpy().data).hexdigest()
+
+    modules = list(mapped)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for module, found in zip(modules, pool.map(digest, modules)):
+            if found != digests[module]:
+                return f"the records of {module}"
+    return None
 
 
 @dataclass(frozen=True)

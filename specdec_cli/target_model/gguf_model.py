@@ -10,9 +10,12 @@ with the shape its metadata implies), then builds a `GGUFModel`:
   file, each looked-up row dequantised when a forward asks for it (`MappedEmbedding`).
 
 The cache is a folder under $SPECDEC_HOME/models named by the file's path, size and modification time, made in a
-temporary folder and renamed into place with a marker written last (`specdec-gguf.json`: the format, the
-source, the blocks file's size); a folder whose marker or blocks file does not match is made again. Nothing is
-cached for a file that fails a check.
+temporary folder and renamed into place with a marker written last (`specdec-gguf.json`: the format; the source's
+proof, `source_proof`; the SHA-256 of every matrix's records, of the blocks file's header and of every side file).
+Every load proves the cache before using it: a marker that does not match, a source that changed (even with its
+size and time kept), a damaged, missing or foreign file, or records that do not hash to what was written: the
+folder is made again, with one warning line saying why; it is never used. Nothing is cached for a file that fails
+a check.
 
 The `GGUFModel`'s modules carry transformers' names (model.layers.N.self_attn.q_proj, ...: block layers, norms,
 the family's rotary table), so that the native decoder (native.py), the drafters and the checks read it as they
@@ -26,6 +29,7 @@ import importlib
 import json
 import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -40,7 +44,7 @@ from .gguf_file import GGUFFile
 from .gguf_layout import NORM_PLUS_ONE, Expected, check_tensors
 from .quant import BlockLinear, BlockWeights
 
-CACHE_FORMAT = 1  # the folder's layout (its blocks file has its own gguf_blocks.BLOCKS_FORMAT)
+CACHE_FORMAT = 2  # the folder's layout (its blocks file has its own gguf_blocks.BLOCKS_FORMAT); 2: proofs
 MARKER = "specdec-gguf.json"
 BLOCKS_FILE = "blocks.safetensors"
 
@@ -169,14 +173,89 @@ def cache_folder(path: Path) -> Path:
     return specdec_home() / "models" / f"{short_stem(path.stem)}-inplace-{key}"
 
 
-def _cache_ready(folder: Path) -> bool:
+def source_proof(gguf: GGUFFile) -> dict[str, Any]:
+    """What a cache records of the file it was made from, to prove on every later load that the file is the same:
+    its resolved path; its size, modification and status-change times and inode (`touch -r` keeps the first two,
+    not the status-change time, which only the kernel sets); and a SHA-256 of the header (every key and tensor
+    record) and of 4 KiB at the start, middle and end of every tensor (milliseconds, even for 8B-shaped files)."""
+    import hashlib
+
+    stat = gguf.path.stat()
+    sample = hashlib.sha256()
+    tensors = sorted(gguf.tensors.values(), key=lambda info: info.start)
+    data_start = tensors[0].start if tensors else gguf.size
+    with open(gguf.path, "rb") as handle:
+        sample.update(handle.read(data_start))
+        for info in tensors:
+            for at in sorted({info.start, info.start + max(0, info.nbytes // 2 - 2048),
+                              info.start + max(0, info.nbytes - 4096)}):
+                handle.seek(at)
+                sample.update(handle.read(min(4096, info.nbytes)))
+    return {"path": str(gguf.path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+            "ctime_ns": stat.st_ctime_ns, "inode": stat.st_ino, "sample": sample.hexdigest()}
+
+
+def _file_digest(path: Path) -> str:
+    import hashlib
+
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _side_files(folder: Path) -> dict[str, str]:
+    """{name: SHA-256} of the folder's files but the marker and the blocks (the tokenizer, config, template...)."""
+    return {entry.name: _file_digest(entry) for entry in sorted(folder.iterdir())
+            if entry.is_file() and entry.name not in (MARKER, BLOCKS_FILE)}
+
+
+def _read_marker(folder: Path) -> Optional[dict[str, Any]]:
     try:
         marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-        return (marker.get("format") == CACHE_FORMAT and
-                (folder / BLOCKS_FILE).stat().st_size == int(marker["blocks_bytes"]) and
-                all((folder / name).is_file() for name in ("tokenizer_config.json", "config.json")))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
+        return marker if isinstance(marker, dict) else {}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+
+
+def _cache_fault(folder: Path, gguf: Optional[GGUFFile]) -> Optional[str]:
+    """Why the folder's cache cannot be used for the file (None: it can, as far as its marker and side files tell;
+    the blocks are proved by _proved_blocks); "" when there is no cache at all."""
+    marker = _read_marker(folder)
+    if marker is None:
+        return "" if not folder.exists() else "its marker is missing"
+    if not marker:
+        return "its marker is damaged"
+    if marker.get("format") != CACHE_FORMAT:
+        return "it is of another format"
+    if gguf is not None:
+        recorded = marker.get("source")
+        proof = source_proof(gguf)
+        if not isinstance(recorded, dict) or recorded.get("path") != proof["path"]:
+            made_from = recorded.get("path") if isinstance(recorded, dict) else recorded
+            return f"it was made from another file ({made_from})"
+        keys = ("size", "mtime_ns", "ctime_ns", "inode", "sample")
+        changed = [key for key in keys if recorded.get(key) != proof[key]]
+        if changed:
+            return f"{gguf.path.name} changed since it was made ({', '.join(changed)})"
+    try:
+        if (folder / BLOCKS_FILE).stat().st_size != int(marker["blocks_bytes"]):
+            return f"{BLOCKS_FILE} is of another size"
+        recorded_files = marker["files"]
+        found = _side_files(folder)
+    except (OSError, ValueError, KeyError, TypeError):
+        return "it is incomplete"
+    for name, digest in recorded_files.items():
+        if found.get(name) != digest:
+            return f"{name} is {'missing' if name not in found else 'damaged'}"
+    extra = sorted(set(found) - set(recorded_files))
+    return f"{extra[0]} was not made by specdec" if extra else None
+
+
+def _cache_ready(folder: Path) -> bool:
+    """Whether the folder's marker and side files are as specdec made them (the source and the blocks are proved
+    when the model itself is loaded)."""
+    return _cache_fault(folder, None) is None
 
 
 def open_in_place(gguf: GGUFFile, config: Any, on_status: Optional[StatusCallback] = None) -> tuple[GGUFModel, Any]:
@@ -184,7 +263,12 @@ def open_in_place(gguf: GGUFFile, config: Any, on_status: Optional[StatusCallbac
     expected = check_tensors(gguf, config)  # (gguf_check did it once already: milliseconds)
     planned = gguf_blocks.plan_matrices(gguf, expected, tied="output.weight" not in gguf.tensors)
     folder = cache_folder(gguf.path)
-    mapped = _mapped(folder, planned) if _cache_ready(folder) else None
+    fault = _cache_fault(folder, gguf)
+    mapped = _proved_blocks(folder, planned) if fault is None else None
+    if fault is None and mapped is None:
+        fault = f"{BLOCKS_FILE} is damaged"
+    if fault:
+        warnings.warn(f"the cache of {gguf.path.name} ({folder}) is made again: {fault}", stacklevel=2)
     repacked = mapped is None
     if mapped is None:
         _repack(gguf, config, planned, folder, on_status)
@@ -197,11 +281,24 @@ def open_in_place(gguf: GGUFFile, config: Any, on_status: Optional[StatusCallbac
     return model, _cached_tokenizer(folder)
 
 
+def _proved_blocks(folder: Path, planned: list[gguf_blocks.PlannedMatrix]
+                   ) -> Optional[dict[str, gguf_blocks.MappedMatrix]]:
+    """The cache's records, mapped, once every matrix and the file's header hash to what the marker recorded when
+    they were written; else None."""
+    mapped = _mapped(folder, planned)
+    marker = _read_marker(folder) or {}
+    digests = marker.get("blocks")
+    if mapped is None or not isinstance(digests, dict):
+        return None
+    fault = gguf_blocks.verify_blocks(folder / BLOCKS_FILE, mapped, digests, workers=torch.get_num_threads())
+    return None if fault else mapped
+
+
 def _mapped(folder: Path, planned: list[gguf_blocks.PlannedMatrix]) -> Optional[dict[str, gguf_blocks.MappedMatrix]]:
     """The cache's records, mapped, when it holds every planned matrix with its planned size; else None."""
     mapped = gguf_blocks.map_blocks(folder / BLOCKS_FILE)
     if mapped is None or any(matrix.module not in mapped or mapped[matrix.module].records.numel() != matrix.nbytes
-                             for matrix in planned):
+                             or mapped[matrix.module].kind != matrix.kind for matrix in planned):
         return None
     return mapped
 
@@ -220,14 +317,15 @@ def _repack(gguf: GGUFFile, config: Any, planned: list[gguf_blocks.PlannedMatrix
         raise SpecdecError(f"{gguf.path}: its repacked blocks need {needed / 1e9:.2f} GB under {folder.parent}, "
                            f"which has {free / 1e9:.2f} GB free")
     tokenizer = tokenizer_from_file(gguf)
+    source = source_proof(gguf)
     with atomic_directory(folder, replace=True) as tmp:  # (replaces a damaged folder; a reader keeps its mapping)
-        gguf_blocks.write_blocks(gguf, planned, tmp / BLOCKS_FILE, _progress(on_status, gguf.path.name),
-                                 workers=torch.get_num_threads())
+        blocks = gguf_blocks.write_blocks(gguf, planned, tmp / BLOCKS_FILE, _progress(on_status, gguf.path.name),
+                                          workers=torch.get_num_threads())
         tokenizer.save_pretrained(tmp)
         config.save_pretrained(tmp)
         _generation_config(config).save_pretrained(tmp)
-        marker = {"format": CACHE_FORMAT, "source": str(gguf.path), "blocks_bytes": (tmp / BLOCKS_FILE).stat().st_size,
-                  "seconds": round(time.perf_counter() - started, 3)}
+        marker = {"format": CACHE_FORMAT, "source": source, "blocks_bytes": (tmp / BLOCKS_FILE).stat().st_size,
+                  "blocks": blocks, "files": _side_files(tmp), "seconds": round(time.perf_counter() - started, 3)}
         (tmp / MARKER).write_text(json.dumps(marker, indent=1))
     _give_back_freed_memory()
 

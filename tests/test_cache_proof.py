@@ -1,0 +1,121 @@
+"""The GGUF-in-place cache proves itself on every load (target_model/gguf_model.py): a source changed in place
+(even with its size and modification time kept), another file's cache copied in, a damaged, missing, edited or
+foreign side file, or records that do not hash to what was written are never used: the folder is made again, with
+one warning line saying why, and the answers are the source's own."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+
+import pytest
+import torch
+from helpers import PROMPTS, split_logits, write_family_gguf
+from test_gguf_in_place import _source
+
+from specdec_cli import kernels
+from specdec_cli.target_model import gguf_check, models
+from specdec_cli.target_model.gguf_model import BLOCKS_FILE, MARKER
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
+
+
+@pytest.fixture()
+def tiny(tmp_path, monkeypatch):
+    """(a tiny llama GGUF, its first load's logits, its cache folder)."""
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    source, architecture, tokenizer = _source("llama")
+    path = tmp_path / "tiny.gguf"
+    write_family_gguf(path, source, architecture, tokenizer)
+    loaded = _load(path)
+    assert loaded.model.source.repacked
+    with torch.inference_mode():
+        logits = split_logits(loaded.model, PROMPTS[0])
+    return path, logits, loaded.model.source.cache
+
+
+def _load(path, expect_warning: str = ""):
+    gguf_check._checked.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = models.load_target(str(path), device="cpu")
+    texts = [str(item.message) for item in caught if "cache of" in str(item.message)]
+    if expect_warning:
+        assert len(texts) == 1 and expect_warning in texts[0], texts
+        assert loaded.model.source.repacked
+    else:
+        assert not texts, texts
+    return loaded
+
+
+def _same_answers(loaded, logits):
+    with torch.inference_mode():
+        assert torch.equal(split_logits(loaded.model, PROMPTS[0]), logits)
+
+
+def test_a_healthy_cache_is_mapped_without_a_word(tiny):
+    path, logits, _ = tiny
+    again = _load(path)
+    assert not again.model.source.repacked
+    _same_answers(again, logits)
+
+
+@pytest.mark.parametrize("where", ["middle", "header"])
+def test_records_that_do_not_hash_to_what_was_written_are_never_used(tiny, where):
+    path, logits, cache = tiny
+    blocks = cache / BLOCKS_FILE
+    size = blocks.stat().st_size
+    with open(blocks, "r+b") as handle:
+        handle.seek(size // 2 if where == "middle" else 12)
+        handle.write(os.urandom(4096 if where == "middle" else 8))
+    remade = _load(path, "is made again")
+    _same_answers(remade, logits)
+
+
+def test_a_source_changed_in_place_with_its_size_and_time_kept_is_repacked(tiny):
+    path, logits, _ = tiny
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-64:] = bytes(64)  # the last tensor's tail (a norm): the file's values change
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # `touch -r`: size and modification time kept
+    remade = _load(path, "changed since it was made")
+    with torch.inference_mode():
+        assert not torch.equal(split_logits(remade.model, PROMPTS[0]), logits)  # the new file's own answers
+
+
+def test_another_files_cache_copied_in_is_not_used(tiny, tmp_path):
+    path, logits, cache = tiny
+    source, architecture, tokenizer = _source("llama")
+    with torch.no_grad():
+        source.model.layers[0].mlp.up_proj.weight.mul_(-1)
+    other = tmp_path / "other.gguf"
+    write_family_gguf(other, source, architecture, tokenizer)
+    other_cache = _load(other).model.source.cache
+    shutil.rmtree(other_cache)
+    shutil.copytree(cache, other_cache)  # same shapes: only the proof tells them apart
+    _load(other, "made from another file")
+
+
+@pytest.mark.parametrize("damage", ["truncate tokenizer.json", "edit tokenizer.json", "delete config.json",
+                                    "delete chat_template.jinja", "foreign extra.json", "marker"])
+def test_a_damaged_missing_edited_or_foreign_side_file_is_made_again(tiny, damage):
+    path, logits, cache = tiny
+    action, name = damage.split(" ") if " " in damage else (damage, MARKER)
+    target = cache / name
+    if action == "truncate":
+        target.write_bytes(target.read_bytes()[:50])
+    elif action == "edit":
+        target.write_text(target.read_text(encoding="utf-8").replace('"', "'", 1) + " ", encoding="utf-8")
+    elif action == "delete":
+        if not target.exists():
+            pytest.skip(f"this tokenizer keeps no {name}")
+        target.unlink()
+    elif action == "foreign":
+        target.write_text("{}", encoding="utf-8")
+    else:
+        target.write_text("{not json", encoding="utf-8")
+    remade = _load(path, "is made again")
+    _same_answers(remade, logits)
+    assert _load(path).model.source.cache == remade.model.source.cache  # and then it is healthy again
