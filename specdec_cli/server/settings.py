@@ -8,8 +8,9 @@ Plain data: nothing here loads or listens.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from ..errors import SpecdecError
 from ..session.chat import ChatSettings
@@ -51,3 +52,20 @@ class ServerSettings:
     def open_to_others(self) -> bool:
         """Whether anyone beyond this machine may reach the server without a key."""
         return self.host not in LOOPBACK and not self.api_key
+
+
+def server_settings(*, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, queue: int = DEFAULT_QUEUE,
+                    api_key: Optional[str] = None, model_name: Optional[str] = None, system: Optional[str] = None,
+                    remember: bool = True, drafter: Optional[str] = None, **values: Any) -> ServerSettings:
+    """The flags as checked ServerSettings; `values` are named as the run settings' fields (run_settings.py). The
+    key, when not given, is SPECDEC_API_KEY's (set and empty: refused)."""
+    from ..defaults import DEFAULT_DRAFTER
+    from ..session.run_settings import run_settings
+
+    if api_key is None:
+        api_key = os.environ.get(API_KEY_ENV)
+    run = run_settings(DEFAULT_DRAFTER if drafter is None else drafter.strip().lower(), **values)
+    settings = ServerSettings(ChatSettings(run, system=system, remember=remember), host=host, port=port,
+                              queue=queue, api_key=api_key, model_name=model_name)
+    settings.check()
+    return settings
