@@ -364,7 +364,7 @@ def test_concurrent_clients_are_answered_in_turn_as_if_alone(tiny):
         for thread in threads:
             thread.join(HANG_GUARD)
         assert sorted(results) == sorted((prompt, alone[prompt]) for prompt in prompts * 2)
-        assert health(server)["served"] == 9
+        wait_until(lambda: health(server)["served"] == 9, "the worker to count its answers")  # counted after sending
 
 
 # -- the default model and the command line --------------------------------------------------------------------

@@ -8,8 +8,10 @@ since its logits choose the first new token) and how many of the prompt's tokens
 the cache back once a generation finished. A generation that fails or is stopped midway keeps nothing (its cache
 may hold entries of rows that were never committed): the next prompt is computed whole.
 
-Reusing entries is exact where the verifying forward is row-invariant (block weights, `--exact`): an entry computed
-in a block of k rows equals the one a whole-prompt prefill computes. This file keeps entries; the engine computes
+An engine given a prompt cache computes every prompt in blocks of at most its forward's row-invariant size
+(engine.py, `_prefill`), from the first token or after the cached ones; where the forward is row-invariant (block
+weights, `--exact`), an entry is then the same whichever block computed it, so an answer depends only on its
+tokens, never on what the cache held. This file keeps entries; the engine computes
 them (engine.py) and the rollback helpers cut them (target_model/rollback.py).
 """
 
