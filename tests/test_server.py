@@ -41,10 +41,12 @@ def _chat_settings(target: str, max_new_tokens: int = 16, **values):
 @contextlib.contextmanager
 def serving(session, name: str = "tiny", **changes):
     """A server around `session` on a free port, in this process; stopped on the way out, whatever happens."""
+    from specdec_cli.listen import ListenSettings
     from specdec_cli.server.run import Server
     from specdec_cli.server.settings import ServerSettings
 
-    settings = ServerSettings(port=_free_port(), **changes)
+    listen = ListenSettings(port=_free_port(), api_key=changes.pop("api_key", None))
+    settings = ServerSettings(listen=listen, **changes)
     server = Server(session, settings, name).start()
     try:
         yield server
@@ -278,9 +280,12 @@ def test_the_key_comes_from_the_environment(monkeypatch):
     from specdec_cli.server.settings import API_KEY_ENV, server_settings
 
     monkeypatch.setenv(API_KEY_ENV, "from-env")
-    assert server_settings(drafter="pld").api_key == "from-env"
-    assert server_settings(drafter="pld", api_key="flag").api_key == "flag"
+    assert server_settings(drafter="pld").listen.api_key == "from-env"
+    assert server_settings(drafter="pld", api_key="flag").listen.api_key == "flag"
     assert not server_settings(drafter="pld", host="0.0.0.0").open_to_others
+    monkeypatch.delenv(API_KEY_ENV)
+    assert server_settings(drafter="pld", host="0.0.0.0").open_to_others
+    assert not server_settings(drafter="pld", host="::1").open_to_others
 
 
 # -- the queue, disconnects, concurrent clients -------------------------------------------------------------------
@@ -391,7 +396,7 @@ def test_the_default_model_answers_as_the_chat_path(real_target):
 
 @pytest.mark.parametrize("args, needle", [
     (["--queue", "0"], "--queue must be >= 1"),
-    (["--port", "70000"], "--port must be between 0 and 65535"),
+    (["--port", "70000"], "--port must be in 1..65535"),
     (["--drafter", "nope"], "nope"),
     (["--max-num-seqs", "4"], "--max-num-seqs 4"),
 ])

@@ -10,12 +10,12 @@ from typing import Optional
 
 import typer
 
-from ..defaults import DEFAULT_DRAFTER, DEFAULT_MAX_NEW_TOKENS, VLLM_DRAFT_MAX, VLLM_DRAFTERS, VLLM_MIN_MATCH
+from ..defaults import (DEFAULT_DRAFTER, DEFAULT_MAX_NEW_TOKENS, DEFAULT_SERVE_PORT, DEFAULT_SERVE_QUEUE,
+                        VLLM_DRAFT_MAX, VLLM_DRAFTERS, VLLM_MIN_MATCH, VLLM_SERVE_PORT)
 from ..errors import SpecdecError
 from . import app, options
 from .common import apply_threads, err_console
 
-SPECDEC_PORT, VLLM_PORT = 8080, 8000
 
 
 @app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -43,8 +43,8 @@ def serve_command(
     memory: bool = typer.Option(True, "--memory/--no-memory", help="Remember the answers and let sam draft from them (SPECDEC_NO_MEMORY=1 turns it off)."),
     exact: Optional[bool] = options.exact(),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
-    port: Optional[int] = typer.Option(None, "--port", help=f"Port to listen on (default {SPECDEC_PORT}; {VLLM_PORT} with --engine vllm)."),
-    queue: int = typer.Option(16, "--queue", help="Requests that may wait behind the one being answered; more are refused with 429."),
+    port: Optional[int] = typer.Option(None, "--port", help=f"Port to listen on (default {DEFAULT_SERVE_PORT}; {VLLM_SERVE_PORT} with --engine vllm)."),
+    queue: int = typer.Option(DEFAULT_SERVE_QUEUE, "--queue", help="Requests that may wait behind the one being answered; more are refused with 429."),
     alias: Optional[str] = typer.Option(None, "--alias", help="The model name /v1/models lists (any name is served)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Refuse requests without this key (`Authorization: Bearer KEY`). SPECDEC_API_KEY (VLLM_API_KEY with --engine vllm) does the same and keeps the key out of `ps`."),
     min_match: int = typer.Option(VLLM_MIN_MATCH, "--min-match", help="--engine vllm: draft only continuations of matches this long (vLLM verifies every drafted token)."),
@@ -62,7 +62,7 @@ def serve_command(
     from ..server.settings import server_settings
 
     settings = server_settings(
-        host=host, port=SPECDEC_PORT if port is None else port, queue=queue, api_key=api_key, model_name=alias,
+        host=host, port=port, queue=queue, api_key=api_key, model_name=alias,
         system=system, remember=memory, drafter=drafter, target=target, device=device, dtype=dtype,
         weights=weights, index=index, aux=aux, draft_model=draft_model, draft_min_prob=draft_min_prob,
         draft_max=draft_max, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
@@ -83,7 +83,7 @@ def _serve_specdec(settings) -> None:
 
     logging.basicConfig(format="specdec: %(message)s", level=logging.INFO)
     if settings.open_to_others:
-        err_console().print(f"[yellow]warning:[/yellow] {escape(settings.host)} without --api-key (or {API_KEY_ENV}): "
+        err_console().print(f"[yellow]warning:[/yellow] {escape(settings.listen.host)} without --api-key (or {API_KEY_ENV}): "
                             "anyone who reaches the port can use the model", soft_wrap=True)
     status = err_console().status("Loading model…")
     status.start()
@@ -111,7 +111,7 @@ def _serve_vllm(ctx, target, drafter, index, draft_max, min_match, dtype, host, 
 
     settings = serve_settings(drafter.strip().lower(), target=target, index=index,
                               draft_max=VLLM_DRAFT_MAX if draft_max is None else draft_max, min_match=min_match,
-                              dtype=dtype, host=host, port=VLLM_PORT if port is None else port,
+                              dtype=dtype, host=host, port=VLLM_SERVE_PORT if port is None else port,
                               max_model_len=max_model_len, memory_fraction=memory_fraction,
                               extra_args=tuple(ctx.args), api_key=api_key)
     code = serve(settings, on_status=lambda message: err_console().print(f"[dim]{message}[/dim]"),

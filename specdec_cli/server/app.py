@@ -37,7 +37,7 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
         return JSONResponse({"status": "ok", "model": model_name, **worker.health()})
 
     async def models(request: Request) -> Response:
-        _authorize(request, settings.api_key)
+        _authorize(request, settings.listen.api_key)
         return JSONResponse({"object": "list", "data": [
             {"id": model_name, "object": "model", "created": created, "owned_by": "specdec"}]})
 
@@ -48,7 +48,7 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
         return await _complete(request, text_request)
 
     async def _complete(request: Request, parse: Callable[[dict, Optional[int]], Any]) -> Response:
-        _authorize(request, settings.api_key)
+        _authorize(request, settings.listen.api_key)
         body = read_json(await _read_body(request, settings.max_body_bytes))
         checked = parse(body, worker.context)
         job = Job(checked, checked.generation(base), asyncio.get_running_loop())

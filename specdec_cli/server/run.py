@@ -30,7 +30,7 @@ class Server:
         self.model_name = settings.model_name or model_name
         self.worker = Worker(session, settings.queue)
         self.app = build_app(self.worker, settings, self.model_name)
-        config = uvicorn.Config(self.app, host=settings.host, port=settings.port, log_level="warning",
+        config = uvicorn.Config(self.app, host=settings.listen.host, port=settings.listen.port, log_level="warning",
                                 access_log=False, lifespan="off", timeout_graceful_shutdown=GRACE_SECONDS)
         worker = self.worker
 
@@ -44,7 +44,8 @@ class Server:
 
     @property
     def url(self) -> str:
-        host = self.settings.host if ":" not in self.settings.host else f"[{self.settings.host}]"
+        host = self.settings.listen.host
+        host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.port}"
 
     @property
@@ -53,7 +54,7 @@ class Server:
         for server in servers:
             for sock in server.sockets:
                 return int(sock.getsockname()[1])
-        return self.settings.port
+        return self.settings.listen.port
 
     def run(self) -> None:
         """Serve in this thread until a signal stops uvicorn."""

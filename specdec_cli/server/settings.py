@@ -1,9 +1,10 @@
-"""What `specdec serve` (specdec's engine) is made from: the chat session's settings and the server's own.
+"""What `specdec serve` (specdec's engine) is made from: the chat session's settings, where it listens, and the
+server's own.
 
-`ServerSettings` holds a `ChatSettings` (the target, the drafter, generation defaults for requests that name none,
-the answer memory) and where and how the server listens: host (loopback by default), port (8080, as
-llama-server), the queue's length, the API key, the largest request body. `check` runs before the model loads.
-Plain data: nothing here loads or listens.
+`ServerSettings` holds a `ChatSettings` whole (the target, the drafter, the generation settings for what a request
+leaves out, the answer memory) and a `ListenSettings` (listen.py: host, loopback by default; port, 8080 as
+llama-server's; the API key, else SPECDEC_API_KEY's), and keeps its own: the queue's length, the largest request
+body, the model name it lists. `check` runs before the model loads. Plain data: nothing here loads or listens.
 """
 
 from __future__ import annotations
@@ -12,60 +13,55 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..defaults import DEFAULT_SERVE_QUEUE
 from ..errors import SpecdecError
+from ..listen import ListenSettings
 from ..session.chat import ChatSettings
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8080  # llama-server's
-DEFAULT_QUEUE = 16  # requests waiting behind the one being answered
-DEFAULT_MAX_BODY = 8 * 1024 * 1024  # bytes of one request body
-API_KEY_ENV = "SPECDEC_API_KEY"
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+API_KEY_ENV = "SPECDEC_API_KEY"  # the key, kept out of `ps`
+MAX_BODY_BYTES = 8 * 1024 * 1024  # one request body, at most
 
 
 @dataclass(frozen=True)
 class ServerSettings:
     chat: ChatSettings = field(default_factory=ChatSettings)
-    host: str = DEFAULT_HOST
-    port: int = DEFAULT_PORT
-    queue: int = DEFAULT_QUEUE
-    api_key: Optional[str] = None  # requests must send `Authorization: Bearer KEY`
-    max_body_bytes: int = DEFAULT_MAX_BODY
-    model_name: Optional[str] = None  # what /v1/models lists (default: the target's name); any name is served
+    listen: ListenSettings = field(default_factory=ListenSettings)
+    queue: int = DEFAULT_SERVE_QUEUE  # requests that may wait behind the one being answered
+    max_body_bytes: int = MAX_BODY_BYTES
+    model_name: Optional[str] = None  # what /v1/models lists (None: the target's name); any name is served
 
     def check(self) -> None:
         """Everything checkable before the model loads."""
-        if not 0 <= self.port <= 65535:
-            raise SpecdecError(f"port must be between 0 and 65535, got {self.port}", setting="port")
+        self.listen.check()
         if self.queue < 1:
             raise SpecdecError(f"queue must be >= 1 (requests waiting behind the one answered), got {self.queue}",
                                setting="queue")
-        if self.api_key is not None and not self.api_key.strip():
-            raise SpecdecError(f"api_key is empty (unset {API_KEY_ENV} or give a key)", setting="api_key")
         if self.max_body_bytes < 1024:
             raise SpecdecError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}", setting="max_body_bytes")
-        if not self.host.strip():
-            raise SpecdecError("host is empty", setting="host")
         self.chat.check()
 
     @property
     def open_to_others(self) -> bool:
-        """Whether anyone beyond this machine may reach the server without a key."""
-        return self.host not in LOOPBACK and not self.api_key
+        """Whether the server listens beyond this machine without a key."""
+        return not self.listen.loopback and not self.listen.api_key
 
 
-def server_settings(*, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, queue: int = DEFAULT_QUEUE,
-                    api_key: Optional[str] = None, model_name: Optional[str] = None, system: Optional[str] = None,
-                    remember: bool = True, drafter: Optional[str] = None, **values: Any) -> ServerSettings:
+def server_settings(*, queue: int = DEFAULT_SERVE_QUEUE, model_name: Optional[str] = None,
+                    system: Optional[str] = None, remember: bool = True, drafter: Optional[str] = None,
+                    host: Optional[str] = None, port: Optional[int] = None, api_key: Optional[str] = None,
+                    **values: Any) -> ServerSettings:
     """The flags as checked ServerSettings; `values` are named as the run settings' fields (run_settings.py). The
-    key, when not given, is SPECDEC_API_KEY's (set and empty: refused)."""
+    key, when not given, is SPECDEC_API_KEY's (set but empty: refused)."""
     from ..defaults import DEFAULT_DRAFTER
     from ..session.run_settings import run_settings
 
-    if api_key is None:
-        api_key = os.environ.get(API_KEY_ENV)
+    if api_key is None and API_KEY_ENV in os.environ:
+        api_key = os.environ[API_KEY_ENV]
+        if not api_key.strip():
+            raise SpecdecError(f"{API_KEY_ENV} is set but empty: unset it or give a key")
+    address = {name: value for name, value in (("host", host), ("port", port)) if value is not None}
     run = run_settings(DEFAULT_DRAFTER if drafter is None else drafter.strip().lower(), **values)
-    settings = ServerSettings(ChatSettings(run, system=system, remember=remember), host=host, port=port,
-                              queue=queue, api_key=api_key, model_name=model_name)
+    settings = ServerSettings(ChatSettings(run, system=system, remember=remember),
+                              ListenSettings(api_key=api_key, **address), queue=queue, model_name=model_name)
     settings.check()
     return settings
