@@ -111,6 +111,7 @@ def test_the_command_line_warns_in_one_line_and_passes_the_key(monkeypatch):
     assert open_to_all.exit_code == 0, open_to_all.output
     warnings = [line for line in open_to_all.stderr.splitlines() if "warning:" in line]
     assert len(warnings) == 1 and "--api-key" in warnings[0] and "VLLM_API_KEY" in warnings[0]
-    keyed = runner.invoke(app, ["serve", "--engine", "vllm", "--drafter", "pld", "--host", "0.0.0.0", "--api-key", "s3cret"])
+    keyed = runner.invoke(app, ["serve", "--engine", "vllm", "--drafter", "pld", "--host", "0.0.0.0",
+                                "--api-key", "s3cret"])
     assert keyed.exit_code == 0 and "warning:" not in keyed.stderr
     assert "VLLM_API_KEY" not in runs[0] and runs[1]["VLLM_API_KEY"] == "s3cret"

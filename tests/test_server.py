@@ -134,7 +134,8 @@ def test_answers_equal_the_chat_path_streamed_or_not(tiny):
         assert chunks[0].choices[0].delta.role == "assistant"
         text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
         assert text == expected
-        finish = [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices and chunk.choices[0].finish_reason]
+        finish = [chunk.choices[0].finish_reason for chunk in chunks
+                  if chunk.choices and chunk.choices[0].finish_reason]
         assert finish == [whole.choices[0].finish_reason]
         assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == tokens
 

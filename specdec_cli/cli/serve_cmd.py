@@ -10,12 +10,19 @@ from typing import Optional
 
 import typer
 
-from ..defaults import (DEFAULT_DRAFTER, DEFAULT_MAX_NEW_TOKENS, DEFAULT_SERVE_PORT, DEFAULT_SERVE_QUEUE,
-                        VLLM_DRAFT_MAX, VLLM_DRAFTERS, VLLM_MIN_MATCH, VLLM_SERVE_PORT)
+from ..defaults import (
+    DEFAULT_DRAFTER,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_SERVE_PORT,
+    DEFAULT_SERVE_QUEUE,
+    VLLM_DRAFT_MAX,
+    VLLM_DRAFTERS,
+    VLLM_MIN_MATCH,
+    VLLM_SERVE_PORT,
+)
 from ..errors import SpecdecError
 from . import app, options
 from .common import apply_threads, err_console
-
 
 
 @app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

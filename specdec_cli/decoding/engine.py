@@ -172,12 +172,13 @@ class Engine:
         if not cached and not size:
             return self.forward(prompt, cache, 0, last_only=True, features=features)
         size = size or len(prompt)
-        rows = []
+        rows: list[torch.Tensor] = []
         for start in range(cached, len(prompt), size):
             logits, hidden = self.forward(prompt[start : start + size], cache, start, last_only=True,
                                           features=features)
-            rows.append(hidden)
-        return logits, torch.cat(rows) if features else None
+            if hidden is not None:
+                rows.append(hidden)
+        return logits, torch.cat(rows) if rows else None
 
     def _checked(self, prompt_ids: Sequence[int], config: GenerationConfig) -> tuple[GenerationConfig, Optional[int]]:
         """The settings checked, the answer bounded by the model's context; and that context's length, if known."""

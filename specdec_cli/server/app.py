@@ -53,7 +53,7 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
         checked = parse(body, worker.context)
         job = Job(checked, checked.generation(base), asyncio.get_running_loop())
         worker.submit(job)
-        watcher = asyncio.create_task(_watch_disconnect(request, job))
+        watcher: Optional[asyncio.Task] = asyncio.create_task(_watch_disconnect(request, job))
         try:
             kind, value = await job.messages.get()  # started, or an error found before generating
             if kind == "error":
@@ -61,7 +61,7 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
             if kind != "started":
                 return Response(status_code=499)  # the client is gone: nobody reads this
             ids = Ids(checked.kind, checked.model or model_name)
-            if checked.stream:
+            if checked.stream and watcher is not None:
                 stream = _events(job, ids, checked.include_usage, watcher)
                 watcher = None  # the stream ends it
                 return StreamingResponse(stream, media_type="text/event-stream",
@@ -84,7 +84,7 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
                    Route(f"{prefix}/chat/completions", chat, methods=["POST"]),
                    Route(f"{prefix}/completions", text, methods=["POST"])]
     handlers = {ApiError: _api_error, HTTPException: _http_error}
-    return Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]
+    return Starlette(routes=routes, exception_handlers=handlers)
 
 
 async def _events(job: Job, ids: Ids, include_usage: bool, watcher: asyncio.Task) -> AsyncIterator[str]:

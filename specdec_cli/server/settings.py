@@ -10,7 +10,7 @@ body, the model name it lists. `check` runs before the model loads. Plain data: 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from ..defaults import DEFAULT_SERVE_QUEUE
@@ -59,9 +59,10 @@ def server_settings(*, queue: int = DEFAULT_SERVE_QUEUE, model_name: Optional[st
         api_key = os.environ[API_KEY_ENV]
         if not api_key.strip():
             raise SpecdecError(f"{API_KEY_ENV} is set but empty: unset it or give a key")
-    address = {name: value for name, value in (("host", host), ("port", port)) if value is not None}
+    listen = ListenSettings(api_key=api_key)
+    listen = replace(listen, host=listen.host if host is None else host, port=listen.port if port is None else port)
     run = run_settings(DEFAULT_DRAFTER if drafter is None else drafter.strip().lower(), **values)
-    settings = ServerSettings(ChatSettings(run, system=system, remember=remember),
-                              ListenSettings(api_key=api_key, **address), queue=queue, model_name=model_name)
+    settings = ServerSettings(ChatSettings(run, system=system, remember=remember), listen, queue=queue,
+                              model_name=model_name)
     settings.check()
     return settings
