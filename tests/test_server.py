@@ -411,3 +411,43 @@ def test_an_empty_key_in_the_environment_is_refused(monkeypatch):
     from conftest import assert_one_line_error, invoke
 
     assert_one_line_error(invoke("serve", env_extra={"SPECDEC_API_KEY": " "}), "SPECDEC_API_KEY")
+
+
+def test_the_command_serves_until_sigterm(tiny_model_dir):
+    """`specdec serve` as users start it: one line says where it serves, a request is answered, SIGTERM stops it
+    in one line (exit 143), no traceback."""
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from conftest import cli_env
+
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "specdec_cli", "serve", "-m", tiny_model_dir, "--port", str(port),
+                               "--threads", "1", "-n", "4"], env=cli_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        def up() -> bool:
+            assert server.poll() is None, server.communicate()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+                    return response.status == 200
+            except OSError:
+                return False
+
+        wait_until(up, "the server to listen")
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, timeout=HANG_GUARD)
+        answer = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert answer.usage.completion_tokens == 4  # the server's --max-new-tokens where a request sends none
+        server.send_signal(signal.SIGTERM)
+        _, stderr = server.communicate(timeout=HANG_GUARD)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    assert server.returncode == 143, stderr
+    assert "Traceback" not in stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert lines[0].startswith("serving ") and f"http://127.0.0.1:{port}/v1" in lines[0]
+    assert len(lines) == 2 and "SIGTERM" in lines[1]
