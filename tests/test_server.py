@@ -451,3 +451,20 @@ def test_the_command_serves_until_sigterm(tiny_model_dir):
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert lines[0].startswith("serving ") and f"http://127.0.0.1:{port}/v1" in lines[0]
     assert len(lines) == 2 and "SIGTERM" in lines[1]
+
+
+def test_streamed_text_never_takes_back_what_it_sent(real_target):
+    """Token by token on the default model's byte-level tokenizer: split UTF-8 characters wait for their last byte,
+    the last characters wait while a stop string could begin there, and the pieces add up to the answer."""
+    from specdec_cli.server.text_stream import TextStream
+
+    tokenizer = real_target("float32", "auto").tokenizer
+    text = "Café — naïve 🙂 façade: 東京 is big.\n  Indented line, end."
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    for stop in ((), ("zzz",)):
+        stream = TextStream(tokenizer, stop)
+        pieces = [stream.add([token]) for token in ids]
+        assert all("\ufffd" not in piece for piece in pieces)
+        if stop:
+            assert len("".join(pieces)) <= len(text) - 2  # the held-back tail goes out at the end
+        assert "".join(pieces) + stream.finish(text) == text

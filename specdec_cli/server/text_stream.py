@@ -19,15 +19,21 @@ class TextStream:
         self.tokenizer = tokenizer
         self.hold = max((len(one) for one in stop), default=1) - 1  # characters a stop string may begin in
         self.tokens: list[int] = []
+        self.text = ""  # the text of tokens[:read], decoded piece by piece
+        self.prefix = 0  # tokens[prefix:read] decoded again as context for the next piece
+        self.read = 0
         self.sent = ""
 
     def add(self, tokens: Sequence[int]) -> str:
         """Take newly committed tokens; the text that can be sent now ('' when none)."""
         self.tokens.extend(tokens)
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        text = text.rstrip("\ufffd")
-        if self.hold:
-            text = text[: max(0, len(text) - self.hold)]
+        decode = self.tokenizer.decode
+        before = decode(self.tokens[self.prefix : self.read], skip_special_tokens=True)
+        after = decode(self.tokens[self.prefix :], skip_special_tokens=True)
+        if len(after) > len(before) and after.startswith(before) and not after.endswith("\ufffd"):
+            self.text += after[len(before) :]
+            self.prefix, self.read = self.read, len(self.tokens)
+        text = self.text[: max(0, len(self.text) - self.hold)] if self.hold else self.text
         return self._advance(text)
 
     def finish(self, final: str) -> str:
