@@ -468,3 +468,26 @@ def test_streamed_text_never_takes_back_what_it_sent(real_target):
         if stop:
             assert len("".join(pieces)) <= len(text) - 2  # the held-back tail goes out at the end
         assert "".join(pieces) + stream.finish(text) == text
+
+
+def test_llama_cpp_endpoints_let_bench_measure_a_running_server(tiny):
+    """`specdec bench --reference URL` reads a running server through llama.cpp's /completion and /props: its
+    client (bench/llama_server.py) gets the same token ids the engine answers, and llama.cpp's timings."""
+    from specdec_cli.bench.llama_server import LlamaServer
+    from specdec_cli.decoding.generation_config import GenerationConfig
+
+    session, _ = tiny
+    prompt_ids = list(session.tokenizer("Once upon a time")["input_ids"])
+    config = GenerationConfig(max_new_tokens=6, eos_token_ids=session.info.eos_token_ids)
+    session.prompt_cache.clear()
+    expected = session.generate(prompt_ids, config).tokens
+    with serving(session) as server:
+        reference = LlamaServer("llama-server@here", url=f"http://127.0.0.1:{server.port}")
+        reference.start()
+        assert reference.n_ctx == 2048 and reference.spec_types == "specdec:sam"
+        turn = reference.generate(prompt_ids, config)
+        assert turn.tokens == expected and turn.seconds > 0 and turn.drafted is not None
+        assert turn.finish == ("eos" if expected[-1] in config.eos_token_ids else "length")
+        status, _, answer = raw_request(server, "POST", "/completion", json.dumps(
+            {"prompt": "Once upon a time", "n_predict": 6, "stream": True}).encode())
+        assert status == 400 and answer["error"]["param"] == "stream"

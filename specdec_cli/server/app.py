@@ -1,4 +1,5 @@
-"""The HTTP routes (starlette): OpenAI's chat and text completions, the model list, health; the key; the body limit.
+"""The HTTP routes (starlette): OpenAI's chat and text completions, the model list, health, and llama.cpp's own
+`/completion` and `/props` (llama_api.py); the key; the body limit.
 
 `build_app(worker, settings, model_name)` makes the ASGI app. Every error is OpenAI's JSON body (api_errors.py):
 a 404/405 of the router too. A request is read (at most `max_body_bytes`, else 413), checked (requests.py), queued
@@ -23,6 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .api_errors import ApiError, error_body
+from .llama_api import completion_body, completion_request, props_body
 from .requests import chat_request, read_json, text_request
 from .responses import Ids, chunk, completion, timings, usage
 from .settings import ServerSettings
@@ -47,7 +49,14 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
     async def text(request: Request) -> Response:
         return await _complete(request, text_request)
 
-    async def _complete(request: Request, parse: Callable[[dict, Optional[int]], Any]) -> Response:
+    async def llama_completion(request: Request) -> Response:
+        return await _complete(request, completion_request, llama=True)
+
+    async def props(request: Request) -> Response:
+        _authorize(request, settings.listen.api_key)
+        return JSONResponse(props_body(worker.session, model_name, worker.context))
+
+    async def _complete(request: Request, parse: Callable[[dict, Optional[int]], Any], llama: bool = False) -> Response:
         _authorize(request, settings.listen.api_key)
         body = read_json(await _read_body(request, settings.max_body_bytes))
         checked = parse(body, worker.context)
@@ -69,7 +78,7 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
             while True:
                 kind, value = await job.messages.get()
                 if kind == "done":
-                    return JSONResponse(completion(ids, value))
+                    return JSONResponse(completion_body(value, model_name) if llama else completion(ids, value))
                 if kind == "error":
                     raise value
                 if kind == "cancelled":
@@ -78,7 +87,8 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
             if watcher is not None:
                 watcher.cancel()
 
-    routes = [Route("/health", health, methods=["GET"]), Route("/v1/health", health, methods=["GET"])]
+    routes = [Route("/health", health, methods=["GET"]), Route("/v1/health", health, methods=["GET"]),
+              Route("/completion", llama_completion, methods=["POST"]), Route("/props", props, methods=["GET"])]
     for prefix in ("/v1", ""):  # llama-server answers both
         routes += [Route(f"{prefix}/models", models, methods=["GET"]),
                    Route(f"{prefix}/chat/completions", chat, methods=["POST"]),

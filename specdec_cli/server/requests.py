@@ -39,6 +39,7 @@ class CompletionRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk with `usage`
+    cache_prompt: bool = True  # reuse the prompt cache (llama.cpp's /completion may say false: computed whole)
 
     def generation(self, base: GenerationConfig) -> GenerationConfig:
         """The server's generation settings with what this request sets; checked (400 on a bad combination)."""

@@ -28,6 +28,8 @@ class Outcome:
     completion_tokens: int
     stats: Any  # decoding.stats.GenerationStats
     drafter: str
+    finish: str = "length"  # the engine's: eos, stop or length
+    tokens: tuple[int, ...] = ()  # the answer's token ids
 
 
 class Ids:

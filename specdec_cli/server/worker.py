@@ -150,6 +150,8 @@ class Worker:
             prompt_ids = self._prompt_ids(request)
             self._check_context(prompt_ids)
             self._refresh_drafter(prompt_ids)
+            if not request.cache_prompt:
+                session.prompt_cache.clear()
             job.send("started")
             stream = TextStream(session.tokenizer, job.config.stop)
 
@@ -169,7 +171,7 @@ class Worker:
                 job.send("text", rest)
             job.send("done", Outcome(text, FINISH_REASONS[generation.finish_reason], len(prompt_ids),
                                      generation.cached_tokens, len(generation.tokens), generation.stats,
-                                     session.drafter_name))
+                                     session.drafter_name, generation.finish_reason, tuple(generation.tokens)))
         except Cancelled:
             log.info("a client went away: its generation stopped")
             job.send("cancelled")
