@@ -30,12 +30,12 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _chat_settings(target: str, max_new_tokens: int = 16, **values):
+def _chat_settings(target: str, max_new_tokens: int = 16, remember: bool = False, **values):
     from specdec_cli.session.chat import ChatSettings
     from specdec_cli.session.run_settings import run_settings
 
     return ChatSettings(run_settings("sam", target=target, dtype="float32", max_new_tokens=max_new_tokens, **values),
-                        remember=False)
+                        remember=remember)
 
 
 @contextlib.contextmanager
@@ -491,3 +491,24 @@ def test_llama_cpp_endpoints_let_bench_measure_a_running_server(tiny):
         status, _, answer = raw_request(server, "POST", "/completion", json.dumps(
             {"prompt": "Once upon a time", "n_predict": 6, "stream": True}).encode())
         assert status == 400 and answer["error"]["param"] == "stream"
+
+
+def test_sam_learns_from_what_the_server_answered(tiny_model_dir, tmp_path, monkeypatch):
+    """With the answer memory on, each answer is remembered and a drafter rebuilt from the memory takes over at the
+    next new conversation: the same question asked afresh is drafted from the remembered answer."""
+    from specdec_cli.session.chat import open_session
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    monkeypatch.delenv("SPECDEC_NO_MEMORY", raising=False)
+    session, _ = open_session(_chat_settings(tiny_model_dir, max_new_tokens=24, remember=True))
+    question = [{"role": "user", "content": "Tell me a story about a fox."}]
+    with serving(session) as server:
+        client = client_of(server)
+        first = client.chat.completions.create(model="m", messages=question)
+        assert session.memory is not None and session.memory.recall().tokens >= first.usage.completion_tokens
+        wait_until(lambda: server.worker.fresh is not None, "the drafter to be rebuilt from the memory")
+        before = session.drafter
+        again = client.chat.completions.create(model="m", messages=question)
+        assert session.drafter is not before
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert again.model_extra["timings"]["draft_sources"].get("sam-memory", 0) > 0

@@ -3,7 +3,8 @@
 Shapes are OpenAI's (`chat.completion`, `chat.completion.chunk`, `text_completion`); `usage` adds
 `prompt_tokens_details.cached_tokens` (prompt tokens taken from the prompt cache, not computed), and `timings`
 beside it reports what llama-server users read there (prompt and predicted tokens, milliseconds, per second,
-`cache_n`, `draft_n`, `draft_n_accepted`) and specdec's own figures (the drafter, steps, tokens per step). Builders
+`cache_n`, `draft_n`, `draft_n_accepted`) and specdec's own figures (the drafter, steps, tokens per step, the steps
+each draft source drafted). Builders
 only: nothing here generates or sends.
 """
 
@@ -68,7 +69,7 @@ def timings(outcome: Outcome) -> dict:
         "predicted_per_second": round(predicted / (predicted_ms / 1000.0), 3) if predicted_ms > 0 else 0.0,
         "drafter": outcome.drafter, "steps": stats.steps, "draft_n": stats.drafted_tokens,
         "draft_n_accepted": stats.accepted_tokens, "acceptance_rate": round(stats.acceptance_rate, 4),
-        "tokens_per_step": round(stats.mean_accepted_tokens, 4),
+        "tokens_per_step": round(stats.mean_accepted_tokens, 4), "draft_sources": dict(stats.sources),
     }
 
 

@@ -72,7 +72,8 @@ class Worker:
         self.durations: collections.deque = collections.deque(maxlen=RECENT)
         self.context = context_limit(session.model.config)
         self.last_prompt = 0  # tokens of the previous request's prompt (a shorter common prefix: new conversation)
-        self.remembered = False  # answers remembered since the drafter was built
+        self.fresh: Optional[Any] = None  # a drafter built from the memory since, waiting for a new conversation
+        self.building: Optional[threading.Thread] = None
         self._stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="specdec-generate", daemon=True)
 
@@ -164,7 +165,8 @@ class Worker:
 
             generation = session.generate(prompt_ids, job.config, on_event)
             self.last_prompt = len(prompt_ids)
-            self.remembered = self.remembered or session.memory is not None
+            if session.memory is not None:
+                self._build_drafter()
             text = session.decode(generation)
             rest = stream.finish(text)
             if rest:
@@ -208,9 +210,26 @@ class Worker:
                            f"{self.context} (prompt and answer together): shorten it", param="messages",
                            code="context_length_exceeded")
 
+    def _build_drafter(self) -> None:
+        """Build a drafter from the memory as it is now, in the background (one build at a time)."""
+        if self.building is not None and self.building.is_alive():
+            return
+        session = self.session
+
+        def build() -> None:
+            from ..drafters import make_drafter
+
+            try:
+                self.fresh = make_drafter(session.drafter_name, session.drafter_options, session.info)
+            except Exception:  # the memory is a help, never a failure: the drafter in use stays
+                log.exception("rebuilding the drafter from the answer memory failed")
+
+        self.building = threading.Thread(target=build, name="specdec-drafter", daemon=True)
+        self.building.start()
+
     def _refresh_drafter(self, prompt_ids: list[int]) -> None:
-        """A new conversation after answers were remembered: the drafter is rebuilt, the memory read again."""
-        cache = self.session.prompt_cache
-        if self.remembered and cache.common_prefix(prompt_ids) < self.last_prompt:
-            self.session.set_drafter(self.session.drafter_name)
-            self.remembered = False
+        """A new conversation (the prompt does not extend the previous one): the drafter built from the memory
+        since, if one is ready, takes over."""
+        fresh = self.fresh
+        if fresh is not None and self.session.prompt_cache.common_prefix(prompt_ids) < self.last_prompt:
+            self.session.drafter, self.fresh = fresh, None
