@@ -20,6 +20,7 @@ from ..defaults import (
     VLLM_MIN_MATCH,
     VLLM_SERVE_PORT,
 )
+from ..drafters import DRAFTERS, HYBRID_HEAD
 from ..errors import SpecdecError
 from . import app, options
 from .common import apply_threads, err_console
@@ -30,7 +31,7 @@ def serve_command(
     ctx: typer.Context,
     engine: str = options.choice("specdec", "--engine", options.ENGINES, help="specdec: specdec's own engine (any drafter, exact verification, the prompt cache); vllm: vLLM's server with a specdec proposer (needs `make install-vllm`)."),
     target: str = options.target(),
-    drafter: str = typer.Option(DEFAULT_DRAFTER, "--drafter", "-d", help=f"Any drafter or sam+AUX (specdec); with --engine vllm: none (no speculation), {', '.join(VLLM_DRAFTERS)} (vLLM verifies chains)."),
+    drafter: str = typer.Option(DEFAULT_DRAFTER, "--drafter", "-d", help=f"{', '.join(DRAFTERS)}, or {HYBRID_HEAD}+AUX; with --engine vllm: none (no speculation), {', '.join(VLLM_DRAFTERS)} (vLLM verifies chains)."),
     index: Optional[str] = options.index(),
     aux: str = options.aux(),
     draft_model: Optional[str] = options.draft_model(),
