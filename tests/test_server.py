@@ -400,6 +400,8 @@ def test_the_default_model_answers_as_the_chat_path(real_target):
     (["--port", "70000"], "--port must be in 1..65535"),
     (["--drafter", "nope"], "nope"),
     (["--max-num-seqs", "4"], "--max-num-seqs 4"),
+    (["--min-match", "2"], "--min-match: only --engine vllm uses it"),
+    (["--engine", "vllm", "--queue", "3", "--aux", "pld"], "--aux, --queue: only --engine specdec uses them"),
 ])
 def test_bad_serve_flags_are_one_line_before_the_model_loads(args, needle):
     from conftest import assert_one_line_error, invoke

@@ -60,6 +60,7 @@ def serve_command(
     memory_fraction: Optional[float] = typer.Option(None, "--gpu-memory-utilization", help="--engine vllm: vLLM's memory share for weights and KV cache (default: vLLM's; 0.3 on its CPU build)."),
 ) -> None:
     """Serve the target with an OpenAI-compatible API (chat and text completions, streaming), on specdec's engine."""
+    _refuse_the_other_engines_flags(ctx, engine)
     if engine == "vllm":
         _serve_vllm(ctx, target, drafter, index, draft_max, min_match, dtype, host, port, max_model_len,
                     memory_fraction, api_key)
@@ -78,6 +79,22 @@ def serve_command(
     if threads is not None:
         apply_threads(threads)
     _serve_specdec(settings)
+
+
+VLLM_ONLY = ("min_match", "max_model_len", "memory_fraction")
+SPECDEC_ONLY = ("aux", "draft_model", "draft_min_prob", "max_new_tokens", "temperature", "top_p", "top_k", "seed",
+                "system", "raw", "threads", "device", "weights", "memory", "exact", "queue", "alias")
+
+
+def _refuse_the_other_engines_flags(ctx: typer.Context, engine: str) -> None:
+    """A flag given on the command line that the chosen engine does not use is an error, not ignored."""
+    others = SPECDEC_ONLY if engine == "vllm" else VLLM_ONLY
+    flags = {param.name: param.opts[0] for param in ctx.command.params}
+    given = [flags[name] for name in others
+             if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")]
+    if given:
+        other = "specdec" if engine == "vllm" else "vllm"
+        raise SpecdecError(f"{', '.join(given)}: only --engine {other} uses {'it' if len(given) == 1 else 'them'}")
 
 
 def _serve_specdec(settings) -> None:
