@@ -409,6 +409,17 @@ def test_bad_serve_flags_are_one_line_before_the_model_loads(args, needle):
     assert_one_line_error(invoke("serve", *args), needle)
 
 
+def test_a_port_in_use_is_one_line_before_the_model_loads():
+    from conftest import assert_one_line_error, invoke
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = invoke("serve", "--port", str(port), "-m", "/nonexistent-model-dir")  # refused before the load
+    assert_one_line_error(result, f"cannot listen on 127.0.0.1:{port}")
+
+
 def test_an_empty_key_in_the_environment_is_refused(monkeypatch):
     from conftest import assert_one_line_error, invoke
 

@@ -85,12 +85,32 @@ class Server:
         self.worker.stop()
 
 
+def check_address(host: str, port: int) -> None:
+    """Refuse, in one line, an address this process cannot listen on (taken, or not this machine's)."""
+    import socket
+
+    from ..errors import SpecdecError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise SpecdecError(f"--host {host}: {error.strerror or error}", setting="host") from None
+    family, kind, protocol, _, address = infos[0]
+    with socket.socket(family, kind, protocol) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise SpecdecError(f"cannot listen on {host}:{port}: {error.strerror or error}", setting="port") from None
+
+
 def serve(settings: ServerSettings, on_status: Optional[Callable[[str], None]] = None,
           on_ready: Optional[Callable[[Server, Any], None]] = None) -> None:
     """Check the settings, load the target, and serve until stopped."""
     from ..session.chat import open_session
 
     settings.check()
+    check_address(settings.listen.host, settings.listen.port)  # in the first second, not after the model loads
     session, loaded = open_session(settings.chat, on_status)
     server = Server(session, settings, loaded.name)
     if on_ready is not None:
