@@ -162,6 +162,19 @@ def test_text_completions_and_stop_strings(tiny):
         assert streamed_cut == cut.choices[0].text
 
 
+def test_sampling_with_a_seed_answers_the_same_twice(tiny):
+    session, _ = tiny
+    with serving(session) as server:
+        client = client_of(server)
+
+        def sample(seed: int) -> str:
+            return client.completions.create(model="m", prompt="Once upon a time", max_tokens=12, temperature=0.9,
+                                             top_p=0.95, seed=seed, extra_body={"top_k": 20}).choices[0].text
+
+        assert sample(7) == sample(7)
+        assert len({sample(seed) for seed in range(4)}) > 1  # the seed is used: not greedy in disguise
+
+
 def test_the_prompt_cache_computes_only_the_new_tokens(tiny):
     """A conversation resent whole: the second turn computes only what the first did not hold, and answers as the
     chat path's second turn does."""
