@@ -282,6 +282,21 @@ def test_a_failure_inside_generation_is_a_500_and_the_next_request_is_served(tin
         _good(server)
 
 
+def test_a_bug_outside_generation_is_a_json_500_too(tiny, monkeypatch):
+    session, _ = tiny
+
+    def broken(self, *args, **kwargs):
+        raise ValueError("a bug in the request path")
+
+    monkeypatch.setattr("specdec_cli.server.requests.CompletionRequest.generation", broken)
+    with serving(session) as server:
+        status, _, answer = raw_request(server, "POST", "/v1/chat/completions",
+                                        b'{"messages": [{"role": "user", "content": "hi"}]}')
+        assert status == 500 and answer["error"]["message"] == "internal error: ValueError: a bug in the request path"
+        monkeypatch.undo()
+        _good(server)
+
+
 def test_the_api_key(tiny, monkeypatch):
     session, _ = tiny
     with serving(session, api_key="s3cret") as server:

@@ -93,7 +93,7 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
         routes += [Route(f"{prefix}/models", models, methods=["GET"]),
                    Route(f"{prefix}/chat/completions", chat, methods=["POST"]),
                    Route(f"{prefix}/completions", text, methods=["POST"])]
-    handlers = {ApiError: _api_error, HTTPException: _http_error}
+    handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
     return Starlette(routes=routes, exception_handlers=handlers)
 
 
@@ -162,6 +162,13 @@ def _authorize(request: Request, api_key: Optional[str]) -> None:
 async def _api_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, ApiError)
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+async def _internal_error(request: Request, error: Exception) -> Response:
+    """A bug outside generation: OpenAI's 500 body in one line (starlette logs the traceback after it)."""
+    from .api_errors import one_line
+
+    return JSONResponse(error_body(500, f"internal error: {one_line(error)}"), status_code=500)
 
 
 async def _http_error(request: Request, error: Exception) -> Response:
