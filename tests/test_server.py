@@ -532,6 +532,7 @@ def test_llama_cpp_endpoints_let_bench_measure_a_running_server(tiny):
         turn = reference.generate(prompt_ids, config)
         assert turn.tokens == expected and turn.seconds > 0 and turn.drafted is not None
         assert turn.finish == ("eos" if expected[-1] in config.eos_token_ids else "length")
+        assert reference.report()["build_info"].startswith("specdec")  # the bench names it `specdec serve`
         status, _, answer = raw_request(server, "POST", "/completion", json.dumps(
             {"prompt": "Once upon a time", "n_predict": 6, "stream": True}).encode())
         assert status == 400 and answer["error"]["param"] == "stream"
