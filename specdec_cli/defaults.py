@@ -24,3 +24,8 @@ VLLM_DRAFT_MAX = 4  # num_speculative_tokens by default (docs/vllm.md: 4 beat 8 
 # distill's answer generation: prompts answered together per forward (distill/batched.py; why: docs/measurements.md)
 DEFAULT_BATCH_PROMPTS = 32
 DEFAULT_VLLM_CONCURRENCY = 64  # ... and requests in flight when vLLM answers them (vllm/runner.py)
+
+# `specdec serve`: the port on specdec's engine (llama-server's) and on vLLM's (vLLM's own); requests that may wait
+DEFAULT_SERVE_PORT = 8080
+VLLM_SERVE_PORT = 8000
+DEFAULT_SERVE_QUEUE = 16

@@ -1,4 +1,4 @@
-"""`specdec serve` without vLLM: the server's command line, the proposer's settings, and the errors."""
+"""`specdec serve --engine vllm` without vLLM: the server's command line, the proposer's settings, and the errors."""
 
 from __future__ import annotations
 
@@ -107,10 +107,11 @@ def test_the_command_line_warns_in_one_line_and_passes_the_key(monkeypatch):
     monkeypatch.setattr("specdec_cli.target_model.models.model_location", lambda source, on_status=None: "/m")
     monkeypatch.setattr("specdec_cli.vllm.serve._run_server", lambda argv, env: runs.append(env) or 0)
     runner = CliRunner()
-    open_to_all = runner.invoke(app, ["serve", "--drafter", "pld", "--host", "0.0.0.0"])
+    open_to_all = runner.invoke(app, ["serve", "--engine", "vllm", "--drafter", "pld", "--host", "0.0.0.0"])
     assert open_to_all.exit_code == 0, open_to_all.output
     warnings = [line for line in open_to_all.stderr.splitlines() if "warning:" in line]
     assert len(warnings) == 1 and "--api-key" in warnings[0] and "VLLM_API_KEY" in warnings[0]
-    keyed = runner.invoke(app, ["serve", "--drafter", "pld", "--host", "0.0.0.0", "--api-key", "s3cret"])
+    keyed = runner.invoke(app, ["serve", "--engine", "vllm", "--drafter", "pld", "--host", "0.0.0.0",
+                                "--api-key", "s3cret"])
     assert keyed.exit_code == 0 and "warning:" not in keyed.stderr
     assert "VLLM_API_KEY" not in runs[0] and runs[1]["VLLM_API_KEY"] == "s3cret"

@@ -50,7 +50,7 @@ def _is_component(field: dataclasses.Field, classes: dict[str, type]) -> bool:
 def test_the_scan_finds_every_settings_type_of_a_run():
     assert {"LoadSettings", "DrafterOptions", "DrafterSettings", "GenerationConfig", "RunSettings", "ChatSettings",
             "BenchSettings", "ServeSettings", "VllmSettings", "VllmBenchSettings",
-            "ProposerSettings"} <= set(_settings_classes())
+            "ProposerSettings", "ListenSettings", "ServerSettings"} <= set(_settings_classes())
 
 
 def test_no_settings_type_repeats_another_ones_field():
@@ -78,7 +78,8 @@ def test_the_run_settings_are_held_whole_by_each_entry_point():
     assert components("ChatSettings") == components("BenchSettings") == {"RunSettings"}
     assert components("ProposerSettings") == {"DrafterSettings"}
     assert components("VllmSettings") == {"LoadSettings", "ProposerSettings"}
-    assert components("ServeSettings") == {"VllmSettings"}
+    assert components("ServeSettings") == {"VllmSettings", "ListenSettings"}
+    assert components("ServerSettings") == {"ChatSettings", "ListenSettings"}
     assert components("VllmBenchSettings") == {"BenchSettings"}
 
 
@@ -129,8 +130,8 @@ def test_each_default_is_declared_in_one_place():
         ("ChatSettings", "system"): "None", ("ChatSettings", "remember"): "True",
         ("BenchSettings", "repeats"): "1", ("BenchSettings", "warmup"): "True",
         ("BenchSettings", "llama_server"): "None",
-        ("ServeSettings", "host"): "'127.0.0.1'", ("ServeSettings", "port"): "8000",
-        ("ServeSettings", "extra_args"): "()", ("ServeSettings", "api_key"): "None",
+        ("ListenSettings", "host"): "'127.0.0.1'", ("ListenSettings", "api_key"): "None",
+        ("ServeSettings", "extra_args"): "()", ("ServerSettings", "model_name"): "None",
         ("VllmSettings", "max_model_len"): "None", ("VllmSettings", "memory_fraction"): "None",
         ("VllmBenchSettings", "concurrency"): "None",
     }
@@ -150,8 +151,11 @@ def test_the_command_line_defaults_are_the_settings_defaults():
     assert ChatSettings(run_settings()) == ChatSettings()
     assert bench_settings() == BenchSettings()
     assert serve_settings() == ServeSettings()
+    from specdec_cli.server.settings import ServerSettings, server_settings
+
+    assert server_settings() == ServerSettings()
     help_text = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"}).output
-    assert "--host" in help_text and "127.0.0.1" in help_text and "8000" in help_text
+    assert "--host" in help_text and "127.0.0.1" in help_text and "8000" in help_text and "8080" in help_text
 
 
 @pytest.mark.parametrize("values, message", [

@@ -58,6 +58,7 @@ LAYERS = (
     ("session", "vllm"),  # a conversation and comparison; specdec inside vLLM
     ("distill",),  # draft models and heads trained on the target's answers
     ("bench",),  # speed against plain decoding and other engines
+    ("server",),  # specdec serve on specdec's engine: the OpenAI HTTP API around a chat session
     ("cli", "__main__"),  # Typer and Rich: parse, build settings, call one function, render
 )
 

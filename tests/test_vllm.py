@@ -133,7 +133,8 @@ def wait_for(port: int, server: subprocess.Popen, seconds: float = 600, key: str
 
 def served_answers(port: int, drafter: str) -> list[str]:
     openai = pytest.importorskip("openai")
-    server = subprocess.Popen([sys.executable, "-m", "specdec_cli", "serve", "--drafter", drafter, "--port", str(port),
+    server = subprocess.Popen([sys.executable, "-m", "specdec_cli", "serve", "--engine", "vllm", "--drafter", drafter,
+                               "--port", str(port),
                                "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager"],
                               env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
     try:
@@ -168,7 +169,8 @@ def test_serve_with_an_api_key_refuses_requests_without_it(through):
     args = ["--api-key", key] if through == "flag" else []
     if through == "environment":
         env["VLLM_API_KEY"] = key
-    server = subprocess.Popen([sys.executable, "-m", "specdec_cli", "serve", "--drafter", "none", "--port", str(port),
+    server = subprocess.Popen([sys.executable, "-m", "specdec_cli", "serve", "--engine", "vllm", "--drafter", "none",
+                               "--port", str(port),
                                "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager", *args], env=env)
     try:
         wait_for(port, server, key=key)

@@ -27,7 +27,7 @@ def bench(
     categories: Optional[str] = typer.Option(None, "--categories", help="Keep only these categories, comma-separated (e.g. mt_bench,qa)."),
     limit: Optional[int] = options.limit(),
     drafters: str = options.drafters(DEFAULT_DRAFTERS),
-    reference: Optional[str] = typer.Option(None, "--reference", help="Reference rows, comma-separated: hf (transformers' greedy generate), hf-pld (its prompt lookup, 10 tokens), llama.cpp (llama.cpp's plain decoding of the same GGUF through its Python binding; needs llama-cpp-python), llama.cpp-pld (the binding's prompt lookup), llama-server (llama.cpp's own server binary on the same GGUF; `make install-llama-server`), llama-server:ngram-mod, llama-server:ngram-simple, llama-server:ngram-map-k (its n-gram speculative decoding), or http://HOST:PORT (a llama.cpp server already running)."),
+    reference: Optional[str] = typer.Option(None, "--reference", help="Reference rows, comma-separated: hf (transformers' greedy generate), hf-pld (its prompt lookup, 10 tokens), llama.cpp (llama.cpp's plain decoding of the same GGUF through its Python binding; needs llama-cpp-python), llama.cpp-pld (the binding's prompt lookup), llama-server (llama.cpp's own server binary on the same GGUF; `make install-llama-server`), llama-server:ngram-mod, llama-server:ngram-simple, llama-server:ngram-map-k (its n-gram speculative decoding), or http://HOST:PORT (a llama.cpp server, or a `specdec serve`, already running)."),
     llama_server: Optional[str] = typer.Option(None, "--llama-server", help="The llama-server binary for the llama-server rows (default: llama-server on PATH)."),
     oracle: bool = typer.Option(False, "--oracle", help="Add oracle rows that replay the baseline's own output: the ceiling speedup per draft length."),
     oracle_lengths: str = typer.Option("2,4,8,16", "--oracle-lengths", help="Draft lengths of the --oracle rows, comma-separated."),
@@ -313,7 +313,8 @@ def server_lines(document: dict) -> list[str]:
         spec = info.get("speculative_types") or info.get("spec_type") or "none"
         count = info.get("threads")
         threads = f", {count} thread{'s' if count != 1 else ''}" if count else ""
-        lines.append(f"{name}: llama.cpp's server at {info.get('url')} ({where}{threads}; speculative: {spec}); "
+        kind = "specdec serve" if str(info.get("build_info") or "").startswith("specdec") else "llama.cpp's server"
+        lines.append(f"{name}: {kind} at {info.get('url')} ({where}{threads}; speculative: {spec}); "
                      f"timed by its own timings (prompt_ms + predicted_ms); compared by {info.get('tokens_from')}")
         if info.get("prompt_tokens_reused"):
             lines.append(f"{name}: {info['prompt_tokens_reused']} prompt tokens came from its cache")

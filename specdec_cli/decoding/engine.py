@@ -32,6 +32,7 @@ from .curve_store import CurveStore, cost_cache_file, forward_timer
 from .draft import Draft, Drafter, FinishReason, StepEvent
 from .generation_config import GenerationConfig
 from .planner import DraftPlanner, Plan
+from .prompt_cache import PromptCache
 from .sampling import sample, warp_probs
 from .stats import GenerationStats, summarize
 from .verify import children_of, greedy_accept, greedy_accept_tree, speculative_accept, speculative_accept_tree
@@ -48,6 +49,7 @@ class Generation:
     stats: GenerationStats
     events: list[StepEvent] = field(default_factory=list)
     text_end: Optional[int] = None  # with a stop string: length of the decoded text before it
+    cached_tokens: int = 0  # prompt tokens whose KV entries came from the prompt cache (not computed)
 
 
 class Engine:
@@ -79,7 +81,10 @@ class Engine:
         drafter: Drafter,
         config: GenerationConfig,
         on_event: Optional[EventCallback] = None,
+        prompt_cache: Optional[PromptCache] = None,
     ) -> Generation:
+        """Generate after `prompt_ids`. With a `prompt_cache`, the prompt's first tokens that the cache holds are
+        not computed again, and the cache keeps this generation's entries when it finishes (prompt_cache.py)."""
         config, limit = self._checked(prompt_ids, config)
         max_rows = self.forward.prepare(config.budget)  # row-invariant blocks up to this size (None: not exact)
         generator = _generator(config)
@@ -87,7 +92,10 @@ class Engine:
         events: list[StepEvent] = []
         context = list(prompt_ids)
         new_tokens: list[int] = []
-        cache = KVCache()
+        needs = drafter.needs  # what the drafter reads beyond tokens: computed for it alone
+        cache, cached = KVCache(), 0
+        if prompt_cache is not None and not needs.features:  # feature drafters read the whole prompt's features
+            cache, cached = prompt_cache.take(prompt_ids)
 
         def emit(event: StepEvent) -> None:
             events.append(event)
@@ -95,11 +103,10 @@ class Engine:
             if on_event is not None:
                 on_event(event)
 
-        needs = drafter.needs  # what the drafter reads beyond tokens: computed for it alone
         started = time.perf_counter()
-        # Prefill: the whole prompt in one forward; its last logits give the first new token.
-        logits, features = self.forward(context, cache, 0, last_only=True,
-                                         features=needs.features)  # [1, vocab], [prompt, hidden] or None
+        # Prefill: the prompt (what the cache does not hold yet); its last logits give the first new token.
+        logits, features = self._prefill(context, cache, cached, needs.features,
+                                         blocks=prompt_cache is not None)  # [1, vocab], [prompt, hidden] or None
         first = self._choose(logits[-1], generator, config)
         ttft = time.perf_counter() - started
         finish, committed, text_end = self._commit(context, new_tokens, [first], eos, config)
@@ -150,7 +157,28 @@ class Engine:
         if self.planner.has_curve:  # what this engine's steps taught the curve: the next session's start
             self.curves.keep(self.planner.curve)
         stats = summarize(events, wall_seconds=wall, ttft_seconds=ttft)
-        return Generation(new_tokens, finish, stats, events, text_end)
+        if prompt_cache is not None:
+            prompt_cache.keep(cache, context[:-1])  # the invariant: every committed token but the newest
+        return Generation(new_tokens, finish, stats, events, text_end, cached)
+
+    def _prefill(self, prompt: list[int], cache: KVCache, cached: int, features: bool,
+                 blocks: bool) -> tuple[torch.Tensor, Any]:
+        """The prompt after its `cached` first tokens; the last row's logits [1, vocab] and, when asked, the
+        features of the rows computed. Plainly, in one forward. With `blocks` (a prompt cache in use), in blocks of
+        at most the forward's row-invariant size, from the first token or after the cached ones: every entry is
+        then the one any block computes, so an answer depends on its tokens alone, never on what the cache held (a
+        long prompt's one forward rounds otherwise: its attention is torch's, not the kernels')."""
+        size = self.forward.rows if blocks else 0
+        if not cached and not size:
+            return self.forward(prompt, cache, 0, last_only=True, features=features)
+        size = size or len(prompt)
+        rows: list[torch.Tensor] = []
+        for start in range(cached, len(prompt), size):
+            logits, hidden = self.forward(prompt[start : start + size], cache, start, last_only=True,
+                                          features=features)
+            if hidden is not None:
+                rows.append(hidden)
+        return logits, torch.cat(rows) if rows else None
 
     def _checked(self, prompt_ids: Sequence[int], config: GenerationConfig) -> tuple[GenerationConfig, Optional[int]]:
         """The settings checked, the answer bounded by the model's context; and that context's length, if known."""

@@ -3,7 +3,8 @@
 `ChatSettings` is everything a session is made from (one run's settings, run_settings.py, and the system
 message), checked before the slow model load; `open_session` loads the target and builds the `ChatSession`,
 which holds the loaded target, the engine, the drafter (which lives as long as the conversation, so its automata
-and tables keep learning) and the message history.
+and tables keep learning), the prompt cache (a turn computes only the tokens the previous turn did not) and the
+message history. `generate` is one answer to token ids (what `specdec serve` calls per request); `ask` is a turn.
 `format_prompt` is the one place prompts become token ids: the tokenizer's chat template with the generation
 prompt, a system message first when given, or the raw text with `raw=True`. Rendering is the CLI's job;
 nothing here prints.
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..decoding.engine import Engine, EventCallback, Generation, GenerationConfig
+from ..decoding.prompt_cache import PromptCache
 from ..defaults import DEFAULT_DRAFTER
 from ..drafters import DrafterOptions, TargetInfo, make_drafter, target_weights
 from ..errors import SpecdecError
@@ -164,6 +166,7 @@ class ChatSession:
         self.generation.check()
         self.engine.forward.prepare(self.generation.budget)  # row-invariant verification, when on, is checked now
         self.drafter = make_drafter(self.drafter_name, self.drafter_options, self.info)
+        self.prompt_cache = PromptCache()  # the KV entries of the last answer's context, reused by the next prompt
         self.history: list[dict] = []
         self.turns: list[Turn] = []
         self.cut_short: list[int] = []  # tokens kept of each answer cut short (Ctrl-C): in the history, not in turns
@@ -177,6 +180,7 @@ class ChatSession:
         self.history.clear()
         self.turns.clear()
         self.cut_short.clear()
+        self.prompt_cache.clear()
         self.drafter = make_drafter(self.drafter_name, self.drafter_options, self.info)
 
     def messages_for(self, user_text: str) -> list[dict]:
@@ -187,13 +191,22 @@ class ChatSession:
         if not user_text.strip():
             raise SpecdecError("the prompt is empty")
         prompt_ids = format_prompt(self.tokenizer, self.messages_for(user_text), self.raw)
-        generation = self.engine.generate(prompt_ids, self.drafter, self.generation, on_event)
+        generation = self.generate(prompt_ids, self.generation, on_event)
         answer = self.decode(generation)
         self.history += [{"role": "user", "content": user_text}, {"role": "assistant", "content": answer}]
         turn = Turn(user_text, answer, len(prompt_ids), generation, self.drafter_name)
         self.turns.append(turn)
-        self._remember(generation.tokens, prompt_ids)
         return turn
+
+    def generate(self, prompt_ids: list[int], config: GenerationConfig,
+                 on_event: Optional[EventCallback] = None) -> Generation:
+        """One answer to these token ids with the session's drafter, reusing the prompt cache, remembered once
+        finished (settings: the session's own `generation` with what a request changes; its EOS ids are the
+        model's)."""
+        config = replace(config, eos_token_ids=self.info.eos_token_ids)
+        generation = self.engine.generate(prompt_ids, self.drafter, config, on_event, self.prompt_cache)
+        self._remember(generation.tokens, prompt_ids)
+        return generation
 
     def _remember(self, tokens: list[int], prompt_ids: list[int]) -> None:
         """Append a finished answer to the memory; a memory that cannot be written costs a warning, not the answer."""

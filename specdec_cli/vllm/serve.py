@@ -1,7 +1,8 @@
 """`specdec serve`: vLLM's OpenAI-compatible server on a target, with one of specdec's drafters as its proposer.
 
 Settings: `ServeSettings` holds one vLLM engine's settings whole (runner.VllmSettings: the target's load, the
-proposer, vLLM's sizes) and keeps only the server's own (address, extra arguments, API key); `serve_settings`
+proposer, vLLM's sizes) and where it listens (listen.ListenSettings: address, API key), and keeps only the
+server's own (extra arguments); `serve_settings`
 builds them from values named as their fields, as the command line does.
 
 What it does: checks the settings, resolves the target to a model directory vLLM can load (a GGUF is
@@ -28,8 +29,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from ..defaults import DEFAULT_DRAFTER, VLLM_DRAFTERS
+from ..defaults import DEFAULT_DRAFTER, VLLM_DRAFTERS, VLLM_SERVE_PORT
 from ..errors import SpecdecError
+from ..listen import ListenSettings, is_loopback
 from ..session.run_settings import run_settings, take_fields
 from ..target_model.load_settings import LoadSettings
 from .proposer_settings import ProposerSettings
@@ -44,10 +46,21 @@ GRACE_SECONDS = 30  # how long a stopping server may take before it is killed
 class ServeSettings:
     # the target and its dtype, the proposer (drafter none: no speculation), vLLM's context length and memory share
     engine: VllmSettings = field(default_factory=lambda: VllmSettings(LoadSettings(), ProposerSettings()))
-    host: str = "127.0.0.1"
-    port: int = 8000
+    # the address and the key (api_key None: VLLM_API_KEY's, if set; else anyone may call)
+    listen: ListenSettings = field(default_factory=lambda: ListenSettings(port=VLLM_SERVE_PORT))
     extra_args: tuple[str, ...] = ()  # passed to vLLM's server as they are
-    api_key: Optional[str] = None  # requests must carry it (None: VLLM_API_KEY's, if set; else anyone may call)
+
+    @property
+    def host(self) -> str:
+        return self.listen.host
+
+    @property
+    def port(self) -> int:
+        return self.listen.port
+
+    @property
+    def api_key(self) -> Optional[str]:
+        return self.listen.api_key
 
     def key_in_force(self) -> Optional[str]:
         """The key the server will demand: --api-key, else VLLM_API_KEY from the environment, else none."""
@@ -71,10 +84,7 @@ class ServeSettings:
             from ..sam.index import read_index_info
 
             read_index_info(self.engine.proposer.drafter.options.index)
-        if not 1 <= self.port <= 65535:
-            raise SpecdecError(f"port must be in 1..65535, got {self.port}", setting="port")
-        if self.api_key is not None and not self.api_key.strip():
-            raise SpecdecError("api_key must not be empty", setting="api_key")
+        self.listen.check()
         if any(arg == "--api-key" or arg.startswith("--api-key=") for arg in self.extra_args):
             raise SpecdecError("give the API key as specdec's --api-key (or VLLM_API_KEY), before vLLM's own options",
                                setting="api_key")
@@ -85,8 +95,9 @@ def serve_settings(drafter: str = DEFAULT_DRAFTER, **values: Any) -> ServeSettin
     memory_fraction), ProposerSettings (min_match) and the run's (session/run_settings.run_settings: target, dtype,
     index, draft_max); the rest keep their defaults. `specdec serve` builds its settings here from its flags."""
     own, engine, proposer = (take_fields(kind, values) for kind in (ServeSettings, VllmSettings, ProposerSettings))
+    listen = ListenSettings(**{"port": VLLM_SERVE_PORT, **take_fields(ListenSettings, values)})
     run = run_settings(drafter, **values)
-    return ServeSettings(VllmSettings(run.load, ProposerSettings(run.drafter, **proposer), **engine), **own)
+    return ServeSettings(VllmSettings(run.load, ProposerSettings(run.drafter, **proposer), **engine), listen, **own)
 
 
 def server_command(settings: ServeSettings, model_dir: str, served_name: str,
@@ -107,19 +118,6 @@ def server_command(settings: ServeSettings, model_dir: str, served_name: str,
     if settings.api_key:  # through the environment: an argument would show the key in `ps` to every local user
         env[API_KEY_ENV] = settings.api_key
     return argv + list(settings.extra_args), env
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
-    import ipaddress
-
-    name = host.strip().strip("[]").lower()
-    if name == "localhost" or name.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:  # another host name: it may resolve to any interface
-        return False
 
 
 def serve(settings: ServeSettings, on_status: Optional[Callable[[str], None]] = None,

@@ -1,0 +1,249 @@
+"""`specdec serve` against llama.cpp's `llama-server`, both driven the same way: the `openai` client, streaming chat
+completions, one request at a time, greedy, the same GGUF, threads and prompts.
+
+For each server it starts (a free port of 127.0.0.1, always stopped at the end, on an error and on Ctrl-C):
+
+- `specdec serve -m FILE --drafter D --threads N` (this checkout's, `python -m specdec_cli`; one row per
+  `--drafters` entry, `none` being specdec's plain decoding);
+- `llama-server -m FILE -t N -np 1` when it is on PATH or given as `--llama-server PATH` (skipped in one line
+  otherwise).
+
+Per request it records the time to the first streamed text (TTFT), the whole request's time, the completion tokens
+(`stream_options.include_usage`), tokens/s with the prompt (tokens / whole time) and without it (tokens after the
+first / time after the first), and the inter-token latency (mean gap between streamed pieces per token after the
+first). With `--turns K > 1` each prompt opens a conversation resent whole every turn (the previous answers in it,
+then "Go on."), so the prompt cache's effect on TTFT shows from the second turn. Answers are compared across
+servers turn by turn: how many are identical to the first row's (specdec's answers are identical to each other
+by construction; llama-server's round differently and may differ).
+
+Prompts: `--prompts FILE` (.jsonl with a `turns` list, as Spec-Bench's question.jsonl, or a `prompt`/`text`
+field; one text per line for .txt), else a few built in; `--limit N` keeps the first N. One warm-up request per
+server is not counted. Output: a table per server and request, then the means; `--json-out FILE` writes it all.
+
+Run: `python benchmarks/bench_serve.py [--target FILE.gguf] [--threads 2] [--drafters none,sam] [-n 128]`.
+Not a test: nothing here is run in CI, and it takes minutes on a small machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILT_IN = [
+    "Explain in three sentences how a hash table works.",
+    "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
+    "Correct the grammar: 'Me and him goes to the store yesterday, and we buyed three apple.'",
+    "List five uses of a suffix automaton, one line each.",
+]
+START_SECONDS = 300.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def read_prompts(path: Optional[str], limit: Optional[int]) -> list[str]:
+    if path is None:
+        prompts = list(BUILT_IN)
+    elif path.endswith(".jsonl"):
+        prompts = []
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            turns = row.get("turns")
+            prompts.append(turns[0] if isinstance(turns, list) and turns else row.get("prompt") or row.get("text"))
+    else:
+        prompts = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    prompts = [prompt for prompt in prompts if isinstance(prompt, str) and prompt.strip()]
+    return prompts[:limit] if limit else prompts
+
+
+def default_gguf() -> str:
+    sys.path.insert(0, str(ROOT))
+    from specdec_cli.target_model.models import default_gguf_path
+
+    return str(default_gguf_path())
+
+
+class Started:
+    """A server process on a free port, stopped whatever happens."""
+
+    def __init__(self, name: str, command: list[str], port: int, env: Optional[dict] = None):
+        self.name, self.port = name, port
+        self.log = tempfile.NamedTemporaryFile("w+", prefix=f"bench-serve-{name.replace(':', '-')}-", suffix=".log",
+                                               delete=False)
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True)
+        self._wait()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def _wait(self) -> None:
+        deadline = time.monotonic() + START_SECONDS
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}: see {self.log.name}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as response:
+                    if response.status == 200 and json.loads(response.read() or b"{}").get("status") == "ok":
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} did not become healthy in {START_SECONDS:.0f} s: see {self.log.name}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.log.close()
+        os.unlink(self.log.name)
+
+
+def one_request(client: Any, messages: list[dict], max_tokens: int) -> dict:
+    """One streamed chat completion: its text and times."""
+    started = time.perf_counter()
+    first = None
+    arrivals = []
+    pieces = []
+    usage = None
+    stream = client.chat.completions.create(model="bench", messages=messages, max_tokens=max_tokens,
+                                            temperature=0.0, stream=True, stream_options={"include_usage": True})
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if chunk.choices and chunk.choices[0].delta.content:
+            now = time.perf_counter()
+            first = now if first is None else first
+            arrivals.append(now)
+            pieces.append(chunk.choices[0].delta.content)
+    wall = time.perf_counter() - started
+    tokens = usage.completion_tokens if usage is not None else len(pieces)
+    ttft = (first - started) if first is not None else wall
+    after = wall - ttft
+    return {"text": "".join(pieces), "tokens": tokens, "prompt_tokens": getattr(usage, "prompt_tokens", None),
+            "cached_tokens": getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None),
+            "wall_s": wall, "ttft_s": ttft, "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+            "decode_tokens_per_s": (tokens - 1) / after if after > 0 and tokens > 1 else 0.0,
+            "itl_ms": 1000.0 * after / (tokens - 1) if tokens > 1 else 0.0}
+
+
+def run_server(name: str, server: Started, prompts: list[str], turns: int, max_tokens: int) -> list[dict]:
+    import openai
+
+    client = openai.OpenAI(base_url=server.base_url, api_key="bench", max_retries=0, timeout=3600)
+    one_request(client, [{"role": "user", "content": "Say hello."}], 8)  # warm-up, not counted
+    rows = []
+    for index, prompt in enumerate(prompts):
+        messages = [{"role": "user", "content": prompt}]
+        for turn in range(turns):
+            result = one_request(client, messages, max_tokens)
+            rows.append({"server": name, "prompt": index, "turn": turn, **result})
+            print(f"{name:>24} prompt {index} turn {turn}: {result['tokens']:4d} tokens  "
+                  f"{result['tokens_per_s']:7.1f} tok/s  TTFT {1000 * result['ttft_s']:7.1f} ms  "
+                  f"ITL {result['itl_ms']:6.1f} ms  cached {result['cached_tokens']}", flush=True)
+            messages = messages + [{"role": "assistant", "content": result["text"]},
+                                   {"role": "user", "content": "Go on."}]
+    return rows
+
+
+def summary(rows: list[dict], names: list[str]) -> list[dict]:
+    first = [row for row in rows if row["server"] == names[0]]
+    table = []
+    for name in names:
+        mine = [row for row in rows if row["server"] == name]
+        if not mine:
+            continue
+        tokens = sum(row["tokens"] for row in mine)
+        wall = sum(row["wall_s"] for row in mine)
+        same = sum(a["text"] == b["text"] for a, b in zip(first, mine))
+        opening = [row["ttft_s"] for row in mine if row["turn"] == 0]
+        later = [row["ttft_s"] for row in mine if row["turn"] > 0]
+        table.append({"server": name, "requests": len(mine), "tokens_per_s": tokens / wall if wall else 0.0,
+                      "ttft_ms": 1000 * sum(row["ttft_s"] for row in mine) / len(mine),
+                      "ttft_first_turn_ms": 1000 * sum(opening) / len(opening) if opening else None,
+                      "ttft_later_turns_ms": 1000 * sum(later) / len(later) if later else None,
+                      "itl_ms": sum(row["itl_ms"] for row in mine) / len(mine),
+                      "identical_to_first_row": f"{same}/{len(mine)}"})
+    return table
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", "-m", help="a GGUF file (default: the default model's)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--drafters", default="none,sam", help="specdec rows, comma-separated")
+    parser.add_argument("--llama-server", help="llama-server binary (default: on PATH)")
+    parser.add_argument("--prompts")
+    parser.add_argument("--limit", type=int)
+    parser.add_argument("--turns", type=int, default=1)
+    parser.add_argument("--max-tokens", "-n", type=int, default=128)
+    parser.add_argument("--json-out")
+    args = parser.parse_args()
+    gguf = args.target or default_gguf()
+    prompts = read_prompts(args.prompts, args.limit)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "SPECDEC_NO_MEMORY": "1"}  # a measurement neither reads nor feeds the answer memory
+    plans = []
+    for drafter in [name.strip() for name in args.drafters.split(",") if name.strip()]:
+        port = free_port()
+        plans.append((f"specdec serve {drafter}", [sys.executable, "-m", "specdec_cli", "serve", "-m", gguf,
+                                                  "--drafter", drafter, "--threads", str(args.threads),
+                                                  "--port", str(port), "--no-memory"], port, env))
+    binary = args.llama_server or shutil.which("llama-server") or (
+        str(ROOT / ".venv/bin/llama-server") if (ROOT / ".venv/bin/llama-server").is_file() else None)
+    if binary:
+        port = free_port()
+        plans.append(("llama-server", [binary, "-m", gguf, "-t", str(args.threads), "-np", "1", "--host",
+                                       "127.0.0.1", "--port", str(port), "-c", "8192"], port, None))
+    else:
+        print("llama-server: not on PATH (give --llama-server PATH): its row is skipped", file=sys.stderr)
+    rows: list[dict] = []
+    names = []
+    for name, command, port, run_env in plans:  # one server at a time: they would share the cores
+        server = Started(name, command, port, run_env)
+        try:
+            names.append(name)
+            rows += run_server(name, server, prompts, args.turns, args.max_tokens)
+        finally:
+            server.stop()
+    table = summary(rows, names)
+    print()
+    for line in table:
+        later = line["ttft_later_turns_ms"]
+        print(f"{line['server']:>24}: {line['tokens_per_s']:7.1f} tok/s  TTFT {line['ttft_ms']:7.1f} ms"
+              + (f" (turn 1 {line['ttft_first_turn_ms']:.1f}, later {later:.1f})" if later is not None else "")
+              + f"  ITL {line['itl_ms']:6.1f} ms  identical {line['identical_to_first_row']}")
+    if args.json_out:
+        payload = {"target": gguf, "threads": args.threads, "max_tokens": args.max_tokens, "turns": args.turns,
+                   "prompts": prompts, "summary": table, "requests": rows,
+                   "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+        temporary = args.json_out + ".tmp"
+        Path(temporary).write_text(json.dumps(payload, indent=2), encoding="utf-8")
+        os.replace(temporary, args.json_out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+"""`specdec serve` on specdec's own engine: an OpenAI-compatible HTTP server (starlette on uvicorn) in front of one
+chat session (session/chat.py: the target, the engine, the drafter, the prompt cache).
+
+One concept a file: settings.py (what a server is made from, checked before the model loads), api_errors.py (the
+OpenAI error body), requests.py (request bodies read and checked into `CompletionRequest`), text_stream.py (new
+tokens as text, safe to send), responses.py (the JSON of a response and of a stream's chunks, `usage` and
+`timings`), llama_api.py (llama.cpp's `/completion` and `/props`, which `specdec bench --reference URL` reads),
+worker.py (the one thread that generates: requests one at a time in arrival order from a bounded queue), app.py
+(the routes, the key, the body limit) and run.py (load the model, start uvicorn). Nothing here prints: the CLI
+(cli/serve_cmd.py) renders what `run.serve` reports.
+"""

@@ -1,0 +1,178 @@
+"""The HTTP routes (starlette): OpenAI's chat and text completions, the model list, health, and llama.cpp's own
+`/completion` and `/props` (llama_api.py); the key; the body limit.
+
+`build_app(worker, settings, model_name)` makes the ASGI app. Every error is OpenAI's JSON body (api_errors.py):
+a 404/405 of the router too. A request is read (at most `max_body_bytes`, else 413), checked (requests.py), queued
+(worker.py: 429 when the queue is full), then answered whole or streamed as server-sent events (`data: {chunk}`
+lines, `data: [DONE]` at the end). From the moment its body is read, a task watches the connection: a client
+that goes away cancels its job, waiting or generating. `/health` needs no key (as llama-server's); the rest do
+when the server has one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from typing import Any, AsyncIterator, Callable, Optional
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .api_errors import ApiError, error_body
+from .llama_api import completion_body, completion_request, props_body
+from .requests import chat_request, read_json, text_request
+from .responses import Ids, chunk, completion, timings, usage
+from .settings import ServerSettings
+from .worker import Job, Worker
+
+
+def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Starlette:
+    created = int(time.time())
+    base = worker.session.generation
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": model_name, **worker.health()})
+
+    async def models(request: Request) -> Response:
+        _authorize(request, settings.listen.api_key)
+        return JSONResponse({"object": "list", "data": [
+            {"id": model_name, "object": "model", "created": created, "owned_by": "specdec"}]})
+
+    async def chat(request: Request) -> Response:
+        return await _complete(request, chat_request)
+
+    async def text(request: Request) -> Response:
+        return await _complete(request, text_request)
+
+    async def llama_completion(request: Request) -> Response:
+        return await _complete(request, completion_request, llama=True)
+
+    async def props(request: Request) -> Response:
+        _authorize(request, settings.listen.api_key)
+        return JSONResponse(props_body(worker.session, model_name, worker.context))
+
+    async def _complete(request: Request, parse: Callable[[dict, Optional[int]], Any], llama: bool = False) -> Response:
+        _authorize(request, settings.listen.api_key)
+        body = read_json(await _read_body(request, settings.max_body_bytes))
+        checked = parse(body, worker.context)
+        job = Job(checked, checked.generation(base), asyncio.get_running_loop())
+        worker.submit(job)
+        watcher: Optional[asyncio.Task] = asyncio.create_task(_watch_disconnect(request, job))
+        try:
+            kind, value = await job.messages.get()  # started, or an error found before generating
+            if kind == "error":
+                raise value
+            if kind != "started":
+                return Response(status_code=499)  # the client is gone: nobody reads this
+            ids = Ids(checked.kind, checked.model or model_name)
+            if checked.stream and watcher is not None:
+                stream = _events(job, ids, checked.include_usage, watcher)
+                watcher = None  # the stream ends it
+                return StreamingResponse(stream, media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            while True:
+                kind, value = await job.messages.get()
+                if kind == "done":
+                    return JSONResponse(completion_body(value, model_name) if llama else completion(ids, value))
+                if kind == "error":
+                    raise value
+                if kind == "cancelled":
+                    return Response(status_code=499)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+
+    routes = [Route("/health", health, methods=["GET"]), Route("/v1/health", health, methods=["GET"]),
+              Route("/completion", llama_completion, methods=["POST"]), Route("/props", props, methods=["GET"])]
+    for prefix in ("/v1", ""):  # llama-server answers both
+        routes += [Route(f"{prefix}/models", models, methods=["GET"]),
+                   Route(f"{prefix}/chat/completions", chat, methods=["POST"]),
+                   Route(f"{prefix}/completions", text, methods=["POST"])]
+    handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
+    return Starlette(routes=routes, exception_handlers=handlers)
+
+
+async def _events(job: Job, ids: Ids, include_usage: bool, watcher: asyncio.Task) -> AsyncIterator[str]:
+    """The stream: a first chunk naming the role, text pieces, the finish, usage (when asked), [DONE]."""
+    try:
+        yield _event(chunk(ids, "", first=True) if ids.kind == "chat" else chunk(ids, ""))
+        while True:
+            kind, value = await job.messages.get()
+            if kind == "text":
+                yield _event(chunk(ids, value))
+            elif kind == "done":
+                last = chunk(ids, finish_reason=value.finish_reason)
+                last["timings"] = timings(value)
+                yield _event(last)
+                if include_usage:
+                    yield _event({**ids.head(chunk=True), "choices": [], "usage": usage(value),
+                                  "timings": timings(value)})
+                yield "data: [DONE]\n\n"
+                return
+            elif kind == "error":  # after the headers went out: the error as the stream's last event
+                yield _event(value.body())
+                return
+            else:  # cancelled
+                return
+    finally:
+        job.cancel()  # whatever ended the stream (the client gone, the server stopping), the job ends too
+        watcher.cancel()
+
+
+def _event(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def _watch_disconnect(request: Request, job: Job) -> None:
+    """Cancel the job when the client disconnects (the body is read, so only a disconnect can arrive)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel()
+            return
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the request body has {int(declared)} bytes; this server takes at most {limit}")
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise ApiError(413, f"the request body is larger than {limit} bytes, the most this server takes")
+        parts.append(part)
+    return b"".join(parts)
+
+
+def _authorize(request: Request, api_key: Optional[str]) -> None:
+    if not api_key:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
+        raise ApiError(401, "invalid or missing API key: send 'Authorization: Bearer KEY'", code="invalid_api_key")
+
+
+async def _api_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, ApiError)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+async def _internal_error(request: Request, error: Exception) -> Response:
+    """A bug outside generation: OpenAI's 500 body in one line (starlette logs the traceback after it)."""
+    from .api_errors import one_line
+
+    return JSONResponse(error_body(500, f"internal error: {one_line(error)}"), status_code=500)
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, HTTPException)
+    message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+    return JSONResponse(error_body(error.status_code, message.get(error.status_code, str(error.detail))),
+                        status_code=error.status_code, headers=getattr(error, "headers", None))

@@ -1,0 +1,58 @@
+"""llama.cpp's own endpoints, as far as tools that measure llama-server use them: `POST /completion` (a prompt as
+text or token ids, `n_predict`, sampling, `cache_prompt`, `return_tokens`; not streamed) and `GET /props`.
+
+With them `specdec bench --reference http://HOST:PORT` measures a running `specdec serve` the way it measures a
+running llama-server (bench/llama_server.py): the same token ids in, the answer's token ids and llama.cpp's
+`timings` out. `cache_prompt: false` computes the prompt whole (the prompt cache is emptied first). This file
+reads and shapes bodies; the worker generates (worker.py), the routes are app.py's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .api_errors import ApiError
+from .requests import CompletionRequest, text_request
+from .responses import Outcome, timings
+
+STOP_TYPES = {"eos": "eos", "length": "limit", "stop": "word"}  # the engine's finish -> llama.cpp's stop_type
+
+
+def completion_request(body: dict, max_tokens_limit: Optional[int]) -> CompletionRequest:
+    """A /completion body as the OpenAI text completion it amounts to."""
+    n_predict = body.get("n_predict")
+    if n_predict is not None and (not isinstance(n_predict, int) or isinstance(n_predict, bool)):
+        raise ApiError(400, "'n_predict' must be an integer", param="n_predict")
+    if body.get("stream"):
+        raise ApiError(400, "/completion answers whole here ('stream': false); stream with /v1/completions",
+                       param="stream")
+    cache_prompt = body.get("cache_prompt", True)
+    if not isinstance(cache_prompt, bool):
+        raise ApiError(400, "'cache_prompt' must be a boolean", param="cache_prompt")
+    openai_body = {key: body[key] for key in ("prompt", "temperature", "top_p", "top_k", "seed", "stop")
+                   if key in body}
+    if n_predict is not None and n_predict > 0:  # -1 (llama.cpp: until the context ends): the server's default
+        openai_body["max_tokens"] = n_predict
+    request = text_request(openai_body, max_tokens_limit)
+    return CompletionRequest(**{**request.__dict__, "cache_prompt": cache_prompt})
+
+
+def completion_body(outcome: Outcome, model_name: str) -> dict:
+    """llama.cpp's /completion answer: the text, the token ids, why it stopped, the timings."""
+    return {"content": outcome.text, "tokens": list(outcome.tokens), "stop": True, "model": model_name,
+            "stop_type": STOP_TYPES[outcome.finish], "tokens_predicted": outcome.completion_tokens,
+            "tokens_evaluated": outcome.prompt_tokens, "tokens_cached": outcome.cached_tokens,
+            "timings": timings(outcome),
+            "generation_settings": {"speculative.types": "none" if outcome.drafter == "none" else
+                                    f"specdec:{outcome.drafter}"}}
+
+
+def props_body(session: Any, model_name: str, context: Optional[int]) -> dict:
+    from .. import __version__
+
+    generation = session.generation
+    return {"model_path": model_name, "build_info": f"specdec {__version__}", "total_slots": 1,
+            "default_generation_settings": {"n_ctx": context, "params": {
+                "temperature": generation.temperature, "top_k": generation.top_k, "top_p": generation.top_p,
+                "n_predict": generation.max_new_tokens,
+                "speculative.types": "none" if session.drafter_name == "none" else f"specdec:{session.drafter_name}"}}}

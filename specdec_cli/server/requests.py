@@ -1,0 +1,187 @@
+"""Request bodies read and checked: `/v1/chat/completions` and `/v1/completions` into one `CompletionRequest`.
+
+Every fault is an `ApiError` 400 naming the parameter (wrong type, out of range, missing), found before the
+request waits in the queue. A parameter left out takes the server's own setting (`--max-new-tokens`,
+`--temperature`, ... of `specdec serve`): greedy unless the server was started otherwise. `model` may name
+anything: the one loaded model answers. Fields OpenAI defines that change nothing here (`user`, `logprobs` off,
+`n` = 1, ...) are accepted; unknown fields are ignored, as llama-server does. This file reads bodies only; what
+they turn into is the worker's (worker.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Optional, Union
+
+from ..decoding.generation_config import GenerationConfig
+from ..errors import SpecdecError
+from .api_errors import ApiError
+
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+ROLES = ("system", "developer", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """One request, checked: a chat (messages) or a text completion (a prompt), and how to generate."""
+
+    kind: Literal["chat", "text"]
+    model: str
+    messages: tuple[dict, ...] = ()  # chat: {"role", "content"} with text content
+    prompt: Union[str, tuple[int, ...]] = ""  # text: a string or token ids
+    max_tokens: Optional[int] = None  # None: the server's --max-new-tokens
+    temperature: Optional[float] = None  # None: the server's setting (greedy by default)
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    seed: Optional[int] = None
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with `usage`
+    cache_prompt: bool = True  # reuse the prompt cache (llama.cpp's /completion may say false: computed whole)
+
+    def generation(self, base: GenerationConfig) -> GenerationConfig:
+        """The server's generation settings with what this request sets; checked (400 on a bad combination)."""
+        changes: dict[str, Any] = {"stop": self.stop}
+        for name in ("temperature", "top_p", "top_k", "seed"):
+            if getattr(self, name) is not None:
+                changes[name] = getattr(self, name)
+        if self.max_tokens is not None:
+            changes["max_new_tokens"] = self.max_tokens
+        config = replace(base, **changes)
+        try:
+            config.check()
+        except SpecdecError as error:
+            param = {"max_new_tokens": "max_tokens", "draft_max": None}.get(error.setting or "", error.setting)
+            raise ApiError(400, error.naming(param) if param else str(error), param=param) from None
+        return config
+
+
+def read_json(raw: bytes) -> dict:
+    """The body as a JSON object, or a 400 saying what is wrong with it."""
+    try:
+        body = json.loads(raw)
+    except UnicodeDecodeError:
+        raise ApiError(400, "the request body is not UTF-8 text") from None
+    except json.JSONDecodeError as error:
+        raise ApiError(400, f"the request body is not valid JSON: {error.msg} at line {error.lineno} column "
+                       f"{error.colno}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def chat_request(body: dict, max_tokens_limit: Optional[int]) -> CompletionRequest:
+    """A /v1/chat/completions body, checked."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty array of messages", param="messages")
+    checked = tuple(_message(message, index) for index, message in enumerate(messages))
+    if checked[-1]["role"] == "assistant":
+        raise ApiError(400, "the last message must not be the assistant's (this server does not continue an "
+                       "assistant message)", param="messages")
+    return CompletionRequest("chat", messages=checked, **_common(body, max_tokens_limit))
+
+
+def text_request(body: dict, max_tokens_limit: Optional[int]) -> CompletionRequest:
+    """A /v1/completions body, checked: `prompt` is a string, an array of one string, or an array of token ids."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # one prompt given as a batch of one
+    if isinstance(prompt, list) and prompt and all(_is_int(token) and token >= 0 for token in prompt):
+        text: Union[str, tuple[int, ...]] = tuple(int(token) for token in prompt)
+    elif isinstance(prompt, str) and prompt:
+        text = prompt
+    else:
+        raise ApiError(400, "'prompt' must be a non-empty string or array of token ids (one prompt per request)",
+                       param="prompt")
+    return CompletionRequest("text", prompt=text, **_common(body, max_tokens_limit))
+
+
+def _message(message: Any, index: int) -> dict:
+    param = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise ApiError(400, f"{param} must be an object with 'role' and 'content'", param=param)
+    role = message.get("role")
+    if role not in ROLES:
+        raise ApiError(400, f"{param}.role must be one of {', '.join(ROLES)}, got {role!r}", param=f"{param}.role")
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: text only
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ApiError(400, f"{param}.content: only text parts ({{'type': 'text', 'text': ...}}) are "
+                               "supported", param=f"{param}.content")
+            parts.append(part["text"])
+        content = "".join(parts)
+    if content is None and role == "assistant":
+        content = ""
+    if not isinstance(content, str):
+        raise ApiError(400, f"{param}.content must be a string or an array of text parts", param=f"{param}.content")
+    return {"role": "system" if role == "developer" else role, "content": content}
+
+
+def _common(body: dict, max_tokens_limit: Optional[int]) -> dict:
+    """The fields both endpoints share, checked."""
+    model = body.get("model", "")
+    if not isinstance(model, str):
+        raise ApiError(400, "'model' must be a string", param="model")
+    n = body.get("n", 1)
+    if n is not None and (not _is_int(n) or n != 1):
+        raise ApiError(400, "'n' must be 1: this server answers one choice per request", param="n")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    param = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    if max_tokens is not None:
+        if not _is_int(max_tokens):
+            raise ApiError(400, f"'{param}' must be an integer", param=param)
+        upper = f" and <= {max_tokens_limit} (this model's context)" if max_tokens_limit else ""
+        if max_tokens < 1 or (max_tokens_limit is not None and max_tokens > max_tokens_limit):
+            raise ApiError(400, f"'{param}' must be >= 1{upper}, got {max_tokens}", param=param)
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise ApiError(400, "'stream' must be a boolean", param="stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object", param="stream_options")
+    include_usage = (options or {}).get("include_usage", False)
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise ApiError(400, "'stream_options.include_usage' must be a boolean", param="stream_options.include_usage")
+    return {"model": model, "max_tokens": max_tokens, "temperature": _number(body, "temperature"),
+            "top_p": _number(body, "top_p"), "top_k": _integer(body, "top_k"), "seed": _integer(body, "seed"),
+            "stop": _stop(body.get("stop")), "stream": bool(stream), "include_usage": bool(include_usage)}
+
+
+def _stop(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(one, str) for one in stops):
+        raise ApiError(400, "'stop' must be a string or an array of strings", param="stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ApiError(400, f"'stop' holds at most {MAX_STOP_STRINGS} strings, got {len(stops)}", param="stop")
+    if any(not one for one in stops):
+        raise ApiError(400, "'stop' strings must not be empty", param="stop")
+    return tuple(stops)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(body: dict, name: str) -> Optional[float]:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise ApiError(400, f"'{name}' must be a number", param=name)
+    return float(value)
+
+
+def _integer(body: dict, name: str) -> Optional[int]:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise ApiError(400, f"'{name}' must be an integer", param=name)
+    return int(value)

@@ -1,0 +1,102 @@
+"""The JSON of responses: a whole completion, a stream's chunks, `usage` and the speculative `timings`.
+
+Shapes are OpenAI's (`chat.completion`, `chat.completion.chunk`, `text_completion`); `usage` adds
+`prompt_tokens_details.cached_tokens` (prompt tokens taken from the prompt cache, not computed), and `timings`
+beside it reports what llama-server users read there (prompt and predicted tokens, milliseconds, per second,
+`cache_n`, `draft_n`, `draft_n_accepted`) and specdec's own figures (the drafter, steps, tokens per step, the steps
+each draft source drafted). Builders
+only: nothing here generates or sends.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Optional
+
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}  # the engine's -> OpenAI's
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one request's generation came to, as responses report it."""
+
+    text: str
+    finish_reason: str  # OpenAI's: stop or length
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    stats: Any  # decoding.stats.GenerationStats
+    drafter: str
+    finish: str = "length"  # the engine's: eos, stop or length
+    tokens: tuple[int, ...] = ()  # the answer's token ids
+
+
+class Ids:
+    """One response's id, creation time and object names."""
+
+    def __init__(self, kind: str, model: str):
+        self.kind = kind  # "chat" or "text"
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.model = model
+
+    def head(self, chunk: bool = False) -> dict:
+        name = ("chat.completion.chunk" if chunk else "chat.completion") if self.kind == "chat" else "text_completion"
+        return {"id": self.id, "object": name, "created": self.created, "model": self.model}
+
+
+def usage(outcome: Outcome) -> dict:
+    return {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
+            "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": outcome.cached_tokens}}
+
+
+def timings(outcome: Outcome) -> dict:
+    """llama-server's per-response timings, and the speculative figures of this answer."""
+    stats = outcome.stats
+    computed = outcome.prompt_tokens - outcome.cached_tokens
+    prompt_ms = stats.ttft_seconds * 1000.0
+    predicted_ms = max(stats.wall_seconds - stats.ttft_seconds, 0.0) * 1000.0
+    predicted = outcome.completion_tokens
+    return {
+        "prompt_n": computed, "cache_n": outcome.cached_tokens, "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_token_ms": round(prompt_ms / computed, 3) if computed else 0.0,
+        "prompt_per_second": round(computed / (prompt_ms / 1000.0), 3) if prompt_ms > 0 else 0.0,
+        "predicted_n": predicted, "predicted_ms": round(predicted_ms, 3),
+        "predicted_per_token_ms": round(predicted_ms / predicted, 3) if predicted else 0.0,
+        "predicted_per_second": round(predicted / (predicted_ms / 1000.0), 3) if predicted_ms > 0 else 0.0,
+        "drafter": outcome.drafter, "steps": stats.steps, "draft_n": stats.drafted_tokens,
+        "draft_n_accepted": stats.accepted_tokens, "acceptance_rate": round(stats.acceptance_rate, 4),
+        "tokens_per_step": round(stats.mean_accepted_tokens, 4), "draft_sources": dict(stats.sources),
+    }
+
+
+def completion(ids: Ids, outcome: Outcome) -> dict:
+    """A whole (not streamed) response."""
+    if ids.kind == "chat":
+        choice: dict = {"index": 0, "message": {"role": "assistant", "content": outcome.text},
+                        "logprobs": None, "finish_reason": outcome.finish_reason}
+    else:
+        choice = {"index": 0, "text": outcome.text, "logprobs": None, "finish_reason": outcome.finish_reason}
+    return {**ids.head(), "choices": [choice], "usage": usage(outcome), "timings": timings(outcome)}
+
+
+def chunk(ids: Ids, text: Optional[str] = None, finish_reason: Optional[str] = None, first: bool = False) -> dict:
+    """One streamed piece: text (the first chat chunk also names the role), or the end with its finish reason."""
+    if ids.kind == "chat":
+        delta: dict = {"role": "assistant", "content": text or ""} if first else \
+            ({"content": text} if text is not None else {})
+        choice: dict = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+    return {**ids.head(chunk=True), "choices": [choice]}
+
+
+def usage_chunk(ids: Ids, outcome: Outcome, include_usage: bool) -> dict:
+    """The stream's last chunk: no choices, `usage` (asked with stream_options.include_usage) and `timings`."""
+    body: dict = {**ids.head(chunk=True), "choices": [], "timings": timings(outcome)}
+    if include_usage:
+        body["usage"] = usage(outcome)
+    return body

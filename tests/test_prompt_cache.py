@@ -1,0 +1,71 @@
+"""The prompt cache (decoding/prompt_cache.py): a prompt that begins as the previous context did computes only what
+is new, and the answer is the one a cold prompt gets, token for token, on the native decoder's row-invariant blocks
+(prompts longer than a block included) and on transformers' forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import fixed_engine
+from helpers import EOS, family_model
+
+from specdec_cli import kernels
+from specdec_cli.decoding.engine import GenerationConfig
+from specdec_cli.decoding.prompt_cache import PromptCache
+from specdec_cli.drafters.none import NoDrafter
+from specdec_cli.target_model import quant
+
+
+def _sequence(length: int, seed: int) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return [1, *torch.randint(4, 64, (length - 1,), generator=generator).tolist()]
+
+
+def _config() -> GenerationConfig:
+    return GenerationConfig(max_new_tokens=24, budget=7, eos_token_ids=(EOS,))
+
+
+def _model(native: bool):
+    model = family_model("llama", seed=11)
+    if native:
+        if not kernels.available():
+            pytest.skip("specdec's CPU kernels are not compiled")
+        quant.install_blocks(model, quant.plan_blocks(model, "int4", None))
+    return model
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-blocks", "transformers"])
+@pytest.mark.parametrize("drafter", ["none", "pld", "aded"])  # none, a chain, a tree
+def test_a_conversation_resent_computes_only_its_new_tokens_and_answers_as_a_cold_prompt(native, drafter):
+    model = _model(native)
+    engine = fixed_engine(model)
+    from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
+
+    def make():
+        return make_drafter(drafter, DrafterOptions(), TargetInfo(64, (EOS,)))
+
+    cache = PromptCache()
+    first_prompt = _sequence(45, seed=1) + _sequence(15, seed=1)[1:]  # longer than a block (32 rows); repeats
+    first = engine.generate(first_prompt, make(), _config(), prompt_cache=cache)
+    assert first.cached_tokens == 0
+    assert len(cache) == len(first_prompt) + len(first.tokens) - 1  # every committed token but the newest
+    second_prompt = first_prompt + first.tokens + _sequence(12, seed=2)[1:]
+    second = engine.generate(second_prompt, make(), _config(), prompt_cache=cache)
+    assert second.cached_tokens == len(first_prompt) + len(first.tokens) - 1
+    cold = engine.generate(second_prompt, make(), _config(), prompt_cache=PromptCache())
+    assert cold.cached_tokens == 0 and second.tokens == cold.tokens
+    again = engine.generate(second_prompt, make(), _config(), prompt_cache=cache)  # the same prompt once more
+    assert again.cached_tokens == len(second_prompt) - 1 and again.tokens == cold.tokens
+
+
+def test_the_cache_reuses_only_a_common_prefix_and_never_the_whole_prompt():
+    cache = PromptCache()
+    assert cache.common_prefix([1, 2, 3]) == 0
+    model = _model(native=False)
+    engine = fixed_engine(model)
+    prompt = _sequence(20, seed=3)
+    engine.generate(prompt, NoDrafter(), _config(), prompt_cache=cache)
+    assert cache.common_prefix(prompt) == len(prompt) - 1  # its last token is computed for its logits
+    assert cache.common_prefix(prompt[:5] + [7, 7, 7]) == 5
+    other, held = cache.take([2, *prompt[1:]])
+    assert held == 0 and other.get_seq_length() == 0 and len(cache) == 0  # taken: a failure leaves it empty
