@@ -105,8 +105,7 @@ class Engine:
 
         started = time.perf_counter()
         # Prefill: the prompt (what the cache does not hold yet); its last logits give the first new token.
-        logits, features = self._prefill(context, cache, cached, needs.features,
-                                         blocks=prompt_cache is not None)  # [1, vocab], [prompt, hidden] or None
+        logits, features = self._prefill(context, cache, cached, needs.features)  # [1, vocab], [prompt, hidden]|None
         first = self._choose(logits[-1], generator, config)
         ttft = time.perf_counter() - started
         finish, committed, text_end = self._commit(context, new_tokens, [first], eos, config)
@@ -161,14 +160,14 @@ class Engine:
             prompt_cache.keep(cache, context[:-1])  # the invariant: every committed token but the newest
         return Generation(new_tokens, finish, stats, events, text_end, cached)
 
-    def _prefill(self, prompt: list[int], cache: KVCache, cached: int, features: bool,
-                 blocks: bool) -> tuple[torch.Tensor, Any]:
+    def _prefill(self, prompt: list[int], cache: KVCache, cached: int, features: bool) -> tuple[torch.Tensor, Any]:
         """The prompt after its `cached` first tokens; the last row's logits [1, vocab] and, when asked, the
-        features of the rows computed. Plainly, in one forward. With `blocks` (a prompt cache in use), in blocks of
-        at most the forward's row-invariant size, from the first token or after the cached ones: every entry is
-        then the one any block computes, so an answer depends on its tokens alone, never on what the cache held (a
-        long prompt's one forward rounds otherwise: its attention is torch's, not the kernels')."""
-        size = self.forward.rows if blocks else 0
+        features of the rows computed. Where the forward is row-invariant (exact verification), in blocks of at
+        most its row-invariant size, from the first token or after the cached ones: every entry is then the one any
+        block computes, so an answer depends on its tokens alone, never on what a prompt cache held nor on which
+        command asked (a long prompt's one forward rounds otherwise: its attention is torch's, not the kernels').
+        Elsewhere, in one forward."""
+        size = self.forward.rows
         if not cached and not size:
             return self.forward(prompt, cache, 0, last_only=True, features=features)
         size = size or len(prompt)

@@ -8,10 +8,10 @@ since its logits choose the first new token) and how many of the prompt's tokens
 the cache back once a generation finished. A generation that fails or is stopped midway keeps nothing (its cache
 may hold entries of rows that were never committed): the next prompt is computed whole.
 
-An engine given a prompt cache computes every prompt in blocks of at most its forward's row-invariant size
-(engine.py, `_prefill`), from the first token or after the cached ones; where the forward is row-invariant (block
-weights, `--exact`), an entry is then the same whichever block computed it, so an answer depends only on its
-tokens, never on what the cache held. This file keeps entries; the engine computes
+Where the forward is row-invariant (block weights, `--exact`), the engine computes every prompt, cached or not, in
+blocks of at most its row-invariant size (engine.py, `_prefill`), from the first token or after the cached ones:
+an entry is then the same whichever block computed it, so an answer depends only on its tokens, never on what the
+cache held, and `chat`, `serve`, `bench` and `chat --compare` give the same answer to the same prompt. This file keeps entries; the engine computes
 them (engine.py) and the rollback helpers cut them (target_model/rollback.py).
 """
 
