@@ -11,8 +11,8 @@ may hold entries of rows that were never committed): the next prompt is computed
 Where the forward is row-invariant (block weights, `--exact`), the engine computes every prompt, cached or not, in
 blocks of at most its row-invariant size (engine.py, `_prefill`), from the first token or after the cached ones:
 an entry is then the same whichever block computed it, so an answer depends only on its tokens, never on what the
-cache held, and `chat`, `serve`, `bench` and `chat --compare` give the same answer to the same prompt. This file keeps entries; the engine
-computes them (engine.py) and the rollback helpers cut them (target_model/rollback.py).
+cache held, and `chat`, `serve`, `bench` and `chat --compare` give the same answer to the same prompt. This file
+keeps entries; the engine computes them (engine.py) and the rollback helpers cut them (target_model/rollback.py).
 """
 
 from __future__ import annotations
