@@ -23,10 +23,14 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import ROWS
 from .cache import StaticCache
 from .family import Family
 from .inputs import StepInputs
 from .weights import DeviceWeights
+
+
+RECENT = ROWS  # a row's last RECENT positions are gathered per row (a verify block's deepest row reaches its root)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -50,26 +54,79 @@ class DeviceDecoder:
         self.family, self.weights, self.cache = family, weights, cache
         device, slots = weights.device, cache.slots
         self.key_index = torch.arange(slots, device=device)  # [slots]
+        self.recent_index = torch.arange(RECENT, device=device)  # [RECENT]
         self.cos, self.sin = [], []  # per rotary table: float32 [slots, half]
         for inv_freq, scaling in family.ropes:
             angles = torch.arange(slots, dtype=torch.float32, device=device)[:, None] * inv_freq.to(device)[None]
             self.cos.append(angles.cos() * scaling)
             self.sin.append(angles.sin() * scaling)
 
-    def _masks(self, inputs: StepInputs) -> dict[str, torch.Tensor]:
-        """Per layer kind, which slots each row attends to: bool [rows, slots]."""
-        rows = inputs.rows
-        relative = self.key_index - inputs.past  # [slots]: a slot's place in the block
-        in_block = (relative >= 0) & (relative < rows)
-        place = relative.clamp(0, rows - 1)
-        block = inputs.ancestors.index_select(1, place).bool() & in_block[None, :]  # [rows, slots]
-        full = (self.key_index < inputs.past)[None, :] | block
-        masks = {"full_attention": full}
-        if self.family.window:  # a slot's position: its own index before the block, its row's position inside it
-            key_positions = torch.where(in_block, inputs.positions.index_select(0, place), self.key_index)
-            near = key_positions[None, :] > inputs.positions[:, None] - self.family.window
-            masks["sliding_attention"] = full & near
-        return masks
+    def _regions(self, inputs: StepInputs) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        """Where each row's keys are read (see `_attend`): the slots of its recent region [rows, RECENT], and per
+        layer kind which slots of the early region (bool [rows, slots]) and which recent keys (bool [rows,
+        RECENT]) it attends to."""
+        rows, positions, past = inputs.rows, inputs.positions, inputs.past
+        early = (positions - (RECENT - 1)).clamp(min=0)  # [rows]: the first position of each row's recent region
+        early_mask = self.key_index[None, :] < early[:, None]  # [rows, slots]: committed, slot = position
+        recent = early[:, None] + self.recent_index[None, :]  # [rows, RECENT]: positions of the recent region
+        recent_mask = recent <= positions[:, None]
+        relative = recent - past  # a recent position's depth in the block (< 0: committed)
+        in_block = inputs.paths.gather(1, relative.clamp(0, rows - 1)) + past  # the ancestor's slot at that depth
+        slots = torch.where(relative >= 0, in_block, recent).clamp(0, self.cache.slots - 1)
+        masks = {"full_attention": (early_mask, recent_mask)}
+        if self.family.window:  # keys less than `window` positions before the row's own
+            oldest = positions[:, None] - self.family.window
+            masks["sliding_attention"] = (early_mask & (self.key_index[None, :] > oldest), recent_mask & (recent > oldest))
+        return slots, masks
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
+                masks: tuple[torch.Tensor, torch.Tensor], scaling: float) -> torch.Tensor:
+        """Attention of q [rows, heads, head_dim] (compute dtype) over the cache's keys and values [kv_heads, slots,
+        head_dim] -> float32 [kv_heads, rows, group, head_dim].
+
+        A row at position P reads two regions, split where only P says (not the number of rows, nor the committed
+        length): the early region, positions before max(0, P - RECENT + 1), all committed and in their own slots,
+        computed for all rows in one GEMM over every slot of the cache (the others masked: weight exactly zero);
+        and the recent region, its last RECENT positions, gathered per row in position order (a tree node's
+        ancestors without its siblings between them), so that a tree's row sees its keys laid out as a chain's
+        row at the same position does. The two are merged as a softmax over both (their maxima, sums and
+        weighted values rescaled by one formula). So a row's result is the same whatever block computes it."""
+        family, dtype = self.family, keys.dtype
+        rows, heads, head_dim = q.shape
+        kv_heads = keys.shape[0]
+        group = heads // kv_heads
+        early_mask, recent_mask = masks
+        cap = family.attn_cap
+        # the early region: [kv_heads, group * rows, head_dim] x [kv_heads, head_dim, slots]
+        grouped = q.view(rows, kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(kv_heads, group * rows, head_dim)
+        early = torch.bmm(grouped, keys.transpose(1, 2)).float().view(kv_heads, group, rows, -1) * scaling
+        if cap is not None:
+            early = torch.tanh(early / cap) * cap
+        early = early.masked_fill(~early_mask, -math.inf)
+        early_max = early.amax(dim=-1, keepdim=True)  # [kv_heads, group, rows, 1]; -inf where the region is empty
+        weights = torch.exp(early - torch.where(torch.isfinite(early_max), early_max, torch.zeros_like(early_max)))
+        early_sum = weights.sum(dim=-1, keepdim=True)
+        early_out = torch.bmm(weights.to(dtype).view(kv_heads, group * rows, -1), values).float()
+        early_out = early_out.view(kv_heads, group, rows, head_dim).transpose(1, 2)  # [kv_heads, rows, group, d]
+        early_max, early_sum = early_max.transpose(1, 2), early_sum.transpose(1, 2)  # [kv_heads, rows, group, 1]
+        # the recent region: per row, RECENT gathered keys
+        picked = slots.reshape(-1)
+        recent_keys = keys.index_select(1, picked).view(kv_heads, rows, RECENT, head_dim)
+        recent_values = values.index_select(1, picked).view(kv_heads, rows, RECENT, head_dim)
+        per_row = q.view(rows, kv_heads, group, head_dim).transpose(0, 1)  # [kv_heads, rows, group, head_dim]
+        recent = torch.matmul(per_row, recent_keys.transpose(-1, -2)).float() * scaling  # [kv, rows, group, RECENT]
+        if cap is not None:
+            recent = torch.tanh(recent / cap) * cap
+        recent = recent.masked_fill(~recent_mask[None, :, None, :], -math.inf)
+        recent_max = recent.amax(dim=-1, keepdim=True)  # finite: a row sees itself
+        weights = torch.exp(recent - recent_max)
+        recent_sum = weights.sum(dim=-1, keepdim=True)
+        recent_out = torch.matmul(weights.to(dtype), recent_values).float()  # [kv_heads, rows, group, head_dim]
+        # one softmax over both regions
+        top = torch.maximum(early_max, recent_max)
+        early_scale, recent_scale = torch.exp(early_max - top), torch.exp(recent_max - top)
+        return (early_out * early_scale + recent_out * recent_scale) / (early_sum * early_scale +
+                                                                        recent_sum * recent_scale)
 
     def compute(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits float32 [rows, vocab], final normed hidden float32 [rows, hidden]) of the staged rows, their keys
@@ -77,9 +134,8 @@ class DeviceDecoder:
         family, weights, cache = self.family, self.weights, self.cache
         rows, dtype = inputs.rows, weights.dtype
         heads, kv_heads, head_dim = family.heads, family.kv_heads, family.head_dim
-        group = heads // kv_heads
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
-        masks = self._masks(inputs)
+        recent_slots, masks = self._regions(inputs)
         rotations = [(cos.index_select(0, inputs.positions)[:, None], sin.index_select(0, inputs.positions)[:, None])
                      for cos, sin in zip(self.cos, self.sin)]  # [rows, 1, half] each
         x = weights.embedding.index_select(0, inputs.ids).float()  # [rows, hidden], the residual stream
@@ -102,16 +158,8 @@ class DeviceDecoder:
             keys, values = cache.keys[index], cache.values[index]  # [kv_heads, slots, head_dim]
             keys.index_copy_(1, inputs.slots, k.transpose(0, 1).to(dtype))
             values.index_copy_(1, inputs.slots, v.transpose(0, 1).to(dtype))
-            # each key/value head's query rows side by side: [kv_heads, group * rows, head_dim]
-            grouped = q.to(dtype).view(rows, kv_heads, group, head_dim).permute(1, 2, 0, 3)
-            grouped = grouped.reshape(kv_heads, group * rows, head_dim)
-            scores = torch.bmm(grouped, keys.transpose(1, 2)).float() * shape.scaling  # [kv_heads, g*rows, slots]
-            if family.attn_cap is not None:
-                scores = torch.tanh(scores / family.attn_cap) * family.attn_cap
-            scores = scores.view(kv_heads, group, rows, -1).masked_fill(~masks[shape.kind], -math.inf)
-            probs = torch.softmax(scores, dim=-1).to(dtype).view(kv_heads, group * rows, -1)
-            attended = torch.bmm(probs, values)  # [kv_heads, group * rows, head_dim]
-            attended = attended.view(kv_heads, group, rows, head_dim).permute(2, 0, 1, 3).reshape(rows, q_width)
+            attended = self._attend(q.to(dtype), keys, values, recent_slots, masks[shape.kind], shape.scaling)
+            attended = attended.transpose(0, 1).reshape(rows, q_width).to(dtype)  # [rows, heads * head_dim]
             x = self._residual(x, (attended @ layer.out.t()).float(), layer.post_attn_norm, family.eps)
             h = _rms_norm(x, layer.mlp_norm, layer.mlp_eps).to(dtype)
             gate, up = (h @ layer.gate_up.t()).float().chunk(2, dim=-1)  # [rows, ffn] each

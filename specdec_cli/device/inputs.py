@@ -53,7 +53,8 @@ class Staging:
 
 class StepInputs:
     """The inputs of a forward of `rows` padded rows, laid out in one int64 buffer:
-    ids [rows] | positions [rows] | slots [rows] | committed length [1] | ancestors [rows, rows] (1 = attends)."""
+    ids [rows] | positions [rows] | slots [rows] | committed length [1] | paths [rows, rows], where paths[r, d] is
+    the block row of row r's ancestor at depth d (itself at its own depth; a chain's row r: 0, 1, ..., r)."""
 
     def __init__(self, rows: int, device: torch.device):
         self.rows = rows
@@ -63,13 +64,14 @@ class StepInputs:
         self.positions = buffer[rows : 2 * rows]
         self.slots = buffer[2 * rows : 3 * rows]
         self.past = buffer[3 * rows : 3 * rows + 1]
-        self.ancestors = buffer[3 * rows + 1 :].view(rows, rows)
+        self.paths = buffer[3 * rows + 1 :].view(rows, rows)
+        self.chain = np.tile(np.arange(rows, dtype=np.int64), (rows, 1))  # every row's path in a chain
 
     def write(self, ids: Sequence[int], depth: Sequence[int], ancestors: Optional[np.ndarray], past: int,
               last_slot: int) -> None:
         """Stage a block of n <= rows real rows after `past` committed slots: row i at position past + depth[i] in
-        slot past + i; `ancestors` [n, n] (ancestor-or-self, bool) or None for a chain. Padding rows continue
-        the chain (each sees the block's rows before it and itself) at slots clamped to `last_slot`."""
+        slot past + i; `ancestors` [n, n] (ancestor-or-self, bool; parents before children) or None for a chain.
+        Padding rows continue a chain at slots clamped to `last_slot`."""
         rows, n = self.rows, len(ids)
         array = self.staging.array()
         array[:n] = ids
@@ -80,8 +82,10 @@ class StepInputs:
         slots = array[2 * rows : 3 * rows]
         slots[:] = np.minimum(past + np.arange(rows), last_slot)
         array[3 * rows] = past
-        mask = array[3 * rows + 1 :].reshape(rows, rows)
-        mask[:] = np.tril(np.ones((rows, rows), dtype=np.int64))
+        paths = array[3 * rows + 1 :].reshape(rows, rows)
+        paths[:] = self.chain
         if ancestors is not None:
-            mask[:n, :n] = ancestors
+            for row in range(n):
+                found = np.flatnonzero(ancestors[row])  # ascending: depth 0 (the root) .. the row itself
+                paths[row, : len(found)] = found
         self.staging.flush()
