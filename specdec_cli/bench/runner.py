@@ -224,7 +224,7 @@ class _Runner:
         self.model = model
         self.tokenizer = tokenizer
         self.settings = settings
-        self.engine = Engine(choose_forward(model, settings.run.exact), tokenizer)
+        self.engine = Engine(choose_forward(model, settings.run.exact, settings.run.load), tokenizer)
         self.device = self.engine.device
         self.info = target_info(model, tokenizer)
         self.prompt_ids: dict[int, list[list[int]]] = {}  # conversation -> prompt ids per turn

@@ -50,6 +50,7 @@ def bench(
     as_json: bool = options.as_json("the report (instead of the table)"),
     threads: Optional[int] = options.threads(),
     device: str = options.device(),
+    decoder: str = options.decoder(),
     dtype: str = options.dtype(),
     weights: str = options.weights(),
     memory: Optional[str] = typer.Option(None, "--memory", help="Let sam draft from this answer-memory directory (`specdec memory info` shows it); the bench never reads or writes the memory otherwise."),
@@ -68,7 +69,7 @@ def bench(
     options.check_engine(engine)
     chosen = PromptChoice(suite if suite or prompts else DEFAULT_SUITE, prompts, categories, limit)
     outputs = Outputs(json_out, csv_out, plot, as_json)
-    values = dict(target=target, device=device, dtype=dtype, weights=weights, index=index, aux=aux,
+    values = dict(target=target, device=device, decoder=decoder, dtype=dtype, weights=weights, index=index, aux=aux,
                   l_threshold=l_threshold, draft_model=draft_model, draft_min_prob=draft_min_prob, memory=memory,
                   draft_max=draft_max, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                   exact=exact, raw=raw, warmup=warmup)  # named as the settings' fields (bench/settings.py)
@@ -77,7 +78,8 @@ def bench(
 
         not_here = {"--oracle": oracle, "--temperature": temperature > 0, "--repeats": repeats > 1,
                     "--draft-model": draft_model, "--plot": plot, "--exact/--no-exact": exact is not None,
-                    "--weights": weights != "auto", "--threads": threads is not None, "--device": device != "auto"}
+                    "--weights": weights != "auto", "--threads": threads is not None, "--device": device != "auto",
+                    "--decoder": decoder != "auto"}
         bench_vllm(values, split_names(drafters), split_names(reference), chosen, outputs, concurrency=concurrency,
                    unsupported=[flag for flag, used in not_here.items() if used])
         return

@@ -22,6 +22,7 @@ from ..distill.loss import KD_LOSSES
 from ..distill.student import DEFAULT_DRAFT_VOCAB
 from ..drafters import AUX_CHOICES, DRAFTERS, HYBRID_HEAD
 from ..errors import check_choice
+from ..device import DECODERS
 from ..target_model.load_settings import DEVICES, DTYPES, WEIGHTS
 from ..texts.prompts import SUITES
 
@@ -50,6 +51,12 @@ def target(default: Optional[str] = DEFAULT_TARGET, *, whose: str = "",
 
 def device(default: str = "auto", *, note: str = "") -> Any:
     return choice(default, "--device", DEVICES, help=f"auto (cuda, else mps, else cpu), cpu, cuda, mps{note}.")
+
+
+def decoder() -> Any:
+    return choice("auto", "--decoder", DECODERS, help="auto (specdec's device engine on cuda: fixed padded rows, a "
+                  "static cache and a captured step, exact by construction; elsewhere the native decoder or "
+                  "transformers' modules), device (the device engine on any --device, the CPU included).")
 
 
 def dtype() -> Any:

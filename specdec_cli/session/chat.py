@@ -19,6 +19,7 @@ from ..defaults import DEFAULT_DRAFTER
 from ..drafters import DrafterOptions, TargetInfo, make_drafter, target_weights
 from ..errors import SpecdecError
 from ..target_model.exact_setup import choose_forward
+from ..target_model.load_settings import LoadSettings
 from ..texts.memory import Memory
 from .compare import Comparison, compare
 from .run_settings import RunSettings
@@ -84,7 +85,7 @@ def open_session(settings: ChatSettings,
         memory = Memory(memory_dir(loaded.name, fingerprint), fingerprint, loaded.name)
         options = replace(options, memory=str(memory.directory))
     session = ChatSession(loaded.model, loaded.tokenizer, str(run.drafter.name), options,
-                          run.generation, settings.system, run.raw, run.exact, memory)
+                          run.generation, settings.system, run.raw, run.exact, memory, load)
     return session, loaded
 
 
@@ -108,9 +109,10 @@ class ChatSession:
     raw: bool = False
     exact: Optional[bool] = None
     memory: Optional[Memory] = None  # where each answer is remembered (None: nowhere)
+    load: Optional[LoadSettings] = None  # how the target was loaded (its device and decoder pick the forward)
 
     def __post_init__(self) -> None:
-        self.engine = Engine(choose_forward(self.model, self.exact), self.tokenizer)
+        self.engine = Engine(choose_forward(self.model, self.exact, self.load), self.tokenizer)
         self.info = target_info(self.model, self.tokenizer)
         self.generation = replace(self.generation, eos_token_ids=self.info.eos_token_ids)
         self.generation.check()

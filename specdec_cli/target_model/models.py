@@ -248,14 +248,16 @@ def check_load(settings: LoadSettings) -> LoadPlan:
     settings = settings.with_environment()
     source = resolve_target(settings.target)
     device = pick_device(settings.device)
-    check_weights(settings.weights, source, device, settings.dtype)
+    if not (device == "cuda" and settings.decoder in ("auto", "device") and source.kind == "gguf"):
+        check_weights(settings.weights, source, device, settings.dtype)
     if source.kind != "gguf":
         return LoadPlan(settings, source, device)
     home_folder("models")  # a home that is a file is said first, before the GGUF is read
     checked = checked_gguf(Path(source.location))
     family = getattr(checked.config, "model_type", "") or checked.gguf.architecture
-    in_place = (checked.native_reason is None and device == "cpu" and settings.weights in ("auto", "gguf")
-                and settings.dtype in ("auto", "float32"))
+    on_device_engine = device == "cuda" and settings.decoder in ("auto", "device")  # blocks dequantised there
+    in_place = (checked.native_reason is None and settings.weights in ("auto", "gguf")
+                and ((device == "cpu" and settings.dtype in ("auto", "float32")) or on_device_engine))
     if not in_place:
         from .converted import check_conversion
 
@@ -329,7 +331,12 @@ def _load_in_place(plan: LoadPlan, on_status: Optional[StatusCallback], started:
     use_block_threads()
     seconds = time.perf_counter() - started
     reason = f"gguf in place ({weights_summary(model)})"
-    return LoadedTarget(model, tokenizer, plan.source.name, "cpu", model.dtype, seconds, BLOCKS_DTYPE_REASON, "gguf",
+    device, dtype, dtype_reason = "cpu", model.dtype, BLOCKS_DTYPE_REASON
+    if plan.device != "cpu":  # the device engine dequantises the blocks on the device (device/weights.py)
+        device, dtype = plan.device, pick_dtype(plan.settings.dtype, plan.device)
+        dtype_reason = f"{str(dtype).removeprefix('torch.')} (the device engine's compute dtype)"
+        reason += f", dequantised on {device} by the device engine"
+    return LoadedTarget(model, tokenizer, plan.source.name, device, dtype, seconds, dtype_reason, "gguf",
                         reason, load_line(plan.source.name, plan, model.source, seconds, reason))
 
 
