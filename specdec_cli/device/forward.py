@@ -29,13 +29,12 @@ import torch
 
 from ..target_model.check_outcome import CheckOutcome
 from ..target_model.forward import Scores
-from ..target_model.tree_mask import tree_layout
 from . import CONTEXT, PREFILL_ROWS, ROWS
 from .cache import DeviceCache, StaticCache
 from .capture import StepGraph
 from .decoder import DeviceDecoder
 from .family import describe, unsupported
-from .inputs import StepInputs
+from .inputs import StepInputs, tree_paths
 from .weights import DeviceWeights
 
 CHECK_PROMPT = 24  # tokens before the one-time check's blocks
@@ -74,7 +73,7 @@ class DeviceForward:
                                   self.dtype, self.device, ROWS)
         self.decoder = DeviceDecoder(self.family, self.weights, self.static)
         self.step_inputs = StepInputs(ROWS, self.device)
-        self.prefill_inputs = StepInputs(PREFILL_ROWS, self.device)
+        self.prefill_inputs: dict[int, StepInputs] = {}  # by padded size: ROWS * 2^k up to PREFILL_ROWS
         self.step = StepGraph(lambda: self.decoder.compute(self.step_inputs), self.device)
         self.outcome = CheckOutcome("not checked")
         self._cache: Optional[DeviceCache] = None
@@ -121,13 +120,13 @@ class DeviceForward:
         if tree is not None:
             if len(ids) > ROWS:
                 raise ValueError(f"a tree block has at most {ROWS} rows on the device engine")
-            depth, ancestors = tree_layout(tree)
-            return self._block(ids, depth.tolist(), ancestors.numpy(), cache, start, last_only, features,
-                               self.step_inputs, self.step)
-        prefill = start == 0 and len(ids) > ROWS
-        size = PREFILL_ROWS if prefill else ROWS
-        inputs = self.prefill_inputs if prefill else self.step_inputs
-        run = (lambda: self.decoder.compute(self.prefill_inputs)) if prefill else self.step
+            depth, ancestors = tree_paths(tree)
+            return self._block(ids, depth, ancestors, cache, start, last_only, features, self.step_inputs, self.step)
+        if start == 0 and len(ids) > ROWS:  # a prompt: eager chunks of a size set by its length alone
+            inputs = self._prefill_inputs(len(ids))
+            size, run = inputs.rows, lambda: self.decoder.compute(inputs)
+        else:
+            inputs, size, run = self.step_inputs, ROWS, self.step
         parts: list[Scores] = []
         for first in range(0, len(ids), size):
             chunk = ids[first : first + size]
@@ -149,6 +148,16 @@ class DeviceForward:
         cache.advance(n)
         kept = logits[n - 1 : n] if last_only else logits[:n]
         return Scores(kept.clone(), hidden[:n].clone() if features else None)
+
+    def _prefill_inputs(self, tokens: int) -> StepInputs:
+        """The inputs of a prompt's chunks: the smallest of ROWS * 2^k (up to PREFILL_ROWS) rows that holds the
+        prompt, made once per size."""
+        size = ROWS
+        while size < min(tokens, PREFILL_ROWS):
+            size *= 2
+        if size not in self.prefill_inputs:
+            self.prefill_inputs[size] = StepInputs(size, self.device)
+        return self.prefill_inputs[size]
 
     # -- the one-time check ----------------------------------------------------------------------------------
 
