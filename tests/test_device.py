@@ -43,9 +43,10 @@ def _drafters(model, vocab, reference, prompt):
     info = TargetInfo(vocab_size=vocab, eos_token_ids=(EOS,))
     drafters = {name: make_drafter(name, DrafterOptions(), info) for name in REGISTERED}
     drafters["model"] = ModelDrafter(perturbed(model, 0.02), draft_max=4, eos_token_ids=(EOS,))
-    torch.manual_seed(0)
-    drafters["eagle"] = EagleDrafter(EagleHead(head_config_for(model.config)).eval(), target_weights(model),
-                                     eos_token_ids=(EOS,))
+    if target_weights(model) is not None:  # (not where logits are soft-capped: gemma2)
+        torch.manual_seed(0)
+        drafters["eagle"] = EagleDrafter(EagleHead(head_config_for(model.config)).eval(), target_weights(model),
+                                         eos_token_ids=(EOS,))
     drafters["chain"] = ScriptedChain(reference, len(prompt), vocab)
     drafters["tree"] = ScriptedTree(reference, len(prompt), vocab)
     return drafters
