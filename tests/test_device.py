@@ -52,6 +52,7 @@ def _drafters(model, vocab, reference, prompt):
     return drafters
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gemma2", "phi3"])
 def test_every_drafter_is_token_identical_to_plain_decoding(family, one_torch_thread):
     """Chains and trees, on families with GQA, sliding windows, QK-norm, soft-capping and fused projections."""
