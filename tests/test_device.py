@@ -98,6 +98,26 @@ def test_a_block_longer_than_a_step_runs_as_consecutive_steps(tiny_llama):
     assert torch.equal(block, one_by_one)
 
 
+def test_a_cost_curve_measured_on_the_static_cache_does_not_disturb_a_generation(tiny_llama):
+    """The planner measures its curve at the first draft worth planning, with forwards on the forward's cache; on
+    the device engine that cache is the generation's own, so the engine has it measured before the prompt."""
+    from specdec_cli.decoding.curve_store import forward_timer
+
+    forward = DeviceForward(tiny_llama, "cpu", slots=128)
+    measured = []
+
+    def measure():
+        measured.append(forward_timer(forward, prefix=8)(4))
+        return CostCurve.fixed({1: 1.0, 64: 1.0})
+
+    prompt, config = PROMPTS[0], GenerationConfig(max_new_tokens=24, eos_token_ids=(EOS,))
+    info = TargetInfo(64, (EOS,))
+    plain = _engine(forward).generate(prompt, make_drafter("none", DrafterOptions(), info), config)
+    spoken = Engine(forward, planner=DraftPlanner(measure)).generate(prompt, make_drafter("pld", DrafterOptions(),
+                                                                                          info), config)
+    assert measured and spoken.tokens == plain.tokens
+
+
 def test_the_engine_bounds_answers_by_the_static_cache(tiny_llama):
     forward = DeviceForward(tiny_llama, "cpu", slots=48)
     generation = _engine(forward).generate([1, 5, 6], make_drafter("pld", DrafterOptions(), TargetInfo(64, (99,))),

@@ -87,6 +87,8 @@ class Engine:
         events: list[StepEvent] = []
         context = list(prompt_ids)
         new_tokens: list[int] = []
+        if config.cost_aware and hasattr(self.forward, "new_cache"):  # a forward with one static cache: the curve
+            _ = self.planner.curve  # is measured (on that cache) now, not in the middle of this generation's
         cache = new_cache(self.forward)  # the device engine's static cache, else a KVCache
 
         def emit(event: StepEvent) -> None:
