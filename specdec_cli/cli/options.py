@@ -17,12 +17,12 @@ from typing import Any, Optional, Sequence
 import typer
 
 from ..defaults import DEFAULT_AUX, DEFAULT_BATCH_PROMPTS, DEFAULT_BUDGET, DEFAULT_TARGET, DEFAULT_VLLM_CONCURRENCY
+from ..device import DECODERS
 from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, DEFAULT_UNROLL, MAX_UNROLL
 from ..distill.loss import KD_LOSSES
 from ..distill.student import DEFAULT_DRAFT_VOCAB
 from ..drafters import AUX_CHOICES, DRAFTERS, HYBRID_HEAD
 from ..errors import check_choice
-from ..device import DECODERS
 from ..target_model.load_settings import DEVICES, DTYPES, WEIGHTS
 from ..texts.prompts import SUITES
 

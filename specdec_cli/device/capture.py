@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -32,7 +32,7 @@ class StepGraph:
     def __init__(self, compute: Callable[[], Outputs], device: torch.device):
         self.compute = compute
         self.enabled = capture_wanted(device)
-        self.graph: Optional[object] = None
+        self.graph: Optional[Any] = None  # torch.cuda.CUDAGraph once captured
         self.outputs: Optional[Outputs] = None
         self.note = "captured (CUDA graph)" if self.enabled else "eager"
 
@@ -47,7 +47,8 @@ class StepGraph:
                 self.note = f"eager (capture failed: {type(error).__name__}: {str(error).strip()[:100]})"
                 warnings.warn(f"the device engine's step runs eagerly: {self.note}", stacklevel=2)
                 return self.compute()
-        self.graph.replay()  # type: ignore[attr-defined]
+        assert self.graph is not None
+        self.graph.replay()
         assert self.outputs is not None
         return self.outputs
 

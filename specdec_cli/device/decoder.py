@@ -29,7 +29,6 @@ from .family import Family
 from .inputs import StepInputs
 from .weights import DeviceWeights
 
-
 RECENT = ROWS  # a row's last RECENT positions are gathered per row (a verify block's deepest row reaches its root)
 
 
@@ -76,7 +75,8 @@ class DeviceDecoder:
         masks = {"full_attention": (early_mask, recent_mask)}
         if self.family.window:  # keys less than `window` positions before the row's own
             oldest = positions[:, None] - self.family.window
-            masks["sliding_attention"] = (early_mask & (self.key_index[None, :] > oldest), recent_mask & (recent > oldest))
+            masks["sliding_attention"] = (early_mask & (self.key_index[None, :] > oldest),
+                                          recent_mask & (recent > oldest))
         return slots, masks
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,

@@ -62,7 +62,8 @@ class Family:
 
 def _linears(layer: Any) -> list[Any]:
     attention, mlp = layer.self_attn, layer.mlp
-    names = ("qkv_proj", "o_proj") if hasattr(attention, "qkv_proj") else ("q_proj", "k_proj", "v_proj", "o_proj")
+    names: tuple[str, ...] = ("qkv_proj", "o_proj") if hasattr(attention, "qkv_proj") else \
+        ("q_proj", "k_proj", "v_proj", "o_proj")
     found = [getattr(attention, name, None) for name in names]
     names = ("gate_up_proj", "down_proj") if hasattr(mlp, "gate_up_proj") else ("gate_proj", "up_proj", "down_proj")
     return found + [getattr(mlp, name, None) for name in names]

@@ -82,7 +82,7 @@ def _device_forward(model: Any, load: Any) -> Optional[VerifyForward]:
     from ..device.forward import DeviceForward
 
     dtype = pick_dtype(load.dtype, device) if load.dtype != "auto" or device != "cpu" else torch.float32
-    return DeviceForward(model, device, dtype)  # type: ignore[return-value]
+    return DeviceForward(model, device, dtype)
 
 
 class _OwnKernels:
