@@ -144,7 +144,7 @@ def bench_specdec(settings, chosen: PromptChoice, outputs: Outputs, threads: Opt
     status = err_console().status("Loading model…")
     with status:
         loaded = load_target(load.target, load.device, load.dtype, on_status=lambda message: status.update(message),
-                             weights=load.weights)
+                             weights=load.weights, decoder=load.decoder)
     say_loaded(loaded)
     with doing("benchmarking", "no report was written"), server_log_on_failure():
         report = _run_with_progress(run_bench, loaded, conversations, settings, source, gguf_path)

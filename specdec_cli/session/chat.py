@@ -78,7 +78,8 @@ def open_session(settings: ChatSettings,
     use_memory = settings.remember and memory_enabled()
     if use_memory:
         memory_cap()  # a malformed SPECDEC_MEMORY_MAX_TOKENS fails before the model loads
-    loaded = load_target(load.target, load.device, load.dtype, on_status=on_status, weights=load.weights)
+    loaded = load_target(load.target, load.device, load.dtype, on_status=on_status, weights=load.weights,
+                         decoder=load.decoder)
     options, memory = run.drafter.options, None
     if use_memory:
         fingerprint = target_info(loaded.model, loaded.tokenizer).fingerprint
