@@ -7,8 +7,10 @@ alone. On a GPU, and with torch's own GEMMs on a CPU, a row's result depends on 
 - every forward that verifies, and plain decoding too, runs at ONE fixed padded row count (`ROWS`), so the
   shapes of every GEMM, of the attention and of the cache are the same at every step (a row's result never
   depends on how many rows are real);
-- attention computes each query row against the whole static KV cache under a mask (`StaticCache`, allocated
-  once per forward object), so the split of the keys never changes with the number of query rows;
+- attention reads each query row's keys from a static KV cache allocated once per forward object (`StaticCache`)
+  in two regions split by the row's own position (the committed keys under a mask over every slot, its last few
+  positions gathered in position order), so the split of the keys never changes with the number of query rows
+  or the shape of a tree;
 - the weights are put on the device once (`DeviceWeights`): a GGUF's blocks dequantised there, chunk by chunk,
   into the compute dtype, never a float32 copy of the model in host memory.
 
@@ -25,6 +27,6 @@ loads nothing heavy: torch is imported by the modules themselves.
 from __future__ import annotations
 
 ROWS = 16  # every step (verification and plain decoding) runs at this many padded rows
-PREFILL_ROWS = 128  # a prompt is computed in chunks of this many rows, outside the captured step
+PREFILL_ROWS = 128  # a prompt is computed in chunks of up to this many rows, outside the captured step
 CONTEXT = {"cuda": 4096, "cpu": 1024}  # static cache slots by device type (capped by the model's context)
 DECODERS = ("auto", "device")  # --decoder: auto = the device engine on cuda, specdec's usual forwards elsewhere

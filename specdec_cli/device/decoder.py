@@ -6,8 +6,10 @@
 tree's nodes sit: those are values in the inputs (the committed length is a device tensor, not a Python int). So:
 
 - each GEMM has the same (M, N, K) at every step: a row's result does not depend on the other rows;
-- each query row attends over all the cache's slots, the ones it may not see masked to -inf (probability exactly
-  zero), so the split of the keys is the same for every row count (docs/algorithms.md section 12);
+- each query row's keys are read in two regions split by its own position alone (`_attend`): the committed
+  ones in one GEMM over every slot of the cache (the others masked: probability exactly zero), its last RECENT
+  positions gathered in position order; so the split of the keys is the same for every row count and every
+  block shape, a tree's included (docs/algorithms.md section 12);
 - the step can be captured once and replayed (capture.py): no host synchronisation, no allocation that changes.
 
 What is computed is what native.py computes for the same families (RMSNorm, rotary embedding in the rotate-half

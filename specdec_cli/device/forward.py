@@ -6,8 +6,9 @@ its capture (capture.py). A call scores n tokens after `start` committed ones:
 
 - a block of n <= ROWS rows (plain decoding's one row, a chain, a token tree) is one step at ROWS padded rows,
   the captured graph where capture is on; more rows (a chain: the cost curve's timer) run as consecutive steps;
-- a prompt (start 0, more than ROWS rows) runs eagerly in chunks of PREFILL_ROWS padded rows: outside the graph,
-  the same for plain and speculative decoding, so the committed cache is the same for both.
+- a prompt (start 0, more than ROWS rows) runs eagerly, outside the graph, in chunks of ROWS * 2^k padded rows
+  (up to PREFILL_ROWS) set by its length alone: the same for plain and speculative decoding, so the committed
+  cache is the same for both.
 
 Its outputs are copies on the device (the graph's buffers are overwritten by the next step); reading them back
 (the accepted tokens) is the caller's one host synchronisation per step. `prepare` checks once, bit for bit, that
