@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 REPO = Path(__file__).resolve().parent.parent
+VENDOR = REPO / "benchmarks" / "vendor"  # pure-Python packages a machine without a registry lacks (gguf), if carried
 DRAFTERS = "none,pld,sam,recycle,aded,sam+aded,sam+recycle"  # every drafter that needs no file
 SPEC_BENCH = REPO.parent / "shared" / "datasets" / "spec_bench" / "question.jsonl"
 
@@ -137,7 +138,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     log = Log(out / "gpu_check.log")
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(VENDOR) if VENDOR.is_dir() else "",
+                                                      env.get("PYTHONPATH")]))
+    missing = subprocess.run([sys.executable, "-c", "import gguf, tokenizers, transformers, typer, rich"], env=env,
+                             capture_output=True, text=True).returncode
+    if missing:
+        raise SystemExit("gpu_check: `gguf` (or another package specdec needs) is not importable here: copy it from "
+                         "a machine that has it (`cp -r .venv/lib/python3.11/site-packages/gguf benchmarks/vendor/`) "
+                         "and carry benchmarks/vendor")
     env["SPECDEC_HOME"] = str(out / "home")  # caches of this run only
     env["SPECDEC_NO_MEMORY"] = "1"
     if args.dry_run:  # a small static cache: the CPU computes attention over every slot
