@@ -18,8 +18,10 @@ KERNEL_SOURCES = [
     "specdec_cli/kernels/csrc/matmul.c",
     "specdec_cli/kernels/csrc/matmul_avx2.c",
     "specdec_cli/kernels/csrc/matmul_avx512.c",
+    "specdec_cli/kernels/csrc/matmul_packed.c",
     "specdec_cli/kernels/csrc/peak.c",
     "specdec_cli/kernels/csrc/pool.c",
+    "specdec_cli/kernels/csrc/repack.c",
 ]
 KERNEL_HEADERS = ["specdec_cli/kernels/csrc/kernels.h"]
 

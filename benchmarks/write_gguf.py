@@ -7,6 +7,9 @@ Shapes (the tokenizer, and so the vocabulary, is SmolLM2's, taken from the defau
 - `llama-8b`: Llama-3-8B's shape (hidden 4096, 32 layers, FFN 14336, 32 query / 8 key-value heads of 128, rope
   theta 500000, context 8192, an untied output matrix `output.weight`), arch `llama`: 7.38 B weights with this
   vocabulary (8.03 B with Llama-3's own), 4.16 GiB;
+- `qwen2-1.5b`: Qwen2.5-1.5B's shape (hidden 1536, 28 layers, FFN 8960, 12 query / 2 key-value heads of 128, q/k/v
+  biases, rope theta 1000000, tied embeddings), arch `qwen2`: every row a multiple of 256, so nearly all K-quants
+  (the real 1.5B's Q4_K_M recipe), 1.0 GiB with this vocabulary;
 - `smollm2-135m`: the default model's shape (hidden 576, 30 layers, FFN 1536, 9 query / 3 key-value heads of 64,
   rope theta 100000, tied embeddings), arch `llama`: every row of 576 takes the legacy fallbacks (Q5_0/Q8_0);
 - `tiny`: hidden 256, 2 layers, FFN 512, 4 query / 2 key-value heads of 64, tied (K-quants only: written in a
@@ -59,7 +62,7 @@ FILE_TYPE_Q4_K_M = 15  # llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M
 
 @dataclass(frozen=True)
 class Shape:
-    arch: str  # "llama" | "gemma3"
+    arch: str  # "llama" | "qwen2" | "gemma3"
     hidden: int
     layers: int
     ffn: int
@@ -76,6 +79,7 @@ class Shape:
 SHAPES = {
     "llama-1b": Shape("llama", 2048, 16, 8192, 32, 8, 64, 131072, 500000.0, 1e-5),
     "llama-8b": Shape("llama", 4096, 32, 14336, 32, 8, 128, 8192, 500000.0, 1e-5, tied=False),
+    "qwen2-1.5b": Shape("qwen2", 1536, 28, 8960, 12, 2, 128, 32768, 1000000.0, 1e-6),
     "smollm2-135m": Shape("llama", 576, 30, 1536, 9, 3, 64, 8192, 100000.0, 1e-5),
     "tiny": Shape("llama", 256, 2, 512, 4, 2, 64, 4096, 10000.0, 1e-5),
     "gemma3-270m": Shape("gemma3", 640, 18, 2048, 4, 1, 256, 32768, 1000000.0, 1e-6, sliding_window=512),
@@ -92,7 +96,7 @@ def recipe_type(name: str, row: int, layer: Optional[int], layers: int, tied: bo
     the embedding plays the output matrix, as llama.cpp then quantises it)."""
     from gguf import GGMLQuantizationType as Q
 
-    if name.endswith("norm.weight"):
+    if name.endswith("norm.weight") or name.endswith(".bias"):
         return Q.F32
     if name == "output.weight" or (name == "token_embd.weight" and tied):
         wanted = Q.Q6_K
@@ -116,6 +120,8 @@ def tensor_plan(shape: Shape, vocab: int) -> list[tuple[str, tuple[int, int], Op
             (f"{block}.attn_q.weight", (q_width, shape.hidden), layer),
             (f"{block}.attn_k.weight", (kv_width, shape.hidden), layer),
             (f"{block}.attn_v.weight", (kv_width, shape.hidden), layer),
+            *([(f"{block}.attn_q.bias", (1, q_width), layer), (f"{block}.attn_k.bias", (1, kv_width), layer),
+               (f"{block}.attn_v.bias", (1, kv_width), layer)] if shape.arch == "qwen2" else []),
             (f"{block}.attn_output.weight", (shape.hidden, q_width), layer),
             (f"{block}.ffn_norm.weight", (1, shape.hidden), layer),
             (f"{block}.ffn_gate.weight", (shape.ffn, shape.hidden), layer),
@@ -167,7 +173,7 @@ def random_tensor(rng: np.random.Generator, qtype: Any, rows: int, row: int, std
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import quantize
 
-    if qtype == Q.F32:  # norm weights
+    if qtype == Q.F32:  # norm weights (biases are written as zeros by the caller)
         return np.ones(row, dtype=np.float32)
     if qtype == Q.Q4_K:
         return q4_k_blocks(rng, rows, row, std)
@@ -278,8 +284,10 @@ def write(path: Path, shape_name: str, seed: int, std: float, tokenizer_gguf: st
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        for _, rows, row, qtype in plan:  # in the order of the infos, as the writer expects
-            writer.write_tensor_data(random_tensor(rng, qtype, rows, row, std))
+        for name, rows, row, qtype in plan:  # in the order of the infos, as the writer expects
+            bias = name.endswith(".bias")
+            data = np.zeros(row, dtype=np.float32) if bias else random_tensor(rng, qtype, rows, row, std)
+            writer.write_tensor_data(data)
         writer.close()
     return counts
 

@@ -68,6 +68,7 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
         os.chmod(temporary, 0o666 & ~mask)
         if str(final.absolute()) in _checked_outputs:
             _record_output(final, temporary)
+        refuse_special(final, "output")  # (checked before the work; a FIFO made since is not replaced either)
         os.replace(temporary, final)
         _sync_folder(folder)
     except OSError as exc:
@@ -101,6 +102,7 @@ def atomic_directory(path: str | Path, replace: bool = True) -> Iterator[Path]:
     On failure the temporary directory is removed.
     """
     final = Path(path).expanduser()
+    refuse_special(final, "output")  # a FIFO or a device is never moved aside and removed
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -156,11 +158,13 @@ def check_output_file(path: str | Path, setting: str, flag: bool = True, *, own_
     """One rule for every command's output files, checked before the slow part: the folder must exist (it
     is never created behind the user's back and must be writable) and the name must not be a folder. An
     existing file is replaced only when specdec wrote it there and nobody changed it since (`written_here`), or
-    with `force` (a command's `force_flag`); `own_rule=True` leaves existing files to the caller's own rule (an
+    with `force` (a command's `force_flag`); a FIFO, a device or a socket is refused, `force` or not, without being
+    opened (`refuse_special`); `own_rule=True` leaves existing files to the caller's own rule (an
     index replaces an index, data is appended to). `setting` names the option (shown as its flag), or with
     `flag=False` a positional argument, named in the message as it is."""
     final = Path(path).expanduser()
     named = setting if flag else None
+    refuse_special(final, setting, named)
     if final.is_dir():
         raise SpecdecError(f"{setting} {final}: is a directory; give a file name", setting=named)
     if not final.parent.is_dir():
@@ -174,6 +178,12 @@ def check_output_file(path: str | Path, setting: str, flag: bool = True, *, own_
                            f"name, or {how}", setting=named)
     _checked_outputs.add(str(final.absolute()))
     return final
+
+
+def expect_output(path: str | Path) -> None:
+    """An output whose folder specdec makes later (so check_output_file cannot look yet): recorded once written, so
+    that the next run may replace it."""
+    _checked_outputs.add(str(Path(path).expanduser().absolute()))
 
 
 def _outputs_record() -> Path:
@@ -301,6 +311,24 @@ def _remove(path: Path | str) -> None:
         pass
 
 
+def refuse_special(final: Path, setting: str, named: str | None = None) -> None:
+    """Refuse an output path that exists and is neither a regular file nor a folder (a FIFO, a device, a socket):
+    it is never opened (reading a FIFO blocks) and never replaced, whatever --force says. Only stat is asked."""
+    try:
+        mode = os.stat(final).st_mode
+    except OSError:  # nothing there (or a dangling link): nothing to lose
+        return
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise SpecdecError(f"{setting} {final}: {_kind(mode)}, not a regular file; specdec writes only regular files "
+                           "and never replaces anything else", setting=named)
+
+
+def _kind(mode: int) -> str:
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else \
+        "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else \
+        "not a regular file"
+
+
 def check_regular(path: Path, what: str = "") -> None:
     """Refuse a path that is not a regular file (a FIFO, a socket or a device would block or never end) before
     anything opens it. `what` opens the message ("--index"); the path does otherwise."""
@@ -309,7 +337,5 @@ def check_regular(path: Path, what: str = "") -> None:
     except OSError as exc:
         raise SpecdecError(f"{what or path}: {exc.strerror or exc}") from exc
     if not stat.S_ISREG(mode):
-        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else \
-            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else \
-            "not a regular file"
-        raise SpecdecError(f"{what + ' ' if what else ''}{path}: {kind}, not a regular file; specdec does not read it")
+        raise SpecdecError(f"{what + ' ' if what else ''}{path}: {_kind(mode)}, not a regular file; specdec does not "
+                           "read it")

@@ -45,3 +45,18 @@ def writable_home_folder(*parts: str) -> Path:
     except OSError as exc:
         raise SpecdecError(f"{named}: cannot write in {folder} ({exc.strerror or exc})") from exc
     return folder
+
+
+NAME_BYTES = 120  # a file's stem in a cache folder's name: with the key and a temporary's marks, well under 255
+
+
+def short_stem(stem: str) -> str:
+    """A file's stem as a cache folder's name starts: as it is, or cut to NAME_BYTES bytes (at a character) with a
+    hash of the whole, so that a 245-character file name still gets a folder name the file system takes."""
+    raw = stem.encode("utf-8", "surrogateescape")
+    if len(raw) <= NAME_BYTES:
+        return stem
+    import hashlib
+
+    cut = raw[: NAME_BYTES - 13].decode("utf-8", "ignore")
+    return f"{cut}-{hashlib.sha256(raw).hexdigest()[:12]}"

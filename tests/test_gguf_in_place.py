@@ -228,8 +228,9 @@ def test_metadata_that_lies_about_a_shape_is_named(tmp_path):
              "tensor token_embd.weight is [64, 64], its metadata implies [64, 96]")
 
 
-def test_metadata_that_lies_about_the_layers_is_a_missing_tensor(tmp_path):
-    _refused(tmp_path, _tiny_file(tmp_path, metadata={"block_count": 5}), "missing tensor blk.2.attn_norm.weight")
+def test_metadata_that_lies_about_the_layers_is_refused_from_the_tensor_table(tmp_path):
+    _refused(tmp_path, _tiny_file(tmp_path, metadata={"block_count": 5}),
+             "llama.block_count is 5, but the file's tensors hold 2 layers")
 
 
 def test_a_truncated_file_names_the_tensor_cut_off(tmp_path):

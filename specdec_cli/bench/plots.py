@@ -32,17 +32,31 @@ def require_matplotlib() -> Any:
     return plt
 
 
-def check_plot_dir(path: str | Path) -> Path:
+PLOT_FILES = ("speedup.png", "acceptance.png", "cost_curve.png")
+
+
+def check_plot_dir(path: str | Path, force: bool = False) -> Path:
+    """The charts' folder (made when written if it is not there yet); a chart file already in it is replaced only
+    when specdec wrote it and nobody changed it since, or with `force` (a FIFO or a device never: files.py)."""
+    from ..files import check_output_file, expect_output
+
     path = Path(path).expanduser()
     if path.exists() and not path.is_dir():
         raise SpecdecError(f"plot {path}: not a directory", setting="plot")
+    for name in PLOT_FILES:
+        if path.is_dir():
+            check_output_file(path / name, "plot", force=force, force_flag="--force")
+        else:  # a folder made for them: the charts are recorded as specdec's once written
+            expect_output(path / name)
     return path
 
 
 def write_plots(document: dict, out_dir: str | Path) -> list[Path]:
     """Write the charts for a bench JSON document into out_dir (created if needed); returns their paths."""
     plt = require_matplotlib()
-    out_dir = check_plot_dir(out_dir)
+    out_dir = Path(out_dir).expanduser()
+    if out_dir.exists() and not out_dir.is_dir():
+        raise SpecdecError(f"plot {out_dir}: not a directory", setting="plot")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -47,6 +47,7 @@ def bench(
     json_out: Optional[str] = typer.Option(None, "--json-out", help="Write the full report (environment, settings, results, per_prompt) as JSON."),
     csv_out: Optional[str] = typer.Option(None, "--csv", help="Write the results rows as CSV."),
     plot: Optional[str] = typer.Option(None, "--plot", help="Write PNG charts into this directory (needs matplotlib)."),
+    force: bool = typer.Option(False, "--force", help="Replace --json-out, --csv and --plot files that specdec did not write (FIFOs and devices never)."),
     as_json: bool = options.as_json("the report (instead of the table)"),
     threads: Optional[int] = options.threads(),
     device: str = options.device(),
@@ -68,7 +69,7 @@ def bench(
 
     options.check_engine(engine)
     chosen = PromptChoice(suite if suite or prompts else DEFAULT_SUITE, prompts, categories, limit)
-    outputs = Outputs(json_out, csv_out, plot, as_json)
+    outputs = Outputs(json_out, csv_out, plot, as_json, force)
     values = dict(target=target, device=device, decoder=decoder, dtype=dtype, weights=weights, index=index, aux=aux,
                   l_threshold=l_threshold, draft_model=draft_model, draft_min_prob=draft_min_prob, memory=memory,
                   draft_max=draft_max, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
@@ -88,7 +89,7 @@ def bench(
     if not split_names(drafters):
         from ..errors import SpecdecError
 
-        raise SpecdecError("--drafters: give at least one name (none: plain decoding alone)", setting="--drafters")
+        raise SpecdecError("--drafters: give at least one name (none: plain decoding alone)", setting="drafters")
     settings = bench_settings(resolve_methods(split_names(drafters), split_names(reference), lengths),
                               repeats=repeats, llama_server=llama_server, **values)
     bench_specdec(settings, chosen, outputs, threads)
@@ -116,6 +117,7 @@ class Outputs(NamedTuple):
     csv_out: Optional[str]
     plot: Optional[str]
     as_json: bool
+    force: bool = False
 
 
 def bench_specdec(settings, chosen: PromptChoice, outputs: Outputs, threads: Optional[int]) -> None:
@@ -131,13 +133,15 @@ def bench_specdec(settings, chosen: PromptChoice, outputs: Outputs, threads: Opt
     llama_server_rows(settings.methods, settings.llama_server, gguf_path)  # a bad --llama-server, a silent URL
     conversations = chosen.load()
     source = chosen.prompts or str(chosen.suite).strip().lower()
-    json_path = check_output_file(outputs.json_out, "json_out") if outputs.json_out else None
-    csv_path = check_output_file(outputs.csv_out, "csv") if outputs.csv_out else None
+    json_path = check_output_file(outputs.json_out, "json_out", force=outputs.force, force_flag="--force") \
+        if outputs.json_out else None
+    csv_path = check_output_file(outputs.csv_out, "csv", force=outputs.force, force_flag="--force") \
+        if outputs.csv_out else None
     if outputs.plot:
         from ..bench.plots import check_plot_dir, require_matplotlib
 
         require_matplotlib()
-        check_plot_dir(outputs.plot)
+        check_plot_dir(outputs.plot, outputs.force)
 
     if threads is not None:
         apply_threads(threads)

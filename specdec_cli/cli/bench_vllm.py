@@ -34,8 +34,10 @@ def bench_vllm(values: dict, drafters: Sequence[str], references: Sequence[str],
     if not vllm_installed():
         raise SpecdecError(INSTALL_HINT)
     conversations = chosen.load()
-    json_path = check_output_file(outputs.json_out, "json_out") if outputs.json_out else None
-    csv_path = check_output_file(outputs.csv_out, "csv") if outputs.csv_out else None
+    json_path = check_output_file(outputs.json_out, "json_out", force=outputs.force, force_flag="--force") \
+        if outputs.json_out else None
+    csv_path = check_output_file(outputs.csv_out, "csv", force=outputs.force, force_flag="--force") \
+        if outputs.csv_out else None
     target = run.load.target
     status = err_console().status("Loading the tokenizer…")
     with status:

@@ -123,8 +123,9 @@ def apply_threads(threads: int) -> None:
     set_threads(threads)
     cores = usable_cores()
     if cores and threads > cores:
-        err_console().print(f"[yellow]warning:[/yellow] --threads {threads} is more than the {cores} cores this "
-                            "process may use; threads competing for cores are much slower")
+        sys.stderr.write(f"specdec: warning: --threads {threads} is more than the {cores} cores this process may "
+                         "use; threads competing for cores are much slower\n")  # one line, never wrapped
+        sys.stderr.flush()
 
 
 def print_error(message: str) -> None:

@@ -298,10 +298,20 @@ def train(
     read_rows(data)  # a missing or empty file fails before the model loads
     stages.check_output(Path(output).expanduser())  # and an output that is not ours to replace
     target = target or usable_target(target_of_data(data))
+    check_data_target(target, data)  # another target's data: refused before this one loads (a GGUF repacks)
     loaded = load_target(target, device, "float32", weights)
     stages.train(loaded, target_spec(target), data, output, checkpoint_dir=checkpoint_dir, resume=resume)
     if stages.shows_usage_after_training:
         show_usage(output, target_spec(target), stages)
+
+
+def check_data_target(target: str, data: str) -> None:
+    """The data's tokenizer fingerprint against the target's tokenizer alone (no weights loaded, nothing repacked)."""
+    from ..target_model.models import load_tokenizer
+    from ..texts.data_rows import read_rows
+    from ..texts.fingerprint import tokenizer_fingerprint
+
+    read_rows(data, tokenizer_fingerprint(load_tokenizer(target)), target_spec(target))
 
 
 @distill_app.command("evaluate")

@@ -188,7 +188,7 @@ class Repl:
                     turn = self.session.ask(text, on_event=live.on_event)
         except KeyboardInterrupt:
             partial = self.session.tokenizer.decode(view.tokens, skip_special_tokens=True)
-            self.session.record(text, partial)
+            self.session.record(text, partial, len(view.tokens))
             if self.plain:
                 sys.stdout.write("\n")
             self.err.print(f"[yellow]Interrupted; kept {len(view.tokens)} tokens of the answer.[/yellow]")
@@ -207,8 +207,11 @@ class Repl:
         from ..decoding.stats import GenerationStats, merge
 
         turns = self.session.turns
+        cut = getattr(self.session, "cut_short", [])
+        kept = (f"{len(cut)} answer{'s' if len(cut) != 1 else ''} cut short (Ctrl-C) kept {sum(cut):,} tokens, "
+                "without statistics") if cut else ""
         if not turns:
-            self.err.print("[dim]No answers yet.[/dim]")
+            self.err.print(f"[dim]No finished answers yet; {kept}.[/dim]" if kept else "[dim]No answers yet.[/dim]")
             return
         table = Table(title="This conversation", title_justify="left")
         for column in ("turn", "drafter", "tokens", "tok/s", "tokens/step", "acceptance", "TTFT s"):
@@ -223,6 +226,8 @@ class Repl:
                       f"{pooled.mean_accepted_tokens:.2f}", f"{pooled.acceptance_rate:.0%}",
                       f"{pooled.ttft_seconds:.2f}", style="bold")
         self.err.print(table)
+        if kept:
+            self.err.print(f"[dim]Besides these, {kept}.[/dim]")
         if pooled.position_drafted:
             self.err.print("Per-position acceptance (share of steps whose i-th draft token was accepted):")
             for position, (drafted, accepted) in enumerate(zip(pooled.position_drafted, pooled.position_accepted), 1):

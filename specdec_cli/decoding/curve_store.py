@@ -62,17 +62,26 @@ def load_or_measure(cache_file: Optional[Path], make_timer: Callable[[], Timer])
         except (ValueError, KeyError, TypeError, AttributeError):
             pass  # missing, damaged, or of an older format: measure again
     curve = measure_cost_curve(make_timer())
-    save_curve(cache_file, curve)
+    try:
+        save_curve(cache_file, curve)
+    except SpecdecError as exc:  # a read-only or full home still answers: the curve is measured again next time
+        import warnings
+
+        warnings.warn(f"the verify-cost curve was not saved ({exc}); it is measured again next time", stacklevel=2)
     return curve
 
 
 def save_curve(cache_file: Optional[Path], curve: CostCurve) -> None:
-    """Store the curve's current estimates as the next session's prior (atomically)."""
+    """Store the curve's current estimates as the next session's prior (atomically); SpecdecError when the home
+    cannot take it."""
     if cache_file is None:
         return
     from ..files import write_json_atomic
 
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecdecError(f"{cache_file.parent}: cannot write ({exc.strerror or exc})") from exc
     write_json_atomic(cache_file, {**curve.as_json(), "saved": time.time()})
 
 

@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 import torch
 
+from .packed import KIND_OF_GGUF_TYPE, PACKED, Fields, pack_fields, unpack_fields
 from .records import (
     BLOCK,
     GROUP,
@@ -37,6 +38,7 @@ from .records import (
     KIND_Q8S,
     KIND_U8,
     KINDS,
+    PACKED_KINDS,
     Kind,
     dequantize,
     groups,
@@ -49,7 +51,8 @@ from .records import (
 
 __all__ = [  # the records' layout (records.py), and the typed calls into the C extension (here)
     "BLOCK", "GROUP", "KIND_BF16", "KIND_F16", "KIND_F32", "KIND_Q2S", "KIND_Q4", "KIND_Q4S", "KIND_Q4Z", "KIND_Q8",
-    "KIND_Q8S", "KIND_U8", "KINDS", "Kind", "dequantize", "groups", "kind_of", "pack_records", "record_bytes",
+    "KIND_Q8S", "KIND_U8", "KINDS", "PACKED_KINDS", "PACKED", "Fields", "KIND_OF_GGUF_TYPE", "pack_fields",
+    "unpack_fields", "repack_gguf", "Kind", "dequantize", "groups", "kind_of", "pack_records", "record_bytes",
     "select_columns", "unpack_records", "MAX_THREADS", "available", "isa", "isas", "force_isa", "set_threads",
     "threads", "ensure_threads", "Rows", "Dense", "BlockMatrix", "matmul_into", "matmul", "KeyPositions", "attention",
     "rms_norm", "rms_norm_heads", "rope", "store_rows", "silu_mul", "gelu_tanh_mul", "soft_cap_", "soft_cap", "peak",
@@ -269,6 +272,18 @@ def matmul(x: torch.Tensor, kind: int, records: torch.Tensor, n: Optional[int] =
         kernel.matmul(kind, x.data_ptr(), rows, k, n, records.data_ptr(), out.data_ptr(), out.stride()[0],
                       accumulate)
     return out
+
+
+def repack_gguf(kind: int, rows: torch.Tensor, k: int) -> torch.Tensor:
+    """A GGUF tensor's rows (uint8 [n, bytes per row], ggml's blocks as they lie in the file) as records of the
+    packed kind for that type (csrc/repack.c; the same bytes packed.pack_fields makes of the rows' fields)."""
+    kernel = _cpu if _cpu is not None else _require()
+    if _not_dense(rows, _U8) or rows.ndim != 2:
+        raise _refuse("repack_gguf", "rows must be a contiguous uint8 CPU matrix [n, bytes per row]", rows)
+    n = rows.shape[0]
+    records = torch.empty(groups(n), record_bytes(kind, k), dtype=torch.uint8)
+    kernel.repack_gguf(kind, rows.data_ptr(), n, rows.shape[1], k, records.data_ptr())
+    return records
 
 
 @dataclass(frozen=True)

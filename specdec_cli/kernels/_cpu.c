@@ -19,13 +19,19 @@
  *                 chunk q in its low nibbles and chunk q + sub/8 in its high nibbles; 4 x 64 bytes a block.
  *       W = scale * (code - zero) (+ offset), scale and offset per sub-block of `sub` weights. The kinds:
  *         kind  codes   sub zero offset  GGUF types (quant.py)
- *          4    nibble  32   0    yes    Q4_1, Q4_K (and int4 made on load)
- *          5    nibble  32   8    no     Q4_0
- *          8    byte    32  128   no     Q8_0, Q5_0, IQ4_NL, IQ4_XS: the int8 value + 128 (and int8)
- *          9    byte    32   0    yes    Q5_1, Q5_K (codes 0..31)
- *         16    byte    16   32   no     Q6_K (codes 0..63)
+ *          4    nibble  32   0    yes    int4 made on load
+ *          5    nibble  32   8    no     (none now: Q4_0 is packed)
+ *          8    byte    32  128   no     IQ4_NL, IQ4_XS: the int8 value + 128 (and int8 made on load)
+ *          9    byte    32   0    yes    (none now: Q5_1, Q5_K are packed)
+ *         16    byte    16   32   no     (none now: Q6_K is packed)
  *         17    nibble  16   4    no     Q3_K (codes 0..7)
  *         18    nibble  16   0    yes    Q2_K (codes 0..3)
+ *       The packed kinds 40-47 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) keep a GGUF type's own fields at
+ *       the file's size instead of float32 scales: f16 d (and m or dmin) per super-block of 32 or 256 weights,
+ *       6-bit or int8 sub-scales, nibbles with a fifth-bit or 2-bit plane, or int8 codes (csrc/matmul_packed.c
+ *       has the layout). Their scale_j = float(d) * sub-scale and offset_j = float(m) or -(float(dmin) * min)
+ *       are exact in float32, so they compute the order below with the same values, and the same bits, as the
+ *       float32-scale kind the same weights would repack into. Every x86 path runs their AVX2 tiles.
  *       Each row of x is first rounded to 8 bits per block of 32 (scale dx = max |x| / 127, code = round(x / dx)),
  *       as llama.cpp does. Output (row, column) is then, in this order for every path, row count and thread count:
  *         acc = 0; for each sub-block j along k: acc = fma(float(dot_j), scale_j * dx_b, acc) and, with offsets,
@@ -55,6 +61,8 @@
  *       SiLU(gate) * up, GeLU-tanh(gate) * up and cap * tanh(x / cap) in place. Each row is computed alone, on
  *       the calling thread (soft_cap: pieces of a long call on the pool); the last two give every element the
  *       same bits on every path and wherever it sits (see "elementwise functions" in csrc/elementwise.c).
+ *   repack_gguf(kind, rows, n, row_bytes, k, records)
+ *       a GGUF tensor's rows (ggml's blocks as in the file) into a packed kind's records, byte for byte.
  *   set_threads(n), threads(), isa(), isas(), set_isa(name), record_bytes(kind, k), peak(isa)
  *
  * Pointers arrive as integers (the Python side, kernels/__init__.py, checks dtypes, shapes and contiguity).
@@ -72,6 +80,8 @@
  *   csrc/matmul.c             the matmul's driver and its portable reference loop
  *   csrc/matmul_avx2.c        the avx2 and avxvnni tiles
  *   csrc/matmul_avx512.c      the avx512vnni tiles
+ *   csrc/matmul_packed.c      the packed kinds (a GGUF type's own fields): their reference loop and AVX2 tiles
+ *   csrc/repack.c             a GGUF tensor's rows into a packed kind's records (byte shuffling, at load)
  *   csrc/attention.c          attention's driver, its portable and AVX2 steps
  *   csrc/attention_avx512.c   attention's 512-bit steps (avx512vnni)
  *   csrc/elementwise.c        the per-row steps: norms, rotary, cache rows, SiLU/GeLU gating, soft-capping
@@ -98,8 +108,10 @@ static PyObject *py_matmul(PyObject *self, PyObject *args)
     if (out_stride < 0)
         out_stride = n;
     KindInfo info;
-    if (!cpu_kind_info(kind, &info) || rows < 1 || k < BLOCK || k % BLOCK != 0 || n < 1) {
-        PyErr_SetString(PyExc_ValueError, "matmul: an unknown kind, or rows and n < 1, or k not a multiple of 32");
+    if (!cpu_kind_info(kind, &info) || rows < 1 || k < BLOCK || k % BLOCK != 0 || n < 1 ||
+        (info.form != FORM_RECORDS && k % info.sb != 0)) {
+        PyErr_SetString(PyExc_ValueError, "matmul: an unknown kind, or rows and n < 1, or k not a multiple of 32 "
+                                          "(of the super-block for packed kinds)");
         return NULL;
     }
     int path = isa_path, failed;
@@ -119,11 +131,32 @@ static PyObject *py_record_bytes(PyObject *self, PyObject *args)
     KindInfo info;
     if (!PyArg_ParseTuple(args, "in", &kind, &k))
         return NULL;
-    if (!cpu_kind_info(kind, &info) || k < BLOCK || k % BLOCK != 0) {
-        PyErr_SetString(PyExc_ValueError, "record_bytes: an unknown kind, or k not a multiple of 32");
+    if (!cpu_kind_info(kind, &info) || k < BLOCK || k % BLOCK != 0 || (info.form != FORM_RECORDS && k % info.sb)) {
+        PyErr_SetString(PyExc_ValueError, "record_bytes: an unknown kind, or k not a multiple of 32 (of the "
+                                          "super-block for packed kinds)");
         return NULL;
     }
     return PyLong_FromLong(cpu_group_bytes(&info, k));
+}
+
+static PyObject *py_repack_gguf(PyObject *self, PyObject *args)
+{
+    int kind, failed;
+    Py_ssize_t rows, n, row_bytes, k, records;
+    if (!PyArg_ParseTuple(args, "innnnn", &kind, &rows, &n, &row_bytes, &k, &records))
+        return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "repack_gguf: n < 0");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    failed = cpu_repack_gguf(kind, (const uint8_t *)rows, n, row_bytes, k, (uint8_t *)records);
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_SetString(PyExc_ValueError, "repack_gguf: not a packed kind, or rows of another size for k");
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 static PyObject *py_attention(PyObject *self, PyObject *args)
@@ -345,6 +378,8 @@ static PyMethodDef methods[] = {
     {"set_isa", py_set_isa, METH_VARARGS, "set_isa(name): run on that path ('best': the best the CPU has)"},
     {"peak", py_peak, METH_VARARGS, "peak(isa[, seconds]): one thread's multiply-adds a second on that path's dot products"},
     {"record_bytes", py_record_bytes, METH_VARARGS, "record_bytes(kind, k): bytes of one group's record"},
+    {"repack_gguf", py_repack_gguf, METH_VARARGS,
+     "repack_gguf(kind, rows, n, row_bytes, k, records): a GGUF tensor's rows into a packed kind's records"},
     {NULL, NULL, 0, NULL},
 };
 

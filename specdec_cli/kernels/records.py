@@ -4,7 +4,8 @@ A weight [n, k] is held as records of GROUP (16) output columns, one record per 
 kinds (`KINDS`): 4-bit or 8-bit codes with a float32 scale per 32 or 16 weights, an integer zero point and
 optionally a float32 offset, or float32/float16/bfloat16 weights as they are (kernels/_cpu.c's header comment
 has the byte layout). This file packs (`pack_records`), unpacks, dequantises and selects columns, in torch; it
-does not call the C kernels (the package's __init__ does).
+does not call the C kernels (the package's __init__ does). The packed kinds (a GGUF type's own fields at the file's
+size) are packed.py's; record_bytes, unpack_records, dequantize and select_columns take them too.
 """
 
 from __future__ import annotations
@@ -14,6 +15,22 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+from .packed import (
+    KIND_PQ4_0,
+    KIND_PQ4_1,
+    KIND_PQ4_K,
+    KIND_PQ5_0,
+    KIND_PQ5_1,
+    KIND_PQ5_K,
+    KIND_PQ6_K,
+    KIND_PQ8_0,
+    PACKED,
+    fields_codes,
+    pack_fields,
+    packed_record_bytes,
+    unpack_fields,
+)
 
 BLOCK = 32  # weights per block along the input dimension
 GROUP = 16  # output columns per record
@@ -47,6 +64,9 @@ KINDS = {
     KIND_F16: Kind("f16", 16, dtype=torch.float16),
     KIND_BF16: Kind("bf16", 16, dtype=torch.bfloat16),
 }
+KINDS.update({kind: Kind(info.name.lower(), info.bits, info.sub, info.zero, info.offsets)
+              for kind, info in PACKED.items()})
+PACKED_KINDS = (KIND_PQ4_0, KIND_PQ4_1, KIND_PQ5_0, KIND_PQ5_1, KIND_PQ8_0, KIND_PQ4_K, KIND_PQ5_K, KIND_PQ6_K)
 
 
 def kind_of(kind: int) -> Kind:
@@ -64,6 +84,8 @@ def groups(n: int) -> int:
 @functools.lru_cache(maxsize=None)
 def record_bytes(kind: int, k: int) -> int:
     """Bytes of one group's record: GROUP output columns, k inputs (kernels/_cpu.c's header comment)."""
+    if kind in PACKED:
+        return packed_record_bytes(kind, k)
     info = kind_of(kind)
     if info.bits >= 16:
         return k * GROUP * info.bits // 8
@@ -119,7 +141,11 @@ def pack_records(kind: int, codes: torch.Tensor, scales: Optional[torch.Tensor] 
 def unpack_records(kind: int, records: torch.Tensor, n: int) -> tuple[torch.Tensor, Optional[torch.Tensor],
                                                                       Optional[torch.Tensor]]:
     """(codes [n, k], scales, offsets) of packed records (pack_records' inverse; float kinds: (weights, None,
-    None))."""
+    None); packed kinds: the codes as stored, and the scales and offsets their fields mean)."""
+    if kind in PACKED:
+        fields = unpack_fields(kind, records, n)
+        _, scales, offsets = fields_codes(kind, fields)
+        return fields.codes, scales, offsets
     info = kind_of(kind)
     count = records.shape[0]
     if info.bits >= 16:
@@ -157,7 +183,8 @@ def dequantize(kind: int, codes: torch.Tensor, scales: Optional[torch.Tensor],
         return codes.to(torch.float32)
     assert scales is not None
     n, k = codes.shape
-    weight = (codes.to(torch.float32).reshape(n, -1, info.sub) - info.zero) * scales[..., None]
+    values = codes.view(torch.int8) if kind == KIND_PQ8_0 else codes  # Q8_0's codes are int8
+    weight = (values.to(torch.float32).reshape(n, -1, info.sub) - info.zero) * scales[..., None]
     if offsets is not None:
         weight = weight + offsets[..., None]
     return weight.reshape(n, k)
@@ -165,6 +192,8 @@ def dequantize(kind: int, codes: torch.Tensor, scales: Optional[torch.Tensor],
 
 def select_columns(kind: int, records: torch.Tensor, n: int, ids: torch.Tensor) -> torch.Tensor:
     """Records of the output columns `ids` (in that order) of records holding n columns."""
+    if kind in PACKED:
+        return pack_fields(kind, unpack_fields(kind, records, n).take(ids))
     codes, scales, offsets = unpack_records(kind, records, n)
     return pack_records(kind, codes[ids], None if scales is None else scales[ids],
                         None if offsets is None else offsets[ids])

@@ -35,8 +35,56 @@ def format_prompt(tokenizer: Any, messages: list[dict], raw: bool = False) -> li
         return list(tokenizer(text)["input_ids"])
     if not getattr(tokenizer, "chat_template", None):
         raise SpecdecError("this model's tokenizer has no chat template; use --raw")
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    text = render_template(tokenizer, messages)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+MAX_TEMPLATE_OUTPUT = 1 << 20  # characters a chat template may render for one prompt (a real one renders kilobytes)
+
+
+def render_template(tokenizer: Any, messages: list[dict]) -> str:
+    """The chat template rendered with the generation prompt, as transformers' apply_chat_template renders it (its
+    sandboxed environment, its special tokens), but piece by piece: a template that renders more than
+    MAX_TEMPLATE_OUTPUT characters is stopped there, and one that fails (a syntax error, a sandbox refusal, its own
+    raise_exception) is a SpecdecError carrying the template's own message."""
+    import importlib
+
+    try:
+        utils: Any = importlib.import_module("transformers.utils.chat_template_utils")
+    except ImportError:  # pragma: no cover - another transformers layout: rendered whole, failures still one line
+        utils = None
+    compile_template = getattr(utils, "_compile_jinja_template", None)
+    plain = getattr(utils, "_plain_template_data", None) or (lambda data: data)
+    try:
+        if compile_template is None:  # pragma: no cover
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return _bounded([text])
+        template = compile_template(tokenizer.get_chat_template())
+        settings = plain({**tokenizer.special_tokens_map})
+        pieces = template.generate(messages=plain(messages), tools=None, documents=None, add_generation_prompt=True,
+                                   **settings)
+        return _bounded(pieces)
+    except SpecdecError:
+        raise
+    except RecursionError:
+        raise SpecdecError("the chat template failed: it recurses too deeply") from None
+    except Exception as exc:  # jinja2's TemplateError and whatever the template's own expressions raise
+        kind = type(exc).__name__
+        message = " ".join(str(exc).split())[:300] or kind
+        line = getattr(exc, "lineno", None)
+        where = f" at line {line}" if isinstance(line, int) and kind == "TemplateSyntaxError" else ""
+        raise SpecdecError(f"the chat template failed ({kind}{where}): {message}") from exc
+
+
+def _bounded(pieces: Any) -> str:
+    kept, size = [], 0
+    for piece in pieces:
+        size += len(piece)
+        if size > MAX_TEMPLATE_OUTPUT:
+            raise SpecdecError(f"the chat template renders more than {MAX_TEMPLATE_OUTPUT:,} characters for this "
+                               "prompt; stopped there (is the template broken? --raw skips it)")
+        kept.append(piece)
+    return "".join(kept)
 
 
 def target_info(model: Any, tokenizer: Any) -> TargetInfo:
@@ -121,6 +169,7 @@ class ChatSession:
         self.drafter = make_drafter(self.drafter_name, self.drafter_options, self.info)
         self.history: list[dict] = []
         self.turns: list[Turn] = []
+        self.cut_short: list[int] = []  # tokens kept of each answer cut short (Ctrl-C): in the history, not in turns
 
     def set_drafter(self, name: str) -> None:
         self.drafter = make_drafter(name, self.drafter_options, self.info)
@@ -130,6 +179,7 @@ class ChatSession:
         """A new conversation: history and every learned drafter state are dropped."""
         self.history.clear()
         self.turns.clear()
+        self.cut_short.clear()
         self.drafter = make_drafter(self.drafter_name, self.drafter_options, self.info)
 
     def messages_for(self, user_text: str) -> list[dict]:
@@ -166,9 +216,11 @@ class ChatSession:
         prompt_ids = format_prompt(self.tokenizer, self.messages_for(user_text), self.raw)
         return compare(self.engine, prompt_ids, self.drafter, self.generation, on_event)
 
-    def record(self, user_text: str, answer: str) -> None:
-        """Keep an answer that was cut short (Ctrl-C) in the history, so the conversation goes on from it."""
+    def record(self, user_text: str, answer: str, tokens: int = 0) -> None:
+        """Keep an answer that was cut short (Ctrl-C) in the history, so the conversation goes on from it (its
+        `tokens` are counted in `cut_short`; its statistics were never finished)."""
         self.history += [{"role": "user", "content": user_text}, {"role": "assistant", "content": answer}]
+        self.cut_short.append(tokens)
 
     def decode(self, generation: Generation) -> str:
         text = self.tokenizer.decode(generation.tokens, skip_special_tokens=True)

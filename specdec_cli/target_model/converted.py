@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from ..errors import SpecdecError
 from ..files import file_sha256
-from ..home import specdec_home, writable_home_folder
+from ..home import short_stem, specdec_home, writable_home_folder
 
 CONVERTED_FORMAT = 3  # bump when the converted directory's layout changes (3: bfloat16 for non-native families)
 CONVERTED_MARKER = "specdec-converted.json"  # written last: its presence means the conversion finished
@@ -94,7 +94,7 @@ def converted_dir(gguf_path: Path) -> Path:
 
     identity = f"{file_identity(gguf_path)}|{CONVERTED_FORMAT}|{_dtype_of(gguf_path)}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:12]
-    return specdec_home() / "models" / f"{gguf_path.stem}-{key}"
+    return specdec_home() / "models" / f"{short_stem(gguf_path.stem)}-{key}"
 
 
 def _dtype_of(gguf_path: Path) -> str:

@@ -35,13 +35,12 @@ from ..errors import SpecdecError
 from .gguf_file import GGUFFile
 from .gguf_layout import Expected
 
-BLOCKS_FORMAT = 1  # bump when the cache's layout or a repacking rule changes
+BLOCKS_FORMAT = 2  # bump when the cache's layout or a repacking rule changes (2: packed kinds, the file's bits)
 SLICE_WEIGHTS = 1 << 24  # weights decoded at once (a slice of rows): bounds the repacking's memory
 # ggml type -> the kernels' kind it is repacked into (quant.decode_gguf_blocks); other dequantisable types: f32
-KIND_OF_TYPE = {"Q4_0": kernels.KIND_Q4Z, "Q4_1": kernels.KIND_Q4, "Q4_K": kernels.KIND_Q4,
-                "Q5_0": kernels.KIND_Q8, "Q8_0": kernels.KIND_Q8, "IQ4_NL": kernels.KIND_Q8, "IQ4_XS": kernels.KIND_Q8,
-                "Q5_1": kernels.KIND_U8, "Q5_K": kernels.KIND_U8, "Q6_K": kernels.KIND_Q8S, "Q3_K": kernels.KIND_Q4S,
-                "Q2_K": kernels.KIND_Q2S, "F32": kernels.KIND_F32, "F16": kernels.KIND_F16, "BF16": kernels.KIND_BF16}
+KIND_OF_TYPE = {**kernels.KIND_OF_GGUF_TYPE, "IQ4_NL": kernels.KIND_Q8, "IQ4_XS": kernels.KIND_Q8,
+                "Q3_K": kernels.KIND_Q4S, "Q2_K": kernels.KIND_Q2S, "F32": kernels.KIND_F32, "F16": kernels.KIND_F16,
+                "BF16": kernels.KIND_BF16}
 
 Progress = Callable[[int, int], None]  # (bytes written, bytes in all)
 

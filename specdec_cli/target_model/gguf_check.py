@@ -23,25 +23,48 @@ _checked: dict[str, CheckedGGUF] = {}  # by gguf_file.file_identity
 
 
 def checked_gguf(path: Path) -> CheckedGGUF:
-    """Open and check a GGUF once per process and file version: the header, and for a family the native decoder
-    computes, every tensor with the shape its metadata implies (SpecdecError naming the first fault)."""
+    """Open and check a GGUF once per process and file version: the header, the hyperparameters against its tensor
+    table (before any config is made from them), and for a family the native decoder computes, every tensor with
+    the shape its metadata implies and every vector finite (SpecdecError naming the first fault)."""
     from .gguf_config import hf_config
     from .gguf_file import file_identity, open_gguf
-    from .gguf_layout import check_tensors, is_native_architecture, native_reason
+    from .gguf_layout import check_metadata, check_tensors, is_native_architecture, native_reason
 
     key = file_identity(path)
     if key in _checked:
         return _checked[key]
     gguf = open_gguf(path)
+    check_metadata(gguf)  # before any config: transformers' configs build per-layer lists
     config = None
     if is_native_architecture(gguf.architecture) or _transformers_has_config(gguf.architecture):
         config = hf_config(gguf)
     reason = native_reason(gguf, config)
     if reason is None:
-        check_tensors(gguf, config)
+        check_vectors(gguf, check_tensors(gguf, config))
     _checked.clear()  # one file at a time: its mapping is released with it
     _checked[key] = CheckedGGUF(gguf, config, reason)
     return _checked[key]
+
+
+def check_vectors(gguf: Any, expected: list) -> None:
+    """The norms, biases and rope factors (kilobytes: every vector of the 8B shape is read in milliseconds) hold
+    finite numbers: a NaN norm passes every other check and makes every answer garbage (token 0 repeated). Refused
+    before anything is cached or computed, whichever way the file is then loaded (in place, or converted)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from ..errors import SpecdecError
+
+    for item in expected:
+        if item.matrix or item.module == "model.embed_tokens":
+            continue
+        info = gguf.tensors[item.gguf_name]
+        values = dequantize(gguf.raw(item.gguf_name), GGMLQuantizationType[info.type_name])
+        finite = np.isfinite(values)
+        if not finite.all():
+            raise SpecdecError(f"{gguf.path}: tensor {item.gguf_name} holds {int(finite.size - finite.sum()):,} NaN "
+                               f"or infinite values of {finite.size:,}")
 
 
 def _transformers_has_config(architecture: str) -> bool:

@@ -7,10 +7,17 @@ biases: read as float32). `check_tensors` compares that list with the file (gguf
 the first missing tensor, unexpected tensor, wrong shape or unknown type. What llama.cpp's converter did to the
 weights, undone here as transformers' loader undoes it: llama's and smollm3's q/k rows interleaved per head
 (`PERMUTED_QK`), the Gemmas' norms stored as 1 + weight (`NORM_PLUS_ONE`). Nothing is read or computed here.
+
+`check_metadata` comes first, before any config is made from the metadata (transformers' configs build per-layer
+lists, so a `block_count` of 2^32 - 1 would cost gigabytes): the layer count the file's own tensor table bears out,
+integers where integers belong, and sane ranges for the hyperparameters the families use, each refused in one line
+naming the key and its value. Its cost is proportional to the tensor table, never to a number the file declares.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -38,6 +45,123 @@ class Expected:
     matrix: bool  # repacked for the kernels (else a float32 vector)
     heads: int = 0  # rows interleaved per head for this many heads (PERMUTED_QK), else 0
     optional: bool = False
+
+
+# hyperparameters under `ARCH.`: integers, and floats that must be positive and finite
+INTEGER_KEYS = ("block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+                "attention.head_count_kv", "attention.key_length", "attention.value_length", "rope.dimension_count",
+                "vocab_size", "attention.sliding_window", "rope.scaling.original_context_length", "expert_count",
+                "expert_used_count")
+POSITIVE_FLOAT_KEYS = ("rope.freq_base", "attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon",
+                       "rope.scaling.factor", "attn_logit_softcapping", "final_logit_softcapping")
+TOKEN_ID_KEYS = tuple(f"tokenizer.ggml.{name}_token_id" for name in ("bos", "eos", "padding", "unknown"))
+REQUIRED_KEYS = ("block_count", "embedding_length", "feed_forward_length", "attention.head_count")
+_LAYER = re.compile(r"blk\.(\d+)\.")
+
+
+def check_metadata(gguf: GGUFFile) -> None:
+    """The hyperparameters the metadata declares, checked against the file's own tensors before any config is made
+    from them (see the module docstring); SpecdecError naming the key and its value, the path first."""
+    architecture = gguf.architecture
+    metadata = gguf.metadata
+    native = is_native_architecture(architecture)
+
+    def refuse(message: str) -> SpecdecError:
+        return SpecdecError(f"{gguf.path}: {message}")
+
+    for suffix in INTEGER_KEYS if native else ("block_count",):  # (other families may hold per-layer arrays)
+        key = f"{architecture}.{suffix}"
+        if key in metadata and (isinstance(metadata[key], bool) or not isinstance(metadata[key], int)):
+            raise refuse(f"{key} is {_described(metadata[key])}, not an integer")
+    for key in TOKEN_ID_KEYS:
+        value = metadata.get(key)
+        if key in metadata and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise refuse(f"{key} is {_described(value)}, not a token id")
+    for suffix in POSITIVE_FLOAT_KEYS:
+        key = f"{architecture}.{suffix}"
+        if key not in metadata:
+            continue
+        value = metadata[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise refuse(f"{key} is {_described(value)}, not a number")
+        if not math.isfinite(value) or value <= 0:
+            raise refuse(f"{key} is {value!r}; it must be a positive finite number")
+    if native:
+        for suffix in REQUIRED_KEYS:
+            key = f"{architecture}.{suffix}"
+            if key not in metadata:
+                others = sorted({name.split(".")[0] for name in metadata if name.endswith("." + suffix)
+                                 and not name.startswith(architecture + ".")})
+                hint = f" (its keys are {others[0]}.*: a {others[0]} file labelled {architecture}?)" if others else ""
+                raise refuse(f"the file is labelled {architecture} but has no {key}{hint}")
+    for suffix, least in (("embedding_length", 1), ("feed_forward_length", 1), ("context_length", 1),
+                          ("attention.head_count", 1), ("attention.head_count_kv", 1), ("attention.key_length", 1),
+                          ("attention.value_length", 1), ("vocab_size", 1), ("block_count", 0)):
+        key = f"{architecture}.{suffix}"
+        if (native or suffix == "block_count") and key in metadata and metadata[key] < least:
+            raise refuse(f"{key} is {metadata[key]}; it must be at least {least}")
+    _check_layers(gguf, refuse, native)
+    if native:
+        _check_widths(gguf, refuse)
+
+
+def _check_layers(gguf: GGUFFile, refuse: Any, native: bool) -> None:
+    """A layer count the tensor table bears out: as many `blk.N.` layers as `block_count` says (for a family
+    transformers converts, which may keep layers elsewhere: no more layers than the file has tensors, which is what
+    would cost memory)."""
+    key = f"{gguf.architecture}.block_count"
+    if key not in gguf.metadata:
+        return
+    declared = gguf.metadata[key]
+    layers = {int(found.group(1)) for found in map(_LAYER.match, gguf.tensors) if found is not None}
+    if declared == len(layers) or (not native and declared <= len(gguf.tensors)):
+        return
+    held = f"{len(layers)} layers" + (f" (blk.{min(layers)} to blk.{max(layers)})" if layers else "")
+    raise refuse(f"{key} is {declared:,}, but the file's tensors hold {held}")
+
+
+def _check_widths(gguf: GGUFFile, refuse: Any) -> None:
+    """Heads that divide the width (unless the file gives the head size), kv heads that divide the heads, and a
+    width and query rows that match the tensors."""
+    architecture, metadata, tensors = gguf.architecture, gguf.metadata, gguf.tensors
+    prefix = architecture + "."
+    hidden = metadata[prefix + "embedding_length"]
+    heads = metadata[prefix + "attention.head_count"]
+    kv_heads = metadata.get(prefix + "attention.head_count_kv", heads)
+    key_length = metadata.get(prefix + "attention.key_length")
+    embeddings = tensors.get("token_embd.weight")
+    if embeddings is not None and len(embeddings.shape) == 2 and embeddings.shape[1] != hidden:
+        implied = _shape((embeddings.shape[0], hidden))
+        raise refuse(f"{prefix}embedding_length is {hidden}: tensor token_embd.weight is {_shape(embeddings.shape)}, "
+                     f"its metadata implies {implied}")
+    if key_length is None and hidden % heads:
+        raise refuse(f"{prefix}attention.head_count is {heads}, which does not divide {prefix}embedding_length "
+                     f"{hidden}")
+    head_dim = key_length or hidden // heads
+    query = tensors.get("blk.0.attn_q.weight")
+    fused = tensors.get("blk.0.attn_qkv.weight")
+    rows, wanted, what = None, heads * head_dim, "query rows"
+    if query is not None and len(query.shape) == 2:
+        rows, name = query.shape[0], "blk.0.attn_q.weight"
+    elif fused is not None and len(fused.shape) == 2:
+        rows, name, wanted, what = fused.shape[0], "blk.0.attn_qkv.weight", (heads + 2 * kv_heads) * head_dim, \
+            "query, key and value rows"
+    if rows is not None and rows != wanted:
+        raise refuse(f"{prefix}attention.head_count is {heads}: {heads} heads of {head_dim} make {wanted:,} {what}, "
+                     f"tensor {name} has {rows:,}")
+    if heads % kv_heads:
+        raise refuse(f"{prefix}attention.head_count_kv is {kv_heads}, which does not divide "
+                     f"{prefix}attention.head_count {heads}")
+
+
+def _described(value: Any) -> str:
+    if isinstance(value, str):
+        return f"a string ({value[:40]!r})"
+    if isinstance(value, bool):
+        return f"a boolean ({value})"
+    if isinstance(value, (list, tuple)) or hasattr(value, "shape"):
+        return f"an array of {len(value):,} items"
+    return repr(value)
 
 
 def is_native_architecture(architecture: str) -> bool:

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ..errors import SpecdecError
-from ..home import specdec_home
+from ..home import short_stem, specdec_home
 from . import gguf_blocks
 from .gguf_file import GGUFFile
 from .gguf_layout import NORM_PLUS_ONE, Expected, check_tensors
@@ -165,7 +165,8 @@ def cache_folder(path: Path) -> Path:
     from .gguf_file import file_identity
 
     identity = f"{file_identity(path)}|{CACHE_FORMAT}|{gguf_blocks.BLOCKS_FORMAT}"
-    return specdec_home() / "models" / f"{path.stem}-inplace-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:12]
+    return specdec_home() / "models" / f"{short_stem(path.stem)}-inplace-{key}"
 
 
 def _cache_ready(folder: Path) -> bool:
@@ -303,6 +304,9 @@ def _vector(gguf: GGUFFile, name: str) -> torch.Tensor:
 
     info = gguf.tensors[name]
     values = dequantize(gguf.raw(name), GGMLQuantizationType[info.type_name]).astype(np.float32)
+    if not np.isfinite(values).all():  # before the first forward: a NaN norm makes every answer garbage
+        bad = int(np.count_nonzero(~np.isfinite(values)))
+        raise SpecdecError(f"{gguf.path}: tensor {name} holds {bad:,} NaN or infinite values of {values.size:,}")
     return torch.from_numpy(np.array(values.reshape(-1), dtype=np.float32))
 
 

@@ -79,10 +79,27 @@ def resolve_target(target: str) -> TargetSource:
         from ..files import check_regular
 
         check_regular(path)
+    if os.path.lexists(path):  # a symbolic link that leads nowhere: say which way, not "no such file"
+        _refuse_broken_link(path, target)
     looks_like_path = target.startswith((".", "/", "~")) or target.endswith(".gguf") or target.count("/") > 1
     if looks_like_path or os.sep in target and not _looks_like_repo_id(target):
         raise SpecdecError(f"{target}: no such file or directory")
     return TargetSource("hub", target, target)
+
+
+def _refuse_broken_link(path: Path, target: str) -> None:
+    import errno
+
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SpecdecError(f"{target}: a loop of symbolic links (following them never reaches a file)") from None
+        try:
+            points = f" (a symbolic link to {os.readlink(path)})" if os.path.islink(path) else ""
+        except OSError:
+            points = ""
+        raise SpecdecError(f"{target}{points}: {(exc.strerror or str(exc)).lower()}") from None
 
 
 def refuse_pickled_weights(folder: Path, name: str, setting: Optional[str] = None) -> None:

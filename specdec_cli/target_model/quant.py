@@ -7,12 +7,11 @@ can be held in blocks of 32 along the input dimension becomes a
 with each row of activations rounded to 8 bits per block of 32, as llama.cpp does). What `--weights` means:
 
 - `dense`: every weight dequantised to the compute dtype (0.2.0's path).
-- `gguf`: every tensor of a type users hold runs on the kernels from its own bits, repacked at conversion into
-  one of the kernels' kinds (kernels.KINDS) that keeps every weight value exact: Q4_0, Q4_1 and Q4_K as nibbles
-  (a Q4_K super-block's 6-bit scales and minimums become per-32 scales and offsets, exact in float32); Q8_0, Q5_0,
-  IQ4_NL and IQ4_XS as int8 values (IQ4's 16-entry table read at conversion); Q5_1 and Q5_K as bytes 0..31 with
-  offsets; Q6_K, Q3_K and Q2_K with their per-16 sub-scales (times the super-block's d, exact in float32) as
-  scales of 16 weights; F16, BF16 and F32 matrices as they are, on a fixed-order float kernel. Any other type
+- `gguf`: every tensor of a type users hold runs on the kernels from its own bits: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+  Q4_K, Q5_K and Q6_K as packed kinds that keep the file's own fields at the file's size (kernels/packed.py);
+  IQ4_NL and IQ4_XS as int8 values (IQ4's 16-entry table read at conversion), Q3_K and Q2_K with their per-16
+  sub-scales (times the super-block's d, exact in float32) as scales of 16 weights (kernels.KINDS); F16, BF16 and
+  F32 matrices as they are, on a fixed-order float kernel. Any other type
   (IQ1-IQ3, TQ*, ...) and any matrix whose input size is not a multiple of its block stays dense.
 - `int8`: `gguf`, and every other linear layer (float GGUF matrices too) quantised on load to 8-bit blocks
   (symmetric, scale = max|w|/127): a Hugging Face model becomes a different, smaller target, said so wherever
@@ -40,11 +39,12 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 
+from .. import kernels
 from ..errors import SpecdecError, check_choice
 from ..kernels import BLOCK
 from .load_settings import BLOCK_MODES
 
-CACHE_FORMAT = 2  # bump when the cached file's layout or a conversion rule changes (2: kernels' GROUP records)
+CACHE_FORMAT = 3  # bump when the cached file's layout or a conversion rule changes (3: packed kinds)
 
 
 class BlockWeights:
@@ -55,6 +55,7 @@ class BlockWeights:
         self.kind, self.records, self.origin = kind, records, origin
         self.shape = (int(out_features), int(in_features))
         self._unpacked: Optional[tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]] = None
+        self._fields: Optional[kernels.Fields] = None
 
     @classmethod
     def from_codes(cls, kind: int, codes: torch.Tensor, scales: Optional[torch.Tensor],
@@ -67,6 +68,22 @@ class BlockWeights:
         weights._unpacked = (codes, scales, offsets)  # kept while converting (checks, q/k row order)
         return weights
 
+    @classmethod
+    def from_fields(cls, kind: int, fields: kernels.Fields, origin: str) -> "BlockWeights":
+        """A packed kind (kernels/packed.py) from its fields [out, in]."""
+        from .. import kernels
+
+        weights = cls(kind, kernels.pack_fields(kind, fields), fields.codes.shape[0], fields.codes.shape[1], origin)
+        weights._fields = fields  # kept while converting (checks, q/k row order)
+        return weights
+
+    def fields(self) -> kernels.Fields:
+        """A packed kind's fields (kernels.unpack_fields)."""
+        from .. import kernels
+
+        return self._fields if self._fields is not None else kernels.unpack_fields(self.kind, self.records,
+                                                                                   self.shape[0])
+
     def unpacked(self) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
         """(codes [out, in], scales, offsets): kernels.unpack_records."""
         from .. import kernels
@@ -78,6 +95,7 @@ class BlockWeights:
     def forget_unpacked(self) -> None:
         """Drop the codes kept from `from_codes` (a byte a weight): later calls unpack the records again."""
         self._unpacked = None
+        self._fields = None
 
     def dense(self) -> torch.Tensor:
         """The weight as float32 [out, in] (what the blocks mean; for checks and for drafters that read rows)."""
@@ -87,6 +105,10 @@ class BlockWeights:
 
     def take(self, order: torch.Tensor) -> "BlockWeights":
         """The same blocks with the output rows in `order`."""
+        from .. import kernels
+
+        if self.kind in kernels.PACKED:
+            return BlockWeights.from_fields(self.kind, self.fields().take(order), self.origin)
         codes, scales, offsets = self.unpacked()
         return BlockWeights.from_codes(self.kind, codes[order], None if scales is None else scales[order],
                                        None if offsets is None else offsets[order], self.origin)
@@ -106,6 +128,7 @@ class BlockLinear(torch.nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().to(torch.float32), persistent=False)
         self._dense: Optional[torch.Tensor] = None
         self._unpacked: Optional[tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]] = None
+        self._fields: Optional[kernels.Fields] = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         from .. import kernels
@@ -124,6 +147,10 @@ class BlockLinear(torch.nn.Module):
         are kept for the next call."""
         from .. import kernels
 
+        if self.kind in kernels.PACKED:
+            if self._fields is None:
+                self._fields = self.blocks().fields()
+            return kernels.pack_fields(self.kind, self._fields.take(ids))
         if self._unpacked is None:
             self._unpacked = self.blocks().unpacked()
         codes, scales, offsets = self._unpacked
@@ -220,19 +247,13 @@ def decode_gguf_blocks(type_name: str, raw: np.ndarray, out_features: int, in_fe
     """A GGUF tensor's raw bytes as kernel blocks, every weight exactly as the type defines it (gguf/quants.py,
     the reference dequantiser); None for a type the kernels do not take. Per type (ggml's layouts):
 
-    - Q4_0: f16 d, 16 bytes of nibbles (weight i low, i + 16 high), w = d (q - 8): kind q4z.
-    - Q4_1: f16 d, f16 m, nibbles, w = d q + m: kind q4. Q4_K: super-blocks of 256, f16 d and dmin, 12 bytes of
-      6-bit scales/minimums for 8 sub-blocks of 32, 128 bytes where each 32-byte quarter holds one sub-block (low
-      nibbles) and the next (high); w = (d sc) q - dmin m: kind q4 (offset -(dmin m)).
-    - Q5_0: f16 d, 32 high bits, nibbles, w = d (q - 16): kind q8 (q - 16 as int8). Q5_1: f16 d, f16 m, w = d q + m:
-      kind u8. Q5_K: as Q4_K with 32 bytes of fifth bits (bit j of byte i: weight i of sub-block j): kind u8.
-    - Q8_0: f16 d, 32 int8: kind q8. IQ4_NL: f16 d, nibbles as Q4_0, w = d table[q]; IQ4_XS: super-blocks of 256,
-      f16 d, 6-bit sub-block scales (ls - 32) for 8 sub-blocks of 32, w = d (ls - 32) table[q]: kind q8 (the
-      table's values are int8).
-    - Q6_K: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales of sub-blocks of 16, f16 d,
-      w = (d sc) (q - 32): kind q8s. Q3_K: 32 bytes of high bits, 64 of 2-bit pairs, 12 bytes of 6-bit scales
-      (sc - 32) of 16 sub-blocks of 16, f16 d, w = (d (sc - 32)) (q - 4): kind q4s. Q2_K: 16 bytes of 4-bit
-      scale/minimum pairs, 64 of 2-bit codes, f16 d, dmin, w = (d sc) q - dmin m: kind q2s.
+    - Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: the packed kind of the same name, the file's own fields at
+      the file's size, repacked by kernels.repack_gguf (gguf_fields says what the fields are; kernels/packed.py).
+    - IQ4_NL: f16 d, nibbles as Q4_0, w = d table[q]; IQ4_XS: super-blocks of 256, f16 d, 6-bit sub-block scales
+      (ls - 32) for 8 sub-blocks of 32, w = d (ls - 32) table[q]: kind q8 (the table's values are int8).
+    - Q3_K: 32 bytes of high bits, 64 of 2-bit pairs, 12 bytes of 6-bit scales (sc - 32) of 16 sub-blocks of 16,
+      f16 d, w = (d (sc - 32)) (q - 4): kind q4s. Q2_K: 16 bytes of 4-bit scale/minimum pairs, 64 of 2-bit codes,
+      f16 d, dmin, w = (d sc) q - dmin m: kind q2s.
     - F32, F16, BF16: the weights themselves (float kinds)."""
     from .. import kernels
 
@@ -254,42 +275,13 @@ def decode_gguf_blocks(type_name: str, raw: np.ndarray, out_features: int, in_fe
     codes: np.ndarray
     low: np.ndarray
     offsets: Optional[np.ndarray] = None
-    if type_name in ("Q4_0", "Q4_1", "IQ4_NL"):
+    if type_name in kernels.KIND_OF_GGUF_TYPE:  # the file's bytes reordered (kernels.repack_gguf, in C)
+        kind = kernels.KIND_OF_GGUF_TYPE[type_name]
+        rows = torch.from_numpy(np.ascontiguousarray(data).reshape(out_features, -1))
+        return BlockWeights(kind, kernels.repack_gguf(kind, rows, in_features), out_features, in_features, type_name)
+    if type_name == "IQ4_NL":
         q = _legacy_nibbles(data[..., size - 16 :])
-        scales = _halves(data, 0)
-        if type_name == "Q4_0":
-            kind, codes = kernels.KIND_Q4Z, q
-        elif type_name == "Q4_1":
-            kind, codes, offsets = kernels.KIND_Q4, q, _halves(data, 2)
-        else:
-            kind, codes = kernels.KIND_Q8, IQ4_VALUES[q] + 128
-    elif type_name in ("Q5_0", "Q5_1"):
-        high = np.unpackbits(data[..., size - 20 : size - 16], axis=-1, bitorder="little")  # [.., 32] bit i: weight i
-        q = _legacy_nibbles(data[..., size - 16 :]) | (high << 4)
-        scales = _halves(data, 0)
-        if type_name == "Q5_0":
-            kind, codes = kernels.KIND_Q8, q.astype(np.int16) - 16 + 128
-        else:
-            kind, codes, offsets = kernels.KIND_U8, q, _halves(data, 2)
-    elif type_name == "Q8_0":
-        kind, codes, scales = kernels.KIND_Q8, data[..., 2:].view(np.int8).astype(np.int16) + 128, _halves(data, 0)
-    elif type_name in ("Q4_K", "Q5_K"):
-        d, dmin = _halves(data, 0), _halves(data, 2)
-        sub_scales, sub_minimums = _k_scales(data[..., 4:16])  # [out, supers, 8]
-        quarters = data[..., size - 128 :].reshape(out_features, -1, 4, 32)  # [out, supers, 4, 32]
-        q = _bits(quarters, [0, 4], 15).reshape(out_features, -1, 8, 32)  # sub-block 2i low, 2i + 1 high nibbles
-        if type_name == "Q5_K":
-            high = _bits(data[..., 16:48], list(range(8)), 1)  # [out, supers, 8, 32]: bit j -> sub-block j
-            q = q | (high << 4)
-        kind = kernels.KIND_Q4 if type_name == "Q4_K" else kernels.KIND_U8
-        codes, scales, offsets = q, d[..., None] * sub_scales, -(dmin[..., None] * sub_minimums)
-    elif type_name == "Q6_K":
-        low = _bits(data[..., :128].reshape(out_features, -1, 2, 64), [0, 4], 15)  # [out, supers, 2, 2, 64]
-        high = _bits(data[..., 128:192].reshape(out_features, -1, 2, 32), [0, 2, 4, 6], 3)  # [.., 2, 4, 32]
-        q = low.reshape(out_features, -1, 8, 32) | (high.reshape(out_features, -1, 8, 32) << 4)
-        d = _halves(data, 208)
-        kind, codes = kernels.KIND_Q8S, q
-        scales = d[..., None] * data[..., 192:208].view(np.int8).astype(np.float32)
+        kind, codes, scales = kernels.KIND_Q8, IQ4_VALUES[q] + 128, _halves(data, 0)
     elif type_name == "Q3_K":
         low = _bits(data[..., 32:96].reshape(out_features, -1, 2, 32), [0, 2, 4, 6], 3)  # [out, supers, 2, 4, 32]
         high = _bits(data[..., :32], list(range(8)), 1)  # [out, supers, 8, 32]
@@ -323,6 +315,55 @@ def decode_gguf_blocks(type_name: str, raw: np.ndarray, out_features: int, in_fe
     if scales_t.shape[1] != in_features // sub:  # pragma: no cover - a layout mistake
         raise AssertionError(f"{type_name}: {scales_t.shape[1]} scales for {in_features // sub} sub-blocks")
     return BlockWeights.from_codes(kind, codes_t, scales_t, offsets_t, type_name)
+
+
+def _f16(raw: np.ndarray, start: int) -> torch.Tensor:
+    """The float16 at byte `start` of every block -> float16 [...] (bits as stored)."""
+    return torch.from_numpy(np.ascontiguousarray(raw[..., start : start + 2]).view(np.float16)[..., 0].copy())
+
+
+def gguf_fields(type_name: str, data: np.ndarray) -> kernels.Fields:
+    """A packed type's blocks (uint8 [out, blocks, bytes per block]) as the packed kind's fields (kernels/packed.py):
+    the codes as stored, d (m, dmin) as f16, sub-scales as integers; every value as the file holds it. The reference
+    for kernels.repack_gguf (C), which loads use; tests hold pack_fields(gguf_fields(...)) equal to it.
+
+    - Q4_0: f16 d, 16 bytes of nibbles (weight i low, i + 16 high), w = d (q - 8). Q4_1: f16 d, f16 m, nibbles,
+      w = d q + m. Q5_0/Q5_1: as Q4_0/Q4_1 with 32 fifth bits after the f16s (bit i: weight i); Q5_0 w = d (q - 16).
+    - Q8_0: f16 d, 32 int8 codes, w = d q.
+    - Q4_K: super-blocks of 256, f16 d and dmin, 12 bytes of 6-bit scales/minimums for 8 sub-blocks of 32, 128 bytes
+      where each 32-byte quarter holds one sub-block (low nibbles) and the next (high); w = (d sc) q - dmin m. Q5_K:
+      as Q4_K with 32 bytes of fifth bits (bit j of byte i: weight i of sub-block j).
+    - Q6_K: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales of sub-blocks of 16, f16 d,
+      w = (d sc) (q - 32)."""
+    out_features, size = data.shape[0], data.shape[2]
+    if type_name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):
+        q = _legacy_nibbles(data[..., size - 16 :])
+        if type_name in ("Q5_0", "Q5_1"):
+            q = q | (np.unpackbits(data[..., size - 20 : size - 16], axis=-1, bitorder="little") << 4)
+        m = _f16(data, 2) if type_name in ("Q4_1", "Q5_1") else None
+        return kernels.Fields(_codes(q, out_features), _f16(data, 0), m)
+    if type_name == "Q8_0":
+        return kernels.Fields(_codes(data[..., 2:], out_features), _f16(data, 0))
+    if type_name in ("Q4_K", "Q5_K"):
+        sub_scales, sub_minimums = _k_scales(data[..., 4:16])  # [out, supers, 8]
+        quarters = data[..., size - 128 :].reshape(out_features, -1, 4, 32)  # [out, supers, 4, 32]
+        q = _bits(quarters, [0, 4], 15).reshape(out_features, -1, 8, 32)  # sub-block 2i low, 2i + 1 high nibbles
+        if type_name == "Q5_K":
+            q = q | (_bits(data[..., 16:48], list(range(8)), 1) << 4)  # bit j -> sub-block j
+        return kernels.Fields(_codes(q, out_features), _f16(data, 0), _f16(data, 2),
+                              torch.from_numpy(sub_scales.astype(np.uint8)),
+                              torch.from_numpy(sub_minimums.astype(np.uint8)))
+    if type_name == "Q6_K":
+        low = _bits(data[..., :128].reshape(out_features, -1, 2, 64), [0, 4], 15)  # [out, supers, 2, 2, 64]
+        high = _bits(data[..., 128:192].reshape(out_features, -1, 2, 32), [0, 2, 4, 6], 3)  # [.., 2, 4, 32]
+        q = low.reshape(out_features, -1, 8, 32) | (high.reshape(out_features, -1, 8, 32) << 4)
+        scales = torch.from_numpy(np.ascontiguousarray(data[..., 192:208]).view(np.int8).copy())
+        return kernels.Fields(_codes(q, out_features), _f16(data, 208), None, scales)
+    raise ValueError(f"{type_name} is not a packed type")
+
+
+def _codes(q: np.ndarray, out_features: int) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(q).astype(np.uint8).reshape(out_features, -1))
 
 
 def permuted_rows(out_features: int, heads: int) -> np.ndarray:

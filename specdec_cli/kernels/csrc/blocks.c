@@ -23,6 +23,14 @@ int cpu_kind_info(int kind, KindInfo *info)
     case KIND_F32: *info = (KindInfo){32, 0, 0, 0, 0}; return 1;
     case KIND_F16: *info = (KindInfo){16, 0, 0, 0, 0}; return 1;
     case KIND_BF16: *info = (KindInfo){16, 0, 0, 0, 1}; return 1;
+    case KIND_PQ4_0: *info = (KindInfo){4, 32, 8, 0, 0, FORM_LEGACY, 32}; return 1;
+    case KIND_PQ4_1: *info = (KindInfo){4, 32, 0, 1, 0, FORM_LEGACY, 32}; return 1;
+    case KIND_PQ5_0: *info = (KindInfo){5, 32, 16, 0, 0, FORM_LEGACY, 32}; return 1;
+    case KIND_PQ5_1: *info = (KindInfo){5, 32, 0, 1, 0, FORM_LEGACY, 32}; return 1;
+    case KIND_PQ8_0: *info = (KindInfo){8, 32, 0, 0, 0, FORM_LEGACY, 32}; return 1;
+    case KIND_PQ4_K: *info = (KindInfo){4, 32, 0, 1, 0, FORM_K, 256}; return 1;
+    case KIND_PQ5_K: *info = (KindInfo){5, 32, 0, 1, 0, FORM_K, 256}; return 1;
+    case KIND_PQ6_K: *info = (KindInfo){6, 16, 32, 0, 0, FORM_Q6K, 256}; return 1;
     default: return 0;
     }
 }
@@ -34,9 +42,39 @@ long cpu_block_bytes(const KindInfo *info)
     return 4 * GROUP * subs * (1 + info->offsets) + (info->bits == 4 ? 16 : 32) * GROUP;
 }
 
+/* Packed kinds, per group of GROUP columns: a super-block's header (f16 d [16]; f16 m or dmin [16]; FORM_K: 6-bit
+ * scales and minimums, 12 bytes a column; FORM_Q6K: int8 scales [16 sub-blocks][16]), then each block of 32's codes
+ * (nibbles 256 bytes, a fifth-bit plane 64, a 2-bit plane 128; int8 codes 512). Each column holds exactly the
+ * bytes of its row in the GGUF. */
+long cpu_packed_header_bytes(const KindInfo *info)
+{
+    if (info->form == FORM_K)
+        return 2 * 2 * GROUP + 12 * GROUP;
+    if (info->form == FORM_Q6K)
+        return 2 * GROUP + 16 * GROUP;
+    return 2 * GROUP * (1 + info->offsets);
+}
+
+long cpu_packed_block_bytes(const KindInfo *info)
+{
+    switch (info->bits) {
+    case 4: return 16 * GROUP;
+    case 5: return 20 * GROUP;
+    case 6: return 24 * GROUP;
+    default: return 32 * GROUP;
+    }
+}
+
+long cpu_packed_super_bytes(const KindInfo *info)
+{
+    return cpu_packed_header_bytes(info) + (info->sb / BLOCK) * cpu_packed_block_bytes(info);
+}
+
 /* Bytes of one group's record (k weights of GROUP columns). */
 long cpu_group_bytes(const KindInfo *info, long k)
 {
+    if (info->form != FORM_RECORDS)
+        return (k / info->sb) * cpu_packed_super_bytes(info);
     if (info->bits >= 16)
         return k * GROUP * (info->bits / 8);
     return (k / BLOCK) * cpu_block_bytes(info);

@@ -114,7 +114,20 @@ enum {
     KIND_F32 = 32,  /* float32 weights */
     KIND_F16 = 33,  /* float16 weights */
     KIND_BF16 = 34, /* bfloat16 weights */
+    /* Packed kinds: a GGUF type's own fields at the file's size (f16 scales, 6-bit sub-scales, bit planes),
+     * interleaved 16 columns a record (matmul_packed.c has the layout). */
+    KIND_PQ4_0 = 40, /* Q4_0: f16 d; nibbles, zero point 8 */
+    KIND_PQ4_1 = 41, /* Q4_1: f16 d, f16 m; nibbles */
+    KIND_PQ5_0 = 42, /* Q5_0: f16 d; nibbles and a fifth-bit plane, zero point 16 */
+    KIND_PQ5_1 = 43, /* Q5_1: f16 d, f16 m; nibbles and a fifth-bit plane */
+    KIND_PQ8_0 = 44, /* Q8_0: f16 d; int8 codes */
+    KIND_PQ4_K = 45, /* Q4_K: per 256, f16 d and dmin, 6-bit scales and minimums per 32; nibbles */
+    KIND_PQ5_K = 46, /* Q5_K: as Q4_K, and a fifth-bit plane */
+    KIND_PQ6_K = 47, /* Q6_K: per 256, f16 d, int8 scales per 16; nibbles and a 2-bit plane, zero point 32 */
 };
+
+/* How a kind keeps its scales: float32 per sub-block (the record kinds above 32 excepted), or a packed form. */
+enum { FORM_RECORDS = 0, FORM_LEGACY = 1, FORM_K = 2, FORM_Q6K = 3 };
 
 /* The instruction sets, in order of preference. ../_cpu.c keeps the one in use (the best the CPU has, unless
  * set_isa chose another it has) and passes it to each kernel as `path`. */
@@ -138,11 +151,17 @@ typedef struct {
     int zero;    /* the codes' zero point: W = scale * (code - zero) (+ offset) */
     int offsets; /* a float32 offset per sub-block */
     int bf16;    /* bits 16: bfloat16 rather than float16 */
+    int form;    /* FORM_*: float32 scales (records), or a GGUF type's packed fields */
+    int sb;      /* packed forms: weights per super-block along k (32 or 256) */
 } KindInfo;
 
 int cpu_kind_info(int kind, KindInfo *info);
 long cpu_block_bytes(const KindInfo *info);
 long cpu_group_bytes(const KindInfo *info, long k);
+long cpu_packed_header_bytes(const KindInfo *info);
+long cpu_packed_block_bytes(const KindInfo *info);
+long cpu_packed_super_bytes(const KindInfo *info);
+float cpu_half_to_float(uint16_t h);
 void cpu_quantize_rows(int path, const float *x, long rows, long k, int8_t *qx, float *dx, int32_t *sums);
 
 /* ------------------------------------------- the matmul (matmul.c; tiles in matmul_avx2.c, matmul_avx512.c) */
@@ -157,7 +176,7 @@ typedef struct {
                            * accumulator's start (so the dot product comes out of codes - zero) */
     const float *sx;      /* [k/sub][rows]: dx * (sum of the row's codes over the sub-block), for offsets */
     const char *weights;  /* one record per group of GROUP columns */
-    long record, block;   /* bytes per group record, per block of it */
+    long record, block;   /* bytes per group record, per block of it (packed kinds: per super-block) */
     float *out;
     long out_stride; /* elements between rows of out */
     int accumulate;  /* out += product instead of out = product (a residual connection) */
@@ -190,6 +209,13 @@ typedef struct {
 /* Indexed as SHAPES lists the block kinds' shapes, and float32, float16, bfloat16. */
 extern const TileSet cpu_tiles_avx2[SHAPE_COUNT], cpu_tiles_avxvnni[SHAPE_COUNT], cpu_floats_avx2[3];
 extern const TileSet cpu_tiles_512[SHAPE_COUNT], cpu_floats_512[3];
+
+/* The packed kinds (matmul_packed.c): their AVX2 tiles, indexed by kind - KIND_PQ4_0 (every x86 path runs them),
+ * and their portable reference loop (a task over record groups, like matmul.c's). */
+#define PACKED_COUNT 8
+extern const TileSet cpu_tiles_packed[PACKED_COUNT];
+void cpu_matmul_packed_portable(const void *arg, long start, long stop);
+int cpu_repack_gguf(int kind, const uint8_t *rows, long n, long row_bytes, long k, uint8_t *records);
 
 /* ------------------------------------------------------------------- row-invariant attention (attention*.c) */
 

@@ -40,7 +40,7 @@ static void column_codes(const KindInfo *info, const uint8_t *codes, int c, int1
             }
 }
 
-static float half_to_float(uint16_t h)
+float cpu_half_to_float(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = (h >> 10) & 31, mantissa = h & 1023, bits;
     if (exponent == 31)
@@ -101,7 +101,7 @@ static void matmul_groups_portable(const void *arg, long start, long stop)
                                 uint32_t bits = (uint32_t)h << 16;
                                 memcpy(&column[i], &bits, 4);
                             } else
-                                column[i] = half_to_float(h);
+                                column[i] = cpu_half_to_float(h);
                         }
                     }
                     for (long r = 0; r < rows; r++) {
@@ -160,6 +160,10 @@ static int shape_index(const KindInfo *info)
 
 static const TileSet *tile_set(const KindInfo *info, int path)
 {
+    if (info->form != FORM_RECORDS)
+        return &cpu_tiles_packed[info->form == FORM_LEGACY ? (info->bits == 4 ? info->offsets : info->bits == 5 ?
+                                                                2 + info->offsets : 4)
+                                                          : info->form == FORM_K ? (info->bits == 4 ? 5 : 6) : 7];
     if (info->bits >= 16) {
         int index = info->bits == 32 ? 0 : info->bf16 ? 2 : 1;
         return path == ISA_AVX512VNNI ? &cpu_floats_512[index] : &cpu_floats_avx2[index];
@@ -219,11 +223,15 @@ static void matmul_groups_tiled(const void *arg, long start, long stop)
 /* The groups on the path's tiles. */
 static void run_tiles(const MatmulTask *task, int path, long groups)
 {
-    TiledTask tiled = {task, tile_set(&task->info, path), path == ISA_AVX512VNNI ? 1 : 2};
+    /* the packed kinds have AVX2 tiles (8 columns) on every x86 path */
+    TiledTask tiled = {task, tile_set(&task->info, path),
+                       path == ISA_AVX512VNNI && task->info.form == FORM_RECORDS ? 1 : 2};
     cpu_run_parallel(matmul_groups_tiled, &tiled, groups);
 }
 #else /* no vector path on this CPU: the path is always ISA_PORTABLE (run_tiles stands for the portable loop) */
-#define run_tiles(task, path, groups) cpu_run_parallel(matmul_groups_portable, task, groups)
+#define run_tiles(task, path, groups)                                                                             \
+    cpu_run_parallel((task)->info.form != FORM_RECORDS ? cpu_matmul_packed_portable : matmul_groups_portable, task, \
+                     groups)
 #endif
 
 /* out[rows, n] (+)= x @ W^T on `path`; 0, or -1 (out of memory: nothing computed). */
@@ -250,7 +258,10 @@ int cpu_matmul(const KindInfo *info, const float *x, long rows, long k, long n, 
         }
     }
     MatmulTask task = {*info, rows, k, n, x, qx, dx, init, sx, weights, cpu_group_bytes(info, k),
-                       info->bits < 16 ? cpu_block_bytes(info) : 0, out, out_stride, accumulate};
+                       info->form != FORM_RECORDS ? cpu_packed_super_bytes(info)
+                       : info->bits < 16          ? cpu_block_bytes(info)
+                                                  : 0,
+                       out, out_stride, accumulate};
     if (info->bits < 16) {
         cpu_quantize_rows(path, x, rows, k, qx, dx, sums);
         /* AVX2 multiplies the bytes of zero point 128 as the signed values they encode: no zero point there */
@@ -265,7 +276,8 @@ int cpu_matmul(const KindInfo *info, const float *x, long rows, long k, long n, 
     if (path != ISA_PORTABLE)
         run_tiles(&task, path, groups);
     else
-        cpu_run_parallel(matmul_groups_portable, &task, groups);
+        cpu_run_parallel(info->form != FORM_RECORDS ? cpu_matmul_packed_portable : matmul_groups_portable, &task,
+                         groups);
     free(qx);
     free(dx);
     free(sx);

@@ -1,0 +1,316 @@
+/*
+ * matmul_packed.c: the packed kinds (KIND_PQ*), which multiply a GGUF type's own fields at the file's size: f16
+ * scales, 6-bit sub-scales and minimums, int8 sub-scales, nibbles with a fifth-bit or 2-bit plane. Their reference
+ * loop (portable C) and their AVX2 tiles (8 columns x 1, 2 or 4 rows), which every x86 path runs. A group's record
+ * (GROUP = 16 columns) is its super-blocks along k in order (sb = 32 weights for the legacy types, 256 for the
+ * K-quants), each a header then the codes of its blocks of 32:
+ *   header   FORM_LEGACY  d f16 [16]; Q4_1/Q5_1: m f16 [16]
+ *            FORM_K       d f16 [16], dmin f16 [16], scale nibbles [4][16], minimum nibbles [4][16] (byte (p, c):
+ *                         sub-block 2p's low 4 bits, 2p+1's in the high nibble), scale top bits [2][16], minimum
+ *                         top bits [2][16] (byte (p, c), bits 2t..2t+1: the top 2 bits of sub-block 4p+t)
+ *            FORM_Q6K     d f16 [16], int8 scales [16 sub-blocks of 16][16]
+ *   codes    4 consecutive weights (a "chunk") of each of the 16 columns side by side, 64 bytes a vector:
+ *            nibbles      4 vectors: per sub-block of `sub` weights sub/8 vectors, vector q holding chunk q in its
+ *                         low nibbles and chunk q + sub/8 in its high ones (the record kinds' layout)
+ *            bits 5       then a fifth-bit plane, 1 vector: byte (c, e), bit i: chunk i's fifth bit
+ *            bits 6       then a 2-bit plane, 2 vectors: vector j (sub-block j of 16), byte (c, e), bits 2t..2t+1:
+ *                         chunk 4j+t's top two bits
+ *            bits 8       8 vectors, the int8 codes of chunk i in vector i
+ * So each column holds exactly its row's bytes in the file. The arithmetic: scale_j = float(d) * sub-scale and
+ * offset_j = float(m) or -(float(dmin) * minimum), both exact in float32, then the record kinds' order
+ * (../_cpu.c): acc = fma(float(dot_j), scale_j * dx_b, acc) and with offsets acc = fma(offset_j, sx_j, acc). A
+ * packed kind therefore gives the same bits as the float32-scale kind the same weights would repack into.
+ * Not here: packing (kernels/records.py), the driver (matmul.c), the record kinds' tiles (matmul_avx2.c,
+ * matmul_avx512.c).
+ */
+#include "kernels.h"
+
+/* Byte offsets in a FORM_K header. */
+#define K_SCALE_LOW 64
+#define K_MIN_LOW 128
+#define K_SCALE_HIGH 192
+#define K_MIN_HIGH 224
+#define Q6K_SCALES 32
+
+/* Column c of a group's record: its codes less the zero point [k], its scales and offsets [k / sub]. */
+static void packed_column(const KindInfo *info, const uint8_t *record, long k, long super_bytes, int c,
+                          int16_t *codes, float *scales, float *offsets)
+{
+    long supers = k / info->sb, header = cpu_packed_header_bytes(info), block_bytes = cpu_packed_block_bytes(info);
+    int per_super = info->sb / info->sub, chunks = info->sub / 4, half = info->sub / 8;
+    for (long s = 0; s < supers; s++) {
+        const uint8_t *head = record + s * super_bytes;
+        uint16_t bits;
+        memcpy(&bits, head + 2 * c, 2);
+        float d = cpu_half_to_float(bits), m = 0.0f;
+        if (info->offsets) {
+            memcpy(&bits, head + 2 * GROUP + 2 * c, 2);
+            m = cpu_half_to_float(bits);
+        }
+        for (int j = 0; j < per_super; j++) {
+            float scale = d, offset = m;
+            if (info->form == FORM_K) {
+                int sc = ((head[K_SCALE_LOW + (j >> 1) * GROUP + c] >> (4 * (j & 1))) & 15) |
+                         (((head[K_SCALE_HIGH + (j >> 2) * GROUP + c] >> (2 * (j & 3))) & 3) << 4);
+                int mn = ((head[K_MIN_LOW + (j >> 1) * GROUP + c] >> (4 * (j & 1))) & 15) |
+                         (((head[K_MIN_HIGH + (j >> 2) * GROUP + c] >> (2 * (j & 3))) & 3) << 4);
+                scale = d * (float)sc;
+                offset = -(m * (float)mn);
+            } else if (info->form == FORM_Q6K)
+                scale = d * (float)(int8_t)head[Q6K_SCALES + j * GROUP + c];
+            scales[s * per_super + j] = scale;
+            offsets[s * per_super + j] = offset;
+        }
+        for (long b = 0; b < info->sb / BLOCK; b++) {
+            const uint8_t *p = head + header + b * block_bytes;
+            int16_t *out = codes + s * info->sb + b * BLOCK;
+            for (int i = 0; i < BLOCK / 4; i++)
+                for (int e = 0; e < 4; e++) {
+                    int code;
+                    if (info->bits == 8)
+                        code = (int8_t)p[i * 64 + c * 4 + e];
+                    else {
+                        int j = i / chunks, q = i % chunks;
+                        uint8_t byte = p[(j * half + q % half) * 64 + c * 4 + e];
+                        code = q < half ? byte & 15 : byte >> 4;
+                        if (info->bits == 5)
+                            code |= ((p[256 + c * 4 + e] >> i) & 1) << 4;
+                        if (info->bits == 6)
+                            code |= ((p[256 + j * 64 + c * 4 + e] >> (2 * q)) & 3) << 4;
+                    }
+                    out[i * 4 + e] = (int16_t)(code - info->zero);
+                }
+        }
+    }
+}
+
+static inline void store_row(const MatmulTask *t, long row, long col, const float *values)
+{
+    float *at = t->out + row * t->out_stride + col;
+    long count = t->n - col < GROUP ? t->n - col : GROUP;
+    for (long c = 0; c < count; c++)
+        at[c] = t->accumulate ? at[c] + values[c] : values[c];
+}
+
+/* The reference: one column at a time, in the order above. */
+void cpu_matmul_packed_portable(const void *arg, long start, long stop)
+{
+    const MatmulTask *t = arg;
+    const KindInfo *info = &t->info;
+    long k = t->k, subs = k / info->sub, per_block = BLOCK / info->sub;
+    int16_t *codes = malloc(sizeof(int16_t) * (size_t)k);
+    float *scales = malloc(sizeof(float) * (size_t)subs), *offsets = malloc(sizeof(float) * (size_t)subs);
+    if (codes == NULL || scales == NULL || offsets == NULL) {
+        free(codes);
+        free(scales);
+        free(offsets);
+        float nan[GROUP];
+        for (int c = 0; c < GROUP; c++)
+            nan[c] = NAN;
+        for (long g = start; g < stop; g++)
+            for (long r = 0; r < t->rows; r++)
+                store_row(t, r, g * GROUP, nan);
+        return;
+    }
+    for (long g = start; g < stop; g++) {
+        const uint8_t *record = (const uint8_t *)t->weights + g * t->record;
+        float values[32][GROUP];
+        for (long r0 = 0; r0 < t->rows; r0 += 32) {
+            long rows = t->rows - r0 < 32 ? t->rows - r0 : 32;
+            for (int c = 0; c < GROUP; c++) {
+                packed_column(info, record, k, t->block, c, codes, scales, offsets);
+                for (long r = 0; r < rows; r++) {
+                    float acc = 0.0f;
+                    for (long j = 0; j < subs; j++) {
+                        long b = j / per_block, first = (j % per_block) * info->sub;
+                        const int8_t *x = t->qx + (b * t->rows + r0 + r) * BLOCK;
+                        int dot = 0;
+                        for (long i = first; i < first + info->sub; i++)
+                            dot += codes[b * BLOCK + i] * x[i];
+                        acc = fmaf((float)dot, scales[j] * t->dx[b * t->rows + r0 + r], acc);
+                        if (info->offsets)
+                            acc = fmaf(offsets[j], t->sx[j * t->rows + r0 + r], acc);
+                    }
+                    values[r][c] = acc;
+                }
+            }
+            for (long r = 0; r < rows; r++)
+                store_row(t, r0 + r, g * GROUP, values[r]);
+        }
+    }
+    free(codes);
+    free(scales);
+    free(offsets);
+}
+
+#if HAVE_X86
+/* ---- AVX2: 8 columns (half h of a group) x R rows a tile. The codes are widened to bytes (a fifth or sixth bit
+ * OR-ed in from its plane), multiplied by the row's signed codes with maddubs and summed to 32 bits with madd, in
+ * 16 bits no further than they cannot overflow (4-bit codes: a whole block; 5-bit: two vectors; 6-bit: one); int8
+ * codes as the record kinds' bytes are (magnitude times the row's codes carrying the weight's sign). */
+
+#define PACKED_ROWS 4
+
+/* A FORM_K sub-block's 6-bit values for the 8 columns of half h, from the nibble row at `low` and the top bits at
+ * `high`. */
+AVX2 static inline __attribute__((always_inline)) __m256 k_six_bits(const char *head, int low, int high, int i,
+                                                                     int h)
+{
+    __m128i nibbles = _mm_loadl_epi64((const __m128i *)(head + low + (i >> 1) * GROUP + 8 * h));
+    __m128i tops = _mm_loadl_epi64((const __m128i *)(head + high + (i >> 2) * GROUP + 8 * h));
+    __m128i value = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(nibbles, 4 * (i & 1)), _mm_set1_epi8(15)),
+                                 _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(tops, 2 * (i & 3)), _mm_set1_epi8(3)), 4));
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(value));
+}
+
+AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulTask *t, long g, int h, long r0,
+                                                                   const int R, const int BITS, const int FORM,
+                                                                   const int OFF, int prefetch)
+{
+    const int NB = FORM == FORM_LEGACY ? 1 : 8, SUB = BITS == 6 ? 16 : 32;
+    const long supers = t->k / (NB * BLOCK);
+    const long header = FORM == FORM_K ? 256 : FORM == FORM_Q6K ? 288 : 32 * (1 + OFF);
+    const long block_bytes = BITS == 4 ? 256 : BITS == 5 ? 320 : BITS == 6 ? 384 : 512;
+    const char *record = t->weights + g * t->record;
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), fifth = _mm256_set1_epi8(16),
+                  top_two = _mm256_set1_epi8(0x30);
+    const __m256 negative_zero = _mm256_set1_ps(-0.0f);
+    __m256 acc[PACKED_ROWS];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (long s = 0; s < supers; s++) {
+        const char *head = record + s * t->block;
+        if (prefetch)
+            for (long line = 0; line < t->block; line += 64)
+                _mm_prefetch(head + t->record + line, _MM_HINT_T0);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16 * h)));
+        const __m256 m = OFF ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 2 * GROUP + 16 * h)))
+                             : _mm256_setzero_ps();
+        _Pragma("GCC unroll 8") for (int i = 0; i < NB; i++) {
+            const long b = s * NB + i;
+            const char *codes = head + header + i * block_bytes;
+            const int8_t *xs = t->qx + (b * t->rows + r0) * BLOCK;
+            _Pragma("GCC unroll 2") for (int j = 0; j < BLOCK / SUB; j++) {
+                const long sj = b * (BLOCK / SUB) + j; /* the sub-block's index along k */
+                __m256 scale = d, offset = m;
+                if (FORM == FORM_K) {
+                    scale = _mm256_mul_ps(d, k_six_bits(head, K_SCALE_LOW, K_SCALE_HIGH, i, h));
+                    if (OFF)
+                        offset = _mm256_xor_ps(_mm256_mul_ps(m, k_six_bits(head, K_MIN_LOW, K_MIN_HIGH, i, h)),
+                                               negative_zero);
+                } else if (FORM == FORM_Q6K) {
+                    __m128i sc = _mm_loadl_epi64((const __m128i *)(head + Q6K_SCALES + (i * 2 + j) * GROUP + 8 * h));
+                    scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+                }
+                __m256i ia[PACKED_ROWS];
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+                    ia[r] = _mm256_set1_epi32(t->init[sj * t->rows + r0 + r]);
+                if (BITS == 8) {
+                    _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
+                        __m256i w = _mm256_loadu_si256((const __m256i *)(codes + c * 64 + 32 * h));
+                        __m256i magnitude = _mm256_sign_epi8(w, w);
+                        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                            __m256i xa = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * c)), w);
+                            ia[r] = _mm256_add_epi32(ia[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, xa), ones));
+                        }
+                    }
+                } else if (BITS == 6) {
+                    __m256i plane = _mm256_loadu_si256((const __m256i *)(codes + 256 + j * 64 + 32 * h));
+                    _Pragma("GCC unroll 2") for (int q = 0; q < 2; q++) {
+                        __m256i v = _mm256_loadu_si256((const __m256i *)(codes + (j * 2 + q) * 64 + 32 * h));
+                        __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low),
+                                                     _mm256_and_si256(_mm256_slli_epi16(plane, 4 - 2 * q), top_two));
+                        __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low),
+                                                     _mm256_and_si256(_mm256_srli_epi16(plane, 2 * q), top_two));
+                        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                            __m256i xa = _mm256_set1_epi32(load_i32(xs + r * BLOCK + j * SUB + 4 * q));
+                            __m256i xb = _mm256_set1_epi32(load_i32(xs + r * BLOCK + j * SUB + 4 * (q + 2)));
+                            __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb));
+                            ia[r] = _mm256_add_epi32(ia[r], _mm256_madd_epi16(pairs, ones));
+                        }
+                    }
+                } else {
+                    __m256i plane = BITS == 5 ? _mm256_loadu_si256((const __m256i *)(codes + 256 + 32 * h))
+                                              : _mm256_setzero_si256();
+                    __m256i m16[PACKED_ROWS];
+                    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) m16[r] = _mm256_setzero_si256();
+                    _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+                        __m256i v = _mm256_loadu_si256((const __m256i *)(codes + q * 64 + 32 * h));
+                        __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                        if (BITS == 5) {
+                            __m256i bit_lo = _mm256_set1_epi8((char)(1 << q)), bit_hi = _mm256_set1_epi8((char)(1 << (q + 4)));
+                            lo = _mm256_or_si256(lo, _mm256_and_si256(
+                                                         _mm256_cmpeq_epi8(_mm256_and_si256(plane, bit_lo), bit_lo), fifth));
+                            hi = _mm256_or_si256(hi, _mm256_and_si256(
+                                                         _mm256_cmpeq_epi8(_mm256_and_si256(plane, bit_hi), bit_hi), fifth));
+                        }
+                        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                            __m256i xa = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * q));
+                            __m256i xb = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + 4)));
+                            m16[r] = _mm256_add_epi16(
+                                m16[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb)));
+                        }
+                        if (BITS == 5 && (q & 1)) { /* 4 products of 5-bit codes: at most 31,496 in 16 bits */
+                            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                                ia[r] = _mm256_add_epi32(ia[r], _mm256_madd_epi16(m16[r], ones));
+                                m16[r] = _mm256_setzero_si256();
+                            }
+                        }
+                    }
+                    if (BITS == 4) {
+                        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+                            ia[r] = _mm256_add_epi32(ia[r], _mm256_madd_epi16(m16[r], ones));
+                    }
+                }
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                    __m256 sd = _mm256_mul_ps(scale, _mm256_set1_ps(t->dx[b * t->rows + r0 + r]));
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), sd, acc[r]);
+                }
+                if (OFF) {
+                    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] =
+                        _mm256_fmadd_ps(offset, _mm256_set1_ps(t->sx[sj * t->rows + r0 + r]), acc[r]);
+                }
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+        float *at = t->out + (r0 + r) * t->out_stride + g * GROUP + 8 * h;
+        long count = t->n - (g * GROUP + 8 * h);
+        if (count >= 8)
+            _mm256_storeu_ps(at, t->accumulate ? _mm256_add_ps(_mm256_loadu_ps(at), acc[r]) : acc[r]);
+        else if (count > 0) {
+            float values[8];
+            _mm256_storeu_ps(values, acc[r]);
+            for (long c = 0; c < count; c++)
+                at[c] = t->accumulate ? at[c] + values[c] : values[c];
+        }
+    }
+}
+
+/* One function per packed kind and tile size (1, 2, 4 rows), and their table, indexed by kind - KIND_PQ4_0. */
+#define PACKED_FNS(NAME, BITS, FORM, OFF)                                                                          \
+    AVX2 static void NAME##_1(const MatmulTask *t, long g, int h, long r0, int p)                                  \
+    {                                                                                                              \
+        tile_packed(t, g, h, r0, 1, BITS, FORM, OFF, p);                                                           \
+    }                                                                                                              \
+    AVX2 static void NAME##_2(const MatmulTask *t, long g, int h, long r0, int p)                                  \
+    {                                                                                                              \
+        tile_packed(t, g, h, r0, 2, BITS, FORM, OFF, p);                                                           \
+    }                                                                                                              \
+    AVX2 static void NAME##_4(const MatmulTask *t, long g, int h, long r0, int p)                                  \
+    {                                                                                                              \
+        tile_packed(t, g, h, r0, 4, BITS, FORM, OFF, p);                                                           \
+    }
+PACKED_FNS(pq4_0, 4, FORM_LEGACY, 0)
+PACKED_FNS(pq4_1, 4, FORM_LEGACY, 1)
+PACKED_FNS(pq5_0, 5, FORM_LEGACY, 0)
+PACKED_FNS(pq5_1, 5, FORM_LEGACY, 1)
+PACKED_FNS(pq8_0, 8, FORM_LEGACY, 0)
+PACKED_FNS(pq4_k, 4, FORM_K, 1)
+PACKED_FNS(pq5_k, 5, FORM_K, 1)
+PACKED_FNS(pq6_k, 6, FORM_Q6K, 0)
+
+#define PACKED_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}}
+const TileSet cpu_tiles_packed[PACKED_COUNT] = {PACKED_SET(pq4_0), PACKED_SET(pq4_1), PACKED_SET(pq5_0),
+                                                PACKED_SET(pq5_1), PACKED_SET(pq8_0), PACKED_SET(pq4_k),
+                                                PACKED_SET(pq5_k), PACKED_SET(pq6_k)};
+#endif
