@@ -246,3 +246,27 @@ def test_decoder_device_is_a_load_setting_chosen_by_choose_forward(tiny_llama):
                       (NativeForward, TransformersForward))  # auto on a CPU: as before
     with pytest.raises(SpecdecError, match="decoder must be one of"):
         LoadSettings(decoder="gpu")
+
+
+def test_bench_and_chat_take_decoder_device(tiny_llama_dir, tmp_path):
+    """`--decoder device` from the command line: the bench's rows run on the device engine (its check in the
+    report), every output identical to plain decoding's; chat answers on it too."""
+    import json
+
+    from conftest import invoke
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"category": "copy", "turns": [text]}) + "\n"
+                               for text in ("abc abc abc abc", "the cat sat on the mat, the cat sat")))
+    result = invoke("bench", "--target", str(tiny_llama_dir), "--prompts", str(prompts), "--drafters",
+                    "none,pld,aded", "--decoder", "device", "--device", "cpu", "--max-new-tokens", "12",
+                    "--no-warmup", "--json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["settings"]["exact_check"].startswith("on: specdec's device engine on cpu")
+    rows = [row for row in document["results"] if row["category"] == "overall"]
+    assert len(rows) == 3 and all(row["identical"] == row["compared"] == 2 for row in rows)
+    chat = invoke("chat", "--target", str(tiny_llama_dir), "--decoder", "device", "--prompt", "abc abc",
+                  "-n", "6", "--json", "--no-memory")
+    assert chat.returncode == 0, chat.stderr
+    assert 1 <= len(json.loads(chat.stdout)["output_token_ids"]) <= 6

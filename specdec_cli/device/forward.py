@@ -56,6 +56,7 @@ class DeviceForward:
     """The device engine as the engine's forward (see the module docstring)."""
 
     exact = True
+    has_own_kernels = False  # plain decoding runs the same step: the bench's `native` row would time it twice
 
     def __init__(self, model: Any, device: "str | torch.device", dtype: Optional[torch.dtype] = None,
                  slots: Optional[int] = None):
