@@ -270,3 +270,14 @@ def test_bench_and_chat_take_decoder_device(tiny_llama_dir, tmp_path):
                   "-n", "6", "--json", "--no-memory")
     assert chat.returncode == 0, chat.stderr
     assert 1 <= len(json.loads(chat.stdout)["output_token_ids"]) <= 6
+
+
+def test_sampling_runs_on_the_device_engine(tiny_llama):
+    """Speculative sampling (temperature > 0) on the device engine: chains and trees, seeded runs repeat."""
+    forward = DeviceForward(tiny_llama, "cpu", slots=128)
+    engine = _engine(forward)
+    config = GenerationConfig(max_new_tokens=16, temperature=0.8, seed=3, eos_token_ids=(99,))
+    for name in ("pld", "aded"):
+        first = engine.generate(PROMPTS[0], make_drafter(name, DrafterOptions(), TargetInfo(64, (99,))), config)
+        again = engine.generate(PROMPTS[0], make_drafter(name, DrafterOptions(), TargetInfo(64, (99,))), config)
+        assert first.tokens == again.tokens and len(first.tokens) == 16
