@@ -281,3 +281,19 @@ def test_sampling_runs_on_the_device_engine(tiny_llama):
         first = engine.generate(PROMPTS[0], make_drafter(name, DrafterOptions(), TargetInfo(64, (99,))), config)
         again = engine.generate(PROMPTS[0], make_drafter(name, DrafterOptions(), TargetInfo(64, (99,))), config)
         assert first.tokens == again.tokens and len(first.tokens) == 16
+
+
+def test_bfloat16_as_on_a_gpu_is_exact_too(tiny_llama):
+    """The compute dtype a GPU gets (bfloat16: GEMMs and the cache in it, norms and softmax in float32): blocks
+    equal one-row forwards bit for bit, and drafters answer as plain decoding does."""
+    forward = DeviceForward(tiny_llama, "cpu", dtype=torch.bfloat16, slots=128)
+    assert forward.weights.head.dtype == torch.bfloat16 and forward.static.keys.dtype == torch.bfloat16
+    engine = _engine(forward)
+    assert forward.prepare(8) == ROWS, forward.outcome
+    config = GenerationConfig(max_new_tokens=24, eos_token_ids=(EOS,))
+    info = TargetInfo(64, (EOS,))
+    for prompt in PROMPTS:
+        plain = engine.generate(prompt, make_drafter("none", DrafterOptions(), info), config)
+        for drafter in (make_drafter("pld", DrafterOptions(), info), make_drafter("aded", DrafterOptions(), info),
+                        ScriptedTree(plain.tokens, len(prompt), 64)):
+            assert engine.generate(prompt, drafter, config).tokens == plain.tokens
