@@ -297,3 +297,15 @@ def test_bfloat16_as_on_a_gpu_is_exact_too(tiny_llama):
         for drafter in (make_drafter("pld", DrafterOptions(), info), make_drafter("aded", DrafterOptions(), info),
                         ScriptedTree(plain.tokens, len(prompt), 64)):
             assert engine.generate(prompt, drafter, config).tokens == plain.tokens
+
+
+def test_a_gguf_on_cuda_is_opened_in_place_for_the_device_engine(monkeypatch):
+    """Deciding where a GGUF loads on cuda needs no GPU: in place (its blocks for the device engine to dequantise
+    on the GPU) when the caller runs the forward the settings choose; else transformers' conversion, as before."""
+    from specdec_cli.target_model import models
+    from specdec_cli.target_model.load_settings import LoadSettings
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    plan = models.check_load(LoadSettings(device="cuda"))
+    assert plan.in_place and plan.device == "cuda"
+    assert not models.check_load(LoadSettings(device="cuda"), device_engine=False).in_place
