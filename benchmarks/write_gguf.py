@@ -10,6 +10,10 @@ Shapes (the tokenizer, and so the vocabulary, is SmolLM2's, taken from the defau
 - `qwen2-1.5b`: Qwen2.5-1.5B's shape (hidden 1536, 28 layers, FFN 8960, 12 query / 2 key-value heads of 128, q/k/v
   biases, rope theta 1000000, tied embeddings), arch `qwen2`: every row a multiple of 256, so nearly all K-quants
   (the real 1.5B's Q4_K_M recipe), 1.0 GiB with this vocabulary;
+- `smollm2-135m`: the default model's shape (hidden 576, 30 layers, FFN 1536, 9 query / 3 key-value heads of 64,
+  rope theta 100000, tied embeddings), arch `llama`: every row of 576 takes the legacy fallbacks (Q5_0/Q8_0);
+- `tiny`: hidden 256, 2 layers, FFN 512, 4 query / 2 key-value heads of 64, tied (K-quants only: written in a
+  second), for dry runs (benchmarks/gpu_check.sh --dry-run);
 - `gemma3-270m`: Gemma-3-270M-like (hidden 640, 18 layers, FFN 2048, 4 query / 1 key-value heads of 256,
   sliding window 512, tied embeddings), arch `gemma3` with its metadata keys and norms.
 
@@ -32,6 +36,8 @@ a rename), is marked as written here (`specdec.synthetic`), and a file not so ma
 and runs a forward.
 
 Run: `python benchmarks/write_gguf.py --shape llama-1b -o llama-1b-Q4_K_M.gguf [--seed 0] [--check-transformers]`.
+`--tokenizer-only -o tok.gguf` writes a GGUF of the tokenizer's metadata alone (no tensors: a few MB), which a
+machine without the default model (a GPU machine, where at most 64 MiB travels) passes as --tokenizer-from.
 Not a test: nothing here is run in CI.
 """
 
@@ -74,6 +80,8 @@ SHAPES = {
     "llama-1b": Shape("llama", 2048, 16, 8192, 32, 8, 64, 131072, 500000.0, 1e-5),
     "llama-8b": Shape("llama", 4096, 32, 14336, 32, 8, 128, 8192, 500000.0, 1e-5, tied=False),
     "qwen2-1.5b": Shape("qwen2", 1536, 28, 8960, 12, 2, 128, 32768, 1000000.0, 1e-6),
+    "smollm2-135m": Shape("llama", 576, 30, 1536, 9, 3, 64, 8192, 100000.0, 1e-5),
+    "tiny": Shape("llama", 256, 2, 512, 4, 2, 64, 4096, 10000.0, 1e-5),
     "gemma3-270m": Shape("gemma3", 640, 18, 2048, 4, 1, 256, 32768, 1000000.0, 1e-6, sliding_window=512),
 }
 
@@ -284,6 +292,26 @@ def write(path: Path, shape_name: str, seed: int, std: float, tokenizer_gguf: st
     return counts
 
 
+def write_tokenizer(path: Path, tokenizer_gguf: str) -> int:
+    """A GGUF holding only the `tokenizer.*` metadata of `tokenizer_gguf` (no tensors); -> its vocabulary size."""
+    from gguf import GGUFWriter
+
+    from specdec_cli.files import atomic_file
+
+    fields, vocab = tokenizer_fields(tokenizer_gguf)
+    with atomic_file(path) as temporary:
+        writer = GGUFWriter(str(temporary), "llama")
+        writer.add_name("specdec tokenizer metadata (no tensors)")
+        writer.add_string(MARKER, "benchmarks/write_gguf.py --tokenizer-only")
+        for key, value, main, sub in fields:
+            writer.add_key_value(key, value, main, sub)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        writer.close()
+    return vocab
+
+
 def check_read_back(path: Path, shape_name: str) -> dict[str, int]:
     """Read the file back with gguf.GGUFReader: every tensor present, with the recipe's type and shape."""
     from gguf import GGUFReader
@@ -329,13 +357,16 @@ def check_transformers(path: Path) -> str:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    parser.add_argument("--shape", choices=sorted(SHAPES))
+    parser.add_argument("--tokenizer-only", action="store_true",
+                        help="write only the tokenizer's metadata (no --shape, no tensors)")
     parser.add_argument("-o", "--out", required=True, help="the .gguf file to write")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--std", type=float, default=0.02, help="standard deviation of the weights (about)")
     parser.add_argument("--tokenizer-from", default=None,
                         help="a GGUF whose tokenizer.* metadata to copy (default: the default model's)")
     parser.add_argument("--force", action="store_true", help="overwrite a file not written by this script")
+    parser.add_argument("--no-read-back", action="store_true", help="skip reading the file back (a dry run's time)")
     parser.add_argument("--check-transformers", action="store_true",
                         help="also load the file with transformers and run one forward")
     args = parser.parse_args(argv)
@@ -347,9 +378,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not 0.0 < args.std < 1.0:
         parser.error("--std must be in (0, 1)")
     refuse_overwrite(path, args.force)
+    if args.tokenizer_only:
+        vocab = write_tokenizer(path, args.tokenizer_from or default_tokenizer_gguf())
+        print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB): tokenizer metadata, {vocab} tokens")
+        return 0
+    if args.shape is None:
+        parser.error("--shape is required (or --tokenizer-only)")
     started = time.perf_counter()
     written = write(path, args.shape, args.seed, args.std, args.tokenizer_from or default_tokenizer_gguf())
     seconds = time.perf_counter() - started
+    if args.no_read_back:
+        print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB) in {seconds:.1f} s (not read back)")
+        return 0
     counts = check_read_back(path, args.shape)
     assert counts == written
     total = sum(counts.values())

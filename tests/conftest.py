@@ -306,12 +306,13 @@ def shared_real_model(real_target, monkeypatch):
 
     load_target, home = models.load_target, os.environ.get("SPECDEC_HOME")
 
-    def shared(target=DEFAULT_TARGET, device="auto", dtype="auto", on_status=None, weights="auto", step_timer=None):
+    def shared(target=DEFAULT_TARGET, device="auto", dtype="auto", on_status=None, weights="auto", step_timer=None,
+               decoder=None):
         dtype = dtype if dtype != "auto" else os.environ.get("SPECDEC_DTYPE", "").strip() or "auto"
         weights = weights if weights != "auto" else os.environ.get("SPECDEC_WEIGHTS", "").strip() or "auto"
         if (target, device, step_timer, os.environ.get("SPECDEC_HOME")) != (DEFAULT_TARGET, "auto", None, home) or \
                 dtype == "auto":
-            return load_target(target, device, dtype, on_status, weights, step_timer)
+            return load_target(target, device, dtype, on_status, weights, step_timer, decoder)
         return real_target(dtype, weights)
 
     monkeypatch.setattr(models, "load_target", shared)

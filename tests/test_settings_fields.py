@@ -117,7 +117,7 @@ def test_each_default_is_declared_in_one_place():
     assert all(len(kinds) == 1 for kinds in by_field.values()), by_field
     assert literals == {
         ("LoadSettings", "device"): "'auto'", ("LoadSettings", "dtype"): "'auto'",
-        ("LoadSettings", "weights"): "'auto'",
+        ("LoadSettings", "weights"): "'auto'", ("LoadSettings", "decoder"): "'auto'",
         ("DrafterOptions", "draft_max"): "None", ("DrafterOptions", "index"): "None",
         ("DrafterOptions", "l_threshold"): "1", ("DrafterOptions", "pld_max_ngram"): "3",
         ("DrafterOptions", "pld_min_ngram"): "1", ("DrafterOptions", "draft_model"): "None",

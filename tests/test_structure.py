@@ -51,7 +51,8 @@ def _graph() -> dict[str, set[str]]:
 LAYERS = (
     ("specdec_cli",),  # the foundation: errors, files, home, machine, processes, defaults
     ("kernels", "sam"),  # the C kernels; the suffix automaton
-    ("target_model",),  # the target model: loading, block weights, native decoder, exactness, KV cache
+    ("target_model", "device"),  # the target model: loading, block weights, native decoder, exactness, KV cache;
+    # the device engine (a fixed-shape torch decoder: chosen by the forward choice, built on the loaded target)
     ("texts",),  # corpora, prompts, data rows, the answer memory
     ("decoding",),  # the engine and its pure parts
     ("drafters",),  # every drafter behind the two-method protocol

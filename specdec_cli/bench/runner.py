@@ -127,6 +127,7 @@ def _run(model: Any, tokenizer: Any, conversations: Sequence[Conversation], sett
          suite: str, on_progress: Optional[ProgressCallback], gguf_path: Optional[str]) -> BenchReport:
     runner = _Runner(model, tokenizer, settings, gguf_path, servers.servers)
     own_kernels = hasattr(model, "generate")  # (a GGUF in place has no other kernels than the native decoder's)
+    own_kernels &= getattr(runner.engine.forward, "has_own_kernels", True)  # (nor has the device engine)
     if runner.engine.forward.prepare(settings.run.generation.budget) is not None and own_kernels and \
             all(method.kind != NATIVE for method in settings.methods):
         # verification is row-invariant, which slows plain steps a little: also time the model's own kernels
@@ -224,7 +225,7 @@ class _Runner:
         self.model = model
         self.tokenizer = tokenizer
         self.settings = settings
-        self.engine = Engine(choose_forward(model, settings.run.exact), tokenizer)
+        self.engine = Engine(choose_forward(model, settings.run.exact, settings.run.load), tokenizer)
         self.device = self.engine.device
         self.info = target_info(model, tokenizer)
         self.prompt_ids: dict[int, list[list[int]]] = {}  # conversation -> prompt ids per turn

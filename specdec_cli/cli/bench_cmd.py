@@ -51,6 +51,7 @@ def bench(
     as_json: bool = options.as_json("the report (instead of the table)"),
     threads: Optional[int] = options.threads(),
     device: str = options.device(),
+    decoder: str = options.decoder(),
     dtype: str = options.dtype(),
     weights: str = options.weights(),
     memory: Optional[str] = typer.Option(None, "--memory", help="Let sam draft from this answer-memory directory (`specdec memory info` shows it); the bench never reads or writes the memory otherwise."),
@@ -69,7 +70,7 @@ def bench(
     options.check_engine(engine)
     chosen = PromptChoice(suite if suite or prompts else DEFAULT_SUITE, prompts, categories, limit)
     outputs = Outputs(json_out, csv_out, plot, as_json, force)
-    values = dict(target=target, device=device, dtype=dtype, weights=weights, index=index, aux=aux,
+    values = dict(target=target, device=device, decoder=decoder, dtype=dtype, weights=weights, index=index, aux=aux,
                   l_threshold=l_threshold, draft_model=draft_model, draft_min_prob=draft_min_prob, memory=memory,
                   draft_max=draft_max, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                   exact=exact, raw=raw, warmup=warmup)  # named as the settings' fields (bench/settings.py)
@@ -78,7 +79,8 @@ def bench(
 
         not_here = {"--oracle": oracle, "--temperature": temperature > 0, "--repeats": repeats > 1,
                     "--draft-model": draft_model, "--plot": plot, "--exact/--no-exact": exact is not None,
-                    "--weights": weights != "auto", "--threads": threads is not None, "--device": device != "auto"}
+                    "--weights": weights != "auto", "--threads": threads is not None, "--device": device != "auto",
+                    "--decoder": decoder != "auto"}
         bench_vllm(values, split_names(drafters), split_names(reference), chosen, outputs, concurrency=concurrency,
                    unsupported=[flag for flag, used in not_here.items() if used])
         return
@@ -146,7 +148,7 @@ def bench_specdec(settings, chosen: PromptChoice, outputs: Outputs, threads: Opt
     status = err_console().status("Loading model…")
     with status:
         loaded = load_target(load.target, load.device, load.dtype, on_status=lambda message: status.update(message),
-                             weights=load.weights)
+                             weights=load.weights, decoder=load.decoder)
     say_loaded(loaded)
     with doing("benchmarking", "no report was written"), server_log_on_failure():
         report = _run_with_progress(run_bench, loaded, conversations, settings, source, gguf_path)

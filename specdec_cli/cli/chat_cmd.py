@@ -76,6 +76,7 @@ def chat(
     compare: bool = typer.Option(False, "--compare", help="Answer --prompt plainly too, and show both speeds and whether the outputs are identical."),
     threads: Optional[int] = options.threads(),
     device: str = options.device(),
+    decoder: str = options.decoder(),
     dtype: str = options.dtype(),
     weights: str = options.weights(),
     memory: bool = typer.Option(True, "--memory/--no-memory", help="Remember this run's answers and let sam draft from every answer remembered for this model (SPECDEC_NO_MEMORY=1 turns it off; --compare never uses it)."),
@@ -85,7 +86,7 @@ def chat(
     if threads is not None:
         apply_threads(threads)
     text = read_prompt(prompt) if prompt is not None else None
-    settings = chat_settings(target=target, device=device, dtype=dtype, weights=weights, drafter=drafter, index=index,
+    settings = chat_settings(target=target, device=device, decoder=decoder, dtype=dtype, weights=weights, drafter=drafter, index=index,
                              aux=aux, draft_model=draft_model, draft_min_prob=draft_min_prob, draft_max=draft_max,
                              max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                              seed=seed, system=system, raw=raw, stop=stop, exact=exact,

@@ -17,6 +17,7 @@ from typing import Any, Optional, Sequence
 import typer
 
 from ..defaults import DEFAULT_AUX, DEFAULT_BATCH_PROMPTS, DEFAULT_BUDGET, DEFAULT_TARGET, DEFAULT_VLLM_CONCURRENCY
+from ..device import DECODERS
 from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, DEFAULT_UNROLL, MAX_UNROLL
 from ..distill.loss import KD_LOSSES
 from ..distill.student import DEFAULT_DRAFT_VOCAB
@@ -50,6 +51,12 @@ def target(default: Optional[str] = DEFAULT_TARGET, *, whose: str = "",
 
 def device(default: str = "auto", *, note: str = "") -> Any:
     return choice(default, "--device", DEVICES, help=f"auto (cuda, else mps, else cpu), cpu, cuda, mps{note}.")
+
+
+def decoder() -> Any:
+    return choice("auto", "--decoder", DECODERS, help="auto (specdec's device engine on cuda: fixed padded rows, a "
+                  "static cache and a captured step, exact by construction; elsewhere the native decoder or "
+                  "transformers' modules), device (the device engine on any --device, the CPU included).")
 
 
 def dtype() -> Any:

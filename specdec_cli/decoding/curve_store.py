@@ -18,8 +18,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..errors import SpecdecError
-from ..target_model.forward import VerifyForward
-from ..target_model.kv_cache import KVCache
+from ..target_model.forward import VerifyForward, new_cache
 from ..target_model.rollback import truncate_cache
 from .cost_curve import CostCurve, measure_cost_curve
 
@@ -112,7 +111,7 @@ def forward_timer(forward: VerifyForward, prefix: int = TIMED_PREFIX) -> Timer:
     generator = torch.Generator().manual_seed(0)
     vocab = forward.model.config.vocab_size
     ids = torch.randint(0, vocab, (prefix + 64,), generator=generator).tolist()
-    cache = KVCache()
+    cache = new_cache(forward)
     with torch.inference_mode():
         forward(ids[:prefix], cache, 0, last_only=True)
     on_gpu = forward.device.type == "cuda"

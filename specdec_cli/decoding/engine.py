@@ -23,8 +23,7 @@ import torch
 from ..errors import SpecdecError
 from ..target_model.check_outcome import CheckOutcome
 from ..target_model.exact_setup import choose_forward
-from ..target_model.forward import VerifyForward
-from ..target_model.kv_cache import KVCache
+from ..target_model.forward import VerifyForward, new_cache
 from ..target_model.rollback import keep_accepted
 from ..target_model.tree_check import check_trees
 from .cost_curve import CostCurve
@@ -87,15 +86,19 @@ class Engine:
         not computed again, and the cache keeps this generation's entries when it finishes (prompt_cache.py)."""
         config, limit = self._checked(prompt_ids, config)
         max_rows = self.forward.prepare(config.budget)  # row-invariant blocks up to this size (None: not exact)
+        block_limit: Optional[int] = getattr(self.forward, "max_block", None)  # rows a verify block may have
         generator = _generator(config)
         eos = set(config.eos_token_ids)
         events: list[StepEvent] = []
         context = list(prompt_ids)
         new_tokens: list[int] = []
         needs = drafter.needs  # what the drafter reads beyond tokens: computed for it alone
-        cache, cached = KVCache(), 0
-        if prompt_cache is not None and not needs.features:  # feature drafters read the whole prompt's features
-            cache, cached = prompt_cache.take(prompt_ids)
+        static = hasattr(self.forward, "new_cache")  # a forward with one static cache (the device engine's)
+        if config.cost_aware and static:  # the curve is measured (on that cache) now, not in the middle of this
+            _ = self.planner.curve  # generation's
+        cache, cached = new_cache(self.forward), 0  # the device engine's static cache, else a KVCache
+        if prompt_cache is not None and not needs.features and not static:  # feature drafters read the whole
+            cache, cached = prompt_cache.take(prompt_ids)  # prompt's features; a static cache is not kept
 
         def emit(event: StepEvent) -> None:
             events.append(event)
@@ -114,6 +117,8 @@ class Engine:
 
         while finish is None:
             budget = min(config.budget, config.max_new_tokens - len(new_tokens) - 1)
+            if block_limit is not None:  # a forward with a fixed block size (the device engine's)
+                budget = min(budget, block_limit - 1)
             # 1. Draft: the drafter guesses up to `budget` tokens (chain) or nodes (tree) after the context;
             #    the planner keeps the part worth verifying and picks the forward's row count.
             t0 = time.perf_counter()
@@ -133,8 +138,11 @@ class Engine:
             logits, features = self.forward(block, cache, past, tree=parents,
                                              features=needs.features)  # [rows, vocab], [rows, hidden] or None
             logits = logits[: len(draft) + 1]  # [k+1, vocab]
-            # 3. Accept: the longest acceptable path, then the target's own token after it.
-            path, target_token = self._accept(draft, logits, config, generator)
+            # 3. Accept: the longest acceptable path, then the target's own token after it. Greedy, what the
+            #    step reads back from the target's device (the argmax, and the top tokens a drafter asks for) is
+            #    one read: on a GPU, the step's one host synchronisation.
+            read = _read_back(logits, config.greedy, needs.scored_topk)
+            path, target_token = self._accept(draft, logits, config, generator, read[0])
             # 4. Commit the accepted drafts + the correction/bonus token; roll the cache back to match.
             finish, committed, text_end = self._commit(
                 context, new_tokens, [*(draft.tokens[node] for node in path), target_token], eos, config
@@ -143,8 +151,8 @@ class Engine:
             t2 = time.perf_counter()
             if config.cost_aware:
                 self.planner.record(draft, len(path), len(committed), rows, t2 - t1, t1 - t0)
-            topk = None
-            if needs.scored_topk:  # [k+1, 8]
+            topk = read[1]  # [k+1, 8] where the drafter asks for it
+            if needs.scored_topk and topk is None:
                 topk = torch.topk(logits, min(SCORED_TOPK, logits.shape[-1]), dim=-1).indices.tolist()
             if features is not None:  # the root's and the accepted path's rows: [1 + accepted, hidden]
                 features = features[[0, *(node + 1 for node in path)]]
@@ -156,7 +164,7 @@ class Engine:
         if self.planner.has_curve:  # what this engine's steps taught the curve: the next session's start
             self.curves.keep(self.planner.curve)
         stats = summarize(events, wall_seconds=wall, ttft_seconds=ttft)
-        if prompt_cache is not None:
+        if prompt_cache is not None and not static:
             prompt_cache.keep(cache, context[:-1])  # the invariant: every committed token but the newest
         return Generation(new_tokens, finish, stats, events, text_end, cached)
 
@@ -185,6 +193,9 @@ class Engine:
         if not prompt_ids:
             raise SpecdecError("the prompt is empty")
         limit = context_limit(self.model.config)  # positions the model was trained for, if it says
+        capacity = getattr(self.forward, "capacity", None)  # tokens the forward's cache holds (the device engine's)
+        if capacity is not None:
+            limit = capacity if limit is None else min(limit, capacity)
         if limit is not None:
             if len(prompt_ids) >= limit:
                 raise SpecdecError(f"the prompt has {len(prompt_ids)} tokens, but this model reads at most {limit} "
@@ -206,10 +217,11 @@ class Engine:
         return trim(draft, plan.keep), plan
 
     def _accept(self, draft: Draft, logits: torch.Tensor, config: GenerationConfig,
-                generator: Optional[torch.Generator]) -> tuple[list[int], int]:
-        """(accepted node indices, the target's own token) under greedy or speculative sampling."""
+                generator: Optional[torch.Generator], argmax: Optional[list[int]] = None) -> tuple[list[int], int]:
+        """(accepted node indices, the target's own token) under greedy or speculative sampling; greedy, `argmax`
+        is the logits' argmax per row when already read."""
         if config.greedy:
-            target_argmax = logits.argmax(dim=-1).tolist()  # [k+1]
+            target_argmax = argmax if argmax is not None else logits.argmax(dim=-1).tolist()  # [k+1]
             if draft.parents is None:  # a chain
                 path = list(range(greedy_accept(draft.tokens, target_argmax)))
             else:
@@ -314,6 +326,18 @@ def _generator(config: GenerationConfig) -> Optional[torch.Generator]:
     generator = torch.Generator(device="cpu")
     generator.manual_seed(config.seed if config.seed is not None else torch.seed())
     return generator
+
+
+def _read_back(logits: torch.Tensor, greedy: bool, topk: bool) -> tuple[Optional[list[int]], Optional[list[list[int]]]]:
+    """Greedy: (each row's argmax [k+1], each row's top SCORED_TOPK tokens [k+1, 8] where `topk`), read back from
+    the logits' device in one transfer; sampling: (None, None), read by the sampling rules themselves."""
+    if not greedy:
+        return None, None
+    picked = logits.argmax(dim=-1, keepdim=True)  # [k+1, 1]
+    if topk:
+        picked = torch.cat([picked, torch.topk(logits, min(SCORED_TOPK, logits.shape[-1]), dim=-1).indices], dim=1)
+    rows = picked.tolist()  # the one read
+    return [row[0] for row in rows], ([row[1:] for row in rows] if topk else None)
 
 
 def trim(draft: Draft, length: int) -> Draft:

@@ -42,5 +42,8 @@ def warp_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: 
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Draw one token id from probs [vocab]."""
+    """Draw one token id from probs [vocab] (on the generator's device: the engine's seeded generator is the CPU's,
+    the target's probabilities may be on a GPU)."""
+    if generator is not None and probs.device != generator.device:
+        probs = probs.to(generator.device)
     return int(torch.multinomial(probs, 1, generator=generator).item())

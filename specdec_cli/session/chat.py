@@ -21,6 +21,7 @@ from ..defaults import DEFAULT_DRAFTER
 from ..drafters import DrafterOptions, TargetInfo, make_drafter, target_weights
 from ..errors import SpecdecError
 from ..target_model.exact_setup import choose_forward
+from ..target_model.load_settings import LoadSettings
 from ..texts.memory import Memory
 from .compare import Comparison, compare
 from .run_settings import RunSettings
@@ -127,14 +128,15 @@ def open_session(settings: ChatSettings,
     use_memory = settings.remember and memory_enabled()
     if use_memory:
         memory_cap()  # a malformed SPECDEC_MEMORY_MAX_TOKENS fails before the model loads
-    loaded = load_target(load.target, load.device, load.dtype, on_status=on_status, weights=load.weights)
+    loaded = load_target(load.target, load.device, load.dtype, on_status=on_status, weights=load.weights,
+                         decoder=load.decoder)
     options, memory = run.drafter.options, None
     if use_memory:
         fingerprint = target_info(loaded.model, loaded.tokenizer).fingerprint
         memory = Memory(memory_dir(loaded.name, fingerprint), fingerprint, loaded.name)
         options = replace(options, memory=str(memory.directory))
     session = ChatSession(loaded.model, loaded.tokenizer, str(run.drafter.name), options,
-                          run.generation, settings.system, run.raw, run.exact, memory)
+                          run.generation, settings.system, run.raw, run.exact, memory, load)
     return session, loaded
 
 
@@ -158,9 +160,10 @@ class ChatSession:
     raw: bool = False
     exact: Optional[bool] = None
     memory: Optional[Memory] = None  # where each answer is remembered (None: nowhere)
+    load: Optional[LoadSettings] = None  # how the target was loaded (its device and decoder pick the forward)
 
     def __post_init__(self) -> None:
-        self.engine = Engine(choose_forward(self.model, self.exact), self.tokenizer)
+        self.engine = Engine(choose_forward(self.model, self.exact, self.load), self.tokenizer)
         self.info = target_info(self.model, self.tokenizer)
         self.generation = replace(self.generation, eos_token_ids=self.info.eos_token_ids)
         self.generation.check()

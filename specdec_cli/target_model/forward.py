@@ -53,6 +53,17 @@ class VerifyForward(Protocol):
         """A context in which forwards run the model's own kernels, as plain decoding outside specdec does."""
 
 
+def new_cache(forward: Any) -> Any:
+    """An empty cache for `forward`'s calls: its own (`new_cache()`: the device engine's static cache), else a
+    KVCache (kv_cache.py)."""
+    make = getattr(forward, "new_cache", None)
+    if make is not None:
+        return make()
+    from .kv_cache import KVCache
+
+    return KVCache()
+
+
 class ModelForward:
     """What both forwards share: the inputs of a chain or a tree, and `run` (transformers' keywords) to compute."""
 

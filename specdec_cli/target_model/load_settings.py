@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping, Optional
 
 from ..defaults import DEFAULT_TARGET
+from ..device import DECODERS
 from ..errors import check_choice
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -32,11 +33,13 @@ class LoadSettings:
     device: str = "auto"
     dtype: str = "auto"
     weights: str = "auto"
+    decoder: str = "auto"  # auto: the device engine on cuda; device: the device engine wherever (device/)
 
     def __post_init__(self) -> None:
         check_choice(self.device, DEVICES, "device")
         check_choice(self.dtype, DTYPES, "dtype")
         check_choice(self.weights, WEIGHTS, "weights")
+        check_choice(self.decoder, DECODERS, "decoder")
 
     def with_environment(self, environ: Optional[Mapping[str, str]] = None) -> "LoadSettings":
         """These settings with an `auto` dtype or weights replaced by SPECDEC_DTYPE or SPECDEC_WEIGHTS where set

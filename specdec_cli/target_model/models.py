@@ -259,20 +259,24 @@ class LoadPlan:
         return "gguf" if blocks_eligible(self.source, self.device, self.settings.dtype) else "dense"
 
 
-def check_load(settings: LoadSettings) -> LoadPlan:
+def check_load(settings: LoadSettings, device_engine: bool = True) -> LoadPlan:
     """Resolve the target and the device and refuse combinations that cannot run, loading nothing: a command may
-    call it before its slow parts (load_target calls it again, at no cost worth counting)."""
+    call it before its slow parts (load_target calls it again, at no cost worth counting). `device_engine`: the
+    caller runs the forward exact_setup.choose_forward picks with these settings, so a GGUF on cuda is opened in
+    place for the device engine (device/); False keeps a GPU's transformers conversion (distill's training)."""
     settings = settings.with_environment()
     source = resolve_target(settings.target)
     device = pick_device(settings.device)
-    check_weights(settings.weights, source, device, settings.dtype)
+    if not (device_engine and device == "cuda" and settings.decoder in ("auto", "device") and source.kind == "gguf"):
+        check_weights(settings.weights, source, device, settings.dtype)
     if source.kind != "gguf":
         return LoadPlan(settings, source, device)
     home_folder("models")  # a home that is a file is said first, before the GGUF is read
     checked = checked_gguf(Path(source.location))
     family = getattr(checked.config, "model_type", "") or checked.gguf.architecture
-    in_place = (checked.native_reason is None and device == "cpu" and settings.weights in ("auto", "gguf")
-                and settings.dtype in ("auto", "float32"))
+    on_device_engine = device_engine and device == "cuda" and settings.decoder in ("auto", "device")
+    in_place = (checked.native_reason is None and settings.weights in ("auto", "gguf")
+                and ((device == "cpu" and settings.dtype in ("auto", "float32")) or on_device_engine))
     if not in_place:
         from .converted import check_conversion
 
@@ -314,15 +318,19 @@ def load_target(
     on_status: Optional[StatusCallback] = None,
     weights: str = "auto",
     step_timer: Optional[Callable[[Any], float]] = None,
+    decoder: Optional[str] = None,
 ) -> LoadedTarget:
     """Load a target. `--dtype auto` and `--weights auto` time plain steps to choose (dtype_choice.py), unless
     SPECDEC_DTYPE and SPECDEC_WEIGHTS say; `step_timer` (model -> seconds of one plain step) replaces that timing.
+    `decoder` (--decoder: chat and bench) says the caller's forward is chosen with it: a GGUF on cuda is then opened
+    in place for the device engine; None (distill) keeps a GPU's transformers conversion.
 
     In order: the settings are checked and the target located (check_load), a GGUF converted once or a hub id
     checked (model_location), then the model is loaded and its weights put in blocks (_load_blocks) or left dense
     in the chosen dtype (_load_dense)."""
     started = time.perf_counter()
-    plan = check_load(LoadSettings(target, device, dtype, weights))
+    settings = LoadSettings(target, device, dtype, weights, decoder or "auto")  # no decoder: not the device engine's
+    plan = check_load(settings, device_engine=decoder is not None)
     if plan.in_place:
         return _load_in_place(plan, on_status, started)
     quiet_transformers()
@@ -346,7 +354,12 @@ def _load_in_place(plan: LoadPlan, on_status: Optional[StatusCallback], started:
     use_block_threads()
     seconds = time.perf_counter() - started
     reason = f"gguf in place ({weights_summary(model)})"
-    return LoadedTarget(model, tokenizer, plan.source.name, "cpu", model.dtype, seconds, BLOCKS_DTYPE_REASON, "gguf",
+    device, dtype, dtype_reason = "cpu", model.dtype, BLOCKS_DTYPE_REASON
+    if plan.device != "cpu":  # the device engine dequantises the blocks on the device (device/weights.py)
+        device, dtype = plan.device, pick_dtype(plan.settings.dtype, plan.device)
+        dtype_reason = f"{str(dtype).removeprefix('torch.')} (the device engine's compute dtype)"
+        reason += f", dequantised on {device} by the device engine"
+    return LoadedTarget(model, tokenizer, plan.source.name, device, dtype, seconds, dtype_reason, "gguf",
                         reason, load_line(plan.source.name, plan, model.source, seconds, reason))
 
 

@@ -1,0 +1,214 @@
+"""The device engine measured on a GPU (issue 48), in one run: models made here, every drafter checked, the bench.
+
+`benchmarks/gpu_check.sh` builds specdec's extension in place and runs this. Nothing is fetched: the models are
+random-weight GGUF files written on the machine itself by benchmarks/write_gguf.py (the default model's shape,
+`smollm2-135m`, and Llama-3-8B's, `llama-8b`, in llama.cpp's Q4_K_M recipe), with the default model's tokenizer
+read from a GGUF of its metadata alone (`--tokenizer-from`: a few MB, made here with `write_gguf.py
+--tokenizer-only` where the default model is installed, and carried to a machine where it is not). Each model
+runs `specdec bench --device DEVICE --decoder device` with every drafter that needs no file and an oracle row
+(draft length 8), whose "identical" column is the exactness check (every output token-equal to plain decoding
+on the same engine). Everything goes to one folder: gpu_check.json (the goals, each bench's report, the machine)
+and gpu_check.log (every command and its output).
+
+`--dry-run` does the same on the CPU with the `tiny` shape and a few short answers (the test suite runs it):
+everything but the speed. Exit status 0 when every output is identical to plain decoding's (the speed goals are
+reported, not enforced).
+
+Run: `benchmarks/gpu_check.sh [--dry-run] [--out DIR] [--tokenizer-from FILE]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+VENDOR = REPO / "benchmarks" / "vendor"  # pure-Python packages a machine without a registry lacks (gguf), if carried
+DRAFTERS = "none,pld,sam,recycle,aded,sam+aded,sam+recycle"  # every drafter that needs no file
+SPEC_BENCH = [Path(os.environ.get("SPEC_BENCH", "/nonexistent")),  # Spec-Bench's questions, where a checkout has them
+              *(base / "shared" / "datasets" / "spec_bench" / "question.jsonl" for base in (REPO.parent, REPO))]
+
+
+class Run:
+    """What one model runs: its shape, the bench's prompts and lengths, and what it is measured against."""
+
+    def __init__(self, name: str, shape: str, limit: int, tokens: int, goal: str):
+        self.name, self.shape, self.limit, self.tokens, self.goal = name, shape, limit, tokens, goal
+
+
+FULL = [Run("default-shape", "smollm2-135m", 2, 128, "bench --limit 2, every drafter, within 120 s; best >= 1.5x"),
+        Run("llama-8b", "llama-8b", 1, 64, "plain >= 120 tok/s (0.6x the bandwidth bound); oracle-8 >= 4x plain")]
+DRY = [Run("tiny", "tiny", 1, 12, "dry run: exactness only")]
+
+
+class Log:
+    def __init__(self, path: Path):
+        self.file = path.open("a", encoding="utf-8")
+
+    def say(self, text: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')}] {text}"
+        print(line, flush=True)
+        self.file.write(line + "\n")
+        self.file.flush()
+
+    def run(self, command: list[str], env: dict) -> tuple[int, float]:
+        """Run a command, its output into the log (and the terminal); -> (exit status, seconds)."""
+        self.say("$ " + " ".join(command))
+        started = time.perf_counter()
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                   cwd=REPO)
+        assert process.stdout is not None
+        for line in process.stdout:
+            self.file.write(line)
+            sys.stdout.write(line)
+        self.file.flush()
+        status = process.wait()
+        seconds = time.perf_counter() - started
+        self.say(f"exit {status} after {seconds:.1f} s")
+        return status, seconds
+
+
+def machine(device: str) -> dict:
+    import torch
+
+    found: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                             "platform": platform.platform(), "cpus": os.cpu_count(), "device": device}
+    if device == "cuda" and torch.cuda.is_available():
+        found["gpu"] = torch.cuda.get_device_name(0)
+        found["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+    try:
+        found["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                                         text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        found["commit"] = None
+    return found
+
+
+def tokenizer_source(given: Optional[str]) -> str:
+    if given:
+        return given
+    if os.environ.get("SPECDEC_TOKENIZER_GGUF"):
+        return os.environ["SPECDEC_TOKENIZER_GGUF"]
+    sys.path.insert(0, str(REPO))
+    from specdec_cli.target_model.models import default_gguf_path
+
+    try:
+        return str(default_gguf_path())
+    except Exception as error:
+        raise SystemExit("no tokenizer: pass --tokenizer-from FILE (a GGUF of the default model's tokenizer, made "
+                         "with `benchmarks/write_gguf.py --tokenizer-only -o FILE` where the default model is "
+                         f"installed) ({error})") from None
+
+
+def summary(run: Run, report: dict, seconds: float) -> dict:
+    """The goals' numbers from one bench report."""
+    rows = {row["method"]: row for row in report.get("results", []) if row.get("category") in (None, "overall")}
+    plain = rows.get("none", {})
+    plain_speed = plain.get("tokens_per_second") or 0.0
+    drafters = {name: {"tokens_per_second": row.get("tokens_per_second"), "speedup": row.get("speedup"),
+                       "tokens_per_step": row.get("mean_accepted_tokens"),
+                       "identical": f"{row.get('identical')}/{row.get('compared')}"}
+                for name, row in rows.items()}
+    exact = all(row.get("identical") == row.get("compared") for name, row in rows.items() if name != "none")
+    best = max((row.get("speedup") or 0.0 for name, row in rows.items()
+                if name != "none" and not name.startswith("oracle")), default=0.0)
+    oracle = next((row.get("speedup") for name, row in rows.items() if name.startswith("oracle")), None)
+    return {"goal": run.goal, "bench_seconds": round(seconds, 1), "plain_tokens_per_second": plain_speed,
+            "every_drafter_identical": exact, "best_drafter_speedup": best, "oracle_8_speedup": oracle,
+            "methods": drafters, "exact_check": report.get("settings", {}).get("exact_check")}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="the CPU, the tiny shape, short answers")
+    parser.add_argument("--out", default=None, help="the folder for gpu_check.json, gpu_check.log and the models")
+    parser.add_argument("--device", default=None, help="cuda (default), or cpu (the default with --dry-run)")
+    parser.add_argument("--tokenizer-from", default=None, help="a GGUF holding the default model's tokenizer")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all; 1 with --dry-run)")
+    args = parser.parse_args(argv)
+    device = args.device or ("cpu" if args.dry_run else "cuda")
+    runs = DRY if args.dry_run else FULL
+    out = Path(args.out or REPO / "benchmarks" / "out" / f"gpu_check-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    log = Log(out / "gpu_check.log")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(VENDOR) if VENDOR.is_dir() else "",
+                                                      env.get("PYTHONPATH")]))
+    missing = subprocess.run([sys.executable, "-c", "import gguf, tokenizers, transformers, typer, rich"], env=env,
+                             capture_output=True, text=True).returncode
+    if missing:
+        raise SystemExit("gpu_check: `gguf` (or another package specdec needs) is not importable here: copy it from "
+                         "a machine that has it (`cp -r .venv/lib/python3.11/site-packages/gguf benchmarks/vendor/`) "
+                         "and carry benchmarks/vendor")
+    env["SPECDEC_HOME"] = str(out / "home")  # caches of this run only
+    env["SPECDEC_NO_MEMORY"] = "1"
+    if args.dry_run:  # a small static cache: the CPU computes attention over every slot
+        env.setdefault("SPECDEC_DEVICE_CONTEXT", "512")
+    threads = args.threads or (1 if args.dry_run else os.cpu_count() or 1)  # (a busy 2-core CPU: 1 is faster)
+    started = time.perf_counter()
+    log.say(f"gpu_check: {'dry run on ' if args.dry_run else ''}{device}, into {out}")
+    document: dict[str, Any] = {"date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "dry_run": args.dry_run,
+                                "machine": machine(device), "models": {}, "commands": []}
+    python = sys.executable
+    source = tokenizer_source(args.tokenizer_from)
+    tokenizer = out / "tokenizer.gguf"
+    if not tokenizer.exists():  # the tokenizer's metadata alone, as a machine without the default model gets it
+        status, _ = log.run([python, "benchmarks/write_gguf.py", "--tokenizer-only", "--tokenizer-from", source,
+                             "-o", str(tokenizer)], env)
+        if status:
+            return status
+    # Spec-Bench where this checkout has it (../shared), else the built-in prompts; a dry run takes the short ones
+    spec_bench = next((path for path in SPEC_BENCH if path.is_file()), None)
+    prompts = ["--prompts", str(spec_bench)] if spec_bench and not args.dry_run else ["--suite", "builtin"]
+    document["prompts"] = prompts[1]
+    exact = True
+    for run in runs:
+        model = out / f"{run.shape}.gguf"
+        if not model.exists():
+            status, seconds = log.run([python, "benchmarks/write_gguf.py", "--shape", run.shape, "-o", str(model),
+                                       "--tokenizer-from", str(tokenizer), "--no-read-back"], env)
+            if status:
+                return status
+        report_path = out / f"bench-{run.name}.json"
+        command = [python, "-m", "specdec_cli", "bench", "--target", str(model), "--device", device, "--decoder",
+                   "device", *prompts, "--limit", str(run.limit), "-n", str(run.tokens), "--drafters", DRAFTERS,
+                   "--oracle", "--oracle-lengths", "8", "--threads", str(threads), "--json-out", str(report_path),
+                   *(["--no-warmup", "--categories", "code,math,translation"] if args.dry_run else [])]
+        document["commands"].append(" ".join(command))
+        status, seconds = log.run(command, env)
+        if status or not report_path.exists():
+            document["models"][run.name] = {"goal": run.goal, "error": f"bench exited {status}"}
+            exact = False
+            continue
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+        document["models"][run.name] = {**summary(run, report, seconds), "report": report}
+        exact &= document["models"][run.name]["every_drafter_identical"]
+        log.say(f"{run.name}: " + json.dumps({key: value for key, value in document["models"][run.name].items()
+                                               if key not in ("report", "methods")}))
+    goals = {"every_drafter_identical": exact}
+    if not args.dry_run:
+        default, big = document["models"].get("default-shape", {}), document["models"].get("llama-8b", {})
+        plain = big.get("plain_tokens_per_second") or 0.0
+        goals.update({
+            "llama_8b_plain_at_least_120_tok_s": plain >= 120, "llama_8b_plain_tok_s": plain,
+            "llama_8b_oracle_8_at_least_4x": (big.get("oracle_8_speedup") or 0.0) >= 4,
+            "default_bench_within_120_s": (default.get("bench_seconds") or 1e9) <= 120,
+            "default_best_drafter_at_least_1_5x": (default.get("best_drafter_speedup") or 0.0) >= 1.5,
+        })
+    document["goals"] = goals
+    document["seconds"] = round(time.perf_counter() - started, 1)
+    (out / "gpu_check.json").write_text(json.dumps(document, indent=1), encoding="utf-8")
+    log.say(f"goals: {json.dumps(goals)}")
+    log.say(f"wrote {out / 'gpu_check.json'} and {out / 'gpu_check.log'} in {document['seconds']} s")
+    return 0 if exact else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""The fixed-shape forward: `rows` padded rows through every layer, against the whole static cache.
+
+`DeviceDecoder.compute(inputs)` reads a StepInputs (inputs.py) already on the device and returns the logits
+[rows, vocab] (float32) and the final normed hidden states [rows, hidden]. Every shape in it depends only on
+`rows` and the cache's slot count, never on how many rows are real, how many tokens are committed or where a
+tree's nodes sit: those are values in the inputs (the committed length is a device tensor, not a Python int). So:
+
+- each GEMM has the same (M, N, K) at every step: a row's result does not depend on the other rows;
+- each query row's keys are read in two regions split by its own position alone (`_attend`): the committed
+  ones in one GEMM over every slot of the cache (the others masked: probability exactly zero), its last RECENT
+  positions gathered in position order; so the split of the keys is the same for every row count and every
+  block shape, a tree's included (docs/algorithms.md section 12);
+- the step can be captured once and replayed (capture.py): no host synchronisation, no allocation that changes.
+
+What is computed is what native.py computes for the same families (RMSNorm, rotary embedding in the rotate-half
+convention, grouped-query attention, a gated MLP; q/k/v biases, QK-norm, Gemma's norms, scaled embeddings,
+GeLU-tanh, sandwich norms and soft-capping, sliding windows by layer kind), with GEMMs in the compute dtype, the
+residual stream, norms, rotary embedding and softmax in float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import ROWS
+from .cache import StaticCache
+from .family import Family
+from .inputs import StepInputs
+from .weights import DeviceWeights
+
+RECENT = ROWS  # a row's last RECENT positions are gathered per row (a verify block's deepest row reaches its root)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x float32 [..., dim] normalised over its last dimension, times weight float32 [dim]."""
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (rotate-half) of x float32 [rows, heads, head_dim] on its first 2 * half dimensions;
+    cos, sin [rows, 1, half]."""
+    half = cos.shape[-1]
+    first, second, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
+    rotated = torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+    return torch.cat([rotated, rest], dim=-1) if rest.shape[-1] else rotated
+
+
+class DeviceDecoder:
+    """A family's forward at a fixed padded row count over a StaticCache (see the module docstring)."""
+
+    def __init__(self, family: Family, weights: DeviceWeights, cache: StaticCache):
+        self.family, self.weights, self.cache = family, weights, cache
+        device, slots = weights.device, cache.slots
+        self.key_index = torch.arange(slots, device=device)  # [slots]
+        self.recent_index = torch.arange(RECENT, device=device)  # [RECENT]
+        self.cos, self.sin = [], []  # per rotary table: float32 [slots, half]
+        for inv_freq, scaling in family.ropes:
+            angles = torch.arange(slots, dtype=torch.float32, device=device)[:, None] * inv_freq.to(device)[None]
+            self.cos.append(angles.cos() * scaling)
+            self.sin.append(angles.sin() * scaling)
+
+    def _regions(self, inputs: StepInputs) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        """Where each row's keys are read (see `_attend`): the slots of its recent region [rows, RECENT], and per
+        layer kind which slots of the early region (bool [rows, slots]) and which recent keys (bool [rows,
+        RECENT]) it attends to."""
+        rows, positions, past = inputs.rows, inputs.positions, inputs.past
+        early = (positions - (RECENT - 1)).clamp(min=0)  # [rows]: the first position of each row's recent region
+        early_mask = self.key_index[None, :] < early[:, None]  # [rows, slots]: committed, slot = position
+        recent = early[:, None] + self.recent_index[None, :]  # [rows, RECENT]: positions of the recent region
+        recent_mask = recent <= positions[:, None]
+        relative = recent - past  # a recent position's depth in the block (< 0: committed)
+        in_block = inputs.paths.gather(1, relative.clamp(0, rows - 1)) + past  # the ancestor's slot at that depth
+        slots = torch.where(relative >= 0, in_block, recent).clamp(0, self.cache.slots - 1)
+        masks = {"full_attention": (early_mask, recent_mask)}
+        if self.family.window:  # keys less than `window` positions before the row's own
+            oldest = positions[:, None] - self.family.window
+            masks["sliding_attention"] = (early_mask & (self.key_index[None, :] > oldest),
+                                          recent_mask & (recent > oldest))
+        return slots, masks
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
+                masks: tuple[torch.Tensor, torch.Tensor], scaling: float) -> torch.Tensor:
+        """Attention of q [rows, heads, head_dim] (compute dtype) over the cache's keys and values [kv_heads, slots,
+        head_dim] -> float32 [kv_heads, rows, group, head_dim].
+
+        A row at position P reads two regions, split where only P says (not the number of rows, nor the committed
+        length): the early region, positions before max(0, P - RECENT + 1), all committed and in their own slots,
+        computed for all rows in one GEMM over every slot of the cache (the others masked: weight exactly zero);
+        and the recent region, its last RECENT positions, gathered per row in position order (a tree node's
+        ancestors without its siblings between them), so that a tree's row sees its keys laid out as a chain's
+        row at the same position does. The two are merged as a softmax over both (their maxima, sums and
+        weighted values rescaled by one formula). So a row's result is the same whatever block computes it."""
+        family, dtype = self.family, keys.dtype
+        rows, heads, head_dim = q.shape
+        kv_heads = keys.shape[0]
+        group = heads // kv_heads
+        early_mask, recent_mask = masks
+        cap = family.attn_cap
+        # the early region: [kv_heads, group * rows, head_dim] x [kv_heads, head_dim, slots]
+        grouped = q.view(rows, kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(kv_heads, group * rows, head_dim)
+        early = torch.bmm(grouped, keys.transpose(1, 2)).float().view(kv_heads, group, rows, -1) * scaling
+        if cap is not None:
+            early = torch.tanh(early / cap) * cap
+        early = early.masked_fill(~early_mask, -math.inf)
+        early_max = early.amax(dim=-1, keepdim=True)  # [kv_heads, group, rows, 1]; -inf where the region is empty
+        weights = torch.exp(early - torch.where(torch.isfinite(early_max), early_max, torch.zeros_like(early_max)))
+        early_sum = weights.sum(dim=-1, keepdim=True)
+        early_out = torch.bmm(weights.to(dtype).view(kv_heads, group * rows, -1), values).float()
+        early_out = early_out.view(kv_heads, group, rows, head_dim).transpose(1, 2)  # [kv_heads, rows, group, d]
+        early_max, early_sum = early_max.transpose(1, 2), early_sum.transpose(1, 2)  # [kv_heads, rows, group, 1]
+        # the recent region: per row, RECENT gathered keys
+        picked = slots.reshape(-1)
+        recent_keys = keys.index_select(1, picked).view(kv_heads, rows, RECENT, head_dim)
+        recent_values = values.index_select(1, picked).view(kv_heads, rows, RECENT, head_dim)
+        per_row = q.view(rows, kv_heads, group, head_dim).transpose(0, 1)  # [kv_heads, rows, group, head_dim]
+        recent = torch.matmul(per_row, recent_keys.transpose(-1, -2)).float() * scaling  # [kv, rows, group, RECENT]
+        if cap is not None:
+            recent = torch.tanh(recent / cap) * cap
+        recent = recent.masked_fill(~recent_mask[None, :, None, :], -math.inf)
+        recent_max = recent.amax(dim=-1, keepdim=True)  # finite: a row sees itself
+        weights = torch.exp(recent - recent_max)
+        recent_sum = weights.sum(dim=-1, keepdim=True)
+        recent_out = torch.matmul(weights.to(dtype), recent_values).float()  # [kv_heads, rows, group, head_dim]
+        # one softmax over both regions
+        top = torch.maximum(early_max, recent_max)
+        early_scale, recent_scale = torch.exp(early_max - top), torch.exp(recent_max - top)
+        return (early_out * early_scale + recent_out * recent_scale) / (early_sum * early_scale +
+                                                                        recent_sum * recent_scale)
+
+    def compute(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits float32 [rows, vocab], final normed hidden float32 [rows, hidden]) of the staged rows, their keys
+        and values written into their slots of the cache."""
+        family, weights, cache = self.family, self.weights, self.cache
+        rows, dtype = inputs.rows, weights.dtype
+        heads, kv_heads, head_dim = family.heads, family.kv_heads, family.head_dim
+        q_width, kv_width = heads * head_dim, kv_heads * head_dim
+        recent_slots, masks = self._regions(inputs)
+        rotations = [(cos.index_select(0, inputs.positions)[:, None], sin.index_select(0, inputs.positions)[:, None])
+                     for cos, sin in zip(self.cos, self.sin)]  # [rows, 1, half] each
+        x = weights.embedding.index_select(0, inputs.ids).float()  # [rows, hidden], the residual stream
+        if family.embed_scale is not None:
+            x = x * family.embed_scale
+        for index, (shape, layer) in enumerate(zip(family.layers, weights.layers)):
+            h = _rms_norm(x, layer.attn_norm, layer.attn_eps).to(dtype)
+            qkv = (h @ layer.qkv.t()).float()  # [rows, q + 2 kv]
+            if layer.qkv_bias is not None:
+                qkv = qkv + layer.qkv_bias
+            q = qkv[:, :q_width].view(rows, heads, head_dim)
+            k = qkv[:, q_width : q_width + kv_width].view(rows, kv_heads, head_dim)
+            v = qkv[:, q_width + kv_width :].view(rows, kv_heads, head_dim)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q = _rms_norm(q, layer.q_norm, layer.qk_eps)
+                k = _rms_norm(k, layer.k_norm, layer.qk_eps)
+            if shape.rope is not None:
+                cos, sin = rotations[shape.rope]
+                q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            keys, values = cache.keys[index], cache.values[index]  # [kv_heads, slots, head_dim]
+            keys.index_copy_(1, inputs.slots, k.transpose(0, 1).to(dtype))
+            values.index_copy_(1, inputs.slots, v.transpose(0, 1).to(dtype))
+            attended = self._attend(q.to(dtype), keys, values, recent_slots, masks[shape.kind], shape.scaling)
+            attended = attended.transpose(0, 1).reshape(rows, q_width).to(dtype)  # [rows, heads * head_dim]
+            x = self._residual(x, (attended @ layer.out.t()).float(), layer.post_attn_norm, family.eps)
+            h = _rms_norm(x, layer.mlp_norm, layer.mlp_eps).to(dtype)
+            gate, up = (h @ layer.gate_up.t()).float().chunk(2, dim=-1)  # [rows, ffn] each
+            act = F.silu(gate) if shape.act == "silu" else F.gelu(gate, approximate="tanh")
+            x = self._residual(x, ((act * up).to(dtype) @ layer.down.t()).float(), layer.post_mlp_norm, family.eps)
+        final = _rms_norm(x, weights.final_norm, weights.final_eps)  # [rows, hidden]
+        logits = (final.to(dtype) @ weights.head.t()).float()  # [rows, vocab]
+        if family.final_cap is not None:
+            logits = torch.tanh(logits / family.final_cap) * family.final_cap
+        return logits, final
+
+    @staticmethod
+    def _residual(x: torch.Tensor, branch: torch.Tensor, post_norm: "torch.Tensor | None", eps: float) -> torch.Tensor:
+        """x + branch, or x + norm(branch) where the family norms each half's output (gemma2/3)."""
+        return x + (branch if post_norm is None else _rms_norm(branch, post_norm, eps))
