@@ -168,7 +168,7 @@ class Engine:
             prompt_cache.keep(cache, context[:-1])  # the invariant: every committed token but the newest
         return Generation(new_tokens, finish, stats, events, text_end, cached)
 
-    def _prefill(self, prompt: list[int], cache: KVCache, cached: int, features: bool) -> tuple[torch.Tensor, Any]:
+    def _prefill(self, prompt: list[int], cache: Any, cached: int, features: bool) -> tuple[torch.Tensor, Any]:
         """The prompt after its `cached` first tokens; the last row's logits [1, vocab] and, when asked, the
         features of the rows computed. Where the forward is row-invariant (exact verification), in blocks of at
         most its row-invariant size, from the first token or after the cached ones: every entry is then the one any
