@@ -274,15 +274,23 @@ def matmul(x: torch.Tensor, kind: int, records: torch.Tensor, n: Optional[int] =
     return out
 
 
-def repack_gguf(kind: int, rows: torch.Tensor, k: int) -> torch.Tensor:
-    """A GGUF tensor's rows (uint8 [n, bytes per row], ggml's blocks as they lie in the file) as records of the
-    packed kind for that type (csrc/repack.c; the same bytes packed.pack_fields makes of the rows' fields)."""
+def repack_gguf(kind: int, rows: Any, k: int) -> torch.Tensor:
+    """A GGUF tensor's rows (a uint8 numpy array or tensor [n, bytes per row], ggml's blocks as they lie in the
+    file; a read-only view of the mapped file will do) as records of the packed kind for that type (csrc/repack.c;
+    the same bytes packed.pack_fields makes of the rows' fields)."""
+    import numpy as np
+
     kernel = _cpu if _cpu is not None else _require()
-    if _not_dense(rows, _U8) or rows.ndim != 2:
-        raise _refuse("repack_gguf", "rows must be a contiguous uint8 CPU matrix [n, bytes per row]", rows)
-    n = rows.shape[0]
+    if isinstance(rows, torch.Tensor):
+        if _not_dense(rows, _U8) or rows.ndim != 2:
+            raise _refuse("repack_gguf", "rows must be a contiguous uint8 CPU matrix [n, bytes per row]", rows)
+        address, (n, width) = rows.data_ptr(), rows.shape
+    elif isinstance(rows, np.ndarray) and rows.dtype == np.uint8 and rows.ndim == 2 and rows.flags.c_contiguous:
+        address, (n, width) = rows.ctypes.data, rows.shape
+    else:
+        raise _refuse("repack_gguf", "rows must be a contiguous uint8 matrix [n, bytes per row]")
     records = torch.empty(groups(n), record_bytes(kind, k), dtype=torch.uint8)
-    kernel.repack_gguf(kind, rows.data_ptr(), n, rows.shape[1], k, records.data_ptr())
+    kernel.repack_gguf(kind, address, n, width, k, records.data_ptr())
     return records
 
 

@@ -277,7 +277,7 @@ def decode_gguf_blocks(type_name: str, raw: np.ndarray, out_features: int, in_fe
     offsets: Optional[np.ndarray] = None
     if type_name in kernels.KIND_OF_GGUF_TYPE:  # the file's bytes reordered (kernels.repack_gguf, in C)
         kind = kernels.KIND_OF_GGUF_TYPE[type_name]
-        rows = torch.from_numpy(np.ascontiguousarray(data).reshape(out_features, -1))
+        rows = np.ascontiguousarray(data).reshape(out_features, -1)  # (the mapped file's bytes, read-only)
         return BlockWeights(kind, kernels.repack_gguf(kind, rows, in_features), out_features, in_features, type_name)
     if type_name == "IQ4_NL":
         q = _legacy_nibbles(data[..., size - 16 :])
