@@ -175,8 +175,8 @@ def write_blocks(gguf: GGUFFile, planned: list[PlannedMatrix], path: Path, on_pr
 
 def verify_blocks(path: Path, mapped: dict[str, "MappedMatrix"], digests: dict[str, str],
                   workers: int = 1) -> Optional[str]:
-    """None when the mapped records and the file's header hash to what `write_blocks` recorded; else which part does
-    not (the first in order). Matrices are hashed side by side on `workers` threads (hashlib releases the GIL): it
+    """None when the mapped records and the file's header hash to what `write_blocks` recorded; else what does not
+    (the first in order), as a phrase. Matrices are hashed side by side on `workers` threads (hashlib releases the GIL): it
     reads every page of the mapping once, as the first forward would."""
     import hashlib
     from concurrent.futures import ThreadPoolExecutor
@@ -186,9 +186,9 @@ def verify_blocks(path: Path, mapped: dict[str, "MappedMatrix"], digests: dict[s
         handle.seek(0)
         header = handle.read(8 + header_size)
     if hashlib.sha256(header).hexdigest() != digests.get(""):
-        return "its header"
+        return "its header does not hash to what was written"
     if set(mapped) != set(digests) - {""}:
-        return "its list of matrices"
+        return "it holds other matrices than were written"
 
     def digest(module: str) -> str:
         return hashlib.sha256(mapped[module].records.numpy().data).hexdigest()
@@ -197,7 +197,7 @@ def verify_blocks(path: Path, mapped: dict[str, "MappedMatrix"], digests: dict[s
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for module, found in zip(modules, pool.map(digest, modules)):
             if found != digests[module]:
-                return f"the records of {module}"
+                return f"the records of {module} do not hash to what was written"
     return None
 
 

@@ -264,9 +264,9 @@ def open_in_place(gguf: GGUFFile, config: Any, on_status: Optional[StatusCallbac
     planned = gguf_blocks.plan_matrices(gguf, expected, tied="output.weight" not in gguf.tensors)
     folder = cache_folder(gguf.path)
     fault = _cache_fault(folder, gguf)
-    mapped = _proved_blocks(folder, planned) if fault is None else None
-    if fault is None and mapped is None:
-        fault = f"{BLOCKS_FILE} is damaged"
+    mapped = None
+    if fault is None:
+        mapped, fault = _proved_blocks(folder, planned)
     if fault:
         warnings.warn(f"the cache of {gguf.path.name} ({folder}) is made again: {fault}", stacklevel=2)
     repacked = mapped is None
@@ -282,16 +282,16 @@ def open_in_place(gguf: GGUFFile, config: Any, on_status: Optional[StatusCallbac
 
 
 def _proved_blocks(folder: Path, planned: list[gguf_blocks.PlannedMatrix]
-                   ) -> Optional[dict[str, gguf_blocks.MappedMatrix]]:
-    """The cache's records, mapped, once every matrix and the file's header hash to what the marker recorded when
-    they were written; else None."""
+                   ) -> tuple[Optional[dict[str, gguf_blocks.MappedMatrix]], Optional[str]]:
+    """(the cache's records, mapped, None) once every matrix and the file's header hash to what the marker
+    recorded when they were written; else (None, what does not)."""
     mapped = _mapped(folder, planned)
     marker = _read_marker(folder) or {}
     digests = marker.get("blocks")
     if mapped is None or not isinstance(digests, dict):
-        return None
+        return None, f"{BLOCKS_FILE} does not hold the matrices the file needs"
     fault = gguf_blocks.verify_blocks(folder / BLOCKS_FILE, mapped, digests, workers=torch.get_num_threads())
-    return None if fault else mapped
+    return (None, f"{BLOCKS_FILE}: {fault}") if fault else (mapped, None)
 
 
 def _mapped(folder: Path, planned: list[gguf_blocks.PlannedMatrix]) -> Optional[dict[str, gguf_blocks.MappedMatrix]]:
