@@ -176,8 +176,8 @@ def write_blocks(gguf: GGUFFile, planned: list[PlannedMatrix], path: Path, on_pr
 def verify_blocks(path: Path, mapped: dict[str, "MappedMatrix"], digests: dict[str, str],
                   workers: int = 1) -> Optional[str]:
     """None when the mapped records and the file's header hash to what `write_blocks` recorded; else what does not
-    (the first in order), as a phrase. Matrices are hashed side by side on `workers` threads (hashlib releases the GIL): it
-    reads every page of the mapping once, as the first forward would."""
+    (the first in order), as a phrase. Matrices are hashed side by side on `workers` threads (hashlib releases the
+    GIL): it reads every page of the mapping once, as the first forward would."""
     import hashlib
     from concurrent.futures import ThreadPoolExecutor
 
