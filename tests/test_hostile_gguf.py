@@ -144,8 +144,10 @@ def test_a_huge_layer_count_costs_what_the_file_costs(tiny, tmp_path):
 
 def _peak(tmp_path, args) -> tuple[str, int]:
     """(stderr's last line, peak resident bytes) of `specdec ARGS` in a fresh process."""
-    script = ("import atexit, resource, sys\n"
-              "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+    # VmHWM: the peak of this process's own memory (ru_maxrss would carry the parent's peak over the exec)
+    script = ("import atexit, sys\n"
+              "peak = lambda: next(int(line.split()[1]) for line in open('/proc/self/status') "
+              "if line.startswith('VmHWM:'))\n"
               "atexit.register(lambda: sys.stderr.write(f'peak {peak()}\\n'))\n"
               f"sys.argv = ['specdec', *{args!r}]\n"
               "from specdec_cli.cli import main\n"
