@@ -5,6 +5,7 @@ exit 1, with nothing cached, and a header that declares billions costs what the 
 
 from __future__ import annotations
 
+import shutil
 import struct
 import subprocess
 import sys
@@ -303,3 +304,20 @@ def test_long_numeric_arrays_stay_numpy_arrays(tiny, tmp_path):
     held = opened.metadata["spare.scores"]
     assert isinstance(held, np.ndarray) and held.shape == (count,) and float(held[-1]) == count - 1
     assert isinstance(opened.metadata["tokenizer.ggml.token_type"], list)  # short ones are lists, as before
+
+
+@pytest.mark.parametrize("tensor", ["blk.0.attn_q.weight", "blk.1.ffn_down.weight"])
+def test_a_quantised_matrix_with_a_nan_or_infinite_scale_is_refused_at_repacking(tiny, tmp_path, tensor):
+    """A block scale (f16 d) set to NaN or infinity in a Q4_x or Q8_0 matrix: refused in one line naming the tensor,
+    before the first forward, with nothing cached (the repacking checks every block's d, m and dmin)."""
+    from specdec_cli.target_model.gguf_file import open_gguf
+
+    for index, value in enumerate((b"\x00\x7e", b"\x00\x7c")):  # NaN, +infinity
+        path = tmp_path / f"scale{index}.gguf"
+        shutil.copyfile(tiny, path)
+        info = open_gguf(path).tensors[tensor]
+        data = bytearray(path.read_bytes())
+        at = info.start + 5 * {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}[info.type_name]  # block 5's d
+        data[at : at + 2] = value
+        path.write_bytes(bytes(data))
+        refused(tmp_path, path, f"tensor {tensor} ({info.type_name}) has a NaN or infinite scale")

@@ -277,7 +277,8 @@ def matmul(x: torch.Tensor, kind: int, records: torch.Tensor, n: Optional[int] =
 def repack_gguf(kind: int, rows: Any, k: int) -> torch.Tensor:
     """A GGUF tensor's rows (a uint8 numpy array or tensor [n, bytes per row], ggml's blocks as they lie in the
     file; a read-only view of the mapped file will do) as records of the packed kind for that type (csrc/repack.c;
-    the same bytes packed.pack_fields makes of the rows' fields)."""
+    the same bytes packed.pack_fields makes of the rows' fields). Raises ArithmeticError naming the first row whose
+    scale (d, m or dmin) is NaN or infinite."""
     import numpy as np
 
     kernel = _cpu if _cpu is not None else _require()

@@ -152,6 +152,10 @@ static PyObject *py_repack_gguf(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     failed = cpu_repack_gguf(kind, (const uint8_t *)rows, n, row_bytes, k, (uint8_t *)records);
     Py_END_ALLOW_THREADS
+    if (failed <= -2) {
+        PyErr_Format(PyExc_ArithmeticError, "row %d holds a NaN or infinite scale", -2 - failed);
+        return NULL;
+    }
     if (failed) {
         PyErr_SetString(PyExc_ValueError, "repack_gguf: not a packed kind, or rows of another size for k");
         return NULL;

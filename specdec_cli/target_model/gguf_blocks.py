@@ -116,7 +116,11 @@ def _records(gguf: GGUFFile, matrix: PlannedMatrix, first: int, stop: int) -> to
         rows_raw[first:stop]  # [rows, bytes per row]
     rows = stop - first
     if matrix.origin in KIND_OF_TYPE:
-        weights = decode_gguf_blocks(matrix.origin, raw, rows, matrix.in_features)
+        try:
+            weights = decode_gguf_blocks(matrix.origin, raw, rows, matrix.in_features)
+        except ArithmeticError:  # a NaN or infinite scale: the matrix can only answer garbage
+            raise SpecdecError(f"{gguf.path}: tensor {matrix.gguf_name} ({matrix.origin}) has a NaN or infinite "
+                               "scale; the file is damaged") from None
         if weights is None:  # pragma: no cover - checked by gguf_layout.native_reason
             raise SpecdecError(f"{gguf.path}: {matrix.gguf_name} cannot be held in the kernels' blocks")
         return weights.records

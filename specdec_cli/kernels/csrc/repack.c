@@ -143,8 +143,15 @@ static void write_super(const KindInfo *info, const SuperFields *f, int c, uint8
     }
 }
 
-/* rows [n][row_bytes] of a GGUF tensor of k weights a row -> records [groups(n)][group bytes]; 0, or -1 when
- * row_bytes is not the type's size for k. */
+/* Whether an f16 is NaN or infinite (exponent all ones). */
+static inline int not_finite(uint16_t half)
+{
+    return (half & 0x7C00) == 0x7C00;
+}
+
+/* rows [n][row_bytes] of a GGUF tensor of k weights a row -> records [groups(n)][group bytes]; 0, -1 when
+ * row_bytes is not the type's size for k, or -2 - r when row r holds a NaN or infinite scale (d, m or dmin): such
+ * a matrix can only answer garbage. */
 int cpu_repack_gguf(int kind, const uint8_t *rows, long n, long row_bytes, long k, uint8_t *records)
 {
     KindInfo info;
@@ -161,6 +168,8 @@ int cpu_repack_gguf(int kind, const uint8_t *rows, long n, long row_bytes, long 
             memset(out, 0, (size_t)super_bytes);
             for (int c = 0; c < GROUP && g * GROUP + c < n; c++) {
                 gguf_super(kind, rows + (g * GROUP + c) * row_bytes + s * source_bytes, &fields);
+                if (not_finite(fields.d) || (info.offsets && not_finite(fields.m)))
+                    return -2 - (int)(g * GROUP + c);
                 write_super(&info, &fields, c, out);
             }
         }
