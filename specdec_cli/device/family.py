@@ -18,11 +18,11 @@ import torch
 
 from ..target_model.native import (
     FAMILIES,
-    LAYER_KINDS,
     _activation,
-    _dynamic_rope,
     _rope_of,
     layer_kinds,
+    layers_reason,
+    projections,
 )
 
 
@@ -60,15 +60,6 @@ class Family:
     layers: tuple[LayerShape, ...]
 
 
-def _linears(layer: Any) -> list[Any]:
-    attention, mlp = layer.self_attn, layer.mlp
-    names: tuple[str, ...] = ("qkv_proj", "o_proj") if hasattr(attention, "qkv_proj") else \
-        ("q_proj", "k_proj", "v_proj", "o_proj")
-    found = [getattr(attention, name, None) for name in names]
-    names = ("gate_up_proj", "down_proj") if hasattr(mlp, "gate_up_proj") else ("gate_proj", "up_proj", "down_proj")
-    return found + [getattr(mlp, name, None) for name in names]
-
-
 def unsupported(model: Any) -> Optional[str]:
     """Why the device decoder cannot compute this model (None: it can), in one line."""
     from ..target_model.quant import BlockLinear
@@ -77,20 +68,11 @@ def unsupported(model: Any) -> Optional[str]:
     if config is None or getattr(config, "model_type", None) not in FAMILIES:
         kind = getattr(config, "model_type", "this model")
         return f"{kind} is not a family the device decoder implements ({', '.join(FAMILIES)})"
-    kinds = layer_kinds(config)
-    other = sorted(set(kinds) - set(LAYER_KINDS))
-    if other:
-        return f"{other[0]} layers"
-    if "sliding_attention" in kinds and not getattr(config, "sliding_window", None):
-        return "sliding layers without a window"
+    reason = layers_reason(model, "device decoder")
+    if reason:
+        return reason
     for index, layer in enumerate(model.model.layers):
-        try:
-            rope = _rope_of(model, index, kinds[index])
-        except AttributeError:
-            return f"layer {index}'s rotary embedding is not one the device decoder knows"
-        if rope is not None and _dynamic_rope(config, rope[2]):
-            return f"rope type {rope[2]!r} changes with the length"
-        for linear in _linears(layer):
+        for _, linear in projections(layer):
             if not isinstance(linear, (BlockLinear, torch.nn.Linear)):
                 return f"layer {index} has a projection that is neither a linear nor a block layer"
         if getattr(layer.self_attn.o_proj, "bias", None) is not None or \

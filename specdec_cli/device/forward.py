@@ -30,12 +30,13 @@ import torch
 
 from ..target_model.check_outcome import CheckOutcome
 from ..target_model.forward import Scores
+from ..target_model.tree_mask import tree_paths
 from . import CONTEXT, PREFILL_ROWS, ROWS
 from .cache import DeviceCache, StaticCache
 from .capture import StepGraph
 from .decoder import DeviceDecoder
 from .family import describe, unsupported
-from .inputs import StepInputs, tree_paths
+from .inputs import StepInputs
 from .weights import DeviceWeights
 
 CHECK_PROMPT = 24  # tokens before the one-time check's blocks

@@ -51,21 +51,6 @@ class Staging:
         return self.flush()
 
 
-def tree_paths(parents: Sequence[int]) -> tuple[list[int], np.ndarray]:
-    """For a block [root, node 0, node 1, ...] with node i's parent parents[i] (-1: the root): each row's depth and
-    ancestor-or-self matrix (bool [n, n]), in numpy (tree_mask.tree_layout's, without torch on the host)."""
-    size = len(parents) + 1
-    depth = [0] * size
-    ancestors = np.eye(size, dtype=bool)
-    for node, parent in enumerate(parents):
-        row, parent_row = node + 1, parent + 1
-        if not 0 <= parent_row < row:
-            raise ValueError(f"tree node {node} has parent {parent}: parents must come first (breadth-first)")
-        depth[row] = depth[parent_row] + 1
-        ancestors[row] |= ancestors[parent_row]
-    return depth, ancestors
-
-
 class StepInputs:
     """The inputs of a forward of `rows` padded rows, laid out in one int64 buffer:
     ids [rows] | positions [rows] | slots [rows] | committed length [1] | paths [rows, rows], where paths[r, d] is

@@ -18,7 +18,8 @@ from typing import Any, Optional
 
 import torch
 
-from .family import Family, _linears
+from ..target_model.native import projections
+from .family import Family
 
 CHUNK_ROWS = 4096  # output rows of a block matrix dequantised at a time on the device (and embedding rows)
 
@@ -114,7 +115,7 @@ class DeviceWeights:
         with torch.no_grad():
             for layer in model.model.layers:
                 attention = layer.self_attn
-                linears = _linears(layer)
+                linears = [module for _, module in projections(layer)]
                 attention_inputs = linears[:1] if hasattr(attention, "qkv_proj") else linears[:3]
                 qkv, qkv_bias = fused(attention_inputs, device, dtype)
                 out = fused([attention.o_proj], device, dtype)[0]

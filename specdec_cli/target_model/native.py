@@ -98,6 +98,36 @@ def _dynamic_rope(config: Any, rope_type: str) -> bool:
     return False
 
 
+def projections(layer: Any) -> list[tuple[str, Any]]:
+    """A decoder layer's projections by name, attention's then the MLP's (fused where the model fuses them)."""
+    attention, mlp = layer.self_attn, layer.mlp
+    names: tuple[str, ...] = ("qkv_proj", "o_proj") if hasattr(attention, "qkv_proj") else \
+        ("q_proj", "k_proj", "v_proj", "o_proj")
+    found = [(name, getattr(attention, name, None)) for name in names]
+    names = ("gate_up_proj", "down_proj") if hasattr(mlp, "gate_up_proj") else ("gate_proj", "up_proj", "down_proj")
+    return found + [(name, getattr(mlp, name, None)) for name in names]
+
+
+def layers_reason(model: Any, decoder: str) -> Optional[str]:
+    """Why a decoder of the native families (`decoder` names it) cannot take this model's layer kinds and rotary
+    tables (None: it can), in one line; native.py's and device/'s checks share it."""
+    config = model.config
+    kinds = layer_kinds(config)
+    other = sorted(set(kinds) - set(LAYER_KINDS))
+    if other:
+        return f"{other[0]} layers"
+    if "sliding_attention" in kinds and not getattr(config, "sliding_window", None):
+        return "sliding layers without a window"
+    for index in range(len(model.model.layers)):
+        try:
+            rope = _rope_of(model, index, kinds[index])
+        except AttributeError:
+            return f"layer {index}'s rotary embedding is not one the {decoder} knows"
+        if rope is not None and _dynamic_rope(config, rope[2]):
+            return f"rope type {rope[2]!r} changes with the length"
+    return None
+
+
 def unsupported(model: Any) -> Optional[str]:
     """Why `NativeDecoder` cannot run this model (None: it can), in one line."""
     config = model.config
@@ -107,29 +137,13 @@ def unsupported(model: Any) -> Optional[str]:
         return f"{config.model_type} is not a family the native decoder implements ({', '.join(FAMILIES)})"
     if next(model.parameters()).device.type != "cpu":
         return "the model is not on the CPU"
-    kinds = layer_kinds(config)
-    other = sorted(set(kinds) - set(LAYER_KINDS))
-    if other:
-        return f"{other[0]} layers"
-    if "sliding_attention" in kinds and not getattr(config, "sliding_window", None):
-        return "sliding layers without a window"
+    reason = layers_reason(model, "native decoder")
+    if reason:
+        return reason
     for index, layer in enumerate(model.model.layers):
-        try:
-            rope = _rope_of(model, index, kinds[index])
-        except AttributeError:
-            return f"layer {index}'s rotary embedding is not one the native decoder knows"
-        if rope is not None and _dynamic_rope(config, rope[2]):
-            return f"rope type {rope[2]!r} changes with the length"
         attention, mlp = layer.self_attn, layer.mlp
-        names: tuple[str, ...] = ("qkv_proj", "o_proj") if hasattr(attention, "qkv_proj") else \
-            ("q_proj", "k_proj", "v_proj", "o_proj")
-        for name in names:
-            if not isinstance(getattr(attention, name, None), BlockLinear):
-                return f"layer {index}'s {name} is not a block layer"
-        names = ("gate_up_proj", "down_proj") if hasattr(mlp, "gate_up_proj") else ("gate_proj", "up_proj",
-                                                                                      "down_proj")
-        for name in names:
-            if not isinstance(getattr(mlp, name, None), BlockLinear):
+        for name, projection in projections(layer):
+            if not isinstance(projection, BlockLinear):
                 return f"layer {index}'s {name} is not a block layer"
         if getattr(attention.o_proj, "bias", None) is not None or getattr(mlp.down_proj, "bias", None) is not None:
             return "biases on output projections"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from ..errors import SpecdecError
@@ -55,11 +56,12 @@ def tree_attention_mask(config: Any, start: int, depth: torch.Tensor, ancestors:
     return next(iter(masks.values())) if len(masks) == 1 else masks
 
 
-def tree_layout(parents: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """For a block [root, node 0, node 1, ...]: depth [n] and ancestor-or-self mask [n, n] (bool)."""
+def tree_paths(parents: Sequence[int]) -> tuple[list[int], np.ndarray]:
+    """For a block [root, node 0, node 1, ...] with node i's parent parents[i] (-1: the root): each row's depth and
+    ancestor-or-self matrix (bool [n, n]), in numpy (no torch on the host: the device engine's inputs)."""
     size = len(parents) + 1
-    depth = torch.zeros(size, dtype=torch.long)
-    ancestors = torch.eye(size, dtype=torch.bool)
+    depth = [0] * size
+    ancestors = np.eye(size, dtype=bool)
     for node, parent in enumerate(parents):
         row, parent_row = node + 1, parent + 1
         if not 0 <= parent_row < row:
@@ -67,3 +69,9 @@ def tree_layout(parents: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         depth[row] = depth[parent_row] + 1
         ancestors[row] |= ancestors[parent_row]
     return depth, ancestors
+
+
+def tree_layout(parents: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """For a block [root, node 0, node 1, ...]: depth [n] and ancestor-or-self mask [n, n] (bool)."""
+    depth, ancestors = tree_paths(parents)
+    return torch.tensor(depth, dtype=torch.long), torch.from_numpy(ancestors)
