@@ -184,6 +184,8 @@ typedef struct {
 
 int cpu_matmul(const KindInfo *info, const float *x, long rows, long k, long n, const char *weights, float *out,
                long out_stride, int accumulate, int path);
+void cpu_store_values(const MatmulTask *t, long row, long col, const float *values); /* the portable loops' store */
+void cpu_store_nan(const MatmulTask *t, long start, long stop);
 
 /* The block kinds' compiled shapes: (bits, sub, offsets) of each kind, and tiles of 1, 2, 4 (and 8) rows. */
 #define SHAPES(X)                                                                                                  \

@@ -13,12 +13,23 @@
 #endif
 
 /* Row r, columns col .. col+GROUP-1 of a group's results in `values` (only the columns below n are written). */
-static inline void store_values(const MatmulTask *t, long row, long col, const float *values)
+void cpu_store_values(const MatmulTask *t, long row, long col, const float *values)
 {
     float *at = t->out + row * t->out_stride + col;
     long count = t->n - col < GROUP ? t->n - col : GROUP;
     for (long c = 0; c < count; c++)
         at[c] = t->accumulate ? at[c] + values[c] : values[c];
+}
+
+/* Groups start .. stop-1 of every row set to NaN: what a loop that could not allocate its scratch leaves. */
+void cpu_store_nan(const MatmulTask *t, long start, long stop)
+{
+    float nan[GROUP];
+    for (int c = 0; c < GROUP; c++)
+        nan[c] = NAN;
+    for (long g = start; g < stop; g++)
+        for (long r = 0; r < t->rows; r++)
+            cpu_store_values(t, r, g * GROUP, nan);
 }
 
 /* The 32 codes of column c in a block's codes (the layout in ../_cpu.c's header comment), less the zero point. */
@@ -76,12 +87,7 @@ static void matmul_groups_portable(const void *arg, long start, long stop)
     if (column == NULL || codes == NULL) {
         free(column);
         free(codes);
-        float nan[GROUP];
-        for (int c = 0; c < GROUP; c++)
-            nan[c] = NAN;
-        for (long g = start; g < stop; g++)
-            for (long r = 0; r < t->rows; r++)
-                store_values(t, r, g * GROUP, nan);
+        cpu_store_nan(t, start, stop);
         return;
     }
     for (long g = start; g < stop; g++) {
@@ -137,7 +143,7 @@ static void matmul_groups_portable(const void *arg, long start, long stop)
                 }
             }
             for (long r = 0; r < rows; r++)
-                store_values(t, r0 + r, g * GROUP, values[r]);
+                cpu_store_values(t, r0 + r, g * GROUP, values[r]);
         }
     }
     free(column);

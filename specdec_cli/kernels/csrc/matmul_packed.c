@@ -84,14 +84,6 @@ static void packed_column(const KindInfo *info, const uint8_t *record, long k, l
     }
 }
 
-static inline void store_row(const MatmulTask *t, long row, long col, const float *values)
-{
-    float *at = t->out + row * t->out_stride + col;
-    long count = t->n - col < GROUP ? t->n - col : GROUP;
-    for (long c = 0; c < count; c++)
-        at[c] = t->accumulate ? at[c] + values[c] : values[c];
-}
-
 /* The reference: one column at a time, in the order above. */
 void cpu_matmul_packed_portable(const void *arg, long start, long stop)
 {
@@ -104,12 +96,7 @@ void cpu_matmul_packed_portable(const void *arg, long start, long stop)
         free(codes);
         free(scales);
         free(offsets);
-        float nan[GROUP];
-        for (int c = 0; c < GROUP; c++)
-            nan[c] = NAN;
-        for (long g = start; g < stop; g++)
-            for (long r = 0; r < t->rows; r++)
-                store_row(t, r, g * GROUP, nan);
+        cpu_store_nan(t, start, stop);
         return;
     }
     for (long g = start; g < stop; g++) {
@@ -135,7 +122,7 @@ void cpu_matmul_packed_portable(const void *arg, long start, long stop)
                 }
             }
             for (long r = 0; r < rows; r++)
-                store_row(t, r0 + r, g * GROUP, values[r]);
+                cpu_store_values(t, r0 + r, g * GROUP, values[r]);
         }
     }
     free(codes);
