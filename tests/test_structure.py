@@ -138,3 +138,15 @@ def test_the_cli_modules_load_without_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_the_version_is_the_changelogs_newest():
+    """One version, written once (specdec_cli/__init__.py; pyproject.toml reads it): CHANGELOG.md's newest entry."""
+    import re
+
+    from specdec_cli import __version__
+
+    root = PACKAGE.parent
+    newest = re.search(r"^## (\d+\.\d+\.\d+)", (root / "CHANGELOG.md").read_text(encoding="utf-8"), re.MULTILINE)
+    assert newest and re.match(r"\d+\.\d+\.\d+", __version__).group(0) == newest.group(1)
+    assert 'attr = "specdec_cli.__version__"' in (root / "pyproject.toml").read_text(encoding="utf-8")
