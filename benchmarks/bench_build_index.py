@@ -32,17 +32,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from specdec_cli.machine import peak_resident_memory  # noqa: E402  (after the path: the checkout's package)
+
 
 def peak_rss_mb() -> float:
-    """This process's peak resident memory. Linux's VmHWM, since ru_maxrss survives fork + exec and would
-    report the parent's (tokenizer-holding) memory; ru_maxrss elsewhere."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    """This process's peak resident memory: machine.py's VmHWM, since ru_maxrss survives fork + exec and would
+    report the parent's (tokenizer-holding) memory; ru_maxrss off Linux."""
+    peak = peak_resident_memory()
+    if peak is not None:
+        return peak / (1024 * 1024)
     scale = 1024 * 1024 if sys.platform == "darwin" else 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale
 

@@ -37,7 +37,7 @@ from bisect import bisect_right
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..decoding.draft import NOTHING, Draft, StepEvent
-from .base import check_token_ids
+from .token_ids import check_token_ids
 from .sam import check_index
 from .spec import DrafterOptions, DrafterSpec
 from .target import TargetInfo

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from ..decoding.draft import Draft, Needs, StepEvent
 from ..errors import SpecdecError
-from .base import check_token_ids
+from .token_ids import check_token_ids
 from .spec import DrafterOptions, DrafterSpec
 from .target import TargetInfo, TargetWeights
 

@@ -29,7 +29,7 @@ from typing import Any, Optional, Sequence
 
 from ..decoding.draft import NOTHING, Draft, StepEvent
 from ..errors import SpecdecError
-from .base import check_token_ids
+from .token_ids import check_token_ids
 from .spec import DrafterOptions, DrafterSpec
 from .target import TargetInfo
 

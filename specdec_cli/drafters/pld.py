@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..decoding.draft import NOTHING, Draft, StepEvent
 from ..defaults import DEFAULT_BUDGET
-from .base import check_token_ids
+from .token_ids import check_token_ids
 from .spec import DrafterOptions, DrafterSpec
 from .target import TargetInfo
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..decoding.draft import Draft, Needs, StepEvent
-from .base import check_token_ids
+from .token_ids import check_token_ids
 from .spec import DrafterOptions, DrafterSpec
 from .target import TargetInfo
 

@@ -42,7 +42,7 @@ import numpy as np
 
 from ..decoding.draft import Drafter
 from ..drafters import TargetInfo, make_drafter
-from ..drafters.base import valid_token_ids
+from ..drafters.token_ids import valid_token_ids
 from .proposer_settings import PROPOSER_CLASSES, ProposerSettings
 
 TAIL_TOKENS = 16  # a sequence is filed under a hash of its last tokens (and its length)

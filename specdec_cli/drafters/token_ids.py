@@ -1,5 +1,5 @@
-"""What every drafter shares: token ids checked where they enter a drafter. The protocol itself is `Drafter` in
-decoding/draft.py, typed and nothing else:
+"""Token ids checked where they enter a drafter, the one thing every drafter shares. It holds no base class: the
+protocol itself is `Drafter` in decoding/draft.py, typed and nothing else:
 
 `propose(context, budget)` returns a `Draft` of at most `budget` tokens (nodes) to follow `context`, the
 whole committed token sequence (prompt and generated tokens). `observe(event)` is told every engine event,
