@@ -22,6 +22,7 @@ from helpers import char_tokenizer
 
 from specdec_cli.bench import OVERALL, bench_settings, resolve_methods, run_bench
 from specdec_cli.bench import llama_server as ls
+from specdec_cli.bench import llama_server_names as names
 from specdec_cli.errors import SpecdecError
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
@@ -104,20 +105,20 @@ def test_method_names():
     for bad in ("http://127.0.0.1:8080/v1", "http://:80", "http://host:port"):
         with pytest.raises(SpecdecError, match="http://HOST:PORT"):
             resolve_methods([], [bad])
-    assert ls.parse_url("http://localhost") == ("http://localhost:80", "llama-server@localhost:80")
+    assert names.parse_url("http://localhost") == ("http://localhost:80", "llama-server@localhost:80")
 
 
 def test_binary_lookup(tmp_path, monkeypatch, fake_binary):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    path, reason = ls.find_binary(None)
+    path, reason = names.find_binary(None)
     assert path is None and "make install-llama-server" in reason and "--llama-server PATH" in reason
-    assert ls.find_binary(str(fake_binary)) == (str(fake_binary), None)
+    assert names.find_binary(str(fake_binary)) == (str(fake_binary), None)
     with pytest.raises(SpecdecError, match="no such file"):
-        ls.find_binary(str(tmp_path / "absent"))
+        names.find_binary(str(tmp_path / "absent"))
     plain = tmp_path / "not-executable"
     plain.write_text("")
     with pytest.raises(SpecdecError, match="not executable"):
-        ls.find_binary(str(plain))
+        names.find_binary(str(plain))
     rows = ls.plan(resolve_methods([], ["llama-server"]), None, "model.gguf")
     assert not rows.servers and "make install-llama-server" in rows.skipped["llama-server"]
     rows = ls.plan(resolve_methods([], ["llama-server:ngram-mod"]), str(fake_binary), None)

@@ -8,7 +8,8 @@ The package, one concept a module:
 - settings.py: `BenchSettings`, checked before the model loads;
 - runner.py: `run_bench`, every method on every conversation, interleaved, after a warm-up;
 - hf_reference.py: transformers' own `generate` and prompt lookup, timed like the engine;
-- llama_cpp.py, llama_server.py: llama.cpp's rows, through its Python binding and through its own server binary;
+- llama_cpp.py, llama_server.py: llama.cpp's rows, through its Python binding and through its own server binary
+  (llama_server_names.py: the row names and the binary; llama_server_http.py: the requests to a server);
 - metrics.py: tokens/s, speedup, tau, acceptance, identity, per category and overall (`ResultRow`);
 - environment.py: the machine, the software and the verify-cost curve the engine planned with;
 - report.py: `BenchReport` and its JSON and CSV files.

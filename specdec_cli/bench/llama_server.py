@@ -19,34 +19,28 @@ draft_n and draft_n_accepted.
 A server started here is always stopped: after the run, on an error and on Ctrl-C (it runs in its own session,
 so the terminal's Ctrl-C reaches specdec only, and on Linux it is told to exit should specdec die). Its log goes
 to a temporary file, removed after a clean run and kept (its last lines shown) when the server fails.
+
+The row names and the binary's whereabouts are llama_server_names.py's; the HTTP requests, llama_server_http.py's.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from ..errors import SpecdecError
 from ..processes import stop_child
+from .llama_server_http import error_text, probe, request, running_spec_types, spec_types
+from .llama_server_names import LLAMA_SERVER, find_binary, spec_type_of
 
-LLAMA_SERVER = "llama-server"
-SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-mod")  # llama.cpp's n-gram --spec-type values offered here
-INSTALL = "`make install-llama-server` builds it into .venv/bin, or pass --llama-server PATH"
 CONTEXT_TOKENS = 8192  # the server's context (at most the model's own); a longer prompt is refused with a reason
 START_SECONDS = 180.0  # a server that is not healthy by then is reported, with its log
-PROBE_SECONDS = 5.0  # a --reference URL that does not answer within this is refused
-REQUEST_SECONDS = 1800.0
 LOG_LINES = 15
 
 
@@ -57,136 +51,6 @@ class LlamaServerError(SpecdecError):
         super().__init__(message)
         self.log_tail = list(log_tail)
         self.log_path = log_path
-
-
-def is_server_name(name: str) -> bool:
-    """`llama-server`, `llama-server:TYPE` or a URL (http://HOST:PORT)."""
-    return name == LLAMA_SERVER or name.startswith(LLAMA_SERVER + ":") or is_url(name)
-
-
-def is_url(name: str) -> bool:
-    return name.startswith(("http://", "https://"))
-
-
-def parse_url(text: str) -> tuple[str, str]:
-    """'http://host:port[/]' -> (base URL without a trailing slash, row name `llama-server@host:port`)."""
-    parsed = urllib.parse.urlsplit(text)
-    bad = SpecdecError(f"--reference {text}: a llama.cpp server's address is http://HOST:PORT (e.g. "
-                       "http://127.0.0.1:8080)", setting="reference")
-    try:
-        port = parsed.port
-    except ValueError:
-        raise bad from None
-    if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path not in ("", "/") or \
-            parsed.query or parsed.fragment:
-        raise bad
-    port = port or (443 if parsed.scheme == "https" else 80)
-    host = parsed.hostname
-    shown = f"[{host}]" if ":" in host else host
-    return f"{parsed.scheme}://{shown}:{port}", f"{LLAMA_SERVER}@{shown}:{port}"
-
-
-def spec_type_of(name: str) -> str:
-    """`llama-server:ngram-mod` -> 'ngram-mod'; `llama-server` -> '' (plain decoding)."""
-    return name.split(":", 1)[1] if name.startswith(LLAMA_SERVER + ":") else ""
-
-
-def find_binary(explicit: Optional[str]) -> tuple[Optional[str], Optional[str]]:
-    """(path of the llama-server binary, None) or (None, why there is none). A --llama-server PATH that is not
-    an executable file is a user's mistake: SpecdecError."""
-    if explicit:
-        path = os.path.expanduser(explicit)
-        if os.path.isdir(path):
-            raise SpecdecError(f"llama_server: {explicit} is a directory, not the llama-server binary",
-                               setting="llama_server")
-        if not os.path.isfile(path):
-            raise SpecdecError(f"llama_server: no such file: {explicit}", setting="llama_server")
-        if not os.access(path, os.X_OK):
-            raise SpecdecError(f"llama_server: {explicit} is not executable", setting="llama_server")
-        return os.path.abspath(path), None
-    found = shutil.which(LLAMA_SERVER)
-    if found is None:
-        return None, f"no {LLAMA_SERVER} binary on PATH ({INSTALL})"
-    return found, None
-
-
-# ------------------------------------------------------------------------------------------------ HTTP
-
-
-def _request(url: str, body: Optional[dict] = None, timeout: float = REQUEST_SECONDS) -> tuple[int, Any]:
-    """(HTTP status, parsed JSON or None) of a GET (no body) or a JSON POST; connection errors raise OSError."""
-    data = None if body is None else json.dumps(body).encode("utf-8")
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as error:
-        status, raw = error.code, error.read()
-    try:
-        return status, json.loads(raw.decode("utf-8")) if raw else None
-    except (UnicodeDecodeError, ValueError):
-        return status, None
-
-
-def _error_text(payload: Any) -> str:
-    if isinstance(payload, dict):
-        error = payload.get("error")
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])
-        if isinstance(error, str):
-            return error
-    return "no error message"
-
-
-def probe(base_url: str, timeout: float = PROBE_SECONDS) -> dict:
-    """/health (waiting while the server says it is loading) and /props of a running server; SpecdecError when
-    nothing answers there or it is not healthy."""
-    deadline = time.monotonic() + max(timeout, 0.1) * 12  # a server still loading its model gets longer
-    while True:
-        try:
-            status, payload = _request(base_url + "/health", timeout=timeout)
-        except OSError as error:
-            reason = getattr(error, "reason", error)
-            raise SpecdecError(f"--reference {base_url}: no llama.cpp server answers there ({reason})",
-                               setting="reference") from None
-        if status == 200:
-            break
-        if status == 503 and time.monotonic() < deadline:  # loading the model
-            time.sleep(0.2)
-            continue
-        raise SpecdecError(f"--reference {base_url}: /health answered {status} ({_error_text(payload)})",
-                           setting="reference")
-    try:
-        status, props = _request(base_url + "/props", timeout=timeout)
-    except OSError:
-        status, props = 0, None
-    return props if status == 200 and isinstance(props, dict) else {}
-
-
-def spec_types(params: Any) -> Optional[str]:
-    """The speculative decoding a server's task parameters name ("ngram-mod"; "none" for plain decoding), or None
-    where they do not say. llama.cpp lists "none" next to the types in force ("none,ngram-mod")."""
-    if not isinstance(params, dict):
-        return None
-    value = params.get("speculative.types", params.get("speculative.type"))
-    if not value:
-        return None
-    types = [part.strip() for part in str(value).split(",") if part.strip() and part.strip() != "none"]
-    return ",".join(types) if types else "none"
-
-
-def running_spec_types(base_url: str, props: dict) -> Optional[str]:
-    """What a running server decodes with: its first slot's parameters (/slots), else /props' defaults (which
-    leave out the server's --spec-type), else None."""
-    try:
-        status, slots = _request(base_url + "/slots", timeout=PROBE_SECONDS)
-    except OSError:
-        status, slots = 0, None
-    if status == 200 and isinstance(slots, list) and slots and isinstance(slots[0], dict):
-        found = spec_types(slots[0].get("params"))
-        if found is not None:
-            return found
-    return spec_types((props.get("default_generation_settings") or {}).get("params"))
 
 
 # ------------------------------------------------------------------------------------------------ one server
@@ -281,7 +145,7 @@ class LlamaServer:
             if code is not None:
                 raise self._failure(f"{self.name}: {self.binary} exited during start-up (exit status {code})")
             try:
-                status, _ = _request(self.url + "/health", timeout=2.0)
+                status, _ = request(self.url + "/health", timeout=2.0)
             except OSError:
                 status = 0
             if status == 200:
@@ -289,7 +153,7 @@ class LlamaServer:
             if time.monotonic() > deadline:
                 raise self._failure(f"{self.name}: not healthy after {self.start_seconds:.0f} s")
             time.sleep(0.05)
-        _, props = _request(self.url + "/props", timeout=10.0)
+        _, props = request(self.url + "/props", timeout=10.0)
         self.props = props if isinstance(props, dict) else {}
 
     def stop(self, keep_log: bool = False) -> None:
@@ -348,12 +212,12 @@ class LlamaServer:
                 body["seed"] = int(config.seed)
         started = time.perf_counter()
         try:
-            status, payload = _request(self.url + "/completion", body)
+            status, payload = request(self.url + "/completion", body)
         except OSError as error:
             raise self._lost(f"the request failed ({getattr(error, 'reason', error)})") from None
         wall = time.perf_counter() - started
         if status != 200 or not isinstance(payload, dict):
-            raise self._lost(f"/completion answered {status} ({_error_text(payload)})")
+            raise self._lost(f"/completion answered {status} ({error_text(payload)})")
         return self._turn(payload, wall, config, tokenizer)
 
     def _lost(self, what: str) -> SpecdecError:

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 from ..drafters import DRAFTERS, is_drafter
 from ..errors import SpecdecError
-from .llama_server import LLAMA_SERVER, SPEC_TYPES, is_server_name, is_url, parse_url
+from .llama_server_names import LLAMA_SERVER, SPEC_TYPES, is_server_name, is_url, parse_url
 
 BASELINE = "none"
 NATIVE = "native"  # plain decoding with the model's own kernels, where verification is row-invariant
