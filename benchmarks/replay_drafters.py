@@ -52,9 +52,10 @@ def record(args: argparse.Namespace) -> None:
     import torch
 
     from specdec_cli.decoding.engine import Engine
+    from specdec_cli.drafters import target_info
     from specdec_cli.drafters.none import NoDrafter
-    from specdec_cli.session.chat import format_prompt, target_info
     from specdec_cli.target_model.models import load_target
+    from specdec_cli.texts.prompt_ids import format_prompt
     from specdec_cli.texts.prompts import load_prompt_file, load_suite, select
 
     loaded = load_target(args.target, "cpu", "float32")

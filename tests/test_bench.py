@@ -378,7 +378,7 @@ def test_library_run_document(library_report, conversations):
 
 def test_library_run_identity_matches_direct_comparison(library_report, tiny_llama, tokenizer, conversations):
     """Every output against transformers' greedy on the same prompt; the second turn follows the baseline."""
-    from specdec_cli.session.chat import format_prompt
+    from specdec_cli.texts.prompt_ids import format_prompt
 
     report, _ = library_report
     expected: dict[tuple[int, int], list[int]] = {}
@@ -411,8 +411,7 @@ def test_library_run_identity_matches_direct_comparison(library_report, tiny_lla
 def test_every_registered_drafter_runs_losslessly(tiny_llama, tokenizer, conversations):
     """Drafters added to the registry appear in bench without changes; those needing options (a draft model
     directory) are left out here."""
-    from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter
-    from specdec_cli.session.chat import target_info
+    from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter, target_info
 
     names = []
     for name in DRAFTERS:

@@ -214,9 +214,8 @@ def test_vocabulary_mismatch_in_chat(target_dir, tmp_path):
 
 
 def test_other_tokenizer_is_refused(target, tmp_path):
-    from specdec_cli.drafters import DrafterOptions, make_drafter
+    from specdec_cli.drafters import DrafterOptions, make_drafter, target_info
     from specdec_cli.errors import SpecdecError
-    from specdec_cli.session.chat import target_info
 
     folder = tmp_path / "other-tokenizer"
     _tiny("llama").save_pretrained(folder)

@@ -12,13 +12,12 @@ from conftest import TINY_EOS, chi_square, fixed_engine, hf_greedy, invoke
 from specdec_cli import kernels
 from specdec_cli.decoding.draft import Needs
 from specdec_cli.decoding.engine import GenerationConfig
-from specdec_cli.drafters import DrafterOptions, make_drafter, target_weights
+from specdec_cli.drafters import DrafterOptions, make_drafter, target_info, target_weights
 from specdec_cli.drafters.eagle import EagleDrafter, check_target
 from specdec_cli.drafters.eagle_head import EagleHead, HeadCache, head_config_for, load_head, save_head
 from specdec_cli.drafters.none import NoDrafter
 from specdec_cli.drafters.pld import PromptLookupDrafter
 from specdec_cli.errors import SpecdecError
-from specdec_cli.session.chat import target_info
 
 PATTERN = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
 PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11, 12], [1, 30, 31, 32, 33, 30, 31]]

@@ -181,7 +181,7 @@ def test_a_long_file_name_loads(tmp_path):
      "the chat template renders more than 1,048,576 characters for this prompt; stopped there"),
 ])
 def test_a_template_that_fails_is_a_template_error_with_its_own_message(template, needle):
-    from specdec_cli.session.chat import format_prompt
+    from specdec_cli.texts.prompt_ids import format_prompt
 
     tokenizer = make_char_tokenizer()
     tokenizer.chat_template = template
@@ -191,7 +191,7 @@ def test_a_template_that_fails_is_a_template_error_with_its_own_message(template
 
 
 def test_a_template_renders_as_transformers_renders_it():
-    from specdec_cli.session.chat import format_prompt, render_template
+    from specdec_cli.texts.prompt_ids import format_prompt, render_template
 
     template = ("{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{{ eos_token }}{% endfor %}"
                 "{% if add_generation_prompt %}<a>{% endif %}")

@@ -210,6 +210,6 @@ def test_the_draft_goes_on_the_targets_device(monkeypatch, tmp_path):
 def test_target_info_names_the_targets_device(tiny_llama):
     from conftest import make_char_tokenizer
 
-    from specdec_cli.session.chat import target_info
+    from specdec_cli.drafters import target_info
 
     assert target_info(tiny_llama, make_char_tokenizer()).device == "cpu"

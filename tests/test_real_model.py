@@ -29,7 +29,7 @@ def default_target(real_target):
 
 
 def _reference(target, prompt, max_new_tokens):
-    from specdec_cli.session.chat import format_prompt
+    from specdec_cli.texts.prompt_ids import format_prompt
 
     ids = format_prompt(target.tokenizer, [{"role": "user", "content": prompt}])
     input_ids = torch.tensor([ids])
@@ -62,8 +62,8 @@ def test_one_shot_json_equals_transformers_greedy(default_target, shared_real_mo
 
 def _untrained_head(target, folder):
     """An EAGLE head for the real model, untrained (its drafts are mostly wrong: the output must not care)."""
+    from specdec_cli.drafters import target_info
     from specdec_cli.drafters.eagle_head import EagleHead, head_config_for, save_head
-    from specdec_cli.session.chat import target_info
 
     info = target_info(target.model, target.tokenizer)
     torch.manual_seed(0)
@@ -96,8 +96,8 @@ def test_every_drafter_is_exact_in_bfloat16(real_target, tmp_path):
     from specdec_cli.decoding.cost_curve import CostCurve
     from specdec_cli.decoding.engine import Engine, GenerationConfig
     from specdec_cli.decoding.planner import DraftPlanner
-    from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter
-    from specdec_cli.session.chat import format_prompt, target_info
+    from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter, target_info
+    from specdec_cli.texts.prompt_ids import format_prompt
 
     target = real_target("bfloat16", "dense")
     info = target_info(target.model, target.tokenizer)
@@ -126,8 +126,8 @@ def test_model_drafter_is_lossless_on_the_real_model(default_target):
     from specdec_cli.decoding.engine import Engine, GenerationConfig
     from specdec_cli.decoding.planner import DraftPlanner
     from specdec_cli.distill.student import build_student
+    from specdec_cli.drafters import target_info
     from specdec_cli.drafters.model import ModelDrafter
-    from specdec_cli.session.chat import target_info
 
     student = build_student(default_target.model, {"kind": "target", "layers": 2}).eval()
     info = target_info(default_target.model, default_target.tokenizer)
@@ -157,10 +157,10 @@ def test_every_drafter_is_exact_on_the_ggufs_own_blocks(real_target, tmp_path):
     from specdec_cli.decoding.cost_curve import CostCurve
     from specdec_cli.decoding.engine import Engine, GenerationConfig
     from specdec_cli.decoding.planner import DraftPlanner
-    from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter
-    from specdec_cli.session.chat import format_prompt, target_info
+    from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter, target_info
     from specdec_cli.target_model.exact_setup import NativeForward
     from specdec_cli.target_model.quant import weights_summary
+    from specdec_cli.texts.prompt_ids import format_prompt
 
     target = real_target("float32", "gguf")
     assert target.weights == "gguf" and weights_summary(target.model) == "210 Q4_1 + 1 Q8_0 block layers, 0 dense"
@@ -194,8 +194,8 @@ def test_llama_cpp_decodes_the_same_gguf_where_it_is_installed():
     from types import SimpleNamespace
 
     from specdec_cli.bench.llama_cpp import LlamaCpp
-    from specdec_cli.session.chat import format_prompt
     from specdec_cli.target_model.models import default_gguf_path, load_tokenizer
+    from specdec_cli.texts.prompt_ids import format_prompt
 
     tokenizer = load_tokenizer()
     ids = format_prompt(tokenizer, [{"role": "user", "content": PROMPTS[0]}])
@@ -266,9 +266,9 @@ def test_the_default_gguf_in_place_is_the_converted_model_on_its_own_blocks(real
     installed into transformers' model of it (specdec's path before)."""
     from transformers import AutoTokenizer, PreTrainedModel
 
-    from specdec_cli.session.chat import format_prompt
     from specdec_cli.target_model import native, quant
     from specdec_cli.target_model.models import default_gguf_path
+    from specdec_cli.texts.prompt_ids import format_prompt
 
     in_place = real_target("float32", "gguf")
     assert not isinstance(in_place.model, PreTrainedModel) and in_place.model.source.cache.is_dir()

@@ -39,7 +39,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def prompt_ids(target) -> list[list[int]]:
-    from specdec_cli.session.chat import format_prompt
+    from specdec_cli.texts.prompt_ids import format_prompt
 
     return [format_prompt(target.tokenizer, [{"role": "user", "content": prompt}]) for prompt in PROMPTS]
 

@@ -216,7 +216,7 @@ class _Runner:
     def __init__(self, model: Any, tokenizer: Any, settings: BenchSettings, gguf_path: Optional[str] = None,
                  servers: Optional[dict] = None):
         from ..decoding.engine import Engine
-        from ..session.chat import target_info
+        from ..drafters import target_info
         from ..target_model.exact_setup import choose_forward
 
         self.gguf_path = gguf_path
@@ -273,7 +273,7 @@ class _Runner:
         self.engine.forget()
 
     def _format(self, messages: list[dict]) -> list[int]:
-        from ..session.chat import format_prompt
+        from ..texts.prompt_ids import format_prompt
 
         return format_prompt(self.tokenizer, messages, self.settings.run.raw)
 

@@ -21,8 +21,8 @@ def bench_vllm(values: dict, drafters: Sequence[str], references: Sequence[str],
     from ..bench.vllm_bench import RESULT_COLUMNS, VllmBenchSettings, VllmProgress, run_vllm_bench, vllm_methods
     from ..errors import SpecdecError
     from ..files import check_output_file
-    from ..session.chat import format_prompt
     from ..target_model.models import load_target_text, resolve_target
+    from ..texts.prompt_ids import format_prompt
     from ..vllm.runner import INSTALL_HINT, vllm_installed
 
     if unsupported:

@@ -59,7 +59,7 @@ def notes(progress: Any) -> Callable[[str], None]:
 
 
 def check_data(loaded: Any, target_spec: str, data: str, allow_empty: bool) -> None:
-    from ..session.chat import target_info
+    from ..drafters import target_info
     from ..texts.data_rows import read_rows
 
     read_rows(data, target_info(loaded.model, loaded.tokenizer).fingerprint, target_spec, allow_empty=allow_empty)

@@ -71,9 +71,9 @@ def evaluate_head(
 ) -> dict:
     """Score the head in `head_dir` (and its untrained start) and store the result in its report."""
     from ..defaults import DEFAULT_BUDGET
+    from ..drafters import target_info
     from ..drafters.eagle import DEFAULT_TREE_DEPTH, DEFAULT_TREE_WIDTH, EagleDrafter, check_target
     from ..drafters.eagle_head import load_head
-    from ..session.chat import target_info
 
     directory = Path(head_dir).expanduser()
     info = target_info(target, tokenizer)

@@ -71,7 +71,7 @@ class EvalProgress:
 
 def tokenized(tokenizer: Any, prompts: Sequence[Conversation], raw: bool = False) -> list[Conversation]:
     """The prompts with their first turns' token ids as the target reads them (chat template unless `raw`)."""
-    from ..session.chat import format_prompt
+    from ..texts.prompt_ids import format_prompt
 
     return [replace(prompt, prompt_ids=tuple(format_prompt(tokenizer, [{"role": "user", "content": prompt.first_turn}],
                                                            raw)))
@@ -145,8 +145,8 @@ def score_drafts(
 
     `head_tokens` restricts every draft's output head as the `model` drafter does (None = full head).
     """
+    from ..drafters import target_info
     from ..drafters.model import ModelDrafter
-    from ..session.chat import target_info
 
     info = target_info(target, tokenizer)
 
@@ -300,8 +300,8 @@ def evaluate_draft(
     on_status: Optional[Callable[[str], None]] = None,
 ) -> dict:
     """Score the draft in `draft_dir` (and its initialisation) and store the result in its report."""
+    from ..drafters import target_info
     from ..drafters.model import load_draft_model
-    from ..session.chat import target_info
 
     status = on_status or (lambda message: None)
     directory = Path(draft_dir).expanduser()

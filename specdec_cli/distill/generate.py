@@ -172,8 +172,7 @@ def generate_data(
     from dataclasses import replace
 
     from ..decoding.engine import Engine, GenerationConfig
-    from ..drafters import DrafterOptions, make_drafter
-    from ..session.chat import target_info
+    from ..drafters import DrafterOptions, make_drafter, target_info
 
     if not prompts:
         raise SpecdecError("no prompts to answer")
@@ -245,7 +244,7 @@ def generate_data_vllm(
 
 
 def _prompt_ids(tokenizer: Any, prompt: Conversation, raw: bool, system: Optional[str]) -> list[int]:
-    from ..session.chat import format_prompt
+    from ..texts.prompt_ids import format_prompt
 
     messages = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": prompt.first_turn})

@@ -65,7 +65,7 @@ def held_out_prompts(loaded: Any, target_spec: str, draft_dir: str, data: Option
                      raw: bool) -> tuple[list[Conversation], str]:
     """A student's held-out prompts (tokenized) and where they came from: a file or a suite, else the held-out rows
     of its data (`data`, or the file its report names)."""
-    from ..session.chat import target_info
+    from ..drafters import target_info
     from .evaluate import prompts_from_data, read_report, tokenized
 
     if prompts or suite:

@@ -382,7 +382,7 @@ def train_draft(
     threads: Optional[int] = None,
 ) -> TrainResult:
     """Train a student on `data_path` and write it to `output`; Ctrl-C saves a checkpoint and re-raises."""
-    from ..session.chat import target_info
+    from ..drafters import target_info
 
     config.check()
     status = on_status or (lambda message: None)

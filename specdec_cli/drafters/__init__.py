@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 from ..errors import SpecdecError
 from .spec import UNUSED_OPTION_NOTES, DrafterOptions, DrafterSpec
-from .target import TargetInfo, TargetWeights, target_weights
+from .target import TargetInfo, TargetWeights, target_info, target_weights
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..decoding.draft import Drafter
 
 __all__ = ["AUX_CHOICES", "DRAFTERS", "HYBRID_HEAD", "SPECS", "DrafterOptions", "DrafterSpec", "TargetInfo",
            "TargetWeights", "check_aux", "check_drafter", "check_drafter_options", "is_drafter", "make_drafter",
-           "min_prob_in_force", "split_hybrid", "target_weights"]
+           "min_prob_in_force", "split_hybrid", "target_info", "target_weights"]
 
 DRAFTER_MODULES = (  # one line per drafter: its module in this package, in the order help lists them
     "none",

@@ -37,10 +37,10 @@ from bisect import bisect_right
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..decoding.draft import NOTHING, Draft, StepEvent
-from .token_ids import check_token_ids
 from .sam import check_index
 from .spec import DrafterOptions, DrafterSpec
 from .target import TargetInfo
+from .token_ids import check_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np

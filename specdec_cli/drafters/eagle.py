@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from ..decoding.draft import Draft, Needs, StepEvent
 from ..errors import SpecdecError
-from .token_ids import check_token_ids
 from .spec import DrafterOptions, DrafterSpec
 from .target import TargetInfo, TargetWeights
+from .token_ids import check_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

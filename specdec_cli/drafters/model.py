@@ -29,9 +29,9 @@ from typing import Any, Optional, Sequence
 
 from ..decoding.draft import NOTHING, Draft, StepEvent
 from ..errors import SpecdecError
-from .token_ids import check_token_ids
 from .spec import DrafterOptions, DrafterSpec
 from .target import TargetInfo
+from .token_ids import check_token_ids
 
 # Draft forwards per step when --draft-max is not given: one per drafted token, so a chain stops below the engine's
 # default budget (a drafted token costs a forward here, not a lookup). --draft-max sets both.

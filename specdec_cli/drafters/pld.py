@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..decoding.draft import NOTHING, Draft, StepEvent
 from ..defaults import DEFAULT_BUDGET
-from .token_ids import check_token_ids
 from .spec import DrafterOptions, DrafterSpec
 from .target import TargetInfo
+from .token_ids import check_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np

@@ -29,9 +29,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..decoding.draft import Draft, Needs, StepEvent
-from .token_ids import check_token_ids
 from .spec import DrafterOptions, DrafterSpec
 from .target import TargetInfo
+from .token_ids import check_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np

@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 from ..decoding.draft import NOTHING, Draft, Drafter, StepEvent
 from ..errors import SpecdecError
-from .token_ids import check_token_ids
 from .spec import DrafterOptions, DrafterSpec
 from .target import TargetInfo
+from .token_ids import check_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..sam.automaton import DynamicAutomaton, StaticAutomaton

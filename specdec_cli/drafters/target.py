@@ -1,6 +1,7 @@
 """What a drafter may know about the target without holding the model: its vocabulary, EOS ids, tokenizer
 fingerprint, device, hidden width (`TargetInfo`), and, for heads that read tokens through the target's own layers,
-its frozen embeddings and LM head (`TargetWeights`, taken from a loaded model by `target_weights`).
+its frozen embeddings and LM head (`TargetWeights`, taken from a loaded model by `target_weights`); `target_info`
+reads all of it off a loaded model and its tokenizer (chat, bench and distill call it).
 
 It does not load targets (target_model/ does) and imports torch only inside the functions that read tensors.
 """
@@ -9,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Union
+
+from ..target_model.models import eos_token_ids
+from ..texts.fingerprint import tokenizer_fingerprint
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -87,3 +91,14 @@ class TargetInfo:
     device: str = "cpu"  # where the target runs: a draft model is put there too
     hidden_size: int = 0  # width of the target's last hidden state (the features step events carry)
     weights: Optional[TargetWeights] = field(default=None, compare=False, repr=False)  # for feature-level heads
+
+
+def target_info(model: Any, tokenizer: Any) -> TargetInfo:
+    """What drafters may know of a loaded target (`model` and its `tokenizer`): the one place a TargetInfo is
+    read off a model."""
+    eos = eos_token_ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer)
+    vocab = max(len(tokenizer), int(getattr(model.config, "vocab_size", 0) or 0))
+    device = str(next(model.parameters()).device)
+    return TargetInfo(vocab_size=vocab, eos_token_ids=tuple(eos), fingerprint=tokenizer_fingerprint(tokenizer),
+                      device=device, hidden_size=int(getattr(model.config, "hidden_size", 0) or 0),
+                      weights=target_weights(model))

@@ -186,7 +186,7 @@ class Worker:
             job.send("error", ApiError(500, f"generation failed: {one_line(error)}", code="generation_failed"))
 
     def _prompt_ids(self, request: CompletionRequest) -> list[int]:
-        from ..session.chat import format_prompt
+        from ..texts.prompt_ids import format_prompt
 
         session = self.session
         if request.kind == "chat":

@@ -4,10 +4,8 @@
 message), checked before the slow model load; `open_session` loads the target and builds the `ChatSession`,
 which holds the loaded target, the engine, the drafter (which lives as long as the conversation, so its automata
 and tables keep learning), the prompt cache (a turn computes only the tokens the previous turn did not) and the
-message history. `generate` is one answer to token ids (what `specdec serve` calls per request); `ask` is a turn.
-`format_prompt` is the one place prompts become token ids: the tokenizer's chat template with the generation
-prompt, a system message first when given, or the raw text with `raw=True`. Rendering is the CLI's job;
-nothing here prints.
+message history. `generate` is one answer to token ids (what `specdec serve` calls per request); `ask` is a turn,
+its prompt formatted by texts/prompt_ids.py. Rendering is the CLI's job; nothing here prints.
 """
 
 from __future__ import annotations
@@ -18,87 +16,17 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from ..decoding.engine import Engine, EventCallback, Generation, GenerationConfig
 from ..decoding.prompt_cache import PromptCache
 from ..defaults import DEFAULT_DRAFTER
-from ..drafters import DrafterOptions, TargetInfo, make_drafter, target_weights
+from ..drafters import DrafterOptions, make_drafter, target_info
 from ..errors import SpecdecError
 from ..target_model.exact_setup import choose_forward
 from ..target_model.load_settings import LoadSettings
 from ..texts.memory import Memory
+from ..texts.prompt_ids import format_prompt
 from .compare import Comparison, compare
 from .run_settings import RunSettings
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..target_model.models import LoadedTarget
-
-
-def format_prompt(tokenizer: Any, messages: list[dict], raw: bool = False) -> list[int]:
-    """Token ids for a conversation ending in a user turn (raw: the concatenated contents, no template)."""
-    if raw:
-        text = "".join(message["content"] for message in messages if message["role"] != "system")
-        return list(tokenizer(text)["input_ids"])
-    if not getattr(tokenizer, "chat_template", None):
-        raise SpecdecError("this model's tokenizer has no chat template; use --raw")
-    text = render_template(tokenizer, messages)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-MAX_TEMPLATE_OUTPUT = 1 << 20  # characters a chat template may render for one prompt (a real one renders kilobytes)
-
-
-def render_template(tokenizer: Any, messages: list[dict]) -> str:
-    """The chat template rendered with the generation prompt, as transformers' apply_chat_template renders it (its
-    sandboxed environment, its special tokens), but piece by piece: a template that renders more than
-    MAX_TEMPLATE_OUTPUT characters is stopped there, and one that fails (a syntax error, a sandbox refusal, its own
-    raise_exception) is a SpecdecError carrying the template's own message."""
-    import importlib
-
-    try:
-        utils: Any = importlib.import_module("transformers.utils.chat_template_utils")
-    except ImportError:  # pragma: no cover - another transformers layout: rendered whole, failures still one line
-        utils = None
-    compile_template = getattr(utils, "_compile_jinja_template", None)
-    plain = getattr(utils, "_plain_template_data", None) or (lambda data: data)
-    try:
-        if compile_template is None:  # pragma: no cover
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            return _bounded([text])
-        template = compile_template(tokenizer.get_chat_template())
-        settings = plain({**tokenizer.special_tokens_map})
-        pieces = template.generate(messages=plain(messages), tools=None, documents=None, add_generation_prompt=True,
-                                   **settings)
-        return _bounded(pieces)
-    except SpecdecError:
-        raise
-    except RecursionError:
-        raise SpecdecError("the chat template failed: it recurses too deeply") from None
-    except Exception as exc:  # jinja2's TemplateError and whatever the template's own expressions raise
-        kind = type(exc).__name__
-        message = " ".join(str(exc).split())[:300] or kind
-        line = getattr(exc, "lineno", None)
-        where = f" at line {line}" if isinstance(line, int) and kind == "TemplateSyntaxError" else ""
-        raise SpecdecError(f"the chat template failed ({kind}{where}): {message}") from exc
-
-
-def _bounded(pieces: Any) -> str:
-    kept, size = [], 0
-    for piece in pieces:
-        size += len(piece)
-        if size > MAX_TEMPLATE_OUTPUT:
-            raise SpecdecError(f"the chat template renders more than {MAX_TEMPLATE_OUTPUT:,} characters for this "
-                               "prompt; stopped there (is the template broken? --raw skips it)")
-        kept.append(piece)
-    return "".join(kept)
-
-
-def target_info(model: Any, tokenizer: Any) -> TargetInfo:
-    from ..target_model.models import eos_token_ids
-    from ..texts.fingerprint import tokenizer_fingerprint
-
-    eos = eos_token_ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer)
-    vocab = max(len(tokenizer), int(getattr(model.config, "vocab_size", 0) or 0))
-    device = str(next(model.parameters()).device)
-    return TargetInfo(vocab_size=vocab, eos_token_ids=tuple(eos), fingerprint=tokenizer_fingerprint(tokenizer),
-                      device=device, hidden_size=int(getattr(model.config, "hidden_size", 0) or 0),
-                      weights=target_weights(model))
 
 
 @dataclass(frozen=True)
