@@ -206,8 +206,8 @@ def test_factory(tmp_path):
     path = tmp_path / "small.sam"
     save_index(path, build_static(CORPUS, vocab_size=10, separators=(0,)),
                {"tokenizer_fingerprint": "sha256:test", "vocab_size": 10, "eos_id": 0})
-    drafter = make_aded_drafter(DrafterOptions(index=str(path), draft_max=32, aded_time_budget=0.01),
-                                target)
+    drafter = make_aded_drafter(DrafterOptions(index=str(path), aded_time_budget=0.01), target,
+                                draft_max=32)
     assert drafter.table.row(1, 2) == {3: 0.5, 4: 0.25, 5: 0.25}
     assert drafter.draft_max == 32 and drafter.time_budget == 0.01
     with pytest.raises(SpecdecError, match="tokenizer"):
@@ -220,7 +220,7 @@ def test_factory(tmp_path):
 def test_greedy_identity(tiny_model, cost_aware, prompt):
     reference = hf_greedy(tiny_model, prompt, 40)
     drafter = AdedDrafter(time_budget=None, iterations=60)
-    config = GenerationConfig(max_new_tokens=40, budget=64, eos_token_ids=(TINY_EOS,), cost_aware=cost_aware)
+    config = GenerationConfig(max_new_tokens=40, draft_max=64, eos_token_ids=(TINY_EOS,), cost_aware=cost_aware)
     engine = Engine(tiny_model)
     generation = engine.generate(prompt, CheckedDrafter(drafter), config)
     assert generation.tokens == reference

@@ -17,6 +17,7 @@ from conftest import TINY_EOS, TINY_VOCAB, assert_one_line_error, cli_env, hf_gr
 import specdec_cli.drafters as registry
 from specdec_cli.defaults import DEFAULT_BUDGET
 from specdec_cli.drafters import DrafterOptions, TargetInfo, check_drafter_options, make_drafter
+from specdec_cli.drafters.spec import draft_length
 from specdec_cli.errors import SpecdecError
 
 DRAFTERS_DIR = Path(registry.__file__).parent
@@ -27,10 +28,10 @@ TOY = '''"""A toy drafter: proposes the newest tokens of the context again."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 from ..decoding.draft import NOTHING, Draft, StepEvent
-from .spec import DrafterOptions, DrafterSpec
+from .spec import DrafterOptions, DrafterSpec, draft_length
 from .target import TargetInfo
 
 
@@ -52,8 +53,8 @@ class EchoDrafter:
         pass
 
 
-def make_toy(options: DrafterOptions, target: TargetInfo) -> EchoDrafter:
-    return EchoDrafter(options.draft_max_or_default())
+def make_toy(options: DrafterOptions, target: TargetInfo, draft_max: Optional[int] = None) -> EchoDrafter:
+    return EchoDrafter(draft_length(draft_max))
 
 
 SPEC = DrafterSpec(name="toy", help="a toy that proposes the newest tokens again", build=make_toy)
@@ -105,10 +106,10 @@ def test_a_toy_drafter_is_one_file_and_one_registry_line(with_toy, tiny_llama):
         with_toy.check_drafter_options("toy", with_toy.DrafterOptions(index="x.sam"))
     assert str(refused.value) == "index x.sam: toy does not use it (an index is read by sam and aded)"
     target = with_toy.TargetInfo(vocab_size=TINY_VOCAB, eos_token_ids=(TINY_EOS,))
-    drafter = with_toy.make_drafter("toy", with_toy.DrafterOptions(draft_max=4), target)
+    drafter = with_toy.make_drafter("toy", with_toy.DrafterOptions(), target, 4)
     assert drafter.name == "toy" and drafter.draft_max == 4
     prompt = [1, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11]
-    config = GenerationConfig(max_new_tokens=24, budget=4, eos_token_ids=(TINY_EOS,), cost_aware=False)
+    config = GenerationConfig(max_new_tokens=24, draft_max=4, eos_token_ids=(TINY_EOS,), cost_aware=False)
     generation = Engine(tiny_llama).generate(prompt, drafter, config)
     assert generation.stats.drafted_tokens > 0  # it did speculate
     assert generation.tokens == hf_greedy(tiny_llama, prompt, 24)
@@ -187,11 +188,10 @@ def test_every_drafter_setting_has_one_default():
     budget of 8 hid)."""
     options = {option.name: option.default for option in fields(DrafterOptions)}
     assert options == {
-        "draft_max": None, "index": None, "l_bias": 3, "l_threshold": 1, "aux": "none", "pld_max_ngram": 3,
+        "index": None, "l_bias": 3, "l_threshold": 1, "aux": "none", "pld_max_ngram": 3,
         "pld_min_ngram": 1, "draft_model": None, "draft_min_prob": 0.0, "memory": None, "aded_time_budget": None,
     }
-    assert DrafterOptions().draft_max_or_default() == DrafterOptions(draft_max=0).draft_max_or_default() == \
-        DEFAULT_BUDGET and DrafterOptions(draft_max=12).draft_max_or_default() == 12
+    assert draft_length(None) == draft_length(0) == DEFAULT_BUDGET and draft_length(12) == 12
     # the draft-length default: declared once, in defaults.py
     declared = [(path.name, name) for path in [DEFAULTS, *sorted(DRAFTERS_DIR.glob("*.py"))]
                 for name in _constants(path) if re.search(r"DRAFT_MAX|(?<!TIME)_BUDGET$", name)]
@@ -215,6 +215,6 @@ def test_the_draft_length_each_drafter_gets_by_default():
     target = TargetInfo(vocab_size=TINY_VOCAB, eos_token_ids=(TINY_EOS,))
     for name in ("pld", "sam", "recycle", "aded"):
         assert make_drafter(name, DrafterOptions(), target).draft_max == DEFAULT_BUDGET, name
-        assert make_drafter(name, DrafterOptions(draft_max=5), target).draft_max == 5, name
+        assert make_drafter(name, DrafterOptions(), target, 5).draft_max == 5, name
     assert FORWARDS_PER_DRAFT == 6 and DEFAULT_TREE_DEPTH == 5
-    check_drafter_options(["pld", "sam", "recycle", "aded"], DrafterOptions(draft_max=3))
+    check_drafter_options(["pld", "sam", "recycle", "aded"], DrafterOptions())

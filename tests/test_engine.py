@@ -58,7 +58,7 @@ class ScriptedDrafter:
 
 def _generate(model, prompt, drafter, max_new_tokens, draft_max=6, curve=None):
     """Without a fixed `curve` cost-aware planning is off, so every draft reaches the verifier whole."""
-    config = GenerationConfig(max_new_tokens=max_new_tokens, budget=draft_max, eos_token_ids=(TINY_EOS,),
+    config = GenerationConfig(max_new_tokens=max_new_tokens, draft_max=draft_max, eos_token_ids=(TINY_EOS,),
                               cost_aware=curve is not None)
     planner = None if curve is None else DraftPlanner(CostCurve.fixed(curve))
     return Engine(model, planner=planner).generate(prompt, drafter, config)
@@ -103,7 +103,7 @@ def test_eos_stops_and_is_kept(tiny_llama):
     eos = reference[3]
     expected = reference[: reference.index(eos) + 1]
     drafter = ScriptedDrafter(reference, len(prompt), "exact")
-    config = GenerationConfig(max_new_tokens=40, budget=6, eos_token_ids=(eos,), cost_aware=False)
+    config = GenerationConfig(max_new_tokens=40, draft_max=6, eos_token_ids=(eos,), cost_aware=False)
     generation = Engine(tiny_llama).generate(prompt, drafter, config)
     assert generation.tokens == expected == hf_greedy(tiny_llama, prompt, 40, eos=eos)
     assert generation.finish_reason == "eos"
@@ -149,7 +149,7 @@ def test_sampling_keeps_the_target_distribution(tiny_llama, mode):
     """Seeded Monte-Carlo on a real (tiny) model: the 2nd new token follows the model's exact law."""
     prompt = [1, 10, 11, 12, 10, 11]
     temperature = 1.0
-    config = GenerationConfig(max_new_tokens=4, temperature=temperature, budget=4, eos_token_ids=(),
+    config = GenerationConfig(max_new_tokens=4, temperature=temperature, draft_max=4, eos_token_ids=(),
                               cost_aware=False)
     engine = Engine(tiny_llama)
     drafter = NoDrafter() if mode == "none" else ScriptedDrafter([11, 12, 10, 11], len(prompt), mode)
@@ -269,7 +269,7 @@ def test_a_stop_string_spanning_tokens_cuts_the_generation(tiny_llama):
     cut = text.find(stop)
     for drafter in (NoDrafter(), PromptLookupDrafter()):
         engine = Engine(tiny_llama, tokenizer, planner=DraftPlanner(CostCurve.fixed(FLAT_CURVE)))
-        config = GenerationConfig(max_new_tokens=40, budget=6, eos_token_ids=(TINY_EOS,), stop=(stop,))
+        config = GenerationConfig(max_new_tokens=40, draft_max=6, eos_token_ids=(TINY_EOS,), stop=(stop,))
         generation = engine.generate(prompt, drafter, config)
         assert generation.finish_reason == "stop" and generation.text_end == cut
         assert plain.tokens[: len(generation.tokens)] == generation.tokens

@@ -145,7 +145,7 @@ def test_sampling_keeps_the_law_in_bfloat16():
     drafter = LikelyTree(torch.topk(law, 2).indices.tolist(), 64)
     counts = torch.zeros(64, dtype=torch.float64)
     for seed in range(400):
-        config = _config(max_new_tokens=3, temperature=1.0, seed=seed, eos_token_ids=(), budget=5)
+        config = _config(max_new_tokens=3, temperature=1.0, seed=seed, eos_token_ids=(), draft_max=5)
         counts[engine.generate(prompt, drafter, config).tokens[1]] += 1
     statistic, dof = chi_square(counts, law)
     assert statistic < dof + 5 * (2 * dof) ** 0.5 + 5, (statistic, dof)

@@ -136,7 +136,7 @@ def test_sampling_keeps_the_law_past_the_window(family_name, kind):
     counts = torch.zeros(64, dtype=torch.float64)
     runs = 500
     for seed in range(runs):
-        config = _config_for(max_new_tokens=3, temperature=1.0, seed=seed, eos_token_ids=(), budget=5)
+        config = _config_for(max_new_tokens=3, temperature=1.0, seed=seed, eos_token_ids=(), draft_max=5)
         counts[engine.generate(prompt, drafter, config).tokens[1]] += 1
     assert engine.tree_outcome.state == ("passed" if kind == "tree" else "not checked")
     statistic, dof = chi_square(counts, law)
@@ -286,7 +286,7 @@ def test_prompts_longer_than_the_context_are_refused_and_answers_stop_at_its_end
 
     model = family_model("llama", seed=11)  # 256 positions
     engine = fixed_engine(model)
-    config = GenerationConfig(max_new_tokens=50, budget=8, eos_token_ids=())
+    config = GenerationConfig(max_new_tokens=50, draft_max=8, eos_token_ids=())
     with pytest.raises(SpecdecError, match="the prompt has 300 tokens, but this model reads at most 256"):
         engine.generate([5] * 300, PromptLookupDrafter(), config)
     generation = engine.generate([5, 6, 7] * 83, PromptLookupDrafter(), config)  # 249 tokens: room for 7

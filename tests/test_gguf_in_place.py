@@ -87,7 +87,7 @@ def test_in_place_computes_what_the_converted_blocks_computed_bit_for_bit(family
             assert torch.equal(split_logits(model, prompt), split_logits(native.decoder_for(before), prompt)), family
     engine = fixed_engine(model)
     assert isinstance(engine.forward, NativeForward)
-    config = GenerationConfig(max_new_tokens=24, budget=7, eos_token_ids=(EOS,))
+    config = GenerationConfig(max_new_tokens=24, draft_max=7, eos_token_ids=(EOS,))
     case = type("Family", (), {"name": family, "model": model, "vocab": model.config.vocab_size, "references": []})
     for index, prompt in enumerate(PROMPTS):
         plain = engine.generate(prompt, NoDrafter(), config).tokens

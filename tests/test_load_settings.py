@@ -125,7 +125,8 @@ def test_each_default_is_stated_once():
     assert BenchSettings().run.generation.max_new_tokens == DEFAULT_BENCH_MAX_NEW_TOKENS
     assert bench_settings().run.generation.max_new_tokens == DEFAULT_BENCH_MAX_NEW_TOKENS
     assert ChatSettings().run.drafter.name == DEFAULT_DRAFTER
-    assert {field.name: field.default for field in dataclasses.fields(ChatSession)}["drafter_name"] == DEFAULT_DRAFTER
+    session_settings = {field.name: field for field in dataclasses.fields(ChatSession)}["settings"]
+    assert session_settings.default_factory().run.drafter.name == DEFAULT_DRAFTER
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -22,7 +22,7 @@ def _sequence(length: int, seed: int) -> list[int]:
 
 
 def _config() -> GenerationConfig:
-    return GenerationConfig(max_new_tokens=24, budget=7, eos_token_ids=(EOS,))
+    return GenerationConfig(max_new_tokens=24, draft_max=7, eos_token_ids=(EOS,))
 
 
 def _model(native: bool):

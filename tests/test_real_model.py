@@ -74,9 +74,9 @@ def _untrained_head(target, folder):
 
 def test_every_drafter_is_lossless_in_process(default_target, tmp_path):
     """All registered drafters, greedy, against transformers' generate on a repetitive prompt."""
-    from specdec_cli.decoding.engine import GenerationConfig
-    from specdec_cli.drafters import DRAFTERS, DrafterOptions
-    from specdec_cli.session.chat import ChatSession
+    from specdec_cli.drafters import DRAFTERS
+    from specdec_cli.session.chat import ChatSession, ChatSettings
+    from specdec_cli.session.run_settings import run_settings
 
     prompt = "Repeat this sentence three times: the quick brown fox jumps over the lazy dog."
     _, reference = _reference(default_target, prompt, 64)
@@ -84,8 +84,8 @@ def test_every_drafter_is_lossless_in_process(default_target, tmp_path):
     for name in [*DRAFTERS, "sam+none", "sam+recycle", "sam+eagle"]:
         if name == "model":  # needs a draft directory: see the model drafter's test below
             continue
-        session = ChatSession(default_target.model, default_target.tokenizer, name, DrafterOptions(draft_model=head),
-                              generation=GenerationConfig(max_new_tokens=64))
+        settings = ChatSettings(run_settings(name, draft_model=head, max_new_tokens=64))
+        session = ChatSession(default_target.model, default_target.tokenizer, settings)
         assert session.ask(prompt).generation.tokens == reference, name
 
 

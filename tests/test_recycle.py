@@ -121,7 +121,7 @@ def test_drafts_are_valid_trees():
 
 
 def test_factory():
-    drafter = make_recycle_drafter(DrafterOptions(draft_max=24), TargetInfo(vocab_size=100, eos_token_ids=(3,)))
+    drafter = make_recycle_drafter(DrafterOptions(), TargetInfo(vocab_size=100, eos_token_ids=(3,)), 24)
     assert drafter.name == "recycle" and drafter.draft_max == 24 and drafter.matrix.shape == (100, 8)
 
 
@@ -131,7 +131,7 @@ def test_factory():
 def test_greedy_identity(tiny_model, cost_aware, prompt):
     reference = hf_greedy(tiny_model, prompt, 40)
     drafter = RecycleDrafter(TINY_VOCAB)
-    config = GenerationConfig(max_new_tokens=40, budget=64, eos_token_ids=(TINY_EOS,), cost_aware=cost_aware)
+    config = GenerationConfig(max_new_tokens=40, draft_max=64, eos_token_ids=(TINY_EOS,), cost_aware=cost_aware)
     engine = Engine(tiny_model)
     checked = CheckedDrafter(drafter)
     generation = engine.generate(prompt, checked, config)

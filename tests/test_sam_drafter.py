@@ -185,7 +185,7 @@ def write_index(path, fingerprint="sha256:aaaa", eos_id=EOS, vocab_size=100):
 def test_make_sam_drafter_loads_a_matching_index(tmp_path):
     index = write_index(tmp_path / "ok.sam")
     target = TargetInfo(vocab_size=100, eos_token_ids=(EOS,), fingerprint="sha256:aaaa")
-    drafter = make_drafter("sam", DrafterOptions(index=index, draft_max=6, l_bias=1), target)
+    drafter = make_drafter("sam", DrafterOptions(index=index, l_bias=1), target, 6)
     assert isinstance(drafter, SamDrafter) and drafter.draft_max == 6 and drafter.static is not None
     drafter.observe(prefill([8, 1, 2], 3))
     assert drafter.propose([8, 1, 2, 3], 8) == Draft(tokens=[4], source="sam-static", match_len=3)

@@ -32,7 +32,7 @@ def test_sam_greedy_identical(tiny_model, with_index, cost_aware):
     for prompt in PROMPTS:
         reference = hf_greedy(tiny_model, prompt, 48)
         drafter = SamDrafter(static, separators=(TINY_EOS,))
-        config = GenerationConfig(max_new_tokens=48, budget=16, eos_token_ids=(TINY_EOS,), cost_aware=cost_aware)
+        config = GenerationConfig(max_new_tokens=48, draft_max=16, eos_token_ids=(TINY_EOS,), cost_aware=cost_aware)
         generation = engine.generate(prompt, drafter, config)
         assert generation.tokens == reference
         steps += generation.stats.steps
@@ -45,7 +45,7 @@ def test_sam_multi_turn_keeps_learning(tiny_llama):
     """One drafter over two turns: the second prompt re-sends the first; output stays identical."""
     engine = Engine(tiny_llama)
     drafter = SamDrafter(None, separators=(TINY_EOS,))
-    config = GenerationConfig(max_new_tokens=32, budget=8, eos_token_ids=(TINY_EOS,), cost_aware=False)
+    config = GenerationConfig(max_new_tokens=32, draft_max=8, eos_token_ids=(TINY_EOS,), cost_aware=False)
     first_prompt = PROMPTS[0]
     first = engine.generate(first_prompt, drafter, config)
     second_prompt = first_prompt + first.tokens + [5, 10, 11]

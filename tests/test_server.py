@@ -38,6 +38,14 @@ def _chat_settings(target: str, max_new_tokens: int = 16, remember: bool = False
                         remember=remember)
 
 
+def _sam_settings(generation):
+    """A chat session's settings: sam drafting, these generation settings, the rest as the defaults."""
+    from specdec_cli.session.chat import ChatSettings
+    from specdec_cli.session.run_settings import DrafterSettings, RunSettings
+
+    return ChatSettings(RunSettings(drafter=DrafterSettings("sam"), generation=generation))
+
+
 @contextlib.contextmanager
 def serving(session, name: str = "tiny", **changes):
     """A server around `session` on a free port, in this process; stopped on the way out, whatever happens."""
@@ -89,7 +97,7 @@ def tiny(tiny_model_dir):
     from specdec_cli.session.chat import ChatSession, open_session
 
     session, loaded = open_session(_chat_settings(tiny_model_dir))
-    reference = ChatSession(loaded.model, loaded.tokenizer, "sam", generation=session.generation)
+    reference = ChatSession(loaded.model, loaded.tokenizer, _sam_settings(session.generation))
     return session, reference
 
 
@@ -413,8 +421,8 @@ def test_the_default_model_answers_as_the_chat_path(real_target):
 
     loaded = real_target("float32", "auto")
     generation = GenerationConfig(max_new_tokens=24)
-    session = ChatSession(loaded.model, loaded.tokenizer, "sam", generation=generation)
-    reference = ChatSession(loaded.model, loaded.tokenizer, "sam", generation=replace(generation))
+    session = ChatSession(loaded.model, loaded.tokenizer, _sam_settings(generation))
+    reference = ChatSession(loaded.model, loaded.tokenizer, _sam_settings(replace(generation)))
     messages = [{"role": "user", "content": "Explain what a compiler does, briefly."}]
     expected, tokens = _chat_answer(reference, messages)
     with serving(session, name="smollm2") as server:

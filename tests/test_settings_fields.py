@@ -118,7 +118,7 @@ def test_each_default_is_declared_in_one_place():
     assert literals == {
         ("LoadSettings", "device"): "'auto'", ("LoadSettings", "dtype"): "'auto'",
         ("LoadSettings", "weights"): "'auto'", ("LoadSettings", "decoder"): "'auto'",
-        ("DrafterOptions", "draft_max"): "None", ("DrafterOptions", "index"): "None",
+        ("DrafterOptions", "index"): "None",
         ("DrafterOptions", "l_threshold"): "1", ("DrafterOptions", "pld_max_ngram"): "3",
         ("DrafterOptions", "pld_min_ngram"): "1", ("DrafterOptions", "draft_model"): "None",
         ("DrafterOptions", "draft_min_prob"): "0.0", ("DrafterOptions", "memory"): "None",
@@ -126,6 +126,7 @@ def test_each_default_is_declared_in_one_place():
         ("GenerationConfig", "temperature"): "0.0", ("GenerationConfig", "top_p"): "1.0",
         ("GenerationConfig", "top_k"): "0", ("GenerationConfig", "seed"): "None", ("GenerationConfig", "stop"): "()",
         ("GenerationConfig", "eos_token_ids"): "()", ("GenerationConfig", "cost_aware"): "True",
+        ("GenerationConfig", "draft_max"): "None", ("ProposerSettings", "num_speculative_tokens"): "None",
         ("RunSettings", "exact"): "None", ("RunSettings", "raw"): "False",
         ("ChatSettings", "system"): "None", ("ChatSettings", "remember"): "True",
         ("BenchSettings", "repeats"): "1", ("BenchSettings", "warmup"): "True",
@@ -173,11 +174,13 @@ def test_a_run_is_checked_once_with_the_library_messages(values, message):
 
 def test_draft_max_is_one_setting_for_the_drafter_and_the_engine():
     from specdec_cli.decoding.generation_config import GenerationConfig
+    from specdec_cli.drafters import DrafterOptions
     from specdec_cli.session.run_settings import run_settings
 
     assert run_settings("sam").generation.budget == GenerationConfig().budget  # no --draft-max: the one default
     chosen = run_settings("sam", draft_max=5)
-    assert chosen.drafter.options.draft_max == chosen.generation.budget == 5
+    assert chosen.generation.draft_max == chosen.generation.budget == 5  # one field: the engine's and the drafter's
+    assert "draft_max" not in {field.name for field in dataclasses.fields(DrafterOptions)}
     with pytest.raises(TypeError, match="no run setting is named colour"):
         run_settings("sam", colour="red")
 

@@ -88,7 +88,7 @@ class TreeDrafter:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_tree_greedy_identical_to_plain(tiny_model, seed):
     reference = hf_greedy(tiny_model, PROMPT, 40)
-    config = GenerationConfig(max_new_tokens=40, budget=16, eos_token_ids=(TINY_EOS,), cost_aware=False)
+    config = GenerationConfig(max_new_tokens=40, draft_max=16, eos_token_ids=(TINY_EOS,), cost_aware=False)
     generation = Engine(tiny_model).generate(PROMPT, TreeDrafter(reference, len(PROMPT), seed), config)
     assert generation.tokens == reference
     assert generation.stats.mean_accepted_tokens > 1.5  # the truth was found in non-first branches
@@ -151,7 +151,7 @@ def test_tree_sampling_on_model_keeps_the_distribution(tiny_llama):
     counts = torch.zeros(TINY_VOCAB, dtype=torch.float64)
     runs = 600
     for seed in range(runs):
-        config = GenerationConfig(max_new_tokens=4, temperature=1.0, seed=seed, budget=8, eos_token_ids=(),
+        config = GenerationConfig(max_new_tokens=4, temperature=1.0, seed=seed, draft_max=8, eos_token_ids=(),
                                   cost_aware=False)
         drafter = TreeDrafter(reference + reference, len(prompt) + 1, seed)
         counts[engine.generate(prompt, drafter, config).tokens[1]] += 1

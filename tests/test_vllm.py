@@ -53,7 +53,7 @@ def vllm_answers(target, method: str, prompt_ids: list[list[int]]) -> dict[str, 
     from specdec_cli.vllm.runner import VllmPhase, VllmSettings, run_vllm
 
     eos = target.eos_token_ids
-    proposer = ProposerSettings(DrafterSettings(method, DrafterOptions(draft_max=6)))
+    proposer = ProposerSettings(DrafterSettings(method, DrafterOptions()), num_speculative_tokens=6)
     run = run_vllm(VllmSettings(LoadSettings(target.location), proposer, max_model_len=1024),
                    [VllmPhase("single", prompt_ids, 48, eos), VllmPhase("batched", prompt_ids, 48, eos, concurrency=4)])
     return {name: [answer.tokens for answer in phase.answers] for name, phase in run.phases.items()}

@@ -49,8 +49,8 @@ def test_a_repeated_method_is_dropped_with_one_warning(recwarn):
 
 
 def engine(method: str, draft_max=None, **proposer) -> VllmSettings:
-    drafter = DrafterSettings(method, DrafterOptions(draft_max=draft_max))
-    return VllmSettings(LoadSettings("m"), ProposerSettings(drafter, **proposer))
+    drafter = DrafterSettings(method, DrafterOptions())
+    return VllmSettings(LoadSettings("m"), ProposerSettings(drafter, num_speculative_tokens=draft_max, **proposer))
 
 
 def test_speculative_settings_name_vllm_methods_and_specdec_proposers():

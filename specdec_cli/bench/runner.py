@@ -246,16 +246,17 @@ class _Runner:
 
         if method.kind == ORACLE:
             return OracleDrafter(references, method.draft_length)
-        return make_drafter(method.drafter, self.settings.run.drafter.options, self.info)
+        run = self.settings.run
+        return make_drafter(method.drafter, run.drafter.options, self.info, run.generation.draft_max)
 
     def _config(self, method: Method, conversation: int, turn: int, max_new_tokens: Optional[int] = None):
         generation = self.settings.run.generation
         seed = None if generation.seed is None else generation.seed + 1000 * conversation + turn
-        budget = method.draft_length if method.kind == ORACLE else generation.budget
+        draft_max = method.draft_length if method.kind == ORACLE else generation.draft_max
         # Oracle rows measure the ceiling at exactly their draft length (every drafted token verified); native rows
         # run other kernels, whose steps would teach the planner nothing: neither plans by cost.
         config = replace(generation, max_new_tokens=max_new_tokens or generation.max_new_tokens, seed=seed,
-                         budget=budget, eos_token_ids=self.info.eos_token_ids,
+                         draft_max=draft_max, eos_token_ids=self.info.eos_token_ids,
                          cost_aware=method.kind not in (ORACLE, NATIVE))
         config.check()
         return config

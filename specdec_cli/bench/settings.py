@@ -53,7 +53,7 @@ class BenchSettings:
             "oracle_lengths": [method.draft_length for method in self.methods if method.kind == ORACLE],
             "references": [method.name for method in self.methods if method.kind not in ("engine", ORACLE)],
             "exact": self.run.exact,
-            "draft_max": options.draft_max,
+            "draft_max": generation.draft_max,
             "engine_draft_max": generation.budget,  # the engine's per-step budget in force
             "max_new_tokens": generation.max_new_tokens,
             "temperature": generation.temperature,

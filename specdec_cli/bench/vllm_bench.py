@@ -70,7 +70,8 @@ class VllmBenchSettings:
         """The vLLM engine one row runs in (`model_dir`: the directory it loads)."""
         run = self.bench.run
         load = replace(run.load, target=model_dir) if model_dir else run.load
-        return VllmSettings(load, ProposerSettings(DrafterSettings(method, run.drafter.options)))
+        return VllmSettings(load, ProposerSettings(DrafterSettings(method, run.drafter.options),
+                                                   num_speculative_tokens=run.generation.draft_max))
 
     def check(self) -> None:
         if not self.bench.methods or self.bench.methods[0].name != BASELINE:

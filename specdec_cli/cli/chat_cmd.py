@@ -162,7 +162,7 @@ def _compare(session, text: str, as_json: bool, plain: bool, show_rejected: bool
 def settings_lines(session, loaded) -> list[str]:
     """What the chat runs with, printed once at start."""
     generation = session.generation
-    options = session.drafter_options
+    options = session.settings.run.drafter.options
     drafter = session.drafter_name
     if drafter == "sam":
         if options.index:

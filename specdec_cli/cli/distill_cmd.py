@@ -232,7 +232,7 @@ def generate(
     batch_prompts = check_batch_prompts(batch_prompts, temperature)
     options.check_engine(engine, temperature)
     batch_prompts = check_answering_drafter(ctx, batch_prompts, engine)  # a drafter flag is used, or refused
-    DrafterSettings(drafter, DrafterOptions(draft_max=draft_max, index=index, draft_model=draft_model)).check()
+    DrafterSettings(drafter, DrafterOptions(index=index, draft_model=draft_model)).check()
     check_data_output(output)  # a file that is not this command's data is refused before the model loads
     items = load_prompts(prompts, suite, limit=limit, max_prompts=max_prompts, first_turns=True)
     if engine == "vllm":

@@ -79,7 +79,7 @@ def run_generate(loaded: Any, target_spec: str, prompts: list, data: str, *, dra
     check_data(loaded, target_spec, data, allow_empty=True)  # before any progress display
     if batch_prompts is None:  # block weights: one by one, exact and as fast (docs/measurements.md)
         batch_prompts = DEFAULT_BATCH_PROMPTS if loaded.weights == "dense" else 1
-    options = DrafterOptions(draft_max=draft_max, index=index, draft_model=draft_model)
+    options = DrafterOptions(index=index, draft_model=draft_model)
     with answering_progress(len(prompts), data) as on_progress:
         summary = generate_data(
             loaded.model, loaded.tokenizer, target_spec, prompts, data, drafter=drafter, drafter_options=options,

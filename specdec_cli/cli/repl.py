@@ -124,7 +124,7 @@ class Repl:
                 self.session.clear()
                 self.err.print("[dim]New conversation.[/dim]")
             elif name == "/system":
-                self.session.system = arg or None
+                self.session.set_system(arg or None)
                 self.session.clear()
                 self.err.print(f"[dim]System message {'set' if arg else 'cleared'}; new conversation.[/dim]")
             elif name == "/set":
@@ -159,13 +159,9 @@ class Repl:
             parsed = SETTABLE[key](value.strip())
         except ValueError:
             raise SpecdecError(f"/set {key}: {value.strip()!r} is not a valid {SETTABLE[key].__name__}") from None
-        field = "budget" if key == "draft_max" else key  # /set draft_max: the engine's budget and the drafter's cap
-        updated = replace(self.session.generation, **{field: parsed})
+        updated = replace(self.session.generation, **{key: parsed})  # draft_max: the budget and the drafter's cap
         updated.check()  # raises with a one-line reason; the old settings stay
-        self.session.generation = updated
-        if key == "draft_max":
-            self.session.drafter_options.draft_max = parsed
-            self.session.set_drafter(self.session.drafter_name)
+        self.session.set_generation(updated)
         self.err.print(f"[dim]{key} = {parsed}[/dim]")
 
     # -- answering -----------------------------------------------------------------------------------------

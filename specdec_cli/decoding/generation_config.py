@@ -21,7 +21,10 @@ class GenerationConfig:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     seed: Optional[int] = None
-    budget: int = DEFAULT_BUDGET  # per step: the most draft tokens (chain) or nodes (tree) the engine verifies
+    # --draft-max, the one draft-length setting: the most draft tokens (chain) or nodes (tree) the engine verifies
+    # per step, and every drafter's longest draft; None: not given, so the engine's DEFAULT_BUDGET and each
+    # drafter's own default (drafters/spec.draft_length; model and eagle draft shorter)
+    draft_max: Optional[int] = None
     stop: Sequence[str] = ()  # stop strings (need a tokenizer)
     eos_token_ids: Sequence[int] = ()
     cost_aware: bool = True  # verify only as much of each draft as is expected to pay off (planner.py)
@@ -30,6 +33,11 @@ class GenerationConfig:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def budget(self) -> int:
+        """The engine's per-step budget: `draft_max`, or DEFAULT_BUDGET when it is not given."""
+        return DEFAULT_BUDGET if self.draft_max is None else self.draft_max
+
     def check(self) -> None:
         from .sampling import check_sampling  # (torch: imported when a run is checked, not when the CLI loads)
 
@@ -37,7 +45,7 @@ class GenerationConfig:
         if self.max_new_tokens < 1:
             raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}", setting="max_new_tokens")
         if self.budget < 0:
-            raise SpecdecError(f"draft_max must be >= 0 (0 = no drafting), got {self.budget}", setting="draft_max")
+            raise SpecdecError(f"draft_max must be >= 0 (0 = no drafting), got {self.draft_max}", setting="draft_max")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise SpecdecError(f"seed must be between 0 and 2^63 - 1, got {self.seed}", setting="seed")
         if any(not stop for stop in self.stop):

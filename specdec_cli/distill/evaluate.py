@@ -181,7 +181,7 @@ def score_candidates(
     if not prompts:
         raise SpecdecError("no prompts to evaluate on")
     engine = Engine(target, tokenizer)
-    config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, budget=budget,
+    config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, draft_max=budget,
                               eos_token_ids=tuple(eos_token_ids), cost_aware=False)
     config.check()
     scores = {label: DraftScore(label) for label in candidates}

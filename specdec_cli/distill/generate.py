@@ -192,13 +192,10 @@ def generate_data(
                            batch_size=batch_size,
                            on_answer=lambda answer: rows.write(answer.index, answer.tokens, answer.finish_reason))
         return rows.summary()
-    options = drafter_options or DrafterOptions(draft_max=draft_max)
-    drafter_object = make_drafter(drafter, options, info)
+    drafter_object = make_drafter(drafter, drafter_options or DrafterOptions(), info, draft_max)
     engine = Engine(model, tokenizer)
     config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                              eos_token_ids=info.eos_token_ids)
-    if draft_max is not None:
-        config = replace(config, budget=draft_max)
+                              draft_max=draft_max, eos_token_ids=info.eos_token_ids)
     config.check()
     for index, prompt_ids in enumerate(rows.prompt_ids):
         if temperature > 0:

@@ -142,21 +142,23 @@ def is_drafter(name: str) -> bool:
     return True
 
 
-def make_drafter(name: str, options: DrafterOptions, target: TargetInfo) -> "Drafter":
-    """The drafter named `name` (a hybrid `sam+AUX` too) built from its spec for this target. A drafter that takes
-    an auxiliary builds it when it is ready for it, through `make_aux` (None for "none")."""
+def make_drafter(name: str, options: DrafterOptions, target: TargetInfo,
+                 draft_max: Optional[int] = None) -> "Drafter":
+    """The drafter named `name` (a hybrid `sam+AUX` too) built from its spec for this target, drafting at most
+    `draft_max` tokens a step (GenerationConfig.draft_max; None: its own default). A drafter that takes an auxiliary
+    builds it when it is ready for it, through `make_aux` (None for "none")."""
     head, aux = split_hybrid(name)
     check_drafter(head)
     spec = SPECS[head]
     if aux is not None:
         options = replace(options, aux=aux)
     if not spec.takes_aux:
-        return spec.build(options, target)
+        return spec.build(options, target, draft_max)
 
     def make_aux() -> Optional["Drafter"]:
         if not options.aux or options.aux == "none":
             return None
         check_aux(options.aux)
-        return make_drafter(options.aux, options, target)
+        return make_drafter(options.aux, options, target, draft_max)
 
-    return spec.build(options, target, make_aux=make_aux)
+    return spec.build(options, target, draft_max, make_aux=make_aux)

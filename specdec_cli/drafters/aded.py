@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..decoding.draft import NOTHING, Draft, StepEvent
 from .sam import check_index
-from .spec import DrafterOptions, DrafterSpec
+from .spec import DrafterOptions, DrafterSpec, draft_length
 from .target import TargetInfo
 from .token_ids import check_token_ids
 
@@ -428,7 +428,7 @@ def keep_best(tokens: Sequence[int], parents: Sequence[int], weights: Sequence[f
     return [tokens[node] for node in keep], [new_index[parents[node]] for node in keep]
 
 
-def make_aded_drafter(options: DrafterOptions, target: TargetInfo) -> AdedDrafter:
+def make_aded_drafter(options: DrafterOptions, target: TargetInfo, draft_max: Optional[int] = None) -> AdedDrafter:
     """The `aded` drafter for `make_drafter`: with `options.index` the tri-gram table is built from the index's
     corpus tokens (checked against the target's tokenizer like the `sam` drafter's index), else it starts
     empty and learns from the conversation. `options.aded_time_budget` (seconds) overrides the per-draft search
@@ -442,7 +442,7 @@ def make_aded_drafter(options: DrafterOptions, target: TargetInfo) -> AdedDrafte
         index = load_index_for_target(options.index, target)
         table = build_trigram_table(np.asarray(index.automaton.text), index.eos_id)
     time_budget = TIME_BUDGET if options.aded_time_budget is None else float(options.aded_time_budget)
-    return AdedDrafter(table, draft_max=min(options.draft_max_or_default(), MAX_NODES), time_budget=time_budget,
+    return AdedDrafter(table, draft_max=min(draft_length(draft_max), MAX_NODES), time_budget=time_budget,
                        vocab_size=target.vocab_size)
 
 

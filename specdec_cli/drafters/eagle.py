@@ -304,13 +304,13 @@ def _head_dir(options: DrafterOptions) -> str:
     return options.draft_model
 
 
-def make_eagle_drafter(options: DrafterOptions, target: TargetInfo) -> EagleDrafter:
+def make_eagle_drafter(options: DrafterOptions, target: TargetInfo, draft_max: Optional[int] = None) -> EagleDrafter:
     from .eagle_head import load_head
 
     head_dir = _head_dir(options)
     weights = check_target(target)
     head, meta = load_head(head_dir, target)
-    return EagleDrafter(head, weights, head_tokens=meta.get("head_tokens"), draft_max=options.draft_max,
+    return EagleDrafter(head, weights, head_tokens=meta.get("head_tokens"), draft_max=draft_max,
                         min_prob=options.draft_min_prob or MIN_PROB, eos_token_ids=target.eos_token_ids)
 
 

@@ -326,10 +326,10 @@ def _draft_model_dir(options: DrafterOptions) -> str:
     return options.draft_model
 
 
-def make_model_drafter(options: DrafterOptions, target: TargetInfo) -> ModelDrafter:
+def make_model_drafter(options: DrafterOptions, target: TargetInfo, draft_max: Optional[int] = None) -> ModelDrafter:
     # on the target's device (a draft on the CPU beside a target on a GPU would copy every step's tokens across)
     model, _, meta = load_draft_model(_draft_model_dir(options), target, target.device)
-    return ModelDrafter(model, draft_max=options.draft_max, min_prob=options.draft_min_prob,
+    return ModelDrafter(model, draft_max=draft_max, min_prob=options.draft_min_prob,
                         eos_token_ids=target.eos_token_ids, head_tokens=meta.get("head_tokens"))
 
 

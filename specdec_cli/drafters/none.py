@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 from ..decoding.draft import NOTHING, Draft, StepEvent
 from .spec import DrafterOptions, DrafterSpec
@@ -23,7 +23,7 @@ class NoDrafter:
         pass
 
 
-def make_no_drafter(options: DrafterOptions, target: TargetInfo) -> NoDrafter:
+def make_no_drafter(options: DrafterOptions, target: TargetInfo, draft_max: Optional[int] = None) -> NoDrafter:
     return NoDrafter()
 
 

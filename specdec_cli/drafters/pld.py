@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..decoding.draft import NOTHING, Draft, StepEvent
 from ..defaults import DEFAULT_BUDGET
-from .spec import DrafterOptions, DrafterSpec
+from .spec import DrafterOptions, DrafterSpec, draft_length
 from .target import TargetInfo
 from .token_ids import check_token_ids
 
@@ -77,9 +77,10 @@ def match_length(tokens: np.ndarray, end: int, longest: int = 64) -> int:
     return length
 
 
-def make_pld_drafter(options: DrafterOptions, target: TargetInfo) -> PromptLookupDrafter:
+def make_pld_drafter(options: DrafterOptions, target: TargetInfo,
+                     draft_max: Optional[int] = None) -> PromptLookupDrafter:
     return PromptLookupDrafter(max_ngram=options.pld_max_ngram, min_ngram=options.pld_min_ngram,
-                               draft_max=options.draft_max_or_default(), vocab_size=target.vocab_size)
+                               draft_max=draft_length(draft_max), vocab_size=target.vocab_size)
 
 
 SPEC = DrafterSpec(name="pld", help="prompt lookup: continue the longest recent n-gram match in the context",

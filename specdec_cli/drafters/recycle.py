@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..decoding.draft import Draft, Needs, StepEvent
-from .spec import DrafterOptions, DrafterSpec
+from .spec import DrafterOptions, DrafterSpec, draft_length
 from .target import TargetInfo
 from .token_ids import check_token_ids
 
@@ -237,9 +237,10 @@ def reindex_parents(parents: np.ndarray, keep: np.ndarray) -> list[int]:
     return np.where(old >= 0, new_index[np.maximum(old, 0)], -1).tolist()
 
 
-def make_recycle_drafter(options: DrafterOptions, target: TargetInfo) -> RecycleDrafter:
+def make_recycle_drafter(options: DrafterOptions, target: TargetInfo,
+                         draft_max: Optional[int] = None) -> RecycleDrafter:
     """The `recycle` drafter for `make_drafter`: a matrix sized to the target's vocabulary."""
-    return RecycleDrafter(target.vocab_size, draft_max=options.draft_max_or_default())
+    return RecycleDrafter(target.vocab_size, draft_max=draft_length(draft_max))
 
 
 SPEC = DrafterSpec(name="recycle", help="Token Recycling: a tree from the target's own recent top-8 predictions per "

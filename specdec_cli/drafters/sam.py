@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 from ..decoding.draft import NOTHING, Draft, Drafter, StepEvent
 from ..errors import SpecdecError
-from .spec import DrafterOptions, DrafterSpec
+from .spec import DrafterOptions, DrafterSpec, draft_length
 from .target import TargetInfo
 from .token_ids import check_token_ids
 
@@ -176,7 +176,7 @@ def load_index_for_target(path: str, target: TargetInfo):
     return index
 
 
-def make_sam_drafter(options: DrafterOptions, target: TargetInfo,
+def make_sam_drafter(options: DrafterOptions, target: TargetInfo, draft_max: Optional[int] = None,
                      make_aux: Callable[[], Optional[Drafter]] = lambda: None) -> SamDrafter:
     """The `sam` drafter for `make_drafter`: the index in `options.index` (if any) is loaded and checked
     against the target's tokenizer fingerprint, EOS ids and vocabulary size; the answer memory in
@@ -197,7 +197,7 @@ def make_sam_drafter(options: DrafterOptions, target: TargetInfo,
     return SamDrafter(
         static,
         separators=separators,
-        draft_max=options.draft_max_or_default(),
+        draft_max=draft_length(draft_max),
         l_bias=options.l_bias,
         l_threshold=options.l_threshold,
         aux=make_aux(),

@@ -24,9 +24,6 @@ class DrafterOptions:
     """The drafter part of a run's settings. Each field is read by the drafters whose SPEC lists it; one set for a
     drafter that does not read it is refused (the registry's `check_options_used`)."""
 
-    # longest draft per step (--draft-max, also the engine's budget); None: not given, so the one default
-    # (defaults.DEFAULT_BUDGET, `draft_max_or_default`), or what model and eagle draft below it
-    draft_max: Optional[int] = None
     index: Optional[str] = None  # static suffix-automaton index file (sam)
     l_bias: int = DEFAULT_L_BIAS  # sam: static match must beat the dynamic one by more than this
     l_threshold: int = 1  # sam: below this match length the auxiliary drafter takes over
@@ -38,10 +35,12 @@ class DrafterOptions:
     memory: Optional[str] = None  # sam: an answer-memory directory read as a static index (memory.py)
     aded_time_budget: Optional[float] = None  # aded: seconds of tree search per draft; None = aded.TIME_BUDGET
 
-    def draft_max_or_default(self) -> int:
-        """The longest draft per step: `draft_max`, or the engine's default budget when it is not given (or 0, no
-        drafting: the engine then asks for nothing)."""
-        return self.draft_max or DEFAULT_BUDGET
+
+def draft_length(draft_max: Optional[int]) -> int:
+    """The longest draft per step for a drafter built with `draft_max` (GenerationConfig.draft_max, --draft-max):
+    itself, or the engine's default budget when it is not given (or 0, no drafting: the engine then asks for
+    nothing)."""
+    return draft_max or DEFAULT_BUDGET
 
 
 # The options a drafter may leave unused, in the order they are checked, and how the one-line error names who uses
@@ -57,7 +56,9 @@ UNUSED_OPTION_NOTES = {
     "l_threshold": "it is {users}'s",
 }
 
-Build = Callable[..., "Drafter"]  # (options, target) -> drafter; one that takes an auxiliary also gets `make_aux`
+# (options, target, draft_max) -> drafter, draft_max being GenerationConfig.draft_max (None: not given); one that
+# takes an auxiliary also gets `make_aux`
+Build = Callable[..., "Drafter"]
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,8 @@ class DrafterSpec:
 
     name: str  # on the command line: `--drafter NAME`
     help: str  # one line in `--help` and the REPL's /drafter
-    build: Build  # (options, target[, make_aux]) -> a Drafter (decoding/draft.py)
-    options: tuple[str, ...] = ()  # the DrafterOptions fields it reads (draft_max is everyone's)
+    build: Build  # (options, target, draft_max[, make_aux]) -> a Drafter (decoding/draft.py)
+    options: tuple[str, ...] = ()  # the DrafterOptions fields it reads
     check: Optional[Callable[[DrafterOptions], None]] = None  # its files checked before the target loads
     aux_rank: Optional[int] = None  # its place among sam's auxiliaries (--aux help, errors); None: never one
     takes_aux: bool = False  # it hands over to an auxiliary drafter (`NAME+AUX`, `--aux`): sam

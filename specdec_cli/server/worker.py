@@ -217,10 +217,8 @@ class Worker:
         session = self.session
 
         def build() -> None:
-            from ..drafters import make_drafter
-
             try:
-                self.fresh = make_drafter(session.drafter_name, session.drafter_options, session.info)
+                self.fresh = session.make_drafter()
             except Exception:  # the memory is a help, never a failure: the drafter in use stays
                 log.exception("rebuilding the drafter from the answer memory failed")
 

@@ -10,23 +10,21 @@ its prompt formatted by texts/prompt_ids.py. Rendering is the CLI's job; nothing
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
+from ..decoding.draft import Drafter
 from ..decoding.engine import Engine, EventCallback, Generation, GenerationConfig
 from ..decoding.prompt_cache import PromptCache
-from ..defaults import DEFAULT_DRAFTER
-from ..drafters import DrafterOptions, make_drafter, target_info
+from ..drafters import make_drafter, target_info
 from ..errors import SpecdecError
+from ..target_model import models
 from ..target_model.exact_setup import choose_forward
-from ..target_model.load_settings import LoadSettings
-from ..texts.memory import Memory
+from ..texts.memory import Memory, memory_cap, memory_dir, memory_enabled
 from ..texts.prompt_ids import format_prompt
 from .compare import Comparison, compare
 from .run_settings import RunSettings
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..target_model.models import LoadedTarget
 
 
 @dataclass(frozen=True)
@@ -46,26 +44,22 @@ class ChatSettings:
 
 
 def open_session(settings: ChatSettings,
-                 on_status: Optional[Callable[[str], None]] = None) -> tuple["ChatSession", "LoadedTarget"]:
+                 on_status: Optional[Callable[[str], None]] = None) -> tuple["ChatSession", models.LoadedTarget]:
     """Check the settings, load the target (the slow part), and start a conversation."""
-    from ..target_model.models import load_target
-    from ..texts.memory import memory_cap, memory_dir, memory_enabled
-
     settings.check()
     run, load = settings.run, settings.run.load
     use_memory = settings.remember and memory_enabled()
     if use_memory:
         memory_cap()  # a malformed SPECDEC_MEMORY_MAX_TOKENS fails before the model loads
-    loaded = load_target(load.target, load.device, load.dtype, on_status=on_status, weights=load.weights,
+    loaded = models.load_target(load.target, load.device, load.dtype, on_status=on_status, weights=load.weights,
                          decoder=load.decoder)
-    options, memory = run.drafter.options, None
+    memory = None
     if use_memory:
         fingerprint = target_info(loaded.model, loaded.tokenizer).fingerprint
         memory = Memory(memory_dir(loaded.name, fingerprint), fingerprint, loaded.name)
-        options = replace(options, memory=str(memory.directory))
-    session = ChatSession(loaded.model, loaded.tokenizer, str(run.drafter.name), options,
-                          run.generation, settings.system, run.raw, run.exact, memory, load)
-    return session, loaded
+        options = replace(run.drafter.options, memory=str(memory.directory))
+        settings = replace(settings, run=replace(run, drafter=replace(run.drafter, options=options)))
+    return ChatSession(loaded.model, loaded.tokenizer, settings, memory), loaded
 
 
 @dataclass
@@ -79,32 +73,65 @@ class Turn:
 
 @dataclass
 class ChatSession:
+    """A conversation on a loaded target, made from its `settings` kept whole (a ChatSettings: the drafter, the
+    generation settings, raw prompts, exact verification, how the target was loaded, the system message);
+    `generation`, `drafter_name`, `system` and `raw` read them, and the `set_` methods replace them."""
+
     model: Any
     tokenizer: Any
-    drafter_name: str = DEFAULT_DRAFTER
-    drafter_options: DrafterOptions = field(default_factory=DrafterOptions)
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
-    system: Optional[str] = None
-    raw: bool = False
-    exact: Optional[bool] = None
+    settings: ChatSettings = field(default_factory=ChatSettings)
     memory: Optional[Memory] = None  # where each answer is remembered (None: nowhere)
-    load: Optional[LoadSettings] = None  # how the target was loaded (its device and decoder pick the forward)
 
     def __post_init__(self) -> None:
-        self.engine = Engine(choose_forward(self.model, self.exact, self.load), self.tokenizer)
+        run = self.settings.run
+        self.engine = Engine(choose_forward(self.model, run.exact, run.load), self.tokenizer)
         self.info = target_info(self.model, self.tokenizer)
-        self.generation = replace(self.generation, eos_token_ids=self.info.eos_token_ids)
+        self._replace_run(generation=replace(run.generation, eos_token_ids=self.info.eos_token_ids))
         self.generation.check()
         self.engine.forward.prepare(self.generation.budget)  # row-invariant verification, when on, is checked now
-        self.drafter = make_drafter(self.drafter_name, self.drafter_options, self.info)
+        self.drafter = self.make_drafter()
         self.prompt_cache = PromptCache()  # the KV entries of the last answer's context, reused by the next prompt
         self.history: list[dict] = []
         self.turns: list[Turn] = []
         self.cut_short: list[int] = []  # tokens kept of each answer cut short (Ctrl-C): in the history, not in turns
 
+    @property
+    def generation(self) -> GenerationConfig:
+        return self.settings.run.generation
+
+    @property
+    def drafter_name(self) -> str:
+        return str(self.settings.run.drafter.name)
+
+    @property
+    def system(self) -> Optional[str]:
+        return self.settings.system
+
+    @property
+    def raw(self) -> bool:
+        return self.settings.run.raw
+
+    def _replace_run(self, **changes: Any) -> None:
+        self.settings = replace(self.settings, run=replace(self.settings.run, **changes))
+
+    def make_drafter(self, name: Optional[str] = None) -> Drafter:
+        """A fresh drafter named `name` (default: the session's), built as the session builds its own."""
+        run = self.settings.run
+        return make_drafter(name or self.drafter_name, run.drafter.options, self.info, run.generation.draft_max)
+
     def set_drafter(self, name: str) -> None:
-        self.drafter = make_drafter(name, self.drafter_options, self.info)
-        self.drafter_name = name
+        self.drafter = self.make_drafter(name)
+        self._replace_run(drafter=replace(self.settings.run.drafter, name=name))
+
+    def set_generation(self, generation: GenerationConfig) -> None:
+        """Answer with these settings from the next turn on; a new draft_max builds the drafter again (its cap)."""
+        rebuild = generation.draft_max != self.generation.draft_max
+        self._replace_run(generation=generation)
+        if rebuild:
+            self.set_drafter(self.drafter_name)
+
+    def set_system(self, system: Optional[str]) -> None:
+        self.settings = replace(self.settings, system=system)
 
     def clear(self) -> None:
         """A new conversation: history and every learned drafter state are dropped."""
@@ -112,7 +139,7 @@ class ChatSession:
         self.turns.clear()
         self.cut_short.clear()
         self.prompt_cache.clear()
-        self.drafter = make_drafter(self.drafter_name, self.drafter_options, self.info)
+        self.drafter = self.make_drafter()
 
     def messages_for(self, user_text: str) -> list[dict]:
         messages = [{"role": "system", "content": self.system}] if self.system else []
@@ -146,8 +173,6 @@ class ChatSession:
         try:
             self.memory.append(tokens, prompt_ids)
         except SpecdecError as error:
-            import warnings
-
             warnings.warn(f"memory: {error} (the answer was not remembered)", stacklevel=3)
 
     def compare(self, user_text: str, on_event: Optional[EventCallback] = None) -> Comparison:

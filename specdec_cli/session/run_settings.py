@@ -6,7 +6,8 @@ rows and repeats; chat: its system message; serve: the server's address).
 - `LoadSettings` (target_model/load_settings.py): target, device, dtype, weights; each value checked when made.
 - `DrafterSettings`: a drafter's name and its `DrafterOptions` (drafters/); `check` refuses an unknown drafter, an
   option it does not use and a file it cannot open, in a millisecond.
-- `GenerationConfig` (decoding/generation_config.py): length, sampling, seed, the engine's per-step budget.
+- `GenerationConfig` (decoding/generation_config.py): length, sampling, seed, and the draft length (`draft_max`,
+  the one setting for the engine's per-step budget and the drafter's longest draft).
 - `RunSettings`: the three together, with row-invariant verification and raw prompts; `check` runs every check
   above in one order, before anything slow.
 
@@ -15,7 +16,7 @@ Plain data, no heavy imports: the CLI builds these before torch loads. Nothing h
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional, Sequence
 
 from ..decoding.generation_config import GenerationConfig
@@ -60,28 +61,18 @@ class RunSettings:
         self.drafter.check(drafters)
         self.generation.check()
 
-    def with_draft_max(self, draft_max: Optional[int]) -> "RunSettings":
-        """These settings with --draft-max, the one draft-length setting: the drafter's longest draft and the
-        engine's per-step budget (None: each keeps its default)."""
-        if draft_max is None:
-            return self
-        options = replace(self.drafter.options, draft_max=draft_max)
-        return replace(self, drafter=replace(self.drafter, options=options),
-                       generation=replace(self.generation, budget=draft_max))
-
 
 def run_settings(drafter: Optional[str] = DEFAULT_DRAFTER, **values: Any) -> RunSettings:
     """One run's settings from values named as the fields of RunSettings and its components (target, dtype, index,
     draft_max, max_new_tokens, exact, ...): each value goes to the one type that declares it (no two declare the same
-    name), the rest keep their defaults; `draft_max` also sets the engine's budget (`with_draft_max`). The command
-    line builds every command's settings through here, so no flag is mapped twice."""
+    name), the rest keep their defaults. The command line builds every command's settings through here, so no flag
+    is mapped twice."""
     parts: dict[type, Any] = {component: component(**take_fields(component, values)) for component in COMPONENTS}
     own = take_fields(RunSettings, values)
     if values:
         raise TypeError(f"no run setting is named {', '.join(sorted(values))}")
-    options = parts[DrafterOptions]
-    run = RunSettings(parts[LoadSettings], DrafterSettings(drafter, options), parts[GenerationConfig], **own)
-    return run.with_draft_max(options.draft_max)
+    return RunSettings(parts[LoadSettings], DrafterSettings(drafter, parts[DrafterOptions]), parts[GenerationConfig],
+                       **own)
 
 
 COMPONENTS = (LoadSettings, DrafterOptions, GenerationConfig)  # what `run_settings` fills by field name

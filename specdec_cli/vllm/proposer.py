@@ -165,11 +165,11 @@ class SpecdecProposer:
         model_config = getattr(vllm_config, "model_config", None)
         self.max_model_len = int(getattr(model_config, "max_model_len", 0) or 0)
         self.target = target or _target_info(model_config, self.settings)
-        options = replace(self.settings.drafter.options, draft_max=self.draft_max, aux="none")
+        options = replace(self.settings.drafter.options, aux="none")
         name = str(self.settings.drafter.name)
         if options.index or options.memory:  # load and check them once; drafters share the automaton
-            make_drafter(name, options, self.target)
-        self.tracker = RequestTracker(lambda: make_drafter(name, options, self.target),
+            make_drafter(name, options, self.target, self.draft_max)
+        self.tracker = RequestTracker(lambda: make_drafter(name, options, self.target, self.draft_max),
                                       max_growth=self.draft_max + 1)
 
     def load_model(self, model: Any) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from typing import Optional
 
 from ..defaults import VLLM_DRAFT_MAX, VLLM_DRAFTERS, VLLM_MIN_MATCH
 from ..drafters import DrafterOptions, split_hybrid
@@ -36,12 +37,13 @@ class ProposerSettings:
 
     drafter: DrafterSettings = field(default_factory=lambda: DrafterSettings("sam"))
     min_match: int = MIN_MATCH  # draft only a continuation of a match this long (no planner trims drafts in vLLM)
+    # vLLM's draft length, from --draft-max (GenerationConfig.draft_max); None: not given, so VLLM_DRAFT_MAX
+    num_speculative_tokens: Optional[int] = None
 
     @property
     def draft_length(self) -> int:
         """vLLM's num_speculative_tokens: --draft-max, else VLLM_DRAFT_MAX."""
-        draft_max = self.drafter.options.draft_max
-        return VLLM_DRAFT_MAX if draft_max is None else draft_max
+        return VLLM_DRAFT_MAX if self.num_speculative_tokens is None else self.num_speculative_tokens
 
     @staticmethod
     def from_environment(default_drafter: str) -> "ProposerSettings":
