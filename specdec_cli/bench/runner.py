@@ -19,12 +19,16 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 from ..errors import SpecdecError
+from ..target_model.models import check_load
 from ..texts.prompts import Conversation, categories_of
+from . import llama_server
 from .environment import cost_curve_table, environment, model_dtype, model_name_of
 from .hf_reference import hf_generate, synchronize
+from .llama_cpp import unavailable
+from .llama_server import ServerRows
 from .methods import (
     BASELINE,
     EXTERNAL_KINDS,
@@ -38,9 +42,6 @@ from .methods import (
 from .metrics import TurnRun, aggregate, per_prompt_rows
 from .report import BenchReport
 from .settings import BenchSettings
-
-if TYPE_CHECKING:
-    from .llama_server import ServerRows
 
 
 @dataclass
@@ -69,6 +70,17 @@ class Generated(NamedTuple):
     accepted: Optional[int] = None
 
 
+def check_bench(settings: BenchSettings) -> Optional[str]:
+    """Everything about a bench that can be checked before the model loads: the settings, the target's file (read,
+    nothing loaded), a bad --llama-server and a --reference URL where nothing answers. Returns the target's GGUF
+    file, which llama.cpp's rows decode (None: the target is not a GGUF)."""
+    settings.check()
+    source_file = check_load(settings.run.load).source  # loads nothing yet
+    gguf_path = source_file.location if source_file.kind == "gguf" else None
+    llama_server.plan(settings.methods, settings.llama_server, gguf_path)
+    return gguf_path
+
+
 def run_bench(
     model: Any,
     tokenizer: Any,
@@ -86,9 +98,6 @@ def run_bench(
     `gguf_path` the file the target was loaded from (llama.cpp's rows read it; without it they are skipped).
     llama-server rows start their servers before the warm-up; every server started is stopped on the way out
     (errors and Ctrl-C included)."""
-    from . import llama_server
-    from .llama_cpp import unavailable
-
     settings.check()
     if not conversations:
         raise SpecdecError("no prompts to run (check --categories and --limit)")

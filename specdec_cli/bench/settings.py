@@ -6,11 +6,12 @@ what is the bench's own is its rows (methods), repeats, warm-up and the llama-se
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from ..defaults import DEFAULT_BENCH_MAX_NEW_TOKENS
 from ..errors import SpecdecError
 from ..session.run_settings import RunSettings, run_settings, take_fields
+from ..texts.prompts import Conversation, load_prompts
 from .methods import BASELINE, ORACLE, Method, resolve_methods
 
 RUN_DEFAULTS: dict[str, Any] = {"max_new_tokens": DEFAULT_BENCH_MAX_NEW_TOKENS}  # where bench differs from chat
@@ -82,3 +83,21 @@ def bench_settings(methods: Optional[list[Method]] = None, **values: Any) -> Ben
     own = take_fields(BenchSettings, values)
     run = run_settings(None, **{**RUN_DEFAULTS, **values})
     return BenchSettings(run, methods or resolve_methods([BASELINE]), **own)
+
+
+class PromptChoice(NamedTuple):
+    """Which prompts a bench runs: --suite or --prompts, then --categories and --limit."""
+
+    suite: Optional[str]
+    prompts: Optional[str]
+    categories: Optional[str]
+    limit: Optional[int]
+
+    def load(self) -> list[Conversation]:
+        wanted = [name.strip() for name in (self.categories or "").split(",") if name.strip()]
+        return load_prompts(self.prompts, self.suite, categories=wanted, limit=self.limit)
+
+    @property
+    def source(self) -> str:
+        """The prompts' name in the report: the file, or the suite."""
+        return self.prompts or str(self.suite).strip().lower()

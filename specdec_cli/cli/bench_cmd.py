@@ -7,14 +7,24 @@ a Rich progress bar on stderr -> files (--json-out, --csv, --plot) and a Rich ta
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Literal, NamedTuple, Optional
+from typing import Iterator, Literal, Optional
 
 import typer
+from rich import progress as bars
+from rich.markup import escape
+from rich.table import Table
 
+from ..bench import parse_lengths, resolve_methods, run_bench, split_names, to_json_text
+from ..bench.llama_server import LlamaServerError
+from ..bench.report import ReportFiles, report_document
+from ..bench.runner import check_bench
+from ..bench.settings import BenchSettings, PromptChoice, bench_settings
 from ..defaults import DEFAULT_BENCH_MAX_NEW_TOKENS, VLLM_DRAFTERS
+from ..errors import SpecdecError
 from ..vllm.runner import VLLM_METHODS
 from . import app, options
-from .common import apply_threads, cell, console, doing, err_console, say_loaded, table_width
+from .bench_vllm import bench_vllm
+from .common import apply_threads, cell, console, doing, err_console, load_target, table_width
 
 DEFAULT_DRAFTERS = "none,pld,sam"
 DEFAULT_SUITE = "builtin"
@@ -64,126 +74,55 @@ def bench(
                                     "rows (a new one as one finishes)."),
 ) -> None:
     """Measure speedup over plain decoding on a prompt suite (Spec-Bench conventions: greedy, batch 1, warm-up excluded)."""
-    from ..bench import parse_lengths, resolve_methods, split_names
-    from ..bench.settings import bench_settings
-
     options.check_engine(engine)
     chosen = PromptChoice(suite if suite or prompts else DEFAULT_SUITE, prompts, categories, limit)
-    outputs = Outputs(json_out, csv_out, plot, as_json, force)
+    files = ReportFiles(json_out, csv_out, plot, force)
     values = dict(target=target, device=device, decoder=decoder, dtype=dtype, weights=weights, index=index, aux=aux,
                   l_threshold=l_threshold, draft_model=draft_model, draft_min_prob=draft_min_prob, memory=memory,
                   draft_max=draft_max, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                   exact=exact, raw=raw, warmup=warmup)  # named as the settings' fields (bench/settings.py)
     if engine == "vllm":
-        from .bench_vllm import bench_vllm
-
         not_here = {"--oracle": oracle, "--temperature": temperature > 0, "--repeats": repeats > 1,
                     "--draft-model": draft_model, "--plot": plot, "--exact/--no-exact": exact is not None,
                     "--weights": weights != "auto", "--threads": threads is not None, "--device": device != "auto",
                     "--decoder": decoder != "auto"}
-        bench_vllm(values, split_names(drafters), split_names(reference), chosen, outputs, concurrency=concurrency,
-                   unsupported=[flag for flag, used in not_here.items() if used])
+        bench_vllm(values, split_names(drafters), split_names(reference), chosen, files, as_json,
+                   concurrency=concurrency, unsupported=[flag for flag, used in not_here.items() if used])
         return
     # Everything a user can get wrong is checked before the model loads.
     lengths = parse_lengths(oracle_lengths) if oracle else []
     if not split_names(drafters):
-        from ..errors import SpecdecError
-
         raise SpecdecError("--drafters: give at least one name (none: plain decoding alone)", setting="drafters")
     settings = bench_settings(resolve_methods(split_names(drafters), split_names(reference), lengths),
                               repeats=repeats, llama_server=llama_server, **values)
-    bench_specdec(settings, chosen, outputs, threads)
+    bench_specdec(settings, chosen, files, as_json, threads)
 
 
-class PromptChoice(NamedTuple):
-    """Which prompts a bench runs: --suite or --prompts, then --categories and --limit."""
-
-    suite: Optional[str]
-    prompts: Optional[str]
-    categories: Optional[str]
-    limit: Optional[int]
-
-    def load(self) -> list:
-        from ..texts.prompts import load_prompts
-
-        wanted = [name.strip() for name in (self.categories or "").split(",") if name.strip()]
-        return load_prompts(self.prompts, self.suite, categories=wanted, limit=self.limit)
-
-
-class Outputs(NamedTuple):
-    """Where a bench's report goes besides the table: --json-out, --csv, --plot, and --json instead of the table."""
-
-    json_out: Optional[str]
-    csv_out: Optional[str]
-    plot: Optional[str]
-    as_json: bool
-    force: bool = False
-
-
-def bench_specdec(settings, chosen: PromptChoice, outputs: Outputs, threads: Optional[int]) -> None:
+def bench_specdec(settings: BenchSettings, chosen: PromptChoice, files: ReportFiles, as_json: bool,
+                  threads: Optional[int]) -> None:
     """Check everything, load the target, run the bench with a progress bar, write the files and render."""
-    from ..bench import llama_server_rows, run_bench, to_json_text, write_csv, write_json
-    from ..files import check_output_file
-    from ..target_model.models import check_load, load_target
-
-    settings.check()
-    load = settings.run.load
-    source_file = check_load(load).source  # loads nothing yet
-    gguf_path = source_file.location if source_file.kind == "gguf" else None
-    llama_server_rows(settings.methods, settings.llama_server, gguf_path)  # a bad --llama-server, a silent URL
+    gguf_path = check_bench(settings)
     conversations = chosen.load()
-    source = chosen.prompts or str(chosen.suite).strip().lower()
-    json_path = check_output_file(outputs.json_out, "json_out", force=outputs.force, force_flag="--force") \
-        if outputs.json_out else None
-    csv_path = check_output_file(outputs.csv_out, "csv", force=outputs.force, force_flag="--force") \
-        if outputs.csv_out else None
-    if outputs.plot:
-        from ..bench.plots import check_plot_dir, require_matplotlib
-
-        require_matplotlib()
-        check_plot_dir(outputs.plot, outputs.force)
-
+    paths = files.check()
     if threads is not None:
         apply_threads(threads)
-    status = err_console().status("Loading model…")
-    with status:
-        loaded = load_target(load.target, load.device, load.dtype, on_status=lambda message: status.update(message),
-                             weights=load.weights, decoder=load.decoder)
-    say_loaded(loaded)
+    load = settings.run.load
+    loaded = load_target(load.target, load.device, load.dtype, load.weights, load.decoder)
     with doing("benchmarking", "no report was written"), server_log_on_failure():
-        report = _run_with_progress(run_bench, loaded, conversations, settings, source, gguf_path)
-    document = report.as_json()
-    document["environment"]["dtype_choice"] = loaded.dtype_reason
-    document["environment"]["weights"] = loaded.weights_reason
-    document["environment"]["load"] = loaded.load_line
-    if loaded.weights == "dense":  # the kernel threads matter only where the kernels compute the target
-        document["environment"]["kernel_threads"] = None
-
-    if json_path:
-        write_json(document, json_path)
-    if csv_path:
-        write_csv(document["results"], csv_path)
-    written = []
-    if outputs.plot:
-        from ..bench.plots import write_plots
-
-        written = write_plots(document, outputs.plot)
-    if outputs.as_json:
+        report = _run_with_progress(loaded, conversations, settings, chosen.source, gguf_path)
+    document = report_document(report, loaded)
+    written = paths.write(document)
+    if as_json:
         print(to_json_text(document), end="")
     else:
         render(document)
-    for path in [json_path, csv_path, *written]:
-        if path:
-            err_console().print(f"[dim]wrote {path}[/dim]")
+    for path in written:
+        err_console().print(f"[dim]wrote {path}[/dim]")
 
 
 @contextmanager
 def server_log_on_failure() -> Iterator[None]:
     """A llama.cpp server that failed: the last lines of its log on stderr, then the one-line error."""
-    from rich.markup import escape
-
-    from ..bench.llama_server import LlamaServerError
-
     try:
         yield
     except LlamaServerError as error:
@@ -195,9 +134,7 @@ def server_log_on_failure() -> Iterator[None]:
         raise
 
 
-def _run_with_progress(run_bench, loaded, conversations, settings, source, gguf_path):
-    from rich import progress as bars
-
+def _run_with_progress(loaded, conversations, settings, source, gguf_path):
     stderr = err_console()
     progress = bars.Progress(
         bars.TextColumn("[progress.description]{task.description}"),
@@ -329,79 +266,115 @@ def server_lines(document: dict) -> list[str]:
     return lines
 
 
-def render(document: dict) -> None:
-    from rich.table import Table
+COLUMNS: list[tuple[str, Literal["left", "right"]]] = [
+    ("Category", "left"), ("Method", "left"), ("Prompts", "right"), ("Tokens", "right"), ("Seconds", "right"),
+    ("Tok/s", "right"), ("Speedup", "right"), ("τ", "right"), ("Accept", "right"), ("Draft/Verify", "right"),
+    ("TTFT", "right"), ("Identical", "right")]
+LEGEND = ("speedup = tokens/s ÷ none's tokens/s on the same prompts · τ = tokens per target forward · "
+          "Draft/Verify = share of wall time · Identical = outputs token-equal to none (greedy)")
+LLAMA_LEGEND = ("(binding) = llama.cpp through its Python binding, llama-cpp-python, timed around the call · "
+                "llama-server = llama.cpp's own server binary, timed by its per-request timings")
+SHOWN_DIVERGENCES = 5  # outputs that differ from none's, listed one a line; the rest counted
 
+
+def render(document: dict) -> None:
+    """The bench's table on stdout: its header lines, the rows, then the footnotes (dim) and warnings (yellow)."""
     out = console()
     for line in header_lines(document) + curve_lines(document):
         out.print(f"[dim]{line}[/dim]", soft_wrap=not out.is_terminal)
-    repeats = document["settings"]["repeats"]
-    greedy = document["settings"]["greedy"]
+    table = results_table(document)
+    if not out.is_terminal:  # a log or a pipe: every column whole, however wide the table
+        out.width = max(out.width, table_width(out, table))
+    out.print(table)
+    for style, line in footnotes(document):
+        out.print(f"[{style}]{line}[/{style}]", soft_wrap=not out.is_terminal)
+    for line in divergence_lines(document):
+        out.print(f"[yellow]{line}[/yellow]")
+
+
+def results_table(document: dict) -> Table:
+    """One row a method and category, a section a category, the overall rows bold."""
     table = Table(show_lines=False, pad_edge=False)
-    columns: list[tuple[str, Literal["left", "right"]]] = [("Category", "left"), ("Method", "left"), ("Prompts", "right"), ("Tokens", "right"),
-                          ("Seconds", "right"), ("Tok/s", "right"), ("Speedup", "right"), ("τ", "right"),
-                          ("Accept", "right"), ("Draft/Verify", "right"), ("TTFT", "right"),
-                          ("Identical", "right")]
-    for name, justify in columns:
+    for name, justify in COLUMNS:
         table.add_column(name, justify=justify, no_wrap=True)
+    repeats, greedy = document["settings"]["repeats"], document["settings"]["greedy"]
     previous = None
     for row in document["results"]:
         if previous is not None and row["category"] != previous:
             table.add_section()
         category = row["category"] if row["category"] != previous else ""
         previous = row["category"]
-        tps = cell(row["tokens_per_second"], ".1f")
-        speedup = cell(row["speedup"], ".2f", "x")
-        if repeats > 1:
-            tps += f" ±{row['tokens_per_second_std']:.1f}"
-            speedup += f" ±{row['speedup_std']:.2f}"
-        shares = "–" if row["draft_share"] is None else f"{row['draft_share']:.0%}/{row['verify_share']:.0%}"
-        identical = "–" if row["identical"] is None else f"{row['identical']}/{row['compared']}"
-        if greedy and row["identical"] is not None and row["identical"] < row["compared"]:
-            identical = f"[yellow]{identical}[/yellow]"
-        style = "bold" if row["category"] == "overall" else None
-        label = f"{row['method']} (binding)" if is_binding_row(row["method"]) else row["method"]
-        table.add_row(
-            category, label, str(row["prompts"]), str(row["new_tokens"]), cell(row["seconds"], ".1f"), tps,
-            speedup, cell(row["mean_accepted_tokens"], ".2f"), cell(row["acceptance_rate"], ".0%"), shares,
-            cell(None if row["ttft_seconds"] is None else row["ttft_seconds"] * 1000, ".0f", " ms"), identical,
-            style=style,
-        )
-    if not out.is_terminal:  # a log or a pipe: every column whole, however wide the table
-        out.width = max(out.width, table_width(out, table))
-    out.print(table)
-    out.print("[dim]speedup = tokens/s ÷ none's tokens/s on the same prompts · τ = tokens per target forward · "
-              "Draft/Verify = share of wall time · Identical = outputs token-equal to none (greedy)[/dim]",
-              soft_wrap=not out.is_terminal)
-    names = [row["method"] for row in document["results"] if row["category"] == "overall"]
-    if any(is_binding_row(name) for name in names) or any(is_server_row(name) for name in names):
-        out.print("[dim](binding) = llama.cpp through its Python binding, llama-cpp-python, timed around the call · "
-                  "llama-server = llama.cpp's own server binary, timed by its per-request timings[/dim]",
-                  soft_wrap=not out.is_terminal)
-    remembered = document["settings"].get("memory")
+        table.add_row(category, *row_cells(row, repeats, greedy),
+                      style="bold" if row["category"] == "overall" else None)
+    return table
+
+
+def row_cells(row: dict, repeats: int, greedy: bool) -> list[str]:
+    """A result row's cells from Method on: a mean ± std over repeats, a yellow Identical where greedy outputs
+    differ."""
+    tps = cell(row["tokens_per_second"], ".1f")
+    speedup = cell(row["speedup"], ".2f", "x")
+    if repeats > 1:
+        tps += f" ±{row['tokens_per_second_std']:.1f}"
+        speedup += f" ±{row['speedup_std']:.2f}"
+    shares = "–" if row["draft_share"] is None else f"{row['draft_share']:.0%}/{row['verify_share']:.0%}"
+    identical = "–" if row["identical"] is None else f"{row['identical']}/{row['compared']}"
+    if greedy and row["identical"] is not None and row["identical"] < row["compared"]:
+        identical = f"[yellow]{identical}[/yellow]"
+    label = f"{row['method']} (binding)" if is_binding_row(row["method"]) else row["method"]
+    ttft = None if row["ttft_seconds"] is None else row["ttft_seconds"] * 1000
+    return [label, str(row["prompts"]), str(row["new_tokens"]), cell(row["seconds"], ".1f"), tps, speedup,
+            cell(row["mean_accepted_tokens"], ".2f"), cell(row["acceptance_rate"], ".0%"), shares,
+            cell(ttft, ".0f", " ms"), identical]
+
+
+def footnotes(document: dict) -> list[tuple[str, str]]:
+    """(style, line) under the table: the legends, the memory and skipped-row warnings, the comparisons with
+    llama.cpp and the fastest plain decoding, the servers, and why plain rows on other kernels differ."""
+    settings, results = document["settings"], document["results"]
+    names = [row["method"] for row in results if row["category"] == "overall"]
+    lines = [("dim", LEGEND)]
+    if any(is_binding_row(name) or is_server_row(name) for name in names):
+        lines.append(("dim", LLAMA_LEGEND))
+    remembered = settings.get("memory")
     if remembered and remembered.get("answers_to_measured_prompts"):
-        out.print(f"[yellow]memory: {remembered['answers_to_measured_prompts']} of its {remembered['answers']} answers "
-                  "answer prompts measured here: sam's speed on them is not what new prompts would see[/yellow]",
-                  soft_wrap=not out.is_terminal)
-    for name, reason in (document["settings"].get("references_skipped") or {}).items():
-        out.print(f"[yellow]{name}: skipped: {reason}[/yellow]", soft_wrap=not out.is_terminal)
-    server_plain = document["settings"].get("llama_server_plain")
-    for line in (llama_cpp_lines(document["results"]) + fastest_plain_lines(document["results"], server_plain)
-                 + server_lines(document)):
-        out.print(f"[dim]{line}[/dim]", soft_wrap=not out.is_terminal)
-    exact = str(document["settings"].get("exact_check", "")).startswith("on")
-    servers = tuple(document["settings"].get("llama_servers") or ())
-    outside = ("llama.cpp", "llama.cpp-pld", *servers)  # another program's kernels: its rounding is its own
-    own_kernels = ("native", "hf", "hf-pld", *outside) if exact else outside  # plain decoding rounding its own way
+        lines.append(("yellow", f"memory: {remembered['answers_to_measured_prompts']} of its {remembered['answers']} "
+                                "answers answer prompts measured here: sam's speed on them is not what new prompts "
+                                "would see"))
+    lines += [("yellow", f"{name}: skipped: {reason}")
+              for name, reason in (settings.get("references_skipped") or {}).items()]
+    compared = llama_cpp_lines(results) + fastest_plain_lines(results, settings.get("llama_server_plain")) \
+        + server_lines(document)
+    return lines + [("dim", line) for line in compared + own_kernel_lines(document)]
+
+
+def own_kernels(settings: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(rows decoding plainly on kernels other than the engine's row-invariant ones, those of them that are another
+    program's): their outputs may differ from none's by rounding alone."""
+    exact = str(settings.get("exact_check", "")).startswith("on")
+    outside = ("llama.cpp", "llama.cpp-pld", *tuple(settings.get("llama_servers") or ()))
+    return (("native", "hf", "hf-pld", *outside) if exact else outside), outside
+
+
+def own_kernel_lines(document: dict) -> list[str]:
+    """Why a plain row on its own kernels is not token-equal to none everywhere (both are greedy decoding)."""
+    kernels, outside = own_kernels(document["settings"])
+    lines = []
     for row in document["results"]:
-        if row["category"] == "overall" and row["method"] in own_kernels and row["identical"] is not None:
+        if row["category"] == "overall" and row["method"] in kernels and row["identical"] is not None:
             why = ("llama.cpp computes with its own kernels and rounding" if row["method"] in outside else
                    "the model's own kernels round differently from the row-invariant ones")
-            out.print(f"[dim]{row['method']}: {row['identical']}/{row['compared']} outputs equal none's: {why} (both "
-                      "are greedy decoding of the same weights)[/dim]", soft_wrap=not out.is_terminal)
-    diverged = [row for row in document["per_prompt"] if row["identical"] is False and row["method"] not in own_kernels]
-    for row in diverged[:5]:
-        out.print(f"[yellow]{row['method']}: prompt {row['prompt_id']} turn {row['turn']} differs from none at "
-                  f"token {row['first_divergence']}[/yellow]")
-    if len(diverged) > 5:
-        out.print(f"[yellow]… and {len(diverged) - 5} more outputs differ (see per_prompt in --json-out)[/yellow]")
+            lines.append(f"{row['method']}: {row['identical']}/{row['compared']} outputs equal none's: {why} (both "
+                         "are greedy decoding of the same weights)")
+    return lines
+
+
+def divergence_lines(document: dict) -> list[str]:
+    """The first outputs that differ from none's (the engine's own rows: a bug if greedy), then how many more."""
+    kernels, _ = own_kernels(document["settings"])
+    diverged = [row for row in document["per_prompt"] if row["identical"] is False and row["method"] not in kernels]
+    lines = [f"{row['method']}: prompt {row['prompt_id']} turn {row['turn']} differs from none at token "
+             f"{row['first_divergence']}" for row in diverged[:SHOWN_DIVERGENCES]]
+    if len(diverged) > SHOWN_DIVERGENCES:
+        lines.append(f"… and {len(diverged) - SHOWN_DIVERGENCES} more outputs differ (see per_prompt in --json-out)")
+    return lines

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 from typing import Literal, Sequence
 
+from ..bench import to_json_text
+from ..bench.report import ReportFiles
+from ..bench.settings import PromptChoice, bench_settings
 from .common import cell, console, doing, err_console, table_width
 
 
-def bench_vllm(values: dict, drafters: Sequence[str], references: Sequence[str], chosen, outputs, *,
-               concurrency: int, unsupported: Sequence[str]) -> None:
-    """`values`: bench's flags named as its settings' fields; `chosen`, `outputs`: bench_cmd's PromptChoice and
-    Outputs."""
-    from ..bench import to_json_text, write_csv, write_json
-    from ..bench.settings import bench_settings
+def bench_vllm(values: dict, drafters: Sequence[str], references: Sequence[str], chosen: PromptChoice,
+               files: ReportFiles, as_json: bool, *, concurrency: int, unsupported: Sequence[str]) -> None:
+    """`values`: bench's flags named as its settings' fields; `chosen`: the prompts; `files`: the report's files
+    (--json-out, --csv); `as_json`: the report instead of the table."""
     from ..bench.vllm_bench import RESULT_COLUMNS, VllmBenchSettings, VllmProgress, run_vllm_bench, vllm_methods
     from ..errors import SpecdecError
-    from ..files import check_output_file
     from ..target_model.models import load_target_text, resolve_target
     from ..texts.prompt_ids import format_prompt
     from ..vllm.runner import INSTALL_HINT, vllm_installed
@@ -34,10 +34,7 @@ def bench_vllm(values: dict, drafters: Sequence[str], references: Sequence[str],
     if not vllm_installed():
         raise SpecdecError(INSTALL_HINT)
     conversations = chosen.load()
-    json_path = check_output_file(outputs.json_out, "json_out", force=outputs.force, force_flag="--force") \
-        if outputs.json_out else None
-    csv_path = check_output_file(outputs.csv_out, "csv", force=outputs.force, force_flag="--force") \
-        if outputs.csv_out else None
+    paths = files.check()
     target = run.load.target
     status = err_console().status("Loading the tokenizer…")
     with status:
@@ -59,17 +56,13 @@ def bench_vllm(values: dict, drafters: Sequence[str], references: Sequence[str],
         document = run_vllm_bench(text.location, resolve_target(target).name, prompt_ids, conversations,
                                   text.eos_token_ids, settings,
                                   suite=chosen.prompts or str(chosen.suite), on_progress=on_progress)
-    if json_path:
-        write_json(document, json_path)
-    if csv_path:
-        write_csv(document["results"], csv_path, RESULT_COLUMNS)
-    if outputs.as_json:
+    written = paths.write(document, RESULT_COLUMNS)
+    if as_json:
         print(to_json_text(document), end="")
     else:
         render_vllm(document)
-    for path in (json_path, csv_path):
-        if path:
-            err_console().print(f"[dim]wrote {path}[/dim]")
+    for path in written:
+        err_console().print(f"[dim]wrote {path}[/dim]")
 
 
 def render_vllm(document: dict) -> None:

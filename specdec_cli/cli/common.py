@@ -7,7 +7,7 @@ import sys
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
@@ -141,3 +141,16 @@ def say_loaded(loaded) -> None:
     the line as `load`)."""
     if getattr(loaded, "load_line", "") and err_console().is_terminal:
         err_console().print(f"[dim]{loaded.load_line}[/dim]", highlight=False, soft_wrap=True)
+
+
+def load_target(target: str, device: str = "auto", dtype: str = "auto", weights: str = "auto",
+                decoder: Optional[str] = None) -> Any:
+    """Load the target (target_model.models.load_target) under a spinner on stderr, then the load line."""
+    from ..target_model import models
+
+    status = err_console().status("Loading model…")
+    with status:
+        loaded = models.load_target(target, device, dtype, on_status=lambda message: status.update(message),
+                                    weights=weights, decoder=decoder)
+    say_loaded(loaded)
+    return loaded

@@ -21,13 +21,12 @@ from ..distill.student import DEFAULT_DRAFT_VOCAB  # light: torch is imported in
 from ..distill.train import TrainConfig
 from ..errors import SpecdecError
 from . import app, options
-from .common import doing
+from .common import doing, load_target
 from .distill_stages import (
     EVAL_PROMPTS,
     STUDENT_DRAFT_MAX,
     HeadStages,
     StudentStages,
-    load_target,
     run_generate,
     run_generate_vllm,
     show_evaluation,

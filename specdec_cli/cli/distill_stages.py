@@ -17,20 +17,10 @@ from ..defaults import DEFAULT_TARGET
 from ..distill.eagle_train import EagleTrainConfig
 from ..distill.train import TrainConfig
 from ..errors import SpecdecError
-from .common import console, doing, err_console, say_loaded
+from .common import console, doing, err_console
 
 STUDENT_DRAFT_MAX = 6  # the chains a student is evaluated with
 EVAL_PROMPTS = 18  # held-out prompts a draft is evaluated on by default, spread over their categories
-
-
-def load_target(target: str, device: str = "auto", dtype: str = "auto", weights: str = "auto") -> Any:
-    from ..target_model.models import load_target as load
-
-    status = err_console().status("Loading model…")
-    with status:
-        loaded = load(target, device, dtype, on_status=lambda message: status.update(message), weights=weights)
-    say_loaded(loaded)
-    return loaded
 
 
 def progress_bars(*fields: str) -> Any:

@@ -93,7 +93,8 @@ class ServeSettings:
 def serve_settings(drafter: str = DEFAULT_DRAFTER, **values: Any) -> ServeSettings:
     """ServeSettings from values named as the fields of ServeSettings (host, port, ...), VllmSettings (max_model_len,
     memory_fraction), ProposerSettings (min_match) and the run's (session/run_settings.run_settings: target, dtype,
-    index, draft_max: vLLM's num_speculative_tokens); the rest keep their defaults. `specdec serve` builds its settings here from its flags."""
+    index, draft_max: vLLM's num_speculative_tokens); the rest keep their defaults. `specdec serve` builds its
+    settings here from its flags."""
     own, engine, proposer = (take_fields(kind, values) for kind in (ServeSettings, VllmSettings, ProposerSettings))
     listen = ListenSettings(**{"port": VLLM_SERVE_PORT, **take_fields(ListenSettings, values)})
     run = run_settings(drafter, **values)
