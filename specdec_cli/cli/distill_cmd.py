@@ -16,24 +16,27 @@ import typer
 
 from ..defaults import DEFAULT_MAX_NEW_TOKENS
 from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, EagleTrainConfig
-from ..distill.pipeline import default_output, evaluation_items, target_of_data, target_spec, usable_target
+from ..distill.pipeline import pipeline_files, target_of_data, target_spec, usable_target
 from ..distill.student import DEFAULT_DRAFT_VOCAB  # light: torch is imported inside its functions
 from ..distill.train import TrainConfig
 from ..errors import SpecdecError
+from ..texts.prompts import load_prompts
 from . import app, options
-from .common import doing, load_target
+from .common import load_target
 from .distill_stages import (
     EVAL_PROMPTS,
     STUDENT_DRAFT_MAX,
+    Answering,
     HeadStages,
+    HeldOut,
     StudentStages,
     run_generate,
     run_generate_vllm,
+    run_pipeline,
     show_evaluation,
     show_usage,
     stages_for_draft,
     stages_of,
-    tell,
 )
 
 distill_app = typer.Typer(
@@ -132,8 +135,6 @@ def distill(
     """Generate data, train a draft and evaluate it (no subcommand), or run one stage (see the commands)."""
     if ctx.invoked_subcommand is not None:
         return
-    from ..texts.prompts import load_prompts
-
     if prompts and suite:
         raise SpecdecError("give either --prompts or --suite, not both")
     config = TrainConfig(layers=layers, epochs=epochs, steps=steps, lr=lr, kd_weight=kd_weight, kd_loss=kd_loss,
@@ -148,47 +149,12 @@ def distill(
     stages.config.check()
     train_items = load_prompts(prompts, None if prompts else (suite or "distill"), first_turns=True, limit=limit,
                                max_prompts=stages.pipeline_prompts if max_prompts is None else max_prompts)
-    from ..target_model.models import resolve_target
-
-    out_dir = Path(output).expanduser() if output else default_output(resolve_target(target).name, stages.name)
-    stages.check_output(out_dir)  # before loading and answering for minutes: the output must be ours to replace
-    if not output:  # the default place under $SPECDEC_HOME is ours to create
-        from ..home import writable_home_folder
-
-        writable_home_folder("drafts")
-    elif not out_dir.parent.is_dir():  # a folder given is never created behind the user's back
-        raise SpecdecError(f"output {out_dir}: the folder {out_dir.parent} does not exist", setting="output")
-    data_file = data or str(out_dir.parent / f"{out_dir.name}.data.jsonl")
-    from ..files import check_output_file
-
-    check_output_file(data_file, "data", own_rule=True)  # appended to: distill/generate.py
-    from ..distill.generate import check_data_output
-
-    check_data_output(data_file, setting="data")  # a file that is not distill data is refused before the target loads
+    out_dir, data_file = pipeline_files(target, output, data, stages.name, stages.check_output)
     # the student is built from and trained against the target in float32 (its block weights dequantised)
     loaded = load_target(target, device, "float32", weights)
-    spec = target_spec(target)
-    tell(f"[bold]1/3[/bold] Answering {len(train_items)} prompts with the target -> {data_file}")
-    if engine == "vllm":
-        run_generate_vllm(target, spec, train_items, data_file, max_new_tokens=max_new_tokens, dtype="auto",
-                          concurrency=batch_prompts, system=None, raw=False)
-    else:
-        run_generate(loaded, spec, train_items, data_file, drafter=drafter, draft_max=None, index=None,
-                     draft_model=None, max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0, top_k=0, seed=seed,
-                     system=None, raw=False, batch_prompts=batch_prompts)
-    tell(f"[bold]2/3[/bold] Training {stages.title} -> {out_dir}")
-    stages.train(loaded, spec, data_file, str(out_dir), checkpoint_dir=None, resume=resume)
-    chosen, source = evaluation_items(eval_prompts, eval_suite, eval_max_prompts)
-    from ..distill.evaluate import tokenized
-
-    tell(f"[bold]3/3[/bold] Evaluating before and after training on {len(chosen)} prompts ({source})")
-    held_out = tokenized(loaded.tokenizer, chosen)
-    with doing("evaluating the draft", f"the trained draft is saved in {out_dir} (`specdec distill evaluate -D "
-                                       f"{out_dir}` scores it)"):
-        evaluation = stages.evaluate(loaded, spec, str(out_dir), held_out, source, baseline=True,
-                                     max_new_tokens=eval_max_new_tokens, draft_max=None, draft_min_prob=0.0)
-    show_evaluation(evaluation, str(out_dir))
-    show_usage(str(out_dir), spec, stages)
+    answering = Answering(engine, drafter, max_new_tokens, seed, batch_prompts)
+    held_out = HeldOut(eval_prompts, eval_suite, eval_max_prompts, eval_max_new_tokens)
+    run_pipeline(loaded, target, stages, train_items, data_file, out_dir, answering, held_out, resume=resume)
 
 
 @distill_app.command("generate")

@@ -15,6 +15,8 @@ from typing import Any, Callable, Iterator, Optional
 
 from ..defaults import DEFAULT_TARGET
 from ..distill.eagle_train import EagleTrainConfig
+from ..distill.evaluate import tokenized
+from ..distill.pipeline import evaluation_items, target_spec
 from ..distill.train import TrainConfig
 from ..errors import SpecdecError
 from .common import console, doing, err_console
@@ -310,6 +312,58 @@ def stages_of(kind: str, config: TrainConfig, head_config: EagleTrainConfig,
 
     check_choice(kind, DRAFT_KINDS, "kind")
     return HeadStages(head_config, corpus) if kind == "eagle" else StudentStages(config)
+
+
+# ---------------------------------------------------------------------------------------------- the pipeline
+
+
+@dataclass(frozen=True)
+class Answering:
+    """How the pipeline answers its training prompts: the engine (specdec's or vLLM's), the drafter that speeds
+    answering one by one, the answers' length, the seed and the prompts answered per forward (None: by weights)."""
+
+    engine: str
+    drafter: str
+    max_new_tokens: int
+    seed: int
+    batch_prompts: Optional[int]
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """The prompts the pipeline scores the draft on, before and after training (evaluation_items), and the
+    answers' length there."""
+
+    prompts: Optional[str]
+    suite: Optional[str]
+    max_prompts: Optional[int]
+    max_new_tokens: int
+
+
+def run_pipeline(loaded: Any, target: str, stages: StudentStages | HeadStages, prompts: list, data: str,
+                 out_dir: Path, answering: Answering, held_out: HeldOut, *, resume: bool) -> None:
+    """`specdec distill`'s three stages on a loaded target: answer the prompts into `data`, train the draft into
+    `out_dir`, score it before and after training; then its results and how to use it."""
+    spec = target_spec(target)
+    tell(f"[bold]1/3[/bold] Answering {len(prompts)} prompts with the target -> {data}")
+    if answering.engine == "vllm":
+        run_generate_vllm(target, spec, prompts, data, max_new_tokens=answering.max_new_tokens, dtype="auto",
+                          concurrency=answering.batch_prompts, system=None, raw=False)
+    else:
+        run_generate(loaded, spec, prompts, data, drafter=answering.drafter, draft_max=None, index=None,
+                     draft_model=None, max_new_tokens=answering.max_new_tokens, temperature=0.0, top_p=1.0, top_k=0,
+                     seed=answering.seed, system=None, raw=False, batch_prompts=answering.batch_prompts)
+    tell(f"[bold]2/3[/bold] Training {stages.title} -> {out_dir}")
+    stages.train(loaded, spec, data, str(out_dir), checkpoint_dir=None, resume=resume)
+    chosen, source = evaluation_items(held_out.prompts, held_out.suite, held_out.max_prompts)
+    tell(f"[bold]3/3[/bold] Evaluating before and after training on {len(chosen)} prompts ({source})")
+    scored = tokenized(loaded.tokenizer, chosen)
+    with doing("evaluating the draft", f"the trained draft is saved in {out_dir} (`specdec distill evaluate -D "
+                                       f"{out_dir}` scores it)"):
+        evaluation = stages.evaluate(loaded, spec, str(out_dir), scored, source, baseline=True,
+                                     max_new_tokens=held_out.max_new_tokens, draft_max=None, draft_min_prob=0.0)
+    show_evaluation(evaluation, str(out_dir))
+    show_usage(str(out_dir), spec, stages)
 
 
 # ---------------------------------------------------------------------------------------------- results

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..defaults import DEFAULT_TARGET
 from ..errors import SpecdecError
+from ..files import check_output_file
+from ..home import specdec_home, writable_home_folder
+from ..target_model.models import resolve_target
 from ..texts.prompts import Conversation, load_prompts
+from .generate import check_data_output
 
 
 def target_spec(target: str) -> str:
@@ -43,8 +47,6 @@ def usable_target(recorded: Optional[str]) -> str:
     """A recorded target if it can still be resolved, else the default model."""
     if not recorded:
         return DEFAULT_TARGET
-    from ..target_model.models import resolve_target
-
     try:
         resolve_target(recorded)
     except SpecdecError:
@@ -54,10 +56,26 @@ def usable_target(recorded: Optional[str]) -> str:
 
 def default_output(target_name: str, kind: str = "student") -> Path:
     """$SPECDEC_HOME/drafts/NAME for a student, NAME-eagle for an EAGLE head (each with its own data file)."""
-    from ..target_model.models import specdec_home
-
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in Path(target_name).name) or "draft"
     return specdec_home() / "drafts" / (safe if kind == "student" else f"{safe}-{kind}")
+
+
+def pipeline_files(target: str, output: Optional[str], data: Optional[str], kind: str,
+                   check_output: Callable[[Path], None]) -> tuple[Path, str]:
+    """The pipeline's draft directory and data file, checked before the target loads and answers for minutes:
+    `output` (default: `default_output`, its folder under $SPECDEC_HOME made writable) must be the pipeline's to
+    replace (`check_output`, the kind's own rule) in a folder that exists; `data` (default: OUTPUT.data.jsonl)
+    must be distill data, appended to, or not exist yet."""
+    out_dir = Path(output).expanduser() if output else default_output(resolve_target(target).name, kind)
+    check_output(out_dir)
+    if not output:  # the default place under $SPECDEC_HOME is ours to create
+        writable_home_folder("drafts")
+    elif not out_dir.parent.is_dir():  # a folder given is never created behind the user's back
+        raise SpecdecError(f"output {out_dir}: the folder {out_dir.parent} does not exist", setting="output")
+    data_file = data or str(out_dir.parent / f"{out_dir.name}.data.jsonl")
+    check_output_file(data_file, "data", own_rule=True)  # appended to: distill/generate.py
+    check_data_output(data_file, setting="data")  # a file that is not distill data is refused before the target loads
+    return out_dir, data_file
 
 
 def held_out_prompts(loaded: Any, target_spec: str, draft_dir: str, data: Optional[str], prompts: Optional[str],
