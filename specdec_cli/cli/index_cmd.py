@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import typer
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from ..errors import SpecdecError
 from . import app, options
 from .common import console, doing, err_console
 
@@ -110,8 +112,6 @@ def build_index_command(
     ),
 ) -> None:
     """Build a static suffix-automaton index (the `sam` drafter's --index) from a corpus."""
-    from ..errors import SpecdecError
-
     if info is not None or verify is not None:
         if corpus or output or (info and verify):
             raise SpecdecError("--info and --verify read one existing index; give no corpus and no -o with them")
@@ -121,28 +121,40 @@ def build_index_command(
         raise SpecdecError("no corpus given: name files, directories or - (stdin); see --help")
     if not output:
         raise SpecdecError("no output file: add -o FILE")
+    from ..texts.corpus import build_index, check_index_build  # (numpy)
 
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    check_index_build(corpus, output, glob, force)  # before the tokenizer loads
+    tokenizer = _load_tokenizer(target)
+    with _indexing_progress() as (on_progress, on_phase), \
+            doing("building the index", f"no index was written to {output}"):
+        summary = build_index(corpus, output, tokenizer, field=field, glob=glob, target_name=target,
+                              on_progress=on_progress, on_phase=on_phase, force=force)
+    if as_json:
+        console().print_json(json.dumps(summary))
+    else:
+        _show_summary(summary)
 
-    from ..files import check_output_file
-    from ..target_model.models import load_tokenizer
-    from ..texts.corpus import build_index, check_index_output, resolve_inputs
 
-    files = resolve_inputs(corpus, glob, quiet=True)  # a missing or binary input fails before the tokenizer loads
-    check_output_file(output, "output", own_rule=True)  # so does an -o into a missing folder
-    check_index_output(output, files, force)  # and one of the inputs, or a file not an index without --force
+def _load_tokenizer(target: str) -> Any:
+    """The target's tokenizer, under a spinner on a terminal (a redirected stderr gets errors alone)."""
+    from ..target_model import models
+
     status = err_console()
-    live = status.is_terminal  # progress displays only on a terminal: a redirected stderr gets errors alone
-    with status.status(f"Loading the tokenizer of {target}") if live else contextlib.nullcontext():
-        tokenizer = load_tokenizer(target, on_status=lambda message: status.print(message))
+    with status.status(f"Loading the tokenizer of {target}") if status.is_terminal else contextlib.nullcontext():
+        return models.load_tokenizer(target, on_status=lambda message: status.print(message))
 
+
+@contextlib.contextmanager
+def _indexing_progress() -> Iterator[tuple[Callable[[int, int], None], Callable[[str], None]]]:
+    """(on_progress, on_phase) for build_index, drawing tokens, documents and tokens/s on stderr (a terminal only)."""
+    status = err_console()
     columns = (
         SpinnerColumn(),
         TextColumn("{task.description}"),
         TextColumn("{task.fields[tokens]:,} tokens · {task.fields[documents]:,} docs · {task.fields[rate]:,.0f} tokens/s"),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=status, transient=True, disable=not live) as progress:
+    with Progress(*columns, console=status, transient=True, disable=not status.is_terminal) as progress:
         task = progress.add_task("Tokenising", tokens=0, documents=0, rate=0.0)
         started = time.perf_counter()
         drawn = [0.0]  # when the display was last redrawn from here
@@ -160,12 +172,4 @@ def build_index_command(
         def on_phase(phase: str) -> None:
             progress.update(task, description=phase)
 
-        with doing("building the index", f"no index was written to {output}"):
-            summary = build_index(
-                corpus, output, tokenizer, field=field, glob=glob, target_name=target,
-                on_progress=on_progress, on_phase=on_phase, force=force,
-            )
-    if as_json:
-        console().print_json(json.dumps(summary))
-    else:
-        _show_summary(summary)
+        yield on_progress, on_phase

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from ..errors import SpecdecError
+from ..files import check_output_file
 
 STDIN = "-"
 SNIFF_BYTES = 8192
@@ -136,6 +137,17 @@ def resolve_inputs(
         more = f"; and {len(repeats) - 3} more files" if len(repeats) > 3 else ""
         warnings.warn(f"the same file given twice is read once: {named}{more}", stacklevel=2)
     return resolved
+
+
+def check_index_build(corpus: Sequence[Union[str, os.PathLike]], output: str, glob: str = "*.txt",
+                      force: bool = False) -> list[InputFile]:
+    """What `build_index` checks before anything slow: every input exists and is text (quietly: the build warns
+    of repeats), the output's folder exists (files.check_output_file) and the output would destroy neither an input
+    nor a file that is not an index without `force`. Returns the inputs."""
+    files = resolve_inputs(corpus, glob, quiet=True)
+    check_output_file(output, "output", own_rule=True)
+    check_index_output(output, files, force)
+    return files
 
 
 def check_index_output(output: Union[str, os.PathLike], files: Sequence[InputFile], force: bool = False) -> Path:
