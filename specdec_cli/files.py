@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import SpecdecError
+from .home import specdec_home
 
 TEMP_MARK = ".specdec-tmp-"
 
@@ -187,8 +188,6 @@ def expect_output(path: str | Path) -> None:
 
 
 def _outputs_record() -> Path:
-    from .home import specdec_home
-
     return specdec_home() / OUTPUTS_RECORD
 
 
@@ -245,8 +244,6 @@ def lock_output(path: str | Path, setting: str = "output") -> Any:
     output; where the home cannot be written, nothing is locked (best effort)."""
     import fcntl
     import hashlib
-
-    from .home import specdec_home
 
     final = Path(path).expanduser()
     folder = specdec_home() / "locks"

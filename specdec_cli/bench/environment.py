@@ -11,13 +11,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
+from .. import __version__
 from ..machine import cpu_model, usable_cores
 
 
 def host_environment(started: Optional[datetime] = None) -> dict:
     """The machine and the Python a bench ran on, whatever engine ran it."""
-    from .. import __version__
-
     return {
         "cpu": cpu_model(),
         "cpu_cores": os.cpu_count(),

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from typing import Any, Optional
 
 from ..errors import SpecdecError
@@ -19,6 +17,9 @@ REQUEST_SECONDS = 1800.0
 
 def request(url: str, body: Optional[dict] = None, timeout: float = REQUEST_SECONDS) -> tuple[int, Any]:
     """(HTTP status, parsed JSON or None) of a GET (no body) or a JSON POST; connection errors raise OSError."""
+    import urllib.error  # here: urllib.request loads ssl, http and email, which the command line's start never needs
+    import urllib.request
+
     data = None if body is None else json.dumps(body).encode("utf-8")
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
     try:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecdecError
+from ..files import check_output_file, expect_output, write_atomic
 
 INSTALL = "pip install matplotlib"  # or: pip install 'specdec-cli[plot]'
 BASELINE = "none"
@@ -38,8 +39,6 @@ PLOT_FILES = ("speedup.png", "acceptance.png", "cost_curve.png")
 def check_plot_dir(path: str | Path, force: bool = False) -> Path:
     """The charts' folder (made when written if it is not there yet); a chart file already in it is replaced only
     when specdec wrote it and nobody changed it since, or with `force` (a FIFO or a device never: files.py)."""
-    from ..files import check_output_file, expect_output
-
     path = Path(path).expanduser()
     if path.exists() and not path.is_dir():
         raise SpecdecError(f"plot {path}: not a directory", setting="plot")
@@ -149,8 +148,6 @@ def _cost_figure(plt: Any, curve: dict, title: str) -> Any:
 
 
 def _save(plt: Any, figure: Any, path: Path) -> Path:
-    from ..files import write_atomic
-
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=120)
     plt.close(figure)

@@ -21,13 +21,17 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
+from ..drafters import make_drafter, target_info
+from ..drafters.oracle import OracleDrafter
 from ..errors import SpecdecError
 from ..target_model.models import check_load
+from ..texts.memory import Memory, prompt_hash
+from ..texts.prompt_ids import format_prompt
 from ..texts.prompts import Conversation, categories_of
 from . import llama_server
 from .environment import cost_curve_table, environment, model_dtype, model_name_of
 from .hf_reference import hf_generate, synchronize
-from .llama_cpp import unavailable
+from .llama_cpp import LLAMA_CPP_PLD, LlamaCpp, unavailable
 from .llama_server import ServerRows
 from .methods import (
     BASELINE,
@@ -199,8 +203,6 @@ def _run(model: Any, tokenizer: Any, conversations: Sequence[Conversation], sett
 def memory_report(directory: str, fingerprint: str, measured_prompts: Sequence[Sequence[int]]) -> dict:
     """What the memory `sam` read holds, and how many of its answers answer prompts this run measured (a
     memory built from the very prompts measured flatters the drafter)."""
-    from ..texts.memory import Memory, prompt_hash
-
     recalled = Memory(directory, fingerprint).recall()
     measured = {prompt_hash(ids) for ids in measured_prompts}
     return {"directory": directory, "answers": len(recalled.answers), "tokens": recalled.tokens,
@@ -225,7 +227,6 @@ class _Runner:
     def __init__(self, model: Any, tokenizer: Any, settings: BenchSettings, gguf_path: Optional[str] = None,
                  servers: Optional[dict] = None):
         from ..decoding.engine import Engine
-        from ..drafters import target_info
         from ..target_model.exact_setup import choose_forward
 
         self.gguf_path = gguf_path
@@ -250,9 +251,6 @@ class _Runner:
                 self._drafter(method, [])
 
     def _drafter(self, method: Method, references: list[list[int]]):
-        from ..drafters import make_drafter
-        from ..drafters.oracle import OracleDrafter
-
         if method.kind == ORACLE:
             return OracleDrafter(references, method.draft_length)
         run = self.settings.run
@@ -283,8 +281,6 @@ class _Runner:
         self.engine.forget()
 
     def _format(self, messages: list[dict]) -> list[int]:
-        from ..texts.prompt_ids import format_prompt
-
         return format_prompt(self.tokenizer, messages, self.settings.run.raw)
 
     def _decode(self, tokens: list[int]) -> str:
@@ -295,8 +291,6 @@ class _Runner:
 
     def _llama_cpp(self, method: Method) -> Any:
         """llama.cpp on the target's GGUF, with as many threads as specdec computes with."""
-        from .llama_cpp import LLAMA_CPP_PLD, LlamaCpp
-
         if method.name not in self.llama_cpp:
             self.llama_cpp[method.name] = LlamaCpp(str(self.gguf_path), reference_threads(self.model),
                                                    pld=method.name == LLAMA_CPP_PLD)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
 from ..defaults import DEFAULT_BENCH_MAX_NEW_TOKENS
+from ..drafters import min_prob_in_force
 from ..errors import SpecdecError
 from ..session.run_settings import RunSettings, run_settings, take_fields
 from ..texts.prompts import Conversation, load_prompts
@@ -44,8 +45,6 @@ class BenchSettings:
         self.run.check(self.engine_drafters)
 
     def as_json(self) -> dict:
-        from ..drafters import min_prob_in_force
-
         options, generation = self.run.drafter.options, self.run.generation
         return {
             "baseline": BASELINE,

@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from typing import Callable, Optional, Sequence
 
 from ..defaults import VLLM_DRAFTERS
+from ..drafters import DrafterOptions, check_drafter_options
 from ..errors import SpecdecError
 from ..session.run_settings import DrafterSettings
 from ..texts.prompts import Conversation, categories_of
@@ -81,7 +82,6 @@ class VllmBenchSettings:
         self.bench.run.generation.check()  # max_new_tokens (greedy: vLLM answers greedily here)
         if self.concurrency is not None and self.concurrency < 1:
             raise SpecdecError(f"concurrency must be >= 1, got {self.concurrency}", setting="concurrency")
-        from ..drafters import DrafterOptions, check_drafter_options
 
         # --index and --memory (the options the proposers read) are used by one of them, and their files are what
         # they claim; the other drafter options do not reach vLLM

@@ -12,6 +12,9 @@ import sys
 
 import typer
 
+from ..errors import SpecdecError
+from .common import flag_message, interruption_message, print_error
+
 app = typer.Typer(
     name="specdec",
     help="Lossless speculative decoding: a cheap drafter guesses, the target model verifies in one pass.",
@@ -20,7 +23,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-
 
 
 @app.callback()
@@ -57,8 +59,6 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def _interrupted() -> int:
     """Say what was interrupted; the exit status of a run ended by a signal (130 for Ctrl-C, 143 for SIGTERM)."""
-    from .common import interruption_message, print_error
-
     terminated = "SIGTERM" in _received
     print_error(interruption_message("SIGTERM" if terminated else ""))
     return 143 if terminated else 130
@@ -82,9 +82,6 @@ def main() -> None:
 
     atexit.unregister(_freeze_at_exit)  # once a process, however often main() runs in it (the tests run it in theirs)
     atexit.register(_freeze_at_exit)  # early: it runs after the handlers the command's imports register
-
-    from ..errors import SpecdecError
-    from .common import flag_message, print_error
 
     def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
         sys.stderr.write(f"specdec: warning: {message}\n")  # one line, not Python's file:line form

@@ -10,7 +10,6 @@ from contextlib import contextmanager
 from typing import Iterator, Literal, Optional
 
 import typer
-from rich import progress as bars
 from rich.markup import escape
 from rich.table import Table
 
@@ -135,6 +134,8 @@ def server_log_on_failure() -> Iterator[None]:
 
 
 def _run_with_progress(loaded, conversations, settings, source, gguf_path):
+    from rich import progress as bars  # (rich's live display: loaded when a bench runs, not for --help)
+
     stderr = err_console()
     progress = bars.Progress(
         bars.TextColumn("[progress.description]{task.description}"),

@@ -12,6 +12,9 @@ from typing import Literal, Sequence
 from ..bench import to_json_text
 from ..bench.report import ReportFiles
 from ..bench.settings import PromptChoice, bench_settings
+from ..bench.vllm_bench import RESULT_COLUMNS, VllmBenchSettings, VllmProgress, run_vllm_bench, vllm_methods
+from ..errors import SpecdecError
+from ..texts.prompt_ids import format_prompt
 from .common import cell, console, doing, err_console, table_width
 
 
@@ -19,10 +22,7 @@ def bench_vllm(values: dict, drafters: Sequence[str], references: Sequence[str],
                files: ReportFiles, as_json: bool, *, concurrency: int, unsupported: Sequence[str]) -> None:
     """`values`: bench's flags named as its settings' fields; `chosen`: the prompts; `files`: the report's files
     (--json-out, --csv); `as_json`: the report instead of the table."""
-    from ..bench.vllm_bench import RESULT_COLUMNS, VllmBenchSettings, VllmProgress, run_vllm_bench, vllm_methods
-    from ..errors import SpecdecError
     from ..target_model.models import load_target_text, resolve_target
-    from ..texts.prompt_ids import format_prompt
     from ..vllm.runner import INSTALL_HINT, vllm_installed
 
     if unsupported:

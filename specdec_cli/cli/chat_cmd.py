@@ -10,9 +10,12 @@ import typer
 
 from ..defaults import DEFAULT_DRAFTER, DEFAULT_MAX_NEW_TOKENS
 from ..errors import SpecdecError
+from ..session.run_settings import run_settings
 from . import app, options
 from .common import apply_threads, cache_kept_since, console, doing, err_console, say_loaded
 from .output import TextStream, compare_json, compare_lines, stats_line, turn_json
+from .render import LiveTranscript, TranscriptView, text_decoder
+from .repl import Repl
 
 
 def read_prompt(prompt: str) -> str:
@@ -34,7 +37,6 @@ def chat_settings(*, drafter: str, system: Optional[str], remember: bool, stop: 
     """The flags as a checked ChatSettings (everything checkable before the slow model load); `values` are named
     as the run settings' fields (session/run_settings.run_settings)."""
     from ..session.chat import ChatSettings
-    from ..session.run_settings import run_settings
 
     settings = ChatSettings(run_settings(drafter, stop=tuple(stop or ()), **values), system=system, remember=remember)
     settings.check()
@@ -98,8 +100,6 @@ def chat(
     session, loaded = load_session(settings)
     plain = plain or not sys.stdout.isatty()
     if text is None:
-        from .repl import Repl
-
         repl = Repl(session, console(), err_console(), plain, show_rejected, settings_lines(session, loaded))
         raise typer.Exit(repl.run())
     if compare:
@@ -122,8 +122,6 @@ def _answer(session, text: str, plain: bool, show_rejected: bool):
         turn = session.ask(text, on_event=stream.on_event)
         stream.finish(turn.answer)
     else:
-        from .render import LiveTranscript, TranscriptView, text_decoder
-
         view = TranscriptView(text_decoder(session.tokenizer), session.drafter_name, show_rejected)
         with LiveTranscript(console(), view) as live:
             turn = session.ask(text, on_event=live.on_event)
@@ -148,8 +146,6 @@ def _compare(session, text: str, as_json: bool, plain: bool, show_rejected: bool
         comparison = session.compare(text, on_event=stream.on_event)
         stream.finish(session.decode(comparison.speculative))
     else:
-        from .render import LiveTranscript, TranscriptView, text_decoder
-
         view = TranscriptView(text_decoder(session.tokenizer), session.drafter_name, show_rejected)
         with LiveTranscript(console(), view) as live:
             comparison = session.compare(text, on_event=live.on_event)

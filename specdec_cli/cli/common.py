@@ -9,6 +9,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
+from ..errors import flag_of
+from ..files import TEMP_MARK
+from ..home import specdec_home
+from ..target_model import models
+from ..target_model.models import set_threads
+
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
@@ -82,9 +88,6 @@ def interruption_message(signal_name: str = "") -> str:
 def cache_kept_since() -> Callable[[], str]:
     """For `doing` around a model load: what an interruption keeps, judged then. A GGUF converted (or block
     weights planned) since this call is in $SPECDEC_HOME and kept (later loads skip the work); else nothing."""
-    from ..files import TEMP_MARK
-    from ..home import specdec_home
-
     folders = ("models", "weights")
 
     def entries() -> set[Path]:
@@ -110,15 +113,12 @@ def cache_kept_since() -> Callable[[], str]:
 
 def flag_message(exc: "SpecdecError") -> str:
     """A library error as the command line says it: the setting's name spelled as its flag."""
-    from ..errors import flag_of
-
     return exc.naming(flag_of(exc.setting)) if exc.setting else str(exc)
 
 
 def apply_threads(threads: int) -> None:
     """--threads: pin torch's CPU threads, warning when there are more threads than cores to run them."""
     from ..machine import usable_cores
-    from ..target_model.models import set_threads
 
     set_threads(threads)
     cores = usable_cores()
@@ -146,8 +146,6 @@ def say_loaded(loaded) -> None:
 def load_target(target: str, device: str = "auto", dtype: str = "auto", weights: str = "auto",
                 decoder: Optional[str] = None) -> Any:
     """Load the target (target_model.models.load_target) under a spinner on stderr, then the load line."""
-    from ..target_model import models
-
     status = err_console().status("Loading model…")
     with status:
         loaded = models.load_target(target, device, dtype, on_status=lambda message: status.update(message),

@@ -16,10 +16,15 @@ import typer
 
 from ..defaults import DEFAULT_MAX_NEW_TOKENS
 from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, EagleTrainConfig
+from ..distill.generate import check_data_output
 from ..distill.pipeline import pipeline_files, target_of_data, target_spec, usable_target
 from ..distill.student import DEFAULT_DRAFT_VOCAB  # light: torch is imported inside its functions
 from ..distill.train import TrainConfig
+from ..drafters import DrafterOptions
 from ..errors import SpecdecError
+from ..session.run_settings import DrafterSettings
+from ..texts.data_rows import read_rows
+from ..texts.fingerprint import tokenizer_fingerprint
 from ..texts.prompts import load_prompts
 from . import app, options
 from .common import load_target
@@ -62,8 +67,6 @@ EVAL_MAX_NEW_TOKENS = 96
 def check_batch_prompts(batch_prompts: Optional[int], temperature: float) -> Optional[int]:
     """Before the model loads: the prompts answered per forward (a batch is answered greedily); None = chosen by
     the target's weights once it is loaded (distill_stages.run_generate)."""
-    from ..errors import SpecdecError
-
     if batch_prompts is None:
         return 1 if temperature > 0 else None
     if batch_prompts < 1:
@@ -185,12 +188,6 @@ def generate(
 ) -> None:
     """Answer prompts with the target and append one row per answer (resumable)."""
     from ..decoding.engine import GenerationConfig
-    from ..distill.generate import check_data_output
-    from ..drafters import DrafterOptions
-    from ..errors import SpecdecError
-    from ..session.run_settings import DrafterSettings
-    from ..texts.prompts import load_prompts
-
     if prompts is None and suite is None:
         raise SpecdecError("give the prompts: --prompts FILE or --suite NAME")
     GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k).check()
@@ -247,8 +244,6 @@ def train(
     token_weight: float = typer.Option(0.1, "--token-weight", help="eagle: weight of the token loss beside the feature regression."),
 ) -> None:
     """Train a draft on the target's answers; Ctrl-C saves a checkpoint (continue with --resume)."""
-    from ..texts.data_rows import read_rows
-
     config = TrainConfig(init=init, layers=layers, hidden=hidden, student=student, steps=steps, epochs=epochs,
                          batch_size=batch_size, grad_accum=grad_accum, lr=lr, warmup_steps=warmup,
                          weight_decay=weight_decay, clip=clip, max_len=max_len, kd_weight=kd_weight, kd_loss=kd_loss,
@@ -273,9 +268,6 @@ def train(
 def check_data_target(target: str, data: str) -> None:
     """The data's tokenizer fingerprint against the target's tokenizer alone (no weights loaded, nothing repacked)."""
     from ..target_model.models import load_tokenizer
-    from ..texts.data_rows import read_rows
-    from ..texts.fingerprint import tokenizer_fingerprint
-
     read_rows(data, tokenizer_fingerprint(load_tokenizer(target)), target_spec(target))
 
 
@@ -298,8 +290,6 @@ def evaluate(
     weights: str = options.weights(),
 ) -> None:
     """Top-1 agreement and mean accepted tokens of a draft (and of its initialisation) on held-out prompts."""
-    from ..errors import SpecdecError
-
     if sum(bool(value) for value in (data, prompts, suite)) > 1:
         raise SpecdecError("give one of --data, --prompts, --suite")
     directory = Path(draft_model).expanduser()

@@ -13,13 +13,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from ..defaults import DEFAULT_TARGET
-from ..distill.eagle_train import EagleTrainConfig
+from ..defaults import DEFAULT_BATCH_PROMPTS, DEFAULT_TARGET, DEFAULT_VLLM_CONCURRENCY
+from ..distill.checkpoints import check_output_dir
+from ..distill.eagle_evaluate import EAGLE_RUNS, evaluate_head
+from ..distill.eagle_train import EagleTrainConfig, build_eagle_head
 from ..distill.evaluate import tokenized
-from ..distill.pipeline import evaluation_items, target_spec
-from ..distill.train import TrainConfig
-from ..errors import SpecdecError
+from ..distill.generate import generate_data, generate_data_vllm
+from ..distill.pipeline import evaluation_items, held_out_prompts, target_of_draft, target_spec
+from ..distill.train import TrainConfig, train_draft
+from ..drafters import DrafterOptions, target_info
+from ..errors import SpecdecError, check_choice
+from ..target_model.models import load_target_text
+from ..texts.data_rows import read_rows
+from ..texts.fingerprint import tokenizer_fingerprint
 from .common import console, doing, err_console
+from .options import DRAFT_KINDS
 
 STUDENT_DRAFT_MAX = 6  # the chains a student is evaluated with
 EVAL_PROMPTS = 18  # held-out prompts a draft is evaluated on by default, spread over their categories
@@ -51,9 +59,6 @@ def notes(progress: Any) -> Callable[[str], None]:
 
 
 def check_data(loaded: Any, target_spec: str, data: str, allow_empty: bool) -> None:
-    from ..drafters import target_info
-    from ..texts.data_rows import read_rows
-
     read_rows(data, target_info(loaded.model, loaded.tokenizer).fingerprint, target_spec, allow_empty=allow_empty)
 
 
@@ -64,10 +69,6 @@ def run_generate(loaded: Any, target_spec: str, prompts: list, data: str, *, dra
                  index: Optional[str], draft_model: Optional[str], max_new_tokens: int, temperature: float,
                  top_p: float, top_k: int, seed: int, system: Optional[str], raw: bool,
                  batch_prompts: Optional[int] = 1) -> Any:
-    from ..defaults import DEFAULT_BATCH_PROMPTS
-    from ..distill.generate import generate_data
-    from ..drafters import DrafterOptions
-
     check_data(loaded, target_spec, data, allow_empty=True)  # before any progress display
     if batch_prompts is None:  # block weights: one by one, exact and as fast (docs/measurements.md)
         batch_prompts = DEFAULT_BATCH_PROMPTS if loaded.weights == "dense" else 1
@@ -84,11 +85,6 @@ def run_generate(loaded: Any, target_spec: str, prompts: list, data: str, *, dra
 def run_generate_vllm(target: str, target_spec: str, prompts: list, data: str, *, max_new_tokens: int, dtype: str,
                       concurrency: Optional[int], system: Optional[str], raw: bool) -> Any:
     """run_generate through vLLM: the target's tokenizer here, its weights in vLLM's process only."""
-    from ..defaults import DEFAULT_VLLM_CONCURRENCY
-    from ..distill.generate import generate_data_vllm
-    from ..target_model.models import load_target_text
-    from ..texts.data_rows import read_rows
-    from ..texts.fingerprint import tokenizer_fingerprint
     from ..vllm.runner import INSTALL_HINT, vllm_installed
 
     if not vllm_installed():
@@ -167,13 +163,9 @@ class StudentStages:
         return f"a {self.config.layers}-block student"
 
     def check_output(self, directory: Path) -> None:
-        from ..distill.checkpoints import check_output_dir
-
         check_output_dir(directory)
 
     def recorded_target(self, directory: Path) -> Optional[str]:
-        from ..distill.pipeline import target_of_draft
-
         return target_of_draft(str(directory))
 
     def check_held_out(self, data: Optional[str]) -> None:
@@ -183,14 +175,10 @@ class StudentStages:
                  suite: Optional[str], limit: Optional[int], max_prompts: Optional[int],
                  raw: bool) -> tuple[list, str]:
         """The prompts of a file or suite, else the held-out rows of the draft's data."""
-        from ..distill.pipeline import held_out_prompts
-
         return held_out_prompts(loaded, target_spec, draft_dir, data, prompts, suite, limit, max_prompts, raw)
 
     def train(self, loaded: Any, target_spec: str, data: str, output: str, *, checkpoint_dir: Optional[str],
               resume: bool) -> None:
-        from ..distill.train import train_draft
-
         check_data(loaded, target_spec, data, allow_empty=False)  # before any progress display
         with progress_bars("loss", "lr", "speed") as progress:
             task = progress.add_task("Training", total=None, loss="", lr="", speed="")
@@ -256,16 +244,11 @@ class HeadStages:
                  suite: Optional[str], limit: Optional[int], max_prompts: Optional[int],
                  raw: bool) -> tuple[list, str]:
         """The prompts of a file or suite (builtin by default), spread over their categories."""
-        from ..distill.evaluate import tokenized
-        from ..distill.pipeline import evaluation_items
-
         items, source = evaluation_items(prompts, suite, max_prompts or EVAL_PROMPTS, limit)
         return tokenized(loaded.tokenizer, items, raw), source
 
     def train(self, loaded: Any, target_spec: str, data: str, output: str, *, checkpoint_dir: Optional[str],
               resume: bool) -> None:
-        from ..distill.eagle_train import build_eagle_head
-
         check_data(loaded, target_spec, data, allow_empty=False)
         with progress_bars("loss") as progress:
             task = progress.add_task("Features", total=None, loss="")
@@ -288,8 +271,6 @@ class HeadStages:
     def evaluate(self, loaded: Any, target_spec: str, draft_dir: str, prompts: list, source: str, *, baseline: bool,
                  max_new_tokens: int, draft_max: Optional[int], draft_min_prob: float) -> dict:
         """(A head drafts trees as deep as `draft_max`; `draft_min_prob` is a student's setting.)"""
-        from ..distill.eagle_evaluate import EAGLE_RUNS, evaluate_head
-
         runs = len(EAGLE_RUNS) if baseline else len([run for run in EAGLE_RUNS if run[1]])
         with scoring_progress(len(prompts) * runs) as (on_progress, _):
             return evaluate_head(loaded.model, loaded.tokenizer, target_spec, draft_dir, prompts, baseline=baseline,
@@ -307,9 +288,6 @@ def stages_for_draft(directory: Path) -> StudentStages | HeadStages:
 def stages_of(kind: str, config: TrainConfig, head_config: EagleTrainConfig,
               corpus: tuple[str, ...]) -> StudentStages | HeadStages:
     """`--kind` (checked as parsed, and here for other callers): the stages of a student or of a head."""
-    from ..errors import check_choice
-    from .options import DRAFT_KINDS
-
     check_choice(kind, DRAFT_KINDS, "kind")
     return HeadStages(head_config, corpus) if kind == "eagle" else StudentStages(config)
 

@@ -13,9 +13,9 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 import typer
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from ..errors import SpecdecError
+from ..target_model import models
 from . import app, options
 from .common import console, doing, err_console
 
@@ -137,8 +137,6 @@ def build_index_command(
 
 def _load_tokenizer(target: str) -> Any:
     """The target's tokenizer, under a spinner on a terminal (a redirected stderr gets errors alone)."""
-    from ..target_model import models
-
     status = err_console()
     with status.status(f"Loading the tokenizer of {target}") if status.is_terminal else contextlib.nullcontext():
         return models.load_tokenizer(target, on_status=lambda message: status.print(message))
@@ -147,6 +145,8 @@ def _load_tokenizer(target: str) -> Any:
 @contextlib.contextmanager
 def _indexing_progress() -> Iterator[tuple[Callable[[int, int], None], Callable[[str], None]]]:
     """(on_progress, on_phase) for build_index, drawing tokens, documents and tokens/s on stderr (a terminal only)."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # (loaded when it builds)
+
     status = err_console()
     columns = (
         SpinnerColumn(),

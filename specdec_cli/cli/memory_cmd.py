@@ -11,6 +11,7 @@ from typing import Optional
 
 import typer
 
+from ..texts.memory import check_export_output, export_corpus, import_file, memory_enabled, open_memory
 from . import app, options
 from .common import console, doing, err_console
 
@@ -36,8 +37,6 @@ def info(target: str = TARGET, as_json: bool = options.as_json("the memory's det
     """Answers, tokens, size and age of the target's memory."""
     import json
 
-    from ..texts.memory import memory_enabled, open_memory
-
     memory, _ = open_memory(target)
     details = memory.info()
     details["enabled"] = memory_enabled()
@@ -55,8 +54,6 @@ def info(target: str = TARGET, as_json: bool = options.as_json("the memory's det
 @memory_app.command("clear")
 def clear(target: str = TARGET) -> None:
     """Forget every remembered answer of the target."""
-    from ..texts.memory import open_memory
-
     memory, _ = open_memory(target)
     err_console().print(f"cleared {memory.clear():,} answers from {memory.directory}", soft_wrap=True)
 
@@ -67,8 +64,6 @@ def export(path: str = typer.Argument(..., help="JSONL file to write ({\"text\":
            force: bool = typer.Option(False, "--force", help="Replace an existing file that is not an unchanged "
                                       "earlier export (an earlier export is replaced anyway).")) -> None:
     """Write the remembered answers as a corpus for `specdec build-index`."""
-    from ..texts.memory import check_export_output, export_corpus, open_memory
-
     check_export_output(path, force)  # before the tokenizer loads: never over a file that is not ours
     memory, tokenizer = open_memory(target)
     with doing("exporting the memory"):
@@ -80,8 +75,6 @@ def export(path: str = typer.Argument(..., help="JSONL file to write ({\"text\":
 def import_(path: str = typer.Argument(..., help="A `specdec distill generate` output, or any corpus (text, JSONL, folder)."),
             target: str = TARGET) -> None:
     """Remember answers from a file: a `distill generate` output as it is, any other corpus tokenized once."""
-    from ..texts.memory import import_file, open_memory
-
     memory, tokenizer = open_memory(target)
     with doing("importing into the memory", "what was imported so far is kept"):
         answers, tokens = import_file(memory, tokenizer, path)

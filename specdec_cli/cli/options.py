@@ -22,7 +22,7 @@ from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, DEFAULT_UNROLL, MAX_UNROLL
 from ..distill.loss import KD_LOSSES
 from ..distill.student import DEFAULT_DRAFT_VOCAB
 from ..drafters import AUX_CHOICES, DRAFTERS, HYBRID_HEAD
-from ..errors import check_choice
+from ..errors import SpecdecError, check_choice
 from ..target_model.load_settings import DEVICES, DTYPES, WEIGHTS
 from ..texts.prompts import SUITES
 
@@ -250,8 +250,6 @@ def answer_engine() -> Any:
 def check_engine(engine: str, temperature: float = 0.0) -> None:
     """`--engine` of bench and distill (one of ENGINES, checked as parsed): vLLM only greedy where it answers
     prompts."""
-    from ..errors import SpecdecError
-
     if engine == "vllm" and temperature > 0:
         raise SpecdecError("vLLM answers greedily here: drop --temperature or use --engine specdec", setting="engine")
 

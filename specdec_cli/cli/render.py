@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from ..decoding.stats import Tally
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..decoding.stats import GenerationStats
 
@@ -59,8 +61,6 @@ class TranscriptView:
     rejected: list[Span] = field(default_factory=list)  # the latest step's rejected drafts only
 
     def __post_init__(self) -> None:
-        from ..decoding.stats import Tally
-
         self.tally = Tally()
 
     def pieces(self, tokens: Sequence[int]) -> list[str]:

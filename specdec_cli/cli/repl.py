@@ -11,6 +11,10 @@ import sys
 from dataclasses import replace
 from typing import Any, Optional
 
+from ..decoding.stats import GenerationStats, merge
+from ..drafters import DRAFTERS
+from ..errors import SpecdecError
+from ..files import check_output_file, read_json, write_json_atomic
 from .output import TextStream, turn_json
 from .render import LiveTranscript, TranscriptView, text_decoder
 
@@ -110,9 +114,6 @@ class Repl:
     # -- commands ------------------------------------------------------------------------------------------
 
     def command(self, line: str) -> Optional[str]:
-        from ..drafters import DRAFTERS
-        from ..errors import SpecdecError
-
         name, _, arg = line.partition(" ")
         arg = arg.strip()
         try:
@@ -149,8 +150,6 @@ class Repl:
         return None
 
     def set(self, arg: str) -> None:
-        from ..errors import SpecdecError
-
         key, _, value = arg.partition(" ")
         key = key.replace("-", "_")
         if key not in SETTABLE or not value.strip():
@@ -167,8 +166,6 @@ class Repl:
     # -- answering -----------------------------------------------------------------------------------------
 
     def answer(self, text: str) -> None:
-        from ..errors import SpecdecError
-
         view = TranscriptView(text_decoder(self.session.tokenizer), self.session.drafter_name, self.show_rejected)
         try:
             if self.plain:
@@ -199,8 +196,6 @@ class Repl:
 
     def stats(self) -> None:
         from rich.table import Table
-
-        from ..decoding.stats import GenerationStats, merge
 
         turns = self.session.turns
         cut = getattr(self.session, "cut_short", [])
@@ -235,9 +230,6 @@ class Repl:
         """The conversation as JSON; an existing file is replaced only when it is a saved conversation, or with
         `/save --force FILE`."""
         import os
-
-        from ..errors import SpecdecError
-        from ..files import check_output_file, read_json, write_json_atomic
 
         final = check_output_file(path, "/save", flag=False, own_rule=True)
         if not force and os.path.lexists(final) and read_json(final).get("format") != SAVE_FORMAT:

@@ -22,8 +22,9 @@ from ..defaults import (
 )
 from ..drafters import DRAFTERS, HYBRID_HEAD
 from ..errors import SpecdecError
+from ..vllm.serve import serve, serve_settings
 from . import app, options
-from .common import apply_threads, err_console
+from .common import apply_threads, cache_kept_since, doing, err_console, say_loaded
 
 
 @app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -104,7 +105,6 @@ def _serve_specdec(settings) -> None:
 
     from ..server.run import serve
     from ..server.settings import API_KEY_ENV
-    from .common import cache_kept_since, doing, say_loaded
 
     logging.basicConfig(format="specdec: %(message)s", level=logging.INFO)
     if settings.open_to_others:
@@ -131,8 +131,6 @@ def _serve_specdec(settings) -> None:
 def _serve_vllm(ctx, target, drafter, index, draft_max, min_match, dtype, host, port, max_model_len, memory_fraction,
                 api_key) -> None:
     from rich.markup import escape
-
-    from ..vllm.serve import serve, serve_settings
 
     settings = serve_settings(drafter.strip().lower(), target=target, index=index,
                               draft_max=VLLM_DRAFT_MAX if draft_max is None else draft_max, min_match=min_match,

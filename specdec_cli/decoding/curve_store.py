@@ -18,6 +18,9 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..errors import SpecdecError
+from ..files import read_json, write_json_atomic
+from ..home import specdec_home
+from ..machine import cpu_model
 from ..target_model.forward import VerifyForward, new_cache
 from ..target_model.rollback import truncate_cache
 from .cost_curve import CostCurve, measure_cost_curve
@@ -53,8 +56,6 @@ class CurveStore:
 
 def load_or_measure(cache_file: Optional[Path], make_timer: Callable[[], Timer]) -> CostCurve:
     """The curve stored in `cache_file` as a prior, else measured now with `make_timer()` and stored."""
-    from ..files import read_json
-
     if cache_file is not None:
         stored = read_json(cache_file)
         try:
@@ -76,7 +77,6 @@ def save_curve(cache_file: Optional[Path], curve: CostCurve) -> None:
     cannot take it."""
     if cache_file is None:
         return
-    from ..files import write_json_atomic
 
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
@@ -90,8 +90,6 @@ def cost_cache_file(model: Any, exact_rows: int) -> Optional[Path]:
     verified row-invariantly (0: none) and block weights (with the kernels' path and record format). None for an
     in-memory model (tests): measured, not stored."""
     from .. import kernels
-    from ..home import specdec_home
-    from ..machine import cpu_model
     from ..target_model.quant import CACHE_FORMAT, block_layers, weights_summary
 
     name = getattr(model.config, "_name_or_path", "") or ""

@@ -18,6 +18,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from ..defaults import DEFAULT_BUDGET
+from ..drafters import target_info
+from ..drafters.eagle import DEFAULT_TREE_DEPTH, DEFAULT_TREE_WIDTH, EagleDrafter, check_target
 from ..texts.prompts import Conversation
 from .eagle_train import initial_head
 from .evaluate import (
@@ -70,9 +73,6 @@ def evaluate_head(
     on_progress: Optional[Callable[[EvalProgress], None]] = None,
 ) -> dict:
     """Score the head in `head_dir` (and its untrained start) and store the result in its report."""
-    from ..defaults import DEFAULT_BUDGET
-    from ..drafters import target_info
-    from ..drafters.eagle import DEFAULT_TREE_DEPTH, DEFAULT_TREE_WIDTH, EagleDrafter, check_target
     from ..drafters.eagle_head import load_head
 
     directory = Path(head_dir).expanduser()

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import SpecdecError
+from ..texts.data_rows import read_rows
+from ..texts.fingerprint import tokenizer_fingerprint
 from .checkpoints import CHECKPOINT_FORMAT, check_resumable
 from .data import items_digest
 from .loop import Trainee, TrainingRun, train
@@ -336,7 +338,6 @@ def training_sequences(tokenizer: Any, fingerprint: str, target_name: str, data:
     """Token sequences to train on: each answer of a `distill generate` file (prompt and answer together,
     checked against the target's tokenizer) and the text of any corpus files; and their sizes."""
     from ..texts.corpus import CorpusStats, iter_documents, resolve_inputs, tokenize_documents
-    from ..texts.data_rows import read_rows
 
     sequences: list[list[int]] = []
     if data:
@@ -362,7 +363,6 @@ def build_eagle_head(target: Any, tokenizer: Any, target_name: str, output: str,
     """Read the data, train a head (checkpointed in `checkpoint_dir`, default OUTPUT.checkpoint), write it to
     `output` (atomically); returns the report."""
     from ..drafters.eagle_head import check_head_output, save_head
-    from ..texts.fingerprint import tokenizer_fingerprint
 
     config.check()
     check_head_output(Path(output))  # before any work

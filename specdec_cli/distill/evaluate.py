@@ -21,8 +21,12 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ..decoding.stats import GenerationStats, merge
+from ..drafters import target_info
+from ..drafters.model import ModelDrafter
 from ..errors import SpecdecError
 from ..files import read_json, write_json_atomic
+from ..texts.data_rows import read_rows
+from ..texts.prompt_ids import format_prompt
 from ..texts.prompts import Conversation
 from .checkpoints import REPORT
 from .data import split_rows
@@ -71,8 +75,6 @@ class EvalProgress:
 
 def tokenized(tokenizer: Any, prompts: Sequence[Conversation], raw: bool = False) -> list[Conversation]:
     """The prompts with their first turns' token ids as the target reads them (chat template unless `raw`)."""
-    from ..texts.prompt_ids import format_prompt
-
     return [replace(prompt, prompt_ids=tuple(format_prompt(tokenizer, [{"role": "user", "content": prompt.first_turn}],
                                                            raw)))
             for prompt in prompts]
@@ -80,8 +82,6 @@ def tokenized(tokenizer: Any, prompts: Sequence[Conversation], raw: bool = False
 
 def prompts_from_data(data_path: str, holdout: float, fingerprint: str, target_name: str = "") -> list[Conversation]:
     """The held-out rows of a data file, split exactly as training split them, with the token ids they recorded."""
-    from ..texts.data_rows import read_rows
-
     rows = read_rows(data_path, fingerprint, target_name)
     _, held = split_rows(rows, holdout)
     if not held:
@@ -145,9 +145,6 @@ def score_drafts(
 
     `head_tokens` restricts every draft's output head as the `model` drafter does (None = full head).
     """
-    from ..drafters import target_info
-    from ..drafters.model import ModelDrafter
-
     info = target_info(target, tokenizer)
 
     def along(model: Any) -> Callable[[Reference], Any]:
@@ -300,7 +297,6 @@ def evaluate_draft(
     on_status: Optional[Callable[[str], None]] = None,
 ) -> dict:
     """Score the draft in `draft_dir` (and its initialisation) and store the result in its report."""
-    from ..drafters import target_info
     from ..drafters.model import load_draft_model
 
     status = on_status or (lambda message: None)

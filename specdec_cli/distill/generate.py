@@ -21,9 +21,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from ..drafters import DrafterOptions, make_drafter, target_info
 from ..errors import SpecdecError
-from ..texts.data_rows import read_rows
+from ..files import check_output_file, lock_output
+from ..target_model.load_settings import LoadSettings
+from ..texts.data_rows import read_rows, read_text
+from ..texts.fingerprint import tokenizer_fingerprint
+from ..texts.prompt_ids import format_prompt
 from ..texts.prompts import Conversation
+from .batched import greedy_batches
 
 DATA_FORMAT = 1
 
@@ -107,9 +113,6 @@ def check_data_output(out_path: str, fingerprint: Optional[str] = None, target_n
     """The -o of `distill generate`, before anything is written: a new (or empty) file, or one holding this
     command's rows (with `fingerprint`: this target's), to resume. Anything else (another file, another target's
     rows, a last line that is not the start of a row) is refused with one line and left untouched."""
-    from ..files import check_output_file
-    from ..texts.data_rows import read_text
-
     file = check_output_file(out_path, setting, own_rule=True)  # the folder must exist, as for every output
     if not file.exists() or (file.is_file() and file.stat().st_size == 0):
         return file
@@ -172,7 +175,6 @@ def generate_data(
     from dataclasses import replace
 
     from ..decoding.engine import Engine, GenerationConfig
-    from ..drafters import DrafterOptions, make_drafter, target_info
 
     if not prompts:
         raise SpecdecError("no prompts to answer")
@@ -185,8 +187,6 @@ def generate_data(
     rows = _RowWriter(out_path, tokenizer, target_name, info.fingerprint, prompts, raw, system, on_progress,
                       temperature)
     if batch_size > 1:
-        from .batched import greedy_batches
-
         if rows.todo:
             greedy_batches(model, rows.prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=info.eos_token_ids,
                            batch_size=batch_size,
@@ -223,8 +223,6 @@ def generate_data_vllm(
 ) -> GenerateSummary:
     """generate_data through vLLM (vllm_runner.py: a child process, continuous batching with `concurrency` requests
     in flight, greedy): a row for each answer as it finishes, so an interrupted run keeps what it wrote."""
-    from ..target_model.load_settings import LoadSettings
-    from ..texts.fingerprint import tokenizer_fingerprint
     from ..vllm.runner import VllmPhase, VllmSettings, run_vllm
 
     if not prompts:
@@ -241,8 +239,6 @@ def generate_data_vllm(
 
 
 def _prompt_ids(tokenizer: Any, prompt: Conversation, raw: bool, system: Optional[str]) -> list[int]:
-    from ..texts.prompt_ids import format_prompt
-
     messages = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": prompt.first_turn})
     return format_prompt(tokenizer, messages, raw)
@@ -255,8 +251,6 @@ class _RowWriter:
     def __init__(self, out_path: str, tokenizer: Any, target_name: str, fingerprint: str,
                  prompts: Sequence[Conversation], raw: bool, system: Optional[str],
                  on_progress: Optional[Callable[[GenerateProgress], None]], temperature: float):
-        from ..files import lock_output
-
         self.warnings: list[str] = []
         self.file = check_data_output(out_path, fingerprint, target_name)  # before anything is changed
         self.lock = lock_output(self.file)  # held while this writer lives: two runs would answer every prompt twice

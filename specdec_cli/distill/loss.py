@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..drafters.model import split_model
+
 KD_LOSSES = ("fkl", "rkl", "tvd")
 
 
@@ -15,8 +17,6 @@ def restricted_logits(model: Any, input_ids: Any, attention_mask: Any, select: A
 
     The head runs only at the selected positions and only for the chosen columns when the model allows it.
     """
-    from ..drafters.model import split_model
-
     base, head = split_model(model)
     if base is None:
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[select]

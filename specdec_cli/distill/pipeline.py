@@ -11,11 +11,14 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..defaults import DEFAULT_TARGET
+from ..drafters import target_info
+from ..drafters.model import read_draft_meta
 from ..errors import SpecdecError
 from ..files import check_output_file
 from ..home import specdec_home, writable_home_folder
 from ..target_model.models import resolve_target
 from ..texts.prompts import Conversation, load_prompts
+from .evaluate import prompts_from_data, read_report, tokenized
 from .generate import check_data_output
 
 
@@ -38,8 +41,6 @@ def target_of_data(data: str) -> Optional[str]:
 
 
 def target_of_draft(draft_dir: str) -> Optional[str]:
-    from ..drafters.model import read_draft_meta
-
     return str(read_draft_meta(Path(draft_dir).expanduser()).get("target") or "") or None
 
 
@@ -83,9 +84,6 @@ def held_out_prompts(loaded: Any, target_spec: str, draft_dir: str, data: Option
                      raw: bool) -> tuple[list[Conversation], str]:
     """A student's held-out prompts (tokenized) and where they came from: a file or a suite, else the held-out rows
     of its data (`data`, or the file its report names)."""
-    from ..drafters import target_info
-    from .evaluate import prompts_from_data, read_report, tokenized
-
     if prompts or suite:
         items = load_prompts(prompts, suite, limit=limit, max_prompts=max_prompts, first_turns=True)
         return tokenized(loaded.tokenizer, items, raw), (prompts or f"suite {suite}")

@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from ..drafters import target_info
+from ..drafters.model import draft_vocab_size
 from ..errors import SpecdecError, check_choice
 from ..texts.data_rows import read_rows
 from .checkpoints import CHECKPOINT_FORMAT, DRAFT_FORMAT, check_output_dir, check_resumable, save_draft
@@ -382,8 +384,6 @@ def train_draft(
     threads: Optional[int] = None,
 ) -> TrainResult:
     """Train a student on `data_path` and write it to `output`; Ctrl-C saves a checkpoint and re-raises."""
-    from ..drafters import target_info
-
     config.check()
     status = on_status or (lambda message: None)
     info = target_info(target, tokenizer)
@@ -401,8 +401,6 @@ def _device(model: Any) -> Any:
 
 
 def _check_vocab(student: Any, tokenizer: Any, info: Any) -> None:
-    from ..drafters.model import draft_vocab_size
-
     size = draft_vocab_size(student, tokenizer)
     if size != info.vocab_size:
         raise SpecdecError(

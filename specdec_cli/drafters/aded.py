@@ -37,7 +37,7 @@ from bisect import bisect_right
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..decoding.draft import NOTHING, Draft, StepEvent
-from .sam import check_index
+from .sam import check_index, load_index_for_target
 from .spec import DrafterOptions, DrafterSpec, draft_length
 from .target import TargetInfo
 from .token_ids import check_token_ids
@@ -437,8 +437,6 @@ def make_aded_drafter(options: DrafterOptions, target: TargetInfo, draft_max: Op
 
     table = None
     if options.index:
-        from .sam import load_index_for_target
-
         index = load_index_for_target(options.index, target)
         table = build_trigram_table(np.asarray(index.automaton.text), index.eos_id)
     time_budget = TIME_BUDGET if options.aded_time_budget is None else float(options.aded_time_budget)

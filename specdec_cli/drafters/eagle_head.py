@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import SpecdecError
+from ..files import atomic_directory, read_json
 
 HEAD_FORMAT = 1
 HEAD_META = "specdec_head.json"
@@ -155,8 +156,6 @@ def save_head(directory: Path, head: EagleHead, meta: dict) -> None:
 
     from safetensors.torch import save_file
 
-    from ..files import atomic_directory
-
     check_head_output(directory)
     with atomic_directory(directory) as folder:
         state = {name: tensor.detach().float().contiguous().cpu() for name, tensor in head.state_dict().items()}
@@ -169,8 +168,6 @@ def save_head(directory: Path, head: EagleHead, meta: dict) -> None:
 
 def read_head_meta(directory: str | Path) -> dict:
     """The head's metadata; one-line errors for a missing, foreign or newer directory."""
-    from ..files import read_json
-
     folder = Path(directory).expanduser()
     if not folder.is_dir():
         raise SpecdecError(f"draft_model {directory}: no such directory", setting="draft_model")

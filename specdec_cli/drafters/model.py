@@ -29,6 +29,9 @@ from typing import Any, Optional, Sequence
 
 from ..decoding.draft import NOTHING, Draft, StepEvent
 from ..errors import SpecdecError
+from ..files import read_json
+from ..target_model.models import refuse_pickled_weights
+from ..texts.fingerprint import tokenizer_fingerprint
 from .spec import DrafterOptions, DrafterSpec
 from .target import TargetInfo
 from .token_ids import check_token_ids
@@ -260,8 +263,6 @@ def draft_vocab_size(model: Any, tokenizer: Any = None) -> int:
 
 
 def read_draft_meta(directory: Path) -> dict:
-    from ..files import read_json
-
     return read_json(directory / DRAFT_META)
 
 
@@ -290,7 +291,6 @@ def load_draft_model(directory: str, target: Any, device: Any = "cpu", dtype: An
         raise SpecdecError(f"draft_model {directory}: no such directory", setting="draft_model")
     if not path.is_dir() or not (path / "config.json").is_file():
         raise SpecdecError(f"draft_model {directory}: not a model directory (no config.json)", setting="draft_model")
-    from ..target_model.models import refuse_pickled_weights
 
     refuse_pickled_weights(path, f"draft_model {directory}", "draft_model")
     import torch
@@ -312,7 +312,6 @@ def load_draft_model(directory: str, target: Any, device: Any = "cpu", dtype: An
     model.to(device)
     model.eval()
     meta = read_draft_meta(path)
-    from ..texts.fingerprint import tokenizer_fingerprint
 
     fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else str(meta.get("fingerprint", ""))
     check_draft_compatible(str(directory), draft_vocab_size(model, tokenizer), fingerprint, target)
@@ -339,7 +338,6 @@ def check_model(options: DrafterOptions) -> None:
     if not (folder / "config.json").is_file():
         state = "no such directory" if not folder.exists() else "not a model directory (no config.json)"
         raise SpecdecError(f"draft_model {options.draft_model}: {state}", setting="draft_model")
-    from ..target_model.models import refuse_pickled_weights
 
     refuse_pickled_weights(folder, f"draft_model {options.draft_model}", "draft_model")
 

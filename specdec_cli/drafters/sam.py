@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 from ..decoding.draft import NOTHING, Draft, Drafter, StepEvent
 from ..errors import SpecdecError
+from ..texts.memory import Memory
 from .spec import DrafterOptions, DrafterSpec, draft_length
 from .target import TargetInfo
 from .token_ids import check_token_ids
@@ -214,7 +215,6 @@ def _with_memory(directory: str, target: TargetInfo, index_text, separators: set
     import numpy as np
 
     from ..sam.automaton import build_static
-    from ..texts.memory import Memory
 
     recalled = Memory(directory, target.fingerprint).recall()
     warning = recalled.warning()

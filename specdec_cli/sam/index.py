@@ -31,8 +31,9 @@ from typing import Any, Union
 
 import numpy as np
 
+from .. import __version__
 from ..errors import SpecdecError
-from ..files import check_regular
+from ..files import atomic_file, check_regular
 from .automaton import StaticAutomaton
 
 FORMAT = "specdec-sam-index"
@@ -85,8 +86,6 @@ def save_index(path: PathLike, automaton: StaticAutomaton, metadata: dict[str, A
     `metadata` must hold `tokenizer_fingerprint`, `vocab_size` and `eos_id`; format, version, counts and
     the creation time are filled in here.
     """
-    from .. import __version__
-
     arrays = automaton.arrays()
     full_metadata = {
         "format": FORMAT,
@@ -111,8 +110,6 @@ def save_index(path: PathLike, automaton: StaticAutomaton, metadata: dict[str, A
         offset += nbytes
     header_bytes = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     header_bytes += b" " * (-len(header_bytes) % 8)  # keeps the data 8-byte aligned, as safetensors does
-
-    from ..files import atomic_file
 
     with atomic_file(os.fspath(path)) as temporary, open(temporary, "wb") as handle:
         handle.write(len(header_bytes).to_bytes(8, "little"))

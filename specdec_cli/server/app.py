@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .api_errors import ApiError, error_body
+from .api_errors import ApiError, error_body, one_line
 from .llama_api import completion_body, completion_request, props_body
 from .requests import chat_request, read_json, text_request
 from .responses import Ids, chunk, completion, timings, usage
@@ -166,8 +166,6 @@ async def _api_error(request: Request, error: Exception) -> Response:
 
 async def _internal_error(request: Request, error: Exception) -> Response:
     """A bug outside generation: OpenAI's 500 body in one line (starlette logs the traceback after it)."""
-    from .api_errors import one_line
-
     return JSONResponse(error_body(500, f"internal error: {one_line(error)}"), status_code=500)
 
 

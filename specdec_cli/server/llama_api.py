@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from .. import __version__
 from .api_errors import ApiError
 from .requests import CompletionRequest, text_request
 from .responses import Outcome, timings
@@ -48,8 +49,6 @@ def completion_body(outcome: Outcome, model_name: str) -> dict:
 
 
 def props_body(session: Any, model_name: str, context: Optional[int]) -> dict:
-    from .. import __version__
-
     generation = session.generation
     return {"model_path": model_name, "build_info": f"specdec {__version__}", "total_slots": 1,
             "default_generation_settings": {"n_ctx": context, "params": {

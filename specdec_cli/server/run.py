@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from ..errors import SpecdecError
 from .settings import ServerSettings
 
 GRACE_SECONDS = 3  # how long stopping waits for open connections after every job was cancelled
@@ -88,8 +89,6 @@ class Server:
 def check_address(host: str, port: int) -> None:
     """Refuse, in one line, an address this process cannot listen on (taken, or not this machine's)."""
     import socket
-
-    from ..errors import SpecdecError
 
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)

@@ -13,10 +13,11 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from ..defaults import DEFAULT_SERVE_QUEUE
+from ..defaults import DEFAULT_DRAFTER, DEFAULT_SERVE_QUEUE
 from ..errors import SpecdecError
 from ..listen import ListenSettings
 from ..session.chat import ChatSettings
+from ..session.run_settings import run_settings
 
 API_KEY_ENV = "SPECDEC_API_KEY"  # the key, kept out of `ps`
 MAX_BODY_BYTES = 8 * 1024 * 1024  # one request body, at most
@@ -52,9 +53,6 @@ def server_settings(*, queue: int = DEFAULT_SERVE_QUEUE, model_name: Optional[st
                     **values: Any) -> ServerSettings:
     """The flags as checked ServerSettings; `values` are named as the run settings' fields (run_settings.py). The
     key, when not given, is SPECDEC_API_KEY's (set but empty: refused)."""
-    from ..defaults import DEFAULT_DRAFTER
-    from ..session.run_settings import run_settings
-
     if api_key is None and API_KEY_ENV in os.environ:
         api_key = os.environ[API_KEY_ENV]
         if not api_key.strip():

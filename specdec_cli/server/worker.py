@@ -28,6 +28,7 @@ from typing import Any, Optional
 from ..decoding.engine import context_limit
 from ..decoding.generation_config import GenerationConfig
 from ..errors import SpecdecError
+from ..texts.prompt_ids import format_prompt
 from .api_errors import ApiError, one_line
 from .requests import CompletionRequest
 from .responses import FINISH_REASONS, Outcome
@@ -186,8 +187,6 @@ class Worker:
             job.send("error", ApiError(500, f"generation failed: {one_line(error)}", code="generation_failed"))
 
     def _prompt_ids(self, request: CompletionRequest) -> list[int]:
-        from ..texts.prompt_ids import format_prompt
-
         session = self.session
         if request.kind == "chat":
             messages = list(request.messages)

@@ -27,7 +27,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from ..errors import SpecdecError
-from ..files import check_output_file
+from ..files import check_output_file, check_writable_folder
+from .fingerprint import tokenizer_fingerprint
 
 STDIN = "-"
 SNIFF_BYTES = 8192
@@ -159,8 +160,6 @@ def check_index_output(output: Union[str, os.PathLike], files: Sequence[InputFil
     if final.is_dir():
         raise SpecdecError(f"{output}: is a directory; give the index file name with -o", setting="output")
     if final.parent.is_dir():
-        from ..files import check_writable_folder
-
         check_writable_folder(final, "output", "output")
     try:
         written = final.stat()
@@ -373,7 +372,6 @@ def build_index(
     file_bytes, bytes_per_token, seconds and per-phase seconds, output, sources, skipped_rows)."""
     from ..sam.automaton import build_static
     from ..sam.index import save_index
-    from .fingerprint import tokenizer_fingerprint
 
     started = time.perf_counter()
     stats = CorpusStats()

@@ -25,6 +25,10 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..errors import SpecdecError
+from ..files import check_output_file, write_atomic
+from ..home import home_folder, specdec_home
+from .data_rows import read_rows
+from .fingerprint import tokenizer_fingerprint
 
 FORMAT = 1
 DEFAULT_CAP = 1_000_000  # tokens
@@ -56,8 +60,6 @@ def prompt_hash(prompt_ids: Sequence[int]) -> str:
 
 
 def memory_dir(target_name: str, fingerprint: str) -> Path:
-    from ..home import specdec_home
-
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", target_name).strip("_") or "model"
     return specdec_home() / "memory" / f"{safe}-{fingerprint[:12] or 'unknown'}"
 
@@ -104,8 +106,6 @@ class Memory:
     def append(self, tokens: Sequence[int], prompt_ids: Sequence[int] = ()) -> Optional[Path]:
         """Store one answer (atomically), then evict the oldest answers beyond the cap. Empty answers and a
         cap of 0 store nothing."""
-        from ..files import write_atomic
-
         tokens = [int(token) for token in tokens]
         if not tokens or self.cap <= 0:
             return None
@@ -180,9 +180,7 @@ class Memory:
 
 def open_memory(target: str) -> tuple["Memory", Any]:
     """The memory of a target named as `--target` names it, and its tokenizer (loaded, no model)."""
-    from ..home import home_folder
     from ..target_model.models import load_tokenizer, resolve_target
-    from .fingerprint import tokenizer_fingerprint
 
     home_folder("memory")  # a home that is a file: one line now, not an empty memory after loading the tokenizer
     tokenizer = load_tokenizer(target)
@@ -194,16 +192,12 @@ def open_memory(target: str) -> tuple["Memory", Any]:
 def check_export_output(path: str | Path, force: bool = False) -> Path:
     """Before the tokenizer loads: the export's folder exists, and an existing file there is replaced only when
     it is an unchanged earlier output of specdec (files.written_here) or with `force`."""
-    from ..files import check_output_file
-
     # PATH is an argument: no --path flag to name
     return check_output_file(path, "the export file", flag=False, force=force, force_flag="--force")
 
 
 def export_corpus(memory: Memory, tokenizer: Any, path: str | Path) -> int:
     """Write every remembered answer as a JSON line {"text": ...} (a `build-index` corpus); returns how many."""
-    from ..files import write_atomic
-
     recalled = memory.recall()
     decode = tokenizer.decode
     lines = [json.dumps({"text": decode(answer, skip_special_tokens=True)}, ensure_ascii=False)
@@ -252,6 +246,5 @@ def _generate_rows(path: str, fingerprint: str) -> Optional[list[dict]]:
         return None
     if not isinstance(row, dict) or "answer_ids" not in row or "prompt_ids" not in row:
         return None
-    from .data_rows import read_rows
 
     return read_rows(str(file), fingerprint)

@@ -43,6 +43,7 @@ import numpy as np
 from ..decoding.draft import Drafter
 from ..drafters import TargetInfo, make_drafter
 from ..drafters.token_ids import valid_token_ids
+from ..texts.fingerprint import tokenizer_fingerprint
 from .proposer_settings import PROPOSER_CLASSES, ProposerSettings
 
 TAIL_TOKENS = 16  # a sequence is filed under a hash of its last tokens (and its length)
@@ -224,8 +225,6 @@ def _target_info(model_config: Any, settings: ProposerSettings) -> TargetInfo:
     fingerprint = ""
     if model_config is not None and (settings.drafter.options.index or settings.drafter.options.memory):
         from transformers import AutoTokenizer
-
-        from ..texts.fingerprint import tokenizer_fingerprint
 
         tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer)
         fingerprint = tokenizer_fingerprint(tokenizer)
