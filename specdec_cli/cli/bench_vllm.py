@@ -14,7 +14,9 @@ from ..bench.report import ReportFiles
 from ..bench.settings import PromptChoice, bench_settings
 from ..bench.vllm_bench import RESULT_COLUMNS, VllmBenchSettings, VllmProgress, run_vllm_bench, vllm_methods
 from ..errors import SpecdecError
+from ..target_model import models
 from ..texts.prompt_ids import format_prompt
+from ..vllm import runner as vllm_runner
 from .common import cell, console, doing, err_console, table_width
 
 
@@ -22,23 +24,20 @@ def bench_vllm(values: dict, drafters: Sequence[str], references: Sequence[str],
                files: ReportFiles, as_json: bool, *, concurrency: int, unsupported: Sequence[str]) -> None:
     """`values`: bench's flags named as its settings' fields; `chosen`: the prompts; `files`: the report's files
     (--json-out, --csv); `as_json`: the report instead of the table."""
-    from ..target_model.models import load_target_text, resolve_target
-    from ..vllm.runner import INSTALL_HINT, vllm_installed
-
     if unsupported:
         raise SpecdecError(f"{', '.join(unsupported)}: not with --engine vllm (greedy, one run per method, on vLLM's "
                            "own kernels and threads)")
     settings = VllmBenchSettings(bench_settings(vllm_methods(drafters, references), **values), concurrency=concurrency)
     settings.check()
     run = settings.bench.run
-    if not vllm_installed():
-        raise SpecdecError(INSTALL_HINT)
+    if not vllm_runner.vllm_installed():
+        raise SpecdecError(vllm_runner.INSTALL_HINT)
     conversations = chosen.load()
     paths = files.check()
     target = run.load.target
     status = err_console().status("Loading the tokenizer…")
     with status:
-        text = load_target_text(target, on_status=lambda message: status.update(message))
+        text = models.load_target_text(target, on_status=lambda message: status.update(message))
     prompt_ids = [format_prompt(text.tokenizer, [{"role": "user", "content": conversation.first_turn}], run.raw)
                   for conversation in conversations]
 
@@ -53,7 +52,7 @@ def bench_vllm(values: dict, drafters: Sequence[str], references: Sequence[str],
         def on_progress(update: VllmProgress) -> None:
             progress.update(task, total=update.total, completed=update.done, description=f"vLLM · {update.method:>8}")
 
-        document = run_vllm_bench(text.location, resolve_target(target).name, prompt_ids, conversations,
+        document = run_vllm_bench(text.location, models.resolve_target(target).name, prompt_ids, conversations,
                                   text.eos_token_ids, settings,
                                   suite=chosen.prompts or str(chosen.suite), on_progress=on_progress)
     written = paths.write(document, RESULT_COLUMNS)

@@ -9,6 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
+from .. import machine
 from ..errors import flag_of
 from ..files import TEMP_MARK
 from ..home import specdec_home
@@ -118,10 +119,8 @@ def flag_message(exc: "SpecdecError") -> str:
 
 def apply_threads(threads: int) -> None:
     """--threads: pin torch's CPU threads, warning when there are more threads than cores to run them."""
-    from ..machine import usable_cores
-
     set_threads(threads)
-    cores = usable_cores()
+    cores = machine.usable_cores()
     if cores and threads > cores:
         sys.stderr.write(f"specdec: warning: --threads {threads} is more than the {cores} cores this process may "
                          "use; threads competing for cores are much slower\n")  # one line, never wrapped

@@ -23,6 +23,7 @@ from ..distill.train import TrainConfig
 from ..drafters import DrafterOptions
 from ..errors import SpecdecError
 from ..session.run_settings import DrafterSettings
+from ..target_model import models
 from ..texts.data_rows import read_rows
 from ..texts.fingerprint import tokenizer_fingerprint
 from ..texts.prompts import load_prompts
@@ -267,8 +268,7 @@ def train(
 
 def check_data_target(target: str, data: str) -> None:
     """The data's tokenizer fingerprint against the target's tokenizer alone (no weights loaded, nothing repacked)."""
-    from ..target_model.models import load_tokenizer
-    read_rows(data, tokenizer_fingerprint(load_tokenizer(target)), target_spec(target))
+    read_rows(data, tokenizer_fingerprint(models.load_tokenizer(target)), target_spec(target))
 
 
 @distill_app.command("evaluate")

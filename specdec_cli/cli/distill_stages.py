@@ -26,6 +26,7 @@ from ..errors import SpecdecError, check_choice
 from ..target_model.models import load_target_text
 from ..texts.data_rows import read_rows
 from ..texts.fingerprint import tokenizer_fingerprint
+from ..vllm import runner as vllm_runner
 from .common import console, doing, err_console
 from .options import DRAFT_KINDS
 
@@ -85,10 +86,8 @@ def run_generate(loaded: Any, target_spec: str, prompts: list, data: str, *, dra
 def run_generate_vllm(target: str, target_spec: str, prompts: list, data: str, *, max_new_tokens: int, dtype: str,
                       concurrency: Optional[int], system: Optional[str], raw: bool) -> Any:
     """run_generate through vLLM: the target's tokenizer here, its weights in vLLM's process only."""
-    from ..vllm.runner import INSTALL_HINT, vllm_installed
-
-    if not vllm_installed():
-        raise SpecdecError(INSTALL_HINT)
+    if not vllm_runner.vllm_installed():
+        raise SpecdecError(vllm_runner.INSTALL_HINT)
     status = err_console().status("Loading the tokenizer…")
     with status:
         text = load_target_text(target, on_status=lambda message: status.update(message))

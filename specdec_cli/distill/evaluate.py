@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ..decoding.stats import GenerationStats, merge
+from ..drafters import model as model_drafter
 from ..drafters import target_info
 from ..drafters.model import ModelDrafter
 from ..errors import SpecdecError
@@ -297,12 +298,10 @@ def evaluate_draft(
     on_status: Optional[Callable[[str], None]] = None,
 ) -> dict:
     """Score the draft in `draft_dir` (and its initialisation) and store the result in its report."""
-    from ..drafters.model import load_draft_model
-
     status = on_status or (lambda message: None)
     directory = Path(draft_dir).expanduser()
     info = target_info(target, tokenizer)
-    model, _, meta = load_draft_model(str(directory), info)
+    model, _, meta = model_drafter.load_draft_model(str(directory), info)
     report = read_report(directory)
     drafts = {}
     spec = (report.get("student") or {}).get("init") or meta.get("init")

@@ -29,6 +29,8 @@ from ..texts.data_rows import read_rows, read_text
 from ..texts.fingerprint import tokenizer_fingerprint
 from ..texts.prompt_ids import format_prompt
 from ..texts.prompts import Conversation
+from ..vllm import runner as vllm_runner
+from ..vllm.runner import VllmPhase, VllmSettings
 from .batched import greedy_batches
 
 DATA_FORMAT = 1
@@ -223,8 +225,6 @@ def generate_data_vllm(
 ) -> GenerateSummary:
     """generate_data through vLLM (vllm_runner.py: a child process, continuous batching with `concurrency` requests
     in flight, greedy): a row for each answer as it finishes, so an interrupted run keeps what it wrote."""
-    from ..vllm.runner import VllmPhase, VllmSettings, run_vllm
-
     if not prompts:
         raise SpecdecError("no prompts to answer")
     if concurrency < 1:
@@ -232,7 +232,7 @@ def generate_data_vllm(
     rows = _RowWriter(out_path, tokenizer, target_name, tokenizer_fingerprint(tokenizer), prompts, raw, system,
                       on_progress, 0.0)
     if rows.todo:
-        run_vllm(VllmSettings(LoadSettings(model_dir, dtype=dtype)),
+        vllm_runner.run_vllm(VllmSettings(LoadSettings(model_dir, dtype=dtype)),
                  [VllmPhase("answers", rows.prompt_ids, max_new_tokens, eos_token_ids, concurrency)],
                  on_answer=lambda answer: rows.write(answer.index, answer.tokens, answer.finish_reason))
     return rows.summary()

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from ..drafters import model as model_drafter
 from ..errors import SpecdecError
 
 DEFAULT_LAYERS = 4
@@ -44,9 +45,7 @@ def build_student(target: Any, spec: dict, target_fingerprint: str = "", target_
 
     kind = spec["kind"]
     if kind == "student":
-        from ..drafters.model import load_draft_model
-
-        model, _, _ = load_draft_model(spec["path"], _TargetView(target_vocab, target_fingerprint))
+        model, _, _ = model_drafter.load_draft_model(spec["path"], _TargetView(target_vocab, target_fingerprint))
         return model.float()
     base = target.config
     total = int(getattr(base, "num_hidden_layers", 0) or 0)

@@ -27,6 +27,7 @@ from typing import Any, Optional, Sequence
 from ..errors import SpecdecError
 from ..files import check_output_file, write_atomic
 from ..home import home_folder, specdec_home
+from ..target_model import models
 from .data_rows import read_rows
 from .fingerprint import tokenizer_fingerprint
 
@@ -180,12 +181,10 @@ class Memory:
 
 def open_memory(target: str) -> tuple["Memory", Any]:
     """The memory of a target named as `--target` names it, and its tokenizer (loaded, no model)."""
-    from ..target_model.models import load_tokenizer, resolve_target
-
     home_folder("memory")  # a home that is a file: one line now, not an empty memory after loading the tokenizer
-    tokenizer = load_tokenizer(target)
+    tokenizer = models.load_tokenizer(target)
     fingerprint = tokenizer_fingerprint(tokenizer)
-    name = resolve_target(target).name
+    name = models.resolve_target(target).name
     return Memory(memory_dir(name, fingerprint), fingerprint, name), tokenizer
 
 
