@@ -15,8 +15,8 @@ from rich.console import Console, Group
 from rich.text import Text
 
 from specdec_cli.cli.render import STYLES, TranscriptView, text_decoder
-from specdec_cli.decoding.engine import GenerationConfig
-from specdec_cli.session.chat import ChatSession
+from specdec_cli.session.chat import ChatSession, ChatSettings
+from specdec_cli.session.run_settings import run_settings
 from specdec_cli.target_model.models import load_target
 
 PROMPT = ("Fix the spelling in this paragraph and return it: 'Speculative decodng lets a small drafter gues "
@@ -26,7 +26,7 @@ PROMPT = ("Fix the spelling in this paragraph and return it: 'Speculative decodn
 
 def main(out: str = "docs/chat.svg") -> None:
     target = load_target()
-    session = ChatSession(target.model, target.tokenizer, "sam", generation=GenerationConfig(max_new_tokens=160))
+    session = ChatSession(target.model, target.tokenizer, ChatSettings(run_settings("sam", max_new_tokens=160)))
     view = TranscriptView(text_decoder(target.tokenizer), "sam")
     best: dict = {}
 
