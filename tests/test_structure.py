@@ -150,3 +150,11 @@ def test_the_version_is_the_changelogs_newest():
     newest = re.search(r"^## (\d+\.\d+\.\d+)", (root / "CHANGELOG.md").read_text(encoding="utf-8"), re.MULTILINE)
     assert newest and re.match(r"\d+\.\d+\.\d+", __version__).group(0) == newest.group(1)
     assert 'attr = "specdec_cli.__version__"' in (root / "pyproject.toml").read_text(encoding="utf-8")
+
+
+def test_no_module_outside_the_target_and_the_kernels_is_over_450_lines():
+    """A module that grows past 450 lines is split by concern (target_model/ and kernels/ have their own owners)."""
+    long = [f"{path.relative_to(PACKAGE)}: {lines}" for path in sorted(PACKAGE.rglob("*.py"))
+            if not {"target_model", "kernels"} & set(path.relative_to(PACKAGE).parts)
+            and (lines := len(path.read_text(encoding="utf-8").splitlines())) > 450]
+    assert not long, "modules over 450 lines: " + "; ".join(long)

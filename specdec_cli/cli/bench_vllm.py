@@ -7,7 +7,8 @@ files and a table (or --json). The library call and its rows are documented in s
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from contextlib import contextmanager
+from typing import Callable, Iterator, Literal, Sequence
 
 from ..bench import to_json_text
 from ..bench.report import ReportFiles
@@ -15,7 +16,7 @@ from ..bench.settings import PromptChoice, bench_settings
 from ..bench.vllm_bench import RESULT_COLUMNS, VllmBenchSettings, VllmProgress, run_vllm_bench, vllm_methods
 from ..errors import SpecdecError
 from ..target_model import models
-from ..texts.prompt_ids import format_prompt
+from ..texts.prompt_ids import first_turn_ids
 from ..vllm import runner as vllm_runner
 from .common import cell, console, doing, err_console, table_width
 
@@ -38,20 +39,8 @@ def bench_vllm(values: dict, drafters: Sequence[str], references: Sequence[str],
     status = err_console().status("Loading the tokenizer…")
     with status:
         text = models.load_target_text(target, on_status=lambda message: status.update(message))
-    prompt_ids = [format_prompt(text.tokenizer, [{"role": "user", "content": conversation.first_turn}], run.raw)
-                  for conversation in conversations]
-
-    from rich import progress as bars
-
-    stderr = err_console()
-    progress = bars.Progress(bars.TextColumn("{task.description}"), bars.BarColumn(), bars.MofNCompleteColumn(),
-                             bars.TimeElapsedColumn(), console=stderr, transient=True, disable=not stderr.is_terminal)
-    with progress, doing("benchmarking in vLLM", "no report was written"):
-        task = progress.add_task("starting vLLM", total=None)
-
-        def on_progress(update: VllmProgress) -> None:
-            progress.update(task, total=update.total, completed=update.done, description=f"vLLM · {update.method:>8}")
-
+    prompt_ids = [first_turn_ids(text.tokenizer, conversation.first_turn, run.raw) for conversation in conversations]
+    with _vllm_progress() as on_progress, doing("benchmarking in vLLM", "no report was written"):
         document = run_vllm_bench(text.location, models.resolve_target(target).name, prompt_ids, conversations,
                                   text.eos_token_ids, settings,
                                   suite=chosen.prompts or str(chosen.suite), on_progress=on_progress)
@@ -62,6 +51,23 @@ def bench_vllm(values: dict, drafters: Sequence[str], references: Sequence[str],
         render_vllm(document)
     for path in written:
         err_console().print(f"[dim]wrote {path}[/dim]")
+
+
+@contextmanager
+def _vllm_progress() -> Iterator[Callable[[VllmProgress], None]]:
+    """A progress bar on stderr (a terminal only) for run_vllm_bench's updates: the method running, rows done."""
+    from rich import progress as bars  # (rich's live display: loaded when a bench runs, not for --help)
+
+    stderr = err_console()
+    progress = bars.Progress(bars.TextColumn("{task.description}"), bars.BarColumn(), bars.MofNCompleteColumn(),
+                             bars.TimeElapsedColumn(), console=stderr, transient=True, disable=not stderr.is_terminal)
+    with progress:
+        task = progress.add_task("starting vLLM", total=None)
+
+        def on_progress(update: VllmProgress) -> None:
+            progress.update(task, total=update.total, completed=update.done, description=f"vLLM · {update.method:>8}")
+
+        yield on_progress
 
 
 def render_vllm(document: dict) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from ..defaults import DEFAULT_BATCH_PROMPTS, DEFAULT_TARGET, DEFAULT_VLLM_CONCURRENCY
+from ..distill import evaluate as scoring
 from ..distill.checkpoints import check_output_dir
 from ..distill.eagle_evaluate import EAGLE_RUNS, evaluate_head
 from ..distill.eagle_train import EagleTrainConfig, build_eagle_head
@@ -200,13 +201,11 @@ class StudentStages:
 
     def evaluate(self, loaded: Any, target_spec: str, draft_dir: str, prompts: list, source: str, *, baseline: bool,
                  max_new_tokens: int, draft_max: Optional[int], draft_min_prob: float) -> dict:
-        from ..distill.evaluate import evaluate_draft
-
         with scoring_progress(len(prompts) * (2 if baseline else 1)) as (on_progress, say):
-            return evaluate_draft(loaded.model, loaded.tokenizer, target_spec, draft_dir, prompts, baseline=baseline,
-                                  max_new_tokens=max_new_tokens, draft_max=draft_max or STUDENT_DRAFT_MAX,
-                                  min_prob=draft_min_prob, prompt_source=source, on_progress=on_progress,
-                                  on_status=say)
+            return scoring.evaluate_draft(loaded.model, loaded.tokenizer, target_spec, draft_dir, prompts,
+                                          baseline=baseline, max_new_tokens=max_new_tokens,
+                                          draft_max=draft_max or STUDENT_DRAFT_MAX, min_prob=draft_min_prob,
+                                          prompt_source=source, on_progress=on_progress, on_status=say)
 
 
 @dataclass(frozen=True)

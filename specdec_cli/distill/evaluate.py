@@ -27,7 +27,7 @@ from ..drafters.model import ModelDrafter
 from ..errors import SpecdecError
 from ..files import read_json, write_json_atomic
 from ..texts.data_rows import read_rows
-from ..texts.prompt_ids import format_prompt
+from ..texts.prompt_ids import first_turn_ids
 from ..texts.prompts import Conversation
 from .checkpoints import REPORT
 from .data import split_rows
@@ -76,9 +76,7 @@ class EvalProgress:
 
 def tokenized(tokenizer: Any, prompts: Sequence[Conversation], raw: bool = False) -> list[Conversation]:
     """The prompts with their first turns' token ids as the target reads them (chat template unless `raw`)."""
-    return [replace(prompt, prompt_ids=tuple(format_prompt(tokenizer, [{"role": "user", "content": prompt.first_turn}],
-                                                           raw)))
-            for prompt in prompts]
+    return [replace(prompt, prompt_ids=tuple(first_turn_ids(tokenizer, prompt.first_turn, raw))) for prompt in prompts]
 
 
 def prompts_from_data(data_path: str, holdout: float, fingerprint: str, target_name: str = "") -> list[Conversation]:

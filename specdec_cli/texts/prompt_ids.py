@@ -23,6 +23,12 @@ def format_prompt(tokenizer: Any, messages: list[dict], raw: bool = False) -> li
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def first_turn_ids(tokenizer: Any, text: str, raw: bool = False) -> list[int]:
+    """Token ids for a conversation of one user turn, `text` (a prompt's first turn, as distill and vLLM's bench
+    answer it)."""
+    return format_prompt(tokenizer, [{"role": "user", "content": text}], raw)
+
+
 MAX_TEMPLATE_OUTPUT = 1 << 20  # characters a chat template may render for one prompt (a real one renders kilobytes)
 
 
