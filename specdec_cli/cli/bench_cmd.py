@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..bench import parse_lengths, resolve_methods, run_bench, split_names, to_json_text
+from ..bench import parse_lengths, resolve_methods, run_bench, split_names
 from ..bench.llama_server import LlamaServerError
 from ..bench.report import ReportFiles, report_document
 from ..bench.runner import check_bench
@@ -23,7 +23,7 @@ from ..errors import SpecdecError
 from ..vllm.runner import VLLM_METHODS
 from . import app, options
 from .bench_vllm import bench_vllm
-from .common import apply_threads, cell, console, doing, err_console, load_target, table_width
+from .common import apply_threads, cell, console, doing, err_console, load_target, show_report, table_width
 
 DEFAULT_DRAFTERS = "none,pld,sam"
 DEFAULT_SUITE = "builtin"
@@ -110,13 +110,7 @@ def bench_specdec(settings: BenchSettings, chosen: PromptChoice, files: ReportFi
     with doing("benchmarking", "no report was written"), server_log_on_failure():
         report = _run_with_progress(loaded, conversations, settings, chosen.source, gguf_path)
     document = report_document(report, loaded)
-    written = paths.write(document)
-    if as_json:
-        print(to_json_text(document), end="")
-    else:
-        render(document)
-    for path in written:
-        err_console().print(f"[dim]wrote {path}[/dim]")
+    show_report(document, as_json, render, paths.write(document))
 
 
 @contextmanager

@@ -10,7 +10,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Callable, Iterator, Literal, Sequence
 
-from ..bench import to_json_text
 from ..bench.report import ReportFiles
 from ..bench.settings import PromptChoice, bench_settings
 from ..bench.vllm_bench import RESULT_COLUMNS, VllmBenchSettings, VllmProgress, run_vllm_bench, vllm_methods
@@ -18,7 +17,7 @@ from ..errors import SpecdecError
 from ..target_model import models
 from ..texts.prompt_ids import first_turn_ids
 from ..vllm import runner as vllm_runner
-from .common import cell, console, doing, err_console, table_width
+from .common import cell, console, doing, err_console, show_report, table_width
 
 
 def bench_vllm(values: dict, drafters: Sequence[str], references: Sequence[str], chosen: PromptChoice,
@@ -44,13 +43,7 @@ def bench_vllm(values: dict, drafters: Sequence[str], references: Sequence[str],
         document = run_vllm_bench(text.location, models.resolve_target(target).name, prompt_ids, conversations,
                                   text.eos_token_ids, settings,
                                   suite=chosen.prompts or str(chosen.suite), on_progress=on_progress)
-    written = paths.write(document, RESULT_COLUMNS)
-    if as_json:
-        print(to_json_text(document), end="")
-    else:
-        render_vllm(document)
-    for path in written:
-        err_console().print(f"[dim]wrote {path}[/dim]")
+    show_report(document, as_json, render_vllm, paths.write(document, RESULT_COLUMNS))
 
 
 @contextmanager

@@ -7,9 +7,10 @@ import sys
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
 
 from .. import machine
+from ..bench.report import to_json_text
 from ..errors import flag_of
 from ..files import TEMP_MARK
 from ..home import specdec_home
@@ -151,3 +152,13 @@ def load_target(target: str, device: str = "auto", dtype: str = "auto", weights:
                                     weights=weights, decoder=decoder)
     say_loaded(loaded)
     return loaded
+
+
+def show_report(document: dict, as_json: bool, render: Callable[[dict], None], written: Sequence[Path]) -> None:
+    """A bench's report on stdout, as JSON (--json) or as its table (`render`); then each file written, on stderr."""
+    if as_json:
+        print(to_json_text(document), end="")
+    else:
+        render(document)
+    for path in written:
+        err_console().print(f"[dim]wrote {path}[/dim]")
