@@ -195,3 +195,26 @@ def test_vllm_runner_takes_the_dtypes_from_the_load_settings():
 
     with pytest.raises(SpecdecError, match="dtype must be one of " + ", ".join(load_settings.DTYPES)):
         runner.VllmSettings(load_settings.LoadSettings("m", dtype="int4"))
+
+
+def test_a_chat_session_keeps_its_settings_whole_and_draft_max_sets_both_lengths(tiny_llama):
+    """ChatSession holds its ChatSettings (no copies of their fields); a new draft_max (`/set draft_max`) is the
+    engine's budget and the drafter's cap at once, the drafter built again."""
+    from dataclasses import replace
+
+    from conftest import make_char_tokenizer
+
+    from specdec_cli.defaults import DEFAULT_BUDGET
+    from specdec_cli.session.chat import ChatSession, ChatSettings
+    from specdec_cli.session.run_settings import run_settings
+
+    settings = ChatSettings(run_settings("pld", max_new_tokens=8), system="be brief")
+    session = ChatSession(tiny_llama, make_char_tokenizer(), settings)
+    assert session.settings.run.drafter == settings.run.drafter and session.system == "be brief"
+    assert session.generation.budget == session.drafter.draft_max == DEFAULT_BUDGET
+    session.set_generation(replace(session.generation, draft_max=3))
+    assert session.settings.run.generation.draft_max == session.generation.budget == session.drafter.draft_max == 3
+    session.set_drafter("sam")
+    assert session.drafter_name == session.settings.run.drafter.name == "sam" and session.drafter.draft_max == 3
+    session.set_system(None)
+    assert session.settings.system is None
