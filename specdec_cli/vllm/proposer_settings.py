@@ -32,8 +32,8 @@ def proposer_path(drafter: str) -> str:
 
 @dataclass(frozen=True)
 class ProposerSettings:
-    """What the proposer drafts with: a drafter of VLLM_DRAFTERS and its options (a static index, an answer memory,
-    the draft length vLLM asks for), and the shortest match worth drafting from."""
+    """What the proposer drafts with: a drafter of VLLM_DRAFTERS and its options (a static index, an answer memory),
+    the shortest match worth drafting from, and the draft length vLLM asks for (its num_speculative_tokens)."""
 
     drafter: DrafterSettings = field(default_factory=lambda: DrafterSettings("sam"))
     min_match: int = MIN_MATCH  # draft only a continuation of a match this long (no planner trims drafts in vLLM)
