@@ -40,6 +40,7 @@ from .records import (
     KINDS,
     PACKED_KINDS,
     Kind,
+    activation_span,
     dequantize,
     groups,
     kind_of,
@@ -53,10 +54,10 @@ __all__ = [  # the records' layout (records.py), and the typed calls into the C 
     "BLOCK", "GROUP", "KIND_BF16", "KIND_F16", "KIND_F32", "KIND_Q2S", "KIND_Q4", "KIND_Q4S", "KIND_Q4Z", "KIND_Q8",
     "KIND_Q8S", "KIND_U8", "KINDS", "PACKED_KINDS", "PACKED", "Fields", "KIND_OF_GGUF_TYPE", "pack_fields",
     "unpack_fields", "repack_gguf", "Kind", "dequantize", "groups", "kind_of", "pack_records", "record_bytes",
-    "select_columns", "unpack_records", "MAX_THREADS", "available", "isa", "isas", "force_isa", "set_threads",
-    "threads", "ensure_threads", "Rows", "Dense", "BlockMatrix", "matmul_into", "matmul", "KeyPositions", "attention",
-    "rms_norm", "rms_norm_heads", "rope", "store_rows", "silu_mul", "gelu_tanh_mul", "soft_cap_", "soft_cap", "peak",
-    "build_file",
+    "select_columns", "unpack_records", "activation_span", "MAX_THREADS", "available", "isa", "isas", "force_isa",
+    "set_threads", "threads", "ensure_threads", "Rows", "Dense", "BlockMatrix", "matmul_into", "matmul",
+    "KeyPositions", "attention", "rms_norm", "rms_norm_heads", "rope", "store_rows", "silu_mul", "gelu_tanh_mul",
+    "soft_cap_", "soft_cap", "peak", "build_file",
 ]
 
 MAX_THREADS = 64  # the pool's limit (MAX_THREADS in csrc/kernels.h)
