@@ -13,6 +13,7 @@
 #ifndef SPECDEC_KERNELS_H
 #define SPECDEC_KERNELS_H
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
