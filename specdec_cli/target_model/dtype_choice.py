@@ -118,9 +118,9 @@ def choose_weights(model: Any, cache_key: str, dtype: str, reload_float32: Calla
     timer = timer or step_seconds
 
     from .. import kernels
-    from .quant import CACHE_FORMAT
+    from .weights_cache import CACHE_FORMAT
 
-    forward = "native" if families.is_native(model.config.model_type) else "transformers"  # which forward the blocks run
+    forward = "native" if families.is_native(model.config.model_type) else "transformers"  # what runs the blocks
     key = f"weights|{cache_key}|{kernels.isa()}|{CACHE_FORMAT}|{forward}"
     record = _read(key, ("dense_ms", "blocks_ms"))
     summary = ""

@@ -27,7 +27,6 @@ from . import families
 from .gguf_file import GGUFFile
 
 
-
 @dataclass(frozen=True)
 class Expected:
     """One tensor a family's file holds."""

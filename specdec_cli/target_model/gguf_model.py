@@ -39,9 +39,8 @@ import torch
 
 from ..errors import SpecdecError
 from ..home import short_stem, specdec_home
-from . import gguf_blocks
+from . import families, gguf_blocks
 from .gguf_file import GGUFFile
-from . import families
 from .gguf_layout import Expected, check_tensors
 from .quant import BlockLinear, BlockWeights
 
