@@ -39,6 +39,9 @@ def _source(family: str):
     if family.startswith("gemma"):  # tied and scaled by sqrt(hidden): tiny embeddings would drown the layers
         with torch.no_grad():
             source.model.embed_tokens.weight.mul_(source.config.hidden_size ** -0.5)
+            for name, parameter in source.named_parameters():  # stored 1 + weight, under 0.5 too (families.py)
+                if "norm" in name:
+                    parameter.uniform_(-0.9, 0.6)
     return source, architecture, tokenizer or "gpt2"
 
 

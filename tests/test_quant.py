@@ -151,6 +151,21 @@ def test_a_ggufs_blocks_map_onto_the_models_layers(tmp_path):
     assert summary.endswith("block layers, 0 dense") and all(name in summary for name in ("Q4_0", "Q5_1", "BF16"))
 
 
+def test_the_family_table_decides_whether_q_and_k_rows_are_interleaved(tmp_path, monkeypatch):
+    """llama's q/k rows are put back in order because its row says llama.cpp interleaves them (no trial): a table
+    that said otherwise leaves them dense (the check against the dense weight refuses the rows out of order)."""
+    import dataclasses
+
+    from specdec_cli.target_model import families
+
+    model = _tiny("llama")
+    path = _tiny_gguf(tmp_path, model, ["Q8_0"])
+    monkeypatch.setitem(families.FAMILIES, "llama", dataclasses.replace(families.FAMILIES["llama"], permuted_qk=False))
+    planned = dict(quant.gguf_blocks(model, path))
+    assert not any(name.endswith(("q_proj", "k_proj")) for name in planned)
+    assert any(name.endswith("v_proj") for name in planned)
+
+
 def test_modes_choose_what_becomes_blocks(tmp_path):
     model = _tiny("llama")
     path = _tiny_gguf(tmp_path, model, ["Q4_1", "Q8_0"])
