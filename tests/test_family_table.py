@@ -77,12 +77,15 @@ def test_the_native_and_device_decoders_take_the_norm_convention_from_the_row(to
     assert device_family.describe(model).norm_offset
 
 
-def test_a_gemma_norm_read_from_a_file_rounds_as_the_converted_model_does():
-    """A GGUF stores Gemma's 1 + weight; transformers' loader subtracts the one and its norm adds it back, both in
-    float32. Below 0.5 the difference loses low bits, so the stored value itself is not what the converted model
-    multiplies by: gguf_model computes 1 + (stored - 1) for the files it computes in place, to stay bit-equal."""
-    stored = torch.tensor([0.1, -0.3, 0.75, 1.0, 2.5], dtype=torch.float32)
-    round_trip = 1.0 + (stored - 1.0)
-    assert torch.equal(round_trip[2:], stored[2:])
-    assert not torch.equal(round_trip[:2], stored[:2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_stored_gemma_norm_is_what_the_converted_model_multiplies_by(dtype):
+    """A GGUF stores Gemma's 1 + weight (a converter adds the one to the float32 or bfloat16 weight); transformers'
+    loader subtracts it and Gemma's norm adds it back, both in float32. For any value made so, 1 + (stored - 1) is
+    the stored value bit for bit, so the in-place path multiplies by the stored value itself (gguf_model). (A value
+    no converter makes, 0.1 say, loses low bits on the way: only hand-made files could tell the paths apart.)"""
+    generator = torch.Generator().manual_seed(0)
+    weights = torch.cat([torch.randn(200_000, generator=generator) * scale
+                         for scale in (1e-8, 1e-3, 0.3, 0.7, 1.0, 1.5, 10.0, 1e4)]).to(dtype)
+    stored = (weights + 1).float()
+    assert torch.equal(1.0 + (stored - 1.0), stored)
     assert np.float32(1) + (np.float32(0.1) - np.float32(1)) != np.float32(0.1)

@@ -24,9 +24,9 @@ class Family:
 
     model_type: str  # transformers' config.model_type
     architecture: str  # a GGUF's general.architecture
-    # RMSNorm multiplies by 1 + weight, and a GGUF stores 1 + weight: a norm read from the file multiplies by
-    # 1 + (stored - 1) in float32, as the converted model does (the stored value but for values under 0.5, where
-    # float32 drops low bits of the difference; tests/test_families.py holds the two paths bit for bit equal)
+    # RMSNorm multiplies by 1 + weight, and a GGUF stores 1 + weight: computed in place, a norm multiplies by the
+    # stored value, bit for bit what the converted model's 1 + (stored - 1) gives for any value a converter stores
+    # as float32 w + 1 (tests/test_family_table.py)
     norm_plus_one: bool = False
     embedding_scale: bool = False  # embeddings multiplied by sqrt(hidden)
     permuted_qk: bool = False  # llama.cpp interleaves attn_q/attn_k rows per head (rotary halves)

@@ -451,10 +451,8 @@ def _build(gguf: GGUFFile, config: Any, generation_config: Any, expected: list[E
             weights = BlockWeights(matrix.kind, matrix.records, matrix.out_features, matrix.in_features, matrix.origin)
             setattr(parent, attribute, BlockLinear(weights, biases.get(item.module)))
         else:
-            values = _vector(gguf, item.gguf_name)  # the multiplier (Gemma's: stored as 1 + weight)
-            if family.norm_plus_one:  # exactly what the converted model multiplies by: 1 + (stored - 1) in float32
-                values = 1.0 + (values - 1.0)  # (stored under 0.5, it drops low bits: see families.py)
-            setattr(parent, attribute, _Norm(values, eps))
+            # the file's values are what the norm multiplies by (Gemma's: stored as 1 + weight; families.py)
+            setattr(parent, attribute, _Norm(_vector(gguf, item.gguf_name), eps))
     if "lm_head" not in dict(model.named_children()):
         matrix = mapped["lm_head"]
         model.lm_head = BlockLinear(BlockWeights(matrix.kind, matrix.records, matrix.out_features,
