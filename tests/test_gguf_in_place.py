@@ -25,7 +25,7 @@ from helpers import (
 from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.drafters.none import NoDrafter
-from specdec_cli.target_model import gguf_blocks, gguf_check, native, quant
+from specdec_cli.target_model import gguf_blocks, gguf_check, gguf_decode, native, quant
 from specdec_cli.target_model.exact_setup import NativeForward
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
@@ -39,6 +39,9 @@ def _source(family: str):
     if family.startswith("gemma"):  # tied and scaled by sqrt(hidden): tiny embeddings would drown the layers
         with torch.no_grad():
             source.model.embed_tokens.weight.mul_(source.config.hidden_size ** -0.5)
+            for name, parameter in source.named_parameters():  # stored 1 + weight, under 0.5 too (families.py)
+                if "norm" in name:
+                    parameter.uniform_(-0.9, 0.6)
     return source, architecture, tokenizer or "gpt2"
 
 
@@ -186,7 +189,7 @@ def test_repacking_decodes_every_type_as_gguf_dequantises_it(tmp_path):
         reference = gguf.quants.dequantize(opened.raw(matrix.gguf_name).reshape(info.shape[0], -1),
                                            gguf.GGMLQuantizationType[info.type_name]).astype(np.float32)
         if matrix.heads:
-            reference = reference[quant.permuted_rows(matrix.out_features, matrix.heads)]
+            reference = reference[gguf_decode.permuted_rows(matrix.out_features, matrix.heads)]
         held = mapped[matrix.module]
         weights = quant.BlockWeights(held.kind, held.records, held.out_features, held.in_features, held.origin)
         assert torch.equal(weights.dense(), torch.from_numpy(np.ascontiguousarray(reference))), matrix.module

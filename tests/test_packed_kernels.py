@@ -216,18 +216,18 @@ def test_packed_kinds_accumulate_into_a_strided_output_and_refuse_a_partial_supe
 
 @pytest.mark.parametrize("type_name", sorted(GGUF_BYTES_PER_BLOCK))
 def test_the_c_repacking_of_a_gguf_tensor_is_its_fields_packed(type_name):
-    """kernels.repack_gguf (C, at load) and pack_fields(quant.gguf_fields(...)) (torch, the readable reference)
+    """kernels.repack_gguf (C, at load) and pack_fields(gguf_decode.gguf_fields(...)) (torch, the readable reference)
     write the same bytes, for gguf-quantised and random blocks, with a part group of rows."""
     import numpy as np
     from test_quant import _gguf_bytes
 
-    from specdec_cli.target_model import quant
+    from specdec_cli.target_model import gguf_decode
 
     kind = packed.KIND_OF_GGUF_TYPE[type_name]
     for seed in (0, 1):
         raw = _gguf_bytes(type_name, 37, 512, seed=seed)  # [37, bytes per row]
         rows = torch.from_numpy(np.ascontiguousarray(raw))
-        fields = quant.gguf_fields(type_name, raw.reshape(37, 512 // packed.PACKED[kind].super_block, -1))
+        fields = gguf_decode.gguf_fields(type_name, raw.reshape(37, 512 // packed.PACKED[kind].super_block, -1))
         assert torch.equal(kernels.repack_gguf(kind, rows, 512), packed.pack_fields(kind, fields)), seed
     with pytest.raises(ValueError):
         kernels.repack_gguf(kind, rows[:, :-1].contiguous(), 512)  # rows of another size

@@ -92,7 +92,8 @@ def cost_cache_file(model: Any, exact_rows: int) -> Optional[Path]:
     from .. import kernels
     from ..home import specdec_home
     from ..machine import cpu_model
-    from ..target_model.quant import CACHE_FORMAT, block_layers, weights_summary
+    from ..target_model.quant import block_layers, weights_summary
+    from ..target_model.weights_cache import CACHE_FORMAT
 
     name = getattr(model.config, "_name_or_path", "") or ""
     if not name:

@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from . import families
+
 MARGIN = 0.10  # bfloat16 is chosen when one plain step is at least 10% faster than in float32
 FORMAT = 1
 WARM_UP_STEPS = 2  # untimed one-token forwards before the timed ones
@@ -116,10 +118,9 @@ def choose_weights(model: Any, cache_key: str, dtype: str, reload_float32: Calla
     timer = timer or step_seconds
 
     from .. import kernels
-    from .native import FAMILIES
-    from .quant import CACHE_FORMAT
+    from .weights_cache import CACHE_FORMAT
 
-    forward = "native" if model.config.model_type in FAMILIES else "transformers"  # which forward the blocks run
+    forward = "native" if families.is_native(model.config.model_type) else "transformers"  # what runs the blocks
     key = f"weights|{cache_key}|{kernels.isa()}|{CACHE_FORMAT}|{forward}"
     record = _read(key, ("dense_ms", "blocks_ms"))
     summary = ""

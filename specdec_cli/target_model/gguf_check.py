@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from . import families
+
 
 @dataclass(frozen=True)
 class CheckedGGUF:
@@ -28,7 +30,7 @@ def checked_gguf(path: Path) -> CheckedGGUF:
     the shape its metadata implies and every vector finite (SpecdecError naming the first fault)."""
     from .gguf_config import hf_config
     from .gguf_file import file_identity, open_gguf
-    from .gguf_layout import check_metadata, check_tensors, is_native_architecture, native_reason
+    from .gguf_layout import check_metadata, check_tensors, native_reason
 
     key = file_identity(path)
     if key in _checked:
@@ -36,7 +38,7 @@ def checked_gguf(path: Path) -> CheckedGGUF:
     gguf = open_gguf(path)
     check_metadata(gguf)  # before any config: transformers' configs build per-layer lists
     config = None
-    if is_native_architecture(gguf.architecture) or _transformers_has_config(gguf.architecture):
+    if families.is_native_architecture(gguf.architecture) or _transformers_has_config(gguf.architecture):
         config = hf_config(gguf)
     reason = native_reason(gguf, config)
     if reason is None:

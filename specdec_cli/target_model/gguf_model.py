@@ -39,9 +39,9 @@ import torch
 
 from ..errors import SpecdecError
 from ..home import short_stem, specdec_home
-from . import gguf_blocks
+from . import families, gguf_blocks
 from .gguf_file import GGUFFile
-from .gguf_layout import NORM_PLUS_ONE, Expected, check_tensors
+from .gguf_layout import Expected, check_tensors
 from .quant import BlockLinear, BlockWeights
 
 CACHE_FORMAT = 2  # the folder's layout (its blocks file has its own gguf_blocks.BLOCKS_FORMAT); 2: proofs
@@ -95,9 +95,11 @@ class MappedEmbedding(torch.nn.Embedding):
 
 
 class _Norm(torch.nn.Module):
-    def __init__(self, weight: torch.Tensor, eps: float):
+    """An RMSNorm of the file: `multiplier` is what it multiplies by (native.norm_multiplier), float32 [dim]."""
+
+    def __init__(self, multiplier: torch.Tensor, eps: float):
         super().__init__()
-        self.weight = torch.nn.Parameter(weight, requires_grad=False)
+        self.multiplier = torch.nn.Parameter(multiplier, requires_grad=False)
         self.variance_epsilon = eps
 
 
@@ -424,7 +426,7 @@ def _build(gguf: GGUFFile, config: Any, generation_config: Any, expected: list[E
     from transformers.activations import ACT2FN
 
     model = GGUFModel(config, generation_config, source)
-    plus_one = gguf.architecture in NORM_PLUS_ONE
+    family = families.require(config.model_type)
     eps = float(getattr(config, "rms_norm_eps", 1e-6))
     layers = torch.nn.ModuleList()
     for _ in range(int(config.num_hidden_layers)):
@@ -433,7 +435,7 @@ def _build(gguf: GGUFFile, config: Any, generation_config: Any, expected: list[E
         layers.append(layer)
     model.model.layers = layers
     hidden = int(config.hidden_size)
-    scale = float(hidden) ** 0.5 if config.model_type in ("gemma", "gemma2", "gemma3_text") else None
+    scale = float(hidden) ** 0.5 if family.embedding_scale else None
     model.model.embed_tokens = MappedEmbedding(gguf, "token_embd.weight", scale)
     biases: dict[str, torch.Tensor] = {}
     for item in expected:
@@ -449,10 +451,8 @@ def _build(gguf: GGUFFile, config: Any, generation_config: Any, expected: list[E
             weights = BlockWeights(matrix.kind, matrix.records, matrix.out_features, matrix.in_features, matrix.origin)
             setattr(parent, attribute, BlockLinear(weights, biases.get(item.module)))
         else:
-            values = _vector(gguf, item.gguf_name)
-            if plus_one:  # stored as 1 + weight; transformers' loader subtracts the one in float32, as here
-                values = values - 1
-            setattr(parent, attribute, _Norm(values, eps))
+            # the file's values are what the norm multiplies by (Gemma's: stored as 1 + weight; families.py)
+            setattr(parent, attribute, _Norm(_vector(gguf, item.gguf_name), eps))
     if "lm_head" not in dict(model.named_children()):
         matrix = mapped["lm_head"]
         model.lm_head = BlockLinear(BlockWeights(matrix.kind, matrix.records, matrix.out_features,
@@ -468,6 +468,6 @@ def _build(gguf: GGUFFile, config: Any, generation_config: Any, expected: list[E
     for block in model.model.layers:
         attention: Any = block.self_attn
         block.mlp.act_fn = ACT2FN[activation]
-        attention.scaling = float(pre_scalar if pre_scalar is not None and config.model_type in
-                                        ("gemma2", "gemma3_text") else head_dim) ** -0.5
+        attention.scaling = float(pre_scalar if pre_scalar is not None and family.query_pre_attn_scalar
+                                  else head_dim) ** -0.5
     return model.eval()
