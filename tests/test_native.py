@@ -141,7 +141,8 @@ def test_a_partial_rotary_turns_only_the_first_dimensions_of_each_head():
     ids = torch.tensor([PROMPTS[1]])
     with torch.inference_mode():
         want = model(ids).logits
-        ours = decoder(input_ids=ids, position_ids=torch.arange(ids.shape[1])[None], past_key_values=transformers_kv_cache()).logits
+        ours = decoder(input_ids=ids, position_ids=torch.arange(ids.shape[1])[None],
+                       past_key_values=transformers_kv_cache()).logits
     assert torch.allclose(ours, want, atol=TOLERANCE * float(want.abs().max()))
     assert block_mismatch(decoder, model.config, torch.device("cpu"), 8) is None
 

@@ -17,14 +17,14 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import family_model, write_family_gguf
+from test_distill import PROMPTS as DISTILL_PROMPTS
+from test_real_model import PROMPTS as REAL_PROMPTS
+
 from specdec_cli.session.template import render_template
 from specdec_cli.target_model.gguf_file import open_gguf
 from specdec_cli.target_model.gguf_model import tokenizer_from_file
 from specdec_cli.target_model.native_tokenizer import NativeTokenizer, load_native_tokenizer
-from test_distill import PROMPTS as DISTILL_PROMPTS
-from test_real_model import PROMPTS as REAL_PROMPTS
 
 PROMPTS = REAL_PROMPTS + DISTILL_PROMPTS  # the test suite's text prompts
 
@@ -33,7 +33,8 @@ QWEN = Path("/work/models/qwen-0.5b.gguf")
 SPEC_BENCH = Path("/work/shared/datasets/spec_bench/question.jsonl")
 TEXTS = [
     "", " ", "  ", "\n", "\n\n\t", "hello", " hello", "Hello, world!", "x" * 300, "a  b   c\t\td",
-    "naïve café façade — “quotes” ‘single’ … ½ € ¥ ©", "日本語のテキスト、中文文本。한국어 텍스트", "Ελληνικά Русский עברית العربية",
+    "naïve café façade — “quotes” ‘single’ … ½ € ¥ ©", "日本語のテキスト、中文文本。한국어 텍스트",
+    "Ελληνικά Русский עברית العربية",
     "emoji 😀🚀👩‍👩‍👧‍👦 🇫🇷 and ZWJ", "\u200b\u200d\ufeff zero width", "tabs\tand\r\nwindows\rlines",
     "def f(x):\n    return x ** 2  # comment\n", "{\"json\": [1, 2.5e-3, null]}", "<b>html &amp; entities</b>",
     "12345678901234567890 3.14159 -0.001", "don't won't it's y'all", "ALLCAPS lowercase MiXeD",

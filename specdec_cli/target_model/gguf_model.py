@@ -39,17 +39,32 @@ import torch
 
 from ..errors import SpecdecError
 from . import gguf_blocks
-from .gguf_cache import BLOCKS_FILE, CACHE_FORMAT, MARKER, cache_fault, cache_folder, cache_ready, read_marker, \
-    side_files, source_proof
+from .gguf_cache import (
+    BLOCKS_FILE,
+    CACHE_FORMAT,
+    MARKER,
+    cache_fault,
+    cache_folder,
+    cache_ready,
+    read_marker,
+    side_files,
+    source_proof,
+)
+from .gguf_config import hf_config
 from .gguf_file import GGUFFile
 from .gguf_layout import NORM_PLUS_ONE, Expected, check_tensors
 from .kv_cache import KVCache
-from .gguf_config import hf_config
 from .native_tokenizer import load_native_tokenizer
 from .quant import BlockLinear, BlockWeights
-from .stored import ACTIVATIONS, STORED_FILE, StoredConfig, stored_config, stored_generation, stored_rotary, \
-    write_stored
-
+from .stored import (
+    ACTIVATIONS,
+    STORED_FILE,
+    StoredConfig,
+    stored_config,
+    stored_generation,
+    stored_rotary,
+    write_stored,
+)
 
 StatusCallback = Callable[[str], None]
 
@@ -384,7 +399,7 @@ def _build(gguf: GGUFFile, config: Any, generation_config: Any, expected: list[E
     block: Any
     for block in model.model.layers:
         attention: Any = block.self_attn
-        block.mlp.act_fn = ACTIVATIONS[activation]()
+        block.mlp.act_fn = ACTIVATIONS[str(activation)]()  # silu or gelu_pytorch_tanh: gguf_layout checked it
         attention.scaling = float(pre_scalar if pre_scalar is not None and config.model_type in
                                         ("gemma2", "gemma3_text") else head_dim) ** -0.5
     return model.eval()

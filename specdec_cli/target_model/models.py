@@ -200,8 +200,8 @@ def load_target_text(target: str, on_status: Optional[StatusCallback] = None) ->
 
 
 def load_tokenizer(target: str = DEFAULT_TARGET, on_status: Optional[StatusCallback] = None) -> Any:
-    """The target's tokenizer alone: no weights are loaded, and a GGUF that is not converted yet is not converted
-    for it (its tokenizer is read from the GGUF: the same tokenizer, in 3 s rather than 20)."""
+    """The target's tokenizer alone: no weights are loaded, and a GGUF not converted yet is not converted for it
+    (its tokenizer is read from the GGUF: the same tokenizer, in 3 s rather than 20; in place, without transformers)."""
     source = resolve_target(target)
     if source.kind == "gguf":
         gguf_path = Path(source.location)
@@ -214,13 +214,12 @@ def load_tokenizer(target: str = DEFAULT_TARGET, on_status: Optional[StatusCallb
     from transformers import AutoTokenizer
 
     quiet_transformers()
-    if source.kind == "gguf":
-        if converted_damage(converted_dir(gguf_path)) is not None:
-            try:
-                with no_tqdm():
-                    return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-            except Exception as exc:
-                raise SpecdecError(f"{gguf_path}: cannot read this GGUF file ({type(exc).__name__}: {exc})") from exc
+    if source.kind == "gguf" and converted_damage(converted_dir(gguf_path)) is not None:
+        try:
+            with no_tqdm():
+                return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        except Exception as exc:
+            raise SpecdecError(f"{gguf_path}: cannot read this GGUF file ({type(exc).__name__}: {exc})") from exc
     location = model_location(source, on_status)
     try:
         return AutoTokenizer.from_pretrained(location)
