@@ -46,8 +46,22 @@ class StoredConfig:
     def to_dict(self) -> dict[str, Any]:
         return {key: value for key, value in self.__dict__.items() if key not in ("_class_name", "_aliases")}
 
+    def transformers_class(self) -> type:
+        """The transformers config class it was stored from (for what transformers builds from its values)."""
+        import transformers
+
+        found = transformers.CONFIG_MAPPING[self.model_type]
+        if found.__name__ != self._class_name:  # pragma: no cover - a transformers that renamed a class
+            found = getattr(transformers, self._class_name)
+        return found
+
     def __repr__(self) -> str:
         return f"{self._class_name}(stored) {json.dumps(self.to_dict(), sort_keys=True, default=str)}"
+
+
+def config_class(config: Any) -> type:
+    """The transformers class of a config, a StoredConfig's included (distill builds students from it)."""
+    return config.transformers_class() if isinstance(config, StoredConfig) else type(config)
 
 
 class StoredGeneration:
@@ -55,6 +69,13 @@ class StoredGeneration:
 
     def __init__(self, bos_token_id: Any, eos_token_id: Any, pad_token_id: Any):
         self.bos_token_id, self.eos_token_id, self.pad_token_id = bos_token_id, eos_token_id, pad_token_id
+
+    def transformers_config(self) -> Any:
+        """transformers' GenerationConfig of these ids (what the in-place model held before; a student keeps it)."""
+        from transformers import GenerationConfig
+
+        return GenerationConfig(bos_token_id=self.bos_token_id, eos_token_id=self.eos_token_id,
+                                pad_token_id=self.pad_token_id)
 
 
 class StoredRotary(torch.nn.Module):
