@@ -151,7 +151,10 @@ def stored_config(folder: Path) -> Optional[StoredConfig]:
     if document is None:
         return None
     config = document["config"]
-    return StoredConfig(config["values"], config["class"], config["aliases"])
+    values = dict(config["values"])
+    if isinstance(values.get("id2label"), dict):  # JSON keeps keys as strings; the config's are ints
+        values["id2label"] = {int(key): label for key, label in values["id2label"].items()}
+    return StoredConfig(values, config["class"], config["aliases"])
 
 
 def stored_generation(folder: Path) -> StoredGeneration:
