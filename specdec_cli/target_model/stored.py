@@ -46,7 +46,7 @@ class StoredConfig:
     def to_dict(self) -> dict[str, Any]:
         return {key: value for key, value in self.__dict__.items() if key not in ("_class_name", "_aliases")}
 
-    def transformers_class(self) -> type:
+    def transformers_class(self) -> Any:
         """The transformers config class it was stored from (for what transformers builds from its values)."""
         import transformers
 
@@ -59,7 +59,7 @@ class StoredConfig:
         return f"{self._class_name}(stored) {json.dumps(self.to_dict(), sort_keys=True, default=str)}"
 
 
-def config_class(config: Any) -> type:
+def config_class(config: Any) -> Any:
     """The transformers class of a config, a StoredConfig's included (distill builds students from it)."""
     return config.transformers_class() if isinstance(config, StoredConfig) else type(config)
 
