@@ -330,9 +330,9 @@ OWN_LOADER = {"gemma": ("gemma", "llama", {"tie_word_embeddings": True}),
 def split_logits(forward, ids: list[int], tail: int = 3) -> torch.Tensor:
     """Logits [len(ids), vocab] of a prompt then a block of its last `tail` tokens on one cache (a prefill and a
     verify-sized block), from anything called as the native decoder is."""
-    from specdec_cli.target_model.kv_cache import KVCache
+    from specdec_cli.target_model.kv_cache import transformers_kv_cache
 
-    cache, head = KVCache(), len(ids) - tail
+    cache, head = transformers_kv_cache(), len(ids) - tail
     rows = [forward(input_ids=torch.tensor([ids[:head]]), position_ids=torch.arange(head)[None],
                     past_key_values=cache).logits[0]]
     rows.append(forward(input_ids=torch.tensor([ids[head:]]), position_ids=torch.arange(head, len(ids))[None],

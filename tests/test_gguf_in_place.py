@@ -288,3 +288,33 @@ def test_the_bench_runs_without_the_rows_that_need_transformers_model(tmp_path, 
     document = run_bench(loaded.model, loaded.tokenizer, conversations, settings).as_json()
     assert document["settings"]["references_skipped"] == {"hf": IN_PLACE_SKIP}
     assert {row["method"] for row in document["results"]} == {"none", "pld"}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_stored_config_and_rotary_tables_are_transformers_own(family, tmp_path, monkeypatch):
+    """What the in-place cache stores (stored.py) and every load reads back holds the values of the config and the
+    rotary module transformers builds for the file, and a second load reads the same from the cache."""
+    from specdec_cli.target_model import stored
+    from specdec_cli.target_model.gguf_config import hf_config
+    from specdec_cli.target_model.gguf_file import open_gguf
+    from specdec_cli.target_model.gguf_model import _rotary
+
+    source, architecture, tokenizer = _source(family)
+    path = tmp_path / f"tiny-{family}.gguf"
+    write_family_gguf(path, source, architecture, tokenizer)
+    first = _in_place(path, tmp_path / "home", monkeypatch).model
+    want = hf_config(open_gguf(path))
+    assert isinstance(first.config, stored.StoredConfig)
+    assert first.config.to_dict() == want.to_dict()
+    for name in set(want.to_dict()) - {"transformers_version"}:  # (to_dict adds the version it was written by)
+        assert getattr(first.config, name) == getattr(want, name), name
+    rotary = _rotary(want)
+    if "rope_freqs.weight" not in open_gguf(path).tensors:
+        assert dict(first.model.rotary_emb.named_buffers()).keys() == dict(rotary.named_buffers()).keys()
+        for name, buffer in rotary.named_buffers():
+            assert torch.equal(getattr(first.model.rotary_emb, name), buffer), name
+    for name in ("rope_type", "attention_scaling", "full_attention_attention_scaling"):
+        assert getattr(first.model.rotary_emb, name, None) == getattr(rotary, name, None), name
+    gguf_check._checked.clear()  # a new process: the config is read from the cache, not built
+    second = _in_place(path, tmp_path / "home", monkeypatch).model
+    assert second.source.repacked is False and second.config.to_dict() == first.config.to_dict()

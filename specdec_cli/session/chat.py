@@ -25,6 +25,7 @@ from ..target_model.load_settings import LoadSettings
 from ..texts.memory import Memory
 from .compare import Comparison, compare
 from .run_settings import RunSettings
+from .template import render_template
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..target_model.models import LoadedTarget
@@ -39,54 +40,6 @@ def format_prompt(tokenizer: Any, messages: list[dict], raw: bool = False) -> li
         raise SpecdecError("this model's tokenizer has no chat template; use --raw")
     text = render_template(tokenizer, messages)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-MAX_TEMPLATE_OUTPUT = 1 << 20  # characters a chat template may render for one prompt (a real one renders kilobytes)
-
-
-def render_template(tokenizer: Any, messages: list[dict]) -> str:
-    """The chat template rendered with the generation prompt, as transformers' apply_chat_template renders it (its
-    sandboxed environment, its special tokens), but piece by piece: a template that renders more than
-    MAX_TEMPLATE_OUTPUT characters is stopped there, and one that fails (a syntax error, a sandbox refusal, its own
-    raise_exception) is a SpecdecError carrying the template's own message."""
-    import importlib
-
-    try:
-        utils: Any = importlib.import_module("transformers.utils.chat_template_utils")
-    except ImportError:  # pragma: no cover - another transformers layout: rendered whole, failures still one line
-        utils = None
-    compile_template = getattr(utils, "_compile_jinja_template", None)
-    plain = getattr(utils, "_plain_template_data", None) or (lambda data: data)
-    try:
-        if compile_template is None:  # pragma: no cover
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            return _bounded([text])
-        template = compile_template(tokenizer.get_chat_template())
-        settings = plain({**tokenizer.special_tokens_map})
-        pieces = template.generate(messages=plain(messages), tools=None, documents=None, add_generation_prompt=True,
-                                   **settings)
-        return _bounded(pieces)
-    except SpecdecError:
-        raise
-    except RecursionError:
-        raise SpecdecError("the chat template failed: it recurses too deeply") from None
-    except Exception as exc:  # jinja2's TemplateError and whatever the template's own expressions raise
-        kind = type(exc).__name__
-        message = " ".join(str(exc).split())[:300] or kind
-        line = getattr(exc, "lineno", None)
-        where = f" at line {line}" if isinstance(line, int) and kind == "TemplateSyntaxError" else ""
-        raise SpecdecError(f"the chat template failed ({kind}{where}): {message}") from exc
-
-
-def _bounded(pieces: Any) -> str:
-    kept, size = [], 0
-    for piece in pieces:
-        size += len(piece)
-        if size > MAX_TEMPLATE_OUTPUT:
-            raise SpecdecError(f"the chat template renders more than {MAX_TEMPLATE_OUTPUT:,} characters for this "
-                               "prompt; stopped there (is the template broken? --raw skips it)")
-        kept.append(piece)
-    return "".join(kept)
 
 
 def target_info(model: Any, tokenizer: Any) -> TargetInfo:

@@ -106,14 +106,14 @@ def _dtype_of(gguf_path: Path) -> str:
 def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None) -> Path:
     """Convert a GGUF file once into a safetensors model directory; return that directory. A copy that is
     damaged (a file missing, cut short or changed since the conversion) is converted again, with one warning."""
-    from .gguf_check import checked_gguf, conversion_dtype
+    from .gguf_check import checked_gguf, conversion_dtype, transformers_config
 
     checked = checked_gguf(gguf_path)  # a file that fails a check is refused before anything is cached
     out_dir = converted_dir(gguf_path)
     damage = converted_damage(out_dir)
     if damage is None:
         return out_dir
-    check_conversion(checked.gguf, checked.config, conversion_dtype(checked))
+    check_conversion(checked.gguf, transformers_config(checked), conversion_dtype(checked))
     try:
         writable_home_folder("models")  # before the slow part: a home specdec cannot write fails now
     except SpecdecError as exc:

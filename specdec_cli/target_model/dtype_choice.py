@@ -50,7 +50,7 @@ def step_seconds(model: Any, prefix: int = 64, rounds: int = TIMED_STEPS) -> flo
     one prefill and WARM_UP_STEPS + rounds steps in all, whatever the machine's load."""
     import torch
 
-    from .kv_cache import KVCache
+    from .kv_cache import new_kv_cache
     from .native import decoder_for
 
     generator = torch.Generator().manual_seed(0)
@@ -60,7 +60,7 @@ def step_seconds(model: Any, prefix: int = 64, rounds: int = TIMED_STEPS) -> flo
     forward = decoder_for(model) or model  # the forward the engine will run
     best = float("inf")
     with torch.inference_mode():
-        cache = KVCache()
+        cache = new_kv_cache(model)
         forward(input_ids=ids[:, :prefix], position_ids=torch.arange(prefix, device=device)[None],
                 past_key_values=cache, use_cache=True)
         for attempt in range(WARM_UP_STEPS + rounds):

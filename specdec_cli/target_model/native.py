@@ -51,13 +51,14 @@ ROW_INVARIANT_ROWS = 32  # blocks up to this many rows attend through the row-in
 
 
 def _activation(mlp: Any) -> Optional[str]:
-    """"silu" or "gelu_tanh" for the MLP's activation module, None for any other."""
-    from transformers.activations import GELUTanh
-
+    """"silu" or "gelu_tanh" for the MLP's activation module, None for any other: transformers' (ACT2FN's
+    SiLUActivation, GELUTanh) or stored.py's, told apart without importing transformers."""
     act = getattr(mlp, "act_fn", None) or getattr(mlp, "activation_fn", None)
     if isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation":
         return "silu"
-    if isinstance(act, GELUTanh) and isinstance(getattr(act, "act", None), functools.partial):
+    gelu = getattr(act, "act", None)
+    if type(act).__name__ in ("GELUTanh", "GeluTanh") and isinstance(gelu, functools.partial) and \
+            gelu.func is F.gelu and gelu.keywords == {"approximate": "tanh"} and not gelu.args:
         return "gelu_tanh"  # F.gelu(approximate="tanh"), not the Python formula
     return None
 
