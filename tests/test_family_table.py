@@ -14,7 +14,7 @@ from helpers import family_model
 
 from specdec_cli import kernels
 from specdec_cli.device import family as device_family
-from specdec_cli.target_model import families, gguf_families, gguf_layout, native, quant, tree_check
+from specdec_cli.target_model import converted_blocks, families, gguf_families, gguf_layout, native, quant, tree_check
 from specdec_cli.target_model.check_outcome import CheckOutcome
 
 TOY = families.Family("toy", "toyarch", norm_plus_one=True, embedding_scale=True, permuted_qk=True,
@@ -68,7 +68,7 @@ def test_without_the_row_its_files_are_not_native():
 @pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
 def test_the_native_and_device_decoders_take_the_norm_convention_from_the_row(toy):
     model = family_model("llama", num_hidden_layers=1)
-    quant.install_blocks(model, quant.plan_blocks(model, "int8", None))
+    quant.install_blocks(model, converted_blocks.plan_blocks(model, "int8", None))
     with torch.no_grad():
         model.model.norm.weight.uniform_(-1, 1)
     model.config.model_type = "toy"

@@ -25,7 +25,7 @@ from helpers import (
 from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.drafters.none import NoDrafter
-from specdec_cli.target_model import gguf_blocks, gguf_check, gguf_decode, native, quant
+from specdec_cli.target_model import converted_blocks, gguf_blocks, gguf_check, gguf_decode, native, quant
 from specdec_cli.target_model.exact_setup import NativeForward
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
@@ -65,7 +65,7 @@ def _before(path, family):
     else:
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                      dtype=torch.float32).eval()
-    quant.install_blocks(model, quant.plan_blocks(model, "gguf", path))
+    quant.install_blocks(model, converted_blocks.plan_blocks(model, "gguf", path))
     return model
 
 

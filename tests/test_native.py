@@ -23,7 +23,7 @@ from helpers import (
 from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.drafters.none import NoDrafter
-from specdec_cli.target_model import native, quant
+from specdec_cli.target_model import converted_blocks, native, quant
 from specdec_cli.target_model.exact_setup import NativeForward
 from specdec_cli.target_model.kv_cache import KVCache, transformers_kv_cache
 
@@ -34,7 +34,7 @@ NEW = 32
 
 def _blocks(family: str, mode: str, seed: int = 11, **settings):
     model = family_model(family, seed=seed, **settings)
-    quant.install_blocks(model, quant.plan_blocks(model, mode, None))
+    quant.install_blocks(model, converted_blocks.plan_blocks(model, mode, None))
     return model
 
 def _config(**settings) -> GenerationConfig:
@@ -261,7 +261,7 @@ def test_a_gguf_of_each_family_runs_native_on_its_own_blocks(family, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="tiny.gguf", dtype=torch.float32).eval()
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = EOS, 0
     assert model.config.model_type == family
-    quant.install_blocks(model, quant.plan_blocks(model, "gguf", tmp_path / "tiny.gguf"))
+    quant.install_blocks(model, converted_blocks.plan_blocks(model, "gguf", tmp_path / "tiny.gguf"))
     assert not any(type(module) is torch.nn.Linear for module in model.modules())
     assert {layer.origin for layer in quant.block_layers(model)} == {"Q4_0", "Q4_1", "Q8_0"}
     assert native.unsupported(model) is None

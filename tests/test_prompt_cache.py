@@ -13,7 +13,7 @@ from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.decoding.prompt_cache import PromptCache
 from specdec_cli.drafters.none import NoDrafter
-from specdec_cli.target_model import quant
+from specdec_cli.target_model import converted_blocks, quant
 
 
 def _sequence(length: int, seed: int) -> list[int]:
@@ -30,7 +30,7 @@ def _model(native: bool):
     if native:
         if not kernels.available():
             pytest.skip("specdec's CPU kernels are not compiled")
-        quant.install_blocks(model, quant.plan_blocks(model, "int4", None))
+        quant.install_blocks(model, converted_blocks.plan_blocks(model, "int4", None))
     return model
 
 

@@ -11,7 +11,7 @@ import torch
 from conftest import _tiny
 
 from specdec_cli import kernels
-from specdec_cli.target_model import gguf_decode, quant, weights_cache
+from specdec_cli.target_model import converted_blocks, gguf_decode, quant, weights_cache
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
 
@@ -137,7 +137,7 @@ def _tiny_gguf(tmp_path, model, types):
 def test_a_ggufs_blocks_map_onto_the_models_layers(tmp_path):
     model = _tiny("llama")
     path = _tiny_gguf(tmp_path, model, ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "F16", "BF16"])
-    planned = dict(quant.gguf_blocks(model, path))
+    planned = dict(converted_blocks.gguf_blocks(model, path))
     linear = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
     assert sorted(planned) == sorted(linear)  # every layer found, q and k un-permuted
     modules = dict(model.named_modules())
@@ -145,7 +145,7 @@ def test_a_ggufs_blocks_map_onto_the_models_layers(tmp_path):
         assert torch.allclose(weights.dense(), modules[name].weight.float(), atol=1e-6), name
     with torch.no_grad():  # a layer whose dense weight does not match its tensor is left dense
         modules["model.layers.0.mlp.up_proj"].weight.add_(1.0)
-    assert "model.layers.0.mlp.up_proj" not in dict(quant.gguf_blocks(model, path))
+    assert "model.layers.0.mlp.up_proj" not in dict(converted_blocks.gguf_blocks(model, path))
     quant.install_blocks(model, planned)
     summary = quant.weights_summary(model)
     assert summary.endswith("block layers, 0 dense") and all(name in summary for name in ("Q4_0", "Q5_1", "BF16"))
@@ -161,7 +161,7 @@ def test_the_family_table_decides_whether_q_and_k_rows_are_interleaved(tmp_path,
     model = _tiny("llama")
     path = _tiny_gguf(tmp_path, model, ["Q8_0"])
     monkeypatch.setitem(families.FAMILIES, "llama", dataclasses.replace(families.FAMILIES["llama"], permuted_qk=False))
-    planned = dict(quant.gguf_blocks(model, path))
+    planned = dict(converted_blocks.gguf_blocks(model, path))
     assert not any(name.endswith(("q_proj", "k_proj")) for name in planned)
     assert any(name.endswith("v_proj") for name in planned)
 
@@ -169,18 +169,18 @@ def test_the_family_table_decides_whether_q_and_k_rows_are_interleaved(tmp_path,
 def test_modes_choose_what_becomes_blocks(tmp_path):
     model = _tiny("llama")
     path = _tiny_gguf(tmp_path, model, ["Q4_1", "Q8_0"])
-    gguf_plan = quant.plan_blocks(model, "gguf", path)
+    gguf_plan = converted_blocks.plan_blocks(model, "gguf", path)
     assert {w.origin for w in gguf_plan.values()} == {"Q4_1", "Q8_0"}
-    int4_plan = quant.plan_blocks(model, "int4", path)  # Q8_0 layers requantised to 4 bits
+    int4_plan = converted_blocks.plan_blocks(model, "int4", path)  # Q8_0 layers requantised to 4 bits
     assert {w.origin for w in int4_plan.values()} == {"Q4_1", "int4"}
     assert all(kernels.kind_of(w.kind).bits == 4 for w in int4_plan.values())
-    hf_plan = quant.plan_blocks(_tiny("qwen2"), "int8", None)  # a Hugging Face model: every layer made on load
+    hf_plan = converted_blocks.plan_blocks(_tiny("qwen2"), "int8", None)  # a Hugging Face model: all made on load
     assert {w.origin for w in hf_plan.values()} == {"int8"}
 
 
 def test_converted_blocks_are_cached_and_a_corrupt_cache_is_rebuilt(tmp_path, monkeypatch):
     model = _tiny("qwen2")
-    count = quant.convert(model, "int4", None, "tiny-qwen2", tmp_path)
+    count = converted_blocks.convert(model, "int4", None, "tiny-qwen2", tmp_path)
     assert count == len(quant.block_layers(model)) > 0
     cached = weights_cache.cache_file(tmp_path, "tiny-qwen2", "int4")
     assert cached.is_file()
@@ -191,15 +191,15 @@ def test_converted_blocks_are_cached_and_a_corrupt_cache_is_rebuilt(tmp_path, mo
     def not_again(*args, **kwargs):
         raise AssertionError("converted again although cached")
 
-    monkeypatch.setattr(quant, "plan_blocks", not_again)
+    monkeypatch.setattr(converted_blocks, "plan_blocks", not_again)
     again = _tiny("qwen2")
-    quant.convert(again, "int4", None, "tiny-qwen2", tmp_path)
+    converted_blocks.convert(again, "int4", None, "tiny-qwen2", tmp_path)
     with torch.inference_mode():
         assert torch.equal(again.model.layers[0].self_attn.q_proj(reference), expected)  # biases kept too
     monkeypatch.undo()
     cached.write_bytes(b"not safetensors")
     third = _tiny("qwen2")
-    assert quant.convert(third, "int4", None, "tiny-qwen2", tmp_path) == count
+    assert converted_blocks.convert(third, "int4", None, "tiny-qwen2", tmp_path) == count
     assert weights_cache.load_cached(cached) is not None
 
 

@@ -16,7 +16,7 @@ dequantiser) and nothing else:
 
 `permuted_rows` is the row order of llama.cpp's interleaved q/k projections (which families have them:
 families.Family.permuted_qk). This file neither reads a file (gguf_file.py) nor decides which tensor goes where
-(gguf_layout.py, quant.gguf_blocks).
+(gguf_layout.py, converted_blocks.gguf_blocks).
 """
 
 from __future__ import annotations

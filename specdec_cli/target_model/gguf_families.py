@@ -15,7 +15,7 @@ The tokenizer comes from transformers' own GGUF tokenizer reader, which does not
 `handles(path)` says whether a file needs this (a family whose row in families.py says so, and transformers does
 not read it itself); models.py then calls `load` instead of transformers' GGUF loader. The file is read through
 gguf_file.py (its parsed metadata and mapped tensors); what the converter did is the family table's. The block
-weights are taken from the file afterwards as for any GGUF (quant.gguf_blocks). Nothing here runs a model.
+weights are taken from the file afterwards as for any GGUF (converted_blocks.gguf_blocks). Nothing here runs a model.
 """
 
 from __future__ import annotations

@@ -469,14 +469,14 @@ def _timing_key(plan: LoadPlan, location: str, model: Any) -> str:
 
 
 def _to_blocks(plan: LoadPlan, location: str, model: Any, mode: str, on_status: Optional[StatusCallback]) -> str:
-    """Put the model's weights in `mode` blocks (quant.convert, cached under $SPECDEC_HOME/weights) and give the
-    kernels the threads; returns what became of each layer (quant.weights_summary)."""
-    from . import quant
+    """Put the model's weights in `mode` blocks (converted_blocks.convert, cached under $SPECDEC_HOME/weights) and
+    give the kernels the threads; returns what became of each layer (quant.weights_summary)."""
+    from . import converted_blocks, quant
 
     gguf = Path(plan.source.location) if plan.source.kind == "gguf" else None
     if on_status is not None:
         on_status(f"putting the weights in {mode} blocks (cached after the first time)...")
-    quant.convert(model, mode, gguf, _weights_identity(plan.source, location, model), specdec_home())
+    converted_blocks.convert(model, mode, gguf, _weights_identity(plan.source, location, model), specdec_home())
     use_block_threads()
     return quant.weights_summary(model)
 

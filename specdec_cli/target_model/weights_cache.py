@@ -1,4 +1,4 @@
-"""The cache of converted weights: a model's planned blocks (quant.plan_blocks) stored once per model and mode.
+"""The cache of converted weights: a model's planned blocks (converted_blocks.plan_blocks), once per model and mode.
 
 One safetensors file per model identity and `--weights` mode under $SPECDEC_HOME/weights (`cache_file`), holding
 each block layer's packed records and, in the metadata, its kind, shape and origin; `CACHE_FORMAT` versions the
