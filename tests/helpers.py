@@ -11,7 +11,7 @@ import torch
 from conftest import TINY_EOS, TINY_VOCAB, char_level_tokenizer, make_char_tokenizer
 
 from specdec_cli.decoding.draft import NOTHING, Draft
-from specdec_cli.target_model import quant
+from specdec_cli.target_model import gguf_decode
 
 # -- tiny models of every family README lists (test_families.py, test_exact.py, test_native.py) ------------------
 
@@ -303,7 +303,7 @@ def write_family_gguf(path, model, architecture: str, tokenizer: str = "", drop=
             data = data + 1
         if architecture in ("llama", "smollm3") and found.endswith(("attn_q", "attn_k")):
             heads = config.num_attention_heads if found.endswith("attn_q") else config.num_key_value_heads
-            data = data[np.argsort(quant.permuted_rows(data.shape[0], heads))]
+            data = data[np.argsort(gguf_decode.permuted_rows(data.shape[0], heads))]
         if f"{found}.{suffix}" in drop:
             continue
         if data.ndim == 1:
@@ -330,9 +330,9 @@ OWN_LOADER = {"gemma": ("gemma", "llama", {"tie_word_embeddings": True}),
 def split_logits(forward, ids: list[int], tail: int = 3) -> torch.Tensor:
     """Logits [len(ids), vocab] of a prompt then a block of its last `tail` tokens on one cache (a prefill and a
     verify-sized block), from anything called as the native decoder is."""
-    from specdec_cli.target_model.kv_cache import KVCache
+    from specdec_cli.target_model.kv_cache import transformers_kv_cache
 
-    cache, head = KVCache(), len(ids) - tail
+    cache, head = transformers_kv_cache(), len(ids) - tail
     rows = [forward(input_ids=torch.tensor([ids[:head]]), position_ids=torch.arange(head)[None],
                     past_key_values=cache).logits[0]]
     rows.append(forward(input_ids=torch.tensor([ids[head:]]), position_ids=torch.arange(head, len(ids))[None],

@@ -146,10 +146,10 @@ def test_the_default_model_is_token_identical_for_every_drafter(real_target):
     # the blocks dequantised on the device compute what the native decoder computes on them (which rounds each
     # row's activations to 8 bits per block of 32: close, not equal)
     from specdec_cli.target_model.exact_setup import NativeForward
-    from specdec_cli.target_model.kv_cache import KVCache
+    from specdec_cli.target_model.kv_cache import transformers_kv_cache
 
     with torch.inference_mode():
-        native = NativeForward(model)(prompt, KVCache(), 0).logits  # [n, vocab]
+        native = NativeForward(model)(prompt, transformers_kv_cache(), 0).logits  # [n, vocab]
         device = forward(prompt, forward.new_cache(), 0).logits
     assert float(torch.nn.functional.cosine_similarity(native, device, dim=-1).min()) > 0.99
 

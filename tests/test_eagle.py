@@ -195,10 +195,10 @@ def test_the_head_drafts_what_it_is_asked_for(tiny_llama, trained):
 
 
 def _block_target(tiny_llama, mode):
-    from specdec_cli.target_model import quant
+    from specdec_cli.target_model import converted_blocks, quant
 
     model = copy.deepcopy(tiny_llama)
-    quant.install_blocks(model, quant.plan_blocks(model, mode, None))
+    quant.install_blocks(model, converted_blocks.plan_blocks(model, mode, None))
     return model
 
 

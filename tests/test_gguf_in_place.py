@@ -25,7 +25,7 @@ from helpers import (
 from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.drafters.none import NoDrafter
-from specdec_cli.target_model import gguf_blocks, gguf_check, native, quant
+from specdec_cli.target_model import converted_blocks, gguf_blocks, gguf_check, gguf_decode, native, quant
 from specdec_cli.target_model.exact_setup import NativeForward
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
@@ -39,6 +39,9 @@ def _source(family: str):
     if family.startswith("gemma"):  # tied and scaled by sqrt(hidden): tiny embeddings would drown the layers
         with torch.no_grad():
             source.model.embed_tokens.weight.mul_(source.config.hidden_size ** -0.5)
+            for name, parameter in source.named_parameters():  # stored 1 + weight, under 0.5 too (families.py)
+                if "norm" in name:
+                    parameter.uniform_(-0.9, 0.6)
     return source, architecture, tokenizer or "gpt2"
 
 
@@ -62,7 +65,7 @@ def _before(path, family):
     else:
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                      dtype=torch.float32).eval()
-    quant.install_blocks(model, quant.plan_blocks(model, "gguf", path))
+    quant.install_blocks(model, converted_blocks.plan_blocks(model, "gguf", path))
     return model
 
 
@@ -186,7 +189,7 @@ def test_repacking_decodes_every_type_as_gguf_dequantises_it(tmp_path):
         reference = gguf.quants.dequantize(opened.raw(matrix.gguf_name).reshape(info.shape[0], -1),
                                            gguf.GGMLQuantizationType[info.type_name]).astype(np.float32)
         if matrix.heads:
-            reference = reference[quant.permuted_rows(matrix.out_features, matrix.heads)]
+            reference = reference[gguf_decode.permuted_rows(matrix.out_features, matrix.heads)]
         held = mapped[matrix.module]
         weights = quant.BlockWeights(held.kind, held.records, held.out_features, held.in_features, held.origin)
         assert torch.equal(weights.dense(), torch.from_numpy(np.ascontiguousarray(reference))), matrix.module
@@ -285,3 +288,33 @@ def test_the_bench_runs_without_the_rows_that_need_transformers_model(tmp_path, 
     document = run_bench(loaded.model, loaded.tokenizer, conversations, settings).as_json()
     assert document["settings"]["references_skipped"] == {"hf": IN_PLACE_SKIP}
     assert {row["method"] for row in document["results"]} == {"none", "pld"}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_stored_config_and_rotary_tables_are_transformers_own(family, tmp_path, monkeypatch):
+    """What the in-place cache stores (stored.py) and every load reads back holds the values of the config and the
+    rotary module transformers builds for the file, and a second load reads the same from the cache."""
+    from specdec_cli.target_model import stored
+    from specdec_cli.target_model.gguf_config import hf_config
+    from specdec_cli.target_model.gguf_file import open_gguf
+    from specdec_cli.target_model.gguf_model import _rotary
+
+    source, architecture, tokenizer = _source(family)
+    path = tmp_path / f"tiny-{family}.gguf"
+    write_family_gguf(path, source, architecture, tokenizer)
+    first = _in_place(path, tmp_path / "home", monkeypatch).model
+    want = hf_config(open_gguf(path))
+    assert isinstance(first.config, stored.StoredConfig)
+    assert first.config.to_dict() == want.to_dict()
+    for name in set(want.to_dict()) - {"transformers_version"}:  # (to_dict adds the version it was written by)
+        assert getattr(first.config, name) == getattr(want, name), name
+    rotary = _rotary(want)
+    if "rope_freqs.weight" not in open_gguf(path).tensors:
+        assert dict(first.model.rotary_emb.named_buffers()).keys() == dict(rotary.named_buffers()).keys()
+        for name, buffer in rotary.named_buffers():
+            assert torch.equal(getattr(first.model.rotary_emb, name), buffer), name
+    for name in ("rope_type", "attention_scaling", "full_attention_attention_scaling"):
+        assert getattr(first.model.rotary_emb, name, None) == getattr(rotary, name, None), name
+    gguf_check._checked.clear()  # a new process: the config is read from the cache, not built
+    second = _in_place(path, tmp_path / "home", monkeypatch).model
+    assert second.source.repacked is False and second.config.to_dict() == first.config.to_dict()

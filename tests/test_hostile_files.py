@@ -191,7 +191,8 @@ def test_a_template_that_fails_is_a_template_error_with_its_own_message(template
 
 
 def test_a_template_renders_as_transformers_renders_it():
-    from specdec_cli.texts.prompt_ids import format_prompt, render_template
+    from specdec_cli.texts.chat_template import render_template
+    from specdec_cli.texts.prompt_ids import format_prompt
 
     template = ("{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{{ eos_token }}{% endfor %}"
                 "{% if add_generation_prompt %}<a>{% endif %}")

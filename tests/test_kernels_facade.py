@@ -138,7 +138,7 @@ def test_the_decoders_steps_refuse_wrong_shapes_and_dtypes():
                  lambda: kernels.silu_mul(torch.randn(3, 33)),
                  lambda: kernels.silu_mul(x, out=torch.empty(3, 15)),
                  lambda: kernels.gelu_tanh_mul(x.bfloat16()),
-                 lambda: kernels.soft_cap(x.half(), 30.0),
+                 lambda: kernels.soft_cap_(x.half(), 30.0),
                  lambda: kernels.soft_cap_(x.t(), 30.0)):
         with pytest.raises(ValueError):
             call()

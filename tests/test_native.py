@@ -23,9 +23,9 @@ from helpers import (
 from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.drafters.none import NoDrafter
-from specdec_cli.target_model import native, quant
+from specdec_cli.target_model import converted_blocks, native, quant
 from specdec_cli.target_model.exact_setup import NativeForward
-from specdec_cli.target_model.kv_cache import KVCache
+from specdec_cli.target_model.kv_cache import KVCache, transformers_kv_cache
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
 
@@ -34,7 +34,7 @@ NEW = 32
 
 def _blocks(family: str, mode: str, seed: int = 11, **settings):
     model = family_model(family, seed=seed, **settings)
-    quant.install_blocks(model, quant.plan_blocks(model, mode, None))
+    quant.install_blocks(model, converted_blocks.plan_blocks(model, mode, None))
     return model
 
 def _config(**settings) -> GenerationConfig:
@@ -81,9 +81,9 @@ def test_the_native_decoder_computes_what_transformers_computes(family, mode):
         for prompt in (PROMPTS[1], sequence[:LONG]):
             ids = torch.tensor([prompt])
             positions = torch.arange(ids.shape[1])[None]
-            want = model(input_ids=ids, position_ids=positions, past_key_values=KVCache(), use_cache=True,
+            want = model(input_ids=ids, position_ids=positions, past_key_values=transformers_kv_cache(), use_cache=True,
                          output_hidden_states=True)
-            cache = KVCache()
+            cache = transformers_kv_cache()
             ours = decoder(input_ids=ids, position_ids=positions, past_key_values=cache, output_hidden_states=True)
             assert torch.allclose(ours.logits, want.logits, atol=TOLERANCE * scale), family
             assert torch.allclose(ours.hidden_states[-1], want.hidden_states[-1], atol=TOLERANCE * scale), family
@@ -114,7 +114,7 @@ def test_a_tree_deeper_than_the_window_equals_one_row_steps_bit_for_bit(family):
     past = len(prompt) - 1
     mask = tree_attention_mask(model.config, past, depth, ancestors)
     with torch.inference_mode():
-        cache = KVCache()
+        cache = transformers_kv_cache()
         decoder(input_ids=torch.tensor([prompt[:-1]]), position_ids=torch.arange(past)[None], past_key_values=cache)
         tree = decoder(input_ids=torch.tensor([[prompt[-1], *tokens]]), position_ids=(past + depth)[None],
                        past_key_values=cache, attention_mask=mask).logits[0]  # [12, V]
@@ -141,7 +141,8 @@ def test_a_partial_rotary_turns_only_the_first_dimensions_of_each_head():
     ids = torch.tensor([PROMPTS[1]])
     with torch.inference_mode():
         want = model(ids).logits
-        ours = decoder(input_ids=ids, position_ids=torch.arange(ids.shape[1])[None], past_key_values=KVCache()).logits
+        ours = decoder(input_ids=ids, position_ids=torch.arange(ids.shape[1])[None],
+                       past_key_values=transformers_kv_cache()).logits
     assert torch.allclose(ours, want, atol=TOLERANCE * float(want.abs().max()))
     assert block_mismatch(decoder, model.config, torch.device("cpu"), 8) is None
 
@@ -209,11 +210,12 @@ def test_sampling_on_block_weights_keeps_the_law():
     assert statistic < dof + 5 * (2 * dof) ** 0.5 + 5, (statistic, dof)
 
 
-def test_the_kv_cache_rolls_back_and_keeps_paths_like_a_dynamic_cache():
+@pytest.mark.parametrize("kind", ["plain", "transformers"])
+def test_the_kv_cache_rolls_back_and_keeps_paths_like_a_dynamic_cache(kind):
     from transformers import DynamicCache
 
     generator = torch.Generator().manual_seed(0)
-    ours, theirs = KVCache(), DynamicCache()
+    ours, theirs = KVCache() if kind == "plain" else transformers_kv_cache(), DynamicCache()
     length = 0
     for step in range(40):  # past the initial capacity (256 entries) twice over
         added = int(torch.randint(1, 30, (1,), generator=generator))
@@ -259,7 +261,7 @@ def test_a_gguf_of_each_family_runs_native_on_its_own_blocks(family, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="tiny.gguf", dtype=torch.float32).eval()
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = EOS, 0
     assert model.config.model_type == family
-    quant.install_blocks(model, quant.plan_blocks(model, "gguf", tmp_path / "tiny.gguf"))
+    quant.install_blocks(model, converted_blocks.plan_blocks(model, "gguf", tmp_path / "tiny.gguf"))
     assert not any(type(module) is torch.nn.Linear for module in model.modules())
     assert {layer.origin for layer in quant.block_layers(model)} == {"Q4_0", "Q4_1", "Q8_0"}
     assert native.unsupported(model) is None
@@ -267,7 +269,7 @@ def test_a_gguf_of_each_family_runs_native_on_its_own_blocks(family, tmp_path):
     with torch.inference_mode():
         want = model(ids).logits
         ours = native.decoder_for(model)(input_ids=ids, position_ids=torch.arange(ids.shape[1])[None],
-                                         past_key_values=KVCache()).logits
+                                         past_key_values=transformers_kv_cache()).logits
     assert torch.allclose(ours, want, atol=TOLERANCE * float(want.abs().max()))
     engine = fixed_engine(model)
     assert isinstance(engine.forward, NativeForward)

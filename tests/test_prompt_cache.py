@@ -13,7 +13,7 @@ from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.decoding.prompt_cache import PromptCache
 from specdec_cli.drafters.none import NoDrafter
-from specdec_cli.target_model import quant
+from specdec_cli.target_model import converted_blocks, quant
 
 
 def _sequence(length: int, seed: int) -> list[int]:
@@ -30,7 +30,7 @@ def _model(native: bool):
     if native:
         if not kernels.available():
             pytest.skip("specdec's CPU kernels are not compiled")
-        quant.install_blocks(model, quant.plan_blocks(model, "int4", None))
+        quant.install_blocks(model, converted_blocks.plan_blocks(model, "int4", None))
     return model
 
 
@@ -68,4 +68,4 @@ def test_the_cache_reuses_only_a_common_prefix_and_never_the_whole_prompt():
     assert cache.common_prefix(prompt) == len(prompt) - 1  # its last token is computed for its logits
     assert cache.common_prefix(prompt[:5] + [7, 7, 7]) == 5
     other, held = cache.take([2, *prompt[1:]])
-    assert held == 0 and other.get_seq_length() == 0 and len(cache) == 0  # taken: a failure leaves it empty
+    assert held == 0 and other is None and len(cache) == 0  # nothing held in common: the engine starts a cache

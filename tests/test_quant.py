@@ -1,6 +1,7 @@
-"""Block weights (quant.py): every GGUF type the kernels take decoded exactly (against gguf's own dequantiser) and
-multiplied on every instruction-set path, blocks made on load, GGUF tensors mapped onto a model's layers (llama's
-permuted q/k rows included), the cache, and BlockLinear against its dense meaning."""
+"""Block weights (quant.py, gguf_decode.py, weights_cache.py): every GGUF type the kernels take decoded exactly
+(against gguf's own dequantiser) and multiplied on every instruction-set path, blocks made on load, GGUF tensors
+mapped onto a model's layers (llama's permuted q/k rows included), the cache, and BlockLinear against its dense
+meaning."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ import torch
 from conftest import _tiny
 
 from specdec_cli import kernels
-from specdec_cli.target_model import quant
+from specdec_cli.target_model import converted_blocks, gguf_decode, quant, weights_cache
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
 
-GGUF_TYPES = sorted([*quant.GGUF_BLOCKS, *quant.GGUF_FLOATS])
+GGUF_TYPES = sorted([*gguf_decode.GGUF_BLOCKS, *gguf_decode.GGUF_FLOATS])
 QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "F16", "BF16", "F32")  # gguf.quants.quantize makes these
 # where each type keeps its float16 scales: byte offsets in a block
 F16_AT = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,),
@@ -31,7 +32,7 @@ def _gguf_bytes(type_name: str, out_features: int, in_features: int, seed: int =
     if type_name in QUANTIZABLE:
         weights = rng.standard_normal((out_features, in_features)).astype(np.float32) * 0.1
         return np.asarray(gguf.quants.quantize(weights, qtype)).view(np.uint8).reshape(out_features, -1)
-    size, per = quant.GGUF_BLOCKS[type_name]
+    size, per = gguf_decode.GGUF_BLOCKS[type_name]
     raw = rng.integers(0, 256, (out_features, in_features // per, size), dtype=np.uint8)
     for at in F16_AT[type_name]:
         scales = (rng.random((out_features, in_features // per)) * 0.01).astype(np.float16)
@@ -50,21 +51,22 @@ def _dequantized(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> np.
 def test_gguf_blocks_decode_to_what_gguf_dequantizes(type_name):
     raw = _gguf_bytes(type_name, 24, 512)
     expected = _dequantized(type_name, raw, (24, 512))
-    weights = quant.decode_gguf_blocks(type_name, raw, 24, 512)
+    weights = gguf_decode.decode_gguf_blocks(type_name, raw, 24, 512)
     assert weights is not None and weights.origin == type_name
     assert np.array_equal(weights.dense().numpy(), expected)  # every weight exactly, from the type's own bits
 
 
 @pytest.mark.parametrize("type_name", GGUF_TYPES)
 def test_a_gguf_types_kernel_product_is_its_dense_product(type_name):
-    """The kernel's product equals the dense product of the dequantised weight with the 8-bit rounded rows
-    (float kinds: with the rows as they are), on every instruction set this CPU has."""
+    """The kernel's product equals the dense product of the dequantised weight with the 8-bit rounded rows (one
+    scale per 32 inputs, per 256 for the K-quants; float kinds: the rows as they are), on every instruction set
+    this CPU has."""
     raw = _gguf_bytes(type_name, 40, 512, seed=1)
     dense = torch.from_numpy(_dequantized(type_name, raw, (40, 512)))
-    layer = quant.BlockLinear(quant.decode_gguf_blocks(type_name, raw, 40, 512))
+    layer = quant.BlockLinear(gguf_decode.decode_gguf_blocks(type_name, raw, 40, 512))
     x = torch.randn(9, 512, generator=torch.Generator().manual_seed(2))
     if kernels.kind_of(layer.kind).bits < 16:
-        blocks = x.reshape(9, -1, 32)
+        blocks = x.reshape(9, -1, kernels.activation_span(layer.kind))
         scale = blocks.abs().amax(-1, keepdim=True) / 127
         rows = (torch.round(blocks / scale) * scale).reshape(9, 512)
     else:
@@ -81,8 +83,8 @@ def test_a_gguf_types_kernel_product_is_its_dense_product(type_name):
 
 def test_other_types_and_shapes_stay_dense():
     raw = _gguf_bytes("Q6_K", 4, 512)
-    assert quant.decode_gguf_blocks("Q6_K", raw, 4, 500) is None  # not a whole number of blocks
-    assert quant.decode_gguf_blocks("IQ2_XXS", raw, 4, 512) is None  # a type without a kernel
+    assert gguf_decode.decode_gguf_blocks("Q6_K", raw, 4, 500) is None  # not a whole number of blocks
+    assert gguf_decode.decode_gguf_blocks("IQ2_XXS", raw, 4, 512) is None  # a type without a kernel
 
 
 @pytest.mark.parametrize("kind", [kernels.KIND_Q4, kernels.KIND_Q8])
@@ -117,7 +119,7 @@ def _tiny_gguf(tmp_path, model, types):
         order = None
         if gguf_name.endswith("attn_q") or gguf_name.endswith("attn_k"):
             heads = config.num_attention_heads if gguf_name.endswith("attn_q") else config.num_key_value_heads
-            order = quant.permuted_rows(weight.shape[0], heads)  # hf = gguf[order]
+            order = gguf_decode.permuted_rows(weight.shape[0], heads)  # hf = gguf[order]
             weight = weight[np.argsort(order)]
         qtype = getattr(gguf.GGMLQuantizationType, type_name)
         data = gguf.quants.quantize(weight, qtype)
@@ -135,7 +137,7 @@ def _tiny_gguf(tmp_path, model, types):
 def test_a_ggufs_blocks_map_onto_the_models_layers(tmp_path):
     model = _tiny("llama")
     path = _tiny_gguf(tmp_path, model, ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "F16", "BF16"])
-    planned = dict(quant.gguf_blocks(model, path))
+    planned = dict(converted_blocks.gguf_blocks(model, path))
     linear = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
     assert sorted(planned) == sorted(linear)  # every layer found, q and k un-permuted
     modules = dict(model.named_modules())
@@ -143,29 +145,44 @@ def test_a_ggufs_blocks_map_onto_the_models_layers(tmp_path):
         assert torch.allclose(weights.dense(), modules[name].weight.float(), atol=1e-6), name
     with torch.no_grad():  # a layer whose dense weight does not match its tensor is left dense
         modules["model.layers.0.mlp.up_proj"].weight.add_(1.0)
-    assert "model.layers.0.mlp.up_proj" not in dict(quant.gguf_blocks(model, path))
+    assert "model.layers.0.mlp.up_proj" not in dict(converted_blocks.gguf_blocks(model, path))
     quant.install_blocks(model, planned)
     summary = quant.weights_summary(model)
     assert summary.endswith("block layers, 0 dense") and all(name in summary for name in ("Q4_0", "Q5_1", "BF16"))
 
 
+def test_the_family_table_decides_whether_q_and_k_rows_are_interleaved(tmp_path, monkeypatch):
+    """llama's q/k rows are put back in order because its row says llama.cpp interleaves them (no trial): a table
+    that said otherwise leaves them dense (the check against the dense weight refuses the rows out of order)."""
+    import dataclasses
+
+    from specdec_cli.target_model import families
+
+    model = _tiny("llama")
+    path = _tiny_gguf(tmp_path, model, ["Q8_0"])
+    monkeypatch.setitem(families.FAMILIES, "llama", dataclasses.replace(families.FAMILIES["llama"], permuted_qk=False))
+    planned = dict(converted_blocks.gguf_blocks(model, path))
+    assert not any(name.endswith(("q_proj", "k_proj")) for name in planned)
+    assert any(name.endswith("v_proj") for name in planned)
+
+
 def test_modes_choose_what_becomes_blocks(tmp_path):
     model = _tiny("llama")
     path = _tiny_gguf(tmp_path, model, ["Q4_1", "Q8_0"])
-    gguf_plan = quant.plan_blocks(model, "gguf", path)
+    gguf_plan = converted_blocks.plan_blocks(model, "gguf", path)
     assert {w.origin for w in gguf_plan.values()} == {"Q4_1", "Q8_0"}
-    int4_plan = quant.plan_blocks(model, "int4", path)  # Q8_0 layers requantised to 4 bits
+    int4_plan = converted_blocks.plan_blocks(model, "int4", path)  # Q8_0 layers requantised to 4 bits
     assert {w.origin for w in int4_plan.values()} == {"Q4_1", "int4"}
     assert all(kernels.kind_of(w.kind).bits == 4 for w in int4_plan.values())
-    hf_plan = quant.plan_blocks(_tiny("qwen2"), "int8", None)  # a Hugging Face model: every layer made on load
+    hf_plan = converted_blocks.plan_blocks(_tiny("qwen2"), "int8", None)  # a Hugging Face model: all made on load
     assert {w.origin for w in hf_plan.values()} == {"int8"}
 
 
 def test_converted_blocks_are_cached_and_a_corrupt_cache_is_rebuilt(tmp_path, monkeypatch):
     model = _tiny("qwen2")
-    count = quant.convert(model, "int4", None, "tiny-qwen2", tmp_path)
+    count = converted_blocks.convert(model, "int4", None, "tiny-qwen2", tmp_path)
     assert count == len(quant.block_layers(model)) > 0
-    cached = quant.cache_file(tmp_path, "tiny-qwen2", "int4")
+    cached = weights_cache.cache_file(tmp_path, "tiny-qwen2", "int4")
     assert cached.is_file()
     reference = torch.randn(3, model.config.hidden_size)
     with torch.inference_mode():
@@ -174,16 +191,16 @@ def test_converted_blocks_are_cached_and_a_corrupt_cache_is_rebuilt(tmp_path, mo
     def not_again(*args, **kwargs):
         raise AssertionError("converted again although cached")
 
-    monkeypatch.setattr(quant, "plan_blocks", not_again)
+    monkeypatch.setattr(converted_blocks, "plan_blocks", not_again)
     again = _tiny("qwen2")
-    quant.convert(again, "int4", None, "tiny-qwen2", tmp_path)
+    converted_blocks.convert(again, "int4", None, "tiny-qwen2", tmp_path)
     with torch.inference_mode():
         assert torch.equal(again.model.layers[0].self_attn.q_proj(reference), expected)  # biases kept too
     monkeypatch.undo()
     cached.write_bytes(b"not safetensors")
     third = _tiny("qwen2")
-    assert quant.convert(third, "int4", None, "tiny-qwen2", tmp_path) == count
-    assert quant.load_cached(cached) is not None
+    assert converted_blocks.convert(third, "int4", None, "tiny-qwen2", tmp_path) == count
+    assert weights_cache.load_cached(cached) is not None
 
 
 def test_converted_weights_keep_tied_embeddings_under_the_name_every_tool_reads(tmp_path):

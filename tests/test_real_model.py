@@ -266,7 +266,7 @@ def test_the_default_gguf_in_place_is_the_converted_model_on_its_own_blocks(real
     installed into transformers' model of it (specdec's path before)."""
     from transformers import AutoTokenizer, PreTrainedModel
 
-    from specdec_cli.target_model import native, quant
+    from specdec_cli.target_model import converted_blocks, native, quant
     from specdec_cli.target_model.models import default_gguf_path
     from specdec_cli.texts.prompt_ids import format_prompt
 
@@ -280,7 +280,7 @@ def test_the_default_gguf_in_place_is_the_converted_model_on_its_own_blocks(real
     dense = real_target("float32", "dense").model  # the converted float32 model: copied, never changed
     before = type(dense)(dense.config).eval()
     before.load_state_dict(dense.state_dict())
-    quant.install_blocks(before, quant.plan_blocks(before, "gguf", path))
+    quant.install_blocks(before, converted_blocks.plan_blocks(before, "gguf", path))
     ids = format_prompt(in_place.tokenizer, messages)
 
     with torch.inference_mode():

@@ -5,6 +5,7 @@ Reads the engine's curve; never measures anything itself.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 from datetime import datetime, timezone
@@ -30,7 +31,6 @@ def host_environment(started: Optional[datetime] = None) -> dict:
 
 def environment(model_name: str, device: str, dtype: Any, started: Optional[datetime] = None) -> dict:
     import torch
-    import transformers
 
     gpu = None
     if torch.cuda.is_available():
@@ -45,11 +45,19 @@ def environment(model_name: str, device: str, dtype: Any, started: Optional[date
         "kernel_threads": kernels.threads() if kernels.available() else None,  # specdec's C kernels (block weights)
         "gpu": gpu,
         "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        "transformers": _installed_version("transformers"),  # (not imported: the native path runs without it)
         "model": model_name,
         "dtype": str(dtype).replace("torch.", ""),
         "device": str(device),
     }
+
+
+def _installed_version(package: str) -> Optional[str]:
+    """The installed package's version, read from its metadata (the package is not imported)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def model_name_of(model: Any) -> str:

@@ -90,7 +90,8 @@ def cost_cache_file(model: Any, exact_rows: int) -> Optional[Path]:
     verified row-invariantly (0: none) and block weights (with the kernels' path and record format). None for an
     in-memory model (tests): measured, not stored."""
     from .. import kernels
-    from ..target_model.quant import CACHE_FORMAT, block_layers, weights_summary
+    from ..target_model.quant import block_layers, weights_summary
+    from ..target_model.weights_cache import CACHE_FORMAT
 
     name = getattr(model.config, "_name_or_path", "") or ""
     if not name:

@@ -98,7 +98,8 @@ class Engine:
             _ = self.planner.curve  # generation's
         cache, cached = new_cache(self.forward), 0  # the device engine's static cache, else a KVCache
         if prompt_cache is not None and not needs.features and not static:  # feature drafters read the whole
-            cache, cached = prompt_cache.take(prompt_ids)  # prompt's features; a static cache is not kept
+            held, cached = prompt_cache.take(prompt_ids)  # prompt's features; a static cache is not kept
+            cache = cache if held is None else held
 
         def emit(event: StepEvent) -> None:
             events.append(event)

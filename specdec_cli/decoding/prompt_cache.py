@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from ..target_model.kv_cache import KVCache
 from ..target_model.rollback import truncate_cache
 
 
@@ -40,13 +39,14 @@ class PromptCache:
             common += 1
         return common
 
-    def take(self, prompt_ids: Sequence[int]) -> tuple[Any, int]:
-        """A KV cache for this prompt and how many of its first tokens it already holds; the cache leaves this
-        object (a failed generation leaves it empty)."""
+    def take(self, prompt_ids: Sequence[int]) -> tuple[Optional[Any], int]:
+        """The held KV cache for this prompt and how many of its first tokens it already holds, or (None, 0) when it
+        holds none of them (the engine starts a cache of its own); the cache leaves this object (a failed
+        generation leaves it empty)."""
         common = self.common_prefix(prompt_ids)
         cache, self.cache, self.tokens = self.cache, None, []
         if cache is None or common == 0:
-            return KVCache(), 0
+            return None, 0
         truncate_cache(cache, common)
         return cache, common
 

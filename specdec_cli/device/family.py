@@ -1,7 +1,7 @@
 """What the device decoder reads off a loaded target: the families it computes, and each layer's shape and kind.
 
-The device decoder computes the families specdec's native decoder computes (native.FAMILIES: llama, mistral,
-qwen2, qwen3, phi3, smollm3, gemma, gemma2, gemma3_text), read off the loaded model the same way (native.py's
+The device decoder computes the families specdec's native decoder computes (target_model/families.py: llama,
+mistral, qwen2, qwen3, phi3, smollm3, gemma, gemma2, gemma3_text), read off the loaded model the same way (native.py's
 helpers: layer kinds, rotary tables, activation), whatever holds its weights: a GGUF loaded in place (block
 layers, quant.BlockLinear) or a transformers model (torch.nn.Linear). `unsupported(model)` says in one line why
 it cannot (another family, a rope that changes with the length, an unknown activation); `describe(model)`
@@ -16,8 +16,8 @@ from typing import Any, Optional
 
 import torch
 
+from ..target_model import families
 from ..target_model.native import (
-    FAMILIES,
     _activation,
     _rope_of,
     layer_kinds,
@@ -65,9 +65,9 @@ def unsupported(model: Any) -> Optional[str]:
     from ..target_model.quant import BlockLinear
 
     config = getattr(model, "config", None)
-    if config is None or getattr(config, "model_type", None) not in FAMILIES:
+    if config is None or not families.is_native(getattr(config, "model_type", None)):
         kind = getattr(config, "model_type", "this model")
-        return f"{kind} is not a family the device decoder implements ({', '.join(FAMILIES)})"
+        return f"{kind} is not a family the device decoder implements ({families.native_list()})"
     reason = layers_reason(model, "device decoder")
     if reason:
         return reason
@@ -109,13 +109,12 @@ def describe(model: Any) -> Family:
                                  hasattr(layer, "pre_feedforward_layernorm")))
     embed = model.model.embed_tokens
     scale = getattr(embed, "embed_scale", None)
-    gemma = config.model_type in ("gemma", "gemma2", "gemma3_text")
     return Family(
         model_type=str(config.model_type), hidden=hidden, heads=heads,
         kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
         head_dim=int(getattr(config, "head_dim", None) or hidden // heads),
         ffn=int(config.intermediate_size), vocab=int(model.lm_head.out_features),
-        eps=float(getattr(config, "rms_norm_eps", 1e-6)), norm_offset=gemma,
+        eps=float(getattr(config, "rms_norm_eps", 1e-6)), norm_offset=families.norm_plus_one(config.model_type),
         embed_scale=None if scale is None else float(torch.as_tensor(scale)),
         attn_cap=getattr(config, "attn_logit_softcapping", None),
         final_cap=getattr(config, "final_logit_softcapping", None),

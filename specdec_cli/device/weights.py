@@ -18,17 +18,17 @@ from typing import Any, Optional
 
 import torch
 
-from ..target_model.native import projections
+from ..target_model.native import norm_multiplier, projections
 from .family import Family
 
 CHUNK_ROWS = 4096  # output rows of a block matrix dequantised at a time on the device (and embedding rows)
 
 
 def _norm(norm: Any, offset: bool, device: torch.device) -> tuple[torch.Tensor, float]:
-    """An RMSNorm's float32 weight [dim] as the decoder multiplies by it ((1 + weight) for Gemma) and its eps."""
-    weight = norm.weight.detach().to(device=device, dtype=torch.float32)
+    """An RMSNorm's float32 multiplier [dim] on the device (native.norm_multiplier: 1 + weight for Gemma) and its
+    eps."""
     eps = float(getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None) or 1e-6)
-    return (1.0 + weight if offset else weight), eps
+    return norm_multiplier(norm, offset).to(device), eps
 
 
 def fill_matrix(out: torch.Tensor, layer: Any) -> None:

@@ -129,8 +129,9 @@ def save_draft(output: Path, student: Any, tokenizer: Any, target: Any, meta: di
     check_output_dir(output)
     with atomic_directory(output) as tmp:
         generation_config = getattr(target, "generation_config", None)
-        if generation_config is not None:
-            student.generation_config = copy.deepcopy(generation_config)
+        if generation_config is not None:  # a stored one (an in-place GGUF's: stored.py) as transformers' own
+            to_transformers = getattr(generation_config, "transformers_config", None)
+            student.generation_config = to_transformers() if to_transformers else copy.deepcopy(generation_config)
         student.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         (tmp / DRAFT_META).write_text(json.dumps(meta, indent=1, ensure_ascii=False), encoding="utf-8")

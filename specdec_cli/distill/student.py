@@ -35,7 +35,9 @@ def _with(config: Any, **changes: Any) -> Any:
             values[key] = values[key][:layers]
     if "max_window_layers" in values and layers is not None:
         values["max_window_layers"] = min(int(values["max_window_layers"] or layers), layers)
-    return type(config).from_dict(values)
+    from ..target_model.stored import config_class  # (torch behind it)
+
+    return config_class(config).from_dict(values)
 
 
 def build_student(target: Any, spec: dict, target_fingerprint: str = "", target_vocab: int = 0) -> Any:

@@ -3,26 +3,26 @@
 `matmul` multiplies float32 rows by a weight held as records of 16 output columns in one of a small set of
 kinds (`KINDS`): 4-bit or 8-bit codes with a float32 scale per 32 or 16 weights, an integer zero point and
 optionally a float32 offset, into which quant.py repacks every GGUF type exactly (Q4_0 ... Q8_0, the K-quants,
-IQ4_NL/IQ4_XS); or float32/float16/bfloat16 weights as they are. Block kinds round each row to 8 bits per block of
-32 first and multiply with integer dot products. `attention` computes each query row over its own keys. Both
+IQ4_NL/IQ4_XS), or the packed kinds that keep a GGUF type's own fields (packed.py); or float32/float16/bfloat16
+weights as they are. Block kinds round each row to 8 bits per block of 32 (per super-block of 256 for the
+K-quants) first and multiply with integer dot products. `attention` computes each query row over its own keys. Both
 return, for every row, exactly what a one-row call returns, whatever the number of rows or threads, and matmul
 the same bits on every instruction-set path (csrc/matmul.c says how); `force_isa` (or SPECDEC_ISA) picks a path
 for tests and timings. This module is the only door to the C extension: every call takes tensors (or handles
-checked once when made: Rows, Dense, BlockMatrix, KeyPositions) and checks what the C code cannot (dtypes,
-devices, shapes, strides), raising a ValueError rather than handing C a pointer it would misread; it owns the
-worker threads' count. records.py packs and unpacks the records. Neither knows about models, GGUF files or
-`--weights` (quant.py does).
+checked once when made: handles.py's Rows, Dense, BlockMatrix, KeyPositions) and checks what the C code cannot
+(dtypes, devices, shapes, strides), raising a ValueError rather than handing C a pointer it would misread; it owns
+the worker threads' count. records.py and packed.py pack and unpack the records. None of them knows about models,
+GGUF files or `--weights` (quant.py does).
 """
 
 from __future__ import annotations
 
-import functools
 import os
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 
+from .handles import F32, I32, U8, BlockMatrix, Dense, KeyPositions, Rows, as_dense, as_rows, refuse
 from .packed import KIND_OF_GGUF_TYPE, PACKED, Fields, pack_fields, unpack_fields
 from .records import (
     BLOCK,
@@ -40,6 +40,7 @@ from .records import (
     KINDS,
     PACKED_KINDS,
     Kind,
+    activation_span,
     dequantize,
     groups,
     kind_of,
@@ -53,10 +54,10 @@ __all__ = [  # the records' layout (records.py), and the typed calls into the C 
     "BLOCK", "GROUP", "KIND_BF16", "KIND_F16", "KIND_F32", "KIND_Q2S", "KIND_Q4", "KIND_Q4S", "KIND_Q4Z", "KIND_Q8",
     "KIND_Q8S", "KIND_U8", "KINDS", "PACKED_KINDS", "PACKED", "Fields", "KIND_OF_GGUF_TYPE", "pack_fields",
     "unpack_fields", "repack_gguf", "Kind", "dequantize", "groups", "kind_of", "pack_records", "record_bytes",
-    "select_columns", "unpack_records", "MAX_THREADS", "available", "isa", "isas", "force_isa", "set_threads",
-    "threads", "ensure_threads", "Rows", "Dense", "BlockMatrix", "matmul_into", "matmul", "KeyPositions", "attention",
-    "rms_norm", "rms_norm_heads", "rope", "store_rows", "silu_mul", "gelu_tanh_mul", "soft_cap_", "soft_cap", "peak",
-    "build_file",
+    "select_columns", "unpack_records", "activation_span", "MAX_THREADS", "available", "isa", "isas", "force_isa",
+    "set_threads", "threads", "ensure_threads", "Rows", "Dense", "BlockMatrix", "matmul_into", "matmul",
+    "KeyPositions", "attention", "rms_norm", "rms_norm_heads", "rope", "store_rows", "silu_mul", "gelu_tanh_mul",
+    "soft_cap_", "peak", "build_file",
 ]
 
 MAX_THREADS = 64  # the pool's limit (MAX_THREADS in csrc/kernels.h)
@@ -98,6 +99,7 @@ def force_isa(name: Optional[str]) -> None:
 
 
 def _require() -> Any:
+    """The compiled extension, or a SpecdecError saying how to build it."""
     if _cpu is None:
         from ..errors import SpecdecError
 
@@ -135,105 +137,20 @@ def ensure_threads() -> None:
 # two microseconds a call; a decoding step's 300-odd calls take handles checked once (Rows, Dense), whose checks
 # compare integers, so the facade costs a step nothing measurable (docs/measurements.md).
 
-_F32, _U8, _I32 = torch.float32, torch.uint8, torch.int32
-
-
-def _refuse(kernel: str, what: str, tensor: Optional[torch.Tensor] = None) -> ValueError:
-    seen = "" if tensor is None else f", got {tensor.dtype} {tuple(tensor.shape)} on {tensor.device}"
-    return ValueError(f"{kernel}: {what}{seen}")
-
-
-def _not_matrix(tensor: torch.Tensor) -> bool:
-    """Not a float32 CPU matrix [rows, width] whose elements lie side by side along a row (rows may be strided)."""
-    return tensor.dtype is not _F32 or not tensor.is_cpu or tensor.ndim != 2 or tensor.stride()[1] != 1
-
-
-def _not_dense(tensor: torch.Tensor, dtype: torch.dtype = _F32) -> bool:
-    """Not a contiguous CPU tensor of `dtype`."""
-    return tensor.dtype is not dtype or not tensor.is_cpu or not tensor.is_contiguous()
-
-
-@functools.lru_cache(maxsize=None)
-def _records_shape(kind: int, k: int, n: int) -> tuple[int, int]:
-    """The shape of records holding n columns of `kind` for k inputs (raises ValueError on an unknown kind)."""
-    return groups(n), record_bytes(kind, k)
-
-
-class Rows:
-    """A float32 CPU matrix [rows, width] with unit stride along a row (rows may be strided: a slice of a wider
-    buffer), checked once when made: the calls below then compare integers, not tensors' attributes (a decoding
-    step makes some 300 calls, so per-call tensor checks would cost it several percent). Every call also takes a
-    plain tensor and makes the Rows itself. Holds the tensor, so its address stays valid."""
-
-    __slots__ = ("tensor", "address", "rows", "width", "row_stride", "contiguous")
-
-    def __init__(self, tensor: torch.Tensor, kernel: str = "Rows", name: str = "the tensor"):
-        if tensor.dtype is not _F32 or not tensor.is_cpu or tensor.ndim != 2 or tensor.stride()[1] != 1:
-            raise _refuse(kernel, f"{name} must be a float32 CPU matrix with unit stride along a row", tensor)
-        self.tensor = tensor
-        self.address: int = tensor.data_ptr()
-        self.rows: int = tensor.shape[0]
-        self.width: int = tensor.shape[1]
-        self.row_stride: int = tensor.stride()[0]
-        self.contiguous: bool = tensor.is_contiguous()
-
-
-class Dense:
-    """A contiguous CPU tensor of one dtype (a norm's weight, rotary tables, positions), checked once when made,
-    like Rows."""
-
-    __slots__ = ("tensor", "address", "shape")
-
-    def __init__(self, tensor: torch.Tensor, dtype: torch.dtype = _F32, kernel: str = "Dense",
-                 name: str = "the tensor"):
-        if tensor.dtype is not dtype or not tensor.is_cpu or not tensor.is_contiguous():
-            raise _refuse(kernel, f"{name} must be a contiguous {str(dtype).replace('torch.', '')} CPU tensor", tensor)
-        self.tensor = tensor
-        self.address: int = tensor.data_ptr()
-        self.shape: tuple[int, ...] = tuple(tensor.shape)
-
-
-def _rows(value: "torch.Tensor | Rows", kernel: str, name: str) -> Rows:
-    return value if isinstance(value, Rows) else Rows(value, kernel, name)
-
-
-def _dense(value: "torch.Tensor | Dense", kernel: str, name: str, dtype: torch.dtype = _F32) -> Dense:
-    return value if isinstance(value, Dense) else Dense(value, dtype, kernel, name)
-
-
-@dataclass(frozen=True)
-class BlockMatrix:
-    """A weight W [n, k] as packed records (pack_records) of `kind`, checked once when made: `matmul_into` then
-    checks only the rows it multiplies (a decoding step's matmuls, layer after layer)."""
-
-    kind: int
-    records: torch.Tensor  # uint8 [groups(n), record_bytes(kind, k)], contiguous, on the CPU
-    k: int
-    n: int
-    _address: int = field(init=False, repr=False, compare=False, default=0)  # the records' (set once checked)
-
-    def __post_init__(self) -> None:
-        records = self.records
-        if (records.dtype is not _U8 or not records.is_cpu or not records.is_contiguous() or self.k % BLOCK or
-                tuple(records.shape) != _records_shape(self.kind, self.k, self.n)):
-            raise ValueError(f"BlockMatrix: records of shape {tuple(records.shape)} do not hold {self.n} columns of "
-                             f"kind {kind_of(self.kind).name} for k={self.k}")
-        object.__setattr__(self, "_address", records.data_ptr())  # held with the records: it cannot move
-
 
 def matmul_into(x: "torch.Tensor | Rows", matrix: BlockMatrix, out: "torch.Tensor | Rows",
                 accumulate: bool = False) -> torch.Tensor:
     """out (+)= x @ W^T: x contiguous float32 [rows, k], out float32 [rows, n] (rows may be strided: a slice of a
     wider buffer), each a tensor or a checked Rows; W a checked BlockMatrix (matmul's product, with the records
     checked once). Returns out's tensor."""
-    kernel = _cpu if _cpu is not None else _require()
+    kernel = _require()
     if type(matrix) is not BlockMatrix:
-        raise _refuse("matmul_into", f"the weight must be a BlockMatrix, got {type(matrix).__name__}")
-    x, out = _rows(x, "matmul_into", "x"), _rows(out, "matmul_into", "out")
+        raise refuse("matmul_into", f"the weight must be a BlockMatrix, got {type(matrix).__name__}")
+    x, out = as_rows(x, "matmul_into", "x"), as_rows(out, "matmul_into", "out")
     if not x.contiguous:
-        raise _refuse("matmul_into", "x must be contiguous rows [rows, k]", x.tensor)
+        raise refuse("matmul_into", "x must be contiguous rows [rows, k]", x.tensor)
     if x.width != matrix.k or out.width != matrix.n or out.rows != x.rows:
-        raise _refuse("matmul_into", f"x [rows, {matrix.k}] and out [rows, {matrix.n}] must have the same rows",
+        raise refuse("matmul_into", f"x [rows, {matrix.k}] and out [rows, {matrix.n}] must have the same rows",
                       out.tensor)
     if x.rows:
         kernel.matmul(matrix.kind, x.address, x.rows, x.width, matrix.n, matrix._address, out.address,
@@ -244,34 +161,25 @@ def matmul_into(x: "torch.Tensor | Rows", matrix: BlockMatrix, out: "torch.Tenso
 def matmul(x: torch.Tensor, kind: int, records: torch.Tensor, n: Optional[int] = None,
            out: Optional[torch.Tensor] = None, accumulate: bool = False) -> torch.Tensor:
     """x [rows, k] float32 @ W^T -> [rows, n] float32, W as packed records (pack_records; n defaults to every
-    column the records hold, or to out's width). Block kinds round each row of x to 8 bits per block of 32 first
-    (kernels/csrc/blocks.c). With `out` (float32 [rows, n], rows may be strided: a slice of a wider buffer) the product
-    is written there, or added to it with `accumulate`; returns out."""
-    kernel = _cpu if _cpu is not None else _require()
-    if x.dtype is not _F32 or not x.is_cpu or x.ndim != 2:
-        raise _refuse("matmul", "x must be float32 CPU rows [rows, k]", x)
+    column the records hold, or to out's width). Block kinds round each row of x to 8 bits first, per block of 32
+    or per K-quant super-block (`activation_span`; kernels/csrc/blocks.c). With `out` (float32 [rows, n], rows may
+    be strided: a slice of a wider buffer) the product is written there, or added to it with `accumulate`; returns
+    out. matmul_into's checks, on handles made here."""
+    if x.dtype is not F32 or not x.is_cpu or x.ndim != 2:
+        raise refuse("matmul", "x must be float32 CPU rows [rows, k]", x)
     x = x.contiguous()
-    rows, k = x.shape
     if out is None:
         if accumulate:
-            raise _refuse("matmul", "accumulate needs an out to add to")
-        n = records.shape[0] * GROUP if n is None else int(n)
-        out = torch.empty(rows, n, dtype=torch.float32)
-    else:
-        if _not_matrix(out):
-            raise _refuse("matmul", "out must be a float32 CPU matrix with unit stride along a row", out)
-        out_rows, width = out.shape
-        if out_rows != rows or (n is not None and width != n):
-            raise _refuse("matmul", f"out must be [{rows}, {n if n is not None else 'n'}]", out)
-        n = width
-    if (records.dtype is not _U8 or not records.is_cpu or not records.is_contiguous() or k % BLOCK or
-            records.shape != _records_shape(kind, k, n)):
-        raise ValueError(f"matmul: records of shape {tuple(records.shape)} do not hold {n} columns of kind "
-                         f"{kind_of(kind).name} for k={k}")
-    if rows and n:
-        kernel.matmul(kind, x.data_ptr(), rows, k, n, records.data_ptr(), out.data_ptr(), out.stride()[0],
-                      accumulate)
-    return out
+            raise refuse("matmul", "accumulate needs an out to add to")
+        out = torch.empty(x.shape[0], records.shape[0] * GROUP if n is None else int(n), dtype=torch.float32)
+    elif n is not None and out.ndim == 2 and out.shape[1] != n:
+        raise refuse("matmul", f"out must be [{x.shape[0]}, {n}]", out)
+    target = Rows(out, "matmul", "out")
+    try:
+        matrix = BlockMatrix(kind, records, x.shape[1], target.width)
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("BlockMatrix:", "matmul:", 1)) from None
+    return matmul_into(x, matrix, target, accumulate)
 
 
 def repack_gguf(kind: int, rows: Any, k: int) -> torch.Tensor:
@@ -281,46 +189,18 @@ def repack_gguf(kind: int, rows: Any, k: int) -> torch.Tensor:
     scale (d, m or dmin) is NaN or infinite."""
     import numpy as np
 
-    kernel = _cpu if _cpu is not None else _require()
+    kernel = _require()
     if isinstance(rows, torch.Tensor):
-        if _not_dense(rows, _U8) or rows.ndim != 2:
-            raise _refuse("repack_gguf", "rows must be a contiguous uint8 CPU matrix [n, bytes per row]", rows)
-        address, (n, width) = rows.data_ptr(), rows.shape
+        if rows.ndim != 2:
+            raise refuse("repack_gguf", "rows must be a contiguous uint8 CPU matrix [n, bytes per row]", rows)
+        address, (n, width) = Dense(rows, U8, "repack_gguf", "rows").address, rows.shape
     elif isinstance(rows, np.ndarray) and rows.dtype == np.uint8 and rows.ndim == 2 and rows.flags.c_contiguous:
         address, (n, width) = rows.ctypes.data, rows.shape
     else:
-        raise _refuse("repack_gguf", "rows must be a contiguous uint8 matrix [n, bytes per row]")
+        raise refuse("repack_gguf", "rows must be a contiguous uint8 matrix [n, bytes per row]")
     records = torch.empty(groups(n), record_bytes(kind, k), dtype=torch.uint8)
     kernel.repack_gguf(kind, address, n, width, k, records.data_ptr())
     return records
-
-
-@dataclass(frozen=True)
-class KeyPositions:
-    """Which cached keys each of `rows` query rows attends to, checked once when made: cache positions
-    run_start[row] .. run_stop[row]-1, then extra_pos[extra_start[row] : extra_start[row + 1]] (a tree node's
-    ancestors and itself), in that order. All contiguous int32 CPU tensors: run_start, run_stop [rows],
-    extra_start [rows + 1], extra_pos [extras]. The positions must lie within the keys the attention gets."""
-
-    run_start: torch.Tensor
-    run_stop: torch.Tensor
-    extra_start: torch.Tensor
-    extra_pos: torch.Tensor
-    _addresses: tuple[int, ...] = field(init=False, repr=False, compare=False, default=())  # (set once checked)
-
-    def __post_init__(self) -> None:
-        rows = self.run_start.shape[0] if self.run_start.ndim == 1 else -1
-        if (any(_not_dense(part, _I32) for part in (self.run_start, self.run_stop, self.extra_start, self.extra_pos))
-                or tuple(self.run_stop.shape) != (rows,) or tuple(self.extra_start.shape) != (rows + 1,)
-                or self.extra_pos.ndim != 1):
-            raise ValueError("KeyPositions: run_start, run_stop [rows], extra_start [rows + 1] and extra_pos [extras] "
-                             "must be contiguous int32 CPU tensors")
-        object.__setattr__(self, "_addresses", tuple(part.data_ptr() for part in (  # held with the tensors
-            self.run_start, self.run_stop, self.extra_start, self.extra_pos)))
-
-    @property
-    def rows(self) -> int:
-        return self.run_start.shape[0]
 
 
 def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: KeyPositions, scale: float,
@@ -331,26 +211,26 @@ def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos
     query [rows, heads, dim] float32 (any strides, unit stride along dim); keys/values [kv_heads, positions, dim]
     or [1, kv_heads, positions, dim] (a KV cache's buffers), float32 or bfloat16, unit stride along dim. Writes
     [rows, heads, dim] float32 into `out` (unit stride along dim) or a new tensor, and returns it."""
-    kernel = _cpu if _cpu is not None else _require()
-    if query.dtype is not _F32 or not query.is_cpu or query.ndim != 3 or query.stride()[2] != 1:
-        raise _refuse("attention", "query must be float32 CPU [rows, heads, dim] with unit stride along dim", query)
+    kernel = _require()
+    if query.dtype is not F32 or not query.is_cpu or query.ndim != 3 or query.stride()[2] != 1:
+        raise refuse("attention", "query must be float32 CPU [rows, heads, dim] with unit stride along dim", query)
     rows, heads, dim = query.shape
     key_strides, value_strides = keys.stride(), values.stride()
     key_shape = keys.shape
-    if (keys.dtype not in (_F32, torch.bfloat16) or values.dtype is not keys.dtype or not keys.is_cpu or
+    if (keys.dtype not in (F32, torch.bfloat16) or values.dtype is not keys.dtype or not keys.is_cpu or
             not values.is_cpu or key_shape != values.shape or key_shape[-1] != dim or key_strides[-1] != 1 or
             value_strides[-1] != 1 or not (len(key_shape) == 3 or (len(key_shape) == 4 and key_shape[0] == 1))):
-        raise _refuse("attention", f"keys and values must be float32 or bfloat16 CPU [(1,) kv_heads, positions, {dim}] "
+        raise refuse("attention", f"keys and values must be float32 or bfloat16 CPU [(1,) kv_heads, positions, {dim}] "
                       "alike with unit stride along dim", values)
     kv_heads = key_shape[-3]
     if heads % kv_heads:
-        raise _refuse("attention", f"{heads} query heads do not share {kv_heads} key/value heads evenly")
+        raise refuse("attention", f"{heads} query heads do not share {kv_heads} key/value heads evenly")
     if type(positions) is not KeyPositions or positions.run_start.shape[0] != rows:
-        raise _refuse("attention", f"positions must be KeyPositions of {rows} rows")
+        raise refuse("attention", f"positions must be KeyPositions of {rows} rows")
     if out is None:
         out = torch.empty(rows, heads, dim, dtype=torch.float32)
-    elif out.dtype is not _F32 or not out.is_cpu or out.shape != query.shape or out.stride()[2] != 1:
-        raise _refuse("attention", f"out must be float32 CPU [{rows}, {heads}, {dim}] with unit stride along dim", out)
+    elif out.dtype is not F32 or not out.is_cpu or out.shape != query.shape or out.stride()[2] != 1:
+        raise refuse("attention", f"out must be float32 CPU [{rows}, {heads}, {dim}] with unit stride along dim", out)
     out_strides, query_strides = out.stride(), query.stride()
     kernel.attention(rows, heads, kv_heads, dim, query.data_ptr(), query_strides[0], query_strides[1],
                      keys.data_ptr(), values.data_ptr(), keys.dtype is torch.bfloat16, key_strides[-3],
@@ -363,13 +243,13 @@ def rms_norm(x: "torch.Tensor | Rows", weight: "torch.Tensor | Dense", eps: floa
              out: "torch.Tensor | Rows | None" = None) -> torch.Tensor:
     """RMSNorm of each row: out = weight * x / sqrt(mean(x^2) + eps). x, out float32 [rows, dim] (rows may be
     strided; out may be x), tensors or Rows; weight float32 [dim]. Returns out's tensor (a new one if not given)."""
-    kernel = _cpu if _cpu is not None else _require()
-    x, weight = _rows(x, "rms_norm", "x"), _dense(weight, "rms_norm", "weight")
+    kernel = _require()
+    x, weight = as_rows(x, "rms_norm", "x"), as_dense(weight, "rms_norm", "weight")
     if weight.shape != (x.width,):
-        raise _refuse("rms_norm", f"weight must be [{x.width}]", weight.tensor)
-    out = Rows(torch.empty(x.rows, x.width, dtype=torch.float32)) if out is None else _rows(out, "rms_norm", "out")
+        raise refuse("rms_norm", f"weight must be [{x.width}]", weight.tensor)
+    out = Rows(torch.empty(x.rows, x.width, dtype=torch.float32)) if out is None else as_rows(out, "rms_norm", "out")
     if out.rows != x.rows or out.width != x.width:
-        raise _refuse("rms_norm", f"out must be [{x.rows}, {x.width}]", out.tensor)
+        raise refuse("rms_norm", f"out must be [{x.rows}, {x.width}]", out.tensor)
     kernel.rms_norm(x.address, x.rows, x.width, x.row_stride, weight.address, float(eps), out.address, out.row_stride)
     return out.tensor
 
@@ -377,12 +257,12 @@ def rms_norm(x: "torch.Tensor | Rows", weight: "torch.Tensor | Dense", eps: floa
 def rms_norm_heads(x: "torch.Tensor | Rows", head_dim: int, weight: "torch.Tensor | Dense", eps: float) -> None:
     """In place: RMSNorm of each head of head_dim in every row of x [rows, heads * head_dim] (float32, rows may be
     strided: q's or k's columns of fused q/k/v rows), each head as rms_norm computes it (QK-norm)."""
-    kernel = _cpu if _cpu is not None else _require()
-    x, weight = _rows(x, "rms_norm_heads", "x"), _dense(weight, "rms_norm_heads", "weight")
+    kernel = _require()
+    x, weight = as_rows(x, "rms_norm_heads", "x"), as_dense(weight, "rms_norm_heads", "weight")
     if x.width % head_dim:
-        raise _refuse("rms_norm_heads", f"x must hold whole heads of {head_dim}", x.tensor)
+        raise refuse("rms_norm_heads", f"x must hold whole heads of {head_dim}", x.tensor)
     if weight.shape != (head_dim,):
-        raise _refuse("rms_norm_heads", f"weight must be [{head_dim}]", weight.tensor)
+        raise refuse("rms_norm_heads", f"weight must be [{head_dim}]", weight.tensor)
     kernel.rms_norm_heads(x.address, x.rows, x.row_stride, x.width // head_dim, head_dim, weight.address, float(eps))
 
 
@@ -392,17 +272,17 @@ def rope(x: "torch.Tensor | Rows", heads: int, head_dim: int, positions: "torch.
     (float32, rows may be strided), row r at positions[r] (int32 [rows]); cos/sin float32 [positions, half] tables
     turn the first 2 * half dimensions of each head (half < head_dim / 2: a partial rotary). Positions must lie
     within the tables."""
-    kernel = _cpu if _cpu is not None else _require()
-    x = _rows(x, "rope", "x")
+    kernel = _require()
+    x = as_rows(x, "rope", "x")
     if x.width < heads * head_dim:
-        raise _refuse("rope", f"x must hold {heads} heads of {head_dim} a row", x.tensor)
-    positions = _dense(positions, "rope", "positions", _I32)
+        raise refuse("rope", f"x must hold {heads} heads of {head_dim} a row", x.tensor)
+    positions = as_dense(positions, "rope", "positions", I32)
     if positions.shape != (x.rows,):
-        raise _refuse("rope", f"positions must be [{x.rows}]", positions.tensor)
-    cos, sin = _dense(cos, "rope", "cos"), _dense(sin, "rope", "sin")
+        raise refuse("rope", f"positions must be [{x.rows}]", positions.tensor)
+    cos, sin = as_dense(cos, "rope", "cos"), as_dense(sin, "rope", "sin")
     table = cos.shape
     if len(table) != 2 or sin.shape != table or 2 * table[1] > head_dim:
-        raise _refuse("rope", f"cos and sin must be [positions, half] alike, half <= {head_dim // 2}", sin.tensor)
+        raise refuse("rope", f"cos and sin must be [positions, half] alike, half <= {head_dim // 2}", sin.tensor)
     kernel.rope(x.address, x.rows, x.row_stride, heads, head_dim, positions.address, cos.address, sin.address,
                 table[1])
 
@@ -410,29 +290,29 @@ def rope(x: "torch.Tensor | Rows", heads: int, head_dim: int, positions: "torch.
 def store_rows(rows: "torch.Tensor | Rows", cache: torch.Tensor, start: int) -> None:
     """Copy each row of rows [n, heads * dim] (float32, rows may be strided: k's or v's columns of fused q/k/v
     rows) into a KV cache buffer [(1,) heads, capacity, dim] at positions start .. start + n - 1."""
-    kernel = _cpu if _cpu is not None else _require()
-    rows = _rows(rows, "store_rows", "rows")
+    kernel = _require()
+    rows = as_rows(rows, "store_rows", "rows")
     shape, strides = cache.shape, cache.stride()
-    if (cache.dtype is not _F32 or not cache.is_cpu or strides[-1] != 1 or shape[-3] * shape[-1] != rows.width or
+    if (cache.dtype is not F32 or not cache.is_cpu or strides[-1] != 1 or shape[-3] * shape[-1] != rows.width or
             not (len(shape) == 3 or (len(shape) == 4 and shape[0] == 1))):
-        raise _refuse("store_rows", "cache must be a float32 CPU buffer [(1,) heads, capacity, dim] for rows of "
+        raise refuse("store_rows", "cache must be a float32 CPU buffer [(1,) heads, capacity, dim] for rows of "
                       f"{rows.width}", cache)
     if start < 0 or start + rows.rows > shape[-2]:
-        raise _refuse("store_rows", f"positions {start}..{start + rows.rows - 1} past the cache's {shape[-2]}")
+        raise refuse("store_rows", f"positions {start}..{start + rows.rows - 1} past the cache's {shape[-2]}")
     kernel.store_rows(rows.address, rows.rows, rows.row_stride, shape[-3], shape[-1], cache.data_ptr(), strides[-3],
                       strides[-2], int(start))
 
 
 def _gated(name: str, gate_up: "torch.Tensor | Rows", out: "torch.Tensor | Rows | None") -> tuple[Any, Rows, Rows]:
     """The kernel, the input and the output of a gated activation, checked (both contiguous)."""
-    kernel = _cpu if _cpu is not None else _require()
-    gate_up = _rows(gate_up, name, "gate_up")
+    kernel = _require()
+    gate_up = as_rows(gate_up, name, "gate_up")
     if not gate_up.contiguous or gate_up.width % 2:
-        raise _refuse(name, "gate_up must be contiguous [rows, 2 * ffn]", gate_up.tensor)
+        raise refuse(name, "gate_up must be contiguous [rows, 2 * ffn]", gate_up.tensor)
     rows, ffn = gate_up.rows, gate_up.width // 2
-    out = Rows(torch.empty(rows, ffn, dtype=torch.float32)) if out is None else _rows(out, name, "out")
+    out = Rows(torch.empty(rows, ffn, dtype=torch.float32)) if out is None else as_rows(out, name, "out")
     if not out.contiguous or out.rows != rows or out.width != ffn:
-        raise _refuse(name, f"out must be contiguous [{rows}, {ffn}]", out.tensor)
+        raise refuse(name, f"out must be contiguous [{rows}, {ffn}]", out.tensor)
     return kernel, gate_up, out
 
 
@@ -449,8 +329,8 @@ def gelu_tanh_mul(gate_up: "torch.Tensor | Rows", out: "torch.Tensor | Rows | No
     F.gelu(approximate="tanh") within a few ulp, every element by one formula on every instruction-set path
     (kernels/csrc/elementwise.c). Returns out's tensor."""
     if isinstance(gate_up, torch.Tensor):
-        if gate_up.dtype is not _F32 or not gate_up.is_cpu:
-            raise _refuse("gelu_tanh_mul", "gate_up must be float32 on the CPU", gate_up)
+        if gate_up.dtype is not F32 or not gate_up.is_cpu:
+            raise refuse("gelu_tanh_mul", "gate_up must be float32 on the CPU", gate_up)
         gate_up = gate_up.contiguous()
     kernel, gate_up, out = _gated("gelu_tanh_mul", gate_up, out)
     kernel.gelu_tanh_mul(gate_up.address, gate_up.rows, out.width, out.address)
@@ -459,18 +339,10 @@ def gelu_tanh_mul(gate_up: "torch.Tensor | Rows", out: "torch.Tensor | Rows | No
 
 def soft_cap_(x: torch.Tensor, cap: float) -> torch.Tensor:
     """In place: x = cap * tanh(x / cap) of contiguous float32 x, every element by one formula on every path."""
-    kernel = _cpu if _cpu is not None else _require()
-    if _not_dense(x):
-        raise _refuse("soft_cap", "x must be a contiguous float32 CPU tensor", x)
-    kernel.soft_cap(x.data_ptr(), x.numel(), float(cap))
+    kernel = _require()
+    x_dense = Dense(x, F32, "soft_cap", "x")
+    kernel.soft_cap(x_dense.address, x.numel(), float(cap))
     return x
-
-
-def soft_cap(x: torch.Tensor, cap: float) -> torch.Tensor:
-    """cap * tanh(x / cap) of float32 x, a new tensor (soft_cap_)."""
-    if x.dtype is not _F32 or not x.is_cpu:
-        raise _refuse("soft_cap", "x must be float32 on the CPU", x)
-    return soft_cap_(x.contiguous().clone(), cap)
 
 
 def peak(path: str, seconds: float = 0.05) -> float:

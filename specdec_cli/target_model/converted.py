@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Optional
 from ..errors import SpecdecError
 from ..files import file_sha256
 from ..home import short_stem, specdec_home, writable_home_folder
+from . import families
 
 CONVERTED_FORMAT = 3  # bump when the converted directory's layout changes (3: bfloat16 for non-native families)
 CONVERTED_MARKER = "specdec-converted.json"  # written last: its presence means the conversion finished
@@ -51,10 +52,8 @@ def check_conversion(gguf: Any, config: Any, dtype: str) -> None:
     dequantised weights (`dtype`, with transformers' copy while it builds the model)."""
     import gguf as gguf_package
 
-    from . import gguf_families
-
     arch = gguf.architecture
-    readable = config is not None or (arch in gguf_families.ARCHITECTURES)
+    readable = config is not None or arch in families.own_loader_architectures()
     arch_id = next((key for key, value in gguf_package.MODEL_ARCH_NAMES.items() if value == arch), None)
     if not readable or arch_id is None:
         raise SpecdecError(f"{gguf.path}: unknown architecture {arch!r}: neither specdec nor transformers reads it")
@@ -107,14 +106,14 @@ def _dtype_of(gguf_path: Path) -> str:
 def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None) -> Path:
     """Convert a GGUF file once into a safetensors model directory; return that directory. A copy that is
     damaged (a file missing, cut short or changed since the conversion) is converted again, with one warning."""
-    from .gguf_check import checked_gguf, conversion_dtype
+    from .gguf_check import checked_gguf, conversion_dtype, transformers_config
 
     checked = checked_gguf(gguf_path)  # a file that fails a check is refused before anything is cached
     out_dir = converted_dir(gguf_path)
     damage = converted_damage(out_dir)
     if damage is None:
         return out_dir
-    check_conversion(checked.gguf, checked.config, conversion_dtype(checked))
+    check_conversion(checked.gguf, transformers_config(checked), conversion_dtype(checked))
     try:
         writable_home_folder("models")  # before the slow part: a home specdec cannot write fails now
     except SpecdecError as exc:

@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from . import families
+
 MARGIN = 0.10  # bfloat16 is chosen when one plain step is at least 10% faster than in float32
 FORMAT = 1
 WARM_UP_STEPS = 2  # untimed one-token forwards before the timed ones
@@ -48,7 +50,7 @@ def step_seconds(model: Any, prefix: int = 64, rounds: int = TIMED_STEPS) -> flo
     one prefill and WARM_UP_STEPS + rounds steps in all, whatever the machine's load."""
     import torch
 
-    from .kv_cache import KVCache
+    from .kv_cache import new_kv_cache
     from .native import decoder_for
 
     generator = torch.Generator().manual_seed(0)
@@ -58,7 +60,7 @@ def step_seconds(model: Any, prefix: int = 64, rounds: int = TIMED_STEPS) -> flo
     forward = decoder_for(model) or model  # the forward the engine will run
     best = float("inf")
     with torch.inference_mode():
-        cache = KVCache()
+        cache = new_kv_cache(model)
         forward(input_ids=ids[:, :prefix], position_ids=torch.arange(prefix, device=device)[None],
                 past_key_values=cache, use_cache=True)
         for attempt in range(WARM_UP_STEPS + rounds):
@@ -116,10 +118,9 @@ def choose_weights(model: Any, cache_key: str, dtype: str, reload_float32: Calla
     timer = timer or step_seconds
 
     from .. import kernels
-    from .native import FAMILIES
-    from .quant import CACHE_FORMAT
+    from .weights_cache import CACHE_FORMAT
 
-    forward = "native" if model.config.model_type in FAMILIES else "transformers"  # which forward the blocks run
+    forward = "native" if families.is_native(model.config.model_type) else "transformers"  # what runs the blocks
     key = f"weights|{cache_key}|{kernels.isa()}|{CACHE_FORMAT}|{forward}"
     record = _read(key, ("dense_ms", "blocks_ms"))
     summary = ""

@@ -233,7 +233,7 @@ def block_mismatch(model: Any, config: Any, device: Any, rows: int) -> Optional[
     """None when blocks of 1..min(rows, 8) tokens, chains and a tree, give the same logits bit for bit as
     one-row forwards of the same tokens after a 24-token prompt; else what differed. `model` is what computes
     (the model, the native decoder, or exact.forward with a state), called as transformers models are."""
-    from .kv_cache import KVCache
+    from .kv_cache import new_kv_cache
 
     vocab = int(config.vocab_size)
     generator = torch.Generator().manual_seed(0)
@@ -249,7 +249,7 @@ def block_mismatch(model: Any, config: Any, device: Any, rows: int) -> Optional[
                     use_cache=True, **extra)
         return out.logits[0]  # [n, vocab]
 
-    cache = KVCache()
+    cache = new_kv_cache(model)
     forward(tokens[:prompt], cache, 0)
     one_row = []  # logits of tokens[prompt + i], each from its own one-row forward
     for index in range(max(CHECK_ROWS)):

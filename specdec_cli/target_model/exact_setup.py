@@ -5,7 +5,7 @@
 - `device.forward.DeviceForward`: the device engine (device/), exact by construction at a fixed padded row count,
   where the load settings ask for it (`--decoder device`) or, by default, on cuda, for the families it computes;
 
-- `NativeForward`: block weights of a model of one of the families native.py computes (native.FAMILIES: llama,
+- `NativeForward`: block weights of a model of one of the families native.py computes (families.py: llama,
   mistral, qwen2, qwen3, phi3, smollm3, gemma, gemma2, gemma3_text) run specdec's native decoder, row-invariant by
   construction and checked end to end once (remembered per file and machine for a GGUF loaded in place);
 - `TransformersForward`: any other model runs transformers' modules; where exactness is on, exact.py's

@@ -55,13 +55,13 @@ class VerifyForward(Protocol):
 
 def new_cache(forward: Any) -> Any:
     """An empty cache for `forward`'s calls: its own (`new_cache()`: the device engine's static cache), else a
-    KVCache (kv_cache.py)."""
+    KVCache for its model (kv_cache.new_kv_cache)."""
     make = getattr(forward, "new_cache", None)
     if make is not None:
         return make()
-    from .kv_cache import KVCache
+    from .kv_cache import new_kv_cache
 
-    return KVCache()
+    return new_kv_cache(getattr(forward, "model", None))
 
 
 class ModelForward:

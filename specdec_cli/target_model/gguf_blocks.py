@@ -2,11 +2,11 @@
 
 The kernels read records of 16 output rows (kernels.pack_records), not ggml's row-major blocks, so a GGUF's
 matrices cannot be multiplied where they lie. They are repacked once per file (`write_blocks`): each matrix is
-decoded a slice of rows at a time (quant.decode_gguf_blocks: every weight exactly as ggml defines it), packed and
+decoded a slice of rows at a time (gguf_decode.py: every weight exactly as ggml defines it), packed and
 appended to the cache file, and its pages of the GGUF are released (gguf_file.GGUFFile.release), so memory never
 holds more than one slice; nothing is dequantised to a dense model. A type the kernels do not take but the gguf
 package dequantises (IQ2/IQ3/IQ1, TQ*) becomes float32 rows. llama's interleaved q/k rows are put back in
-transformers' order on the way (gguf_layout.PERMUTED_QK).
+transformers' order on the way (families.Family.permuted_qk).
 
 Repacking at every load instead was measured and rejected (README, "GGUF files in place"): 2.3 s for a 0.5B file and
 29 s for an 8B-shaped one on 2 cores, against 0.1-3 s to map the cache. The cache is a safetensors file (uint8
@@ -21,7 +21,6 @@ choose when to repack (gguf_model.py does) nor run anything.
 from __future__ import annotations
 
 import json
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,12 +31,13 @@ import torch
 
 from .. import kernels
 from ..errors import SpecdecError
+from .gguf_decode import decode_gguf_blocks, permuted_rows
 from .gguf_file import GGUFFile
 from .gguf_layout import Expected
 
 BLOCKS_FORMAT = 2  # bump when the cache's layout or a repacking rule changes (2: packed kinds, the file's bits)
 SLICE_WEIGHTS = 1 << 24  # weights decoded at once (a slice of rows): bounds the repacking's memory
-# ggml type -> the kernels' kind it is repacked into (quant.decode_gguf_blocks); other dequantisable types: f32
+# ggml type -> the kernels' kind it is repacked into (gguf_decode.DECODERS); other dequantisable types: f32
 KIND_OF_TYPE = {**kernels.KIND_OF_GGUF_TYPE, "IQ4_NL": kernels.KIND_Q8, "IQ4_XS": kernels.KIND_Q8,
                 "Q3_K": kernels.KIND_Q4S, "Q2_K": kernels.KIND_Q2S, "F32": kernels.KIND_F32, "F16": kernels.KIND_F16,
                 "BF16": kernels.KIND_BF16}
@@ -109,8 +109,6 @@ def _records(gguf: GGUFFile, matrix: PlannedMatrix, first: int, stop: int) -> to
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    from .quant import decode_gguf_blocks, permuted_rows
-
     rows_raw = gguf.raw(matrix.gguf_name).reshape(matrix.out_features, -1)  # [out, bytes per row], the mapping
     raw = rows_raw[permuted_rows(matrix.out_features, matrix.heads)[first:stop]] if matrix.heads else \
         rows_raw[first:stop]  # [rows, bytes per row]
@@ -170,8 +168,8 @@ def write_blocks(gguf: GGUFFile, planned: list[PlannedMatrix], path: Path, on_pr
                     digests[done_matrix.module] = hashers[done_matrix.module].hexdigest()
                 if on_progress is not None:
                     on_progress(written, total)
-        handle.flush()
-        os.fsync(handle.fileno())
+        handle.flush()  # no fsync: the system writes it back meanwhile; every load proves the records by their
+        # SHA-256 (verify_blocks), so a cache a crash left torn is caught and made again, never used
     if path.stat().st_size != written + len(header):  # pragma: no cover - a sizing mistake
         raise AssertionError("the blocks cache's size disagrees with its header")
     return digests

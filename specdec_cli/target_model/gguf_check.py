@@ -9,13 +9,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from . import families
+
 
 @dataclass(frozen=True)
 class CheckedGGUF:
     """A GGUF file whose header and tensors passed the checks (gguf_file.py, gguf_layout.py)."""
 
     gguf: Any  # gguf_file.GGUFFile (mapped)
-    config: Any  # its transformers config, None for a family transformers has no config for
+    config: Any  # its transformers config (a StoredConfig of it where the file's in-place cache holds one: stored.py),
+    # None for a family transformers has no config for
     native_reason: Optional[str]  # why the native decoder cannot compute it in place (None: it can)
 
 
@@ -28,15 +31,16 @@ def checked_gguf(path: Path) -> CheckedGGUF:
     the shape its metadata implies and every vector finite (SpecdecError naming the first fault)."""
     from .gguf_config import hf_config
     from .gguf_file import file_identity, open_gguf
-    from .gguf_layout import check_metadata, check_tensors, is_native_architecture, native_reason
+    from .gguf_layout import check_metadata, check_tensors, native_reason
 
     key = file_identity(path)
     if key in _checked:
         return _checked[key]
     gguf = open_gguf(path)
     check_metadata(gguf)  # before any config: transformers' configs build per-layer lists
-    config = None
-    if is_native_architecture(gguf.architecture) or _transformers_has_config(gguf.architecture):
+    native = families.is_native_architecture(gguf.architecture)
+    config = _stored_config(gguf) if native else None
+    if config is None and (native or _transformers_has_config(gguf.architecture)):
         config = hf_config(gguf)
     reason = native_reason(gguf, config)
     if reason is None:
@@ -44,6 +48,25 @@ def checked_gguf(path: Path) -> CheckedGGUF:
     _checked.clear()  # one file at a time: its mapping is released with it
     _checked[key] = CheckedGGUF(gguf, config, reason)
     return _checked[key]
+
+
+def _stored_config(gguf: Any) -> Optional[Any]:
+    """The config the file's in-place cache stored when the file was first loaded (stored.py), where that cache is
+    the file's and intact (gguf_cache.cache_fault); else None. Read in milliseconds, without transformers."""
+    from .gguf_cache import cache_fault, cache_folder
+    from .stored import stored_config
+
+    folder = cache_folder(gguf.path)
+    return stored_config(folder) if cache_fault(folder, gguf) is None else None
+
+
+def transformers_config(checked: CheckedGGUF) -> Any:
+    """The file's transformers config (built from the metadata where `checked` holds the stored one), for what
+    transformers builds from it (a conversion)."""
+    from .gguf_config import hf_config
+    from .stored import StoredConfig
+
+    return hf_config(checked.gguf) if isinstance(checked.config, StoredConfig) else checked.config
 
 
 def check_vectors(gguf: Any, expected: list) -> None:

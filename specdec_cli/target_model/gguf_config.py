@@ -65,7 +65,7 @@ def hf_config(gguf: GGUFFile) -> Any:
     from . import gguf_families
 
     architecture = gguf.architecture
-    if architecture in gguf_families.ARCHITECTURES and not gguf_families.transformers_reads(architecture):
+    if gguf_families.reads(architecture):
         values = dict(gguf.metadata)
         tokens = values.get("tokenizer.ggml.tokens")
         values["tokenizer.ggml.tokens"] = len(tokens) if isinstance(tokens, list) else tokens

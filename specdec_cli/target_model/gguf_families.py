@@ -7,14 +7,15 @@ weights with the file's tensors dequantised (`load`), undoing what llama.cpp's c
 
 - gemma: RMSNorm weights are stored as 1 + weight (Gemma's norms multiply by 1 + weight); no rotary base is
   written (Gemma's 10000 holds), the head size is `attention.key_length`;
-- smollm3: a llama-shaped file (q/k rows interleaved per head as for llama, `quant.permuted_rows`) whose layers
+- smollm3: a llama-shaped file (q/k rows interleaved per head as for llama, `gguf_decode.permuted_rows`) whose layers
   without rotary embedding are not in the metadata: llama.cpp fixes them at every 4th layer, SmolLM3's own
   default (`no_rope_layer_interval` 4).
 
 The tokenizer comes from transformers' own GGUF tokenizer reader, which does not depend on the architecture.
-`handles(path)` says whether a file needs this (its architecture is one of ARCHITECTURES and transformers does
-not read it itself); models.py then calls `load` instead of transformers' GGUF loader. The block weights are
-taken from the file afterwards as for any GGUF (quant.gguf_blocks). Nothing here runs a model.
+`handles(path)` says whether a file needs this (a family whose row in families.py says so, and transformers does
+not read it itself); models.py then calls `load` instead of transformers' GGUF loader. The file is read through
+gguf_file.py (its parsed metadata and mapped tensors); what the converter did is the family table's. The block
+weights are taken from the file afterwards as for any GGUF (converted_blocks.gguf_blocks). Nothing here runs a model.
 """
 
 from __future__ import annotations
@@ -24,39 +25,13 @@ from typing import Any
 
 import numpy as np
 
-ARCHITECTURES = ("gemma", "smollm3")
-
-
-def _fields(reader: Any) -> dict[str, Any]:
-    """The file's metadata as plain values (strings decoded, one-element arrays unwrapped, token lists kept)."""
-    import gguf
-
-    values: dict[str, Any] = {}
-    for name, field in reader.fields.items():
-        if name == "tokenizer.ggml.tokens":
-            values[name] = len(field.data)  # only the count is needed here
-            continue
-        if not field.types:
-            continue
-        parts = [field.parts[index] for index in field.data]
-        if field.types[0] == gguf.GGUFValueType.STRING:
-            decoded: list[Any] = [bytes(part).decode("utf-8", "replace") for part in parts]
-        elif field.types[0] == gguf.GGUFValueType.ARRAY and len(field.types) > 1 and \
-                field.types[1] == gguf.GGUFValueType.STRING:
-            decoded = [bytes(part).decode("utf-8", "replace") for part in parts]
-            values[name] = decoded
-            continue
-        else:
-            decoded = [part.tolist()[0] if len(part) == 1 else part.tolist() for part in parts]
-        values[name] = decoded[0] if len(decoded) == 1 and field.types[0] != gguf.GGUFValueType.ARRAY else decoded
-    return values
+from . import families
+from .gguf_file import open_gguf
 
 
 def architecture(path: Path) -> str:
     """The file's `general.architecture` ('' when it has none)."""
-    from gguf import GGUFReader
-
-    return str(_fields(GGUFReader(str(path))).get("general.architecture", ""))
+    return open_gguf(path).architecture
 
 
 def transformers_reads(arch: str) -> bool:
@@ -73,14 +48,20 @@ def transformers_reads(arch: str) -> bool:
     return arch in readers
 
 
+def reads(arch: str) -> bool:
+    """Whether files of this architecture are read here: a family of the table's with its own GGUF loader
+    (families.Family.own_gguf_loader) that transformers' loader does not read."""
+    return arch in families.own_loader_architectures() and not transformers_reads(arch)
+
+
 def handles(path: Path) -> bool:
     """Whether `load` is the way to read this file (an architecture here that transformers does not read)."""
-    arch = architecture(path)
-    return arch in ARCHITECTURES and not transformers_reads(arch)
+    return reads(architecture(path))
 
 
 def config_of(values: dict[str, Any], tensor_names: set[str]) -> Any:
-    """The Hugging Face config a gemma or smollm3 GGUF describes (ValueError for a missing key)."""
+    """The Hugging Face config a gemma or smollm3 GGUF describes, from its metadata (gguf_file.GGUFFile.metadata;
+    the token list or its length), ValueError for a missing key."""
     import transformers
 
     arch = values["general.architecture"]
@@ -93,7 +74,7 @@ def config_of(values: dict[str, Any], tensor_names: set[str]) -> Any:
 
     heads = int(key("attention.head_count"))
     settings: dict[str, Any] = dict(
-        vocab_size=int(values.get("tokenizer.ggml.tokens") or key("vocab_size")),
+        vocab_size=int(_count(values.get("tokenizer.ggml.tokens")) or key("vocab_size")),
         hidden_size=int(key("embedding_length")),
         intermediate_size=int(key("feed_forward_length")),
         num_hidden_layers=int(key("block_count")),
@@ -118,21 +99,24 @@ def config_of(values: dict[str, Any], tensor_names: set[str]) -> Any:
     raise ValueError(f"no config mapping for GGUF architecture {arch!r}")
 
 
+def _count(tokens: Any) -> Any:
+    return len(tokens) if isinstance(tokens, list) else tokens
+
+
 def load(path: Path) -> tuple[Any, Any]:
     """(model in float32 and eval mode, tokenizer) from a gemma or smollm3 GGUF. Raises ValueError (or gguf's and
     transformers' own errors) for a file that does not hold what its metadata says."""
     import gguf
     import torch
-    from gguf import GGUFReader
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from .quant import permuted_rows
+    from .gguf_decode import permuted_rows
 
-    reader = GGUFReader(str(path))
-    values = _fields(reader)
-    tensors = {tensor.name: tensor for tensor in reader.tensors}
-    config = config_of(values, set(tensors))
-    arch_name = values["general.architecture"]
+    file = open_gguf(path)
+    tensors = file.tensors
+    config = config_of(file.metadata, set(tensors))
+    arch_name = file.architecture
+    family = families.of_architecture(arch_name)
     arch = next(key for key, value in gguf.MODEL_ARCH_NAMES.items() if value == arch_name)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     name_map = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
@@ -144,12 +128,12 @@ def load(path: Path) -> tuple[Any, Any]:
         found = name_map.get_name(base)
         if found is None or f"{found}.{suffix}" not in tensors:
             raise ValueError(f"the file has no tensor for {name}")
-        tensor = tensors[f"{found}.{suffix}"]
-        data = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-        data = data.reshape(tuple(parameter.shape))
-        if arch_name == "gemma" and base.endswith("norm"):
-            data = data - 1  # stored as 1 + weight
-        if arch_name == "smollm3" and found.endswith(("attn_q", "attn_k")):
+        info = tensors[f"{found}.{suffix}"]
+        data = gguf.quants.dequantize(file.raw(info.name), gguf.GGMLQuantizationType[info.type_name])
+        data = data.astype(np.float32).reshape(tuple(parameter.shape))
+        if family is not None and family.norm_plus_one and base.endswith("norm"):
+            data = data - 1  # stored as 1 + weight: transformers' norm adds the one back
+        if family is not None and family.permuted_qk and found.endswith(("attn_q", "attn_k")):
             heads = config.num_attention_heads if found.endswith("attn_q") else config.num_key_value_heads
             data = data[permuted_rows(data.shape[0], heads)]  # llama.cpp's interleaved rotary halves, undone
         state[name] = torch.from_numpy(np.ascontiguousarray(data))

@@ -5,8 +5,9 @@ such a file holds: its GGUF name, the shape its metadata implies ([rows, columns
 name transformers gives the same weight, and whether it is a matrix (repacked for the kernels) or a vector (norms,
 biases: read as float32). `check_tensors` compares that list with the file (gguf_file.py) and refuses, in one line,
 the first missing tensor, unexpected tensor, wrong shape or unknown type. What llama.cpp's converter did to the
-weights, undone here as transformers' loader undoes it: llama's and smollm3's q/k rows interleaved per head
-(`PERMUTED_QK`), the Gemmas' norms stored as 1 + weight (`NORM_PLUS_ONE`). Nothing is read or computed here.
+weights, undone as transformers' loader undoes it: llama's and smollm3's q/k rows interleaved per head (`heads`
+below), the Gemmas' norms stored as 1 + weight. Which family holds which tensors, and what its converter did, is
+the family table's (families.py). Nothing is read or computed here.
 
 `check_metadata` comes first, before any config is made from the metadata (transformers' configs build per-layer
 lists, so a `block_count` of 2^32 - 1 would cost gigabytes): the layer count the file's own tensor table bears out,
@@ -22,17 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..errors import SpecdecError
+from . import families
 from .gguf_file import GGUFFile
-
-# GGUF architecture labels of the families the native decoder computes (native.FAMILIES: a Mistral file is labelled
-# llama, a Gemma 3 file gemma3 for gemma3_text)
-NATIVE_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3", "smollm3")
-PERMUTED_QK = ("llama", "smollm3")  # architectures whose attn_q/attn_k rows llama.cpp interleaves per head
-NORM_PLUS_ONE = ("gemma", "gemma2", "gemma3")  # norms stored as 1 + weight
-QK_NORMS = ("qwen3", "gemma3")
-SANDWICH_NORMS = ("gemma2", "gemma3")  # norms after attention and after the MLP too
-FUSED = ("phi3",)  # attn_qkv, and ffn_up holding gate and up
-QKV_BIASES = ("qwen2",)
 
 
 @dataclass(frozen=True)
@@ -43,7 +35,7 @@ class Expected:
     shape: tuple[int, ...]
     module: str  # transformers' name of the weight's module ("model.layers.0.self_attn.q_proj")
     matrix: bool  # repacked for the kernels (else a float32 vector)
-    heads: int = 0  # rows interleaved per head for this many heads (PERMUTED_QK), else 0
+    heads: int = 0  # rows interleaved per head for this many heads (families.Family.permuted_qk), else 0
     optional: bool = False
 
 
@@ -64,7 +56,7 @@ def check_metadata(gguf: GGUFFile) -> None:
     from them (see the module docstring); SpecdecError naming the key and its value, the path first."""
     architecture = gguf.architecture
     metadata = gguf.metadata
-    native = is_native_architecture(architecture)
+    native = families.is_native_architecture(architecture)
 
     def refuse(message: str) -> SpecdecError:
         return SpecdecError(f"{gguf.path}: {message}")
@@ -164,10 +156,6 @@ def _described(value: Any) -> str:
     return repr(value)
 
 
-def is_native_architecture(architecture: str) -> bool:
-    return architecture in NATIVE_ARCHITECTURES
-
-
 def _dims(config: Any) -> tuple[int, int, int, int, int, int, int]:
     hidden = int(config.hidden_size)
     heads = int(config.num_attention_heads)
@@ -181,13 +169,16 @@ def expected_tensors(config: Any, architecture: str, tensor_names: set[str]) -> 
     """Every tensor a native-family file of this config holds, in cache order (see the module docstring)."""
     hidden, heads, kv_heads, head_dim, ffn, vocab, layers = _dims(config)
     q_rows, kv_rows = heads * head_dim, kv_heads * head_dim
-    permuted = architecture in PERMUTED_QK
+    family = families.of_architecture(architecture)
+    if family is None:  # pragma: no cover - native_reason refuses such a file first
+        raise ValueError(f"no family in specdec's table is labelled {architecture!r}")
+    permuted = family.permuted_qk
     found: list[Expected] = [Expected("token_embd.weight", (vocab, hidden), "model.embed_tokens", False)]
     for index in range(layers):
         blk, mod = f"blk.{index}.", f"model.layers.{index}."
         attn, mlp = mod + "self_attn.", mod + "mlp."
         found.append(Expected(blk + "attn_norm.weight", (hidden,), mod + "input_layernorm", False))
-        if architecture in FUSED:
+        if family.fused:
             found.append(Expected(blk + "attn_qkv.weight", (q_rows + 2 * kv_rows, hidden), attn + "qkv_proj", True))
         else:
             found += [Expected(blk + "attn_q.weight", (q_rows, hidden), attn + "q_proj", True,
@@ -195,20 +186,20 @@ def expected_tensors(config: Any, architecture: str, tensor_names: set[str]) -> 
                       Expected(blk + "attn_k.weight", (kv_rows, hidden), attn + "k_proj", True,
                                kv_heads if permuted else 0),
                       Expected(blk + "attn_v.weight", (kv_rows, hidden), attn + "v_proj", True)]
-        if architecture in QKV_BIASES:
+        if family.qkv_bias:
             found += [Expected(blk + f"attn_{part}.bias", (rows,), attn + f"{part}_proj", False)
                       for part, rows in (("q", q_rows), ("k", kv_rows), ("v", kv_rows))]
         found.append(Expected(blk + "attn_output.weight", (hidden, q_rows), attn + "o_proj", True))
-        if architecture in QK_NORMS:
+        if family.qk_norm:
             found += [Expected(blk + "attn_q_norm.weight", (head_dim,), attn + "q_norm", False),
                       Expected(blk + "attn_k_norm.weight", (head_dim,), attn + "k_norm", False)]
-        if architecture in SANDWICH_NORMS:
+        if family.sandwich_norms:
             found += [Expected(blk + "post_attention_norm.weight", (hidden,), mod + "post_attention_layernorm", False),
                       Expected(blk + "ffn_norm.weight", (hidden,), mod + "pre_feedforward_layernorm", False),
                       Expected(blk + "post_ffw_norm.weight", (hidden,), mod + "post_feedforward_layernorm", False)]
         else:
             found.append(Expected(blk + "ffn_norm.weight", (hidden,), mod + "post_attention_layernorm", False))
-        if architecture in FUSED:
+        if family.fused:
             found.append(Expected(blk + "ffn_up.weight", (2 * ffn, hidden), mlp + "gate_up_proj", True))
         else:
             found += [Expected(blk + "ffn_gate.weight", (ffn, hidden), mlp + "gate_proj", True),
@@ -217,7 +208,7 @@ def expected_tensors(config: Any, architecture: str, tensor_names: set[str]) -> 
     found.append(Expected("output_norm.weight", (hidden,), "model.norm", False))
     if "output.weight" in tensor_names:
         found.append(Expected("output.weight", (vocab, hidden), "lm_head", True))
-    if architecture == "llama":  # llama 3's rotary frequency factors (llama.cpp divides the frequencies by them)
+    if family.rope_factors:  # llama 3's rotary frequency factors (llama.cpp divides the frequencies by them)
         found.append(Expected("rope_freqs.weight", (head_dim // 2,), "rope_freqs", False, optional=True))
     return found
 
@@ -225,7 +216,7 @@ def expected_tensors(config: Any, architecture: str, tensor_names: set[str]) -> 
 def check_tensors(gguf: GGUFFile, config: Any) -> list[Expected]:
     """The file's tensors against what its metadata implies; returns the expected list (present optional ones
     only). SpecdecError naming the first fault, the file's path first."""
-    from .quant import GGUF_BLOCKS, GGUF_FLOATS
+    from .gguf_decode import GGUF_BLOCKS, GGUF_FLOATS
 
     expected = expected_tensors(config, gguf.architecture, set(gguf.tensors))
     present = [item for item in expected if not (item.optional and item.gguf_name not in gguf.tensors)]
@@ -268,11 +259,11 @@ def _shape(shape: tuple[int, ...]) -> str:
 def native_reason(gguf: GGUFFile, config: Optional[Any]) -> Optional[str]:
     """Why the native decoder cannot compute this file in place (None: it can): the family, a row length the
     kernels' blocks do not divide, an activation or rotary type it does not implement."""
-    from .native import FAMILIES, ROPE_TYPES
+    from .native import ROPE_TYPES
 
-    if not is_native_architecture(gguf.architecture) or config is None:
+    if not families.is_native_architecture(gguf.architecture) or config is None:
         return f"{gguf.architecture or 'unlabelled'} is not a family specdec's native decoder computes"
-    if config.model_type not in FAMILIES:
+    if not families.is_native(config.model_type):
         return f"{config.model_type} is not a family specdec's native decoder computes"
     act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
     if act not in ("silu", "gelu_pytorch_tanh"):

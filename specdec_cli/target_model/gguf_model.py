@@ -38,15 +38,33 @@ import numpy as np
 import torch
 
 from ..errors import SpecdecError
-from ..home import short_stem, specdec_home
-from . import gguf_blocks
+from . import families, gguf_blocks
+from .gguf_cache import (
+    BLOCKS_FILE,
+    CACHE_FORMAT,
+    MARKER,
+    cache_fault,
+    cache_folder,
+    cache_ready,
+    read_marker,
+    side_files,
+    source_proof,
+)
+from .gguf_config import hf_config
 from .gguf_file import GGUFFile
-from .gguf_layout import NORM_PLUS_ONE, Expected, check_tensors
+from .gguf_layout import Expected, check_tensors
+from .kv_cache import KVCache
+from .native_tokenizer import load_native_tokenizer
 from .quant import BlockLinear, BlockWeights
-
-CACHE_FORMAT = 2  # the folder's layout (its blocks file has its own gguf_blocks.BLOCKS_FORMAT); 2: proofs
-MARKER = "specdec-gguf.json"
-BLOCKS_FILE = "blocks.safetensors"
+from .stored import (
+    ACTIVATIONS,
+    STORED_FILE,
+    StoredConfig,
+    stored_config,
+    stored_generation,
+    stored_rotary,
+    write_stored,
+)
 
 StatusCallback = Callable[[str], None]
 
@@ -95,9 +113,11 @@ class MappedEmbedding(torch.nn.Embedding):
 
 
 class _Norm(torch.nn.Module):
-    def __init__(self, weight: torch.Tensor, eps: float):
+    """An RMSNorm of the file: `multiplier` is what it multiplies by (native.norm_multiplier), float32 [dim]."""
+
+    def __init__(self, multiplier: torch.Tensor, eps: float):
         super().__init__()
-        self.weight = torch.nn.Parameter(weight, requires_grad=False)
+        self.multiplier = torch.nn.Parameter(multiplier, requires_grad=False)
         self.variance_epsilon = eps
 
 
@@ -107,6 +127,8 @@ class _Holder(torch.nn.Module):
 
 class GGUFModel(torch.nn.Module):
     """A family the native decoder computes, on a GGUF's own blocks (see the module docstring)."""
+
+    native_cache = True  # its forward takes a plain KVCache (kv_cache.new_kv_cache)
 
     def __init__(self, config: Any, generation_config: Any, source: "InPlace"):
         super().__init__()
@@ -141,8 +163,6 @@ class GGUFModel(torch.nn.Module):
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1])[None]  # [1, n]
         if past_key_values is None:
-            from .kv_cache import KVCache
-
             past_key_values = KVCache()
         return self._decoder(input_ids=input_ids, position_ids=position_ids, past_key_values=past_key_values,
                              **inputs)
@@ -163,107 +183,12 @@ class InPlace:
     repacked: bool  # this load repacked the file (else the cache was mapped)
 
 
-def cache_folder(path: Path) -> Path:
-    import hashlib
-
-    from .gguf_file import file_identity
-
-    identity = f"{file_identity(path)}|{CACHE_FORMAT}|{gguf_blocks.BLOCKS_FORMAT}"
-    key = hashlib.sha256(identity.encode()).hexdigest()[:12]
-    return specdec_home() / "models" / f"{short_stem(path.stem)}-inplace-{key}"
-
-
-def source_proof(gguf: GGUFFile) -> dict[str, Any]:
-    """What a cache records of the file it was made from, to prove on every later load that the file is the same:
-    its resolved path; its size, modification and status-change times and inode (`touch -r` keeps the first two,
-    not the status-change time, which only the kernel sets); and a SHA-256 of the header (every key and tensor
-    record) and of 4 KiB at the start, middle and end of every tensor (milliseconds, even for 8B-shaped files)."""
-    import hashlib
-
-    stat = gguf.path.stat()
-    sample = hashlib.sha256()
-    tensors = sorted(gguf.tensors.values(), key=lambda info: info.start)
-    data_start = tensors[0].start if tensors else gguf.size
-    with open(gguf.path, "rb") as handle:
-        sample.update(handle.read(data_start))
-        for info in tensors:
-            for at in sorted({info.start, info.start + max(0, info.nbytes // 2 - 2048),
-                              info.start + max(0, info.nbytes - 4096)}):
-                handle.seek(at)
-                sample.update(handle.read(min(4096, info.nbytes)))
-    return {"path": str(gguf.path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-            "ctime_ns": stat.st_ctime_ns, "inode": stat.st_ino, "sample": sample.hexdigest()}
-
-
-def _file_digest(path: Path) -> str:
-    import hashlib
-
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
-
-
-def _side_files(folder: Path) -> dict[str, str]:
-    """{name: SHA-256} of the folder's files but the marker and the blocks (the tokenizer, config, template...)."""
-    return {entry.name: _file_digest(entry) for entry in sorted(folder.iterdir())
-            if entry.is_file() and entry.name not in (MARKER, BLOCKS_FILE)}
-
-
-def _read_marker(folder: Path) -> Optional[dict[str, Any]]:
-    try:
-        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-        return marker if isinstance(marker, dict) else {}
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return {}
-
-
-def _cache_fault(folder: Path, gguf: Optional[GGUFFile]) -> Optional[str]:
-    """Why the folder's cache cannot be used for the file (None: it can, as far as its marker and side files tell;
-    the blocks are proved by _proved_blocks); "" when there is no cache at all."""
-    marker = _read_marker(folder)
-    if marker is None:
-        return "" if not folder.exists() else "its marker is missing"
-    if not marker:
-        return "its marker is damaged"
-    if marker.get("format") != CACHE_FORMAT:
-        return "it is of another format"
-    if gguf is not None:
-        recorded = marker.get("source")
-        proof = source_proof(gguf)
-        if not isinstance(recorded, dict) or recorded.get("path") != proof["path"]:
-            made_from = recorded.get("path") if isinstance(recorded, dict) else recorded
-            return f"it was made from another file ({made_from})"
-        keys = ("size", "mtime_ns", "ctime_ns", "inode", "sample")
-        changed = [key for key in keys if recorded.get(key) != proof[key]]
-        if changed:
-            return f"{gguf.path.name} changed since it was made ({', '.join(changed)})"
-    try:
-        if (folder / BLOCKS_FILE).stat().st_size != int(marker["blocks_bytes"]):
-            return f"{BLOCKS_FILE} is of another size"
-        recorded_files = marker["files"]
-        found = _side_files(folder)
-    except (OSError, ValueError, KeyError, TypeError):
-        return "it is incomplete"
-    for name, digest in recorded_files.items():
-        if found.get(name) != digest:
-            return f"{name} is {'missing' if name not in found else 'damaged'}"
-    extra = sorted(set(found) - set(recorded_files))
-    return f"{extra[0]} was not made by specdec" if extra else None
-
-
-def _cache_ready(folder: Path) -> bool:
-    """Whether the folder's marker and side files are as specdec made them (the source and the blocks are proved
-    when the model itself is loaded)."""
-    return _cache_fault(folder, None) is None
-
-
 def open_in_place(gguf: GGUFFile, config: Any, on_status: Optional[StatusCallback] = None) -> tuple[GGUFModel, Any]:
     """(the model, its tokenizer) from a checked file's cache, repacking it first when it is absent or damaged."""
     expected = check_tensors(gguf, config)  # (gguf_check did it once already: milliseconds)
     planned = gguf_blocks.plan_matrices(gguf, expected, tied="output.weight" not in gguf.tensors)
     folder = cache_folder(gguf.path)
-    fault = _cache_fault(folder, gguf)
+    fault = cache_fault(folder, gguf)
     mapped = None
     if fault is None:
         mapped, fault = _proved_blocks(folder, planned)
@@ -277,7 +202,10 @@ def open_in_place(gguf: GGUFFile, config: Any, on_status: Optional[StatusCallbac
             raise SpecdecError(f"{folder / BLOCKS_FILE}: the repacked blocks cannot be read back")
     source = InPlace(gguf.path, folder, gguf.type_names(), gguf.size, (folder / BLOCKS_FILE).stat().st_size,
                      repacked)
-    model = _build(gguf, config, _generation_config(config), expected, mapped, source)
+    stored = stored_config(folder)  # the config, rotary tables and tokenizer as the cache keeps them (stored.py)
+    if stored is None:  # pragma: no cover - proved with the cache
+        raise SpecdecError(f"{folder / STORED_FILE}: the stored config cannot be read back")
+    model = _build(gguf, stored, stored_generation(folder), expected, mapped, source, stored_rotary(folder))
     return model, _cached_tokenizer(folder)
 
 
@@ -286,7 +214,7 @@ def _proved_blocks(folder: Path, planned: list[gguf_blocks.PlannedMatrix]
     """(the cache's records, mapped, None) once every matrix and the file's header hash to what the marker
     recorded when they were written; else (None, what does not)."""
     mapped = _mapped(folder, planned)
-    marker = _read_marker(folder) or {}
+    marker = read_marker(folder) or {}
     digests = marker.get("blocks")
     if mapped is None or not isinstance(digests, dict):
         return None, f"{BLOCKS_FILE} does not hold the matrices the file needs"
@@ -316,6 +244,8 @@ def _repack(gguf: GGUFFile, config: Any, planned: list[gguf_blocks.PlannedMatrix
     if free < needed + (64 << 20):
         raise SpecdecError(f"{gguf.path}: its repacked blocks need {needed / 1e9:.2f} GB under {folder.parent}, "
                            f"which has {free / 1e9:.2f} GB free")
+    if isinstance(config, StoredConfig):  # read from a cache that is being made again: transformers' own
+        config = hf_config(gguf)
     tokenizer = tokenizer_from_file(gguf)
     source = source_proof(gguf)
     with atomic_directory(folder, replace=True) as tmp:  # (replaces a damaged folder; a reader keeps its mapping)
@@ -324,8 +254,9 @@ def _repack(gguf: GGUFFile, config: Any, planned: list[gguf_blocks.PlannedMatrix
         tokenizer.save_pretrained(tmp)
         config.save_pretrained(tmp)
         _generation_config(config).save_pretrained(tmp)
+        write_stored(tmp, config, _rotary(config))
         marker = {"format": CACHE_FORMAT, "source": source, "blocks_bytes": (tmp / BLOCKS_FILE).stat().st_size,
-                  "blocks": blocks, "files": _side_files(tmp), "seconds": round(time.perf_counter() - started, 3)}
+                  "blocks": blocks, "files": side_files(tmp), "seconds": round(time.perf_counter() - started, 3)}
         (tmp / MARKER).write_text(json.dumps(marker, indent=1))
     _give_back_freed_memory()
 
@@ -384,6 +315,11 @@ def tokenizer_from_file(gguf: GGUFFile) -> Any:
 
 
 def _cached_tokenizer(folder: Path) -> Any:
+    """The tokenizer kept in a cache folder: read with `tokenizers` (native_tokenizer.py) where that gives
+    transformers' answers, else by transformers."""
+    native = load_native_tokenizer(folder)
+    if native is not None:
+        return native
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(folder))
@@ -392,7 +328,7 @@ def _cached_tokenizer(folder: Path) -> Any:
 def cached_tokenizer(path: Path) -> Optional[Any]:
     """The tokenizer kept beside a file's repacked blocks, or None when the file has not been loaded in place."""
     folder = cache_folder(path)
-    return _cached_tokenizer(folder) if _cache_ready(folder) else None
+    return _cached_tokenizer(folder) if cache_ready(folder) else None
 
 
 def _vector(gguf: GGUFFile, name: str) -> torch.Tensor:
@@ -419,12 +355,11 @@ def _rotary(config: Any) -> torch.nn.Module:
 
 
 def _build(gguf: GGUFFile, config: Any, generation_config: Any, expected: list[Expected],
-           mapped: dict[str, gguf_blocks.MappedMatrix], source: InPlace) -> GGUFModel:
-    """The module tree under transformers' names (see the module docstring)."""
-    from transformers.activations import ACT2FN
-
+           mapped: dict[str, gguf_blocks.MappedMatrix], source: InPlace, rotary: torch.nn.Module) -> GGUFModel:
+    """The module tree under transformers' names (see the module docstring), with the rotary module and the
+    config the cache stored (stored.py)."""
     model = GGUFModel(config, generation_config, source)
-    plus_one = gguf.architecture in NORM_PLUS_ONE
+    family = families.require(config.model_type)
     eps = float(getattr(config, "rms_norm_eps", 1e-6))
     layers = torch.nn.ModuleList()
     for _ in range(int(config.num_hidden_layers)):
@@ -433,7 +368,7 @@ def _build(gguf: GGUFFile, config: Any, generation_config: Any, expected: list[E
         layers.append(layer)
     model.model.layers = layers
     hidden = int(config.hidden_size)
-    scale = float(hidden) ** 0.5 if config.model_type in ("gemma", "gemma2", "gemma3_text") else None
+    scale = float(hidden) ** 0.5 if family.embedding_scale else None
     model.model.embed_tokens = MappedEmbedding(gguf, "token_embd.weight", scale)
     biases: dict[str, torch.Tensor] = {}
     for item in expected:
@@ -449,15 +384,12 @@ def _build(gguf: GGUFFile, config: Any, generation_config: Any, expected: list[E
             weights = BlockWeights(matrix.kind, matrix.records, matrix.out_features, matrix.in_features, matrix.origin)
             setattr(parent, attribute, BlockLinear(weights, biases.get(item.module)))
         else:
-            values = _vector(gguf, item.gguf_name)
-            if plus_one:  # stored as 1 + weight; transformers' loader subtracts the one in float32, as here
-                values = values - 1
-            setattr(parent, attribute, _Norm(values, eps))
+            # the file's values are what the norm multiplies by (Gemma's: stored as 1 + weight; families.py)
+            setattr(parent, attribute, _Norm(_vector(gguf, item.gguf_name), eps))
     if "lm_head" not in dict(model.named_children()):
         matrix = mapped["lm_head"]
         model.lm_head = BlockLinear(BlockWeights(matrix.kind, matrix.records, matrix.out_features,
                                                  matrix.in_features, matrix.origin))
-    rotary = _rotary(config)
     if "rope_freqs.weight" in gguf.tensors:  # llama 3: frequencies divided by the file's factors, as llama.cpp
         rotary.inv_freq = torch.as_tensor(rotary.inv_freq) / _vector(gguf, "rope_freqs.weight")
     model.model.rotary_emb = rotary
@@ -467,7 +399,7 @@ def _build(gguf: GGUFFile, config: Any, generation_config: Any, expected: list[E
     block: Any
     for block in model.model.layers:
         attention: Any = block.self_attn
-        block.mlp.act_fn = ACT2FN[activation]
-        attention.scaling = float(pre_scalar if pre_scalar is not None and config.model_type in
-                                        ("gemma2", "gemma3_text") else head_dim) ** -0.5
+        block.mlp.act_fn = ACTIVATIONS[str(activation)]()  # silu or gelu_pytorch_tanh: gguf_layout checked it
+        attention.scaling = float(pre_scalar if pre_scalar is not None and family.query_pre_attn_scalar
+                                  else head_dim) ** -0.5
     return model.eval()

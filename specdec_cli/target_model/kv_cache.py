@@ -1,19 +1,23 @@
 """The engine's KV cache: keys and values in buffers with room to grow, cut back and gathered in place.
 
 transformers' DynamicCache appends by concatenation, so every step copies the whole cache (30 layers x the
-context): at 300 tokens that was a quarter of a 135M model's step on a 2-core CPU. `KVCache` is a DynamicCache
-whose layers write new entries into preallocated buffers (capacity doubled when full) and hand the model views
-of the filled part; rolling back rejected drafts (`crop`) and keeping a tree's accepted path (`keep`) move
-only the entries that change. Every layer keeps every token (no sliding-window eviction), which verification
-needs to roll back. This file holds the cache only; the engine decides what to keep.
+context): at 300 tokens that was a quarter of a 135M model's step on a 2-core CPU. `KVCache`'s layers write new
+entries into preallocated buffers (capacity doubled when full) and hand the model views of the filled part;
+rolling back rejected drafts (`crop`) and keeping a tree's accepted path (`keep`) move only the entries that
+change. Every layer keeps every token (no sliding-window eviction), which verification needs to roll back.
+
+`KVCache` itself needs no transformers (the native decoder's GGUF path never imports it: start-up). A
+transformers model's forward needs a transformers `Cache`: `transformers_kv_cache()` makes the same cache as a
+DynamicCache (its classes built on first use), and `new_kv_cache(model)` picks the one a model needs. This file
+holds the cache only; the engine decides what to keep.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional, Sequence
 
 import torch
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 INITIAL_CAPACITY = 256  # tokens; doubled as needed
 
@@ -24,8 +28,13 @@ def _only_none(value: Optional[torch.Tensor]) -> None:
         raise TypeError("a GrowingLayer's keys and values are views of its buffers; write through update()")
 
 
-class GrowingLayer(DynamicLayer):
+class GrowingLayer:
     """One layer's keys and values [batch, kv_heads, positions, head_dim] as views of larger buffers."""
+
+    is_sliding = False  # every layer keeps every token (rollback.check_rollback asks)
+
+    def __init__(self) -> None:
+        self.is_initialized = False
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         batch, heads, _, dim = key_states.shape
@@ -115,19 +124,44 @@ class GrowingLayer(DynamicLayer):
 
     def reset(self) -> None:
         self.length = 0
-        super().reset()
+        self.is_initialized = False
 
 
-class KVCache(DynamicCache):
-    """A DynamicCache of GrowingLayers (models see an ordinary DynamicCache)."""
+class KVCache:
+    """GrowingLayers, one per decoder layer, made as they are first written (DynamicCache's interface: `update`,
+    `get_seq_length`, `crop`, `reset`, `layers`)."""
 
     def __init__(self) -> None:
-        Cache.__init__(self, layer_class_to_replicate=GrowingLayer)
+        self.layers: list[Any] = []
+
+    def new_layer(self) -> GrowingLayer:
+        return GrowingLayer()
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        while len(self.layers) <= layer_idx:
+            self.layers.append(self.new_layer())
+        return self.layers[layer_idx].update(key_states, value_states)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.layers[layer_idx].get_seq_length() if layer_idx < len(self.layers) else 0
+
+    def crop(self, max_length: int) -> None:
+        """Drop the last -max_length entries of every layer (a negative count, as GrowingLayer.crop)."""
+        for layer in self.layers:
+            layer.crop(max_length)
+
+    def reset(self) -> None:
+        for layer in self.layers:
+            layer.reset()
+
+    def __len__(self) -> int:
+        return len(self.layers)
 
     def native_layer(self, index: int, heads: int, dim: int, rows: int) -> GrowingLayer:
         """Layer `index`, with room for `rows` more entries, for a writer that fills it itself (native.py)."""
         while len(self.layers) <= index:
-            self.layers.append(GrowingLayer())
+            self.layers.append(self.new_layer())
         layer = self.layers[index]
         if not isinstance(layer, GrowingLayer):
             raise TypeError("native writes need GrowingLayers")
@@ -139,3 +173,40 @@ class KVCache(DynamicCache):
         for layer in self.layers:
             if isinstance(layer, GrowingLayer) and layer.is_initialized:
                 layer.keep(index.to(layer.key_buffer.device))
+
+
+def new_kv_cache(model: Any) -> Any:
+    """An empty cache for `model`'s forward: a KVCache for a model the native decoder computes in place (it says
+    so with `native_cache`; `model` may be its native decoder, which holds it as `.model`), the same cache as a
+    transformers DynamicCache for any other."""
+    native = getattr(model, "native_cache", False) or getattr(getattr(model, "model", None), "native_cache", False)
+    return KVCache() if native else transformers_kv_cache()
+
+
+def transformers_kv_cache() -> Any:
+    """A KVCache that is also a transformers DynamicCache (for a transformers model's forward)."""
+    return _transformers_classes()()
+
+
+@functools.cache
+def _transformers_classes() -> Any:
+    """KVCache and GrowingLayer as transformers' DynamicCache and DynamicLayer: transformers' own methods where it
+    has them (update, masks, get_seq_length), the growing buffers' for the rest; made once, on first use."""
+    from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+    class TransformersGrowingLayer(GrowingLayer, DynamicLayer):
+        def __init__(self) -> None:
+            DynamicLayer.__init__(self)
+
+        def reset(self) -> None:
+            self.length = 0
+            DynamicLayer.reset(self)
+
+    class TransformersKVCache(DynamicCache, KVCache):
+        def __init__(self) -> None:
+            Cache.__init__(self, layer_class_to_replicate=TransformersGrowingLayer)
+
+        def new_layer(self) -> GrowingLayer:
+            return TransformersGrowingLayer()
+
+    return TransformersKVCache

@@ -28,7 +28,7 @@ from ..defaults import DEFAULT_TARGET
 from ..errors import SpecdecError
 from ..home import home_folder, specdec_home
 from .converted import converted_damage, converted_dir, ensure_converted, no_tqdm, quiet_transformers
-from .gguf_check import checked_gguf, conversion_dtype
+from .gguf_check import checked_gguf, conversion_dtype, transformers_config
 from .hub import _NO_SAFETENSORS, check_hub
 from .load_settings import BLOCK_MODES, LoadSettings
 
@@ -200,11 +200,8 @@ def load_target_text(target: str, on_status: Optional[StatusCallback] = None) ->
 
 
 def load_tokenizer(target: str = DEFAULT_TARGET, on_status: Optional[StatusCallback] = None) -> Any:
-    """The target's tokenizer alone: no weights are loaded, and a GGUF that is not converted yet is not converted
-    for it (its tokenizer is read from the GGUF: the same tokenizer, in 3 s rather than 20)."""
-    from transformers import AutoTokenizer
-
-    quiet_transformers()
+    """The target's tokenizer alone: no weights are loaded, and a GGUF not converted yet is not converted for it
+    (its tokenizer is read from the GGUF: the same tokenizer, in 3 s rather than 20; in place, without transformers)."""
     source = resolve_target(target)
     if source.kind == "gguf":
         gguf_path = Path(source.location)
@@ -214,12 +211,15 @@ def load_tokenizer(target: str = DEFAULT_TARGET, on_status: Optional[StatusCallb
 
             cached = cached_tokenizer(gguf_path)
             return cached if cached is not None else tokenizer_from_file(checked.gguf)
-        if converted_damage(converted_dir(gguf_path)) is not None:
-            try:
-                with no_tqdm():
-                    return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-            except Exception as exc:
-                raise SpecdecError(f"{gguf_path}: cannot read this GGUF file ({type(exc).__name__}: {exc})") from exc
+    from transformers import AutoTokenizer
+
+    quiet_transformers()
+    if source.kind == "gguf" and converted_damage(converted_dir(gguf_path)) is not None:
+        try:
+            with no_tqdm():
+                return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        except Exception as exc:
+            raise SpecdecError(f"{gguf_path}: cannot read this GGUF file ({type(exc).__name__}: {exc})") from exc
     location = model_location(source, on_status)
     try:
         return AutoTokenizer.from_pretrained(location)
@@ -280,7 +280,7 @@ def check_load(settings: LoadSettings, device_engine: bool = True) -> LoadPlan:
     if not in_place:
         from .converted import check_conversion
 
-        check_conversion(checked.gguf, checked.config, conversion_dtype(checked))
+        check_conversion(checked.gguf, transformers_config(checked), conversion_dtype(checked))
     return LoadPlan(settings, source, device, in_place, family)
 
 
@@ -469,14 +469,14 @@ def _timing_key(plan: LoadPlan, location: str, model: Any) -> str:
 
 
 def _to_blocks(plan: LoadPlan, location: str, model: Any, mode: str, on_status: Optional[StatusCallback]) -> str:
-    """Put the model's weights in `mode` blocks (quant.convert, cached under $SPECDEC_HOME/weights) and give the
-    kernels the threads; returns what became of each layer (quant.weights_summary)."""
-    from . import quant
+    """Put the model's weights in `mode` blocks (converted_blocks.convert, cached under $SPECDEC_HOME/weights) and
+    give the kernels the threads; returns what became of each layer (quant.weights_summary)."""
+    from . import converted_blocks, quant
 
     gguf = Path(plan.source.location) if plan.source.kind == "gguf" else None
     if on_status is not None:
         on_status(f"putting the weights in {mode} blocks (cached after the first time)...")
-    quant.convert(model, mode, gguf, _weights_identity(plan.source, location, model), specdec_home())
+    converted_blocks.convert(model, mode, gguf, _weights_identity(plan.source, location, model), specdec_home())
     use_block_threads()
     return quant.weights_summary(model)
 

@@ -2,7 +2,7 @@
 
 In a small model's CPU decoding step, transformers' modelling code spends more time in Python and small torch
 operations than the block matmuls themselves take (docs/measurements.md has the numbers). `NativeDecoder`
-computes what transformers' layers of the families in FAMILIES compute, with a few calls per layer into
+computes what transformers' layers of the native families (families.py) compute, with a few calls per layer into
 the CPU kernels (kernels/, checked once per buffer) on buffers it keeps between forwards:
 
 - every family: RMSNorm, rotary position embedding in the rotate-half convention, grouped-query attention over
@@ -41,23 +41,24 @@ import torch
 import torch.nn.functional as F
 
 from .. import kernels
+from . import families
 from .quant import BlockLinear
 from .row_keys import RowKeys, row_keys, window_keys
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "smollm3")
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")  # fixed tables (no dynamic rescaling)
 LAYER_KINDS = ("full_attention", "sliding_attention")
 ROW_INVARIANT_ROWS = 32  # blocks up to this many rows attend through the row-invariant kernel
 
 
 def _activation(mlp: Any) -> Optional[str]:
-    """"silu" or "gelu_tanh" for the MLP's activation module, None for any other."""
-    from transformers.activations import GELUTanh
-
+    """"silu" or "gelu_tanh" for the MLP's activation module, None for any other: transformers' (ACT2FN's
+    SiLUActivation, GELUTanh) or stored.py's, told apart without importing transformers."""
     act = getattr(mlp, "act_fn", None) or getattr(mlp, "activation_fn", None)
     if isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation":
         return "silu"
-    if isinstance(act, GELUTanh) and isinstance(getattr(act, "act", None), functools.partial):
+    gelu = getattr(act, "act", None)
+    if type(act).__name__ in ("GELUTanh", "GeluTanh") and isinstance(gelu, functools.partial) and \
+            gelu.func is F.gelu and gelu.keywords == {"approximate": "tanh"} and not gelu.args:
         return "gelu_tanh"  # F.gelu(approximate="tanh"), not the Python formula
     return None
 
@@ -133,8 +134,8 @@ def unsupported(model: Any) -> Optional[str]:
     config = model.config
     if not kernels.available():
         return "specdec's CPU kernels are not compiled"
-    if config.model_type not in FAMILIES:
-        return f"{config.model_type} is not a family the native decoder implements ({', '.join(FAMILIES)})"
+    if not families.is_native(config.model_type):
+        return f"{config.model_type} is not a family the native decoder implements ({families.native_list()})"
     if next(model.parameters()).device.type != "cpu":
         return "the model is not on the CPU"
     reason = layers_reason(model, "native decoder")
@@ -245,11 +246,17 @@ class _Rope:
         self.sin = kernels.Dense((freqs.sin() * self.scaling).contiguous())
 
 
-def _norm_weight(norm: Any, offset: bool) -> kernels.Dense:
-    """An RMSNorm's float32 weight as the kernel multiplies by it (Gemma's norms multiply by (1 + weight)),
-    checked once: a kernels.Dense [dim]."""
+def norm_multiplier(norm: Any, plus_one: bool) -> torch.Tensor:
+    """What an RMSNorm multiplies by, float32 [dim]: a GGUF's norm holds it (gguf_model's `multiplier`), a
+    transformers norm its weight, times which a `plus_one` family (families.py) multiplies by 1 + weight."""
+    if getattr(norm, "multiplier", None) is not None:
+        return norm.multiplier.detach().to(torch.float32)
     weight = norm.weight.detach().to(torch.float32)
-    return kernels.Dense((1.0 + weight if offset else weight).contiguous())
+    return 1.0 + weight if plus_one else weight
+
+
+def _norm_weight(norm: Any, plus_one: bool) -> kernels.Dense:
+    return kernels.Dense(norm_multiplier(norm, plus_one).contiguous())  # checked once
 
 
 def _eps(norm: Any, default: float) -> float:
@@ -281,7 +288,7 @@ class NativeDecoder:
         self.embedding_rows = rows  # ids [n] -> float32 [n, hidden], unscaled
         scale = getattr(embed, "embed_scale", None)  # gemma: sqrt(hidden), as a float32 scalar tensor
         self.embed_scale = None if scale is None else torch.as_tensor(scale).detach().to(torch.float32)
-        offset = config.model_type in ("gemma", "gemma2", "gemma3_text")  # RMSNorm times (1 + weight)
+        offset = families.norm_plus_one(config.model_type)  # RMSNorm times (1 + weight)
         self.eps = float(getattr(config, "rms_norm_eps", 1e-6))
         self.attn_cap = getattr(config, "attn_logit_softcapping", None)
         self.final_cap = getattr(config, "final_logit_softcapping", None)

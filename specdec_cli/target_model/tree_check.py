@@ -1,7 +1,7 @@
 """Whether a loaded model verifies token trees exactly, decided once per engine the first time a tree is drafted.
 
 Three conditions, checked in order (`check_trees`): the family is one whose attention takes 4-D custom masks with
-explicit position ids (TREE_MODEL_TYPES, tests/test_families.py), sliding-window layers included; its layers are
+explicit position ids (families.Family.trees, tests/test_families.py), sliding-window layers included; its layers are
 all of kinds a tree mask is built for (tree_mask.MASKED_KINDS); and a small tree's logits equal sequential
 decoding's on the model itself (`tree_mismatch`). The outcome is passed, failed or chains only (check_outcome.py);
 anything but a pass is said once, as a warning, and the engine then verifies each tree's first branch as a chain.
@@ -16,14 +16,12 @@ from typing import Any, Iterator, Optional
 
 import torch
 
+from . import families
 from .check_outcome import CheckOutcome
 from .forward import VerifyForward, new_cache
 from .rollback import truncate_cache
 from .tree_mask import MASKED_KINDS, attention_kinds
 
-# Families whose attention takes 4-D custom masks with explicit position ids, sliding-window layers included: those
-# get a windowed tree mask (tree_mask.tree_attention_mask). Other families verify chains.
-TREE_MODEL_TYPES = {"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "phi3", "smollm3"}
 CHECK_WINDOW = 4  # the self-check shortens sliding windows to this, so its 12-token prompt runs past them
 
 
@@ -33,7 +31,7 @@ def check_trees(model: Any, forward: VerifyForward) -> CheckOutcome:
     config = model.config
     model_type = getattr(config, "model_type", "") or "this model"
     other_kinds = sorted(attention_kinds(config) - set(MASKED_KINDS))
-    if model_type not in TREE_MODEL_TYPES:
+    if not families.takes_trees(model_type):  # others get no windowed tree mask (tree_mask.py)
         outcome = CheckOutcome("chains only", f"{model_type} is not a family checked with tree masks")
     elif other_kinds:
         outcome = CheckOutcome("chains only", f"no tree mask for {', '.join(other_kinds)} layers")
