@@ -21,10 +21,10 @@ from helpers import family_model, write_family_gguf
 from test_distill import PROMPTS as DISTILL_PROMPTS
 from test_real_model import PROMPTS as REAL_PROMPTS
 
-from specdec_cli.texts.chat_template import render_template
 from specdec_cli.target_model.gguf_file import open_gguf
 from specdec_cli.target_model.gguf_model import tokenizer_from_file
 from specdec_cli.target_model.native_tokenizer import NativeTokenizer, load_native_tokenizer
+from specdec_cli.texts.chat_template import render_template
 
 PROMPTS = REAL_PROMPTS + DISTILL_PROMPTS  # the test suite's text prompts
 
