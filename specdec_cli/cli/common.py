@@ -118,7 +118,7 @@ def flag_message(exc: "SpecdecError") -> str:
 def apply_threads(threads: int) -> None:
     """--threads: pin torch's CPU threads, warning when there are more threads than cores to run them."""
     from ..machine import usable_cores
-    from ..target_model.models import set_threads
+    from ..target_model.placement import set_threads
 
     set_threads(threads)
     cores = usable_cores()

@@ -16,33 +16,19 @@ import json
 import os
 import time
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from ..errors import SpecdecError
 from ..files import file_sha256
 from ..home import short_stem, specdec_home, writable_home_folder
 from . import families
+from .quiet import no_tqdm, quiet_transformers
 
 CONVERTED_FORMAT = 3  # bump when the converted directory's layout changes (3: bfloat16 for non-native families)
 CONVERTED_MARKER = "specdec-converted.json"  # written last: its presence means the conversion finished
 
 StatusCallback = Callable[[str], None]
-
-
-def quiet_transformers() -> None:
-    """No logging and no tqdm bars from transformers or the hub's downloads: stderr gets specdec's one progress
-    line in a terminal (the CLI's), and the result alone in a log."""
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    try:
-        from huggingface_hub.utils import disable_progress_bars
-    except ImportError:  # pragma: no cover - transformers depends on it
-        return
-    disable_progress_bars()
 
 
 def check_conversion(gguf: Any, config: Any, dtype: str) -> None:
@@ -257,23 +243,6 @@ def _set_aside(out_dir: Path) -> None:
     except OSError:
         return  # another process moved it first
     _remove(aside)
-
-
-@contextmanager
-def no_tqdm() -> Iterator[None]:
-    """transformers draws its GGUF conversion with tqdm on stderr whatever stderr is; specdec says it itself."""
-    try:
-        from transformers import modeling_gguf_pytorch_utils as gguf_utils
-    except ImportError:  # pragma: no cover - another transformers layout
-        yield
-        return
-    original = getattr(gguf_utils, "tqdm", None)
-    gguf_utils.tqdm = lambda iterable=None, *args, **kwargs: iterable
-    try:
-        yield
-    finally:
-        if original is not None:
-            gguf_utils.tqdm = original
 
 
 def save_weights(model: Any, path: Path) -> None:

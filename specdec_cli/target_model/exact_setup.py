@@ -69,7 +69,7 @@ def _device_forward(model: Any, load: Any) -> Optional[VerifyForward]:
         return None
     from ..device.family import unsupported as device_unsupported
     from ..errors import SpecdecError
-    from .models import pick_device, pick_dtype
+    from .placement import pick_device, pick_dtype
 
     device = pick_device(load.device)
     if not (load.decoder == "device" or (load.decoder == "auto" and device == "cuda")):

@@ -303,7 +303,7 @@ def tokenizer_from_file(gguf: GGUFFile) -> Any:
     for the same tokens, merges, special tokens and template (tests/test_real_model.py compares them)."""
     from transformers import PreTrainedTokenizerFast
 
-    from .converted import no_tqdm, quiet_transformers
+    from .quiet import no_tqdm, quiet_transformers
 
     quiet_transformers()
     try:

