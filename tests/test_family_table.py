@@ -14,7 +14,16 @@ from helpers import family_model
 
 from specdec_cli import kernels
 from specdec_cli.device import family as device_family
-from specdec_cli.target_model import converted_blocks, families, gguf_families, gguf_layout, native, quant, tree_check
+from specdec_cli.target_model import (
+    converted_blocks,
+    families,
+    gguf_families,
+    gguf_layout,
+    native,
+    native_support,
+    quant,
+    tree_check,
+)
 from specdec_cli.target_model.check_outcome import CheckOutcome
 
 TOY = families.Family("toy", "toyarch", norm_plus_one=True, embedding_scale=True, permuted_qk=True,
@@ -36,7 +45,7 @@ def test_the_decoders_refusals_list_a_new_row(toy):
     other = SimpleNamespace(config=SimpleNamespace(model_type="other"))
     assert families.native_list().endswith("smollm3, toy")
     if kernels.available():
-        assert native.unsupported(other).endswith(f"({families.native_list()})")
+        assert native_support.unsupported(other).endswith(f"({families.native_list()})")
     assert device_family.unsupported(other).endswith(f"({families.native_list()})")
 
 

@@ -18,7 +18,8 @@ from typing import Any, Optional
 
 import torch
 
-from ..target_model.native import norm_multiplier, projections
+from ..target_model.native import norm_multiplier
+from ..target_model.native_support import projections
 from .family import Family
 
 CHUNK_ROWS = 4096  # output rows of a block matrix dequantised at a time on the device (and embedding rows)

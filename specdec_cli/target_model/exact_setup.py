@@ -34,7 +34,8 @@ import torch
 from . import exact as row_invariant
 from .check_outcome import CheckOutcome
 from .forward import ModelForward, VerifyForward
-from .native import ROW_INVARIANT_ROWS, NativeDecoder, unsupported
+from .native import ROW_INVARIANT_ROWS, NativeDecoder
+from .native_support import unsupported
 
 NOT_EXACT_WARNING = ("verification is not row-invariant on this model and machine ({reason}): speculative output "
                      "may differ from plain decoding where rounding decides")

@@ -259,7 +259,7 @@ def _shape(shape: tuple[int, ...]) -> str:
 def native_reason(gguf: GGUFFile, config: Optional[Any]) -> Optional[str]:
     """Why the native decoder cannot compute this file in place (None: it can): the family, a row length the
     kernels' blocks do not divide, an activation or rotary type it does not implement."""
-    from .native import ROPE_TYPES
+    from .native_support import ROPE_TYPES
 
     if not families.is_native_architecture(gguf.architecture) or config is None:
         return f"{gguf.architecture or 'unlabelled'} is not a family specdec's native decoder computes"

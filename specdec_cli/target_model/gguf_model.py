@@ -155,7 +155,8 @@ class GGUFModel(torch.nn.Module):
         """The native decoder's forward (native.NativeDecoder.__call__); called as a transformers model is called
         with input ids alone, it starts at position 0 on a fresh cache."""
         if self._decoder is None:
-            from .native import decoder_for, unsupported
+            from .native import decoder_for
+            from .native_support import unsupported
 
             self._decoder = decoder_for(self)
             if self._decoder is None:  # pragma: no cover - checked before the model was built

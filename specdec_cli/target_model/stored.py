@@ -96,7 +96,7 @@ class SiLU(torch.nn.SiLU):
 
 class GeluTanh(torch.nn.Module):
     """GeLU with the tanh approximation, as transformers' ACT2FN["gelu_pytorch_tanh"]: F.gelu(approximate="tanh")
-    held as `act` (native._activation reads it)."""
+    held as `act` (native_support.activation_of reads it)."""
 
     def __init__(self) -> None:
         super().__init__()
