@@ -25,8 +25,8 @@ formula) for attention, the same for plain and speculative decoding.
 It answers the subset of a transformers model's call the engine makes (input ids, positions, a KVCache, a tree
 mask or one per layer kind, hidden states, logits_to_keep). Numbers differ from transformers' forward on the
 same weights only by rounding (summation order); tests compare them. `decoder_for(model)` returns None, with
-the reason in `native_support.unsupported(model)`, for anything else (another family, a dense layer, rope types that change
-with the length); such models run transformers' forward.
+the reason in `native_support.unsupported(model)`, for anything else (another family, a dense layer, rope types
+that change with the length); such models run transformers' forward.
 """
 
 from __future__ import annotations
