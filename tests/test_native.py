@@ -23,9 +23,10 @@ from helpers import (
 from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.drafters.none import NoDrafter
-from specdec_cli.target_model import converted_blocks, native, native_support, quant
-from specdec_cli.target_model.exact_setup import NativeForward
-from specdec_cli.target_model.kv_cache import KVCache, transformers_kv_cache
+from specdec_cli.target_model.load import converted_blocks
+from specdec_cli.target_model.native import native, native_support, quant
+from specdec_cli.target_model.native.kv_cache import KVCache, transformers_kv_cache
+from specdec_cli.target_model.verify.exact_setup import NativeForward
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
 
@@ -104,7 +105,7 @@ def test_a_tree_deeper_than_the_window_equals_one_row_steps_bit_for_bit(family):
     """Sliding windows in a tree: a node attends only to the keys within the window of its own position (the
     prefix's and its ancestors'). Each node's logits equal one-row forwards along its path bit for bit, and
     transformers' forward of the path as a sequence up to rounding."""
-    from specdec_cli.target_model.tree_mask import tree_attention_mask, tree_layout
+    from specdec_cli.target_model.verify.tree_mask import tree_attention_mask, tree_layout
 
     model = _blocks(family, "int4")
     decoder = native.decoder_for(model)
@@ -133,7 +134,7 @@ def test_a_tree_deeper_than_the_window_equals_one_row_steps_bit_for_bit(family):
 def test_a_partial_rotary_turns_only_the_first_dimensions_of_each_head():
     """Phi-3.5/Phi-4-mini's partial_rotary_factor: the rotation in torch (the kernel turns whole heads), still
     row-invariant (blocks, and a tree, bit for bit as one-row forwards)."""
-    from specdec_cli.target_model.exact import block_mismatch
+    from specdec_cli.target_model.verify.exact import block_mismatch
 
     model = _blocks("phi3", "int4", partial_rotary_factor=0.5)
     decoder = native.decoder_for(model)
@@ -294,7 +295,8 @@ def test_a_gguf_transformers_cannot_read_loads_through_specdec_and_runs_native(f
     equal to plain decoding."""
     from transformers import AutoModelForCausalLM
 
-    from specdec_cli.target_model import gguf_families, models
+    from specdec_cli.target_model.gguf import gguf_families
+    from specdec_cli.target_model.load import models
 
     architecture, tokenizer, settings = OWN_LOADER[family]
     source = family_model(family, seed=5, **settings)
@@ -337,7 +339,8 @@ def test_auto_weights_that_choose_dense_give_torch_its_threads_back(tmp_path, mo
     kernels; when dense wins, the dense model must run on those threads again, not on the one torch keeps while
     the kernels compute."""
     from specdec_cli import kernels
-    from specdec_cli.target_model import gguf_layout, models
+    from specdec_cli.target_model.gguf import gguf_layout
+    from specdec_cli.target_model.load import models
 
     monkeypatch.setattr(gguf_layout, "native_reason", lambda gguf, config: "a family computed by transformers")
 

@@ -217,7 +217,7 @@ class _Runner:
                  servers: Optional[dict] = None):
         from ..decoding.engine import Engine
         from ..session.chat import target_info
-        from ..target_model.exact_setup import choose_forward
+        from ..target_model.verify.exact_setup import choose_forward
 
         self.gguf_path = gguf_path
         self.llama_cpp: dict[str, Any] = {}  # method name -> LlamaCpp, made on first use
@@ -360,7 +360,7 @@ class _Runner:
 def reference_threads(model: Any) -> int:
     """Threads for llama.cpp's rows: as many as specdec computes with (its kernels', or torch's for dense)."""
     from .. import kernels
-    from ..target_model.quant import block_layers
+    from ..target_model.native.quant import block_layers
 
     if block_layers(model):
         return kernels.threads()

@@ -124,7 +124,7 @@ def bench_specdec(settings, chosen: PromptChoice, outputs: Outputs, threads: Opt
     """Check everything, load the target, run the bench with a progress bar, write the files and render."""
     from ..bench import llama_server_rows, run_bench, to_json_text, write_csv, write_json
     from ..files import check_output_file
-    from ..target_model.models import check_load, load_target
+    from ..target_model.load.models import check_load, load_target
 
     settings.check()
     load = settings.run.load

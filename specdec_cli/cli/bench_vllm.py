@@ -22,7 +22,7 @@ def bench_vllm(values: dict, drafters: Sequence[str], references: Sequence[str],
     from ..errors import SpecdecError
     from ..files import check_output_file
     from ..session.chat import format_prompt
-    from ..target_model.models import load_target_text, resolve_target
+    from ..target_model.load.models import load_target_text, resolve_target
     from ..vllm.runner import INSTALL_HINT, vllm_installed
 
     if unsupported:

@@ -149,7 +149,7 @@ def distill(
     stages.config.check()
     train_items = load_prompts(prompts, None if prompts else (suite or "distill"), first_turns=True, limit=limit,
                                max_prompts=stages.pipeline_prompts if max_prompts is None else max_prompts)
-    from ..target_model.models import resolve_target
+    from ..target_model.load.models import resolve_target
 
     out_dir = Path(output).expanduser() if output else default_output(resolve_target(target).name, stages.name)
     stages.check_output(out_dir)  # before loading and answering for minutes: the output must be ours to replace
@@ -307,7 +307,7 @@ def train(
 
 def check_data_target(target: str, data: str) -> None:
     """The data's tokenizer fingerprint against the target's tokenizer alone (no weights loaded, nothing repacked)."""
-    from ..target_model.models import load_tokenizer
+    from ..target_model.load.models import load_tokenizer
     from ..texts.data_rows import read_rows
     from ..texts.fingerprint import tokenizer_fingerprint
 

@@ -24,7 +24,7 @@ EVAL_PROMPTS = 18  # held-out prompts a draft is evaluated on by default, spread
 
 
 def load_target(target: str, device: str = "auto", dtype: str = "auto", weights: str = "auto") -> Any:
-    from ..target_model.models import load_target as load
+    from ..target_model.load.models import load_target as load
 
     status = err_console().status("Loading model…")
     with status:
@@ -94,7 +94,7 @@ def run_generate_vllm(target: str, target_spec: str, prompts: list, data: str, *
     """run_generate through vLLM: the target's tokenizer here, its weights in vLLM's process only."""
     from ..defaults import DEFAULT_VLLM_CONCURRENCY
     from ..distill.generate import generate_data_vllm
-    from ..target_model.models import load_target_text
+    from ..target_model.load.models import load_target_text
     from ..texts.data_rows import read_rows
     from ..texts.fingerprint import tokenizer_fingerprint
     from ..vllm.runner import INSTALL_HINT, vllm_installed

@@ -125,7 +125,7 @@ def build_index_command(
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from ..files import check_output_file
-    from ..target_model.models import load_tokenizer
+    from ..target_model.load.models import load_tokenizer
     from ..texts.corpus import build_index, check_index_output, resolve_inputs
 
     files = resolve_inputs(corpus, glob, quiet=True)  # a missing or binary input fails before the tokenizer loads

@@ -18,8 +18,8 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..errors import SpecdecError
-from ..target_model.forward import VerifyForward, new_cache
-from ..target_model.rollback import truncate_cache
+from ..target_model.verify.forward import VerifyForward, new_cache
+from ..target_model.verify.rollback import truncate_cache
 from .cost_curve import CostCurve, measure_cost_curve
 
 SAVE_EVERY = 16  # observations a curve learns between two saves
@@ -92,8 +92,8 @@ def cost_cache_file(model: Any, exact_rows: int) -> Optional[Path]:
     from .. import kernels
     from ..home import specdec_home
     from ..machine import cpu_model
-    from ..target_model.quant import block_layers, weights_summary
-    from ..target_model.weights_cache import CACHE_FORMAT
+    from ..target_model.load.weights_cache import CACHE_FORMAT
+    from ..target_model.native.quant import block_layers, weights_summary
 
     name = getattr(model.config, "_name_or_path", "") or ""
     if not name:

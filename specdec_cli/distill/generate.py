@@ -227,7 +227,7 @@ def generate_data_vllm(
 ) -> GenerateSummary:
     """generate_data through vLLM (vllm_runner.py: a child process, continuous batching with `concurrency` requests
     in flight, greedy): a row for each answer as it finishes, so an interrupted run keeps what it wrote."""
-    from ..target_model.load_settings import LoadSettings
+    from ..target_model.load.load_settings import LoadSettings
     from ..texts.fingerprint import tokenizer_fingerprint
     from ..vllm.runner import VllmPhase, VllmSettings, run_vllm
 

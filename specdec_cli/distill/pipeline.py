@@ -43,7 +43,7 @@ def usable_target(recorded: Optional[str]) -> str:
     """A recorded target if it can still be resolved, else the default model."""
     if not recorded:
         return DEFAULT_TARGET
-    from ..target_model.models import resolve_target
+    from ..target_model.load.models import resolve_target
 
     try:
         resolve_target(recorded)
@@ -54,7 +54,7 @@ def usable_target(recorded: Optional[str]) -> str:
 
 def default_output(target_name: str, kind: str = "student") -> Path:
     """$SPECDEC_HOME/drafts/NAME for a student, NAME-eagle for an EAGLE head (each with its own data file)."""
-    from ..target_model.models import specdec_home
+    from ..target_model.load.models import specdec_home
 
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in Path(target_name).name) or "draft"
     return specdec_home() / "drafts" / (safe if kind == "student" else f"{safe}-{kind}")

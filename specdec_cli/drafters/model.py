@@ -290,7 +290,7 @@ def load_draft_model(directory: str, target: Any, device: Any = "cpu", dtype: An
         raise SpecdecError(f"draft_model {directory}: no such directory", setting="draft_model")
     if not path.is_dir() or not (path / "config.json").is_file():
         raise SpecdecError(f"draft_model {directory}: not a model directory (no config.json)", setting="draft_model")
-    from ..target_model.models import refuse_pickled_weights
+    from ..target_model.load.models import refuse_pickled_weights
 
     refuse_pickled_weights(path, f"draft_model {directory}", "draft_model")
     import torch
@@ -339,7 +339,7 @@ def check_model(options: DrafterOptions) -> None:
     if not (folder / "config.json").is_file():
         state = "no such directory" if not folder.exists() else "not a model directory (no config.json)"
         raise SpecdecError(f"draft_model {options.draft_model}: {state}", setting="draft_model")
-    from ..target_model.models import refuse_pickled_weights
+    from ..target_model.load.models import refuse_pickled_weights
 
     refuse_pickled_weights(folder, f"draft_model {options.draft_model}", "draft_model")
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from ..target_model.quant import BlockLinear
+    from ..target_model.native.quant import BlockLinear
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def target_weights(model: Any) -> Optional[TargetWeights]:
     hidden states (a softcap) or its layers are not an embedding table and a linear (or block) head."""
     import torch
 
-    from ..target_model.quant import BlockLinear
+    from ..target_model.native.quant import BlockLinear
 
     config = getattr(model, "config", None)
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):

@@ -20,15 +20,15 @@ from ..decoding.prompt_cache import PromptCache
 from ..defaults import DEFAULT_DRAFTER
 from ..drafters import DrafterOptions, TargetInfo, make_drafter, target_weights
 from ..errors import SpecdecError
-from ..target_model.exact_setup import choose_forward
-from ..target_model.load_settings import LoadSettings
+from ..target_model.load.load_settings import LoadSettings
+from ..target_model.verify.exact_setup import choose_forward
 from ..texts.memory import Memory
 from .compare import Comparison, compare
 from .run_settings import RunSettings
 from .template import render_template
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..target_model.models import LoadedTarget
+    from ..target_model.load.models import LoadedTarget
 
 
 def format_prompt(tokenizer: Any, messages: list[dict], raw: bool = False) -> list[int]:
@@ -43,7 +43,7 @@ def format_prompt(tokenizer: Any, messages: list[dict], raw: bool = False) -> li
 
 
 def target_info(model: Any, tokenizer: Any) -> TargetInfo:
-    from ..target_model.models import eos_token_ids
+    from ..target_model.load.models import eos_token_ids
     from ..texts.fingerprint import tokenizer_fingerprint
 
     eos = eos_token_ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer)
@@ -73,7 +73,7 @@ class ChatSettings:
 def open_session(settings: ChatSettings,
                  on_status: Optional[Callable[[str], None]] = None) -> tuple["ChatSession", "LoadedTarget"]:
     """Check the settings, load the target (the slow part), and start a conversation."""
-    from ..target_model.models import load_target
+    from ..target_model.load.models import load_target
     from ..texts.memory import memory_cap, memory_dir, memory_enabled
 
     settings.check()

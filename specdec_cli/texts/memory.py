@@ -181,7 +181,7 @@ class Memory:
 def open_memory(target: str) -> tuple["Memory", Any]:
     """The memory of a target named as `--target` names it, and its tokenizer (loaded, no model)."""
     from ..home import home_folder
-    from ..target_model.models import load_tokenizer, resolve_target
+    from ..target_model.load.models import load_tokenizer, resolve_target
     from .fingerprint import tokenizer_fingerprint
 
     home_folder("memory")  # a home that is a file: one line now, not an empty memory after loading the tokenizer

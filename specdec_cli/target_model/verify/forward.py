@@ -59,7 +59,7 @@ def new_cache(forward: Any) -> Any:
     make = getattr(forward, "new_cache", None)
     if make is not None:
         return make()
-    from .kv_cache import new_kv_cache
+    from ..native.kv_cache import new_kv_cache
 
     return new_kv_cache(getattr(forward, "model", None))
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import SpecdecError
+from ...errors import SpecdecError
 from .gguf_file import GGUFFile
 
 

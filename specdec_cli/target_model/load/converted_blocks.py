@@ -15,15 +15,15 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from .. import kernels
-from ..errors import check_choice
-from ..kernels import BLOCK
-from . import families
-from .block_weights import BlockWeights
-from .gguf_decode import decode_gguf_blocks, permuted_rows
-from .gguf_file import GGUFFile, open_gguf
+from ... import kernels
+from ...errors import check_choice
+from ...kernels import BLOCK
+from .. import families
+from ..gguf.gguf_decode import decode_gguf_blocks, permuted_rows
+from ..gguf.gguf_file import GGUFFile, open_gguf
+from ..native.block_weights import BlockWeights
+from ..native.quant import install_blocks, quantize_dense
 from .load_settings import BLOCK_MODES
-from .quant import install_blocks, quantize_dense
 from .weights_cache import cache_file, load_cached, save_cached
 
 # -- a GGUF's own blocks for a model transformers loaded -----------------------------------------------------

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from . import families
+from .. import families
 from .gguf_file import open_gguf
 
 

@@ -35,8 +35,8 @@ from typing import Any, Optional
 
 import torch
 
-from .. import kernels
-from ..kernels import BLOCK
+from ... import kernels
+from ...kernels import BLOCK
 from .block_weights import BlockWeights
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from . import families
+from .. import families
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,9 @@ def checked_gguf(path: Path) -> CheckedGGUF:
     """Open and check a GGUF once per process and file version: the header, the hyperparameters against its tensor
     table (before any config is made from them), and for a family the native decoder computes, every tensor with
     the shape its metadata implies and every vector finite (SpecdecError naming the first fault)."""
-    from .gguf_config import hf_config
-    from .gguf_file import file_identity, open_gguf
-    from .gguf_layout import check_metadata, check_tensors, native_reason
+    from ..gguf.gguf_config import hf_config
+    from ..gguf.gguf_file import file_identity, open_gguf
+    from ..gguf.gguf_layout import check_metadata, check_tensors, native_reason
 
     key = file_identity(path)
     if key in _checked:
@@ -63,7 +63,7 @@ def _stored_config(gguf: Any) -> Optional[Any]:
 def transformers_config(checked: CheckedGGUF) -> Any:
     """The file's transformers config (built from the metadata where `checked` holds the stored one), for what
     transformers builds from it (a conversion)."""
-    from .gguf_config import hf_config
+    from ..gguf.gguf_config import hf_config
     from .stored import StoredConfig
 
     return hf_config(checked.gguf) if isinstance(checked.config, StoredConfig) else checked.config
@@ -77,7 +77,7 @@ def check_vectors(gguf: Any, expected: list) -> None:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    from ..errors import SpecdecError
+    from ...errors import SpecdecError
 
     for item in expected:
         if item.matrix or item.module == "model.embed_tokens":

@@ -17,10 +17,10 @@ from typing import Optional
 
 import torch
 
-from .. import kernels
-from ..errors import SpecdecError
-from ..files import write_atomic
-from .block_weights import BlockWeights
+from ... import kernels
+from ...errors import SpecdecError
+from ...files import write_atomic
+from ..native.block_weights import BlockWeights
 
 CACHE_FORMAT = 3  # bump when the cached file's layout or a conversion rule changes (3: packed kinds)
 

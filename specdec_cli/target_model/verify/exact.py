@@ -36,8 +36,8 @@ from typing import Any, Iterator, Optional
 import torch
 import torch.nn.functional as F
 
-from ..defaults import VERIFY_ROW_COUNTS
-from .row_keys import row_keys
+from ...defaults import VERIFY_ROW_COUNTS
+from ..native.row_keys import row_keys
 from .tree_mask import tree_attention_mask, tree_layout
 
 ATTENTION_NAME = "specdec_rowwise"  # rowwise_attention's name in transformers' registries (register_rowwise_attention)
@@ -84,7 +84,7 @@ def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     keys_of_rows = row_keys(attention_mask, q_len, key.shape[2])
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if _kernel_attention(query, key):
-        from .. import kernels
+        from ... import kernels
 
         out = kernels.attention(query[0].transpose(0, 1).to(torch.float32), key[0], value[0], keys_of_rows.positions,
                                 scale)  # [q, heads, d] float32
@@ -106,7 +106,7 @@ def rowwise_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
 
 def _kernel_attention(query: torch.Tensor, key: torch.Tensor) -> bool:
     """Whether specdec's CPU attention kernel takes these tensors (CPU, float32 or bfloat16 keys)."""
-    from .. import kernels
+    from ... import kernels
 
     return (kernels.available() and query.device.type == "cpu" and query.dtype in (torch.float32, torch.bfloat16)
             and key.dtype in (torch.float32, torch.bfloat16) and key.stride(-1) == 1)
@@ -233,7 +233,7 @@ def block_mismatch(model: Any, config: Any, device: Any, rows: int) -> Optional[
     """None when blocks of 1..min(rows, 8) tokens, chains and a tree, give the same logits bit for bit as
     one-row forwards of the same tokens after a 24-token prompt; else what differed. `model` is what computes
     (the model, the native decoder, or exact.forward with a state), called as transformers models are."""
-    from .kv_cache import new_kv_cache
+    from ..native.kv_cache import new_kv_cache
 
     vocab = int(config.vocab_size)
     generator = torch.Generator().manual_seed(0)

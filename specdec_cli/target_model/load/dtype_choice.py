@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from . import families
+from .. import families
 
 MARGIN = 0.10  # bfloat16 is chosen when one plain step is at least 10% faster than in float32
 FORMAT = 1
@@ -50,8 +50,8 @@ def step_seconds(model: Any, prefix: int = 64, rounds: int = TIMED_STEPS) -> flo
     one prefill and WARM_UP_STEPS + rounds steps in all, whatever the machine's load."""
     import torch
 
-    from .kv_cache import new_kv_cache
-    from .native import decoder_for
+    from ..native.kv_cache import new_kv_cache
+    from ..native.native import decoder_for
 
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(3, int(model.config.vocab_size), (1, prefix + 1), generator=generator)
@@ -117,7 +117,7 @@ def choose_weights(model: Any, cache_key: str, dtype: str, reload_float32: Calla
 
     timer = timer or step_seconds
 
-    from .. import kernels
+    from ... import kernels
     from .weights_cache import CACHE_FORMAT
 
     forward = "native" if families.is_native(model.config.model_type) else "transformers"  # what runs the blocks
@@ -154,7 +154,7 @@ def choose_weights(model: Any, cache_key: str, dtype: str, reload_float32: Calla
 
 
 def _path(cache_key: str) -> Any:
-    from ..home import specdec_home
+    from ...home import specdec_home
 
     digest = hashlib.sha256(cache_key.encode()).hexdigest()[:16]
     return specdec_home() / "costs" / f"dtype-{digest}.json"
@@ -171,8 +171,8 @@ def _read(cache_key: str, times: tuple[str, ...]) -> Optional[dict]:
 
 
 def _write(cache_key: str, document: dict) -> None:
-    from ..errors import SpecdecError
-    from ..files import write_atomic
+    from ...errors import SpecdecError
+    from ...files import write_atomic
 
     path = _path(cache_key)
     try:

@@ -15,8 +15,8 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-from .. import kernels
-from . import families
+from ... import kernels
+from .. import families
 from .quant import BlockLinear
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")  # fixed tables (no dynamic rescaling)

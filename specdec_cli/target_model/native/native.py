@@ -40,8 +40,8 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
-from .. import kernels
-from . import families
+from ... import kernels
+from .. import families
 from .native_support import activation_of, layer_kinds, rope_of, unsupported
 from .quant import BlockLinear
 from .row_keys import RowKeys, row_keys, window_keys
@@ -63,7 +63,7 @@ class _Linear:
 
     @staticmethod
     def of(layer: BlockLinear) -> "_Linear":
-        from ..kernels import BlockMatrix
+        from ...kernels import BlockMatrix
 
         return _Linear(BlockMatrix(layer.kind, layer.records, layer.in_features, layer.out_features), layer.bias)
 
@@ -80,7 +80,7 @@ class _Projections:
 
     @staticmethod
     def of(*layers: BlockLinear) -> list["_Projections"]:
-        from ..kernels import GROUP, BlockMatrix
+        from ...kernels import GROUP, BlockMatrix
 
         groups: list[list[BlockLinear]] = []
         for layer in layers:  # records hold GROUP outputs each: a layer joins one that ends on a whole record

@@ -26,9 +26,9 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from .. import kernels
-from ..kernels import BLOCK
-from .block_weights import BlockWeights
+from ... import kernels
+from ...kernels import BLOCK
+from ..native.block_weights import BlockWeights
 
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int16)
 # bytes per block of each GGUF type specdec's kernels take, and weights per block

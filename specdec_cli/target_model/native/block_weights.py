@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from .. import kernels
+from ... import kernels
 
 
 class BlockWeights:

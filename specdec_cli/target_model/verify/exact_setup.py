@@ -31,11 +31,11 @@ from typing import Any, Iterator, Optional
 
 import torch
 
+from ..native.native import ROW_INVARIANT_ROWS, NativeDecoder
+from ..native.native_support import unsupported
 from . import exact as row_invariant
 from .check_outcome import CheckOutcome
 from .forward import ModelForward, VerifyForward
-from .native import ROW_INVARIANT_ROWS, NativeDecoder
-from .native_support import unsupported
 
 NOT_EXACT_WARNING = ("verification is not row-invariant on this model and machine ({reason}): speculative output "
                      "may differ from plain decoding where rounding decides")
@@ -45,7 +45,7 @@ def exact_by_default(model: Any) -> bool:
     """Whether verification is made row-invariant by default: in a 16-bit float type (where a block's rounding
     flips greedy choices) and on block weights (whose kernels are row-invariant at little cost; docs/methods.md,
     section 10)."""
-    from .quant import block_layers
+    from ..native.quant import block_layers
 
     return next(model.parameters()).dtype in (torch.bfloat16, torch.float16) or bool(block_layers(model))
 
@@ -68,9 +68,9 @@ def _device_forward(model: Any, load: Any) -> Optional[VerifyForward]:
     the model; None otherwise. `--decoder device` on a model it cannot compute is a one-line error."""
     if load is None:
         return None
-    from ..device.family import unsupported as device_unsupported
-    from ..errors import SpecdecError
-    from .placement import pick_device, pick_dtype
+    from ...device.family import unsupported as device_unsupported
+    from ...errors import SpecdecError
+    from ..placement import pick_device, pick_dtype
 
     device = pick_device(load.device)
     if not (load.decoder == "device" or (load.decoder == "auto" and device == "cuda")):
@@ -80,7 +80,7 @@ def _device_forward(model: Any, load: Any) -> Optional[VerifyForward]:
         if load.decoder == "device":
             raise SpecdecError(f"--decoder device: {reason}", setting="decoder")
         return None
-    from ..device.forward import DeviceForward
+    from ...device.forward import DeviceForward
 
     dtype = pick_dtype(load.dtype, device) if load.dtype != "auto" or device != "cpu" else torch.float32
     return DeviceForward(model, device, dtype)
@@ -184,9 +184,9 @@ def _passed_file(model: Any) -> Optional[Any]:
     and build and specdec's version; None for any other model (checked at every load)."""
     import hashlib
 
-    from .. import __version__, kernels
-    from ..home import specdec_home
-    from ..machine import cpu_model
+    from ... import __version__, kernels
+    from ...home import specdec_home
+    from ...machine import cpu_model
 
     source = getattr(model, "source", None)
     cache = getattr(source, "cache", None)
@@ -203,8 +203,8 @@ def _passed_file(model: Any) -> Optional[Any]:
 
 def _remember(path: Any) -> None:
     """Best effort: a home specdec cannot write only costs the check again next time."""
-    from ..errors import SpecdecError
-    from ..files import write_json_atomic
+    from ...errors import SpecdecError
+    from ...files import write_json_atomic
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

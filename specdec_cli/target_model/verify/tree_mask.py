@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..errors import SpecdecError
+from ...errors import SpecdecError
 
 MASKED_KINDS = ("full_attention", "sliding_attention")  # the layer kinds a tree mask is built for
 

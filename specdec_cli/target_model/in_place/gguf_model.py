@@ -37,8 +37,14 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from ..errors import SpecdecError
-from . import families, gguf_blocks
+from ...errors import SpecdecError
+from .. import families
+from ..gguf.gguf_config import hf_config
+from ..gguf.gguf_file import GGUFFile
+from ..gguf.gguf_layout import Expected, check_tensors
+from ..native.kv_cache import KVCache
+from ..native.quant import BlockLinear, BlockWeights
+from . import gguf_blocks
 from .gguf_cache import (
     BLOCKS_FILE,
     CACHE_FORMAT,
@@ -50,12 +56,7 @@ from .gguf_cache import (
     side_files,
     source_proof,
 )
-from .gguf_config import hf_config
-from .gguf_file import GGUFFile
-from .gguf_layout import Expected, check_tensors
-from .kv_cache import KVCache
 from .native_tokenizer import load_native_tokenizer
-from .quant import BlockLinear, BlockWeights
 from .stored import (
     ACTIVATIONS,
     STORED_FILE,
@@ -155,8 +156,8 @@ class GGUFModel(torch.nn.Module):
         """The native decoder's forward (native.NativeDecoder.__call__); called as a transformers model is called
         with input ids alone, it starts at position 0 on a fresh cache."""
         if self._decoder is None:
-            from .native import decoder_for
-            from .native_support import unsupported
+            from ..native.native import decoder_for
+            from ..native.native_support import unsupported
 
             self._decoder = decoder_for(self)
             if self._decoder is None:  # pragma: no cover - checked before the model was built
@@ -235,8 +236,8 @@ def _mapped(folder: Path, planned: list[gguf_blocks.PlannedMatrix]) -> Optional[
 def _repack(gguf: GGUFFile, config: Any, planned: list[gguf_blocks.PlannedMatrix], folder: Path,
             on_status: Optional[StatusCallback]) -> None:
     """Make the cache folder (blocks, tokenizer, config, marker last) in a temporary folder renamed into place."""
-    from ..files import atomic_directory
-    from ..home import writable_home_folder
+    from ...files import atomic_directory
+    from ...home import writable_home_folder
 
     started = time.perf_counter()
     writable_home_folder("models")
@@ -304,7 +305,7 @@ def tokenizer_from_file(gguf: GGUFFile) -> Any:
     for the same tokens, merges, special tokens and template (tests/test_real_model.py compares them)."""
     from transformers import PreTrainedTokenizerFast
 
-    from .quiet import no_tqdm, quiet_transformers
+    from ..quiet import no_tqdm, quiet_transformers
 
     quiet_transformers()
     try:

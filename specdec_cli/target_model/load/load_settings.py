@@ -14,13 +14,13 @@ import os
 from dataclasses import dataclass, replace
 from typing import Mapping, Optional
 
-from ..defaults import DEFAULT_TARGET
-from ..device import DECODERS
-from ..errors import check_choice
+from ...defaults import DEFAULT_TARGET
+from ...device import DECODERS
+from ...errors import check_choice
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-WEIGHTS = ("auto", "dense", "gguf", "int8", "int4")  # what each means: target_model/quant.py
+WEIGHTS = ("auto", "dense", "gguf", "int8", "int4")  # what each means: target_model/native/quant.py
 BLOCK_MODES = ("gguf", "int8", "int4")  # the weights that run on specdec's CPU kernels
 ENVIRONMENT_DEFAULTS = {"dtype": "SPECDEC_DTYPE", "weights": "SPECDEC_WEIGHTS"}  # what `auto` means, if set
 

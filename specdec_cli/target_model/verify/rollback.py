@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..errors import SpecdecError
+from ...errors import SpecdecError
 
 
 def keep_accepted(cache: Any, past: int, path: Sequence[int], is_chain: bool, length: int) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..kernels import KeyPositions
+from ...kernels import KeyPositions
 
 
 @dataclass

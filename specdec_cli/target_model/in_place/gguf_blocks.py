@@ -29,11 +29,11 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from .. import kernels
-from ..errors import SpecdecError
-from .gguf_decode import decode_gguf_blocks, permuted_rows
-from .gguf_file import GGUFFile
-from .gguf_layout import Expected
+from ... import kernels
+from ...errors import SpecdecError
+from ..gguf.gguf_decode import decode_gguf_blocks, permuted_rows
+from ..gguf.gguf_file import GGUFFile
+from ..gguf.gguf_layout import Expected
 
 BLOCKS_FORMAT = 2  # bump when the cache's layout or a repacking rule changes (2: packed kinds, the file's bits)
 SLICE_WEIGHTS = 1 << 24  # weights decoded at once (a slice of rows): bounds the repacking's memory

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SpecdecError
-from ..files import check_regular
+from ...errors import SpecdecError
+from ...files import check_regular
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)

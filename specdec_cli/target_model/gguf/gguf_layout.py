@@ -22,8 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..errors import SpecdecError
-from . import families
+from ...errors import SpecdecError
+from .. import families
 from .gguf_file import GGUFFile
 
 
@@ -259,7 +259,7 @@ def _shape(shape: tuple[int, ...]) -> str:
 def native_reason(gguf: GGUFFile, config: Optional[Any]) -> Optional[str]:
     """Why the native decoder cannot compute this file in place (None: it can): the family, a row length the
     kernels' blocks do not divide, an activation or rotary type it does not implement."""
-    from .native_support import ROPE_TYPES
+    from ..native.native_support import ROPE_TYPES
 
     if not families.is_native_architecture(gguf.architecture) or config is None:
         return f"{gguf.architecture or 'unlabelled'} is not a family specdec's native decoder computes"

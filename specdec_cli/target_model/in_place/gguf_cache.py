@@ -16,9 +16,9 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from ..home import short_stem, specdec_home
+from ...home import short_stem, specdec_home
+from ..gguf.gguf_file import GGUFFile, file_identity
 from . import gguf_blocks
-from .gguf_file import GGUFFile, file_identity
 
 CACHE_FORMAT = 3  # the folder's layout (its blocks file has its own gguf_blocks.BLOCKS_FORMAT); 2: proofs; 3: stored
 # config, rotary tables and tokenizer read without transformers (stored.py)
