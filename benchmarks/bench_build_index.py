@@ -173,7 +173,7 @@ def main() -> None:
 
     import numpy as np
 
-    from specdec_cli.target_model.models import load_tokenizer
+    from specdec_cli.target_model.load.models import load_tokenizer
     from specdec_cli.texts.corpus import CorpusStats, eos_id_of, iter_documents, resolve_inputs, tokenize_documents
 
     files = stdlib_files()

@@ -71,7 +71,7 @@ def main() -> None:
     from specdec_cli.decoding.engine import Engine, GenerationConfig
     from specdec_cli.decoding.stats import merge
     from specdec_cli.drafters import DrafterOptions, make_drafter, target_info
-    from specdec_cli.target_model.models import load_target
+    from specdec_cli.target_model.load.models import load_target
     from specdec_cli.texts.memory import Memory, prompt_hash
     from specdec_cli.texts.prompt_ids import format_prompt
     from specdec_cli.texts.prompts import load_builtin

@@ -57,7 +57,7 @@ def attention_times(context: int, rows: int, repeats: int) -> tuple[float, float
     import torch
 
     from specdec_cli import kernels
-    from specdec_cli.target_model.row_keys import row_keys
+    from specdec_cli.target_model.native.row_keys import row_keys
 
     heads, kv_heads, dim = 9, 3, 64  # SmolLM2-135M's attention
     total = context + rows
@@ -93,8 +93,8 @@ def attention_times(context: int, rows: int, repeats: int) -> tuple[float, float
 
 
 def load_decoder(target: str):
-    from specdec_cli.target_model.models import load_target
-    from specdec_cli.target_model.native import decoder_for
+    from specdec_cli.target_model.load.models import load_target
+    from specdec_cli.target_model.native.native import decoder_for
 
     loaded = load_target(target, weights="gguf", device="cpu")
     decoder = decoder_for(loaded.model)
@@ -154,7 +154,7 @@ def whole_forward(decoder, vocab: int, contexts: list[int], rows_list: list[int]
     import torch
 
     from specdec_cli import kernels
-    from specdec_cli.target_model.kv_cache import KVCache
+    from specdec_cli.target_model.native.kv_cache import KVCache
 
     generator = torch.Generator().manual_seed(0)
     print(f"\nwhole forward of n rows after a context, ms (block weights, native decoder, {kernels.isa()}, "

@@ -39,7 +39,7 @@ from specdec_cli.distill.eagle_train import (
     split_pieces,
     training_sequences,
 )
-from specdec_cli.target_model.models import DEFAULT_TARGET, load_target
+from specdec_cli.target_model.load.models import DEFAULT_TARGET, load_target
 from specdec_cli.texts.fingerprint import tokenizer_fingerprint
 
 

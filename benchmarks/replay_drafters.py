@@ -54,7 +54,7 @@ def record(args: argparse.Namespace) -> None:
     from specdec_cli.decoding.engine import Engine
     from specdec_cli.drafters import target_info
     from specdec_cli.drafters.none import NoDrafter
-    from specdec_cli.target_model.models import load_target
+    from specdec_cli.target_model.load.models import load_target
     from specdec_cli.texts.prompt_ids import format_prompt
     from specdec_cli.texts.prompts import load_prompt_file, load_suite, select
 

@@ -17,7 +17,7 @@ from rich.text import Text
 from specdec_cli.cli.render import STYLES, TranscriptView, text_decoder
 from specdec_cli.session.chat import ChatSession, ChatSettings
 from specdec_cli.session.run_settings import run_settings
-from specdec_cli.target_model.models import load_target
+from specdec_cli.target_model.load.models import load_target
 
 PROMPT = ("Fix the spelling in this paragraph and return it: 'Speculative decodng lets a small drafter gues "
           "several tokens ahead. The big model then cheks all of them in one pass, and keeps the ones it "

@@ -150,7 +150,7 @@ def fixed_engine(model, exact=None):
     from specdec_cli.decoding.cost_curve import CostCurve
     from specdec_cli.decoding.engine import Engine
     from specdec_cli.decoding.planner import DraftPlanner
-    from specdec_cli.target_model.exact_setup import choose_forward
+    from specdec_cli.target_model.verify.exact_setup import choose_forward
 
     held = _FORWARDS.get((id(model), exact))
     if held is None or held[0] is not model:
@@ -284,7 +284,7 @@ def real_target():
     """The embedded default model (SmolLM2-135M-Instruct), loaded once a session for each (dtype, weights) asked
     for: `real_target()` is the dense float32 model transformers' float32 generate is compared with;
     `real_target("float32", "auto")` what a user's `--weights auto` loads. Tests must not change the model."""
-    from specdec_cli.target_model.models import load_target  # the loader, also where shared_real_model replaces it
+    from specdec_cli.target_model.load.models import load_target  # the loader, also where shared_real_model replaces it
 
     loaded: dict = {}
 
@@ -302,7 +302,7 @@ def shared_real_model(real_target, monkeypatch):
     """For `invoke`: a command that loads the default model (chat, bench, distill...) gets the session's copy of it
     (real_target) instead of loading it again; any other target, device or home loads as usual."""
     from specdec_cli.defaults import DEFAULT_TARGET
-    from specdec_cli.target_model import models
+    from specdec_cli.target_model.load import models
 
     load_target, home = models.load_target, os.environ.get("SPECDEC_HOME")
 

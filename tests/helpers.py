@@ -11,7 +11,7 @@ import torch
 from conftest import TINY_EOS, TINY_VOCAB, char_level_tokenizer, make_char_tokenizer
 
 from specdec_cli.decoding.draft import NOTHING, Draft
-from specdec_cli.target_model import gguf_decode
+from specdec_cli.target_model.gguf import gguf_decode
 
 # -- tiny models of every family README lists (test_families.py, test_exact.py, test_native.py) ------------------
 
@@ -330,7 +330,7 @@ OWN_LOADER = {"gemma": ("gemma", "llama", {"tie_word_embeddings": True}),
 def split_logits(forward, ids: list[int], tail: int = 3) -> torch.Tensor:
     """Logits [len(ids), vocab] of a prompt then a block of its last `tail` tokens on one cache (a prefill and a
     verify-sized block), from anything called as the native decoder is."""
-    from specdec_cli.target_model.kv_cache import transformers_kv_cache
+    from specdec_cli.target_model.native.kv_cache import transformers_kv_cache
 
     cache, head = transformers_kv_cache(), len(ids) - tail
     rows = [forward(input_ids=torch.tensor([ids[:head]]), position_ids=torch.arange(head)[None],

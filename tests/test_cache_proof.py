@@ -1,4 +1,4 @@
-"""The GGUF-in-place cache proves itself on every load (target_model/gguf_model.py): a source changed in place
+"""The GGUF-in-place cache proves itself on every load (target_model/in_place/gguf_model.py): a source changed in place
 (even with its size and modification time kept), another file's cache copied in, a damaged, missing, edited or
 foreign side file, or records that do not hash to what was written are never used: the folder is made again, with
 one warning line saying why, and the answers are the source's own."""
@@ -15,8 +15,9 @@ from helpers import PROMPTS, split_logits, write_family_gguf
 from test_gguf_in_place import _source
 
 from specdec_cli import kernels
-from specdec_cli.target_model import gguf_check, models
-from specdec_cli.target_model.gguf_model import BLOCKS_FILE, MARKER
+from specdec_cli.target_model.in_place import gguf_check
+from specdec_cli.target_model.in_place.gguf_model import BLOCKS_FILE, MARKER
+from specdec_cli.target_model.load import models
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
 

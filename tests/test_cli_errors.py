@@ -69,7 +69,7 @@ def test_missing_model_package_names_the_install_command(monkeypatch):
     import importlib.util
 
     from specdec_cli.errors import SpecdecError
-    from specdec_cli.target_model import models
+    from specdec_cli.target_model.load import models
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -256,7 +256,8 @@ def test_an_output_folder_that_cannot_be_written_fails_before_loading(tmp_path, 
     real_access = os.access
     monkeypatch.setattr(os, "access", lambda path, mode, *a, **k: False if Path(path) == folder
                         else real_access(path, mode, *a, **k))
-    for loader in ("specdec_cli.target_model.models.load_tokenizer", "specdec_cli.target_model.models.load_target",
+    for loader in ("specdec_cli.target_model.load.models.load_tokenizer",
+                   "specdec_cli.target_model.load.models.load_target",
                    "specdec_cli.cli.distill_cmd.load_target"):
         monkeypatch.setattr(loader, lambda *a, **k: pytest.fail("loaded before checking the output"))
     args = [str(corpus) if arg == "CORPUS" else arg.replace("FOLDER", str(folder)) for arg in args]
@@ -278,7 +279,7 @@ def test_bench_outputs_never_replace_a_file_specdec_did_not_write(tmp_path, monk
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "What is 2+2?"}\n')
-    monkeypatch.setattr("specdec_cli.target_model.models.load_target",
+    monkeypatch.setattr("specdec_cli.target_model.load.models.load_target",
                         lambda *a, **k: pytest.fail("loaded before the check"))
     result = CliRunner().invoke(app, ["bench", "--prompts", str(prompts), flag, str(prompts)])
     assert isinstance(result.exception, SpecdecError), result.exception

@@ -24,7 +24,7 @@ from specdec_cli.device import ROWS
 from specdec_cli.device.forward import DeviceForward
 from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter, target_weights
 from specdec_cli.errors import SpecdecError
-from specdec_cli.target_model.check_outcome import CheckOutcome
+from specdec_cli.target_model.verify.check_outcome import CheckOutcome
 
 REGISTERED = ["pld", "sam", "recycle", "aded", "sam+aded", "sam+recycle"]  # drafters that need no files
 
@@ -145,8 +145,8 @@ def test_the_default_model_is_token_identical_for_every_drafter(real_target):
     assert forward.outcome.state == "on"
     # the blocks dequantised on the device compute what the native decoder computes on them (which rounds each
     # row's activations to 8 bits per block of 32: close, not equal)
-    from specdec_cli.target_model.exact_setup import NativeForward
-    from specdec_cli.target_model.kv_cache import transformers_kv_cache
+    from specdec_cli.target_model.native.kv_cache import transformers_kv_cache
+    from specdec_cli.target_model.verify.exact_setup import NativeForward
 
     with torch.inference_mode():
         native = NativeForward(model)(prompt, transformers_kv_cache(), 0).logits  # [n, vocab]
@@ -237,8 +237,8 @@ def test_the_meta_device_sees_a_tensor_made_off_the_device(tiny_llama):
 
 
 def test_decoder_device_is_a_load_setting_chosen_by_choose_forward(tiny_llama):
-    from specdec_cli.target_model.exact_setup import NativeForward, TransformersForward, choose_forward
-    from specdec_cli.target_model.load_settings import LoadSettings
+    from specdec_cli.target_model.load.load_settings import LoadSettings
+    from specdec_cli.target_model.verify.exact_setup import NativeForward, TransformersForward, choose_forward
 
     chosen = choose_forward(tiny_llama, None, LoadSettings(device="cpu", decoder="device"))
     assert isinstance(chosen, DeviceForward) and chosen.dtype == torch.float32
@@ -302,8 +302,8 @@ def test_bfloat16_as_on_a_gpu_is_exact_too(tiny_llama):
 def test_a_gguf_on_cuda_is_opened_in_place_for_the_device_engine(monkeypatch):
     """Deciding where a GGUF loads on cuda needs no GPU: in place (its blocks for the device engine to dequantise
     on the GPU) when the caller runs the forward the settings choose; else transformers' conversion, as before."""
-    from specdec_cli.target_model import models
-    from specdec_cli.target_model.load_settings import LoadSettings
+    from specdec_cli.target_model.load import models
+    from specdec_cli.target_model.load.load_settings import LoadSettings
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     plan = models.check_load(LoadSettings(device="cuda"))

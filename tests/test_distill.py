@@ -28,7 +28,7 @@ def target_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def target(target_dir):
-    from specdec_cli.target_model.models import load_target
+    from specdec_cli.target_model.load.models import load_target
 
     return load_target(str(target_dir), "cpu", "float32")
 
@@ -275,8 +275,8 @@ def test_a_student_is_cut_from_block_weights_dequantised(target_dir, data_file, 
 
     from specdec_cli.distill.student import build_student
     from specdec_cli.distill.train import train_draft
-    from specdec_cli.target_model.models import load_target
-    from specdec_cli.target_model.quant import BlockLinear
+    from specdec_cli.target_model.load.models import load_target
+    from specdec_cli.target_model.native.quant import BlockLinear
 
     blocks = load_target(str(target_dir), "cpu", "float32", weights="int8")
     layer = blocks.model.model.layers[0].self_attn.q_proj

@@ -8,8 +8,8 @@ import copy
 import pytest
 import torch
 
-from specdec_cli.target_model import dtype_choice
-from specdec_cli.target_model.dtype_choice import TIMED_STEPS, WARM_UP_STEPS, choose_cpu_dtype, step_seconds
+from specdec_cli.target_model.load import dtype_choice
+from specdec_cli.target_model.load.dtype_choice import TIMED_STEPS, WARM_UP_STEPS, choose_cpu_dtype, step_seconds
 
 
 def _timer(float32: float, bfloat16: float, calls: list):
@@ -55,7 +55,7 @@ def test_without_native_bfloat16_nothing_is_timed(tiny_llama, monkeypatch, tmp_p
 
 
 def test_load_target_hands_its_timer_to_the_choice(tiny_model_dir, native_bfloat16, monkeypatch):
-    from specdec_cli.target_model.models import load_target
+    from specdec_cli.target_model.load.models import load_target
 
     monkeypatch.delenv("SPECDEC_DTYPE", raising=False)
     calls: list = []

@@ -195,7 +195,8 @@ def test_the_head_drafts_what_it_is_asked_for(tiny_llama, trained):
 
 
 def _block_target(tiny_llama, mode):
-    from specdec_cli.target_model import converted_blocks, quant
+    from specdec_cli.target_model.load import converted_blocks
+    from specdec_cli.target_model.native import quant
 
     model = copy.deepcopy(tiny_llama)
     quant.install_blocks(model, converted_blocks.plan_blocks(model, mode, None))
@@ -209,7 +210,7 @@ def test_on_a_block_target_the_head_drafts_on_the_kernels_and_stays_lossless(tin
     tokens are read from the target's own LM-head blocks (exactly the target's logits on them); greedy output is
     still the target's own."""
     from specdec_cli.drafters.eagle_head import head_on_blocks
-    from specdec_cli.target_model.quant import BlockLinear
+    from specdec_cli.target_model.native.quant import BlockLinear
 
     head, _ = trained
     model = _block_target(tiny_llama, mode)

@@ -181,7 +181,7 @@ def test_pld_drafts_the_continuation():
 
 
 def test_a_check_outcome_renders_as_displays_and_bench_json_show_it(tiny_llama):
-    from specdec_cli.target_model.check_outcome import CheckOutcome
+    from specdec_cli.target_model.verify.check_outcome import CheckOutcome
 
     assert CheckOutcome("off").text() == "off" and CheckOutcome("not checked").text() == "not checked"
     assert CheckOutcome("passed").text() == "passed"

@@ -22,9 +22,9 @@ from specdec_cli.decoding.cost_curve import CostCurve
 from specdec_cli.decoding.engine import Engine, GenerationConfig
 from specdec_cli.decoding.planner import DraftPlanner
 from specdec_cli.drafters.none import NoDrafter
-from specdec_cli.target_model.exact import _pad_rows, exact_rows, install, row_invariant, rowwise_attention
-from specdec_cli.target_model.exact_setup import choose_forward
-from specdec_cli.target_model.tree_mask import tree_attention_mask, tree_layout
+from specdec_cli.target_model.verify.exact import _pad_rows, exact_rows, install, row_invariant, rowwise_attention
+from specdec_cli.target_model.verify.exact_setup import choose_forward
+from specdec_cli.target_model.verify.tree_mask import tree_attention_mask, tree_layout
 
 NEW = 32
 BUDGET = 7  # chains and trees of up to 7 nodes: blocks of up to 8 rows
@@ -188,7 +188,7 @@ class _Fake:
 
 @pytest.mark.slow
 def test_one_forward_handed_to_engines_is_checked_once_and_leaves_the_model_alone(monkeypatch):
-    import specdec_cli.target_model.exact as exact
+    import specdec_cli.target_model.verify.exact as exact
 
     model = family_model("llama", seed=3).to(torch.bfloat16)
     checks = []

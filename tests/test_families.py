@@ -27,12 +27,12 @@ from helpers import (
     tree_path,
 )
 
-import specdec_cli.target_model.forward as target_forward
-import specdec_cli.target_model.tree_check as tree_check
+import specdec_cli.target_model.verify.forward as target_forward
+import specdec_cli.target_model.verify.tree_check as tree_check
 from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.errors import SpecdecError
 from specdec_cli.target_model import families
-from specdec_cli.target_model.rollback import keep_accepted, truncate_cache
+from specdec_cli.target_model.verify.rollback import keep_accepted, truncate_cache
 
 BUDGET = 12  # nodes per verify: deep enough for a tree path longer than the window
 NEW = 24

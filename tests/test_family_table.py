@@ -14,8 +14,12 @@ from helpers import family_model
 
 from specdec_cli import kernels
 from specdec_cli.device import family as device_family
-from specdec_cli.target_model import converted_blocks, families, gguf_families, gguf_layout, native, quant, tree_check
-from specdec_cli.target_model.check_outcome import CheckOutcome
+from specdec_cli.target_model import families
+from specdec_cli.target_model.gguf import gguf_families, gguf_layout
+from specdec_cli.target_model.load import converted_blocks
+from specdec_cli.target_model.native import native, native_support, quant
+from specdec_cli.target_model.verify import tree_check
+from specdec_cli.target_model.verify.check_outcome import CheckOutcome
 
 TOY = families.Family("toy", "toyarch", norm_plus_one=True, embedding_scale=True, permuted_qk=True,
                       own_gguf_loader=True, qk_norm=True, sandwich_norms=True, qkv_bias=True)
@@ -36,7 +40,7 @@ def test_the_decoders_refusals_list_a_new_row(toy):
     other = SimpleNamespace(config=SimpleNamespace(model_type="other"))
     assert families.native_list().endswith("smollm3, toy")
     if kernels.available():
-        assert native.unsupported(other).endswith(f"({families.native_list()})")
+        assert native_support.unsupported(other).endswith(f"({families.native_list()})")
     assert device_family.unsupported(other).endswith(f"({families.native_list()})")
 
 

@@ -1,7 +1,7 @@
-"""GGUF files loaded in place (target_model/gguf_model.py): no transformers model and no dense copy, the same logits
-bit for bit as the file's blocks installed into transformers' model of it (the path before), greedy speculation equal to
-plain decoding, the repacked cache made once and mapped after; and every hostile file refused in one line, exit 1,
-with nothing cached."""
+"""GGUF files loaded in place (target_model/in_place/gguf_model.py): no transformers model and no dense copy, the
+same logits bit for bit as the file's blocks installed into transformers' model of it (the path before), greedy
+speculation equal to plain decoding, the repacked cache made once and mapped after; and every hostile file refused
+in one line, exit 1, with nothing cached."""
 
 from __future__ import annotations
 
@@ -25,8 +25,11 @@ from helpers import (
 from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.drafters.none import NoDrafter
-from specdec_cli.target_model import converted_blocks, gguf_blocks, gguf_check, gguf_decode, native, quant
-from specdec_cli.target_model.exact_setup import NativeForward
+from specdec_cli.target_model.gguf import gguf_decode
+from specdec_cli.target_model.in_place import gguf_blocks, gguf_check
+from specdec_cli.target_model.load import converted_blocks
+from specdec_cli.target_model.native import native, quant
+from specdec_cli.target_model.verify.exact_setup import NativeForward
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
 
@@ -46,7 +49,7 @@ def _source(family: str):
 
 
 def _in_place(path, home, monkeypatch):
-    from specdec_cli.target_model import models
+    from specdec_cli.target_model.load import models
 
     monkeypatch.setenv("SPECDEC_HOME", str(home))
     return models.load_target(str(path), device="cpu")
@@ -57,7 +60,7 @@ def _before(path, family):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
-    from specdec_cli.target_model import gguf_families
+    from specdec_cli.target_model.gguf import gguf_families
 
     logging.disable_progress_bar()
     if gguf_families.handles(path):
@@ -115,7 +118,7 @@ def test_the_cache_is_made_once_then_mapped_and_remade_when_damaged(tmp_path, mo
     blocks = cache / gguf_model_blocks()
     with safe_open(str(blocks), framework="pt") as handle:  # any safetensors reader reads it
         assert "model.layers.0.self_attn.q_proj.records" in handle.keys()
-    from specdec_cli.target_model import models
+    from specdec_cli.target_model.load import models
 
     gguf_check._checked.clear()
     again = models.load_target(str(path), device="cpu")
@@ -145,7 +148,7 @@ def test_the_cache_is_made_once_then_mapped_and_remade_when_damaged(tmp_path, mo
 
 
 def gguf_model_blocks() -> str:
-    from specdec_cli.target_model.gguf_model import BLOCKS_FILE
+    from specdec_cli.target_model.in_place.gguf_model import BLOCKS_FILE
 
     return BLOCKS_FILE
 
@@ -169,14 +172,14 @@ def test_repacking_decodes_every_type_as_gguf_dequantises_it(tmp_path):
     import gguf
     import numpy as np
 
-    from specdec_cli.target_model.gguf_file import open_gguf
+    from specdec_cli.target_model.gguf.gguf_file import open_gguf
 
     source, architecture, tokenizer = _source("llama")
     path = tmp_path / "tiny.gguf"
     write_family_gguf(path, source, architecture, tokenizer)
     opened = open_gguf(path)
-    from specdec_cli.target_model.gguf_config import hf_config
-    from specdec_cli.target_model.gguf_layout import check_tensors
+    from specdec_cli.target_model.gguf.gguf_config import hf_config
+    from specdec_cli.target_model.gguf.gguf_layout import check_tensors
 
     config = hf_config(opened)
     expected = check_tensors(opened, config)
@@ -294,10 +297,10 @@ def test_the_bench_runs_without_the_rows_that_need_transformers_model(tmp_path, 
 def test_the_stored_config_and_rotary_tables_are_transformers_own(family, tmp_path, monkeypatch):
     """What the in-place cache stores (stored.py) and every load reads back holds the values of the config and the
     rotary module transformers builds for the file, and a second load reads the same from the cache."""
-    from specdec_cli.target_model import stored
-    from specdec_cli.target_model.gguf_config import hf_config
-    from specdec_cli.target_model.gguf_file import open_gguf
-    from specdec_cli.target_model.gguf_model import _rotary
+    from specdec_cli.target_model.gguf.gguf_config import hf_config
+    from specdec_cli.target_model.gguf.gguf_file import open_gguf
+    from specdec_cli.target_model.in_place import stored
+    from specdec_cli.target_model.in_place.gguf_model import _rotary
 
     source, architecture, tokenizer = _source(family)
     path = tmp_path / f"tiny-{family}.gguf"

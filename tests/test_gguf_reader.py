@@ -1,4 +1,4 @@
-"""GGUF is read one way: target_model/gguf_file.py parses headers, and every other module of specdec_cli builds on
+"""GGUF is read one way: target_model/gguf/gguf_file.py parses headers, and every other module of specdec_cli builds on
 it (the family check, the metadata, the block decoding). benchmarks/ and tests/ may use gguf-py's writer and
 reader to make and inspect files."""
 
@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specdec_cli"
-READER = "target_model/gguf_file.py"
+READER = "target_model/gguf/gguf_file.py"
 # gguf-py's reader, or a header parsed by hand (the magic, read or compared)
 PARSING = re.compile(r"GGUFReader|gguf_reader|b[\"']GGUF[\"']|[\"']GGUF[\"']\.encode")
 # modules of other branches still reading a header themselves: each must still do so (then it moves off this list)

@@ -31,7 +31,8 @@ def hang_guard():
 
 
 def _no_model(monkeypatch):
-    for where in ("specdec_cli.target_model.models.load_target", "specdec_cli.target_model.models.load_tokenizer"):
+    for where in ("specdec_cli.target_model.load.models.load_target",
+                  "specdec_cli.target_model.load.models.load_tokenizer"):
         monkeypatch.setattr(where, lambda *a, **k: pytest.fail("loaded before the output was checked"))
 
 
@@ -142,7 +143,7 @@ def test_a_symbolic_link_loop_is_named(tmp_path):
 
 def test_a_long_file_name_gets_a_cache_folder_name_that_fits(tmp_path, monkeypatch):
     from specdec_cli.home import NAME_BYTES, short_stem
-    from specdec_cli.target_model.gguf_model import cache_folder
+    from specdec_cli.target_model.in_place.gguf_model import cache_folder
 
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
     long = tmp_path / ("é" * 5 + "x" * 235 + ".gguf")  # 245 characters, 250 bytes

@@ -16,7 +16,7 @@ from conftest import assert_one_line_error, cli_env, invoke
 from helpers import GGUF_FAMILIES, family_model, write_family_gguf
 
 from specdec_cli import kernels
-from specdec_cli.target_model import gguf_file
+from specdec_cli.target_model.gguf import gguf_file
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
 
@@ -310,7 +310,7 @@ def test_long_numeric_arrays_stay_numpy_arrays(tiny, tmp_path):
 def test_a_quantised_matrix_with_a_nan_or_infinite_scale_is_refused_at_repacking(tiny, tmp_path, tensor):
     """A block scale (f16 d) set to NaN or infinity in a Q4_x or Q8_0 matrix: refused in one line naming the tensor,
     before the first forward, with nothing cached (the repacking checks every block's d, m and dmin)."""
-    from specdec_cli.target_model.gguf_file import open_gguf
+    from specdec_cli.target_model.gguf.gguf_file import open_gguf
 
     for index, value in enumerate((b"\x00\x7e", b"\x00\x7c")):  # NaN, +infinity
         path = tmp_path / f"scale{index}.gguf"

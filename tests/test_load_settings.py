@@ -12,8 +12,8 @@ import pytest
 from conftest import cli_env
 
 from specdec_cli.errors import SpecdecError, check_choice
-from specdec_cli.target_model import hub, models
-from specdec_cli.target_model.load_settings import DEVICES, DTYPES, WEIGHTS, LoadSettings
+from specdec_cli.target_model.load import hub, models
+from specdec_cli.target_model.load.load_settings import DEVICES, DTYPES, WEIGHTS, LoadSettings
 
 
 @pytest.mark.parametrize("setting, value", [("device", "tpu"), ("dtype", "float8"), ("weights", "int3")])
@@ -92,7 +92,7 @@ LOAD_AND_COMPARE = """
 import json, os, sys
 import torch._dynamo  # (torch's own doing, as transformers' models import it: TORCHINDUCTOR_CACHE_DIR)
 before = dict(os.environ)
-from specdec_cli.target_model import models
+from specdec_cli.target_model.load import models
 for weights in ("dense", "int8"):
     models.load_target(sys.argv[1], "cpu", "auto", weights=weights, step_timer=lambda model: 0.01)
 after = dict(os.environ)

@@ -81,7 +81,7 @@ def test_the_memory_commands_refuse_a_home_that_is_a_file(tmp_path, command):
 
 
 def _recorded(folder):
-    from specdec_cli.target_model import converted
+    from specdec_cli.target_model.load import converted
 
     marker = {"format": converted.CONVERTED_FORMAT,
               "files": {path.name: converted._file_record(path) for path in sorted(folder.iterdir())}}
@@ -89,7 +89,7 @@ def _recorded(folder):
 
 
 def test_a_conversion_is_checked_by_size_and_by_checksum_when_touched(tmp_path):
-    from specdec_cli.target_model.converted import CONVERTED_MARKER, converted_damage
+    from specdec_cli.target_model.load.converted import CONVERTED_MARKER, converted_damage
 
     folder = tmp_path / "converted"
     folder.mkdir()
@@ -117,7 +117,7 @@ def test_a_conversion_recorded_before_checksums_is_checked_by_its_header(tmp_pat
     import torch
     from safetensors.torch import save_file
 
-    from specdec_cli.target_model.converted import CONVERTED_MARKER, converted_damage
+    from specdec_cli.target_model.load.converted import CONVERTED_MARKER, converted_damage
 
     folder = tmp_path / "converted"
     folder.mkdir()

@@ -23,9 +23,10 @@ from helpers import (
 from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.drafters.none import NoDrafter
-from specdec_cli.target_model import converted_blocks, native, quant
-from specdec_cli.target_model.exact_setup import NativeForward
-from specdec_cli.target_model.kv_cache import KVCache, transformers_kv_cache
+from specdec_cli.target_model.load import converted_blocks
+from specdec_cli.target_model.native import native, native_support, quant
+from specdec_cli.target_model.native.kv_cache import KVCache, transformers_kv_cache
+from specdec_cli.target_model.verify.exact_setup import NativeForward
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
 
@@ -72,7 +73,7 @@ def test_the_native_decoder_computes_what_transformers_computes(family, mode):
     """A short prompt (the row-invariant kernel), a long one (the prefill's attention), then one-row steps and a
     4-row block on its cache: logits and hidden states as transformers' forward on the same block layers."""
     model = _blocks(family, mode)
-    assert native.unsupported(model) is None
+    assert native_support.unsupported(model) is None
     decoder = native.decoder_for(model)
     sequence = _sequence(LONG + 6)
     with torch.inference_mode():
@@ -104,7 +105,7 @@ def test_a_tree_deeper_than_the_window_equals_one_row_steps_bit_for_bit(family):
     """Sliding windows in a tree: a node attends only to the keys within the window of its own position (the
     prefix's and its ancestors'). Each node's logits equal one-row forwards along its path bit for bit, and
     transformers' forward of the path as a sequence up to rounding."""
-    from specdec_cli.target_model.tree_mask import tree_attention_mask, tree_layout
+    from specdec_cli.target_model.verify.tree_mask import tree_attention_mask, tree_layout
 
     model = _blocks(family, "int4")
     decoder = native.decoder_for(model)
@@ -133,7 +134,7 @@ def test_a_tree_deeper_than_the_window_equals_one_row_steps_bit_for_bit(family):
 def test_a_partial_rotary_turns_only_the_first_dimensions_of_each_head():
     """Phi-3.5/Phi-4-mini's partial_rotary_factor: the rotation in torch (the kernel turns whole heads), still
     row-invariant (blocks, and a tree, bit for bit as one-row forwards)."""
-    from specdec_cli.target_model.exact import block_mismatch
+    from specdec_cli.target_model.verify.exact import block_mismatch
 
     model = _blocks("phi3", "int4", partial_rotary_factor=0.5)
     decoder = native.decoder_for(model)
@@ -149,25 +150,25 @@ def test_a_partial_rotary_turns_only_the_first_dimensions_of_each_head():
 
 def test_what_the_native_decoder_leaves_to_transformers(monkeypatch):
     dense = family_model("llama", seed=3)
-    assert "not a block layer" in native.unsupported(dense)
+    assert "not a block layer" in native_support.unsupported(dense)
     assert native.decoder_for(dense) is None
     model = _blocks("llama", "int4")
     monkeypatch.setattr(model.config, "model_type", "some-new-family")
-    assert "some-new-family is not a family" in native.unsupported(model)
+    assert "some-new-family is not a family" in native_support.unsupported(model)
     monkeypatch.undo()
     monkeypatch.setattr(model.model.rotary_emb, "rope_type", "dynamic")
-    assert native.unsupported(model) == "rope type 'dynamic' changes with the length"
+    assert native_support.unsupported(model) == "rope type 'dynamic' changes with the length"
     monkeypatch.undo()
     from transformers.activations import GELUTanh
 
     mlp = model.model.layers[1].mlp
     saved, mlp.act_fn = mlp.act_fn, GELUTanh(use_gelu_tanh_python=True)  # the formula in Python, not torch's gelu
-    assert native.unsupported(model) == "activation GELUTanh"
+    assert native_support.unsupported(model) == "activation GELUTanh"
     mlp.act_fn = saved
     monkeypatch.setattr(model.config, "layer_types", ["full_attention", "chunked_attention"], raising=False)
-    assert native.unsupported(model) == "chunked_attention layers"
+    assert native_support.unsupported(model) == "chunked_attention layers"
     monkeypatch.undo()
-    assert native.unsupported(model) is None
+    assert native_support.unsupported(model) is None
 
 
 @pytest.fixture(scope="module", params=BLOCK_FAMILIES, ids=[family for family, _ in BLOCK_FAMILIES])
@@ -264,7 +265,7 @@ def test_a_gguf_of_each_family_runs_native_on_its_own_blocks(family, tmp_path):
     quant.install_blocks(model, converted_blocks.plan_blocks(model, "gguf", tmp_path / "tiny.gguf"))
     assert not any(type(module) is torch.nn.Linear for module in model.modules())
     assert {layer.origin for layer in quant.block_layers(model)} == {"Q4_0", "Q4_1", "Q8_0"}
-    assert native.unsupported(model) is None
+    assert native_support.unsupported(model) is None
     ids = torch.tensor([PROMPTS[1]])
     with torch.inference_mode():
         want = model(ids).logits
@@ -294,7 +295,8 @@ def test_a_gguf_transformers_cannot_read_loads_through_specdec_and_runs_native(f
     equal to plain decoding."""
     from transformers import AutoModelForCausalLM
 
-    from specdec_cli.target_model import gguf_families, models
+    from specdec_cli.target_model.gguf import gguf_families
+    from specdec_cli.target_model.load import models
 
     architecture, tokenizer, settings = OWN_LOADER[family]
     source = family_model(family, seed=5, **settings)
@@ -337,7 +339,8 @@ def test_auto_weights_that_choose_dense_give_torch_its_threads_back(tmp_path, mo
     kernels; when dense wins, the dense model must run on those threads again, not on the one torch keeps while
     the kernels compute."""
     from specdec_cli import kernels
-    from specdec_cli.target_model import gguf_layout, models
+    from specdec_cli.target_model.gguf import gguf_layout
+    from specdec_cli.target_model.load import models
 
     monkeypatch.setattr(gguf_layout, "native_reason", lambda gguf, config: "a family computed by transformers")
 

@@ -221,7 +221,7 @@ def test_the_c_repacking_of_a_gguf_tensor_is_its_fields_packed(type_name):
     import numpy as np
     from test_quant import _gguf_bytes
 
-    from specdec_cli.target_model import gguf_decode
+    from specdec_cli.target_model.gguf import gguf_decode
 
     kind = packed.KIND_OF_GGUF_TYPE[type_name]
     for seed in (0, 1):

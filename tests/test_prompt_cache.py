@@ -13,7 +13,8 @@ from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.decoding.prompt_cache import PromptCache
 from specdec_cli.drafters.none import NoDrafter
-from specdec_cli.target_model import converted_blocks, quant
+from specdec_cli.target_model.load import converted_blocks
+from specdec_cli.target_model.native import quant
 
 
 def _sequence(length: int, seed: int) -> list[int]:

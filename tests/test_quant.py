@@ -11,7 +11,9 @@ import torch
 from conftest import _tiny
 
 from specdec_cli import kernels
-from specdec_cli.target_model import converted_blocks, gguf_decode, quant, weights_cache
+from specdec_cli.target_model.gguf import gguf_decode
+from specdec_cli.target_model.load import converted_blocks, weights_cache
+from specdec_cli.target_model.native import quant
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
 
@@ -209,7 +211,7 @@ def test_converted_weights_keep_tied_embeddings_under_the_name_every_tool_reads(
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    from specdec_cli.target_model.converted import save_weights
+    from specdec_cli.target_model.load.converted import save_weights
 
     model = _tiny("llama")
     model.config.tie_word_embeddings = True

@@ -158,8 +158,8 @@ def test_every_drafter_is_exact_on_the_ggufs_own_blocks(real_target, tmp_path):
     from specdec_cli.decoding.engine import Engine, GenerationConfig
     from specdec_cli.decoding.planner import DraftPlanner
     from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter, target_info
-    from specdec_cli.target_model.exact_setup import NativeForward
-    from specdec_cli.target_model.quant import weights_summary
+    from specdec_cli.target_model.native.quant import weights_summary
+    from specdec_cli.target_model.verify.exact_setup import NativeForward
     from specdec_cli.texts.prompt_ids import format_prompt
 
     target = real_target("float32", "gguf")
@@ -194,7 +194,7 @@ def test_llama_cpp_decodes_the_same_gguf_where_it_is_installed():
     from types import SimpleNamespace
 
     from specdec_cli.bench.llama_cpp import LlamaCpp
-    from specdec_cli.target_model.models import default_gguf_path, load_tokenizer
+    from specdec_cli.target_model.load.models import default_gguf_path, load_tokenizer
     from specdec_cli.texts.prompt_ids import format_prompt
 
     tokenizer = load_tokenizer()
@@ -228,8 +228,8 @@ def test_a_damaged_conversion_is_converted_again_with_one_warning(tmp_path, monk
     all that reaches its stderr is checked (transformers' logging included)."""
     import shutil
 
-    from specdec_cli.target_model.converted import converted_dir, ensure_converted
-    from specdec_cli.target_model.models import default_gguf_path
+    from specdec_cli.target_model.load.converted import converted_dir, ensure_converted
+    from specdec_cli.target_model.load.models import default_gguf_path
 
     ours = ensure_converted(default_gguf_path())  # this machine's (the tests' home), converted once
     home = tmp_path / "home"
@@ -245,7 +245,7 @@ def test_a_damaged_conversion_is_converted_again_with_one_warning(tmp_path, monk
     assert len(lines) == 1 and lines[0].startswith("specdec: warning: the converted model"), result.stderr
     assert str(copy) in lines[0] and "model.safetensors: 1,000,000 bytes" in lines[0]
     assert "de-quantizing" not in result.stderr
-    from specdec_cli.target_model.converted import converted_damage
+    from specdec_cli.target_model.load.converted import converted_damage
 
     monkeypatch.setenv("SPECDEC_HOME", str(home))
     assert converted_dir(default_gguf_path()) == copy and converted_damage(copy) is None  # repaired in place
@@ -266,8 +266,9 @@ def test_the_default_gguf_in_place_is_the_converted_model_on_its_own_blocks(real
     installed into transformers' model of it (specdec's path before)."""
     from transformers import AutoTokenizer, PreTrainedModel
 
-    from specdec_cli.target_model import converted_blocks, native, quant
-    from specdec_cli.target_model.models import default_gguf_path
+    from specdec_cli.target_model.load import converted_blocks
+    from specdec_cli.target_model.load.models import default_gguf_path
+    from specdec_cli.target_model.native import native, quant
     from specdec_cli.texts.prompt_ids import format_prompt
 
     in_place = real_target("float32", "gguf")

@@ -342,7 +342,7 @@ def test_fingerprint_is_stable_and_tells_tokenizers_apart(tmp_path, char_tokeniz
 
 @pytest.mark.real_model
 def test_default_tokenizer_index(tmp_path):
-    from specdec_cli.target_model.models import load_tokenizer
+    from specdec_cli.target_model.load.models import load_tokenizer
 
     tokenizer = load_tokenizer()
     corpora = Path(__file__).resolve().parent.parent / "corpora"

@@ -27,7 +27,7 @@ def test_the_server_command_names_the_proposer_and_passes_its_settings():
 
 def test_serve_resolves_the_target_and_runs_the_server(monkeypatch):
     calls = []
-    monkeypatch.setattr("specdec_cli.target_model.models.model_location",
+    monkeypatch.setattr("specdec_cli.target_model.load.models.model_location",
                         lambda source, on_status=None: "/converted/dir")
     code = serve(serve_settings("pld"), run=lambda argv, env: calls.append((argv, env)) or 0)
     assert code == 0 and calls[0][0][calls[0][0].index("--model") + 1] == "/converted/dir"
@@ -83,7 +83,7 @@ def test_listening_beyond_this_machine_without_a_key_warns_once(monkeypatch, hos
         monkeypatch.delenv("VLLM_API_KEY", raising=False)
     else:
         monkeypatch.setenv("VLLM_API_KEY", env_key)
-    monkeypatch.setattr("specdec_cli.target_model.models.model_location",
+    monkeypatch.setattr("specdec_cli.target_model.load.models.model_location",
                         lambda source, on_status=None: "/converted/dir")
     said: list[str] = []
     serve(serve_settings("pld", host=host, api_key=key), run=lambda argv, env: 0, on_warning=said.append)
@@ -97,14 +97,15 @@ def test_the_command_line_warns_in_one_line_and_passes_the_key(monkeypatch):
     from typer.testing import CliRunner
 
     from specdec_cli.cli import app
-    from specdec_cli.target_model.models import TargetSource
+    from specdec_cli.target_model.load.models import TargetSource
 
     runs: list[dict] = []
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     monkeypatch.setattr("specdec_cli.vllm.serve.vllm_installed", lambda: True)
     monkeypatch.setattr("specdec_cli.vllm.serve._cpu_build", lambda: True)
-    monkeypatch.setattr("specdec_cli.target_model.models.resolve_target", lambda target: TargetSource("dir", "/m", "m"))
-    monkeypatch.setattr("specdec_cli.target_model.models.model_location", lambda source, on_status=None: "/m")
+    monkeypatch.setattr("specdec_cli.target_model.load.models.resolve_target",
+                        lambda target: TargetSource("dir", "/m", "m"))
+    monkeypatch.setattr("specdec_cli.target_model.load.models.model_location", lambda source, on_status=None: "/m")
     monkeypatch.setattr("specdec_cli.vllm.serve._run_server", lambda argv, env: runs.append(env) or 0)
     runner = CliRunner()
     open_to_all = runner.invoke(app, ["serve", "--engine", "vllm", "--drafter", "pld", "--host", "0.0.0.0"])

@@ -186,7 +186,7 @@ def test_draft_max_is_one_setting_for_the_drafter_and_the_engine():
 
 
 def test_vllm_runner_takes_the_dtypes_from_the_load_settings():
-    from specdec_cli.target_model import load_settings
+    from specdec_cli.target_model.load import load_settings
     from specdec_cli.vllm import runner
 
     source = Path(runner.__file__).read_text(encoding="utf-8")

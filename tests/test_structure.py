@@ -106,6 +106,41 @@ def test_every_import_points_down_the_layers():
     assert not upward, "imports up the layers: " + "; ".join(sorted(upward))
 
 
+# target_model's wings, lowest first: a wing's module imports its own wing, lower wings and target_model's root
+# modules (families, placement, quiet: facts and policy every wing reads), never a higher wing; the root modules
+# import no wing. Each wing's __init__ docstring says what it owns and what it stands on.
+WINGS = ("native", "gguf", "in_place", "verify", "load")
+WING_LINES, FILE_LINES = 1500, 450
+
+
+def _wing(module: str) -> "int | None":
+    """A target_model module's wing rank (-1: a root module of target_model); None outside target_model."""
+    parts = module.split(".")
+    if len(parts) < 3 or parts[1] != "target_model":
+        return None
+    return WINGS.index(parts[2]) if parts[2] in WINGS else -1
+
+
+def test_target_models_wings_point_down():
+    ranks = {module: _wing(module) for module in _graph()}
+    upward = [f"{module} -> {dependency}" for module, dependencies in _graph().items() if ranks[module] is not None
+              for dependency in dependencies if (ranks.get(dependency) if ranks.get(dependency) is not None else -1)
+              > ranks[module]]
+    assert not upward, "imports up target_model's wings: " + "; ".join(sorted(upward))
+    wings = {path.name for path in (PACKAGE / "target_model").iterdir() if (path / "__init__.py").is_file()}
+    assert wings == set(WINGS)
+
+
+def test_no_file_and_no_wing_is_too_long():
+    """A file reads top to bottom on a few screens (at most 450 lines), a wing of target_model in one sitting."""
+    lines = {path: len(path.read_text(encoding="utf-8").splitlines()) for path in PACKAGE.rglob("*.py")}
+    long_files = sorted(f"{path.relative_to(PACKAGE)} ({count})" for path, count in lines.items() if count > FILE_LINES)
+    assert not long_files, "files over 450 lines: " + ", ".join(long_files)
+    for wing in WINGS:
+        total = sum(count for path, count in lines.items() if path.parent == PACKAGE / "target_model" / wing)
+        assert total <= WING_LINES, f"target_model/{wing}: {total} lines"
+
+
 def test_the_cycle_check_sees_function_level_and_type_checking_imports():
     graph = _graph()
     assert "specdec_cli.decoding.generation_config" in graph["specdec_cli.decoding.draft"]  # under TYPE_CHECKING

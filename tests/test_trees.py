@@ -11,7 +11,7 @@ from conftest import TINY_EOS, TINY_VOCAB, hf_greedy
 from specdec_cli.decoding.draft import NOTHING, Draft
 from specdec_cli.decoding.engine import Engine, GenerationConfig, first_branch, trim
 from specdec_cli.decoding.verify import greedy_accept_tree, speculative_accept_tree
-from specdec_cli.target_model.tree_mask import tree_layout
+from specdec_cli.target_model.verify.tree_mask import tree_layout
 
 PROMPT = [1, 10, 11, 12, 13, 10, 11]
 

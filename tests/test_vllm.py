@@ -32,7 +32,7 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def target():
     """The default model's directory, tokenizer and end-of-answer ids (its weights run in vLLM only)."""
-    from specdec_cli.target_model.models import load_target_text
+    from specdec_cli.target_model.load.models import load_target_text
 
     return load_target_text("default")
 
@@ -48,7 +48,7 @@ def vllm_answers(target, method: str, prompt_ids: list[list[int]]) -> dict[str, 
     """The prompts one request at a time ("single") and all four at once ("batched"), greedy, float32."""
     from specdec_cli.drafters import DrafterOptions
     from specdec_cli.session.run_settings import DrafterSettings
-    from specdec_cli.target_model.load_settings import LoadSettings
+    from specdec_cli.target_model.load.load_settings import LoadSettings
     from specdec_cli.vllm.proposer_settings import ProposerSettings
     from specdec_cli.vllm.runner import VllmPhase, VllmSettings, run_vllm
 

@@ -16,7 +16,7 @@ from specdec_cli.defaults import VLLM_DRAFT_MAX
 from specdec_cli.drafters import DrafterOptions
 from specdec_cli.errors import SpecdecError
 from specdec_cli.session.run_settings import DrafterSettings
-from specdec_cli.target_model.load_settings import LoadSettings
+from specdec_cli.target_model.load.load_settings import LoadSettings
 from specdec_cli.texts.prompts import Conversation
 from specdec_cli.vllm.proposer_settings import ProposerSettings
 from specdec_cli.vllm.runner import VllmAnswer, VllmPhaseResult, VllmSettings, _collect

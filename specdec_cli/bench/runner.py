@@ -24,7 +24,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 from ..drafters import make_drafter, target_info
 from ..drafters.oracle import OracleDrafter
 from ..errors import SpecdecError
-from ..target_model.models import check_load
+from ..target_model.load.models import check_load
 from ..texts.memory import Memory, prompt_hash
 from ..texts.prompt_ids import format_prompt
 from ..texts.prompts import Conversation, categories_of
@@ -227,7 +227,7 @@ class _Runner:
     def __init__(self, model: Any, tokenizer: Any, settings: BenchSettings, gguf_path: Optional[str] = None,
                  servers: Optional[dict] = None):
         from ..decoding.engine import Engine
-        from ..target_model.exact_setup import choose_forward
+        from ..target_model.verify.exact_setup import choose_forward
 
         self.gguf_path = gguf_path
         self.llama_cpp: dict[str, Any] = {}  # method name -> LlamaCpp, made on first use
@@ -364,7 +364,7 @@ class _Runner:
 def reference_threads(model: Any) -> int:
     """Threads for llama.cpp's rows: as many as specdec computes with (its kernels', or torch's for dense)."""
     from .. import kernels
-    from ..target_model.quant import block_layers
+    from ..target_model.native.quant import block_layers
 
     if block_layers(model):
         return kernels.threads()

@@ -14,7 +14,7 @@ from ..bench.report import ReportFiles
 from ..bench.settings import PromptChoice, bench_settings
 from ..bench.vllm_bench import RESULT_COLUMNS, VllmBenchSettings, VllmProgress, run_vllm_bench, vllm_methods
 from ..errors import SpecdecError
-from ..target_model import models
+from ..target_model.load import models
 from ..texts.prompt_ids import first_turn_ids
 from ..vllm import runner as vllm_runner
 from .common import cell, console, doing, err_console, show_report, table_width

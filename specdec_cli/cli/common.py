@@ -14,8 +14,8 @@ from ..bench.report import to_json_text
 from ..errors import flag_of
 from ..files import TEMP_MARK
 from ..home import specdec_home
-from ..target_model import models
-from ..target_model.models import set_threads
+from ..target_model.load import models
+from ..target_model.placement import set_threads
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
@@ -145,7 +145,7 @@ def say_loaded(loaded) -> None:
 
 def load_target(target: str, device: str = "auto", dtype: str = "auto", weights: str = "auto",
                 decoder: Optional[str] = None) -> Any:
-    """Load the target (target_model.models.load_target) under a spinner on stderr, then the load line."""
+    """Load the target (target_model.load.models.load_target) under a spinner on stderr, then the load line."""
     status = err_console().status("Loading model…")
     with status:
         loaded = models.load_target(target, device, dtype, on_status=lambda message: status.update(message),

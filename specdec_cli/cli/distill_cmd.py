@@ -23,7 +23,7 @@ from ..distill.train import TrainConfig
 from ..drafters import DrafterOptions
 from ..errors import SpecdecError
 from ..session.run_settings import DrafterSettings
-from ..target_model import models
+from ..target_model.load import models
 from ..texts.data_rows import read_rows
 from ..texts.fingerprint import tokenizer_fingerprint
 from ..texts.prompts import load_prompts

@@ -24,7 +24,7 @@ from ..distill.pipeline import evaluation_items, held_out_prompts, target_of_dra
 from ..distill.train import TrainConfig, train_draft
 from ..drafters import DrafterOptions, target_info
 from ..errors import SpecdecError, check_choice
-from ..target_model.models import load_target_text
+from ..target_model.load.models import load_target_text
 from ..texts.data_rows import read_rows
 from ..texts.fingerprint import tokenizer_fingerprint
 from ..vllm import runner as vllm_runner

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Optional
 import typer
 
 from ..errors import SpecdecError
-from ..target_model import models
+from ..target_model.load import models
 from . import app, options
 from .common import console, doing, err_console
 

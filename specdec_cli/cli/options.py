@@ -23,7 +23,7 @@ from ..distill.loss import KD_LOSSES
 from ..distill.student import DEFAULT_DRAFT_VOCAB
 from ..drafters import AUX_CHOICES, DRAFTERS, HYBRID_HEAD
 from ..errors import SpecdecError, check_choice
-from ..target_model.load_settings import DEVICES, DTYPES, WEIGHTS
+from ..target_model.load.load_settings import DEVICES, DTYPES, WEIGHTS
 from ..texts.prompts import SUITES
 
 ENGINES = ("specdec", "vllm")  # --engine of bench and distill

@@ -21,8 +21,8 @@ from ..errors import SpecdecError
 from ..files import read_json, write_json_atomic
 from ..home import specdec_home
 from ..machine import cpu_model
-from ..target_model.forward import VerifyForward, new_cache
-from ..target_model.rollback import truncate_cache
+from ..target_model.verify.forward import VerifyForward, new_cache
+from ..target_model.verify.rollback import truncate_cache
 from .cost_curve import CostCurve, measure_cost_curve
 
 SAVE_EVERY = 16  # observations a curve learns between two saves
@@ -90,8 +90,8 @@ def cost_cache_file(model: Any, exact_rows: int) -> Optional[Path]:
     verified row-invariantly (0: none) and block weights (with the kernels' path and record format). None for an
     in-memory model (tests): measured, not stored."""
     from .. import kernels
-    from ..target_model.quant import block_layers, weights_summary
-    from ..target_model.weights_cache import CACHE_FORMAT
+    from ..target_model.load.weights_cache import CACHE_FORMAT
+    from ..target_model.native.quant import block_layers, weights_summary
 
     name = getattr(model.config, "_name_or_path", "") or ""
     if not name:

@@ -21,11 +21,11 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from ..errors import SpecdecError
-from ..target_model.check_outcome import CheckOutcome
-from ..target_model.exact_setup import choose_forward
-from ..target_model.forward import VerifyForward, new_cache
-from ..target_model.rollback import keep_accepted
-from ..target_model.tree_check import check_trees
+from ..target_model.verify.check_outcome import CheckOutcome
+from ..target_model.verify.exact_setup import choose_forward
+from ..target_model.verify.forward import VerifyForward, new_cache
+from ..target_model.verify.rollback import keep_accepted
+from ..target_model.verify.tree_check import check_trees
 from .cost_curve import CostCurve
 from .curve_store import CurveStore, cost_cache_file, forward_timer
 from .draft import Draft, Drafter, FinishReason, StepEvent

@@ -12,14 +12,14 @@ Where the forward is row-invariant (block weights, `--exact`), the engine comput
 blocks of at most its row-invariant size (engine.py, `_prefill`), from the first token or after the cached ones:
 an entry is then the same whichever block computed it, so an answer depends only on its tokens, never on what the
 cache held, and `chat`, `serve`, `bench` and `chat --compare` give the same answer to the same prompt. This file
-keeps entries; the engine computes them (engine.py) and the rollback helpers cut them (target_model/rollback.py).
+keeps entries; the engine computes them (engine.py) and the rollback helpers cut them (target_model/verify/rollback.py).
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from ..target_model.rollback import truncate_cache
+from ..target_model.verify.rollback import truncate_cache
 
 
 class PromptCache:

@@ -1,6 +1,6 @@
 """The device engine: a torch decoder exact by construction, for a GPU (and testable on the CPU).
 
-specdec's native decoder (target_model/native.py) is row-invariant because its CPU kernels compute every row
+specdec's native decoder (target_model/native/native.py) is row-invariant because its CPU kernels compute every row
 alone. On a GPU, and with torch's own GEMMs on a CPU, a row's result depends on how many rows share the call
 (docs/algorithms.md section 12). This package removes that dependence by construction instead of by kernel:
 

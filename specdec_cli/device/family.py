@@ -17,13 +17,7 @@ from typing import Any, Optional
 import torch
 
 from ..target_model import families
-from ..target_model.native import (
-    _activation,
-    _rope_of,
-    layer_kinds,
-    layers_reason,
-    projections,
-)
+from ..target_model.native.native_support import activation_of, layer_kinds, layers_reason, projections, rope_of
 
 
 @dataclass(frozen=True)
@@ -62,7 +56,7 @@ class Family:
 
 def unsupported(model: Any) -> Optional[str]:
     """Why the device decoder cannot compute this model (None: it can), in one line."""
-    from ..target_model.quant import BlockLinear
+    from ..target_model.native.quant import BlockLinear
 
     config = getattr(model, "config", None)
     if config is None or not families.is_native(getattr(config, "model_type", None)):
@@ -78,7 +72,7 @@ def unsupported(model: Any) -> Optional[str]:
         if getattr(layer.self_attn.o_proj, "bias", None) is not None or \
                 getattr(layer.mlp.down_proj, "bias", None) is not None:
             return "biases on output projections"
-        if _activation(layer.mlp) is None:
+        if activation_of(layer.mlp) is None:
             return "an activation other than SiLU or GeLU-tanh"
     if not isinstance(getattr(model, "lm_head", None), (BlockLinear, torch.nn.Linear)):
         return "the output head is not a linear or block layer"
@@ -96,7 +90,7 @@ def describe(model: Any) -> Family:
     layers = []
     for index, layer in enumerate(model.model.layers):
         rope_index = None
-        found = _rope_of(model, index, kinds[index])
+        found = rope_of(model, index, kinds[index])
         if found is not None:
             key = (found[0].data_ptr(), found[1])
             if key not in ropes:
@@ -104,7 +98,7 @@ def describe(model: Any) -> Family:
                 tables.append((found[0].detach().to(torch.float32).cpu(), float(found[1])))
             rope_index = ropes[key]
         attention = layer.self_attn
-        layers.append(LayerShape(kinds[index], rope_index, float(attention.scaling), str(_activation(layer.mlp)),
+        layers.append(LayerShape(kinds[index], rope_index, float(attention.scaling), str(activation_of(layer.mlp)),
                                  getattr(attention, "q_norm", None) is not None,
                                  hasattr(layer, "pre_feedforward_layernorm")))
     embed = model.model.embed_tokens

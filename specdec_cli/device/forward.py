@@ -28,9 +28,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from ..target_model.check_outcome import CheckOutcome
-from ..target_model.forward import Scores
-from ..target_model.tree_mask import tree_paths
+from ..target_model.verify.check_outcome import CheckOutcome
+from ..target_model.verify.forward import Scores
+from ..target_model.verify.tree_mask import tree_paths
 from . import CONTEXT, PREFILL_ROWS, ROWS
 from .cache import DeviceCache, StaticCache
 from .capture import StepGraph

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional, Sequence
 from ..drafters import DrafterOptions, make_drafter, target_info
 from ..errors import SpecdecError
 from ..files import check_output_file, lock_output
-from ..target_model.load_settings import LoadSettings
+from ..target_model.load.load_settings import LoadSettings
 from ..texts.data_rows import read_rows, read_text
 from ..texts.fingerprint import tokenizer_fingerprint
 from ..texts.prompt_ids import format_prompt

@@ -35,7 +35,7 @@ def _with(config: Any, **changes: Any) -> Any:
             values[key] = values[key][:layers]
     if "max_window_layers" in values and layers is not None:
         values["max_window_layers"] = min(int(values["max_window_layers"] or layers), layers)
-    from ..target_model.stored import config_class  # (torch behind it)
+    from ..target_model.in_place.stored import config_class  # (torch behind it)
 
     return config_class(config).from_dict(values)
 
@@ -110,7 +110,7 @@ def kept_weights(target: Any, layers: int) -> dict:
     are dequantised: the student starts from the target as it runs, whatever its weights."""
     import torch
 
-    from ..target_model.quant import BlockLinear
+    from ..target_model.native.quant import BlockLinear
 
     def kept(name: str) -> bool:
         parts = name.split(".")

@@ -38,7 +38,7 @@ from .token_ids import check_token_ids
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from ..target_model.quant import BlockLinear
+    from ..target_model.native.quant import BlockLinear
 
 # Levels of head forwards per draft when --draft-max is not given (a chain's length when tree_width is 0); the
 # engine's budget caps the tree's nodes. --draft-max sets both.
@@ -61,7 +61,7 @@ class HeadVocabulary:
         import torch
 
         from .. import kernels
-        from ..target_model.quant import BlockLinear
+        from ..target_model.native.quant import BlockLinear
 
         if isinstance(lm_head, BlockLinear) and not kernels.available():
             lm_head = lm_head.weight.detach()  # no kernels to read the blocks: the dense rows
@@ -81,7 +81,7 @@ class HeadVocabulary:
         self.extend(range(self.vocab) if ids is None else ids)
 
     def _rows(self, ids: torch.Tensor) -> torch.Tensor:
-        from ..target_model.quant import BlockLinear
+        from ..target_model.native.quant import BlockLinear
 
         lm_head = self.lm_head
         return lm_head.select_records(ids) if isinstance(lm_head, BlockLinear) else lm_head[ids]
@@ -101,7 +101,7 @@ class HeadVocabulary:
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """features [rows, H] -> float32 logits [rows, K] over `ids`."""
-        from ..target_model.quant import BlockLinear
+        from ..target_model.native.quant import BlockLinear
 
         bias = self.bias
         if isinstance(self.lm_head, BlockLinear):

@@ -122,7 +122,8 @@ def head_on_blocks(head: EagleHead) -> EagleHead:
     """The head for drafting on a block target: its linear layers quantised to 8-bit blocks as `--weights int8`
     quantises a target's (quant.py; float32 rows in and out), so a head forward reads a quarter of its float32
     weights. Drafts need not be exact (the target verifies them). In place."""
-    from ..target_model import converted_blocks, quant
+    from ..target_model.load import converted_blocks
+    from ..target_model.native import quant
 
     quant.install_blocks(head, converted_blocks.plan_blocks(head, "int8", None))
     return head

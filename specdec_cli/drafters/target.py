@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from ..target_model.models import eos_token_ids
+from ..target_model.load.models import eos_token_ids
 from ..texts.fingerprint import tokenizer_fingerprint
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from ..target_model.quant import BlockLinear
+    from ..target_model.native.quant import BlockLinear
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def target_weights(model: Any) -> Optional[TargetWeights]:
     hidden states (a softcap) or its layers are not an embedding table and a linear (or block) head."""
     import torch
 
-    from ..target_model.quant import BlockLinear
+    from ..target_model.native.quant import BlockLinear
 
     config = getattr(model, "config", None)
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):

@@ -11,7 +11,7 @@ super-block of 256, on activations rounded to 8 bits with one scale per super-bl
 A matrix is described by its `Fields` (per output row: codes and the type's scale fields, as integers and f16); this
 file packs fields into records (`pack_fields`), unpacks them (`unpack_fields`), and says what they mean
 (`fields_codes`: codes, float32 scales and offsets as records.py's kinds hold them; `fields_dequantize`). It does
-not read GGUF bytes (target_model/quant.py turns a GGUF block into fields) nor call the C kernels.
+not read GGUF bytes (target_model/native/quant.py turns a GGUF block into fields) nor call the C kernels.
 """
 
 from __future__ import annotations

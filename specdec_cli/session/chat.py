@@ -19,8 +19,8 @@ from ..decoding.engine import Engine, EventCallback, Generation, GenerationConfi
 from ..decoding.prompt_cache import PromptCache
 from ..drafters import make_drafter, target_info
 from ..errors import SpecdecError
-from ..target_model import models
-from ..target_model.exact_setup import choose_forward
+from ..target_model.load import models
+from ..target_model.verify.exact_setup import choose_forward
 from ..texts.memory import Memory, memory_cap, memory_dir, memory_enabled
 from ..texts.prompt_ids import format_prompt
 from .compare import Comparison, compare

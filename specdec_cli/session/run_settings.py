@@ -3,7 +3,7 @@ are generated. `chat`, `bench`, `serve` and the vLLM proposers hold these compon
 component), never copies of their fields; each entry point's own settings keep only what is theirs (bench: its
 rows and repeats; chat: its system message; serve: the server's address).
 
-- `LoadSettings` (target_model/load_settings.py): target, device, dtype, weights; each value checked when made.
+- `LoadSettings` (target_model/load/load_settings.py): target, device, dtype, weights; each value checked when made.
 - `DrafterSettings`: a drafter's name and its `DrafterOptions` (drafters/); `check` refuses an unknown drafter, an
   option it does not use and a file it cannot open, in a millisecond.
 - `GenerationConfig` (decoding/generation_config.py): length, sampling, seed, and the draft length (`draft_max`,
@@ -23,7 +23,7 @@ from ..decoding.generation_config import GenerationConfig
 from ..defaults import DEFAULT_DRAFTER
 from ..drafters import DrafterOptions, check_drafter, check_drafter_options
 from ..errors import SpecdecError
-from ..target_model.load_settings import LoadSettings
+from ..target_model.load.load_settings import LoadSettings
 
 
 @dataclass(frozen=True)

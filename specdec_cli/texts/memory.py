@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 from ..errors import SpecdecError
 from ..files import check_output_file, write_atomic
 from ..home import home_folder, specdec_home
-from ..target_model import models
+from ..target_model.load import models
 from .data_rows import read_rows
 from .fingerprint import tokenizer_fingerprint
 

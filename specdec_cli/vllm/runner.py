@@ -39,7 +39,7 @@ from ..defaults import VLLM_DRAFTERS
 from ..errors import SpecdecError
 from ..processes import stop_child
 from ..session.run_settings import DrafterSettings
-from ..target_model.load_settings import LoadSettings
+from ..target_model.load.load_settings import LoadSettings
 from .proposer_settings import ProposerSettings
 
 NO_SPECULATION = "none"

@@ -33,8 +33,8 @@ from ..defaults import DEFAULT_DRAFTER, VLLM_DRAFTERS, VLLM_SERVE_PORT
 from ..errors import SpecdecError
 from ..listen import ListenSettings, is_loopback
 from ..session.run_settings import run_settings, take_fields
-from ..target_model import models
-from ..target_model.load_settings import LoadSettings
+from ..target_model.load import models
+from ..target_model.load.load_settings import LoadSettings
 from .proposer_settings import ProposerSettings
 from .runner import CPU_MEMORY_FRACTION, INSTALL_HINT, NO_SPECULATION, VllmSettings, vllm_installed
 

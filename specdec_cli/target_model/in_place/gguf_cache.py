@@ -1,0 +1,113 @@
+"""Where a GGUF's in-place cache lives and whether it can be used, read from its marker and files alone.
+
+The cache of a file loaded in place (gguf_model.py) is a folder under $SPECDEC_HOME/models named by the file's
+path, size and modification time (`cache_folder`), with a marker written last (`specdec-gguf.json`: the format;
+the source's proof, `source_proof`; the SHA-256 of every matrix's records, of the blocks file's header and of
+every side file). `cache_fault` says why a folder cannot be used for a file (a marker that does not match, a
+source that changed, a damaged, missing or foreign side file), before anything in it is read; the blocks
+themselves are proved by gguf_model. Nothing here imports transformers: gguf_check asks it whether a file's
+stored config (stored.py) can be used before any model is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from ...home import short_stem, specdec_home
+from ..gguf.gguf_file import GGUFFile, file_identity
+from . import gguf_blocks
+
+CACHE_FORMAT = 3  # the folder's layout (its blocks file has its own gguf_blocks.BLOCKS_FORMAT); 2: proofs; 3: stored
+# config, rotary tables and tokenizer read without transformers (stored.py)
+MARKER = "specdec-gguf.json"
+BLOCKS_FILE = "blocks.safetensors"
+
+
+def cache_folder(path: Path) -> Path:
+    identity = f"{file_identity(path)}|{CACHE_FORMAT}|{gguf_blocks.BLOCKS_FORMAT}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:12]
+    return specdec_home() / "models" / f"{short_stem(path.stem)}-inplace-{key}"
+
+
+def source_proof(gguf: GGUFFile) -> dict[str, Any]:
+    """What a cache records of the file it was made from, to prove on every later load that the file is the same:
+    its resolved path; its size, modification and status-change times and inode (`touch -r` keeps the first two,
+    not the status-change time, which only the kernel sets); and a SHA-256 of the header (every key and tensor
+    record) and of 4 KiB at the start, middle and end of every tensor (milliseconds, even for 8B-shaped files)."""
+    stat = gguf.path.stat()
+    sample = hashlib.sha256()
+    tensors = sorted(gguf.tensors.values(), key=lambda info: info.start)
+    data_start = tensors[0].start if tensors else gguf.size
+    with open(gguf.path, "rb") as handle:
+        sample.update(handle.read(data_start))
+        for info in tensors:
+            for at in sorted({info.start, info.start + max(0, info.nbytes // 2 - 2048),
+                              info.start + max(0, info.nbytes - 4096)}):
+                handle.seek(at)
+                sample.update(handle.read(min(4096, info.nbytes)))
+    return {"path": str(gguf.path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+            "ctime_ns": stat.st_ctime_ns, "inode": stat.st_ino, "sample": sample.hexdigest()}
+
+
+def file_digest(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def side_files(folder: Path) -> dict[str, str]:
+    """{name: SHA-256} of the folder's files but the marker and the blocks (the tokenizer, config, template...)."""
+    return {entry.name: file_digest(entry) for entry in sorted(folder.iterdir())
+            if entry.is_file() and entry.name not in (MARKER, BLOCKS_FILE)}
+
+
+def read_marker(folder: Path) -> Optional[dict[str, Any]]:
+    try:
+        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+        return marker if isinstance(marker, dict) else {}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+
+
+def cache_fault(folder: Path, gguf: Optional[GGUFFile]) -> Optional[str]:
+    """Why the folder's cache cannot be used for the file (None: it can, as far as its marker and side files tell;
+    the blocks are proved by _proved_blocks); "" when there is no cache at all."""
+    marker = read_marker(folder)
+    if marker is None:
+        return "" if not folder.exists() else "its marker is missing"
+    if not marker:
+        return "its marker is damaged"
+    if marker.get("format") != CACHE_FORMAT:
+        return "it is of another format"
+    if gguf is not None:
+        recorded = marker.get("source")
+        proof = source_proof(gguf)
+        if not isinstance(recorded, dict) or recorded.get("path") != proof["path"]:
+            made_from = recorded.get("path") if isinstance(recorded, dict) else recorded
+            return f"it was made from another file ({made_from})"
+        keys = ("size", "mtime_ns", "ctime_ns", "inode", "sample")
+        changed = [key for key in keys if recorded.get(key) != proof[key]]
+        if changed:
+            return f"{gguf.path.name} changed since it was made ({', '.join(changed)})"
+    try:
+        if (folder / BLOCKS_FILE).stat().st_size != int(marker["blocks_bytes"]):
+            return f"{BLOCKS_FILE} is of another size"
+        recorded_files = marker["files"]
+        found = side_files(folder)
+    except (OSError, ValueError, KeyError, TypeError):
+        return "it is incomplete"
+    for name, digest in recorded_files.items():
+        if found.get(name) != digest:
+            return f"{name} is {'missing' if name not in found else 'damaged'}"
+    extra = sorted(set(found) - set(recorded_files))
+    return f"{extra[0]} was not made by specdec" if extra else None
+
+
+def cache_ready(folder: Path) -> bool:
+    """Whether the folder's marker and side files are as specdec made them (the source and the blocks are proved
+    when the model itself is loaded)."""
+    return cache_fault(folder, None) is None

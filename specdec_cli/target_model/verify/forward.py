@@ -1,0 +1,97 @@
+"""The verifying forward: what the engine calls to score new tokens placed after the target's KV cache.
+
+`VerifyForward` is the protocol the engine and its helpers use (the cost curve's timer, the tree self-check); two
+implementations, picked once per loaded target by exact_setup.choose_forward: specdec's native decoder (native.py)
+and transformers' modules, made row-invariant where asked (exact.py). Both build their inputs the same way
+(`ModelForward`): a chain sits at positions start..start+n-1 under the causal mask; a token tree (`tree`: the
+parents of token_ids[1:], token_ids[0] being the root) puts each node at start + depth, attending to the cached
+prefix, its ancestors and itself only (tree_mask.py). A forward returns the logits and, when asked (`features`),
+the last hidden states (what feature-level drafters read; other forwards do not request them). This file does
+not choose which forward runs (exact_setup.py), choose tokens, roll the cache back (rollback.py) or time anything.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any, NamedTuple, Optional, Protocol, Sequence, runtime_checkable
+
+import torch
+
+from .check_outcome import CheckOutcome
+from .tree_mask import tree_attention_mask, tree_layout
+
+
+class Scores(NamedTuple):
+    """What one forward computed for its n new tokens."""
+
+    logits: torch.Tensor  # [n, vocab] ([1, vocab] with last_only)
+    features: Optional[torch.Tensor]  # the last hidden states [n, hidden] (after the final norm), if asked for
+
+
+@runtime_checkable
+class VerifyForward(Protocol):
+    """One target's forward, chosen at load (exact_setup.choose_forward) and handed to the engine."""
+
+    model: Any  # the loaded target (its config, its parameters' device and dtype)
+    device: torch.device
+    exact: bool  # whether verification is meant to be row-invariant
+    outcome: CheckOutcome  # what came of it: off, not checked, on or failed
+
+    @property
+    def rows(self) -> int:
+        """The largest block verified row-invariantly (0: none); part of the cost curve's key."""
+
+    def __call__(self, token_ids: Sequence[int], cache: Any, start: int, last_only: bool = False,
+                 tree: Optional[Sequence[int]] = None, features: bool = False) -> Scores:
+        """Score token_ids placed after the `start` cached tokens, appending their entries to the cache."""
+
+    def prepare(self, budget: int) -> Optional[int]:
+        """Make blocks of this draft budget row-invariant (checked once); the largest such block, or None when
+        verification is not exact."""
+
+    def own_kernels(self) -> AbstractContextManager[None]:
+        """A context in which forwards run the model's own kernels, as plain decoding outside specdec does."""
+
+
+def new_cache(forward: Any) -> Any:
+    """An empty cache for `forward`'s calls: its own (`new_cache()`: the device engine's static cache), else a
+    KVCache for its model (kv_cache.new_kv_cache)."""
+    make = getattr(forward, "new_cache", None)
+    if make is not None:
+        return make()
+    from ..native.kv_cache import new_kv_cache
+
+    return new_kv_cache(getattr(forward, "model", None))
+
+
+class ModelForward:
+    """What both forwards share: the inputs of a chain or a tree, and `run` (transformers' keywords) to compute."""
+
+    def __init__(self, model: Any, exact: bool):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.exact = exact
+        self.outcome = CheckOutcome("not checked" if exact else "off")  # on or failed once prepared
+
+    def run(self, **inputs: Any) -> Any:
+        """One forward on transformers' keywords (input_ids, position_ids, past_key_values, ...)."""
+        raise NotImplementedError
+
+    def __call__(self, token_ids: Sequence[int], cache: Any, start: int, last_only: bool = False,
+                 tree: Optional[Sequence[int]] = None, features: bool = False) -> Scores:
+        """Score token_ids placed after the `start` cached tokens (appending their entries to the cache); with
+        `features`, return the last hidden states too (all n rows, also with last_only)."""
+        input_ids = torch.tensor([list(token_ids)], device=self.device)  # [1, n]
+        kwargs: dict = {"logits_to_keep": 1} if last_only else {}
+        if tree is None:
+            position_ids = torch.arange(start, start + len(token_ids), device=self.device).unsqueeze(0)  # [1, n]
+        else:
+            depth, ancestors = tree_layout(tree)  # [n], [n, n]
+            position_ids = (start + depth).unsqueeze(0).to(self.device)  # [1, n]
+            # [1, 1, n, start + n], or one such mask per layer kind
+            kwargs["attention_mask"] = tree_attention_mask(self.model.config, start, depth, ancestors,
+                                                           self.model.dtype, self.device)
+        out = self.run(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True,
+                       output_hidden_states=features, **kwargs)
+        hidden = out.hidden_states[-1][0] if features and out.hidden_states else None  # [n, hidden] (last, normed)
+        return Scores(out.logits[0], hidden)  # logits [n, vocab] (or [1, vocab] with last_only)
