@@ -114,11 +114,15 @@ class MappedEmbedding(torch.nn.Embedding):
 
 
 class _Norm(torch.nn.Module):
-    """An RMSNorm of the file: `multiplier` is what it multiplies by (native.norm_multiplier), float32 [dim]."""
+    """An RMSNorm of the file: `multiplier` is what it multiplies by (native.norm_multiplier), float32 [dim], as
+    the file stores it; `weight` is transformers' parameter of the same norm (the multiplier less 1 for a family
+    whose norms multiply by 1 + weight), so that the model's state dict reads as transformers' (a student cut
+    from the target, distill/)."""
 
-    def __init__(self, multiplier: torch.Tensor, eps: float):
+    def __init__(self, multiplier: torch.Tensor, eps: float, plus_one: bool):
         super().__init__()
-        self.multiplier = torch.nn.Parameter(multiplier, requires_grad=False)
+        self.register_buffer("multiplier", multiplier, persistent=False)
+        self.weight = torch.nn.Parameter(multiplier - 1.0 if plus_one else multiplier, requires_grad=False)
         self.variance_epsilon = eps
 
 
@@ -387,7 +391,7 @@ def _build(gguf: GGUFFile, config: Any, generation_config: Any, expected: list[E
             setattr(parent, attribute, BlockLinear(weights, biases.get(item.module)))
         else:
             # the file's values are what the norm multiplies by (Gemma's: stored as 1 + weight; families.py)
-            setattr(parent, attribute, _Norm(_vector(gguf, item.gguf_name), eps))
+            setattr(parent, attribute, _Norm(_vector(gguf, item.gguf_name), eps, family.norm_plus_one))
     if "lm_head" not in dict(model.named_children()):
         matrix = mapped["lm_head"]
         model.lm_head = BlockLinear(BlockWeights(matrix.kind, matrix.records, matrix.out_features,
