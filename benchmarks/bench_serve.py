@@ -75,7 +75,7 @@ def read_prompts(path: Optional[str], limit: Optional[int]) -> list[str]:
 
 def default_gguf() -> str:
     sys.path.insert(0, str(ROOT))
-    from specdec_cli.target_model.load.models import default_gguf_path
+    from specdec_cli.target_model.load.target_source import default_gguf_path
 
     return str(default_gguf_path())
 

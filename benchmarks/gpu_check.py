@@ -97,7 +97,7 @@ def tokenizer_source(given: Optional[str]) -> str:
     if os.environ.get("SPECDEC_TOKENIZER_GGUF"):
         return os.environ["SPECDEC_TOKENIZER_GGUF"]
     sys.path.insert(0, str(REPO))
-    from specdec_cli.target_model.load.models import default_gguf_path
+    from specdec_cli.target_model.load.target_source import default_gguf_path
 
     try:
         return str(default_gguf_path())

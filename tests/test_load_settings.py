@@ -12,7 +12,7 @@ import pytest
 from conftest import cli_env
 
 from specdec_cli.errors import SpecdecError, check_choice
-from specdec_cli.target_model.load import hub, models
+from specdec_cli.target_model.load import hub, models, target_source
 from specdec_cli.target_model.load.load_settings import DEVICES, DTYPES, WEIGHTS, LoadSettings
 
 
@@ -64,10 +64,10 @@ def test_a_cached_hub_model_without_the_hub_loads_from_its_cache_directory(tmp_p
                         lambda repo, name: str(snapshot / name) if repo == "org/m" else None)
     monkeypatch.setattr(hub, "hub_reachable", lambda: False)
     before = dict(os.environ)
-    assert models.model_location(models.TargetSource("hub", "org/m", "org/m")) == str(snapshot)
+    assert models.model_location(target_source.TargetSource("hub", "org/m", "org/m")) == str(snapshot)
     assert dict(os.environ) == before
     with pytest.raises(SpecdecError, match="org/other: not a local file or directory, not in the Hugging Face"):
-        models.model_location(models.TargetSource("hub", "org/other", "org/other"))
+        models.model_location(target_source.TargetSource("hub", "org/other", "org/other"))
 
 
 def test_a_hub_repo_without_safetensors_is_refused_before_transformers_asks_for_a_conversion(monkeypatch):

@@ -113,7 +113,7 @@ def test_tiny_gguf_tokenizers_read_without_transformers_equal_transformers(tmp_p
 
 
 def test_the_default_model_tokenizer_equals_transformers(tmp_path):
-    from specdec_cli.target_model.load.models import default_gguf_path
+    from specdec_cli.target_model.load.target_source import default_gguf_path
 
     theirs, ours = _pair(default_gguf_path(), tmp_path)
     _compare(theirs, ours, TEXTS + PROMPTS + _spec_bench())
@@ -142,7 +142,7 @@ def _imported(stderr: str) -> set[str]:
 def test_the_native_path_answers_without_importing_transformers(tmp_path, which):
     """`specdec chat --drafter none` on a GGUF the native decoder computes: the first run makes the in-place cache
     (with transformers' converter), every later run answers the same without importing transformers at all."""
-    from specdec_cli.target_model.load.models import default_gguf_path
+    from specdec_cli.target_model.load.target_source import default_gguf_path
 
     target = _tiny_gguf(tmp_path, "gpt2") if which == "tiny" else default_gguf_path()
     home = tmp_path / "home"

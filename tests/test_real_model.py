@@ -194,7 +194,8 @@ def test_llama_cpp_decodes_the_same_gguf_where_it_is_installed():
     from types import SimpleNamespace
 
     from specdec_cli.bench.llama_cpp import LlamaCpp
-    from specdec_cli.target_model.load.models import default_gguf_path, load_tokenizer
+    from specdec_cli.target_model.load.models import load_tokenizer
+    from specdec_cli.target_model.load.target_source import default_gguf_path
     from specdec_cli.texts.prompt_ids import format_prompt
 
     tokenizer = load_tokenizer()
@@ -229,7 +230,7 @@ def test_a_damaged_conversion_is_converted_again_with_one_warning(tmp_path, monk
     import shutil
 
     from specdec_cli.target_model.load.converted import converted_dir, ensure_converted
-    from specdec_cli.target_model.load.models import default_gguf_path
+    from specdec_cli.target_model.load.target_source import default_gguf_path
 
     ours = ensure_converted(default_gguf_path())  # this machine's (the tests' home), converted once
     home = tmp_path / "home"
@@ -267,7 +268,7 @@ def test_the_default_gguf_in_place_is_the_converted_model_on_its_own_blocks(real
     from transformers import AutoTokenizer, PreTrainedModel
 
     from specdec_cli.target_model.load import converted_blocks
-    from specdec_cli.target_model.load.models import default_gguf_path
+    from specdec_cli.target_model.load.target_source import default_gguf_path
     from specdec_cli.target_model.native import native, quant
     from specdec_cli.texts.prompt_ids import format_prompt
 

@@ -97,13 +97,13 @@ def test_the_command_line_warns_in_one_line_and_passes_the_key(monkeypatch):
     from typer.testing import CliRunner
 
     from specdec_cli.cli import app
-    from specdec_cli.target_model.load.models import TargetSource
+    from specdec_cli.target_model.load.target_source import TargetSource
 
     runs: list[dict] = []
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     monkeypatch.setattr("specdec_cli.vllm.serve.vllm_installed", lambda: True)
     monkeypatch.setattr("specdec_cli.vllm.serve._cpu_build", lambda: True)
-    monkeypatch.setattr("specdec_cli.target_model.load.models.resolve_target",
+    monkeypatch.setattr("specdec_cli.target_model.load.target_source.resolve_target",
                         lambda target: TargetSource("dir", "/m", "m"))
     monkeypatch.setattr("specdec_cli.target_model.load.models.model_location", lambda source, on_status=None: "/m")
     monkeypatch.setattr("specdec_cli.vllm.serve._run_server", lambda argv, env: runs.append(env) or 0)

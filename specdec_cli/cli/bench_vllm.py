@@ -14,7 +14,7 @@ from ..bench.report import ReportFiles
 from ..bench.settings import PromptChoice, bench_settings
 from ..bench.vllm_bench import RESULT_COLUMNS, VllmBenchSettings, VllmProgress, run_vllm_bench, vllm_methods
 from ..errors import SpecdecError
-from ..target_model.load import models
+from ..target_model.load import models, target_source
 from ..texts.prompt_ids import first_turn_ids
 from ..vllm import runner as vllm_runner
 from .common import cell, console, doing, err_console, show_report, table_width
@@ -40,7 +40,7 @@ def bench_vllm(values: dict, drafters: Sequence[str], references: Sequence[str],
         text = models.load_target_text(target, on_status=lambda message: status.update(message))
     prompt_ids = [first_turn_ids(text.tokenizer, conversation.first_turn, run.raw) for conversation in conversations]
     with _vllm_progress() as on_progress, doing("benchmarking in vLLM", "no report was written"):
-        document = run_vllm_bench(text.location, models.resolve_target(target).name, prompt_ids, conversations,
+        document = run_vllm_bench(text.location, target_source.resolve_target(target).name, prompt_ids, conversations,
                                   text.eos_token_ids, settings,
                                   suite=chosen.prompts or str(chosen.suite), on_progress=on_progress)
     show_report(document, as_json, render_vllm, paths.write(document, RESULT_COLUMNS))

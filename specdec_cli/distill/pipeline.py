@@ -16,7 +16,7 @@ from ..drafters.model import read_draft_meta
 from ..errors import SpecdecError
 from ..files import check_output_file
 from ..home import specdec_home, writable_home_folder
-from ..target_model.load.models import resolve_target
+from ..target_model.load.target_source import resolve_target
 from ..texts.prompts import Conversation, load_prompts
 from .evaluate import prompts_from_data, read_report, tokenized
 from .generate import check_data_output

@@ -30,7 +30,7 @@ from typing import Any, Optional, Sequence
 from ..decoding.draft import NOTHING, Draft, StepEvent
 from ..errors import SpecdecError
 from ..files import read_json
-from ..target_model.load.models import refuse_pickled_weights
+from ..target_model.load.target_source import refuse_pickled_weights
 from ..texts.fingerprint import tokenizer_fingerprint
 from .spec import DrafterOptions, DrafterSpec
 from .target import TargetInfo

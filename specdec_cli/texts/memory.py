@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 from ..errors import SpecdecError
 from ..files import check_output_file, write_atomic
 from ..home import home_folder, specdec_home
-from ..target_model.load import models
+from ..target_model.load import models, target_source
 from .data_rows import read_rows
 from .fingerprint import tokenizer_fingerprint
 
@@ -184,7 +184,7 @@ def open_memory(target: str) -> tuple["Memory", Any]:
     home_folder("memory")  # a home that is a file: one line now, not an empty memory after loading the tokenizer
     tokenizer = models.load_tokenizer(target)
     fingerprint = tokenizer_fingerprint(tokenizer)
-    name = models.resolve_target(target).name
+    name = target_source.resolve_target(target).name
     return Memory(memory_dir(name, fingerprint), fingerprint, name), tokenizer
 
 

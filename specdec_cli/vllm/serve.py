@@ -33,7 +33,7 @@ from ..defaults import DEFAULT_DRAFTER, VLLM_DRAFTERS, VLLM_SERVE_PORT
 from ..errors import SpecdecError
 from ..listen import ListenSettings, is_loopback
 from ..session.run_settings import run_settings, take_fields
-from ..target_model.load import models
+from ..target_model.load import models, target_source
 from ..target_model.load.load_settings import LoadSettings
 from .proposer_settings import ProposerSettings
 from .runner import CPU_MEMORY_FRACTION, INSTALL_HINT, NO_SPECULATION, VllmSettings, vllm_installed
@@ -133,7 +133,7 @@ def serve(settings: ServeSettings, on_status: Optional[Callable[[str], None]] = 
         raise SpecdecError(INSTALL_HINT)
     for warning in settings.warnings():
         (on_warning or (lambda line: None))(warning)
-    source = models.resolve_target(settings.engine.load.target)
+    source = target_source.resolve_target(settings.engine.load.target)
     model_dir = models.model_location(source, on_status)
     argv, env = server_command(settings, model_dir, source.name, cpu_build=_cpu_build())
     return (run or _run_server)(argv, env)

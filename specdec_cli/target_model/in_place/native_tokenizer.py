@@ -5,7 +5,7 @@ blocks (tokenizer.json, tokenizer_config.json, chat_template.jinja: gguf_model.p
 files back as a `TokenizersBackend` whose encoding and decoding are the Rust tokenizer's own calls; importing
 transformers for that costs a second or more of start-up (issue 45). `NativeTokenizer` reads the same files with
 `tokenizers` and answers what specdec asks of a tokenizer (calling it on text, `encode`, `decode`, the special
-tokens and their ids, the vocabulary, the chat template: session/template.py renders it) by the same calls.
+tokens and their ids, the vocabulary, the chat template: texts/chat_template.py renders it) by the same calls.
 
 `load_native_tokenizer(folder)` returns None for a tokenizer_config.json that asks for anything transformers
 would do beyond those calls (another tokenizer class, clean-up of decoded spaces, added BOS or EOS tokens

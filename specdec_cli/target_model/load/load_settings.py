@@ -29,7 +29,7 @@ ENVIRONMENT_DEFAULTS = {"dtype": "SPECDEC_DTYPE", "weights": "SPECDEC_WEIGHTS"} 
 class LoadSettings:
     """What `models.load_target` is asked for; each value checked when the settings are made."""
 
-    target: str = DEFAULT_TARGET  # a name, a .gguf file, a model directory or a hub id (models.resolve_target)
+    target: str = DEFAULT_TARGET  # a name, a .gguf file, a model directory or a hub id (target_source.resolve_target)
     device: str = "auto"
     dtype: str = "auto"
     weights: str = "auto"
