@@ -1,12 +1,10 @@
 """The packed kinds (kernels/packed.py, csrc/matmul_packed.c): a GGUF type's own fields at the file's size.
 
-Each packed kind must (1) hold exactly the file's bytes, (2) give back the fields it was packed from, (3) give the
-same bits on every instruction-set path, whatever the number of rows or threads: the legacy types the bits of the
-float32-scale kind the same weights repack into (so nothing a user saw before changes), the K-quants those of
-their integer sums per super-block (llama.cpp's q8_K arithmetic), checked against an exact model of those sums, and
-(4) agree with a float64 reference. The fields come from gguf's own quantiser where it has one and are random
-elsewhere, with the extremes (int8 -128 codes and scales, every code at its maximum) that could overflow a 16-bit
-partial sum.
+Each packed kind must (1) hold exactly the file's bytes, (2) give back the fields it was packed from, (3) multiply to
+the same bits as the float32-scale kind the same weights repack into (so nothing a user saw before changes), on
+every instruction-set path, whatever the number of rows or threads, and (4) agree with a float64 reference. The
+fields come from gguf's own quantiser where it has one and are random elsewhere, with the extremes (int8 -128
+codes and scales, every code at its maximum) that could overflow a 16-bit partial sum.
 """
 
 from __future__ import annotations
@@ -20,8 +18,6 @@ from specdec_cli.kernels import packed
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
 
 PACKED_KINDS = sorted(packed.PACKED)
-LEGACY_KINDS = [kind for kind in PACKED_KINDS if packed.packed_kind(kind).form == packed.FORM_LEGACY]
-K_KINDS = [kind for kind in PACKED_KINDS if kind not in LEGACY_KINDS]
 GGUF_BYTES_PER_BLOCK = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176,
                         "Q6_K": 210}  # ggml's block sizes (gguf.constants.GGML_QUANT_SIZES)
 
@@ -105,8 +101,8 @@ def test_fields_unpack_to_what_was_packed_and_columns_select(kind):
 
 
 @pytest.mark.parametrize("extreme", [False, True])
-@pytest.mark.parametrize("kind", LEGACY_KINDS)
-def test_legacy_kinds_multiply_to_the_bits_of_their_record_kind_twin_on_every_path(kind, extreme):
+@pytest.mark.parametrize("kind", PACKED_KINDS)
+def test_packed_kinds_multiply_to_the_bits_of_their_record_kind_twin_on_every_path(kind, extreme):
     """The same weights as the float32-scale kind they repacked into before: the same bits, row for row, for 1-32
     rows, 1-2 threads, on every path this CPU has (extreme: every code and scale at its limit, rows at +-max)."""
     fields = _random_fields(kind, 70, 512, seed=2, extreme=extreme)
@@ -129,66 +125,16 @@ def test_legacy_kinds_multiply_to_the_bits_of_their_record_kind_twin_on_every_pa
             assert torch.equal(one_by_one, expected), (path, threads)
 
 
-def _rounded_rows(x: torch.Tensor, span: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernels' 8-bit activations: (codes [rows, k] as float32, scales [rows, k / span]), one scale per span
-    (32, or a K-quant super-block of 256), computed in float32 as csrc/blocks.c does."""
-    spans = x.reshape(x.shape[0], -1, span)
-    scale = spans.abs().amax(-1, keepdim=True) / 127
-    inverse = torch.where(scale != 0, 1 / scale, torch.zeros_like(scale))
-    return torch.round(spans * inverse).reshape(x.shape), scale[..., 0]
-
-
-@pytest.mark.parametrize("extreme", [False, True])
-@pytest.mark.parametrize("kind", K_KINDS)
-def test_k_quants_are_their_exact_integer_sums_and_the_same_bits_on_every_path(kind, extreme):
-    """Per super-block, the integer sums of scale x dot product (and minimum x code sum), exact in int64 here, then
-    two float steps: the kernels agree with that model to float32 rounding, and give the same bits for 1-32 rows,
-    1-2 threads and every path this CPU has as the portable loop does one row at a time."""
-    info = packed.packed_kind(kind)
-    n, k = 70, 512
-    fields = _random_fields(kind, n, k, seed=7, extreme=extreme)
-    records = packed.pack_fields(kind, fields)
-    x = torch.randn(32, k, generator=torch.Generator().manual_seed(8))
-    if extreme:
-        x = torch.where(x >= 0, 1.0, -1.0) * 3.0  # every activation code at +-127
-    row_codes, row_scales = _rounded_rows(x, info.activation_span)
-    codes, _, _ = packed.fields_codes(kind, fields)  # [n, k], less the zero point
-    supers, per_super = k // info.super_block, info.super_block // info.sub
-    subs = codes.reshape(n, supers, per_super, info.sub).long()
-    xs = row_codes.reshape(32, supers, per_super, info.sub).long()
-    dots = torch.einsum("nspi,rspi->rnsp", subs, xs)  # exact integer dot products per sub-block
-    assert fields.scales is not None
-    isum = (dots * fields.scales.long()[None]).sum(-1)  # [rows, n, supers]
-    terms = isum.double() * (fields.d.double()[None] * row_scales.double()[:, None])
-    if info.offsets:
-        assert fields.m is not None and fields.minimums is not None
-        msum = (xs.sum(-1)[:, None] * fields.minimums.long()[None]).sum(-1)
-        terms = terms - msum.double() * (fields.m.double()[None] * row_scales.double()[:, None])
-    reference = terms.sum(-1)
-    tolerance = 4e-7 * float(terms.abs().sum(-1).max())
-    kernels.force_isa("portable")
-    kernels.set_threads(1)
-    expected = torch.cat([kernels.matmul(x[row : row + 1], kind, records, n) for row in range(32)])
-    assert float((expected.double() - reference).abs().max()) <= tolerance
-    for path in kernels.isas():
-        kernels.force_isa(path)
-        for threads in (1, 2):
-            kernels.set_threads(threads)
-            for rows in (1, 2, 3, 4, 5, 8, 9, 16, 31, 32):
-                assert torch.equal(kernels.matmul(x[:rows], kind, records, n), expected[:rows]), (path, threads, rows)
-
-
 @pytest.mark.parametrize("kind", PACKED_KINDS)
 def test_packed_dot_products_against_a_float64_reference(kind):
-    info = packed.packed_kind(kind)
-    fields = _random_fields(kind, 24, 768 if info.super_block == 256 else 96, seed=4)
+    fields = _random_fields(kind, 24, 768 if packed.packed_kind(kind).super_block == 256 else 96, seed=4)
     k = fields.codes.shape[1]
     records = packed.pack_fields(kind, fields)
     dense = packed.fields_dequantize(kind, fields).double()
     x = torch.randn(7, k, generator=torch.Generator().manual_seed(5))
-    span = info.activation_span
-    row_codes, row_scales = _rounded_rows(x, span)
-    rounded = (row_codes.reshape(7, -1, span) * row_scales[..., None]).reshape(7, k).double()
+    blocks = x.reshape(7, -1, 32)
+    scale = blocks.abs().amax(-1, keepdim=True) / 127
+    rounded = (torch.round(blocks / scale) * scale).reshape(7, k).double()  # the kernel's 8-bit activations
     reference = rounded @ dense.T
     for path in kernels.isas():
         kernels.force_isa(path)

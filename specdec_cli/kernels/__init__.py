@@ -1,18 +1,17 @@
 """specdec's CPU kernels from Python: block-quantised matmuls and row-invariant attention (`_cpu.c`, `csrc/`).
 
-`matmul` multiplies float32 rows by a weight held as records of 16 output columns in one of a small set of
-kinds (`KINDS`): 4-bit or 8-bit codes with a float32 scale per 32 or 16 weights, an integer zero point and
-optionally a float32 offset, into which quant.py repacks every GGUF type exactly (Q4_0 ... Q8_0, the K-quants,
-IQ4_NL/IQ4_XS), or the packed kinds that keep a GGUF type's own fields (packed.py); or float32/float16/bfloat16
-weights as they are. Block kinds round each row to 8 bits per block of 32 (per super-block of 256 for the
-K-quants) first and multiply with integer dot products. `attention` computes each query row over its own keys. Both
-return, for every row, exactly what a one-row call returns, whatever the number of rows or threads, and matmul
-the same bits on every instruction-set path (csrc/matmul.c says how); `force_isa` (or SPECDEC_ISA) picks a path
-for tests and timings. This module is the only door to the C extension: every call takes tensors (or handles
-checked once when made: handles.py's Rows, Dense, BlockMatrix, KeyPositions) and checks what the C code cannot
-(dtypes, devices, shapes, strides), raising a ValueError rather than handing C a pointer it would misread; it owns
-the worker threads' count. records.py and packed.py pack and unpack the records. None of them knows about models,
-GGUF files or `--weights` (quant.py does).
+`matmul` multiplies float32 rows by a weight held as records of 16 output columns in one of a small set of kinds
+(`KINDS`): 4-bit or 8-bit codes with a float32 scale per 32 or 16 weights, an integer zero point and optionally a
+float32 offset, into which quant.py repacks every GGUF type exactly (Q4_0 ... Q8_0, the K-quants, IQ4_NL/IQ4_XS), or
+the packed kinds that keep a GGUF type's own fields (packed.py); or float32/float16/bfloat16 weights as they are.
+Block kinds round each row to 8 bits per block of 32 first and multiply with integer dot products. `attention`
+computes each query row over its own keys. Both return, for every row, exactly what a one-row call returns, whatever
+the number of rows or threads, and matmul the same bits on every instruction-set path (csrc/matmul.c says how);
+`force_isa` (or SPECDEC_ISA) picks a path for tests and timings. This module is the only door to the C extension:
+every call takes tensors (or handles checked once when made: handles.py's Rows, Dense, BlockMatrix, KeyPositions)
+and checks what the C code cannot (dtypes, devices, shapes, strides), raising a ValueError rather than handing C a
+pointer it would misread; it owns the worker threads' count. records.py and packed.py pack and unpack the records.
+None of them knows about models, GGUF files or `--weights` (quant.py does).
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ from .records import (
     KINDS,
     PACKED_KINDS,
     Kind,
-    activation_span,
     dequantize,
     groups,
     kind_of,
@@ -54,10 +52,9 @@ __all__ = [  # the records' layout (records.py), and the typed calls into the C 
     "BLOCK", "GROUP", "KIND_BF16", "KIND_F16", "KIND_F32", "KIND_Q2S", "KIND_Q4", "KIND_Q4S", "KIND_Q4Z", "KIND_Q8",
     "KIND_Q8S", "KIND_U8", "KINDS", "PACKED_KINDS", "PACKED", "Fields", "KIND_OF_GGUF_TYPE", "pack_fields",
     "unpack_fields", "repack_gguf", "Kind", "dequantize", "groups", "kind_of", "pack_records", "record_bytes",
-    "select_columns", "unpack_records", "activation_span", "MAX_THREADS", "available", "isa", "isas", "force_isa",
-    "set_threads", "threads", "ensure_threads", "Rows", "Dense", "BlockMatrix", "matmul_into", "matmul",
-    "KeyPositions", "attention", "rms_norm", "rms_norm_heads", "rope", "store_rows", "silu_mul", "gelu_tanh_mul",
-    "soft_cap_", "peak", "build_file",
+    "select_columns", "unpack_records", "MAX_THREADS", "available", "isa", "isas", "force_isa", "set_threads",
+    "threads", "ensure_threads", "Rows", "Dense", "BlockMatrix", "matmul_into", "matmul", "KeyPositions", "attention",
+    "rms_norm", "rms_norm_heads", "rope", "store_rows", "silu_mul", "gelu_tanh_mul", "soft_cap_", "peak", "build_file",
 ]
 
 MAX_THREADS = 64  # the pool's limit (MAX_THREADS in csrc/kernels.h)
@@ -161,10 +158,10 @@ def matmul_into(x: "torch.Tensor | Rows", matrix: BlockMatrix, out: "torch.Tenso
 def matmul(x: torch.Tensor, kind: int, records: torch.Tensor, n: Optional[int] = None,
            out: Optional[torch.Tensor] = None, accumulate: bool = False) -> torch.Tensor:
     """x [rows, k] float32 @ W^T -> [rows, n] float32, W as packed records (pack_records; n defaults to every
-    column the records hold, or to out's width). Block kinds round each row of x to 8 bits first, per block of 32
-    or per K-quant super-block (`activation_span`; kernels/csrc/blocks.c). With `out` (float32 [rows, n], rows may
-    be strided: a slice of a wider buffer) the product is written there, or added to it with `accumulate`; returns
-    out. matmul_into's checks, on handles made here."""
+    column the records hold, or to out's width). Block kinds round each row of x to 8 bits per block of 32 first
+    (kernels/csrc/blocks.c). With `out` (float32 [rows, n], rows may be strided: a slice of a wider buffer) the
+    product is written there, or added to it with `accumulate`; returns out. matmul_into's checks, on handles made
+    here."""
     if x.dtype is not F32 or not x.is_cpu or x.ndim != 2:
         raise refuse("matmul", "x must be float32 CPU rows [rows, k]", x)
     x = x.contiguous()

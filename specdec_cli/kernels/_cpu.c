@@ -29,12 +29,9 @@
  *       The packed kinds 40-47 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) keep a GGUF type's own fields at
  *       the file's size instead of float32 scales: f16 d (and m or dmin) per super-block of 32 or 256 weights,
  *       6-bit or int8 sub-scales, nibbles with a fifth-bit or 2-bit plane, or int8 codes (csrc/matmul_packed.c
- *       has the layout). The legacy types' scale = float(d) and offset = float(m) are exact in float32, so they
- *       compute the order below with the same values, and the same bits, as the float32-scale kind the same
- *       weights would repack into. The K-quants (Q4_K, Q5_K, Q6_K) take llama.cpp's arithmetic instead: each row
- *       rounded with one scale per super-block of 256, scale_j x dot_j (and minimum_j x the row's code sums)
- *       summed in integers over the super-block, then two float32 steps per 256 weights (csrc/matmul_packed.c
- *       gives the order). Every x86 path runs their AVX2 tiles.
+ *       has the layout). Their scale_j = float(d) * sub-scale and offset_j = float(m) or -(float(dmin) * min)
+ *       are exact in float32, so they compute the order below with the same values, and the same bits, as the
+ *       float32-scale kind the same weights would repack into. Every x86 path runs their AVX2 tiles.
  *       Each row of x is first rounded to 8 bits per block of 32 (scale dx = max |x| / 127, code = round(x / dx)),
  *       as llama.cpp does. Output (row, column) is then, in this order for every path, row count and thread count:
  *         acc = 0; for each sub-block j along k: acc = fma(float(dot_j), scale_j * dx_b, acc) and, with offsets,

@@ -4,9 +4,8 @@ Where records.py's kinds hold a float32 scale (and offset) per 32 or 16 weights,
 stores: f16 `d` (and `m`, or `dmin`), Q4_K/Q5_K's 6-bit sub-block scales and minimums, Q6_K's int8 sub-scales, and
 codes of 4, 5, 6 or 8 bits (nibbles plus a fifth-bit or 2-bit plane). A column of a record therefore holds exactly
 its row's bytes in the GGUF (Q4_K 4.5 bits a weight, Q6_K 6.5625, Q8_0 8.5), and the kernels multiply it at that
-size (csrc/matmul_packed.c has the byte layout and the order of operations: the legacy types give the same bits as
-the float32-scale kind the same weights would repack into; the K-quants sum scale x dot product in integers per
-super-block of 256, on activations rounded to 8 bits with one scale per super-block, as llama.cpp does).
+size (csrc/matmul_packed.c has the byte layout and the order of operations, which gives the same bits as the
+float32-scale kind the same weights would repack into).
 
 A matrix is described by its `Fields` (per output row: codes and the type's scale fields, as integers and f16); this
 file packs fields into records (`pack_fields`), unpacks them (`unpack_fields`), and says what they mean
@@ -55,12 +54,6 @@ class PackedKind:
     @property
     def super_bytes(self) -> int:
         return self.header_bytes + self.super_block // BLOCK * self.block_bytes
-
-    @property
-    def activation_span(self) -> int:
-        """Weights per activation scale: a row is rounded to 8 bits per block of 32 for the legacy types, per
-        super-block of 256 for the K-quants (llama.cpp's q8_K), whose sub-scales are then applied in integers."""
-        return BLOCK if self.form == FORM_LEGACY else self.super_block
 
 
 PACKED = {

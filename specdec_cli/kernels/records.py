@@ -93,11 +93,6 @@ def record_bytes(kind: int, k: int) -> int:
     return (k // BLOCK) * (4 * GROUP * subs * (2 if info.offsets else 1) + info.bits * 4 * GROUP)
 
 
-def activation_span(kind: int) -> int:
-    """Inputs per 8-bit activation scale in a block kind's matmul: 32, or a K-quant's super-block (packed.py)."""
-    return PACKED[kind].activation_span if kind in PACKED else BLOCK
-
-
 def _pad(tensor: torch.Tensor, rows: int) -> torch.Tensor:
     if tensor.shape[0] == rows:
         return tensor

@@ -163,8 +163,7 @@ long cpu_packed_header_bytes(const KindInfo *info);
 long cpu_packed_block_bytes(const KindInfo *info);
 long cpu_packed_super_bytes(const KindInfo *info);
 float cpu_half_to_float(uint16_t h);
-void cpu_quantize_rows(int path, const float *x, long rows, long k, long span, int8_t *qx, float *dx,
-                       int32_t *sums);
+void cpu_quantize_rows(int path, const float *x, long rows, long k, int8_t *qx, float *dx, int32_t *sums);
 
 /* ------------------------------------------- the matmul (matmul.c; tiles in matmul_avx2.c, matmul_avx512.c) */
 
@@ -177,8 +176,6 @@ typedef struct {
     const int32_t *init;  /* [k/sub][rows]: -zero * (sum of the row's codes over the sub-block), the integer
                            * accumulator's start (so the dot product comes out of codes - zero) */
     const float *sx;      /* [k/sub][rows]: dx * (sum of the row's codes over the sub-block), for offsets */
-    const int32_t *pairs; /* K-quants [k/sub/2][rows]: the row's code sums over sub-blocks 2p and 2p+1, as the low
-                           * and high 16 bits (each at most 32 x 127 in magnitude) */
     const char *weights;  /* one record per group of GROUP columns */
     long record, block;   /* bytes per group record, per block of it (packed kinds: per super-block) */
     float *out;
@@ -216,11 +213,11 @@ typedef struct {
 extern const TileSet cpu_tiles_avx2[SHAPE_COUNT], cpu_tiles_avxvnni[SHAPE_COUNT], cpu_floats_avx2[3];
 extern const TileSet cpu_tiles_512[SHAPE_COUNT], cpu_floats_512[3];
 
-/* The packed kinds (matmul_packed.c): their portable reference loop and their AVX2 tiles' driver (every x86 path
- * runs them), each a task over record groups like matmul.c's. */
+/* The packed kinds (matmul_packed.c): their AVX2 tiles, indexed by kind - KIND_PQ4_0 (every x86 path runs them),
+ * and their portable reference loop (a task over record groups, like matmul.c's). */
 #define PACKED_COUNT 8
+extern const TileSet cpu_tiles_packed[PACKED_COUNT];
 void cpu_matmul_packed_portable(const void *arg, long start, long stop);
-void cpu_matmul_packed_tiled(const void *arg, long start, long stop);
 int cpu_repack_gguf(int kind, const uint8_t *rows, long n, long row_bytes, long k, uint8_t *records);
 
 /* ------------------------------------------------------------------- row-invariant attention (attention*.c) */

@@ -166,6 +166,10 @@ static int shape_index(const KindInfo *info)
 
 static const TileSet *tile_set(const KindInfo *info, int path)
 {
+    if (info->form != FORM_RECORDS)
+        return &cpu_tiles_packed[info->form == FORM_LEGACY ? (info->bits == 4 ? info->offsets : info->bits == 5 ?
+                                                                2 + info->offsets : 4)
+                                                          : info->form == FORM_K ? (info->bits == 4 ? 5 : 6) : 7];
     if (info->bits >= 16) {
         int index = info->bits == 32 ? 0 : info->bf16 ? 2 : 1;
         return path == ISA_AVX512VNNI ? &cpu_floats_512[index] : &cpu_floats_avx2[index];
@@ -225,11 +229,9 @@ static void matmul_groups_tiled(const void *arg, long start, long stop)
 /* The groups on the path's tiles. */
 static void run_tiles(const MatmulTask *task, int path, long groups)
 {
-    if (task->info.form != FORM_RECORDS) { /* the packed kinds have AVX2 tiles on every x86 path */
-        cpu_run_parallel(cpu_matmul_packed_tiled, task, groups);
-        return;
-    }
-    TiledTask tiled = {task, tile_set(&task->info, path), path == ISA_AVX512VNNI ? 1 : 2};
+    /* the packed kinds have AVX2 tiles (8 columns) on every x86 path */
+    TiledTask tiled = {task, tile_set(&task->info, path),
+                       path == ISA_AVX512VNNI && task->info.form == FORM_RECORDS ? 1 : 2};
     cpu_run_parallel(matmul_groups_tiled, &tiled, groups);
 }
 #else /* no vector path on this CPU: the path is always ISA_PORTABLE (run_tiles stands for the portable loop) */
@@ -238,56 +240,44 @@ static void run_tiles(const MatmulTask *task, int path, long groups)
                      groups)
 #endif
 
-/* The sum of row r's codes over sub-block j, from the per-16 sums blocks.c leaves. */
-static inline int32_t sub_sum(const KindInfo *info, const int32_t *sums, long rows, long j, long r)
-{
-    return info->sub == 32 ? sums[2 * j * rows + r] + sums[(2 * j + 1) * rows + r] : sums[j * rows + r];
-}
-
 /* out[rows, n] (+)= x @ W^T on `path`; 0, or -1 (out of memory: nothing computed). */
 int cpu_matmul(const KindInfo *info, const float *x, long rows, long k, long n, const char *weights, float *out,
                long out_stride, int accumulate, int path)
 {
     long blocks = k / BLOCK, groups = (n + GROUP - 1) / GROUP, subs = info->bits < 16 ? k / info->sub : 0;
-    int k_quant = info->form == FORM_K || info->form == FORM_Q6K;
     int8_t *qx = NULL;
     float *dx = NULL, *sx = NULL;
-    int32_t *sums = NULL, *init = NULL, *pairs = NULL;
+    int32_t *sums = NULL, *init = NULL;
     if (info->bits < 16) {
         qx = malloc((size_t)(rows * k));
         dx = malloc(sizeof(float) * (size_t)(rows * blocks));
         sx = malloc(sizeof(float) * (size_t)(rows * subs));
         sums = malloc(sizeof(int32_t) * (size_t)(rows * 2 * blocks));
         init = malloc(sizeof(int32_t) * (size_t)(rows * subs));
-        pairs = malloc(sizeof(int32_t) * (size_t)(rows * (subs / 2 + 1)));
-        if (qx == NULL || dx == NULL || sx == NULL || sums == NULL || init == NULL || pairs == NULL) {
+        if (qx == NULL || dx == NULL || sx == NULL || sums == NULL || init == NULL) {
             free(qx);
             free(dx);
             free(sx);
             free(sums);
             free(init);
-            free(pairs);
             return -1;
         }
     }
-    MatmulTask task = {*info, rows, k, n, x, qx, dx, init, sx, pairs, weights, cpu_group_bytes(info, k),
+    MatmulTask task = {*info, rows, k, n, x, qx, dx, init, sx, weights, cpu_group_bytes(info, k),
                        info->form != FORM_RECORDS ? cpu_packed_super_bytes(info)
                        : info->bits < 16          ? cpu_block_bytes(info)
                                                   : 0,
                        out, out_stride, accumulate};
     if (info->bits < 16) {
-        cpu_quantize_rows(path, x, rows, k, k_quant ? info->sb : BLOCK, qx, dx, sums);
+        cpu_quantize_rows(path, x, rows, k, qx, dx, sums);
         /* AVX2 multiplies the bytes of zero point 128 as the signed values they encode: no zero point there */
         int zero = path == ISA_AVX2 && info->bits == 8 && info->zero == 128 ? 0 : info->zero;
         for (long j = 0; j < subs; j++)
             for (long r = 0; r < rows; r++) {
-                init[j * rows + r] = -zero * sub_sum(info, sums, rows, j, r);
-                sx[j * rows + r] = dx[(j * info->sub / BLOCK) * rows + r] * (float)sub_sum(info, sums, rows, j, r);
+                int32_t sum = info->sub == 32 ? sums[2 * j * rows + r] + sums[(2 * j + 1) * rows + r] : sums[j * rows + r];
+                init[j * rows + r] = -zero * sum;
+                sx[j * rows + r] = dx[(j * info->sub / BLOCK) * rows + r] * (float)sum;
             }
-        for (long p = 0; p < subs / 2; p++) /* sub-block 2p's sum in the low half, 2p+1's in the high half */
-            for (long r = 0; r < rows; r++)
-                pairs[p * rows + r] = (int32_t)(((uint32_t)sub_sum(info, sums, rows, 2 * p, r) & 0xffff) |
-                                                ((uint32_t)sub_sum(info, sums, rows, 2 * p + 1, r) << 16));
     }
     if (path != ISA_PORTABLE)
         run_tiles(&task, path, groups);
@@ -299,6 +289,5 @@ int cpu_matmul(const KindInfo *info, const float *x, long rows, long k, long n, 
     free(sx);
     free(sums);
     free(init);
-    free(pairs);
     return 0;
 }
