@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..errors import SpecdecError
@@ -295,19 +296,14 @@ def free_port() -> int:
 
 
 def context_tokens(gguf_path: str) -> int:
-    """The server's context: CONTEXT_TOKENS, or the model's own context length where it is shorter."""
-    try:
-        from gguf import GGUFReader
+    """The server's context: CONTEXT_TOKENS, or the model's own context length where it is shorter (read by
+    target_model's one GGUF reader)."""
+    from ..target_model.gguf.gguf_file import open_gguf
 
-        reader = GGUFReader(gguf_path)
-        arch_field = reader.fields.get("general.architecture")
-        if arch_field is None:
-            return CONTEXT_TOKENS
-        arch = bytes(arch_field.parts[arch_field.data[0]]).decode("utf-8")
-        length = reader.fields.get(f"{arch}.context_length")
-        if length is None:
-            return CONTEXT_TOKENS
-        return max(256, min(CONTEXT_TOKENS, int(length.parts[length.data[0]][0])))
+    try:
+        gguf = open_gguf(Path(gguf_path))
+        length = gguf.metadata.get(f"{gguf.architecture}.context_length")
+        return CONTEXT_TOKENS if length is None else max(256, min(CONTEXT_TOKENS, int(length)))
     except Exception:
         return CONTEXT_TOKENS
 
