@@ -105,7 +105,7 @@ def bf16_family(request):
     return type("Family", (), {"name": request.param, "model": model, "vocab": 64, "references": references})
 
 def _config(**settings) -> GenerationConfig:
-    return GenerationConfig(**{"max_new_tokens": NEW, "budget": BUDGET, "eos_token_ids": (EOS,), **settings})
+    return GenerationConfig(**{"max_new_tokens": NEW, "draft_max": BUDGET, "eos_token_ids": (EOS,), **settings})
 
 
 @pytest.mark.slow

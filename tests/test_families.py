@@ -67,7 +67,7 @@ def family(request):
     return Family(*request.param)
 
 def _config_for(**settings) -> GenerationConfig:
-    settings = {"max_new_tokens": NEW, "budget": BUDGET, "eos_token_ids": (EOS,), "cost_aware": False, **settings}
+    settings = {"max_new_tokens": NEW, "draft_max": BUDGET, "eos_token_ids": (EOS,), "cost_aware": False, **settings}
     return GenerationConfig(**settings)
 
 

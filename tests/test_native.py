@@ -39,7 +39,7 @@ def _blocks(family: str, mode: str, seed: int = 11, **settings):
     return model
 
 def _config(**settings) -> GenerationConfig:
-    return GenerationConfig(**{"max_new_tokens": NEW, "budget": 7, "eos_token_ids": (EOS,), **settings})
+    return GenerationConfig(**{"max_new_tokens": NEW, "draft_max": 7, "eos_token_ids": (EOS,), **settings})
 
 
 # every family README lists, on 4-bit or 8-bit blocks made on load (the GGUF tests below use a file's own blocks)

@@ -153,3 +153,17 @@ def test_the_native_path_answers_without_importing_transformers(tmp_path, which)
     assert json.loads(first.stdout)["output_token_ids"] == json.loads(second.stdout)["output_token_ids"]
     heavy = sorted(name for name in _imported(second.stderr) if name.split(".")[0] == "transformers")
     assert not heavy, heavy[:5]
+
+
+@pytest.mark.real_model
+def test_a_batch_call_encodes_each_text_as_alone(tmp_path):
+    """build-index tokenizes corpora in batches: `tokenizer(texts, return_attention_mask=False)` gives each text's
+    ids as one call would, and no mask, as transformers' does."""
+    from specdec_cli.target_model.load.target_source import default_gguf_path
+
+    theirs, tokenizer = _pair(default_gguf_path(), tmp_path)
+    texts = ["The sea is wide.", "", "def f(x):\n    return x * 2", "ünïcödé ✓"]
+    batch = tokenizer(texts, add_special_tokens=False, return_attention_mask=False, verbose=False)
+    assert set(batch) == {"input_ids"}
+    assert batch["input_ids"] == [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    assert batch == theirs(texts, add_special_tokens=False, return_attention_mask=False, verbose=False).data

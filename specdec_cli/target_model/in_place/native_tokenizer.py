@@ -88,9 +88,23 @@ class NativeTokenizer:
     def all_special_tokens(self) -> list[str]:
         return list(dict.fromkeys(self.special_tokens_map.values()))
 
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
-        encoding = self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens)
-        return {"input_ids": list(encoding.ids), "attention_mask": list(encoding.attention_mask)}
+    def __call__(self, text: Union[str, Sequence[str]], add_special_tokens: bool = True,
+                 return_attention_mask: bool = True, verbose: bool = True) -> dict[str, Any]:
+        """transformers' call: one text's ids (and attention mask), or a list of texts' lists (`verbose` is
+        transformers' warning switch: nothing here warns)."""
+        if isinstance(text, str):
+            encodings = [self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens)]
+        elif self.backend_tokenizer.padding is None and self.backend_tokenizer.truncation is None:
+            encodings = self.backend_tokenizer.encode_batch(list(text), add_special_tokens=add_special_tokens)
+        else:  # never padded or cut, as transformers' call without padding= or truncation=
+            encodings = [self.backend_tokenizer.encode(item, add_special_tokens=add_special_tokens) for item in text]
+        ids = [list(encoding.ids) for encoding in encodings]
+        masks = [list(encoding.attention_mask) for encoding in encodings]
+        one = isinstance(text, str)
+        result: dict[str, Any] = {"input_ids": ids[0] if one else ids}
+        if return_attention_mask:
+            result["attention_mask"] = masks[0] if one else masks
+        return result
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
