@@ -360,3 +360,39 @@ def test_auto_weights_that_choose_dense_give_torch_its_threads_back(tmp_path, mo
     finally:
         torch.set_num_threads(threads)
         kernels.set_threads(kernel_threads)
+
+
+def test_the_row_invariance_check_runs_one_layer_of_each_kind_and_catches_a_fault_in_any(monkeypatch):
+    """The end-to-end check (exact.block_mismatch) runs the first layer of each distinct signature and the head
+    (distinct_layers), on the full decoder's weights: a row-dependent fault in a matrix kind that only a later
+    layer uses is still caught, and the check leaves the full decoder's answers as they were."""
+    from specdec_cli.target_model.verify.exact import block_mismatch
+
+    model = family_model("llama", seed=5, num_hidden_layers=4)
+    plan = converted_blocks.plan_blocks(model, "int4", None)
+    plan["model.layers.2.mlp.down_proj"] = quant.quantize_dense(
+        model.model.layers[2].mlp.down_proj.weight, kernels.KIND_Q8)  # layer 2 alone multiplies down on q8
+    quant.install_blocks(model, plan)
+    decoder = native.decoder_for(model)
+    twin = decoder.distinct_layers()
+    assert [layer.down.matrix.kind for layer in twin.layers] == [kernels.KIND_Q4, kernels.KIND_Q8]
+    assert twin.layers[0] is decoder.layers[0] and twin.layers[1] is decoder.layers[2] and twin.head is decoder.head
+    ids = torch.tensor([PROMPTS[1]])
+    positions = torch.arange(ids.shape[1])[None]
+    with torch.inference_mode():
+        before = decoder(input_ids=ids, position_ids=positions, past_key_values=transformers_kv_cache()).logits
+        assert block_mismatch(twin, model.config, torch.device("cpu"), 8) is None
+        after = decoder(input_ids=ids, position_ids=positions, past_key_values=transformers_kv_cache()).logits
+    assert torch.equal(before, after)
+
+    exact_matmul = native.NativeDecoder._matmul
+
+    def row_dependent(self, source, layer, out, accumulate=False):  # a q8 tile that rounds by the block's size
+        exact_matmul(self, source, layer, out, accumulate)
+        if layer.matrix.kind == kernels.KIND_Q8 and source.tensor.shape[0] > 1:
+            out.tensor.mul_(1 + 1e-6)
+
+    monkeypatch.setattr(native.NativeDecoder, "_matmul", row_dependent)
+    with torch.inference_mode():
+        assert "differs from a one-row forward" in block_mismatch(decoder.distinct_layers(), model.config,
+                                                                  torch.device("cpu"), 8)

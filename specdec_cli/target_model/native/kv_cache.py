@@ -176,9 +176,8 @@ class KVCache:
 
 
 def new_kv_cache(model: Any) -> Any:
-    """An empty cache for `model`'s forward: a KVCache for a model the native decoder computes in place (it says
-    so with `native_cache`; `model` may be its native decoder, which holds it as `.model`), the same cache as a
-    transformers DynamicCache for any other."""
+    """An empty cache for `model`'s forward: a KVCache for the native decoder and a model it computes in place
+    (each says so with `native_cache`), the same cache as a transformers DynamicCache for any other."""
     native = getattr(model, "native_cache", False) or getattr(getattr(model, "model", None), "native_cache", False)
     return KVCache() if native else transformers_kv_cache()
 

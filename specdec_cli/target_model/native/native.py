@@ -159,6 +159,8 @@ def _eps(norm: Any, default: float) -> float:
 class NativeDecoder:
     """A supported family's forward on block weights (see the module docstring)."""
 
+    native_cache = True  # its forward takes a plain KVCache (kv_cache.new_kv_cache)
+
     def __init__(self, model: Any):
         kernels.ensure_threads()
         if not kernels.available():
@@ -231,6 +233,28 @@ class NativeDecoder:
         self.head = _Linear.of(model.lm_head)
         self._scratch: dict[str, torch.Tensor] = {}
         self._checked: dict[tuple[str, int], kernels.Rows] = {}  # (buffer, rows) -> its first rows, checked
+
+    def distinct_layers(self) -> "NativeDecoder":
+        """A decoder sharing this one's weights and head that runs only the first layer of each distinct
+        signature (kernel kinds and shapes of its matrices, attention kind, the steps it takes), in order: what the
+        end-to-end row-invariance check needs to run. A row's result at each kernel depends only on that row's
+        inputs and the kernel path its kind, shape and row count choose, so two layers of one signature are
+        row-invariant together or not at all (an 8B file's 32 layers are 2 or 3 signatures)."""
+        import copy
+
+        def linear(part: Any) -> tuple:
+            return part.matrix.kind, part.matrix.n, part.matrix.k, part.bias is not None
+
+        first: dict[tuple, int] = {}
+        for index, layer in enumerate(self.layers):
+            signature = (layer.kind, tuple(map(linear, layer.qkv)), linear(layer.out), tuple(map(linear, layer.gate_up)),
+                         linear(layer.down), layer.q_norm is not None, layer.rope is not None,
+                         layer.post_attn_norm is not None, layer.act)
+            first.setdefault(signature, index)
+        twin = copy.copy(self)
+        twin.layers = [self.layers[index] for index in sorted(first.values())]
+        twin._scratch, twin._checked = {}, {}
+        return twin
 
     # -- buffers ----------------------------------------------------------------------------------------------
 

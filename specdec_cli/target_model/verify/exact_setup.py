@@ -7,7 +7,8 @@
 
 - `NativeForward`: block weights of a model of one of the families native.py computes (families.py: llama,
   mistral, qwen2, qwen3, phi3, smollm3, gemma, gemma2, gemma3_text) run specdec's native decoder, row-invariant by
-  construction and checked end to end once (remembered per file and machine for a GGUF loaded in place);
+  construction and checked end to end once, through the first layer of each distinct kind
+  (native.NativeDecoder.distinct_layers; remembered per file and machine for a GGUF loaded in place);
 - `TransformersForward`: any other model runs transformers' modules; where exactness is on, exact.py's
   row-invariant attention and padded linear layers, found and checked for the largest block a generation may
   verify (`prepare`) and applied around each verify forward only.
@@ -125,7 +126,8 @@ class NativeForward(_OwnKernels, ModelForward):
             if remembered is not None and remembered.is_file():  # this file's blocks, this CPU path: passed before
                 self.outcome = CheckOutcome("on", f"{passed} (checked on this machine before)")
                 return ROW_INVARIANT_ROWS
-            mismatch = row_invariant.block_mismatch(self.decoder, self.model.config, self.device, ROW_INVARIANT_ROWS)
+            mismatch = row_invariant.block_mismatch(self.decoder.distinct_layers(), self.model.config, self.device,
+                                                   ROW_INVARIANT_ROWS)
             self.outcome = (CheckOutcome("on", passed) if mismatch is None else CheckOutcome("failed", mismatch))
             if mismatch is not None:
                 warnings.warn(NOT_EXACT_WARNING.format(reason=mismatch), stacklevel=3)
