@@ -147,6 +147,54 @@ def test_the_cache_is_made_once_then_mapped_and_remade_when_damaged(tmp_path, mo
     assert models.load_target(str(path), device="cpu").model.source.repacked
 
 
+def test_a_side_file_failing_while_the_blocks_are_written_stops_the_writer_and_leaves_nothing(tmp_path, monkeypatch):
+    """The blocks are written on their own thread while the tokenizer and config are built: when those fail, the
+    writer stops at its next slice, the error is the load's, and no folder (nor a temporary one) is left."""
+    import threading
+
+    from specdec_cli.errors import SpecdecError
+    from specdec_cli.target_model.in_place import gguf_model
+
+    source, architecture, tokenizer = _source("llama")
+    path = tmp_path / "tiny.gguf"
+    write_family_gguf(path, source, architecture, tokenizer)
+    slices, started = [], threading.Event()
+    records = gguf_blocks._records
+
+    def slow_records(*args):
+        started.set()
+        slices.append(args[1].module)
+        threading.Event().wait(0.05)
+        return records(*args)
+
+    def failing_tokenizer(gguf):
+        assert started.wait(10)  # the writer is at work
+        raise SpecdecError(f"{gguf.path}: its tokenizer metadata cannot be read (planted)")
+
+    monkeypatch.setattr(gguf_blocks, "_records", slow_records)
+    monkeypatch.setattr(gguf_model, "tokenizer_from_file", failing_tokenizer)
+    with pytest.raises(SpecdecError, match="planted"):
+        _in_place(path, tmp_path / "home", monkeypatch)
+    gguf, planned = _plan(path)
+    assert 0 < len(slices) < len(planned)  # stopped early, not written to the end
+    assert not any((tmp_path / "home" / "models").iterdir())
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(InterruptedError):
+        gguf_blocks.write_blocks(gguf, planned, tmp_path / "blocks", stop=stop)
+
+
+def _plan(path):
+    """(the opened file, its matrices planned as a load plans them)."""
+    from specdec_cli.target_model.gguf.gguf_config import hf_config
+    from specdec_cli.target_model.gguf.gguf_file import open_gguf
+    from specdec_cli.target_model.gguf.gguf_layout import check_tensors
+
+    gguf = open_gguf(path)
+    expected = check_tensors(gguf, hf_config(gguf))
+    return gguf, gguf_blocks.plan_matrices(gguf, expected, tied="output.weight" not in gguf.tensors)
+
+
 def gguf_model_blocks() -> str:
     from specdec_cli.target_model.in_place.gguf_model import BLOCKS_FILE
 

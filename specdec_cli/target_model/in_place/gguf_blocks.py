@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -126,12 +127,27 @@ def _records(gguf: GGUFFile, matrix: PlannedMatrix, first: int, stop: int) -> to
     return kernels.pack_records(kernels.KIND_F32, torch.from_numpy(dense.reshape(rows, matrix.in_features)))
 
 
+def _row_slices(matrix: PlannedMatrix) -> list[tuple[int, int]]:
+    """The matrix's slices of output rows (first, stop), as they are repacked and hashed: whole records but the
+    last, at most SLICE_WEIGHTS weights each."""
+    step = max(kernels.GROUP, SLICE_WEIGHTS // max(1, matrix.in_features) // kernels.GROUP * kernels.GROUP)
+    return [(first, min(first + step, matrix.out_features)) for first in range(0, matrix.out_features, step)]
+
+
+def _matrix_digest(slice_digests: list[bytes]) -> str:
+    """A matrix's proof: the SHA-256 of its slices' SHA-256s in order (slices are hashed side by side)."""
+    import hashlib
+
+    return hashlib.sha256(b"".join(slice_digests)).hexdigest()
+
+
 def write_blocks(gguf: GGUFFile, planned: list[PlannedMatrix], path: Path, on_progress: Optional[Progress] = None,
-                 workers: int = 1) -> dict[str, str]:
+                 workers: int = 1, stop: Optional[threading.Event] = None) -> dict[str, str]:
     """Repack every planned matrix into `path` (a new file), slice by slice (see the module docstring); `workers`
-    threads decode slices side by side (numpy and torch release the GIL), written in order, a few slices ahead at
-    most. Returns each matrix's records' SHA-256 ({module: hex digest}; `verify_blocks` checks a mapping against
-    them) and, under "", the file header's."""
+    threads decode and hash slices side by side (numpy, torch and hashlib release the GIL), written in order, a
+    few slices ahead at most. Returns each matrix's proof ({module: hex digest}, `_matrix_digest`;
+    `verify_blocks` checks a mapping against them) and, under "", the file header's SHA-256. `stop`, once set,
+    makes it raise InterruptedError at the next slice (the caller removes the file)."""
     import hashlib
     from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -139,33 +155,38 @@ def write_blocks(gguf: GGUFFile, planned: list[PlannedMatrix], path: Path, on_pr
     header = _header(planned, f"{gguf.path}")
     slices = []  # (matrix, first row, stop row, the matrix's last slice)
     for matrix in planned:
-        step = max(kernels.GROUP, SLICE_WEIGHTS // max(1, matrix.in_features) // kernels.GROUP * kernels.GROUP)
-        starts = list(range(0, matrix.out_features, step))
-        slices += [(matrix, first, min(first + step, matrix.out_features), first == starts[-1]) for first in starts]
+        ranges = _row_slices(matrix)
+        slices += [(matrix, first, stop_row, index == len(ranges) - 1)
+                   for index, (first, stop_row) in enumerate(ranges)]
 
-    def job(matrix: PlannedMatrix, first: int, stop: int) -> torch.Tensor:
-        return _records(gguf, matrix, first, stop)  # uint8 [groups, record bytes], contiguous
+    def job(matrix: PlannedMatrix, first: int, stop_row: int) -> tuple[torch.Tensor, bytes]:
+        records = _records(gguf, matrix, first, stop_row)  # uint8 [groups, record bytes], contiguous
+        return records, hashlib.sha256(records.numpy().data).digest()
 
     written = 0
     digests = {"": hashlib.sha256(header).hexdigest()}
-    hashers = {matrix.module: hashlib.sha256() for matrix in planned}
+    slice_digests: dict[str, list[bytes]] = {matrix.module: [] for matrix in planned}
     with open(path, "wb") as handle, ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         handle.write(header)
         pending: list[tuple[Future, PlannedMatrix, bool]] = []
         ahead = 2 * max(1, workers)
         for index in range(len(slices) + ahead):
+            if stop is not None and stop.is_set():
+                for future, _, _ in pending:
+                    future.cancel()
+                raise InterruptedError("repacking stopped")
             if index < len(slices):
-                matrix, first, stop, last = slices[index]
-                pending.append((pool.submit(job, matrix, first, stop), matrix, last))
+                matrix, first, stop_row, last = slices[index]
+                pending.append((pool.submit(job, matrix, first, stop_row), matrix, last))
             if len(pending) > ahead or (index >= len(slices) and pending):
                 future, done_matrix, done_last = pending.pop(0)
-                records = future.result()
+                records, digest = future.result()
                 handle.write(records.numpy().data)  # (the buffer itself, no copy)
-                hashers[done_matrix.module].update(records.numpy().data)
+                slice_digests[done_matrix.module].append(digest)
                 written += records.numel()
                 if done_last:
                     gguf.release(done_matrix.gguf_name)
-                    digests[done_matrix.module] = hashers[done_matrix.module].hexdigest()
+                    digests[done_matrix.module] = _matrix_digest(slice_digests.pop(done_matrix.module))
                 if on_progress is not None:
                     on_progress(written, total)
         handle.flush()  # no fsync: the system writes it back meanwhile; every load proves the records by their
@@ -175,10 +196,10 @@ def write_blocks(gguf: GGUFFile, planned: list[PlannedMatrix], path: Path, on_pr
     return digests
 
 
-def verify_blocks(path: Path, mapped: dict[str, "MappedMatrix"], digests: dict[str, str],
-                  workers: int = 1) -> Optional[str]:
+def verify_blocks(path: Path, planned: list[PlannedMatrix], mapped: dict[str, "MappedMatrix"],
+                  digests: dict[str, str], workers: int = 1) -> Optional[str]:
     """None when the mapped records and the file's header hash to what `write_blocks` recorded; else what does not
-    (the first in order), as a phrase. Matrices are hashed side by side on `workers` threads (hashlib releases the
+    (the first in order), as a phrase. Slices are hashed side by side on `workers` threads (hashlib releases the
     GIL): it reads every page of the mapping once, as the first forward would."""
     import hashlib
     from concurrent.futures import ThreadPoolExecutor
@@ -189,17 +210,23 @@ def verify_blocks(path: Path, mapped: dict[str, "MappedMatrix"], digests: dict[s
         header = handle.read(8 + header_size)
     if hashlib.sha256(header).hexdigest() != digests.get(""):
         return "its header does not hash to what was written"
-    if set(mapped) != set(digests) - {""}:
+    if set(mapped) != set(digests) - {""} or set(mapped) != {matrix.module for matrix in planned}:
         return "it holds other matrices than were written"
+    group = kernels.GROUP
+    jobs = [(matrix.module, first // group, -(-stop // group)) for matrix in planned
+            for first, stop in _row_slices(matrix)]
 
-    def digest(module: str) -> str:
-        return hashlib.sha256(mapped[module].records.numpy().data).hexdigest()
+    def digest(job: tuple[str, int, int]) -> bytes:
+        module, start, end = job
+        return hashlib.sha256(mapped[module].records[start:end].numpy().data).digest()
 
-    modules = list(mapped)
+    found: dict[str, list[bytes]] = {matrix.module: [] for matrix in planned}
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for module, found in zip(modules, pool.map(digest, modules)):
-            if found != digests[module]:
-                return f"the records of {module} do not hash to what was written"
+        for (module, _, _), slice_digest in zip(jobs, pool.map(digest, jobs)):
+            found[module].append(slice_digest)
+    for matrix in planned:
+        if _matrix_digest(found[matrix.module]) != digests[matrix.module]:
+            return f"the records of {matrix.module} do not hash to what was written"
     return None
 
 

@@ -1,12 +1,12 @@
 """Where a GGUF's in-place cache lives and whether it can be used, read from its marker and files alone.
 
-The cache of a file loaded in place (gguf_model.py) is a folder under $SPECDEC_HOME/models named by the file's
-path, size and modification time (`cache_folder`), with a marker written last (`specdec-gguf.json`: the format;
-the source's proof, `source_proof`; the SHA-256 of every matrix's records, of the blocks file's header and of
-every side file). `cache_fault` says why a folder cannot be used for a file (a marker that does not match, a
-source that changed, a damaged, missing or foreign side file), before anything in it is read; the blocks
-themselves are proved by gguf_model. Nothing here imports transformers: gguf_check asks it whether a file's
-stored config (stored.py) can be used before any model is built.
+The cache of a file loaded in place (gguf_model.py) is a folder under $SPECDEC_HOME/models named by the file's path,
+size and modification time (`cache_folder`), with a marker written last (`specdec-gguf.json`: the format; the
+source's proof, `source_proof`; every matrix's proof, the SHA-256 of its slices' SHA-256s (gguf_blocks), and the
+SHA-256 of the blocks file's header and of every side file). `cache_fault` says why a folder cannot be used for a
+file (a marker that does not match, a source that changed, a damaged, missing or foreign side file), before anything
+in it is read; the blocks themselves are proved by gguf_model. Nothing here imports transformers: gguf_check asks it
+whether a file's stored config (stored.py) can be used before any model is built.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from ...home import short_stem, specdec_home
 from ..gguf.gguf_file import GGUFFile, file_identity
 from . import gguf_blocks
 
-CACHE_FORMAT = 3  # the folder's layout (its blocks file has its own gguf_blocks.BLOCKS_FORMAT); 2: proofs; 3: stored
-# config, rotary tables and tokenizer read without transformers (stored.py)
+CACHE_FORMAT = 4  # the folder's layout (its blocks file has its own gguf_blocks.BLOCKS_FORMAT); 2: proofs; 3: stored
+# config, rotary tables and tokenizer read without transformers (stored.py); 4: matrices proved slice by slice
 MARKER = "specdec-gguf.json"
 BLOCKS_FILE = "blocks.safetensors"
 

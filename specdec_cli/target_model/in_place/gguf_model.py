@@ -11,7 +11,8 @@ with the shape its metadata implies), then builds a `GGUFModel`:
 
 The cache is a folder under $SPECDEC_HOME/models named by the file's path, size and modification time, made in a
 temporary folder and renamed into place with a marker written last (`specdec-gguf.json`: the format; the source's
-proof, `source_proof`; the SHA-256 of every matrix's records, of the blocks file's header and of every side file).
+proof, `source_proof`; every matrix's proof over its slices, the SHA-256 of the blocks file's header and of every
+side file).
 Every load proves the cache before using it: a marker that does not match, a source that changed (even with its
 size and time kept), a damaged, missing or foreign file, or records that do not hash to what was written: the
 folder is made again, with one warning line saying why; it is never used. Nothing is cached for a file that fails
@@ -28,8 +29,10 @@ from __future__ import annotations
 import importlib
 import json
 import shutil
+import threading
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -224,7 +227,8 @@ def _proved_blocks(folder: Path, planned: list[gguf_blocks.PlannedMatrix]
     digests = marker.get("blocks")
     if mapped is None or not isinstance(digests, dict):
         return None, f"{BLOCKS_FILE} does not hold the matrices the file needs"
-    fault = gguf_blocks.verify_blocks(folder / BLOCKS_FILE, mapped, digests, workers=torch.get_num_threads())
+    fault = gguf_blocks.verify_blocks(folder / BLOCKS_FILE, planned, mapped, digests,
+                                      workers=torch.get_num_threads())
     return (None, f"{BLOCKS_FILE}: {fault}") if fault else (mapped, None)
 
 
@@ -252,15 +256,22 @@ def _repack(gguf: GGUFFile, config: Any, planned: list[gguf_blocks.PlannedMatrix
                            f"which has {free / 1e9:.2f} GB free")
     if isinstance(config, StoredConfig):  # read from a cache that is being made again: transformers' own
         config = hf_config(gguf)
-    tokenizer = tokenizer_from_file(gguf)
     source = source_proof(gguf)
-    with atomic_directory(folder, replace=True) as tmp:  # (replaces a damaged folder; a reader keeps its mapping)
-        blocks = gguf_blocks.write_blocks(gguf, planned, tmp / BLOCKS_FILE, _progress(on_status, gguf.path.name),
-                                          workers=torch.get_num_threads())
-        tokenizer.save_pretrained(tmp)
-        config.save_pretrained(tmp)
-        _generation_config(config).save_pretrained(tmp)
-        write_stored(tmp, config, _rotary(config))
+    stop = threading.Event()
+    with atomic_directory(folder, replace=True) as tmp, ThreadPoolExecutor(max_workers=1) as writer:
+        # the blocks are repacked and written on their own thread while this one builds the side files (the
+        # tokenizer through transformers' converter, the rotary tables: seconds of imports on a first load)
+        blocks_written = writer.submit(gguf_blocks.write_blocks, gguf, planned, tmp / BLOCKS_FILE,
+                                       _progress(on_status, gguf.path.name), torch.get_num_threads(), stop)
+        try:
+            tokenizer_from_file(gguf).save_pretrained(tmp)
+            config.save_pretrained(tmp)
+            _generation_config(config).save_pretrained(tmp)
+            write_stored(tmp, config, _rotary(config))
+            blocks = blocks_written.result()
+        except BaseException:
+            stop.set()  # the writer stops at its next slice; the temporary folder is removed
+            raise
         marker = {"format": CACHE_FORMAT, "source": source, "blocks_bytes": (tmp / BLOCKS_FILE).stat().st_size,
                   "blocks": blocks, "files": side_files(tmp), "seconds": round(time.perf_counter() - started, 3)}
         (tmp / MARKER).write_text(json.dumps(marker, indent=1))

@@ -247,9 +247,9 @@ class NativeDecoder:
 
         first: dict[tuple, int] = {}
         for index, layer in enumerate(self.layers):
-            signature = (layer.kind, tuple(map(linear, layer.qkv)), linear(layer.out), tuple(map(linear, layer.gate_up)),
-                         linear(layer.down), layer.q_norm is not None, layer.rope is not None,
-                         layer.post_attn_norm is not None, layer.act)
+            signature = (layer.kind, tuple(map(linear, layer.qkv)), linear(layer.out),
+                         tuple(map(linear, layer.gate_up)), linear(layer.down), layer.q_norm is not None,
+                         layer.rope is not None, layer.post_attn_norm is not None, layer.act)
             first.setdefault(signature, index)
         twin = copy.copy(self)
         twin.layers = [self.layers[index] for index in sorted(first.values())]
