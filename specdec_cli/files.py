@@ -93,13 +93,15 @@ def write_json_atomic(path: str | Path, payload: Any) -> Path:
 
 
 @contextmanager
-def atomic_directory(path: str | Path, replace: bool = True) -> Iterator[Path]:
+def atomic_directory(path: str | Path, replace: bool = True, unsynced: tuple[str, ...] = ()) -> Iterator[Path]:
     """Yields an empty temporary directory to fill; on success it becomes `path`.
 
-    Every file in it, and the directory itself, is synced before the rename, so a crash never leaves a
-    complete-looking directory with unwritten data. An existing `path` is replaced (moved aside, then removed)
-    or, with `replace=False`, kept: another process that finished the same work first wins, even when both
-    finish at once (the second rename finds the first's directory and keeps it).
+    Every file in it, and the directory itself, is synced before the rename, so a crash never leaves a complete-
+    looking directory with unwritten data; but files named in `unsynced`, which their reader proves before any
+    use (a GGUF's repacked blocks, by their SHA-256s: seconds of disk time on a first load). An existing `path`
+    is replaced (moved aside, then removed) or, with `replace=False`, kept: another process that finished the
+    same work first wins, even when both finish at once (the second rename finds the first's directory and keeps
+    it).
     On failure the temporary directory is removed.
     """
     final = Path(path).expanduser()
@@ -115,7 +117,7 @@ def atomic_directory(path: str | Path, replace: bool = True) -> Iterator[Path]:
         yield temporary
         if final.exists() and not replace:
             return
-        sync_tree(temporary)
+        sync_tree(temporary, unsynced)
         old = temporary_beside(final) if final.exists() else None
         if old is not None:
             os.rename(final, old)
@@ -134,13 +136,15 @@ def atomic_directory(path: str | Path, replace: bool = True) -> Iterator[Path]:
         _remove(temporary)
 
 
-def sync_tree(folder: Path) -> None:
-    """fsync every file under `folder`, then each folder (deepest first), so a rename of `folder` publishes
-    data that is on disk."""
+def sync_tree(folder: Path, unsynced: tuple[str, ...] = ()) -> None:
+    """fsync every file under `folder` (but those named in `unsynced`), then each folder (deepest first), so a
+    rename of `folder` publishes data that is on disk."""
     folders = []
     for root, _, names in os.walk(folder):
         folders.append(root)
         for name in names:
+            if name in unsynced:
+                continue
             handle = os.open(os.path.join(root, name), os.O_RDONLY)
             try:
                 os.fsync(handle)

@@ -140,14 +140,16 @@ def test_a_directory_is_synced_before_it_is_renamed_into_place(tmp_path, monkeyp
     monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
                                                  real_fsync(fd))[1])
     monkeypatch.setattr(os, "rename", lambda a, b: (events.append(("rename", str(a))), real_rename(a, b))[1])
-    with files.atomic_directory(tmp_path / "out", replace=False) as temporary:
+    with files.atomic_directory(tmp_path / "out", replace=False, unsynced=("proved",)) as temporary:
         (temporary / "sub").mkdir()
         (temporary / "sub" / "weights").write_bytes(b"x" * 10)
         (temporary / "config.json").write_text("{}")
+        (temporary / "proved").write_bytes(b"y" * 10)  # its reader proves it (a GGUF's blocks): not synced
     renamed = events.index(("rename", str(temporary)))
     synced = {path for kind, path in events[:renamed] if kind == "fsync"}
     assert {str(temporary / "sub" / "weights"), str(temporary / "config.json"), str(temporary / "sub"),
             str(temporary)} <= synced
+    assert str(temporary / "proved") not in synced and (tmp_path / "out" / "proved").read_bytes() == b"y" * 10
     assert (tmp_path / "out" / "sub" / "weights").read_bytes() == b"x" * 10
 
 

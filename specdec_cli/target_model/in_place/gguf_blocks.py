@@ -189,8 +189,8 @@ def write_blocks(gguf: GGUFFile, planned: list[PlannedMatrix], path: Path, on_pr
                     digests[done_matrix.module] = _matrix_digest(slice_digests.pop(done_matrix.module))
                 if on_progress is not None:
                     on_progress(written, total)
-        handle.flush()  # no fsync: the system writes it back meanwhile; every load proves the records by their
-        # SHA-256 (verify_blocks), so a cache a crash left torn is caught and made again, never used
+        handle.flush()  # no fsync, here or when its folder is published (gguf_model): the system writes it back
+        # meanwhile; every load proves the records (verify_blocks), so a torn cache is made again, never used
     if path.stat().st_size != written + len(header):  # pragma: no cover - a sizing mistake
         raise AssertionError("the blocks cache's size disagrees with its header")
     return digests

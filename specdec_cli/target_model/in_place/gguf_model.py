@@ -258,7 +258,8 @@ def _repack(gguf: GGUFFile, config: Any, planned: list[gguf_blocks.PlannedMatrix
         config = hf_config(gguf)
     source = source_proof(gguf)
     stop = threading.Event()
-    with atomic_directory(folder, replace=True) as tmp, ThreadPoolExecutor(max_workers=1) as writer:
+    unsynced = (BLOCKS_FILE,)  # every load proves the blocks by their SHA-256s: a torn file is never used
+    with atomic_directory(folder, replace=True, unsynced=unsynced) as tmp, ThreadPoolExecutor(max_workers=1) as writer:
         # the blocks are repacked and written on their own thread while this one builds the side files (the
         # tokenizer through transformers' converter, the rotary tables: seconds of imports on a first load)
         blocks_written = writer.submit(gguf_blocks.write_blocks, gguf, planned, tmp / BLOCKS_FILE,
