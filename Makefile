@@ -78,8 +78,11 @@ DEMO_PROMPT := Fix the spelling mistakes in this paragraph and return the correc
 demo: install
 	$(VENV)/bin/specdec chat --compare --max-new-tokens 160 --prompt "$$(printf '$(DEMO_PROMPT)')"
 
+# The suite on TEST_JOBS workers (pytest-xdist; one per CPU, at most 4: each loads its own copy of the models it
+# uses), tests of one xdist_group on one worker. TEST_JOBS=0 runs it in this process alone.
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 test: install lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup
 
 # The inner loop (2-3 minutes on 2 cores; 2:17 on a Zen 3 EPYC, 2026-11-27): the suite without the embedded
 # model's tests, without tests that start processes (the CLI in a subprocess or a pseudo-terminal;
@@ -87,7 +90,7 @@ test: install lint
 # few that take seconds each (`slow`). No lint. `make test` runs them all (the embedded model loaded once, by
 # tests/conftest.py's real_target).
 test-fast: install
-	$(PY) -m pytest -q -m "not real_model and not subprocess and not slow"
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup -m "not real_model and not subprocess and not slow"
 
 lint: install
 	$(VENV)/bin/ruff check specdec_cli tests benchmarks docs

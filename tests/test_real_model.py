@@ -12,6 +12,8 @@ import torch
 from conftest import invoke, run_cli
 from helpers import split_logits
 
+from specdec_cli.drafters import DRAFTERS
+
 pytestmark = pytest.mark.real_model
 
 # Prompts written for this test only (not in any benchmark suite).
@@ -89,14 +91,14 @@ def test_every_drafter_is_lossless_in_process(default_target, tmp_path):
         assert session.ask(prompt).generation.tokens == reference, name
 
 
-def test_every_drafter_is_exact_in_bfloat16(real_target, tmp_path):
-    """In bfloat16 a block's rows round differently from one-row forwards unless verification is row-invariant
-    (exact.py; before it, pld and sam diverged within ~90 tokens on 3 of 4 prompts): every drafter, chains and
-    trees, against the same engine's plain bfloat16 decoding."""
+@pytest.fixture(scope="module")
+def bfloat16_reference(real_target, tmp_path_factory):
+    """The bfloat16 model's engine, a prompt, and that engine's plain bfloat16 decoding of it (the reference every
+    drafter is held to); made once a module (once a worker under pytest-xdist)."""
     from specdec_cli.decoding.cost_curve import CostCurve
     from specdec_cli.decoding.engine import Engine, GenerationConfig
     from specdec_cli.decoding.planner import DraftPlanner
-    from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter, target_info
+    from specdec_cli.drafters import DrafterOptions, make_drafter, target_info
     from specdec_cli.texts.prompt_ids import format_prompt
 
     target = real_target("bfloat16", "dense")
@@ -107,13 +109,23 @@ def test_every_drafter_is_exact_in_bfloat16(real_target, tmp_path):
     ids = format_prompt(target.tokenizer, [{"role": "user", "content": prompt}])
     reference = engine.generate(ids, make_drafter("none", DrafterOptions(), info), config).tokens
     assert engine.forward.outcome.state == "on", engine.forward.outcome.text()
-    options = DrafterOptions(draft_model=_untrained_head(target, tmp_path / "head"))
-    for name in [*DRAFTERS, "sam+recycle", "sam+eagle"]:
-        if name in ("none", "model"):
-            continue
-        generation = engine.generate(ids, make_drafter(name, options, info), config)
-        assert generation.tokens == reference, name
-        assert generation.stats.drafted_tokens > 0, name
+    options = DrafterOptions(draft_model=_untrained_head(target, tmp_path_factory.mktemp("head")))
+    return engine, info, ids, config, options, reference
+
+
+@pytest.mark.xdist_group("bfloat16")  # one worker makes the reference once (make test: --dist loadgroup)
+@pytest.mark.parametrize("name", [name for name in [*DRAFTERS, "sam+recycle", "sam+eagle"]
+                                  if name not in ("none", "model")])
+def test_every_drafter_is_exact_in_bfloat16(bfloat16_reference, name):
+    """In bfloat16 a block's rows round differently from one-row forwards unless verification is row-invariant
+    (exact.py; before it, pld and sam diverged within ~90 tokens on 3 of 4 prompts): every drafter, chains and
+    trees, against the same engine's plain bfloat16 decoding."""
+    from specdec_cli.drafters import make_drafter
+
+    engine, info, ids, config, options, reference = bfloat16_reference
+    generation = engine.generate(ids, make_drafter(name, options, info), config)
+    assert generation.tokens == reference, name
+    assert generation.stats.drafted_tokens > 0, name
 
 
 def test_model_drafter_is_lossless_on_the_real_model(default_target):
