@@ -84,7 +84,7 @@ TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; ec
 test: install lint
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup
 
-# The inner loop (2-3 minutes on 2 cores; 2:17 on a Zen 3 EPYC, 2026-11-27): the suite without the embedded
+# The inner loop (about 2 minutes on 2 cores; 1:48 on a Zen 3 EPYC, 2026-11-27): the suite without the embedded
 # model's tests, without tests that start processes (the CLI in a subprocess or a pseudo-terminal;
 # tests/conftest.py marks them `subprocess`; most CLI tests run the command in process instead) and without the
 # few that take seconds each (`slow`). No lint. `make test` runs them all (the embedded model loaded once, by
