@@ -5,6 +5,7 @@ one warning line saying why, and the answers are the source's own."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import warnings
@@ -120,3 +121,27 @@ def test_a_damaged_missing_edited_or_foreign_side_file_is_made_again(tiny, damag
     remade = _load(path, "is made again")
     _same_answers(remade, logits)
     assert _load(path).model.source.cache == remade.model.source.cache  # and then it is healthy again
+
+
+def test_a_new_cache_of_a_file_removes_its_superseded_ones_and_nothing_else(tiny, tmp_path):
+    """Once a file's cache is made again under a new key (the file changed, or specdec's cache format did), the
+    folders of the same file's earlier caches are removed; another file's cache and folders specdec did not make
+    (no marker, or a marker of another path) stay."""
+    path, _, cache = tiny
+    models = cache.parent
+    earlier_format = models / f"{path.stem}-inplace-{'a' * 12}"
+    shutil.copytree(cache, earlier_format)
+    marker = json.loads((earlier_format / MARKER).read_text())
+    (earlier_format / MARKER).write_text(json.dumps({**marker, "format": marker["format"] - 1}))
+    unmarked = models / f"{path.stem}-inplace-{'b' * 12}"
+    unmarked.mkdir()
+    (unmarked / "mine.txt").write_text("a user's file")
+    elsewhere = models / f"{path.stem}-inplace-{'c' * 12}"
+    shutil.copytree(cache, elsewhere)
+    (elsewhere / MARKER).write_text(json.dumps({**marker, "source": {**marker["source"], "path": "/elsewhere.gguf"}}))
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # the file changed: a new key
+    remade = _load(path)
+    assert remade.model.source.repacked and remade.model.source.cache != cache
+    assert sorted(folder.name for folder in models.iterdir()) == sorted(
+        [remade.model.source.cache.name, unmarked.name, elsewhere.name])

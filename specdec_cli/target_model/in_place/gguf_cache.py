@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -105,6 +106,22 @@ def cache_fault(folder: Path, gguf: Optional[GGUFFile]) -> Optional[str]:
             return f"{name} is {'missing' if name not in found else 'damaged'}"
     extra = sorted(set(found) - set(recorded_files))
     return f"{extra[0]} was not made by specdec" if extra else None
+
+
+def superseded_folders(folder: Path, path: Path) -> list[Path]:
+    """The other cache folders of the file at `path` beside `folder`: made by an earlier format, or from the file
+    before it changed (their marker's source is the same resolved path). Made once `folder` is, they are never
+    used again."""
+    found, name = [], re.compile(re.escape(short_stem(path.stem)) + r"-inplace-[0-9a-f]{12}")
+    for other in sorted(folder.parent.iterdir()) if folder.parent.is_dir() else []:
+        if not name.fullmatch(other.name):  # (temporaries, being made, are named otherwise)
+            continue
+        marker = read_marker(other) if other != folder and other.is_dir() and not other.is_symlink() else None
+        source = marker.get("source") if marker else None
+        if isinstance(marker.get("format") if marker else None, int) and isinstance(source, dict) and \
+                source.get("path") == str(path.resolve()):
+            found.append(other)
+    return found
 
 
 def cache_ready(folder: Path) -> bool:

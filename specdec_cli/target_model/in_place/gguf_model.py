@@ -58,6 +58,7 @@ from .gguf_cache import (
     read_marker,
     side_files,
     source_proof,
+    superseded_folders,
 )
 from .native_tokenizer import load_native_tokenizer
 from .stored import (
@@ -276,6 +277,8 @@ def _repack(gguf: GGUFFile, config: Any, planned: list[gguf_blocks.PlannedMatrix
         marker = {"format": CACHE_FORMAT, "source": source, "blocks_bytes": (tmp / BLOCKS_FILE).stat().st_size,
                   "blocks": blocks, "files": side_files(tmp), "seconds": round(time.perf_counter() - started, 3)}
         (tmp / MARKER).write_text(json.dumps(marker, indent=1))
+    for superseded in superseded_folders(folder, gguf.path):  # an earlier format's, or the file's before it changed
+        shutil.rmtree(superseded, ignore_errors=True)
     _give_back_freed_memory()
 
 
