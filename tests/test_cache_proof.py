@@ -145,3 +145,41 @@ def test_a_new_cache_of_a_file_removes_its_superseded_ones_and_nothing_else(tiny
     assert remade.model.source.repacked and remade.model.source.cache != cache
     assert sorted(folder.name for folder in models.iterdir()) == sorted(
         [remade.model.source.cache.name, unmarked.name, elsewhere.name])
+
+
+def test_records_proved_once_are_mapped_unhashed_until_the_file_is_touched(tiny, monkeypatch):
+    """A load that hashed the records to their proofs records the blocks file's identity (stat and samples); later
+    loads map it without hashing it again, until anything writes to it (its status-change time moves): then it is
+    hashed again, and damage is caught."""
+    from specdec_cli.target_model.in_place import gguf_blocks, gguf_cache
+
+    path, logits, cache = tiny
+    monkeypatch.setattr(gguf_cache, "RACY_SECONDS", 0.0)  # (the test's file was written a moment ago)
+    hashed = []
+    verify = gguf_blocks.verify_blocks
+    monkeypatch.setattr(gguf_blocks, "verify_blocks", lambda *args, **kwargs: hashed.append(1) or verify(*args,
+                                                                                                        **kwargs))
+    _same_answers(_load(path), logits)  # hashed, then remembered
+    assert hashed == [1] and (cache / gguf_cache.PROVED).is_file()
+    _same_answers(_load(path), logits)  # proved before: not hashed
+    assert hashed == [1]
+    blocks = cache / BLOCKS_FILE
+    with open(blocks, "r+b") as handle:  # one byte in the records changed: its times move
+        handle.seek(blocks.stat().st_size - 7)
+        byte = handle.read(1)
+        handle.seek(-1, os.SEEK_CUR)
+        handle.write(bytes([byte[0] ^ 0x55]))
+    remade = _load(path, "do not hash to what was written")
+    assert hashed == [1, 1]
+    _same_answers(remade, logits)
+
+
+def test_a_fresh_file_is_not_remembered_as_proved(tiny, monkeypatch):
+    """Within RACY_SECONDS of its last change, a write in the same tick of the clock would leave the file's times as
+    they are: such a file is hashed at every load until it is older."""
+    from specdec_cli.target_model.in_place import gguf_cache
+
+    path, _, cache = tiny
+    monkeypatch.setattr(gguf_cache, "RACY_SECONDS", 3600.0)
+    _load(path)
+    assert not (cache / gguf_cache.PROVED).exists()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,6 +26,8 @@ CACHE_FORMAT = 4  # the folder's layout (its blocks file has its own gguf_blocks
 # config, rotary tables and tokenizer read without transformers (stored.py); 4: matrices proved slice by slice
 MARKER = "specdec-gguf.json"
 BLOCKS_FILE = "blocks.safetensors"
+PROVED = "blocks-proved.json"  # the blocks file as it was when its records last hashed to the marker's proofs
+RACY_SECONDS = 2.0  # a file changed this recently may change again within its times' granularity: not recorded
 
 
 def cache_folder(path: Path) -> Path:
@@ -61,7 +64,7 @@ def file_digest(path: Path) -> str:
 def side_files(folder: Path) -> dict[str, str]:
     """{name: SHA-256} of the folder's files but the marker and the blocks (the tokenizer, config, template...)."""
     return {entry.name: file_digest(entry) for entry in sorted(folder.iterdir())
-            if entry.is_file() and entry.name not in (MARKER, BLOCKS_FILE)}
+            if entry.is_file() and entry.name not in (MARKER, BLOCKS_FILE, PROVED)}
 
 
 def read_marker(folder: Path) -> Optional[dict[str, Any]]:
@@ -122,6 +125,53 @@ def superseded_folders(folder: Path, path: Path) -> list[Path]:
                 source.get("path") == str(path.resolve()):
             found.append(other)
     return found
+
+
+def blocks_identity(folder: Path, marker: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """What is recorded of the blocks file once its records hash to the marker's proofs: its size, modification
+    and status-change times, inode and device (any write to it changes its status-change time, which only the
+    kernel sets), a SHA-256 of 4 KiB at the start, middle and end of each 64 MiB of it (catches a region a crash
+    left unwritten), and which proofs they matched. None when it cannot be read."""
+    path = folder / BLOCKS_FILE
+    try:
+        stat = path.stat()
+        sample = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for start in range(0, stat.st_size, 64 << 20):
+                end = min(stat.st_size, start + (64 << 20))
+                for at in sorted({start, (start + end) // 2, max(start, end - 4096)}):
+                    handle.seek(at)
+                    sample.update(handle.read(4096))
+    except OSError:
+        return None
+    proofs = hashlib.sha256(json.dumps(marker.get("blocks"), sort_keys=True).encode()).hexdigest()
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns, "inode": stat.st_ino,
+            "device": stat.st_dev, "sample": sample.hexdigest(), "proofs": proofs}
+
+
+def proved_before(folder: Path, marker: dict[str, Any]) -> bool:
+    """Whether the blocks file is as it was when its records last hashed to the marker's proofs (`remember_proved`):
+    then a load maps it without hashing its gigabytes again."""
+    try:
+        recorded = json.loads((folder / PROVED).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    identity = blocks_identity(folder, marker)
+    return identity is not None and recorded == identity
+
+
+def remember_proved(folder: Path, marker: dict[str, Any]) -> None:
+    """Record the blocks file's identity after its records hashed to the marker's proofs; not for a file changed
+    within RACY_SECONDS (a write in the same tick of the clock would keep its times), nor where this user cannot
+    write (then it is hashed at every load)."""
+    from ...files import write_json_atomic
+
+    identity = blocks_identity(folder, marker)
+    if identity is not None and time.time_ns() - identity["ctime_ns"] >= RACY_SECONDS * 1e9:
+        try:
+            write_json_atomic(folder / PROVED, identity)
+        except OSError:
+            pass
 
 
 def cache_ready(folder: Path) -> bool:

@@ -55,7 +55,9 @@ from .gguf_cache import (
     cache_fault,
     cache_folder,
     cache_ready,
+    proved_before,
     read_marker,
+    remember_proved,
     side_files,
     source_proof,
     superseded_folders,
@@ -228,9 +230,14 @@ def _proved_blocks(folder: Path, planned: list[gguf_blocks.PlannedMatrix]
     digests = marker.get("blocks")
     if mapped is None or not isinstance(digests, dict):
         return None, f"{BLOCKS_FILE} does not hold the matrices the file needs"
+    if proved_before(folder, marker):  # hashed to its proofs at an earlier load, and untouched since
+        return mapped, None
     fault = gguf_blocks.verify_blocks(folder / BLOCKS_FILE, planned, mapped, digests,
                                       workers=torch.get_num_threads())
-    return (None, f"{BLOCKS_FILE}: {fault}") if fault else (mapped, None)
+    if fault:
+        return None, f"{BLOCKS_FILE}: {fault}"
+    remember_proved(folder, marker)
+    return mapped, None
 
 
 def _mapped(folder: Path, planned: list[gguf_blocks.PlannedMatrix]) -> Optional[dict[str, gguf_blocks.MappedMatrix]]:
