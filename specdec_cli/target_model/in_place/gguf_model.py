@@ -14,9 +14,10 @@ temporary folder and renamed into place with a marker written last (`specdec-ggu
 proof, `source_proof`; every matrix's proof over its slices, the SHA-256 of the blocks file's header and of every
 side file).
 Every load proves the cache before using it: a marker that does not match, a source that changed (even with its
-size and time kept), a damaged, missing or foreign file, or records that do not hash to what was written: the
-folder is made again, with one warning line saying why; it is never used. Nothing is cached for a file that fails
-a check.
+size and time kept), a damaged, missing or foreign file, or records that do not hash to what was written (hashed
+until a load has proved them, then known by the blocks file's identity until anything writes to it:
+gguf_cache.proved_before): the folder is made again, with one warning line saying why; it is never used. Nothing
+is cached for a file that fails a check.
 
 The `GGUFModel`'s modules carry transformers' names (model.layers.N.self_attn.q_proj, ...: block layers, norms,
 the family's rotary table), so that the native decoder (native.py), the drafters and the checks read it as they
