@@ -338,6 +338,13 @@ def test_fingerprint_is_stable_and_tells_tokenizers_apart(tmp_path, char_tokeniz
     assert fingerprint.startswith("sha256:") and len(fingerprint) == len("sha256:") + 16
     assert tokenizer_fingerprint(same) == fingerprint
     assert tokenizer_fingerprint(other) != fingerprint
+    # worked out once per tokenizer, and again once its vocabulary or EOS token changes
+    assert tokenizer_fingerprint(same) == fingerprint
+    same.add_tokens(["ü"])
+    grown = tokenizer_fingerprint(same)
+    assert grown != fingerprint
+    same.eos_token = "ü"
+    assert tokenizer_fingerprint(same) not in (fingerprint, grown)
 
 
 @pytest.mark.real_model
