@@ -183,3 +183,22 @@ def test_a_fresh_file_is_not_remembered_as_proved(tiny, monkeypatch):
     monkeypatch.setattr(gguf_cache, "RACY_SECONDS", 3600.0)
     _load(path)
     assert not (cache / gguf_cache.PROVED).exists()
+
+
+def test_a_cache_folder_that_cannot_be_written_is_still_used_and_hashed_each_load(tiny, monkeypatch):
+    """Where the identity record cannot be written (a home shared read-only), a load that proved the records by
+    hashing still answers; the next load hashes them again."""
+    from specdec_cli import files
+    from specdec_cli.errors import SpecdecError
+    from specdec_cli.target_model.in_place import gguf_cache
+
+    path, logits, cache = tiny
+    monkeypatch.setattr(gguf_cache, "RACY_SECONDS", 0.0)
+
+    def cannot_write(target, payload):
+        raise SpecdecError(f"{target}: cannot write (Read-only file system)")
+
+    monkeypatch.setattr(files, "write_json_atomic", cannot_write)
+    for _ in range(2):
+        _same_answers(_load(path), logits)
+        assert not (cache / gguf_cache.PROVED).exists()

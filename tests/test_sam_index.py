@@ -338,7 +338,7 @@ def test_fingerprint_is_stable_and_tells_tokenizers_apart(tmp_path, char_tokeniz
     assert fingerprint.startswith("sha256:") and len(fingerprint) == len("sha256:") + 16
     assert tokenizer_fingerprint(same) == fingerprint
     assert tokenizer_fingerprint(other) != fingerprint
-    # worked out once per tokenizer, and again once its vocabulary or EOS token changes
+    # a tokenizer that gains a token, or another EOS token, has another fingerprint
     assert tokenizer_fingerprint(same) == fingerprint
     same.add_tokens(["ü"])
     grown = tokenizer_fingerprint(same)

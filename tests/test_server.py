@@ -565,3 +565,20 @@ def test_sam_learns_from_what_the_server_answered(tiny_model_dir, tmp_path, monk
         assert session.drafter is not before
     assert again.choices[0].message.content == first.choices[0].message.content
     assert again.model_extra["timings"]["draft_sources"].get("sam-memory", 0) > 0
+
+
+def test_opening_a_session_reads_the_targets_facts_once(tiny_model_dir, tmp_path, monkeypatch):
+    """open_session's answer memory and the session share one target_info: the tokenizer's fingerprint (a hash of
+    the whole vocabulary, a tenth of a second or more for a real one) is worked out once a load."""
+    import specdec_cli.drafters.target as target
+    from specdec_cli.session.chat import open_session
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    monkeypatch.delenv("SPECDEC_NO_MEMORY", raising=False)
+    fingerprints = []
+    fingerprint = target.tokenizer_fingerprint
+    monkeypatch.setattr(target, "tokenizer_fingerprint", lambda tokenizer: fingerprints.append(1) or
+                        fingerprint(tokenizer))
+    session, _ = open_session(_chat_settings(tiny_model_dir, remember=True))
+    assert fingerprints == [1] and session.memory is not None
+    assert session.info.fingerprint == session.memory.fingerprint == fingerprint(session.tokenizer)

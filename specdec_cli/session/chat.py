@@ -11,13 +11,13 @@ its prompt formatted by texts/prompt_ids.py. Rendering is the CLI's job; nothing
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, replace
 from typing import Any, Callable, Optional
 
 from ..decoding.draft import Drafter
 from ..decoding.engine import Engine, EventCallback, Generation, GenerationConfig
 from ..decoding.prompt_cache import PromptCache
-from ..drafters import make_drafter, target_info
+from ..drafters import TargetInfo, make_drafter, target_info
 from ..errors import SpecdecError
 from ..target_model.load import models
 from ..target_model.verify.exact_setup import choose_forward
@@ -53,13 +53,13 @@ def open_session(settings: ChatSettings,
         memory_cap()  # a malformed SPECDEC_MEMORY_MAX_TOKENS fails before the model loads
     loaded = models.load_target(load.target, load.device, load.dtype, on_status=on_status, weights=load.weights,
                          decoder=load.decoder)
+    info = target_info(loaded.model, loaded.tokenizer)  # (read once: the fingerprint hashes the whole vocabulary)
     memory = None
     if use_memory:
-        fingerprint = target_info(loaded.model, loaded.tokenizer).fingerprint
-        memory = Memory(memory_dir(loaded.name, fingerprint), fingerprint, loaded.name)
+        memory = Memory(memory_dir(loaded.name, info.fingerprint), info.fingerprint, loaded.name)
         options = replace(run.drafter.options, memory=str(memory.directory))
         settings = replace(settings, run=replace(run, drafter=replace(run.drafter, options=options)))
-    return ChatSession(loaded.model, loaded.tokenizer, settings, memory), loaded
+    return ChatSession(loaded.model, loaded.tokenizer, settings, memory, info), loaded
 
 
 @dataclass
@@ -81,11 +81,12 @@ class ChatSession:
     tokenizer: Any
     settings: ChatSettings = field(default_factory=ChatSettings)
     memory: Optional[Memory] = None  # where each answer is remembered (None: nowhere)
+    known_info: InitVar[Optional[TargetInfo]] = None  # target_info(model, tokenizer), where the caller has it
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, known_info: Optional[TargetInfo]) -> None:
         run = self.settings.run
         self.engine = Engine(choose_forward(self.model, run.exact, run.load), self.tokenizer)
-        self.info = target_info(self.model, self.tokenizer)
+        self.info = known_info or target_info(self.model, self.tokenizer)
         self._replace_run(generation=replace(run.generation, eos_token_ids=self.info.eos_token_ids))
         self.generation.check()
         self.engine.forward.prepare(self.generation.budget)  # row-invariant verification, when on, is checked now

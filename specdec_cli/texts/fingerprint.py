@@ -3,37 +3,17 @@
 `tokenizer_fingerprint(tokenizer)` hashes the vocabulary (token -> id pairs, sorted by id), the special
 added tokens (id, text) and the EOS token of a Hugging Face tokenizer; no model is loaded and nothing else
 (normaliser, merges, the pad token a caller may set at run time) is read. Two tokenizers with the same
-fingerprint map ids to the same strings. The result looks like "sha256:0123456789abcdef". It is worked out once
-per tokenizer object and size (a tenth of a second or more for a 50k vocabulary; a load asks several times).
+fingerprint map ids to the same strings. The result looks like "sha256:0123456789abcdef".
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import weakref
 from typing import Any
-
-_known: "weakref.WeakKeyDictionary[Any, tuple[tuple[int, str], str]]" = weakref.WeakKeyDictionary()
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
-    state = (len(tokenizer), str(getattr(tokenizer, "eos_token", None)))  # tokens added, another EOS: worked out again
-    try:
-        known = _known.get(tokenizer)
-    except TypeError:  # a tokenizer that cannot be weakly referenced: never kept
-        known = None
-    if known is not None and known[0] == state:
-        return known[1]
-    fingerprint = _fingerprint(tokenizer)
-    try:
-        _known[tokenizer] = (state, fingerprint)
-    except TypeError:
-        pass
-    return fingerprint
-
-
-def _fingerprint(tokenizer: Any) -> str:
     vocab = tokenizer.get_vocab()
     pairs = sorted(((int(token_id), str(token)) for token, token_id in vocab.items()))
     added = getattr(tokenizer, "added_tokens_decoder", None) or {}

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from ...errors import SpecdecError
 from ...home import short_stem, specdec_home
 from ..gguf.gguf_file import GGUFFile, file_identity
 from . import gguf_blocks
@@ -42,18 +43,24 @@ def source_proof(gguf: GGUFFile) -> dict[str, Any]:
     not the status-change time, which only the kernel sets); and a SHA-256 of the header (every key and tensor
     record) and of 4 KiB at the start, middle and end of every tensor (milliseconds, even for 8B-shaped files)."""
     stat = gguf.path.stat()
-    sample = hashlib.sha256()
     tensors = sorted(gguf.tensors.values(), key=lambda info: info.start)
     data_start = tensors[0].start if tensors else gguf.size
-    with open(gguf.path, "rb") as handle:
-        sample.update(handle.read(data_start))
-        for info in tensors:
-            for at in sorted({info.start, info.start + max(0, info.nbytes // 2 - 2048),
-                              info.start + max(0, info.nbytes - 4096)}):
-                handle.seek(at)
-                sample.update(handle.read(min(4096, info.nbytes)))
+    sample = sampled_digest(gguf.path, [(info.start, info.nbytes) for info in tensors], head=data_start)
     return {"path": str(gguf.path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-            "ctime_ns": stat.st_ctime_ns, "inode": stat.st_ino, "sample": sample.hexdigest()}
+            "ctime_ns": stat.st_ctime_ns, "inode": stat.st_ino, "sample": sample}
+
+
+def sampled_digest(path: Path, spans: list[tuple[int, int]], head: int = 0) -> str:
+    """SHA-256 of the file's first `head` bytes and of 4 KiB at the start, middle and end of each (start, bytes)
+    span: milliseconds for gigabytes, and a region left unwritten or rewritten shows in it."""
+    sample = hashlib.sha256()
+    with open(path, "rb") as handle:
+        sample.update(handle.read(head))
+        for start, nbytes in spans:
+            for at in sorted({start, start + max(0, nbytes // 2 - 2048), start + max(0, nbytes - 4096)}):
+                handle.seek(at)
+                sample.update(handle.read(min(4096, nbytes)))
+    return sample.hexdigest()
 
 
 def file_digest(path: Path) -> str:
@@ -115,14 +122,15 @@ def superseded_folders(folder: Path, path: Path) -> list[Path]:
     """The other cache folders of the file at `path` beside `folder`: made by an earlier format, or from the file
     before it changed (their marker's source is the same resolved path). Made once `folder` is, they are never
     used again."""
-    found, name = [], re.compile(re.escape(short_stem(path.stem)) + r"-inplace-[0-9a-f]{12}")
-    for other in sorted(folder.parent.iterdir()) if folder.parent.is_dir() else []:
-        if not name.fullmatch(other.name):  # (temporaries, being made, are named otherwise)
+    name, resolved = re.compile(re.escape(short_stem(path.stem)) + r"-inplace-[0-9a-f]{12}"), str(path.resolve())
+    found = []
+    for other in sorted(folder.parent.iterdir()):
+        # (temporaries, being made, are named otherwise)
+        if other == folder or not name.fullmatch(other.name) or other.is_symlink() or not other.is_dir():
             continue
-        marker = read_marker(other) if other != folder and other.is_dir() and not other.is_symlink() else None
-        source = marker.get("source") if marker else None
-        if isinstance(marker.get("format") if marker else None, int) and isinstance(source, dict) and \
-                source.get("path") == str(path.resolve()):
+        marker = read_marker(other) or {}
+        source = marker.get("source")
+        if isinstance(marker.get("format"), int) and isinstance(source, dict) and source.get("path") == resolved:
             found.append(other)
     return found
 
@@ -132,21 +140,16 @@ def blocks_identity(folder: Path, marker: dict[str, Any]) -> Optional[dict[str, 
     and status-change times, inode and device (any write to it changes its status-change time, which only the
     kernel sets), a SHA-256 of 4 KiB at the start, middle and end of each 64 MiB of it (catches a region a crash
     left unwritten), and which proofs they matched. None when it cannot be read."""
-    path = folder / BLOCKS_FILE
+    path, chunk = folder / BLOCKS_FILE, 64 << 20
     try:
         stat = path.stat()
-        sample = hashlib.sha256()
-        with open(path, "rb") as handle:
-            for start in range(0, stat.st_size, 64 << 20):
-                end = min(stat.st_size, start + (64 << 20))
-                for at in sorted({start, (start + end) // 2, max(start, end - 4096)}):
-                    handle.seek(at)
-                    sample.update(handle.read(4096))
+        sample = sampled_digest(path, [(start, min(chunk, stat.st_size - start))
+                                       for start in range(0, stat.st_size, chunk)])
     except OSError:
         return None
     proofs = hashlib.sha256(json.dumps(marker.get("blocks"), sort_keys=True).encode()).hexdigest()
     return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns, "inode": stat.st_ino,
-            "device": stat.st_dev, "sample": sample.hexdigest(), "proofs": proofs}
+            "device": stat.st_dev, "sample": sample, "proofs": proofs}
 
 
 def proved_before(folder: Path, marker: dict[str, Any]) -> bool:
@@ -170,7 +173,7 @@ def remember_proved(folder: Path, marker: dict[str, Any]) -> None:
     if identity is not None and time.time_ns() - identity["ctime_ns"] >= RACY_SECONDS * 1e9:
         try:
             write_json_atomic(folder / PROVED, identity)
-        except OSError:
+        except SpecdecError:  # (files.py says "cannot write" so)
             pass
 
 

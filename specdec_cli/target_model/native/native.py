@@ -31,6 +31,7 @@ that change with the length); such models run transformers' forward.
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from dataclasses import dataclass
@@ -240,8 +241,6 @@ class NativeDecoder:
         end-to-end row-invariance check needs to run. A row's result at each kernel depends only on that row's
         inputs and the kernel path its kind, shape and row count choose, so two layers of one signature are
         row-invariant together or not at all (an 8B file's 32 layers are 2 or 3 signatures)."""
-        import copy
-
         def linear(part: Any) -> tuple:
             return part.matrix.kind, part.matrix.n, part.matrix.k, part.bias is not None
 
