@@ -167,12 +167,12 @@ def test_a_side_file_failing_while_the_blocks_are_written_stops_the_writer_and_l
         threading.Event().wait(0.05)
         return records(*args)
 
-    def failing_tokenizer(gguf):
+    def failing_side_files(gguf, folder):
         assert started.wait(10)  # the writer is at work
         raise SpecdecError(f"{gguf.path}: its tokenizer metadata cannot be read (planted)")
 
     monkeypatch.setattr(gguf_blocks, "_records", slow_records)
-    monkeypatch.setattr(gguf_model, "tokenizer_from_file", failing_tokenizer)
+    monkeypatch.setattr(gguf_model, "write_native_side_files", failing_side_files)
     with pytest.raises(SpecdecError, match="planted"):
         _in_place(path, tmp_path / "home", monkeypatch)
     gguf, planned = _plan(path)

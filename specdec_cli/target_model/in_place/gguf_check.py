@@ -39,7 +39,7 @@ def checked_gguf(path: Path) -> CheckedGGUF:
     gguf = open_gguf(path)
     check_metadata(gguf)  # before any config: transformers' configs build per-layer lists
     native = families.is_native_architecture(gguf.architecture)
-    config = _stored_config(gguf) if native else None
+    config = (_stored_config(gguf) or _config_without_transformers(gguf)) if native else None
     if config is None and (native or _transformers_has_config(gguf.architecture)):
         config = hf_config(gguf)
     reason = native_reason(gguf, config)
@@ -58,6 +58,16 @@ def _stored_config(gguf: Any) -> Optional[Any]:
 
     folder = cache_folder(gguf.path)
     return stored_config(folder) if cache_fault(folder, gguf) is None else None
+
+
+def _config_without_transformers(gguf: Any) -> Optional[Any]:
+    """The config of a llama, qwen2 or qwen3 file as transformers would build it, built from the metadata without
+    importing transformers (gguf_config.config_without_transformers), as a StoredConfig; None for other files."""
+    from ..gguf.gguf_config import config_without_transformers
+    from .stored import StoredConfig
+
+    made = config_without_transformers(gguf)
+    return None if made is None else StoredConfig(made[1], made[0], {})
 
 
 def transformers_config(checked: CheckedGGUF) -> Any:

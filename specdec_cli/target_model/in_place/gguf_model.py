@@ -4,7 +4,8 @@
 with the shape its metadata implies), then builds a `GGUFModel`:
 
 - config from the metadata (gguf_config.py), tokenizer (with its chat template) from the metadata too, made once
-  by transformers' GGUF tokenizer converter and kept as tokenizer files beside the blocks;
+  and kept as tokenizer files beside the blocks: without transformers for llama, qwen2 and qwen3 files with a
+  byte-level BPE vocabulary (native_side_files.py), by transformers' converters for the rest;
 - the matrices from the blocks cache (gguf_blocks.py): repacked once, layer by layer, then mapped;
 - the norms and biases (vectors: kilobytes) read from the file as float32; the token embeddings left in the mapped
   file, each looked-up row dequantised when a forward asks for it (`MappedEmbedding`).
@@ -63,6 +64,7 @@ from .gguf_cache import (
     source_proof,
     superseded_folders,
 )
+from .native_side_files import write_native_side_files
 from .native_tokenizer import load_native_tokenizer
 from .stored import (
     ACTIVATIONS,
@@ -263,21 +265,16 @@ def _repack(gguf: GGUFFile, config: Any, planned: list[gguf_blocks.PlannedMatrix
     if free < needed + (64 << 20):
         raise SpecdecError(f"{gguf.path}: its repacked blocks need {needed / 1e9:.2f} GB under {folder.parent}, "
                            f"which has {free / 1e9:.2f} GB free")
-    if isinstance(config, StoredConfig):  # read from a cache that is being made again: transformers' own
-        config = hf_config(gguf)
     source = source_proof(gguf)
     stop = threading.Event()
     unsynced = (BLOCKS_FILE,)  # every load proves the blocks by their SHA-256s: a torn file is never used
     with atomic_directory(folder, replace=True, unsynced=unsynced) as tmp, ThreadPoolExecutor(max_workers=1) as writer:
-        # the blocks are repacked and written on their own thread while this one builds the side files (the
-        # tokenizer through transformers' converter, the rotary tables: seconds of imports on a first load)
+        # the blocks are repacked and written on their own thread while this one writes the side files
         blocks_written = writer.submit(gguf_blocks.write_blocks, gguf, planned, tmp / BLOCKS_FILE,
                                        _progress(on_status, gguf.path.name), torch.get_num_threads(), stop)
         try:
-            tokenizer_from_file(gguf).save_pretrained(tmp)
-            config.save_pretrained(tmp)
-            _generation_config(config).save_pretrained(tmp)
-            write_stored(tmp, config, _rotary(config))
+            if not write_native_side_files(gguf, tmp):
+                _write_side_files_by_transformers(gguf, config, tmp)
             blocks = blocks_written.result()
         except BaseException:
             stop.set()  # the writer stops at its next slice; the temporary folder is removed
@@ -288,6 +285,17 @@ def _repack(gguf: GGUFFile, config: Any, planned: list[gguf_blocks.PlannedMatrix
     for superseded in superseded_folders(folder, gguf.path):  # an earlier format's, or the file's before it changed
         shutil.rmtree(superseded, ignore_errors=True)
     _give_back_freed_memory()
+
+
+def _write_side_files_by_transformers(gguf: GGUFFile, config: Any, folder: Path) -> None:
+    """The side files of a file whose config or tokenizer specdec does not build itself (native_side_files.py):
+    the tokenizer through transformers' converter, the config and rotary tables by transformers' classes."""
+    if isinstance(config, StoredConfig):  # read from a cache that is being made again: transformers' own
+        config = hf_config(gguf)
+    tokenizer_from_file(gguf).save_pretrained(folder)
+    config.save_pretrained(folder)
+    _generation_config(config).save_pretrained(folder)
+    write_stored(folder, config, _rotary(config))
 
 
 def _give_back_freed_memory() -> None:

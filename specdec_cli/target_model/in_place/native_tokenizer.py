@@ -1,7 +1,8 @@
 """A GGUF's tokenizer, as its in-place cache keeps it, read with the `tokenizers` library alone.
 
-The first load of a GGUF in place builds its tokenizer with transformers' GGUF converter and saves it beside the
-blocks (tokenizer.json, tokenizer_config.json, chat_template.jinja: gguf_model.py). transformers then reads those
+The first load of a GGUF in place saves its tokenizer beside the blocks (tokenizer.json, tokenizer_config.json,
+chat_template.jinja: gguf_model.py; built by gguf_tokenizer.py where it can, by transformers' GGUF converter
+otherwise: the same files). transformers then reads those
 files back as a `TokenizersBackend` whose encoding and decoding are the Rust tokenizer's own calls; importing
 transformers for that costs a second or more of start-up (issue 45). `NativeTokenizer` reads the same files with
 `tokenizers` and answers what specdec asks of a tokenizer (calling it on text, `encode`, `decode`, the special

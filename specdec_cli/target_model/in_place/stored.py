@@ -2,9 +2,10 @@
 generation config's token ids and the rotary tables, in `stored.json`; the tokenizer files are beside it
 (native_tokenizer.py reads them).
 
-The first load of a file (the cache being made) builds these with transformers as before: the config class from
-the metadata (gguf_config.py), the family's rotary embedding module (its `inv_freq` and scaling), the tokenizer
-by transformers' GGUF converter. `write_stored` keeps their values; every load, the first included, then reads
+The first load of a file (the cache being made) builds these: for llama, qwen2 and qwen3 files with a byte-level
+vocabulary without transformers (native_side_files.py: the same values), for the rest with transformers, the
+config class from the metadata (gguf_config.py), the family's rotary embedding module (its `inv_freq` and
+scaling), the tokenizer by transformers' GGUF converter. `write_stored` keeps their values; every load, the first included, then reads
 them back (`StoredConfig`, `StoredRotary`, `StoredGeneration`), so a model is built from the same numbers
 whether its cache was made now or earlier. JSON keeps every value exactly (a float32 table is written as the
 doubles it converts to, read back and converted to the same float32). Importing transformers costs a second or
@@ -109,8 +110,22 @@ class GeluTanh(torch.nn.Module):
 ACTIVATIONS = {"silu": SiLU, "gelu_pytorch_tanh": GeluTanh}
 
 
+def default_rotary(values: dict[str, Any]) -> StoredRotary:
+    """The rotary module transformers builds for a config of rope_type "default" (llama, qwen2, qwen3 without
+    scaling), from the config's values: inv_freq = 1 / theta^(2i / head size) in float32 by the same torch
+    operations, so the same bits (tests/test_native_first_load.py); attention scaling 1."""
+    theta = values["rope_parameters"]["rope_theta"]
+    dim = values.get("head_dim") or values["hidden_size"] // values["num_attention_heads"]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))  # [dim / 2]
+    length = values["max_position_embeddings"]
+    return StoredRotary({"inv_freq": inv_freq, "original_inv_freq": inv_freq.clone()},
+                        {"max_seq_len_cached": length, "original_max_seq_len": length, "rope_type": "default",
+                         "attention_scaling": 1.0})
+
+
 def write_stored(folder: Path, config: Any, rotary: torch.nn.Module) -> None:
-    """Keep `config` (a transformers config) and `rotary` (its rotary module) in folder/stored.json."""
+    """Keep `config` (a transformers config, or a StoredConfig of one) and `rotary` (its rotary module) in
+    folder/stored.json."""
     buffers = {name: {"dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape),
                       "values": value.detach().cpu().reshape(-1).tolist()}
                for name, value in rotary.named_buffers(recurse=False)}
@@ -119,8 +134,10 @@ def write_stored(folder: Path, config: Any, rotary: torch.nn.Module) -> None:
                   and isinstance(value, (bool, int, float, str, list, dict, type(None)))}
     document = {
         "format": STORED_FORMAT,
-        "config": {"class": type(config).__name__, "values": config.to_dict(),
-                   "aliases": dict(getattr(config, "attribute_map", {}) or {})},
+        "config": {"class": config._class_name if isinstance(config, StoredConfig) else type(config).__name__,
+                   "values": config.to_dict(),
+                   "aliases": config._aliases if isinstance(config, StoredConfig)
+                   else dict(getattr(config, "attribute_map", {}) or {})},
         "generation": {"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id,
                        "pad_token_id": getattr(config, "pad_token_id", None)},
         "rotary": {"buffers": buffers, "attributes": attributes},
