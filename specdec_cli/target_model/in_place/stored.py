@@ -7,9 +7,9 @@ vocabulary without transformers (native_side_files.py: the same values), for the
 config class from the metadata (gguf_config.py), the family's rotary embedding module (its `inv_freq` and
 scaling), the tokenizer by transformers' GGUF converter. `write_stored` keeps their values; every load, the first
 included, then reads them back (`StoredConfig`, `StoredRotary`, `StoredGeneration`), so a model is built from
-the same numbers whether its cache was made now or earlier. JSON keeps every value exactly (a float32 table is written as the
-doubles it converts to, read back and converted to the same float32). Importing transformers costs a second or
-more of start-up (issue 45); this module imports torch only.
+the same numbers whether its cache was made now or earlier. JSON keeps every value exactly (a float32 table is
+written as the doubles it converts to, read back and converted to the same float32). Importing transformers costs
+a second or more of start-up (issue 45); this module imports torch only.
 """
 
 from __future__ import annotations
