@@ -385,14 +385,20 @@ def test_the_row_invariance_check_runs_one_layer_of_each_kind_and_catches_a_faul
         after = decoder(input_ids=ids, position_ids=positions, past_key_values=transformers_kv_cache()).logits
     assert torch.equal(before, after)
 
-    exact_matmul = native.NativeDecoder._matmul
+    exact_matmul = native.NativeDecoder._bind_matmul
 
     def row_dependent(self, source, layer, out, accumulate=False):  # a q8 tile that rounds by the block's size
-        exact_matmul(self, source, layer, out, accumulate)
-        if layer.matrix.kind == kernels.KIND_Q8 and source.tensor.shape[0] > 1:
+        product = exact_matmul(self, source, layer, out, accumulate)
+        if layer.matrix.kind != kernels.KIND_Q8 or source.tensor.shape[0] == 1:
+            return product
+
+        def faulty():
+            product()
             out.tensor.mul_(1 + 1e-6)
 
-    monkeypatch.setattr(native.NativeDecoder, "_matmul", row_dependent)
+        return faulty
+
+    monkeypatch.setattr(native.NativeDecoder, "_bind_matmul", row_dependent)
     with torch.inference_mode():
         assert "differs from a one-row forward" in block_mismatch(decoder.distinct_layers(), model.config,
                                                                   torch.device("cpu"), 8)

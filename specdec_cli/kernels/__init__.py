@@ -16,8 +16,9 @@ None of them knows about models, GGUF files or `--weights` (quant.py does).
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -55,6 +56,7 @@ __all__ = [  # the records' layout (records.py), and the typed calls into the C 
     "select_columns", "unpack_records", "MAX_THREADS", "available", "isa", "isas", "force_isa", "set_threads",
     "threads", "ensure_threads", "Rows", "Dense", "BlockMatrix", "matmul_into", "matmul", "KeyPositions", "attention",
     "rms_norm", "rms_norm_heads", "rope", "store_rows", "silu_mul", "gelu_tanh_mul", "soft_cap_", "peak", "build_file",
+    "bind_matmul", "bind_rms_norm", "bind_silu_mul", "bind_attention", "bind_store_rows",
 ]
 
 MAX_THREADS = 64  # the pool's limit (MAX_THREADS in csrc/kernels.h)
@@ -131,8 +133,9 @@ def ensure_threads() -> None:
 # (dtype, device, dimensions, the unit stride along a row, shapes that agree) and raise ValueError naming the
 # kernel and the argument, never handing C a pointer it would read past. Values (positions within a rotary table,
 # key positions within the cache) are the caller's to keep in range. A tensor's checks are attribute reads, one or
-# two microseconds a call; a decoding step's 300-odd calls take handles checked once (Rows, Dense), whose checks
-# compare integers, so the facade costs a step nothing measurable (docs/measurements.md).
+# two microseconds a call; a decoding step's 300-odd calls take handles checked once (Rows, Dense), and the
+# `bind_*` forms check once and return the call with its arguments bound, for a step that repeats it on the
+# buffers it keeps (native.py); what changes between calls (a cache position, a row's keys) is checked at each.
 
 
 def matmul_into(x: "torch.Tensor | Rows", matrix: BlockMatrix, out: "torch.Tensor | Rows",
@@ -140,6 +143,16 @@ def matmul_into(x: "torch.Tensor | Rows", matrix: BlockMatrix, out: "torch.Tenso
     """out (+)= x @ W^T: x contiguous float32 [rows, k], out float32 [rows, n] (rows may be strided: a slice of a
     wider buffer), each a tensor or a checked Rows; W a checked BlockMatrix (matmul's product, with the records
     checked once). Returns out's tensor."""
+    out = as_rows(out, "matmul_into", "out")
+    bind_matmul(x, matrix, out, accumulate)()
+    return out.tensor
+
+
+def bind_matmul(x: "torch.Tensor | Rows", matrix: BlockMatrix, out: "torch.Tensor | Rows",
+                accumulate: bool = False) -> Callable[[], Any]:
+    """matmul_into's call on these buffers, checked now: calling it computes out (+)= x @ W^T on what they hold
+    then (a decoding step repeats its calls on the buffers it keeps: native.py). The caller keeps x's and out's
+    tensors alive, unmoved, while it holds the call."""
     kernel = _require()
     if type(matrix) is not BlockMatrix:
         raise refuse("matmul_into", f"the weight must be a BlockMatrix, got {type(matrix).__name__}")
@@ -149,10 +162,14 @@ def matmul_into(x: "torch.Tensor | Rows", matrix: BlockMatrix, out: "torch.Tenso
     if x.width != matrix.k or out.width != matrix.n or out.rows != x.rows:
         raise refuse("matmul_into", f"x [rows, {matrix.k}] and out [rows, {matrix.n}] must have the same rows",
                       out.tensor)
-    if x.rows:
-        kernel.matmul(matrix.kind, x.address, x.rows, x.width, matrix.n, matrix._address, out.address,
-                      out.row_stride, accumulate)
-    return out.tensor
+    if not x.rows:
+        return _nothing
+    return functools.partial(kernel.matmul, matrix.kind, x.address, x.rows, x.width, matrix.n, matrix._address,
+                             out.address, out.row_stride, accumulate)
+
+
+def _nothing() -> None:
+    return None
 
 
 def matmul(x: torch.Tensor, kind: int, records: torch.Tensor, n: Optional[int] = None,
@@ -208,6 +225,16 @@ def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos
     query [rows, heads, dim] float32 (any strides, unit stride along dim); keys/values [kv_heads, positions, dim]
     or [1, kv_heads, positions, dim] (a KV cache's buffers), float32 or bfloat16, unit stride along dim. Writes
     [rows, heads, dim] float32 into `out` (unit stride along dim) or a new tensor, and returns it."""
+    if out is None and query.dtype is F32 and query.ndim == 3:
+        out = torch.empty(query.shape, dtype=torch.float32)
+    bind_attention(query, keys, values, scale, cap, out)(positions)
+    return out  # type: ignore[return-value]
+
+
+def bind_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, cap: float,
+                   out: Optional[torch.Tensor]) -> Callable[[KeyPositions], Any]:
+    """attention's call on these buffers, checked now (as bind_matmul): calling it with a row's KeyPositions
+    computes out on what the buffers hold then."""
     kernel = _require()
     if query.dtype is not F32 or not query.is_cpu or query.ndim != 3 or query.stride()[2] != 1:
         raise refuse("attention", "query must be float32 CPU [rows, heads, dim] with unit stride along dim", query)
@@ -222,33 +249,44 @@ def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos
     kv_heads = key_shape[-3]
     if heads % kv_heads:
         raise refuse("attention", f"{heads} query heads do not share {kv_heads} key/value heads evenly")
-    if type(positions) is not KeyPositions or positions.run_start.shape[0] != rows:
-        raise refuse("attention", f"positions must be KeyPositions of {rows} rows")
-    if out is None:
-        out = torch.empty(rows, heads, dim, dtype=torch.float32)
-    elif out.dtype is not F32 or not out.is_cpu or out.shape != query.shape or out.stride()[2] != 1:
+    if out is None or out.dtype is not F32 or not out.is_cpu or out.shape != query.shape or out.stride()[2] != 1:
         raise refuse("attention", f"out must be float32 CPU [{rows}, {heads}, {dim}] with unit stride along dim", out)
     out_strides, query_strides = out.stride(), query.stride()
-    kernel.attention(rows, heads, kv_heads, dim, query.data_ptr(), query_strides[0], query_strides[1],
-                     keys.data_ptr(), values.data_ptr(), keys.dtype is torch.bfloat16, key_strides[-3],
-                     key_strides[-2], value_strides[-3], value_strides[-2], *positions._addresses,
-                     float(scale), out.data_ptr(), out_strides[0], out_strides[1], float(cap))
-    return out
+    before = (rows, heads, kv_heads, dim, query.data_ptr(), query_strides[0], query_strides[1], keys.data_ptr(),
+              values.data_ptr(), keys.dtype is torch.bfloat16, key_strides[-3], key_strides[-2], value_strides[-3],
+              value_strides[-2])
+    after = (float(scale), out.data_ptr(), out_strides[0], out_strides[1], float(cap))
+
+    def attend(positions: KeyPositions) -> None:
+        if type(positions) is not KeyPositions or positions.rows != rows:
+            raise refuse("attention", f"positions must be KeyPositions of {rows} rows")
+        kernel.attention(*before, *positions._addresses, *after)
+
+    return attend
 
 
 def rms_norm(x: "torch.Tensor | Rows", weight: "torch.Tensor | Dense", eps: float,
              out: "torch.Tensor | Rows | None" = None) -> torch.Tensor:
     """RMSNorm of each row: out = weight * x / sqrt(mean(x^2) + eps). x, out float32 [rows, dim] (rows may be
     strided; out may be x), tensors or Rows; weight float32 [dim]. Returns out's tensor (a new one if not given)."""
+    x = as_rows(x, "rms_norm", "x")
+    out = Rows(torch.empty(x.rows, x.width, dtype=torch.float32)) if out is None else as_rows(out, "rms_norm", "out")
+    bind_rms_norm(x, weight, eps, out)()
+    return out.tensor
+
+
+def bind_rms_norm(x: "torch.Tensor | Rows", weight: "torch.Tensor | Dense", eps: float,
+                  out: "torch.Tensor | Rows") -> Callable[[], Any]:
+    """rms_norm's call on these buffers, checked now (as bind_matmul)."""
     kernel = _require()
     x, weight = as_rows(x, "rms_norm", "x"), as_dense(weight, "rms_norm", "weight")
     if weight.shape != (x.width,):
         raise refuse("rms_norm", f"weight must be [{x.width}]", weight.tensor)
-    out = Rows(torch.empty(x.rows, x.width, dtype=torch.float32)) if out is None else as_rows(out, "rms_norm", "out")
+    out = as_rows(out, "rms_norm", "out")
     if out.rows != x.rows or out.width != x.width:
         raise refuse("rms_norm", f"out must be [{x.rows}, {x.width}]", out.tensor)
-    kernel.rms_norm(x.address, x.rows, x.width, x.row_stride, weight.address, float(eps), out.address, out.row_stride)
-    return out.tensor
+    return functools.partial(kernel.rms_norm, x.address, x.rows, x.width, x.row_stride, weight.address, float(eps),
+                             out.address, out.row_stride)
 
 
 def rms_norm_heads(x: "torch.Tensor | Rows", head_dim: int, weight: "torch.Tensor | Dense", eps: float) -> None:
@@ -287,6 +325,12 @@ def rope(x: "torch.Tensor | Rows", heads: int, head_dim: int, positions: "torch.
 def store_rows(rows: "torch.Tensor | Rows", cache: torch.Tensor, start: int) -> None:
     """Copy each row of rows [n, heads * dim] (float32, rows may be strided: k's or v's columns of fused q/k/v
     rows) into a KV cache buffer [(1,) heads, capacity, dim] at positions start .. start + n - 1."""
+    bind_store_rows(rows, cache)(start)
+
+
+def bind_store_rows(rows: "torch.Tensor | Rows", cache: torch.Tensor) -> Callable[[int], None]:
+    """store_rows's call on these buffers, checked now (as bind_matmul): calling it with `start` copies what the
+    rows hold then, start checked to lie within the cache."""
     kernel = _require()
     rows = as_rows(rows, "store_rows", "rows")
     shape, strides = cache.shape, cache.stride()
@@ -294,10 +338,16 @@ def store_rows(rows: "torch.Tensor | Rows", cache: torch.Tensor, start: int) -> 
             not (len(shape) == 3 or (len(shape) == 4 and shape[0] == 1))):
         raise refuse("store_rows", "cache must be a float32 CPU buffer [(1,) heads, capacity, dim] for rows of "
                       f"{rows.width}", cache)
-    if start < 0 or start + rows.rows > shape[-2]:
-        raise refuse("store_rows", f"positions {start}..{start + rows.rows - 1} past the cache's {shape[-2]}")
-    kernel.store_rows(rows.address, rows.rows, rows.row_stride, shape[-3], shape[-1], cache.data_ptr(), strides[-3],
-                      strides[-2], int(start))
+    count, capacity = rows.rows, shape[-2]
+    call = functools.partial(kernel.store_rows, rows.address, count, rows.row_stride, shape[-3], shape[-1],
+                             cache.data_ptr(), strides[-3], strides[-2])
+
+    def store(start: int) -> None:
+        if start < 0 or start + count > capacity:
+            raise refuse("store_rows", f"positions {start}..{start + count - 1} past the cache's {capacity}")
+        call(int(start))
+
+    return store
 
 
 def _gated(name: str, gate_up: "torch.Tensor | Rows", out: "torch.Tensor | Rows | None") -> tuple[Any, Rows, Rows]:
@@ -319,6 +369,12 @@ def silu_mul(gate_up: "torch.Tensor | Rows", out: "torch.Tensor | Rows | None" =
     kernel, gate_up, out = _gated("silu_mul", gate_up, out)
     kernel.silu_mul(gate_up.address, gate_up.rows, out.width, out.address)
     return out.tensor
+
+
+def bind_silu_mul(gate_up: "torch.Tensor | Rows", out: "torch.Tensor | Rows") -> Callable[[], Any]:
+    """silu_mul's call on these buffers, checked now (as bind_matmul)."""
+    kernel, gate_up, out = _gated("silu_mul", gate_up, out)
+    return functools.partial(kernel.silu_mul, gate_up.address, gate_up.rows, out.width, out.address)
 
 
 def gelu_tanh_mul(gate_up: "torch.Tensor | Rows", out: "torch.Tensor | Rows | None" = None) -> torch.Tensor:

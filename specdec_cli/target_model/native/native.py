@@ -3,7 +3,8 @@
 In a small model's CPU decoding step, transformers' modelling code spends more time in Python and small torch
 operations than the block matmuls themselves take (docs/measurements.md has the numbers). `NativeDecoder`
 computes what transformers' layers of the native families (families.py) compute, with a few calls per layer into
-the CPU kernels (kernels/, checked once per buffer) on buffers it keeps between forwards:
+the CPU kernels (kernels/) on buffers it keeps between forwards, each call's arguments checked and bound once per
+row count (`kernels.bind_*`: a step's Python then costs about 12 us a layer, was 33):
 
 - every family: RMSNorm, rotary position embedding in the rotate-half convention, grouped-query attention over
   the KV cache, a gated MLP; q/k/v biases (qwen2);
@@ -34,9 +35,10 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import weakref
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -234,6 +236,7 @@ class NativeDecoder:
         self.head = _Linear.of(model.lm_head)
         self._scratch: dict[str, torch.Tensor] = {}
         self._checked: dict[tuple[str, int], kernels.Rows] = {}  # (buffer, rows) -> its first rows, checked
+        self._bound: dict[int, tuple] = {}  # rows -> the buffers and each layer's calls on them (_steps)
 
     def distinct_layers(self) -> "NativeDecoder":
         """A decoder sharing this one's weights and head that runs only the first layer of each distinct
@@ -252,7 +255,7 @@ class NativeDecoder:
             first.setdefault(signature, index)
         twin = copy.copy(self)
         twin.layers = [self.layers[index] for index in sorted(first.values())]
-        twin._scratch, twin._checked = {}, {}
+        twin._scratch, twin._checked, twin._bound = {}, {}, {}
         return twin
 
     # -- buffers ----------------------------------------------------------------------------------------------
@@ -267,6 +270,7 @@ class NativeDecoder:
         if held is None or held.shape[0] < rows or held.shape[1] != width:
             held = self._scratch[name] = torch.empty(max(rows, 16), width, dtype=torch.float32)
             self._checked = {key: value for key, value in self._checked.items() if key[0] != name}
+            self._bound.clear()  # calls bound to the buffer made before
         checked = self._checked[(name, rows)] = kernels.Rows(held[:rows])
         return checked
 
@@ -302,33 +306,21 @@ class NativeDecoder:
         positions = kernels.Dense(position_ids[0].to(torch.int32).contiguous(), torch.int32)  # [n]
         for rope in self.ropes:
             rope.tables(int(positions.tensor.max()) + 1)
-        x = self.embedding_rows(input_ids[0]).contiguous()  # [n, hidden], the residual stream
+        x = self.embedding_rows(input_ids[0]).contiguous()  # [n, hidden]
         if self.embed_scale is not None:
             x.mul_(self.embed_scale)
-        # every buffer a step's kernels read or write, checked once (kernels.Rows)
-        residual = kernels.Rows(x)
-        h = self._rows("normed", rows, self.hidden)
-        q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        qkv = self._rows("qkv", rows, q_width + 2 * kv_width)  # [n, q | k | v]
-        q_part = kernels.Rows(qkv.tensor[:, :q_width])  # [n, q_width]
-        query = q_part.tensor.view(rows, self.heads, self.head_dim)  # [n, heads, head_dim]
-        new_keys = kernels.Rows(qkv.tensor[:, q_width : q_width + kv_width])  # [n, kv_width]
-        new_values = kernels.Rows(qkv.tensor[:, q_width + kv_width :])  # [n, kv_width]
-        attended = self._rows("attended", rows, q_width)
-        attended_heads = attended.tensor.view(rows, self.heads, self.head_dim)
-        gate_up = self._rows("gate_up", rows, 2 * self.ffn)
-        act = self._rows("act", rows, self.ffn)
-        branch = self._rows("branch", rows, self.hidden)  # gemma2/3: a half's output before its post-norm
+        buffers, steps = self._steps(rows)  # kept between forwards, each layer's calls on them bound once
+        residual, qkv, q_part, new_keys = buffers.residual, buffers.qkv, buffers.q_part, buffers.new_keys
+        residual.tensor.copy_(x)  # [n, hidden], the residual stream
         past = past_key_values.get_seq_length()
         keys_by_kind = None
         if rows <= ROW_INVARIANT_ROWS:
             keys_by_kind = self._keys_by_kind(attention_mask, rows, past)
         elif attention_mask is not None or past:
             raise ValueError("the native decoder's long forwards are prompts on an empty cache")
-        cap = float(self.attn_cap or 0.0)
-        for index, layer in enumerate(self.layers):
-            kernels.rms_norm(residual, layer.attn_norm, layer.attn_eps, out=h)
-            self._project(h, layer.qkv, qkv)
+        for index, (layer, step) in enumerate(zip(self.layers, steps)):
+            step.attn_norm()  # h = norm(residual)
+            step.qkv()  # qkv = h @ [q | k | v] (+ biases)
             if layer.q_norm is not None:  # QK-norm: each head of q and k over its head_dim, every row in one call
                 kernels.rms_norm_heads(q_part, self.head_dim, layer.q_norm, layer.qk_eps)
                 kernels.rms_norm_heads(new_keys, self.head_dim, layer.k_norm, layer.qk_eps)
@@ -337,27 +329,25 @@ class NativeDecoder:
                              layer.rope.sin)
             cache = past_key_values.native_layer(index, self.kv_heads, self.head_dim, rows)
             keys, values = cache.key_buffer, cache.value_buffer  # [1, kv_heads, capacity, head_dim]
-            kernels.store_rows(new_keys, keys, past)
-            kernels.store_rows(new_values, values, past)
+            if step.keys() is not keys or step.values() is not values:  # new or grown: its calls bound again
+                self._bind_cache(step, buffers, layer, keys, values)
+            step.store_keys(past)  # the block's keys and values at positions past .. past + n - 1
+            step.store_values(past)
             cache.advance(rows)
             if keys_by_kind is None:  # a prompt: torch's attention over the whole causal block
                 self._prompt_attention(qkv.tensor, keys, values, rows, layer, self._windows()[layer.kind],
-                                       attended.tensor)
+                                       buffers.attended.tensor)
             else:  # soft-capped scores (gemma2) in the kernel too
-                kernels.attention(query, keys, values, keys_by_kind[layer.kind].positions, layer.scaling, cap,
-                                  out=attended_heads)
-            self._residual(attended, layer.out, layer.post_attn_norm, residual, h, branch)
-            kernels.rms_norm(residual, layer.mlp_norm, layer.mlp_eps, out=h)
-            self._project(h, layer.gate_up, gate_up)
-            if layer.act == "silu":
-                kernels.silu_mul(gate_up, out=act)
-            else:  # GeLU-tanh, every element by one formula (torch's vectorised and scalar tails round differently)
-                kernels.gelu_tanh_mul(gate_up, out=act)
-            self._residual(act, layer.down, layer.post_mlp_norm, residual, h, branch)
+                step.attend(keys_by_kind[layer.kind].positions)  # attended = each row over its own keys
+            step.attn_out()  # residual += attended @ o (gemma2/3: its post-norm first)
+            step.mlp_norm()  # h = norm(residual)
+            step.gate_up()  # gate_up = h @ [gate | up]
+            step.act()  # act = SiLU or GeLU-tanh(gate) * up
+            step.down()  # residual += act @ down (gemma2/3: its post-norm first)
         final = kernels.rms_norm(residual, self.final_norm, self.final_eps)  # [n, hidden]
         keep = rows if not logits_to_keep else min(int(logits_to_keep), rows)
         logits = torch.empty(keep, self.vocab, dtype=torch.float32)
-        self._matmul(kernels.Rows(final[rows - keep :]), self.head, kernels.Rows(logits))
+        self._bind_matmul(kernels.Rows(final[rows - keep :]), self.head, kernels.Rows(logits))()
         if self.final_cap is not None:  # gemma2: cap * tanh(logits / cap), every element by one formula
             kernels.soft_cap_(logits, float(self.final_cap))
         hidden_states = (final.unsqueeze(0),) if output_hidden_states else None
@@ -392,29 +382,107 @@ class NativeDecoder:
             result = torch.matmul(torch.softmax(scores, dim=-1), expanded_values)
         out.copy_(result[0].transpose(0, 1).reshape(rows, q_width))
 
-    def _residual(self, source: kernels.Rows, layer: _Linear, post_norm: Optional[kernels.Dense], x: kernels.Rows,
-                  normed: kernels.Rows, branch: kernels.Rows) -> None:
+    # -- a step's calls, bound to its buffers once per row count ------------------------------------------------
+
+    def _buffers(self, rows: int) -> SimpleNamespace:
+        """The scratch buffers of an n-row forward (`_rows`), and the views of them the steps read."""
+        q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        qkv = self._rows("qkv", rows, q_width + 2 * kv_width)  # [n, q | k | v]
+        return SimpleNamespace(
+            residual=self._rows("residual", rows, self.hidden), normed=self._rows("normed", rows, self.hidden),
+            qkv=qkv, q_part=kernels.Rows(qkv.tensor[:, :q_width]),  # [n, q_width]
+            new_keys=kernels.Rows(qkv.tensor[:, q_width : q_width + kv_width]),  # [n, kv_width]
+            new_values=kernels.Rows(qkv.tensor[:, q_width + kv_width :]),  # [n, kv_width]
+            attended=self._rows("attended", rows, q_width), gate_up=self._rows("gate_up", rows, 2 * self.ffn),
+            act=self._rows("act", rows, self.ffn),
+            branch=self._rows("branch", rows, self.hidden))  # gemma2/3: a half's output before its post-norm
+
+    def _steps(self, rows: int) -> tuple[SimpleNamespace, list[SimpleNamespace]]:
+        """An n-row forward's buffers, and per layer its norms, projections and activation as calls bound to them
+        (checked once: a decoding step then calls them with no checks to repeat; its cache calls are bound on
+        first use, `_bind_cache`). Kept per row count until a buffer is made again (`_rows`), which drops them
+        all."""
+        bound = self._bound.get(rows)
+        if bound is not None:
+            return bound
+        if len(self._bound) >= 8:  # prompts in blocks of many sizes: keep a few row counts
+            self._bound.clear()
+        buffers = self._buffers(rows)
+        residual, h, act = buffers.residual, buffers.normed, buffers.act
+        steps = []
+        no_cache = weakref.ref(torch.empty(0))  # dead at once: every layer binds its cache's calls on first use
+        for layer in self.layers:
+            activation = (kernels.bind_silu_mul(buffers.gate_up, act) if layer.act == "silu" else
+                          # GeLU-tanh, every element by one formula (torch's vectorised and scalar tails differ)
+                          functools.partial(kernels.gelu_tanh_mul, buffers.gate_up, act))
+            steps.append(SimpleNamespace(
+                attn_norm=kernels.bind_rms_norm(residual, layer.attn_norm, layer.attn_eps, h),
+                qkv=self._bind_project(h, layer.qkv, buffers.qkv),
+                attn_out=self._bind_residual(buffers.attended, layer.out, layer.post_attn_norm, buffers),
+                mlp_norm=kernels.bind_rms_norm(residual, layer.mlp_norm, layer.mlp_eps, h),
+                gate_up=self._bind_project(h, layer.gate_up, buffers.gate_up),
+                act=activation,
+                down=self._bind_residual(act, layer.down, layer.post_mlp_norm, buffers),
+                keys=no_cache, values=no_cache))
+        self._bound[rows] = buffers, steps
+        return buffers, steps
+
+    def _bind_cache(self, step: SimpleNamespace, buffers: SimpleNamespace, layer: Any, keys: torch.Tensor,
+                    values: torch.Tensor) -> None:
+        """A layer's cache calls (storing the block's keys and values, attention) bound to its cache's buffers;
+        known by weak references, so a cache dropped or grown is bound again and never kept alive."""
+        rows = buffers.residual.rows
+        query = buffers.q_part.tensor.view(rows, self.heads, self.head_dim)  # [n, heads, head_dim]
+        attended = buffers.attended.tensor.view(rows, self.heads, self.head_dim)
+        step.store_keys = kernels.bind_store_rows(buffers.new_keys, keys)
+        step.store_values = kernels.bind_store_rows(buffers.new_values, values)
+        step.attend = kernels.bind_attention(query, keys, values, layer.scaling, float(self.attn_cap or 0.0),
+                                             attended)
+        step.keys, step.values = weakref.ref(keys), weakref.ref(values)
+
+    def _bind_residual(self, source: kernels.Rows, layer: _Linear, post_norm: Optional[kernels.Dense],
+                       buffers: SimpleNamespace) -> Callable[[], None]:
         """x += source @ layer; with a post-norm (gemma2/3), x += norm(source @ layer)."""
+        x = buffers.residual
         if post_norm is None:
-            self._matmul(source, layer, x, accumulate=True)
-            return
-        self._matmul(source, layer, branch)
-        kernels.rms_norm(branch, post_norm, self.eps, out=normed)
-        x.tensor += normed.tensor
+            return self._bind_matmul(source, layer, x, accumulate=True)
+        product = self._bind_matmul(source, layer, buffers.branch)
+        norm = kernels.bind_rms_norm(buffers.branch, post_norm, self.eps, buffers.normed)
+        x_tensor, normed = x.tensor, buffers.normed.tensor
 
-    def _matmul(self, source: kernels.Rows, layer: "_Linear | _Projections", out: kernels.Rows,
-                accumulate: bool = False) -> None:
+        def step() -> None:
+            product()
+            norm()
+            x_tensor.add_(normed)
+
+        return step
+
+    def _bind_matmul(self, source: kernels.Rows, layer: "_Linear | _Projections", out: kernels.Rows,
+                     accumulate: bool = False) -> Callable[[], None]:
         """out (+)= source @ layer's weight (+ its bias): source contiguous, out [rows, layer's outputs]."""
-        kernels.matmul_into(source, layer.matrix, out, accumulate)
-        if layer.bias is not None:
-            out.tensor += layer.bias
+        product, bias = kernels.bind_matmul(source, layer.matrix, out, accumulate), layer.bias
+        if bias is None:
+            return product
+        out_tensor = out.tensor
 
-    def _project(self, source: kernels.Rows, groups: list[_Projections], out: kernels.Rows) -> None:
+        def step() -> None:
+            product()
+            out_tensor.add_(bias)
+
+        return step
+
+    def _bind_project(self, source: kernels.Rows, groups: list[_Projections], out: kernels.Rows
+                      ) -> Callable[[], None]:
         """out[:, :] = source @ the fused projections, side by side."""
         if len(groups) == 1:  # one fused matmul fills the row
-            self._matmul(source, groups[0], out)
-            return
-        column = 0
+            return self._bind_matmul(source, groups[0], out)
+        parts, column = [], 0
         for group in groups:
-            self._matmul(source, group, kernels.Rows(out.tensor[:, column : column + group.width]))  # [n, width]
-            column += group.width
+            parts.append(self._bind_matmul(source, group, kernels.Rows(out.tensor[:, column : column + group.width])))
+            column += group.width  # [n, width] each
+
+        def step() -> None:
+            for part in parts:
+                part()
+
+        return step
