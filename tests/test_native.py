@@ -385,10 +385,12 @@ def test_the_row_invariance_check_runs_one_layer_of_each_kind_and_catches_a_faul
         after = decoder(input_ids=ids, position_ids=positions, past_key_values=transformers_kv_cache()).logits
     assert torch.equal(before, after)
 
-    exact_matmul = native.NativeDecoder._bind_matmul
+    from specdec_cli.target_model.native import bound_steps
 
-    def row_dependent(self, source, layer, out, accumulate=False):  # a q8 tile that rounds by the block's size
-        product = exact_matmul(self, source, layer, out, accumulate)
+    exact_matmul = bound_steps.bind_matmul
+
+    def row_dependent(source, layer, out, accumulate=False):  # a q8 tile that rounds by the block's size
+        product = exact_matmul(source, layer, out, accumulate)
         if layer.matrix.kind != kernels.KIND_Q8 or source.tensor.shape[0] == 1:
             return product
 
@@ -398,7 +400,7 @@ def test_the_row_invariance_check_runs_one_layer_of_each_kind_and_catches_a_faul
 
         return faulty
 
-    monkeypatch.setattr(native.NativeDecoder, "_bind_matmul", row_dependent)
+    monkeypatch.setattr(bound_steps, "bind_matmul", row_dependent)
     with torch.inference_mode():
         assert "differs from a one-row forward" in block_mismatch(decoder.distinct_layers(), model.config,
                                                                   torch.device("cpu"), 8)

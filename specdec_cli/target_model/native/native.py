@@ -4,7 +4,7 @@ In a small model's CPU decoding step, transformers' modelling code spends more t
 operations than the block matmuls themselves take (docs/measurements.md has the numbers). `NativeDecoder`
 computes what transformers' layers of the native families (families.py) compute, with a few calls per layer into
 the CPU kernels (kernels/) on buffers it keeps between forwards, each call's arguments checked and bound once per
-row count (`kernels.bind_*`: a step's Python then costs about 12 us a layer, was 33):
+row count (bound_steps.py: a step's Python then costs about 12 us a layer, was 33):
 
 - every family: RMSNorm, rotary position embedding in the rotate-half convention, grouped-query attention over
   the KV cache, a gated MLP; q/k/v biases (qwen2);
@@ -35,16 +35,16 @@ from __future__ import annotations
 import copy
 import functools
 import math
-import weakref
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 
 from ... import kernels
 from .. import families
+from .bound_steps import bind_cache, bind_matmul, layer_steps
 from .native_support import activation_of, layer_kinds, rope_of, unsupported
 from .quant import BlockLinear
 from .row_keys import RowKeys, row_keys, window_keys
@@ -309,7 +309,7 @@ class NativeDecoder:
         x = self.embedding_rows(input_ids[0]).contiguous()  # [n, hidden]
         if self.embed_scale is not None:
             x.mul_(self.embed_scale)
-        buffers, steps = self._steps(rows)  # kept between forwards, each layer's calls on them bound once
+        buffers, steps = layer_steps(self, rows)  # kept between forwards, each layer's calls on them bound once
         residual, qkv, q_part, new_keys = buffers.residual, buffers.qkv, buffers.q_part, buffers.new_keys
         residual.tensor.copy_(x)  # [n, hidden], the residual stream
         past = past_key_values.get_seq_length()
@@ -330,7 +330,7 @@ class NativeDecoder:
             cache = past_key_values.native_layer(index, self.kv_heads, self.head_dim, rows)
             keys, values = cache.key_buffer, cache.value_buffer  # [1, kv_heads, capacity, head_dim]
             if step.keys() is not keys or step.values() is not values:  # new or grown: its calls bound again
-                self._bind_cache(step, buffers, layer, keys, values)
+                bind_cache(self, step, buffers, layer, keys, values)
             step.store_keys(past)  # the block's keys and values at positions past .. past + n - 1
             step.store_values(past)
             cache.advance(rows)
@@ -347,7 +347,7 @@ class NativeDecoder:
         final = kernels.rms_norm(residual, self.final_norm, self.final_eps)  # [n, hidden]
         keep = rows if not logits_to_keep else min(int(logits_to_keep), rows)
         logits = torch.empty(keep, self.vocab, dtype=torch.float32)
-        self._bind_matmul(kernels.Rows(final[rows - keep :]), self.head, kernels.Rows(logits))()
+        bind_matmul(kernels.Rows(final[rows - keep :]), self.head, kernels.Rows(logits))()
         if self.final_cap is not None:  # gemma2: cap * tanh(logits / cap), every element by one formula
             kernels.soft_cap_(logits, float(self.final_cap))
         hidden_states = (final.unsqueeze(0),) if output_hidden_states else None
@@ -381,108 +381,3 @@ class NativeDecoder:
                 scores = scores.masked_fill(~mask, -math.inf)
             result = torch.matmul(torch.softmax(scores, dim=-1), expanded_values)
         out.copy_(result[0].transpose(0, 1).reshape(rows, q_width))
-
-    # -- a step's calls, bound to its buffers once per row count ------------------------------------------------
-
-    def _buffers(self, rows: int) -> SimpleNamespace:
-        """The scratch buffers of an n-row forward (`_rows`), and the views of them the steps read."""
-        q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        qkv = self._rows("qkv", rows, q_width + 2 * kv_width)  # [n, q | k | v]
-        return SimpleNamespace(
-            residual=self._rows("residual", rows, self.hidden), normed=self._rows("normed", rows, self.hidden),
-            qkv=qkv, q_part=kernels.Rows(qkv.tensor[:, :q_width]),  # [n, q_width]
-            new_keys=kernels.Rows(qkv.tensor[:, q_width : q_width + kv_width]),  # [n, kv_width]
-            new_values=kernels.Rows(qkv.tensor[:, q_width + kv_width :]),  # [n, kv_width]
-            attended=self._rows("attended", rows, q_width), gate_up=self._rows("gate_up", rows, 2 * self.ffn),
-            act=self._rows("act", rows, self.ffn),
-            branch=self._rows("branch", rows, self.hidden))  # gemma2/3: a half's output before its post-norm
-
-    def _steps(self, rows: int) -> tuple[SimpleNamespace, list[SimpleNamespace]]:
-        """An n-row forward's buffers, and per layer its norms, projections and activation as calls bound to them
-        (checked once: a decoding step then calls them with no checks to repeat; its cache calls are bound on
-        first use, `_bind_cache`). Kept per row count until a buffer is made again (`_rows`), which drops them
-        all."""
-        bound = self._bound.get(rows)
-        if bound is not None:
-            return bound
-        if len(self._bound) >= 8:  # prompts in blocks of many sizes: keep a few row counts
-            self._bound.clear()
-        buffers = self._buffers(rows)
-        residual, h, act = buffers.residual, buffers.normed, buffers.act
-        steps = []
-        no_cache = weakref.ref(torch.empty(0))  # dead at once: every layer binds its cache's calls on first use
-        for layer in self.layers:
-            activation = (kernels.bind_silu_mul(buffers.gate_up, act) if layer.act == "silu" else
-                          # GeLU-tanh, every element by one formula (torch's vectorised and scalar tails differ)
-                          functools.partial(kernels.gelu_tanh_mul, buffers.gate_up, act))
-            steps.append(SimpleNamespace(
-                attn_norm=kernels.bind_rms_norm(residual, layer.attn_norm, layer.attn_eps, h),
-                qkv=self._bind_project(h, layer.qkv, buffers.qkv),
-                attn_out=self._bind_residual(buffers.attended, layer.out, layer.post_attn_norm, buffers),
-                mlp_norm=kernels.bind_rms_norm(residual, layer.mlp_norm, layer.mlp_eps, h),
-                gate_up=self._bind_project(h, layer.gate_up, buffers.gate_up),
-                act=activation,
-                down=self._bind_residual(act, layer.down, layer.post_mlp_norm, buffers),
-                keys=no_cache, values=no_cache))
-        self._bound[rows] = buffers, steps
-        return buffers, steps
-
-    def _bind_cache(self, step: SimpleNamespace, buffers: SimpleNamespace, layer: Any, keys: torch.Tensor,
-                    values: torch.Tensor) -> None:
-        """A layer's cache calls (storing the block's keys and values, attention) bound to its cache's buffers;
-        known by weak references, so a cache dropped or grown is bound again and never kept alive."""
-        rows = buffers.residual.rows
-        query = buffers.q_part.tensor.view(rows, self.heads, self.head_dim)  # [n, heads, head_dim]
-        attended = buffers.attended.tensor.view(rows, self.heads, self.head_dim)
-        step.store_keys = kernels.bind_store_rows(buffers.new_keys, keys)
-        step.store_values = kernels.bind_store_rows(buffers.new_values, values)
-        step.attend = kernels.bind_attention(query, keys, values, layer.scaling, float(self.attn_cap or 0.0),
-                                             attended)
-        step.keys, step.values = weakref.ref(keys), weakref.ref(values)
-
-    def _bind_residual(self, source: kernels.Rows, layer: _Linear, post_norm: Optional[kernels.Dense],
-                       buffers: SimpleNamespace) -> Callable[[], None]:
-        """x += source @ layer; with a post-norm (gemma2/3), x += norm(source @ layer)."""
-        x = buffers.residual
-        if post_norm is None:
-            return self._bind_matmul(source, layer, x, accumulate=True)
-        product = self._bind_matmul(source, layer, buffers.branch)
-        norm = kernels.bind_rms_norm(buffers.branch, post_norm, self.eps, buffers.normed)
-        x_tensor, normed = x.tensor, buffers.normed.tensor
-
-        def step() -> None:
-            product()
-            norm()
-            x_tensor.add_(normed)
-
-        return step
-
-    def _bind_matmul(self, source: kernels.Rows, layer: "_Linear | _Projections", out: kernels.Rows,
-                     accumulate: bool = False) -> Callable[[], None]:
-        """out (+)= source @ layer's weight (+ its bias): source contiguous, out [rows, layer's outputs]."""
-        product, bias = kernels.bind_matmul(source, layer.matrix, out, accumulate), layer.bias
-        if bias is None:
-            return product
-        out_tensor = out.tensor
-
-        def step() -> None:
-            product()
-            out_tensor.add_(bias)
-
-        return step
-
-    def _bind_project(self, source: kernels.Rows, groups: list[_Projections], out: kernels.Rows
-                      ) -> Callable[[], None]:
-        """out[:, :] = source @ the fused projections, side by side."""
-        if len(groups) == 1:  # one fused matmul fills the row
-            return self._bind_matmul(source, groups[0], out)
-        parts, column = [], 0
-        for group in groups:
-            parts.append(self._bind_matmul(source, group, kernels.Rows(out.tensor[:, column : column + group.width])))
-            column += group.width  # [n, width] each
-
-        def step() -> None:
-            for part in parts:
-                part()
-
-        return step

@@ -1,0 +1,134 @@
+"""A native forward's scratch buffers, and each layer's kernel calls bound to them once per row count.
+
+A decoding step makes some 300 kernel calls (native.py's layer loop). Called through the checked facade
+(kernels/__init__.py) each re-checks its tensors, a few microseconds apiece; bound here (`kernels.bind_*`), each
+is checked once when a row count's buffers are first used and then called with its arguments as they are: the
+norms, the fused projections with their biases, the residual products (with gemma's post-norms), the activation,
+and, bound again whenever a layer's cache buffers are new or grown (`bind_cache`: known by weak references, so no
+cache is kept alive), storing the block's keys and values and the attention. The calls are the same kernels with
+the same arguments as unbound, so every answer is the same bits. Not here: the forward itself (native.py), which
+keeps the buffers (`NativeDecoder._rows`) and drops these bindings whenever it makes a buffer again.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from types import SimpleNamespace
+from typing import Any, Callable, Optional
+
+import torch
+
+from ... import kernels
+
+BOUND_ROW_COUNTS = 8  # row counts kept bound (prompts come in blocks of many sizes)
+
+
+def buffers_of(decoder: Any, rows: int) -> SimpleNamespace:
+    """The scratch buffers of an n-row forward (NativeDecoder._rows), and the views of them the steps read."""
+    q_width, kv_width = decoder.heads * decoder.head_dim, decoder.kv_heads * decoder.head_dim
+    qkv = decoder._rows("qkv", rows, q_width + 2 * kv_width)  # [n, q | k | v]
+    return SimpleNamespace(
+        residual=decoder._rows("residual", rows, decoder.hidden),
+        normed=decoder._rows("normed", rows, decoder.hidden),
+        qkv=qkv, q_part=kernels.Rows(qkv.tensor[:, :q_width]),  # [n, q_width]
+        new_keys=kernels.Rows(qkv.tensor[:, q_width : q_width + kv_width]),  # [n, kv_width]
+        new_values=kernels.Rows(qkv.tensor[:, q_width + kv_width :]),  # [n, kv_width]
+        attended=decoder._rows("attended", rows, q_width), gate_up=decoder._rows("gate_up", rows, 2 * decoder.ffn),
+        act=decoder._rows("act", rows, decoder.ffn),
+        branch=decoder._rows("branch", rows, decoder.hidden))  # gemma2/3: a half's output before its post-norm
+
+
+def layer_steps(decoder: Any, rows: int) -> tuple[SimpleNamespace, list[SimpleNamespace]]:
+    """An n-row forward's buffers, and per layer its norms, projections and activation as calls bound to them
+    (checked once: a decoding step then calls them with no checks to repeat; its cache calls are bound on first
+    use, `bind_cache`). Kept per row count until a buffer is made again (NativeDecoder._rows), which drops them
+    all."""
+    bound = decoder._bound.get(rows)
+    if bound is not None:
+        return bound
+    if len(decoder._bound) >= BOUND_ROW_COUNTS:
+        decoder._bound.clear()
+    buffers = buffers_of(decoder, rows)
+    residual, h, act = buffers.residual, buffers.normed, buffers.act
+    steps = []
+    no_cache = weakref.ref(torch.empty(0))  # dead at once: every layer binds its cache's calls on first use
+    for layer in decoder.layers:
+        activation = (kernels.bind_silu_mul(buffers.gate_up, act) if layer.act == "silu" else
+                      # GeLU-tanh, every element by one formula (torch's vectorised and scalar tails differ)
+                      functools.partial(kernels.gelu_tanh_mul, buffers.gate_up, act))
+        steps.append(SimpleNamespace(
+            attn_norm=kernels.bind_rms_norm(residual, layer.attn_norm, layer.attn_eps, h),
+            qkv=bind_project(h, layer.qkv, buffers.qkv),
+            attn_out=bind_residual(buffers.attended, layer.out, layer.post_attn_norm, buffers, decoder.eps),
+            mlp_norm=kernels.bind_rms_norm(residual, layer.mlp_norm, layer.mlp_eps, h),
+            gate_up=bind_project(h, layer.gate_up, buffers.gate_up),
+            act=activation,
+            down=bind_residual(act, layer.down, layer.post_mlp_norm, buffers, decoder.eps),
+            keys=no_cache, values=no_cache))
+    decoder._bound[rows] = buffers, steps
+    return buffers, steps
+
+
+def bind_cache(decoder: Any, step: SimpleNamespace, buffers: SimpleNamespace, layer: Any, keys: torch.Tensor,
+               values: torch.Tensor) -> None:
+    """A layer's cache calls (storing the block's keys and values, attention) bound to its cache's buffers;
+    known by weak references, so a cache dropped or grown is bound again and never kept alive."""
+    rows = buffers.residual.rows
+    query = buffers.q_part.tensor.view(rows, decoder.heads, decoder.head_dim)  # [n, heads, head_dim]
+    attended = buffers.attended.tensor.view(rows, decoder.heads, decoder.head_dim)
+    step.store_keys = kernels.bind_store_rows(buffers.new_keys, keys)
+    step.store_values = kernels.bind_store_rows(buffers.new_values, values)
+    step.attend = kernels.bind_attention(query, keys, values, layer.scaling, float(decoder.attn_cap or 0.0),
+                                         attended)
+    step.keys, step.values = weakref.ref(keys), weakref.ref(values)
+
+
+def bind_residual(source: kernels.Rows, layer: Any, post_norm: Optional[kernels.Dense],
+                  buffers: SimpleNamespace, eps: float) -> Callable[[], None]:
+    """x += source @ layer (native._Linear); with a post-norm (gemma2/3), x += norm(source @ layer)."""
+    x = buffers.residual
+    if post_norm is None:
+        return bind_matmul(source, layer, x, accumulate=True)
+    product = bind_matmul(source, layer, buffers.branch)
+    norm = kernels.bind_rms_norm(buffers.branch, post_norm, eps, buffers.normed)
+    x_tensor, normed = x.tensor, buffers.normed.tensor
+
+    def step() -> None:
+        product()
+        norm()
+        x_tensor.add_(normed)
+
+    return step
+
+
+def bind_matmul(source: kernels.Rows, layer: Any, out: kernels.Rows,
+                accumulate: bool = False) -> Callable[[], None]:
+    """out (+)= source @ layer's weight (+ its bias; a native._Linear or _Projections): source contiguous, out
+    [rows, layer's outputs]."""
+    product, bias = kernels.bind_matmul(source, layer.matrix, out, accumulate), layer.bias
+    if bias is None:
+        return product
+    out_tensor = out.tensor
+
+    def step() -> None:
+        product()
+        out_tensor.add_(bias)
+
+    return step
+
+
+def bind_project(source: kernels.Rows, groups: list[Any], out: kernels.Rows) -> Callable[[], None]:
+    """out[:, :] = source @ the fused projections, side by side."""
+    if len(groups) == 1:  # one fused matmul fills the row
+        return bind_matmul(source, groups[0], out)
+    parts, column = [], 0
+    for group in groups:
+        parts.append(bind_matmul(source, group, kernels.Rows(out.tensor[:, column : column + group.width])))
+        column += group.width  # [n, width] each
+
+    def step() -> None:
+        for part in parts:
+            part()
+
+    return step
