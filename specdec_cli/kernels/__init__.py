@@ -56,7 +56,7 @@ __all__ = [  # the records' layout (records.py), and the typed calls into the C 
     "select_columns", "unpack_records", "MAX_THREADS", "available", "isa", "isas", "force_isa", "set_threads",
     "threads", "ensure_threads", "Rows", "Dense", "BlockMatrix", "matmul_into", "matmul", "KeyPositions", "attention",
     "rms_norm", "rms_norm_heads", "rope", "store_rows", "silu_mul", "gelu_tanh_mul", "soft_cap_", "peak", "build_file",
-    "bind_matmul", "bind_rms_norm", "bind_silu_mul", "bind_attention", "bind_store_rows",
+    "bind_matmul", "bind_rms_norm", "bind_silu_mul", "bind_attention", "bind_store_rows", "bind_rope",
 ]
 
 MAX_THREADS = 64  # the pool's limit (MAX_THREADS in csrc/kernels.h)
@@ -307,6 +307,12 @@ def rope(x: "torch.Tensor | Rows", heads: int, head_dim: int, positions: "torch.
     (float32, rows may be strided), row r at positions[r] (int32 [rows]); cos/sin float32 [positions, half] tables
     turn the first 2 * half dimensions of each head (half < head_dim / 2: a partial rotary). Positions must lie
     within the tables."""
+    bind_rope(x, heads, head_dim, positions, cos, sin)()
+
+
+def bind_rope(x: "torch.Tensor | Rows", heads: int, head_dim: int, positions: "torch.Tensor | Dense",
+              cos: "torch.Tensor | Dense", sin: "torch.Tensor | Dense") -> Callable[[], Any]:
+    """rope's call on these buffers, checked now (as bind_matmul)."""
     kernel = _require()
     x = as_rows(x, "rope", "x")
     if x.width < heads * head_dim:
@@ -318,8 +324,8 @@ def rope(x: "torch.Tensor | Rows", heads: int, head_dim: int, positions: "torch.
     table = cos.shape
     if len(table) != 2 or sin.shape != table or 2 * table[1] > head_dim:
         raise refuse("rope", f"cos and sin must be [positions, half] alike, half <= {head_dim // 2}", sin.tensor)
-    kernel.rope(x.address, x.rows, x.row_stride, heads, head_dim, positions.address, cos.address, sin.address,
-                table[1])
+    return functools.partial(kernel.rope, x.address, x.rows, x.row_stride, heads, head_dim, positions.address,
+                             cos.address, sin.address, table[1])
 
 
 def store_rows(rows: "torch.Tensor | Rows", cache: torch.Tensor, start: int) -> None:

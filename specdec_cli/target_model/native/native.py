@@ -318,15 +318,16 @@ class NativeDecoder:
             keys_by_kind = self._keys_by_kind(attention_mask, rows, past)
         elif attention_mask is not None or past:
             raise ValueError("the native decoder's long forwards are prompts on an empty cache")
+        rotate = {id(rope): kernels.bind_rope(qkv, self.heads + self.kv_heads, self.head_dim, positions, rope.cos,
+                                              rope.sin) for rope in self.ropes}  # q's and k's heads, each row
         for index, (layer, step) in enumerate(zip(self.layers, steps)):
             step.attn_norm()  # h = norm(residual)
             step.qkv()  # qkv = h @ [q | k | v] (+ biases)
             if layer.q_norm is not None:  # QK-norm: each head of q and k over its head_dim, every row in one call
                 kernels.rms_norm_heads(q_part, self.head_dim, layer.q_norm, layer.qk_eps)
                 kernels.rms_norm_heads(new_keys, self.head_dim, layer.k_norm, layer.qk_eps)
-            if layer.rope is not None:  # q's and k's heads, side by side in each row
-                kernels.rope(qkv, self.heads + self.kv_heads, self.head_dim, positions, layer.rope.cos,
-                             layer.rope.sin)
+            if layer.rope is not None:  # the rotary embedding of q's and k's heads, side by side in each row
+                rotate[id(layer.rope)]()
             cache = past_key_values.native_layer(index, self.kv_heads, self.head_dim, rows)
             keys, values = cache.key_buffer, cache.value_buffer  # [1, kv_heads, capacity, head_dim]
             if step.keys() is not keys or step.values() is not values:  # new or grown: its calls bound again
