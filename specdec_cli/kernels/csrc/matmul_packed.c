@@ -223,12 +223,10 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
                     _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
                         __m256i v = _mm256_loadu_si256((const __m256i *)(codes + q * 64 + 32 * h));
                         __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                        if (BITS == 5) {
-                            __m256i bit_lo = _mm256_set1_epi8((char)(1 << q)), bit_hi = _mm256_set1_epi8((char)(1 << (q + 4)));
-                            lo = _mm256_or_si256(lo, _mm256_and_si256(
-                                                         _mm256_cmpeq_epi8(_mm256_and_si256(plane, bit_lo), bit_lo), fifth));
-                            hi = _mm256_or_si256(hi, _mm256_and_si256(
-                                                         _mm256_cmpeq_epi8(_mm256_and_si256(plane, bit_hi), bit_hi), fifth));
+                        if (BITS == 5) { /* chunk q's bit and chunk q + 4's, moved to bit 4 of each byte (a 16-bit
+                                            * shift by at most 4 carries only bits 0-3 or 5-7 across a byte) */
+                            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(plane, 4 - q), fifth));
+                            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi16(plane, q), fifth));
                         }
                         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                             __m256i xa = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * q));
