@@ -236,7 +236,7 @@ class NativeDecoder:
         self.head = _Linear.of(model.lm_head)
         self._scratch: dict[str, torch.Tensor] = {}
         self._checked: dict[tuple[str, int], kernels.Rows] = {}  # (buffer, rows) -> its first rows, checked
-        self._bound: dict[int, tuple] = {}  # rows -> the buffers and each layer's calls on them (_steps)
+        self._bound: dict[int, tuple] = {}  # rows -> the buffers and each layer's calls on them (bound_steps.py)
 
     def distinct_layers(self) -> "NativeDecoder":
         """A decoder sharing this one's weights and head that runs only the first layer of each distinct
