@@ -109,17 +109,18 @@ def _tokenizer_gguf(path: Path, *, pre: str | None = "qwen2", tokens=None, types
     return path
 
 
-@pytest.mark.parametrize("pre, endoftext", [("qwen2", None), ("llama-bpe", None), (None, None), ("smollm", 1),
-                                             ("qwen2", 3)])
-def test_tokenizer_files_equal_transformers(tmp_path, pre, endoftext):
+@pytest.mark.parametrize("pre, endoftext, add_bos", [("qwen2", None, False), ("llama-bpe", None, False),
+                                                      (None, None, None), ("smollm", 1, False), ("qwen2", 3, False),
+                                                      ("llama-bpe", None, True), (None, 3, True)])
+def test_tokenizer_files_equal_transformers(tmp_path, pre, endoftext, add_bos):
     """Added tokens of both kinds, a control token outside the byte alphabet (left a plain token), a user-defined
     one with a space (not in the respelled vocabulary: not added), each split; GPT-2's "<|endoftext|>" absent (added
-    past the vocabulary), a plain token or a control token."""
+    past the vocabulary), a plain token or a control token; a BOS before every text (Llama 3's files) or not."""
     tokens, types = None, None
     if endoftext is not None:
         tokens = ["<|pad|>", "<|bos|>", "<|eos|>", "<|endoftext|>", *LETTERS, "ab", "\u0120a", "b", "\u0120"]
         types = [3, 3, 3, endoftext, *([1] * (len(LETTERS) + 4))]
-    path = _tokenizer_gguf(tmp_path / "t.gguf", pre=pre, tokens=tokens, types=types)
+    path = _tokenizer_gguf(tmp_path / "t.gguf", pre=pre, tokens=tokens, types=types, add_bos=add_bos)
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     built = gguf_tokenizer.tokenizer_files(open_gguf(path).metadata)
     assert built is not None
@@ -131,11 +132,11 @@ def test_tokenizer_files_equal_transformers(tmp_path, pre, endoftext):
         assert (ours / name).read_bytes() == (theirs / name).read_bytes(), name
 
 
-@pytest.mark.parametrize("change", [{"model": "llama"}, {"pre": "tekken"}, {"add_bos": True},
+@pytest.mark.parametrize("change", [{"model": "llama"}, {"pre": "tekken"}, {"add_bos": True, "ids": (None, 2, None, 0)},
                                     {"ids": (5, 2, None, 0)}, {"merges": ["a b c"]}])
 def test_other_tokenizers_are_left_to_transformers(tmp_path, change):
-    """SentencePiece, a split the table does not hold, a BOS added to every text, a named special token that is not
-    a control token, a merge of three: None (transformers' converter builds them)."""
+    """SentencePiece, a split the table does not hold, a BOS added to every text but none named, a named special
+    token that is not a control token, a merge of three: None (transformers' converter builds them)."""
     path = _tokenizer_gguf(tmp_path / "t.gguf", **change)
     assert gguf_tokenizer.tokenizer_files(open_gguf(path).metadata) is None
 
@@ -168,3 +169,26 @@ def test_other_families_are_left_to_transformers(tmp_path):
     file = open_gguf(mistral)
     file.metadata["general.name"] = "tiny mistral"
     assert config_without_transformers(file) is None
+
+
+def test_a_bos_adding_tokenizer_built_here_answers_as_transformers(tmp_path):
+    """A Llama 3-style file (`add_bos_token`, the llama-bpe split): the files built here, read back without
+    transformers (native_tokenizer.py), encode, decode and render as transformers' tokenizer of the file does."""
+    from test_native_tokenizer import TEXTS, _compare
+
+    from specdec_cli.target_model.in_place.native_tokenizer import load_native_tokenizer
+
+    path = _tokenizer_gguf(tmp_path / "t.gguf", pre="llama-bpe", add_bos=True,
+                           template="{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    built = gguf_tokenizer.tokenizer_files(open_gguf(path).metadata)
+    assert built is not None
+    (tmp_path / "ours").mkdir()
+    built.write(tmp_path / "ours")
+    ours = load_native_tokenizer(tmp_path / "ours")
+    assert ours is not None
+    from transformers import AutoTokenizer
+
+    gguf_model.tokenizer_from_file(open_gguf(path)).save_pretrained(tmp_path / "theirs")
+    theirs = AutoTokenizer.from_pretrained(str(tmp_path / "theirs"))  # as a cache made by transformers is read
+    assert ours.encode("ab a")[0] == theirs.bos_token_id == 1  # the BOS is there
+    _compare(theirs, ours, TEXTS)

@@ -9,14 +9,15 @@ What the converter does for such a file, and so what is done here:
   it is spelled as its UTF-8 bytes), the later of two equal spellings keeping the name; the merges are the file's,
   each split at its space; a BPE model with no unknown token, no dropout, no affixes;
 - the pre-tokenizer is byte-level with GPT-2's split, or the split the file's `tokenizer.ggml.pre` names (SPLITS)
-  followed by a byte-level step without its own; the decoder is byte-level; the post-processor adds nothing;
+  followed by a byte-level step without its own; the decoder is byte-level; the post-processor adds the BOS token
+  before each sequence where `tokenizer.ggml.add_bos_token` is true (Llama 3's files), else nothing;
 - GPT-2's "<|endoftext|>" is an added token, special: the vocabulary's, or one past its end when it has none;
 - the tokens the file marks CONTROL (type 3) are added tokens, special (one with a character outside the byte
   alphabet is a mislabel and stays a plain token); USER_DEFINED (type 4) ones are added tokens, not special;
 - tokenizer_config.json names the BOS, EOS, unknown and padding tokens by the file's ids.
 
 Anything else returns None, and the caller asks transformers: another tokenizer model (SentencePiece), a
-`tokenizer.ggml.pre` this table does not know, a BOS or EOS added to every text, a named special token that is not
+`tokenizer.ggml.pre` this table does not know, an EOS added to every text, a named special token that is not
 a CONTROL token, a merge that is not two tokens. Nothing here reads a file other than through GGUFFile.metadata.
 """
 
@@ -86,7 +87,8 @@ def tokenizer_files(metadata: dict[str, Any]) -> Optional[TokenizerFiles]:
     if metadata.get("tokenizer.ggml.model") != "gpt2" or not isinstance(tokens, list) or not tokens \
             or not all(isinstance(token, str) for token in tokens) or types is None or len(types) != len(tokens) \
             or not isinstance(merges, list) or (pre not in SPLITS and pre not in GPT2_SPLIT) \
-            or metadata.get("tokenizer.ggml.add_bos_token") or metadata.get("tokenizer.ggml.add_eos_token") \
+            or metadata.get("tokenizer.ggml.add_bos_token") not in (None, True, False) \
+            or metadata.get("tokenizer.ggml.add_eos_token") \
             or (template is not None and not isinstance(template, str)):
         return None
     types = [int(kind) for kind in types]
@@ -122,7 +124,15 @@ def tokenizer_files(metadata: dict[str, Any]) -> Optional[TokenizerFiles]:
                                                            pre_tokenizers.ByteLevel(add_prefix_space=False,
                                                                                     use_regex=False)])
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
+    bos = settings["bos_token"]
+    if metadata.get("tokenizer.ggml.add_bos_token") is not True:
+        tokenizer.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
+    elif bos is None or ":" in bos or any(character.isspace() for character in bos):
+        return None  # (a template piece is "TOKEN:type")
+    else:  # BOS before each sequence
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+            special_tokens=[(bos, metadata["tokenizer.ggml.bos_token_id"])])
     # the converter's tokenizer class names GPT2_DEFAULT its unknown, BOS and EOS token before the file's own
     # names replace them, and so adds it as a special token: the vocabulary's (whatever its type), or a new one
     tokenizer.add_special_tokens([AddedToken(GPT2_DEFAULT, normalized=False, special=True)])
