@@ -192,3 +192,21 @@ def test_a_bos_adding_tokenizer_built_here_answers_as_transformers(tmp_path):
     theirs = AutoTokenizer.from_pretrained(str(tmp_path / "theirs"))  # as a cache made by transformers is read
     assert ours.encode("ab a")[0] == theirs.bos_token_id == 1  # the BOS is there
     _compare(theirs, ours, TEXTS)
+
+
+def test_transformers_converter_reads_the_file_alone(tmp_path):
+    """A GGUF whose tokenizer transformers builds, lying beside another model's tokenizer files: the tokenizer is
+    the file's own (the converter reads it from a folder holding the file alone)."""
+    path = _tokenizer_gguf(tmp_path / "t.gguf", pre="tekken")  # a split only transformers knows
+    clean = gguf_model.tokenizer_from_file(open_gguf(path))
+    (tmp_path / "other").mkdir()
+    other = _tokenizer_gguf(tmp_path / "other" / "o.gguf", pre="qwen2", add_bos=True,
+                            tokens=["<|eos|>", "<|bos|>", "<|pad|>", *LETTERS, "\u0120", "ba", "\u0120b", "a"],
+                            types=[3, 3, 3, *([1] * (len(LETTERS) + 4))], merges=["b a", "\u0120 b"])
+    foreign = gguf_tokenizer.tokenizer_files(open_gguf(other).metadata)
+    assert foreign is not None
+    foreign.write(tmp_path)  # another model's tokenizer files beside the GGUF
+    beside = gguf_model.tokenizer_from_file(open_gguf(path))
+    assert beside.bos_token == clean.bos_token == "<|bos|>"
+    assert beside.get_vocab() == clean.get_vocab()
+    assert beside("ab a")["input_ids"] == clean("ab a")["input_ids"]
