@@ -338,19 +338,16 @@ def tokenizer_from_file(gguf: GGUFFile) -> Any:
     the metadata. Built as PreTrainedTokenizerFast directly: AutoTokenizer would first read the whole file again
     through gguf's reader to find the config (5.6 s of 6.0 for the default model; 15 s for a 151k vocabulary),
     for the same tokens, merges, special tokens and template (tests/test_real_model.py compares them). Read from a
-    folder holding the file alone (a link to it): transformers would also read tokenizer files lying beside it,
-    another model's included."""
-    import tempfile
-
+    folder holding the file alone (gguf_alone.py): not from tokenizer files lying beside it."""
     from transformers import PreTrainedTokenizerFast
 
+    from ..gguf.gguf_alone import alone
     from ..quiet import no_tqdm, quiet_transformers
 
     quiet_transformers()
     try:
-        with no_tqdm(), tempfile.TemporaryDirectory(prefix="specdec-gguf-") as alone:
-            (Path(alone) / gguf.path.name).symlink_to(gguf.path.resolve())
-            return PreTrainedTokenizerFast.from_pretrained(alone, gguf_file=gguf.path.name)
+        with no_tqdm(), alone(gguf.path) as (folder, name):
+            return PreTrainedTokenizerFast.from_pretrained(folder, gguf_file=name)
     except Exception as exc:  # the tokenizer converters' errors are varied: the file is what a user can act on
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SpecdecError(f"{gguf.path}: its tokenizer metadata cannot be read ({first})") from exc

@@ -119,11 +119,11 @@ def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None
     if on_status:
         on_status(f"Converting {gguf_path.name} to {dtype} safetensors for transformers once; later loads are quick")
     started = time.perf_counter()
-    folder, filename = str(gguf_path.parent), gguf_path.name
     try:
         from ..gguf import gguf_families
+        from ..gguf.gguf_alone import alone
 
-        with no_tqdm():
+        with no_tqdm(), alone(gguf_path) as (folder, filename):  # not the config or tokenizer files beside it
             if gguf_families.handles(gguf_path):  # gemma, smollm3: families transformers' GGUF loader does not read
                 model, tokenizer = gguf_families.load(gguf_path)
                 model = model.to(getattr(torch, dtype))

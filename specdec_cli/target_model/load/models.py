@@ -96,8 +96,10 @@ def load_tokenizer(target: str = DEFAULT_TARGET, on_status: Optional[StatusCallb
     quiet_transformers()
     if source.kind == "gguf" and converted_damage(converted_dir(gguf_path)) is not None:
         try:
-            with no_tqdm():
-                return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+            from ..gguf.gguf_alone import alone
+
+            with no_tqdm(), alone(gguf_path) as (folder, name):  # not the tokenizer files beside it
+                return AutoTokenizer.from_pretrained(folder, gguf_file=name)
         except Exception as exc:
             raise SpecdecError(f"{gguf_path}: cannot read this GGUF file ({type(exc).__name__}: {exc})") from exc
     location = model_location(source, on_status)
