@@ -225,10 +225,9 @@ def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos
     query [rows, heads, dim] float32 (any strides, unit stride along dim); keys/values [kv_heads, positions, dim]
     or [1, kv_heads, positions, dim] (a KV cache's buffers), float32 or bfloat16, unit stride along dim. Writes
     [rows, heads, dim] float32 into `out` (unit stride along dim) or a new tensor, and returns it."""
-    if out is None and query.dtype is F32 and query.ndim == 3:
-        out = torch.empty(query.shape, dtype=torch.float32)
+    out = torch.empty(query.shape, dtype=torch.float32) if out is None else out  # (bind_attention checks query)
     bind_attention(query, keys, values, scale, cap, out)(positions)
-    return out  # type: ignore[return-value]
+    return out
 
 
 def bind_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, cap: float,

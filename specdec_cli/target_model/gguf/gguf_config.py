@@ -47,6 +47,13 @@ def config_dict(gguf: GGUFFile) -> dict[str, Any]:
     config.setdefault("model_type", updated)
     if config["model_type"] == "gemma3":
         config["model_type"] = "gemma3_text"
+    _add_token_settings(metadata, config)
+    return config
+
+
+def _add_token_settings(metadata: dict[str, Any], config: dict[str, Any]) -> None:
+    """What transformers' loader takes from the tokenizer's metadata: the vocabulary's size from the token list
+    where the architecture's keys do not say it, and the special tokens' ids."""
     tokens = metadata.get("tokenizer.ggml.tokens")
     if "vocab_size" not in config and isinstance(tokens, list):
         config["vocab_size"] = len(tokens)
@@ -54,7 +61,6 @@ def config_dict(gguf: GGUFFile) -> dict[str, Any]:
                          ("unknown_token_id", "unk_token_id"), ("padding_token_id", "pad_token_id")):
         if f"tokenizer.ggml.{key}" in metadata:
             config[renamed] = metadata[f"tokenizer.ggml.{key}"]
-    return config
 
 
 def hf_config(gguf: GGUFFile) -> Any:
@@ -119,8 +125,6 @@ _CLASSES: dict[str, tuple[str, dict[str, Any]]] = {
                               "max_window_layers": 28, "pad_token_id": None, "bos_token_id": None,
                               "eos_token_id": None}),
 }
-_TOKEN_IDS = (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-              ("unknown_token_id", "unk_token_id"), ("padding_token_id", "pad_token_id"))
 
 
 def config_without_transformers(gguf: GGUFFile) -> Optional[tuple[str, dict[str, Any]]]:
@@ -140,12 +144,7 @@ def config_without_transformers(gguf: GGUFFile) -> Optional[tuple[str, dict[str,
         value = metadata.get(f"{architecture}.{key}")
         if value is not None:
             source[renamed] = value
-    tokens = metadata.get("tokenizer.ggml.tokens")
-    if "vocab_size" not in source and isinstance(tokens, list):
-        source["vocab_size"] = len(tokens)
-    for key, renamed in _TOKEN_IDS:
-        if f"tokenizer.ggml.{key}" in metadata:
-            source[renamed] = metadata[f"tokenizer.ggml.{key}"]
+    _add_token_settings(metadata, source)
     key_length = metadata.get(f"{architecture}.attention.key_length")
     if isinstance(key_length, int) and key_length > 0 and "head_dim" in defaults:
         source["head_dim"] = key_length

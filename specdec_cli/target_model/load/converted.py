@@ -123,19 +123,19 @@ def ensure_converted(gguf_path: Path, on_status: Optional[StatusCallback] = None
         from ..gguf import gguf_families
         from ..gguf.gguf_alone import alone
 
-        with no_tqdm(), alone(gguf_path) as (folder, filename):  # not the config or tokenizer files beside it
-            if gguf_families.handles(gguf_path):  # gemma, smollm3: families transformers' GGUF loader does not read
+        missing: list[str] = []
+        if gguf_families.handles(gguf_path):  # gemma, smollm3: families transformers' GGUF loader does not read
+            with no_tqdm():
                 model, tokenizer = gguf_families.load(gguf_path)
-                model = model.to(getattr(torch, dtype))
-                missing: list[str] = []
-            else:
+            model = model.to(getattr(torch, dtype))
+        else:
+            with no_tqdm(), alone(gguf_path) as (folder, filename):  # not the config or tokenizer files beside it
                 tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
                 loaded: Any = AutoModelForCausalLM.from_pretrained(
                     folder, gguf_file=filename, dtype=getattr(torch, dtype), output_loading_info=True)
-                model, info = loaded
-                tied = getattr(model.config, "tie_word_embeddings", False)
-                missing = [name for name in dict(info).get("missing_keys", ())
-                           if not (tied and name == "lm_head.weight")]
+            model, info = loaded
+            tied = getattr(model.config, "tie_word_embeddings", False)
+            missing = [name for name in dict(info).get("missing_keys", ()) if not (tied and name == "lm_head.weight")]
     except Exception as exc:  # gguf's own errors are varied; the file is what the user can act on
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise SpecdecError(f"{gguf_path}: cannot read this GGUF file ({type(exc).__name__}: {first})") from exc
