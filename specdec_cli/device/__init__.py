@@ -14,8 +14,9 @@ alone. On a GPU, and with torch's own GEMMs on a CPU, a row's result depends on 
 - the weights are put on the device once (`DeviceWeights`): a GGUF's blocks dequantised there, chunk by chunk,
   into the compute dtype, never a float32 copy of the model in host memory.
 
-Being fixed-shape, the step can be captured once (`capture.StepGraph`: a CUDA graph on cuda, eager on the CPU),
-prefill runs outside it, and a step reads one thing back to the host: the tokens the engine accepts.
+Being fixed-shape, the step can be captured once (`capture.StepGraph`: a CUDA graph on cuda, eager on the CPU) and
+its layer compiled (on cuda: fewer, fused kernels; its layers write nothing, the step stores their keys after
+them), prefill runs outside it, and a step reads one thing back to the host: the tokens the engine accepts.
 
 Files, one concept each: `family.py` (what the decoder reads off a loaded target, and `unsupported`),
 `weights.py` (weights on the device), `cache.py` (the static cache and its roll-back), `inputs.py` (a step's

@@ -33,7 +33,7 @@ from ..target_model.verify.forward import Scores
 from ..target_model.verify.tree_mask import tree_paths
 from . import CONTEXT, PREFILL_ROWS, ROWS
 from .cache import DeviceCache, StaticCache
-from .capture import StepGraph
+from .capture import StepGraph, compile_wanted
 from .decoder import DeviceDecoder
 from .family import describe, unsupported
 from .inputs import StepInputs
@@ -74,10 +74,11 @@ class DeviceForward:
         count = context_slots(model, self.device, slots)
         self.static = StaticCache(len(self.family.layers), self.family.kv_heads, count, self.family.head_dim,
                                   self.dtype, self.device, ROWS)
-        self.decoder = DeviceDecoder(self.family, self.weights, self.static)
+        compiled = compile_wanted(self.device)
+        self.decoder = DeviceDecoder(self.family, self.weights, self.static, compiled=compiled)
         self.step_inputs = StepInputs(ROWS, self.device)
         self.prefill_inputs: dict[int, StepInputs] = {}  # by padded size: ROWS * 2^k up to PREFILL_ROWS
-        self.step = StepGraph(lambda: self.decoder.compute(self.step_inputs), self.device)
+        self.step = StepGraph(self._step, self.device, uncompile=self.decoder.uncompile if compiled else None)
         self.outcome = CheckOutcome("not checked")
         self._cache: Optional[DeviceCache] = None
 
@@ -151,6 +152,12 @@ class DeviceForward:
         cache.advance(n)
         kept = logits[n - 1 : n] if last_only else logits[:n]
         return Scores(kept.clone(), hidden[:n].clone() if features else None)
+
+    def _step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step the graph captures: the staged rows computed, then their keys and values stored."""
+        logits, hidden, block = self.decoder.step(self.step_inputs)
+        self.decoder.store(self.step_inputs, block)
+        return logits, hidden
 
     def _prefill_inputs(self, tokens: int) -> StepInputs:
         """The inputs of a prompt's chunks: the smallest of ROWS * 2^k (up to PREFILL_ROWS) rows that holds the
