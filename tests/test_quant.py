@@ -60,14 +60,15 @@ def test_gguf_blocks_decode_to_what_gguf_dequantizes(type_name):
 
 @pytest.mark.parametrize("type_name", GGUF_TYPES)
 def test_a_gguf_types_kernel_product_is_its_dense_product(type_name):
-    """The kernel's product equals the dense product of the dequantised weight with the 8-bit rounded rows
-    (float kinds: with the rows as they are), on every instruction set this CPU has."""
+    """The kernel's product equals the dense product of the dequantised weight with the 8-bit rounded rows (one scale
+    per 32 inputs, per 256 for the K-quants' packed kinds; float kinds: the rows as they are), on every instruction
+    set this CPU has."""
     raw = _gguf_bytes(type_name, 40, 512, seed=1)
     dense = torch.from_numpy(_dequantized(type_name, raw, (40, 512)))
     layer = quant.BlockLinear(gguf_decode.decode_gguf_blocks(type_name, raw, 40, 512))
     x = torch.randn(9, 512, generator=torch.Generator().manual_seed(2))
     if kernels.kind_of(layer.kind).bits < 16:
-        blocks = x.reshape(9, -1, 32)
+        blocks = x.reshape(9, -1, kernels.kind_of(layer.kind).span)
         scale = blocks.abs().amax(-1, keepdim=True) / 127
         rows = (torch.round(blocks / scale) * scale).reshape(9, 512)
     else:

@@ -4,7 +4,8 @@
 (`KINDS`): 4-bit or 8-bit codes with a float32 scale per 32 or 16 weights, an integer zero point and optionally a
 float32 offset, into which quant.py repacks every GGUF type exactly (Q4_0 ... Q8_0, the K-quants, IQ4_NL/IQ4_XS), or
 the packed kinds that keep a GGUF type's own fields (packed.py); or float32/float16/bfloat16 weights as they are.
-Block kinds round each row to 8 bits per block of 32 first and multiply with integer dot products. `attention`
+Block kinds round each row to 8 bits per block of 32 (per 256 for the K-quants' packed kinds, records.Kind.span)
+first and multiply with integer dot products. `attention`
 computes each query row over its own keys. Both return, for every row, exactly what a one-row call returns, whatever
 the number of rows or threads, and matmul the same bits on every instruction-set path (csrc/matmul.c says how);
 `force_isa` (or SPECDEC_ISA) picks a path for tests and timings. This module is the only door to the C extension:
@@ -175,7 +176,7 @@ def _nothing() -> None:
 def matmul(x: torch.Tensor, kind: int, records: torch.Tensor, n: Optional[int] = None,
            out: Optional[torch.Tensor] = None, accumulate: bool = False) -> torch.Tensor:
     """x [rows, k] float32 @ W^T -> [rows, n] float32, W as packed records (pack_records; n defaults to every
-    column the records hold, or to out's width). Block kinds round each row of x to 8 bits per block of 32 first
+    column the records hold, or to out's width). Block kinds round each row of x to 8 bits per `span` inputs first
     (kernels/csrc/blocks.c). With `out` (float32 [rows, n], rows may be strided: a slice of a wider buffer) the
     product is written there, or added to it with `accumulate`; returns out. matmul_into's checks, on handles made
     here."""

@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from .packed import (
+    FORM_K,
     KIND_PQ4_0,
     KIND_PQ4_1,
     KIND_PQ4_K,
@@ -40,7 +41,8 @@ GROUP = 16  # output columns per record
 class Kind:
     """How a kind holds its weights: `bits` 4 (two codes a byte) or 8 (one a byte) with a float32 scale per `sub`
     weights along k, W = scale * (code - zero) (+ a float32 offset per `sub` where `offsets`); or bits 32/16 for
-    float weights (float32, float16, bfloat16) multiplied as they are."""
+    float weights (float32, float16, bfloat16) multiplied as they are. Block kinds round each row of activations to
+    8 bits with one scale per `span` inputs (32; 256 for the K-quants' packed kinds, as llama.cpp's q8_K)."""
 
     name: str
     bits: int
@@ -48,6 +50,7 @@ class Kind:
     zero: int = 0
     offsets: bool = False
     dtype: Optional[torch.dtype] = None  # float kinds
+    span: int = 32  # inputs per activation scale (block kinds)
 
 
 KIND_Q4, KIND_Q4Z, KIND_Q8, KIND_U8, KIND_Q8S, KIND_Q4S, KIND_Q2S = 4, 5, 8, 9, 16, 17, 18
@@ -64,8 +67,8 @@ KINDS = {
     KIND_F16: Kind("f16", 16, dtype=torch.float16),
     KIND_BF16: Kind("bf16", 16, dtype=torch.bfloat16),
 }
-KINDS.update({kind: Kind(info.name.lower(), info.bits, info.sub, info.zero, info.offsets)
-              for kind, info in PACKED.items()})
+KINDS.update({kind: Kind(info.name.lower(), info.bits, info.sub, info.zero, info.offsets,
+                          span=info.super_block if info.form == FORM_K else 32) for kind, info in PACKED.items()})
 PACKED_KINDS = (KIND_PQ4_0, KIND_PQ4_1, KIND_PQ5_0, KIND_PQ5_1, KIND_PQ8_0, KIND_PQ4_K, KIND_PQ5_K, KIND_PQ6_K)
 
 

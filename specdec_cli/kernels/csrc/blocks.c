@@ -2,7 +2,9 @@
  * blocks.c: the block formats on the kernels' side. The weights' kinds (bits, weights per scale, zero point,
  * offsets) and the bytes of their records (cpu_kind_info, cpu_block_bytes, cpu_group_bytes); and each row of
  * activations rounded to 8 bits per block of 32 (cpu_quantize_rows: scale dx = max |x| / 127, code = round(x / dx),
- * as llama.cpp does), the first step of every block-kind matmul, on the portable or the AVX2 path (the same bits).
+ * as llama.cpp does; the K-quants' packed kinds share one scale over each span of 8 blocks, a super-block of 256, as
+ * llama.cpp's q8_K does), the first step of every block-kind matmul, on the portable or the AVX2 path (the same
+ * bits).
  * Not here: packing weights into records (kernels/__init__.py's pack_records, from the GGUF blocks of
  * target_model/quant.py), and the products themselves (matmul*.c).
  */
@@ -84,16 +86,23 @@ long cpu_group_bytes(const KindInfo *info, long k)
 
 /* Row r of `rows`, block b of 32, laid out block by block so that a tile of rows finds its codes at fixed offsets
  * from one pointer: codes qx[b, r, 0..31], scale dx[b, r]; sums[2b + h, r] = the sum of codes 16h .. 16h+15 of
- * that block (the kinds with zero points or offsets need them per sub-block). */
-static void quantize_rows_portable(const float *x, long rows, long k, int8_t *qx, float *dx, int32_t *sums)
+ * that block (the kinds with zero points or offsets need them per sub-block). Each span of `span` blocks (1, or 8
+ * for a super-block of 256; k a multiple of span * 32) shares one scale: the largest |x| over the span / 127. */
+static float span_max_portable(const float *v, long count)
+{
+    float amax = 0.0f;
+    for (long i = 0; i < count; i++)
+        amax = fmaxf(amax, fabsf(v[i]));
+    return amax;
+}
+
+static void quantize_rows_portable(const float *x, long rows, long k, int span, int8_t *qx, float *dx, int32_t *sums)
 {
     long blocks = k / BLOCK;
     for (long r = 0; r < rows; r++)
         for (long b = 0; b < blocks; b++) {
             const float *v = x + r * k + b * BLOCK;
-            float amax = 0.0f;
-            for (int i = 0; i < BLOCK; i++)
-                amax = fmaxf(amax, fabsf(v[i]));
+            float amax = span_max_portable(x + r * k + (b - b % span) * BLOCK, span * BLOCK);
             float scale = amax / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
             int8_t *codes = qx + (b * rows + r) * BLOCK;
             int sum[2] = {0, 0};
@@ -109,21 +118,35 @@ static void quantize_rows_portable(const float *x, long rows, long k, int8_t *qx
 }
 
 #if HAVE_X86
-AVX2 static void quantize_rows_avx2(const float *x, long rows, long k, int8_t *qx, float *dx, int32_t *sums)
+/* The largest |x| over `count` floats (a multiple of 32): max is exact, so any order gives the portable value. */
+AVX2 static float span_max_avx2(const float *v, long count)
+{
+    const __m256 sign_off = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 amax = _mm256_setzero_ps();
+    for (long i = 0; i < count; i += 32)
+        amax = _mm256_max_ps(amax, _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(v + i), sign_off),
+                                                               _mm256_and_ps(_mm256_loadu_ps(v + i + 8), sign_off)),
+                                                 _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(v + i + 16), sign_off),
+                                                               _mm256_and_ps(_mm256_loadu_ps(v + i + 24), sign_off))));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    return _mm_cvtss_f32(m4);
+}
+
+AVX2 static void quantize_rows_avx2(const float *x, long rows, long k, int span, int8_t *qx, float *dx,
+                                    int32_t *sums)
 {
     long blocks = k / BLOCK;
-    const __m256 sign_off = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    float amax = 0.0f;
     for (long r = 0; r < rows; r++)
         for (long b = 0; b < blocks; b++) {
             const float *v = x + r * k + b * BLOCK;
             __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), v2 = _mm256_loadu_ps(v + 16),
                    v3 = _mm256_loadu_ps(v + 24);
-            __m256 amax = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, sign_off), _mm256_and_ps(v1, sign_off)),
-                                        _mm256_max_ps(_mm256_and_ps(v2, sign_off), _mm256_and_ps(v3, sign_off)));
-            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-            float scale = _mm_cvtss_f32(m4) / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+            if (b % span == 0)
+                amax = span_max_avx2(v, span * BLOCK);
+            float scale = amax / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
             __m256 mul = _mm256_set1_ps(inverse);
             const int round = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
             __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), round));
@@ -144,10 +167,10 @@ AVX2 static void quantize_rows_avx2(const float *x, long rows, long k, int8_t *q
 #define quantize_rows_avx2 quantize_rows_portable
 #endif
 
-void cpu_quantize_rows(int path, const float *x, long rows, long k, int8_t *qx, float *dx, int32_t *sums)
+void cpu_quantize_rows(int path, const float *x, long rows, long k, int span, int8_t *qx, float *dx, int32_t *sums)
 {
     if (path >= ISA_AVX2)
-        quantize_rows_avx2(x, rows, k, qx, dx, sums);
+        quantize_rows_avx2(x, rows, k, span, qx, dx, sums);
     else
-        quantize_rows_portable(x, rows, k, qx, dx, sums);
+        quantize_rows_portable(x, rows, k, span, qx, dx, sums);
 }

@@ -163,7 +163,8 @@ long cpu_packed_header_bytes(const KindInfo *info);
 long cpu_packed_block_bytes(const KindInfo *info);
 long cpu_packed_super_bytes(const KindInfo *info);
 float cpu_half_to_float(uint16_t h);
-void cpu_quantize_rows(int path, const float *x, long rows, long k, int8_t *qx, float *dx, int32_t *sums);
+void cpu_quantize_rows(int path, const float *x, long rows, long k, int span, int8_t *qx, float *dx,
+                       int32_t *sums);
 
 /* ------------------------------------------- the matmul (matmul.c; tiles in matmul_avx2.c, matmul_avx512.c) */
 
@@ -176,6 +177,8 @@ typedef struct {
     const int32_t *init;  /* [k/sub][rows]: -zero * (sum of the row's codes over the sub-block), the integer
                            * accumulator's start (so the dot product comes out of codes - zero) */
     const float *sx;      /* [k/sub][rows]: dx * (sum of the row's codes over the sub-block), for offsets */
+    const int32_t *pairs; /* FORM_K: [k/64][rows]: the sums of the row's codes over sub-blocks 2p (low 16 bits) and
+                           * 2p + 1 (high 16 bits), for the minimums' integer dot product */
     const char *weights;  /* one record per group of GROUP columns */
     long record, block;   /* bytes per group record, per block of it (packed kinds: per super-block) */
     float *out;

@@ -247,29 +247,33 @@ int cpu_matmul(const KindInfo *info, const float *x, long rows, long k, long n, 
     long blocks = k / BLOCK, groups = (n + GROUP - 1) / GROUP, subs = info->bits < 16 ? k / info->sub : 0;
     int8_t *qx = NULL;
     float *dx = NULL, *sx = NULL;
-    int32_t *sums = NULL, *init = NULL;
+    int32_t *sums = NULL, *init = NULL, *pairs = NULL;
     if (info->bits < 16) {
         qx = malloc((size_t)(rows * k));
         dx = malloc(sizeof(float) * (size_t)(rows * blocks));
         sx = malloc(sizeof(float) * (size_t)(rows * subs));
         sums = malloc(sizeof(int32_t) * (size_t)(rows * 2 * blocks));
         init = malloc(sizeof(int32_t) * (size_t)(rows * subs));
-        if (qx == NULL || dx == NULL || sx == NULL || sums == NULL || init == NULL) {
+        pairs = malloc(sizeof(int32_t) * (size_t)(rows * (subs / 2 + 1)));
+        if (qx == NULL || dx == NULL || sx == NULL || sums == NULL || init == NULL || pairs == NULL) {
             free(qx);
             free(dx);
             free(sx);
             free(sums);
             free(init);
+            free(pairs);
             return -1;
         }
     }
-    MatmulTask task = {*info, rows, k, n, x, qx, dx, init, sx, weights, cpu_group_bytes(info, k),
+    MatmulTask task = {*info, rows, k, n, x, qx, dx, init, sx, pairs, weights, cpu_group_bytes(info, k),
                        info->form != FORM_RECORDS ? cpu_packed_super_bytes(info)
                        : info->bits < 16          ? cpu_block_bytes(info)
                                                   : 0,
                        out, out_stride, accumulate};
     if (info->bits < 16) {
-        cpu_quantize_rows(path, x, rows, k, qx, dx, sums);
+        /* the K-quants' packed kinds: one activation scale per super-block of 256, so that their sub-blocks' integer
+         * dot products add up before one float product a super-block (matmul_packed.c) */
+        cpu_quantize_rows(path, x, rows, k, info->form == FORM_K ? info->sb / BLOCK : 1, qx, dx, sums);
         /* AVX2 multiplies the bytes of zero point 128 as the signed values they encode: no zero point there */
         int zero = path == ISA_AVX2 && info->bits == 8 && info->zero == 128 ? 0 : info->zero;
         for (long j = 0; j < subs; j++)
@@ -278,6 +282,13 @@ int cpu_matmul(const KindInfo *info, const float *x, long rows, long k, long n, 
                 init[j * rows + r] = -zero * sum;
                 sx[j * rows + r] = dx[(j * info->sub / BLOCK) * rows + r] * (float)sum;
             }
+        if (info->form == FORM_K) /* a sub-block's sum is at most 32 * 127 in magnitude: 16 bits hold it */
+            for (long p = 0; p < subs / 2; p++)
+                for (long r = 0; r < rows; r++) {
+                    int32_t even = sums[4 * p * rows + r] + sums[(4 * p + 1) * rows + r];
+                    int32_t odd = sums[(4 * p + 2) * rows + r] + sums[(4 * p + 3) * rows + r];
+                    pairs[p * rows + r] = (int32_t)((uint32_t)(uint16_t)even | ((uint32_t)(uint16_t)odd << 16));
+                }
     }
     if (path != ISA_PORTABLE)
         run_tiles(&task, path, groups);
@@ -289,5 +300,6 @@ int cpu_matmul(const KindInfo *info, const float *x, long rows, long k, long n, 
     free(sx);
     free(sums);
     free(init);
+    free(pairs);
     return 0;
 }

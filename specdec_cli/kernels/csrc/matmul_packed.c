@@ -16,10 +16,15 @@
  *            bits 6       then a 2-bit plane, 2 vectors: vector j (sub-block j of 16), byte (c, e), bits 2t..2t+1:
  *                         chunk 4j+t's top two bits
  *            bits 8       8 vectors, the int8 codes of chunk i in vector i
- * So each column holds exactly its row's bytes in the file. The arithmetic: scale_j = float(d) * sub-scale and
- * offset_j = float(m) or -(float(dmin) * minimum), both exact in float32, then the record kinds' order
- * (../_cpu.c): acc = fma(float(dot_j), scale_j * dx_b, acc) and with offsets acc = fma(offset_j, sx_j, acc). A
- * packed kind therefore gives the same bits as the float32-scale kind the same weights would repack into.
+ * So each column holds exactly its row's bytes in the file. The arithmetic of the legacy types and Q6_K: scale_j =
+ * float(d) * sub-scale and offset_j = float(m), both exact in float32, then the record kinds' order (../_cpu.c):
+ * acc = fma(float(dot_j), scale_j * dx_b, acc) and with offsets acc = fma(offset_j, sx_j, acc); such a packed kind
+ * gives the same bits as the float32-scale kind the same weights would repack into. The K-quants (FORM_K: Q4_K,
+ * Q5_K) multiply as llama.cpp's q4_K x q8_K does, in integers over a whole super-block: the activations share one
+ * scale dx_s per super-block of 256 (blocks.c), each sub-block's dot product is multiplied by its 6-bit sub-scale
+ * and summed in 32 bits (isum), the minimums' term likewise against the sub-blocks' sums of codes (imin), then per
+ * super-block acc = fma(float(imin), -(float(dmin) * dx_s), acc) and acc = fma(float(isum), float(d) * dx_s, acc):
+ * two float operations a super-block instead of two a sub-block.
  * Not here: packing (kernels/records.py), the driver (matmul.c), the record kinds' tiles (matmul_avx2.c,
  * matmul_avx512.c).
  */
@@ -31,6 +36,14 @@
 #define K_SCALE_HIGH 192
 #define K_MIN_HIGH 224
 #define Q6K_SCALES 32
+
+/* FORM_K's 6-bit value of sub-block j (0..7) of column c: a scale (low K_SCALE_LOW, high K_SCALE_HIGH) or a minimum
+ * (K_MIN_LOW, K_MIN_HIGH). */
+static int k_six(const uint8_t *head, int low, int high, int j, int c)
+{
+    return ((head[low + (j >> 1) * GROUP + c] >> (4 * (j & 1))) & 15) |
+           (((head[high + (j >> 2) * GROUP + c] >> (2 * (j & 3))) & 3) << 4);
+}
 
 /* Column c of a group's record: its codes less the zero point [k], its scales and offsets [k / sub]. */
 static void packed_column(const KindInfo *info, const uint8_t *record, long k, long super_bytes, int c,
@@ -50,12 +63,8 @@ static void packed_column(const KindInfo *info, const uint8_t *record, long k, l
         for (int j = 0; j < per_super; j++) {
             float scale = d, offset = m;
             if (info->form == FORM_K) {
-                int sc = ((head[K_SCALE_LOW + (j >> 1) * GROUP + c] >> (4 * (j & 1))) & 15) |
-                         (((head[K_SCALE_HIGH + (j >> 2) * GROUP + c] >> (2 * (j & 3))) & 3) << 4);
-                int mn = ((head[K_MIN_LOW + (j >> 1) * GROUP + c] >> (4 * (j & 1))) & 15) |
-                         (((head[K_MIN_HIGH + (j >> 2) * GROUP + c] >> (2 * (j & 3))) & 3) << 4);
-                scale = d * (float)sc;
-                offset = -(m * (float)mn);
+                scale = d * (float)k_six(head, K_SCALE_LOW, K_SCALE_HIGH, j, c);
+                offset = -(m * (float)k_six(head, K_MIN_LOW, K_MIN_HIGH, j, c));
             } else if (info->form == FORM_Q6K)
                 scale = d * (float)(int8_t)head[Q6K_SCALES + j * GROUP + c];
             scales[s * per_super + j] = scale;
@@ -84,6 +93,37 @@ static void packed_column(const KindInfo *info, const uint8_t *record, long k, l
     }
 }
 
+/* FORM_K's integer order (see the top) for row r of the task and column c of group record `record`, whose codes
+ * (packed_column's) are `codes`. */
+static float k_row(const MatmulTask *t, const uint8_t *record, int c, const int16_t *codes, long r)
+{
+    const KindInfo *info = &t->info;
+    long supers = t->k / info->sb;
+    float acc = 0.0f;
+    for (long s = 0; s < supers; s++) {
+        const uint8_t *head = record + s * t->block;
+        uint16_t bits;
+        memcpy(&bits, head + 2 * c, 2);
+        float d = cpu_half_to_float(bits);
+        memcpy(&bits, head + 2 * GROUP + 2 * c, 2);
+        float dmin = cpu_half_to_float(bits), dx = t->dx[(s * info->sb / BLOCK) * t->rows + r];
+        int32_t isum = 0, imin = 0;
+        for (int j = 0; j < info->sb / BLOCK; j++) {
+            long b = s * (info->sb / BLOCK) + j; /* sub-block j is block b: 32 weights */
+            const int8_t *x = t->qx + (b * t->rows + r) * BLOCK;
+            int32_t dot = 0;
+            for (int i = 0; i < BLOCK; i++)
+                dot += codes[b * BLOCK + i] * x[i];
+            int32_t pair = t->pairs[(b >> 1) * t->rows + r];
+            isum += k_six(head, K_SCALE_LOW, K_SCALE_HIGH, j, c) * dot;
+            imin += k_six(head, K_MIN_LOW, K_MIN_HIGH, j, c) * (int16_t)(uint16_t)((uint32_t)pair >> (16 * (b & 1)));
+        }
+        acc = fmaf((float)imin, -(dmin * dx), acc);
+        acc = fmaf((float)isum, d * dx, acc);
+    }
+    return acc;
+}
+
 /* The reference: one column at a time, in the order above. */
 void cpu_matmul_packed_portable(const void *arg, long start, long stop)
 {
@@ -107,6 +147,10 @@ void cpu_matmul_packed_portable(const void *arg, long start, long stop)
             for (int c = 0; c < GROUP; c++) {
                 packed_column(info, record, k, t->block, c, codes, scales, offsets);
                 for (long r = 0; r < rows; r++) {
+                    if (info->form == FORM_K) {
+                        values[r][c] = k_row(t, record, c, codes, r0 + r);
+                        continue;
+                    }
                     float acc = 0.0f;
                     for (long j = 0; j < subs; j++) {
                         long b = j / per_block, first = (j % per_block) * info->sub;
@@ -148,6 +192,123 @@ AVX2 static inline __attribute__((always_inline)) __m256 k_six_bits(const char *
     __m128i value = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(nibbles, 4 * (i & 1)), _mm_set1_epi8(15)),
                                  _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(tops, 2 * (i & 3)), _mm_set1_epi8(3)), 4));
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(value));
+}
+
+/* A tile's R rows of 8 columns into out (or added to it), the columns past n left alone. */
+AVX2 static inline __attribute__((always_inline)) void store_tile(const MatmulTask *t, long g, int h, long r0,
+                                                                  const int R, const __m256 *acc)
+{
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+        float *at = t->out + (r0 + r) * t->out_stride + g * GROUP + 8 * h;
+        long count = t->n - (g * GROUP + 8 * h);
+        if (count >= 8)
+            _mm256_storeu_ps(at, t->accumulate ? _mm256_add_ps(_mm256_loadu_ps(at), acc[r]) : acc[r]);
+        else if (count > 0) {
+            float values[8];
+            _mm256_storeu_ps(values, acc[r]);
+            for (long c = 0; c < count; c++)
+                at[c] = t->accumulate ? at[c] + values[c] : values[c];
+        }
+    }
+}
+
+/* FORM_K's 6-bit values of sub-blocks 2p and 2p + 1 for the 8 columns of half h, as 16-bit lanes 2c (2p's) and
+ * 2c + 1 (2p + 1's): madd's pairs of columns (`low`, `high`: the scales' or the minimums' bytes). */
+AVX2 static inline __attribute__((always_inline)) __m256i k_pair16(const char *head, int low, int high, int p, int h)
+{
+    __m128i nibbles = _mm_loadl_epi64((const __m128i *)(head + low + p * GROUP + 8 * h));
+    __m128i tops = _mm_srli_epi16(_mm_loadl_epi64((const __m128i *)(head + high + (p >> 1) * GROUP + 8 * h)),
+                                  4 * (p & 1));
+    const __m128i four = _mm_set1_epi8(15), two = _mm_set1_epi8(3);
+    __m128i even = _mm_or_si128(_mm_and_si128(nibbles, four), _mm_slli_epi16(_mm_and_si128(tops, two), 4));
+    __m128i odd = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(nibbles, 4), four),
+                               _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(tops, 2), two), 4));
+    return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(even, odd));
+}
+
+/* FORM_K's sub-scale of sub-block i for the 8 columns of half h, in both 16-bit lanes of each column (2c, 2c + 1):
+ * madd's multiplier of a column's two partial sums. */
+AVX2 static inline __attribute__((always_inline)) __m256i k_scale16(const char *head, int i, int h)
+{
+    __m128i nibbles = _mm_loadl_epi64((const __m128i *)(head + K_SCALE_LOW + (i >> 1) * GROUP + 8 * h));
+    __m128i tops = _mm_loadl_epi64((const __m128i *)(head + K_SCALE_HIGH + (i >> 2) * GROUP + 8 * h));
+    __m128i value = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(nibbles, 4 * (i & 1)), _mm_set1_epi8(15)),
+                                 _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(tops, 2 * (i & 3)), _mm_set1_epi8(3)), 4));
+    return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(value, value));
+}
+
+/* FORM_K (Q4_K, Q5_K), 8 columns x R rows, in the integer order at the top: per sub-block the codes' 16-bit partial
+ * sums times the sub-scale (madd) into isum, per super-block the minimums against the pairs of sub-block sums, then
+ * two float operations. */
+AVX2 static inline __attribute__((always_inline)) void tile_k(const MatmulTask *t, long g, int h, long r0, const int R,
+                                                              const int BITS, int prefetch)
+{
+    const long supers = t->k / 256, block_bytes = BITS == 4 ? 256 : 320;
+    const char *record = t->weights + g * t->record;
+    const __m256i low = _mm256_set1_epi8(0x0F), fifth = _mm256_set1_epi8(16);
+    const __m256 negative_zero = _mm256_set1_ps(-0.0f);
+    __m256 acc[PACKED_ROWS];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (long s = 0; s < supers; s++) {
+        const char *head = record + s * t->block;
+        if (prefetch)
+            for (long line = 0; line < t->block; line += 64)
+                _mm_prefetch(head + t->record + line, _MM_HINT_T0);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16 * h)));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 2 * GROUP + 16 * h)));
+        const long pair0 = s * 4 * t->rows + r0; /* this super-block's pairs of sub-block sums, row r0 */
+        __m256i imin[PACKED_ROWS];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) imin[r] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+            __m256i minimums = k_pair16(head, K_MIN_LOW, K_MIN_HIGH, p, h);
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) imin[r] = _mm256_add_epi32(
+                imin[r], _mm256_madd_epi16(minimums, _mm256_set1_epi32(t->pairs[pair0 + p * t->rows + r])));
+        }
+        __m256 dx[PACKED_ROWS];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            dx[r] = _mm256_set1_ps(t->dx[s * 8 * t->rows + r0 + r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin[r]),
+                                     _mm256_xor_ps(_mm256_mul_ps(dmin, dx[r]), negative_zero), acc[r]);
+        }
+        __m256i isum[PACKED_ROWS];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+            const char *codes = head + 256 + i * block_bytes;
+            const int8_t *xs = t->qx + ((s * 8 + i) * t->rows + r0) * BLOCK;
+            const __m256i scale = k_scale16(head, i, h);
+            __m256i plane = BITS == 5 ? _mm256_loadu_si256((const __m256i *)(codes + 256 + 32 * h))
+                                      : _mm256_setzero_si256();
+            __m256i m16[PACKED_ROWS];
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) m16[r] = _mm256_setzero_si256();
+            _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(codes + q * 64 + 32 * h));
+                __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                if (BITS == 5) { /* as tile_packed: chunk q's fifth bit and chunk q + 4's into bit 4 */
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(plane, 4 - q), fifth));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi16(plane, q), fifth));
+                }
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                    __m256i xa = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * q));
+                    __m256i xb = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + 4)));
+                    m16[r] = _mm256_add_epi16(
+                        m16[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb)));
+                }
+                if (BITS == 5 && (q & 1)) { /* 4 products of 5-bit codes: at most 31,496 in 16 bits */
+                    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(m16[r], scale));
+                        m16[r] = _mm256_setzero_si256();
+                    }
+                }
+            }
+            if (BITS == 4) {
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(m16[r], scale));
+            }
+        }
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, dx[r]), acc[r]);
+    }
+    store_tile(t, g, h, r0, R, acc);
 }
 
 AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulTask *t, long g, int h, long r0,
@@ -257,18 +418,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
             }
         }
     }
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-        float *at = t->out + (r0 + r) * t->out_stride + g * GROUP + 8 * h;
-        long count = t->n - (g * GROUP + 8 * h);
-        if (count >= 8)
-            _mm256_storeu_ps(at, t->accumulate ? _mm256_add_ps(_mm256_loadu_ps(at), acc[r]) : acc[r]);
-        else if (count > 0) {
-            float values[8];
-            _mm256_storeu_ps(values, acc[r]);
-            for (long c = 0; c < count; c++)
-                at[c] = t->accumulate ? at[c] + values[c] : values[c];
-        }
-    }
+    store_tile(t, g, h, r0, R, acc);
 }
 
 /* One function per packed kind and tile size (1, 2, 4 rows), and their table, indexed by kind - KIND_PQ4_0. */
@@ -290,8 +440,12 @@ PACKED_FNS(pq4_1, 4, FORM_LEGACY, 1)
 PACKED_FNS(pq5_0, 5, FORM_LEGACY, 0)
 PACKED_FNS(pq5_1, 5, FORM_LEGACY, 1)
 PACKED_FNS(pq8_0, 8, FORM_LEGACY, 0)
-PACKED_FNS(pq4_k, 4, FORM_K, 1)
-PACKED_FNS(pq5_k, 5, FORM_K, 1)
+#define K_FNS(NAME, BITS)                                                                                          \
+    AVX2 static void NAME##_1(const MatmulTask *t, long g, int h, long r0, int p) { tile_k(t, g, h, r0, 1, BITS, p); } \
+    AVX2 static void NAME##_2(const MatmulTask *t, long g, int h, long r0, int p) { tile_k(t, g, h, r0, 2, BITS, p); } \
+    AVX2 static void NAME##_4(const MatmulTask *t, long g, int h, long r0, int p) { tile_k(t, g, h, r0, 4, BITS, p); }
+K_FNS(pq4_k, 4)
+K_FNS(pq5_k, 5)
 PACKED_FNS(pq6_k, 6, FORM_Q6K, 0)
 
 #define PACKED_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}}
