@@ -182,18 +182,6 @@ void cpu_matmul_packed_portable(const void *arg, long start, long stop)
 
 #define PACKED_ROWS 4
 
-/* A FORM_K sub-block's 6-bit values for the 8 columns of half h, from the nibble row at `low` and the top bits at
- * `high`. */
-AVX2 static inline __attribute__((always_inline)) __m256 k_six_bits(const char *head, int low, int high, int i,
-                                                                     int h)
-{
-    __m128i nibbles = _mm_loadl_epi64((const __m128i *)(head + low + (i >> 1) * GROUP + 8 * h));
-    __m128i tops = _mm_loadl_epi64((const __m128i *)(head + high + (i >> 2) * GROUP + 8 * h));
-    __m128i value = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(nibbles, 4 * (i & 1)), _mm_set1_epi8(15)),
-                                 _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(tops, 2 * (i & 3)), _mm_set1_epi8(3)), 4));
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(value));
-}
-
 /* A tile's R rows of 8 columns into out (or added to it), the columns past n left alone. */
 AVX2 static inline __attribute__((always_inline)) void store_tile(const MatmulTask *t, long g, int h, long r0,
                                                                   const int R, const __m256 *acc)
@@ -311,18 +299,18 @@ AVX2 static inline __attribute__((always_inline)) void tile_k(const MatmulTask *
     store_tile(t, g, h, r0, R, acc);
 }
 
+/* The legacy types and Q6_K, 8 columns x R rows, in the per-sub-block float order at the top. */
 AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulTask *t, long g, int h, long r0,
                                                                    const int R, const int BITS, const int FORM,
                                                                    const int OFF, int prefetch)
 {
     const int NB = FORM == FORM_LEGACY ? 1 : 8, SUB = BITS == 6 ? 16 : 32;
     const long supers = t->k / (NB * BLOCK);
-    const long header = FORM == FORM_K ? 256 : FORM == FORM_Q6K ? 288 : 32 * (1 + OFF);
+    const long header = FORM == FORM_Q6K ? 288 : 32 * (1 + OFF);
     const long block_bytes = BITS == 4 ? 256 : BITS == 5 ? 320 : BITS == 6 ? 384 : 512;
     const char *record = t->weights + g * t->record;
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), fifth = _mm256_set1_epi8(16),
                   top_two = _mm256_set1_epi8(0x30);
-    const __m256 negative_zero = _mm256_set1_ps(-0.0f);
     __m256 acc[PACKED_ROWS];
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (long s = 0; s < supers; s++) {
@@ -340,12 +328,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
             _Pragma("GCC unroll 2") for (int j = 0; j < BLOCK / SUB; j++) {
                 const long sj = b * (BLOCK / SUB) + j; /* the sub-block's index along k */
                 __m256 scale = d, offset = m;
-                if (FORM == FORM_K) {
-                    scale = _mm256_mul_ps(d, k_six_bits(head, K_SCALE_LOW, K_SCALE_HIGH, i, h));
-                    if (OFF)
-                        offset = _mm256_xor_ps(_mm256_mul_ps(m, k_six_bits(head, K_MIN_LOW, K_MIN_HIGH, i, h)),
-                                               negative_zero);
-                } else if (FORM == FORM_Q6K) {
+                if (FORM == FORM_Q6K) {
                     __m128i sc = _mm_loadl_epi64((const __m128i *)(head + Q6K_SCALES + (i * 2 + j) * GROUP + 8 * h));
                     scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
                 }
