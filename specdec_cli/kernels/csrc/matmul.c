@@ -208,6 +208,9 @@ static void matmul_groups_tiled(const void *arg, long start, long stop)
                     r0 += 1L << size;
                 }
         }
+    if (tiled->halves == 2 && tiled->tiles->whole != NULL && t->rows == 1) /* one row: each record in one pass */
+        for (; g < stop; g++)
+            tiled->tiles->whole(t, g, 0, 0, g + 1 < stop);
     for (; g < stop; g++) {
         int prefetch = g + 1 < stop;
         for (int h = 0; h < tiled->halves; h++) {

@@ -225,78 +225,90 @@ AVX2 static inline __attribute__((always_inline)) __m256i k_scale16(const char *
     return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(value, value));
 }
 
-/* FORM_K (Q4_K, Q5_K), 8 columns x R rows, in the integer order at the top: per sub-block the codes' 16-bit partial
- * sums times the sub-scale (madd) into isum, per super-block the minimums against the pairs of sub-block sums, then
- * two float operations. */
+/* FORM_K (Q4_K, Q5_K), 8 columns x R rows, or (W = 2, one row) both halves of the group at once, in the integer
+ * order at the top: per sub-block the codes' 16-bit partial sums times the sub-scale (madd) into isum, per
+ * super-block the minimums against the pairs of sub-block sums, then two float operations. Accumulators are indexed
+ * r * W + w, half h + w; a row's activation codes are broadcast once for the W halves. */
 AVX2 static inline __attribute__((always_inline)) void tile_k(const MatmulTask *t, long g, int h, long r0, const int R,
-                                                              const int BITS, int prefetch)
+                                                              const int W, const int BITS, int prefetch)
 {
     const long supers = t->k / 256, block_bytes = BITS == 4 ? 256 : 320;
     const char *record = t->weights + g * t->record;
     const __m256i low = _mm256_set1_epi8(0x0F), fifth = _mm256_set1_epi8(16);
     const __m256 negative_zero = _mm256_set1_ps(-0.0f);
     __m256 acc[PACKED_ROWS];
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 4") for (int a = 0; a < R * W; a++) acc[a] = _mm256_setzero_ps();
     for (long s = 0; s < supers; s++) {
         const char *head = record + s * t->block;
         if (prefetch)
             for (long line = 0; line < t->block; line += 64)
                 _mm_prefetch(head + t->record + line, _MM_HINT_T0);
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16 * h)));
-        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 2 * GROUP + 16 * h)));
         const long pair0 = s * 4 * t->rows + r0; /* this super-block's pairs of sub-block sums, row r0 */
-        __m256i imin[PACKED_ROWS];
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) imin[r] = _mm256_setzero_si256();
-        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
-            __m256i minimums = k_pair16(head, K_MIN_LOW, K_MIN_HIGH, p, h);
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) imin[r] = _mm256_add_epi32(
-                imin[r], _mm256_madd_epi16(minimums, _mm256_set1_epi32(t->pairs[pair0 + p * t->rows + r])));
-        }
-        __m256 dx[PACKED_ROWS];
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-            dx[r] = _mm256_set1_ps(t->dx[s * 8 * t->rows + r0 + r]);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin[r]),
-                                     _mm256_xor_ps(_mm256_mul_ps(dmin, dx[r]), negative_zero), acc[r]);
+        _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) {
+            const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 2 * GROUP + 16 * (h + w))));
+            __m256i imin[PACKED_ROWS];
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) imin[r] = _mm256_setzero_si256();
+            _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+                __m256i minimums = k_pair16(head, K_MIN_LOW, K_MIN_HIGH, p, h + w);
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) imin[r] = _mm256_add_epi32(
+                    imin[r], _mm256_madd_epi16(minimums, _mm256_set1_epi32(t->pairs[pair0 + p * t->rows + r])));
+            }
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r * W + w] = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(imin[r]),
+                _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_set1_ps(t->dx[s * 8 * t->rows + r0 + r])), negative_zero),
+                acc[r * W + w]);
         }
         __m256i isum[PACKED_ROWS];
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4") for (int a = 0; a < R * W; a++) isum[a] = _mm256_setzero_si256();
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
             const char *codes = head + 256 + i * block_bytes;
             const int8_t *xs = t->qx + ((s * 8 + i) * t->rows + r0) * BLOCK;
-            const __m256i scale = k_scale16(head, i, h);
-            __m256i plane = BITS == 5 ? _mm256_loadu_si256((const __m256i *)(codes + 256 + 32 * h))
-                                      : _mm256_setzero_si256();
-            __m256i m16[PACKED_ROWS];
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) m16[r] = _mm256_setzero_si256();
+            __m256i scale[2], m16[PACKED_ROWS];
+            _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) scale[w] = k_scale16(head, i, h + w);
+            _Pragma("GCC unroll 4") for (int a = 0; a < R * W; a++) m16[a] = _mm256_setzero_si256();
             _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(codes + q * 64 + 32 * h));
-                __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                if (BITS == 5) { /* as tile_packed: chunk q's fifth bit and chunk q + 4's into bit 4 */
-                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(plane, 4 - q), fifth));
-                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi16(plane, q), fifth));
+                __m256i lo[2], hi[2];
+                _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(codes + q * 64 + 32 * (h + w)));
+                    lo[w] = _mm256_and_si256(v, low);
+                    hi[w] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                    if (BITS == 5) { /* as tile_packed: chunk q's fifth bit and chunk q + 4's into bit 4 */
+                        __m256i plane = _mm256_loadu_si256((const __m256i *)(codes + 256 + 32 * (h + w)));
+                        lo[w] = _mm256_or_si256(lo[w], _mm256_and_si256(_mm256_slli_epi16(plane, 4 - q), fifth));
+                        hi[w] = _mm256_or_si256(hi[w], _mm256_and_si256(_mm256_srli_epi16(plane, q), fifth));
+                    }
                 }
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                     __m256i xa = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * q));
                     __m256i xb = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + 4)));
-                    m16[r] = _mm256_add_epi16(
-                        m16[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb)));
+                    _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) m16[r * W + w] = _mm256_add_epi16(
+                        m16[r * W + w],
+                        _mm256_add_epi16(_mm256_maddubs_epi16(lo[w], xa), _mm256_maddubs_epi16(hi[w], xb)));
                 }
                 if (BITS == 5 && (q & 1)) { /* 4 products of 5-bit codes: at most 31,496 in 16 bits */
-                    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(m16[r], scale));
-                        m16[r] = _mm256_setzero_si256();
+                    _Pragma("GCC unroll 4") for (int a = 0; a < R * W; a++) {
+                        isum[a] = _mm256_add_epi32(isum[a], _mm256_madd_epi16(m16[a], scale[a % W]));
+                        m16[a] = _mm256_setzero_si256();
                     }
                 }
             }
             if (BITS == 4) {
-                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(m16[r], scale));
+                _Pragma("GCC unroll 4") for (int a = 0; a < R * W; a++)
+                    isum[a] = _mm256_add_epi32(isum[a], _mm256_madd_epi16(m16[a], scale[a % W]));
             }
         }
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, dx[r]), acc[r]);
+        _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) {
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16 * (h + w))));
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r * W + w] = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(isum[r * W + w]),
+                _mm256_mul_ps(d, _mm256_set1_ps(t->dx[s * 8 * t->rows + r0 + r])), acc[r * W + w]);
+        }
     }
-    store_tile(t, g, h, r0, R, acc);
+    _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) {
+        __m256 rows[PACKED_ROWS];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) rows[r] = acc[r * W + w];
+        store_tile(t, g, h + w, r0, R, rows);
+    }
 }
 
 /* The legacy types and Q6_K, 8 columns x R rows, in the per-sub-block float order at the top. */
@@ -424,15 +436,17 @@ PACKED_FNS(pq5_0, 5, FORM_LEGACY, 0)
 PACKED_FNS(pq5_1, 5, FORM_LEGACY, 1)
 PACKED_FNS(pq8_0, 8, FORM_LEGACY, 0)
 #define K_FNS(NAME, BITS)                                                                                          \
-    AVX2 static void NAME##_1(const MatmulTask *t, long g, int h, long r0, int p) { tile_k(t, g, h, r0, 1, BITS, p); } \
-    AVX2 static void NAME##_2(const MatmulTask *t, long g, int h, long r0, int p) { tile_k(t, g, h, r0, 2, BITS, p); } \
-    AVX2 static void NAME##_4(const MatmulTask *t, long g, int h, long r0, int p) { tile_k(t, g, h, r0, 4, BITS, p); }
+    AVX2 static void NAME##_1(const MatmulTask *t, long g, int h, long r0, int p) { tile_k(t, g, h, r0, 1, 1, BITS, p); } \
+    AVX2 static void NAME##_2(const MatmulTask *t, long g, int h, long r0, int p) { tile_k(t, g, h, r0, 2, 1, BITS, p); } \
+    AVX2 static void NAME##_4(const MatmulTask *t, long g, int h, long r0, int p) { tile_k(t, g, h, r0, 4, 1, BITS, p); } \
+    AVX2 static void NAME##_w(const MatmulTask *t, long g, int h, long r0, int p) { tile_k(t, g, h, r0, 1, 2, BITS, p); }
 K_FNS(pq4_k, 4)
 K_FNS(pq5_k, 5)
 PACKED_FNS(pq6_k, 6, FORM_Q6K, 0)
 
-#define PACKED_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}}
+#define PACKED_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NULL}
+#define K_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NAME##_w}
 const TileSet cpu_tiles_packed[PACKED_COUNT] = {PACKED_SET(pq4_0), PACKED_SET(pq4_1), PACKED_SET(pq5_0),
-                                                PACKED_SET(pq5_1), PACKED_SET(pq8_0), PACKED_SET(pq4_k),
-                                                PACKED_SET(pq5_k), PACKED_SET(pq6_k)};
+                                                PACKED_SET(pq5_1), PACKED_SET(pq8_0), K_SET(pq4_k),
+                                                K_SET(pq5_k), PACKED_SET(pq6_k)};
 #endif
