@@ -1,4 +1,4 @@
-"""The fixed-shape step, compiled and captured once, then replayed (a CUDA graph on cuda), or run eagerly (the CPU).
+"""The fixed-shape step, its layers compiled, captured once and replayed (a CUDA graph on cuda), or run eagerly.
 
 A decoding step on a GPU at batch 1 launches hundreds of small kernels; launched one by one from Python, the
 launches cost more than the kernels (the H100 measurement in issue 48: 0.08x the bandwidth bound). The device
@@ -10,7 +10,7 @@ same numbers (a captured replay runs the kernels the warm-up ran). A capture tha
 warning. Prefill is not captured (its chunks are bigger, and run once per answer).
 
 A replayed graph still runs every kernel the step launches: about 70 a layer (norms, rotary embedding and the
-attention's softmax are chains of small element-wise kernels), some 2,400 a step, each a few microseconds however
+attention's softmax are chains of small element-wise kernels), over 2,000 a step, each a few microseconds however
 little it computes (an H200, 2026-11-28: 6.8 ms a step for a 135M model, 12.4 ms for an 8B one). So on cuda a
 step's layer is compiled by torch.compile (decoder.py's `step_layer`: one layer's function, fixed shapes, compiled
 once and run by every layer of its kind), which fuses each chain of element-wise work into one kernel; the step

@@ -189,8 +189,9 @@ class DeviceDecoder:
             rotation = rotations[shape.rope] if shape.rope is not None else None
             x, block = layer_step(x, layer, shape, cache.keys[index], cache.values[index], rotation, recent_region,
                                   masks[shape.kind], inputs.slots if write else None)
-            written[0].append(block[0])
-            written[1].append(block[1])
+            if not write:
+                written[0].append(block[0])
+                written[1].append(block[1])
         final = _rms_norm(x, weights.final_norm, weights.final_eps)  # [rows, hidden]
         logits = (final.to(weights.dtype) @ weights.head.t()).float()  # [rows, vocab]
         if family.final_cap is not None:
