@@ -416,6 +416,60 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
     store_tile(t, g, h, r0, R, acc);
 }
 
+/* The 4- and 5-bit legacy types (Q4_0, Q4_1, Q5_0, Q5_1), one row over a whole group: both halves of 8 columns in
+ * one pass over the record, the row's codes broadcast once for both; per column the operations of tile_packed in
+ * its order, so the same bits. */
+AVX2 static inline __attribute__((always_inline)) void tile_legacy_whole(const MatmulTask *t, long g, const int BITS,
+                                                                         const int OFF, int prefetch)
+{
+    const long supers = t->k / BLOCK, header = 32 * (1 + OFF);
+    const char *record = t->weights + g * t->record;
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), fifth = _mm256_set1_epi8(16);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (long s = 0; s < supers; s++) {
+        const char *head = record + s * t->block, *codes = head + header;
+        if (prefetch)
+            for (long line = 0; line < t->block; line += 64)
+                _mm_prefetch(head + t->record + line, _MM_HINT_T0);
+        const int8_t *xs = t->qx + s * t->rows * BLOCK; /* the one row (rows is 1) */
+        __m256i ia[2], m16[2], plane[2];
+        _Pragma("GCC unroll 2") for (int w = 0; w < 2; w++) {
+            ia[w] = _mm256_set1_epi32(t->init[s * t->rows]);
+            m16[w] = _mm256_setzero_si256();
+            plane[w] = BITS == 5 ? _mm256_loadu_si256((const __m256i *)(codes + 256 + 32 * w)) : _mm256_setzero_si256();
+        }
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+            __m256i xa = _mm256_set1_epi32(load_i32(xs + 4 * q)), xb = _mm256_set1_epi32(load_i32(xs + 4 * (q + 4)));
+            _Pragma("GCC unroll 2") for (int w = 0; w < 2; w++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(codes + q * 64 + 32 * w));
+                __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                if (BITS == 5) { /* as tile_packed */
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(plane[w], 4 - q), fifth));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi16(plane[w], q), fifth));
+                }
+                m16[w] = _mm256_add_epi16(m16[w], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa),
+                                                                   _mm256_maddubs_epi16(hi, xb)));
+                if (BITS == 5 && (q & 1)) {
+                    ia[w] = _mm256_add_epi32(ia[w], _mm256_madd_epi16(m16[w], ones));
+                    m16[w] = _mm256_setzero_si256();
+                }
+            }
+        }
+        _Pragma("GCC unroll 2") for (int w = 0; w < 2; w++) {
+            if (BITS == 4)
+                ia[w] = _mm256_add_epi32(ia[w], _mm256_madd_epi16(m16[w], ones));
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16 * w)));
+            acc[w] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[w]), _mm256_mul_ps(d, _mm256_set1_ps(t->dx[s * t->rows])),
+                                     acc[w]);
+            if (OFF)
+                acc[w] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 2 * GROUP + 16 * w))),
+                                         _mm256_set1_ps(t->sx[s * t->rows]), acc[w]);
+        }
+    }
+    store_tile(t, g, 0, 0, 1, &acc[0]);
+    store_tile(t, g, 1, 0, 1, &acc[1]);
+}
+
 /* One function per packed kind and tile size (1, 2, 4 rows), and their table, indexed by kind - KIND_PQ4_0. */
 #define PACKED_FNS(NAME, BITS, FORM, OFF)                                                                          \
     AVX2 static void NAME##_1(const MatmulTask *t, long g, int h, long r0, int p)                                  \
@@ -444,9 +498,20 @@ K_FNS(pq4_k, 4)
 K_FNS(pq5_k, 5)
 PACKED_FNS(pq6_k, 6, FORM_Q6K, 0)
 
+#define LEGACY_WHOLE(NAME, BITS, OFF)                                                                              \
+    AVX2 static void NAME##_w(const MatmulTask *t, long g, int h, long r0, int p)                                  \
+    {                                                                                                              \
+        (void)h;                                                                                                   \
+        (void)r0;                                                                                                  \
+        tile_legacy_whole(t, g, BITS, OFF, p);                                                                     \
+    }
+LEGACY_WHOLE(pq4_0, 4, 0)
+LEGACY_WHOLE(pq4_1, 4, 1)
+LEGACY_WHOLE(pq5_0, 5, 0)
+LEGACY_WHOLE(pq5_1, 5, 1)
+
 #define PACKED_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NULL}
-#define K_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NAME##_w}
-const TileSet cpu_tiles_packed[PACKED_COUNT] = {PACKED_SET(pq4_0), PACKED_SET(pq4_1), PACKED_SET(pq5_0),
-                                                PACKED_SET(pq5_1), PACKED_SET(pq8_0), K_SET(pq4_k),
-                                                K_SET(pq5_k), PACKED_SET(pq6_k)};
+#define WHOLE_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NAME##_w}
+const TileSet cpu_tiles_packed[PACKED_COUNT] = {WHOLE_SET(pq4_0), WHOLE_SET(pq4_1), WHOLE_SET(pq5_0), WHOLE_SET(pq5_1),
+                                                PACKED_SET(pq8_0), WHOLE_SET(pq4_k), WHOLE_SET(pq5_k), PACKED_SET(pq6_k)};
 #endif
