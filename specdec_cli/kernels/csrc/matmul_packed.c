@@ -1,7 +1,8 @@
 /*
  * matmul_packed.c: the packed kinds (KIND_PQ*), which multiply a GGUF type's own fields at the file's size: f16
  * scales, 6-bit sub-scales and minimums, int8 sub-scales, nibbles with a fifth-bit or 2-bit plane. Their reference
- * loop (portable C) and their AVX2 tiles (8 columns x 1, 2 or 4 rows), which every x86 path runs. A group's record
+ * loop (portable C) and their AVX2 tiles (8 columns x 1, 2 or 4 rows; for one row of the 4- and 5-bit kinds, a
+ * whole group's 16 columns in one pass over the record), which every x86 path runs. A group's record
  * (GROUP = 16 columns) is its super-blocks along k in order (sb = 32 weights for the legacy types, 256 for the
  * K-quants), each a header then the codes of its blocks of 32:
  *   header   FORM_LEGACY  d f16 [16]; Q4_1/Q5_1: m f16 [16]
