@@ -99,10 +99,12 @@ static float span_max_portable(const float *v, long count)
 static void quantize_rows_portable(const float *x, long rows, long k, int span, int8_t *qx, float *dx, int32_t *sums)
 {
     long blocks = k / BLOCK;
+    float amax = 0.0f;
     for (long r = 0; r < rows; r++)
         for (long b = 0; b < blocks; b++) {
             const float *v = x + r * k + b * BLOCK;
-            float amax = span_max_portable(x + r * k + (b - b % span) * BLOCK, span * BLOCK);
+            if (b % span == 0)
+                amax = span_max_portable(v, span * BLOCK);
             float scale = amax / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
             int8_t *codes = qx + (b * rows + r) * BLOCK;
             int sum[2] = {0, 0};

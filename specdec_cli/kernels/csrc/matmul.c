@@ -279,7 +279,7 @@ int cpu_matmul(const KindInfo *info, const float *x, long rows, long k, long n, 
         cpu_quantize_rows(path, x, rows, k, info->form == FORM_K ? info->sb / BLOCK : 1, qx, dx, sums);
         /* AVX2 multiplies the bytes of zero point 128 as the signed values they encode: no zero point there */
         int zero = path == ISA_AVX2 && info->bits == 8 && info->zero == 128 ? 0 : info->zero;
-        for (long j = 0; j < subs; j++)
+        for (long j = 0; j < subs && info->form != FORM_K; j++) /* (FORM_K reads its pairs below instead) */
             for (long r = 0; r < rows; r++) {
                 int32_t sum = info->sub == 32 ? sums[2 * j * rows + r] + sums[(2 * j + 1) * rows + r] : sums[j * rows + r];
                 init[j * rows + r] = -zero * sum;

@@ -62,11 +62,8 @@ static void packed_column(const KindInfo *info, const uint8_t *record, long k, l
             m = cpu_half_to_float(bits);
         }
         for (int j = 0; j < per_super; j++) {
-            float scale = d, offset = m;
-            if (info->form == FORM_K) {
-                scale = d * (float)k_six(head, K_SCALE_LOW, K_SCALE_HIGH, j, c);
-                offset = -(m * (float)k_six(head, K_MIN_LOW, K_MIN_HIGH, j, c));
-            } else if (info->form == FORM_Q6K)
+            float scale = d, offset = m; /* (FORM_K's sub-scales are applied in integers: k_row) */
+            if (info->form == FORM_Q6K)
                 scale = d * (float)(int8_t)head[Q6K_SCALES + j * GROUP + c];
             scales[s * per_super + j] = scale;
             offsets[s * per_super + j] = offset;
@@ -183,6 +180,21 @@ void cpu_matmul_packed_portable(const void *arg, long start, long stop)
 
 #define PACKED_ROWS 4
 
+/* Chunk q's and chunk q + 4's codes of half h of a 4- or 5-bit block as bytes: nibbles, with the fifth bit moved to
+ * bit 4 from `plane` (a 16-bit shift by at most 4 carries only bits 0-3 or 5-7 across a byte). */
+AVX2 static inline __attribute__((always_inline)) void codes_45(const char *codes, __m256i plane, int q, int h,
+                                                                const int BITS, __m256i *lo, __m256i *hi)
+{
+    const __m256i low = _mm256_set1_epi8(0x0F), fifth = _mm256_set1_epi8(16);
+    __m256i v = _mm256_loadu_si256((const __m256i *)(codes + q * 64 + 32 * h));
+    *lo = _mm256_and_si256(v, low);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    if (BITS == 5) {
+        *lo = _mm256_or_si256(*lo, _mm256_and_si256(_mm256_slli_epi16(plane, 4 - q), fifth));
+        *hi = _mm256_or_si256(*hi, _mm256_and_si256(_mm256_srli_epi16(plane, q), fifth));
+    }
+}
+
 /* A tile's R rows of 8 columns into out (or added to it), the columns past n left alone. */
 AVX2 static inline __attribute__((always_inline)) void store_tile(const MatmulTask *t, long g, int h, long r0,
                                                                   const int R, const __m256 *acc)
@@ -235,7 +247,6 @@ AVX2 static inline __attribute__((always_inline)) void tile_k(const MatmulTask *
 {
     const long supers = t->k / 256, block_bytes = BITS == 4 ? 256 : 320;
     const char *record = t->weights + g * t->record;
-    const __m256i low = _mm256_set1_epi8(0x0F), fifth = _mm256_set1_epi8(16);
     const __m256 negative_zero = _mm256_set1_ps(-0.0f);
     __m256 acc[PACKED_ROWS];
     _Pragma("GCC unroll 4") for (int a = 0; a < R * W; a++) acc[a] = _mm256_setzero_ps();
@@ -264,21 +275,17 @@ AVX2 static inline __attribute__((always_inline)) void tile_k(const MatmulTask *
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
             const char *codes = head + 256 + i * block_bytes;
             const int8_t *xs = t->qx + ((s * 8 + i) * t->rows + r0) * BLOCK;
-            __m256i scale[2], m16[PACKED_ROWS];
-            _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) scale[w] = k_scale16(head, i, h + w);
+            __m256i scale[2], plane[2], m16[PACKED_ROWS];
+            _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) {
+                scale[w] = k_scale16(head, i, h + w);
+                plane[w] = BITS == 5 ? _mm256_loadu_si256((const __m256i *)(codes + 256 + 32 * (h + w)))
+                                     : _mm256_setzero_si256();
+            }
             _Pragma("GCC unroll 4") for (int a = 0; a < R * W; a++) m16[a] = _mm256_setzero_si256();
             _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
                 __m256i lo[2], hi[2];
-                _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(codes + q * 64 + 32 * (h + w)));
-                    lo[w] = _mm256_and_si256(v, low);
-                    hi[w] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                    if (BITS == 5) { /* as tile_packed: chunk q's fifth bit and chunk q + 4's into bit 4 */
-                        __m256i plane = _mm256_loadu_si256((const __m256i *)(codes + 256 + 32 * (h + w)));
-                        lo[w] = _mm256_or_si256(lo[w], _mm256_and_si256(_mm256_slli_epi16(plane, 4 - q), fifth));
-                        hi[w] = _mm256_or_si256(hi[w], _mm256_and_si256(_mm256_srli_epi16(plane, q), fifth));
-                    }
-                }
+                _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) codes_45(codes, plane[w], q, h + w, BITS, &lo[w],
+                                                                             &hi[w]);
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                     __m256i xa = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * q));
                     __m256i xb = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + 4)));
@@ -322,8 +329,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
     const long header = FORM == FORM_Q6K ? 288 : 32 * (1 + OFF);
     const long block_bytes = BITS == 4 ? 256 : BITS == 5 ? 320 : BITS == 6 ? 384 : 512;
     const char *record = t->weights + g * t->record;
-    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), fifth = _mm256_set1_epi8(16),
-                  top_two = _mm256_set1_epi8(0x30);
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), top_two = _mm256_set1_epi8(0x30);
     __m256 acc[PACKED_ROWS];
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (long s = 0; s < supers; s++) {
@@ -378,13 +384,8 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
                     __m256i m16[PACKED_ROWS];
                     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) m16[r] = _mm256_setzero_si256();
                     _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
-                        __m256i v = _mm256_loadu_si256((const __m256i *)(codes + q * 64 + 32 * h));
-                        __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                        if (BITS == 5) { /* chunk q's bit and chunk q + 4's, moved to bit 4 of each byte (a 16-bit
-                                            * shift by at most 4 carries only bits 0-3 or 5-7 across a byte) */
-                            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(plane, 4 - q), fifth));
-                            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi16(plane, q), fifth));
-                        }
+                        __m256i lo, hi;
+                        codes_45(codes, plane, q, h, BITS, &lo, &hi);
                         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                             __m256i xa = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * q));
                             __m256i xb = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + 4)));
@@ -425,7 +426,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_legacy_whole(const M
 {
     const long supers = t->k / BLOCK, header = 32 * (1 + OFF);
     const char *record = t->weights + g * t->record;
-    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), fifth = _mm256_set1_epi8(16);
+    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (long s = 0; s < supers; s++) {
         const char *head = record + s * t->block, *codes = head + header;
@@ -442,12 +443,8 @@ AVX2 static inline __attribute__((always_inline)) void tile_legacy_whole(const M
         _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
             __m256i xa = _mm256_set1_epi32(load_i32(xs + 4 * q)), xb = _mm256_set1_epi32(load_i32(xs + 4 * (q + 4)));
             _Pragma("GCC unroll 2") for (int w = 0; w < 2; w++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(codes + q * 64 + 32 * w));
-                __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                if (BITS == 5) { /* as tile_packed */
-                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(plane[w], 4 - q), fifth));
-                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_srli_epi16(plane[w], q), fifth));
-                }
+                __m256i lo, hi;
+                codes_45(codes, plane[w], q, w, BITS, &lo, &hi);
                 m16[w] = _mm256_add_epi16(m16[w], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa),
                                                                    _mm256_maddubs_epi16(hi, xb)));
                 if (BITS == 5 && (q & 1)) {
@@ -490,11 +487,13 @@ PACKED_FNS(pq4_1, 4, FORM_LEGACY, 1)
 PACKED_FNS(pq5_0, 5, FORM_LEGACY, 0)
 PACKED_FNS(pq5_1, 5, FORM_LEGACY, 1)
 PACKED_FNS(pq8_0, 8, FORM_LEGACY, 0)
+#define K_FN(NAME, R, W, BITS)                                                                                     \
+    AVX2 static void NAME(const MatmulTask *t, long g, int h, long r0, int p)                                      \
+    {                                                                                                              \
+        tile_k(t, g, h, r0, R, W, BITS, p);                                                                        \
+    }
 #define K_FNS(NAME, BITS)                                                                                          \
-    AVX2 static void NAME##_1(const MatmulTask *t, long g, int h, long r0, int p) { tile_k(t, g, h, r0, 1, 1, BITS, p); } \
-    AVX2 static void NAME##_2(const MatmulTask *t, long g, int h, long r0, int p) { tile_k(t, g, h, r0, 2, 1, BITS, p); } \
-    AVX2 static void NAME##_4(const MatmulTask *t, long g, int h, long r0, int p) { tile_k(t, g, h, r0, 4, 1, BITS, p); } \
-    AVX2 static void NAME##_w(const MatmulTask *t, long g, int h, long r0, int p) { tile_k(t, g, h, r0, 1, 2, BITS, p); }
+    K_FN(NAME##_1, 1, 1, BITS) K_FN(NAME##_2, 2, 1, BITS) K_FN(NAME##_4, 4, 1, BITS) K_FN(NAME##_w, 1, 2, BITS)
 K_FNS(pq4_k, 4)
 K_FNS(pq5_k, 5)
 PACKED_FNS(pq6_k, 6, FORM_Q6K, 0)
@@ -513,6 +512,7 @@ LEGACY_WHOLE(pq5_1, 5, 1)
 
 #define PACKED_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NULL}
 #define WHOLE_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NAME##_w}
-const TileSet cpu_tiles_packed[PACKED_COUNT] = {WHOLE_SET(pq4_0), WHOLE_SET(pq4_1), WHOLE_SET(pq5_0), WHOLE_SET(pq5_1),
-                                                PACKED_SET(pq8_0), WHOLE_SET(pq4_k), WHOLE_SET(pq5_k), PACKED_SET(pq6_k)};
+const TileSet cpu_tiles_packed[PACKED_COUNT] = {WHOLE_SET(pq4_0), WHOLE_SET(pq4_1), WHOLE_SET(pq5_0),
+                                                WHOLE_SET(pq5_1), PACKED_SET(pq8_0), WHOLE_SET(pq4_k),
+                                                WHOLE_SET(pq5_k), PACKED_SET(pq6_k)};
 #endif
