@@ -217,10 +217,11 @@ typedef struct {
 extern const TileSet cpu_tiles_avx2[SHAPE_COUNT], cpu_tiles_avxvnni[SHAPE_COUNT], cpu_floats_avx2[3];
 extern const TileSet cpu_tiles_512[SHAPE_COUNT], cpu_floats_512[3];
 
-/* The packed kinds (matmul_packed.c): their AVX2 tiles, indexed by kind - KIND_PQ4_0 (every x86 path runs them),
- * and their portable reference loop (a task over record groups, like matmul.c's). */
+/* The packed kinds: their AVX2 tiles (matmul_packed.c; the avx2 and avxvnni paths run them) and avx512vnni tiles
+ * (matmul_packed_512.c), indexed by kind - KIND_PQ4_0, and their portable reference loop (a task over record
+ * groups, like matmul.c's). */
 #define PACKED_COUNT 8
-extern const TileSet cpu_tiles_packed[PACKED_COUNT];
+extern const TileSet cpu_tiles_packed[PACKED_COUNT], cpu_tiles_packed_512[PACKED_COUNT];
 void cpu_matmul_packed_portable(const void *arg, long start, long stop);
 int cpu_repack_gguf(int kind, const uint8_t *rows, long n, long row_bytes, long k, uint8_t *records);
 

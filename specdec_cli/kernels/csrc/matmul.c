@@ -166,10 +166,12 @@ static int shape_index(const KindInfo *info)
 
 static const TileSet *tile_set(const KindInfo *info, int path)
 {
-    if (info->form != FORM_RECORDS)
-        return &cpu_tiles_packed[info->form == FORM_LEGACY ? (info->bits == 4 ? info->offsets : info->bits == 5 ?
-                                                                2 + info->offsets : 4)
-                                                          : info->form == FORM_K ? (info->bits == 4 ? 5 : 6) : 7];
+    if (info->form != FORM_RECORDS) {
+        int index = info->form == FORM_LEGACY ? (info->bits == 4 ? info->offsets : info->bits == 5 ? 2 + info->offsets : 4)
+                    : info->form == FORM_K    ? (info->bits == 4 ? 5 : 6)
+                                              : 7;
+        return path == ISA_AVX512VNNI ? &cpu_tiles_packed_512[index] : &cpu_tiles_packed[index];
+    }
     if (info->bits >= 16) {
         int index = info->bits == 32 ? 0 : info->bf16 ? 2 : 1;
         return path == ISA_AVX512VNNI ? &cpu_floats_512[index] : &cpu_floats_avx2[index];
@@ -232,9 +234,8 @@ static void matmul_groups_tiled(const void *arg, long start, long stop)
 /* The groups on the path's tiles. */
 static void run_tiles(const MatmulTask *task, int path, long groups)
 {
-    /* the packed kinds have AVX2 tiles (8 columns) on every x86 path */
-    TiledTask tiled = {task, tile_set(&task->info, path),
-                       path == ISA_AVX512VNNI && task->info.form == FORM_RECORDS ? 1 : 2};
+    /* avx512vnni's tiles span a group's 16 columns; the 256-bit paths' tiles take 8 */
+    TiledTask tiled = {task, tile_set(&task->info, path), path == ISA_AVX512VNNI ? 1 : 2};
     cpu_run_parallel(matmul_groups_tiled, &tiled, groups);
 }
 #else /* no vector path on this CPU: the path is always ISA_PORTABLE (run_tiles stands for the portable loop) */
@@ -277,8 +278,11 @@ int cpu_matmul(const KindInfo *info, const float *x, long rows, long k, long n, 
         /* the K-quants' packed kinds: one activation scale per super-block of 256, so that their sub-blocks' integer
          * dot products add up before one float product a super-block (matmul_packed.c) */
         cpu_quantize_rows(path, x, rows, k, info->form == FORM_K ? info->sb / BLOCK : 1, qx, dx, sums);
-        /* AVX2 multiplies the bytes of zero point 128 as the signed values they encode: no zero point there */
+        /* AVX2 multiplies the bytes of zero point 128 as the signed values they encode: no zero point there;
+         * avx512vnni makes Q8_0's int8 codes unsigned (+128) for vpdpbusd: zero point 128 there */
         int zero = path == ISA_AVX2 && info->bits == 8 && info->zero == 128 ? 0 : info->zero;
+        if (path == ISA_AVX512VNNI && info->form == FORM_LEGACY && info->bits == 8)
+            zero = 128;
         for (long j = 0; j < subs && info->form != FORM_K; j++) /* (FORM_K reads its pairs below instead) */
             for (long r = 0; r < rows; r++) {
                 int32_t sum = info->sub == 32 ? sums[2 * j * rows + r] + sums[(2 * j + 1) * rows + r] : sums[j * rows + r];

@@ -1,0 +1,244 @@
+/*
+ * matmul_packed_512.c: the packed kinds' avx512vnni tiles (cpu_tiles_packed_512): a whole group (16 columns, one
+ * zmm; a record's 64-byte code vector is exactly one load) x 1, 2, 4 or 8 rows, vpdpbusd of the unsigned codes with
+ * the row's signed codes broadcast four at a time, so no 16-bit partial sums and no pairs of halves. Each output
+ * element gets the integers and then the float operations of matmul_packed.c's header comment in their order, so the
+ * bits of its AVX2 tiles and portable loop:
+ *   legacy types and Q6_K   per sub-block: ia = -zero * (the row's code sum) + dot (vpdpbusd), then
+ *                           acc = fma(float(ia), (d * sub-scale) * dx, acc) and, with offsets, acc = fma(m, sx, acc);
+ *                           Q8_0's int8 codes are made unsigned (+128, an xor) and its zero point is 128 here
+ *   K-quants (Q4_K, Q5_K)   per super-block: imin = sum of minimum pairs x the row's pairs of sub-block sums
+ *                           (vpdpwssd), isum = sum of sub-scale x sub-block dot (vpdpbusd, then vpmulld), then
+ *                           acc = fma(float(imin), -(dmin * dx), acc), acc = fma(float(isum), d * dx, acc)
+ * Not here: the layout (matmul_packed.c), the driver (matmul.c), the record kinds' 512-bit tiles (matmul_avx512.c).
+ */
+#include "kernels.h"
+
+#if HAVE_X86
+#define PACKED_WIDE_ROWS 8
+
+/* Byte offsets in a FORM_K header (matmul_packed.c's layout) and Q6_K's sub-scales. */
+#define K_SCALE_LOW 64
+#define K_MIN_LOW 128
+#define K_SCALE_HIGH 192
+#define K_MIN_HIGH 224
+#define Q6K_SCALES 32
+
+/* A super-block header's 16 f16 values at `p` (d, m or dmin of the 16 columns) as float32. */
+VNNI512 static inline __attribute__((always_inline)) __m512 halves16(const char *p)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+
+/* Chunk q's and chunk q + 4's codes of a 4- or 5-bit block, all 16 columns, as bytes: the nibbles, and the fifth bit
+ * moved to bit 4 from `plane` (a 16-bit shift by at most 4 carries only bits 0-3 or 5-7 across a byte). */
+VNNI512 static inline __attribute__((always_inline)) void codes_45_512(const char *codes, __m512i plane, int q,
+                                                                        const int BITS, __m512i *lo, __m512i *hi)
+{
+    const __m512i low = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(16);
+    __m512i v = _mm512_loadu_si512((const void *)(codes + q * 64));
+    *lo = _mm512_and_si512(v, low);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    if (BITS == 5) {
+        *lo = _mm512_or_si512(*lo, _mm512_and_si512(_mm512_slli_epi16(plane, 4 - q), fifth));
+        *hi = _mm512_or_si512(*hi, _mm512_and_si512(_mm512_srli_epi16(plane, q), fifth));
+    }
+}
+
+/* The R rows of a group's 16 columns into out (or added to it), the columns past n left alone. */
+VNNI512 static inline __attribute__((always_inline)) void store_group(const MatmulTask *t, long g, long r0, const int R,
+                                                                       const __m512 *acc)
+{
+    long count = t->n - g * GROUP;
+    __mmask16 mask = count >= GROUP ? (__mmask16)0xFFFF : (__mmask16)((1u << count) - 1);
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+        float *at = t->out + (r0 + r) * t->out_stride + g * GROUP;
+        __m512 value = t->accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, at), acc[r]) : acc[r];
+        _mm512_mask_storeu_ps(at, mask, value);
+    }
+}
+
+/* FORM_K's 6-bit value of sub-block i for the 16 columns, one int32 lane each (`low`, `high`: the scales' or the
+ * minimums' bytes). */
+VNNI512 static inline __attribute__((always_inline)) __m128i k_six16(const char *head, int low, int high, int i)
+{
+    __m128i nibbles = _mm_loadu_si128((const __m128i *)(head + low + (i >> 1) * GROUP));
+    __m128i tops = _mm_loadu_si128((const __m128i *)(head + high + (i >> 2) * GROUP));
+    return _mm_or_si128(_mm_and_si128(_mm_srli_epi16(nibbles, 4 * (i & 1)), _mm_set1_epi8(15)),
+                        _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(tops, 2 * (i & 3)), _mm_set1_epi8(3)), 4));
+}
+
+/* FORM_K's minimums of sub-blocks 2p and 2p + 1 as 16-bit lanes 2c and 2c + 1: vpdpwssd's pairs of a column. */
+VNNI512 static inline __attribute__((always_inline)) __m512i k_min_pairs(const char *head, int p)
+{
+    __m128i even = k_six16(head, K_MIN_LOW, K_MIN_HIGH, 2 * p), odd = k_six16(head, K_MIN_LOW, K_MIN_HIGH, 2 * p + 1);
+    __m256i both = _mm256_setr_m128i(_mm_unpacklo_epi8(even, odd), _mm_unpackhi_epi8(even, odd));
+    return _mm512_cvtepu8_epi16(both);
+}
+
+/* FORM_K (Q4_K, Q5_K), 16 columns x R rows, in llama.cpp's integer order (the top). */
+VNNI512 static inline __attribute__((always_inline)) void tile_k_512(const MatmulTask *t, long g, long r0, const int R,
+                                                                      const int BITS, int prefetch)
+{
+    const long supers = t->k / 256, block_bytes = BITS == 4 ? 256 : 320;
+    const char *record = t->weights + g * t->record;
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    __m512 acc[PACKED_WIDE_ROWS];
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (long s = 0; s < supers; s++) {
+        const char *head = record + s * t->block;
+        if (prefetch)
+            for (long line = 0; line < t->block; line += 64)
+                _mm_prefetch(head + t->record + line, _MM_HINT_T0);
+        const long pair0 = s * 4 * t->rows + r0; /* this super-block's pairs of sub-block sums, row r0 */
+        const float *dx = t->dx + s * 8 * t->rows + r0;
+        __m512i imin[PACKED_WIDE_ROWS];
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) imin[r] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+            __m512i minimums = k_min_pairs(head, p);
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) imin[r] =
+                _mm512_dpwssd_epi32(imin[r], minimums, _mm512_set1_epi32(t->pairs[pair0 + p * t->rows + r]));
+        }
+        const __m512 dmin = halves16(head + 2 * GROUP);
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(imin[r]),
+            _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dmin, _mm512_set1_ps(dx[r]))), sign)),
+            acc[r]);
+        __m512i isum[PACKED_WIDE_ROWS];
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) isum[r] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+            const char *codes = head + 256 + i * block_bytes;
+            const int8_t *xs = t->qx + ((s * 8 + i) * t->rows + r0) * BLOCK;
+            const __m512i plane = BITS == 5 ? _mm512_loadu_si512((const void *)(codes + 256)) : _mm512_setzero_si512();
+            __m512i dot[PACKED_WIDE_ROWS];
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) dot[r] = _mm512_setzero_si512();
+            _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+                __m512i lo, hi;
+                codes_45_512(codes, plane, q, BITS, &lo, &hi);
+                _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+                    dot[r] = _mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(load_i32(xs + r * BLOCK + 4 * q)));
+                    dot[r] = _mm512_dpbusd_epi32(dot[r], hi, _mm512_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + 4))));
+                }
+            }
+            const __m512i scale = _mm512_cvtepu8_epi32(k_six16(head, K_SCALE_LOW, K_SCALE_HIGH, i));
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) isum[r] =
+                _mm512_add_epi32(isum[r], _mm512_mullo_epi32(dot[r], scale));
+        }
+        const __m512 d = halves16(head);
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(d, _mm512_set1_ps(dx[r])), acc[r]);
+    }
+    store_group(t, g, r0, R, acc);
+}
+
+/* The legacy types and Q6_K, 16 columns x R rows, in the per-sub-block float order (the top). */
+VNNI512 static inline __attribute__((always_inline)) void tile_packed_512(const MatmulTask *t, long g, long r0,
+                                                                           const int R, const int BITS, const int FORM,
+                                                                           const int OFF, int prefetch)
+{
+    const int NB = FORM == FORM_LEGACY ? 1 : 8, SUB = BITS == 6 ? 16 : 32;
+    const long supers = t->k / (NB * BLOCK);
+    const long header = FORM == FORM_Q6K ? 288 : 32 * (1 + OFF);
+    const long block_bytes = BITS == 4 ? 256 : BITS == 5 ? 320 : BITS == 6 ? 384 : 512;
+    const char *record = t->weights + g * t->record;
+    const __m512i low = _mm512_set1_epi8(0x0F), top_two = _mm512_set1_epi8(0x30), flip = _mm512_set1_epi8(-128);
+    __m512 acc[PACKED_WIDE_ROWS];
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (long s = 0; s < supers; s++) {
+        const char *head = record + s * t->block;
+        if (prefetch)
+            for (long line = 0; line < t->block; line += 64)
+                _mm_prefetch(head + t->record + line, _MM_HINT_T0);
+        const __m512 d = halves16(head), m = OFF ? halves16(head + 2 * GROUP) : _mm512_setzero_ps();
+        _Pragma("GCC unroll 8") for (int i = 0; i < NB; i++) {
+            const long b = s * NB + i;
+            const char *codes = head + header + i * block_bytes;
+            const int8_t *xs = t->qx + (b * t->rows + r0) * BLOCK;
+            _Pragma("GCC unroll 2") for (int j = 0; j < BLOCK / SUB; j++) {
+                const long sj = b * (BLOCK / SUB) + j; /* the sub-block's index along k */
+                __m512 scale = d;
+                if (FORM == FORM_Q6K) {
+                    __m128i sc = _mm_loadu_si128((const __m128i *)(head + Q6K_SCALES + (i * 2 + j) * GROUP));
+                    scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
+                }
+                __m512i ia[PACKED_WIDE_ROWS];
+                _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
+                    ia[r] = _mm512_set1_epi32(t->init[sj * t->rows + r0 + r]);
+                if (BITS == 8) {
+                    _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
+                        __m512i w = _mm512_xor_si512(_mm512_loadu_si512((const void *)(codes + c * 64)), flip);
+                        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) ia[r] =
+                            _mm512_dpbusd_epi32(ia[r], w, _mm512_set1_epi32(load_i32(xs + r * BLOCK + 4 * c)));
+                    }
+                } else if (BITS == 6) {
+                    __m512i plane = _mm512_loadu_si512((const void *)(codes + 256 + j * 64));
+                    _Pragma("GCC unroll 2") for (int q = 0; q < 2; q++) {
+                        __m512i v = _mm512_loadu_si512((const void *)(codes + (j * 2 + q) * 64));
+                        __m512i lo = _mm512_or_si512(_mm512_and_si512(v, low),
+                                                     _mm512_and_si512(_mm512_slli_epi16(plane, 4 - 2 * q), top_two));
+                        __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low),
+                                                     _mm512_and_si512(_mm512_srli_epi16(plane, 2 * q), top_two));
+                        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+                            const int8_t *x = xs + r * BLOCK + j * SUB;
+                            ia[r] = _mm512_dpbusd_epi32(ia[r], lo, _mm512_set1_epi32(load_i32(x + 4 * q)));
+                            ia[r] = _mm512_dpbusd_epi32(ia[r], hi, _mm512_set1_epi32(load_i32(x + 4 * (q + 2))));
+                        }
+                    }
+                } else {
+                    const __m512i plane =
+                        BITS == 5 ? _mm512_loadu_si512((const void *)(codes + 256)) : _mm512_setzero_si512();
+                    _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+                        __m512i lo, hi;
+                        codes_45_512(codes, plane, q, BITS, &lo, &hi);
+                        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+                            ia[r] = _mm512_dpbusd_epi32(ia[r], lo, _mm512_set1_epi32(load_i32(xs + r * BLOCK + 4 * q)));
+                            ia[r] = _mm512_dpbusd_epi32(ia[r], hi,
+                                                        _mm512_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + 4))));
+                        }
+                    }
+                }
+                _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+                    __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(t->dx[b * t->rows + r0 + r]));
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), sd, acc[r]);
+                }
+                if (OFF) {
+                    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] =
+                        _mm512_fmadd_ps(m, _mm512_set1_ps(t->sx[sj * t->rows + r0 + r]), acc[r]);
+                }
+            }
+        }
+    }
+    store_group(t, g, r0, R, acc);
+}
+
+/* One function per packed kind and tile size (1, 2, 4, 8 rows), and their table, indexed by kind - KIND_PQ4_0. */
+#define WIDE_TILE(NAME, R, CALL)                                                                                   \
+    VNNI512 static void NAME##_##R(const MatmulTask *t, long g, int h, long r0, int p)                             \
+    {                                                                                                              \
+        (void)h;                                                                                                   \
+        CALL;                                                                                                      \
+    }
+#define WIDE_PACKED(NAME, BITS, FORM, OFF)                                                                         \
+    WIDE_TILE(NAME, 1, tile_packed_512(t, g, r0, 1, BITS, FORM, OFF, p))                                           \
+    WIDE_TILE(NAME, 2, tile_packed_512(t, g, r0, 2, BITS, FORM, OFF, p))                                           \
+    WIDE_TILE(NAME, 4, tile_packed_512(t, g, r0, 4, BITS, FORM, OFF, p))                                           \
+    WIDE_TILE(NAME, 8, tile_packed_512(t, g, r0, 8, BITS, FORM, OFF, p))
+#define WIDE_K(NAME, BITS)                                                                                         \
+    WIDE_TILE(NAME, 1, tile_k_512(t, g, r0, 1, BITS, p))                                                           \
+    WIDE_TILE(NAME, 2, tile_k_512(t, g, r0, 2, BITS, p))                                                           \
+    WIDE_TILE(NAME, 4, tile_k_512(t, g, r0, 4, BITS, p))                                                           \
+    WIDE_TILE(NAME, 8, tile_k_512(t, g, r0, 8, BITS, p))
+WIDE_PACKED(w_pq4_0, 4, FORM_LEGACY, 0)
+WIDE_PACKED(w_pq4_1, 4, FORM_LEGACY, 1)
+WIDE_PACKED(w_pq5_0, 5, FORM_LEGACY, 0)
+WIDE_PACKED(w_pq5_1, 5, FORM_LEGACY, 1)
+WIDE_PACKED(w_pq8_0, 8, FORM_LEGACY, 0)
+WIDE_K(w_pq4_k, 4)
+WIDE_K(w_pq5_k, 5)
+WIDE_PACKED(w_pq6_k, 6, FORM_Q6K, 0)
+
+#define WIDE_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NULL}
+const TileSet cpu_tiles_packed_512[PACKED_COUNT] = {WIDE_SET(w_pq4_0), WIDE_SET(w_pq4_1), WIDE_SET(w_pq5_0),
+                                                    WIDE_SET(w_pq5_1), WIDE_SET(w_pq8_0), WIDE_SET(w_pq4_k),
+                                                    WIDE_SET(w_pq5_k), WIDE_SET(w_pq6_k)};
+#endif
