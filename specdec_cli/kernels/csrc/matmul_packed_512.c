@@ -89,7 +89,7 @@ VNNI512 static inline __attribute__((always_inline)) void tile_k_512(const Matmu
         const char *head = record + s * t->block;
         if (prefetch)
             for (long line = 0; line < t->block; line += 64)
-                _mm_prefetch(head + t->record + line, _MM_HINT_T0);
+                _mm_prefetch(head + PREFETCH_AHEAD + line, _MM_HINT_T0);
         const long pair0 = s * 4 * t->rows + r0; /* this super-block's pairs of sub-block sums, row r0 */
         const float *dx = t->dx + s * 8 * t->rows + r0;
         __m512i imin[PACKED_WIDE_ROWS];
@@ -148,7 +148,7 @@ VNNI512 static inline __attribute__((always_inline)) void tile_packed_512(const 
         const char *head = record + s * t->block;
         if (prefetch)
             for (long line = 0; line < t->block; line += 64)
-                _mm_prefetch(head + t->record + line, _MM_HINT_T0);
+                _mm_prefetch(head + PREFETCH_AHEAD + line, _MM_HINT_T0);
         const __m512 d = halves16(head), m = OFF ? halves16(head + 2 * GROUP) : _mm512_setzero_ps();
         _Pragma("GCC unroll 8") for (int i = 0; i < NB; i++) {
             const long b = s * NB + i;
