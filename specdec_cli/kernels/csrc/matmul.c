@@ -188,9 +188,9 @@ typedef struct {
     int halves; /* 1: a tile spans the group's 16 columns; 2: two tiles of 8 */
 } TiledTask;
 
-/* A thread's groups: each group's record is read from memory once (prefetched PREFETCH_AHEAD bytes ahead), then every row
- * tile after the first finds it in L1; rows go in tiles of the largest size the path has, then the smaller ones
- * (any split computes every row alike). */
+/* A thread's groups: each group's record is read from memory once (prefetched PREFETCH_AHEAD bytes ahead), then
+ * every row tile after the first finds it in L1; rows go in tiles of the largest size the path has, then the smaller
+ * ones (any split computes every row alike). */
 static void matmul_groups_tiled(const void *arg, long start, long stop)
 {
     const TiledTask *tiled = arg;
