@@ -31,7 +31,8 @@
  *       6-bit or int8 sub-scales, nibbles with a fifth-bit or 2-bit plane, or int8 codes (csrc/matmul_packed.c
  *       has the layout). Their scale_j = float(d) * sub-scale and offset_j = float(m) or -(float(dmin) * min)
  *       are exact in float32, so they compute the order below with the same values, and the same bits, as the
- *       float32-scale kind the same weights would repack into. Every x86 path runs their AVX2 tiles.
+ *       float32-scale kind the same weights would repack into. The avx512vnni path runs their 512-bit tiles
+ *       (csrc/matmul_packed_512.c), the avx2 and avxvnni paths their AVX2 tiles.
  *       Each row of x is first rounded to 8 bits per block of 32 (scale dx = max |x| / 127, code = round(x / dx)),
  *       as llama.cpp does. Output (row, column) is then, in this order for every path, row count and thread count:
  *         acc = 0; for each sub-block j along k: acc = fma(float(dot_j), scale_j * dx_b, acc) and, with offsets,
@@ -81,6 +82,7 @@
  *   csrc/matmul_avx2.c        the avx2 and avxvnni tiles
  *   csrc/matmul_avx512.c      the avx512vnni tiles
  *   csrc/matmul_packed.c      the packed kinds (a GGUF type's own fields): their reference loop and AVX2 tiles
+ *   csrc/matmul_packed_512.c  the packed kinds' avx512vnni tiles
  *   csrc/repack.c             a GGUF tensor's rows into a packed kind's records (byte shuffling, at load)
  *   csrc/attention.c          attention's driver, its portable and AVX2 steps
  *   csrc/attention_avx512.c   attention's 512-bit steps (avx512vnni)
