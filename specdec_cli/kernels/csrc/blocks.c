@@ -50,21 +50,12 @@ long cpu_block_bytes(const KindInfo *info)
  * bytes of its row in the GGUF. */
 long cpu_packed_header_bytes(const KindInfo *info)
 {
-    if (info->form == FORM_K)
-        return 2 * 2 * GROUP + 12 * GROUP;
-    if (info->form == FORM_Q6K)
-        return 2 * GROUP + 16 * GROUP;
-    return 2 * GROUP * (1 + info->offsets);
+    return PACKED_HEADER_BYTES(info->form, info->offsets);
 }
 
 long cpu_packed_block_bytes(const KindInfo *info)
 {
-    switch (info->bits) {
-    case 4: return 16 * GROUP;
-    case 5: return 20 * GROUP;
-    case 6: return 24 * GROUP;
-    default: return 32 * GROUP;
-    }
+    return PACKED_BLOCK_BYTES(info->bits);
 }
 
 long cpu_packed_super_bytes(const KindInfo *info)

@@ -4,10 +4,11 @@
  * of the extension's own.
  *
  * Holds: the standard includes; the x86 target attributes (AVX2, AVXVNNI, VNNI512) and HAVE_X86; the constants
- * (BLOCK, GROUP, MAX_THREADS); the weights' kinds and the instruction-set paths; the task structures the files
- * hand each other (KindInfo, MatmulTask, TileSet, AttentionTask); the few small vector helpers that several
- * files inline in their loops (hsum8, hsum8i, load_i32, exp8, four_scores); and the declaration of every function
- * one file defines and another calls, each named cpu_*. Everything else is `static` in its file.
+ * (BLOCK, GROUP, MAX_THREADS, PREFETCH_AHEAD, the packed K-quant headers' offsets); the weights' kinds and the
+ * instruction-set paths; the task structures the files hand each other (KindInfo, MatmulTask, TileSet,
+ * AttentionTask); the few small helpers that several files inline in their loops (hsum8, hsum8i, load_i32, exp8,
+ * four_scores, prefetch_ahead); and the declaration of every function one file defines and another calls, each
+ * named cpu_*. Everything else is `static` in its file.
  * Not here: any kernel's body, and Python: only ../_cpu.c includes Python.h.
  */
 #ifndef SPECDEC_KERNELS_H
@@ -208,6 +209,26 @@ void cpu_store_nan(const MatmulTask *t, long start, long stop);
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2048
 #endif
+
+#if HAVE_X86
+/* The `bytes` a tile is about to read at `at`, prefetched PREFETCH_AHEAD further on, a cache line at a time. */
+static inline __attribute__((always_inline)) void prefetch_ahead(const char *at, long bytes)
+{
+    for (long line = 0; line < bytes; line += 64)
+        _mm_prefetch(at + PREFETCH_AHEAD + line, _MM_HINT_T0);
+}
+#endif
+
+/* A packed kind's bytes per group (blocks.c, matmul_packed.c have the layout): a super-block's header, a block of 32's
+ * codes; the offsets in a FORM_K header, and of Q6_K's int8 sub-scales. */
+#define PACKED_HEADER_BYTES(FORM, OFF)                                                                             \
+    ((FORM) == FORM_K ? 16 * GROUP : (FORM) == FORM_Q6K ? 18 * GROUP : 2 * GROUP * (1 + (OFF)))
+#define PACKED_BLOCK_BYTES(BITS) (4 * (BITS) * GROUP)
+#define K_SCALE_LOW 64
+#define K_MIN_LOW 128
+#define K_SCALE_HIGH 192
+#define K_MIN_HIGH 224
+#define Q6K_SCALES 32
 
 /* A tile: (task, group, half of the group (256-bit paths), first row, prefetch ahead of what it reads). */
 typedef void (*tile_fn)(const MatmulTask *, long, int, long, int);

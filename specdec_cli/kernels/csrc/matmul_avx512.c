@@ -31,8 +31,7 @@ VNNI512 static inline __attribute__((always_inline)) void tile_512(const MatmulT
         _Pragma("GCC unroll 2") for (int n = 0; n < NG; n++) {
             block[n] = t->weights + (g + n) * t->record + b * t->block;
             if (prefetch)
-                for (long line = 0; line < t->block; line += 64)
-                    _mm_prefetch(block[n] + PREFETCH_AHEAD + line, _MM_HINT_T0);
+                prefetch_ahead(block[n], t->block);
         }
         _Pragma("GCC unroll 2") for (int j = 0; j < S; j++) {
             __m512i ia[2][WIDE_ROWS];

@@ -31,13 +31,6 @@
  */
 #include "kernels.h"
 
-/* Byte offsets in a FORM_K header. */
-#define K_SCALE_LOW 64
-#define K_MIN_LOW 128
-#define K_SCALE_HIGH 192
-#define K_MIN_HIGH 224
-#define Q6K_SCALES 32
-
 /* FORM_K's 6-bit value of sub-block j (0..7) of column c: a scale (low K_SCALE_LOW, high K_SCALE_HIGH) or a minimum
  * (K_MIN_LOW, K_MIN_HIGH). */
 static int k_six(const uint8_t *head, int low, int high, int j, int c)
@@ -245,7 +238,7 @@ AVX2 static inline __attribute__((always_inline)) __m256i k_scale16(const char *
 AVX2 static inline __attribute__((always_inline)) void tile_k(const MatmulTask *t, long g, int h, long r0, const int R,
                                                               const int W, const int BITS, int prefetch)
 {
-    const long supers = t->k / 256, block_bytes = BITS == 4 ? 256 : 320;
+    const long supers = t->k / 256, block_bytes = PACKED_BLOCK_BYTES(BITS);
     const char *record = t->weights + g * t->record;
     const __m256 negative_zero = _mm256_set1_ps(-0.0f);
     __m256 acc[PACKED_ROWS];
@@ -253,8 +246,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_k(const MatmulTask *
     for (long s = 0; s < supers; s++) {
         const char *head = record + s * t->block;
         if (prefetch)
-            for (long line = 0; line < t->block; line += 64)
-                _mm_prefetch(head + PREFETCH_AHEAD + line, _MM_HINT_T0);
+            prefetch_ahead(head, t->block);
         const long pair0 = s * 4 * t->rows + r0; /* this super-block's pairs of sub-block sums, row r0 */
         _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) {
             const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 2 * GROUP + 16 * (h + w))));
@@ -273,7 +265,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_k(const MatmulTask *
         __m256i isum[PACKED_ROWS];
         _Pragma("GCC unroll 4") for (int a = 0; a < R * W; a++) isum[a] = _mm256_setzero_si256();
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-            const char *codes = head + 256 + i * block_bytes;
+            const char *codes = head + PACKED_HEADER_BYTES(FORM_K, 1) + i * block_bytes;
             const int8_t *xs = t->qx + ((s * 8 + i) * t->rows + r0) * BLOCK;
             __m256i scale[2], plane[2], m16[PACKED_ROWS];
             _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) {
@@ -326,8 +318,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
 {
     const int NB = FORM == FORM_LEGACY ? 1 : 8, SUB = BITS == 6 ? 16 : 32;
     const long supers = t->k / (NB * BLOCK);
-    const long header = FORM == FORM_Q6K ? 288 : 32 * (1 + OFF);
-    const long block_bytes = BITS == 4 ? 256 : BITS == 5 ? 320 : BITS == 6 ? 384 : 512;
+    const long header = PACKED_HEADER_BYTES(FORM, OFF), block_bytes = PACKED_BLOCK_BYTES(BITS);
     const char *record = t->weights + g * t->record;
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), top_two = _mm256_set1_epi8(0x30);
     __m256 acc[PACKED_ROWS];
@@ -335,8 +326,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
     for (long s = 0; s < supers; s++) {
         const char *head = record + s * t->block;
         if (prefetch)
-            for (long line = 0; line < t->block; line += 64)
-                _mm_prefetch(head + PREFETCH_AHEAD + line, _MM_HINT_T0);
+            prefetch_ahead(head, t->block);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16 * h)));
         const __m256 m = OFF ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 2 * GROUP + 16 * h)))
                              : _mm256_setzero_ps();
@@ -424,15 +414,14 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
 AVX2 static inline __attribute__((always_inline)) void tile_legacy_whole(const MatmulTask *t, long g, const int BITS,
                                                                          const int OFF, int prefetch)
 {
-    const long supers = t->k / BLOCK, header = 32 * (1 + OFF);
+    const long supers = t->k / BLOCK, header = PACKED_HEADER_BYTES(FORM_LEGACY, OFF);
     const char *record = t->weights + g * t->record;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (long s = 0; s < supers; s++) {
         const char *head = record + s * t->block, *codes = head + header;
         if (prefetch)
-            for (long line = 0; line < t->block; line += 64)
-                _mm_prefetch(head + PREFETCH_AHEAD + line, _MM_HINT_T0);
+            prefetch_ahead(head, t->block);
         const int8_t *xs = t->qx + s * t->rows * BLOCK; /* the one row (rows is 1) */
         __m256i ia[2], m16[2], plane[2];
         _Pragma("GCC unroll 2") for (int w = 0; w < 2; w++) {

@@ -17,13 +17,6 @@
 #if HAVE_X86
 #define PACKED_WIDE_ROWS 8
 
-/* Byte offsets in a FORM_K header (matmul_packed.c's layout) and Q6_K's sub-scales. */
-#define K_SCALE_LOW 64
-#define K_MIN_LOW 128
-#define K_SCALE_HIGH 192
-#define K_MIN_HIGH 224
-#define Q6K_SCALES 32
-
 /* A super-block header's 16 f16 values at `p` (d, m or dmin of the 16 columns) as float32. */
 VNNI512 static inline __attribute__((always_inline)) __m512 halves16(const char *p)
 {
@@ -80,7 +73,7 @@ VNNI512 static inline __attribute__((always_inline)) __m512i k_min_pairs(const c
 VNNI512 static inline __attribute__((always_inline)) void tile_k_512(const MatmulTask *t, long g, long r0, const int R,
                                                                       const int BITS, int prefetch)
 {
-    const long supers = t->k / 256, block_bytes = BITS == 4 ? 256 : 320;
+    const long supers = t->k / 256, block_bytes = PACKED_BLOCK_BYTES(BITS);
     const char *record = t->weights + g * t->record;
     const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
     __m512 acc[PACKED_WIDE_ROWS];
@@ -88,8 +81,7 @@ VNNI512 static inline __attribute__((always_inline)) void tile_k_512(const Matmu
     for (long s = 0; s < supers; s++) {
         const char *head = record + s * t->block;
         if (prefetch)
-            for (long line = 0; line < t->block; line += 64)
-                _mm_prefetch(head + PREFETCH_AHEAD + line, _MM_HINT_T0);
+            prefetch_ahead(head, t->block);
         const long pair0 = s * 4 * t->rows + r0; /* this super-block's pairs of sub-block sums, row r0 */
         const float *dx = t->dx + s * 8 * t->rows + r0;
         __m512i imin[PACKED_WIDE_ROWS];
@@ -107,7 +99,7 @@ VNNI512 static inline __attribute__((always_inline)) void tile_k_512(const Matmu
         __m512i isum[PACKED_WIDE_ROWS];
         _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) isum[r] = _mm512_setzero_si512();
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-            const char *codes = head + 256 + i * block_bytes;
+            const char *codes = head + PACKED_HEADER_BYTES(FORM_K, 1) + i * block_bytes;
             const int8_t *xs = t->qx + ((s * 8 + i) * t->rows + r0) * BLOCK;
             const __m512i plane = BITS == 5 ? _mm512_loadu_si512((const void *)(codes + 256)) : _mm512_setzero_si512();
             __m512i dot[PACKED_WIDE_ROWS];
@@ -138,8 +130,7 @@ VNNI512 static inline __attribute__((always_inline)) void tile_packed_512(const 
 {
     const int NB = FORM == FORM_LEGACY ? 1 : 8, SUB = BITS == 6 ? 16 : 32;
     const long supers = t->k / (NB * BLOCK);
-    const long header = FORM == FORM_Q6K ? 288 : 32 * (1 + OFF);
-    const long block_bytes = BITS == 4 ? 256 : BITS == 5 ? 320 : BITS == 6 ? 384 : 512;
+    const long header = PACKED_HEADER_BYTES(FORM, OFF), block_bytes = PACKED_BLOCK_BYTES(BITS);
     const char *record = t->weights + g * t->record;
     const __m512i low = _mm512_set1_epi8(0x0F), top_two = _mm512_set1_epi8(0x30), flip = _mm512_set1_epi8(-128);
     __m512 acc[PACKED_WIDE_ROWS];
@@ -147,8 +138,7 @@ VNNI512 static inline __attribute__((always_inline)) void tile_packed_512(const 
     for (long s = 0; s < supers; s++) {
         const char *head = record + s * t->block;
         if (prefetch)
-            for (long line = 0; line < t->block; line += 64)
-                _mm_prefetch(head + PREFETCH_AHEAD + line, _MM_HINT_T0);
+            prefetch_ahead(head, t->block);
         const __m512 d = halves16(head), m = OFF ? halves16(head + 2 * GROUP) : _mm512_setzero_ps();
         _Pragma("GCC unroll 8") for (int i = 0; i < NB; i++) {
             const long b = s * NB + i;
