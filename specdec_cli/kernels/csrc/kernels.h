@@ -4,11 +4,11 @@
  * of the extension's own.
  *
  * Holds: the standard includes; the x86 target attributes (AVX2, AVXVNNI, VNNI512) and HAVE_X86; the constants
- * (BLOCK, GROUP, MAX_THREADS, PREFETCH_AHEAD, the packed K-quant headers' offsets); the weights' kinds and the
- * instruction-set paths; the task structures the files hand each other (KindInfo, MatmulTask, TileSet,
- * AttentionTask); the few small helpers that several files inline in their loops (hsum8, hsum8i, load_i32, exp8,
- * four_scores, prefetch_ahead); and the declaration of every function one file defines and another calls, each
- * named cpu_*. Everything else is `static` in its file.
+ * (BLOCK, GROUP, MAX_THREADS, PREFETCH_AHEAD and PREFETCH_FAR, the packed kinds' sizes and offsets); the weights'
+ * kinds and the instruction-set paths; the task structures the files hand each other (KindInfo, MatmulTask,
+ * TileSet, AttentionTask); the few small helpers that several files inline in their loops (hsum8, hsum8i,
+ * load_i32, exp8, four_scores, prefetch_ahead); and the declaration of every function one file defines and another
+ * calls, each named cpu_*. Everything else is `static` in its file.
  * Not here: any kernel's body, and Python: only ../_cpu.c includes Python.h.
  */
 #ifndef SPECDEC_KERNELS_H

@@ -167,9 +167,8 @@ static int shape_index(const KindInfo *info)
 static const TileSet *tile_set(const KindInfo *info, int path)
 {
     if (info->form != FORM_RECORDS) {
-        int index = info->form == FORM_LEGACY ? (info->bits == 4 ? info->offsets : info->bits == 5 ? 2 + info->offsets : 4)
-                    : info->form == FORM_K    ? (info->bits == 4 ? 5 : 6)
-                                              : 7;
+        int legacy = info->bits == 4 ? info->offsets : info->bits == 5 ? 2 + info->offsets : 4; /* Q4_0 .. Q8_0 */
+        int index = info->form == FORM_LEGACY ? legacy : info->form == FORM_K ? (info->bits == 4 ? 5 : 6) : 7;
         return path == ISA_AVX512VNNI ? &cpu_tiles_packed_512[index] : &cpu_tiles_packed[index];
     }
     if (info->bits >= 16) {
