@@ -203,11 +203,12 @@ void cpu_store_nan(const MatmulTask *t, long start, long stop);
     X(4, 16, 1)
 #define SHAPE_COUNT 7
 
-/* How far ahead of the bytes it is reading a tile prefetches (the first tile of a group): into L1 a short distance
+/* How far ahead of the bytes it is reading a tile prefetches (the first tile of a group). Into L1, a short distance
  * keeps a thread's stream of records in flight without evicting what it is about to read (one record ahead, as
- * before, was 1.3-1.5x slower for one row on a Zen 4, its records 14-80 KB); Q6_K's tiles of 4 or more rows, the
- * slowest through a record, also ask L2 for what lies PREFETCH_FAR ahead (on the Zen 4, 8 rows 0.5-0.8x the time,
- * 4 rows on AVX2 0.8-0.9x; for Q4_K and the legacy types 0.94-1.08x, and for one row 1.2x slower: not there). */
+ * before, was 1.3-1.5x slower for one row on a Zen 4, its records 14-80 KB). The K-quants' tiles of 4 or more rows,
+ * slower through a record, do better without it (Q4_K 0.85-0.97x the time on the Zen 4), Q6_K's asking L2 instead
+ * for what lies PREFETCH_FAR ahead (0.77-0.81x); the legacy types' keep it (1.02-1.03x without), and a far
+ * prefetch for one row was 1.2x slower. */
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2048
 #endif
@@ -216,12 +217,13 @@ void cpu_store_nan(const MatmulTask *t, long start, long stop);
 #endif
 
 #if HAVE_X86
-/* The `bytes` a tile is about to read at `at`, prefetched PREFETCH_AHEAD further on into L1 and, with `far`,
- * PREFETCH_FAR further on into L2, a cache line at a time. */
-static inline __attribute__((always_inline)) void prefetch_ahead(const char *at, long bytes, int far)
+/* The `bytes` a tile is about to read at `at`, prefetched a cache line at a time: with `near`, PREFETCH_AHEAD
+ * further on into L1; with `far`, PREFETCH_FAR further on into L2. */
+static inline __attribute__((always_inline)) void prefetch_ahead(const char *at, long bytes, int near, int far)
 {
-    for (long line = 0; line < bytes; line += 64)
-        _mm_prefetch(at + PREFETCH_AHEAD + line, _MM_HINT_T0);
+    if (near)
+        for (long line = 0; line < bytes; line += 64)
+            _mm_prefetch(at + PREFETCH_AHEAD + line, _MM_HINT_T0);
     if (far)
         for (long line = 0; line < bytes; line += 64)
             _mm_prefetch(at + PREFETCH_FAR + line, _MM_HINT_T1);

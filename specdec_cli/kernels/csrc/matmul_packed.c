@@ -246,7 +246,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_k(const MatmulTask *
     for (long s = 0; s < supers; s++) {
         const char *head = record + s * t->block;
         if (prefetch)
-            prefetch_ahead(head, t->block, 0);
+            prefetch_ahead(head, t->block, R < 4, 0);
         const long pair0 = s * 4 * t->rows + r0; /* this super-block's pairs of sub-block sums, row r0 */
         _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) {
             const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 2 * GROUP + 16 * (h + w))));
@@ -326,7 +326,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
     for (long s = 0; s < supers; s++) {
         const char *head = record + s * t->block;
         if (prefetch)
-            prefetch_ahead(head, t->block, FORM == FORM_Q6K && R >= 4);
+            prefetch_ahead(head, t->block, FORM != FORM_Q6K || R < 4, FORM == FORM_Q6K && R >= 4);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16 * h)));
         const __m256 m = OFF ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 2 * GROUP + 16 * h)))
                              : _mm256_setzero_ps();
@@ -421,7 +421,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_legacy_whole(const M
     for (long s = 0; s < supers; s++) {
         const char *head = record + s * t->block, *codes = head + header;
         if (prefetch)
-            prefetch_ahead(head, t->block, 0);
+            prefetch_ahead(head, t->block, 1, 0);
         const int8_t *xs = t->qx + s * t->rows * BLOCK; /* the one row (rows is 1) */
         __m256i ia[2], m16[2], plane[2];
         _Pragma("GCC unroll 2") for (int w = 0; w < 2; w++) {
