@@ -217,14 +217,16 @@ void cpu_store_nan(const MatmulTask *t, long start, long stop);
 #endif
 
 #if HAVE_X86
-/* The `bytes` a tile is about to read at `at`, prefetched a cache line at a time: with `near`, PREFETCH_AHEAD
- * further on into L1; with `far`, PREFETCH_FAR further on into L2. */
-static inline __attribute__((always_inline)) void prefetch_ahead(const char *at, long bytes, int near, int far)
+/* The `bytes` a tile of `rows` rows of a kind of form `form` is about to read at `at`, prefetched a cache line at a
+ * time as said above: PREFETCH_AHEAD further on into L1, or for the K-quants' tiles of 4 or more rows nothing
+ * (FORM_K) or PREFETCH_FAR further on into L2 (FORM_Q6K). */
+static inline __attribute__((always_inline)) void prefetch_ahead(const char *at, long bytes, int form, int rows)
 {
-    if (near)
+    int wide = rows >= 4 && (form == FORM_K || form == FORM_Q6K);
+    if (!wide)
         for (long line = 0; line < bytes; line += 64)
             _mm_prefetch(at + PREFETCH_AHEAD + line, _MM_HINT_T0);
-    if (far)
+    else if (form == FORM_Q6K)
         for (long line = 0; line < bytes; line += 64)
             _mm_prefetch(at + PREFETCH_FAR + line, _MM_HINT_T1);
 }

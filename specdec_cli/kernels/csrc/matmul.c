@@ -243,6 +243,19 @@ static void run_tiles(const MatmulTask *task, int path, long groups)
                      groups)
 #endif
 
+/* The zero point a path's tiles count a kind's codes from (their integer accumulator starts at -zero * the row's
+ * code sum; the portable loops subtract the kind's own): the kind's own, except for int8 codes (Q8's, stored + 128;
+ * Q8_0's, as they are), which maddubs takes as the signed values they encode (zero point 0: the avx2 path's record
+ * tiles, the 256-bit paths' packed tiles) and vpdpbusd as unsigned bytes, the code + 128 (zero point 128). */
+static int accumulator_zero(const KindInfo *info, int path)
+{
+    int int8_codes = info->zero == 128 || (info->form == FORM_LEGACY && info->bits == 8);
+    if (!int8_codes)
+        return info->zero;
+    int maddubs = info->form == FORM_RECORDS ? path == ISA_AVX2 : path != ISA_AVX512VNNI;
+    return maddubs ? 0 : 128;
+}
+
 /* out[rows, n] (+)= x @ W^T on `path`; 0, or -1 (out of memory: nothing computed). */
 int cpu_matmul(const KindInfo *info, const float *x, long rows, long k, long n, const char *weights, float *out,
                long out_stride, int accumulate, int path)
@@ -277,11 +290,7 @@ int cpu_matmul(const KindInfo *info, const float *x, long rows, long k, long n, 
         /* the K-quants' packed kinds: one activation scale per super-block of 256, so that their sub-blocks' integer
          * dot products add up before one float product a super-block (matmul_packed.c) */
         cpu_quantize_rows(path, x, rows, k, info->form == FORM_K ? info->sb / BLOCK : 1, qx, dx, sums);
-        /* AVX2 multiplies the bytes of zero point 128 as the signed values they encode: no zero point there;
-         * avx512vnni makes Q8_0's int8 codes unsigned (+128) for vpdpbusd: zero point 128 there */
-        int zero = path == ISA_AVX2 && info->bits == 8 && info->zero == 128 ? 0 : info->zero;
-        if (path == ISA_AVX512VNNI && info->form == FORM_LEGACY && info->bits == 8)
-            zero = 128;
+        int zero = accumulator_zero(info, path);
         for (long j = 0; j < subs && info->form != FORM_K; j++) /* (FORM_K reads its pairs below instead) */
             for (long r = 0; r < rows; r++) {
                 int32_t sum = info->sub == 32 ? sums[2 * j * rows + r] + sums[(2 * j + 1) * rows + r] : sums[j * rows + r];

@@ -35,7 +35,7 @@
             const float *scales = (const float *)block;                                                            \
             const char *codes = block + 4 * GROUP * S * (1 + OFF);                                                 \
             if (prefetch)                                                                                          \
-                prefetch_ahead(block, t->block, 1, 0);                                                              \
+                prefetch_ahead(block, t->block, FORM_RECORDS, R);                                                  \
             _Pragma("GCC unroll 2") for (int j = 0; j < S; j++) {                                                  \
                 __m256i ia[AVX2_ROWS];                                                                             \
                 const int8_t *xs = t->qx + (b * t->rows + r0) * BLOCK + j * SUB;                                   \

@@ -31,7 +31,7 @@ VNNI512 static inline __attribute__((always_inline)) void tile_512(const MatmulT
         _Pragma("GCC unroll 2") for (int n = 0; n < NG; n++) {
             block[n] = t->weights + (g + n) * t->record + b * t->block;
             if (prefetch)
-                prefetch_ahead(block[n], t->block, 1, 0);
+                prefetch_ahead(block[n], t->block, FORM_RECORDS, R);
         }
         _Pragma("GCC unroll 2") for (int j = 0; j < S; j++) {
             __m512i ia[2][WIDE_ROWS];

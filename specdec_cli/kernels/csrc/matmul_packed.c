@@ -2,7 +2,8 @@
  * matmul_packed.c: the packed kinds (KIND_PQ*), which multiply a GGUF type's own fields at the file's size: f16
  * scales, 6-bit sub-scales and minimums, int8 sub-scales, nibbles with a fifth-bit or 2-bit plane. Their reference
  * loop (portable C) and their AVX2 tiles (8 columns x 1, 2 or 4 rows; for one row of the 4- and 5-bit kinds, a
- * whole group's 16 columns in one pass over the record), which every x86 path runs. A group's record
+ * whole group's 16 columns in one pass over the record), which the avx2 and avxvnni paths run (avx512vnni has its
+ * own: matmul_packed_512.c). A group's record
  * (GROUP = 16 columns) is its super-blocks along k in order (sb = 32 weights for the legacy types, 256 for the
  * K-quants), each a header then the codes of its blocks of 32:
  *   header   FORM_LEGACY  d f16 [16]; Q4_1/Q5_1: m f16 [16]
@@ -246,7 +247,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_k(const MatmulTask *
     for (long s = 0; s < supers; s++) {
         const char *head = record + s * t->block;
         if (prefetch)
-            prefetch_ahead(head, t->block, R < 4, 0);
+            prefetch_ahead(head, t->block, FORM_K, R);
         const long pair0 = s * 4 * t->rows + r0; /* this super-block's pairs of sub-block sums, row r0 */
         _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) {
             const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 2 * GROUP + 16 * (h + w))));
@@ -326,7 +327,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
     for (long s = 0; s < supers; s++) {
         const char *head = record + s * t->block;
         if (prefetch)
-            prefetch_ahead(head, t->block, FORM != FORM_Q6K || R < 4, FORM == FORM_Q6K && R >= 4);
+            prefetch_ahead(head, t->block, FORM, R);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16 * h)));
         const __m256 m = OFF ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 2 * GROUP + 16 * h)))
                              : _mm256_setzero_ps();
@@ -421,7 +422,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_legacy_whole(const M
     for (long s = 0; s < supers; s++) {
         const char *head = record + s * t->block, *codes = head + header;
         if (prefetch)
-            prefetch_ahead(head, t->block, 1, 0);
+            prefetch_ahead(head, t->block, FORM_LEGACY, 1);
         const int8_t *xs = t->qx + s * t->rows * BLOCK; /* the one row (rows is 1) */
         __m256i ia[2], m16[2], plane[2];
         _Pragma("GCC unroll 2") for (int w = 0; w < 2; w++) {

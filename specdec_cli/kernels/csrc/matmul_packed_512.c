@@ -81,7 +81,7 @@ VNNI512 static inline __attribute__((always_inline)) void tile_k_512(const Matmu
     for (long s = 0; s < supers; s++) {
         const char *head = record + s * t->block;
         if (prefetch)
-            prefetch_ahead(head, t->block, R < 4, 0);
+            prefetch_ahead(head, t->block, FORM_K, R);
         const long pair0 = s * 4 * t->rows + r0; /* this super-block's pairs of sub-block sums, row r0 */
         const float *dx = t->dx + s * 8 * t->rows + r0;
         __m512i imin[PACKED_WIDE_ROWS];
@@ -138,7 +138,7 @@ VNNI512 static inline __attribute__((always_inline)) void tile_packed_512(const 
     for (long s = 0; s < supers; s++) {
         const char *head = record + s * t->block;
         if (prefetch)
-            prefetch_ahead(head, t->block, FORM != FORM_Q6K || R < 4, FORM == FORM_Q6K && R >= 4);
+            prefetch_ahead(head, t->block, FORM, R);
         const __m512 d = halves16(head), m = OFF ? halves16(head + 2 * GROUP) : _mm512_setzero_ps();
         _Pragma("GCC unroll 8") for (int i = 0; i < NB; i++) {
             const long b = s * NB + i;
