@@ -325,6 +325,22 @@ def test_gelu_tanh_mul_rows_and_elements_do_not_depend_on_the_call_threads_or_pa
             assert torch.equal(kernels.gelu_tanh_mul(torch.cat([gate, up], 1)).reshape(32, ffn), alone), path
 
 
+@pytest.mark.parametrize("ffn", [7, 1027])
+def test_silu_mul_rows_do_not_depend_on_the_call_or_threads(ffn):
+    """On each path, row r of a call of n rows (the pool splits a block by rows) is the same bits as row r alone, on
+    1 or 2 threads."""
+    generator = torch.Generator().manual_seed(13)
+    gate_up = torch.randn(16, 2 * ffn, generator=generator) * 3
+    for path in kernels.isas():
+        kernels.force_isa(path)
+        kernels.set_threads(1)
+        alone = torch.cat([kernels.silu_mul(gate_up[row : row + 1]) for row in range(16)])
+        for threads in (1, 2):
+            kernels.set_threads(threads)
+            for rows in (2, 3, 8, 16):
+                assert torch.equal(kernels.silu_mul(gate_up[:rows]), alone[:rows]), (path, threads, rows)
+
+
 def test_soft_cap_elements_do_not_depend_on_the_call_threads_or_path():
     """Logits of 32 rows capped in one call: each row the same bits as alone, each element as alone, on every path
     and thread count (the pool splits the call into pieces; a vector loop takes its tail masked)."""

@@ -72,13 +72,10 @@ void cpu_rms_norm_heads(float *x, long rows, long row_stride, long heads, long h
     }
 }
 
-static void silu_mul_portable(const float *gate_up, long rows, long ffn, float *out)
+static void silu_mul_portable(const float *gate, const float *up, long count, float *out)
 {
-    for (long r = 0; r < rows; r++) {
-        const float *gate = gate_up + r * 2 * ffn, *up = gate + ffn;
-        for (long i = 0; i < ffn; i++)
-            out[r * ffn + i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
-    }
+    for (long i = 0; i < count; i++)
+        out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
 /* --------------------------------------------------------- elementwise functions: one formula on every path */
@@ -235,20 +232,17 @@ AVX2 static inline __m256 exp8_any(__m256 x)
     return exp8(_mm256_min_ps(x, _mm256_set1_ps(88.0f)));
 }
 
-AVX2 static void silu_mul_avx2(const float *gate_up, long rows, long ffn, float *out)
+AVX2 static void silu_mul_avx2(const float *gate, const float *up, long count, float *out)
 {
     const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
-    for (long r = 0; r < rows; r++) {
-        const float *gate = gate_up + r * 2 * ffn, *up = gate + ffn;
-        long i = 0;
-        for (; i + 8 <= ffn; i += 8) {
-            __m256 g = _mm256_loadu_ps(gate + i);
-            __m256 denominator = _mm256_add_ps(one, exp8_any(_mm256_sub_ps(zero, g)));
-            _mm256_storeu_ps(out + r * ffn + i, _mm256_mul_ps(_mm256_div_ps(g, denominator), _mm256_loadu_ps(up + i)));
-        }
-        for (; i < ffn; i++)
-            out[r * ffn + i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    long i = 0;
+    for (; i + 8 <= count; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 denominator = _mm256_add_ps(one, exp8_any(_mm256_sub_ps(zero, g)));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, denominator), _mm256_loadu_ps(up + i)));
     }
+    for (; i < count; i++)
+        out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 #else /* no vector path on this CPU: the path is always ISA_PORTABLE (the AVX2 names stand for the portable loops) */
 #define silu_mul_avx2 silu_mul_portable
@@ -257,8 +251,7 @@ AVX2 static void silu_mul_avx2(const float *gate_up, long rows, long ffn, float 
 #endif
 
 /* Soft-capping a block's logits (rows x a vocabulary) on the pool, in pieces of SOFT_CAP_ITEM elements: each
- * element is computed alone, so the split changes nothing. (GeLU-tanh runs on the calling thread: a layer's few
- * thousand elements a row cost less than waking the pool.) */
+ * element is computed alone, so the split changes nothing. */
 #define SOFT_CAP_ITEM 16384
 
 typedef struct {
@@ -285,22 +278,43 @@ void cpu_soft_cap(int path, float *x, long count, float cap)
     cpu_run_parallel(soft_cap_items, &t, (count + SOFT_CAP_ITEM - 1) / SOFT_CAP_ITEM);
 }
 
+/* The gated activations of a block of rows: a row per work item, so each row runs the same code wherever it goes;
+ * one row stays on the calling thread (its few thousand elements cost less than waking the pool), a block of
+ * verified rows is split over the pool (8 rows of a 1.5B's 8960-wide MLP: 1.2 ms of a forward on one thread). */
+typedef struct {
+    const float *gate_up;
+    long ffn;
+    float *out;
+    int avx2, gelu;
+} GatedTask;
+
+static void gated_rows(const void *arg, long start, long stop)
+{
+    const GatedTask *t = arg;
+    for (long r = start; r < stop; r++) {
+        const float *gate = t->gate_up + r * 2 * t->ffn, *up = gate + t->ffn;
+        float *out = t->out + r * t->ffn;
+        if (t->gelu && t->avx2)
+            gelu_tanh_mul_avx2(gate, up, t->ffn, out);
+        else if (t->gelu)
+            gelu_tanh_mul_portable(gate, up, t->ffn, out);
+        else if (t->avx2)
+            silu_mul_avx2(gate, up, t->ffn, out);
+        else
+            silu_mul_portable(gate, up, t->ffn, out);
+    }
+}
+
+/* out[r] = SiLU(gate) * up for each row r of gate_up [rows][2 * ffn] (gate, then up). */
 void cpu_silu_mul(int path, const float *gate_up, long rows, long ffn, float *out)
 {
-    if (path >= ISA_AVX2)
-        silu_mul_avx2(gate_up, rows, ffn, out);
-    else
-        silu_mul_portable(gate_up, rows, ffn, out);
+    GatedTask t = {gate_up, ffn, out, path >= ISA_AVX2, 0};
+    cpu_run_parallel(gated_rows, &t, rows);
 }
 
 /* out[r] = GeLU-tanh(gate) * up for each row r of gate_up [rows][2 * ffn] (gate, then up). */
 void cpu_gelu_tanh_mul(int path, const float *gate_up, long rows, long ffn, float *out)
 {
-    for (long r = 0; r < rows; r++) {
-        const float *gate = gate_up + r * 2 * ffn;
-        if (path >= ISA_AVX2)
-            gelu_tanh_mul_avx2(gate, gate + ffn, ffn, out + r * ffn);
-        else
-            gelu_tanh_mul_portable(gate, gate + ffn, ffn, out + r * ffn);
-    }
+    GatedTask t = {gate_up, ffn, out, path >= ISA_AVX2, 1};
+    cpu_run_parallel(gated_rows, &t, rows);
 }

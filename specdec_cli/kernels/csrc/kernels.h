@@ -205,28 +205,30 @@ void cpu_store_nan(const MatmulTask *t, long start, long stop);
 
 /* How far ahead of the bytes it is reading a tile prefetches (the first tile of a group). Into L1, a short distance
  * keeps a thread's stream of records in flight without evicting what it is about to read (one record ahead, as
- * before, was 1.3-1.5x slower for one row on a Zen 4, its records 14-80 KB). The K-quants' tiles of 4 or more rows,
- * slower through a record, do better without it (Q4_K 0.85-0.97x the time on the Zen 4), Q6_K's asking L2 instead
- * for what lies PREFETCH_FAR ahead (0.77-0.81x); the legacy types' keep it (1.02-1.03x without), and a far
- * prefetch for one row was 1.2x slower. */
+ * before, was 1.3-1.5x slower for one row on a Zen 4, its records 14-80 KB). Tiles of 4 or more rows, which spend
+ * longer on each byte, ask L2 for what lies PREFETCH_FAR ahead as well: on a Zen 4, 8 rows of Q4_K 0.83-0.91x the
+ * time with 16-64 KB (8 KB changed nothing), of the legacy types 0.89-1.0x, Q6_K 0.96x; the K-quants' and Q6_K's
+ * L1 prefetch is left out there (0.85-0.97x without it), the legacy types' kept (1.02-1.03x without). One row asks
+ * only L1 (a far prefetch was 1.05-1.2x slower). */
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2048
 #endif
 #ifndef PREFETCH_FAR
-#define PREFETCH_FAR 8192
+#define PREFETCH_FAR 16384
 #endif
 
 #if HAVE_X86
 /* The `bytes` a tile of `rows` rows of a kind of form `form` is about to read at `at`, prefetched a cache line at a
- * time as said above: PREFETCH_AHEAD further on into L1, or for the K-quants' tiles of 4 or more rows nothing
- * (FORM_K) or PREFETCH_FAR further on into L2 (FORM_Q6K). */
+ * time as said above: PREFETCH_AHEAD further on into L1 (not for the K-quants' and Q6_K's tiles of 4 or more rows),
+ * and for the packed kinds' tiles of 4 or more rows PREFETCH_FAR further on into L2 (the float32-scale record
+ * kinds keep the L1 prefetch alone, as measured for them). */
 static inline __attribute__((always_inline)) void prefetch_ahead(const char *at, long bytes, int form, int rows)
 {
-    int wide = rows >= 4 && (form == FORM_K || form == FORM_Q6K);
-    if (!wide)
+    int wide = rows >= 4 && form != FORM_RECORDS;
+    if (!wide || form == FORM_LEGACY)
         for (long line = 0; line < bytes; line += 64)
             _mm_prefetch(at + PREFETCH_AHEAD + line, _MM_HINT_T0);
-    else if (form == FORM_Q6K)
+    if (wide)
         for (long line = 0; line < bytes; line += 64)
             _mm_prefetch(at + PREFETCH_FAR + line, _MM_HINT_T1);
 }
