@@ -1,10 +1,11 @@
 """The packed kinds (kernels/packed.py, csrc/matmul_packed.c): a GGUF type's own fields at the file's size.
 
 Each packed kind must (1) hold exactly the file's bytes, (2) give back the fields it was packed from, (3) multiply to
-the same bits on every instruction-set path, whatever the number of rows or threads: the legacy types and Q6_K the
-bits of the float32-scale kind the same weights repack into (so nothing a user saw before changes), the K-quants
-(Q4_K, Q5_K: integer sums over a super-block, one activation scale per 256, as llama.cpp's q8_K) the bits of their
-portable loop one row at a time, and (4) agree with a float64 reference of their activations' rounding. The
+the same bits on every instruction-set path, whatever the number of rows or threads: the legacy types the bits of
+the float32-scale kind the same weights repack into (so nothing a user saw before changes), the K-quants (Q4_K,
+Q5_K: integer sums over a super-block, one activation scale per 256, as llama.cpp's q8_K) and Q6_K (its 16
+sub-blocks' products summed over a super-block before one product by that scale) the bits of their portable loop
+one row at a time, and (4) agree with a float64 reference of their activations' rounding. The
 fields come from gguf's own quantiser where it has one and are random elsewhere, with the extremes (int8 -128
 codes and scales, every code at its maximum) that could overflow a 16-bit partial sum.
 """
@@ -106,8 +107,9 @@ def test_fields_unpack_to_what_was_packed_and_columns_select(kind):
 @pytest.mark.parametrize("kind", PACKED_KINDS)
 def test_packed_kinds_multiply_to_the_same_bits_on_every_path(kind, extreme):
     """The same bits, row for row, for 1-32 rows, 1-2 threads, on every path this CPU has, as the float32-scale kind
-    the weights repacked into before (the K-quants: as their own portable loop, one row at a time); extreme: every
-    code and scale at its limit, rows at +-max (a 16-bit partial sum's worst case)."""
+    the weights repacked into before (the K-quants and Q6_K, whose activations share a scale per 256: as their own
+    portable loop, one row at a time); extreme: every code and scale at its limit, rows at +-max (a 16-bit partial
+    sum's worst case)."""
     fields = _random_fields(kind, 70, 512, seed=2, extreme=extreme)
     records = packed.pack_fields(kind, fields)
     generator = torch.Generator().manual_seed(3)
@@ -116,7 +118,7 @@ def test_packed_kinds_multiply_to_the_same_bits_on_every_path(kind, extreme):
         x = torch.where(x >= 0, 1.0, -1.0) * 3.0  # every activation code at +-127
     kernels.force_isa("portable")
     kernels.set_threads(1)
-    if packed.packed_kind(kind).form == packed.FORM_K:
+    if packed.packed_kind(kind).form in (packed.FORM_K, packed.FORM_Q6K):
         twin, twin_records = kind, records
     else:
         twin, twin_records = _record_kind_twin(kind, fields)
@@ -134,14 +136,16 @@ def test_packed_kinds_multiply_to_the_same_bits_on_every_path(kind, extreme):
 @pytest.mark.parametrize("kind", PACKED_KINDS)
 def test_packed_dot_products_against_a_float64_reference(kind):
     """Against the float64 product of the dequantised weights and the activations as the kernel rounds them: one
-    scale per block of 32, or per super-block of 256 for the K-quants (a tolerance that tells the two apart)."""
+    scale per block of 32, or per super-block of 256 for the K-quants and Q6_K (a tolerance that tells the two
+    apart)."""
     fields = _random_fields(kind, 24, 768 if packed.packed_kind(kind).super_block == 256 else 96, seed=4)
     k = fields.codes.shape[1]
     records = packed.pack_fields(kind, fields)
     dense = packed.fields_dequantize(kind, fields).double()
     x = torch.randn(7, k, generator=torch.Generator().manual_seed(5))
     blocks = x.reshape(7, -1, kernels.kind_of(kind).span)
-    assert kernels.kind_of(kind).span == (256 if packed.packed_kind(kind).form == packed.FORM_K else 32)
+    per_super = packed.packed_kind(kind).form in (packed.FORM_K, packed.FORM_Q6K)
+    assert kernels.kind_of(kind).span == (256 if per_super else 32)
     scale = blocks.abs().amax(-1, keepdim=True) / 127
     rounded = (torch.round(blocks / scale) * scale).reshape(7, k).double()  # the kernel's 8-bit activations
     reference = rounded @ dense.T

@@ -4,8 +4,8 @@
 (`KINDS`): 4-bit or 8-bit codes with a float32 scale per 32 or 16 weights, an integer zero point and optionally a
 float32 offset, into which quant.py repacks every GGUF type exactly (Q4_0 ... Q8_0, the K-quants, IQ4_NL/IQ4_XS), or
 the packed kinds that keep a GGUF type's own fields (packed.py); or float32/float16/bfloat16 weights as they are.
-Block kinds round each row to 8 bits per block of 32 (per 256 for the K-quants' packed kinds, records.Kind.span)
-first and multiply with integer dot products. `attention`
+Block kinds round each row to 8 bits per block of 32 (per 256 for the K-quants' and Q6_K's packed kinds,
+records.Kind.span) first and multiply with integer dot products. `attention`
 computes each query row over its own keys. Both return, for every row, exactly what a one-row call returns, whatever
 the number of rows or threads, and matmul the same bits on every instruction-set path (csrc/matmul.c says how);
 `force_isa` (or SPECDEC_ISA) picks a path for tests and timings. This module is the only door to the C extension:

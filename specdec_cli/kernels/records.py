@@ -18,6 +18,7 @@ import torch
 
 from .packed import (
     FORM_K,
+    FORM_Q6K,
     KIND_PQ4_0,
     KIND_PQ4_1,
     KIND_PQ4_K,
@@ -42,7 +43,8 @@ class Kind:
     """How a kind holds its weights: `bits` 4 (two codes a byte) or 8 (one a byte) with a float32 scale per `sub`
     weights along k, W = scale * (code - zero) (+ a float32 offset per `sub` where `offsets`); or bits 32/16 for
     float weights (float32, float16, bfloat16) multiplied as they are. Block kinds round each row of activations to
-    8 bits with one scale per `span` inputs (32; 256 for the K-quants' packed kinds, as llama.cpp's q8_K)."""
+    8 bits with one scale per `span` inputs (32; 256 for the K-quants' and Q6_K's packed kinds, as llama.cpp's
+    q8_K)."""
 
     name: str
     bits: int
@@ -68,7 +70,8 @@ KINDS = {
     KIND_BF16: Kind("bf16", 16, dtype=torch.bfloat16),
 }
 KINDS.update({kind: Kind(info.name.lower(), info.bits, info.sub, info.zero, info.offsets,
-                          span=info.super_block if info.form == FORM_K else 32) for kind, info in PACKED.items()})
+                          span=info.super_block if info.form in (FORM_K, FORM_Q6K) else 32)
+              for kind, info in PACKED.items()})
 PACKED_KINDS = (KIND_PQ4_0, KIND_PQ4_1, KIND_PQ5_0, KIND_PQ5_1, KIND_PQ8_0, KIND_PQ4_K, KIND_PQ5_K, KIND_PQ6_K)
 
 

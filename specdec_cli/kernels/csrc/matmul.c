@@ -287,9 +287,10 @@ int cpu_matmul(const KindInfo *info, const float *x, long rows, long k, long n, 
                                                   : 0,
                        out, out_stride, accumulate};
     if (info->bits < 16) {
-        /* the K-quants' packed kinds: one activation scale per super-block of 256, so that their sub-blocks' integer
-         * dot products add up before one float product a super-block (matmul_packed.c) */
-        cpu_quantize_rows(path, x, rows, k, info->form == FORM_K ? info->sb / BLOCK : 1, qx, dx, sums);
+        /* the K-quants' and Q6_K's packed kinds: one activation scale per super-block of 256, so that their
+         * sub-blocks' products add up before one product by it a super-block (matmul_packed.c) */
+        int per_super = info->form == FORM_K || info->form == FORM_Q6K;
+        cpu_quantize_rows(path, x, rows, k, per_super ? info->sb / BLOCK : 1, qx, dx, sums);
         int zero = accumulator_zero(info, path);
         for (long j = 0; j < subs && info->form != FORM_K; j++) /* (FORM_K reads its pairs below instead) */
             for (long r = 0; r < rows; r++) {

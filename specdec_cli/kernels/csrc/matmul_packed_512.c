@@ -4,9 +4,11 @@
  * the row's signed codes broadcast four at a time, so no 16-bit partial sums and no pairs of halves. Each output
  * element gets the integers and then the float operations of matmul_packed.c's header comment in their order, so the
  * bits of its AVX2 tiles and portable loop:
- *   legacy types and Q6_K   per sub-block: ia = -zero * (the row's code sum) + dot (vpdpbusd), then
- *                           acc = fma(float(ia), (d * sub-scale) * dx, acc) and, with offsets, acc = fma(m, sx, acc);
+ *   legacy types            per block: ia = -zero * (the row's code sum) + dot (vpdpbusd), then
+ *                           acc = fma(float(ia), d * dx, acc) and, with offsets, acc = fma(m, sx, acc);
  *                           Q8_0's int8 codes are made unsigned (+128, an xor) and its zero point is 128 here
+ *   Q6_K                    per sub-block of 16: ia as above, part = fma(float(ia), d * sub-scale, part); per
+ *                           super-block acc = fma(part, dx, acc) (one activation scale per 256)
  *   K-quants (Q4_K, Q5_K)   per super-block: imin = sum of minimum pairs x the row's pairs of sub-block sums
  *                           (vpdpwssd), isum = sum of sub-scale x sub-block dot (vpdpbusd, then vpmulld), then
  *                           acc = fma(float(imin), -(dmin * dx), acc), acc = fma(float(isum), d * dx, acc)
@@ -123,7 +125,7 @@ VNNI512 static inline __attribute__((always_inline)) void tile_k_512(const Matmu
     store_group(t, g, r0, R, acc);
 }
 
-/* The legacy types and Q6_K, 16 columns x R rows, in the per-sub-block float order (the top). */
+/* The legacy types and Q6_K, 16 columns x R rows, in their float orders (the top). */
 VNNI512 static inline __attribute__((always_inline)) void tile_packed_512(const MatmulTask *t, long g, long r0,
                                                                            const int R, const int BITS, const int FORM,
                                                                            const int OFF, int prefetch)
@@ -133,8 +135,8 @@ VNNI512 static inline __attribute__((always_inline)) void tile_packed_512(const 
     const long header = PACKED_HEADER_BYTES(FORM, OFF), block_bytes = PACKED_BLOCK_BYTES(BITS);
     const char *record = t->weights + g * t->record;
     const __m512i low = _mm512_set1_epi8(0x0F), top_two = _mm512_set1_epi8(0x30), flip = _mm512_set1_epi8(-128);
-    __m512 acc[PACKED_WIDE_ROWS];
-    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    __m512 acc[PACKED_WIDE_ROWS], part[PACKED_WIDE_ROWS]; /* part: Q6_K's products over the super-block */
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] = part[r] = _mm512_setzero_ps();
     for (long s = 0; s < supers; s++) {
         const char *head = record + s * t->block;
         if (prefetch)
@@ -187,6 +189,11 @@ VNNI512 static inline __attribute__((always_inline)) void tile_packed_512(const 
                         }
                     }
                 }
+                if (FORM == FORM_Q6K) {
+                    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) part[r] =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), scale, part[r]);
+                    continue;
+                }
                 _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
                     __m512 sd = _mm512_mul_ps(scale, _mm512_set1_ps(t->dx[b * t->rows + r0 + r]));
                     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), sd, acc[r]);
@@ -195,6 +202,12 @@ VNNI512 static inline __attribute__((always_inline)) void tile_packed_512(const 
                     _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] =
                         _mm512_fmadd_ps(m, _mm512_set1_ps(t->sx[sj * t->rows + r0 + r]), acc[r]);
                 }
+            }
+        }
+        if (FORM == FORM_Q6K) {
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+                acc[r] = _mm512_fmadd_ps(part[r], _mm512_set1_ps(t->dx[s * NB * t->rows + r0 + r]), acc[r]);
+                part[r] = _mm512_setzero_ps();
             }
         }
     }
