@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU k
 
 PACKED_KINDS = sorted(packed.PACKED)
 GGUF_BYTES_PER_BLOCK = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176,
-                        "Q6_K": 210}  # ggml's block sizes (gguf.constants.GGML_QUANT_SIZES)
+                        "Q6_K": 210, "IQ4_NL": 18}  # ggml's block sizes (gguf.constants.GGML_QUANT_SIZES)
 
 
 @pytest.fixture(autouse=True)
@@ -64,7 +64,9 @@ def _record_kind_twin(kind: int, fields: packed.Fields) -> tuple[int, torch.Tens
     """The float32-scale record kind and records the same weights repacked into before packed kinds existed."""
     info = packed.packed_kind(kind)
     codes, scales, offsets = packed.fields_codes(kind, fields)  # codes less the zero point
-    if info.bits == 6:
+    if info.table:  # IQ4_NL: its table's values are int8 codes
+        twin = kernels.KIND_Q8
+    elif info.bits == 6:
         twin = kernels.KIND_Q8S
     elif info.bits == 4:
         twin = kernels.KIND_Q4 if info.offsets else kernels.KIND_Q4Z

@@ -23,13 +23,17 @@ import torch
 BLOCK, GROUP = 32, 16
 KIND_PQ4_0, KIND_PQ4_1, KIND_PQ5_0, KIND_PQ5_1, KIND_PQ8_0 = 40, 41, 42, 43, 44
 KIND_PQ4_K, KIND_PQ5_K, KIND_PQ6_K = 45, 46, 47
+KIND_PIQ4_NL = 48
 FORM_LEGACY, FORM_K, FORM_Q6K = 1, 2, 3
+# IQ4_NL's 16 weight values (ggml's kvalues_iq4nl; csrc/kernels.h IQ4_TABLE): a weight is d times the nibble's value
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 
 @dataclass(frozen=True)
 class PackedKind:
     """A packed kind: its GGUF type, code bits (8: int8 codes), weights per scale (`sub`), zero point, whether it
-    has offsets (m or dmin), how its scales are held (`form`) and weights per super-block (`super_block`)."""
+    has offsets (m or dmin), how its scales are held (`form`), weights per super-block (`super_block`) and whether
+    a code is an index into IQ4_VALUES (`table`: IQ4_NL, Q4_0's bytes) rather than a value."""
 
     name: str
     bits: int
@@ -38,6 +42,7 @@ class PackedKind:
     offsets: bool
     form: int
     super_block: int
+    table: bool = False
 
     @property
     def header_bytes(self) -> int:  # per super-block and group (csrc/blocks.c, cpu_packed_header_bytes)
@@ -65,6 +70,7 @@ PACKED = {
     KIND_PQ4_K: PackedKind("Q4_K", 4, 32, 0, True, FORM_K, 256),
     KIND_PQ5_K: PackedKind("Q5_K", 5, 32, 0, True, FORM_K, 256),
     KIND_PQ6_K: PackedKind("Q6_K", 6, 16, 32, False, FORM_Q6K, 256),
+    KIND_PIQ4_NL: PackedKind("IQ4_NL", 4, 32, 0, False, FORM_LEGACY, 32, table=True),
 }
 KIND_OF_GGUF_TYPE = {info.name: kind for kind, info in PACKED.items()}
 
@@ -247,12 +253,16 @@ def unpack_fields(kind: int, records: torch.Tensor, n: int) -> Fields:
 
 
 def fields_codes(kind: int, fields: Fields) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """What the fields mean as records.py's kinds hold it: (codes less the zero point as int16 [n, k], float32
+    """What the fields mean as records.py's kinds hold it: (codes less the zero point, IQ4_NL's table values, as int16
+    [n, k], float32
     scales [n, k / sub], float32 offsets [n, k / sub] or None): weight = (code - zero) * scale (+ offset)."""
     info = packed_kind(kind)
     n, k = fields.codes.shape
-    codes = fields.codes.view(torch.int8).to(torch.int16) if info.bits == 8 else \
-        fields.codes.to(torch.int16) - info.zero
+    if info.table:
+        codes = torch.tensor(IQ4_VALUES, dtype=torch.int16)[fields.codes.long()]
+    else:
+        codes = fields.codes.view(torch.int8).to(torch.int16) if info.bits == 8 else \
+            fields.codes.to(torch.int16) - info.zero
     d = fields.d.to(torch.float32)  # [n, supers]
     per_super = info.super_block // info.sub
     if info.form == FORM_LEGACY:

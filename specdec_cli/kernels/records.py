@@ -19,6 +19,8 @@ import torch
 from .packed import (
     FORM_K,
     FORM_Q6K,
+    IQ4_VALUES,
+    KIND_PIQ4_NL,
     KIND_PQ4_0,
     KIND_PQ4_1,
     KIND_PQ4_K,
@@ -72,7 +74,8 @@ KINDS = {
 KINDS.update({kind: Kind(info.name.lower(), info.bits, info.sub, info.zero, info.offsets,
                           span=info.super_block if info.form in (FORM_K, FORM_Q6K) else 32)
               for kind, info in PACKED.items()})
-PACKED_KINDS = (KIND_PQ4_0, KIND_PQ4_1, KIND_PQ5_0, KIND_PQ5_1, KIND_PQ8_0, KIND_PQ4_K, KIND_PQ5_K, KIND_PQ6_K)
+PACKED_KINDS = (KIND_PQ4_0, KIND_PQ4_1, KIND_PQ5_0, KIND_PQ5_1, KIND_PQ8_0, KIND_PQ4_K, KIND_PQ5_K, KIND_PQ6_K,
+                KIND_PIQ4_NL)
 
 
 def kind_of(kind: int) -> Kind:
@@ -183,13 +186,16 @@ def unpack_records(kind: int, records: torch.Tensor, n: int) -> tuple[torch.Tens
 
 def dequantize(kind: int, codes: torch.Tensor, scales: Optional[torch.Tensor],
                offsets: Optional[torch.Tensor]) -> torch.Tensor:
-    """What (codes, scales, offsets) mean, float32 [n, k]: scale * (code - zero) (+ offset) per weight."""
+    """What (codes, scales, offsets) mean, float32 [n, k]: scale * (code - zero) (+ offset) per weight (IQ4_NL:
+    scale * its table's value of the code)."""
     info = kind_of(kind)
     if info.bits >= 16:
         return codes.to(torch.float32)
     assert scales is not None
     n, k = codes.shape
     values = codes.view(torch.int8) if kind == KIND_PQ8_0 else codes  # Q8_0's codes are int8
+    if kind == KIND_PIQ4_NL:  # IQ4_NL's are indices into its table
+        values = torch.tensor(IQ4_VALUES, dtype=torch.int16)[codes.long()]
     weight = (values.to(torch.float32).reshape(n, -1, info.sub) - info.zero) * scales[..., None]
     if offsets is not None:
         weight = weight + offsets[..., None]

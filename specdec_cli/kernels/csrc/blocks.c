@@ -2,9 +2,9 @@
  * blocks.c: the block formats on the kernels' side. The weights' kinds (bits, weights per scale, zero point,
  * offsets) and the bytes of their records (cpu_kind_info, cpu_block_bytes, cpu_group_bytes); and each row of
  * activations rounded to 8 bits per block of 32 (cpu_quantize_rows: scale dx = max |x| / 127, code = round(x / dx),
- * as llama.cpp does; the K-quants' packed kinds share one scale over each span of 8 blocks, a super-block of 256, as
- * llama.cpp's q8_K does), the first step of every block-kind matmul, on the portable or the AVX2 path (the same
- * bits).
+ * as llama.cpp does; the K-quants' and Q6_K's packed kinds share one scale over each span of 8 blocks, a
+ * super-block of 256, as llama.cpp's q8_K does), the first step of every block-kind matmul, on the portable or the
+ * AVX2 path (the same bits).
  * Not here: packing weights into records (kernels/__init__.py's pack_records, from the GGUF blocks of
  * target_model/quant.py), and the products themselves (matmul*.c).
  */
@@ -33,6 +33,7 @@ int cpu_kind_info(int kind, KindInfo *info)
     case KIND_PQ4_K: *info = (KindInfo){4, 32, 0, 1, 0, FORM_K, 256}; return 1;
     case KIND_PQ5_K: *info = (KindInfo){5, 32, 0, 1, 0, FORM_K, 256}; return 1;
     case KIND_PQ6_K: *info = (KindInfo){6, 16, 32, 0, 0, FORM_Q6K, 256}; return 1;
+    case KIND_PIQ4_NL: *info = (KindInfo){4, 32, 0, 0, 0, FORM_LEGACY, 32, 1}; return 1;
     default: return 0;
     }
 }

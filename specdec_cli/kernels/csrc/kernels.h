@@ -126,7 +126,11 @@ enum {
     KIND_PQ4_K = 45, /* Q4_K: per 256, f16 d and dmin, 6-bit scales and minimums per 32; nibbles */
     KIND_PQ5_K = 46, /* Q5_K: as Q4_K, and a fifth-bit plane */
     KIND_PQ6_K = 47, /* Q6_K: per 256, f16 d, int8 scales per 16; nibbles and a 2-bit plane, zero point 32 */
+    KIND_PIQ4_NL = 48, /* IQ4_NL: Q4_0's bytes, the nibble an index into IQ4_TABLE's int8 values */
 };
+
+/* IQ4_NL's 16 weight values, d times one of these (ggml's kvalues_iq4nl). */
+#define IQ4_TABLE -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113
 
 /* How a kind keeps its scales: float32 per sub-block (the record kinds above 32 excepted), or a packed form. */
 enum { FORM_RECORDS = 0, FORM_LEGACY = 1, FORM_K = 2, FORM_Q6K = 3 };
@@ -155,6 +159,7 @@ typedef struct {
     int bf16;    /* bits 16: bfloat16 rather than float16 */
     int form;    /* FORM_*: float32 scales (records), or a GGUF type's packed fields */
     int sb;      /* packed forms: weights per super-block along k (32 or 256) */
+    int table;   /* IQ4_NL: a code is an index into IQ4_TABLE (zero 0), not a value */
 } KindInfo;
 
 int cpu_kind_info(int kind, KindInfo *info);
@@ -263,7 +268,7 @@ extern const TileSet cpu_tiles_512[SHAPE_COUNT], cpu_floats_512[3];
 /* The packed kinds: their AVX2 tiles (matmul_packed.c; the avx2 and avxvnni paths run them) and avx512vnni tiles
  * (matmul_packed_512.c), indexed by kind - KIND_PQ4_0, and their portable reference loop (a task over record
  * groups, like matmul.c's). */
-#define PACKED_COUNT 8
+#define PACKED_COUNT 9
 extern const TileSet cpu_tiles_packed[PACKED_COUNT], cpu_tiles_packed_512[PACKED_COUNT];
 void cpu_matmul_packed_portable(const void *arg, long start, long stop);
 int cpu_repack_gguf(int kind, const uint8_t *rows, long n, long row_bytes, long k, uint8_t *records);

@@ -167,7 +167,7 @@ static int shape_index(const KindInfo *info)
 static const TileSet *tile_set(const KindInfo *info, int path)
 {
     if (info->form != FORM_RECORDS) {
-        int legacy = info->bits == 4 ? info->offsets : info->bits == 5 ? 2 + info->offsets : 4; /* Q4_0 .. Q8_0 */
+        int legacy = info->table ? 8 : info->bits == 4 ? info->offsets : info->bits == 5 ? 2 + info->offsets : 4;
         int index = info->form == FORM_LEGACY ? legacy : info->form == FORM_K ? (info->bits == 4 ? 5 : 6) : 7;
         return path == ISA_AVX512VNNI ? &cpu_tiles_packed_512[index] : &cpu_tiles_packed[index];
     }
@@ -245,11 +245,12 @@ static void run_tiles(const MatmulTask *task, int path, long groups)
 
 /* The zero point a path's tiles count a kind's codes from (their integer accumulator starts at -zero * the row's
  * code sum; the portable loops subtract the kind's own): the kind's own, except for int8 codes (Q8's, stored + 128;
- * Q8_0's, as they are), which maddubs takes as the signed values they encode (zero point 0: the avx2 path's record
- * tiles, the 256-bit paths' packed tiles) and vpdpbusd as unsigned bytes, the code + 128 (zero point 128). */
+ * Q8_0's, as they are; IQ4_NL's table values), which maddubs takes as the signed values they encode (zero point 0:
+ * the avx2 path's record tiles, the 256-bit paths' packed tiles) and vpdpbusd as unsigned bytes, the code + 128
+ * (zero point 128). */
 static int accumulator_zero(const KindInfo *info, int path)
 {
-    int int8_codes = info->zero == 128 || (info->form == FORM_LEGACY && info->bits == 8);
+    int int8_codes = info->zero == 128 || (info->form == FORM_LEGACY && info->bits == 8) || info->table;
     if (!int8_codes)
         return info->zero;
     int maddubs = info->form == FORM_RECORDS ? path == ISA_AVX2 : path != ISA_AVX512VNNI;

@@ -1,6 +1,8 @@
 /*
- * matmul_packed.c: the packed kinds (KIND_PQ*), which multiply a GGUF type's own fields at the file's size: f16
- * scales, 6-bit sub-scales and minimums, int8 sub-scales, nibbles with a fifth-bit or 2-bit plane. Their reference
+ * matmul_packed.c: the packed kinds (KIND_PQ*, KIND_PIQ4_NL), which multiply a GGUF type's own fields at the file's
+ * size: f16 scales, 6-bit sub-scales and minimums, int8 sub-scales, nibbles with a fifth-bit or 2-bit plane, IQ4_NL's
+ * nibbles indexing its table of int8 values (Q4_0's bytes; the tiles look the values up with a byte shuffle and
+ * multiply them as Q8_0's int8 codes, so the bits of the int8 record kind). Their reference
  * loop (portable C) and their AVX2 tiles (8 columns x 1, 2 or 4 rows; for one row of the 4- and 5-bit kinds, a
  * whole group's 16 columns in one pass over the record), which the avx2 and avxvnni paths run (avx512vnni has its
  * own: matmul_packed_512.c). A group's record
@@ -43,7 +45,10 @@ static int k_six(const uint8_t *head, int low, int high, int j, int c)
            (((head[high + (j >> 2) * GROUP + c] >> (2 * (j & 3))) & 3) << 4);
 }
 
-/* Column c of a group's record: its codes less the zero point [k], its scales and offsets [k / sub]. */
+static const int8_t iq4_values[16] = {IQ4_TABLE};
+
+/* Column c of a group's record: its codes less the zero point (IQ4_NL: its table's values) [k], its scales and
+ * offsets [k / sub]. */
 static void packed_column(const KindInfo *info, const uint8_t *record, long k, long super_bytes, int c,
                           int16_t *codes, float *scales, float *offsets)
 {
@@ -82,7 +87,7 @@ static void packed_column(const KindInfo *info, const uint8_t *record, long k, l
                         if (info->bits == 6)
                             code |= ((p[256 + j * 64 + c * 4 + e] >> (2 * q)) & 3) << 4;
                     }
-                    out[i * 4 + e] = (int16_t)(code - info->zero);
+                    out[i * 4 + e] = (int16_t)(info->table ? iq4_values[code] : code - info->zero);
                 }
         }
     }
@@ -326,8 +331,9 @@ AVX2 static inline __attribute__((always_inline)) void tile_k(const MatmulTask *
 /* The legacy types and Q6_K, 8 columns x R rows, in their float orders at the top. */
 AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulTask *t, long g, int h, long r0,
                                                                    const int R, const int BITS, const int FORM,
-                                                                   const int OFF, int prefetch)
+                                                                   const int OFF, const int TABLE, int prefetch)
 {
+    const __m256i values = _mm256_broadcastsi128_si256(_mm_setr_epi8(IQ4_TABLE)); /* IQ4_NL's, signed */
     const int NB = FORM == FORM_LEGACY ? 1 : 8, SUB = BITS == 6 ? 16 : 32;
     const long supers = t->k / (NB * BLOCK);
     const long header = PACKED_HEADER_BYTES(FORM, OFF), block_bytes = PACKED_BLOCK_BYTES(BITS);
@@ -356,7 +362,22 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
                 __m256i ia[PACKED_ROWS];
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
                     ia[r] = _mm256_set1_epi32(t->init[sj * t->rows + r0 + r]);
-                if (BITS == 8) {
+                if (TABLE) { /* IQ4_NL: each nibble's signed value from the table, then as int8 codes (BITS 8) */
+                    _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+                        __m256i v = _mm256_loadu_si256((const __m256i *)(codes + q * 64 + 32 * h));
+                        __m256i w[2] = {_mm256_shuffle_epi8(values, _mm256_and_si256(v, low)),
+                                        _mm256_shuffle_epi8(values, _mm256_and_si256(_mm256_srli_epi16(v, 4), low))};
+                        _Pragma("GCC unroll 2") for (int half = 0; half < 2; half++) {
+                            __m256i magnitude = _mm256_sign_epi8(w[half], w[half]);
+                            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                                __m256i xa = _mm256_sign_epi8(
+                                    _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + 4 * half))), w[half]);
+                                ia[r] = _mm256_add_epi32(ia[r],
+                                                         _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, xa), ones));
+                            }
+                        }
+                    }
+                } else if (BITS == 8) {
                     _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
                         __m256i w = _mm256_loadu_si256((const __m256i *)(codes + c * 64 + 32 * h));
                         __m256i magnitude = _mm256_sign_epi8(w, w);
@@ -481,24 +502,24 @@ AVX2 static inline __attribute__((always_inline)) void tile_legacy_whole(const M
 }
 
 /* One function per packed kind and tile size (1, 2, 4 rows), and their table, indexed by kind - KIND_PQ4_0. */
-#define PACKED_FNS(NAME, BITS, FORM, OFF)                                                                          \
+#define PACKED_FNS(NAME, BITS, FORM, OFF, TABLE)                                                                   \
     AVX2 static void NAME##_1(const MatmulTask *t, long g, int h, long r0, int p)                                  \
     {                                                                                                              \
-        tile_packed(t, g, h, r0, 1, BITS, FORM, OFF, p);                                                           \
+        tile_packed(t, g, h, r0, 1, BITS, FORM, OFF, TABLE, p);                                                    \
     }                                                                                                              \
     AVX2 static void NAME##_2(const MatmulTask *t, long g, int h, long r0, int p)                                  \
     {                                                                                                              \
-        tile_packed(t, g, h, r0, 2, BITS, FORM, OFF, p);                                                           \
+        tile_packed(t, g, h, r0, 2, BITS, FORM, OFF, TABLE, p);                                                    \
     }                                                                                                              \
     AVX2 static void NAME##_4(const MatmulTask *t, long g, int h, long r0, int p)                                  \
     {                                                                                                              \
-        tile_packed(t, g, h, r0, 4, BITS, FORM, OFF, p);                                                           \
+        tile_packed(t, g, h, r0, 4, BITS, FORM, OFF, TABLE, p);                                                    \
     }
-PACKED_FNS(pq4_0, 4, FORM_LEGACY, 0)
-PACKED_FNS(pq4_1, 4, FORM_LEGACY, 1)
-PACKED_FNS(pq5_0, 5, FORM_LEGACY, 0)
-PACKED_FNS(pq5_1, 5, FORM_LEGACY, 1)
-PACKED_FNS(pq8_0, 8, FORM_LEGACY, 0)
+PACKED_FNS(pq4_0, 4, FORM_LEGACY, 0, 0)
+PACKED_FNS(pq4_1, 4, FORM_LEGACY, 1, 0)
+PACKED_FNS(pq5_0, 5, FORM_LEGACY, 0, 0)
+PACKED_FNS(pq5_1, 5, FORM_LEGACY, 1, 0)
+PACKED_FNS(pq8_0, 8, FORM_LEGACY, 0, 0)
 #define K_FN(NAME, R, W, BITS)                                                                                     \
     AVX2 static void NAME(const MatmulTask *t, long g, int h, long r0, int p)                                      \
     {                                                                                                              \
@@ -508,7 +529,8 @@ PACKED_FNS(pq8_0, 8, FORM_LEGACY, 0)
     K_FN(NAME##_1, 1, 1, BITS) K_FN(NAME##_2, 2, 1, BITS) K_FN(NAME##_4, 4, 1, BITS) K_FN(NAME##_w, 1, 2, BITS)
 K_FNS(pq4_k, 4)
 K_FNS(pq5_k, 5)
-PACKED_FNS(pq6_k, 6, FORM_Q6K, 0)
+PACKED_FNS(pq6_k, 6, FORM_Q6K, 0, 0)
+PACKED_FNS(piq4_nl, 4, FORM_LEGACY, 0, 1)
 
 #define LEGACY_WHOLE(NAME, BITS, OFF)                                                                              \
     AVX2 static void NAME##_w(const MatmulTask *t, long g, int h, long r0, int p)                                  \
@@ -526,5 +548,5 @@ LEGACY_WHOLE(pq5_1, 5, 1)
 #define WHOLE_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NAME##_w}
 const TileSet cpu_tiles_packed[PACKED_COUNT] = {WHOLE_SET(pq4_0), WHOLE_SET(pq4_1), WHOLE_SET(pq5_0),
                                                 WHOLE_SET(pq5_1), PACKED_SET(pq8_0), WHOLE_SET(pq4_k),
-                                                WHOLE_SET(pq5_k), PACKED_SET(pq6_k)};
+                                                WHOLE_SET(pq5_k), PACKED_SET(pq6_k), PACKED_SET(piq4_nl)};
 #endif

@@ -128,8 +128,10 @@ VNNI512 static inline __attribute__((always_inline)) void tile_k_512(const Matmu
 /* The legacy types and Q6_K, 16 columns x R rows, in their float orders (the top). */
 VNNI512 static inline __attribute__((always_inline)) void tile_packed_512(const MatmulTask *t, long g, long r0,
                                                                            const int R, const int BITS, const int FORM,
-                                                                           const int OFF, int prefetch)
+                                                                           const int OFF, const int TABLE, int prefetch)
 {
+    /* IQ4_NL's values + 128 as unsigned bytes, for vpdpbusd (its zero point is 128 on this path) */
+    const __m512i values = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_setr_epi8(IQ4_TABLE)), _mm512_set1_epi8(-128));
     const int NB = FORM == FORM_LEGACY ? 1 : 8, SUB = BITS == 6 ? 16 : 32;
     const long supers = t->k / (NB * BLOCK);
     const long header = PACKED_HEADER_BYTES(FORM, OFF), block_bytes = PACKED_BLOCK_BYTES(BITS);
@@ -182,6 +184,10 @@ VNNI512 static inline __attribute__((always_inline)) void tile_packed_512(const 
                     _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
                         __m512i lo, hi;
                         codes_45_512(codes, plane, q, BITS, &lo, &hi);
+                        if (TABLE) {
+                            lo = _mm512_shuffle_epi8(values, lo);
+                            hi = _mm512_shuffle_epi8(values, hi);
+                        }
                         _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
                             ia[r] = _mm512_dpbusd_epi32(ia[r], lo, _mm512_set1_epi32(load_i32(xs + r * BLOCK + 4 * q)));
                             ia[r] = _mm512_dpbusd_epi32(ia[r], hi,
@@ -221,27 +227,28 @@ VNNI512 static inline __attribute__((always_inline)) void tile_packed_512(const 
         (void)h;                                                                                                   \
         CALL;                                                                                                      \
     }
-#define WIDE_PACKED(NAME, BITS, FORM, OFF)                                                                         \
-    WIDE_TILE(NAME, 1, tile_packed_512(t, g, r0, 1, BITS, FORM, OFF, p))                                           \
-    WIDE_TILE(NAME, 2, tile_packed_512(t, g, r0, 2, BITS, FORM, OFF, p))                                           \
-    WIDE_TILE(NAME, 4, tile_packed_512(t, g, r0, 4, BITS, FORM, OFF, p))                                           \
-    WIDE_TILE(NAME, 8, tile_packed_512(t, g, r0, 8, BITS, FORM, OFF, p))
+#define WIDE_PACKED(NAME, BITS, FORM, OFF, TABLE)                                                                  \
+    WIDE_TILE(NAME, 1, tile_packed_512(t, g, r0, 1, BITS, FORM, OFF, TABLE, p))                                    \
+    WIDE_TILE(NAME, 2, tile_packed_512(t, g, r0, 2, BITS, FORM, OFF, TABLE, p))                                    \
+    WIDE_TILE(NAME, 4, tile_packed_512(t, g, r0, 4, BITS, FORM, OFF, TABLE, p))                                    \
+    WIDE_TILE(NAME, 8, tile_packed_512(t, g, r0, 8, BITS, FORM, OFF, TABLE, p))
 #define WIDE_K(NAME, BITS)                                                                                         \
     WIDE_TILE(NAME, 1, tile_k_512(t, g, r0, 1, BITS, p))                                                           \
     WIDE_TILE(NAME, 2, tile_k_512(t, g, r0, 2, BITS, p))                                                           \
     WIDE_TILE(NAME, 4, tile_k_512(t, g, r0, 4, BITS, p))                                                           \
     WIDE_TILE(NAME, 8, tile_k_512(t, g, r0, 8, BITS, p))
-WIDE_PACKED(w_pq4_0, 4, FORM_LEGACY, 0)
-WIDE_PACKED(w_pq4_1, 4, FORM_LEGACY, 1)
-WIDE_PACKED(w_pq5_0, 5, FORM_LEGACY, 0)
-WIDE_PACKED(w_pq5_1, 5, FORM_LEGACY, 1)
-WIDE_PACKED(w_pq8_0, 8, FORM_LEGACY, 0)
+WIDE_PACKED(w_pq4_0, 4, FORM_LEGACY, 0, 0)
+WIDE_PACKED(w_pq4_1, 4, FORM_LEGACY, 1, 0)
+WIDE_PACKED(w_pq5_0, 5, FORM_LEGACY, 0, 0)
+WIDE_PACKED(w_pq5_1, 5, FORM_LEGACY, 1, 0)
+WIDE_PACKED(w_pq8_0, 8, FORM_LEGACY, 0, 0)
 WIDE_K(w_pq4_k, 4)
 WIDE_K(w_pq5_k, 5)
-WIDE_PACKED(w_pq6_k, 6, FORM_Q6K, 0)
+WIDE_PACKED(w_pq6_k, 6, FORM_Q6K, 0, 0)
+WIDE_PACKED(w_piq4_nl, 4, FORM_LEGACY, 0, 1)
 
 #define WIDE_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NULL}
 const TileSet cpu_tiles_packed_512[PACKED_COUNT] = {WIDE_SET(w_pq4_0), WIDE_SET(w_pq4_1), WIDE_SET(w_pq5_0),
                                                     WIDE_SET(w_pq5_1), WIDE_SET(w_pq8_0), WIDE_SET(w_pq4_k),
-                                                    WIDE_SET(w_pq5_k), WIDE_SET(w_pq6_k)};
+                                                    WIDE_SET(w_pq5_k), WIDE_SET(w_pq6_k), WIDE_SET(w_piq4_nl)};
 #endif

@@ -1,6 +1,7 @@
 /*
  * repack.c: a GGUF tensor's rows (ggml's row-major blocks, as they lie in the file) into a packed kind's records
- * (matmul_packed.c has the layout), for the eight packed types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+ * (matmul_packed.c has the layout), for the nine packed types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+ * IQ4_NL (Q4_0's bytes).
  * Each row's super-block is written straight into its column of the group's record, 16 rows a record, four
  * bytes at a time where the layouts allow (the legacy types' nibbles are already in the records' order; the
  * K-quants' quarters and Q6_K's planes are regrouped with word masks and shifts); rows past the last are zeros.
@@ -95,6 +96,7 @@ static int write_column(const KindInfo *info, int kind, const uint8_t *block, in
     long block_bytes = cpu_packed_block_bytes(info);
     switch (kind) {
     case KIND_PQ4_0:
+    case KIND_PIQ4_NL: /* Q4_0's bytes */
     case KIND_PQ4_1:
     case KIND_PQ5_0:
     case KIND_PQ5_1: { /* f16 d (, f16 m) (, 32 fifth bits), nibbles: weight i low, i + 16 high */
@@ -189,7 +191,7 @@ static void repack_groups(const void *arg, long start, long stop)
  * such a matrix can only answer garbage. */
 int cpu_repack_gguf(int kind, const uint8_t *rows, long n, long row_bytes, long k, uint8_t *records)
 {
-    static const int file_bytes[PACKED_COUNT] = {18, 20, 22, 24, 34, 144, 176, 210}; /* per super-block */
+    static const int file_bytes[PACKED_COUNT] = {18, 20, 22, 24, 34, 144, 176, 210, 18}; /* per super-block */
     RepackTask t = {.kind = kind, .rows = rows, .n = n, .row_bytes = row_bytes, .records = records};
     if (!cpu_kind_info(kind, &t.info) || t.info.form == FORM_RECORDS || k % t.info.sb != 0 ||
         row_bytes != k / t.info.sb * file_bytes[kind - KIND_PQ4_0])

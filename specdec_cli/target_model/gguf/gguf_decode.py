@@ -5,10 +5,10 @@ decoder}) and returns its BlockWeights, or None for a type the kernels do not ta
 blocks of it. Each decoder reads its own type's bytes (ggml's layouts, checked against gguf/quants.py, the reference
 dequantiser) and nothing else:
 
-- Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: the packed kind of the same name, the file's own fields at the
-  file's size, repacked by kernels.repack_gguf (`gguf_fields` says what the fields are; kernels/packed.py).
-- IQ4_NL: f16 d, nibbles as Q4_0, w = d table[q]; IQ4_XS: super-blocks of 256, f16 d, 6-bit sub-block scales
-  (ls - 32) for 8 sub-blocks of 32, w = d (ls - 32) table[q]: kind q8 (the table's values are int8).
+- Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL: the packed kind of the same name, the file's own fields
+  at the file's size, repacked by kernels.repack_gguf (`gguf_fields` says what the fields are; kernels/packed.py).
+- IQ4_XS: super-blocks of 256, f16 d, 6-bit sub-block scales (ls - 32) for 8 sub-blocks of 32, w = d (ls - 32)
+  table[q]: kind q8 (the table's values are int8).
 - Q3_K: 32 bytes of high bits, 64 of 2-bit pairs, 12 bytes of 6-bit scales (sc - 32) of 16 sub-blocks of 16,
   f16 d, w = (d (sc - 32)) (q - 4): kind q4s. Q2_K: 16 bytes of 4-bit scale/minimum pairs, 64 of 2-bit codes,
   f16 d, dmin, w = (d sc) q - dmin m: kind q2s.
@@ -118,12 +118,6 @@ def _float(type_name: str) -> Decoder:
     return decode
 
 
-def _iq4_nl(raw: np.ndarray, out_features: int, in_features: int) -> BlockWeights:
-    data = _blocks(raw, "IQ4_NL", out_features, in_features)
-    q = _legacy_nibbles(data[..., 2:])
-    return _with_scales(kernels.KIND_Q8, "IQ4_NL", IQ4_VALUES[q] + 128, _halves(data, 0), out_features, in_features)
-
-
 def _iq4_xs(raw: np.ndarray, out_features: int, in_features: int) -> BlockWeights:
     data = _blocks(raw, "IQ4_XS", out_features, in_features)
     d = _halves(data, 0)
@@ -159,7 +153,7 @@ def _q2_k(raw: np.ndarray, out_features: int, in_features: int) -> BlockWeights:
 
 
 DECODERS: dict[str, Decoder] = {  # a packed kind, where the kernels have one, before any other decoder
-    "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs, "Q3_K": _q3_k, "Q2_K": _q2_k,
+    "IQ4_XS": _iq4_xs, "Q3_K": _q3_k, "Q2_K": _q2_k,
     **{type_name: _packed(type_name) for type_name in kernels.KIND_OF_GGUF_TYPE if type_name in GGUF_BLOCKS},
     **{type_name: _float(type_name) for type_name in GGUF_FLOATS},
 }
@@ -175,7 +169,8 @@ def gguf_fields(type_name: str, data: np.ndarray) -> kernels.Fields:
     the codes as stored, d (m, dmin) as f16, sub-scales as integers; every value as the file holds it. The reference
     for kernels.repack_gguf (C), which loads use; tests hold pack_fields(gguf_fields(...)) equal to it.
 
-    - Q4_0: f16 d, 16 bytes of nibbles (weight i low, i + 16 high), w = d (q - 8). Q4_1: f16 d, f16 m, nibbles,
+    - Q4_0: f16 d, 16 bytes of nibbles (weight i low, i + 16 high), w = d (q - 8); IQ4_NL the same bytes, w = d
+      IQ4_VALUES[q] (kernels/packed.py). Q4_1: f16 d, f16 m, nibbles,
       w = d q + m. Q5_0/Q5_1: as Q4_0/Q4_1 with 32 fifth bits after the f16s (bit i: weight i); Q5_0 w = d (q - 16).
     - Q8_0: f16 d, 32 int8 codes, w = d q.
     - Q4_K: super-blocks of 256, f16 d and dmin, 12 bytes of 6-bit scales/minimums for 8 sub-blocks of 32, 128 bytes
@@ -184,7 +179,7 @@ def gguf_fields(type_name: str, data: np.ndarray) -> kernels.Fields:
     - Q6_K: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales of sub-blocks of 16, f16 d,
       w = (d sc) (q - 32)."""
     out_features, size = data.shape[0], data.shape[2]
-    if type_name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):
+    if type_name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"):
         q = _legacy_nibbles(data[..., size - 16 :])
         if type_name in ("Q5_0", "Q5_1"):
             q = q | (np.unpackbits(data[..., size - 20 : size - 16], axis=-1, bitorder="little") << 4)
