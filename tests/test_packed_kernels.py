@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU k
 
 PACKED_KINDS = sorted(packed.PACKED)
 GGUF_BYTES_PER_BLOCK = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176,
-                        "Q6_K": 210, "IQ4_NL": 18}  # ggml's block sizes (gguf.constants.GGML_QUANT_SIZES)
+                        "Q6_K": 210, "IQ4_NL": 18, "IQ4_XS": 136}  # ggml's (gguf.constants.GGML_QUANT_SIZES)
 
 
 @pytest.fixture(autouse=True)
@@ -57,6 +57,8 @@ def _random_fields(kind: int, n: int, k: int, seed: int = 0, extreme: bool = Fal
         minimums = integers(0, 64, (n, supers, 8)).to(torch.uint8)
     elif info.form == packed.FORM_Q6K:
         scales = integers(-128, 128, (n, supers, 16)).to(torch.int8)
+    elif info.form == packed.FORM_IQ4XS:
+        scales = integers(0, 64, (n, supers, 8)).to(torch.uint8)
     return packed.Fields(codes, d, m, scales, minimums)
 
 

@@ -26,7 +26,7 @@
  *         16    byte    16   32   no     (none now: Q6_K is packed)
  *         17    nibble  16   4    no     Q3_K (codes 0..7)
  *         18    nibble  16   0    yes    Q2_K (codes 0..3)
- *       The packed kinds 40-48 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL) keep a GGUF type's own
+ *       The packed kinds 40-49 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS) keep a GGUF type's own
  *       fields at the file's size instead of float32 scales: f16 d (and m or dmin) per super-block of 32 or 256
  *       weights, 6-bit or int8 sub-scales, nibbles with a fifth-bit or 2-bit plane (IQ4_NL's an index into its
  *       table of 16 int8 values), or int8 codes (csrc/matmul_packed.c has the layout). The legacy types and

@@ -23,8 +23,9 @@ import torch
 BLOCK, GROUP = 32, 16
 KIND_PQ4_0, KIND_PQ4_1, KIND_PQ5_0, KIND_PQ5_1, KIND_PQ8_0 = 40, 41, 42, 43, 44
 KIND_PQ4_K, KIND_PQ5_K, KIND_PQ6_K = 45, 46, 47
-KIND_PIQ4_NL = 48
-FORM_LEGACY, FORM_K, FORM_Q6K = 1, 2, 3
+KIND_PIQ4_NL, KIND_PIQ4_XS = 48, 49
+FORM_LEGACY, FORM_K, FORM_Q6K, FORM_IQ4XS = 1, 2, 3, 4
+IQ4XS_SCALE_ZERO = 32  # an IQ4_XS sub-block's scale is d * (its 6-bit value - 32)
 # IQ4_NL's 16 weight values (ggml's kvalues_iq4nl; csrc/kernels.h IQ4_TABLE): a weight is d times the nibble's value
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
@@ -50,6 +51,8 @@ class PackedKind:
             return 2 * 2 * GROUP + 12 * GROUP
         if self.form == FORM_Q6K:
             return 2 * GROUP + 16 * GROUP
+        if self.form == FORM_IQ4XS:
+            return 2 * GROUP + 6 * GROUP
         return 2 * GROUP * (2 if self.offsets else 1)
 
     @property
@@ -71,6 +74,7 @@ PACKED = {
     KIND_PQ5_K: PackedKind("Q5_K", 5, 32, 0, True, FORM_K, 256),
     KIND_PQ6_K: PackedKind("Q6_K", 6, 16, 32, False, FORM_Q6K, 256),
     KIND_PIQ4_NL: PackedKind("IQ4_NL", 4, 32, 0, False, FORM_LEGACY, 32, table=True),
+    KIND_PIQ4_XS: PackedKind("IQ4_XS", 4, 32, 0, False, FORM_IQ4XS, 256, table=True),
 }
 KIND_OF_GGUF_TYPE = {info.name: kind for kind, info in PACKED.items()}
 
@@ -80,7 +84,8 @@ class Fields:
     """A matrix [n, k] as a packed kind's fields, per output row (n rows, `supers` = k / super_block):
     codes uint8 [n, k] (the code as stored: 0..15, 0..31, 0..63, or the int8 code's byte); d float16 [n, supers];
     m float16 [n, supers] (Q4_1/Q5_1's m, the K-quants' dmin; else None); scales uint8 [n, supers, 8] (Q4_K/Q5_K,
-    6-bit) or int8 [n, supers, 16] (Q6_K), else None; minimums uint8 [n, supers, 8] (Q4_K/Q5_K, 6-bit), else None."""
+    IQ4_XS: 6-bit) or int8 [n, supers, 16] (Q6_K), else None; minimums uint8 [n, supers, 8] (Q4_K/Q5_K, 6-bit), else
+    None."""
 
     codes: torch.Tensor
     d: torch.Tensor
@@ -188,6 +193,9 @@ def pack_fields(kind: int, fields: Fields) -> torch.Tensor:
     elif info.form == FORM_Q6K:
         assert fields.scales is not None
         header.append(_columns_last(_padded(fields.scales.to(torch.int8), rows).view(torch.uint8), count))
+    elif info.form == FORM_IQ4XS:
+        assert fields.scales is not None
+        header += list(_six_bit_planes(_padded(fields.scales.to(torch.uint8), rows), count))
     codes = _code_bytes(info, _padded(fields.codes.to(torch.uint8), rows), count, supers)
     records = torch.cat(header + [codes], dim=2).reshape(count, -1).contiguous()
     if records.shape[1] != packed_record_bytes(kind, k):  # pragma: no cover - a layout mistake
@@ -231,6 +239,8 @@ def unpack_fields(kind: int, records: torch.Tensor, n: int) -> Fields:
         fields.minimums = _six_bit_values(data[:, :, base + 64 : base + 128], data[:, :, base + 160 : base + 192])[:n]
     elif info.form == FORM_Q6K:
         fields.scales = _columns_first(data[:, :, 2 * GROUP : 18 * GROUP], 16, torch.int8)[:n].contiguous()
+    elif info.form == FORM_IQ4XS:
+        fields.scales = _six_bit_values(data[:, :, 2 * GROUP : 6 * GROUP], data[:, :, 6 * GROUP : 8 * GROUP])[:n]
     code = data[:, :, info.header_bytes :].reshape(count, supers, blocks, info.block_bytes)
     if info.bits == 8:
         per = code.reshape(count, supers, blocks, 8, GROUP, 4).permute(0, 4, 1, 2, 3, 5)  # [G, 16, S, B, 8, 4]
@@ -269,7 +279,8 @@ def fields_codes(kind: int, fields: Fields) -> tuple[torch.Tensor, torch.Tensor,
         scales = d
     else:
         assert fields.scales is not None
-        scales = d[..., None] * fields.scales.to(torch.float32)  # exact: an 11-bit mantissa times <= 8 bits
+        sub_scales = fields.scales.to(torch.float32) - (IQ4XS_SCALE_ZERO if info.form == FORM_IQ4XS else 0)
+        scales = d[..., None] * sub_scales  # exact: an 11-bit mantissa times <= 8 bits
     offsets = None
     if info.offsets:
         assert fields.m is not None

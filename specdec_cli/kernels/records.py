@@ -21,6 +21,7 @@ from .packed import (
     FORM_Q6K,
     IQ4_VALUES,
     KIND_PIQ4_NL,
+    KIND_PIQ4_XS,
     KIND_PQ4_0,
     KIND_PQ4_1,
     KIND_PQ4_K,
@@ -75,7 +76,7 @@ KINDS.update({kind: Kind(info.name.lower(), info.bits, info.sub, info.zero, info
                           span=info.super_block if info.form in (FORM_K, FORM_Q6K) else 32)
               for kind, info in PACKED.items()})
 PACKED_KINDS = (KIND_PQ4_0, KIND_PQ4_1, KIND_PQ5_0, KIND_PQ5_1, KIND_PQ8_0, KIND_PQ4_K, KIND_PQ5_K, KIND_PQ6_K,
-                KIND_PIQ4_NL)
+                KIND_PIQ4_NL, KIND_PIQ4_XS)
 
 
 def kind_of(kind: int) -> Kind:
@@ -194,7 +195,7 @@ def dequantize(kind: int, codes: torch.Tensor, scales: Optional[torch.Tensor],
     assert scales is not None
     n, k = codes.shape
     values = codes.view(torch.int8) if kind == KIND_PQ8_0 else codes  # Q8_0's codes are int8
-    if kind == KIND_PIQ4_NL:  # IQ4_NL's are indices into its table
+    if kind in (KIND_PIQ4_NL, KIND_PIQ4_XS):  # IQ4's are indices into its table
         values = torch.tensor(IQ4_VALUES, dtype=torch.int16)[codes.long()]
     weight = (values.to(torch.float32).reshape(n, -1, info.sub) - info.zero) * scales[..., None]
     if offsets is not None:

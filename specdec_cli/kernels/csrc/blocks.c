@@ -34,6 +34,7 @@ int cpu_kind_info(int kind, KindInfo *info)
     case KIND_PQ5_K: *info = (KindInfo){5, 32, 0, 1, 0, FORM_K, 256}; return 1;
     case KIND_PQ6_K: *info = (KindInfo){6, 16, 32, 0, 0, FORM_Q6K, 256}; return 1;
     case KIND_PIQ4_NL: *info = (KindInfo){4, 32, 0, 0, 0, FORM_LEGACY, 32, 1}; return 1;
+    case KIND_PIQ4_XS: *info = (KindInfo){4, 32, 0, 0, 0, FORM_IQ4XS, 256, 1}; return 1;
     default: return 0;
     }
 }

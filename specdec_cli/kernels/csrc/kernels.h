@@ -127,13 +127,14 @@ enum {
     KIND_PQ5_K = 46, /* Q5_K: as Q4_K, and a fifth-bit plane */
     KIND_PQ6_K = 47, /* Q6_K: per 256, f16 d, int8 scales per 16; nibbles and a 2-bit plane, zero point 32 */
     KIND_PIQ4_NL = 48, /* IQ4_NL: Q4_0's bytes, the nibble an index into IQ4_TABLE's int8 values */
+    KIND_PIQ4_XS = 49, /* IQ4_XS: per 256, f16 d, 6-bit scales (less 32) per 32; nibbles indexing IQ4_TABLE */
 };
 
 /* IQ4_NL's 16 weight values, d times one of these (ggml's kvalues_iq4nl). */
 #define IQ4_TABLE -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113
 
 /* How a kind keeps its scales: float32 per sub-block (the record kinds above 32 excepted), or a packed form. */
-enum { FORM_RECORDS = 0, FORM_LEGACY = 1, FORM_K = 2, FORM_Q6K = 3 };
+enum { FORM_RECORDS = 0, FORM_LEGACY = 1, FORM_K = 2, FORM_Q6K = 3, FORM_IQ4XS = 4 };
 
 /* The instruction sets, in order of preference. ../_cpu.c keeps the one in use (the best the CPU has, unless
  * set_isa chose another it has) and passes it to each kernel as `path`. */
@@ -242,13 +243,19 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const char *at,
 /* A packed kind's bytes per group (blocks.c, matmul_packed.c have the layout): a super-block's header, a block of 32's
  * codes; the offsets in a FORM_K header, and of Q6_K's int8 sub-scales. */
 #define PACKED_HEADER_BYTES(FORM, OFF)                                                                             \
-    ((FORM) == FORM_K ? 16 * GROUP : (FORM) == FORM_Q6K ? 18 * GROUP : 2 * GROUP * (1 + (OFF)))
+    ((FORM) == FORM_K       ? 16 * GROUP                                                                           \
+     : (FORM) == FORM_Q6K   ? 18 * GROUP                                                                           \
+     : (FORM) == FORM_IQ4XS ? 8 * GROUP                                                                            \
+                            : 2 * GROUP * (1 + (OFF)))
 #define PACKED_BLOCK_BYTES(BITS) (4 * (BITS) * GROUP)
 #define K_SCALE_LOW 64
 #define K_MIN_LOW 128
 #define K_SCALE_HIGH 192
 #define K_MIN_HIGH 224
 #define Q6K_SCALES 32
+#define IQ4XS_SCALE_LOW 32  /* FORM_IQ4XS: its 6-bit scales' nibbles and top bits, laid out as FORM_K's */
+#define IQ4XS_SCALE_HIGH 96
+#define IQ4XS_SCALE_ZERO 32 /* a sub-block's scale is d * (the 6-bit value - 32) */
 
 /* A tile: (task, group, half of the group (256-bit paths), first row, prefetch ahead of what it reads). */
 typedef void (*tile_fn)(const MatmulTask *, long, int, long, int);
@@ -268,7 +275,7 @@ extern const TileSet cpu_tiles_512[SHAPE_COUNT], cpu_floats_512[3];
 /* The packed kinds: their AVX2 tiles (matmul_packed.c; the avx2 and avxvnni paths run them) and avx512vnni tiles
  * (matmul_packed_512.c), indexed by kind - KIND_PQ4_0, and their portable reference loop (a task over record
  * groups, like matmul.c's). */
-#define PACKED_COUNT 9
+#define PACKED_COUNT 10
 extern const TileSet cpu_tiles_packed[PACKED_COUNT], cpu_tiles_packed_512[PACKED_COUNT];
 void cpu_matmul_packed_portable(const void *arg, long start, long stop);
 int cpu_repack_gguf(int kind, const uint8_t *rows, long n, long row_bytes, long k, uint8_t *records);

@@ -168,7 +168,10 @@ static const TileSet *tile_set(const KindInfo *info, int path)
 {
     if (info->form != FORM_RECORDS) {
         int legacy = info->table ? 8 : info->bits == 4 ? info->offsets : info->bits == 5 ? 2 + info->offsets : 4;
-        int index = info->form == FORM_LEGACY ? legacy : info->form == FORM_K ? (info->bits == 4 ? 5 : 6) : 7;
+        int index = info->form == FORM_LEGACY ? legacy
+                    : info->form == FORM_K    ? (info->bits == 4 ? 5 : 6)
+                    : info->form == FORM_Q6K  ? 7
+                                              : 9;
         return path == ISA_AVX512VNNI ? &cpu_tiles_packed_512[index] : &cpu_tiles_packed[index];
     }
     if (info->bits >= 16) {

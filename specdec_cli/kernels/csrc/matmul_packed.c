@@ -1,18 +1,19 @@
 /*
- * matmul_packed.c: the packed kinds (KIND_PQ*, KIND_PIQ4_NL), which multiply a GGUF type's own fields at the file's
- * size: f16 scales, 6-bit sub-scales and minimums, int8 sub-scales, nibbles with a fifth-bit or 2-bit plane, IQ4_NL's
- * nibbles indexing its table of int8 values (Q4_0's bytes; the tiles look the values up with a byte shuffle and
- * multiply them as Q8_0's int8 codes, so the bits of the int8 record kind). Their reference
+ * matmul_packed.c: the packed kinds (KIND_PQ*, KIND_PIQ4_*), which multiply a GGUF type's own fields at the file's
+ * size: f16 scales, 6-bit sub-scales and minimums, int8 sub-scales, nibbles with a fifth-bit or 2-bit plane, IQ4's
+ * nibbles indexing its table of int8 values (IQ4_NL: Q4_0's bytes; IQ4_XS: 6-bit scales less 32 per 32 weights;
+ * the tiles look the values up with a byte shuffle and multiply them as Q8_0's int8 codes). Their reference
  * loop (portable C) and their AVX2 tiles (8 columns x 1, 2 or 4 rows; for one row of the 4- and 5-bit kinds, a
  * whole group's 16 columns in one pass over the record), which the avx2 and avxvnni paths run (avx512vnni has its
  * own: matmul_packed_512.c). A group's record
- * (GROUP = 16 columns) is its super-blocks along k in order (sb = 32 weights for the legacy types, 256 for the
- * K-quants), each a header then the codes of its blocks of 32:
+ * (GROUP = 16 columns) is its super-blocks along k in order (sb = 32 weights for the legacy types and IQ4_NL, 256
+ * for the K-quants, Q6_K and IQ4_XS), each a header then the codes of its blocks of 32:
  *   header   FORM_LEGACY  d f16 [16]; Q4_1/Q5_1: m f16 [16]
  *            FORM_K       d f16 [16], dmin f16 [16], scale nibbles [4][16], minimum nibbles [4][16] (byte (p, c):
  *                         sub-block 2p's low 4 bits, 2p+1's in the high nibble), scale top bits [2][16], minimum
  *                         top bits [2][16] (byte (p, c), bits 2t..2t+1: the top 2 bits of sub-block 4p+t)
  *            FORM_Q6K     d f16 [16], int8 scales [16 sub-blocks of 16][16]
+ *            FORM_IQ4XS   d f16 [16], scale nibbles [4][16], scale top bits [2][16] (as FORM_K's scales)
  *   codes    4 consecutive weights (a "chunk") of each of the 16 columns side by side, 64 bytes a vector:
  *            nibbles      4 vectors: per sub-block of `sub` weights sub/8 vectors, vector q holding chunk q in its
  *                         low nibbles and chunk q + sub/8 in its high ones (the record kinds' layout)
@@ -20,10 +21,10 @@
  *            bits 6       then a 2-bit plane, 2 vectors: vector j (sub-block j of 16), byte (c, e), bits 2t..2t+1:
  *                         chunk 4j+t's top two bits
  *            bits 8       8 vectors, the int8 codes of chunk i in vector i
- * So each column holds exactly its row's bytes in the file. The arithmetic of the legacy types: scale_j = float(d)
- * and offset_j = float(m), then the record kinds' order (../_cpu.c): acc = fma(float(dot_j), scale_j * dx_b, acc)
- * and with offsets acc = fma(offset_j, sx_j, acc); such a packed kind gives the same bits as the float32-scale kind
- * the same weights would repack into. Q6_K's activations share one scale dx_s per super-block of 256 (as the
+ * So each column holds exactly its row's bytes in the file. The arithmetic of the legacy types and IQ4: scale_j =
+ * float(d) (IQ4_XS: float(d) * (6-bit scale - 32), exact in float32) and offset_j = float(m), then the record kinds'
+ * order (../_cpu.c): acc = fma(float(dot_j), scale_j * dx_b, acc) and with offsets acc = fma(offset_j, sx_j, acc);
+ * such a packed kind gives the same bits as the float32-scale kind the same weights would repack into. Q6_K's activations share one scale dx_s per super-block of 256 (as the
  * K-quants' below): scale_j = float(d) * int8 sub-scale (exact in float32), part = fma(float(dot_j), scale_j, part)
  * over its 16 sub-blocks, then acc = fma(part, dx_s, acc): one float operation a sub-block instead of two, which on
  * a Zen 4 share the ports of the integer dot products (8 rows 0.89-0.93x the time). The K-quants (FORM_K: Q4_K,
@@ -67,6 +68,8 @@ static void packed_column(const KindInfo *info, const uint8_t *record, long k, l
             float scale = d, offset = m; /* (FORM_K's sub-scales are applied in integers: k_row) */
             if (info->form == FORM_Q6K)
                 scale = d * (float)(int8_t)head[Q6K_SCALES + j * GROUP + c];
+            if (info->form == FORM_IQ4XS)
+                scale = d * (float)(k_six(head, IQ4XS_SCALE_LOW, IQ4XS_SCALE_HIGH, j, c) - IQ4XS_SCALE_ZERO);
             scales[s * per_super + j] = scale;
             offsets[s * per_super + j] = offset;
         }
@@ -237,14 +240,21 @@ AVX2 static inline __attribute__((always_inline)) __m256i k_pair16(const char *h
     return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(even, odd));
 }
 
+/* The 6-bit value of sub-block i for the 8 columns of half h, one byte each (the low 8 bytes), from a header's
+ * nibble rows at `low` and top-bit rows at `high` (FORM_K's scales, FORM_IQ4XS's). */
+AVX2 static inline __attribute__((always_inline)) __m128i six8(const char *head, int low, int high, int i, int h)
+{
+    __m128i nibbles = _mm_loadl_epi64((const __m128i *)(head + low + (i >> 1) * GROUP + 8 * h));
+    __m128i tops = _mm_loadl_epi64((const __m128i *)(head + high + (i >> 2) * GROUP + 8 * h));
+    return _mm_or_si128(_mm_and_si128(_mm_srli_epi16(nibbles, 4 * (i & 1)), _mm_set1_epi8(15)),
+                        _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(tops, 2 * (i & 3)), _mm_set1_epi8(3)), 4));
+}
+
 /* FORM_K's sub-scale of sub-block i for the 8 columns of half h, in both 16-bit lanes of each column (2c, 2c + 1):
  * madd's multiplier of a column's two partial sums. */
 AVX2 static inline __attribute__((always_inline)) __m256i k_scale16(const char *head, int i, int h)
 {
-    __m128i nibbles = _mm_loadl_epi64((const __m128i *)(head + K_SCALE_LOW + (i >> 1) * GROUP + 8 * h));
-    __m128i tops = _mm_loadl_epi64((const __m128i *)(head + K_SCALE_HIGH + (i >> 2) * GROUP + 8 * h));
-    __m128i value = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(nibbles, 4 * (i & 1)), _mm_set1_epi8(15)),
-                                 _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(tops, 2 * (i & 3)), _mm_set1_epi8(3)), 4));
+    __m128i value = six8(head, K_SCALE_LOW, K_SCALE_HIGH, i, h);
     return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(value, value));
 }
 
@@ -358,6 +368,11 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
                 if (FORM == FORM_Q6K) {
                     __m128i sc = _mm_loadl_epi64((const __m128i *)(head + Q6K_SCALES + (i * 2 + j) * GROUP + 8 * h));
                     scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+                }
+                if (FORM == FORM_IQ4XS) {
+                    __m256i six = _mm256_cvtepu8_epi32(six8(head, IQ4XS_SCALE_LOW, IQ4XS_SCALE_HIGH, i, h));
+                    scale = _mm256_mul_ps(
+                        d, _mm256_cvtepi32_ps(_mm256_sub_epi32(six, _mm256_set1_epi32(IQ4XS_SCALE_ZERO))));
                 }
                 __m256i ia[PACKED_ROWS];
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
@@ -531,6 +546,7 @@ K_FNS(pq4_k, 4)
 K_FNS(pq5_k, 5)
 PACKED_FNS(pq6_k, 6, FORM_Q6K, 0, 0)
 PACKED_FNS(piq4_nl, 4, FORM_LEGACY, 0, 1)
+PACKED_FNS(piq4_xs, 4, FORM_IQ4XS, 0, 1)
 
 #define LEGACY_WHOLE(NAME, BITS, OFF)                                                                              \
     AVX2 static void NAME##_w(const MatmulTask *t, long g, int h, long r0, int p)                                  \
@@ -548,5 +564,6 @@ LEGACY_WHOLE(pq5_1, 5, 1)
 #define WHOLE_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NAME##_w}
 const TileSet cpu_tiles_packed[PACKED_COUNT] = {WHOLE_SET(pq4_0), WHOLE_SET(pq4_1), WHOLE_SET(pq5_0),
                                                 WHOLE_SET(pq5_1), PACKED_SET(pq8_0), WHOLE_SET(pq4_k),
-                                                WHOLE_SET(pq5_k), PACKED_SET(pq6_k), PACKED_SET(piq4_nl)};
+                                                WHOLE_SET(pq5_k), PACKED_SET(pq6_k), PACKED_SET(piq4_nl),
+                                                PACKED_SET(piq4_xs)};
 #endif

@@ -53,8 +53,8 @@ VNNI512 static inline __attribute__((always_inline)) void store_group(const Matm
     }
 }
 
-/* FORM_K's 6-bit value of sub-block i for the 16 columns, one int32 lane each (`low`, `high`: the scales' or the
- * minimums' bytes). */
+/* A header's 6-bit value of sub-block i for the 16 columns, one byte each (`low`, `high`: the nibble and top-bit
+ * rows of FORM_K's scales or minimums, or of FORM_IQ4XS's scales). */
 VNNI512 static inline __attribute__((always_inline)) __m128i k_six16(const char *head, int low, int high, int i)
 {
     __m128i nibbles = _mm_loadu_si128((const __m128i *)(head + low + (i >> 1) * GROUP));
@@ -155,6 +155,11 @@ VNNI512 static inline __attribute__((always_inline)) void tile_packed_512(const 
                     __m128i sc = _mm_loadu_si128((const __m128i *)(head + Q6K_SCALES + (i * 2 + j) * GROUP));
                     scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
                 }
+                if (FORM == FORM_IQ4XS) {
+                    __m512i six = _mm512_cvtepu8_epi32(k_six16(head, IQ4XS_SCALE_LOW, IQ4XS_SCALE_HIGH, i));
+                    scale = _mm512_mul_ps(
+                        d, _mm512_cvtepi32_ps(_mm512_sub_epi32(six, _mm512_set1_epi32(IQ4XS_SCALE_ZERO))));
+                }
                 __m512i ia[PACKED_WIDE_ROWS];
                 _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
                     ia[r] = _mm512_set1_epi32(t->init[sj * t->rows + r0 + r]);
@@ -246,9 +251,11 @@ WIDE_K(w_pq4_k, 4)
 WIDE_K(w_pq5_k, 5)
 WIDE_PACKED(w_pq6_k, 6, FORM_Q6K, 0, 0)
 WIDE_PACKED(w_piq4_nl, 4, FORM_LEGACY, 0, 1)
+WIDE_PACKED(w_piq4_xs, 4, FORM_IQ4XS, 0, 1)
 
 #define WIDE_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NULL}
 const TileSet cpu_tiles_packed_512[PACKED_COUNT] = {WIDE_SET(w_pq4_0), WIDE_SET(w_pq4_1), WIDE_SET(w_pq5_0),
                                                     WIDE_SET(w_pq5_1), WIDE_SET(w_pq8_0), WIDE_SET(w_pq4_k),
-                                                    WIDE_SET(w_pq5_k), WIDE_SET(w_pq6_k), WIDE_SET(w_piq4_nl)};
+                                                    WIDE_SET(w_pq5_k), WIDE_SET(w_pq6_k), WIDE_SET(w_piq4_nl),
+                                                    WIDE_SET(w_piq4_xs)};
 #endif

@@ -1,7 +1,7 @@
 /*
  * repack.c: a GGUF tensor's rows (ggml's row-major blocks, as they lie in the file) into a packed kind's records
- * (matmul_packed.c has the layout), for the nine packed types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
- * IQ4_NL (Q4_0's bytes).
+ * (matmul_packed.c has the layout), for the ten packed types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+ * IQ4_NL (Q4_0's bytes), IQ4_XS.
  * Each row's super-block is written straight into its column of the group's record, 16 rows a record, four
  * bytes at a time where the layouts allow (the legacy types' nibbles are already in the records' order; the
  * K-quants' quarters and Q6_K's planes are regrouped with word masks and shifts); rows past the last are zeros.
@@ -54,9 +54,23 @@ static inline void write_fifth_bits(uint8_t *p, uint32_t bits)
     }
 }
 
+/* Eight 6-bit values of column c as the nibble rows (at `low`: byte (p, c) = value 2p's low 4 bits | value 2p+1's
+ * << 4) and top-bit rows (at `high`: byte (p, c), bits 2t..2t+1 = value 4p+t's top 2) of a packed header. */
+static void write_six(const int values[8], int c, uint8_t *out, int low, int high)
+{
+    for (int p = 0; p < 4; p++)
+        out[low + p * GROUP + c] = (uint8_t)((values[2 * p] & 15) | ((values[2 * p + 1] & 15) << 4));
+    for (int p = 0; p < 2; p++) {
+        uint8_t tops = 0;
+        for (int t = 0; t < 4; t++)
+            tops |= (uint8_t)(((values[4 * p + t] >> 4) & 3) << (2 * t));
+        out[high + p * GROUP + c] = tops;
+    }
+}
+
 /* Q4_K/Q5_K's 12 bytes of 6-bit scales and minimums (bytes 0-3: scales 0-3 and the top 2 bits of scales 4-7;
  * 4-7 the same for minimums; 8-11: the low 4 bits of scales 4-7 (low nibble) and minimums 4-7 (high nibble)), as
- * column c's nibble and top-bit rows of a FORM_K header (matmul_packed.c). */
+ * column c's rows of a FORM_K header (matmul_packed.c). */
 static void write_k_scales(const uint8_t *packed, int c, uint8_t *out)
 {
     int scales[8], minimums[8];
@@ -66,19 +80,8 @@ static void write_k_scales(const uint8_t *packed, int c, uint8_t *out)
         scales[4 + j] = (packed[8 + j] & 15) | ((packed[j] >> 6) << 4);
         minimums[4 + j] = (packed[8 + j] >> 4) | ((packed[4 + j] >> 6) << 4);
     }
-    for (int p = 0; p < 4; p++) {
-        out[64 + p * GROUP + c] = (uint8_t)((scales[2 * p] & 15) | ((scales[2 * p + 1] & 15) << 4));
-        out[128 + p * GROUP + c] = (uint8_t)((minimums[2 * p] & 15) | ((minimums[2 * p + 1] & 15) << 4));
-    }
-    for (int p = 0; p < 2; p++) {
-        uint8_t top_scales = 0, top_minimums = 0;
-        for (int t = 0; t < 4; t++) {
-            top_scales |= (uint8_t)(((scales[4 * p + t] >> 4) & 3) << (2 * t));
-            top_minimums |= (uint8_t)(((minimums[4 * p + t] >> 4) & 3) << (2 * t));
-        }
-        out[192 + p * GROUP + c] = top_scales;
-        out[224 + p * GROUP + c] = top_minimums;
-    }
+    write_six(scales, c, out, K_SCALE_LOW, K_SCALE_HIGH);
+    write_six(minimums, c, out, K_MIN_LOW, K_MIN_HIGH);
 }
 
 /* One row's super-block (`block`, in the GGUF's layout) written as column c of a group's super-block `out`.
@@ -95,6 +98,17 @@ static int write_column(const KindInfo *info, int kind, const uint8_t *block, in
     uint8_t *codes = out + cpu_packed_header_bytes(info) + 4 * c;
     long block_bytes = cpu_packed_block_bytes(info);
     switch (kind) {
+    case KIND_PIQ4_XS: { /* f16 d, u16 scales_h (bits 2i..2i+1: sub-block i's top 2), scales_l [4] (byte i / 2,
+                          * nibble i % 2: its low 4), then 8 sub-blocks of 16 bytes as Q4_0's */
+        int scales[8];
+        for (int i = 0; i < 8; i++)
+            scales[i] = ((block[4 + i / 2] >> (4 * (i % 2))) & 15) | (((read16(block + 2) >> (2 * i)) & 3) << 4);
+        write_six(scales, c, out, IQ4XS_SCALE_LOW, IQ4XS_SCALE_HIGH);
+        for (int b = 0; b < 8; b++)
+            for (int q = 0; q < 4; q++)
+                memcpy(codes + b * block_bytes + q * 64, block + 8 + 16 * b + 4 * q, 4);
+        return 0;
+    }
     case KIND_PQ4_0:
     case KIND_PIQ4_NL: /* Q4_0's bytes */
     case KIND_PQ4_1:
@@ -191,7 +205,7 @@ static void repack_groups(const void *arg, long start, long stop)
  * such a matrix can only answer garbage. */
 int cpu_repack_gguf(int kind, const uint8_t *rows, long n, long row_bytes, long k, uint8_t *records)
 {
-    static const int file_bytes[PACKED_COUNT] = {18, 20, 22, 24, 34, 144, 176, 210, 18}; /* per super-block */
+    static const int file_bytes[PACKED_COUNT] = {18, 20, 22, 24, 34, 144, 176, 210, 18, 136}; /* a super-block */
     RepackTask t = {.kind = kind, .rows = rows, .n = n, .row_bytes = row_bytes, .records = records};
     if (!cpu_kind_info(kind, &t.info) || t.info.form == FORM_RECORDS || k % t.info.sb != 0 ||
         row_bytes != k / t.info.sb * file_bytes[kind - KIND_PQ4_0])

@@ -5,10 +5,9 @@ decoder}) and returns its BlockWeights, or None for a type the kernels do not ta
 blocks of it. Each decoder reads its own type's bytes (ggml's layouts, checked against gguf/quants.py, the reference
 dequantiser) and nothing else:
 
-- Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL: the packed kind of the same name, the file's own fields
-  at the file's size, repacked by kernels.repack_gguf (`gguf_fields` says what the fields are; kernels/packed.py).
-- IQ4_XS: super-blocks of 256, f16 d, 6-bit sub-block scales (ls - 32) for 8 sub-blocks of 32, w = d (ls - 32)
-  table[q]: kind q8 (the table's values are int8).
+- Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS: the packed kind of the same name, the file's own
+  fields at the file's size, repacked by kernels.repack_gguf (`gguf_fields` says what the fields are;
+  kernels/packed.py).
 - Q3_K: 32 bytes of high bits, 64 of 2-bit pairs, 12 bytes of 6-bit scales (sc - 32) of 16 sub-blocks of 16,
   f16 d, w = (d (sc - 32)) (q - 4): kind q4s. Q2_K: 16 bytes of 4-bit scale/minimum pairs, 64 of 2-bit codes,
   f16 d, dmin, w = (d sc) q - dmin m: kind q2s.
@@ -30,7 +29,6 @@ from ... import kernels
 from ...kernels import BLOCK
 from ..native.block_weights import BlockWeights
 
-IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int16)
 # bytes per block of each GGUF type specdec's kernels take, and weights per block
 GGUF_BLOCKS = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q5_0": (22, 32), "Q5_1": (24, 32), "Q8_0": (34, 32),
                "Q2_K": (84, 256), "Q3_K": (110, 256), "Q4_K": (144, 256), "Q5_K": (176, 256), "Q6_K": (210, 256),
@@ -118,18 +116,6 @@ def _float(type_name: str) -> Decoder:
     return decode
 
 
-def _iq4_xs(raw: np.ndarray, out_features: int, in_features: int) -> BlockWeights:
-    data = _blocks(raw, "IQ4_XS", out_features, in_features)
-    d = _halves(data, 0)
-    high_bits = np.ascontiguousarray(data[..., 2:4]).view(np.uint16)  # [out, supers, 1]
-    low = _bits(data[..., 4:8], [0, 4], 15)  # [out, supers, 2, 4]: sub-block 2i + h in row h, column i
-    low = low.swapaxes(-1, -2).reshape(out_features, -1, 8)
-    high_scales = (high_bits >> (2 * np.arange(8, dtype=np.uint16))) & 3  # [out, supers, 8]
-    scales = d[..., None] * ((low | (high_scales << 4)).astype(np.float32) - 32)
-    q = _legacy_nibbles(data[..., 8:].reshape(out_features, -1, 8, 16))  # [out, supers, 8, 32]
-    return _with_scales(kernels.KIND_Q8, "IQ4_XS", IQ4_VALUES[q] + 128, scales, out_features, in_features)
-
-
 def _q3_k(raw: np.ndarray, out_features: int, in_features: int) -> BlockWeights:
     data = _blocks(raw, "Q3_K", out_features, in_features)
     low = _bits(data[..., 32:96].reshape(out_features, -1, 2, 32), [0, 2, 4, 6], 3)  # [out, supers, 2, 4, 32]
@@ -153,7 +139,7 @@ def _q2_k(raw: np.ndarray, out_features: int, in_features: int) -> BlockWeights:
 
 
 DECODERS: dict[str, Decoder] = {  # a packed kind, where the kernels have one, before any other decoder
-    "IQ4_XS": _iq4_xs, "Q3_K": _q3_k, "Q2_K": _q2_k,
+    "Q3_K": _q3_k, "Q2_K": _q2_k,
     **{type_name: _packed(type_name) for type_name in kernels.KIND_OF_GGUF_TYPE if type_name in GGUF_BLOCKS},
     **{type_name: _float(type_name) for type_name in GGUF_FLOATS},
 }
@@ -177,7 +163,10 @@ def gguf_fields(type_name: str, data: np.ndarray) -> kernels.Fields:
       where each 32-byte quarter holds one sub-block (low nibbles) and the next (high); w = (d sc) q - dmin m. Q5_K:
       as Q4_K with 32 bytes of fifth bits (bit j of byte i: weight i of sub-block j).
     - Q6_K: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales of sub-blocks of 16, f16 d,
-      w = (d sc) (q - 32)."""
+      w = (d sc) (q - 32).
+    - IQ4_XS: super-blocks of 256, f16 d, u16 scales_h (bits 2i..2i+1: sub-block i's top 2 bits), 4 bytes
+      scales_l (byte i: sub-blocks 2i low, 2i + 1 high nibble), 8 sub-blocks of 32 as IQ4_NL's nibbles,
+      w = d (ls - 32) IQ4_VALUES[q]."""
     out_features, size = data.shape[0], data.shape[2]
     if type_name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"):
         q = _legacy_nibbles(data[..., size - 16 :])
@@ -202,6 +191,12 @@ def gguf_fields(type_name: str, data: np.ndarray) -> kernels.Fields:
         q = low.reshape(out_features, -1, 8, 32) | (high.reshape(out_features, -1, 8, 32) << 4)
         scales = torch.from_numpy(np.ascontiguousarray(data[..., 192:208]).view(np.int8).copy())
         return kernels.Fields(_codes(q, out_features), _f16(data, 208), None, scales)
+    if type_name == "IQ4_XS":
+        low = _bits(data[..., 4:8], [0, 4], 15).swapaxes(-1, -2).reshape(out_features, -1, 8)  # sub-block 2i + h
+        high = (np.ascontiguousarray(data[..., 2:4]).view(np.uint16) >> (2 * np.arange(8, dtype=np.uint16))) & 3
+        q = _legacy_nibbles(data[..., 8:].reshape(out_features, -1, 8, 16))  # [out, supers, 8, 32]
+        scales = torch.from_numpy((low | (high << 4)).astype(np.uint8))
+        return kernels.Fields(_codes(q, out_features), _f16(data, 0), None, scales)
     raise ValueError(f"{type_name} is not a packed type")
 
 

@@ -36,10 +36,10 @@ from ..gguf.gguf_decode import decode_gguf_blocks, permuted_rows
 from ..gguf.gguf_file import GGUFFile
 from ..gguf.gguf_layout import Expected
 
-BLOCKS_FORMAT = 3  # bump when the cache's layout or a repacking rule changes (2: packed kinds; 3: IQ4_NL packed)
+BLOCKS_FORMAT = 3  # bump when the cache's layout or a repacking rule changes (2: packed kinds; 3: IQ4_NL, IQ4_XS)
 SLICE_WEIGHTS = 1 << 24  # weights decoded at once (a slice of rows): bounds the repacking's memory
 # ggml type -> the kernels' kind it is repacked into (gguf_decode.DECODERS); other dequantisable types: f32
-KIND_OF_TYPE = {**kernels.KIND_OF_GGUF_TYPE, "IQ4_XS": kernels.KIND_Q8,
+KIND_OF_TYPE = {**kernels.KIND_OF_GGUF_TYPE,
                 "Q3_K": kernels.KIND_Q4S, "Q2_K": kernels.KIND_Q2S, "F32": kernels.KIND_F32, "F16": kernels.KIND_F16,
                 "BF16": kernels.KIND_BF16}
 

@@ -8,8 +8,8 @@ with each row of activations rounded to 8 bits, as llama.cpp does). What `--weig
 
 - `dense`: every weight dequantised to the compute dtype, as transformers loaded it.
 - `gguf`: every tensor of a type users hold runs on the kernels from its own bits: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-  Q4_K, Q5_K, Q6_K and IQ4_NL as packed kinds that keep the file's own fields at the file's size
-  (kernels/packed.py); IQ4_XS as int8 values (IQ4's 16-entry table read at conversion), Q3_K and Q2_K with their per-16
+  Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS as packed kinds that keep the file's own fields at the file's size
+  (kernels/packed.py); Q3_K and Q2_K with their per-16
   sub-scales (times the super-block's d, exact in float32) as scales of 16 weights (kernels.KINDS); F16, BF16 and
   F32 matrices as they are, on a fixed-order float kernel. Any other type
   (IQ1-IQ3, TQ*, ...) and any matrix whose input size is not a multiple of its block stays dense.
