@@ -21,16 +21,16 @@
  *         kind  codes   sub zero offset  GGUF types (quant.py)
  *          4    nibble  32   0    yes    int4 made on load
  *          5    nibble  32   8    no     (none now: Q4_0 is packed)
- *          8    byte    32  128   no     IQ4_XS: the int8 value + 128 (and int8 made on load; IQ4_NL is packed)
+ *          8    byte    32  128   no     int8 made on load (none from a GGUF now: IQ4_NL, IQ4_XS are packed)
  *          9    byte    32   0    yes    (none now: Q5_1, Q5_K are packed)
  *         16    byte    16   32   no     (none now: Q6_K is packed)
  *         17    nibble  16   4    no     Q3_K (codes 0..7)
  *         18    nibble  16   0    yes    Q2_K (codes 0..3)
- *       The packed kinds 40-49 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS) keep a GGUF type's own
- *       fields at the file's size instead of float32 scales: f16 d (and m or dmin) per super-block of 32 or 256
- *       weights, 6-bit or int8 sub-scales, nibbles with a fifth-bit or 2-bit plane (IQ4_NL's an index into its
- *       table of 16 int8 values), or int8 codes (csrc/matmul_packed.c has the layout). The legacy types and
- *       IQ4_NL compute the order below with the same values, and the same bits, as the float32-scale kind the same
+ *       The packed kinds 40-49 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS) keep a GGUF
+ *       type's own fields at the file's size instead of float32 scales: f16 d (and m or dmin) per super-block of
+ *       32 or 256 weights, 6-bit or int8 sub-scales, nibbles with a fifth-bit or 2-bit plane (IQ4's an index into
+ *       its table of 16 int8 values), or int8 codes (csrc/matmul_packed.c has the layout). The legacy types and
+ *       IQ4 compute the order below with the same values, and the same bits, as the float32-scale kind the same
  *       weights would repack into; the K-quants and Q6_K have orders of their own over a super-block of 256
  *       (csrc/matmul_packed.c's header). The avx512vnni path runs their 512-bit tiles
  *       (csrc/matmul_packed_512.c), the avx2 and avxvnni paths their AVX2 tiles.

@@ -24,10 +24,11 @@
  * So each column holds exactly its row's bytes in the file. The arithmetic of the legacy types and IQ4: scale_j =
  * float(d) (IQ4_XS: float(d) * (6-bit scale - 32), exact in float32) and offset_j = float(m), then the record kinds'
  * order (../_cpu.c): acc = fma(float(dot_j), scale_j * dx_b, acc) and with offsets acc = fma(offset_j, sx_j, acc);
- * such a packed kind gives the same bits as the float32-scale kind the same weights would repack into. Q6_K's activations share one scale dx_s per super-block of 256 (as the
- * K-quants' below): scale_j = float(d) * int8 sub-scale (exact in float32), part = fma(float(dot_j), scale_j, part)
- * over its 16 sub-blocks, then acc = fma(part, dx_s, acc): one float operation a sub-block instead of two, which on
- * a Zen 4 share the ports of the integer dot products (8 rows 0.89-0.93x the time). The K-quants (FORM_K: Q4_K,
+ * such a packed kind gives the same bits as the float32-scale kind the same weights would repack into. Q6_K's
+ * activations share one scale dx_s per super-block of 256 (as the K-quants' below): scale_j = float(d) * int8
+ * sub-scale (exact in float32), part = fma(float(dot_j), scale_j, part) over its 16 sub-blocks, then
+ * acc = fma(part, dx_s, acc): one float operation a sub-block instead of two, which on a Zen 4 share the ports of
+ * the integer dot products (8 rows 0.89-0.93x the time). The K-quants (FORM_K: Q4_K,
  * Q5_K) multiply as llama.cpp's q4_K x q8_K does, in integers over a whole super-block: the activations share one
  * scale dx_s per super-block of 256 (blocks.c), each sub-block's dot product is multiplied by its 6-bit sub-scale
  * and summed in 32 bits (isum), the minimums' term likewise against the sub-blocks' sums of codes (imin), then per
@@ -338,12 +339,24 @@ AVX2 static inline __attribute__((always_inline)) void tile_k(const MatmulTask *
     }
 }
 
-/* The legacy types and Q6_K, 8 columns x R rows, in their float orders at the top. */
+/* ia[r] += the chunk of int8 codes `w` (8 columns x 4 weights) times row r's 4 codes at x + r * BLOCK: maddubs of
+ * the magnitudes with the row's codes carrying the weights' signs, widened at once (two products of int8 values
+ * can reach 32,258; two pairs of them could not add in 16 bits). */
+AVX2 static inline __attribute__((always_inline)) void int8_chunk(__m256i *ia, __m256i w, const int8_t *x, const int R)
+{
+    const __m256i magnitude = _mm256_sign_epi8(w, w), ones = _mm256_set1_epi16(1);
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+        __m256i xa = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + r * BLOCK)), w);
+        ia[r] = _mm256_add_epi32(ia[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, xa), ones));
+    }
+}
+
+/* The legacy types, IQ4 and Q6_K, 8 columns x R rows, in their float orders at the top. */
 AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulTask *t, long g, int h, long r0,
                                                                    const int R, const int BITS, const int FORM,
                                                                    const int OFF, const int TABLE, int prefetch)
 {
-    const __m256i values = _mm256_broadcastsi128_si256(_mm_setr_epi8(IQ4_TABLE)); /* IQ4_NL's, signed */
+    const __m256i values = _mm256_broadcastsi128_si256(_mm_setr_epi8(IQ4_TABLE)); /* IQ4's, signed */
     const int NB = FORM == FORM_LEGACY ? 1 : 8, SUB = BITS == 6 ? 16 : 32;
     const long supers = t->k / (NB * BLOCK);
     const long header = PACKED_HEADER_BYTES(FORM, OFF), block_bytes = PACKED_BLOCK_BYTES(BITS);
@@ -377,30 +390,16 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
                 __m256i ia[PACKED_ROWS];
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
                     ia[r] = _mm256_set1_epi32(t->init[sj * t->rows + r0 + r]);
-                if (TABLE) { /* IQ4_NL: each nibble's signed value from the table, then as int8 codes (BITS 8) */
+                if (TABLE) { /* IQ4: each nibble's signed value from the table, then as int8 codes (BITS 8) */
                     _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
                         __m256i v = _mm256_loadu_si256((const __m256i *)(codes + q * 64 + 32 * h));
-                        __m256i w[2] = {_mm256_shuffle_epi8(values, _mm256_and_si256(v, low)),
-                                        _mm256_shuffle_epi8(values, _mm256_and_si256(_mm256_srli_epi16(v, 4), low))};
-                        _Pragma("GCC unroll 2") for (int half = 0; half < 2; half++) {
-                            __m256i magnitude = _mm256_sign_epi8(w[half], w[half]);
-                            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-                                __m256i xa = _mm256_sign_epi8(
-                                    _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + 4 * half))), w[half]);
-                                ia[r] = _mm256_add_epi32(ia[r],
-                                                         _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, xa), ones));
-                            }
-                        }
+                        int8_chunk(ia, _mm256_shuffle_epi8(values, _mm256_and_si256(v, low)), xs + 4 * q, R);
+                        int8_chunk(ia, _mm256_shuffle_epi8(values, _mm256_and_si256(_mm256_srli_epi16(v, 4), low)),
+                                   xs + 4 * (q + 4), R);
                     }
                 } else if (BITS == 8) {
-                    _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
-                        __m256i w = _mm256_loadu_si256((const __m256i *)(codes + c * 64 + 32 * h));
-                        __m256i magnitude = _mm256_sign_epi8(w, w);
-                        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-                            __m256i xa = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * c)), w);
-                            ia[r] = _mm256_add_epi32(ia[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, xa), ones));
-                        }
-                    }
+                    _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) int8_chunk(
+                        ia, _mm256_loadu_si256((const __m256i *)(codes + c * 64 + 32 * h)), xs + 4 * c, R);
                 } else if (BITS == 6) {
                     __m256i plane = _mm256_loadu_si256((const __m256i *)(codes + 256 + j * 64 + 32 * h));
                     _Pragma("GCC unroll 2") for (int q = 0; q < 2; q++) {

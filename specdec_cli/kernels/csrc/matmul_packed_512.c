@@ -4,9 +4,10 @@
  * the row's signed codes broadcast four at a time, so no 16-bit partial sums and no pairs of halves. Each output
  * element gets the integers and then the float operations of matmul_packed.c's header comment in their order, so the
  * bits of its AVX2 tiles and portable loop:
- *   legacy types            per block: ia = -zero * (the row's code sum) + dot (vpdpbusd), then
- *                           acc = fma(float(ia), d * dx, acc) and, with offsets, acc = fma(m, sx, acc);
- *                           Q8_0's int8 codes are made unsigned (+128, an xor) and its zero point is 128 here
+ *   legacy types, IQ4      per block: ia = -zero * (the row's code sum) + dot (vpdpbusd), then
+ *                           acc = fma(float(ia), scale * dx, acc) and, with offsets, acc = fma(m, sx, acc);
+ *                           Q8_0's int8 codes are made unsigned (+128, an xor), IQ4's nibbles looked up as their
+ *                           table's value + 128 (a byte shuffle), and their zero point is 128 here
  *   Q6_K                    per sub-block of 16: ia as above, part = fma(float(ia), d * sub-scale, part); per
  *                           super-block acc = fma(part, dx, acc) (one activation scale per 256)
  *   K-quants (Q4_K, Q5_K)   per super-block: imin = sum of minimum pairs x the row's pairs of sub-block sums
@@ -125,12 +126,12 @@ VNNI512 static inline __attribute__((always_inline)) void tile_k_512(const Matmu
     store_group(t, g, r0, R, acc);
 }
 
-/* The legacy types and Q6_K, 16 columns x R rows, in their float orders (the top). */
+/* The legacy types, IQ4 and Q6_K, 16 columns x R rows, in their float orders (the top). */
 VNNI512 static inline __attribute__((always_inline)) void tile_packed_512(const MatmulTask *t, long g, long r0,
                                                                            const int R, const int BITS, const int FORM,
                                                                            const int OFF, const int TABLE, int prefetch)
 {
-    /* IQ4_NL's values + 128 as unsigned bytes, for vpdpbusd (its zero point is 128 on this path) */
+    /* IQ4's values + 128 as unsigned bytes, for vpdpbusd (its zero point is 128 on this path) */
     const __m512i values = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_setr_epi8(IQ4_TABLE)), _mm512_set1_epi8(-128));
     const int NB = FORM == FORM_LEGACY ? 1 : 8, SUB = BITS == 6 ? 16 : 32;
     const long supers = t->k / (NB * BLOCK);
