@@ -1,4 +1,4 @@
-"""Synthetic GGUF files for the bench: random weights in llama.cpp's Q4_K_M recipe, a real tokenizer.
+"""Synthetic GGUF files for the bench: random weights in llama.cpp's Q4_K_M (or IQ4_XS) recipe, a real tokenizer.
 
 Shapes (the tokenizer, and so the vocabulary, is SmolLM2's, taken from the default model's GGUF metadata):
 
@@ -23,8 +23,10 @@ The recipe (docs/algorithms.md section 10): Q4_K for most matrices; Q6_K for `at
 then Q4_K; in the tied shapes `token_embd` plays the output matrix and takes Q6_K, as llama.cpp quantises it then);
 where a row's length is not a multiple of 256, the legacy fallbacks Q5_0 (for Q4_K) and Q8_0 (for Q6_K). So
 gemma3-270m's rows of 640 take Q5_0/Q8_0 and only its 1024- and 2048-long rows (attn_output, ffn_down) stay K-quants.
+`--recipe iq4_xs`: IQ4_XS for every matrix but the output one (Q6_K, as above), IQ4_NL where a row is not a
+multiple of 256 (llama.cpp's IQ4_XS files, as their type choice falls back).
 
-K-quant blocks are random bytes with f16 scales chosen so that a weight's standard deviation is about --std
+K-quant and IQ4 blocks are random bytes with f16 scales chosen so that a weight's standard deviation is about --std
 (0.02 by default; Q4_K's minimum centres the weights on zero); Q5_0/Q8_0 blocks quantise Gaussian weights with
 `gguf.quants.quantize`. Norm weights are ones. The file is streamed: every tensor's name, shape and type go
 to the header first, then each tensor is made and written one at a time and dropped, so memory holds one tensor,
@@ -58,6 +60,8 @@ sys.path.insert(0, str(REPO))
 MARKER = "specdec.synthetic"  # a GGUF key naming how the file was made; files without it are not overwritten
 QK_K = 256
 FILE_TYPE_Q4_K_M = 15  # llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M
+FILE_TYPE_IQ4_XS = 30  # LLAMA_FTYPE_MOSTLY_IQ4_XS
+RECIPES = {"q4_k_m": ("Q4_K_M", FILE_TYPE_Q4_K_M), "iq4_xs": ("IQ4_XS", FILE_TYPE_IQ4_XS)}
 
 
 @dataclass(frozen=True)
@@ -91,14 +95,20 @@ def more_bits(layer: int, layers: int) -> bool:
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
 
 
-def recipe_type(name: str, row: int, layer: Optional[int], layers: int, tied: bool = True) -> Any:
-    """The Q4_K_M type of one tensor (row = its row length, the number of columns; tied = no `output.weight`,
+def recipe_type(name: str, row: int, layer: Optional[int], layers: int, tied: bool = True,
+                recipe: str = "q4_k_m") -> Any:
+    """The recipe's type of one tensor (row = its row length, the number of columns; tied = no `output.weight`,
     the embedding plays the output matrix, as llama.cpp then quantises it)."""
     from gguf import GGMLQuantizationType as Q
 
     if name.endswith("norm.weight") or name.endswith(".bias"):
         return Q.F32
-    if name == "output.weight" or (name == "token_embd.weight" and tied):
+    is_output = name == "output.weight" or (name == "token_embd.weight" and tied)
+    if recipe == "iq4_xs":
+        if is_output:
+            return Q.Q6_K if row % QK_K == 0 else Q.Q8_0
+        return Q.IQ4_NL if row % QK_K else Q.IQ4_XS
+    if is_output:
         wanted = Q.Q6_K
     elif layer is not None and (".attn_v." in name or ".ffn_down." in name) and more_bits(layer, layers):
         wanted = Q.Q6_K
@@ -169,6 +179,29 @@ def q6_k_blocks(rng: np.random.Generator, rows: int, row: int, std: float) -> np
     return raw.reshape(rows, row // QK_K * 210)
 
 
+def iq4_blocks(rng: np.random.Generator, qtype: Any, rows: int, row: int, std: float) -> np.ndarray:
+    """Random IQ4_NL blocks (f16 d, 16 bytes of nibbles: w = d * value[q], std(value) about 66) or IQ4_XS
+    super-blocks (f16 d, 2 + 4 bytes of 6-bit scales ls, 128 bytes of nibbles: w = d * (ls - 32) * value[q], the
+    scales drawn from 40-55 so std(w) is about 1020 d)."""
+    from gguf import GGML_QUANT_SIZES
+    from gguf import GGMLQuantizationType as Q
+
+    per, size = GGML_QUANT_SIZES[qtype]
+    blocks = rows * row // per
+    raw = rng.integers(0, 256, size=(blocks, size), dtype=np.uint8)
+    if qtype == Q.IQ4_NL:
+        raw[:, 0:2] = _f16_bytes((std / 66.0) * rng.uniform(0.75, 1.25, size=blocks))
+        return raw.reshape(rows, row // per * size)
+    scales = rng.integers(40, 56, size=(blocks, 8)).astype(np.uint16)
+    high = np.zeros(blocks, dtype=np.uint16)
+    for i in range(8):
+        high |= (scales[:, i] >> 4) << (2 * i)
+    raw[:, 0:2] = _f16_bytes((std / 1020.0) * rng.uniform(0.75, 1.25, size=blocks))
+    raw[:, 2:4] = high.view(np.uint8).reshape(blocks, 2)
+    raw[:, 4:8] = ((scales[:, 0::2] & 15) | ((scales[:, 1::2] & 15) << 4)).astype(np.uint8)
+    return raw.reshape(rows, row // per * size)
+
+
 def random_tensor(rng: np.random.Generator, qtype: Any, rows: int, row: int, std: float) -> np.ndarray:
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import quantize
@@ -179,6 +212,8 @@ def random_tensor(rng: np.random.Generator, qtype: Any, rows: int, row: int, std
         return q4_k_blocks(rng, rows, row, std)
     if qtype == Q.Q6_K:
         return q6_k_blocks(rng, rows, row, std)
+    if qtype in (Q.IQ4_NL, Q.IQ4_XS):
+        return iq4_blocks(rng, qtype, rows, row, std)
     weights = (rng.standard_normal((rows, row), dtype=np.float32) * std).astype(np.float32)
     return quantize(weights, qtype)
 
@@ -213,12 +248,15 @@ def default_tokenizer_gguf() -> str:
     return str(default_gguf_path())
 
 
-def add_metadata(writer: Any, shape: Shape, shape_name: str, vocab: int, seed: int, std: float) -> None:
+def add_metadata(writer: Any, shape: Shape, shape_name: str, vocab: int, seed: int, std: float,
+                 recipe: str = "q4_k_m") -> None:
     arch = shape.arch
-    writer.add_name(f"specdec synthetic {shape_name} Q4_K_M (random weights)")
+    label, file_type = RECIPES[recipe]
+    writer.add_name(f"specdec synthetic {shape_name} {label} (random weights)")
     writer.add_type("model")
-    writer.add_string(MARKER, f"benchmarks/write_gguf.py --shape {shape_name} --seed {seed} --std {std}")
-    writer.add_file_type(FILE_TYPE_Q4_K_M)
+    writer.add_string(MARKER, f"benchmarks/write_gguf.py --shape {shape_name} --seed {seed} --std {std} "
+                              f"--recipe {recipe}")
+    writer.add_file_type(file_type)
     writer.add_quantization_version(2)
     writer.add_uint32(f"{arch}.context_length", shape.context)
     writer.add_uint32(f"{arch}.embedding_length", shape.hidden)
@@ -254,7 +292,7 @@ def refuse_overwrite(path: Path, force: bool) -> None:
         raise SystemExit(f"{path} exists and was not written by write_gguf.py; pass --force to overwrite it")
 
 
-def write(path: Path, shape_name: str, seed: int, std: float, tokenizer_gguf: str) -> dict:
+def write(path: Path, shape_name: str, seed: int, std: float, tokenizer_gguf: str, recipe: str = "q4_k_m") -> dict:
     from gguf import GGML_QUANT_SIZES, GGUFWriter
     from gguf import GGMLQuantizationType as Q
 
@@ -266,12 +304,12 @@ def write(path: Path, shape_name: str, seed: int, std: float, tokenizer_gguf: st
     counts: dict[str, int] = {}
     with atomic_file(path) as temporary:
         writer = GGUFWriter(str(temporary), shape.arch)
-        add_metadata(writer, shape, shape_name, vocab, seed, std)
+        add_metadata(writer, shape, shape_name, vocab, seed, std, recipe)
         for key, value, main, sub in fields:
             writer.add_key_value(key, value, main, sub)
         # Streamed: every tensor's info first (name, shape, type, size), then the data one tensor at a time, each
         # made just before it is written and dropped after, so the writer holds one tensor, never the whole file.
-        plan = [(name, rows, row, recipe_type(name, row, layer, shape.layers, shape.tied))
+        plan = [(name, rows, row, recipe_type(name, row, layer, shape.layers, shape.tied, recipe))
                 for name, (rows, row), layer in tensor_plan(shape, vocab)]
         for name, rows, row, qtype in plan:
             if qtype == Q.F32:
@@ -312,7 +350,7 @@ def write_tokenizer(path: Path, tokenizer_gguf: str) -> int:
     return vocab
 
 
-def check_read_back(path: Path, shape_name: str) -> dict[str, int]:
+def check_read_back(path: Path, shape_name: str, recipe: str = "q4_k_m") -> dict[str, int]:
     """Read the file back with gguf.GGUFReader: every tensor present, with the recipe's type and shape."""
     from gguf import GGUFReader
 
@@ -323,7 +361,7 @@ def check_read_back(path: Path, shape_name: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     for name, (rows, row), layer in tensor_plan(shape, vocab):
         tensor = tensors.pop(name)
-        expected = recipe_type(name, row, layer, shape.layers, shape.tied)
+        expected = recipe_type(name, row, layer, shape.layers, shape.tied, recipe)
         if tensor.tensor_type != expected:
             raise SystemExit(f"{name}: read back as {tensor.tensor_type.name}, the recipe says {expected.name}")
         logical = [int(value) for value in tensor.shape]  # GGUF lists the row length first
@@ -361,6 +399,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--tokenizer-only", action="store_true",
                         help="write only the tokenizer's metadata (no --shape, no tensors)")
     parser.add_argument("-o", "--out", required=True, help="the .gguf file to write")
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="q4_k_m",
+                        help="llama.cpp's type mix to follow (default: q4_k_m)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--std", type=float, default=0.02, help="standard deviation of the weights (about)")
     parser.add_argument("--tokenizer-from", default=None,
@@ -385,12 +425,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.shape is None:
         parser.error("--shape is required (or --tokenizer-only)")
     started = time.perf_counter()
-    written = write(path, args.shape, args.seed, args.std, args.tokenizer_from or default_tokenizer_gguf())
+    written = write(path, args.shape, args.seed, args.std, args.tokenizer_from or default_tokenizer_gguf(),
+                    args.recipe)
     seconds = time.perf_counter() - started
     if args.no_read_back:
         print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB) in {seconds:.1f} s (not read back)")
         return 0
-    counts = check_read_back(path, args.shape)
+    counts = check_read_back(path, args.shape, args.recipe)
     assert counts == written
     total = sum(counts.values())
     mix = ", ".join(f"{name} {count / 1e6:.1f}M" for name, count in sorted(counts.items(), key=lambda item: -item[1]))

@@ -369,3 +369,46 @@ def test_the_stored_config_and_rotary_tables_are_transformers_own(family, tmp_pa
     gguf_check._checked.clear()  # a new process: the config is read from the cache, not built
     second = _in_place(path, tmp_path / "home", monkeypatch).model
     assert second.source.repacked is False and second.config.to_dict() == first.config.to_dict()
+
+
+@pytest.mark.slow
+def test_an_iq4_file_loads_at_its_own_bits_and_every_drafter_is_plain_decoding(tmp_path):
+    """A file in llama.cpp's IQ4_XS mix (benchmarks/write_gguf.py --recipe iq4_xs: IQ4_XS where a row is a multiple
+    of 256, IQ4_NL elsewhere, a Q8_0 output matrix), loaded in place by `specdec chat` with a user's defaults: its
+    IQ4 matrices on their packed kinds, and every drafter's tokens those of plain decoding."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "write_gguf", Path(__file__).resolve().parents[1] / "benchmarks" / "write_gguf.py")
+    assert spec and spec.loader
+    script = importlib.util.module_from_spec(spec)
+    sys.modules["write_gguf"] = script  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(script)
+        # hidden 320 (rows of 320: IQ4_NL; the output matrix Q8_0), FFN 512 (ffn_down's rows of 512: IQ4_XS)
+        script.SHAPES["iq4-test"] = script.Shape("llama", 320, 2, 512, 5, 1, 64, 512, 10000.0, 1e-5, tied=True)
+        path = tmp_path / "tiny-IQ4_XS.gguf"
+        counts = script.write(path, "iq4-test", 0, 0.05, script.default_tokenizer_gguf(), "iq4_xs")
+    finally:
+        sys.modules.pop("write_gguf", None)
+    assert set(counts) == {"IQ4_NL", "IQ4_XS", "Q8_0", "F32"}
+    home = {"SPECDEC_HOME": str(tmp_path / "home")}
+    outputs = {}
+    for drafter in ("none", "sam", "pld", "recycle"):
+        result = invoke("chat", "-m", str(path), "-d", drafter, "-n", "24", "-p", "Tell me about robots.", "--json",
+                        env_extra=home)
+        assert result.returncode == 0, result.stderr
+        answer = json.loads(result.stdout)
+        outputs[drafter] = answer["output_token_ids"]
+        assert "IQ4_NL" in str(answer["load"]) and "IQ4_XS" in str(answer["load"])
+    assert len(outputs["none"]) == 24
+    assert all(tokens == outputs["none"] for tokens in outputs.values()), outputs
+    (blocks,) = (tmp_path / "home" / "models").glob("*/blocks.safetensors")
+    mapped = gguf_blocks.map_blocks(blocks)
+    assert mapped is not None
+    kinds = {matrix.origin: matrix.kind for matrix in mapped.values()}
+    for type_name in ("IQ4_NL", "IQ4_XS"):  # on their packed kinds, at the file's size
+        assert kinds[type_name] == kernels.KIND_OF_GGUF_TYPE[type_name] and kinds[type_name] in kernels.PACKED

@@ -1,4 +1,5 @@
-"""benchmarks/write_gguf.py: llama.cpp's Q4_K_M recipe per tensor, the random blocks' scale, and its refusals."""
+"""benchmarks/write_gguf.py: llama.cpp's Q4_K_M and IQ4_XS recipes per tensor, the random blocks' scale, and its
+refusals."""
 
 from __future__ import annotations
 
@@ -41,6 +42,22 @@ def test_recipe_types(script):
     assert script.recipe_type("token_embd.weight", 640, None, 18) == Q.Q8_0
     assert script.recipe_type("blk.0.attn_output.weight", 1024, 0, 18) == Q.Q4_K
     assert script.recipe_type("blk.0.attn_norm.weight", 640, 0, 18) == Q.F32
+
+
+def test_iq4_xs_recipe_types(script):
+    assert script.recipe_type("blk.3.attn_q.weight", 2048, 3, 16, recipe="iq4_xs") == Q.IQ4_XS
+    assert script.recipe_type("blk.0.attn_v.weight", 2048, 0, 16, recipe="iq4_xs") == Q.IQ4_XS
+    assert script.recipe_type("token_embd.weight", 2048, None, 16, recipe="iq4_xs") == Q.Q6_K  # the output matrix
+    assert script.recipe_type("blk.2.attn_q.weight", 576, 2, 30, recipe="iq4_xs") == Q.IQ4_NL  # rows of 576
+    assert script.recipe_type("token_embd.weight", 576, None, 30, recipe="iq4_xs") == Q.Q8_0
+    assert script.recipe_type("blk.0.attn_norm.weight", 576, 0, 30, recipe="iq4_xs") == Q.F32
+
+
+@pytest.mark.parametrize("qtype", [Q.IQ4_NL, Q.IQ4_XS])
+def test_random_iq4_blocks_have_the_asked_scale(script, qtype):
+    weights = dequantize(script.iq4_blocks(np.random.default_rng(0), qtype, 64, 512, 0.02), qtype)
+    assert weights.shape == (64, 512) and np.isfinite(weights).all()
+    assert abs(float(weights.mean())) < 0.004 and 0.015 < float(weights.std()) < 0.026
 
 
 @pytest.mark.parametrize("kind", ["q4_k", "q6_k"])
