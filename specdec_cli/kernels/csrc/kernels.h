@@ -130,7 +130,7 @@ enum {
     KIND_PIQ4_XS = 49, /* IQ4_XS: per 256, f16 d, 6-bit scales (less 32) per 32; nibbles indexing IQ4_TABLE */
 };
 
-/* IQ4_NL's 16 weight values, d times one of these (ggml's kvalues_iq4nl). */
+/* IQ4's 16 weight values: a weight is its scale times one of these (ggml's kvalues_iq4nl). */
 #define IQ4_TABLE -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113
 
 /* How a kind keeps its scales: float32 per sub-block (the record kinds above 32 excepted), or a packed form. */
@@ -160,7 +160,7 @@ typedef struct {
     int bf16;    /* bits 16: bfloat16 rather than float16 */
     int form;    /* FORM_*: float32 scales (records), or a GGUF type's packed fields */
     int sb;      /* packed forms: weights per super-block along k (32 or 256) */
-    int table;   /* IQ4_NL: a code is an index into IQ4_TABLE (zero 0), not a value */
+    int table;   /* IQ4_NL, IQ4_XS: a code is an index into IQ4_TABLE (zero 0), not a value */
 } KindInfo;
 
 int cpu_kind_info(int kind, KindInfo *info);
@@ -213,9 +213,9 @@ void cpu_store_nan(const MatmulTask *t, long start, long stop);
  * keeps a thread's stream of records in flight without evicting what it is about to read (one record ahead, as
  * before, was 1.3-1.5x slower for one row on a Zen 4, its records 14-80 KB). Tiles of 4 or more rows, which spend
  * longer on each byte, ask L2 for what lies PREFETCH_FAR ahead as well: on a Zen 4, 8 rows of Q4_K 0.83-0.91x the
- * time with 16-64 KB (8 KB changed nothing), of the legacy types 0.89-1.0x, Q6_K 0.96x; the K-quants' and Q6_K's
- * L1 prefetch is left out there (0.85-0.97x without it), the legacy types' kept (1.02-1.03x without). One row asks
- * only L1 (a far prefetch was 1.05-1.2x slower). */
+ * time with 16-64 KB (8 KB changed nothing), of the legacy types 0.89-1.0x, Q6_K 0.96x; the super-block kinds'
+ * L1 prefetch is left out there (K-quants and Q6_K 0.85-0.97x without it, IQ4_XS 0.68-0.83x), the legacy types'
+ * kept (1.02-1.03x without). One row asks only L1 (a far prefetch was 1.05-1.2x slower). */
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2048
 #endif
@@ -225,9 +225,9 @@ void cpu_store_nan(const MatmulTask *t, long start, long stop);
 
 #if HAVE_X86
 /* The `bytes` a tile of `rows` rows of a kind of form `form` is about to read at `at`, prefetched a cache line at a
- * time as said above: PREFETCH_AHEAD further on into L1 (not for the K-quants' and Q6_K's tiles of 4 or more rows),
- * and for the packed kinds' tiles of 4 or more rows PREFETCH_FAR further on into L2 (the float32-scale record
- * kinds keep the L1 prefetch alone, as measured for them). */
+ * time as said above: PREFETCH_AHEAD further on into L1 (not for the super-block kinds' tiles of 4 or more rows:
+ * K-quants, Q6_K, IQ4_XS), and for the packed kinds' tiles of 4 or more rows PREFETCH_FAR further on into L2 (the
+ * float32-scale record kinds keep the L1 prefetch alone, as measured for them). */
 static inline __attribute__((always_inline)) void prefetch_ahead(const char *at, long bytes, int form, int rows)
 {
     int wide = rows >= 4 && form != FORM_RECORDS;
