@@ -3,8 +3,10 @@ drafters, and the character-level tokenizers the CLI tests save as model directo
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -12,6 +14,8 @@ from conftest import TINY_EOS, TINY_VOCAB, char_level_tokenizer, make_char_token
 
 from specdec_cli.decoding.draft import NOTHING, Draft
 from specdec_cli.target_model.gguf import gguf_decode
+
+REPO = Path(__file__).resolve().parents[1]
 
 # -- tiny models of every family README lists (test_families.py, test_exact.py, test_native.py) ------------------
 
@@ -338,3 +342,20 @@ def split_logits(forward, ids: list[int], tail: int = 3) -> torch.Tensor:
     rows.append(forward(input_ids=torch.tensor([ids[head:]]), position_ids=torch.arange(head, len(ids))[None],
                         past_key_values=cache).logits[0])
     return torch.cat(rows)
+
+
+@contextlib.contextmanager
+def write_gguf_script():
+    """benchmarks/write_gguf.py loaded as a module (it is a script, not part of the package), for as long as the
+    block runs: its dataclasses look their module up in sys.modules."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("write_gguf", REPO / "benchmarks" / "write_gguf.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["write_gguf"] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop("write_gguf", None)

@@ -20,6 +20,7 @@ from helpers import (
     family_model,
     split_logits,
     write_family_gguf,
+    write_gguf_script,
 )
 
 from specdec_cli import kernels
@@ -376,24 +377,13 @@ def test_an_iq4_file_loads_at_its_own_bits_and_every_drafter_is_plain_decoding(t
     """A file in llama.cpp's IQ4_XS mix (benchmarks/write_gguf.py --recipe iq4_xs: IQ4_XS where a row is a multiple
     of 256, IQ4_NL elsewhere, a Q8_0 output matrix), loaded in place by `specdec chat` with a user's defaults: its
     IQ4 matrices on their packed kinds, and every drafter's tokens those of plain decoding."""
-    import importlib.util
     import json
-    import sys
-    from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location(
-        "write_gguf", Path(__file__).resolve().parents[1] / "benchmarks" / "write_gguf.py")
-    assert spec and spec.loader
-    script = importlib.util.module_from_spec(spec)
-    sys.modules["write_gguf"] = script  # its dataclasses look their module up
-    try:
-        spec.loader.exec_module(script)
+    with write_gguf_script() as script:
         # hidden 320 (rows of 320: IQ4_NL; the output matrix Q8_0), FFN 512 (ffn_down's rows of 512: IQ4_XS)
         script.SHAPES["iq4-test"] = script.Shape("llama", 320, 2, 512, 5, 1, 64, 512, 10000.0, 1e-5, tied=True)
         path = tmp_path / "tiny-IQ4_XS.gguf"
         counts = script.write(path, "iq4-test", 0, 0.05, script.default_tokenizer_gguf(), "iq4_xs")
-    finally:
-        sys.modules.pop("write_gguf", None)
     assert set(counts) == {"IQ4_NL", "IQ4_XS", "Q8_0", "F32"}
     home = {"SPECDEC_HOME": str(tmp_path / "home")}
     outputs = {}

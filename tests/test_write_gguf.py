@@ -3,27 +3,17 @@ refusals."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "write_gguf.py"
+from helpers import write_gguf_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("write_gguf", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["write_gguf"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("write_gguf", None)
+    with write_gguf_script() as module:
+        yield module
 
 
 def test_more_bits_layers_follow_llama_cpp(script):

@@ -262,6 +262,11 @@ def unpack_fields(kind: int, records: torch.Tensor, n: int) -> Fields:
     return fields
 
 
+def table_values(codes: torch.Tensor) -> torch.Tensor:
+    """IQ4's codes (indices 0..15) as the int16 values they stand for."""
+    return torch.tensor(IQ4_VALUES, dtype=torch.int16)[codes.long()]
+
+
 def fields_codes(kind: int, fields: Fields) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """What the fields mean as records.py's kinds hold it: (codes less the zero point, IQ4_NL's table values, as int16
     [n, k], float32
@@ -269,7 +274,7 @@ def fields_codes(kind: int, fields: Fields) -> tuple[torch.Tensor, torch.Tensor,
     info = packed_kind(kind)
     n, k = fields.codes.shape
     if info.table:
-        codes = torch.tensor(IQ4_VALUES, dtype=torch.int16)[fields.codes.long()]
+        codes = table_values(fields.codes)
     else:
         codes = fields.codes.view(torch.int8).to(torch.int16) if info.bits == 8 else \
             fields.codes.to(torch.int16) - info.zero

@@ -19,7 +19,6 @@ import torch
 from .packed import (
     FORM_K,
     FORM_Q6K,
-    IQ4_VALUES,
     KIND_PIQ4_NL,
     KIND_PIQ4_XS,
     KIND_PQ4_0,
@@ -34,6 +33,7 @@ from .packed import (
     fields_codes,
     pack_fields,
     packed_record_bytes,
+    table_values,
     unpack_fields,
 )
 
@@ -195,8 +195,8 @@ def dequantize(kind: int, codes: torch.Tensor, scales: Optional[torch.Tensor],
     assert scales is not None
     n, k = codes.shape
     values = codes.view(torch.int8) if kind == KIND_PQ8_0 else codes  # Q8_0's codes are int8
-    if kind in (KIND_PIQ4_NL, KIND_PIQ4_XS):  # IQ4's are indices into its table
-        values = torch.tensor(IQ4_VALUES, dtype=torch.int16)[codes.long()]
+    if kind in PACKED and PACKED[kind].table:  # IQ4's are indices into its table
+        values = table_values(codes)
     weight = (values.to(torch.float32).reshape(n, -1, info.sub) - info.zero) * scales[..., None]
     if offsets is not None:
         weight = weight + offsets[..., None]
