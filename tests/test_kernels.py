@@ -126,6 +126,16 @@ def test_matmul_refuses_records_of_another_shape_and_unknown_paths():
     assert kernels.isa() == "portable"
 
 
+def test_the_256_bit_vnni_path_runs_wherever_a_vnni_instruction_does():
+    """A CPU with AVX512-VNNI runs the avxvnni path too (vpdpbusd in its 256-bit AVX512 encoding), so its tiles are
+    tested on this project's machines whether or not they have AVX-VNNI itself."""
+    paths = kernels.isas()
+    if "avx512vnni" in paths:
+        assert "avxvnni" in paths
+    if "avxvnni" in paths:
+        assert kernels.peak("avxvnni", 0.01) > 0
+
+
 def _key_positions(runs, extras):
     """The kernel's KeyPositions for per-row runs and extra positions."""
     starts = torch.tensor([start for start, _ in runs], dtype=torch.int32)

@@ -33,7 +33,7 @@
  *       IQ4 compute the order below with the same values, and the same bits, as the float32-scale kind the same
  *       weights would repack into; the K-quants and Q6_K have orders of their own over a super-block of 256
  *       (csrc/matmul_packed.c's header). The avx512vnni path runs their 512-bit tiles
- *       (csrc/matmul_packed_512.c), the avx2 and avxvnni paths their AVX2 tiles.
+ *       (csrc/matmul_packed_512.c), the avx2 and avxvnni paths their 256-bit tiles (csrc/matmul_packed.c).
  *       Each row of x is first rounded to 8 bits per block of 32 (scale dx = max |x| / 127, code = round(x / dx)),
  *       as llama.cpp does. Output (row, column) is then, in this order for every path, row count and thread count:
  *         acc = 0; for each sub-block j along k: acc = fma(float(dot_j), scale_j * dx_b, acc) and, with offsets,
@@ -46,7 +46,8 @@
  *       k = i mod 4 in order.
  *       Paths: "avx512vnni" (a tile is 16 columns x up to 8 rows, one zmm accumulator a row; nibble kinds with
  *       2-32 rows take two groups, 32 columns x up to 4 rows, so that each broadcast of a row's codes serves two
- *       vpdpbusd), "avxvnni" (256-bit vpdpbusd, 8 columns x up to 4 rows), "avx2" (maddubs + madd, 8 x 4) and
+ *       vpdpbusd), "avxvnni" (256-bit vpdpbusd, 8 columns x up to 4 rows; on a CPU with AVX512-VNNI but not
+ *       AVX-VNNI, the same instruction in its AVX512 encoding), "avx2" (maddubs + madd, 8 x 4) and
  *       "portable" C; the best the CPU has is chosen at import (set_isa forces another). They give the same
  *       bits: each computes the order above. A tile unpacks each block of weights once for all its rows; the
  *       rows of a call go in tiles of 8, 4, 2, 1 (from L1 after the first); the threads split the groups.
@@ -398,10 +399,12 @@ PyMODINIT_FUNC PyInit__cpu(void)
 #if HAVE_X86
     __builtin_cpu_init();
     cpu_has[ISA_AVX2] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    cpu_has[ISA_AVXVNNI] = cpu_has[ISA_AVX2] && __builtin_cpu_supports("avxvnni");
     cpu_has[ISA_AVX512VNNI] = cpu_has[ISA_AVX2] && __builtin_cpu_supports("avx512f") &&
                               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                               __builtin_cpu_supports("avx512vnni");
+    /* the 256-bit vpdpbusd path: AVX-VNNI's encoding, or AVX512-VNNI's where the CPU has that instead */
+    cpu_has[ISA_AVXVNNI] = cpu_has[ISA_AVX2] && (__builtin_cpu_supports("avxvnni") || cpu_has[ISA_AVX512VNNI]);
+    cpu_avxvnni_encoding = __builtin_cpu_supports("avxvnni") ? VNNI_VEX : VNNI_EVEX;
     for (int i = 0; i < 4; i++)
         if (cpu_has[i])
             isa_best = i;

@@ -3,11 +3,11 @@
  * describes what they compute and in which order). Every C file of the extension includes it, and nothing else
  * of the extension's own.
  *
- * Holds: the standard includes; the x86 target attributes (AVX2, AVXVNNI, VNNI512) and HAVE_X86; the constants
+ * Holds: the standard includes; the x86 target attributes (AVX2, VNNI512) and HAVE_X86; the constants
  * (BLOCK, GROUP, MAX_THREADS, PREFETCH_AHEAD and PREFETCH_FAR, the packed kinds' sizes and offsets); the weights'
  * kinds and the instruction-set paths; the task structures the files hand each other (KindInfo, MatmulTask,
  * TileSet, AttentionTask); the few small helpers that several files inline in their loops (hsum8, hsum8i,
- * load_i32, exp8, four_scores, prefetch_ahead); and the declaration of every function one file defines and another
+ * load_i32, exp8, four_scores, vnni_dot, prefetch_ahead); and the declaration of every function one file defines and another
  * calls, each named cpu_*. Everything else is `static` in its file.
  * Not here: any kernel's body, and Python: only ../_cpu.c includes Python.h.
  */
@@ -30,12 +30,27 @@
 #include <immintrin.h>
 #define HAVE_X86 1
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define AVXVNNI __attribute__((target("avx2,fma,avxvnni")))
 #define VNNI512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
 
 static inline void cpu_relax(void)
 {
     _mm_pause();
+}
+
+/* The avxvnni path's multiply (its 256-bit tiles are AVX2 functions that hold it): acc + per 32-bit lane the dot
+ * product of 4 unsigned bytes of `codes` with 4 signed bytes of `x`, vpdpbusd. VNNI_VEX: AVX-VNNI's encoding; VNNI_EVEX:
+ * AVX512-VNNI's 256-bit form of the same instruction, which a CPU with AVX512-VNNI but not AVX-VNNI (Zen 4, Ice
+ * Lake and later Xeons) runs when the avxvnni path is asked for, so the path is tested there. Written as assembly
+ * because one source serves both encodings inside AVX2 functions (the intrinsics would each need their own target). */
+enum { VNNI_NONE = 0, VNNI_VEX = 1, VNNI_EVEX = 2 };
+
+AVX2 static inline __attribute__((always_inline)) __m256i vnni_dot(__m256i acc, __m256i codes, __m256i x, const int VNNI)
+{
+    if (VNNI == VNNI_VEX)
+        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(codes), "x"(x));
+    else
+        __asm__("vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(codes), "x"(x));
+    return acc;
 }
 
 AVX2 static inline float hsum8(__m256 v)
@@ -269,14 +284,19 @@ typedef struct {
 } TileSet;
 
 /* Indexed as SHAPES lists the block kinds' shapes, and float32, float16, bfloat16. */
-extern const TileSet cpu_tiles_avx2[SHAPE_COUNT], cpu_tiles_avxvnni[SHAPE_COUNT], cpu_floats_avx2[3];
+extern const TileSet cpu_tiles_avx2[SHAPE_COUNT], cpu_tiles_avxvnni[SHAPE_COUNT], cpu_tiles_vnni_evex[SHAPE_COUNT],
+    cpu_floats_avx2[3];
 extern const TileSet cpu_tiles_512[SHAPE_COUNT], cpu_floats_512[3];
 
-/* The packed kinds: their AVX2 tiles (matmul_packed.c; the avx2 and avxvnni paths run them) and avx512vnni tiles
- * (matmul_packed_512.c), indexed by kind - KIND_PQ4_0, and their portable reference loop (a task over record
+/* The packed kinds: their 256-bit tiles (matmul_packed.c: maddubs for the avx2 path, vpdpbusd in either encoding for
+ * the avxvnni path) and avx512vnni tiles (matmul_packed_512.c), indexed by kind - KIND_PQ4_0, and their portable reference loop (a task over record
  * groups, like matmul.c's). */
 #define PACKED_COUNT 10
-extern const TileSet cpu_tiles_packed[PACKED_COUNT], cpu_tiles_packed_512[PACKED_COUNT];
+extern const TileSet cpu_tiles_packed[PACKED_COUNT], cpu_tiles_packed_vnni[PACKED_COUNT],
+    cpu_tiles_packed_vnni_evex[PACKED_COUNT], cpu_tiles_packed_512[PACKED_COUNT];
+/* The avxvnni path's encoding (vnni_dot): VNNI_VEX, or VNNI_EVEX on a CPU with AVX512-VNNI but not AVX-VNNI
+ * (../_cpu.c sets it at import; matmul.c picks the tiles by it). */
+extern int cpu_avxvnni_encoding;
 void cpu_matmul_packed_portable(const void *arg, long start, long stop);
 int cpu_repack_gguf(int kind, const uint8_t *rows, long n, long row_bytes, long k, uint8_t *records);
 

@@ -153,6 +153,8 @@ static void matmul_groups_portable(const void *arg, long start, long stop)
 #if HAVE_X86
 /* -------------------------------------------------------------------------- the vector paths: tiles of rows */
 
+int cpu_avxvnni_encoding = VNNI_VEX;
+
 static int shape_index(const KindInfo *info)
 {
 #define SHAPE_ROW(BITS, SUB, OFF) {BITS, SUB, OFF},
@@ -172,6 +174,8 @@ static const TileSet *tile_set(const KindInfo *info, int path)
                     : info->form == FORM_K    ? (info->bits == 4 ? 5 : 6)
                     : info->form == FORM_Q6K  ? 7
                                               : 9;
+        if (path == ISA_AVXVNNI)
+            return cpu_avxvnni_encoding == VNNI_EVEX ? &cpu_tiles_packed_vnni_evex[index] : &cpu_tiles_packed_vnni[index];
         return path == ISA_AVX512VNNI ? &cpu_tiles_packed_512[index] : &cpu_tiles_packed[index];
     }
     if (info->bits >= 16) {
@@ -181,7 +185,9 @@ static const TileSet *tile_set(const KindInfo *info, int path)
     int index = shape_index(info);
     if (path == ISA_AVX512VNNI)
         return &cpu_tiles_512[index];
-    return path == ISA_AVXVNNI ? &cpu_tiles_avxvnni[index] : &cpu_tiles_avx2[index];
+    if (path == ISA_AVXVNNI)
+        return cpu_avxvnni_encoding == VNNI_EVEX ? &cpu_tiles_vnni_evex[index] : &cpu_tiles_avxvnni[index];
+    return &cpu_tiles_avx2[index];
 }
 
 typedef struct {
@@ -248,16 +254,14 @@ static void run_tiles(const MatmulTask *task, int path, long groups)
 
 /* The zero point a path's tiles count a kind's codes from (their integer accumulator starts at -zero * the row's
  * code sum; the portable loops subtract the kind's own): the kind's own, except for int8 codes (Q8's, stored + 128;
- * Q8_0's, as they are; IQ4_NL's table values), which maddubs takes as the signed values they encode (zero point 0:
- * the avx2 path's record tiles, the 256-bit paths' packed tiles) and vpdpbusd as unsigned bytes, the code + 128
- * (zero point 128). */
+ * Q8_0's, as they are; IQ4's table values), which maddubs takes as the signed values they encode (zero point 0: the
+ * avx2 path) and vpdpbusd as unsigned bytes, the code + 128 (zero point 128: avxvnni, avx512vnni). */
 static int accumulator_zero(const KindInfo *info, int path)
 {
     int int8_codes = info->zero == 128 || (info->form == FORM_LEGACY && info->bits == 8) || info->table;
     if (!int8_codes)
         return info->zero;
-    int maddubs = info->form == FORM_RECORDS ? path == ISA_AVX2 : path != ISA_AVX512VNNI;
-    return maddubs ? 0 : 128;
+    return path == ISA_AVX2 ? 0 : 128;
 }
 
 /* out[rows, n] (+)= x @ W^T on `path`; 0, or -1 (out of memory: nothing computed). */

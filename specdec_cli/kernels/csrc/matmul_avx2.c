@@ -1,7 +1,8 @@
 /*
- * matmul_avx2.c: the 256-bit tiles of the avx2 and avxvnni paths (one template, DEFINE_TILE256, compiled twice:
- * AVX2's maddubs + madd, or AVX-VNNI's vpdpbusd) for the block kinds, the AVX2 tiles of the float kinds, and
- * their tables (cpu_tiles_avx2, cpu_tiles_avxvnni, cpu_floats_avx2) that matmul.c's tiled driver runs. Each tile
+ * matmul_avx2.c: the 256-bit tiles of the avx2 and avxvnni paths (one template, DEFINE_TILE256, compiled three
+ * times: AVX2's maddubs + madd, or vpdpbusd in AVX-VNNI's or AVX512-VNNI's encoding, kernels.h's vnni_dot) for the
+ * block kinds, the AVX2 tiles of the float kinds, and their tables (cpu_tiles_avx2, cpu_tiles_avxvnni,
+ * cpu_tiles_vnni_evex, cpu_floats_avx2) that matmul.c's tiled driver runs. Each tile
  * computes every output element in the order ../_cpu.c's header comment gives.
  * Not here: the driver, the portable loop (matmul.c), the avx512vnni tiles (matmul_avx512.c); nothing at all on
  * CPUs other than x86-64.
@@ -18,8 +19,8 @@
 
 #define AVX2_ROWS 4
 
-#define DEFINE_TILE256(NAME, TARGET, VNNI)                                                                         \
-    TARGET static inline __attribute__((always_inline)) void NAME(const MatmulTask *t, long g, int h, long r0,     \
+#define DEFINE_TILE256(NAME, VNNI)                                                                                 \
+    AVX2 static inline __attribute__((always_inline)) void NAME(const MatmulTask *t, long g, int h, long r0,       \
                                                                   const int R, const int BITS, const int SUB,       \
                                                                   const int OFF, int prefetch)                      \
     {                                                                                                              \
@@ -51,8 +52,8 @@
                             __m256i xa = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * q));                           \
                             __m256i xb = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + C / 2)));                 \
                             if (VNNI) {                                                                            \
-                                ia[r] = _mm256_dpbusd_avx_epi32(ia[r], lo, xa);                                    \
-                                ia[r] = _mm256_dpbusd_avx_epi32(ia[r], hi, xb);                                    \
+                                ia[r] = vnni_dot(ia[r], lo, xa, VNNI);                                    \
+                                ia[r] = vnni_dot(ia[r], hi, xb, VNNI);                                    \
                             } else                                                                                 \
                                 m16[r] = _mm256_add_epi16(                                                         \
                                     m16[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb))); \
@@ -66,8 +67,8 @@
                     _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) {                                          \
                         __m256i w = _mm256_loadu_si256((const __m256i *)(codes + (j * C + c) * 64 + 32 * h));      \
                         if (VNNI) {                                                                                \
-                            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) ia[r] = _mm256_dpbusd_avx_epi32(   \
-                                ia[r], w, _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * c)));                        \
+                            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) ia[r] = vnni_dot(                  \
+                                ia[r], w, _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * c)), VNNI);                  \
                         } else {                                                                                   \
                             if (flip_bytes)                                                                        \
                                 w = _mm256_xor_si256(w, flip);                                                     \
@@ -106,8 +107,9 @@
         }                                                                                                          \
     }
 
-DEFINE_TILE256(tile_avx2, AVX2, 0)
-DEFINE_TILE256(tile_avxvnni, AVXVNNI, 1)
+DEFINE_TILE256(tile_avx2, VNNI_NONE)
+DEFINE_TILE256(tile_avxvnni, VNNI_VEX)
+DEFINE_TILE256(tile_vnni_evex, VNNI_EVEX)
 
 /* Float kinds, 8 columns x R rows: per row four accumulators (k mod 4), the portable loop's order. */
 AVX2 static inline __attribute__((always_inline)) __m256 load8_weights(const char *p, int bits, int bf16)
@@ -149,23 +151,25 @@ AVX2 static inline __attribute__((always_inline)) void tile_float_avx2(const Mat
 }
 
 /* One function per compiled shape (SHAPES) and tile size: 1, 2 and 4 rows; float kinds 1 and 2. */
-#define TILE256_FNS(PREFIX, TARGET, BODY, BITS, SUB, OFF)                                                           \
-    TARGET static void PREFIX##_##BITS##_##SUB##_##OFF##_1(const MatmulTask *t, long g, int h, long r0, int p)     \
+#define TILE256_FNS(PREFIX, BODY, BITS, SUB, OFF)                                                                   \
+    AVX2 static void PREFIX##_##BITS##_##SUB##_##OFF##_1(const MatmulTask *t, long g, int h, long r0, int p)     \
     {                                                                                                              \
         BODY(t, g, h, r0, 1, BITS, SUB, OFF, p);                                                                   \
     }                                                                                                              \
-    TARGET static void PREFIX##_##BITS##_##SUB##_##OFF##_2(const MatmulTask *t, long g, int h, long r0, int p)     \
+    AVX2 static void PREFIX##_##BITS##_##SUB##_##OFF##_2(const MatmulTask *t, long g, int h, long r0, int p)     \
     {                                                                                                              \
         BODY(t, g, h, r0, 2, BITS, SUB, OFF, p);                                                                   \
     }                                                                                                              \
-    TARGET static void PREFIX##_##BITS##_##SUB##_##OFF##_4(const MatmulTask *t, long g, int h, long r0, int p)     \
+    AVX2 static void PREFIX##_##BITS##_##SUB##_##OFF##_4(const MatmulTask *t, long g, int h, long r0, int p)     \
     {                                                                                                              \
         BODY(t, g, h, r0, 4, BITS, SUB, OFF, p);                                                                   \
     }
-#define AVX2_FNS(BITS, SUB, OFF) TILE256_FNS(t2, AVX2, tile_avx2, BITS, SUB, OFF)
-#define AVXVNNI_FNS(BITS, SUB, OFF) TILE256_FNS(tv, AVXVNNI, tile_avxvnni, BITS, SUB, OFF)
+#define AVX2_FNS(BITS, SUB, OFF) TILE256_FNS(t2, tile_avx2, BITS, SUB, OFF)
+#define AVXVNNI_FNS(BITS, SUB, OFF) TILE256_FNS(tv, tile_avxvnni, BITS, SUB, OFF)
+#define EVEX_FNS(BITS, SUB, OFF) TILE256_FNS(te, tile_vnni_evex, BITS, SUB, OFF)
 SHAPES(AVX2_FNS)
 SHAPES(AVXVNNI_FNS)
+SHAPES(EVEX_FNS)
 
 #define FLOAT_FNS(BITS, BF16, NAME)                                                                                \
     AVX2 static void f2_##NAME##_1(const MatmulTask *t, long g, int h, long r0, int p)                             \
@@ -187,8 +191,10 @@ FLOAT_FNS(16, 1, bf16)
     }
 #define SET_T2(BITS, SUB, OFF) SET256(t2, BITS, SUB, OFF),
 #define SET_TV(BITS, SUB, OFF) SET256(tv, BITS, SUB, OFF),
+#define SET_TE(BITS, SUB, OFF) SET256(te, BITS, SUB, OFF),
 const TileSet cpu_tiles_avx2[SHAPE_COUNT] = {SHAPES(SET_T2)};
 const TileSet cpu_tiles_avxvnni[SHAPE_COUNT] = {SHAPES(SET_TV)};
+const TileSet cpu_tiles_vnni_evex[SHAPE_COUNT] = {SHAPES(SET_TE)};
 const TileSet cpu_floats_avx2[3] = {{{f2_f32_1, f2_f32_2}, {1, 2}}, {{f2_f16_1, f2_f16_2}, {1, 2}},
                                     {{f2_bf16_1, f2_bf16_2}, {1, 2}}};
 #endif

@@ -187,10 +187,13 @@ void cpu_matmul_packed_portable(const void *arg, long start, long stop)
 }
 
 #if HAVE_X86
-/* ---- AVX2: 8 columns (half h of a group) x R rows a tile. The codes are widened to bytes (a fifth or sixth bit
- * OR-ed in from its plane), multiplied by the row's signed codes with maddubs and summed to 32 bits with madd, in
- * 16 bits no further than they cannot overflow (4-bit codes: a whole block; 5-bit: two vectors; 6-bit: one); int8
- * codes as the record kinds' bytes are (magnitude times the row's codes carrying the weight's sign). */
+/* ---- 256-bit: 8 columns (half h of a group) x R rows a tile, compiled three times (VNNI: kernels.h's vnni_dot).
+ * The codes are widened to bytes (a fifth or sixth bit OR-ed in from its plane). The avx2 path (VNNI_NONE)
+ * multiplies them by the row's signed codes with maddubs and sums to 32 bits with madd, in 16 bits no further than
+ * they cannot overflow (4-bit codes: a whole block; 5-bit: two vectors; 6-bit: one); int8 codes as the record
+ * kinds' bytes are (magnitude times the row's codes carrying the weight's sign). The avxvnni path (VNNI_VEX,
+ * VNNI_EVEX) takes vpdpbusd of the unsigned codes straight to 32 bits, int8 codes and IQ4's values + 128 (zero
+ * point 128, as on avx512vnni), and the K-quants' sub-scales by vpmulld. Integers either way, so the same bits. */
 
 #define PACKED_ROWS 4
 
@@ -260,11 +263,13 @@ AVX2 static inline __attribute__((always_inline)) __m256i k_scale16(const char *
 }
 
 /* FORM_K (Q4_K, Q5_K), 8 columns x R rows, or (W = 2, one row) both halves of the group at once, in the integer
- * order at the top: per sub-block the codes' 16-bit partial sums times the sub-scale (madd) into isum, per
- * super-block the minimums against the pairs of sub-block sums, then two float operations. Accumulators are indexed
- * r * W + w, half h + w; a row's activation codes are broadcast once for the W halves. */
+ * order at the top: per sub-block the codes' 16-bit partial sums times the sub-scale (madd), or their 32-bit dot
+ * product times it (vpmulld), into isum, per super-block the minimums against the pairs of sub-block sums, then two
+ * float operations. Accumulators are indexed r * W + w, half h + w; a row's activation codes are broadcast once for
+ * the W halves. */
 AVX2 static inline __attribute__((always_inline)) void tile_k(const MatmulTask *t, long g, int h, long r0, const int R,
-                                                              const int W, const int BITS, int prefetch)
+                                                              const int W, const int BITS, const int VNNI,
+                                                              int prefetch)
 {
     const long supers = t->k / 256, block_bytes = PACKED_BLOCK_BYTES(BITS);
     const char *record = t->weights + g * t->record;
@@ -295,9 +300,10 @@ AVX2 static inline __attribute__((always_inline)) void tile_k(const MatmulTask *
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
             const char *codes = head + PACKED_HEADER_BYTES(FORM_K, 1) + i * block_bytes;
             const int8_t *xs = t->qx + ((s * 8 + i) * t->rows + r0) * BLOCK;
-            __m256i scale[2], plane[2], m16[PACKED_ROWS];
+            __m256i scale[2], plane[2], m16[PACKED_ROWS]; /* m16: 16-bit pair sums, or (VNNI) 32-bit dots */
             _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) {
-                scale[w] = k_scale16(head, i, h + w);
+                scale[w] = VNNI ? _mm256_cvtepu8_epi32(six8(head, K_SCALE_LOW, K_SCALE_HIGH, i, h + w))
+                                : k_scale16(head, i, h + w);
                 plane[w] = BITS == 5 ? _mm256_loadu_si256((const __m256i *)(codes + 256 + 32 * (h + w)))
                                      : _mm256_setzero_si256();
             }
@@ -309,18 +315,22 @@ AVX2 static inline __attribute__((always_inline)) void tile_k(const MatmulTask *
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                     __m256i xa = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * q));
                     __m256i xb = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + 4)));
-                    _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) m16[r * W + w] = _mm256_add_epi16(
-                        m16[r * W + w],
-                        _mm256_add_epi16(_mm256_maddubs_epi16(lo[w], xa), _mm256_maddubs_epi16(hi[w], xb)));
+                    _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) m16[r * W + w] =
+                        VNNI ? vnni_dot(vnni_dot(m16[r * W + w], lo[w], xa, VNNI), hi[w], xb, VNNI)
+                             : _mm256_add_epi16(m16[r * W + w], _mm256_add_epi16(_mm256_maddubs_epi16(lo[w], xa),
+                                                                                 _mm256_maddubs_epi16(hi[w], xb)));
                 }
-                if (BITS == 5 && (q & 1)) { /* 4 products of 5-bit codes: at most 31,496 in 16 bits */
+                if (!VNNI && BITS == 5 && (q & 1)) { /* 4 products of 5-bit codes: at most 31,496 in 16 bits */
                     _Pragma("GCC unroll 4") for (int a = 0; a < R * W; a++) {
                         isum[a] = _mm256_add_epi32(isum[a], _mm256_madd_epi16(m16[a], scale[a % W]));
                         m16[a] = _mm256_setzero_si256();
                     }
                 }
             }
-            if (BITS == 4) {
+            if (VNNI) {
+                _Pragma("GCC unroll 4") for (int a = 0; a < R * W; a++)
+                    isum[a] = _mm256_add_epi32(isum[a], _mm256_mullo_epi32(m16[a], scale[a % W]));
+            } else if (BITS == 4) {
                 _Pragma("GCC unroll 4") for (int a = 0; a < R * W; a++)
                     isum[a] = _mm256_add_epi32(isum[a], _mm256_madd_epi16(m16[a], scale[a % W]));
             }
@@ -351,17 +361,31 @@ AVX2 static inline __attribute__((always_inline)) void int8_chunk(__m256i *ia, _
     }
 }
 
+/* ia[r] += two chunks of unsigned codes (`lo`, `hi`: 8 columns x 4 weights) times row r's 4 codes at xa + r * BLOCK
+ * and at xb + r * BLOCK: vpdpbusd (the avxvnni path). */
+AVX2 static inline __attribute__((always_inline)) void vnni_chunks(__m256i *ia, __m256i lo, __m256i hi, const int8_t *xa,
+                                                                   const int8_t *xb, const int R, const int VNNI)
+{
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) ia[r] =
+        vnni_dot(vnni_dot(ia[r], lo, _mm256_set1_epi32(load_i32(xa + r * BLOCK)), VNNI), hi,
+                 _mm256_set1_epi32(load_i32(xb + r * BLOCK)), VNNI);
+}
+
 /* The legacy types, IQ4 and Q6_K, 8 columns x R rows, in their float orders at the top. */
 AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulTask *t, long g, int h, long r0,
                                                                    const int R, const int BITS, const int FORM,
-                                                                   const int OFF, const int TABLE, int prefetch)
+                                                                   const int OFF, const int TABLE, const int VNNI,
+                                                                   int prefetch)
 {
-    const __m256i values = _mm256_broadcastsi128_si256(_mm_setr_epi8(IQ4_TABLE)); /* IQ4's, signed */
+    /* IQ4's values: signed (maddubs), or + 128 as unsigned bytes (vpdpbusd, zero point 128) */
+    const __m256i values = _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_setr_epi8(IQ4_TABLE)),
+                                            _mm256_set1_epi8(VNNI ? -128 : 0));
     const int NB = FORM == FORM_LEGACY ? 1 : 8, SUB = BITS == 6 ? 16 : 32;
     const long supers = t->k / (NB * BLOCK);
     const long header = PACKED_HEADER_BYTES(FORM, OFF), block_bytes = PACKED_BLOCK_BYTES(BITS);
     const char *record = t->weights + g * t->record;
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), top_two = _mm256_set1_epi8(0x30);
+    const __m256i flip = _mm256_set1_epi8(-128);
     __m256 acc[PACKED_ROWS], part[PACKED_ROWS]; /* part: Q6_K's products over the super-block */
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] = part[r] = _mm256_setzero_ps();
     for (long s = 0; s < supers; s++) {
@@ -390,16 +414,30 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
                 __m256i ia[PACKED_ROWS];
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
                     ia[r] = _mm256_set1_epi32(t->init[sj * t->rows + r0 + r]);
-                if (TABLE) { /* IQ4: each nibble's signed value from the table, then as int8 codes (BITS 8) */
+                if (TABLE) { /* IQ4: each nibble's value from the table, then as int8 codes (BITS 8) */
                     _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
                         __m256i v = _mm256_loadu_si256((const __m256i *)(codes + q * 64 + 32 * h));
-                        int8_chunk(ia, _mm256_shuffle_epi8(values, _mm256_and_si256(v, low)), xs + 4 * q, R);
-                        int8_chunk(ia, _mm256_shuffle_epi8(values, _mm256_and_si256(_mm256_srli_epi16(v, 4), low)),
-                                   xs + 4 * (q + 4), R);
+                        __m256i lo = _mm256_shuffle_epi8(values, _mm256_and_si256(v, low));
+                        __m256i hi = _mm256_shuffle_epi8(values, _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+                        if (VNNI)
+                            vnni_chunks(ia, lo, hi, xs + 4 * q, xs + 4 * (q + 4), R, VNNI);
+                        else {
+                            int8_chunk(ia, lo, xs + 4 * q, R);
+                            int8_chunk(ia, hi, xs + 4 * (q + 4), R);
+                        }
                     }
                 } else if (BITS == 8) {
-                    _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) int8_chunk(
-                        ia, _mm256_loadu_si256((const __m256i *)(codes + c * 64 + 32 * h)), xs + 4 * c, R);
+                    _Pragma("GCC unroll 4") for (int c = 0; c < 8; c += 2) {
+                        __m256i lo = _mm256_loadu_si256((const __m256i *)(codes + c * 64 + 32 * h));
+                        __m256i hi = _mm256_loadu_si256((const __m256i *)(codes + (c + 1) * 64 + 32 * h));
+                        if (VNNI)
+                            vnni_chunks(ia, _mm256_xor_si256(lo, flip), _mm256_xor_si256(hi, flip), xs + 4 * c,
+                                        xs + 4 * (c + 1), R, VNNI);
+                        else {
+                            int8_chunk(ia, lo, xs + 4 * c, R);
+                            int8_chunk(ia, hi, xs + 4 * (c + 1), R);
+                        }
+                    }
                 } else if (BITS == 6) {
                     __m256i plane = _mm256_loadu_si256((const __m256i *)(codes + 256 + j * 64 + 32 * h));
                     _Pragma("GCC unroll 2") for (int q = 0; q < 2; q++) {
@@ -408,6 +446,10 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
                                                      _mm256_and_si256(_mm256_slli_epi16(plane, 4 - 2 * q), top_two));
                         __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low),
                                                      _mm256_and_si256(_mm256_srli_epi16(plane, 2 * q), top_two));
+                        if (VNNI) {
+                            vnni_chunks(ia, lo, hi, xs + j * SUB + 4 * q, xs + j * SUB + 4 * (q + 2), R, VNNI);
+                            continue;
+                        }
                         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                             __m256i xa = _mm256_set1_epi32(load_i32(xs + r * BLOCK + j * SUB + 4 * q));
                             __m256i xb = _mm256_set1_epi32(load_i32(xs + r * BLOCK + j * SUB + 4 * (q + 2)));
@@ -423,6 +465,10 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
                     _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
                         __m256i lo, hi;
                         codes_45(codes, plane, q, h, BITS, &lo, &hi);
+                        if (VNNI) {
+                            vnni_chunks(ia, lo, hi, xs + 4 * q, xs + 4 * (q + 4), R, VNNI);
+                            continue;
+                        }
                         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                             __m256i xa = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * q));
                             __m256i xb = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + 4)));
@@ -436,7 +482,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
                             }
                         }
                     }
-                    if (BITS == 4) {
+                    if (BITS == 4 && !VNNI) {
                         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
                             ia[r] = _mm256_add_epi32(ia[r], _mm256_madd_epi16(m16[r], ones));
                     }
@@ -470,7 +516,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
  * one pass over the record, the row's codes broadcast once for both; per column the operations of tile_packed in
  * its order, so the same bits. */
 AVX2 static inline __attribute__((always_inline)) void tile_legacy_whole(const MatmulTask *t, long g, const int BITS,
-                                                                         const int OFF, int prefetch)
+                                                                         const int OFF, const int VNNI, int prefetch)
 {
     const long supers = t->k / BLOCK, header = PACKED_HEADER_BYTES(FORM_LEGACY, OFF);
     const char *record = t->weights + g * t->record;
@@ -492,6 +538,10 @@ AVX2 static inline __attribute__((always_inline)) void tile_legacy_whole(const M
             _Pragma("GCC unroll 2") for (int w = 0; w < 2; w++) {
                 __m256i lo, hi;
                 codes_45(codes, plane[w], q, w, BITS, &lo, &hi);
+                if (VNNI) {
+                    ia[w] = vnni_dot(vnni_dot(ia[w], lo, xa, VNNI), hi, xb, VNNI);
+                    continue;
+                }
                 m16[w] = _mm256_add_epi16(m16[w], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa),
                                                                    _mm256_maddubs_epi16(hi, xb)));
                 if (BITS == 5 && (q & 1)) {
@@ -501,7 +551,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_legacy_whole(const M
             }
         }
         _Pragma("GCC unroll 2") for (int w = 0; w < 2; w++) {
-            if (BITS == 4)
+            if (BITS == 4 && !VNNI)
                 ia[w] = _mm256_add_epi32(ia[w], _mm256_madd_epi16(m16[w], ones));
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16 * w)));
             acc[w] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[w]), _mm256_mul_ps(d, _mm256_set1_ps(t->dx[s * t->rows])),
@@ -515,54 +565,48 @@ AVX2 static inline __attribute__((always_inline)) void tile_legacy_whole(const M
     store_tile(t, g, 1, 0, 1, &acc[1]);
 }
 
-/* One function per packed kind and tile size (1, 2, 4 rows), and their table, indexed by kind - KIND_PQ4_0. */
-#define PACKED_FNS(NAME, BITS, FORM, OFF, TABLE)                                                                   \
-    AVX2 static void NAME##_1(const MatmulTask *t, long g, int h, long r0, int p)                                  \
-    {                                                                                                              \
-        tile_packed(t, g, h, r0, 1, BITS, FORM, OFF, TABLE, p);                                                    \
-    }                                                                                                              \
-    AVX2 static void NAME##_2(const MatmulTask *t, long g, int h, long r0, int p)                                  \
-    {                                                                                                              \
-        tile_packed(t, g, h, r0, 2, BITS, FORM, OFF, TABLE, p);                                                    \
-    }                                                                                                              \
-    AVX2 static void NAME##_4(const MatmulTask *t, long g, int h, long r0, int p)                                  \
-    {                                                                                                              \
-        tile_packed(t, g, h, r0, 4, BITS, FORM, OFF, TABLE, p);                                                    \
-    }
-PACKED_FNS(pq4_0, 4, FORM_LEGACY, 0, 0)
-PACKED_FNS(pq4_1, 4, FORM_LEGACY, 1, 0)
-PACKED_FNS(pq5_0, 5, FORM_LEGACY, 0, 0)
-PACKED_FNS(pq5_1, 5, FORM_LEGACY, 1, 0)
-PACKED_FNS(pq8_0, 8, FORM_LEGACY, 0, 0)
-#define K_FN(NAME, R, W, BITS)                                                                                     \
-    AVX2 static void NAME(const MatmulTask *t, long g, int h, long r0, int p)                                      \
-    {                                                                                                              \
-        tile_k(t, g, h, r0, R, W, BITS, p);                                                                        \
-    }
-#define K_FNS(NAME, BITS)                                                                                          \
-    K_FN(NAME##_1, 1, 1, BITS) K_FN(NAME##_2, 2, 1, BITS) K_FN(NAME##_4, 4, 1, BITS) K_FN(NAME##_w, 1, 2, BITS)
-K_FNS(pq4_k, 4)
-K_FNS(pq5_k, 5)
-PACKED_FNS(pq6_k, 6, FORM_Q6K, 0, 0)
-PACKED_FNS(piq4_nl, 4, FORM_LEGACY, 0, 1)
-PACKED_FNS(piq4_xs, 4, FORM_IQ4XS, 0, 1)
-
-#define LEGACY_WHOLE(NAME, BITS, OFF)                                                                              \
-    AVX2 static void NAME##_w(const MatmulTask *t, long g, int h, long r0, int p)                                  \
+/* One function per packed kind, tile size (1, 2, 4 rows) and path (P: a for avx2, v and e for avxvnni's two
+ * encodings), and the paths' tables, indexed by kind - KIND_PQ4_0. */
+#define PACKED_FN(NAME, R, CALL)                                                                                   \
+    AVX2 static void NAME##_##R(const MatmulTask *t, long g, int h, long r0, int p)                                \
     {                                                                                                              \
         (void)h;                                                                                                   \
         (void)r0;                                                                                                  \
-        tile_legacy_whole(t, g, BITS, OFF, p);                                                                     \
+        CALL;                                                                                                      \
     }
-LEGACY_WHOLE(pq4_0, 4, 0)
-LEGACY_WHOLE(pq4_1, 4, 1)
-LEGACY_WHOLE(pq5_0, 5, 0)
-LEGACY_WHOLE(pq5_1, 5, 1)
+#define PACKED_FNS(NAME, V, BITS, FORM, OFF, TABLE)                                                                \
+    PACKED_FN(NAME, 1, tile_packed(t, g, h, r0, 1, BITS, FORM, OFF, TABLE, V, p))                                  \
+    PACKED_FN(NAME, 2, tile_packed(t, g, h, r0, 2, BITS, FORM, OFF, TABLE, V, p))                                  \
+    PACKED_FN(NAME, 4, tile_packed(t, g, h, r0, 4, BITS, FORM, OFF, TABLE, V, p))
+#define K_FNS(NAME, V, BITS)                                                                                       \
+    PACKED_FN(NAME, 1, tile_k(t, g, h, r0, 1, 1, BITS, V, p))                                                      \
+    PACKED_FN(NAME, 2, tile_k(t, g, h, r0, 2, 1, BITS, V, p))                                                      \
+    PACKED_FN(NAME, 4, tile_k(t, g, h, r0, 4, 1, BITS, V, p))                                                      \
+    PACKED_FN(NAME, w, tile_k(t, g, h, r0, 1, 2, BITS, V, p))
+#define WHOLE_FNS(NAME, V, BITS, OFF)                                                                              \
+    PACKED_FNS(NAME, V, BITS, FORM_LEGACY, OFF, 0) PACKED_FN(NAME, w, tile_legacy_whole(t, g, BITS, OFF, V, p))
+#define PATH_FNS(P, V)                                                                                             \
+    WHOLE_FNS(P##_pq4_0, V, 4, 0)                                                                                  \
+    WHOLE_FNS(P##_pq4_1, V, 4, 1)                                                                                  \
+    WHOLE_FNS(P##_pq5_0, V, 5, 0)                                                                                  \
+    WHOLE_FNS(P##_pq5_1, V, 5, 1)                                                                                  \
+    PACKED_FNS(P##_pq8_0, V, 8, FORM_LEGACY, 0, 0)                                                                 \
+    K_FNS(P##_pq4_k, V, 4)                                                                                         \
+    K_FNS(P##_pq5_k, V, 5)                                                                                         \
+    PACKED_FNS(P##_pq6_k, V, 6, FORM_Q6K, 0, 0)                                                                    \
+    PACKED_FNS(P##_piq4_nl, V, 4, FORM_LEGACY, 0, 1)                                                               \
+    PACKED_FNS(P##_piq4_xs, V, 4, FORM_IQ4XS, 0, 1)
+PATH_FNS(a, VNNI_NONE)
+PATH_FNS(v, VNNI_VEX)
+PATH_FNS(e, VNNI_EVEX)
 
 #define PACKED_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NULL}
 #define WHOLE_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NAME##_w}
-const TileSet cpu_tiles_packed[PACKED_COUNT] = {WHOLE_SET(pq4_0), WHOLE_SET(pq4_1), WHOLE_SET(pq5_0),
-                                                WHOLE_SET(pq5_1), PACKED_SET(pq8_0), WHOLE_SET(pq4_k),
-                                                WHOLE_SET(pq5_k), PACKED_SET(pq6_k), PACKED_SET(piq4_nl),
-                                                PACKED_SET(piq4_xs)};
+#define PATH_SETS(P)                                                                                               \
+    {WHOLE_SET(P##_pq4_0),   WHOLE_SET(P##_pq4_1), WHOLE_SET(P##_pq5_0),    WHOLE_SET(P##_pq5_1),                  \
+     PACKED_SET(P##_pq8_0),  WHOLE_SET(P##_pq4_k), WHOLE_SET(P##_pq5_k),    PACKED_SET(P##_pq6_k),                 \
+     PACKED_SET(P##_piq4_nl), PACKED_SET(P##_piq4_xs)}
+const TileSet cpu_tiles_packed[PACKED_COUNT] = PATH_SETS(a);
+const TileSet cpu_tiles_packed_vnni[PACKED_COUNT] = PATH_SETS(v);
+const TileSet cpu_tiles_packed_vnni_evex[PACKED_COUNT] = PATH_SETS(e);
 #endif

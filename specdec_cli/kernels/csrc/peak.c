@@ -23,19 +23,29 @@ VNNI512 static double peak_512(long rounds)
     return (double)_mm512_reduce_add_epi32(sum) * 0 + 64.0 * PEAK_ACCUMULATORS * (double)rounds;
 }
 
-AVXVNNI static double peak_avxvnni(long rounds)
+/* vpdpbusd on 256 bits, in the encoding V the avxvnni path runs (kernels.h's vnni_dot) */
+AVX2 static inline __attribute__((always_inline)) double peak_avxvnni(long rounds, const int V)
 {
     __m256i acc[PEAK_ACCUMULATORS], a = _mm256_set1_epi8(1), b = _mm256_set1_epi8(2);
     for (int i = 0; i < PEAK_ACCUMULATORS; i++)
         acc[i] = _mm256_set1_epi32(i);
     for (long n = 0; n < rounds; n++) {
-        _Pragma("GCC unroll 12") for (int i = 0; i < PEAK_ACCUMULATORS; i++) acc[i] =
-            _mm256_dpbusd_avx_epi32(acc[i], a, b);
-        __asm__ volatile("" : "+v"(a));
+        _Pragma("GCC unroll 12") for (int i = 0; i < PEAK_ACCUMULATORS; i++) acc[i] = vnni_dot(acc[i], a, b, V);
+        __asm__ volatile("" : "+x"(a));
     }
     volatile int sink = hsum8i(acc[0]);
     (void)sink;
     return 32.0 * PEAK_ACCUMULATORS * (double)rounds;
+}
+
+AVX2 static double peak_vex(long rounds)
+{
+    return peak_avxvnni(rounds, VNNI_VEX);
+}
+
+AVX2 static double peak_evex(long rounds)
+{
+    return peak_avxvnni(rounds, VNNI_EVEX);
 }
 
 AVX2 static double peak_avx2(long rounds)
@@ -73,7 +83,10 @@ double cpu_peak(int path, double seconds)
     while (cpu_now_seconds() < stop) {
         double start = cpu_now_seconds(), macs;
         long rounds = 20000;
-        macs = path == ISA_AVX512VNNI ? peak_512(rounds) : path == ISA_AVXVNNI ? peak_avxvnni(rounds) : peak_avx2(rounds);
+        if (path == ISA_AVXVNNI)
+            macs = cpu_avxvnni_encoding == VNNI_EVEX ? peak_evex(rounds) : peak_vex(rounds);
+        else
+            macs = path == ISA_AVX512VNNI ? peak_512(rounds) : peak_avx2(rounds);
         double rate = macs / (cpu_now_seconds() - start);
         best = rate > best ? rate : best;
     }
