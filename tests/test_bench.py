@@ -15,6 +15,7 @@ import pytest
 from conftest import assert_one_line_error, hf_greedy, invoke
 from helpers import char_tokenizer
 
+from specdec_cli import kernels
 from specdec_cli.bench import (
     BASELINE,
     OVERALL,
@@ -342,6 +343,7 @@ def test_library_run_document(library_report, conversations):
     assert all(ms > 0 for ms in curve["start_ms"] + curve["end_ms"] if ms is not None)
     assert {"cpu", "cpu_cores", "gpu", "torch", "transformers", "specdec", "model", "dtype", "device", "date"} <= set(
         document["environment"])
+    assert document["environment"]["kernel_path"] == (kernels.isa() if kernels.available() else None)
     assert document["settings"]["methods"] == ["none", "pld", "oracle-4", "hf", "hf-pld"]
     assert document["settings"]["tree_check"] == "passed"  # a llama: trees checked against sequential decoding
     methods = document["settings"]["methods"]

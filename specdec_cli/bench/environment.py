@@ -43,6 +43,7 @@ def environment(model_name: str, device: str, dtype: Any, started: Optional[date
         **host_environment(started),
         "torch_threads": torch.get_num_threads(),
         "kernel_threads": kernels.threads() if kernels.available() else None,  # specdec's C kernels (block weights)
+        "kernel_path": kernels.isa() if kernels.available() else None,  # their instruction set: avx512vnni, ...
         "gpu": gpu,
         "torch": torch.__version__,
         "transformers": _installed_version("transformers"),  # (not imported: the native path runs without it)

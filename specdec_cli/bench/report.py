@@ -71,7 +71,7 @@ def report_document(report: BenchReport, loaded: Any) -> dict:
     document["environment"]["weights"] = loaded.weights_reason
     document["environment"]["load"] = loaded.load_line
     if loaded.weights == "dense":  # the kernel threads matter only where the kernels compute the target
-        document["environment"]["kernel_threads"] = None
+        document["environment"]["kernel_threads"] = document["environment"]["kernel_path"] = None
     return document
 
 

@@ -169,6 +169,7 @@ def header_lines(document: dict) -> list[str]:
     return [
         f"Machine: {env['cpu']} · {cores} · torch threads {env['torch_threads']}"
         + (f" · kernel threads {env['kernel_threads']}" if env.get("kernel_threads") else "")
+        + (f" ({env['kernel_path']})" if env.get("kernel_threads") and env.get("kernel_path") else "")
         + f" · GPU: {env['gpu'] or 'none'}",
         f"Software: torch {env['torch']} · transformers {env['transformers']} · specdec {env['specdec']} · "
         f"Python {env['python']}",
