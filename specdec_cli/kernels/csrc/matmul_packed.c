@@ -195,7 +195,7 @@ void cpu_matmul_packed_portable(const void *arg, long start, long stop)
  * VNNI_EVEX) takes vpdpbusd of the unsigned codes straight to 32 bits, int8 codes and IQ4's values + 128 (zero
  * point 128, as on avx512vnni), and the K-quants' sub-scales by vpmulld. Integers either way, so the same bits. */
 
-#define PACKED_ROWS 4
+#define PACKED_ROWS 8 /* the most rows a tile takes: 4, or 8 for the avxvnni path's tile_packed */
 
 /* Chunk q's and chunk q + 4's codes of half h of a 4- or 5-bit block as bytes: nibbles, with the fifth bit moved to
  * bit 4 from `plane` (a 16-bit shift by at most 4 carries only bits 0-3 or 5-7 across a byte). */
@@ -366,12 +366,14 @@ AVX2 static inline __attribute__((always_inline)) void int8_chunk(__m256i *ia, _
 AVX2 static inline __attribute__((always_inline)) void vnni_chunks(__m256i *ia, __m256i lo, __m256i hi, const int8_t *xa,
                                                                    const int8_t *xb, const int R, const int VNNI)
 {
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) ia[r] =
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) ia[r] =
         vnni_dot(vnni_dot(ia[r], lo, _mm256_set1_epi32(load_i32(xa + r * BLOCK)), VNNI), hi,
                  _mm256_set1_epi32(load_i32(xb + r * BLOCK)), VNNI);
 }
 
-/* The legacy types, IQ4 and Q6_K, 8 columns x R rows, in their float orders at the top. */
+/* The legacy types, IQ4 and Q6_K, 8 columns x R rows (up to 4; the avxvnni path's up to 8: with no 16-bit partial
+ * sums their accumulators fit, and 8 rows ran 1.10-1.22x the rate of two tiles of 4 on a Zen 4; the K-quants' tile,
+ * with its integer sums, ran 0.87x), in their float orders at the top. */
 AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulTask *t, long g, int h, long r0,
                                                                    const int R, const int BITS, const int FORM,
                                                                    const int OFF, const int TABLE, const int VNNI,
@@ -387,7 +389,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), top_two = _mm256_set1_epi8(0x30);
     const __m256i flip = _mm256_set1_epi8(-128);
     __m256 acc[PACKED_ROWS], part[PACKED_ROWS]; /* part: Q6_K's products over the super-block */
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] = part[r] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] = part[r] = _mm256_setzero_ps();
     for (long s = 0; s < supers; s++) {
         const char *head = record + s * t->block;
         if (prefetch)
@@ -412,7 +414,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
                         d, _mm256_cvtepi32_ps(_mm256_sub_epi32(six, _mm256_set1_epi32(IQ4XS_SCALE_ZERO))));
                 }
                 __m256i ia[PACKED_ROWS];
-                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+                _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
                     ia[r] = _mm256_set1_epi32(t->init[sj * t->rows + r0 + r]);
                 if (TABLE) { /* IQ4: each nibble's value from the table, then as int8 codes (BITS 8) */
                     _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
@@ -450,7 +452,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
                             vnni_chunks(ia, lo, hi, xs + j * SUB + 4 * q, xs + j * SUB + 4 * (q + 2), R, VNNI);
                             continue;
                         }
-                        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
                             __m256i xa = _mm256_set1_epi32(load_i32(xs + r * BLOCK + j * SUB + 4 * q));
                             __m256i xb = _mm256_set1_epi32(load_i32(xs + r * BLOCK + j * SUB + 4 * (q + 2)));
                             __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb));
@@ -461,7 +463,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
                     __m256i plane = BITS == 5 ? _mm256_loadu_si256((const __m256i *)(codes + 256 + 32 * h))
                                               : _mm256_setzero_si256();
                     __m256i m16[PACKED_ROWS];
-                    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) m16[r] = _mm256_setzero_si256();
+                    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) m16[r] = _mm256_setzero_si256();
                     _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
                         __m256i lo, hi;
                         codes_45(codes, plane, q, h, BITS, &lo, &hi);
@@ -469,41 +471,41 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
                             vnni_chunks(ia, lo, hi, xs + 4 * q, xs + 4 * (q + 4), R, VNNI);
                             continue;
                         }
-                        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
                             __m256i xa = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * q));
                             __m256i xb = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + 4)));
                             m16[r] = _mm256_add_epi16(
                                 m16[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb)));
                         }
                         if (BITS == 5 && (q & 1)) { /* 4 products of 5-bit codes: at most 31,496 in 16 bits */
-                            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
                                 ia[r] = _mm256_add_epi32(ia[r], _mm256_madd_epi16(m16[r], ones));
                                 m16[r] = _mm256_setzero_si256();
                             }
                         }
                     }
                     if (BITS == 4 && !VNNI) {
-                        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+                        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
                             ia[r] = _mm256_add_epi32(ia[r], _mm256_madd_epi16(m16[r], ones));
                     }
                 }
                 if (FORM == FORM_Q6K) {
-                    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) part[r] =
+                    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) part[r] =
                         _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), scale, part[r]);
                     continue;
                 }
-                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
                     __m256 sd = _mm256_mul_ps(scale, _mm256_set1_ps(t->dx[b * t->rows + r0 + r]));
                     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), sd, acc[r]);
                 }
                 if (OFF) {
-                    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r] =
+                    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] =
                         _mm256_fmadd_ps(offset, _mm256_set1_ps(t->sx[sj * t->rows + r0 + r]), acc[r]);
                 }
             }
         }
         if (FORM == FORM_Q6K) {
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
                 acc[r] = _mm256_fmadd_ps(part[r], _mm256_set1_ps(t->dx[s * NB * t->rows + r0 + r]), acc[r]);
                 part[r] = _mm256_setzero_ps();
             }
@@ -565,10 +567,11 @@ AVX2 static inline __attribute__((always_inline)) void tile_legacy_whole(const M
     store_tile(t, g, 1, 0, 1, &acc[1]);
 }
 
-/* One function per packed kind, tile size (1, 2, 4 rows) and path (P: a for avx2, v and e for avxvnni's two
- * encodings), and the paths' tables, indexed by kind - KIND_PQ4_0. */
+/* One function per packed kind, tile size (1, 2, 4 rows; 8 for the avxvnni path's tile_packed, so unused on avx2)
+ * and path (P: a for avx2, v and e for avxvnni's two encodings), and the paths' tables, indexed by
+ * kind - KIND_PQ4_0. */
 #define PACKED_FN(NAME, R, CALL)                                                                                   \
-    AVX2 static void NAME##_##R(const MatmulTask *t, long g, int h, long r0, int p)                                \
+    AVX2 static __attribute__((unused)) void NAME##_##R(const MatmulTask *t, long g, int h, long r0, int p)         \
     {                                                                                                              \
         (void)h;                                                                                                   \
         (void)r0;                                                                                                  \
@@ -577,7 +580,8 @@ AVX2 static inline __attribute__((always_inline)) void tile_legacy_whole(const M
 #define PACKED_FNS(NAME, V, BITS, FORM, OFF, TABLE)                                                                \
     PACKED_FN(NAME, 1, tile_packed(t, g, h, r0, 1, BITS, FORM, OFF, TABLE, V, p))                                  \
     PACKED_FN(NAME, 2, tile_packed(t, g, h, r0, 2, BITS, FORM, OFF, TABLE, V, p))                                  \
-    PACKED_FN(NAME, 4, tile_packed(t, g, h, r0, 4, BITS, FORM, OFF, TABLE, V, p))
+    PACKED_FN(NAME, 4, tile_packed(t, g, h, r0, 4, BITS, FORM, OFF, TABLE, V, p))                                  \
+    PACKED_FN(NAME, 8, tile_packed(t, g, h, r0, 8, BITS, FORM, OFF, TABLE, V, p))
 #define K_FNS(NAME, V, BITS)                                                                                       \
     PACKED_FN(NAME, 1, tile_k(t, g, h, r0, 1, 1, BITS, V, p))                                                      \
     PACKED_FN(NAME, 2, tile_k(t, g, h, r0, 2, 1, BITS, V, p))                                                      \
@@ -602,11 +606,12 @@ PATH_FNS(e, VNNI_EVEX)
 
 #define PACKED_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NULL}
 #define WHOLE_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NAME##_w}
-#define PATH_SETS(P)                                                                                               \
-    {WHOLE_SET(P##_pq4_0),   WHOLE_SET(P##_pq4_1), WHOLE_SET(P##_pq5_0),    WHOLE_SET(P##_pq5_1),                  \
-     PACKED_SET(P##_pq8_0),  WHOLE_SET(P##_pq4_k), WHOLE_SET(P##_pq5_k),    PACKED_SET(P##_pq6_k),                 \
-     PACKED_SET(P##_piq4_nl), PACKED_SET(P##_piq4_xs)}
-const TileSet cpu_tiles_packed[PACKED_COUNT] = PATH_SETS(a);
-const TileSet cpu_tiles_packed_vnni[PACKED_COUNT] = PATH_SETS(v);
-const TileSet cpu_tiles_packed_vnni_evex[PACKED_COUNT] = PATH_SETS(e);
+#define PACKED_SET8(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NULL}
+#define WHOLE_SET8(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NAME##_w}
+#define PATH_SETS(P, WHOLE, PACKED)                                                                                \
+    {WHOLE(P##_pq4_0),   WHOLE(P##_pq4_1),     WHOLE(P##_pq5_0),  WHOLE(P##_pq5_1),      PACKED(P##_pq8_0),          \
+     WHOLE_SET(P##_pq4_k), WHOLE_SET(P##_pq5_k), PACKED(P##_pq6_k), PACKED(P##_piq4_nl), PACKED(P##_piq4_xs)}
+const TileSet cpu_tiles_packed[PACKED_COUNT] = PATH_SETS(a, WHOLE_SET, PACKED_SET);
+const TileSet cpu_tiles_packed_vnni[PACKED_COUNT] = PATH_SETS(v, WHOLE_SET8, PACKED_SET8);
+const TileSet cpu_tiles_packed_vnni_evex[PACKED_COUNT] = PATH_SETS(e, WHOLE_SET8, PACKED_SET8);
 #endif
