@@ -7,8 +7,8 @@
  * (BLOCK, GROUP, MAX_THREADS, PREFETCH_AHEAD and PREFETCH_FAR, the packed kinds' sizes and offsets); the weights'
  * kinds and the instruction-set paths; the task structures the files hand each other (KindInfo, MatmulTask,
  * TileSet, AttentionTask); the few small helpers that several files inline in their loops (hsum8, hsum8i,
- * load_i32, exp8, four_scores, vnni_dot, prefetch_ahead); and the declaration of every function one file defines and another
- * calls, each named cpu_*. Everything else is `static` in its file.
+ * load_i32, exp8, four_scores, vnni_dot, prefetch_ahead); and the declaration of every function one file defines
+ * and another calls, each named cpu_*. Everything else is `static` in its file.
  * Not here: any kernel's body, and Python: only ../_cpu.c includes Python.h.
  */
 #ifndef SPECDEC_KERNELS_H
@@ -38,13 +38,15 @@ static inline void cpu_relax(void)
 }
 
 /* The avxvnni path's multiply (its 256-bit tiles are AVX2 functions that hold it): acc + per 32-bit lane the dot
- * product of 4 unsigned bytes of `codes` with 4 signed bytes of `x`, vpdpbusd. VNNI_VEX: AVX-VNNI's encoding; VNNI_EVEX:
- * AVX512-VNNI's 256-bit form of the same instruction, which a CPU with AVX512-VNNI but not AVX-VNNI (Zen 4, Ice
- * Lake and later Xeons) runs when the avxvnni path is asked for, so the path is tested there. Written as assembly
- * because one source serves both encodings inside AVX2 functions (the intrinsics would each need their own target). */
+ * product of 4 unsigned bytes of `codes` with 4 signed bytes of `x`, vpdpbusd. VNNI_VEX: AVX-VNNI's encoding;
+ * VNNI_EVEX: AVX512-VNNI's 256-bit form of the same instruction, which a CPU with AVX512-VNNI but not AVX-VNNI (Zen
+ * 4, Ice Lake and later Xeons) runs when the avxvnni path is asked for, so the path is tested there. Written as
+ * assembly because one source serves both encodings inside AVX2 functions (the intrinsics would each need their own
+ * target); its result must be used, or the compiler drops it. */
 enum { VNNI_NONE = 0, VNNI_VEX = 1, VNNI_EVEX = 2 };
 
-AVX2 static inline __attribute__((always_inline)) __m256i vnni_dot(__m256i acc, __m256i codes, __m256i x, const int VNNI)
+AVX2 static inline __attribute__((always_inline)) __m256i vnni_dot(__m256i acc, __m256i codes, __m256i x,
+                                                                   const int VNNI)
 {
     if (VNNI == VNNI_VEX)
         __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(codes), "x"(x));
@@ -289,8 +291,8 @@ extern const TileSet cpu_tiles_avx2[SHAPE_COUNT], cpu_tiles_avxvnni[SHAPE_COUNT]
 extern const TileSet cpu_tiles_512[SHAPE_COUNT], cpu_floats_512[3];
 
 /* The packed kinds: their 256-bit tiles (matmul_packed.c: maddubs for the avx2 path, vpdpbusd in either encoding for
- * the avxvnni path) and avx512vnni tiles (matmul_packed_512.c), indexed by kind - KIND_PQ4_0, and their portable reference loop (a task over record
- * groups, like matmul.c's). */
+ * the avxvnni path) and avx512vnni tiles (matmul_packed_512.c), indexed by kind - KIND_PQ4_0, and their portable
+ * reference loop (a task over record groups, like matmul.c's). */
 #define PACKED_COUNT 10
 extern const TileSet cpu_tiles_packed[PACKED_COUNT], cpu_tiles_packed_vnni[PACKED_COUNT],
     cpu_tiles_packed_vnni_evex[PACKED_COUNT], cpu_tiles_packed_512[PACKED_COUNT];

@@ -175,7 +175,8 @@ static const TileSet *tile_set(const KindInfo *info, int path)
                     : info->form == FORM_Q6K  ? 7
                                               : 9;
         if (path == ISA_AVXVNNI)
-            return cpu_avxvnni_encoding == VNNI_EVEX ? &cpu_tiles_packed_vnni_evex[index] : &cpu_tiles_packed_vnni[index];
+            return cpu_avxvnni_encoding == VNNI_EVEX ? &cpu_tiles_packed_vnni_evex[index]
+                                                     : &cpu_tiles_packed_vnni[index];
         return path == ISA_AVX512VNNI ? &cpu_tiles_packed_512[index] : &cpu_tiles_packed[index];
     }
     if (info->bits >= 16) {

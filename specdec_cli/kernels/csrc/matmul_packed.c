@@ -3,9 +3,9 @@
  * size: f16 scales, 6-bit sub-scales and minimums, int8 sub-scales, nibbles with a fifth-bit or 2-bit plane, IQ4's
  * nibbles indexing its table of int8 values (IQ4_NL: Q4_0's bytes; IQ4_XS: 6-bit scales less 32 per 32 weights;
  * the tiles look the values up with a byte shuffle and multiply them as Q8_0's int8 codes). Their reference
- * loop (portable C) and their AVX2 tiles (8 columns x 1, 2 or 4 rows; for one row of the 4- and 5-bit kinds, a
- * whole group's 16 columns in one pass over the record), which the avx2 and avxvnni paths run (avx512vnni has its
- * own: matmul_packed_512.c). A group's record
+ * loop (portable C) and their 256-bit tiles (8 columns x 1, 2, 4 or, on avxvnni, 8 rows; for one row of the 4- and
+ * 5-bit kinds, a whole group's 16 columns in one pass over the record) for the avx2 path (maddubs) and the avxvnni
+ * path (vpdpbusd; avx512vnni has its own: matmul_packed_512.c). A group's record
  * (GROUP = 16 columns) is its super-blocks along k in order (sb = 32 weights for the legacy types and IQ4_NL, 256
  * for the K-quants, Q6_K and IQ4_XS), each a header then the codes of its blocks of 32:
  *   header   FORM_LEGACY  d f16 [16]; Q4_1/Q5_1: m f16 [16]
@@ -363,8 +363,9 @@ AVX2 static inline __attribute__((always_inline)) void int8_chunk(__m256i *ia, _
 
 /* ia[r] += two chunks of unsigned codes (`lo`, `hi`: 8 columns x 4 weights) times row r's 4 codes at xa + r * BLOCK
  * and at xb + r * BLOCK: vpdpbusd (the avxvnni path). */
-AVX2 static inline __attribute__((always_inline)) void vnni_chunks(__m256i *ia, __m256i lo, __m256i hi, const int8_t *xa,
-                                                                   const int8_t *xb, const int R, const int VNNI)
+AVX2 static inline __attribute__((always_inline)) void vnni_chunks(__m256i *ia, __m256i lo, __m256i hi,
+                                                                   const int8_t *xa, const int8_t *xb, const int R,
+                                                                   const int VNNI)
 {
     _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) ia[r] =
         vnni_dot(vnni_dot(ia[r], lo, _mm256_set1_epi32(load_i32(xa + r * BLOCK)), VNNI), hi,
