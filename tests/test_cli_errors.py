@@ -88,12 +88,26 @@ def test_help_is_fast_and_lists_commands():
     result = run_cli("--help")
     assert result.returncode == 0
     assert "chat" in result.stdout
-    probe = ("import sys\nsys.argv = ['specdec', '--help']\nfrom specdec_cli.cli import main\n"
+    _assert_imports_nothing_heavy("--help")
+
+
+def _assert_imports_nothing_heavy(flag: str) -> None:
+    """`specdec FLAG` in a fresh process exits 0 without importing torch or transformers."""
+    probe = (f"import sys\nsys.argv = ['specdec', {flag!r}]\nfrom specdec_cli.cli import main\n"
              "try:\n    main()\nexcept SystemExit as exit:\n    assert exit.code == 0, exit.code\n"
              "heavy = [name for name in ('torch', 'transformers') if name in sys.modules]\nassert not heavy, heavy\n")
     probed = subprocess.run([sys.executable, "-c", probe], env=cli_env(), capture_output=True, text=True,
                             timeout=HANG_GUARD)
     assert probed.returncode == 0, probed.stderr
+
+
+def test_version_prints_one_line_and_imports_nothing_heavy():
+    from specdec_cli import __version__
+
+    for flag in ("--version", "-V"):
+        result = run_cli(flag)
+        assert result.returncode == 0 and result.stdout == f"specdec {__version__}\n", result.stdout
+    _assert_imports_nothing_heavy("--version")
 
 
 def test_a_setting_error_is_named_as_its_flag_on_the_command_line_and_as_a_key_in_the_library():

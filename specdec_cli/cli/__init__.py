@@ -25,8 +25,19 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"specdec {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(False, "--version", "-V", callback=_print_version, is_eager=True,
+                                 help="Print specdec's version and exit."),
+) -> None:
     """Lossless speculative decoding: a cheap drafter guesses, the target model verifies in one pass."""
 
 
