@@ -166,11 +166,12 @@ def header_lines(document: dict) -> list[str]:
     if env.get("usable_cores") and env["usable_cores"] != env["cpu_cores"]:
         cores += f" ({env['usable_cores']} usable)"
     mode = "greedy" if settings["greedy"] else f"sampling, temperature {settings['temperature']}"
+    kernel = ""  # the C kernels' threads and instruction-set path, where they computed the target
+    if env.get("kernel_threads"):
+        kernel = f" · kernel threads {env['kernel_threads']}" + (f" ({env['kernel_path']})" if env.get("kernel_path")
+                                                                else "")
     return [
-        f"Machine: {env['cpu']} · {cores} · torch threads {env['torch_threads']}"
-        + (f" · kernel threads {env['kernel_threads']}" if env.get("kernel_threads") else "")
-        + (f" ({env['kernel_path']})" if env.get("kernel_threads") and env.get("kernel_path") else "")
-        + f" · GPU: {env['gpu'] or 'none'}",
+        f"Machine: {env['cpu']} · {cores} · torch threads {env['torch_threads']}{kernel} · GPU: {env['gpu'] or 'none'}",
         f"Software: torch {env['torch']} · transformers {env['transformers']} · specdec {env['specdec']} · "
         f"Python {env['python']}",
         f"Model: {env['model']} · {env['dtype']} · {env['device']} · {mode} · max {settings['max_new_tokens']} "

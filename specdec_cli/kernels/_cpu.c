@@ -47,7 +47,8 @@
  *       Paths: "avx512vnni" (a tile is 16 columns x up to 8 rows, one zmm accumulator a row; nibble kinds with
  *       2-32 rows take two groups, 32 columns x up to 4 rows, so that each broadcast of a row's codes serves two
  *       vpdpbusd), "avxvnni" (256-bit vpdpbusd, 8 columns x up to 4 rows, 8 for the packed kinds; on a CPU with
- *       AVX512-VNNI but not AVX-VNNI, the same instruction in its AVX512 encoding), "avx2" (maddubs + madd, 8 x 4) and
+ *       AVX512-VNNI but not AVX-VNNI, the same instruction in its AVX512 encoding), "avx2" (maddubs + madd, 8 x 4;
+ *       8 rows for the K-quants) and
  *       "portable" C; the best the CPU has is chosen at import (set_isa forces another). They give the same
  *       bits: each computes the order above. A tile unpacks each block of weights once for all its rows; the
  *       rows of a call go in tiles of 8, 4, 2, 1 (from L1 after the first); the threads split the groups.

@@ -268,9 +268,9 @@ def table_values(codes: torch.Tensor) -> torch.Tensor:
 
 
 def fields_codes(kind: int, fields: Fields) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """What the fields mean as records.py's kinds hold it: (codes less the zero point, IQ4_NL's table values, as int16
-    [n, k], float32
-    scales [n, k / sub], float32 offsets [n, k / sub] or None): weight = (code - zero) * scale (+ offset)."""
+    """What the fields mean as records.py's kinds hold it: (codes less the zero point, or IQ4's table values, as
+    int16 [n, k]; float32 scales [n, k / sub]; float32 offsets [n, k / sub] or None): weight = (code - zero) * scale
+    (+ offset)."""
     info = packed_kind(kind)
     n, k = fields.codes.shape
     if info.table:

@@ -3,9 +3,9 @@
  * size: f16 scales, 6-bit sub-scales and minimums, int8 sub-scales, nibbles with a fifth-bit or 2-bit plane, IQ4's
  * nibbles indexing its table of int8 values (IQ4_NL: Q4_0's bytes; IQ4_XS: 6-bit scales less 32 per 32 weights;
  * the tiles look the values up with a byte shuffle and multiply them as Q8_0's int8 codes). Their reference
- * loop (portable C) and their 256-bit tiles (8 columns x 1, 2, 4 or, on avxvnni, 8 rows; for one row of the 4- and
- * 5-bit kinds, a whole group's 16 columns in one pass over the record) for the avx2 path (maddubs) and the avxvnni
- * path (vpdpbusd; avx512vnni has its own: matmul_packed_512.c). A group's record
+ * loop (portable C) and their 256-bit tiles (8 columns x 1, 2, 4 or 8 rows: 8 for the K-quants, and on avxvnni for
+ * every kind; for one row of the 4- and 5-bit kinds, a whole group's 16 columns in one pass over the record) for the
+ * avx2 path (maddubs) and the avxvnni path (vpdpbusd; avx512vnni has its own: matmul_packed_512.c). A group's record
  * (GROUP = 16 columns) is its super-blocks along k in order (sb = 32 weights for the legacy types and IQ4_NL, 256
  * for the K-quants, Q6_K and IQ4_XS), each a header then the codes of its blocks of 32:
  *   header   FORM_LEGACY  d f16 [16]; Q4_1/Q5_1: m f16 [16]
@@ -195,7 +195,7 @@ void cpu_matmul_packed_portable(const void *arg, long start, long stop)
  * VNNI_EVEX) takes vpdpbusd of the unsigned codes straight to 32 bits, int8 codes and IQ4's values + 128 (zero
  * point 128, as on avx512vnni), and the K-quants' sub-scales by vpmulld. Integers either way, so the same bits. */
 
-#define PACKED_ROWS 8 /* the most rows a tile takes: 4, or 8 for the avxvnni path's tile_packed */
+#define PACKED_ROWS 8 /* the most rows tile_k and tile_packed take: 4, or 8 for tile_packed on avxvnni */
 
 /* Chunk q's and chunk q + 4's codes of half h of a 4- or 5-bit block as bytes: nibbles, with the fifth bit moved to
  * bit 4 from `plane` (a 16-bit shift by at most 4 carries only bits 0-3 or 5-7 across a byte). */
@@ -262,6 +262,20 @@ AVX2 static inline __attribute__((always_inline)) __m256i k_scale16(const char *
     return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(value, value));
 }
 
+/* Sub-block i's sub-scale for the 8 columns of half h in the form the path multiplies by: 32-bit lanes for vpmulld
+ * (VNNI), or both 16-bit lanes of each column for madd (k_scale16). */
+AVX2 static inline __attribute__((always_inline)) __m256i k_sub_scale(const char *head, int i, int h, const int VNNI)
+{
+    return VNNI ? _mm256_cvtepu8_epi32(six8(head, K_SCALE_LOW, K_SCALE_HIGH, i, h)) : k_scale16(head, i, h);
+}
+
+/* isum + sub-scale x a sub-block's sums: its 32-bit dot product (VNNI, vpmulld) or its 16-bit pair sums (madd). */
+AVX2 static inline __attribute__((always_inline)) __m256i k_add_scaled(__m256i isum, __m256i sums, __m256i scale,
+                                                                        const int VNNI)
+{
+    return _mm256_add_epi32(isum, VNNI ? _mm256_mullo_epi32(sums, scale) : _mm256_madd_epi16(sums, scale));
+}
+
 /* ia[r] += two chunks of unsigned codes (`lo`, `hi`: 8 columns x 4 weights) times row r's 4 codes at xa + r * BLOCK
  * and at xb + r * BLOCK: vpdpbusd (the avxvnni path). */
 AVX2 static inline __attribute__((always_inline)) void vnni_chunks(__m256i *ia, __m256i lo, __m256i hi,
@@ -313,8 +327,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_k(const MatmulTask *
             const int8_t *xs = t->qx + ((s * 8 + i) * t->rows + r0) * BLOCK;
             __m256i scale[2], plane[2], m16[PACKED_ROWS]; /* m16: 16-bit pair sums, or (VNNI) 32-bit dots */
             _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) {
-                scale[w] = VNNI ? _mm256_cvtepu8_epi32(six8(head, K_SCALE_LOW, K_SCALE_HIGH, i, h + w))
-                                : k_scale16(head, i, h + w);
+                scale[w] = k_sub_scale(head, i, h + w, VNNI);
                 plane[w] = BITS == 5 ? _mm256_loadu_si256((const __m256i *)(codes + 256 + 32 * (h + w)))
                                      : _mm256_setzero_si256();
             }
@@ -333,17 +346,14 @@ AVX2 static inline __attribute__((always_inline)) void tile_k(const MatmulTask *
                 }
                 if (!VNNI && BITS == 5 && (q & 1)) { /* 4 products of 5-bit codes: at most 31,496 in 16 bits */
                     _Pragma("GCC unroll 4") for (int a = 0; a < R * W; a++) {
-                        isum[a] = _mm256_add_epi32(isum[a], _mm256_madd_epi16(m16[a], scale[a % W]));
+                        isum[a] = k_add_scaled(isum[a], m16[a], scale[a % W], VNNI);
                         m16[a] = _mm256_setzero_si256();
                     }
                 }
             }
-            if (VNNI) {
+            if (VNNI || BITS == 4) { /* (5-bit pair sums were added every two vectors) */
                 _Pragma("GCC unroll 4") for (int a = 0; a < R * W; a++)
-                    isum[a] = _mm256_add_epi32(isum[a], _mm256_mullo_epi32(m16[a], scale[a % W]));
-            } else if (BITS == 4) {
-                _Pragma("GCC unroll 4") for (int a = 0; a < R * W; a++)
-                    isum[a] = _mm256_add_epi32(isum[a], _mm256_madd_epi16(m16[a], scale[a % W]));
+                    isum[a] = k_add_scaled(isum[a], m16[a], scale[a % W], VNNI);
             }
         }
         _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) {
@@ -399,8 +409,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_k8(const MatmulTask 
                                             : _mm256_setzero_si256();
             __m256i dot[8]; /* 32-bit dot products (VNNI), or 16-bit pair sums (maddubs) */
             _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) dot[r] = _mm256_setzero_si256();
-            const __m256i scale = VNNI ? _mm256_cvtepu8_epi32(six8(head, K_SCALE_LOW, K_SCALE_HIGH, i, h))
-                                       : k_scale16(head, i, h);
+            const __m256i scale = k_sub_scale(head, i, h, VNNI);
             _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
                 __m256i lo, hi;
                 codes_45(codes, plane, q, h, BITS, &lo, &hi);
@@ -416,17 +425,14 @@ AVX2 static inline __attribute__((always_inline)) void tile_k8(const MatmulTask 
                 }
                 if (BITS == 5 && (q & 1)) { /* 4 products of 5-bit codes: at most 31,496 in 16 bits */
                     _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
-                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(dot[r], scale));
+                        isum[r] = k_add_scaled(isum[r], dot[r], scale, VNNI);
                         dot[r] = _mm256_setzero_si256();
                     }
                 }
             }
-            if (VNNI) {
+            if (VNNI || BITS == 4) { /* (5-bit pair sums were added every two vectors) */
                 _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) isum[r] =
-                    _mm256_add_epi32(isum[r], _mm256_mullo_epi32(dot[r], scale));
-            } else if (BITS == 4) {
-                _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) isum[r] =
-                    _mm256_add_epi32(isum[r], _mm256_madd_epi16(dot[r], scale));
+                    k_add_scaled(isum[r], dot[r], scale, VNNI);
             }
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16 * h)));
