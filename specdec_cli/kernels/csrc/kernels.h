@@ -232,7 +232,10 @@ void cpu_store_nan(const MatmulTask *t, long start, long stop);
  * longer on each byte, ask L2 for what lies PREFETCH_FAR ahead as well: on a Zen 4, 8 rows of Q4_K 0.83-0.91x the
  * time with 16-64 KB (8 KB changed nothing), of the legacy types 0.89-1.0x, Q6_K 0.96x; the super-block kinds'
  * L1 prefetch is left out there (K-quants and Q6_K 0.85-0.97x without it, IQ4_XS 0.68-0.83x), the legacy types'
- * kept (1.02-1.03x without). One row asks only L1 (a far prefetch was 1.05-1.2x slower). */
+ * kept (1.02-1.03x without). The super-block kinds' wide tiles ask for a super-block's far lines an eighth at a
+ * time, one slice per sub-block (a burst of a whole super-block's 36 lines at its start held up the tile's own loads:
+ * sliced, 8 rows of the 1.5B shape's matrices 0.91-0.93x the time on avx512vnni, 4 rows on avxvnni 0.96x). One row
+ * asks only L1 (a far prefetch was 1.05-1.2x slower). */
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2048
 #endif
@@ -243,17 +246,28 @@ void cpu_store_nan(const MatmulTask *t, long start, long stop);
 #if HAVE_X86
 /* The `bytes` a tile of `rows` rows of a kind of form `form` is about to read at `at`, prefetched a cache line at a
  * time as said above: PREFETCH_AHEAD further on into L1 (not for the super-block kinds' tiles of 4 or more rows:
- * K-quants, Q6_K, IQ4_XS), and for the packed kinds' tiles of 4 or more rows PREFETCH_FAR further on into L2 (the
- * float32-scale record kinds keep the L1 prefetch alone, as measured for them). */
+ * K-quants, Q6_K, IQ4_XS), and for the legacy packed kinds' tiles of 4 or more rows PREFETCH_FAR further on into L2
+ * (the super-block kinds' wide tiles take that in slices, prefetch_far_slice; the float32-scale record kinds keep
+ * the L1 prefetch alone, as measured for them). */
 static inline __attribute__((always_inline)) void prefetch_ahead(const char *at, long bytes, int form, int rows)
 {
     int wide = rows >= 4 && form != FORM_RECORDS;
     if (!wide || form == FORM_LEGACY)
         for (long line = 0; line < bytes; line += 64)
             _mm_prefetch(at + PREFETCH_AHEAD + line, _MM_HINT_T0);
-    if (wide)
+    if (wide && form == FORM_LEGACY)
         for (long line = 0; line < bytes; line += 64)
             _mm_prefetch(at + PREFETCH_FAR + line, _MM_HINT_T1);
+}
+
+/* Slice `part` of 8 of the `bytes` at `at` (a super-block kind's super-block), prefetched PREFETCH_FAR ahead into L2
+ * a cache line at a time: the wide tiles of those kinds ask for one slice per sub-block, not the whole super-block
+ * at once. */
+static inline __attribute__((always_inline)) void prefetch_far_slice(const char *at, long bytes, int part)
+{
+    const long lines = (bytes + 63) / 64;
+    for (long line = part * lines / 8; line < (part + 1) * lines / 8; line++)
+        _mm_prefetch(at + PREFETCH_FAR + 64 * line, _MM_HINT_T1);
 }
 #endif
 
