@@ -47,19 +47,22 @@ static void work_on(long generation)
     const void *ctx = pool.ctx;
     long items = pool.items, chunk = pool.chunk;
     long long tag = (long long)(generation & 0xffffffffL) << 32;
+    long finished = 0; /* this thread's items of the job, counted into pool.done once, as it leaves */
     for (;;) {
         long long word = atomic_load(&pool.claim);
         if ((word & ~0xffffffffLL) != tag)
-            return;
+            break;
         long start = (long)(word & 0xffffffffLL);
         if (start >= items)
-            return;
+            break;
         long stop = start + chunk < items ? start + chunk : items;
         if (!atomic_compare_exchange_weak(&pool.claim, &word, tag | stop))
             continue;
         fn(ctx, start, stop);
-        atomic_fetch_add(&pool.done, stop - start);
+        finished += stop - start;
     }
+    if (finished > 0)
+        atomic_fetch_add(&pool.done, finished);
 }
 
 static void *worker_main(void *arg)
@@ -110,7 +113,10 @@ void cpu_run_parallel(task_fn fn, const void *ctx, long items)
     pool.fn = fn;
     pool.ctx = ctx;
     pool.items = items;
-    pool.chunk = items / (4 * pool.count) > 1 ? items / (4 * pool.count) : 1;
+    /* two chunks a thread: every claim and count moves a cache line between cores, which a small model's calls
+     * (tens of microseconds) feel; on a 2-core Zen 4, against four chunks a thread and a count per chunk, the
+     * default model decodes 1.03-1.17x the tokens a second, and larger models' block matmuls take 0.98-0.99x */
+    pool.chunk = items / (2 * pool.count) > 1 ? items / (2 * pool.count) : 1;
     atomic_store(&pool.done, 0);
     atomic_store(&pool.generation, generation);
     wake_all();
