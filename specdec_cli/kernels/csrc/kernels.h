@@ -247,7 +247,7 @@ void cpu_store_nan(const MatmulTask *t, long start, long stop);
 /* The `bytes` a tile of `rows` rows of a kind of form `form` is about to read at `at`, prefetched a cache line at a
  * time as said above: PREFETCH_AHEAD further on into L1 (not for the super-block kinds' tiles of 4 or more rows:
  * K-quants, Q6_K, IQ4_XS), and for the legacy packed kinds' tiles of 4 or more rows PREFETCH_FAR further on into L2
- * (the super-block kinds' wide tiles take that in slices, prefetch_far_slice; the float32-scale record kinds keep
+ * (the super-block kinds' wide tiles take that in slices, prefetch_slice; the float32-scale record kinds keep
  * the L1 prefetch alone, as measured for them). */
 static inline __attribute__((always_inline)) void prefetch_ahead(const char *at, long bytes, int form, int rows)
 {
@@ -260,11 +260,14 @@ static inline __attribute__((always_inline)) void prefetch_ahead(const char *at,
             _mm_prefetch(at + PREFETCH_FAR + line, _MM_HINT_T1);
 }
 
-/* Slice `part` of 8 of the `bytes` at `at` (a super-block kind's super-block), prefetched PREFETCH_FAR ahead into L2
- * a cache line at a time: the wide tiles of those kinds ask for one slice per sub-block, not the whole super-block
- * at once. */
-static inline __attribute__((always_inline)) void prefetch_far_slice(const char *at, long bytes, int part)
+/* The far prefetch of a super-block kind's tile of `rows` rows (K-quants, Q6_K, IQ4_XS; 4 or more rows), as said
+ * above: at its sub-block `part` of 8, slice `part` of the super-block's `bytes` at `at`, PREFETCH_FAR ahead into L2
+ * a cache line at a time. Nothing for other forms or fewer rows (prefetch_ahead does theirs). */
+static inline __attribute__((always_inline)) void prefetch_slice(const char *at, long bytes, int form, int rows,
+                                                                 int part)
 {
+    if (rows < 4 || form == FORM_RECORDS || form == FORM_LEGACY)
+        return;
     const long lines = (bytes + 63) / 64;
     for (long line = part * lines / 8; line < (part + 1) * lines / 8; line++)
         _mm_prefetch(at + PREFETCH_FAR + 64 * line, _MM_HINT_T1);

@@ -52,8 +52,8 @@
                             __m256i xa = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * q));                           \
                             __m256i xb = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + C / 2)));                 \
                             if (VNNI) {                                                                            \
-                                ia[r] = vnni_dot(ia[r], lo, xa, VNNI);                                    \
-                                ia[r] = vnni_dot(ia[r], hi, xb, VNNI);                                    \
+                                ia[r] = vnni_dot(ia[r], lo, xa, VNNI);                                             \
+                                ia[r] = vnni_dot(ia[r], hi, xb, VNNI);                                             \
                             } else                                                                                 \
                                 m16[r] = _mm256_add_epi16(                                                         \
                                     m16[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb))); \

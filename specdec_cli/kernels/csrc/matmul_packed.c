@@ -325,8 +325,8 @@ AVX2 static inline __attribute__((always_inline)) void tile_k(const MatmulTask *
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
             const char *codes = head + PACKED_HEADER_BYTES(FORM_K, 1) + i * block_bytes;
             const int8_t *xs = t->qx + ((s * 8 + i) * t->rows + r0) * BLOCK;
-            if (prefetch && R >= 4)
-                prefetch_far_slice(head, t->block, i);
+            if (prefetch)
+                prefetch_slice(head, t->block, FORM_K, R, i);
             __m256i scale[2], plane[2], m16[PACKED_ROWS]; /* m16: 16-bit pair sums, or (VNNI) 32-bit dots */
             _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) {
                 scale[w] = k_sub_scale(head, i, h + w, VNNI);
@@ -408,7 +408,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_k8(const MatmulTask 
             const char *codes = head + PACKED_HEADER_BYTES(FORM_K, 1) + i * block_bytes;
             const int8_t *xs = t->qx + ((s * 8 + i) * t->rows + r0) * BLOCK;
             if (prefetch)
-                prefetch_far_slice(head, t->block, i);
+                prefetch_slice(head, t->block, FORM_K, 8, i);
             const __m256i plane = BITS == 5 ? _mm256_loadu_si256((const __m256i *)(codes + 256 + 32 * h))
                                             : _mm256_setzero_si256();
             __m256i dot[8]; /* 32-bit dot products (VNNI), or 16-bit pair sums (maddubs) */
@@ -491,8 +491,8 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
             const long b = s * NB + i;
             const char *codes = head + header + i * block_bytes;
             const int8_t *xs = t->qx + (b * t->rows + r0) * BLOCK;
-            if (prefetch && R >= 4 && NB == 8)
-                prefetch_far_slice(head, t->block, i);
+            if (prefetch)
+                prefetch_slice(head, t->block, FORM, R, i);
             _Pragma("GCC unroll 2") for (int j = 0; j < BLOCK / SUB; j++) {
                 const long sj = b * (BLOCK / SUB) + j; /* the sub-block's index along k */
                 __m256 scale = d, offset = m;

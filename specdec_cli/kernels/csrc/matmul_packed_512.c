@@ -104,8 +104,8 @@ VNNI512 static inline __attribute__((always_inline)) void tile_k_512(const Matmu
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
             const char *codes = head + PACKED_HEADER_BYTES(FORM_K, 1) + i * block_bytes;
             const int8_t *xs = t->qx + ((s * 8 + i) * t->rows + r0) * BLOCK;
-            if (prefetch && R >= 4)
-                prefetch_far_slice(head, t->block, i);
+            if (prefetch)
+                prefetch_slice(head, t->block, FORM_K, R, i);
             const __m512i plane = BITS == 5 ? _mm512_loadu_si512((const void *)(codes + 256)) : _mm512_setzero_si512();
             __m512i dot[PACKED_WIDE_ROWS];
             _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) dot[r] = _mm512_setzero_si512();
@@ -151,8 +151,8 @@ VNNI512 static inline __attribute__((always_inline)) void tile_packed_512(const 
             const long b = s * NB + i;
             const char *codes = head + header + i * block_bytes;
             const int8_t *xs = t->qx + (b * t->rows + r0) * BLOCK;
-            if (prefetch && R >= 4 && NB == 8)
-                prefetch_far_slice(head, t->block, i);
+            if (prefetch)
+                prefetch_slice(head, t->block, FORM, R, i);
             _Pragma("GCC unroll 2") for (int j = 0; j < BLOCK / SUB; j++) {
                 const long sj = b * (BLOCK / SUB) + j; /* the sub-block's index along k */
                 __m512 scale = d;
