@@ -24,8 +24,15 @@ class ListenSettings:
     def check(self) -> None:
         if not 1 <= self.port <= 65535:
             raise SpecdecError(f"port must be in 1..65535, got {self.port}", setting="port")
-        if self.api_key is not None and not self.api_key.strip():
-            raise SpecdecError("api_key must not be empty", setting="api_key")
+        if self.api_key is not None:
+            if not self.api_key.strip():
+                raise SpecdecError("api_key must not be empty", setting="api_key")
+            if self.api_key != self.api_key.strip():
+                raise SpecdecError("api_key must not begin or end with spaces (a client's header never carries "
+                                   "them, so it could never match)", setting="api_key")
+            if not all(" " <= char <= "~" for char in self.api_key):
+                raise SpecdecError("api_key must be printable ASCII (HTTP clients send other characters in "
+                                   "different encodings, so it would not match reliably)", setting="api_key")
         if not self.host.strip():
             raise SpecdecError("host must not be empty", setting="host")
 

@@ -13,8 +13,11 @@ import typer
 from ..defaults import (
     DEFAULT_DRAFTER,
     DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_SERVE_MAX_CONNECTIONS,
     DEFAULT_SERVE_PORT,
     DEFAULT_SERVE_QUEUE,
+    DEFAULT_SERVE_TIMEOUT,
+    MAX_SERVE_QUEUE,
     VLLM_DRAFT_MAX,
     VLLM_DRAFTERS,
     VLLM_MIN_MATCH,
@@ -49,11 +52,13 @@ def serve_command(
     device: str = options.device(),
     dtype: str = options.dtype(),
     weights: str = options.weights(),
-    memory: bool = typer.Option(True, "--memory/--no-memory", help="Remember the answers and let sam draft from them (SPECDEC_NO_MEMORY=1 turns it off)."),
+    memory: Optional[bool] = typer.Option(None, "--memory/--no-memory", show_default=False, help="Keep every answer on disk and let sam draft from them for every later request, whoever sends it (default: on only for a server on this machine without a key; SPECDEC_NO_MEMORY=1 turns it off)."),
     exact: Optional[bool] = options.exact(),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: Optional[int] = typer.Option(None, "--port", help=f"Port to listen on (default {DEFAULT_SERVE_PORT}; {VLLM_SERVE_PORT} with --engine vllm)."),
-    queue: int = typer.Option(DEFAULT_SERVE_QUEUE, "--queue", help="Requests that may wait behind the one being answered; more are refused with 429."),
+    queue: int = typer.Option(DEFAULT_SERVE_QUEUE, "--queue", help=f"Requests that may wait behind the one being answered (at most {MAX_SERVE_QUEUE}); more are refused with 429."),
+    max_connections: int = typer.Option(DEFAULT_SERVE_MAX_CONNECTIONS, "--max-connections", help="Connections held at once; more are answered 503 and closed."),
+    timeout: float = typer.Option(DEFAULT_SERVE_TIMEOUT, "--timeout", help="Seconds a request's headers may take to arrive, and then as long for its body (slow clients are closed, 408)."),
     alias: Optional[str] = typer.Option(None, "--alias", help="The model name /v1/models lists (any name is served)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Refuse requests without this key (`Authorization: Bearer KEY`). SPECDEC_API_KEY (VLLM_API_KEY with --engine vllm) does the same and keeps the key out of `ps`."),
     min_match: int = typer.Option(VLLM_MIN_MATCH, "--min-match", help="--engine vllm: draft only continuations of matches this long (vLLM verifies every drafted token)."),
@@ -72,7 +77,8 @@ def serve_command(
     from ..server.settings import server_settings
 
     settings = server_settings(
-        host=host, port=port, queue=queue, api_key=api_key, model_name=alias,
+        host=host, port=port, queue=queue, api_key=api_key, model_name=alias, max_connections=max_connections,
+        timeout=timeout,
         system=system, remember=memory, drafter=drafter, target=target, device=device, dtype=dtype,
         weights=weights, index=index, aux=aux, draft_model=draft_model, draft_min_prob=draft_min_prob,
         draft_max=draft_max, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
@@ -84,7 +90,8 @@ def serve_command(
 
 VLLM_ONLY = ("min_match", "max_model_len", "memory_fraction")
 SPECDEC_ONLY = ("aux", "draft_model", "draft_min_prob", "max_new_tokens", "temperature", "top_p", "top_k", "seed",
-                "system", "raw", "threads", "device", "weights", "memory", "exact", "queue", "alias")
+                "system", "raw", "threads", "device", "weights", "memory", "exact", "queue", "alias", "max_connections",
+                "timeout")
 
 
 def _refuse_the_other_engines_flags(ctx: typer.Context, engine: str) -> None:
@@ -123,9 +130,10 @@ def _serve_specdec(settings) -> None:
 
     try:
         with doing("serving", cache_kept_since()):
-            serve(settings, on_status=lambda message: status.update(message), on_ready=ready)
+            stopped_by = serve(settings, on_status=lambda message: status.update(message), on_ready=ready)
     finally:
         status.stop()
+    err_console().print(f"server stopped{f' ({stopped_by})' if stopped_by else ''}", highlight=False)
 
 
 def _serve_vllm(ctx, target, drafter, index, draft_max, min_match, dtype, host, port, max_model_len, memory_fraction,

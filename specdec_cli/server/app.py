@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Callable, Optional
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -58,11 +58,11 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
 
     async def _complete(request: Request, parse: Callable[[dict, Optional[int]], Any], llama: bool = False) -> Response:
         _authorize(request, settings.listen.api_key)
-        body = read_json(await _read_body(request, settings.max_body_bytes))
+        body = read_json(await _read_body(request, settings.max_body_bytes, settings.timeout))
         checked = parse(body, worker.context)
         job = Job(checked, checked.generation(base), asyncio.get_running_loop())
         worker.submit(job)
-        watcher: Optional[asyncio.Task] = asyncio.create_task(_watch_disconnect(request, job))
+        watcher: Optional[asyncio.Task] = asyncio.create_task(_watch_disconnect(request, job, worker))
         try:
             kind, value = await job.messages.get()  # started, or an error found before generating
             if kind == "error":
@@ -93,7 +93,8 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
         routes += [Route(f"{prefix}/models", models, methods=["GET"]),
                    Route(f"{prefix}/chat/completions", chat, methods=["POST"]),
                    Route(f"{prefix}/completions", text, methods=["POST"])]
-    handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
+    handlers = {ApiError: _api_error, ClientGone: _client_gone, HTTPException: _http_error,
+                Exception: _internal_error}
     return Starlette(routes=routes, exception_handlers=handlers)
 
 
@@ -128,25 +129,41 @@ def _event(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-async def _watch_disconnect(request: Request, job: Job) -> None:
-    """Cancel the job when the client disconnects (the body is read, so only a disconnect can arrive)."""
+async def _watch_disconnect(request: Request, job: Job, worker: Worker) -> None:
+    """Withdraw the job when the client disconnects (the body is read, so only a disconnect can arrive)."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            job.cancel()
+            worker.withdraw(job)
             return
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+class ClientGone(Exception):
+    """The client went away before its request was read: nobody to answer, nothing to log."""
+
+
+async def _read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The body, at most `limit` bytes (413) and within `timeout` seconds of the headers (408)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the request body has {int(declared)} bytes; this server takes at most {limit}")
     parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise ApiError(413, f"the request body is larger than {limit} bytes, the most this server takes")
-        parts.append(part)
+
+    async def read() -> None:
+        nonlocal size
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                raise ApiError(413, f"the request body is larger than {limit} bytes, the most this server takes")
+            parts.append(part)
+
+    try:
+        await asyncio.wait_for(read(), timeout)
+    except ClientDisconnect:
+        raise ClientGone() from None
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout:g} s (--timeout)",
+                       code="request_timeout") from None
     return b"".join(parts)
 
 
@@ -162,6 +179,10 @@ def _authorize(request: Request, api_key: Optional[str]) -> None:
 async def _api_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, ApiError)
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+async def _client_gone(request: Request, error: Exception) -> Response:
+    return Response(status_code=499)  # nobody reads it
 
 
 async def _internal_error(request: Request, error: Exception) -> Response:

@@ -24,6 +24,10 @@ def completion_request(body: dict, max_tokens_limit: Optional[int]) -> Completio
     n_predict = body.get("n_predict")
     if n_predict is not None and (not isinstance(n_predict, int) or isinstance(n_predict, bool)):
         raise ApiError(400, "'n_predict' must be an integer", param="n_predict")
+    if n_predict is not None and (n_predict < -1 or (max_tokens_limit is not None and n_predict > max_tokens_limit)):
+        upper = f" up to {max_tokens_limit} (this model's context)" if max_tokens_limit else ""
+        raise ApiError(400, f"'n_predict' must be -1 or 0 (the server's --max-new-tokens), or a count{upper}; got "
+                       f"{n_predict}", param="n_predict")
     if body.get("stream"):
         raise ApiError(400, "/completion answers whole here ('stream': false); stream with /v1/completions",
                        param="stream")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Optional, Union
 
@@ -67,9 +68,26 @@ def read_json(raw: bytes) -> dict:
     except json.JSONDecodeError as error:
         raise ApiError(400, f"the request body is not valid JSON: {error.msg} at line {error.lineno} column "
                        f"{error.colno}") from None
+    except RecursionError:
+        raise ApiError(400, "the request body nests arrays or objects too deeply") from None
+    except ValueError:  # an integer past Python's digit limit for int()
+        raise ApiError(400, f"the request body holds an integer of more than {sys.get_int_max_str_digits()} "
+                       "digits") from None
     if not isinstance(body, dict):
-        raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+        raise ApiError(400, f"the request body must be a JSON object, got {json_type(body)}")
     return body
+
+
+def json_type(value: Any) -> str:
+    """A value's JSON type name, as a client wrote it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    names: dict[type, str] = {str: "a string", list: "an array", dict: "an object"}
+    return names.get(type(value), type(value).__name__)
 
 
 def chat_request(body: dict, max_tokens_limit: Optional[int]) -> CompletionRequest:

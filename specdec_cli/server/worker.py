@@ -4,7 +4,9 @@
 asyncio queue of the event loop that serves the request, fed from the worker thread), and its cancel flag. The
 worker sends a job `started` (the prompt fits: headers may go out), text pieces, then `done` with the outcome, or
 `error` with an `ApiError`, or `cancelled`. A client that disconnects sets the flag, and the engine's next step
-event stops the generation (within one step); a job cancelled while it waits is skipped.
+event stops the generation (within one step); a job withdrawn while it waits leaves the queue at once, so only
+clients still waiting hold places. A server that stops ends the running answer at its next step and every
+waiting one with a 503 error (for a stream, its last event), never silently.
 
 `Worker.submit` refuses a job when the queue is full (429 with Retry-After: the recent mean time per answer times
 the answers ahead). A failure inside generation is logged with its traceback and answered 500 in one line; the
@@ -19,7 +21,6 @@ import asyncio
 import collections
 import logging
 import math
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -61,17 +62,82 @@ class Job:
         self.cancelled.set()
 
 
+STOPPING = "the server is stopping"
+
+
+def stopping_error(what: str) -> ApiError:
+    return ApiError(503, f"{STOPPING}: {what}", code="server_shutdown")
+
+
+class WaitingJobs:
+    """Jobs waiting in arrival order, at most `size` whose clients still wait (withdrawn ones leave at once)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._jobs: collections.deque = collections.deque()
+        self._changed = threading.Condition()
+        self._closed = False
+
+    def put(self, job: Job) -> bool:
+        """Queue `job`; False when `size` jobs wait already."""
+        with self._changed:
+            self._drop_cancelled()
+            if len(self._jobs) >= self.size:
+                return False
+            self._jobs.append(job)
+            self._changed.notify()
+            return True
+
+    def get(self) -> Optional[Job]:
+        """The next live job, waiting for one; None once closed."""
+        with self._changed:
+            while True:
+                self._drop_cancelled()
+                if self._closed:
+                    return None
+                if self._jobs:
+                    return self._jobs.popleft()
+                self._changed.wait()
+
+    def withdraw(self, job: Job) -> None:
+        """A waiting job whose client left: out of the queue, its request told (the handler returns)."""
+        with self._changed:
+            if job in self._jobs:
+                self._jobs.remove(job)
+                job.send("cancelled")
+
+    def close(self) -> list[Job]:
+        """Take no more; the jobs still waiting, handed back."""
+        with self._changed:
+            self._closed = True
+            self._drop_cancelled()
+            left, self._jobs = list(self._jobs), collections.deque()
+            self._changed.notify_all()
+            return left
+
+    def __len__(self) -> int:
+        with self._changed:
+            self._drop_cancelled()
+            return len(self._jobs)
+
+    def _drop_cancelled(self) -> None:
+        for job in [job for job in self._jobs if job.cancelled.is_set()]:
+            self._jobs.remove(job)
+            job.send("cancelled")
+
+
 class Worker:
     """Serves jobs from a queue of at most `queue_size` waiting, on one thread, with one chat session."""
 
     def __init__(self, session: Any, queue_size: int):
         self.session = session
-        self.jobs: queue.Queue = queue.Queue(maxsize=queue_size)
+        self.jobs = WaitingJobs(queue_size)
         self.queue_size = queue_size
         self.current: Optional[Job] = None
         self.served = 0
         self.durations: collections.deque = collections.deque(maxlen=RECENT)
         self.context = context_limit(session.model.config)
+        self.longest_token: Optional[int] = None  # characters of the vocabulary's longest entry (read when needed)
         self.last_prompt = 0  # tokens of the previous request's prompt (a shorter common prefix: new conversation)
         self.fresh: Optional[Any] = None  # a drafter built from the memory since, waiting for a new conversation
         self.building: Optional[threading.Thread] = None
@@ -90,41 +156,35 @@ class Worker:
             self.thread.join(timeout=10)
 
     def stop_soon(self) -> None:
-        """Take no more jobs; the running one stops at its next step, the waiting ones are cancelled now."""
+        """Take no more jobs; the running one stops at its next step, the waiting ones are answered 503 now."""
         self._stopping.set()
         current = self.current
         if current is not None:
             current.cancel()
-        while True:
-            try:
-                job = self.jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.cancel()
-                job.send("cancelled")
-        try:
-            self.jobs.put_nowait(None)  # wakes the thread if it waits for a job
-        except queue.Full:
-            pass
+        for job in self.jobs.close():  # also wakes the thread if it waits for a job
+            job.cancel()
+            job.send("error", stopping_error("the request was not started"))
+
+    def withdraw(self, job: Job) -> None:
+        """The job's client went away: cancel it, and free its place if it still waits."""
+        job.cancel()
+        self.jobs.withdraw(job)
 
     def submit(self, job: Job) -> None:
         """Queue a job, or refuse it (429) when the queue is full."""
         if self._stopping.is_set():
-            raise ApiError(503, "the server is stopping")
-        try:
-            self.jobs.put_nowait(job)
-        except queue.Full:
+            raise ApiError(503, STOPPING, code="server_shutdown")
+        if not self.jobs.put(job):
             wait = self.retry_after()
             raise ApiError(429, f"the server is busy: {self.queue_size} requests are waiting already; retry in "
-                           f"{wait} s", code="queue_full", headers={"Retry-After": str(wait)}) from None
+                           f"{wait} s", code="queue_full", headers={"Retry-After": str(wait)})
 
     def retry_after(self) -> int:
         mean = sum(self.durations) / len(self.durations) if self.durations else 1.0
-        return max(1, min(3600, math.ceil(mean * (self.jobs.qsize() + 1))))
+        return max(1, min(3600, math.ceil(mean * (len(self.jobs) + 1))))
 
     def health(self) -> dict:
-        return {"busy": self.current is not None, "queued": self.jobs.qsize(), "queue_size": self.queue_size,
+        return {"busy": self.current is not None, "queued": len(self.jobs), "queue_size": self.queue_size,
                 "served": self.served}
 
     def _run(self) -> None:
@@ -132,9 +192,6 @@ class Worker:
             job = self.jobs.get()
             if job is None:
                 break
-            if job.cancelled.is_set():
-                job.send("cancelled")
-                continue
             self.current = job
             started = time.perf_counter()
             try:
@@ -150,7 +207,7 @@ class Worker:
         session, request = self.session, job.request
         try:
             prompt_ids = self._prompt_ids(request)
-            self._check_context(prompt_ids)
+            self._check_context(prompt_ids, request)
             self._refresh_drafter(prompt_ids)
             if not request.cache_prompt:
                 session.prompt_cache.clear()
@@ -176,8 +233,12 @@ class Worker:
                                      generation.cached_tokens, len(generation.tokens), generation.stats,
                                      session.drafter_name, generation.finish_reason, tuple(generation.tokens)))
         except Cancelled:
-            log.info("a client went away: its generation stopped")
-            job.send("cancelled")
+            if self._stopping.is_set():
+                log.info("the server is stopping: the answer being generated was cut")
+                job.send("error", stopping_error("the answer was cut before its end"))
+            else:
+                log.info("a client went away: its generation stopped")
+                job.send("cancelled")
         except ApiError as error:
             job.send("error", error)
         except SpecdecError as error:
@@ -188,6 +249,7 @@ class Worker:
 
     def _prompt_ids(self, request: CompletionRequest) -> list[int]:
         session = self.session
+        self._check_characters(request)
         if request.kind == "chat":
             messages = list(request.messages)
             if session.system and not any(message["role"] == "system" for message in messages):
@@ -201,12 +263,27 @@ class Worker:
             return list(request.prompt)
         return list(session.tokenizer(request.prompt)["input_ids"])
 
-    def _check_context(self, prompt_ids: list[int]) -> None:
+    def _check_characters(self, request: CompletionRequest) -> None:
+        """Refuse a text too long for the context before tokenizing it (megabytes of text take seconds of the only
+        worker): no token spans more characters than the vocabulary's longest entry, so this many characters are
+        at least this many tokens."""
+        if self.context is None or isinstance(request.prompt, tuple):
+            return
+        if self.longest_token is None:
+            self.longest_token = max((len(entry) for entry in self.session.tokenizer.get_vocab()), default=1)
+        characters = len(request.prompt) + sum(len(message["content"]) for message in request.messages)
+        fewest = characters // max(1, self.longest_token)
+        if fewest >= self.context:
+            raise ApiError(400, f"the prompt has {characters} characters, at least {fewest} tokens, but this model "
+                           f"reads at most {self.context} (prompt and answer together): shorten it",
+                           param=_prompt_param(request), code="context_length_exceeded")
+
+    def _check_context(self, prompt_ids: list[int], request: CompletionRequest) -> None:
         if not prompt_ids:
-            raise ApiError(400, "the prompt is empty", param="prompt")
+            raise ApiError(400, "the prompt is empty", param=_prompt_param(request))
         if self.context is not None and len(prompt_ids) >= self.context:
             raise ApiError(400, f"the prompt has {len(prompt_ids)} tokens, but this model reads at most "
-                           f"{self.context} (prompt and answer together): shorten it", param="messages",
+                           f"{self.context} (prompt and answer together): shorten it", param=_prompt_param(request),
                            code="context_length_exceeded")
 
     def _build_drafter(self) -> None:
@@ -230,3 +307,7 @@ class Worker:
         fresh = self.fresh
         if fresh is not None and self.session.prompt_cache.common_prefix(prompt_ids) < self.last_prompt:
             self.session.drafter, self.fresh = fresh, None
+
+
+def _prompt_param(request: CompletionRequest) -> str:
+    return "messages" if request.kind == "chat" else "prompt"
