@@ -144,19 +144,24 @@ class RecordingDrafter:
         self.events.append("reset")
 
 
-def test_auxiliary_drafter_below_the_threshold():
+def test_a_hybrid_merges_both_drafts_and_the_threshold_gates_the_automata():
+    """With an auxiliary both draft every step and their drafts become one tree (merge.py); below l_threshold the
+    automata's match is left out and the auxiliary's draft is the whole tree."""
     aux = RecordingDrafter()
     drafter = SamDrafter(separators=(EOS,), l_threshold=3, aux=aux)
     drafter.observe(prefill([1, 2, 3, 9, 1], 2))  # dynamic match "1 2" = 2 < 3
-    assert drafter.propose([1, 2, 3, 9, 1, 2], 8).source == "aux"
+    alone = drafter.propose([1, 2, 3, 9, 1, 2], 8)
+    assert alone.source == "aux" and alone.tokens == [99] and alone.confidence is not None
     drafter.observe(step(3))  # "1 2 3" = 3: not below the threshold
-    assert drafter.propose([1, 2, 3, 9, 1, 2, 3], 8).source == "sam-dynamic"
-    assert aux.events == ["prefill", "step"] and aux.calls == 1
+    merged = drafter.propose([1, 2, 3, 9, 1, 2, 3], 8)
+    assert merged.source == "sam-dynamic+aux" and set(merged.tokens) == {9, 1, 2, 3, 99}
+    assert merged.parents is not None and merged.parents.count(-1) == 2  # two branches off the root
+    assert aux.events == ["prefill", "step"] and aux.calls == 2
 
 
-def test_default_sam_is_the_automata_alone_and_a_hybrid_hands_over_only_when_nothing_matches():
-    """By default `sam` is the automata alone (`sam+none`); `sam+aded` (or `--aux aded`) is the hybrid whose ADED
-    drafts only when the newest token has no match."""
+def test_default_sam_is_the_automata_alone_and_a_hybrid_merges_with_its_auxiliary():
+    """By default `sam` is the automata alone (`sam+none`); `sam+aded` (or `--aux aded`) merges the automata's
+    chain with ADED's draft, and ADED's alone is the draft where nothing matches."""
     from specdec_cli.drafters.aded import AdedDrafter
 
     target = TargetInfo(vocab_size=100, eos_token_ids=(EOS,))
@@ -171,9 +176,9 @@ def test_default_sam_is_the_automata_alone_and_a_hybrid_hands_over_only_when_not
         with pytest.raises(SpecdecError, match="auxiliary drafter must be one of"):
             make_drafter("sam", DrafterOptions(aux=bad), target)
     hybrid.observe(prefill([5, 6, 7, 5, 6, 7, 8], 5))  # 5 was seen before: sam drafts its continuation
-    assert hybrid.propose([5, 6, 7, 5, 6, 7, 8, 5], 8).source == "sam-dynamic"
-    hybrid.observe(step(9))  # 9 is new: no match anywhere, ADED's turn
-    assert hybrid.propose([5, 6, 7, 5, 6, 7, 8, 5, 9], 8).source == "aded"
+    assert hybrid.propose([5, 6, 7, 5, 6, 7, 8, 5], 8).source.startswith("sam-dynamic")
+    hybrid.observe(step(9))  # 9 is new: no match anywhere, ADED's draft alone (when it has one)
+    assert hybrid.propose([5, 6, 7, 5, 6, 7, 8, 5, 9], 8).source in ("aded", "sam-dynamic")
 
 
 def write_index(path, fingerprint="sha256:aaaa", eos_id=EOS, vocab_size=100):

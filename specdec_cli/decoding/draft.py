@@ -34,6 +34,9 @@ class Draft:
     parents: Optional[list[int]] = None  # None = chain; else parent index per node, -1 = root
     p_draft: Optional["torch.Tensor"] = None  # [len(tokens), vocab] draft distributions; None = deterministic
     match_len: int = 0  # length of the context match the draft continues (retrieval drafters), 0 = n/a
+    # per node: the drafter's estimate that the target accepts the node's whole path (a merged tree's, learned from
+    # its sources' records); the planner weighs a prefix's sum, the expected accepted length. None = no estimate.
+    confidence: Optional[list[float]] = None
 
     @property
     def is_chain(self) -> bool:

@@ -347,7 +347,8 @@ def trim(draft: Draft, length: int) -> Draft:
         return draft
     parents = None if draft.parents is None else draft.parents[:length]
     p_draft = None if draft.p_draft is None else draft.p_draft[:length]
-    return Draft(draft.tokens[:length], draft.source, parents, p_draft, draft.match_len)
+    confidence = None if draft.confidence is None else draft.confidence[:length]
+    return Draft(draft.tokens[:length], draft.source, parents, p_draft, draft.match_len, confidence)
 
 
 def context_limit(config: Any) -> Optional[int]:
@@ -368,9 +369,11 @@ def pad_block(block: list[int], parents: Optional[list[int]], rows: int) -> tupl
 
 def first_branch(draft: Draft) -> Draft:
     """A tree's first root-to-leaf path (each node's first child), as a chain."""
-    tokens, node = [], -1
+    tokens, nodes, node = [], [], -1
     children = children_of(draft.parents or [])
     while children.get(node):
         node = children[node][0]
         tokens.append(draft.tokens[node])
-    return Draft(tokens, draft.source, None, None, draft.match_len)
+        nodes.append(node)
+    confidence = None if draft.confidence is None else [draft.confidence[node] for node in nodes]
+    return Draft(tokens, draft.source, None, None, draft.match_len, confidence)

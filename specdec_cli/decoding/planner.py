@@ -16,6 +16,9 @@ section 7, has measured curves). Hence:
 - `AcceptanceTracker` keeps, per draft source and match-length bucket, the conditional acceptance at each
   draft position (chains) and the accepted path length per node count (trees), with a decaying memory.
 - `DraftCosts` charges a chain drafter's own seconds per drafted token (a draft model).
+- `ConfidenceCalibration` is for drafts that carry their own per-node estimates (`Draft.confidence`: a merged
+  tree's, drafters/merge.py): per source, the decayed ratio of accepted tokens to what the estimates promised,
+  which scales them before planning (`choose_prefix`: the prefix with the best expected tokens per second).
 - `SourceRates` is the safety net: per source, the realised tokens per second of the steps that verified its
   drafts against plain decoding's 1 / t(1); a source that loses is benched (probed now and then).
 - `DraftPlanner` puts them together for the engine (and for benchmarks/replay_drafters.py). For a drafter whose
@@ -69,6 +72,37 @@ def choose_length(conditional_accept: Sequence[float], cost: Callable[[int], flo
         if rate > best_rate:
             best_length, best_rate = length, rate
     return best_length
+
+
+def choose_prefix(confidence: Sequence[float], cost: Callable[[int], float], longest: int) -> int:
+    """The node count in 0..longest whose prefix maximises expected committed tokens per second, where node i is
+    on the accepted path with probability confidence[i] (so a prefix commits 1 + their sum, on average)."""
+    best_nodes, best_rate, expected = 0, 1.0 / cost(1), 1.0
+    for nodes in range(1, min(longest, len(confidence)) + 1):
+        expected += confidence[nodes - 1]
+        rate = expected / cost(nodes + 1)
+        if rate > best_rate:
+            best_nodes, best_rate = nodes, rate
+    return best_nodes
+
+
+@dataclass
+class ConfidenceCalibration:
+    """Per source of drafts with confidence: decayed (accepted tokens, promised tokens) over verified steps."""
+
+    totals: dict = field(default_factory=dict)
+
+    def scale(self, source: str) -> float:
+        accepted, promised = self.totals.get(source, (0.0, 0.0))
+        return (accepted + PRIOR_WEIGHT) / (promised + PRIOR_WEIGHT)  # no evidence: 1, the estimates as given
+
+    def calibrated(self, source: str, confidence: Sequence[float]) -> list[float]:
+        scale = self.scale(source)
+        return [min(1.0, value * scale) for value in confidence]
+
+    def record(self, source: str, confidence: Sequence[float], accepted: int) -> None:
+        accepted_sum, promised = self.totals.get(source, (0.0, 0.0))
+        self.totals[source] = (accepted_sum * DECAY + accepted, promised * DECAY + sum(confidence))
 
 
 # ---------------------------------------------------------------------------------------- drafting costs
@@ -143,9 +177,10 @@ class AcceptanceTracker:
         if longest <= 0:
             return 0
         length = choose_length(self.conditional(key, longest), cost, longest)
-        return self._probe_if_idle(key, length)
+        return self.probe_if_idle(key, length)
 
-    def _probe_if_idle(self, key: object, planned: int) -> int:
+    def probe_if_idle(self, key: object, planned: int) -> int:
+        """`planned`, or now and then 1 where `key` would verify nothing for long (so its record keeps learning)."""
         if planned:
             self.idle_steps[key] = 0
             return planned
@@ -170,7 +205,7 @@ class AcceptanceTracker:
             rate = (1.0 + self.tree_estimate(source, nodes)) / cost(nodes + 1)
             if rate > best_rate:
                 best_nodes, best_rate = nodes, rate
-        return self._probe_if_idle(source, best_nodes)
+        return self.probe_if_idle(source, best_nodes)
 
     def record_tree(self, source: str, nodes: int, accepted: int) -> None:
         """A tree of `nodes` verified nodes got a path of `accepted` tokens accepted (older evidence fades)."""
@@ -262,6 +297,7 @@ class DraftPlanner:
         self._curve_source = curve
         self._curve: Optional[CostCurve] = curve if isinstance(curve, CostCurve) else None
         self.acceptance = AcceptanceTracker()
+        self.calibration = ConfidenceCalibration()
         self.draft_costs = DraftCosts()
         self.rates = SourceRates()
         self.steps = 0  # drafting steps planned
@@ -282,6 +318,7 @@ class DraftPlanner:
         """Drop what was learned about drafters (acceptance, drafting costs, realised speed); the machine's
         cost curve stays."""
         self.acceptance = AcceptanceTracker()
+        self.calibration = ConfidenceCalibration()
         self.draft_costs = DraftCosts()
         self.rates = SourceRates()
 
@@ -320,6 +357,8 @@ class DraftPlanner:
         max_rows = self._max_rows(budget)
         if granted is not None and granted[0] == draft.source:  # decided before drafting (`draft_budget`)
             keep = min(granted[1], longest)
+        elif draft.confidence is not None:  # the draft's own estimates, calibrated by its source's record
+            keep = self._decide_by_confidence(draft, longest, budget)
         else:
             keep = self._decide(draft.source, draft.match_len, draft.is_chain, longest, budget)
         if self.steps % COST_PROBE_EVERY == 0:  # time a row count that has not been seen for long
@@ -345,6 +384,16 @@ class DraftPlanner:
             keep = 0
         return keep
 
+    def _decide_by_confidence(self, draft: "Draft", longest: int, budget: int) -> int:
+        assert draft.confidence is not None
+        cost = self.draft_costs.charged(self.curve.envelope(self._max_rows(budget)), draft.source)
+        keep = choose_prefix(self.calibration.calibrated(draft.source, draft.confidence), cost, longest)
+        keep = self.acceptance.probe_if_idle((draft.source, "confidence"), keep)
+        plain_seconds = self.rates.plain_step_seconds(self.curve(1))
+        if keep and self.rates.losing(draft.source, plain_seconds) and self.rates.hold_back(draft.source):
+            keep = 0
+        return keep
+
     def _max_rows(self, budget: int) -> int:
         """The largest forward a step may use: the budget's rows, or the next known row count above them."""
         above = [size for size in self.curve.seconds if size >= budget + 1]
@@ -361,7 +410,9 @@ class DraftPlanner:
             if rows == 1:
                 self.rates.record_plain(verify_seconds if curve.learn else curve(1))
             return
-        if draft.is_chain:
+        if draft.confidence is not None:
+            self.calibration.record(draft.source, draft.confidence, accepted)
+        elif draft.is_chain:
             self.acceptance.record(self.acceptance.key(draft.source, draft.match_len), len(draft), accepted)
         else:
             self.acceptance.record_tree(draft.source, len(draft), accepted)

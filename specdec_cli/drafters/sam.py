@@ -6,11 +6,15 @@ index file. For every committed token the match states advance first and the dyn
 extended second (extending first would make the text match itself, with nothing after it to draft).
 
 Drafting (docs/methods.md, section 2): with match lengths `l_dynamic` and `l_static`, the static automaton
-drafts only if `l_static - l_bias > l_dynamic` (ties go to the dynamic one). If an auxiliary drafter is
-given and `max(l_dynamic, l_static - l_bias) < l_threshold`, it drafts instead and sees every event too.
-The default threshold is 1 (the paper's is 5): the auxiliary drafts only when the last token has never been
-seen. Why, with the replay and bench that chose it: docs/measurements.md, "sam's threshold, auxiliary and
-memory bias".
+drafts only if `l_static - l_bias > l_dynamic` (ties go to the dynamic one); the automata draft only when
+`max(l_dynamic, l_static - l_bias) >= l_threshold` (default 1: any match).
+
+With an auxiliary drafter (`sam+aded`, `--aux recycle`, ...), which sees every event too, both draft every
+step and their drafts become one tree (merge.py): each node ranked by the acceptance its source earned at its
+depth (the automata's by match length too), so a long match leads, and where the match is short and the
+target rarely follows it, the auxiliary's guesses come first. The tree carries those estimates
+(`Draft.confidence`), and the planner keeps the prefix that pays. (Before 0.5.0 the auxiliary drafted only where
+the automata had no match: docs/measurements.md, "sam's threshold, auxiliary and memory bias".)
 The draft is the continuation of the match's earliest occurrence, stopped before an EOS and at the end
 of the text, never padded, and `min(budget, draft_max, 1 + floor(ALPHA * match_len))` tokens long; no
 match (or nothing after it), no draft.
@@ -32,6 +36,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 from ..decoding.draft import NOTHING, Draft, Drafter, StepEvent
 from ..errors import SpecdecError
 from ..texts.memory import Memory
+from .merge import DraftMerger
 from .spec import DrafterOptions, DrafterSpec, draft_length
 from .target import TargetInfo
 from .token_ids import check_token_ids
@@ -78,6 +83,7 @@ class SamDrafter:
         self.frequent = frequent  # static drafts: the continuation most occurrences take, not the earliest's
         self.vocab_size = vocab_size  # ids at or above it are refused (0: not known; negative ones always are)
         self.needs = NOTHING if aux is None else aux.needs  # the automata read tokens only; the auxiliary may not
+        self.merger = DraftMerger() if aux is not None else None
         self._restart()
 
     def reset(self) -> None:
@@ -119,6 +125,8 @@ class SamDrafter:
     def observe(self, event: StepEvent) -> None:
         if self.aux is not None:
             self.aux.observe(event)
+        if self.merger is not None:
+            self.merger.observe(event)
         if event.kind == "prefill":
             self._sync(event.prompt_tokens)
         self._feed(event.committed)
@@ -130,13 +138,20 @@ class SamDrafter:
         return min(longest, 1 + int(self.alpha * match_len))
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
-        from ..sam.automaton import StaticAutomaton
-
         if len(context) != len(self.dynamic.text):  # called without the events, or they were missed
             self._sync(context)
+        own = self._own_draft(budget)
+        if self.aux is None or self.merger is None:
+            return own
+        return self.merger.merge([own, self.aux.propose(context, budget)], budget)
+
+    def _own_draft(self, budget: int) -> Draft:
+        """The automata's chain: the continuation of the longer match (the index's must win by l_bias)."""
+        from ..sam.automaton import StaticAutomaton
+
         l_dynamic, l_static = self.dynamic_len, self.static_len  # static_len stays 0 without an index
-        if self.aux is not None and max(l_dynamic, l_static - self.l_bias) < self.l_threshold:
-            return self.aux.propose(context, budget)
+        if max(l_dynamic, l_static - self.l_bias) < self.l_threshold:
+            return Draft.empty(SOURCE_DYNAMIC)
         automaton: "StaticAutomaton | DynamicAutomaton"
         if self.static is not None and l_static - self.l_bias > l_dynamic:
             source, automaton, state, match_len = SOURCE_STATIC, self.static, self.static_state, l_static

@@ -26,7 +26,7 @@ class DrafterOptions:
 
     index: Optional[str] = None  # static suffix-automaton index file (sam)
     l_bias: int = DEFAULT_L_BIAS  # sam: static match must beat the dynamic one by more than this
-    l_threshold: int = 1  # sam: below this match length the auxiliary drafter takes over
+    l_threshold: int = 1  # sam: the automata draft from matches at least this long (shorter: the auxiliary's alone)
     aux: str = DEFAULT_AUX  # sam: the auxiliary drafter (recycle, aded, model, pld) or "none"
     pld_max_ngram: int = 3  # pld: longest n-gram to look up
     pld_min_ngram: int = 1  # pld: shortest n-gram to look up

@@ -1,0 +1,163 @@
+"""One tree from every source: the drafts of several drafters merged into one token tree, every node ranked by
+the acceptance its source has earned.
+
+A hybrid (`sam` with an auxiliary) asks each of its sources for a draft every step: the automata's chain (the
+longest match in the conversation, an index or the answer memory), and the auxiliary's chain or tree (prompt
+lookup, ADED, Token Recycling, a feature head). `merge_drafts` lays them into one trie (a token that two sources
+propose after the same path is one node), scores each node by the probability that the target accepts its whole
+path, and lists the nodes best first, so that any prefix the engine's planner keeps is the best subtree of that
+size. The score of a node is the largest over the sources that proposed it of
+
+    score(parent) x P(accepted | parent accepted; its origin)
+
+where a node's origin is (source, match-length bucket of a retrieval draft, depth, rank among its siblings in
+its source's own draft), and `OriginAcceptance` learns that conditional from every verified step (decayed, with
+a prior): a one-token match that the target rarely follows ranks below Token Recycling's first guess, a long
+match ranks above everything. The scores travel with the draft (`Draft.confidence`): their sum over a prefix is
+the expected accepted path length of verifying it, which is what the planner weighs against the cost curve.
+
+Pure bookkeeping: nothing here drafts, verifies or times anything. The accept/reject rule never sees scores.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from ..decoding.draft import Draft, StepEvent
+
+DECAY = 0.98  # older evidence fades, so the ranking follows the conversation
+PRIOR_WEIGHT = 2.0  # the prior is worth this many observations
+PRIOR_FIRST = 0.5  # a source's first choice after a path, before any evidence
+PRIOR_OTHER = 0.15  # its later choices (siblings) after the same path
+MAX_DEPTH = 12  # depths past this share one bucket
+MAX_RANK = 3  # sibling ranks past this share one bucket
+
+Origin = tuple[str, int, int, int]  # (source, match bucket, depth, rank)
+
+
+def match_bucket(match_len: int) -> int:
+    """0 (no match: a model, a table), 1, 2-3, 4-7, ... 32+: as the planner buckets chain drafts."""
+    return 0 if match_len <= 0 else min(1 + int(math.log2(match_len)), 6)
+
+
+@dataclass
+class OriginAcceptance:
+    """P(a node is accepted | its parent was), per origin: decayed counts with a prior."""
+
+    seen: dict = field(default_factory=dict)  # origin -> decayed verifications with the parent accepted
+    kept: dict = field(default_factory=dict)  # origin -> decayed acceptances
+
+    def conditional(self, origin: Origin) -> float:
+        prior = PRIOR_FIRST if origin[3] == 0 else PRIOR_OTHER
+        return (self.kept.get(origin, 0.0) + prior * PRIOR_WEIGHT) / (self.seen.get(origin, 0.0) + PRIOR_WEIGHT)
+
+    def record(self, outcomes: Sequence[tuple[Origin, bool]]) -> None:
+        """One step's verified nodes whose parents were accepted: (origin, accepted)."""
+        if not outcomes:
+            return
+        for table in (self.seen, self.kept):
+            for origin in table:
+                table[origin] *= DECAY
+        for origin, accepted in outcomes:
+            self.seen[origin] = self.seen.get(origin, 0.0) + 1.0
+            if accepted:
+                self.kept[origin] = self.kept.get(origin, 0.0) + 1.0
+
+
+@dataclass(frozen=True)
+class MergedDraft:
+    draft: Draft  # the merged tree, best nodes first, with confidence
+    origins: list[list[Origin]]  # per node of `draft`: every source's origin that proposed it
+
+
+def node_origins(draft: Draft) -> list[Origin]:
+    """Each node's origin in its own draft: its depth, and its rank among the siblings listed before it."""
+    parents = draft.parents if draft.parents is not None else list(range(-1, len(draft) - 1))
+    bucket = match_bucket(draft.match_len)
+    depths: list[int] = []
+    children: dict[int, int] = {}
+    origins = []
+    for parent in parents:
+        depth = 1 if parent < 0 else depths[parent] + 1
+        depths.append(depth)
+        rank = children.get(parent, 0)
+        children[parent] = rank + 1
+        origins.append((draft.source, bucket, min(depth, MAX_DEPTH), min(rank, MAX_RANK)))
+    return origins
+
+
+def merge_drafts(drafts: Sequence[Draft], learned: OriginAcceptance, budget: int) -> MergedDraft:
+    """The drafts as one trie of at most `budget` nodes, best first (parents always before their children)."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    scores: list[float] = []
+    depths: list[int] = []
+    origins: list[list[Origin]] = []
+    child_of: dict[tuple[int, int], int] = {}  # (trie parent, token) -> trie node
+    sources: list[str] = []
+    for draft in drafts:
+        if not len(draft):
+            continue
+        sources.append(draft.source)
+        draft_parents = draft.parents if draft.parents is not None else list(range(-1, len(draft) - 1))
+        trie_node: list[int] = []  # draft node -> trie node
+        path_score: list[float] = []  # draft node -> its path's score by this source
+        for index, (token, origin) in enumerate(zip(draft.tokens, node_origins(draft))):
+            parent = draft_parents[index]
+            trie_parent = -1 if parent < 0 else trie_node[parent]
+            score = (1.0 if parent < 0 else path_score[parent]) * learned.conditional(origin)
+            node = child_of.get((trie_parent, int(token)))
+            if node is None:
+                node = len(tokens)
+                child_of[(trie_parent, int(token))] = node
+                tokens.append(int(token))
+                parents.append(trie_parent)
+                scores.append(score)
+                depths.append(1 if trie_parent < 0 else depths[trie_parent] + 1)
+                origins.append([origin])
+            else:
+                scores[node] = max(scores[node], score)
+                origins[node].append(origin)
+            trie_node.append(node)
+            path_score.append(score)
+    name = "+".join(dict.fromkeys(sources)) or (drafts[0].source if drafts else "merged")
+    if not tokens or budget <= 0:
+        return MergedDraft(Draft([], name, confidence=[]), [])
+    # a child never scores above its parent (every factor is <= 1, and a node takes its best source's score), and
+    # ties go to the shallower node: sorting keeps parents before children
+    order = sorted(range(len(tokens)), key=lambda node: (-scores[node], depths[node], node))[:budget]
+    position = {node: index for index, node in enumerate(order)}
+    kept_parents: Optional[list[int]] = [-1 if parents[node] < 0 else position[parents[node]] for node in order]
+    if kept_parents == list(range(-1, len(order) - 1)):
+        kept_parents = None  # a chain: verified as one
+    merged = Draft([tokens[node] for node in order], name, parents=kept_parents,
+                   confidence=[scores[node] for node in order])
+    return MergedDraft(merged, [origins[node] for node in order])
+
+
+class DraftMerger:
+    """A hybrid's memory of what it proposed and how each origin fared: `merge` each step, `observe` each event."""
+
+    def __init__(self) -> None:
+        self.learned = OriginAcceptance()
+        self._last: Optional[MergedDraft] = None
+
+    def merge(self, drafts: Sequence[Draft], budget: int) -> Draft:
+        self._last = merge_drafts(drafts, self.learned, budget)
+        return self._last.draft
+
+    def observe(self, event: StepEvent) -> None:
+        """Learn from the verified part of the last merged draft (a prefix of it, parents first)."""
+        last, self._last = self._last, None
+        verified = event.draft
+        if event.kind != "step" or last is None or not len(verified) or \
+                verified.tokens != last.draft.tokens[: len(verified)]:
+            return
+        parents = verified.parents if verified.parents is not None else list(range(-1, len(verified) - 1))
+        accepted = set(event.accepted_path)
+        outcomes = [(origin, node in accepted)
+                    for node, parent in enumerate(parents) if parent < 0 or parent in accepted
+                    for origin in last.origins[node]]
+        self.learned.record(outcomes)

@@ -1,0 +1,134 @@
+"""One tree from every source (drafters/merge.py), against brute force: the merged trie holds exactly the paths its
+sources proposed, each node scored by its best source's path probability, best first with parents before children;
+what the merger learns from verified steps reorders the next tree; and the planner's prefix choice for drafts that
+carry confidence (planner.choose_prefix, ConfidenceCalibration).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specdec_cli.decoding.draft import Draft, StepEvent
+from specdec_cli.decoding.planner import ConfidenceCalibration, choose_prefix
+from specdec_cli.drafters.merge import DraftMerger, OriginAcceptance, merge_drafts, node_origins
+
+
+def _random_draft(rng: random.Random, source: str) -> Draft:
+    size = rng.randint(0, 7)
+    tokens = [rng.randint(0, 3) for _ in range(size)]
+    if rng.random() < 0.5:
+        return Draft(tokens, source, match_len=rng.randint(0, 9))
+    parents: list[int] = []
+    for node in range(size):
+        parents.append(rng.randint(-1, node - 1))
+    # siblings with one token would make a source propose one path twice: keep the first
+    seen, keep = set(), []
+    for node, (token, parent) in enumerate(zip(tokens, parents)):
+        if (parent, token) in seen or (parent >= 0 and parent not in keep):
+            continue
+        seen.add((parent, token))
+        keep.append(node)
+    index = {node: position for position, node in enumerate(keep)}
+    return Draft([tokens[node] for node in keep], source,
+                 parents=[-1 if parents[node] < 0 else index[parents[node]] for node in keep])
+
+
+def _paths(draft: Draft) -> list[tuple[int, ...]]:
+    parents = draft.parents if draft.parents is not None else list(range(-1, len(draft) - 1))
+    paths: list[tuple[int, ...]] = []
+    for node, parent in enumerate(parents):
+        paths.append((paths[parent] if parent >= 0 else ()) + (draft.tokens[node],))
+    return paths
+
+
+def _learned(rng: random.Random) -> OriginAcceptance:
+    learned = OriginAcceptance()
+    for source in ("a", "b", "c"):
+        for bucket in range(7):
+            for depth in range(1, 13):
+                for rank in range(4):
+                    if rng.random() < 0.5:
+                        learned.seen[(source, bucket, depth, rank)] = seen = rng.uniform(0, 10)
+                        learned.kept[(source, bucket, depth, rank)] = rng.uniform(0, seen)
+    return learned
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_merged_trie_is_every_source_path_scored_by_its_best_source(seed):
+    rng = random.Random(seed)
+    for _ in range(200):
+        drafts = [_random_draft(rng, source) for source in ("a", "b", "c")[: rng.randint(1, 3)]]
+        learned = _learned(rng)
+        budget = rng.randint(0, 25)
+        merged = merge_drafts(drafts, learned, budget).draft
+        # brute force: every proposed path, scored as the best source's product of conditionals along it
+        best: dict[tuple[int, ...], float] = {}
+        for draft in drafts:
+            conditional = [learned.conditional(origin) for origin in node_origins(draft)]
+            parents = draft.parents if draft.parents is not None else list(range(-1, len(draft) - 1))
+            score: list[float] = []
+            for node, path in enumerate(_paths(draft)):
+                score.append((score[parents[node]] if parents[node] >= 0 else 1.0) * conditional[node])
+                best[path] = max(best.get(path, 0.0), score[node])
+        paths = _paths(merged)
+        assert len(merged) == min(budget, len(best))
+        assert len(set(paths)) == len(paths)  # one node per path
+        assert all(parent < node for node, parent in enumerate(merged.parents or range(-1, len(merged) - 1)))
+        assert merged.confidence == pytest.approx([best[path] for path in paths])
+        assert all(a >= b for a, b in zip(merged.confidence, merged.confidence[1:]))  # best first
+        left_out = [value for path, value in best.items() if path not in set(paths)]
+        assert not left_out or not paths or max(left_out) <= min(merged.confidence)  # the kept are the best
+
+
+def _step(draft: Draft, accepted_path: list[int]) -> StepEvent:
+    return StepEvent(kind="step", draft=draft, committed=[], accepted_path=accepted_path)
+
+
+def test_what_a_source_earns_reorders_the_next_tree():
+    merger = DraftMerger()
+    chain = Draft([1, 2, 3], "sam-dynamic", match_len=1)
+    guess = Draft([7, 8], "recycle", parents=[-1, 0])
+    first = merger.merge([chain, guess], 8)
+    assert first.tokens[0] == 1  # equal priors: the first listed wins the tie
+    for _ in range(20):  # the target keeps taking recycle's guess, never the one-token match's
+        draft = merger.merge([chain, guess], 8)
+        merger.observe(_step(draft, [draft.tokens.index(7), draft.tokens.index(8)]))
+    after = merger.merge([chain, guess], 8)
+    assert after.tokens[:2] == [7, 8] and after.source == "sam-dynamic+recycle"
+    assert after.confidence[0] > 0.9 and after.confidence[after.tokens.index(1)] < 0.1
+    merger.observe(_step(trimmed := Draft(after.tokens[:1], after.source, parents=[-1]), [0]))
+    assert trimmed.tokens == [7]  # a verified prefix is learned from as well (it names the same nodes)
+
+
+def test_a_step_that_verified_something_else_teaches_nothing():
+    merger = DraftMerger()
+    merger.merge([Draft([1, 2], "a")], 8)
+    before = dict(merger.learned.seen)
+    merger.observe(_step(Draft([5], "a"), [0]))
+    assert merger.learned.seen == before
+
+
+def test_choose_prefix_against_brute_force():
+    rng = random.Random(3)
+    for _ in range(300):
+        confidence = sorted((rng.random() for _ in range(rng.randint(0, 10))), reverse=True)
+        costs = [0.0] + [rng.uniform(1.0, 3.0) for _ in range(12)]
+        longest = rng.randint(0, 10)
+        cost = costs.__getitem__  # cost(rows) = costs[rows]
+        rates = {nodes: (1 + sum(confidence[:nodes])) / cost(nodes + 1)
+                 for nodes in range(0, min(longest, len(confidence)) + 1)}
+        chosen = choose_prefix(confidence, cost, longest)
+        assert rates[chosen] == pytest.approx(max(rates.values()))
+
+
+def test_calibration_scales_estimates_by_what_they_delivered():
+    calibration = ConfidenceCalibration()
+    assert calibration.calibrated("m", [0.8, 0.4]) == [0.8, 0.4]  # no evidence: as given
+    for _ in range(50):
+        calibration.record("m", [0.8, 0.4], 0)  # promised 1.2 a step, delivered nothing
+    assert all(value < 0.1 for value in calibration.calibrated("m", [0.8, 0.4]))
+    for _ in range(200):
+        calibration.record("m", [0.5], 1)  # promised half, delivered one
+    assert calibration.calibrated("m", [0.5, 0.9]) == [pytest.approx(min(1.0, 0.5 * calibration.scale("m"))), 1.0]
