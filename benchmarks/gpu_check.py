@@ -12,7 +12,9 @@ and gpu_check.log (every command and its output).
 
 `--dry-run` does the same on the CPU with the `tiny` shape and a few short answers (the test suite runs it):
 everything but the speed. Exit status 0 when every output is identical to plain decoding's (the speed goals are
-reported, not enforced).
+reported, not enforced); `every_drafter_identical` is null where a bench failed and nothing was compared. Before
+anything is written, `--device cuda` without a GPU torch can see, and an `--out` that is not a new or empty folder
+or one gpu_check wrote, are refused in one line.
 
 Run: `benchmarks/gpu_check.sh [--dry-run] [--out DIR] [--tokenizer-from FILE]`.
 """
@@ -111,6 +113,49 @@ def tokenizer_source(given: Optional[str]) -> str:
                          f"installed) ({error})") from None
 
 
+def check_device(device: str) -> None:
+    """Refuse, before anything is written, a device the bench cannot run on: cuda where torch sees no GPU (the
+    models, gigabytes, were written first and every bench then failed)."""
+    if device not in ("cuda", "cpu"):
+        raise SystemExit(f"gpu_check: --device {device}: give cuda or cpu")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit(f"gpu_check: --device cuda, but torch {torch.__version__} sees no GPU on this machine; "
+                             "run it where one is, or try --dry-run on the CPU")
+
+
+OWN_FILE = "gpu_check.log"  # written first into every folder gpu_check writes: what tells its folders from others
+
+
+def check_out(out: Path) -> None:
+    """Refuse, before any work, an --out gpu_check may not write into: anything but a new folder, an empty one or
+    one gpu_check wrote (it holds gpu_check.log, and regular files and folders only: a FIFO would hang a read)."""
+    if not os.path.lexists(out):
+        return
+    if not out.is_dir():
+        raise SystemExit(f"gpu_check: --out {out}: exists and is not a folder; give a new folder's name")
+    try:
+        entries = list(out.iterdir())
+    except OSError as error:
+        raise SystemExit(f"gpu_check: --out {out}: cannot read it ({error.strerror or error})") from None
+    if entries and not (out / OWN_FILE).is_file():
+        raise SystemExit(f"gpu_check: --out {out}: a folder gpu_check did not write (no {OWN_FILE}); give a new or "
+                         "empty folder")
+    special = next((entry for entry in entries if not entry.is_file() and not entry.is_dir()), None)
+    if special is not None:
+        raise SystemExit(f"gpu_check: --out {out}: {special.name} is not a regular file; remove it first")
+
+
+def every_identical(verdicts: list[Optional[bool]]) -> Optional[bool]:
+    """Whether every output compared was plain decoding's: False at the first that was not, None (unknown) when a
+    verdict is missing or there is none, else True."""
+    if any(verdict is False for verdict in verdicts):
+        return False
+    return True if verdicts and all(verdicts) else None
+
+
 def summary(run: Run, report: dict, seconds: float) -> dict:
     """The goals' numbers from one bench report."""
     rows = {row["method"]: row for row in report.get("results", []) if row.get("category") in (None, "overall")}
@@ -120,7 +165,8 @@ def summary(run: Run, report: dict, seconds: float) -> dict:
                        "tokens_per_step": row.get("mean_accepted_tokens"),
                        "identical": f"{row.get('identical')}/{row.get('compared')}"}
                 for name, row in rows.items()}
-    exact = all(row.get("identical") == row.get("compared") for name, row in rows.items() if name != "none")
+    exact = every_identical([None if not row.get("compared") else row.get("identical") == row.get("compared")
+                             for name, row in rows.items() if name != "none"])
     best = max((row.get("speedup") or 0.0 for name, row in rows.items()
                 if name != "none" and not name.startswith("oracle")), default=0.0)
     oracle = next((row.get("speedup") for name, row in rows.items() if name.startswith("oracle")), None)
@@ -140,7 +186,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     device = args.device or ("cpu" if args.dry_run else "cuda")
     runs = DRY if args.dry_run else FULL
     out = Path(args.out or REPO / "benchmarks" / "out" / f"gpu_check-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    check_out(out)
+    check_device(device)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise SystemExit(f"gpu_check: --out {out}: cannot create it ({error.strerror or error})") from None
     log = Log(out / "gpu_check.log")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(VENDOR) if VENDOR.is_dir() else "",
@@ -172,7 +223,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     spec_bench = next((path for path in SPEC_BENCH if path.is_file()), None)
     prompts = ["--prompts", str(spec_bench)] if spec_bench and not args.dry_run else ["--suite", "builtin"]
     document["prompts"] = prompts[1]
-    exact = True
+    verdicts: list[Optional[bool]] = []  # per model: every output identical to plain decoding's (None: not compared)
     for run in runs:
         model = out / f"{run.shape}.gguf"
         if not model.exists():
@@ -189,14 +240,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         status, seconds = log.run(command, {**env, **run.environment})
         if status or not report_path.exists():
             document["models"][run.name] = {"goal": run.goal, "error": f"bench exited {status}"}
-            exact = False
+            verdicts.append(None)
             continue
         report = json.loads(report_path.read_text(encoding="utf-8"))
         document["models"][run.name] = {**summary(run, report, seconds), "report": report}
-        exact &= document["models"][run.name]["every_drafter_identical"]
+        verdicts.append(document["models"][run.name]["every_drafter_identical"])
         log.say(f"{run.name}: " + json.dumps({key: value for key, value in document["models"][run.name].items()
                                                if key not in ("report", "methods")}))
-    goals = {"every_drafter_identical": exact}
+    exact = every_identical(verdicts)
+    goals: dict[str, Any] = {"every_drafter_identical": exact}  # null: a bench failed, nothing compared for it
     if not args.dry_run:
         default, big = document["models"].get("default-shape", {}), document["models"].get("llama-8b", {})
         plain = big.get("plain_tokens_per_second") or 0.0
@@ -213,7 +265,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     (out / "gpu_check.json").write_text(json.dumps(document, indent=1), encoding="utf-8")
     log.say(f"goals: {json.dumps(goals)}")
     log.say(f"wrote {out / 'gpu_check.json'} and {out / 'gpu_check.log'} in {document['seconds']} s")
-    return 0 if exact else 1
+    return 0 if exact is True else 1
 
 
 if __name__ == "__main__":

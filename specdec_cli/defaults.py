@@ -11,9 +11,11 @@ DEFAULT_AUX = "none"  # sam's auxiliary drafter when the newest token matches no
 DEFAULT_L_BIAS = 3  # sam: a static (index or memory) match must beat the conversation's by more than this
 DEFAULT_BUDGET = 8  # the engine's per-step draft budget (tokens of a chain, nodes of a tree) without --draft-max
 DEFAULT_MAX_NEW_TOKENS = 256  # chat's answer length, and GenerationConfig's
+MAX_NEW_TOKENS = 1_000_000  # the longest answer any entry point asks for (GenerationConfig.check)
 DEFAULT_BENCH_MAX_NEW_TOKENS = 128  # bench's: its answers are shorter than chat's
 # row counts a verify forward is padded up to (exact verification) and the verify-cost curve measures up front
 VERIFY_ROW_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+TIMED_PREFIX = 256  # cached tokens before each forward the verify-cost curve times (decoding/curve_store.py)
 
 # vLLM (vllm/proposer.py, vllm/serve.py): the drafters its custom_class proposers run (vLLM verifies chains), and the
 # shortest match whose continuation they draft (vLLM verifies every drafted token; nothing trims drafts there)

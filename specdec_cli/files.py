@@ -1,4 +1,4 @@
-"""Every file and directory specdec writes is written atomically, here; plus tolerant JSON reads.
+"""Every file and directory specdec writes is written atomically, here; plus tolerant, bounded JSON reads.
 
 A writer fills a temporary beside the destination and renames it into place, so a reader (or a crash)
 never sees half a file: `atomic_file` (a path for writers that want one: safetensors, the index),
@@ -6,7 +6,9 @@ never sees half a file: `atomic_file` (a path for writers that want one: safeten
 On any failure, Ctrl-C included (and SIGTERM, which the CLI turns into the same interruption), the temporary
 is removed. Temporaries are named `.NAME.specdec-tmp-PID-...`; one left by a process that no longer runs
 (killed with SIGKILL, or a power cut) is removed the next time anything is written into that folder.
-Nothing here is ever unpickled: specdec reads only JSON and safetensors.
+Nothing here is ever unpickled: specdec reads only JSON and safetensors. Every JSON file specdec keeps (a cache's
+marker, a record under $SPECDEC_HOME) is read by `read_json_bounded`: a regular file of at most JSON_LIMIT bytes, so a
+FIFO or a device in its place is a damaged file, never a hang or a read without end (`read_json`: {} for any of them).
 """
 
 from __future__ import annotations
@@ -266,10 +268,54 @@ def lock_output(path: str | Path, setting: str = "output") -> Any:
     return handle
 
 
-def read_json(path: str | Path) -> dict:
-    """A JSON object from `path`, or {} when the file is missing or unreadable (callers treat both alike)."""
+JSON_LIMIT = 16 << 20  # bytes: the most a JSON file specdec keeps (a marker, a record, a config) may hold
+
+
+def read_json_bounded(path: str | Path, limit_bytes: int = JSON_LIMIT) -> Any:
+    """The JSON value in the regular file `path`, read without blocking and without reading past `limit_bytes`.
+
+    A FIFO, a device or a socket in its place is never read (opened non-blocking, so a FIFO never waits for a
+    writer, and refused by fstat), nor a file over the limit, nor one nested deeper than json can parse: each
+    raises ValueError saying so, as a file that is not JSON does, so callers treat them all as a damaged file. A
+    missing file raises FileNotFoundError (OSError), as reading it would."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):  # (a device is not even opened: opening some has effects)
+        raise ValueError(f"{_kind(mode)}, not a regular file")
+    handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        value = json.loads(Path(path).read_text(encoding="utf-8"))
+        opened = os.fstat(handle)
+        if not stat.S_ISREG(opened.st_mode):  # (replaced between the stat and the open)
+            raise ValueError(f"{_kind(opened.st_mode)}, not a regular file")
+        if opened.st_size > limit_bytes:
+            raise ValueError(f"{opened.st_size:,} bytes, over the {limit_bytes:,} a JSON file of specdec's may hold")
+        data = _read_at_most(handle, limit_bytes + 1)
+    finally:
+        os.close(handle)
+    if len(data) > limit_bytes:  # (grown since the fstat)
+        raise ValueError(f"over the {limit_bytes:,} bytes a JSON file of specdec's may hold")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _read_at_most(handle: int, count: int) -> bytes:
+    """Up to `count` bytes from a file descriptor (fewer only at its end)."""
+    pieces, left = [], count
+    while left > 0:
+        piece = os.read(handle, min(left, 1 << 20))
+        if not piece:
+            break
+        pieces.append(piece)
+        left -= len(piece)
+    return b"".join(pieces)
+
+
+def read_json(path: str | Path) -> dict:
+    """A JSON object from `path`, or {} when the file is missing, unreadable, not a regular file or too large
+    (callers treat all alike; read_json_bounded)."""
+    try:
+        value = read_json_bounded(path)
     except (OSError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}

@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import warnings
 
 import pytest
 import torch
 from helpers import PROMPTS, split_logits, write_family_gguf
 from test_gguf_in_place import _source
+from test_hostile_files import _not_a_file
 
 from specdec_cli import kernels
 from specdec_cli.target_model.in_place import gguf_check
@@ -85,6 +87,59 @@ def test_a_source_changed_in_place_with_its_size_and_time_kept_is_repacked(tiny)
     remade = _load(path, "changed since it was made")
     with torch.inference_mode():
         assert not torch.equal(split_logits(remade.model, PROMPTS[0]), logits)  # the new file's own answers
+
+
+def test_a_source_whose_mode_or_links_change_keeps_its_cache(tiny, tmp_path):
+    """chmod and a new hard link move the file's status-change time and change no byte: the cache is mapped as it
+    is (each repacked the whole file before)."""
+    path, logits, cache = tiny
+    changed = path.stat().st_ctime_ns
+    path.chmod(0o444)
+    os.link(path, tmp_path / "another-name.gguf")
+    assert path.stat().st_ctime_ns != changed and path.stat().st_nlink == 2
+    again = _load(path)
+    assert not again.model.source.repacked and again.model.source.cache == cache
+    _same_answers(again, logits)
+
+
+def _within(seconds: float, work, fifo):
+    """work() run on a thread of its own: its value, or the test fails when it has not returned within `seconds`
+    (then `fifo` is opened for writing and closed, so that a reader blocked on it reads nothing and goes on)."""
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["value"] = work()
+        except BaseException as error:  # (raised again on the test's thread)
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+        pytest.fail(f"still loading after {seconds} s: blocked on {fifo.name}?")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+@pytest.mark.parametrize("name", [MARKER, "blocks-proved.json"])
+def test_a_fifo_or_a_device_as_the_marker_or_the_proof_record_is_made_again_unread(tiny, kind, name):
+    """Never opened for reading (a FIFO hung the load in "Loading"; a link to /dev/zero read until MemoryError):
+    the cache is made again with one warning line, as for a damaged marker, and is healthy after."""
+    path, logits, cache = tiny
+    target = cache / name
+    target.unlink(missing_ok=True)
+    _not_a_file(target, kind)
+    remade = _within(120, lambda: _load(path, "is made again"), target)
+    _same_answers(remade, logits)
+    healthy = _load(path)
+    assert not healthy.model.source.repacked and healthy.model.source.cache == remade.model.source.cache
 
 
 def test_another_files_cache_copied_in_is_not_used(tiny, tmp_path):

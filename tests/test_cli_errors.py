@@ -326,3 +326,58 @@ def test_distill_refuses_foreign_inputs_before_loading(tmp_path, monkeypatch, ar
     assert isinstance(result.exception, SpecdecError), result.exception
     assert needle.replace("TMP", str(tmp_path)) in str(result.exception)
     assert (tmp_path / "notes.txt").read_text() == "my notes\n"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["distill", "--layers", "100000"], "--layers must be between 1 and 256, got 100,000"),
+    (["distill", "--layers", "0"], "--layers must be between 1 and 256, got 0"),
+    (["distill", "--kd-weight", "inf"], "--kd-weight must be between 0 and 100, got inf"),
+    (["distill", "--kd-weight", "nan"], "--kd-weight must be between 0 and 100, got nan"),
+    (["distill", "--seed", "-1"], "--seed must be between 0 and 2^63 - 1, got -1"),
+    (["distill", "--seed", str(2**63)], "--seed must be between 0 and 2^63 - 1"),
+    (["distill", "--lr", "inf"], "--lr must be a finite number > 0, got inf"),
+    (["distill", "--epochs", "inf"], "--epochs must be a finite number > 0, got inf"),
+    (["distill", "-n", "99999999999"], "--max-new-tokens must be at most 1,000,000, got 99,999,999,999"),
+    (["distill", "--kind", "eagle", "--seed", "-1"], "--seed must be between 0 and 2^63 - 1, got -1"),
+    (["distill", "--target", "TINY", "--layers", "3"], "--layers 3: the target has only 2 blocks"),
+    (["distill", "train", "--data", "DATA", "-o", "TMP/draft", "--layers", "100000"], "--layers must be between 1"),
+    (["distill", "train", "--data", "DATA", "-o", "TMP/draft", "--kd-weight", "inf"], "--kd-weight must be between"),
+    (["distill", "train", "--data", "DATA", "-o", "TMP/draft", "--seed", "-1"], "--seed must be between 0 and"),
+    (["distill", "train", "--data", "DATA", "-o", "TMP/draft", "--kind", "eagle", "--seed", "-1"], "--seed must be"),
+    (["distill", "train", "--data", "DATA", "-o", "TMP/draft", "--target", "TINY", "--layers", "3"],
+     "--layers 3: the target has only 2 blocks"),
+    (["distill", "generate", "--suite", "builtin", "-o", "TMP/a.jsonl", "--seed", "-1"], "--seed must be between"),
+    (["chat", "-p", "hi", "-n", "99999999999"], "--max-new-tokens must be at most 1,000,000, got 99,999,999,999"),
+])
+def test_distill_and_answer_settings_out_of_range_are_refused_before_the_model_loads(tmp_path, monkeypatch,
+                                                                                     tiny_model_dir, args, needle):
+    """`distill --layers 100000`, `--kd-weight inf` and `--seed -1` were refused (or not) only after the target had
+    loaded and answered the training prompts; `-n 99999999999` was taken."""
+    import json
+
+    from specdec_cli.distill.pipeline import target_spec
+    from specdec_cli.target_model.load import models
+    from specdec_cli.texts.fingerprint import tokenizer_fingerprint
+
+    data = tmp_path / "data.jsonl"  # the tiny target's own answers (the tokenizer alone read)
+    data.write_text(json.dumps({"prompt_ids": [1, 2], "answer_ids": [3], "target": target_spec(tiny_model_dir),
+                                "fingerprint": tokenizer_fingerprint(models.load_tokenizer(tiny_model_dir))}) + "\n")
+    monkeypatch.setattr(models, "load_target", lambda *a, **k: pytest.fail("the target loaded before the check"))
+    args = [{"DATA": str(data), "TINY": tiny_model_dir}.get(arg, arg.replace("TMP", str(tmp_path))) for arg in args]
+    result = invoke(*args, env_extra={"SPECDEC_HOME": str(tmp_path / "home")})
+    assert_one_line_error(result, needle, code=1)
+
+
+def test_repl_set_max_new_tokens_is_bounded_as_the_flag_is():
+    from specdec_cli.decoding.generation_config import GenerationConfig
+
+    class Session(_Session):
+        generation = GenerationConfig()
+
+        def set_generation(self, generation):
+            self.generation = generation
+
+    session = Session()
+    said = _repl(["/set max_new_tokens 99999999999", "/set max_new_tokens 1000000"], session)
+    assert "max_new_tokens must be at most 1,000,000, got 99,999,999,999" in said
+    assert session.generation.max_new_tokens == 1_000_000

@@ -125,6 +125,50 @@ def test_the_engine_bounds_answers_by_the_static_cache(tiny_llama):
     assert len(generation.tokens) == forward.capacity - 3 and generation.finish_reason == "length"
 
 
+@pytest.mark.parametrize("value", ["-5", "abc", "0", "17", "33", "40", "288", "1e3"])
+def test_a_device_context_the_engine_cannot_run_in_is_one_line_before_the_model_loads(tiny_llama_dir, monkeypatch,
+                                                                                         value):
+    """SPECDEC_DEVICE_CONTEXT of -5 or abc was `internal error` (RuntimeError, ValueError) after the model loaded;
+    17, 33 or 40 slots an IndexError or ValueError in the one-time check, fewer than 289 one in the cost curve's."""
+    from conftest import assert_one_line_error, invoke
+
+    from specdec_cli.target_model.load import models
+
+    monkeypatch.setattr(models, "model_location", lambda *a, **k: pytest.fail("the model loaded before the check"))
+    result = invoke("chat", "--target", str(tiny_llama_dir), "--decoder", "device", "--device", "cpu", "--prompt",
+                    "abc", "-n", "4", env_extra={"SPECDEC_DEVICE_CONTEXT": value})
+    assert_one_line_error(result, f"SPECDEC_DEVICE_CONTEXT must be a whole number of cache slots of at least 289 "
+                                  f"(the verify-cost curve times blocks of up to 32 tokens after 256, each padded to "
+                                  f"16 rows), got '{value}'", code=1)
+
+
+def test_the_fewest_slots_allowed_run_the_check_and_the_cost_curve_and_fewer_do_not(tiny_llama):
+    from specdec_cli.decoding.curve_store import forward_timer
+    from specdec_cli.defaults import VERIFY_ROW_COUNTS
+    from specdec_cli.device.forward import MIN_CONTEXT, context_setting
+
+    assert context_setting({"SPECDEC_DEVICE_CONTEXT": f" {MIN_CONTEXT} "}) == MIN_CONTEXT == 289
+    assert context_setting({"SPECDEC_DEVICE_CONTEXT": ""}) is None and context_setting({}) is None
+    forward = DeviceForward(tiny_llama, "cpu", slots=MIN_CONTEXT)
+    assert forward.prepare(8) == ROWS, forward.outcome
+    timer = forward_timer(forward)
+    assert all(timer(rows) > 0 for rows in VERIFY_ROW_COUNTS)
+    with pytest.raises(ValueError, match="a block of 32 after 256 committed tokens needs 289 slots with its padding"):
+        forward_timer(DeviceForward(tiny_llama, "cpu", slots=MIN_CONTEXT - 1))(32)
+
+
+def test_a_block_whose_padding_passes_the_last_slot_is_refused_not_an_index_error(tiny_llama):
+    """A step pads to ROWS rows whose positions must lie inside the cache (the rotary tables): the check counts
+    them (it counted the real rows only, and 33 slots ran into an IndexError)."""
+    forward = DeviceForward(tiny_llama, "cpu", slots=40)
+    cache = forward.new_cache()
+    with torch.inference_mode():
+        forward(list(range(5, 29)), cache, 0)  # 24 tokens: a prompt chunk of 32 padded rows fits 40 slots
+        forward([7] * 7, cache, 24)  # ends at 31: 24 + 16 padded rows reach slot 39, the last
+        with pytest.raises(ValueError, match="a block of 1 after 31 committed tokens needs 47 slots"):
+            forward([7], cache, 31)
+
+
 def test_the_default_model_is_token_identical_for_every_drafter(real_target):
     """The default GGUF, loaded in place: its blocks dequantised by the device engine, every drafter identical."""
     model = real_target("float32", "auto").model

@@ -20,8 +20,8 @@ DEVICE = "/dev/null"  # a character device every Unix has (making one needs root
 @pytest.fixture
 def hang_guard():
     """Fail, rather than hang, a test whose code under test opens a FIFO (the open would block forever)."""
-    def alarm(number, frame):
-        raise TimeoutError("blocked: a FIFO was opened")
+    def alarm(number, frame):  # (pytest's Failed, no OSError: `except OSError` in the code under test cannot hide it)
+        pytest.fail("blocked: a FIFO was opened")
 
     previous = signal.signal(signal.SIGALRM, alarm)
     signal.alarm(60)
@@ -282,3 +282,81 @@ def test_a_read_only_home_with_a_healthy_cache_still_answers(tmp_path):
     warned = [line for line in result.stderr.splitlines() if line.startswith("specdec: warning:")]
     assert len(warned) == 1 and "the verify-cost curve was not saved" in warned[0], result.stderr
     assert "error" not in result.stderr
+
+
+# -- JSON files specdec keeps: never a FIFO read, a device read without end, or a huge file ---------------------------
+
+
+def _not_a_file(path: Path, kind: str) -> None:
+    """Put a FIFO, or a symbolic link to /dev/zero (a device that reads without end), at `path`."""
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+def test_a_json_file_that_is_not_a_regular_file_is_refused_unread(tmp_path, kind, hang_guard):
+    from specdec_cli.files import read_json, read_json_bounded
+
+    path = tmp_path / "record.json"
+    _not_a_file(path, kind)
+    with pytest.raises(ValueError, match=f"{'a FIFO' if kind == 'fifo' else 'a device'}, not a regular file"):
+        read_json_bounded(path)
+    assert read_json(path) == {}
+
+
+def test_a_json_file_too_large_or_too_deep_is_refused_and_a_missing_one_is_missing(tmp_path):
+    from specdec_cli.files import read_json, read_json_bounded
+
+    path = tmp_path / "record.json"
+    path.write_text('{"a": [1, 2, 3]}')
+    assert read_json_bounded(path) == {"a": [1, 2, 3]}
+    with pytest.raises(ValueError, match="16 bytes, over the 8 a JSON file"):
+        read_json_bounded(path, limit_bytes=8)
+    path.write_text("[" * 200_000 + "]" * 200_000)  # (json's parser recurses: RecursionError, not a ValueError)
+    with pytest.raises(ValueError, match="nested too deeply"):
+        read_json_bounded(path)
+    assert read_json(path) == {}
+    with pytest.raises(FileNotFoundError):
+        read_json_bounded(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+@pytest.mark.parametrize("reader", ["dtype verdict", "stored config", "tokenizer config", "conversion marker",
+                                    "answer memory"])
+def test_every_json_file_of_the_home_and_caches_that_is_not_a_file_is_a_damaged_one(tmp_path, monkeypatch, kind,
+                                                                                       reader, hang_guard):
+    """Each reader treats it as it treats a corrupt file (missing, made again, skipped): no hang, no MemoryError."""
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    if reader == "dtype verdict":
+        from specdec_cli.target_model.load import dtype_choice
+
+        path = dtype_choice._path("key")
+        path.parent.mkdir(parents=True)
+        _not_a_file(path, kind)
+        assert dtype_choice._read("key", ("float32",)) is None
+    elif reader == "stored config":
+        from specdec_cli.target_model.in_place import stored
+
+        _not_a_file(tmp_path / stored.STORED_FILE, kind)
+        assert stored.read_document(tmp_path) is None
+    elif reader == "tokenizer config":
+        from specdec_cli.target_model.in_place.native_tokenizer import load_native_tokenizer
+
+        _not_a_file(tmp_path / "tokenizer_config.json", kind)
+        assert load_native_tokenizer(tmp_path) is None
+    elif reader == "conversion marker":
+        from specdec_cli.target_model.load.converted import CONVERTED_MARKER, converted_damage
+
+        _not_a_file(tmp_path / CONVERTED_MARKER, kind)
+        assert converted_damage(tmp_path) is not None
+    else:
+        from specdec_cli.texts.memory import Memory
+
+        memory = Memory(tmp_path / "memory", "sha256:0123")
+        memory.append([1, 2, 3])
+        _not_a_file(memory.directory / "1-1-3.json", kind)
+        recalled = memory.recall()
+        assert recalled.answers == [[1, 2, 3]]
+        assert recalled.skipped == [f"1-1-3.json: {'a FIFO' if kind == 'fifo' else 'a device'}, not a regular file"]

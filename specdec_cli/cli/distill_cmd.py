@@ -14,6 +14,7 @@ from typing import List, Optional
 
 import typer
 
+from ..decoding.generation_config import GenerationConfig
 from ..defaults import DEFAULT_MAX_NEW_TOKENS
 from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, EagleTrainConfig
 from ..distill.generate import check_data_output
@@ -151,9 +152,11 @@ def distill(
     batch_prompts = check_answering_drafter(ctx, batch_prompts, engine)
     config.check()  # the student's flags, whatever the kind
     stages.config.check()
+    GenerationConfig(max_new_tokens=max_new_tokens, seed=seed).check()  # the answers', before anything is answered
     train_items = load_prompts(prompts, None if prompts else (suite or "distill"), first_turns=True, limit=limit,
                                max_prompts=stages.pipeline_prompts if max_prompts is None else max_prompts)
     out_dir, data_file = pipeline_files(target, output, data, stages.name, stages.check_output)
+    check_student_layers(stages, target)
     # the student is built from and trained against the target in float32 (its block weights dequantised)
     loaded = load_target(target, device, "float32", weights)
     answering = Answering(engine, drafter, max_new_tokens, seed, batch_prompts)
@@ -188,10 +191,10 @@ def generate(
     engine: str = options.answer_engine(),
 ) -> None:
     """Answer prompts with the target and append one row per answer (resumable)."""
-    from ..decoding.engine import GenerationConfig
     if prompts is None and suite is None:
         raise SpecdecError("give the prompts: --prompts FILE or --suite NAME")
-    GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k).check()
+    GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                     seed=seed).check()
     batch_prompts = check_batch_prompts(batch_prompts, temperature)
     options.check_engine(engine, temperature)
     batch_prompts = check_answering_drafter(ctx, batch_prompts, engine)  # a drafter flag is used, or refused
@@ -260,10 +263,22 @@ def train(
     stages.check_output(Path(output).expanduser())  # and an output that is not ours to replace
     target = target or usable_target(target_of_data(data))
     check_data_target(target, data)  # another target's data: refused before this one loads (a GGUF repacks)
+    check_student_layers(stages, target)
     loaded = load_target(target, device, "float32", weights)
     stages.train(loaded, target_spec(target), data, output, checkpoint_dir=checkpoint_dir, resume=resume)
     if stages.shows_usage_after_training:
         show_usage(output, target_spec(target), stages)
+
+
+def check_student_layers(stages: StudentStages | HeadStages, target: str) -> None:
+    """Before the target loads: a student cut from the target (--init target) has at most the target's blocks, as
+    its config says (a GGUF's header, a directory's config.json; a hub id is checked once loaded)."""
+    config = stages.config
+    if not isinstance(config, TrainConfig) or config.init != "target":
+        return
+    total = models.target_layers(target)
+    if total is not None and config.layers > total:
+        raise SpecdecError(f"layers {config.layers}: the target has only {total} blocks", setting="layers")
 
 
 def check_data_target(target: str, data: str) -> None:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ..defaults import TIMED_PREFIX
 from ..errors import SpecdecError
 from ..files import read_json, write_json_atomic
 from ..home import specdec_home
@@ -26,7 +27,6 @@ from ..target_model.verify.rollback import truncate_cache
 from .cost_curve import CostCurve, measure_cost_curve
 
 SAVE_EVERY = 16  # observations a curve learns between two saves
-TIMED_PREFIX = 256  # cached tokens before each timed forward
 
 Timer = Callable[[int], float]  # rows -> seconds of one forward of that many new tokens
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from ..defaults import DEFAULT_BUDGET, DEFAULT_MAX_NEW_TOKENS
+from ..defaults import DEFAULT_BUDGET, DEFAULT_MAX_NEW_TOKENS, MAX_NEW_TOKENS
 from ..errors import SpecdecError
 
 
@@ -44,9 +44,18 @@ class GenerationConfig:
         check_sampling(self.temperature, self.top_p, self.top_k)
         if self.max_new_tokens < 1:
             raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}", setting="max_new_tokens")
+        if self.max_new_tokens > MAX_NEW_TOKENS:
+            raise SpecdecError(f"max_new_tokens must be at most {MAX_NEW_TOKENS:,}, got {self.max_new_tokens:,}",
+                               setting="max_new_tokens")
         if self.budget < 0:
             raise SpecdecError(f"draft_max must be >= 0 (0 = no drafting), got {self.draft_max}", setting="draft_max")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise SpecdecError(f"seed must be between 0 and 2^63 - 1, got {self.seed}", setting="seed")
+        if self.seed is not None:
+            check_seed(self.seed)
         if any(not stop for stop in self.stop):
             raise SpecdecError("stop strings must not be empty", setting="stop")
+
+
+def check_seed(seed: int) -> None:
+    """A random seed torch takes and every command shares: a whole number in [0, 2^63); else one line."""
+    if not 0 <= seed < 2**63:
+        raise SpecdecError(f"seed must be between 0 and 2^63 - 1, got {seed}", setting="seed")

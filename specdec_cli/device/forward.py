@@ -16,18 +16,23 @@ blocks of 1..8 rows and a tree equal one-row forwards (row invariance is by cons
 broken device or library say so, as a warning, instead of answering differently). `tree_outcome` answers the
 engine's tree check from it, since a tree runs through the same step as a chain. `capacity` bounds the committed
 tokens (the cache's slots less one block); `max_block` bounds a verify block (the engine drafts at most
-ROWS - 1 tokens a step).
+ROWS - 1 tokens a step). Every call is checked against the slots its padded rows reach (`slots_needed`); a user's
+SPECDEC_DEVICE_CONTEXT (`context_setting`) is refused in one line below MIN_CONTEXT, the slots the engine's own
+check and its verify-cost timer need.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
 
+from ..defaults import TIMED_PREFIX, VERIFY_ROW_COUNTS
+from ..errors import SpecdecError
 from ..target_model.verify.check_outcome import CheckOutcome
 from ..target_model.verify.forward import Scores
 from ..target_model.verify.tree_mask import tree_paths
@@ -41,14 +46,49 @@ from .weights import DeviceWeights
 
 CHECK_PROMPT = 24  # tokens before the one-time check's blocks
 CHECK_ROWS = 8  # the check compares blocks of 1..CHECK_ROWS rows with one-row forwards
+CONTEXT_VARIABLE = "SPECDEC_DEVICE_CONTEXT"  # the static cache's slots, where a user sets them
+
+
+def prefill_rows(tokens: int) -> int:
+    """The padded rows of a prompt's chunks: the smallest ROWS * 2^k (up to PREFILL_ROWS) that holds `tokens`."""
+    size = ROWS
+    while size < min(tokens, PREFILL_ROWS):
+        size *= 2
+    return size
+
+
+def slots_needed(start: int, count: int) -> int:
+    """The fewest cache slots a forward of `count` tokens after `start` committed ones needs: a slot for each token
+    and the last slot for the padding rows, and a position inside the rotary tables for every padded row (a chunk
+    runs at its padded size: ROWS rows a step, prefill_rows for a prompt of more than ROWS tokens)."""
+    size = prefill_rows(count) if start == 0 and count > ROWS else ROWS
+    return max(start + count + 1, start + -(-count // size) * size)
+
+
+# The fewest slots SPECDEC_DEVICE_CONTEXT may set (289): the one-time check's last one-row forward, and the verify-cost
+# curve's timer (a TIMED_PREFIX-token prompt, then blocks of up to the largest of VERIFY_ROW_COUNTS rows) fit.
+MIN_CONTEXT = max(slots_needed(CHECK_PROMPT + CHECK_ROWS - 1, 1), slots_needed(0, TIMED_PREFIX),
+                  slots_needed(TIMED_PREFIX, max(VERIFY_ROW_COUNTS)))
+
+
+def context_setting(environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
+    """SPECDEC_DEVICE_CONTEXT as a number of cache slots (None where unset or empty), or one line saying what it
+    takes: a whole number of at least MIN_CONTEXT."""
+    text = (os.environ if environ is None else environ).get(CONTEXT_VARIABLE, "").strip()
+    if not text:
+        return None
+    slots = int(text) if text.isdecimal() else 0
+    if slots < MIN_CONTEXT:
+        raise SpecdecError(f"{CONTEXT_VARIABLE} must be a whole number of cache slots of at least {MIN_CONTEXT} (the "
+                           f"verify-cost curve times blocks of up to {max(VERIFY_ROW_COUNTS)} tokens after "
+                           f"{TIMED_PREFIX}, each padded to {ROWS} rows), got {text!r}")
+    return slots
 
 
 def context_slots(model: Any, device: torch.device, slots: Optional[int] = None) -> int:
-    """The static cache's slots: `slots`, else SPECDEC_DEVICE_CONTEXT, else CONTEXT for the device type; never
-    more than the model's context plus one block."""
-    import os
-
-    chosen = slots or int(os.environ.get("SPECDEC_DEVICE_CONTEXT", "0") or 0) or CONTEXT.get(device.type, 1024)
+    """The static cache's slots: `slots`, else SPECDEC_DEVICE_CONTEXT (context_setting), else CONTEXT for the device
+    type; never more than the model's context plus one block."""
+    chosen = slots or context_setting() or CONTEXT.get(device.type, 1024)
     limit = int(getattr(model.config, "max_position_embeddings", 0) or 0)
     return min(chosen, limit + ROWS) if limit > 0 else chosen
 
@@ -119,8 +159,10 @@ class DeviceForward:
         if cache.get_seq_length() != start:
             raise ValueError(f"the cache holds {cache.get_seq_length()} tokens, not {start}")
         ids = [int(token) for token in token_ids]
-        if start + len(ids) > self.static.slots - 1:
-            raise ValueError(f"{start + len(ids)} tokens do not fit the device engine's {self.static.slots} slots")
+        needed = slots_needed(start, len(ids))
+        if needed > self.static.slots:  # (the engine keeps within `capacity`: its blocks fit)
+            raise ValueError(f"a block of {len(ids)} after {start} committed tokens needs {needed} slots with its "
+                             f"padding rows; the device engine has {self.static.slots}")
         if tree is not None:
             if len(ids) > ROWS:
                 raise ValueError(f"a tree block has at most {ROWS} rows on the device engine")
@@ -160,11 +202,8 @@ class DeviceForward:
         return logits, hidden
 
     def _prefill_inputs(self, tokens: int) -> StepInputs:
-        """The inputs of a prompt's chunks: the smallest of ROWS * 2^k (up to PREFILL_ROWS) rows that holds the
-        prompt, made once per size."""
-        size = ROWS
-        while size < min(tokens, PREFILL_ROWS):
-            size *= 2
+        """The inputs of a prompt's chunks, of prefill_rows(tokens) rows, made once per size."""
+        size = prefill_rows(tokens)
         if size not in self.prefill_inputs:
             self.prefill_inputs[size] = StepInputs(size, self.device)
         return self.prefill_inputs[size]

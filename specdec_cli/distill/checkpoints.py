@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 from ..drafters.model import DRAFT_META  # the metadata file the model drafter reads
 from ..errors import SpecdecError
-from ..files import atomic_directory
+from ..files import atomic_directory, read_json_bounded
 
 CHECKPOINT_FORMAT = 1
 DRAFT_FORMAT = 1
@@ -48,7 +48,7 @@ def read_checkpoint_state(directory: Path) -> dict:
     if not path.is_file() or not (directory / "model.safetensors").is_file():
         raise SpecdecError(f"resume: no checkpoint in {directory}", setting="resume")
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
+        state = read_json_bounded(path)
     except ValueError as exc:
         raise SpecdecError(f"{path}: unreadable checkpoint state ({exc})") from None
     if state.get("format") != CHECKPOINT_FORMAT:

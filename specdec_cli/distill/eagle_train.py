@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from ..decoding.generation_config import check_seed
 from ..errors import SpecdecError
 from ..texts.data_rows import read_rows
 from ..texts.fingerprint import tokenizer_fingerprint
@@ -55,14 +56,16 @@ class EagleTrainConfig:
     unroll: int = DEFAULT_UNROLL  # steps per position: 1 teacher-forced, then on its own predicted features
 
     def check(self) -> None:
-        if not (self.epochs > 0 or (self.steps or 0) > 0):
-            raise SpecdecError("epochs must be > 0", setting="epochs")
+        if not (self.steps or 0) > 0 and not 0 < self.epochs < math.inf:  # (--steps overrides --epochs)
+            raise SpecdecError(f"epochs must be a finite number > 0, got {self.epochs}", setting="epochs")
         if self.steps is not None and self.steps < 1:
             raise SpecdecError(f"steps must be >= 1, got {self.steps}", setting="steps")
-        if not self.lr > 0:
-            raise SpecdecError(f"lr must be > 0, got {self.lr}", setting="lr")
-        if self.token_weight < 0:
-            raise SpecdecError(f"token_weight must be >= 0, got {self.token_weight}", setting="token_weight")
+        if not 0 < self.lr < math.inf:
+            raise SpecdecError(f"lr must be a finite number > 0, got {self.lr}", setting="lr")
+        if not 0 <= self.token_weight < math.inf:
+            raise SpecdecError(f"token_weight must be a finite number >= 0, got {self.token_weight}",
+                               setting="token_weight")
+        check_seed(self.seed)
         if self.max_len < 8:
             raise SpecdecError(f"max_len must be >= 8, got {self.max_len}", setting="max_len")
         if self.head_vocab < 0:

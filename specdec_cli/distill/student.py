@@ -17,6 +17,7 @@ from ..drafters import model as model_drafter
 from ..errors import SpecdecError
 
 DEFAULT_LAYERS = 4
+MAX_LAYERS = 256  # a student's blocks at most, before any target is read (Llama-3.1-405B has 126)
 INITS = ("target", "config", "student")
 DEFAULT_DRAFT_VOCAB = 16384
 MARGINAL_ROWS = 24  # rows the target scores to rank tokens by its own predictions

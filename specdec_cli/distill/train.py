@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from ..decoding.generation_config import check_seed
 from ..drafters import target_info
 from ..drafters.model import draft_vocab_size
 from ..errors import SpecdecError, check_choice
@@ -38,7 +39,15 @@ from .checkpoints import CHECKPOINT_FORMAT, DRAFT_FORMAT, check_output_dir, chec
 from .data import Example, data_digest, epoch_batches, make_batch, make_examples, split_rows
 from .loop import Trainee, TrainingRun, train
 from .loss import KD_LOSSES, divergence, restricted_logits
-from .student import DEFAULT_DRAFT_VOCAB, DEFAULT_LAYERS, INITS, build_student, choose_head_tokens, count_parameters
+from .student import (
+    DEFAULT_DRAFT_VOCAB,
+    DEFAULT_LAYERS,
+    INITS,
+    MAX_LAYERS,
+    build_student,
+    choose_head_tokens,
+    count_parameters,
+)
 
 # Settings a resumed run must share with its checkpoint (the rest may change, e.g. a longer run).
 RESUME_KEYS = ("init", "layers", "hidden", "student", "batch_size", "grad_accum", "lr", "min_lr_ratio",
@@ -46,6 +55,9 @@ RESUME_KEYS = ("init", "layers", "hidden", "student", "batch_size", "grad_accum"
                "freeze_embeddings")
 
 StatusCallback = Callable[[str], None]
+
+
+MAX_KD_WEIGHT = 100.0  # the divergence's weight beside the cross-entropy at most (both are a few nats)
 
 
 @dataclass
@@ -77,23 +89,25 @@ class TrainConfig:
         check_choice(self.init, INITS, "init")
         if self.init == "student" and not self.student:
             raise SpecdecError("init student needs --student PATH", setting="init")
-        if self.layers < 1:
-            raise SpecdecError(f"layers must be >= 1, got {self.layers}", setting="layers")
+        if not 1 <= self.layers <= MAX_LAYERS:
+            raise SpecdecError(f"layers must be between 1 and {MAX_LAYERS}, got {self.layers:,}", setting="layers")
         if self.hidden is not None and self.hidden < 8:
             raise SpecdecError(f"hidden must be >= 8, got {self.hidden}", setting="hidden")
         if self.steps is not None and self.steps < 1:
             raise SpecdecError(f"steps must be >= 1, got {self.steps}", setting="steps")
-        if not self.epochs > 0:
-            raise SpecdecError(f"epochs must be > 0, got {self.epochs}", setting="epochs")
+        if not 0 < self.epochs < math.inf:
+            raise SpecdecError(f"epochs must be a finite number > 0, got {self.epochs}", setting="epochs")
         if self.batch_size < 1 or self.grad_accum < 1:
             raise SpecdecError("batch_size and --grad-accum must be >= 1", setting="batch_size")
-        if not self.lr > 0:
-            raise SpecdecError(f"lr must be > 0, got {self.lr}", setting="lr")
+        if not 0 < self.lr < math.inf:
+            raise SpecdecError(f"lr must be a finite number > 0, got {self.lr}", setting="lr")
         check_choice(self.kd_loss, KD_LOSSES, "kd_loss")
         if self.kd_positions not in ("answer", "all"):
             raise SpecdecError(f"kd_positions must be answer or all, got {self.kd_positions!r}", setting="kd_positions")
-        if self.kd_weight < 0:
-            raise SpecdecError(f"kd_weight must be >= 0, got {self.kd_weight}", setting="kd_weight")
+        if not 0 <= self.kd_weight <= MAX_KD_WEIGHT:
+            raise SpecdecError(f"kd_weight must be between 0 and {MAX_KD_WEIGHT:g}, got {self.kd_weight}",
+                               setting="kd_weight")
+        check_seed(self.seed)
         if self.max_len < 8:
             raise SpecdecError(f"max_len must be >= 8, got {self.max_len}", setting="max_len")
         if not 0.0 <= self.holdout < 1.0:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..errors import SpecdecError
-from ..files import check_output_file, write_atomic
+from ..files import check_output_file, read_json_bounded, write_atomic
 from ..home import home_folder, specdec_home
 from ..target_model.load import models, target_source
 from .data_rows import read_rows
@@ -142,7 +142,7 @@ class Memory:
         recalled = Recalled()
         for _, _, path in self._files():
             try:
-                document = json.loads(path.read_text(encoding="utf-8"))
+                document = read_json_bounded(path)
                 tokens = document["tokens"]
                 if document.get("format") != FORMAT:
                     raise ValueError(f"format {document.get('format')}")

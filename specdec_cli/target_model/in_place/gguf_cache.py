@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import time
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any, Optional
 
 from ...errors import SpecdecError
+from ...files import read_json_bounded
 from ...home import short_stem, specdec_home
 from ..gguf.gguf_file import GGUFFile, file_identity
 from . import gguf_blocks
@@ -37,17 +40,21 @@ def cache_folder(path: Path) -> Path:
     return specdec_home() / "models" / f"{short_stem(path.stem)}-inplace-{key}"
 
 
+SOURCE_KEYS = ("size", "mtime_ns", "inode", "sample")  # what must match of a marker's source (cache_fault)
+
+
 def source_proof(gguf: GGUFFile) -> dict[str, Any]:
     """What a cache records of the file it was made from, to prove on every later load that the file is the same:
-    its resolved path; its size, modification and status-change times and inode (`touch -r` keeps the first two,
-    not the status-change time, which only the kernel sets); and a SHA-256 of the header (every key and tensor
-    record) and of 4 KiB at the start, middle and end of every tensor (milliseconds, even for 8B-shaped files)."""
+    its resolved path; its size, modification time and inode; and a SHA-256 of the header (every key and tensor
+    record) and of 4 KiB at the start, middle and end of every tensor (milliseconds, even for 8B-shaped files), which
+    catches a file rewritten with its size and time kept (`touch -r`). Not its status-change time: `chmod`, `chown`
+    or a new hard link move it and change no byte (a marker written before records it; it is not compared)."""
     stat = gguf.path.stat()
     tensors = sorted(gguf.tensors.values(), key=lambda info: info.start)
     data_start = tensors[0].start if tensors else gguf.size
     sample = sampled_digest(gguf.path, [(info.start, info.nbytes) for info in tensors], head=data_start)
     return {"path": str(gguf.path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-            "ctime_ns": stat.st_ctime_ns, "inode": stat.st_ino, "sample": sample}
+            "inode": stat.st_ino, "sample": sample}
 
 
 def sampled_digest(path: Path, spans: list[tuple[int, int]], head: int = 0) -> str:
@@ -75,8 +82,9 @@ def side_files(folder: Path) -> dict[str, str]:
 
 
 def read_marker(folder: Path) -> Optional[dict[str, Any]]:
+    """The folder's marker; None when it has none, {} when it is damaged (not JSON, not a regular file, too big)."""
     try:
-        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+        marker = read_json_bounded(folder / MARKER)
         return marker if isinstance(marker, dict) else {}
     except FileNotFoundError:
         return None
@@ -100,10 +108,11 @@ def cache_fault(folder: Path, gguf: Optional[GGUFFile]) -> Optional[str]:
         if not isinstance(recorded, dict) or recorded.get("path") != proof["path"]:
             made_from = recorded.get("path") if isinstance(recorded, dict) else recorded
             return f"it was made from another file ({made_from})"
-        keys = ("size", "mtime_ns", "ctime_ns", "inode", "sample")
-        changed = [key for key in keys if recorded.get(key) != proof[key]]
+        changed = [key for key in SOURCE_KEYS if recorded.get(key) != proof[key]]
         if changed:
             return f"{gguf.path.name} changed since it was made ({', '.join(changed)})"
+    if not_regular(folder / PROVED):  # (never read; made again, it is gone)
+        return f"{PROVED} is not a regular file"
     try:
         if (folder / BLOCKS_FILE).stat().st_size != int(marker["blocks_bytes"]):
             return f"{BLOCKS_FILE} is of another size"
@@ -116,6 +125,16 @@ def cache_fault(folder: Path, gguf: Optional[GGUFFile]) -> Optional[str]:
             return f"{name} is {'missing' if name not in found else 'damaged'}"
     extra = sorted(set(found) - set(recorded_files))
     return f"{extra[0]} was not made by specdec" if extra else None
+
+
+def not_regular(path: Path) -> bool:
+    """Whether something other than a regular file lies at `path` (a FIFO, a device, a link to one); not opened."""
+    try:
+        return not S_ISREG(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
 
 
 def superseded_folders(folder: Path, path: Path) -> list[Path]:
@@ -156,8 +175,8 @@ def proved_before(folder: Path, marker: dict[str, Any]) -> bool:
     """Whether the blocks file is as it was when its records last hashed to the marker's proofs (`remember_proved`):
     then a load maps it without hashing its gigabytes again."""
     try:
-        recorded = json.loads((folder / PROVED).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        recorded = read_json_bounded(folder / PROVED)
+    except (OSError, ValueError):  # (a FIFO or a device there too: the blocks are hashed again)
         return False
     identity = blocks_identity(folder, marker)
     return identity is not None and recorded == identity

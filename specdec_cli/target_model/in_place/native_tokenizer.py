@@ -17,12 +17,13 @@ the tests' small GGUFs.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from tokenizers import Tokenizer
+
+from ...files import read_json_bounded
 
 SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
@@ -36,7 +37,7 @@ FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 def load_native_tokenizer(folder: Path) -> Optional["NativeTokenizer"]:
     """The folder's tokenizer read with `tokenizers`, or None when transformers must read it (module docstring)."""
     try:
-        settings = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+        settings = read_json_bounded(folder / "tokenizer_config.json")
     except (OSError, ValueError):
         return None
     if not isinstance(settings, dict) or settings.get("tokenizer_class") not in CLASSES:

@@ -22,6 +22,8 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 
+from ...files import read_json_bounded
+
 STORED_FILE = "stored.json"
 STORED_FORMAT = 1
 
@@ -147,7 +149,7 @@ def write_stored(folder: Path, config: Any, rotary: torch.nn.Module) -> None:
 
 @functools.lru_cache(maxsize=4)
 def _document(path: str, size: int, mtime_ns: int) -> dict[str, Any]:
-    document = json.loads(Path(path).read_text(encoding="utf-8"))
+    document = read_json_bounded(path)
     if not isinstance(document, dict) or document.get("format") != STORED_FORMAT:
         raise ValueError("another format")
     return document

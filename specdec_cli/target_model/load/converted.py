@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ...errors import SpecdecError
-from ...files import file_sha256
+from ...files import file_sha256, read_json_bounded
 from ...home import short_stem, specdec_home, writable_home_folder
 from .. import families
 from ..quiet import no_tqdm, quiet_transformers
@@ -166,7 +166,7 @@ def converted_damage(out_dir: Path) -> Optional[str]:
     if not marker_path.is_file():
         return f"{CONVERTED_MARKER} is missing" if out_dir.exists() else "not converted yet"
     try:
-        marker = json.loads(marker_path.read_text(encoding="utf-8"))
+        marker = read_json_bounded(marker_path)
         files = marker.get("files") if isinstance(marker, dict) else None
     except (OSError, ValueError, UnicodeDecodeError):
         return f"{CONVERTED_MARKER} is unreadable"

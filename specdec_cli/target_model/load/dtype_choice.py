@@ -162,8 +162,10 @@ def _path(cache_key: str) -> Any:
 
 def _read(cache_key: str, times: tuple[str, ...]) -> Optional[dict]:
     """The cached verdict for this key, when it holds every one of `times` as a number."""
+    from ...files import read_json_bounded
+
     try:
-        document = json.loads(_path(cache_key).read_text(encoding="utf-8"))
+        document = read_json_bounded(_path(cache_key))
     except (OSError, ValueError):
         return None
     ok = isinstance(document, dict) and document.get("format") == FORMAT

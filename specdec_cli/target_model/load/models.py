@@ -109,6 +109,23 @@ def load_tokenizer(target: str = DEFAULT_TARGET, on_status: Optional[StatusCallb
         raise SpecdecError(_hub_hint(source, exc)) from exc
 
 
+def target_layers(target: str) -> Optional[int]:
+    """The target's blocks, read from its config alone (a GGUF's header, a model directory's config.json); None
+    where that says nothing, or for a hub id (nothing is fetched for it)."""
+    from ...files import read_json
+
+    source = resolve_target(target)
+    if source.kind == "gguf":
+        count = getattr(checked_gguf(Path(source.location)).config, "num_hidden_layers", None)
+    elif source.kind == "dir":
+        document = read_json(Path(source.location) / "config.json")
+        text = document.get("text_config")
+        count = document.get("num_hidden_layers", text.get("num_hidden_layers") if isinstance(text, dict) else None)
+    else:
+        return None
+    return count if isinstance(count, int) and count > 0 else None
+
+
 @dataclass
 class LoadedTarget:
     model: Any  # a transformers causal LM in eval mode
@@ -149,6 +166,10 @@ def check_load(settings: LoadSettings, device_engine: bool = True) -> LoadPlan:
     settings = settings.with_environment()
     source = resolve_target(settings.target)
     device = pick_device(settings.device)
+    if device_engine and (settings.decoder == "device" or (settings.decoder == "auto" and device == "cuda")):
+        from ...device.forward import context_setting
+
+        context_setting()  # SPECDEC_DEVICE_CONTEXT said wrong: one line now, not after the model loads
     if not (device_engine and device == "cuda" and settings.decoder in ("auto", "device") and source.kind == "gguf"):
         check_weights(settings.weights, source, device, settings.dtype)
     if source.kind != "gguf":
