@@ -23,6 +23,7 @@ KERNEL_SOURCES = [
     "specdec_cli/kernels/csrc/peak.c",
     "specdec_cli/kernels/csrc/pool.c",
     "specdec_cli/kernels/csrc/repack.c",
+    "specdec_cli/kernels/csrc/top_tokens.c",
 ]
 KERNEL_HEADERS = ["specdec_cli/kernels/csrc/kernels.h"]
 

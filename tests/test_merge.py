@@ -132,3 +132,15 @@ def test_calibration_scales_estimates_by_what_they_delivered():
     for _ in range(200):
         calibration.record("m", [0.5], 1)  # promised half, delivered one
     assert calibration.calibrated("m", [0.5, 0.9]) == [pytest.approx(min(1.0, 0.5 * calibration.scale("m"))), 1.0]
+
+
+def test_a_depth_without_evidence_is_presumed_to_fare_as_its_source_did():
+    """The deep end of a long match, never verified yet, takes the acceptance its source and match bucket earned at
+    the depths that were: it is not ranked out for want of evidence."""
+    learned = OriginAcceptance()
+    for _ in range(30):
+        learned.record([(("sam-dynamic", 6, depth, 0), True) for depth in (1, 2, 3)])
+        learned.record([(("sam-dynamic", 1, 1, 0), False)])
+    assert learned.conditional(("sam-dynamic", 6, 9, 0)) > 0.85  # deep, long match: as its first three did
+    assert learned.conditional(("sam-dynamic", 1, 4, 0)) < 0.2  # a one-token match's deeper nodes: as it did
+    assert learned.conditional(("recycle", 0, 1, 0)) == 0.5  # nothing known: the prior

@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from .. import kernels
 from ..errors import SpecdecError
 from ..target_model.verify.check_outcome import CheckOutcome
 from ..target_model.verify.exact_setup import choose_forward
@@ -334,11 +335,23 @@ def _read_back(logits: torch.Tensor, greedy: bool, topk: bool) -> tuple[Optional
     the logits' device in one transfer; sampling: (None, None), read by the sampling rules themselves."""
     if not greedy:
         return None, None
-    picked = logits.argmax(dim=-1, keepdim=True)  # [k+1, 1]
-    if topk:
-        picked = torch.cat([picked, torch.topk(logits, min(SCORED_TOPK, logits.shape[-1]), dim=-1).indices], dim=1)
+    if _kernel_reads(logits):  # the kernels' one pass: argmax (the first maximum, as torch's) and top 8 together
+        picked = kernels.top_tokens(logits, min(SCORED_TOPK, logits.shape[-1]) if topk else 1)  # [k+1, 1 or 8]
+        picked = torch.cat([picked[:, :1], picked], dim=1) if topk else picked
+    else:
+        picked = logits.argmax(dim=-1, keepdim=True)  # [k+1, 1]
+        if topk:
+            picked = torch.cat([picked, torch.topk(logits, min(SCORED_TOPK, logits.shape[-1]), dim=-1).indices],
+                               dim=1)
     rows = picked.tolist()  # the one read
     return [row[0] for row in rows], ([row[1:] for row in rows] if topk else None)
+
+
+def _kernel_reads(logits: torch.Tensor) -> bool:
+    """Whether the kernels read this block's choices: float32 rows in CPU memory, a vocabulary of SCORED_TOPK or
+    more (the GPU's, and other dtypes, are torch's)."""
+    return (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
+            and logits.shape[-1] >= SCORED_TOPK and logits.is_contiguous() and kernels.available())
 
 
 def trim(draft: Draft, length: int) -> Draft:

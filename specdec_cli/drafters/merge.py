@@ -11,10 +11,13 @@ size. The score of a node is the largest over the sources that proposed it of
     score(parent) x P(accepted | parent accepted; its origin)
 
 where a node's origin is (source, match-length bucket of a retrieval draft, depth, rank among its siblings in
-its source's own draft), and `OriginAcceptance` learns that conditional from every verified step (decayed, with
-a prior): a one-token match that the target rarely follows ranks below Token Recycling's first guess, a long
-match ranks above everything. The scores travel with the draft (`Draft.confidence`): their sum over a prefix is
-the expected accepted path length of verifying it, which is what the planner weighs against the cost curve.
+its source's own draft), and `OriginAcceptance` learns that conditional from every verified step (decayed): a
+one-token match that the target rarely follows ranks below Token Recycling's first guess, a long match ranks
+above everything. Its estimate backs off from depth to the source: a depth with little evidence of its own is
+presumed to fare as the same source and match bucket fared at every depth (itself starting from a fixed prior),
+so the deep end of a long match is not ranked out, never verified and never learned about. The scores travel
+with the draft (`Draft.confidence`): their sum over a prefix is the expected accepted path length of verifying
+it, which is what the planner weighs against the cost curve.
 
 Pure bookkeeping: nothing here drafts, verifies or times anything. The accept/reject rule never sees scores.
 """
@@ -42,28 +45,37 @@ def match_bucket(match_len: int) -> int:
     return 0 if match_len <= 0 else min(1 + int(math.log2(match_len)), 6)
 
 
+def any_depth(origin: Origin) -> tuple[str, int, int]:
+    """The origin without its depth: (source, match bucket, rank), whose record backs off a depth's."""
+    return origin[0], origin[1], origin[3]
+
+
 @dataclass
 class OriginAcceptance:
-    """P(a node is accepted | its parent was), per origin: decayed counts with a prior."""
+    """P(a node is accepted | its parent was), per origin: decayed counts, backing off to the origin at any depth,
+    then to a fixed prior."""
 
-    seen: dict = field(default_factory=dict)  # origin -> decayed verifications with the parent accepted
-    kept: dict = field(default_factory=dict)  # origin -> decayed acceptances
+    seen: dict = field(default_factory=dict)  # origin, or any_depth(origin) -> decayed verifications (parent kept)
+    kept: dict = field(default_factory=dict)  # the same keys -> decayed acceptances
 
     def conditional(self, origin: Origin) -> float:
         prior = PRIOR_FIRST if origin[3] == 0 else PRIOR_OTHER
-        return (self.kept.get(origin, 0.0) + prior * PRIOR_WEIGHT) / (self.seen.get(origin, 0.0) + PRIOR_WEIGHT)
+        for key in (any_depth(origin), origin):  # each level's estimate is the next one's prior
+            prior = (self.kept.get(key, 0.0) + prior * PRIOR_WEIGHT) / (self.seen.get(key, 0.0) + PRIOR_WEIGHT)
+        return prior
 
     def record(self, outcomes: Sequence[tuple[Origin, bool]]) -> None:
         """One step's verified nodes whose parents were accepted: (origin, accepted)."""
         if not outcomes:
             return
         for table in (self.seen, self.kept):
-            for origin in table:
-                table[origin] *= DECAY
+            for key in table:
+                table[key] *= DECAY
         for origin, accepted in outcomes:
-            self.seen[origin] = self.seen.get(origin, 0.0) + 1.0
-            if accepted:
-                self.kept[origin] = self.kept.get(origin, 0.0) + 1.0
+            for key in (origin, any_depth(origin)):
+                self.seen[key] = self.seen.get(key, 0.0) + 1.0
+                if accepted:
+                    self.kept[key] = self.kept.get(key, 0.0) + 1.0
 
 
 @dataclass(frozen=True)

@@ -404,6 +404,19 @@ def soft_cap_(x: torch.Tensor, cap: float) -> torch.Tensor:
     return x
 
 
+def top_tokens(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Each row's `k` (1-16) largest logits' ids, largest first, ties to the lower id and NaN largest, as int64
+    [rows, k]: column 0 is `logits.argmax(-1)`, the first maximum. logits: contiguous float32 [rows, vocab]."""
+    kernel = _require()
+    if logits.dim() != 2:
+        raise refuse("top_tokens", "logits must be [rows, vocab]", logits)
+    dense = Dense(logits, F32, "top_tokens", "logits")
+    rows, vocab = dense.shape
+    out = torch.empty(rows, k, dtype=torch.int32)
+    kernel.top_tokens(dense.address, rows, vocab, k, out.data_ptr())
+    return out.long()
+
+
 def peak(path: str, seconds: float = 0.05) -> float:
     """One thread's multiply-adds a second on path `path`'s dot-product instruction alone (for benchmarks); nan
     where the build has no such measure."""

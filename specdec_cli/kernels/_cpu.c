@@ -65,6 +65,8 @@
  *       SiLU(gate) * up, GeLU-tanh(gate) * up and cap * tanh(x / cap) in place. Each row is computed alone, on
  *       the calling thread (soft_cap: pieces of a long call on the pool); the last two give every element the
  *       same bits on every path and wherever it sits (see "elementwise functions" in csrc/elementwise.c).
+ *   top_tokens(logits, rows, vocab, k, out)
+ *       each row's k (<= 16) largest logits' ids, largest first, ties to the lower id (column 0: torch.argmax's).
  *   repack_gguf(kind, rows, n, row_bytes, k, records)
  *       a GGUF tensor's rows (ggml's blocks as in the file) into a packed kind's records, byte for byte.
  *   set_threads(n), threads(), isa(), isas(), set_isa(name), record_bytes(kind, k), peak(isa)
@@ -91,6 +93,7 @@
  *   csrc/attention_avx512.c   attention's 512-bit steps (avx512vnni)
  *   csrc/elementwise.c        the per-row steps: norms, rotary, cache rows, SiLU/GeLU gating, soft-capping
  *   csrc/peak.c               the vector paths' arithmetic peak (a benchmark's yardstick)
+ *   csrc/top_tokens.c         each row's largest logits' ids (a verify step's argmax and top 8)
  * Not here (this file): any kernel's arithmetic.
  */
 #define PY_SSIZE_T_CLEAN
@@ -278,6 +281,24 @@ static PyObject *py_soft_cap(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_top_tokens(PyObject *self, PyObject *args)
+{
+    Py_ssize_t logits, rows, vocab, k, out;
+    if (!PyArg_ParseTuple(args, "nnnnn", &logits, &rows, &vocab, &k, &out))
+        return NULL;
+    if (rows < 1 || vocab < 1 || k < 1 || k > 16 || k > vocab) {
+        PyErr_SetString(PyExc_ValueError, "top_tokens: rows and vocab must be >= 1, k in 1..min(16, vocab)");
+        return NULL;
+    }
+    int path = isa_path, status;
+    Py_BEGIN_ALLOW_THREADS
+    status = cpu_top_tokens(path, (const float *)logits, rows, vocab, k, (int32_t *)out);
+    Py_END_ALLOW_THREADS
+    if (status == -2)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_peak(PyObject *self, PyObject *args)
 {
     const char *name;
@@ -377,6 +398,8 @@ static PyMethodDef methods[] = {
     {"silu_mul", py_silu_mul, METH_VARARGS, "silu_mul(gate_up, rows, ffn, out)"},
     {"gelu_tanh_mul", py_gelu_tanh_mul, METH_VARARGS, "gelu_tanh_mul(gate_up, rows, ffn, out): GeLU-tanh(gate) * up"},
     {"soft_cap", py_soft_cap, METH_VARARGS, "soft_cap(x, count, cap): x = cap * tanh(x / cap) in place"},
+    {"top_tokens", py_top_tokens, METH_VARARGS,
+     "top_tokens(logits, rows, vocab, k, out): each row's k largest ids, largest first (int32 out [rows, k])"},
     {"rms_norm_heads", py_rms_norm_heads, METH_VARARGS,
      "rms_norm_heads(x, rows, row_stride, heads, head_dim, weight, eps): each head of every row, in place"},
     {"attention", py_attention, METH_VARARGS, "row-invariant attention over each row's own keys (pointers as ints)"},

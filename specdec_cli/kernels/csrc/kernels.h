@@ -366,6 +366,10 @@ void cpu_store_rows(const float *src, long rows, long row_stride, long heads, lo
                     long pos_stride, long start);
 void cpu_silu_mul(int path, const float *gate_up, long rows, long ffn, float *out);
 void cpu_gelu_tanh_mul(int path, const float *gate_up, long rows, long ffn, float *out);
+/* Each row's k (<= 16) largest logits' ids, largest first, ties to the lower id, NaN largest (top_tokens.c):
+ * column 0 is torch.argmax's first maximum. 0, or -1 for a bad k, -2 when memory runs out. */
+int cpu_top_tokens(int path, const float *logits, long rows, long vocab, long k, int32_t *out);
+
 void cpu_soft_cap(int path, float *x, long count, float cap);
 void cpu_soft_cap_portable(float *x, long count, float cap); /* attention.c soft-caps its scores with these */
 void cpu_soft_cap_avx2(float *x, long count, float cap);     /* x86 only */
