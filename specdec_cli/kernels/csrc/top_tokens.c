@@ -1,5 +1,5 @@
 /*
- * Each row's highest logits: the ids of its `k` largest values (k <= TOP_MAX), largest first, a tie going to the
+ * top_tokens.c: each row's highest logits: the ids of its `k` largest values (k <= TOP_MAX), largest first, a tie going to the
  * lower id; a NaN counts as larger than any number, as torch.argmax counts it. So column 0 is torch.argmax's
  * answer, the first maximum, bit for bit, on every path. A verify step reads the target's choice (and, for a
  * drafter that asks, its top 8) at every row of a block; torch's argmax and topk over a 152k vocabulary cost
