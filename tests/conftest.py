@@ -428,3 +428,14 @@ def chi_square(counts, expected_probs):
     keep = wanted > 0
     statistic = float(((observed[keep] - wanted[keep]) ** 2 / wanted[keep]).sum())
     return statistic, int(keep.sum()) - 1
+
+
+@pytest.fixture
+def kernel_settings():
+    """The kernels' thread count and instruction-set path as they were, restored after a test that changes them."""
+    from specdec_cli import kernels
+
+    before = kernels.threads()
+    yield
+    kernels.set_threads(before)
+    kernels.force_isa(None)

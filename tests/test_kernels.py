@@ -12,7 +12,8 @@ import torch
 
 from specdec_cli import kernels
 
-pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
+pytestmark = [pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled"),
+              pytest.mark.usefixtures("kernel_settings")]  # threads and path restored after each test
 
 
 def _quantized_rows(x: torch.Tensor) -> torch.Tensor:
@@ -39,14 +40,6 @@ def _random_blocks(kind: int, n: int, k: int, seed: int = 0):
 
 
 ALL_KINDS = sorted(set(kernels.KINDS) - set(kernels.PACKED))  # packed kinds: test_packed_kernels.py
-
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    before = kernels.threads()
-    yield
-    kernels.set_threads(before)
-    kernels.force_isa(None)
 
 
 def _reference(kind: int, x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:

@@ -18,19 +18,12 @@ import torch
 from specdec_cli import kernels
 from specdec_cli.kernels import packed
 
-pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
+pytestmark = [pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled"),
+              pytest.mark.usefixtures("kernel_settings")]  # threads and path restored after each test
 
 PACKED_KINDS = sorted(packed.PACKED)
 GGUF_BYTES_PER_BLOCK = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176,
                         "Q6_K": 210, "IQ4_NL": 18, "IQ4_XS": 136}  # ggml's (gguf.constants.GGML_QUANT_SIZES)
-
-
-@pytest.fixture(autouse=True)
-def _restore():
-    before = kernels.threads()
-    yield
-    kernels.set_threads(before)
-    kernels.force_isa(None)
 
 
 def _random_fields(kind: int, n: int, k: int, seed: int = 0, extreme: bool = False) -> packed.Fields:

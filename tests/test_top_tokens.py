@@ -12,15 +12,8 @@ import torch
 
 from specdec_cli import kernels
 
-pytestmark = pytest.mark.skipif(not kernels.available(), reason="the C kernels are not built")
-
-
-@pytest.fixture(autouse=True)
-def _restore():
-    before = kernels.threads()
-    yield
-    kernels.set_threads(before)
-    kernels.force_isa(None)
+pytestmark = [pytest.mark.skipif(not kernels.available(), reason="the C kernels are not built"),
+              pytest.mark.usefixtures("kernel_settings")]
 
 
 def _brute(row: list[float], k: int) -> list[int]:
