@@ -40,6 +40,7 @@ from .distill_stages import (
     run_generate,
     run_generate_vllm,
     run_pipeline,
+    run_self_prompts,
     show_evaluation,
     show_usage,
     stages_for_draft,
@@ -209,6 +210,38 @@ def generate(
     run_generate(loaded, target_spec(target), items, output, drafter=drafter, draft_max=draft_max, index=index,
                  draft_model=draft_model, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                  top_k=top_k, seed=seed, system=system, raw=raw, batch_prompts=batch_prompts)
+
+
+MAX_SELF_PROMPTS = 1_000_000
+
+
+@distill_app.command("prompts")
+def prompts_command(
+    output: str = typer.Option(..., "--output", "-o", help="JSONL prompts file to write (resumed if it exists); "
+                               "then `specdec distill --prompts FILE`."),
+    target: str = options.target(),
+    count: int = typer.Option(500, "--count", help="Prompts the file should hold."),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", help="Longest prompt, in tokens (a turn cut "
+                                       "there is dropped)."),
+    temperature: float = typer.Option(1.0, "--temperature", "-t", help="Sampling temperature (> 0)."),
+    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass in (0, 1]."),
+    seed: int = options.seed(0, note=" (the turn of attempt i is sampled with seed + i)"),
+    device: str = options.device(),
+    dtype: str = options.dtype(),
+    weights: str = options.weights(),
+) -> None:
+    """Have the target write training prompts of its own users' kind: its chat template's user turn, left to it."""
+    from ..distill.self_prompts import check_prompts_output
+
+    if not 1 <= count <= MAX_SELF_PROMPTS:
+        raise SpecdecError(f"--count must be in 1..{MAX_SELF_PROMPTS:,}, got {count}")
+    if not temperature > 0:
+        raise SpecdecError(f"--temperature must be > 0 (a greedy user turn is the same every time), got {temperature}")
+    config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+    config.check()
+    check_prompts_output(output)  # a file that is not this command's prompts is refused before the model loads
+    loaded = load_target(target, device, dtype, weights)
+    run_self_prompts(loaded, target_spec(target), output, count, config)
 
 
 @distill_app.command("train")

@@ -378,3 +378,31 @@ def show_usage(draft_dir: str, target_spec: str, stages: StudentStages | HeadSta
                     soft_wrap=True, markup=False)
     console().print(f"  specdec bench{target} --drafters none,{stages.bench_methods} --draft-model {draft_dir}",
                     soft_wrap=True, markup=False)
+
+
+ATTEMPTS_PER_PROMPT = 20  # `distill prompts` gives up after this many sampled turns per prompt asked for
+
+
+def run_self_prompts(loaded: Any, target_spec: str, output: str, count: int, config: Any) -> Any:
+    """`distill prompts`: the target writes user turns into `output` until it holds `count`, with a progress bar."""
+    from ..decoding.engine import Engine
+    from ..distill.self_prompts import check_prompts_output, write_prompts
+
+    check_prompts_output(output, tokenizer_fingerprint(loaded.tokenizer))  # before any progress display
+    engine = Engine(loaded.model, loaded.tokenizer)
+    with progress_bars("info") as progress:
+        task = progress.add_task("Writing prompts", total=count, info="")
+
+        def on_progress(update: Any) -> None:
+            progress.update(task, completed=update.kept, info=f"{update.attempts} sampled · "
+                            f"{3600 * update.attempts / max(update.seconds, 1e-9):,.0f} turns/h")
+
+        with doing("writing prompts", f"the prompts written are kept in {output} (run again to go on)"):
+            result = write_prompts(engine, loaded.tokenizer, target_spec, output, count=count, config=config,
+                                   on_progress=on_progress, max_attempts=ATTEMPTS_PER_PROMPT * count)
+    if result.kept < count:
+        tell(f"[yellow]warning:[/yellow] {ATTEMPTS_PER_PROMPT * count} turns sampled and {result.kept} of {count} "
+             "prompts kept: the model rarely ends a user turn within --max-new-tokens, or repeats itself")
+    tell(f"{output}: {result.kept} prompts ({result.attempts} turns sampled in {result.seconds:.0f} s, "
+         f"{3600 * (result.kept) / max(result.seconds, 1e-9):,.0f} kept an hour at this rate)")
+    return result

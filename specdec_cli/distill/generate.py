@@ -84,7 +84,7 @@ class GenerateSummary:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def _repair_tail(file: Path) -> None:
+def repair_tail(file: Path) -> None:
     """Drop a last line without its newline (a row cut short by a crash) so appends stay one row a line."""
     if not file.exists() or file.stat().st_size == 0:
         return
@@ -141,7 +141,12 @@ def check_data_output(out_path: str, fingerprint: Optional[str] = None, target_n
 
 
 def append_row(file: Path, row: DataRow) -> None:
-    line = json.dumps(row.as_json(), ensure_ascii=False) + "\n"
+    append_row_json(file, row.as_json())
+
+
+def append_row_json(file: Path, row: dict) -> None:
+    """One JSONL row appended and fsynced (a crash loses at most the row being written)."""
+    line = json.dumps(row, ensure_ascii=False) + "\n"
     with open(file, "a", encoding="utf-8") as handle:
         handle.write(line)
         handle.flush()
@@ -254,7 +259,7 @@ class _RowWriter:
         self.warnings: list[str] = []
         self.file = check_data_output(out_path, fingerprint, target_name)  # before anything is changed
         self.lock = lock_output(self.file)  # held while this writer lives: two runs would answer every prompt twice
-        _repair_tail(self.file)
+        repair_tail(self.file)
         self.existing = read_rows(str(self.file), fingerprint, target_name, allow_empty=True, warnings=self.warnings)
         answered = {str(row.get("prompt")) for row in self.existing}
         self.prompts = prompts
