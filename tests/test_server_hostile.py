@@ -210,7 +210,7 @@ def test_connections_past_the_limit_are_answered_503_at_once(tiny_session, no_tr
 
 
 def test_headers_that_do_not_arrive_in_time_close_the_connection(tiny_session, no_tracebacks):
-    with serving(tiny_session, timeout=0.5) as server:
+    with serving(tiny_session, timeout=2.0) as server:
         half = _send(server.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
         silent = _send(server.port, b"")  # says nothing at all
         assert _read_all(half) == b"" and _read_all(silent) == b""  # closed by the server, not by the guard

@@ -42,6 +42,11 @@ class Draft:
     def is_chain(self) -> bool:
         return self.parents is None
 
+    @property
+    def node_parents(self) -> list[int]:
+        """Every node's parent index, a chain's too (-1, 0, 1, ...)."""
+        return list(range(-1, len(self.tokens) - 1)) if self.parents is None else list(self.parents)
+
     def __len__(self) -> int:
         return len(self.tokens)
 

@@ -335,14 +335,12 @@ def _read_back(logits: torch.Tensor, greedy: bool, topk: bool) -> tuple[Optional
     the logits' device in one transfer; sampling: (None, None), read by the sampling rules themselves."""
     if not greedy:
         return None, None
-    if _kernel_reads(logits):  # the kernels' one pass: argmax (the first maximum, as torch's) and top 8 together
-        picked = kernels.top_tokens(logits, min(SCORED_TOPK, logits.shape[-1]) if topk else 1)  # [k+1, 1 or 8]
-        picked = torch.cat([picked[:, :1], picked], dim=1) if topk else picked
-    else:
-        picked = logits.argmax(dim=-1, keepdim=True)  # [k+1, 1]
-        if topk:
-            picked = torch.cat([picked, torch.topk(logits, min(SCORED_TOPK, logits.shape[-1]), dim=-1).indices],
-                               dim=1)
+    if _kernel_reads(logits):  # the kernels' one pass: column 0 the argmax (the first maximum, as torch's)
+        best = kernels.top_tokens(logits, SCORED_TOPK if topk else 1).tolist()  # [k+1, 8 or 1]
+        return [row[0] for row in best], (best if topk else None)
+    picked = logits.argmax(dim=-1, keepdim=True)  # [k+1, 1]
+    if topk:
+        picked = torch.cat([picked, torch.topk(logits, min(SCORED_TOPK, logits.shape[-1]), dim=-1).indices], dim=1)
     rows = picked.tolist()  # the one read
     return [row[0] for row in rows], ([row[1:] for row in rows] if topk else None)
 

@@ -379,19 +379,19 @@ class DraftPlanner:
             keep = self.acceptance.plan(key, self.draft_costs.charged(cost, source), longest)
         else:
             keep = self.acceptance.plan_tree(source, cost, longest)
-        plain_seconds = self.rates.plain_step_seconds(curve(1))
-        if keep and self.rates.losing(source, plain_seconds) and self.rates.hold_back(source):
-            keep = 0
-        return keep
+        return self._unless_benched(source, keep)
 
     def _decide_by_confidence(self, draft: "Draft", longest: int, budget: int) -> int:
         assert draft.confidence is not None
         cost = self.draft_costs.charged(self.curve.envelope(self._max_rows(budget)), draft.source)
         keep = choose_prefix(self.calibration.calibrated(draft.source, draft.confidence), cost, longest)
-        keep = self.acceptance.probe_if_idle((draft.source, "confidence"), keep)
+        return self._unless_benched(draft.source, self.acceptance.probe_if_idle((draft.source, "confidence"), keep))
+
+    def _unless_benched(self, source: str, keep: int) -> int:
+        """`keep`, or 0 while the source's verified steps run slower than plain decoding (probed now and then)."""
         plain_seconds = self.rates.plain_step_seconds(self.curve(1))
-        if keep and self.rates.losing(draft.source, plain_seconds) and self.rates.hold_back(draft.source):
-            keep = 0
+        if keep and self.rates.losing(source, plain_seconds) and self.rates.hold_back(source):
+            return 0
         return keep
 
     def _max_rows(self, budget: int) -> int:

@@ -86,7 +86,7 @@ class MergedDraft:
 
 def node_origins(draft: Draft) -> list[Origin]:
     """Each node's origin in its own draft: its depth, and its rank among the siblings listed before it."""
-    parents = draft.parents if draft.parents is not None else list(range(-1, len(draft) - 1))
+    parents = draft.node_parents
     bucket = match_bucket(draft.match_len)
     depths: list[int] = []
     children: dict[int, int] = {}
@@ -113,7 +113,7 @@ def merge_drafts(drafts: Sequence[Draft], learned: OriginAcceptance, budget: int
         if not len(draft):
             continue
         sources.append(draft.source)
-        draft_parents = draft.parents if draft.parents is not None else list(range(-1, len(draft) - 1))
+        draft_parents = draft.node_parents
         trie_node: list[int] = []  # draft node -> trie node
         path_score: list[float] = []  # draft node -> its path's score by this source
         for index, (token, origin) in enumerate(zip(draft.tokens, node_origins(draft))):
@@ -167,7 +167,7 @@ class DraftMerger:
         if event.kind != "step" or last is None or not len(verified) or \
                 verified.tokens != last.draft.tokens[: len(verified)]:
             return
-        parents = verified.parents if verified.parents is not None else list(range(-1, len(verified) - 1))
+        parents = verified.node_parents
         accepted = set(event.accepted_path)
         outcomes = [(origin, node in accepted)
                     for node, parent in enumerate(parents) if parent < 0 or parent in accepted

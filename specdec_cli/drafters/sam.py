@@ -83,7 +83,7 @@ class SamDrafter:
         self.frequent = frequent  # static drafts: the continuation most occurrences take, not the earliest's
         self.vocab_size = vocab_size  # ids at or above it are refused (0: not known; negative ones always are)
         self.needs = NOTHING if aux is None else aux.needs  # the automata read tokens only; the auxiliary may not
-        self.merger = DraftMerger() if aux is not None else None
+        self.merger = DraftMerger()  # what the automata's and the auxiliary's drafts earned (with an auxiliary)
         self._restart()
 
     def reset(self) -> None:
@@ -125,7 +125,6 @@ class SamDrafter:
     def observe(self, event: StepEvent) -> None:
         if self.aux is not None:
             self.aux.observe(event)
-        if self.merger is not None:
             self.merger.observe(event)
         if event.kind == "prefill":
             self._sync(event.prompt_tokens)
@@ -141,7 +140,7 @@ class SamDrafter:
         if len(context) != len(self.dynamic.text):  # called without the events, or they were missed
             self._sync(context)
         own = self._own_draft(budget)
-        if self.aux is None or self.merger is None:
+        if self.aux is None:
             return own
         return self.merger.merge([own, self.aux.propose(context, budget)], budget)
 

@@ -29,9 +29,10 @@ def protocol_class(max_connections: int, timeout: float) -> type:
     """uvicorn's h11 protocol with a connection limit and a deadline for request headers."""
 
     class LimitedH11Protocol(H11Protocol):
+        _header_deadline: Optional[asyncio.TimerHandle] = None  # set while a request's headers are awaited
+
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            self._header_deadline: Optional[asyncio.TimerHandle] = None
             if len(self.connections) > max_connections:
                 transport.write(BUSY % (len(BUSY_BODY), BUSY_BODY))
                 transport.close()
@@ -58,8 +59,8 @@ def protocol_class(max_connections: int, timeout: float) -> type:
             self._header_deadline = self.loop.call_later(timeout, self._too_slow)
 
         def _headers_arrived(self) -> None:
-            if getattr(self, "_header_deadline", None) is not None:
-                self._header_deadline.cancel()  # type: ignore[union-attr]
+            if self._header_deadline is not None:
+                self._header_deadline.cancel()
                 self._header_deadline = None
 
         def _too_slow(self) -> None:

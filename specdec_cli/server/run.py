@@ -40,7 +40,7 @@ class Server:
                                 log_config=None, access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=GRACE_SECONDS,
                                 http=protocol_class(settings.max_connections, settings.timeout))
-        worker = self.worker
+        server, worker = self, self.worker
         self.signal: Optional[str] = None  # the signal that stopped `run`
 
         class Uvicorn(uvicorn.Server):
@@ -54,7 +54,6 @@ class Server:
                 if isinstance(captured, list):  # uvicorn would raise it again once stopped: a stop is no error here
                     captured.clear()
 
-        server = self
         self.uvicorn = Uvicorn(config)
         self.sockets = [sock] if sock is not None else None
         self._thread: Optional[threading.Thread] = None

@@ -99,12 +99,10 @@ class WaitingJobs:
                     return self._jobs.popleft()
                 self._changed.wait()
 
-    def withdraw(self, job: Job) -> None:
-        """A waiting job whose client left: out of the queue, its request told (the handler returns)."""
+    def drop_cancelled(self) -> None:
+        """Jobs whose clients left: out of the queue now, their requests told (their handlers return)."""
         with self._changed:
-            if job in self._jobs:
-                self._jobs.remove(job)
-                job.send("cancelled")
+            self._drop_cancelled()
 
     def close(self) -> list[Job]:
         """Take no more; the jobs still waiting, handed back."""
@@ -168,7 +166,7 @@ class Worker:
     def withdraw(self, job: Job) -> None:
         """The job's client went away: cancel it, and free its place if it still waits."""
         job.cancel()
-        self.jobs.withdraw(job)
+        self.jobs.drop_cancelled()
 
     def submit(self, job: Job) -> None:
         """Queue a job, or refuse it (429) when the queue is full."""
