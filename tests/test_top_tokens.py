@@ -71,13 +71,13 @@ def test_bad_arguments_are_refused():
 
 
 def test_the_engines_read_back_is_torchs():
-    from specdec_cli.decoding.engine import _read_back
+    from specdec_cli.decoding.engine import read_back
 
     generator = torch.Generator().manual_seed(1)
     logits = torch.randn(6, 3000, generator=generator)
     logits[2, :] = 0.0  # all tied: id 0
-    argmax, top = _read_back(logits, greedy=True, topk=True)
+    argmax, top = read_back(logits, greedy=True, topk=True)
     assert argmax == logits.argmax(dim=-1).tolist() and argmax[2] == 0
     assert [row[0] for row in top] == argmax and all(len(row) == 8 for row in top)
-    assert _read_back(logits, greedy=True, topk=False) == (argmax, None)
-    assert _read_back(logits.double(), greedy=True, topk=False) == (argmax, None)  # torch's, for other dtypes
+    assert read_back(logits, greedy=True, topk=False) == (argmax, None)
+    assert read_back(logits.double(), greedy=True, topk=False) == (argmax, None)  # torch's, for other dtypes

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from ..defaults import DEFAULT_BATCH_PROMPTS, DEFAULT_TARGET, DEFAULT_VLLM_CONCURRENCY
+from ..defaults import DEFAULT_BATCH_PROMPTS, DEFAULT_BATCH_PROMPTS_BLOCKS, DEFAULT_TARGET, DEFAULT_VLLM_CONCURRENCY
 from ..distill import evaluate as scoring
 from ..distill.checkpoints import check_output_dir
 from ..distill.eagle_evaluate import EAGLE_RUNS, evaluate_head
@@ -72,8 +72,8 @@ def run_generate(loaded: Any, target_spec: str, prompts: list, data: str, *, dra
                  top_p: float, top_k: int, seed: int, system: Optional[str], raw: bool,
                  batch_prompts: Optional[int] = 1) -> Any:
     check_data(loaded, target_spec, data, allow_empty=True)  # before any progress display
-    if batch_prompts is None:  # block weights: one by one, exact and as fast (docs/measurements.md)
-        batch_prompts = DEFAULT_BATCH_PROMPTS if loaded.weights == "dense" else 1
+    if batch_prompts is None:  # block weights: many answers a forward, each the one it is alone (batch_greedy.py)
+        batch_prompts = DEFAULT_BATCH_PROMPTS if loaded.weights == "dense" else DEFAULT_BATCH_PROMPTS_BLOCKS
     options = DrafterOptions(index=index, draft_model=draft_model)
     with answering_progress(len(prompts), data) as on_progress:
         summary = generate_data(

@@ -16,7 +16,14 @@ from typing import Any, Optional, Sequence
 
 import typer
 
-from ..defaults import DEFAULT_AUX, DEFAULT_BATCH_PROMPTS, DEFAULT_BUDGET, DEFAULT_TARGET, DEFAULT_VLLM_CONCURRENCY
+from ..defaults import (
+    DEFAULT_AUX,
+    DEFAULT_BATCH_PROMPTS,
+    DEFAULT_BATCH_PROMPTS_BLOCKS,
+    DEFAULT_BUDGET,
+    DEFAULT_TARGET,
+    DEFAULT_VLLM_CONCURRENCY,
+)
 from ..device import DECODERS
 from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, DEFAULT_UNROLL, MAX_UNROLL
 from ..distill.loss import KD_LOSSES
@@ -235,9 +242,10 @@ def batch_prompts() -> Any:
     """--batch-prompts: how many prompts `distill` answers per forward (1 = one by one, speculatively)."""
     return typer.Option(None, "--batch-prompts", help="Prompts answered together, greedily, one forward per token "
                         "for all of them; 1 = one by one through the speculative engine with --drafter, as sampling "
-                        f"needs (default: {DEFAULT_BATCH_PROMPTS} for dense weights; 1 for block weights, whose "
-                        "kernels gain nothing from batches, and with --temperature > 0; with --engine vllm: requests "
-                        f"in flight, default {DEFAULT_VLLM_CONCURRENCY}).")
+                        f"needs (default: {DEFAULT_BATCH_PROMPTS} for dense weights; {DEFAULT_BATCH_PROMPTS_BLOCKS} "
+                        "for block weights, at most 32, each answer bit-identical to one by one; 1 with "
+                        f"--temperature > 0; with --engine vllm: requests in flight, default "
+                        f"{DEFAULT_VLLM_CONCURRENCY}).")
 
 
 def answer_engine() -> Any:

@@ -110,7 +110,8 @@ class Engine:
 
         started = time.perf_counter()
         # Prefill: the prompt (what the cache does not hold yet); its last logits give the first new token.
-        logits, features = self._prefill(context, cache, cached, needs.features)  # [1, vocab], [prompt, hidden]|None
+        # [1, vocab], [prompt, hidden] or None
+        logits, features = prefill(self.forward, context, cache, cached, needs.features)
         first = self._choose(logits[-1], generator, config)
         ttft = time.perf_counter() - started
         finish, committed, text_end = self._commit(context, new_tokens, [first], eos, config)
@@ -143,7 +144,7 @@ class Engine:
             # 3. Accept: the longest acceptable path, then the target's own token after it. Greedy, what the
             #    step reads back from the target's device (the argmax, and the top tokens a drafter asks for) is
             #    one read: on a GPU, the step's one host synchronisation.
-            read = _read_back(logits, config.greedy, needs.scored_topk)
+            read = read_back(logits, config.greedy, needs.scored_topk)
             path, target_token = self._accept(draft, logits, config, generator, read[0])
             # 4. Commit the accepted drafts + the correction/bonus token; roll the cache back to match.
             finish, committed, text_end = self._commit(
@@ -169,25 +170,6 @@ class Engine:
         if prompt_cache is not None and not static:
             prompt_cache.keep(cache, context[:-1])  # the invariant: every committed token but the newest
         return Generation(new_tokens, finish, stats, events, text_end, cached)
-
-    def _prefill(self, prompt: list[int], cache: Any, cached: int, features: bool) -> tuple[torch.Tensor, Any]:
-        """The prompt after its `cached` first tokens; the last row's logits [1, vocab] and, when asked, the
-        features of the rows computed. Where the forward is row-invariant (exact verification), in blocks of at
-        most its row-invariant size, from the first token or after the cached ones: every entry is then the one any
-        block computes, so an answer depends on its tokens alone, never on what a prompt cache held nor on which
-        command asked (a long prompt's one forward rounds otherwise: its attention is torch's, not the kernels').
-        Elsewhere, in one forward."""
-        size = self.forward.rows
-        if not cached and not size:
-            return self.forward(prompt, cache, 0, last_only=True, features=features)
-        size = size or len(prompt)
-        rows: list[torch.Tensor] = []
-        for start in range(cached, len(prompt), size):
-            logits, hidden = self.forward(prompt[start : start + size], cache, start, last_only=True,
-                                          features=features)
-            if hidden is not None:
-                rows.append(hidden)
-        return logits, torch.cat(rows) if rows else None
 
     def _checked(self, prompt_ids: Sequence[int], config: GenerationConfig) -> tuple[GenerationConfig, Optional[int]]:
         """The settings checked, the answer bounded by the model's context; and that context's length, if known."""
@@ -330,7 +312,7 @@ def _generator(config: GenerationConfig) -> Optional[torch.Generator]:
     return generator
 
 
-def _read_back(logits: torch.Tensor, greedy: bool, topk: bool) -> tuple[Optional[list[int]], Optional[list[list[int]]]]:
+def read_back(logits: torch.Tensor, greedy: bool, topk: bool) -> tuple[Optional[list[int]], Optional[list[list[int]]]]:
     """Greedy: (each row's argmax [k+1], each row's top SCORED_TOPK tokens [k+1, 8] where `topk`), read back from
     the logits' device in one transfer; sampling: (None, None), read by the sampling rules themselves."""
     if not greedy:
@@ -360,6 +342,27 @@ def trim(draft: Draft, length: int) -> Draft:
     p_draft = None if draft.p_draft is None else draft.p_draft[:length]
     confidence = None if draft.confidence is None else draft.confidence[:length]
     return Draft(draft.tokens[:length], draft.source, parents, p_draft, draft.match_len, confidence)
+
+
+def prefill(forward: Any, prompt: Sequence[int], cache: Any, cached: int = 0,
+            features: bool = False) -> tuple[torch.Tensor, Any]:
+    """The prompt after its `cached` first tokens; the last row's logits [1, vocab] and, when asked, the features
+    of the rows computed. Where the forward is row-invariant (exact verification), in blocks of at most its
+    row-invariant size, from the first token or after the cached ones: every entry is then the one any block
+    computes, so an answer depends on its tokens alone, never on what a prompt cache held nor on which command
+    asked (a long prompt's one forward rounds otherwise: its attention is torch's, not the kernels'). Elsewhere,
+    in one forward."""
+    prompt = list(prompt)
+    size = forward.rows
+    if not cached and not size:
+        return forward(prompt, cache, 0, last_only=True, features=features)
+    size = size or len(prompt)
+    rows: list[torch.Tensor] = []
+    for start in range(cached, len(prompt), size):
+        logits, hidden = forward(prompt[start : start + size], cache, start, last_only=True, features=features)
+        if hidden is not None:
+            rows.append(hidden)
+    return logits, torch.cat(rows) if rows else None
 
 
 def context_limit(config: Any) -> Optional[int]:

@@ -9,7 +9,7 @@ the cache back once a generation finished. A generation that fails or is stopped
 may hold entries of rows that were never committed): the next prompt is computed whole.
 
 Where the forward is row-invariant (block weights, `--exact`), the engine computes every prompt, cached or not, in
-blocks of at most its row-invariant size (engine.py, `_prefill`), from the first token or after the cached ones:
+blocks of at most its row-invariant size (engine.py, `prefill`), from the first token or after the cached ones:
 an entry is then the same whichever block computed it, so an answer depends only on its tokens, never on what the
 cache held, and `chat`, `serve`, `bench` and `chat --compare` give the same answer to the same prompt. This file
 keeps entries; the engine computes them (engine.py) and the rollback helpers cut them (target_model/verify/rollback.py).

@@ -1,7 +1,9 @@
 """Greedy answers for many prompts at once: one target forward per step for a whole batch (Seq-KD data).
 
 On a CPU a forward over many rows costs little more than over one (the weights are read once), so answering
-16-32 prompts together writes many times the tokens per second of answering them one by one. Prompts of a
+16-32 prompts together writes many times the tokens per second of answering them one by one. On block weights
+(the native decoder) the batch is decoding/batch_greedy.py's: every answer bit-identical to one by one, at
+most 32 open at once. On a transformers model (dense weights), prompts of a
 batch are left-padded to one length; an attention mask hides the padding and explicit position ids start each
 prompt at 0, so every row computes what it would alone up to rounding: a matrix product over more rows may
 sum in another order, and at a near-tie of two tokens the argmax can differ from one-by-one decoding (both are
@@ -13,15 +15,11 @@ writing rows (generate.py does, one per finished answer).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-
-@dataclass(frozen=True)
-class BatchAnswer:
-    index: int  # position of the prompt in the list given
-    tokens: list[int]  # the answer, its EOS included when the model wrote one
-    finish_reason: str  # "eos" or "length"
+from ..decoding.batch_greedy import MAX_WIDTH, BatchAnswer, greedy_many
+from ..target_model.verify.exact_setup import choose_forward
+from ..target_model.verify.forward import ManyForward
 
 
 def greedy_batches(model: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eos_token_ids: Sequence[int],
@@ -30,6 +28,10 @@ def greedy_batches(model: Any, prompts: Sequence[Sequence[int]], *, max_new_toke
     called for each batch's answers as soon as the batch is done, in prompt order within the batch."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    forward = choose_forward(model)
+    if isinstance(forward, ManyForward):  # the native decoder: answers join and leave, each exact
+        return greedy_many(forward, prompts, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
+                           width=min(batch_size, MAX_WIDTH), on_answer=on_answer)
     order = sorted(range(len(prompts)), key=lambda index: len(prompts[index]))  # little padding per batch
     answers: list[BatchAnswer] = []
     for start in range(0, len(order), batch_size):

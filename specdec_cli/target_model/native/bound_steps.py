@@ -17,11 +17,10 @@ import weakref
 from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
-import torch
-
 from ... import kernels
 
 BOUND_ROW_COUNTS = 8  # row counts kept bound (prompts come in blocks of many sizes)
+BOUND_RANGES = 64  # per layer and row count, the (first, stop) row ranges whose cache calls are kept bound
 
 
 def buffers_of(decoder: Any, rows: int) -> SimpleNamespace:
@@ -42,8 +41,8 @@ def buffers_of(decoder: Any, rows: int) -> SimpleNamespace:
 def layer_steps(decoder: Any, rows: int) -> tuple[SimpleNamespace, list[SimpleNamespace]]:
     """An n-row forward's buffers, and per layer its norms, projections and activation as calls bound to them
     (checked once: a decoding step then calls them with no checks to repeat; its cache calls are bound on first
-    use, `bind_cache`). Kept per row count until a buffer is made again (NativeDecoder._rows), which drops them
-    all."""
+    use, per row range, `bind_cache`). Kept per row count until a buffer is made again (NativeDecoder._rows),
+    which drops them all."""
     bound = decoder._bound.get(rows)
     if bound is not None:
         return bound
@@ -52,7 +51,6 @@ def layer_steps(decoder: Any, rows: int) -> tuple[SimpleNamespace, list[SimpleNa
     buffers = buffers_of(decoder, rows)
     residual, h, act = buffers.residual, buffers.normed, buffers.act
     steps = []
-    no_cache = weakref.ref(torch.empty(0))  # dead at once: every layer binds its cache's calls on first use
     for layer in decoder.layers:
         activation = (kernels.bind_silu_mul(buffers.gate_up, act) if layer.act == "silu" else
                       # GeLU-tanh, every element by one formula (torch's vectorised and scalar tails differ)
@@ -65,23 +63,32 @@ def layer_steps(decoder: Any, rows: int) -> tuple[SimpleNamespace, list[SimpleNa
             gate_up=bind_project(h, layer.gate_up, buffers.gate_up),
             act=activation,
             down=bind_residual(act, layer.down, layer.post_mlp_norm, buffers, decoder.eps),
-            keys=no_cache, values=no_cache))
+            cache_calls={}))
     decoder._bound[rows] = buffers, steps
     return buffers, steps
 
 
-def bind_cache(decoder: Any, step: SimpleNamespace, buffers: SimpleNamespace, layer: Any, keys: torch.Tensor,
-               values: torch.Tensor) -> None:
-    """A layer's cache calls (storing the block's keys and values, attention) bound to its cache's buffers;
-    known by weak references, so a cache dropped or grown is bound again and never kept alive."""
-    rows = buffers.residual.rows
-    query = buffers.q_part.tensor.view(rows, decoder.heads, decoder.head_dim)  # [n, heads, head_dim]
-    attended = buffers.attended.tensor.view(rows, decoder.heads, decoder.head_dim)
-    step.store_keys = kernels.bind_store_rows(buffers.new_keys, keys)
-    step.store_values = kernels.bind_store_rows(buffers.new_values, values)
-    step.attend = kernels.bind_attention(query, keys, values, layer.scaling, float(decoder.attn_cap or 0.0),
-                                         attended)
-    step.keys, step.values = weakref.ref(keys), weakref.ref(values)
+def bind_cache(decoder: Any, step: SimpleNamespace, buffers: SimpleNamespace, layer: Any, cache: Any, first: int,
+               stop: int) -> SimpleNamespace:
+    """The cache calls of the block's rows first..stop-1 (one sequence's, in a forward over several: native.py
+    `many`): storing their keys and values in `cache`'s buffers and their attention over them. Bound once and kept
+    in the step by row range, known by weak references to the buffers, so a cache dropped or grown (or another
+    sequence's at that range) is bound again and never kept alive."""
+    keys, values = cache.key_buffer, cache.value_buffer  # [1, kv_heads, capacity, head_dim]
+    calls = step.cache_calls.get((first, stop))
+    if calls is not None and calls.keys() is keys and calls.values() is values:
+        return calls
+    if len(step.cache_calls) >= BOUND_RANGES:
+        step.cache_calls.clear()
+    rows = stop - first
+    query = buffers.q_part.tensor[first:stop].view(rows, decoder.heads, decoder.head_dim)  # [n, heads, head_dim]
+    attended = buffers.attended.tensor[first:stop].view(rows, decoder.heads, decoder.head_dim)
+    calls = step.cache_calls[(first, stop)] = SimpleNamespace(
+        store_keys=kernels.bind_store_rows(kernels.Rows(buffers.new_keys.tensor[first:stop]), keys),
+        store_values=kernels.bind_store_rows(kernels.Rows(buffers.new_values.tensor[first:stop]), values),
+        attend=kernels.bind_attention(query, keys, values, layer.scaling, float(decoder.attn_cap or 0.0), attended),
+        keys=weakref.ref(keys), values=weakref.ref(values))
+    return calls
 
 
 def bind_residual(source: kernels.Rows, layer: Any, post_norm: Optional[kernels.Dense],

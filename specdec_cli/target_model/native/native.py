@@ -52,6 +52,16 @@ from .row_keys import RowKeys, row_keys, window_keys
 ROW_INVARIANT_ROWS = 32  # blocks up to this many rows attend through the row-invariant kernel
 
 
+@dataclass
+class Part:
+    """One sequence's block in a forward (`NativeDecoder.many`): its new tokens after its own cache."""
+
+    input_ids: torch.Tensor  # [n]
+    position_ids: torch.Tensor  # [n]
+    cache: Any  # its KVCache (kv_cache.py): the block's entries are appended to it
+    attention_mask: Any = None  # None (causal), or its tree mask [1, 1, n, cached + n] (or one per layer kind)
+
+
 def decoder_for(model: Any) -> Optional["NativeDecoder"]:
     """A native decoder of the model (a new one: whoever asks keeps it), or None where `unsupported` says why."""
     return NativeDecoder(model) if unsupported(model) is None else None
@@ -303,20 +313,45 @@ class NativeDecoder:
         [1, n or logits_to_keep, vocab] and, with output_hidden_states, .hidden_states[-1] = the final normed
         states [1, n, hidden]."""
         rows = int(input_ids.shape[1])
-        positions = kernels.Dense(position_ids[0].to(torch.int32).contiguous(), torch.int32)  # [n]
+        keep = rows if not logits_to_keep else min(int(logits_to_keep), rows)
+        part = Part(input_ids[0], position_ids[0], past_key_values, attention_mask)
+        logits, final = self._forward([part], keep)
+        hidden_states = (final.unsqueeze(0),) if output_hidden_states else None
+        return SimpleNamespace(logits=logits.unsqueeze(0), hidden_states=hidden_states)
+
+    def many(self, parts: "list[Part]") -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward over several sequences' blocks, each after its own cache: every row's logits [n, vocab] and
+        final normed states [n, hidden], the parts' rows in order. Each part's rows attend over its own cache
+        only, and every other step is row-invariant, so a part's rows are the bits a forward of that part alone
+        computes (tests/test_native_many.py). Blocks up to ROW_INVARIANT_ROWS rows in all; a longer prompt is
+        computed alone (`__call__`)."""
+        if sum(int(part.input_ids.shape[0]) for part in parts) > ROW_INVARIANT_ROWS:
+            raise ValueError(f"a forward over several sequences takes at most {ROW_INVARIANT_ROWS} rows in all")
+        return self._forward(parts, 0)
+
+    def _forward(self, parts: "list[Part]", keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer loop over every part's rows: logits of the last `keep` rows (0: all) and the final states."""
+        sizes = [int(part.input_ids.shape[0]) for part in parts]
+        rows = sum(sizes)
+        keep = keep or rows
+        ranges = [(sum(sizes[:index]), sum(sizes[: index + 1])) for index in range(len(parts))]
+        ids = parts[0].input_ids if len(parts) == 1 else torch.cat([part.input_ids for part in parts])  # [n]
+        position_ids = parts[0].position_ids if len(parts) == 1 else torch.cat([part.position_ids for part in parts])
+        positions = kernels.Dense(position_ids.to(torch.int32).contiguous(), torch.int32)  # [n]
         for rope in self.ropes:
             rope.tables(int(positions.tensor.max()) + 1)
-        x = self.embedding_rows(input_ids[0]).contiguous()  # [n, hidden]
+        x = self.embedding_rows(ids).contiguous()  # [n, hidden]
         if self.embed_scale is not None:
             x.mul_(self.embed_scale)
         buffers, steps = layer_steps(self, rows)  # kept between forwards, each layer's calls on them bound once
         residual, qkv, q_part, new_keys = buffers.residual, buffers.qkv, buffers.q_part, buffers.new_keys
         residual.tensor.copy_(x)  # [n, hidden], the residual stream
-        past = past_key_values.get_seq_length()
-        keys_by_kind = None
+        pasts = [part.cache.get_seq_length() for part in parts]
+        keys_by_part: list[Optional[dict[str, RowKeys]]] = [None]  # per part, each layer kind's keys per row
         if rows <= ROW_INVARIANT_ROWS:
-            keys_by_kind = self._keys_by_kind(attention_mask, rows, past)
-        elif attention_mask is not None or past:
+            keys_by_part = [self._keys_by_kind(part.attention_mask, size, past)
+                            for part, size, past in zip(parts, sizes, pasts)]
+        elif parts[0].attention_mask is not None or pasts[0]:
             raise ValueError("the native decoder's long forwards are prompts on an empty cache")
         rotate = {id(rope): kernels.bind_rope(qkv, self.heads + self.kv_heads, self.head_dim, positions, rope.cos,
                                               rope.sin) for rope in self.ropes}  # q's and k's heads, each row
@@ -328,31 +363,28 @@ class NativeDecoder:
                 kernels.rms_norm_heads(new_keys, self.head_dim, layer.k_norm, layer.qk_eps)
             if layer.rope is not None:  # the rotary embedding of q's and k's heads, side by side in each row
                 rotate[id(layer.rope)]()
-            cache = past_key_values.native_layer(index, self.kv_heads, self.head_dim, rows)
-            keys, values = cache.key_buffer, cache.value_buffer  # [1, kv_heads, capacity, head_dim]
-            if step.keys() is not keys or step.values() is not values:  # new or grown: its calls bound again
-                bind_cache(self, step, buffers, layer, keys, values)
-            step.store_keys(past)  # the block's keys and values at positions past .. past + n - 1
-            step.store_values(past)
-            cache.advance(rows)
-            if keys_by_kind is None:  # a prompt: torch's attention over the whole causal block
-                self._prompt_attention(qkv.tensor, keys, values, rows, layer, self._windows()[layer.kind],
-                                       buffers.attended.tensor)
-            else:  # soft-capped scores (gemma2) in the kernel too
-                step.attend(keys_by_kind[layer.kind].positions)  # attended = each row over its own keys
+            for part, (first, stop), past, keys_by_kind in zip(parts, ranges, pasts, keys_by_part):
+                cache = part.cache.native_layer(index, self.kv_heads, self.head_dim, stop - first)
+                calls = bind_cache(self, step, buffers, layer, cache, first, stop)  # bound once per range and cache
+                calls.store_keys(past)  # the part's keys and values at positions past .. past + n - 1
+                calls.store_values(past)
+                cache.advance(stop - first)
+                if keys_by_kind is None:  # a prompt: torch's attention over the whole causal block
+                    self._prompt_attention(qkv.tensor, cache.key_buffer, cache.value_buffer, rows, layer,
+                                           self._windows()[layer.kind], buffers.attended.tensor)
+                else:  # soft-capped scores (gemma2) in the kernel too
+                    calls.attend(keys_by_kind[layer.kind].positions)  # attended = each row over its own keys
             step.attn_out()  # residual += attended @ o (gemma2/3: its post-norm first)
             step.mlp_norm()  # h = norm(residual)
             step.gate_up()  # gate_up = h @ [gate | up]
             step.act()  # act = SiLU or GeLU-tanh(gate) * up
             step.down()  # residual += act @ down (gemma2/3: its post-norm first)
         final = kernels.rms_norm(residual, self.final_norm, self.final_eps)  # [n, hidden]
-        keep = rows if not logits_to_keep else min(int(logits_to_keep), rows)
         logits = torch.empty(keep, self.vocab, dtype=torch.float32)
         bind_matmul(kernels.Rows(final[rows - keep :]), self.head, kernels.Rows(logits))()
         if self.final_cap is not None:  # gemma2: cap * tanh(logits / cap), every element by one formula
             kernels.soft_cap_(logits, float(self.final_cap))
-        hidden_states = (final.unsqueeze(0),) if output_hidden_states else None
-        return SimpleNamespace(logits=logits.unsqueeze(0), hidden_states=hidden_states)
+        return logits, final  # [keep, vocab], [n, hidden]
 
     # -- steps ----------------------------------------------------------------------------------------------------
 

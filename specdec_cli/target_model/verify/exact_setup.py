@@ -28,15 +28,15 @@ from __future__ import annotations
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
-from ..native.native import ROW_INVARIANT_ROWS, NativeDecoder
+from ..native.native import ROW_INVARIANT_ROWS, NativeDecoder, Part
 from ..native.native_support import unsupported
 from . import exact as row_invariant
 from .check_outcome import CheckOutcome
-from .forward import ModelForward, VerifyForward
+from .forward import ModelForward, Scores, VerifyForward
 
 NOT_EXACT_WARNING = ("verification is not row-invariant on this model and machine ({reason}): speculative output "
                      "may differ from plain decoding where rounding decides")
@@ -115,6 +115,19 @@ class NativeForward(_OwnKernels, ModelForward):
     def run(self, **inputs: Any) -> Any:
         """The native decoder, or inside own_kernels() the model's own forward."""
         return self.model(**inputs) if self._own else self.decoder(**inputs)
+
+    def many(self, blocks: Sequence[tuple[Sequence[int], Any, int]]) -> list[Scores]:
+        """One forward over several sequences' chains, each (token ids, its cache, the tokens it holds): per
+        block, its rows' logits [n, vocab] and features [n, hidden], the bits a forward of that block alone gives
+        (native.py `many`). At most ROW_INVARIANT_ROWS rows in all."""
+        parts = [Part(torch.tensor(list(tokens)), torch.arange(start, start + len(tokens)), cache)
+                 for tokens, cache, start in blocks]
+        logits, features = self.decoder.many(parts)  # [n, vocab], [n, hidden]
+        scores, first = [], 0
+        for tokens, _, _ in blocks:
+            scores.append(Scores(logits[first : first + len(tokens)], features[first : first + len(tokens)]))
+            first += len(tokens)
+        return scores
 
     def prepare(self, budget: int) -> Optional[int]:
         """The native decoder needs no set-up; its row invariance is checked end to end once."""

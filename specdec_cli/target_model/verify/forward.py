@@ -53,6 +53,14 @@ class VerifyForward(Protocol):
         """A context in which forwards run the model's own kernels, as plain decoding outside specdec does."""
 
 
+@runtime_checkable
+class ManyForward(VerifyForward, Protocol):
+    """A forward that also scores several sequences' chains in one call (the native decoder's, exact_setup.py)."""
+
+    def many(self, blocks: Sequence[tuple[Sequence[int], Any, int]]) -> list[Scores]:
+        """Per (token ids, cache, tokens it holds), that block's Scores, as a forward of it alone computes them."""
+
+
 def new_cache(forward: Any) -> Any:
     """An empty cache for `forward`'s calls: its own (`new_cache()`: the device engine's static cache), else a
     KVCache for its model (kv_cache.new_kv_cache)."""
