@@ -25,7 +25,7 @@ VLLM_DRAFT_MAX = 4  # num_speculative_tokens by default (docs/vllm.md: 4 beat 8 
 
 # distill's answer generation: prompts answered together per forward (distill/batched.py; why: docs/measurements.md)
 DEFAULT_BATCH_PROMPTS = 32
-# ... on block weights: answers open at once on the native decoder (decoding/batch_greedy.py): on the real 0.5B,
+# ... on block weights: answers open at once on the native decoder (decoding/plain_many.py): on the real 0.5B,
 # 16 wrote 5.2x the tokens a second of one by one, 8 4.6x (docs/measurements.md)
 DEFAULT_BATCH_PROMPTS_BLOCKS = 16
 DEFAULT_VLLM_CONCURRENCY = 64  # ... and requests in flight when vLLM answers them (vllm/runner.py)

@@ -45,6 +45,7 @@ class ScriptedEngine:
         torch.manual_seed(0)
         self.model = LlamaForCausalLM(config).eval()  # what drafters read of a target (never run here)
         self.tokenizer, self.turns, self.seeds = tokenizer, list(turns), []
+        self.forward = None  # no forward over several sequences: turns one at a time
 
     def generate(self, prompt_ids, drafter, config):
         self.seeds.append(config.seed)
@@ -128,3 +129,49 @@ def test_the_command_writes_prompts_a_distill_run_reads(tiny_model_dir, tmp_path
     assert f"{out}:" in result.stderr and "Traceback" not in result.stderr
     rows = load_prompts(str(out), None, first_turns=True) if out.exists() and out.read_text().strip() else []
     assert len(rows) <= 1 and all(row.category == "self" for row in rows)
+
+
+def test_on_block_weights_a_round_of_turns_is_sampled_together_each_with_its_seed(tmp_path, monkeypatch):
+    """The native decoder samples ROUND turns per forward; each is what plain sampling with seed + attempt writes."""
+    import torch
+    from conftest import fixed_engine, make_char_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec_cli import kernels
+    from specdec_cli.decoding.generation_config import GenerationConfig
+    from specdec_cli.distill import self_prompts
+    from specdec_cli.drafters.none import NoDrafter
+    from specdec_cli.target_model.load import converted_blocks
+    from specdec_cli.target_model.native import quant
+
+    if not kernels.available():
+        pytest.skip("specdec's CPU kernels are not compiled")
+    tokenizer = make_char_tokenizer()
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(config).eval()
+    quant.install_blocks(model, converted_blocks.plan_blocks(model, "int4", None))
+    engine = fixed_engine(model)
+    rounds = []
+    many = self_prompts.plain_many
+
+    def recorded(forward, prompts, settings, **options):
+        answers = many(forward, prompts, settings, **options)
+        rounds.append((options["seeds"], answers))
+        return answers
+
+    monkeypatch.setattr(self_prompts, "plain_many", recorded)
+    settings = GenerationConfig(max_new_tokens=10, temperature=1.0, seed=7)
+    result = self_prompts.write_prompts(engine, tokenizer, "tiny", str(tmp_path / "p.jsonl"), count=3,
+                                        config=settings, max_attempts=self_prompts.ROUND + 2)
+    assert result.attempts == self_prompts.ROUND + 2
+    assert [seeds for seeds, _ in rounds] == [list(range(7, 7 + self_prompts.ROUND)),
+                                              [7 + self_prompts.ROUND, 8 + self_prompts.ROUND]]
+    prefix = self_prompts.user_turn_prefix(tokenizer)
+    eos = (tokenizer.eos_token_id,)
+    for seeds, answers in rounds:
+        for answer in answers[:3]:
+            plain = engine.generate(prefix, NoDrafter(), GenerationConfig(
+                max_new_tokens=10, temperature=1.0, seed=seeds[answer.index], eos_token_ids=eos))
+            assert answer.tokens == plain.tokens

@@ -72,7 +72,7 @@ def run_generate(loaded: Any, target_spec: str, prompts: list, data: str, *, dra
                  top_p: float, top_k: int, seed: int, system: Optional[str], raw: bool,
                  batch_prompts: Optional[int] = 1) -> Any:
     check_data(loaded, target_spec, data, allow_empty=True)  # before any progress display
-    if batch_prompts is None:  # block weights: many answers a forward, each the one it is alone (batch_greedy.py)
+    if batch_prompts is None:  # block weights: many answers a forward, each the one it is alone (plain_many.py)
         batch_prompts = DEFAULT_BATCH_PROMPTS if loaded.weights == "dense" else DEFAULT_BATCH_PROMPTS_BLOCKS
     options = DrafterOptions(index=index, draft_model=draft_model)
     with answering_progress(len(prompts), data) as on_progress:

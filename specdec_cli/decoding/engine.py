@@ -88,7 +88,7 @@ class Engine:
         config, limit = self._checked(prompt_ids, config)
         max_rows = self.forward.prepare(config.budget)  # row-invariant blocks up to this size (None: not exact)
         block_limit: Optional[int] = getattr(self.forward, "max_block", None)  # rows a verify block may have
-        generator = _generator(config)
+        generator = generator_for(config)
         eos = set(config.eos_token_ids)
         events: list[StepEvent] = []
         context = list(prompt_ids)
@@ -112,7 +112,7 @@ class Engine:
         # Prefill: the prompt (what the cache does not hold yet); its last logits give the first new token.
         # [1, vocab], [prompt, hidden] or None
         logits, features = prefill(self.forward, context, cache, cached, needs.features)
-        first = self._choose(logits[-1], generator, config)
+        first = choose(logits[-1], generator, config)
         ttft = time.perf_counter() - started
         finish, committed, text_end = self._commit(context, new_tokens, [first], eos, config)
         emit(StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=committed, verify_seconds=ttft,
@@ -218,12 +218,6 @@ class Engine:
         accepted, target_token = speculative_accept(draft.tokens, p_target, p_draft, generator)
         return list(range(accepted)), target_token
 
-    def _choose(self, logits: torch.Tensor, generator: Optional[torch.Generator], config: GenerationConfig) -> int:
-        """The target's own choice from one row of logits [vocab], as plain decoding makes it."""
-        if config.greedy:
-            return int(logits.argmax())
-        return sample(warp_probs(logits, config.temperature, config.top_k, config.top_p), generator)
-
     def _commit(
         self, context: list[int], new_tokens: list[int], tokens: list[int], eos: set[int], config: GenerationConfig
     ) -> tuple[Optional[FinishReason], list[int], Optional[int]]:
@@ -303,7 +297,14 @@ class Engine:
         return self.planner.curve
 
 
-def _generator(config: GenerationConfig) -> Optional[torch.Generator]:
+def choose(logits: torch.Tensor, generator: Optional[torch.Generator], config: GenerationConfig) -> int:
+    """The target's own choice from one row of logits [vocab], as plain decoding makes it."""
+    if config.greedy:
+        return int(logits.argmax())
+    return sample(warp_probs(logits, config.temperature, config.top_k, config.top_p), generator)
+
+
+def generator_for(config: GenerationConfig) -> Optional[torch.Generator]:
     """Sampling's random source, seeded from the settings (None when greedy)."""
     if config.greedy:
         return None

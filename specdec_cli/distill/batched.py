@@ -2,7 +2,7 @@
 
 On a CPU a forward over many rows costs little more than over one (the weights are read once), so answering
 16-32 prompts together writes many times the tokens per second of answering them one by one. On block weights
-(the native decoder) the batch is decoding/batch_greedy.py's: every answer bit-identical to one by one, at
+(the native decoder) the batch is decoding/plain_many.py's: every answer bit-identical to one by one, at
 most 32 open at once. On a transformers model (dense weights), prompts of a
 batch are left-padded to one length; an attention mask hides the padding and explicit position ids start each
 prompt at 0, so every row computes what it would alone up to rounding: a matrix product over more rows may
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
-from ..decoding.batch_greedy import MAX_WIDTH, BatchAnswer, greedy_many
+from ..decoding.generation_config import GenerationConfig
+from ..decoding.plain_many import MAX_WIDTH, BatchAnswer, plain_many
 from ..target_model.verify.exact_setup import choose_forward
 from ..target_model.verify.forward import ManyForward
 
@@ -30,8 +31,8 @@ def greedy_batches(model: Any, prompts: Sequence[Sequence[int]], *, max_new_toke
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     forward = choose_forward(model)
     if isinstance(forward, ManyForward):  # the native decoder: answers join and leave, each exact
-        return greedy_many(forward, prompts, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
-                           width=min(batch_size, MAX_WIDTH), on_answer=on_answer)
+        config = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_ids=tuple(eos_token_ids))
+        return plain_many(forward, prompts, config, width=min(batch_size, MAX_WIDTH), on_answer=on_answer)
     order = sorted(range(len(prompts)), key=lambda index: len(prompts[index]))  # little padding per batch
     answers: list[BatchAnswer] = []
     for start in range(0, len(order), batch_size):

@@ -6,8 +6,10 @@ too few, and out-of-domain text teaches the wrong distribution (docs/measurement
 to continue "<|im_start|>user\\n" writes a user's question, in the domain it was aligned on (a coder model writes
 coding questions). `user_turn_prefix` finds those opening tokens in the model's own template: the template is
 rendered with a marker as the user's text and cut before it, so a system message the template adds by default
-stays, as the model saw it in training. `write_prompts` samples turns one at a time (temperature 1 and top-p 0.95
-by default; the seed of attempt i is seed + i, so a run repeats), keeps the turns that ended (the model's end of
+stays, as the model saw it in training. `write_prompts` samples turns (temperature 1 and top-p 0.95 by default;
+the seed of attempt i is seed + i, so a run repeats): on block weights `ROUND` at a time, one forward a token for
+all (plain_many.py: each turn what plain sampling with its seed writes), elsewhere one at a time drafted by prompt
+lookup. It keeps the turns that ended (the model's end of
 turn, not the length limit), that are 16 to 4,000 characters long, and that are new (lower-cased, whitespace
 collapsed) against the file's rows and the built-in suite, which must stay held out; and appends each kept one as
 a JSONL row `{"prompt", "category": "self", "id", "attempt", "target", "fingerprint"}` that `specdec distill
@@ -28,8 +30,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..decoding.generation_config import GenerationConfig
+from ..decoding.plain_many import plain_many
 from ..errors import SpecdecError
 from ..files import check_output_file, lock_output
+from ..target_model.verify.forward import ManyForward
 from ..texts.chat_template import render_template
 from ..texts.data_rows import read_text
 from ..texts.fingerprint import tokenizer_fingerprint
@@ -39,6 +43,7 @@ from .generate import append_row_json, repair_tail
 CATEGORY = "self"
 MARKER = "\u2063specdec-user-turn\u2063"  # invisible separators around a word no template writes
 MIN_CHARS, MAX_CHARS = 16, 4000
+ROUND = 16  # turns sampled together on block weights (decoding/plain_many.py; the answers' batch, defaults.py)
 
 
 def user_turn_prefix(tokenizer: Any) -> list[int]:
@@ -108,17 +113,30 @@ def write_prompts(engine: Any, tokenizer: Any, target_spec: str, out_path: str, 
         drafter = make_drafter("pld", DrafterOptions(), info)
         config = replace(config, eos_token_ids=tuple(info.eos_token_ids))  # the end of the user's turn
         kept, tried, started = len(rows), 0, time.perf_counter()
+        many = isinstance(engine.forward, ManyForward)  # block weights: a round of turns a forward
         while kept < count and (max_attempts is None or tried < max_attempts):
-            seed = None if config.seed is None else config.seed + attempt
-            generation = engine.generate(prefix, drafter, _with_seed(config, seed))
-            text = tokenizer.decode(generation.tokens, skip_special_tokens=True).strip()
-            key = normalized(text)
-            if generation.finish_reason == "eos" and MIN_CHARS <= len(text) <= MAX_CHARS and key not in seen:
-                seen.add(key)
-                append_row_json(file, {"prompt": text, "category": CATEGORY, "id": f"self-{attempt}",
-                                       "attempt": attempt, "target": target_spec, "fingerprint": fingerprint})
-                kept += 1
-            attempt, tried = attempt + 1, tried + 1
+            size = ROUND if many else 1
+            if max_attempts is not None:
+                size = min(size, max_attempts - tried)
+            attempts = list(range(attempt, attempt + size))
+            seeds = None if config.seed is None else [config.seed + number for number in attempts]
+            if many:  # plain sampling of each turn with its own seed, as the engine samples it alone
+                answers = sorted(plain_many(engine.forward, [prefix] * size, config, width=size, seeds=seeds),
+                                 key=lambda answer: answer.index)
+                turns = [(answer.tokens, answer.finish_reason) for answer in answers]
+            else:  # one turn, drafted by prompt lookup (the same law)
+                generation = engine.generate(prefix, drafter, _with_seed(config, None if seeds is None else seeds[0]))
+                turns = [(generation.tokens, generation.finish_reason)]
+            for number, (tokens, finish_reason) in zip(attempts, turns):
+                text = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+                key = normalized(text)
+                if kept < count and finish_reason == "eos" and MIN_CHARS <= len(text) <= MAX_CHARS and \
+                        key not in seen:
+                    seen.add(key)
+                    append_row_json(file, {"prompt": text, "category": CATEGORY, "id": f"self-{number}",
+                                           "attempt": number, "target": target_spec, "fingerprint": fingerprint})
+                    kept += 1
+            attempt, tried = attempt + size, tried + size
             if on_progress is not None:
                 on_progress(PromptsProgress(kept, count, tried, time.perf_counter() - started))
         return PromptsProgress(kept, count, tried, time.perf_counter() - started)

@@ -1,5 +1,6 @@
-"""Many answers per forward (decoding/batch_greedy.py, native.py `many`): each answer bit-identical to plain greedy
-decoding of its prompt alone, on tiny block models of several families and on the real default model's GGUF."""
+"""Many answers per forward (decoding/plain_many.py, native.py `many`): each answer bit-identical to plain decoding
+of its prompt alone (greedy, and sampled with the same seed), on tiny block models of several families and on the
+real default model's GGUF."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from conftest import fixed_engine
 from helpers import EOS, PROMPTS, family_model
 
 from specdec_cli import kernels
-from specdec_cli.decoding.batch_greedy import greedy_many
 from specdec_cli.decoding.engine import GenerationConfig
+from specdec_cli.decoding.plain_many import plain_many
 from specdec_cli.drafters.none import NoDrafter
 from specdec_cli.target_model.load import converted_blocks
 from specdec_cli.target_model.native import quant
@@ -41,10 +42,15 @@ def block_model(request):
     return model
 
 
-def _plain(model, prompts, new=NEW):
+def _config(new=NEW, **settings) -> GenerationConfig:
+    return GenerationConfig(**{"max_new_tokens": new, "eos_token_ids": (EOS,), **settings})
+
+
+def _plain(model, prompts, new=NEW, seeds=None, **settings):
     engine = fixed_engine(model)
-    config = GenerationConfig(max_new_tokens=new, eos_token_ids=(EOS,))
-    answers = [engine.generate(prompt, NoDrafter(), config) for prompt in prompts]
+    answers = [engine.generate(prompt, NoDrafter(), _config(new, seed=None if seeds is None else seeds[index],
+                                                            **settings))
+               for index, prompt in enumerate(prompts)]
     assert isinstance(engine.forward, NativeForward) and engine.forward.outcome.state == "on"
     return engine.forward, answers
 
@@ -54,12 +60,23 @@ def test_answers_in_batches_are_plain_greedy_answers(block_model, width):
     prompts = _prompts()
     forward, plain = _plain(block_model, prompts)
     ended = []
-    answers = greedy_many(forward, prompts, max_new_tokens=NEW, eos_token_ids=[EOS], width=width,
-                          on_answer=ended.append)
+    answers = plain_many(forward, prompts, _config(), width=width, on_answer=ended.append)
     assert ended == answers and sorted(answer.index for answer in answers) == list(range(len(prompts)))
     for answer in answers:
         assert answer.tokens == plain[answer.index].tokens, (block_model.config.model_type, width, answer.index)
         assert answer.finish_reason == plain[answer.index].finish_reason
+
+
+@torch.inference_mode()  # (the decoder's buffers were made in inference mode, by the engine)
+@pytest.mark.parametrize("settings", [{"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9, "top_k": 20}])
+def test_sampled_answers_in_batches_are_plain_sampled_answers_with_their_seeds(block_model, settings):
+    prompts = _prompts()
+    seeds = [100 + index for index in range(len(prompts))]
+    forward, plain = _plain(block_model, prompts, seeds=seeds, **settings)
+    answers = plain_many(forward, prompts, _config(**settings), width=4, seeds=seeds)
+    for answer in answers:
+        assert answer.tokens == plain[answer.index].tokens, (block_model.config.model_type, answer.index)
+    assert len({tuple(answer.tokens) for answer in answers}) > 1
 
 
 @torch.inference_mode()  # (the decoder's buffers were made in inference mode, by the engine)
@@ -95,7 +112,7 @@ def test_an_answer_that_ends_leaves_its_place_to_a_waiting_prompt():
     first = plain[0].tokens
     eos = next(token for token in first[2:] if token not in first[: first.index(token)] and token != EOS)
     stop = first.index(eos)
-    answers = greedy_many(forward, prompts, max_new_tokens=NEW, eos_token_ids=[eos, *never[:1]], width=2)
+    answers = plain_many(forward, prompts, _config(eos_token_ids=(eos, *never[:1])), width=2)
     by_index = {answer.index: answer for answer in answers}
     assert [answer.index for answer in answers][0] == 0  # the first to end, while the second goes on
     assert by_index[0].tokens == first[: stop + 1] and by_index[0].finish_reason == "eos"
@@ -111,9 +128,11 @@ def test_too_many_rows_or_a_bad_width_are_refused(block_model):
     with pytest.raises(ValueError, match="at most"):
         forward.decoder.many([Part(torch.tensor([1]), torch.tensor([0]), KVCache())] * (ROW_INVARIANT_ROWS + 1))
     with pytest.raises(ValueError, match="width"):
-        greedy_many(forward, [[1]], max_new_tokens=4, eos_token_ids=[EOS], width=0)
+        plain_many(forward, [[1]], _config(4), width=0)
+    with pytest.raises(ValueError, match="seeds"):
+        plain_many(forward, [[1]], _config(4), width=1, seeds=[1, 2])
     with pytest.raises(TypeError):
-        greedy_many(object(), [[1]], max_new_tokens=4, eos_token_ids=[EOS], width=1)
+        plain_many(object(), [[1]], _config(4), width=1)
 
 
 def test_the_default_ggufs_answers_in_batches_are_its_plain_answers(real_target):
@@ -129,7 +148,7 @@ def test_the_default_ggufs_answers_in_batches_are_its_plain_answers(real_target)
     engine = Engine(target.model, target.tokenizer)
     config = GenerationConfig(max_new_tokens=40, eos_token_ids=info.eos_token_ids, cost_aware=False)
     plain = [engine.generate(prompt, NoDrafter(), config) for prompt in prompts]
-    answers = greedy_many(engine.forward, prompts, max_new_tokens=40, eos_token_ids=info.eos_token_ids, width=3)
+    answers = plain_many(engine.forward, prompts, config, width=3)
     for answer in answers:
         assert answer.tokens == plain[answer.index].tokens, questions[answer.index]
         assert answer.finish_reason == plain[answer.index].finish_reason
