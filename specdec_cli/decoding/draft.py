@@ -71,10 +71,14 @@ class Needs:
 
     scored_topk: bool = False  # the target's top-8 token ids at every scored position (a torch.topk per step)
     features: bool = False  # the target's last hidden states (requested from every forward)
+    # with features: the target layers whose input states are read instead, side by side (EAGLE-3's three); () =
+    # the last hidden state after the final norm
+    feature_layers: tuple[int, ...] = ()
 
     def __or__(self, other: "Needs") -> "Needs":
-        """What two drafters read together (a hybrid and its auxiliary)."""
-        return Needs(self.scored_topk or other.scored_topk, self.features or other.features)
+        """What two drafters read together (a hybrid and its auxiliary; at most one of them reads features)."""
+        return Needs(self.scored_topk or other.scored_topk, self.features or other.features,
+                     self.feature_layers or other.feature_layers)
 
 
 NOTHING = Needs()  # a drafter that reads tokens only

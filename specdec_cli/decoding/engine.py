@@ -111,7 +111,7 @@ class Engine:
         started = time.perf_counter()
         # Prefill: the prompt (what the cache does not hold yet); its last logits give the first new token.
         # [1, vocab], [prompt, hidden] or None
-        logits, features = prefill(self.forward, context, cache, cached, needs.features)
+        logits, features = prefill(self.forward, context, cache, cached, needs.features, needs.feature_layers)
         first = choose(logits[-1], generator, config)
         ttft = time.perf_counter() - started
         finish, committed, text_end = self._commit(context, new_tokens, [first], eos, config)
@@ -138,8 +138,8 @@ class Engine:
             rows = plan.rows if limit is None else min(plan.rows, limit - past)  # padding stays inside the context
             rows = rows if max_rows is None else min(rows, max_rows)  # and inside the row-invariant sizes
             block, parents = pad_block([context[-1], *draft.tokens], draft.parents, rows)
-            logits, features = self.forward(block, cache, past, tree=parents,
-                                             features=needs.features)  # [rows, vocab], [rows, hidden] or None
+            logits, features = self.forward(block, cache, past, tree=parents, features=needs.features,
+                                            feature_layers=needs.feature_layers)  # [rows, vocab], [rows, .] or None
             logits = logits[: len(draft) + 1]  # [k+1, vocab]
             # 3. Accept: the longest acceptable path, then the target's own token after it. Greedy, what the
             #    step reads back from the target's device (the argmax, and the top tokens a drafter asks for) is
@@ -346,7 +346,7 @@ def trim(draft: Draft, length: int) -> Draft:
 
 
 def prefill(forward: Any, prompt: Sequence[int], cache: Any, cached: int = 0,
-            features: bool = False) -> tuple[torch.Tensor, Any]:
+            features: bool = False, feature_layers: Sequence[int] = ()) -> tuple[torch.Tensor, Any]:
     """The prompt after its `cached` first tokens; the last row's logits [1, vocab] and, when asked, the features
     of the rows computed. Where the forward is row-invariant (exact verification), in blocks of at most its
     row-invariant size, from the first token or after the cached ones: every entry is then the one any block
@@ -356,11 +356,12 @@ def prefill(forward: Any, prompt: Sequence[int], cache: Any, cached: int = 0,
     prompt = list(prompt)
     size = forward.rows
     if not cached and not size:
-        return forward(prompt, cache, 0, last_only=True, features=features)
+        return forward(prompt, cache, 0, last_only=True, features=features, feature_layers=feature_layers)
     size = size or len(prompt)
     rows: list[torch.Tensor] = []
     for start in range(cached, len(prompt), size):
-        logits, hidden = forward(prompt[start : start + size], cache, start, last_only=True, features=features)
+        logits, hidden = forward(prompt[start : start + size], cache, start, last_only=True, features=features,
+                                 feature_layers=feature_layers)
         if hidden is not None:
             rows.append(hidden)
     return logits, torch.cat(rows) if rows else None

@@ -153,7 +153,11 @@ class DeviceForward:
     # -- the forward -------------------------------------------------------------------------------------------
 
     def __call__(self, token_ids: Sequence[int], cache: Any, start: int, last_only: bool = False,
-                 tree: Optional[Sequence[int]] = None, features: bool = False) -> Scores:
+                 tree: Optional[Sequence[int]] = None, features: bool = False,
+                 feature_layers: Sequence[int] = ()) -> Scores:
+        if features and feature_layers:
+            raise SpecdecError("the device engine gives only the last layer's states: a head that reads middle "
+                               "layers (EAGLE-3's) drafts with --decoder native")
         if not isinstance(cache, DeviceCache) or cache.static is not self.static:
             raise TypeError("the device engine computes on its own cache: make it with forward.new_cache()")
         if cache.get_seq_length() != start:

@@ -119,20 +119,35 @@ class EagleDrafter:
 
     def __init__(self, head: Any, weights: TargetWeights, *, head_tokens: Optional[Sequence[int]] = None,
                  draft_max: Optional[int] = None, min_prob: float = 0.0, eos_token_ids: Sequence[int] = (),
-                 tree_width: int = DEFAULT_TREE_WIDTH) -> None:
-        """`head`: an EagleHead (eagle_head.py); `weights`: the target's embeddings and LM head (never trained)."""
+                 tree_width: int = DEFAULT_TREE_WIDTH, feature_layers: Sequence[int] = ()) -> None:
+        """`head`: an EagleHead (eagle_head.py), or with `feature_layers` an EAGLE-3 head (eagle3_head.py: it reads
+        those target layers' states through its `reduce`, and tokens through its own LM head); `weights`: the
+        target's embeddings and LM head (never trained)."""
         import torch
 
-        self.vocabulary = HeadVocabulary(weights.lm_head, head_tokens or None, weights.lm_bias)
-        self.device = self.vocabulary.device
-        if self.vocabulary.on_blocks:  # a block target: the head's layers on the same kernels, in float32
+        from .. import kernels
+        from ..target_model.native.quant import BlockLinear
+
+        self.feature_layers = tuple(feature_layers)
+        if self.feature_layers:
+            self.needs = Needs(features=True, feature_layers=self.feature_layers)
+        on_blocks = isinstance(weights.lm_head, BlockLinear) and kernels.available()
+        if not self.feature_layers:
+            self.vocabulary: Any = HeadVocabulary(weights.lm_head, head_tokens or None, weights.lm_bias)
+            on_blocks = self.vocabulary.on_blocks
+        if on_blocks:  # a block target: the head's layers on the same kernels, in float32
             from .eagle_head import head_on_blocks
 
-            self.dtype = torch.float32
+            self.device, self.dtype = torch.device("cpu"), torch.float32
             self.head = head_on_blocks(head.float()).eval()
         else:  # the target's dtype: a draft reads the head's weights once per forward, so bfloat16 halves it
-            self.dtype = self.vocabulary.dtype
+            lm_head = weights.dense_lm_head()
+            self.device, self.dtype = lm_head.device, lm_head.dtype
             self.head = head.to(self.device, self.dtype).eval()
+        if self.feature_layers:
+            from .eagle3_head import OwnVocabulary
+
+            self.vocabulary = OwnVocabulary(self.head)
         self.weights = weights
         self.draft_max = draft_max or DEFAULT_TREE_DEPTH
         self.min_prob = min_prob
@@ -156,7 +171,10 @@ class EagleDrafter:
 
         if event.features is None:
             return
-        features = event.features.detach().to(self.device, self.dtype)  # [rows, H]
+        features = event.features.detach().to(self.device, self.dtype)  # [rows, H] (EAGLE-3: [rows, 3H])
+        if self.feature_layers:
+            with torch.inference_mode():
+                features = self.head.reduce(features)  # [rows, H]: its fc
         if event.kind == "prefill":
             self.reset()
             self.features = features
@@ -305,20 +323,30 @@ def _head_dir(options: DrafterOptions) -> str:
 
 
 def make_eagle_drafter(options: DrafterOptions, target: TargetInfo, draft_max: Optional[int] = None) -> EagleDrafter:
+    from .eagle3_head import is_eagle3_dir, load_eagle3
     from .eagle_head import load_head
 
     head_dir = _head_dir(options)
     weights = check_target(target)
+    if is_eagle3_dir(head_dir):  # a checkpoint in EAGLE-3's published layout
+        eagle3, layers = load_eagle3(head_dir, target)
+        return EagleDrafter(eagle3, weights, draft_max=draft_max, min_prob=options.draft_min_prob or MIN_PROB,
+                            eos_token_ids=target.eos_token_ids, feature_layers=layers)
     head, meta = load_head(head_dir, target)
     return EagleDrafter(head, weights, head_tokens=meta.get("head_tokens"), draft_max=draft_max,
                         min_prob=options.draft_min_prob or MIN_PROB, eos_token_ids=target.eos_token_ids)
 
 
 def check_eagle(options: DrafterOptions) -> None:
-    """The head directory is an EAGLE head (before the target loads)."""
+    """The head directory is an EAGLE head, specdec's or in EAGLE-3's layout (before the target loads)."""
+    from .eagle3_head import is_eagle3_dir, read_eagle3_config
     from .eagle_head import read_head_meta
 
-    read_head_meta(_head_dir(options))
+    head_dir = _head_dir(options)
+    if is_eagle3_dir(head_dir):
+        read_eagle3_config(head_dir)
+    else:
+        read_head_meta(head_dir)
 
 
 SPEC = DrafterSpec(name="eagle", help="a draft head on the target's own hidden states (EAGLE-style; `specdec distill "

@@ -118,7 +118,7 @@ class EagleHead(nn.Module):
         return hidden + self.down(F.silu(gate) * up)  # [B, n, H]
 
 
-def head_on_blocks(head: EagleHead) -> EagleHead:
+def head_on_blocks(head: nn.Module) -> Any:
     """The head for drafting on a block target: its linear layers quantised to 8-bit blocks as `--weights int8`
     quantises a target's (quant.py; float32 rows in and out), so a head forward reads a quarter of its float32
     weights. Drafts need not be exact (the target verifies them). In place."""
@@ -173,8 +173,8 @@ def read_head_meta(directory: str | Path) -> dict:
     if not folder.is_dir():
         raise SpecdecError(f"draft_model {directory}: no such directory", setting="draft_model")
     if not (folder / HEAD_META).is_file():
-        raise SpecdecError(f"draft_model {directory}: not an EAGLE head (no {HEAD_META}; make one with "
-                           "`specdec distill train --kind eagle`)", setting="draft_model")
+        raise SpecdecError(f"draft_model {directory}: not an EAGLE head (no {HEAD_META}, nor an EAGLE-3 "
+                           "config.json; make one with `specdec distill train --kind eagle`)", setting="draft_model")
     meta = read_json(folder / HEAD_META)
     if meta.get("kind") != "eagle" or not isinstance(meta.get("config"), dict):
         raise SpecdecError(f"draft_model {directory}: {HEAD_META} does not describe an EAGLE head",

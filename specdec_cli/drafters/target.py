@@ -90,6 +90,7 @@ class TargetInfo:
     fingerprint: str = ""  # tokenizer fingerprint (see specdec_cli.texts.fingerprint)
     device: str = "cpu"  # where the target runs: a draft model is put there too
     hidden_size: int = 0  # width of the target's last hidden state (the features step events carry)
+    num_layers: int = 0  # the target's decoder layers (an EAGLE-3 head reads three of them)
     weights: Optional[TargetWeights] = field(default=None, compare=False, repr=False)  # for feature-level heads
 
 
@@ -101,4 +102,5 @@ def target_info(model: Any, tokenizer: Any) -> TargetInfo:
     device = str(next(model.parameters()).device)
     return TargetInfo(vocab_size=vocab, eos_token_ids=tuple(eos), fingerprint=tokenizer_fingerprint(tokenizer),
                       device=device, hidden_size=int(getattr(model.config, "hidden_size", 0) or 0),
+                      num_layers=int(getattr(model.config, "num_hidden_layers", 0) or 0),
                       weights=target_weights(model))

@@ -37,7 +37,7 @@ import functools
 import math
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -307,16 +307,24 @@ class NativeDecoder:
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, past_key_values: Any,
                  attention_mask: Any = None, output_hidden_states: bool = False,
-                 logits_to_keep: int = 0, use_cache: bool = True, **unused: Any) -> SimpleNamespace:
+                 logits_to_keep: int = 0, use_cache: bool = True, hidden_layers: Sequence[int] = (),
+                 **unused: Any) -> SimpleNamespace:
         """input_ids, position_ids [1, n]; past_key_values a KVCache (kv_cache.py); attention_mask None (causal)
         or a boolean tree mask [1, 1, n, cached + n] (or a dict of them by layer kind). Returns .logits
         [1, n or logits_to_keep, vocab] and, with output_hidden_states, .hidden_states[-1] = the final normed
-        states [1, n, hidden]."""
+        states [1, n, hidden] and .hidden_states[i] = the residual stream entering layer i [1, n, hidden] for each
+        i of `hidden_layers` (transformers' places; the others None)."""
         rows = int(input_ids.shape[1])
         keep = rows if not logits_to_keep else min(int(logits_to_keep), rows)
         part = Part(input_ids[0], position_ids[0], past_key_values, attention_mask)
-        logits, final = self._forward([part], keep)
-        hidden_states = (final.unsqueeze(0),) if output_hidden_states else None
+        captured: dict[int, torch.Tensor] = {layer: torch.empty(0) for layer in hidden_layers}
+        logits, final = self._forward([part], keep, captured)
+        hidden_states = None
+        if output_hidden_states:
+            states: list[Optional[torch.Tensor]] = [None] * len(self.layers) + [final.unsqueeze(0)]
+            for layer, state in captured.items():
+                states[layer] = state.unsqueeze(0)
+            hidden_states = tuple(states)
         return SimpleNamespace(logits=logits.unsqueeze(0), hidden_states=hidden_states)
 
     def many(self, parts: "list[Part]") -> tuple[torch.Tensor, torch.Tensor]:
@@ -329,8 +337,10 @@ class NativeDecoder:
             raise ValueError(f"a forward over several sequences takes at most {ROW_INVARIANT_ROWS} rows in all")
         return self._forward(parts, 0)
 
-    def _forward(self, parts: "list[Part]", keep: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer loop over every part's rows: logits of the last `keep` rows (0: all) and the final states."""
+    def _forward(self, parts: "list[Part]", keep: int,
+                 captured: Optional[dict[int, torch.Tensor]] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer loop over every part's rows: logits of the last `keep` rows (0: all) and the final states;
+        `captured`'s keys name layers whose entering residual stream [n, hidden] is copied into it."""
         sizes = [int(part.input_ids.shape[0]) for part in parts]
         rows = sum(sizes)
         keep = keep or rows
@@ -356,6 +366,8 @@ class NativeDecoder:
         rotate = {id(rope): kernels.bind_rope(qkv, self.heads + self.kv_heads, self.head_dim, positions, rope.cos,
                                               rope.sin) for rope in self.ropes}  # q's and k's heads, each row
         for index, (layer, step) in enumerate(zip(self.layers, steps)):
+            if captured and index in captured:
+                captured[index] = residual.tensor.clone()  # [n, hidden], the state entering this layer
             step.attn_norm()  # h = norm(residual)
             step.qkv()  # qkv = h @ [q | k | v] (+ biases)
             if layer.q_norm is not None:  # QK-norm: each head of q and k over its head_dim, every row in one call

@@ -136,6 +136,7 @@ def install_blocks(model: Any, planned: dict[str, BlockWeights]) -> int:
         parent = modules[parent_name] if parent_name else model
         old = getattr(parent, attribute)
         setattr(parent, attribute, BlockLinear(weights, getattr(old, "bias", None)))
-    if planned and getattr(model.config, "tie_word_embeddings", False) and "lm_head" in planned:
+    config = getattr(model, "config", None)  # (a draft head has none)
+    if planned and getattr(config, "tie_word_embeddings", False) and "lm_head" in planned:
         model.config.tie_word_embeddings = False  # the head is its own (block) layer now; nothing re-ties it
     return len(planned)

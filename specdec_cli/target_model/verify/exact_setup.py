@@ -114,7 +114,13 @@ class NativeForward(_OwnKernels, ModelForward):
 
     def run(self, **inputs: Any) -> Any:
         """The native decoder, or inside own_kernels() the model's own forward."""
-        return self.model(**inputs) if self._own else self.decoder(**inputs)
+        if self._own:
+            inputs.pop("hidden_layers", None)  # (transformers' forward gives every layer's states)
+            return self.model(**inputs)
+        return self.decoder(**inputs)
+
+    def layer_states(self, layers: Sequence[int]) -> dict:
+        return {"hidden_layers": tuple(layers)}
 
     def many(self, blocks: Sequence[tuple[Sequence[int], Any, int]]) -> list[Scores]:
         """One forward over several sequences' chains, each (token ids, its cache, the tokens it holds): per

@@ -42,8 +42,10 @@ class VerifyForward(Protocol):
         """The largest block verified row-invariantly (0: none); part of the cost curve's key."""
 
     def __call__(self, token_ids: Sequence[int], cache: Any, start: int, last_only: bool = False,
-                 tree: Optional[Sequence[int]] = None, features: bool = False) -> Scores:
-        """Score token_ids placed after the `start` cached tokens, appending their entries to the cache."""
+                 tree: Optional[Sequence[int]] = None, features: bool = False,
+                 feature_layers: Sequence[int] = ()) -> Scores:
+        """Score token_ids placed after the `start` cached tokens, appending their entries to the cache; with
+        `features`, the last hidden states too, or with `feature_layers` the states entering those layers."""
 
     def prepare(self, budget: int) -> Optional[int]:
         """Make blocks of this draft budget row-invariant (checked once); the largest such block, or None when
@@ -85,10 +87,17 @@ class ModelForward:
         """One forward on transformers' keywords (input_ids, position_ids, past_key_values, ...)."""
         raise NotImplementedError
 
+    def layer_states(self, layers: Sequence[int]) -> dict:
+        """Keywords for `run` that make hidden_states[i] hold the state entering each of `layers` (transformers'
+        output_hidden_states gives every layer's; the native decoder keeps only those asked for)."""
+        return {}
+
     def __call__(self, token_ids: Sequence[int], cache: Any, start: int, last_only: bool = False,
-                 tree: Optional[Sequence[int]] = None, features: bool = False) -> Scores:
+                 tree: Optional[Sequence[int]] = None, features: bool = False,
+                 feature_layers: Sequence[int] = ()) -> Scores:
         """Score token_ids placed after the `start` cached tokens (appending their entries to the cache); with
-        `features`, return the last hidden states too (all n rows, also with last_only)."""
+        `features`, return the last hidden states too (all n rows, also with last_only), or with `feature_layers`
+        the states entering those layers side by side ([n, layers x hidden]: EAGLE-3's)."""
         input_ids = torch.tensor([list(token_ids)], device=self.device)  # [1, n]
         kwargs: dict = {"logits_to_keep": 1} if last_only else {}
         if tree is None:
@@ -99,7 +108,14 @@ class ModelForward:
             # [1, 1, n, start + n], or one such mask per layer kind
             kwargs["attention_mask"] = tree_attention_mask(self.model.config, start, depth, ancestors,
                                                            self.model.dtype, self.device)
+        if features and feature_layers:
+            kwargs.update(self.layer_states(feature_layers))
         out = self.run(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True,
                        output_hidden_states=features, **kwargs)
-        hidden = out.hidden_states[-1][0] if features and out.hidden_states else None  # [n, hidden] (last, normed)
+        hidden = None
+        if features and out.hidden_states:
+            if feature_layers:  # hidden_states[i]: the state entering layer i (transformers' convention)
+                hidden = torch.cat([out.hidden_states[layer][0] for layer in feature_layers], dim=-1)  # [n, 3H]
+            else:
+                hidden = out.hidden_states[-1][0]  # [n, hidden] (last, normed)
         return Scores(out.logits[0], hidden)  # logits [n, vocab] (or [1, vocab] with last_only)
