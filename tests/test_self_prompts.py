@@ -138,6 +138,7 @@ def test_on_block_weights_a_round_of_turns_is_sampled_together_each_with_its_see
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specdec_cli import kernels
+    from specdec_cli.decoding import plain_many
     from specdec_cli.decoding.generation_config import GenerationConfig
     from specdec_cli.distill import self_prompts
     from specdec_cli.drafters.none import NoDrafter
@@ -154,14 +155,14 @@ def test_on_block_weights_a_round_of_turns_is_sampled_together_each_with_its_see
     quant.install_blocks(model, converted_blocks.plan_blocks(model, "int4", None))
     engine = fixed_engine(model)
     rounds = []
-    many = self_prompts.plain_many
+    many = plain_many.plain_many
 
     def recorded(forward, prompts, settings, **options):
         answers = many(forward, prompts, settings, **options)
         rounds.append((options["seeds"], answers))
         return answers
 
-    monkeypatch.setattr(self_prompts, "plain_many", recorded)
+    monkeypatch.setattr(plain_many, "plain_many", recorded)
     settings = GenerationConfig(max_new_tokens=10, temperature=1.0, seed=7)
     result = self_prompts.write_prompts(engine, tokenizer, "tiny", str(tmp_path / "p.jsonl"), count=3,
                                         config=settings, max_attempts=self_prompts.ROUND + 2)

@@ -15,12 +15,10 @@ writing rows (generate.py does, one per finished answer).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
-from ..decoding.generation_config import GenerationConfig
-from ..decoding.plain_many import MAX_WIDTH, BatchAnswer, plain_many
-from ..target_model.verify.exact_setup import choose_forward
-from ..target_model.verify.forward import ManyForward
+if TYPE_CHECKING:  # pragma: no cover
+    from ..decoding.plain_many import BatchAnswer
 
 
 def greedy_batches(model: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eos_token_ids: Sequence[int],
@@ -29,6 +27,11 @@ def greedy_batches(model: Any, prompts: Sequence[Sequence[int]], *, max_new_toke
     called for each batch's answers as soon as the batch is done, in prompt order within the batch."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    from ..decoding.generation_config import GenerationConfig
+    from ..decoding.plain_many import MAX_WIDTH, BatchAnswer, plain_many
+    from ..target_model.verify.exact_setup import choose_forward
+    from ..target_model.verify.forward import ManyForward
+
     forward = choose_forward(model)
     if isinstance(forward, ManyForward):  # the native decoder: answers join and leave, each exact
         config = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_ids=tuple(eos_token_ids))
@@ -49,6 +52,8 @@ def _greedy_batch(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: 
                   eos_token_ids: Sequence[int]) -> list[BatchAnswer]:
     import torch
     from transformers import DynamicCache
+
+    from ..decoding.plain_many import BatchAnswer
 
     device = next(model.parameters()).device
     rows, longest = len(prompts), max(len(prompt) for prompt in prompts)

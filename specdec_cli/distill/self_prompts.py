@@ -30,10 +30,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..decoding.generation_config import GenerationConfig
-from ..decoding.plain_many import plain_many
 from ..errors import SpecdecError
 from ..files import check_output_file, lock_output
-from ..target_model.verify.forward import ManyForward
 from ..texts.chat_template import render_template
 from ..texts.data_rows import read_text
 from ..texts.fingerprint import tokenizer_fingerprint
@@ -98,7 +96,9 @@ def write_prompts(engine: Any, tokenizer: Any, target_spec: str, out_path: str, 
                   config: GenerationConfig, on_progress: Optional[Callable[[PromptsProgress], None]] = None,
                   max_attempts: Optional[int] = None) -> PromptsProgress:
     """Sample user turns until the file holds `count` kept prompts (or `max_attempts` turns were sampled)."""
+    from ..decoding import plain_many as batched
     from ..drafters import DrafterOptions, make_drafter, target_info
+    from ..target_model.verify.forward import ManyForward
 
     fingerprint = tokenizer_fingerprint(tokenizer)
     file, rows = check_prompts_output(out_path, fingerprint)
@@ -121,7 +121,7 @@ def write_prompts(engine: Any, tokenizer: Any, target_spec: str, out_path: str, 
             attempts = list(range(attempt, attempt + size))
             seeds = None if config.seed is None else [config.seed + number for number in attempts]
             if many:  # plain sampling of each turn with its own seed, as the engine samples it alone
-                answers = sorted(plain_many(engine.forward, [prefix] * size, config, width=size, seeds=seeds),
+                answers = sorted(batched.plain_many(engine.forward, [prefix] * size, config, width=size, seeds=seeds),
                                  key=lambda answer: answer.index)
                 turns = [(answer.tokens, answer.finish_reason) for answer in answers]
             else:  # one turn, drafted by prompt lookup (the same law)
