@@ -100,3 +100,32 @@ def test_warp_probs_matches_plain_filters():
     hot = warp_probs(logits, temperature=0.5)
     assert torch.allclose(hot, torch.softmax(logits / 0.5, -1))
     assert torch.allclose(warp_probs(logits, 1.0, top_p=1.0).sum(), torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("vocab, scale", [(50, 1.0), (3000, 0.3), (3000, 6.0), (20000, 0.05)])
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.999])
+def test_top_p_keeps_what_sorting_every_probability_keeps(vocab, scale, top_p):
+    """The partial top-k search for the nucleus (a flat distribution's cut lies past the first candidates) keeps
+    exactly the tokens the rule over a full sort keeps."""
+    from specdec_cli.decoding.sampling import _top_p_kept
+
+    probs = torch.softmax(torch.randn(3, vocab, generator=torch.Generator().manual_seed(vocab)) * scale, dim=-1)
+    ordered, order = torch.sort(probs, dim=-1, descending=True)
+    dropped = (torch.cumsum(ordered, dim=-1) - ordered) >= top_p
+    expected = torch.zeros_like(dropped).scatter(-1, order, ~dropped)
+    assert torch.equal(_top_p_kept(probs, top_p), expected)
+    for row in range(3):
+        assert torch.equal(_top_p_kept(probs[row], top_p), expected[row])
+
+
+def test_sampling_draws_each_token_at_its_probability_and_never_an_impossible_one():
+    from specdec_cli.decoding.sampling import sample
+
+    probs = torch.tensor([0.1, 0.0, 0.55, 0.0, 0.3, 0.05, 0.0])
+    generator = torch.Generator().manual_seed(0)
+    trials = 40000
+    counts = torch.bincount(torch.tensor([sample(probs, generator) for _ in range(trials)]), minlength=7).double()
+    stderr = torch.sqrt(probs.double() * (1 - probs.double()) / trials)
+    assert counts[probs == 0].sum() == 0
+    assert torch.all((counts / trials - probs.double()).abs() <= 4 * stderr + 1e-4), counts / trials
+    assert sample(torch.tensor([0.0, 0.0, 1.0]), generator) == 2  # one possible token, whatever the draw
