@@ -176,3 +176,31 @@ def test_on_block_weights_a_round_of_turns_is_sampled_together_each_with_its_see
             plain = engine.generate(prefix, NoDrafter(), GenerationConfig(
                 max_new_tokens=10, temperature=1.0, seed=seeds[answer.index], eos_token_ids=eos))
             assert answer.tokens == plain.tokens
+
+
+def test_the_pipeline_writes_its_own_prompts_first_and_answers_them_too(tiny_model_dir, tmp_path):
+    import re
+
+    from conftest import invoke
+
+    from specdec_cli.texts.prompts import load_prompts
+
+    out = tmp_path / "head"
+    result = invoke("distill", "--kind", "eagle", "-m", tiny_model_dir, "-o", str(out), "--self-prompts", "1",
+                    "--max-prompts", "3", "-n", "8", "--steps", "2", "--eval-max-prompts", "1",
+                    "--eval-max-new-tokens", "8")
+    assert result.returncode == 0, result.stderr
+    own = tmp_path / "head.prompts.jsonl"
+    assert "0/3 Writing 1 prompts" in result.stderr and own.exists()
+    kept = len(load_prompts(str(own), None, first_turns=True)) if own.read_text().strip() else 0
+    answered = re.search(r"1/3 Answering (\d+) prompts", result.stderr)
+    assert answered and int(answered.group(1)) == 3 + kept
+
+
+def test_bad_self_prompt_settings_are_refused_before_loading(tmp_path):
+    from conftest import invoke
+
+    for flags, message in ((["--self-prompts", "-1"], "--self-prompts must be in"),
+                           (["--self-prompts", "2", "--engine", "vllm"], "use --engine specdec")):
+        result = invoke("distill", "-m", str(tmp_path / "no-model"), "-o", str(tmp_path / "out"), *flags)
+        assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr

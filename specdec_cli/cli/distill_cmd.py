@@ -36,6 +36,7 @@ from .distill_stages import (
     Answering,
     HeadStages,
     HeldOut,
+    OwnPrompts,
     StudentStages,
     run_generate,
     run_generate_vllm,
@@ -137,12 +138,21 @@ def distill(
     unroll: int = options.unroll(),
     corpus: Optional[List[str]] = options.corpus(),
     engine: str = options.answer_engine(),
+    self_prompts: int = typer.Option(0, "--self-prompts", help="First have the target write this many prompts of "
+                                     "its own users (as `distill prompts` does; kept in OUTPUT.prompts.jsonl, "
+                                     "resumed if it exists), answered and trained on beside the others."),
 ) -> None:
     """Generate data, train a draft and evaluate it (no subcommand), or run one stage (see the commands)."""
     if ctx.invoked_subcommand is not None:
         return
     if prompts and suite:
         raise SpecdecError("give either --prompts or --suite, not both")
+    if not 0 <= self_prompts <= MAX_SELF_PROMPTS:
+        raise SpecdecError(f"--self-prompts must be in 0..{MAX_SELF_PROMPTS:,}, got {self_prompts}",
+                           setting="self_prompts")
+    if self_prompts and engine == "vllm":
+        raise SpecdecError("--self-prompts: the target writes its prompts in this process; use --engine specdec",
+                           setting="self_prompts")
     config = TrainConfig(layers=layers, epochs=epochs, steps=steps, lr=lr, kd_weight=kd_weight, kd_loss=kd_loss,
                          seed=seed, holdout=0.0, draft_vocab=draft_vocab)
     head_config = EagleTrainConfig(epochs=epochs, steps=steps, lr=lr, seed=seed, unroll=unroll,
@@ -157,12 +167,19 @@ def distill(
     train_items = load_prompts(prompts, None if prompts else (suite or "distill"), first_turns=True, limit=limit,
                                max_prompts=stages.pipeline_prompts if max_prompts is None else max_prompts)
     out_dir, data_file = pipeline_files(target, output, data, stages.name, stages.check_output)
+    own_prompts = None
+    if self_prompts:
+        from ..distill.self_prompts import check_prompts_output
+
+        own_prompts = OwnPrompts(str(out_dir.parent / f"{out_dir.name}.prompts.jsonl"), self_prompts, seed)
+        check_prompts_output(own_prompts.file)  # not this command's prompts: refused before the model loads
     check_student_layers(stages, target)
     # the student is built from and trained against the target in float32 (its block weights dequantised)
     loaded = load_target(target, device, "float32", weights)
     answering = Answering(engine, drafter, max_new_tokens, seed, batch_prompts)
     held_out = HeldOut(eval_prompts, eval_suite, eval_max_prompts, eval_max_new_tokens)
-    run_pipeline(loaded, target, stages, train_items, data_file, out_dir, answering, held_out, resume=resume)
+    run_pipeline(loaded, target, stages, train_items, data_file, out_dir, answering, held_out, resume=resume,
+                 own_prompts=own_prompts)
 
 
 @distill_app.command("generate")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from ..decoding.generation_config import GenerationConfig
 from ..defaults import DEFAULT_BATCH_PROMPTS, DEFAULT_BATCH_PROMPTS_BLOCKS, DEFAULT_TARGET, DEFAULT_VLLM_CONCURRENCY
 from ..distill import evaluate as scoring
 from ..distill.checkpoints import check_output_dir
@@ -306,6 +307,15 @@ class Answering:
 
 
 @dataclass(frozen=True)
+class OwnPrompts:
+    """`distill --self-prompts`: the prompts the target writes itself before answering, and where they are kept."""
+
+    file: str
+    count: int
+    seed: int
+
+
+@dataclass(frozen=True)
 class HeldOut:
     """The prompts the pipeline scores the draft on, before and after training (evaluation_items), and the
     answers' length there."""
@@ -317,10 +327,20 @@ class HeldOut:
 
 
 def run_pipeline(loaded: Any, target: str, stages: StudentStages | HeadStages, prompts: list, data: str,
-                 out_dir: Path, answering: Answering, held_out: HeldOut, *, resume: bool) -> None:
+                 out_dir: Path, answering: Answering, held_out: HeldOut, *, resume: bool,
+                 own_prompts: Optional[OwnPrompts] = None) -> None:
     """`specdec distill`'s three stages on a loaded target: answer the prompts into `data`, train the draft into
-    `out_dir`, score it before and after training; then its results and how to use it."""
+    `out_dir`, score it before and after training; then its results and how to use it. With `own_prompts`, a
+    stage before them: the target writes that many prompts, answered with the others."""
     spec = target_spec(target)
+    if own_prompts is not None:
+        from ..texts.prompts import load_prompts
+
+        tell(f"[bold]0/3[/bold] Writing {own_prompts.count} prompts of the target's own users -> {own_prompts.file}")
+        run_self_prompts(loaded, spec, own_prompts.file, own_prompts.count,
+                         GenerationConfig(max_new_tokens=SELF_PROMPT_TOKENS, temperature=1.0, top_p=0.95,
+                                          seed=own_prompts.seed))
+        prompts = [*prompts, *load_prompts(own_prompts.file, None, first_turns=True)]
     tell(f"[bold]1/3[/bold] Answering {len(prompts)} prompts with the target -> {data}")
     if answering.engine == "vllm":
         run_generate_vllm(target, spec, prompts, data, max_new_tokens=answering.max_new_tokens, dtype="auto",
@@ -381,6 +401,7 @@ def show_usage(draft_dir: str, target_spec: str, stages: StudentStages | HeadSta
 
 
 ATTEMPTS_PER_PROMPT = 20  # `distill prompts` gives up after this many sampled turns per prompt asked for
+SELF_PROMPT_TOKENS = 256  # the longest prompt the target writes itself (`distill prompts -n`'s default)
 
 
 def run_self_prompts(loaded: Any, target_spec: str, output: str, count: int, config: Any) -> Any:

@@ -41,7 +41,8 @@ from .generate import append_row_json, repair_tail
 CATEGORY = "self"
 MARKER = "\u2063specdec-user-turn\u2063"  # invisible separators around a word no template writes
 MIN_CHARS, MAX_CHARS = 16, 4000
-ROUND = 16  # turns sampled together on block weights (decoding/plain_many.py; the answers' batch, defaults.py)
+ROUND = 64  # turns sampled per call on block weights, 16 open at once (decoding/plain_many.py; defaults.py)
+ROUND_WIDTH = 16
 
 
 def user_turn_prefix(tokenizer: Any) -> list[int]:
@@ -121,7 +122,8 @@ def write_prompts(engine: Any, tokenizer: Any, target_spec: str, out_path: str, 
             attempts = list(range(attempt, attempt + size))
             seeds = None if config.seed is None else [config.seed + number for number in attempts]
             if many:  # plain sampling of each turn with its own seed, as the engine samples it alone
-                answers = sorted(batched.plain_many(engine.forward, [prefix] * size, config, width=size, seeds=seeds),
+                answers = sorted(batched.plain_many(engine.forward, [prefix] * size, config,
+                                                    width=min(size, ROUND_WIDTH), seeds=seeds),
                                  key=lambda answer: answer.index)
                 turns = [(answer.tokens, answer.finish_reason) for answer in answers]
             else:  # one turn, drafted by prompt lookup (the same law)
