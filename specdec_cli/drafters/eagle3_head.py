@@ -25,7 +25,6 @@ shapes that do not fit the target, and a vocabulary that is not the target's. It
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Optional
 
@@ -35,7 +34,7 @@ from torch import nn
 
 from ..errors import SpecdecError
 from ..files import read_json
-from .eagle_head import HeadCache, RMSNorm
+from .eagle_head import HeadCache, RMSNorm, attend
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -157,16 +156,7 @@ class Eagle3Head(nn.Module):
         key = self.k_proj(joined).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         value = self.v_proj(joined).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         query, key = self.rotary(query, positions), self.rotary(key, positions)  # [B, heads or kv, n, d]
-        past = 0
-        if cache is not None:
-            past = len(cache)
-            if cache.keys is not None and cache.values is not None:
-                key, value = torch.cat([cache.keys, key], dim=2), torch.cat([cache.values, value], dim=2)
-            cache.keys, cache.values = key, value
-        if mask is None:
-            mask = torch.ones(length, past + length, dtype=torch.bool, device=hidden.device).tril(past)
-        attended = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=1 / math.sqrt(self.head_dim),
-                                                  enable_gqa=self.heads != self.kv_heads)  # [B, heads, n, d]
+        attended = attend(query, key, value, cache, mask)  # [B, heads, n, d]
         hidden = hidden + self.o_proj(attended.transpose(1, 2).reshape(batch, length, -1))
         normed = self.post_attention_layernorm(hidden)
         return hidden + self.down_proj(F.silu(self.gate_proj(normed)) * self.up_proj(normed))

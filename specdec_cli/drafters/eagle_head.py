@@ -78,6 +78,23 @@ class HeadCache:
             self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
 
 
+def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: Optional[HeadCache],
+           mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """A head block's attention: query [B, heads, n, d] over the cache's keys and values (appended to it: B = 1)
+    and the new ones [B, kv_heads, n, d], causally or as `mask` [n, cached + n] (bool, True = attend) says ->
+    [B, heads, n, d]. Keys may serve groups of query heads (kv_heads dividing heads)."""
+    length, past = query.shape[2], 0
+    if cache is not None:
+        past = len(cache)
+        if cache.keys is not None and cache.values is not None:
+            key, value = torch.cat([cache.keys, key], dim=2), torch.cat([cache.values, value], dim=2)
+        cache.keys, cache.values = key, value
+    if mask is None:
+        mask = torch.ones(length, past + length, dtype=torch.bool, device=query.device).tril(past)  # [n, past+n]
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=1 / math.sqrt(query.shape[-1]),
+                                          enable_gqa=query.shape[1] != key.shape[1])
+
+
 class EagleHead(nn.Module):
     def __init__(self, config: HeadConfig) -> None:
         super().__init__()
@@ -104,15 +121,7 @@ class EagleHead(nn.Module):
         query, key, value = (part.view(shape).transpose(1, 2) for part in (query, key, value))  # [B, heads, n, d]
         query = rotate(query, positions, self.config.rope_theta)
         key = rotate(key, positions, self.config.rope_theta)
-        past = 0
-        if cache is not None:
-            past = len(cache)
-            if cache.keys is not None and cache.values is not None:
-                key, value = torch.cat([cache.keys, key], dim=2), torch.cat([cache.values, value], dim=2)
-            cache.keys, cache.values = key, value
-        if mask is None:
-            mask = torch.ones(length, past + length, dtype=torch.bool, device=features.device).tril(past)  # [n, past+n]
-        attended = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=1 / math.sqrt(shape[-1]))
+        attended = attend(query, key, value, cache, mask)  # [B, heads, n, d]
         hidden = hidden + self.out(attended.transpose(1, 2).reshape(batch, length, size))
         gate, up = self.gate_up(self.mlp_norm(hidden)).chunk(2, dim=-1)
         return hidden + self.down(F.silu(gate) * up)  # [B, n, H]
