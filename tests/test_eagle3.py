@@ -145,6 +145,7 @@ def test_the_layers_read_are_the_configs_or_eagle3s():
     assert feature_layers({}, 32) == (2, 16, 29)
     assert feature_layers({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 13, 24]}}, 28) == (1, 13, 24)
     assert feature_layers({"eagle_aux_hidden_state_layer_ids": [0, 2, 4]}, 5) == (0, 2, 4)
+    assert feature_layers({"eagle_config": ["not", "settings"]}, 32) == (2, 16, 29)
 
 
 @pytest.mark.parametrize("layout", ["midlayer", "layers.0"])

@@ -23,8 +23,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def greedy_batches(model: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eos_token_ids: Sequence[int],
                    batch_size: int, on_answer: Optional[Callable[[BatchAnswer], None]] = None) -> list[BatchAnswer]:
-    """Answer every prompt greedily, `batch_size` at a time (prompts of similar length together); `on_answer` is
-    called for each batch's answers as soon as the batch is done, in prompt order within the batch."""
+    """Answer every prompt greedily, `batch_size` at a time; `on_answer` is called for each answer as it is done
+    (on the native decoder, each as it ends; on a transformers model, a batch of prompts of similar length at a
+    time, in prompt order within the batch)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     from ..decoding.generation_config import GenerationConfig

@@ -129,13 +129,9 @@ class EagleDrafter:
         from ..target_model.native.quant import BlockLinear
 
         self.feature_layers = tuple(feature_layers)
-        if self.feature_layers:
-            self.needs = Needs(features=True, feature_layers=self.feature_layers)
-        on_blocks = isinstance(weights.lm_head, BlockLinear) and kernels.available()
-        if not self.feature_layers:
-            self.vocabulary: Any = HeadVocabulary(weights.lm_head, head_tokens or None, weights.lm_bias)
-            on_blocks = self.vocabulary.on_blocks
-        if on_blocks:  # a block target: the head's layers on the same kernels, in float32
+        self.needs = Needs(features=True, feature_layers=self.feature_layers)
+        if isinstance(weights.lm_head, BlockLinear) and kernels.available():
+            # a block target: the head's layers on the same kernels, in float32
             from .eagle_head import head_on_blocks
 
             self.device, self.dtype = torch.device("cpu"), torch.float32
@@ -144,10 +140,12 @@ class EagleDrafter:
             lm_head = weights.dense_lm_head()
             self.device, self.dtype = lm_head.device, lm_head.dtype
             self.head = head.to(self.device, self.dtype).eval()
-        if self.feature_layers:
+        if self.feature_layers:  # its own LM head over its draft vocabulary
             from .eagle3_head import OwnVocabulary
 
-            self.vocabulary = OwnVocabulary(self.head)
+            self.vocabulary: Any = OwnVocabulary(self.head)
+        else:  # the target's LM-head rows for the head's tokens (and the context's)
+            self.vocabulary = HeadVocabulary(weights.lm_head, head_tokens or None, weights.lm_bias)
         self.weights = weights
         self.draft_max = draft_max or DEFAULT_TREE_DEPTH
         self.min_prob = min_prob

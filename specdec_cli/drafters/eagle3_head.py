@@ -74,8 +74,7 @@ def read_eagle3_config(directory: str | Path) -> dict:
                                f"specdec does not load; convert them to {WEIGHTS} (safetensors) first",
                                setting="draft_model")
         raise SpecdecError(f"draft_model {directory}: no {WEIGHTS}", setting="draft_model")
-    layers = config.get("eagle_aux_hidden_state_layer_ids", (config.get("eagle_config") or {}).get(
-        "eagle_aux_hidden_state_layer_ids"))
+    layers = _configured_layers(config)
     if layers is not None and (not isinstance(layers, list) or len(layers) != 3 or
                                not all(isinstance(layer, int) and layer >= 0 for layer in layers)):
         raise SpecdecError(f"draft_model {directory}: eagle_aux_hidden_state_layer_ids must be three layer numbers",
@@ -83,10 +82,16 @@ def read_eagle3_config(directory: str | Path) -> dict:
     return config
 
 
+def _configured_layers(config: dict) -> Any:
+    """The config's `eagle_aux_hidden_state_layer_ids`, at the top level or under `eagle_config` (None: not set)."""
+    nested = config.get("eagle_config")
+    nested = nested if isinstance(nested, dict) else {}
+    return config.get("eagle_aux_hidden_state_layer_ids", nested.get("eagle_aux_hidden_state_layer_ids"))
+
+
 def feature_layers(config: dict, target_layers: int) -> tuple[int, ...]:
     """The target layers whose input states the head reads: the config's, else EAGLE-3's (2, N/2, N-3)."""
-    layers = config.get("eagle_aux_hidden_state_layer_ids", (config.get("eagle_config") or {}).get(
-        "eagle_aux_hidden_state_layer_ids"))
+    layers = _configured_layers(config)
     if layers is None:
         layers = [min(2, target_layers - 1), target_layers // 2, max(0, target_layers - 3)]
     return tuple(int(layer) for layer in layers)
@@ -164,8 +169,6 @@ class Eagle3Head(nn.Module):
 
 class OwnVocabulary:
     """The read-out of a head with its own LM head: logits over its draft vocabulary, `ids` their target ids."""
-
-    on_blocks = False
 
     def __init__(self, head: Any) -> None:
         """`head`: an Eagle3Head (its linear layers dense or in blocks)."""
