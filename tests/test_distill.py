@@ -268,6 +268,59 @@ def test_an_eagle_head_from_the_command_line_trains_resumes_and_is_evaluated(tar
     assert "Traceback" not in foreign.stderr
 
 
+def test_an_eagle3_head_from_the_command_line_is_written_in_the_published_layout(target_dir, data_file, tmp_path):
+    """`--kind eagle3`: trained, resumed and evaluated like specdec's own head; written as EAGLE-3 checkpoints are
+    published (config.json that transformers reads, midlayer.* tensors, d2t, t2d; no pickle); it loads with
+    `--drafter eagle --draft-model DIR` and drafting with it leaves greedy answers as plain decoding's; a later run
+    may replace it, a downloaded checkpoint never."""
+    import json
+
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    head, prompts = tmp_path / "head3", tmp_path / "held-out.txt"
+    prompts.write_text("\n".join(PROMPTS[4:]) + "\n")
+    train = ("distill", "train", "--kind", "eagle3", "--data", str(data_file), "-o", str(head), "--steps", "6",
+             "--holdout", "0.25", "--draft-vocab", "48")
+    result = invoke(*train)
+    assert result.returncode == 0, result.stderr
+    assert "Trained an EAGLE-3 head: 6 steps" in result.stderr, result.stderr
+    again = invoke(*train[:-6], "--steps", "8", "--holdout", "0.25", "--draft-vocab", "48", "--resume")
+    assert again.returncode == 0 and "Resuming from step 6" in again.stderr, again.stderr
+    assert sorted(path.name for path in head.iterdir()) == ["config.json", "distill_report.json", "model.safetensors"]
+    config = json.loads((head / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 48
+    assert AutoConfig.from_pretrained(head).hidden_size == config["hidden_size"]
+    with safe_open(str(head / "model.safetensors"), framework="pt") as weights:
+        names = set(weights.keys())
+        d2t, t2d = weights.get_tensor("d2t"), weights.get_tensor("t2d")
+    assert {"fc.weight", "norm.weight", "lm_head.weight", "midlayer.self_attn.q_proj.weight",
+            "midlayer.mlp.down_proj.weight", "midlayer.hidden_norm.weight", "midlayer.input_layernorm.weight"} <= names
+    draft_ids = torch.arange(48) + d2t
+    assert int(t2d.sum()) == 48 and bool(t2d[draft_ids].all()) and len(set(draft_ids.tolist())) == 48
+    report = json.loads((head / "distill_report.json").read_text())
+    assert report["kind"] == "eagle3" and report["steps"] == 8 and report["fingerprint"]
+    evaluated = invoke("distill", "evaluate", "--draft-model", str(head), "--prompts", str(prompts), "-n", "12",
+                       "--json")
+    assert evaluated.returncode == 0, evaluated.stderr
+    evaluation = json.loads(evaluated.stdout)
+    assert set(evaluation) >= {"before", "after", "after_chain"} and evaluation["prompts"] == 1
+    for prompt in PROMPTS:
+        compared = invoke("chat", "--target", str(target_dir), "-p", prompt, "-n", "16", "--drafter", "eagle",
+                          "--draft-model", str(head), "--compare", "--json")
+        assert compared.returncode == 0, compared.stderr
+        payload = json.loads(compared.stdout)
+        assert payload["identical"] and payload["speculative"]["output_token_ids"], payload
+    assert invoke(*train[:-6], "--steps", "2", "--draft-vocab", "48").returncode == 0  # its own head: replaced
+    published = tmp_path / "published"
+    published.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (published / name).write_bytes((head / name).read_bytes())
+    refused = invoke("distill", "train", "--kind", "eagle3", "--data", str(data_file), "-o", str(published))
+    assert_one_line_error(refused, "is not an EAGLE-3 head `specdec distill` trained", code=1)
+
+
 def test_a_student_is_cut_from_block_weights_dequantised(target_dir, data_file, tmp_path):
     """`--weights int8` (any block weights): the student starts from the target as it runs, its blocks
     dequantised (they are not in the state dict), and trains against it."""

@@ -257,3 +257,60 @@ def test_the_cli_refuses_a_pickled_eagle3_head_before_loading_the_target(tmp_pat
                     str(tmp_path / "no-such-model"))
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "pickle" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+# -- training heads in this layout (distill/eagle3_train.py) ----------------------------------------------------
+
+
+def _answers(target, count: int = 12, length: int = 40) -> list[list[int]]:
+    """The target's own greedy continuations of varied starts: what `distill generate` gives a head to learn."""
+    generator = torch.Generator().manual_seed(11)
+    starts = [[1, *torch.randint(2, VOCAB, (4,), generator=generator).tolist()] for _ in range(count)]
+    return [start + hf_greedy(target, start, length) for start in starts]
+
+
+def test_a_trained_eagle3_head_learns_the_target_and_saves_as_it_drafts(target, tmp_path):
+    """Training lowers the token loss (the target's distribution two tokens ahead: a random tiny target is too
+    chaotic for 9 pieces to teach held-out agreement); the written folder loads back (bfloat16, as published) into
+    a head that drafts the tokens the trained module drafts."""
+    from specdec_cli.distill.eagle3_train import Eagle3Kind
+    from specdec_cli.distill.eagle_train import EagleTrainConfig
+    from specdec_cli.distill.loop import train
+    from specdec_cli.drafters.eagle3_head import load_eagle3, save_eagle3
+
+    config = EagleTrainConfig(steps=80, lr=3e-3, head_vocab=48, holdout=0.25, save_every=0, seed=2, unroll=2)
+    head, result = train(Eagle3Kind(target, _answers(target), config), None)
+    report = result["report"]
+    history = report["loss_history"]
+    assert sum(history[-10:]) / 10 < 0.7 * sum(history[:10]) / 10, history
+    assert report["top1_agreement_after"] is not None and report["steps"] == 80
+    assert report["feature_layers"] == [2, 2, 2] and report["draft_vocab"] == 48
+    info = target_info(target, _Tokenizer())
+    save_eagle3(tmp_path / "foreign", head, {**report, "target": "tiny", "fingerprint": "sha256:another"})
+    with pytest.raises(SpecdecError, match="trained for another tokenizer"):
+        load_eagle3(tmp_path / "foreign", info)
+    save_eagle3(tmp_path / "head", head, {**report, "target": "tiny", "fingerprint": info.fingerprint})
+    loaded, layers = load_eagle3(tmp_path / "head", info)
+    assert layers == (2, 2, 2) and torch.equal(loaded.d2t, head.d2t)
+    states = torch.randn(1, 6, 3 * HIDDEN)
+    embedded = target.get_input_embeddings()(torch.tensor([[3, 4, 5, 6, 7, 8]]))
+    with torch.inference_mode():
+        outs = [module.lm_head(module.norm(module(module.reduce(states), embedded, torch.arange(6)))).argmax(-1)
+                for module in (head.eval(), loaded)]
+    assert (outs[0] == outs[1]).float().mean() >= 0.8  # (bfloat16 weights: near ties may flip)
+
+
+def test_the_draft_vocabularys_lm_head_rows_come_from_the_blocks_alone(target):
+    import copy
+
+    from specdec_cli.distill.eagle3_train import lm_head_rows
+    from specdec_cli.target_model.load import converted_blocks
+    from specdec_cli.target_model.native import quant
+
+    blocks = copy.deepcopy(target)
+    quant.install_blocks(blocks, converted_blocks.plan_blocks(blocks, "int8", None))
+    ids = _draft_ids()
+    lm_head = blocks.get_output_embeddings()
+    assert isinstance(lm_head, quant.BlockLinear)
+    assert torch.equal(lm_head_rows(lm_head, ids), lm_head.blocks().dense()[ids])
+    assert torch.equal(lm_head_rows(target.get_output_embeddings(), ids), target.lm_head.weight[ids])

@@ -186,3 +186,24 @@ def test_serve_with_an_api_key_refuses_requests_without_it(through):
     finally:
         server.terminate()
         assert server.wait(timeout=120) in (0, 143, -15)
+
+
+def test_an_eagle3_head_specdec_trained_drafts_in_vllms_own_eagle3_without_changing_answers(tmp_path):
+    """`specdec distill --kind eagle3` writes the layout vLLM loads: `bench --engine vllm --reference eagle3
+    --draft-model DIR` runs vLLM's EAGLE-3 with it, every answer identical to plain vLLM's (float32)."""
+    data, head = tmp_path / "answers.jsonl", tmp_path / "head"
+    answered = specdec("distill", "generate", "--suite", "distill", "--max-prompts", "4", "--max-new-tokens", "24",
+                       "-o", str(data))
+    assert answered.returncode == 0, answered.stderr[-2000:]
+    trained = specdec("distill", "train", "--kind", "eagle3", "--data", str(data), "-o", str(head), "--steps", "4")
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    done = specdec("bench", "--engine", "vllm", "--suite", "builtin", "--categories", "code", "--limit", "2",
+                   "-d", "none", "--reference", "eagle3", "--draft-model", str(head), "--max-new-tokens", "32",
+                   "--concurrency", "2", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    rows = [row for row in report["results"] if row["category"] == "overall" and row["method"] == "eagle3"]
+    assert {row["regime"] for row in rows} == {"single", "concurrent"}
+    for row in rows:
+        assert row["identical"] == row["compared"] == 2 and row["new_tokens"] > 0
+        assert row["acceptance_rate"] is not None  # vLLM drafted with the head

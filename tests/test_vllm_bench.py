@@ -166,6 +166,8 @@ def test_without_vllm_both_commands_say_how_to_install_it(monkeypatch):
     (["bench", "--engine", "vllm", "-d", "none,ttr"], "does not run in vLLM"),
     (["bench", "--engine", "vllm", "--concurrency", "0"], "concurrency must be >= 1"),
     (["bench", "--engine", "mlx"], "engine must be one of specdec, vllm, got 'mlx'"),
+    (["bench", "--engine", "vllm", "--reference", "eagle3"], "method eagle3: give --draft-model DIR"),
+    (["bench", "--engine", "vllm", "--reference", "ngram", "--draft-model", "x"], "--draft-model: not with --engine"),
     (["distill", "generate", "--engine", "vllm", "--suite", "distill", "-o", "x.jsonl", "--temperature", "0.5"],
      "vLLM answers greedily"),
 ])

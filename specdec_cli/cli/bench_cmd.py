@@ -67,7 +67,7 @@ def bench(
     exact: Optional[bool] = options.exact(note="; when on, the `native` row times plain decoding on the model's own kernels"),
     engine: str = options.choice("specdec", "--engine", options.ENGINES, help="specdec (this process), or vllm: the methods inside vLLM "
                                f"(each in its own vLLM process; drafters {', '.join(VLLM_DRAFTERS)}; --reference "
-                               f"{','.join(VLLM_METHODS)} for vLLM's own, default ngram), one request at a time and "
+                               f"{','.join(VLLM_METHODS)} for vLLM's own, default ngram; eagle3 drafts with --draft-model's EAGLE-3 head), one request at a time and "
                                "--concurrency at once. Needs `make install-vllm`."),
     concurrency: int = typer.Option(8, "--concurrency", help="--engine vllm: requests in flight in the concurrent "
                                     "rows (a new one as one finishes)."),
@@ -82,7 +82,7 @@ def bench(
                   exact=exact, raw=raw, warmup=warmup)  # named as the settings' fields (bench/settings.py)
     if engine == "vllm":
         not_here = {"--oracle": oracle, "--temperature": temperature > 0, "--repeats": repeats > 1,
-                    "--draft-model": draft_model, "--plot": plot, "--exact/--no-exact": exact is not None,
+                    "--draft-model": draft_model and "eagle3" not in split_names(reference), "--plot": plot, "--exact/--no-exact": exact is not None,
                     "--weights": weights != "auto", "--threads": threads is not None, "--device": device != "auto",
                     "--decoder": decoder != "auto"}
         bench_vllm(values, split_names(drafters), split_names(reference), chosen, files, as_json,

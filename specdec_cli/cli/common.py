@@ -162,3 +162,28 @@ def show_report(document: dict, as_json: bool, render: Callable[[dict], None], w
         render(document)
     for path in written:
         err_console().print(f"[dim]wrote {path}[/dim]")
+
+
+def progress_bars(*fields: str) -> Any:
+    """One progress line on stderr in a terminal; nothing at all where stderr is a file or a pipe."""
+    from rich import progress as bars
+
+    columns = [bars.TextColumn("[bold]{task.description}"), bars.BarColumn(), bars.MofNCompleteColumn()]
+    columns += [bars.TextColumn(f"{{task.fields[{name}]}}") for name in fields]
+    columns += [bars.TimeElapsedColumn(), bars.TextColumn("eta"), bars.TimeRemainingColumn()]
+    return bars.Progress(*columns, console=err_console(), transient=False, disable=not err_console().is_terminal)
+
+
+def tell(text: str) -> None:
+    """One message on stderr, one line however long (a terminal wraps it; a log keeps it whole)."""
+    err_console().print(text, soft_wrap=True)
+
+
+def notes(progress: Any) -> Callable[[str], None]:
+    """Print a library's messages above a progress line; where stderr is not a terminal, leave out its notes of
+    progress (those that end with "…"), as the bar itself is left out."""
+    def say(message: str) -> None:
+        if progress.console.is_terminal or not message.endswith("…"):
+            progress.console.print(message, soft_wrap=True)
+
+    return say

@@ -16,6 +16,7 @@ import typer
 
 from ..decoding.generation_config import GenerationConfig
 from ..defaults import DEFAULT_MAX_NEW_TOKENS
+from ..distill.eagle3_train import DEFAULT_DRAFT_VOCAB as EAGLE3_DRAFT_VOCAB
 from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, EagleTrainConfig
 from ..distill.generate import check_data_output
 from ..distill.pipeline import pipeline_files, target_of_data, target_spec, usable_target
@@ -114,7 +115,7 @@ def distill(
     prompts: Optional[str] = options.prompts(role="Training prompts"),
     suite: Optional[str] = options.suite(role="Training prompt suite", note=" (default: distill)"),
     limit: Optional[int] = options.limit(),
-    max_prompts: Optional[int] = options.max_prompts(default_note=f"{StudentStages.pipeline_prompts}; {HeadStages.pipeline_prompts} with --kind eagle"),
+    max_prompts: Optional[int] = options.max_prompts(default_note=f"{StudentStages.pipeline_prompts}; {HeadStages.pipeline_prompts} with --kind eagle or eagle3"),
     max_new_tokens: int = options.max_new_tokens(PIPELINE_MAX_NEW_TOKENS),
     drafter: str = options.drafter("pld", purpose="Answering one by one (given, it answers so; not with --batch-prompts > 1 or --engine vllm): the drafter that speeds up answering the "
                                    "training prompts: "),
@@ -156,7 +157,7 @@ def distill(
     config = TrainConfig(layers=layers, epochs=epochs, steps=steps, lr=lr, kd_weight=kd_weight, kd_loss=kd_loss,
                          seed=seed, holdout=0.0, draft_vocab=draft_vocab)
     head_config = EagleTrainConfig(epochs=epochs, steps=steps, lr=lr, seed=seed, unroll=unroll,
-                                   head_vocab=DEFAULT_HEAD_VOCAB if draft_vocab == DEFAULT_DRAFT_VOCAB else draft_vocab)
+                                   head_vocab=head_vocab_for(kind, draft_vocab))
     stages = stages_of(kind, config, head_config, tuple(corpus or ()))
     batch_prompts = check_batch_prompts(batch_prompts, 0.0)
     options.check_engine(engine)
@@ -303,7 +304,7 @@ def train(
                          weight_decay=weight_decay, clip=clip, max_len=max_len, kd_weight=kd_weight, kd_loss=kd_loss,
                          seed=seed, save_every=save_every, holdout=holdout, draft_vocab=draft_vocab,
                          kd_positions=kd_positions, freeze_embeddings=freeze_embeddings)
-    head_vocab = DEFAULT_HEAD_VOCAB if draft_vocab == DEFAULT_DRAFT_VOCAB else draft_vocab  # a head's own default
+    head_vocab = head_vocab_for(kind, draft_vocab)
     head_config = EagleTrainConfig(epochs=epochs, steps=steps, lr=lr, token_weight=token_weight,
                                    max_len=min(max_len, 512), head_vocab=head_vocab, holdout=holdout, seed=seed,
                                    save_every=save_every, unroll=unroll)
@@ -318,6 +319,13 @@ def train(
     stages.train(loaded, target_spec(target), data, output, checkpoint_dir=checkpoint_dir, resume=resume)
     if stages.shows_usage_after_training:
         show_usage(output, target_spec(target), stages)
+
+
+def head_vocab_for(kind: str, draft_vocab: int) -> int:
+    """A head's draft vocabulary: --draft-vocab when given, else its kind's own default."""
+    if draft_vocab != DEFAULT_DRAFT_VOCAB:
+        return draft_vocab
+    return EAGLE3_DRAFT_VOCAB if kind == "eagle3" else DEFAULT_HEAD_VOCAB
 
 
 def check_student_layers(stages: StudentStages | HeadStages, target: str) -> None:

@@ -29,36 +29,11 @@ from ..target_model.load.models import load_target_text
 from ..texts.data_rows import read_rows
 from ..texts.fingerprint import tokenizer_fingerprint
 from ..vllm import runner as vllm_runner
-from .common import console, doing, err_console
+from .common import console, doing, err_console, notes, progress_bars, tell
 from .options import DRAFT_KINDS
 
 STUDENT_DRAFT_MAX = 6  # the chains a student is evaluated with
 EVAL_PROMPTS = 18  # held-out prompts a draft is evaluated on by default, spread over their categories
-
-
-def progress_bars(*fields: str) -> Any:
-    """One progress line on stderr in a terminal; nothing at all where stderr is a file or a pipe."""
-    from rich import progress as bars
-
-    columns = [bars.TextColumn("[bold]{task.description}"), bars.BarColumn(), bars.MofNCompleteColumn()]
-    columns += [bars.TextColumn(f"{{task.fields[{name}]}}") for name in fields]
-    columns += [bars.TimeElapsedColumn(), bars.TextColumn("eta"), bars.TimeRemainingColumn()]
-    return bars.Progress(*columns, console=err_console(), transient=False, disable=not err_console().is_terminal)
-
-
-def tell(text: str) -> None:
-    """One message on stderr, one line however long (a terminal wraps it; a log keeps it whole)."""
-    err_console().print(text, soft_wrap=True)
-
-
-def notes(progress: Any) -> Callable[[str], None]:
-    """Print a library's messages above a progress line; where stderr is not a terminal, leave out its notes of
-    progress (those that end with "…"), as the bar itself is left out."""
-    def say(message: str) -> None:
-        if progress.console.is_terminal or not message.endswith("…"):
-            progress.console.print(message, soft_wrap=True)
-
-    return say
 
 
 def check_data(loaded: Any, target_spec: str, data: str, allow_empty: bool) -> None:
@@ -224,6 +199,10 @@ class HeadStages:
     shows_usage_after_training = True
     title = "an EAGLE head"
 
+    @staticmethod
+    def build(*args: Any, **kwargs: Any) -> dict:
+        return build_eagle_head(*args, **kwargs)
+
     def check_output(self, directory: Path) -> None:
         from ..drafters.eagle_head import check_head_output
 
@@ -258,12 +237,12 @@ class HeadStages:
                 progress.update(task, description=description, total=update.total, completed=update.done, loss=loss)
 
             with doing("training the head", "the head was not written (--resume continues from the last checkpoint)"):
-                report = build_eagle_head(loaded.model, loaded.tokenizer, target_spec, output, data,
-                                          list(self.corpus), self.config, on_progress, checkpoint_dir=checkpoint_dir,
-                                          resume=resume, on_status=notes(progress))
+                report = self.build(loaded.model, loaded.tokenizer, target_spec, output, data, list(self.corpus),
+                                    self.config, on_progress, checkpoint_dir=checkpoint_dir, resume=resume,
+                                    on_status=notes(progress))
         before, after = report["top1_agreement_before"], report["top1_agreement_after"]
         agreement = "" if after is None else f"; held-out top-1 agreement {before:.1%} -> {after:.1%}"
-        tell(f"Trained an EAGLE head: {report['steps']} steps in {report['seconds']:.0f} s on "
+        tell(f"Trained {self.title}: {report['steps']} steps in {report['seconds']:.0f} s on "
                             f"{report['train_tokens']:,} tokens ({report['answer_tokens']:,} from answers, "
                             f"{report['corpus_tokens']:,} from corpora){agreement}; saved {output}")
 
@@ -277,10 +256,40 @@ class HeadStages:
                                  on_progress=on_progress)
 
 
+@dataclass(frozen=True)
+class Eagle3Stages(HeadStages):
+    """A head in EAGLE-3's published layout (`--drafter eagle` loads it; so do vLLM and SGLang): three of the
+    target's layers in, its own read-out over a draft vocabulary."""
+
+    name = "eagle3"
+    title = "an EAGLE-3 head"
+
+    @staticmethod
+    def build(*args: Any, **kwargs: Any) -> dict:
+        from ..distill.eagle3_train import build_eagle3_head
+
+        return build_eagle3_head(*args, **kwargs)
+
+    def check_output(self, directory: Path) -> None:
+        from ..drafters.eagle3_head import check_eagle3_output
+
+        check_eagle3_output(directory)
+
+    def recorded_target(self, directory: Path) -> Optional[str]:
+        from ..drafters.eagle3_head import REPORT, read_eagle3_config
+        from ..files import read_json
+
+        read_eagle3_config(directory)
+        return str(read_json(directory / REPORT).get("target") or "") or None
+
+
 def stages_for_draft(directory: Path) -> StudentStages | HeadStages:
-    """The stages of the draft in `directory`: a head's, when it holds an EAGLE head's files."""
+    """The stages of the draft in `directory`: a head's, when it holds an EAGLE head's files (either layout)."""
+    from ..drafters.eagle3_head import is_eagle3_dir
     from ..drafters.eagle_head import HEAD_META
 
+    if is_eagle3_dir(directory):
+        return Eagle3Stages()
     return HeadStages() if (directory / HEAD_META).is_file() else StudentStages()
 
 
@@ -288,7 +297,9 @@ def stages_of(kind: str, config: TrainConfig, head_config: EagleTrainConfig,
               corpus: tuple[str, ...]) -> StudentStages | HeadStages:
     """`--kind` (checked as parsed, and here for other callers): the stages of a student or of a head."""
     check_choice(kind, DRAFT_KINDS, "kind")
-    return HeadStages(head_config, corpus) if kind == "eagle" else StudentStages(config)
+    if kind == "student":
+        return StudentStages(config)
+    return Eagle3Stages(head_config, corpus) if kind == "eagle3" else HeadStages(head_config, corpus)
 
 
 # ---------------------------------------------------------------------------------------------- the pipeline

@@ -25,6 +25,7 @@ from ..defaults import (
     DEFAULT_VLLM_CONCURRENCY,
 )
 from ..device import DECODERS
+from ..distill.eagle3_train import DEFAULT_DRAFT_VOCAB as EAGLE3_DRAFT_VOCAB
 from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, DEFAULT_UNROLL, MAX_UNROLL
 from ..distill.loss import KD_LOSSES
 from ..distill.student import DEFAULT_DRAFT_VOCAB
@@ -228,7 +229,7 @@ def kd_loss() -> Any:
 
 def draft_vocab() -> Any:
     return typer.Option(DEFAULT_DRAFT_VOCAB, "--draft-vocab", help="Tokens the draft's head predicts (0 = all; an "
-                        f"EAGLE head's own default: {DEFAULT_HEAD_VOCAB}).")
+                        f"EAGLE head's own default: {DEFAULT_HEAD_VOCAB}, an EAGLE-3 head's: {EAGLE3_DRAFT_VOCAB}).")
 
 
 def unroll() -> Any:
@@ -266,12 +267,12 @@ def resume() -> Any:
     return typer.Option(False, "--resume", help="Continue training from the checkpoint.")
 
 
-DRAFT_KINDS = ("student", "eagle")  # distill's --kind (distill_stages.stages_of)
+DRAFT_KINDS = ("student", "eagle", "eagle3")  # distill's --kind (distill_stages.stages_of)
 
 
 def kind() -> Any:
-    return choice("student", "--kind", DRAFT_KINDS, help="student (a small model of its own) or eagle (a head on "
-                  "the target's features).")
+    return choice("student", "--kind", DRAFT_KINDS, help="student (a small model of its own), eagle (a head on "
+                  "the target's features) or eagle3 (a head on three of its layers, in EAGLE-3's published layout).")
 
 
 def corpus() -> Any:

@@ -59,6 +59,29 @@ def head_logits_along(head: Any, embeddings: Any, lm_weight: Any) -> Callable[[R
     return logits
 
 
+def eagle3_logits_along(head: Any, embeddings: Any, layers: Sequence[int], vocab: int) -> Callable[[Reference], Any]:
+    """An EAGLE-3 head's teacher-forced logits [m, V] at the answer positions (-inf outside its draft vocabulary):
+    position p from (the states entering `layers` at p-1, token p)."""
+    import torch
+
+    def logits(reference: Reference) -> Any:
+        ids, end = reference.ids[0], reference.end
+        dtype = next(head.parameters()).dtype
+        with torch.inference_mode():
+            states = torch.cat([reference.layer_states[layer][: end - 1] for layer in layers], dim=-1)  # [end-1, 3H]
+            embedded = embeddings(ids[None, 1:end]).to(dtype)  # [1, end-1, H]
+            predicted = head(head.reduce(states[None].to(dtype)), embedded, torch.arange(end - 1))[0]  # [end-1, H]
+            rows = predicted[max(reference.start - 1, 0) : end - 1]
+            own = head.lm_head(head.norm(rows)).float()  # [., K]
+            out = torch.full((own.shape[0], vocab), float("-inf"))
+            out[:, head.draft_ids()] = own
+            if reference.start == 0:
+                out = torch.cat([torch.zeros_like(out[:1]), out])
+        return out
+
+    return logits
+
+
 def evaluate_head(
     target: Any,
     tokenizer: Any,
@@ -72,18 +95,29 @@ def evaluate_head(
     prompt_source: str = "",
     on_progress: Optional[Callable[[EvalProgress], None]] = None,
 ) -> dict:
-    """Score the head in `head_dir` (and its untrained start) and store the result in its report."""
+    """Score the head in `head_dir` (either layout; and its untrained start) and store the result in its report."""
+    from ..drafters.eagle3_head import is_eagle3_dir, load_eagle3
     from ..drafters.eagle_head import load_head
 
     directory = Path(head_dir).expanduser()
     info = target_info(target, tokenizer)
     weights = check_target(info)
-    trained, meta = load_head(directory, info)
     report = read_report(directory)
     seed = int(((report.get("config") or {}).get("seed")) or 0)
-    head_tokens = meta.get("head_tokens")
     depth = draft_max or DEFAULT_TREE_DEPTH
-    heads = {True: trained, False: initial_head(target, seed).eval() if baseline else None}
+    layers: tuple[int, ...] = ()
+    head_tokens = None
+    if is_eagle3_dir(directory):  # EAGLE-3's layout: its own read-out; "before" is distill's start for it
+        from .eagle3_train import initial_head as initial_eagle3
+
+        eagle3, layers = load_eagle3(directory, info)
+        untrained = initial_eagle3(target, eagle3.draft_ids(), layers, seed).eval() if baseline else None
+        trained: Any = eagle3
+    else:
+        trained, meta = load_head(directory, info)
+        head_tokens = meta.get("head_tokens")
+        untrained = initial_head(target, seed).eval() if baseline else None
+    heads = {True: trained, False: untrained}
     lm_weight = weights.dense_lm_head()
     candidates = {}
     for label, is_trained, width in EAGLE_RUNS:
@@ -92,9 +126,10 @@ def evaluate_head(
             continue
         tree_width = DEFAULT_TREE_WIDTH if width is None else width
         drafter = EagleDrafter(head, weights, head_tokens=head_tokens, draft_max=depth,
-                               eos_token_ids=info.eos_token_ids, tree_width=tree_width)
-        candidates[label] = Candidate(drafter, head_logits_along(drafter.head, weights.embed, lm_weight),
-                                      head_tokens)
+                               eos_token_ids=info.eos_token_ids, tree_width=tree_width, feature_layers=layers)
+        along = (eagle3_logits_along(drafter.head, weights.embed, layers, info.vocab_size) if layers else
+                 head_logits_along(drafter.head, weights.embed, lm_weight))
+        candidates[label] = Candidate(drafter, along, head_tokens)
     started = time.perf_counter()
     budget = max(DEFAULT_BUDGET, depth)  # tree nodes (or chain tokens) per step, as chat and bench verify
     scores = score_candidates(target, tokenizer, prompts, candidates, eos_token_ids=info.eos_token_ids,

@@ -196,7 +196,6 @@ class HeadKind:
         self.lm_weight: Any = None  # the target's LM head [V, H], float32
         self.ids: Any = None  # the head's tokens (all of them when unrestricted) [K]
         self.head_weight: Any = None  # the LM head's rows for them [K, H]
-        self.embedded: list[Any] = []  # the target's embeddings of each training piece but its first token
         self.before: Optional[float] = None  # held-out agreement of the untrained head
         self._epoch_order: dict[int, list[int]] = {}
 
@@ -216,7 +215,6 @@ class HeadKind:
         vocab = int(self.lm_weight.shape[0])
         self.ids = torch.tensor(data.head_tokens) if data.head_tokens is not None else torch.arange(vocab)
         self.head_weight = self.lm_weight[self.ids]  # [K, H]
-        self.embedded = [self.embed(piece[1:]) for piece in data.train]
         total = config.steps or max(1, math.ceil(config.epochs * len(data.train)))
         optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0)
         self.before = self.agreement() if state is None else state.get("top1_agreement_before")
@@ -253,7 +251,8 @@ class HeadKind:
         if epoch not in self._epoch_order:
             self._epoch_order = {epoch: epoch_order(len(self.data.train), self.config.seed, epoch)}
         piece = self._epoch_order[epoch][within]
-        piece_features, piece_embedded = self.data.train_features[piece], self.embedded[piece]
+        piece_features = self.data.train_features[piece]
+        piece_embedded = self.embed(self.data.train[piece][1:])  # (a lookup: kept for no piece)
         total: Any = 0
         inputs, embedded_next = piece_features[None, :-1], piece_embedded  # [1, n-1, H] each
         for unroll in range(min(self.config.unroll, piece_features.shape[0] - 1)):

@@ -126,6 +126,7 @@ class Reference:
     target_argmax: Any  # [m]
     target_probs: Any  # [m, V]
     features: Any  # [n, H] the target's last hidden states, float32
+    layer_states: tuple = ()  # [n, H] per layer, the states entering it (index 0: the embeddings), float32
 
 
 def score_drafts(
@@ -173,10 +174,12 @@ def score_candidates(
 ) -> dict:
     """{label: DraftScore} for every Candidate in `candidates` ({label: candidate}) over the same prompts."""
     from ..decoding.engine import Engine, GenerationConfig
+    from ..target_model.verify.exact_setup import states_forward
 
     if not prompts:
         raise SpecdecError("no prompts to evaluate on")
     engine = Engine(target, tokenizer)
+    along = states_forward(target)  # the target along each answer, every layer's states (heads read several)
     config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, draft_max=budget,
                               eos_token_ids=tuple(eos_token_ids), cost_aware=False)
     config.check()
@@ -191,7 +194,7 @@ def score_candidates(
             generation = engine.generate(_prompt_ids(prompt), candidate.drafter, config)
             stats = generation.stats
             if reference is None:  # greedy runs all produce the target's own answer: measure along the first
-                reference = _target_along(target, _prompt_ids(prompt), list(generation.tokens))
+                reference = _target_along(along, _prompt_ids(prompt), list(generation.tokens))
             score, acc = scores[label], sums[label]
             score.prompts += 1
             runs[label].append(stats)
@@ -228,18 +231,25 @@ def _finish(score: DraftScore, acc: dict, categories: dict, runs: list) -> None:
     }
 
 
-def _target_along(target: Any, prompt_ids: Sequence[int], answer: list[int]) -> Optional[Reference]:
+def _target_along(forward: Any, prompt_ids: Sequence[int], answer: list[int]) -> Optional[Reference]:
+    """One forward (`forward`: exact_setup.states_forward's) over prompt + answer: the target's distributions and
+    the states entering each of its layers along it."""
     import torch
+
+    from ..target_model.verify.forward import new_cache
 
     if not answer:
         return None
     ids = torch.tensor([list(prompt_ids) + list(answer)])  # [1, n]
     start, end = len(prompt_ids) - 1, ids.shape[1] - 1  # position start predicts answer[0]
+    layers = tuple(range(int(forward.model.config.num_hidden_layers)))
     with torch.inference_mode():
-        out = target(input_ids=ids.to(_device(target)), output_hidden_states=True)
+        out = forward.run(input_ids=ids.to(forward.device), position_ids=torch.arange(ids.shape[1])[None].to(
+            forward.device), past_key_values=new_cache(forward), use_cache=True, output_hidden_states=True,
+            **forward.layer_states(layers))
         logits = out.logits[0, start:end].float().cpu()  # [m, V]
-        features = out.hidden_states[-1][0].float().cpu()  # [n, H]
-    return Reference(ids, start, end, logits.argmax(-1), torch.softmax(logits, -1), features)
+        layer_states = tuple(state[0].float().cpu() for state in out.hidden_states)  # [n, H] each, the last normed
+    return Reference(ids, start, end, logits.argmax(-1), torch.softmax(logits, -1), layer_states[-1], layer_states)
 
 
 def _agreement(candidate: Candidate, reference: Optional[Reference]) -> tuple[int, float, int]:

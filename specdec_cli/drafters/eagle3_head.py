@@ -20,13 +20,15 @@ the target's N layers; the engine asks the target's forward for them (`Needs.fea
 
 This file reads such a directory into a module with drafters/eagle.py's head interface (`reduce`, the call, a
 `HeadCache`) and an `OwnVocabulary` for its read-out; it refuses weights in pickle files (`pytorch_model.bin`),
-shapes that do not fit the target, and a vocabulary that is not the target's. It does not train heads.
+shapes that do not fit the target, and a vocabulary that is not the target's (nor, for a head specdec trained,
+another tokenizer: its distill_report.json names the fingerprint). It also writes the layout (`save_eagle3`, in
+bfloat16 as checkpoints are published); training is distill/eagle3_train.py's.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +40,8 @@ from .eagle_head import HeadCache, RMSNorm, attend
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
+REPORT = "distill_report.json"  # a head specdec trained: its target, tokenizer fingerprint and training report
+ARCHITECTURE = "LlamaForCausalLMEagle3"  # the name vLLM and SGLang load the layout by
 PICKLED = ("pytorch_model.bin", "model.pt", "model.pth")
 MIDLAYER = ("midlayer.", "layers.0.", "model.layers.0.", "model.midlayer.")  # names checkpoints give the layer
 
@@ -53,6 +57,25 @@ def is_eagle3_dir(directory: str | Path) -> bool:
     names = names if isinstance(names, list) else []
     return (any("eagle" in str(name).lower() for name in names) or "draft_vocab_size" in config or
             "eagle_config" in config or "eagle_aux_hidden_state_layer_ids" in config)
+
+
+def trained_here(directory: str | Path) -> bool:
+    """Whether `directory` holds an EAGLE-3 head `specdec distill --kind eagle3` wrote (its report says so): one a
+    later run may replace, unlike a downloaded checkpoint."""
+    folder = Path(directory).expanduser()
+    report = read_json(folder / REPORT) if (folder / REPORT).is_file() else {}
+    return is_eagle3_dir(folder) and report.get("kind") == "eagle3" and bool(report.get("fingerprint"))
+
+
+def check_eagle3_output(directory: str | Path) -> None:
+    """Refuse to replace anything but an EAGLE-3 head specdec trained (writing a head replaces its directory)."""
+    folder = Path(directory).expanduser()
+    if folder.exists():
+        if not folder.is_dir():
+            raise SpecdecError(f"{folder}: exists and is not a directory", setting="output")
+        if any(folder.iterdir()) and not trained_here(folder):
+            raise SpecdecError(f"{folder}: exists and is not an EAGLE-3 head `specdec distill` trained; choose "
+                               "another --output", setting="output")
 
 
 def read_eagle3_config(directory: str | Path) -> dict:
@@ -121,8 +144,12 @@ class _Rotary:
 class Eagle3Head(nn.Module):
     """The checkpoint's layers; drafters/eagle.py drives it as it drives specdec's own head (eagle_head.py)."""
 
+    d2t: torch.Tensor  # [draft_vocab] int64 (a buffer): target id = draft id + d2t[draft id]
+    lm_head: nn.Linear
+
     def __init__(self, config: dict, target_hidden: int) -> None:
         super().__init__()
+        self.config = dict(config)
         size = int(config["hidden_size"])
         self.heads = int(config["num_attention_heads"])
         self.kv_heads = int(config.get("num_key_value_heads") or self.heads)
@@ -145,6 +172,15 @@ class Eagle3Head(nn.Module):
         self.lm_head = nn.Linear(size, draft_vocab, bias=False)
         self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
         self.rotary = _Rotary(config, self.head_dim)
+
+    def draft_ids(self) -> torch.Tensor:
+        """The target ids of its draft vocabulary, in draft order [draft_vocab]."""
+        return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
+
+    def set_draft_ids(self, ids: torch.Tensor) -> None:
+        """Make `ids` [draft_vocab] its draft vocabulary (d2t)."""
+        with torch.no_grad():
+            self.d2t.copy_(ids.to(self.d2t.device) - torch.arange(ids.shape[0], device=self.d2t.device))
 
     def reduce(self, states: torch.Tensor) -> torch.Tensor:
         """The target's three layers' states [..., 3 * H_target] -> the head's state [..., H]."""
@@ -173,8 +209,7 @@ class OwnVocabulary:
     def __init__(self, head: Any) -> None:
         """`head`: an Eagle3Head (its linear layers dense or in blocks)."""
         self.head = head
-        draft_to_target: torch.Tensor = head.d2t
-        self.ids = torch.arange(draft_to_target.shape[0], device=draft_to_target.device) + draft_to_target  # [K]
+        self.ids = head.draft_ids()  # [K]
 
     def extend(self, tokens: Any) -> None:
         """(A fixed vocabulary: tokens seen in the context cannot join it.)"""
@@ -198,6 +233,11 @@ def load_eagle3(directory: str | Path, target: Any) -> tuple[Eagle3Head, tuple[i
         raise SpecdecError(f"draft_model {directory}: the head's vocabulary ({config['vocab_size']}) is not the "
                            f"target's ({target.vocab_size}): an EAGLE-3 head made for another model",
                            setting="draft_model")
+    trained_for = read_json(folder / REPORT).get("fingerprint") if (folder / REPORT).is_file() else None
+    fingerprint = getattr(target, "fingerprint", "")
+    if trained_for and fingerprint and trained_for != fingerprint:
+        raise SpecdecError(f"draft_model {directory}: the head was trained for another tokenizer ({trained_for}, "
+                           f"target {fingerprint})", setting="draft_model")
     if not target.num_layers:
         raise SpecdecError(f"draft_model {directory}: the target does not say how many layers it has",
                            setting="draft_model")
@@ -239,3 +279,61 @@ def load_eagle3(directory: str | Path, target: Any) -> tuple[Eagle3Head, tuple[i
     head.load_state_dict({name: tensor.float() if tensor.is_floating_point() else tensor.long()
                           for name, tensor in found.items()})
     return head.eval(), layers
+
+
+def eagle3_config_for(target_config: Any, draft_vocab: int, layers: Sequence[int]) -> dict:
+    """The config.json of a head for a target with `target_config`: one Llama layer the target's width, heads and
+    MLP size, its rotary settings, a draft vocabulary of `draft_vocab` tokens, reading `layers`."""
+    size = int(target_config.hidden_size)
+    heads = int(target_config.num_attention_heads)
+    rope_theta = getattr(target_config, "rope_theta", None) or \
+        (getattr(target_config, "rope_parameters", None) or {}).get("rope_theta") or 10000.0
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "hidden_size": size,
+        "intermediate_size": int(getattr(target_config, "intermediate_size", None) or 4 * size),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(getattr(target_config, "num_key_value_heads", None) or heads),
+        "head_dim": int(getattr(target_config, "head_dim", None) or size // heads),
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        "rms_norm_eps": float(getattr(target_config, "rms_norm_eps", None) or 1e-5),
+        "rope_theta": float(rope_theta),
+        "rope_scaling": None,
+        "max_position_embeddings": int(getattr(target_config, "max_position_embeddings", None) or 4096),
+        "tie_word_embeddings": False,
+        "vocab_size": int(target_config.vocab_size),
+        "draft_vocab_size": int(draft_vocab),
+        "torch_dtype": "bfloat16",
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [int(layer) for layer in layers]},
+    }
+
+
+def save_eagle3(directory: str | Path, head: "Eagle3Head", report: dict) -> None:
+    """Write `head` in the published layout (config.json, model.safetensors with `midlayer.*` names, d2t, t2d)
+    and `report` (its training, with "target" and "fingerprint") as distill_report.json, atomically."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from ..files import atomic_directory
+
+    check_eagle3_output(directory)
+    layer_names = {"q_proj": "self_attn.", "k_proj": "self_attn.", "v_proj": "self_attn.", "o_proj": "self_attn.",
+                   "gate_proj": "mlp.", "up_proj": "mlp.", "down_proj": "mlp.", "input_layernorm": "",
+                   "hidden_norm": "", "post_attention_layernorm": ""}
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in head.state_dict().items():
+        module = name.split(".")[0]
+        key = f"midlayer.{layer_names[module]}{name}" if module in layer_names else name
+        tensors[key] = tensor.detach().to(torch.bfloat16).contiguous() if tensor.is_floating_point() else \
+            tensor.detach().long().contiguous()
+    draft_ids = head.draft_ids()
+    in_draft = torch.zeros(head.config["vocab_size"], dtype=torch.bool)
+    in_draft[draft_ids] = True
+    tensors["t2d"] = in_draft
+    with atomic_directory(directory) as folder:
+        save_file(tensors, str(folder / WEIGHTS), metadata={"format": "pt"})
+        (folder / CONFIG).write_text(json.dumps(head.config, indent=1), encoding="utf-8")
+        (folder / REPORT).write_text(json.dumps(report, indent=1), encoding="utf-8")

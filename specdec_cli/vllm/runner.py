@@ -43,7 +43,7 @@ from ..target_model.load.load_settings import LoadSettings
 from .proposer_settings import ProposerSettings
 
 NO_SPECULATION = "none"
-VLLM_METHODS = ("ngram", "suffix")  # vLLM's own drafters
+VLLM_METHODS = ("ngram", "suffix", "eagle3")  # vLLM's own drafters (eagle3: the head in --draft-model)
 NGRAM_LOOKUP = (1, 3)  # vLLM's ngram: the shortest and longest suffix it looks up
 CONTEXT_MARGIN = 16  # tokens of context beyond the longest prompt and answer (speculative tokens past the end)
 CPU_MEMORY_FRACTION = 0.3  # vLLM's CPU build sizes its KV cache from this share of the machine's memory
@@ -88,6 +88,14 @@ class VllmSettings:
         if self.memory_fraction is not None and not 0 < self.memory_fraction <= 1:
             raise SpecdecError(f"memory fraction must be in (0, 1], got {self.memory_fraction}",
                                setting="memory_fraction")
+        if self.method == "eagle3":
+            from ..drafters.eagle3_head import is_eagle3_dir, read_eagle3_config
+
+            head = self.proposer.drafter.options.draft_model
+            if not head or not is_eagle3_dir(head):
+                raise SpecdecError("method eagle3: give --draft-model DIR, a head in EAGLE-3's published layout "
+                                   "(`specdec distill --kind eagle3` writes one)", setting="draft_model")
+            read_eagle3_config(head)
         for setting in ("device", "weights"):
             if getattr(self.load, setting) != "auto":
                 raise SpecdecError(f"{setting} {getattr(self.load, setting)}: vLLM chooses it (leave it auto)",
@@ -104,6 +112,9 @@ class VllmSettings:
                     "prompt_lookup_max": longest}, {}
         if self.method == "suffix":
             return {"method": "suffix", "num_speculative_tokens": draft_length}, {}
+        if self.method == "eagle3":  # vLLM's own EAGLE-3 with the head's folder
+            head = os.path.abspath(os.path.expanduser(str(self.proposer.drafter.options.draft_model)))
+            return {"method": "eagle3", "model": head, "num_speculative_tokens": draft_length}, {}
         return self.proposer.speculative_config()
 
     def job(self, speculative: Optional[dict], max_model_len: int) -> dict:

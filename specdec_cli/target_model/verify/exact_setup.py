@@ -64,6 +64,14 @@ def choose_forward(model: Any, exact: Optional[bool] = None, load: Any = None) -
     return TransformersForward(model, enabled)
 
 
+def states_forward(model: Any) -> ModelForward:
+    """A forward whose `run` gives the states entering any of the model's layers (`layer_states`), as drafting's
+    forward computes them: the native decoder where it computes the model, else transformers' modules. For
+    training and scoring heads on the CPU; the device engine keeps only the last layer's states."""
+    chosen = choose_forward(model)
+    return chosen if isinstance(chosen, ModelForward) else TransformersForward(model, False)
+
+
 def _device_forward(model: Any, load: Any) -> Optional[VerifyForward]:
     """The device engine's forward where `load` asks for it (`--decoder device`, or `auto` on cuda) and it computes
     the model; None otherwise. `--decoder device` on a model it cannot compute is a one-line error."""
