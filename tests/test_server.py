@@ -208,6 +208,51 @@ def test_the_prompt_cache_computes_only_the_new_tokens(tiny):
     assert second.choices[0].message.content == expected
 
 
+def test_min_p_reaches_the_engine(tiny):
+    """min_p 1 keeps only the likeliest token: sampled at any temperature, the answer is the greedy one."""
+    session, _ = tiny
+    with serving(session) as server:
+        client = client_of(server)
+        greedy = client.completions.create(model="m", prompt="Once upon a time", max_tokens=12, temperature=0)
+        for seed in range(3):
+            kept = client.completions.create(model="m", prompt="Once upon a time", max_tokens=12, temperature=1.5,
+                                             seed=seed, extra_body={"min_p": 1.0})
+            assert kept.choices[0].text == greedy.choices[0].text
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model="m", prompt="x", extra_body={"min_p": 2})
+        assert refused.value.body["param"] == "min_p"
+
+
+def test_fields_that_would_change_the_answer_are_refused_by_name_not_dropped(tiny):
+    """JSON output, tools, log probabilities, penalties: a 400 naming the field (the answer would not be what the
+    client asked for); the same fields at their neutral values, and fields that change nothing, are answered."""
+    session, _ = tiny
+    messages = [{"role": "user", "content": "hi"}]
+    tool = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
+    with serving(session) as server:
+        client = client_of(server)
+        for asked, param in (({"response_format": {"type": "json_object"}}, "response_format"),
+                             ({"tools": [tool]}, "tools"), ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
+                             ({"presence_penalty": 0.5}, "presence_penalty"),
+                             ({"extra_body": {"repetition_penalty": 1.1}}, "repetition_penalty")):
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.chat.completions.create(model="m", messages=messages, max_tokens=2, **asked)
+            assert refused.value.body["param"] == param, asked
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model="m", prompt="x", max_tokens=2, echo=True)
+        assert refused.value.body["param"] == "echo"
+        status, _, answer = raw_request(server, "POST", "/completion", b'{"prompt": "x", "n_predict": 2, "n_probs": 3}')
+        assert status == 400 and answer["error"]["param"] == "n_probs"
+        status, _, answer = raw_request(server, "POST", "/completion", b'{"prompt": "x", "n_predict": 2, '
+                                                                        b'"grammar": "root ::= \\"a\\""}')
+        assert status == 400 and answer["error"]["param"] == "grammar", answer
+        neutral = client.chat.completions.create(
+            model="m", messages=messages, max_tokens=2, logprobs=False, presence_penalty=0, frequency_penalty=0,
+            response_format={"type": "text"}, user="me", store=False, parallel_tool_calls=False,
+            extra_body={"repetition_penalty": 1.0, "no_such_field": 3})
+        assert neutral.choices[0].message.content is not None
+
+
 # -- errors ----------------------------------------------------------------------------------------------------------
 
 

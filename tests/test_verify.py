@@ -129,3 +129,24 @@ def test_sampling_draws_each_token_at_its_probability_and_never_an_impossible_on
     assert counts[probs == 0].sum() == 0
     assert torch.all((counts / trials - probs.double()).abs() <= 4 * stderr + 1e-4), counts / trials
     assert sample(torch.tensor([0.0, 0.0, 1.0]), generator) == 2  # one possible token, whatever the draw
+
+
+def test_min_p_drops_what_is_less_likely_than_min_p_times_the_best_and_renormalises():
+    """warp_probs' min-p against a brute-force reading (after temperature, top-k and top-p, as transformers
+    orders them)."""
+    from specdec_cli.decoding.generation_config import GenerationConfig
+    from specdec_cli.errors import SpecdecError
+
+    generator = torch.Generator().manual_seed(5)
+    for _ in range(20):
+        logits = torch.randn(3, 50, generator=generator) * 3
+        for min_p in (0.0, 0.05, 0.3, 1.0):
+            warped = warp_probs(logits, 0.8, 0, 1.0, min_p)
+            for row in range(3):
+                probs = torch.softmax(logits[row] / 0.8, -1)
+                kept = probs >= min_p * probs.max()
+                expected = torch.where(kept, probs, torch.zeros_like(probs))
+                assert torch.allclose(warped[row], expected / expected.sum(), atol=1e-6)
+                assert bool((warped[row] > 0)[probs.argmax()])  # the best always stays
+    with pytest.raises(SpecdecError, match="min_p must be in"):
+        GenerationConfig(temperature=1.0, min_p=1.5).check()

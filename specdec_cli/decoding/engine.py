@@ -211,7 +211,7 @@ class Engine:
             else:
                 path = greedy_accept_tree(draft.tokens, draft.parents, target_argmax)
             return path, target_argmax[path[-1] + 1 if path else 0]
-        p_target = warp_probs(logits, config.temperature, config.top_k, config.top_p)  # [k+1, vocab]
+        p_target = warp_probs(logits, config.temperature, config.top_k, config.top_p, config.min_p)  # [k+1, vocab]
         if draft.parents is not None:  # a tree
             return speculative_accept_tree(draft.tokens, draft.parents, p_target, generator)
         p_draft = None if draft.p_draft is None else draft.p_draft.to(p_target.device, torch.float32)
@@ -301,7 +301,7 @@ def choose(logits: torch.Tensor, generator: Optional[torch.Generator], config: G
     """The target's own choice from one row of logits [vocab], as plain decoding makes it."""
     if config.greedy:
         return int(logits.argmax())
-    return sample(warp_probs(logits, config.temperature, config.top_k, config.top_p), generator)
+    return sample(warp_probs(logits, config.temperature, config.top_k, config.top_p, config.min_p), generator)
 
 
 def generator_for(config: GenerationConfig) -> Optional[torch.Generator]:

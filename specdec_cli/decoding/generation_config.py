@@ -20,6 +20,7 @@ class GenerationConfig:
     temperature: float = 0.0  # 0 = greedy (exact); > 0 = speculative sampling (lossless)
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # 0 = off
     seed: Optional[int] = None
     # --draft-max, the one draft-length setting: the most draft tokens (chain) or nodes (tree) the engine verifies
     # per step, and every drafter's longest draft; None: not given, so the engine's DEFAULT_BUDGET and each
@@ -41,7 +42,7 @@ class GenerationConfig:
     def check(self) -> None:
         from .sampling import check_sampling  # (torch: imported when a run is checked, not when the CLI loads)
 
-        check_sampling(self.temperature, self.top_p, self.top_k)
+        check_sampling(self.temperature, self.top_p, self.top_k, self.min_p)
         if self.max_new_tokens < 1:
             raise SpecdecError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}", setting="max_new_tokens")
         if self.max_new_tokens > MAX_NEW_TOKENS:

@@ -1,6 +1,7 @@
 """Turning target logits into the distribution that plain sampling would draw from.
 
-`warp_probs` applies temperature, then top-k, then top-p, exactly as plain sampling does, so that
+`warp_probs` applies temperature, then top-k, then top-p, then min-p (transformers' order), exactly as plain
+sampling does, so that
 speculative sampling (verify.py) accepts against the very distribution the target alone would sample
 from. Pure tensor functions: no model, no state. Greedy decoding does not come through here.
 """
@@ -12,7 +13,7 @@ import torch
 from ..errors import SpecdecError
 
 
-def check_sampling(temperature: float, top_p: float, top_k: int) -> None:
+def check_sampling(temperature: float, top_p: float, top_k: int, min_p: float = 0.0) -> None:
     """Reject settings plain sampling could not honour, with one clear line."""
     if not 0.0 <= temperature < float("inf"):  # also catches NaN
         raise SpecdecError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}",
@@ -21,13 +22,17 @@ def check_sampling(temperature: float, top_p: float, top_k: int) -> None:
         raise SpecdecError(f"top_p must be in (0, 1], got {top_p}", setting="top_p")
     if top_k < 0:
         raise SpecdecError(f"top_k must be >= 0 (0 = off), got {top_k}", setting="top_k")
+    if not 0.0 <= min_p <= 1.0:  # (NaN fails too)
+        raise SpecdecError(f"min_p must be in [0, 1] (0 = off), got {min_p}", setting="min_p")
 
 
 TOP_P_CANDIDATES = 256  # top-p looks for its cut among the likeliest this many tokens first (then 4x as many)
 
 
-def warp_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """logits [..., vocab] -> probabilities [..., vocab] (float32) after temperature, top-k, top-p."""
+def warp_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
+               min_p: float = 0.0) -> torch.Tensor:
+    """logits [..., vocab] -> probabilities [..., vocab] (float32) after temperature, top-k, top-p, min-p (tokens
+    less likely than min_p times the likeliest are dropped)."""
     scores = logits.float() / temperature
     vocab = scores.shape[-1]
     if 0 < top_k < vocab:
@@ -36,6 +41,9 @@ def warp_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: 
     probs = torch.softmax(scores, dim=-1)
     if top_p < 1.0:
         probs = probs.masked_fill(~_top_p_kept(probs, top_p), 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    if min_p > 0.0:
+        probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
 

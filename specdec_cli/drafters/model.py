@@ -147,6 +147,7 @@ class ModelDrafter:
         self.temperature = 0.0
         self.top_k = 0
         self.top_p = 1.0
+        self.min_p = 0.0
         self.generator: Optional[torch.Generator] = None
         self.forwards = 0  # draft forwards so far (for statistics and tests)
         self.reset()
@@ -166,6 +167,7 @@ class ModelDrafter:
         self.temperature = settings.temperature if settings is not None else 0.0
         self.top_k = settings.top_k if settings is not None else 0
         self.top_p = settings.top_p if settings is not None else 1.0
+        self.min_p = settings.min_p if settings is not None else 0.0
         self.generator = None
         if self.temperature > 0:
             import torch
@@ -192,7 +194,7 @@ class ModelDrafter:
                 if sampling:
                     from ..decoding.sampling import sample, warp_probs
 
-                    probs = warp_probs(logits, self.temperature, self.top_k, self.top_p)  # [vocab]
+                    probs = warp_probs(logits, self.temperature, self.top_k, self.top_p, self.min_p)  # [vocab]
                     token = sample(probs, self.generator)
                     top = float(probs.max())
                 else:

@@ -15,12 +15,15 @@ from .. import __version__
 from .api_errors import ApiError
 from .requests import CompletionRequest, text_request
 from .responses import Outcome, timings
+from .unhonoured import refuse_unhonoured
 
 STOP_TYPES = {"eos": "eos", "length": "limit", "stop": "word"}  # the engine's finish -> llama.cpp's stop_type
 
 
 def completion_request(body: dict, max_tokens_limit: Optional[int]) -> CompletionRequest:
-    """A /completion body as the OpenAI text completion it amounts to."""
+    """A /completion body as the OpenAI text completion it amounts to (llama.cpp's fields it does not carry out,
+    `n_probs`, `grammar`, `repeat_penalty`, ..., refused by name first)."""
+    refuse_unhonoured(body)
     n_predict = body.get("n_predict")
     if n_predict is not None and (not isinstance(n_predict, int) or isinstance(n_predict, bool)):
         raise ApiError(400, "'n_predict' must be an integer", param="n_predict")
@@ -34,7 +37,7 @@ def completion_request(body: dict, max_tokens_limit: Optional[int]) -> Completio
     cache_prompt = body.get("cache_prompt", True)
     if not isinstance(cache_prompt, bool):
         raise ApiError(400, "'cache_prompt' must be a boolean", param="cache_prompt")
-    openai_body = {key: body[key] for key in ("prompt", "temperature", "top_p", "top_k", "seed", "stop")
+    openai_body = {key: body[key] for key in ("prompt", "temperature", "top_p", "top_k", "min_p", "seed", "stop")
                    if key in body}
     if n_predict is not None and n_predict > 0:  # -1 (llama.cpp: until the context ends): the server's default
         openai_body["max_tokens"] = n_predict
@@ -57,5 +60,6 @@ def props_body(session: Any, model_name: str, context: Optional[int]) -> dict:
     return {"model_path": model_name, "build_info": f"specdec {__version__}", "total_slots": 1,
             "default_generation_settings": {"n_ctx": context, "params": {
                 "temperature": generation.temperature, "top_k": generation.top_k, "top_p": generation.top_p,
+                "min_p": generation.min_p,
                 "n_predict": generation.max_new_tokens,
                 "speculative.types": "none" if session.drafter_name == "none" else f"specdec:{session.drafter_name}"}}}

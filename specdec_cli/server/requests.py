@@ -3,9 +3,10 @@
 Every fault is an `ApiError` 400 naming the parameter (wrong type, out of range, missing), found before the
 request waits in the queue. A parameter left out takes the server's own setting (`--max-new-tokens`,
 `--temperature`, ... of `specdec serve`): greedy unless the server was started otherwise. `model` may name
-anything: the one loaded model answers. Fields OpenAI defines that change nothing here (`user`, `logprobs` off,
-`n` = 1, ...) are accepted; unknown fields are ignored, as llama-server does. This file reads bodies only; what
-they turn into is the worker's (worker.py).
+anything: the one loaded model answers. A field that would change the answer and is not carried out (`tools`,
+`response_format` JSON, `logprobs`, penalties, ...) is refused by name (unhonoured.py); fields that change nothing
+here (`user`, `logprobs: false`, `n` = 1, ...) are accepted and unknown fields ignored, as llama-server does. This
+file reads bodies only; what they turn into is the worker's (worker.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Literal, Optional, Union
 from ..decoding.generation_config import GenerationConfig
 from ..errors import SpecdecError
 from .api_errors import ApiError
+from .unhonoured import refuse_unhonoured
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 ROLES = ("system", "developer", "user", "assistant")
@@ -36,6 +38,7 @@ class CompletionRequest:
     temperature: Optional[float] = None  # None: the server's setting (greedy by default)
     top_p: Optional[float] = None
     top_k: Optional[int] = None
+    min_p: Optional[float] = None
     seed: Optional[int] = None
     stop: tuple[str, ...] = ()
     stream: bool = False
@@ -45,7 +48,7 @@ class CompletionRequest:
     def generation(self, base: GenerationConfig) -> GenerationConfig:
         """The server's generation settings with what this request sets; checked (400 on a bad combination)."""
         changes: dict[str, Any] = {"stop": self.stop}
-        for name in ("temperature", "top_p", "top_k", "seed"):
+        for name in ("temperature", "top_p", "top_k", "min_p", "seed"):
             if getattr(self, name) is not None:
                 changes[name] = getattr(self, name)
         if self.max_tokens is not None:
@@ -142,6 +145,7 @@ def _message(message: Any, index: int) -> dict:
 
 def _common(body: dict, max_tokens_limit: Optional[int]) -> dict:
     """The fields both endpoints share, checked."""
+    refuse_unhonoured(body)
     model = body.get("model", "")
     if not isinstance(model, str):
         raise ApiError(400, "'model' must be a string", param="model")
@@ -166,7 +170,8 @@ def _common(body: dict, max_tokens_limit: Optional[int]) -> dict:
     if include_usage is not None and not isinstance(include_usage, bool):
         raise ApiError(400, "'stream_options.include_usage' must be a boolean", param="stream_options.include_usage")
     return {"model": model, "max_tokens": max_tokens, "temperature": _number(body, "temperature"),
-            "top_p": _number(body, "top_p"), "top_k": _integer(body, "top_k"), "seed": _integer(body, "seed"),
+            "top_p": _number(body, "top_p"), "top_k": _integer(body, "top_k"), "min_p": _number(body, "min_p"),
+            "seed": _integer(body, "seed"),
             "stop": _stop(body.get("stop")), "stream": bool(stream), "include_usage": bool(include_usage)}
 
 

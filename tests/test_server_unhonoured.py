@@ -1,0 +1,54 @@
+"""The server's table of fields it does not carry out (server/unhonoured.py): each refused by name when set to
+anything that would change the answer, on every endpoint that reads it; neutral values and fields that change
+nothing are read as before. Pure functions: no model, no server."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec_cli.server.api_errors import ApiError
+from specdec_cli.server.llama_api import completion_request
+from specdec_cli.server.requests import chat_request, text_request
+from specdec_cli.server.unhonoured import UNHONOURED
+
+ASKING = {"logprobs": True, "top_logprobs": 3, "n_probs": 2, "response_format": {"type": "json_schema"},
+          "json_schema": {"type": "object"}, "grammar": "root ::= x", "tools": [{"type": "function"}],
+          "tool_choice": "required", "functions": [{"name": "f"}], "function_call": "auto", "frequency_penalty": 0.3,
+          "presence_penalty": -0.2, "repetition_penalty": 1.1, "repeat_penalty": 1.2, "dry_multiplier": 0.8,
+          "logit_bias": {"5": 10}, "typical_p": 0.9, "tfs_z": 0.95, "mirostat": 2, "dynatemp_range": 0.5,
+          "xtc_probability": 0.5, "top_n_sigma": 1.5, "ignore_eos": True, "echo": True, "suffix": "end",
+          "best_of": 3, "audio": {"voice": "x"}, "modalities": ["text", "audio"], "web_search_options": {}}
+NEUTRAL = {"logprobs": False, "top_logprobs": 0, "n_probs": 0, "response_format": {"type": "text"}, "tools": [],
+           "tool_choice": "none", "frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+           "repeat_penalty": 1, "logit_bias": {}, "typical_p": 1.0, "tfs_z": 1, "mirostat": 0, "top_n_sigma": -1,
+           "ignore_eos": False, "echo": False, "suffix": None, "best_of": 1, "modalities": ["text"], "user": "me",
+           "store": True, "metadata": {"a": "b"}, "service_tier": "auto", "parallel_tool_calls": True,
+           "prediction": {"type": "content", "content": "x"}, "n_keep": 4, "unknown_field": [1]}
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_every_field_of_the_table_is_tried():
+    assert set(ASKING) >= set(UNHONOURED)
+
+
+@pytest.mark.parametrize("name", sorted(UNHONOURED))
+def test_a_field_that_would_change_the_answer_is_refused_by_name_everywhere(name):
+    for read, body in ((chat_request, CHAT), (text_request, {"prompt": "x"}), (completion_request, {"prompt": "x"})):
+        with pytest.raises(ApiError) as refused:
+            read({**body, name: ASKING[name]}, None)
+        assert refused.value.status == 400 and refused.value.param == name
+        assert f"'{name}'" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_neutral_values_and_fields_that_change_nothing_are_accepted():
+    assert chat_request({**CHAT, **NEUTRAL}, None).kind == "chat"
+    assert text_request({"prompt": "x", **NEUTRAL}, None).prompt == "x"
+    assert completion_request({"prompt": "x", **NEUTRAL}, None).prompt == "x"
+
+
+def test_min_p_is_read_on_every_endpoint():
+    assert chat_request({**CHAT, "min_p": 0.1}, None).min_p == 0.1
+    assert completion_request({"prompt": "x", "min_p": 0.2}, None).min_p == 0.2
+    with pytest.raises(ApiError) as refused:
+        text_request({"prompt": "x", "min_p": "high"}, None)
+    assert refused.value.param == "min_p"
