@@ -253,6 +253,93 @@ def test_fields_that_would_change_the_answer_are_refused_by_name_not_dropped(tin
         assert neutral.choices[0].message.content is not None
 
 
+def test_a_request_chooses_its_speculation_and_gets_the_same_answer(tiny):
+    """`speculative.n_max` (0: plain decoding) and `speculative.drafter` (none, or the server's own) per request:
+    greedy answers identical whichever is chosen, the choice reported in `timings`; anything else is a 400."""
+    session, _ = tiny
+    messages = [{"role": "user", "content": "Repeat: red green blue, red green blue, red green"}]
+    with serving(session) as server:
+        client = client_of(server)
+        answers, reported = [], []
+        for speculative in (None, {"n_max": 0}, {"n_max": 2}, {"drafter": "none"}, {"drafter": "sam", "n_max": 6}):
+            extra = {} if speculative is None else {"extra_body": {"speculative": speculative}}
+            answer = client.chat.completions.create(model="m", messages=messages, max_tokens=24, **extra)
+            answers.append(answer.choices[0].message.content)
+            timings = answer.model_extra["timings"]
+            reported.append((timings["drafter"], timings["n_max"], timings["draft_n"]))
+        assert len(set(answers)) == 1 and answers[0]
+        assert reported[1][:2] == ("none", 0) and reported[1][2] == 0 and reported[3][:2] == ("none", 0)
+        assert reported[2][:2] == ("sam", 2) and reported[4][:2] == ("sam", 6)
+        status, _, whole = raw_request(server, "POST", "/completion", json.dumps(
+            {"prompt": "red green blue, red green", "n_predict": 8, "speculative.n_max": 0}).encode())
+        assert status == 200 and whole["timings"]["n_max"] == 0, whole
+        for bad, param in (({"drafter": "eagle"}, "speculative.drafter"), ({"n_max": -1}, "speculative.n_max"),
+                           ({"n_min": 2}, "speculative")):
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.chat.completions.create(model="m", messages=messages, max_tokens=2,
+                                               extra_body={"speculative": bad})
+            assert refused.value.body["param"] == param
+
+
+def test_tokenize_and_detokenize_as_llama_server_shapes_them(tiny):
+    session, _ = tiny
+    tokenizer = session.tokenizer
+    with serving(session) as server:
+        status, _, tokens = raw_request(server, "POST", "/tokenize", b'{"content": "Hello world"}')
+        assert status == 200 and tokens["tokens"] == tokenizer.encode("Hello world", add_special_tokens=False)
+        status, _, pieces = raw_request(server, "POST", "/tokenize", b'{"content": "Hello world", "with_pieces": true}')
+        assert [piece["id"] for piece in pieces["tokens"]] == tokens["tokens"]
+        assert "".join(piece["piece"] for piece in pieces["tokens"]) == "Hello world"
+        status, _, text = raw_request(server, "POST", "/detokenize", json.dumps({"tokens": tokens["tokens"]}).encode())
+        assert status == 200 and text["content"] == "Hello world"
+        for path, body, param in (("/tokenize", b'{"content": 5}', "content"),
+                                  ("/detokenize", b'{"tokens": [1, -2]}', "tokens"),
+                                  ("/detokenize", b'{"tokens": [99999999]}', "tokens")):
+            status, _, answer = raw_request(server, "POST", path, body)
+            assert status == 400 and answer["error"]["param"] == param
+
+
+def _preflight(server, headers: dict) -> tuple[int, dict]:
+    """A browser's preflight request (its body is text, not JSON): the status and the headers, names lowered."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HANG_GUARD)
+    try:
+        connection.request("OPTIONS", "/v1/chat/completions", headers=headers)
+        response = connection.getresponse()
+        response.read()
+        return response.status, {name.lower(): value for name, value in response.getheaders()}
+    finally:
+        connection.close()
+
+
+def test_cors_only_for_the_origins_named(tiny):
+    """No CORS headers unless --cors-origins names the page's origin; a browser's preflight is answered without the
+    key; `*` is refused where others reach the server without a key."""
+    from specdec_cli.errors import SpecdecError
+    from specdec_cli.listen import ListenSettings
+    from specdec_cli.server.settings import ServerSettings
+
+    session, _ = tiny
+    preflight = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type"}
+    with serving(session) as server:
+        _, headers, _ = raw_request(server, "GET", "/v1/models", headers={"Origin": "http://localhost:3000"})
+        assert "access-control-allow-origin" not in {name.lower() for name in headers}
+    with serving(session, cors_origins=("http://localhost:3000",), api_key="k") as server:
+        status, headers = _preflight(server, preflight)
+        assert status == 200 and headers["access-control-allow-origin"] == "http://localhost:3000"
+        status, headers, _ = raw_request(server, "GET", "/v1/models", headers={
+            "Origin": "http://localhost:3000", "Authorization": "Bearer k"})
+        assert status == 200 and {name.lower(): value for name, value in headers.items()}[
+            "access-control-allow-origin"] == "http://localhost:3000"
+        status, headers = _preflight(server, {**preflight, "Origin": "http://evil.example"})
+        assert status == 400 and "access-control-allow-origin" not in headers
+    with pytest.raises(SpecdecError, match="any web page could use"):
+        ServerSettings(listen=ListenSettings(host="0.0.0.0"), cors_origins=("*",)).check()
+    with pytest.raises(SpecdecError, match="is not an origin"):
+        ServerSettings(cors_origins=("localhost:3000/app",)).check()
+    ServerSettings(listen=ListenSettings(host="0.0.0.0", api_key="k"), cors_origins=("*",)).check()
+
+
 # -- errors ----------------------------------------------------------------------------------------------------------
 
 
@@ -489,6 +576,8 @@ def test_the_default_model_answers_as_the_chat_path(real_target):
     (["--api-key", "clé"], "--api-key must be printable ASCII"),
     (["--port", "70000"], "--port must be in 1..65535"),
     (["--drafter", "nope"], "nope"),
+    (["--cors-origins", "*", "--host", "0.0.0.0"], "--cors-origins *: any web page could use"),
+    (["--cors-origins", "example.com/x"], "--cors-origins: 'example.com/x' is not an origin"),
     (["--max-num-seqs", "4"], "--max-num-seqs 4"),
     (["--min-match", "2"], "--min-match: only --engine vllm uses it"),
     (["--engine", "vllm", "--queue", "3", "--aux", "pld"], "--aux, --queue: only --engine specdec uses them"),

@@ -134,6 +134,7 @@ def test_each_default_is_declared_in_one_place():
         ("BenchSettings", "llama_server"): "None",
         ("ListenSettings", "host"): "'127.0.0.1'", ("ListenSettings", "api_key"): "None",
         ("ServeSettings", "extra_args"): "()", ("ServerSettings", "model_name"): "None",
+        ("ServerSettings", "cors_origins"): "()",
         ("VllmSettings", "max_model_len"): "None", ("VllmSettings", "memory_fraction"): "None",
         ("VllmBenchSettings", "concurrency"): "None",
     }

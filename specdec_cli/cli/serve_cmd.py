@@ -59,6 +59,7 @@ def serve_command(
     queue: int = typer.Option(DEFAULT_SERVE_QUEUE, "--queue", help=f"Requests that may wait behind the one being answered (at most {MAX_SERVE_QUEUE}); more are refused with 429."),
     max_connections: int = typer.Option(DEFAULT_SERVE_MAX_CONNECTIONS, "--max-connections", help="Connections held at once; more are answered 503 and closed."),
     timeout: float = typer.Option(DEFAULT_SERVE_TIMEOUT, "--timeout", help="Seconds a request's headers may take to arrive, and then as long for its body (slow clients are closed, 408)."),
+    cors_origins: Optional[str] = typer.Option(None, "--cors-origins", help="Web origins whose pages may call the server, comma-separated (e.g. http://localhost:3000), or * for any (only on 127.0.0.1 or with a key). Default: none."),
     alias: Optional[str] = typer.Option(None, "--alias", help="The model name /v1/models lists (any name is served)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Refuse requests without this key (`Authorization: Bearer KEY`). SPECDEC_API_KEY (VLLM_API_KEY with --engine vllm) does the same and keeps the key out of `ps`."),
     min_match: int = typer.Option(VLLM_MIN_MATCH, "--min-match", help="--engine vllm: draft only continuations of matches this long (vLLM verifies every drafted token)."),
@@ -78,7 +79,7 @@ def serve_command(
 
     settings = server_settings(
         host=host, port=port, queue=queue, api_key=api_key, model_name=alias, max_connections=max_connections,
-        timeout=timeout,
+        timeout=timeout, cors_origins=tuple(part.strip() for part in (cors_origins or "").split(",") if part.strip()),
         system=system, remember=memory, drafter=drafter, target=target, device=device, dtype=dtype,
         weights=weights, index=index, aux=aux, draft_model=draft_model, draft_min_prob=draft_min_prob,
         draft_max=draft_max, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
@@ -91,7 +92,7 @@ def serve_command(
 VLLM_ONLY = ("min_match", "max_model_len", "memory_fraction")
 SPECDEC_ONLY = ("aux", "draft_model", "draft_min_prob", "max_new_tokens", "temperature", "top_p", "top_k", "seed",
                 "system", "raw", "threads", "device", "weights", "memory", "exact", "queue", "alias", "max_connections",
-                "timeout")
+                "timeout", "cors_origins")
 
 
 def _refuse_the_other_engines_flags(ctx: typer.Context, engine: str) -> None:

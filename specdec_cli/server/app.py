@@ -1,5 +1,6 @@
 """The HTTP routes (starlette): OpenAI's chat and text completions, the model list, health, and llama.cpp's own
-`/completion` and `/props` (llama_api.py); the key; the body limit.
+`/completion`, `/props`, `/tokenize` and `/detokenize` (llama_api.py); the key; the body limit; CORS for the origins
+`--cors-origins` names (starlette's middleware answers browsers' preflight requests, without a key).
 
 `build_app(worker, settings, model_name)` makes the ASGI app. Every error is OpenAI's JSON body (api_errors.py):
 a 404/405 of the router too. A request is read (at most `max_body_bytes`, else 413), checked (requests.py), queued
@@ -19,12 +20,14 @@ from typing import Any, AsyncIterator, Callable, Optional
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .api_errors import ApiError, error_body, one_line
-from .llama_api import completion_body, completion_request, props_body
+from .llama_api import completion_body, completion_request, detokenize_body, props_body, tokenize_body
 from .requests import chat_request, read_json, text_request
 from .responses import Ids, chunk, completion, timings, usage
 from .settings import ServerSettings
@@ -56,10 +59,21 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
         _authorize(request, settings.listen.api_key)
         return JSONResponse(props_body(worker.session, model_name, worker.context))
 
+    async def tokenize(request: Request) -> Response:
+        _authorize(request, settings.listen.api_key)
+        body = read_json(await _read_body(request, settings.max_body_bytes, settings.timeout))
+        return JSONResponse(tokenize_body(body, worker.session.tokenizer))
+
+    async def detokenize(request: Request) -> Response:
+        _authorize(request, settings.listen.api_key)
+        body = read_json(await _read_body(request, settings.max_body_bytes, settings.timeout))
+        return JSONResponse(detokenize_body(body, worker.session.tokenizer))
+
     async def _complete(request: Request, parse: Callable[[dict, Optional[int]], Any], llama: bool = False) -> Response:
         _authorize(request, settings.listen.api_key)
         body = read_json(await _read_body(request, settings.max_body_bytes, settings.timeout))
         checked = parse(body, worker.context)
+        checked.check_drafter(worker.session.drafter_name)
         job = Job(checked, checked.generation(base), asyncio.get_running_loop())
         worker.submit(job)
         watcher: Optional[asyncio.Task] = asyncio.create_task(_watch_disconnect(request, job, worker))
@@ -88,14 +102,19 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
                 watcher.cancel()
 
     routes = [Route("/health", health, methods=["GET"]), Route("/v1/health", health, methods=["GET"]),
-              Route("/completion", llama_completion, methods=["POST"]), Route("/props", props, methods=["GET"])]
+              Route("/completion", llama_completion, methods=["POST"]), Route("/props", props, methods=["GET"]),
+              Route("/tokenize", tokenize, methods=["POST"]), Route("/detokenize", detokenize, methods=["POST"])]
     for prefix in ("/v1", ""):  # llama-server answers both
         routes += [Route(f"{prefix}/models", models, methods=["GET"]),
                    Route(f"{prefix}/chat/completions", chat, methods=["POST"]),
                    Route(f"{prefix}/completions", text, methods=["POST"])]
     handlers = {ApiError: _api_error, ClientGone: _client_gone, HTTPException: _http_error,
                 Exception: _internal_error}
-    return Starlette(routes=routes, exception_handlers=handlers)
+    middleware = []
+    if settings.cors_origins:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
+                                     allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"], max_age=600))
+    return Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)
 
 
 async def _events(job: Job, ids: Ids, include_usage: bool, watcher: asyncio.Task) -> AsyncIterator[str]:

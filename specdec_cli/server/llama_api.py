@@ -1,5 +1,6 @@
 """llama.cpp's own endpoints, as far as tools that measure llama-server use them: `POST /completion` (a prompt as
-text or token ids, `n_predict`, sampling, `cache_prompt`, `return_tokens`; not streamed) and `GET /props`.
+text or token ids, `n_predict`, sampling, `cache_prompt`, `return_tokens`; not streamed), `GET /props`, and
+`POST /tokenize` (`content`, `add_special`, `with_pieces`) and `POST /detokenize` (`tokens`) shaped as llama-server's.
 
 With them `specdec bench --reference http://HOST:PORT` measures a running `specdec serve` the way it measures a
 running llama-server (bench/llama_server.py): the same token ids in, the answer's token ids and llama.cpp's
@@ -39,6 +40,10 @@ def completion_request(body: dict, max_tokens_limit: Optional[int]) -> Completio
         raise ApiError(400, "'cache_prompt' must be a boolean", param="cache_prompt")
     openai_body = {key: body[key] for key in ("prompt", "temperature", "top_p", "top_k", "min_p", "seed", "stop")
                    if key in body}
+    if "speculative.n_max" in body:  # llama-server's flat name
+        openai_body["speculative"] = {**(body.get("speculative") or {}), "n_max": body["speculative.n_max"]}
+    elif "speculative" in body:
+        openai_body["speculative"] = body["speculative"]
     if n_predict is not None and n_predict > 0:  # -1 (llama.cpp: until the context ends): the server's default
         openai_body["max_tokens"] = n_predict
     request = text_request(openai_body, max_tokens_limit)
@@ -63,3 +68,30 @@ def props_body(session: Any, model_name: str, context: Optional[int]) -> dict:
                 "min_p": generation.min_p,
                 "n_predict": generation.max_new_tokens,
                 "speculative.types": "none" if session.drafter_name == "none" else f"specdec:{session.drafter_name}"}}}
+
+
+def tokenize_body(body: dict, tokenizer: Any) -> dict:
+    """/tokenize: {"tokens": [ids]}, or with `with_pieces` [{"id", "piece"}]; special tokens (BOS) only with
+    `add_special`, as llama-server."""
+    content = body.get("content")
+    if not isinstance(content, str):
+        raise ApiError(400, "'content' must be a string", param="content")
+    flags = {}
+    for name in ("add_special", "with_pieces"):
+        flags[name] = body.get(name, False)
+        if not isinstance(flags[name], bool):
+            raise ApiError(400, f"'{name}' must be a boolean", param=name)
+    ids = [int(token) for token in tokenizer.encode(content, add_special_tokens=flags["add_special"])]
+    if not flags["with_pieces"]:
+        return {"tokens": ids}
+    return {"tokens": [{"id": token, "piece": tokenizer.decode([token])} for token in ids]}
+
+
+def detokenize_body(body: dict, tokenizer: Any) -> dict:
+    """/detokenize: {"content": text} of `tokens` (ids of this vocabulary)."""
+    tokens = body.get("tokens")
+    vocab = len(tokenizer)
+    if not isinstance(tokens, list) or not all(isinstance(token, int) and not isinstance(token, bool) and
+                                               0 <= token < vocab for token in tokens):
+        raise ApiError(400, f"'tokens' must be an array of token ids (0..{vocab - 1})", param="tokens")
+    return {"content": tokenizer.decode(tokens)}

@@ -23,6 +23,7 @@ from .api_errors import ApiError
 from .unhonoured import refuse_unhonoured
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_DRAFT = 64  # the longest draft a request may ask for (speculative.n_max)
 ROLES = ("system", "developer", "user", "assistant")
 
 
@@ -44,6 +45,14 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk with `usage`
     cache_prompt: bool = True  # reuse the prompt cache (llama.cpp's /completion may say false: computed whole)
+    draft_max: Optional[int] = None  # `speculative.n_max`: this request's longest draft (0: plain decoding)
+    drafter: Optional[str] = None  # `speculative.drafter`: "none" or the server's own drafter
+
+    def check_drafter(self, served: str) -> None:
+        """`speculative.drafter` names what this server can draft with: its own drafter, or none (400 otherwise)."""
+        if self.drafter is not None and self.drafter not in ("none", served):
+            raise ApiError(400, f"'speculative.drafter': this server drafts with {served}; a request may choose it "
+                           f"or none, got {self.drafter!r}", param="speculative.drafter")
 
     def generation(self, base: GenerationConfig) -> GenerationConfig:
         """The server's generation settings with what this request sets; checked (400 on a bad combination)."""
@@ -53,6 +62,8 @@ class CompletionRequest:
                 changes[name] = getattr(self, name)
         if self.max_tokens is not None:
             changes["max_new_tokens"] = self.max_tokens
+        if self.draft_max is not None or self.drafter == "none":
+            changes["draft_max"] = 0 if self.drafter == "none" else self.draft_max
         config = replace(base, **changes)
         try:
             config.check()
@@ -169,10 +180,28 @@ def _common(body: dict, max_tokens_limit: Optional[int]) -> dict:
     include_usage = (options or {}).get("include_usage", False)
     if include_usage is not None and not isinstance(include_usage, bool):
         raise ApiError(400, "'stream_options.include_usage' must be a boolean", param="stream_options.include_usage")
+    draft_max, drafter = _speculative(body.get("speculative"))
     return {"model": model, "max_tokens": max_tokens, "temperature": _number(body, "temperature"),
+            "draft_max": draft_max, "drafter": drafter,
             "top_p": _number(body, "top_p"), "top_k": _integer(body, "top_k"), "min_p": _number(body, "min_p"),
             "seed": _integer(body, "seed"),
             "stop": _stop(body.get("stop")), "stream": bool(stream), "include_usage": bool(include_usage)}
+
+
+def _speculative(value: Any) -> tuple[Optional[int], Optional[str]]:
+    """`speculative: {"n_max": N, "drafter": NAME}` (both optional): this request's longest draft (0 = plain
+    decoding) and drafter. The answer is the same either way (greedy verification is exact); only its speed is."""
+    if value is None:
+        return None, None
+    if not isinstance(value, dict) or set(value) - {"n_max", "drafter"}:
+        raise ApiError(400, "'speculative' must be an object with 'n_max' and/or 'drafter'", param="speculative")
+    n_max, drafter = value.get("n_max"), value.get("drafter")
+    if n_max is not None and (not _is_int(n_max) or not 0 <= n_max <= MAX_DRAFT):
+        raise ApiError(400, f"'speculative.n_max' must be an integer in 0..{MAX_DRAFT} (0: no drafting)",
+                       param="speculative.n_max")
+    if drafter is not None and not isinstance(drafter, str):
+        raise ApiError(400, "'speculative.drafter' must be a string", param="speculative.drafter")
+    return n_max, drafter.strip().lower() if drafter is not None else None
 
 
 def _stop(stop: Any) -> tuple[str, ...]:

@@ -31,6 +31,7 @@ class Outcome:
     drafter: str
     finish: str = "length"  # the engine's: eos, stop or length
     tokens: tuple[int, ...] = ()  # the answer's token ids
+    n_max: Optional[int] = None  # the longest draft it was verified with (0: plain decoding)
 
 
 class Ids:
@@ -67,7 +68,7 @@ def timings(outcome: Outcome) -> dict:
         "predicted_n": predicted, "predicted_ms": round(predicted_ms, 3),
         "predicted_per_token_ms": round(predicted_ms / predicted, 3) if predicted else 0.0,
         "predicted_per_second": round(predicted / (predicted_ms / 1000.0), 3) if predicted_ms > 0 else 0.0,
-        "drafter": outcome.drafter, "steps": stats.steps, "draft_n": stats.drafted_tokens,
+        "drafter": outcome.drafter, "n_max": outcome.n_max, "steps": stats.steps, "draft_n": stats.drafted_tokens,
         "draft_n_accepted": stats.accepted_tokens, "acceptance_rate": round(stats.acceptance_rate, 4),
         "tokens_per_step": round(stats.mean_accepted_tokens, 4), "draft_sources": dict(stats.sources),
     }

@@ -5,7 +5,9 @@ server's own.
 leaves out, the answer memory) and a `ListenSettings` (listen.py: host, loopback by default; port, 8080 as
 llama-server's; the API key, else SPECDEC_API_KEY's), and keeps its own: the queue's length, the connections it
 holds at once, how long a request may take to arrive (`--timeout`, llama-server's name), the largest request body,
-the model name it lists. `check` runs before the model loads. Plain data: nothing here loads or listens.
+the model name it lists, the web origins whose pages may call it (CORS: none unless `--cors-origins` names them; `*`
+only where no one else can reach the server, or with a key). `check` runs before the model loads. Plain data:
+nothing here loads or listens.
 
 The answer memory of a server: every answer is kept on disk under $SPECDEC_HOME and drafts for every later
 request, whoever sends it (a client may see another's text among a draft's sources, `timings.draft_sources`). So
@@ -46,6 +48,7 @@ class ServerSettings:
     model_name: Optional[str] = None  # what /v1/models lists (None: the target's name); any name is served
     max_connections: int = DEFAULT_SERVE_MAX_CONNECTIONS  # connections held at once; more are answered 503 and closed
     timeout: float = DEFAULT_SERVE_TIMEOUT  # seconds for a request's headers to arrive, then as long for its body
+    cors_origins: tuple[str, ...] = ()  # web origins whose pages may call the server ("*": any); none by default
 
     def check(self) -> None:
         """Everything checkable before the model loads."""
@@ -59,6 +62,7 @@ class ServerSettings:
         if not (math.isfinite(self.timeout) and 0 < self.timeout <= 86400):
             raise SpecdecError(f"timeout must be a number of seconds in (0, 86400], got {self.timeout}",
                                setting="timeout")
+        check_origins(self.cors_origins, self.open_to_others)
         if self.max_body_bytes < 1024:
             raise SpecdecError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}", setting="max_body_bytes")
         self.chat.check()
@@ -67,6 +71,20 @@ class ServerSettings:
     def open_to_others(self) -> bool:
         """Whether the server listens beyond this machine without a key."""
         return not self.listen.loopback and not self.listen.api_key
+
+
+def check_origins(origins: tuple[str, ...], open_to_others: bool) -> None:
+    """CORS origins: `*`, or scheme://host[:port] each (what a browser sends as Origin); `*` is refused on a server
+    others reach without a key, where any web page anyone opens could use it."""
+    import re
+
+    for origin in origins:
+        if origin != "*" and not re.fullmatch(r"https?://[A-Za-z0-9.\-\[\]:]+", origin):
+            raise SpecdecError(f"cors_origins: {origin!r} is not an origin (scheme://host[:port], no path; or *)",
+                               setting="cors_origins")
+    if "*" in origins and open_to_others:
+        raise SpecdecError("cors_origins *: any web page could use a server others reach without a key; give "
+                           "--api-key, listen on 127.0.0.1, or name the origins", setting="cors_origins")
 
 
 def memory_default(listen: ListenSettings) -> bool:
@@ -78,7 +96,7 @@ def server_settings(*, queue: int = DEFAULT_SERVE_QUEUE, model_name: Optional[st
                     system: Optional[str] = None, remember: Optional[bool] = None, drafter: Optional[str] = None,
                     host: Optional[str] = None, port: Optional[int] = None, api_key: Optional[str] = None,
                     max_connections: int = DEFAULT_SERVE_MAX_CONNECTIONS, timeout: float = DEFAULT_SERVE_TIMEOUT,
-                    **values: Any) -> ServerSettings:
+                    cors_origins: tuple[str, ...] = (), **values: Any) -> ServerSettings:
     """The flags as checked ServerSettings; `values` are named as the run settings' fields (run_settings.py). The
     key, when not given, is SPECDEC_API_KEY's (set but empty: refused); `remember` None: `memory_default`."""
     if api_key is None and API_KEY_ENV in os.environ:
@@ -91,6 +109,7 @@ def server_settings(*, queue: int = DEFAULT_SERVE_QUEUE, model_name: Optional[st
     if remember is None:
         remember = memory_default(listen)
     settings = ServerSettings(ChatSettings(run, system=system, remember=remember), listen, queue=queue,
-                              model_name=model_name, max_connections=max_connections, timeout=timeout)
+                              model_name=model_name, max_connections=max_connections, timeout=timeout,
+                              cors_origins=tuple(cors_origins))
     settings.check()
     return settings

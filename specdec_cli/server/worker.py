@@ -229,7 +229,8 @@ class Worker:
                 job.send("text", rest)
             job.send("done", Outcome(text, FINISH_REASONS[generation.finish_reason], len(prompt_ids),
                                      generation.cached_tokens, len(generation.tokens), generation.stats,
-                                     session.drafter_name, generation.finish_reason, tuple(generation.tokens)))
+                                     "none" if job.config.budget == 0 else session.drafter_name,
+                                     generation.finish_reason, tuple(generation.tokens), job.config.budget))
         except Cancelled:
             if self._stopping.is_set():
                 log.info("the server is stopping: the answer being generated was cut")
