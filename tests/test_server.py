@@ -232,7 +232,7 @@ def test_fields_that_would_change_the_answer_are_refused_by_name_not_dropped(tin
     with serving(session) as server:
         client = client_of(server)
         for asked, param in (({"response_format": {"type": "json_object"}}, "response_format"),
-                             ({"tools": [tool]}, "tools"), ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
+                             ({"tools": [tool]}, "tools"), ({"logit_bias": {"5": 3}}, "logit_bias"),
                              ({"presence_penalty": 0.5}, "presence_penalty"),
                              ({"extra_body": {"repetition_penalty": 1.1}}, "repetition_penalty")):
             with pytest.raises(openai.BadRequestError) as refused:
@@ -241,13 +241,13 @@ def test_fields_that_would_change_the_answer_are_refused_by_name_not_dropped(tin
         with pytest.raises(openai.BadRequestError) as refused:
             client.completions.create(model="m", prompt="x", max_tokens=2, echo=True)
         assert refused.value.body["param"] == "echo"
-        status, _, answer = raw_request(server, "POST", "/completion", b'{"prompt": "x", "n_predict": 2, "n_probs": 3}')
-        assert status == 400 and answer["error"]["param"] == "n_probs"
+        status, _, answer = raw_request(server, "POST", "/completion", b'{"prompt": "x", "mirostat": 2}')
+        assert status == 400 and answer["error"]["param"] == "mirostat"
         status, _, answer = raw_request(server, "POST", "/completion", b'{"prompt": "x", "n_predict": 2, '
                                                                         b'"grammar": "root ::= \\"a\\""}')
         assert status == 400 and answer["error"]["param"] == "grammar", answer
         neutral = client.chat.completions.create(
-            model="m", messages=messages, max_tokens=2, logprobs=False, presence_penalty=0, frequency_penalty=0,
+            model="m", messages=messages, max_tokens=2, presence_penalty=0, frequency_penalty=0,
             response_format={"type": "text"}, user="me", store=False, parallel_tool_calls=False,
             extra_body={"repetition_penalty": 1.0, "no_such_field": 3})
         assert neutral.choices[0].message.content is not None
@@ -279,6 +279,56 @@ def test_a_request_chooses_its_speculation_and_gets_the_same_answer(tiny):
                 client.chat.completions.create(model="m", messages=messages, max_tokens=2,
                                                extra_body={"speculative": bad})
             assert refused.value.body["param"] == param
+
+
+def test_log_probabilities_are_plain_decodings_whole_or_streamed_with_or_without_drafts(tiny_model_dir):
+    """`logprobs`/`top_logprobs` (chat), `logprobs` (text), `n_probs` (/completion): the tokens' texts make the
+    answer, and the numbers are the same bits with speculation and without (n_max 0), streamed or whole, with the
+    prompt cache or without (exact verification, as on block weights and 16-bit dtypes by default: each row's bits
+    whatever the block)."""
+    from specdec_cli.session.chat import open_session
+
+    session, _ = open_session(_chat_settings(tiny_model_dir, exact=True))
+    messages = [{"role": "user", "content": "Repeat: red green blue, red green blue, red green"}]
+    with serving(session) as server:
+        client = client_of(server)
+
+        def chat(n_max=None):
+            extra = {} if n_max is None else {"extra_body": {"speculative": {"n_max": n_max}}}
+            return client.chat.completions.create(model="m", messages=messages, max_tokens=24, logprobs=True,
+                                                  top_logprobs=3, **extra)
+
+        drafted, plain = chat(), chat(0)
+        assert drafted.model_extra["timings"]["draft_n"] > 0  # verified with drafts (tests/test_logprobs.py: accepted)
+        entries = drafted.choices[0].logprobs.content
+        specials = set(session.tokenizer.all_special_tokens)  # named in `token`, absent from the answer's text
+        assert "".join(entry.token for entry in entries if entry.token not in specials) == \
+            drafted.choices[0].message.content
+        assert all(len(entry.top_logprobs) == 3 and entry.logprob <= 0 for entry in entries)
+        assert all(entry.top_logprobs[0].logprob >= entry.logprob for entry in entries)  # greedy: the best
+        as_numbers = [(entry.token, entry.logprob, [(top.token, top.logprob) for top in entry.top_logprobs])
+                      for entry in entries]
+        assert as_numbers == [(entry.token, entry.logprob, [(top.token, top.logprob) for top in entry.top_logprobs])
+                              for entry in plain.choices[0].logprobs.content]
+        streamed = []
+        for piece in client.chat.completions.create(model="m", messages=messages, max_tokens=24, logprobs=True,
+                                                    top_logprobs=3, stream=True):
+            if piece.choices and piece.choices[0].logprobs:
+                streamed += [(entry.token, entry.logprob, [(top.token, top.logprob) for top in entry.top_logprobs])
+                             for entry in piece.choices[0].logprobs.content]
+        assert streamed == as_numbers
+        text = client.completions.create(model="m", prompt="red green blue, red green blue,", max_tokens=12,
+                                         logprobs=2)
+        legacy = text.choices[0].logprobs
+        assert "".join(token for token in legacy.tokens if token not in specials) == text.choices[0].text
+        assert len(legacy.top_logprobs[0]) == 2
+        assert legacy.text_offset[0] == 0 and len(legacy.token_logprobs) == len(legacy.tokens)
+        status, _, whole = raw_request(server, "POST", "/completion", json.dumps(
+            {"prompt": "red green blue, red green blue,", "n_predict": 12, "n_probs": 2}).encode())
+        assert status == 200 and [entry["logprob"] for entry in whole["completion_probabilities"]] == \
+            legacy.token_logprobs
+        assert chat(0).choices[0].logprobs is not None
+        assert client.chat.completions.create(model="m", messages=messages, max_tokens=4).choices[0].logprobs is None
 
 
 def test_tokenize_and_detokenize_as_llama_server_shapes_them(tiny):

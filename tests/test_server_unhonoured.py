@@ -11,14 +11,14 @@ from specdec_cli.server.llama_api import completion_request
 from specdec_cli.server.requests import chat_request, text_request
 from specdec_cli.server.unhonoured import UNHONOURED
 
-ASKING = {"logprobs": True, "top_logprobs": 3, "n_probs": 2, "response_format": {"type": "json_schema"},
+ASKING = {"response_format": {"type": "json_schema"},
           "json_schema": {"type": "object"}, "grammar": "root ::= x", "tools": [{"type": "function"}],
           "tool_choice": "required", "functions": [{"name": "f"}], "function_call": "auto", "frequency_penalty": 0.3,
           "presence_penalty": -0.2, "repetition_penalty": 1.1, "repeat_penalty": 1.2, "dry_multiplier": 0.8,
           "logit_bias": {"5": 10}, "typical_p": 0.9, "tfs_z": 0.95, "mirostat": 2, "dynatemp_range": 0.5,
           "xtc_probability": 0.5, "top_n_sigma": 1.5, "ignore_eos": True, "echo": True, "suffix": "end",
           "best_of": 3, "audio": {"voice": "x"}, "modalities": ["text", "audio"], "web_search_options": {}}
-NEUTRAL = {"logprobs": False, "top_logprobs": 0, "n_probs": 0, "response_format": {"type": "text"}, "tools": [],
+NEUTRAL = {"response_format": {"type": "text"}, "tools": [],
            "tool_choice": "none", "frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
            "repeat_penalty": 1, "logit_bias": {}, "typical_p": 1.0, "tfs_z": 1, "mirostat": 0, "top_n_sigma": -1,
            "ignore_eos": False, "echo": False, "suffix": None, "best_of": 1, "modalities": ["text"], "user": "me",
@@ -52,3 +52,20 @@ def test_min_p_is_read_on_every_endpoint():
     with pytest.raises(ApiError) as refused:
         text_request({"prompt": "x", "min_p": "high"}, None)
     assert refused.value.param == "min_p"
+
+
+def test_log_probabilities_are_read_as_each_api_names_them():
+    assert chat_request({**CHAT, "logprobs": True, "top_logprobs": 3}, None).logprobs == 3
+    assert chat_request({**CHAT, "logprobs": True}, None).logprobs == 0
+    assert chat_request({**CHAT, "logprobs": False}, None).logprobs is None
+    assert text_request({"prompt": "x", "logprobs": 2}, None).logprobs == 2
+    assert completion_request({"prompt": "x", "n_probs": 4}, None).logprobs == 4
+    assert completion_request({"prompt": "x", "n_probs": 0}, None).logprobs is None
+    for read, body, param in ((chat_request, {**CHAT, "top_logprobs": 2}, "top_logprobs"),
+                              (chat_request, {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                              (chat_request, {**CHAT, "logprobs": 1}, "logprobs"),
+                              (text_request, {"prompt": "x", "logprobs": True}, "logprobs"),
+                              (completion_request, {"prompt": "x", "n_probs": -1}, "n_probs")):
+        with pytest.raises(ApiError) as refused:
+            read(body, None)
+        assert refused.value.param == param

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from .generation_config import GenerationConfig
+    from .logprobs import TokenLogprob
 
 EventKind = Literal["prefill", "step"]  # the prompt processed (first token chosen), or one verify forward
 FinishReason = Literal["eos", "stop", "length"]  # the target's EOS, a stop string, or the token budget
@@ -105,6 +106,8 @@ class StepEvent:
     # drafts). The newest committed token has none until the next forward scores it. Only for a drafter whose
     # needs say so (None otherwise).
     features: Optional["torch.Tensor"] = None
+    # the committed tokens' log probabilities (logprobs.py), where the generation asks for them (None otherwise)
+    logprobs: Optional[list["TokenLogprob"]] = None
 
     @property
     def accepted(self) -> int:

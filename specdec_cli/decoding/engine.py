@@ -31,6 +31,7 @@ from .cost_curve import CostCurve
 from .curve_store import CurveStore, cost_cache_file, forward_timer
 from .draft import Draft, Drafter, FinishReason, StepEvent
 from .generation_config import GenerationConfig
+from .logprobs import choosing_rows, token_logprobs
 from .planner import DraftPlanner, Plan
 from .prompt_cache import PromptCache
 from .sampling import sample, warp_probs
@@ -116,7 +117,9 @@ class Engine:
         ttft = time.perf_counter() - started
         finish, committed, text_end = self._commit(context, new_tokens, [first], eos, config)
         emit(StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=committed, verify_seconds=ttft,
-                       prompt_tokens=tuple(prompt_ids), settings=config, finished=finish, features=features))
+                       prompt_tokens=tuple(prompt_ids), settings=config, finished=finish, features=features,
+                       logprobs=None if config.logprobs is None else token_logprobs(logits[-1:], committed,
+                                                                                    config.logprobs)))
 
         while finish is None:
             budget = min(config.budget, config.max_new_tokens - len(new_tokens) - 1)
@@ -158,10 +161,12 @@ class Engine:
             if needs.scored_topk and topk is None:
                 topk = torch.topk(logits, min(SCORED_TOPK, logits.shape[-1]), dim=-1).indices.tolist()
             if features is not None:  # the root's and the accepted path's rows: [1 + accepted, hidden]
-                features = features[[0, *(node + 1 for node in path)]]
+                features = features[choosing_rows(path)]
+            scored = None if config.logprobs is None else \
+                token_logprobs(logits[choosing_rows(path)], committed, config.logprobs)
             emit(StepEvent(kind="step", draft=draft, committed=committed, accepted_path=path,
                            draft_seconds=t1 - t0, verify_seconds=t2 - t1, finished=finish, scored_topk=topk,
-                           verify_rows=rows, features=features))
+                           verify_rows=rows, features=features, logprobs=scored))
 
         wall = time.perf_counter() - started
         if self.planner.has_curve:  # what this engine's steps taught the curve: the next session's start

@@ -29,6 +29,7 @@ class GenerationConfig:
     stop: Sequence[str] = ()  # stop strings (need a tokenizer)
     eos_token_ids: Sequence[int] = ()
     cost_aware: bool = True  # verify only as much of each draft as is expected to pay off (planner.py)
+    logprobs: Optional[int] = None  # report each token's log probability and this many alternatives (None: off)
 
     @property
     def greedy(self) -> bool:
@@ -52,6 +53,9 @@ class GenerationConfig:
             raise SpecdecError(f"draft_max must be >= 0 (0 = no drafting), got {self.draft_max}", setting="draft_max")
         if self.seed is not None:
             check_seed(self.seed)
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise SpecdecError(f"logprobs must be in 0..20 (alternatives per token), got {self.logprobs}",
+                               setting="logprobs")
         if any(not stop for stop in self.stop):
             raise SpecdecError("stop strings must not be empty", setting="stop")
 

@@ -29,7 +29,7 @@ from starlette.routing import Route
 from .api_errors import ApiError, error_body, one_line
 from .llama_api import completion_body, completion_request, detokenize_body, props_body, tokenize_body
 from .requests import chat_request, read_json, text_request
-from .responses import Ids, chunk, completion, timings, usage
+from .responses import Ids, chunk, completion, logprobs_body, timings, usage
 from .settings import ServerSettings
 from .worker import Job, Worker
 
@@ -85,7 +85,7 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
                 return Response(status_code=499)  # the client is gone: nobody reads this
             ids = Ids(checked.kind, checked.model or model_name)
             if checked.stream and watcher is not None:
-                stream = _events(job, ids, checked.include_usage, watcher)
+                stream = _events(job, ids, checked.include_usage, watcher, checked.logprobs is not None)
                 watcher = None  # the stream ends it
                 return StreamingResponse(stream, media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -117,14 +117,20 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
     return Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)
 
 
-async def _events(job: Job, ids: Ids, include_usage: bool, watcher: asyncio.Task) -> AsyncIterator[str]:
-    """The stream: a first chunk naming the role, text pieces, the finish, usage (when asked), [DONE]."""
+async def _events(job: Job, ids: Ids, include_usage: bool, watcher: asyncio.Task,
+                  with_logprobs: bool) -> AsyncIterator[str]:
+    """The stream: a first chunk naming the role, text pieces (with their tokens' log probabilities where asked),
+    the finish, usage (when asked), [DONE]."""
+    shown = 0  # characters streamed so far: the text completions' text_offset
     try:
         yield _event(chunk(ids, "", first=True) if ids.kind == "chat" else chunk(ids, ""))
         while True:
             kind, value = await job.messages.get()
             if kind == "text":
-                yield _event(chunk(ids, value))
+                text, entries = value
+                logprobs = logprobs_body(ids.kind, entries, shown) if with_logprobs else None
+                yield _event(chunk(ids, text, logprobs=logprobs))
+                shown += len(text)
             elif kind == "done":
                 last = chunk(ids, finish_reason=value.finish_reason)
                 last["timings"] = timings(value)

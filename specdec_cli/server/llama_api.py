@@ -44,6 +44,11 @@ def completion_request(body: dict, max_tokens_limit: Optional[int]) -> Completio
         openai_body["speculative"] = {**(body.get("speculative") or {}), "n_max": body["speculative.n_max"]}
     elif "speculative" in body:
         openai_body["speculative"] = body["speculative"]
+    n_probs = body.get("n_probs")
+    if n_probs is not None and (not isinstance(n_probs, int) or isinstance(n_probs, bool) or not 0 <= n_probs <= 20):
+        raise ApiError(400, "'n_probs' must be an integer in 0..20", param="n_probs")
+    if n_probs:  # llama.cpp: the chosen token's probability and n_probs alternatives
+        openai_body["logprobs"] = n_probs
     if n_predict is not None and n_predict > 0:  # -1 (llama.cpp: until the context ends): the server's default
         openai_body["max_tokens"] = n_predict
     request = text_request(openai_body, max_tokens_limit)
@@ -55,9 +60,20 @@ def completion_body(outcome: Outcome, model_name: str) -> dict:
     return {"content": outcome.text, "tokens": list(outcome.tokens), "stop": True, "model": model_name,
             "stop_type": STOP_TYPES[outcome.finish], "tokens_predicted": outcome.completion_tokens,
             "tokens_evaluated": outcome.prompt_tokens, "tokens_cached": outcome.cached_tokens,
-            "timings": timings(outcome),
+            "timings": timings(outcome), **_probabilities(outcome),
             "generation_settings": {"speculative.types": "none" if outcome.drafter == "none" else
                                     f"specdec:{outcome.drafter}"}}
+
+
+def _probabilities(outcome: Outcome) -> dict:
+    """llama-server's `completion_probabilities` (asked with n_probs): per token, its id, text, log probability
+    and bytes, and its alternatives'."""
+    if outcome.logprobs is None:
+        return {}
+    return {"completion_probabilities": [
+        {"id": entry.token, "token": entry.text, "logprob": entry.logprob, "bytes": list(entry.text.encode()),
+         "top_logprobs": [{"id": token, "token": text, "logprob": value, "bytes": list(text.encode())}
+                          for token, text, value in entry.top]} for entry in outcome.logprobs]}
 
 
 def props_body(session: Any, model_name: str, context: Optional[int]) -> dict:

@@ -24,6 +24,7 @@ from .unhonoured import refuse_unhonoured
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_DRAFT = 64  # the longest draft a request may ask for (speculative.n_max)
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit (decoding/logprobs.py)
 ROLES = ("system", "developer", "user", "assistant")
 
 
@@ -47,6 +48,7 @@ class CompletionRequest:
     cache_prompt: bool = True  # reuse the prompt cache (llama.cpp's /completion may say false: computed whole)
     draft_max: Optional[int] = None  # `speculative.n_max`: this request's longest draft (0: plain decoding)
     drafter: Optional[str] = None  # `speculative.drafter`: "none" or the server's own drafter
+    logprobs: Optional[int] = None  # alternatives per token with each token's log probability (None: none asked)
 
     def check_drafter(self, served: str) -> None:
         """`speculative.drafter` names what this server can draft with: its own drafter, or none (400 otherwise)."""
@@ -62,6 +64,8 @@ class CompletionRequest:
                 changes[name] = getattr(self, name)
         if self.max_tokens is not None:
             changes["max_new_tokens"] = self.max_tokens
+        if self.logprobs is not None:
+            changes["logprobs"] = self.logprobs
         if self.draft_max is not None or self.drafter == "none":
             changes["draft_max"] = 0 if self.drafter == "none" else self.draft_max
         config = replace(base, **changes)
@@ -113,7 +117,16 @@ def chat_request(body: dict, max_tokens_limit: Optional[int]) -> CompletionReque
     if checked[-1]["role"] == "assistant":
         raise ApiError(400, "the last message must not be the assistant's (this server does not continue an "
                        "assistant message)", param="messages")
-    return CompletionRequest("chat", messages=checked, **_common(body, max_tokens_limit))
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise ApiError(400, "'logprobs' must be a boolean", param="logprobs")
+    top = _integer(body, "top_logprobs")
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"'top_logprobs' must be in 0..{MAX_TOP_LOGPROBS}", param="top_logprobs")
+    if top and not logprobs:
+        raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return CompletionRequest("chat", messages=checked, **_common(body, max_tokens_limit),
+                             logprobs=(top or 0) if logprobs else None)
 
 
 def text_request(body: dict, max_tokens_limit: Optional[int]) -> CompletionRequest:
@@ -128,7 +141,10 @@ def text_request(body: dict, max_tokens_limit: Optional[int]) -> CompletionReque
     else:
         raise ApiError(400, "'prompt' must be a non-empty string or array of token ids (one prompt per request)",
                        param="prompt")
-    return CompletionRequest("text", prompt=text, **_common(body, max_tokens_limit))
+    logprobs = _integer(body, "logprobs")  # the legacy API's: alternatives per token (0 = the chosen ones only)
+    if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"'logprobs' must be in 0..{MAX_TOP_LOGPROBS}", param="logprobs")
+    return CompletionRequest("text", prompt=text, **_common(body, max_tokens_limit), logprobs=logprobs)
 
 
 def _message(message: Any, index: int) -> dict:

@@ -4,8 +4,9 @@ Shapes are OpenAI's (`chat.completion`, `chat.completion.chunk`, `text_completio
 `prompt_tokens_details.cached_tokens` (prompt tokens taken from the prompt cache, not computed), and `timings`
 beside it reports what llama-server users read there (prompt and predicted tokens, milliseconds, per second,
 `cache_n`, `draft_n`, `draft_n_accepted`) and specdec's own figures (the drafter, steps, tokens per step, the steps
-each draft source drafted). Builders
-only: nothing here generates or sends.
+each draft source drafted). Log probabilities, where asked, in each API's shape: chat's `logprobs.content`, the
+text completions' `tokens`/`token_logprobs`/`top_logprobs`/`text_offset`. Builders only: nothing here generates or
+sends.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}  # the engine's -> OpenAI's
 
@@ -32,6 +33,7 @@ class Outcome:
     finish: str = "length"  # the engine's: eos, stop or length
     tokens: tuple[int, ...] = ()  # the answer's token ids
     n_max: Optional[int] = None  # the longest draft it was verified with (0: plain decoding)
+    logprobs: Optional[tuple[Any, ...]] = None  # logprob_stream.LogprobEntry per reported token, where asked
 
 
 class Ids:
@@ -74,24 +76,45 @@ def timings(outcome: Outcome) -> dict:
     }
 
 
+def logprobs_body(kind: str, entries: Optional[Sequence[Any]], text_offset: int = 0) -> Optional[dict]:
+    """Log probabilities of `entries` (LogprobEntry) as chat (`content`) or text completions (legacy lists, offsets
+    counted from `text_offset`) report them; None where none were asked."""
+    if entries is None:
+        return None
+    if kind == "chat":
+        return {"content": [{"token": entry.text, "logprob": entry.logprob, "bytes": list(entry.text.encode()),
+                             "top_logprobs": [{"token": text, "logprob": value, "bytes": list(text.encode())}
+                                              for _, text, value in entry.top]} for entry in entries]}
+    offsets = []
+    for entry in entries:
+        offsets.append(text_offset)
+        text_offset += entry.shown
+    return {"tokens": [entry.text for entry in entries], "token_logprobs": [entry.logprob for entry in entries],
+            "top_logprobs": [{text: value for _, text, value in entry.top} for entry in entries],
+            "text_offset": offsets}
+
+
 def completion(ids: Ids, outcome: Outcome) -> dict:
     """A whole (not streamed) response."""
+    logprobs = logprobs_body(ids.kind, outcome.logprobs)
     if ids.kind == "chat":
         choice: dict = {"index": 0, "message": {"role": "assistant", "content": outcome.text},
-                        "logprobs": None, "finish_reason": outcome.finish_reason}
+                        "logprobs": logprobs, "finish_reason": outcome.finish_reason}
     else:
-        choice = {"index": 0, "text": outcome.text, "logprobs": None, "finish_reason": outcome.finish_reason}
+        choice = {"index": 0, "text": outcome.text, "logprobs": logprobs, "finish_reason": outcome.finish_reason}
     return {**ids.head(), "choices": [choice], "usage": usage(outcome), "timings": timings(outcome)}
 
 
-def chunk(ids: Ids, text: Optional[str] = None, finish_reason: Optional[str] = None, first: bool = False) -> dict:
-    """One streamed piece: text (the first chat chunk also names the role), or the end with its finish reason."""
+def chunk(ids: Ids, text: Optional[str] = None, finish_reason: Optional[str] = None, first: bool = False,
+          logprobs: Optional[dict] = None) -> dict:
+    """One streamed piece: text (the first chat chunk also names the role) with its tokens' log probabilities
+    where asked (logprobs_body), or the end with its finish reason."""
     if ids.kind == "chat":
         delta: dict = {"role": "assistant", "content": text or ""} if first else \
             ({"content": text} if text is not None else {})
-        choice: dict = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice: dict = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
     return {**ids.head(chunk=True), "choices": [choice]}
 
 

@@ -3,8 +3,8 @@
 A client that asks for JSON output, offers tools, wants log probabilities or a repetition penalty and silently
 gets plain text back cannot tell that its request was not carried out. So every field those APIs define that
 would change the answer (or add to it) and that specdec does not carry out gets a 400 naming it, when it is set
-to anything but its neutral value (`logprobs: false`, `presence_penalty: 0`, `response_format: {"type":
-"text"}`, `tools: []` are accepted). Fields that change nothing here (`user`, `store`, `metadata`,
+to anything but its neutral value (`presence_penalty: 0`, `response_format: {"type": "text"}`, `tools: []` are
+accepted). Fields that change nothing here (`user`, `store`, `metadata`,
 `service_tier`, `parallel_tool_calls` without tools, `prediction`, `n_keep`, ...) and unknown fields are
 ignored, as llama-server ignores them.
 
@@ -50,9 +50,6 @@ def _top_n_sigma(value: Any) -> bool:
 
 # field -> (is it set to something that would change the answer?, what it asks for)
 UNHONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "logprobs": (_set, "log probabilities"),
-    "top_logprobs": (_set, "log probabilities"),
-    "n_probs": (_set, "token probabilities"),
     "response_format": (_not_text_format, "structured (JSON) output"),
     "json_schema": (_set, "structured (JSON) output"),
     "grammar": (_set, "grammar-constrained output"),

@@ -31,6 +31,7 @@ from ..decoding.generation_config import GenerationConfig
 from ..errors import SpecdecError
 from ..texts.prompt_ids import format_prompt
 from .api_errors import ApiError, one_line
+from .logprob_stream import LogprobStream
 from .requests import CompletionRequest
 from .responses import FINISH_REASONS, Outcome
 from .text_stream import TextStream
@@ -211,13 +212,16 @@ class Worker:
                 session.prompt_cache.clear()
             job.send("started")
             stream = TextStream(session.tokenizer, job.config.stop)
+            scored = LogprobStream(session.tokenizer)  # (empty unless the request asks for log probabilities)
 
             def on_event(event: Any) -> None:
                 if job.cancelled.is_set():
                     raise Cancelled()
+                if event.logprobs:
+                    scored.add(event.logprobs)
                 piece = stream.add(event.committed)
                 if piece:
-                    job.send("text", piece)
+                    job.send("text", (piece, scored.release(len(stream.sent))))
 
             generation = session.generate(prompt_ids, job.config, on_event)
             self.last_prompt = len(prompt_ids)
@@ -225,12 +229,14 @@ class Worker:
                 self._build_drafter()
             text = session.decode(generation)
             rest = stream.finish(text)
-            if rest:
-                job.send("text", rest)
+            last = scored.finish(len(text))
+            if rest or last:
+                job.send("text", (rest, last))
             job.send("done", Outcome(text, FINISH_REASONS[generation.finish_reason], len(prompt_ids),
                                      generation.cached_tokens, len(generation.tokens), generation.stats,
                                      "none" if job.config.budget == 0 else session.drafter_name,
-                                     generation.finish_reason, tuple(generation.tokens), job.config.budget))
+                                     generation.finish_reason, tuple(generation.tokens), job.config.budget,
+                                     tuple(scored.released) if job.config.logprobs is not None else None))
         except Cancelled:
             if self._stopping.is_set():
                 log.info("the server is stopping: the answer being generated was cut")
