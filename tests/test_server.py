@@ -772,3 +772,40 @@ def test_opening_a_session_reads_the_targets_facts_once(tiny_model_dir, tmp_path
     session, _ = open_session(_chat_settings(tiny_model_dir, remember=True))
     assert fingerprints == [1] and session.memory is not None
     assert session.info.fingerprint == session.memory.fingerprint == fingerprint(session.tokenizer)
+
+
+def test_metrics_count_requests_tokens_and_drafts_in_prometheus_format(tiny):
+    """/metrics (behind the key like the rest): after answers, the request, token and speculation counters say what
+    the responses' usage and timings said, in a format prometheus-client's own parser reads."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    session, _ = tiny
+    with serving(session, api_key="k") as server:
+        assert raw_request(server, "GET", "/metrics")[0] == 401
+        client = client_of(server, api_key="k")
+        answers = [client.chat.completions.create(model="m", max_tokens=12, messages=[
+            {"role": "user", "content": content}]) for content in ("Count: one two three", "Count: one two three")]
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HANG_GUARD)
+        connection.request("GET", "/metrics", headers={"Authorization": "Bearer k"})
+        response = connection.getresponse()
+        text = response.read().decode()
+        connection.close()
+    assert response.status == 200 and response.getheader("content-type").startswith("text/plain")
+    samples = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+               for family in text_string_to_metric_families(text) for sample in family.samples}
+
+    def total(name: str) -> float:
+        return sum(value for (sample, _), value in samples.items() if sample == name)
+
+    assert total("specdec:request_success_total") == 2
+    assert total("specdec:generation_tokens_total") == sum(answer.usage.completion_tokens for answer in answers)
+    assert total("specdec:prompt_tokens_total") + total("specdec:prompt_tokens_cached_total") == \
+        sum(answer.usage.prompt_tokens for answer in answers)
+    assert total("specdec:prompt_tokens_cached_total") > 0  # the second request's prompt came from the cache
+    timings = [answer.model_extra["timings"] for answer in answers]
+    assert total("specdec:spec_decode_num_draft_tokens_total") == sum(figures["draft_n"] for figures in timings)
+    assert total("specdec:spec_decode_num_accepted_tokens_total") == \
+        sum(figures["draft_n_accepted"] for figures in timings) == \
+        total("specdec:spec_decode_num_accepted_tokens_per_pos_total")
+    assert total("specdec:time_to_first_token_seconds_count") == 2
+    assert samples[("specdec:num_requests_waiting", ())] == 0

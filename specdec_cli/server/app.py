@@ -1,6 +1,7 @@
 """The HTTP routes (starlette): OpenAI's chat and text completions, the model list, health, and llama.cpp's own
-`/completion`, `/props`, `/tokenize` and `/detokenize` (llama_api.py); the key; the body limit; CORS for the origins
-`--cors-origins` names (starlette's middleware answers browsers' preflight requests, without a key).
+`/completion`, `/props`, `/tokenize` and `/detokenize` (llama_api.py); `/metrics` (Prometheus' format,
+metrics.py); the key; the body limit; CORS for the origins `--cors-origins` names (starlette's middleware answers
+browsers' preflight requests, without a key).
 
 `build_app(worker, settings, model_name)` makes the ASGI app. Every error is OpenAI's JSON body (api_errors.py):
 a 404/405 of the router too. A request is read (at most `max_body_bytes`, else 413), checked (requests.py), queued
@@ -28,6 +29,7 @@ from starlette.routing import Route
 
 from .api_errors import ApiError, error_body, one_line
 from .llama_api import completion_body, completion_request, detokenize_body, props_body, tokenize_body
+from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .requests import chat_request, read_json, text_request
 from .responses import Ids, chunk, completion, logprobs_body, timings, usage
 from .settings import ServerSettings
@@ -58,6 +60,10 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
     async def props(request: Request) -> Response:
         _authorize(request, settings.listen.api_key)
         return JSONResponse(props_body(worker.session, model_name, worker.context))
+
+    async def metrics(request: Request) -> Response:
+        _authorize(request, settings.listen.api_key)
+        return Response(worker.metrics.render(), media_type=METRICS_TYPE)
 
     async def tokenize(request: Request) -> Response:
         _authorize(request, settings.listen.api_key)
@@ -103,7 +109,8 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
 
     routes = [Route("/health", health, methods=["GET"]), Route("/v1/health", health, methods=["GET"]),
               Route("/completion", llama_completion, methods=["POST"]), Route("/props", props, methods=["GET"]),
-              Route("/tokenize", tokenize, methods=["POST"]), Route("/detokenize", detokenize, methods=["POST"])]
+              Route("/tokenize", tokenize, methods=["POST"]), Route("/detokenize", detokenize, methods=["POST"]),
+              Route("/metrics", metrics, methods=["GET"])]
     for prefix in ("/v1", ""):  # llama-server answers both
         routes += [Route(f"{prefix}/models", models, methods=["GET"]),
                    Route(f"{prefix}/chat/completions", chat, methods=["POST"]),

@@ -32,6 +32,7 @@ from ..errors import SpecdecError
 from ..texts.prompt_ids import format_prompt
 from .api_errors import ApiError, one_line
 from .logprob_stream import LogprobStream
+from .metrics import ServerMetrics
 from .requests import CompletionRequest
 from .responses import FINISH_REASONS, Outcome
 from .text_stream import TextStream
@@ -141,6 +142,7 @@ class Worker:
         self.fresh: Optional[Any] = None  # a drafter built from the memory since, waiting for a new conversation
         self.building: Optional[threading.Thread] = None
         self._stopping = threading.Event()
+        self.metrics = ServerMetrics(self.health)  # GET /metrics
         self.thread = threading.Thread(target=self._run, name="specdec-generate", daemon=True)
 
     # -- the queue -----------------------------------------------------------------------------------------------
@@ -232,12 +234,15 @@ class Worker:
             last = scored.finish(len(text))
             if rest or last:
                 job.send("text", (rest, last))
+            self.metrics.record(FINISH_REASONS[generation.finish_reason], len(prompt_ids) - generation.cached_tokens,
+                                generation.cached_tokens, generation)
             job.send("done", Outcome(text, FINISH_REASONS[generation.finish_reason], len(prompt_ids),
                                      generation.cached_tokens, len(generation.tokens), generation.stats,
                                      "none" if job.config.budget == 0 else session.drafter_name,
                                      generation.finish_reason, tuple(generation.tokens), job.config.budget,
                                      tuple(scored.released) if job.config.logprobs is not None else None))
         except Cancelled:
+            self.metrics.failed("cancelled")
             if self._stopping.is_set():
                 log.info("the server is stopping: the answer being generated was cut")
                 job.send("error", stopping_error("the answer was cut before its end"))
@@ -245,10 +250,13 @@ class Worker:
                 log.info("a client went away: its generation stopped")
                 job.send("cancelled")
         except ApiError as error:
+            self.metrics.failed("refused")
             job.send("error", error)
         except SpecdecError as error:
+            self.metrics.failed("refused")
             job.send("error", ApiError(400, str(error), param=error.setting))
         except Exception as error:  # a bug or a failing model: logged in full, answered in one line
+            self.metrics.failed("error")
             log.exception("generation failed")
             job.send("error", ApiError(500, f"generation failed: {one_line(error)}", code="generation_failed"))
 
