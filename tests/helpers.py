@@ -17,7 +17,7 @@ from specdec_cli.target_model.gguf import gguf_decode
 
 REPO = Path(__file__).resolve().parents[1]
 
-# -- tiny models of every family README lists (test_families.py, test_exact.py, test_native.py) ------------------
+# -- tiny models of every family docs/models.md lists (test_families.py, test_exact.py, test_native.py) -----------
 
 EOS = 3
 WINDOW = 8  # sliding windows are this short: prompts, answers and the deepest trees below run past them

@@ -1,4 +1,4 @@
-"""Every model family README promises, on tiny models built from configs (no downloads).
+"""Every model family README and docs/models.md promise, on tiny models built from configs (no downloads).
 
 Per family: a tree's logits equal sequential decoding (trees deeper than the sliding window included), every
 kind of drafter (chains: pld, a scripted chain that is sometimes wrong, the model drafter; trees: a scripted

@@ -42,7 +42,7 @@ def _config(**settings) -> GenerationConfig:
     return GenerationConfig(**{"max_new_tokens": NEW, "draft_max": 7, "eos_token_ids": (EOS,), **settings})
 
 
-# every family README lists, on 4-bit or 8-bit blocks made on load (the GGUF tests below use a file's own blocks)
+# every family docs/models.md lists, on 4-bit or 8-bit blocks made on load (the GGUF tests below: a file's own)
 BLOCK_FAMILIES = [("llama", "int4"), ("mistral", "int8"), ("qwen2", "int8"), ("qwen3", "int4"), ("phi3", "int4"),
                   ("smollm3", "int8"), ("gemma", "int4"), ("gemma2", "int8"), ("gemma3_text", "int4")]
 # Logits against transformers' forward on the same block layers: the kernels round activations to 8 bits, so a

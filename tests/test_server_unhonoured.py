@@ -11,8 +11,7 @@ from specdec_cli.server.llama_api import completion_request
 from specdec_cli.server.requests import chat_request, text_request
 from specdec_cli.server.unhonoured import UNHONOURED
 
-ASKING = {"response_format": {"type": "json_schema"},
-          "json_schema": {"type": "object"}, "grammar": "root ::= x", "tools": [{"type": "function"}],
+ASKING = {"tools": [{"type": "function"}],
           "tool_choice": "required", "functions": [{"name": "f"}], "function_call": "auto", "frequency_penalty": 0.3,
           "presence_penalty": -0.2, "repetition_penalty": 1.1, "repeat_penalty": 1.2, "dry_multiplier": 0.8,
           "logit_bias": {"5": 10}, "typical_p": 0.9, "tfs_z": 0.95, "mirostat": 2, "dynatemp_range": 0.5,

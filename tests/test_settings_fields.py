@@ -126,6 +126,7 @@ def test_each_default_is_declared_in_one_place():
         ("GenerationConfig", "temperature"): "0.0", ("GenerationConfig", "top_p"): "1.0",
         ("GenerationConfig", "top_k"): "0",
         ("GenerationConfig", "min_p"): "0.0", ("GenerationConfig", "logprobs"): "None",
+        ("GenerationConfig", "grammar"): "None",
         ("GenerationConfig", "seed"): "None", ("GenerationConfig", "stop"): "()",
         ("GenerationConfig", "eos_token_ids"): "()", ("GenerationConfig", "cost_aware"): "True",
         ("GenerationConfig", "draft_max"): "None", ("ProposerSettings", "num_speculative_tokens"): "None",

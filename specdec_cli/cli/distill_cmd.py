@@ -60,7 +60,7 @@ distill_app = typer.Typer(
 app.add_typer(distill_app, name="distill")
 
 # Pipeline defaults (with each kind's number of prompts, distill_stages.py): SmolLM2-135M on 2 CPU cores in well
-# under 30 minutes; see README for the numbers.
+# under 30 minutes; docs/distill.md has the numbers.
 PIPELINE_MAX_NEW_TOKENS = 160
 PIPELINE_EPOCHS = 6.0
 EVAL_MAX_NEW_TOKENS = 96

@@ -130,7 +130,7 @@ class StudentStages:
     drafter = "model"
     bench_methods = "model"  # what the usage hint benchmarks
     # Pipeline defaults: SmolLM2-135M on 2 CPU cores in well under 30 minutes (measured 18.6 min: generate 11,
-    # train 2.5, evaluate 5); see README for the numbers.
+    # train 2.5, evaluate 5); docs/distill.md has the numbers.
     pipeline_prompts = 200
     shows_usage_after_training = False
 

@@ -31,6 +31,7 @@ from .cost_curve import CostCurve
 from .curve_store import CurveStore, cost_cache_file, forward_timer
 from .draft import Draft, Drafter, FinishReason, StepEvent
 from .generation_config import GenerationConfig
+from .grammar import GRAMMAR_SOURCE, Constraint
 from .logprobs import choosing_rows, token_logprobs
 from .planner import DraftPlanner, Plan
 from .prompt_cache import PromptCache
@@ -113,9 +114,11 @@ class Engine:
         # Prefill: the prompt (what the cache does not hold yet); its last logits give the first new token.
         # [1, vocab], [prompt, hidden] or None
         logits, features = prefill(self.forward, context, cache, cached, needs.features, needs.feature_layers)
-        first = choose(logits[-1], generator, config)
+        constraint = None if config.grammar is None else Constraint(config.grammar, self.tokenizer,
+                                                                    config.eos_token_ids)
+        first = choose(allowed_only(logits[-1:], constraint, [])[0], generator, config)
         ttft = time.perf_counter() - started
-        finish, committed, text_end = self._commit(context, new_tokens, [first], eos, config)
+        finish, committed, text_end = self._commit(context, new_tokens, [first], eos, config, constraint)
         emit(StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=committed, verify_seconds=ttft,
                        prompt_tokens=tuple(prompt_ids), settings=config, finished=finish, features=features,
                        logprobs=None if config.logprobs is None else token_logprobs(logits[-1:], committed,
@@ -133,7 +136,7 @@ class Engine:
                 asked = self.planner.draft_budget(drafter.name, budget)
             draft = drafter.propose(context, asked) if asked > 0 else Draft.empty(drafter.name)
             self.planner.observe_drafting(draft.source, len(draft), time.perf_counter() - t0)
-            draft, plan = self._plan(draft, budget, config)
+            draft, plan = self._plan(draft, budget, config, constraint)
             t1 = time.perf_counter()
             # 2. Verify: score the newest committed token and every kept node in one forward (plus padding rows
             #    when a bigger forward is cheaper on this machine; their outputs and cache entries are dropped).
@@ -143,7 +146,8 @@ class Engine:
             block, parents = pad_block([context[-1], *draft.tokens], draft.parents, rows)
             logits, features = self.forward(block, cache, past, tree=parents, features=needs.features,
                                             feature_layers=needs.feature_layers)  # [rows, vocab], [rows, .] or None
-            logits = logits[: len(draft) + 1]  # [k+1, vocab]
+            raw = logits[: len(draft) + 1]  # [k+1, vocab]
+            logits = allowed_only(raw, constraint, draft.tokens)  # under a grammar: each row's allowed tokens
             # 3. Accept: the longest acceptable path, then the target's own token after it. Greedy, what the
             #    step reads back from the target's device (the argmax, and the top tokens a drafter asks for) is
             #    one read: on a GPU, the step's one host synchronisation.
@@ -151,7 +155,7 @@ class Engine:
             path, target_token = self._accept(draft, logits, config, generator, read[0])
             # 4. Commit the accepted drafts + the correction/bonus token; roll the cache back to match.
             finish, committed, text_end = self._commit(
-                context, new_tokens, [*(draft.tokens[node] for node in path), target_token], eos, config
+                context, new_tokens, [*(draft.tokens[node] for node in path), target_token], eos, config, constraint
             )
             keep_accepted(cache, past, path, draft.is_chain, len(context) - 1)
             t2 = time.perf_counter()
@@ -163,7 +167,7 @@ class Engine:
             if features is not None:  # the root's and the accepted path's rows: [1 + accepted, hidden]
                 features = features[choosing_rows(path)]
             scored = None if config.logprobs is None else \
-                token_logprobs(logits[choosing_rows(path)], committed, config.logprobs)
+                token_logprobs(raw[choosing_rows(path)], committed, config.logprobs)
             emit(StepEvent(kind="step", draft=draft, committed=committed, accepted_path=path,
                            draft_seconds=t1 - t0, verify_seconds=t2 - t1, finished=finish, scored_topk=topk,
                            verify_rows=rows, features=features, logprobs=scored))
@@ -195,10 +199,17 @@ class Engine:
             raise SpecdecError("stop strings need the target's tokenizer")
         return config, limit
 
-    def _plan(self, draft: Draft, budget: int, config: GenerationConfig) -> tuple[Draft, Plan]:
-        """The part of the draft to verify and the verify forward's rows (trees become chains where needed)."""
-        if not draft.is_chain and not self.supports_trees:
+    def _plan(self, draft: Draft, budget: int, config: GenerationConfig,
+              constraint: Optional[Constraint] = None) -> tuple[Draft, Plan]:
+        """The part of the draft to verify and the verify forward's rows (trees become chains where needed; under
+        a grammar, chains cut at their first token it forbids)."""
+        if not draft.is_chain and (constraint is not None or not self.supports_trees):
             draft = first_branch(draft)
+        if constraint is not None:
+            forced = constraint.forced()[:budget]
+            if forced and draft.tokens[: len(forced)] != forced[: len(draft.tokens)]:
+                draft = Draft(forced, GRAMMAR_SOURCE)  # what the grammar forces, where the drafter guessed other
+            draft = trim(draft, constraint.allowed(draft.tokens))
         if not config.cost_aware:
             draft = trim(draft, budget)
             return draft, Plan(len(draft), len(draft) + 1)
@@ -224,9 +235,10 @@ class Engine:
         return list(range(accepted)), target_token
 
     def _commit(
-        self, context: list[int], new_tokens: list[int], tokens: list[int], eos: set[int], config: GenerationConfig
+        self, context: list[int], new_tokens: list[int], tokens: list[int], eos: set[int], config: GenerationConfig,
+        constraint: Optional[Constraint] = None,
     ) -> tuple[Optional[FinishReason], list[int], Optional[int]]:
-        """Append tokens, cutting at EOS, at the token budget or at a stop string.
+        """Append tokens, cutting at EOS, at the token budget or at a stop string (and advance the grammar).
 
         Returns (finish reason or None, the tokens committed, the text length before a stop string or None)."""
         committed: list[int] = []
@@ -246,6 +258,8 @@ class Engine:
                 committed, finish = committed[:keep], "stop"
         context.extend(committed)
         new_tokens.extend(committed)
+        if constraint is not None:
+            constraint.commit(committed)
         return finish, committed, text_end
 
     def _find_stop(self, before: list[int], committed: list[int], stops: Sequence[str]) -> tuple[int, Optional[int]]:
@@ -300,6 +314,15 @@ class Engine:
     def cost_curve(self) -> CostCurve:
         """t(rows) for this model on this machine (the planner's; measured now if not known yet)."""
         return self.planner.curve
+
+
+def allowed_only(logits: torch.Tensor, constraint: Optional[Constraint], draft_tokens: Sequence[int]) -> torch.Tensor:
+    """logits [k+1, vocab] with what the grammar forbids at each row (after the draft's tokens before it) at -inf;
+    as they are without a grammar."""
+    if constraint is None:
+        return logits
+    allowed = constraint.masks(draft_tokens, logits.shape[-1]).to(logits.device)  # [k+1, vocab]
+    return logits.masked_fill(~allowed, float("-inf"))
 
 
 def choose(logits: torch.Tensor, generator: Optional[torch.Generator], config: GenerationConfig) -> int:

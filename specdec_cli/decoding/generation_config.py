@@ -8,10 +8,13 @@ settings only; what they do is the engine's (engine.py), the planner's (planner.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..defaults import DEFAULT_BUDGET, DEFAULT_MAX_NEW_TOKENS, MAX_NEW_TOKENS
 from ..errors import SpecdecError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .grammar import GrammarSpec
 
 
 @dataclass
@@ -30,6 +33,7 @@ class GenerationConfig:
     eos_token_ids: Sequence[int] = ()
     cost_aware: bool = True  # verify only as much of each draft as is expected to pay off (planner.py)
     logprobs: Optional[int] = None  # report each token's log probability and this many alternatives (None: off)
+    grammar: Optional["GrammarSpec"] = None  # every answer token keeps this grammar (grammar.py); None: free text
 
     @property
     def greedy(self) -> bool:

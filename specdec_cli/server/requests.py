@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, Optional, Union
 
 from ..decoding.generation_config import GenerationConfig
+from ..decoding.grammar import GrammarSpec
 from ..errors import SpecdecError
 from .api_errors import ApiError
 from .unhonoured import refuse_unhonoured
@@ -49,6 +50,7 @@ class CompletionRequest:
     draft_max: Optional[int] = None  # `speculative.n_max`: this request's longest draft (0: plain decoding)
     drafter: Optional[str] = None  # `speculative.drafter`: "none" or the server's own drafter
     logprobs: Optional[int] = None  # alternatives per token with each token's log probability (None: none asked)
+    grammar: Optional[GrammarSpec] = None  # response_format's JSON (schema), or llama.cpp's json_schema / grammar
 
     def check_drafter(self, served: str) -> None:
         """`speculative.drafter` names what this server can draft with: its own drafter, or none (400 otherwise)."""
@@ -66,6 +68,8 @@ class CompletionRequest:
             changes["max_new_tokens"] = self.max_tokens
         if self.logprobs is not None:
             changes["logprobs"] = self.logprobs
+        if self.grammar is not None:
+            changes["grammar"] = self.grammar
         if self.draft_max is not None or self.drafter == "none":
             changes["draft_max"] = 0 if self.drafter == "none" else self.draft_max
         config = replace(base, **changes)
@@ -197,11 +201,50 @@ def _common(body: dict, max_tokens_limit: Optional[int]) -> dict:
     if include_usage is not None and not isinstance(include_usage, bool):
         raise ApiError(400, "'stream_options.include_usage' must be a boolean", param="stream_options.include_usage")
     draft_max, drafter = _speculative(body.get("speculative"))
-    return {"model": model, "max_tokens": max_tokens, "temperature": _number(body, "temperature"),
-            "draft_max": draft_max, "drafter": drafter,
+    return {"model": model, "grammar": _grammar(body), "max_tokens": max_tokens,
+            "temperature": _number(body, "temperature"), "draft_max": draft_max, "drafter": drafter,
             "top_p": _number(body, "top_p"), "top_k": _integer(body, "top_k"), "min_p": _number(body, "min_p"),
             "seed": _integer(body, "seed"),
             "stop": _stop(body.get("stop")), "stream": bool(stream), "include_usage": bool(include_usage)}
+
+
+def _grammar(body: dict) -> Optional[GrammarSpec]:
+    """What the answer must keep: OpenAI's `response_format` (`json_object`: any JSON object; `json_schema`: its
+    `json_schema.schema`), or llama-server's `json_schema` (a schema) or `grammar` (GBNF); checked now (400)."""
+    chosen: list[tuple[str, GrammarSpec]] = []
+    response_format = body.get("response_format")
+    if response_format is not None:
+        kind = response_format.get("type") if isinstance(response_format, dict) else None
+        if kind == "json_object":
+            chosen.append(("response_format", GrammarSpec.json_schema({"type": "object"})))
+        elif kind == "json_schema":
+            inner = response_format.get("json_schema")
+            schema = inner.get("schema") if isinstance(inner, dict) else None
+            if not isinstance(schema, dict):
+                raise ApiError(400, "'response_format.json_schema.schema' must be a JSON schema (an object)",
+                               param="response_format")
+            chosen.append(("response_format", GrammarSpec.json_schema(schema)))
+        elif kind != "text":
+            raise ApiError(400, "'response_format.type' must be text, json_object or json_schema",
+                           param="response_format")
+    if body.get("json_schema") is not None:
+        if not isinstance(body["json_schema"], dict):
+            raise ApiError(400, "'json_schema' must be a JSON schema (an object)", param="json_schema")
+        chosen.append(("json_schema", GrammarSpec.json_schema(body["json_schema"])))
+    if body.get("grammar"):
+        if not isinstance(body["grammar"], str):
+            raise ApiError(400, "'grammar' must be a GBNF grammar (a string)", param="grammar")
+        chosen.append(("grammar", GrammarSpec("gbnf", body["grammar"])))
+    if len(chosen) > 1:
+        raise ApiError(400, f"give one of {', '.join(name for name, _ in chosen)}", param=chosen[1][0])
+    if not chosen:
+        return None
+    name, spec = chosen[0]
+    try:
+        spec.compiled()
+    except SpecdecError as error:
+        raise ApiError(400, f"'{name}': {error}", param=name) from None
+    return spec
 
 
 def _speculative(value: Any) -> tuple[Optional[int], Optional[str]]:

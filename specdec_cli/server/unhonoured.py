@@ -1,12 +1,11 @@
 """Request fields of OpenAI's and llama-server's APIs that this server does not honour, refused by name.
 
-A client that asks for JSON output, offers tools, wants log probabilities or a repetition penalty and silently
-gets plain text back cannot tell that its request was not carried out. So every field those APIs define that
-would change the answer (or add to it) and that specdec does not carry out gets a 400 naming it, when it is set
-to anything but its neutral value (`presence_penalty: 0`, `response_format: {"type": "text"}`, `tools: []` are
-accepted). Fields that change nothing here (`user`, `store`, `metadata`,
-`service_tier`, `parallel_tool_calls` without tools, `prediction`, `n_keep`, ...) and unknown fields are
-ignored, as llama-server ignores them.
+A client that offers tools or asks for a repetition penalty and silently gets an answer made without them cannot
+tell that its request was not carried out. So every field those APIs define that would change the answer (or add
+to it) and that specdec does not carry out gets a 400 naming it, when it is set to anything but its neutral value
+(`presence_penalty: 0`, `tools: []` are accepted). Fields that change nothing here (`user`, `store`, `metadata`,
+`service_tier`, `parallel_tool_calls` without tools, `prediction`, `n_keep`, ...) and unknown fields are ignored,
+as llama-server ignores them.
 
 This file only decides; requests.py and llama_api.py call `refuse_unhonoured` on every body before reading it.
 """
@@ -32,10 +31,6 @@ def _not_one(value: Any) -> bool:
     return value is not None and value != 1
 
 
-def _not_text_format(value: Any) -> bool:
-    return value is not None and not (isinstance(value, dict) and value.get("type") == "text")
-
-
 def _not_text_only(value: Any) -> bool:
     return value is not None and value != ["text"]
 
@@ -50,9 +45,6 @@ def _top_n_sigma(value: Any) -> bool:
 
 # field -> (is it set to something that would change the answer?, what it asks for)
 UNHONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "response_format": (_not_text_format, "structured (JSON) output"),
-    "json_schema": (_set, "structured (JSON) output"),
-    "grammar": (_set, "grammar-constrained output"),
     "tools": (_set, "tool calls"),
     "tool_choice": (_tool_choice, "tool calls"),
     "functions": (_set, "function calls"),

@@ -8,7 +8,7 @@ holds more than one slice; nothing is dequantised to a dense model. A type the k
 package dequantises (IQ2/IQ3/IQ1, TQ*) becomes float32 rows. llama's interleaved q/k rows are put back in
 transformers' order on the way (families.Family.permuted_qk).
 
-Repacking at every load instead was measured and rejected (README, "GGUF files in place"): 2.3 s for a 0.5B file and
+Repacking at every load instead was measured and rejected (docs/kernels.md): 2.3 s for a 0.5B file and
 29 s for an 8B-shaped one on 2 cores, against 0.1-3 s to map the cache. The cache is a safetensors file (uint8
 [groups, record bytes] per matrix, its kind and origin in the metadata, `BLOCKS_FORMAT` versioned), written as one
 stream from a header computed up front, so it loads in any safetensors reader; `map_blocks` maps it copy-on-write
