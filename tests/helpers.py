@@ -359,3 +359,19 @@ def write_gguf_script():
         yield module
     finally:
         sys.modules.pop("write_gguf", None)
+
+
+class IdsTokenizer:
+    """Enough of a tokenizer for target_info over a model of `vocab` ids: a length, an EOS and a vocabulary to
+    fingerprint (tests that feed token ids and never text)."""
+
+    eos_token_id = TINY_EOS
+
+    def __init__(self, vocab: int = 64) -> None:
+        self.vocab = vocab
+
+    def __len__(self) -> int:
+        return self.vocab
+
+    def get_vocab(self) -> dict:
+        return {f"t{index}": index for index in range(self.vocab)}

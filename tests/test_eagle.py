@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 from conftest import TINY_EOS, chi_square, fixed_engine, hf_greedy, invoke
+from helpers import IdsTokenizer
 
 from specdec_cli import kernels
 from specdec_cli.decoding.draft import Needs
@@ -22,17 +23,6 @@ from specdec_cli.errors import SpecdecError
 PATTERN = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
 PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11, 12], [1, 30, 31, 32, 33, 30, 31]]
 
-
-class _Tokenizer:
-    """Enough of a tokenizer for target_info: a length, an EOS and a vocabulary to fingerprint."""
-
-    eos_token_id = TINY_EOS
-
-    def __len__(self) -> int:
-        return 64
-
-    def get_vocab(self) -> dict:
-        return {f"t{index}": index for index in range(64)}
 
 
 class _Listener(NoDrafter):
@@ -94,7 +84,7 @@ def test_step_events_carry_the_committed_positions_features(tiny_llama):
     assert torch.allclose(features, reference[: len(sequence) - 1], atol=1e-4)
     assert all(event.scored_topk is None for event in events)  # not asked for: not computed
     plain = []  # a drafter that needs no features gets none: the forwards do not even request them
-    engine.generate(prompt, make_drafter("pld", DrafterOptions(), target_info(tiny_llama, _Tokenizer())),
+    engine.generate(prompt, make_drafter("pld", DrafterOptions(), target_info(tiny_llama, IdsTokenizer(64))),
                     GenerationConfig(max_new_tokens=12), plain.append)
     assert all(event.features is None for event in plain)
     assert sum(event.accepted for event in plain) == sum(event.accepted for event in events)
@@ -110,7 +100,7 @@ def test_training_raises_agreement_with_the_target(trained):
 @pytest.mark.parametrize("name", ["eagle", "eagle-chain", "sam+eagle"])
 def test_eagle_drafting_is_greedy_identical(tiny_llama, trained, tmp_path, name):
     head, _ = trained
-    info = target_info(tiny_llama, _Tokenizer())
+    info = target_info(tiny_llama, IdsTokenizer(64))
     save_head(tmp_path / "head", head, {"fingerprint": info.fingerprint, "vocab_size": 64, "head_tokens": None})
     if name == "eagle-chain":
         drafter = EagleDrafter(copy.deepcopy(head), target_weights(tiny_llama),
@@ -215,7 +205,7 @@ def test_on_a_block_target_the_head_drafts_on_the_kernels_and_stays_lossless(tin
     head, _ = trained
     model = _block_target(tiny_llama, mode)
     assert isinstance(model.lm_head, BlockLinear)
-    check_target(target_info(model, _Tokenizer()))
+    check_target(target_info(model, IdsTokenizer(64)))
     assert model.lm_head._dense is None  # checking the target unpacked no float32 copy of its LM head
     blocked = head_on_blocks(copy.deepcopy(head))
     assert isinstance(blocked.qkv, BlockLinear) and isinstance(blocked.fuse, BlockLinear)
@@ -269,7 +259,7 @@ def test_eagle_sampling_keeps_the_target_law(tiny_llama, trained):
 
 def test_a_head_for_another_tokenizer_or_width_is_refused(tiny_llama, trained, tmp_path):
     head, _ = trained
-    info = target_info(tiny_llama, _Tokenizer())
+    info = target_info(tiny_llama, IdsTokenizer(64))
     save_head(tmp_path / "foreign", head, {"fingerprint": "someone-else", "vocab_size": 64, "head_tokens": None})
     with pytest.raises(SpecdecError, match="another tokenizer"):
         load_head(tmp_path / "foreign", info)
@@ -332,13 +322,13 @@ def test_evaluating_a_head_reports_what_training_bought(tiny_llama, trained, tmp
     from specdec_cli.texts.prompts import Conversation
 
     head, result = trained
-    info = target_info(tiny_llama, _Tokenizer())
+    info = target_info(tiny_llama, IdsTokenizer(64))
     save_head(tmp_path / "head", head, {"fingerprint": info.fingerprint, "vocab_size": 64, "head_tokens": None,
                                         "report": result["report"]})
     prompts = [Conversation(str(number), category, (), prompt_ids=tuple(ids))  # tokenized already: no text needed
                for number, (ids, category) in enumerate([([1, *PATTERN], "copy"), (PROMPTS[0], "other"),
                                                          (PROMPTS[1], "other")])]
-    evaluation = evaluate_head(tiny_llama, _Tokenizer(), "tiny", str(tmp_path / "head"), prompts, max_new_tokens=24)
+    evaluation = evaluate_head(tiny_llama, IdsTokenizer(64), "tiny", str(tmp_path / "head"), prompts, max_new_tokens=24)
     before, after, chain = evaluation["before"], evaluation["after"], evaluation["after_chain"]
     assert chain["prompts"] == 3 and after["positions"] == before["positions"] > 0
     # the teacher-forced agreement along the answers and the real acceptance both show what training bought

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import TINY_EOS, fixed_engine, hf_greedy, invoke
+from helpers import IdsTokenizer
 
 from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
@@ -22,15 +23,6 @@ from specdec_cli.errors import SpecdecError
 VOCAB, HIDDEN, LAYERS, DRAFT_VOCAB = 64, 64, 5, 40
 PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11, 12], [1, 30, 31, 32, 33, 30, 31], [1, 20, 21, 22, 23, 20, 21, 22]]
 
-
-class _Tokenizer:
-    eos_token_id = TINY_EOS
-
-    def __len__(self) -> int:
-        return VOCAB
-
-    def get_vocab(self) -> dict:
-        return {f"t{index}": index for index in range(VOCAB)}
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +130,8 @@ def reference_first_token(model, tensors, context, layers) -> int:
 
 
 def _drafter(model, folder, **options):
-    return make_drafter("eagle", DrafterOptions(draft_model=str(folder), **options), target_info(model, _Tokenizer()))
+    return make_drafter("eagle", DrafterOptions(draft_model=str(folder), **options),
+                        target_info(model, IdsTokenizer(VOCAB)))
 
 
 def test_the_layers_read_are_the_configs_or_eagle3s():
@@ -211,7 +204,7 @@ def test_on_block_weights_the_native_decoder_gives_the_layers_and_drafting_stays
     drafter = _drafter(model, tmp_path / "head")
     engine = fixed_engine(model)
     assert isinstance(engine.forward, NativeForward)
-    plain = make_drafter("none", DrafterOptions(), target_info(model, _Tokenizer()))
+    plain = make_drafter("none", DrafterOptions(), target_info(model, IdsTokenizer(VOCAB)))
     for prompt in PROMPTS:
         config = GenerationConfig(max_new_tokens=24, eos_token_ids=(TINY_EOS,), draft_max=4)
         reference = engine.generate(prompt, plain, config).tokens
@@ -285,7 +278,7 @@ def test_a_trained_eagle3_head_learns_the_target_and_saves_as_it_drafts(target, 
     assert sum(history[-10:]) / 10 < 0.7 * sum(history[:10]) / 10, history
     assert report["top1_agreement_after"] is not None and report["steps"] == 80
     assert report["feature_layers"] == [2, 2, 2] and report["draft_vocab"] == 48
-    info = target_info(target, _Tokenizer())
+    info = target_info(target, IdsTokenizer(VOCAB))
     save_eagle3(tmp_path / "foreign", head, {**report, "target": "tiny", "fingerprint": "sha256:another"})
     with pytest.raises(SpecdecError, match="trained for another tokenizer"):
         load_eagle3(tmp_path / "foreign", info)

@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 from conftest import TINY_EOS, fixed_engine
+from helpers import IdsTokenizer
 
 from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
@@ -19,15 +20,6 @@ from specdec_cli.drafters.oracle import OracleDrafter
 VOCAB = 64
 PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11, 12], [1, 30, 31, 32, 33, 30, 31]]
 
-
-class _Tokenizer:
-    eos_token_id = TINY_EOS
-
-    def __len__(self) -> int:
-        return VOCAB
-
-    def get_vocab(self) -> dict:
-        return {f"t{index}": index for index in range(VOCAB)}
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +59,7 @@ def test_logprobs_are_plain_decodings_bits_with_every_draft_accepted_or_none(tar
         model = copy.deepcopy(target)
         quant.install_blocks(model, converted_blocks.plan_blocks(model, "int8", None))
     engine = fixed_engine(model, exact=True)  # (exact verification: each row's bits whatever the block)
-    none = make_drafter("none", DrafterOptions(), target_info(model, _Tokenizer()))
+    none = make_drafter("none", DrafterOptions(), target_info(model, IdsTokenizer(VOCAB)))
     for prompt in PROMPTS:
         plain = engine.generate(prompt, none, _config())
         scored = _scored(plain)
@@ -82,7 +74,7 @@ def test_logprobs_are_plain_decodings_bits_with_every_draft_accepted_or_none(tar
 
 def test_logprobs_match_an_independent_forward(target):
     engine = fixed_engine(target)
-    none = make_drafter("none", DrafterOptions(), target_info(target, _Tokenizer()))
+    none = make_drafter("none", DrafterOptions(), target_info(target, IdsTokenizer(VOCAB)))
     prompt = PROMPTS[0]
     generation = engine.generate(prompt, none, _config(logprobs=0))
     ids = torch.tensor([prompt + generation.tokens])
