@@ -16,6 +16,10 @@ then "Go on."), so the prompt cache's effect on TTFT shows from the second turn.
 servers turn by turn: how many are identical to the first row's (specdec's answers are identical to each other
 by construction; llama-server's round differently and may differ).
 
+With `--json-schema FILE` (or `builtin`: a person's record) every server answers each prompt twice, free and under
+that schema (`response_format` json_schema, which llama-server takes too): the rows `NAME +schema` beside `NAME`, and
+the summary's ITL ratio is what the grammar costs a token.
+
 Prompts: `--prompts FILE` (.jsonl with a `turns` list, as Spec-Bench's question.jsonl, or a `prompt`/`text`
 field; one text per line for .txt), else a few built in; `--limit N` keeps the first N. One warm-up request per
 server is not counted. Output: a table per server and request, then the means; `--json-out FILE` writes it all.
@@ -121,16 +125,28 @@ class Started:
         os.unlink(self.log.name)
 
 
-def one_request(client: Any, messages: list[dict], max_tokens: int) -> dict:
-    """One streamed chat completion: its text and times."""
+BUILTIN_SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"},
+    "languages": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 4},
+    "city": {"type": "string", "maxLength": 30}}, "required": ["name", "age", "languages", "city"],
+    "additionalProperties": False}
+
+
+def one_request(client: Any, messages: list[dict], max_tokens: int, schema: Optional[dict] = None) -> dict:
+    """One streamed chat completion (under `schema` when given): its text and times."""
     started = time.perf_counter()
     first = None
     arrivals = []
     pieces = []
     usage = None
+    extra = {} if schema is None else {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "record", "schema": schema}}}
     stream = client.chat.completions.create(model="bench", messages=messages, max_tokens=max_tokens,
-                                            temperature=0.0, stream=True, stream_options={"include_usage": True})
+                                            temperature=0.0, stream=True, stream_options={"include_usage": True},
+                                            **extra)
+    timings: dict = {}
     for chunk in stream:
+        timings = (chunk.model_extra or {}).get("timings") or timings  # the server's own, on the last chunks
         if chunk.usage is not None:
             usage = chunk.usage
         if chunk.choices and chunk.choices[0].delta.content:
@@ -146,19 +162,21 @@ def one_request(client: Any, messages: list[dict], max_tokens: int) -> dict:
             "cached_tokens": getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None),
             "wall_s": wall, "ttft_s": ttft, "tokens_per_s": tokens / wall if wall > 0 else 0.0,
             "decode_tokens_per_s": (tokens - 1) / after if after > 0 and tokens > 1 else 0.0,
-            "itl_ms": 1000.0 * after / (tokens - 1) if tokens > 1 else 0.0}
+            "itl_ms": 1000.0 * after / (tokens - 1) if tokens > 1 else 0.0,
+            "server_ms_per_token": timings.get("predicted_per_token_ms")}  # its decoding alone, without HTTP
 
 
-def run_server(name: str, server: Started, prompts: list[str], turns: int, max_tokens: int) -> list[dict]:
+def run_server(name: str, server: Started, prompts: list[str], turns: int, max_tokens: int,
+               schema: Optional[dict] = None) -> list[dict]:
     import openai
 
     client = openai.OpenAI(base_url=server.base_url, api_key="bench", max_retries=0, timeout=3600)
-    one_request(client, [{"role": "user", "content": "Say hello."}], 8)  # warm-up, not counted
+    one_request(client, [{"role": "user", "content": "Say hello."}], 8, schema)  # warm-up, not counted
     rows = []
     for index, prompt in enumerate(prompts):
         messages = [{"role": "user", "content": prompt}]
         for turn in range(turns):
-            result = one_request(client, messages, max_tokens)
+            result = one_request(client, messages, max_tokens, schema)
             rows.append({"server": name, "prompt": index, "turn": turn, **result})
             print(f"{name:>24} prompt {index} turn {turn}: {result['tokens']:4d} tokens  "
                   f"{result['tokens_per_s']:7.1f} tok/s  TTFT {1000 * result['ttft_s']:7.1f} ms  "
@@ -168,10 +186,16 @@ def run_server(name: str, server: Started, prompts: list[str], turns: int, max_t
     return rows
 
 
+def _mean(values: list) -> Optional[float]:
+    known = [value for value in values if value is not None]
+    return sum(known) / len(known) if known else None
+
+
 def summary(rows: list[dict], names: list[str]) -> list[dict]:
-    first = [row for row in rows if row["server"] == names[0]]
     table = []
     for name in names:
+        schema = name.endswith(" +schema")  # compared with the first row answering as it does (free or under it)
+        first = [row for row in rows if row["server"] == next(n for n in names if n.endswith(" +schema") == schema)]
         mine = [row for row in rows if row["server"] == name]
         if not mine:
             continue
@@ -185,6 +209,7 @@ def summary(rows: list[dict], names: list[str]) -> list[dict]:
                       "ttft_first_turn_ms": 1000 * sum(opening) / len(opening) if opening else None,
                       "ttft_later_turns_ms": 1000 * sum(later) / len(later) if later else None,
                       "itl_ms": sum(row["itl_ms"] for row in mine) / len(mine),
+                      "server_ms_per_token": _mean([row["server_ms_per_token"] for row in mine]),
                       "identical_to_first_row": f"{same}/{len(mine)}"})
     return table
 
@@ -199,8 +224,12 @@ def main() -> int:
     parser.add_argument("--limit", type=int)
     parser.add_argument("--turns", type=int, default=1)
     parser.add_argument("--max-tokens", "-n", type=int, default=128)
+    parser.add_argument("--json-schema", help="a JSON schema file, or builtin: each prompt again under it")
     parser.add_argument("--json-out")
     args = parser.parse_args()
+    schema = None
+    if args.json_schema:
+        schema = BUILTIN_SCHEMA if args.json_schema == "builtin" else json.loads(Path(args.json_schema).read_text())
     gguf = args.target or default_gguf()
     prompts = read_prompts(args.prompts, args.limit)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -226,6 +255,9 @@ def main() -> int:
         try:
             names.append(name)
             rows += run_server(name, server, prompts, args.turns, args.max_tokens)
+            if schema is not None:
+                names.append(f"{name} +schema")
+                rows += run_server(f"{name} +schema", server, prompts, args.turns, args.max_tokens, schema)
         finally:
             server.stop()
     table = summary(rows, names)
@@ -234,9 +266,12 @@ def main() -> int:
         later = line["ttft_later_turns_ms"]
         print(f"{line['server']:>24}: {line['tokens_per_s']:7.1f} tok/s  TTFT {line['ttft_ms']:7.1f} ms"
               + (f" (turn 1 {line['ttft_first_turn_ms']:.1f}, later {later:.1f})" if later is not None else "")
-              + f"  ITL {line['itl_ms']:6.1f} ms  identical {line['identical_to_first_row']}")
+              + f"  ITL {line['itl_ms']:6.1f} ms"
+              + (f" (server {line['server_ms_per_token']:.2f} ms/token)" if line["server_ms_per_token"] else "")
+              + f"  identical {line['identical_to_first_row']}")
     if args.json_out:
         payload = {"target": gguf, "threads": args.threads, "max_tokens": args.max_tokens, "turns": args.turns,
+                   "json_schema": schema,
                    "prompts": prompts, "summary": table, "requests": rows,
                    "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
         temporary = args.json_out + ".tmp"

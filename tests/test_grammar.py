@@ -79,3 +79,21 @@ def test_bad_grammars_are_one_line_naming_the_grammar():
             spec.compiled()
         assert refused.value.setting == "grammar" and "\n" not in str(refused.value)
     assert GrammarSpec("gbnf", 'root ::= "a" | "b"').compiled()  # llama.cpp's GBNF reads
+
+
+def test_greedy_choices_are_the_masked_argmax_of_every_row(loaded):
+    """The shortcut (a row's best token checked alone) gives what masking the whole row gives, on random rows."""
+    import torch
+
+    tokenizer = loaded.tokenizer
+    vocab = len(tokenizer)
+    constraint = Constraint(GrammarSpec.json_schema(SCHEMA), tokenizer, (tokenizer.eos_token_id,))
+    draft = tokenizer.encode('{"colour":"re', add_special_tokens=False)
+    assert constraint.allowed(draft) == len(draft)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        logits = torch.randn(len(draft) + 1, vocab, generator=generator)
+        logits[:, draft[0]] += torch.rand(1, generator=generator).item() * 8  # now and then an allowed best
+        masked = logits.masked_fill(~constraint.masks(draft, vocab), float("-inf")).argmax(-1).tolist()
+        assert constraint.greedy_choices(logits, draft, logits.argmax(-1).tolist()) == masked
+    assert constraint.allowed(draft) == len(draft)  # the state is as it was

@@ -147,11 +147,14 @@ class Engine:
             logits, features = self.forward(block, cache, past, tree=parents, features=needs.features,
                                             feature_layers=needs.feature_layers)  # [rows, vocab], [rows, .] or None
             raw = logits[: len(draft) + 1]  # [k+1, vocab]
-            logits = allowed_only(raw, constraint, draft.tokens)  # under a grammar: each row's allowed tokens
+            logits = raw if config.greedy else allowed_only(raw, constraint, draft.tokens)  # (a grammar's law)
             # 3. Accept: the longest acceptable path, then the target's own token after it. Greedy, what the
             #    step reads back from the target's device (the argmax, and the top tokens a drafter asks for) is
-            #    one read: on a GPU, the step's one host synchronisation.
+            #    one read: on a GPU, the step's one host synchronisation. Under a grammar, each row's best
+            #    allowed token.
             read = read_back(logits, config.greedy, needs.scored_topk)
+            if constraint is not None and read[0] is not None:
+                read = (constraint.greedy_choices(raw, draft.tokens, read[0]), read[1])
             path, target_token = self._accept(draft, logits, config, generator, read[0])
             # 4. Commit the accepted drafts + the correction/bonus token; roll the cache back to match.
             finish, committed, text_end = self._commit(
