@@ -375,3 +375,16 @@ class IdsTokenizer:
 
     def get_vocab(self) -> dict:
         return {f"t{index}": index for index in range(self.vocab)}
+
+
+def qwen_coder_gguf() -> Path:
+    """Where the real Qwen2.5-Coder-0.5B GGUF is, if anywhere: $SPECDEC_TEST_QWEN_GGUF, else where
+    benchmarks/fetch_qwen_coder.py puts it ($SPECDEC_HOME/models/, default ~/.cache/specdec/models/). Tests that
+    need it skip where it is absent."""
+    import os
+
+    named = os.environ.get("SPECDEC_TEST_QWEN_GGUF")
+    if named:
+        return Path(named).expanduser()
+    home = Path(os.environ.get("SPECDEC_HOME") or "~/.cache/specdec").expanduser()
+    return home / "models" / "qwen2.5-coder-0.5b-instruct.gguf"

@@ -1,9 +1,9 @@
 """A GGUF's first load in place without transformers (native_side_files.py, gguf_tokenizer.py,
 gguf_config.config_without_transformers, stored.default_rotary): every side file of the cache, byte for byte (and
 stored.json value for value), against what transformers writes for the same file, for the tests' small llama,
-qwen2 and qwen3 files, the default model and Qwen2.5-Coder-0.5B where /work/models holds it; tokenizers of the
-shapes the converter knows (added tokens of both kinds, a mislabelled control token, a split of its own) built
-alike; every other file left to transformers.
+qwen2 and qwen3 files, the default model and Qwen2.5-Coder-0.5B where benchmarks/fetch_qwen_coder.py put it;
+tokenizers of the shapes the converter knows (added tokens of both kinds, a mislabelled control token, a split of
+its own) built alike; every other file left to transformers.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import gguf
 import pytest
-from helpers import family_model, write_family_gguf
+from helpers import family_model, qwen_coder_gguf, write_family_gguf
 
 from specdec_cli.target_model.gguf import gguf_tokenizer
 from specdec_cli.target_model.gguf.gguf_config import config_without_transformers, hf_config
@@ -22,7 +22,7 @@ from specdec_cli.target_model.in_place import gguf_model
 from specdec_cli.target_model.in_place.native_side_files import write_native_side_files
 from specdec_cli.target_model.in_place.stored import STORED_FILE, default_rotary
 
-QWEN = Path("/work/models/qwen-0.5b.gguf")
+QWEN = qwen_coder_gguf()  # (helpers.py: $SPECDEC_TEST_QWEN_GGUF or the fetch script's place)
 SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json",
               "generation_config.json")
 

@@ -1,9 +1,9 @@
 """The native GGUF path's tokenizer and chat templates (native_tokenizer.py, texts/chat_template.py) against
 transformers', and the native path's start-up without transformers (issue 45).
 
-For the default model, Qwen2.5-Coder-0.5B (where /work/models holds it) and the tests' tiny GGUFs (a byte-level
-BPE and a SentencePiece vocabulary): the tokenizer transformers builds from the GGUF is saved as the in-place
-cache saves it, read back by `load_native_tokenizer`, and compared on the test suite's prompts, Spec-Bench's
+For the default model, Qwen2.5-Coder-0.5B (where benchmarks/fetch_qwen_coder.py put it) and the tests' tiny GGUFs
+(a byte-level BPE and a SentencePiece vocabulary): the tokenizer transformers builds from the GGUF is saved as the
+in-place cache saves it, read back by `load_native_tokenizer`, and compared on the test suite's prompts, Spec-Bench's
 questions, unicode and special-token texts (encoding with and without special tokens), the decoding of every
 token id and of every encoded text, the special tokens, the vocabulary, and chat templates rendered both ways.
 """
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import family_model, write_family_gguf
+from helpers import family_model, qwen_coder_gguf, write_family_gguf
 from test_distill import PROMPTS as DISTILL_PROMPTS
 from test_real_model import PROMPTS as REAL_PROMPTS
 
@@ -29,8 +29,8 @@ from specdec_cli.texts.chat_template import render_template
 PROMPTS = REAL_PROMPTS + DISTILL_PROMPTS  # the test suite's text prompts
 
 REPO = Path(__file__).resolve().parent.parent
-QWEN = Path("/work/models/qwen-0.5b.gguf")
-SPEC_BENCH = Path("/work/shared/datasets/spec_bench/question.jsonl")
+QWEN = qwen_coder_gguf()  # (helpers.py: $SPECDEC_TEST_QWEN_GGUF or the fetch script's place)
+SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared/datasets/spec_bench/question.jsonl"
 TEXTS = [
     "", " ", "  ", "\n", "\n\n\t", "hello", " hello", "Hello, world!", "x" * 300, "a  b   c\t\td",
     "naïve café façade — “quotes” ‘single’ … ½ € ¥ ©", "日本語のテキスト、中文文本。한국어 텍스트",
