@@ -187,6 +187,17 @@ def check_output_file(path: str | Path, setting: str, flag: bool = True, *, own_
     return final
 
 
+def check_replaceable_dir(directory: str | Path, ours: Any, what: str, setting: str | None = "output") -> None:
+    """Refuse, before any work, an output directory that writing would replace but specdec did not write: one that
+    is a file, or holds files and is not `what` (`ours(folder)` says whether it is)."""
+    folder = Path(directory).expanduser()
+    if folder.exists():
+        if not folder.is_dir():
+            raise SpecdecError(f"{folder}: exists and is not a directory", setting=setting)
+        if any(folder.iterdir()) and not ours(folder):
+            raise SpecdecError(f"{folder}: exists and is not {what}; choose another --output", setting=setting)
+
+
 def expect_output(path: str | Path) -> None:
     """An output whose folder specdec makes later (so check_output_file cannot look yet): recorded once written, so
     that the next run may replace it."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Iterator, Literal, Sequence
 
 import torch
 
@@ -139,36 +139,36 @@ class Constraint:
     def masks(self, tokens: Sequence[int], vocab: int) -> torch.Tensor:
         """[len(tokens) + 1, vocab] bool: what the grammar allows now and after each of `tokens` (which it must
         allow: `allowed`), the state left as it was."""
-        rows, consumed = [], 0
-        for index in range(len(tokens) + 1):
-            rows.append(self._mask(vocab))
-            if index < len(tokens) and not self.matcher.is_stopped():  # (past the end only EOS is allowed)
-                if not self.matcher.consume_token(int(tokens[index])):
-                    raise SpecdecError(f"grammar: {self.matcher.get_error()}")  # (`allowed` said it may)
-                consumed += 1
-        if consumed and not self.matcher.rollback(consumed):
-            raise SpecdecError(f"grammar: {self.matcher.get_error()}")
-        return torch.stack(rows)
+        return torch.stack([self._mask(vocab) for _ in self._states_along(tokens)])
 
     def greedy_choices(self, logits: torch.Tensor, tokens: Sequence[int], best: Sequence[int]) -> list[int]:
         """Each row's best token the grammar allows, rows [len(tokens) + 1, vocab] scored after the draft `tokens`
         (which it allows) whose own best are `best`: where a row's best is allowed (nearly always, once a model
         follows the format) it stands, checked in microseconds; elsewhere the row's whole mask decides. The state
         is left as it was."""
-        choices, consumed = [], 0
-        for index, token in enumerate(best):
-            if self.matcher.validate_tokens([int(token)]) == 1:
-                choices.append(int(token))
+        choices = []
+        for index in self._states_along(tokens):
+            if self.matcher.validate_tokens([int(best[index])]) == 1:
+                choices.append(int(best[index]))
             else:
                 allowed = self._mask(logits.shape[-1]).to(logits.device)
                 choices.append(int(logits[index].masked_fill(~allowed, float("-inf")).argmax()))
-            if index < len(tokens) and not self.matcher.is_stopped():
-                if not self.matcher.consume_token(int(tokens[index])):
-                    raise SpecdecError(f"grammar: {self.matcher.get_error()}")
-                consumed += 1
-        if consumed and not self.matcher.rollback(consumed):
-            raise SpecdecError(f"grammar: {self.matcher.get_error()}")
         return choices
+
+    def _states_along(self, tokens: Sequence[int]) -> Iterator[int]:
+        """Yields 0..len(tokens) with the matcher in the state after tokens[:index] (past the grammar's end only
+        EOS can follow, so nothing more is consumed); rolled back to where it was once done."""
+        consumed = 0
+        try:
+            for index in range(len(tokens) + 1):
+                yield index
+                if index < len(tokens) and not self.matcher.is_stopped():
+                    if not self.matcher.consume_token(int(tokens[index])):
+                        raise SpecdecError(f"grammar: {self.matcher.get_error()}")  # (`allowed` said it may)
+                    consumed += 1
+        finally:
+            if consumed and not self.matcher.rollback(consumed):
+                raise SpecdecError(f"grammar: {self.matcher.get_error()}")
 
     def _mask(self, vocab: int) -> torch.Tensor:
         allowed = torch.frombuffer(bytearray(self.matcher.compute_logit_bias()), dtype=torch.uint8) > 0  # [words]

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 from ..drafters.model import DRAFT_META  # the metadata file the model drafter reads
 from ..errors import SpecdecError
-from ..files import atomic_directory, read_json_bounded
+from ..files import atomic_directory, check_replaceable_dir, read_json_bounded
 
 CHECKPOINT_FORMAT = 1
 DRAFT_FORMAT = 1
@@ -116,11 +116,8 @@ def load_checkpoint(directory: Path, model: Any, optimizer: Any, state: dict) ->
 
 
 def check_output_dir(output: Path) -> None:
-    if output.exists():
-        if not output.is_dir():
-            raise SpecdecError(f"{output}: exists and is not a directory")
-        if any(output.iterdir()) and not (output / DRAFT_META).is_file():
-            raise SpecdecError(f"{output}: exists and is not a specdec draft directory; choose another --output")
+    check_replaceable_dir(output, lambda folder: (folder / DRAFT_META).is_file(), "a specdec draft directory",
+                          setting=None)
 
 
 def save_draft(output: Path, student: Any, tokenizer: Any, target: Any, meta: dict, report: dict) -> None:

@@ -126,7 +126,8 @@ class Reference:
     target_argmax: Any  # [m]
     target_probs: Any  # [m, V]
     features: Any  # [n, H] the target's last hidden states, float32
-    layer_states: tuple = ()  # [n, H] per layer, the states entering it (index 0: the embeddings), float32
+    layer_states: dict = field(default_factory=dict)  # layer -> [n, H] the states entering it (score_candidates'
+    # feature_layers only), float32
 
 
 def score_drafts(
@@ -171,15 +172,17 @@ def score_candidates(
     max_new_tokens: int = DEFAULT_EVAL_TOKENS,
     budget: int = 6,
     on_progress: Optional[Callable[[EvalProgress], None]] = None,
+    feature_layers: Sequence[int] = (),
 ) -> dict:
-    """{label: DraftScore} for every Candidate in `candidates` ({label: candidate}) over the same prompts."""
+    """{label: DraftScore} for every Candidate in `candidates` ({label: candidate}) over the same prompts; the
+    references along the answers keep the states entering `feature_layers` (for heads that read them)."""
     from ..decoding.engine import Engine, GenerationConfig
     from ..target_model.verify.exact_setup import states_forward
 
     if not prompts:
         raise SpecdecError("no prompts to evaluate on")
     engine = Engine(target, tokenizer)
-    along = states_forward(target)  # the target along each answer, every layer's states (heads read several)
+    along = states_forward(target)  # the target along each answer, with the layers' states a head reads
     config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, draft_max=budget,
                               eos_token_ids=tuple(eos_token_ids), cost_aware=False)
     config.check()
@@ -194,7 +197,7 @@ def score_candidates(
             generation = engine.generate(_prompt_ids(prompt), candidate.drafter, config)
             stats = generation.stats
             if reference is None:  # greedy runs all produce the target's own answer: measure along the first
-                reference = _target_along(along, _prompt_ids(prompt), list(generation.tokens))
+                reference = _target_along(along, _prompt_ids(prompt), list(generation.tokens), feature_layers)
             score, acc = scores[label], sums[label]
             score.prompts += 1
             runs[label].append(stats)
@@ -231,9 +234,10 @@ def _finish(score: DraftScore, acc: dict, categories: dict, runs: list) -> None:
     }
 
 
-def _target_along(forward: Any, prompt_ids: Sequence[int], answer: list[int]) -> Optional[Reference]:
-    """One forward (`forward`: exact_setup.states_forward's) over prompt + answer: the target's distributions and
-    the states entering each of its layers along it."""
+def _target_along(forward: Any, prompt_ids: Sequence[int], answer: list[int],
+                  layers: Sequence[int] = ()) -> Optional[Reference]:
+    """One forward (`forward`: exact_setup.states_forward's) over prompt + answer: the target's distributions, its
+    last hidden states and the states entering `layers` along it."""
     import torch
 
     from ..target_model.verify.forward import new_cache
@@ -242,14 +246,14 @@ def _target_along(forward: Any, prompt_ids: Sequence[int], answer: list[int]) ->
         return None
     ids = torch.tensor([list(prompt_ids) + list(answer)])  # [1, n]
     start, end = len(prompt_ids) - 1, ids.shape[1] - 1  # position start predicts answer[0]
-    layers = tuple(range(int(forward.model.config.num_hidden_layers)))
     with torch.inference_mode():
         out = forward.run(input_ids=ids.to(forward.device), position_ids=torch.arange(ids.shape[1])[None].to(
             forward.device), past_key_values=new_cache(forward), use_cache=True, output_hidden_states=True,
             **forward.layer_states(layers))
         logits = out.logits[0, start:end].float().cpu()  # [m, V]
-        layer_states = tuple(state[0].float().cpu() for state in out.hidden_states)  # [n, H] each, the last normed
-    return Reference(ids, start, end, logits.argmax(-1), torch.softmax(logits, -1), layer_states[-1], layer_states)
+        last = out.hidden_states[-1][0].float().cpu()  # [n, H], normed
+        states = {layer: out.hidden_states[layer][0].float().cpu() for layer in layers}  # [n, H] each
+    return Reference(ids, start, end, logits.argmax(-1), torch.softmax(logits, -1), last, states)
 
 
 def _agreement(candidate: Candidate, reference: Optional[Reference]) -> tuple[int, float, int]:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import SpecdecError
-from ..files import read_json
+from ..files import check_replaceable_dir, read_json
 from .eagle_head import HeadCache, RMSNorm, attend
 
 CONFIG = "config.json"
@@ -69,13 +69,7 @@ def trained_here(directory: str | Path) -> bool:
 
 def check_eagle3_output(directory: str | Path) -> None:
     """Refuse to replace anything but an EAGLE-3 head specdec trained (writing a head replaces its directory)."""
-    folder = Path(directory).expanduser()
-    if folder.exists():
-        if not folder.is_dir():
-            raise SpecdecError(f"{folder}: exists and is not a directory", setting="output")
-        if any(folder.iterdir()) and not trained_here(folder):
-            raise SpecdecError(f"{folder}: exists and is not an EAGLE-3 head `specdec distill` trained; choose "
-                               "another --output", setting="output")
+    check_replaceable_dir(directory, trained_here, "an EAGLE-3 head `specdec distill` trained")
 
 
 def read_eagle3_config(directory: str | Path) -> dict:

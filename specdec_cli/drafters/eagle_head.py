@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import SpecdecError
-from ..files import atomic_directory, read_json
+from ..files import atomic_directory, check_replaceable_dir, read_json
 
 HEAD_FORMAT = 1
 HEAD_META = "specdec_head.json"
@@ -151,13 +151,7 @@ def head_config_for(target_config: Any) -> HeadConfig:
 
 def check_head_output(directory: Path) -> None:
     """Refuse to replace anything but an earlier head: writing a head replaces its directory."""
-    folder = Path(directory).expanduser()
-    if folder.exists():
-        if not folder.is_dir():
-            raise SpecdecError(f"{folder}: exists and is not a directory", setting="output")
-        if any(folder.iterdir()) and not (folder / HEAD_META).is_file():
-            raise SpecdecError(f"{folder}: exists and is not an EAGLE head directory; choose another --output",
-                               setting="output")
+    check_replaceable_dir(directory, lambda folder: (folder / HEAD_META).is_file(), "an EAGLE head directory")
 
 
 def save_head(directory: Path, head: EagleHead, meta: dict) -> None:
