@@ -224,15 +224,16 @@ def test_min_p_reaches_the_engine(tiny):
 
 
 def test_fields_that_would_change_the_answer_are_refused_by_name_not_dropped(tiny):
-    """JSON output, tools, log probabilities, penalties: a 400 naming the field (the answer would not be what the
-    client asked for); the same fields at their neutral values, and fields that change nothing, are answered."""
+    """Penalties, logit biases, tools on text completions: a 400 naming the field (the answer would not be what
+    the client asked for); the same fields at their neutral values, and fields that change nothing, are
+    answered."""
     session, _ = tiny
     messages = [{"role": "user", "content": "hi"}]
     tool = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
     with serving(session) as server:
         client = client_of(server)
         for asked, param in (({"frequency_penalty": 0.4}, "frequency_penalty"),
-                             ({"tools": [tool]}, "tools"), ({"logit_bias": {"5": 3}}, "logit_bias"),
+                             ({"logit_bias": {"5": 3}}, "logit_bias"),
                              ({"presence_penalty": 0.5}, "presence_penalty"),
                              ({"extra_body": {"repetition_penalty": 1.1}}, "repetition_penalty")):
             with pytest.raises(openai.BadRequestError) as refused:
@@ -241,6 +242,9 @@ def test_fields_that_would_change_the_answer_are_refused_by_name_not_dropped(tin
         with pytest.raises(openai.BadRequestError) as refused:
             client.completions.create(model="m", prompt="x", max_tokens=2, echo=True)
         assert refused.value.body["param"] == "echo"
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model="m", prompt="x", max_tokens=2, extra_body={"tools": [tool]})
+        assert refused.value.body["param"] == "tools"
         status, _, answer = raw_request(server, "POST", "/completion", b'{"prompt": "x", "mirostat": 2}')
         assert status == 400 and answer["error"]["param"] == "mirostat"
         status, _, answer = raw_request(server, "POST", "/completion", b'{"prompt": "x", "n_predict": 2, '

@@ -8,7 +8,7 @@ import pytest
 
 from specdec_cli.server.api_errors import ApiError
 from specdec_cli.server.llama_api import completion_request
-from specdec_cli.server.requests import chat_request, text_request
+from specdec_cli.server.requests import TOOL_FIELDS, chat_request, text_request
 from specdec_cli.server.unhonoured import UNHONOURED
 
 ASKING = {"tools": [{"type": "function"}],
@@ -32,7 +32,10 @@ def test_every_field_of_the_table_is_tried():
 
 @pytest.mark.parametrize("name", sorted(UNHONOURED))
 def test_a_field_that_would_change_the_answer_is_refused_by_name_everywhere(name):
+    """(everywhere it is not carried out: chat completions take tools, server/tools.py)"""
     for read, body in ((chat_request, CHAT), (text_request, {"prompt": "x"}), (completion_request, {"prompt": "x"})):
+        if read is chat_request and name in TOOL_FIELDS:
+            continue
         with pytest.raises(ApiError) as refused:
             read({**body, name: ASKING[name]}, None)
         assert refused.value.status == 400 and refused.value.param == name

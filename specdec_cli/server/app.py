@@ -31,7 +31,7 @@ from .api_errors import ApiError, error_body, one_line
 from .llama_api import completion_body, completion_request, detokenize_body, props_body, tokenize_body
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .requests import chat_request, read_json, text_request
-from .responses import Ids, chunk, completion, logprobs_body, timings, usage
+from .responses import Ids, calls_chunk, chunk, completion, logprobs_body, timings, usage
 from .settings import ServerSettings
 from .worker import Job, Worker
 
@@ -80,7 +80,8 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
         body = read_json(await _read_body(request, settings.max_body_bytes, settings.timeout))
         checked = parse(body, worker.context)
         checked.check_drafter(worker.session.drafter_name)
-        job = Job(checked, checked.generation(base), asyncio.get_running_loop())
+        tool_format = worker.tool_format() if checked.tools is not None else None
+        job = Job(checked, checked.generation(base, tool_format), asyncio.get_running_loop())
         worker.submit(job)
         watcher: Optional[asyncio.Task] = asyncio.create_task(_watch_disconnect(request, job, worker))
         try:
@@ -126,9 +127,10 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
 
 async def _events(job: Job, ids: Ids, include_usage: bool, watcher: asyncio.Task,
                   with_logprobs: bool) -> AsyncIterator[str]:
-    """The stream: a first chunk naming the role, text pieces (with their tokens' log probabilities where asked),
-    the finish, usage (when asked), [DONE]."""
+    """The stream: a first chunk naming the role, text pieces (with their tokens' log probabilities where asked)
+    and tool calls (each whole as it completes), the finish, usage (when asked), [DONE]."""
     shown = 0  # characters streamed so far: the text completions' text_offset
+    calls = 0  # tool calls streamed so far
     try:
         yield _event(chunk(ids, "", first=True) if ids.kind == "chat" else chunk(ids, ""))
         while True:
@@ -138,6 +140,9 @@ async def _events(job: Job, ids: Ids, include_usage: bool, watcher: asyncio.Task
                 logprobs = logprobs_body(ids.kind, entries, shown) if with_logprobs else None
                 yield _event(chunk(ids, text, logprobs=logprobs))
                 shown += len(text)
+            elif kind == "calls":
+                yield _event(calls_chunk(ids, value, calls))
+                calls += len(value)
             elif kind == "done":
                 last = chunk(ids, finish_reason=value.finish_reason)
                 last["timings"] = timings(value)

@@ -3,10 +3,11 @@
 Every fault is an `ApiError` 400 naming the parameter (wrong type, out of range, missing), found before the
 request waits in the queue. A parameter left out takes the server's own setting (`--max-new-tokens`,
 `--temperature`, ... of `specdec serve`): greedy unless the server was started otherwise. `model` may name
-anything: the one loaded model answers. A field that would change the answer and is not carried out (`tools`,
-`response_format` JSON, `logprobs`, penalties, ...) is refused by name (unhonoured.py); fields that change nothing
-here (`user`, `logprobs: false`, `n` = 1, ...) are accepted and unknown fields ignored, as llama-server does. This
-file reads bodies only; what they turn into is the worker's (worker.py).
+anything: the one loaded model answers. A field that would change the answer and is not carried out (penalties,
+`logit_bias`, tools on text completions, ...) is refused by name (unhonoured.py); fields that change nothing here
+(`user`, `logprobs: false`, `n` = 1, ...) are accepted and unknown fields ignored, as llama-server does. Chat
+requests' tools are read by tools.py. This file reads bodies only; what they turn into is the worker's
+(worker.py).
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ from typing import Any, Literal, Optional, Union
 from ..decoding.generation_config import GenerationConfig
 from ..decoding.grammar import GrammarSpec
 from ..errors import SpecdecError
+from ..texts.tool_calls import ToolFormat
 from .api_errors import ApiError
+from .tools import ToolUse, assistant_calls, tool_use
 from .unhonoured import refuse_unhonoured
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_DRAFT = 64  # the longest draft a request may ask for (speculative.n_max)
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit (decoding/logprobs.py)
-ROLES = ("system", "developer", "user", "assistant")
+TOOL_FIELDS = ("tools", "tool_choice")  # honoured on chat completions (server/tools.py), refused elsewhere
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,7 @@ class CompletionRequest:
 
     kind: Literal["chat", "text"]
     model: str
-    messages: tuple[dict, ...] = ()  # chat: {"role", "content"} with text content
+    messages: tuple[dict, ...] = ()  # chat: {"role", "content"} with text content (and "tool_calls", "tool_call_id")
     prompt: Union[str, tuple[int, ...]] = ""  # text: a string or token ids
     max_tokens: Optional[int] = None  # None: the server's --max-new-tokens
     temperature: Optional[float] = None  # None: the server's setting (greedy by default)
@@ -51,6 +55,7 @@ class CompletionRequest:
     drafter: Optional[str] = None  # `speculative.drafter`: "none" or the server's own drafter
     logprobs: Optional[int] = None  # alternatives per token with each token's log probability (None: none asked)
     grammar: Optional[GrammarSpec] = None  # response_format's JSON (schema), or llama.cpp's json_schema / grammar
+    tools: Optional[ToolUse] = None  # chat: the functions offered (server/tools.py)
 
     def check_drafter(self, served: str) -> None:
         """`speculative.drafter` names what this server can draft with: its own drafter, or none (400 otherwise)."""
@@ -58,9 +63,16 @@ class CompletionRequest:
             raise ApiError(400, f"'speculative.drafter': this server drafts with {served}; a request may choose it "
                            f"or none, got {self.drafter!r}", param="speculative.drafter")
 
-    def generation(self, base: GenerationConfig) -> GenerationConfig:
-        """The server's generation settings with what this request sets; checked (400 on a bad combination)."""
+    def generation(self, base: GenerationConfig, tool_format: Optional[ToolFormat] = None) -> GenerationConfig:
+        """The server's generation settings with what this request sets; checked (400 on a bad combination).
+        `tool_format`: how the served model calls tools, for a request that makes a call compulsory."""
         changes: dict[str, Any] = {"stop": self.stop}
+        calls = self.tools.grammar(tool_format) if self.tools is not None and tool_format is not None else None
+        if calls is not None:
+            if self.grammar is not None:
+                raise ApiError(400, "'tool_choice' makes the answer a tool call: it cannot also follow "
+                               "'response_format' or a grammar", param="tool_choice")
+            changes["grammar"] = calls
         for name in ("temperature", "top_p", "top_k", "min_p", "seed"):
             if getattr(self, name) is not None:
                 changes[name] = getattr(self, name)
@@ -129,8 +141,9 @@ def chat_request(body: dict, max_tokens_limit: Optional[int]) -> CompletionReque
         raise ApiError(400, f"'top_logprobs' must be in 0..{MAX_TOP_LOGPROBS}", param="top_logprobs")
     if top and not logprobs:
         raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-    return CompletionRequest("chat", messages=checked, **_common(body, max_tokens_limit),
-                             logprobs=(top or 0) if logprobs else None)
+    tools = tool_use(body)
+    return CompletionRequest("chat", messages=checked, **_common(body, max_tokens_limit, honoured=TOOL_FIELDS),
+                             logprobs=(top or 0) if logprobs else None, tools=tools)
 
 
 def text_request(body: dict, max_tokens_limit: Optional[int]) -> CompletionRequest:
@@ -171,12 +184,20 @@ def _message(message: Any, index: int) -> dict:
         content = ""
     if not isinstance(content, str):
         raise ApiError(400, f"{param}.content must be a string or an array of text parts", param=f"{param}.content")
-    return {"role": "system" if role == "developer" else role, "content": content}
+    checked: dict = {"role": "system" if role == "developer" else role, "content": content}
+    if role == "assistant" and message.get("tool_calls"):
+        checked["tool_calls"] = assistant_calls(message, param)
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if call_id is not None and not isinstance(call_id, str):
+            raise ApiError(400, f"{param}.tool_call_id must be a string", param=f"{param}.tool_call_id")
+        checked["tool_call_id"] = call_id or ""
+    return checked
 
 
-def _common(body: dict, max_tokens_limit: Optional[int]) -> dict:
-    """The fields both endpoints share, checked."""
-    refuse_unhonoured(body)
+def _common(body: dict, max_tokens_limit: Optional[int], honoured: tuple[str, ...] = ()) -> dict:
+    """The fields both endpoints share, checked (`honoured`: fields of the refusal table this endpoint carries out)."""
+    refuse_unhonoured(body, honoured)
     model = body.get("model", "")
     if not isinstance(model, str):
         raise ApiError(400, "'model' must be a string", param="model")

@@ -24,7 +24,7 @@ class Outcome:
     """What one request's generation came to, as responses report it."""
 
     text: str
-    finish_reason: str  # OpenAI's: stop or length
+    finish_reason: str  # OpenAI's: stop, length or tool_calls
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
@@ -34,6 +34,7 @@ class Outcome:
     tokens: tuple[int, ...] = ()  # the answer's token ids
     n_max: Optional[int] = None  # the longest draft it was verified with (0: plain decoding)
     logprobs: Optional[tuple[Any, ...]] = None  # logprob_stream.LogprobEntry per reported token, where asked
+    tool_calls: tuple[Any, ...] = ()  # texts.tool_calls.ToolCall: the calls the answer made (text is the content)
 
 
 class Ids:
@@ -98,8 +99,11 @@ def completion(ids: Ids, outcome: Outcome) -> dict:
     """A whole (not streamed) response."""
     logprobs = logprobs_body(ids.kind, outcome.logprobs)
     if ids.kind == "chat":
-        choice: dict = {"index": 0, "message": {"role": "assistant", "content": outcome.text},
-                        "logprobs": logprobs, "finish_reason": outcome.finish_reason}
+        message: dict = {"role": "assistant", "content": outcome.text}
+        if outcome.tool_calls:
+            message = {"role": "assistant", "content": outcome.text or None,
+                       "tool_calls": [call.openai() for call in outcome.tool_calls]}
+        choice: dict = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": outcome.finish_reason}
     else:
         choice = {"index": 0, "text": outcome.text, "logprobs": logprobs, "finish_reason": outcome.finish_reason}
     return {**ids.head(), "choices": [choice], "usage": usage(outcome), "timings": timings(outcome)}
@@ -116,6 +120,13 @@ def chunk(ids: Ids, text: Optional[str] = None, finish_reason: Optional[str] = N
     else:
         choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
     return {**ids.head(chunk=True), "choices": [choice]}
+
+
+def calls_chunk(ids: Ids, calls: Sequence[Any], first_index: int) -> dict:
+    """Streamed tool calls (texts.tool_calls.ToolCall), each whole, numbered from `first_index`."""
+    delta = {"tool_calls": [call.openai(first_index + offset) for offset, call in enumerate(calls)]}
+    return {**ids.head(chunk=True), "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                 "finish_reason": None}]}
 
 
 def usage_chunk(ids: Ids, outcome: Outcome, include_usage: bool) -> dict:

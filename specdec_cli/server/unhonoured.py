@@ -71,9 +71,10 @@ UNHONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def refuse_unhonoured(body: dict) -> None:
-    """A 400 naming the first field of `body` that asks for what this server does not carry out."""
+def refuse_unhonoured(body: dict, honoured: tuple[str, ...] = ()) -> None:
+    """A 400 naming the first field of `body` that asks for what this server does not carry out (`honoured`: those
+    of the table the endpoint at hand carries out: chat completions take tools)."""
     for name, (changes_answer, what) in UNHONOURED.items():
-        if name in body and changes_answer(body[name]):
+        if name in body and name not in honoured and changes_answer(body[name]):
             raise ApiError(400, f"'{name}' asks for {what}, which this server does not support; leave it out "
                            "(the answer would not be what was asked for)", param=name)

@@ -24,18 +24,19 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from ..decoding.engine import context_limit
 from ..decoding.generation_config import GenerationConfig
 from ..errors import SpecdecError
 from ..texts.prompt_ids import format_prompt
+from ..texts.tool_calls import ToolCallReader, ToolFormat, template_inputs, tool_format
+from .answer_stream import AnswerStream
 from .api_errors import ApiError, one_line
 from .logprob_stream import LogprobStream
 from .metrics import ServerMetrics
 from .requests import CompletionRequest
 from .responses import FINISH_REASONS, Outcome
-from .text_stream import TextStream
 
 log = logging.getLogger("specdec.server")
 RECENT = 16  # answers whose durations estimate Retry-After
@@ -138,6 +139,7 @@ class Worker:
         self.durations: collections.deque = collections.deque(maxlen=RECENT)
         self.context = context_limit(session.model.config)
         self.longest_token: Optional[int] = None  # characters of the vocabulary's longest entry (read when needed)
+        self._tool_format: Union[ToolFormat, SpecdecError, None] = None  # read from the template when first needed
         self.last_prompt = 0  # tokens of the previous request's prompt (a shorter common prefix: new conversation)
         self.fresh: Optional[Any] = None  # a drafter built from the memory since, waiting for a new conversation
         self.building: Optional[threading.Thread] = None
@@ -213,7 +215,10 @@ class Worker:
             if not request.cache_prompt:
                 session.prompt_cache.clear()
             job.send("started")
-            stream = TextStream(session.tokenizer, job.config.stop)
+            reader = None
+            if request.tools is not None and request.tools.offered:
+                reader = ToolCallReader(self.tool_format(), request.tools.names)
+            stream = AnswerStream(session.tokenizer, job.config.stop, reader)
             scored = LogprobStream(session.tokenizer)  # (empty unless the request asks for log probabilities)
 
             def on_event(event: Any) -> None:
@@ -221,26 +226,32 @@ class Worker:
                     raise Cancelled()
                 if event.logprobs:
                     scored.add(event.logprobs)
-                piece = stream.add(event.committed)
+                piece, calls = stream.add(event.committed)
                 if piece:
-                    job.send("text", (piece, scored.release(len(stream.sent))))
+                    job.send("text", (piece, scored.release(len(stream.content))))
+                if calls:
+                    job.send("calls", calls)
 
             generation = session.generate(prompt_ids, job.config, on_event)
             self.last_prompt = len(prompt_ids)
             if session.memory is not None:
                 self._build_drafter()
             text = session.decode(generation)
-            rest = stream.finish(text)
+            rest, calls = stream.finish(text)
             last = scored.finish(len(text))
             if rest or last:
                 job.send("text", (rest, last))
-            self.metrics.record(FINISH_REASONS[generation.finish_reason], len(prompt_ids) - generation.cached_tokens,
+            if calls:
+                job.send("calls", calls)
+            finish = "tool_calls" if stream.calls else FINISH_REASONS[generation.finish_reason]
+            self.metrics.record(finish, len(prompt_ids) - generation.cached_tokens,
                                 generation.cached_tokens, generation)
-            job.send("done", Outcome(text, FINISH_REASONS[generation.finish_reason], len(prompt_ids),
+            job.send("done", Outcome(stream.content, finish, len(prompt_ids),
                                      generation.cached_tokens, len(generation.tokens), generation.stats,
                                      "none" if job.config.budget == 0 else session.drafter_name,
                                      generation.finish_reason, tuple(generation.tokens), job.config.budget,
-                                     tuple(scored.released) if job.config.logprobs is not None else None))
+                                     tuple(scored.released) if job.config.logprobs is not None else None,
+                                     tuple(stream.calls)))
         except Cancelled:
             self.metrics.failed("cancelled")
             if self._stopping.is_set():
@@ -260,6 +271,19 @@ class Worker:
             log.exception("generation failed")
             job.send("error", ApiError(500, f"generation failed: {one_line(error)}", code="generation_failed"))
 
+    def tool_format(self) -> ToolFormat:
+        """How the served model calls tools (from its chat template), or a 400 naming `tools` where specdec reads
+        no format of it."""
+        if self._tool_format is None:
+            try:
+                template = None if self.session.raw else getattr(self.session.tokenizer, "chat_template", None)
+                self._tool_format = tool_format(template)
+            except SpecdecError as error:
+                self._tool_format = error
+        if isinstance(self._tool_format, SpecdecError):
+            raise ApiError(400, f"'tools': {self._tool_format}", param="tools")
+        return self._tool_format
+
     def _prompt_ids(self, request: CompletionRequest) -> list[int]:
         session = self.session
         self._check_characters(request)
@@ -267,7 +291,12 @@ class Worker:
             messages = list(request.messages)
             if session.system and not any(message["role"] == "system" for message in messages):
                 messages.insert(0, {"role": "system", "content": session.system})
-            return format_prompt(session.tokenizer, messages, session.raw)
+            tools = None
+            if request.tools is not None or any("tool_calls" in m or m["role"] == "tool" for m in messages):
+                offered = request.tools is not None and request.tools.offered
+                messages, tools = template_inputs(self.tool_format(), messages,
+                                                  request.tools.tools if request.tools else (), offered)
+            return format_prompt(session.tokenizer, messages, session.raw, tools=tools)
         if isinstance(request.prompt, tuple):
             vocab = session.info.vocab_size
             if any(token >= vocab for token in request.prompt):
@@ -284,7 +313,9 @@ class Worker:
             return
         if self.longest_token is None:
             self.longest_token = max((len(entry) for entry in self.session.tokenizer.get_vocab()), default=1)
-        characters = len(request.prompt) + sum(len(message["content"]) for message in request.messages)
+        characters = len(request.prompt) + sum(len(message["content"]) for message in request.messages) + \
+            sum(len(call["function"]["arguments"]) for message in request.messages
+                for call in message.get("tool_calls", ()))
         fewest = characters // max(1, self.longest_token)
         if fewest >= self.context:
             raise ApiError(400, f"the prompt has {characters} characters, at least {fewest} tokens, but this model "

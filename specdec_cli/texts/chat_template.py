@@ -22,19 +22,19 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Any, Iterator, no_type_check
+from typing import Any, Iterator, Optional, no_type_check
 
 from ..errors import SpecdecError
 
 MAX_TEMPLATE_OUTPUT = 1 << 20  # characters a chat template may render for one prompt (a real one renders kilobytes)
 
 
-def render_template(tokenizer: Any, messages: list[dict]) -> str:
-    """The tokenizer's chat template rendered with the generation prompt (see the module docstring)."""
+def render_template(tokenizer: Any, messages: list[dict], tools: Optional[list[dict]] = None) -> str:
+    """The tokenizer's chat template rendered with the generation prompt and `tools` (see the module docstring)."""
     try:
         template = compile_template(tokenizer.get_chat_template())
         settings = plain_data({**tokenizer.special_tokens_map})
-        pieces = template.generate(messages=plain_data(messages), tools=None, documents=None,
+        pieces = template.generate(messages=plain_data(messages), tools=plain_data(tools), documents=None,
                                    add_generation_prompt=True, **settings)
         return _bounded(pieces)
     except SpecdecError:

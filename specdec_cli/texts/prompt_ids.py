@@ -7,20 +7,22 @@ nor decode answers.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from ..errors import SpecdecError
 from .chat_template import render_template
 
 
-def format_prompt(tokenizer: Any, messages: list[dict], raw: bool = False) -> list[int]:
-    """Token ids for a conversation ending in a user turn (raw: the concatenated contents, no template)."""
+def format_prompt(tokenizer: Any, messages: list[dict], raw: bool = False,
+                  tools: Optional[list[dict]] = None) -> list[int]:
+    """Token ids for a conversation ending in a user turn (raw: the concatenated contents, no template); `tools`
+    are passed to the template as transformers passes them (texts/tool_calls.py prepares both)."""
     if raw:
         text = "".join(message["content"] for message in messages if message["role"] != "system")
         return list(tokenizer(text)["input_ids"])
     if not getattr(tokenizer, "chat_template", None):
         raise SpecdecError("this model's tokenizer has no chat template; use --raw")
-    text = render_template(tokenizer, messages)
+    text = render_template(tokenizer, messages, tools)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
