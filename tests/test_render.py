@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from specdec_cli.cli.render import TranscriptView
 from specdec_cli.decoding.draft import Draft, StepEvent
+from specdec_cli.session.transcript import TranscriptView
 
 
 def decode(ids):

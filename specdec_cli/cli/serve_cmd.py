@@ -127,7 +127,8 @@ def _serve_specdec(settings) -> None:
         session = server.worker.session
         err_console().print(f"serving {escape(server.model_name)} with {escape(session.drafter_name)} drafting "
                             f"(exact verification: {escape(session.engine.forward.outcome.text())}) at "
-                            f"{server.url}/v1 · Ctrl-C stops", highlight=False, soft_wrap=True)
+                            f"{server.url}/v1 · chat page: {server.url}/ · Ctrl-C stops", highlight=False,
+                            soft_wrap=True)
 
     try:
         with doing("serving", cache_kept_since()):

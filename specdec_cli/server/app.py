@@ -1,14 +1,14 @@
 """The HTTP routes (starlette): OpenAI's chat and text completions, the model list, health, and llama.cpp's own
 `/completion`, `/props`, `/tokenize` and `/detokenize` (llama_api.py); `/metrics` (Prometheus' format,
-metrics.py); the key; the body limit; CORS for the origins `--cors-origins` names (starlette's middleware answers
-browsers' preflight requests, without a key).
+metrics.py); the chat page at `/` (page.py); the key; the body limit; CORS for the origins `--cors-origins`
+names (starlette's middleware answers browsers' preflight requests, without a key).
 
 `build_app(worker, settings, model_name)` makes the ASGI app. Every error is OpenAI's JSON body (api_errors.py):
 a 404/405 of the router too. A request is read (at most `max_body_bytes`, else 413), checked (requests.py), queued
 (worker.py: 429 when the queue is full), then answered whole or streamed as server-sent events (`data: {chunk}`
 lines, `data: [DONE]` at the end). From the moment its body is read, a task watches the connection: a client
-that goes away cancels its job, waiting or generating. `/health` needs no key (as llama-server's); the rest do
-when the server has one.
+that goes away cancels its job, waiting or generating. `/health` and the page's files need no key (as
+llama-server's); the rest do when the server has one (the page asks for it).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from . import page
 from .api_errors import ApiError, error_body, one_line
 from .llama_api import completion_body, completion_request, detokenize_body, props_body, tokenize_body
 from .metrics import CONTENT_TYPE as METRICS_TYPE
@@ -108,7 +109,8 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
             if watcher is not None:
                 watcher.cancel()
 
-    routes = [Route("/health", health, methods=["GET"]), Route("/v1/health", health, methods=["GET"]),
+    routes = [Route("/", page.index, methods=["GET"]), Route("/page/{name}", page.asset, methods=["GET"]),
+              Route("/health", health, methods=["GET"]), Route("/v1/health", health, methods=["GET"]),
               Route("/completion", llama_completion, methods=["POST"]), Route("/props", props, methods=["GET"]),
               Route("/tokenize", tokenize, methods=["POST"]), Route("/detokenize", detokenize, methods=["POST"]),
               Route("/metrics", metrics, methods=["GET"])]
@@ -143,6 +145,8 @@ async def _events(job: Job, ids: Ids, include_usage: bool, watcher: asyncio.Task
             elif kind == "calls":
                 yield _event(calls_chunk(ids, value, calls))
                 calls += len(value)
+            elif kind == "step":  # speculative.trace: the step's drafts, beside an empty delta
+                yield _event({**chunk(ids), "speculation": value})
             elif kind == "done":
                 last = chunk(ids, finish_reason=value.finish_reason)
                 last["timings"] = timings(value)

@@ -56,6 +56,7 @@ class CompletionRequest:
     logprobs: Optional[int] = None  # alternatives per token with each token's log probability (None: none asked)
     grammar: Optional[GrammarSpec] = None  # response_format's JSON (schema), or llama.cpp's json_schema / grammar
     tools: Optional[ToolUse] = None  # chat: the functions offered (server/tools.py)
+    trace: bool = False  # `speculative.trace`: a stream carries each step's drafts (`speculation`: the chat page's)
 
     def check_drafter(self, served: str) -> None:
         """`speculative.drafter` names what this server can draft with: its own drafter, or none (400 otherwise)."""
@@ -221,8 +222,8 @@ def _common(body: dict, max_tokens_limit: Optional[int], honoured: tuple[str, ..
     include_usage = (options or {}).get("include_usage", False)
     if include_usage is not None and not isinstance(include_usage, bool):
         raise ApiError(400, "'stream_options.include_usage' must be a boolean", param="stream_options.include_usage")
-    draft_max, drafter = _speculative(body.get("speculative"))
-    return {"model": model, "grammar": _grammar(body), "max_tokens": max_tokens,
+    draft_max, drafter, trace = _speculative(body.get("speculative"))
+    return {"model": model, "grammar": _grammar(body), "max_tokens": max_tokens, "trace": trace,
             "temperature": _number(body, "temperature"), "draft_max": draft_max, "drafter": drafter,
             "top_p": _number(body, "top_p"), "top_k": _integer(body, "top_k"), "min_p": _number(body, "min_p"),
             "seed": _integer(body, "seed"),
@@ -268,20 +269,25 @@ def _grammar(body: dict) -> Optional[GrammarSpec]:
     return spec
 
 
-def _speculative(value: Any) -> tuple[Optional[int], Optional[str]]:
-    """`speculative: {"n_max": N, "drafter": NAME}` (both optional): this request's longest draft (0 = plain
-    decoding) and drafter. The answer is the same either way (greedy verification is exact); only its speed is."""
+def _speculative(value: Any) -> tuple[Optional[int], Optional[str], bool]:
+    """`speculative: {"n_max": N, "drafter": NAME, "trace": BOOL}` (each optional): this request's longest draft
+    (0 = plain decoding) and drafter, and whether its stream shows each step's drafts. The answer is the same
+    either way (greedy verification is exact); only its speed is."""
     if value is None:
-        return None, None
-    if not isinstance(value, dict) or set(value) - {"n_max", "drafter"}:
-        raise ApiError(400, "'speculative' must be an object with 'n_max' and/or 'drafter'", param="speculative")
+        return None, None, False
+    if not isinstance(value, dict) or set(value) - {"n_max", "drafter", "trace"}:
+        raise ApiError(400, "'speculative' must be an object with 'n_max', 'drafter' and/or 'trace'",
+                       param="speculative")
+    trace = value.get("trace", False)
+    if not isinstance(trace, bool):
+        raise ApiError(400, "'speculative.trace' must be a boolean", param="speculative.trace")
     n_max, drafter = value.get("n_max"), value.get("drafter")
     if n_max is not None and (not _is_int(n_max) or not 0 <= n_max <= MAX_DRAFT):
         raise ApiError(400, f"'speculative.n_max' must be an integer in 0..{MAX_DRAFT} (0: no drafting)",
                        param="speculative.n_max")
     if drafter is not None and not isinstance(drafter, str):
         raise ApiError(400, "'speculative.drafter' must be a string", param="speculative.drafter")
-    return n_max, drafter.strip().lower() if drafter is not None else None
+    return n_max, drafter.strip().lower() if drafter is not None else None, trace
 
 
 def _stop(stop: Any) -> tuple[str, ...]:

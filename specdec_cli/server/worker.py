@@ -37,6 +37,7 @@ from .logprob_stream import LogprobStream
 from .metrics import ServerMetrics
 from .requests import CompletionRequest
 from .responses import FINISH_REASONS, Outcome
+from .step_trace import StepTrace
 
 log = logging.getLogger("specdec.server")
 RECENT = 16  # answers whose durations estimate Retry-After
@@ -220,10 +221,13 @@ class Worker:
                 reader = ToolCallReader(self.tool_format(), request.tools.names)
             stream = AnswerStream(session.tokenizer, job.config.stop, reader)
             scored = LogprobStream(session.tokenizer)  # (empty unless the request asks for log probabilities)
+            trace = StepTrace(session.tokenizer) if request.trace and request.stream else None
 
             def on_event(event: Any) -> None:
                 if job.cancelled.is_set():
                     raise Cancelled()
+                if trace is not None:
+                    job.send("step", trace.add(event))
                 if event.logprobs:
                     scored.add(event.logprobs)
                 piece, calls = stream.add(event.committed)
