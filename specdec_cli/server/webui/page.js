@@ -314,7 +314,8 @@ function requestBody(messages) {
 async function answer() {
   const conversation = current();
   const asked = conversation.messages.map(({ role, content }) => ({ role, content }));
-  const message = { role: "assistant", content: "", steps: [], drafter: $("drafter").value === "none" ? "plain" : "" };
+  const message = { role: "assistant", content: "", steps: [], drafter: $("drafter").value === "none" ? "plain" : "",
+                    asked_at: performance.timeOrigin + performance.now() };
   conversation.messages.push(message);
   const box = $("messages");
   const node = drawMessage(message);
