@@ -37,8 +37,9 @@ from collections import defaultdict
 
 from specdec_cli.decoding.cost_curve import PROBE_SIZES, CostCurve
 from specdec_cli.decoding.draft import NOTHING, Draft, StepEvent
-from specdec_cli.decoding.engine import GenerationConfig, trim
+from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.decoding.planner import DraftPlanner
+from specdec_cli.decoding.step_parts import trim
 from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
 from specdec_cli.files import write_json_atomic
 

@@ -150,7 +150,7 @@ def fixed_engine(model, exact=None):
     from specdec_cli.decoding.cost_curve import CostCurve
     from specdec_cli.decoding.engine import Engine
     from specdec_cli.decoding.planner import DraftPlanner
-    from specdec_cli.target_model.verify.exact_setup import choose_forward
+    from specdec_cli.target_model.load.forward_choice import choose_forward
 
     held = _FORWARDS.get((id(model), exact))
     if held is None or held[0] is not model:
@@ -304,18 +304,18 @@ def shared_real_model(real_target, monkeypatch):
     from specdec_cli.defaults import DEFAULT_TARGET
     from specdec_cli.target_model.load import models
 
-    load_target, home = models.load_target, os.environ.get("SPECDEC_HOME")
+    load, home = models.load, os.environ.get("SPECDEC_HOME")
 
-    def shared(target=DEFAULT_TARGET, device="auto", dtype="auto", on_status=None, weights="auto", step_timer=None,
-               decoder=None):
-        dtype = dtype if dtype != "auto" else os.environ.get("SPECDEC_DTYPE", "").strip() or "auto"
-        weights = weights if weights != "auto" else os.environ.get("SPECDEC_WEIGHTS", "").strip() or "auto"
-        if (target, device, step_timer, os.environ.get("SPECDEC_HOME")) != (DEFAULT_TARGET, "auto", None, home) or \
-                dtype == "auto":
-            return load_target(target, device, dtype, on_status, weights, step_timer, decoder)
+    def shared(settings, on_status=None, step_timer=None, for_engine=True):
+        dtype = settings.dtype if settings.dtype != "auto" else os.environ.get("SPECDEC_DTYPE", "").strip() or "auto"
+        weights = settings.weights if settings.weights != "auto" else \
+            os.environ.get("SPECDEC_WEIGHTS", "").strip() or "auto"
+        if (settings.target, settings.device, step_timer, os.environ.get("SPECDEC_HOME")) != \
+                (DEFAULT_TARGET, "auto", None, home) or dtype == "auto":
+            return load(settings, on_status, step_timer, for_engine)
         return real_target(dtype, weights)
 
-    monkeypatch.setattr(models, "load_target", shared)
+    monkeypatch.setattr(models, "load", shared)
 
 
 def char_level_tokenizer(specials: list[str], chars: list[str], chat_template: str, *, eos_token: str,

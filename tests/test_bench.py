@@ -293,7 +293,7 @@ def test_cli_plot_without_matplotlib(tmp_path, monkeypatch):
     """Installed or not here, matplotlib cannot be imported in this run: the command says how to install it, before
     the model loads and before the chart folder is made."""
     _block_imports(monkeypatch, "matplotlib")
-    monkeypatch.setattr("specdec_cli.target_model.load.models.load_target",
+    monkeypatch.setattr("specdec_cli.target_model.load.models.load",
                         lambda *a, **k: pytest.fail("the model loaded"))
     result = invoke("bench", "--plot", "charts", cwd=tmp_path)
     assert_one_line_error(result, "--plot needs matplotlib: pip install matplotlib", code=1)

@@ -271,7 +271,7 @@ def test_an_output_folder_that_cannot_be_written_fails_before_loading(tmp_path, 
     monkeypatch.setattr(os, "access", lambda path, mode, *a, **k: False if Path(path) == folder
                         else real_access(path, mode, *a, **k))
     for loader in ("specdec_cli.target_model.load.models.load_tokenizer",
-                   "specdec_cli.target_model.load.models.load_target",
+                   "specdec_cli.target_model.load.models.load",
                    "specdec_cli.cli.distill_cmd.load_target"):
         monkeypatch.setattr(loader, lambda *a, **k: pytest.fail("loaded before checking the output"))
     args = [str(corpus) if arg == "CORPUS" else arg.replace("FOLDER", str(folder)) for arg in args]
@@ -293,7 +293,7 @@ def test_bench_outputs_never_replace_a_file_specdec_did_not_write(tmp_path, monk
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "What is 2+2?"}\n')
-    monkeypatch.setattr("specdec_cli.target_model.load.models.load_target",
+    monkeypatch.setattr("specdec_cli.target_model.load.models.load",
                         lambda *a, **k: pytest.fail("loaded before the check"))
     result = CliRunner().invoke(app, ["bench", "--prompts", str(prompts), flag, str(prompts)])
     assert isinstance(result.exception, SpecdecError), result.exception
@@ -362,7 +362,7 @@ def test_distill_and_answer_settings_out_of_range_are_refused_before_the_model_l
     data = tmp_path / "data.jsonl"  # the tiny target's own answers (the tokenizer alone read)
     data.write_text(json.dumps({"prompt_ids": [1, 2], "answer_ids": [3], "target": target_spec(tiny_model_dir),
                                 "fingerprint": tokenizer_fingerprint(models.load_tokenizer(tiny_model_dir))}) + "\n")
-    monkeypatch.setattr(models, "load_target", lambda *a, **k: pytest.fail("the target loaded before the check"))
+    monkeypatch.setattr(models, "load", lambda *a, **k: pytest.fail("the target loaded before the check"))
     args = [{"DATA": str(data), "TINY": tiny_model_dir}.get(arg, arg.replace("TMP", str(tmp_path))) for arg in args]
     result = invoke(*args, env_extra={"SPECDEC_HOME": str(tmp_path / "home")})
     assert_one_line_error(result, needle, code=1)

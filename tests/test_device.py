@@ -1,4 +1,4 @@
-"""The device engine (specdec_cli/device/): exact by construction, and built by the rules a GPU needs.
+"""The device engine (specdec_cli/target_model/device/): exact by construction, and built by the rules a GPU needs.
 
 On the CPU, with torch's own GEMMs (not row-invariant by themselves), every drafter, chains and trees, answers
 token for token what plain decoding answers on the same engine: tiny models of several families and the default
@@ -20,10 +20,10 @@ from specdec_cli.decoding.cost_curve import CostCurve
 from specdec_cli.decoding.engine import Engine
 from specdec_cli.decoding.generation_config import GenerationConfig
 from specdec_cli.decoding.planner import DraftPlanner
-from specdec_cli.device import ROWS
-from specdec_cli.device.forward import DeviceForward
 from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter, target_weights
 from specdec_cli.errors import SpecdecError
+from specdec_cli.target_model.device import ROWS
+from specdec_cli.target_model.device.forward import DeviceForward
 from specdec_cli.target_model.verify.check_outcome import CheckOutcome
 
 REGISTERED = ["pld", "sam", "recycle", "aded", "sam+aded", "sam+recycle"]  # drafters that need no files
@@ -145,7 +145,7 @@ def test_a_device_context_the_engine_cannot_run_in_is_one_line_before_the_model_
 def test_the_fewest_slots_allowed_run_the_check_and_the_cost_curve_and_fewer_do_not(tiny_llama):
     from specdec_cli.decoding.curve_store import forward_timer
     from specdec_cli.defaults import VERIFY_ROW_COUNTS
-    from specdec_cli.device.forward import MIN_CONTEXT, context_setting
+    from specdec_cli.target_model.device.forward import MIN_CONTEXT, context_setting
 
     assert context_setting({"SPECDEC_DEVICE_CONTEXT": f" {MIN_CONTEXT} "}) == MIN_CONTEXT == 289
     assert context_setting({"SPECDEC_DEVICE_CONTEXT": ""}) is None and context_setting({}) is None
@@ -281,8 +281,9 @@ def test_the_meta_device_sees_a_tensor_made_off_the_device(tiny_llama):
 
 
 def test_decoder_device_is_a_load_setting_chosen_by_choose_forward(tiny_llama):
+    from specdec_cli.target_model.load.forward_choice import choose_forward
     from specdec_cli.target_model.load.load_settings import LoadSettings
-    from specdec_cli.target_model.verify.exact_setup import NativeForward, TransformersForward, choose_forward
+    from specdec_cli.target_model.verify.exact_setup import NativeForward, TransformersForward
 
     chosen = choose_forward(tiny_llama, None, LoadSettings(device="cpu", decoder="device"))
     assert isinstance(chosen, DeviceForward) and chosen.dtype == torch.float32

@@ -17,10 +17,10 @@ from specdec_cli.decoding.cost_curve import CostCurve
 from specdec_cli.decoding.engine import Engine
 from specdec_cli.decoding.generation_config import GenerationConfig
 from specdec_cli.decoding.planner import DraftPlanner
-from specdec_cli.device import ROWS
-from specdec_cli.device.capture import compile_wanted
-from specdec_cli.device.forward import DeviceForward
 from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
+from specdec_cli.target_model.device import ROWS
+from specdec_cli.target_model.device.capture import compile_wanted
+from specdec_cli.target_model.device.forward import DeviceForward
 
 DRAFTERS = ["pld", "sam", "recycle", "aded", "sam+aded"]
 

@@ -22,8 +22,8 @@ from specdec_cli.decoding.cost_curve import CostCurve
 from specdec_cli.decoding.engine import Engine, GenerationConfig
 from specdec_cli.decoding.planner import DraftPlanner
 from specdec_cli.drafters.none import NoDrafter
+from specdec_cli.target_model.load.forward_choice import choose_forward
 from specdec_cli.target_model.verify.exact import _pad_rows, exact_rows, install, row_invariant, rowwise_attention
-from specdec_cli.target_model.verify.exact_setup import choose_forward
 from specdec_cli.target_model.verify.tree_mask import tree_attention_mask, tree_layout
 
 NEW = 32

@@ -13,8 +13,8 @@ import torch
 from helpers import family_model
 
 from specdec_cli import kernels
-from specdec_cli.device import family as device_family
 from specdec_cli.target_model import families
+from specdec_cli.target_model.device import family as device_family
 from specdec_cli.target_model.gguf import gguf_families, gguf_layout
 from specdec_cli.target_model.load import converted_blocks
 from specdec_cli.target_model.native import native, native_support, quant

@@ -31,7 +31,7 @@ def hang_guard():
 
 
 def _no_model(monkeypatch):
-    for where in ("specdec_cli.target_model.load.models.load_target",
+    for where in ("specdec_cli.target_model.load.models.load",
                   "specdec_cli.target_model.load.models.load_tokenizer"):
         monkeypatch.setattr(where, lambda *a, **k: pytest.fail("loaded before the output was checked"))
 

@@ -106,7 +106,7 @@ def test_a_foreign_file_is_refused_untouched_before_the_model_loads(tmp_path, mo
     def never(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(models, "load_target", never)
+    monkeypatch.setattr(models, "load", never)
     foreign = tmp_path / "notes.jsonl"
     foreign.write_text('{"prompt": "mine", "category": "chat"}\n')
     before = foreign.read_bytes()

@@ -740,7 +740,7 @@ def test_the_command_serves_until_sigterm(tiny_model_dir):
 def test_streamed_text_never_takes_back_what_it_sent(real_target):
     """Token by token on the default model's byte-level tokenizer: split UTF-8 characters wait for their last byte,
     the last characters wait while they could begin a stop string, and the pieces add up to the answer."""
-    from specdec_cli.server.text_stream import TextStream
+    from specdec_cli.texts.text_stream import TextStream
 
     tokenizer = real_target("float32", "auto").tokenizer
     text = "Café — naïve 🙂 façade: 東京 is big.\n  Indented line, end."

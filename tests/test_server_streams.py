@@ -26,7 +26,7 @@ def test_stop_cut_shows_exactly_what_no_continuation_can_take_back(seed):
     """For random texts and stop strings over a two-letter alphabet: what `stop_cut` shows is a prefix of the final
     answer however the text goes on (or ends there), and nothing longer is. A text that holds a stop string is the
     last the engine commits (it ends the answer at that step)."""
-    from specdec_cli.server.text_stream import stop_cut
+    from specdec_cli.texts.text_stream import stop_cut
 
     rng = random.Random(seed)
     for _ in range(300):

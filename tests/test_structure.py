@@ -51,8 +51,8 @@ def _graph() -> dict[str, set[str]]:
 LAYERS = (
     ("specdec_cli",),  # the foundation: errors, files, home, machine, processes, defaults
     ("kernels", "sam"),  # the C kernels; the suffix automaton
-    ("target_model", "device"),  # the target model: loading, block weights, native decoder, exactness, KV cache;
-    # the device engine (a fixed-shape torch decoder: chosen by the forward choice, built on the loaded target)
+    ("target_model",),  # the target model: loading, block weights, native decoder, exactness, KV cache, and
+    # the device engine (a fixed-shape torch decoder, target_model/device/)
     ("texts",),  # corpora, prompts, data rows, the answer memory
     ("decoding",),  # the engine and its pure parts
     ("drafters",),  # every drafter behind the two-method protocol
@@ -109,7 +109,7 @@ def test_every_import_points_down_the_layers():
 # target_model's wings, lowest first: a wing's module imports its own wing, lower wings and target_model's root
 # modules (families, placement, quiet: facts and policy every wing reads), never a higher wing; the root modules
 # import no wing. Each wing's __init__ docstring says what it owns and what it stands on.
-WINGS = ("native", "gguf", "in_place", "verify", "load")
+WINGS = ("native", "gguf", "in_place", "verify", "device", "load")
 WING_LINES, FILE_LINES = 1500, 450
 
 

@@ -71,7 +71,7 @@ def test_bad_arguments_are_refused():
 
 
 def test_the_engines_read_back_is_torchs():
-    from specdec_cli.decoding.engine import read_back
+    from specdec_cli.decoding.step_parts import read_back
 
     generator = torch.Generator().manual_seed(1)
     logits = torch.randn(6, 3000, generator=generator)

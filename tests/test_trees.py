@@ -9,7 +9,8 @@ import torch
 from conftest import TINY_EOS, TINY_VOCAB, hf_greedy
 
 from specdec_cli.decoding.draft import NOTHING, Draft
-from specdec_cli.decoding.engine import Engine, GenerationConfig, first_branch, trim
+from specdec_cli.decoding.engine import Engine, GenerationConfig
+from specdec_cli.decoding.step_parts import first_branch, trim
 from specdec_cli.decoding.verify import greedy_accept_tree, speculative_accept_tree
 from specdec_cli.target_model.verify.tree_mask import tree_layout
 

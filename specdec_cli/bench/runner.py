@@ -140,7 +140,7 @@ def _run(model: Any, tokenizer: Any, conversations: Sequence[Conversation], sett
          suite: str, on_progress: Optional[ProgressCallback], gguf_path: Optional[str]) -> BenchReport:
     runner = _Runner(model, tokenizer, settings, gguf_path, servers.servers)
     own_kernels = hasattr(model, "generate")  # (a GGUF in place has no other kernels than the native decoder's)
-    own_kernels &= getattr(runner.engine.forward, "has_own_kernels", True)  # (nor has the device engine)
+    own_kernels &= runner.engine.forward.has_own_kernels  # (nor has the device engine)
     if runner.engine.forward.prepare(settings.run.generation.budget) is not None and own_kernels and \
             all(method.kind != NATIVE for method in settings.methods):
         # verification is row-invariant, which slows plain steps a little: also time the model's own kernels
@@ -227,7 +227,7 @@ class _Runner:
     def __init__(self, model: Any, tokenizer: Any, settings: BenchSettings, gguf_path: Optional[str] = None,
                  servers: Optional[dict] = None):
         from ..decoding.engine import Engine
-        from ..target_model.verify.exact_setup import choose_forward
+        from ..target_model.load.forward_choice import choose_forward
 
         self.gguf_path = gguf_path
         self.llama_cpp: dict[str, Any] = {}  # method name -> LlamaCpp, made on first use

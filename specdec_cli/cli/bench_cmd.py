@@ -105,8 +105,7 @@ def bench_specdec(settings: BenchSettings, chosen: PromptChoice, files: ReportFi
     paths = files.check()
     if threads is not None:
         apply_threads(threads)
-    load = settings.run.load
-    loaded = load_target(load.target, load.device, load.dtype, load.weights, load.decoder)
+    loaded = load_target(settings.run.load)
     with doing("benchmarking", "no report was written"), server_log_on_failure():
         report = _run_with_progress(loaded, conversations, settings, chosen.source, gguf_path)
     document = report_document(report, loaded)

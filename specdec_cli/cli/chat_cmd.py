@@ -13,7 +13,7 @@ from ..errors import SpecdecError
 from ..session.run_settings import run_settings
 from . import app, options
 from .common import apply_threads, cache_kept_since, console, doing, err_console, say_loaded
-from .output import TextStream, compare_json, compare_lines, stats_line, turn_json
+from .output import PrintedAnswer, compare_json, compare_lines, stats_line, turn_json
 from .render import LiveTranscript, TranscriptView, text_decoder
 from .repl import Repl
 
@@ -118,7 +118,7 @@ def chat(
 
 def _answer(session, text: str, plain: bool, show_rejected: bool):
     if plain:
-        stream = TextStream(session.tokenizer, session.generation.stop)
+        stream = PrintedAnswer(session.tokenizer, session.generation.stop)
         turn = session.ask(text, on_event=stream.on_event)
         stream.finish(turn.answer)
     else:
@@ -142,7 +142,7 @@ def _compare(session, text: str, as_json: bool, plain: bool, show_rejected: bool
                         f"{session.engine.forward.outcome.text()}[/dim]", highlight=False)
     err_console().print("[dim]Answering plainly first (timed, not shown), then speculatively:[/dim]")
     if plain:
-        stream = TextStream(session.tokenizer, session.generation.stop)
+        stream = PrintedAnswer(session.tokenizer, session.generation.stop)
         comparison = session.compare(text, on_event=stream.on_event)
         stream.finish(session.decode(comparison.speculative))
     else:

@@ -7,7 +7,7 @@ import sys
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, Union
 
 from .. import machine
 from ..bench.report import to_json_text
@@ -143,13 +143,12 @@ def say_loaded(loaded) -> None:
         err_console().print(f"[dim]{loaded.load_line}[/dim]", highlight=False, soft_wrap=True)
 
 
-def load_target(target: str, device: str = "auto", dtype: str = "auto", weights: str = "auto",
-                decoder: Optional[str] = None) -> Any:
-    """Load the target (target_model.load.models.load_target) under a spinner on stderr, then the load line."""
+def load_target(settings: Any, for_engine: bool = True) -> Any:
+    """Load the target as `settings` (a LoadSettings) say (target_model.load.models.load) under a spinner on
+    stderr, then the load line; `for_engine` false: distill's (no device engine)."""
     status = err_console().status("Loading model…")
     with status:
-        loaded = models.load_target(target, device, dtype, on_status=lambda message: status.update(message),
-                                    weights=weights, decoder=decoder)
+        loaded = models.load(settings, on_status=lambda message: status.update(message), for_engine=for_engine)
     say_loaded(loaded)
     return loaded
 

@@ -26,6 +26,7 @@ from ..drafters import DrafterOptions
 from ..errors import SpecdecError
 from ..session.run_settings import DrafterSettings
 from ..target_model.load import models
+from ..target_model.load.load_settings import LoadSettings
 from ..texts.data_rows import read_rows
 from ..texts.fingerprint import tokenizer_fingerprint
 from ..texts.prompts import load_prompts
@@ -176,7 +177,7 @@ def distill(
         check_prompts_output(own_prompts.file)  # not this command's prompts: refused before the model loads
     check_student_layers(stages, target)
     # the student is built from and trained against the target in float32 (its block weights dequantised)
-    loaded = load_target(target, device, "float32", weights)
+    loaded = load_target(LoadSettings(target, device, "float32", weights), for_engine=False)
     answering = Answering(engine, drafter, max_new_tokens, seed, batch_prompts)
     held_out = HeldOut(eval_prompts, eval_suite, eval_max_prompts, eval_max_new_tokens)
     run_pipeline(loaded, target, stages, train_items, data_file, out_dir, answering, held_out, resume=resume,
@@ -224,7 +225,7 @@ def generate(
         run_generate_vllm(target, target_spec(target), items, output, max_new_tokens=max_new_tokens, dtype=dtype,
                           concurrency=batch_prompts, system=system, raw=raw)
         return
-    loaded = load_target(target, device, dtype, weights)
+    loaded = load_target(LoadSettings(target, device, dtype, weights), for_engine=False)
     run_generate(loaded, target_spec(target), items, output, drafter=drafter, draft_max=draft_max, index=index,
                  draft_model=draft_model, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                  top_k=top_k, seed=seed, system=system, raw=raw, batch_prompts=batch_prompts)
@@ -258,7 +259,7 @@ def prompts_command(
     config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
     config.check()
     check_prompts_output(output)  # a file that is not this command's prompts is refused before the model loads
-    loaded = load_target(target, device, dtype, weights)
+    loaded = load_target(LoadSettings(target, device, dtype, weights), for_engine=False)
     run_self_prompts(loaded, target_spec(target), output, count, config)
 
 
@@ -315,7 +316,7 @@ def train(
     target = target or usable_target(target_of_data(data))
     check_data_target(target, data)  # another target's data: refused before this one loads (a GGUF repacks)
     check_student_layers(stages, target)
-    loaded = load_target(target, device, "float32", weights)
+    loaded = load_target(LoadSettings(target, device, "float32", weights), for_engine=False)
     stages.train(loaded, target_spec(target), data, output, checkpoint_dir=checkpoint_dir, resume=resume)
     if stages.shows_usage_after_training:
         show_usage(output, target_spec(target), stages)
@@ -378,7 +379,7 @@ def evaluate(
     stages = stages_for_draft(directory)
     stages.check_held_out(data)
     target = target or usable_target(stages.recorded_target(directory))
-    loaded = load_target(target, device, "float32", weights)
+    loaded = load_target(LoadSettings(target, device, "float32", weights), for_engine=False)
     spec = target_spec(target)
     chosen, source = stages.held_out(loaded, spec, draft_model, data, prompts, suite, limit, max_prompts, raw)
     evaluation = stages.evaluate(loaded, spec, draft_model, chosen, source, baseline=not no_baseline,

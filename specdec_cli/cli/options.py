@@ -24,13 +24,13 @@ from ..defaults import (
     DEFAULT_TARGET,
     DEFAULT_VLLM_CONCURRENCY,
 )
-from ..device import DECODERS
 from ..distill.eagle3_train import DEFAULT_DRAFT_VOCAB as EAGLE3_DRAFT_VOCAB
 from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, DEFAULT_UNROLL, MAX_UNROLL
 from ..distill.loss import KD_LOSSES
 from ..distill.student import DEFAULT_DRAFT_VOCAB
 from ..drafters import AUX_CHOICES, DRAFTERS, HYBRID_HEAD
 from ..errors import SpecdecError, check_choice
+from ..target_model.device import DECODERS
 from ..target_model.load.load_settings import DEVICES, DTYPES, WEIGHTS
 from ..texts.prompts import SUITES
 

@@ -31,34 +31,26 @@ def stats_line(turn) -> str:
     )
 
 
-class TextStream:
-    """Prints the answer to stdout as tokens are committed (plain text, held back at partial characters)."""
+class PrintedAnswer:
+    """Prints the answer to stdout as tokens are committed: the text texts/text_stream.py says may be shown (held
+    back at a split character and where a stop string may be forming), the same rule `specdec serve` streams by."""
 
     def __init__(self, tokenizer, stops=()):
-        self.tokenizer = tokenizer
-        self.tokens: list[int] = []
-        self.printed = 0
-        self.holdback = max((len(stop) for stop in stops), default=1) - 1  # a stop string may be forming
+        from ..texts.text_stream import TextStream
+
+        self.stream = TextStream(tokenizer, stops)
 
     def on_event(self, event) -> None:
-        self.tokens.extend(event.committed)
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
-        if text.endswith("\ufffd") or event.finished:  # incomplete character, or finish() prints the end
-            return
-        self._write(text[: len(text) - self.holdback])
+        self._write(self.stream.add(event.committed))
 
     def finish(self, answer: str) -> None:
-        if len(answer) < self.printed:  # a stop string arrived after part of it was printed
-            answer = answer[: self.printed]
-        self._write(answer)
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        self._write(self.stream.finish(answer) + "\n")
 
-    def _write(self, text: str) -> None:
-        if len(text) > self.printed:
-            sys.stdout.write(text[self.printed :])
+    @staticmethod
+    def _write(text: str) -> None:
+        if text:
+            sys.stdout.write(text)
             sys.stdout.flush()
-            self.printed = len(text)
 
 
 def compare_lines(comparison, drafter: str) -> list[str]:

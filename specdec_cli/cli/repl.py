@@ -15,7 +15,7 @@ from ..decoding.stats import GenerationStats, merge
 from ..drafters import DRAFTERS
 from ..errors import SpecdecError
 from ..files import check_output_file, read_json, write_json_atomic
-from .output import TextStream, turn_json
+from .output import PrintedAnswer, turn_json
 from .render import LiveTranscript, TranscriptView, text_decoder
 
 HELP = """\
@@ -169,7 +169,7 @@ class Repl:
         view = TranscriptView(text_decoder(self.session.tokenizer), self.session.drafter_name, self.show_rejected)
         try:
             if self.plain:
-                stream = TextStream(self.session.tokenizer, self.session.generation.stop)
+                stream = PrintedAnswer(self.session.tokenizer, self.session.generation.stop)
                 def show(event: Any) -> None:
                     view.add(event)
                     stream.on_event(event)

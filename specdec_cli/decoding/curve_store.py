@@ -22,7 +22,7 @@ from ..errors import SpecdecError
 from ..files import read_json, write_json_atomic
 from ..home import specdec_home
 from ..machine import cpu_model
-from ..target_model.verify.forward import VerifyForward, new_cache
+from ..target_model.verify.forward import VerifyForward
 from ..target_model.verify.rollback import truncate_cache
 from .cost_curve import CostCurve, measure_cost_curve
 
@@ -110,7 +110,7 @@ def forward_timer(forward: VerifyForward, prefix: int = TIMED_PREFIX) -> Timer:
     generator = torch.Generator().manual_seed(0)
     vocab = forward.model.config.vocab_size
     ids = torch.randint(0, vocab, (prefix + 64,), generator=generator).tolist()
-    cache = new_cache(forward)
+    cache = forward.new_cache()
     with torch.inference_mode():
         forward(ids[:prefix], cache, 0, last_only=True)
     on_gpu = forward.device.type == "cuda"

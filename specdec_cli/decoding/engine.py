@@ -6,10 +6,10 @@ the committed context and a length budget; it learns what happened from the `Ste
 after every forward (the same events feed displays and statistics).
 
 This file is the loop alone. Around it, one room each: in target_model/, the verifying forward, chosen once per
-target with its row-invariant set-up (forward.py, exact_setup.py), rolling the cache back (rollback.py) and the
-one-time tree self-check (tree_check.py); here in decoding/, the stored verify-cost curve (curve_store.py), what
-to verify (planner.py), acceptance math (verify.py) and distribution warping (sampling.py). It does not format
-prompts or print anything.
+target (load/forward_choice.py) with its row-invariant set-up (forward.py, exact_setup.py), rolling the cache
+back (rollback.py) and the one-time tree self-check (tree_check.py); here in decoding/, the stored verify-cost
+curve (curve_store.py), what to verify (planner.py), acceptance math (verify.py), distribution warping
+(sampling.py) and a step's pure parts (step_parts.py). It does not format prompts or print anything.
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .. import kernels
 from ..errors import SpecdecError
+from ..target_model.load.forward_choice import choose_forward
 from ..target_model.verify.check_outcome import CheckOutcome
-from ..target_model.verify.exact_setup import choose_forward
-from ..target_model.verify.forward import VerifyForward, new_cache
+from ..target_model.verify.forward import VerifyForward
 from ..target_model.verify.rollback import keep_accepted
 from ..target_model.verify.tree_check import check_trees
 from .cost_curve import CostCurve
@@ -37,10 +36,10 @@ from .planner import DraftPlanner, Plan
 from .prompt_cache import PromptCache
 from .sampling import sample, warp_probs
 from .stats import GenerationStats, summarize
-from .verify import children_of, greedy_accept, greedy_accept_tree, speculative_accept, speculative_accept_tree
+from .step_parts import SCORED_TOPK, first_branch, pad_block, read_back, trim
+from .verify import greedy_accept, greedy_accept_tree, speculative_accept, speculative_accept_tree
 
 EventCallback = Callable[[StepEvent], None]
-SCORED_TOPK = 8  # a drafter that needs scored_topk gets the target's top-8 tokens at every scored position
 STOP_MARGIN = 16  # characters of earlier text decoded beyond the longest stop string (split characters, spaces)
 
 
@@ -54,10 +53,43 @@ class Generation:
     cached_tokens: int = 0  # prompt tokens whose KV entries came from the prompt cache (not computed)
 
 
+@dataclass
+class _Run:
+    """One generation's state, as the loop's stages read and change it."""
+
+    config: GenerationConfig
+    drafter: Drafter
+    on_event: Optional[EventCallback]
+    limit: Optional[int]  # the longest sequence the model and the forward's cache hold (None: unknown)
+    max_rows: Optional[int]  # the largest row-invariant block (None: verification is not exact)
+    context: list[int]  # the prompt and every committed token
+    cache: Any
+    cached: int  # prompt tokens the prompt cache held
+    constraint: Optional[Constraint]
+    generator: Optional[torch.Generator]
+    eos: set[int]
+    started: float
+    events: list[StepEvent] = field(default_factory=list)
+    new_tokens: list[int] = field(default_factory=list)
+    finish: Optional[FinishReason] = None
+    text_end: Optional[int] = None
+    ttft: float = 0.0
+
+    def emit(self, event: StepEvent) -> None:
+        self.events.append(event)
+        self.drafter.observe(event)
+        if self.on_event is not None:
+            self.on_event(event)
+
+    def logprobs(self, rows: torch.Tensor, committed: list[int]) -> Optional[list]:
+        """The committed tokens' log probabilities from the rows that chose them, where asked."""
+        return None if self.config.logprobs is None else token_logprobs(rows, committed, self.config.logprobs)
+
+
 class Engine:
     """Speculative generation with one target model (batch size 1).
 
-    `target` is the verifying forward chosen for the model (exact_setup.choose_forward: the native decoder or
+    `target` is the verifying forward chosen for the model (load/forward_choice.choose_forward: the native decoder or
     transformers' modules, row-invariant where exactness is on), or a model, given the forward chosen for it by
     default. The engine reads what it needs from it; callers ask `engine.forward` (its outcome, `prepare`,
     `own_kernels`)."""
@@ -87,111 +119,113 @@ class Engine:
     ) -> Generation:
         """Generate after `prompt_ids`. With a `prompt_cache`, the prompt's first tokens that the cache holds are
         not computed again, and the cache keeps this generation's entries when it finishes (prompt_cache.py)."""
-        config, limit = self._checked(prompt_ids, config)
-        max_rows = self.forward.prepare(config.budget)  # row-invariant blocks up to this size (None: not exact)
-        block_limit: Optional[int] = getattr(self.forward, "max_block", None)  # rows a verify block may have
-        generator = generator_for(config)
-        eos = set(config.eos_token_ids)
-        events: list[StepEvent] = []
-        context = list(prompt_ids)
-        new_tokens: list[int] = []
+        run = self._open(prompt_ids, drafter, config, on_event, prompt_cache)
         needs = drafter.needs  # what the drafter reads beyond tokens: computed for it alone
-        static = hasattr(self.forward, "new_cache")  # a forward with one static cache (the device engine's)
-        if config.cost_aware and static:  # the curve is measured (on that cache) now, not in the middle of this
-            _ = self.planner.curve  # generation's
-        cache, cached = new_cache(self.forward), 0  # the device engine's static cache, else a KVCache
-        if prompt_cache is not None and not needs.features and not static:  # feature drafters read the whole
-            held, cached = prompt_cache.take(prompt_ids)  # prompt's features; a static cache is not kept
-            cache = cache if held is None else held
-
-        def emit(event: StepEvent) -> None:
-            events.append(event)
-            drafter.observe(event)
-            if on_event is not None:
-                on_event(event)
-
-        started = time.perf_counter()
         # Prefill: the prompt (what the cache does not hold yet); its last logits give the first new token.
-        # [1, vocab], [prompt, hidden] or None
-        logits, features = prefill(self.forward, context, cache, cached, needs.features, needs.feature_layers)
-        constraint = None if config.grammar is None else Constraint(config.grammar, self.tokenizer,
-                                                                    config.eos_token_ids)
-        first = choose(allowed_only(logits[-1:], constraint, [])[0], generator, config)
-        ttft = time.perf_counter() - started
-        finish, committed, text_end = self._commit(context, new_tokens, [first], eos, config, constraint)
-        emit(StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=committed, verify_seconds=ttft,
-                       prompt_tokens=tuple(prompt_ids), settings=config, finished=finish, features=features,
-                       logprobs=None if config.logprobs is None else token_logprobs(logits[-1:], committed,
-                                                                                    config.logprobs)))
+        logits, features = prefill(self.forward, run.context, run.cache, run.cached, needs.features,
+                                   needs.feature_layers)  # [1, vocab], [prompt, hidden] or None
+        first = choose(allowed_only(logits[-1:], run.constraint, [])[0], run.generator, run.config)
+        run.ttft = time.perf_counter() - run.started
+        committed = self._commit(run, [first])
+        run.emit(StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=committed,
+                           verify_seconds=run.ttft, prompt_tokens=tuple(prompt_ids), settings=run.config,
+                           finished=run.finish, features=features, logprobs=run.logprobs(logits[-1:], committed)))
 
-        while finish is None:
-            budget = min(config.budget, config.max_new_tokens - len(new_tokens) - 1)
-            if block_limit is not None:  # a forward with a fixed block size (the device engine's)
-                budget = min(budget, block_limit - 1)
-            # 1. Draft: the drafter guesses up to `budget` tokens (chain) or nodes (tree) after the context;
+        while run.finish is None:
+            # 1. Draft: the drafter guesses up to a budget of tokens (chain) or nodes (tree) after the context;
             #    the planner keeps the part worth verifying and picks the forward's row count.
             t0 = time.perf_counter()
-            asked = budget  # the planner's one call on whether drafting pays, and how much (planner.py)
-            if config.cost_aware and budget > 0:
-                asked = self.planner.draft_budget(drafter.name, budget)
-            draft = drafter.propose(context, asked) if asked > 0 else Draft.empty(drafter.name)
-            self.planner.observe_drafting(draft.source, len(draft), time.perf_counter() - t0)
-            draft, plan = self._plan(draft, budget, config, constraint)
+            draft, rows = self._draft(run)
             t1 = time.perf_counter()
             # 2. Verify: score the newest committed token and every kept node in one forward (plus padding rows
             #    when a bigger forward is cheaper on this machine; their outputs and cache entries are dropped).
-            past = len(context) - 1
-            rows = plan.rows if limit is None else min(plan.rows, limit - past)  # padding stays inside the context
-            rows = rows if max_rows is None else min(rows, max_rows)  # and inside the row-invariant sizes
-            block, parents = pad_block([context[-1], *draft.tokens], draft.parents, rows)
-            logits, features = self.forward(block, cache, past, tree=parents, features=needs.features,
-                                            feature_layers=needs.feature_layers)  # [rows, vocab], [rows, .] or None
-            raw = logits[: len(draft) + 1]  # [k+1, vocab]
-            logits = raw if config.greedy else allowed_only(raw, constraint, draft.tokens)  # (a grammar's law)
-            # 3. Accept: the longest acceptable path, then the target's own token after it. Greedy, what the
-            #    step reads back from the target's device (the argmax, and the top tokens a drafter asks for) is
-            #    one read: on a GPU, the step's one host synchronisation. Under a grammar, each row's best
-            #    allowed token.
-            read = read_back(logits, config.greedy, needs.scored_topk)
-            if constraint is not None and read[0] is not None:
-                read = (constraint.greedy_choices(raw, draft.tokens, read[0]), read[1])
-            path, target_token = self._accept(draft, logits, config, generator, read[0])
+            past = len(run.context) - 1
+            block, parents = pad_block([run.context[-1], *draft.tokens], draft.parents, rows)
+            raw, features = self.forward(block, run.cache, past, tree=parents, features=needs.features,
+                                         feature_layers=needs.feature_layers)  # [rows, vocab], [rows, .] or None
+            raw = raw[: len(draft) + 1]  # [k+1, vocab]
+            # 3. Accept: the longest acceptable path, then the target's own token after it.
+            path, target_token, topk = self._accept_step(run, draft, raw)
             # 4. Commit the accepted drafts + the correction/bonus token; roll the cache back to match.
-            finish, committed, text_end = self._commit(
-                context, new_tokens, [*(draft.tokens[node] for node in path), target_token], eos, config, constraint
-            )
-            keep_accepted(cache, past, path, draft.is_chain, len(context) - 1)
+            committed = self._commit(run, [*(draft.tokens[node] for node in path), target_token])
+            keep_accepted(run.cache, past, path, draft.is_chain, len(run.context) - 1)
             t2 = time.perf_counter()
-            if config.cost_aware:
+            if run.config.cost_aware:
                 self.planner.record(draft, len(path), len(committed), rows, t2 - t1, t1 - t0)
-            topk = read[1]  # [k+1, 8] where the drafter asks for it
-            if needs.scored_topk and topk is None:
-                topk = torch.topk(logits, min(SCORED_TOPK, logits.shape[-1]), dim=-1).indices.tolist()
-            if features is not None:  # the root's and the accepted path's rows: [1 + accepted, hidden]
-                features = features[choosing_rows(path)]
-            scored = None if config.logprobs is None else \
-                token_logprobs(raw[choosing_rows(path)], committed, config.logprobs)
-            emit(StepEvent(kind="step", draft=draft, committed=committed, accepted_path=path,
-                           draft_seconds=t1 - t0, verify_seconds=t2 - t1, finished=finish, scored_topk=topk,
-                           verify_rows=rows, features=features, logprobs=scored))
+            run.emit(StepEvent(kind="step", draft=draft, committed=committed, accepted_path=path,
+                               draft_seconds=t1 - t0, verify_seconds=t2 - t1, finished=run.finish, scored_topk=topk,
+                               verify_rows=rows, logprobs=run.logprobs(raw[choosing_rows(path)], committed),
+                               features=None if features is None else features[choosing_rows(path)]))
+        return self._close(run, prompt_cache)
 
-        wall = time.perf_counter() - started
+    # -- the loop's stages ---------------------------------------------------------------------------------
+
+    def _open(self, prompt_ids: Sequence[int], drafter: Drafter, config: GenerationConfig,
+              on_event: Optional[EventCallback], prompt_cache: Optional[PromptCache]) -> "_Run":
+        """A generation's state: the settings checked, the forward prepared, the cache (from the prompt cache
+        where it holds the prompt's beginning), the grammar's matcher."""
+        config, limit = self._checked(prompt_ids, config)
+        max_rows = self.forward.prepare(config.budget)  # row-invariant blocks up to this size (None: not exact)
+        static = self.forward.static_cache  # one cache of the forward's own (the device engine's): never kept
+        if config.cost_aware and static:  # the curve is measured (on that cache) now, not in the middle of this
+            _ = self.planner.curve  # generation's
+        cache, cached = self.forward.new_cache(), 0
+        if prompt_cache is not None and not drafter.needs.features and not static:  # feature drafters read the
+            held, cached = prompt_cache.take(prompt_ids)  # whole prompt's features
+            cache = cache if held is None else held
+        constraint = None if config.grammar is None else Constraint(config.grammar, self.tokenizer,
+                                                                    config.eos_token_ids)
+        return _Run(config, drafter, on_event, limit, max_rows, list(prompt_ids), cache, cached, constraint,
+                    generator_for(config), set(config.eos_token_ids), time.perf_counter())
+
+    def _draft(self, run: "_Run") -> tuple[Draft, int]:
+        """This step's draft, cut to what is verified, and the verify forward's rows."""
+        config = run.config
+        budget = min(config.budget, config.max_new_tokens - len(run.new_tokens) - 1)
+        if self.forward.max_block is not None:  # a forward with a fixed block size (the device engine's)
+            budget = min(budget, self.forward.max_block - 1)
+        asked = budget  # the planner's one call on whether drafting pays, and how much (planner.py)
+        if config.cost_aware and budget > 0:
+            asked = self.planner.draft_budget(run.drafter.name, budget)
+        started = time.perf_counter()
+        draft = run.drafter.propose(run.context, asked) if asked > 0 else Draft.empty(run.drafter.name)
+        self.planner.observe_drafting(draft.source, len(draft), time.perf_counter() - started)
+        draft, plan = self._plan(draft, budget, config, run.constraint)
+        past = len(run.context) - 1
+        rows = plan.rows if run.limit is None else min(plan.rows, run.limit - past)  # padding inside the context
+        return draft, rows if run.max_rows is None else min(rows, run.max_rows)  # and the row-invariant sizes
+
+    def _accept_step(self, run: "_Run", draft: Draft,
+                     raw: torch.Tensor) -> tuple[list[int], int, Optional[list[list[int]]]]:
+        """(accepted node indices, the target's own token, the rows' top tokens where the drafter reads them)
+        from the verified rows' logits `raw` [k+1, vocab]. Greedy, what the step reads back from the target's
+        device (the argmax, and the top tokens a drafter asks for) is one read: on a GPU, the step's one host
+        synchronisation. Under a grammar, each row's best allowed token (sampling: the grammar's law)."""
+        config, constraint, needs = run.config, run.constraint, run.drafter.needs
+        logits = raw if config.greedy else allowed_only(raw, constraint, draft.tokens)
+        argmax, topk = read_back(logits, config.greedy, needs.scored_topk)
+        if constraint is not None and argmax is not None:
+            argmax = constraint.greedy_choices(raw, draft.tokens, argmax)
+        path, target_token = self._accept(draft, logits, config, run.generator, argmax)
+        if needs.scored_topk and topk is None:
+            topk = torch.topk(logits, min(SCORED_TOPK, logits.shape[-1]), dim=-1).indices.tolist()  # [k+1, 8]
+        return path, target_token, topk
+
+    def _close(self, run: "_Run", prompt_cache: Optional[PromptCache]) -> Generation:
+        wall = time.perf_counter() - run.started
         if self.planner.has_curve:  # what this engine's steps taught the curve: the next session's start
             self.curves.keep(self.planner.curve)
-        stats = summarize(events, wall_seconds=wall, ttft_seconds=ttft)
-        if prompt_cache is not None and not static:
-            prompt_cache.keep(cache, context[:-1])  # the invariant: every committed token but the newest
-        return Generation(new_tokens, finish, stats, events, text_end, cached)
+        stats = summarize(run.events, wall_seconds=wall, ttft_seconds=run.ttft)
+        if prompt_cache is not None and not self.forward.static_cache:
+            prompt_cache.keep(run.cache, run.context[:-1])  # the invariant: every committed token but the newest
+        return Generation(run.new_tokens, run.finish or "length", stats, run.events, run.text_end, run.cached)
 
     def _checked(self, prompt_ids: Sequence[int], config: GenerationConfig) -> tuple[GenerationConfig, Optional[int]]:
         """The settings checked, the answer bounded by the model's context; and that context's length, if known."""
         config.check()
         if not prompt_ids:
             raise SpecdecError("the prompt is empty")
-        limit = context_limit(self.model.config)  # positions the model was trained for, if it says
-        capacity = getattr(self.forward, "capacity", None)  # tokens the forward's cache holds (the device engine's)
-        if capacity is not None:
-            limit = capacity if limit is None else min(limit, capacity)
+        limit = self.context
         if limit is not None:
             if len(prompt_ids) >= limit:
                 raise SpecdecError(f"the prompt has {len(prompt_ids)} tokens, but this model reads at most {limit} "
@@ -237,33 +271,27 @@ class Engine:
         accepted, target_token = speculative_accept(draft.tokens, p_target, p_draft, generator)
         return list(range(accepted)), target_token
 
-    def _commit(
-        self, context: list[int], new_tokens: list[int], tokens: list[int], eos: set[int], config: GenerationConfig,
-        constraint: Optional[Constraint] = None,
-    ) -> tuple[Optional[FinishReason], list[int], Optional[int]]:
-        """Append tokens, cutting at EOS, at the token budget or at a stop string (and advance the grammar).
-
-        Returns (finish reason or None, the tokens committed, the text length before a stop string or None)."""
+    def _commit(self, run: "_Run", tokens: list[int]) -> list[int]:
+        """Append tokens, cutting at EOS, at the token budget or at a stop string (and advance the grammar); the
+        tokens committed. Sets the run's finish reason, and the text length before a stop string."""
         committed: list[int] = []
-        finish: Optional[FinishReason] = None
         for token in tokens:
             committed.append(token)
-            if token in eos:
-                finish = "eos"
+            if token in run.eos:
+                run.finish = "eos"
                 break
-            if len(new_tokens) + len(committed) >= config.max_new_tokens:
-                finish = "length"
+            if len(run.new_tokens) + len(committed) >= run.config.max_new_tokens:
+                run.finish = "length"
                 break
-        text_end = None
-        if config.stop:
-            keep, text_end = self._find_stop(new_tokens, committed, config.stop)
+        if run.config.stop:
+            keep, text_end = self._find_stop(run.new_tokens, committed, run.config.stop)
             if text_end is not None:
-                committed, finish = committed[:keep], "stop"
-        context.extend(committed)
-        new_tokens.extend(committed)
-        if constraint is not None:
-            constraint.commit(committed)
-        return finish, committed, text_end
+                committed, run.finish, run.text_end = committed[:keep], "stop", text_end
+        run.context.extend(committed)
+        run.new_tokens.extend(committed)
+        if run.constraint is not None:
+            run.constraint.commit(committed)
+        return committed
 
     def _find_stop(self, before: list[int], committed: list[int], stops: Sequence[str]) -> tuple[int, Optional[int]]:
         """Where the first stop string begins in the decoded output, and how many committed tokens reach it.
@@ -296,6 +324,15 @@ class Engine:
         return any(stop and stop in text for stop in stops)
 
     # -- set-up the loop relies on, each in its own room ---------------------------------------------------
+
+    @property
+    def context(self) -> Optional[int]:
+        """The longest sequence (prompt and answer) this engine generates, if known: the positions the model was
+        made for, within what the forward's cache holds (the device engine's). The one place it is decided."""
+        limit, capacity = context_limit(self.model.config), self.forward.capacity
+        if capacity is not None:
+            limit = capacity if limit is None else min(limit, capacity)
+        return limit
 
     @property
     def tree_check(self) -> str:
@@ -344,38 +381,6 @@ def generator_for(config: GenerationConfig) -> Optional[torch.Generator]:
     return generator
 
 
-def read_back(logits: torch.Tensor, greedy: bool, topk: bool) -> tuple[Optional[list[int]], Optional[list[list[int]]]]:
-    """Greedy: (each row's argmax [k+1], each row's top SCORED_TOPK tokens [k+1, 8] where `topk`), read back from
-    the logits' device in one transfer; sampling: (None, None), read by the sampling rules themselves."""
-    if not greedy:
-        return None, None
-    if _kernel_reads(logits):  # the kernels' one pass: column 0 the argmax (the first maximum, as torch's)
-        best = kernels.top_tokens(logits, SCORED_TOPK if topk else 1).tolist()  # [k+1, 8 or 1]
-        return [row[0] for row in best], (best if topk else None)
-    picked = logits.argmax(dim=-1, keepdim=True)  # [k+1, 1]
-    if topk:
-        picked = torch.cat([picked, torch.topk(logits, min(SCORED_TOPK, logits.shape[-1]), dim=-1).indices], dim=1)
-    rows = picked.tolist()  # the one read
-    return [row[0] for row in rows], ([row[1:] for row in rows] if topk else None)
-
-
-def _kernel_reads(logits: torch.Tensor) -> bool:
-    """Whether the kernels read this block's choices: float32 rows in CPU memory, a vocabulary of SCORED_TOPK or
-    more (the GPU's, and other dtypes, are torch's)."""
-    return (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
-            and logits.shape[-1] >= SCORED_TOPK and logits.is_contiguous() and kernels.available())
-
-
-def trim(draft: Draft, length: int) -> Draft:
-    """The first `length` nodes of a draft (parents come first, so any prefix is a tree)."""
-    if len(draft) <= length:
-        return draft
-    parents = None if draft.parents is None else draft.parents[:length]
-    p_draft = None if draft.p_draft is None else draft.p_draft[:length]
-    confidence = None if draft.confidence is None else draft.confidence[:length]
-    return Draft(draft.tokens[:length], draft.source, parents, p_draft, draft.match_len, confidence)
-
-
 def prefill(forward: Any, prompt: Sequence[int], cache: Any, cached: int = 0,
             features: bool = False, feature_layers: Sequence[int] = ()) -> tuple[torch.Tensor, Any]:
     """The prompt after its `cached` first tokens; the last row's logits [1, vocab] and, when asked, the features
@@ -402,25 +407,3 @@ def context_limit(config: Any) -> Optional[int]:
     """The longest sequence (prompt and answer) the model was made for, when its config says."""
     limit = getattr(config, "max_position_embeddings", None)
     return int(limit) if isinstance(limit, int) and limit > 0 else None
-
-
-def pad_block(block: list[int], parents: Optional[list[int]], rows: int) -> tuple[list[int], Optional[list[int]]]:
-    """Fill a verify block [root, *drafted] up to `rows` rows by repeating its last token: a chain's padding
-    continues the chain, a tree's hangs off the root; the engine drops their outputs and cache entries."""
-    padding = rows - len(block)
-    if padding <= 0:
-        return block, parents
-    block = [*block, *[block[-1]] * padding]
-    return block, None if parents is None else [*parents, *[-1] * padding]
-
-
-def first_branch(draft: Draft) -> Draft:
-    """A tree's first root-to-leaf path (each node's first child), as a chain."""
-    tokens, nodes, node = [], [], -1
-    children = children_of(draft.parents or [])
-    while children.get(node):
-        node = children[node][0]
-        tokens.append(draft.tokens[node])
-        nodes.append(node)
-    confidence = None if draft.confidence is None else [draft.confidence[node] for node in nodes]
-    return Draft(tokens, draft.source, None, None, draft.match_len, confidence)

@@ -22,9 +22,10 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from ..target_model.verify.forward import ManyForward, new_cache
-from .engine import choose, context_limit, generator_for, prefill, read_back
+from ..target_model.verify.forward import ManyForward
+from .engine import choose, context_limit, generator_for, prefill
 from .generation_config import GenerationConfig
+from .step_parts import read_back
 
 MAX_WIDTH = 32  # answers open at once: the native decoder's row-invariant rows (native.ROW_INVARIANT_ROWS)
 
@@ -99,7 +100,7 @@ def plain_many(forward: Any, prompts: Sequence[Sequence[int]], config: Generatio
                 if budget < 1:
                     raise ValueError(f"prompt {index} fills the model's context ({limit} tokens)")
                 seeded = config if seeds is None else replace(config, seed=int(seeds[index]))
-                answer = _Open(index, prompt, new_cache(forward), budget, generator_for(seeded))
+                answer = _Open(index, prompt, forward.new_cache(), budget, generator_for(seeded))
                 logits, _ = prefill(forward, prompt, answer.cache)  # [1, vocab]
                 if answer.take(choose(logits[-1], answer.generator, config), eos):
                     finish(answer)

@@ -30,7 +30,7 @@ def greedy_batches(model: Any, prompts: Sequence[Sequence[int]], *, max_new_toke
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     from ..decoding.generation_config import GenerationConfig
     from ..decoding.plain_many import MAX_WIDTH, BatchAnswer, plain_many
-    from ..target_model.verify.exact_setup import choose_forward
+    from ..target_model.load.forward_choice import choose_forward
     from ..target_model.verify.forward import ManyForward
 
     forward = choose_forward(model)

@@ -59,7 +59,6 @@ def target_states(target: Any, pieces_: Sequence[Sequence[int]], layers: Sequenc
     import torch
 
     from ..target_model.verify.exact_setup import states_forward
-    from ..target_model.verify.forward import new_cache
 
     forward = states_forward(target)
     out_states = []
@@ -67,7 +66,7 @@ def target_states(target: Any, pieces_: Sequence[Sequence[int]], layers: Sequenc
         for index, piece in enumerate(pieces_):
             input_ids = torch.tensor([list(piece)], device=forward.device)  # [1, n]
             out = forward.run(input_ids=input_ids, position_ids=torch.arange(len(piece), device=forward.device)[None],
-                              past_key_values=new_cache(forward), use_cache=True, output_hidden_states=True,
+                              past_key_values=forward.new_cache(), use_cache=True, output_hidden_states=True,
                               logits_to_keep=1, **forward.layer_states(layers))
             states = torch.cat([out.hidden_states[layer][0] for layer in layers], dim=-1)  # [n, 3H]
             out_states.append((states.to(torch.bfloat16).cpu(), out.hidden_states[-1][0].to(torch.bfloat16).cpu()))

@@ -240,7 +240,6 @@ def _target_along(forward: Any, prompt_ids: Sequence[int], answer: list[int],
     last hidden states and the states entering `layers` along it."""
     import torch
 
-    from ..target_model.verify.forward import new_cache
 
     if not answer:
         return None
@@ -248,7 +247,7 @@ def _target_along(forward: Any, prompt_ids: Sequence[int], answer: list[int],
     start, end = len(prompt_ids) - 1, ids.shape[1] - 1  # position start predicts answer[0]
     with torch.inference_mode():
         out = forward.run(input_ids=ids.to(forward.device), position_ids=torch.arange(ids.shape[1])[None].to(
-            forward.device), past_key_values=new_cache(forward), use_cache=True, output_hidden_states=True,
+            forward.device), past_key_values=forward.new_cache(), use_cache=True, output_hidden_states=True,
             **forward.layer_states(layers))
         logits = out.logits[0, start:end].float().cpu()  # [m, V]
         last = out.hidden_states[-1][0].float().cpu()  # [n, H], normed

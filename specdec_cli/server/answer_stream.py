@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from ..texts.text_stream import TextStream
 from ..texts.tool_calls import ToolCall, ToolCallReader
-from .text_stream import TextStream
 
 
 class AnswerStream:

@@ -1,7 +1,7 @@
 """Which tokens' log probabilities go with which piece of an answer's text.
 
 The engine reports a log probability for every committed token (decoding/logprobs.py); the text a client sees is
-held back near a possible stop string and cut where one matches (text_stream.py). So an entry is released with
+held back near a possible stop string and cut where one matches (texts/text_stream.py). So an entry is released with
 the text piece that covers its token (the tokens' own texts laid end to end, special tokens counted as the answer
 shows them: empty), and a token that begins past the final text's end (after a stop string's cut) is never
 reported. Entries carry the token's text and its alternatives' texts, decoded one token at a time (a special token

@@ -26,10 +26,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from ..decoding.engine import context_limit
 from ..decoding.generation_config import GenerationConfig
 from ..errors import SpecdecError
-from ..texts.prompt_ids import format_prompt
+from ..texts.prompt_ids import format_prompt, with_system
 from ..texts.tool_calls import ToolCallReader, ToolFormat, template_inputs, tool_format
 from .answer_stream import AnswerStream
 from .api_errors import ApiError, one_line
@@ -138,7 +137,7 @@ class Worker:
         self.current: Optional[Job] = None
         self.served = 0
         self.durations: collections.deque = collections.deque(maxlen=RECENT)
-        self.context = context_limit(session.model.config)
+        self.context = session.engine.context  # prompt and answer together (the engine's limit: one place)
         self.longest_token: Optional[int] = None  # characters of the vocabulary's longest entry (read when needed)
         self._tool_format: Union[ToolFormat, SpecdecError, None] = None  # read from the template when first needed
         self.last_prompt = 0  # tokens of the previous request's prompt (a shorter common prefix: new conversation)
@@ -292,9 +291,7 @@ class Worker:
         session = self.session
         self._check_characters(request)
         if request.kind == "chat":
-            messages = list(request.messages)
-            if session.system and not any(message["role"] == "system" for message in messages):
-                messages.insert(0, {"role": "system", "content": session.system})
+            messages = with_system(list(request.messages), session.system)
             tools = None
             if request.tools is not None or any("tool_calls" in m or m["role"] == "tool" for m in messages):
                 offered = request.tools is not None and request.tools.offered

@@ -20,9 +20,9 @@ from ..decoding.prompt_cache import PromptCache
 from ..drafters import TargetInfo, make_drafter, target_info
 from ..errors import SpecdecError
 from ..target_model.load import models
-from ..target_model.verify.exact_setup import choose_forward
+from ..target_model.load.forward_choice import choose_forward
 from ..texts.memory import Memory, memory_cap, memory_dir, memory_enabled
-from ..texts.prompt_ids import format_prompt
+from ..texts.prompt_ids import format_prompt, with_system
 from .compare import Comparison, compare
 from .run_settings import RunSettings
 
@@ -51,8 +51,7 @@ def open_session(settings: ChatSettings,
     use_memory = settings.remember and memory_enabled()
     if use_memory:
         memory_cap()  # a malformed SPECDEC_MEMORY_MAX_TOKENS fails before the model loads
-    loaded = models.load_target(load.target, load.device, load.dtype, on_status=on_status, weights=load.weights,
-                         decoder=load.decoder)
+    loaded = models.load(load, on_status=on_status)
     info = target_info(loaded.model, loaded.tokenizer)  # (read once: the fingerprint hashes the whole vocabulary)
     memory = None
     if use_memory:
@@ -143,8 +142,7 @@ class ChatSession:
         self.drafter = self.make_drafter()
 
     def messages_for(self, user_text: str) -> list[dict]:
-        messages = [{"role": "system", "content": self.system}] if self.system else []
-        return messages + self.history + [{"role": "user", "content": user_text}]
+        return with_system(self.history + [{"role": "user", "content": user_text}], self.system)
 
     def ask(self, user_text: str, on_event: Optional[EventCallback] = None) -> Turn:
         if not user_text.strip():

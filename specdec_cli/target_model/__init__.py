@@ -1,7 +1,8 @@
-"""The target model as specdec runs it, in five wings, each leaning only on those below it:
+"""The target model as specdec runs it, in six wings, each leaning only on those below it:
 
 - load/      finding and loading the target: the name or file, the load plan, the ways of loading, the tokenizer,
-             a loaded model put on block weights;
+             a loaded model put on block weights, and the verifying forward chosen for it (forward_choice.py);
+- device/    the device engine: a fixed-shape torch decoder, exact by construction, for a GPU (and the CPU);
 - verify/    one forward over new tokens chosen once, exact (row-invariant) verification and its check, token
              trees' masks and checks, the KV cache's rollback;
 - in_place/  a GGUF loaded in place: the file checked first, its proven cache (repacked blocks, stored config,

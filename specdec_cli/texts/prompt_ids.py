@@ -26,6 +26,14 @@ def format_prompt(tokenizer: Any, messages: list[dict], raw: bool = False,
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def with_system(messages: list[dict], system: Optional[str]) -> list[dict]:
+    """The conversation with `system` (a session's --system) as its first message, unless it has one of its own:
+    the one place a default system message is added (chat and serve)."""
+    if not system or any(message["role"] == "system" for message in messages):
+        return list(messages)
+    return [{"role": "system", "content": system}, *messages]
+
+
 def first_turn_ids(tokenizer: Any, text: str, raw: bool = False) -> list[int]:
     """Token ids for a conversation of one user turn, `text` (a prompt's first turn, as distill and vLLM's bench
     answer it)."""

@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 from typing import Mapping, Optional
 
 from ...defaults import DEFAULT_TARGET
-from ...device import DECODERS
 from ...errors import check_choice
+from ..device import DECODERS
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")

@@ -161,13 +161,13 @@ class LoadPlan:
 def check_load(settings: LoadSettings, device_engine: bool = True) -> LoadPlan:
     """Resolve the target and the device and refuse combinations that cannot run, loading nothing: a command may
     call it before its slow parts (load_target calls it again, at no cost worth counting). `device_engine`: the
-    caller runs the forward exact_setup.choose_forward picks with these settings, so a GGUF on cuda is opened in
+    caller runs the forward load/forward_choice.choose_forward picks with these settings, so a GGUF on cuda is opened in
     place for the device engine (device/); False keeps a GPU's transformers conversion (distill's training)."""
     settings = settings.with_environment()
     source = resolve_target(settings.target)
     device = pick_device(settings.device)
     if device_engine and (settings.decoder == "device" or (settings.decoder == "auto" and device == "cuda")):
-        from ...device.forward import context_setting
+        from ..device.forward import context_setting
 
         context_setting()  # SPECDEC_DEVICE_CONTEXT said wrong: one line now, not after the model loads
     if not (device_engine and device == "cuda" and settings.decoder in ("auto", "device") and source.kind == "gguf"):
@@ -214,26 +214,19 @@ def blocks_eligible(source: TargetSource, device: str, dtype: str) -> bool:
     return source.kind == "gguf" and device == "cpu" and dtype in ("auto", "float32") and kernels.available()
 
 
-def load_target(
-    target: str = DEFAULT_TARGET,
-    device: str = "auto",
-    dtype: str = "auto",
-    on_status: Optional[StatusCallback] = None,
-    weights: str = "auto",
-    step_timer: Optional[Callable[[Any], float]] = None,
-    decoder: Optional[str] = None,
-) -> LoadedTarget:
-    """Load a target. `--dtype auto` and `--weights auto` time plain steps to choose (dtype_choice.py), unless
-    SPECDEC_DTYPE and SPECDEC_WEIGHTS say; `step_timer` (model -> seconds of one plain step) replaces that timing.
-    `decoder` (--decoder: chat and bench) says the caller's forward is chosen with it: a GGUF on cuda is then opened
-    in place for the device engine; None (distill) keeps a GPU's transformers conversion.
+def load(settings: LoadSettings, on_status: Optional[StatusCallback] = None,
+         step_timer: Optional[Callable[[Any], float]] = None, for_engine: bool = True) -> LoadedTarget:
+    """Load the target `settings` name, as they say. `--dtype auto` and `--weights auto` time plain steps to choose
+    (dtype_choice.py), unless SPECDEC_DTYPE and SPECDEC_WEIGHTS say; `step_timer` (model -> seconds of one plain
+    step) replaces that timing. `for_engine`: the caller's forward is chosen with the settings' decoder
+    (forward_choice.py), so a GGUF on cuda is opened in place for the device engine; false (distill) keeps a GPU's
+    transformers conversion.
 
     In order: the settings are checked and the target located (check_load), a GGUF converted once or a hub id
     checked (model_location), then the model is loaded and its weights put in blocks (_load_blocks) or left dense
     in the chosen dtype (_load_dense)."""
     started = time.perf_counter()
-    settings = LoadSettings(target, device, dtype, weights, decoder or "auto")  # no decoder: not the device engine's
-    plan = check_load(settings, device_engine=decoder is not None)
+    plan = check_load(settings, device_engine=for_engine)
     if plan.in_place:
         return _load_in_place(plan, on_status, started)
     quiet_transformers()
@@ -245,6 +238,14 @@ def load_target(
     seconds = time.perf_counter() - started
     return replace(loaded, load_seconds=seconds, load_line=load_line(loaded.name, plan, None, seconds,
                                                                      loaded.weights_reason))
+
+
+def load_target(target: str = DEFAULT_TARGET, device: str = "auto", dtype: str = "auto",
+                on_status: Optional[StatusCallback] = None, weights: str = "auto",
+                step_timer: Optional[Callable[[Any], float]] = None, decoder: Optional[str] = None) -> LoadedTarget:
+    """`load` from the values one by one (library callers and tests); `decoder` None: not for the engine."""
+    return load(LoadSettings(target, device, dtype, weights, decoder or "auto"), on_status, step_timer,
+                for_engine=decoder is not None)
 
 
 def _load_in_place(plan: LoadPlan, on_status: Optional[StatusCallback], started: float) -> LoadedTarget:

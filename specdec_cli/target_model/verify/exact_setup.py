@@ -1,9 +1,7 @@
-"""The verifying forward chosen once per loaded target, and row-invariant verification set up in it.
+"""The CPU path's verifying forwards, and row-invariant verification set up in them.
 
-`choose_forward(model, exact, load)` picks, once, what the engine calls (forward.VerifyForward):
-
-- `device.forward.DeviceForward`: the device engine (device/), exact by construction at a fixed padded row count,
-  where the load settings ask for it (`--decoder device`) or, by default, on cuda, for the families it computes;
+`model_forward(model, exact)` picks one of the two (load/forward_choice.py's `choose_forward` puts the device
+engine, device/, before them where the load settings ask for it):
 
 - `NativeForward`: block weights of a model of one of the families native.py computes (families.py: llama,
   mistral, qwen2, qwen3, phi3, smollm3, gemma, gemma2, gemma3_text) run specdec's native decoder, row-invariant by
@@ -36,7 +34,7 @@ from ..native.native import ROW_INVARIANT_ROWS, NativeDecoder, Part
 from ..native.native_support import unsupported
 from . import exact as row_invariant
 from .check_outcome import CheckOutcome
-from .forward import ModelForward, Scores, VerifyForward
+from .forward import ModelForward, Scores
 
 NOT_EXACT_WARNING = ("verification is not row-invariant on this model and machine ({reason}): speculative output "
                      "may differ from plain decoding where rounding decides")
@@ -51,13 +49,10 @@ def exact_by_default(model: Any) -> bool:
     return next(model.parameters()).dtype in (torch.bfloat16, torch.float16) or bool(block_layers(model))
 
 
-def choose_forward(model: Any, exact: Optional[bool] = None, load: Any = None) -> VerifyForward:
-    """The forward that verifies on `model`: the device engine where `load` (a LoadSettings) asks for it, or on
-    cuda by default; else the native decoder where exactness is on and native.py computes the model, else
-    transformers' modules (row-invariant where exactness is on). `exact` None: exact_by_default."""
-    device_forward = _device_forward(model, load)
-    if device_forward is not None:
-        return device_forward
+def model_forward(model: Any, exact: Optional[bool] = None) -> "NativeForward | TransformersForward":
+    """The forward that verifies on `model` on the CPU path: the native decoder where exactness is on and native.py
+    computes the model, else transformers' modules (row-invariant where exactness is on). `exact` None:
+    exact_by_default. (load/forward_choice.py puts the device engine before these where the settings ask.)"""
     enabled = exact_by_default(model) if exact is None else exact
     if enabled and unsupported(model) is None:
         return NativeForward(model)
@@ -68,31 +63,7 @@ def states_forward(model: Any) -> ModelForward:
     """A forward whose `run` gives the states entering any of the model's layers (`layer_states`), as drafting's
     forward computes them: the native decoder where it computes the model, else transformers' modules. For
     training and scoring heads on the CPU; the device engine keeps only the last layer's states."""
-    chosen = choose_forward(model)
-    return chosen if isinstance(chosen, ModelForward) else TransformersForward(model, False)
-
-
-def _device_forward(model: Any, load: Any) -> Optional[VerifyForward]:
-    """The device engine's forward where `load` asks for it (`--decoder device`, or `auto` on cuda) and it computes
-    the model; None otherwise. `--decoder device` on a model it cannot compute is a one-line error."""
-    if load is None:
-        return None
-    from ...device.family import unsupported as device_unsupported
-    from ...errors import SpecdecError
-    from ..placement import pick_device, pick_dtype
-
-    device = pick_device(load.device)
-    if not (load.decoder == "device" or (load.decoder == "auto" and device == "cuda")):
-        return None
-    reason = device_unsupported(model)
-    if reason is not None:
-        if load.decoder == "device":
-            raise SpecdecError(f"--decoder device: {reason}", setting="decoder")
-        return None
-    from ...device.forward import DeviceForward
-
-    dtype = pick_dtype(load.dtype, device) if load.dtype != "auto" or device != "cpu" else torch.float32
-    return DeviceForward(model, device, dtype)
+    return model_forward(model)
 
 
 class _OwnKernels:

@@ -1,13 +1,15 @@
 """The verifying forward: what the engine calls to score new tokens placed after the target's KV cache.
 
-`VerifyForward` is the protocol the engine and its helpers use (the cost curve's timer, the tree self-check); two
-implementations, picked once per loaded target by exact_setup.choose_forward: specdec's native decoder (native.py)
-and transformers' modules, made row-invariant where asked (exact.py). Both build their inputs the same way
-(`ModelForward`): a chain sits at positions start..start+n-1 under the causal mask; a token tree (`tree`: the
-parents of token_ids[1:], token_ids[0] being the root) puts each node at start + depth, attending to the cached
-prefix, its ancestors and itself only (tree_mask.py). A forward returns the logits and, when asked (`features`),
-the last hidden states (what feature-level drafters read; other forwards do not request them). This file does
-not choose which forward runs (exact_setup.py), choose tokens, roll the cache back (rollback.py) or time anything.
+`VerifyForward` is the protocol the engine and its helpers use (the cost curve's timer, the tree self-check); it
+declares everything they read, so no caller probes a forward for members. Three implementations, picked once per
+loaded target by load/forward_choice.choose_forward: specdec's native decoder (native.py) and transformers' modules,
+made row-invariant where asked (exact.py), which share `ModelForward` and its defaults; and the device engine
+(device/forward.py), fixed-shape with one static cache. The first two build their inputs the same way: a chain sits
+at positions start..start+n-1 under the causal mask; a token tree (`tree`: the parents of token_ids[1:],
+token_ids[0] being the root) puts each node at start + depth, attending to the cached prefix, its ancestors and
+itself only (tree_mask.py). A forward returns the logits and, when asked (`features`), the last hidden states (what
+feature-level drafters read; other forwards do not request them). This file does not choose which forward runs
+(load/forward_choice.py), choose tokens, roll the cache back (rollback.py) or time anything.
 """
 
 from __future__ import annotations
@@ -30,16 +32,32 @@ class Scores(NamedTuple):
 
 @runtime_checkable
 class VerifyForward(Protocol):
-    """One target's forward, chosen at load (exact_setup.choose_forward) and handed to the engine."""
+    """One target's forward, chosen at load (load/forward_choice.choose_forward) and handed to the engine."""
 
     model: Any  # the loaded target (its config, its parameters' device and dtype)
     device: torch.device
     exact: bool  # whether verification is meant to be row-invariant
     outcome: CheckOutcome  # what came of it: off, not checked, on or failed
+    has_own_kernels: bool  # whether `own_kernels()` runs other kernels than the forward's (the device engine: no)
+    static_cache: bool  # one cache of the forward's own, refilled every generation (never kept between them)
 
     @property
     def rows(self) -> int:
         """The largest block verified row-invariantly (0: none); part of the cost curve's key."""
+
+    @property
+    def max_block(self) -> Optional[int]:
+        """The most rows a verify block may have (None: any)."""
+
+    @property
+    def capacity(self) -> Optional[int]:
+        """The most committed tokens the forward's cache holds (None: the model's context decides)."""
+
+    def new_cache(self) -> Any:
+        """An empty cache for this forward's calls."""
+
+    def tree_outcome(self) -> Optional[CheckOutcome]:
+        """How token trees verify, where the forward knows it itself (None: tree_check.py compares forwards)."""
 
     def __call__(self, token_ids: Sequence[int], cache: Any, start: int, last_only: bool = False,
                  tree: Optional[Sequence[int]] = None, features: bool = False,
@@ -63,25 +81,28 @@ class ManyForward(VerifyForward, Protocol):
         """Per (token ids, cache, tokens it holds), that block's Scores, as a forward of it alone computes them."""
 
 
-def new_cache(forward: Any) -> Any:
-    """An empty cache for `forward`'s calls: its own (`new_cache()`: the device engine's static cache), else a
-    KVCache for its model (kv_cache.new_kv_cache)."""
-    make = getattr(forward, "new_cache", None)
-    if make is not None:
-        return make()
-    from ..native.kv_cache import new_kv_cache
-
-    return new_kv_cache(getattr(forward, "model", None))
-
-
 class ModelForward:
     """What both forwards share: the inputs of a chain or a tree, and `run` (transformers' keywords) to compute."""
+
+    has_own_kernels = True
+    static_cache = False
+    max_block: Optional[int] = None
+    capacity: Optional[int] = None
 
     def __init__(self, model: Any, exact: bool):
         self.model = model
         self.device = next(model.parameters()).device
         self.exact = exact
         self.outcome = CheckOutcome("not checked" if exact else "off")  # on or failed once prepared
+
+    def new_cache(self) -> Any:
+        """A KVCache for the model (kv_cache.new_kv_cache), kept or dropped by the caller."""
+        from ..native.kv_cache import new_kv_cache
+
+        return new_kv_cache(self.model)
+
+    def tree_outcome(self) -> Optional[CheckOutcome]:
+        return None
 
     def run(self, **inputs: Any) -> Any:
         """One forward on transformers' keywords (input_ids, position_ids, past_key_values, ...)."""

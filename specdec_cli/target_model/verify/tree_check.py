@@ -18,7 +18,7 @@ import torch
 
 from .. import families
 from .check_outcome import CheckOutcome
-from .forward import VerifyForward, new_cache
+from .forward import VerifyForward
 from .rollback import truncate_cache
 from .tree_mask import MASKED_KINDS, attention_kinds
 
@@ -35,11 +35,10 @@ def check_trees(model: Any, forward: VerifyForward) -> CheckOutcome:
         outcome = CheckOutcome("chains only", f"{model_type} is not a family checked with tree masks")
     elif other_kinds:
         outcome = CheckOutcome("chains only", f"no tree mask for {', '.join(other_kinds)} layers")
-    elif callable(getattr(forward, "tree_outcome", None)):  # a forward that checks its trees itself (device/)
-        outcome = forward.tree_outcome()  # type: ignore[attr-defined]
     else:
-        mismatch = tree_mismatch(model, forward)
-        outcome = CheckOutcome("passed") if mismatch is None else CheckOutcome("failed", mismatch)
+        known = forward.tree_outcome()  # a forward that checks its trees itself (device/)
+        mismatch = None if known is not None else tree_mismatch(model, forward)
+        outcome = known or (CheckOutcome("passed") if mismatch is None else CheckOutcome("failed", mismatch))
     if outcome.state != "passed":
         warnings.warn(f"{model_type}: token trees are verified as chains ({outcome.text()})", stacklevel=3)
     return outcome
@@ -64,7 +63,7 @@ def tree_mismatch(model: Any, forward: VerifyForward) -> Optional[str]:
     relative = 2e-3 if next(model.parameters()).dtype == torch.float32 else 3e-2
     try:
         with shortened_windows(model, CHECK_WINDOW):
-            cache = new_cache(forward)
+            cache = forward.new_cache()
             forward(prompt[:-1], cache, 0, last_only=True)
             tree_logits = forward([prompt[-1], *tokens], cache, past, tree=parents).logits.float()  # [7, V]
             for leaf in sorted(set(range(len(tokens))) - set(parents)):

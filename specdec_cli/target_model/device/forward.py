@@ -1,8 +1,8 @@
 """`DeviceForward`: the engine's verifying forward (target_model/forward.VerifyForward) on the device engine.
 
-Made once per loaded target (exact_setup.choose_forward picks it: `--decoder device`, or on cuda by default): the
-weights put on the device (weights.py), the static cache allocated (cache.py), the step decoder (decoder.py) and
-its capture (capture.py). A call scores n tokens after `start` committed ones:
+Made once per loaded target (load/forward_choice.choose_forward picks it: `--decoder device`, or on cuda by
+default): the weights put on the device (weights.py), the static cache allocated (cache.py), the step decoder
+(decoder.py) and its capture (capture.py). A call scores n tokens after `start` committed ones:
 
 - a block of n <= ROWS rows (plain decoding's one row, a chain, a token tree) is one step at ROWS padded rows,
   the captured graph where capture is on; more rows (a chain: the cost curve's timer) run as consecutive steps;
@@ -31,11 +31,11 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 import torch
 
-from ..defaults import TIMED_PREFIX, VERIFY_ROW_COUNTS
-from ..errors import SpecdecError
-from ..target_model.verify.check_outcome import CheckOutcome
-from ..target_model.verify.forward import Scores
-from ..target_model.verify.tree_mask import tree_paths
+from ...defaults import TIMED_PREFIX, VERIFY_ROW_COUNTS
+from ...errors import SpecdecError
+from ..verify.check_outcome import CheckOutcome
+from ..verify.forward import Scores
+from ..verify.tree_mask import tree_paths
 from . import CONTEXT, PREFILL_ROWS, ROWS
 from .cache import DeviceCache, StaticCache
 from .capture import StepGraph, compile_wanted
@@ -98,6 +98,7 @@ class DeviceForward:
 
     exact = True
     has_own_kernels = False  # plain decoding runs the same step: the bench's `native` row would time it twice
+    static_cache = True
 
     def __init__(self, model: Any, device: "str | torch.device", dtype: Optional[torch.dtype] = None,
                  slots: Optional[int] = None):

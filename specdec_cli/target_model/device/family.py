@@ -16,8 +16,8 @@ from typing import Any, Optional
 
 import torch
 
-from ..target_model import families
-from ..target_model.native.native_support import activation_of, layer_kinds, layers_reason, projections, rope_of
+from .. import families
+from ..native.native_support import activation_of, layer_kinds, layers_reason, projections, rope_of
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Family:
 
 def unsupported(model: Any) -> Optional[str]:
     """Why the device decoder cannot compute this model (None: it can), in one line."""
-    from ..target_model.native.quant import BlockLinear
+    from ..native.quant import BlockLinear
 
     config = getattr(model, "config", None)
     if config is None or not families.is_native(getattr(config, "model_type", None)):

@@ -1,4 +1,5 @@
-"""New tokens as text that is safe to send before the answer ends.
+"""New tokens as text that is safe to show before the answer ends: what `specdec chat` prints and `specdec serve`
+streams, one rule for both.
 
 A stream sends the text of the tokens committed so far, less what may still change or must never be seen:
 - a trailing replacement character (a UTF-8 sequence split across tokens);

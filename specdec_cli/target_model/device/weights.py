@@ -18,8 +18,8 @@ from typing import Any, Optional
 
 import torch
 
-from ..target_model.native.native import norm_multiplier
-from ..target_model.native.native_support import projections
+from ..native.native import norm_multiplier
+from ..native.native_support import projections
 from .family import Family
 
 CHUNK_ROWS = 4096  # output rows of a block matrix dequantised at a time on the device (and embedding rows)
@@ -34,8 +34,8 @@ def _norm(norm: Any, offset: bool, device: torch.device) -> tuple[torch.Tensor, 
 
 def fill_matrix(out: torch.Tensor, layer: Any) -> None:
     """out [layer's outputs, inputs] (on the device, in the compute dtype) = the layer's weight."""
-    from ..kernels.records import GROUP, dequantize, unpack_records
-    from ..target_model.native.quant import BlockLinear
+    from ...kernels.records import GROUP, dequantize, unpack_records
+    from ..native.quant import BlockLinear
 
     if not isinstance(layer, BlockLinear):
         out.copy_(layer.weight.detach())

@@ -1,0 +1,71 @@
+"""The parts of one verify step that are pure functions of a draft and the logits: the draft cut to what is
+verified (`trim`, a tree's `first_branch`), the block padded to the forward's row count (`pad_block`), and the
+choices read back from the logits' device in one transfer (`read_back`). The engine (engine.py) runs them in its
+loop; plain_many.py and benchmarks share them. Nothing here runs a model.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import kernels
+from .draft import Draft
+from .verify import children_of
+
+SCORED_TOPK = 8  # a drafter that needs scored_topk gets the target's top-8 tokens at every scored position
+
+
+def read_back(logits: torch.Tensor, greedy: bool, topk: bool) -> tuple[Optional[list[int]], Optional[list[list[int]]]]:
+    """Greedy: (each row's argmax [k+1], each row's top SCORED_TOPK tokens [k+1, 8] where `topk`), read back from
+    the logits' device in one transfer; sampling: (None, None), read by the sampling rules themselves."""
+    if not greedy:
+        return None, None
+    if _kernel_reads(logits):  # the kernels' one pass: column 0 the argmax (the first maximum, as torch's)
+        best = kernels.top_tokens(logits, SCORED_TOPK if topk else 1).tolist()  # [k+1, 8 or 1]
+        return [row[0] for row in best], (best if topk else None)
+    picked = logits.argmax(dim=-1, keepdim=True)  # [k+1, 1]
+    if topk:
+        picked = torch.cat([picked, torch.topk(logits, min(SCORED_TOPK, logits.shape[-1]), dim=-1).indices], dim=1)
+    rows = picked.tolist()  # the one read
+    return [row[0] for row in rows], ([row[1:] for row in rows] if topk else None)
+
+
+def _kernel_reads(logits: torch.Tensor) -> bool:
+    """Whether the kernels read this block's choices: float32 rows in CPU memory, a vocabulary of SCORED_TOPK or
+    more (the GPU's, and other dtypes, are torch's)."""
+    return (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
+            and logits.shape[-1] >= SCORED_TOPK and logits.is_contiguous() and kernels.available())
+
+
+def trim(draft: Draft, length: int) -> Draft:
+    """The first `length` nodes of a draft (parents come first, so any prefix is a tree)."""
+    if len(draft) <= length:
+        return draft
+    parents = None if draft.parents is None else draft.parents[:length]
+    p_draft = None if draft.p_draft is None else draft.p_draft[:length]
+    confidence = None if draft.confidence is None else draft.confidence[:length]
+    return Draft(draft.tokens[:length], draft.source, parents, p_draft, draft.match_len, confidence)
+
+
+def pad_block(block: list[int], parents: Optional[list[int]], rows: int) -> tuple[list[int], Optional[list[int]]]:
+    """Fill a verify block [root, *drafted] up to `rows` rows by repeating its last token: a chain's padding
+    continues the chain, a tree's hangs off the root; the engine drops their outputs and cache entries."""
+    padding = rows - len(block)
+    if padding <= 0:
+        return block, parents
+    block = [*block, *[block[-1]] * padding]
+    return block, None if parents is None else [*parents, *[-1] * padding]
+
+
+def first_branch(draft: Draft) -> Draft:
+    """A tree's first root-to-leaf path (each node's first child), as a chain."""
+    tokens, nodes, node = [], [], -1
+    children = children_of(draft.parents or [])
+    while children.get(node):
+        node = children[node][0]
+        tokens.append(draft.tokens[node])
+        nodes.append(node)
+    confidence = None if draft.confidence is None else [draft.confidence[node] for node in nodes]
+    return Draft(tokens, draft.source, None, None, draft.match_len, confidence)
