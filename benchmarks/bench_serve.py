@@ -4,7 +4,8 @@ completions, one request at a time, greedy, the same GGUF, threads and prompts.
 For each server it starts (a free port of 127.0.0.1, always stopped at the end, on an error and on Ctrl-C):
 
 - `specdec serve -m FILE --drafter D --threads N` (this checkout's, `python -m specdec_cli`; one row per
-  `--drafters` entry, `none` being specdec's plain decoding);
+  `--drafters` entry, `none` being specdec's decoding without a drafter, and `plain` the same server asked for
+  `speculative.n_max: 0` on every request: no draft at all, not even the tokens a grammar forces);
 - `llama-server -m FILE -t N -np 1` when it is on PATH or given as `--llama-server PATH` (skipped in one line
   otherwise).
 
@@ -132,8 +133,10 @@ BUILTIN_SCHEMA = {"type": "object", "properties": {
     "additionalProperties": False}
 
 
-def one_request(client: Any, messages: list[dict], max_tokens: int, schema: Optional[dict] = None) -> dict:
-    """One streamed chat completion (under `schema` when given): its text and times."""
+def one_request(client: Any, messages: list[dict], max_tokens: int, schema: Optional[dict] = None,
+                plain: bool = False) -> dict:
+    """One streamed chat completion (under `schema` when given; `plain`: no drafts, speculative.n_max 0): its text
+    and times."""
     started = time.perf_counter()
     first = None
     arrivals = []
@@ -141,6 +144,8 @@ def one_request(client: Any, messages: list[dict], max_tokens: int, schema: Opti
     usage = None
     extra = {} if schema is None else {"response_format": {"type": "json_schema", "json_schema": {
         "name": "record", "schema": schema}}}
+    if plain:
+        extra["extra_body"] = {"speculative": {"n_max": 0}}
     stream = client.chat.completions.create(model="bench", messages=messages, max_tokens=max_tokens,
                                             temperature=0.0, stream=True, stream_options={"include_usage": True},
                                             **extra)
@@ -171,12 +176,13 @@ def run_server(name: str, server: Started, prompts: list[str], turns: int, max_t
     import openai
 
     client = openai.OpenAI(base_url=server.base_url, api_key="bench", max_retries=0, timeout=3600)
-    one_request(client, [{"role": "user", "content": "Say hello."}], 8, schema)  # warm-up, not counted
+    plain = name.startswith("specdec serve plain")
+    one_request(client, [{"role": "user", "content": "Say hello."}], 8, schema, plain)  # warm-up, not counted
     rows = []
     for index, prompt in enumerate(prompts):
         messages = [{"role": "user", "content": prompt}]
         for turn in range(turns):
-            result = one_request(client, messages, max_tokens, schema)
+            result = one_request(client, messages, max_tokens, schema, plain)
             rows.append({"server": name, "prompt": index, "turn": turn, **result})
             print(f"{name:>24} prompt {index} turn {turn}: {result['tokens']:4d} tokens  "
                   f"{result['tokens_per_s']:7.1f} tok/s  TTFT {1000 * result['ttft_s']:7.1f} ms  "
@@ -219,7 +225,7 @@ def main() -> int:
     parser.add_argument("--target", "-m", help="a GGUF file (default: the default model's)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--drafters", default="none,sam", help="specdec rows, comma-separated")
-    parser.add_argument("--llama-server", help="llama-server binary (default: on PATH)")
+    parser.add_argument("--llama-server", help="llama-server binary (default: on PATH); none: no llama-server row")
     parser.add_argument("--prompts")
     parser.add_argument("--limit", type=int)
     parser.add_argument("--turns", type=int, default=1)
@@ -238,11 +244,14 @@ def main() -> int:
     for drafter in [name.strip() for name in args.drafters.split(",") if name.strip()]:
         port = free_port()
         plans.append((f"specdec serve {drafter}", [sys.executable, "-m", "specdec_cli", "serve", "-m", gguf,
-                                                  "--drafter", drafter, "--threads", str(args.threads),
+                                                  "--drafter", "none" if drafter == "plain" else drafter,
+                                                  "--threads", str(args.threads),
                                                   "--port", str(port), "--no-memory"], port, env))
     binary = args.llama_server or shutil.which("llama-server") or (
         str(ROOT / ".venv/bin/llama-server") if (ROOT / ".venv/bin/llama-server").is_file() else None)
-    if binary:
+    if binary == "none":
+        pass
+    elif binary:
         port = free_port()
         plans.append(("llama-server", [binary, "-m", gguf, "-t", str(args.threads), "-np", "1", "--host",
                                        "127.0.0.1", "--port", str(port), "-c", "8192"], port, None))
