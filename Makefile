@@ -67,9 +67,9 @@ install-vllm: install
 	$(VLLM_VENV)/bin/pip install -q -e ".[test]" openai
 	$(VLLM_VENV)/bin/python -c "import vllm, specdec_cli.vllm.proposer"
 
-# The vLLM tests (tests/test_vllm.py; `make test` skips them where vLLM is not installed).
+# The vLLM tests (tests/specdec_cli/vllm/test_vllm.py; `make test` skips them where vLLM is not installed).
 test-vllm: install-vllm
-	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm.py
+	$(VLLM_VENV)/bin/python -m pytest -q tests/specdec_cli/vllm/test_vllm.py
 
 # The main job on the embedded default model: a prompt with text to reuse (correcting a paragraph), answered
 # plainly and speculatively; both speeds, tokens per step, and whether the outputs are identical.

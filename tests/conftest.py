@@ -284,14 +284,16 @@ def real_target():
     """The embedded default model (SmolLM2-135M-Instruct), loaded once a session for each (dtype, weights) asked
     for: `real_target()` is the dense float32 model transformers' float32 generate is compared with;
     `real_target("float32", "auto")` what a user's `--weights auto` loads. Tests must not change the model."""
-    from specdec_cli.target_model.load.models import load_target  # the loader, also where shared_real_model replaces it
+    from specdec_cli.target_model.load import models
+    from specdec_cli.target_model.load.load_settings import LoadSettings
 
+    original = models.load  # held before shared_real_model puts its own in its place
     loaded: dict = {}
 
     def load(dtype: str = "float32", weights: str = "dense"):
         key = ("float32" if weights in BLOCK_WEIGHTS else dtype, weights)
         if key not in loaded:
-            loaded[key] = load_target(dtype=key[0], weights=weights)
+            loaded[key] = original(LoadSettings(dtype=key[0], weights=weights), for_engine=False)
         return loaded[key]
 
     return load

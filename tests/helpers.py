@@ -6,9 +6,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 from conftest import TINY_EOS, TINY_VOCAB, char_level_tokenizer, make_char_tokenizer
 
@@ -388,3 +390,41 @@ def qwen_coder_gguf() -> Path:
         return Path(named).expanduser()
     home = Path(os.environ.get("SPECDEC_HOME") or "~/.cache/specdec").expanduser()
     return home / "models" / "qwen2.5-coder-0.5b-instruct.gguf"
+
+
+# -- GGUF tensors (test_quant.py, test_packed_kernels.py) ------------------------------------------------------
+
+QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "F16", "BF16", "F32")  # gguf.quants.quantize makes these
+# where each type keeps its float16 scales: byte offsets in a block
+F16_AT = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,),
+          "IQ4_XS": (0,)}
+
+
+def gguf_bytes(type_name: str, out_features: int, in_features: int, seed: int = 0) -> np.ndarray:
+    """A GGUF tensor's bytes: quantised by gguf itself where it can, otherwise random bytes with small finite
+    float16 scales where the format keeps them."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    qtype = getattr(gguf.GGMLQuantizationType, type_name)
+    if type_name in QUANTIZABLE:
+        weights = rng.standard_normal((out_features, in_features)).astype(np.float32) * 0.1
+        return np.asarray(gguf.quants.quantize(weights, qtype)).view(np.uint8).reshape(out_features, -1)
+    size, per = gguf_decode.GGUF_BLOCKS[type_name]
+    raw = rng.integers(0, 256, (out_features, in_features // per, size), dtype=np.uint8)
+    for at in F16_AT[type_name]:
+        scales = (rng.random((out_features, in_features // per)) * 0.01).astype(np.float16)
+        raw[..., at : at + 2] = scales.view(np.uint8).reshape(out_features, in_features // per, 2)
+    return raw.reshape(out_features, -1)
+
+
+def not_a_file(path: Path, kind: str) -> None:
+    """Put a FIFO, or a symbolic link to /dev/zero (a device that reads without end), at `path`."""
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+
+
+# the tiny target's distill prompts (test_distill.py, test_native_tokenizer.py)
+DISTILL_PROMPTS = ["hello there, how are you?", "add 2 and 3.", "name a colour.", "write one word.", "what is a cat?"]

@@ -7,8 +7,8 @@ each open answer's newest token in one forward over all of them (`ManyForward.ma
 sequence's cache only, and every other computation is row-invariant), and each answer's token is chosen as plain
 decoding chooses it (engine.choose: the argmax, or a sample with the answer's own seeded generator). So each answer
 is, bit for bit, what plain decoding of its prompt alone writes with the same settings and seed
-(tests/test_plain_many.py compares them with the engine's). Answers that end leave and waiting prompts join between
-steps (continuous batching), `width` open at a time.
+(tests/specdec_cli/decoding/test_plain_many.py compares them with the engine's). Answers that end leave and waiting
+prompts join between steps (continuous batching), `width` open at a time.
 
 What it does not do: drafting (the batch is the speedup), stop strings, or forwards that cannot score several
 sequences in one call (distill/batched.py pads batches for transformers' models instead).

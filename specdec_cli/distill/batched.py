@@ -7,7 +7,8 @@ most 32 open at once. On a transformers model (dense weights), prompts of a
 batch are left-padded to one length; an attention mask hides the padding and explicit position ids start each
 prompt at 0, so every row computes what it would alone up to rounding: a matrix product over more rows may
 sum in another order, and at a near-tie of two tokens the argmax can differ from one-by-one decoding (both are
-greedy decodings of the same model; tests/test_distill_batched.py measures how often on the real model).
+greedy decodings of the same model; tests/specdec_cli/distill/test_distill_batched.py measures how often on the real
+model).
 
 What it does not do: sampling (a batch is greedy), speculative drafting (the batch is the speedup here), or
 writing rows (generate.py does, one per finished answer).

@@ -26,7 +26,7 @@ class Family:
     architecture: str  # a GGUF's general.architecture
     # RMSNorm multiplies by 1 + weight, and a GGUF stores 1 + weight: computed in place, a norm multiplies by the
     # stored value, bit for bit what the converted model's 1 + (stored - 1) gives for any value a converter stores
-    # as float32 w + 1 (tests/test_family_table.py)
+    # as float32 w + 1 (tests/specdec_cli/target_model/test_family_table.py)
     norm_plus_one: bool = False
     embedding_scale: bool = False  # embeddings multiplied by sqrt(hidden)
     permuted_qk: bool = False  # llama.cpp interleaves attn_q/attn_k rows per head (rotary halves)

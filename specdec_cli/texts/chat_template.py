@@ -6,7 +6,8 @@ controls extension and a `{% generation %}` block tag, a `tojson` that keeps non
 are, `raise_exception`, `strftime_now`, and a `dict` and a `namespace` that refuse underscore-prefixed names; the
 messages and special tokens are first rebuilt from plain JSON types (`_plain_template_data`). Importing any of
 that imports transformers (about a second), so this module builds the same environment from jinja2 alone, for
-the native GGUF path's start-up; tests/test_native_tokenizer.py renders templates both ways and compares.
+the native GGUF path's start-up; tests/specdec_cli/target_model/test_native_tokenizer.py renders templates both ways
+and compares.
 
 `render_template(tokenizer, messages)` renders piece by piece: a template that renders more than
 MAX_TEMPLATE_OUTPUT characters is stopped there, and one that fails (a syntax error, a sandbox refusal, its own

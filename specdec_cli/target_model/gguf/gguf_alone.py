@@ -4,7 +4,7 @@ transformers reads a GGUF as `from_pretrained(folder, gguf_file=name)`, and read
 tokenizer files too where they exist: a GGUF kept beside another model's tokenizer.json or config.json (a download
 folder, a Hub snapshot of the original weights) got that other model's tokenizer or config. `alone(path)` yields
 (folder, name) of a temporary folder holding only a link to the file, removed afterwards; nothing is copied.
-tests/test_native_first_load.py plants another model's tokenizer files beside a GGUF.
+tests/specdec_cli/target_model/test_native_first_load.py plants another model's tokenizer files beside a GGUF.
 """
 
 from __future__ import annotations

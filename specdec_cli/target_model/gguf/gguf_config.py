@@ -95,8 +95,9 @@ def hf_config(gguf: GGUFFile) -> Any:
 
 # -- without transformers ------------------------------------------------------------------------------------------
 # The config of the plainest families, built from the metadata without importing transformers (2-5 s of a first
-# load, issue 45): the values `hf_config(gguf).to_dict()` holds, which tests/test_native_first_load.py checks key by
-# key against transformers for every family below. Other families, and a llama file of a Mistral, return None.
+# load, issue 45): the values `hf_config(gguf).to_dict()` holds, which
+# tests/specdec_cli/target_model/test_native_first_load.py checks key by key against transformers for every family
+# below. Other families, and a llama file of a Mistral, return None.
 
 # transformers' key table (GGUF_CONFIG_MAPPING) for these architectures: GGUF key -> config attribute
 _KEYS = {"context_length": "max_position_embeddings", "block_count": "num_hidden_layers",

@@ -1,8 +1,8 @@
 """A GGUF's byte-level BPE tokenizer (`tokenizer.ggml.model` "gpt2": SmolLM2, Qwen2.5, ...) written as tokenizer
 files from its metadata with the `tokenizers` library alone: the same tokenizer.json, tokenizer_config.json and
 chat_template.jinja, byte for byte, that transformers' GGUF converter saves for the file, without importing
-transformers (a second or more of a first load, issue 45). tests/test_native_first_load.py compares the files with
-transformers' for the default model, Qwen2.5-Coder when at hand and the tests' small GGUFs.
+transformers (a second or more of a first load, issue 45). tests/specdec_cli/target_model/test_native_first_load.py
+compares the files with transformers' for the default model, Qwen2.5-Coder when at hand and the tests' small GGUFs.
 
 What the converter does for such a file, and so what is done here:
 - the vocabulary is the token list, each token spelled in GPT-2's byte alphabet (a token with a character outside

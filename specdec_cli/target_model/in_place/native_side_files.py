@@ -8,9 +8,10 @@ them with transformers (its GGUF config and tokenizer converters, the family's r
 cost 4-5 s of a first answer. Here each comes from the metadata: the config's values
 (gguf_config.config_without_transformers), the tokenizer files (gguf_tokenizer.py) and the default rotary tables
 (stored.default_rotary); config.json and generation_config.json are the values transformers' `save_pretrained`
-writes (the settings that differ from a bare config's, keys sorted). tests/test_native_first_load.py compares
-every file, byte for byte, with what transformers writes for the same GGUF. `write_native_side_files` returns
-False, writing nothing, for any other file; the caller then asks transformers, as before.
+writes (the settings that differ from a bare config's, keys sorted).
+tests/specdec_cli/target_model/test_native_first_load.py compares every file, byte for byte, with what transformers
+writes for the same GGUF. `write_native_side_files` returns False, writing nothing, for any other file; the caller
+then asks transformers, as before.
 """
 
 from __future__ import annotations

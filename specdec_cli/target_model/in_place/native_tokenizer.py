@@ -10,9 +10,9 @@ tokens and their ids, the vocabulary, the chat template: texts/chat_template.py 
 
 `load_native_tokenizer(folder)` returns None for a tokenizer_config.json that asks for anything transformers
 would do beyond those calls (another tokenizer class, clean-up of decoded spaces, added BOS or EOS tokens
-re-templated, ...): such a folder is read by transformers, as before. tests/test_native_tokenizer.py compares
-both tokenizers on many texts, every token id and the chat templates, for the default model, Qwen2.5-Coder and
-the tests' small GGUFs.
+re-templated, ...): such a folder is read by transformers, as before.
+tests/specdec_cli/target_model/test_native_tokenizer.py compares both tokenizers on many texts, every token id and
+the chat templates, for the default model, Qwen2.5-Coder and the tests' small GGUFs.
 """
 
 from __future__ import annotations

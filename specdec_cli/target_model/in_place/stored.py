@@ -115,7 +115,7 @@ ACTIVATIONS = {"silu": SiLU, "gelu_pytorch_tanh": GeluTanh}
 def default_rotary(values: dict[str, Any]) -> StoredRotary:
     """The rotary module transformers builds for a config of rope_type "default" (llama, qwen2, qwen3 without
     scaling), from the config's values: inv_freq = 1 / theta^(2i / head size) in float32 by the same torch
-    operations, so the same bits (tests/test_native_first_load.py); attention scaling 1."""
+    operations, so the same bits (tests/specdec_cli/target_model/test_native_first_load.py); attention scaling 1."""
     theta = values["rope_parameters"]["rope_theta"]
     dim = values.get("head_dim") or values["hidden_size"] // values["num_attention_heads"]
     inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))  # [dim / 2]

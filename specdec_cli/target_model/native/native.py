@@ -331,8 +331,8 @@ class NativeDecoder:
         """One forward over several sequences' blocks, each after its own cache: every row's logits [n, vocab] and
         final normed states [n, hidden], the parts' rows in order. Each part's rows attend over its own cache
         only, and every other step is row-invariant, so a part's rows are the bits a forward of that part alone
-        computes (tests/test_plain_many.py). Blocks up to ROW_INVARIANT_ROWS rows in all; a longer prompt is
-        computed alone (`__call__`)."""
+        computes (tests/specdec_cli/decoding/test_plain_many.py). Blocks up to ROW_INVARIANT_ROWS rows in all; a
+        longer prompt is computed alone (`__call__`)."""
         if sum(int(part.input_ids.shape[0]) for part in parts) > ROW_INVARIANT_ROWS:
             raise ValueError(f"a forward over several sequences takes at most {ROW_INVARIANT_ROWS} rows in all")
         return self._forward(parts, 0)

@@ -1,11 +1,11 @@
 """Whether a loaded model verifies token trees exactly, decided once per engine the first time a tree is drafted.
 
 Three conditions, checked in order (`check_trees`): the family is one whose attention takes 4-D custom masks with
-explicit position ids (families.Family.trees, tests/test_families.py), sliding-window layers included; its layers are
-all of kinds a tree mask is built for (tree_mask.MASKED_KINDS); and a small tree's logits equal sequential
-decoding's on the model itself (`tree_mismatch`). The outcome is passed, failed or chains only (check_outcome.py);
-anything but a pass is said once, as a warning, and the engine then verifies each tree's first branch as a chain.
-This file does not build masks (tree_mask.py) nor accept drafts (verify.py).
+explicit position ids (families.Family.trees, tests/specdec_cli/target_model/test_families.py), sliding-window
+layers included; its layers are all of kinds a tree mask is built for (tree_mask.MASKED_KINDS); and a small tree's
+logits equal sequential decoding's on the model itself (`tree_mismatch`). The outcome is passed, failed or chains
+only (check_outcome.py); anything but a pass is said once, as a warning, and the engine then verifies each tree's
+first branch as a chain. This file does not build masks (tree_mask.py) nor accept drafts (verify.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.sh"
 
 
 def test_the_gpu_check_dry_run_passes_on_the_cpu(tmp_path):

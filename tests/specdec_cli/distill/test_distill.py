@@ -10,9 +10,7 @@ import json
 
 import pytest
 from conftest import TINY_EOS, TINY_VOCAB, _tiny, assert_one_line_error, hf_greedy, invoke
-from helpers import make_tokenizer
-
-PROMPTS = ["hello there, how are you?", "add 2 and 3.", "name a colour.", "write one word.", "what is a cat?"]
+from helpers import DISTILL_PROMPTS, make_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +36,7 @@ def data_file(target_dir, tmp_path_factory):
     """Four answers written by `specdec distill generate` (the CLI), then a rerun that adds nothing."""
     folder = tmp_path_factory.mktemp("data")
     prompts = folder / "prompts.txt"
-    prompts.write_text("\n".join(PROMPTS[:4]) + "\n")
+    prompts.write_text("\n".join(DISTILL_PROMPTS[:4]) + "\n")
     data = folder / "data.jsonl"
     result = invoke("distill", "generate", "--target", str(target_dir), "--prompts", str(prompts), "-o", str(data),
                     "--max-new-tokens", "24")
@@ -62,7 +60,7 @@ def test_generated_rows(data_file, target):
     from specdec_cli.texts.fingerprint import tokenizer_fingerprint
 
     rows = [json.loads(line) for line in data_file.read_text().splitlines()]
-    assert [row["prompt"] for row in rows] == PROMPTS[:4]
+    assert [row["prompt"] for row in rows] == DISTILL_PROMPTS[:4]
     for row in rows:
         assert row["fingerprint"] == tokenizer_fingerprint(target.tokenizer)
         assert row["answer_ids"] and row["prompt_ids"]
@@ -82,10 +80,10 @@ def test_generate_resumes_after_a_torn_row(data_file, target, tmp_path):
     lines = data_file.read_text().splitlines()
     data.write_text(lines[0] + "\n" + lines[1][: len(lines[1]) // 2])  # a crash in the middle of row 2
     assert len(read_rows(str(data))) == 1
-    items = [Conversation(str(number), "prompts", (text,)) for number, text in enumerate(PROMPTS[:3], start=1)]
+    items = [Conversation(str(number), "prompts", (text,)) for number, text in enumerate(DISTILL_PROMPTS[:3], start=1)]
     summary = generate_data(target.model, target.tokenizer, "tiny", items, str(data), max_new_tokens=24)
     assert (summary.written, summary.skipped, summary.rows) == (2, 1, 3)
-    assert [row["prompt"] for row in read_rows(str(data))] == PROMPTS[:3]
+    assert [row["prompt"] for row in read_rows(str(data))] == DISTILL_PROMPTS[:3]
 
 
 def test_train_evaluate_and_use_the_draft(data_file, target, target_dir, tmp_path):
@@ -172,7 +170,7 @@ def test_kd_config_init_and_small_head(data_file, target, tmp_path):
     assert config["hidden_size"] == 32 and config["vocab_size"] == TINY_VOCAB
     meta = json.loads((out / "specdec_draft.json").read_text())
     assert len(meta["head_tokens"]) == 24 and TINY_EOS in meta["head_tokens"]
-    prompts = tokenized(target.tokenizer, [Conversation("5", "prompts", (PROMPTS[4],))])
+    prompts = tokenized(target.tokenizer, [Conversation("5", "prompts", (DISTILL_PROMPTS[4],))])
     evaluation = evaluate_draft(target.model, target.tokenizer, "t", str(out), prompts, max_new_tokens=12)
     assert evaluation["settings"]["head_tokens"] == 24
     assert evaluation["before"]["positions"] == evaluation["after"]["positions"] > 0
@@ -249,7 +247,7 @@ def test_an_eagle_head_from_the_command_line_trains_resumes_and_is_evaluated(tar
     import json
 
     head, prompts = tmp_path / "head", tmp_path / "held-out.txt"
-    prompts.write_text("\n".join(PROMPTS[4:]) + "\n")
+    prompts.write_text("\n".join(DISTILL_PROMPTS[4:]) + "\n")
     train = ("distill", "train", "--kind", "eagle", "--data", str(data_file), "-o", str(head), "--steps", "6",
              "--holdout", "0.25")
     result = invoke(*train)
@@ -280,7 +278,7 @@ def test_an_eagle3_head_from_the_command_line_is_written_in_the_published_layout
     from transformers import AutoConfig
 
     head, prompts = tmp_path / "head3", tmp_path / "held-out.txt"
-    prompts.write_text("\n".join(PROMPTS[4:]) + "\n")
+    prompts.write_text("\n".join(DISTILL_PROMPTS[4:]) + "\n")
     train = ("distill", "train", "--kind", "eagle3", "--data", str(data_file), "-o", str(head), "--steps", "6",
              "--holdout", "0.25", "--draft-vocab", "48")
     result = invoke(*train)
@@ -306,7 +304,7 @@ def test_an_eagle3_head_from_the_command_line_is_written_in_the_published_layout
     assert evaluated.returncode == 0, evaluated.stderr
     evaluation = json.loads(evaluated.stdout)
     assert set(evaluation) >= {"before", "after", "after_chain"} and evaluation["prompts"] == 1
-    for prompt in PROMPTS:
+    for prompt in DISTILL_PROMPTS:
         compared = invoke("chat", "--target", str(target_dir), "-p", prompt, "-n", "16", "--drafter", "eagle",
                           "--draft-model", str(head), "--compare", "--json")
         assert compared.returncode == 0, compared.stderr
@@ -399,7 +397,7 @@ def test_an_interrupted_evaluation_of_the_pipeline_says_the_draft_is_kept(target
 
     monkeypatch.setattr(evaluate, "evaluate_draft", interrupted)
     prompts = tmp_path / "prompts.txt"
-    prompts.write_text("\n".join(PROMPTS[:2]) + "\n")
+    prompts.write_text("\n".join(DISTILL_PROMPTS[:2]) + "\n")
     out = tmp_path / "draft"
     result = invoke("distill", "--target", str(target_dir), "-o", str(out), "--prompts", str(prompts),
                     "--eval-prompts", str(prompts), "--max-new-tokens", "8", "--layers", "1", "--steps", "2",

@@ -15,7 +15,7 @@ import pytest
 from conftest import HANG_GUARD, CliResult, cli_env, invoke
 from helpers import make_char_tokenizer_dir
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 
 
 def specdec(*args: str, cwd: Path, stdin: str = "") -> CliResult:

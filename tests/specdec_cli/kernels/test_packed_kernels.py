@@ -175,7 +175,7 @@ def test_the_c_repacking_of_a_gguf_tensor_is_its_fields_packed(type_name):
     """kernels.repack_gguf (C, at load) and pack_fields(gguf_decode.gguf_fields(...)) (torch, the readable reference)
     write the same bytes, for gguf-quantised and random blocks, with a part group of rows."""
     import numpy as np
-    from test_quant import _gguf_bytes
+    from helpers import gguf_bytes as _gguf_bytes
 
     from specdec_cli.target_model.gguf import gguf_decode
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_one_line_error, char_level_tokenizer, invoke, make_char_tokenizer
+from helpers import not_a_file
 
 from specdec_cli.errors import SpecdecError
 
@@ -287,20 +288,12 @@ def test_a_read_only_home_with_a_healthy_cache_still_answers(tmp_path):
 # -- JSON files specdec keeps: never a FIFO read, a device read without end, or a huge file ---------------------------
 
 
-def _not_a_file(path: Path, kind: str) -> None:
-    """Put a FIFO, or a symbolic link to /dev/zero (a device that reads without end), at `path`."""
-    if kind == "fifo":
-        os.mkfifo(path)
-    else:
-        path.symlink_to("/dev/zero")
-
-
 @pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
 def test_a_json_file_that_is_not_a_regular_file_is_refused_unread(tmp_path, kind, hang_guard):
     from specdec_cli.files import read_json, read_json_bounded
 
     path = tmp_path / "record.json"
-    _not_a_file(path, kind)
+    not_a_file(path, kind)
     with pytest.raises(ValueError, match=f"{'a FIFO' if kind == 'fifo' else 'a device'}, not a regular file"):
         read_json_bounded(path)
     assert read_json(path) == {}
@@ -334,29 +327,29 @@ def test_every_json_file_of_the_home_and_caches_that_is_not_a_file_is_a_damaged_
 
         path = dtype_choice._path("key")
         path.parent.mkdir(parents=True)
-        _not_a_file(path, kind)
+        not_a_file(path, kind)
         assert dtype_choice._read("key", ("float32",)) is None
     elif reader == "stored config":
         from specdec_cli.target_model.in_place import stored
 
-        _not_a_file(tmp_path / stored.STORED_FILE, kind)
+        not_a_file(tmp_path / stored.STORED_FILE, kind)
         assert stored.read_document(tmp_path) is None
     elif reader == "tokenizer config":
         from specdec_cli.target_model.in_place.native_tokenizer import load_native_tokenizer
 
-        _not_a_file(tmp_path / "tokenizer_config.json", kind)
+        not_a_file(tmp_path / "tokenizer_config.json", kind)
         assert load_native_tokenizer(tmp_path) is None
     elif reader == "conversion marker":
         from specdec_cli.target_model.load.converted import CONVERTED_MARKER, converted_damage
 
-        _not_a_file(tmp_path / CONVERTED_MARKER, kind)
+        not_a_file(tmp_path / CONVERTED_MARKER, kind)
         assert converted_damage(tmp_path) is not None
     else:
         from specdec_cli.texts.memory import Memory
 
         memory = Memory(tmp_path / "memory", "sha256:0123")
         memory.append([1, 2, 3])
-        _not_a_file(memory.directory / "1-1-3.json", kind)
+        not_a_file(memory.directory / "1-1-3.json", kind)
         recalled = memory.recall()
         assert recalled.answers == [[1, 2, 3]]
         assert recalled.skipped == [f"1-1-3.json: {'a FIFO' if kind == 'fifo' else 'a device'}, not a regular file"]

@@ -352,7 +352,7 @@ def test_default_tokenizer_index(tmp_path):
     from specdec_cli.target_model.load.models import load_tokenizer
 
     tokenizer = load_tokenizer()
-    corpora = Path(__file__).resolve().parent.parent / "corpora"
+    corpora = Path(__file__).resolve().parents[3] / "corpora"
     output = tmp_path / "default.sam"
     inputs = [str(corpora / "python_answers.jsonl"), str(corpora / "prose")]
     summary = build_index(inputs, output, tokenizer, target_name="default")

@@ -1,8 +1,8 @@
 """specdec inside vLLM, end to end: the proposers' greedy output and `specdec serve` with the `openai` client.
 
 These run only where vLLM is installed (`make install-vllm`, then `.venv-vllm/bin/python -m pytest
-tests/test_vllm.py`); elsewhere they are skipped with one line. Each starts vLLM on the default model in
-float32 (a minute or two on 2 cores).
+tests/specdec_cli/vllm/test_vllm.py`); elsewhere they are skipped with one line. Each starts vLLM on the default
+model in float32 (a minute or two on 2 cores).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def test_a_specdec_proposer_leaves_vllm_greedy_output_unchanged(target, prompt_i
 
 def specdec(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "specdec_cli", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])})
 
 
 def test_bench_runs_plain_vllm_its_ngram_and_a_specdec_proposer_on_the_same_prompts(tmp_path):
@@ -136,7 +136,7 @@ def served_answers(port: int, drafter: str) -> list[str]:
     server = subprocess.Popen([sys.executable, "-m", "specdec_cli", "serve", "--engine", "vllm", "--drafter", drafter,
                                "--port", str(port),
                                "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager"],
-                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])})
     try:
         wait_for(port, server)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
@@ -165,7 +165,7 @@ def test_serve_with_an_api_key_refuses_requests_without_it(through):
     """--api-key (or VLLM_API_KEY, which keeps the key out of `ps`): a request without the key, or with another, is
     refused (401); with it, answered."""
     key, port = "s3cret-key", 8473 if through == "flag" else 8474
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])}
     args = ["--api-key", key] if through == "flag" else []
     if through == "environment":
         env["VLLM_API_KEY"] = key

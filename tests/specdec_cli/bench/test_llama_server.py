@@ -1,7 +1,7 @@
 """`specdec bench --reference llama-server` (llama.cpp's own server binary) and `--reference http://HOST:PORT`.
 
-Without the binary: a fake server (tests/fake_llama_server.py) in llama.cpp's response shapes, on a thread of
-this process (the URL path) or started as a program through --llama-server (the binary path). With
+Without the binary: a fake server (tests/specdec_cli/bench/fake_llama_server.py) in llama.cpp's response shapes, on
+a thread of this process (the URL path) or started as a program through --llama-server (the binary path). With
 `llama-server` on PATH, one test runs the real binary on the default model.
 """
 

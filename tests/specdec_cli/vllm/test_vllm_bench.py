@@ -1,6 +1,6 @@
 """`bench --engine vllm` and `distill generate --engine vllm` without vLLM: method lists, the rows computed from
 vLLM's answers and counters, the child's protocol, rows written from streamed answers, and the one-line errors.
-tests/test_vllm.py runs them in vLLM."""
+tests/specdec_cli/vllm/test_vllm.py runs them in vLLM."""
 
 from __future__ import annotations
 

@@ -303,7 +303,7 @@ def test_log_probabilities_are_plain_decodings_whole_or_streamed_with_or_without
                                                   top_logprobs=3, **extra)
 
         drafted, plain = chat(), chat(0)
-        assert drafted.model_extra["timings"]["draft_n"] > 0  # verified with drafts (tests/test_logprobs.py: accepted)
+        assert drafted.model_extra["timings"]["draft_n"] > 0  # verified with drafts (test_logprobs.py: accepted)
         entries = drafted.choices[0].logprobs.content
         specials = set(session.tokenizer.all_special_tokens)  # named in `token`, absent from the answer's text
         assert "".join(entry.token for entry in entries if entry.token not in specials) == \

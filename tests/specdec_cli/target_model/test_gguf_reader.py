@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "specdec_cli"
+PACKAGE = Path(__file__).resolve().parents[3] / "specdec_cli"
 READER = "target_model/gguf/gguf_file.py"
 # gguf-py's reader, or a header parsed by hand (the magic, read or compared)
 PARSING = re.compile(r"GGUFReader|gguf_reader|b[\"']GGUF[\"']|[\"']GGUF[\"']\.encode")

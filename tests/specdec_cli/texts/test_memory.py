@@ -57,7 +57,7 @@ def test_two_writers_at_once_lose_nothing(tmp_path):
     script = ("import sys; from specdec_cli.texts.memory import Memory\n"
               "memory = Memory(sys.argv[1], 'tiny-fingerprint')\n"
               "for index in range(60): memory.append([int(sys.argv[2]), index])\n")
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[3])
     writers = [subprocess.Popen([sys.executable, "-c", script, str(directory), str(writer)], cwd=root)
                for writer in (1, 2)]
     assert all(writer.wait(timeout=HANG_GUARD) == 0 for writer in writers)

@@ -14,8 +14,8 @@ import warnings
 import pytest
 import torch
 from helpers import PROMPTS, split_logits, write_family_gguf
+from helpers import not_a_file as _not_a_file
 from test_gguf_in_place import _source
-from test_hostile_files import _not_a_file
 
 from specdec_cli import kernels
 from specdec_cli.target_model.in_place import gguf_check

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import _tiny
+from helpers import gguf_bytes as _gguf_bytes
 
 from specdec_cli import kernels
 from specdec_cli.target_model.gguf import gguf_decode
@@ -18,30 +19,6 @@ from specdec_cli.target_model.native import quant
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
 
 GGUF_TYPES = sorted([*gguf_decode.GGUF_BLOCKS, *gguf_decode.GGUF_FLOATS])
-QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "F16", "BF16", "F32")  # gguf.quants.quantize makes these
-# where each type keeps its float16 scales: byte offsets in a block
-F16_AT = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,),
-          "IQ4_XS": (0,)}
-
-
-def _gguf_bytes(type_name: str, out_features: int, in_features: int, seed: int = 0) -> np.ndarray:
-    """A GGUF tensor's bytes: quantised by gguf itself where it can, otherwise random bytes with small finite
-    float16 scales where the format keeps them."""
-    import gguf
-
-    rng = np.random.default_rng(seed)
-    qtype = getattr(gguf.GGMLQuantizationType, type_name)
-    if type_name in QUANTIZABLE:
-        weights = rng.standard_normal((out_features, in_features)).astype(np.float32) * 0.1
-        return np.asarray(gguf.quants.quantize(weights, qtype)).view(np.uint8).reshape(out_features, -1)
-    size, per = gguf_decode.GGUF_BLOCKS[type_name]
-    raw = rng.integers(0, 256, (out_features, in_features // per, size), dtype=np.uint8)
-    for at in F16_AT[type_name]:
-        scales = (rng.random((out_features, in_features // per)) * 0.01).astype(np.float16)
-        raw[..., at : at + 2] = scales.view(np.uint8).reshape(out_features, in_features // per, 2)
-    return raw.reshape(out_features, -1)
-
-
 def _dequantized(type_name: str, raw: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     import gguf
 

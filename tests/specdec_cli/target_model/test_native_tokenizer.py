@@ -17,8 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import family_model, qwen_coder_gguf, write_family_gguf
-from test_distill import PROMPTS as DISTILL_PROMPTS
+from helpers import DISTILL_PROMPTS, family_model, qwen_coder_gguf, write_family_gguf
 from test_real_model import PROMPTS as REAL_PROMPTS
 
 from specdec_cli.target_model.gguf.gguf_file import open_gguf
@@ -28,9 +27,9 @@ from specdec_cli.texts.chat_template import render_template
 
 PROMPTS = REAL_PROMPTS + DISTILL_PROMPTS  # the test suite's text prompts
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 QWEN = qwen_coder_gguf()  # (helpers.py: $SPECDEC_TEST_QWEN_GGUF or the fetch script's place)
-SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared/datasets/spec_bench/question.jsonl"
+SPEC_BENCH = Path(__file__).resolve().parents[4] / "shared/datasets/spec_bench/question.jsonl"
 TEXTS = [
     "", " ", "  ", "\n", "\n\n\t", "hello", " hello", "Hello, world!", "x" * 300, "a  b   c\t\td",
     "naïve café façade — “quotes” ‘single’ … ½ € ¥ ©", "日本語のテキスト、中文文本。한국어 텍스트",
