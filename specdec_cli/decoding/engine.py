@@ -23,7 +23,7 @@ import torch
 from ..errors import SpecdecError
 from ..target_model.load.forward_choice import choose_forward
 from ..target_model.verify.check_outcome import CheckOutcome
-from ..target_model.verify.forward import VerifyForward
+from ..target_model.verify.forward import ManyForward, VerifyForward
 from ..target_model.verify.rollback import keep_accepted
 from ..target_model.verify.tree_check import check_trees
 from .cost_curve import CostCurve
@@ -37,10 +37,10 @@ from .prompt_cache import PromptCache
 from .sampling import sample, warp_probs
 from .stats import GenerationStats, summarize
 from .step_parts import SCORED_TOPK, first_branch, pad_block, read_back, trim
+from .stop_strings import find_stop
 from .verify import greedy_accept, greedy_accept_tree, speculative_accept, speculative_accept_tree
 
 EventCallback = Callable[[StepEvent], None]
-STOP_MARGIN = 16  # characters of earlier text decoded beyond the longest stop string (split characters, spaces)
 
 
 @dataclass
@@ -54,8 +54,8 @@ class Generation:
 
 
 @dataclass
-class _Run:
-    """One generation's state, as the loop's stages read and change it."""
+class Run:
+    """One generation's state, as the loop's stages read and change it (Engine.start makes one)."""
 
     config: GenerationConfig
     drafter: Drafter
@@ -69,6 +69,7 @@ class _Run:
     generator: Optional[torch.Generator]
     eos: set[int]
     started: float
+    prompt_cache: Optional[PromptCache] = None  # keeps the entries when the generation closes
     events: list[StepEvent] = field(default_factory=list)
     new_tokens: list[int] = field(default_factory=list)
     finish: Optional[FinishReason] = None
@@ -119,6 +120,17 @@ class Engine:
     ) -> Generation:
         """Generate after `prompt_ids`. With a `prompt_cache`, the prompt's first tokens that the cache holds are
         not computed again, and the cache keeps this generation's entries when it finishes (prompt_cache.py)."""
+        run = self.start(prompt_ids, drafter, config, on_event, prompt_cache)
+        while run.finish is None:
+            self.step(run)
+        return self.close(run)
+
+    @torch.inference_mode()
+    def start(self, prompt_ids: Sequence[int], drafter: Drafter, config: GenerationConfig,
+              on_event: Optional[EventCallback] = None, prompt_cache: Optional[PromptCache] = None) -> "Run":
+        """A generation begun: the settings checked, the prompt computed (what the prompt cache does not hold) and
+        the first new token chosen and committed. `step` goes on from here, `close` ends it (batch.py runs several
+        side by side)."""
         run = self._open(prompt_ids, drafter, config, on_event, prompt_cache)
         needs = drafter.needs  # what the drafter reads beyond tokens: computed for it alone
         # Prefill: the prompt (what the cache does not hold yet); its last logits give the first new token.
@@ -130,38 +142,76 @@ class Engine:
         run.emit(StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=committed,
                            verify_seconds=run.ttft, prompt_tokens=tuple(prompt_ids), settings=run.config,
                            finished=run.finish, features=features, logprobs=run.logprobs(logits[-1:], committed)))
+        return run
 
-        while run.finish is None:
-            # 1. Draft: the drafter guesses up to a budget of tokens (chain) or nodes (tree) after the context;
-            #    the planner keeps the part worth verifying and picks the forward's row count.
-            t0 = time.perf_counter()
-            draft, rows = self._draft(run)
-            t1 = time.perf_counter()
-            # 2. Verify: score the newest committed token and every kept node in one forward (plus padding rows
-            #    when a bigger forward is cheaper on this machine; their outputs and cache entries are dropped).
+    @torch.inference_mode()
+    def step(self, run: "Run") -> None:
+        """One step of a generation: draft, verify in one forward, accept, commit."""
+        needs = run.drafter.needs
+        # 1. Draft: the drafter guesses up to a budget of tokens (chain) or nodes (tree) after the context;
+        #    the planner keeps the part worth verifying and picks the forward's row count.
+        t0 = time.perf_counter()
+        draft, rows = self._draft(run)
+        t1 = time.perf_counter()
+        # 2. Verify: score the newest committed token and every kept node in one forward (plus padding rows
+        #    when a bigger forward is cheaper on this machine; their outputs and cache entries are dropped).
+        past = len(run.context) - 1
+        block, parents = pad_block([run.context[-1], *draft.tokens], draft.parents, rows)
+        raw, features = self.forward(block, run.cache, past, tree=parents, features=needs.features,
+                                     feature_layers=needs.feature_layers)  # [rows, vocab], [rows, .] or None
+        # 3. Accept: the longest acceptable path, then the target's own token after it.
+        path, target_token, topk = self._accept_step(run, draft, raw[: len(draft) + 1])  # rows [k+1, vocab]
+        # 4. Commit the accepted drafts + the correction/bonus token; roll the cache back to match.
+        committed = self._commit(run, [*(draft.tokens[node] for node in path), target_token])
+        keep_accepted(run.cache, past, path, draft.is_chain, len(run.context) - 1)
+        t2 = time.perf_counter()
+        if run.config.cost_aware:
+            self.planner.record(draft, len(path), len(committed), rows, t2 - t1, t1 - t0)
+        run.emit(StepEvent(kind="step", draft=draft, committed=committed, accepted_path=path,
+                           draft_seconds=t1 - t0, verify_seconds=t2 - t1, finished=run.finish, scored_topk=topk,
+                           verify_rows=rows, logprobs=run.logprobs(raw[choosing_rows(path)], committed),
+                           features=None if features is None else features[choosing_rows(path)]))
+
+    @torch.inference_mode()
+    def step_many(self, runs: Sequence["Run"]) -> None:
+        """One step of several generations in one forward (batch.py): each drafts a chain within its share of the
+        forward's row-invariant rows, every sequence's block is scored after its own cache (`ManyForward.many`:
+        each row's bits are those of its block alone), and each accepts and commits on its own. So every answer
+        is the one it would be alone (greedy: plain decoding's). The step's time is shared: the planner learns
+        acceptance from it, not the cost curve."""
+        forward = self.forward
+        if len(runs) == 1 or not isinstance(forward, ManyForward) or not forward.rows or \
+                any(run.drafter.needs.feature_layers for run in runs):
+            for run in runs:  # one at a time: the forward cannot score several sequences, or a drafter reads layers
+                self.step(run)
+            return
+        share = forward.rows // len(runs) - 1  # draft tokens each sequence may verify
+        # 1. Draft: each sequence's chain, within its share.
+        t0 = time.perf_counter()
+        drafts = [self._draft(run, share)[0] for run in runs]
+        t1 = time.perf_counter()
+        # 2. Verify: every sequence's newest token and chain, each after its own cache, in one forward.
+        scores = forward.many([([run.context[-1], *draft.tokens], run.cache, len(run.context) - 1)
+                               for run, draft in zip(runs, drafts)])
+        verified = time.perf_counter() - t1
+        for run, draft, score in zip(runs, drafts, scores):
+            # 3. Accept and 4. commit, per sequence; its cache rolled back to its accepted tokens.
             past = len(run.context) - 1
-            block, parents = pad_block([run.context[-1], *draft.tokens], draft.parents, rows)
-            raw, features = self.forward(block, run.cache, past, tree=parents, features=needs.features,
-                                         feature_layers=needs.feature_layers)  # [rows, vocab], [rows, .] or None
-            raw = raw[: len(draft) + 1]  # [k+1, vocab]
-            # 3. Accept: the longest acceptable path, then the target's own token after it.
-            path, target_token, topk = self._accept_step(run, draft, raw)
-            # 4. Commit the accepted drafts + the correction/bonus token; roll the cache back to match.
+            path, target_token, topk = self._accept_step(run, draft, score.logits)
             committed = self._commit(run, [*(draft.tokens[node] for node in path), target_token])
-            keep_accepted(run.cache, past, path, draft.is_chain, len(run.context) - 1)
-            t2 = time.perf_counter()
-            if run.config.cost_aware:
-                self.planner.record(draft, len(path), len(committed), rows, t2 - t1, t1 - t0)
+            keep_accepted(run.cache, past, path, True, len(run.context) - 1)
+            self.planner.learn(draft, len(path))
+            features = None if score.features is None or not run.drafter.needs.features else \
+                score.features[choosing_rows(path)]
             run.emit(StepEvent(kind="step", draft=draft, committed=committed, accepted_path=path,
-                               draft_seconds=t1 - t0, verify_seconds=t2 - t1, finished=run.finish, scored_topk=topk,
-                               verify_rows=rows, logprobs=run.logprobs(raw[choosing_rows(path)], committed),
-                               features=None if features is None else features[choosing_rows(path)]))
-        return self._close(run, prompt_cache)
+                               draft_seconds=(t1 - t0) / len(runs), verify_seconds=verified / len(runs),
+                               finished=run.finish, scored_topk=topk, verify_rows=len(draft) + 1, features=features,
+                               logprobs=run.logprobs(score.logits[choosing_rows(path)], committed)))
 
     # -- the loop's stages ---------------------------------------------------------------------------------
 
     def _open(self, prompt_ids: Sequence[int], drafter: Drafter, config: GenerationConfig,
-              on_event: Optional[EventCallback], prompt_cache: Optional[PromptCache]) -> "_Run":
+              on_event: Optional[EventCallback], prompt_cache: Optional[PromptCache]) -> "Run":
         """A generation's state: the settings checked, the forward prepared, the cache (from the prompt cache
         where it holds the prompt's beginning), the grammar's matcher."""
         config, limit = self._checked(prompt_ids, config)
@@ -175,13 +225,16 @@ class Engine:
             cache = cache if held is None else held
         constraint = None if config.grammar is None else Constraint(config.grammar, self.tokenizer,
                                                                     config.eos_token_ids)
-        return _Run(config, drafter, on_event, limit, max_rows, list(prompt_ids), cache, cached, constraint,
-                    generator_for(config), set(config.eos_token_ids), time.perf_counter())
+        return Run(config, drafter, on_event, limit, max_rows, list(prompt_ids), cache, cached, constraint,
+                   generator_for(config), set(config.eos_token_ids), time.perf_counter(), prompt_cache)
 
-    def _draft(self, run: "_Run") -> tuple[Draft, int]:
-        """This step's draft, cut to what is verified, and the verify forward's rows."""
+    def _draft(self, run: "Run", most: Optional[int] = None) -> tuple[Draft, int]:
+        """This step's draft, cut to what is verified, and the verify forward's rows; `most`: a batched step's
+        share (a chain of at most that many tokens)."""
         config = run.config
         budget = min(config.budget, config.max_new_tokens - len(run.new_tokens) - 1)
+        if most is not None:
+            budget = min(budget, most)
         if self.forward.max_block is not None:  # a forward with a fixed block size (the device engine's)
             budget = min(budget, self.forward.max_block - 1)
         asked = budget  # the planner's one call on whether drafting pays, and how much (planner.py)
@@ -191,11 +244,13 @@ class Engine:
         draft = run.drafter.propose(run.context, asked) if asked > 0 else Draft.empty(run.drafter.name)
         self.planner.observe_drafting(draft.source, len(draft), time.perf_counter() - started)
         draft, plan = self._plan(draft, budget, config, run.constraint)
+        if most is not None:
+            return trim(draft if draft.is_chain else first_branch(draft), most), len(draft) + 1
         past = len(run.context) - 1
         rows = plan.rows if run.limit is None else min(plan.rows, run.limit - past)  # padding inside the context
         return draft, rows if run.max_rows is None else min(rows, run.max_rows)  # and the row-invariant sizes
 
-    def _accept_step(self, run: "_Run", draft: Draft,
+    def _accept_step(self, run: "Run", draft: Draft,
                      raw: torch.Tensor) -> tuple[list[int], int, Optional[list[list[int]]]]:
         """(accepted node indices, the target's own token, the rows' top tokens where the drafter reads them)
         from the verified rows' logits `raw` [k+1, vocab]. Greedy, what the step reads back from the target's
@@ -211,13 +266,14 @@ class Engine:
             topk = torch.topk(logits, min(SCORED_TOPK, logits.shape[-1]), dim=-1).indices.tolist()  # [k+1, 8]
         return path, target_token, topk
 
-    def _close(self, run: "_Run", prompt_cache: Optional[PromptCache]) -> Generation:
+    def close(self, run: "Run") -> Generation:
+        """The generation's result; the prompt cache (where it had one) keeps its entries."""
         wall = time.perf_counter() - run.started
         if self.planner.has_curve:  # what this engine's steps taught the curve: the next session's start
             self.curves.keep(self.planner.curve)
         stats = summarize(run.events, wall_seconds=wall, ttft_seconds=run.ttft)
-        if prompt_cache is not None and not self.forward.static_cache:
-            prompt_cache.keep(run.cache, run.context[:-1])  # the invariant: every committed token but the newest
+        if run.prompt_cache is not None and not self.forward.static_cache:
+            run.prompt_cache.keep(run.cache, run.context[:-1])  # the invariant: every committed token but the newest
         return Generation(run.new_tokens, run.finish or "length", stats, run.events, run.text_end, run.cached)
 
     def _checked(self, prompt_ids: Sequence[int], config: GenerationConfig) -> tuple[GenerationConfig, Optional[int]]:
@@ -271,7 +327,7 @@ class Engine:
         accepted, target_token = speculative_accept(draft.tokens, p_target, p_draft, generator)
         return list(range(accepted)), target_token
 
-    def _commit(self, run: "_Run", tokens: list[int]) -> list[int]:
+    def _commit(self, run: "Run", tokens: list[int]) -> list[int]:
         """Append tokens, cutting at EOS, at the token budget or at a stop string (and advance the grammar); the
         tokens committed. Sets the run's finish reason, and the text length before a stop string."""
         committed: list[int] = []
@@ -284,7 +340,7 @@ class Engine:
                 run.finish = "length"
                 break
         if run.config.stop:
-            keep, text_end = self._find_stop(run.new_tokens, committed, run.config.stop)
+            keep, text_end = find_stop(self.tokenizer, run.new_tokens, committed, run.config.stop)
             if text_end is not None:
                 committed, run.finish, run.text_end = committed[:keep], "stop", text_end
         run.context.extend(committed)
@@ -292,36 +348,6 @@ class Engine:
         if run.constraint is not None:
             run.constraint.commit(committed)
         return committed
-
-    def _find_stop(self, before: list[int], committed: list[int], stops: Sequence[str]) -> tuple[int, Optional[int]]:
-        """Where the first stop string begins in the decoded output, and how many committed tokens reach it.
-
-        A step decodes only a tail window: the committed tokens after enough of the earlier ones to hold any stop
-        string that began before them (and a margin for characters split across tokens). Only when a stop string
-        shows there is the whole output decoded, once, to place it exactly."""
-        if not self._stop_in_tail(before, committed, stops):
-            return len(committed), None
-        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-        text = decode(before + committed)
-        hits = [text.find(stop) for stop in stops if stop and stop in text]
-        if not hits:
-            return len(committed), None
-        cut = min(hits)
-        for keep in range(len(committed) + 1):  # the shortest prefix whose text reaches past the stop's start
-            if len(decode(before + committed[:keep])) > cut:
-                return keep, cut
-        return len(committed), cut
-
-    def _stop_in_tail(self, before: list[int], committed: list[int], stops: Sequence[str]) -> bool:
-        """Whether a stop string shows in the text of the committed tokens after a tail of the earlier ones that
-        decodes to at least the longest stop string plus STOP_MARGIN characters (or all of them)."""
-        wanted = max(len(stop) for stop in stops) + STOP_MARGIN
-        count = min(len(before), wanted)  # tokens of the tail; most decode to a character or more
-        while count < len(before) and len(self.tokenizer.decode(before[-count:], skip_special_tokens=True)) < wanted:
-            count = min(len(before), 2 * count)
-        tail = before[len(before) - count :]
-        text = self.tokenizer.decode(tail + committed, skip_special_tokens=True)
-        return any(stop and stop in text for stop in stops)
 
     # -- set-up the loop relies on, each in its own room ---------------------------------------------------
 

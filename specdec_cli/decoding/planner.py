@@ -399,6 +399,18 @@ class DraftPlanner:
         above = [size for size in self.curve.seconds if size >= budget + 1]
         return min(above) if above else budget + 1
 
+    def learn(self, draft: "Draft", accepted: int) -> None:
+        """How far the target followed a verified draft: what the acceptance memory learns from a step, also from
+        a batched step (batch.py), whose time is shared and so teaches the cost curve nothing."""
+        if not len(draft):
+            return
+        if draft.confidence is not None:
+            self.calibration.record(draft.source, draft.confidence, accepted)
+        elif draft.is_chain:
+            self.acceptance.record(self.acceptance.key(draft.source, draft.match_len), len(draft), accepted)
+        else:
+            self.acceptance.record_tree(draft.source, len(draft), accepted)
+
     def record(self, draft: "Draft", accepted: int, committed: int, rows: int, verify_seconds: float,
                draft_seconds: float) -> None:
         """What the step did: `draft` is what was verified (already trimmed) in a forward of `rows` rows."""
@@ -410,11 +422,6 @@ class DraftPlanner:
             if rows == 1:
                 self.rates.record_plain(verify_seconds if curve.learn else curve(1))
             return
-        if draft.confidence is not None:
-            self.calibration.record(draft.source, draft.confidence, accepted)
-        elif draft.is_chain:
-            self.acceptance.record(self.acceptance.key(draft.source, draft.match_len), len(draft), accepted)
-        else:
-            self.acceptance.record_tree(draft.source, len(draft), accepted)
+        self.learn(draft, accepted)
         seconds = verify_seconds + draft_seconds if curve.learn else curve(rows)  # fixed curve: modelled time
         self.rates.record(draft.source, committed, seconds)

@@ -12,6 +12,7 @@ from specdec_cli.decoding.cost_curve import CostCurve
 from specdec_cli.decoding.draft import NOTHING, Draft
 from specdec_cli.decoding.engine import Engine, GenerationConfig
 from specdec_cli.decoding.planner import DraftPlanner
+from specdec_cli.decoding.stop_strings import find_stop
 from specdec_cli.drafters.none import NoDrafter
 from specdec_cli.drafters.pld import PromptLookupDrafter, find_latest_match
 
@@ -232,26 +233,22 @@ def _whole_text_stop(tokenizer, before, committed, stops):
 def test_stop_strings_found_on_a_tail_are_placed_as_the_whole_text_places_them(seed):
     rng = random.Random(seed)
     tokenizer = _ByteTokenizer()
-    engine = Engine.__new__(Engine)  # only the stop search: no model
-    engine.tokenizer = tokenizer
     vocab = len(tokenizer.pieces)
     for _ in range(60):
         stops = rng.choice([("</s>",), ("STOP", "ba b"), ("é",), ("😀",), ("\n\n", "yzx"), ("a" * 30,)])
         before, found = [], (0, None)
         while found[1] is None and len(before) < 300:  # an answer grown step by step until a stop shows
             committed = [rng.choice([rng.randrange(vocab), _ByteTokenizer.SPECIAL]) for _ in range(rng.randint(1, 6))]
-            found = engine._find_stop(before, committed, stops)
+            found = find_stop(tokenizer, before, committed, stops)
             assert found == _whole_text_stop(tokenizer, before, committed, stops), (stops, before, committed)
             before += committed[: found[0]]
 
 
 def test_stop_search_decodes_a_window_per_step_not_the_whole_answer():
     tokenizer = _ByteTokenizer()
-    engine = Engine.__new__(Engine)
-    engine.tokenizer = tokenizer
     before = []
     for _ in range(2000):
-        engine._find_stop(before, [0, 2], ("</s>",))  # "a a a ...": never a stop
+        find_stop(tokenizer, before, [0, 2], ("</s>",))  # "a a a ...": never a stop
         before += [0, 2]
     assert tokenizer.decoded < 100 * 2000  # a whole decode per step would be ~4,000,000 ids
 

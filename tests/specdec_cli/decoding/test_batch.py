@@ -1,0 +1,129 @@
+"""Several generations in one forward (decoding/batch.py, Engine.step_many): every answer token-identical to the
+same request run alone, with every drafter, whatever joins and leaves at which step; sampled answers too where
+the draws do not depend on drafts; a dropped generation changes no other's answer; one sequence's cache filled
+with NaN reaches no other's. Tiny block models of two families (plain GQA, sliding windows) on the native
+decoder, which scores several sequences at once."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import fixed_engine
+from helpers import EOS, family_model
+
+from specdec_cli import kernels
+from specdec_cli.decoding.batch import Batch
+from specdec_cli.decoding.engine import GenerationConfig
+from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
+from specdec_cli.target_model.load import converted_blocks
+from specdec_cli.target_model.native import quant
+from specdec_cli.target_model.verify.exact_setup import NativeForward
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
+
+VOCAB = 64
+DRAFTERS = ["none", "pld", "sam", "aded", "recycle", "sam+aded"]
+# repetitive prompts, so that retrieval drafters have something to draft
+PROMPTS = [[1, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11], [1, 5, 6, 7, 8, 5, 6, 7, 8, 5], [1, 20, 21, 20, 21, 20],
+           [1, 30, 31, 32, 33, 34, 35, 30, 31, 32], [1, 40], [1, 9, 9, 9, 9, 9, 9, 9], [1, 15, 16, 17, 15, 16]]
+# (step at which it joins, prompt index): two at the start, the others joining while earlier ones run
+SCHEDULE = [(0, 0), (0, 1), (2, 2), (3, 3), (3, 4), (7, 5), (12, 6)]
+
+
+@pytest.fixture(scope="module", params=[("llama", "int4"), ("gemma2", "int8")], ids=["llama", "gemma2"])
+def block_model(request):
+    family, mode = request.param
+    model = family_model(family, seed=11)
+    quant.install_blocks(model, converted_blocks.plan_blocks(model, mode, None))
+    return model
+
+
+def _config(**settings) -> GenerationConfig:
+    return GenerationConfig(**{"max_new_tokens": 40, "eos_token_ids": (EOS,), "draft_max": 6, **settings})
+
+
+def _drafter(name: str):
+    return make_drafter(name, DrafterOptions(), TargetInfo(VOCAB, (EOS,)))
+
+
+def _batched(engine, drafter_name: str, config: GenerationConfig, schedule=SCHEDULE, seeds=None, dropped=(),
+             poisoned=()):
+    """Run the schedule in one batch; the answers' tokens by prompt index, the widest step, the tokens drafted."""
+    batch, runs, answers, widest, drafted, step = Batch(engine), {}, {}, 0, 0, 0
+    pending = sorted(schedule)
+    while pending or len(batch):
+        while pending and pending[0][0] <= step:
+            _, index = pending.pop(0)
+            seeded = config if seeds is None else GenerationConfig(**{**config.__dict__, "seed": seeds[index]})
+            run = batch.add(PROMPTS[index], _drafter(drafter_name), seeded)
+            runs[index] = run
+            if run.finish is not None:
+                answers[index] = batch.close(run).tokens
+        for index in dropped:
+            if step == 3 and index in runs:
+                batch.drop(runs[index])
+        for index in poisoned:
+            if step == 2 and index in runs:
+                with torch.inference_mode():  # (the cache was made in inference mode, by the engine)
+                    for layer in runs[index].cache.layers:
+                        layer.key_buffer.fill_(math.nan)
+                        layer.value_buffer.fill_(math.nan)
+        widest = max(widest, len(batch))
+        for run in batch.step():
+            answers[next(index for index, held in runs.items() if held is run)] = batch.close(run).tokens
+        step += 1
+    for run in runs.values():
+        drafted += sum(len(event.draft.tokens) for event in run.events if event.kind == "step")
+    return answers, widest, drafted
+
+
+def _alone(engine, config: GenerationConfig, seeds=None):
+    return {index: engine.generate(prompt, _drafter("none"), config if seeds is None else
+                                   GenerationConfig(**{**config.__dict__, "seed": seeds[index]})).tokens
+            for index, prompt in enumerate(PROMPTS)}
+
+
+@pytest.mark.parametrize("drafter_name", DRAFTERS)
+def test_every_answer_of_a_batch_is_its_answer_alone(block_model, drafter_name):
+    engine = fixed_engine(block_model)
+    plain = _alone(engine, _config())
+    assert isinstance(engine.forward, NativeForward) and engine.forward.outcome.state == "on"
+    answers, widest, drafted = _batched(engine, drafter_name, _config())
+    assert answers == plain, drafter_name
+    assert widest >= 4  # sequences did share forwards
+    if drafter_name != "none":
+        assert drafted > 0  # drafts were verified inside batched steps
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("settings", [{"temperature": 1.0}, {"temperature": 0.8, "top_p": 0.9}])
+def test_sampled_answers_of_a_batch_are_their_answers_alone_with_their_seeds(block_model, settings):
+    """Without drafts a sampled answer's draws are the same alone or batched: the same tokens with the same seed."""
+    engine = fixed_engine(block_model)
+    seeds = [50 + index for index in range(len(PROMPTS))]
+    alone = _alone(engine, _config(**settings), seeds)
+    answers, _, _ = _batched(engine, "none", _config(**settings), seeds=seeds)
+    assert answers == alone
+    assert len({tuple(tokens) for tokens in answers.values()}) > 1
+
+
+def test_a_dropped_or_poisoned_sequence_changes_no_other_answer(block_model):
+    engine = fixed_engine(block_model)
+    plain = _alone(engine, _config())
+    answers, _, _ = _batched(engine, "sam", _config(), dropped=(1,))
+    assert 1 not in answers and all(answers[index] == plain[index] for index in answers)
+    answers, _, _ = _batched(engine, "pld", _config(), poisoned=(0,))
+    assert answers[0] != plain[0]  # the poisoned sequence went wrong...
+    assert all(answers[index] == plain[index] for index in answers if index != 0)  # ...and no other did
+
+
+def test_a_batch_of_one_and_a_forward_that_cannot_batch_step_alone(tiny_llama):
+    """transformers' modules score one sequence at a time: the batch steps its generations one by one, exactly."""
+    engine = fixed_engine(tiny_llama, exact=True)
+    assert not hasattr(engine.forward, "many")
+    plain = {index: engine.generate(prompt, _drafter("none"), _config()).tokens for index, prompt in
+             enumerate(PROMPTS[:3])}
+    answers, _, _ = _batched(engine, "pld", _config(), schedule=[(0, 0), (0, 1), (1, 2)])
+    assert answers == plain
