@@ -57,6 +57,7 @@ def serve_command(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: Optional[int] = typer.Option(None, "--port", help=f"Port to listen on (default {DEFAULT_SERVE_PORT}; {VLLM_SERVE_PORT} with --engine vllm)."),
     queue: int = typer.Option(DEFAULT_SERVE_QUEUE, "--queue", help=f"Requests that may wait behind the one being answered (at most {MAX_SERVE_QUEUE}); more are refused with 429."),
+    parallel: int = typer.Option(1, "--parallel", "-np", help="Requests answered together, their steps sharing each forward (at most 8); each answer stays exactly what it would be alone. llama-server's name."),
     max_connections: int = typer.Option(DEFAULT_SERVE_MAX_CONNECTIONS, "--max-connections", help="Connections held at once; more are answered 503 and closed."),
     timeout: float = typer.Option(DEFAULT_SERVE_TIMEOUT, "--timeout", help="Seconds a request's headers may take to arrive, and then as long for its body (slow clients are closed, 408)."),
     cors_origins: Optional[str] = typer.Option(None, "--cors-origins", help="Web origins whose pages may call the server, comma-separated (e.g. http://localhost:3000), or * for any (only on 127.0.0.1 or with a key). Default: none."),
@@ -78,7 +79,8 @@ def serve_command(
     from ..server.settings import server_settings
 
     settings = server_settings(
-        host=host, port=port, queue=queue, api_key=api_key, model_name=alias, max_connections=max_connections,
+        host=host, port=port, queue=queue, parallel=parallel, api_key=api_key, model_name=alias,
+        max_connections=max_connections,
         timeout=timeout, cors_origins=tuple(part.strip() for part in (cors_origins or "").split(",") if part.strip()),
         system=system, remember=memory, drafter=drafter, target=target, device=device, dtype=dtype,
         weights=weights, index=index, aux=aux, draft_model=draft_model, draft_min_prob=draft_min_prob,
@@ -92,7 +94,7 @@ def serve_command(
 VLLM_ONLY = ("min_match", "max_model_len", "memory_fraction")
 SPECDEC_ONLY = ("aux", "draft_model", "draft_min_prob", "max_new_tokens", "temperature", "top_p", "top_k", "seed",
                 "system", "raw", "threads", "device", "weights", "memory", "exact", "queue", "alias", "max_connections",
-                "timeout", "cors_origins")
+                "timeout", "cors_origins", "parallel")
 
 
 def _refuse_the_other_engines_flags(ctx: typer.Context, engine: str) -> None:

@@ -29,12 +29,13 @@ from starlette.routing import Route
 
 from . import page
 from .api_errors import ApiError, error_body, one_line
+from .jobs import Job
 from .llama_api import completion_body, completion_request, detokenize_body, props_body, tokenize_body
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .requests import chat_request, read_json, text_request
 from .responses import Ids, calls_chunk, chunk, completion, logprobs_body, timings, usage
 from .settings import ServerSettings
-from .worker import Job, Worker
+from .worker import Worker
 
 
 def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Starlette:

@@ -33,7 +33,7 @@ class Server:
 
         self.settings = settings
         self.model_name = settings.model_name or model_name
-        self.worker = Worker(session, settings.queue)
+        self.worker = Worker(session, settings.queue, settings.parallel)
         self.app = build_app(self.worker, settings, self.model_name)
         # log_config None: uvicorn's records go to the root logger as specdec's own do (the CLI sets its format)
         config = uvicorn.Config(self.app, host=settings.listen.host, port=settings.listen.port, log_level="warning",

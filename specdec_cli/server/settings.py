@@ -37,6 +37,7 @@ from ..session.run_settings import run_settings
 API_KEY_ENV = "SPECDEC_API_KEY"  # the key, kept out of `ps`
 MAX_BODY_BYTES = 8 * 1024 * 1024  # one request body, at most
 MAX_CONNECTIONS = 65536
+MAX_PARALLEL = 8  # requests answered together: 8 share a forward's 32 row-invariant rows, 3 draft tokens each
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class ServerSettings:
     max_connections: int = DEFAULT_SERVE_MAX_CONNECTIONS  # connections held at once; more are answered 503 and closed
     timeout: float = DEFAULT_SERVE_TIMEOUT  # seconds for a request's headers to arrive, then as long for its body
     cors_origins: tuple[str, ...] = ()  # web origins whose pages may call the server ("*": any); none by default
+    parallel: int = 1  # requests answered together, their steps in one forward (slots.py); llama-server's --parallel
 
     def check(self) -> None:
         """Everything checkable before the model loads."""
@@ -56,6 +58,9 @@ class ServerSettings:
         if not 1 <= self.queue <= MAX_SERVE_QUEUE:
             raise SpecdecError(f"queue must be in 1..{MAX_SERVE_QUEUE} (requests waiting behind the one answered), got "
                                f"{self.queue}", setting="queue")
+        if not 1 <= self.parallel <= MAX_PARALLEL:
+            raise SpecdecError(f"parallel must be in 1..{MAX_PARALLEL} (requests answered together), got "
+                               f"{self.parallel}", setting="parallel")
         if not 1 <= self.max_connections <= MAX_CONNECTIONS:
             raise SpecdecError(f"max_connections must be in 1..{MAX_CONNECTIONS}, got {self.max_connections}",
                                setting="max_connections")
@@ -96,7 +101,7 @@ def server_settings(*, queue: int = DEFAULT_SERVE_QUEUE, model_name: Optional[st
                     system: Optional[str] = None, remember: Optional[bool] = None, drafter: Optional[str] = None,
                     host: Optional[str] = None, port: Optional[int] = None, api_key: Optional[str] = None,
                     max_connections: int = DEFAULT_SERVE_MAX_CONNECTIONS, timeout: float = DEFAULT_SERVE_TIMEOUT,
-                    cors_origins: tuple[str, ...] = (), **values: Any) -> ServerSettings:
+                    cors_origins: tuple[str, ...] = (), parallel: int = 1, **values: Any) -> ServerSettings:
     """The flags as checked ServerSettings; `values` are named as the run settings' fields (run_settings.py). The
     key, when not given, is SPECDEC_API_KEY's (set but empty: refused); `remember` None: `memory_default`."""
     if api_key is None and API_KEY_ENV in os.environ:
@@ -110,6 +115,6 @@ def server_settings(*, queue: int = DEFAULT_SERVE_QUEUE, model_name: Optional[st
         remember = memory_default(listen)
     settings = ServerSettings(ChatSettings(run, system=system, remember=remember), listen, queue=queue,
                               model_name=model_name, max_connections=max_connections, timeout=timeout,
-                              cors_origins=tuple(cors_origins))
+                              cors_origins=tuple(cors_origins), parallel=parallel)
     settings.check()
     return settings

@@ -1,8 +1,7 @@
-"""The one thread that generates: requests are answered one at a time, in arrival order, from a bounded queue.
+"""The one thread that generates: requests are answered in arrival order from a bounded queue (jobs.py), one at a
+time, or `--parallel N` together (slots.py: their steps in one forward, each answer what it would be alone).
 
-`Job` is one request on its way: the checked request and its generation settings, where its messages go (an
-asyncio queue of the event loop that serves the request, fed from the worker thread), and its cancel flag. The
-worker sends a job `started` (the prompt fits: headers may go out), text pieces, then `done` with the outcome, or
+The worker sends a job `started` (the prompt fits: headers may go out), text pieces, then `done` with the outcome, or
 `error` with an `ApiError`, or `cancelled`. A client that disconnects sets the flag, and the engine's next step
 event stops the generation (within one step); a job withdrawn while it waits leaves the queue at once, so only
 clients still waiting hold places. A server that stops ends the running answer at its next step and every
@@ -17,124 +16,35 @@ when a new conversation starts, so `sam` drafts from what the server answered be
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from ..decoding.generation_config import GenerationConfig
 from ..errors import SpecdecError
 from ..texts.prompt_ids import format_prompt, with_system
-from ..texts.tool_calls import ToolCallReader, ToolFormat, template_inputs, tool_format
-from .answer_stream import AnswerStream
+from ..texts.tool_calls import ToolFormat, template_inputs, tool_format
+from .answering import Answering
 from .api_errors import ApiError, one_line
-from .logprob_stream import LogprobStream
+from .jobs import STOPPING, Cancelled, Job, WaitingJobs, stopping_error
 from .metrics import ServerMetrics
 from .requests import CompletionRequest
-from .responses import FINISH_REASONS, Outcome
-from .step_trace import StepTrace
 
 log = logging.getLogger("specdec.server")
 RECENT = 16  # answers whose durations estimate Retry-After
 
 
-class Cancelled(Exception):
-    """The client went away: the generation stops at the next step."""
-
-
-@dataclass
-class Job:
-    request: CompletionRequest
-    config: GenerationConfig
-    loop: asyncio.AbstractEventLoop
-    messages: asyncio.Queue = field(default_factory=asyncio.Queue)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-
-    def send(self, kind: str, value: Any = None) -> None:
-        """Hand a message to the request's event loop (from the worker thread)."""
-        try:
-            self.loop.call_soon_threadsafe(self.messages.put_nowait, (kind, value))
-        except RuntimeError:  # the loop is closed: the server is stopping
-            self.cancelled.set()
-
-    def cancel(self) -> None:
-        self.cancelled.set()
-
-
-STOPPING = "the server is stopping"
-
-
-def stopping_error(what: str) -> ApiError:
-    return ApiError(503, f"{STOPPING}: {what}", code="server_shutdown")
-
-
-class WaitingJobs:
-    """Jobs waiting in arrival order, at most `size` whose clients still wait (withdrawn ones leave at once)."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self._jobs: collections.deque = collections.deque()
-        self._changed = threading.Condition()
-        self._closed = False
-
-    def put(self, job: Job) -> bool:
-        """Queue `job`; False when `size` jobs wait already."""
-        with self._changed:
-            self._drop_cancelled()
-            if len(self._jobs) >= self.size:
-                return False
-            self._jobs.append(job)
-            self._changed.notify()
-            return True
-
-    def get(self) -> Optional[Job]:
-        """The next live job, waiting for one; None once closed."""
-        with self._changed:
-            while True:
-                self._drop_cancelled()
-                if self._closed:
-                    return None
-                if self._jobs:
-                    return self._jobs.popleft()
-                self._changed.wait()
-
-    def drop_cancelled(self) -> None:
-        """Jobs whose clients left: out of the queue now, their requests told (their handlers return)."""
-        with self._changed:
-            self._drop_cancelled()
-
-    def close(self) -> list[Job]:
-        """Take no more; the jobs still waiting, handed back."""
-        with self._changed:
-            self._closed = True
-            self._drop_cancelled()
-            left, self._jobs = list(self._jobs), collections.deque()
-            self._changed.notify_all()
-            return left
-
-    def __len__(self) -> int:
-        with self._changed:
-            self._drop_cancelled()
-            return len(self._jobs)
-
-    def _drop_cancelled(self) -> None:
-        for job in [job for job in self._jobs if job.cancelled.is_set()]:
-            self._jobs.remove(job)
-            job.send("cancelled")
-
-
 class Worker:
     """Serves jobs from a queue of at most `queue_size` waiting, on one thread, with one chat session."""
 
-    def __init__(self, session: Any, queue_size: int):
+    def __init__(self, session: Any, queue_size: int, parallel: int = 1):
         self.session = session
         self.jobs = WaitingJobs(queue_size)
         self.queue_size = queue_size
-        self.current: Optional[Job] = None
+        self.parallel = parallel  # requests answered together (slots.py where more than one)
+        self.running: list[Job] = []  # the jobs being answered
         self.served = 0
         self.durations: collections.deque = collections.deque(maxlen=RECENT)
         self.context = session.engine.context  # prompt and answer together (the engine's limit: one place)
@@ -161,9 +71,8 @@ class Worker:
     def stop_soon(self) -> None:
         """Take no more jobs; the running one stops at its next step, the waiting ones are answered 503 now."""
         self._stopping.set()
-        current = self.current
-        if current is not None:
-            current.cancel()
+        for job in list(self.running):
+            job.cancel()
         for job in self.jobs.close():  # also wakes the thread if it waits for a job
             job.cancel()
             job.send("error", stopping_error("the request was not started"))
@@ -187,92 +96,92 @@ class Worker:
         return max(1, min(3600, math.ceil(mean * (len(self.jobs) + 1))))
 
     def health(self) -> dict:
-        return {"busy": self.current is not None, "queued": len(self.jobs), "queue_size": self.queue_size,
-                "served": self.served}
+        return {"busy": bool(self.running), "queued": len(self.jobs), "queue_size": self.queue_size,
+                "served": self.served, "slots": self.parallel, "slots_busy": len(self.running)}
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
 
     def _run(self) -> None:
+        if self.parallel > 1:
+            from .slots import Slots
+
+            Slots(self).run()
+            return
         while not self._stopping.is_set():
             job = self.jobs.get()
             if job is None:
                 break
-            self.current = job
+            self.running = [job]
             started = time.perf_counter()
             try:
                 self._serve(job)
             finally:
-                self.current = None
-                self.durations.append(time.perf_counter() - started)
-                self.served += 1
+                self.running = []
+                self.ended(started)
+
+    def ended(self, started: float) -> None:
+        """A job was answered (or failed): counted, its duration kept for Retry-After."""
+        self.durations.append(time.perf_counter() - started)
+        self.served += 1
 
     # -- one job -------------------------------------------------------------------------------------------------
 
     def _serve(self, job: Job) -> None:
         session, request = self.session, job.request
         try:
-            prompt_ids = self._prompt_ids(request)
-            self._check_context(prompt_ids, request)
+            prompt_ids = self.prompt_for(request)
             self._refresh_drafter(prompt_ids)
             if not request.cache_prompt:
                 session.prompt_cache.clear()
             job.send("started")
-            reader = None
-            if request.tools is not None and request.tools.offered:
-                reader = ToolCallReader(self.tool_format(), request.tools.names)
-            stream = AnswerStream(session.tokenizer, job.config.stop, reader)
-            scored = LogprobStream(session.tokenizer)  # (empty unless the request asks for log probabilities)
-            trace = StepTrace(session.tokenizer) if request.trace and request.stream else None
+            answering = Answering(job, session, len(prompt_ids), self.offered_format(request))
 
             def on_event(event: Any) -> None:
                 if job.cancelled.is_set():
                     raise Cancelled()
-                if trace is not None:
-                    job.send("step", trace.add(event))
-                if event.logprobs:
-                    scored.add(event.logprobs)
-                piece, calls = stream.add(event.committed)
-                if piece:
-                    job.send("text", (piece, scored.release(len(stream.content))))
-                if calls:
-                    job.send("calls", calls)
+                answering.on_event(event)
 
             generation = session.generate(prompt_ids, job.config, on_event)
             self.last_prompt = len(prompt_ids)
             if session.memory is not None:
                 self._build_drafter()
-            text = session.decode(generation)
-            rest, calls = stream.finish(text)
-            last = scored.finish(len(text))
-            if rest or last:
-                job.send("text", (rest, last))
-            if calls:
-                job.send("calls", calls)
-            finish = "tool_calls" if stream.calls else FINISH_REASONS[generation.finish_reason]
-            self.metrics.record(finish, len(prompt_ids) - generation.cached_tokens,
+            outcome = answering.finish(generation, session.drafter_name)
+            self.metrics.record(outcome.finish_reason, len(prompt_ids) - generation.cached_tokens,
                                 generation.cached_tokens, generation)
-            job.send("done", Outcome(stream.content, finish, len(prompt_ids),
-                                     generation.cached_tokens, len(generation.tokens), generation.stats,
-                                     "none" if job.config.budget == 0 else session.drafter_name,
-                                     generation.finish_reason, tuple(generation.tokens), job.config.budget,
-                                     tuple(scored.released) if job.config.logprobs is not None else None,
-                                     tuple(stream.calls)))
         except Cancelled:
-            self.metrics.failed("cancelled")
-            if self._stopping.is_set():
-                log.info("the server is stopping: the answer being generated was cut")
-                job.send("error", stopping_error("the answer was cut before its end"))
-            else:
-                log.info("a client went away: its generation stopped")
-                job.send("cancelled")
-        except ApiError as error:
+            self.cancelled(job)
+        except Exception as error:
+            self.fail(job, error)
+
+    def cancelled(self, job: Job) -> None:
+        """A job stopped before its end: its client went away, or the server is stopping."""
+        self.metrics.failed("cancelled")
+        if self._stopping.is_set():
+            log.info("the server is stopping: the answer being generated was cut")
+            job.send("error", stopping_error("the answer was cut before its end"))
+        else:
+            log.info("a client went away: its generation stopped")
+            job.send("cancelled")
+
+    def fail(self, job: Job, error: Exception) -> None:
+        """A job that failed: a refusal (4xx) in one line, or a bug or a failing model logged in full and answered
+        500 in one line."""
+        if isinstance(error, ApiError):
             self.metrics.failed("refused")
             job.send("error", error)
-        except SpecdecError as error:
+        elif isinstance(error, SpecdecError):
             self.metrics.failed("refused")
             job.send("error", ApiError(400, str(error), param=error.setting))
-        except Exception as error:  # a bug or a failing model: logged in full, answered in one line
+        else:
             self.metrics.failed("error")
-            log.exception("generation failed")
+            log.error("generation failed", exc_info=error)
             job.send("error", ApiError(500, f"generation failed: {one_line(error)}", code="generation_failed"))
+
+    def offered_format(self, request: CompletionRequest) -> Optional[ToolFormat]:
+        """The tool format where the request offers tools (its answer is read for calls), else None."""
+        return self.tool_format() if request.tools is not None and request.tools.offered else None
 
     def tool_format(self) -> ToolFormat:
         """How the served model calls tools (from its chat template), or a 400 naming `tools` where specdec reads
@@ -286,6 +195,12 @@ class Worker:
         if isinstance(self._tool_format, SpecdecError):
             raise ApiError(400, f"'tools': {self._tool_format}", param="tools")
         return self._tool_format
+
+    def prompt_for(self, request: CompletionRequest) -> list[int]:
+        """The request's prompt as token ids, checked against the context (a 400 before anything is sent)."""
+        prompt_ids = self._prompt_ids(request)
+        self._check_context(prompt_ids, request)
+        return prompt_ids
 
     def _prompt_ids(self, request: CompletionRequest) -> list[int]:
         session = self.session

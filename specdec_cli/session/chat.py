@@ -165,6 +165,19 @@ class ChatSession:
         self._remember(generation.tokens, prompt_ids)
         return generation
 
+    def start_in(self, batch: Any, prompt_ids: list[int], config: GenerationConfig, drafter: Any,
+                 on_event: Optional[EventCallback] = None) -> Any:
+        """`generate`, begun inside a batch (decoding/batch.py) with a drafter of its own: the prompt computed now,
+        the answer stepped with the batch's others; `finish_in` ends it."""
+        config = replace(config, eos_token_ids=self.info.eos_token_ids)
+        return batch.add(prompt_ids, drafter, config, on_event, self.prompt_cache)
+
+    def finish_in(self, batch: Any, run: Any) -> Generation:
+        """An answer begun with `start_in` that ended: its Generation, remembered as `generate` remembers it."""
+        generation = batch.close(run)
+        self._remember(generation.tokens, list(run.events[0].prompt_tokens))
+        return generation
+
     def _remember(self, tokens: list[int], prompt_ids: list[int]) -> None:
         """Append a finished answer to the memory; a memory that cannot be written costs a warning, not the answer."""
         if self.memory is None:

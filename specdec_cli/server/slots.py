@@ -1,0 +1,130 @@
+"""Several requests answered together (`specdec serve --parallel N`), each answer exactly what it would be alone.
+
+The worker's thread runs this loop instead of answering one job at a time: waiting jobs take free slots (each
+prompt computed alone, in the forward's row-invariant blocks, as the engine computes any prompt), then every
+open answer advances one step in one forward (decoding/batch.py: each sequence's rows attend over its own KV
+cache only, and no row's bits depend on the others), then answers that ended leave and their slots take the next
+jobs. A client that goes away frees its slot before the next step; a stopping server cuts every open answer
+with an error event, as one answered alone. Each slot keeps a drafter of its own (drafters keep state between
+steps). The prompt cache is the session's one: a prompt takes it when it begins with the held tokens, and the
+answer that ends last leaves its entries there.
+
+What a client receives is built as for a job answered alone (answering.py); what is refused is refused the same
+way (worker.py's `fail`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..decoding.batch import Batch
+from .answering import Answering
+from .jobs import Job
+
+
+@dataclass
+class _Slot:
+    job: Job
+    answering: Answering
+    drafter: Any
+    prompt_tokens: int
+    started: float
+    run: Any = None
+
+
+class Slots:
+    def __init__(self, worker: Any):  # worker.Worker
+        self.worker = worker
+        self.session = worker.session
+        self.batch = Batch(self.session.engine)
+        self.open: list[_Slot] = []
+        self.spare_drafters: list[Any] = []
+
+    def run(self) -> None:
+        worker = self.worker
+        while not worker.stopping:
+            if not self._admit():
+                break  # the queue closed: the server is stopping
+            self._withdraw_cancelled()
+            if self.open:
+                self._step()
+        for slot in list(self.open):  # stopping: every open answer cut, with an error event
+            self._leave(slot)
+            worker.cancelled(slot.job)
+            worker.ended(slot.started)
+
+    def _admit(self) -> bool:
+        """Waiting jobs into free slots (waiting for one when none is open); False once the queue closed."""
+        worker = self.worker
+        while len(self.open) < worker.parallel:
+            job = worker.jobs.get(wait=not self.open)
+            if job is None:
+                return bool(self.open) or not worker.stopping
+            self._begin(job)
+        return True
+
+    def _begin(self, job: Job) -> None:
+        worker, session, started = self.worker, self.session, time.perf_counter()
+        try:
+            prompt_ids = worker.prompt_for(job.request)
+            if not job.request.cache_prompt:
+                session.prompt_cache.clear()
+            job.send("started")
+            slot = _Slot(job, Answering(job, session, len(prompt_ids), worker.offered_format(job.request)),
+                         self.spare_drafters.pop() if self.spare_drafters else session.make_drafter(),
+                         len(prompt_ids), started)
+            self.open.append(slot)
+            worker.running.append(job)
+            slot.run = session.start_in(self.batch, prompt_ids, job.config, slot.drafter, slot.answering.on_event)
+        except Exception as error:
+            self._failed(job, error, started)
+            return
+        if slot.run.finish is not None:
+            self._end(slot)
+
+    def _withdraw_cancelled(self) -> None:
+        for slot in [slot for slot in self.open if slot.job.cancelled.is_set()]:
+            self._leave(slot)
+            self.worker.cancelled(slot.job)
+            self.worker.ended(slot.started)
+
+    def _step(self) -> None:
+        try:
+            ended = self.batch.step()
+        except Exception as error:  # a failing model: every open answer fails (in one line), the slots free
+            for slot in list(self.open):
+                self._failed(slot.job, error, slot.started)
+            return
+        for run in ended:
+            self._end(next(slot for slot in self.open if slot.run is run))
+
+    def _end(self, slot: _Slot) -> None:
+        worker = self.worker
+        try:
+            generation = self.session.finish_in(self.batch, slot.run)
+            outcome = slot.answering.finish(generation, self.session.drafter_name)
+            worker.metrics.record(outcome.finish_reason, slot.prompt_tokens - generation.cached_tokens,
+                                  generation.cached_tokens, generation)
+        except Exception as error:
+            self._failed(slot.job, error, slot.started)
+            return
+        self._leave(slot)
+        worker.ended(slot.started)
+
+    def _failed(self, job: Job, error: Exception, started: float) -> None:
+        for slot in [slot for slot in self.open if slot.job is job]:
+            self._leave(slot)
+        self.worker.fail(job, error)
+        self.worker.ended(started)
+
+    def _leave(self, slot: _Slot) -> None:
+        """A slot freed: its sequence out of the batch, its drafter kept for the next job."""
+        if slot.run is not None:
+            self.batch.drop(slot.run)
+        if slot in self.open:
+            self.open.remove(slot)
+            self.spare_drafters.append(slot.drafter)
+        if slot.job in self.worker.running:
+            self.worker.running.remove(slot.job)

@@ -1,0 +1,113 @@
+"""`specdec serve --parallel N` (server/slots.py): requests answered together, their steps in one forward, each
+answer exactly what it is alone. The default model (its GGUF on the native decoder, which scores several
+sequences in one forward); the requests are all queued before the first step, so they surely share forwards,
+whatever this machine's speed. A client that leaves mid-answer changes no other answer and frees its slot."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import pytest
+from test_server import HANG_GUARD, _sam_settings, client_of, health, serving, wait_until
+
+openai = pytest.importorskip("openai")
+
+PROMPTS = ["Name three colours.", "Count from one to ten.", "What is a compiler?", "Write a haiku about rain.",
+           "List the days of the week.", "Say hello in French."]
+
+
+@pytest.fixture(scope="module")
+def sessions(real_target):
+    """Two sessions over the default model's block weights: one answering alone, one for a --parallel server."""
+    from specdec_cli.decoding.generation_config import GenerationConfig
+    from specdec_cli.session.chat import ChatSession
+
+    loaded = real_target("float32", "auto")
+    make = lambda: ChatSession(loaded.model, loaded.tokenizer,  # noqa: E731
+                               _sam_settings(replace(GenerationConfig(max_new_tokens=40))))
+    return make(), make()
+
+
+def _gate(session, monkeypatch):
+    """Hold the worker in its first answer's start until the test opens the gate (the rest queue meanwhile);
+    record how many answers each step of the batch advanced."""
+    from specdec_cli.decoding.batch import Batch
+
+    gate, widths = threading.Event(), []
+    start_in = session.start_in
+
+    def held(*args, **kwargs):
+        assert gate.wait(HANG_GUARD), "the gate was never opened"
+        return start_in(*args, **kwargs)
+
+    step = Batch.step
+
+    def counted(self):
+        widths.append(len(self.runs))
+        return step(self)
+
+    monkeypatch.setattr(session, "start_in", held)
+    monkeypatch.setattr(Batch, "step", counted)
+    return gate, widths
+
+
+def _ask_all(server, prompts, stream_each=True) -> dict:
+    answers, threads = {}, []
+
+    def ask(prompt):
+        client = client_of(server)
+        if stream_each:
+            pieces = [chunk.choices[0].delta.content or "" for chunk in client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": prompt}], stream=True) if chunk.choices]
+            answers[prompt] = "".join(pieces)
+        else:
+            answers[prompt] = client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": prompt}]).choices[0].message.content
+
+    for prompt in prompts:
+        threads.append(threading.Thread(target=ask, args=(prompt,)))
+        threads[-1].start()
+    return {"threads": threads, "answers": answers}
+
+
+def test_answers_in_parallel_are_the_answers_alone(sessions, monkeypatch):
+    alone_session, parallel_session = sessions
+    with serving(alone_session, name="smollm2") as server:
+        client = client_of(server)
+        alone = {prompt: client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}])
+                 .choices[0].message.content for prompt in PROMPTS}
+    gate, widths = _gate(parallel_session, monkeypatch)
+    with serving(parallel_session, name="smollm2", parallel=4) as server:
+        asked = _ask_all(server, PROMPTS)
+        wait_until(lambda: health(server)["queued"] == len(PROMPTS) - 1, "the requests to queue")
+        assert health(server)["slots"] == 4
+        gate.set()
+        for thread in asked["threads"]:
+            thread.join(HANG_GUARD)
+        wait_until(lambda: health(server)["served"] == len(PROMPTS), "the worker to count its answers")
+        assert health(server)["slots_busy"] == 0
+    assert asked["answers"] == alone
+    assert max(widths) == 4  # four answers shared each forward while the queue held more
+
+
+def test_a_client_that_leaves_frees_its_slot_and_changes_no_other_answer(sessions, monkeypatch):
+    alone_session, parallel_session = sessions
+    with serving(alone_session, name="smollm2") as server:
+        alone = {prompt: client_of(server).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": prompt}]).choices[0].message.content
+            for prompt in PROMPTS[:3]}
+    gate, _ = _gate(parallel_session, monkeypatch)
+    with serving(parallel_session, name="smollm2", parallel=3) as server:
+        leaving = client_of(server).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Tell me a long story about a dragon."}], stream=True,
+            max_tokens=400)
+        asked = _ask_all(server, PROMPTS[:3], stream_each=False)
+        wait_until(lambda: health(server)["queued"] == 3, "the requests to queue")
+        gate.set()
+        next(iter(leaving))  # the first chunk: the leaving request is being answered
+        leaving.close()  # the client goes away mid-answer
+        for thread in asked["threads"]:
+            thread.join(HANG_GUARD)
+        wait_until(lambda: health(server)["slots_busy"] == 0, "every slot to free")
+    assert asked["answers"] == alone
