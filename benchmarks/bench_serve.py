@@ -25,6 +25,11 @@ Prompts: `--prompts FILE` (.jsonl with a `turns` list, as Spec-Bench's question.
 field; one text per line for .txt), else a few built in; `--limit N` keeps the first N. One warm-up request per
 server is not counted. Output: a table per server and request, then the means; `--json-out FILE` writes it all.
 
+With `--clients N` the prompts are asked by N streaming clients at once (each takes the next prompt not yet
+asked), one turn each: the summary's tokens/s is then the total over the wall time of all of them, and TTFT the
+median. `--parallel 1,4` starts each specdec row once per value (`specdec serve --parallel P`, rows `NAME -npP`),
+and `--llama-parallel N` gives llama-server `-np N` (its slots).
+
 Run: `python benchmarks/bench_serve.py [--target FILE.gguf] [--threads 2] [--drafters none,sam] [-n 128]`.
 Not a test: nothing here is run in CI, and it takes minutes on a small machine.
 """
@@ -192,12 +197,54 @@ def run_server(name: str, server: Started, prompts: list[str], turns: int, max_t
     return rows
 
 
+def run_clients(name: str, server: "Started", prompts: list[str], clients: int, max_tokens: int,
+                schema: Optional[dict] = None) -> tuple[list[dict], float]:
+    """`clients` streaming clients at once, each asking the next prompt not yet asked until none is left: the rows
+    (in prompt order) and the wall time of them all."""
+    import queue
+    import threading
+
+    import openai
+
+    def client() -> Any:
+        return openai.OpenAI(base_url=server.base_url, api_key="bench", max_retries=0, timeout=3600)
+
+    plain = name.startswith("specdec serve plain")
+    one_request(client(), [{"role": "user", "content": "Say hello."}], 8, schema, plain)  # warm-up, not counted
+    todo: queue.Queue = queue.Queue()
+    for item in enumerate(prompts):
+        todo.put(item)
+    rows: list[dict] = []
+
+    def ask() -> None:
+        mine = client()
+        while True:
+            try:
+                index, prompt = todo.get_nowait()
+            except queue.Empty:
+                return
+            result = one_request(mine, [{"role": "user", "content": prompt}], max_tokens, schema, plain)
+            rows.append({"server": name, "prompt": index, "turn": 0, **result})
+            print(f"{name:>24} prompt {index}: {result['tokens']:4d} tokens  TTFT {1000 * result['ttft_s']:7.1f} ms"
+                  f"  ITL {result['itl_ms']:6.1f} ms", flush=True)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=ask) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sorted(rows, key=lambda row: row["prompt"]), time.perf_counter() - started
+
+
 def _mean(values: list) -> Optional[float]:
     known = [value for value in values if value is not None]
     return sum(known) / len(known) if known else None
 
 
-def summary(rows: list[dict], names: list[str]) -> list[dict]:
+def summary(rows: list[dict], names: list[str], walls: Optional[dict] = None) -> list[dict]:
+    """Per server: tokens/s (with `walls`, clients at once: all tokens over the wall time of them all), TTFT,
+    ITL, and how many answers equal the first row's."""
     table = []
     for name in names:
         schema = name.endswith(" +schema")  # compared with the first row answering as it does (free or under it)
@@ -206,12 +253,13 @@ def summary(rows: list[dict], names: list[str]) -> list[dict]:
         if not mine:
             continue
         tokens = sum(row["tokens"] for row in mine)
-        wall = sum(row["wall_s"] for row in mine)
+        wall = walls[name] if walls and name in walls else sum(row["wall_s"] for row in mine)
         same = sum(a["text"] == b["text"] for a, b in zip(first, mine))
         opening = [row["ttft_s"] for row in mine if row["turn"] == 0]
         later = [row["ttft_s"] for row in mine if row["turn"] > 0]
         table.append({"server": name, "requests": len(mine), "tokens_per_s": tokens / wall if wall else 0.0,
                       "ttft_ms": 1000 * sum(row["ttft_s"] for row in mine) / len(mine),
+                      "ttft_median_ms": 1000 * sorted(row["ttft_s"] for row in mine)[len(mine) // 2],
                       "ttft_first_turn_ms": 1000 * sum(opening) / len(opening) if opening else None,
                       "ttft_later_turns_ms": 1000 * sum(later) / len(later) if later else None,
                       "itl_ms": sum(row["itl_ms"] for row in mine) / len(mine),
@@ -231,6 +279,9 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=1)
     parser.add_argument("--max-tokens", "-n", type=int, default=128)
     parser.add_argument("--json-schema", help="a JSON schema file, or builtin: each prompt again under it")
+    parser.add_argument("--clients", type=int, default=1, help="streaming clients asking at once (one turn each)")
+    parser.add_argument("--parallel", default="1", help="specdec serve --parallel values, comma-separated: a row each")
+    parser.add_argument("--llama-parallel", type=int, default=1, help="llama-server's -np (slots)")
     parser.add_argument("--json-out")
     args = parser.parse_args()
     schema = None
@@ -241,45 +292,57 @@ def main() -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
            "SPECDEC_NO_MEMORY": "1"}  # a measurement neither reads nor feeds the answer memory
     plans = []
+    parallels = [int(value) for value in args.parallel.split(",") if value.strip()]
     for drafter in [name.strip() for name in args.drafters.split(",") if name.strip()]:
-        port = free_port()
-        plans.append((f"specdec serve {drafter}", [sys.executable, "-m", "specdec_cli", "serve", "-m", gguf,
-                                                  "--drafter", "none" if drafter == "plain" else drafter,
-                                                  "--threads", str(args.threads),
-                                                  "--port", str(port), "--no-memory"], port, env))
+        for parallel in parallels:
+            port = free_port()
+            suffix = f" -np{parallel}" if len(parallels) > 1 or parallel > 1 else ""
+            plans.append((f"specdec serve {drafter}{suffix}", [
+                sys.executable, "-m", "specdec_cli", "serve", "-m", gguf, "--drafter",
+                "none" if drafter == "plain" else drafter, "--threads", str(args.threads), "--port", str(port),
+                "--no-memory", "--parallel", str(parallel)], port, env))
     binary = args.llama_server or shutil.which("llama-server") or (
         str(ROOT / ".venv/bin/llama-server") if (ROOT / ".venv/bin/llama-server").is_file() else None)
     if binary == "none":
         pass
     elif binary:
         port = free_port()
-        plans.append(("llama-server", [binary, "-m", gguf, "-t", str(args.threads), "-np", "1", "--host",
-                                       "127.0.0.1", "--port", str(port), "-c", "8192"], port, None))
+        slots = args.llama_parallel
+        plans.append(("llama-server" + (f" -np{slots}" if slots > 1 else ""), [
+            binary, "-m", gguf, "-t", str(args.threads), "-np", str(slots), "--host", "127.0.0.1", "--port",
+            str(port), "-c", str(8192 * slots)], port, None))
     else:
         print("llama-server: not on PATH (give --llama-server PATH): its row is skipped", file=sys.stderr)
     rows: list[dict] = []
     names = []
+    walls: dict = {}
     for name, command, port, run_env in plans:  # one server at a time: they would share the cores
         server = Started(name, command, port, run_env)
         try:
             names.append(name)
+            if args.clients > 1:
+                mine, walls[name] = run_clients(name, server, prompts, args.clients, args.max_tokens)
+                rows += mine
+                continue
             rows += run_server(name, server, prompts, args.turns, args.max_tokens)
             if schema is not None:
                 names.append(f"{name} +schema")
                 rows += run_server(f"{name} +schema", server, prompts, args.turns, args.max_tokens, schema)
         finally:
             server.stop()
-    table = summary(rows, names)
+    table = summary(rows, names, walls)
     print()
     for line in table:
         later = line["ttft_later_turns_ms"]
         print(f"{line['server']:>24}: {line['tokens_per_s']:7.1f} tok/s  TTFT {line['ttft_ms']:7.1f} ms"
+              + (f" (median {line['ttft_median_ms']:.1f})" if args.clients > 1 else "")
               + (f" (turn 1 {line['ttft_first_turn_ms']:.1f}, later {later:.1f})" if later is not None else "")
               + f"  ITL {line['itl_ms']:6.1f} ms"
               + (f" (server {line['server_ms_per_token']:.2f} ms/token)" if line["server_ms_per_token"] else "")
               + f"  identical {line['identical_to_first_row']}")
     if args.json_out:
         payload = {"target": gguf, "threads": args.threads, "max_tokens": args.max_tokens, "turns": args.turns,
+                   "clients": args.clients, "parallel": parallels, "llama_parallel": args.llama_parallel,
                    "json_schema": schema,
                    "prompts": prompts, "summary": table, "requests": rows,
                    "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}

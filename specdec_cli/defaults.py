@@ -34,6 +34,7 @@ DEFAULT_VLLM_CONCURRENCY = 64  # ... and requests in flight when vLLM answers th
 DEFAULT_SERVE_PORT = 8080
 VLLM_SERVE_PORT = 8000
 DEFAULT_SERVE_QUEUE = 16
+DEFAULT_SERVE_PARALLEL = 1  # requests `specdec serve` answers together (--parallel; server/slots.py)
 MAX_SERVE_QUEUE = 4096  # each waiting request holds a connection and its body
 DEFAULT_SERVE_MAX_CONNECTIONS = 256  # connections `specdec serve` holds at once
 DEFAULT_SERVE_TIMEOUT = 60.0  # seconds a request's headers, then its body, may take to arrive

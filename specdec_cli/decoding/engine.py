@@ -41,6 +41,7 @@ from .stop_strings import find_stop
 from .verify import greedy_accept, greedy_accept_tree, speculative_accept, speculative_accept_tree
 
 EventCallback = Callable[[StepEvent], None]
+BATCH_DRAFT_COST = 1.1  # a batched step's forward may cost this much more than its sequences' roots for drafts
 
 
 @dataclass
@@ -185,7 +186,8 @@ class Engine:
             for run in runs:  # one at a time: the forward cannot score several sequences, or a drafter reads layers
                 self.step(run)
             return
-        share = forward.rows // len(runs) - 1  # draft tokens each sequence may verify
+        share = self._batch_share(len(runs)) if any(run.config.cost_aware for run in runs) else \
+            forward.rows // len(runs) - 1  # draft tokens each sequence may verify
         # 1. Draft: each sequence's chain, within its share.
         t0 = time.perf_counter()
         drafts = [self._draft(run, share)[0] for run in runs]
@@ -207,6 +209,16 @@ class Engine:
                                draft_seconds=(t1 - t0) / len(runs), verify_seconds=verified / len(runs),
                                finished=run.finish, scored_topk=topk, verify_rows=len(draft) + 1, features=features,
                                logprobs=run.logprobs(score.logits[choosing_rows(path)], committed)))
+
+    def _batch_share(self, width: int) -> int:
+        """Draft tokens each of `width` sequences may verify in one batched step: as many as keep the forward
+        within BATCH_DRAFT_COST times the cost of their roots alone on this machine's curve (in a batch, drafts
+        spend the rows that make batching pay), within the forward's row-invariant rows."""
+        most = self.forward.rows // width - 1
+        curve = self.planner.curve
+        limit = curve(width) * BATCH_DRAFT_COST
+        rows = max([size for size in range(width, self.forward.rows + 1) if curve(size) <= limit], default=width)
+        return max(0, min(most, rows // width - 1))
 
     # -- the loop's stages ---------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ the root logger's handlers; the CLI decides where they show.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -19,6 +20,11 @@ from ..errors import SpecdecError
 from .settings import ServerSettings
 
 GRACE_SECONDS = 3  # how long stopping waits for open connections after every job was cancelled
+# While serving, a thread that wants Python's lock gets it after this long (Python's default: 5 ms). The generating
+# thread runs Python between its kernels' calls, and the HTTP thread's streaming holds the lock in between: at the
+# default, 4 streams answered together ran 237 tok/s on the default model; at 0.1 ms, 327 (one stream: 174 and
+# 181). Measured 2026-11-29, 2-core Intel Xeon, benchmarks/bench_serve.py --clients 4 (docs/serve.md).
+SWITCH_INTERVAL = 1e-4
 
 
 class Server:
@@ -57,6 +63,7 @@ class Server:
         self.uvicorn = Uvicorn(config)
         self.sockets = [sock] if sock is not None else None
         self._thread: Optional[threading.Thread] = None
+        self._switch_interval = sys.getswitchinterval()  # Python's, put back when the server stops
 
     @property
     def url(self) -> str:
@@ -74,15 +81,20 @@ class Server:
 
     def run(self) -> Optional[str]:
         """Serve in this thread until a signal stops uvicorn; the signal's name."""
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL)
         self.worker.start()
         try:
             self.uvicorn.run(sockets=self.sockets)
         finally:
             self.worker.stop()
+            sys.setswitchinterval(self._switch_interval)
         return self.signal
 
     def start(self, timeout: float = 60.0) -> "Server":
         """Serve in a background thread; returns once the socket listens."""
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL)
         self.worker.start()
         # uvicorn installs signal handlers only in the main thread: this one leaves them alone
         self._thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": self.sockets},
@@ -101,6 +113,7 @@ class Server:
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.worker.stop()
+        sys.setswitchinterval(self._switch_interval)
 
 
 def listening_socket(host: str, port: int) -> Any:

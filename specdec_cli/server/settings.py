@@ -25,6 +25,7 @@ from typing import Any, Optional
 from ..defaults import (
     DEFAULT_DRAFTER,
     DEFAULT_SERVE_MAX_CONNECTIONS,
+    DEFAULT_SERVE_PARALLEL,
     DEFAULT_SERVE_QUEUE,
     DEFAULT_SERVE_TIMEOUT,
     MAX_SERVE_QUEUE,
@@ -50,7 +51,7 @@ class ServerSettings:
     max_connections: int = DEFAULT_SERVE_MAX_CONNECTIONS  # connections held at once; more are answered 503 and closed
     timeout: float = DEFAULT_SERVE_TIMEOUT  # seconds for a request's headers to arrive, then as long for its body
     cors_origins: tuple[str, ...] = ()  # web origins whose pages may call the server ("*": any); none by default
-    parallel: int = 1  # requests answered together, their steps in one forward (slots.py); llama-server's --parallel
+    parallel: int = DEFAULT_SERVE_PARALLEL  # requests answered together, their steps in one forward (slots.py)
 
     def check(self) -> None:
         """Everything checkable before the model loads."""
@@ -101,7 +102,8 @@ def server_settings(*, queue: int = DEFAULT_SERVE_QUEUE, model_name: Optional[st
                     system: Optional[str] = None, remember: Optional[bool] = None, drafter: Optional[str] = None,
                     host: Optional[str] = None, port: Optional[int] = None, api_key: Optional[str] = None,
                     max_connections: int = DEFAULT_SERVE_MAX_CONNECTIONS, timeout: float = DEFAULT_SERVE_TIMEOUT,
-                    cors_origins: tuple[str, ...] = (), parallel: int = 1, **values: Any) -> ServerSettings:
+                    cors_origins: tuple[str, ...] = (), parallel: int = DEFAULT_SERVE_PARALLEL,
+                    **values: Any) -> ServerSettings:
     """The flags as checked ServerSettings; `values` are named as the run settings' fields (run_settings.py). The
     key, when not given, is SPECDEC_API_KEY's (set but empty: refused); `remember` None: `memory_default`."""
     if api_key is None and API_KEY_ENV in os.environ:
