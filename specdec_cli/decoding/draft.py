@@ -132,3 +132,20 @@ class Drafter(Protocol):
     def observe(self, event: StepEvent) -> None: ...
 
     def reset(self) -> None: ...
+
+
+class NoDrafter:
+    """The drafter of plain decoding: never drafts, so the engine's loop is plain autoregressive decoding (the
+    `none` drafter, and plain_many's)."""
+
+    name = "none"
+    needs = NOTHING
+
+    def propose(self, context: Sequence[int], budget: int) -> Draft:
+        return Draft.empty(self.name)
+
+    def observe(self, event: StepEvent) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass

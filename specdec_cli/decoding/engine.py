@@ -36,7 +36,7 @@ from .planner import DraftPlanner, Plan
 from .prompt_cache import PromptCache
 from .sampling import sample, warp_probs
 from .stats import GenerationStats, summarize
-from .step_parts import SCORED_TOPK, first_branch, pad_block, read_back, trim
+from .step_parts import SCORED_TOPK, first_branch, pad_block, read_back, read_together, trim
 from .stop_strings import find_stop
 from .verify import greedy_accept, greedy_accept_tree, speculative_accept, speculative_accept_tree
 
@@ -196,10 +196,11 @@ class Engine:
         scores = forward.many([([run.context[-1], *draft.tokens], run.cache, len(run.context) - 1)
                                for run, draft in zip(runs, drafts)])
         verified = time.perf_counter() - t1
-        for run, draft, score in zip(runs, drafts, scores):
+        reads = read_together(runs, scores)
+        for run, draft, score, read in zip(runs, drafts, scores, reads):
             # 3. Accept and 4. commit, per sequence; its cache rolled back to its accepted tokens.
             past = len(run.context) - 1
-            path, target_token, topk = self._accept_step(run, draft, score.logits)
+            path, target_token, topk = self._accept_step(run, draft, score.logits, read)
             committed = self._commit(run, [*(draft.tokens[node] for node in path), target_token])
             keep_accepted(run.cache, past, path, True, len(run.context) - 1)
             self.planner.learn(draft, len(path))
@@ -262,15 +263,16 @@ class Engine:
         rows = plan.rows if run.limit is None else min(plan.rows, run.limit - past)  # padding inside the context
         return draft, rows if run.max_rows is None else min(rows, run.max_rows)  # and the row-invariant sizes
 
-    def _accept_step(self, run: "Run", draft: Draft,
-                     raw: torch.Tensor) -> tuple[list[int], int, Optional[list[list[int]]]]:
+    def _accept_step(self, run: "Run", draft: Draft, raw: torch.Tensor,
+                     read: Optional[tuple] = None) -> tuple[list[int], int, Optional[list[list[int]]]]:
         """(accepted node indices, the target's own token, the rows' top tokens where the drafter reads them)
         from the verified rows' logits `raw` [k+1, vocab]. Greedy, what the step reads back from the target's
         device (the argmax, and the top tokens a drafter asks for) is one read: on a GPU, the step's one host
-        synchronisation. Under a grammar, each row's best allowed token (sampling: the grammar's law)."""
+        synchronisation (`read`: that read, made for several sequences at once). Under a grammar, each row's best
+        allowed token (sampling: the grammar's law)."""
         config, constraint, needs = run.config, run.constraint, run.drafter.needs
         logits = raw if config.greedy else allowed_only(raw, constraint, draft.tokens)
-        argmax, topk = read_back(logits, config.greedy, needs.scored_topk)
+        argmax, topk = read if read is not None else read_back(logits, config.greedy, needs.scored_topk)
         if constraint is not None and argmax is not None:
             argmax = constraint.greedy_choices(raw, draft.tokens, argmax)
         path, target_token = self._accept(draft, logits, config, run.generator, argmax)

@@ -6,7 +6,7 @@ loop; plain_many.py and benchmarks share them. Nothing here runs a model.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -69,3 +69,22 @@ def first_branch(draft: Draft) -> Draft:
         nodes.append(node)
     confidence = None if draft.confidence is None else [draft.confidence[node] for node in nodes]
     return Draft(tokens, draft.source, None, None, draft.match_len, confidence)
+
+
+def read_together(runs: Sequence[Any], scores: Sequence[Any]) -> list[Optional[tuple]]:
+    """A batched step's greedy sequences' (engine.Run) choices read back in one read for all of them (read_back
+    over their rows, the `scores`' logits, together), split per sequence; None for the others (they read their
+    own)."""
+    together = [index for index, run in enumerate(runs) if run.config.greedy]
+    reads: list[Optional[tuple]] = [None] * len(runs)
+    if len(together) < 2:
+        return reads
+    topk = any(runs[index].drafter.needs.scored_topk for index in together)
+    argmax, top = read_back(torch.cat([scores[index].logits for index in together]), True, topk)
+    first = 0
+    for index in together:
+        rows = scores[index].logits.shape[0]
+        mine = top[first : first + rows] if top is not None and runs[index].drafter.needs.scored_topk else None
+        reads[index] = ((argmax or [])[first : first + rows], mine)
+        first += rows
+    return reads

@@ -1,26 +1,15 @@
-"""The `none` drafter: never drafts, so the engine's loop is plain autoregressive decoding (the baseline)."""
+"""The `none` drafter: never drafts, so the engine's loop is plain autoregressive decoding (the baseline).
+`NoDrafter` itself lives in decoding/draft.py, where plain_many.py uses it too."""
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
-from ..decoding.draft import NOTHING, Draft, StepEvent
+from ..decoding.draft import NoDrafter
 from .spec import DrafterOptions, DrafterSpec
 from .target import TargetInfo
 
-
-class NoDrafter:
-    name = "none"
-    needs = NOTHING
-
-    def propose(self, context: Sequence[int], budget: int) -> Draft:
-        return Draft.empty(self.name)
-
-    def observe(self, event: StepEvent) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
+__all__ = ["NoDrafter", "SPEC", "make_no_drafter"]
 
 
 def make_no_drafter(options: DrafterOptions, target: TargetInfo, draft_max: Optional[int] = None) -> NoDrafter:
