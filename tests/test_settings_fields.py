@@ -132,7 +132,7 @@ def test_each_default_is_declared_in_one_place():
         ("GenerationConfig", "draft_max"): "None", ("ProposerSettings", "num_speculative_tokens"): "None",
         ("RunSettings", "exact"): "None", ("RunSettings", "raw"): "False",
         ("ChatSettings", "system"): "None", ("ChatSettings", "remember"): "True",
-        ("BenchSettings", "repeats"): "1", ("BenchSettings", "warmup"): "True",
+        ("BenchSettings", "repeats"): "1", ("BenchSettings", "warmup"): "True", ("BenchSettings", "batch"): "1",
         ("BenchSettings", "llama_server"): "None",
         ("ListenSettings", "host"): "'127.0.0.1'", ("ListenSettings", "api_key"): "None",
         ("ServeSettings", "extra_args"): "()", ("ServerSettings", "model_name"): "None",

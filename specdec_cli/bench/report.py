@@ -24,6 +24,7 @@ class BenchReport:
     per_prompt: list[dict]
     runs: list[TurnRun] = field(default_factory=list, repr=False)
     cost_curve: Optional[dict] = None  # the verify-cost curve: at the start and as refined by the run
+    batched: list[dict] = field(default_factory=list)  # --batch N: each engine row's first turns N at a time
 
     def as_json(self) -> dict:
         return {
@@ -32,6 +33,7 @@ class BenchReport:
             "cost_curve": self.cost_curve,
             "results": [row.as_json() for row in self.results],
             "per_prompt": self.per_prompt,
+            "batched": self.batched,
         }
 
 

@@ -196,8 +196,9 @@ def _run(model: Any, tokenizer: Any, conversations: Sequence[Conversation], sett
     if settings.run.drafter.options.memory:
         settings_json["memory"] = memory_report(settings.run.drafter.options.memory, runner.info.fingerprint,
                                                 [ids for turns in runner.prompt_ids.values() for ids in turns])
+    batched = run_batched_rows(runner, settings.batch, runs) if settings.batch > 1 else []
     return BenchReport(env, settings_json, results, per_prompt, runs,
-                       cost_curve=_curve_report(curve_at_start, cost_curve_table(runner.engine)))
+                       cost_curve=_curve_report(curve_at_start, cost_curve_table(runner.engine)), batched=batched)
 
 
 def memory_report(directory: str, fingerprint: str, measured_prompts: Sequence[Sequence[int]]) -> dict:
@@ -359,6 +360,45 @@ class _Runner:
         tokens = self._generate(method, prompt_ids, drafter, config).tokens
         if method.name == BASELINE:
             self.warmup_reference = list(tokens)
+
+
+def run_batched_rows(runner: "_Runner", width: int, runs: Sequence[TurnRun]) -> list[dict]:
+    """`--batch N`: every engine row (plain decoding and each drafter) answers every conversation's first turn
+    again, `width` at a time on the engine's batched step (decoding/batch.py: a new prompt joins as one ends):
+    its total tokens over the wall time of all, beside the same row's one-at-a-time answers (`runs`, repeat 0):
+    their tokens/s, and how many batched answers equal them (greedy: all)."""
+    from ..decoding.batch import Batch
+
+    indices = sorted(runner.prompt_ids)
+    rows = []
+    for method in runner.settings.methods:
+        if method.kind != "engine":
+            continue
+        alone = {run.conversation: run for run in runs if run.method == method.name and run.turn == 0
+                 and run.repeat == 0}
+        batch, waiting, answers, open_runs = Batch(runner.engine), list(indices), {}, {}
+        runner._fresh_learning()
+        started = time.perf_counter()
+        while waiting or len(batch):
+            while waiting and len(batch) < width:
+                index = waiting.pop(0)
+                run = batch.add(runner.prompt_ids[index][0], runner._drafter(method, []),
+                                runner._config(method, index, 0))
+                open_runs[id(run)] = index
+                if run.finish is not None:
+                    answers[index] = batch.close(run).tokens
+            for run in batch.step():
+                answers[open_runs[id(run)]] = batch.close(run).tokens
+        seconds = time.perf_counter() - started
+        new_tokens = sum(len(tokens) for tokens in answers.values())
+        alone_tokens = sum(len(alone[index].tokens) for index in indices if index in alone)
+        alone_seconds = sum(alone[index].seconds for index in indices if index in alone)
+        rows.append({"method": method.name, "width": width, "prompts": len(indices), "new_tokens": new_tokens,
+                     "seconds": round(seconds, 6), "tokens_per_second": round(new_tokens / seconds, 3),
+                     "alone_tokens_per_second": round(alone_tokens / alone_seconds, 3) if alone_seconds else None,
+                     "identical": sum(index in alone and answers[index] == alone[index].tokens for index in indices),
+                     "compared": sum(index in alone for index in indices)})
+    return rows
 
 
 def reference_threads(model: Any) -> int:

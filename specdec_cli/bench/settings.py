@@ -23,6 +23,9 @@ def default_run() -> RunSettings:
     return run_settings(None, **RUN_DEFAULTS)
 
 
+MAX_BATCH = 8  # as `specdec serve --parallel` (server/settings.py)
+
+
 @dataclass
 class BenchSettings:
     run: RunSettings = field(default_factory=default_run)  # run.drafter.options: every drafter row's options
@@ -30,6 +33,7 @@ class BenchSettings:
     repeats: int = 1
     warmup: bool = True
     llama_server: Optional[str] = None  # the llama-server binary for the llama-server rows; None = from PATH
+    batch: int = 1  # > 1: each engine row's first turns answered again this many at a time (runner.run_batched)
 
     @property
     def engine_drafters(self) -> list[str]:
@@ -41,6 +45,9 @@ class BenchSettings:
             raise SpecdecError("the method list must start with the baseline `none`")
         if self.repeats < 1:
             raise SpecdecError(f"repeats must be >= 1, got {self.repeats}", setting="repeats")
+        if not 1 <= self.batch <= MAX_BATCH:
+            raise SpecdecError(f"batch must be in 1..{MAX_BATCH} (prompts answered together), got {self.batch}",
+                               setting="batch")
         # the drafters' options and files, then length, sampling, seed and budget, as chat checks them
         self.run.check(self.engine_drafters)
 
@@ -71,6 +78,7 @@ class BenchSettings:
                                   (floor := min_prob_in_force(method.drafter, options)) is not None},
             "cost_aware": self.run.generation.cost_aware,  # drafters' rows; oracle rows always verify whole drafts
             "batch_size": 1,
+            "batch": self.batch,  # the batched rows' width (1: none)
             "llama_server_binary": self.llama_server,
         }
 

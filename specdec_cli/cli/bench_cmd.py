@@ -50,6 +50,7 @@ def bench(
     max_new_tokens: int = options.max_new_tokens(DEFAULT_BENCH_MAX_NEW_TOKENS),
     temperature: float = options.temperature(note=" (greedy runs check that every output is identical to plain decoding's)"),
     seed: Optional[int] = options.seed(note=" for sampling (per prompt: seed + 1000 x prompt + turn)"),
+    batch: int = typer.Option(1, "--batch", help="Also answer every prompt's first turn N at a time (at most 8) on the engine's batched step, each drafter row again: total tokens/s beside the one-at-a-time rows, and whether every answer equals its answer alone."),
     repeats: int = typer.Option(1, "--repeats", help="Run each method N times per prompt; tokens/s is reported as mean ± std over repeats."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One short untimed generation per method first."),
     raw: bool = options.raw(),
@@ -81,7 +82,7 @@ def bench(
                   draft_max=draft_max, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                   exact=exact, raw=raw, warmup=warmup)  # named as the settings' fields (bench/settings.py)
     if engine == "vllm":
-        not_here = {"--oracle": oracle, "--temperature": temperature > 0, "--repeats": repeats > 1,
+        not_here = {"--oracle": oracle, "--temperature": temperature > 0, "--repeats": repeats > 1, "--batch": batch > 1,
                     "--draft-model": draft_model and "eagle3" not in split_names(reference), "--plot": plot, "--exact/--no-exact": exact is not None,
                     "--weights": weights != "auto", "--threads": threads is not None, "--device": device != "auto",
                     "--decoder": decoder != "auto"}
@@ -93,7 +94,7 @@ def bench(
     if not split_names(drafters):
         raise SpecdecError("--drafters: give at least one name (none: plain decoding alone)", setting="drafters")
     settings = bench_settings(resolve_methods(split_names(drafters), split_names(reference), lengths),
-                              repeats=repeats, llama_server=llama_server, **values)
+                              repeats=repeats, llama_server=llama_server, batch=batch, **values)
     bench_specdec(settings, chosen, files, as_json, threads)
 
 
@@ -286,6 +287,23 @@ def render(document: dict) -> None:
         out.print(f"[{style}]{line}[/{style}]", soft_wrap=not out.is_terminal)
     for line in divergence_lines(document):
         out.print(f"[yellow]{line}[/yellow]")
+    if document.get("batched"):
+        out.print(batched_table(document["batched"]))
+
+
+def batched_table(rows: list[dict]) -> Table:
+    """--batch N: each engine row's first turns answered N at a time, beside the same answers one at a time."""
+    table = Table(title=f"first turns, {rows[0]['width']} at a time (one forward a step for all)", pad_edge=False)
+    for name in ("Method", "Prompts", "Tokens", "Seconds", "tok/s", "tok/s alone", "x alone", "Identical to alone"):
+        table.add_column(name, justify="left" if name == "Method" else "right", no_wrap=True)
+    for row in rows:
+        alone = row["alone_tokens_per_second"]
+        identical = f"{row['identical']}/{row['compared']}"
+        table.add_row(row["method"], str(row["prompts"]), str(row["new_tokens"]), cell(row["seconds"], ".1f"),
+                      cell(row["tokens_per_second"], ".1f"), cell(alone, ".1f"),
+                      cell(row["tokens_per_second"] / alone if alone else None, ".2f", "x"),
+                      identical if row["identical"] == row["compared"] else f"[yellow]{identical}[/yellow]")
+    return table
 
 
 def results_table(document: dict) -> Table:

@@ -517,3 +517,18 @@ def test_speedup_over_llama_cpp_is_reported_per_row():
     assert rows["sam"].speedup_vs_llama_cpp == pytest.approx(1.6)
     assert rows["none"].speedup_vs_llama_cpp == pytest.approx(0.8)
     assert rows["sam"].speedup_vs_fastest_plain == pytest.approx(1.6)  # llama.cpp is the fastest plain row
+
+
+def test_cli_batch_answers_first_turns_together_and_each_as_alone(tiny_llama_dir, prompt_file, shared_real_model):
+    """`--batch N`: each engine row's first turns again, N at a time; every answer equals the row's own (the tiny
+    model steps them one by one, its forward scoring one sequence at a time; the default model's GGUF batches)."""
+    for target in (str(tiny_llama_dir), None):
+        extra = ("--target", target) if target else ()
+        result = invoke("bench", *extra, "--prompts", str(prompt_file), "--drafters", "none,pld,sam", "--batch",
+                        "3", "--max-new-tokens", "12", "--no-warmup", "--json")
+        assert result.returncode == 0, result.stderr
+        rows = json.loads(result.stdout)["batched"]
+        assert [row["method"] for row in rows] == ["none", "pld", "sam"] and rows[0]["width"] == 3
+        assert all(row["identical"] == row["compared"] == row["prompts"] > 1 for row in rows), rows
+        assert all(row["tokens_per_second"] > 0 for row in rows)
+    assert_one_line_error(invoke("bench", "--batch", "9"), "--batch must be in 1..8", code=1)
