@@ -337,7 +337,7 @@ def test_settings_record_the_probability_floor_each_drafter_used():
 def test_library_run_document(library_report, conversations):
     report, events = library_report
     document = json.loads(json.dumps(report.as_json()))  # JSON-clean
-    assert set(document) == {"environment", "settings", "cost_curve", "results", "per_prompt"}
+    assert set(document) == {"environment", "settings", "cost_curve", "results", "per_prompt", "batched"}
     curve = document["cost_curve"]  # the verify-cost curve the drafting rows were planned with
     assert curve["origin"] == "measured" and curve["rows"][0] == 1 and len(curve["rows"]) >= 8
     assert all(ms > 0 for ms in curve["start_ms"] + curve["end_ms"] if ms is not None)
