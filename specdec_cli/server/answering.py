@@ -42,7 +42,8 @@ class Answering:
             job.send("calls", calls)
 
     def finish(self, generation: Any, drafter: str) -> Outcome:
-        """The generation ended: the rest of the answer sent, and the outcome `done` carries (returned too)."""
+        """The generation ended: the rest of the answer sent; the outcome `done` will carry (the caller records it
+        in the metrics first, so that a client that has its answer finds it counted, then sends `done`)."""
         job, stream = self.job, self.stream
         text = self.session.decode(generation)
         rest, calls = stream.finish(text)
@@ -57,5 +58,7 @@ class Answering:
                           generation.finish_reason, tuple(generation.tokens), job.config.budget,
                           tuple(self.scored.released) if job.config.logprobs is not None else None,
                           tuple(stream.calls))
-        job.send("done", outcome)
         return outcome
+
+    def done(self, outcome: Outcome) -> None:
+        self.job.send("done", outcome)

@@ -107,6 +107,7 @@ class Slots:
             outcome = slot.answering.finish(generation, self.session.drafter_name)
             worker.metrics.record(outcome.finish_reason, slot.prompt_tokens - generation.cached_tokens,
                                   generation.cached_tokens, generation)
+            slot.answering.done(outcome)
         except Exception as error:
             self._failed(slot.job, error, slot.started)
             return

@@ -150,6 +150,7 @@ class Worker:
             outcome = answering.finish(generation, session.drafter_name)
             self.metrics.record(outcome.finish_reason, len(prompt_ids) - generation.cached_tokens,
                                 generation.cached_tokens, generation)
+            answering.done(outcome)
         except Cancelled:
             self.cancelled(job)
         except Exception as error:
