@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+from ..texts.text_stream import TextStream
+
 
 def turn_json(turn) -> dict:
     stats = turn.generation.stats
@@ -36,8 +38,6 @@ class PrintedAnswer:
     back at a split character and where a stop string may be forming), the same rule `specdec serve` streams by."""
 
     def __init__(self, tokenizer, stops=()):
-        from ..texts.text_stream import TextStream
-
         self.stream = TextStream(tokenizer, stops)
 
     def on_event(self, event) -> None:

@@ -21,9 +21,8 @@ class Answering:
     def __init__(self, job: Any, session: Any, prompt_tokens: int, tool_format: Optional[ToolFormat]):
         request = job.request
         self.job, self.session, self.prompt_tokens = job, session, prompt_tokens
-        reader = None
-        if request.tools is not None and request.tools.offered and tool_format is not None:
-            reader = ToolCallReader(tool_format, request.tools.names)
+        # `tool_format`: where the request offers tools (worker.offered_format), its answer is read for calls
+        reader = None if tool_format is None else ToolCallReader(tool_format, request.tools.names)
         self.stream = AnswerStream(session.tokenizer, job.config.stop, reader)
         self.scored = LogprobStream(session.tokenizer)  # (empty unless the request asks for log probabilities)
         self.trace = StepTrace(session.tokenizer) if request.trace and request.stream else None

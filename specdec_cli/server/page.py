@@ -9,6 +9,7 @@ server has one, and sends it with its API requests).
 
 from __future__ import annotations
 
+import functools
 from importlib import resources
 
 from starlette.requests import Request
@@ -22,11 +23,16 @@ POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'sel
           "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
+@functools.lru_cache(maxsize=len(FILES))
+def _body(name: str) -> bytes:
+    """A page file's bytes, read once (they are the package's own)."""
+    return resources.files("specdec_cli.server").joinpath("webui", name).read_bytes()
+
+
 def _file(name: str) -> Response:
     if name not in FILES:
         raise ApiError(404, f"no page file {name!r}")
-    body = resources.files("specdec_cli.server").joinpath("webui", name).read_bytes()
-    return Response(body, media_type=FILES[name], headers={"Content-Security-Policy": POLICY,
+    return Response(_body(name), media_type=FILES[name], headers={"Content-Security-Policy": POLICY,
                                                             "X-Content-Type-Options": "nosniff",
                                                             "Cache-Control": "no-cache"})
 

@@ -69,19 +69,20 @@ def template_inputs(fmt: ToolFormat, messages: Sequence[dict], tools: Sequence[d
     if fmt != "generic":
         return [_native_message(message) for message in messages], (list(tools) if offer and tools else None)
     rendered: list[dict] = []
+    previous = None  # the role of the message before: consecutive tool results make one user message
     for message in messages:
         if message["role"] == "tool":
             result = f"<tool_response>\n{message['content']}\n</tool_response>"
-            if rendered and rendered[-1].get("tool_results"):
+            if previous == "tool":
                 rendered[-1]["content"] += "\n" + result
             else:
-                rendered.append({"role": "user", "content": result, "tool_results": True})
+                rendered.append({"role": "user", "content": result})
         elif message.get("tool_calls"):
             calls = "\n".join(f"{OPEN}\n{_call_json(call)}\n{CLOSE}" for call in message["tool_calls"])
             rendered.append({"role": "assistant", "content": "\n".join(filter(None, (message["content"], calls)))})
         else:
             rendered.append({"role": message["role"], "content": message["content"]})
-    rendered = [{"role": message["role"], "content": message["content"]} for message in rendered]
+        previous = message["role"]
     if offer and tools:
         if rendered and rendered[0]["role"] == "system":
             rendered[0] = {"role": "system", "content": rendered[0]["content"] + "\n\n" + _tools_prompt(tools)}
@@ -228,7 +229,7 @@ class ToolCallReader:
 def _may_be_json_call(text: str) -> bool:
     """Whether the answer so far may still turn out to be nothing but JSON calls."""
     head = text.lstrip()
-    return not head or head[0] == "{" or PYTHON_TAG.startswith(head[:len(PYTHON_TAG)]) or head.startswith(PYTHON_TAG)
+    return not head or head[0] == "{" or PYTHON_TAG.startswith(head[:len(PYTHON_TAG)])
 
 
 def _held(text: str) -> int:
