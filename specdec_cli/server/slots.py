@@ -6,8 +6,8 @@ open answer advances one step in one forward (decoding/batch.py: each sequence's
 cache only, and no row's bits depend on the others), then answers that ended leave and their slots take the next
 jobs. A client that goes away frees its slot before the next step; a stopping server cuts every open answer
 with an error event, as one answered alone. Each slot keeps a drafter of its own (drafters keep state between
-steps). The prompt cache is the session's one: a prompt takes it when it begins with the held tokens, and the
-answer that ends last leaves its entries there.
+steps). The session's prompt cache holds as many contexts as there are slots: a resent conversation takes the
+entries its last turn left, and a new one copies the beginning it shares with another (a system prompt).
 
 What a client receives is built as for a job answered alone (answering.py); what is refused is refused the same
 way (worker.py's `fail`).
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..decoding.batch import Batch
+from ..decoding.prompt_cache import PromptCache
 from .answering import Answering
 from .jobs import Job
 
@@ -39,6 +40,7 @@ class Slots:
         self.worker = worker
         self.session = worker.session
         self.batch = Batch(self.session.engine)
+        self.session.prompt_cache = PromptCache(worker.parallel)  # each conversation finds its own last turn
         self.open: list[_Slot] = []
         self.spare_drafters: list[Any] = []
 

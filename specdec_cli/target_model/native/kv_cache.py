@@ -111,6 +111,17 @@ class GrowingLayer:
             return
         self.length = max(0, self.length + tokens_to_remove)
 
+    def copy_into(self, other: "GrowingLayer", length: int) -> None:
+        """Make `other` (a new layer) hold a copy of this layer's first `length` entries."""
+        if not self.is_initialized:
+            return
+        batch, heads, _, dim = self.key_buffer.shape
+        other._initialize(batch, heads, dim, self.dtype, self.device)
+        other._reserve(length)
+        other.key_buffer[..., :length, :] = self.key_buffer[..., :length, :]
+        other.value_buffer[..., :length, :] = self.value_buffer[..., :length, :]
+        other.length = length
+
     def keep(self, positions: torch.Tensor) -> None:
         """Keep the entries at `positions` (ascending), moved to the front in that order; drop the rest."""
         if not self.is_initialized:
@@ -166,6 +177,20 @@ class KVCache:
         if not isinstance(layer, GrowingLayer):
             raise TypeError("native writes need GrowingLayers")
         return layer.open_rows(heads, dim, rows)
+
+    def copy_prefix(self, length: int) -> "KVCache":
+        """A new cache of the same kind holding a copy of the first `length` entries of every layer (a prompt
+        cache shares a common beginning, a system prompt, with another conversation without giving up its own)."""
+        if not 0 <= length <= self.get_seq_length():
+            raise ValueError(f"cannot copy {length} entries of a cache holding {self.get_seq_length()}")
+        copy = type(self)()
+        for layer in self.layers:
+            if not isinstance(layer, GrowingLayer):
+                raise TypeError("only GrowingLayers are copied")
+            fresh = copy.new_layer()
+            layer.copy_into(fresh, length)
+            copy.layers.append(fresh)
+        return copy
 
     def keep(self, positions: Sequence[int]) -> None:
         """Keep the cached entries at these positions (ascending), in every layer; drop the others."""

@@ -70,3 +70,60 @@ def test_the_cache_reuses_only_a_common_prefix_and_never_the_whole_prompt():
     assert cache.common_prefix(prompt[:5] + [7, 7, 7]) == 5
     other, held = cache.take([2, *prompt[1:]])
     assert held == 0 and other is None and len(cache) == 0  # nothing held in common: the engine starts a cache
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-blocks", "transformers"])
+def test_a_copied_beginning_equals_the_entries_it_copies_and_stays_apart_from_them(native):
+    model = _model(native)
+    engine = fixed_engine(model)
+    cache = PromptCache()
+    prompt = _sequence(40, seed=4)
+    engine.generate(prompt, NoDrafter(), _config(), prompt_cache=cache)
+    held = cache.held[-1].cache
+    copy = held.copy_prefix(17)
+    assert type(copy) is type(held) and copy.get_seq_length() == 17
+    for mine, theirs in zip(copy.layers, held.layers):
+        assert torch.equal(mine.keys, theirs.keys[..., :17, :]) and torch.equal(mine.values, theirs.values[..., :17, :])
+    before = held.layers[0].keys.clone()
+    copy.layers[0].keys.fill_(float("nan"))  # the copy's buffers are its own
+    assert torch.equal(held.layers[0].keys, before)
+    with pytest.raises(ValueError):
+        held.copy_prefix(held.get_seq_length() + 1)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-blocks", "transformers"])
+def test_with_several_entries_each_conversation_finds_its_own_and_shares_a_common_beginning(native):
+    model = _model(native)
+    engine = fixed_engine(model)
+    cache = PromptCache(entries=2)
+    system = _sequence(20, seed=5)  # what two conversations begin with (a system prompt)
+    first_a = system + _sequence(14, seed=6)[1:]
+    first_b = system + _sequence(9, seed=7)[1:]
+    a = engine.generate(first_a, NoDrafter(), _config(), prompt_cache=cache)
+    b = engine.generate(first_b, NoDrafter(), _config(), prompt_cache=cache)
+    assert b.cached_tokens == len(system)  # a copy of the beginning conversation a's entry holds
+    assert len(cache.held) == 2  # a's own entry stayed
+    second_a = first_a + a.tokens + _sequence(6, seed=8)[1:]
+    again_a = engine.generate(second_a, NoDrafter(), _config(), prompt_cache=cache)
+    assert again_a.cached_tokens == len(first_a) + len(a.tokens) - 1  # its whole last turn, though b came after
+    assert len(cache.held) == 2  # a's entry replaced by its longer one; b's kept
+    for prompt, answer in ((first_b, b), (second_a, again_a)):
+        cold = engine.generate(prompt, NoDrafter(), _config(), prompt_cache=PromptCache())
+        assert answer.tokens == cold.tokens  # every answer is a cold prompt's
+    third = _sequence(12, seed=9)
+    engine.generate(third, NoDrafter(), _config(), prompt_cache=cache)  # a third conversation's entry...
+    assert len(cache.held) == 2  # ...and b's, the least recently used, goes
+    assert not any(entry.tokens[: len(first_b)] == first_b for entry in cache.held)
+    assert cache.common_prefix(second_a + [5]) > len(second_a) - 1
+
+
+def test_a_cache_of_one_entry_gives_it_up_to_any_prompt():
+    cache = PromptCache()
+    model = _model(native=False)
+    engine = fixed_engine(model)
+    prompt = _sequence(20, seed=10)
+    engine.generate(prompt, NoDrafter(), _config(), prompt_cache=cache)
+    taken, held = cache.take(prompt[:6] + [2, 2])
+    assert held == 6 and taken.get_seq_length() == 6 and len(cache) == 0  # moved and cut, not copied
+    with pytest.raises(ValueError):
+        PromptCache(entries=0)

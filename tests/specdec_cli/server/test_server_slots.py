@@ -111,3 +111,36 @@ def test_a_client_that_leaves_frees_its_slot_and_changes_no_other_answer(session
             thread.join(HANG_GUARD)
         wait_until(lambda: health(server)["slots_busy"] == 0, "every slot to free")
     assert asked["answers"] == alone
+
+
+def test_each_conversation_goes_back_to_its_own_entries_with_several_slots(sessions):
+    """Two conversations taking turns on a two-slot server: each later turn computes only its new tokens (the
+    prompt cache holds a context per slot), the second conversation's first turn copies the system prompt the first
+    one's entries begin with, and every answer is the one-slot server's."""
+    alone_session, parallel_session = sessions
+
+    def converse(server) -> tuple[list[str], list[int], list[int]]:
+        client = client_of(server)
+        histories = {name: [{"role": "user", "content": prompt}]
+                     for name, prompt in (("a", "Name three colours."), ("b", "What is a compiler?"))}
+        answers, cached, prompts = [], [], []
+        for _turn in range(2):
+            for name in ("a", "b"):
+                reply = client.chat.completions.create(model="m", messages=histories[name], max_tokens=12)
+                text = reply.choices[0].message.content
+                answers.append(text)
+                cached.append(reply.usage.prompt_tokens_details.cached_tokens)
+                prompts.append(reply.usage.prompt_tokens)
+                histories[name] += [{"role": "assistant", "content": text}, {"role": "user", "content": "Go on."}]
+        return answers, cached, prompts
+
+    with serving(alone_session, name="smollm2") as server:
+        alone, _, _ = converse(server)
+    alone_session.prompt_cache.clear()
+    with serving(parallel_session, name="smollm2", parallel=2) as server:
+        answers, cached, prompts = converse(server)
+    assert answers == alone
+    system = cached[1]  # b's first turn: what it shares with a's first turn, the system prompt
+    assert 0 < system < prompts[1] - 4
+    for later, earlier in ((2, 0), (3, 1)):  # each later turn holds its own first turn, prompt and answer
+        assert cached[later] > prompts[earlier]
