@@ -109,7 +109,8 @@ class Slots:
             outcome = slot.answering.finish(generation, self.session.drafter_name)
             worker.metrics.record(outcome.finish_reason, slot.prompt_tokens - generation.cached_tokens,
                                   generation.cached_tokens, generation)
-            slot.answering.done(outcome)
+            slot.answering.done(outcome)  # the client has its answer; then it is remembered
+            self.session.remember(generation.tokens, list(slot.run.events[0].prompt_tokens))
         except Exception as error:
             self._failed(slot.job, error, slot.started)
             return

@@ -143,14 +143,15 @@ class Worker:
                     raise Cancelled()
                 answering.on_event(event)
 
-            generation = session.generate(prompt_ids, job.config, on_event)
+            generation = session.generate(prompt_ids, job.config, on_event, remember=False)
             self.last_prompt = len(prompt_ids)
-            if session.memory is not None:
-                self._build_drafter()
             outcome = answering.finish(generation, session.drafter_name)
             self.metrics.record(outcome.finish_reason, len(prompt_ids) - generation.cached_tokens,
                                 generation.cached_tokens, generation)
-            answering.done(outcome)
+            answering.done(outcome)  # the client has its answer; then it is remembered, for the drafts to come
+            session.remember(generation.tokens, prompt_ids)
+            if session.memory is not None:
+                self._build_drafter()
         except Cancelled:
             self.cancelled(job)
         except Exception as error:

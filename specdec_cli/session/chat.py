@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import InitVar, dataclass, field, replace
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from ..decoding.draft import Drafter
 from ..decoding.engine import Engine, EventCallback, Generation, GenerationConfig
@@ -156,13 +156,14 @@ class ChatSession:
         return turn
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig,
-                 on_event: Optional[EventCallback] = None) -> Generation:
+                 on_event: Optional[EventCallback] = None, remember: bool = True) -> Generation:
         """One answer to these token ids with the session's drafter, reusing the prompt cache, remembered once
-        finished (settings: the session's own `generation` with what a request changes; its EOS ids are the
-        model's)."""
+        finished unless the caller remembers it later (`remember`: a server answers its client first); settings:
+        the session's own `generation` with what a request changes; its EOS ids are the model's."""
         config = replace(config, eos_token_ids=self.info.eos_token_ids)
         generation = self.engine.generate(prompt_ids, self.drafter, config, on_event, self.prompt_cache)
-        self._remember(generation.tokens, prompt_ids)
+        if remember:
+            self.remember(generation.tokens, prompt_ids)
         return generation
 
     def start_in(self, batch: Any, prompt_ids: list[int], config: GenerationConfig, drafter: Any,
@@ -173,12 +174,10 @@ class ChatSession:
         return batch.add(prompt_ids, drafter, config, on_event, self.prompt_cache)
 
     def finish_in(self, batch: Any, run: Any) -> Generation:
-        """An answer begun with `start_in` that ended: its Generation, remembered as `generate` remembers it."""
-        generation = batch.close(run)
-        self._remember(generation.tokens, list(run.events[0].prompt_tokens))
-        return generation
+        """An answer begun with `start_in` that ended: its Generation (the caller remembers it: `remember`)."""
+        return batch.close(run)
 
-    def _remember(self, tokens: list[int], prompt_ids: list[int]) -> None:
+    def remember(self, tokens: list[int], prompt_ids: Sequence[int]) -> None:
         """Append a finished answer to the memory; a memory that cannot be written costs a warning, not the answer."""
         if self.memory is None:
             return

@@ -19,7 +19,9 @@ import hashlib
 import json
 import os
 import re
+import threading
 import time
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -36,6 +38,9 @@ DEFAULT_CAP = 1_000_000  # tokens
 ENV_OFF = "SPECDEC_NO_MEMORY"
 ENV_CAP = "SPECDEC_MEMORY_MAX_TOKENS"
 _NAME = re.compile(r"^(\d+)-(\d+)-(\d+)\.json$")  # TIME_NS-PID-TOKENS.json
+# answers read in this process: (directory, fingerprint) -> file name -> ((size, mtime_ns), token ids, prompt hash)
+_READ: dict = {}
+_READ_LOCK = threading.Lock()
 
 
 def memory_enabled() -> bool:
@@ -138,27 +143,58 @@ class Memory:
         return deleted
 
     def recall(self) -> Recalled:
-        """Every answer this memory holds for this tokenizer; corrupt or foreign files are skipped."""
+        """Every answer this memory holds for this tokenizer; corrupt or foreign files are skipped. A file read
+        before in this process (the same name, size and time: answer files are written once, under names no
+        one else picks) is not read again: a server rebuilds its drafter from the memory after every answer."""
         recalled = Recalled()
-        for _, _, path in self._files():
-            try:
-                document = read_json_bounded(path)
-                tokens = document["tokens"]
-                if document.get("format") != FORMAT:
-                    raise ValueError(f"format {document.get('format')}")
-                if document.get("fingerprint") != self.fingerprint:
-                    raise ValueError("written for another tokenizer")
-                if not isinstance(tokens, list) or not all(isinstance(token, int) and token >= 0 for token in tokens):
-                    raise ValueError("token ids are not whole numbers")
-            except FileNotFoundError:
-                continue  # evicted meanwhile
-            except (OSError, ValueError, KeyError, TypeError) as error:
-                reason = str(error) if isinstance(error, ValueError) and str(error) else "corrupt"
-                recalled.skipped.append(f"{path.name}: {reason}")
-                continue
-            recalled.answers.append(tokens)
-            recalled.prompt_hashes.append(str(document.get("prompt", "")))
+        with _READ_LOCK:
+            known = _READ.setdefault((str(self.directory.absolute()), self.fingerprint), {})
+            listed = set()
+            for _, _, path in self._files():
+                listed.add(path.name)
+                self._recall_one(path, known, recalled)
+            for gone in set(known) - listed:  # evicted: never recalled again
+                del known[gone]
         return recalled
+
+    def _recall_one(self, path: Path, known: dict, recalled: Recalled) -> None:
+        stamp = None
+        try:
+            status = path.stat()
+            stamp = (status.st_size, status.st_mtime_ns)
+            held = known.get(path.name)
+            if held is not None and held[0] == stamp:
+                recalled.answers.append(held[1].tolist())
+                recalled.prompt_hashes.append(held[2])
+                return
+        except FileNotFoundError:
+            return  # evicted meanwhile
+        except OSError:
+            pass  # read below, which says why
+        tokens = self._read_one(path, recalled)
+        if tokens is not None and stamp is not None and max(tokens, default=0) < 2**63:
+            known[path.name] = (stamp, array("q", tokens), recalled.prompt_hashes[-1])
+
+    def _read_one(self, path: Path, recalled: Recalled) -> Optional[list[int]]:
+        """One answer file's token ids (appended to `recalled`), or None where it was skipped."""
+        try:
+            document = read_json_bounded(path)
+            tokens = document["tokens"]
+            if document.get("format") != FORMAT:
+                raise ValueError(f"format {document.get('format')}")
+            if document.get("fingerprint") != self.fingerprint:
+                raise ValueError("written for another tokenizer")
+            if not isinstance(tokens, list) or not all(isinstance(token, int) and token >= 0 for token in tokens):
+                raise ValueError("token ids are not whole numbers")
+        except FileNotFoundError:
+            return None  # evicted meanwhile
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            reason = str(error) if isinstance(error, ValueError) and str(error) else "corrupt"
+            recalled.skipped.append(f"{path.name}: {reason}")
+            return None
+        recalled.answers.append(tokens)
+        recalled.prompt_hashes.append(str(document.get("prompt", "")))
+        return tokens
 
     def info(self) -> dict:
         files = self._files()

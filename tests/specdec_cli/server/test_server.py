@@ -560,9 +560,9 @@ def test_a_client_that_disconnects_stops_its_generation_and_the_next_is_served(e
 
     generate, ended = endless.generate, []
 
-    def recording(prompt_ids, config, on_event=None):
+    def recording(prompt_ids, config, on_event=None, remember=True):
         try:
-            generation = generate(prompt_ids, config, on_event)
+            generation = generate(prompt_ids, config, on_event, remember)
         except Cancelled:
             ended.append("cancelled")
             raise
@@ -791,7 +791,9 @@ def test_sam_learns_from_what_the_server_answered(tiny_model_dir, tmp_path, monk
     with serving(session) as server:
         client = client_of(server)
         first = client.chat.completions.create(model="m", messages=question)
-        assert session.memory is not None and session.memory.recall().tokens >= first.usage.completion_tokens
+        assert session.memory is not None
+        wait_until(lambda: session.memory.recall().tokens >= first.usage.completion_tokens,
+                   "the answer to be remembered (once its client has it)")
         wait_until(lambda: server.worker.fresh is not None, "the drafter to be rebuilt from the memory")
         before = session.drafter
         again = client.chat.completions.create(model="m", messages=question)

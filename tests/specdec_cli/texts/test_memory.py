@@ -52,6 +52,29 @@ def test_a_corrupt_or_foreign_file_is_skipped_and_the_rest_kept(tmp_path):
     assert warning is not None and warning.count("\n") == 0 and "(and 1 more)" in warning
 
 
+def test_a_file_read_once_is_not_read_again_unless_it_changed(tmp_path, monkeypatch):
+    from specdec_cli.texts import memory as memory_module
+
+    reads = []
+    read = memory_module.read_json_bounded
+    monkeypatch.setattr(memory_module, "read_json_bounded", lambda path: reads.append(path.name) or read(path))
+    memory = Memory(tmp_path / "memory", FINGERPRINT)
+    first = memory.append([5, 6, 7])
+    memory.append([8, 9])
+    assert memory.recall().answers == [[5, 6, 7], [8, 9]] and len(reads) == 2
+    memory.append([10])
+    again = Memory(tmp_path / "memory", FINGERPRINT)  # another object on the same folder: the same reads
+    assert again.recall().answers == [[5, 6, 7], [8, 9], [10]] and len(reads) == 3  # only the new file
+    first.write_text(json.dumps({"format": 1, "fingerprint": FINGERPRINT, "tokens": [1, 2, 3, 4]}))
+    assert memory.recall().answers == [[1, 2, 3, 4], [8, 9], [10]] and len(reads) == 4  # changed: read again
+    first.write_text("{not json")
+    recalled = memory.recall()
+    assert recalled.answers == [[8, 9], [10]] and recalled.warning() and len(reads) == 5
+    assert memory.recall().warning() and len(reads) == 6  # a bad file is read (and reported) every time
+    first.unlink()
+    assert memory.recall().answers == [[8, 9], [10]] and len(reads) == 6
+
+
 def test_two_writers_at_once_lose_nothing(tmp_path):
     directory = tmp_path / "memory"
     script = ("import sys; from specdec_cli.texts.memory import Memory\n"
