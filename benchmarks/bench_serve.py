@@ -30,6 +30,12 @@ asked), one turn each: the summary's tokens/s is then the total over the wall ti
 median. `--parallel 1,4` starts each specdec row once per value (`specdec serve --parallel P`, rows `NAME -npP`),
 and `--llama-parallel N` gives llama-server `-np N` (its slots).
 
+With `--interleave` every server is started at once (each idle while another answers) and each prompt goes to
+every row in turn, `--rounds R` times (the order rotated each round), so a host whose speed drifts weighs on all rows
+alike; the summary adds, per row, the median over (round, prompt) pairs of the server's own decoding speed (its
+`timings`) against the first row's (`NAME +schema` rows: against the first `+schema` row, and what the schema costs
+against the same server's free answer).
+
 Run: `python benchmarks/bench_serve.py [--target FILE.gguf] [--threads 2] [--drafters none,sam] [-n 128]`.
 Not a test: nothing here is run in CI, and it takes minutes on a small machine.
 """
@@ -237,6 +243,47 @@ def run_clients(name: str, server: "Started", prompts: list[str], clients: int, 
     return sorted(rows, key=lambda row: row["prompt"]), time.perf_counter() - started
 
 
+def run_interleaved(rows_of: list[tuple[str, "Started", bool]], prompts: list[str], rounds: int, max_tokens: int,
+                    schema: Optional[dict]) -> list[dict]:
+    """Each prompt asked of every (row name, server, under the schema) in turn, `rounds` times, the order rotated
+    each round; the rows in (round, prompt) order for every row name."""
+    import openai
+
+    clients = {}
+    for _, server, _ in rows_of:
+        if server.name not in clients:
+            clients[server.name] = openai.OpenAI(base_url=server.base_url, api_key="bench", max_retries=0,
+                                                 timeout=3600)
+            one_request(clients[server.name], [{"role": "user", "content": "Say hello."}], 8)  # warm-up
+    rows = []
+    for round_index in range(rounds):
+        for index, prompt in enumerate(prompts):
+            shift = (round_index + index) % len(rows_of)
+            for name, server, schematic in rows_of[shift:] + rows_of[:shift]:
+                result = one_request(clients[server.name], [{"role": "user", "content": prompt}], max_tokens,
+                                     schema if schematic else None, name.startswith("specdec serve plain"))
+                rows.append({"server": name, "prompt": index, "turn": 0, "round": round_index, **result})
+                print(f"{name:>24} round {round_index} prompt {index}: {result['tokens']:4d} tokens  "
+                      f"{result['tokens_per_s']:7.1f} tok/s  server {result['server_ms_per_token'] or 0:.2f} ms/token",
+                      flush=True)
+    order = {name: position for position, (name, _, _) in enumerate(rows_of)}
+    return sorted(rows, key=lambda row: (order[row["server"]], row["round"], row["prompt"]))
+
+
+def paired_speed(rows: list[dict], name: str, reference: str) -> Optional[float]:
+    """Median over (round, prompt) pairs of the reference row's server time a token over this row's: above 1, this
+    row decodes faster (None without pairs)."""
+    times = {(row["round"], row["prompt"]): row["server_ms_per_token"] for row in rows
+             if row["server"] == reference and row.get("server_ms_per_token")}
+    ratios = sorted(times[(row["round"], row["prompt"])] / row["server_ms_per_token"] for row in rows
+                    if row["server"] == name and row.get("server_ms_per_token")
+                    and (row["round"], row["prompt"]) in times)
+    if not ratios:
+        return None
+    middle = len(ratios) // 2
+    return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+
+
 def _mean(values: list) -> Optional[float]:
     known = [value for value in values if value is not None]
     return sum(known) / len(known) if known else None
@@ -282,8 +329,13 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=1, help="streaming clients asking at once (one turn each)")
     parser.add_argument("--parallel", default="1", help="specdec serve --parallel values, comma-separated: a row each")
     parser.add_argument("--llama-parallel", type=int, default=1, help="llama-server's -np (slots)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="start every server at once and ask each prompt of every row in turn")
+    parser.add_argument("--rounds", type=int, default=1, help="--interleave: passes over the prompts")
     parser.add_argument("--json-out")
     args = parser.parse_args()
+    if args.interleave and (args.clients > 1 or args.turns > 1):
+        parser.error("--interleave asks one prompt at a time, one turn each: no --clients or --turns")
     schema = None
     if args.json_schema:
         schema = BUILTIN_SCHEMA if args.json_schema == "builtin" else json.loads(Path(args.json_schema).read_text())
@@ -316,6 +368,20 @@ def main() -> int:
     rows: list[dict] = []
     names = []
     walls: dict = {}
+    if args.interleave:
+        started: list[Started] = []
+        try:
+            for name, command, port, run_env in plans:
+                started.append(Started(name, command, port, run_env))
+            rows_of = [(server.name, server, False) for server in started]
+            if schema is not None:
+                rows_of += [(f"{server.name} +schema", server, True) for server in started]
+            names = [name for name, _, _ in rows_of]
+            rows = run_interleaved(rows_of, prompts, args.rounds, args.max_tokens, schema)
+        finally:
+            for server in started:
+                server.stop()
+        plans = []
     for name, command, port, run_env in plans:  # one server at a time: they would share the cores
         server = Started(name, command, port, run_env)
         try:
@@ -340,8 +406,21 @@ def main() -> int:
               + f"  ITL {line['itl_ms']:6.1f} ms"
               + (f" (server {line['server_ms_per_token']:.2f} ms/token)" if line["server_ms_per_token"] else "")
               + f"  identical {line['identical_to_first_row']}")
+    if args.interleave:
+        print()
+        free = [name for name in names if not name.endswith(" +schema")]
+        constrained = [name for name in names if name.endswith(" +schema")]
+        for group in (free, constrained):
+            for name in group:
+                speed = paired_speed(rows, name, group[0])
+                cost = paired_speed(rows, name[: -len(" +schema")], name) if name in constrained else None
+                line = next(line for line in table if line["server"] == name)
+                line["paired_speed"], line["schema_cost"] = speed, cost
+                print(f"{name:>24}: {speed or 0:.3f}x {group[0]}'s decoding speed (median of pairs)"
+                      + (f"; the schema costs {cost:.3f}x a free answer's time a token" if cost else ""))
     if args.json_out:
         payload = {"target": gguf, "threads": args.threads, "max_tokens": args.max_tokens, "turns": args.turns,
+                   "interleave": args.interleave, "rounds": args.rounds,
                    "clients": args.clients, "parallel": parallels, "llama_parallel": args.llama_parallel,
                    "json_schema": schema,
                    "prompts": prompts, "summary": table, "requests": rows,
