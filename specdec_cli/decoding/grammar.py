@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Literal, Sequence
 
@@ -29,6 +30,7 @@ from ..errors import SpecdecError
 GrammarKind = Literal["json_schema", "lark", "gbnf"]
 GRAMMAR_SOURCE = "grammar"  # a draft of the tokens the grammar forces
 _TOKENIZERS: dict[int, tuple[Any, Any]] = {}  # id(tokenizer) -> (tokenizer, its llguidance tokenizer)
+_TOKENIZERS_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -72,19 +74,26 @@ def _first_line(error: Exception) -> str:
     return text.splitlines()[0][:200] if text else type(error).__name__
 
 
+def prepare(tokenizer: Any, eos_token_ids: Sequence[int]) -> None:
+    """Build llguidance's view of `tokenizer` now (a server does, in the background, so that its first grammar
+    request does not wait the second it takes)."""
+    _ll_tokenizer(tokenizer, eos_token_ids)
+
+
 def _ll_tokenizer(tokenizer: Any, eos_token_ids: Sequence[int]) -> Any:
-    """llguidance's view of `tokenizer` (built once per tokenizer: half a second for a 150 k vocabulary)."""
+    """llguidance's view of `tokenizer` (built once per tokenizer: about a second for a 150 k vocabulary)."""
     import llguidance.hf
 
     key = id(tokenizer)
-    held = _TOKENIZERS.get(key)
-    if held is None or held[0] is not tokenizer:
-        eos = [int(token) for token in eos_token_ids] or None
-        try:
-            built = llguidance.hf.from_tokenizer(tokenizer, eos_token=eos)
-        except Exception:  # a tokenizer the engine cannot read whole: from each token's own text instead
-            built = _from_token_texts(tokenizer, eos)
-        held = _TOKENIZERS[key] = (tokenizer, built)
+    with _TOKENIZERS_LOCK:  # one build, whoever asks first
+        held = _TOKENIZERS.get(key)
+        if held is None or held[0] is not tokenizer:
+            eos = [int(token) for token in eos_token_ids] or None
+            try:
+                built = llguidance.hf.from_tokenizer(tokenizer, eos_token=eos)
+            except Exception:  # a tokenizer the engine cannot read whole: from each token's own text instead
+                built = _from_token_texts(tokenizer, eos)
+            held = _TOKENIZERS[key] = (tokenizer, built)
     return held[1]
 
 

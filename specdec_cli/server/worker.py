@@ -61,6 +61,16 @@ class Worker:
 
     def start(self) -> None:
         self.thread.start()
+        threading.Thread(target=self._prepare_grammars, name="specdec-grammar", daemon=True).start()
+
+    def _prepare_grammars(self) -> None:
+        """The grammar engine's view of the tokenizer, built while no request waits for it (about a second)."""
+        try:
+            from ..decoding.grammar import prepare
+
+            prepare(self.session.tokenizer, self.session.info.eos_token_ids)
+        except Exception:  # a grammar request will say why, in one line
+            log.debug("preparing the grammar engine failed", exc_info=True)
 
     def stop(self) -> None:
         """Stop after the current step (`stop_soon`) and wait for the thread to end."""

@@ -854,3 +854,15 @@ def test_metrics_count_requests_tokens_and_drafts_in_prometheus_format(tiny):
         total("specdec:spec_decode_num_accepted_tokens_per_pos_total")
     assert total("specdec:time_to_first_token_seconds_count") == 2
     assert samples[("specdec:num_requests_waiting", ())] == 0
+
+
+def test_the_grammar_engine_reads_the_tokenizer_before_the_first_grammar_request(tiny):
+    """llguidance's view of a tokenizer takes about a second to build: a server builds it in the background as it
+    starts, so its first JSON-schema request does not wait for it."""
+    pytest.importorskip("llguidance")
+    from specdec_cli.decoding import grammar
+
+    session, _ = tiny
+    grammar._TOKENIZERS.pop(id(session.tokenizer), None)
+    with serving(session):
+        wait_until(lambda: id(session.tokenizer) in grammar._TOKENIZERS, "the grammar engine to read the tokenizer")
