@@ -122,15 +122,17 @@ class GrowingLayer:
         other.value_buffer[..., :length, :] = self.value_buffer[..., :length, :]
         other.length = length
 
-    def keep(self, positions: torch.Tensor) -> None:
-        """Keep the entries at `positions` (ascending), moved to the front in that order; drop the rest."""
+    def keep(self, positions: torch.Tensor, start: int = 0) -> None:
+        """Keep the entries at `positions` (ascending), moved to the front in that order; drop the rest. The first
+        `start` of them are already in place (positions[:start] == 0..start-1): only the others move."""
         if not self.is_initialized:
             return
         kept = positions.numel()
-        keys = self.key_buffer.index_select(-2, positions)  # [b, h, kept, d]
-        values = self.value_buffer.index_select(-2, positions)
-        self.key_buffer[..., :kept, :] = keys
-        self.value_buffer[..., :kept, :] = values
+        moved = positions[start:]
+        keys = self.key_buffer.index_select(-2, moved)  # [b, h, kept - start, d]
+        values = self.value_buffer.index_select(-2, moved)
+        self.key_buffer[..., start:kept, :] = keys
+        self.value_buffer[..., start:kept, :] = values
         self.length = kept
 
     def reset(self) -> None:
@@ -194,10 +196,14 @@ class KVCache:
 
     def keep(self, positions: Sequence[int]) -> None:
         """Keep the cached entries at these positions (ascending), in every layer; drop the others."""
-        index = torch.tensor(list(positions), dtype=torch.long)
+        positions = list(positions)
+        start = 0  # the entries already in place (a tree's accepted path follows the whole context)
+        while start < len(positions) and positions[start] == start:
+            start += 1
+        index = torch.tensor(positions, dtype=torch.long)
         for layer in self.layers:
             if isinstance(layer, GrowingLayer) and layer.is_initialized:
-                layer.keep(index.to(layer.key_buffer.device))
+                layer.keep(index.to(layer.key_buffer.device), start)
 
 
 def new_kv_cache(model: Any) -> Any:

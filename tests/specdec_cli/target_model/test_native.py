@@ -232,6 +232,9 @@ def test_the_kv_cache_rolls_back_and_keeps_paths_like_a_dynamic_cache(kind):
             length -= drop
         if step % 5 == 0 and length > 4:
             keep = [*range(length - 4), length - 3, length - 1]  # a tree path: skip a sibling
+            if step % 10 == 0:  # any ascending positions, none in place
+                keep = sorted(torch.randperm(length, generator=generator)[: length // 2 + 1].tolist())
+                keep = keep if keep[0] else keep[1:]
             ours.keep(keep)
             index = torch.tensor(keep)
             layer = theirs.layers[0]
