@@ -22,6 +22,7 @@ MEASURE_ROUNDS = (2, 6)  # at least / at most this many interleaved timed rounds
 WINDOW = 8  # recent observations kept per row count; the estimate is their lower quartile
 PAD_MARGIN = 0.02  # fill a block up to a bigger forward only when that is at least 2% cheaper
 STALE_STEPS = 256  # a row count not seen for this many steps is stale
+BASE_ROWS = 1  # the plain step: other counts are learned relative to its estimate at the time
 CURVE_FORMAT = 2  # version of the cached curve's JSON (1: monotone-smoothed medians, no longer trusted)
 
 
@@ -30,10 +31,14 @@ class CostCurve:
 
     At a row count with observations the estimate is the lower quartile of the last WINDOW of them, the
     prior counted as one more while fewer than WINDOW were seen (timing noise is mostly upward, so a low
-    quantile is robust; the prior is outvoted after a few steps). A row count with none keeps the prior's
-    value scaled by how the observed counts compare with theirs (`_level`). Between known row counts, linear
-    interpolation; past the largest, its last slope. No smoothing: the curve keeps its real shape.
-    A `learn=False` curve is fixed (tests and replays): observations are ignored.
+    quantile is robust; the prior is outvoted after a few steps). Where the prior has one row, a bigger count's
+    observations are kept relative to the one-row estimate of their moment and its estimate is their lower
+    quartile times today's one-row estimate: a step timed while the host was busy, or deep in a long context,
+    says how much dearer more rows are, not that they stay dear once the host is quiet or the context short (a
+    dear estimate is sticky: the planner stops verifying that many rows, so nothing would correct it). A row
+    count with none keeps the prior's value scaled by how the observed counts compare with theirs (`_level`).
+    Between known row counts, linear interpolation; past the largest, its last slope. No smoothing: the curve
+    keeps its real shape. A `learn=False` curve is fixed (tests and replays): observations are ignored.
     """
 
     def __init__(self, prior: dict[int, float], learn: bool = True, origin: str = "given"):
@@ -66,10 +71,16 @@ class CostCurve:
 
     def _estimate(self, rows: int) -> float:
         samples = list(self.recent.get(rows, ()))
+        relative = self._relative(rows)
         if rows in self.prior and len(samples) < WINDOW:
-            samples.append(self.prior[rows])
+            samples.append(self.prior[rows] / self.prior[BASE_ROWS] if relative else self.prior[rows])
         samples.sort()
-        return samples[(len(samples) - 1) // 4]
+        quartile = samples[(len(samples) - 1) // 4]
+        return quartile * self._estimate(BASE_ROWS) if relative else quartile
+
+    def _relative(self, rows: int) -> bool:
+        """Whether this count's observations are kept relative to the one-row estimate (see the class)."""
+        return rows != BASE_ROWS and BASE_ROWS in self.prior
 
     def _level(self, observed: dict[int, float]) -> float:
         """How this session's timings compare with the prior's where both exist: the median ratio, 1 without
@@ -117,7 +128,8 @@ class CostCurve:
         """One forward of `rows` rows took `seconds` (ignored by a fixed curve)."""
         if not self.learn or not seconds > 0:
             return
-        self.recent.setdefault(rows, deque(maxlen=WINDOW)).append(seconds)
+        value = seconds / self._estimate(BASE_ROWS) if self._relative(rows) else seconds
+        self.recent.setdefault(rows, deque(maxlen=WINDOW)).append(value)
         self.observations += 1
         self.last_seen[rows] = self.observations
         self._estimates = None

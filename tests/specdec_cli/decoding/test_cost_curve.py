@@ -32,3 +32,20 @@ def test_a_fixed_curve_ignores_observations_and_keeps_its_prior():
     curve = CostCurve.fixed(QUIET)
     curve.observe(1, 10.0)
     assert curve.seconds == QUIET
+
+
+def test_a_count_timed_on_a_busy_host_is_not_dear_once_the_host_is_quiet():
+    """Four-row steps timed while everything ran at 2x, then only plain steps on the quiet host (a planner that
+    thinks four rows dear verifies none, so nothing would correct them): four rows cost what the quiet host's
+    one-row steps say, times the ratio the busy steps measured, not the busy seconds."""
+    curve = CostCurve(QUIET)
+    for _ in range(WINDOW):
+        curve.observe(1, 2 * QUIET[1])
+        curve.observe(4, 2 * QUIET[4])
+    assert abs(curve(4) - 2 * QUIET[4]) < 1e-12
+    for _ in range(WINDOW):
+        curve.observe(1, QUIET[1])
+    assert abs(curve(4) - QUIET[4]) < 1e-12 and abs(curve(4) / curve(1) - QUIET[4] / QUIET[1]) < 1e-12
+    absolute = CostCurve({4: 1.2, 8: 1.5})  # a prior without one row: counts are learned as they are timed
+    absolute.observe(4, 3.0)
+    assert absolute(4) == 1.2  # the lower quartile of the prior and one observation
