@@ -71,15 +71,14 @@ class Slots:
         worker, session, started = self.worker, self.session, time.perf_counter()
         try:
             prompt_ids = worker.prompt_for(job.request)
-            if not job.request.cache_prompt:
-                session.prompt_cache.clear()
             job.send("started")
             slot = _Slot(job, Answering(job, session, len(prompt_ids), worker.offered_format(job.request)),
                          self.spare_drafters.pop() if self.spare_drafters else session.make_drafter(),
                          len(prompt_ids), started)
             self.open.append(slot)
             worker.running.append(job)
-            slot.run = session.start_in(self.batch, prompt_ids, job.config, slot.drafter, slot.answering.on_event)
+            slot.run = session.start_in(self.batch, prompt_ids, job.config, slot.drafter, slot.answering.on_event,
+                                        cached=job.request.cache_prompt)  # false: computed whole, others' kept
         except Exception as error:
             self._failed(job, error, started)
             return

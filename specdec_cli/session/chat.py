@@ -167,11 +167,12 @@ class ChatSession:
         return generation
 
     def start_in(self, batch: Any, prompt_ids: list[int], config: GenerationConfig, drafter: Any,
-                 on_event: Optional[EventCallback] = None) -> Any:
-        """`generate`, begun inside a batch (decoding/batch.py) with a drafter of its own: the prompt computed now,
-        the answer stepped with the batch's others; `finish_in` ends it."""
+                 on_event: Optional[EventCallback] = None, cached: bool = True) -> Any:
+        """`generate`, begun inside a batch (decoding/batch.py) with a drafter of its own: the prompt computed now
+        (whole, and its context not kept, without `cached`), the answer stepped with the batch's others;
+        `finish_in` ends it."""
         config = replace(config, eos_token_ids=self.info.eos_token_ids)
-        return batch.add(prompt_ids, drafter, config, on_event, self.prompt_cache)
+        return batch.add(prompt_ids, drafter, config, on_event, self.prompt_cache if cached else None)
 
     def finish_in(self, batch: Any, run: Any) -> Generation:
         """An answer begun with `start_in` that ended: its Generation (the caller remembers it: `remember`)."""

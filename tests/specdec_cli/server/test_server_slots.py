@@ -5,11 +5,12 @@ whatever this machine's speed. A client that leaves mid-answer changes no other 
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import replace
 
 import pytest
-from test_server import HANG_GUARD, _sam_settings, client_of, health, serving, wait_until
+from test_server import HANG_GUARD, _sam_settings, client_of, health, raw_request, serving, wait_until
 
 openai = pytest.importorskip("openai")
 
@@ -139,6 +140,11 @@ def test_each_conversation_goes_back_to_its_own_entries_with_several_slots(sessi
     alone_session.prompt_cache.clear()
     with serving(parallel_session, name="smollm2", parallel=2) as server:
         answers, cached, prompts = converse(server)
+        kept = [entry.tokens for entry in parallel_session.prompt_cache.held]
+        status, _, whole = raw_request(server, "POST", "/completion", json.dumps(
+            {"prompt": "Name three colours.", "n_predict": 4, "cache_prompt": False}).encode())
+        assert status == 200 and whole["timings"]["cache_n"] == 0  # computed whole...
+        assert [entry.tokens for entry in parallel_session.prompt_cache.held] == kept  # ...and the others kept
     assert answers == alone
     system = cached[1]  # b's first turn: what it shares with a's first turn, the system prompt
     assert 0 < system < prompts[1] - 4
