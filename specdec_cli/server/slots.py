@@ -58,19 +58,43 @@ class Slots:
             worker.ended(slot.started)
 
     def _admit(self) -> bool:
-        """Waiting jobs into free slots (waiting for one when none is open); False once the queue closed."""
+        """Waiting jobs into free slots (waiting for one when none is open); False once the queue closed. The jobs
+        taken together begin with the least to compute first: each one's first token waits for the prompts begun
+        before it, so the shortest first makes the wait shortest (all of them begin before the next step)."""
         worker = self.worker
         while len(self.open) < worker.parallel:
             job = worker.jobs.get(wait=not self.open)
             if job is None:
                 return bool(self.open) or not worker.stopping
-            self._begin(job)
+            taken = [job]
+            while len(self.open) + len(taken) < worker.parallel:
+                job = worker.jobs.get(wait=False)
+                if job is None:
+                    break
+                taken.append(job)
+            for job, prompt_ids, started in self._least_first(taken):
+                self._begin(job, prompt_ids, started)
         return True
 
-    def _begin(self, job: Job) -> None:
-        worker, session, started = self.worker, self.session, time.perf_counter()
+    def _least_first(self, jobs: list[Job]) -> list[tuple[Job, list[int], float]]:
+        """The jobs whose prompts read (the others refused now), least to compute first (what the prompt cache
+        does not hold; ties in arrival order)."""
+        read = []
+        for job in jobs:
+            started = time.perf_counter()
+            try:
+                prompt_ids = self.worker.prompt_for(job.request)
+            except Exception as error:
+                self._failed(job, error, started)
+                continue
+            held = self.session.prompt_cache.common_prefix(prompt_ids) if job.request.cache_prompt else 0
+            read.append((len(prompt_ids) - held, job, prompt_ids, started))
+        return [(job, prompt_ids, started) for _, job, prompt_ids, started in
+                sorted(read, key=lambda item: item[0])]  # a stable sort: equals keep their order
+
+    def _begin(self, job: Job, prompt_ids: list[int], started: float) -> None:
+        worker, session = self.worker, self.session
         try:
-            prompt_ids = worker.prompt_for(job.request)
             job.send("started")
             slot = _Slot(job, Answering(job, session, len(prompt_ids), worker.offered_format(job.request)),
                          self.spare_drafters.pop() if self.spare_drafters else session.make_drafter(),

@@ -150,3 +150,32 @@ def test_each_conversation_goes_back_to_its_own_entries_with_several_slots(sessi
     assert 0 < system < prompts[1] - 4
     for later, earlier in ((2, 0), (3, 1)):  # each later turn holds its own first turn, prompt and answer
         assert cached[later] > prompts[earlier]
+
+
+def test_requests_taken_together_begin_with_the_least_to_compute(sessions, monkeypatch):
+    """Each first token waits for the prompts begun before it: of the requests waiting when slots free, the
+    shortest prompt begins first (here three queue behind a held first one, the longest first)."""
+    _, parallel_session = sessions
+    gate, _ = _gate(parallel_session, monkeypatch)
+    begun = []
+    held = parallel_session.start_in
+
+    def recording(batch, prompt_ids, *args, **kwargs):
+        begun.append(len(prompt_ids))
+        return held(batch, prompt_ids, *args, **kwargs)
+
+    monkeypatch.setattr(parallel_session, "start_in", recording)
+    prompts = ["Say hi.", "Write a long, careful essay about the history of the printing press in Europe, with dates.",
+               "Name a colour.", "List three fruits, then three vegetables, then three grains, one per line."]
+    with serving(parallel_session, name="smollm2", parallel=4) as server:
+        first = _ask_all(server, prompts[:1])
+        wait_until(lambda: health(server)["slots_busy"] == 1, "the first request to hold the worker")
+        rest = []
+        for count, prompt in enumerate(prompts[1:], start=1):  # queued one by one, in this order
+            rest.append(_ask_all(server, [prompt]))
+            wait_until(lambda count=count: health(server)["queued"] == count, "the request to queue")
+        gate.set()
+        for asked in [first, *rest]:
+            for thread in asked["threads"]:
+                thread.join(HANG_GUARD)
+    assert len(begun) == 4 and begun[1:] == sorted(begun[1:]) and begun[1] < begun[2] < begun[3]
