@@ -1,9 +1,9 @@
 """Jobs: one request on its way through the server, and the bounded queue of those waiting.
 
-`Job` holds the checked request and its generation settings, where its messages go (an asyncio queue of the event
-loop that serves the request, fed from the generating thread), and its cancel flag. `WaitingJobs` keeps them in
-arrival order, at most `size` whose clients still wait; withdrawn ones leave at once. The worker (worker.py,
-slots.py) takes them from here.
+`Job` holds the checked request and its generation settings (and its prompt's token ids once read), where its
+messages go (an asyncio queue of the event loop that serves the request, fed from the generating thread), and its
+cancel flag. `WaitingJobs` keeps them in arrival order, at most `size` whose clients still wait; withdrawn ones
+leave at once; the taker may choose which to take. The worker (worker.py, slots.py) takes them from here.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import asyncio
 import collections
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..decoding.generation_config import GenerationConfig
 from .api_errors import ApiError
@@ -30,6 +30,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     messages: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    prompt_ids: Optional[list[int]] = None  # the prompt's token ids, once the worker read them (slots.py)
 
     def send(self, kind: str, value: Any = None) -> None:
         """Hand a message to the request's event loop (from the worker thread)."""
@@ -68,15 +69,20 @@ class WaitingJobs:
             self._changed.notify()
             return True
 
-    def get(self, wait: bool = True) -> Optional[Job]:
-        """The next live job, waiting for one (`wait`, else None when none waits); None once closed."""
+    def get(self, wait: bool = True, choose: Optional[Callable[[list[Job]], Job]] = None) -> Optional[Job]:
+        """The next live job, waiting for one (`wait`, else None when none waits); None once closed. `choose`
+        picks it among those waiting (default: the first to arrive)."""
         with self._changed:
             while True:
                 self._drop_cancelled()
                 if self._closed:
                     return None
                 if self._jobs:
-                    return self._jobs.popleft()
+                    if choose is None:
+                        return self._jobs.popleft()
+                    chosen = choose(list(self._jobs))
+                    self._jobs.remove(chosen)
+                    return chosen
                 if not wait:
                     return None
                 self._changed.wait()

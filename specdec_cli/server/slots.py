@@ -58,43 +58,31 @@ class Slots:
             worker.ended(slot.started)
 
     def _admit(self) -> bool:
-        """Waiting jobs into free slots (waiting for one when none is open); False once the queue closed. The jobs
-        taken together begin with the least to compute first: each one's first token waits for the prompts begun
-        before it, so the shortest first makes the wait shortest (all of them begin before the next step)."""
+        """Waiting jobs into free slots (waiting for one when none is open); False once the queue closed. Each free
+        slot takes the waiting job with the least to compute: a first token waits for the prompts begun before it,
+        so the shortest first makes the waits shortest (ties in arrival order; each prompt is read once)."""
         worker = self.worker
         while len(self.open) < worker.parallel:
-            job = worker.jobs.get(wait=not self.open)
+            job = worker.jobs.get(wait=not self.open, choose=lambda jobs: min(jobs, key=self._to_compute))
             if job is None:
                 return bool(self.open) or not worker.stopping
-            taken = [job]
-            while len(self.open) + len(taken) < worker.parallel:
-                job = worker.jobs.get(wait=False)
-                if job is None:
-                    break
-                taken.append(job)
-            for job, prompt_ids, started in self._least_first(taken):
-                self._begin(job, prompt_ids, started)
+            self._begin(job)
         return True
 
-    def _least_first(self, jobs: list[Job]) -> list[tuple[Job, list[int], float]]:
-        """The jobs whose prompts read (the others refused now), least to compute first (what the prompt cache
-        does not hold; ties in arrival order)."""
-        read = []
-        for job in jobs:
-            started = time.perf_counter()
+    def _to_compute(self, job: Job) -> int:
+        """Prompt tokens the job's prompt cache does not hold (-1 for a prompt that cannot be read: refused first)."""
+        if job.prompt_ids is None:
             try:
-                prompt_ids = self.worker.prompt_for(job.request)
-            except Exception as error:
-                self._failed(job, error, started)
-                continue
-            held = self.session.prompt_cache.common_prefix(prompt_ids) if job.request.cache_prompt else 0
-            read.append((len(prompt_ids) - held, job, prompt_ids, started))
-        return [(job, prompt_ids, started) for _, job, prompt_ids, started in
-                sorted(read, key=lambda item: item[0])]  # a stable sort: equals keep their order
+                job.prompt_ids = self.worker.prompt_for(job.request)
+            except Exception:
+                return -1  # _begin reads it again and refuses it
+        held = self.session.prompt_cache.common_prefix(job.prompt_ids) if job.request.cache_prompt else 0
+        return len(job.prompt_ids) - held
 
-    def _begin(self, job: Job, prompt_ids: list[int], started: float) -> None:
-        worker, session = self.worker, self.session
+    def _begin(self, job: Job) -> None:
+        worker, session, started = self.worker, self.session, time.perf_counter()
         try:
+            prompt_ids = job.prompt_ids if job.prompt_ids is not None else worker.prompt_for(job.request)
             job.send("started")
             slot = _Slot(job, Answering(job, session, len(prompt_ids), worker.offered_format(job.request)),
                          self.spare_drafters.pop() if self.spare_drafters else session.make_drafter(),
