@@ -54,18 +54,15 @@ class DeviceCache:
             raise ValueError("crop takes a negative count of entries to drop")
         self.length = max(0, self.length + tokens_to_remove)
 
-    def keep(self, positions: Sequence[int]) -> None:
-        """Keep the slots at `positions` (ascending), moved to the front in that order; drop the rest."""
-        positions = list(positions)
-        same = 0
-        while same < len(positions) and positions[same] == same:
-            same += 1
-        moved = positions[same:]
+    def keep(self, positions: Sequence[int], start: int = 0) -> None:
+        """Keep the first `start` slots where they are and the slots at `positions` (ascending, each >= start) right
+        after them, in that order; drop the rest (at most the staging rows move: a tree's accepted path)."""
+        moved = list(positions)
         if moved:
             static = self.static
             count = len(moved)
-            indices = static.moves.send([*moved, *range(same, same + count)])  # int64 [2 count] on the device
+            indices = static.moves.send([*moved, *range(start, start + count)])  # int64 [2 count] on the device
             source, target = indices[:count], indices[count : 2 * count]
             for buffer in (static.keys, static.values):  # [layers, kv_heads, slots, head_dim]
                 buffer.index_copy_(2, target, buffer.index_select(2, source))
-        self.length = len(positions)
+        self.length = start + len(moved)

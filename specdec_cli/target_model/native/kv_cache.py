@@ -123,14 +123,13 @@ class GrowingLayer:
         other.length = length
 
     def keep(self, positions: torch.Tensor, start: int = 0) -> None:
-        """Keep the entries at `positions` (ascending), moved to the front in that order; drop the rest. The first
-        `start` of them are already in place (positions[:start] == 0..start-1): only the others move."""
+        """Keep the first `start` entries where they are and the entries at `positions` (ascending, each >= start)
+        right after them, in that order; drop the rest."""
         if not self.is_initialized:
             return
-        kept = positions.numel()
-        moved = positions[start:]
-        keys = self.key_buffer.index_select(-2, moved)  # [b, h, kept - start, d]
-        values = self.value_buffer.index_select(-2, moved)
+        kept = start + positions.numel()
+        keys = self.key_buffer.index_select(-2, positions)  # [b, h, kept - start, d]
+        values = self.value_buffer.index_select(-2, positions)
         self.key_buffer[..., start:kept, :] = keys
         self.value_buffer[..., start:kept, :] = values
         self.length = kept
@@ -194,13 +193,10 @@ class KVCache:
             copy.layers.append(fresh)
         return copy
 
-    def keep(self, positions: Sequence[int]) -> None:
-        """Keep the cached entries at these positions (ascending), in every layer; drop the others."""
-        positions = list(positions)
-        start = 0  # the entries already in place (a tree's accepted path follows the whole context)
-        while start < len(positions) and positions[start] == start:
-            start += 1
-        index = torch.tensor(positions, dtype=torch.long)
+    def keep(self, positions: Sequence[int], start: int = 0) -> None:
+        """Keep the first `start` entries where they are and the entries at `positions` (ascending, each >= start)
+        right after them, in every layer; drop the others (a tree's accepted path after the whole context)."""
+        index = torch.tensor(list(positions), dtype=torch.long)
         for layer in self.layers:
             if isinstance(layer, GrowingLayer) and layer.is_initialized:
                 layer.keep(index.to(layer.key_buffer.device), start)

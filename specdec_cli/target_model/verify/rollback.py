@@ -19,7 +19,7 @@ def keep_accepted(cache: Any, past: int, path: Sequence[int], is_chain: bool, le
     block (cache.keep and cache.crop are kv_cache.KVCache's)."""
     if not is_chain and list(path) != list(range(len(path))):  # a tree path: gather it into place
         check_rollback(cache)
-        cache.keep([*range(past + 1), *(past + 1 + node for node in path)])
+        cache.keep([past + 1 + node for node in path], start=past + 1)  # the prefix and root stay in place
     truncate_cache(cache, length)
 
 

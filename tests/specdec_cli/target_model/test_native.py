@@ -235,7 +235,9 @@ def test_the_kv_cache_rolls_back_and_keeps_paths_like_a_dynamic_cache(kind):
             if step % 10 == 0:  # any ascending positions, none in place
                 keep = sorted(torch.randperm(length, generator=generator)[: length // 2 + 1].tolist())
                 keep = keep if keep[0] else keep[1:]
-            ours.keep(keep)
+                ours.keep(keep)
+            else:  # the context stays in place, the path moves after it
+                ours.keep(keep[length - 4 :], start=length - 4)
             index = torch.tensor(keep)
             layer = theirs.layers[0]
             layer.keys, layer.values = layer.keys.index_select(-2, index), layer.values.index_select(-2, index)
