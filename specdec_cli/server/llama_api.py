@@ -4,8 +4,8 @@ text or token ids, `n_predict`, sampling, `cache_prompt`, `return_tokens`; not s
 
 With them `specdec bench --reference http://HOST:PORT` measures a running `specdec serve` the way it measures a
 running llama-server (bench/llama_server.py): the same token ids in, the answer's token ids and llama.cpp's
-`timings` out. `cache_prompt: false` computes the prompt whole (one slot: the prompt cache is emptied first;
-several: the request takes nothing from it and leaves nothing in it, the others keep theirs). This file
+`timings` out. `cache_prompt: false` computes the prompt whole (the request takes nothing from the prompt cache
+and leaves nothing in it; what it holds stays for the others). This file
 reads and shapes bodies; the worker generates (worker.py), the routes are app.py's.
 """
 

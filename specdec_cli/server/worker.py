@@ -143,8 +143,6 @@ class Worker:
         try:
             prompt_ids = self.prompt_for(request)
             self._refresh_drafter(prompt_ids)
-            if not request.cache_prompt:
-                session.prompt_cache.clear()
             job.send("started")
             answering = Answering(job, session, len(prompt_ids), self.offered_format(request))
 
@@ -153,7 +151,8 @@ class Worker:
                     raise Cancelled()
                 answering.on_event(event)
 
-            generation = session.generate(prompt_ids, job.config, on_event, remember=False)
+            generation = session.generate(prompt_ids, job.config, on_event, remember=False,
+                                          cached=request.cache_prompt)
             self.last_prompt = len(prompt_ids)
             outcome = answering.finish(generation, session.drafter_name)
             self.metrics.record(outcome.finish_reason, len(prompt_ids) - generation.cached_tokens,

@@ -156,12 +156,14 @@ class ChatSession:
         return turn
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig,
-                 on_event: Optional[EventCallback] = None, remember: bool = True) -> Generation:
-        """One answer to these token ids with the session's drafter, reusing the prompt cache, remembered once
-        finished unless the caller remembers it later (`remember`: a server answers its client first); settings:
-        the session's own `generation` with what a request changes; its EOS ids are the model's."""
+                 on_event: Optional[EventCallback] = None, remember: bool = True, cached: bool = True) -> Generation:
+        """One answer to these token ids with the session's drafter, reusing the prompt cache (without `cached`: the
+        prompt computed whole and its context not kept), remembered once finished unless the caller remembers it
+        later (`remember`: a server answers its client first); settings: the session's own `generation` with what a
+        request changes; its EOS ids are the model's."""
         config = replace(config, eos_token_ids=self.info.eos_token_ids)
-        generation = self.engine.generate(prompt_ids, self.drafter, config, on_event, self.prompt_cache)
+        generation = self.engine.generate(prompt_ids, self.drafter, config, on_event,
+                                          self.prompt_cache if cached else None)
         if remember:
             self.remember(generation.tokens, prompt_ids)
         return generation

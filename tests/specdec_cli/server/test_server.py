@@ -560,9 +560,9 @@ def test_a_client_that_disconnects_stops_its_generation_and_the_next_is_served(e
 
     generate, ended = endless.generate, []
 
-    def recording(prompt_ids, config, on_event=None, remember=True):
+    def recording(prompt_ids, config, on_event=None, **options):
         try:
-            generation = generate(prompt_ids, config, on_event, remember)
+            generation = generate(prompt_ids, config, on_event, **options)
         except Cancelled:
             ended.append("cancelled")
             raise

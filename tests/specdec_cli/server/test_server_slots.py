@@ -137,6 +137,11 @@ def test_each_conversation_goes_back_to_its_own_entries_with_several_slots(sessi
 
     with serving(alone_session, name="smollm2") as server:
         alone, _, _ = converse(server)
+        kept = [entry.tokens for entry in alone_session.prompt_cache.held]
+        status, _, whole = raw_request(server, "POST", "/completion", json.dumps(
+            {"prompt": "Name three colours.", "n_predict": 4, "cache_prompt": False}).encode())
+        assert status == 200 and whole["timings"]["cache_n"] == 0  # one slot alike: computed whole, the entry kept
+        assert [entry.tokens for entry in alone_session.prompt_cache.held] == kept and kept
     alone_session.prompt_cache.clear()
     with serving(parallel_session, name="smollm2", parallel=2) as server:
         answers, cached, prompts = converse(server)
