@@ -48,6 +48,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -275,13 +276,9 @@ def paired_speed(rows: list[dict], name: str, reference: str) -> Optional[float]
     row decodes faster (None without pairs)."""
     times = {(row["round"], row["prompt"]): row["server_ms_per_token"] for row in rows
              if row["server"] == reference and row.get("server_ms_per_token")}
-    ratios = sorted(times[(row["round"], row["prompt"])] / row["server_ms_per_token"] for row in rows
-                    if row["server"] == name and row.get("server_ms_per_token")
-                    and (row["round"], row["prompt"]) in times)
-    if not ratios:
-        return None
-    middle = len(ratios) // 2
-    return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+    ratios = [times[(row["round"], row["prompt"])] / row["server_ms_per_token"] for row in rows
+              if row["server"] == name and row.get("server_ms_per_token") and (row["round"], row["prompt"]) in times]
+    return statistics.median(ratios) if ratios else None
 
 
 def _mean(values: list) -> Optional[float]:
