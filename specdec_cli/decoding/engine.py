@@ -315,8 +315,8 @@ class Engine:
             draft = first_branch(draft)
         if constraint is not None:
             forced = constraint.forced()[:budget]
-            if forced and draft.tokens[: len(forced)] != forced[: len(draft.tokens)]:
-                draft = Draft(forced, GRAMMAR_SOURCE)  # what the grammar forces, where the drafter guessed other
+            if forced and draft.tokens[: len(forced)] != forced:  # the drafter guessed other, less or nothing:
+                draft = Draft(forced, GRAMMAR_SOURCE)  # what the grammar forces (a draft past it is kept whole)
             draft = trim(draft, constraint.allowed(draft.tokens))
         if not config.cost_aware:
             draft = trim(draft, budget)

@@ -20,7 +20,7 @@ SCHEMA = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "
                                            "done": {"type": "boolean"}},
           "required": ["colour", "count", "done"], "additionalProperties": False}
 PROMPTS = ["make a list: red green blue, red green", "count to three: one two three", "x"]
-DRAFTERS = ["pld", "sam", "recycle", "aded", "sam+aded", "sam+recycle"]
+DRAFTERS = ["none", "pld", "sam", "recycle", "aded", "sam+aded", "sam+recycle"]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def test_every_drafter_answers_what_constrained_plain_decoding_answers_and_it_va
     grammar = GrammarSpec.json_schema(SCHEMA)
     drafted = 0
     for prompt in PROMPTS:
-        plain, text = _generate(loaded, "none", prompt, grammar)
+        plain, text = _generate(loaded, "none", prompt, grammar, draft_max=0)  # constrained plain decoding
         assert plain.finish_reason == "eos", text  # the grammar ended the answer
         jsonschema.validate(json.loads(text), SCHEMA)
         for name in DRAFTERS:
@@ -53,6 +53,18 @@ def test_every_drafter_answers_what_constrained_plain_decoding_answers_and_it_va
             assert generation.tokens == plain.tokens, (name, prompt)
             drafted += generation.stats.drafted_tokens
     assert drafted > 0  # drafts were verified under the grammar
+
+
+def test_what_the_grammar_forces_is_drafted_where_the_drafter_has_nothing_or_less(loaded):
+    """`none` drafts nothing of its own: under a schema the keys and punctuation the grammar forces are its drafts,
+    accepted, so the answer takes fewer steps than constrained plain decoding's, and is the same."""
+    grammar = GrammarSpec.json_schema(SCHEMA)
+    plain, _ = _generate(loaded, "none", PROMPTS[0], grammar, draft_max=0)
+    forced, _ = _generate(loaded, "none", PROMPTS[0], grammar, cost_aware=False)
+    assert forced.tokens == plain.tokens
+    sources = [event.draft.source for event in forced.events if event.kind == "step" and len(event.draft)]
+    assert sources and set(sources) == {"grammar"}
+    assert forced.stats.accepted_tokens > 0 and forced.stats.steps < plain.stats.steps
 
 
 def test_sampled_answers_keep_the_grammar(loaded):
