@@ -21,7 +21,9 @@ MEASURE_SECONDS = 1.5  # the up-front measurement's time budget (after one warm-
 MEASURE_ROUNDS = (2, 6)  # at least / at most this many interleaved timed rounds
 WINDOW = 8  # recent observations kept per row count; the estimate is their lower quartile
 PAD_MARGIN = 0.02  # fill a block up to a bigger forward only when that is at least 2% cheaper
-STALE_STEPS = 256  # a row count not seen for this many steps is stale
+STALE_STEPS = 256  # a row count not seen for this many steps is stale ...
+STALE_STEPS_MOST = 4096  # ... doubled up to this each time a timing agrees with its estimate (AGREE)
+AGREE = 0.25  # a timing within 25% of the estimate confirms it
 BASE_ROWS = 1  # the plain step: other counts are learned relative to its estimate at the time
 CURVE_FORMAT = 2  # version of the cached curve's JSON (1: monotone-smoothed medians, no longer trusted)
 
@@ -49,6 +51,7 @@ class CostCurve:
         self.origin = origin  # "measured", "cache", "given" (where the prior came from)
         self.recent: dict[int, deque] = {}
         self.last_seen: dict[int, int] = {}  # row count -> observation counter when last seen
+        self.stale_after: dict[int, int] = {}  # row count -> observations until it is stale (STALE_STEPS at first)
         self.observations = 0
         self._estimates: Optional[dict[int, float]] = None
 
@@ -129,17 +132,25 @@ class CostCurve:
         if not self.learn or not seconds > 0:
             return
         value = seconds / self._estimate(BASE_ROWS) if self._relative(rows) else seconds
+        if rows in self.prior or rows in self.recent:  # a timing that confirms the estimate makes probing rarer
+            estimate = self._estimate(rows)
+            agrees = abs(seconds / estimate - 1.0) <= AGREE
+            self.stale_after[rows] = min(2 * self.stale_after.get(rows, STALE_STEPS), STALE_STEPS_MOST) \
+                if agrees else STALE_STEPS
         self.recent.setdefault(rows, deque(maxlen=WINDOW)).append(value)
         self.observations += 1
         self.last_seen[rows] = self.observations
         self._estimates = None
 
     def stale(self, candidates: Sequence[int]) -> Optional[int]:
-        """The candidate row count whose timing is oldest (never observed first), if any is stale."""
+        """The candidate row count whose timing is oldest (never observed first), if any is stale: not seen for
+        STALE_STEPS observations, or up to STALE_STEPS_MOST where its timings kept agreeing with its estimate (a
+        probe of a count the planner does not choose costs a dearer forward: probing settled counts less often
+        keeps that price low; a timing that disagrees starts the count over)."""
         if not self.learn:
             return None
-        stale = [rows for rows in candidates
-                 if self.observations - self.last_seen.get(rows, -STALE_STEPS) >= STALE_STEPS]
+        stale = [rows for rows in candidates if self.observations - self.last_seen.get(rows, -STALE_STEPS) >=
+                 self.stale_after.get(rows, STALE_STEPS)]
         return min(stale, key=lambda rows: (self.last_seen.get(rows, -STALE_STEPS), rows)) if stale else None
 
     # -- storing ---------------------------------------------------------------------------------------------

@@ -1,11 +1,11 @@
 """Where an engine's verify-cost curve is kept between sessions, and how the engine's forward is timed to make one.
 
-A curve is stored per model and machine under $SPECDEC_HOME/costs/KEY.json, KEY from the model, device, CPU,
-dtype, threads, torch version, exact rows and block weights (`cost_cache_file`). Without a stored curve, one is
-measured by timing the engine's own forward (`forward_timer`, cost_curve.measure_cost_curve) and stored. What a
-session's steps teach the curve is saved back every SAVE_EVERY observations (`CurveStore.keep`), as the next
-session's starting point. A curve can also be given outright (the planner's, in tests and replays); then none is
-read, measured or stored here. The curve itself and how it learns are cost_curve.py's; planning is planner.py's.
+A curve is stored per model and machine under $SPECDEC_HOME/costs/KEY.json, KEY from the model, device, CPU, dtype,
+threads, torch version, exact rows and block weights (`cost_cache_file`). Without a stored curve, one is measured by
+timing the engine's own forward (`forward_timer`, cost_curve.measure_cost_curve) and stored. What a session's steps
+teach the curve is saved back every SAVE_EVERY observations and SAVE_SECONDS at most (`CurveStore.keep`), as the
+next session's starting point. A curve can also be given outright (the planner's, in tests and replays); then none
+is read, measured or stored here. The curve itself and how it learns are cost_curve.py's; planning is planner.py's.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from ..target_model.verify.forward import VerifyForward
 from ..target_model.verify.rollback import truncate_cache
 from .cost_curve import CostCurve, measure_cost_curve
 
-SAVE_EVERY = 16  # observations a curve learns between two saves
+SAVE_EVERY = 16  # observations a curve learns between two saves ...
+SAVE_SECONDS = 30.0  # ... and seconds (a save is a synced write: ~10 ms, a server's request or two tokens' time)
 
 Timer = Callable[[int], float]  # rows -> seconds of one forward of that many new tokens
 
@@ -35,19 +36,33 @@ class CurveStore:
     """One engine's stored curve. Its file is named when needed: the key includes the exact rows, which are
     known once verification is set up (and grow with a bigger budget)."""
 
-    def __init__(self, file: Callable[[], Optional[Path]], make_timer: Callable[[], Timer]):
-        self.file = file
+    def __init__(self, file: Callable[[], Optional[Path]], make_timer: Callable[[], Timer],
+                 key: Callable[[], Any] = lambda: None):
+        self._file = file
+        self._key = key  # what the file's name depends on that can change (the exact rows): named once per value
+        self._named: dict[Any, Optional[Path]] = {}
         self.make_timer = make_timer
         self.saved_observations = 0
+        self.saved_at = -SAVE_SECONDS
+
+    def file(self) -> Optional[Path]:
+        key = self._key()
+        if key not in self._named:
+            self._named[key] = self._file()  # (hashes the model's description: milliseconds)
+        return self._named[key]
 
     def load_or_measure(self) -> CostCurve:
         """The curve stored for this machine and model as a prior, else measured now and stored."""
         return load_or_measure(self.file(), self.make_timer)
 
     def keep(self, curve: CostCurve) -> None:
-        """Store what the steps taught the curve since the last save, if that is SAVE_EVERY observations or more."""
-        if curve.learn and curve.observations - self.saved_observations >= SAVE_EVERY:
-            self.saved_observations = curve.observations
+        """Store what the steps taught the curve since the last save, if that is SAVE_EVERY observations or more
+        and SAVE_SECONDS have passed (what the last seconds of a session taught is not kept: a prior, not a
+        record)."""
+        now = time.monotonic()
+        if curve.learn and curve.observations - self.saved_observations >= SAVE_EVERY and \
+                now - self.saved_at >= SAVE_SECONDS:
+            self.saved_observations, self.saved_at = curve.observations, now
             try:
                 save_curve(self.file(), curve)
             except SpecdecError:

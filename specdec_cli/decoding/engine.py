@@ -102,7 +102,8 @@ class Engine:
         self.tokenizer = tokenizer  # only needed for stop strings
         self.device = self.forward.device
         self.curves = CurveStore(lambda: cost_cache_file(model, self.forward.rows),
-                                 lambda: forward_timer(self.forward))
+                                 lambda: forward_timer(self.forward),
+                                 key=lambda: (self.forward.rows, torch.get_num_threads()))
         # what to verify each step; lives as long as the engine, so a chat session keeps learning. Without one
         # given, the verify-cost curve is the one stored for this machine and model, else measured.
         self.planner = planner or DraftPlanner(self.curves.load_or_measure)

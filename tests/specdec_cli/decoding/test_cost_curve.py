@@ -1,6 +1,6 @@
 """The verify-cost curve's learning: a prior from another session and this session's timings kept consistent."""
 
-from specdec_cli.decoding.cost_curve import WINDOW, CostCurve
+from specdec_cli.decoding.cost_curve import STALE_STEPS, STALE_STEPS_MOST, WINDOW, CostCurve
 
 QUIET = {1: 1.0, 2: 1.05, 4: 1.2, 8: 1.5, 12: 2.0}  # a prior measured on a quiet machine
 
@@ -49,3 +49,49 @@ def test_a_count_timed_on_a_busy_host_is_not_dear_once_the_host_is_quiet():
     absolute = CostCurve({4: 1.2, 8: 1.5})  # a prior without one row: counts are learned as they are timed
     absolute.observe(4, 3.0)
     assert absolute(4) == 1.2  # the lower quartile of the prior and one observation
+
+
+def _probes(curve: CostCurve, steps: int, truth: dict) -> list[int]:
+    """A session of one-row steps where every stale count is probed at once: the observations at which it was."""
+    probes = []
+    for _ in range(steps):
+        curve.observe(1, truth[1])
+        stale = curve.stale([size for size in truth if size > 1])
+        if stale is not None:
+            probes.append(curve.observations)
+            curve.observe(stale, truth[stale])
+    return probes
+
+
+def test_a_count_whose_timings_agree_is_probed_ever_less_often_and_again_soon_once_they_do_not():
+    """A probe runs a dearer forward than the step needed: settled counts are probed at doubling intervals, up to
+    STALE_STEPS_MOST; a timing that disagrees with its estimate starts the count's interval over."""
+    truth = {1: 1.0, 8: 2.0}
+    curve = CostCurve(dict(truth))
+    steps = 4 * STALE_STEPS_MOST
+    probes = _probes(curve, steps, truth)
+    assert len(probes) <= 8  # at a fixed STALE_STEPS it was steps / STALE_STEPS, 64
+    gaps = [later - earlier for earlier, later in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and max(gaps) <= STALE_STEPS_MOST + 2
+    dearer = {1: 1.0, 8: 4.0}  # the host changed: 8 rows now cost twice what the curve says
+    after = _probes(curve, 2 * STALE_STEPS_MOST, dearer)
+    assert after and after[1] - after[0] <= STALE_STEPS + 2  # the disagreeing probe made the next one come soon
+
+
+def test_a_learning_curve_is_saved_now_and_then_under_a_name_made_once(tmp_path, monkeypatch):
+    """A save is a synced write (a request's worth of time on a server): at most one each SAVE_SECONDS."""
+    from specdec_cli.decoding import curve_store
+
+    named = []
+    store = curve_store.CurveStore(lambda: named.append(1) or tmp_path / "curve.json", lambda: None)
+    clock = [1000.0]
+    monkeypatch.setattr(curve_store.time, "monotonic", lambda: clock[0])
+    curve = CostCurve({1: 1.0, 4: 2.0})
+    saves = []
+    monkeypatch.setattr(curve_store, "save_curve", lambda file, saved: saves.append(file))
+    for _ in range(200):
+        curve.observe(1, 1.0)
+        clock[0] += 0.5  # a generation's close every half second
+        store.keep(curve)
+    assert len(saves) == 4 and set(saves) == {tmp_path / "curve.json"}  # after SAVE_EVERY steps, then each 30 s
+    assert len(named) == 1
