@@ -54,6 +54,9 @@ class CostCurve:
         self.stale_after: dict[int, int] = {}  # row count -> observations until it is stale (STALE_STEPS at first)
         self.observations = 0
         self._estimates: Optional[dict[int, float]] = None
+        self._quartiles: dict[int, float] = {}  # row count -> `_quartile`, until its next observation
+        self._cheapest: dict[tuple[int, int], int] = {}  # `cheapest_at_least`'s answers, until any observation
+        self._envelopes: dict[int, list[float]] = {}  # max rows -> `envelope`'s costs by row count, the same
 
     @classmethod
     def fixed(cls, prior: dict[int, float]) -> "CostCurve":
@@ -73,13 +76,21 @@ class CostCurve:
         return self._estimates
 
     def _estimate(self, rows: int) -> float:
-        samples = list(self.recent.get(rows, ()))
-        relative = self._relative(rows)
-        if rows in self.prior and len(samples) < WINDOW:
-            samples.append(self.prior[rows] / self.prior[BASE_ROWS] if relative else self.prior[rows])
-        samples.sort()
-        quartile = samples[(len(samples) - 1) // 4]
-        return quartile * self._estimate(BASE_ROWS) if relative else quartile
+        quartile = self._quartile(rows)
+        return quartile * self._quartile(BASE_ROWS) if self._relative(rows) else quartile
+
+    def _quartile(self, rows: int) -> float:
+        """The lower quartile of the count's kept observations (relative ones for a bigger count), the prior
+        counted as one more while fewer than WINDOW were seen; kept until the count's next observation (the
+        planner reads the curve several times a step)."""
+        quartile = self._quartiles.get(rows)
+        if quartile is None:
+            samples = list(self.recent.get(rows, ()))
+            if rows in self.prior and len(samples) < WINDOW:
+                samples.append(self.prior[rows] / self.prior[BASE_ROWS] if self._relative(rows) else self.prior[rows])
+            samples.sort()
+            quartile = self._quartiles[rows] = samples[(len(samples) - 1) // 4]
+        return quartile
 
     def _relative(self, rows: int) -> bool:
         """Whether this count's observations are kept relative to the one-row estimate (see the class)."""
@@ -115,15 +126,24 @@ class CostCurve:
     def cheapest_at_least(self, rows: int, max_rows: int) -> int:
         """The row count m in [rows, max_rows] with the lowest t(m): `rows` itself, or a known bigger count
         that is at least PAD_MARGIN cheaper."""
-        best, best_seconds = rows, self(rows)
-        for size in self.seconds:
-            if rows < size <= max_rows and self(size) < best_seconds * (1 - PAD_MARGIN):
-                best, best_seconds = size, self(size)
-        return best
+        held = self._cheapest.get((rows, max_rows))
+        if held is None:
+            table = self.seconds  # (every known count: t(m) is its entry)
+            best, best_seconds = rows, self(rows)
+            for size, seconds in table.items():
+                if rows < size <= max_rows and seconds < best_seconds * (1 - PAD_MARGIN):
+                    best, best_seconds = size, seconds
+            held = self._cheapest[(rows, max_rows)] = best
+        return held
 
     def envelope(self, max_rows: int) -> Callable[[int], float]:
-        """rows -> the cost of verifying at least `rows` rows: min over m >= rows (up to max_rows) of t(m)."""
-        return lambda rows: self(self.cheapest_at_least(rows, max(rows, max_rows)))
+        """rows -> the cost of verifying at least `rows` rows: min over m >= rows (up to max_rows) of t(m). Made
+        once per curve state and bound (the planner asks it for every draft length, every step)."""
+        table = self._envelopes.get(max_rows)
+        if table is None:
+            table = self._envelopes[max_rows] = [0.0] + [self(self.cheapest_at_least(rows, max_rows))
+                                                          for rows in range(1, max_rows + 1)]
+        return lambda rows: table[rows] if 0 < rows <= max_rows else self(self.cheapest_at_least(rows, rows))
 
     # -- learning --------------------------------------------------------------------------------------------
 
@@ -137,10 +157,16 @@ class CostCurve:
             agrees = abs(seconds / estimate - 1.0) <= AGREE
             self.stale_after[rows] = min(2 * self.stale_after.get(rows, STALE_STEPS), STALE_STEPS_MOST) \
                 if agrees else STALE_STEPS
+        before = self._quartile(rows) if rows in self.recent else None
         self.recent.setdefault(rows, deque(maxlen=WINDOW)).append(value)
         self.observations += 1
         self.last_seen[rows] = self.observations
+        self._quartiles.pop(rows, None)
+        if before is not None and self._quartile(rows) == before:
+            return  # the count's lower quartile stands, and with it every estimate (about half the steps)
         self._estimates = None
+        self._cheapest.clear()
+        self._envelopes.clear()
 
     def stale(self, candidates: Sequence[int]) -> Optional[int]:
         """The candidate row count whose timing is oldest (never observed first), if any is stale: not seen for
