@@ -85,6 +85,7 @@ class TreeTemplate:
             above = priority[parent[node]] if parent[node] >= 0 else 1.0
             priority[node] = above * accept[rank[node]]
         self.priority = priority  # [n], strictly decreasing along every path
+        self.by_priority = np.argsort(-priority, kind="stable")  # [n] nodes, most promising first
 
     def __len__(self) -> int:
         return len(self.parents)
@@ -126,6 +127,12 @@ class RecycleDrafter:
         import numpy as np
 
         if not len(fed):
+            return
+        if len(fed) == 1 and len(topk):  # a step that verified no draft (most of them): one row, no duplicates
+            token, row = int(fed[0]), [int(successor) for successor in topk[0][:TOPK]]
+            self._ensure_rows(max(token, *row))
+            self.matrix[token, : len(row)] = row
+            self.width[token] = len(row)
             return
         fed_arr = np.asarray(fed, dtype=np.int64)  # [m]
         rows = np.asarray(topk, dtype=np.int64)[: len(fed_arr), :TOPK]  # [m, <=8]
@@ -169,8 +176,9 @@ class RecycleDrafter:
         # the ids it indexes its matrix with, or stores: checked first (a wrapped index, or a matrix grown to a huge id)
         check_token_ids(event.committed, self.vocab_size, "committed tokens")
         check_token_ids(event.draft.tokens, self.vocab_size, "draft")
-        if event.scored_topk is not None:
-            check_token_ids(event.scored_topk, self.vocab_size, "target's top tokens")
+        if event.scored_topk is not None:  # (rows of ids: checked as one list)
+            check_token_ids([token for row in event.scored_topk for token in row], self.vocab_size,
+                            "target's top tokens")
         if event.kind == "prefill":
             prompt = [int(token) for token in event.prompt_tokens]
             check_token_ids(prompt, self.vocab_size, "prompt")
@@ -211,17 +219,19 @@ class RecycleDrafter:
         return tokens, valid
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
-        import numpy as np
 
         budget = min(budget, self.draft_max)
         if budget <= 0 or not len(context):
             return Draft.empty(self.name)
         check_token_ids(context[-1:], self.vocab_size)  # the only token it reads: the root
-        tokens, valid = self.expand(int(context[-1]))
-        keep = np.flatnonzero(valid)
+        root = int(context[-1])
+        if root >= len(self.width) or not self.width[root]:
+            return Draft.empty(self.name)  # nothing known after the root (a first-level node needs its row)
+        tokens, valid = self.expand(root)
         # most promising first: priority falls along every path, so parents still precede their children and
         # any prefix the engine keeps is the best subtree of that size
-        keep = keep[np.argsort(-self.template.priority[keep], kind="stable")[:budget]]
+        order = self.template.by_priority
+        keep = order[valid[order]][:budget]
         if not len(keep):
             return Draft.empty(self.name)
         return Draft(tokens[keep].tolist(), self.name, parents=reindex_parents(self.template.parents, keep))

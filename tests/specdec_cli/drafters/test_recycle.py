@@ -65,6 +65,18 @@ def test_matrix_update_hand_computed():
     assert drafter.matrix[7].tolist() == [20, 1, 2, 3, 4, 5, 6, 8]  # untouched rows stay
 
 
+def test_a_step_without_a_draft_sets_the_roots_row_and_grows_the_matrix():
+    """The one-row update (most steps): the root's row is the target's top tokens, as wide as they are; an id past
+    the matrix grows it."""
+    drafter = RecycleDrafter(vocab_size=0)  # no vocabulary known: the matrix starts with one row
+    drafter.observe(StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=[7], prompt_tokens=(1,)))
+    drafter.observe(step(Draft.empty("recycle"), [9], [[3, 60, 5]]))
+    assert drafter.matrix[7, :3].tolist() == [3, 60, 5] and drafter.width[7] == 3 and len(drafter.matrix) >= 61
+    drafter.observe(step(Draft.empty("recycle"), [4], [[8, 8, 8, 8, 8, 8, 8, 8, 8, 8]]))  # 10 given: 8 kept
+    assert drafter.matrix[9].tolist() == [8] * 8 and drafter.width[9] == 8
+    assert drafter.propose([1, 7], 4).tokens[:1] == [3]  # the root 7's best successor drafts first
+
+
 def test_prefill_puts_prompt_successors_first():
     drafter = RecycleDrafter(vocab_size=20)
     drafter.matrix[9] = [1, 2, 3, 4, 5, 6, 7, 8]
