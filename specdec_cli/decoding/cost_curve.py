@@ -25,7 +25,7 @@ STALE_STEPS = 256  # a row count not seen for this many steps is stale ...
 STALE_STEPS_MOST = 4096  # ... doubled up to this each time a timing agrees with its estimate (AGREE)
 AGREE = 0.25  # a timing within 25% of the estimate confirms it
 BASE_ROWS = 1  # the plain step: other counts are learned relative to its estimate at the time
-CURVE_FORMAT = 2  # version of the cached curve's JSON (1: monotone-smoothed medians, no longer trusted)
+CURVE_FORMAT = 3  # the cached curve's JSON (1: monotone-smoothed medians; 2: timed with the calls binding, 0.5.0)
 
 
 class CostCurve:

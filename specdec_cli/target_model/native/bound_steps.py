@@ -19,7 +19,11 @@ from typing import Any, Callable, Optional
 
 from ... import kernels
 
-BOUND_ROW_COUNTS = 8  # row counts kept bound (prompts come in blocks of many sizes)
+# Row counts kept bound, the least recently used dropped first: every count a step or a prompt block may use (up to
+# native.ROW_INVARIANT_ROWS) and some. Binding a count's calls costs a forward's third on the default model (~1.5
+# ms); with 8 kept, a run's prompt tails, probes and steps evicted each other, so a probe of 2 or 3 rows was timed
+# binding, and the verify-cost curve's measurement (13 counts in turn) timed binding at every count.
+BOUND_ROW_COUNTS = 48
 BOUND_RANGES = 64  # per layer and row count, the (first, stop) row ranges whose cache calls are kept bound
 
 
@@ -41,13 +45,14 @@ def buffers_of(decoder: Any, rows: int) -> SimpleNamespace:
 def layer_steps(decoder: Any, rows: int) -> tuple[SimpleNamespace, list[SimpleNamespace]]:
     """An n-row forward's buffers, and per layer its norms, projections and activation as calls bound to them
     (checked once: a decoding step then calls them with no checks to repeat; its cache calls are bound on first
-    use, per row range, `bind_cache`). Kept per row count until a buffer is made again (NativeDecoder._rows),
-    which drops them all."""
-    bound = decoder._bound.get(rows)
+    use, per row range, `bind_cache`). Kept per row count (BOUND_ROW_COUNTS of them) until a buffer is made again
+    (NativeDecoder._rows), which drops them all."""
+    bound = decoder._bound.pop(rows, None)
     if bound is not None:
+        decoder._bound[rows] = bound  # (the most recently used last)
         return bound
     if len(decoder._bound) >= BOUND_ROW_COUNTS:
-        decoder._bound.clear()
+        del decoder._bound[next(iter(decoder._bound))]
     buffers = buffers_of(decoder, rows)
     residual, h, act = buffers.residual, buffers.normed, buffers.act
     steps = []
