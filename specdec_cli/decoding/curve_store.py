@@ -45,6 +45,13 @@ class CurveStore:
         self.saved_observations = 0
         self.saved_at = -SAVE_SECONDS
 
+    @classmethod
+    def of_forward(cls, model: Any, forward: VerifyForward) -> "CurveStore":
+        """The store of an engine's curve: named by the model and the forward's exact rows (`cost_cache_file`),
+        measured by timing the forward."""
+        return cls(lambda: cost_cache_file(model, forward.rows), lambda: forward_timer(forward),
+                   key=lambda: (forward.rows, torch.get_num_threads()))
+
     def file(self) -> Optional[Path]:
         key = self._key()
         if key not in self._named:

@@ -27,7 +27,7 @@ from ..target_model.verify.forward import ManyForward, VerifyForward
 from ..target_model.verify.rollback import keep_accepted
 from ..target_model.verify.tree_check import check_trees
 from .cost_curve import CostCurve
-from .curve_store import CurveStore, cost_cache_file, forward_timer
+from .curve_store import CurveStore
 from .draft import Draft, Drafter, FinishReason, StepEvent
 from .generation_config import GenerationConfig
 from .grammar import GRAMMAR_SOURCE, Constraint
@@ -101,9 +101,7 @@ class Engine:
         self.model = model = self.forward.model
         self.tokenizer = tokenizer  # only needed for stop strings
         self.device = self.forward.device
-        self.curves = CurveStore(lambda: cost_cache_file(model, self.forward.rows),
-                                 lambda: forward_timer(self.forward),
-                                 key=lambda: (self.forward.rows, torch.get_num_threads()))
+        self.curves = CurveStore.of_forward(model, self.forward)
         # what to verify each step; lives as long as the engine, so a chat session keeps learning. Without one
         # given, the verify-cost curve is the one stored for this machine and model, else measured.
         self.planner = planner or DraftPlanner(self.curves.load_or_measure)
