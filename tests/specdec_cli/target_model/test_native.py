@@ -409,3 +409,20 @@ def test_the_row_invariance_check_runs_one_layer_of_each_kind_and_catches_a_faul
     with torch.inference_mode():
         assert "differs from a one-row forward" in block_mismatch(decoder.distinct_layers(), model.config,
                                                                   torch.device("cpu"), 8)
+
+
+def test_a_row_count_stays_bound_while_more_than_eight_others_come_and_go(block_family):
+    """Binding a row count's calls costs a third of a small model's step: every count a step or a prompt block uses
+    stays bound (the least recently used leaves past BOUND_ROW_COUNTS), and a count used again is not bound anew."""
+    from specdec_cli.target_model.native import bound_steps
+
+    decoder = NativeForward(block_family.model).decoder
+    most = 2 + 2 * bound_steps.BOUND_ROW_COUNTS
+    bound_steps.layer_steps(decoder, most)  # the buffers sized once (a bigger block makes them again, unbinding all)
+    first = bound_steps.layer_steps(decoder, 1)
+    for rows in range(2, most):  # prompt tails and probes of many sizes, each followed by a one-row step
+        bound_steps.layer_steps(decoder, rows)
+        assert bound_steps.layer_steps(decoder, 1)[1] is first[1]  # its calls, not bound again
+    for rows in range(2, 2 + bound_steps.BOUND_ROW_COUNTS):  # as many other counts, one row not used meanwhile
+        bound_steps.layer_steps(decoder, rows)
+    assert 1 not in decoder._bound and len(decoder._bound) == bound_steps.BOUND_ROW_COUNTS
