@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -257,12 +257,25 @@ def bind_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
               value_strides[-2])
     after = (float(scale), out.data_ptr(), out_strides[0], out_strides[1], float(cap))
 
-    def attend(positions: KeyPositions) -> None:
+    def arguments(positions: KeyPositions) -> tuple:
         if type(positions) is not KeyPositions or positions.rows != rows:
             raise refuse("attention", f"positions must be KeyPositions of {rows} rows")
-        kernel.attention(*before, *positions._addresses, *after)
+        return (*before, *positions._addresses, *after)
 
+    def attend(positions: KeyPositions) -> None:
+        kernel.attention(*arguments(positions))
+
+    attend.arguments = arguments  # type: ignore[attr-defined]  # (attention_many's)
     return attend
+
+
+def attention_many(calls: Sequence[tuple[Callable[[KeyPositions], Any], KeyPositions]]) -> None:
+    """Several bound attention calls (`bind_attention`'s, each with its rows' KeyPositions: a batched step's
+    sequences, each over its own cache), each computed as it is alone, so with the same bits; their work goes to the
+    kernels' threads in one call (a one-row attention is a few microseconds; a call of the pool for each was half of
+    it). Positions are read now: the KeyPositions must stay alive until this returns."""
+    kernel = _require()
+    kernel.attention_many(tuple(attend.arguments(positions) for attend, positions in calls))  # type: ignore[attr-defined]
 
 
 def rms_norm(x: "torch.Tensor | Rows", weight: "torch.Tensor | Dense", eps: float,

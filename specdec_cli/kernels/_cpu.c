@@ -171,9 +171,9 @@ static PyObject *py_repack_gguf(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *py_attention(PyObject *self, PyObject *args)
+/* An attention call's arguments (pointers as ints) into a task; 0 with a Python error set when they are wrong. */
+static int attention_task(PyObject *args, AttentionTask *t)
 {
-    AttentionTask t;
     Py_ssize_t rows, heads, kv_heads, dim, q, q_row, q_head, k, v, k_head, k_pos, v_head, v_pos, run_start, run_stop,
         extra_start, extra_pos, out, o_row, o_head;
     int kv_bf16;
@@ -181,18 +181,55 @@ static PyObject *py_attention(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "nnnnnnnnnpnnnnnnnndnnn|d", &rows, &heads, &kv_heads, &dim, &q, &q_row, &q_head, &k,
                           &v, &kv_bf16, &k_head, &k_pos, &v_head, &v_pos, &run_start, &run_stop, &extra_start,
                           &extra_pos, &scale, &out, &o_row, &o_head, &cap))
-        return NULL;
+        return 0;
     if (rows < 1 || heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || dim < 1 || !(cap >= 0.0)) {
         PyErr_SetString(PyExc_ValueError, "attention: rows, heads and dim >= 1, heads a multiple of kv_heads, cap >= 0");
-        return NULL;
+        return 0;
     }
-    t = (AttentionTask){rows, heads, kv_heads, dim, (const float *)q, q_row, q_head, (const char *)k,
-                        (const char *)v, kv_bf16, k_head, k_pos, v_head, v_pos, (const int32_t *)run_start,
-                        (const int32_t *)run_stop, (const int32_t *)extra_start, (const int32_t *)extra_pos,
-                        (float)scale, (float *)out, o_row, o_head, 0, 0, (float)cap}; /* cpu_attention sets the 0s */
+    *t = (AttentionTask){rows, heads, kv_heads, dim, (const float *)q, q_row, q_head, (const char *)k,
+                         (const char *)v, kv_bf16, k_head, k_pos, v_head, v_pos, (const int32_t *)run_start,
+                         (const int32_t *)run_stop, (const int32_t *)extra_start, (const int32_t *)extra_pos,
+                         (float)scale, (float *)out, o_row, o_head, 0, 0, (float)cap}; /* cpu_attention sets the 0s */
+    return 1;
+}
+
+static PyObject *py_attention(PyObject *self, PyObject *args)
+{
+    AttentionTask t;
+    if (!attention_task(args, &t))
+        return NULL;
     int path = isa_path;
     Py_BEGIN_ALLOW_THREADS
     cpu_attention(&t, path);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* attention_many(calls): a tuple of attention's argument tuples (each as `attention` takes them), computed as each
+ * alone, their work in one call of the pool. */
+static PyObject *py_attention_many(PyObject *self, PyObject *args)
+{
+    PyObject *calls;
+    if (!PyArg_ParseTuple(args, "O!", &PyTuple_Type, &calls))
+        return NULL;
+    Py_ssize_t count = PyTuple_GET_SIZE(calls);
+    if (count > MAX_MANY_TASKS) {
+        PyErr_Format(PyExc_ValueError, "attention_many: at most %d calls", MAX_MANY_TASKS);
+        return NULL;
+    }
+    AttentionTask tasks[MAX_MANY_TASKS];
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *call = PyTuple_GET_ITEM(calls, i);
+        if (!PyTuple_Check(call)) {
+            PyErr_SetString(PyExc_TypeError, "attention_many: each call is a tuple of attention's arguments");
+            return NULL;
+        }
+        if (!attention_task(call, &tasks[i]))
+            return NULL;
+    }
+    int path = isa_path;
+    Py_BEGIN_ALLOW_THREADS
+    cpu_attention_many(tasks, count, path);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -403,6 +440,7 @@ static PyMethodDef methods[] = {
     {"rms_norm_heads", py_rms_norm_heads, METH_VARARGS,
      "rms_norm_heads(x, rows, row_stride, heads, head_dim, weight, eps): each head of every row, in place"},
     {"attention", py_attention, METH_VARARGS, "row-invariant attention over each row's own keys (pointers as ints)"},
+    {"attention_many", py_attention_many, METH_VARARGS, "attention_many(calls): several attention calls' work at once"},
     {"set_threads", py_set_threads, METH_VARARGS, "set_threads(n): the pool's threads, the caller included"},
     {"threads", py_threads, METH_NOARGS, "threads(): the pool's threads, the caller included"},
     {"isa", py_isa, METH_NOARGS, "isa(): the path in use: 'avx512vnni', 'avxvnni', 'avx2' or 'portable'"},

@@ -319,17 +319,38 @@ static int avx2_attention_dim(long dim)
     return dim == 16 || dim == 32 || dim == 64 || dim == 96 || dim == 128 || dim == 256; /* Gemma's 256 */
 }
 
-/* The AVX2 or 512-bit steps over units. One row: its heads as units, for the threads' balance. Several rows: a
- * unit is one key/value head's query heads for a tile of rows (at least two units per kv head), which then share
- * each key block. */
-static void run_units(AttentionTask *t)
+/* The AVX2 or 512-bit steps' units of `t` (its row_tile set here). One row: its heads as units, for the threads'
+ * balance. Several rows: a unit is one key/value head's query heads for a tile of rows (at least two units per kv
+ * head), which then share each key block. */
+static long plan_units(AttentionTask *t)
 {
     long group = t->heads / t->kv_heads;
     t->row_tile = t->rows == 1 || group > MAX_UNIT_ITEMS ? 0 : t->rows / 2 < 1 ? 1 : t->rows / 2;
     while (t->row_tile > 1 && (t->row_tile > 4 || t->row_tile * group > MAX_UNIT_ITEMS))
         t->row_tile--;
-    long units = t->row_tile == 0 ? t->rows * t->heads : t->kv_heads * ((t->rows + t->row_tile - 1) / t->row_tile);
-    cpu_run_parallel(attention_units_avx2, t, units);
+    return t->row_tile == 0 ? t->rows * t->heads : t->kv_heads * ((t->rows + t->row_tile - 1) / t->row_tile);
+}
+
+static void run_units(AttentionTask *t)
+{
+    cpu_run_parallel(attention_units_avx2, t, plan_units(t));
+}
+
+/* Several tasks' units as one list (task i's units follow task i-1's): one call of the pool for all of them. */
+typedef struct {
+    AttentionTask *tasks;
+    const long *first; /* [count + 1]: task i's units are first[i] .. first[i+1]-1 of the list */
+    long count;
+} ManyTasks;
+
+static void many_units(const void *arg, long start, long stop)
+{
+    const ManyTasks *m = arg;
+    for (long i = 0; i < m->count && start < stop; i++) {
+        long from = start > m->first[i] ? start : m->first[i], to = stop < m->first[i + 1] ? stop : m->first[i + 1];
+        if (from < to)
+            attention_units_avx2(&m->tasks[i], from - m->first[i], to - m->first[i]);
+    }
 }
 #else /* no vector path on this CPU: the path is always ISA_PORTABLE (run_units stands for the portable loop) */
 #define avx2_attention_dim(dim) 0
@@ -345,4 +366,29 @@ void cpu_attention(AttentionTask *t, int path)
         run_units(t);
     else
         cpu_run_parallel(attention_items_portable, t, t->rows * t->heads);
+}
+
+/* Each of `count` tasks (the sequences of a batched step, each over its own cache) as cpu_attention computes it
+ * alone, the same units in the same steps, so the same bits; on the vector paths their units go to the pool in one
+ * call (a sequence's one-row attention is a few microseconds of work, of which a call of the pool was half). */
+void cpu_attention_many(AttentionTask *tasks, long count, int path)
+{
+#if HAVE_X86
+    long first[MAX_MANY_TASKS + 1];
+    int together = count <= MAX_MANY_TASKS && path >= ISA_AVX2;
+    for (long i = 0; i < count && together; i++)
+        together = avx2_attention_dim(tasks[i].dim);
+    if (together) {
+        first[0] = 0;
+        for (long i = 0; i < count; i++) {
+            tasks[i].wide = path == ISA_AVX512VNNI;
+            first[i + 1] = first[i] + plan_units(&tasks[i]);
+        }
+        ManyTasks many = {tasks, first, count};
+        cpu_run_parallel(many_units, &many, first[count]);
+        return;
+    }
+#endif
+    for (long i = 0; i < count; i++)
+        cpu_attention(&tasks[i], path);
 }

@@ -340,6 +340,8 @@ typedef struct {
 } AttentionTask;
 
 void cpu_attention(AttentionTask *t, int path);
+#define MAX_MANY_TASKS 64 /* cpu_attention_many's tasks at most */
+void cpu_attention_many(AttentionTask *tasks, long count, int path);
 
 /* The two steps over a block of keys, for one item (score_fn, value_fn) or for n query heads of one row
  * (score_group_fn, value_group_fn; attention_avx512.c). */

@@ -375,6 +375,7 @@ class NativeDecoder:
                 kernels.rms_norm_heads(new_keys, self.head_dim, layer.k_norm, layer.qk_eps)
             if layer.rope is not None:  # the rotary embedding of q's and k's heads, side by side in each row
                 rotate[id(layer.rope)]()
+            attending = []  # (bound call, key positions) of each part: several parts' in one call of the kernels
             for part, (first, stop), past, keys_by_kind in zip(parts, ranges, pasts, keys_by_part):
                 cache = part.cache.native_layer(index, self.kv_heads, self.head_dim, stop - first)
                 calls = bind_cache(self, step, buffers, layer, cache, first, stop)  # bound once per range and cache
@@ -385,7 +386,11 @@ class NativeDecoder:
                     self._prompt_attention(qkv.tensor, cache.key_buffer, cache.value_buffer, rows, layer,
                                            self._windows()[layer.kind], buffers.attended.tensor)
                 else:  # soft-capped scores (gemma2) in the kernel too
-                    calls.attend(keys_by_kind[layer.kind].positions)  # attended = each row over its own keys
+                    attending.append((calls.attend, keys_by_kind[layer.kind].positions))
+            if len(attending) == 1:
+                attending[0][0](attending[0][1])  # attended = each row over its own keys
+            elif attending:
+                kernels.attention_many(attending)  # each part's rows as they are alone, in one call
             step.attn_out()  # residual += attended @ o (gemma2/3: its post-norm first)
             step.mlp_norm()  # h = norm(residual)
             step.gate_up()  # gate_up = h @ [gate | up]

@@ -161,6 +161,33 @@ def test_attention_matches_sdpa_and_each_row_equals_its_own_call(dtype, path):
 
 
 @pytest.mark.parametrize("path", kernels.isas())
+def test_several_attention_calls_at_once_give_each_calls_own_bits(path):
+    """A batched step's sequences, each over its own cache (its own length, dtype, head size, rows and tree keys),
+    in one `attention_many`: each output equals its own call's bit for bit, on every path (the vector paths run their
+    units in one call of the pool, the others one call after another)."""
+    kernels.force_isa(path)
+    generator = torch.Generator().manual_seed(13)
+    calls, outs, expected, held = [], [], [], []  # (a bound call holds addresses: its tensors are kept here)
+    for index, (rows, cached, dim, dtype) in enumerate([(1, 300, 64, torch.float32), (4, 37, 64, torch.float32),
+                                                        (1, 5, 64, torch.bfloat16), (3, 130, 128, torch.float32),
+                                                        (2, 70, 48, torch.float32)]):  # 48: no vector steps
+        heads, kv_heads = 9, 3
+        keys = torch.randn(kv_heads, cached + rows + 2, dim, generator=generator).to(dtype)
+        values = torch.randn(kv_heads, cached + rows + 2, dim, generator=generator).to(dtype)
+        query = torch.randn(rows, heads, dim, generator=generator)
+        extras = [[cached + rows + 1] if (row + index) % 2 else [] for row in range(rows)]
+        positions = _key_positions([(0, cached + row + 1) for row in range(rows)], extras)
+        expected.append(kernels.attention(query, keys, values, positions, dim ** -0.5))
+        outs.append(torch.full_like(query, float("nan")))
+        calls.append((kernels.bind_attention(query, keys, values, dim ** -0.5, 0.0, outs[-1]), positions))
+        held.append((query, keys, values))
+    kernels.attention_many(calls[:4])  # head sizes the vector steps take: one call of the pool
+    kernels.attention_many(calls[2:])  # with one they do not take: each call alone (the first again: the same)
+    for out, alone in zip(outs, expected):
+        assert torch.equal(out, alone)
+
+
+@pytest.mark.parametrize("path", kernels.isas())
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 13])
 @pytest.mark.parametrize("dim", [64, 256])  # 256: the Gemmas' head size
 def test_long_contexts_span_key_blocks_and_rows_still_equal_their_own_calls(rows, path, dim):
