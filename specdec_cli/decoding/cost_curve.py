@@ -55,8 +55,7 @@ class CostCurve:
         self.observations = 0
         self._estimates: Optional[dict[int, float]] = None
         self._quartiles: dict[int, float] = {}  # row count -> `_quartile`, until its next observation
-        self._cheapest: dict[tuple[int, int], int] = {}  # `cheapest_at_least`'s answers, until any observation
-        self._envelopes: dict[int, list[float]] = {}  # max rows -> `envelope`'s costs by row count, the same
+        self._cheapest: dict[int, list[int]] = {}  # max rows -> `cheapest_at_least` of 0..max rows (estimates as now)
 
     @classmethod
     def fixed(cls, prior: dict[int, float]) -> "CostCurve":
@@ -125,25 +124,26 @@ class CostCurve:
 
     def cheapest_at_least(self, rows: int, max_rows: int) -> int:
         """The row count m in [rows, max_rows] with the lowest t(m): `rows` itself, or a known bigger count
-        that is at least PAD_MARGIN cheaper."""
-        held = self._cheapest.get((rows, max_rows))
-        if held is None:
-            table = self.seconds  # (every known count: t(m) is its entry)
-            best, best_seconds = rows, self(rows)
-            for size, seconds in table.items():
-                if rows < size <= max_rows and seconds < best_seconds * (1 - PAD_MARGIN):
-                    best, best_seconds = size, seconds
-            held = self._cheapest[(rows, max_rows)] = best
-        return held
+        that is at least PAD_MARGIN cheaper. Worked out for every `rows` up to `max_rows` at once, and kept until
+        an estimate changes (the planner asks for every draft length, every step)."""
+        if not 0 < rows <= max_rows:
+            return self._cheapest_scan(rows, max_rows)
+        table = self._cheapest.get(max_rows)
+        if table is None:
+            table = self._cheapest[max_rows] = [0] + [self._cheapest_scan(size, max_rows)
+                                                       for size in range(1, max_rows + 1)]
+        return table[rows]
+
+    def _cheapest_scan(self, rows: int, max_rows: int) -> int:
+        best, best_seconds = rows, self(rows)
+        for size, seconds in self.seconds.items():  # (every known count: t(m) is its entry)
+            if rows < size <= max_rows and seconds < best_seconds * (1 - PAD_MARGIN):
+                best, best_seconds = size, seconds
+        return best
 
     def envelope(self, max_rows: int) -> Callable[[int], float]:
-        """rows -> the cost of verifying at least `rows` rows: min over m >= rows (up to max_rows) of t(m). Made
-        once per curve state and bound (the planner asks it for every draft length, every step)."""
-        table = self._envelopes.get(max_rows)
-        if table is None:
-            table = self._envelopes[max_rows] = [0.0] + [self(self.cheapest_at_least(rows, max_rows))
-                                                          for rows in range(1, max_rows + 1)]
-        return lambda rows: table[rows] if 0 < rows <= max_rows else self(self.cheapest_at_least(rows, rows))
+        """rows -> the cost of verifying at least `rows` rows: min over m >= rows (up to max_rows) of t(m)."""
+        return lambda rows: self(self.cheapest_at_least(rows, max(rows, max_rows)))
 
     # -- learning --------------------------------------------------------------------------------------------
 
@@ -166,7 +166,6 @@ class CostCurve:
             return  # the count's lower quartile stands, and with it every estimate (about half the steps)
         self._estimates = None
         self._cheapest.clear()
-        self._envelopes.clear()
 
     def stale(self, candidates: Sequence[int]) -> Optional[int]:
         """The candidate row count whose timing is oldest (never observed first), if any is stale: not seen for

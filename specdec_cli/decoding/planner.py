@@ -67,11 +67,8 @@ def choose_length(conditional_accept: Sequence[float], cost: Callable[[int], flo
     `cost(rows)` is the price of a forward that verifies rows - 1 drafted tokens.
     """
     best_length, best_rate = 0, 1.0 / cost(1)
-    expected, survive = 1.0, 1.0  # expected_tokens(conditional_accept, length), kept as the length grows
     for length in range(1, longest + 1):
-        survive *= conditional_accept[length - 1]
-        expected += survive
-        rate = expected / cost(length + 1)
+        rate = expected_tokens(conditional_accept, length) / cost(length + 1)
         if rate > best_rate:
             best_length, best_rate = length, rate
     return best_length
