@@ -232,7 +232,7 @@ def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos
 
 
 def bind_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, cap: float,
-                   out: Optional[torch.Tensor]) -> Callable[[KeyPositions], Any]:
+                   out: Optional[torch.Tensor]) -> "BoundAttention":
     """attention's call on these buffers, checked now (as bind_matmul): calling it with a row's KeyPositions
     computes out on what the buffers hold then."""
     kernel = _require()
@@ -257,25 +257,31 @@ def bind_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
               value_strides[-2])
     after = (float(scale), out.data_ptr(), out_strides[0], out_strides[1], float(cap))
 
-    def arguments(positions: KeyPositions) -> tuple:
-        if type(positions) is not KeyPositions or positions.rows != rows:
-            raise refuse("attention", f"positions must be KeyPositions of {rows} rows")
-        return (*before, *positions._addresses, *after)
-
-    def attend(positions: KeyPositions) -> None:
-        kernel.attention(*arguments(positions))
-
-    attend.arguments = arguments  # type: ignore[attr-defined]  # (attention_many's)
-    return attend
+    return BoundAttention(kernel, rows, before, after)
 
 
-def attention_many(calls: Sequence[tuple[Callable[[KeyPositions], Any], KeyPositions]]) -> None:
+class BoundAttention:
+    """`bind_attention`'s call: with a row's KeyPositions it computes out on what the buffers hold then;
+    `arguments` are the kernel's for those positions (`attention_many` passes several calls' at once)."""
+
+    def __init__(self, kernel: Any, rows: int, before: tuple, after: tuple):
+        self.kernel, self.rows, self.before, self.after = kernel, rows, before, after
+
+    def arguments(self, positions: KeyPositions) -> tuple:
+        if type(positions) is not KeyPositions or positions.rows != self.rows:
+            raise refuse("attention", f"positions must be KeyPositions of {self.rows} rows")
+        return (*self.before, *positions._addresses, *self.after)
+
+    def __call__(self, positions: KeyPositions) -> None:
+        self.kernel.attention(*self.arguments(positions))
+
+
+def attention_many(calls: Sequence[tuple[BoundAttention, KeyPositions]]) -> None:
     """Several bound attention calls (`bind_attention`'s, each with its rows' KeyPositions: a batched step's
     sequences, each over its own cache), each computed as it is alone, so with the same bits; their work goes to the
     kernels' threads in one call (a one-row attention is a few microseconds; a call of the pool for each was half of
     it). Positions are read now: the KeyPositions must stay alive until this returns."""
-    kernel = _require()
-    kernel.attention_many(tuple(attend.arguments(positions) for attend, positions in calls))  # type: ignore[attr-defined]
+    _require().attention_many(tuple(attend.arguments(positions) for attend, positions in calls))
 
 
 def rms_norm(x: "torch.Tensor | Rows", weight: "torch.Tensor | Dense", eps: float,
