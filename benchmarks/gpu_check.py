@@ -47,10 +47,14 @@ class Run:
         self.drafters, self.environment = drafters, environment or {}
 
 
-FULL = [Run("default-shape", "smollm2-135m", 2, 128, "bench --limit 2, every drafter, within 120 s; best >= 1.5x"),
-        Run("llama-8b", "llama-8b", 1, 64, "plain >= 120 tok/s (0.6x the bandwidth bound); oracle-8 >= 4x plain"),
-        Run("llama-8b-eager", "llama-8b", 1, 64, "the same step not compiled (SPECDEC_DEVICE_COMPILE=0): the baseline",
-            drafters="none", environment={"SPECDEC_DEVICE_COMPILE": "0"})]
+FULL = [Run("default-shape", "smollm2-135m", 2, 128, "bench --limit 2, every drafter, within 120 s; best >= 3x"),
+        Run("llama-8b", "llama-8b", 1, 64, "at the file's bits, compiled: plain >= 200 tok/s; oracle-8 >= 4x plain; "
+            "device memory <= 1.2x the file plus the KV cache"),
+        Run("llama-8b-dense", "llama-8b", 1, 64, "weights dequantised to bfloat16 (SPECDEC_DEVICE_PACKED=0), "
+            "compiled: what the file's bits are measured against", drafters="none",
+            environment={"SPECDEC_DEVICE_PACKED": "0"}),
+        Run("llama-8b-eager", "llama-8b", 1, 64, "at the file's bits, not compiled (SPECDEC_DEVICE_COMPILE=0): what "
+            "compiling is measured against", drafters="none", environment={"SPECDEC_DEVICE_COMPILE": "0"})]
 DRY = [Run("tiny", "tiny", 1, 12, "dry run: exactness only")]
 
 
@@ -170,9 +174,11 @@ def summary(run: Run, report: dict, seconds: float) -> dict:
     best = max((row.get("speedup") or 0.0 for name, row in rows.items()
                 if name != "none" and not name.startswith("oracle")), default=0.0)
     oracle = next((row.get("speedup") for name, row in rows.items() if name.startswith("oracle")), None)
+    settings = report.get("settings", {})
     return {"goal": run.goal, "bench_seconds": round(seconds, 1), "plain_tokens_per_second": plain_speed,
             "every_drafter_identical": exact, "best_drafter_speedup": best, "oracle_8_speedup": oracle,
-            "methods": drafters, "exact_check": report.get("settings", {}).get("exact_check")}
+            "methods": drafters, "exact_check": settings.get("exact_check"),
+            "device_memory": settings.get("device_memory")}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -243,7 +249,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             verdicts.append(None)
             continue
         report = json.loads(report_path.read_text(encoding="utf-8"))
-        document["models"][run.name] = {**summary(run, report, seconds), "report": report}
+        document["models"][run.name] = {**summary(run, report, seconds), "file_bytes": model.stat().st_size,
+                                        "report": report}
         verdicts.append(document["models"][run.name]["every_drafter_identical"])
         log.say(f"{run.name}: " + json.dumps({key: value for key, value in document["models"][run.name].items()
                                                if key not in ("report", "methods")}))
@@ -253,12 +260,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         default, big = document["models"].get("default-shape", {}), document["models"].get("llama-8b", {})
         plain = big.get("plain_tokens_per_second") or 0.0
         eager = document["models"].get("llama-8b-eager", {}).get("plain_tokens_per_second") or 0.0
+        dense = document["models"].get("llama-8b-dense", {}).get("plain_tokens_per_second") or 0.0
+        memory = big.get("device_memory") or {}
+        budget = 1.2 * (big.get("file_bytes") or 0) + memory.get("kv_cache_bytes", 0)
         goals.update({
+            "llama_8b_plain_at_least_200_tok_s": plain >= 200, "llama_8b_plain_tok_s": plain,
+            "llama_8b_packed_over_dense": round(plain / dense, 3) if dense else None,
             "llama_8b_compiled_over_eager": round(plain / eager, 3) if eager else None,
-            "llama_8b_plain_at_least_120_tok_s": plain >= 120, "llama_8b_plain_tok_s": plain,
             "llama_8b_oracle_8_at_least_4x": (big.get("oracle_8_speedup") or 0.0) >= 4,
+            "llama_8b_memory_within_1_2x_file_plus_kv": (memory.get("peak_allocated_bytes") or 1e18) <= budget,
             "default_bench_within_120_s": (default.get("bench_seconds") or 1e9) <= 120,
-            "default_best_drafter_at_least_1_5x": (default.get("best_drafter_speedup") or 0.0) >= 1.5,
+            "default_best_drafter_at_least_3x": (default.get("best_drafter_speedup") or 0.0) >= 3,
         })
     document["goals"] = goals
     document["seconds"] = round(time.perf_counter() - started, 1)

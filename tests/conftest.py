@@ -6,6 +6,7 @@ one-token and a many-token forward could legitimately round differently and pick
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import os
 import signal
@@ -15,8 +16,14 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-import torch
+# The tests run on a CPU: Triton (the device engine's packed kernel) interprets, which it decides as it is imported
+# (torch.compile imports it too). Not where vLLM is installed: its environment runs only vLLM's tests, whose CPU
+# build imports Triton for itself.
+if importlib.util.find_spec("vllm") is None:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # Tiny models run faster on one thread than on two (thread start-up dwarfs their matrix products).
 torch.set_num_threads(1)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..defaults import TIMED_PREFIX
+from ..defaults import TIMED_PREFIX, VERIFY_ROW_COUNTS
 from ..errors import SpecdecError
 from ..files import read_json, write_json_atomic
 from ..home import specdec_home
@@ -128,7 +128,11 @@ def cost_cache_file(model: Any, exact_rows: int) -> Optional[Path]:
 
 
 def forward_timer(forward: VerifyForward, prefix: int = TIMED_PREFIX) -> Timer:
-    """A function n -> seconds of one forward of n new tokens after a `prefix`-token cache (filled now)."""
+    """A function n -> seconds of one forward of n new tokens (up to 64) after a `prefix`-token cache (filled now);
+    a shorter prefix where the forward's cache cannot hold it and the largest timed block (a device engine on a
+    model of a short context)."""
+    if forward.capacity is not None:
+        prefix = max(1, min(prefix, forward.capacity - max(VERIFY_ROW_COUNTS)))
     generator = torch.Generator().manual_seed(0)
     vocab = forward.model.config.vocab_size
     ids = torch.randint(0, vocab, (prefix + 64,), generator=generator).tolist()

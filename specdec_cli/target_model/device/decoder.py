@@ -21,7 +21,8 @@ inputs (the committed length is a device tensor, not a Python int). So:
 What is computed is what native.py computes for the same families (RMSNorm, rotary embedding in the rotate-half
 convention, grouped-query attention, a gated MLP; q/k/v biases, QK-norm, Gemma's norms, scaled embeddings,
 GeLU-tanh, sandwich norms and soft-capping, sliding windows by layer kind), with GEMMs in the compute dtype, the
-residual stream, norms, rotary embedding and softmax in float32.
+residual stream, norms, rotary embedding and softmax in float32. A matrix held at the file's bits (weights.py)
+is multiplied by the packed Triton kernel at the same fixed shapes.
 """
 
 from __future__ import annotations
@@ -193,7 +194,7 @@ class DeviceDecoder:
                 written[0].append(block[0])
                 written[1].append(block[1])
         final = _rms_norm(x, weights.final_norm, weights.final_eps)  # [rows, hidden]
-        logits = (final.to(weights.dtype) @ weights.head.t()).float()  # [rows, vocab]
+        logits = weights.head(final.to(weights.dtype))  # [rows, vocab] float32
         if family.final_cap is not None:
             logits = torch.tanh(logits / family.final_cap) * family.final_cap
         if write:
@@ -212,7 +213,7 @@ class DeviceDecoder:
         heads, kv_heads, head_dim = family.heads, family.kv_heads, family.head_dim
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
         h = _rms_norm(x, layer.attn_norm, layer.attn_eps).to(dtype)
-        qkv = (h @ layer.qkv.t()).float()  # [rows, q + 2 kv]
+        qkv = layer.qkv(h)  # [rows, q + 2 kv] float32
         if layer.qkv_bias is not None:
             qkv = qkv + layer.qkv_bias
         q = qkv[:, :q_width].view(rows, heads, head_dim)
@@ -229,11 +230,11 @@ class DeviceDecoder:
             values.index_copy_(1, slots, block[1])
         attended = self._attend(q.to(dtype), keys, values, block, recent_region, mask, shape.scaling)
         attended = attended.transpose(0, 1).reshape(rows, q_width).to(dtype)  # [rows, heads * head_dim]
-        x = self._residual(x, (attended @ layer.out.t()).float(), layer.post_attn_norm, family.eps)
+        x = self._residual(x, layer.out(attended), layer.post_attn_norm, family.eps)
         h = _rms_norm(x, layer.mlp_norm, layer.mlp_eps).to(dtype)
-        gate, up = (h @ layer.gate_up.t()).float().chunk(2, dim=-1)  # [rows, ffn] each
+        gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [rows, ffn] each, float32
         act = F.silu(gate) if shape.act == "silu" else F.gelu(gate, approximate="tanh")
-        x = self._residual(x, ((act * up).to(dtype) @ layer.down.t()).float(), layer.post_mlp_norm, family.eps)
+        x = self._residual(x, layer.down((act * up).to(dtype)), layer.post_mlp_norm, family.eps)
         return x, block
 
     @staticmethod

@@ -42,7 +42,7 @@ from .capture import StepGraph, compile_wanted
 from .decoder import DeviceDecoder
 from .family import describe, unsupported
 from .inputs import StepInputs
-from .weights import DeviceWeights
+from .weights import DeviceWeights, packed_wanted
 
 CHECK_PROMPT = 24  # tokens before the one-time check's blocks
 CHECK_ROWS = 8  # the check compares blocks of 1..CHECK_ROWS rows with one-row forwards
@@ -101,7 +101,7 @@ class DeviceForward:
     static_cache = True
 
     def __init__(self, model: Any, device: "str | torch.device", dtype: Optional[torch.dtype] = None,
-                 slots: Optional[int] = None):
+                 slots: Optional[int] = None, packed: Optional[bool] = None):
         reason = unsupported(model)
         if reason is not None:
             raise ValueError(f"the device engine cannot run this model: {reason}")
@@ -111,7 +111,8 @@ class DeviceForward:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.family = describe(model)
-        self.weights = DeviceWeights.load(model, self.family, self.device, self.dtype)
+        self.weights = DeviceWeights.load(model, self.family, self.device, self.dtype,
+                                          packed_wanted(self.device) if packed is None else packed)
         count = context_slots(model, self.device, slots)
         self.static = StaticCache(len(self.family.layers), self.family.kv_heads, count, self.family.head_dim,
                                   self.dtype, self.device, ROWS)
@@ -139,8 +140,18 @@ class DeviceForward:
         return self.static.slots - ROWS
 
     def describe(self) -> str:
-        return (f"specdec's device engine on {self.device} in {str(self.dtype).removeprefix('torch.')}, "
-                f"{ROWS} padded rows a step, {self.static.slots} cache slots, step {self.step.note}")
+        weights = "at the file's bits" if self.weights.packed else "dequantised"
+        return (f"specdec's device engine on {self.device} in {str(self.dtype).removeprefix('torch.')}, weights "
+                f"{weights}, {ROWS} padded rows a step, {self.static.slots} cache slots, step {self.step.note}")
+
+    def memory(self) -> dict[str, int]:
+        """Bytes on the device: the weights (matrices and embeddings), the static cache, and on cuda the device's
+        peak allocation since the process began."""
+        cache = self.static.keys.numel() * self.static.keys.element_size() * 2
+        found = {"weights_bytes": self.weights.nbytes, "kv_cache_bytes": cache}
+        if self.device.type == "cuda":
+            found["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(self.device))
+        return found
 
     def new_cache(self) -> DeviceCache:
         """An empty cache over the static buffers (the previous view must not be used after this)."""

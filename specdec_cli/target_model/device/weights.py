@@ -1,11 +1,19 @@
-"""The target's weights on the device, put there once: dense matrices in the compute dtype, norms in float32.
+"""The target's weights on the device, put there once: matrices as `Projection`s, norms in float32.
 
-A block layer (quant.BlockLinear: a GGUF's blocks repacked for specdec's kernels, or blocks made on load) is
-moved to the device as its packed records, a chunk of CHUNK_ROWS output rows at a time, and dequantised there
-(kernels.records.unpack_records and dequantize are torch code, so they run wherever the records are) into the
-compute dtype: host memory never holds more than one chunk's records beyond the mapped file, and never a float32
-copy of the model. A transformers linear layer is moved (and cast) as it is. The projections that read the same
-input are fused into one matrix (q|k|v, gate|up), so each is one GEMM. A GGUF's token embeddings (left in the
+A block layer (quant.BlockLinear: a GGUF's blocks repacked for specdec's kernels, or blocks made on load) goes to
+the device in one of two ways, chosen once per loaded target (`packed_wanted`):
+
+- **at the file's bits** (on cuda where Triton is installed, `SPECDEC_DEVICE_PACKED=1` anywhere): a layer of a
+  GGUF type the packed kernel takes (packed_layout.takes) is held as a PackedMatrix, built on the device a chunk
+  of CHUNK_ROWS output rows at a time, and multiplied by packed_kernel.py: a token reads the file's 4.5 bits a
+  weight of a Q4_K matrix, not 16;
+- **dense**: its packed records are moved a chunk at a time and dequantised there (kernels.records.unpack_records
+  and dequantize are torch code, so they run wherever the records are) into the compute dtype.
+
+Host memory never holds more than one chunk's records beyond the mapped file, and never a float32 copy of the
+model. A transformers linear layer is moved (and cast) as it is. The projections that read the same input are one
+`Projection` (q|k|v, gate|up): one fused dense matrix (one GEMM), or, packed, a part per layer, each its own type
+(a Q4_K_M file's q and v differ), multiplied into its columns of one output. A GGUF's token embeddings (left in the
 mapped file, gguf_model.MappedEmbedding) are dequantised on the host a chunk of rows at a time and moved.
 
 Every tensor made here is on the device given; nothing here computes a forward (decoder.py).
@@ -13,16 +21,29 @@ Every tensor made here is on the device given; nothing here computes a forward (
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
 from ..native.native import norm_multiplier
 from ..native.native_support import projections
 from .family import Family
+from .packed_layout import PackedMatrix, takes
 
 CHUNK_ROWS = 4096  # output rows of a block matrix dequantised at a time on the device (and embedding rows)
+PACKED_VARIABLE = "SPECDEC_DEVICE_PACKED"
+
+
+def packed_wanted(device: torch.device) -> bool:
+    """Weights at the file's bits on cuda where Triton is installed, unless SPECDEC_DEVICE_PACKED=0; elsewhere only
+    with SPECDEC_DEVICE_PACKED=1 (a CPU runs the kernel in Triton's interpreter: for tests)."""
+    from . import packed_kernel
+
+    setting = os.environ.get(PACKED_VARIABLE, "").strip()
+    wanted = setting == "1" if setting in ("0", "1") else device.type == "cuda"
+    return wanted and packed_kernel.available()
 
 
 def _norm(norm: Any, offset: bool, device: torch.device) -> tuple[torch.Tensor, float]:
@@ -50,20 +71,71 @@ def fill_matrix(out: torch.Tensor, layer: Any) -> None:
         out[start : start + rows].copy_(dequantize(layer.kind, codes, scales, offsets))  # [rows, in]
 
 
-def fused(layers: list[Any], device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """The layers' weights side by side along the outputs [sum of outputs, in] and their biases (float32 [sum] or
-    None), on the device."""
+class Projection:
+    """The projections that read the same input, side by side along the outputs: h [rows, in] in the compute dtype
+    -> float32 [rows, sum of outputs]. Either one fused dense matrix (`weight`, one GEMM) or parts, each a
+    PackedMatrix (packed_kernel.matmul_into) or a dense matrix of its own, written into its columns."""
+
+    def __init__(self, parts: list[Union[PackedMatrix, torch.Tensor]]):
+        dense = len(parts) == 1 and isinstance(parts[0], torch.Tensor)
+        self.weight: Optional[torch.Tensor] = parts[0] if dense else None  # type: ignore[assignment]  # [out, in]
+        self.parts = [] if dense else parts
+        self.widths = [part.n if isinstance(part, PackedMatrix) else part.shape[0] for part in parts]
+
+    @property
+    def packed(self) -> bool:
+        return any(isinstance(part, PackedMatrix) for part in self.parts)
+
+    @property
+    def nbytes(self) -> int:
+        parts = [self.weight] if self.weight is not None else self.parts
+        return sum(part.nbytes if isinstance(part, PackedMatrix) else part.numel() * part.element_size()
+                   for part in parts)
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        if self.weight is not None:
+            return (h @ self.weight.t()).float()
+        from .packed_kernel import matmul_into
+
+        out = torch.empty(h.shape[0], sum(self.widths), dtype=torch.float32, device=h.device)
+        start = 0
+        for part, width in zip(self.parts, self.widths):
+            if isinstance(part, PackedMatrix):
+                matmul_into(out[:, start : start + width], h, part)
+            else:
+                out[:, start : start + width] = (h @ part.t()).float()
+            start += width
+        return out
+
+
+def fused(layers: list[Any], device: torch.device, dtype: torch.dtype,
+          packed: bool = False) -> tuple[Projection, Optional[torch.Tensor]]:
+    """The layers as one Projection (at the file's bits where `packed` and the layer's type allows) and their
+    biases (float32 [sum of outputs] or None), on the device."""
+    from ..native.quant import BlockLinear
+
     widths = [int(layer.out_features) for layer in layers]
-    matrix = torch.empty(sum(widths), int(layers[0].in_features), dtype=dtype, device=device)
+    at_bits = [packed and isinstance(layer, BlockLinear) and takes(layer.kind, int(layer.in_features))
+               for layer in layers]
+    dense = None if any(at_bits) else torch.empty(sum(widths), int(layers[0].in_features), dtype=dtype,
+                                                    device=device)  # one matrix, filled in place
+    parts: list[Union[PackedMatrix, torch.Tensor]] = []
     biases, start, any_bias = [], 0, False
-    for layer, width in zip(layers, widths):
-        fill_matrix(matrix[start : start + width], layer)
+    for layer, width, bits in zip(layers, widths, at_bits):
+        if bits:
+            parts.append(PackedMatrix.from_layer(layer, device, CHUNK_ROWS))
+        else:
+            matrix = dense[start : start + width] if dense is not None else \
+                torch.empty(width, int(layer.in_features), dtype=dtype, device=device)
+            fill_matrix(matrix, layer)
+            parts.append(matrix)
         bias = getattr(layer, "bias", None)
         any_bias |= bias is not None
         biases.append(torch.zeros(width, device=device) if bias is None else
                       bias.detach().to(device=device, dtype=torch.float32))
         start += width
-    return matrix, (torch.cat(biases) if any_bias else None)
+    projection = Projection([dense] if dense is not None else parts)
+    return projection, (torch.cat(biases) if any_bias else None)
 
 
 def embedding_table(embed: Any, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -82,17 +154,17 @@ def embedding_table(embed: Any, device: torch.device, dtype: torch.dtype) -> tor
 class LayerWeights:
     attn_norm: torch.Tensor  # float32 [hidden]
     attn_eps: float
-    qkv: torch.Tensor  # [q + 2 kv widths, hidden]
+    qkv: Projection  # [hidden] -> [q + 2 kv widths]
     qkv_bias: Optional[torch.Tensor]  # float32 [q + 2 kv widths]
     q_norm: Optional[torch.Tensor]  # float32 [head_dim]
     k_norm: Optional[torch.Tensor]
     qk_eps: float
-    out: torch.Tensor  # [hidden, q width]
+    out: Projection  # [q width] -> [hidden]
     post_attn_norm: Optional[torch.Tensor]  # float32 [hidden] (gemma2/3)
     mlp_norm: torch.Tensor  # float32 [hidden]
     mlp_eps: float
-    gate_up: torch.Tensor  # [2 ffn, hidden]
-    down: torch.Tensor  # [hidden, ffn]
+    gate_up: Projection  # [hidden] -> [2 ffn]
+    down: Projection  # [ffn] -> [hidden]
     post_mlp_norm: Optional[torch.Tensor]  # float32 [hidden] (gemma2/3)
 
 
@@ -106,11 +178,26 @@ class DeviceWeights:
     layers: list[LayerWeights]
     final_norm: torch.Tensor  # float32 [hidden]
     final_eps: float
-    head: torch.Tensor  # [vocab, hidden]
+    head: Projection  # [hidden] -> [vocab]
+
+    @property
+    def packed(self) -> bool:
+        """Whether any matrix is held at the file's bits."""
+        return self.head.packed or any(part.packed for layer in self.layers
+                                       for part in (layer.qkv, layer.out, layer.gate_up, layer.down))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the matrices and the embeddings on the device."""
+        matrices = [self.head] + [part for layer in self.layers
+                                  for part in (layer.qkv, layer.out, layer.gate_up, layer.down)]
+        return sum(part.nbytes for part in matrices) + self.embedding.numel() * self.embedding.element_size()
 
     @staticmethod
-    def load(model: Any, family: Family, device: torch.device, dtype: torch.dtype) -> "DeviceWeights":
-        """The model's weights moved to `device` in `dtype`, layer by layer."""
+    def load(model: Any, family: Family, device: torch.device, dtype: torch.dtype,
+             packed: bool = False) -> "DeviceWeights":
+        """The model's weights moved to `device` in `dtype`, layer by layer; block matrices at the file's bits
+        where `packed` (packed_wanted) and their type allows."""
         offset = family.norm_offset
         layers = []
         with torch.no_grad():
@@ -118,12 +205,12 @@ class DeviceWeights:
                 attention = layer.self_attn
                 linears = [module for _, module in projections(layer)]
                 attention_inputs = linears[:1] if hasattr(attention, "qkv_proj") else linears[:3]
-                qkv, qkv_bias = fused(attention_inputs, device, dtype)
-                out = fused([attention.o_proj], device, dtype)[0]
+                qkv, qkv_bias = fused(attention_inputs, device, dtype, packed)
+                out = fused([attention.o_proj], device, dtype, packed)[0]
                 mlp = layer.mlp
                 gate_up_layers = [mlp.gate_up_proj] if hasattr(mlp, "gate_up_proj") else [mlp.gate_proj, mlp.up_proj]
-                gate_up = fused(gate_up_layers, device, dtype)[0]
-                down = fused([mlp.down_proj], device, dtype)[0]
+                gate_up = fused(gate_up_layers, device, dtype, packed)[0]
+                down = fused([mlp.down_proj], device, dtype, packed)[0]
                 sandwich = hasattr(layer, "pre_feedforward_layernorm")
                 attn_norm, attn_eps = _norm(layer.input_layernorm, offset, device)
                 mlp_norm, mlp_eps = _norm(layer.pre_feedforward_layernorm if sandwich else
@@ -140,6 +227,6 @@ class DeviceWeights:
                     mlp_norm=mlp_norm, mlp_eps=mlp_eps, gate_up=gate_up, down=down,
                     post_mlp_norm=_norm(layer.post_feedforward_layernorm, offset, device)[0] if sandwich else None))
             final_norm, final_eps = _norm(model.model.norm, offset, device)
-            head = fused([model.lm_head], device, dtype)[0]
+            head = fused([model.lm_head], device, dtype, packed)[0]
             embedding = embedding_table(model.model.embed_tokens, device, dtype)
         return DeviceWeights(device, dtype, embedding, layers, final_norm, final_eps, head)

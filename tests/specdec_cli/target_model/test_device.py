@@ -142,7 +142,7 @@ def test_a_device_context_the_engine_cannot_run_in_is_one_line_before_the_model_
                                   f"16 rows), got '{value}'", code=1)
 
 
-def test_the_fewest_slots_allowed_run_the_check_and_the_cost_curve_and_fewer_do_not(tiny_llama):
+def test_the_fewest_slots_allowed_run_the_check_and_the_cost_curve_and_fewer_time_a_shorter_prompt(tiny_llama):
     from specdec_cli.decoding.curve_store import forward_timer
     from specdec_cli.defaults import VERIFY_ROW_COUNTS
     from specdec_cli.target_model.device.forward import MIN_CONTEXT, context_setting
@@ -153,8 +153,10 @@ def test_the_fewest_slots_allowed_run_the_check_and_the_cost_curve_and_fewer_do_
     assert forward.prepare(8) == ROWS, forward.outcome
     timer = forward_timer(forward)
     assert all(timer(rows) > 0 for rows in VERIFY_ROW_COUNTS)
-    with pytest.raises(ValueError, match="a block of 32 after 256 committed tokens needs 289 slots with its padding"):
-        forward_timer(DeviceForward(tiny_llama, "cpu", slots=MIN_CONTEXT - 1))(32)
+    # fewer slots (a model of a short context caps them): the timer times after a shorter prompt, never past the
+    # cache (it was an internal error on a model of context 256)
+    short = forward_timer(DeviceForward(tiny_llama, "cpu", slots=MIN_CONTEXT - 24))
+    assert all(short(rows) > 0 for rows in VERIFY_ROW_COUNTS)
 
 
 def test_a_block_whose_padding_passes_the_last_slot_is_refused_not_an_index_error(tiny_llama):
@@ -332,7 +334,7 @@ def test_bfloat16_as_on_a_gpu_is_exact_too(tiny_llama):
     """The compute dtype a GPU gets (bfloat16: GEMMs and the cache in it, norms and softmax in float32): blocks
     equal one-row forwards bit for bit, and drafters answer as plain decoding does."""
     forward = DeviceForward(tiny_llama, "cpu", dtype=torch.bfloat16, slots=128)
-    assert forward.weights.head.dtype == torch.bfloat16 and forward.static.keys.dtype == torch.bfloat16
+    assert forward.weights.head.weight.dtype == torch.bfloat16 and forward.static.keys.dtype == torch.bfloat16
     engine = _engine(forward)
     assert forward.prepare(8) == ROWS, forward.outcome
     config = GenerationConfig(max_new_tokens=24, eos_token_ids=(EOS,))

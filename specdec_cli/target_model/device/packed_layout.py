@@ -1,0 +1,172 @@
+"""A GGUF matrix on the device at the file's bits: the layout the packed Triton kernel (packed_kernel.py) reads.
+
+The CPU kernels' records interleave 16 output columns (kernels/packed.py); a GPU kernel wants each output row's
+fields in k order instead. `PackedMatrix` holds a matrix [n, k] of a packed kind (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS) as flat per-row arrays, every one in its GGUF meaning, nothing widened to a float:
+
+- `codes`: 4-, 5- and 6-bit codes' low nibbles, uint8 [n, k / 2] (weight 2j in byte j's low half, 2j + 1 in its
+  high half); Q8_0's int8 codes [n, k];
+- `plane`: the fifth bit of 5-bit codes, uint8 [n, k / 8] (bit i of byte j: weight 8j + i), or the top two bits
+  of 6-bit codes, uint8 [n, k / 4] (bits 2i..2i+1 of byte j: weight 4j + i);
+- `d`, float16 [n, k / super_block], and `m` (Q4_1/Q5_1's m, the K-quants' dmin), float16 likewise;
+- `scales`: the K-quants' and IQ4_XS's 6-bit sub-block scales, uint8 [n, k / 32], Q6_K's int8 [n, k / 16];
+  `minimums`: the K-quants' 6-bit sub-block minimums, uint8 [n, k / 32].
+
+So a Q4_K matrix takes 148 bytes per 256 weights where the file takes 144 (the 6-bit scales in whole bytes), Q6_K
+210 as the file, the legacy types and IQ4_NL exactly the file's bytes. A weight means what gguf.quants.dequantize
+says, computed in the same order in float32 (`dequantize`, the reference the kernel is tested against):
+
+    legacy  d * (code - zero) [+ m]        K-quants (d * scale) * code - dmin * minimum
+    Q6_K    (d * scale) * (code - 32)      IQ4_NL d * table[code]      IQ4_XS (d * (scale - 32)) * table[code]
+
+Every product there is exact in float32 (an 11-bit mantissa times at most 14 bits), so the kernel's order of
+multiplication cannot change a weight. Made here from a packed kind's fields (kernels.Fields), a chunk of output
+rows at a time on the device (`from_layer`); nothing here multiplies (packed_kernel.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from ...kernels.packed import (
+    FORM_IQ4XS,
+    FORM_K,
+    FORM_LEGACY,
+    FORM_Q6K,
+    IQ4_VALUES,
+    IQ4XS_SCALE_ZERO,
+    PACKED,
+    Fields,
+    packed_kind,
+)
+
+
+def takes(kind: int, in_features: int) -> bool:
+    """Whether a matrix of this kernels' kind and row length can be held here."""
+    return kind in PACKED and in_features % PACKED[kind].super_block == 0 and in_features % 32 == 0
+
+
+def _empty(device: torch.device) -> torch.Tensor:
+    return torch.zeros(1, dtype=torch.uint8, device=device)  # a field the kind has not: never read
+
+
+@dataclass
+class PackedMatrix:
+    """A packed kind's matrix [n, k] on the device, in the layout above."""
+
+    kind: int
+    n: int
+    k: int
+    codes: torch.Tensor
+    plane: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor
+    scales: torch.Tensor
+    minimums: torch.Tensor
+    table: torch.Tensor  # float32 [16]: IQ4's values (read only by the table kinds)
+
+    @property
+    def nbytes(self) -> int:
+        parts = [self.codes, self.d]
+        info = packed_kind(self.kind)
+        parts += [self.plane] if info.bits in (5, 6) else []
+        parts += [self.m] if info.offsets else []
+        parts += [self.scales] if info.form != FORM_LEGACY else []
+        parts += [self.minimums] if info.form == FORM_K else []
+        return sum(part.numel() * part.element_size() for part in parts)
+
+    @staticmethod
+    def allocate(kind: int, n: int, k: int, device: torch.device) -> "PackedMatrix":
+        info = packed_kind(kind)
+        if not takes(kind, k):
+            raise ValueError(f"a {info.name} matrix needs rows of a multiple of {info.super_block}, got {k}")
+        supers = k // info.super_block
+        empty = _empty(device)
+        codes = torch.empty(n, k, dtype=torch.int8, device=device) if info.bits == 8 else \
+            torch.empty(n, k // 2, dtype=torch.uint8, device=device)
+        plane = {5: (k // 8,), 6: (k // 4,)}.get(info.bits)
+        scale_shape = {FORM_K: k // 32, FORM_IQ4XS: k // 32, FORM_Q6K: k // 16}.get(info.form)
+        return PackedMatrix(
+            kind, n, k, codes,
+            plane=empty if plane is None else torch.empty(n, *plane, dtype=torch.uint8, device=device),
+            d=torch.empty(n, supers, dtype=torch.float16, device=device),
+            m=torch.empty(n, supers, dtype=torch.float16, device=device) if info.offsets else empty,
+            scales=empty if scale_shape is None else torch.empty(
+                n, scale_shape, dtype=torch.int8 if info.form == FORM_Q6K else torch.uint8, device=device),
+            minimums=torch.empty(n, k // 32, dtype=torch.uint8, device=device) if info.form == FORM_K else empty,
+            table=torch.tensor(IQ4_VALUES, dtype=torch.float32, device=device))
+
+    def fill(self, start: int, fields: Fields) -> None:
+        """Rows start.. start + len(fields) from a packed kind's fields (on the device)."""
+        info = packed_kind(self.kind)
+        codes = fields.codes  # uint8 [rows, k]
+        rows = slice(start, start + codes.shape[0])
+        if info.bits == 8:
+            self.codes[rows] = codes.view(torch.int8)
+        else:
+            low = (codes & 15).reshape(codes.shape[0], -1, 2)
+            self.codes[rows] = low[..., 0] | (low[..., 1] << 4)
+        if info.bits in (5, 6):
+            width = 1 if info.bits == 5 else 2  # top bits a weight
+            per_byte = 8 // width
+            tops = (codes >> 4).reshape(codes.shape[0], -1, per_byte).to(torch.int32)
+            shifts = torch.arange(per_byte, device=codes.device, dtype=torch.int32) * width
+            self.plane[rows] = (tops << shifts).sum(dim=-1).to(torch.uint8)
+        self.d[rows] = fields.d
+        if info.offsets:
+            assert fields.m is not None
+            self.m[rows] = fields.m
+        if info.form != FORM_LEGACY:
+            assert fields.scales is not None
+            self.scales[rows] = fields.scales.reshape(codes.shape[0], -1)
+        if info.form == FORM_K:
+            assert fields.minimums is not None
+            self.minimums[rows] = fields.minimums.reshape(codes.shape[0], -1)
+
+    @staticmethod
+    def from_layer(layer: Any, device: torch.device, chunk_rows: int) -> "PackedMatrix":
+        """A BlockLinear of a packed kind moved to the device `chunk_rows` output rows at a time."""
+        from ...kernels.packed import GROUP, unpack_fields
+
+        n, k = int(layer.out_features), int(layer.in_features)
+        matrix = PackedMatrix.allocate(layer.kind, n, k, device)
+        per_chunk = max(1, chunk_rows // GROUP)  # records (GROUP output rows each) per chunk
+        for first in range(0, layer.records.shape[0], per_chunk):
+            part = layer.records[first : first + per_chunk].to(device)  # uint8 [groups, record bytes]
+            start = first * GROUP
+            matrix.fill(start, unpack_fields(layer.kind, part, min(part.shape[0] * GROUP, n - start)))
+        return matrix
+
+    def dequantize(self, rows: Optional[slice] = None) -> torch.Tensor:
+        """The weights float32 [n, k] (or the rows given) as gguf.quants.dequantize computes them."""
+        info = packed_kind(self.kind)
+        pick = rows or slice(0, self.n)
+        if info.bits == 8:
+            codes = self.codes[pick].to(torch.int32)
+        else:
+            packed = self.codes[pick].to(torch.int32)
+            codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
+        count = codes.shape[0]
+        if info.bits in (5, 6):
+            width = 1 if info.bits == 5 else 2
+            plane = self.plane[pick].to(torch.int32)[..., None]
+            shifts = torch.arange(8 // width, device=codes.device, dtype=torch.int32) * width
+            codes = codes | (((plane >> shifts) & ((1 << width) - 1)).reshape(count, -1) << 4)
+        values = self.table[codes.long()] if info.table else (codes - info.zero).to(torch.float32)
+
+        def per_weight(field: torch.Tensor, span: int) -> torch.Tensor:
+            return field[pick].to(torch.float32).repeat_interleave(span, dim=1)
+
+        d = per_weight(self.d, info.super_block)
+        if info.form == FORM_LEGACY:
+            weight = d * values
+            return weight + per_weight(self.m, info.super_block) if info.offsets else weight
+        if info.form == FORM_K:
+            scale = d * per_weight(self.scales, 32)
+            return scale * values - per_weight(self.m, info.super_block) * per_weight(self.minimums, 32)
+        if info.form == FORM_Q6K:
+            return (d * per_weight(self.scales, 16)) * values
+        return (d * (per_weight(self.scales, 32) - IQ4XS_SCALE_ZERO)) * values

@@ -1,0 +1,198 @@
+"""The device engine at the file's bits (target_model/device/packed_layout.py, packed_kernel.py), on the CPU in
+Triton's interpreter: every packed GGUF type decoded as gguf.quants.dequantize decodes it and multiplied as a
+float64 product would be, a row's result bit for bit the same however many of the 16 rows are real, the layout
+no bigger than the file, and every drafter token-identical to plain decoding on a model held that way."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from helpers import EOS, PROMPTS, family_model, gguf_bytes, write_gguf_script
+
+from specdec_cli.decoding.generation_config import GenerationConfig
+from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
+from specdec_cli.kernels import packed
+from specdec_cli.target_model.device import ROWS
+from specdec_cli.target_model.device.forward import DeviceForward
+from specdec_cli.target_model.device.packed_kernel import available, matmul_into
+from specdec_cli.target_model.device.packed_layout import PackedMatrix, takes
+from specdec_cli.target_model.device.weights import packed_wanted
+from specdec_cli.target_model.gguf import gguf_decode
+from specdec_cli.target_model.native import quant
+
+pytestmark = pytest.mark.skipif(not available() or os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="Triton is not installed, or not as an interpreter (conftest.py sets it)")
+
+TYPES = sorted(packed.KIND_OF_GGUF_TYPE)  # Q4_0 ... IQ4_XS: every type the packed kernel takes
+
+
+def _matrix(type_name: str, n: int, k: int, seed: int = 0) -> tuple[PackedMatrix, np.ndarray]:
+    """A random GGUF tensor of the type as a PackedMatrix on the CPU, and gguf's own dequantisation of it."""
+    import gguf
+
+    raw = gguf_bytes(type_name, n, k, seed=seed)
+    kind = packed.KIND_OF_GGUF_TYPE[type_name]
+    fields = gguf_decode.gguf_fields(type_name, raw.reshape(n, k // packed.PACKED[kind].super_block, -1))
+    matrix = PackedMatrix.allocate(kind, n, k, torch.device("cpu"))
+    matrix.fill(0, packed.Fields(*(None if part is None else torch.as_tensor(np.asarray(part)) for part in (
+        fields.codes, fields.d, fields.m, fields.scales, fields.minimums))))
+    expected = np.asarray(gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, type_name)), np.float32)
+    return matrix, expected.reshape(n, k)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_each_type_decodes_as_gguf_and_multiplies_as_float64(type_name):
+    n, k = 37, 512  # n not a multiple of the kernel's columns: the last program's columns are masked
+    matrix, expected = _matrix(type_name, n, k, seed=3)
+    assert np.array_equal(matrix.dequantize().numpy(), expected)  # every weight, bit for bit
+    assert matrix.nbytes <= 1.03 * gguf_bytes(type_name, n, k, seed=3).nbytes  # the file's bits (Q4_K: +2.8%)
+    rows = torch.randn(ROWS, k, generator=torch.Generator().manual_seed(1))
+    out = torch.full((ROWS, n), float("nan"))
+    matmul_into(out, rows, matrix)
+    reference = rows.double() @ torch.from_numpy(expected).double().T
+    assert torch.allclose(out.double(), reference, rtol=0, atol=1e-5 * float(reference.abs().max()))
+    # one-hot rows read single weights out of the kernel: each as gguf decodes it, bit for bit
+    picked = torch.randperm(k, generator=torch.Generator().manual_seed(4))[:ROWS]
+    out = torch.empty(ROWS, n)
+    matmul_into(out, torch.eye(k)[picked].contiguous(), matrix)
+    assert torch.equal(out, torch.from_numpy(expected)[:, picked].T)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q5_0", "IQ4_XS"])
+def test_a_rows_result_is_the_same_bits_however_many_rows_are_real(type_name):
+    """Rows 1..16 real, the rest padding of any value (zeros, other tokens' rows, huge): the real rows' outputs
+    equal bit for bit those of a block of 16 real rows."""
+    n, k = 40, 512
+    matrix, _ = _matrix(type_name, n, k)
+    generator = torch.Generator().manual_seed(2)
+    rows = torch.randn(ROWS, k, generator=generator)
+    whole = torch.empty(ROWS, n)
+    matmul_into(whole, rows, matrix)
+    for real in range(1, ROWS + 1):
+        padded = rows.clone()
+        padded[real:] = torch.randn(ROWS - real, k, generator=generator) * (1e4 if real % 2 else 0.0)
+        out = torch.empty(ROWS, n)
+        matmul_into(out, padded, matrix)
+        assert torch.equal(out[:real], whole[:real]), real
+
+
+def test_a_call_the_kernel_cannot_take_is_refused():
+    matrix, _ = _matrix("Q4_0", 16, 64)
+    with pytest.raises(ValueError):
+        matmul_into(torch.empty(12, 16), torch.randn(12, 64), matrix)  # not a power of two of at least 16 rows
+    with pytest.raises(ValueError):
+        matmul_into(torch.empty(16, 16, dtype=torch.float64), torch.randn(16, 64), matrix)
+    assert not takes(packed.KIND_OF_GGUF_TYPE["Q4_K"], 288) and takes(packed.KIND_OF_GGUF_TYPE["Q4_0"], 288)
+    with pytest.raises(ValueError):
+        PackedMatrix.allocate(packed.KIND_OF_GGUF_TYPE["Q6_K"], 4, 288, torch.device("cpu"))
+
+
+def test_the_tiles_are_set_by_the_row_length_and_the_setting_alone(monkeypatch):
+    from specdec_cli.errors import SpecdecError
+    from specdec_cli.target_model.device.packed_kernel import GPU_TILES, tiles
+
+    monkeypatch.delenv("SPECDEC_DEVICE_TILES", raising=False)
+    assert tiles(4096, "cuda") == GPU_TILES and tiles(896, "cuda") == (GPU_TILES[0], 128 if 896 % 128 == 0 else 64)
+    assert tiles(576, "cuda")[1] == 64 and tiles(32 * 7, "cuda")[1] == 32 and tiles(512, "cpu")[1] == 256
+    monkeypatch.setenv("SPECDEC_DEVICE_TILES", "32x64")
+    assert tiles(4096, "cuda") == (32, 64)
+    for wrong in ("32", "8x64", "32x48", "axb", "32x16"):
+        monkeypatch.setenv("SPECDEC_DEVICE_TILES", wrong)
+        with pytest.raises(SpecdecError, match="SPECDEC_DEVICE_TILES"):
+            tiles(4096, "cuda")
+
+
+def test_packed_weights_are_chosen_on_cuda_and_by_the_setting(monkeypatch):
+    monkeypatch.delenv("SPECDEC_DEVICE_PACKED", raising=False)
+    assert packed_wanted(torch.device("cuda")) and not packed_wanted(torch.device("cpu"))
+    monkeypatch.setenv("SPECDEC_DEVICE_PACKED", "1")
+    assert packed_wanted(torch.device("cpu"))
+    monkeypatch.setenv("SPECDEC_DEVICE_PACKED", "0")
+    assert not packed_wanted(torch.device("cuda"))
+
+
+# a Q4_K_M file's mix and the rest: (type, layer) for a llama of hidden 256, FFN 512
+MIX = {"q_proj": "Q4_K", "k_proj": "Q5_1", "v_proj": "Q6_K", "o_proj": "Q4_0", "gate_proj": "IQ4_XS",
+       "up_proj": "Q5_0", "down_proj": "Q8_0", "lm_head": "Q6_K"}
+
+
+def _packed_model():
+    """A tiny llama whose every matrix is a GGUF block layer of MIX's types (K-quant and IQ4 blocks random, with
+    write_gguf.py's scales; the legacy types quantised from the model's own weights)."""
+    from gguf import GGMLQuantizationType
+
+    model = family_model("llama", hidden_size=256, intermediate_size=512, head_dim=64, num_attention_heads=4,
+                         num_key_value_heads=2, tie_word_embeddings=False)
+    rng = np.random.default_rng(0)
+    planned = {}
+    with write_gguf_script() as script:
+        for name, module in model.named_modules():
+            type_name = MIX.get(name.rpartition(".")[2])
+            if type_name is None:
+                continue
+            n, k = module.weight.shape
+            qtype = getattr(GGMLQuantizationType, type_name)
+            raw = script.random_tensor(rng, qtype, n, k, 0.08) if type_name.endswith("_K") or "IQ" in type_name \
+                else gguf_bytes(type_name, n, k, seed=len(planned))
+            planned[name] = gguf_decode.decode_gguf_blocks(type_name, np.asarray(raw).reshape(n, -1), n, k)
+    assert quant.install_blocks(model, planned) == 2 * 7 + 1
+    return model
+
+
+@pytest.mark.slow
+def test_every_drafter_is_token_identical_to_plain_decoding_at_the_files_bits(one_torch_thread):
+    from test_device import _drafters, _engine
+
+    model = _packed_model()
+    forward = DeviceForward(model, "cpu", slots=128, packed=True)
+    assert forward.weights.packed and "at the file's bits" in forward.describe()
+    dense = DeviceForward(model, "cpu", slots=128, packed=False)
+    assert forward.weights.nbytes < 0.4 * dense.weights.nbytes  # float32 dense: 4 bytes a weight
+    ids = PROMPTS[0]
+    for one, other in ((forward, dense),):  # the same weights, another summation order: close, not equal
+        got = one(ids, one.new_cache(), 0).logits
+        want = other(ids, other.new_cache(), 0).logits
+        assert torch.allclose(got, want, rtol=0, atol=1e-4 * float(want.abs().max()))
+    engine = _engine(forward)
+    assert forward.prepare(8) == ROWS and forward.outcome.state == "on", forward.outcome
+    config = GenerationConfig(max_new_tokens=16, eos_token_ids=())  # (random blocks: EOS may come first)
+    for prompt in PROMPTS[:1]:  # (Triton's interpreter: about 0.3 s a step)
+        plain = engine.generate(prompt, make_drafter("none", DrafterOptions(), TargetInfo(64, (EOS,))), config)
+        assert len(plain.tokens) == 16 and len(set(plain.tokens)) > 3
+        for name, drafter in _drafters(model, 64, plain.tokens, prompt).items():
+            drafter.reset()
+            assert engine.generate(prompt, drafter, config).tokens == plain.tokens, (name, prompt)
+    assert engine.tree_check == "passed"
+
+
+@pytest.mark.slow
+def test_bench_on_a_gguf_at_the_files_bits_reports_its_bytes(tmp_path, monkeypatch):
+    """`specdec bench --decoder device` on a GGUF (Q4_0/Q4_1/Q8_0 blocks, loaded in place) with SPECDEC_DEVICE_PACKED=1:
+    the engine says it holds the weights at the file's bits, every row is identical to plain decoding, and the
+    report gives the bytes on the device (the weights about the file's size, not 4 bytes a weight). The model's
+    context (256) is shorter than the verify-cost timer's prompt and block: the timer shortens its prompt (it
+    failed with an internal error)."""
+    import json
+
+    from conftest import invoke
+    from helpers import write_family_gguf
+
+    path = tmp_path / "tiny.gguf"
+    write_family_gguf(path, family_model("llama", seed=5), "llama", "llama")
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SPECDEC_DEVICE_PACKED", "1")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"category": "copy", "turns": ["abc abc abc abc"]}) + "\n")
+    result = invoke("bench", "--target", str(path), "--prompts", str(prompts), "--drafters", "none,pld",
+                    "--decoder", "device", "--device", "cpu", "--max-new-tokens", "6", "--no-warmup", "--json", "--raw")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert "weights at the file's bits" in document["settings"]["exact_check"]
+    assert all(row["identical"] == row["compared"] == 1 for row in document["results"] if row["category"] == "overall")
+    memory = document["settings"]["device_memory"]
+    dense = 4 * sum(parameter.numel() for parameter in family_model("llama", seed=5).parameters())  # float32
+    assert memory["weights_bytes"] < 1.5 * path.stat().st_size < 0.4 * dense and memory["kv_cache_bytes"] > 0
+    assert "peak_allocated_bytes" not in memory  # (cuda only)
