@@ -8,8 +8,9 @@ So a row's result depends on its own inputs, the weights, and the fixed shapes (
 never on the other rows, which the engine's padded steps need (docs/algorithms.md section 12). The tiles are
 fixed per matrix by `tiles` (k and the device type), never by how many rows are real.
 
-`matmul_into(out, rows, matrix)` writes out float32 [ROWS, n] (a column slice of a wider buffer: a fused q|k|v
-whose parts are of different types is one call per part). On a CPU the same kernel runs in Triton's interpreter
+`PackedGemm(matrix)(rows)` returns float32 [ROWS, n] through one torch operator (`specdec::packed_gemm`), which
+torch.compile keeps whole inside a compiled layer and a CUDA graph captures like any kernel; a fused q|k|v whose
+parts are of different types is one call per part. On a CPU the same kernel runs in Triton's interpreter
 (TRITON_INTERPRET=1, set here before triton is imported where the first matrix is on the CPU): slow, for tests.
 Triton is imported on the first call only; `available()` says whether it can be.
 """
@@ -135,20 +136,50 @@ def _kernel(interpret: bool) -> Any:
 assert (FORM_LEGACY, FORM_K, FORM_Q6K, FORM_IQ4XS) == (1, 2, 3, 4)  # the kernel's FORM branches
 
 
-def matmul_into(out: torch.Tensor, rows: torch.Tensor, matrix: PackedMatrix) -> None:
-    """out float32 [R, matrix.n] = rows [R, matrix.k] @ the matrix's weights.T, R a power of two of at least 16
-    (the engine's padded rows); `out` may be a column slice of a wider buffer."""
-    count = rows.shape[0]
-    if count < 16 or count & (count - 1) or rows.shape[1] != matrix.k or out.shape != (count, matrix.n):
-        raise ValueError(f"packed matmul: rows {tuple(rows.shape)} and out {tuple(out.shape)} do not fit a "
-                         f"[{matrix.n}, {matrix.k}] matrix at a power-of-two row count of at least 16")
-    if rows.stride(1) != 1 or out.stride(1) != 1 or out.dtype != torch.float32:
-        raise ValueError("packed matmul: rows and out must be row-major, out float32")
-    info = packed_kind(matrix.kind)
-    block_n, block_k = tiles(matrix.k, rows.device.type)
-    kernel = _kernel(rows.device.type == "cpu")
-    kernel[(-(-matrix.n // block_n),)](
-        rows, out, matrix.codes, matrix.plane, matrix.d, matrix.m, matrix.scales, matrix.minimums, matrix.table,
-        matrix.n, matrix.k, rows.stride(0), out.stride(0),
-        ROWS=count, BITS=info.bits, ZERO=info.zero, SUB=info.sub, SUPER=info.super_block, FORM=info.form,
+@torch.library.custom_op("specdec::packed_gemm", mutates_args=())
+def packed_gemm(rows: torch.Tensor, codes: torch.Tensor, plane: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
+                scales: torch.Tensor, minimums: torch.Tensor, table: torch.Tensor, kind: int, block_n: int,
+                block_k: int) -> torch.Tensor:
+    """rows [R, k] @ the packed matrix's weights.T -> float32 [R, n] (n = d's rows): the kernel's launch as one
+    torch operator, so that torch.compile keeps it whole in a compiled layer (it does not trace a launch)."""
+    info = packed_kind(kind)
+    n, k = d.shape[0], rows.shape[1]
+    out = torch.empty(rows.shape[0], n, dtype=torch.float32, device=rows.device)
+    _kernel(rows.device.type == "cpu")[(-(-n // block_n),)](
+        rows, out, codes, plane, d, m, scales, minimums, table, n, k, rows.stride(0), out.stride(0),
+        ROWS=rows.shape[0], BITS=info.bits, ZERO=info.zero, SUB=info.sub, SUPER=info.super_block, FORM=info.form,
         OFFSETS=info.offsets, TABLE=info.table, IEEE=rows.dtype == torch.float32, BLOCK_N=block_n, BLOCK_K=block_k)
+    return out
+
+
+@packed_gemm.register_fake
+def _(rows: torch.Tensor, codes: torch.Tensor, plane: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
+      scales: torch.Tensor, minimums: torch.Tensor, table: torch.Tensor, kind: int, block_n: int,
+      block_k: int) -> torch.Tensor:
+    return rows.new_empty(rows.shape[0], d.shape[0], dtype=torch.float32)
+
+
+class PackedGemm:
+    """rows [R, k] @ a PackedMatrix's weights.T -> float32 [R, n], R a power of two of at least 16 (the engine's
+    padded rows). The tiles are chosen once, here (and the kernel made), never per call."""
+
+    def __init__(self, matrix: PackedMatrix):
+        self.matrix = matrix
+        self.block_n, self.block_k = tiles(matrix.k, matrix.codes.device.type)
+        _kernel(matrix.codes.device.type == "cpu")  # made now: Triton is imported before any step
+
+    @property
+    def n(self) -> int:
+        return self.matrix.n
+
+    @property
+    def nbytes(self) -> int:
+        return self.matrix.nbytes
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        matrix, count = self.matrix, rows.shape[0]
+        if count < 16 or count & (count - 1) or rows.shape[1] != matrix.k or rows.stride(1) != 1:
+            raise ValueError(f"packed matmul: rows {tuple(rows.shape)} do not fit a [{matrix.n}, {matrix.k}] matrix "
+                             "at a row-major power-of-two row count of at least 16")
+        return packed_gemm(rows, matrix.codes, matrix.plane, matrix.d, matrix.m, matrix.scales, matrix.minimums,
+                           matrix.table, matrix.kind, self.block_n, self.block_k)

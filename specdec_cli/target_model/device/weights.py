@@ -30,6 +30,7 @@ import torch
 from ..native.native import norm_multiplier
 from ..native.native_support import projections
 from .family import Family
+from .packed_kernel import PackedGemm
 from .packed_layout import PackedMatrix, takes
 
 CHUNK_ROWS = 4096  # output rows of a block matrix dequantised at a time on the device (and embedding rows)
@@ -73,39 +74,30 @@ def fill_matrix(out: torch.Tensor, layer: Any) -> None:
 
 class Projection:
     """The projections that read the same input, side by side along the outputs: h [rows, in] in the compute dtype
-    -> float32 [rows, sum of outputs]. Either one fused dense matrix (`weight`, one GEMM) or parts, each a
-    PackedMatrix (packed_kernel.matmul_into) or a dense matrix of its own, written into its columns."""
+    -> float32 [rows, sum of outputs]. Either one fused dense matrix (`weight`, one GEMM) or parts, each a packed
+    matrix's GEMM (packed_kernel.PackedGemm) or a dense matrix of its own, their outputs side by side."""
 
-    def __init__(self, parts: list[Union[PackedMatrix, torch.Tensor]]):
+    def __init__(self, parts: list[Union["PackedGemm", torch.Tensor]]):
         dense = len(parts) == 1 and isinstance(parts[0], torch.Tensor)
         self.weight: Optional[torch.Tensor] = parts[0] if dense else None  # type: ignore[assignment]  # [out, in]
         self.parts = [] if dense else parts
-        self.widths = [part.n if isinstance(part, PackedMatrix) else part.shape[0] for part in parts]
+        self.widths = [part.shape[0] if isinstance(part, torch.Tensor) else part.n for part in parts]
 
     @property
     def packed(self) -> bool:
-        return any(isinstance(part, PackedMatrix) for part in self.parts)
+        return any(not isinstance(part, torch.Tensor) for part in self.parts)
 
     @property
     def nbytes(self) -> int:
         parts = [self.weight] if self.weight is not None else self.parts
-        return sum(part.nbytes if isinstance(part, PackedMatrix) else part.numel() * part.element_size()
+        return sum(part.numel() * part.element_size() if isinstance(part, torch.Tensor) else part.nbytes
                    for part in parts)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         if self.weight is not None:
             return (h @ self.weight.t()).float()
-        from .packed_kernel import matmul_into
-
-        out = torch.empty(h.shape[0], sum(self.widths), dtype=torch.float32, device=h.device)
-        start = 0
-        for part, width in zip(self.parts, self.widths):
-            if isinstance(part, PackedMatrix):
-                matmul_into(out[:, start : start + width], h, part)
-            else:
-                out[:, start : start + width] = (h @ part.t()).float()
-            start += width
-        return out
+        outs = [(h @ part.t()).float() if isinstance(part, torch.Tensor) else part(h) for part in self.parts]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # [rows, sum of outputs]
 
 
 def fused(layers: list[Any], device: torch.device, dtype: torch.dtype,
@@ -119,11 +111,11 @@ def fused(layers: list[Any], device: torch.device, dtype: torch.dtype,
                for layer in layers]
     dense = None if any(at_bits) else torch.empty(sum(widths), int(layers[0].in_features), dtype=dtype,
                                                     device=device)  # one matrix, filled in place
-    parts: list[Union[PackedMatrix, torch.Tensor]] = []
+    parts: list[Union[PackedGemm, torch.Tensor]] = []
     biases, start, any_bias = [], 0, False
     for layer, width, bits in zip(layers, widths, at_bits):
         if bits:
-            parts.append(PackedMatrix.from_layer(layer, device, CHUNK_ROWS))
+            parts.append(PackedGemm(PackedMatrix.from_layer(layer, device, CHUNK_ROWS)))
         else:
             matrix = dense[start : start + width] if dense is not None else \
                 torch.empty(width, int(layer.in_features), dtype=dtype, device=device)

@@ -17,7 +17,7 @@ from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
 from specdec_cli.kernels import packed
 from specdec_cli.target_model.device import ROWS
 from specdec_cli.target_model.device.forward import DeviceForward
-from specdec_cli.target_model.device.packed_kernel import available, matmul_into
+from specdec_cli.target_model.device.packed_kernel import PackedGemm, available
 from specdec_cli.target_model.device.packed_layout import PackedMatrix, takes
 from specdec_cli.target_model.device.weights import packed_wanted
 from specdec_cli.target_model.gguf import gguf_decode
@@ -50,14 +50,12 @@ def test_each_type_decodes_as_gguf_and_multiplies_as_float64(type_name):
     assert np.array_equal(matrix.dequantize().numpy(), expected)  # every weight, bit for bit
     assert matrix.nbytes <= 1.03 * gguf_bytes(type_name, n, k, seed=3).nbytes  # the file's bits (Q4_K: +2.8%)
     rows = torch.randn(ROWS, k, generator=torch.Generator().manual_seed(1))
-    out = torch.full((ROWS, n), float("nan"))
-    matmul_into(out, rows, matrix)
+    out = PackedGemm(matrix)(rows)
     reference = rows.double() @ torch.from_numpy(expected).double().T
     assert torch.allclose(out.double(), reference, rtol=0, atol=1e-5 * float(reference.abs().max()))
     # one-hot rows read single weights out of the kernel: each as gguf decodes it, bit for bit
     picked = torch.randperm(k, generator=torch.Generator().manual_seed(4))[:ROWS]
-    out = torch.empty(ROWS, n)
-    matmul_into(out, torch.eye(k)[picked].contiguous(), matrix)
+    out = PackedGemm(matrix)(torch.eye(k)[picked].contiguous())
     assert torch.equal(out, torch.from_numpy(expected)[:, picked].T)
 
 
@@ -69,22 +67,20 @@ def test_a_rows_result_is_the_same_bits_however_many_rows_are_real(type_name):
     matrix, _ = _matrix(type_name, n, k)
     generator = torch.Generator().manual_seed(2)
     rows = torch.randn(ROWS, k, generator=generator)
-    whole = torch.empty(ROWS, n)
-    matmul_into(whole, rows, matrix)
+    gemm = PackedGemm(matrix)
+    whole = gemm(rows)
     for real in range(1, ROWS + 1):
         padded = rows.clone()
         padded[real:] = torch.randn(ROWS - real, k, generator=generator) * (1e4 if real % 2 else 0.0)
-        out = torch.empty(ROWS, n)
-        matmul_into(out, padded, matrix)
-        assert torch.equal(out[:real], whole[:real]), real
+        assert torch.equal(gemm(padded)[:real], whole[:real]), real
 
 
 def test_a_call_the_kernel_cannot_take_is_refused():
     matrix, _ = _matrix("Q4_0", 16, 64)
     with pytest.raises(ValueError):
-        matmul_into(torch.empty(12, 16), torch.randn(12, 64), matrix)  # not a power of two of at least 16 rows
+        PackedGemm(matrix)(torch.randn(12, 64))  # not a power of two of at least 16 rows
     with pytest.raises(ValueError):
-        matmul_into(torch.empty(16, 16, dtype=torch.float64), torch.randn(16, 64), matrix)
+        PackedGemm(matrix)(torch.randn(16, 128)[:, ::2])  # not row-major
     assert not takes(packed.KIND_OF_GGUF_TYPE["Q4_K"], 288) and takes(packed.KIND_OF_GGUF_TYPE["Q4_0"], 288)
     with pytest.raises(ValueError):
         PackedMatrix.allocate(packed.KIND_OF_GGUF_TYPE["Q6_K"], 4, 288, torch.device("cpu"))
@@ -215,3 +211,24 @@ def test_bench_reports_the_device_engines_bytes(tmp_path, monkeypatch):
     assert all(row["identical"] == row["compared"] == 1 for row in document["results"] if row["category"] == "overall")
     memory = document["settings"]["device_memory"]
     assert memory["weights_bytes"] > 0 and memory["kv_cache_bytes"] > 0 and "peak_allocated_bytes" not in memory
+
+
+@pytest.mark.slow
+def test_a_compiled_step_keeps_the_packed_gemm_whole_and_exact(monkeypatch, one_torch_thread):
+    """torch.compile over a layer of packed GEMMs (as on cuda): the GEMM is one operator it does not trace into, so
+    the layer compiles (it fell back to eager, tracing Triton's launch), and speculation stays exact."""
+    from test_device import _engine
+
+    from specdec_cli.target_model.device.capture import compile_wanted
+
+    monkeypatch.setenv("SPECDEC_DEVICE_COMPILE", "1")
+    assert compile_wanted(torch.device("cpu"))
+    model = _packed_model()
+    forward = DeviceForward(model, "cpu", slots=128, packed=True)
+    assert forward.prepare(8) == ROWS, forward.outcome
+    assert "step compiled" in forward.describe() and "not compiled" not in forward.describe(), forward.describe()
+    engine = _engine(forward)
+    config = GenerationConfig(max_new_tokens=8, eos_token_ids=())
+    info = TargetInfo(64, (EOS,))
+    plain = engine.generate(PROMPTS[1], make_drafter("none", DrafterOptions(), info), config)
+    assert engine.generate(PROMPTS[1], make_drafter("recycle", DrafterOptions(), info), config).tokens == plain.tokens
