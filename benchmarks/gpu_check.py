@@ -1,14 +1,17 @@
-"""The device engine measured on a GPU (issue 48), in one run: models made here, every drafter checked, the bench.
+"""The device engine measured on a GPU (issues 48, 66), in one run: models made here, every drafter checked, the bench.
 
 `benchmarks/gpu_check.sh` builds specdec's extension in place and runs this. Nothing is fetched: the models are
 random-weight GGUF files written on the machine itself by benchmarks/write_gguf.py (the default model's shape,
 `smollm2-135m`, and Llama-3-8B's, `llama-8b`, in llama.cpp's Q4_K_M recipe), with the default model's tokenizer
 read from a GGUF of its metadata alone (`--tokenizer-from`: a few MB, made here with `write_gguf.py
---tokenizer-only` where the default model is installed, and carried to a machine where it is not). Each model
-runs `specdec bench --device DEVICE --decoder device` with every drafter that needs no file and an oracle row
-(draft length 8), whose "identical" column is the exactness check (every output token-equal to plain decoding
-on the same engine). Everything goes to one folder: gpu_check.json (the goals, each bench's report, the machine)
-and gpu_check.log (every command and its output).
+--tokenizer-only` where the default model is installed, and carried to a machine where it is not). First
+benchmarks/bench_packed.py times the packed GEMM against the dense one per matrix shape and tile size; then each
+model runs `specdec bench --device DEVICE --decoder device` with every drafter that needs no file and an oracle
+row (draft length 8), whose "identical" column is the exactness check (every output token-equal to plain decoding
+on the same engine): the 8B at the file's bits (compiled), its plain decoding dequantised to bfloat16 (the
+baseline), the default shape, and last the 8B's plain decoding not compiled. Everything goes to one folder: gpu_check.json (the goals,
+each bench's report with the device's bytes, the machine; rewritten after each step, so a run cut short keeps
+what it measured), bench_packed.json and gpu_check.log (every command and its output).
 
 `--dry-run` does the same on the CPU with the `tiny` shape and a few short answers (the test suite runs it):
 everything but the speed. Exit status 0 when every output is identical to plain decoding's (the speed goals are
@@ -52,9 +55,9 @@ FULL = [Run("llama-8b", "llama-8b", 1, 64, "at the file's bits, compiled: plain 
         Run("llama-8b-dense", "llama-8b", 1, 64, "weights dequantised to bfloat16 (SPECDEC_DEVICE_PACKED=0), "
             "compiled: what the file's bits are measured against", drafters="none",
             environment={"SPECDEC_DEVICE_PACKED": "0"}),
+        Run("default-shape", "smollm2-135m", 2, 128, "bench --limit 2, every drafter, within 120 s; best >= 3x"),
         Run("llama-8b-eager", "llama-8b", 1, 64, "at the file's bits, not compiled (SPECDEC_DEVICE_COMPILE=0): what "
-            "compiling is measured against", drafters="none", environment={"SPECDEC_DEVICE_COMPILE": "0"}),
-        Run("default-shape", "smollm2-135m", 2, 128, "bench --limit 2, every drafter, within 120 s; best >= 3x")]
+            "compiling is measured against", drafters="none", environment={"SPECDEC_DEVICE_COMPILE": "0"})]
 DRY = [Run("tiny", "tiny", 1, 12, "dry run: exactness only")]
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The device engine on a GPU, measured in one run (issue 48): builds specdec's C extension in place (no network),
-# writes random-weight GGUF models here, checks every drafter for exactness and runs the bench on them; one JSON
-# and one log in --out (benchmarks/gpu_check.py says what and how). Designed to finish within 8 minutes on an H100.
+# The device engine on a GPU, measured in one run (issues 48, 66): builds specdec's C extension in place (no
+# network), times the packed GEMM (benchmarks/bench_packed.py), writes random-weight GGUF models here, checks every
+# drafter for exactness and runs the bench on them; one JSON (rewritten after each step) and one log in --out
+# (benchmarks/gpu_check.py says what and how). Designed to finish within 10 minutes on an H100.
 #   benchmarks/gpu_check.sh [--dry-run] [--out DIR] [--tokenizer-from FILE] [--device cuda|cpu] [--threads N]
 # --dry-run: the same on the CPU with tiny shapes and short answers (the test suite runs it; under a minute).
 set -euo pipefail

@@ -24,6 +24,9 @@ def test_the_gpu_check_dry_run_passes_on_the_cpu(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     document = json.loads((tmp_path / "gpu_check.json").read_text())
     assert document["dry_run"] and document["goals"] == {"every_drafter_identical": True}
+    packed = document["packed_gemm"]["results"]  # bench_packed.py's path (Triton's interpreter: not its speed)
+    assert [row["matrix"] for row in packed] == ["tiny_q4_k", "tiny_q6_k"]
+    assert all(tile["max_relative_difference"] < 1e-5 for row in packed for tile in row["tiles"].values())
     tiny = document["models"]["tiny"]
     assert set(tiny["methods"]) == {"none", "pld", "sam", "recycle", "aded", "sam+aded", "sam+recycle", "oracle-8"}
     assert all(left == right for left, right in (method["identical"].split("/") for method in tiny["methods"].values()))
