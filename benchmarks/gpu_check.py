@@ -9,9 +9,9 @@ benchmarks/bench_packed.py times the packed GEMM against the dense one per matri
 model runs `specdec bench --device DEVICE --decoder device` with every drafter that needs no file and an oracle
 row (draft length 8), whose "identical" column is the exactness check (every output token-equal to plain decoding
 on the same engine): the 8B at the file's bits (compiled), its plain decoding dequantised to bfloat16 (the
-baseline), the default shape, and last the 8B's plain decoding not compiled. Everything goes to one folder: gpu_check.json (the goals,
-each bench's report with the device's bytes, the machine; rewritten after each step, so a run cut short keeps
-what it measured), bench_packed.json and gpu_check.log (every command and its output).
+baseline), the default shape, and last the 8B's plain decoding not compiled. Everything goes to one folder:
+gpu_check.json (the goals, each bench's report with the device's bytes, the machine; rewritten after each step,
+so a run cut short keeps what it measured), bench_packed.json and gpu_check.log (every command and its output).
 
 `--dry-run` does the same on the CPU with the `tiny` shape and a few short answers (the test suite runs it):
 everything but the speed. Exit status 0 when every output is identical to plain decoding's (the speed goals are

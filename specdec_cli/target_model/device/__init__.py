@@ -11,15 +11,17 @@ alone. On a GPU, and with torch's own GEMMs on a CPU, a row's result depends on 
   in two regions split by the row's own position (the committed keys under a mask over every slot, its last few
   positions gathered in position order), so the split of the keys never changes with the number of query rows
   or the shape of a tree;
-- the weights are put on the device once (`DeviceWeights`): a GGUF's blocks dequantised there, chunk by chunk,
-  into the compute dtype, never a float32 copy of the model in host memory.
+- the weights are put on the device once (`DeviceWeights`): a GGUF's blocks kept at the file's bits and
+  multiplied by a Triton kernel (on cuda), or dequantised there into the compute dtype, chunk by chunk, never a
+  float32 copy of the model in host memory.
 
 Being fixed-shape, the step can be captured once (`capture.StepGraph`: a CUDA graph on cuda, eager on the CPU) and
 its layer compiled (on cuda: fewer, fused kernels; its layers write nothing, the step stores their keys after
 them), prefill runs outside it, and a step reads one thing back to the host: the tokens the engine accepts.
 
 Files, one concept each: `family.py` (what the decoder reads off a loaded target, and `unsupported`),
-`weights.py` (weights on the device), `cache.py` (the static cache and its roll-back), `inputs.py` (a step's
+`weights.py` (weights on the device), `packed_layout.py` and `packed_kernel.py` (a GGUF matrix at the file's bits,
+and its GEMM), `cache.py` (the static cache and its roll-back), `inputs.py` (a step's
 inputs staged on the host and copied in one transfer), `decoder.py` (the fixed-shape computation), `capture.py`
 (the step captured or eager), `forward.py` (`DeviceForward`, the engine's VerifyForward). Importing this package
 loads nothing heavy: torch is imported by the modules themselves.

@@ -1,7 +1,8 @@
 """`DeviceForward`: the engine's verifying forward (target_model/forward.VerifyForward) on the device engine.
 
 Made once per loaded target (load/forward_choice.choose_forward picks it: `--decoder device`, or on cuda by
-default): the weights put on the device (weights.py), the static cache allocated (cache.py), the step decoder
+default): the weights put on the device (weights.py: at the file's bits where `packed`, by default on cuda with
+Triton), the static cache allocated (cache.py), the step decoder
 (decoder.py) and its capture (capture.py). A call scores n tokens after `start` committed ones:
 
 - a block of n <= ROWS rows (plain decoding's one row, a chain, a token tree) is one step at ROWS padded rows,
