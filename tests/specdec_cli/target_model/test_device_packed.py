@@ -232,3 +232,54 @@ def test_a_compiled_step_keeps_the_packed_gemm_whole_and_exact(monkeypatch, one_
     info = TargetInfo(64, (EOS,))
     plain = engine.generate(PROMPTS[1], make_drafter("none", DrafterOptions(), info), config)
     assert engine.generate(PROMPTS[1], make_drafter("recycle", DrafterOptions(), info), config).tokens == plain.tokens
+
+
+COMPILE_FOR_GPUS = r'''
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from specdec_cli.kernels.packed import KIND_OF_GGUF_TYPE, PACKED
+from specdec_cli.target_model.device.packed_kernel import _kernel
+
+kernel = _kernel(False)  # the kernel as a GPU runs it, not the interpreter's
+for capability in (80, 90):  # A100; H100 and H200
+    for name, kind in KIND_OF_GGUF_TYPE.items():
+        # every type at a step's 16 bfloat16 rows; on sm_90 a prompt chunk's 128 and float32 rows of three types
+        more = capability == 90 and name in ("Q4_K", "Q6_K", "Q8_0")
+        for rows, dtype in ((16, "bf16"), *(((128, "bf16"), (16, "fp32")) if more else ())):
+            info = PACKED[kind]
+            signature = {"x_ptr": "*" + dtype, "out_ptr": "*fp32", "codes_ptr": "*i8" if info.bits == 8 else "*u8",
+                         "plane_ptr": "*u8", "d_ptr": "*fp16", "m_ptr": "*fp16" if info.offsets else "*u8",
+                         "scales_ptr": "*i8" if info.form == 3 else "*u8", "minimums_ptr": "*u8",
+                         "table_ptr": "*fp32", "n": "i32", "k": "i32", "x_stride": "i32", "out_stride": "i32"}
+            constants = dict(ROWS=rows, BITS=info.bits, ZERO=info.zero, SUB=info.sub, SUPER=info.super_block,
+                             FORM=info.form, OFFSETS=info.offsets, TABLE=info.table, IEEE=dtype == "fp32",
+                             BLOCK_N=16, BLOCK_K=128)
+            signature.update({key: "constexpr" for key in constants})
+            names = list(signature)
+            source = ASTSource(fn=kernel, signature=signature,
+                               constexprs={(names.index(key),): value for key, value in constants.items()},
+                               attrs={(index,): [["tt.divisibility", 16]] for index in range(13)})
+            compiled = triton.compile(source, target=GPUTarget("cuda", capability, 32))
+            tensor_cores = "mma.sync" in compiled.asm["ptx"] or "wgmma" in compiled.asm["ptx"]
+            assert tensor_cores or dtype == "fp32", (name, capability)  # (IEEE float32: the FMA units)
+print("compiled")
+'''
+
+
+@pytest.mark.slow
+def test_the_kernel_compiles_for_a_gpu_here(tmp_path):
+    """The interpreter forgives what a GPU's compiler refuses (layouts, types of tl.dot): Triton compiles the kernel
+    for sm_80 and sm_90 (PTX through its own ptxas) without a GPU, for every type at a step's 16 bfloat16 rows (and
+    a prompt chunk's 128 and float32 rows for three), and a bfloat16 product runs on the tensor cores (mma)."""
+    import subprocess
+    import sys
+
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"  # (Triton 3.9 warns where unset; products are exact either way)
+    result = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPUS], capture_output=True, text=True, env=env,
+                            timeout=600)
+    assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-3000:]
