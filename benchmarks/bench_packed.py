@@ -1,11 +1,11 @@
 """The device engine's packed GEMM against the dense one it replaces, per matrix shape and tile size.
 
 For each matrix of Llama-3-8B's shape in its Q4_K_M types (random blocks with write_gguf.py's scales), held at the
-file's bits on the device (target_model/device/packed_layout.py), it times 16 rows (the engine's padded step)
+file's bits on the device (kernels/triton_layout.py), it times 16 rows (the engine's padded step)
 through the packed Triton kernel at each tile size of `--tiles` (SPECDEC_DEVICE_TILES), and the same rows through a
 bfloat16 copy of the weights (torch's GEMM: what the engine did before), and reports microseconds, the bytes read
 per second, and the largest difference between the two products (another summation order: small).
-The fastest tiles are what `GPU_TILES` in packed_kernel.py should be. One JSON to --out (or stdout).
+The fastest tiles are what `GPU_TILES` in kernels/triton_gemm.py should be. One JSON to --out (or stdout).
 
 `--dry-run` runs a tiny shape on the CPU in Triton's interpreter (the test suite runs it): the path, not speed.
 
@@ -41,7 +41,7 @@ def packed_matrix(type_name: str, n: int, k: int, device: Any, seed: int) -> Any
     from write_gguf import random_tensor
 
     from specdec_cli.kernels import packed
-    from specdec_cli.target_model.device.packed_layout import PackedMatrix
+    from specdec_cli.kernels.triton_layout import PackedMatrix
     from specdec_cli.target_model.gguf import gguf_decode
 
     kind = packed.KIND_OF_GGUF_TYPE[type_name]
@@ -78,7 +78,7 @@ def timed(run: Callable[..., Any], args: tuple, device: Any, repeats: int) -> fl
 def measure(shapes: list, tiles: list[str], device_name: str, repeats: int) -> list[dict]:
     import torch
 
-    from specdec_cli.target_model.device.packed_kernel import TILES_VARIABLE, PackedGemm
+    from specdec_cli.kernels.triton_gemm import TILES_VARIABLE, PackedGemm
 
     device = torch.device(device_name)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

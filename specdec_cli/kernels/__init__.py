@@ -12,7 +12,8 @@ the number of rows or threads, and matmul the same bits on every instruction-set
 every call takes tensors (or handles checked once when made: handles.py's Rows, Dense, BlockMatrix, KeyPositions)
 and checks what the C code cannot (dtypes, devices, shapes, strides), raising a ValueError rather than handing C a
 pointer it would misread; it owns the worker threads' count. records.py and packed.py pack and unpack the records.
-None of them knows about models, GGUF files or `--weights` (quant.py does).
+None of them knows about models, GGUF files or `--weights` (quant.py does). Beside them, not imported here:
+triton_layout.py and triton_gemm.py, the GPU's GEMM at a GGUF's own bits (Triton) for the device engine.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ its layer compiled (on cuda: fewer, fused kernels; its layers write nothing, the
 them), prefill runs outside it, and a step reads one thing back to the host: the tokens the engine accepts.
 
 Files, one concept each: `family.py` (what the decoder reads off a loaded target, and `unsupported`),
-`weights.py` (weights on the device), `packed_layout.py` and `packed_kernel.py` (a GGUF matrix at the file's bits,
-and its GEMM), `cache.py` (the static cache and its roll-back), `inputs.py` (a step's
+`weights.py` (weights on the device: a GGUF matrix at the file's bits is specdec_cli/kernels/triton_layout.py's,
+multiplied by kernels/triton_gemm.py), `cache.py` (the static cache and its roll-back), `inputs.py` (a step's
 inputs staged on the host and copied in one transfer), `decoder.py` (the fixed-shape computation), `capture.py`
 (the step captured or eager), `forward.py` (`DeviceForward`, the engine's VerifyForward). Importing this package
 loads nothing heavy: torch is imported by the modules themselves.

@@ -181,7 +181,7 @@ class DeviceDecoder:
         recent_region, masks = self._regions(inputs)
         rotations = [(cos.index_select(0, inputs.positions)[:, None], sin.index_select(0, inputs.positions)[:, None])
                      for cos, sin in zip(self.cos, self.sin)]  # [rows, 1, half] each
-        x = weights.embedding.index_select(0, inputs.ids).float()  # [rows, hidden], the residual stream
+        x = weights.embedding(inputs.ids)  # [rows, hidden] float32, the residual stream
         if family.embed_scale is not None:
             x = x * family.embed_scale
         layer_step = self.layer if write else self.step_layer

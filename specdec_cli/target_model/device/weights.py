@@ -4,8 +4,8 @@ A block layer (quant.BlockLinear: a GGUF's blocks repacked for specdec's kernels
 the device in one of two ways, chosen once per loaded target (`packed_wanted`):
 
 - **at the file's bits** (on cuda where Triton is installed, `SPECDEC_DEVICE_PACKED=1` anywhere): a layer of a
-  GGUF type the packed kernel takes (packed_layout.takes) is held as a PackedMatrix, built on the device a chunk
-  of CHUNK_ROWS output rows at a time, and multiplied by packed_kernel.py: a token reads the file's 4.5 bits a
+  GGUF type the packed kernel takes (kernels.triton_layout.takes) is held as a PackedMatrix, built on the device a chunk
+  of CHUNK_ROWS output rows at a time, and multiplied by kernels/triton_gemm.py: a token reads the file's 4.5 bits a
   weight of a Q4_K matrix, not 16;
 - **dense**: its packed records are moved a chunk at a time and dequantised there (kernels.records.unpack_records
   and dequantize are torch code, so they run wherever the records are) into the compute dtype.
@@ -27,11 +27,11 @@ from typing import Any, Optional, Union
 
 import torch
 
+from ...kernels.triton_gemm import PackedGemm
+from ...kernels.triton_layout import PackedMatrix, takes
 from ..native.native import norm_multiplier
 from ..native.native_support import projections
 from .family import Family
-from .packed_kernel import PackedGemm
-from .packed_layout import PackedMatrix, takes
 
 CHUNK_ROWS = 4096  # output rows of a block matrix dequantised at a time on the device (and embedding rows)
 PACKED_VARIABLE = "SPECDEC_DEVICE_PACKED"
@@ -40,11 +40,11 @@ PACKED_VARIABLE = "SPECDEC_DEVICE_PACKED"
 def packed_wanted(device: torch.device) -> bool:
     """Weights at the file's bits on cuda where Triton is installed, unless SPECDEC_DEVICE_PACKED=0; elsewhere only
     with SPECDEC_DEVICE_PACKED=1 (a CPU runs the kernel in Triton's interpreter: for tests)."""
-    from . import packed_kernel
+    from ...kernels import triton_gemm
 
     setting = os.environ.get(PACKED_VARIABLE, "").strip()
     wanted = setting == "1" if setting in ("0", "1") else device.type == "cuda"
-    return wanted and packed_kernel.available()
+    return wanted and triton_gemm.available()
 
 
 def _norm(norm: Any, offset: bool, device: torch.device) -> tuple[torch.Tensor, float]:
@@ -75,7 +75,7 @@ def fill_matrix(out: torch.Tensor, layer: Any) -> None:
 class Projection:
     """The projections that read the same input, side by side along the outputs: h [rows, in] in the compute dtype
     -> float32 [rows, sum of outputs]. Either one fused dense matrix (`weight`, one GEMM) or parts, each a packed
-    matrix's GEMM (packed_kernel.PackedGemm) or a dense matrix of its own, their outputs side by side."""
+    matrix's GEMM (kernels.triton_gemm.PackedGemm) or a dense matrix of its own, their outputs side by side."""
 
     def __init__(self, parts: list[Union["PackedGemm", torch.Tensor]]):
         dense = len(parts) == 1 and isinstance(parts[0], torch.Tensor)
@@ -130,16 +130,69 @@ def fused(layers: list[Any], device: torch.device, dtype: torch.dtype,
     return projection, (torch.cat(biases) if any_bias else None)
 
 
-def embedding_table(embed: Any, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """The token embeddings [vocab, hidden] on the device (unscaled), a chunk of rows at a time from a GGUF."""
+class Embedding:
+    """Token embeddings on the device: ids [rows] -> float32 [rows, hidden], unscaled. A dense table [vocab, hidden]
+    in the compute dtype, or a GGUF's table at the file's bits (`packed`), whose rows are decoded as gguf decodes
+    them (in float32, a step's rows only)."""
+
+    def __init__(self, table: Optional[torch.Tensor] = None, packed: Optional[PackedMatrix] = None):
+        self.table, self.packed = table, packed
+
+    @property
+    def nbytes(self) -> int:
+        if self.packed is not None:
+            return self.packed.nbytes
+        assert self.table is not None
+        return self.table.numel() * self.table.element_size()
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return self.packed.dequantize(ids)
+        assert self.table is not None
+        return self.table.index_select(0, ids).float()
+
+
+def _packed_table(type_name: str, raw: Any, device: torch.device) -> PackedMatrix:
+    """A GGUF table's bytes (uint8 [vocab, bytes per row], mapped) on the device at the file's bits, CHUNK_ROWS rows
+    at a time through gguf_decode.gguf_fields."""
+    import numpy as np
+
+    from ...kernels.packed import KIND_OF_GGUF_TYPE, PACKED, Fields
+    from ..gguf.gguf_decode import GGUF_BLOCKS, gguf_fields
+
+    kind = KIND_OF_GGUF_TYPE[type_name]
+    block_bytes, per_block = GGUF_BLOCKS[type_name]
+    n, k = raw.shape[0], raw.shape[1] // block_bytes * per_block
+    matrix = PackedMatrix.allocate(kind, n, k, device)
+
+    def moved(field: Any) -> Any:
+        return None if field is None else torch.as_tensor(np.asarray(field)).to(device)
+
+    for start in range(0, n, CHUNK_ROWS):
+        part = np.ascontiguousarray(raw[start : start + CHUNK_ROWS])
+        fields = gguf_fields(type_name, part.reshape(part.shape[0], k // PACKED[kind].super_block, -1))
+        matrix.fill(start, Fields(moved(fields.codes), moved(fields.d), moved(fields.m), moved(fields.scales),
+                                  moved(fields.minimums)))
+    return matrix
+
+
+def embedding_table(embed: Any, device: torch.device, dtype: torch.dtype, packed: bool = False) -> Embedding:
+    """The token embeddings on the device: a GGUF's table at the file's bits where `packed` and its type allows,
+    else dense (unscaled; from a GGUF a chunk of rows at a time)."""
     rows = getattr(embed, "rows", None)  # gguf_model.MappedEmbedding: rows dequantised on demand
     if rows is None:
-        return embed.weight.detach().to(device=device, dtype=dtype)
+        return Embedding(embed.weight.detach().to(device=device, dtype=dtype))
+    if packed:
+        from ...kernels.packed import KIND_OF_GGUF_TYPE
+
+        type_name, raw = embed.blocks()
+        if type_name in KIND_OF_GGUF_TYPE and takes(KIND_OF_GGUF_TYPE[type_name], int(embed.embedding_dim)):
+            return Embedding(packed=_packed_table(type_name, raw, device))
     table = torch.empty(int(embed.num_embeddings), int(embed.embedding_dim), dtype=dtype, device=device)
     for first in range(0, table.shape[0], CHUNK_ROWS):
         ids = torch.arange(first, min(first + CHUNK_ROWS, table.shape[0]))
         table[first : first + len(ids)].copy_(rows(ids))
-    return table
+    return Embedding(table)
 
 
 @dataclass
@@ -166,7 +219,7 @@ class DeviceWeights:
 
     device: torch.device
     dtype: torch.dtype
-    embedding: torch.Tensor  # [vocab, hidden]
+    embedding: Embedding  # ids [rows] -> float32 [rows, hidden]
     layers: list[LayerWeights]
     final_norm: torch.Tensor  # float32 [hidden]
     final_eps: float
@@ -175,7 +228,7 @@ class DeviceWeights:
     @property
     def packed(self) -> bool:
         """Whether any matrix is held at the file's bits."""
-        return self.head.packed or any(part.packed for layer in self.layers
+        return self.head.packed or self.embedding.packed is not None or any(part.packed for layer in self.layers
                                        for part in (layer.qkv, layer.out, layer.gate_up, layer.down))
 
     @property
@@ -183,7 +236,7 @@ class DeviceWeights:
         """Bytes of the matrices and the embeddings on the device."""
         matrices = [self.head] + [part for layer in self.layers
                                   for part in (layer.qkv, layer.out, layer.gate_up, layer.down)]
-        return sum(part.nbytes for part in matrices) + self.embedding.numel() * self.embedding.element_size()
+        return sum(part.nbytes for part in matrices) + self.embedding.nbytes
 
     @staticmethod
     def load(model: Any, family: Family, device: torch.device, dtype: torch.dtype,
@@ -220,5 +273,5 @@ class DeviceWeights:
                     post_mlp_norm=_norm(layer.post_feedforward_layernorm, offset, device)[0] if sandwich else None))
             final_norm, final_eps = _norm(model.model.norm, offset, device)
             head = fused([model.lm_head], device, dtype, packed)[0]
-            embedding = embedding_table(model.model.embed_tokens, device, dtype)
+            embedding = embedding_table(model.model.embed_tokens, device, dtype, packed)
         return DeviceWeights(device, dtype, embedding, layers, final_norm, final_eps, head)

@@ -98,6 +98,10 @@ class MappedEmbedding(torch.nn.Embedding):
         if embed_scale is not None:  # gemma: sqrt(hidden) as transformers' float32 buffer
             self.register_buffer("embed_scale", torch.tensor(embed_scale), persistent=False)
 
+    def blocks(self) -> tuple[str, np.ndarray]:
+        """The table as the file holds it: its GGUF type and bytes uint8 [vocab, bytes per row] (mapped)."""
+        return self._type, self._gguf.raw(self._name).reshape(self.num_embeddings, -1)
+
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [n] -> float32 [n, hidden], unscaled."""
         from gguf import GGMLQuantizationType

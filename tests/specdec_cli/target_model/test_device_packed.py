@@ -1,4 +1,4 @@
-"""The device engine at the file's bits (target_model/device/packed_layout.py, packed_kernel.py), on the CPU in
+"""The device engine at the file's bits (kernels/triton_layout.py, kernels/triton_gemm.py), on the CPU in
 Triton's interpreter: every packed GGUF type decoded as gguf.quants.dequantize decodes it and multiplied as a
 float64 product would be, a row's result bit for bit the same however many of the 16 rows are real, the layout
 no bigger than the file, and every drafter token-identical to plain decoding on a model held that way."""
@@ -15,10 +15,10 @@ from helpers import EOS, PROMPTS, family_model, gguf_bytes, write_gguf_script
 from specdec_cli.decoding.generation_config import GenerationConfig
 from specdec_cli.drafters import DrafterOptions, TargetInfo, make_drafter
 from specdec_cli.kernels import packed
+from specdec_cli.kernels.triton_gemm import PackedGemm, available
+from specdec_cli.kernels.triton_layout import PackedMatrix, takes
 from specdec_cli.target_model.device import ROWS
 from specdec_cli.target_model.device.forward import DeviceForward
-from specdec_cli.target_model.device.packed_kernel import PackedGemm, available
-from specdec_cli.target_model.device.packed_layout import PackedMatrix, takes
 from specdec_cli.target_model.device.weights import packed_wanted
 from specdec_cli.target_model.gguf import gguf_decode
 from specdec_cli.target_model.native import quant
@@ -88,7 +88,7 @@ def test_a_call_the_kernel_cannot_take_is_refused():
 
 def test_the_tiles_are_set_by_the_row_length_and_the_setting_alone(monkeypatch):
     from specdec_cli.errors import SpecdecError
-    from specdec_cli.target_model.device.packed_kernel import GPU_TILES, tiles
+    from specdec_cli.kernels.triton_gemm import GPU_TILES, tiles
 
     monkeypatch.delenv("SPECDEC_DEVICE_TILES", raising=False)
     assert tiles(4096, "cuda") == GPU_TILES and tiles(896, "cuda") == (GPU_TILES[0], 128 if 896 % 128 == 0 else 64)
@@ -177,14 +177,17 @@ def _tiny_gguf(tmp_path, monkeypatch):
 
 
 def test_a_gguf_loaded_in_place_is_held_at_its_bits(tmp_path, monkeypatch):
-    """A GGUF opened in place: its blocks go to the device at the file's size (not 4 bytes a weight), and its
-    logits are the dense engine's up to the summation order; the one-time check passes."""
+    """A GGUF opened in place: its blocks and its token embeddings go to the device at the file's size (not 4 bytes a
+    weight), and its logits are the dense engine's up to the summation order; the one-time check passes."""
     from specdec_cli.target_model.load import models
 
     path = _tiny_gguf(tmp_path, monkeypatch)
     model = models.load_target(str(path), device="cpu").model
     at_bits, dense = DeviceForward(model, "cpu", slots=320, packed=True), DeviceForward(model, "cpu", slots=320)
     assert at_bits.weights.packed and not dense.weights.packed
+    ids = torch.tensor([0, 5, 63, 5, 17])  # the token embeddings at the file's bits too: rows decoded as gguf decodes
+    assert at_bits.weights.embedding.packed is not None
+    assert torch.equal(at_bits.weights.embedding(ids), model.model.embed_tokens.rows(ids))
     assert at_bits.memory()["weights_bytes"] < 1.5 * path.stat().st_size < 0.4 * dense.memory()["weights_bytes"]
     ids = PROMPTS[1]
     got, want = (forward(ids, forward.new_cache(), 0).logits for forward in (at_bits, dense))
@@ -241,7 +244,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from specdec_cli.kernels.packed import KIND_OF_GGUF_TYPE, PACKED
-from specdec_cli.target_model.device.packed_kernel import _kernel
+from specdec_cli.kernels.triton_gemm import _kernel
 
 kernel = _kernel(False)  # the kernel as a GPU runs it, not the interpreter's
 for capability in (80, 90):  # A100; H100 and H200

@@ -1,8 +1,8 @@
-"""The device engine's GEMM at the file's bits: rows [ROWS, k] times a PackedMatrix [n, k] (packed_layout.py), in
+"""The device engine's GEMM at the file's bits: rows [ROWS, k] times a PackedMatrix [n, k] (triton_layout.py), in
 Triton, without a dequantised copy of the weights.
 
 One program computes ROWS x BLOCK_N outputs: it walks k in tiles of BLOCK_K, decodes the tile's weights
-[BLOCK_K, BLOCK_N] from the packed codes and scales in registers (each weight as packed_layout.py's formulas, in
+[BLOCK_K, BLOCK_N] from the packed codes and scales in registers (each weight as triton_layout.py's formulas, in
 float32, then in the rows' dtype), and accumulates `tl.dot(rows, weights)` in float32, tile after tile in k order.
 So a row's result depends on its own inputs, the weights, and the fixed shapes (ROWS, BLOCK_N, BLOCK_K) alone:
 never on the other rows, which the engine's padded steps need (docs/algorithms.md section 12). The tiles are
@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from ...errors import SpecdecError
-from ...kernels.packed import FORM_IQ4XS, FORM_K, FORM_LEGACY, FORM_Q6K, packed_kind
-from .packed_layout import PackedMatrix
+from ..errors import SpecdecError
+from .packed import FORM_IQ4XS, FORM_K, FORM_LEGACY, FORM_Q6K, packed_kind
+from .triton_layout import PackedMatrix
 
 GPU_TILES = (16, 128)  # (BLOCK_N, BLOCK_K) on a GPU: narrow programs, so that a 4096-row matrix is 256 of them
 CPU_BLOCK_N = 512  # the interpreter pays per program and per tile, not per element: few, wide programs

@@ -1,4 +1,4 @@
-"""A GGUF matrix on the device at the file's bits: the layout the packed Triton kernel (packed_kernel.py) reads.
+"""A GGUF matrix on the device at the file's bits: the layout the packed Triton GEMM (triton_gemm.py) reads.
 
 The CPU kernels' records interleave 16 output columns (kernels/packed.py); a GPU kernel wants each output row's
 fields in k order instead. `PackedMatrix` holds a matrix [n, k] of a packed kind (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
@@ -21,7 +21,7 @@ says, computed in the same order in float32 (`dequantize`, the reference the ker
 
 Every product there is exact in float32 (an 11-bit mantissa times at most 14 bits), so the kernel's order of
 multiplication cannot change a weight. Made here from a packed kind's fields (kernels.Fields), a chunk of output
-rows at a time on the device (`from_layer`); nothing here multiplies (packed_kernel.py).
+rows at a time on the device (`from_layer`); nothing here multiplies (triton_gemm.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 import torch
 
-from ...kernels.packed import (
+from .packed import (
     FORM_IQ4XS,
     FORM_K,
     FORM_LEGACY,
@@ -129,7 +129,7 @@ class PackedMatrix:
     @staticmethod
     def from_layer(layer: Any, device: torch.device, chunk_rows: int) -> "PackedMatrix":
         """A BlockLinear of a packed kind moved to the device `chunk_rows` output rows at a time."""
-        from ...kernels.packed import GROUP, unpack_fields
+        from .packed import GROUP, unpack_fields
 
         n, k = int(layer.out_features), int(layer.in_features)
         matrix = PackedMatrix.allocate(layer.kind, n, k, device)
@@ -140,10 +140,11 @@ class PackedMatrix:
             matrix.fill(start, unpack_fields(layer.kind, part, min(part.shape[0] * GROUP, n - start)))
         return matrix
 
-    def dequantize(self, rows: Optional[slice] = None) -> torch.Tensor:
-        """The weights float32 [n, k] (or the rows given) as gguf.quants.dequantize computes them."""
+    def dequantize(self, rows: "Optional[slice | torch.Tensor]" = None) -> torch.Tensor:
+        """The weights float32 [n, k] (or the rows given: a slice, or ids [r] -> [r, k]) as gguf.quants.dequantize
+        computes them."""
         info = packed_kind(self.kind)
-        pick = rows or slice(0, self.n)
+        pick = slice(0, self.n) if rows is None else rows
         if info.bits == 8:
             codes = self.codes[pick].to(torch.int32)
         else:
