@@ -21,7 +21,7 @@ says, computed in the same order in float32 (`dequantize`, the reference the ker
 
 Every product there is exact in float32 (an 11-bit mantissa times at most 14 bits), so the kernel's order of
 multiplication cannot change a weight. Made here from a packed kind's fields (kernels.Fields), a chunk of output
-rows at a time on the device (`from_layer`); nothing here multiplies (triton_gemm.py).
+rows at a time on the device (`from_layers`); nothing here multiplies (triton_gemm.py).
 """
 
 from __future__ import annotations
@@ -127,17 +127,24 @@ class PackedMatrix:
             self.minimums[rows] = fields.minimums.reshape(codes.shape[0], -1)
 
     @staticmethod
-    def from_layer(layer: Any, device: torch.device, chunk_rows: int) -> "PackedMatrix":
-        """A BlockLinear of a packed kind moved to the device `chunk_rows` output rows at a time."""
+    def from_layers(layers: list[Any], device: torch.device, chunk_rows: int) -> "PackedMatrix":
+        """BlockLinear layers of one packed kind and row length, side by side along the outputs (q|k, gate|up: one
+        matrix, one launch), moved to the device `chunk_rows` output rows at a time."""
         from .packed import GROUP, unpack_fields
 
-        n, k = int(layer.out_features), int(layer.in_features)
-        matrix = PackedMatrix.allocate(layer.kind, n, k, device)
+        kind, k = layers[0].kind, int(layers[0].in_features)
+        if any(layer.kind != kind or int(layer.in_features) != k for layer in layers):
+            raise ValueError("layers side by side in one packed matrix must share their kind and row length")
+        matrix = PackedMatrix.allocate(kind, sum(int(layer.out_features) for layer in layers), k, device)
         per_chunk = max(1, chunk_rows // GROUP)  # records (GROUP output rows each) per chunk
-        for first in range(0, layer.records.shape[0], per_chunk):
-            part = layer.records[first : first + per_chunk].to(device)  # uint8 [groups, record bytes]
-            start = first * GROUP
-            matrix.fill(start, unpack_fields(layer.kind, part, min(part.shape[0] * GROUP, n - start)))
+        offset = 0
+        for layer in layers:
+            n = int(layer.out_features)
+            for first in range(0, layer.records.shape[0], per_chunk):
+                part = layer.records[first : first + per_chunk].to(device)  # uint8 [groups, record bytes]
+                start = first * GROUP
+                matrix.fill(offset + start, unpack_fields(kind, part, min(part.shape[0] * GROUP, n - start)))
+            offset += n
         return matrix
 
     def dequantize(self, rows: "Optional[slice | torch.Tensor]" = None) -> torch.Tensor:

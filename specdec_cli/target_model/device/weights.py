@@ -102,32 +102,41 @@ class Projection:
 
 def fused(layers: list[Any], device: torch.device, dtype: torch.dtype,
           packed: bool = False) -> tuple[Projection, Optional[torch.Tensor]]:
-    """The layers as one Projection (at the file's bits where `packed` and the layer's type allows) and their
-    biases (float32 [sum of outputs] or None), on the device."""
+    """The layers as one Projection and their biases (float32 [sum of outputs] or None), on the device. Where
+    `packed`, a layer whose type the packed GEMM takes stays at the file's bits, and adjacent ones of one type share
+    a matrix (q|k, gate|up in a Q4_K_M file: one launch); the rest are dense."""
     from ..native.quant import BlockLinear
 
     widths = [int(layer.out_features) for layer in layers]
     at_bits = [packed and isinstance(layer, BlockLinear) and takes(layer.kind, int(layer.in_features))
                for layer in layers]
-    dense = None if any(at_bits) else torch.empty(sum(widths), int(layers[0].in_features), dtype=dtype,
-                                                    device=device)  # one matrix, filled in place
-    parts: list[Union[PackedGemm, torch.Tensor]] = []
-    biases, start, any_bias = [], 0, False
-    for layer, width, bits in zip(layers, widths, at_bits):
-        if bits:
-            parts.append(PackedGemm(PackedMatrix.from_layer(layer, device, CHUNK_ROWS)))
+    biases = [torch.zeros(width, device=device) if getattr(layer, "bias", None) is None else
+              layer.bias.detach().to(device=device, dtype=torch.float32) for layer, width in zip(layers, widths)]
+    bias = torch.cat(biases) if any(getattr(layer, "bias", None) is not None for layer in layers) else None
+    if not any(at_bits):  # one dense matrix, filled in place
+        dense = torch.empty(sum(widths), int(layers[0].in_features), dtype=dtype, device=device)
+        start = 0
+        for layer, width in zip(layers, widths):
+            fill_matrix(dense[start : start + width], layer)
+            start += width
+        return Projection([dense]), bias
+    runs: list[list[int]] = []  # adjacent layers at the file's bits of one kind share a run; a dense layer is alone
+    for index, layer in enumerate(layers):
+        last = runs[-1][-1] if runs else None
+        if last is not None and at_bits[index] and at_bits[last] and layers[last].kind == layer.kind:
+            runs[-1].append(index)
         else:
-            matrix = dense[start : start + width] if dense is not None else \
-                torch.empty(width, int(layer.in_features), dtype=dtype, device=device)
-            fill_matrix(matrix, layer)
+            runs.append([index])
+    parts: list[Union[PackedGemm, torch.Tensor]] = []
+    for run in runs:
+        first = layers[run[0]]
+        if at_bits[run[0]]:
+            parts.append(PackedGemm(PackedMatrix.from_layers([layers[index] for index in run], device, CHUNK_ROWS)))
+        else:
+            matrix = torch.empty(int(first.out_features), int(first.in_features), dtype=dtype, device=device)
+            fill_matrix(matrix, first)
             parts.append(matrix)
-        bias = getattr(layer, "bias", None)
-        any_bias |= bias is not None
-        biases.append(torch.zeros(width, device=device) if bias is None else
-                      bias.detach().to(device=device, dtype=torch.float32))
-        start += width
-    projection = Projection([dense] if dense is not None else parts)
-    return projection, (torch.cat(biases) if any_bias else None)
+    return Projection(parts), bias
 
 
 class Embedding:

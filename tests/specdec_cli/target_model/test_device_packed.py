@@ -114,8 +114,8 @@ def test_packed_weights_are_chosen_on_cuda_and_by_the_setting(monkeypatch):
 
 
 # a Q4_K_M file's mix and the rest: (type, layer) for a llama of hidden 256, FFN 512
-MIX = {"q_proj": "Q4_K", "k_proj": "Q5_1", "v_proj": "Q6_K", "o_proj": "Q4_0", "gate_proj": "IQ4_XS",
-       "up_proj": "Q5_0", "down_proj": "Q8_0", "lm_head": "Q6_K"}
+MIX = {"q_proj": "Q4_K", "k_proj": "Q4_K", "v_proj": "Q6_K", "o_proj": "Q4_0", "gate_proj": "IQ4_XS",
+       "up_proj": "Q5_1", "down_proj": "Q8_0", "lm_head": "Q6_K"}
 
 
 def _packed_model():
@@ -148,6 +148,8 @@ def test_every_drafter_is_token_identical_to_plain_decoding_at_the_files_bits(on
     model = _packed_model()
     forward = DeviceForward(model, "cpu", slots=128, packed=True)
     assert forward.weights.packed and "at the file's bits" in forward.describe()
+    qkv = forward.weights.layers[0].qkv  # q|k (both Q4_K) one matrix, one launch; v (Q6_K) its own
+    assert [part.matrix.kind for part in qkv.parts] == [packed.KIND_OF_GGUF_TYPE[name] for name in ("Q4_K", "Q6_K")]
     dense = DeviceForward(model, "cpu", slots=128, packed=False)
     assert forward.weights.nbytes < 0.4 * dense.weights.nbytes  # float32 dense: 4 bytes a weight
     ids = PROMPTS[0]
