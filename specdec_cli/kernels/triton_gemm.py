@@ -83,7 +83,7 @@ def _kernel(interpret: bool) -> Any:
         SUBS: tl.constexpr = BLOCK_K // SUB  # sub-blocks (one scale each) in a tile's row
         columns = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] the weight's output rows
         kept = columns < n
-        column = tl.where(kept, columns, 0)[:, None]  # [BLOCK_N, 1] (past n: row 0, computed, never stored)
+        column = tl.where(kept, columns, 0).to(tl.int64)[:, None]  # [BLOCK_N, 1] (past n: row 0, never stored)
         rows = tl.arange(0, ROWS)
         acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
         for first in range(0, k, BLOCK_K):
