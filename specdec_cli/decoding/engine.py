@@ -30,13 +30,13 @@ from .cost_curve import CostCurve
 from .curve_store import CurveStore
 from .draft import Draft, Drafter, FinishReason, StepEvent
 from .generation_config import GenerationConfig
-from .grammar import Constraint
+from .grammar import GRAMMAR_SOURCE, Constraint
 from .logprobs import choosing_rows, token_logprobs
 from .planner import DraftPlanner, Plan
 from .prompt_cache import PromptCache
 from .sampling import sample, warp_probs
 from .stats import GenerationStats, summarize
-from .step_parts import SCORED_TOPK, constrained, first_branch, pad_block, read_back, read_together, trim
+from .step_parts import SCORED_TOPK, first_branch, pad_block, read_back, read_together, trim
 from .stop_strings import find_stop
 from .verify import greedy_accept, greedy_accept_tree, speculative_accept, speculative_accept_tree
 
@@ -312,8 +312,11 @@ class Engine:
         a grammar, chains cut at their first token it forbids)."""
         if not draft.is_chain and (constraint is not None or not self.supports_trees):
             draft = first_branch(draft)
-        if constraint is not None:  # what the grammar forces drafted, what it forbids cut
-            draft = constrained(draft, constraint, budget)
+        if constraint is not None:
+            forced = constraint.forced()[:budget]
+            if forced and draft.tokens[: len(forced)] != forced:  # the drafter guessed other, less or nothing:
+                draft = Draft(forced, GRAMMAR_SOURCE)  # what the grammar forces (a draft past it is kept whole)
+            draft = trim(draft, constraint.allowed(draft.tokens))
         if not config.cost_aware:
             draft = trim(draft, budget)
             return draft, Plan(len(draft), len(draft) + 1)

@@ -7,9 +7,8 @@ a draft is cut at its first token the grammar forbids (before verification: a fo
 accepted), each verified row's logits are masked by the grammar's state after the draft's tokens before it, so
 the target's choice at every row is plain constrained decoding's, and the matcher advances by the committed
 tokens only. Where the grammar forces what comes next (a schema's keys and punctuation) and the drafter proposes
-something else or nothing, the forced tokens are the draft (source "grammar"); what it forces after a draft's last
-token follows the draft (step_parts.constrained). When the grammar is complete only the end-of-answer token is
-allowed.
+something else or nothing, the forced tokens are the draft (source "grammar"). When the grammar is complete only
+the end-of-answer token is allowed.
 
 `GrammarSpec` is plain data (a request's or a command's grammar, checked once); `Constraint` is one answer's
 matcher. llguidance is imported when a grammar is used, never by the CLI's start. This file does not decide
@@ -145,15 +144,6 @@ class Constraint:
         """The tokens the grammar forces from here (`{"name": "` after `{` in a schema), as the tokenizer writes
         them: a draft that costs nothing to make (verification still decides)."""
         return [int(token) for token in self.matcher.compute_ff_tokens()]
-
-    def forced_after(self, tokens: Sequence[int]) -> list[int]:
-        """What the grammar forces after `tokens` (which it allows): a string value's closing quote leads into
-        `, "next_key": "`. The state is left as it was."""
-        forced: list[int] = []
-        for index in self._states_along(tokens):
-            if index == len(tokens) and not self.matcher.is_stopped():
-                forced = self.forced()
-        return forced
 
     def masks(self, tokens: Sequence[int], vocab: int) -> torch.Tensor:
         """[len(tokens) + 1, vocab] bool: what the grammar allows now and after each of `tokens` (which it must

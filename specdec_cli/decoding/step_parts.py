@@ -1,8 +1,7 @@
 """The parts of one verify step that are pure functions of a draft and the logits: the draft cut to what is
-verified (`trim`, a tree's `first_branch`, a chain under a grammar: `constrained`), the block padded to the
-forward's row count (`pad_block`), and the choices read back from the logits' device in one transfer
-(`read_back`). The engine (engine.py) runs them in its loop; plain_many.py and benchmarks share them. Nothing here
-runs a model.
+verified (`trim`, a tree's `first_branch`), the block padded to the forward's row count (`pad_block`), and the
+choices read back from the logits' device in one transfer (`read_back`). The engine (engine.py) runs them in its
+loop; plain_many.py and benchmarks share them. Nothing here runs a model.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import torch
 
 from .. import kernels
 from .draft import Draft
-from .grammar import GRAMMAR_SOURCE
 from .verify import children_of
 
 SCORED_TOPK = 8  # a drafter that needs scored_topk gets the target's top-8 tokens at every scored position
@@ -49,26 +47,6 @@ def trim(draft: Draft, length: int) -> Draft:
     p_draft = None if draft.p_draft is None else draft.p_draft[:length]
     confidence = None if draft.confidence is None else draft.confidence[:length]
     return Draft(draft.tokens[:length], draft.source, parents, p_draft, draft.match_len, confidence)
-
-
-def constrained(draft: Draft, constraint: Any, budget: int) -> Draft:
-    """A chain under a grammar (grammar.Constraint): what the grammar forces from here where the draft guessed
-    other, less or nothing (a draft that extends the forced run is kept whole), cut at its first token the grammar
-    forbids, then followed by what it forces after the draft's last token (a string value's closing quote leads into
-    `, "next_key": "`), at most `budget` tokens. A draft with distributions (a draft model's) is not extended."""
-    forced = constraint.forced()[:budget]
-    if forced and draft.tokens[: len(forced)] != forced:
-        draft = Draft(forced, GRAMMAR_SOURCE)
-    draft = trim(draft, constraint.allowed(draft.tokens))
-    if not draft.tokens or len(draft) >= budget or draft.p_draft is not None:
-        return draft
-    after = constraint.forced_after(draft.tokens)[: budget - len(draft)]
-    if not after:
-        return draft
-    confidence = None if draft.confidence is None else [*draft.confidence, *[draft.confidence[-1]] * len(after)]
-    # its own source: the planner learns what such drafts earn apart from the drafter's own (whose acceptance at
-    # later positions the forced tail would otherwise stand for)
-    return Draft([*draft.tokens, *after], f"{draft.source}+{GRAMMAR_SOURCE}", None, None, draft.match_len, confidence)
 
 
 def pad_block(block: list[int], parents: Optional[list[int]], rows: int) -> tuple[list[int], Optional[list[int]]]:

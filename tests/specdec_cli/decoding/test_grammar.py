@@ -109,24 +109,3 @@ def test_greedy_choices_are_the_masked_argmax_of_every_row(loaded):
         masked = logits.masked_fill(~constraint.masks(draft, vocab), float("-inf")).argmax(-1).tolist()
         assert constraint.greedy_choices(logits, draft, logits.argmax(-1).tolist()) == masked
     assert constraint.allowed(draft) == len(draft)  # the state is as it was
-
-
-def test_what_the_grammar_forces_after_a_draft_follows_it(loaded):
-    """A draft whose last token leads into a forced run (an enum value begun: its rest, the closing quote and the
-    next key are forced) is followed by that run, up to the budget; the grammar's state is left as it was."""
-    from specdec_cli.decoding.draft import Draft
-    from specdec_cli.decoding.step_parts import constrained
-
-    tokenizer = loaded.tokenizer
-    constraint = Constraint(GrammarSpec.json_schema(SCHEMA), tokenizer, (tokenizer.eos_token_id,))
-    opening = constraint.forced()  # `{"colour": "` (as the tokenizer writes it)
-    assert tokenizer.decode(opening).replace(" ", "").startswith('{"colour":"')
-    constraint.commit(opening)
-    begun = tokenizer.encode("g", add_special_tokens=False)  # green: "reen", the quote, `, "count": ` forced
-    after = constraint.forced_after(begun)
-    assert tokenizer.decode(after).replace(" ", "").startswith('reen","count":')
-    assert constraint.forced() == []  # the state before the draft: a colour is a choice
-    drafted = constrained(Draft(begun, "sam"), constraint, budget=64)
-    assert drafted.tokens == [*begun, *after] and drafted.source == "sam+grammar"
-    assert constrained(Draft(begun, "sam"), constraint, budget=3).tokens == [*begun, *after][:3]
-    assert constrained(Draft([], "sam"), constraint, budget=8).tokens == []  # nothing drafted, nothing forced
