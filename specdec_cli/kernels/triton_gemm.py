@@ -69,7 +69,7 @@ def _kernel(interpret: bool) -> Any:
     if interpret and "triton" not in sys.modules:
         os.environ["TRITON_INTERPRET"] = "1"
     if interpret != (os.environ.get("TRITON_INTERPRET", "0").strip() == "1"):
-        raise RuntimeError("the packed kernel runs on a CPU only in Triton's interpreter, and on a GPU only outside "
+        raise SpecdecError("the packed kernel runs on a CPU only in Triton's interpreter, and on a GPU only outside "
                            "it: set TRITON_INTERPRET=1 (a CPU) or unset it (a GPU) before anything imports triton")
     import triton
     import triton.language as tl

@@ -39,11 +39,18 @@ PACKED_VARIABLE = "SPECDEC_DEVICE_PACKED"
 
 def packed_wanted(device: torch.device) -> bool:
     """Weights at the file's bits on cuda where Triton is installed, unless SPECDEC_DEVICE_PACKED=0; elsewhere only
-    with SPECDEC_DEVICE_PACKED=1 (a CPU runs the kernel in Triton's interpreter: for tests)."""
+    with SPECDEC_DEVICE_PACKED=1 (a CPU runs the kernel in Triton's interpreter: for tests). A setting that is not
+    0 or 1, or 1 without Triton, is one line."""
+    from ...errors import SpecdecError
     from ...kernels import triton_gemm
 
     setting = os.environ.get(PACKED_VARIABLE, "").strip()
-    wanted = setting == "1" if setting in ("0", "1") else device.type == "cuda"
+    if setting not in ("", "0", "1"):
+        raise SpecdecError(f"{PACKED_VARIABLE} must be 0 (weights dequantised) or 1 (at the file's bits), got "
+                           f"{setting!r}")
+    if setting == "1" and not triton_gemm.available():
+        raise SpecdecError(f"{PACKED_VARIABLE}=1 needs Triton (torch's CUDA builds ship it; `pip install triton`)")
+    wanted = setting == "1" if setting else device.type == "cuda"
     return wanted and triton_gemm.available()
 
 

@@ -111,6 +111,18 @@ def test_packed_weights_are_chosen_on_cuda_and_by_the_setting(monkeypatch):
     assert packed_wanted(torch.device("cpu"))
     monkeypatch.setenv("SPECDEC_DEVICE_PACKED", "0")
     assert not packed_wanted(torch.device("cuda"))
+    from specdec_cli.errors import SpecdecError
+    from specdec_cli.kernels import triton_gemm
+
+    monkeypatch.setenv("SPECDEC_DEVICE_PACKED", "yes")
+    with pytest.raises(SpecdecError, match="must be 0 .* or 1"):
+        packed_wanted(torch.device("cuda"))
+    monkeypatch.setattr(triton_gemm, "available", lambda: False)
+    monkeypatch.setenv("SPECDEC_DEVICE_PACKED", "1")
+    with pytest.raises(SpecdecError, match="needs Triton"):
+        packed_wanted(torch.device("cpu"))
+    monkeypatch.delenv("SPECDEC_DEVICE_PACKED")
+    assert not packed_wanted(torch.device("cuda"))  # (no Triton: dense, as before)
 
 
 # a Q4_K_M file's mix and the rest: (type, layer) for a llama of hidden 256, FFN 512
@@ -288,3 +300,15 @@ def test_the_kernel_compiles_for_a_gpu_here(tmp_path):
     result = subprocess.run([sys.executable, "-c", COMPILE_FOR_GPUS], capture_output=True, text=True, env=env,
                             timeout=600)
     assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-3000:]
+
+
+def test_a_packed_setting_the_engine_cannot_take_is_one_line_before_the_model_loads(tiny_llama_dir, monkeypatch):
+    from conftest import assert_one_line_error, invoke
+
+    from specdec_cli.target_model.load import models
+
+    monkeypatch.setattr(models, "model_location", lambda *a, **k: pytest.fail("the model loaded before the check"))
+    result = invoke("chat", "--target", str(tiny_llama_dir), "--decoder", "device", "--device", "cpu", "--prompt",
+                    "abc", "-n", "4", env_extra={"SPECDEC_DEVICE_PACKED": "on"})
+    assert_one_line_error(result, "SPECDEC_DEVICE_PACKED must be 0 (weights dequantised) or 1 (at the file's bits), "
+                                  "got 'on'", code=1)
