@@ -2,8 +2,9 @@
 Triton, without a dequantised copy of the weights.
 
 One program computes ROWS x BLOCK_N outputs: it walks k in tiles of BLOCK_K, decodes the tile's weights
-[BLOCK_K, BLOCK_N] from the packed codes and scales in registers (each weight as triton_layout.py's formulas, in
-float32, then in the rows' dtype), and accumulates `tl.dot(rows, weights)` in float32, tile after tile in k order.
+[BLOCK_N, BLOCK_K] from the packed codes (whole bytes along k) and a scale per sub-block in registers (each weight
+as triton_layout.py's formulas, in float32, then in the rows' dtype), and accumulates `tl.dot(rows, weights.T)` in
+float32, tile after tile in k order.
 So a row's result depends on its own inputs, the weights, and the fixed shapes (ROWS, BLOCK_N, BLOCK_K) alone:
 never on the other rows, which the engine's padded steps need (docs/algorithms.md section 12). The tiles are
 fixed per matrix by `tiles` (k and the device type), never by how many rows are real.
@@ -12,7 +13,7 @@ fixed per matrix by `tiles` (k and the device type), never by how many rows are 
 torch.compile keeps whole inside a compiled layer and a CUDA graph captures like any kernel; a fused q|k|v whose
 parts are of different types is one call per part. On a CPU the same kernel runs in Triton's interpreter
 (TRITON_INTERPRET=1, set here before triton is imported where the first matrix is on the CPU): slow, for tests.
-Triton is imported on the first call only; `available()` says whether it can be.
+Triton is imported as the first PackedGemm is made; `available()` says whether it can be.
 """
 
 from __future__ import annotations
