@@ -12,9 +12,10 @@ the device in one of two ways, chosen once per loaded target (`packed_wanted`):
 
 Host memory never holds more than one chunk's records beyond the mapped file, and never a float32 copy of the
 model. A transformers linear layer is moved (and cast) as it is. The projections that read the same input are one
-`Projection` (q|k|v, gate|up): one fused dense matrix (one GEMM), or, packed, a part per layer, each its own type
-(a Q4_K_M file's q and v differ), multiplied into its columns of one output. A GGUF's token embeddings (left in the
-mapped file, gguf_model.MappedEmbedding) are dequantised on the host a chunk of rows at a time and moved.
+`Projection` (q|k|v, gate|up): one fused dense matrix (one GEMM), or, packed, a part per run of layers of one type
+(a Q4_K_M file's q|k one matrix, its v another), their outputs side by side. A GGUF's token embeddings (left in
+the mapped file, gguf_model.MappedEmbedding) are an `Embedding`: at the file's bits where packed (a step decodes
+its rows), else dequantised on the host a chunk of rows at a time and moved.
 
 Every tensor made here is on the device given; nothing here computes a forward (decoder.py).
 """
