@@ -193,9 +193,9 @@ def _run(model: Any, tokenizer: Any, conversations: Sequence[Conversation], sett
         llama_servers=servers.report(),
         llama_server_plain=servers.plain_row(),
     )
-    device_memory = getattr(runner.engine.forward, "memory", None)  # the device engine's bytes on its device
-    if callable(device_memory):
-        settings_json["device_memory"] = device_memory()
+    device_memory = runner.engine.forward.memory()  # the device engine's bytes on its device (None elsewhere)
+    if device_memory is not None:
+        settings_json["device_memory"] = device_memory
     if settings.run.drafter.options.memory:
         settings_json["memory"] = memory_report(settings.run.drafter.options.memory, runner.info.fingerprint,
                                                 [ids for turns in runner.prompt_ids.values() for ids in turns])

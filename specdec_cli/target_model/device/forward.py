@@ -145,7 +145,7 @@ class DeviceForward:
         return (f"specdec's device engine on {self.device} in {str(self.dtype).removeprefix('torch.')}, weights "
                 f"{weights}, {ROWS} padded rows a step, {self.static.slots} cache slots, step {self.step.note}")
 
-    def memory(self) -> dict[str, int]:
+    def memory(self) -> Optional[dict[str, int]]:
         """Bytes on the device: the weights (matrices and embeddings), the static cache, and on cuda the device's
         peak allocation since the process began."""
         cache = self.static.keys.numel() * self.static.keys.element_size() * 2

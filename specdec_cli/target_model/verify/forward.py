@@ -72,6 +72,9 @@ class VerifyForward(Protocol):
     def own_kernels(self) -> AbstractContextManager[None]:
         """A context in which forwards run the model's own kernels, as plain decoding outside specdec does."""
 
+    def memory(self) -> Optional[dict[str, int]]:
+        """Bytes the forward holds on its device, where it holds them itself (the device engine); else None."""
+
 
 @runtime_checkable
 class ManyForward(VerifyForward, Protocol):
@@ -103,6 +106,9 @@ class ModelForward:
 
     def tree_outcome(self) -> Optional[CheckOutcome]:
         return None
+
+    def memory(self) -> Optional[dict[str, int]]:
+        return None  # the model's own tensors, which the loader accounts for
 
     def run(self, **inputs: Any) -> Any:
         """One forward on transformers' keywords (input_ids, position_ids, past_key_values, ...)."""
