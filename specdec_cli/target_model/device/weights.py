@@ -38,10 +38,9 @@ CHUNK_ROWS = 4096  # output rows of a block matrix dequantised at a time on the 
 PACKED_VARIABLE = "SPECDEC_DEVICE_PACKED"
 
 
-def packed_wanted(device: torch.device) -> bool:
-    """Weights at the file's bits on cuda where Triton is installed, unless SPECDEC_DEVICE_PACKED=0; elsewhere only
-    with SPECDEC_DEVICE_PACKED=1 (a CPU runs the kernel in Triton's interpreter: for tests). A setting that is not
-    0 or 1, or 1 without Triton, is one line."""
+def packed_setting() -> str:
+    """SPECDEC_DEVICE_PACKED as "" (unset), "0" or "1"; another value, or 1 without Triton, is one line (checked
+    before a model loads)."""
     from ...errors import SpecdecError
     from ...kernels import triton_gemm
 
@@ -51,8 +50,19 @@ def packed_wanted(device: torch.device) -> bool:
                            f"{setting!r}")
     if setting == "1" and not triton_gemm.available():
         raise SpecdecError(f"{PACKED_VARIABLE}=1 needs Triton (torch's CUDA builds ship it; `pip install triton`)")
-    wanted = setting == "1" if setting else device.type == "cuda"
-    return wanted and triton_gemm.available()
+    return setting
+
+
+def packed_wanted(device: torch.device) -> bool:
+    """Weights at the file's bits on cuda (compute capability 8.0 on: bfloat16 on the tensor cores, what the
+    kernel's compilation is tested for) where Triton is installed, unless SPECDEC_DEVICE_PACKED=0; elsewhere only
+    with SPECDEC_DEVICE_PACKED=1 (a CPU runs the kernel in Triton's interpreter: for tests)."""
+    from ...kernels import triton_gemm
+
+    setting = packed_setting()
+    if setting:
+        return setting == "1"
+    return device.type == "cuda" and triton_gemm.available() and torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def _norm(norm: Any, offset: bool, device: torch.device) -> tuple[torch.Tensor, float]:

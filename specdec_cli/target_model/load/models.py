@@ -167,13 +167,11 @@ def check_load(settings: LoadSettings, device_engine: bool = True) -> LoadPlan:
     source = resolve_target(settings.target)
     device = pick_device(settings.device)
     if device_engine and (settings.decoder == "device" or (settings.decoder == "auto" and device == "cuda")):
-        import torch
-
         from ..device.forward import context_setting
-        from ..device.weights import packed_wanted
+        from ..device.weights import packed_setting
 
         context_setting()  # SPECDEC_DEVICE_CONTEXT said wrong: one line now, not after the model loads
-        packed_wanted(torch.device(device))  # SPECDEC_DEVICE_PACKED likewise
+        packed_setting()  # SPECDEC_DEVICE_PACKED likewise
     if not (device_engine and device == "cuda" and settings.decoder in ("auto", "device") and source.kind == "gguf"):
         check_weights(settings.weights, source, device, settings.dtype)
     if source.kind != "gguf":

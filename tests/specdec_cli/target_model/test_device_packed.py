@@ -103,7 +103,10 @@ def test_the_tiles_are_set_by_the_row_length_and_the_setting_alone(monkeypatch):
 
 def test_packed_weights_are_chosen_on_cuda_and_by_the_setting(monkeypatch):
     monkeypatch.delenv("SPECDEC_DEVICE_PACKED", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert packed_wanted(torch.device("cuda")) and not packed_wanted(torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))  # a T4: no bf16 tl.dot
+    assert not packed_wanted(torch.device("cuda"))
     monkeypatch.setenv("SPECDEC_DEVICE_PACKED", "1")
     from specdec_cli.decoding import cost_curve
 
