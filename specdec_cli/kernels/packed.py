@@ -15,6 +15,7 @@ not read GGUF bytes (target_model/native/quant.py turns a GGUF block into fields
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -262,9 +263,14 @@ def unpack_fields(kind: int, records: torch.Tensor, n: int) -> Fields:
     return fields
 
 
+@functools.cache
+def _iq4_table(device: torch.device) -> torch.Tensor:
+    return torch.tensor(IQ4_VALUES, dtype=torch.int16, device=device)  # made once a device (never in a capture)
+
+
 def table_values(codes: torch.Tensor) -> torch.Tensor:
-    """IQ4's codes (indices 0..15) as the int16 values they stand for."""
-    return torch.tensor(IQ4_VALUES, dtype=torch.int16)[codes.long()]
+    """IQ4's codes (indices 0..15) as the int16 values they stand for, on the codes' device."""
+    return _iq4_table(codes.device)[codes.long()]
 
 
 def fields_codes(kind: int, fields: Fields) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:

@@ -187,3 +187,11 @@ def test_the_c_repacking_of_a_gguf_tensor_is_its_fields_packed(type_name):
         assert torch.equal(kernels.repack_gguf(kind, rows, 512), packed.pack_fields(kind, fields)), seed
     with pytest.raises(ValueError):
         kernels.repack_gguf(kind, rows[:, :-1].contiguous(), 512)  # rows of another size
+
+
+def test_iq4_table_values_are_on_the_codes_device():
+    """The dense device engine dequantises IQ4 records on the GPU: the table was made in CPU memory and indexed
+    with the GPU's codes (torch refuses that on cuda; on `meta` it quietly answered on the CPU)."""
+    codes = torch.tensor([0, 15, 8], dtype=torch.uint8)
+    assert packed.table_values(codes).tolist() == [packed.IQ4_VALUES[0], packed.IQ4_VALUES[15], packed.IQ4_VALUES[8]]
+    assert packed.table_values(codes.to("meta")).device.type == "meta"
