@@ -32,29 +32,17 @@ ROWS = 16
 
 
 def packed_matrix(type_name: str, n: int, k: int, device: Any, seed: int) -> Any:
-    """A random GGUF matrix of the type as a PackedMatrix on the device."""
+    """A random GGUF matrix of the type (write_gguf.py's blocks) as a PackedMatrix on the device."""
     import numpy as np
-    import torch
     from gguf import GGMLQuantizationType
 
     sys.path.insert(0, str(REPO / "benchmarks"))
     from write_gguf import random_tensor
 
-    from specdec_cli.kernels import packed
-    from specdec_cli.kernels.triton_layout import PackedMatrix
-    from specdec_cli.target_model.gguf import gguf_decode
+    from specdec_cli.target_model.device.weights import packed_from_gguf
 
-    kind = packed.KIND_OF_GGUF_TYPE[type_name]
-    matrix = PackedMatrix.allocate(kind, n, k, device)
-    rng = np.random.default_rng(seed)
-    for start in range(0, n, 4096):  # a chunk of rows at a time: host memory holds one chunk
-        rows = min(4096, n - start)
-        raw = np.asarray(random_tensor(rng, getattr(GGMLQuantizationType, type_name), rows, k, 0.02))
-        fields = gguf_decode.gguf_fields(type_name, raw.reshape(rows, k // packed.PACKED[kind].super_block, -1))
-        matrix.fill(start, packed.Fields(*(None if part is None else torch.as_tensor(np.asarray(part)).to(device)
-                                           for part in (fields.codes, fields.d, fields.m, fields.scales,
-                                                        fields.minimums))))
-    return matrix
+    raw = random_tensor(np.random.default_rng(seed), getattr(GGMLQuantizationType, type_name), n, k, 0.02)
+    return packed_from_gguf(type_name, np.asarray(raw).reshape(n, -1), device)
 
 
 def timed(run: Callable[..., Any], args: tuple, device: Any, repeats: int) -> float:

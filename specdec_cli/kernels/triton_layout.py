@@ -21,7 +21,8 @@ says, computed in the same order in float32 (`dequantize`, the reference the ker
 
 Every product there is exact in float32 (an 11-bit mantissa times at most 14 bits), so the kernel's order of
 multiplication cannot change a weight. Made here from a packed kind's fields (kernels.Fields), a chunk of output
-rows at a time on the device (`from_layers`); nothing here multiplies (triton_gemm.py).
+rows at a time on the device (`from_layers`), and read back as fields (`fields`, whose meaning is
+kernels.packed.fields_dequantize: `dequantize`); nothing here multiplies (triton_gemm.py).
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ from .packed import (
     FORM_LEGACY,
     FORM_Q6K,
     IQ4_VALUES,
-    IQ4XS_SCALE_ZERO,
     PACKED,
     Fields,
+    fields_dequantize,
     packed_kind,
 )
 
@@ -147,34 +148,31 @@ class PackedMatrix:
             offset += n
         return matrix
 
-    def dequantize(self, rows: "Optional[slice | torch.Tensor]" = None) -> torch.Tensor:
-        """The weights float32 [n, k] (or the rows given: a slice, or ids [r] -> [r, k]) as gguf.quants.dequantize
-        computes them."""
+    def fields(self, rows: "Optional[slice | torch.Tensor]" = None) -> Fields:
+        """The fields of every row (or the rows given: a slice, or ids [r]) as kernels.packed holds them: codes
+        uint8 [r, k] (an int8 code's byte), the scale fields as stored."""
         info = packed_kind(self.kind)
         pick = slice(0, self.n) if rows is None else rows
+        stored = self.codes[pick]
         if info.bits == 8:
-            codes = self.codes[pick].to(torch.int32)
-        else:
-            packed = self.codes[pick].to(torch.int32)
-            codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
-        count = codes.shape[0]
+            codes = stored.view(torch.uint8)
+        else:  # weight 2j in byte j's low half, 2j + 1 in its high half
+            codes = torch.stack([stored & 15, stored >> 4], dim=-1).reshape(stored.shape[0], -1)
         if info.bits in (5, 6):
             width = 1 if info.bits == 5 else 2
-            plane = self.plane[pick].to(torch.int32)[..., None]
-            shifts = torch.arange(8 // width, device=codes.device, dtype=torch.int32) * width
-            codes = codes | (((plane >> shifts) & ((1 << width) - 1)).reshape(count, -1) << 4)
-        values = self.table[codes.long()] if info.table else (codes - info.zero).to(torch.float32)
+            shifts = torch.arange(0, 8, width, device=codes.device, dtype=torch.uint8)  # [weights a byte]
+            tops = (self.plane[pick][..., None] >> shifts) & ((1 << width) - 1)  # [r, k / (8 / width), 8 / width]
+            codes = codes | (tops.reshape(codes.shape[0], -1) << 4)
+        count, supers = codes.shape[0], self.k // info.super_block
 
-        def per_weight(field: torch.Tensor, span: int) -> torch.Tensor:
-            return field[pick].to(torch.float32).repeat_interleave(span, dim=1)
+        def per_super(field: torch.Tensor) -> torch.Tensor:  # [r, supers, sub-blocks a super-block]
+            return field[pick].reshape(count, supers, -1)
 
-        d = per_weight(self.d, info.super_block)
-        if info.form == FORM_LEGACY:
-            weight = d * values
-            return weight + per_weight(self.m, info.super_block) if info.offsets else weight
-        if info.form == FORM_K:
-            scale = d * per_weight(self.scales, 32)
-            return scale * values - per_weight(self.m, info.super_block) * per_weight(self.minimums, 32)
-        if info.form == FORM_Q6K:
-            return (d * per_weight(self.scales, 16)) * values
-        return (d * (per_weight(self.scales, 32) - IQ4XS_SCALE_ZERO)) * values
+        return Fields(codes, self.d[pick], self.m[pick] if info.offsets else None,
+                      per_super(self.scales) if info.form != FORM_LEGACY else None,
+                      per_super(self.minimums) if info.form == FORM_K else None)
+
+    def dequantize(self, rows: "Optional[slice | torch.Tensor]" = None) -> torch.Tensor:
+        """The weights float32 [n, k] (or the rows given) as gguf.quants.dequantize computes them
+        (kernels.packed.fields_dequantize of `fields`)."""
+        return fields_dequantize(self.kind, self.fields(rows))

@@ -28,6 +28,8 @@ from typing import Any, Optional, Union
 
 import torch
 
+from ...errors import SpecdecError
+from ...kernels import triton_gemm
 from ...kernels.triton_gemm import PackedGemm
 from ...kernels.triton_layout import PackedMatrix, takes
 from ..native.native import norm_multiplier
@@ -41,9 +43,6 @@ PACKED_VARIABLE = "SPECDEC_DEVICE_PACKED"
 def packed_setting() -> str:
     """SPECDEC_DEVICE_PACKED as "" (unset), "0" or "1"; another value, or 1 without Triton, is one line (checked
     before a model loads)."""
-    from ...errors import SpecdecError
-    from ...kernels import triton_gemm
-
     setting = os.environ.get(PACKED_VARIABLE, "").strip()
     if setting not in ("", "0", "1"):
         raise SpecdecError(f"{PACKED_VARIABLE} must be 0 (weights dequantised) or 1 (at the file's bits), got "
@@ -57,8 +56,6 @@ def packed_wanted(device: torch.device) -> bool:
     """Weights at the file's bits on cuda (compute capability 8.0 on: bfloat16 on the tensor cores, what the
     kernel's compilation is tested for) where Triton is installed, unless SPECDEC_DEVICE_PACKED=0; elsewhere only
     with SPECDEC_DEVICE_PACKED=1 (a CPU runs the kernel in Triton's interpreter: for tests)."""
-    from ...kernels import triton_gemm
-
     setting = packed_setting()
     if setting:
         return setting == "1"
@@ -179,9 +176,9 @@ class Embedding:
         return self.table.index_select(0, ids).float()
 
 
-def _packed_table(type_name: str, raw: Any, device: torch.device) -> PackedMatrix:
-    """A GGUF table's bytes (uint8 [vocab, bytes per row], mapped) on the device at the file's bits, CHUNK_ROWS rows
-    at a time through gguf_decode.gguf_fields."""
+def packed_from_gguf(type_name: str, raw: Any, device: torch.device) -> PackedMatrix:
+    """A GGUF tensor's bytes (uint8 [rows, bytes per row]: a mapped file's token embeddings, a benchmark's random
+    blocks) on the device at the file's bits, CHUNK_ROWS rows at a time through gguf_decode.gguf_fields."""
     import numpy as np
 
     from ...kernels.packed import KIND_OF_GGUF_TYPE, PACKED, Fields
@@ -214,7 +211,7 @@ def embedding_table(embed: Any, device: torch.device, dtype: torch.dtype, packed
 
         type_name, raw = embed.blocks()
         if type_name in KIND_OF_GGUF_TYPE and takes(KIND_OF_GGUF_TYPE[type_name], int(embed.embedding_dim)):
-            return Embedding(packed=_packed_table(type_name, raw, device))
+            return Embedding(packed=packed_from_gguf(type_name, raw, device))
     table = torch.empty(int(embed.num_embeddings), int(embed.embedding_dim), dtype=dtype, device=device)
     for first in range(0, table.shape[0], CHUNK_ROWS):
         ids = torch.arange(first, min(first + CHUNK_ROWS, table.shape[0]))

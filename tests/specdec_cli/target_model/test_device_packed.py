@@ -19,7 +19,7 @@ from specdec_cli.kernels.triton_gemm import PackedGemm, available
 from specdec_cli.kernels.triton_layout import PackedMatrix, takes
 from specdec_cli.target_model.device import ROWS
 from specdec_cli.target_model.device.forward import DeviceForward
-from specdec_cli.target_model.device.weights import packed_wanted
+from specdec_cli.target_model.device.weights import packed_from_gguf, packed_wanted
 from specdec_cli.target_model.gguf import gguf_decode
 from specdec_cli.target_model.native import quant
 
@@ -34,11 +34,7 @@ def _matrix(type_name: str, n: int, k: int, seed: int = 0) -> tuple[PackedMatrix
     import gguf
 
     raw = gguf_bytes(type_name, n, k, seed=seed)
-    kind = packed.KIND_OF_GGUF_TYPE[type_name]
-    fields = gguf_decode.gguf_fields(type_name, raw.reshape(n, k // packed.PACKED[kind].super_block, -1))
-    matrix = PackedMatrix.allocate(kind, n, k, torch.device("cpu"))
-    matrix.fill(0, packed.Fields(*(None if part is None else torch.as_tensor(np.asarray(part)) for part in (
-        fields.codes, fields.d, fields.m, fields.scales, fields.minimums))))
+    matrix = packed_from_gguf(type_name, raw, torch.device("cpu"))
     expected = np.asarray(gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, type_name)), np.float32)
     return matrix, expected.reshape(n, k)
 
