@@ -185,10 +185,12 @@ def summary(run: Run, report: dict, seconds: float) -> dict:
 
 
 def save(out: Path, document: dict) -> None:
-    """gpu_check.json, written whole each time (a temporary file, then a rename)."""
-    temporary = out / "gpu_check.json.tmp"
-    temporary.write_text(json.dumps(document, indent=1), encoding="utf-8")
-    temporary.replace(out / "gpu_check.json")
+    """gpu_check.json, written whole each time (atomically)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from specdec_cli.files import write_json_atomic
+
+    write_json_atomic(out / "gpu_check.json", document)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
