@@ -170,10 +170,6 @@ class PackedGemm:
         _kernel(matrix.codes.device.type == "cpu")  # made now: Triton is imported before any step
 
     @property
-    def n(self) -> int:
-        return self.matrix.n
-
-    @property
     def nbytes(self) -> int:
         return self.matrix.nbytes
 

@@ -96,7 +96,6 @@ class Projection:
         dense = len(parts) == 1 and isinstance(parts[0], torch.Tensor)
         self.weight: Optional[torch.Tensor] = parts[0] if dense else None  # type: ignore[assignment]  # [out, in]
         self.parts = [] if dense else parts
-        self.widths = [part.shape[0] if isinstance(part, torch.Tensor) else part.n for part in parts]
 
     @property
     def packed(self) -> bool:
