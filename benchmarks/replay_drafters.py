@@ -62,18 +62,19 @@ def record(args: argparse.Namespace) -> None:
     loaded = load_target(args.target, "cpu", "float32")
     model, tokenizer = loaded.model, loaded.tokenizer
     engine = Engine(model, tokenizer)
+    info = target_info(model, tokenizer)
     conversations = load_prompt_file(args.prompts) if args.prompts else load_suite(args.suite)
     rows = []
     for conversation in select(conversations, None, args.limit):
         prompt = format_prompt(tokenizer, [{"role": "user", "content": conversation.turns[0]}])
-        answer = engine.generate(prompt, NoDrafter(), GenerationConfig(max_new_tokens=args.max_new_tokens,
-                                                                         cost_aware=False)).tokens
+        config = GenerationConfig(max_new_tokens=args.max_new_tokens, eos_token_ids=info.eos_token_ids,
+                                  cost_aware=False)  # the answer a user sees: it ends at the end of text
+        answer = engine.generate(prompt, NoDrafter(), config).tokens
         with torch.no_grad():
             logits = model(torch.tensor([prompt + list(answer)])).logits[0]  # [prompt + answer, vocab]
         top = logits[len(prompt) - 1 :].topk(TOP_K, dim=-1).indices.tolist()  # row i predicts answer[i]
         rows.append({"category": conversation.category, "prompt": prompt, "answer": list(answer), "topk": top})
         print(f"{conversation.category}: {len(answer)} tokens", file=sys.stderr)
-    info = target_info(model, tokenizer)
     cost = {str(size): engine.cost_curve()(size) for size in PROBE_SIZES}
     document = {"version": 1, "target": loaded.name, "vocab_size": info.vocab_size,
                 "eos_token_ids": list(info.eos_token_ids), "fingerprint": info.fingerprint, "cost": cost,
