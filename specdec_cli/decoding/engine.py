@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, cast
 
 import torch
 
@@ -34,14 +34,23 @@ from .grammar import GRAMMAR_SOURCE, Constraint
 from .logprobs import choosing_rows, token_logprobs
 from .planner import DraftPlanner, Plan
 from .prompt_cache import PromptCache
-from .sampling import sample, warp_probs
 from .stats import GenerationStats, summarize
-from .step_parts import SCORED_TOPK, first_branch, pad_block, read_back, read_together, trim
+from .step_parts import (
+    SCORED_TOPK,
+    allowed_only,
+    batch_share,
+    choose,
+    first_branch,
+    generator_for,
+    pad_block,
+    read_back,
+    read_together,
+    trim,
+)
 from .stop_strings import find_stop
-from .verify import greedy_accept, greedy_accept_tree, speculative_accept, speculative_accept_tree
+from .verify import accept_draft
 
 EventCallback = Callable[[StepEvent], None]
-BATCH_DRAFT_COST = 1.1  # a batched step's forward may cost this much more than its sequences' roots for drafts
 
 
 @dataclass
@@ -76,6 +85,7 @@ class Run:
     finish: Optional[FinishReason] = None
     text_end: Optional[int] = None
     ttft: float = 0.0
+    computed: Optional[int] = None  # while a batch computes the prompt in pieces: its tokens in the cache so far
 
     def emit(self, event: StepEvent) -> None:
         self.events.append(event)
@@ -106,6 +116,7 @@ class Engine:
         # given, the verify-cost curve is the one stored for this machine and model, else measured.
         self.planner = planner or DraftPlanner(self.curves.load_or_measure)
         self.tree_outcome = CheckOutcome("not checked")  # passed, failed or chains only once a tree was drafted
+        self._many_of: tuple[Any, bool] = (None, False)  # (forward, whether it scores several sequences at once)
 
     # -- the loop ------------------------------------------------------------------------------------------
 
@@ -131,18 +142,25 @@ class Engine:
         """A generation begun: the settings checked, the prompt computed (what the prompt cache does not hold) and
         the first new token chosen and committed. `step` goes on from here, `close` ends it (batch.py runs several
         side by side)."""
-        run = self._open(prompt_ids, drafter, config, on_event, prompt_cache)
-        needs = drafter.needs  # what the drafter reads beyond tokens: computed for it alone
-        # Prefill: the prompt (what the cache does not hold yet); its last logits give the first new token.
-        logits, features = prefill(self.forward, run.context, run.cache, run.cached, needs.features,
+        run = self.begin(prompt_ids, drafter, config, on_event, prompt_cache)
+        self.compute_prompt(run)
+        return run
+
+    def compute_prompt(self, run: "Run") -> None:
+        """Prefill: the prompt (what the cache does not hold yet) in one go; its last logits give the first token."""
+        needs = run.drafter.needs  # what the drafter reads beyond tokens: computed for it alone
+        logits, features = prefill(self.forward, run.context, run.cache, run.computed or run.cached, needs.features,
                                    needs.feature_layers)  # [1, vocab], [prompt, hidden] or None
+        self.first_token(run, logits, features)
+
+    def first_token(self, run: "Run", logits: torch.Tensor, features: Any = None) -> None:
+        """The prompt computed (its last row's logits [1, vocab]): the first new token chosen and committed."""
         first = choose(allowed_only(logits[-1:], run.constraint, [])[0], run.generator, run.config)
-        run.ttft = time.perf_counter() - run.started
+        run.ttft, run.computed, prompt = time.perf_counter() - run.started, None, tuple(run.context)
         committed = self._commit(run, [first])
         run.emit(StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=committed,
-                           verify_seconds=run.ttft, prompt_tokens=tuple(prompt_ids), settings=run.config,
-                           finished=run.finish, features=features, logprobs=run.logprobs(logits[-1:], committed)))
-        return run
+                           verify_seconds=run.ttft, prompt_tokens=prompt, settings=run.config, finished=run.finish,
+                           features=features, logprobs=run.logprobs(logits[-1:], committed)))
 
     @torch.inference_mode()
     def step(self, run: "Run") -> None:
@@ -174,27 +192,43 @@ class Engine:
                            features=None if features is None else features[choosing_rows(path)]))
 
     @torch.inference_mode()
-    def step_many(self, runs: Sequence["Run"]) -> None:
+    def step_many(self, runs: Sequence["Run"], prompts: Sequence["Run"] = ()) -> None:
         """One step of several generations in one forward (batch.py): each drafts a chain within its share of the
         forward's row-invariant rows, every sequence's block is scored after its own cache (`ManyForward.many`:
         each row's bits are those of its block alone), and each accepts and commits on its own. So every answer
-        is the one it would be alone (greedy: plain decoding's). The step's time is shared: the planner learns
-        acceptance from it, not the cost curve."""
-        forward = self.forward
-        if len(runs) == 1 or not isinstance(forward, ManyForward) or not forward.rows or \
-                any(run.drafter.needs.feature_layers for run in runs):
+        is the one it would be alone (greedy: plain decoding's). `prompts` (runs from `begin`, when `batches`)
+        fill the rows left with the next pieces of their prompts, in order; a prompt's last piece commits its
+        first token (a prompt's entries are the same bits in any pieces: `prefill`). The step's time is shared:
+        the planner learns acceptance from it, not the cost curve."""
+        forward, rows = self.forward, self.forward.rows or 0
+        batches = self.batches([*runs, *prompts])
+        for run in prompts if not batches or len(runs) >= rows else ():  # no room: each prompt computed alone
+            self.compute_prompt(run)
+        if not batches or len(runs) >= rows or not prompts and len(runs) == 1:
             for run in runs:  # one at a time: the forward cannot score several sequences, or a drafter reads layers
                 self.step(run)
             return
-        share = self._batch_share(len(runs)) if any(run.config.cost_aware for run in runs) else \
-            forward.rows // len(runs) - 1  # draft tokens each sequence may verify
-        # 1. Draft: each sequence's chain, within its share.
+        # rows for the prompts' pieces: at least half of what the sequences' newest tokens leave
+        reserve = min(max(1, (rows - len(runs)) // 2), sum(len(run.context) - (run.computed or 0) for run in prompts))
+        share = batch_share(self.planner.curve, rows - reserve, len(runs)) if runs and any(
+            run.config.cost_aware for run in runs) else (rows - reserve) // max(1, len(runs)) - 1  # draft tokens each
+        # 1. Draft: each sequence's chain, within its share; the prompts' next pieces in the rows left.
         t0 = time.perf_counter()
         drafts = [self._draft(run, share)[0] for run in runs]
+        pieces, left = [], rows - sum(len(draft) + 1 for draft in drafts)
+        for run in prompts:
+            start = run.computed or 0
+            stop = min(len(run.context), start + left)
+            if stop > start:
+                pieces.append((run, start, stop))
+                left -= stop - start
         t1 = time.perf_counter()
-        # 2. Verify: every sequence's newest token and chain, each after its own cache, in one forward.
-        scores = forward.many([([run.context[-1], *draft.tokens], run.cache, len(run.context) - 1)
-                               for run, draft in zip(runs, drafts)])
+        # 2. Verify: every sequence's newest token and chain, and each piece, after its own cache, in one forward
+        #    (logits of a prompt's last row only).
+        blocks = [([run.context[-1], *draft.tokens], run.cache, len(run.context) - 1) for run, draft in
+                  zip(runs, drafts)] + [(run.context[start:stop], run.cache, start) for run, start, stop in pieces]
+        keep = [len(draft) + 1 for draft in drafts] + [int(stop == len(run.context)) for run, _, stop in pieces]
+        scores = cast(ManyForward, forward).many(blocks, keep)
         verified = time.perf_counter() - t1
         reads = read_together(runs, scores)
         for run, draft, score, read in zip(runs, drafts, scores, reads):
@@ -210,23 +244,26 @@ class Engine:
                                draft_seconds=(t1 - t0) / len(runs), verify_seconds=verified / len(runs),
                                finished=run.finish, scored_topk=topk, verify_rows=len(draft) + 1, features=features,
                                logprobs=run.logprobs(score.logits[choosing_rows(path)], committed)))
+        for (run, _, stop), score in zip(pieces, scores[len(runs) :]):
+            run.computed = stop
+            if stop == len(run.context):  # the prompt computed: its first token
+                self.first_token(run, score.logits)
 
-    def _batch_share(self, width: int) -> int:
-        """Draft tokens each of `width` sequences may verify in one batched step: as many as keep the forward
-        within BATCH_DRAFT_COST times the cost of their roots alone on this machine's curve (in a batch, drafts
-        spend the rows that make batching pay), within the forward's row-invariant rows."""
-        most = self.forward.rows // width - 1
-        curve = self.planner.curve
-        limit = curve(width) * BATCH_DRAFT_COST
-        rows = max([size for size in range(width, self.forward.rows + 1) if curve(size) <= limit], default=width)
-        return max(0, min(most, rows // width - 1))
+    def batches(self, runs: Sequence["Run"]) -> bool:
+        """Whether one forward can score these sequences together: a forward that scores several (the native
+        decoder's) with row-invariant blocks, and no drafter reading the target's layer states."""
+        forward = self.forward
+        if self._many_of[0] is not forward:  # (a Protocol's isinstance is slow: once per forward)
+            self._many_of = (forward, isinstance(forward, ManyForward))
+        return self._many_of[1] and bool(forward.rows) and not any(run.drafter.needs.feature_layers for run in runs)
 
     # -- the loop's stages ---------------------------------------------------------------------------------
 
-    def _open(self, prompt_ids: Sequence[int], drafter: Drafter, config: GenerationConfig,
-              on_event: Optional[EventCallback], prompt_cache: Optional[PromptCache]) -> "Run":
-        """A generation's state: the settings checked, the forward prepared, the cache (from the prompt cache
-        where it holds the prompt's beginning), the grammar's matcher."""
+    def begin(self, prompt_ids: Sequence[int], drafter: Drafter, config: GenerationConfig,
+              on_event: Optional[EventCallback] = None, prompt_cache: Optional[PromptCache] = None) -> "Run":
+        """A generation's state, its prompt not computed yet (`start` computes it whole; a batch in pieces,
+        `step_many`): the settings checked, the forward prepared, the cache (from the prompt cache where it holds
+        the prompt's beginning), the grammar's matcher."""
         config, limit = self._checked(prompt_ids, config)
         max_rows = self.forward.prepare(config.budget)  # row-invariant blocks up to this size (None: not exact)
         static = self.forward.static_cache  # one cache of the forward's own (the device engine's): never kept
@@ -275,7 +312,7 @@ class Engine:
         argmax, topk = read if read is not None else read_back(logits, config.greedy, needs.scored_topk)
         if constraint is not None and argmax is not None:
             argmax = constraint.greedy_choices(raw, draft.tokens, argmax)
-        path, target_token = self._accept(draft, logits, config, run.generator, argmax)
+        path, target_token = accept_draft(draft, logits, config, run.generator, argmax)
         if needs.scored_topk and topk is None:
             topk = torch.topk(logits, min(SCORED_TOPK, logits.shape[-1]), dim=-1).indices.tolist()  # [k+1, 8]
         return path, target_token, topk
@@ -322,24 +359,6 @@ class Engine:
             return draft, Plan(len(draft), len(draft) + 1)
         plan = self.planner.plan(draft, budget)
         return trim(draft, plan.keep), plan
-
-    def _accept(self, draft: Draft, logits: torch.Tensor, config: GenerationConfig,
-                generator: Optional[torch.Generator], argmax: Optional[list[int]] = None) -> tuple[list[int], int]:
-        """(accepted node indices, the target's own token) under greedy or speculative sampling; greedy, `argmax`
-        is the logits' argmax per row when already read."""
-        if config.greedy:
-            target_argmax = argmax if argmax is not None else logits.argmax(dim=-1).tolist()  # [k+1]
-            if draft.parents is None:  # a chain
-                path = list(range(greedy_accept(draft.tokens, target_argmax)))
-            else:
-                path = greedy_accept_tree(draft.tokens, draft.parents, target_argmax)
-            return path, target_argmax[path[-1] + 1 if path else 0]
-        p_target = warp_probs(logits, config.temperature, config.top_k, config.top_p, config.min_p)  # [k+1, vocab]
-        if draft.parents is not None:  # a tree
-            return speculative_accept_tree(draft.tokens, draft.parents, p_target, generator)
-        p_draft = None if draft.p_draft is None else draft.p_draft.to(p_target.device, torch.float32)
-        accepted, target_token = speculative_accept(draft.tokens, p_target, p_draft, generator)
-        return list(range(accepted)), target_token
 
     def _commit(self, run: "Run", tokens: list[int]) -> list[int]:
         """Append tokens, cutting at EOS, at the token budget or at a stop string (and advance the grammar); the
@@ -394,31 +413,6 @@ class Engine:
     def cost_curve(self) -> CostCurve:
         """t(rows) for this model on this machine (the planner's; measured now if not known yet)."""
         return self.planner.curve
-
-
-def allowed_only(logits: torch.Tensor, constraint: Optional[Constraint], draft_tokens: Sequence[int]) -> torch.Tensor:
-    """logits [k+1, vocab] with what the grammar forbids at each row (after the draft's tokens before it) at -inf;
-    as they are without a grammar."""
-    if constraint is None:
-        return logits
-    allowed = constraint.masks(draft_tokens, logits.shape[-1]).to(logits.device)  # [k+1, vocab]
-    return logits.masked_fill(~allowed, float("-inf"))
-
-
-def choose(logits: torch.Tensor, generator: Optional[torch.Generator], config: GenerationConfig) -> int:
-    """The target's own choice from one row of logits [vocab], as plain decoding makes it."""
-    if config.greedy:
-        return int(logits.argmax())
-    return sample(warp_probs(logits, config.temperature, config.top_k, config.top_p, config.min_p), generator)
-
-
-def generator_for(config: GenerationConfig) -> Optional[torch.Generator]:
-    """Sampling's random source, seeded from the settings (None when greedy)."""
-    if config.greedy:
-        return None
-    generator = torch.Generator(device="cpu")
-    generator.manual_seed(config.seed if config.seed is not None else torch.seed())
-    return generator
 
 
 def prefill(forward: Any, prompt: Sequence[int], cache: Any, cached: int = 0,

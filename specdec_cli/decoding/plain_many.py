@@ -3,8 +3,8 @@ engine's batched step, batch.py: one implementation of batching, for the server'
 
 On block weights a forward over 8 rows reads the weights once and costs 1.3-1.5x a forward over one (the kernels'
 multi-row tiles), so answering several prompts together writes several times the tokens a second of answering
-them one by one. Each prompt is computed alone, in the engine's own blocks (Engine.start); then every step scores
-each open answer's newest token in one forward over all of them (Engine.step_many, `ManyForward.many`: each row
+them one by one. Each prompt is computed in pieces in the rows the open answers leave (batch.py); then every step
+scores each open answer's newest token in one forward over all of them (Engine.step_many, `ManyForward.many`: each row
 attends over its own sequence's cache only, and every other computation is row-invariant), and each answer's
 token is chosen as plain decoding chooses it (the argmax, or a sample with the answer's own seeded generator). So
 each answer is, bit for bit, what plain decoding of its prompt alone writes with the same settings and seed
@@ -66,7 +66,7 @@ def plain_many(forward: Any, prompts: Sequence[Sequence[int]], config: Generatio
             on_answer(done)
 
     while waiting or len(batch):
-        # 1. Join: waiting prompts take the free places, each prompt computed alone (its first token with it).
+        # 1. Join: waiting prompts take the free places (each computed a piece a step, its first token with the last).
         while waiting and len(batch) < width:
             index = waiting.popleft()
             prompt = [int(token) for token in prompts[index]]

@@ -12,9 +12,13 @@ import torch
 
 from .. import kernels
 from .draft import Draft
+from .generation_config import GenerationConfig
+from .grammar import Constraint
+from .sampling import sample, warp_probs
 from .verify import children_of
 
 SCORED_TOPK = 8  # a drafter that needs scored_topk gets the target's top-8 tokens at every scored position
+BATCH_DRAFT_COST = 1.1  # a batched step's forward may cost this much more than its sequences' roots for drafts
 
 
 def read_back(logits: torch.Tensor, greedy: bool, topk: bool) -> tuple[Optional[list[int]], Optional[list[list[int]]]]:
@@ -88,3 +92,38 @@ def read_together(runs: Sequence[Any], scores: Sequence[Any]) -> list[Optional[t
         reads[index] = ((argmax or [])[first : first + rows], mine)
         first += rows
     return reads
+
+
+def allowed_only(logits: torch.Tensor, constraint: Optional[Constraint], draft_tokens: Sequence[int]) -> torch.Tensor:
+    """logits [k+1, vocab] with what the grammar forbids at each row (after the draft's tokens before it) at -inf;
+    as they are without a grammar."""
+    if constraint is None:
+        return logits
+    allowed = constraint.masks(draft_tokens, logits.shape[-1]).to(logits.device)  # [k+1, vocab]
+    return logits.masked_fill(~allowed, float("-inf"))
+
+
+def choose(logits: torch.Tensor, generator: Optional[torch.Generator], config: GenerationConfig) -> int:
+    """The target's own choice from one row of logits [vocab], as plain decoding makes it."""
+    if config.greedy:
+        return int(logits.argmax())
+    return sample(warp_probs(logits, config.temperature, config.top_k, config.top_p, config.min_p), generator)
+
+
+def generator_for(config: GenerationConfig) -> Optional[torch.Generator]:
+    """Sampling's random source, seeded from the settings (None when greedy)."""
+    if config.greedy:
+        return None
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(config.seed if config.seed is not None else torch.seed())
+    return generator
+
+
+def batch_share(curve: Any, rows: int, width: int) -> int:
+    """Draft tokens each of `width` sequences may verify in one batched step of at most `rows` rows: as many as
+    keep the forward within BATCH_DRAFT_COST times the cost of their roots alone on this machine's cost curve (in
+    a batch, drafts spend the rows that make batching pay)."""
+    most = rows // width - 1
+    limit = curve(width) * BATCH_DRAFT_COST
+    fitting = max([size for size in range(width, rows + 1) if curve(size) <= limit], default=width)
+    return max(0, min(most, fitting // width - 1))

@@ -8,15 +8,20 @@ Pure functions over token lists and probability tensors, callable from tests wit
   with probability p_target(x), on rejection draw from p_target with x removed.
 Each rule commits between 1 and len(draft)+1 tokens, and the committed sequence is distributed exactly as
 plain decoding's (greedy: identical). Token trees reuse these rules node by node (tree verification).
+`accept_draft` picks the rule for a step's draft and settings (the engine's accept stage).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
-from .sampling import sample
+from .sampling import sample, warp_probs
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .draft import Draft
+    from .generation_config import GenerationConfig
 
 
 def greedy_accept(draft_tokens: Sequence[int], target_argmax: Sequence[int]) -> int:
@@ -119,3 +124,23 @@ def speculative_accept_tree(
             if float(p_residual.sum()) <= 0:
                 p_residual = p_target[node + 1]
             return path, sample(p_residual / p_residual.sum(), generator)
+
+
+def accept_draft(draft: "Draft", logits: torch.Tensor, config: "GenerationConfig", generator: Optional[torch.Generator],
+                 argmax: Optional[list[int]] = None) -> tuple[list[int], int]:
+    """A verify step's rule: (accepted node indices, the target's own token) for a chain or a tree, greedy or by
+    speculative sampling, from the verified rows' logits [k+1, vocab]; greedy, `argmax` is the logits' argmax per
+    row when already read."""
+    if config.greedy:
+        target_argmax = argmax if argmax is not None else logits.argmax(dim=-1).tolist()  # [k+1]
+        if draft.parents is None:  # a chain
+            path = list(range(greedy_accept(draft.tokens, target_argmax)))
+        else:
+            path = greedy_accept_tree(draft.tokens, draft.parents, target_argmax)
+        return path, target_argmax[path[-1] + 1 if path else 0]
+    p_target = warp_probs(logits, config.temperature, config.top_k, config.top_p, config.min_p)  # [k+1, vocab]
+    if draft.parents is not None:  # a tree
+        return speculative_accept_tree(draft.tokens, draft.parents, p_target, generator)
+    p_draft = None if draft.p_draft is None else draft.p_draft.to(p_target.device, torch.float32)
+    accepted, target_token = speculative_accept(draft.tokens, p_target, p_draft, generator)
+    return list(range(accepted)), target_token

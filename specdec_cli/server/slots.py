@@ -1,8 +1,8 @@
 """Several requests answered together (`specdec serve --parallel N`), each answer exactly what it would be alone.
 
 The worker's thread runs this loop instead of answering one job at a time: waiting jobs take free slots (each
-prompt computed alone, in the forward's row-invariant blocks, as the engine computes any prompt), then every
-open answer advances one step in one forward (decoding/batch.py: each sequence's rows attend over its own KV
+prompt computed a piece a step in the rows the open answers leave, so a new prompt never stops them: batch.py),
+then every open answer advances one step in one forward (decoding/batch.py: each sequence's rows attend over its own KV
 cache only, and no row's bits depend on the others), then answers that ended leave and their slots take the next
 jobs. A client that goes away frees its slot before the next step; a stopping server cuts every open answer
 with an error event, as one answered alone. Each slot keeps a drafter of its own (drafters keep state between

@@ -170,8 +170,9 @@ class ChatSession:
 
     def start_in(self, batch: Any, prompt_ids: list[int], config: GenerationConfig, drafter: Any,
                  on_event: Optional[EventCallback] = None, cached: bool = True) -> Any:
-        """`generate`, begun inside a batch (decoding/batch.py) with a drafter of its own: the prompt computed now
-        (whole, and its context not kept, without `cached`), the answer stepped with the batch's others;
+        """`generate`, begun inside a batch (decoding/batch.py) with a drafter of its own: the prompt computed in
+        the batch's next steps (whole, and its context not kept, without `cached`), the answer stepped with the
+        batch's others;
         `finish_in` ends it."""
         config = replace(config, eos_token_ids=self.info.eos_token_ids)
         return batch.add(prompt_ids, drafter, config, on_event, self.prompt_cache if cached else None)

@@ -318,7 +318,7 @@ class NativeDecoder:
         keep = rows if not logits_to_keep else min(int(logits_to_keep), rows)
         part = Part(input_ids[0], position_ids[0], past_key_values, attention_mask)
         captured: dict[int, torch.Tensor] = {layer: torch.empty(0) for layer in hidden_layers}
-        logits, final = self._forward([part], keep, captured)
+        logits, final = self._forward([part], [keep], captured)
         hidden_states = None
         if output_hidden_states:
             states: list[Optional[torch.Tensor]] = [None] * len(self.layers) + [final.unsqueeze(0)]
@@ -327,23 +327,26 @@ class NativeDecoder:
             hidden_states = tuple(states)
         return SimpleNamespace(logits=logits.unsqueeze(0), hidden_states=hidden_states)
 
-    def many(self, parts: "list[Part]") -> tuple[torch.Tensor, torch.Tensor]:
-        """One forward over several sequences' blocks, each after its own cache: every row's logits [n, vocab] and
-        final normed states [n, hidden], the parts' rows in order. Each part's rows attend over its own cache
-        only, and every other step is row-invariant, so a part's rows are the bits a forward of that part alone
-        computes (tests/specdec_cli/decoding/test_plain_many.py). Blocks up to ROW_INVARIANT_ROWS rows in all; a
-        longer prompt is computed alone (`__call__`)."""
-        if sum(int(part.input_ids.shape[0]) for part in parts) > ROW_INVARIANT_ROWS:
+    def many(self, parts: "list[Part]", keep: Optional[Sequence[int]] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward over several sequences' blocks, each after its own cache: the logits of each part's last
+        `keep[i]` rows (default: all its rows) [sum of keep, vocab], parts in order, and every row's final normed
+        states [n, hidden]. Each part's rows attend over its own cache only, and every other step is row-invariant,
+        so a part's rows are the bits a forward of that part alone computes (tests/specdec_cli/decoding/
+        test_plain_many.py). Blocks up to ROW_INVARIANT_ROWS rows in all; a longer prompt is computed alone
+        (`__call__`)."""
+        sizes = [int(part.input_ids.shape[0]) for part in parts]
+        if sum(sizes) > ROW_INVARIANT_ROWS:
             raise ValueError(f"a forward over several sequences takes at most {ROW_INVARIANT_ROWS} rows in all")
-        return self._forward(parts, 0)
+        if keep is not None and (len(keep) != len(parts) or any(not 0 <= k <= n for k, n in zip(keep, sizes))):
+            raise ValueError("keep needs one count per part, each within its part's rows")
+        return self._forward(parts, list(sizes if keep is None else keep))
 
-    def _forward(self, parts: "list[Part]", keep: int,
+    def _forward(self, parts: "list[Part]", keep: list[int],
                  captured: Optional[dict[int, torch.Tensor]] = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer loop over every part's rows: logits of the last `keep` rows (0: all) and the final states;
+        """The layer loop over every part's rows: logits of each part's last `keep[i]` rows and the final states;
         `captured`'s keys name layers whose entering residual stream [n, hidden] is copied into it."""
         sizes = [int(part.input_ids.shape[0]) for part in parts]
         rows = sum(sizes)
-        keep = keep or rows
         ranges = [(sum(sizes[:index]), sum(sizes[: index + 1])) for index in range(len(parts))]
         ids = parts[0].input_ids if len(parts) == 1 else torch.cat([part.input_ids for part in parts])  # [n]
         position_ids = parts[0].position_ids if len(parts) == 1 else torch.cat([part.position_ids for part in parts])
@@ -397,8 +400,15 @@ class NativeDecoder:
             step.act()  # act = SiLU or GeLU-tanh(gate) * up
             step.down()  # residual += act @ down (gemma2/3: its post-norm first)
         final = kernels.rms_norm(residual, self.final_norm, self.final_eps)  # [n, hidden]
-        logits = torch.empty(keep, self.vocab, dtype=torch.float32)
-        bind_matmul(kernels.Rows(final[rows - keep :]), self.head, kernels.Rows(logits))()
+        if keep == sizes:
+            read = final  # every row's logits
+        elif len(parts) == 1:
+            read = final[rows - keep[0] :]
+        else:  # each part's last rows, gathered (row-invariant: a row's logits are the same bits read alone)
+            read = final[torch.cat([torch.arange(stop - kept, stop) for (_, stop), kept in zip(ranges, keep)])]
+        logits = torch.empty(int(read.shape[0]), self.vocab, dtype=torch.float32)  # [kept rows, vocab]
+        if read.shape[0]:
+            bind_matmul(kernels.Rows(read.contiguous()), self.head, kernels.Rows(logits))()
         if self.final_cap is not None:  # gemma2: cap * tanh(logits / cap), every element by one formula
             kernels.soft_cap_(logits, float(self.final_cap))
         return logits, final  # [keep, vocab], [n, hidden]

@@ -101,17 +101,20 @@ class NativeForward(_OwnKernels, ModelForward):
     def layer_states(self, layers: Sequence[int]) -> dict:
         return {"hidden_layers": tuple(layers)}
 
-    def many(self, blocks: Sequence[tuple[Sequence[int], Any, int]]) -> list[Scores]:
-        """One forward over several sequences' chains, each (token ids, its cache, the tokens it holds): per
-        block, its rows' logits [n, vocab] and features [n, hidden], the bits a forward of that block alone gives
-        (native.py `many`). At most ROW_INVARIANT_ROWS rows in all."""
+    def many(self, blocks: Sequence[tuple[Sequence[int], Any, int]],
+             keep: Optional[Sequence[int]] = None) -> list[Scores]:
+        """One forward over several sequences' blocks, each (token ids, its cache, the tokens it holds): per
+        block, the logits of its last `keep[i]` rows (default: all) [keep[i], vocab] and its rows' features [n,
+        hidden], the bits a forward of that block alone gives (native.py `many`). At most ROW_INVARIANT_ROWS rows
+        in all."""
         parts = [Part(torch.tensor(list(tokens)), torch.arange(start, start + len(tokens)), cache)
                  for tokens, cache, start in blocks]
-        logits, features = self.decoder.many(parts)  # [n, vocab], [n, hidden]
-        scores, first = [], 0
-        for tokens, _, _ in blocks:
-            scores.append(Scores(logits[first : first + len(tokens)], features[first : first + len(tokens)]))
-            first += len(tokens)
+        kept = [len(tokens) for tokens, _, _ in blocks] if keep is None else list(keep)
+        logits, features = self.decoder.many(parts, kept)  # [sum of kept, vocab], [n, hidden]
+        scores, first, row = [], 0, 0
+        for (tokens, _, _), count in zip(blocks, kept):
+            scores.append(Scores(logits[first : first + count], features[row : row + len(tokens)]))
+            first, row = first + count, row + len(tokens)
         return scores
 
     def prepare(self, budget: int) -> Optional[int]:

@@ -80,8 +80,10 @@ class VerifyForward(Protocol):
 class ManyForward(VerifyForward, Protocol):
     """A forward that also scores several sequences' chains in one call (the native decoder's, exact_setup.py)."""
 
-    def many(self, blocks: Sequence[tuple[Sequence[int], Any, int]]) -> list[Scores]:
-        """Per (token ids, cache, tokens it holds), that block's Scores, as a forward of it alone computes them."""
+    def many(self, blocks: Sequence[tuple[Sequence[int], Any, int]],
+             keep: Optional[Sequence[int]] = None) -> list[Scores]:
+        """Per (token ids, cache, tokens it holds), that block's Scores, as a forward of it alone computes them:
+        the logits of its last `keep[i]` rows (default: all), every row's features."""
 
 
 class ModelForward:

@@ -127,3 +127,66 @@ def test_a_batch_of_one_and_a_forward_that_cannot_batch_step_alone(tiny_llama):
              enumerate(PROMPTS[:3])}
     answers, _, _ = _batched(engine, "pld", _config(), schedule=[(0, 0), (0, 1), (1, 2)])
     assert answers == plain
+
+
+def _counting_many(engine):
+    """Record each batched forward's blocks (token counts) and kept logits rows."""
+    calls, many = [], engine.forward.many
+
+    def counted(blocks, keep=None):
+        calls.append(([len(tokens) for tokens, _, _ in blocks], list(keep) if keep is not None else None))
+        return many(blocks, keep)
+
+    engine.forward.many = counted
+    return calls
+
+
+def test_a_new_prompt_is_computed_in_pieces_beside_the_others(block_model):
+    """A prompt joining a batch never stops the others: each step computes a piece of it in the rows the others
+    leave (no logits but its last row's), its first token comes with its last piece, and every answer is its
+    answer alone."""
+    engine = fixed_engine(block_model)
+    long_prompt = [1, *[(3 * position) % 50 + 2 for position in range(70)]]  # longer than a forward's rows
+    plain = {0: engine.generate(PROMPTS[0], _drafter("none"), _config()).tokens,
+             1: engine.generate(long_prompt, _drafter("none"), _config()).tokens}
+    rows = engine.forward.rows
+    calls = _counting_many(engine)
+    batch = Batch(engine)
+    first = batch.add(PROMPTS[0], _drafter("none"), _config())
+    batch.step()  # its prompt
+    batch.step()  # its first step
+    second = batch.add(long_prompt, _drafter("none"), _config())
+    assert second.computed == 0 and not second.new_tokens  # nothing computed at once
+    steps_before, calls_before = len(first.new_tokens), len(calls)
+    while second.computed is not None:
+        batch.step()
+    pieces = calls[calls_before:]
+    assert all(sizes[0] == 1 and sum(sizes) <= rows for sizes, _ in pieces)  # beside the first sequence's step
+    assert sum(sizes[1] for sizes, _ in pieces) == len(long_prompt)
+    assert [keep[1] for _, keep in pieces] == [0] * (len(pieces) - 1) + [1]
+    assert len(pieces) >= 2 and len(first.new_tokens) - steps_before == len(pieces)  # it went on meanwhile
+    answers = {}
+    while len(batch):
+        for run in batch.step():
+            answers[0 if run is first else 1] = batch.close(run).tokens
+    assert answers == plain
+
+
+def test_prompts_are_computed_alone_when_the_others_fill_the_forward(block_model):
+    """With as many sequences as a forward has rows, a new prompt cannot wait for room: it is computed whole."""
+    engine = fixed_engine(block_model)
+    plain = engine.generate(PROMPTS[1], _drafter("none"), _config(max_new_tokens=4)).tokens
+    batch, config = Batch(engine), _config(max_new_tokens=60, eos_token_ids=())
+    for index in range(engine.forward.rows):
+        batch.add(PROMPTS[index % len(PROMPTS)], _drafter("none"), config)
+    while batch.prompts:
+        batch.step()  # the prompts computed, several a forward
+    assert len(batch.runs) == engine.forward.rows
+    late = batch.add(PROMPTS[1], _drafter("none"), _config(max_new_tokens=4))
+    batch.step()
+    assert late.computed is None and late.new_tokens
+    batch.drop(late)
+    pending = batch.add(PROMPTS[2], _drafter("none"), _config())
+    batch.drop(pending)  # a waiting prompt dropped leaves at once
+    assert all(run is not pending for run in [*batch.runs, *batch.prompts])
+    assert engine.generate(PROMPTS[1], _drafter("none"), _config(max_new_tokens=4)).tokens == plain
