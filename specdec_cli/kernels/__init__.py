@@ -268,21 +268,24 @@ class BoundAttention:
     def __init__(self, kernel: Any, rows: int, before: tuple, after: tuple):
         self.kernel, self.rows, self.before, self.after = kernel, rows, before, after
 
-    def arguments(self, positions: KeyPositions) -> tuple:
-        if type(positions) is not KeyPositions or positions.rows != self.rows:
-            raise refuse("attention", f"positions must be KeyPositions of {self.rows} rows")
-        return (*self.before, *positions._addresses, *self.after)
+    def arguments(self, positions: KeyPositions, first: int = 0) -> tuple:
+        """The kernel's arguments for query and out rows first .. first + positions.rows - 1 (default: all)."""
+        if type(positions) is not KeyPositions or first < 0 or first + positions.rows > self.rows:
+            raise refuse("attention", f"positions must be KeyPositions of rows from `first` within {self.rows}")
+        before, after = self.before, self.after  # the rows from `first`: query's and out's addresses moved on
+        return (positions.rows, *before[1:4], before[4] + 4 * first * before[5], *before[5:], *positions._addresses,
+                after[0], after[1] + 4 * first * after[2], *after[2:])
 
-    def __call__(self, positions: KeyPositions) -> None:
-        self.kernel.attention(*self.arguments(positions))
+    def __call__(self, positions: KeyPositions, first: int = 0) -> None:
+        self.kernel.attention(*self.arguments(positions, first))
 
 
-def attention_many(calls: Sequence[tuple[BoundAttention, KeyPositions]]) -> None:
-    """Several bound attention calls (`bind_attention`'s, each with its rows' KeyPositions: a batched step's
-    sequences, each over its own cache), each computed as it is alone, so with the same bits; their work goes to the
-    kernels' threads in one call (a one-row attention is a few microseconds; a call of the pool for each was half of
-    it). Positions are read now: the KeyPositions must stay alive until this returns."""
-    _require().attention_many(tuple(attend.arguments(positions) for attend, positions in calls))
+def attention_many(calls: Sequence[tuple[BoundAttention, KeyPositions, int]]) -> None:
+    """Bound attention calls (`bind_attention`'s, each with its rows' KeyPositions and first query row: a batched
+    step's sequences, each over its own cache), each computed as alone (the same bits), their work given to the
+    kernels' threads in one call (a call of the pool each was half a one-row attention's time). Positions are read
+    now: the KeyPositions must stay alive until this returns."""
+    _require().attention_many(tuple(attend.arguments(positions, first) for attend, positions, first in calls))
 
 
 def rms_norm(x: "torch.Tensor | Rows", weight: "torch.Tensor | Dense", eps: float,
@@ -349,29 +352,26 @@ def bind_rope(x: "torch.Tensor | Rows", heads: int, head_dim: int, positions: "t
 
 
 def store_rows(rows: "torch.Tensor | Rows", cache: torch.Tensor, start: int) -> None:
-    """Copy each row of rows [n, heads * dim] (float32, rows may be strided: k's or v's columns of fused q/k/v
-    rows) into a KV cache buffer [(1,) heads, capacity, dim] at positions start .. start + n - 1."""
+    """Rows [n, heads * dim] (float32, strided: k's or v's of q|k|v) into a cache [(1,) heads, capacity, dim]."""
     bind_store_rows(rows, cache)(start)
 
 
-def bind_store_rows(rows: "torch.Tensor | Rows", cache: torch.Tensor) -> Callable[[int], None]:
-    """store_rows's call on these buffers, checked now (as bind_matmul): calling it with `start` copies what the
-    rows hold then, start checked to lie within the cache."""
-    kernel = _require()
-    rows = as_rows(rows, "store_rows", "rows")
-    shape, strides = cache.shape, cache.stride()
+def bind_store_rows(rows: "torch.Tensor | Rows", cache: torch.Tensor) -> Callable[..., None]:
+    """store_rows's call on these buffers, checked now (as bind_matmul): `store(start, first=0, count=all)` copies
+    what rows first .. first + count - 1 hold then to positions start .., checked to lie within both."""
+    kernel, rows, shape, strides = _require(), as_rows(rows, "store_rows", "rows"), cache.shape, cache.stride()
     if (cache.dtype is not F32 or not cache.is_cpu or strides[-1] != 1 or shape[-3] * shape[-1] != rows.width or
             not (len(shape) == 3 or (len(shape) == 4 and shape[0] == 1))):
         raise refuse("store_rows", "cache must be a float32 CPU buffer [(1,) heads, capacity, dim] for rows of "
                       f"{rows.width}", cache)
-    count, capacity = rows.rows, shape[-2]
-    call = functools.partial(kernel.store_rows, rows.address, count, rows.row_stride, shape[-3], shape[-1],
-                             cache.data_ptr(), strides[-3], strides[-2])
+    held, capacity, address, row_stride = rows.rows, shape[-2], rows.address, rows.row_stride
+    store_rows, after = kernel.store_rows, (row_stride, shape[-3], shape[-1], cache.data_ptr(), *strides[-3:-1])
 
-    def store(start: int) -> None:
-        if start < 0 or start + count > capacity:
-            raise refuse("store_rows", f"positions {start}..{start + count - 1} past the cache's {capacity}")
-        call(int(start))
+    def store(start: int, first: int = 0, count: Optional[int] = None) -> None:
+        count = held - first if count is None else count
+        if first < 0 or count < 0 or first + count > held or start < 0 or start + count > capacity:
+            raise refuse("store_rows", f"{count} rows from {first} of {held} past them or the cache's {capacity}")
+        store_rows(address + 4 * first * row_stride, count, *after, int(start))
 
     return store
 

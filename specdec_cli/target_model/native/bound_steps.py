@@ -24,7 +24,7 @@ from ... import kernels
 # ms); with 8 kept, a run's prompt tails, probes and steps evicted each other, so a probe of 2 or 3 rows was timed
 # binding, and the verify-cost curve's measurement (13 counts in turn) timed binding at every count.
 BOUND_ROW_COUNTS = 48
-BOUND_RANGES = 64  # per layer and row count, the (first, stop) row ranges whose cache calls are kept bound
+BOUND_CACHES = 64  # per layer and row count, the caches whose calls are kept bound (the oldest out first)
 
 
 def buffers_of(decoder: Any, rows: int) -> SimpleNamespace:
@@ -45,7 +45,7 @@ def buffers_of(decoder: Any, rows: int) -> SimpleNamespace:
 def layer_steps(decoder: Any, rows: int) -> tuple[SimpleNamespace, list[SimpleNamespace]]:
     """An n-row forward's buffers, and per layer its norms, projections and activation as calls bound to them
     (checked once: a decoding step then calls them with no checks to repeat; its cache calls are bound on first
-    use, per row range, `bind_cache`). Kept per row count (BOUND_ROW_COUNTS of them) until a buffer is made again
+    use, per cache, `bind_cache`). Kept per row count (BOUND_ROW_COUNTS of them) until a buffer is made again
     (NativeDecoder._rows), which drops them all."""
     bound = decoder._bound.pop(rows, None)
     if bound is not None:
@@ -73,24 +73,27 @@ def layer_steps(decoder: Any, rows: int) -> tuple[SimpleNamespace, list[SimpleNa
     return buffers, steps
 
 
-def bind_cache(decoder: Any, step: SimpleNamespace, buffers: SimpleNamespace, layer: Any, cache: Any, first: int,
-               stop: int) -> SimpleNamespace:
-    """The cache calls of the block's rows first..stop-1 (one sequence's, in a forward over several: native.py
-    `many`): storing their keys and values in `cache`'s buffers and their attention over them. Bound once and kept
-    in the step by row range, known by weak references to the buffers, so a cache dropped or grown (or another
-    sequence's at that range) is bound again and never kept alive."""
+def bind_cache(decoder: Any, step: SimpleNamespace, buffers: SimpleNamespace, layer: Any,
+               cache: Any) -> SimpleNamespace:
+    """The cache calls of the block's rows into `cache` (one sequence's, in a forward over several: native.py
+    `many`): storing their keys and values in its buffers and their attention over them, each called with the first
+    of the sequence's rows in the block (`store_keys(position, first, count)`, `attend(keys, first)`). Bound once
+    per cache and kept in the step, known by weak references to the buffers, so a cache dropped or grown is bound
+    again and never kept alive; the row range is an argument, not a binding (in a batch, drafts of varying lengths
+    move a sequence's rows from step to step: bound per range, 4 sequences of the default model spent 1.6 ms a step
+    binding again)."""
     keys, values = cache.key_buffer, cache.value_buffer  # [1, kv_heads, capacity, head_dim]
-    calls = step.cache_calls.get((first, stop))
+    calls = step.cache_calls.get(id(keys))
     if calls is not None and calls.keys() is keys and calls.values() is values:
         return calls
-    if len(step.cache_calls) >= BOUND_RANGES:
-        step.cache_calls.clear()
-    rows = stop - first
-    query = buffers.q_part.tensor[first:stop].view(rows, decoder.heads, decoder.head_dim)  # [n, heads, head_dim]
-    attended = buffers.attended.tensor[first:stop].view(rows, decoder.heads, decoder.head_dim)
-    calls = step.cache_calls[(first, stop)] = SimpleNamespace(
-        store_keys=kernels.bind_store_rows(kernels.Rows(buffers.new_keys.tensor[first:stop]), keys),
-        store_values=kernels.bind_store_rows(kernels.Rows(buffers.new_values.tensor[first:stop]), values),
+    if len(step.cache_calls) >= BOUND_CACHES:
+        del step.cache_calls[next(iter(step.cache_calls))]  # the oldest bound
+    rows = buffers.q_part.rows
+    query = buffers.q_part.tensor.view(rows, decoder.heads, decoder.head_dim)  # [n, heads, head_dim]
+    attended = buffers.attended.tensor.view(rows, decoder.heads, decoder.head_dim)
+    calls = step.cache_calls[id(keys)] = SimpleNamespace(
+        store_keys=kernels.bind_store_rows(buffers.new_keys, keys),
+        store_values=kernels.bind_store_rows(buffers.new_values, values),
         attend=kernels.bind_attention(query, keys, values, layer.scaling, float(decoder.attn_cap or 0.0), attended),
         keys=weakref.ref(keys), values=weakref.ref(values))
     return calls

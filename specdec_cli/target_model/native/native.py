@@ -381,17 +381,17 @@ class NativeDecoder:
             attending = []  # (bound call, key positions) of each part: several parts' in one call of the kernels
             for part, (first, stop), past, keys_by_kind in zip(parts, ranges, pasts, keys_by_part):
                 cache = part.cache.native_layer(index, self.kv_heads, self.head_dim, stop - first)
-                calls = bind_cache(self, step, buffers, layer, cache, first, stop)  # bound once per range and cache
-                calls.store_keys(past)  # the part's keys and values at positions past .. past + n - 1
-                calls.store_values(past)
+                calls = bind_cache(self, step, buffers, layer, cache)  # bound once per cache
+                calls.store_keys(past, first, stop - first)  # the part's keys and values at positions past ..
+                calls.store_values(past, first, stop - first)  # past + n - 1
                 cache.advance(stop - first)
                 if keys_by_kind is None:  # a prompt: torch's attention over the whole causal block
                     self._prompt_attention(qkv.tensor, cache.key_buffer, cache.value_buffer, rows, layer,
                                            self._windows()[layer.kind], buffers.attended.tensor)
                 else:  # soft-capped scores (gemma2) in the kernel too
-                    attending.append((calls.attend, keys_by_kind[layer.kind].positions))
+                    attending.append((calls.attend, keys_by_kind[layer.kind].positions, first))
             if len(attending) == 1:
-                attending[0][0](attending[0][1])  # attended = each row over its own keys
+                attending[0][0](attending[0][1], attending[0][2])  # attended = each row over its own keys
             elif attending:
                 kernels.attention_many(attending)  # each part's rows as they are alone, in one call
             step.attn_out()  # residual += attended @ o (gemma2/3: its post-norm first)

@@ -179,12 +179,41 @@ def test_several_attention_calls_at_once_give_each_calls_own_bits(path):
         positions = _key_positions([(0, cached + row + 1) for row in range(rows)], extras)
         expected.append(kernels.attention(query, keys, values, positions, dim ** -0.5))
         outs.append(torch.full_like(query, float("nan")))
-        calls.append((kernels.bind_attention(query, keys, values, dim ** -0.5, 0.0, outs[-1]), positions))
+        calls.append((kernels.bind_attention(query, keys, values, dim ** -0.5, 0.0, outs[-1]), positions, 0))
         held.append((query, keys, values))
     kernels.attention_many(calls[:4])  # head sizes the vector steps take: one call of the pool
     kernels.attention_many(calls[2:])  # with one they do not take: each call alone (the first again: the same)
     for out, alone in zip(outs, expected):
         assert torch.equal(out, alone)
+
+
+def test_bound_cache_calls_take_any_rows_of_their_buffers():
+    """A batched step's sequence moves within the forward's rows from step to step (its neighbours' drafts): calls
+    bound once to the whole buffers, given the sequence's first row, store and attend exactly as calls bound to its
+    rows alone; rows outside the bound buffers are refused."""
+    generator = torch.Generator().manual_seed(21)
+    heads, kv_heads, dim, cached = 6, 2, 64, 40
+    new_keys = torch.randn(8, kv_heads * dim, generator=generator)
+    query = torch.randn(8, heads, dim, generator=generator)
+    for first, count in [(0, 8), (3, 2), (7, 1)]:
+        whole_cache, alone_cache = (torch.zeros(1, kv_heads, 64, dim) for _ in range(2))
+        kernels.bind_store_rows(new_keys, whole_cache)(cached, first, count)
+        kernels.bind_store_rows(new_keys[first : first + count], alone_cache)(cached)
+        assert torch.equal(whole_cache, alone_cache)
+        keys, values = torch.randn(kv_heads, 64, dim, generator=generator), torch.randn(kv_heads, 64, dim,
+                                                                                        generator=generator)
+        positions = _key_positions([(0, cached + row + 1) for row in range(count)], [[] for _ in range(count)])
+        whole_out, alone_out = torch.full_like(query, float("nan")), torch.full((count, heads, dim), float("nan"))
+        kernels.bind_attention(query, keys, values, dim ** -0.5, 0.0, whole_out)(positions, first)
+        alone_query = query[first : first + count].clone()  # (a bound call holds addresses: kept alive here)
+        kernels.bind_attention(alone_query, keys, values, dim ** -0.5, 0.0, alone_out)(positions)
+        assert torch.equal(whole_out[first : first + count], alone_out)
+        assert torch.isnan(whole_out[:first]).all() and torch.isnan(whole_out[first + count :]).all()
+    with pytest.raises(ValueError):
+        kernels.bind_store_rows(new_keys, whole_cache)(0, 7, 2)
+    with pytest.raises(ValueError):
+        kernels.bind_attention(query, keys, values, 1.0, 0.0, whole_out)(_key_positions([(0, 1), (0, 2)], [[], []]),
+                                                                          7)
 
 
 @pytest.mark.parametrize("path", kernels.isas())
