@@ -26,6 +26,7 @@ from ..target_model.verify.check_outcome import CheckOutcome
 from ..target_model.verify.forward import ManyForward, VerifyForward
 from ..target_model.verify.rollback import keep_accepted
 from ..target_model.verify.tree_check import check_trees
+from .batch_share import BatchShares, batch_share
 from .cost_curve import CostCurve
 from .curve_store import CurveStore
 from .draft import Draft, Drafter, FinishReason, StepEvent
@@ -38,7 +39,6 @@ from .stats import GenerationStats, summarize
 from .step_parts import (
     SCORED_TOPK,
     allowed_only,
-    batch_share,
     choose,
     first_branch,
     generator_for,
@@ -117,6 +117,7 @@ class Engine:
         self.planner = planner or DraftPlanner(self.curves.load_or_measure)
         self.tree_outcome = CheckOutcome("not checked")  # passed, failed or chains only once a tree was drafted
         self._many_of: tuple[Any, bool] = (None, False)  # (forward, whether it scores several sequences at once)
+        self.batch_shares = BatchShares()  # whether drafts pay in this session's batched steps
 
     # -- the loop ------------------------------------------------------------------------------------------
 
@@ -210,8 +211,9 @@ class Engine:
             return
         # rows for the prompts' pieces: at least half of what the sequences' newest tokens leave
         reserve = min(max(1, (rows - len(runs)) // 2), sum(len(run.context) - (run.computed or 0) for run in prompts))
-        share = batch_share(self.planner.curve, rows - reserve, len(runs)) if runs and any(
-            run.config.cost_aware for run in runs) else (rows - reserve) // max(1, len(runs)) - 1  # draft tokens each
+        timed = runs and any(run.config.cost_aware for run in runs)
+        share = self.batch_shares.choose(len(runs), batch_share(self.planner.curve, rows - reserve, len(runs))) \
+            if timed else (rows - reserve) // max(1, len(runs)) - 1  # draft tokens each sequence may verify
         # 1. Draft: each sequence's chain, within its share; the prompts' next pieces in the rows left.
         t0 = time.perf_counter()
         drafts = [self._draft(run, share)[0] for run in runs]
@@ -244,6 +246,9 @@ class Engine:
                                draft_seconds=(t1 - t0) / len(runs), verify_seconds=verified / len(runs),
                                finished=run.finish, scored_topk=topk, verify_rows=len(draft) + 1, features=features,
                                logprobs=run.logprobs(score.logits[choosing_rows(path)], committed)))
+        if timed and not pieces:  # (a prompt's piece would be timed too)
+            self.batch_shares.record(len(runs), share > 0, sum(len(run.events[-1].committed) for run in runs),
+                                     time.perf_counter() - t0)
         for (run, _, stop), score in zip(pieces, scores[len(runs) :]):
             run.computed = stop
             if stop == len(run.context):  # the prompt computed: its first token

@@ -1,7 +1,9 @@
 """The parts of one verify step that are pure functions of a draft and the logits: the draft cut to what is
 verified (`trim`, a tree's `first_branch`), the block padded to the forward's row count (`pad_block`), and the
-choices read back from the logits' device in one transfer (`read_back`). The engine (engine.py) runs them in its
-loop; plain_many.py and benchmarks share them. Nothing here runs a model.
+choices read back from the logits' device in one transfer (`read_back`, several sequences' at once: `read_together`),
+the target's own choice from a row (`choose`, under a grammar `allowed_only`) and sampling's seeded source
+(`generator_for`). The engine (engine.py) runs them in its loop; plain_many.py and benchmarks share them. Nothing
+here runs a model.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from .sampling import sample, warp_probs
 from .verify import children_of
 
 SCORED_TOPK = 8  # a drafter that needs scored_topk gets the target's top-8 tokens at every scored position
-BATCH_DRAFT_COST = 1.1  # a batched step's forward may cost this much more than its sequences' roots for drafts
 
 
 def read_back(logits: torch.Tensor, greedy: bool, topk: bool) -> tuple[Optional[list[int]], Optional[list[list[int]]]]:
@@ -117,13 +118,3 @@ def generator_for(config: GenerationConfig) -> Optional[torch.Generator]:
     generator = torch.Generator(device="cpu")
     generator.manual_seed(config.seed if config.seed is not None else torch.seed())
     return generator
-
-
-def batch_share(curve: Any, rows: int, width: int) -> int:
-    """Draft tokens each of `width` sequences may verify in one batched step of at most `rows` rows: as many as
-    keep the forward within BATCH_DRAFT_COST times the cost of their roots alone on this machine's cost curve (in
-    a batch, drafts spend the rows that make batching pay)."""
-    most = rows // width - 1
-    limit = curve(width) * BATCH_DRAFT_COST
-    fitting = max([size for size in range(width, rows + 1) if curve(size) <= limit], default=width)
-    return max(0, min(most, fitting // width - 1))
