@@ -199,8 +199,8 @@ class Engine:
         each row's bits are those of its block alone), and each accepts and commits on its own. So every answer
         is the one it would be alone (greedy: plain decoding's). `prompts` (runs from `begin`, when `batches`)
         fill the rows left with the next pieces of their prompts, in order; a prompt's last piece commits its
-        first token (a prompt's entries are the same bits in any pieces: `prefill`). The step's time is shared:
-        the planner learns acceptance from it, not the cost curve."""
+        first token (a prompt's entries are the same bits in any pieces: `prefill`). The planner learns acceptance
+        from the step, not the cost curve; its speed tells `batch_shares` whether drafts pay in a batch."""
         forward, rows = self.forward, self.forward.rows or 0
         batches = self.batches([*runs, *prompts])
         for run in prompts if not batches or len(runs) >= rows else ():  # no room: each prompt computed alone
@@ -211,7 +211,7 @@ class Engine:
             return
         # rows for the prompts' pieces: at least half of what the sequences' newest tokens leave
         reserve = min(max(1, (rows - len(runs)) // 2), sum(len(run.context) - (run.computed or 0) for run in prompts))
-        timed = runs and any(run.config.cost_aware for run in runs)
+        timed = bool(runs) and any(run.config.cost_aware for run in runs)
         share = self.batch_shares.choose(len(runs), batch_share(self.planner.curve, rows - reserve, len(runs))) \
             if timed else (rows - reserve) // max(1, len(runs)) - 1  # draft tokens each sequence may verify
         # 1. Draft: each sequence's chain, within its share; the prompts' next pieces in the rows left.
