@@ -378,7 +378,7 @@ class NativeDecoder:
                 kernels.rms_norm_heads(new_keys, self.head_dim, layer.k_norm, layer.qk_eps)
             if layer.rope is not None:  # the rotary embedding of q's and k's heads, side by side in each row
                 rotate[id(layer.rope)]()
-            attending = []  # (bound call, key positions) of each part: several parts' in one call of the kernels
+            attending = []  # (bound call, key positions, first row) of each part: several in one call of the kernels
             for part, (first, stop), past, keys_by_kind in zip(parts, ranges, pasts, keys_by_part):
                 cache = part.cache.native_layer(index, self.kv_heads, self.head_dim, stop - first)
                 calls = bind_cache(self, step, buffers, layer, cache)  # bound once per cache
