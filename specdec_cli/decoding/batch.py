@@ -43,7 +43,6 @@ class Batch:
         engine = self.engine
         run = engine.begin(prompt_ids, drafter, config, on_event, prompt_cache)
         if not drafter.needs.features and engine.batches([run]):
-            run.computed = run.cached
             self.prompts.append(run)
             return run
         engine.compute_prompt(run)
@@ -64,9 +63,7 @@ class Batch:
 
     def drop(self, run: "Run") -> None:
         """Take a generation out now (its client went away): it is never stepped again."""
-        for runs in (self.runs, self.prompts):
-            if any(held is run for held in runs):
-                runs[:] = [held for held in runs if held is not run]
+        self.runs, self.prompts = ([held for held in runs if held is not run] for runs in (self.runs, self.prompts))
 
     def close(self, run: "Run") -> "Generation":
         """An ended generation's result (Engine.close: statistics, the prompt cache kept)."""

@@ -85,7 +85,7 @@ class Run:
     finish: Optional[FinishReason] = None
     text_end: Optional[int] = None
     ttft: float = 0.0
-    computed: Optional[int] = None  # while a batch computes the prompt in pieces: its tokens in the cache so far
+    computed: Optional[int] = None  # until the first token: the prompt's tokens in the cache (None after it)
 
     def emit(self, event: StepEvent) -> None:
         self.events.append(event)
@@ -150,7 +150,7 @@ class Engine:
     def compute_prompt(self, run: "Run") -> None:
         """Prefill: the prompt (what the cache does not hold yet) in one go; its last logits give the first token."""
         needs = run.drafter.needs  # what the drafter reads beyond tokens: computed for it alone
-        logits, features = prefill(self.forward, run.context, run.cache, run.computed or run.cached, needs.features,
+        logits, features = prefill(self.forward, run.context, run.cache, run.computed or 0, needs.features,
                                    needs.feature_layers)  # [1, vocab], [prompt, hidden] or None
         self.first_token(run, logits, features)
 
@@ -202,10 +202,10 @@ class Engine:
         first token (a prompt's entries are the same bits in any pieces: `prefill`). The planner learns acceptance
         from the step, not the cost curve; its speed tells `batch_shares` whether drafts pay in a batch."""
         forward, rows = self.forward, self.forward.rows or 0
-        batches = self.batches([*runs, *prompts])
-        for run in prompts if not batches or len(runs) >= rows else ():  # no room: each prompt computed alone
-            self.compute_prompt(run)
-        if not batches or len(runs) >= rows or not prompts and len(runs) == 1:
+        alone = not self.batches([*runs, *prompts]) or len(runs) >= rows  # (or no row left for a prompt's piece)
+        if alone or not prompts and len(runs) == 1:
+            for run in prompts:  # each computed whole
+                self.compute_prompt(run)
             for run in runs:  # one at a time: the forward cannot score several sequences, or a drafter reads layers
                 self.step(run)
             return
@@ -231,13 +231,14 @@ class Engine:
                   zip(runs, drafts)] + [(run.context[start:stop], run.cache, start) for run, start, stop in pieces]
         keep = [len(draft) + 1 for draft in drafts] + [int(stop == len(run.context)) for run, _, stop in pieces]
         scores = cast(ManyForward, forward).many(blocks, keep)
-        verified = time.perf_counter() - t1
+        verified, committed_all = time.perf_counter() - t1, 0
         reads = read_together(runs, scores)
         for run, draft, score, read in zip(runs, drafts, scores, reads):
             # 3. Accept and 4. commit, per sequence; its cache rolled back to its accepted tokens.
             past = len(run.context) - 1
             path, target_token, topk = self._accept_step(run, draft, score.logits, read)
             committed = self._commit(run, [*(draft.tokens[node] for node in path), target_token])
+            committed_all += len(committed)
             keep_accepted(run.cache, past, path, True, len(run.context) - 1)
             self.planner.learn(draft, len(path))
             features = None if score.features is None or not run.drafter.needs.features else \
@@ -247,8 +248,7 @@ class Engine:
                                finished=run.finish, scored_topk=topk, verify_rows=len(draft) + 1, features=features,
                                logprobs=run.logprobs(score.logits[choosing_rows(path)], committed)))
         if timed and not pieces:  # (a prompt's piece would be timed too)
-            self.batch_shares.record(len(runs), share > 0, sum(len(run.events[-1].committed) for run in runs),
-                                     time.perf_counter() - t0)
+            self.batch_shares.record(len(runs), share > 0, committed_all, time.perf_counter() - t0)
         for (run, _, stop), score in zip(pieces, scores[len(runs) :]):
             run.computed = stop
             if stop == len(run.context):  # the prompt computed: its first token
@@ -281,7 +281,7 @@ class Engine:
         constraint = None if config.grammar is None else Constraint(config.grammar, self.tokenizer,
                                                                     config.eos_token_ids)
         return Run(config, drafter, on_event, limit, max_rows, list(prompt_ids), cache, cached, constraint,
-                   generator_for(config), set(config.eos_token_ids), time.perf_counter(), prompt_cache)
+                   generator_for(config), set(config.eos_token_ids), time.perf_counter(), prompt_cache, computed=cached)
 
     def _draft(self, run: "Run", most: Optional[int] = None) -> tuple[Draft, int]:
         """This step's draft, cut to what is verified, and the verify forward's rows; `most`: a batched step's

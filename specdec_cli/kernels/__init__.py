@@ -262,19 +262,20 @@ def bind_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
 
 
 class BoundAttention:
-    """`bind_attention`'s call: with a row's KeyPositions it computes out on what the buffers hold then;
-    `arguments` are the kernel's for those positions (`attention_many` passes several calls' at once)."""
+    """`bind_attention`'s call: with KeyPositions for query rows from `first` (default: all) it computes out on
+    what the buffers hold then; `arguments` are the kernel's for them (`attention_many` passes several at once)."""
 
     def __init__(self, kernel: Any, rows: int, before: tuple, after: tuple):
         self.kernel, self.rows, self.before, self.after = kernel, rows, before, after
 
     def arguments(self, positions: KeyPositions, first: int = 0) -> tuple:
-        """The kernel's arguments for query and out rows first .. first + positions.rows - 1 (default: all)."""
         if type(positions) is not KeyPositions or first < 0 or first + positions.rows > self.rows:
             raise refuse("attention", f"positions must be KeyPositions of rows from `first` within {self.rows}")
-        before, after = self.before, self.after  # the rows from `first`: query's and out's addresses moved on
-        return (positions.rows, *before[1:4], before[4] + 4 * first * before[5], *before[5:], *positions._addresses,
-                after[0], after[1] + 4 * first * after[2], *after[2:])
+        before, after = self.before, self.after
+        if first or positions.rows != self.rows:  # the rows from `first`: query's and out's addresses moved on
+            before = (positions.rows, *before[1:4], before[4] + 4 * first * before[5], *before[5:])
+            after = (after[0], after[1] + 4 * first * after[2], *after[2:])
+        return (*before, *positions._addresses, *after)
 
     def __call__(self, positions: KeyPositions, first: int = 0) -> None:
         self.kernel.attention(*self.arguments(positions, first))
