@@ -58,7 +58,7 @@ def serve_command(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: Optional[int] = typer.Option(None, "--port", help=f"Port to listen on (default {DEFAULT_SERVE_PORT}; {VLLM_SERVE_PORT} with --engine vllm)."),
     queue: int = typer.Option(DEFAULT_SERVE_QUEUE, "--queue", help=f"Requests that may wait behind the one being answered (at most {MAX_SERVE_QUEUE}); more are refused with 429."),
-    parallel: int = typer.Option(DEFAULT_SERVE_PARALLEL, "--parallel", "-np", help="Requests answered together, their steps sharing each forward (at most 8); each answer stays exactly what it would be alone. llama-server's name."),
+    parallel: str = typer.Option(DEFAULT_SERVE_PARALLEL, "--parallel", "-np", help="Requests answered together, their steps sharing each forward (1-8); each answer stays exactly what it would be alone. auto: 4 where one forward scores several answers (block weights), else 1. llama-server's name."),
     max_connections: int = typer.Option(DEFAULT_SERVE_MAX_CONNECTIONS, "--max-connections", help="Connections held at once; more are answered 503 and closed."),
     timeout: float = typer.Option(DEFAULT_SERVE_TIMEOUT, "--timeout", help="Seconds a request's headers may take to arrive, and then as long for its body (slow clients are closed, 408)."),
     cors_origins: Optional[str] = typer.Option(None, "--cors-origins", help="Web origins whose pages may call the server, comma-separated (e.g. http://localhost:3000), or * for any (only on 127.0.0.1 or with a key). Default: none."),
@@ -128,10 +128,11 @@ def _serve_specdec(settings) -> None:
         status.stop()
         say_loaded(loaded)
         session = server.worker.session
+        slots = server.worker.parallel
         err_console().print(f"serving {escape(server.model_name)} with {escape(session.drafter_name)} drafting "
-                            f"(exact verification: {escape(session.engine.forward.outcome.text())}) at "
-                            f"{server.url}/v1 · chat page: {server.url}/ · Ctrl-C stops", highlight=False,
-                            soft_wrap=True)
+                            f"(exact verification: {escape(session.engine.forward.outcome.text())}), "
+                            f"{slots} request{'s' if slots > 1 else ''} at a time, at {server.url}/v1 · chat page: "
+                            f"{server.url}/ · Ctrl-C stops", highlight=False, soft_wrap=True)
 
     try:
         with doing("serving", cache_kept_since()):

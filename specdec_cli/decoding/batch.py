@@ -42,7 +42,7 @@ class Batch:
         cannot be); it steps with the others until it ends."""
         engine = self.engine
         run = engine.begin(prompt_ids, drafter, config, on_event, prompt_cache)
-        if not drafter.needs.features and engine.batches([run]):
+        if not drafter.needs.features and engine.batches([drafter]):
             self.prompts.append(run)
             return run
         engine.compute_prompt(run)

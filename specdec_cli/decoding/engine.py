@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Optional, Sequence, cast
+from typing import Any, Callable, Iterable, Optional, Sequence, cast
 
 import torch
 
@@ -202,7 +202,8 @@ class Engine:
         first token (a prompt's entries are the same bits in any pieces: `prefill`). The planner learns acceptance
         from the step, not the cost curve; its speed tells `batch_shares` whether drafts pay in a batch."""
         forward, rows = self.forward, self.forward.rows or 0
-        alone = not self.batches([*runs, *prompts]) or len(runs) >= rows  # (or no row left for a prompt's piece)
+        together = self.batches(run.drafter for run in (*runs, *prompts))
+        alone = not together or len(runs) >= rows  # (or no row left for a prompt's piece)
         if alone or not prompts and len(runs) == 1:
             for run in prompts:  # each computed whole
                 self.compute_prompt(run)
@@ -254,13 +255,14 @@ class Engine:
             if stop == len(run.context):  # the prompt computed: its first token
                 self.first_token(run, score.logits)
 
-    def batches(self, runs: Sequence["Run"]) -> bool:
-        """Whether one forward can score these sequences together: a forward that scores several (the native
-        decoder's) with row-invariant blocks, and no drafter reading the target's layer states."""
+    def batches(self, drafters: Iterable[Drafter]) -> bool:
+        """Whether one forward can score sequences drafted by these together: a forward that scores several (the
+        native decoder's) with row-invariant blocks, and no drafter reading the target's layer states."""
         forward = self.forward
         if self._many_of[0] is not forward:  # (a Protocol's isinstance is slow: once per forward)
             self._many_of = (forward, isinstance(forward, ManyForward))
-        return self._many_of[1] and bool(forward.rows) and not any(run.drafter.needs.feature_layers for run in runs)
+        return self._many_of[1] and bool(forward.rows) and not any(drafter.needs.feature_layers
+                                                                   for drafter in drafters)
 
     # -- the loop's stages ---------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 
 class ServerMetrics:
     def __init__(self, health: Callable[[], dict]) -> None:
-        """`health`: the worker's {busy, queued, ...}, read for the gauges at each scrape."""
+        """`health`: the worker's {queued, slots, slots_busy, ...}, read for the gauges at each scrape."""
         self.registry = registry = CollectorRegistry(auto_describe=True)
         self.success = Counter(PREFIX + "request_success", "Requests answered, by finish reason.",
                                ["finished_reason"], registry=registry)
@@ -49,8 +49,10 @@ class ServerMetrics:
                                         ["position"], registry=registry)
         running = Gauge(PREFIX + "num_requests_running", "Requests being answered.", registry=registry)
         waiting = Gauge(PREFIX + "num_requests_waiting", "Requests waiting in the queue.", registry=registry)
-        running.set_function(lambda: 1.0 if health()["busy"] else 0.0)
+        slots = Gauge(PREFIX + "num_slots", "Requests answered together at most (--parallel).", registry=registry)
+        running.set_function(lambda: float(health()["slots_busy"]))
         waiting.set_function(lambda: float(health()["queued"]))
+        slots.set_function(lambda: float(health()["slots"]))
 
     def record(self, finish_reason: str, computed_prompt: int, cached_prompt: int, generation: Any) -> None:
         """One answered request: its finish reason (OpenAI's), prompt tokens computed and cached, and the engine's

@@ -35,11 +35,12 @@ class Server:
 
         from .app import build_app
         from .connections import protocol_class
+        from .slots import slots_for
         from .worker import Worker
 
         self.settings = settings
         self.model_name = settings.model_name or model_name
-        self.worker = Worker(session, settings.queue, settings.parallel)
+        self.worker = Worker(session, settings.queue, slots_for(settings.parallel, session))
         self.app = build_app(self.worker, settings, self.model_name)
         # log_config None: uvicorn's records go to the root logger as specdec's own do (the CLI sets its format)
         config = uvicorn.Config(self.app, host=settings.listen.host, port=settings.listen.port, log_level="warning",

@@ -51,7 +51,7 @@ class ServerSettings:
     max_connections: int = DEFAULT_SERVE_MAX_CONNECTIONS  # connections held at once; more are answered 503 and closed
     timeout: float = DEFAULT_SERVE_TIMEOUT  # seconds for a request's headers to arrive, then as long for its body
     cors_origins: tuple[str, ...] = ()  # web origins whose pages may call the server ("*": any); none by default
-    parallel: int = DEFAULT_SERVE_PARALLEL  # requests answered together, their steps in one forward (slots.py)
+    parallel: Optional[int] = None  # requests answered together, their steps in one forward (slots.py); None: auto
 
     def check(self) -> None:
         """Everything checkable before the model loads."""
@@ -59,7 +59,7 @@ class ServerSettings:
         if not 1 <= self.queue <= MAX_SERVE_QUEUE:
             raise SpecdecError(f"queue must be in 1..{MAX_SERVE_QUEUE} (requests waiting behind the one answered), got "
                                f"{self.queue}", setting="queue")
-        if not 1 <= self.parallel <= MAX_PARALLEL:
+        if self.parallel is not None and not 1 <= self.parallel <= MAX_PARALLEL:
             raise SpecdecError(f"parallel must be in 1..{MAX_PARALLEL} (requests answered together), got "
                                f"{self.parallel}", setting="parallel")
         if not 1 <= self.max_connections <= MAX_CONNECTIONS:
@@ -93,6 +93,18 @@ def check_origins(origins: tuple[str, ...], open_to_others: bool) -> None:
                            "--api-key, listen on 127.0.0.1, or name the origins", setting="cors_origins")
 
 
+def parallel_setting(value: str) -> Optional[int]:
+    """`--parallel`'s value: `auto` (None: `slots.slots_for` decides once the model is loaded) or a count."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise SpecdecError(f"parallel must be auto or a count in 1..{MAX_PARALLEL} (requests answered together), got "
+                           f"{value!r}", setting="parallel") from None
+
+
 def memory_default(listen: ListenSettings) -> bool:
     """Whether a server keeps answers when not told: only on this machine without a key (one user, its own)."""
     return listen.loopback and not listen.api_key
@@ -102,7 +114,7 @@ def server_settings(*, queue: int = DEFAULT_SERVE_QUEUE, model_name: Optional[st
                     system: Optional[str] = None, remember: Optional[bool] = None, drafter: Optional[str] = None,
                     host: Optional[str] = None, port: Optional[int] = None, api_key: Optional[str] = None,
                     max_connections: int = DEFAULT_SERVE_MAX_CONNECTIONS, timeout: float = DEFAULT_SERVE_TIMEOUT,
-                    cors_origins: tuple[str, ...] = (), parallel: int = DEFAULT_SERVE_PARALLEL,
+                    cors_origins: tuple[str, ...] = (), parallel: str = DEFAULT_SERVE_PARALLEL,
                     **values: Any) -> ServerSettings:
     """The flags as checked ServerSettings; `values` are named as the run settings' fields (run_settings.py). The
     key, when not given, is SPECDEC_API_KEY's (set but empty: refused); `remember` None: `memory_default`."""
@@ -117,6 +129,6 @@ def server_settings(*, queue: int = DEFAULT_SERVE_QUEUE, model_name: Optional[st
         remember = memory_default(listen)
     settings = ServerSettings(ChatSettings(run, system=system, remember=remember), listen, queue=queue,
                               model_name=model_name, max_connections=max_connections, timeout=timeout,
-                              cors_origins=tuple(cors_origins), parallel=parallel)
+                              cors_origins=tuple(cors_origins), parallel=parallel_setting(parallel))
     settings.check()
     return settings

@@ -6,8 +6,10 @@ then every open answer advances one step in one forward (decoding/batch.py: each
 cache only, and no row's bits depend on the others), then answers that ended leave and their slots take the next
 jobs. A client that goes away frees its slot before the next step; a stopping server cuts every open answer
 with an error event, as one answered alone. Each slot keeps a drafter of its own (drafters keep state between
-steps). The session's prompt cache holds as many contexts as there are slots: a resent conversation takes the
-entries its last turn left, and a new one copies the beginning it shares with another (a system prompt).
+steps); with the answer memory on, one rebuilt from it after each answer takes the next slot that begins, so `sam`
+drafts from what the server answered before. The session's prompt cache holds as many contexts as there are
+slots: a resent conversation takes the entries its last turn left, and a new one copies the beginning it shares
+with another (a system prompt).
 
 What a client receives is built as for a job answered alone (answering.py); what is refused is refused the same
 way (worker.py's `fail`).
@@ -17,12 +19,23 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from ..decoding.batch import Batch
 from ..decoding.prompt_cache import PromptCache
+from ..defaults import AUTO_SERVE_PARALLEL
 from .answering import Answering
 from .jobs import Job
+
+
+def slots_for(parallel: Optional[int], session: Any) -> int:
+    """How many requests the server answers together: `--parallel`'s count, or for `auto` (None) llama-server's 4
+    where one forward scores several answers with the session's drafter (block weights, no drafter reading the
+    target's layer states), else 1: answers stepped one by one gain nothing from sharing a step, and one at a time
+    the first in the queue is answered soonest."""
+    if parallel is not None:
+        return parallel
+    return AUTO_SERVE_PARALLEL if session.engine.batches([session.drafter]) else 1
 
 
 @dataclass
@@ -85,8 +98,7 @@ class Slots:
             prompt_ids = job.prompt_ids if job.prompt_ids is not None else worker.prompt_for(job.request)
             job.send("started")
             slot = _Slot(job, Answering(job, session, len(prompt_ids), worker.offered_format(job.request)),
-                         self.spare_drafters.pop() if self.spare_drafters else session.make_drafter(),
-                         len(prompt_ids), started)
+                         self._drafter(), len(prompt_ids), started)
             self.open.append(slot)
             worker.running.append(job)
             slot.run = session.start_in(self.batch, prompt_ids, job.config, slot.drafter, slot.answering.on_event,
@@ -96,6 +108,15 @@ class Slots:
             return
         if slot.run.finish is not None:
             self._end(slot)
+
+    def _drafter(self) -> Any:
+        """A drafter for a slot that begins: one the worker built from the answer memory since (it drafts from
+        every answer so far; the spares, built before, are dropped), else a spare, else a new one."""
+        fresh, self.worker.fresh = self.worker.fresh, None
+        if fresh is not None:
+            self.spare_drafters.clear()
+            return fresh
+        return self.spare_drafters.pop() if self.spare_drafters else self.session.make_drafter()
 
     def _withdraw_cancelled(self) -> None:
         for slot in [slot for slot in self.open if slot.job.cancelled.is_set()]:
@@ -122,6 +143,8 @@ class Slots:
                                   generation.cached_tokens, generation)
             slot.answering.done(outcome)  # the client has its answer; then it is remembered
             self.session.remember(generation.tokens, list(slot.run.events[0].prompt_tokens))
+            if self.session.memory is not None:
+                worker.build_drafter()  # for the slots that begin next
         except Exception as error:
             self._failed(slot.job, error, slot.started)
             return

@@ -160,7 +160,7 @@ class Worker:
             answering.done(outcome)  # the client has its answer; then it is remembered, for the drafts to come
             session.remember(generation.tokens, prompt_ids)
             if session.memory is not None:
-                self._build_drafter()
+                self.build_drafter()
         except Cancelled:
             self.cancelled(job)
         except Exception as error:
@@ -257,7 +257,7 @@ class Worker:
                            f"{self.context} (prompt and answer together): shorten it", param=_prompt_param(request),
                            code="context_length_exceeded")
 
-    def _build_drafter(self) -> None:
+    def build_drafter(self) -> None:
         """Build a drafter from the memory as it is now, in the background (one build at a time)."""
         if self.building is not None and self.building.is_alive():
             return

@@ -672,6 +672,7 @@ def test_the_default_model_answers_as_the_chat_path(real_target):
     (["--cors-origins", "example.com/x"], "--cors-origins: 'example.com/x' is not an origin"),
     (["--max-num-seqs", "4"], "--max-num-seqs 4"),
     (["--parallel", "9"], "--parallel must be in 1..8"),
+    (["--parallel", "many"], "--parallel must be auto or a count in 1..8"),
     (["--min-match", "2"], "--min-match: only --engine vllm uses it"),
     (["--engine", "vllm", "--queue", "3", "--aux", "pld"], "--aux, --queue: only --engine specdec uses them"),
 ])

@@ -5,6 +5,7 @@ whatever this machine's speed. A client that leaves mid-answer changes no other 
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 from dataclasses import replace
@@ -74,7 +75,7 @@ def _ask_all(server, prompts, stream_each=True) -> dict:
 
 def test_answers_in_parallel_are_the_answers_alone(sessions, monkeypatch):
     alone_session, parallel_session = sessions
-    with serving(alone_session, name="smollm2") as server:
+    with serving(alone_session, name="smollm2", parallel=1) as server:
         client = client_of(server)
         alone = {prompt: client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}])
                  .choices[0].message.content for prompt in PROMPTS}
@@ -94,7 +95,7 @@ def test_answers_in_parallel_are_the_answers_alone(sessions, monkeypatch):
 
 def test_a_client_that_leaves_frees_its_slot_and_changes_no_other_answer(sessions, monkeypatch):
     alone_session, parallel_session = sessions
-    with serving(alone_session, name="smollm2") as server:
+    with serving(alone_session, name="smollm2", parallel=1) as server:
         alone = {prompt: client_of(server).chat.completions.create(
             model="m", messages=[{"role": "user", "content": prompt}]).choices[0].message.content
             for prompt in PROMPTS[:3]}
@@ -135,7 +136,7 @@ def test_each_conversation_goes_back_to_its_own_entries_with_several_slots(sessi
                 histories[name] += [{"role": "assistant", "content": text}, {"role": "user", "content": "Go on."}]
         return answers, cached, prompts
 
-    with serving(alone_session, name="smollm2") as server:
+    with serving(alone_session, name="smollm2", parallel=1) as server:
         alone, _, _ = converse(server)
         kept = [entry.tokens for entry in alone_session.prompt_cache.held]
         status, _, whole = raw_request(server, "POST", "/completion", json.dumps(
@@ -184,3 +185,153 @@ def test_requests_taken_together_begin_with_the_least_to_compute(sessions, monke
             for thread in asked["threads"]:
                 thread.join(HANG_GUARD)
     assert len(begun) == 4 and begun[1:] == sorted(begun[1:]) and begun[1] < begun[2] < begun[3]
+
+
+# -- --parallel auto, and what a one-at-a-time server does, with slots ----------------------------------------------
+
+
+def test_auto_answers_four_together_on_block_weights_and_one_at_a_time_elsewhere(sessions, tiny_model_dir):
+    """`--parallel auto` (the default): llama-server's 4 where one forward scores several answers (the default
+    model's block weights), 1 on a forward that steps answers one by one (transformers' modules) or with a drafter
+    that reads the target's layer states."""
+    from test_server import _chat_settings
+
+    from specdec_cli.server.slots import slots_for
+    from specdec_cli.session.chat import open_session
+
+    _, parallel_session = sessions
+    with serving(parallel_session, name="smollm2") as server:
+        assert health(server)["slots"] == 4
+    assert slots_for(2, parallel_session) == 2
+    assert slots_for(None, open_session(_chat_settings(tiny_model_dir))[0]) == 1
+
+    class ReadsLayers:
+        needs = replace(parallel_session.drafter.needs, feature_layers=(1,))
+
+    assert not parallel_session.engine.batches([ReadsLayers()])
+    assert parallel_session.engine.batches([parallel_session.drafter])
+
+
+COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"  # a text completion that goes on counting (greedy)
+
+
+def raw_text(server, path: str) -> str:
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HANG_GUARD)
+    try:
+        connection.request("GET", path)
+        return connection.getresponse().read().decode()
+    finally:
+        connection.close()
+
+
+def _long(client, tokens: int = 400):
+    """A streamed answer that runs long (the model counts on), open until closed."""
+    return client.completions.create(model="m", prompt=COUNTING, stream=True, max_tokens=tokens)
+
+
+def test_a_failing_batched_step_fails_each_open_answer_with_a_500_and_the_next_is_served(sessions, monkeypatch,
+                                                                                        caplog):
+    from specdec_cli.decoding.batch import Batch
+
+    alone_session, parallel_session = sessions
+    step, calls = Batch.step, []
+
+    def failing_once(self):
+        calls.append(len(self.runs) + len(self.prompts))
+        if len(calls) == 2:
+            raise RuntimeError("the kernels fell over\nsecond line")
+        return step(self)
+
+    gate, _ = _gate(parallel_session, monkeypatch)
+    monkeypatch.setattr(Batch, "step", failing_once)
+    with serving(parallel_session, name="smollm2", parallel=2) as server, \
+            caplog.at_level("ERROR", logger="specdec.server"):
+        failed: list = []
+
+        def ask(prompt):
+            failed.append(raw_request(server, "POST", "/v1/completions", json.dumps(
+                {"prompt": prompt, "max_tokens": 40}).encode()))
+
+        threads = [threading.Thread(target=ask, args=(prompt,)) for prompt in (COUNTING, COUNTING + " 13,")]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: health(server)["queued"] == 1, "both requests to arrive")
+        gate.set()
+        for thread in threads:
+            thread.join(HANG_GUARD)
+        assert [status for status, _, _ in failed] == [500, 500]
+        assert all(answer["error"]["message"] == "generation failed: RuntimeError: the kernels fell over"
+                   for _, _, answer in failed)
+        assert sum(record.exc_info is not None for record in caplog.records) == 2  # each logged in full
+        assert health(server)["slots_busy"] == 0
+        again = client_of(server).chat.completions.create(model="m", messages=[{"role": "user", "content": PROMPTS[2]}])
+    with serving(alone_session, name="smollm2", parallel=1) as server:
+        alone = client_of(server).chat.completions.create(model="m", messages=[{"role": "user", "content": PROMPTS[2]}])
+    assert again.choices[0].message.content == alone.choices[0].message.content
+
+
+def test_full_slots_and_a_full_queue_answer_429_and_a_stop_cuts_every_open_stream(sessions):
+    """Two slots busy and one request waiting (`--queue 1`): the next is refused with 429, and /metrics counts both
+    slots running; stopping the server ends each open stream with an error event (no finish, no [DONE]) and the
+    waiting request gets 503."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _, parallel_session = sessions
+    server_context = serving(parallel_session, name="smollm2", parallel=2, queue=1)
+    server = server_context.__enter__()
+    waiting: list = []
+    try:
+        client = client_of(server)
+        streams = [_long(client) for _ in range(2)]
+        for stream in streams:
+            next(iter(stream))
+        wait_until(lambda: health(server)["slots_busy"] == 2, "both slots to answer")
+        thread = threading.Thread(target=lambda: waiting.append(raw_request(
+            server, "POST", "/v1/chat/completions", json.dumps(
+                {"messages": [{"role": "user", "content": PROMPTS[2]}], "max_tokens": 4}).encode())))
+        thread.start()
+        wait_until(lambda: health(server)["queued"] == 1, "a request to wait")
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": PROMPTS[3]}])
+        assert int(refused.value.response.headers["retry-after"]) >= 1
+        gauges = {sample.name: sample.value for family in text_string_to_metric_families(
+            raw_text(server, "/metrics")) for sample in family.samples if sample.name.startswith("specdec:num_")}
+        assert gauges == {"specdec:num_requests_running": 2, "specdec:num_requests_waiting": 1, "specdec:num_slots": 2}
+    finally:
+        server_context.__exit__(None, None, None)
+    for stream in streams:
+        with pytest.raises(openai.APIError) as cut:
+            for _ in stream:
+                pass
+        assert "server" in str(cut.value).lower()
+    thread.join(HANG_GUARD)
+    status, _, answer = waiting[0]
+    assert status == 503 and answer["error"]["code"] == "server_shutdown"
+
+
+def test_sam_drafts_from_what_a_server_with_slots_answered(real_target, tmp_path):
+    """With the answer memory on, each answer a slot finishes is remembered and a drafter rebuilt from the memory
+    takes the next slot that begins: the same question asked again is drafted from the remembered answer."""
+    from specdec_cli.decoding.generation_config import GenerationConfig
+    from specdec_cli.drafters import target_info
+    from specdec_cli.session.chat import ChatSession
+    from specdec_cli.texts.memory import Memory
+
+    loaded = real_target("float32", "auto")
+    info = target_info(loaded.model, loaded.tokenizer)
+    memory = Memory(tmp_path / "memory", info.fingerprint, "smollm2", cap=100_000)
+    settings = _sam_settings(GenerationConfig(max_new_tokens=24))
+    drafter = settings.run.drafter
+    settings = replace(settings, run=replace(settings.run, drafter=replace(
+        drafter, options=replace(drafter.options, memory=str(memory.directory)))))
+    session = ChatSession(loaded.model, loaded.tokenizer, settings, memory, info)
+    question = [{"role": "user", "content": "Tell me a story about a fox."}]
+    with serving(session, name="smollm2") as server:
+        assert health(server)["slots"] == 4
+        client = client_of(server)
+        first = client.chat.completions.create(model="m", messages=question, extra_body={"cache_prompt": False})
+        wait_until(lambda: memory.recall().tokens >= first.usage.completion_tokens, "the answer to be remembered")
+        wait_until(lambda: server.worker.fresh is not None, "a drafter to be rebuilt from the memory")
+        again = client.chat.completions.create(model="m", messages=question, extra_body={"cache_prompt": False})
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert again.model_extra["timings"]["draft_sources"].get("sam-memory", 0) > 0
