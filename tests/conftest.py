@@ -129,13 +129,13 @@ def tiny_llama_dir(tmp_path_factory, tiny_llama):
     return folder
 
 
-def hf_greedy(model, prompt_ids, max_new_tokens, eos=TINY_EOS):
+def hf_greedy(model, prompt_ids, max_new_tokens, eos=TINY_EOS, min_new_tokens=0):
     """The model's own plain greedy decoding through transformers' generate (the reference)."""
     input_ids = torch.tensor([prompt_ids])
     with torch.inference_mode():
         out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
                              max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=0,
-                             min_new_tokens=0, temperature=None, top_p=None, top_k=None)
+                             min_new_tokens=min_new_tokens, temperature=None, top_p=None, top_k=None)
     return out[0, len(prompt_ids):].tolist()
 
 

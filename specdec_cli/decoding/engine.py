@@ -7,16 +7,17 @@ after every forward (the same events feed displays and statistics).
 
 This file is the loop alone. Around it, one room each: in target_model/, the verifying forward, chosen once per
 target (load/forward_choice.py) with its row-invariant set-up (forward.py, exact_setup.py), rolling the cache
-back (rollback.py) and the one-time tree self-check (tree_check.py); here in decoding/, the stored verify-cost
-curve (curve_store.py), what to verify (planner.py), acceptance math (verify.py), distribution warping
-(sampling.py) and a step's pure parts (step_parts.py). It does not format prompts or print anything.
+back (rollback.py) and the one-time tree self-check (tree_check.py); here in decoding/, a generation's state and
+result (run.py), the stored verify-cost curve (curve_store.py), what to verify (planner.py), acceptance math
+(verify.py), distribution warping (sampling.py) and a step's pure parts (step_parts.py). It does not format
+prompts or print anything.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Optional, Sequence, cast
+from dataclasses import replace
+from typing import Any, Iterable, Optional, Sequence, cast
 
 import torch
 
@@ -29,73 +30,29 @@ from ..target_model.verify.tree_check import check_trees
 from .batch_share import BatchShares, batch_share
 from .cost_curve import CostCurve
 from .curve_store import CurveStore
-from .draft import Draft, Drafter, FinishReason, StepEvent
+from .draft import Draft, Drafter, StepEvent
 from .generation_config import GenerationConfig
 from .grammar import GRAMMAR_SOURCE, Constraint
-from .logprobs import choosing_rows, token_logprobs
+from .logprobs import choosing_rows
 from .planner import DraftPlanner, Plan
 from .prompt_cache import PromptCache
-from .stats import GenerationStats, summarize
+from .run import EventCallback, Generation, Run
+from .stats import summarize
 from .step_parts import (
     SCORED_TOPK,
     allowed_only,
     choose,
     first_branch,
     generator_for,
+    greedy_without_eos,
     pad_block,
     read_back,
     read_together,
     trim,
+    without_eos,
 )
 from .stop_strings import find_stop
 from .verify import accept_draft
-
-EventCallback = Callable[[StepEvent], None]
-
-
-@dataclass
-class Generation:
-    tokens: list[int]  # new tokens (EOS included when the target produced it, like transformers' generate)
-    finish_reason: FinishReason
-    stats: GenerationStats
-    events: list[StepEvent] = field(default_factory=list)
-    text_end: Optional[int] = None  # with a stop string: length of the decoded text before it
-    cached_tokens: int = 0  # prompt tokens whose KV entries came from the prompt cache (not computed)
-
-
-@dataclass
-class Run:
-    """One generation's state, as the loop's stages read and change it (Engine.start makes one)."""
-
-    config: GenerationConfig
-    drafter: Drafter
-    on_event: Optional[EventCallback]
-    limit: Optional[int]  # the longest sequence the model and the forward's cache hold (None: unknown)
-    max_rows: Optional[int]  # the largest row-invariant block (None: verification is not exact)
-    context: list[int]  # the prompt and every committed token
-    cache: Any
-    cached: int  # prompt tokens the prompt cache held
-    constraint: Optional[Constraint]
-    generator: Optional[torch.Generator]
-    eos: set[int]
-    started: float
-    prompt_cache: Optional[PromptCache] = None  # keeps the entries when the generation closes
-    events: list[StepEvent] = field(default_factory=list)
-    new_tokens: list[int] = field(default_factory=list)
-    finish: Optional[FinishReason] = None
-    text_end: Optional[int] = None
-    ttft: float = 0.0
-    computed: Optional[int] = None  # until the first token: the prompt's tokens in the cache (None after it)
-
-    def emit(self, event: StepEvent) -> None:
-        self.events.append(event)
-        self.drafter.observe(event)
-        if self.on_event is not None:
-            self.on_event(event)
-
-    def logprobs(self, rows: torch.Tensor, committed: list[int]) -> Optional[list]:
-        """The committed tokens' log probabilities from the rows that chose them, where asked."""
-        return None if self.config.logprobs is None else token_logprobs(rows, committed, self.config.logprobs)
 
 
 class Engine:
@@ -156,7 +113,9 @@ class Engine:
 
     def first_token(self, run: "Run", logits: torch.Tensor, features: Any = None) -> None:
         """The prompt computed (its last row's logits [1, vocab]): the first new token chosen and committed."""
-        first = choose(allowed_only(logits[-1:], run.constraint, [])[0], run.generator, run.config)
+        row = allowed_only(logits[-1:], run.constraint, [])  # [1, vocab]
+        row = without_eos(row, sorted(run.eos), run.barred(Draft.empty("prefill")))
+        first = choose(row[0], run.generator, run.config)
         run.ttft, run.computed, prompt = time.perf_counter() - run.started, None, tuple(run.context)
         committed = self._commit(run, [first])
         run.emit(StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=committed,
@@ -314,11 +273,14 @@ class Engine:
         device (the argmax, and the top tokens a drafter asks for) is one read: on a GPU, the step's one host
         synchronisation (`read`: that read, made for several sequences at once). Under a grammar, each row's best
         allowed token (sampling: the grammar's law)."""
-        config, constraint, needs = run.config, run.constraint, run.drafter.needs
-        logits = raw if config.greedy else allowed_only(raw, constraint, draft.tokens)
+        config, constraint, needs, barred = run.config, run.constraint, run.drafter.needs, run.barred(draft)
+        logits = raw if config.greedy else allowed_only(without_eos(raw, sorted(run.eos), barred), constraint,
+                                                        draft.tokens)
         argmax, topk = read if read is not None else read_back(logits, config.greedy, needs.scored_topk)
         if constraint is not None and argmax is not None:
             argmax = constraint.greedy_choices(raw, draft.tokens, argmax)
+        if barred and argmax is not None:  # before min_new_tokens: a row's best token other than end-of-text
+            argmax = greedy_without_eos(raw, argmax, run.eos, barred)
         path, target_token = accept_draft(draft, logits, config, run.generator, argmax)
         if needs.scored_topk and topk is None:
             topk = torch.topk(logits, min(SCORED_TOPK, logits.shape[-1]), dim=-1).indices.tolist()  # [k+1, 8]

@@ -34,6 +34,9 @@ class GenerationConfig:
     cost_aware: bool = True  # verify only as much of each draft as is expected to pay off (planner.py)
     logprobs: Optional[int] = None  # report each token's log probability and this many alternatives (None: off)
     grammar: Optional["GrammarSpec"] = None  # every answer token keeps this grammar (grammar.py); None: free text
+    # no end-of-text token is chosen before the answer has this many tokens (transformers' min_new_tokens: the EOS
+    # logits at -inf, for the drafts' verification as for plain decoding); max_new_tokens or more: never
+    min_new_tokens: int = 0
 
     @property
     def greedy(self) -> bool:
@@ -60,6 +63,12 @@ class GenerationConfig:
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise SpecdecError(f"logprobs must be in 0..20 (alternatives per token), got {self.logprobs}",
                                setting="logprobs")
+        if not 0 <= self.min_new_tokens <= MAX_NEW_TOKENS:
+            raise SpecdecError(f"min_new_tokens must be in 0..{MAX_NEW_TOKENS:,}, got {self.min_new_tokens:,}",
+                               setting="min_new_tokens")
+        if self.min_new_tokens and self.grammar is not None:  # (the grammar's end may allow end-of-text alone)
+            raise SpecdecError("min_new_tokens cannot be combined with a grammar: a grammar decides where the answer "
+                               "ends", setting="min_new_tokens")
         if any(not stop for stop in self.stop):
             raise SpecdecError("stop strings must not be empty", setting="stop")
 

@@ -1,7 +1,8 @@
 """The parts of one verify step that are pure functions of a draft and the logits: the draft cut to what is
 verified (`trim`, a tree's `first_branch`), the block padded to the forward's row count (`pad_block`), and the
 choices read back from the logits' device in one transfer (`read_back`, several sequences' at once: `read_together`),
-the target's own choice from a row (`choose`, under a grammar `allowed_only`) and sampling's seeded source
+the target's own choice from a row (`choose`, under a grammar `allowed_only`, before an answer's `min_new_tokens`
+without its end-of-text tokens: `eos_barred`, `without_eos`, `greedy_without_eos`) and sampling's seeded source
 (`generator_for`). The engine (engine.py) runs them in its loop; plain_many.py and benchmarks share them. Nothing
 here runs a model.
 """
@@ -102,6 +103,41 @@ def allowed_only(logits: torch.Tensor, constraint: Optional[Constraint], draft_t
         return logits
     allowed = constraint.masks(draft_tokens, logits.shape[-1]).to(logits.device)  # [k+1, vocab]
     return logits.masked_fill(~allowed, float("-inf"))
+
+
+def eos_barred(draft: Draft, answered: int, min_new_tokens: int) -> list[int]:
+    """The verify rows (of [k+1]: the root's, then each node's) that choose a token coming before the answer's
+    `min_new_tokens`-th, where an end-of-text token is barred (`GenerationConfig.min_new_tokens`): in a chain the
+    first ones, in a tree those of nodes less deep than the tokens still to come."""
+    left = min_new_tokens - answered  # tokens still to come before EOS may end the answer
+    if left <= 0:
+        return []
+    if draft.parents is None:
+        return list(range(min(left, len(draft) + 1)))
+    depths = [0]  # the root's row chooses the answer's next token; a node's row, the token after that node
+    for parent in draft.parents:
+        depths.append(depths[parent + 1] + 1)
+    return [row for row, depth in enumerate(depths) if depth < left]
+
+
+def without_eos(logits: torch.Tensor, eos: Sequence[int], barred: Sequence[int]) -> torch.Tensor:
+    """logits [k+1, vocab] with the end-of-text tokens at -inf in the `barred` rows (as plain decoding's
+    `min_new_tokens` bars them); as they are where none is barred."""
+    if not barred or not eos:
+        return logits
+    held = logits.clone()
+    held[torch.tensor(barred)[:, None], torch.tensor(sorted(eos))[None, :]] = float("-inf")
+    return held
+
+
+def greedy_without_eos(logits: torch.Tensor, argmax: list[int], eos: set[int], barred: Sequence[int]) -> list[int]:
+    """Greedy choices [k+1] with a barred row's end-of-text choice replaced by its best other token (the argmax
+    of `without_eos`'s row: what plain decoding chooses there)."""
+    choices = list(argmax)
+    for row in barred:
+        if choices[row] in eos:
+            choices[row] = int(without_eos(logits[row : row + 1], sorted(eos), [0])[0].argmax())
+    return choices
 
 
 def choose(logits: torch.Tensor, generator: Optional[torch.Generator], config: GenerationConfig) -> int:

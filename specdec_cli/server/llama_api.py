@@ -40,7 +40,7 @@ def completion_request(body: dict, max_tokens_limit: Optional[int]) -> Completio
     if not isinstance(cache_prompt, bool):
         raise ApiError(400, "'cache_prompt' must be a boolean", param="cache_prompt")
     openai_body = {key: body[key] for key in ("prompt", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-                                              "json_schema", "grammar") if key in body}
+                                              "json_schema", "grammar", "ignore_eos") if key in body}
     if "speculative.n_max" in body:  # llama-server's flat name
         openai_body["speculative"] = {**(body.get("speculative") or {}), "n_max": body["speculative.n_max"]}
     elif "speculative" in body:

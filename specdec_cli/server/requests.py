@@ -57,6 +57,8 @@ class CompletionRequest:
     grammar: Optional[GrammarSpec] = None  # response_format's JSON (schema), or llama.cpp's json_schema / grammar
     tools: Optional[ToolUse] = None  # chat: the functions offered (server/tools.py)
     trace: bool = False  # `speculative.trace`: a stream carries each step's drafts (`speculation`: the chat page's)
+    min_tokens: int = 0  # vLLM's: no end-of-text token before the answer has this many tokens
+    ignore_eos: bool = False  # llama-server's and vLLM's: no end-of-text token at all (the answer runs to max_tokens)
 
     def check_drafter(self, served: str) -> None:
         """`speculative.drafter` names what this server can draft with: its own drafter, or none (400 otherwise)."""
@@ -85,11 +87,16 @@ class CompletionRequest:
             changes["grammar"] = self.grammar
         if self.draft_max is not None or self.drafter == "none":
             changes["draft_max"] = 0 if self.drafter == "none" else self.draft_max
+        if self.ignore_eos or self.min_tokens:  # (ignore_eos: the end-of-text token barred for the whole answer)
+            changes["min_new_tokens"] = changes.get("max_new_tokens", base.max_new_tokens) if self.ignore_eos \
+                else self.min_tokens
         config = replace(base, **changes)
         try:
             config.check()
         except SpecdecError as error:
-            param = {"max_new_tokens": "max_tokens", "draft_max": None}.get(error.setting or "", error.setting)
+            param = {"max_new_tokens": "max_tokens", "draft_max": None,
+                     "min_new_tokens": "ignore_eos" if self.ignore_eos else "min_tokens"}.get(error.setting or "",
+                                                                                           error.setting)
             raise ApiError(400, error.naming(param) if param else str(error), param=param) from None
         return config
 
@@ -223,7 +230,14 @@ def _common(body: dict, max_tokens_limit: Optional[int], honoured: tuple[str, ..
     if include_usage is not None and not isinstance(include_usage, bool):
         raise ApiError(400, "'stream_options.include_usage' must be a boolean", param="stream_options.include_usage")
     draft_max, drafter, trace = _speculative(body.get("speculative"))
+    ignore_eos = body.get("ignore_eos", False)
+    if ignore_eos is not None and not isinstance(ignore_eos, bool):
+        raise ApiError(400, "'ignore_eos' must be a boolean", param="ignore_eos")
+    min_tokens = _integer(body, "min_tokens") or 0
+    if min_tokens < 0 or (max_tokens is not None and min_tokens > max_tokens):
+        raise ApiError(400, f"'min_tokens' must be >= 0 and at most '{param}', got {min_tokens}", param="min_tokens")
     return {"model": model, "grammar": _grammar(body), "max_tokens": max_tokens, "trace": trace,
+            "ignore_eos": bool(ignore_eos), "min_tokens": min_tokens,
             "temperature": _number(body, "temperature"), "draft_max": draft_max, "drafter": drafter,
             "top_p": _number(body, "top_p"), "top_k": _integer(body, "top_k"), "min_p": _number(body, "min_p"),
             "seed": _integer(body, "seed"),

@@ -61,7 +61,6 @@ UNHONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "dynatemp_range": (_set, "dynamic temperature"),
     "xtc_probability": (_set, "XTC sampling"),
     "top_n_sigma": (_top_n_sigma, "top-n-sigma sampling"),
-    "ignore_eos": (_set, "answers past the end-of-text token"),
     "echo": (_set, "the prompt echoed in the answer"),
     "suffix": (_set, "a suffix (fill-in-the-middle)"),
     "best_of": (_not_one, "several answers to choose from"),

@@ -190,3 +190,16 @@ def test_prompts_are_computed_alone_when_the_others_fill_the_forward(block_model
     batch.drop(pending)  # a waiting prompt dropped leaves at once
     assert all(run is not pending for run in [*batch.runs, *batch.prompts])
     assert engine.generate(PROMPTS[1], _drafter("none"), _config(max_new_tokens=4)).tokens == plain
+
+
+@pytest.mark.parametrize("drafter_name", ["none", "sam", "recycle"])
+def test_min_new_tokens_in_a_batch_is_each_answer_alone(block_model, drafter_name):
+    """An early token declared end-of-text and barred for the first 15 (the server's `min_tokens`): each batched
+    answer goes past it as the same request alone does."""
+    engine = fixed_engine(block_model)
+    eos = _alone(engine, _config())[0][2]
+    free, barred = _config(eos_token_ids=(eos,)), _config(eos_token_ids=(eos,), min_new_tokens=15)
+    alone = _alone(engine, barred)
+    assert alone[0] != _alone(engine, free)[0] and eos not in alone[0][:15]  # the bar changed an answer
+    answers, widest, _ = _batched(engine, drafter_name, barred)
+    assert answers == alone and widest >= 4

@@ -248,8 +248,8 @@ def test_fields_that_would_change_the_answer_are_refused_by_name_not_dropped(tin
         status, _, answer = raw_request(server, "POST", "/completion", b'{"prompt": "x", "mirostat": 2}')
         assert status == 400 and answer["error"]["param"] == "mirostat"
         status, _, answer = raw_request(server, "POST", "/completion", b'{"prompt": "x", "n_predict": 2, '
-                                                                        b'"ignore_eos": true}')
-        assert status == 400 and answer["error"]["param"] == "ignore_eos", answer
+                                                                        b'"echo": true}')
+        assert status == 400 and answer["error"]["param"] == "echo", answer
         neutral = client.chat.completions.create(
             model="m", messages=messages, max_tokens=2, presence_penalty=0, frequency_penalty=0,
             response_format={"type": "text"}, user="me", store=False, parallel_tool_calls=False,

@@ -335,3 +335,34 @@ def test_sam_drafts_from_what_a_server_with_slots_answered(real_target, tmp_path
         again = client.chat.completions.create(model="m", messages=question, extra_body={"cache_prompt": False})
     assert again.choices[0].message.content == first.choices[0].message.content
     assert again.model_extra["timings"]["draft_sources"].get("sam-memory", 0) > 0
+
+
+def test_ignore_eos_and_min_tokens_carry_the_answer_past_its_end_the_same_with_drafts_or_without(sessions):
+    """llama-server's and vLLM's `ignore_eos` (to max_tokens) and vLLM's `min_tokens`: the answer goes past where
+    it ended, the same with the server's drafts and with none; refused where it cannot hold (400 by name)."""
+    _, parallel_session = sessions
+    messages = [{"role": "user", "content": "Say hi."}]
+    with serving(parallel_session, name="smollm2") as server:
+        client = client_of(server)
+        free = client.chat.completions.create(model="m", messages=messages, max_tokens=60)
+        assert free.choices[0].finish_reason == "stop" and free.usage.completion_tokens < 30
+        answers = []
+        for speculative in ({"n_max": 0}, {"drafter": "sam"}):
+            whole = client.chat.completions.create(model="m", messages=messages, max_tokens=60,
+                                                   extra_body={"ignore_eos": True, "speculative": speculative})
+            assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 60
+            least = client.chat.completions.create(model="m", messages=messages, max_tokens=60,
+                                                   extra_body={"min_tokens": 40, "speculative": speculative})
+            assert least.usage.completion_tokens >= 40
+            answers.append((whole.choices[0].message.content, least.choices[0].message.content))
+        assert answers[0] == answers[1]
+        assert answers[0][0].startswith(free.choices[0].message.content)  # the same answer, then past its end
+        status, _, answer = raw_request(server, "POST", "/completion", json.dumps(
+            {"prompt": "Hi", "n_predict": 12, "ignore_eos": True}).encode())
+        assert status == 200 and len(answer["tokens"]) == 12, answer
+        for bad, param in (({"ignore_eos": "yes"}, "ignore_eos"), ({"min_tokens": 61}, "min_tokens"),
+                           ({"min_tokens": -1}, "min_tokens"),
+                           ({"ignore_eos": True, "response_format": {"type": "json_object"}}, "ignore_eos")):
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.chat.completions.create(model="m", messages=messages, max_tokens=60, extra_body=bad)
+            assert refused.value.body["param"] == param, bad

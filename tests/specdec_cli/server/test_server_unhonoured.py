@@ -15,12 +15,13 @@ ASKING = {"tools": [{"type": "function"}],
           "tool_choice": "required", "functions": [{"name": "f"}], "function_call": "auto", "frequency_penalty": 0.3,
           "presence_penalty": -0.2, "repetition_penalty": 1.1, "repeat_penalty": 1.2, "dry_multiplier": 0.8,
           "logit_bias": {"5": 10}, "typical_p": 0.9, "tfs_z": 0.95, "mirostat": 2, "dynatemp_range": 0.5,
-          "xtc_probability": 0.5, "top_n_sigma": 1.5, "ignore_eos": True, "echo": True, "suffix": "end",
+          "xtc_probability": 0.5, "top_n_sigma": 1.5, "echo": True, "suffix": "end",
           "best_of": 3, "audio": {"voice": "x"}, "modalities": ["text", "audio"], "web_search_options": {}}
 NEUTRAL = {"response_format": {"type": "text"}, "tools": [],
            "tool_choice": "none", "frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
            "repeat_penalty": 1, "logit_bias": {}, "typical_p": 1.0, "tfs_z": 1, "mirostat": 0, "top_n_sigma": -1,
-           "ignore_eos": False, "echo": False, "suffix": None, "best_of": 1, "modalities": ["text"], "user": "me",
+           "ignore_eos": False, "min_tokens": 0, "echo": False, "suffix": None, "best_of": 1, "modalities": ["text"],
+           "user": "me",
            "store": True, "metadata": {"a": "b"}, "service_tier": "auto", "parallel_tool_calls": True,
            "prediction": {"type": "content", "content": "x"}, "n_keep": 4, "unknown_field": [1]}
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}

@@ -1,0 +1,73 @@
+"""One generation's state as the engine's loop reads and changes it (`Run`: engine.py's `begin` makes one, its
+stages step it, `close` ends it) and what it hands back (`Generation`). Plain data and the few reads the stages
+share: the events sent on (`emit`), the committed tokens' log probabilities where asked (`logprobs`), the verify
+rows where an end-of-text token may not end the answer yet (`barred`: `GenerationConfig.min_new_tokens`). Nothing
+here runs a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from .draft import Draft, Drafter, FinishReason, StepEvent
+from .generation_config import GenerationConfig
+from .grammar import Constraint
+from .logprobs import token_logprobs
+from .prompt_cache import PromptCache
+from .stats import GenerationStats
+from .step_parts import eos_barred
+
+EventCallback = Callable[[StepEvent], None]
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # new tokens (EOS included when the target produced it, like transformers' generate)
+    finish_reason: FinishReason
+    stats: GenerationStats
+    events: list[StepEvent] = field(default_factory=list)
+    text_end: Optional[int] = None  # with a stop string: length of the decoded text before it
+    cached_tokens: int = 0  # prompt tokens whose KV entries came from the prompt cache (not computed)
+
+
+@dataclass
+class Run:
+    """One generation's state, as the loop's stages read and change it (Engine.start makes one)."""
+
+    config: GenerationConfig
+    drafter: Drafter
+    on_event: Optional[EventCallback]
+    limit: Optional[int]  # the longest sequence the model and the forward's cache hold (None: unknown)
+    max_rows: Optional[int]  # the largest row-invariant block (None: verification is not exact)
+    context: list[int]  # the prompt and every committed token
+    cache: Any
+    cached: int  # prompt tokens the prompt cache held
+    constraint: Optional[Constraint]
+    generator: Optional[torch.Generator]
+    eos: set[int]
+    started: float
+    prompt_cache: Optional[PromptCache] = None  # keeps the entries when the generation closes
+    events: list[StepEvent] = field(default_factory=list)
+    new_tokens: list[int] = field(default_factory=list)
+    finish: Optional[FinishReason] = None
+    text_end: Optional[int] = None
+    ttft: float = 0.0
+    computed: Optional[int] = None  # until the first token: the prompt's tokens in the cache (None after it)
+
+    def emit(self, event: StepEvent) -> None:
+        self.events.append(event)
+        self.drafter.observe(event)
+        if self.on_event is not None:
+            self.on_event(event)
+
+    def logprobs(self, rows: torch.Tensor, committed: list[int]) -> Optional[list]:
+        """The committed tokens' log probabilities from the rows that chose them, where asked."""
+        return None if self.config.logprobs is None else token_logprobs(rows, committed, self.config.logprobs)
+
+    def barred(self, draft: Draft) -> list[int]:
+        """The verify rows [k+1] of this draft where an end-of-text token may not be chosen yet: those choosing a
+        token before the answer's `min_new_tokens`-th (none once the answer has as many)."""
+        return eos_barred(draft, len(self.new_tokens), self.config.min_new_tokens)
