@@ -34,7 +34,10 @@ With `--interleave` every server is started at once (each idle while another ans
 every row in turn, `--rounds R` times (the order rotated each round), so a host whose speed drifts weighs on all rows
 alike; the summary adds, per row, the median over (round, prompt) pairs of the server's own decoding speed (its
 `timings`) against the first row's (`NAME +schema` rows: against the first `+schema` row, and what the schema costs
-against the same server's free answer).
+against the same server's free answer). With `--rounds` over 1 it also gives round 0's median alone: a drafter that
+keeps what its server answered (ADED's table, `sam`'s memory: this benchmark starts servers `--no-memory`) drafts a
+repeated prompt's answer from its own answer of the round before (and a `+schema` answer from the free answer to
+the same prompt just before it), which later rounds count as speed.
 
 Run: `python benchmarks/bench_serve.py [--target FILE.gguf] [--threads 2] [--drafters none,sam] [-n 128]`.
 Not a test: nothing here is run in CI, and it takes minutes on a small machine.
@@ -271,12 +274,15 @@ def run_interleaved(rows_of: list[tuple[str, "Started", bool]], prompts: list[st
     return sorted(rows, key=lambda row: (order[row["server"]], row["round"], row["prompt"]))
 
 
-def paired_speed(rows: list[dict], name: str, reference: str) -> Optional[float]:
+def paired_speed(rows: list[dict], name: str, reference: str, first_round: bool = False) -> Optional[float]:
     """Median over (round, prompt) pairs of the reference row's server time a token over this row's: above 1, this
-    row decodes faster (None without pairs)."""
-    times = {(row["round"], row["prompt"]): row["server_ms_per_token"] for row in rows
+    row decodes faster (None without pairs). `first_round`: round 0's pairs alone, before any server had answered
+    the prompt: a drafter that keeps what its server answered (ADED's table, `sam`'s memory) drafts a repeated
+    prompt's answer from its own earlier one in later rounds."""
+    chosen = [row for row in rows if not first_round or row["round"] == 0]
+    times = {(row["round"], row["prompt"]): row["server_ms_per_token"] for row in chosen
              if row["server"] == reference and row.get("server_ms_per_token")}
-    ratios = [times[(row["round"], row["prompt"])] / row["server_ms_per_token"] for row in rows
+    ratios = [times[(row["round"], row["prompt"])] / row["server_ms_per_token"] for row in chosen
               if row["server"] == name and row.get("server_ms_per_token") and (row["round"], row["prompt"]) in times]
     return statistics.median(ratios) if ratios else None
 
@@ -410,10 +416,12 @@ def main() -> int:
         for group in (free, constrained):
             for name in group:
                 speed = paired_speed(rows, name, group[0])
+                first = paired_speed(rows, name, group[0], first_round=True) if args.rounds > 1 else None
                 cost = paired_speed(rows, name[: -len(" +schema")], name) if name in constrained else None
                 line = next(line for line in table if line["server"] == name)
-                line["paired_speed"], line["schema_cost"] = speed, cost
-                print(f"{name:>24}: {speed or 0:.3f}x {group[0]}'s decoding speed (median of pairs)"
+                line["paired_speed"], line["paired_speed_first_round"], line["schema_cost"] = speed, first, cost
+                print(f"{name:>24}: {speed or 0:.3f}x {group[0]}'s decoding speed (median of pairs"
+                      + (f"; first round alone {first:.3f}x" if first else "") + ")"
                       + (f"; the schema costs {cost:.3f}x a free answer's time a token" if cost else ""))
     if args.json_out:
         payload = {"target": gguf, "threads": args.threads, "max_tokens": args.max_tokens, "turns": args.turns,
