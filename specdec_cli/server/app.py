@@ -61,7 +61,7 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
 
     async def props(request: Request) -> Response:
         _authorize(request, settings.listen.api_key)
-        return JSONResponse(props_body(worker.session, model_name, worker.context))
+        return JSONResponse(props_body(worker.session, model_name, worker.context, worker.parallel))
 
     async def metrics(request: Request) -> Response:
         _authorize(request, settings.listen.api_key)

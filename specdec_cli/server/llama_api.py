@@ -77,9 +77,10 @@ def _probabilities(outcome: Outcome) -> dict:
                           for token, text, value in entry.top]} for entry in outcome.logprobs]}
 
 
-def props_body(session: Any, model_name: str, context: Optional[int]) -> dict:
+def props_body(session: Any, model_name: str, context: Optional[int], slots: int) -> dict:
+    """/props: the model, the build, the requests answered together (`--parallel`), the default settings."""
     generation = session.generation
-    return {"model_path": model_name, "build_info": f"specdec {__version__}", "total_slots": 1,
+    return {"model_path": model_name, "build_info": f"specdec {__version__}", "total_slots": slots,
             "default_generation_settings": {"n_ctx": context, "params": {
                 "temperature": generation.temperature, "top_k": generation.top_k, "top_p": generation.top_p,
                 "min_p": generation.min_p,

@@ -202,6 +202,7 @@ def test_auto_answers_four_together_on_block_weights_and_one_at_a_time_elsewhere
     _, parallel_session = sessions
     with serving(parallel_session, name="smollm2") as server:
         assert health(server)["slots"] == 4
+        assert raw_request(server, "GET", "/props")[2]["total_slots"] == 4  # llama-server's name for it
     assert slots_for(2, parallel_session) == 2
     assert slots_for(None, open_session(_chat_settings(tiny_model_dir))[0]) == 1
 
