@@ -114,7 +114,7 @@ class Engine:
     def first_token(self, run: "Run", logits: torch.Tensor, features: Any = None) -> None:
         """The prompt computed (its last row's logits [1, vocab]): the first new token chosen and committed."""
         row = allowed_only(logits[-1:], run.constraint, [])  # [1, vocab]
-        row = without_eos(row, sorted(run.eos), run.barred(Draft.empty("prefill")))
+        row = without_eos(row, run.eos, run.barred(Draft.empty("prefill")))
         first = choose(row[0], run.generator, run.config)
         run.ttft, run.computed, prompt = time.perf_counter() - run.started, None, tuple(run.context)
         committed = self._commit(run, [first])
@@ -274,8 +274,7 @@ class Engine:
         synchronisation (`read`: that read, made for several sequences at once). Under a grammar, each row's best
         allowed token (sampling: the grammar's law)."""
         config, constraint, needs, barred = run.config, run.constraint, run.drafter.needs, run.barred(draft)
-        logits = raw if config.greedy else allowed_only(without_eos(raw, sorted(run.eos), barred), constraint,
-                                                        draft.tokens)
+        logits = raw if config.greedy else allowed_only(without_eos(raw, run.eos, barred), constraint, draft.tokens)
         argmax, topk = read if read is not None else read_back(logits, config.greedy, needs.scored_topk)
         if constraint is not None and argmax is not None:
             argmax = constraint.greedy_choices(raw, draft.tokens, argmax)

@@ -35,7 +35,7 @@ class Generation:
 
 @dataclass
 class Run:
-    """One generation's state, as the loop's stages read and change it (Engine.start makes one)."""
+    """One generation's state, as the loop's stages read and change it (Engine.begin makes one)."""
 
     config: GenerationConfig
     drafter: Drafter

@@ -9,7 +9,7 @@ here runs a model.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Collection, Optional, Sequence
 
 import torch
 
@@ -120,7 +120,7 @@ def eos_barred(draft: Draft, answered: int, min_new_tokens: int) -> list[int]:
     return [row for row, depth in enumerate(depths) if depth < left]
 
 
-def without_eos(logits: torch.Tensor, eos: Sequence[int], barred: Sequence[int]) -> torch.Tensor:
+def without_eos(logits: torch.Tensor, eos: Collection[int], barred: Sequence[int]) -> torch.Tensor:
     """logits [k+1, vocab] with the end-of-text tokens at -inf in the `barred` rows (as plain decoding's
     `min_new_tokens` bars them); as they are where none is barred."""
     if not barred or not eos:
@@ -136,7 +136,7 @@ def greedy_without_eos(logits: torch.Tensor, argmax: list[int], eos: set[int], b
     choices = list(argmax)
     for row in barred:
         if choices[row] in eos:
-            choices[row] = int(without_eos(logits[row : row + 1], sorted(eos), [0])[0].argmax())
+            choices[row] = int(without_eos(logits[row : row + 1], eos, [0])[0].argmax())
     return choices
 
 

@@ -142,9 +142,7 @@ class Slots:
             worker.metrics.record(outcome.finish_reason, slot.prompt_tokens - generation.cached_tokens,
                                   generation.cached_tokens, generation)
             slot.answering.done(outcome)  # the client has its answer; then it is remembered
-            self.session.remember(generation.tokens, list(slot.run.events[0].prompt_tokens))
-            if self.session.memory is not None:
-                worker.build_drafter()  # for the slots that begin next
+            worker.remember(generation.tokens, list(slot.run.events[0].prompt_tokens))  # (and the next slots' drafter)
         except Exception as error:
             self._failed(slot.job, error, slot.started)
             return

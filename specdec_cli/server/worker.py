@@ -21,7 +21,7 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 from ..errors import SpecdecError
 from ..texts.prompt_ids import format_prompt, with_system
@@ -158,9 +158,7 @@ class Worker:
             self.metrics.record(outcome.finish_reason, len(prompt_ids) - generation.cached_tokens,
                                 generation.cached_tokens, generation)
             answering.done(outcome)  # the client has its answer; then it is remembered, for the drafts to come
-            session.remember(generation.tokens, prompt_ids)
-            if session.memory is not None:
-                self.build_drafter()
+            self.remember(generation.tokens, prompt_ids)
         except Cancelled:
             self.cancelled(job)
         except Exception as error:
@@ -257,7 +255,14 @@ class Worker:
                            f"{self.context} (prompt and answer together): shorten it", param=_prompt_param(request),
                            code="context_length_exceeded")
 
-    def build_drafter(self) -> None:
+    def remember(self, tokens: list[int], prompt_ids: Sequence[int]) -> None:
+        """An answer sent: kept in the answer memory (where on), and a drafter rebuilt from the memory in the
+        background for the answers to come (`fresh`: the next new conversation's, or the next slot's)."""
+        self.session.remember(tokens, prompt_ids)
+        if self.session.memory is not None:
+            self._build_drafter()
+
+    def _build_drafter(self) -> None:
         """Build a drafter from the memory as it is now, in the background (one build at a time)."""
         if self.building is not None and self.building.is_alive():
             return
