@@ -174,7 +174,8 @@ def main() -> None:
     import numpy as np
 
     from specdec_cli.target_model.load.models import load_tokenizer
-    from specdec_cli.texts.corpus import CorpusStats, eos_id_of, iter_documents, resolve_inputs, tokenize_documents
+    from specdec_cli.texts.corpus import eos_id_of, iter_documents, tokenize_documents
+    from specdec_cli.texts.corpus_inputs import CorpusStats, resolve_inputs
 
     files = stdlib_files()
     corpus_bytes = sum(os.path.getsize(path) for path in files)

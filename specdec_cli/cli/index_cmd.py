@@ -88,6 +88,11 @@ def _show_summary(summary: dict[str, Any]) -> None:
     ]
     if summary.get("skipped_rows"):
         rows.append(("skipped rows", f"{summary['skipped_rows']:,} (no text)"))
+    skipped = summary.get("skipped_files") or []
+    if skipped:
+        more = f", and {len(skipped) - 3:,} more" if len(skipped) > 3 else ""
+        rows.append(("skipped files", f"{len(skipped):,} found in directories, not UTF-8 text: "
+                                      f"{', '.join(skipped[:3])}{more}"))
     console().print(_table(f"Index written to {summary['output']}", rows))
 
 
@@ -121,7 +126,8 @@ def build_index_command(
         raise SpecdecError("no corpus given: name files, directories or - (stdin); see --help")
     if not output:
         raise SpecdecError("no output file: add -o FILE")
-    from ..texts.corpus import build_index, check_index_build  # (numpy)
+    from ..texts.corpus import build_index  # (numpy)
+    from ..texts.corpus_inputs import check_index_build
 
     check_index_build(corpus, output, glob, force)  # before the tokenizer loads
     tokenizer = _load_tokenizer(target)

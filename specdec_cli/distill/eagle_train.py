@@ -339,7 +339,8 @@ def training_sequences(tokenizer: Any, fingerprint: str, target_name: str, data:
                        corpus: Sequence[str] = ()) -> tuple[list[list[int]], dict]:
     """Token sequences to train on: each answer of a `distill generate` file (prompt and answer together,
     checked against the target's tokenizer) and the text of any corpus files; and their sizes."""
-    from ..texts.corpus import CorpusStats, iter_documents, resolve_inputs, tokenize_documents
+    from ..texts.corpus import iter_documents, tokenize_documents
+    from ..texts.corpus_inputs import CorpusStats, resolve_inputs
 
     sequences: list[list[int]] = []
     if data:

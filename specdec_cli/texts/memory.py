@@ -252,7 +252,8 @@ def import_file(memory: Memory, tokenizer: Any, path: str) -> tuple[int, int]:
     if rows is not None:
         answers = [([int(t) for t in row["answer_ids"]], [int(t) for t in row["prompt_ids"]]) for row in rows]
     else:
-        from .corpus import CorpusStats, iter_documents, resolve_inputs, tokenize_documents
+        from .corpus import iter_documents, tokenize_documents
+        from .corpus_inputs import CorpusStats, resolve_inputs
 
         stats = CorpusStats()
         ids, _ = tokenize_documents(iter_documents(resolve_inputs([path], stats=stats), "text", stats), tokenizer)

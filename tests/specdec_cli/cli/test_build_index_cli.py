@@ -87,6 +87,16 @@ def test_binary_file_given_as_text(tmp_path):
     assert list(tmp_path.iterdir()) == [tmp_path / "image.txt"]
 
 
+def test_directory_with_a_binary_file(tmp_path, tokenizer_dir):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "notes.txt").write_text("speculative decoding drafts and verifies\n")
+    (tmp_path / "docs" / "image.txt").write_bytes(bytes(range(256)) * 4)
+    result = specdec("build-index", "docs", "-o", "out.sam", "--target", str(tokenizer_dir), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "skipped files" in result.stdout and "image.txt" in result.stdout
+    assert (tmp_path / "out.sam").is_file()
+
+
 def test_empty_corpus(tmp_path, tokenizer_dir):
     (tmp_path / "empty.txt").write_text("\n\n")
     result = specdec("build-index", "empty.txt", "-o", "out.sam", "--target", str(tokenizer_dir), cwd=tmp_path)
@@ -116,7 +126,8 @@ def test_jsonl_rows_without_the_field_name_it(tmp_path, tokenizer_dir):
 
 def test_a_long_document_is_tokenised_in_pieces():
     """One call per ~200k characters (so Ctrl-C is seen between calls), and still one document, one EOS."""
-    from specdec_cli.texts.corpus import BATCH_CHARACTERS, PIECE_CHARACTERS, SourceRecord, pieces, tokenize_documents
+    from specdec_cli.texts.corpus import BATCH_CHARACTERS, PIECE_CHARACTERS, pieces, tokenize_documents
+    from specdec_cli.texts.corpus_inputs import SourceRecord
 
     text = "".join(f"line {number} of a long document\n" for number in range(90_000))  # ~2.9 M characters
     parts = pieces(text)

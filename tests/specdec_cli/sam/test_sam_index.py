@@ -303,6 +303,30 @@ def test_build_index_reads_all_input_kinds(tmp_path, char_tokenizer, monkeypatch
     assert char_tokenizer.decode(automaton.continuation(state, 100)) == " sat on the mat"
 
 
+def test_directory_search_skips_files_that_are_not_text(tmp_path, char_tokenizer):
+    """Files a directory's search finds that are not UTF-8 text (NUL bytes, another encoding) are left out and
+    named in the summary; the same files named on the command line are refused (test_build_index_errors)."""
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "a.txt").write_text("the cat sat on the mat")
+    (tree / "sub" / "b.txt").write_text("a dog ran")
+    (tree / "image.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00")
+    (tree / "sub" / "latin1.txt").write_bytes("caf\xe9 au lait".encode("latin-1"))
+    output = tmp_path / "out.sam"
+    summary = build_index([str(tree)], output, char_tokenizer)
+    assert summary["documents"] == 2 and summary["sources"] == 2
+    assert sorted(Path(path).name for path in summary["skipped_files"]) == ["image.txt", "latin1.txt"]
+    meta = read_index_info(output)
+    assert sorted(Path(source["path"]).name for source in meta["sources"]) == ["a.txt", "b.txt"]
+    assert meta["build"]["skipped_files"] == 2
+    # a directory of nothing but such files is an empty corpus, and says why
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "x.txt").write_bytes(b"\x00\x01")
+    with pytest.raises(SpecdecError, match="empty corpus.*1 files skipped: not UTF-8 text"):
+        build_index([str(junk)], tmp_path / "junk.sam", char_tokenizer)
+
+
 def test_build_index_errors(tmp_path, char_tokenizer):
     output = tmp_path / "out.sam"
     with pytest.raises(SpecdecError, match="no such file"):
