@@ -20,7 +20,9 @@ from .prompt_cache import PromptCache
 from .stats import GenerationStats
 from .step_parts import eos_barred
 
-EventCallback = Callable[[StepEvent], None]
+# Called with each event; a callback that returns True ends the generation after it (finish "length": cut short
+# by its caller's limit, as a server's time limit for an answer).
+EventCallback = Callable[[StepEvent], Optional[bool]]
 
 
 @dataclass
@@ -60,8 +62,8 @@ class Run:
     def emit(self, event: StepEvent) -> None:
         self.events.append(event)
         self.drafter.observe(event)
-        if self.on_event is not None:
-            self.on_event(event)
+        if self.on_event is not None and self.on_event(event) and self.finish is None:
+            self.finish = "length"
 
     def logprobs(self, rows: torch.Tensor, committed: list[int]) -> Optional[list]:
         """The committed tokens' log probabilities from the rows that chose them, where asked."""

@@ -8,8 +8,10 @@ messages to the request's event loop.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Optional
 
+from ..texts.fim import cut_at_indent
 from ..texts.tool_calls import ToolCallReader, ToolFormat
 from .answer_stream import AnswerStream
 from .logprob_stream import LogprobStream
@@ -26,9 +28,11 @@ class Answering:
         self.stream = AnswerStream(session.tokenizer, job.config.stop, reader)
         self.scored = LogprobStream(session.tokenizer)  # (empty unless the request asks for log probabilities)
         self.trace = StepTrace(session.tokenizer) if request.trace and request.stream else None
+        self.first_token_at: Optional[float] = None  # (llama-server's `t_max_predict_ms` counts from it)
 
-    def on_event(self, event: Any) -> None:
-        """One step event: what of it the client may see now."""
+    def on_event(self, event: Any) -> bool:
+        """One step event: what of it the client may see now. True ends the answer here: a later line indented less
+        than `n_indent`, or `t_max_predict_ms` passed once the answer has a line end (llama-server's limits)."""
         job = self.job
         if self.trace is not None:
             job.send("step", self.trace.add(event))
@@ -39,6 +43,19 @@ class Answering:
             job.send("text", (piece, self.scored.release(len(self.stream.content))))
         if calls:
             job.send("calls", calls)
+        return self._limited()
+
+    def _limited(self) -> bool:
+        request, content = self.job.request, self.stream.content
+        if request.n_indent and cut_at_indent(content, request.n_indent) is not None:
+            return True
+        if request.time_limit_ms:
+            now = time.perf_counter()
+            if self.first_token_at is None:
+                self.first_token_at = now
+            elif (now - self.first_token_at) * 1000 > request.time_limit_ms and "\n" in content:
+                return True
+        return False
 
     def finish(self, generation: Any, drafter: str) -> Outcome:
         """The generation ended: the rest of the answer sent; the outcome `done` will carry (the caller records it
@@ -51,10 +68,15 @@ class Answering:
             job.send("text", (rest, last))
         if calls:
             job.send("calls", calls)
-        finish = "tool_calls" if stream.calls else FINISH_REASONS[generation.finish_reason]
-        outcome = Outcome(stream.content, finish, self.prompt_tokens, generation.cached_tokens,
+        ended = generation.finish_reason  # the engine's reason; a cut below is a limit's ("length")
+        content = stream.content
+        cut = cut_at_indent(content, job.request.n_indent)
+        if cut is not None:  # (llama-server keeps the short line's indentation, not its text)
+            content, ended = content[:cut], "length"
+        finish = "tool_calls" if stream.calls else FINISH_REASONS[ended]
+        outcome = Outcome(content, finish, self.prompt_tokens, generation.cached_tokens,
                           len(generation.tokens), generation.stats, "none" if job.config.budget == 0 else drafter,
-                          generation.finish_reason, tuple(generation.tokens), job.config.budget,
+                          ended, tuple(generation.tokens), job.config.budget,
                           tuple(self.scored.released) if job.config.logprobs is not None else None,
                           tuple(stream.calls))
         return outcome

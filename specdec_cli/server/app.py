@@ -1,5 +1,5 @@
 """The HTTP routes (starlette): OpenAI's chat and text completions, the model list, health, and llama.cpp's own
-`/completion`, `/props`, `/tokenize` and `/detokenize` (llama_api.py); `/metrics` (Prometheus' format,
+`/completion`, `/infill`, `/props`, `/tokenize` and `/detokenize` (llama_api.py); `/metrics` (Prometheus' format,
 metrics.py); the chat page at `/` (page.py); the key; the body limit; CORS for the origins `--cors-origins`
 names (starlette's middleware answers browsers' preflight requests, without a key).
 
@@ -17,6 +17,7 @@ import asyncio
 import hmac
 import json
 import time
+from dataclasses import replace
 from typing import Any, AsyncIterator, Callable, Optional
 
 from starlette.applications import Starlette
@@ -30,7 +31,14 @@ from starlette.routing import Route
 from . import page
 from .api_errors import ApiError, error_body, one_line
 from .jobs import Job
-from .llama_api import completion_body, completion_request, detokenize_body, props_body, tokenize_body
+from .llama_api import (
+    completion_body,
+    completion_request,
+    detokenize_body,
+    infill_request,
+    props_body,
+    tokenize_body,
+)
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .requests import chat_request, read_json, text_request
 from .responses import Ids, calls_chunk, chunk, completion, logprobs_body, timings, usage
@@ -59,6 +67,9 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
     async def llama_completion(request: Request) -> Response:
         return await _complete(request, completion_request, llama=True)
 
+    async def infill(request: Request) -> Response:
+        return await _complete(request, infill_request, llama=True)
+
     async def props(request: Request) -> Response:
         _authorize(request, settings.listen.api_key)
         return JSONResponse(props_body(worker.session, model_name, worker.context, worker.parallel))
@@ -83,7 +94,10 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
         checked = parse(body, worker.context)
         checked.check_drafter(worker.session.drafter_name)
         tool_format = worker.tool_format() if checked.tools is not None else None
-        job = Job(checked, checked.generation(base, tool_format), asyncio.get_running_loop())
+        config = checked.generation(base, tool_format)
+        if checked.fim is not None:  # a middle also ends where the model's FIM padding or end of text comes
+            config = replace(config, eos_token_ids=tuple(dict.fromkeys((*config.eos_token_ids, *worker.fim_ends()))))
+        job = Job(checked, config, asyncio.get_running_loop())
         worker.submit(job)
         watcher: Optional[asyncio.Task] = asyncio.create_task(_watch_disconnect(request, job, worker))
         try:
@@ -112,7 +126,8 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
 
     routes = [Route("/", page.index, methods=["GET"]), Route("/page/{name}", page.asset, methods=["GET"]),
               Route("/health", health, methods=["GET"]), Route("/v1/health", health, methods=["GET"]),
-              Route("/completion", llama_completion, methods=["POST"]), Route("/props", props, methods=["GET"]),
+              Route("/completion", llama_completion, methods=["POST"]), Route("/infill", infill, methods=["POST"]),
+              Route("/props", props, methods=["GET"]),
               Route("/tokenize", tokenize, methods=["POST"]), Route("/detokenize", detokenize, methods=["POST"]),
               Route("/metrics", metrics, methods=["GET"])]
     for prefix in ("/v1", ""):  # llama-server answers both

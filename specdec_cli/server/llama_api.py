@@ -1,6 +1,8 @@
 """llama.cpp's own endpoints, as far as tools that measure llama-server use them: `POST /completion` (a prompt as
-text or token ids, `n_predict`, sampling, `cache_prompt`, `return_tokens`; not streamed), `GET /props`, and
-`POST /tokenize` (`content`, `add_special`, `with_pieces`) and `POST /detokenize` (`tokens`) shaped as llama-server's.
+text or token ids, `n_predict`, sampling, `cache_prompt`, `return_tokens`; not streamed), `POST /infill` (code
+completion in editors, llama.vim's and llama.vscode's: `input_prefix`, `input_suffix`, `input_extra`, `prompt`, with
+`/completion`'s fields, `n_indent` and `t_max_predict_ms`), `GET /props`, and `POST /tokenize` (`content`,
+`add_special`, `with_pieces`) and `POST /detokenize` (`tokens`) shaped as llama-server's.
 
 With them `specdec bench --reference http://HOST:PORT` measures a running `specdec serve` the way it measures a
 running llama-server (bench/llama_server.py): the same token ids in, the answer's token ids and llama.cpp's
@@ -11,9 +13,11 @@ reads and shapes bodies; the worker generates (worker.py), the routes are app.py
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Optional
 
 from .. import __version__
+from ..texts.fim import FimParts, check_extra
 from .api_errors import ApiError
 from .requests import CompletionRequest, text_request
 from .responses import Outcome, timings
@@ -45,6 +49,14 @@ def completion_request(body: dict, max_tokens_limit: Optional[int]) -> Completio
         openai_body["speculative"] = {**(body.get("speculative") or {}), "n_max": body["speculative.n_max"]}
     elif "speculative" in body:
         openai_body["speculative"] = body["speculative"]
+    limits = {}
+    for name, field in (("n_indent", "n_indent"), ("t_max_predict_ms", "time_limit_ms")):
+        value = body.get(name, 0)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ApiError(400, f"'{name}' must be an integer >= 0", param=name)
+        limits[field] = value
     n_probs = body.get("n_probs")
     if n_probs is not None and (not isinstance(n_probs, int) or isinstance(n_probs, bool) or not 0 <= n_probs <= 20):
         raise ApiError(400, "'n_probs' must be an integer in 0..20", param="n_probs")
@@ -53,7 +65,28 @@ def completion_request(body: dict, max_tokens_limit: Optional[int]) -> Completio
     if n_predict is not None and n_predict > 0:  # -1 (llama.cpp: until the context ends): the server's default
         openai_body["max_tokens"] = n_predict
     request = text_request(openai_body, max_tokens_limit)
-    return CompletionRequest(**{**request.__dict__, "cache_prompt": cache_prompt})
+    return CompletionRequest(**{**request.__dict__, "cache_prompt": cache_prompt, **limits})
+
+
+def infill_request(body: dict, max_tokens_limit: Optional[int]) -> CompletionRequest:
+    """An /infill body: the text before and after the gap (`input_prefix`, `input_suffix`, both required, either may
+    be empty), other files (`input_extra`), what was typed at the gap (`prompt`), and /completion's fields."""
+    for name in ("input_prefix", "input_suffix"):
+        if not isinstance(body.get(name), str):
+            raise ApiError(400, f"'{name}' is required: a string (it may be empty)", param=name)
+    typed = body.get("prompt", "")
+    if not isinstance(typed, str):
+        raise ApiError(400, "'prompt' must be a string (the text typed at the gap)", param="prompt")
+    chunks = body.get("input_extra") or []
+    try:
+        extra = check_extra(chunks if isinstance(chunks, list) else [None])
+    except ValueError as error:
+        raise ApiError(400, f"'input_extra' must be an array of {{\"filename\", \"text\"}}: {error}",
+                       param="input_extra") from None
+    # /completion's fields, read as for a prompt (the prompt itself is the FIM prompt, made from the parts)
+    request = completion_request({**body, "prompt": "-"}, max_tokens_limit)
+    parts = FimParts(prefix=body["input_prefix"], suffix=body["input_suffix"], middle=typed, extra=extra)
+    return replace(request, prompt=body["input_prefix"] + typed, fim=parts)
 
 
 def completion_body(outcome: Outcome, model_name: str) -> dict:

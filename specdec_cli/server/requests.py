@@ -21,6 +21,7 @@ from typing import Any, Literal, Optional, Union
 from ..decoding.generation_config import GenerationConfig
 from ..decoding.grammar import GrammarSpec
 from ..errors import SpecdecError
+from ..texts.fim import FimParts
 from ..texts.tool_calls import ToolFormat
 from .api_errors import ApiError
 from .tools import ToolUse, assistant_calls, tool_use
@@ -59,6 +60,9 @@ class CompletionRequest:
     trace: bool = False  # `speculative.trace`: a stream carries each step's drafts (`speculation`: the chat page's)
     min_tokens: int = 0  # vLLM's: no end-of-text token before the answer has this many tokens
     ignore_eos: bool = False  # llama-server's and vLLM's: no end-of-text token at all (the answer runs to max_tokens)
+    fim: Optional[FimParts] = None  # text: fill in the middle (`suffix`; llama-server's /infill), the prompt its prefix
+    n_indent: int = 0  # llama-server's: a later line indented less than this ends the answer
+    time_limit_ms: int = 0  # llama-server's `t_max_predict_ms`: past it, the answer ends at its next line (0: none)
 
     def check_drafter(self, served: str) -> None:
         """`speculative.drafter` names what this server can draft with: its own drafter, or none (400 otherwise)."""
@@ -169,7 +173,14 @@ def text_request(body: dict, max_tokens_limit: Optional[int]) -> CompletionReque
     logprobs = _integer(body, "logprobs")  # the legacy API's: alternatives per token (0 = the chosen ones only)
     if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
         raise ApiError(400, f"'logprobs' must be in 0..{MAX_TOP_LOGPROBS}", param="logprobs")
-    return CompletionRequest("text", prompt=text, **_common(body, max_tokens_limit), logprobs=logprobs)
+    suffix = body.get("suffix")
+    fim = None
+    if suffix is not None and suffix != "":  # fill in the middle: the prompt before the gap, the suffix after it
+        if not isinstance(suffix, str) or not isinstance(text, str):
+            raise ApiError(400, "'suffix' must be a string, after a 'prompt' given as text", param="suffix")
+        fim = FimParts(prefix=text, suffix=suffix)
+    return CompletionRequest("text", prompt=text, **_common(body, max_tokens_limit, honoured=("suffix",)),
+                             logprobs=logprobs, fim=fim)
 
 
 def _message(message: Any, index: int) -> dict:

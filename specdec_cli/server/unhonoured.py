@@ -62,7 +62,7 @@ UNHONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "xtc_probability": (_set, "XTC sampling"),
     "top_n_sigma": (_top_n_sigma, "top-n-sigma sampling"),
     "echo": (_set, "the prompt echoed in the answer"),
-    "suffix": (_set, "a suffix (fill-in-the-middle)"),
+    "suffix": (_set, "a suffix (fill-in-the-middle: /v1/completions carries it out)"),
     "best_of": (_not_one, "several answers to choose from"),
     "audio": (_set, "audio output"),
     "modalities": (_not_text_only, "output other than text"),

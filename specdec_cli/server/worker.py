@@ -21,9 +21,11 @@ import logging
 import math
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Optional, Sequence, Union
 
 from ..errors import SpecdecError
+from ..texts.fim import FimTokens, fim_end_ids, fim_prompt, find_fim_tokens
 from ..texts.prompt_ids import format_prompt, with_system
 from ..texts.tool_calls import ToolFormat, template_inputs, tool_format
 from .answering import Answering
@@ -49,6 +51,7 @@ class Worker:
         self.durations: collections.deque = collections.deque(maxlen=RECENT)
         self.context = session.engine.context  # prompt and answer together (the engine's limit: one place)
         self.longest_token: Optional[int] = None  # characters of the vocabulary's longest entry (read when needed)
+        self._fim: Union[FimTokens, None, bool] = False  # the model's FIM tokens (False: not looked for yet)
         self._tool_format: Union[ToolFormat, SpecdecError, None] = None  # read from the template when first needed
         self.last_prompt = 0  # tokens of the previous request's prompt (a shorter common prefix: new conversation)
         self.fresh: Optional[Any] = None  # a drafter built from the memory since, waiting for a new conversation
@@ -146,10 +149,10 @@ class Worker:
             job.send("started")
             answering = Answering(job, session, len(prompt_ids), self.offered_format(request))
 
-            def on_event(event: Any) -> None:
+            def on_event(event: Any) -> bool:
                 if job.cancelled.is_set():
                     raise Cancelled()
-                answering.on_event(event)
+                return answering.on_event(event)
 
             generation = session.generate(prompt_ids, job.config, on_event, remember=False,
                                           cached=request.cache_prompt)
@@ -222,6 +225,8 @@ class Worker:
                 messages, tools = template_inputs(self.tool_format(), messages,
                                                   request.tools.tools if request.tools else (), offered)
             return format_prompt(session.tokenizer, messages, session.raw, tools=tools)
+        if request.fim is not None:
+            return self._fim_prompt(request)
         if isinstance(request.prompt, tuple):
             vocab = session.info.vocab_size
             if any(token >= vocab for token in request.prompt):
@@ -229,6 +234,32 @@ class Worker:
                                param="prompt")
             return list(request.prompt)
         return list(session.tokenizer(request.prompt)["input_ids"])
+
+    def fim(self) -> Optional[FimTokens]:
+        """The served model's fill-in-the-middle tokens (found once), or None."""
+        if self._fim is False:
+            self._fim = find_fim_tokens(self.session.tokenizer)
+        return self._fim  # type: ignore[return-value]
+
+    def fim_ends(self) -> tuple[int, ...]:
+        """What ends a middle beside the model's EOS (its FIM padding and file tokens, its end of text)."""
+        fim = self.fim()
+        return () if fim is None else fim_end_ids(self.session.tokenizer, fim)
+
+    def _fim_prompt(self, request: CompletionRequest) -> list[int]:
+        """A fill-in-the-middle prompt (`suffix`, /infill): the extra context trimmed to what the context leaves."""
+        assert request.fim is not None
+        fim = self.fim()
+        if fim is None:
+            raise ApiError(400, "this model has no fill-in-the-middle tokens: 'suffix' and /infill need a model "
+                           "trained for it (Qwen2.5-Coder, StarCoder2, CodeLlama, ...)", param="suffix")
+        tokenizer = self.session.tokenizer
+        room = None
+        if self.context is not None and request.fim.extra:
+            core = len(fim_prompt(tokenizer, fim, replace(request.fim, extra=())))
+            answer = request.max_tokens or self.session.generation.max_new_tokens
+            room = max(0, self.context - core - answer - 1)
+        return fim_prompt(tokenizer, fim, request.fim, room)
 
     def _check_characters(self, request: CompletionRequest) -> None:
         """Refuse a text too long for the context before tokenizing it (megabytes of text take seconds of the only
@@ -238,7 +269,9 @@ class Worker:
             return
         if self.longest_token is None:
             self.longest_token = max((len(entry) for entry in self.session.tokenizer.get_vocab()), default=1)
-        characters = len(request.prompt) + sum(len(message["content"]) for message in request.messages) + \
+        fim = request.fim
+        characters = len(request.prompt) + (len(fim.suffix) if fim else 0) + \
+            sum(len(message["content"]) for message in request.messages) + \
             sum(len(call["function"]["arguments"]) for message in request.messages
                 for call in message.get("tool_calls", ()))
         fewest = characters // max(1, self.longest_token)

@@ -46,7 +46,7 @@ class Comparison:
 
 
 def compare(engine: "Engine", prompt_ids: Sequence[int], drafter: "Drafter", config: "GenerationConfig",
-            on_event: Optional[Callable[["StepEvent"], None]] = None) -> Comparison:
+            on_event: Optional[Callable[["StepEvent"], Optional[bool]]] = None) -> Comparison:
     """Answer `prompt_ids` with plain decoding, then with `drafter` (events of the second run go to
     `on_event`), after an untimed warm-up."""
     if not config.greedy:

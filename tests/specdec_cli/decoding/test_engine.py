@@ -119,6 +119,25 @@ def test_max_new_tokens_is_exact(tiny_llama):
     assert all(len(event.draft) <= 16 for event in generation.events)
 
 
+def test_an_event_callback_may_end_the_generation(tiny_llama):
+    """A callback that returns True ends the answer after that event (a server's limit): what was committed is the
+    beginning of the answer plain decoding writes, and the finish is "length"; with drafts or without."""
+    prompt = PROMPTS[0]
+    config = GenerationConfig(max_new_tokens=30, draft_max=6, cost_aware=False)  # (no end-of-text token)
+    plain = Engine(tiny_llama).generate(prompt, NoDrafter(), config).tokens
+    for drafter in (NoDrafter(), ScriptedDrafter(plain, len(prompt), "exact")):
+        seen: list = []
+
+        def enough(event, seen: list = seen) -> bool:
+            seen.append(event)
+            return sum(len(one.committed) for one in seen) >= 5
+
+        generation = Engine(tiny_llama).generate(prompt, drafter, config, on_event=enough)
+        assert generation.finish_reason == "length"
+        assert 5 <= len(generation.tokens) < 30 and generation.tokens == plain[: len(generation.tokens)]
+        assert len(generation.events) == len(seen)  # nothing after the event that ended it
+
+
 def test_events_are_consistent(tiny_llama):
     prompt = PROMPTS[1]
     generation = _generate(tiny_llama, prompt, PromptLookupDrafter(), 30)

@@ -1,0 +1,135 @@
+"""Fill in the middle through the server: llama-server's `/infill` (what llama.vim and llama.vscode send) and
+OpenAI's `suffix` on `/v1/completions`, on a tiny model whose vocabulary has Qwen2.5-Coder's FIM tokens. The
+answer is what plain decoding writes after the FIM prompt (texts/fim.py), drafted or not; `n_indent` and
+`t_max_predict_ms` end it where llama-server does; a model without FIM tokens refuses both in one line."""
+
+from __future__ import annotations
+
+import json
+import string
+
+import pytest
+import torch
+from conftest import char_level_tokenizer
+from test_server import _chat_settings, raw_request, serving
+
+pytest.importorskip("openai")
+
+FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+       "<|endoftext|>"]
+INFILL = {"input_prefix": "def f(a):\n    ", "input_suffix": "\n\nprint(f(2))\n",
+          "input_extra": [{"filename": "util.py", "text": "def g(b):\n    return b\n"}], "prompt": "ret",
+          "n_predict": 24}
+
+
+def _fim_model_dir(path, newline_bias: float = 0.0):
+    """A tiny Llama over characters and the FIM tokens; `newline_bias` lifts the newline's logit (every line break
+    the limits below judge)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = char_level_tokenizer(["<pad>", "<s>", "<unk>", "<|im_end|>", "<|im_start|>", *FIM],
+                                     sorted(set(string.printable) - set("\x0b\x0c\r")),
+                                     "{% for m in messages %}{{ m['content'] }}{% endfor %}", eos_token="<|im_end|>",
+                                     more_specials=("<|im_start|>", *FIM))
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         initializer_range=0.3, eos_token_id=tokenizer.eos_token_id, bos_token_id=1, pad_token_id=0)
+    torch.manual_seed(7)
+    model = LlamaForCausalLM(config).eval()
+    if newline_bias:
+        with torch.no_grad():
+            model.lm_head.weight[tokenizer.convert_tokens_to_ids("\n")] *= newline_bias
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def fim_session(tmp_path_factory):
+    from specdec_cli.session.chat import open_session
+
+    session, _ = open_session(_chat_settings(_fim_model_dir(tmp_path_factory.mktemp("fim")), max_new_tokens=24))
+    return session
+
+
+def _plain_middle(session, parts, max_new_tokens: int) -> list[int]:
+    """What plain decoding writes after the FIM prompt of `parts`, ending where a middle ends."""
+    from specdec_cli.decoding.engine import Engine, GenerationConfig
+    from specdec_cli.drafters.none import NoDrafter
+    from specdec_cli.texts.fim import fim_end_ids, fim_prompt, find_fim_tokens
+
+    fim = find_fim_tokens(session.tokenizer)
+    ends = (*session.generation.eos_token_ids, *fim_end_ids(session.tokenizer, fim))
+    config = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_ids=ends)
+    engine = Engine(session.engine.model, session.tokenizer)
+    return engine.generate(fim_prompt(session.tokenizer, fim, parts), NoDrafter(), config).tokens
+
+
+def test_infill_and_suffix_answer_as_plain_decoding_of_the_fim_prompt(fim_session):
+    from specdec_cli.texts.fim import FimParts
+
+    with serving(fim_session) as server:
+        status, _, body = raw_request(server, "POST", "/infill", json.dumps(INFILL).encode())
+        assert status == 200, body
+        parts = FimParts(prefix=INFILL["input_prefix"], suffix=INFILL["input_suffix"], middle="ret",
+                         extra=(("util.py", "def g(b):\n    return b\n"),))
+        expected = _plain_middle(fim_session, parts, 24)
+        assert body["tokens"] == expected  # drafted by the server's sam, the same tokens
+        assert body["content"] == fim_session.tokenizer.decode(expected, skip_special_tokens=True)
+        assert body["stop_type"] in ("eos", "limit") and body["tokens_predicted"] == len(expected)
+        # OpenAI's suffix: the prompt before the gap, the suffix after it (no other files)
+        asked = {"prompt": INFILL["input_prefix"], "suffix": INFILL["input_suffix"], "max_tokens": 24}
+        status, _, text = raw_request(server, "POST", "/v1/completions", json.dumps(asked).encode())
+        assert status == 200, text
+        alone = _plain_middle(fim_session, FimParts(prefix=INFILL["input_prefix"], suffix=INFILL["input_suffix"]), 24)
+        assert text["choices"][0]["text"] == fim_session.tokenizer.decode(alone, skip_special_tokens=True)
+        assert text["usage"]["completion_tokens"] == len(alone)
+
+
+def test_bad_infill_bodies_are_400_naming_the_field(fim_session):
+    with serving(fim_session) as server:
+        for body, param in (({"input_suffix": ""}, "input_prefix"), ({"input_prefix": ""}, "input_suffix"),
+                            ({**INFILL, "input_extra": [{"filename": "a"}]}, "input_extra"),
+                            ({**INFILL, "prompt": 3}, "prompt"), ({**INFILL, "n_indent": -1}, "n_indent"),
+                            ({**INFILL, "t_max_predict_ms": "soon"}, "t_max_predict_ms"),
+                            ({**INFILL, "stream": True}, "stream")):
+            status, _, answer = raw_request(server, "POST", "/infill", json.dumps(body).encode())
+            assert status == 400 and answer["error"]["param"] == param, answer
+        status, _, answer = raw_request(server, "POST", "/v1/completions",
+                                        json.dumps({"prompt": [5, 6], "suffix": "x"}).encode())
+        assert status == 400 and answer["error"]["param"] == "suffix"
+
+
+def test_a_model_without_fim_tokens_refuses_in_one_line(tiny_model_dir):
+    from specdec_cli.session.chat import open_session
+
+    session, _ = open_session(_chat_settings(tiny_model_dir))
+    with serving(session) as server:
+        for path, body in (("/infill", INFILL), ("/v1/completions", {"prompt": "def f(", "suffix": ")"})):
+            status, _, answer = raw_request(server, "POST", path, json.dumps(body).encode())
+            assert status == 400 and "fill-in-the-middle" in answer["error"]["message"], answer
+
+
+def test_n_indent_and_the_time_limit_end_the_answer_as_llama_server_does(tmp_path):
+    from specdec_cli.session.chat import open_session
+    from specdec_cli.texts.fim import FimParts, cut_at_indent
+
+    session, _ = open_session(_chat_settings(_fim_model_dir(tmp_path / "newlines", newline_bias=40.0),
+                                             max_new_tokens=40))
+    parts = FimParts(prefix=INFILL["input_prefix"], suffix=INFILL["input_suffix"])
+    plain = _plain_middle(session, parts, 40)
+    plain_text = session.tokenizer.decode(plain, skip_special_tokens=True)
+    assert plain_text.count("\n") >= 2  # (the model writes line breaks: the limits have lines to judge)
+    asked = {"input_prefix": parts.prefix, "input_suffix": parts.suffix, "n_predict": 40}
+    with serving(session) as server:
+        status, _, body = raw_request(server, "POST", "/infill", json.dumps({**asked, "n_indent": 4}).encode())
+        assert status == 200, body
+        cut = cut_at_indent(plain_text, 4)
+        assert cut is not None and body["content"] == plain_text[:cut] and body["stop_type"] == "limit"
+        assert body["tokens_predicted"] < len(plain) and body["tokens"] == plain[: body["tokens_predicted"]]
+        # a time limit long past: the answer ends at the first step that has a line break
+        status, _, body = raw_request(server, "POST", "/infill",
+                                      json.dumps({**asked, "t_max_predict_ms": 1, "t_max_prompt_ms": 5}).encode())
+        assert status == 200, body
+        assert "\n" in body["content"] and plain_text.startswith(body["content"]) and body["stop_type"] == "limit"
+        assert body["tokens"] == plain[: body["tokens_predicted"]]
