@@ -69,17 +69,30 @@ class Answering:
         if calls:
             job.send("calls", calls)
         ended = generation.finish_reason  # the engine's reason; a cut below is a limit's ("length")
-        content = stream.content
+        content, tokens = stream.content, list(generation.tokens)
         cut = cut_at_indent(content, job.request.n_indent)
         if cut is not None:  # (llama-server keeps the short line's indentation, not its text)
             content, ended = content[:cut], "length"
+            tokens = tokens[: self._tokens_for(tokens, cut)]  # (a step may have committed past the cut)
         finish = "tool_calls" if stream.calls else FINISH_REASONS[ended]
         outcome = Outcome(content, finish, self.prompt_tokens, generation.cached_tokens,
-                          len(generation.tokens), generation.stats, "none" if job.config.budget == 0 else drafter,
-                          ended, tuple(generation.tokens), job.config.budget,
+                          len(tokens), generation.stats, "none" if job.config.budget == 0 else drafter,
+                          ended, tuple(tokens), job.config.budget,
                           tuple(self.scored.released) if job.config.logprobs is not None else None,
                           tuple(stream.calls))
         return outcome
+
+    def _tokens_for(self, tokens: list[int], characters: int) -> int:
+        """The fewest of the answer's tokens whose text holds its first `characters` characters: what an answer cut
+        there reports, whatever a drafted step committed past the cut."""
+        low, high = 0, len(tokens)
+        while low < high:
+            middle = (low + high) // 2
+            if len(self.session.tokenizer.decode(tokens[:middle], skip_special_tokens=True)) >= characters:
+                high = middle
+            else:
+                low = middle + 1
+        return low
 
     def done(self, outcome: Outcome) -> None:
         self.job.send("done", outcome)

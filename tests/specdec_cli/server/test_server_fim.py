@@ -127,6 +127,10 @@ def test_n_indent_and_the_time_limit_end_the_answer_as_llama_server_does(tmp_pat
         cut = cut_at_indent(plain_text, 4)
         assert cut is not None and body["content"] == plain_text[:cut] and body["stop_type"] == "limit"
         assert body["tokens_predicted"] < len(plain) and body["tokens"] == plain[: body["tokens_predicted"]]
+        assert len(session.tokenizer.decode(body["tokens"][:-1])) < len(body["content"])  # the fewest that hold it
+        status, _, undrafted = raw_request(server, "POST", "/infill", json.dumps(
+            {**asked, "n_indent": 4, "speculative": {"n_max": 0}}).encode())
+        assert (undrafted["content"], undrafted["tokens"]) == (body["content"], body["tokens"])
         # a time limit long past: the answer ends at the first step that has a line break
         status, _, body = raw_request(server, "POST", "/infill",
                                       json.dumps({**asked, "t_max_predict_ms": 1, "t_max_prompt_ms": 5}).encode())
