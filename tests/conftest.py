@@ -388,6 +388,34 @@ def make_tiny_model_dir(path, seed: int = 99, never_eos: bool = False):
     return path
 
 
+FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+       "<|endoftext|>"]  # Qwen2.5-Coder's fill-in-the-middle tokens, found by their text
+
+
+def make_fim_model_dir(path, newline_bias: float = 0.0):
+    """A tiny Llama over characters and the FIM tokens, saved as a model directory; `newline_bias` multiplies the
+    newline's output row (answers full of line breaks, for llama-server's line limits)."""
+    import string
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = char_level_tokenizer(["<pad>", "<s>", "<unk>", "<|im_end|>", "<|im_start|>", *FIM],
+                                     sorted(set(string.printable) - set("\x0b\x0c\r")),
+                                     "{% for m in messages %}{{ m['content'] }}{% endfor %}", eos_token="<|im_end|>",
+                                     more_specials=("<|im_start|>", *FIM))
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         initializer_range=0.3, eos_token_id=tokenizer.eos_token_id, bos_token_id=1, pad_token_id=0)
+    torch.manual_seed(7)
+    model = LlamaForCausalLM(config).eval()
+    if newline_bias:
+        with torch.no_grad():
+            model.lm_head.weight[tokenizer.convert_tokens_to_ids("\n")] *= newline_bias
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     return str(make_tiny_model_dir(tmp_path_factory.mktemp("tiny-model")))

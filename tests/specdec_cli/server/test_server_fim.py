@@ -6,49 +6,23 @@ answer is what plain decoding writes after the FIM prompt (texts/fim.py), drafte
 from __future__ import annotations
 
 import json
-import string
 
 import pytest
-import torch
-from conftest import char_level_tokenizer
+from conftest import make_fim_model_dir
 from test_server import _chat_settings, raw_request, serving
 
 pytest.importorskip("openai")
 
-FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
-       "<|endoftext|>"]
 INFILL = {"input_prefix": "def f(a):\n    ", "input_suffix": "\n\nprint(f(2))\n",
           "input_extra": [{"filename": "util.py", "text": "def g(b):\n    return b\n"}], "prompt": "ret",
           "n_predict": 24}
-
-
-def _fim_model_dir(path, newline_bias: float = 0.0):
-    """A tiny Llama over characters and the FIM tokens; `newline_bias` lifts the newline's logit (every line break
-    the limits below judge)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tokenizer = char_level_tokenizer(["<pad>", "<s>", "<unk>", "<|im_end|>", "<|im_start|>", *FIM],
-                                     sorted(set(string.printable) - set("\x0b\x0c\r")),
-                                     "{% for m in messages %}{{ m['content'] }}{% endfor %}", eos_token="<|im_end|>",
-                                     more_specials=("<|im_start|>", *FIM))
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         initializer_range=0.3, eos_token_id=tokenizer.eos_token_id, bos_token_id=1, pad_token_id=0)
-    torch.manual_seed(7)
-    model = LlamaForCausalLM(config).eval()
-    if newline_bias:
-        with torch.no_grad():
-            model.lm_head.weight[tokenizer.convert_tokens_to_ids("\n")] *= newline_bias
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
 
 
 @pytest.fixture(scope="module")
 def fim_session(tmp_path_factory):
     from specdec_cli.session.chat import open_session
 
-    session, _ = open_session(_chat_settings(_fim_model_dir(tmp_path_factory.mktemp("fim")), max_new_tokens=24))
+    session, _ = open_session(_chat_settings(make_fim_model_dir(tmp_path_factory.mktemp("fim")), max_new_tokens=24))
     return session
 
 
@@ -114,7 +88,7 @@ def test_n_indent_and_the_time_limit_end_the_answer_as_llama_server_does(tmp_pat
     from specdec_cli.session.chat import open_session
     from specdec_cli.texts.fim import FimParts, cut_at_indent
 
-    session, _ = open_session(_chat_settings(_fim_model_dir(tmp_path / "newlines", newline_bias=40.0),
+    session, _ = open_session(_chat_settings(make_fim_model_dir(tmp_path / "newlines", newline_bias=40.0),
                                              max_new_tokens=40))
     parts = FimParts(prefix=INFILL["input_prefix"], suffix=INFILL["input_suffix"])
     plain = _plain_middle(session, parts, 40)

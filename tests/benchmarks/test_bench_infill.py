@@ -1,0 +1,50 @@
+"""benchmarks/bench_infill.py: the completions it cuts from source files (as llama.vim sends them), and its whole
+path on a tiny model with fill-in-the-middle tokens (the numbers are not checked, only that every drafted answer
+was plain decoding's, text and tokens)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+from conftest import make_fim_model_dir
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_infill.py"
+
+
+def _module():
+    sys.path.insert(0, str(SCRIPT.parent))  # (it imports bench_serve beside it)
+    spec = importlib.util.spec_from_file_location("bench_infill", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _source(folder: Path) -> Path:
+    folder.mkdir()
+    body = [f"def function_{index}(value):\n    total = value + {index}\n    return total\n" for index in range(120)]
+    (folder / "module.py").write_text("\n".join(body))
+    (folder / "short.py").write_text("x = 1\n")  # too short to cut from
+    return folder
+
+
+def test_the_cases_are_cut_as_an_editor_sends_them(tmp_path):
+    module = _module()
+    cases = module.make_cases(_source(tmp_path / "src"), 6, seed=3)
+    assert cases == module.make_cases(tmp_path / "src", 6, seed=3)  # the same cases for the same seed
+    for case in cases:
+        line_start = case["input_prefix"].rsplit("\n", 1)[1]
+        assert line_start.startswith(" " * case["n_indent"]) and case["n_indent"] == 4
+        assert case["input_prefix"].count("\n") == module.BEFORE and case["input_suffix"].count("\n") == module.AFTER
+        assert case["n_predict"] == 64
+
+
+def test_the_benchmark_runs_on_a_model_with_fim_tokens(tmp_path):
+    module = _module()
+    target = make_fim_model_dir(tmp_path / "fim")
+    args = argparse.Namespace(target=target, drafter="sam", threads=1, cases=2, rounds=1, seed=1,
+                              source=str(_source(tmp_path / "src")), json_out=None)
+    result = module.run(args)
+    assert result["answers"] == 2 and result["identical"] == 2 and result["cases"] == 2
