@@ -37,6 +37,8 @@ from .llama_api import (
     detokenize_body,
     infill_request,
     props_body,
+    stream_last,
+    stream_piece,
     tokenize_body,
 )
 from .metrics import CONTENT_TYPE as METRICS_TYPE
@@ -108,7 +110,8 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
                 return Response(status_code=499)  # the client is gone: nobody reads this
             ids = Ids(checked.kind, checked.model or model_name)
             if checked.stream and watcher is not None:
-                stream = _events(job, ids, checked.include_usage, watcher, checked.logprobs is not None)
+                stream = _llama_events(job, model_name, watcher, checked.logprobs is not None) if llama else \
+                    _events(job, ids, checked.include_usage, watcher, checked.logprobs is not None)
                 watcher = None  # the stream ends it
                 return StreamingResponse(stream, media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -179,6 +182,29 @@ async def _events(job: Job, ids: Ids, include_usage: bool, watcher: asyncio.Task
                 return
     finally:
         job.cancel()  # whatever ended the stream (the client gone, the server stopping), the job ends too
+        watcher.cancel()
+
+
+async def _llama_events(job: Job, model_name: str, watcher: asyncio.Task, with_probabilities: bool
+                        ) -> AsyncIterator[str]:
+    """llama-server's stream of /completion and /infill: `content` pieces (with their tokens' probabilities where
+    n_probs asks), then the whole answer's fields with `stop: true`; no [DONE]."""
+    try:
+        while True:
+            kind, value = await job.messages.get()
+            if kind == "text":
+                text, entries = value
+                yield _event(stream_piece(text, entries if with_probabilities else None))
+            elif kind == "done":
+                yield _event(stream_last(value, model_name))
+                return
+            elif kind == "error":
+                yield _event(value.body())
+                return
+            elif kind == "cancelled":
+                return
+    finally:
+        job.cancel()
         watcher.cancel()
 
 

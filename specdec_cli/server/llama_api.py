@@ -1,5 +1,6 @@
 """llama.cpp's own endpoints, as far as tools that measure llama-server use them: `POST /completion` (a prompt as
-text or token ids, `n_predict`, sampling, `cache_prompt`, `return_tokens`; not streamed), `POST /infill` (code
+text or token ids, `n_predict`, sampling, `cache_prompt`, `return_tokens`; whole or streamed as llama-server
+streams it: pieces of `content`, the last with `stop: true` and the rest), `POST /infill` (code
 completion in editors, llama.vim's and llama.vscode's: `input_prefix`, `input_suffix`, `input_extra`, `prompt`, with
 `/completion`'s fields, `n_indent` and `t_max_predict_ms`), `GET /props`, and `POST /tokenize` (`content`,
 `add_special`, `with_pieces`) and `POST /detokenize` (`tokens`) shaped as llama-server's.
@@ -37,14 +38,14 @@ def completion_request(body: dict, max_tokens_limit: Optional[int]) -> Completio
         upper = f" up to {max_tokens_limit} (this model's context)" if max_tokens_limit else ""
         raise ApiError(400, f"'n_predict' must be -1 or 0 (the server's --max-new-tokens), or a count{upper}; got "
                        f"{n_predict}", param="n_predict")
-    if body.get("stream"):
-        raise ApiError(400, "/completion answers whole here ('stream': false); stream with /v1/completions",
-                       param="stream")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "'stream' must be a boolean", param="stream")
     cache_prompt = body.get("cache_prompt", True)
     if not isinstance(cache_prompt, bool):
         raise ApiError(400, "'cache_prompt' must be a boolean", param="cache_prompt")
     openai_body = {key: body[key] for key in ("prompt", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-                                              "json_schema", "grammar", "ignore_eos") if key in body}
+                                              "json_schema", "grammar", "ignore_eos", "stream") if key in body}
     if "speculative.n_max" in body:  # llama-server's flat name
         openai_body["speculative"] = {**(body.get("speculative") or {}), "n_max": body["speculative.n_max"]}
     elif "speculative" in body:
@@ -57,6 +58,9 @@ def completion_request(body: dict, max_tokens_limit: Optional[int]) -> Completio
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ApiError(400, f"'{name}' must be an integer >= 0", param=name)
         limits[field] = value
+    if stream and limits.get("n_indent"):
+        raise ApiError(400, "'n_indent' cuts an answer once it is whole here: ask it with 'stream': false",
+                       param="n_indent")
     n_probs = body.get("n_probs")
     if n_probs is not None and (not isinstance(n_probs, int) or isinstance(n_probs, bool) or not 0 <= n_probs <= 20):
         raise ApiError(400, "'n_probs' must be an integer in 0..20", param="n_probs")
@@ -100,14 +104,29 @@ def completion_body(outcome: Outcome, model_name: str) -> dict:
 
 
 def _probabilities(outcome: Outcome) -> dict:
+    return {} if outcome.logprobs is None else probabilities(outcome.logprobs)
+
+
+def probabilities(entries: Any) -> dict:
     """llama-server's `completion_probabilities` (asked with n_probs): per token, its id, text, log probability
     and bytes, and its alternatives'."""
-    if outcome.logprobs is None:
-        return {}
     return {"completion_probabilities": [
         {"id": entry.token, "token": entry.text, "logprob": entry.logprob, "bytes": list(entry.text.encode()),
          "top_logprobs": [{"id": token, "token": text, "logprob": value, "bytes": list(text.encode())}
-                          for token, text, value in entry.top]} for entry in outcome.logprobs]}
+                          for token, text, value in entry.top]} for entry in entries]}
+
+
+def stream_piece(text: str, entries: Any = None) -> dict:
+    """A streamed /completion or /infill piece, as llama-server streams them (`stop` false until the last)."""
+    return {"content": text, "stop": False, **(probabilities(entries) if entries is not None else {})}
+
+
+def stream_last(outcome: Outcome, model_name: str) -> dict:
+    """The stream's last event: the whole answer's fields but its text, which the pieces carried."""
+    last = {**completion_body(outcome, model_name), "content": ""}
+    if "completion_probabilities" in last:
+        last["completion_probabilities"] = []
+    return last
 
 
 def props_body(session: Any, model_name: str, context: Optional[int], slots: int) -> dict:

@@ -776,8 +776,8 @@ def test_llama_cpp_endpoints_let_bench_measure_a_running_server(tiny):
         assert turn.finish == ("eos" if expected[-1] in config.eos_token_ids else "length")
         assert reference.report()["build_info"].startswith("specdec")  # the bench names it `specdec serve`
         status, _, answer = raw_request(server, "POST", "/completion", json.dumps(
-            {"prompt": "Once upon a time", "n_predict": 6, "stream": True}).encode())
-        assert status == 400 and answer["error"]["param"] == "stream"
+            {"prompt": "Once upon a time", "n_predict": 6, "stream": "yes"}).encode())
+        assert status == 400 and answer["error"]["param"] == "stream"  # (streamed: test_server_fim.py)
 
 
 def test_sam_learns_from_what_the_server_answered(tiny_model_dir, tmp_path, monkeypatch):

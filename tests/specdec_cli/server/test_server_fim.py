@@ -1,10 +1,12 @@
 """Fill in the middle through the server: llama-server's `/infill` (what llama.vim and llama.vscode send) and
 OpenAI's `suffix` on `/v1/completions`, on a tiny model whose vocabulary has Qwen2.5-Coder's FIM tokens. The
 answer is what plain decoding writes after the FIM prompt (texts/fim.py), drafted or not; `n_indent` and
-`t_max_predict_ms` end it where llama-server does; a model without FIM tokens refuses both in one line."""
+`t_max_predict_ms` end it where llama-server does; a model without FIM tokens refuses both in one line. And
+llama-server's stream of `/completion` and `/infill` (Continue's llama.cpp provider streams `/completion`)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 
 import pytest
@@ -66,7 +68,7 @@ def test_bad_infill_bodies_are_400_naming_the_field(fim_session):
                             ({**INFILL, "input_extra": [{"filename": "a"}]}, "input_extra"),
                             ({**INFILL, "prompt": 3}, "prompt"), ({**INFILL, "n_indent": -1}, "n_indent"),
                             ({**INFILL, "t_max_predict_ms": "soon"}, "t_max_predict_ms"),
-                            ({**INFILL, "stream": True}, "stream")):
+                            ({**INFILL, "stream": "yes"}, "stream")):
             status, _, answer = raw_request(server, "POST", "/infill", json.dumps(body).encode())
             assert status == 400 and answer["error"]["param"] == param, answer
         status, _, answer = raw_request(server, "POST", "/v1/completions",
@@ -111,3 +113,41 @@ def test_n_indent_and_the_time_limit_end_the_answer_as_llama_server_does(tmp_pat
         assert status == 200, body
         assert "\n" in body["content"] and plain_text.startswith(body["content"]) and body["stop_type"] == "limit"
         assert body["tokens"] == plain[: body["tokens_predicted"]]
+
+
+def _llama_stream(server, path: str, body: dict) -> list[dict]:
+    """The events of a llama-server-style stream (`data: {...}` lines, no [DONE])."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    try:
+        connection.request("POST", path, json.dumps({**body, "stream": True}),
+                           {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 200 and response.getheader("Content-Type").startswith("text/event-stream")
+        lines = response.read().decode().split("\n")
+    finally:
+        connection.close()
+    assert "data: [DONE]" not in lines
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+
+
+def test_completion_and_infill_stream_as_llama_server_streams(fim_session):
+    with serving(fim_session) as server:
+        for path, body in (("/completion", {"prompt": "def f(a):", "n_predict": 16, "n_probs": 2}),
+                           ("/infill", {**INFILL, "n_predict": 16})):
+            status, _, whole = raw_request(server, "POST", path, json.dumps(body).encode())
+            assert status == 200, whole
+            events = _llama_stream(server, path, body)
+            pieces, last = events[:-1], events[-1]
+            assert all(event["stop"] is False for event in pieces) and last["stop"] is True
+            assert "".join(event["content"] for event in pieces) == whole["content"] and last["content"] == ""
+            assert last["tokens"] == whole["tokens"] and last["stop_type"] == whole["stop_type"]
+            assert "timings" in last and last["tokens_predicted"] == whole["tokens_predicted"]
+            if "n_probs" in body:  # each piece carries its tokens' probabilities: together, the whole answer's
+                streamed = [entry for event in pieces for entry in event["completion_probabilities"]]
+                wanted = whole["completion_probabilities"]  # (a dense float32 model: the two requests' prompts
+                assert [entry["id"] for entry in streamed] == [entry["id"] for entry in wanted]  # were computed
+                assert [entry["logprob"] for entry in streamed] == pytest.approx(  # in other blocks: close, not
+                    [entry["logprob"] for entry in wanted], rel=1e-4)  # the same bits)
+        status, _, refused = raw_request(server, "POST", "/infill", json.dumps(
+            {**INFILL, "stream": True, "n_indent": 4}).encode())
+        assert status == 400 and refused["error"]["param"] == "n_indent"
