@@ -203,3 +203,27 @@ def test_min_new_tokens_in_a_batch_is_each_answer_alone(block_model, drafter_nam
     assert alone[0] != _alone(engine, free)[0] and eos not in alone[0][:15]  # the bar changed an answer
     answers, widest, _ = _batched(engine, drafter_name, barred)
     assert answers == alone and widest >= 4
+
+
+def test_a_callback_that_ends_its_answer_in_a_batch_leaves_the_others_whole(block_model):
+    """A server's limit (an event callback returning True) ends that answer after the event, in a batched step
+    too: its tokens are the beginning of its answer alone, every other answer is whole."""
+    engine = fixed_engine(block_model)
+    config = _config()
+    plain = _alone(engine, config)
+    batch, events = Batch(engine), []
+
+    def enough(event) -> bool:
+        events.append(event)
+        return sum(len(one.committed) for one in events) >= 4
+
+    runs = [batch.add(prompt, _drafter("pld"), config, on_event=enough if index == 1 else None)
+            for index, prompt in enumerate(PROMPTS[:4])]
+    answers = {}
+    while len(batch):
+        for run in batch.step():
+            answers[runs.index(run)] = batch.close(run)
+    cut = answers[1]
+    assert cut.finish_reason == "length" and 4 <= len(cut.tokens) < len(plain[1])
+    assert cut.tokens == plain[1][: len(cut.tokens)]
+    assert all(answers[index].tokens == plain[index] for index in (0, 2, 3))
