@@ -45,6 +45,6 @@ def test_the_benchmark_runs_on_a_model_with_fim_tokens(tmp_path):
     module = _module()
     target = make_fim_model_dir(tmp_path / "fim")
     args = argparse.Namespace(target=target, drafter="sam", threads=1, cases=2, rounds=1, seed=1,
-                              source=str(_source(tmp_path / "src")), json_out=None)
+                              source=str(_source(tmp_path / "src")), json_out=None, llama_server="none")
     result = module.run(args)
     assert result["answers"] == 2 and result["identical"] == 2 and result["cases"] == 2
