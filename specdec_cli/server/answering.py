@@ -78,7 +78,7 @@ class Answering:
         outcome = Outcome(content, finish, self.prompt_tokens, generation.cached_tokens,
                           len(tokens), generation.stats, "none" if job.config.budget == 0 else drafter,
                           ended, tuple(tokens), job.config.budget,
-                          tuple(self.scored.released) if job.config.logprobs is not None else None,
+                          tuple(self.scored.released[: len(tokens)]) if job.config.logprobs is not None else None,
                           tuple(stream.calls))
         return outcome
 
