@@ -4,14 +4,15 @@ llama.vim and llama.vscode send the lines before the cursor and after it to `/in
 benchmark makes such requests from Python source files (default: the running Python's standard library): in a
 module of at least 200 lines, a line indented inside a block is picked at random, the cursor put a third of the way
 into its text; the prefix is the 60 lines before it and the line up to the cursor, the suffix the next 29 lines,
-`n_predict` 64 and `n_indent` the line's indentation (as llama.vim sends them). One server (`specdec serve -m FILE
+`n_predict` 64 and `n_indent` the line's indentation (as llama.vim sends them), greedy (`temperature` 0: llama-server
+would sample at 0.8). One server (`specdec serve -m FILE
 --no-memory --parallel 1`) answers every case `--rounds` times plainly (`"speculative": {"n_max": 0}`) and drafted,
 alternated, after one untimed request that puts the prompt in its cache; it reports the server's own decoding time
 (`timings.predicted_ms`) of both, their ratio (summed and the median over pairs), tokens a step, and how many
 answers were identical in text and tokens (all of them, or a bug). Where llama.cpp's `llama-server` is on PATH (or
 `--llama-server PATH`; `none` leaves it out), the same cases go to `llama-server -m FILE -t N -np 1` too, `--rounds`
-times after the same untimed request, and its decoding time is set beside specdec's (its answers round
-differently: they are counted, not required, to match).
+times after the same untimed request (`--llama-spec-type ngram-mod`: with its own n-gram drafts), and its decoding
+time is set beside specdec's (its answers round differently: they are counted, not required, to match).
 
 Needs a model with fill-in-the-middle tokens (the real Qwen2.5-Coder-0.5B: benchmarks/fetch_qwen_coder.py); the
 default model has none. Not a test: nothing here runs in CI.
@@ -58,7 +59,7 @@ def make_cases(folder: Path, count: int, seed: int = 1) -> list[dict]:
         cursor = indent + len(line.strip()) // 3
         cases.append({"input_prefix": "\n".join(lines[index - BEFORE : index]) + "\n" + line[:cursor],
                       "input_suffix": "\n" + "\n".join(lines[index + 1 : index + 1 + AFTER]),
-                      "n_predict": 64, "n_indent": indent})
+                      "n_predict": 64, "n_indent": indent, "temperature": 0})  # (greedy: llama-server samples)
     return cases
 
 
@@ -85,8 +86,10 @@ def llama_server(args: argparse.Namespace) -> Optional[str]:
 def run_llama(binary: str, args: argparse.Namespace, cases: list[dict], answers: list[str]) -> dict:
     """llama-server's decoding time on the same cases (`answers`: specdec's texts, to count the same ones)."""
     port = free_port()
-    server = Started("llama-server-infill", [binary, "-m", args.target, "-t", str(args.threads), "-np", "1",
-                                             "--host", "127.0.0.1", "--port", str(port), "-c", "8192"], port)
+    command = [binary, "-m", args.target, "-t", str(args.threads), "-np", "1", "--host", "127.0.0.1", "--port",
+               str(port), "-c", "8192"]
+    server = Started("llama-server-infill", command + (["--spec-type", args.llama_spec_type]
+                                                       if args.llama_spec_type else []), port)
     predicted_ms, same = 0.0, 0
     try:
         for case, text in zip(cases, answers):
@@ -141,6 +144,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--source", default=sysconfig.get_paths()["stdlib"], help="a folder of .py files")
     parser.add_argument("--llama-server", help="llama-server binary (default: on PATH); none: no llama-server row")
+    parser.add_argument("--llama-spec-type", help="llama-server's --spec-type (ngram-mod, ngram-simple, ...): its "
+                        "own n-gram drafts (default: plain decoding)")
     parser.add_argument("--json-out")
     args = parser.parse_args(argv)
     result = run(args)
@@ -148,7 +153,8 @@ def main(argv=None) -> int:
           f"decoding's time (median of pairs {result['median_of_pairs']:.2f}x), {result['tokens_per_step']:.2f} "
           f"tokens a step, identical {result['identical']}/{result['answers']}")
     if "llama_server_ms" in result:
-        print(f"llama-server on the same cases: decoding {result['llama_server_ms']:.0f} ms against specdec's "
+        mode = f" --spec-type {args.llama_spec_type}" if args.llama_spec_type else ""
+        print(f"llama-server{mode} on the same cases: decoding {result['llama_server_ms']:.0f} ms against specdec's "
               f"{result['plain_ms']:.0f} plain and {result['drafted_ms']:.0f} drafted: `{args.drafter}` "
               f"{result['llama_server_ms'] / max(1e-9, result['drafted_ms']):.2f}x llama-server's speed; "
               f"{result['llama_server_same']}/{result['answers']} of its answers the same text as specdec's")

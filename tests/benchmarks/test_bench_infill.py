@@ -38,13 +38,14 @@ def test_the_cases_are_cut_as_an_editor_sends_them(tmp_path):
         line_start = case["input_prefix"].rsplit("\n", 1)[1]
         assert line_start.startswith(" " * case["n_indent"]) and case["n_indent"] == 4
         assert case["input_prefix"].count("\n") == module.BEFORE and case["input_suffix"].count("\n") == module.AFTER
-        assert case["n_predict"] == 64
+        assert case["n_predict"] == 64 and case["temperature"] == 0
 
 
 def test_the_benchmark_runs_on_a_model_with_fim_tokens(tmp_path):
     module = _module()
     target = make_fim_model_dir(tmp_path / "fim")
     args = argparse.Namespace(target=target, drafter="sam", threads=1, cases=2, rounds=1, seed=1,
-                              source=str(_source(tmp_path / "src")), json_out=None, llama_server="none")
+                              source=str(_source(tmp_path / "src")), json_out=None, llama_server="none",
+                              llama_spec_type=None)
     result = module.run(args)
     assert result["answers"] == 2 and result["identical"] == 2 and result["cases"] == 2
