@@ -12,10 +12,10 @@ out its /infill prompt:
 
     <REPO>myproject\\n <SEP>name\\n text ... <SEP>filename\\n <PRE> prefix ...
 
-else each extra chunk follows a "--- snippet ---" line. (A BOS, where the tokenizer puts one, comes first: llama-server
-puts the extra context before it.) `middle` (llama-server's /infill `prompt`) continues the
-prefix: the text already typed at the cursor. The tokens are found by their text (`ROLE_TEXTS`), as llama.cpp
-finds them in a GGUF without FIM metadata; a model without all three of prefix, suffix and middle has none.
+else each extra chunk follows a "--- snippet ---" line. (A BOS, where the tokenizer puts one, comes first;
+llama-server puts the extra context before it.) `middle` (llama-server's /infill `prompt`) continues the prefix:
+the text already typed at the cursor. The tokens are found by their text (`ROLE_TEXTS`), as llama.cpp finds them
+in a GGUF without FIM metadata; a model without all three of prefix, suffix and middle has none.
 
 What it keeps when the pieces are long: the prefix's last PREFIX_MOST tokens, the suffix's first SUFFIX_MOST, and
 of the extra context the end that fits the room it is given. Not here: the requests that carry the pieces
@@ -36,7 +36,7 @@ ROLE_TEXTS = {
     "repo": ("<|repo_name|>", "<repo_name>", "<reponame>"),
     "file_sep": ("<|file_sep|>", "<file_sep>"),
 }
-END_TEXTS = ("<|endoftext|>", "<EOT>", "<|end_of_text|>")  # a FIM answer's end where it is not the chat's EOS
+END_TEXTS = ("<|endoftext|>", "<EOT>", "▁<EOT>", "<|end_of_text|>")  # a FIM answer's end where it is not the chat's EOS
 REPO_NAME = "myproject"  # the repository's name in a repository-level prompt (llama-server's)
 CURRENT_FILE = "filename"  # the file being edited, which the request does not name (llama-server's placeholder)
 SNIPPET = "\n\n--- snippet ---\n\n"  # before each extra chunk without repository tokens
