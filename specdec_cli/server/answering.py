@@ -29,6 +29,7 @@ class Answering:
         self.scored = LogprobStream(session.tokenizer)  # (empty unless the request asks for log probabilities)
         self.trace = StepTrace(session.tokenizer) if request.trace and request.stream else None
         self.first_token_at: Optional[float] = None  # (llama-server's `t_max_predict_ms` counts from it)
+        self.judged = 0  # `n_indent`: the answer's lines before this line end passed
 
     def on_event(self, event: Any) -> bool:
         """One step event: what of it the client may see now. True ends the answer here: a later line indented less
@@ -47,8 +48,10 @@ class Answering:
 
     def _limited(self) -> bool:
         request, content = self.job.request, self.stream.content
-        if request.n_indent and cut_at_indent(content, request.n_indent) is not None:
-            return True
+        if request.n_indent:
+            if cut_at_indent(content[self.judged:], request.n_indent) is not None:
+                return True
+            self.judged = max(self.judged, content.rfind("\n"))  # (the last line may be judged again)
         if request.time_limit_ms:
             now = time.perf_counter()
             if self.first_token_at is None:

@@ -112,3 +112,22 @@ def test_input_extra_is_checked():
     for bad in ([{"filename": "a.py"}], ["text"], [{"text": "A", "filename": 3}]):
         with pytest.raises(ValueError):
             check_extra(bad)
+
+
+def test_judging_from_the_last_line_end_finds_the_cut_a_whole_scan_finds():
+    """The server judges a growing answer from the last line end it saw (server/answering.py): against brute force
+    (every prefix scanned whole), the same first length at which a cut appears."""
+    import random
+
+    generator = random.Random(5)
+    for _ in range(300):
+        text = "".join(generator.choice("ab \t\n") for _ in range(generator.randrange(1, 40)))
+        n_indent = generator.randrange(1, 4)
+        whole = next((k for k in range(1, len(text) + 1) if cut_at_indent(text[:k], n_indent) is not None), None)
+        judged, found = 0, None
+        for k in range(1, len(text) + 1):
+            if cut_at_indent(text[:k][judged:], n_indent) is not None:
+                found = k
+                break
+            judged = max(judged, text[:k].rfind("\n"))
+        assert found == whole, (text, n_indent)
