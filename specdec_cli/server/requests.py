@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Optional, Union
@@ -32,6 +33,7 @@ MAX_DRAFT = 64  # the longest draft a request may ask for (speculative.n_max)
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit (decoding/logprobs.py)
 TOOL_FIELDS = ("tools", "tool_choice")  # honoured on chat completions (server/tools.py), refused elsewhere
 ROLES = ("system", "developer", "user", "assistant", "tool")
+LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # the escape of a UTF-16 surrogate: paired, or a fault
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,25 @@ def read_json(raw: bytes) -> dict:
                        "digits") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {json_type(body)}")
+    if LONE_SURROGATE.search(raw) and _has_lone_surrogate(body):  # (a pair, "\ud83d\ude00", is one character)
+        raise ApiError(400, "the request body holds half of a UTF-16 surrogate pair (\\ud800-\\udfff alone): "
+                       "not text")
     return body
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether a string anywhere in the parsed body holds a surrogate that JSON's escapes left unpaired."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(key) or _has_lone_surrogate(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(item) for item in value)
+    return False
 
 
 def json_type(value: Any) -> str:

@@ -74,6 +74,7 @@ def _read_all(sock: socket.socket) -> bytes:
     (b"null", "got null"),
     (b"[1, 2]", "got an array"),
     (b'"text"', "got a string"),
+    (b'{"prompt": "a\\ud800b", "messages": [{"role": "user", "content": "x\\uDFFF"}]}', "half of a UTF-16"),
 ])
 def test_bodies_that_are_not_requests_are_400s(tiny_session, no_tracebacks, body, needle):
     session = tiny_session
@@ -82,6 +83,17 @@ def test_bodies_that_are_not_requests_are_400s(tiny_session, no_tracebacks, body
             status, _, answer = raw_request(server, "POST", path, body)
             assert status == 400 and needle in answer["error"]["message"], answer
         assert raw_request(server, "POST", "/v1/chat/completions", HI)[0] == 200
+
+
+def test_a_surrogate_pair_is_one_character_and_half_of_one_is_refused():
+    from specdec_cli.server.api_errors import ApiError
+    from specdec_cli.server.requests import read_json
+
+    assert read_json(b'{"prompt": "\\ud83d\\ude00", "note": "\\\\ud800 is text"}') == {
+        "prompt": "\U0001F600", "note": "\\ud800 is text"}
+    for body in (b'{"\\ud800": 1}', b'{"a": ["x", {"b": "\\ude00"}]}'):
+        with pytest.raises(ApiError, match="half of a UTF-16"):
+            read_json(body)
 
 
 def test_n_predict_out_of_range_is_named_as_sent(tiny_session):
