@@ -17,7 +17,6 @@ import asyncio
 import hmac
 import json
 import time
-from dataclasses import replace
 from typing import Any, AsyncIterator, Callable, Optional
 
 from starlette.applications import Starlette
@@ -96,10 +95,8 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
         checked = parse(body, worker.context)
         checked.check_drafter(worker.session.drafter_name)
         tool_format = worker.tool_format() if checked.tools is not None else None
-        config = checked.generation(base, tool_format)
-        if checked.fim is not None:  # a middle also ends where the model's FIM padding or end of text comes
-            config = replace(config, eos_token_ids=tuple(dict.fromkeys((*config.eos_token_ids, *worker.fim_ends()))))
-        job = Job(checked, config, asyncio.get_running_loop())
+        fim_ends = worker.fim_ends() if checked.fim is not None else ()
+        job = Job(checked, checked.generation(base, tool_format, fim_ends), asyncio.get_running_loop())
         worker.submit(job)
         watcher: Optional[asyncio.Task] = asyncio.create_task(_watch_disconnect(request, job, worker))
         try:

@@ -72,10 +72,14 @@ class CompletionRequest:
             raise ApiError(400, f"'speculative.drafter': this server drafts with {served}; a request may choose it "
                            f"or none, got {self.drafter!r}", param="speculative.drafter")
 
-    def generation(self, base: GenerationConfig, tool_format: Optional[ToolFormat] = None) -> GenerationConfig:
+    def generation(self, base: GenerationConfig, tool_format: Optional[ToolFormat] = None,
+                   fim_ends: tuple[int, ...] = ()) -> GenerationConfig:
         """The server's generation settings with what this request sets; checked (400 on a bad combination).
-        `tool_format`: how the served model calls tools, for a request that makes a call compulsory."""
+        `tool_format`: how the served model calls tools, for a request that makes a call compulsory; `fim_ends`:
+        what ends a middle beside the model's EOS, for a fill-in-the-middle request."""
         changes: dict[str, Any] = {"stop": self.stop}
+        if self.fim is not None:
+            changes["eos_token_ids"] = tuple(dict.fromkeys((*base.eos_token_ids, *fim_ends)))
         calls = self.tools.grammar(tool_format) if self.tools is not None and tool_format is not None else None
         if calls is not None:
             if self.grammar is not None:

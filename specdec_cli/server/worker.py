@@ -17,11 +17,11 @@ when a new conversation starts, so `sam` drafts from what the server answered be
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import math
 import threading
 import time
-from dataclasses import replace
 from typing import Any, Optional, Sequence, Union
 
 from ..errors import SpecdecError
@@ -51,7 +51,6 @@ class Worker:
         self.durations: collections.deque = collections.deque(maxlen=RECENT)
         self.context = session.engine.context  # prompt and answer together (the engine's limit: one place)
         self.longest_token: Optional[int] = None  # characters of the vocabulary's longest entry (read when needed)
-        self._fim: Union[FimTokens, None, bool] = False  # the model's FIM tokens (False: not looked for yet)
         self._tool_format: Union[ToolFormat, SpecdecError, None] = None  # read from the template when first needed
         self.last_prompt = 0  # tokens of the previous request's prompt (a shorter common prefix: new conversation)
         self.fresh: Optional[Any] = None  # a drafter built from the memory since, waiting for a new conversation
@@ -235,31 +234,24 @@ class Worker:
             return list(request.prompt)
         return list(session.tokenizer(request.prompt)["input_ids"])
 
+    @functools.cached_property
     def fim(self) -> Optional[FimTokens]:
         """The served model's fill-in-the-middle tokens (found once), or None."""
-        if self._fim is False:
-            self._fim = find_fim_tokens(self.session.tokenizer)
-        return self._fim  # type: ignore[return-value]
+        return find_fim_tokens(self.session.tokenizer)
 
     def fim_ends(self) -> tuple[int, ...]:
         """What ends a middle beside the model's EOS (its FIM padding and file tokens, its end of text)."""
-        fim = self.fim()
-        return () if fim is None else fim_end_ids(self.session.tokenizer, fim)
+        return () if self.fim is None else fim_end_ids(self.session.tokenizer, self.fim)
 
     def _fim_prompt(self, request: CompletionRequest) -> list[int]:
         """A fill-in-the-middle prompt (`suffix`, /infill): the extra context trimmed to what the context leaves."""
         assert request.fim is not None
-        fim = self.fim()
-        if fim is None:
+        if self.fim is None:
             raise ApiError(400, "this model has no fill-in-the-middle tokens: 'suffix' and /infill need a model "
                            "trained for it (Qwen2.5-Coder, StarCoder2, CodeLlama, ...)", param="suffix")
-        tokenizer = self.session.tokenizer
-        room = None
-        if self.context is not None and request.fim.extra:
-            core = len(fim_prompt(tokenizer, fim, replace(request.fim, extra=())))
-            answer = request.max_tokens or self.session.generation.max_new_tokens
-            room = max(0, self.context - core - answer - 1)
-        return fim_prompt(tokenizer, fim, request.fim, room)
+        answer = request.max_tokens or self.session.generation.max_new_tokens
+        most = None if self.context is None else max(0, self.context - answer - 1)
+        return fim_prompt(self.session.tokenizer, self.fim, request.fim, most)
 
     def _check_characters(self, request: CompletionRequest) -> None:
         """Refuse a text too long for the context before tokenizing it (megabytes of text take seconds of the only

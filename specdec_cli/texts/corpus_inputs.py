@@ -56,16 +56,20 @@ def _kind_of(path: Path) -> str:
     return "jsonl" if path.suffix.lower() == ".jsonl" else "text"
 
 
+def looks_binary(head: bytes) -> bool:
+    return b"\x00" in head[:SNIFF_BYTES]
+
+
 def refuse_binary(path: Union[str, Path], head: bytes) -> None:
-    if b"\x00" in head[:SNIFF_BYTES]:
+    if looks_binary(head):
         raise SpecdecError(f"{path}: looks binary (NUL bytes), not a text corpus file")
 
 
-def _sniff(path: Path) -> bool:
-    """Whether the file's beginning looks like text (no NUL bytes); unreadable: SpecdecError."""
+def _head(path: Path) -> bytes:
+    """The file's first SNIFF_BYTES; unreadable: SpecdecError."""
     try:
         with open(path, "rb") as handle:
-            return b"\x00" not in handle.read(SNIFF_BYTES)
+            return handle.read(SNIFF_BYTES)
     except OSError as exc:
         raise SpecdecError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
@@ -91,9 +95,10 @@ def resolve_inputs(
             repeats.setdefault(first_names[real], []).append(shown)
             return
         first_names[real] = shown
-        if not _sniff(path):
+        head = _head(path)
+        if looks_binary(head):
             if not found:
-                raise SpecdecError(f"{path}: looks binary (NUL bytes), not a text corpus file")
+                refuse_binary(path, head)
             if stats is not None:
                 stats.skipped_files.append(str(path))
             return

@@ -18,7 +18,7 @@ the text already typed at the cursor. The tokens are found by their text (`ROLE_
 in a GGUF without FIM metadata; a model without all three of prefix, suffix and middle has none.
 
 What it keeps when the pieces are long: the prefix's last PREFIX_MOST tokens, the suffix's first SUFFIX_MOST, and
-of the extra context the end that fits the room it is given. Not here: the requests that carry the pieces
+of the extra context the end that fits a bound on the whole prompt. Not here: the requests that carry the pieces
 (server/requests.py, server/llama_api.py) and generating the middle.
 """
 
@@ -96,9 +96,9 @@ def _bos(tokenizer: Any) -> list[int]:
     return [int(bos)] if bos is not None and len(marked) and int(marked[0]) == int(bos) else []
 
 
-def fim_prompt(tokenizer: Any, fim: FimTokens, parts: FimParts, extra_room: Optional[int] = None) -> list[int]:
-    """The prompt's token ids (prefix-suffix-middle order). `extra_room`: at most this many tokens of extra context
-    (its end kept; None: all of it)."""
+def fim_prompt(tokenizer: Any, fim: FimTokens, parts: FimParts, most: Optional[int] = None) -> list[int]:
+    """The prompt's token ids (prefix-suffix-middle order). `most`: at most this many tokens in all, the extra
+    context giving way (its end kept; None: all of it)."""
     middle = _ids(tokenizer, parts.middle)
     prefix = _ids(tokenizer, parts.prefix)[-PREFIX_MOST:]
     suffix = _ids(tokenizer, parts.suffix)[: max(0, SUFFIX_MOST - 2 - len(middle))]
@@ -112,9 +112,11 @@ def fim_prompt(tokenizer: Any, fim: FimTokens, parts: FimParts, extra_room: Opti
     else:
         for _, text in parts.extra:
             extra += [*_ids(tokenizer, SNIPPET), *_ids(tokenizer, text)]
-    if extra_room is not None:
-        extra = extra[len(extra) - max(0, min(extra_room, len(extra))):]
-    return [*_bos(tokenizer), *extra, fim.prefix, *prefix, *middle, fim.suffix, *suffix, fim.middle]
+    core = [fim.prefix, *prefix, *middle, fim.suffix, *suffix, fim.middle]
+    bos = _bos(tokenizer)
+    if most is not None:
+        extra = extra[len(extra) - max(0, min(most - len(bos) - len(core), len(extra))):]
+    return [*bos, *extra, *core]
 
 
 def cut_at_indent(text: str, n_indent: int) -> Optional[int]:

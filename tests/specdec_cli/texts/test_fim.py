@@ -74,16 +74,19 @@ def test_long_pieces_keep_the_text_nearest_the_gap():
     prompt = fim_prompt(tokenizer, fim, FimParts(prefix=prefix, suffix=suffix, middle="xy"))
     body = prompt[prompt.index(1):]
     assert body == [1, *ids("b" * PREFIX_MOST), *ids("xy"), 2, *ids("c" * (SUFFIX_MOST - 4)), 3]
-    # the extra context keeps its end within the room given
+    # under a bound on the whole prompt, the extra context gives way, keeping its end
     parts = FimParts(prefix="p", suffix="s", extra=(("a.py", "0123456789"),))
     whole = fim_prompt(tokenizer, fim, parts)
-    assert fim_prompt(tokenizer, fim, parts, extra_room=None) == whole
+    assert fim_prompt(tokenizer, fim, parts, most=None) == whole
     core = fim_prompt(tokenizer, fim, FimParts(prefix="p", suffix="s"))
     extra = whole[: len(whole) - (len(core) - len([5, *ids(f"{REPO_NAME}\n"), 6, *ids(f"{CURRENT_FILE}\n")]))]
     for room in (0, 3, len(extra), len(extra) + 5):
-        trimmed = fim_prompt(tokenizer, fim, parts, extra_room=room)
+        trimmed = fim_prompt(tokenizer, fim, parts, most=len(whole) - len(extra) + room)
         kept = min(room, len(extra))
         assert trimmed == extra[len(extra) - kept:] + whole[len(extra):]
+    bos = Chars({"<fim_prefix>": 1, "<fim_suffix>": 2, "<fim_middle>": 3}, bos=8)  # BOS counts, never gives way
+    snippets = FimParts(prefix="p", suffix="s", extra=(("a.py", "0123"),))
+    assert fim_prompt(bos, find_fim_tokens(bos), snippets, most=8) == [8, *ids("23"), 1, *ids("p"), 2, *ids("s"), 3]
 
 
 def test_what_ends_a_middle():
