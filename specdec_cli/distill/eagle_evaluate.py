@@ -116,7 +116,7 @@ def evaluate_head(
     else:
         trained, meta = load_head(directory, info)
         head_tokens = meta.get("head_tokens")
-        untrained = initial_head(target, seed).eval() if baseline else None
+        untrained = initial_head(target, seed, trained.config.intermediate_size).eval() if baseline else None
     heads = {True: trained, False: untrained}
     lm_weight = weights.dense_lm_head()
     candidates = {}
@@ -125,8 +125,9 @@ def evaluate_head(
         if head is None:
             continue
         tree_width = DEFAULT_TREE_WIDTH if width is None else width
-        drafter = EagleDrafter(head, weights, head_tokens=head_tokens, draft_max=depth,
-                               eos_token_ids=info.eos_token_ids, tree_width=tree_width, feature_layers=layers)
+        drafter = EagleDrafter(head, weights, head_tokens=head_tokens, draft_max=depth,  # (acceptance, not speed:
+                               eos_token_ids=info.eos_token_ids, tree_width=tree_width, feature_layers=layers,
+                               expand_gain=0)  # trees grown whatever this machine's timings)
         along = (eagle3_logits_along(drafter.head, weights.embed, layers, info.vocab_size) if layers else
                  head_logits_along(drafter.head, weights.embed, lm_weight))
         candidates[label] = Candidate(drafter, along, head_tokens)

@@ -54,6 +54,7 @@ class EagleTrainConfig:
     seed: int = 0
     save_every: int = 100  # checkpoint every N steps (0 = only at the end and on Ctrl-C)
     unroll: int = DEFAULT_UNROLL  # steps per position: 1 teacher-forced, then on its own predicted features
+    head_mlp: int = 0  # the head's MLP width (0: the target's)
 
     def check(self) -> None:
         if not (self.steps or 0) > 0 and not 0 < self.epochs < math.inf:  # (--steps overrides --epochs)
@@ -74,12 +75,15 @@ class EagleTrainConfig:
             raise SpecdecError(f"holdout must be in [0, 1), got {self.holdout}", setting="holdout")
         if self.save_every < 0:
             raise SpecdecError(f"save_every must be >= 0, got {self.save_every}", setting="save_every")
+        if self.head_mlp < 0:
+            raise SpecdecError(f"head_mlp must be >= 0 (0: the target's MLP width), got {self.head_mlp}",
+                               setting="head_mlp")
         if not 1 <= self.unroll <= MAX_UNROLL:
             raise SpecdecError(f"unroll must be in 1..{MAX_UNROLL}, got {self.unroll}", setting="unroll")
 
 
 # Settings a resumed run must share with its checkpoint (the length of the run may change).
-RESUME_KEYS = ("lr", "token_weight", "max_len", "head_vocab", "holdout", "seed", "unroll")
+RESUME_KEYS = ("lr", "token_weight", "max_len", "head_vocab", "holdout", "seed", "unroll", "head_mlp")
 
 
 @dataclass(frozen=True)
@@ -135,14 +139,15 @@ def epoch_order(count: int, seed: int, epoch: int) -> list[int]:
     return random.Random(f"eagle-{seed}-{epoch}").sample(range(count), count)
 
 
-def initial_head(target: Any, seed: int) -> Any:
-    """The untrained head a run with `seed` starts from (the evaluation's "before" rebuilds it the same way)."""
+def initial_head(target: Any, seed: int, mlp: int = 0) -> Any:
+    """The untrained head a run with `seed` starts from, its MLP `mlp` wide (0: the target's width); the
+    evaluation's "before" rebuilds it the same way."""
     import torch
 
     from ..drafters.eagle_head import EagleHead, head_config_for
 
     torch.manual_seed(seed)
-    return EagleHead(head_config_for(target.config))
+    return EagleHead(head_config_for(target.config, mlp))
 
 
 @dataclass(frozen=True)
@@ -210,7 +215,7 @@ class HeadKind:
 
         target, config = self.target, self.config
         self.data = data = head_data(target, self.sequences, config, self.on_progress)
-        self.head = head = initial_head(target, config.seed)
+        self.head = head = initial_head(target, config.seed, config.head_mlp)
         self.lm_weight = target.get_output_embeddings().weight.detach().float().cpu()  # [V, H]
         vocab = int(self.lm_weight.shape[0])
         self.ids = torch.tensor(data.head_tokens) if data.head_tokens is not None else torch.arange(vocab)

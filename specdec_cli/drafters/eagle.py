@@ -27,6 +27,7 @@ float32. This module never calls the engine and does not train heads.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from ..decoding.draft import Draft, Needs, StepEvent
@@ -46,13 +47,24 @@ DEFAULT_TREE_DEPTH = 5
 DEFAULT_TREE_WIDTH = 4  # nodes expanded per tree level (0 = chains)
 MIN_PROB = 0.1  # the probability floor when --draft-min-prob is 0, in chat and bench (docs/measurements.md)
 TREE_CHILDREN = 4  # children offered by each expanded node
+# A tree level costs one head forward; expanding a node of score s adds about s/2 expected tokens (its best child's
+# score: s x the head's usual confidence in a child), and a step that commits ~1.5 tokens pays for a level costing a
+# share c of the step when s/2 >= 1.5 c. So a node is expanded only if its score is at least EXPAND_GAIN x (a
+# level's seconds / a verify step's seconds), both measured as the drafter runs (docs/measurements.md).
+EXPAND_GAIN = 3.0
+TIMING_DECAY = 0.9  # the measured seconds follow the last ~10 levels and steps
 SOURCE = "eagle"
 
 
 class HeadVocabulary:
     """The tokens a head may draft (`ids`, [K]) and the target's LM-head rows for them, grown by the tokens seen in
     the context. On a block target the rows stay in its blocks (8 or 4 bits a weight, read by the kernels: the
-    target's own logits on those tokens); otherwise they are the dense rows in the target's dtype."""
+    target's own logits on those tokens); otherwise they are the dense rows in the target's dtype. Block records
+    hold 16 rows each, so tokens seen in the context wait in a small records set of their own, read beside the
+    main one, until PENDING_MAX of them are folded in by one repacking (repacking the whole list for every new
+    token cost more than a head forward)."""
+
+    PENDING_MAX = 256
 
     def __init__(self, lm_head: Union[torch.Tensor, BlockLinear], ids: Optional[Sequence[int]],
                  bias: Optional[torch.Tensor] = None) -> None:
@@ -75,8 +87,11 @@ class HeadVocabulary:
             self.on_blocks = False
             self.device, self.dtype = lm_head.device, lm_head.dtype
             self.vocab = int(lm_head.shape[0])
-        self.ids = torch.tensor([], dtype=torch.long, device=self.device)  # [K]
-        self.rows = self._rows(self.ids)  # block records of K rows, or [K, H] dense rows
+        self.main_ids = torch.tensor([], dtype=torch.long, device=self.device)  # [K0]: packed in `rows`
+        self.rows = self._rows(self.main_ids)  # block records of K0 rows, or [K0, H] dense rows
+        self.pending_ids = self.main_ids  # [P] (block targets): packed in `pending_rows`
+        self.pending_rows = self.rows
+        self.ids = self.main_ids  # [K] = main_ids then pending_ids: the logits' columns
         self.known: set[int] = set()
         self.extend(range(self.vocab) if ids is None else ids)
 
@@ -90,24 +105,37 @@ class HeadVocabulary:
         import torch
 
         new = sorted({int(token) for token in tokens if 0 <= int(token) < self.vocab} - self.known)
-        if new:
-            extra = torch.tensor(new, dtype=torch.long, device=self.device)
-            self.ids = torch.cat([self.ids, extra])
-            if self.on_blocks:  # records hold 16 rows each: packed again for the whole list
-                self.rows = self._rows(self.ids)
-            else:
-                self.rows = torch.cat([self.rows, self._rows(extra)]).contiguous()
-            self.known.update(new)
+        if not new:
+            return
+        extra = torch.tensor(new, dtype=torch.long, device=self.device)
+        self.known.update(new)
+        if not self.on_blocks:
+            self.main_ids = torch.cat([self.main_ids, extra])
+            self.rows = torch.cat([self.rows, self._rows(extra)]).contiguous()
+        elif len(self.pending_ids) + len(new) <= self.PENDING_MAX and len(self.main_ids):
+            self.pending_ids = torch.cat([self.pending_ids, extra])
+            self.pending_rows = self._rows(self.pending_ids)
+        else:  # one repacking of the whole list
+            self.main_ids = torch.cat([self.main_ids, self.pending_ids, extra])
+            self.rows = self._rows(self.main_ids)
+            self.pending_ids = self.main_ids[:0]
+        self.ids = torch.cat([self.main_ids, self.pending_ids])
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """features [rows, H] -> float32 logits [rows, K] over `ids`."""
+        import torch
+
         from ..target_model.native.quant import BlockLinear
 
         bias = self.bias
         if isinstance(self.lm_head, BlockLinear):
             from .. import kernels
 
-            logits = kernels.matmul(features.float(), self.lm_head.kind, self.rows, len(self.ids))
+            rows = features.float()
+            logits = kernels.matmul(rows, self.lm_head.kind, self.rows, len(self.main_ids))  # [rows, K0]
+            if len(self.pending_ids):
+                pending = kernels.matmul(rows, self.lm_head.kind, self.pending_rows, len(self.pending_ids))
+                logits = torch.cat([logits, pending], dim=-1)  # [rows, K0 + P]
         else:
             logits = (features.to(self.dtype) @ self.rows.T).float()
         return logits if bias is None else logits + bias[self.ids].float()
@@ -119,10 +147,11 @@ class EagleDrafter:
 
     def __init__(self, head: Any, weights: TargetWeights, *, head_tokens: Optional[Sequence[int]] = None,
                  draft_max: Optional[int] = None, min_prob: float = 0.0, eos_token_ids: Sequence[int] = (),
-                 tree_width: int = DEFAULT_TREE_WIDTH, feature_layers: Sequence[int] = ()) -> None:
+                 tree_width: int = DEFAULT_TREE_WIDTH, feature_layers: Sequence[int] = (),
+                 expand_gain: float = EXPAND_GAIN) -> None:
         """`head`: an EagleHead (eagle_head.py), or with `feature_layers` an EAGLE-3 head (eagle3_head.py: it reads
         those target layers' states through its `reduce`, and tokens through its own LM head); `weights`: the
-        target's embeddings and LM head (never trained)."""
+        target's embeddings and LM head (never trained); `expand_gain` 0 grows trees whatever a level costs."""
         import torch
 
         from .. import kernels
@@ -151,6 +180,8 @@ class EagleDrafter:
         self.min_prob = min_prob
         self.eos = {int(token) for token in eos_token_ids}
         self.tree_width = tree_width
+        self.expand_gain = expand_gain
+        self.embedded: dict[int, torch.Tensor] = {}  # token -> its embedding [H]
         self.reset()
 
     def reset(self) -> None:
@@ -158,7 +189,10 @@ class EagleDrafter:
 
         from .eagle_head import HeadCache
 
-        self.features: Optional[torch.Tensor] = None  # [committed - 1, H] in the target's dtype
+        self.level_seconds: Optional[float] = None  # a tree level's head forward and read-out, decayed mean
+        self.step_seconds: Optional[float] = None  # the target's verify forward, decayed mean
+        self.features: Optional[torch.Tensor] = None  # [committed - 1, H] in the target's dtype: a view of
+        self._feature_rows: Optional[torch.Tensor] = None  # [capacity, H], doubled when full (no copy a step)
         self.cache = HeadCache()  # pairs (f_t, x_{t+1}) for t < len(cache)
         self.last: Optional[torch.Tensor] = None  # the head's prediction of the newest token's feature [H]
 
@@ -167,6 +201,8 @@ class EagleDrafter:
     def observe(self, event: StepEvent) -> None:
         import torch
 
+        if event.kind == "step" and event.verify_seconds > 0:
+            self.step_seconds = _decayed(self.step_seconds, event.verify_seconds)
         if event.features is None:
             return
         features = event.features.detach().to(self.device, self.dtype)  # [rows, H] (EAGLE-3: [rows, 3H])
@@ -175,19 +211,31 @@ class EagleDrafter:
                 features = self.head.reduce(features)  # [rows, H]: its fc
         if event.kind == "prefill":
             self.reset()
-            self.features = features
+            self._feature_rows, self.features = features, features
             self.vocabulary.extend(event.prompt_tokens)  # names, identifiers: the context's tokens
-        elif self.features is not None:
-            self.features = torch.cat([self.features, features])
+        elif self.features is not None and self._feature_rows is not None:
+            length, rows = int(self.features.shape[0]), int(features.shape[0])
+            if length + rows > self._feature_rows.shape[0]:
+                grown = self._feature_rows.new_empty((2 * (length + rows), features.shape[1]))
+                grown[:length] = self.features
+                self._feature_rows = grown
+            self._feature_rows[length : length + rows] = features
+            self.features = self._feature_rows[: length + rows]
         self.vocabulary.extend(event.committed)
 
     # -- drafting ------------------------------------------------------------------------------------------
 
     def _embed(self, tokens: Sequence[int]) -> torch.Tensor:
+        """The target's embeddings of `tokens` [1, n, H], each token's row looked up once per drafter (a GGUF's
+        table is read and dequantised row by row: a lookup cost a fifth of a head forward)."""
         import torch
 
-        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, n]
-        return self.weights.embed(ids).to(self.dtype)  # [1, n, H]
+        missing = sorted({int(token) for token in tokens} - self.embedded.keys())
+        if missing:
+            ids = torch.tensor(missing, dtype=torch.long, device=self.device)  # [m]
+            for token, row in zip(missing, self.weights.embed(ids).to(self.dtype)):  # [m, H]
+                self.embedded[token] = row
+        return torch.stack([self.embedded[int(token)] for token in tokens])[None]  # [1, n, H]
 
     def _top(self, features: torch.Tensor, count: int) -> list[tuple[list[int], list[float]]]:
         """Predicted features [rows, H] -> per row, the `count` likeliest drafted tokens and their probabilities
@@ -231,6 +279,13 @@ class EagleDrafter:
         self.cache.crop(known)  # drop the speculative pairs
         return draft
 
+    def expand_floor(self) -> float:
+        """The least score of a tree node worth a head forward to expand: `expand_gain` x a level's share of a
+        verify step, once both are measured (before: `min_prob`), never above 0.9."""
+        if self.level_seconds is None or not self.step_seconds:
+            return self.min_prob
+        return max(self.min_prob, min(0.9, self.expand_gain * self.level_seconds / self.step_seconds))
+
     def _chain(self, predicted: torch.Tensor, known: int, longest: int) -> Draft:
         import torch
 
@@ -269,9 +324,10 @@ class EagleDrafter:
         if not tokens:
             return Draft.empty(SOURCE)
         fed_features = {-1: root_feature}
+        floor = self.expand_floor()
         for _ in range(self.draft_max - 1):
-            frontier = sorted((node for node in range(len(tokens)) if node not in cache_row and
-                               tokens[node] not in self.eos), key=lambda node: -scores[node])[: self.tree_width]
+            frontier = sorted((node for node in range(len(tokens)) if node not in cache_row and scores[node] >= floor
+                               and tokens[node] not in self.eos), key=lambda node: -scores[node])[: self.tree_width]
             if not frontier:
                 break
             if sum(score > scores[frontier[0]] for score in scores) >= budget:
@@ -288,9 +344,12 @@ class EagleDrafter:
                     ancestor = parents[ancestor]
             features = torch.stack([fed_features[parents[node]] for node in frontier])[None]  # [1, rows, H]
             positions = torch.tensor([known + depth[node] - 1 for node in frontier], device=self.device)
+            started = time.perf_counter()
             out = self.head(features, self._embed([tokens[node] for node in frontier]), positions, self.cache,
                             mask)[0]  # [rows, H]
-            for row, (node, children) in enumerate(zip(frontier, self._top(out, TREE_CHILDREN))):
+            offered = self._top(out, TREE_CHILDREN)
+            self.level_seconds = _decayed(self.level_seconds, time.perf_counter() - started)
+            for row, (node, children) in enumerate(zip(frontier, offered)):
                 cache_row[node] = past + row
                 fed_features[node] = out[row]
                 offer(node, children)
@@ -303,6 +362,10 @@ class EagleDrafter:
                 chosen.append(node)
         return Draft([tokens[node] for node in chosen], SOURCE,
                      parents=[order[parents[node]] if parents[node] >= 0 else -1 for node in chosen])
+
+
+def _decayed(mean: Optional[float], seconds: float) -> float:
+    return seconds if mean is None else TIMING_DECAY * mean + (1 - TIMING_DECAY) * seconds
 
 
 def check_target(target: TargetInfo) -> TargetWeights:

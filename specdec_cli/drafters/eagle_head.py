@@ -53,12 +53,17 @@ class RMSNorm(nn.Module):
         return (hidden.float() * scale).to(hidden.dtype) * self.weight
 
 
-def rotate(tensor: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary position embedding: tensor [B, heads, n, d], positions [n] -> same shape."""
-    half = tensor.shape[-1] // 2
-    frequencies = theta ** (-torch.arange(half, dtype=torch.float32, device=tensor.device) / half)  # [d/2]
+def rotation(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """Rotary position embedding's (cos, sin) [n, d/2] for positions [n], computed once for queries and keys."""
+    half = head_dim // 2
+    frequencies = theta ** (-torch.arange(half, dtype=torch.float32, device=positions.device) / half)  # [d/2]
     angles = positions.float()[:, None] * frequencies[None, :]  # [n, d/2]
-    cos, sin = angles.cos().to(tensor.dtype), angles.sin().to(tensor.dtype)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate(tensor: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding: tensor [B, heads, n, d] turned by (cos, sin) [n, d/2] -> same shape."""
+    half = tensor.shape[-1] // 2
     first, second = tensor[..., :half], tensor[..., half:]
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
 
@@ -119,8 +124,8 @@ class EagleHead(nn.Module):
         query, key, value = self.qkv(self.attention_norm(hidden)).split(size, dim=-1)  # [B, n, H] each
         shape = (batch, length, heads, size // heads)
         query, key, value = (part.view(shape).transpose(1, 2) for part in (query, key, value))  # [B, heads, n, d]
-        query = rotate(query, positions, self.config.rope_theta)
-        key = rotate(key, positions, self.config.rope_theta)
+        cos, sin = rotation(positions, size // heads, self.config.rope_theta, query.dtype)  # [n, d/2] each
+        query, key = rotate(query, cos, sin), rotate(key, cos, sin)
         attended = attend(query, key, value, cache, mask)  # [B, heads, n, d]
         hidden = hidden + self.out(attended.transpose(1, 2).reshape(batch, length, size))
         gate, up = self.gate_up(self.mlp_norm(hidden)).chunk(2, dim=-1)
@@ -138,12 +143,12 @@ def head_on_blocks(head: nn.Module) -> Any:
     return head
 
 
-def head_config_for(target_config: Any) -> HeadConfig:
-    """A head sized like one block of the target."""
+def head_config_for(target_config: Any, mlp: int = 0) -> HeadConfig:
+    """A head sized like one block of the target, its MLP `mlp` wide where given (0: the target's width)."""
     return HeadConfig(
         hidden_size=int(target_config.hidden_size),
         num_heads=int(target_config.num_attention_heads),
-        intermediate_size=int(getattr(target_config, "intermediate_size", 4 * target_config.hidden_size)),
+        intermediate_size=mlp or int(getattr(target_config, "intermediate_size", 4 * target_config.hidden_size)),
         rope_theta=float(getattr(target_config, "rope_theta", None) or 10000.0),
         rms_eps=float(getattr(target_config, "rms_norm_eps", None) or 1e-5),
     )

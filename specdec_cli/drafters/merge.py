@@ -149,16 +149,46 @@ def merge_drafts(drafts: Sequence[Draft], learned: OriginAcceptance, budget: int
     return MergedDraft(merged, [origins[node] for node in order])
 
 
+def best_score_of(source: str, learned: OriginAcceptance) -> float:
+    """The most any node of `source` can score: a node's score is its parent's times a factor <= 1, so no node
+    outscores the best first-level origin of its source (any match bucket, any sibling rank)."""
+    return max(learned.conditional((source, bucket, 1, rank))
+               for bucket in range(match_bucket(1 << 30) + 1) for rank in range(MAX_RANK + 1))
+
+
+def fills_budget(own: Draft, sources: Sequence[str], learned: OriginAcceptance, budget: int) -> bool:
+    """Whether `own` alone has `budget` nodes that each score more than the best node any of `sources` could add:
+    then merging their drafts would keep the same nodes (a shared node's score is the larger of its sources', so
+    no node below the budget's last can climb past it), and an auxiliary whose drafting costs time (a head's
+    forwards) need not be asked this step."""
+    if not sources or len(own) < budget or budget <= 0:
+        return False
+    scores: list[float] = []
+    for parent, origin in zip(own.node_parents, node_origins(own)):
+        scores.append((1.0 if parent < 0 else scores[parent]) * learned.conditional(origin))
+    least = sorted(scores, reverse=True)[budget - 1]
+    return least > max(best_score_of(source, learned) for source in sources)
+
+
 class DraftMerger:
     """A hybrid's memory of what it proposed and how each origin fared: `merge` each step, `observe` each event."""
 
     def __init__(self) -> None:
         self.learned = OriginAcceptance()
         self._last: Optional[MergedDraft] = None
+        self.aux_sources: list[str] = []  # the sources an auxiliary's drafts came from, as seen
 
     def merge(self, drafts: Sequence[Draft], budget: int) -> Draft:
+        for draft in drafts[1:]:
+            if len(draft) and draft.source not in self.aux_sources:
+                self.aux_sources.append(draft.source)
         self._last = merge_drafts(drafts, self.learned, budget)
         return self._last.draft
+
+    def needs_aux(self, own: Draft, budget: int) -> bool:
+        """False when the own draft fills the budget with nodes no auxiliary node could outscore (fills_budget);
+        True before any auxiliary draft was seen."""
+        return not fills_budget(own, self.aux_sources, self.learned, budget)
 
     def observe(self, event: StepEvent) -> None:
         """Learn from the verified part of the last merged draft (a prefix of it, parents first)."""

@@ -142,6 +142,8 @@ class SamDrafter:
         own = self._own_draft(budget)
         if self.aux is None:
             return own
+        if not self.merger.needs_aux(own, budget):  # nothing the auxiliary drafts could be kept: not asked
+            return self.merger.merge([own], budget)
         return self.merger.merge([own, self.aux.propose(context, budget)], budget)
 
     def _own_draft(self, budget: int) -> Draft:

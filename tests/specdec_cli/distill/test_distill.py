@@ -407,3 +407,16 @@ def test_an_interrupted_evaluation_of_the_pipeline_says_the_draft_is_kept(target
     last = result.stderr.strip().splitlines()[-1]
     assert last == (f"specdec: error: interrupted while evaluating the draft; the trained draft is saved in {out} "
                     f"(`specdec distill evaluate -D {out}` scores it)")
+
+
+def test_a_heads_pipeline_answers_both_training_suites_whole_twice():
+    """`--kind eagle` by default: every prompt of the `distill` suite and of the standard library's (a head needs
+    far more answers than a student), two passes; a student keeps the `distill` suite's first 200, six passes."""
+    from specdec_cli.cli.distill_stages import HeadStages, StudentStages
+    from specdec_cli.texts.prompts import load_prompts, load_suite
+
+    every = load_suite("distill") + load_suite("library")
+    chosen = load_prompts(None, HeadStages.pipeline_suite, first_turns=True, max_prompts=HeadStages.pipeline_prompts)
+    assert [c.id for c in chosen] == [c.id for c in every] and len(chosen) > 1000
+    assert (HeadStages.pipeline_epochs, StudentStages.pipeline_epochs) == (2.0, 6.0)
+    assert StudentStages.pipeline_suite == "distill"

@@ -4,6 +4,7 @@ files and their checks, and the `eagle` / `sam+eagle` drafters lossless (greedy 
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -124,7 +125,7 @@ def test_a_tree_stopped_early_is_the_best_nodes_of_the_whole_tree(tiny_llama, tr
     """Growing stops once `budget` nodes outscore every open node: the draft must be the first `budget` nodes of
     the tree grown to full depth (a budget larger than any tree never stops early)."""
     head, _ = trained
-    drafter = EagleDrafter(copy.deepcopy(head), target_weights(tiny_llama), draft_max=5)
+    drafter = EagleDrafter(copy.deepcopy(head), target_weights(tiny_llama), draft_max=5, expand_gain=0)
     events = []
     prompt = [1, *PATTERN, *PATTERN[:5]]
     fixed_engine(tiny_llama).generate(prompt, _Listener(),
@@ -167,6 +168,29 @@ def test_the_head_skips_unlikely_nodes(tiny_llama, trained):
     short, full = likely.propose(context, 64), whole.propose(context, 64)
     assert 0 < len(short) < len(full)  # the nodes scoring under 0.2 are left out, the rest kept in order
     assert short.tokens == full.tokens[: len(short)] and short.parents == full.parents[: len(short)]
+
+
+def test_a_tree_grows_only_nodes_worth_a_head_forward(tiny_llama, trained):
+    """Once a tree level's seconds and a verify step's are measured, a node is expanded only if it scores at least
+    expand_gain x their ratio: a level as dear as a step expands nothing past the root's children (one forward);
+    the shallow tree is the full tree's nodes of depth 1, in the same order."""
+    head, _ = trained
+    prompt = [1, *PATTERN, *PATTERN[:5]]
+    events = []
+    fixed_engine(tiny_llama).generate(prompt, _Listener(), GenerationConfig(max_new_tokens=1), events.append)
+    dear, free = (EagleDrafter(copy.deepcopy(head), target_weights(tiny_llama), expand_gain=gain)
+                  for gain in (3.0, 0.0))
+    forwards = []
+    dear.head.register_forward_hook(lambda module, args, out: forwards.append(args[0].shape[1]))
+    context = prompt + events[0].committed
+    for drafter in (dear, free):
+        drafter.observe(events[0])
+        drafter.level_seconds, drafter.step_seconds = 0.01, 0.01  # a level costs a step: floor min(0.9, 3)
+    assert dear.expand_floor() == 0.9 and free.expand_floor() == free.min_prob
+    shallow, full = dear.propose(context, 64), free.propose(context, 64)
+    assert len(forwards) == 1  # the catch-up forward alone
+    assert set(shallow.parents) == {-1} and len(shallow) < len(full)
+    assert shallow.tokens == [token for token, parent in zip(full.tokens, full.parents) if parent == -1]
 
 
 def test_the_head_drafts_what_it_is_asked_for(tiny_llama, trained):
@@ -222,6 +246,13 @@ def test_on_a_block_target_the_head_drafts_on_the_kernels_and_stays_lossless(tin
     drafter.vocabulary.extend([9, 40, 2])
     assert drafter.vocabulary.ids.tolist() == [3, 7, 9, 2, 40]
     rows = torch.randn(3, 64)
+    with torch.inference_mode():
+        assert torch.equal(drafter.vocabulary.logits(rows), model.lm_head(rows)[:, drafter.vocabulary.ids])
+    drafter.vocabulary.PENDING_MAX = 3  # the context's tokens wait apart, then are folded in by one repacking
+    drafter.vocabulary.extend([11])
+    assert drafter.vocabulary.pending_ids.tolist() == [2, 40, 11]
+    drafter.vocabulary.extend([12, 3])
+    assert drafter.vocabulary.pending_ids.tolist() == [] and drafter.vocabulary.ids.tolist() == [3, 7, 9, 2, 40, 11, 12]
     with torch.inference_mode():
         assert torch.equal(drafter.vocabulary.logits(rows), model.lm_head(rows)[:, drafter.vocabulary.ids])
 
@@ -297,6 +328,9 @@ def test_an_interrupted_training_resumes_to_the_same_head(tiny_llama, tmp_path):
     with pytest.raises(SpecdecError, match="other settings"):
         train_eagle(tiny_llama, sequences, EagleTrainConfig(steps=14, lr=1e-3, head_vocab=0, holdout=0.2),
                     checkpoint_dir=tmp_path / "cut", resume=True)
+    with pytest.raises(SpecdecError, match="other settings"):
+        train_eagle(tiny_llama, sequences, dataclasses.replace(config, head_mlp=16), checkpoint_dir=tmp_path / "cut",
+                    resume=True)
     with pytest.raises(SpecdecError, match="data changed"):
         train_eagle(tiny_llama, sequences[1:], config, checkpoint_dir=tmp_path / "cut", resume=True)
     resumed, result = train_eagle(tiny_llama, sequences, config, checkpoint_dir=tmp_path / "cut", resume=True)
@@ -353,3 +387,26 @@ def test_unrolling_deeper_trains_on_more_of_the_heads_own_predictions(tiny_llama
     assert first_losses[0] < first_losses[1] < first_losses[2]
     with pytest.raises(SpecdecError, match="unroll must be in 1..8"):
         EagleTrainConfig(unroll=0).check()
+
+
+def test_a_narrower_head_trains_drafts_and_reloads_at_its_width(tiny_llama, tmp_path):
+    """--head-mlp sizes the head's MLP (the drafting cost's largest part); the width travels in its files, a
+    resumed run must keep it, and the head drafts losslessly."""
+    from specdec_cli.distill.eagle_train import EagleTrainConfig, train_eagle
+
+    sequences = [prompt + hf_greedy(tiny_llama, prompt, 24) for prompt in ([1, *PATTERN], *PROMPTS)]
+    head, result = train_eagle(tiny_llama, sequences, EagleTrainConfig(steps=30, lr=3e-3, head_vocab=0, holdout=0.2,
+                                                                       head_mlp=24))
+    assert head.config.intermediate_size == 24 != tiny_llama.config.intermediate_size
+    assert head.down.weight.shape == (tiny_llama.config.hidden_size, 24)
+    info = target_info(tiny_llama, IdsTokenizer(64))
+    save_head(tmp_path / "head", head, {"fingerprint": info.fingerprint, "vocab_size": 64, "head_tokens": None})
+    loaded, _ = load_head(tmp_path / "head", info)
+    assert loaded.config.intermediate_size == 24
+    drafter = EagleDrafter(loaded, target_weights(tiny_llama), eos_token_ids=(TINY_EOS,))
+    for prompt in PROMPTS:
+        generation = fixed_engine(tiny_llama).generate(prompt, drafter, GenerationConfig(max_new_tokens=24,
+                                                                                        eos_token_ids=(TINY_EOS,)))
+        assert generation.tokens == hf_greedy(tiny_llama, prompt, 24)
+    with pytest.raises(SpecdecError, match="head_mlp must be >= 0"):
+        EagleTrainConfig(head_mlp=-1).check()

@@ -12,7 +12,7 @@ import pytest
 
 from specdec_cli.decoding.draft import Draft, StepEvent
 from specdec_cli.decoding.planner import ConfidenceCalibration, choose_prefix
-from specdec_cli.drafters.merge import DraftMerger, OriginAcceptance, merge_drafts, node_origins
+from specdec_cli.drafters.merge import DraftMerger, OriginAcceptance, fills_budget, merge_drafts, node_origins
 
 
 def _random_draft(rng: random.Random, source: str) -> Draft:
@@ -80,6 +80,36 @@ def test_the_merged_trie_is_every_source_path_scored_by_its_best_source(seed):
         assert all(a >= b for a, b in zip(merged.confidence, merged.confidence[1:]))  # best first
         left_out = [value for path, value in best.items() if path not in set(paths)]
         assert not left_out or not paths or max(left_out) <= min(merged.confidence)  # the kept are the best
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_an_auxiliary_is_skipped_only_when_its_nodes_could_not_be_kept(seed):
+    """fills_budget against brute force: whenever it says the own draft fills the budget, merging any draft of the
+    auxiliary's source keeps exactly the own draft's nodes; and it does say so for a confident own draft."""
+    rng = random.Random(seed)
+    said = 0
+    for _ in range(400):
+        learned = _learned(rng)
+        own, budget = _random_draft(rng, "a"), rng.randint(1, 8)
+        if not fills_budget(own, ["b"], learned, budget):
+            continue
+        said += 1
+        alone = set(_paths(merge_drafts([own], learned, budget).draft))
+        for _ in range(10):
+            merged = merge_drafts([own, _random_draft(rng, "b")], learned, budget).draft
+            assert set(_paths(merged)) == alone
+    assert said > 0
+    sure = OriginAcceptance(seen={("a", 6, 1, 0): 100.0}, kept={("a", 6, 1, 0): 100.0})  # a long match: ~0.99
+    for depth in range(2, 5):
+        sure.seen[("a", 6, depth, 0)] = sure.kept[("a", 6, depth, 0)] = 100.0
+    long_match = Draft([1, 2, 3, 4], "a", match_len=40)
+    assert fills_budget(long_match, ["b"], sure, 4) and not fills_budget(long_match, ["b"], sure, 5)
+    assert not fills_budget(long_match, [], sure, 4)  # no auxiliary draft seen yet: ask it
+    merger = DraftMerger()
+    assert merger.needs_aux(long_match, 4)
+    merger.merge([long_match, Draft([9], "b")], 4)
+    merger.learned = sure
+    assert not merger.needs_aux(long_match, 4)
 
 
 def _step(draft: Draft, accepted_path: list[int]) -> StepEvent:

@@ -69,10 +69,31 @@ def test_the_distill_suite_is_a_fixed_shuffled_mix():
     assert all(c.id.startswith(c.category + "-") for c in suite)
 
 
+def test_the_library_suite_asks_about_the_standard_library_in_four_ways():
+    """Every kind of prompt, unique, deterministic, each id naming the function it asks about; none is a
+    benchmark's prompt; suites joined with a comma come in order."""
+    suite = load_suite("library")
+    assert len(suite) == len({c.first_turn for c in suite}) == len({c.id for c in suite}) > 500
+    assert {c.category for c in suite} == {"code", "explain", "summarize", "qa"}
+    assert len({c.category for c in suite[:12]}) >= 3  # any prefix is a mix
+    assert suite == load_suite("library")
+    for conversation in suite:
+        kind, qualified = conversation.id.split("-", 2)[1:]
+        assert kind == conversation.category
+        if kind in ("code", "qa", "summarize"):
+            assert qualified in conversation.first_turn
+    builtin = {c.first_turn for c in load_suite("builtin")}
+    assert not builtin & {c.first_turn for c in suite}
+    joined = load_suite("distill, library")
+    assert joined == load_suite("distill") + suite
+    with pytest.raises(SpecdecError, match="unknown suite 'nope'"):
+        load_suite("distill,nope")
+
+
 @pytest.mark.parametrize("file, suite, limit, max_prompts, needle", [
     ("x.jsonl", "builtin", None, None, "not both"),
     (None, None, None, None, "give the prompts"),
-    (None, "nope", None, None, "unknown suite 'nope'; choose one of: builtin, humaneval, distill"),
+    (None, "nope", None, None, "unknown suite 'nope'; choose one of: builtin, humaneval, distill, library"),
     (None, "builtin", 0, None, "limit must be >= 1"),
     (None, "builtin", None, 0, "max_prompts must be >= 1"),
 ])
