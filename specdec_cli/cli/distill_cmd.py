@@ -23,7 +23,7 @@ from ..distill.pipeline import pipeline_files, target_of_data, target_spec, usab
 from ..distill.student import DEFAULT_DRAFT_VOCAB  # light: torch is imported inside its functions
 from ..distill.train import TrainConfig
 from ..drafters import DrafterOptions
-from ..errors import SpecdecError, check_choice
+from ..errors import SpecdecError
 from ..session.run_settings import DrafterSettings
 from ..target_model.load import models
 from ..target_model.load.load_settings import LoadSettings
@@ -155,9 +155,8 @@ def distill(
     if self_prompts and engine == "vllm":
         raise SpecdecError("--self-prompts: the target writes its prompts in this process; use --engine specdec",
                            setting="self_prompts")
-    check_choice(kind, options.DRAFT_KINDS, "kind")
-    kind_defaults = StudentStages if kind == "student" else HeadStages
-    epochs = kind_defaults.pipeline_epochs if epochs is None else epochs
+    if epochs is None:  # each kind's own default (`--kind` is checked as parsed)
+        epochs = StudentStages.pipeline_epochs if kind == "student" else HeadStages.pipeline_epochs
     config = TrainConfig(layers=layers, epochs=epochs, steps=steps, lr=lr, kd_weight=kd_weight, kd_loss=kd_loss,
                          seed=seed, holdout=0.0, draft_vocab=draft_vocab)
     head_config = EagleTrainConfig(epochs=epochs, steps=steps, lr=lr, seed=seed, unroll=unroll,

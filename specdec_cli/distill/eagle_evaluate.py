@@ -125,9 +125,10 @@ def evaluate_head(
         if head is None:
             continue
         tree_width = DEFAULT_TREE_WIDTH if width is None else width
-        drafter = EagleDrafter(head, weights, head_tokens=head_tokens, draft_max=depth,  # (acceptance, not speed:
+        # acceptance, not speed: trees grown whatever this machine's timings (expand_gain 0)
+        drafter = EagleDrafter(head, weights, head_tokens=head_tokens, draft_max=depth,
                                eos_token_ids=info.eos_token_ids, tree_width=tree_width, feature_layers=layers,
-                               expand_gain=0)  # trees grown whatever this machine's timings)
+                               expand_gain=0)
         along = (eagle3_logits_along(drafter.head, weights.embed, layers, info.vocab_size) if layers else
                  head_logits_along(drafter.head, weights.embed, lm_weight))
         candidates[label] = Candidate(drafter, along, head_tokens)

@@ -181,7 +181,8 @@ class EagleDrafter:
         self.eos = {int(token) for token in eos_token_ids}
         self.tree_width = tree_width
         self.expand_gain = expand_gain
-        self.embedded: dict[int, torch.Tensor] = {}  # token -> its embedding [H]
+        self.level_seconds: Optional[float] = None  # a tree level's head forward and read-out, decayed mean
+        self.step_seconds: Optional[float] = None  # the target's verify forward, decayed mean
         self.reset()
 
     def reset(self) -> None:
@@ -189,8 +190,7 @@ class EagleDrafter:
 
         from .eagle_head import HeadCache
 
-        self.level_seconds: Optional[float] = None  # a tree level's head forward and read-out, decayed mean
-        self.step_seconds: Optional[float] = None  # the target's verify forward, decayed mean
+        self.embedded: dict[int, torch.Tensor] = {}  # token -> its embedding [H] (the conversation's tokens)
         self.features: Optional[torch.Tensor] = None  # [committed - 1, H] in the target's dtype: a view of
         self._feature_rows: Optional[torch.Tensor] = None  # [capacity, H], doubled when full (no copy a step)
         self.cache = HeadCache()  # pairs (f_t, x_{t+1}) for t < len(cache)
@@ -226,7 +226,7 @@ class EagleDrafter:
     # -- drafting ------------------------------------------------------------------------------------------
 
     def _embed(self, tokens: Sequence[int]) -> torch.Tensor:
-        """The target's embeddings of `tokens` [1, n, H], each token's row looked up once per drafter (a GGUF's
+        """The target's embeddings of `tokens` [1, n, H], each token's row looked up once per conversation (a GGUF's
         table is read and dequantised row by row: a lookup cost a fifth of a head forward)."""
         import torch
 

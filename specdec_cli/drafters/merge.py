@@ -36,13 +36,14 @@ PRIOR_FIRST = 0.5  # a source's first choice after a path, before any evidence
 PRIOR_OTHER = 0.15  # its later choices (siblings) after the same path
 MAX_DEPTH = 12  # depths past this share one bucket
 MAX_RANK = 3  # sibling ranks past this share one bucket
+MAX_BUCKET = 6  # match lengths of 32 and more share one bucket
 
 Origin = tuple[str, int, int, int]  # (source, match bucket, depth, rank)
 
 
 def match_bucket(match_len: int) -> int:
     """0 (no match: a model, a table), 1, 2-3, 4-7, ... 32+: as the planner buckets chain drafts."""
-    return 0 if match_len <= 0 else min(1 + int(math.log2(match_len)), 6)
+    return 0 if match_len <= 0 else min(1 + int(math.log2(match_len)), MAX_BUCKET)
 
 
 def any_depth(origin: Origin) -> tuple[str, int, int]:
@@ -100,6 +101,15 @@ def node_origins(draft: Draft) -> list[Origin]:
     return origins
 
 
+def path_scores(parents: Sequence[int], origins: Sequence[Origin], learned: OriginAcceptance) -> list[float]:
+    """Per node of a draft (its parents and node_origins), its path's score by its own source: the product of the
+    learned conditionals along it."""
+    scores: list[float] = []
+    for parent, origin in zip(parents, origins):
+        scores.append((1.0 if parent < 0 else scores[parent]) * learned.conditional(origin))
+    return scores
+
+
 def merge_drafts(drafts: Sequence[Draft], learned: OriginAcceptance, budget: int) -> MergedDraft:
     """The drafts as one trie of at most `budget` nodes, best first (parents always before their children)."""
     tokens: list[int] = []
@@ -113,13 +123,11 @@ def merge_drafts(drafts: Sequence[Draft], learned: OriginAcceptance, budget: int
         if not len(draft):
             continue
         sources.append(draft.source)
-        draft_parents = draft.node_parents
+        draft_parents, draft_origins = draft.node_parents, node_origins(draft)
         trie_node: list[int] = []  # draft node -> trie node
-        path_score: list[float] = []  # draft node -> its path's score by this source
-        for index, (token, origin) in enumerate(zip(draft.tokens, node_origins(draft))):
-            parent = draft_parents[index]
+        for token, parent, origin, score in zip(draft.tokens, draft_parents, draft_origins,
+                                                path_scores(draft_parents, draft_origins, learned)):
             trie_parent = -1 if parent < 0 else trie_node[parent]
-            score = (1.0 if parent < 0 else path_score[parent]) * learned.conditional(origin)
             node = child_of.get((trie_parent, int(token)))
             if node is None:
                 node = len(tokens)
@@ -133,7 +141,6 @@ def merge_drafts(drafts: Sequence[Draft], learned: OriginAcceptance, budget: int
                 scores[node] = max(scores[node], score)
                 origins[node].append(origin)
             trie_node.append(node)
-            path_score.append(score)
     name = "+".join(dict.fromkeys(sources)) or (drafts[0].source if drafts else "merged")
     if not tokens or budget <= 0:
         return MergedDraft(Draft([], name, confidence=[]), [])
@@ -153,7 +160,7 @@ def best_score_of(source: str, learned: OriginAcceptance) -> float:
     """The most any node of `source` can score: a node's score is its parent's times a factor <= 1, so no node
     outscores the best first-level origin of its source (any match bucket, any sibling rank)."""
     return max(learned.conditional((source, bucket, 1, rank))
-               for bucket in range(match_bucket(1 << 30) + 1) for rank in range(MAX_RANK + 1))
+               for bucket in range(MAX_BUCKET + 1) for rank in range(MAX_RANK + 1))
 
 
 def fills_budget(own: Draft, sources: Sequence[str], learned: OriginAcceptance, budget: int) -> bool:
@@ -163,10 +170,7 @@ def fills_budget(own: Draft, sources: Sequence[str], learned: OriginAcceptance, 
     forwards) need not be asked this step."""
     if not sources or len(own) < budget or budget <= 0:
         return False
-    scores: list[float] = []
-    for parent, origin in zip(own.node_parents, node_origins(own)):
-        scores.append((1.0 if parent < 0 else scores[parent]) * learned.conditional(origin))
-    least = sorted(scores, reverse=True)[budget - 1]
+    least = sorted(path_scores(own.node_parents, node_origins(own), learned), reverse=True)[budget - 1]
     return least > max(best_score_of(source, learned) for source in sources)
 
 

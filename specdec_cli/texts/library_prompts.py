@@ -27,7 +27,6 @@ MODULES = ("argparse", "base64", "bisect", "calendar", "collections", "colorsys"
            "pathlib", "pprint", "queue", "random", "re", "secrets", "shlex", "shutil", "statistics", "string",
            "struct", "tarfile", "tempfile", "textwrap", "threading", "timeit", "tokenize", "urllib.parse", "uuid",
            "warnings", "zipfile", "zlib")
-KINDS = ("code", "explain", "summarize", "qa")
 MAX_SOURCE_LINES = 40  # longer functions make prompts longer than an answer is worth
 MIN_DOC_CHARS = 40
 
