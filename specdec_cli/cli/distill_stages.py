@@ -213,6 +213,14 @@ class HeadStages:
         from ..drafters.eagle_head import check_head_output
 
         check_head_output(directory)
+        self.check_features(directory)
+
+    @staticmethod
+    def check_features(directory: Path) -> None:
+        """The folder the target's features are kept in while the head trains (beside its default checkpoint)."""
+        from ..distill.feature_store import check_store_folder, store_folder
+
+        check_store_folder(store_folder(directory.with_name(directory.name + ".checkpoint")))
 
     def recorded_target(self, directory: Path) -> Optional[str]:
         from ..drafters.eagle_head import read_head_meta
@@ -280,6 +288,7 @@ class Eagle3Stages(HeadStages):
         from ..drafters.eagle3_head import check_eagle3_output
 
         check_eagle3_output(directory)
+        self.check_features(directory)
 
     def recorded_target(self, directory: Path) -> Optional[str]:
         from ..drafters.eagle3_head import REPORT, read_eagle3_config

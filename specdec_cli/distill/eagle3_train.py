@@ -12,8 +12,9 @@ shares):
   and then `unroll - 1` times on the head's own predicted states (EAGLE-3's training-time test), each later step
   weighted 0.8x the one before.
 
-Data kept per piece, in bfloat16: the three layers' states [n, 3H] and the last hidden state [n, H] (a 0.5B's
-200 k tokens: 1.4 GB). The target's full LM head is never copied: only its rows for the draft vocabulary are.
+Data kept per piece on disk (feature_store.py, bfloat16): the three layers' states and the last hidden state,
+[n, 3H + H] (a 0.5B's 200 k tokens: 1.4 GB of disk, a piece in memory at a time). The target's full LM head is
+never copied: only its rows for the draft vocabulary are.
 The finished head is written as EAGLE-3 checkpoints are published (config.json + model.safetensors), with
 specdec's report and the tokenizer's fingerprint in distill_report.json; vLLM and SGLang load the same folder.
 This file does not draft (drafters/eagle.py) or evaluate (eagle_evaluate.py).
@@ -34,13 +35,13 @@ from .eagle_train import (
     RESUME_KEYS,
     EagleProgress,
     EagleTrainConfig,
-    HeadData,
     HeadKind,
-    choose_head_tokens,
-    pieces,
-    split_pieces,
+    greedy_along,
+    head_data,
+    lm_head_rows,
     training_sequences,
 )
+from .feature_store import check_store_folder, discard_store, store_folder
 from .loop import Trainee, TrainingRun, train
 
 DEFAULT_DRAFT_VOCAB = 8192  # EAGLE-3's draft vocabulary (32 k for Llama 3's 128 k); 8192 x 896 int8 is 7 MB a read
@@ -51,38 +52,26 @@ def target_layers(target: Any) -> int:
     return int(target.config.num_hidden_layers)
 
 
-def target_states(target: Any, pieces_: Sequence[Sequence[int]], layers: Sequence[int],
-                  on_progress: Optional[Callable[[EagleProgress], None]] = None) -> list[tuple[Any, Any]]:
-    """Per piece, one forward of the verifying forward drafting will read (the native decoder on a GGUF's blocks):
-    (the states entering `layers`, concatenated [n, 3H], the last hidden state [n, H]), both bfloat16 on the CPU.
+def layer_states(target: Any, layers: Sequence[int]) -> Callable[[Sequence[int]], Any]:
+    """A piece's features from one forward of the verifying forward drafting will read (the native decoder on a
+    GGUF's blocks): the states entering `layers`, concatenated, then the last hidden state: [n, 3H + H] on the CPU.
     hidden_states[l] is the input of layer l (index 0: the embeddings)."""
     import torch
 
     from ..target_model.verify.exact_setup import states_forward
 
     forward = states_forward(target)
-    out_states = []
-    with torch.no_grad():
-        for index, piece in enumerate(pieces_):
+
+    def features(piece: Sequence[int]) -> Any:
+        with torch.no_grad():
             input_ids = torch.tensor([list(piece)], device=forward.device)  # [1, n]
             out = forward.run(input_ids=input_ids, position_ids=torch.arange(len(piece), device=forward.device)[None],
                               past_key_values=forward.new_cache(), use_cache=True, output_hidden_states=True,
                               logits_to_keep=1, **forward.layer_states(layers))
-            states = torch.cat([out.hidden_states[layer][0] for layer in layers], dim=-1)  # [n, 3H]
-            out_states.append((states.to(torch.bfloat16).cpu(), out.hidden_states[-1][0].to(torch.bfloat16).cpu()))
-            if on_progress is not None:
-                on_progress(EagleProgress("features", index + 1, len(pieces_)))
-    return out_states
+        parts = [out.hidden_states[layer][0] for layer in layers] + [out.hidden_states[-1][0]]
+        return torch.cat(parts, dim=-1).float().cpu()  # [n, 3H + H]
 
-
-def lm_head_rows(lm_head: Any, ids: Any) -> Any:
-    """The target's LM-head rows for `ids` [K, H], float32: from a block LM head, those rows' blocks alone (its
-    whole dense weight, 545 MB on a 0.5B, is never made)."""
-    from ..target_model.native.quant import BlockLinear
-
-    if isinstance(lm_head, BlockLinear):
-        return lm_head.blocks().take(ids).dense()
-    return lm_head.weight.detach()[ids].float()
+    return features
 
 
 def initial_head(target: Any, draft_ids: Any, layers: Sequence[int], seed: int) -> Any:
@@ -109,14 +98,14 @@ class Eagle3Kind(HeadKind):
     its own data (three layers' states), model, loss and agreement."""
 
     def __init__(self, target: Any, sequences: Sequence[Sequence[int]], config: EagleTrainConfig,
-                 on_progress: Optional[Callable[[EagleProgress], None]] = None) -> None:
-        super().__init__(target, sequences, config, on_progress)
+                 on_progress: Optional[Callable[[EagleProgress], None]] = None,
+                 features_dir: Optional[Path] = None) -> None:
+        super().__init__(target, sequences, config, on_progress, features_dir)
         total = target_layers(target)
         from ..drafters.eagle3_head import feature_layers
 
         self.layers = feature_layers({}, total)
         self.draft_weight: Any = None  # the target's LM-head rows for the draft vocabulary [K, H], float32
-        self.held_greedy: list[Any] = []  # the target's own greedy choice along each held-out piece [n]
 
     def check_checkpoint(self, state: dict, directory: Path) -> None:
         if state.get("kind") != "eagle3" or state.get("hidden_size") != self.hidden:
@@ -128,28 +117,27 @@ class Eagle3Kind(HeadKind):
         import torch
 
         target, config = self.target, self.config
-        all_pieces = pieces(self.sequences, config.max_len)
-        if len(all_pieces) < 2:
-            raise SpecdecError("too little data to train a head: give answers from `specdec distill generate` or a "
-                               "corpus with at least two pieces of 8+ tokens")
-        train_pieces, held_out = split_pieces(all_pieces, config)
+        what = {"kind": "eagle3", "states": list(self.layers)}
+        width = self.hidden * (len(self.layers) + 1)
+        self.data = data = head_data(target, self.sequences, config, what, width, layer_states(target, self.layers),
+                                     self.features_dir, self.on_progress)
         lm_head = target.get_output_embeddings()
         vocab = int(target.config.vocab_size)
-        chosen = choose_head_tokens(train_pieces, config.head_vocab, vocab)
+        chosen = data.head_tokens
         self.ids = torch.tensor(chosen if chosen is not None else range(vocab), dtype=torch.long)  # [K]
-        states = target_states(target, train_pieces + held_out, self.layers, self.on_progress)
-        self.data = HeadData(all_pieces, train_pieces, held_out, chosen, states[: len(train_pieces)],
-                             states[len(train_pieces) :])
         self.draft_weight = lm_head_rows(lm_head, self.ids)  # [K, H]
-        with torch.no_grad():  # the target's greedy choice over its whole vocabulary, held-out pieces only
-            self.held_greedy = [lm_head(final.float()[None])[0].argmax(-1) for _, final in self.data.held_features]
+        self.held_greedy = greedy_along(lm_head, [self.split(rows)[1] for rows in data.held_features])
         self.head = head = initial_head(target, self.ids, self.layers, config.seed)
-        total = config.steps or max(1, math.ceil(config.epochs * len(self.data.train)))
+        total = config.steps or max(1, math.ceil(config.epochs * len(data.train)))
         optimizer = torch.optim.AdamW([parameter for parameter in head.parameters() if parameter.requires_grad],
                                       lr=config.lr, weight_decay=0.0)
         self.before = self.agreement() if state is None else state.get("top1_agreement_before")
         head.train()
         return Trainee(head, optimizer, total)
+
+    def split(self, rows: Any) -> tuple[Any, Any]:
+        """A piece's stored rows [n, 3H + H] -> (the three layers' states [n, 3H], the last hidden state [n, H])."""
+        return rows[:, : -self.hidden], rows[:, -self.hidden :]
 
     def agreement(self) -> Optional[float]:
         """Teacher-forced top-1 agreement on the held-out pieces: the head's token at t+2 (from the states at t and
@@ -159,8 +147,9 @@ class Eagle3Kind(HeadKind):
         assert self.data is not None
         hits = count = 0
         with torch.inference_mode():
-            for piece, (states, _), greedy in zip(self.data.held_out, self.data.held_features, self.held_greedy):
-                hidden = self.head.reduce(states[:-1].float()[None])  # [1, n-1, H]
+            for piece, rows, greedy in zip(self.data.held_out, self.data.held_features, self.held_greedy):
+                states = self.split(rows)[0]  # [n, 3H]
+                hidden = self.head.reduce(states[:-1][None])  # [1, n-1, H]
                 predicted = self.head(hidden, self.embed(piece[1:]), torch.arange(len(piece) - 1))[0]
                 logits = self.head.lm_head(self.head.norm(predicted))  # [n-1, K]
                 choice = self.ids[logits.argmax(-1)]
@@ -179,8 +168,7 @@ class Eagle3Kind(HeadKind):
 
             self._epoch_order = {epoch: epoch_order(len(self.data.train), self.config.seed, epoch)}
         piece = self._epoch_order[epoch][within]
-        states, final = self.data.train_features[piece]
-        states, final = states.float(), final.float()  # [n, 3H], [n, H]
+        states, final = self.split(self.data.train_features[piece])  # [n, 3H], [n, H]
         with torch.no_grad():
             target_probs = torch.softmax(final[1:] @ self.draft_weight.T, dim=-1)  # [n-1, K]: tokens t+2
         hidden = self.head.reduce(states[None, :-1])  # [1, n-1, H]
@@ -219,15 +207,17 @@ def build_eagle3_head(target: Any, tokenizer: Any, target_name: str, output: str
     from ..drafters.eagle3_head import check_eagle3_output, save_eagle3
 
     config.check()
-    check_eagle3_output(output)  # before any work
-    fingerprint = tokenizer_fingerprint(tokenizer)
-    sequences, sizes = training_sequences(tokenizer, fingerprint, target_name, data, corpus)
     out_dir = Path(output).expanduser()
     ckpt_dir = Path(checkpoint_dir).expanduser() if checkpoint_dir else out_dir.parent / f"{out_dir.name}.checkpoint"
+    check_eagle3_output(output)  # before any work
+    check_store_folder(store_folder(ckpt_dir))
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    sequences, sizes = training_sequences(tokenizer, fingerprint, target_name, data, corpus)
     started = time.perf_counter()  # the head's training time counts the target's states too
-    kind = Eagle3Kind(target, sequences, config, on_progress)
+    kind = Eagle3Kind(target, sequences, config, on_progress, store_folder(ckpt_dir))
     head, result = train(kind, ckpt_dir, resume=resume, save_every=config.save_every, on_status=on_status,
                          started=started)
     report = {**result["report"], **sizes}
     save_eagle3(out_dir, head, {**report, "target": target_name, "fingerprint": fingerprint})
+    discard_store(store_folder(ckpt_dir))
     return report

@@ -38,20 +38,20 @@ from .evaluate import (
 EAGLE_RUNS = (("before", False, None), ("after", True, None), ("after_chain", True, 0))
 
 
-def head_logits_along(head: Any, embeddings: Any, lm_weight: Any) -> Callable[[Reference], Any]:
+def head_logits_along(head: Any, weights: Any) -> Callable[[Reference], Any]:
     """The head's teacher-forced logits [m, V] at the answer positions: position p from (f_{p-1}, token p)."""
     import torch
 
     def logits(reference: Reference) -> Any:
         features, ids = reference.features, reference.ids[0]  # [n, H], [n]
         dtype = next(head.parameters()).dtype
-        device = lm_weight.device
+        device = next(head.parameters()).device
         with torch.inference_mode():
-            embedded = embeddings(ids[None, 1 : reference.end].to(device)).to(dtype)  # [1, end-1, H]
+            embedded = weights.embed(ids[None, 1 : reference.end].to(device)).to(dtype)  # [1, end-1, H]
             predicted = head(features[None, : reference.end - 1].to(device, dtype), embedded,
                              torch.arange(reference.end - 1, device=device))[0]  # [end-1, H]: rows p-1 -> p
             rows = predicted[max(reference.start - 1, 0) : reference.end - 1]  # [m or m-1, H]
-            out = (rows @ lm_weight.T.to(dtype)).float()  # [., V]
+            out = weights.logits(rows)  # [., V] float32
             if reference.start == 0:  # position 0 has no feature before it: no prediction there
                 out = torch.cat([torch.zeros_like(out[:1]), out])
         return out
@@ -118,7 +118,6 @@ def evaluate_head(
         head_tokens = meta.get("head_tokens")
         untrained = initial_head(target, seed, trained.config.intermediate_size).eval() if baseline else None
     heads = {True: trained, False: untrained}
-    lm_weight = weights.dense_lm_head()
     candidates = {}
     for label, is_trained, width in EAGLE_RUNS:
         head = heads[is_trained]
@@ -130,7 +129,7 @@ def evaluate_head(
                                eos_token_ids=info.eos_token_ids, tree_width=tree_width, feature_layers=layers,
                                expand_gain=0)
         along = (eagle3_logits_along(drafter.head, weights.embed, layers, info.vocab_size) if layers else
-                 head_logits_along(drafter.head, weights.embed, lm_weight))
+                 head_logits_along(drafter.head, weights))
         candidates[label] = Candidate(drafter, along, head_tokens)
     started = time.perf_counter()
     budget = max(DEFAULT_BUDGET, depth)  # tree nodes (or chain tokens) per step, as chat and bench verify

@@ -3,17 +3,17 @@
 Data: token sequences (the target's own answers from `specdec distill generate`, prompt and answer together,
 and any text corpus, cut into pieces of at most `max_len` tokens). One target forward per piece gives its
 last hidden state at every position (thousands of tokens per second even on a CPU, far more data than
-generating answers gives); they are kept in memory in float32. The head learns, at each position t, from
-(f_t, token t+1) to f_{t+1}, and again from its own prediction (f^_{t+1}, token t+2) to f_{t+2}, and so on
-for `unroll` steps in all (EAGLE-3's training-time test), since drafting feeds its predictions back in:
-loss = smooth-L1 feature regression + `token_weight` x the cross-entropy of its next-token distribution
-against the target's (both read through the target's frozen
-LM head restricted to `head_tokens`, the training data's most frequent tokens). Held-out pieces (`holdout`,
-chosen at random with `seed`) give the report's top-1 agreement with the target's own greedy choice,
-before and after training. Checkpoints (checkpoints.py's format: safetensors and JSON) are written every
-`save_every` steps, at the end and on Ctrl-C; a resumed run recomputes the features (deterministic), restores
-the head, AdamW's moments and the step, and sees the very pieces the interrupted run would have (each epoch's
-order is a function of the seed and the epoch alone).
+generating answers gives); they are kept on disk in bfloat16 (feature_store.py) and read a piece a step. The
+head learns, at each position t, from (f_t, token t+1) to f_{t+1}, and again from its own prediction
+(f^_{t+1}, token t+2) to f_{t+2}, and so on for `unroll` steps in all (EAGLE-3's training-time test), since
+drafting feeds its predictions back in: loss = smooth-L1 feature regression + `token_weight` x the cross-entropy
+of its next-token distribution against the target's (both read through the target's frozen LM head restricted
+to `head_tokens`, the training data's most frequent tokens; its rows alone, never its whole dense weight).
+Held-out pieces (`holdout`, chosen at random with `seed`) give the report's top-1 agreement with the target's
+own greedy choice, before and after training. Checkpoints (checkpoints.py's format: safetensors and JSON) are
+written every `save_every` steps, at the end and on Ctrl-C; a resumed run reads the features its store kept,
+restores the head, AdamW's moments and the step, and sees the very pieces the interrupted run would have (each
+epoch's order is a function of the seed and the epoch alone).
 
 This file does not generate answers (generate.py) or draft (drafters/eagle.py); it returns the head and a
 report, and `save_head` writes them.
@@ -35,6 +35,15 @@ from ..texts.data_rows import read_rows
 from ..texts.fingerprint import tokenizer_fingerprint
 from .checkpoints import CHECKPOINT_FORMAT, check_resumable
 from .data import items_digest
+from .feature_store import (
+    FeatureStore,
+    StorePart,
+    check_store_folder,
+    discard_store,
+    feature_store,
+    store_folder,
+    target_identity,
+)
 from .loop import Trainee, TrainingRun, train
 
 DEFAULT_HEAD_VOCAB = 4096  # the LM-head slice a drafted token reads: 4096 x 576 in bfloat16 is 4.7 MB
@@ -117,21 +126,41 @@ def choose_head_tokens(pieces_: Sequence[Sequence[int]], size: int, vocab: int) 
     return sorted(ranked)
 
 
-def target_features(target: Any, pieces_: Sequence[Sequence[int]],
-                    on_progress: Optional[Callable[[EagleProgress], None]] = None) -> list[Any]:
-    """The target's last hidden states [n, H] (float32, CPU) per piece: one forward each."""
+def last_states(target: Any) -> Callable[[Sequence[int]], Any]:
+    """A piece's features: the target's last hidden states [n, H] (float32, CPU), one forward."""
     import torch
 
     device = next(target.parameters()).device
-    features = []
-    with torch.no_grad():  # (not inference mode: these tensors are training inputs)
-        for index, piece in enumerate(pieces_):
+
+    def features(piece: Sequence[int]) -> Any:
+        with torch.no_grad():  # (not inference mode: these tensors are training inputs)
             out = target(input_ids=torch.tensor([list(piece)], device=device), output_hidden_states=True,
                          logits_to_keep=1)
-            features.append(out.hidden_states[-1][0].float().cpu())  # [n, H]
-            if on_progress is not None:
-                on_progress(EagleProgress("features", index + 1, len(pieces_)))
+        return out.hidden_states[-1][0].float().cpu()  # [n, H]
+
     return features
+
+
+def lm_head_rows(lm_head: Any, ids: Any) -> Any:
+    """The target's LM-head rows for `ids` [K, H], float32: from a block LM head, those rows' blocks alone (its
+    whole dense weight, 545 MB on a 0.5B, is never made)."""
+    from ..target_model.native.quant import BlockLinear
+
+    if isinstance(lm_head, BlockLinear):
+        return lm_head.blocks().take(ids).dense()
+    return lm_head.weight.detach()[ids].float()
+
+
+def greedy_along(lm_head: Any, finals: Sequence[Any]) -> list[Any]:
+    """The target's own greedy choice [n] at each position of each piece, from its last hidden states [n, H]
+    through its whole LM head (a block head on the kernels: no dense copy)."""
+    import torch
+
+    from ..target_model.native.quant import BlockLinear
+
+    dtype = torch.float32 if isinstance(lm_head, BlockLinear) else lm_head.weight.dtype
+    with torch.no_grad():
+        return [lm_head(final.to(dtype)[None])[0].argmax(-1) for final in finals]
 
 
 def epoch_order(count: int, seed: int, epoch: int) -> list[int]:
@@ -152,14 +181,23 @@ def initial_head(target: Any, seed: int, mlp: int = 0) -> Any:
 
 @dataclass(frozen=True)
 class HeadData:
-    """Training sequences cut into pieces, split into training and held-out pieces, with the target's features."""
+    """Training sequences cut into pieces, split into training and held-out pieces, with the target's features
+    (read from the feature store one piece at a time)."""
 
     pieces: list[list[int]]
     train: list[list[int]]
     held_out: list[list[int]]
     head_tokens: Optional[list[int]]  # the tokens the head drafts (None = all)
-    train_features: list[Any]  # [n, H] float32 per training piece
-    held_features: list[Any]  # [n, H] float32 per held-out piece
+    store: FeatureStore  # the training pieces' features, then the held-out pieces'
+    reused: bool  # the store was read from disk (a resumed run), not computed
+
+    @property
+    def train_features(self) -> StorePart:  # [n, width] float32 per training piece
+        return self.store.part(0, len(self.train))
+
+    @property
+    def held_features(self) -> StorePart:  # [n, width] float32 per held-out piece
+        return self.store.part(len(self.train), len(self.store))
 
 
 def split_pieces(all_pieces: Sequence[list[int]], config: EagleTrainConfig) -> tuple[list[list[int]], list[list[int]]]:
@@ -170,20 +208,30 @@ def split_pieces(all_pieces: Sequence[list[int]], config: EagleTrainConfig) -> t
     return [all_pieces[index] for index in order[held:]], [all_pieces[index] for index in order[:held]]
 
 
-def head_data(target: Any, sequences: Sequence[Sequence[int]], config: EagleTrainConfig,
+def head_data(target: Any, sequences: Sequence[Sequence[int]], config: EagleTrainConfig, what: dict, width: int,
+              features: Callable[[Sequence[int]], Any], folder: Optional[Path] = None,
               on_progress: Optional[Callable[[EagleProgress], None]] = None) -> HeadData:
     """Pieces of at most max_len tokens, `holdout` of them kept apart at random (seeded), the head's tokens
-    (the training pieces' most frequent), and the target's features over every piece (one forward each)."""
+    (the training pieces' most frequent), and `features(piece)` [n, width] for every piece: read from the store
+    in `folder` when it holds them for this target, these pieces and `what`, else computed into it."""
     all_pieces = pieces(sequences, config.max_len)
     if len(all_pieces) < 2:
         raise SpecdecError("too little data to train a head: give answers from `specdec distill generate` or a "
                            "corpus with at least two pieces of 8+ tokens")
     train_pieces, held_out = split_pieces(all_pieces, config)
-    vocab = int(target.get_output_embeddings().weight.shape[0])
+    vocab = int(target.config.vocab_size)
     head_tokens = choose_head_tokens(train_pieces, config.head_vocab, vocab)
-    features = target_features(target, train_pieces + held_out, on_progress)
-    return HeadData(all_pieces, train_pieces, held_out, head_tokens, features[: len(train_pieces)],
-                    features[len(train_pieces) :])
+    ordered = train_pieces + held_out
+    key = {**what, "target": target_identity(target), "pieces": items_digest(ordered)}
+
+    def compute(index: int) -> Any:
+        rows = features(ordered[index])
+        if on_progress is not None:
+            on_progress(EagleProgress("features", index + 1, len(ordered)))
+        return rows
+
+    store, reused = feature_store(folder, key, len(ordered), width, compute)
+    return HeadData(all_pieces, train_pieces, held_out, head_tokens, store, reused)
 
 
 class HeadKind:
@@ -192,15 +240,17 @@ class HeadKind:
     held-out agreement before and after training."""
 
     def __init__(self, target: Any, sequences: Sequence[Sequence[int]], config: EagleTrainConfig,
-                 on_progress: Optional[Callable[[EagleProgress], None]] = None) -> None:
+                 on_progress: Optional[Callable[[EagleProgress], None]] = None,
+                 features_dir: Optional[Path] = None) -> None:
         self.target, self.sequences, self.config, self.on_progress = target, sequences, config, on_progress
+        self.features_dir = features_dir  # where the feature store is kept (None: a temporary folder)
         self.digest = items_digest([int(token) for token in sequence] for sequence in sequences)
         self.hidden = int(target.config.hidden_size)
         self.data: Optional[HeadData] = None
         self.head: Any = None
-        self.lm_weight: Any = None  # the target's LM head [V, H], float32
         self.ids: Any = None  # the head's tokens (all of them when unrestricted) [K]
         self.head_weight: Any = None  # the LM head's rows for them [K, H]
+        self.held_greedy: list[Any] = []  # the target's own greedy choice along each held-out piece [n]
         self.before: Optional[float] = None  # held-out agreement of the untrained head
         self._epoch_order: dict[int, list[int]] = {}
 
@@ -214,12 +264,14 @@ class HeadKind:
         import torch
 
         target, config = self.target, self.config
-        self.data = data = head_data(target, self.sequences, config, self.on_progress)
+        self.data = data = head_data(target, self.sequences, config, {"kind": "eagle", "states": "last"},
+                                     self.hidden, last_states(target), self.features_dir, self.on_progress)
         self.head = head = initial_head(target, config.seed, config.head_mlp)
-        self.lm_weight = target.get_output_embeddings().weight.detach().float().cpu()  # [V, H]
-        vocab = int(self.lm_weight.shape[0])
+        lm_head = target.get_output_embeddings()
+        vocab = int(target.config.vocab_size)
         self.ids = torch.tensor(data.head_tokens) if data.head_tokens is not None else torch.arange(vocab)
-        self.head_weight = self.lm_weight[self.ids]  # [K, H]
+        self.head_weight = lm_head_rows(lm_head, self.ids)  # [K, H]
+        self.held_greedy = greedy_along(lm_head, data.held_features)
         total = config.steps or max(1, math.ceil(config.epochs * len(data.train)))
         optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0)
         self.before = self.agreement() if state is None else state.get("top1_agreement_before")
@@ -231,13 +283,14 @@ class HeadKind:
         import torch
 
         embeddings = self.target.get_input_embeddings()
+        device = next(self.target.parameters()).device  # (a GGUF's table, asked its `weight`, would unpack it all)
         with torch.inference_mode():
-            values = embeddings(torch.tensor([list(tokens)], device=embeddings.weight.device))
+            values = embeddings(torch.tensor([list(tokens)], device=device))
         return values.float().cpu().clone()  # [1, n, H]
 
     def agreement(self) -> Optional[float]:
         assert self.data is not None
-        return agreement(self.head, self.data.held_out, self.data.held_features, self.embed, self.lm_weight,
+        return agreement(self.head, self.data.held_out, self.data.held_features, self.held_greedy, self.embed,
                          self.head_weight, self.ids)
 
     def learning_rate(self, step: int, total_steps: int) -> float:
@@ -316,26 +369,25 @@ def train_eagle(target: Any, sequences: Sequence[Sequence[int]], config: EagleTr
     the run is checkpointed there (and continued from there with `resume`)."""
     config.check()
     started = time.perf_counter()  # the head's training time counts the target's features too
-    kind = HeadKind(target, sequences, config, on_progress)
+    kind = HeadKind(target, sequences, config, on_progress, store_folder(checkpoint_dir))
     return train(kind, checkpoint_dir, resume=resume, save_every=config.save_every, on_status=on_status,
                  started=started)
 
 
-def agreement(head: Any, held_out: Sequence[Sequence[int]], held_features: Sequence[Any], embed: Callable,
-              lm_weight: Any, head_weight: Any, ids: Any) -> Optional[float]:
+def agreement(head: Any, held_out: Sequence[Sequence[int]], held_features: Sequence[Any], greedy: Sequence[Any],
+              embed: Callable, head_weight: Any, ids: Any) -> Optional[float]:
     """Teacher-forced top-1 agreement on held-out pieces: the head's token at t+2 (from f_t and token t+1)
-    against the target's own greedy choice there (its full LM head's argmax)."""
+    against the target's own greedy choice there (`greedy`: its whole LM head's argmax along each piece)."""
     import torch
 
     if not held_out:
         return None
     hits = count = 0
     with torch.inference_mode():
-        for piece, piece_features in zip(held_out, held_features):
+        for piece, piece_features, choices in zip(held_out, held_features, greedy):
             predicted = head(piece_features[None, :-1], embed(piece[1:]), torch.arange(len(piece) - 1))[0]
             head_choice = ids[(predicted @ head_weight.T).argmax(-1)]  # [n-1]
-            target_choice = (piece_features[1:] @ lm_weight.T).argmax(-1)  # [n-1]
-            hits += int((head_choice == target_choice).sum())
+            hits += int((head_choice == choices[1:]).sum())
             count += len(piece) - 1
     return round(hits / count, 4) if count else None
 
@@ -373,11 +425,12 @@ def build_eagle_head(target: Any, tokenizer: Any, target_name: str, output: str,
     from ..drafters.eagle_head import check_head_output, save_head
 
     config.check()
-    check_head_output(Path(output))  # before any work
-    fingerprint = tokenizer_fingerprint(tokenizer)
-    sequences, sizes = training_sequences(tokenizer, fingerprint, target_name, data, corpus)
     out_dir = Path(output).expanduser()
     ckpt_dir = Path(checkpoint_dir).expanduser() if checkpoint_dir else out_dir.parent / f"{out_dir.name}.checkpoint"
+    check_head_output(out_dir)  # before any work
+    check_store_folder(store_folder(ckpt_dir))
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    sequences, sizes = training_sequences(tokenizer, fingerprint, target_name, data, corpus)
     head, result = train_eagle(target, sequences, config, on_progress, checkpoint_dir=ckpt_dir, resume=resume,
                                on_status=on_status)
     report = {**result["report"], **sizes}
@@ -385,4 +438,5 @@ def build_eagle_head(target: Any, tokenizer: Any, target_name: str, output: str,
     meta = {"target": target_name, "fingerprint": fingerprint, "vocab_size": max(vocab, len(tokenizer)),
             "head_tokens": result["head_tokens"], "report": report}
     save_head(out_dir, head, meta)
+    discard_store(store_folder(ckpt_dir))
     return report

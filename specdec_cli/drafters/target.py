@@ -46,6 +46,17 @@ class TargetWeights:
         embedding = self.embedding
         return int(embedding.shape[0] if isinstance(embedding, torch.Tensor) else embedding.num_embeddings)
 
+    def logits(self, rows: "torch.Tensor") -> "torch.Tensor":
+        """Last hidden states [m, hidden] -> the target's float32 logits [m, vocab], a block head read by the
+        kernels (its dense weight is never made)."""
+        import torch
+
+        lm_head = self.lm_head
+        if not isinstance(lm_head, torch.Tensor):
+            return lm_head(rows.float())  # (the block layer adds its own bias)
+        out = (rows.to(lm_head.device, lm_head.dtype) @ lm_head.T).float()
+        return out if self.lm_bias is None else out + self.lm_bias.float()
+
     def dense_lm_head(self) -> "torch.Tensor":
         """The LM head's weight [vocab, hidden] as dense rows (a block head unpacked: a float32 copy)."""
         import torch

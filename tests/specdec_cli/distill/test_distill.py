@@ -253,6 +253,7 @@ def test_an_eagle_head_from_the_command_line_trains_resumes_and_is_evaluated(tar
     result = invoke(*train)
     assert result.returncode == 0, result.stderr
     assert "Trained an EAGLE head: 6 steps" in result.stderr and (tmp_path / "head.checkpoint").is_dir()
+    assert not (tmp_path / "head.checkpoint.features").exists()  # the features go once the head is written
     again = invoke(*train[:-4], "--steps", "8", "--holdout", "0.25", "--resume")  # a longer run, continued
     assert again.returncode == 0 and "Resuming from step 6" in again.stderr, again.stderr
     evaluated = invoke("distill", "evaluate", "--draft-model", str(head), "--prompts", str(prompts), "-n", "12",
@@ -284,6 +285,7 @@ def test_an_eagle3_head_from_the_command_line_is_written_in_the_published_layout
     result = invoke(*train)
     assert result.returncode == 0, result.stderr
     assert "Trained an EAGLE-3 head: 6 steps" in result.stderr, result.stderr
+    assert not (tmp_path / "head3.checkpoint.features").exists()
     again = invoke(*train[:-6], "--steps", "8", "--holdout", "0.25", "--draft-vocab", "48", "--resume")
     assert again.returncode == 0 and "Resuming from step 6" in again.stderr, again.stderr
     assert sorted(path.name for path in head.iterdir()) == ["config.json", "distill_report.json", "model.safetensors"]
@@ -363,6 +365,14 @@ def test_train_refuses_an_output_that_is_a_file_before_loading_the_target(data_f
     head_output = invoke("distill", "train", "--kind", "eagle", "--data", str(data_file), "-o", str(existing),
                          "--target", str(broken))
     assert_one_line_error(head_output, "exists and is not a directory", code=1)
+    features = tmp_path / "head.checkpoint.features"  # where a head's features would be kept while it trains
+    features.mkdir()
+    (features / "keep.txt").write_text("mine")
+    for kind in ("eagle", "eagle3"):
+        refused = invoke("distill", "train", "--kind", kind, "--data", str(data_file), "-o", str(tmp_path / "head"),
+                         "--target", str(broken))
+        assert_one_line_error(refused, "is not a folder of features specdec computed", code=1)
+    assert (features / "keep.txt").read_text() == "mine"
 
 
 def test_distill_takes_weights_like_every_command(target_dir, tmp_path):

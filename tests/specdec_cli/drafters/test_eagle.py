@@ -333,8 +333,12 @@ def test_an_interrupted_training_resumes_to_the_same_head(tiny_llama, tmp_path):
                     resume=True)
     with pytest.raises(SpecdecError, match="data changed"):
         train_eagle(tiny_llama, sequences[1:], config, checkpoint_dir=tmp_path / "cut", resume=True)
-    resumed, result = train_eagle(tiny_llama, sequences, config, checkpoint_dir=tmp_path / "cut", resume=True)
+    computed = []
+    resumed, result = train_eagle(tiny_llama, sequences, config, lambda update: computed.append(update.phase),
+                                  checkpoint_dir=tmp_path / "cut", resume=True)
     assert result["report"]["resumed_from"] == 8
+    assert "features" not in computed  # read from the interrupted run's store, not computed again
+    assert (tmp_path / "cut.features" / "features.json").is_file()
     for (name, value), other in zip(whole.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(value, other), name  # the same pieces, moments and steps: the same head, bit for bit
 

@@ -296,7 +296,7 @@ def test_a_trained_eagle3_head_learns_the_target_and_saves_as_it_drafts(target, 
 def test_the_draft_vocabularys_lm_head_rows_come_from_the_blocks_alone(target):
     import copy
 
-    from specdec_cli.distill.eagle3_train import lm_head_rows
+    from specdec_cli.distill.eagle_train import lm_head_rows
     from specdec_cli.target_model.load import converted_blocks
     from specdec_cli.target_model.native import quant
 
