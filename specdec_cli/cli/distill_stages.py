@@ -20,6 +20,7 @@ from ..distill.checkpoints import check_output_dir
 from ..distill.eagle_evaluate import EAGLE_RUNS, evaluate_head
 from ..distill.eagle_train import EagleTrainConfig, build_eagle_head
 from ..distill.evaluate import tokenized
+from ..distill.feature_store import check_features_beside
 from ..distill.generate import generate_data, generate_data_vllm
 from ..distill.pipeline import evaluation_items, held_out_prompts, target_of_draft, target_spec
 from ..distill.train import TrainConfig, train_draft
@@ -95,10 +96,8 @@ def answering_progress(total: int, data: str, starting: str = "") -> Iterator[Ca
 def report_answers(summary: Any) -> Any:
     for warning in summary.warnings:
         tell(f"[yellow]warning:[/yellow] {warning}")
-    tell(
-        f"{summary.path}: {summary.written} new rows ({summary.new_tokens:,} tokens, {summary.tokens_per_second:.1f} "
-        f"tok/s), {summary.skipped} already answered, {summary.rows} rows in all"
-    )
+    tell(f"{summary.path}: {summary.written} new rows ({summary.new_tokens:,} tokens, {summary.tokens_per_second:.1f} "
+         f"tok/s), {summary.skipped} already answered, {summary.rows} rows in all")
     return summary
 
 
@@ -213,14 +212,7 @@ class HeadStages:
         from ..drafters.eagle_head import check_head_output
 
         check_head_output(directory)
-        self.check_features(directory)
-
-    @staticmethod
-    def check_features(directory: Path) -> None:
-        """The folder the target's features are kept in while the head trains (beside its default checkpoint)."""
-        from ..distill.feature_store import check_store_folder, store_folder
-
-        check_store_folder(store_folder(directory.with_name(directory.name + ".checkpoint")))
+        check_features_beside(directory)
 
     def recorded_target(self, directory: Path) -> Optional[str]:
         from ..drafters.eagle_head import read_head_meta
@@ -288,7 +280,7 @@ class Eagle3Stages(HeadStages):
         from ..drafters.eagle3_head import check_eagle3_output
 
         check_eagle3_output(directory)
-        self.check_features(directory)
+        check_features_beside(directory)
 
     def recorded_target(self, directory: Path) -> Optional[str]:
         from ..drafters.eagle3_head import REPORT, read_eagle3_config

@@ -137,6 +137,12 @@ def check_store_folder(folder: Optional[Path]) -> None:
         check_replaceable_dir(folder, is_store, "a folder of features specdec computed", setting=None)
 
 
+def check_features_beside(output: Path) -> None:
+    """Refuse the folder a head written to `output` keeps its features in (beside its default checkpoint) when
+    specdec did not write it as a store."""
+    check_store_folder(store_folder(output.with_name(output.name + ".checkpoint")))
+
+
 def feature_store(folder: Optional[Path], key: dict, count: int, width: int,
                   compute: Callable[[int], torch.Tensor]) -> tuple[FeatureStore, bool]:
     """(the store of `count` pieces whose rows `compute(i)` gives [n_i, width], whether it was read from `folder`
