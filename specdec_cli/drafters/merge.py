@@ -19,7 +19,15 @@ so the deep end of a long match is not ranked out, never verified and never lear
 with the draft (`Draft.confidence`): their sum over a prefix is the expected accepted path length of verifying
 it, which is what the planner weighs against the cost curve.
 
-Pure bookkeeping: nothing here drafts, verifies or times anything. The accept/reject rule never sees scores.
+An auxiliary whose drafting costs time (a head's forwards) is asked only while what it adds pays for it
+(`DraftMerger.aux_pays`): a step that commits `step_tokens` in `verify_seconds` and spends `aux_seconds` asking
+the auxiliary pays for it when the accepted nodes only the auxiliary proposed (`aux_gain`, per step it was asked)
+are a larger share of the step's tokens than its drafting is of the step's time. It is asked always at first and
+every PROBE_EVERY steps when it does not pay (so the estimate can recover), and always when it costs less than
+CHEAP_SHARE of a step.
+
+Pure bookkeeping: nothing here drafts, verifies or times anything (the hybrid passes the seconds it measured).
+The accept/reject rule never sees scores.
 """
 
 from __future__ import annotations
@@ -37,6 +45,11 @@ PRIOR_OTHER = 0.15  # its later choices (siblings) after the same path
 MAX_DEPTH = 12  # depths past this share one bucket
 MAX_RANK = 3  # sibling ranks past this share one bucket
 MAX_BUCKET = 6  # match lengths of 32 and more share one bucket
+
+TIMING_DECAY = 0.9  # the seconds, tokens and gain follow the last ~10 steps
+WARMUP_ASKS = 8  # steps an auxiliary is asked before its gain is weighed
+PROBE_EVERY = 16  # an auxiliary that does not pay is still asked once in this many steps
+CHEAP_SHARE = 0.02  # an auxiliary costing less than this share of a step is always asked
 
 Origin = tuple[str, int, int, int]  # (source, match bucket, depth, rank)
 
@@ -174,20 +187,51 @@ def fills_budget(own: Draft, sources: Sequence[str], learned: OriginAcceptance, 
     return least > max(best_score_of(source, learned) for source in sources)
 
 
-class DraftMerger:
-    """A hybrid's memory of what it proposed and how each origin fared: `merge` each step, `observe` each event."""
+def _decayed(mean: Optional[float], value: float) -> float:
+    return value if mean is None else TIMING_DECAY * mean + (1 - TIMING_DECAY) * value
 
-    def __init__(self) -> None:
+
+class DraftMerger:
+    """A hybrid's memory of what it proposed and how each origin fared: `merge` each step, `observe` each event;
+    and whether its auxiliary pays for its drafting (`aux_pays`; `cost_gate=False` always asks it)."""
+
+    def __init__(self, cost_gate: bool = True) -> None:
         self.learned = OriginAcceptance()
         self._last: Optional[MergedDraft] = None
+        self._asked = False  # the last merge had the auxiliary's draft
         self.aux_sources: list[str] = []  # the sources an auxiliary's drafts came from, as seen
+        self.cost_gate = cost_gate
+        self.asks = 0  # steps the auxiliary was asked
+        self.unasked = 0  # steps since it was last asked
+        self.aux_seconds: Optional[float] = None  # its drafting call, decayed mean
+        self.verify_seconds: Optional[float] = None  # the target's verify forward, decayed mean
+        self.step_tokens: Optional[float] = None  # tokens a step commits, decayed mean
+        self.aux_gain: Optional[float] = None  # accepted nodes only the auxiliary proposed, per step it was asked
 
     def merge(self, drafts: Sequence[Draft], budget: int) -> Draft:
+        """The drafts as one tree; drafts[0] is the hybrid's own, any others the auxiliary's (it was asked)."""
         for draft in drafts[1:]:
             if len(draft) and draft.source not in self.aux_sources:
                 self.aux_sources.append(draft.source)
+        self._asked = len(drafts) > 1
+        self.asks, self.unasked = (self.asks + 1, 0) if self._asked else (self.asks, self.unasked + 1)
         self._last = merge_drafts(drafts, self.learned, budget)
         return self._last.draft
+
+    def timed_aux(self, seconds: float) -> None:
+        """The auxiliary's drafting call took `seconds`."""
+        self.aux_seconds = _decayed(self.aux_seconds, seconds)
+
+    def aux_pays(self) -> bool:
+        """Whether to ask the auxiliary this step: its gain's share of a step's tokens against its drafting's
+        share of the step's time (a step of T seconds committing tau tokens, the auxiliary adding g of them for c
+        seconds, pays when tau / (T + c) > (tau - g) / T, that is g / tau > c / (T + c))."""
+        if not self.cost_gate or self.asks < WARMUP_ASKS or self.unasked + 1 >= PROBE_EVERY:
+            return True
+        if self.aux_seconds is None or not self.verify_seconds or not self.step_tokens or self.aux_gain is None:
+            return True
+        share = self.aux_seconds / (self.verify_seconds + self.aux_seconds)
+        return share < CHEAP_SHARE or self.aux_gain > share * self.step_tokens
 
     def needs_aux(self, own: Draft, budget: int) -> bool:
         """False when the own draft fills the budget with nodes no auxiliary node could outscore (fills_budget);
@@ -195,11 +239,16 @@ class DraftMerger:
         return not fills_budget(own, self.aux_sources, self.learned, budget)
 
     def observe(self, event: StepEvent) -> None:
-        """Learn from the verified part of the last merged draft (a prefix of it, parents first)."""
+        """Learn from the verified part of the last merged draft (a prefix of it, parents first), and what a step
+        costs and commits."""
         last, self._last = self._last, None
+        if event.kind != "step":
+            return
+        if event.verify_seconds > 0:
+            self.verify_seconds = _decayed(self.verify_seconds, event.verify_seconds)
+        self.step_tokens = _decayed(self.step_tokens, float(len(event.committed)))
         verified = event.draft
-        if event.kind != "step" or last is None or not len(verified) or \
-                verified.tokens != last.draft.tokens[: len(verified)]:
+        if last is None or not len(verified) or verified.tokens != last.draft.tokens[: len(verified)]:
             return
         parents = verified.node_parents
         accepted = set(event.accepted_path)
@@ -207,3 +256,6 @@ class DraftMerger:
                     for node, parent in enumerate(parents) if parent < 0 or parent in accepted
                     for origin in last.origins[node]]
         self.learned.record(outcomes)
+        if self._asked:  # what only the auxiliary proposed and the target kept
+            gain = sum(all(origin[0] in self.aux_sources for origin in last.origins[node]) for node in accepted)
+            self.aux_gain = _decayed(self.aux_gain, float(gain))

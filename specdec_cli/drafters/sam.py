@@ -12,10 +12,11 @@ drafts only if `l_static - l_bias > l_dynamic` (ties go to the dynamic one); the
 With an auxiliary drafter (`sam+aded`, `--aux recycle`, ...), which sees every event too, both draft every
 step and their drafts become one tree (merge.py): each node ranked by the acceptance its source earned at its
 depth (the automata's by match length too), so a long match leads, and where the match is short and the
-target rarely follows it, the auxiliary's guesses come first. The tree carries those estimates
-(`Draft.confidence`), and the planner keeps the prefix that pays. (Before 0.5.0 the auxiliary drafted only where
-the automata had no match: docs/measurements.md, "sam's threshold, auxiliary and memory bias".)
-The draft is the continuation of the match's earliest occurrence, stopped before an EOS and at the end
+target rarely follows it, the auxiliary's guesses come first; an auxiliary whose drafting costs time (a head) is
+asked only while what it alone adds pays for that time (merge.py; `aux_gate=False` always asks it). The tree
+carries those estimates (`Draft.confidence`), and the planner keeps the prefix that pays. (Before 0.5.0 the
+auxiliary drafted only where the automata had no match: docs/measurements.md, "sam's threshold, auxiliary and
+memory bias".) The draft is the continuation of the match's earliest occurrence, stopped before an EOS and at the end
 of the text, never padded, and `min(budget, draft_max, 1 + floor(ALPHA * match_len))` tokens long; no
 match (or nothing after it), no draft.
 
@@ -30,6 +31,7 @@ indexes (sam/, corpus.py) and never calls the engine.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
@@ -69,6 +71,7 @@ class SamDrafter:
         memory_from: Optional[int] = None,
         frequent: bool = FREQUENT,
         vocab_size: int = 0,
+        aux_gate: bool = True,
     ) -> None:
         if draft_max is not None and draft_max < 1:
             raise SpecdecError(f"draft_max must be at least 1, got {draft_max}", setting="draft_max")
@@ -83,7 +86,8 @@ class SamDrafter:
         self.frequent = frequent  # static drafts: the continuation most occurrences take, not the earliest's
         self.vocab_size = vocab_size  # ids at or above it are refused (0: not known; negative ones always are)
         self.needs = NOTHING if aux is None else aux.needs  # the automata read tokens only; the auxiliary may not
-        self.merger = DraftMerger()  # what the automata's and the auxiliary's drafts earned (with an auxiliary)
+        # what the automata's and the auxiliary's drafts earned, and whether the auxiliary pays for its time
+        self.merger = DraftMerger(cost_gate=aux_gate)
         self._restart()
 
     def reset(self) -> None:
@@ -142,9 +146,12 @@ class SamDrafter:
         own = self._own_draft(budget)
         if self.aux is None:
             return own
-        if not self.merger.needs_aux(own, budget):  # nothing the auxiliary drafts could be kept: not asked
+        if not self.merger.needs_aux(own, budget) or not self.merger.aux_pays():  # not kept, or not worth its time
             return self.merger.merge([own], budget)
-        return self.merger.merge([own, self.aux.propose(context, budget)], budget)
+        started = time.perf_counter()
+        aux = self.aux.propose(context, budget)
+        self.merger.timed_aux(time.perf_counter() - started)
+        return self.merger.merge([own, aux], budget)
 
     def _own_draft(self, budget: int) -> Draft:
         """The automata's chain: the continuation of the longer match (the index's must win by l_bias)."""

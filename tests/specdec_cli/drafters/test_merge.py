@@ -174,3 +174,39 @@ def test_a_depth_without_evidence_is_presumed_to_fare_as_its_source_did():
     assert learned.conditional(("sam-dynamic", 6, 9, 0)) > 0.85  # deep, long match: as its first three did
     assert learned.conditional(("sam-dynamic", 1, 4, 0)) < 0.2  # a one-token match's deeper nodes: as it did
     assert learned.conditional(("recycle", 0, 1, 0)) == 0.5  # nothing known: the prior
+
+
+def _gated_steps(merger: DraftMerger, steps: int, *, aux_seconds: float, keeps_aux: bool) -> list[bool]:
+    """Steps of a hybrid: the own chain [1, 2] always, the auxiliary's [7] when `aux_pays` says to ask it; the
+    target keeps the first own token, and the auxiliary's when `keeps_aux`; a verify forward takes 0.01 s."""
+    asked = []
+    for _ in range(steps):
+        ask = merger.aux_pays()
+        asked.append(ask)
+        drafts = [Draft([1, 2], "own", match_len=1)]
+        if ask:
+            drafts.append(Draft([7], "aux"))
+            merger.timed_aux(aux_seconds)
+        draft = merger.merge(drafts, 8)
+        kept = [draft.tokens.index(7)] if ask and keeps_aux else [draft.tokens.index(1)]
+        merger.observe(StepEvent(kind="step", draft=draft, committed=[0, 0], accepted_path=kept,
+                                 verify_seconds=0.01))
+    return asked
+
+
+def test_a_costly_auxiliary_is_asked_only_while_it_pays():
+    """An auxiliary that adds nothing the target keeps, at a third of a step's time, is asked during the warm-up
+    and then once in PROBE_EVERY steps; one whose guesses are kept is asked every step at the same cost; one that
+    costs next to nothing is always asked; and with the gate off every step asks."""
+    from specdec_cli.drafters.merge import PROBE_EVERY, WARMUP_ASKS
+
+    useless = _gated_steps(DraftMerger(), 200, aux_seconds=0.005, keeps_aux=False)
+    assert all(useless[:WARMUP_ASKS]) and not any(useless[WARMUP_ASKS : WARMUP_ASKS + PROBE_EVERY - 1])
+    assert sum(useless[WARMUP_ASKS:]) == pytest.approx((200 - WARMUP_ASKS) / PROBE_EVERY, abs=1)
+    assert all(_gated_steps(DraftMerger(), 200, aux_seconds=0.005, keeps_aux=True))
+    assert all(_gated_steps(DraftMerger(), 200, aux_seconds=0.00001, keeps_aux=False))
+    assert all(_gated_steps(DraftMerger(cost_gate=False), 200, aux_seconds=0.005, keeps_aux=False))
+    merger = DraftMerger()
+    _gated_steps(merger, 40, aux_seconds=0.005, keeps_aux=True)
+    assert merger.aux_gain == pytest.approx(1.0) and merger.step_tokens == pytest.approx(2.0)
+    assert merger.verify_seconds == pytest.approx(0.01) and merger.aux_seconds == pytest.approx(0.005)
