@@ -434,7 +434,7 @@ def build_eagle_head(target: Any, tokenizer: Any, target_name: str, output: str,
     head, result = train_eagle(target, sequences, config, on_progress, checkpoint_dir=ckpt_dir, resume=resume,
                                on_status=on_status)
     report = {**result["report"], **sizes}
-    vocab = int(target.get_output_embeddings().weight.shape[0])
+    vocab = int(target.get_output_embeddings().out_features)  # (its `weight` would unpack a block head)
     meta = {"target": target_name, "fingerprint": fingerprint, "vocab_size": max(vocab, len(tokenizer)),
             "head_tokens": result["head_tokens"], "report": report}
     save_head(out_dir, head, meta)
