@@ -46,10 +46,13 @@ def _first_paragraph(doc: str) -> str:
 
 
 def _signature(name: str, member: Any) -> str:
+    """`name(signature)`, a default that prints as an object's address (`<function f at 0x7f...>`) written `...`:
+    the address changes from run to run, and a suite's prompts must not."""
     try:
-        return f"{name}{inspect.signature(member)}"
+        signature = f"{name}{inspect.signature(member)}"
     except (TypeError, ValueError):
         return f"{name}(...)"
+    return re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>", "...", signature)
 
 
 def _source(member: Any) -> str:

@@ -77,6 +77,7 @@ def test_the_library_suite_asks_about_the_standard_library_in_four_ways():
     assert {c.category for c in suite} == {"code", "explain", "summarize", "qa"}
     assert len({c.category for c in suite[:12]}) >= 3  # any prefix is a mix
     assert suite == load_suite("library")
+    assert not [c.id for c in suite if " at 0x" in c.first_turn]  # an address would change from run to run
     for conversation in suite:
         kind, qualified = conversation.id.split("-", 2)[1:]
         assert kind == conversation.category
