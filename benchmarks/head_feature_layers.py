@@ -30,15 +30,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from specdec_cli.distill.eagle_train import (
-    EagleTrainConfig,
-    choose_head_tokens,
-    epoch_order,
-    initial_head,
-    pieces,
-    split_pieces,
-    training_sequences,
-)
+from specdec_cli.distill.eagle_train import EagleTrainConfig, epoch_order, initial_head
+from specdec_cli.distill.head_data import choose_head_tokens, pieces, split_order, training_sequences
 from specdec_cli.target_model.load.models import DEFAULT_TARGET, load_target
 from specdec_cli.texts.fingerprint import tokenizer_fingerprint
 
@@ -61,8 +54,10 @@ def main() -> None:
     loaded = load_target(args.target, dtype="float32")
     model, tokenizer = loaded.model, loaded.tokenizer
     config = EagleTrainConfig()
-    sequences, _ = training_sequences(tokenizer, tokenizer_fingerprint(tokenizer), args.target, args.data)
-    train_pieces, held_out = split_pieces(pieces(sequences, config.max_len), config)
+    sequences, _, _ = training_sequences(tokenizer, tokenizer_fingerprint(tokenizer), args.target, args.data)
+    all_pieces = pieces(sequences, config.max_len)
+    train_order, held_order = split_order(len(all_pieces), config.holdout, config.seed)
+    train_pieces, held_out = [all_pieces[i] for i in train_order], [all_pieces[i] for i in held_order]
     lm_weight = model.get_output_embeddings().weight.detach().float()  # [V, H]
     head_tokens = choose_head_tokens(train_pieces, config.head_vocab, lm_weight.shape[0])
     ids = torch.tensor(head_tokens) if head_tokens is not None else torch.arange(lm_weight.shape[0])  # [K]

@@ -31,17 +31,9 @@ from typing import Any, Callable, Optional, Sequence
 from ..errors import SpecdecError
 from ..texts.fingerprint import tokenizer_fingerprint
 from .checkpoints import check_resumable
-from .eagle_train import (
-    RESUME_KEYS,
-    EagleProgress,
-    EagleTrainConfig,
-    HeadKind,
-    greedy_along,
-    head_data,
-    lm_head_rows,
-    training_sequences,
-)
+from .eagle_train import RESUME_KEYS, EagleTrainConfig, HeadKind, greedy_along, lm_head_rows
 from .feature_store import check_store_folder, discard_store, store_folder
+from .head_data import EagleProgress, head_data, training_sequences
 from .loop import Trainee, TrainingRun, train
 
 DEFAULT_DRAFT_VOCAB = 8192  # EAGLE-3's draft vocabulary (32 k for Llama 3's 128 k); 8192 x 896 int8 is 7 MB a read
@@ -99,8 +91,8 @@ class Eagle3Kind(HeadKind):
 
     def __init__(self, target: Any, sequences: Sequence[Sequence[int]], config: EagleTrainConfig,
                  on_progress: Optional[Callable[[EagleProgress], None]] = None,
-                 features_dir: Optional[Path] = None) -> None:
-        super().__init__(target, sequences, config, on_progress, features_dir)
+                 features_dir: Optional[Path] = None, answer_starts: Optional[Sequence[int]] = None) -> None:
+        super().__init__(target, sequences, config, on_progress, features_dir, answer_starts)
         total = target_layers(target)
         from ..drafters.eagle3_head import feature_layers
 
@@ -120,7 +112,7 @@ class Eagle3Kind(HeadKind):
         what = {"kind": "eagle3", "states": list(self.layers)}
         width = self.hidden * (len(self.layers) + 1)
         self.data = data = head_data(target, self.sequences, config, what, width, layer_states(target, self.layers),
-                                     self.features_dir, self.on_progress)
+                                     self.features_dir, self.on_progress, self.answer_starts)
         lm_head = target.get_output_embeddings()
         vocab = int(target.config.vocab_size)
         chosen = data.head_tokens
@@ -140,25 +132,29 @@ class Eagle3Kind(HeadKind):
         return rows[:, : -self.hidden], rows[:, -self.hidden :]
 
     def agreement(self) -> Optional[float]:
-        """Teacher-forced top-1 agreement on the held-out pieces: the head's token at t+2 (from the states at t and
-        token t+1) against the target's own greedy choice there."""
+        """Teacher-forced top-1 agreement on the held-out pieces' answers: the head's token at t+2 (from the states at
+        t and token t+1) against the target's own greedy choice there."""
         import torch
 
         assert self.data is not None
         hits = count = 0
         with torch.inference_mode():
-            for piece, rows, greedy in zip(self.data.held_out, self.data.held_features, self.held_greedy):
+            for piece, rows, greedy, start in zip(self.data.held_out, self.data.held_features, self.held_greedy,
+                                                  self.data.held_from):
+                first = max(0, start - 1)  # row j predicts the token at j + 2
+                if first >= len(piece) - 1:
+                    continue
                 states = self.split(rows)[0]  # [n, 3H]
                 hidden = self.head.reduce(states[:-1][None])  # [1, n-1, H]
                 predicted = self.head(hidden, self.embed(piece[1:]), torch.arange(len(piece) - 1))[0]
-                logits = self.head.lm_head(self.head.norm(predicted))  # [n-1, K]
+                logits = self.head.lm_head(self.head.norm(predicted[first:]))  # [n-1-first, K]
                 choice = self.ids[logits.argmax(-1)]
-                hits += int((choice == greedy[1:]).sum())
-                count += len(piece) - 1
+                hits += int((choice == greedy[1 + first :]).sum())
+                count += len(piece) - 1 - first
         return round(hits / count, 4) if count else None
 
     def backward(self, step: int) -> float:
-        """The token loss at every position, teacher-forced, then on the head's own predicted states."""
+        """The token loss at every taught position, teacher-forced, then on the head's own predicted states."""
         import torch
 
         assert self.data is not None
@@ -178,11 +174,15 @@ class Eagle3Kind(HeadKind):
         for unroll in range(min(self.config.unroll, final.shape[0] - 1)):
             positions = torch.arange(unroll, unroll + hidden.shape[1])
             predicted = self.head(hidden, embedded_next, positions)  # [1, n-1-unroll, H]
-            log_probs = torch.log_softmax(self.head.lm_head(self.head.norm(predicted)), dim=-1)  # [1, ., K]
-            loss = -(target_probs[None, unroll:] * log_probs).sum(-1).mean()
-            total = total + weight * loss
+            first = self.taught_from(piece, unroll)  # rows before it are the prompt's: context only
+            if first < predicted.shape[1]:
+                taught = self.head.lm_head(self.head.norm(predicted[:, first:]))  # [1, m, K]
+                loss = -(target_probs[None, unroll + first :] * torch.log_softmax(taught, dim=-1)).sum(-1).mean()
+                total = total + weight * loss
             weight *= UNROLL_DECAY
             hidden, embedded_next = predicted[:, :-1], embedded_next[:, 1:]  # its own state for t+1, token t+2
+        if not isinstance(total, torch.Tensor):  # (a piece of prompt alone: nothing to teach)
+            return 0.0
         total.backward()
         torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
         return float(total.detach())
@@ -212,9 +212,9 @@ def build_eagle3_head(target: Any, tokenizer: Any, target_name: str, output: str
     check_eagle3_output(output)  # before any work
     check_store_folder(store_folder(ckpt_dir))
     fingerprint = tokenizer_fingerprint(tokenizer)
-    sequences, sizes = training_sequences(tokenizer, fingerprint, target_name, data, corpus)
+    sequences, answer_starts, sizes = training_sequences(tokenizer, fingerprint, target_name, data, corpus)
     started = time.perf_counter()  # the head's training time counts the target's states too
-    kind = Eagle3Kind(target, sequences, config, on_progress, store_folder(ckpt_dir))
+    kind = Eagle3Kind(target, sequences, config, on_progress, store_folder(ckpt_dir), answer_starts)
     head, result = train(kind, ckpt_dir, resume=resume, save_every=config.save_every, on_status=on_status,
                          started=started)
     report = {**result["report"], **sizes}

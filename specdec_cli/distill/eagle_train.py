@@ -24,26 +24,17 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ..decoding.generation_config import check_seed
 from ..errors import SpecdecError
-from ..texts.data_rows import read_rows
 from ..texts.fingerprint import tokenizer_fingerprint
 from .checkpoints import CHECKPOINT_FORMAT, check_resumable
 from .data import items_digest
-from .feature_store import (
-    FeatureStore,
-    StorePart,
-    check_store_folder,
-    discard_store,
-    feature_store,
-    store_folder,
-    target_identity,
-)
+from .feature_store import check_store_folder, discard_store, store_folder
+from .head_data import EagleProgress, HeadData, head_data, training_sequences
 from .loop import Trainee, TrainingRun, train
 
 DEFAULT_HEAD_VOCAB = 4096  # the LM-head slice a drafted token reads: 4096 x 576 in bfloat16 is 4.7 MB
@@ -64,6 +55,7 @@ class EagleTrainConfig:
     save_every: int = 100  # checkpoint every N steps (0 = only at the end and on Ctrl-C)
     unroll: int = DEFAULT_UNROLL  # steps per position: 1 teacher-forced, then on its own predicted features
     head_mlp: int = 0  # the head's MLP width (0: the target's)
+    prompt_loss: bool = True  # teach the prompts' positions too (False: the answers' alone; all are context)
 
     def check(self) -> None:
         if not (self.steps or 0) > 0 and not 0 < self.epochs < math.inf:  # (--steps overrides --epochs)
@@ -92,38 +84,7 @@ class EagleTrainConfig:
 
 
 # Settings a resumed run must share with its checkpoint (the length of the run may change).
-RESUME_KEYS = ("lr", "token_weight", "max_len", "head_vocab", "holdout", "seed", "unroll", "head_mlp")
-
-
-@dataclass(frozen=True)
-class EagleProgress:
-    phase: str  # "features" | "train"
-    done: int
-    total: int
-    loss: Optional[float] = None
-
-
-def pieces(sequences: Sequence[Sequence[int]], max_len: int) -> list[list[int]]:
-    """Sequences cut into pieces of at most max_len tokens (pieces shorter than 8 tokens are dropped)."""
-    out = []
-    for sequence in sequences:
-        for start in range(0, len(sequence), max_len):
-            piece = list(sequence[start : start + max_len])
-            if len(piece) >= 8:
-                out.append(piece)
-    return out
-
-
-def choose_head_tokens(pieces_: Sequence[Sequence[int]], size: int, vocab: int) -> Optional[list[int]]:
-    """The `size` most frequent tokens of the data (ties by id); None = the whole vocabulary."""
-    if size <= 0 or size >= vocab:
-        return None
-    counts = Counter(token for piece in pieces_ for token in piece)
-    ranked = sorted(counts, key=lambda token: (-counts[token], token))[:size]
-    filler = (token for token in range(vocab) if token not in counts)
-    while len(ranked) < size:
-        ranked.append(next(filler))
-    return sorted(ranked)
+RESUME_KEYS = ("lr", "token_weight", "max_len", "head_vocab", "holdout", "seed", "unroll", "head_mlp", "prompt_loss")
 
 
 def last_states(target: Any) -> Callable[[Sequence[int]], Any]:
@@ -179,61 +140,6 @@ def initial_head(target: Any, seed: int, mlp: int = 0) -> Any:
     return EagleHead(head_config_for(target.config, mlp))
 
 
-@dataclass(frozen=True)
-class HeadData:
-    """Training sequences cut into pieces, split into training and held-out pieces, with the target's features
-    (read from the feature store one piece at a time)."""
-
-    pieces: list[list[int]]
-    train: list[list[int]]
-    held_out: list[list[int]]
-    head_tokens: Optional[list[int]]  # the tokens the head drafts (None = all)
-    store: FeatureStore  # the training pieces' features, then the held-out pieces'
-    reused: bool  # the store was read from disk (a resumed run), not computed
-
-    @property
-    def train_features(self) -> StorePart:  # [n, width] float32 per training piece
-        return self.store.part(0, len(self.train))
-
-    @property
-    def held_features(self) -> StorePart:  # [n, width] float32 per held-out piece
-        return self.store.part(len(self.train), len(self.store))
-
-
-def split_pieces(all_pieces: Sequence[list[int]], config: EagleTrainConfig) -> tuple[list[list[int]], list[list[int]]]:
-    """(training pieces, held-out pieces): `holdout` of them (at least one) kept apart at random with `seed`."""
-    order = list(range(len(all_pieces)))
-    random.Random(config.seed).shuffle(order)
-    held = max(1, round(len(order) * config.holdout)) if config.holdout > 0 else 0
-    return [all_pieces[index] for index in order[held:]], [all_pieces[index] for index in order[:held]]
-
-
-def head_data(target: Any, sequences: Sequence[Sequence[int]], config: EagleTrainConfig, what: dict, width: int,
-              features: Callable[[Sequence[int]], Any], folder: Optional[Path] = None,
-              on_progress: Optional[Callable[[EagleProgress], None]] = None) -> HeadData:
-    """Pieces of at most max_len tokens, `holdout` of them kept apart at random (seeded), the head's tokens
-    (the training pieces' most frequent), and `features(piece)` [n, width] for every piece: read from the store
-    in `folder` when it holds them for this target, these pieces and `what`, else computed into it."""
-    all_pieces = pieces(sequences, config.max_len)
-    if len(all_pieces) < 2:
-        raise SpecdecError("too little data to train a head: give answers from `specdec distill generate` or a "
-                           "corpus with at least two pieces of 8+ tokens")
-    train_pieces, held_out = split_pieces(all_pieces, config)
-    vocab = int(target.config.vocab_size)
-    head_tokens = choose_head_tokens(train_pieces, config.head_vocab, vocab)
-    ordered = train_pieces + held_out
-    key = {**what, "target": target_identity(target), "pieces": items_digest(ordered)}
-
-    def compute(index: int) -> Any:
-        rows = features(ordered[index])
-        if on_progress is not None:
-            on_progress(EagleProgress("features", index + 1, len(ordered)))
-        return rows
-
-    store, reused = feature_store(folder, key, len(ordered), width, compute)
-    return HeadData(all_pieces, train_pieces, held_out, head_tokens, store, reused)
-
-
 class HeadKind:
     """An EAGLE head's part of the training loop (loop.py): one piece a step, the feature regression and token
     loss (unrolled once on the head's own predictions), what its checkpoints hold, and the report with the
@@ -241,9 +147,10 @@ class HeadKind:
 
     def __init__(self, target: Any, sequences: Sequence[Sequence[int]], config: EagleTrainConfig,
                  on_progress: Optional[Callable[[EagleProgress], None]] = None,
-                 features_dir: Optional[Path] = None) -> None:
+                 features_dir: Optional[Path] = None, answer_starts: Optional[Sequence[int]] = None) -> None:
         self.target, self.sequences, self.config, self.on_progress = target, sequences, config, on_progress
         self.features_dir = features_dir  # where the feature store is kept (None: a temporary folder)
+        self.answer_starts = answer_starts  # each sequence's first answer position (None: all answer)
         self.digest = items_digest([int(token) for token in sequence] for sequence in sequences)
         self.hidden = int(target.config.hidden_size)
         self.data: Optional[HeadData] = None
@@ -265,7 +172,8 @@ class HeadKind:
 
         target, config = self.target, self.config
         self.data = data = head_data(target, self.sequences, config, {"kind": "eagle", "states": "last"},
-                                     self.hidden, last_states(target), self.features_dir, self.on_progress)
+                                     self.hidden, last_states(target), self.features_dir, self.on_progress,
+                                     self.answer_starts)
         self.head = head = initial_head(target, config.seed, config.head_mlp)
         lm_head = target.get_output_embeddings()
         vocab = int(target.config.vocab_size)
@@ -291,7 +199,13 @@ class HeadKind:
     def agreement(self) -> Optional[float]:
         assert self.data is not None
         return agreement(self.head, self.data.held_out, self.data.held_features, self.held_greedy, self.embed,
-                         self.head_weight, self.ids)
+                         self.head_weight, self.ids, self.data.held_from)
+
+    def taught_from(self, piece: int, unroll: int) -> int:
+        """The first row of a training piece's `unroll`-th step that is taught: row j predicts the feature at
+        j + 1 + unroll, taught unless it lies in the prompt (with prompt_loss off)."""
+        assert self.data is not None
+        return 0 if self.config.prompt_loss else max(0, self.data.train_from[piece] - 1 - unroll)
 
     def learning_rate(self, step: int, total_steps: int) -> float:
         """Linear warm-up over the first 5% of the steps, cosine decay to zero."""
@@ -316,10 +230,16 @@ class HeadKind:
         for unroll in range(min(self.config.unroll, piece_features.shape[0] - 1)):
             wanted = piece_features[None, 1 + unroll :]  # [1, n-1-unroll, H]
             predicted = self.head(inputs, embedded_next, torch.arange(inputs.shape[1]))  # [1, n-1-unroll, H]
-            target_probs = torch.softmax(wanted @ self.head_weight.T, dim=-1)  # [1, ., K]
-            token_loss = -(target_probs * torch.log_softmax(predicted @ self.head_weight.T, dim=-1)).sum(-1).mean()
-            total = total + F.smooth_l1_loss(predicted, wanted) + self.config.token_weight * token_loss
+            first = self.taught_from(piece, unroll)  # rows before it are the prompt's: context only
+            if first < wanted.shape[1]:
+                taught, wanted = predicted[:, first:], wanted[:, first:]  # [1, m, H]
+                target_probs = torch.softmax(wanted @ self.head_weight.T, dim=-1)  # [1, m, K]
+                log_probs = torch.log_softmax(taught @ self.head_weight.T, dim=-1)
+                token_loss = -(target_probs * log_probs).sum(-1).mean()
+                total = total + F.smooth_l1_loss(taught, wanted) + self.config.token_weight * token_loss
             inputs, embedded_next = predicted[:, :-1], embedded_next[:, 1:]  # f^_{t+1} with x_{t+2}, and so on
+        if not isinstance(total, torch.Tensor):  # (a piece of prompt alone: nothing to teach)
+            return 0.0
         total.backward()
         torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
         return float(total.detach())
@@ -364,55 +284,36 @@ class HeadKind:
 def train_eagle(target: Any, sequences: Sequence[Sequence[int]], config: EagleTrainConfig,
                 on_progress: Optional[Callable[[EagleProgress], None]] = None, *,
                 checkpoint_dir: Optional[Path] = None, resume: bool = False,
-                on_status: Optional[Callable[[str], None]] = None) -> tuple[Any, dict]:
-    """Train a head for `target` on `sequences` (token id lists); returns (head, result). With `checkpoint_dir`
-    the run is checkpointed there (and continued from there with `resume`)."""
+                on_status: Optional[Callable[[str], None]] = None,
+                answer_starts: Optional[Sequence[int]] = None) -> tuple[Any, dict]:
+    """Train a head for `target` on `sequences` (token id lists; `answer_starts`: each one's first answer
+    position, None: all answer); returns (head, result). With `checkpoint_dir` the run is checkpointed there (and
+    continued from there with `resume`)."""
     config.check()
     started = time.perf_counter()  # the head's training time counts the target's features too
-    kind = HeadKind(target, sequences, config, on_progress, store_folder(checkpoint_dir))
+    kind = HeadKind(target, sequences, config, on_progress, store_folder(checkpoint_dir), answer_starts)
     return train(kind, checkpoint_dir, resume=resume, save_every=config.save_every, on_status=on_status,
                  started=started)
 
 
 def agreement(head: Any, held_out: Sequence[Sequence[int]], held_features: Sequence[Any], greedy: Sequence[Any],
-              embed: Callable, head_weight: Any, ids: Any) -> Optional[float]:
-    """Teacher-forced top-1 agreement on held-out pieces: the head's token at t+2 (from f_t and token t+1)
-    against the target's own greedy choice there (`greedy`: its whole LM head's argmax along each piece)."""
+              embed: Callable, head_weight: Any, ids: Any, answer_from: Sequence[int]) -> Optional[float]:
+    """Teacher-forced top-1 agreement on held-out pieces' answers: the head's token at t+2 (from f_t and token t+1)
+    against the target's own greedy choice there (`greedy`: its whole LM head's argmax along each piece), at the
+    positions t+2 of the answer (`answer_from`: each piece's first answer position)."""
     import torch
 
-    if not held_out:
-        return None
     hits = count = 0
     with torch.inference_mode():
-        for piece, piece_features, choices in zip(held_out, held_features, greedy):
+        for piece, piece_features, choices, start in zip(held_out, held_features, greedy, answer_from):
+            first = max(0, start - 1)  # row j predicts the token at j + 2
+            if first >= len(piece) - 1:
+                continue
             predicted = head(piece_features[None, :-1], embed(piece[1:]), torch.arange(len(piece) - 1))[0]
-            head_choice = ids[(predicted @ head_weight.T).argmax(-1)]  # [n-1]
-            hits += int((head_choice == choices[1:]).sum())
-            count += len(piece) - 1
+            head_choice = ids[(predicted[first:] @ head_weight.T).argmax(-1)]  # [n-1-first]
+            hits += int((head_choice == choices[1 + first :]).sum())
+            count += len(piece) - 1 - first
     return round(hits / count, 4) if count else None
-
-
-def training_sequences(tokenizer: Any, fingerprint: str, target_name: str, data: Optional[str],
-                       corpus: Sequence[str] = ()) -> tuple[list[list[int]], dict]:
-    """Token sequences to train on: each answer of a `distill generate` file (prompt and answer together,
-    checked against the target's tokenizer) and the text of any corpus files; and their sizes."""
-    from ..texts.corpus import iter_documents, tokenize_documents
-    from ..texts.corpus_inputs import CorpusStats, resolve_inputs
-
-    sequences: list[list[int]] = []
-    if data:
-        for row in read_rows(data, fingerprint, target_name):
-            sequences.append([int(token) for token in row["prompt_ids"]] + [int(token) for token in row["answer_ids"]])
-    answers = sum(len(sequence) for sequence in sequences)
-    corpus_tokens = 0
-    if corpus:
-        stats = CorpusStats()
-        ids, _ = tokenize_documents(iter_documents(resolve_inputs(list(corpus), stats=stats), "text", stats), tokenizer)
-        sequences.append([int(token) for token in ids])
-        corpus_tokens = int(len(ids))
-    if not sequences or not answers + corpus_tokens:
-        raise SpecdecError("no training data: give --data (answers from `specdec distill generate`) or --corpus")
-    return sequences, {"answer_tokens": answers, "corpus_tokens": corpus_tokens, "data": data, "corpus": list(corpus)}
 
 
 def build_eagle_head(target: Any, tokenizer: Any, target_name: str, output: str, data: Optional[str],
@@ -430,9 +331,9 @@ def build_eagle_head(target: Any, tokenizer: Any, target_name: str, output: str,
     check_head_output(out_dir)  # before any work
     check_store_folder(store_folder(ckpt_dir))
     fingerprint = tokenizer_fingerprint(tokenizer)
-    sequences, sizes = training_sequences(tokenizer, fingerprint, target_name, data, corpus)
+    sequences, answer_starts, sizes = training_sequences(tokenizer, fingerprint, target_name, data, corpus)
     head, result = train_eagle(target, sequences, config, on_progress, checkpoint_dir=ckpt_dir, resume=resume,
-                               on_status=on_status)
+                               on_status=on_status, answer_starts=answer_starts)
     report = {**result["report"], **sizes}
     vocab = int(target.get_output_embeddings().out_features)  # (its `weight` would unpack a block head)
     meta = {"target": target_name, "fingerprint": fingerprint, "vocab_size": max(vocab, len(tokenizer)),

@@ -1,0 +1,44 @@
+"""What a head trains on (distill/head_data.py): pieces that remember where their answer begins, and training that
+teaches the answers' positions alone when asked (`prompt_loss` off), the prompts' staying context."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec_cli.distill.eagle_train import EagleTrainConfig, HeadKind, train_eagle
+from specdec_cli.distill.head_data import _cut, split_order
+
+
+def test_each_piece_knows_where_its_answer_begins():
+    sequence = list(range(100, 130))  # 30 tokens, the answer from position 10
+    cut = _cut([sequence, list(range(40, 52))], max_len=8, answer_starts=[10, 0])
+    assert [(piece[0], start) for piece, start in cut] == [(100, 10), (108, 2), (116, 0), (40, 0)]
+    assert [len(piece) for piece, _ in cut] == [8, 8, 8, 8]  # the 6-token tails are dropped
+    assert [start for _, start in _cut([sequence], 8, None)] == [0, 0, 0]  # no prompt: every position taught
+    train, held = split_order(20, 0.25, seed=3)
+    assert sorted(train + held) == list(range(20)) and len(held) == 5 and split_order(20, 0.25, seed=3) == (train, held)
+
+
+def test_the_prompts_positions_are_context_only_when_asked(tiny_llama):
+    """Row j of step u (0-based) predicts the feature at j + 1 + u: taught from the answer's first position on; a
+    run whose pieces are all prompt changes nothing; prompt_loss (the default) teaches every row."""
+    sequences = [list(range(1, 21)), list(range(21, 41)), list(range(5, 25))]
+    config = EagleTrainConfig(steps=3, lr=1e-2, head_vocab=0, holdout=0.34, prompt_loss=False, unroll=2)
+    kind = HeadKind(tiny_llama, sequences, config, answer_starts=[12, 12, 12])
+    kind.start(None)
+    assert [kind.taught_from(0, unroll) for unroll in (0, 1)] == [11, 10]
+    every = HeadKind(tiny_llama, sequences, EagleTrainConfig(steps=3, head_vocab=0, holdout=0.34),
+                     answer_starts=[12] * 3)
+    every.start(None)
+    assert every.taught_from(0, 0) == 0
+
+    torch.manual_seed(0)
+    untouched, result = train_eagle(tiny_llama, sequences, config, answer_starts=[20, 20, 20])  # all prompt
+    fresh = HeadKind(tiny_llama, sequences, config, answer_starts=[20] * 3)
+    fresh.start(None)
+    for (name, value), other in zip(untouched.state_dict().items(), fresh.head.state_dict().values()):
+        assert torch.equal(value, other), name
+    assert result["report"]["top1_agreement_after"] is None  # no held-out answer to score
+    taught, _ = train_eagle(tiny_llama, sequences, config, answer_starts=[12, 12, 12])
+    assert any(not torch.equal(value, other) for value, other in
+               zip(taught.state_dict().values(), fresh.head.state_dict().values()))
