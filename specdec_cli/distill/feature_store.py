@@ -9,21 +9,26 @@ computing it again; its key (the target, the pieces, what was computed) says whe
 run needs, and a folder that is not a store is never replaced. Without a checkpoint the store is a temporary
 folder, removed with the store.
 
-Format 1: `features.json` {"format", "key", "width", "offsets": [row offset per piece, then the total]} and
-`features.bin` (the rows, bfloat16, little-endian, row after row). Both are written atomically: a store is
-whole or absent. This file does not know what the features are (eagle_train.py and eagle3_train.py compute them).
+Format 1: `features.json` {"format", "key", "width", "offsets": [row offset per piece, then the total],
+"complete"} and `features.bin` (the rows, bfloat16, little-endian, row after row). The rows are appended as they
+are computed and recorded every RECORD_SECONDS (synced first, the record written atomically), so an interrupted
+run leaves a record of whole pieces, from which the next run with the same key goes on; a store is read only
+once it is complete. This file does not know what the features are (eagle_train.py and eagle3_train.py compute
+them).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from ..errors import SpecdecError
-from ..files import atomic_directory, check_replaceable_dir, read_json
+from ..files import atomic_file, check_replaceable_dir, read_json
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -32,6 +37,7 @@ STORE_FORMAT = 1
 STORE_META = "features.json"
 STORE_ROWS = "features.bin"
 ROW_BYTES = 2  # bfloat16
+RECORD_SECONDS = 10.0  # how often the pieces computed so far are recorded (a Ctrl-C loses at most this much)
 
 
 def store_folder(checkpoint_dir: Optional[Path]) -> Optional[Path]:
@@ -121,7 +127,7 @@ def open_store(folder: Path, key: dict) -> Optional[FeatureStore]:
     if not is_store(folder) or not (folder / STORE_ROWS).is_file():
         return None
     meta = read_json(folder / STORE_META)  # ({} when unreadable)
-    if meta.get("format") != STORE_FORMAT or meta.get("key") != key:
+    if meta.get("format") != STORE_FORMAT or meta.get("key") != key or meta.get("complete") is not True:
         return None
     offsets, width = meta.get("offsets"), meta.get("width")
     if not isinstance(offsets, list) or not offsets or not isinstance(width, int):
@@ -146,10 +152,8 @@ def check_features_beside(output: Path) -> None:
 def feature_store(folder: Optional[Path], key: dict, count: int, width: int,
                   compute: Callable[[int], torch.Tensor]) -> tuple[FeatureStore, bool]:
     """(the store of `count` pieces whose rows `compute(i)` gives [n_i, width], whether it was read from `folder`
-    rather than computed): the one already in `folder` when its key matches, else computed into it (into a
-    temporary folder when `folder` is None)."""
-    import torch
-
+    whole rather than computed): the one in `folder` when its key matches; else computed into it, going on from
+    the pieces an interrupted run recorded for the same key (into a temporary folder when `folder` is None)."""
     if folder is not None:
         found = open_store(folder, key)
         if found is not None and len(found) == count and found.width == width:
@@ -158,15 +162,52 @@ def feature_store(folder: Optional[Path], key: dict, count: int, width: int,
     temporary = tempfile.TemporaryDirectory(prefix="specdec-features-") if folder is None else None
     target = Path(temporary.name) if temporary is not None else folder
     assert target is not None
-    offsets = [0]
-    with atomic_directory(target) as building:
-        with open(building / STORE_ROWS, "wb") as handle:
-            for index in range(count):
-                rows = compute(index)  # [n, width]
-                if rows.dim() != 2 or rows.shape[1] != width:
-                    raise ValueError(f"piece {index}: features of shape {tuple(rows.shape)}, not [n, {width}]")
-                handle.write(rows.detach().to(torch.bfloat16).contiguous().cpu().view(torch.int16).numpy().tobytes())
-                offsets.append(offsets[-1] + int(rows.shape[0]))
-        meta = {"format": STORE_FORMAT, "key": key, "width": width, "offsets": offsets}
-        (building / STORE_META).write_text(json.dumps(meta), encoding="utf-8")
+    target.mkdir(parents=True, exist_ok=True)
+    offsets = _recorded_offsets(target, key, width)
+    rows_file = target / STORE_ROWS
+    with open(rows_file, "r+b" if rows_file.exists() else "wb") as handle:
+        handle.truncate(offsets[-1] * width * ROW_BYTES)  # rows past the record: an interrupted write's
+        handle.seek(0, 2)
+        _record(target, handle, key, width, offsets, complete=False)  # (the folder is a store from now on)
+        recorded = time.monotonic()
+        for index in range(len(offsets) - 1, count):
+            rows = compute(index)  # [n, width]
+            if rows.dim() != 2 or rows.shape[1] != width:
+                raise ValueError(f"piece {index}: features of shape {tuple(rows.shape)}, not [n, {width}]")
+            handle.write(_bfloat16_bytes(rows))
+            offsets.append(offsets[-1] + int(rows.shape[0]))
+            if time.monotonic() - recorded > RECORD_SECONDS:
+                _record(target, handle, key, width, offsets, complete=False)
+                recorded = time.monotonic()
+        meta = _record(target, handle, key, width, offsets, complete=True)
     return FeatureStore(target, meta, temporary), False
+
+
+def _bfloat16_bytes(rows: torch.Tensor) -> bytes:
+    import torch
+
+    return rows.detach().to(torch.bfloat16).contiguous().cpu().view(torch.int16).numpy().tobytes()
+
+
+def _recorded_offsets(folder: Path, key: dict, width: int) -> list[int]:
+    """The offsets an interrupted run recorded in `folder` for this key and width (its rows up to the last are
+    on disk), else [0]: start over."""
+    meta = read_json(folder / STORE_META)  # ({} when missing or unreadable)
+    offsets = meta.get("offsets")
+    if meta.get("format") != STORE_FORMAT or meta.get("key") != key or meta.get("width") != width or \
+            not isinstance(offsets, list) or not offsets or not all(isinstance(offset, int) for offset in offsets):
+        return [0]
+    rows_file = folder / STORE_ROWS
+    if not rows_file.is_file() or rows_file.stat().st_size < offsets[-1] * width * ROW_BYTES:
+        return [0]
+    return [int(offset) for offset in offsets]
+
+
+def _record(folder: Path, handle: Any, key: dict, width: int, offsets: list[int], complete: bool) -> dict:
+    """Sync the rows written so far, then record them (atomically): a crash leaves a record of whole rows."""
+    handle.flush()
+    os.fsync(handle.fileno())
+    meta = {"format": STORE_FORMAT, "key": key, "width": width, "offsets": list(offsets), "complete": complete}
+    with atomic_file(folder / STORE_META) as temporary:
+        temporary.write_text(json.dumps(meta), encoding="utf-8")
+    return meta

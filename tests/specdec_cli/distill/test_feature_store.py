@@ -98,7 +98,39 @@ def test_a_store_without_a_checkpoint_is_temporary(tmp_path):
     assert store_folder(tmp_path / "head.checkpoint") == tmp_path / "head.checkpoint.features"
 
 
-def test_a_piece_of_the_wrong_width_is_refused_and_nothing_is_left(tmp_path):
+def test_a_piece_of_the_wrong_width_is_refused_and_no_store_is_left(tmp_path):
     with pytest.raises(ValueError, match="not \\[n, 6\\]"):
         feature_store(tmp_path / "f", KEY, 1, WIDTH, lambda index: torch.zeros(8, WIDTH + 1))
-    assert not (tmp_path / "f").exists()
+    assert open_store(tmp_path / "f", KEY) is None
+
+
+def test_an_interrupted_computation_goes_on_from_its_last_record(tmp_path, monkeypatch):
+    """Pieces are recorded as they are computed (here after every piece): a run stopped at piece 2 leaves pieces 0
+    and 1, the next run with the same key computes 2 and 3 only, and the store is the one computed at once; a run
+    for another key starts over."""
+    from specdec_cli.distill import feature_store as store_module
+
+    monkeypatch.setattr(store_module, "RECORD_SECONDS", 0.0)
+    rows = _pieces()
+
+    def stopping(index: int) -> torch.Tensor:
+        if index == 2:
+            raise KeyboardInterrupt
+        return rows[index]
+
+    with pytest.raises(KeyboardInterrupt):
+        feature_store(tmp_path / "f", KEY, len(rows), WIDTH, stopping)
+    assert open_store(tmp_path / "f", KEY) is None  # not complete: never read as a store
+    with open(tmp_path / "f" / STORE_ROWS, "ab") as handle:  # half a row written when the run stopped
+        handle.write(b"\x01\x02\x03")
+    calls, compute = _counting(rows)
+    store, reused = feature_store(tmp_path / "f", KEY, len(rows), WIDTH, compute)
+    assert not reused and calls == [2, 3]
+    whole, _ = feature_store(tmp_path / "g", KEY, len(rows), WIDTH, _counting(rows)[1])
+    assert all(torch.equal(store[index], whole[index]) for index in range(len(rows)))
+    assert (tmp_path / "f" / STORE_ROWS).read_bytes() == (tmp_path / "g" / STORE_ROWS).read_bytes()
+    with pytest.raises(KeyboardInterrupt):
+        feature_store(tmp_path / "h", KEY, len(rows), WIDTH, stopping)
+    calls, compute = _counting(rows)
+    feature_store(tmp_path / "h", {**KEY, "pieces": "sha256:other"}, len(rows), WIDTH, compute)
+    assert calls == [0, 1, 2, 3]
