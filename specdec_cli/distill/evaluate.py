@@ -240,7 +240,6 @@ def _target_along(forward: Any, prompt_ids: Sequence[int], answer: list[int],
     last hidden states and the states entering `layers` along it."""
     import torch
 
-
     if not answer:
         return None
     ids = torch.tensor([list(prompt_ids) + list(answer)])  # [1, n]
@@ -248,8 +247,8 @@ def _target_along(forward: Any, prompt_ids: Sequence[int], answer: list[int],
     with torch.inference_mode():
         out = forward.run(input_ids=ids.to(forward.device), position_ids=torch.arange(ids.shape[1])[None].to(
             forward.device), past_key_values=forward.new_cache(), use_cache=True, output_hidden_states=True,
-            **forward.layer_states(layers))
-        logits = out.logits[0, start:end].float().cpu()  # [m, V]
+            logits_to_keep=ids.shape[1] - start, **forward.layer_states(layers))  # (the prompt's: never read)
+        logits = out.logits[0, : end - start].float().cpu()  # [m, V]
         last = out.hidden_states[-1][0].float().cpu()  # [n, H], normed
         states = {layer: out.hidden_states[layer][0].float().cpu() for layer in layers}  # [n, H] each
     return Reference(ids, start, end, logits.argmax(-1), torch.softmax(logits, -1), last, states)
