@@ -138,6 +138,7 @@ def distill(
     kind: str = options.kind(),
     unroll: int = options.unroll(),
     head_mlp: int = options.head_mlp(),
+    prompt_loss: bool = options.prompt_loss(),
     corpus: Optional[List[str]] = options.corpus(),
     engine: str = options.answer_engine(),
     self_prompts: int = typer.Option(0, "--self-prompts", help="First have the target write this many prompts of "
@@ -160,7 +161,8 @@ def distill(
     config = TrainConfig(layers=layers, epochs=epochs, steps=steps, lr=lr, kd_weight=kd_weight, kd_loss=kd_loss,
                          seed=seed, holdout=0.0, draft_vocab=draft_vocab)
     head_config = EagleTrainConfig(epochs=epochs, steps=steps, lr=lr, seed=seed, unroll=unroll,
-                                   head_vocab=head_vocab_for(kind, draft_vocab), head_mlp=head_mlp)
+                                   head_vocab=head_vocab_for(kind, draft_vocab), head_mlp=head_mlp,
+                                   prompt_loss=prompt_loss)
     stages = stages_of(kind, config, head_config, tuple(corpus or ()))
     batch_prompts = check_batch_prompts(batch_prompts, 0.0)
     options.check_engine(engine)
@@ -299,6 +301,7 @@ def train(
     kind: str = options.kind(),
     unroll: int = options.unroll(),
     head_mlp: int = options.head_mlp(),
+    prompt_loss: bool = options.prompt_loss(),
     corpus: Optional[List[str]] = options.corpus(),
     token_weight: float = typer.Option(0.1, "--token-weight", help="eagle: weight of the token loss beside the feature regression."),
 ) -> None:
@@ -311,7 +314,8 @@ def train(
     head_vocab = head_vocab_for(kind, draft_vocab)
     head_config = EagleTrainConfig(epochs=epochs, steps=steps, lr=lr, token_weight=token_weight,
                                    max_len=min(max_len, 512), head_vocab=head_vocab, holdout=holdout, seed=seed,
-                                   save_every=save_every, unroll=unroll, head_mlp=head_mlp)
+                                   save_every=save_every, unroll=unroll, head_mlp=head_mlp,
+                                   prompt_loss=prompt_loss)
     stages = stages_of(kind, config, head_config, tuple(corpus or ()))
     stages.config.check()
     read_rows(data)  # a missing or empty file fails before the model loads

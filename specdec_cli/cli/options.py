@@ -25,7 +25,7 @@ from ..defaults import (
     DEFAULT_VLLM_CONCURRENCY,
 )
 from ..distill.eagle3_train import DEFAULT_DRAFT_VOCAB as EAGLE3_DRAFT_VOCAB
-from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, DEFAULT_UNROLL, MAX_UNROLL
+from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, DEFAULT_UNROLL, MAX_UNROLL, EagleTrainConfig
 from ..distill.loss import KD_LOSSES
 from ..distill.student import DEFAULT_DRAFT_VOCAB
 from ..drafters import AUX_CHOICES, DRAFTERS, HYBRID_HEAD
@@ -237,6 +237,13 @@ def head_mlp() -> Any:
     """--head-mlp: an EAGLE head's MLP width."""
     return typer.Option(0, "--head-mlp", help="--kind eagle: the head's MLP width (0: the target's; a narrower one "
                         "trains faster, for a little less agreement).")
+
+
+def prompt_loss() -> Any:
+    """--prompt-loss/--answers-only: which positions an EAGLE head is taught."""
+    return typer.Option(EagleTrainConfig.prompt_loss, "--prompt-loss/--answers-only", help="--kind eagle, eagle3: "
+                        "teach the head the prompts' positions too, or the answers' alone (the prompts stay "
+                        "context).")
 
 
 def unroll() -> Any:

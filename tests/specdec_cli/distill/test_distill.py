@@ -256,6 +256,10 @@ def test_an_eagle_head_from_the_command_line_trains_resumes_and_is_evaluated(tar
     assert not (tmp_path / "head.checkpoint.features").exists()  # the features go once the head is written
     again = invoke(*train[:-4], "--steps", "8", "--holdout", "0.25", "--resume")  # a longer run, continued
     assert again.returncode == 0 and "Resuming from step 6" in again.stderr, again.stderr
+    other = "--answers-only" if json.loads((head / "distill_report.json").read_text())["config"]["prompt_loss"] \
+        else "--prompt-loss"
+    refused = invoke(*train[:-4], "--steps", "8", "--holdout", "0.25", "--resume", other)
+    assert refused.returncode != 0 and "other settings" in refused.stderr, refused.stderr
     evaluated = invoke("distill", "evaluate", "--draft-model", str(head), "--prompts", str(prompts), "-n", "12",
                        "--json")
     assert evaluated.returncode == 0, evaluated.stderr
