@@ -7,7 +7,8 @@ report of the finished run. The loop owns what they share:
 
 - resuming: the checkpoint is read and refused unless the kind can continue it, then the model's weights,
   AdamW's moments and the step are restored, so the run goes on with the very batches the interrupted one
-  would have seen;
+  would have seen (a run stopped before its first checkpoint, a head's still computing its features, starts
+  from step 0: what it computed is the kind's to keep);
 - each optimizer step as one whole step: the update, its count and its history entry happen together or not
   at all, whatever Ctrl-C (or SIGTERM) does (checkpoints.whole_step);
 - checkpoints every `save_every` steps, at the end and on Ctrl-C (then the interruption goes on up);
@@ -102,8 +103,11 @@ def train(kind: TrainingKind[LossT, ResultT], checkpoint_dir: Optional[Path], *,
     if resume:
         if checkpoint_dir is None:
             raise SpecdecError("resume: no checkpoint directory given", setting="resume")
-        state = read_checkpoint_state(checkpoint_dir)
-        kind.check_checkpoint(state, checkpoint_dir)
+        if not (checkpoint_dir / "state.json").exists():  # stopped before the first checkpoint (in a head's features)
+            status(f"No checkpoint in {checkpoint_dir} yet: training from the start")
+        else:
+            state = read_checkpoint_state(checkpoint_dir)
+            kind.check_checkpoint(state, checkpoint_dir)
     trainee = kind.start(state)
     model, optimizer = trainee.model, trainee.optimizer
     if state is not None and checkpoint_dir is not None:

@@ -343,6 +343,33 @@ def test_an_interrupted_training_resumes_to_the_same_head(tiny_llama, tmp_path):
         assert torch.equal(value, other), name  # the same pieces, moments and steps: the same head, bit for bit
 
 
+def test_a_training_stopped_in_its_features_goes_on_from_them(tiny_llama, tmp_path, monkeypatch):
+    """Ctrl-C while the target's features are computed (before any checkpoint): `--resume` starts training from
+    step 0, the features computed so far read back and the rest computed, and the head is the one an uninterrupted
+    run trains, bit for bit."""
+    from specdec_cli.distill import feature_store
+    from specdec_cli.distill.eagle_train import EagleTrainConfig, train_eagle
+
+    monkeypatch.setattr(feature_store, "RECORD_SECONDS", 0.0)  # every piece recorded as it is computed
+    sequences = [prompt + hf_greedy(tiny_llama, prompt, 24) for prompt in ([1, *PATTERN], *PROMPTS)] * 2
+    config = EagleTrainConfig(steps=6, lr=3e-3, head_vocab=0, holdout=0.2, max_len=12)
+    whole, _ = train_eagle(tiny_llama, sequences, config, checkpoint_dir=tmp_path / "whole")
+
+    def stop_at_piece_3(update) -> None:
+        if update.phase == "features" and update.done == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_eagle(tiny_llama, sequences, config, stop_at_piece_3, checkpoint_dir=tmp_path / "cut")
+    computed, notes = [], []
+    resumed, _ = train_eagle(tiny_llama, sequences, config, lambda update: computed.append(update),
+                             checkpoint_dir=tmp_path / "cut", resume=True, on_status=notes.append)
+    assert any("No checkpoint" in note for note in notes)
+    assert [update.done for update in computed if update.phase == "features"][0] == 3  # the first two were kept
+    for (name, value), other in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(value, other), name
+
+
 def test_writing_a_head_never_replaces_a_foreign_directory(trained, tmp_path):
     head, _ = trained
     (tmp_path / "notes").mkdir()
