@@ -312,19 +312,28 @@ def test_the_cli_refuses_a_missing_or_foreign_head_directory(tmp_path):
         assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr
 
 
-def test_an_interrupted_training_resumes_to_the_same_head(tiny_llama, tmp_path):
-    from specdec_cli.distill.eagle_train import EagleTrainConfig, train_eagle
+def _cut_training(model, tmp_path, config, phase: str, done: int):
+    """(sequences, the head of an uninterrupted run) after a run with `config` stopped (Ctrl-C) when `phase`
+    reached `done`, checkpointed in tmp_path / "cut"."""
+    from specdec_cli.distill.eagle_train import train_eagle
 
-    sequences = [prompt + hf_greedy(tiny_llama, prompt, 24) for prompt in ([1, *PATTERN], *PROMPTS)] * 2
-    config = EagleTrainConfig(steps=14, lr=3e-3, head_vocab=0, holdout=0.2, save_every=5)
-    whole, _ = train_eagle(tiny_llama, sequences, config, checkpoint_dir=tmp_path / "whole")
+    sequences = [prompt + hf_greedy(model, prompt, 24) for prompt in ([1, *PATTERN], *PROMPTS)] * 2
+    whole, _ = train_eagle(model, sequences, config, checkpoint_dir=tmp_path / "whole")
 
-    def stop_at_step_8(update) -> None:
-        if update.phase == "train" and update.done == 8:
+    def stop(update) -> None:
+        if update.phase == phase and update.done == done:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        train_eagle(tiny_llama, sequences, config, stop_at_step_8, checkpoint_dir=tmp_path / "cut")
+        train_eagle(model, sequences, config, stop, checkpoint_dir=tmp_path / "cut")
+    return sequences, whole
+
+
+def test_an_interrupted_training_resumes_to_the_same_head(tiny_llama, tmp_path):
+    from specdec_cli.distill.eagle_train import EagleTrainConfig, train_eagle
+
+    config = EagleTrainConfig(steps=14, lr=3e-3, head_vocab=0, holdout=0.2, save_every=5)
+    sequences, whole = _cut_training(tiny_llama, tmp_path, config, "train", 8)
     with pytest.raises(SpecdecError, match="other settings"):
         train_eagle(tiny_llama, sequences, EagleTrainConfig(steps=14, lr=1e-3, head_vocab=0, holdout=0.2),
                     checkpoint_dir=tmp_path / "cut", resume=True)
@@ -351,16 +360,8 @@ def test_a_training_stopped_in_its_features_goes_on_from_them(tiny_llama, tmp_pa
     from specdec_cli.distill.eagle_train import EagleTrainConfig, train_eagle
 
     monkeypatch.setattr(feature_store, "RECORD_SECONDS", 0.0)  # every piece recorded as it is computed
-    sequences = [prompt + hf_greedy(tiny_llama, prompt, 24) for prompt in ([1, *PATTERN], *PROMPTS)] * 2
     config = EagleTrainConfig(steps=6, lr=3e-3, head_vocab=0, holdout=0.2, max_len=12)
-    whole, _ = train_eagle(tiny_llama, sequences, config, checkpoint_dir=tmp_path / "whole")
-
-    def stop_at_piece_3(update) -> None:
-        if update.phase == "features" and update.done == 3:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        train_eagle(tiny_llama, sequences, config, stop_at_piece_3, checkpoint_dir=tmp_path / "cut")
+    sequences, whole = _cut_training(tiny_llama, tmp_path, config, "features", 3)
     computed, notes = [], []
     resumed, _ = train_eagle(tiny_llama, sequences, config, lambda update: computed.append(update),
                              checkpoint_dir=tmp_path / "cut", resume=True, on_status=notes.append)
