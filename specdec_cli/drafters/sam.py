@@ -13,7 +13,7 @@ With an auxiliary drafter (`sam+aded`, `--aux recycle`, ...), which sees every e
 step and their drafts become one tree (merge.py): each node ranked by the acceptance its source earned at its
 depth (the automata's by match length too), so a long match leads, and where the match is short and the
 target rarely follows it, the auxiliary's guesses come first; an auxiliary whose drafting costs time (a head) is
-asked only while what it alone adds pays for that time (merge.py; `aux_gate=False` always asks it). The tree
+asked only while what it alone adds pays for that time (merge.py: measured as it runs). The tree
 carries those estimates (`Draft.confidence`), and the planner keeps the prefix that pays. (Before 0.5.0 the
 auxiliary drafted only where the automata had no match: docs/measurements.md, "sam's threshold, auxiliary and
 memory bias".) The draft is the continuation of the match's earliest occurrence, stopped before an EOS and at the end
@@ -71,7 +71,6 @@ class SamDrafter:
         memory_from: Optional[int] = None,
         frequent: bool = FREQUENT,
         vocab_size: int = 0,
-        aux_gate: bool = True,
     ) -> None:
         if draft_max is not None and draft_max < 1:
             raise SpecdecError(f"draft_max must be at least 1, got {draft_max}", setting="draft_max")
@@ -87,7 +86,7 @@ class SamDrafter:
         self.vocab_size = vocab_size  # ids at or above it are refused (0: not known; negative ones always are)
         self.needs = NOTHING if aux is None else aux.needs  # the automata read tokens only; the auxiliary may not
         # what the automata's and the auxiliary's drafts earned, and whether the auxiliary pays for its time
-        self.merger = DraftMerger(cost_gate=aux_gate)
+        self.merger = DraftMerger()
         self._restart()
 
     def reset(self) -> None:
