@@ -112,10 +112,9 @@ def scoring_progress(total: int) -> Iterator[tuple[Callable[[Any], None], Callab
         done: dict = {}
 
         def on_progress(update: Any) -> None:
-            done[update.label] = update.done
-            progress.update(task, completed=sum(done.values()),
-                            info=f"{update.label}: tau {update.score.mean_accepted_tokens:.2f}, "
-                                 f"agreement {update.score.agreement:.0%}")
+            done[update.label], tau = update.done, update.score.mean_accepted_tokens
+            info = f"{update.label}: tau {tau:.2f}, agreement {update.score.agreement:.0%}"
+            progress.update(task, completed=sum(done.values()), info=info)
 
         yield on_progress, notes(progress)
 
@@ -304,9 +303,11 @@ def stages_of(kind: str, config: TrainConfig, head_config: EagleTrainConfig,
               corpus: tuple[str, ...]) -> StudentStages | HeadStages:
     """`--kind` (checked as parsed, and here for other callers): the stages of a student or of a head."""
     check_choice(kind, DRAFT_KINDS, "kind")
-    if head_config.head_mlp and kind != "eagle":
-        raise SpecdecError(f"--head-mlp sizes specdec's own EAGLE head (--kind eagle), not a {kind}'s",
-                           setting="head_mlp")
+    for flag, given, kinds in (("--head-mlp", head_config.head_mlp, ("eagle",)),  # (specdec's own head's width)
+                               ("--answers-only", not head_config.prompt_loss, ("eagle", "eagle3"))):
+        if given and kind not in kinds:
+            raise SpecdecError(f"{flag} is a setting of --kind {' and '.join(kinds)}, not of --kind {kind}",
+                               setting=flag[2:].replace("-", "_"))
     if kind == "student":
         return StudentStages(config)
     return Eagle3Stages(head_config, corpus) if kind == "eagle3" else HeadStages(head_config, corpus)
@@ -394,9 +395,8 @@ def show_evaluation(evaluation: dict, draft_dir: str) -> None:
     table.add_column("draft")
     for name in ("agreement", "1-TVD", "tau", "accepted", "by position", "tok/s"):
         table.add_column(name, justify="right")
-    names = {"before": "untrained", "after": "distilled"}
-    if "after_chain" in evaluation:  # an EAGLE head: trees (how it drafts) and chains
-        names = {"before": "untrained, trees", "after_chain": "trained, chains", "after": "trained, trees"}
+    names = ({"before": "untrained, trees", "after_chain": "trained, chains", "after": "trained, trees"}
+             if "after_chain" in evaluation else {"before": "untrained", "after": "distilled"})  # (a head: both)
     for label, name in names.items():
         score = evaluation.get(label)
         if score:
