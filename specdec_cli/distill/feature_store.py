@@ -176,7 +176,7 @@ def feature_store(folder: Optional[Path], key: dict, count: int, width: int,
                 raise ValueError(f"piece {index}: features of shape {tuple(rows.shape)}, not [n, {width}]")
             handle.write(_bfloat16_bytes(rows))
             offsets.append(offsets[-1] + int(rows.shape[0]))
-            if time.monotonic() - recorded > RECORD_SECONDS:
+            if time.monotonic() - recorded >= RECORD_SECONDS:
                 _record(target, handle, key, width, offsets, complete=False)
                 recorded = time.monotonic()
         meta = _record(target, handle, key, width, offsets, complete=True)
