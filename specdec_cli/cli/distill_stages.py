@@ -19,7 +19,6 @@ from ..distill import evaluate as scoring
 from ..distill.checkpoints import check_output_dir
 from ..distill.eagle_evaluate import EAGLE_RUNS, evaluate_head
 from ..distill.eagle_train import EagleTrainConfig, build_eagle_head
-from ..distill.evaluate import tokenized
 from ..distill.feature_store import check_features_beside
 from ..distill.generate import generate_data, generate_data_vllm
 from ..distill.pipeline import evaluation_items, held_out_prompts, target_of_draft, target_spec
@@ -228,7 +227,7 @@ class HeadStages:
                  raw: bool) -> tuple[list, str]:
         """The prompts of a file or suite (builtin by default), spread over their categories."""
         items, source = evaluation_items(prompts, suite, max_prompts or EVAL_PROMPTS, limit)
-        return tokenized(loaded.tokenizer, items, raw), source
+        return scoring.tokenized(loaded.tokenizer, items, raw), source
 
     def train(self, loaded: Any, target_spec: str, data: str, output: str, *, checkpoint_dir: Optional[str],
               resume: bool) -> None:
@@ -304,7 +303,8 @@ def stages_of(kind: str, config: TrainConfig, head_config: EagleTrainConfig,
     """`--kind` (checked as parsed, and here for other callers): the stages of a student or of a head."""
     check_choice(kind, DRAFT_KINDS, "kind")
     for flag, given, kinds in (("--head-mlp", head_config.head_mlp, ("eagle",)),  # (specdec's own head's width)
-                               ("--answers-only", not head_config.prompt_loss, ("eagle", "eagle3"))):
+                               ("--answers-only", not head_config.prompt_loss, ("eagle", "eagle3")),
+                               ("--unroll", head_config.unroll != EagleTrainConfig.unroll, ("eagle", "eagle3"))):
         if given and kind not in kinds:
             raise SpecdecError(f"{flag} is a setting of --kind {' and '.join(kinds)}, not of --kind {kind}",
                                setting=flag[2:].replace("-", "_"))
@@ -375,7 +375,7 @@ def run_pipeline(loaded: Any, target: str, stages: StudentStages | HeadStages, p
     stages.train(loaded, spec, data, str(out_dir), checkpoint_dir=None, resume=resume)
     chosen, source = evaluation_items(held_out.prompts, held_out.suite, held_out.max_prompts)
     tell(f"[bold]3/3[/bold] Evaluating before and after training on {len(chosen)} prompts ({source})")
-    scored = tokenized(loaded.tokenizer, chosen)
+    scored = scoring.tokenized(loaded.tokenizer, chosen)
     with doing("evaluating the draft", f"the trained draft is saved in {out_dir} (`specdec distill evaluate -D "
                                        f"{out_dir}` scores it)"):
         evaluation = stages.evaluate(loaded, spec, str(out_dir), scored, source, baseline=True,

@@ -346,6 +346,7 @@ def test_distill_refuses_foreign_inputs_before_loading(tmp_path, monkeypatch, ar
     (["distill", "train", "--data", "DATA", "-o", "TMP/draft", "--answers-only"],
      "--answers-only is a setting of --kind eagle and eagle3, not of --kind student"),
     (["distill", "--answers-only"], "--answers-only is a setting of --kind eagle and eagle3"),
+    (["distill", "--unroll", "3"], "--unroll is a setting of --kind eagle and eagle3, not of --kind student"),
     (["distill", "--suite", "distill,nope"], "unknown suite 'nope'"),
     (["distill", "--target", "TINY", "--layers", "3"], "--layers 3: the target has only 2 blocks"),
     (["distill", "train", "--data", "DATA", "-o", "TMP/draft", "--layers", "100000"], "--layers must be between 1"),
