@@ -30,7 +30,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from specdec_cli.distill.eagle_train import EagleTrainConfig, epoch_order, initial_head
+from specdec_cli.distill.eagle3_train import layer_states
+from specdec_cli.distill.eagle_train import EagleTrainConfig, epoch_order, greedy_along, initial_head, lm_head_rows
 from specdec_cli.distill.head_data import choose_head_tokens, pieces, split_order, training_sequences
 from specdec_cli.target_model.load.models import DEFAULT_TARGET, load_target
 from specdec_cli.texts.fingerprint import tokenizer_fingerprint
@@ -58,20 +59,23 @@ def main() -> None:
     all_pieces = pieces(sequences, config.max_len)
     train_order, held_order = split_order(len(all_pieces), config.holdout, config.seed)
     train_pieces, held_out = [all_pieces[i] for i in train_order], [all_pieces[i] for i in held_order]
-    lm_weight = model.get_output_embeddings().weight.detach().float()  # [V, H]
-    head_tokens = choose_head_tokens(train_pieces, config.head_vocab, lm_weight.shape[0])
-    ids = torch.tensor(head_tokens) if head_tokens is not None else torch.arange(lm_weight.shape[0])  # [K]
-    head_weight = lm_weight[ids]  # [K, H]
+    lm_head = model.get_output_embeddings()  # (a GGUF's block head: read by rows, never unpacked whole)
+    vocab = int(lm_head.out_features)
+    head_tokens = choose_head_tokens(train_pieces, config.head_vocab, vocab)
+    ids = torch.tensor(head_tokens) if head_tokens is not None else torch.arange(vocab)  # [K]
+    head_weight = lm_head_rows(lm_head, ids)  # [K, H]
     layers = int(model.config.num_hidden_layers)
     picks = (2, layers // 2, layers - 3)
     size = int(model.config.hidden_size)
     embeddings = model.get_input_embeddings()
 
+    states = layer_states(model, picks)  # the verifying forward's states entering `picks`, then the last: [n, 4H]
+
     def features(piece: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(f [n, H], the three layers' normalised states side by side [n, 3H])."""
-        with torch.no_grad():
-            out = model(input_ids=torch.tensor([piece]), output_hidden_states=True, logits_to_keep=1)
-        return out.hidden_states[-1][0].float(), torch.cat([rms(out.hidden_states[i][0].float()) for i in picks], -1)
+        rows = states(piece)
+        deeper = [rms(rows[:, index * size : (index + 1) * size]) for index in range(len(picks))]
+        return rows[:, len(picks) * size :], torch.cat(deeper, -1)
 
     def embed(tokens: list[int]) -> torch.Tensor:
         with torch.no_grad():
@@ -80,6 +84,7 @@ def main() -> None:
     started = time.perf_counter()
     train_states = [features(piece) for piece in train_pieces]
     held_states = [features(piece) for piece in held_out]
+    held_greedy = greedy_along(lm_head, [final for final, _ in held_states])  # [n] per held-out piece
     train_embedded = [embed(piece[1:]) for piece in train_pieces]
     print(f"features of {len(train_pieces)} + {len(held_out)} pieces in {time.perf_counter() - started:.0f} s",
           flush=True)
@@ -102,8 +107,7 @@ def main() -> None:
             """Held-out top-1 at the first and second drafted positions."""
             hits, counts = [0, 0], [0, 0]
             with torch.no_grad():
-                for piece, (final, deeper) in zip(held_out, held_states):
-                    greedy = (final @ lm_weight.T).argmax(-1)  # [n]
+                for piece, (final, deeper), greedy in zip(held_out, held_states, held_greedy):
                     inputs, following = head_input(final, deeper)[None, :-1], embed(piece[1:])
                     for depth in range(2):
                         predicted = head(inputs, following, torch.arange(inputs.shape[1]))  # [1, m, H]

@@ -125,3 +125,12 @@ def finish(stats: GenerationStats) -> GenerationStats:
     ]
     stats.tokens_per_second = stats.new_tokens / stats.wall_seconds if stats.wall_seconds > 0 else 0.0
     return stats
+
+
+TIMING_DECAY = 0.9  # a drafter's measured seconds (and what they buy) follow its last ~10 values
+
+
+def decayed_mean(mean: Optional[float], value: float) -> float:
+    """A running mean that forgets: `value` alone at first, then TIMING_DECAY of the old mean and the rest of
+    `value` (a drafter's timed forwards and gains, which follow the machine's load and the conversation)."""
+    return value if mean is None else TIMING_DECAY * mean + (1 - TIMING_DECAY) * value

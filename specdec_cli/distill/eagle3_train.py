@@ -131,27 +131,13 @@ class Eagle3Kind(HeadKind):
         """A piece's stored rows [n, 3H + H] -> (the three layers' states [n, 3H], the last hidden state [n, H])."""
         return rows[:, : -self.hidden], rows[:, -self.hidden :]
 
-    def agreement(self) -> Optional[float]:
-        """Teacher-forced top-1 agreement on the held-out pieces' answers: the head's token at t+2 (from the states at
-        t and token t+1) against the target's own greedy choice there."""
+    def held_logits(self, piece: Sequence[int], rows: Any) -> Any:
+        """The head's teacher-forced logits over its draft vocabulary [n-1, K] along a piece (its stored rows)."""
         import torch
 
-        assert self.data is not None
-        hits = count = 0
-        with torch.inference_mode():
-            for piece, rows, greedy, start in zip(self.data.held_out, self.data.held_features, self.held_greedy,
-                                                  self.data.held_from):
-                first = max(0, start - 1)  # row j predicts the token at j + 2
-                if first >= len(piece) - 1:
-                    continue
-                states = self.split(rows)[0]  # [n, 3H]
-                hidden = self.head.reduce(states[:-1][None])  # [1, n-1, H]
-                predicted = self.head(hidden, self.embed(piece[1:]), torch.arange(len(piece) - 1))[0]
-                logits = self.head.lm_head(self.head.norm(predicted[first:]))  # [n-1-first, K]
-                choice = self.ids[logits.argmax(-1)]
-                hits += int((choice == greedy[1 + first :]).sum())
-                count += len(piece) - 1 - first
-        return round(hits / count, 4) if count else None
+        hidden = self.head.reduce(self.split(rows)[0][:-1][None])  # [1, n-1, H]: from the three layers' states
+        predicted = self.head(hidden, self.embed(piece[1:]), torch.arange(len(piece) - 1))[0]  # [n-1, H]
+        return self.head.lm_head(self.head.norm(predicted))
 
     def backward(self, step: int) -> float:
         """The token loss at every taught position, teacher-forced, then on the head's own predicted states."""

@@ -197,9 +197,30 @@ class HeadKind:
         return values.float().cpu().clone()  # [1, n, H]
 
     def agreement(self) -> Optional[float]:
+        """Teacher-forced top-1 agreement on the held-out pieces' answers: the head's token at t+2 (from the
+        features at t and token t+1) against the target's own greedy choice there (its whole LM head's argmax),
+        at the answer's positions."""
+        import torch
+
         assert self.data is not None
-        return agreement(self.head, self.data.held_out, self.data.held_features, self.held_greedy, self.embed,
-                         self.head_weight, self.ids, self.data.held_from)
+        hits = count = 0
+        with torch.inference_mode():
+            for piece, rows, greedy, start in zip(self.data.held_out, self.data.held_features, self.held_greedy,
+                                                  self.data.held_from):
+                first = max(0, start - 1)  # row j predicts the token at j + 2
+                if first >= len(piece) - 1:
+                    continue
+                choice = self.ids[self.held_logits(piece, rows)[first:].argmax(-1)]  # [n-1-first]
+                hits += int((choice == greedy[1 + first :]).sum())
+                count += len(piece) - 1 - first
+        return round(hits / count, 4) if count else None
+
+    def held_logits(self, piece: Sequence[int], rows: Any) -> Any:
+        """The head's teacher-forced logits over its tokens [n-1, K] along a piece (its stored rows [n, H])."""
+        import torch
+
+        predicted = self.head(rows[None, :-1], self.embed(piece[1:]), torch.arange(len(piece) - 1))[0]  # [n-1, H]
+        return predicted @ self.head_weight.T
 
     def taught_from(self, piece: int, unroll: int) -> int:
         """The first row of a training piece's `unroll`-th step that is taught: row j predicts the feature at
@@ -294,26 +315,6 @@ def train_eagle(target: Any, sequences: Sequence[Sequence[int]], config: EagleTr
     kind = HeadKind(target, sequences, config, on_progress, store_folder(checkpoint_dir), answer_starts)
     return train(kind, checkpoint_dir, resume=resume, save_every=config.save_every, on_status=on_status,
                  started=started)
-
-
-def agreement(head: Any, held_out: Sequence[Sequence[int]], held_features: Sequence[Any], greedy: Sequence[Any],
-              embed: Callable, head_weight: Any, ids: Any, answer_from: Sequence[int]) -> Optional[float]:
-    """Teacher-forced top-1 agreement on held-out pieces' answers: the head's token at t+2 (from f_t and token t+1)
-    against the target's own greedy choice there (`greedy`: its whole LM head's argmax along each piece), at the
-    positions t+2 of the answer (`answer_from`: each piece's first answer position)."""
-    import torch
-
-    hits = count = 0
-    with torch.inference_mode():
-        for piece, piece_features, choices, start in zip(held_out, held_features, greedy, answer_from):
-            first = max(0, start - 1)  # row j predicts the token at j + 2
-            if first >= len(piece) - 1:
-                continue
-            predicted = head(piece_features[None, :-1], embed(piece[1:]), torch.arange(len(piece) - 1))[0]
-            head_choice = ids[(predicted[first:] @ head_weight.T).argmax(-1)]  # [n-1-first]
-            hits += int((head_choice == choices[1 + first :]).sum())
-            count += len(piece) - 1 - first
-    return round(hits / count, 4) if count else None
 
 
 def build_eagle_head(target: Any, tokenizer: Any, target_name: str, output: str, data: Optional[str],

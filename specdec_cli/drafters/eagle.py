@@ -31,6 +31,7 @@ import time
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from ..decoding.draft import Draft, Needs, StepEvent
+from ..decoding.stats import decayed_mean
 from ..errors import SpecdecError
 from .spec import DrafterOptions, DrafterSpec
 from .target import TargetInfo, TargetWeights
@@ -52,7 +53,6 @@ TREE_CHILDREN = 4  # children offered by each expanded node
 # share c of the step when s/2 >= 1.5 c. So a node is expanded only if its score is at least EXPAND_GAIN x (a
 # level's seconds / a verify step's seconds), both measured as the drafter runs (docs/measurements.md).
 EXPAND_GAIN = 3.0
-TIMING_DECAY = 0.9  # the measured seconds follow the last ~10 levels and steps
 SOURCE = "eagle"
 
 
@@ -202,7 +202,7 @@ class EagleDrafter:
         import torch
 
         if event.kind == "step" and event.verify_seconds > 0:
-            self.step_seconds = _decayed(self.step_seconds, event.verify_seconds)
+            self.step_seconds = decayed_mean(self.step_seconds, event.verify_seconds)
         if event.features is None:
             return
         features = event.features.detach().to(self.device, self.dtype)  # [rows, H] (EAGLE-3: [rows, 3H])
@@ -348,7 +348,7 @@ class EagleDrafter:
             out = self.head(features, self._embed([tokens[node] for node in frontier]), positions, self.cache,
                             mask)[0]  # [rows, H]
             offered = self._top(out, TREE_CHILDREN)
-            self.level_seconds = _decayed(self.level_seconds, time.perf_counter() - started)
+            self.level_seconds = decayed_mean(self.level_seconds, time.perf_counter() - started)
             for row, (node, children) in enumerate(zip(frontier, offered)):
                 cache_row[node] = past + row
                 fed_features[node] = out[row]
@@ -362,10 +362,6 @@ class EagleDrafter:
                 chosen.append(node)
         return Draft([tokens[node] for node in chosen], SOURCE,
                      parents=[order[parents[node]] if parents[node] >= 0 else -1 for node in chosen])
-
-
-def _decayed(mean: Optional[float], seconds: float) -> float:
-    return seconds if mean is None else TIMING_DECAY * mean + (1 - TIMING_DECAY) * seconds
 
 
 def check_target(target: TargetInfo) -> TargetWeights:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from ..decoding.draft import Draft, StepEvent
+from ..decoding.stats import decayed_mean
 
 DECAY = 0.98  # older evidence fades, so the ranking follows the conversation
 PRIOR_WEIGHT = 2.0  # the prior is worth this many observations
@@ -46,7 +47,6 @@ MAX_DEPTH = 12  # depths past this share one bucket
 MAX_RANK = 3  # sibling ranks past this share one bucket
 MAX_BUCKET = 6  # match lengths of 32 and more share one bucket
 
-TIMING_DECAY = 0.9  # the seconds, tokens and gain follow the last ~10 steps
 WARMUP_ASKS = 8  # steps an auxiliary is asked before its gain is weighed
 PROBE_EVERY = 16  # an auxiliary that does not pay is still asked once in this many steps
 CHEAP_SHARE = 0.02  # an auxiliary costing less than this share of a step is always asked
@@ -187,10 +187,6 @@ def fills_budget(own: Draft, sources: Sequence[str], learned: OriginAcceptance, 
     return least > max(best_score_of(source, learned) for source in sources)
 
 
-def _decayed(mean: Optional[float], value: float) -> float:
-    return value if mean is None else TIMING_DECAY * mean + (1 - TIMING_DECAY) * value
-
-
 class DraftMerger:
     """A hybrid's memory of what it proposed and how each origin fared: `merge` each step, `observe` each event;
     and whether its auxiliary pays for its drafting (`aux_pays`; `cost_gate=False` always asks it)."""
@@ -220,7 +216,7 @@ class DraftMerger:
 
     def timed_aux(self, seconds: float) -> None:
         """The auxiliary's drafting call took `seconds`."""
-        self.aux_seconds = _decayed(self.aux_seconds, seconds)
+        self.aux_seconds = decayed_mean(self.aux_seconds, seconds)
 
     def aux_pays(self) -> bool:
         """Whether to ask the auxiliary this step: its gain's share of a step's tokens against its drafting's
@@ -245,8 +241,8 @@ class DraftMerger:
         if event.kind != "step":
             return
         if event.verify_seconds > 0:
-            self.verify_seconds = _decayed(self.verify_seconds, event.verify_seconds)
-        self.step_tokens = _decayed(self.step_tokens, float(len(event.committed)))
+            self.verify_seconds = decayed_mean(self.verify_seconds, event.verify_seconds)
+        self.step_tokens = decayed_mean(self.step_tokens, float(len(event.committed)))
         verified = event.draft
         if last is None or not len(verified) or verified.tokens != last.draft.tokens[: len(verified)]:
             return
@@ -258,4 +254,4 @@ class DraftMerger:
         self.learned.record(outcomes)
         if self._asked:  # what only the auxiliary proposed and the target kept
             gain = sum(all(origin[0] in self.aux_sources for origin in last.origins[node]) for node in accepted)
-            self.aux_gain = _decayed(self.aux_gain, float(gain))
+            self.aux_gain = decayed_mean(self.aux_gain, float(gain))
