@@ -13,7 +13,8 @@ Per request it records the time to the first streamed text (TTFT), the whole req
 (`stream_options.include_usage`), tokens/s with the prompt (tokens / whole time) and without it (tokens after the
 first / time after the first), and the inter-token latency (mean gap between streamed pieces per token after the
 first). With `--turns K > 1` each prompt opens a conversation resent whole every turn (the previous answers in it,
-then "Go on."), so the prompt cache's effect on TTFT shows from the second turn. Answers are compared across
+then "Go on."), so the prompt cache's effect on TTFT shows from the second turn; `--think S` waits S seconds before
+each later turn, as a person reading and writing does (the server idle meanwhile). Answers are compared across
 servers turn by turn: how many are identical to the first row's (specdec's answers are identical to each other
 by construction; llama-server's round differently and may differ).
 
@@ -187,7 +188,7 @@ def one_request(client: Any, messages: list[dict], max_tokens: int, schema: Opti
 
 
 def run_server(name: str, server: Started, prompts: list[str], turns: int, max_tokens: int,
-               schema: Optional[dict] = None) -> list[dict]:
+               schema: Optional[dict] = None, think: float = 0.0) -> list[dict]:
     import openai
 
     client = openai.OpenAI(base_url=server.base_url, api_key="bench", max_retries=0, timeout=3600)
@@ -204,6 +205,8 @@ def run_server(name: str, server: Started, prompts: list[str], turns: int, max_t
                   f"ITL {result['itl_ms']:6.1f} ms  cached {result['cached_tokens']}", flush=True)
             messages = messages + [{"role": "assistant", "content": result["text"]},
                                    {"role": "user", "content": "Go on."}]
+            if turn + 1 < turns:
+                time.sleep(think)
     return rows
 
 
@@ -312,6 +315,8 @@ def summary(rows: list[dict], names: list[str], walls: Optional[dict] = None) ->
                       "ttft_median_ms": 1000 * sorted(row["ttft_s"] for row in mine)[len(mine) // 2],
                       "ttft_first_turn_ms": 1000 * sum(opening) / len(opening) if opening else None,
                       "ttft_later_turns_ms": 1000 * sum(later) / len(later) if later else None,
+                      "ttft_later_over_first_median": statistics.median(later) / statistics.median(opening)
+                      if later and opening else None,  # (medians: a rare pause of the host weighs on neither)
                       "itl_ms": sum(row["itl_ms"] for row in mine) / len(mine),
                       "server_ms_per_token": _mean([row["server_ms_per_token"] for row in mine]),
                       "identical_to_first_row": f"{same}/{len(mine)}"})
@@ -327,6 +332,7 @@ def main() -> int:
     parser.add_argument("--prompts")
     parser.add_argument("--limit", type=int)
     parser.add_argument("--turns", type=int, default=1)
+    parser.add_argument("--think", type=float, default=0.0, help="seconds before each later turn (a person's)")
     parser.add_argument("--max-tokens", "-n", type=int, default=128)
     parser.add_argument("--json-schema", help="a JSON schema file, or builtin: each prompt again under it")
     parser.add_argument("--clients", type=int, default=1, help="streaming clients asking at once (one turn each)")
@@ -393,10 +399,10 @@ def main() -> int:
                 mine, walls[name] = run_clients(name, server, prompts, args.clients, args.max_tokens)
                 rows += mine
                 continue
-            rows += run_server(name, server, prompts, args.turns, args.max_tokens)
+            rows += run_server(name, server, prompts, args.turns, args.max_tokens, think=args.think)
             if schema is not None:
                 names.append(f"{name} +schema")
-                rows += run_server(f"{name} +schema", server, prompts, args.turns, args.max_tokens, schema)
+                rows += run_server(f"{name} +schema", server, prompts, args.turns, args.max_tokens, schema, args.think)
         finally:
             server.stop()
     table = summary(rows, names, walls)
@@ -405,7 +411,8 @@ def main() -> int:
         later = line["ttft_later_turns_ms"]
         print(f"{line['server']:>24}: {line['tokens_per_s']:7.1f} tok/s  TTFT {line['ttft_ms']:7.1f} ms"
               + (f" (median {line['ttft_median_ms']:.1f})" if args.clients > 1 else "")
-              + (f" (turn 1 {line['ttft_first_turn_ms']:.1f}, later {later:.1f})" if later is not None else "")
+              + (f" (turn 1 {line['ttft_first_turn_ms']:.1f}, later {later:.1f}; medians' ratio "
+                 f"{line['ttft_later_over_first_median']:.2f})" if later is not None else "")
               + f"  ITL {line['itl_ms']:6.1f} ms"
               + (f" (server {line['server_ms_per_token']:.2f} ms/token)" if line["server_ms_per_token"] else "")
               + f"  identical {line['identical_to_first_row']}")

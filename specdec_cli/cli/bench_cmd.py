@@ -20,6 +20,7 @@ from ..bench.runner import check_bench
 from ..bench.settings import BenchSettings, PromptChoice, bench_settings
 from ..defaults import DEFAULT_BENCH_MAX_NEW_TOKENS, VLLM_DRAFTERS
 from ..errors import SpecdecError
+from ..heap import settle_heap
 from ..vllm.runner import VLLM_METHODS
 from . import app, options
 from .bench_vllm import bench_vllm
@@ -141,6 +142,7 @@ def _run_with_progress(loaded, conversations, settings, source, gguf_path):
         transient=True,
         disable=not stderr.is_terminal,
     )
+    settle_heap()  # (what loading left alive, out of the collections that would pause timed steps)
     with progress:
         task = progress.add_task("Benchmarking", total=None)
 

@@ -45,12 +45,14 @@ def chat_settings(*, drafter: str, system: Optional[str], remember: bool, stop: 
 
 def load_session(settings):
     """Load the model under a spinner and start the session."""
+    from ..heap import settle_heap
     from ..session.chat import open_session
 
     status = err_console().status("Loading model…")
     with status, doing("loading the model", cache_kept_since()):
         session, loaded = open_session(settings, on_status=lambda message: status.update(message))
     say_loaded(loaded)
+    settle_heap()  # (what loading left alive, out of the collections that would pause answers)
     return session, loaded
 
 

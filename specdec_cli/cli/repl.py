@@ -190,7 +190,10 @@ class Repl:
             self.err.print(f"[red]{exc}[/red]", highlight=False)
             return
         self.err.print(f"[dim]{view.status().line()}[/dim]")
-        del turn
+        try:  # while the user writes: the next turn's opening (the template's), computed now
+            self.session.compute_ahead(self.session.history, turn.prompt_tokens)
+        except SpecdecError:
+            self.session.prompt_cache.clear()  # (the next prompt is computed whole; nothing else changes)
 
     # -- statistics ----------------------------------------------------------------------------------------
 

@@ -214,6 +214,25 @@ class Engine:
             if stop == len(run.context):  # the prompt computed: its first token
                 self.first_token(run, score.logits)
 
+    @torch.inference_mode()
+    def compute_ahead(self, prompt_cache: PromptCache, tokens: Sequence[int], at_least: int, most: int) -> int:
+        """The held context that `tokens` continue (sharing at least `at_least` of them: PromptCache.continued_by)
+        computed on by at most `most` of them, as its next prompt would compute them (`prefill`'s row-invariant
+        blocks: the same entries in any pieces), so that prompt computes only the rest. How many were computed:
+        none where nothing held is continued, or where the forward is not row-invariant (pieces would round
+        differently) or keeps one cache of its own."""
+        if not self.forward.rows or self.forward.static_cache:
+            return 0
+        upto = min(len(tokens), len(tokens) if self.context is None else self.context - 1)
+        found = prompt_cache.continued_by(tokens[:upto], at_least)
+        if found is None:
+            return 0
+        cache, held = found
+        upto = min(upto, held + most)
+        prefill(self.forward, tokens[:upto], cache, held)
+        prompt_cache.grown(cache, tokens[:upto])
+        return upto - held
+
     def batches(self, drafters: Iterable[Drafter]) -> bool:
         """Whether one forward can score sequences drafted by these together: a forward that scores several (the
         native decoder's) with row-invariant blocks, and no drafter reading the target's layer states."""

@@ -96,6 +96,28 @@ class PromptCache:
         self.held.append(_Entry(cache, tokens))
         del self.held[: max(0, len(self.held) - self.entries)]
 
+    def continued_by(self, tokens: Sequence[int], at_least: int) -> Optional[tuple[Any, int]]:
+        """The held cache that `tokens` continue, cut to the tokens they share with it, and how many it holds:
+        the entry sharing the most of their beginning, at least `at_least` tokens (the conversation's own, not
+        another's that shares a system prompt), or None. Where a conversation's next turn is computed ahead
+        (`grown` records it); an answer whose last tokens read back otherwise (`.\\n\\n` generated as two line ends)
+        loses them here as its next prompt would lose them."""
+        best, common = self._best(list(tokens) + [-1])  # (every token of `tokens` may be held)
+        if best is None or common < at_least or common >= len(tokens):
+            return None
+        if common < len(best.tokens):
+            truncate_cache(best.cache, common)
+            best.tokens = best.tokens[:common]
+        return best.cache, common
+
+    def grown(self, cache: Any, tokens: Sequence[int]) -> None:
+        """The held `cache` now holds entries for `tokens` (computed on from what it held): the most recent."""
+        for entry in self.held:
+            if entry.cache is cache:
+                entry.tokens = list(tokens)
+                self._touch(entry)
+                return
+
     def _touch(self, entry: _Entry) -> None:
         self.held.remove(entry)
         self.held.append(entry)

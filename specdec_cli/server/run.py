@@ -145,12 +145,14 @@ def serve(settings: ServerSettings, on_status: Optional[Callable[[str], None]] =
           on_ready: Optional[Callable[[Server, Any], None]] = None) -> Optional[str]:
     """Check the settings, bind the address, load the target, and serve until stopped; the signal that stopped
     it (SIGINT, SIGTERM)."""
+    from ..heap import settle_heap
     from ..session.chat import open_session
 
     settings.check()
     sock = listening_socket(settings.listen.host, settings.listen.port)  # in the first second, not after the load
     try:
         session, loaded = open_session(settings.chat, on_status)
+        settle_heap()  # (what loading left alive, out of the collections that would pause answers)
         server = Server(session, settings, loaded.name, sock)
         if on_ready is not None:
             on_ready(server, loaded)

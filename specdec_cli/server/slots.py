@@ -75,6 +75,8 @@ class Slots:
         slot takes the waiting job with the least to compute: a first token waits for the prompts begun before it,
         so the shortest first makes the waits shortest (ties in arrival order; each prompt is read once)."""
         worker = self.worker
+        if not self.open:
+            worker.compute_ahead()  # idle: the answered conversations' next turns begun
         while len(self.open) < worker.parallel:
             job = worker.jobs.get(wait=not self.open, choose=lambda jobs: min(jobs, key=self._to_compute))
             if job is None:
@@ -143,6 +145,7 @@ class Slots:
                                   generation.cached_tokens, generation)
             slot.answering.done(outcome)  # the client has its answer; then it is remembered
             worker.remember(generation.tokens, list(slot.run.events[0].prompt_tokens))  # (and the next slots' drafter)
+            worker.answered(slot.job.request, outcome)
         except Exception as error:
             self._failed(slot.job, error, slot.started)
             return

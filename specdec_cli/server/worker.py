@@ -10,8 +10,10 @@ waiting one with a 503 error (for a stream, its last event), never silently.
 `Worker.submit` refuses a job when the queue is full (429 with Retry-After: the recent mean time per answer times
 the answers ahead). A failure inside generation is logged with its traceback and answered 500 in one line; the
 worker goes on with the next job. The session's prompt cache makes a request that extends the previous context
-compute only its new tokens; the answer memory (where on) learns every answer, and the drafter is rebuilt from it
-when a new conversation starts, so `sam` drafts from what the server answered before.
+compute only its new tokens; while no request waits, the worker computes into it what a chat's next turn will
+begin with (the template's close of the answer and opening of a user turn: `compute_ahead`). The answer memory
+(where on) learns every answer, and the drafter is rebuilt from it when a new conversation starts, so `sam`
+drafts from what the server answered before.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 from typing import Any, Optional, Sequence, Union
 
 from ..errors import SpecdecError
+from ..heap import settle_heap
 from ..texts.fim import FimTokens, fim_end_ids, fim_prompt, find_fim_tokens
 from ..texts.prompt_ids import format_prompt, with_system
 from ..texts.tool_calls import ToolFormat, template_inputs, tool_format
@@ -55,6 +58,8 @@ class Worker:
         self.last_prompt = 0  # tokens of the previous request's prompt (a shorter common prefix: new conversation)
         self.fresh: Optional[Any] = None  # a drafter built from the memory since, waiting for a new conversation
         self.building: Optional[threading.Thread] = None
+        self.ahead: list[tuple[list[dict], int]] = []  # conversations answered since the server was idle, and
+        # their last prompts' lengths (`compute_ahead`)
         self._stopping = threading.Event()
         self.metrics = ServerMetrics(self.health)  # GET /metrics
         self.thread = threading.Thread(target=self._run, name="specdec-generate", daemon=True)
@@ -66,13 +71,16 @@ class Worker:
         threading.Thread(target=self._prepare_grammars, name="specdec-grammar", daemon=True).start()
 
     def _prepare_grammars(self) -> None:
-        """The grammar engine's view of the tokenizer, built while no request waits for it (about a second)."""
+        """The grammar engine's view of the tokenizer, built while no request waits for it (about a second); then
+        what it and the server's start left alive is set apart from later cycle collections (heap.py: its 50,000
+        objects would otherwise be walked in each, ~20 ms inside a request)."""
         try:
             from ..decoding.grammar import prepare
 
             prepare(self.session.tokenizer, self.session.info.eos_token_ids)
         except Exception:  # a grammar request will say why, in one line
             log.debug("preparing the grammar engine failed", exc_info=True)
+        settle_heap()
 
     def stop(self) -> None:
         """Stop after the current step (`stop_soon`) and wait for the thread to end."""
@@ -122,6 +130,7 @@ class Worker:
             Slots(self).run()
             return
         while not self._stopping.is_set():
+            self.compute_ahead()
             job = self.jobs.get()
             if job is None:
                 break
@@ -161,6 +170,7 @@ class Worker:
                                 generation.cached_tokens, generation)
             answering.done(outcome)  # the client has its answer; then it is remembered, for the drafts to come
             self.remember(generation.tokens, prompt_ids)
+            self.answered(request, outcome)
         except Cancelled:
             self.cancelled(job)
         except Exception as error:
@@ -286,6 +296,30 @@ class Worker:
         self.session.remember(tokens, prompt_ids)
         if self.session.memory is not None:
             self._build_drafter()
+
+    def answered(self, request: CompletionRequest, outcome: Any) -> None:
+        """An answer sent: where its client may resend the conversation with a next user turn (a chat answered
+        without tools, its prompt cached), that turn's opening is computed ahead once the server is idle."""
+        if request.kind != "chat" or not request.cache_prompt or request.tools is not None or outcome.tool_calls or \
+                any(message["role"] == "tool" or "tool_calls" in message for message in request.messages):
+            return
+        conversation = [*request.messages, {"role": "assistant", "content": outcome.text}]
+        self.ahead = [*self.ahead, (conversation, outcome.prompt_tokens)][-self.parallel:]  # (the prompt cache
+        # holds as many contexts)
+
+    def compute_ahead(self) -> None:
+        """While no request waits: the next turns' openings of the conversations answered since, computed into
+        the prompt cache (ChatSession.compute_ahead: the entries their next prompts would compute; a few ms each,
+        so a request arriving meanwhile waits that long at most). A failure costs the prompt cache, not the
+        server (a cache computed halfway is not kept)."""
+        while self.ahead and not len(self.jobs):
+            conversation, prompt_tokens = self.ahead[-1]
+            try:
+                self.session.compute_ahead(conversation, prompt_tokens)
+            except Exception:
+                log.debug("computing a next turn's opening ahead failed", exc_info=True)
+                self.session.prompt_cache.clear()
+            self.ahead.pop()  # (only now: an empty list says nothing is being computed)
 
     def _build_drafter(self) -> None:
         """Build a drafter from the memory as it is now, in the background (one build at a time)."""

@@ -22,9 +22,11 @@ from ..errors import SpecdecError
 from ..target_model.load import models
 from ..target_model.load.forward_choice import choose_forward
 from ..texts.memory import Memory, memory_cap, memory_dir, memory_enabled
-from ..texts.prompt_ids import format_prompt, with_system
+from ..texts.prompt_ids import format_prompt, next_turn_ids, with_system
 from .compare import Comparison, compare
 from .run_settings import RunSettings
+
+AHEAD_MOST = 32  # tokens a next turn's opening is computed ahead at most (a template's is under 10)
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,18 @@ class ChatSession:
     def finish_in(self, batch: Any, run: Any) -> Generation:
         """An answer begun with `start_in` that ended: its Generation (the caller remembers it: `remember`)."""
         return batch.close(run)
+
+    def compute_ahead(self, conversation: list[dict], prompt_tokens: int) -> int:
+        """What every next turn of `conversation` (its messages, ending in an answer; the session's system message
+        added as for a prompt; its last prompt `prompt_tokens` long) begins with, computed into the prompt cache
+        now, while nobody waits: the template's close of the answer and opening of a user turn, so the next
+        prompt computes only what the user writes and what follows it. The same entries the next prompt would
+        compute (Engine.compute_ahead): its answer is the same. How many tokens were computed (none for raw
+        prompts or when the cache holds nothing it continues)."""
+        if self.raw or not getattr(self.tokenizer, "chat_template", None):
+            return 0
+        tokens = next_turn_ids(self.tokenizer, with_system(conversation, self.system))
+        return self.engine.compute_ahead(self.prompt_cache, tokens, prompt_tokens, AHEAD_MOST)
 
     def remember(self, tokens: list[int], prompt_ids: Sequence[int]) -> None:
         """Append a finished answer to the memory; a memory that cannot be written costs a warning, not the answer."""

@@ -3,6 +3,11 @@ all format theirs here): the tokenizer's chat template with the generation promp
 given, or the raw text with `raw=True`. A template is rendered as transformers renders it (chat_template.py),
 bounded in size, and a failing one is a one-line SpecdecError. It does not load tokenizers (target_model/ does)
 nor decode answers.
+
+`next_turn_ids` is what every next turn of a conversation begins with, whatever the user writes next: the
+conversation so far, then the template's end of its last answer and start of a user turn (ChatML's
+`<|im_end|>\n<|im_start|>user\n`). A chat or a server computes it into the prompt cache while nobody waits
+(`Engine.compute_ahead`).
 """
 
 from __future__ import annotations
@@ -38,3 +43,19 @@ def first_turn_ids(tokenizer: Any, text: str, raw: bool = False) -> list[int]:
     """Token ids for a conversation of one user turn, `text` (a prompt's first turn, as distill and vLLM's bench
     answer it)."""
     return format_prompt(tokenizer, [{"role": "user", "content": text}], raw)
+
+
+_USER_WORDS = ("Hello", "1 ?")  # two next messages sharing no first character: what they share is the template's
+
+
+def next_turn_ids(tokenizer: Any, conversation: list[dict]) -> list[int]:
+    """Token ids every next prompt of `conversation` (ending in the assistant's answer) begins with: the prompts
+    for two different next user messages, as far as they agree. Where the template tokenizes a message's first
+    characters together with what precedes them, the agreement stops earlier: a shorter beginning, never a wrong
+    one for these two (a next prompt that differs sooner shares less of it with the cache, nothing else)."""
+    first, second = (format_prompt(tokenizer, [*conversation, {"role": "user", "content": words}])
+                     for words in _USER_WORDS)
+    common = 0
+    while common < min(len(first), len(second)) and first[common] == second[common]:
+        common += 1
+    return first[:common]

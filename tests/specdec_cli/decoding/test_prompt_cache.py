@@ -127,3 +127,47 @@ def test_a_cache_of_one_entry_gives_it_up_to_any_prompt():
     assert held == 6 and taken.get_seq_length() == 6 and len(cache) == 0  # moved and cut, not copied
     with pytest.raises(ValueError):
         PromptCache(entries=0)
+
+
+@pytest.mark.parametrize("entries", [1, 2])
+def test_a_next_turn_computed_ahead_is_taken_whole_and_answers_as_a_cold_prompt(entries):
+    """Engine.compute_ahead: the opening of a next turn computed into the held context while nobody waits (its
+    answer's last token read back differently, as `.\\n\\n` is, so the entry is cut there first); the next prompt
+    takes it whole and its answer is a cold prompt's, token for token, on the row-invariant blocks."""
+    engine = fixed_engine(_model(native=True))
+    cache = PromptCache(entries)
+    other = engine.generate(_sequence(12, seed=15), NoDrafter(), _config(), prompt_cache=cache) if entries > 1 \
+        else None  # (another conversation's entry, never touched)
+    first_prompt = _sequence(40, seed=11)
+    first = engine.generate(first_prompt, NoDrafter(), _config(), prompt_cache=cache)
+    assert first.tokens[-2] != 5
+    answer = first.tokens[:-2] + [5]  # its last two tokens (the newest not held) read back as one other token
+    opening = first_prompt + answer + _sequence(6, seed=12)[1:]  # the template's end of it, a user turn's start
+    assert engine.compute_ahead(cache, opening, len(first_prompt) + 1, most=32) == 1 + 5
+    assert engine.compute_ahead(cache, opening, len(first_prompt) + 1, most=32) == 0  # all held already
+    assert cache.common_prefix(opening + [9]) == len(opening)
+    assert [entry.cache.get_seq_length() for entry in cache.held if entry.tokens == opening] == [len(opening)]
+    second_prompt = opening + _sequence(8, seed=13)[1:]
+    second = engine.generate(second_prompt, NoDrafter(), _config(), prompt_cache=cache)
+    assert second.cached_tokens == len(opening)  # only the user's words and what follows them computed
+    cold = engine.generate(second_prompt, NoDrafter(), _config(), prompt_cache=PromptCache())
+    assert second.tokens == cold.tokens
+    if other is not None:
+        assert any(len(entry.tokens) == 12 + len(other.tokens) - 1 for entry in cache.held)
+
+
+def test_computing_ahead_leaves_what_it_does_not_continue_and_forwards_that_round_in_pieces():
+    engine = fixed_engine(_model(native=True))
+    cache = PromptCache()
+    prompt = _sequence(30, seed=14)
+    engine.generate(prompt, NoDrafter(), _config(), prompt_cache=cache)
+    kept = [list(entry.tokens) for entry in cache.held]
+    elsewhere = prompt[:10] + _sequence(20, seed=16)  # shares 10 tokens: less than the conversation's prompt
+    assert engine.compute_ahead(cache, elsewhere, len(prompt), most=32) == 0
+    assert [entry.tokens for entry in cache.held] == kept and cache.held[0].cache.get_seq_length() == len(kept[0])
+    longer = kept[0] + _sequence(50, seed=17)[1:]
+    assert engine.compute_ahead(cache, longer, len(prompt), most=8) == 8  # at most `most`
+    transformers_engine = fixed_engine(_model(native=False))
+    cache = PromptCache()
+    transformers_engine.generate(prompt, NoDrafter(), _config(), prompt_cache=cache)
+    assert transformers_engine.compute_ahead(cache, cache.held[0].tokens + [5, 6], len(prompt), most=32) == 0

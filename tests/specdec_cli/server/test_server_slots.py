@@ -138,6 +138,8 @@ def test_each_conversation_goes_back_to_its_own_entries_with_several_slots(sessi
 
     with serving(alone_session, name="smollm2", parallel=1) as server:
         alone, _, _ = converse(server)
+        wait_until(lambda: health(server)["served"] == 4 and not server.worker.ahead,
+                   "the next turns' openings to be computed")
         kept = [entry.tokens for entry in alone_session.prompt_cache.held]
         status, _, whole = raw_request(server, "POST", "/completion", json.dumps(
             {"prompt": "Name three colours.", "n_predict": 4, "cache_prompt": False}).encode())
@@ -146,6 +148,8 @@ def test_each_conversation_goes_back_to_its_own_entries_with_several_slots(sessi
     alone_session.prompt_cache.clear()
     with serving(parallel_session, name="smollm2", parallel=2) as server:
         answers, cached, prompts = converse(server)
+        wait_until(lambda: health(server)["served"] == 4 and not server.worker.ahead,
+                   "the next turns' openings to be computed")
         kept = [entry.tokens for entry in parallel_session.prompt_cache.held]
         status, _, whole = raw_request(server, "POST", "/completion", json.dumps(
             {"prompt": "Name three colours.", "n_predict": 4, "cache_prompt": False}).encode())
@@ -367,3 +371,40 @@ def test_ignore_eos_and_min_tokens_carry_the_answer_past_its_end_the_same_with_d
             with pytest.raises(openai.BadRequestError) as refused:
                 client.chat.completions.create(model="m", messages=messages, max_tokens=60, extra_body=bad)
             assert refused.value.body["param"] == param, bad
+
+
+@pytest.mark.parametrize("parallel", [1, 4])
+def test_a_next_turn_is_begun_while_the_server_waits_and_answers_the_same(sessions, monkeypatch, parallel):
+    """Once an answer is sent and no request waits, the server computes the template's close of the answer and
+    opening of a user turn into the prompt cache (Worker.compute_ahead): the next turn computes only the user's
+    words and the assistant's header, and every answer is the one a server that does not compute ahead gives."""
+    from specdec_cli.server.worker import Worker
+    from specdec_cli.texts.prompt_ids import format_prompt, next_turn_ids, with_system
+
+    session = sessions[1]
+    tokenizer = session.tokenizer
+
+    def converse() -> tuple[list[str], list[int], list[int]]:
+        session.prompt_cache.clear()
+        with serving(session, name="smollm2", parallel=parallel) as server:
+            client = client_of(server)
+            messages = [{"role": "user", "content": "Name three colours."}]
+            answers, computed, expected = [], [], []
+            for turn in range(3):
+                reply = client.chat.completions.create(model="m", messages=messages, max_tokens=12)
+                wait_until(lambda served=turn + 1: health(server)["served"] == served and not server.worker.ahead,
+                           "the next turn's opening to be computed")
+                answers.append(reply.choices[0].message.content)
+                computed.append(reply.model_extra["timings"]["prompt_n"])
+                messages = [*messages, {"role": "assistant", "content": answers[-1]}]
+                opening = next_turn_ids(tokenizer, with_system(messages, session.system))
+                messages.append({"role": "user", "content": "Go on."})
+                expected.append(len(format_prompt(tokenizer, with_system(messages, session.system))) - len(opening))
+        return answers, computed, expected
+
+    answers, computed, expected = converse()
+    assert computed[1:] == expected[:-1] and 0 < expected[0] < 12  # "Go on." and the assistant's header alone
+    monkeypatch.setattr(Worker, "compute_ahead", lambda self: self.ahead.clear())
+    without, computed_without, _ = converse()
+    assert without == answers
+    assert all(later > ahead for later, ahead in zip(computed_without[1:], computed[1:]))
