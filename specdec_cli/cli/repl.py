@@ -86,6 +86,10 @@ class Repl:
             pass
         for line in self.settings_lines:
             self.err.print(line)
+        try:  # the system message and a user turn's opening, computed before the first line is read
+            self.session.warm_up()
+        except SpecdecError:
+            self.session.prompt_cache.clear()
         self.err.print("[dim]Type /help for commands, /exit to leave.[/dim]")
         while True:
             try:

@@ -33,6 +33,11 @@ class Server:
     def __init__(self, session: Any, settings: ServerSettings, model_name: str, sock: Optional[Any] = None):
         import uvicorn
 
+        try:  # the event loop's backend for streamed responses, imported by the first stream (~50 ms) otherwise
+            import anyio._backends._asyncio  # noqa: F401
+        except ImportError:  # (a later anyio may keep it elsewhere: then the first stream imports it)
+            pass
+
         from .app import build_app
         from .connections import protocol_class
         from .slots import slots_for

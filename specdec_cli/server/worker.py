@@ -127,8 +127,11 @@ class Worker:
         if self.parallel > 1:
             from .slots import Slots
 
-            Slots(self).run()
+            slots = Slots(self)  # (its prompt cache, one context a slot, is the one warmed)
+            self._warm_up()
+            slots.run()
             return
+        self._warm_up()
         while not self._stopping.is_set():
             self.compute_ahead()
             job = self.jobs.get()
@@ -141,6 +144,23 @@ class Worker:
             finally:
                 self.running = []
                 self.ended(started)
+
+    def _longest_token(self) -> int:
+        """Characters of the vocabulary's longest entry (read once: tens of ms for a large vocabulary)."""
+        if self.longest_token is None:
+            self.longest_token = max((len(entry) for entry in self.session.tokenizer.get_vocab()), default=1)
+        return self.longest_token
+
+    def _warm_up(self) -> None:
+        """Before the first request: the system message and a user turn's opening computed into the prompt cache
+        (ChatSession.warm_up), the vocabulary's longest entry read (a request's length check): a request arriving
+        meanwhile waits for them, tens of ms. A failure costs nothing but the warm-up."""
+        try:
+            self._longest_token()
+            self.session.warm_up()
+        except Exception:
+            log.debug("warming up failed", exc_info=True)
+            self.session.prompt_cache.clear()
 
     def ended(self, started: float) -> None:
         """A job was answered (or failed): counted, its duration kept for Retry-After."""
@@ -269,14 +289,13 @@ class Worker:
         at least this many tokens."""
         if self.context is None or isinstance(request.prompt, tuple):
             return
-        if self.longest_token is None:
-            self.longest_token = max((len(entry) for entry in self.session.tokenizer.get_vocab()), default=1)
+        longest = self._longest_token()
         fim = request.fim
         characters = len(request.prompt) + (len(fim.suffix) if fim else 0) + \
             sum(len(message["content"]) for message in request.messages) + \
             sum(len(call["function"]["arguments"]) for message in request.messages
                 for call in message.get("tool_calls", ()))
-        fewest = characters // max(1, self.longest_token)
+        fewest = characters // max(1, longest)
         if fewest >= self.context:
             raise ApiError(400, f"the prompt has {characters} characters, at least {fewest} tokens, but this model "
                            f"reads at most {self.context} (prompt and answer together): shorten it",

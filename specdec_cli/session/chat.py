@@ -18,6 +18,7 @@ from ..decoding.draft import Drafter
 from ..decoding.engine import Engine, EventCallback, Generation, GenerationConfig
 from ..decoding.prompt_cache import PromptCache
 from ..drafters import TargetInfo, make_drafter, target_info
+from ..drafters.none import NoDrafter
 from ..errors import SpecdecError
 from ..target_model.load import models
 from ..target_model.load.forward_choice import choose_forward
@@ -182,6 +183,21 @@ class ChatSession:
     def finish_in(self, batch: Any, run: Any) -> Generation:
         """An answer begun with `start_in` that ended: its Generation (the caller remembers it: `remember`)."""
         return batch.close(run)
+
+    def warm_up(self) -> int:
+        """What every conversation begins with (the system message and a user turn's opening, as the template
+        writes them) computed into the prompt cache, one token chosen after it and dropped: a server's first
+        request then computes only its own words, and the forward's first calls (their buffers, the kernels'
+        first touch of the weights) are behind it, as llama-server warms up. No drafter sees it. How many tokens
+        (none for raw prompts)."""
+        if self.raw or not getattr(self.tokenizer, "chat_template", None):
+            return 0
+        tokens = next_turn_ids(self.tokenizer, with_system([], self.system))
+        if len(tokens) < 2:
+            return 0
+        config = replace(self.generation, max_new_tokens=1, min_new_tokens=0, stop=(), logprobs=None)
+        self.engine.generate(tokens, NoDrafter(), config, prompt_cache=self.prompt_cache)
+        return len(tokens)
 
     def compute_ahead(self, conversation: list[dict], prompt_tokens: int) -> int:
         """What every next turn of `conversation` (its messages, ending in an answer; the session's system message

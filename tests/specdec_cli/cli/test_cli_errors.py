@@ -231,6 +231,9 @@ class _Session:
     def ask(self, text, on_event=None):
         raise AssertionError(f"asked {text!r}")
 
+    def warm_up(self):  # (the REPL warms a session before reading its first line)
+        return 0
+
 
 def test_repl_input_that_is_not_text_is_one_line_not_an_internal_error():
     """Binary bytes piped into `specdec chat` reach input() as lone surrogates; the tokenizer raised TypeError."""

@@ -408,3 +408,25 @@ def test_a_next_turn_is_begun_while_the_server_waits_and_answers_the_same(sessio
     without, computed_without, _ = converse()
     assert without == answers
     assert all(later > ahead for later, ahead in zip(computed_without[1:], computed[1:]))
+
+
+@pytest.mark.parametrize("parallel", [1, 4])
+def test_a_server_warms_up_with_what_every_conversation_begins_with(sessions, monkeypatch, parallel):
+    """Before its first request a server computes the system message and a user turn's opening into the prompt
+    cache (ChatSession.warm_up): the first request computes only its own words, and answers as a cold server."""
+    from specdec_cli.session.chat import ChatSession
+    from specdec_cli.texts.prompt_ids import next_turn_ids, with_system
+
+    session = sessions[1]
+
+    def first_request() -> tuple[str, int]:
+        session.prompt_cache.clear()
+        with serving(session, name="smollm2", parallel=parallel) as server:
+            reply = client_of(server).chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "Name three colours."}], max_tokens=12)
+        return reply.choices[0].message.content, reply.usage.prompt_tokens_details.cached_tokens
+
+    answer, cached = first_request()
+    assert cached == len(next_turn_ids(session.tokenizer, with_system([], session.system))) > 10
+    monkeypatch.setattr(ChatSession, "warm_up", lambda self: 0)
+    assert first_request() == (answer, 0)
