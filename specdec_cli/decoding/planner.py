@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
+from .ask_gate import SourceGates
 from .cost_curve import CostCurve
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -300,8 +301,10 @@ class DraftPlanner:
         self.calibration = ConfidenceCalibration()
         self.draft_costs = DraftCosts()
         self.rates = SourceRates()
+        self.gates = SourceGates()  # whether asking a head pays for its drafting
         self.steps = 0  # drafting steps planned
         self._granted: Optional[tuple[str, int]] = None  # (source, nodes): this step's decision before drafting
+        self._probing: Optional[str] = None  # a benched source asked to draft this step, as a probe
 
     @property
     def curve(self) -> CostCurve:
@@ -321,9 +324,11 @@ class DraftPlanner:
         self.calibration = ConfidenceCalibration()
         self.draft_costs = DraftCosts()
         self.rates = SourceRates()
+        self.gates = SourceGates()
 
     def observe_drafting(self, source: str, drafted: int, seconds: float) -> None:
         self.draft_costs.observe(source, drafted, seconds)
+        self.gates.timed(source, seconds)
 
     def draft_budget(self, source: str, budget: int) -> int:
         """Before drafting: how many tokens (nodes) to ask of a drafter whose drafts come from `source` with no
@@ -331,11 +336,19 @@ class DraftPlanner:
         keep of a whole draft, so that drafting that would be trimmed away is not done (0: no drafting this step;
         now and then a probe, as `plan` verifies one). `plan` then keeps that decision for the draft. A drafter
         without such a record (a hybrid's drafts name other sources; a retrieval draft has a match length) is
-        asked for `budget` and planned after drafting. This is the one place that stops drafting when it does not
-        pay: drafters draft what they are asked for."""
-        self._granted = None
+        asked for `budget` and planned after drafting. A source whose steps run slower than plain decoding
+        (`_unless_benched`) is not asked at all, but for a probe now and then, nor is a lone head whose accepted
+        tokens do not pay for its forwards (ask_gate.py). This is the one place that stops drafting when it does
+        not pay: drafters draft what they are asked for."""
+        self._granted = self._probing = None
         if budget <= 0 or self._curve is None:
             return budget
+        if self.rates.losing(source, self.rates.plain_step_seconds(self.curve(1))):
+            if self.rates.hold_back(source):
+                return 0
+            self._probing = source  # (`plan` verifies the probe as it would any draft)
+        if self.curve.learn and source in self.calibration.totals and not self.gates.ask(source):
+            return 0  # a head's forwards not worth their time (a fixed curve, tests' and replays', times nothing)
         chain = (source, 0) in self.acceptance.drafted
         tree = any(key[0] == source for key in self.acceptance.tree_stats)
         if not (chain or tree):
@@ -389,6 +402,9 @@ class DraftPlanner:
 
     def _unless_benched(self, source: str, keep: int) -> int:
         """`keep`, or 0 while the source's verified steps run slower than plain decoding (probed now and then)."""
+        if self._probing == source:  # a probe `draft_budget` asked for: not held back twice
+            self._probing = None
+            return keep
         plain_seconds = self.rates.plain_step_seconds(self.curve(1))
         if keep and self.rates.losing(source, plain_seconds) and self.rates.hold_back(source):
             return 0
@@ -418,6 +434,7 @@ class DraftPlanner:
             return  # plain decoding before any draft: nothing to learn yet
         curve = self._curve
         curve.observe(rows, verify_seconds)
+        self.gates.stepped(draft.source, accepted, committed, verify_seconds)
         if not len(draft):
             if rows == 1:
                 self.rates.record_plain(verify_seconds if curve.learn else curve(1))

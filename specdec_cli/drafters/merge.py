@@ -20,11 +20,9 @@ with the draft (`Draft.confidence`): their sum over a prefix is the expected acc
 it, which is what the planner weighs against the cost curve.
 
 An auxiliary whose drafting costs time (a head's forwards) is asked only while what it adds pays for it
-(`DraftMerger.aux_pays`): a step that commits `step_tokens` in `verify_seconds` and spends `aux_seconds` asking
-the auxiliary pays for it when the accepted nodes only the auxiliary proposed (`aux_gain`, per step it was asked)
-are a larger share of the step's tokens than its drafting is of the step's time. It is asked always at first and
-every PROBE_EVERY steps when it does not pay (so the estimate can recover), and always when it costs less than
-CHEAP_SHARE of a step.
+(`DraftMerger.aux_pays`, decoding/ask_gate.py): when the accepted nodes only the auxiliary proposed, per step it
+was asked, are a larger share of a step's tokens than its drafting is of the step's time (asked always at first,
+now and then when it does not pay, and always when it is cheap).
 
 Pure bookkeeping: nothing here drafts, verifies or times anything (the hybrid passes the seconds it measured).
 The accept/reject rule never sees scores.
@@ -36,8 +34,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from ..decoding.ask_gate import AskGate
 from ..decoding.draft import Draft, StepEvent
-from ..decoding.stats import decayed_mean
 
 DECAY = 0.98  # older evidence fades, so the ranking follows the conversation
 PRIOR_WEIGHT = 2.0  # the prior is worth this many observations
@@ -47,9 +45,6 @@ MAX_DEPTH = 12  # depths past this share one bucket
 MAX_RANK = 3  # sibling ranks past this share one bucket
 MAX_BUCKET = 6  # match lengths of 32 and more share one bucket
 
-WARMUP_ASKS = 8  # steps an auxiliary is asked before its gain is weighed
-PROBE_EVERY = 16  # an auxiliary that does not pay is still asked once in this many steps
-CHEAP_SHARE = 0.02  # an auxiliary costing less than this share of a step is always asked
 
 Origin = tuple[str, int, int, int]  # (source, match bucket, depth, rank)
 
@@ -196,13 +191,7 @@ class DraftMerger:
         self._last: Optional[MergedDraft] = None
         self._asked = False  # the last merge had the auxiliary's draft
         self.aux_sources: list[str] = []  # the sources an auxiliary's drafts came from, as seen
-        self.cost_gate = cost_gate
-        self.asks = 0  # steps the auxiliary was asked
-        self.unasked = 0  # steps since it was last asked
-        self.aux_seconds: Optional[float] = None  # its drafting call, decayed mean
-        self.verify_seconds: Optional[float] = None  # the target's verify forward, decayed mean
-        self.step_tokens: Optional[float] = None  # tokens a step commits, decayed mean
-        self.aux_gain: Optional[float] = None  # accepted nodes only the auxiliary proposed, per step it was asked
+        self.gate = AskGate(cost_gate)  # whether the auxiliary's drafting pays (gain: nodes only it proposed)
 
     def merge(self, drafts: Sequence[Draft], budget: int) -> Draft:
         """The drafts as one tree; drafts[0] is the hybrid's own, any others the auxiliary's (it was asked)."""
@@ -210,24 +199,17 @@ class DraftMerger:
             if len(draft) and draft.source not in self.aux_sources:
                 self.aux_sources.append(draft.source)
         self._asked = len(drafts) > 1
-        self.asks, self.unasked = (self.asks + 1, 0) if self._asked else (self.asks, self.unasked + 1)
+        self.gate.asked(self._asked)
         self._last = merge_drafts(drafts, self.learned, budget)
         return self._last.draft
 
     def timed_aux(self, seconds: float) -> None:
         """The auxiliary's drafting call took `seconds`."""
-        self.aux_seconds = decayed_mean(self.aux_seconds, seconds)
+        self.gate.timed(seconds)
 
     def aux_pays(self) -> bool:
-        """Whether to ask the auxiliary this step: its gain's share of a step's tokens against its drafting's
-        share of the step's time (a step of T seconds committing tau tokens, the auxiliary adding g of them for c
-        seconds, pays when tau / (T + c) > (tau - g) / T, that is g / tau > c / (T + c))."""
-        if not self.cost_gate or self.asks < WARMUP_ASKS or self.unasked + 1 >= PROBE_EVERY:
-            return True
-        if self.aux_seconds is None or not self.verify_seconds or not self.step_tokens or self.aux_gain is None:
-            return True
-        share = self.aux_seconds / (self.verify_seconds + self.aux_seconds)
-        return share < CHEAP_SHARE or self.aux_gain > share * self.step_tokens
+        """Whether to ask the auxiliary this step (ask_gate.py)."""
+        return self.gate.pays()
 
     def needs_aux(self, own: Draft, budget: int) -> bool:
         """False when the own draft fills the budget with nodes no auxiliary node could outscore (fills_budget);
@@ -240,9 +222,7 @@ class DraftMerger:
         last, self._last = self._last, None
         if event.kind != "step":
             return
-        if event.verify_seconds > 0:
-            self.verify_seconds = decayed_mean(self.verify_seconds, event.verify_seconds)
-        self.step_tokens = decayed_mean(self.step_tokens, float(len(event.committed)))
+        self.gate.stepped(event.verify_seconds, len(event.committed))
         verified = event.draft
         if last is None or not len(verified) or verified.tokens != last.draft.tokens[: len(verified)]:
             return
@@ -253,5 +233,5 @@ class DraftMerger:
                     for origin in last.origins[node]]
         self.learned.record(outcomes)
         if self._asked:  # what only the auxiliary proposed and the target kept
-            gain = sum(all(origin[0] in self.aux_sources for origin in last.origins[node]) for node in accepted)
-            self.aux_gain = decayed_mean(self.aux_gain, float(gain))
+            self.gate.gained(sum(all(origin[0] in self.aux_sources for origin in last.origins[node])
+                                 for node in accepted))

@@ -290,3 +290,58 @@ def test_a_costly_drafter_is_asked_for_shorter_chains():
         for _ in range(40):
             _answer(planner, "model", 8, 6)
     assert costly.draft_budget("model", 8) < cheap.draft_budget("model", 8)
+
+
+def test_a_benched_source_is_not_even_asked_to_draft_but_for_its_probes():
+    """A head whose verified steps run slower than plain decoding (its confident drafts are right, but drafting
+    them costs three steps) loses most on drafting itself: once benched, `draft_budget` asks it for nothing, and
+    a probe's draft is verified, not held back a second time by `plan`."""
+    planner = DraftPlanner(CostCurve.fixed({1: 10.0, 32: 10.0}))
+    for _ in range(8):  # plain steps beside the head's slow ones: 2 tokens in 40 s against 1 in 10
+        planner.record(Draft.empty("eagle"), 0, 1, 1, 10.0, 0.0)
+        planner.rates.record("eagle", 2, 40.0)
+    asked = []
+    for _ in range(4 * PROBE_EVERY):
+        budget = planner.draft_budget("eagle", 8)
+        asked.append(budget)
+        draft = Draft([5] * budget, "eagle", confidence=[0.95] * budget) if budget else Draft.empty("eagle")
+        plan = planner.plan(draft, 8)
+        if budget:
+            assert plan.keep > 0  # the probe is verified
+            planner.learn(Draft(draft.tokens[: plan.keep], "eagle", confidence=[0.95] * plan.keep), plan.keep)
+            planner.rates.record("eagle", 2, 40.0)  # and is slow again
+        else:
+            planner.record(Draft.empty("eagle"), 0, 1, 1, 10.0, 0.0)
+    assert asked.count(0) >= 3 * PROBE_EVERY  # no head forward on most steps
+    assert 2 <= sum(1 for budget in asked if budget) <= 6  # a probe every PROBE_EVERY steps
+
+
+def _head_steps(planner, steps: int, accepted: int, draft_seconds: float = 0.002, sure: float = 0.9) -> list[int]:
+    """Steps of a lone head (drafts with confidence) on a 10 ms step: ask, draft (timed), plan, record."""
+    asked = []
+    for _ in range(steps):
+        budget = planner.draft_budget("eagle", 4)
+        asked.append(budget)
+        draft = Draft([5] * budget, "eagle", confidence=[sure] * budget) if budget else Draft.empty("eagle")
+        if budget:
+            planner.observe_drafting("eagle", budget, draft_seconds)
+        plan = planner.plan(draft, 4)
+        kept = Draft(draft.tokens[: plan.keep], "eagle", confidence=[sure] * plan.keep) if plan.keep else \
+            Draft.empty("eagle")
+        got = min(accepted, plan.keep)
+        planner.record(kept, got, got + 1, plan.rows, 0.010, draft_seconds if budget else 0.0)
+    return asked
+
+
+def test_a_lone_head_is_asked_only_while_its_accepted_tokens_pay_for_its_forwards():
+    """A head whose forwards cost a sixth of a step and whose drafts the target never follows is asked at first,
+    then now and then; one whose first token is kept is asked every step (ask_gate.py)."""
+    curve = {1: 0.010, 2: 0.010, 4: 0.010, 8: 0.010}  # a learning curve (a fixed one asks always)
+    useless = _head_steps(DraftPlanner(CostCurve(curve)), 200, accepted=0)
+    assert useless[0]  # (then benched, its steps being slower than plain ones, or gated: asked now and then)
+    assert sum(1 for budget in useless if budget) <= 2 * 200 // PROBE_EVERY
+    assert all(_head_steps(DraftPlanner(CostCurve(curve)), 200, accepted=1))
+    assert all(_head_steps(DraftPlanner(CostCurve(curve)), 200, accepted=0, draft_seconds=0.0001))  # cheap
+    unsure = _head_steps(DraftPlanner(CostCurve(curve)), 200, accepted=0, sure=0.01)  # never verified: drafting
+    assert sum(1 for budget in unsure if budget) <= 3 * 200 // PROBE_EVERY  # is all it costs, and is stopped
+    assert all(_head_steps(DraftPlanner(CostCurve.fixed(curve)), 200, accepted=0))

@@ -198,7 +198,7 @@ def test_a_costly_auxiliary_is_asked_only_while_it_pays():
     """An auxiliary that adds nothing the target keeps, at a third of a step's time, is asked during the warm-up
     and then once in PROBE_EVERY steps; one whose guesses are kept is asked every step at the same cost; one that
     costs next to nothing is always asked; and with the gate off every step asks."""
-    from specdec_cli.drafters.merge import PROBE_EVERY, WARMUP_ASKS
+    from specdec_cli.decoding.ask_gate import PROBE_EVERY, WARMUP_ASKS
 
     useless = _gated_steps(DraftMerger(), 200, aux_seconds=0.005, keeps_aux=False)
     assert all(useless[:WARMUP_ASKS]) and not any(useless[WARMUP_ASKS : WARMUP_ASKS + PROBE_EVERY - 1])
@@ -208,5 +208,5 @@ def test_a_costly_auxiliary_is_asked_only_while_it_pays():
     assert all(_gated_steps(DraftMerger(cost_gate=False), 200, aux_seconds=0.005, keeps_aux=False))
     merger = DraftMerger()
     _gated_steps(merger, 40, aux_seconds=0.005, keeps_aux=True)
-    assert merger.aux_gain == pytest.approx(1.0) and merger.step_tokens == pytest.approx(2.0)
-    assert merger.verify_seconds == pytest.approx(0.01) and merger.aux_seconds == pytest.approx(0.005)
+    assert merger.gate.gain == pytest.approx(1.0) and merger.gate.step_tokens == pytest.approx(2.0)
+    assert merger.gate.step_seconds == pytest.approx(0.01) and merger.gate.ask_seconds == pytest.approx(0.005)
