@@ -102,9 +102,11 @@ def probe_leavers(probe: Probe) -> None:
         {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode())[0] == 200)
     long = json.dumps({"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 400,
                        "stream": True}).encode()
-    running = _partial(probe, f"POST {CHAT} HTTP/1.1\r\nHost: x\r\n{head}Content-Length: {len(long)}\r\n\r\n".encode()
-                       + long)
-    running.recv(1024)
+    slots = int(probe.health().get("slots") or 1)  # (each slot takes a long answer: then the next ones queue)
+    runners = [_partial(probe, f"POST {CHAT} HTTP/1.1\r\nHost: x\r\n{head}Content-Length: {len(long)}\r\n\r\n"
+                        .encode() + long) for _ in range(slots)]
+    for running in runners:
+        running.recv(1024)
     short = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
     waiting = [_partial(probe, f"POST {CHAT} HTTP/1.1\r\nHost: x\r\n{head}Content-Length: {len(short)}\r\n\r\n"
                         .encode() + short) for _ in range(4)]
@@ -114,7 +116,8 @@ def probe_leavers(probe: Probe) -> None:
         sock.close()
     time.sleep(1)
     after = probe.health().get("queued")
-    running.close()
+    for running in runners:
+        running.close()
     probe.say("queued clients that left free their places", queued == 4 and after == 0, f"queued {queued} -> {after}")
 
 
