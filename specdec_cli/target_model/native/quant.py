@@ -53,8 +53,6 @@ class BlockLinear(torch.nn.Module):
         self.register_buffer("records", weights.records, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach().to(torch.float32), persistent=False)
         self._dense: Optional[torch.Tensor] = None
-        self._unpacked: Optional[tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]] = None
-        self._fields: Optional[kernels.Fields] = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         rows = hidden.reshape(-1, self.in_features)  # [n, in]
@@ -66,18 +64,29 @@ class BlockLinear(torch.nn.Module):
     def blocks(self) -> BlockWeights:
         return BlockWeights(self.kind, self.records, self.out_features, self.in_features, self.origin)
 
-    def select_records(self, ids: torch.Tensor) -> torch.Tensor:
-        """Records of the output rows `ids` only (a drafter's vocabulary subset of an LM head); the unpacked codes
-        are kept for the next call."""
+    def unpacked_rows(self, ids: torch.Tensor) -> Any:
+        """The output rows `ids` unpacked (a drafter's vocabulary subset of an LM head): only the 16-row groups
+        holding them are read, so nothing of the whole matrix is kept (an LM head's codes are 136 MB on the 0.5B).
+        `pack_rows` packs them (after `join_rows`, parts in order) into records."""
+        groups, local = torch.unique(ids // kernels.GROUP, return_inverse=True)
+        within = local * kernels.GROUP + ids % kernels.GROUP  # [len(ids)]: each id's row among those groups'
+        if not len(groups):
+            groups = torch.zeros(1, dtype=torch.long)  # (no rows: read one group, keep none of it)
+        records, rows = self.records[groups], len(groups) * kernels.GROUP
         if self.kind in kernels.PACKED:
-            if self._fields is None:
-                self._fields = self.blocks().fields()
-            return kernels.pack_fields(self.kind, self._fields.take(ids))
-        if self._unpacked is None:
-            self._unpacked = self.blocks().unpacked()
-        codes, scales, offsets = self._unpacked
-        return kernels.pack_records(self.kind, codes[ids], None if scales is None else scales[ids],
-                                    None if offsets is None else offsets[ids])
+            return kernels.unpack_fields(self.kind, records, rows).take(within)
+        return tuple(None if part is None else part[within] for part in kernels.unpack_records(self.kind, records,
+                                                                                               rows))
+
+    def pack_rows(self, rows: Any) -> torch.Tensor:
+        """Records of rows from `unpacked_rows` (or `join_rows`)."""
+        if self.kind in kernels.PACKED:
+            return kernels.pack_fields(self.kind, rows)
+        return kernels.pack_records(self.kind, *rows)
+
+    def select_records(self, ids: torch.Tensor) -> torch.Tensor:
+        """Records of the output rows `ids` only."""
+        return self.pack_rows(self.unpacked_rows(ids))
 
     @property
     def weight(self) -> torch.Tensor:
@@ -88,6 +97,19 @@ class BlockLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, blocks={self.origin}"
+
+
+def join_rows(parts: Any) -> Any:
+    """Unpacked rows (`BlockLinear.unpacked_rows`) of one layer put together, in order."""
+    first = parts[0]
+    if isinstance(first, kernels.Fields):
+        def joined(name: str) -> Optional[torch.Tensor]:
+            return None if getattr(first, name) is None else torch.cat([getattr(part, name) for part in parts])
+
+        return kernels.Fields(torch.cat([part.codes for part in parts]), torch.cat([part.d for part in parts]),
+                              joined("m"), joined("scales"), joined("minimums"))
+    return tuple(None if first[index] is None else torch.cat([part[index] for part in parts])
+                 for index in range(len(first)))
 
 
 def block_layers(model: Any) -> list[BlockLinear]:

@@ -202,3 +202,21 @@ def test_converted_weights_keep_tied_embeddings_under_the_name_every_tool_reads(
     model.config.save_pretrained(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
+
+
+@pytest.mark.parametrize("type_name", GGUF_TYPES)
+def test_rows_read_by_their_groups_are_the_whole_matrix_rows(type_name):
+    """BlockLinear.unpacked_rows reads only the 16-row groups holding the asked rows (a head's vocabulary of an
+    LM head): packed back, in any order and across pieces joined, they are the records the whole matrix's rows
+    give, and they multiply as those rows do."""
+    raw = _gguf_bytes(type_name, 70, 512, seed=3)
+    layer = quant.BlockLinear(gguf_decode.decode_gguf_blocks(type_name, raw, 70, 512))
+    ids = torch.tensor([69, 3, 17, 16, 48, 5, 33])
+    whole = layer.blocks().dense()[ids]  # [7, 512]
+    records = layer.select_records(ids)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(kernels.matmul(x, layer.kind, records, len(ids)), layer(x)[:, ids])
+    joined = quant.join_rows([layer.unpacked_rows(ids[:3]), layer.unpacked_rows(ids[3:])])
+    assert torch.equal(layer.pack_rows(joined), records)
+    assert torch.equal(quant.BlockLinear(quant.BlockWeights(layer.kind, records, len(ids), 512, "rows")).weight, whole)
+    assert layer.select_records(ids[:0]).shape[0] == 0
