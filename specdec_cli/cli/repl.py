@@ -89,7 +89,7 @@ class Repl:
         try:  # the system message and a user turn's opening, computed before the first line is read
             self.session.warm_up()
         except SpecdecError:
-            self.session.prompt_cache.clear()
+            pass  # (a template that cannot write a first turn: the first prompt says why)
         self.err.print("[dim]Type /help for commands, /exit to leave.[/dim]")
         while True:
             try:
@@ -197,7 +197,7 @@ class Repl:
         try:  # while the user writes: the next turn's opening (the template's), computed now
             self.session.compute_ahead(self.session.history, turn.prompt_tokens)
         except SpecdecError:
-            self.session.prompt_cache.clear()  # (the next prompt is computed whole; nothing else changes)
+            pass  # (a template that cannot write the next turn: nothing computed, the next prompt says why)
 
     # -- statistics ----------------------------------------------------------------------------------------
 

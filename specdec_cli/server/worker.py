@@ -158,6 +158,8 @@ class Worker:
         try:
             self._longest_token()
             self.session.warm_up()
+        except SpecdecError:  # a template that cannot write a first turn: nothing was computed
+            log.debug("warming up failed", exc_info=True)
         except Exception:
             log.debug("warming up failed", exc_info=True)
             self.session.prompt_cache.clear()
@@ -335,6 +337,8 @@ class Worker:
             conversation, prompt_tokens = self.ahead[-1]
             try:
                 self.session.compute_ahead(conversation, prompt_tokens)
+            except SpecdecError:  # a template that cannot write the next turn: nothing was computed
+                log.debug("computing a next turn's opening ahead failed", exc_info=True)
             except Exception:
                 log.debug("computing a next turn's opening ahead failed", exc_info=True)
                 self.session.prompt_cache.clear()
