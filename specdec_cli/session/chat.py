@@ -190,8 +190,8 @@ class ChatSession:
         request then computes only its own words, and the forward's first calls (their buffers, the kernels'
         first touch of the weights) are behind it, as llama-server warms up. No drafter sees it. How many tokens
         (none for raw prompts)."""
-        if self.raw or not getattr(self.tokenizer, "chat_template", None):
-            return 0
+        if self.raw or not getattr(self.tokenizer, "chat_template", None) or self.drafter.needs.features:
+            return 0  # (a drafter that reads the prompt's features has every prompt computed whole)
         tokens = next_turn_ids(self.tokenizer, with_system([], self.system))
         if len(tokens) < 2:
             return 0
@@ -206,8 +206,8 @@ class ChatSession:
         prompt computes only what the user writes and what follows it. The same entries the next prompt would
         compute (Engine.compute_ahead): its answer is the same. How many tokens were computed (none for raw
         prompts or when the cache holds nothing it continues)."""
-        if self.raw or not getattr(self.tokenizer, "chat_template", None):
-            return 0
+        if self.raw or not getattr(self.tokenizer, "chat_template", None) or self.drafter.needs.features:
+            return 0  # (a drafter that reads the prompt's features has every prompt computed whole)
         tokens = next_turn_ids(self.tokenizer, with_system(conversation, self.system))
         return self.engine.compute_ahead(self.prompt_cache, tokens, prompt_tokens, AHEAD_MOST)
 

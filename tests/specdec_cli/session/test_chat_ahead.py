@@ -34,3 +34,27 @@ def test_a_chat_computes_ahead_between_turns_and_answers_the_same(real_target):
         assert turn.prompt_tokens - len(opening) < 12
         assert ahead.compute_ahead(ahead.history, turn.prompt_tokens) > 0
         cold.prompt_cache.clear()  # (the cold session computes every prompt whole)
+
+
+def test_nothing_is_computed_ahead_for_a_drafter_that_reads_the_prompts_features(real_target):
+    """A head reads every prompt's features, so the engine computes its prompts whole: entries computed ahead
+    would never be read."""
+    from specdec_cli.decoding.draft import Draft, Needs
+
+    class ReadsFeatures:
+        name, needs = "reads", Needs(features=True)
+
+        def propose(self, context, budget):
+            return Draft.empty("reads")
+
+        def observe(self, event):
+            pass
+
+        def reset(self):
+            pass
+
+    session = _session(real_target("float32", "auto"))
+    session.drafter = ReadsFeatures()
+    assert session.warm_up() == 0 and not session.prompt_cache.held
+    turn = session.ask("Name three colours.")
+    assert session.compute_ahead(session.history, turn.prompt_tokens) == 0
