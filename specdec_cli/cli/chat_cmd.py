@@ -45,14 +45,12 @@ def chat_settings(*, drafter: str, system: Optional[str], remember: bool, stop: 
 
 def load_session(settings):
     """Load the model under a spinner and start the session."""
-    from ..heap import settle_heap
     from ..session.chat import open_session
 
     status = err_console().status("Loading model…")
     with status, doing("loading the model", cache_kept_since()):
         session, loaded = open_session(settings, on_status=lambda message: status.update(message))
     say_loaded(loaded)
-    settle_heap()  # (what loading left alive, out of the collections that would pause answers)
     return session, loaded
 
 
@@ -102,6 +100,9 @@ def chat(
     session, loaded = load_session(settings)
     plain = plain or not sys.stdout.isatty()
     if text is None:
+        from ..heap import settle_heap
+
+        settle_heap()  # a conversation runs on: what loading left alive, out of the collections that would pause it
         repl = Repl(session, console(), err_console(), plain, show_rejected, settings_lines(session, loaded))
         raise typer.Exit(repl.run())
     if compare:

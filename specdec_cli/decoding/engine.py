@@ -223,7 +223,7 @@ class Engine:
         differently) or keeps one cache of its own."""
         if not self.forward.rows or self.forward.static_cache:
             return 0
-        upto = min(len(tokens), len(tokens) if self.context is None else self.context - 1)
+        upto = len(tokens) if self.context is None else min(len(tokens), self.context - 1)
         found = prompt_cache.continued_by(tokens[:upto], at_least)
         if found is None:
             return 0

@@ -343,7 +343,7 @@ class DraftPlanner:
         self._granted = self._probing = None
         if budget <= 0 or self._curve is None:
             return budget
-        if self.rates.losing(source, self.rates.plain_step_seconds(self.curve(1))):
+        if self._losing(source):
             if self.rates.hold_back(source):
                 return 0
             self._probing = source  # (`plan` verifies the probe as it would any draft)
@@ -405,10 +405,13 @@ class DraftPlanner:
         if self._probing == source:  # a probe `draft_budget` asked for: not held back twice
             self._probing = None
             return keep
-        plain_seconds = self.rates.plain_step_seconds(self.curve(1))
-        if keep and self.rates.losing(source, plain_seconds) and self.rates.hold_back(source):
+        if keep and self._losing(source) and self.rates.hold_back(source):
             return 0
         return keep
+
+    def _losing(self, source: str) -> bool:
+        """Whether the source's verified steps run measurably slower than this session's plain steps."""
+        return self.rates.losing(source, self.rates.plain_step_seconds(self.curve(1)))
 
     def _max_rows(self, budget: int) -> int:
         """The largest forward a step may use: the budget's rows, or the next known row count above them."""

@@ -184,14 +184,21 @@ class ChatSession:
         """An answer begun with `start_in` that ended: its Generation (the caller remembers it: `remember`)."""
         return batch.close(run)
 
+    @property
+    def _computes_ahead(self) -> bool:
+        """Whether prompts' openings are worth computing ahead: a chat template writes them, and the drafter reads
+        no prompt's features (for one that does, the engine computes every prompt whole)."""
+        return not self.raw and bool(getattr(self.tokenizer, "chat_template", None)) and \
+            not self.drafter.needs.features
+
     def warm_up(self) -> int:
         """What every conversation begins with (the system message and a user turn's opening, as the template
         writes them) computed into the prompt cache, one token chosen after it and dropped: a server's first
         request then computes only its own words, and the forward's first calls (their buffers, the kernels'
         first touch of the weights) are behind it, as llama-server warms up. No drafter sees it. How many tokens
         (none for raw prompts)."""
-        if self.raw or not getattr(self.tokenizer, "chat_template", None) or self.drafter.needs.features:
-            return 0  # (a drafter that reads the prompt's features has every prompt computed whole)
+        if not self._computes_ahead:
+            return 0
         tokens = next_turn_ids(self.tokenizer, with_system([], self.system))
         if len(tokens) < 2:
             return 0
@@ -206,8 +213,8 @@ class ChatSession:
         prompt computes only what the user writes and what follows it. The same entries the next prompt would
         compute (Engine.compute_ahead): its answer is the same. How many tokens were computed (none for raw
         prompts or when the cache holds nothing it continues)."""
-        if self.raw or not getattr(self.tokenizer, "chat_template", None) or self.drafter.needs.features:
-            return 0  # (a drafter that reads the prompt's features has every prompt computed whole)
+        if not self._computes_ahead:
+            return 0
         tokens = next_turn_ids(self.tokenizer, with_system(conversation, self.system))
         return self.engine.compute_ahead(self.prompt_cache, tokens, prompt_tokens, AHEAD_MOST)
 
