@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 REPO = Path(__file__).resolve().parent.parent
-SHAPES_8B = [("attn_q", "Q4_K", 4096, 4096), ("attn_v", "Q6_K", 1024, 4096), ("ffn_gate", "Q4_K", 14336, 4096),
-             ("ffn_down", "Q6_K", 4096, 14336)]
+SHAPES_8B = [("attn_q|k", "Q4_K", 5120, 4096), ("attn_v", "Q6_K", 1024, 4096), ("attn_output", "Q4_K", 4096, 4096),
+             ("ffn_gate|up", "Q4_K", 28672, 4096), ("ffn_down", "Q6_K", 4096, 14336)]  # a layer, as the engine fuses it
 SHAPES_DRY = [("tiny_q4_k", "Q4_K", 96, 512), ("tiny_q6_k", "Q6_K", 64, 256)]
-TILES = "16x64,16x128,32x64,32x128"
+TILES = "16x64,16x128,16x256,32x64,32x128,16x128x4,16x128x8,32x128x8"  # NxK (unsplit) or NxKxS (S spans)
 ROWS = 16
 
 
@@ -89,7 +89,8 @@ def measure(shapes: list, tiles: list[str], device_name: str, repeats: int) -> l
             gemm = PackedGemm(matrix)
             seconds = timed(gemm, (x,), device, repeats)
             difference = float((gemm(x) - want).abs().max() / want.abs().max())
-            row["tiles"][tile] = {"us": round(seconds * 1e6, 1), "gb_s": round(matrix.nbytes / seconds / 1e9, 1),
+            row["tiles"][tile] = {"tiling": list(gemm.tiling), "us": round(seconds * 1e6, 1),
+                                  "gb_s": round(matrix.nbytes / seconds / 1e9, 1),
                                   "over_dense": round(dense_seconds / seconds, 3),
                                   "max_relative_difference": difference}
         os.environ.pop(TILES_VARIABLE, None)
@@ -98,6 +99,12 @@ def measure(shapes: list, tiles: list[str], device_name: str, repeats: int) -> l
         print(json.dumps({key: value for key, value in row.items() if key != "tiles"}), flush=True)
         del matrix
     return results
+
+
+def fastest(results: list[dict]) -> Optional[str]:
+    """The setting whose matrices took the least time together (the 8B's layer, each matrix once)."""
+    settings = set.intersection(*(set(row["tiles"]) for row in results)) if results else set()
+    return min(settings, key=lambda tile: sum(row["tiles"][tile]["us"] for row in results), default=None)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -120,7 +127,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     results = measure(SHAPES_DRY if args.dry_run else SHAPES_8B, tiles, device,
                       args.repeats or (2 if args.dry_run else 20))
     document = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (Triton's interpreter)",
-                "torch": torch.__version__, "rows": ROWS, "results": results}
+                "torch": torch.__version__, "rows": ROWS, "results": results, "fastest": fastest(results)}
     text = json.dumps(document, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n", encoding="utf-8")

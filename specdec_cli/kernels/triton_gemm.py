@@ -1,13 +1,17 @@
 """The device engine's GEMM at the file's bits: rows [ROWS, k] times a PackedMatrix [n, k] (triton_layout.py), in
 Triton, without a dequantised copy of the weights.
 
-One program computes ROWS x BLOCK_N outputs: it walks k in tiles of BLOCK_K, decodes the tile's weights
-[BLOCK_N, BLOCK_K] from the packed codes (whole bytes along k) and a scale per sub-block in registers (each weight
-as triton_layout.py's formulas, in float32, then in the rows' dtype), and accumulates `tl.dot(rows, weights.T)` in
-float32, tile after tile in k order.
-So a row's result depends on its own inputs, the weights, and the fixed shapes (ROWS, BLOCK_N, BLOCK_K) alone:
-never on the other rows, which the engine's padded steps need (docs/algorithms.md section 12). The tiles are
-fixed per matrix by `tiles` (k and the device type), never by how many rows are real.
+One program computes ROWS x BLOCK_N outputs over one k-span (the whole of k, or a 1/SPLIT of it): it walks the
+span in tiles of BLOCK_K, decodes the tile's weights [BLOCK_N, BLOCK_K] from the packed codes (whole bytes along k)
+and a scale per sub-block in registers (each weight as triton_layout.py's formulas, in float32, then in the rows'
+dtype), and accumulates `tl.dot(rows, weights.T)` in float32, tile after tile in k order. Where SPLIT > 1, each
+span's partial sums go to their own slice of a [SPLIT, ROWS, n] buffer, summed in span order after the launch.
+So a row's result depends on its own inputs, the weights, and the fixed tiling (ROWS, BLOCK_N, BLOCK_K, SPLIT)
+alone: never on the other rows, which the engine's padded steps need (docs/algorithms.md section 12). The tiling
+is fixed per matrix by `tiling` (its row length, the device type and the setting), never by how many rows are real.
+
+Measured on an H200 (docs/gpu.md, 2026-11-30), this kernel reads 50-260 GB/s where torch's bfloat16 GEMM reads
+1-2 TB/s: the device engine holds a GGUF's matrices here only when asked (SPECDEC_DEVICE_PACKED=1), for memory.
 
 `PackedGemm(matrix)(rows)` returns float32 [ROWS, n] through one torch operator (`specdec::packed_gemm`), which
 torch.compile keeps whole inside a compiled layer and a CUDA graph captures like any kernel; a fused q|k|v whose
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any
+from typing import Any, NamedTuple, Optional
 
 import torch
 
@@ -28,9 +32,18 @@ from ..errors import SpecdecError
 from .packed import FORM_IQ4XS, FORM_K, FORM_LEGACY, FORM_Q6K, packed_kind
 from .triton_layout import PackedMatrix
 
-GPU_TILES = (16, 128)  # (BLOCK_N, BLOCK_K) on a GPU: narrow programs, so that a 4096-row matrix is 256 of them
+GPU_TILES = (16, 128)  # (BLOCK_N, BLOCK_K) on a GPU: the fastest of bench_packed.py's sweep on an H200, unsplit
 CPU_BLOCK_N = 512  # the interpreter pays per program and per tile, not per element: few, wide programs
-TILES_VARIABLE = "SPECDEC_DEVICE_TILES"  # "16x128": a GPU's tiles, for benchmarks/bench_packed.py's sweep
+TILES_VARIABLE = "SPECDEC_DEVICE_TILES"  # "16x128", or "32x128x4" (k cut in 4 spans): bench_packed.py's sweep
+
+
+class Tiling(NamedTuple):
+    """How a matrix's product is cut: BLOCK_N output columns and a k-span (k / split) per program, walked in tiles
+    of BLOCK_K."""
+
+    block_n: int
+    block_k: int
+    split: int
 
 
 def available() -> bool:
@@ -40,25 +53,32 @@ def available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def tiles(k: int, device_type: str) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K) for rows of length k on this device type: set by k (and SPECDEC_DEVICE_TILES on a GPU)
-    alone, never by the rows. BLOCK_K is halved until it divides k (32 always does)."""
-    if device_type == "cpu":
-        block_n, block_k = CPU_BLOCK_N, 256
+def _setting() -> Optional[tuple[int, int, int]]:
+    setting = os.environ.get(TILES_VARIABLE, "").strip()
+    if not setting:
+        return None
+    parts = setting.lower().split("x")
+    sizes = [int(part) for part in parts if part.isdecimal()]
+    if len(parts) not in (2, 3) or len(sizes) != len(parts) or any(size < 1 or size & (size - 1) for size in sizes) \
+            or sizes[0] < 16 or sizes[1] < 32:
+        raise SpecdecError(f"{TILES_VARIABLE} must be powers of two as NxK or NxKxSPLIT (N >= 16, K >= 32), e.g. "
+                           f"32x128; got {setting!r}")
+    return sizes[0], sizes[1], sizes[2] if len(sizes) == 3 else 1
+
+
+def tiling(k: int, device: torch.device) -> Tiling:
+    """The tiling of a matrix of rows of length k on this device: set by k, the device type (and
+    SPECDEC_DEVICE_TILES on a GPU) alone, never by the rows. BLOCK_K is halved until it divides k (32 always does),
+    then the split until each span is a whole number of tiles; the interpreter never splits."""
+    if device.type == "cpu":
+        block_n, block_k, split = CPU_BLOCK_N, 256, 1
     else:
-        block_n, block_k = GPU_TILES
-        setting = os.environ.get(TILES_VARIABLE, "").strip()
-        if setting:
-            parts = setting.lower().split("x")
-            sizes = [int(part) for part in parts if part.isdecimal()]
-            if len(parts) != 2 or len(sizes) != 2 or any(size < 16 or size & (size - 1) for size in sizes) or \
-                    sizes[1] < 32:
-                raise SpecdecError(f"{TILES_VARIABLE} must be two powers of two as NxK (N >= 16, K >= 32), e.g. "
-                                   f"16x128; got {setting!r}")
-            block_n, block_k = sizes
+        block_n, block_k, split = _setting() or (*GPU_TILES, 1)
     while k % block_k:
         block_k //= 2
-    return block_n, block_k
+    while k % (split * block_k):
+        split //= 2
+    return Tiling(block_n, block_k, split)
 
 
 @functools.cache
@@ -77,7 +97,7 @@ def _kernel(interpret: bool) -> Any:
 
     @triton.jit
     def packed_matmul(x_ptr, out_ptr, codes_ptr, plane_ptr, d_ptr, m_ptr, scales_ptr, minimums_ptr, table_ptr,
-                      n, k, x_stride, out_stride,
+                      n, k, span, x_stride, out_stride,
                       ROWS: tl.constexpr, BITS: tl.constexpr, ZERO: tl.constexpr, SUB: tl.constexpr,
                       SUPER: tl.constexpr, FORM: tl.constexpr, OFFSETS: tl.constexpr, TABLE: tl.constexpr,
                       IEEE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -87,7 +107,8 @@ def _kernel(interpret: bool) -> Any:
         column = tl.where(kept, columns, 0).to(tl.int64)[:, None]  # [BLOCK_N, 1] (past n: row 0, never stored)
         rows = tl.arange(0, ROWS)
         acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
-        for first in range(0, k, BLOCK_K):
+        begin = tl.program_id(1) * span  # this program's k-span
+        for first in range(begin, begin + span, BLOCK_K):
             x = tl.load(x_ptr + rows[:, None] * x_stride + first + tl.arange(0, BLOCK_K)[None, :])  # [ROWS, BLOCK_K]
             # the codes [BLOCK_N, BLOCK_K], read as whole bytes along k
             if BITS == 8:
@@ -129,7 +150,8 @@ def _kernel(interpret: bool) -> Any:
                 acc += tl.dot(x, tile, input_precision="ieee")
             else:
                 acc += tl.dot(x, tile)
-        tl.store(out_ptr + rows[:, None] * out_stride + columns[None, :], acc, mask=kept[None, :])
+        out = out_ptr + tl.program_id(1) * ROWS * out_stride + rows[:, None] * out_stride + columns[None, :]
+        tl.store(out, acc, mask=kept[None, :])  # this span's partial sums: [ROWS, BLOCK_N] of [SPLIT * ROWS, n]
 
     return packed_matmul
 
@@ -140,33 +162,36 @@ assert (FORM_LEGACY, FORM_K, FORM_Q6K, FORM_IQ4XS) == (1, 2, 3, 4)  # the kernel
 @torch.library.custom_op("specdec::packed_gemm", mutates_args=())
 def packed_gemm(rows: torch.Tensor, codes: torch.Tensor, plane: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
                 scales: torch.Tensor, minimums: torch.Tensor, table: torch.Tensor, kind: int, block_n: int,
-                block_k: int) -> torch.Tensor:
-    """rows [R, k] @ the packed matrix's weights.T -> float32 [R, n] (n = d's rows): the kernel's launch as one
-    torch operator, so that torch.compile keeps it whole in a compiled layer (it does not trace a launch)."""
+                block_k: int, split: int) -> torch.Tensor:
+    """rows [R, k] @ the packed matrix's weights.T -> float32 [R, n] (n = d's rows): the kernel's launch (and the
+    spans' sum) as one torch operator, so that torch.compile keeps it whole in a compiled layer (it does not trace
+    a launch)."""
     info = packed_kind(kind)
-    n, k = d.shape[0], rows.shape[1]
-    out = torch.empty(rows.shape[0], n, dtype=torch.float32, device=rows.device)
-    _kernel(rows.device.type == "cpu")[(-(-n // block_n),)](
-        rows, out, codes, plane, d, m, scales, minimums, table, n, k, rows.stride(0), out.stride(0),
-        ROWS=rows.shape[0], BITS=info.bits, ZERO=info.zero, SUB=info.sub, SUPER=info.super_block, FORM=info.form,
+    n, k, count = d.shape[0], rows.shape[1], rows.shape[0]
+    out = torch.empty(split * count, n, dtype=torch.float32, device=rows.device)  # [SPLIT * R, n]
+    _kernel(rows.device.type == "cpu")[(-(-n // block_n), split)](
+        rows, out, codes, plane, d, m, scales, minimums, table, n, k, k // split, rows.stride(0), out.stride(0),
+        ROWS=count, BITS=info.bits, ZERO=info.zero, SUB=info.sub, SUPER=info.super_block, FORM=info.form,
         OFFSETS=info.offsets, TABLE=info.table, IEEE=rows.dtype == torch.float32, BLOCK_N=block_n, BLOCK_K=block_k)
-    return out
+    return out if split == 1 else out.view(split, count, n).sum(0)  # the spans in order: [R, n]
 
 
 @packed_gemm.register_fake
 def _(rows: torch.Tensor, codes: torch.Tensor, plane: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
       scales: torch.Tensor, minimums: torch.Tensor, table: torch.Tensor, kind: int, block_n: int,
-      block_k: int) -> torch.Tensor:
+      block_k: int, split: int) -> torch.Tensor:
     return rows.new_empty(rows.shape[0], d.shape[0], dtype=torch.float32)
 
 
 class PackedGemm:
     """rows [R, k] @ a PackedMatrix's weights.T -> float32 [R, n], R a power of two of at least 16 (the engine's
-    padded rows). The tiles are chosen once, here (and the kernel made), never per call."""
+    padded rows). The tiling is chosen once, here (and the kernel made), never per call; `cut` sets it (tests)."""
 
-    def __init__(self, matrix: PackedMatrix):
+    def __init__(self, matrix: PackedMatrix, cut: Optional[Tiling] = None):
         self.matrix = matrix
-        self.block_n, self.block_k = tiles(matrix.k, matrix.codes.device.type)
+        self.tiling = cut or tiling(matrix.k, matrix.codes.device)
+        if matrix.k % (self.tiling.split * self.tiling.block_k) or self.tiling.block_k % packed_kind(matrix.kind).sub:
+            raise ValueError(f"packed matmul: {self.tiling} does not cut rows of {matrix.k}")
         _kernel(matrix.codes.device.type == "cpu")  # made now: Triton is imported before any step
 
     @property
@@ -179,4 +204,4 @@ class PackedGemm:
             raise ValueError(f"packed matmul: rows {tuple(rows.shape)} do not fit a [{matrix.n}, {matrix.k}] matrix "
                              "at a row-major power-of-two row count of at least 16")
         return packed_gemm(rows, matrix.codes, matrix.plane, matrix.d, matrix.m, matrix.scales, matrix.minimums,
-                           matrix.table, matrix.kind, self.block_n, self.block_k)
+                           matrix.table, matrix.kind, *self.tiling)

@@ -3,12 +3,13 @@
 A block layer (quant.BlockLinear: a GGUF's blocks repacked for specdec's kernels, or blocks made on load) goes to
 the device in one of two ways, chosen once per loaded target (`packed_wanted`):
 
-- **at the file's bits** (on cuda where Triton is installed, `SPECDEC_DEVICE_PACKED=1` anywhere): a layer of a
+- **at the file's bits** (with `SPECDEC_DEVICE_PACKED=1`, where Triton is installed): a layer of a
   GGUF type the packed kernel takes (kernels.triton_layout.takes) is held as a PackedMatrix, built on the device a chunk
   of CHUNK_ROWS output rows at a time, and multiplied by kernels/triton_gemm.py: a token reads the file's 4.5 bits a
   weight of a Q4_K matrix, not 16;
-- **dense**: its packed records are moved a chunk at a time and dequantised there (kernels.records.unpack_records
-  and dequantize are torch code, so they run wherever the records are) into the compute dtype.
+- **dense** (the default: faster on a GPU today, docs/gpu.md): its packed records are moved a chunk at a time and
+  dequantised there (kernels.records.unpack_records and dequantize are torch code, so they run wherever the records
+  are) into the compute dtype.
 
 Host memory never holds more than one chunk's records beyond the mapped file, and never a float32 copy of the
 model. A transformers linear layer is moved (and cast) as it is. The projections that read the same input are one
@@ -53,13 +54,10 @@ def packed_setting() -> str:
 
 
 def packed_wanted(device: torch.device) -> bool:
-    """Weights at the file's bits on cuda (compute capability 8.0 on: bfloat16 on the tensor cores, what the
-    kernel's compilation is tested for) where Triton is installed, unless SPECDEC_DEVICE_PACKED=0; elsewhere only
-    with SPECDEC_DEVICE_PACKED=1 (a CPU runs the kernel in Triton's interpreter: for tests)."""
-    setting = packed_setting()
-    if setting:
-        return setting == "1"
-    return device.type == "cuda" and triton_gemm.available() and torch.cuda.get_device_capability(device) >= (8, 0)
+    """Weights at the file's bits only with SPECDEC_DEVICE_PACKED=1 (a third of the memory; a CPU runs the kernel in
+    Triton's interpreter: for tests). By default they are dequantised: on an H200 the packed kernel ran an 8B's
+    plain decoding at 0.37x the dense GEMM's (docs/gpu.md, 2026-11-30)."""
+    return packed_setting() == "1"
 
 
 def _norm(norm: Any, offset: bool, device: torch.device) -> tuple[torch.Tensor, float]:
