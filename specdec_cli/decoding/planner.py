@@ -19,12 +19,12 @@ section 7, has measured curves). Hence:
 - `ConfidenceCalibration` is for drafts that carry their own per-node estimates (`Draft.confidence`: a merged
   tree's, drafters/merge.py): per source, the decayed ratio of accepted tokens to what the estimates promised,
   which scales them before planning (`choose_prefix`: the prefix with the best expected tokens per second).
-- `SourceRates` is the safety net: per source, the realised tokens per second of the steps that verified its
-  drafts against plain decoding's 1 / t(1); a source that loses is benched (probed now and then).
-- `DraftPlanner` puts them together for the engine (and for benchmarks/replay_drafters.py). For a drafter whose
-  drafts have a fixed planning key (a draft model, a feature head: no match length) it decides before drafting
-  (`draft_budget`), so that drafting which would be trimmed away is never done: the one place where drafting
-  stops when it does not pay (drafters do not back off on their own).
+- `SourceRates` is the safety net: per source, the realised tokens per second of its steps (those that verified
+  its drafts; a lone head's whose draft was trimmed away too) against plain decoding's 1 / t(1); a source that
+  loses is benched (probed now and then).
+- `DraftPlanner` puts them together for the engine (and benchmarks/replay_drafters.py). For drafts with a fixed
+  planning key (a draft model, a feature head: no match length) it decides before drafting (`draft_budget`): the
+  one place where drafting stops when it does not pay (drafters do not back off on their own).
 
 Nothing here touches the accept/reject rule: planning changes what is verified, never what is committed.
 This module does not run the model or time anything itself: the engine reports each step's seconds.
@@ -305,6 +305,7 @@ class DraftPlanner:
         self.steps = 0  # drafting steps planned
         self._granted: Optional[tuple[str, int]] = None  # (source, nodes): this step's decision before drafting
         self._probing: Optional[str] = None  # a benched source asked to draft this step, as a probe
+        self._asked: Optional[str] = None  # a lone head asked this step: its forward is charged to its speed
 
     @property
     def curve(self) -> CostCurve:
@@ -337,10 +338,9 @@ class DraftPlanner:
         now and then a probe, as `plan` verifies one). `plan` then keeps that decision for the draft. A drafter
         without such a record (a hybrid's drafts name other sources; a retrieval draft has a match length) is
         asked for `budget` and planned after drafting. A source whose steps run slower than plain decoding
-        (`_unless_benched`) is not asked at all, but for a probe now and then, nor is a lone head whose accepted
-        tokens do not pay for its forwards (ask_gate.py). This is the one place that stops drafting when it does
-        not pay: drafters draft what they are asked for."""
-        self._granted = self._probing = None
+        (`_unless_benched`) is not asked, but for a probe now and then, nor is a lone head whose accepted tokens
+        do not pay for its forwards (ask_gate.py)."""
+        self._granted = self._probing = self._asked = None
         if budget <= 0 or self._curve is None:
             return budget
         if self._losing(source):
@@ -349,6 +349,7 @@ class DraftPlanner:
             self._probing = source  # (`plan` verifies the probe as it would any draft)
         if self.curve.learn and source in self.calibration.totals and not self.gates.ask(source):
             return 0  # a head's forwards not worth their time (a fixed curve, tests' and replays', times nothing)
+        self._asked = source if source in self.calibration.totals else None
         chain = (source, 0) in self.acceptance.drafted
         tree = any(key[0] == source for key in self.acceptance.tree_stats)
         if not (chain or tree):
@@ -438,8 +439,11 @@ class DraftPlanner:
         curve = self._curve
         curve.observe(rows, verify_seconds)
         self.gates.stepped(draft.source, accepted, committed, verify_seconds)
-        if not len(draft):
-            if rows == 1:
+        asked, self._asked = self._asked, None
+        if not len(draft):  # a head asked whose draft was trimmed away spent its forward: a step of its, not plain
+            if asked is not None and curve.learn:  # (a fixed curve times nothing)
+                self.rates.record(asked, committed, verify_seconds + draft_seconds)
+            elif rows == 1:
                 self.rates.record_plain(verify_seconds if curve.learn else curve(1))
             return
         self.learn(draft, accepted)
