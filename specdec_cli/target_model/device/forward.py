@@ -113,7 +113,7 @@ class DeviceForward:
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.family = describe(model)
         self.weights = DeviceWeights.load(model, self.family, self.device, self.dtype,
-                                          packed_wanted(self.device) if packed is None else packed)
+                                          packed_wanted(self.device, model, self.dtype) if packed is None else packed)
         count = context_slots(model, self.device, slots)
         self.static = StaticCache(len(self.family.layers), self.family.kv_heads, count, self.family.head_dim,
                                   self.dtype, self.device, ROWS)

@@ -53,11 +53,31 @@ def packed_setting() -> str:
     return setting
 
 
-def packed_wanted(device: torch.device) -> bool:
-    """Weights at the file's bits only with SPECDEC_DEVICE_PACKED=1 (a third of the memory; a CPU runs the kernel in
-    Triton's interpreter: for tests). By default they are dequantised: on an H200 the packed kernel ran an 8B's
-    plain decoding at 0.37x the dense GEMM's (docs/gpu.md, 2026-11-30)."""
-    return packed_setting() == "1"
+DENSE_FITS = 0.8  # dense weights are the default on a GPU whose free memory holds them within this share
+
+
+def packed_wanted(device: torch.device, model: Any = None, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Weights at the file's bits with SPECDEC_DEVICE_PACKED=1 (a third of the memory; a CPU runs the kernel in
+    Triton's interpreter: for tests), dequantised with 0. Unset: dequantised, which ran an 8B's plain decoding 2.7x
+    faster on an H200 (docs/gpu.md, 2026-11-30), unless on cuda the model's block matrices dequantised to `dtype`
+    would take more than DENSE_FITS of the GPU's free memory and the kernel can run there (Triton, compute
+    capability 8.0 on): then at the file's bits, so that the model loads at all."""
+    setting = packed_setting()
+    if setting or device.type != "cuda" or model is None:
+        return setting == "1"
+    if not triton_gemm.available() or torch.cuda.get_device_capability(device) < (8, 0):
+        return False
+    free, _ = torch.cuda.mem_get_info(device)
+    return dense_bytes(model, dtype) > DENSE_FITS * free
+
+
+def dense_bytes(model: Any, dtype: torch.dtype) -> int:
+    """Bytes the model's block matrices of a type the packed kernel takes would take dequantised to `dtype`."""
+    from ..native.quant import BlockLinear
+
+    size = torch.empty(0, dtype=dtype).element_size()
+    return sum(int(layer.out_features) * int(layer.in_features) * size for layer in model.modules()
+               if isinstance(layer, BlockLinear) and takes(layer.kind, int(layer.in_features)))
 
 
 def _norm(norm: Any, offset: bool, device: torch.device) -> tuple[torch.Tensor, float]:

@@ -154,6 +154,32 @@ def test_packed_weights_are_chosen_by_the_setting_alone(monkeypatch):
     assert not packed_wanted(torch.device("cuda"))  # (no Triton: dense)
 
 
+def test_a_model_whose_dense_weights_would_not_fit_the_gpu_stays_at_its_bits(monkeypatch):
+    """Unset, the setting leaves a model dequantised where the GPU's free memory holds it, and at the file's bits
+    where it would not (and the kernel can run there): the model loads at all."""
+    from specdec_cli.kernels import triton_gemm
+    from specdec_cli.target_model.device.weights import DENSE_FITS, dense_bytes
+
+    monkeypatch.delenv("SPECDEC_DEVICE_PACKED", raising=False)
+    model = _packed_model()
+    needed = dense_bytes(model, torch.bfloat16)  # every matrix of MIX's types, as bfloat16
+    assert needed == 2 * sum(module.weight.numel() if hasattr(module, "weight") else
+                             int(module.out_features) * int(module.in_features) for name, module in
+                             model.named_modules() if name.rpartition(".")[2] in MIX)
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(triton_gemm, "available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    for free, at_bits in ((needed * 2, False), (int(needed / DENSE_FITS) + 1, False), (needed, True)):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None, free=free: (free, 10 * needed))
+        assert packed_wanted(cuda, model) is at_bits, free
+        assert not packed_wanted(torch.device("cpu"), model)  # (a CPU: only when asked)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))  # no bfloat16 tl.dot
+    assert not packed_wanted(cuda, model)
+    monkeypatch.setenv("SPECDEC_DEVICE_PACKED", "0")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert not packed_wanted(cuda, model)  # asked for dense: dense (and out of memory, said as such)
+
+
 # a Q4_K_M file's mix and the rest: (type, layer) for a llama of hidden 256, FFN 512
 MIX = {"q_proj": "Q4_K", "k_proj": "Q4_K", "v_proj": "Q6_K", "o_proj": "Q4_0", "gate_proj": "IQ4_XS",
        "up_proj": "Q5_1", "down_proj": "Q8_0", "lm_head": "Q6_K"}
