@@ -20,8 +20,8 @@ section 7, has measured curves). Hence:
   tree's, drafters/merge.py): per source, the decayed ratio of accepted tokens to what the estimates promised,
   which scales them before planning (`choose_prefix`: the prefix with the best expected tokens per second).
 - `SourceRates` is the safety net: per source, the realised tokens per second of its steps (those that verified
-  its drafts; a lone head's whose draft was trimmed away too) against plain decoding's 1 / t(1); a source that
-  loses is benched (probed now and then).
+  its drafts, and those whose drafting was trimmed away) against plain decoding's 1 / t(1); a source that loses
+  is benched (probed now and then).
 - `DraftPlanner` puts them together for the engine (and benchmarks/replay_drafters.py). For drafts with a fixed
   planning key (a draft model, a feature head: no match length) it decides before drafting (`draft_budget`): the
   one place where drafting stops when it does not pay (drafters do not back off on their own).
@@ -305,7 +305,7 @@ class DraftPlanner:
         self.steps = 0  # drafting steps planned
         self._granted: Optional[tuple[str, int]] = None  # (source, nodes): this step's decision before drafting
         self._probing: Optional[str] = None  # a benched source asked to draft this step, as a probe
-        self._asked: Optional[str] = None  # a lone head asked this step: its forward is charged to its speed
+        self._asked: Optional[str] = None  # a source that drafted this step: its drafting counts against it
 
     @property
     def curve(self) -> CostCurve:
@@ -330,6 +330,7 @@ class DraftPlanner:
     def observe_drafting(self, source: str, drafted: int, seconds: float) -> None:
         self.draft_costs.observe(source, drafted, seconds)
         self.gates.timed(source, seconds)
+        self._asked = source if drafted and source in self.rates.tokens else None  # (its steps' speed is known)
 
     def draft_budget(self, source: str, budget: int) -> int:
         """Before drafting: how many tokens (nodes) to ask of a drafter whose drafts come from `source` with no
@@ -349,7 +350,6 @@ class DraftPlanner:
             self._probing = source  # (`plan` verifies the probe as it would any draft)
         if self.curve.learn and source in self.calibration.totals and not self.gates.ask(source):
             return 0  # a head's forwards not worth their time (a fixed curve, tests' and replays', times nothing)
-        self._asked = source if source in self.calibration.totals else None
         chain = (source, 0) in self.acceptance.drafted
         tree = any(key[0] == source for key in self.acceptance.tree_stats)
         if not (chain or tree):
@@ -440,7 +440,7 @@ class DraftPlanner:
         curve.observe(rows, verify_seconds)
         self.gates.stepped(draft.source, accepted, committed, verify_seconds)
         asked, self._asked = self._asked, None
-        if not len(draft):  # a head asked whose draft was trimmed away spent its forward: a step of its, not plain
+        if not len(draft):  # a source whose whole draft was trimmed away spent its drafting: a step of its, not plain
             if asked is not None and curve.learn:  # (a fixed curve times nothing)
                 self.rates.record(asked, committed, verify_seconds + draft_seconds)
             elif rows == 1:
