@@ -19,12 +19,12 @@ section 7, has measured curves). Hence:
 - `ConfidenceCalibration` is for drafts that carry their own per-node estimates (`Draft.confidence`: a merged
   tree's, drafters/merge.py): per source, the decayed ratio of accepted tokens to what the estimates promised,
   which scales them before planning (`choose_prefix`: the prefix with the best expected tokens per second).
-- `SourceRates` is the safety net: per source, the realised tokens per second of its steps (those that verified
-  its drafts, and those whose drafting was trimmed away) against plain decoding's 1 / t(1); a source that loses
-  is benched (probed now and then).
-- `DraftPlanner` puts them together for the engine (and benchmarks/replay_drafters.py). For drafts with a fixed
-  planning key (a draft model, a feature head: no match length) it decides before drafting (`draft_budget`): the
-  one place where drafting stops when it does not pay (drafters do not back off on their own).
+- `SourceRates` is the safety net: per source, the realised tokens per second of the steps that verified its
+  drafts against plain decoding's 1 / t(1); a source that loses is benched (probed now and then).
+- `DraftPlanner` puts them together for the engine (and for benchmarks/replay_drafters.py). For a drafter whose
+  drafts have a fixed planning key (a draft model, a feature head: no match length) it decides before drafting
+  (`draft_budget`), so that drafting which would be trimmed away is never done: the one place where drafting
+  stops when it does not pay (drafters do not back off on their own).
 
 Nothing here touches the accept/reject rule: planning changes what is verified, never what is committed.
 This module does not run the model or time anything itself: the engine reports each step's seconds.
@@ -305,7 +305,6 @@ class DraftPlanner:
         self.steps = 0  # drafting steps planned
         self._granted: Optional[tuple[str, int]] = None  # (source, nodes): this step's decision before drafting
         self._probing: Optional[str] = None  # a benched source asked to draft this step, as a probe
-        self._asked: Optional[str] = None  # a source that drafted this step: its drafting counts against it
 
     @property
     def curve(self) -> CostCurve:
@@ -330,7 +329,6 @@ class DraftPlanner:
     def observe_drafting(self, source: str, drafted: int, seconds: float) -> None:
         self.draft_costs.observe(source, drafted, seconds)
         self.gates.timed(source, seconds)
-        self._asked = source if drafted and source in self.rates.tokens else None  # (its steps' speed is known)
 
     def draft_budget(self, source: str, budget: int) -> int:
         """Before drafting: how many tokens (nodes) to ask of a drafter whose drafts come from `source` with no
@@ -339,9 +337,10 @@ class DraftPlanner:
         now and then a probe, as `plan` verifies one). `plan` then keeps that decision for the draft. A drafter
         without such a record (a hybrid's drafts name other sources; a retrieval draft has a match length) is
         asked for `budget` and planned after drafting. A source whose steps run slower than plain decoding
-        (`_unless_benched`) is not asked, but for a probe now and then, nor is a lone head whose accepted tokens
-        do not pay for its forwards (ask_gate.py)."""
-        self._granted = self._probing = self._asked = None
+        (`_unless_benched`) is not asked at all, but for a probe now and then, nor is a lone head whose accepted
+        tokens do not pay for its forwards (ask_gate.py). This is the one place that stops drafting when it does
+        not pay: drafters draft what they are asked for."""
+        self._granted = self._probing = None
         if budget <= 0 or self._curve is None:
             return budget
         if self._losing(source):
@@ -439,11 +438,8 @@ class DraftPlanner:
         curve = self._curve
         curve.observe(rows, verify_seconds)
         self.gates.stepped(draft.source, accepted, committed, verify_seconds)
-        asked, self._asked = self._asked, None
-        if not len(draft):  # a source whose whole draft was trimmed away spent its drafting: a step of its, not plain
-            if asked is not None and curve.learn:  # (a fixed curve times nothing)
-                self.rates.record(asked, committed, verify_seconds + draft_seconds)
-            elif rows == 1:
+        if not len(draft):
+            if rows == 1:
                 self.rates.record_plain(verify_seconds if curve.learn else curve(1))
             return
         self.learn(draft, accepted)

@@ -333,35 +333,6 @@ def _head_steps(planner, steps: int, accepted: int, draft_seconds: float = 0.002
     return asked
 
 
-def test_drafting_trimmed_away_counts_against_its_sources_speed():
-    """A drafter that drafted spent its time (a head's forward) even where planning then trims the whole draft:
-    such a step is the source's (its seconds with the drafting), not a plain one, so a head that pays on the steps
-    it is verified but wastes its forwards on the rest is seen to lose, and benched."""
-    planner = DraftPlanner(CostCurve({1: 0.010, 2: 0.011, 4: 0.012, 8: 0.014}))
-    for _ in range(3):  # verified, fully accepted: the head's steps twice plain speed
-        budget = planner.draft_budget("eagle", 4)
-        planner.observe_drafting("eagle", budget, 0.003)
-        planner.plan(Draft([5] * budget, "eagle"), 4)
-        planner.record(Draft([5] * budget, "eagle"), budget, budget + 1, budget + 1, 0.012, 0.003)
-    for _ in range(3):  # plain steps, nothing drafted
-        planner.record(Draft.empty("eagle"), 0, 1, 1, 0.010, 0.0)
-    assert not planner._losing("eagle")
-    budgets = []
-    for _ in range(30):  # drafted, each draft trimmed away: one token a step for the step and the head's forward
-        budgets.append(planner.draft_budget("eagle", 4))
-        planner.observe_drafting("eagle", budgets[-1], 0.003 if budgets[-1] else 0.0)
-        planner.record(Draft.empty("eagle"), 0, 1, 1, 0.010, 0.003 if budgets[-1] else 0.0)
-    assert planner._losing("eagle")  # 1 token in 13 ms against plain's 10 ms
-    assert budgets[0] and not all(budgets[-10:])  # asked, then benched
-    asked = [planner.draft_budget("eagle", 4) for _ in range(2 * PROBE_EVERY)]
-    assert sum(1 for budget in asked if budget) <= 2  # benched: probed now and then
-    fresh = DraftPlanner(CostCurve({1: 0.010, 2: 0.011, 4: 0.012, 8: 0.014}))
-    for _ in range(30):  # a source never verified: its trimmed drafting is not yet a speed of its (plain steps)
-        fresh.observe_drafting("pld", 2, 0.0001)
-        fresh.record(Draft.empty("pld"), 0, 1, 1, 0.010, 0.0001)
-    assert "pld" not in fresh.rates.tokens and fresh.rates.plain_weight > 5
-
-
 def test_a_lone_head_is_asked_only_while_its_accepted_tokens_pay_for_its_forwards():
     """A head whose forwards cost a sixth of a step and whose drafts the target never follows is asked at first,
     then now and then; one whose first token is kept is asked every step (ask_gate.py)."""
