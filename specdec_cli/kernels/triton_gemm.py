@@ -10,7 +10,7 @@ So a row's result depends on its own inputs, the weights, and the fixed tiling (
 alone: never on the other rows, which the engine's padded steps need (docs/algorithms.md section 12). The tiling
 is fixed per matrix by `tiling` (its row length, the device type and the setting), never by how many rows are real.
 
-Measured on an H200 (docs/gpu.md, 2026-11-30), this kernel reads 50-260 GB/s where torch's bfloat16 GEMM reads
+Measured on an H200 (docs/gpu.md, 2026-11-30), this kernel reads 40-260 GB/s where torch's bfloat16 GEMM reads
 1-2 TB/s: the device engine holds a GGUF's matrices here only when asked (SPECDEC_DEVICE_PACKED=1), for memory.
 
 `PackedGemm(matrix)(rows)` returns float32 [ROWS, n] through one torch operator (`specdec::packed_gemm`), which
