@@ -347,7 +347,7 @@ class DraftPlanner:
             if self.rates.hold_back(source):
                 return 0
             self._probing = source  # (`plan` verifies the probe as it would any draft)
-        if self.curve.learn and source in self.rates.tokens and not self.gates.ask(source):
+        if self.curve.learn and source in self.calibration.totals and not self.gates.ask(source):
             return 0  # a head's forwards not worth their time (a fixed curve, tests' and replays', times nothing)
         chain = (source, 0) in self.acceptance.drafted
         tree = any(key[0] == source for key in self.acceptance.tree_stats)
