@@ -11,7 +11,8 @@ alone: never on the other rows, which the engine's padded steps need (docs/algor
 is fixed per matrix by `tiling` (its row length, the device type and the setting), never by how many rows are real.
 
 Measured on an H200 (docs/gpu.md, 2026-11-30), this kernel reads 40-260 GB/s where torch's bfloat16 GEMM reads
-1-2 TB/s: the device engine holds a GGUF's matrices here only when asked (SPECDEC_DEVICE_PACKED=1), for memory.
+1-2 TB/s: the device engine holds a GGUF's matrices here when asked (SPECDEC_DEVICE_PACKED=1) or where their
+dequantised copy would not fit the GPU (device/weights.py `packed_wanted`), for memory.
 
 `PackedGemm(matrix)(rows)` returns float32 [ROWS, n] through one torch operator (`specdec::packed_gemm`), which
 torch.compile keeps whole inside a compiled layer and a CUDA graph captures like any kernel; a fused q|k|v whose

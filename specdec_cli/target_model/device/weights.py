@@ -3,7 +3,8 @@
 A block layer (quant.BlockLinear: a GGUF's blocks repacked for specdec's kernels, or blocks made on load) goes to
 the device in one of two ways, chosen once per loaded target (`packed_wanted`):
 
-- **at the file's bits** (with `SPECDEC_DEVICE_PACKED=1`, where Triton is installed): a layer of a
+- **at the file's bits** (with `SPECDEC_DEVICE_PACKED=1`, or where the dequantised matrices would not fit the
+  GPU's free memory; Triton needed): a layer of a
   GGUF type the packed kernel takes (kernels.triton_layout.takes) is held as a PackedMatrix, built on the device a chunk
   of CHUNK_ROWS output rows at a time, and multiplied by kernels/triton_gemm.py: a token reads the file's 4.5 bits a
   weight of a Q4_K matrix, not 16;
