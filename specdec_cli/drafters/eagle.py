@@ -28,6 +28,8 @@ float32. This module never calls the engine and does not train heads.
 from __future__ import annotations
 
 import time
+import weakref
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from ..decoding.draft import Draft, Needs, StepEvent
@@ -162,10 +164,11 @@ class EagleDrafter:
     def __init__(self, head: Any, weights: TargetWeights, *, head_tokens: Optional[Sequence[int]] = None,
                  draft_max: Optional[int] = None, min_prob: float = 0.0, eos_token_ids: Sequence[int] = (),
                  tree_width: int = DEFAULT_TREE_WIDTH, feature_layers: Sequence[int] = (),
-                 expand_gain: float = EXPAND_GAIN) -> None:
+                 expand_gain: float = EXPAND_GAIN, ready: bool = False) -> None:
         """`head`: an EagleHead (eagle_head.py), or with `feature_layers` an EAGLE-3 head (eagle3_head.py: it reads
         those target layers' states through its `reduce`, and tokens through its own LM head); `weights`: the
-        target's embeddings and LM head (never trained); `expand_gain` 0 grows trees whatever a level costs."""
+        target's embeddings and LM head (never trained); `expand_gain` 0 grows trees whatever a level costs;
+        `ready`: the head is already another EagleDrafter's `head` on this target (shared, read only)."""
         import torch
 
         from .. import kernels
@@ -178,11 +181,11 @@ class EagleDrafter:
             from .eagle_head import head_on_blocks
 
             self.device, self.dtype = torch.device("cpu"), torch.float32
-            self.head = head_on_blocks(head.float()).eval()
+            self.head = head if ready else head_on_blocks(head.float()).eval()
         else:  # the target's dtype: a draft reads the head's weights once per forward, so bfloat16 halves it
             lm_head = weights.dense_lm_head()
             self.device, self.dtype = lm_head.device, lm_head.dtype
-            self.head = head.to(self.device, self.dtype).eval()
+            self.head = head if ready else head.to(self.device, self.dtype).eval()
         if self.feature_layers:  # its own LM head over its draft vocabulary
             from .eagle3_head import OwnVocabulary
 
@@ -395,7 +398,7 @@ def _head_dir(options: DrafterOptions) -> str:
 
 def make_eagle_drafter(options: DrafterOptions, target: TargetInfo, draft_max: Optional[int] = None) -> EagleDrafter:
     from .eagle3_head import is_eagle3_dir, load_eagle3
-    from .eagle_head import load_head
+    from .eagle_head import check_head, load_head
 
     head_dir = _head_dir(options)
     weights = check_target(target)
@@ -403,9 +406,37 @@ def make_eagle_drafter(options: DrafterOptions, target: TargetInfo, draft_max: O
         eagle3, layers = load_eagle3(head_dir, target)
         return EagleDrafter(eagle3, weights, draft_max=draft_max, min_prob=options.draft_min_prob or MIN_PROB,
                             eos_token_ids=target.eos_token_ids, feature_layers=layers)
-    head, meta = load_head(head_dir, target)
-    return EagleDrafter(head, weights, head_tokens=meta.get("head_tokens"), draft_max=draft_max,
-                        min_prob=options.draft_min_prob or MIN_PROB, eos_token_ids=target.eos_token_ids)
+    meta = check_head(head_dir, target)
+    shared = _shared_head(head_dir, weights)
+    drafter = EagleDrafter(shared or load_head(head_dir, target)[0], weights, head_tokens=meta.get("head_tokens"),
+                           draft_max=draft_max, min_prob=options.draft_min_prob or MIN_PROB,
+                           eos_token_ids=target.eos_token_ids, ready=shared is not None)
+    _SHARED[_head_key(head_dir)] = (weakref.ref(weights.lm_head), weakref.ref(drafter.head))
+    return drafter
+
+
+# head file -> (the target's LM head, a drafter's head made ready for it): drafters alive on the same target share
+# one head (a server's slots each hold a drafter, not each a copy of the head: ~60 MB a slot on the 0.5B)
+_SHARED: dict[tuple, tuple[Any, Any]] = {}
+
+
+def _head_key(head_dir: str) -> tuple:
+    from .eagle_head import HEAD_WEIGHTS
+
+    path = Path(head_dir).expanduser().resolve() / HEAD_WEIGHTS
+    stat = path.stat()
+    return str(path), stat.st_mtime_ns, stat.st_size
+
+
+def _shared_head(head_dir: str, weights: TargetWeights) -> Any:
+    """A live drafter's head read from the same file (unchanged since) for the same target, or None."""
+    try:
+        held = _SHARED.get(_head_key(head_dir))
+    except OSError:  # no weights file: load_head says so in one line
+        return None
+    if held is None or held[0]() is not weights.lm_head:
+        return None
+    return held[1]()
 
 
 def check_eagle(options: DrafterOptions) -> None:

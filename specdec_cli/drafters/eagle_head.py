@@ -198,6 +198,21 @@ def load_head(directory: str | Path, target: Any) -> tuple[EagleHead, dict]:
     (`target`: TargetInfo)."""
     from safetensors.torch import load_file
 
+    meta = check_head(directory, target)
+    config = HeadConfig(**meta["config"])
+    with torch.device("meta"):  # no random init of weights about to be replaced (28 ms a head on the 0.5B)
+        head = EagleHead(config)
+    try:
+        head.load_state_dict(load_file(str(Path(directory).expanduser() / HEAD_WEIGHTS)), assign=True)
+    except Exception as error:  # a truncated or foreign weights file
+        first = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+        raise SpecdecError(f"draft_model {directory}: cannot load {HEAD_WEIGHTS}: {first}",
+                           setting="draft_model") from None
+    return head.eval(), meta
+
+
+def check_head(directory: str | Path, target: Any) -> dict:
+    """The head's metadata, refused unless it was trained for this target's tokenizer and hidden size."""
     meta = read_head_meta(directory)
     try:
         config = HeadConfig(**meta["config"])
@@ -213,12 +228,4 @@ def load_head(directory: str | Path, target: Any) -> tuple[EagleHead, dict]:
     if target.hidden_size and config.hidden_size != target.hidden_size:
         raise SpecdecError(f"draft_model {directory}: the head reads {config.hidden_size}-wide features, the target "
                            f"has {target.hidden_size}", setting="draft_model")
-    with torch.device("meta"):  # no random init of weights about to be replaced (28 ms a head on the 0.5B)
-        head = EagleHead(config)
-    try:
-        head.load_state_dict(load_file(str(Path(directory).expanduser() / HEAD_WEIGHTS)), assign=True)
-    except Exception as error:  # a truncated or foreign weights file
-        first = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
-        raise SpecdecError(f"draft_model {directory}: cannot load {HEAD_WEIGHTS}: {first}",
-                           setting="draft_model") from None
-    return head.eval(), meta
+    return meta

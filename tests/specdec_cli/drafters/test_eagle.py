@@ -98,6 +98,37 @@ def test_training_raises_agreement_with_the_target(trained):
     assert report["train_tokens"] > 0 and report["steps"] == 150
 
 
+def test_drafters_alive_on_one_target_share_one_head_and_draft_alike(tiny_llama, trained, tmp_path):
+    """A server's slots each hold a drafter: those made from one head file for one target share its weights (read
+    only) and draft as a drafter alone does; a head file rewritten, or a head no drafter holds any more, is read
+    again."""
+    import gc
+    import os
+    import weakref
+
+    head, _ = trained
+    info = target_info(tiny_llama, IdsTokenizer(64))
+    folder = tmp_path / "head"
+    save_head(folder, head, {"fingerprint": info.fingerprint, "vocab_size": 64, "head_tokens": None})
+    options = DrafterOptions(draft_model=str(folder))
+    first, second = make_drafter("eagle", options, info), make_drafter("eagle", options, info)
+    assert second.head is first.head and second.vocabulary is not first.vocabulary  # (a vocabulary grows per context)
+    engine = fixed_engine(tiny_llama)
+    config = GenerationConfig(max_new_tokens=24, eos_token_ids=(TINY_EOS,))
+    alone = [engine.generate(prompt, make_drafter("eagle", options, info), config).tokens for prompt in PROMPTS]
+    plain = [engine.generate(prompt, NoDrafter(), config).tokens for prompt in PROMPTS]
+    for prompt, want, greedy in zip(PROMPTS, alone, plain):  # turns of two drafters interleaved, one head
+        assert engine.generate(prompt, first, config).tokens == want == greedy
+        assert engine.generate(prompt, second, config).tokens == want
+    stat = (folder / "head.safetensors").stat()
+    os.utime(folder / "head.safetensors", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # rewritten
+    assert make_drafter("eagle", options, info).head is not first.head
+    held = weakref.ref(first.head)
+    del first, second
+    gc.collect()
+    assert held() is None  # the share keeps no head alive
+
+
 @pytest.mark.parametrize("name", ["eagle", "eagle-chain", "sam+eagle"])
 def test_eagle_drafting_is_greedy_identical(tiny_llama, trained, tmp_path, name):
     head, _ = trained
