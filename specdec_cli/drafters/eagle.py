@@ -28,8 +28,6 @@ float32. This module never calls the engine and does not train heads.
 from __future__ import annotations
 
 import time
-import weakref
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from ..decoding.draft import Draft, Needs, StepEvent
@@ -398,7 +396,7 @@ def _head_dir(options: DrafterOptions) -> str:
 
 def make_eagle_drafter(options: DrafterOptions, target: TargetInfo, draft_max: Optional[int] = None) -> EagleDrafter:
     from .eagle3_head import is_eagle3_dir, load_eagle3
-    from .eagle_head import check_head, load_head
+    from .eagle_head import check_head, load_head, share_head, shared_head
 
     head_dir = _head_dir(options)
     weights = check_target(target)
@@ -407,36 +405,12 @@ def make_eagle_drafter(options: DrafterOptions, target: TargetInfo, draft_max: O
         return EagleDrafter(eagle3, weights, draft_max=draft_max, min_prob=options.draft_min_prob or MIN_PROB,
                             eos_token_ids=target.eos_token_ids, feature_layers=layers)
     meta = check_head(head_dir, target)
-    shared = _shared_head(head_dir, weights)
+    shared = shared_head(head_dir, weights.lm_head)  # a live drafter's, on this target
     drafter = EagleDrafter(shared or load_head(head_dir, target)[0], weights, head_tokens=meta.get("head_tokens"),
                            draft_max=draft_max, min_prob=options.draft_min_prob or MIN_PROB,
                            eos_token_ids=target.eos_token_ids, ready=shared is not None)
-    _SHARED[_head_key(head_dir)] = (weakref.ref(weights.lm_head), weakref.ref(drafter.head))
+    share_head(head_dir, weights.lm_head, drafter.head)
     return drafter
-
-
-# head file -> (the target's LM head, a drafter's head made ready for it): drafters alive on the same target share
-# one head (a server's slots each hold a drafter, not each a copy of the head: ~60 MB a slot on the 0.5B)
-_SHARED: dict[tuple, tuple[Any, Any]] = {}
-
-
-def _head_key(head_dir: str) -> tuple:
-    from .eagle_head import HEAD_WEIGHTS
-
-    path = Path(head_dir).expanduser().resolve() / HEAD_WEIGHTS
-    stat = path.stat()
-    return str(path), stat.st_mtime_ns, stat.st_size
-
-
-def _shared_head(head_dir: str, weights: TargetWeights) -> Any:
-    """A live drafter's head read from the same file (unchanged since) for the same target, or None."""
-    try:
-        held = _SHARED.get(_head_key(head_dir))
-    except OSError:  # no weights file: load_head says so in one line
-        return None
-    if held is None or held[0]() is not weights.lm_head:
-        return None
-    return held[1]()
 
 
 def check_eagle(options: DrafterOptions) -> None:

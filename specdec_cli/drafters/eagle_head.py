@@ -10,8 +10,8 @@ Drafting k tokens feeds each predicted feature back in with the token it chose.
 The head's files: `head.safetensors` (its own weights only; the embeddings and LM head are the target's),
 `specdec_head.json` (format, kind "eagle", hidden size, heads, tokenizer fingerprint, vocabulary, head
 tokens, training report) and `distill_report.json` (the report alone). This file defines the module, its
-cache, its files and its 8-bit block form for drafting (`head_on_blocks`); training is distill/eagle_train.py's,
-drafting drafters/eagle.py's.
+cache, its files, its 8-bit block form for drafting (`head_on_blocks`) and the one ready head that drafters alive
+on one target share (`shared_head`); training is distill/eagle_train.py's, drafting drafters/eagle.py's.
 """
 
 from __future__ import annotations
@@ -229,3 +229,31 @@ def check_head(directory: str | Path, target: Any) -> dict:
         raise SpecdecError(f"draft_model {directory}: the head reads {config.hidden_size}-wide features, the target "
                            f"has {target.hidden_size}", setting="draft_model")
     return meta
+
+
+# head file -> (the target's LM head, a drafter's head made ready for it), by weak references: drafters alive on
+# the same target share one head (a server's slots each hold a drafter, not each a copy of the head)
+_SHARED: dict[tuple, tuple[Any, Any]] = {}
+
+
+def _head_key(directory: str | Path) -> tuple:
+    path = Path(directory).expanduser().resolve() / HEAD_WEIGHTS
+    stat = path.stat()
+    return str(path), stat.st_mtime_ns, stat.st_size
+
+
+def shared_head(directory: str | Path, lm_head: Any) -> Any:
+    """A live drafter's head read from this head file (unchanged since) for the target whose LM head is `lm_head`,
+    as that drafter made it ready (read only while drafting), or None."""
+    try:
+        held = _SHARED.get(_head_key(directory))
+    except OSError:  # no weights file: load_head says so in one line
+        return None
+    return held[1]() if held is not None and held[0]() is lm_head else None
+
+
+def share_head(directory: str | Path, lm_head: Any, head: Any) -> None:
+    """Offer a drafter's ready head to the next drafters of this head file on this target (kept alive by them)."""
+    import weakref
+
+    _SHARED[_head_key(directory)] = (weakref.ref(lm_head), weakref.ref(head))
