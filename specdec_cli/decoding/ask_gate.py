@@ -9,7 +9,9 @@ and always when the drafting costs under CHEAP_SHARE of a step.
 
 Pure bookkeeping: nothing here drafts, verifies or reads a clock. Its users: a hybrid's auxiliary
 (drafters/merge.py, the gain being the accepted nodes only the auxiliary proposed) and a lone drafter whose drafts
-carry their confidence (decoding/planner.py, the gain being its accepted tokens).
+carry their confidence under the drafter's own name (decoding/planner.py, the gain being its accepted tokens; no
+built-in drafter's do: a lone `eagle` head's drafts carry none, a hybrid's merged drafts are named after their
+sources, and engaging it for `eagle` did not pay, docs/measurements.md).
 """
 
 from __future__ import annotations
@@ -62,8 +64,8 @@ class AskGate:
 
 
 class SourceGates:
-    """A gate per lone drafter source (the planner's, for drafters whose drafts carry their confidence: a head),
-    and the source this step asked."""
+    """A gate per lone drafter source (the planner's, for drafters whose drafts carry their confidence under the
+    drafter's name), and the source this step asked."""
 
     def __init__(self) -> None:
         self.gates: dict[str, AskGate] = {}

@@ -301,7 +301,7 @@ class DraftPlanner:
         self.calibration = ConfidenceCalibration()
         self.draft_costs = DraftCosts()
         self.rates = SourceRates()
-        self.gates = SourceGates()  # whether asking a head pays for its drafting
+        self.gates = SourceGates()  # whether asking a confidence drafter pays for its drafting
         self.steps = 0  # drafting steps planned
         self._granted: Optional[tuple[str, int]] = None  # (source, nodes): this step's decision before drafting
         self._probing: Optional[str] = None  # a benched source asked to draft this step, as a probe
@@ -337,9 +337,9 @@ class DraftPlanner:
         now and then a probe, as `plan` verifies one). `plan` then keeps that decision for the draft. A drafter
         without such a record (a hybrid's drafts name other sources; a retrieval draft has a match length) is
         asked for `budget` and planned after drafting. A source whose steps run slower than plain decoding
-        (`_unless_benched`) is not asked at all, but for a probe now and then, nor is a lone head whose accepted
-        tokens do not pay for its forwards (ask_gate.py). This is the one place that stops drafting when it does
-        not pay: drafters draft what they are asked for."""
+        (`_unless_benched`) is not asked at all, but for a probe now and then, nor is a drafter whose drafts carry
+        their confidence under its name while its accepted tokens do not pay for its drafting (ask_gate.py). This
+        is the one place that stops drafting when it does not pay: drafters draft what they are asked for."""
         self._granted = self._probing = None
         if budget <= 0 or self._curve is None:
             return budget
@@ -348,7 +348,7 @@ class DraftPlanner:
                 return 0
             self._probing = source  # (`plan` verifies the probe as it would any draft)
         if self.curve.learn and source in self.calibration.totals and not self.gates.ask(source):
-            return 0  # a head's forwards not worth their time (a fixed curve, tests' and replays', times nothing)
+            return 0  # its drafting not worth its time (a fixed curve, tests' and replays', times nothing)
         chain = (source, 0) in self.acceptance.drafted
         tree = any(key[0] == source for key in self.acceptance.tree_stats)
         if not (chain or tree):

@@ -404,11 +404,11 @@ def make_eagle_drafter(options: DrafterOptions, target: TargetInfo, draft_max: O
         eagle3, layers = load_eagle3(head_dir, target)
         return EagleDrafter(eagle3, weights, draft_max=draft_max, min_prob=options.draft_min_prob or MIN_PROB,
                             eos_token_ids=target.eos_token_ids, feature_layers=layers)
-    meta = check_head(head_dir, target)
     shared = shared_head(head_dir, weights.lm_head)  # a live drafter's, on this target
-    drafter = EagleDrafter(shared or load_head(head_dir, target)[0], weights, head_tokens=meta.get("head_tokens"),
-                           draft_max=draft_max, min_prob=options.draft_min_prob or MIN_PROB,
-                           eos_token_ids=target.eos_token_ids, ready=shared is not None)
+    head, meta = (shared, check_head(head_dir, target)) if shared is not None else load_head(head_dir, target)
+    drafter = EagleDrafter(head, weights, head_tokens=meta.get("head_tokens"), draft_max=draft_max,
+                           min_prob=options.draft_min_prob or MIN_PROB, eos_token_ids=target.eos_token_ids,
+                           ready=shared is not None)
     share_head(head_dir, weights.lm_head, drafter.head)
     return drafter
 
