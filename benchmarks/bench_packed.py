@@ -5,11 +5,17 @@ file's bits on the device (kernels/triton_layout.py), it times 16 rows (the engi
 through the packed Triton kernel at each tile size of `--tiles` (SPECDEC_DEVICE_TILES), and the same rows through a
 bfloat16 copy of the weights (torch's GEMM: what the engine did before), and reports microseconds, the bytes read
 per second, and the largest difference between the two products (another summation order: small).
-The fastest tiles are what `GPU_TILES` in kernels/triton_gemm.py should be. One JSON to --out (or stdout).
+The fastest tiles are what `GPU_TILES` in kernels/triton_gemm.py should be. Beside them, for Q4_K and Q6_K, the
+words kernel (kernels/triton_words_gemm.py, SPECDEC_DEVICE_KERNEL=words: codes in 32-bit words along the outputs,
+scaled after the product) at each tiling of `--word-tiles` (SPECDEC_DEVICE_WORD_TILES; "default": its own choice
+per matrix), per matrix under "words", its fastest as "best_words" and "fastest_words" (what WORD_GPU_TILES should
+be; its difference from the dense product is larger, as the dense copy's weights are rounded to bfloat16 and its are
+not). "fastest" stays the packed kernel's (gpu_check.py runs the benches at it). One JSON to --out (or stdout).
 
 `--dry-run` runs a tiny shape on the CPU in Triton's interpreter (the test suite runs it): the path, not speed.
 
-Run: `python benchmarks/bench_packed.py [--device cuda] [--tiles 16x128,32x64] [--out packed.json]`.
+Run: `python benchmarks/bench_packed.py [--device cuda] [--tiles 16x128,32x64] [--word-tiles default,64x128]
+[--out packed.json]`.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ SHAPES_8B = [("attn_q|k", "Q4_K", 5120, 4096), ("attn_v", "Q6_K", 1024, 4096), (
              ("ffn_gate|up", "Q4_K", 28672, 4096), ("ffn_down", "Q6_K", 4096, 14336)]  # a layer, as the engine fuses it
 SHAPES_DRY = [("tiny_q4_k", "Q4_K", 96, 512), ("tiny_q6_k", "Q6_K", 64, 256)]
 TILES = "16x64,16x128,16x256,32x64,32x128,16x128x4,16x128x8,32x128x8"  # NxK (unsplit) or NxKxS (S spans)
+WORD_TILES = "default,64x128,128x128,256x128,128x256,64x128x4,128x128x4,128x128x8,64x256x8"  # words kernel
 ROWS = 16
 
 
@@ -63,10 +70,44 @@ def timed(run: Callable[..., Any], args: tuple, device: Any, repeats: int) -> fl
     return statistics.median(times)
 
 
-def measure(shapes: list, tiles: list[str], device_name: str, repeats: int) -> list[dict]:
+def timed_tiles(matrix: Any, make: Callable[[Any], Any], variable: str, tiles: list[str], x: Any, want: Any,
+                dense_seconds: float, device: Any, repeats: int, tolerant: bool = False) -> dict[str, dict]:
+    """Each tiling's figures for one matrix: `variable` set to the tile ("default": unset) as `make(matrix)` makes
+    the GEMM. `tolerant`: a tiling that fails (a GPU's resources, untried before) is an "error" entry, not the end."""
+    results = {}
+    for tile in tiles:
+        if tile == "default":
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = tile  # read as the GEMM is made
+        try:
+            gemm = make(matrix)
+            seconds = timed(gemm, (x,), device, repeats)
+            difference = float((gemm(x) - want).abs().max() / want.abs().max())
+        except Exception as error:  # said in the JSON; the sweep goes on
+            if not tolerant:
+                raise
+            results[tile] = {"error": f"{type(error).__name__}: {error}"[:300]}
+            continue
+        results[tile] = {"tiling": list(gemm.tiling), "us": round(seconds * 1e6, 1),
+                         "gb_s": round(matrix.nbytes / seconds / 1e9, 1),
+                         "over_dense": round(dense_seconds / seconds, 3), "max_relative_difference": difference}
+    os.environ.pop(variable, None)
+    return results
+
+
+def best(figures: dict[str, dict]) -> Optional[str]:
+    """The tiling that took the least time (of those that ran)."""
+    return min((tile for tile in figures if "us" in figures[tile]), key=lambda tile: figures[tile]["us"], default=None)
+
+
+def measure(shapes: list, tiles: list[str], device_name: str, repeats: int,
+            word_tiles: Optional[list[str]] = None) -> list[dict]:
     import torch
 
     from specdec_cli.kernels.triton_gemm import TILES_VARIABLE, PackedGemm
+    from specdec_cli.kernels.triton_words_gemm import WORD_TILES_VARIABLE, WordGemm
+    from specdec_cli.kernels.triton_words_layout import WordMatrix, word_takes
 
     device = torch.device(device_name)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -84,33 +125,37 @@ def measure(shapes: list, tiles: list[str], device_name: str, repeats: int) -> l
                                "dense_gb_s": round(dense.numel() * dense.element_size() / dense_seconds / 1e9, 1),
                                "tiles": {}}
         dense = None
-        for tile in tiles:
-            os.environ[TILES_VARIABLE] = tile  # read as the GEMM is made
-            gemm = PackedGemm(matrix)
-            seconds = timed(gemm, (x,), device, repeats)
-            difference = float((gemm(x) - want).abs().max() / want.abs().max())
-            row["tiles"][tile] = {"tiling": list(gemm.tiling), "us": round(seconds * 1e6, 1),
-                                  "gb_s": round(matrix.nbytes / seconds / 1e9, 1),
-                                  "over_dense": round(dense_seconds / seconds, 3),
-                                  "max_relative_difference": difference}
-        os.environ.pop(TILES_VARIABLE, None)
+        row["tiles"] = timed_tiles(matrix, PackedGemm, TILES_VARIABLE, tiles, x, want, dense_seconds, device, repeats)
         row["best_tiles"] = min(row["tiles"], key=lambda tile: row["tiles"][tile]["us"])
+        if word_tiles and word_takes(matrix.kind, k):  # the words kernel on the same weights
+            words = WordMatrix.from_packed(matrix)  # [n, k] in 32-bit words along n
+            row["words_bytes"] = words.nbytes
+            row["words"] = timed_tiles(words, WordGemm, WORD_TILES_VARIABLE, word_tiles, x, want, dense_seconds,
+                                       device, repeats, tolerant=True)
+            row["best_words"] = best(row["words"])
+            del words
         results.append(row)
-        print(json.dumps({key: value for key, value in row.items() if key != "tiles"}), flush=True)
+        print(json.dumps({key: value for key, value in row.items() if key not in ("tiles", "words")}), flush=True)
         del matrix
     return results
 
 
-def fastest(results: list[dict]) -> Optional[str]:
-    """The setting whose matrices took the least time together (the 8B's layer, each matrix once)."""
-    settings = set.intersection(*(set(row["tiles"]) for row in results)) if results else set()
-    return min(settings, key=lambda tile: sum(row["tiles"][tile]["us"] for row in results), default=None)
+def fastest(results: list[dict], kernel: str = "tiles") -> Optional[str]:
+    """The setting whose matrices took the least time together (the 8B's layer, each matrix once) under `kernel`
+    ("tiles": the packed kernel; "words": the words kernel, over the matrices it took)."""
+    timed_rows = [row for row in results if kernel in row]
+    settings = set.intersection(*({tile for tile, figures in row[kernel].items() if "us" in figures}
+                                  for row in timed_rows)) if timed_rows else set()
+    return min(settings, key=lambda tile: sum(row[kernel][tile]["us"] for row in timed_rows), default=None)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default=None, help="cuda (default), or cpu (the default with --dry-run)")
     parser.add_argument("--tiles", default=None, help=f"NxK tile sizes to time, comma-separated (default {TILES})")
+    parser.add_argument("--word-tiles", default=None,
+                        help=f"the words kernel's tilings, NxK[xS] or default, comma-separated (default {WORD_TILES}; "
+                             "none: not timed)")
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per measurement (default 20; 2 dry)")
     parser.add_argument("--dry-run", action="store_true", help="a tiny shape on the CPU, in Triton's interpreter")
     parser.add_argument("--out", default=None, help="write the JSON here (default: stdout)")
@@ -124,10 +169,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"bench_packed: --device cuda, but torch {torch.__version__} sees no GPU here; try --dry-run")
     tiles = (args.tiles or ("16x128,32x64" if args.dry_run else TILES)).split(",")
+    word_tiles = (args.word_tiles or ("default" if args.dry_run else WORD_TILES)).split(",")
     results = measure(SHAPES_DRY if args.dry_run else SHAPES_8B, tiles, device,
-                      args.repeats or (2 if args.dry_run else 20))
+                      args.repeats or (2 if args.dry_run else 20), [] if word_tiles == ["none"] else word_tiles)
     document = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (Triton's interpreter)",
-                "torch": torch.__version__, "rows": ROWS, "results": results, "fastest": fastest(results)}
+                "torch": torch.__version__, "rows": ROWS, "results": results, "fastest": fastest(results),
+                "fastest_words": fastest(results, "words")}
     text = json.dumps(document, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n", encoding="utf-8")

@@ -13,7 +13,7 @@ every call takes tensors (or handles checked once when made: handles.py's Rows, 
 and checks what the C code cannot (dtypes, devices, shapes, strides), raising a ValueError rather than handing C a
 pointer it would misread; it owns the worker threads' count. records.py and packed.py pack and unpack the records.
 None of them knows about models, GGUF files or `--weights` (quant.py does). Beside them, not imported here:
-triton_layout.py and triton_gemm.py, the GPU's GEMM at a GGUF's own bits (Triton) for the device engine.
+triton_layout.py, triton_gemm.py and triton_words_*.py: the GPU's GEMMs at a GGUF's bits (Triton) for the device engine.
 """
 
 from __future__ import annotations

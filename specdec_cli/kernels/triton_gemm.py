@@ -54,15 +54,16 @@ def available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def _setting() -> Optional[tuple[int, int, int]]:
-    setting = os.environ.get(TILES_VARIABLE, "").strip()
+def tiles_setting(variable: str = TILES_VARIABLE) -> Optional[tuple[int, int, int]]:
+    """A tiles variable's (BLOCK_N, BLOCK_K, SPLIT), or None where unset (the words kernel's reads its own)."""
+    setting = os.environ.get(variable, "").strip()
     if not setting:
         return None
     parts = setting.lower().split("x")
     sizes = [int(part) for part in parts if part.isdecimal()]
     if len(parts) not in (2, 3) or len(sizes) != len(parts) or any(size < 1 or size & (size - 1) for size in sizes) \
             or sizes[0] < 16 or sizes[1] < 32:
-        raise SpecdecError(f"{TILES_VARIABLE} must be powers of two as NxK or NxKxSPLIT (N >= 16, K >= 32), e.g. "
+        raise SpecdecError(f"{variable} must be powers of two as NxK or NxKxSPLIT (N >= 16, K >= 32), e.g. "
                            f"32x128; got {setting!r}")
     return sizes[0], sizes[1], sizes[2] if len(sizes) == 3 else 1
 
@@ -74,7 +75,7 @@ def tiling(k: int, device: torch.device) -> Tiling:
     if device.type == "cpu":
         block_n, block_k, split = CPU_BLOCK_N, 256, 1
     else:
-        block_n, block_k, split = _setting() or (*GPU_TILES, 1)
+        block_n, block_k, split = tiles_setting() or (*GPU_TILES, 1)
     while k % block_k:
         block_k //= 2
     while k % (split * block_k):
@@ -82,10 +83,9 @@ def tiling(k: int, device: torch.device) -> Tiling:
     return Tiling(block_n, block_k, split)
 
 
-@functools.cache
-def _kernel(interpret: bool) -> Any:
-    """The jitted kernel, made on first use (in the interpreter where `interpret`: Triton reads TRITON_INTERPRET
-    as it is imported, so a process that imported it for a GPU cannot interpret, and the other way round)."""
+def interpreter_mode(interpret: bool) -> None:
+    """Set Triton to interpret where `interpret` (before it is imported), or refuse: Triton reads TRITON_INTERPRET
+    as it is imported, so a process that imported it for a GPU cannot interpret, and the other way round."""
     import sys
 
     if interpret and "triton" not in sys.modules:
@@ -93,6 +93,12 @@ def _kernel(interpret: bool) -> Any:
     if interpret != (os.environ.get("TRITON_INTERPRET", "0").strip() == "1"):
         raise SpecdecError("the packed kernel runs on a CPU only in Triton's interpreter, and on a GPU only outside "
                            "it: set TRITON_INTERPRET=1 (a CPU) or unset it (a GPU) before anything imports triton")
+
+
+@functools.cache
+def _kernel(interpret: bool) -> Any:
+    """The jitted kernel, made on first use (in the interpreter where `interpret`: interpreter_mode)."""
+    interpreter_mode(interpret)
     import triton
     import triton.language as tl
 

@@ -7,7 +7,8 @@ the device in one of two ways, chosen once per loaded target (`packed_wanted`):
   GPU's free memory; Triton needed): a layer of a
   GGUF type the packed kernel takes (kernels.triton_layout.takes) is held as a PackedMatrix, built on the device a chunk
   of CHUNK_ROWS output rows at a time, and multiplied by kernels/triton_gemm.py: a token reads the file's 4.5 bits a
-  weight of a Q4_K matrix, not 16;
+  weight of a Q4_K matrix, not 16; with `SPECDEC_DEVICE_KERNEL=words`, a Q4_K or Q6_K layer is held as a WordMatrix
+  instead (codes in 32-bit words along the outputs) and multiplied by kernels/triton_words_gemm.py;
 - **dense** (the default: faster on a GPU today, docs/gpu.md): its packed records are moved a chunk at a time and
   dequantised there (kernels.records.unpack_records and dequantize are torch code, so they run wherever the records
   are) into the compute dtype.
@@ -34,23 +35,39 @@ from ...errors import SpecdecError
 from ...kernels import triton_gemm
 from ...kernels.triton_gemm import PackedGemm
 from ...kernels.triton_layout import PackedMatrix, takes
+from ...kernels.triton_words_gemm import WordGemm
+from ...kernels.triton_words_layout import WordMatrix, word_takes
 from ..native.native import norm_multiplier
 from ..native.native_support import projections
 from .family import Family
 
 CHUNK_ROWS = 4096  # output rows of a block matrix dequantised at a time on the device (and embedding rows)
 PACKED_VARIABLE = "SPECDEC_DEVICE_PACKED"
+KERNEL_VARIABLE = "SPECDEC_DEVICE_KERNEL"
+KERNELS = ("bytes", "words")  # triton_gemm.py's kernel (the default), triton_words_gemm.py's for Q4_K and Q6_K
 
 
 def packed_setting() -> str:
     """SPECDEC_DEVICE_PACKED as "" (unset), "0" or "1"; another value, or 1 without Triton, is one line (checked
-    before a model loads)."""
+    before a model loads, with SPECDEC_DEVICE_KERNEL: kernel_setting)."""
+    kernel_setting()
     setting = os.environ.get(PACKED_VARIABLE, "").strip()
     if setting not in ("", "0", "1"):
         raise SpecdecError(f"{PACKED_VARIABLE} must be 0 (weights dequantised) or 1 (at the file's bits), got "
                            f"{setting!r}")
     if setting == "1" and not triton_gemm.available():
         raise SpecdecError(f"{PACKED_VARIABLE}=1 needs Triton (torch's CUDA builds ship it; `pip install triton`)")
+    return setting
+
+
+def kernel_setting() -> str:
+    """SPECDEC_DEVICE_KERNEL, the kernel of matrices at the file's bits: "bytes" (unset: kernels/triton_gemm.py for
+    every type) or "words" (kernels/triton_words_gemm.py for Q4_K and Q6_K matrices, triton_gemm.py for the rest;
+    not yet measured on a GPU, docs/gpu.md); another value is one line."""
+    setting = os.environ.get(KERNEL_VARIABLE, "").strip().lower() or KERNELS[0]
+    if setting not in KERNELS:
+        raise SpecdecError(f"{KERNEL_VARIABLE} must be bytes (the packed kernel, the default) or words (Q4_K and Q6_K "
+                           f"codes in 32-bit words), got {os.environ.get(KERNEL_VARIABLE)!r}")
     return setting
 
 
@@ -109,9 +126,10 @@ def fill_matrix(out: torch.Tensor, layer: Any) -> None:
 class Projection:
     """The projections that read the same input, side by side along the outputs: h [rows, in] in the compute dtype
     -> float32 [rows, sum of outputs]. Either one fused dense matrix (`weight`, one GEMM) or parts, each a packed
-    matrix's GEMM (kernels.triton_gemm.PackedGemm) or a dense matrix of its own, their outputs side by side."""
+    matrix's GEMM (kernels.triton_gemm.PackedGemm, or kernels.triton_words_gemm.WordGemm) or a dense matrix of its
+    own, their outputs side by side."""
 
-    def __init__(self, parts: list[Union["PackedGemm", torch.Tensor]]):
+    def __init__(self, parts: list[Union["PackedGemm", "WordGemm", torch.Tensor]]):
         dense = len(parts) == 1 and isinstance(parts[0], torch.Tensor)
         self.weight: Optional[torch.Tensor] = parts[0] if dense else None  # type: ignore[assignment]  # [out, in]
         self.parts = [] if dense else parts
@@ -137,7 +155,8 @@ def fused(layers: list[Any], device: torch.device, dtype: torch.dtype,
           packed: bool = False) -> tuple[Projection, Optional[torch.Tensor]]:
     """The layers as one Projection and their biases (float32 [sum of outputs] or None), on the device. Where
     `packed`, a layer whose type the packed GEMM takes stays at the file's bits, and adjacent ones of one type share
-    a matrix (q|k, gate|up in a Q4_K_M file: one launch); the rest are dense."""
+    a matrix (q|k, gate|up in a Q4_K_M file: one launch), in words where SPECDEC_DEVICE_KERNEL=words and the type
+    is Q4_K or Q6_K; the rest are dense."""
     from ..native.quant import BlockLinear
 
     widths = [int(layer.out_features) for layer in layers]
@@ -160,11 +179,16 @@ def fused(layers: list[Any], device: torch.device, dtype: torch.dtype,
             runs[-1].append(index)
         else:
             runs.append([index])
-    parts: list[Union[PackedGemm, torch.Tensor]] = []
+    words = packed and kernel_setting() == "words"
+    parts: list[Union[PackedGemm, WordGemm, torch.Tensor]] = []
     for run in runs:
         first = layers[run[0]]
         if at_bits[run[0]]:
-            parts.append(PackedGemm(PackedMatrix.from_layers([layers[index] for index in run], device, CHUNK_ROWS)))
+            run_layers = [layers[index] for index in run]
+            if words and word_takes(first.kind, int(first.in_features)):
+                parts.append(WordGemm(WordMatrix.from_layers(run_layers, device, CHUNK_ROWS)))
+            else:
+                parts.append(PackedGemm(PackedMatrix.from_layers(run_layers, device, CHUNK_ROWS)))
         else:
             matrix = torch.empty(int(first.out_features), int(first.in_features), dtype=dtype, device=device)
             fill_matrix(matrix, first)

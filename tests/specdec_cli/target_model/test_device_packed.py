@@ -236,6 +236,35 @@ def test_every_drafter_is_token_identical_to_plain_decoding_at_the_files_bits(on
     assert engine.tree_check == "passed"
 
 
+@pytest.mark.slow
+def test_the_words_kernel_holds_q4_k_and_q6_k_and_speculation_stays_exact(monkeypatch, one_torch_thread):
+    """SPECDEC_DEVICE_KERNEL=words: the Q4_K and Q6_K matrices in 32-bit words (kernels/triton_words_gemm.py), the
+    other types with the packed kernel as before; logits are the dense engine's up to the summation order, the
+    one-time exact check passes, and a tree drafter's answer is plain decoding's token for token."""
+    from test_device import _engine
+
+    from specdec_cli.kernels.triton_words_gemm import WordGemm
+
+    monkeypatch.setenv("SPECDEC_DEVICE_KERNEL", "words")
+    model = _packed_model()
+    forward = DeviceForward(model, "cpu", slots=128, packed=True)
+    layer = forward.weights.layers[0]
+    assert [type(part) for part in layer.qkv.parts] == [WordGemm, WordGemm]  # q|k (Q4_K) one matrix; v (Q6_K)
+    assert [part.matrix.n for part in layer.qkv.parts] == [256 + 128, 128]
+    assert type(layer.out.parts[0]) is PackedGemm and type(forward.weights.head.parts[0]) is WordGemm  # Q4_0; Q6_K
+    dense = DeviceForward(model, "cpu", slots=128, packed=False)
+    assert forward.weights.nbytes < 0.4 * dense.weights.nbytes
+    ids = PROMPTS[0]
+    got, want = (one(ids, one.new_cache(), 0).logits for one in (forward, dense))
+    assert torch.allclose(got, want, rtol=0, atol=1e-4 * float(want.abs().max()))
+    assert forward.prepare(8) == ROWS and forward.outcome.state == "on", forward.outcome
+    engine = _engine(forward)
+    config = GenerationConfig(max_new_tokens=8, eos_token_ids=())
+    info = TargetInfo(64, (EOS,))
+    plain = engine.generate(PROMPTS[1], make_drafter("none", DrafterOptions(), info), config)
+    assert engine.generate(PROMPTS[1], make_drafter("recycle", DrafterOptions(), info), config).tokens == plain.tokens
+
+
 def _tiny_gguf(tmp_path, monkeypatch):
     from helpers import write_family_gguf
 
