@@ -186,10 +186,13 @@ static int attention_task(PyObject *args, AttentionTask *t)
         PyErr_SetString(PyExc_ValueError, "attention: rows, heads and dim >= 1, heads a multiple of kv_heads, cap >= 0");
         return 0;
     }
-    *t = (AttentionTask){rows, heads, kv_heads, dim, (const float *)q, q_row, q_head, (const char *)k,
-                         (const char *)v, kv_bf16, k_head, k_pos, v_head, v_pos, (const int32_t *)run_start,
-                         (const int32_t *)run_stop, (const int32_t *)extra_start, (const int32_t *)extra_pos,
-                         (float)scale, (float *)out, o_row, o_head, 0, 0, (float)cap}; /* cpu_attention sets the 0s */
+    *t = (AttentionTask){.rows = rows, .heads = heads, .kv_heads = kv_heads, .dim = dim, .q = (const float *)q,
+                         .q_row = q_row, .q_head = q_head, .k = (const char *)k, .v = (const char *)v,
+                         .kv_bf16 = kv_bf16, .k_head = k_head, .k_pos = k_pos, .v_head = v_head, .v_pos = v_pos,
+                         .run_start = (const int32_t *)run_start, .run_stop = (const int32_t *)run_stop,
+                         .extra_start = (const int32_t *)extra_start, .extra_pos = (const int32_t *)extra_pos,
+                         .scale = (float)scale, .out = (float *)out, .o_row = o_row, .o_head = o_head,
+                         .cap = (float)cap}; /* cpu_attention sets the units' fields (row_tile, head_tile, wide) */
     return 1;
 }
 

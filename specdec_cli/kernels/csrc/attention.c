@@ -218,8 +218,9 @@ static void attention_variant(long dim, int bf16, int wide, score_fn *score, val
 #define KEY_BLOCK 64 /* keys per block: 64 keys x 128 dims x 4 bytes = 32 KB of keys, an L1 cache's worth */
 #define MAX_UNIT_ITEMS 64
 
-/* The items of work unit `unit`: with t->row_tile = 0 one (row, head) pair; otherwise the query heads sharing
- * one key/value head, for a tile of t->row_tile rows. Returns the count, rows and heads in `rows`, `heads`. */
+/* The items of work unit `unit`: with t->row_tile = 0 one (row, head) pair; otherwise t->head_tile of the query
+ * heads sharing one key/value head (all of them, or a part), for a tile of t->row_tile rows. Returns the count,
+ * rows and heads in `rows`, `heads`. */
 static long unit_items(const AttentionTask *t, long unit, long *rows, long *heads)
 {
     if (t->row_tile == 0) {
@@ -228,9 +229,12 @@ static long unit_items(const AttentionTask *t, long unit, long *rows, long *head
         return 1;
     }
     long group = t->heads / t->kv_heads, tiles = (t->rows + t->row_tile - 1) / t->row_tile;
-    long kv = unit / tiles, first_row = (unit % tiles) * t->row_tile, count = 0;
+    long parts = (group + t->head_tile - 1) / t->head_tile, place = unit / tiles;
+    long kv = place / parts, first_head = kv * group + (place % parts) * t->head_tile;
+    long stop_head = first_head + t->head_tile < (kv + 1) * group ? first_head + t->head_tile : (kv + 1) * group;
+    long first_row = (unit % tiles) * t->row_tile, count = 0;
     for (long row = first_row; row < t->rows && row < first_row + t->row_tile; row++)
-        for (long head = kv * group; head < (kv + 1) * group && count < MAX_UNIT_ITEMS; head++) {
+        for (long head = first_head; head < stop_head && count < MAX_UNIT_ITEMS; head++) {
             rows[count] = row;
             heads[count++] = head;
         }
@@ -319,16 +323,34 @@ static int avx2_attention_dim(long dim)
     return dim == 16 || dim == 32 || dim == 64 || dim == 96 || dim == 128 || dim == 256; /* Gemma's 256 */
 }
 
-/* The AVX2 or 512-bit steps' units of `t` (its row_tile set here). One row: its heads as units, for the threads'
- * balance. Several rows: a unit is one key/value head's query heads for a tile of rows (at least two units per kv
- * head), which then share each key block. */
+/* The AVX2 or 512-bit steps' units of `t` (its row_tile and head_tile set here). A unit is a key/value head's
+ * query heads for a tile of rows, which read each block of keys and values once from memory and then from the L1
+ * cache: a decoding step's cache outgrows the caches and streams from memory, and units of single heads read a
+ * long context's keys once per query head. One row: the group is cut in parts only where there are fewer
+ * key/value heads than threads (the threads' balance); several rows: tiles of up to 4 rows, at least two per
+ * key/value head. Groups too large for a unit (more than MAX_UNIT_ITEMS heads) take one (row, head) a unit. */
 static long plan_units(AttentionTask *t)
 {
-    long group = t->heads / t->kv_heads;
-    t->row_tile = t->rows == 1 || group > MAX_UNIT_ITEMS ? 0 : t->rows / 2 < 1 ? 1 : t->rows / 2;
+    long group = t->heads / t->kv_heads, parts = 1;
+    t->head_tile = group;
+    if (group > MAX_UNIT_ITEMS) {
+        t->row_tile = 0;
+        return t->rows * t->heads;
+    }
+    if (t->rows == 1) {
+        t->row_tile = 1;
+        if (t->kv_heads < cpu_threads()) {
+            parts = (cpu_threads() + t->kv_heads - 1) / t->kv_heads;
+            parts = parts < group ? parts : group;
+            t->head_tile = (group + parts - 1) / parts;
+            parts = (group + t->head_tile - 1) / t->head_tile;
+        }
+        return t->kv_heads * parts;
+    }
+    t->row_tile = t->rows / 2;
     while (t->row_tile > 1 && (t->row_tile > 4 || t->row_tile * group > MAX_UNIT_ITEMS))
         t->row_tile--;
-    return t->row_tile == 0 ? t->rows * t->heads : t->kv_heads * ((t->rows + t->row_tile - 1) / t->row_tile);
+    return t->kv_heads * ((t->rows + t->row_tile - 1) / t->row_tile);
 }
 
 static void run_units(AttentionTask *t)

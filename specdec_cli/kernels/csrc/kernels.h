@@ -334,7 +334,8 @@ typedef struct {
     float scale;
     float *out;
     long o_row, o_head;
-    long row_tile; /* AVX2 work units: 0 = one (row, head) each; else a key/value head's query heads x row_tile rows */
+    long row_tile;  /* AVX2 work units: 0 = one (row, head) each; else heads of one key/value head x row_tile rows */
+    long head_tile; /* (row_tile > 0) the query heads of a unit: a key/value head's group, or part of it */
     int wide; /* the 512-bit score and value steps (the avx512vnni path) */
     float cap; /* > 0: scores soft-capped before the softmax, cap * tanh(score / cap) (gemma2); 0: none */
 } AttentionTask;

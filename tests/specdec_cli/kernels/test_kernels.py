@@ -161,6 +161,35 @@ def test_attention_matches_sdpa_and_each_row_equals_its_own_call(dtype, path):
 
 
 @pytest.mark.parametrize("path", kernels.isas())
+@pytest.mark.parametrize("kv_heads", [1, 2, 4, 8])
+def test_a_row_is_the_same_bits_whatever_the_units_and_threads(kv_heads, path):
+    """One row's heads go to the threads a key/value head's group at a time (cut in parts where there are fewer
+    key/value heads than threads), several rows' in tiles of rows: every way of cutting gives each row and head
+    the same bits, with one thread or two, alone or among other rows."""
+    kernels.force_isa(path)
+    generator = torch.Generator().manual_seed(8)
+    heads, dim, cached, rows = 8, 64, 150, 5
+    keys = torch.randn(kv_heads, cached + rows, dim, generator=generator)
+    values = torch.randn(kv_heads, cached + rows, dim, generator=generator)
+    query = torch.randn(rows, heads, dim, generator=generator)
+    runs = [(0, cached + row + 1) for row in range(rows)]
+    before = kernels.threads()
+    try:
+        results = []
+        for count in (1, 2):
+            kernels.set_threads(count)
+            together = kernels.attention(query, keys, values, _key_positions(runs, [[]] * rows), dim ** -0.5)
+            alone = [kernels.attention(query[row : row + 1], keys, values, _key_positions([runs[row]], [[]]),
+                                       dim ** -0.5)[0] for row in range(rows)]
+            results.append((together, torch.stack(alone)))
+    finally:
+        kernels.set_threads(before)
+    for together, alone in results:
+        assert torch.equal(together, results[0][0])
+        assert torch.equal(alone, results[0][0])
+
+
+@pytest.mark.parametrize("path", kernels.isas())
 def test_several_attention_calls_at_once_give_each_calls_own_bits(path):
     """A batched step's sequences, each over its own cache (its own length, dtype, head size, rows and tree keys),
     in one `attention_many`: each output equals its own call's bit for bit, on every path (the vector paths run their
