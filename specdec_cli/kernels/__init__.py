@@ -2,18 +2,18 @@
 
 `matmul` multiplies float32 rows by a weight held as records of 16 output columns in one of a small set of kinds
 (`KINDS`): 4-bit or 8-bit codes with a float32 scale per 32 or 16 weights, an integer zero point and optionally a
-float32 offset, into which quant.py repacks every GGUF type exactly (Q4_0 ... Q8_0, the K-quants, IQ4_NL/IQ4_XS), or
-the packed kinds that keep a GGUF type's own fields (packed.py); or float32/float16/bfloat16 weights as they are.
-Block kinds round each row to 8 bits per block of 32 (per 256 for the K-quants' and Q6_K's packed kinds,
-records.Kind.span) first and multiply with integer dot products. `attention`
-computes each query row over its own keys. Both return, for every row, exactly what a one-row call returns, whatever
-the number of rows or threads, and matmul the same bits on every instruction-set path (csrc/matmul.c says how);
-`force_isa` (or SPECDEC_ISA) picks a path for tests and timings. This module is the only door to the C extension:
-every call takes tensors (or handles checked once when made: handles.py's Rows, Dense, BlockMatrix, KeyPositions)
-and checks what the C code cannot (dtypes, devices, shapes, strides), raising a ValueError rather than handing C a
-pointer it would misread; it owns the worker threads' count. records.py and packed.py pack and unpack the records.
-None of them knows about models, GGUF files or `--weights` (quant.py does). Beside them, not imported here:
-triton_layout.py, triton_gemm.py and triton_words_*.py: the GPU's GEMMs at a GGUF's bits (Triton) for the device engine.
+float32 offset, into which quant.py repacks every GGUF type exactly (Q4_0 ... Q8_0, the K-quants, IQ4_NL/IQ4_XS), or the
+packed kinds that keep a GGUF type's own fields (packed.py); or float32/float16/bfloat16 weights as they are. Block
+kinds round each row to 8 bits per block of 32 (per 256 for the K-quants' and Q6_K's packed kinds, records.Kind.span)
+first and multiply with integer dot products. `attention` computes each query row over its own keys (a float32 or
+bfloat16 cache, filled by `store_rows`). Both return, for every row, exactly what a one-row call returns, whatever the
+number of rows or threads, and matmul the same bits on every instruction-set path (csrc/matmul.c says how); `force_isa`
+(or SPECDEC_ISA) picks a path for tests and timings. This module is the only door to the C extension: every call takes
+tensors (or handles checked once when made: handles.py's Rows, Dense, BlockMatrix, KeyPositions) and checks what the C
+code cannot (dtypes, devices, shapes, strides), raising a ValueError before C could misread a pointer; it owns the
+worker threads' count. records.py and packed.py pack and unpack the records. None of them knows about models, GGUF files
+or `--weights` (quant.py does). Beside them, not imported here: triton_layout.py, triton_gemm.py and triton_words_*.py:
+the device engine's GEMMs at a GGUF's bits (Triton).
 """
 
 from __future__ import annotations
@@ -104,8 +104,7 @@ def _require() -> Any:
     if _cpu is None:
         from ..errors import SpecdecError
 
-        raise SpecdecError("specdec's CPU kernels (specdec_cli.kernels._cpu) are not compiled: run `pip install -e .` "
-                           "in the repository (it needs a C compiler)")
+        raise SpecdecError("specdec's CPU kernels (specdec_cli.kernels._cpu) are not compiled: run `pip install -e .`")
     return _cpu
 
 
@@ -353,7 +352,7 @@ def bind_rope(x: "torch.Tensor | Rows", heads: int, head_dim: int, positions: "t
 
 
 def store_rows(rows: "torch.Tensor | Rows", cache: torch.Tensor, start: int) -> None:
-    """Rows [n, heads * dim] (float32, strided: k's or v's of q|k|v) into a cache [(1,) heads, capacity, dim]."""
+    """Rows [n, heads * dim] (float32, strided: k or v of q|k|v) into an f32/bf16 cache [(1,) heads, capacity, dim]."""
     bind_store_rows(rows, cache)(start)
 
 
@@ -361,18 +360,19 @@ def bind_store_rows(rows: "torch.Tensor | Rows", cache: torch.Tensor) -> Callabl
     """store_rows's call on these buffers, checked now (as bind_matmul): `store(start, first=0, count=all)` copies
     what rows first .. first + count - 1 hold then to positions start .., checked to lie within both."""
     kernel, rows, shape, strides = _require(), as_rows(rows, "store_rows", "rows"), cache.shape, cache.stride()
-    if (cache.dtype is not F32 or not cache.is_cpu or strides[-1] != 1 or shape[-3] * shape[-1] != rows.width or
-            not (len(shape) == 3 or (len(shape) == 4 and shape[0] == 1))):
-        raise refuse("store_rows", "cache must be a float32 CPU buffer [(1,) heads, capacity, dim] for rows of "
-                      f"{rows.width}", cache)
+    if (cache.dtype not in (F32, torch.bfloat16) or not cache.is_cpu or strides[-1] != 1 or
+            shape[-3] * shape[-1] != rows.width or not (len(shape) == 3 or (len(shape) == 4 and shape[0] == 1))):
+        raise refuse("store_rows", "cache must be a float32 or bfloat16 CPU buffer [(1,) heads, capacity, dim] for "
+                      f"rows of {rows.width}", cache)
     held, capacity, address, row_stride = rows.rows, shape[-2], rows.address, rows.row_stride
-    store_rows, after = kernel.store_rows, (row_stride, shape[-3], shape[-1], cache.data_ptr(), *strides[-3:-1])
+    store_rows, after = kernel.store_rows, (row_stride, shape[-3], shape[-1], cache.data_ptr(), *strides[-3:-1],
+                                            cache.dtype is torch.bfloat16)  # (bfloat16: rounded, ties to even)
 
     def store(start: int, first: int = 0, count: Optional[int] = None) -> None:
         count = held - first if count is None else count
         if first < 0 or count < 0 or first + count > held or start < 0 or start + count > capacity:
             raise refuse("store_rows", f"{count} rows from {first} of {held} past them or the cache's {capacity}")
-        store_rows(address + 4 * first * row_stride, count, *after, int(start))
+        store_rows(address + 4 * first * row_stride, count, int(start), *after)
 
     return store
 

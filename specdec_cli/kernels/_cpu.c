@@ -277,10 +277,11 @@ static PyObject *py_rms_norm_heads(PyObject *self, PyObject *args)
 static PyObject *py_store_rows(PyObject *self, PyObject *args)
 {
     Py_ssize_t src, rows, row_stride, heads, dim, dst, head_stride, pos_stride, start;
-    if (!PyArg_ParseTuple(args, "nnnnnnnnn", &src, &rows, &row_stride, &heads, &dim, &dst, &head_stride, &pos_stride,
-                          &start))
+    int bf16 = 0;
+    if (!PyArg_ParseTuple(args, "nnnnnnnnn|p", &src, &rows, &start, &row_stride, &heads, &dim, &dst, &head_stride,
+                          &pos_stride, &bf16))
         return NULL;
-    cpu_store_rows((const float *)src, rows, row_stride, heads, dim, (float *)dst, head_stride, pos_stride, start);
+    cpu_store_rows((const float *)src, rows, row_stride, heads, dim, (void *)dst, head_stride, pos_stride, start, bf16);
     Py_RETURN_NONE;
 }
 
@@ -434,7 +435,7 @@ static PyMethodDef methods[] = {
     {"matmul", py_matmul, METH_VARARGS, "matmul(kind, x, rows, k, n, weights, out[, out_stride, accumulate])"},
     {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x, rows, dim, x_stride, weight, eps, out, out_stride)"},
     {"rope", py_rope, METH_VARARGS, "rope(base, rows, row_stride, heads, head_dim, positions, cos, sin[, half])"},
-    {"store_rows", py_store_rows, METH_VARARGS, "store_rows(src, rows, row_stride, heads, dim, dst, head_stride, pos_stride, start)"},
+    {"store_rows", py_store_rows, METH_VARARGS, "store_rows(src, rows, start, row_stride, heads, dim, dst, head_stride, pos_stride, bf16=False)"},
     {"silu_mul", py_silu_mul, METH_VARARGS, "silu_mul(gate_up, rows, ffn, out)"},
     {"gelu_tanh_mul", py_gelu_tanh_mul, METH_VARARGS, "gelu_tanh_mul(gate_up, rows, ffn, out): GeLU-tanh(gate) * up"},
     {"soft_cap", py_soft_cap, METH_VARARGS, "soft_cap(x, count, cap): x = cap * tanh(x / cap) in place"},

@@ -51,14 +51,29 @@ void cpu_rope(float *base, long rows, long row_stride, long heads, long head_dim
     }
 }
 
-/* Rows of `heads` x dim (at src + r * row_stride) into a cache laid out [head][position][dim] from `start`. */
-void cpu_store_rows(const float *src, long rows, long row_stride, long heads, long dim, float *dst,
-                    long head_stride, long pos_stride, long start)
+/* Rows of `heads` x dim (at src + r * row_stride) into a cache laid out [head][position][dim] from `start`, as they
+ * are (float32) or rounded to bfloat16 (`bf16`: a cache of half the bytes, which attention reads as they are). */
+void cpu_store_rows(const float *src, long rows, long row_stride, long heads, long dim, void *dst,
+                    long head_stride, long pos_stride, long start, int bf16)
 {
     for (long r = 0; r < rows; r++)
-        for (long h = 0; h < heads; h++)
-            memcpy(dst + h * head_stride + (start + r) * pos_stride, src + r * row_stride + h * dim,
-                   sizeof(float) * (size_t)dim);
+        for (long h = 0; h < heads; h++) {
+            const float *from = src + r * row_stride + h * dim;
+            long at = h * head_stride + (start + r) * pos_stride;
+            if (!bf16) {
+                memcpy((float *)dst + at, from, sizeof(float) * (size_t)dim);
+                continue;
+            }
+            uint16_t *to = (uint16_t *)dst + at;
+            for (long d = 0; d < dim; d++) { /* rounded to the nearest, ties to even; a NaN stays a (quiet) NaN */
+                uint32_t bits;
+                memcpy(&bits, from + d, sizeof bits);
+                if ((bits & 0x7fffffffu) > 0x7f800000u)
+                    to[d] = (uint16_t)((bits >> 16) | 0x0040u);
+                else
+                    to[d] = (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+            }
+        }
 }
 
 /* In place: RMSNorm of each of `heads` heads of head_dim at x + r * row_stride (QK-norm), every row in one call;

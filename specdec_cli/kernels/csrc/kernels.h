@@ -365,8 +365,8 @@ void cpu_rms_norm_heads(float *x, long rows, long row_stride, long heads, long h
                         float eps);
 void cpu_rope(float *base, long rows, long row_stride, long heads, long head_dim, long half, const int32_t *positions,
               const float *cos_table, const float *sin_table);
-void cpu_store_rows(const float *src, long rows, long row_stride, long heads, long dim, float *dst, long head_stride,
-                    long pos_stride, long start);
+void cpu_store_rows(const float *src, long rows, long row_stride, long heads, long dim, void *dst, long head_stride,
+                    long pos_stride, long start, int bf16);
 void cpu_silu_mul(int path, const float *gate_up, long rows, long ffn, float *out);
 void cpu_gelu_tanh_mul(int path, const float *gate_up, long rows, long ffn, float *out);
 /* Each row's k (<= 16) largest logits' ids, largest first, ties to the lower id, NaN largest (top_tokens.c):

@@ -164,6 +164,9 @@ def check_load(settings: LoadSettings, device_engine: bool = True) -> LoadPlan:
     caller runs the forward load/forward_choice.choose_forward picks with these settings, so a GGUF on cuda is opened in
     place for the device engine (device/); False keeps a GPU's transformers conversion (distill's training)."""
     settings = settings.with_environment()
+    from ..native.kv_cache import native_cache_dtype
+
+    native_cache_dtype()  # SPECDEC_KV_CACHE said wrong: one line before anything loads
     source = resolve_target(settings.target)
     device = pick_device(settings.device)
     if device_engine and (settings.decoder == "device" or (settings.decoder == "auto" and device == "cuda")):

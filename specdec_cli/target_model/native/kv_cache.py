@@ -15,11 +15,29 @@ holds the cache only; the engine decides what to keep.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, Optional, Sequence
 
 import torch
 
 INITIAL_CAPACITY = 256  # tokens; doubled as needed
+CACHE_VARIABLE = "SPECDEC_KV_CACHE"
+CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # the native decoder's; the first the default
+
+
+def native_cache_dtype() -> torch.dtype:
+    """The dtype the native decoder keeps keys and values in (SPECDEC_KV_CACHE): float32 by default, as computed;
+    bfloat16 halves the bytes every step reads, which a long context's steps spend much of their time on (as a
+    bfloat16 model's cache is kept in transformers and vLLM; llama.cpp keeps float16), at the price of answers that
+    may part from transformers' float32 greedy decoding where two tokens nearly tie. Plain and speculative decoding
+    read the same cache, so they stay identical either way. Another value is one line (checked before a load)."""
+    setting = os.environ.get(CACHE_VARIABLE, "").strip().lower() or next(iter(CACHE_DTYPES))
+    if setting not in CACHE_DTYPES:
+        from ...errors import SpecdecError
+
+        raise SpecdecError(f"{CACHE_VARIABLE} must be float32 (the default) or bfloat16, got "
+                           f"{os.environ.get(CACHE_VARIABLE)!r}")
+    return CACHE_DTYPES[setting]
 
 
 def _only_none(value: Optional[torch.Tensor]) -> None:
@@ -89,11 +107,11 @@ class GrowingLayer:
         self.length += added
         return self.key_buffer[..., : self.length, :], self.value_buffer[..., : self.length, :]
 
-    def open_rows(self, heads: int, dim: int, rows: int) -> "GrowingLayer":
-        """For a writer that fills the buffers itself (native.py): room for `rows` more entries (batch 1,
-        float32); it writes them at positions length .. length + rows - 1, then calls `advance(rows)`."""
+    def open_rows(self, heads: int, dim: int, rows: int, dtype: torch.dtype = torch.float32) -> "GrowingLayer":
+        """For a writer that fills the buffers itself (native.py): room for `rows` more entries (batch 1, `dtype`
+        when first opened); it writes them at positions length .. length + rows - 1, then calls `advance(rows)`."""
         if not self.is_initialized:
-            self._initialize(1, heads, dim, torch.float32, torch.device("cpu"))
+            self._initialize(1, heads, dim, dtype, torch.device("cpu"))
         self._reserve(self.length + rows)
         return self
 
@@ -170,14 +188,16 @@ class KVCache:
     def __len__(self) -> int:
         return len(self.layers)
 
-    def native_layer(self, index: int, heads: int, dim: int, rows: int) -> GrowingLayer:
-        """Layer `index`, with room for `rows` more entries, for a writer that fills it itself (native.py)."""
+    def native_layer(self, index: int, heads: int, dim: int, rows: int,
+                     dtype: torch.dtype = torch.float32) -> GrowingLayer:
+        """Layer `index`, with room for `rows` more entries, for a writer that fills it itself (native.py); its
+        buffers are made in `dtype`."""
         while len(self.layers) <= index:
             self.layers.append(self.new_layer())
         layer = self.layers[index]
         if not isinstance(layer, GrowingLayer):
             raise TypeError("native writes need GrowingLayers")
-        return layer.open_rows(heads, dim, rows)
+        return layer.open_rows(heads, dim, rows, dtype)
 
     def copy_prefix(self, length: int) -> "KVCache":
         """A new cache of the same kind holding a copy of the first `length` entries of every layer (a prompt

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from ... import kernels
 from .. import families
 from .bound_steps import bind_cache, bind_matmul, layer_steps
+from .kv_cache import native_cache_dtype
 from .native_support import activation_of, layer_kinds, rope_of, unsupported
 from .quant import BlockLinear
 from .row_keys import RowKeys, row_keys, window_keys
@@ -194,6 +195,7 @@ class NativeDecoder:
                 raise ValueError("the native decoder computes in float32")
             rows = functools.partial(torch.index_select, table, 0)
         self.embedding_rows = rows  # ids [n] -> float32 [n, hidden], unscaled
+        self.cache_dtype = native_cache_dtype()  # the KV cache's (SPECDEC_KV_CACHE: float32 by default)
         scale = getattr(embed, "embed_scale", None)  # gemma: sqrt(hidden), as a float32 scalar tensor
         self.embed_scale = None if scale is None else torch.as_tensor(scale).detach().to(torch.float32)
         offset = families.norm_plus_one(config.model_type)  # RMSNorm times (1 + weight)
@@ -380,7 +382,7 @@ class NativeDecoder:
                 rotate[id(layer.rope)]()
             attending = []  # (bound call, key positions, first row) of each part: several in one call of the kernels
             for part, (first, stop), past, keys_by_kind in zip(parts, ranges, pasts, keys_by_part):
-                cache = part.cache.native_layer(index, self.kv_heads, self.head_dim, stop - first)
+                cache = part.cache.native_layer(index, self.kv_heads, self.head_dim, stop - first, self.cache_dtype)
                 calls = bind_cache(self, step, buffers, layer, cache)  # bound once per cache
                 calls.store_keys(past, first, stop - first)  # the part's keys and values at positions past ..
                 calls.store_values(past, first, stop - first)  # past + n - 1
@@ -420,7 +422,7 @@ class NativeDecoder:
         """A prompt's attention on an empty cache, causal (and windowed): SDPA, or the eager formula soft-capped."""
         q_width = self.heads * self.head_dim
         query = qkv[:, :q_width].view(1, rows, self.heads, self.head_dim).transpose(1, 2)  # [1, heads, n, d]
-        block_keys, block_values = keys[:, :, :rows], values[:, :, :rows]
+        block_keys, block_values = keys[:, :, :rows].float(), values[:, :, :rows].float()  # as the steps read them
         mask = None
         if window or self.attn_cap is not None:
             position = torch.arange(rows)

@@ -157,10 +157,27 @@ def test_the_decoders_steps_refuse_wrong_shapes_and_dtypes():
     assert torch.equal(cache[0, :, 2:5], x.view(3, 2, 16).transpose(0, 1))
     for call in (lambda: kernels.store_rows(x, cache, 3),  # past the cache's 5 positions
                  lambda: kernels.store_rows(x, torch.zeros(1, 3, 5, 16), 0),
-                 lambda: kernels.store_rows(x, cache.bfloat16(), 0),
+                 lambda: kernels.store_rows(x, cache.half(), 0),  # float16: not a cache the attention reads
                  lambda: kernels.store_rows(x[:, :30], cache, 0)):
         with pytest.raises(ValueError, match="store_rows"):
             call()
+
+
+def test_rows_stored_in_a_bfloat16_cache_are_rounded_as_torch_rounds():
+    """A bfloat16 KV cache (the native decoder's default) holds each value as torch's float32 -> bfloat16 conversion
+    gives it: rounded to the nearest, ties to even (both ways), infinities kept, a NaN still a NaN."""
+    bits = torch.tensor([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x3F807FFF, 0x7F7FFFFF, 0xFF800000, 0x00000001,
+                         0x80008000], dtype=torch.int64).to(torch.int32)  # ties (even, odd), near ties, max, -inf, tiny
+    values = torch.cat([bits.view(torch.float32), torch.randn(24, generator=torch.Generator().manual_seed(3))])
+    rows = values.view(2, 16)  # 2 rows of 1 head x 16
+    cache = torch.zeros(1, 1, 4, 16, dtype=torch.bfloat16)
+    kernels.store_rows(rows, cache, 1)
+    assert torch.equal(cache[0, 0, 1:3].view(torch.int16), rows.to(torch.bfloat16).view(torch.int16))
+    assert not cache[0, 0, 0].any() and not cache[0, 0, 3].any()  # nothing else written
+    with_nan = rows.clone()
+    with_nan[0, 5] = float("nan")
+    kernels.store_rows(with_nan, cache, 0)
+    assert torch.isnan(cache[0, 0, 0, 5]) and torch.equal(cache[0, 0, 1], rows[1].to(torch.bfloat16))
 
 
 def test_checked_rows_and_dense_give_what_tensors_give_and_refuse_the_same():

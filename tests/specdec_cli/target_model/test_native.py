@@ -23,6 +23,7 @@ from helpers import (
 from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
 from specdec_cli.drafters.none import NoDrafter
+from specdec_cli.errors import SpecdecError
 from specdec_cli.target_model.load import converted_blocks
 from specdec_cli.target_model.native import native, native_support, quant
 from specdec_cli.target_model.native.kv_cache import KVCache, transformers_kv_cache
@@ -56,7 +57,7 @@ def _sequence(length: int, seed: int = 0) -> list[int]:
     return [1, *torch.randint(4, 64, (length - 1,), generator=generator).tolist()]
 
 
-def _assert_greedy(model, prompt: list[int], answer: list[int]) -> None:
+def _assert_greedy(model, prompt: list[int], answer: list[int], tolerance: float = TOLERANCE) -> None:
     """The answer is transformers' greedy decoding on the same layers: each token its argmax after the tokens before
     it, or within rounding of it: a near-tie that summation order may decide either way, by as much as the logits
     may differ (TOLERANCE of their scale: one activation code moved by an 8-bit rounding upstream)."""
@@ -64,7 +65,7 @@ def _assert_greedy(model, prompt: list[int], answer: list[int]) -> None:
         logits = model(torch.tensor([prompt + answer])).logits[0, len(prompt) - 1 : -1]  # [answer, V]
     best = logits.max(dim=-1).values
     chosen = logits.gather(1, torch.tensor(answer)[:, None])[:, 0]
-    assert bool((chosen >= best - TOLERANCE * logits.abs().amax(dim=-1)).all()), (model.config.model_type, answer)
+    assert bool((chosen >= best - tolerance * logits.abs().amax(dim=-1)).all()), (model.config.model_type, answer)
     assert EOS not in answer[:-1] and (len(answer) == NEW or answer[-1] == EOS)
 
 
@@ -194,6 +195,36 @@ def test_speculation_on_block_weights_is_identical_to_plain_decoding(block_famil
         assert generation.tokens == block_family.references[index], (block_family.name, kind, index)
         if kind in ("chain", "tree"):
             assert max(event.verify_rows for event in generation.events if event.kind == "step") >= 4
+
+
+@pytest.mark.parametrize("family,mode", [("qwen2", "int8"), ("mistral", "int4")])  # biases; a sliding window
+def test_a_bfloat16_kv_cache_keeps_every_drafter_identical_to_plain_decoding(monkeypatch, family, mode):
+    """SPECDEC_KV_CACHE=bfloat16: the native decoder keeps keys and values in bfloat16 (the attention reads them as
+    they are, the prompt's too); plain decoding stays transformers' greedy within rounding, every drafter (chains,
+    trees, a draft model, Token Recycling, ADED) stays plain decoding's own answer token for token, and several
+    sequences in one forward get the bits each gets alone."""
+    from specdec_cli.decoding.plain_many import plain_many
+
+    monkeypatch.setenv("SPECDEC_KV_CACHE", "bfloat16")
+    model = _blocks(family, mode)
+    engine = fixed_engine(model)
+    cache = KVCache()
+    native.decoder_for(model)(input_ids=torch.tensor([PROMPTS[0]]), position_ids=torch.arange(len(PROMPTS[0]))[None],
+                              past_key_values=cache)
+    assert cache.layers[0].key_buffer.dtype == torch.bfloat16
+    references = [engine.generate(prompt, NoDrafter(), _config()).tokens for prompt in PROMPTS]
+    for prompt, answer in zip(PROMPTS, references):  # within the cache's rounding (bfloat16: 8 significant bits)
+        _assert_greedy(model, prompt, answer, tolerance=4 * TOLERANCE)
+    family_case = type("Family", (), {"name": family, "model": model, "vocab": 64, "references": references})
+    for kind in ("pld", "chain", "tree", "model", "recycle", "aded"):
+        for index, prompt in enumerate(PROMPTS):
+            generation = fixed_engine(model).generate(prompt, family_drafter(kind, family_case, index), _config())
+            assert generation.tokens == references[index], (family, kind, index)
+    answers = plain_many(engine.forward, PROMPTS, _config(), width=3)
+    assert [answer.tokens for answer in sorted(answers, key=lambda answer: answer.index)] == references
+    monkeypatch.setenv("SPECDEC_KV_CACHE", "float16")
+    with pytest.raises(SpecdecError, match="SPECDEC_KV_CACHE must be float32 .* or bfloat16"):
+        native.decoder_for(model)
 
 
 def test_sampling_on_block_weights_keeps_the_law():
