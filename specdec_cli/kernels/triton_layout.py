@@ -131,22 +131,7 @@ class PackedMatrix:
     def from_layers(layers: list[Any], device: torch.device, chunk_rows: int) -> "PackedMatrix":
         """BlockLinear layers of one packed kind and row length, side by side along the outputs (q|k, gate|up: one
         matrix, one launch), moved to the device `chunk_rows` output rows at a time."""
-        from .packed import GROUP, unpack_fields
-
-        kind, k = layers[0].kind, int(layers[0].in_features)
-        if any(layer.kind != kind or int(layer.in_features) != k for layer in layers):
-            raise ValueError("layers side by side in one packed matrix must share their kind and row length")
-        matrix = PackedMatrix.allocate(kind, sum(int(layer.out_features) for layer in layers), k, device)
-        per_chunk = max(1, chunk_rows // GROUP)  # records (GROUP output rows each) per chunk
-        offset = 0
-        for layer in layers:
-            n = int(layer.out_features)
-            for first in range(0, layer.records.shape[0], per_chunk):
-                part = layer.records[first : first + per_chunk].to(device)  # uint8 [groups, record bytes]
-                start = first * GROUP
-                matrix.fill(offset + start, unpack_fields(kind, part, min(part.shape[0] * GROUP, n - start)))
-            offset += n
-        return matrix
+        return stacked(PackedMatrix.allocate, layers, device, chunk_rows)
 
     def fields(self, rows: "Optional[slice | torch.Tensor]" = None) -> Fields:
         """The fields of every row (or the rows given: a slice, or ids [r]) as kernels.packed holds them: codes
@@ -176,3 +161,25 @@ class PackedMatrix:
         """The weights float32 [n, k] (or the rows given) as gguf.quants.dequantize computes them
         (kernels.packed.fields_dequantize of `fields`)."""
         return fields_dequantize(self.kind, self.fields(rows))
+
+
+def stacked(allocate: Any, layers: list[Any], device: torch.device, chunk_rows: int) -> Any:
+    """BlockLinear layers of one kind and row length side by side along the outputs in a new device matrix
+    (`allocate(kind, n, k, device)`: a PackedMatrix here, a WordMatrix in triton_words_layout.py, each with its
+    `fill(first_row, fields)`), their records moved and unpacked `chunk_rows` output rows at a time."""
+    from .packed import GROUP, unpack_fields
+
+    kind, k = layers[0].kind, int(layers[0].in_features)
+    if any(layer.kind != kind or int(layer.in_features) != k for layer in layers):
+        raise ValueError("layers side by side in one device matrix must share their kind and row length")
+    matrix = allocate(kind, sum(int(layer.out_features) for layer in layers), k, device)
+    per_chunk = max(1, chunk_rows // GROUP)  # records (GROUP output rows each) per chunk
+    offset = 0
+    for layer in layers:
+        n = int(layer.out_features)
+        for first in range(0, layer.records.shape[0], per_chunk):
+            part = layer.records[first : first + per_chunk].to(device)  # uint8 [groups, record bytes]
+            start = first * GROUP
+            matrix.fill(offset + start, unpack_fields(kind, part, min(part.shape[0] * GROUP, n - start)))
+        offset += n
+    return matrix

@@ -36,7 +36,7 @@ from typing import Any, Optional
 import torch
 
 from .packed import KIND_PQ6_K, packed_kind
-from .triton_gemm import Tiling, interpreter_mode, tiles_setting
+from .triton_gemm import Tiling, check_rows, interpreter_mode, tiles_setting
 from .triton_words_layout import LOW_PER_WORD, WordMatrix
 
 WORD_GPU_TILES = (128, 128)  # (BLOCK_N, BLOCK_K) on a GPU unless set: a guess until bench_packed.py measures it
@@ -163,9 +163,7 @@ class WordGemm:
         return self.matrix.nbytes
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
-        matrix, count = self.matrix, rows.shape[0]
-        if count < 16 or count & (count - 1) or rows.shape[1] != matrix.k or rows.stride(1) != 1:
-            raise ValueError(f"word matmul: rows {tuple(rows.shape)} do not fit a [{matrix.n}, {matrix.k}] matrix "
-                             "at a row-major power-of-two row count of at least 16")
+        matrix = self.matrix
+        check_rows(rows, matrix.n, matrix.k, "word matmul")
         return word_gemm(rows, matrix.low, matrix.high, matrix.d, matrix.m, matrix.scales, matrix.minimums,
                          matrix.kind, *self.tiling)

@@ -32,7 +32,7 @@ from typing import Any, Optional
 import torch
 
 from .packed import KIND_PQ4_K, KIND_PQ6_K, Fields, fields_dequantize, packed_kind
-from .triton_layout import PackedMatrix
+from .triton_layout import PackedMatrix, stacked
 
 WORD_KINDS = (KIND_PQ4_K, KIND_PQ6_K)
 SUPER = 256  # weights per super-block (one d, one dmin)
@@ -126,22 +126,7 @@ class WordMatrix:
     def from_layers(layers: list[Any], device: torch.device, chunk_rows: int) -> "WordMatrix":
         """BlockLinear layers of one kind (Q4_K or Q6_K) and row length, side by side along the outputs (q|k,
         gate|up: one matrix, one launch), moved to the device `chunk_rows` output rows at a time."""
-        from .packed import GROUP, unpack_fields
-
-        kind, k = layers[0].kind, int(layers[0].in_features)
-        if any(layer.kind != kind or int(layer.in_features) != k for layer in layers):
-            raise ValueError("layers side by side in one word matrix must share their kind and row length")
-        matrix = WordMatrix.allocate(kind, sum(int(layer.out_features) for layer in layers), k, device)
-        per_chunk = max(1, chunk_rows // GROUP)  # records (GROUP output rows each) per chunk
-        offset = 0
-        for layer in layers:
-            n = int(layer.out_features)
-            for first in range(0, layer.records.shape[0], per_chunk):
-                part = layer.records[first : first + per_chunk].to(device)  # uint8 [groups, record bytes]
-                start = first * GROUP
-                matrix.fill(offset + start, unpack_fields(kind, part, min(part.shape[0] * GROUP, n - start)))
-            offset += n
-        return matrix
+        return stacked(WordMatrix.allocate, layers, device, chunk_rows)
 
     @staticmethod
     def from_packed(packed: PackedMatrix, chunk_rows: int = 4096) -> "WordMatrix":
