@@ -109,10 +109,12 @@ def save_curve(cache_file: Optional[Path], curve: CostCurve) -> None:
 
 def cost_cache_file(model: Any, exact_rows: int) -> Optional[Path]:
     """$SPECDEC_HOME/costs/KEY.json, KEY from the model, device, CPU, dtype, threads, torch version, the rows
-    verified row-invariantly (0: none) and block weights (with the kernels' path and record format). None for an
-    in-memory model (tests): measured, not stored."""
+    verified row-invariantly (0: none) and block weights (with the kernels' path, build and record format, and the
+    native decoder's KV cache dtype: each changes what a step costs). None for an in-memory model (tests):
+    measured, not stored."""
     from .. import kernels
     from ..target_model.load.weights_cache import CACHE_FORMAT
+    from ..target_model.native.kv_cache import native_cache_dtype
     from ..target_model.native.quant import block_layers, weights_summary
 
     name = getattr(model.config, "_name_or_path", "") or ""
@@ -120,8 +122,9 @@ def cost_cache_file(model: Any, exact_rows: int) -> Optional[Path]:
         return None
     params = sum(p.numel() for p in model.parameters())
     first = next(model.parameters())
-    # block weights: their kernels' path and layout too (a new kernel release measures its own curve)
-    blocks = f"|{weights_summary(model)}|{kernels.isa()}|{CACHE_FORMAT}" if block_layers(model) else ""
+    # block weights: their kernels' path, build and layout too (a rebuilt kernel measures its own curve), and the cache
+    blocks = (f"|{weights_summary(model)}|{kernels.isa()}|{kernels.build()}|{CACHE_FORMAT}|{native_cache_dtype()}"
+              if block_layers(model) else "")
     key = (f"{name}|{params}|{first.device}|{cpu_model()}|{first.dtype}|{torch.get_num_threads()}|"
            f"{torch.__version__}" + (f"|exact{exact_rows}" if exact_rows else "") + blocks)
     return specdec_home() / "costs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"

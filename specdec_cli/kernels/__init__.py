@@ -83,9 +83,12 @@ def available() -> bool:
 
 
 def isa() -> str:
-    """The instruction set the kernels run on: "avx512vnni", "avxvnni", "avx2" or "portable" ("missing" when not
-    compiled). The best this CPU has, unless `force_isa` or SPECDEC_ISA chose another."""
+    """The kernels' instruction set: avx512vnni, avxvnni, avx2 or portable (the best here, or force_isa's)."""
     return _cpu.isa() if _cpu is not None else "missing"
+
+
+def build() -> str:  # the compiled extension's size and time: a rebuilt one measures its own cost curve
+    return "missing" if _cpu is None else "{0.st_size}-{0.st_mtime_ns}".format(os.stat(_cpu.__file__))
 
 
 def isas() -> list[str]:
@@ -94,8 +97,7 @@ def isas() -> list[str]:
 
 
 def force_isa(name: Optional[str]) -> None:
-    """Run the kernels on path `name` (one of `isas()`), or on the best again with None. Every path computes each
-    block kind's products in the same order (kernels/csrc/), so results do not change; for tests and timings."""
+    """Run the kernels on path `name` (one of `isas()`; SPECDEC_ISA too), or the best with None: the same results."""
     _require().set_isa(name or "best")
 
 
@@ -130,13 +132,11 @@ def ensure_threads() -> None:
 
 
 # -- the C calls, typed ---------------------------------------------------------------------------------------------
-# Every call into _cpu goes through the functions below: they take tensors, check what the C code reads blindly
-# (dtype, device, dimensions, the unit stride along a row, shapes that agree) and raise ValueError naming the
-# kernel and the argument, never handing C a pointer it would read past. Values (positions within a rotary table,
-# key positions within the cache) are the caller's to keep in range. A tensor's checks are attribute reads, one or
-# two microseconds a call; a decoding step's 300-odd calls take handles checked once (Rows, Dense), and the
-# `bind_*` forms check once and return the call with its arguments bound, for a step that repeats it on the
-# buffers it keeps (native.py); what changes between calls (a cache position, a row's keys) is checked at each.
+# Every call into _cpu goes through the functions below: they take tensors, check what C reads blindly (dtype,
+# device, dimensions, unit stride along a row, shapes that agree) and raise ValueError naming the kernel and the
+# argument. Values (rotary positions, key positions) are the caller's to keep in range. A tensor's checks cost 1-2 us
+# a call; a step's 300-odd calls take handles checked once (Rows, Dense) and `bind_*` forms, checked once, that
+# return the call bound to the buffers a step keeps (native.py); what changes between calls is checked at each.
 
 
 def matmul_into(x: "torch.Tensor | Rows", matrix: BlockMatrix, out: "torch.Tensor | Rows",

@@ -95,3 +95,26 @@ def test_a_learning_curve_is_saved_now_and_then_under_a_name_made_once(tmp_path,
         store.keep(curve)
     assert len(saves) == 4 and set(saves) == {tmp_path / "curve.json"}  # after SAVE_EVERY steps, then each 30 s
     assert len(named) == 1
+
+
+def test_a_stored_curve_is_one_per_kernels_build_and_kv_cache_dtype(monkeypatch, tmp_path):
+    """What a step costs changes with the kernels' build and the native decoder's KV cache: each has its own
+    stored curve, measured afresh, not one timed on the other (the same model, machine and settings otherwise)."""
+    from helpers import family_model
+
+    from specdec_cli import kernels
+    from specdec_cli.decoding.curve_store import cost_cache_file
+    from specdec_cli.target_model.load import converted_blocks
+    from specdec_cli.target_model.native import quant
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    model = family_model("llama", seed=5)
+    quant.install_blocks(model, converted_blocks.plan_blocks(model, "int8", None))
+    model.config._name_or_path = "tiny-llama"
+    first = cost_cache_file(model, 8)
+    assert first is not None and cost_cache_file(model, 8) == first
+    monkeypatch.setenv("SPECDEC_KV_CACHE", "bfloat16")
+    other_cache = cost_cache_file(model, 8)
+    monkeypatch.delenv("SPECDEC_KV_CACHE")
+    monkeypatch.setattr(kernels, "build", lambda: "another-build")
+    assert len({first, other_cache, cost_cache_file(model, 8)}) == 3
