@@ -8,8 +8,9 @@ change. Every layer keeps every token (no sliding-window eviction), which verifi
 
 `KVCache` itself needs no transformers (the native decoder's GGUF path never imports it: start-up). A
 transformers model's forward needs a transformers `Cache`: `transformers_kv_cache()` makes the same cache as a
-DynamicCache (its classes built on first use), and `new_kv_cache(model)` picks the one a model needs. This file
-holds the cache only; the engine decides what to keep.
+DynamicCache (its classes built on first use), and `new_kv_cache(model)` picks the one a model needs. The native
+decoder's entries are float32, or bfloat16 with SPECDEC_KV_CACHE (`native_cache_dtype`). This file holds the cache
+only; the engine decides what to keep.
 """
 
 from __future__ import annotations
