@@ -39,3 +39,4 @@ DEFAULT_SERVE_PARALLEL = "auto"  # requests `specdec serve` answers together (--
 MAX_SERVE_QUEUE = 4096  # each waiting request holds a connection and its body
 DEFAULT_SERVE_MAX_CONNECTIONS = 256  # connections `specdec serve` holds at once
 DEFAULT_SERVE_TIMEOUT = 60.0  # seconds a request's headers, then its body, may take to arrive
+KV_CACHES = ("float32", "bfloat16")  # the native decoder's KV cache dtypes (--kv-cache), the first the default

@@ -38,12 +38,14 @@ def environment(model_name: str, device: str, dtype: Any, started: Optional[date
         if torch.cuda.device_count() > 1:
             gpu = f"{gpu} (x{torch.cuda.device_count()})"
     from .. import kernels
+    from ..target_model.native.kv_cache import native_cache_dtype
 
     return {
         **host_environment(started),
         "torch_threads": torch.get_num_threads(),
         "kernel_threads": kernels.threads() if kernels.available() else None,  # specdec's C kernels (block weights)
         "kernel_path": kernels.isa() if kernels.available() else None,  # their instruction set: avx512vnni, ...
+        "kv_cache": str(native_cache_dtype()).replace("torch.", ""),  # the native decoder's (--kv-cache)
         "gpu": gpu,
         "torch": torch.__version__,
         "transformers": _installed_version("transformers"),  # (not imported: the native path runs without it)

@@ -74,6 +74,7 @@ def report_document(report: BenchReport, loaded: Any) -> dict:
     document["environment"]["load"] = loaded.load_line
     if loaded.weights == "dense":  # the kernel threads matter only where the kernels compute the target
         document["environment"]["kernel_threads"] = document["environment"]["kernel_path"] = None
+        document["environment"]["kv_cache"] = None  # (transformers' own cache)
     return document
 
 

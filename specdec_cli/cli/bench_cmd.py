@@ -24,7 +24,17 @@ from ..heap import settle_heap
 from ..vllm.runner import VLLM_METHODS
 from . import app, options
 from .bench_vllm import bench_vllm
-from .common import apply_threads, cell, console, doing, err_console, load_target, show_report, table_width
+from .common import (
+    apply_kv_cache,
+    apply_threads,
+    cell,
+    console,
+    doing,
+    err_console,
+    load_target,
+    show_report,
+    table_width,
+)
 
 DEFAULT_DRAFTERS = "none,pld,sam"
 DEFAULT_SUITE = "builtin"
@@ -65,6 +75,7 @@ def bench(
     decoder: str = options.decoder(),
     dtype: str = options.dtype(),
     weights: str = options.weights(),
+    kv_cache: Optional[str] = options.kv_cache(),
     memory: Optional[str] = typer.Option(None, "--memory", help="Let sam draft from this answer-memory directory (`specdec memory info` shows it); the bench never reads or writes the memory otherwise."),
     exact: Optional[bool] = options.exact(note="; when on, the `native` row times plain decoding on the model's own kernels"),
     engine: str = options.choice("specdec", "--engine", options.ENGINES, help="specdec (this process), or vllm: the methods inside vLLM "
@@ -86,7 +97,7 @@ def bench(
         not_here = {"--oracle": oracle, "--temperature": temperature > 0, "--repeats": repeats > 1, "--batch": batch > 1,
                     "--draft-model": draft_model and "eagle3" not in split_names(reference), "--plot": plot, "--exact/--no-exact": exact is not None,
                     "--weights": weights != "auto", "--threads": threads is not None, "--device": device != "auto",
-                    "--decoder": decoder != "auto"}
+                    "--decoder": decoder != "auto", "--kv-cache": kv_cache is not None}
         bench_vllm(values, split_names(drafters), split_names(reference), chosen, files, as_json,
                    concurrency=concurrency, unsupported=[flag for flag, used in not_here.items() if used])
         return
@@ -96,6 +107,7 @@ def bench(
         raise SpecdecError("--drafters: give at least one name (none: plain decoding alone)", setting="drafters")
     settings = bench_settings(resolve_methods(split_names(drafters), split_names(reference), lengths),
                               repeats=repeats, llama_server=llama_server, batch=batch, **values)
+    apply_kv_cache(kv_cache)
     bench_specdec(settings, chosen, files, as_json, threads)
 
 
@@ -172,6 +184,7 @@ def header_lines(document: dict) -> list[str]:
     if env.get("kernel_threads"):
         kernel = f" · kernel threads {env['kernel_threads']}" + (f" ({env['kernel_path']})" if env.get("kernel_path")
                                                                 else "")
+        kernel += f" · KV cache {env['kv_cache']}" if env.get("kv_cache") == "bfloat16" else ""
     return [
         f"Machine: {env['cpu']} · {cores} · torch threads {env['torch_threads']}{kernel} · GPU: {env['gpu'] or 'none'}",
         f"Software: torch {env['torch']} · transformers {env['transformers']} · specdec {env['specdec']} · "

@@ -12,7 +12,7 @@ from ..defaults import DEFAULT_DRAFTER, DEFAULT_MAX_NEW_TOKENS
 from ..errors import SpecdecError
 from ..session.run_settings import run_settings
 from . import app, options
-from .common import apply_threads, cache_kept_since, console, doing, err_console, say_loaded
+from .common import apply_kv_cache, apply_threads, cache_kept_since, console, doing, err_console, say_loaded
 from .output import PrintedAnswer, compare_json, compare_lines, stats_line, turn_json
 from .render import LiveTranscript, TranscriptView, text_decoder
 from .repl import Repl
@@ -81,12 +81,14 @@ def chat(
     decoder: str = options.decoder(),
     dtype: str = options.dtype(),
     weights: str = options.weights(),
+    kv_cache: Optional[str] = options.kv_cache(),
     memory: bool = typer.Option(True, "--memory/--no-memory", help="Remember this run's answers and let sam draft from every answer remembered for this model (SPECDEC_NO_MEMORY=1 turns it off; --compare never uses it)."),
     exact: Optional[bool] = options.exact(),
 ) -> None:
     """Speculative chat: one-shot with --prompt, interactive otherwise."""
     if threads is not None:
         apply_threads(threads)
+    apply_kv_cache(kv_cache)
     text = read_prompt(prompt) if prompt is not None else None
     settings = chat_settings(target=target, device=device, decoder=decoder, dtype=dtype, weights=weights, drafter=drafter, index=index,
                              aux=aux, draft_model=draft_model, draft_min_prob=draft_min_prob, draft_max=draft_max,

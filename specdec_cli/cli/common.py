@@ -128,6 +128,13 @@ def apply_threads(threads: int) -> None:
         sys.stderr.flush()
 
 
+def apply_kv_cache(kv_cache: "str | None") -> None:
+    """--kv-cache: the native decoder's KV cache dtype for this process and the processes it starts (it sets
+    SPECDEC_KV_CACHE, which the decoder and the stored cost curves read: native/kv_cache.py)."""
+    if kv_cache is not None:
+        os.environ["SPECDEC_KV_CACHE"] = kv_cache
+
+
 def print_error(message: str) -> None:
     """One line on stderr: `specdec: error: ...`."""
     first = " ".join(str(message).strip().split("\n")[0].split())

@@ -23,6 +23,7 @@ from ..defaults import (
     DEFAULT_BUDGET,
     DEFAULT_TARGET,
     DEFAULT_VLLM_CONCURRENCY,
+    KV_CACHES,
 )
 from ..distill.eagle3_train import DEFAULT_DRAFT_VOCAB as EAGLE3_DRAFT_VOCAB
 from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, DEFAULT_UNROLL, MAX_UNROLL, EagleTrainConfig
@@ -71,6 +72,13 @@ def dtype() -> Any:
     return choice("auto", "--dtype", DTYPES, help="auto (bfloat16 where this CPU runs it natively and it is "
                   "measured faster, else float32; bfloat16 on GPUs), float32, bfloat16, float16 (default from "
                   "SPECDEC_DTYPE where set).")
+
+
+def kv_cache() -> Any:
+    return choice(None, "--kv-cache", KV_CACHES, help="The native decoder's KV cache: float32 (as computed) or "
+                  "bfloat16 (half the bytes each step reads: faster at long contexts; answers may part from float32's "
+                  "where two tokens nearly tie; speculation stays identical to plain decoding). Default: "
+                  "SPECDEC_KV_CACHE, else float32 (llama.cpp's -ctk/-ctv, vLLM's --kv-cache-dtype).")
 
 
 def weights() -> Any:

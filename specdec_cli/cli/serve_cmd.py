@@ -28,7 +28,7 @@ from ..drafters import DRAFTERS, HYBRID_HEAD
 from ..errors import SpecdecError
 from ..vllm.serve import serve, serve_settings
 from . import app, options
-from .common import apply_threads, cache_kept_since, doing, err_console, say_loaded
+from .common import apply_kv_cache, apply_threads, cache_kept_since, doing, err_console, say_loaded
 
 
 @app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -53,6 +53,7 @@ def serve_command(
     device: str = options.device(),
     dtype: str = options.dtype(),
     weights: str = options.weights(),
+    kv_cache: Optional[str] = options.kv_cache(),
     memory: Optional[bool] = typer.Option(None, "--memory/--no-memory", show_default=False, help="Keep every answer on disk and let sam draft from them for every later request, whoever sends it (default: on only for a server on this machine without a key; SPECDEC_NO_MEMORY=1 turns it off)."),
     exact: Optional[bool] = options.exact(),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
@@ -89,12 +90,13 @@ def serve_command(
         seed=seed, raw=raw, exact=exact)
     if threads is not None:
         apply_threads(threads)
+    apply_kv_cache(kv_cache)
     _serve_specdec(settings)
 
 
 VLLM_ONLY = ("min_match", "max_model_len", "memory_fraction")
 SPECDEC_ONLY = ("aux", "draft_model", "draft_min_prob", "max_new_tokens", "temperature", "top_p", "top_k", "seed",
-                "system", "raw", "threads", "device", "weights", "memory", "exact", "queue", "alias", "max_connections",
+                "system", "raw", "threads", "device", "weights", "kv_cache", "memory", "exact", "queue", "alias", "max_connections",
                 "timeout", "cors_origins", "parallel")
 
 

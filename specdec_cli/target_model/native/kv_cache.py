@@ -21,17 +21,20 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from ...defaults import KV_CACHES
+
 INITIAL_CAPACITY = 256  # tokens; doubled as needed
 CACHE_VARIABLE = "SPECDEC_KV_CACHE"
-CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # the native decoder's; the first the default
+CACHE_DTYPES = {name: getattr(torch, name) for name in KV_CACHES}  # the native decoder's; the first the default
 
 
 def native_cache_dtype() -> torch.dtype:
-    """The dtype the native decoder keeps keys and values in (SPECDEC_KV_CACHE): float32 by default, as computed;
-    bfloat16 halves the bytes every step reads, which a long context's steps spend much of their time on (as a
-    bfloat16 model's cache is kept in transformers and vLLM; llama.cpp keeps float16), at the price of answers that
-    may part from transformers' float32 greedy decoding where two tokens nearly tie. Plain and speculative decoding
-    read the same cache, so they stay identical either way. Another value is one line (checked before a load)."""
+    """The dtype the native decoder keeps keys and values in (SPECDEC_KV_CACHE, which `--kv-cache` sets): float32 by
+    default, as computed; bfloat16 halves the bytes every step reads, which a long context's steps spend much of
+    their time on (as a bfloat16 model's cache is kept in transformers and vLLM; llama.cpp keeps float16), at the
+    price of answers that may part from transformers' float32 greedy decoding where two tokens nearly tie. Plain and
+    speculative decoding read the same cache, so they stay identical either way. Another value is one line (checked
+    before a load)."""
     setting = os.environ.get(CACHE_VARIABLE, "").strip().lower() or next(iter(CACHE_DTYPES))
     if setting not in CACHE_DTYPES:
         from ...errors import SpecdecError

@@ -344,6 +344,7 @@ def test_library_run_document(library_report, conversations):
     assert {"cpu", "cpu_cores", "gpu", "torch", "transformers", "specdec", "model", "dtype", "device", "date"} <= set(
         document["environment"])
     assert document["environment"]["kernel_path"] == (kernels.isa() if kernels.available() else None)
+    assert document["environment"]["kv_cache"] == "float32"  # the native decoder's (--kv-cache)
     assert document["settings"]["methods"] == ["none", "pld", "oracle-4", "hf", "hf-pld"]
     assert document["settings"]["tree_check"] == "passed"  # a llama: trees checked against sequential decoding
     methods = document["settings"]["methods"]
