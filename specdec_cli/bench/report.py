@@ -75,6 +75,8 @@ def report_document(report: BenchReport, loaded: Any) -> dict:
     if loaded.weights == "dense":  # the kernel threads matter only where the kernels compute the target
         document["environment"]["kernel_threads"] = document["environment"]["kernel_path"] = None
         document["environment"]["kv_cache"] = None  # (transformers' own cache)
+    if loaded.device != "cpu":  # the device engine's cache is in its compute dtype, not the native decoder's
+        document["environment"]["kv_cache"] = str(loaded.dtype).replace("torch.", "")
     return document
 
 
