@@ -38,13 +38,13 @@ CPU_BLOCK_N = 512  # the interpreter pays per program and per tile, not per elem
 TILES_VARIABLE = "SPECDEC_DEVICE_TILES"  # "16x128", or "32x128x4" (k cut in 4 spans): bench_packed.py's sweep
 
 
-
 def check_rows(rows: torch.Tensor, n: int, k: int, what: str) -> None:
     """Rows a device GEMM takes: row-major [R, k] with R a power of two of at least 16 (the engine's padded rows)."""
     count = rows.shape[0]
     if count < 16 or count & (count - 1) or rows.shape[1] != k or rows.stride(1) != 1:
         raise ValueError(f"{what}: rows {tuple(rows.shape)} do not fit a [{n}, {k}] matrix at a row-major "
                          "power-of-two row count of at least 16")
+
 
 class Tiling(NamedTuple):
     """How a matrix's product is cut: BLOCK_N output columns and a k-span (k / split) per program, walked in tiles

@@ -31,7 +31,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from ...errors import SpecdecError
+from ...errors import SpecdecError, check_choice
 from ...kernels import triton_gemm
 from ...kernels.triton_gemm import PackedGemm
 from ...kernels.triton_layout import PackedMatrix, takes
@@ -64,11 +64,8 @@ def kernel_setting() -> str:
     """SPECDEC_DEVICE_KERNEL, the kernel of matrices at the file's bits: "bytes" (unset: kernels/triton_gemm.py for
     every type) or "words" (kernels/triton_words_gemm.py for Q4_K and Q6_K matrices, triton_gemm.py for the rest;
     not yet measured on a GPU, docs/gpu.md); another value is one line."""
-    setting = os.environ.get(KERNEL_VARIABLE, "").strip().lower() or KERNELS[0]
-    if setting not in KERNELS:
-        raise SpecdecError(f"{KERNEL_VARIABLE} must be bytes (the packed kernel, the default) or words (Q4_K and Q6_K "
-                           f"codes in 32-bit words), got {os.environ.get(KERNEL_VARIABLE)!r}")
-    return setting
+    return check_choice(os.environ.get(KERNEL_VARIABLE, "").strip().lower() or KERNELS[0], KERNELS, "kernel",
+                        named=KERNEL_VARIABLE)
 
 
 DENSE_FITS = 0.8  # dense weights are the default on a GPU whose free memory holds them within this share

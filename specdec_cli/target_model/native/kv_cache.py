@@ -22,6 +22,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ...defaults import KV_CACHES
+from ...errors import check_choice
 
 INITIAL_CAPACITY = 256  # tokens; doubled as needed
 CACHE_VARIABLE = "SPECDEC_KV_CACHE"
@@ -35,13 +36,8 @@ def native_cache_dtype() -> torch.dtype:
     price of answers that may part from transformers' float32 greedy decoding where two tokens nearly tie. Plain and
     speculative decoding read the same cache, so they stay identical either way. Another value is one line (checked
     before a load)."""
-    setting = os.environ.get(CACHE_VARIABLE, "").strip().lower() or next(iter(CACHE_DTYPES))
-    if setting not in CACHE_DTYPES:
-        from ...errors import SpecdecError
-
-        raise SpecdecError(f"{CACHE_VARIABLE} must be float32 (the default) or bfloat16, got "
-                           f"{os.environ.get(CACHE_VARIABLE)!r}")
-    return CACHE_DTYPES[setting]
+    setting = os.environ.get(CACHE_VARIABLE, "").strip().lower() or KV_CACHES[0]
+    return CACHE_DTYPES[check_choice(setting, KV_CACHES, "kv_cache", named=CACHE_VARIABLE)]
 
 
 def _only_none(value: Optional[torch.Tensor]) -> None:

@@ -49,7 +49,7 @@ def test_a_user_error_in_a_fresh_process_is_one_line():
 
 def test_a_bad_kv_cache_setting_is_one_line_before_the_model_loads(monkeypatch):
     monkeypatch.setenv("SPECDEC_KV_CACHE", "int8")
-    assert_one_line_error(invoke("chat", "--prompt", "hi"), "SPECDEC_KV_CACHE must be float32 (the default) or")
+    assert_one_line_error(invoke("chat", "--prompt", "hi"), "SPECDEC_KV_CACHE must be one of float32, bfloat16")
 
 
 def test_empty_stdin_prompt():
