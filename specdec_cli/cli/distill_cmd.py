@@ -144,6 +144,7 @@ def distill(
     self_prompts: int = typer.Option(0, "--self-prompts", help="First have the target write this many prompts of "
                                      "its own users (as `distill prompts` does; kept in OUTPUT.prompts.jsonl, "
                                      "resumed if it exists), answered and trained on beside the others."),
+    opener: Optional[List[str]] = options.openers(),
 ) -> None:
     """Generate data, train a draft and evaluate it (no subcommand), or run one stage (see the commands)."""
     if ctx.invoked_subcommand is not None:
@@ -153,6 +154,8 @@ def distill(
     if not 0 <= self_prompts <= MAX_SELF_PROMPTS:
         raise SpecdecError(f"--self-prompts must be in 0..{MAX_SELF_PROMPTS:,}, got {self_prompts}",
                            setting="self_prompts")
+    if opener and not self_prompts:
+        raise SpecdecError("--opener steers the prompts the target writes: give --self-prompts N too", setting="opener")
     if self_prompts and engine == "vllm":
         raise SpecdecError("--self-prompts: the target writes its prompts in this process; use --engine specdec",
                            setting="self_prompts")
@@ -175,9 +178,10 @@ def distill(
     out_dir, data_file = pipeline_files(target, output, data, stages.name, stages.check_output)
     own_prompts = None
     if self_prompts:
-        from ..distill.self_prompts import check_prompts_output
+        from ..distill.self_prompts import check_openers, check_prompts_output
 
-        own_prompts = OwnPrompts(str(out_dir.parent / f"{out_dir.name}.prompts.jsonl"), self_prompts, seed)
+        own_prompts = OwnPrompts(str(out_dir.parent / f"{out_dir.name}.prompts.jsonl"), self_prompts, seed,
+                                 check_openers(opener or ()))
         check_prompts_output(own_prompts.file)  # not this command's prompts: refused before the model loads
     check_student_layers(stages, target)
     # the student is built from and trained against the target in float32 (its block weights dequantised)
@@ -249,12 +253,13 @@ def prompts_command(
     temperature: float = typer.Option(1.0, "--temperature", "-t", help="Sampling temperature (> 0)."),
     top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass in (0, 1]."),
     seed: int = options.seed(0, note=" (the turn of attempt i is sampled with seed + i)"),
+    opener: Optional[List[str]] = options.openers(),
     device: str = options.device(),
     dtype: str = options.dtype(),
     weights: str = options.weights(),
 ) -> None:
     """Have the target write training prompts of its own users' kind: its chat template's user turn, left to it."""
-    from ..distill.self_prompts import check_prompts_output
+    from ..distill.self_prompts import check_openers, check_prompts_output
 
     if not 1 <= count <= MAX_SELF_PROMPTS:
         raise SpecdecError(f"--count must be in 1..{MAX_SELF_PROMPTS:,}, got {count}")
@@ -262,9 +267,10 @@ def prompts_command(
         raise SpecdecError(f"--temperature must be > 0 (a greedy user turn is the same every time), got {temperature}")
     config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
     config.check()
+    openers = check_openers(opener or ())
     check_prompts_output(output)  # a file that is not this command's prompts is refused before the model loads
     loaded = load_target(LoadSettings(target, device, dtype, weights), for_engine=False)
-    run_self_prompts(loaded, target_spec(target), output, count, config)
+    run_self_prompts(loaded, target_spec(target), output, count, config, openers)
 
 
 @distill_app.command("train")

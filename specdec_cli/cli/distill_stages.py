@@ -330,11 +330,12 @@ class Answering:
 
 @dataclass(frozen=True)
 class OwnPrompts:
-    """`distill --self-prompts`: the prompts the target writes itself before answering, and where they are kept."""
+    """`distill --self-prompts`: the prompts the target writes itself before answering, where kept, their openers."""
 
     file: str
     count: int
     seed: int
+    openers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -356,12 +357,13 @@ def run_pipeline(loaded: Any, target: str, stages: StudentStages | HeadStages, p
     stage before them: the target writes that many prompts, answered with the others."""
     spec = target_spec(target)
     if own_prompts is not None:
+        from ..distill.self_prompts import SELF_PROMPT_TOKENS
         from ..texts.prompts import load_prompts
 
         tell(f"[bold]0/3[/bold] Writing {own_prompts.count} prompts of the target's own users -> {own_prompts.file}")
         run_self_prompts(loaded, spec, own_prompts.file, own_prompts.count,
                          GenerationConfig(max_new_tokens=SELF_PROMPT_TOKENS, temperature=1.0, top_p=0.95,
-                                          seed=own_prompts.seed))
+                                          seed=own_prompts.seed), own_prompts.openers)
         prompts = [*prompts, *load_prompts(own_prompts.file, None, first_turns=True)]
     tell(f"[bold]1/3[/bold] Answering {len(prompts)} prompts with the target -> {data}")
     if answering.engine == "vllm":
@@ -421,14 +423,10 @@ def show_usage(draft_dir: str, target_spec: str, stages: StudentStages | HeadSta
                     soft_wrap=True, markup=False)
 
 
-ATTEMPTS_PER_PROMPT = 20  # `distill prompts` gives up after this many sampled turns per prompt asked for
-SELF_PROMPT_TOKENS = 256  # the longest prompt the target writes itself (`distill prompts -n`'s default)
-
-
-def run_self_prompts(loaded: Any, target_spec: str, output: str, count: int, config: Any) -> Any:
+def run_self_prompts(loaded: Any, target_spec: str, output: str, count: int, config: Any, openers: Any = ()) -> Any:
     """`distill prompts`: the target writes user turns into `output` until it holds `count`, with a progress bar."""
     from ..decoding.engine import Engine
-    from ..distill.self_prompts import check_prompts_output, write_prompts
+    from ..distill.self_prompts import ATTEMPTS_PER_PROMPT, check_prompts_output, write_prompts
 
     check_prompts_output(output, tokenizer_fingerprint(loaded.tokenizer))  # before any progress display
     engine = Engine(loaded.model, loaded.tokenizer)
@@ -441,7 +439,7 @@ def run_self_prompts(loaded: Any, target_spec: str, output: str, count: int, con
 
         with doing("writing prompts", f"the prompts written are kept in {output} (run again to go on)"):
             result = write_prompts(engine, loaded.tokenizer, target_spec, output, count=count, config=config,
-                                   on_progress=on_progress, max_attempts=ATTEMPTS_PER_PROMPT * count)
+                                   on_progress=on_progress, max_attempts=ATTEMPTS_PER_PROMPT * count, openers=openers)
     if result.kept < count:
         tell(f"[yellow]warning:[/yellow] {ATTEMPTS_PER_PROMPT * count} turns sampled and {result.kept} of {count} "
              "prompts kept: the model rarely ends a user turn within --max-new-tokens, or repeats itself")

@@ -300,3 +300,9 @@ def kind() -> Any:
 def corpus() -> Any:
     return typer.Option(None, "--corpus", help="eagle: also learn the target's features over this text (file, "
                         "folder or JSONL; repeatable).")
+
+
+def openers() -> Any:
+    return typer.Option(None, "--opener", help="The first words of the user turns the target writes (repeatable; "
+                        "turn i takes opener i mod their number): steers its prompts toward tasks, e.g. "
+                        "\"Translate\", \"Summarize\", \"Explain\".")

@@ -44,11 +44,12 @@ class ScriptedEngine:
                              num_attention_heads=2, num_key_value_heads=1, eos_token_id=tokenizer.eos_token_id)
         torch.manual_seed(0)
         self.model = LlamaForCausalLM(config).eval()  # what drafters read of a target (never run here)
-        self.tokenizer, self.turns, self.seeds = tokenizer, list(turns), []
+        self.tokenizer, self.turns, self.seeds, self.given = tokenizer, list(turns), [], []
         self.forward = None  # no forward over several sequences: turns one at a time
 
     def generate(self, prompt_ids, drafter, config):
         self.seeds.append(config.seed)
+        self.given.append(list(prompt_ids))
         text, finish = self.turns.pop(0)
         return Written(self.tokenizer(text, add_special_tokens=False)["input_ids"], finish)
 
@@ -85,6 +86,32 @@ def test_kept_turns_are_ended_sane_new_and_never_builtin_and_a_rerun_resumes(tmp
         "Write a haiku about rain."
 
 
+def test_openers_begin_the_turns_in_turn_and_stay_in_the_prompts(tmp_path):
+    from conftest import make_char_tokenizer
+
+    from specdec_cli.decoding.generation_config import GenerationConfig
+    from specdec_cli.distill.self_prompts import user_turn_prefix, write_prompts
+
+    tokenizer = make_char_tokenizer()
+    engine = ScriptedEngine(tokenizer, [(" this sentence into French: good morning.", "eos"),
+                                        (" how a hash map grows when it is full.", "eos"),
+                                        (" this line into German: see you soon.", "eos")])
+    out = tmp_path / "prompts.jsonl"
+    result = write_prompts(engine, tokenizer, "tiny", str(out), count=3, openers=("Translate", "Explain"),
+                           config=GenerationConfig(max_new_tokens=64, temperature=1.0, seed=0))
+    prefix = user_turn_prefix(tokenizer)
+
+    def ids(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    assert engine.given == [prefix + ids("Translate"), prefix + ids("Explain"), prefix + ids("Translate")]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["prompt"] for row in rows] == ["Translate this sentence into French: good morning.",
+                                               "Explain how a hash map grows when it is full.",
+                                               "Translate this line into German: see you soon."]
+    assert [row["opener"] for row in rows] == ["Translate", "Explain", "Translate"] and result.kept == 3
+
+
 def test_a_run_stops_after_its_attempts(tmp_path):
     from conftest import make_char_tokenizer
 
@@ -113,8 +140,10 @@ def test_a_foreign_file_is_refused_untouched_before_the_model_loads(tmp_path, mo
     assert_one_line_error(invoke("distill", "prompts", "-o", str(foreign)), "not a prompts file")
     assert foreign.read_bytes() == before
     for args, needle in ((["--count", "0"], "--count"), (["--temperature", "0"], "--temperature"),
-                         (["--top-p", "0"], "--top-p")):
+                         (["--top-p", "0"], "--top-p"), (["--opener", " "], "--opener"),
+                         (["--opener", "x" * 201], "--opener")):
         assert_one_line_error(invoke("distill", "prompts", "-o", str(tmp_path / "new.jsonl"), *args), needle)
+    assert_one_line_error(invoke("distill", "-o", str(tmp_path / "head"), "--opener", "Explain"), "--self-prompts")
 
 
 def test_the_command_writes_prompts_a_distill_run_reads(tiny_model_dir, tmp_path):
