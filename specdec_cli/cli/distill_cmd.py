@@ -31,7 +31,7 @@ from ..texts.data_rows import read_rows
 from ..texts.fingerprint import tokenizer_fingerprint
 from ..texts.prompts import load_prompts
 from . import app, options
-from .common import load_target
+from .common import apply_kv_cache, load_target
 from .distill_stages import (
     EVAL_PROMPTS,
     STUDENT_DRAFT_MAX,
@@ -67,6 +67,13 @@ EVAL_MAX_NEW_TOKENS = 96
 
 
 # ---------------------------------------------------------------------------------------------- commands
+
+
+def check_kv_cache(kv_cache: Optional[str], engine: str) -> None:
+    """--kv-cache of the answering commands: the native decoder's, so not with --engine vllm (vLLM keeps its own)."""
+    if kv_cache is not None and engine == "vllm":
+        raise SpecdecError("--kv-cache: only --engine specdec uses it (vLLM keeps its own cache)", setting="kv_cache")
+    apply_kv_cache(kv_cache)
 
 
 def check_batch_prompts(batch_prompts: Optional[int], temperature: float) -> Optional[int]:
@@ -135,6 +142,7 @@ def distill(
     seed: int = options.seed(0),
     device: str = options.device(),
     weights: str = options.weights(),
+    kv_cache: Optional[str] = options.kv_cache(),
     kind: str = options.kind(),
     unroll: int = options.unroll(),
     head_mlp: int = options.head_mlp(),
@@ -149,6 +157,7 @@ def distill(
     """Generate data, train a draft and evaluate it (no subcommand), or run one stage (see the commands)."""
     if ctx.invoked_subcommand is not None:
         return
+    check_kv_cache(kv_cache, engine)
     if prompts and suite:
         raise SpecdecError("give either --prompts or --suite, not both")
     if not 0 <= self_prompts <= MAX_SELF_PROMPTS:
@@ -216,6 +225,7 @@ def generate(
     device: str = options.device(),
     dtype: str = options.dtype(),
     weights: str = options.weights(),
+    kv_cache: Optional[str] = options.kv_cache(),
     engine: str = options.answer_engine(),
 ) -> None:
     """Answer prompts with the target and append one row per answer (resumable)."""
@@ -225,6 +235,7 @@ def generate(
                      seed=seed).check()
     batch_prompts = check_batch_prompts(batch_prompts, temperature)
     options.check_engine(engine, temperature)
+    check_kv_cache(kv_cache, engine)
     batch_prompts = check_answering_drafter(ctx, batch_prompts, engine)  # a drafter flag is used, or refused
     DrafterSettings(drafter, DrafterOptions(index=index, draft_model=draft_model)).check()
     check_data_output(output)  # a file that is not this command's data is refused before the model loads
@@ -257,10 +268,12 @@ def prompts_command(
     device: str = options.device(),
     dtype: str = options.dtype(),
     weights: str = options.weights(),
+    kv_cache: Optional[str] = options.kv_cache(),
 ) -> None:
     """Have the target write training prompts of its own users' kind: its chat template's user turn, left to it."""
     from ..distill.self_prompts import check_openers, check_prompts_output
 
+    apply_kv_cache(kv_cache)
     if not 1 <= count <= MAX_SELF_PROMPTS:
         raise SpecdecError(f"--count must be in 1..{MAX_SELF_PROMPTS:,}, got {count}")
     if not temperature > 0:
@@ -304,6 +317,7 @@ def train(
     resume: bool = options.resume(),
     device: str = options.device("cpu", note=": where the target runs (training runs on the CPU)"),
     weights: str = options.weights(),
+    kv_cache: Optional[str] = options.kv_cache(),
     kind: str = options.kind(),
     unroll: int = options.unroll(),
     head_mlp: int = options.head_mlp(),
@@ -312,6 +326,7 @@ def train(
     token_weight: float = typer.Option(0.1, "--token-weight", help="eagle: weight of the token loss beside the feature regression."),
 ) -> None:
     """Train a draft on the target's answers; Ctrl-C saves a checkpoint (continue with --resume)."""
+    apply_kv_cache(kv_cache)  # the target's forwards computing a head's features
     config = TrainConfig(init=init, layers=layers, hidden=hidden, student=student, steps=steps, epochs=epochs,
                          batch_size=batch_size, grad_accum=grad_accum, lr=lr, warmup_steps=warmup,
                          weight_decay=weight_decay, clip=clip, max_len=max_len, kd_weight=kd_weight, kd_loss=kd_loss,
@@ -375,8 +390,10 @@ def evaluate(
     as_json: bool = options.as_json("the evaluation"),
     device: str = options.device(),
     weights: str = options.weights(),
+    kv_cache: Optional[str] = options.kv_cache(),
 ) -> None:
     """Top-1 agreement and mean accepted tokens of a draft (and of its initialisation) on held-out prompts."""
+    apply_kv_cache(kv_cache)
     if sum(bool(value) for value in (data, prompts, suite)) > 1:
         raise SpecdecError("give one of --data, --prompts, --suite")
     directory = Path(draft_model).expanduser()
