@@ -227,6 +227,7 @@ def test_distill_with_its_defaults_then_draft_identically(shared_real_model, tmp
                     "--eval-max-new-tokens", "16", "--steps", "2")
     assert result.returncode == 0, result.stderr
     assert (draft / "model.safetensors").is_file() and (draft / "distill_report.json").is_file()
+    assert "3/3 Evaluating before and after training" in result.stderr  # a student starts from the target's blocks
     assert f"  specdec chat --drafter model --draft-model {draft} --prompt" in result.stdout  # one line, to copy
     chat = invoke("chat", "--drafter", "model", "--draft-model", str(draft), "--prompt", PROMPTS[0], "-n", "16",
                   "--compare", "--json")

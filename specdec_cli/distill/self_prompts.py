@@ -130,6 +130,7 @@ def write_prompts(engine: Any, tokenizer: Any, target_spec: str, out_path: str, 
 
         def opened(number: int) -> list[int]:  # what attempt `number` is given of its turn
             return opener_ids[number % len(opener_ids)] if opener_ids else []
+
         info = target_info(engine.model, tokenizer)
         drafter = make_drafter("pld", DrafterOptions(), info)
         config = replace(config, eos_token_ids=tuple(info.eos_token_ids))  # the end of the user's turn

@@ -224,6 +224,10 @@ def test_the_pipeline_writes_its_own_prompts_first_and_answers_them_too(tiny_mod
     kept = len(load_prompts(str(own), None, first_turns=True)) if own.read_text().strip() else 0
     answered = re.search(r"1/3 Answering (\d+) prompts", result.stderr)
     assert answered and int(answered.group(1)) == 3 + kept
+    # a head starts random: the pipeline scores the trained one alone (`distill evaluate` can score its start)
+    assert "3/3 Evaluating trained on 1 prompts" in result.stderr, result.stderr
+    evaluation = json.loads((out / "distill_report.json").read_text())["evaluation"]
+    assert "before" not in evaluation and {"after", "after_chain"} <= set(evaluation)
 
 
 def test_bad_self_prompt_settings_are_refused_before_loading(tmp_path):
