@@ -32,6 +32,7 @@ from ..texts.fingerprint import tokenizer_fingerprint
 from ..texts.prompts import load_prompts
 from . import app, options
 from .common import apply_kv_cache, load_target
+from .distill_results import show_evaluation, show_usage
 from .distill_stages import (
     EVAL_PROMPTS,
     STUDENT_DRAFT_MAX,
@@ -44,8 +45,6 @@ from .distill_stages import (
     run_generate_vllm,
     run_pipeline,
     run_self_prompts,
-    show_evaluation,
-    show_usage,
     stages_for_draft,
     stages_of,
 )

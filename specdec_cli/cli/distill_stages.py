@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from ..decoding.generation_config import GenerationConfig
-from ..defaults import DEFAULT_BATCH_PROMPTS, DEFAULT_BATCH_PROMPTS_BLOCKS, DEFAULT_TARGET, DEFAULT_VLLM_CONCURRENCY
+from ..defaults import DEFAULT_BATCH_PROMPTS, DEFAULT_BATCH_PROMPTS_BLOCKS, DEFAULT_VLLM_CONCURRENCY
 from ..distill import evaluate as scoring
 from ..distill.checkpoints import check_output_dir
 from ..distill.eagle_evaluate import EAGLE_RUNS, evaluate_head
@@ -29,7 +29,8 @@ from ..target_model.load.models import load_target_text
 from ..texts.data_rows import read_rows
 from ..texts.fingerprint import tokenizer_fingerprint
 from ..vllm import runner as vllm_runner
-from .common import console, doing, err_console, notes, progress_bars, tell
+from .common import doing, err_console, notes, progress_bars, tell
+from .distill_results import show_evaluation, show_usage
 from .options import DRAFT_KINDS
 
 STUDENT_DRAFT_MAX = 6  # the chains a student is evaluated with
@@ -386,43 +387,6 @@ def run_pipeline(loaded: Any, target: str, stages: StudentStages | HeadStages, p
                                      max_new_tokens=held_out.max_new_tokens, draft_max=None, draft_min_prob=0.0)
     show_evaluation(evaluation, str(out_dir))
     show_usage(str(out_dir), spec, stages)
-
-
-# ---------------------------------------------------------------------------------------------- results
-
-
-def show_evaluation(evaluation: dict, draft_dir: str) -> None:
-    from rich.table import Table
-
-    source = evaluation.get("source") or "prompts"
-    table = Table(title=f"Draft vs target on {evaluation['prompts']} held-out prompts ({source})", title_justify="left")
-    table.add_column("draft")
-    for name in ("agreement", "1-TVD", "tau", "accepted", "by position", "tok/s"):
-        table.add_column(name, justify="right")
-    names = ({"before": "untrained, trees", "after_chain": "trained, chains", "after": "trained, trees"}
-             if "after_chain" in evaluation else {"before": "untrained", "after": "distilled"})  # (a head: both)
-    for label, name in names.items():
-        score = evaluation.get(label)
-        if score:
-            positions = " ".join(f"{value:.0%}" for value in (score.get("per_position_acceptance") or [])[:5])
-            table.add_row(name, f"{score['agreement']:.1%}", f"{score['sampling_acceptance']:.1%}",
-                          f"{score['mean_accepted_tokens']:.2f}", f"{score['acceptance_rate']:.1%}", positions,
-                          f"{score['tokens_per_second']:.1f}")
-    console().print(table)
-    console().print("[dim]agreement: top-1 agreement with the target along its answers; 1-TVD: expected per-token "
-                    "acceptance when sampling; tau: mean tokens per target forward (plain decoding = 1); accepted: "
-                    "share of drafted tokens accepted; by position: acceptance of draft positions 1-5 (tree depths)"
-                    f"[/dim]\n[dim]report: {Path(draft_dir) / 'distill_report.json'}[/dim]")
-
-
-def show_usage(draft_dir: str, target_spec: str, stages: StudentStages | HeadStages) -> None:
-    target = "" if target_spec == DEFAULT_TARGET else f" --target {target_spec}"
-    console().print("\nUse the draft:")
-    # whole commands, one a line, to copy (markup off: a path may hold brackets)
-    console().print(f"  specdec chat{target} --drafter {stages.drafter} --draft-model {draft_dir} --prompt \"...\"",
-                    soft_wrap=True, markup=False)
-    console().print(f"  specdec bench{target} --drafters none,{stages.bench_methods} --draft-model {draft_dir}",
-                    soft_wrap=True, markup=False)
 
 
 def run_self_prompts(loaded: Any, target_spec: str, output: str, count: int, config: Any, openers: Any = ()) -> Any:
