@@ -5,7 +5,8 @@ The engine's step events carry the target's last hidden states for the positions
 for every committed token but the newest. `propose` feeds the head the pairs (f_t, x_{t+1}) it has not seen yet, in
 one forward with the head's own KV cache; the last output predicts the newest token's feature, whose LM-head argmax
 is the first drafted token; each further token feeds the predicted feature back in with the token just chosen. The
-speculative pairs are dropped from the head's cache afterwards (the next event brings the real features). A chain
+speculative pairs are dropped from the head's cache afterwards (the next event brings the real features). Pairs
+more than CATCH_UP_MAX behind are not fed: the head's cache then starts again from the last CATCH_UP_MAX. A chain
 stops at `draft_max`, at an EOS, or when the head's own top probability falls below `min_prob`. It drafts what the
 engine asks for: the engine's planner asks for nothing when its drafts would not pay (and for a probe now and
 then), so a head that does not pay on this machine costs little. It declares `needs.features`: only then do the
@@ -53,6 +54,10 @@ TREE_CHILDREN = 4  # children offered by each expanded node
 # share c of the step when s/2 >= 1.5 c. So a node is expanded only if its score is at least EXPAND_GAIN x (a
 # level's seconds / a verify step's seconds), both measured as the drafter runs (docs/measurements.md).
 EXPAND_GAIN = 3.0
+# The most committed pairs a draft's catch-up feeds the head: further behind (a long prompt, or many steps the
+# planner did not ask for a draft), its cache starts again from the last CATCH_UP_MAX. A 700-token prompt cost the
+# first draft 53-76 ms on the real 0.5B, 8-10 with 128, and the head drafted as well (docs/measurements.md).
+CATCH_UP_MAX = 128
 SOURCE = "eagle"
 
 
@@ -208,7 +213,8 @@ class EagleDrafter:
         self.embedded: dict[int, torch.Tensor] = {}  # token -> its embedding [H] (the conversation's tokens)
         self.features: Optional[torch.Tensor] = None  # [committed - 1, H] in the target's dtype: a view of
         self._feature_rows: Optional[torch.Tensor] = None  # [capacity, H], doubled when full (no copy a step)
-        self.cache = HeadCache()  # pairs (f_t, x_{t+1}) for t < len(cache)
+        self.cache = HeadCache()  # pairs (f_t, x_{t+1}) for cache_start <= t < cache_start + len(cache)
+        self.cache_start = 0
         self.last: Optional[torch.Tensor] = None  # the head's prediction of the newest token's feature [H]
 
     # -- following the engine ------------------------------------------------------------------------------
@@ -275,10 +281,15 @@ class EagleDrafter:
         longest = min(budget, self.draft_max)
         if longest <= 0 or self.features is None or known != len(context) - 1:
             return Draft.empty(SOURCE)  # (nothing asked for: the head's catch-up waits for the next draft)
-        fed = len(self.cache)
+        fed = self.cache_start + len(self.cache)
         if fed > known:  # (cannot happen: the cache only ever holds committed pairs)
-            self.cache.crop(known)
+            self.cache.crop(known - self.cache_start)
             fed = known
+        if known - fed > CATCH_UP_MAX:  # far behind: the head's context starts again, CATCH_UP_MAX pairs back
+            from .eagle_head import HeadCache
+
+            self.cache, self.cache_start = HeadCache(), known - CATCH_UP_MAX
+            fed = self.cache_start
         if fed < known:  # the pairs (f_t, x_{t+1}) the head has not seen: t = fed .. known - 1
             new = [int(token) for token in context[fed + 1 : known + 1]]
             check_token_ids(new, self.weights.vocab_size)
@@ -291,7 +302,7 @@ class EagleDrafter:
         else:
             return Draft.empty(SOURCE)
         draft = self._tree(predicted, known, budget) if self.tree_width > 0 else self._chain(predicted, known, longest)
-        self.cache.crop(known)  # drop the speculative pairs
+        self.cache.crop(known - self.cache_start)  # drop the speculative pairs
         return draft
 
     def expand_floor(self) -> float:
@@ -350,7 +361,7 @@ class EagleDrafter:
             past = len(self.cache)
             rows = len(frontier)
             mask = torch.zeros(rows, past + rows, dtype=torch.bool, device=self.device)  # [rows, past + rows]
-            mask[:, :known] = True
+            mask[:, : known - self.cache_start] = True
             for row, node in enumerate(frontier):
                 mask[row, past + row] = True
                 ancestor = parents[node]

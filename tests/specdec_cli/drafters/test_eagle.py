@@ -152,6 +152,34 @@ def test_eagle_drafting_is_greedy_identical(tiny_llama, trained, tmp_path, name)
     assert (trees > 0) == (name != "eagle-chain")  # eagle drafts trees with siblings; its chain mode does not
 
 
+@pytest.mark.parametrize("tree_width", [0, 4])
+def test_a_head_far_behind_starts_again_from_its_last_pairs_and_stays_lossless(tiny_llama, trained, monkeypatch,
+                                                                                tree_width):
+    """A draft's catch-up feeds at most CATCH_UP_MAX committed pairs (a long prompt cost a head forward over all of
+    it): the head's cache then holds the last ones, at their own positions; greedy answers stay plain decoding's."""
+    from specdec_cli.drafters import eagle
+
+    monkeypatch.setattr(eagle, "CATCH_UP_MAX", 5)
+    head, _ = trained
+    drafter = EagleDrafter(copy.deepcopy(head), target_weights(tiny_llama), tree_width=tree_width,
+                           eos_token_ids=(TINY_EOS,))
+    fed = []
+    forward = drafter.head.forward
+
+    def counted(features, *args, **kwargs):
+        fed.append(int(features.shape[1]))
+        return forward(features, *args, **kwargs)
+
+    monkeypatch.setattr(drafter.head, "forward", counted)
+    prompt = [1, *PATTERN, *PATTERN]  # longer than 5
+    generation = fixed_engine(tiny_llama).generate(prompt, drafter, GenerationConfig(max_new_tokens=24,
+                                                                                   eos_token_ids=(TINY_EOS,)))
+    assert generation.tokens == hf_greedy(tiny_llama, prompt, 24)
+    assert fed and max(fed) <= 5 and fed[0] == 5  # the first draft fed the prompt's last 5 pairs alone
+    assert generation.stats.accepted_tokens > 0  # and the head still drafted tokens the target kept
+    assert drafter.cache_start >= len(prompt) - 5 and len(drafter.cache) > 0  # (the prompt and the first token)
+
+
 def test_a_tree_stopped_early_is_the_best_nodes_of_the_whole_tree(tiny_llama, trained):
     """Growing stops once `budget` nodes outscore every open node: the draft must be the first `budget` nodes of
     the tree grown to full depth (a budget larger than any tree never stops early)."""
