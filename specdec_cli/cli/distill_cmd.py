@@ -20,6 +20,7 @@ from ..distill.eagle3_train import DEFAULT_DRAFT_VOCAB as EAGLE3_DRAFT_VOCAB
 from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, EagleTrainConfig
 from ..distill.generate import check_data_output
 from ..distill.pipeline import pipeline_files, target_of_data, target_spec, usable_target
+from ..distill.self_prompts import SELF_PROMPT_TOKENS
 from ..distill.student import DEFAULT_DRAFT_VOCAB  # light: torch is imported inside its functions
 from ..distill.train import TrainConfig
 from ..drafters import DrafterOptions
@@ -258,7 +259,7 @@ def prompts_command(
                                "then `specdec distill --prompts FILE`."),
     target: str = options.target(),
     count: int = typer.Option(500, "--count", help="Prompts the file should hold."),
-    max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", help="Longest prompt, in tokens (a turn cut "
+    max_new_tokens: int = typer.Option(SELF_PROMPT_TOKENS, "--max-new-tokens", "-n", help="Longest prompt, in tokens (a turn cut "
                                        "there is dropped)."),
     temperature: float = typer.Option(1.0, "--temperature", "-t", help="Sampling temperature (> 0)."),
     top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass in (0, 1]."),

@@ -22,6 +22,7 @@ from ..distill.eagle_train import EagleTrainConfig, build_eagle_head
 from ..distill.feature_store import check_features_beside
 from ..distill.generate import generate_data, generate_data_vllm
 from ..distill.pipeline import evaluation_items, held_out_prompts, target_of_draft, target_spec
+from ..distill.self_prompts import ATTEMPTS_PER_PROMPT, SELF_PROMPT_TOKENS
 from ..distill.train import TrainConfig, train_draft
 from ..drafters import DrafterOptions, target_info
 from ..errors import SpecdecError, check_choice
@@ -359,7 +360,6 @@ def run_pipeline(loaded: Any, target: str, stages: StudentStages | HeadStages, p
     stage before them: the target writes that many prompts, answered with the others."""
     spec = target_spec(target)
     if own_prompts is not None:
-        from ..distill.self_prompts import SELF_PROMPT_TOKENS
         from ..texts.prompts import load_prompts
 
         tell(f"[bold]0/3[/bold] Writing {own_prompts.count} prompts of the target's own users -> {own_prompts.file}")
@@ -392,7 +392,7 @@ def run_pipeline(loaded: Any, target: str, stages: StudentStages | HeadStages, p
 def run_self_prompts(loaded: Any, target_spec: str, output: str, count: int, config: Any, openers: Any = ()) -> Any:
     """`distill prompts`: the target writes user turns into `output` until it holds `count`, with a progress bar."""
     from ..decoding.engine import Engine
-    from ..distill.self_prompts import ATTEMPTS_PER_PROMPT, check_prompts_output, write_prompts
+    from ..distill.self_prompts import check_prompts_output, write_prompts
 
     check_prompts_output(output, tokenizer_fingerprint(loaded.tokenizer))  # before any progress display
     engine = Engine(loaded.model, loaded.tokenizer)
