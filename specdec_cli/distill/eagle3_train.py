@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import SpecdecError
+from ..heap import return_free_memory
 from ..texts.fingerprint import tokenizer_fingerprint
 from .checkpoints import check_resumable
-from .eagle_train import RESUME_KEYS, EagleTrainConfig, HeadKind, greedy_along, lm_head_rows
+from .eagle_train import RESUME_KEYS, EagleTrainConfig, HeadKind, greedy_along, head_optimizer, lm_head_rows
 from .feature_store import check_store_folder, discard_store, store_folder
 from .head_data import EagleProgress, head_data, training_sequences
 from .loop import Trainee, TrainingRun, train
@@ -113,6 +114,7 @@ class Eagle3Kind(HeadKind):
         width = self.hidden * (len(self.layers) + 1)
         self.data = data = head_data(target, self.sequences, config, what, width, layer_states(target, self.layers),
                                      self.features_dir, self.on_progress, self.answer_starts)
+        self.let_target_go()  # (its layers are done with; the LM head's rows are read again below)
         lm_head = target.get_output_embeddings()
         vocab = int(target.config.vocab_size)
         chosen = data.head_tokens
@@ -121,10 +123,11 @@ class Eagle3Kind(HeadKind):
         self.held_greedy = greedy_along(lm_head, [self.split(rows)[1] for rows in data.held_features])
         self.head = head = initial_head(target, self.ids, self.layers, config.seed)
         total = config.steps or max(1, math.ceil(config.epochs * len(data.train)))
-        optimizer = torch.optim.AdamW([parameter for parameter in head.parameters() if parameter.requires_grad],
-                                      lr=config.lr, weight_decay=0.0)
+        optimizer = head_optimizer([parameter for parameter in head.parameters() if parameter.requires_grad],
+                                   config.lr)
         self.before = self.agreement() if state is None else state.get("top1_agreement_before")
         head.train()
+        self.let_target_go()
         return Trainee(head, optimizer, total)
 
     def split(self, rows: Any) -> tuple[Any, Any]:
@@ -206,4 +209,5 @@ def build_eagle3_head(target: Any, tokenizer: Any, target_name: str, output: str
     report = {**result["report"], **sizes}
     save_eagle3(out_dir, head, {**report, "target": target_name, "fingerprint": fingerprint})
     discard_store(store_folder(ckpt_dir))
+    return_free_memory()  # (the training's heap, before the target decodes again)
     return report

@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..decoding.generation_config import check_seed
 from ..errors import SpecdecError
+from ..heap import return_free_memory
 from ..texts.fingerprint import tokenizer_fingerprint
 from .checkpoints import CHECKPOINT_FORMAT, check_resumable
 from .data import items_digest
@@ -38,6 +39,7 @@ from .head_data import EagleProgress, HeadData, head_data, training_sequences
 from .loop import Trainee, TrainingRun, train
 
 DEFAULT_HEAD_VOCAB = 4096  # the LM-head slice a drafted token reads: 4096 x 576 in bfloat16 is 4.7 MB
+GREEDY_ROWS = 64  # positions whose whole-vocabulary logits greedy_along holds at once
 DEFAULT_UNROLL = 2  # training steps per position, the first teacher-forced (docs/measurements.md)
 MAX_UNROLL = 8
 
@@ -114,14 +116,24 @@ def lm_head_rows(lm_head: Any, ids: Any) -> Any:
 
 def greedy_along(lm_head: Any, finals: Sequence[Any]) -> list[Any]:
     """The target's own greedy choice [n] at each position of each piece, from its last hidden states [n, H]
-    through its whole LM head (a block head on the kernels: no dense copy)."""
+    through its whole LM head (a block head on the kernels: no dense copy), GREEDY_ROWS positions at a time (a
+    768-row piece's logits over a 151,936-token vocabulary would be 467 MB at once)."""
     import torch
 
     from ..target_model.native.quant import BlockLinear
 
     dtype = torch.float32 if isinstance(lm_head, BlockLinear) else lm_head.weight.dtype
     with torch.no_grad():
-        return [lm_head(final.to(dtype)[None])[0].argmax(-1) for final in finals]
+        return [torch.cat([lm_head(rows.to(dtype)[None])[0].argmax(-1) for rows in final.split(GREEDY_ROWS)])
+                for final in finals]
+
+
+def head_optimizer(parameters: Any, lr: float) -> Any:
+    """AdamW one parameter at a time (`foreach` off): the default's temporaries for all parameters at once add
+    about a head's size to each step's peak; one at a time costs ~2% of a step (22 ms of a 0.5B's 1.3 s)."""
+    import torch
+
+    return torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0, foreach=False)
 
 
 def epoch_order(count: int, seed: int, epoch: int) -> list[int]:
@@ -174,6 +186,7 @@ class HeadKind:
         self.data = data = head_data(target, self.sequences, config, {"kind": "eagle", "states": "last"},
                                      self.hidden, last_states(target), self.features_dir, self.on_progress,
                                      self.answer_starts)
+        self.let_target_go()  # (its layers are done with; the LM head's rows are read again below)
         self.head = head = initial_head(target, config.seed, config.head_mlp)
         lm_head = target.get_output_embeddings()
         vocab = int(target.config.vocab_size)
@@ -181,10 +194,24 @@ class HeadKind:
         self.head_weight = lm_head_rows(lm_head, self.ids)  # [K, H]
         self.held_greedy = greedy_along(lm_head, data.held_features)
         total = config.steps or max(1, math.ceil(config.epochs * len(data.train)))
-        optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0)
+        optimizer = head_optimizer(head.parameters(), config.lr)
         self.before = self.agreement() if state is None else state.get("top1_agreement_before")
         head.train()
+        self.let_target_go()
         return Trainee(head, optimizer, total)
+
+    def let_target_go(self) -> None:
+        """Once the features are computed the target is read only for its LM head's rows (once) and token
+        embeddings (a few rows a step): its mapped weights' pages leave this process, and so does what the stage
+        before left on the C heap."""
+        self.release_target()
+        return_free_memory()
+
+    def release_target(self) -> None:
+        """A GGUF target's mapped pages leave this process until a read touches them again."""
+        release = getattr(self.target, "release_pages", None)
+        if release is not None:
+            release()
 
     def embed(self, tokens: Sequence[int]) -> Any:
         """The target's embeddings of `tokens`, [1, n, H] float32 on the CPU."""
@@ -194,6 +221,7 @@ class HeadKind:
         device = next(self.target.parameters()).device  # (a GGUF's table, asked its `weight`, would unpack it all)
         with torch.inference_mode():
             values = embeddings(torch.tensor([list(tokens)], device=device))
+        self.release_target()  # (a GGUF's table: the rows read go again)
         return values.float().cpu().clone()  # [1, n, H]
 
     def agreement(self) -> Optional[float]:
@@ -254,7 +282,8 @@ class HeadKind:
             first = self.taught_from(piece, unroll)  # rows before it are the prompt's: context only
             if first < wanted.shape[1]:
                 taught, wanted = predicted[:, first:], wanted[:, first:]  # [1, m, H]
-                target_probs = torch.softmax(wanted @ self.head_weight.T, dim=-1)  # [1, m, K]
+                with torch.no_grad():  # (a constant: nothing of its making is kept for the backward)
+                    target_probs = torch.softmax(wanted @ self.head_weight.T, dim=-1)  # [1, m, K]
                 log_probs = torch.log_softmax(taught @ self.head_weight.T, dim=-1)
                 token_loss = -(target_probs * log_probs).sum(-1).mean()
                 total = total + F.smooth_l1_loss(taught, wanted) + self.config.token_weight * token_loss
@@ -341,4 +370,5 @@ def build_eagle_head(target: Any, tokenizer: Any, target_name: str, output: str,
             "head_tokens": result["head_tokens"], "report": report}
     save_head(out_dir, head, meta)
     discard_store(store_folder(ckpt_dir))
+    return_free_memory()  # (the training's heap, before the target decodes again)
     return report

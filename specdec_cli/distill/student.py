@@ -124,7 +124,7 @@ def kept_weights(target: Any, layers: int) -> dict:
     state = {name: tensor.detach().float() for name, tensor in target.state_dict().items() if kept(name)}
     for name, module in target.named_modules():
         if isinstance(module, torch.nn.Embedding) and hasattr(module, "rows") and kept(f"{name}.weight"):
-            # a GGUF's table left in the file (target_model/gguf_model.MappedEmbedding): dequantised here, alone
+            # a GGUF's table left in the file (in_place/mapped_embedding.py): dequantised here, alone
             state[f"{name}.weight"] = module.rows(torch.arange(module.num_embeddings))  # type: ignore[operator]
         if isinstance(module, BlockLinear) and kept(f"{name}.weight"):
             state[f"{name}.weight"] = module.blocks().dense()  # [out, in] (not `.weight`: it keeps a copy)

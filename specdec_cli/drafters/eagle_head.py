@@ -94,10 +94,12 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: O
         if cache.keys is not None and cache.values is not None:
             key, value = torch.cat([cache.keys, key], dim=2), torch.cat([cache.values, value], dim=2)
         cache.keys, cache.values = key, value
+    scale, gqa = 1 / math.sqrt(query.shape[-1]), query.shape[1] != key.shape[1]
+    if mask is None and past == 0:  # (training's whole pieces: the causal kernel, no mask made; the same bits)
+        return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale, enable_gqa=gqa)
     if mask is None:
         mask = torch.ones(length, past + length, dtype=torch.bool, device=query.device).tril(past)  # [n, past+n]
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=1 / math.sqrt(query.shape[-1]),
-                                          enable_gqa=query.shape[1] != key.shape[1])
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale, enable_gqa=gqa)
 
 
 class EagleHead(nn.Module):

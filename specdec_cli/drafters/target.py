@@ -35,7 +35,7 @@ class TargetWeights:
 
         if isinstance(self.embedding, torch.Tensor):
             rows = torch.nn.functional.embedding(ids, self.embedding)
-        else:  # a GGUF's table left in the file (target_model/gguf_model.MappedEmbedding): only these rows are read
+        else:  # a GGUF's table left in the file (in_place/mapped_embedding.py): only these rows are read
             rows = self.embedding.rows(ids.reshape(-1)).reshape(*ids.shape, -1)  # type: ignore[operator]
         return rows if self.embed_scale is None else rows * torch.tensor(self.embed_scale, dtype=rows.dtype)
 

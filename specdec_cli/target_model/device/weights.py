@@ -17,7 +17,7 @@ Host memory never holds more than one chunk's records beyond the mapped file, an
 model. A transformers linear layer is moved (and cast) as it is. The projections that read the same input are one
 `Projection` (q|k|v, gate|up): one fused dense matrix (one GEMM), or, packed, a part per run of layers of one type
 (a Q4_K_M file's q|k one matrix, its v another), their outputs side by side. A GGUF's token embeddings (left in
-the mapped file, gguf_model.MappedEmbedding) are an `Embedding`: at the file's bits where packed (a step decodes
+the mapped file, mapped_embedding.MappedEmbedding) are an `Embedding`: at the file's bits where packed (a step decodes
 its rows), else dequantised on the host a chunk of rows at a time and moved.
 
 Every tensor made here is on the device given; nothing here computes a forward (decoder.py).
@@ -242,7 +242,7 @@ def packed_from_gguf(type_name: str, raw: Any, device: torch.device) -> PackedMa
 def embedding_table(embed: Any, device: torch.device, dtype: torch.dtype, packed: bool = False) -> Embedding:
     """The token embeddings on the device: a GGUF's table at the file's bits where `packed` and its type allows,
     else dense (unscaled; from a GGUF a chunk of rows at a time)."""
-    rows = getattr(embed, "rows", None)  # gguf_model.MappedEmbedding: rows dequantised on demand
+    rows = getattr(embed, "rows", None)  # mapped_embedding.MappedEmbedding: rows dequantised on demand
     if rows is None:
         return Embedding(embed.weight.detach().to(device=device, dtype=dtype))
     if packed:

@@ -23,7 +23,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -87,18 +87,12 @@ class GGUFFile:
         info = self.tensors[name]
         return self._bytes[info.start : info.start + info.nbytes]
 
-    def release(self, name: str) -> None:
-        """Let the kernel drop the tensor's pages from this process (they are re-read from disk if touched again):
-        repacking a file layer by layer then never holds the whole file in memory."""
-        info = self.tensors[name]
-        page = mmap.PAGESIZE
-        start = info.start // page * page
-        length = info.start + info.nbytes - start
-        if length > 0 and hasattr(self._mapping, "madvise"):
-            try:
-                self._mapping.madvise(mmap.MADV_DONTNEED, start, length)
-            except (OSError, ValueError):  # pragma: no cover - an old kernel: the pages stay until unmapped
-                pass
+    def release(self, name: Optional[str] = None) -> None:
+        """Let the kernel drop the tensor's pages (without a name, the whole file's) from this process; they are
+        read again, from the page cache or the disk, if touched: repacking a file layer by layer then never holds
+        the whole file in memory."""
+        info = self.tensors[name] if name is not None else None
+        drop_pages(self._mapping, 0 if info is None else info.start, self.size if info is None else info.nbytes)
 
     def type_names(self) -> dict[str, int]:
         """{ggml type: tensors of it}, most frequent first."""
@@ -233,6 +227,19 @@ def open_gguf(path: Path) -> GGUFFile:
     except SpecdecError as exc:
         _close(mapping)
         raise SpecdecError(f"{path}: {exc}") from None
+
+
+def drop_pages(mapping: mmap.mmap, start: int, nbytes: int) -> None:
+    """madvise(DONTNEED) over the pages holding bytes start..start+nbytes of a mapping of a file that nothing
+    writes: the process lets them go (its RSS falls) and reads them again from the file when touched."""
+    page = mmap.PAGESIZE
+    first = start // page * page
+    length = min(start + nbytes, len(mapping)) - first
+    if length > 0 and hasattr(mapping, "madvise"):
+        try:
+            mapping.madvise(mmap.MADV_DONTNEED, first, length)
+        except (OSError, ValueError):  # pragma: no cover - an old kernel: the pages stay until unmapped
+            pass
 
 
 def _close(mapping: mmap.mmap) -> None:

@@ -21,6 +21,7 @@ choose when to repack (gguf_model.py does) nor run anything.
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 import threading
 from dataclasses import dataclass
@@ -237,6 +238,7 @@ class MappedMatrix:
     out_features: int
     in_features: int
     origin: str
+    mapping: mmap.mmap  # the cache file's, which the records view (gguf_file.drop_pages lets its pages go)
 
 
 def map_blocks(path: Path) -> Optional[dict[str, MappedMatrix]]:
@@ -257,7 +259,9 @@ def map_blocks(path: Path) -> Optional[dict[str, MappedMatrix]]:
         end = max((entry["data_offsets"][1] for entry in header.values()), default=0)
         if data_start + end != size:
             return None
-        flat = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="c"))  # copy-on-write: nothing writes it
+        with open(path, "rb") as handle:  # copy-on-write, as torch wants a writable buffer: nothing writes it
+            mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+        flat = torch.frombuffer(mapping, dtype=torch.uint8)  # [size]
         mapped = {}
         for module, info in layers.items():
             entry = header[f"{module}.records"]
@@ -267,7 +271,7 @@ def map_blocks(path: Path) -> Optional[dict[str, MappedMatrix]]:
             if tuple(entry["shape"]) != shape or stop - start != shape[0] * shape[1]:
                 return None
             mapped[module] = MappedMatrix(kind, flat[start:stop].view(*shape), out_features, in_features,
-                                          str(info["origin"]))
+                                          str(info["origin"]), mapping)
         return mapped
     except (OSError, ValueError, KeyError, TypeError, struct.error):
         return None

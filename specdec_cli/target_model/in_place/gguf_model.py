@@ -28,6 +28,7 @@ read a transformers model on block weights; its forward is the native decoder's,
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import shutil
@@ -45,7 +46,7 @@ import torch
 from ...errors import SpecdecError
 from .. import families
 from ..gguf.gguf_config import hf_config
-from ..gguf.gguf_file import GGUFFile
+from ..gguf.gguf_file import GGUFFile, drop_pages
 from ..gguf.gguf_layout import Expected, check_tensors
 from ..native.kv_cache import KVCache
 from ..native.quant import BlockLinear, BlockWeights
@@ -64,6 +65,7 @@ from .gguf_cache import (
     source_proof,
     superseded_folders,
 )
+from .mapped_embedding import MappedEmbedding
 from .native_side_files import write_native_side_files
 from .native_tokenizer import load_native_tokenizer
 from .stored import (
@@ -80,50 +82,6 @@ StatusCallback = Callable[[str], None]
 
 
 # -- the modules ---------------------------------------------------------------------------------------------
-
-
-class MappedEmbedding(torch.nn.Embedding):
-    """Token embeddings left in the mapped GGUF: `forward(ids)` dequantises the rows asked for (gguf's reference
-    dequantiser, as transformers' loader dequantises the whole table); `weight`, the whole table in float32, is
-    made only when something asks for it (a drafter that reads every row), then kept."""
-
-    def __init__(self, gguf: GGUFFile, name: str, embed_scale: Optional[float] = None):
-        torch.nn.Module.__init__(self)
-        info = gguf.tensors[name]
-        self.num_embeddings, self.embedding_dim = info.shape
-        self.padding_idx, self.max_norm, self.norm_type, self.scale_grad_by_freq, self.sparse = None, None, 2.0, \
-            False, False
-        self._gguf, self._name, self._type = gguf, name, info.type_name
-        self._dense: Optional[torch.Tensor] = None
-        if embed_scale is not None:  # gemma: sqrt(hidden) as transformers' float32 buffer
-            self.register_buffer("embed_scale", torch.tensor(embed_scale), persistent=False)
-
-    def blocks(self) -> tuple[str, np.ndarray]:
-        """The table as the file holds it: its GGUF type and bytes uint8 [vocab, bytes per row] (mapped)."""
-        return self._type, self._gguf.raw(self._name).reshape(self.num_embeddings, -1)
-
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids [n] -> float32 [n, hidden], unscaled."""
-        from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize
-
-        if self._dense is not None:
-            return self._dense.index_select(0, ids)
-        table = self._gguf.raw(self._name).reshape(self.num_embeddings, -1)  # [vocab, bytes per row]
-        picked = table[ids.to(torch.int64).numpy()]
-        dense = dequantize(picked, GGMLQuantizationType[self._type]).astype(np.float32, copy=False)
-        return torch.from_numpy(np.ascontiguousarray(dense.reshape(len(picked), self.embedding_dim)))
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = self.rows(ids.reshape(-1)).reshape(*ids.shape, self.embedding_dim)
-        scale = getattr(self, "embed_scale", None)
-        return rows if scale is None else rows * scale
-
-    @property  # type: ignore[override,unused-ignore]
-    def weight(self) -> torch.Tensor:  # type: ignore[override]
-        if self._dense is None:
-            self._dense = self.rows(torch.arange(self.num_embeddings))
-        return self._dense
 
 
 class _Norm(torch.nn.Module):
@@ -153,6 +111,7 @@ class GGUFModel(torch.nn.Module):
         self.config, self.generation_config, self.source = config, generation_config, source
         self.model = _Holder()
         self._decoder: Any = None
+        self.releases: list[Callable[[], None]] = []  # each lets one mapped file's pages go
 
     @property
     def dtype(self) -> torch.dtype:
@@ -167,6 +126,12 @@ class GGUFModel(torch.nn.Module):
 
     def get_output_embeddings(self) -> Any:
         return self.lm_head
+
+    def release_pages(self) -> None:
+        """Let this process's copies of the weights' pages go until a forward reads them again (from the page
+        cache or the disk): a head training on stored features holds only what it reads."""
+        for release in self.releases:
+            release()
 
     def forward(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
                 past_key_values: Any = None, **inputs: Any) -> Any:
@@ -402,6 +367,8 @@ def _build(gguf: GGUFFile, config: Any, generation_config: Any, expected: list[E
     """The module tree under transformers' names (see the module docstring), with the rotary module and the
     config the cache stored (stored.py)."""
     model = GGUFModel(config, generation_config, source)
+    caches = {id(matrix.mapping): matrix.mapping for matrix in mapped.values()}.values()  # (one cache file)
+    model.releases = [gguf.release, *(functools.partial(drop_pages, cache, 0, len(cache)) for cache in caches)]
     family = families.require(config.model_type)
     eps = float(getattr(config, "rms_norm_eps", 1e-6))
     layers = torch.nn.ModuleList()

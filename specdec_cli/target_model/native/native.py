@@ -188,7 +188,7 @@ class NativeDecoder:
         self.ffn = int(config.intermediate_size)
         self.vocab = int(model.lm_head.out_features)
         embed = model.model.embed_tokens
-        rows = getattr(embed, "rows", None)  # a GGUF's mapped table (gguf_model.MappedEmbedding): rows on demand
+        rows = getattr(embed, "rows", None)  # a GGUF's mapped table (in_place/mapped_embedding.py): rows on demand
         if rows is None:
             table = embed.weight.detach()  # [vocab, hidden]
             if table.dtype != torch.float32:

@@ -42,3 +42,17 @@ def test_the_prompts_positions_are_context_only_when_asked(tiny_llama):
     taught, _ = train_eagle(tiny_llama, sequences, config, answer_starts=[12, 12, 12])
     assert any(not torch.equal(value, other) for value, other in
                zip(taught.state_dict().values(), fresh.head.state_dict().values()))
+
+
+def test_the_targets_greedy_choices_are_taken_a_few_rows_at_a_time():
+    """greedy_along reads the whole vocabulary's logits GREEDY_ROWS positions at a time: the same choices as all
+    positions at once, for pieces shorter and longer than that."""
+    from specdec_cli.distill.eagle_train import GREEDY_ROWS, greedy_along
+
+    torch.manual_seed(3)
+    lm_head = torch.nn.Linear(16, 5000, bias=False)
+    finals = [torch.randn(length, 16) for length in (1, GREEDY_ROWS - 1, GREEDY_ROWS, 2 * GREEDY_ROWS + 7)]
+    with torch.no_grad():
+        whole = [lm_head(final).argmax(-1) for final in finals]
+    for got, expected in zip(greedy_along(lm_head, finals), whole):
+        assert torch.equal(got, expected)

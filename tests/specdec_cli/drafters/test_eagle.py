@@ -69,6 +69,19 @@ def test_feeding_a_block_equals_feeding_its_positions_one_by_one(tiny_llama):
     assert len(cache) == 3
 
 
+def test_a_whole_piece_attends_causally_as_its_mask_says():
+    """A piece with no cache (training's) takes the causal kernel, no mask made: the bits of the masked call, with
+    groups of query heads too."""
+    from specdec_cli.drafters.eagle_head import attend
+
+    torch.manual_seed(1)
+    for heads, kv_heads, length in ((4, 4, 37), (6, 2, 130)):
+        query = torch.randn(1, heads, length, 16)
+        key, value = torch.randn(1, kv_heads, length, 16), torch.randn(1, kv_heads, length, 16)
+        mask = torch.ones(length, length, dtype=torch.bool).tril()
+        assert torch.equal(attend(query, key, value, None, None), attend(query, key, value, None, mask))
+
+
 def test_step_events_carry_the_committed_positions_features(tiny_llama):
     engine = fixed_engine(tiny_llama)
     events = []

@@ -202,6 +202,38 @@ def gguf_model_blocks() -> str:
     return BLOCKS_FILE
 
 
+def _mapped_resident_kb(path) -> int:
+    """This process's resident kilobytes of its mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as handle:
+        for line in handle:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5 and ":" not in fields[0]:  # a mapping's first line
+                inside = len(fields) >= 6 and fields[5] == str(path)
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads /proc/self/smaps (Linux)")
+def test_released_pages_leave_the_process_and_come_back_when_read(tmp_path, monkeypatch):
+    """`release_pages` lets the mapped file's and cache's pages go from this process (a head training on stored
+    features holds only what it reads); the next forward reads them again and computes the same bits."""
+    source, architecture, tokenizer = _source("qwen2")
+    path = tmp_path / "tiny.gguf"
+    write_family_gguf(path, source, architecture, tokenizer)
+    model = _in_place(path, tmp_path / "home", monkeypatch).model
+    cache = model.source.cache / gguf_model_blocks()
+    with torch.inference_mode():
+        before = split_logits(model, PROMPTS[0])
+    assert _mapped_resident_kb(cache) > 0 and _mapped_resident_kb(path) > 0
+    model.release_pages()
+    assert _mapped_resident_kb(cache) == 0 and _mapped_resident_kb(path) == 0
+    with torch.inference_mode():
+        assert torch.equal(split_logits(model, PROMPTS[0]), before)
+    assert _mapped_resident_kb(cache) > 0
+
+
 def test_q_k_and_v_are_fused_as_views_of_the_mapped_cache(tmp_path, monkeypatch):
     """Matrices that read the same input lie side by side in the cache: the decoder multiplies them as one, with no
     copy of their records."""
