@@ -243,8 +243,8 @@ def draft_vocab() -> Any:
 
 def head_mlp() -> Any:
     """--head-mlp: an EAGLE head's MLP width."""
-    return typer.Option(0, "--head-mlp", help="--kind eagle: the head's MLP width (0: the target's; a narrower one "
-                        "trains faster, for a little less agreement).")
+    return typer.Option(0, "--head-mlp", help="--kind eagle: the head's MLP width (0: the target's, at most twice "
+                        "its hidden size; wider trains slower for a little more agreement).")
 
 
 def prompt_loss() -> Any:

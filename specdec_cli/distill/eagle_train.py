@@ -56,7 +56,7 @@ class EagleTrainConfig:
     seed: int = 0
     save_every: int = 100  # checkpoint every N steps (0 = only at the end and on Ctrl-C)
     unroll: int = DEFAULT_UNROLL  # steps per position: 1 teacher-forced, then on its own predicted features
-    head_mlp: int = 0  # the head's MLP width (0: the target's)
+    head_mlp: int = 0  # the head's MLP width (0: the target's, at most eagle_head.MLP_PER_HIDDEN hidden sizes)
     prompt_loss: bool = True  # teach the prompts' positions too (False: the answers' alone; all are context)
 
     def check(self) -> None:
@@ -79,7 +79,7 @@ class EagleTrainConfig:
         if self.save_every < 0:
             raise SpecdecError(f"save_every must be >= 0, got {self.save_every}", setting="save_every")
         if self.head_mlp < 0:
-            raise SpecdecError(f"head_mlp must be >= 0 (0: the target's MLP width), got {self.head_mlp}",
+            raise SpecdecError(f"head_mlp must be >= 0 (0: the default width), got {self.head_mlp}",
                                setting="head_mlp")
         if not 1 <= self.unroll <= MAX_UNROLL:
             raise SpecdecError(f"unroll must be in 1..{MAX_UNROLL}, got {self.unroll}", setting="unroll")
@@ -160,11 +160,14 @@ class HeadKind:
     def __init__(self, target: Any, sequences: Sequence[Sequence[int]], config: EagleTrainConfig,
                  on_progress: Optional[Callable[[EagleProgress], None]] = None,
                  features_dir: Optional[Path] = None, answer_starts: Optional[Sequence[int]] = None) -> None:
+        from ..drafters.eagle_head import head_config_for
+
         self.target, self.sequences, self.config, self.on_progress = target, sequences, config, on_progress
         self.features_dir = features_dir  # where the feature store is kept (None: a temporary folder)
         self.answer_starts = answer_starts  # each sequence's first answer position (None: all answer)
         self.digest = items_digest([int(token) for token in sequence] for sequence in sequences)
         self.hidden = int(target.config.hidden_size)
+        self.mlp_width = head_config_for(target.config, config.head_mlp).intermediate_size
         self.data: Optional[HeadData] = None
         self.head: Any = None
         self.ids: Any = None  # the head's tokens (all of them when unrestricted) [K]
@@ -178,6 +181,11 @@ class HeadKind:
             raise SpecdecError(f"resume: the checkpoint in {directory} is not one of an EAGLE head for this "
                                "target", setting="resume")
         check_resumable(state, directory, asdict(self.config), RESUME_KEYS, self.digest, "the training data")
+        width = state.get("mlp_width", int(getattr(self.target.config, "intermediate_size", 4 * self.hidden)))
+        if width != self.mlp_width:  # (a checkpoint without it: the default width was the target's)
+            raise SpecdecError(f"resume: the checkpoint in {directory} is of a head {width} wide, from a specdec "
+                               f"whose default width was the target's; this run's is {self.mlp_width}: start again "
+                               "without --resume", setting="resume")
 
     def start(self, state: Optional[dict]) -> Trainee:
         import torch
@@ -304,7 +312,8 @@ class HeadKind:
     def checkpoint_state(self, run: TrainingRun) -> dict:
         return {"format": CHECKPOINT_FORMAT, "kind": "eagle", "step": run.step, "total_steps": run.total_steps,
                 "history": run.history, "config": asdict(self.config), "hidden_size": self.hidden,
-                "data_digest": self.digest, "top1_agreement_before": self.before, "seconds": run.seconds}
+                "mlp_width": self.mlp_width, "data_digest": self.digest, "top1_agreement_before": self.before,
+                "seconds": run.seconds}
 
     def report(self, run: TrainingRun, trainee: Trainee) -> tuple[Any, dict]:
         """(the trained head, {"report": the training's numbers, "head_tokens": the head's tokens})."""

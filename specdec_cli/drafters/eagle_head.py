@@ -33,6 +33,12 @@ HEAD_META = "specdec_head.json"
 HEAD_WEIGHTS = "head.safetensors"
 
 
+# The widest MLP a head gets by default, in hidden sizes. On the real Qwen2.5-Coder-0.5B (896 wide, its MLP 4,864)
+# a 1,792-wide head drafted as fast as a full-width one on Spec-Bench (1.00x plain both), 1.8 points lower held-out
+# agreement, in two thirds of the training time and half the training memory (docs/distill.md).
+MLP_PER_HIDDEN = 2
+
+
 @dataclass(frozen=True)
 class HeadConfig:
     hidden_size: int  # the target's
@@ -146,11 +152,14 @@ def head_on_blocks(head: nn.Module) -> Any:
 
 
 def head_config_for(target_config: Any, mlp: int = 0) -> HeadConfig:
-    """A head sized like one block of the target, its MLP `mlp` wide where given (0: the target's width)."""
+    """A head sized like one block of the target, its MLP `mlp` wide where given (0: the target's width, at most
+    MLP_PER_HIDDEN times its hidden size)."""
+    hidden = int(target_config.hidden_size)
     return HeadConfig(
-        hidden_size=int(target_config.hidden_size),
+        hidden_size=hidden,
         num_heads=int(target_config.num_attention_heads),
-        intermediate_size=mlp or int(getattr(target_config, "intermediate_size", 4 * target_config.hidden_size)),
+        intermediate_size=mlp or min(int(getattr(target_config, "intermediate_size", 4 * hidden)),
+                                     MLP_PER_HIDDEN * hidden),
         rope_theta=float(getattr(target_config, "rope_theta", None) or 10000.0),
         rms_eps=float(getattr(target_config, "rms_norm_eps", None) or 1e-5),
     )

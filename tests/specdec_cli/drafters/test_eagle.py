@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -414,6 +415,13 @@ def test_an_interrupted_training_resumes_to_the_same_head(tiny_llama, tmp_path):
                     resume=True)
     with pytest.raises(SpecdecError, match="data changed"):
         train_eagle(tiny_llama, sequences[1:], config, checkpoint_dir=tmp_path / "cut", resume=True)
+    state_file = tmp_path / "cut" / "state.json"
+    state = json.loads(state_file.read_text())
+    assert state["mlp_width"] == tiny_llama.config.intermediate_size
+    state_file.write_text(json.dumps({**state, "mlp_width": 2 * state["mlp_width"]}))  # (made to another width)
+    with pytest.raises(SpecdecError, match="start again without --resume"):
+        train_eagle(tiny_llama, sequences, config, checkpoint_dir=tmp_path / "cut", resume=True)
+    state_file.write_text(json.dumps({key: value for key, value in state.items() if key != "mlp_width"}))
     computed = []
     resumed, result = train_eagle(tiny_llama, sequences, config, lambda update: computed.append(update.phase),
                                   checkpoint_dir=tmp_path / "cut", resume=True)
@@ -514,3 +522,18 @@ def test_a_narrower_head_trains_drafts_and_reloads_at_its_width(tiny_llama, tmp_
         assert generation.tokens == hf_greedy(tiny_llama, prompt, 24)
     with pytest.raises(SpecdecError, match="head_mlp must be >= 0"):
         EagleTrainConfig(head_mlp=-1).check()
+
+
+def test_a_heads_default_mlp_is_the_targets_at_most_twice_its_hidden_size():
+    from types import SimpleNamespace
+
+    from specdec_cli.drafters.eagle_head import MLP_PER_HIDDEN
+
+    def width(mlp, **config):
+        return head_config_for(SimpleNamespace(num_attention_heads=4, **config), mlp).intermediate_size
+
+    assert MLP_PER_HIDDEN == 2
+    assert width(0, hidden_size=896, intermediate_size=4864) == 1792  # Qwen2.5-0.5B's shape
+    assert width(0, hidden_size=576, intermediate_size=1536) == 1152  # SmolLM2-135M's
+    assert width(0, hidden_size=64, intermediate_size=100) == 100  # narrower than the cap: the target's
+    assert width(4864, hidden_size=896, intermediate_size=4864) == 4864  # given: as given
