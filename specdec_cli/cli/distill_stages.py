@@ -26,6 +26,7 @@ from ..distill.self_prompts import ATTEMPTS_PER_PROMPT, SELF_PROMPT_TOKENS
 from ..distill.train import TrainConfig, train_draft
 from ..drafters import DrafterOptions, target_info
 from ..errors import SpecdecError, check_choice
+from ..heap import return_free_memory
 from ..target_model.load.models import load_target_text
 from ..texts.data_rows import read_rows
 from ..texts.fingerprint import tokenizer_fingerprint
@@ -59,6 +60,7 @@ def run_generate(loaded: Any, target_spec: str, prompts: list, data: str, *, dra
             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
             draft_max=draft_max, raw=raw, system=system, on_progress=on_progress, batch_size=batch_prompts,
         )
+    return_free_memory()  # (what answering freed goes back before a pipeline's next stage stands on it)
     return report_answers(summary)
 
 
