@@ -56,3 +56,28 @@ def test_the_targets_greedy_choices_are_taken_a_few_rows_at_a_time():
         whole = [lm_head(final).argmax(-1) for final in finals]
     for got, expected in zip(greedy_along(lm_head, finals), whole):
         assert torch.equal(got, expected)
+
+
+def test_agreement_taken_a_few_positions_at_a_time_is_the_whole_formula():
+    """_agreement reads the whole-vocabulary distributions AGREEMENT_ROWS positions at a time: the same matches and
+    the same TVDs, to the bit, as all positions at once (a head's tokens plus those seen so far allowed)."""
+    from specdec_cli.distill.evaluate import AGREEMENT_ROWS, Candidate, Reference, _agreement
+
+    torch.manual_seed(4)
+    vocab, prompt, answer = 300, 9, 2 * AGREEMENT_ROWS + 5
+    ids = torch.randint(0, vocab, (1, prompt + answer))
+    start, end = prompt - 1, prompt + answer - 1
+    target_logits = torch.randn(end - start, vocab) * 3
+    reference = Reference(ids, start, end, target_logits.argmax(-1), torch.softmax(target_logits, -1), None)
+    draft_logits = torch.randn(end - start, vocab) * 3
+    head_tokens = list(range(0, vocab, 3))
+    got = _agreement(Candidate(None, lambda _: draft_logits, head_tokens), reference)
+    allowed = torch.zeros(end - start, vocab, dtype=torch.bool)
+    allowed[:, head_tokens] = True
+    for row in range(end - start):
+        allowed[row, ids[0, : start + row + 1]] = True
+    masked = draft_logits.masked_fill(~allowed, float("-inf"))
+    tvd = 0.5 * (reference.target_probs - torch.softmax(masked, -1)).abs().sum(-1)
+    assert got == (int((masked.argmax(-1) == reference.target_argmax).sum()), float(tvd.sum()), end - start)
+    whole = _agreement(Candidate(None, lambda _: draft_logits), reference)
+    assert whole[0] == int((draft_logits.argmax(-1) == reference.target_argmax).sum())
