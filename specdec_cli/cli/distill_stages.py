@@ -198,8 +198,8 @@ class HeadStages:
     drafter = "eagle"
     bench_methods = "sam,eagle,sam+eagle"
     # Both training suites whole (1,230 prompts: `distill`'s 298 and the standard library's), two passes: 140 k answer
-    # tokens on the real Qwen2.5-Coder-0.5B (the `distill` suite alone: 33 k); ~51 minutes on 2 Zen 4 cores (answering
-    # 9, the target's features 8, training 31, evaluating 2.5); SmolLM2-135M 20.5 (docs/measurements.md).
+    # tokens on the real Qwen2.5-Coder-0.5B (the `distill` suite alone: 33 k); 34 minutes on 2 Zen 4 cores (answering
+    # 9, the target's features and training 24, evaluating 1.5); SmolLM2-135M 19 (docs/measurements.md).
     pipeline_prompts = 1300
     pipeline_suite = "distill,library"
     pipeline_epochs = 2.0
