@@ -290,8 +290,7 @@ class HeadKind:
             first = self.taught_from(piece, unroll)  # rows before it are the prompt's: context only
             if first < wanted.shape[1]:
                 taught, wanted = predicted[:, first:], wanted[:, first:]  # [1, m, H]
-                with torch.no_grad():  # (a constant: nothing of its making is kept for the backward)
-                    target_probs = torch.softmax(wanted @ self.head_weight.T, dim=-1)  # [1, m, K]
+                target_probs = torch.softmax(wanted @ self.head_weight.T, dim=-1)  # [1, m, K]
                 log_probs = torch.log_softmax(taught @ self.head_weight.T, dim=-1)
                 token_loss = -(target_probs * log_probs).sum(-1).mean()
                 total = total + F.smooth_l1_loss(taught, wanted) + self.config.token_weight * token_loss
