@@ -347,7 +347,7 @@ def test_distill_refuses_foreign_inputs_before_loading(tmp_path, monkeypatch, ar
     (["distill", "--epochs", "inf"], "--epochs must be a finite number > 0, got inf"),
     (["distill", "-n", "99999999999"], "--max-new-tokens must be at most 1,000,000, got 99,999,999,999"),
     (["distill", "--kind", "eagle", "--seed", "-1"], "--seed must be between 0 and 2^63 - 1, got -1"),
-    (["distill", "--kind", "eagle", "--head-mlp", "-3"], "--head-mlp must be >= 0 (0: the target's MLP width)"),
+    (["distill", "--kind", "eagle", "--head-mlp", "-3"], "--head-mlp must be >= 0 (0: the default width)"),
     (["distill", "--kind", "eagle3", "--head-mlp", "64"],
      "--head-mlp is a setting of --kind eagle, not of --kind eagle3"),
     (["distill", "train", "--data", "DATA", "-o", "TMP/draft", "--head-mlp", "64"], "--head-mlp is a setting of"),
