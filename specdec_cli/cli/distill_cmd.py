@@ -259,8 +259,8 @@ def prompts_command(
                                "then `specdec distill --prompts FILE`."),
     target: str = options.target(),
     count: int = typer.Option(500, "--count", help="Prompts the file should hold."),
-    max_new_tokens: int = typer.Option(SELF_PROMPT_TOKENS, "--max-new-tokens", "-n", help="Longest prompt, in tokens (a turn cut "
-                                       "there is dropped)."),
+    max_new_tokens: int = typer.Option(SELF_PROMPT_TOKENS, "--max-new-tokens", "-n",
+                                       help="Longest prompt, in tokens (a turn cut there is dropped)."),
     temperature: float = typer.Option(1.0, "--temperature", "-t", help="Sampling temperature (> 0)."),
     top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass in (0, 1]."),
     seed: int = options.seed(0, note=" (the turn of attempt i is sampled with seed + i)"),

@@ -212,14 +212,10 @@ class HeadKind:
         """Once the features are computed the target is read only for its LM head's rows (once) and token
         embeddings (a few rows a step): its mapped weights' pages leave this process, and so does what the stage
         before left on the C heap."""
-        self.release_target()
-        return_free_memory()
-
-    def release_target(self) -> None:
-        """A GGUF target's mapped pages leave this process until a read touches them again."""
-        release = getattr(self.target, "release_pages", None)
+        release = getattr(self.target, "release_pages", None)  # (a GGUF target's mapped pages)
         if release is not None:
             release()
+        return_free_memory()
 
     def embed(self, tokens: Sequence[int]) -> Any:
         """The target's embeddings of `tokens`, [1, n, H] float32 on the CPU."""
@@ -229,7 +225,9 @@ class HeadKind:
         device = next(self.target.parameters()).device  # (a GGUF's table, asked its `weight`, would unpack it all)
         with torch.inference_mode():
             values = embeddings(torch.tensor([list(tokens)], device=device))
-        self.release_target()  # (a GGUF's table: the rows read go again)
+        release = getattr(embeddings, "release_pages", None)  # (a GGUF's table: the rows read go again)
+        if release is not None:
+            release()
         return values.float().cpu().clone()  # [1, n, H]
 
     def agreement(self) -> Optional[float]:

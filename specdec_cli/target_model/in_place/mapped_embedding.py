@@ -52,6 +52,10 @@ class MappedEmbedding(torch.nn.Embedding):
         scale = getattr(self, "embed_scale", None)
         return rows if scale is None else rows * scale
 
+    def release_pages(self) -> None:
+        """Let the table's pages that lookups read go from this process (read again when looked up)."""
+        self._gguf.release(self._name)
+
     @property  # type: ignore[override,unused-ignore]
     def weight(self) -> torch.Tensor:  # type: ignore[override]
         if self._dense is None:
