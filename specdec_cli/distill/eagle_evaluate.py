@@ -27,6 +27,7 @@ from .evaluate import (
     DEFAULT_EVAL_TOKENS,
     Candidate,
     EvalProgress,
+    LogitRows,
     Reference,
     read_report,
     score_candidates,
@@ -38,11 +39,12 @@ from .evaluate import (
 EAGLE_RUNS = (("before", False, None), ("after", True, None), ("after_chain", True, 0))
 
 
-def head_logits_along(head: Any, weights: Any) -> Callable[[Reference], Any]:
-    """The head's teacher-forced logits [m, V] at the answer positions: position p from (f_{p-1}, token p)."""
+def head_logits_along(head: Any, weights: Any) -> Callable[[Reference], LogitRows]:
+    """The head's teacher-forced logits [m, V] at the answer positions: position p from (f_{p-1}, token p), read
+    out through the target's LM head a few rows at a time."""
     import torch
 
-    def logits(reference: Reference) -> Any:
+    def logits(reference: Reference) -> LogitRows:
         features, ids = reference.features, reference.ids[0]  # [n, H], [n]
         dtype = next(head.parameters()).dtype
         device = next(head.parameters()).device
@@ -51,20 +53,24 @@ def head_logits_along(head: Any, weights: Any) -> Callable[[Reference], Any]:
             predicted = head(features[None, : reference.end - 1].to(device, dtype), embedded,
                              torch.arange(reference.end - 1, device=device))[0]  # [end-1, H]: rows p-1 -> p
             rows = predicted[max(reference.start - 1, 0) : reference.end - 1]  # [m or m-1, H]
-            out = weights.logits(rows)  # [., V] float32
-            if reference.start == 0:  # position 0 has no feature before it: no prediction there
-                out = torch.cat([torch.zeros_like(out[:1]), out])
-        return out
+        # position 0 has no feature before it: no prediction there (a zero row)
+        return LogitRows(rows, weights.logits, weights.vocab_size, zero_rows=int(reference.start == 0))
 
     return logits
 
 
 def eagle3_logits_along(head: Any, embeddings: Any, layers: Sequence[int], vocab: int) -> Callable[[Reference], Any]:
     """An EAGLE-3 head's teacher-forced logits [m, V] at the answer positions (-inf outside its draft vocabulary):
-    position p from (the states entering `layers` at p-1, token p)."""
+    position p from (the states entering `layers` at p-1, token p), read out a few rows at a time."""
     import torch
 
-    def logits(reference: Reference) -> Any:
+    def read_out(rows: Any) -> Any:  # [r, H] -> [r, V]
+        own = head.lm_head(head.norm(rows)).float()  # [r, K]
+        out = torch.full((own.shape[0], vocab), float("-inf"))
+        out[:, head.draft_ids()] = own
+        return out
+
+    def logits(reference: Reference) -> LogitRows:
         ids, end = reference.ids[0], reference.end
         dtype = next(head.parameters()).dtype
         with torch.inference_mode():
@@ -72,12 +78,7 @@ def eagle3_logits_along(head: Any, embeddings: Any, layers: Sequence[int], vocab
             embedded = embeddings(ids[None, 1:end]).to(dtype)  # [1, end-1, H]
             predicted = head(head.reduce(states[None].to(dtype)), embedded, torch.arange(end - 1))[0]  # [end-1, H]
             rows = predicted[max(reference.start - 1, 0) : end - 1]
-            own = head.lm_head(head.norm(rows)).float()  # [., K]
-            out = torch.full((own.shape[0], vocab), float("-inf"))
-            out[:, head.draft_ids()] = own
-            if reference.start == 0:
-                out = torch.cat([torch.zeros_like(out[:1]), out])
-        return out
+        return LogitRows(rows, read_out, vocab, zero_rows=int(reference.start == 0))
 
     return logits
 

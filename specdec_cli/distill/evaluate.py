@@ -110,11 +110,36 @@ def read_report(draft_dir: Path) -> dict:
 @dataclass(frozen=True)
 class Candidate:
     """One thing to score: a drafter the engine drafts with, and its logits [m, V] along the target's answer
-    (what it would predict at each answer position, given the true context: the top-1 agreement's input)."""
+    (what it would predict at each answer position, given the true context: the top-1 agreement's input), as a
+    tensor or as LogitRows."""
 
     drafter: Any
     logits_along: Callable[["Reference"], Any]
     head_tokens: Optional[Sequence[int]] = None  # the tokens it may draft besides the context's (None = all)
+
+
+@dataclass(frozen=True)
+class LogitRows:
+    """Logits [m, V] along an answer made a few rows at a time from their states, never all at once (a 151,936-token
+    vocabulary's row is 0.6 MB): the first `zero_rows` rows are zeros (no prediction there), the rest read out."""
+
+    states: Any  # [m - zero_rows, H]
+    read_out: Callable[[Any], Any]  # [r, H] -> [r, vocab] float32
+    vocab: int
+    zero_rows: int = 0
+
+    def __len__(self) -> int:
+        return self.zero_rows + int(self.states.shape[0])
+
+    def rows(self, first: int, stop: int) -> Any:
+        """Rows first .. stop - 1 [stop - first, vocab] (each row's bits whatever the rows read with it: the read-out
+        is row-invariant)."""
+        import torch
+
+        zeros = max(0, min(stop, self.zero_rows) - first)
+        states = self.states[max(first - self.zero_rows, 0) : max(stop - self.zero_rows, 0)]
+        read = self.read_out(states) if states.shape[0] else torch.zeros(0, self.vocab)
+        return torch.cat([torch.zeros(zeros, self.vocab), read]) if zeros else read
 
 
 @dataclass(frozen=True)
@@ -125,7 +150,7 @@ class Reference:
     start: int  # position start predicts answer[0]
     end: int  # one past the last compared position
     target_argmax: Any  # [m]
-    target_probs: Any  # [m, V]
+    target_logits: Any  # [m, V] float32 (softmax taken a few rows at a time where read)
     features: Any  # [n, H] the target's last hidden states, float32
     layer_states: dict = field(default_factory=dict)  # layer -> [n, H] the states entering it (score_candidates'
     # feature_layers only), float32
@@ -252,7 +277,7 @@ def _target_along(forward: Any, prompt_ids: Sequence[int], answer: list[int],
         logits = out.logits[0, : end - start].float().cpu()  # [m, V]
         last = out.hidden_states[-1][0].float().cpu()  # [n, H], normed
         states = {layer: out.hidden_states[layer][0].float().cpu() for layer in layers}  # [n, H] each
-    return Reference(ids, start, end, logits.argmax(-1), torch.softmax(logits, -1), last, states)
+    return Reference(ids, start, end, logits.argmax(-1), logits, last, states)
 
 
 def _agreement(candidate: Candidate, reference: Optional[Reference]) -> tuple[int, float, int]:
@@ -267,9 +292,11 @@ def _agreement(candidate: Candidate, reference: Optional[Reference]) -> tuple[in
         return 0, 0.0, 0
     ids, start, end = reference.ids, reference.start, reference.end
     with torch.inference_mode():
-        logits = candidate.logits_along(reference).float().cpu()  # [m, V]
-        vocab = logits.shape[-1]
-        width = min(vocab, reference.target_probs.shape[-1])
+        along = candidate.logits_along(reference)  # [m, V], or LogitRows made AGREEMENT_ROWS rows at a time
+        if not isinstance(along, LogitRows):
+            along = along.float().cpu()
+        vocab = along.vocab if isinstance(along, LogitRows) else int(along.shape[-1])
+        width = min(vocab, reference.target_logits.shape[-1])
         head_tokens = candidate.head_tokens
         if head_tokens:
             allowed_static = torch.zeros(vocab, dtype=torch.bool)
@@ -279,14 +306,15 @@ def _agreement(candidate: Candidate, reference: Optional[Reference]) -> tuple[in
             first_seen.scatter_reduce_(0, sequence, torch.arange(sequence.numel()), reduce="amin")
         matches, tvds = 0, []
         for first in range(0, end - start, AGREEMENT_ROWS):  # (each row alone: the same values in pieces)
-            rows = logits[first : first + AGREEMENT_ROWS]  # [r, V]
+            stop = min(first + AGREEMENT_ROWS, end - start)
+            rows = along.rows(first, stop) if isinstance(along, LogitRows) else along[first:stop]  # [r, V]
             if head_tokens:
-                positions = torch.arange(start + first, start + first + rows.shape[0]).unsqueeze(1)  # [r, 1]
+                positions = torch.arange(start + first, start + stop).unsqueeze(1)  # [r, 1]
                 allowed = allowed_static.unsqueeze(0) | (first_seen.unsqueeze(0) <= positions)  # [r, V]
                 rows = rows.masked_fill(~allowed, float("-inf"))
             draft_probs = torch.softmax(rows, -1)
-            matches += int((rows.argmax(-1) == reference.target_argmax[first : first + rows.shape[0]]).sum())
-            wanted = reference.target_probs[first : first + rows.shape[0], :width]
+            matches += int((rows.argmax(-1) == reference.target_argmax[first:stop]).sum())
+            wanted = torch.softmax(reference.target_logits[first:stop], -1)[:, :width]
             tvds.append(0.5 * (wanted - draft_probs[:, :width]).abs().sum(-1))  # [r]
         tvd = torch.cat(tvds)  # [m]
     return matches, float(tvd.sum()), int(end - start)

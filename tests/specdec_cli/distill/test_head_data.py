@@ -61,14 +61,14 @@ def test_the_targets_greedy_choices_are_taken_a_few_rows_at_a_time():
 def test_agreement_taken_a_few_positions_at_a_time_is_the_whole_formula():
     """_agreement reads the whole-vocabulary distributions AGREEMENT_ROWS positions at a time: the same matches and
     the same TVDs, to the bit, as all positions at once (a head's tokens plus those seen so far allowed)."""
-    from specdec_cli.distill.evaluate import AGREEMENT_ROWS, Candidate, Reference, _agreement
+    from specdec_cli.distill.evaluate import AGREEMENT_ROWS, Candidate, LogitRows, Reference, _agreement
 
     torch.manual_seed(4)
     vocab, prompt, answer = 300, 9, 2 * AGREEMENT_ROWS + 5
     ids = torch.randint(0, vocab, (1, prompt + answer))
     start, end = prompt - 1, prompt + answer - 1
     target_logits = torch.randn(end - start, vocab) * 3
-    reference = Reference(ids, start, end, target_logits.argmax(-1), torch.softmax(target_logits, -1), None)
+    reference = Reference(ids, start, end, target_logits.argmax(-1), target_logits, None)
     draft_logits = torch.randn(end - start, vocab) * 3
     head_tokens = list(range(0, vocab, 3))
     got = _agreement(Candidate(None, lambda _: draft_logits, head_tokens), reference)
@@ -77,7 +77,18 @@ def test_agreement_taken_a_few_positions_at_a_time_is_the_whole_formula():
     for row in range(end - start):
         allowed[row, ids[0, : start + row + 1]] = True
     masked = draft_logits.masked_fill(~allowed, float("-inf"))
-    tvd = 0.5 * (reference.target_probs - torch.softmax(masked, -1)).abs().sum(-1)
+    tvd = 0.5 * (torch.softmax(target_logits, -1) - torch.softmax(masked, -1)).abs().sum(-1)
     assert got == (int((masked.argmax(-1) == reference.target_argmax).sum()), float(tvd.sum()), end - start)
     whole = _agreement(Candidate(None, lambda _: draft_logits), reference)
     assert whole[0] == int((draft_logits.argmax(-1) == reference.target_argmax).sum())
+    # logits read out of states a few rows at a time (a head's), a zero first row among them: the same numbers
+    states, weight = torch.randn(end - start - 1, 16), torch.randn(vocab, 16)
+
+    def read_out(rows: torch.Tensor) -> torch.Tensor:  # row-invariant by construction: each row's own products
+        return (rows[:, None, :] * weight[None]).sum(-1)  # [r, V]
+
+    dense = torch.cat([torch.zeros(1, vocab), read_out(states)])  # [m, V]
+    along = LogitRows(states, read_out, vocab, zero_rows=1)
+    assert len(along) == end - start and torch.equal(along.rows(0, end - start), dense)
+    assert _agreement(Candidate(None, lambda _: along, head_tokens), reference) == _agreement(
+        Candidate(None, lambda _: dense, head_tokens), reference)
