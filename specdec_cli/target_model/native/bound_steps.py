@@ -19,11 +19,10 @@ from typing import Any, Callable, Optional
 
 from ... import kernels
 
-# Row counts kept bound, the least recently used dropped first: every count a step or a prompt block may use (up to
-# native.ROW_INVARIANT_ROWS) and some. Binding a count's calls costs a forward's third on the default model (~1.5
-# ms); with 8 kept, a run's prompt tails, probes and steps evicted each other, so a probe of 2 or 3 rows was timed
-# binding, and the verify-cost curve's measurement (13 counts in turn) timed binding at every count.
-BOUND_ROW_COUNTS = 48
+# Every row count a step or a prompt block uses (up to native.ROW_INVARIANT_ROWS) stays bound: binding a count's calls
+# costs a forward's third on the default model (~1.5 ms), and with 8 counts kept, a run's prompt tails, probes and
+# steps evicted each other (a probe of 2 or 3 rows was timed binding). A longer forward, a whole prompt's for training
+# or scoring, binds its own buffers for itself alone and keeps neither.
 BOUND_CACHES = 64  # per layer and row count, the caches whose calls are kept bound (the oldest out first)
 
 
@@ -42,17 +41,15 @@ def buffers_of(decoder: Any, rows: int) -> SimpleNamespace:
         branch=decoder._rows("branch", rows, decoder.hidden))  # gemma2/3: a half's output before its post-norm
 
 
-def layer_steps(decoder: Any, rows: int) -> tuple[SimpleNamespace, list[SimpleNamespace]]:
+def layer_steps(decoder: Any, rows: int, *, keep: bool) -> tuple[SimpleNamespace, list[SimpleNamespace]]:
     """An n-row forward's buffers, and per layer its norms, projections and activation as calls bound to them
     (checked once: a decoding step then calls them with no checks to repeat; its cache calls are bound on first
-    use, per cache, `bind_cache`). Kept per row count (BOUND_ROW_COUNTS of them) until a buffer is made again
-    (NativeDecoder._rows), which drops them all."""
-    bound = decoder._bound.pop(rows, None)
+    use, per cache, `bind_cache`). With `keep`, kept per row count until a buffer is made again
+    (NativeDecoder._rows), which drops them all; else (a long prompt's buffers, made for it alone) not kept."""
+    bound = decoder._bound.pop(rows, None) if keep else None
     if bound is not None:
         decoder._bound[rows] = bound  # (the most recently used last)
         return bound
-    if len(decoder._bound) >= BOUND_ROW_COUNTS:
-        del decoder._bound[next(iter(decoder._bound))]
     buffers = buffers_of(decoder, rows)
     residual, h, act = buffers.residual, buffers.normed, buffers.act
     steps = []
@@ -69,7 +66,8 @@ def layer_steps(decoder: Any, rows: int) -> tuple[SimpleNamespace, list[SimpleNa
             act=activation,
             down=bind_residual(act, layer.down, layer.post_mlp_norm, buffers, decoder.eps),
             cache_calls={}))
-    decoder._bound[rows] = buffers, steps
+    if keep:
+        decoder._bound[rows] = buffers, steps
     return buffers, steps
 
 

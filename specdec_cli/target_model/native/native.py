@@ -275,6 +275,8 @@ class NativeDecoder:
     def _rows(self, name: str, rows: int, width: int) -> kernels.Rows:
         """The float32 scratch buffer `name`'s first `rows` rows [rows, width], kept between forwards (grown, never
         shrunk) and checked once per row count (kernels.Rows: the kernels then compare integers at each call)."""
+        if rows > ROW_INVARIANT_ROWS:  # a whole prompt's one forward (training, scoring): its buffers live with it
+            return kernels.Rows(torch.empty(rows, width, dtype=torch.float32))
         checked = self._checked.get((name, rows))
         if checked is not None:
             return checked
@@ -358,7 +360,7 @@ class NativeDecoder:
         x = self.embedding_rows(ids).contiguous()  # [n, hidden]
         if self.embed_scale is not None:
             x.mul_(self.embed_scale)
-        buffers, steps = layer_steps(self, rows)  # kept between forwards, each layer's calls on them bound once
+        buffers, steps = layer_steps(self, rows, keep=rows <= ROW_INVARIANT_ROWS)  # each layer's calls bound once
         residual, qkv, q_part, new_keys = buffers.residual, buffers.qkv, buffers.q_part, buffers.new_keys
         residual.tensor.copy_(x)  # [n, hidden], the residual stream
         pasts = [part.cache.get_seq_length() for part in parts]

@@ -442,18 +442,23 @@ def test_the_row_invariance_check_runs_one_layer_of_each_kind_and_catches_a_faul
                                                                   torch.device("cpu"), 8)
 
 
-def test_a_row_count_stays_bound_while_more_than_eight_others_come_and_go(block_family):
+def test_a_row_count_stays_bound_and_a_long_prompts_buffers_are_not_kept(block_family):
     """Binding a row count's calls costs a third of a small model's step: every count a step or a prompt block uses
-    stays bound (the least recently used leaves past BOUND_ROW_COUNTS), and a count used again is not bound anew."""
+    stays bound, and a count used again is not bound anew. A longer forward (a whole prompt's, for training or
+    scoring) has buffers of its own, freed with it: the decoder's scratch and bound counts do not grow."""
     from specdec_cli.target_model.native import bound_steps
 
     decoder = NativeForward(block_family.model).decoder
-    most = 2 + 2 * bound_steps.BOUND_ROW_COUNTS
-    bound_steps.layer_steps(decoder, most)  # the buffers sized once (a bigger block makes them again, unbinding all)
-    first = bound_steps.layer_steps(decoder, 1)
-    for rows in range(2, most):  # prompt tails and probes of many sizes, each followed by a one-row step
-        bound_steps.layer_steps(decoder, rows)
-        assert bound_steps.layer_steps(decoder, 1)[1] is first[1]  # its calls, not bound again
-    for rows in range(2, 2 + bound_steps.BOUND_ROW_COUNTS):  # as many other counts, one row not used meanwhile
-        bound_steps.layer_steps(decoder, rows)
-    assert 1 not in decoder._bound and len(decoder._bound) == bound_steps.BOUND_ROW_COUNTS
+    blocks = native.ROW_INVARIANT_ROWS
+    bound_steps.layer_steps(decoder, blocks, keep=True)  # the buffers sized once (a bigger block makes them again)
+    first = bound_steps.layer_steps(decoder, 1, keep=True)
+    for rows in range(2, blocks + 1):  # prompt tails and probes of many sizes, each followed by a one-row step
+        bound_steps.layer_steps(decoder, rows, keep=True)
+        assert bound_steps.layer_steps(decoder, 1, keep=True)[1] is first[1]  # its calls, not bound again
+    scratch = {name: buffer.shape for name, buffer in decoder._scratch.items()}
+    kept = set(decoder._bound)
+    with torch.inference_mode():
+        decoder(input_ids=torch.tensor([_sequence(3 * blocks)]), position_ids=torch.arange(3 * blocks)[None],
+                past_key_values=KVCache(), use_cache=True)
+    assert {name: buffer.shape for name, buffer in decoder._scratch.items()} == scratch
+    assert set(decoder._bound) == kept and bound_steps.layer_steps(decoder, 1, keep=True)[1] is first[1]
