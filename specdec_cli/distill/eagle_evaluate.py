@@ -136,7 +136,7 @@ def evaluate_head(
     budget = max(DEFAULT_BUDGET, depth)  # tree nodes (or chain tokens) per step, as chat and bench verify
     scores = score_candidates(target, tokenizer, prompts, candidates, eos_token_ids=info.eos_token_ids,
                               max_new_tokens=max_new_tokens, budget=budget, on_progress=on_progress,
-                              feature_layers=layers)
+                              feature_layers=layers, weights=weights)
     settings = {"max_new_tokens": max_new_tokens, "draft_max": depth, "tree_width": DEFAULT_TREE_WIDTH,
                 "tree_budget": budget, "decoding": "greedy", "head_tokens": len(head_tokens) if head_tokens else None}
     return store_evaluation(directory, report, target_name, info.fingerprint, len(prompts), prompt_source, settings,

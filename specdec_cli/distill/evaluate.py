@@ -24,6 +24,7 @@ from ..decoding.stats import GenerationStats, merge
 from ..drafters import model as model_drafter
 from ..drafters import target_info
 from ..drafters.model import ModelDrafter
+from ..drafters.target import TargetWeights
 from ..errors import SpecdecError
 from ..files import read_json, write_json_atomic
 from ..texts.data_rows import read_rows
@@ -128,8 +129,9 @@ class LogitRows:
     vocab: int
     zero_rows: int = 0
 
-    def __len__(self) -> int:
-        return self.zero_rows + int(self.states.shape[0])
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.zero_rows + int(self.states.shape[0]), self.vocab
 
     def rows(self, first: int, stop: int) -> Any:
         """Rows first .. stop - 1 [stop - first, vocab] (each row's bits whatever the rows read with it: the read-out
@@ -138,7 +140,7 @@ class LogitRows:
 
         zeros = max(0, min(stop, self.zero_rows) - first)
         states = self.states[max(first - self.zero_rows, 0) : max(stop - self.zero_rows, 0)]
-        read = self.read_out(states) if states.shape[0] else torch.zeros(0, self.vocab)
+        read = self.read_out(states).float().cpu() if states.shape[0] else torch.zeros(0, self.vocab)
         return torch.cat([torch.zeros(zeros, self.vocab), read]) if zeros else read
 
 
@@ -150,7 +152,7 @@ class Reference:
     start: int  # position start predicts answer[0]
     end: int  # one past the last compared position
     target_argmax: Any  # [m]
-    target_logits: Any  # [m, V] float32 (softmax taken a few rows at a time where read)
+    target_logits: Any  # [m, V] float32, or LogitRows (softmax taken a few rows at a time where read)
     features: Any  # [n, H] the target's last hidden states, float32
     layer_states: dict = field(default_factory=dict)  # layer -> [n, H] the states entering it (score_candidates'
     # feature_layers only), float32
@@ -185,7 +187,8 @@ def score_drafts(
                                    along(model), head_tokens)
                   for label, model in drafts.items()}
     return score_candidates(target, tokenizer, prompts, candidates, eos_token_ids=info.eos_token_ids,
-                            max_new_tokens=max_new_tokens, budget=draft_max, on_progress=on_progress)
+                            max_new_tokens=max_new_tokens, budget=draft_max, on_progress=on_progress,
+                            weights=info.weights)
 
 
 def score_candidates(
@@ -199,9 +202,11 @@ def score_candidates(
     budget: int = 6,
     on_progress: Optional[Callable[[EvalProgress], None]] = None,
     feature_layers: Sequence[int] = (),
+    weights: Optional[TargetWeights] = None,
 ) -> dict:
     """{label: DraftScore} for every Candidate in `candidates` ({label: candidate}) over the same prompts; the
-    references along the answers keep the states entering `feature_layers` (for heads that read them)."""
+    references along the answers keep the states entering `feature_layers` (for heads that read them). With the
+    target's `weights`, its logits along an answer are read out of its last states a few rows at a time."""
     from ..decoding.engine import Engine, GenerationConfig
     from ..target_model.verify.exact_setup import states_forward
 
@@ -223,7 +228,8 @@ def score_candidates(
             generation = engine.generate(_prompt_ids(prompt), candidate.drafter, config)
             stats = generation.stats
             if reference is None:  # greedy runs all produce the target's own answer: measure along the first
-                reference = _target_along(along, _prompt_ids(prompt), list(generation.tokens), feature_layers)
+                reference = _target_along(along, _prompt_ids(prompt), list(generation.tokens), feature_layers,
+                                          weights)
             score, acc = scores[label], sums[label]
             score.prompts += 1
             runs[label].append(stats)
@@ -260,10 +266,11 @@ def _finish(score: DraftScore, acc: dict, categories: dict, runs: list) -> None:
     }
 
 
-def _target_along(forward: Any, prompt_ids: Sequence[int], answer: list[int],
-                  layers: Sequence[int] = ()) -> Optional[Reference]:
+def _target_along(forward: Any, prompt_ids: Sequence[int], answer: list[int], layers: Sequence[int] = (),
+                  weights: Optional[TargetWeights] = None) -> Optional[Reference]:
     """One forward (`forward`: exact_setup.states_forward's) over prompt + answer: the target's distributions, its
-    last hidden states and the states entering `layers` along it."""
+    last hidden states and the states entering `layers` along it. With `weights`, its logits are read out of the
+    last states AGREEMENT_ROWS rows at a time (LogitRows) instead of kept whole."""
     import torch
 
     if not answer:
@@ -273,11 +280,17 @@ def _target_along(forward: Any, prompt_ids: Sequence[int], answer: list[int],
     with torch.inference_mode():
         out = forward.run(input_ids=ids.to(forward.device), position_ids=torch.arange(ids.shape[1])[None].to(
             forward.device), past_key_values=forward.new_cache(), use_cache=True, output_hidden_states=True,
-            logits_to_keep=ids.shape[1] - start, **forward.layer_states(layers))  # (the prompt's: never read)
-        logits = out.logits[0, : end - start].float().cpu()  # [m, V]
+            logits_to_keep=1 if weights else ids.shape[1] - start, **forward.layer_states(layers))
         last = out.hidden_states[-1][0].float().cpu()  # [n, H], normed
         states = {layer: out.hidden_states[layer][0].float().cpu() for layer in layers}  # [n, H] each
-    return Reference(ids, start, end, logits.argmax(-1), logits, last, states)
+        if weights is None:
+            logits: Any = out.logits[0, : end - start].float().cpu()  # [m, V]
+            argmax = logits.argmax(-1)
+        else:
+            logits = LogitRows(last[start:end], weights.logits, weights.vocab_size)
+            argmax = torch.cat([logits.rows(first, min(first + AGREEMENT_ROWS, end - start)).argmax(-1)
+                                for first in range(0, end - start, AGREEMENT_ROWS)])  # [m]
+    return Reference(ids, start, end, argmax, logits, last, states)
 
 
 def _agreement(candidate: Candidate, reference: Optional[Reference]) -> tuple[int, float, int]:
@@ -295,7 +308,7 @@ def _agreement(candidate: Candidate, reference: Optional[Reference]) -> tuple[in
         along = candidate.logits_along(reference)  # [m, V], or LogitRows made AGREEMENT_ROWS rows at a time
         if not isinstance(along, LogitRows):
             along = along.float().cpu()
-        vocab = along.vocab if isinstance(along, LogitRows) else int(along.shape[-1])
+        vocab = int(along.shape[-1])
         width = min(vocab, reference.target_logits.shape[-1])
         head_tokens = candidate.head_tokens
         if head_tokens:
@@ -307,17 +320,22 @@ def _agreement(candidate: Candidate, reference: Optional[Reference]) -> tuple[in
         matches, tvds = 0, []
         for first in range(0, end - start, AGREEMENT_ROWS):  # (each row alone: the same values in pieces)
             stop = min(first + AGREEMENT_ROWS, end - start)
-            rows = along.rows(first, stop) if isinstance(along, LogitRows) else along[first:stop]  # [r, V]
+            rows = _piece(along, first, stop)  # [r, V]
             if head_tokens:
                 positions = torch.arange(start + first, start + stop).unsqueeze(1)  # [r, 1]
                 allowed = allowed_static.unsqueeze(0) | (first_seen.unsqueeze(0) <= positions)  # [r, V]
                 rows = rows.masked_fill(~allowed, float("-inf"))
             draft_probs = torch.softmax(rows, -1)
             matches += int((rows.argmax(-1) == reference.target_argmax[first:stop]).sum())
-            wanted = torch.softmax(reference.target_logits[first:stop], -1)[:, :width]
+            wanted = torch.softmax(_piece(reference.target_logits, first, stop), -1)[:, :width]
             tvds.append(0.5 * (wanted - draft_probs[:, :width]).abs().sum(-1))  # [r]
         tvd = torch.cat(tvds)  # [m]
     return matches, float(tvd.sum()), int(end - start)
+
+
+def _piece(logits: Any, first: int, stop: int) -> Any:
+    """Rows first .. stop - 1 of logits [m, V] held whole or as LogitRows."""
+    return logits.rows(first, stop) if isinstance(logits, LogitRows) else logits[first:stop]
 
 
 def _device(model: Any) -> Any:

@@ -3,6 +3,7 @@ teaches the answers' positions alone when asked (`prompt_loss` off), the prompts
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specdec_cli.distill.eagle_train import EagleTrainConfig, HeadKind, train_eagle
@@ -89,6 +90,39 @@ def test_agreement_taken_a_few_positions_at_a_time_is_the_whole_formula():
 
     dense = torch.cat([torch.zeros(1, vocab), read_out(states)])  # [m, V]
     along = LogitRows(states, read_out, vocab, zero_rows=1)
-    assert len(along) == end - start and torch.equal(along.rows(0, end - start), dense)
+    assert along.shape == dense.shape and torch.equal(along.rows(0, end - start), dense)
     assert _agreement(Candidate(None, lambda _: along, head_tokens), reference) == _agreement(
         Candidate(None, lambda _: dense, head_tokens), reference)
+
+
+@pytest.mark.parametrize("blocks", [False, True])
+def test_the_targets_logits_read_out_in_pieces_are_those_of_its_forward(blocks):
+    """With the target's LM head at hand, the evaluation's reference keeps the last states and reads the logits
+    out of them a few rows at a time: on block weights the same bits as the forward's logits, on transformers'
+    modules the same numbers to rounding, the same argmaxes."""
+    from helpers import family_model
+
+    from specdec_cli import kernels
+    from specdec_cli.distill.evaluate import AGREEMENT_ROWS, _target_along
+    from specdec_cli.drafters.target import target_weights
+    from specdec_cli.target_model.load import converted_blocks
+    from specdec_cli.target_model.native import quant
+    from specdec_cli.target_model.verify.exact_setup import states_forward
+
+    if blocks and not kernels.available():
+        pytest.skip("specdec's CPU kernels are not compiled")
+    model = family_model("qwen2", seed=5)
+    if blocks:
+        quant.install_blocks(model, converted_blocks.plan_blocks(model, "int8", None))
+    forward, weights = states_forward(model), target_weights(model)
+    prompt = [1, *range(10, 19)]
+    answer = torch.randint(4, 64, (2 * AGREEMENT_ROWS + 3,), generator=torch.Generator().manual_seed(2)).tolist()
+    whole = _target_along(forward, prompt, answer)
+    pieces = _target_along(forward, prompt, answer, weights=weights)
+    read = pieces.target_logits.rows(0, len(answer))
+    assert read.shape == whole.target_logits.shape == pieces.target_logits.shape
+    assert torch.equal(pieces.target_argmax, whole.target_argmax)
+    if blocks:
+        assert torch.equal(read, whole.target_logits)
+    else:
+        torch.testing.assert_close(read, whole.target_logits)
