@@ -46,9 +46,8 @@ def layer_steps(decoder: Any, rows: int, *, keep: bool) -> tuple[SimpleNamespace
     (checked once: a decoding step then calls them with no checks to repeat; its cache calls are bound on first
     use, per cache, `bind_cache`). With `keep`, kept per row count until a buffer is made again
     (NativeDecoder._rows), which drops them all; else (a long prompt's buffers, made for it alone) not kept."""
-    bound = decoder._bound.pop(rows, None) if keep else None
+    bound = decoder._bound.get(rows) if keep else None
     if bound is not None:
-        decoder._bound[rows] = bound  # (the most recently used last)
         return bound
     buffers = buffers_of(decoder, rows)
     residual, h, act = buffers.residual, buffers.normed, buffers.act
