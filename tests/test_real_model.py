@@ -193,6 +193,33 @@ def test_every_drafter_is_exact_on_the_ggufs_own_blocks(real_target, tmp_path):
         assert generation.stats.drafted_tokens > 0, name
 
 
+def test_every_drafter_keeps_a_logit_bias_on_the_ggufs_own_blocks(real_target):
+    """A token of the free answer banned (`logit_bias` -100) and another favoured: every drafter's answer is plain
+    decoding's with the same biases, and the biases changed it."""
+    from dataclasses import replace
+
+    from specdec_cli.decoding.cost_curve import CostCurve
+    from specdec_cli.decoding.engine import Engine, GenerationConfig
+    from specdec_cli.decoding.planner import DraftPlanner
+    from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter, target_info
+    from specdec_cli.texts.prompt_ids import format_prompt
+
+    target = real_target("float32", "gguf")
+    info = target_info(target.model, target.tokenizer)
+    engine = Engine(target.model, target.tokenizer, DraftPlanner(CostCurve.fixed({1: 1.0, 2: 1.02, 16: 1.1})))
+    free_config = GenerationConfig(max_new_tokens=48, eos_token_ids=info.eos_token_ids)
+    prompt = "Repeat this list twice, then add a fourth item: apples, pears, plums."
+    ids = format_prompt(target.tokenizer, [{"role": "user", "content": prompt}])
+    free = engine.generate(ids, make_drafter("none", DrafterOptions(), info), free_config).tokens
+    config = replace(free_config, logit_bias=((free[2], -100.0), (free[0], 1.5)))
+    reference = engine.generate(ids, make_drafter("none", DrafterOptions(), info), config).tokens
+    assert reference != free and free[2] not in reference
+    for name in [*DRAFTERS, "sam+recycle"]:
+        if name in ("none", "model", "eagle"):
+            continue
+        assert engine.generate(ids, make_drafter(name, DrafterOptions(), info), config).tokens == reference, name
+
+
 def test_chat_on_the_ggufs_blocks_says_so_and_speculates_identically(shared_real_model):
     result = invoke("chat", "--prompt", PROMPTS[1], "--weights", "gguf", "--compare", "--json", "-n", "48")
     assert result.returncode == 0, result.stderr

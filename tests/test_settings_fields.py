@@ -130,6 +130,7 @@ def test_each_default_is_declared_in_one_place():
         ("GenerationConfig", "seed"): "None", ("GenerationConfig", "stop"): "()",
         ("GenerationConfig", "eos_token_ids"): "()", ("GenerationConfig", "cost_aware"): "True",
         ("GenerationConfig", "draft_max"): "None", ("GenerationConfig", "min_new_tokens"): "0",
+        ("GenerationConfig", "logit_bias"): "()",
         ("ProposerSettings", "num_speculative_tokens"): "None",
         ("RunSettings", "exact"): "None", ("RunSettings", "raw"): "False",
         ("ChatSettings", "system"): "None", ("ChatSettings", "remember"): "True",

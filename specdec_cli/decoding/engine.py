@@ -113,14 +113,15 @@ class Engine:
 
     def first_token(self, run: "Run", logits: torch.Tensor, features: Any = None) -> None:
         """The prompt computed (its last row's logits [1, vocab]): the first new token chosen and committed."""
-        row = allowed_only(logits[-1:], run.constraint, [])  # [1, vocab]
+        logits = run.biased(logits[-1:])  # [1, vocab]
+        row = allowed_only(logits, run.constraint, [])  # [1, vocab]
         row = without_eos(row, run.eos, run.barred(Draft.empty("prefill")))
         first = choose(row[0], run.generator, run.config)
         run.ttft, run.computed, prompt = time.perf_counter() - run.started, None, tuple(run.context)
         committed = self._commit(run, [first])
         run.emit(StepEvent(kind="prefill", draft=Draft.empty("prefill"), committed=committed,
                            verify_seconds=run.ttft, prompt_tokens=prompt, settings=run.config, finished=run.finish,
-                           features=features, logprobs=run.logprobs(logits[-1:], committed)))
+                           features=features, logprobs=run.logprobs(logits, committed)))
 
     @torch.inference_mode()
     def step(self, run: "Run") -> None:
@@ -138,6 +139,7 @@ class Engine:
         block, parents = pad_block([run.context[-1], *draft.tokens], tree, rows)
         raw, features = self.forward(block, run.cache, past, tree=parents, features=needs.features,
                                      feature_layers=needs.feature_layers)  # [rows, vocab], [rows, .] or None
+        raw = run.biased(raw)
         # 3. Accept: the longest acceptable path, then the target's own token after it.
         path, target_token, topk = self._accept_step(run, draft, raw[: len(draft) + 1])  # rows [k+1, vocab]
         # 4. Commit the accepted drafts + the correction/bonus token; roll the cache back to match.
@@ -191,6 +193,8 @@ class Engine:
                   zip(runs, drafts)] + [(run.context[start:stop], run.cache, start) for run, start, stop in pieces]
         keep = [len(draft) + 1 for draft in drafts] + [int(stop == len(run.context)) for run, _, stop in pieces]
         scores = cast(ManyForward, forward).many(blocks, keep)
+        scores = [score._replace(logits=run.biased(score.logits)) for run, score in zip(runs, scores)] + \
+            scores[len(runs) :]  # (a prompt's last row: biased where its first token is chosen)
         verified, committed_all = time.perf_counter() - t1, 0
         reads = read_together(runs, scores)
         for run, draft, score, read in zip(runs, drafts, scores, reads):
@@ -328,6 +332,10 @@ class Engine:
             config = replace(config, max_new_tokens=min(config.max_new_tokens, limit - len(prompt_ids)))
         if config.stop and self.tokenizer is None:
             raise SpecdecError("stop strings need the target's tokenizer")
+        vocab = getattr(getattr(self.model, "config", None), "vocab_size", None)
+        if isinstance(vocab, int) and any(token >= vocab for token, _ in config.logit_bias):
+            raise SpecdecError(f"logit_bias names a token past this model's vocabulary ({vocab} tokens)",
+                               setting="logit_bias")
         return config, limit
 
     def _plan(self, draft: Draft, budget: int, config: GenerationConfig,

@@ -37,6 +37,9 @@ class GenerationConfig:
     # no end-of-text token is chosen before the answer has this many tokens (transformers' min_new_tokens: the EOS
     # logits at -inf, for the drafts' verification as for plain decoding); max_new_tokens or more: never
     min_new_tokens: int = 0
+    # ((token id, bias), ...): each bias added to that token's logit in every choice, drafted or not (OpenAI's
+    # logit_bias, -100..100; -100 all but bans the token); () = none
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -71,6 +74,10 @@ class GenerationConfig:
                                "ends", setting="min_new_tokens")
         if any(not stop for stop in self.stop):
             raise SpecdecError("stop strings must not be empty", setting="stop")
+        for token, bias in self.logit_bias:
+            if not isinstance(token, int) or token < 0 or not -100.0 <= bias <= 100.0:  # (NaN fails too)
+                raise SpecdecError(f"logit_bias takes token ids >= 0 with biases in [-100, 100], got {token}: {bias}",
+                                   setting="logit_bias")
 
 
 def check_seed(seed: int) -> None:

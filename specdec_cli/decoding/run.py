@@ -58,12 +58,26 @@ class Run:
     text_end: Optional[int] = None
     ttft: float = 0.0
     computed: Optional[int] = None  # until the first token: the prompt's tokens in the cache (None after it)
+    _bias: Optional[torch.Tensor] = field(default=None, repr=False)  # [vocab] config.logit_bias, made when first used
 
     def emit(self, event: StepEvent) -> None:
         self.events.append(event)
         self.drafter.observe(event)
         if self.on_event is not None and self.on_event(event) and self.finish is None:
             self.finish = "length"
+
+    def biased(self, logits: torch.Tensor) -> torch.Tensor:
+        """The target's logits [rows, vocab] as its choices read them: with `config.logit_bias` added to every row
+        (the same bias whatever the row's context, so a drafted row is judged as plain decoding judges it), else
+        the same tensor."""
+        if not self.config.logit_bias:
+            return logits
+        if self._bias is None or self._bias.device != logits.device or self._bias.dtype != logits.dtype:
+            bias = torch.zeros(logits.shape[-1], dtype=torch.float32)  # [vocab]
+            for token, value in self.config.logit_bias:
+                bias[token] = value
+            self._bias = bias.to(logits.device, logits.dtype)
+        return logits + self._bias
 
     def logprobs(self, rows: torch.Tensor, committed: list[int]) -> Optional[list]:
         """The committed tokens' log probabilities from the rows that chose them, where asked."""

@@ -94,6 +94,7 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
         body = read_json(await _read_body(request, settings.max_body_bytes, settings.timeout))
         checked = parse(body, worker.context)
         checked.check_drafter(worker.session.drafter_name)
+        checked.check_vocabulary(worker.session.info.vocab_size)
         tool_format = worker.tool_format() if checked.tools is not None else None
         fim_ends = worker.fim_ends() if checked.fim is not None else ()
         job = Job(checked, checked.generation(base, tool_format, fim_ends), asyncio.get_running_loop())

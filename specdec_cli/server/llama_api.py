@@ -45,7 +45,8 @@ def completion_request(body: dict, max_tokens_limit: Optional[int]) -> Completio
     if not isinstance(cache_prompt, bool):
         raise ApiError(400, "'cache_prompt' must be a boolean", param="cache_prompt")
     openai_body = {key: body[key] for key in ("prompt", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-                                              "json_schema", "grammar", "ignore_eos", "stream") if key in body}
+                                              "logit_bias", "json_schema", "grammar", "ignore_eos", "stream")
+                   if key in body}
     if "speculative.n_max" in body:  # llama-server's flat name
         openai_body["speculative"] = {**(body.get("speculative") or {}), "n_max": body["speculative.n_max"]}
     elif "speculative" in body:

@@ -65,12 +65,19 @@ class CompletionRequest:
     fim: Optional[FimParts] = None  # text: fill in the middle (`suffix`; llama-server's /infill), the prompt its prefix
     n_indent: int = 0  # llama-server's: a later line indented less than this ends the answer
     time_limit_ms: int = 0  # llama-server's `t_max_predict_ms`: past it, the answer ends at its next line (0: none)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # ((token id, bias), ...) added to the logits of every choice
 
     def check_drafter(self, served: str) -> None:
         """`speculative.drafter` names what this server can draft with: its own drafter, or none (400 otherwise)."""
         if self.drafter is not None and self.drafter not in ("none", served):
             raise ApiError(400, f"'speculative.drafter': this server drafts with {served}; a request may choose it "
                            f"or none, got {self.drafter!r}", param="speculative.drafter")
+
+    def check_vocabulary(self, vocab: int) -> None:
+        """`logit_bias` names tokens of the served model's vocabulary (400 otherwise)."""
+        if any(token >= vocab for token, _ in self.logit_bias):
+            raise ApiError(400, f"'logit_bias' names token ids outside this model's vocabulary (< {vocab})",
+                           param="logit_bias")
 
     def generation(self, base: GenerationConfig, tool_format: Optional[ToolFormat] = None,
                    fim_ends: tuple[int, ...] = ()) -> GenerationConfig:
@@ -93,6 +100,8 @@ class CompletionRequest:
             changes["max_new_tokens"] = self.max_tokens
         if self.logprobs is not None:
             changes["logprobs"] = self.logprobs
+        if self.logit_bias:
+            changes["logit_bias"] = self.logit_bias
         if self.grammar is not None:
             changes["grammar"] = self.grammar
         if self.draft_max is not None or self.drafter == "none":
@@ -275,8 +284,30 @@ def _common(body: dict, max_tokens_limit: Optional[int], honoured: tuple[str, ..
             "ignore_eos": bool(ignore_eos), "min_tokens": min_tokens,
             "temperature": _number(body, "temperature"), "draft_max": draft_max, "drafter": drafter,
             "top_p": _number(body, "top_p"), "top_k": _integer(body, "top_k"), "min_p": _number(body, "min_p"),
-            "seed": _integer(body, "seed"),
+            "seed": _integer(body, "seed"), "logit_bias": _logit_bias(body.get("logit_bias")),
             "stop": _stop(body.get("stop")), "stream": bool(stream), "include_usage": bool(include_usage)}
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `logit_bias` ({"token id": bias}) or llama-server's ([[token id, bias or false], ...]; false bans:
+    -100), each bias in [-100, 100]; () for none (400 on anything else)."""
+    if value is None:
+        return ()
+    pairs = list(value.items()) if isinstance(value, dict) else value
+    if not isinstance(pairs, list) or not all(isinstance(pair, (list, tuple)) and len(pair) == 2 for pair in pairs):
+        raise ApiError(400, "'logit_bias' must map token ids to biases: {\"123\": -100} (or [[123, -100], ...])",
+                       param="logit_bias")
+    chosen: dict[int, float] = {}
+    for token, bias in pairs:
+        token = int(token) if isinstance(token, str) and token.isascii() and token.isdigit() and len(token) < 12 \
+            else token
+        bias = -100.0 if bias is False else bias
+        if not _is_int(token) or token < 0 or isinstance(bias, bool) or not isinstance(bias, (int, float)) or \
+                not -100 <= bias <= 100:
+            raise ApiError(400, f"'logit_bias' takes token ids >= 0 with biases in [-100, 100], got {token!r}: "
+                           f"{bias!r}", param="logit_bias")
+        chosen[int(token)] = float(bias)
+    return tuple(chosen.items())
 
 
 def _grammar(body: dict) -> Optional[GrammarSpec]:

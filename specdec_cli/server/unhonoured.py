@@ -54,7 +54,6 @@ UNHONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "repetition_penalty": (_not_one, "a repetition penalty"),
     "repeat_penalty": (_not_one, "a repetition penalty"),
     "dry_multiplier": (_set, "DRY repetition penalties"),
-    "logit_bias": (_set, "logit biases"),
     "typical_p": (_not_one, "typical sampling"),
     "tfs_z": (_not_one, "tail-free sampling"),
     "mirostat": (_set, "Mirostat sampling"),

@@ -205,6 +205,25 @@ def test_min_new_tokens_in_a_batch_is_each_answer_alone(block_model, drafter_nam
     assert answers == alone and widest >= 4
 
 
+@pytest.mark.parametrize("drafter_name", ["none", "sam", "recycle"])
+def test_a_logit_bias_in_a_batch_is_each_answer_alone(block_model, drafter_name):
+    """Answers with and without a logit bias (the server's `logit_bias`) share forwards: each is the answer its
+    request gets alone by plain decoding."""
+    engine = fixed_engine(block_model)
+    plain = _alone(engine, _config())
+    configs = [_config(logit_bias=((plain[index][1], -100.0), (5, 2.0))) if index % 2 else _config()
+               for index in range(len(PROMPTS))]
+    alone = [engine.generate(prompt, _drafter("none"), config).tokens for prompt, config in zip(PROMPTS, configs)]
+    assert any(alone[index] != plain[index] for index in range(1, len(PROMPTS), 2))  # the biases changed answers
+    batch = Batch(engine)
+    runs = [batch.add(prompt, _drafter(drafter_name), config) for prompt, config in zip(PROMPTS, configs)]
+    widest = 0
+    while len(batch):
+        widest = max(widest, len(batch))
+        batch.step()
+    assert [run.new_tokens for run in runs] == alone and widest >= 4
+
+
 def test_a_callback_that_ends_its_answer_in_a_batch_leaves_the_others_whole(block_model):
     """A server's limit (an event callback returning True) ends that answer after the event, in a batched step
     too: its tokens are the beginning of its answer alone, every other answer is whole."""

@@ -224,7 +224,7 @@ def test_min_p_reaches_the_engine(tiny):
 
 
 def test_fields_that_would_change_the_answer_are_refused_by_name_not_dropped(tiny):
-    """Penalties, logit biases, tools on text completions: a 400 naming the field (the answer would not be what
+    """Penalties, tools on text completions: a 400 naming the field (the answer would not be what
     the client asked for); the same fields at their neutral values, and fields that change nothing, are
     answered."""
     session, _ = tiny
@@ -233,7 +233,6 @@ def test_fields_that_would_change_the_answer_are_refused_by_name_not_dropped(tin
     with serving(session) as server:
         client = client_of(server)
         for asked, param in (({"frequency_penalty": 0.4}, "frequency_penalty"),
-                             ({"logit_bias": {"5": 3}}, "logit_bias"),
                              ({"presence_penalty": 0.5}, "presence_penalty"),
                              ({"extra_body": {"repetition_penalty": 1.1}}, "repetition_penalty")):
             with pytest.raises(openai.BadRequestError) as refused:
@@ -255,6 +254,32 @@ def test_fields_that_would_change_the_answer_are_refused_by_name_not_dropped(tin
             response_format={"type": "text"}, user="me", store=False, parallel_tool_calls=False,
             extra_body={"repetition_penalty": 1.0, "no_such_field": 3})
         assert neutral.choices[0].message.content is not None
+
+
+def test_a_logit_bias_is_honoured_with_and_without_drafts(tiny):
+    """`logit_bias` (OpenAI's object, llama-server's pairs with false for a ban): the answer is plain decoding's
+    with the biases, whichever drafter verifies it; a token outside the vocabulary or a bias past 100 is a 400
+    naming the field."""
+    session, _ = tiny
+    messages = [{"role": "user", "content": "hi"}]
+    with serving(session) as server:
+        client = client_of(server)
+        free = client.chat.completions.create(model="m", messages=messages, max_tokens=12, logprobs=True)
+        first = free.choices[0].logprobs.content[0].token
+        banned = session.tokenizer.convert_tokens_to_ids(first) if hasattr(session.tokenizer, "convert_tokens_to_ids") \
+            else session.tokenizer.encode(first, add_special_tokens=False)[0]
+        answers = [client.chat.completions.create(model="m", messages=messages, max_tokens=12,
+                                                  logit_bias={str(banned): -100},
+                                                  extra_body={"speculative": speculative}).choices[0].message.content
+                   for speculative in ({"n_max": 0}, {})]
+        assert answers[0] == answers[1] != free.choices[0].message.content
+        status, _, answer = raw_request(server, "POST", "/completion", json.dumps(
+            {"prompt": "x", "n_predict": 4, "logit_bias": [[banned, False]]}).encode())
+        assert status == 200, answer
+        for bias in ({"99999999": 1}, {str(banned): 101}, [[banned]], {"x": 1}):
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.chat.completions.create(model="m", messages=messages, max_tokens=2, logit_bias=bias)
+            assert refused.value.body["param"] == "logit_bias", bias
 
 
 def test_a_request_chooses_its_speculation_and_gets_the_same_answer(tiny):

@@ -14,7 +14,7 @@ from specdec_cli.server.unhonoured import UNHONOURED
 ASKING = {"tools": [{"type": "function"}],
           "tool_choice": "required", "functions": [{"name": "f"}], "function_call": "auto", "frequency_penalty": 0.3,
           "presence_penalty": -0.2, "repetition_penalty": 1.1, "repeat_penalty": 1.2, "dry_multiplier": 0.8,
-          "logit_bias": {"5": 10}, "typical_p": 0.9, "tfs_z": 0.95, "mirostat": 2, "dynatemp_range": 0.5,
+          "typical_p": 0.9, "tfs_z": 0.95, "mirostat": 2, "dynatemp_range": 0.5,
           "xtc_probability": 0.5, "top_n_sigma": 1.5, "echo": True, "suffix": "end",
           "best_of": 3, "audio": {"voice": "x"}, "modalities": ["text", "audio"], "web_search_options": {}}
 NEUTRAL = {"response_format": {"type": "text"}, "tools": [],
