@@ -91,22 +91,34 @@ def test_every_drafter_is_lossless_in_process(default_target, tmp_path):
         assert session.ask(prompt).generation.tokens == reference, name
 
 
+LIST_PROMPT = "Repeat this list twice, then add a fourth item: apples, pears, plums."
+
+
+def _engine_on(real_target, dtype: str, weights: str, prompt: str):
+    """The real target loaded so, what drafters know of it, an engine on a fixed cost curve (drafts verified
+    whole) and the prompt's token ids in its chat template."""
+    from specdec_cli.decoding.cost_curve import CostCurve
+    from specdec_cli.decoding.engine import Engine
+    from specdec_cli.decoding.planner import DraftPlanner
+    from specdec_cli.drafters import target_info
+    from specdec_cli.texts.prompt_ids import format_prompt
+
+    target = real_target(dtype, weights)
+    engine = Engine(target.model, target.tokenizer, DraftPlanner(CostCurve.fixed({1: 1.0, 2: 1.02, 16: 1.1})))
+    ids = format_prompt(target.tokenizer, [{"role": "user", "content": prompt}])
+    return target, target_info(target.model, target.tokenizer), engine, ids
+
+
 @pytest.fixture(scope="module")
 def bfloat16_reference(real_target, tmp_path_factory):
     """The bfloat16 model's engine, a prompt, and that engine's plain bfloat16 decoding of it (the reference every
     drafter is held to); made once a module (once a worker under pytest-xdist)."""
-    from specdec_cli.decoding.cost_curve import CostCurve
-    from specdec_cli.decoding.engine import Engine, GenerationConfig
-    from specdec_cli.decoding.planner import DraftPlanner
-    from specdec_cli.drafters import DrafterOptions, make_drafter, target_info
-    from specdec_cli.texts.prompt_ids import format_prompt
+    from specdec_cli.decoding.engine import GenerationConfig
+    from specdec_cli.drafters import DrafterOptions, make_drafter
 
-    target = real_target("bfloat16", "dense")
-    info = target_info(target.model, target.tokenizer)
-    engine = Engine(target.model, target.tokenizer, DraftPlanner(CostCurve.fixed({1: 1.0, 2: 1.02, 16: 1.1})))
+    target, info, engine, ids = _engine_on(real_target, "bfloat16", "dense", "Explain in two short paragraphs why "
+                                           "the sky is blue, then summarise it in one sentence.")
     config = GenerationConfig(max_new_tokens=80, eos_token_ids=info.eos_token_ids)
-    prompt = "Explain in two short paragraphs why the sky is blue, then summarise it in one sentence."
-    ids = format_prompt(target.tokenizer, [{"role": "user", "content": prompt}])
     reference = engine.generate(ids, make_drafter("none", DrafterOptions(), info), config).tokens
     assert engine.forward.outcome.state == "on", engine.forward.outcome.text()
     options = DrafterOptions(draft_model=_untrained_head(target, tmp_path_factory.mktemp("head")))
@@ -166,22 +178,15 @@ def test_stop_string_cuts_the_output(shared_real_model):
 def test_every_drafter_is_exact_on_the_ggufs_own_blocks(real_target, tmp_path):
     """The default GGUF at its own precision (Q4_1 and Q8_0 blocks on specdec's kernels, the native decoder):
     every drafter, chains and trees, greedy-identical to plain decoding of the same block weights."""
-    from specdec_cli.decoding.cost_curve import CostCurve
-    from specdec_cli.decoding.engine import Engine, GenerationConfig
-    from specdec_cli.decoding.planner import DraftPlanner
-    from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter, target_info
+    from specdec_cli.decoding.engine import GenerationConfig
+    from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter
     from specdec_cli.target_model.native.quant import weights_summary
     from specdec_cli.target_model.verify.exact_setup import NativeForward
-    from specdec_cli.texts.prompt_ids import format_prompt
 
-    target = real_target("float32", "gguf")
+    target, info, engine, ids = _engine_on(real_target, "float32", "gguf", LIST_PROMPT)
     assert target.weights == "gguf" and weights_summary(target.model) == "210 Q4_1 + 1 Q8_0 block layers, 0 dense"
-    info = target_info(target.model, target.tokenizer)
-    engine = Engine(target.model, target.tokenizer, DraftPlanner(CostCurve.fixed({1: 1.0, 2: 1.02, 16: 1.1})))
     assert isinstance(engine.forward, NativeForward)
     config = GenerationConfig(max_new_tokens=80, eos_token_ids=info.eos_token_ids)
-    prompt = "Repeat this list twice, then add a fourth item: apples, pears, plums."
-    ids = format_prompt(target.tokenizer, [{"role": "user", "content": prompt}])
     reference = engine.generate(ids, make_drafter("none", DrafterOptions(), info), config).tokens
     assert engine.forward.outcome.state == "on", engine.forward.outcome.text()
     options = DrafterOptions(draft_model=_untrained_head(target, tmp_path / "head"))
@@ -198,18 +203,11 @@ def test_every_drafter_keeps_a_logit_bias_on_the_ggufs_own_blocks(real_target):
     decoding's with the same biases, and the biases changed it."""
     from dataclasses import replace
 
-    from specdec_cli.decoding.cost_curve import CostCurve
-    from specdec_cli.decoding.engine import Engine, GenerationConfig
-    from specdec_cli.decoding.planner import DraftPlanner
-    from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter, target_info
-    from specdec_cli.texts.prompt_ids import format_prompt
+    from specdec_cli.decoding.engine import GenerationConfig
+    from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter
 
-    target = real_target("float32", "gguf")
-    info = target_info(target.model, target.tokenizer)
-    engine = Engine(target.model, target.tokenizer, DraftPlanner(CostCurve.fixed({1: 1.0, 2: 1.02, 16: 1.1})))
+    _, info, engine, ids = _engine_on(real_target, "float32", "gguf", LIST_PROMPT)
     free_config = GenerationConfig(max_new_tokens=48, eos_token_ids=info.eos_token_ids)
-    prompt = "Repeat this list twice, then add a fourth item: apples, pears, plums."
-    ids = format_prompt(target.tokenizer, [{"role": "user", "content": prompt}])
     free = engine.generate(ids, make_drafter("none", DrafterOptions(), info), free_config).tokens
     config = replace(free_config, logit_bias=((free[2], -100.0), (free[0], 1.5)))
     reference = engine.generate(ids, make_drafter("none", DrafterOptions(), info), config).tokens
