@@ -113,7 +113,7 @@ class Engine:
 
     def first_token(self, run: "Run", logits: torch.Tensor, features: Any = None) -> None:
         """The prompt computed (its last row's logits [1, vocab]): the first new token chosen and committed."""
-        logits = run.biased(logits[-1:])  # [1, vocab]
+        logits = run.shaped(logits[-1:])  # [1, vocab]
         row = allowed_only(logits, run.constraint, [])  # [1, vocab]
         row = without_eos(row, run.eos, run.barred(Draft.empty("prefill")))
         first = choose(row[0], run.generator, run.config)
@@ -139,7 +139,7 @@ class Engine:
         block, parents = pad_block([run.context[-1], *draft.tokens], tree, rows)
         raw, features = self.forward(block, run.cache, past, tree=parents, features=needs.features,
                                      feature_layers=needs.feature_layers)  # [rows, vocab], [rows, .] or None
-        raw = run.biased(raw)
+        raw = run.shaped(raw, draft)
         # 3. Accept: the longest acceptable path, then the target's own token after it.
         path, target_token, topk = self._accept_step(run, draft, raw[: len(draft) + 1])  # rows [k+1, vocab]
         # 4. Commit the accepted drafts + the correction/bonus token; roll the cache back to match.
@@ -193,8 +193,8 @@ class Engine:
                   zip(runs, drafts)] + [(run.context[start:stop], run.cache, start) for run, start, stop in pieces]
         keep = [len(draft) + 1 for draft in drafts] + [int(stop == len(run.context)) for run, _, stop in pieces]
         scores = cast(ManyForward, forward).many(blocks, keep)
-        scores = [score._replace(logits=run.biased(score.logits)) for run, score in zip(runs, scores)] + \
-            scores[len(runs) :]  # (a prompt's last row: biased where its first token is chosen)
+        scores = [score._replace(logits=run.shaped(score.logits, draft)) for run, score, draft in
+                  zip(runs, scores, drafts)] + scores[len(runs) :]  # (a prompt's last row: shaped in first_token)
         verified, committed_all = time.perf_counter() - t1, 0
         reads = read_together(runs, scores)
         for run, draft, score, read in zip(runs, drafts, scores, reads):

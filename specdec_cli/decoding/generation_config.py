@@ -40,6 +40,10 @@ class GenerationConfig:
     # ((token id, bias), ...): each bias added to that token's logit in every choice, drafted or not (OpenAI's
     # logit_bias, -100..100; -100 all but bans the token); () = none
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # OpenAI's penalties, -2..2: each token's logit less presence_penalty if it occurs in the answer so far and
+    # frequency_penalty times how often (the prompt not counted); 0 = off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     @property
     def greedy(self) -> bool:
@@ -74,6 +78,9 @@ class GenerationConfig:
                                "ends", setting="min_new_tokens")
         if any(not stop for stop in self.stop):
             raise SpecdecError("stop strings must not be empty", setting="stop")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:  # (NaN fails too)
+                raise SpecdecError(f"{name} must be in [-2, 2] (0 = off), got {getattr(self, name)}", setting=name)
         for token, bias in self.logit_bias:
             if not isinstance(token, int) or token < 0 or not -100.0 <= bias <= 100.0:  # (NaN fails too)
                 raise SpecdecError(f"logit_bias takes token ids >= 0 with biases in [-100, 100], got {token}: {bias}",

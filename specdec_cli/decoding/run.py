@@ -66,18 +66,27 @@ class Run:
         if self.on_event is not None and self.on_event(event) and self.finish is None:
             self.finish = "length"
 
-    def biased(self, logits: torch.Tensor) -> torch.Tensor:
-        """The target's logits [rows, vocab] as its choices read them: with `config.logit_bias` added to every row
-        (the same bias whatever the row's context, so a drafted row is judged as plain decoding judges it), else
-        the same tensor."""
-        if not self.config.logit_bias:
+    def shaped(self, logits: torch.Tensor, draft: Optional[Draft] = None) -> torch.Tensor:
+        """The target's logits [rows, vocab] as its choices read them, row r choosing the token after the context
+        and the draft's path to node r - 1 (row 0: after the context alone): `config.logit_bias` added, and OpenAI's
+        presence and frequency penalties for the answer's tokens so far, that path's included, taken off. So a
+        drafted row is judged as plain decoding judges the same position. The same tensor when neither is set."""
+        config = self.config
+        penalised = bool(config.presence_penalty or config.frequency_penalty)
+        if not config.logit_bias and not penalised:
             return logits
-        if self._bias is None or self._bias.device != logits.device or self._bias.dtype != logits.dtype:
+        if config.logit_bias and (self._bias is None or self._bias.device != logits.device or
+                                  self._bias.dtype != logits.dtype):
             bias = torch.zeros(logits.shape[-1], dtype=torch.float32)  # [vocab]
-            for token, value in self.config.logit_bias:
+            for token, value in config.logit_bias:
                 bias[token] = value
             self._bias = bias.to(logits.device, logits.dtype)
-        return logits + self._bias
+        shaped = logits if self._bias is None or not config.logit_bias else logits + self._bias
+        if penalised:
+            counts = answer_counts(self.new_tokens, draft, logits.shape[0], logits.shape[-1])  # [rows, vocab]
+            penalty = config.frequency_penalty * counts + config.presence_penalty * (counts > 0)
+            shaped = shaped - penalty.to(logits.device, logits.dtype)
+        return shaped
 
     def logprobs(self, rows: torch.Tensor, committed: list[int]) -> Optional[list]:
         """The committed tokens' log probabilities from the rows that chose them, where asked."""
@@ -87,3 +96,19 @@ class Run:
         """The verify rows [k+1] of this draft where an end-of-text token may not be chosen yet: those choosing a
         token before the answer's `min_new_tokens`-th (none once the answer has as many)."""
         return eos_barred(draft, len(self.new_tokens), self.config.min_new_tokens)
+
+
+def answer_counts(answer: list[int], draft: Optional[Draft], rows: int, vocab: int) -> torch.Tensor:
+    """[rows, vocab]: how often each token occurs in the answer so far followed by the draft's path to node r - 1
+    (row 0: the answer alone; rows past the draft, padding, as row 0)."""
+    counts = torch.zeros(rows, vocab)
+    if answer:
+        counts += torch.bincount(torch.tensor(answer), minlength=vocab)[:vocab].to(counts.dtype)
+    if draft is None:
+        return counts
+    for row in range(1, min(rows, len(draft) + 1)):
+        node = row - 1
+        while node >= 0:  # the node and its ancestors (a chain's: every token before it)
+            counts[row, draft.tokens[node]] += 1
+            node = node - 1 if draft.parents is None else draft.parents[node]
+    return counts

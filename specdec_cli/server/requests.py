@@ -32,6 +32,9 @@ MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_DRAFT = 64  # the longest draft a request may ask for (speculative.n_max)
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit (decoding/logprobs.py)
 TOOL_FIELDS = ("tools", "tool_choice")  # honoured on chat completions (server/tools.py), refused elsewhere
+# OpenAI's penalties, over the answer so far: honoured on its routes; llama-server's /completion counts a window of
+# `repeat_last_n` tokens, which this server does not, so there they are refused (unhonoured.py)
+PENALTY_FIELDS = ("presence_penalty", "frequency_penalty")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # the escape of a UTF-16 surrogate: paired, or a fault
 
@@ -66,6 +69,8 @@ class CompletionRequest:
     n_indent: int = 0  # llama-server's: a later line indented less than this ends the answer
     time_limit_ms: int = 0  # llama-server's `t_max_predict_ms`: past it, the answer ends at its next line (0: none)
     logit_bias: tuple[tuple[int, float], ...] = ()  # ((token id, bias), ...) added to the logits of every choice
+    presence_penalty: Optional[float] = None  # OpenAI's, -2..2 (None: off)
+    frequency_penalty: Optional[float] = None
 
     def check_drafter(self, served: str) -> None:
         """`speculative.drafter` names what this server can draft with: its own drafter, or none (400 otherwise)."""
@@ -93,7 +98,7 @@ class CompletionRequest:
                 raise ApiError(400, "'tool_choice' makes the answer a tool call: it cannot also follow "
                                "'response_format' or a grammar", param="tool_choice")
             changes["grammar"] = calls
-        for name in ("temperature", "top_p", "top_k", "min_p", "seed"):
+        for name in ("temperature", "top_p", "top_k", "min_p", "seed", *PENALTY_FIELDS):
             if getattr(self, name) is not None:
                 changes[name] = getattr(self, name)
         if self.max_tokens is not None:
@@ -187,8 +192,9 @@ def chat_request(body: dict, max_tokens_limit: Optional[int]) -> CompletionReque
     if top and not logprobs:
         raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     tools = tool_use(body)
-    return CompletionRequest("chat", messages=checked, **_common(body, max_tokens_limit, honoured=TOOL_FIELDS),
-                             logprobs=(top or 0) if logprobs else None, tools=tools)
+    common = _common(body, max_tokens_limit, honoured=(*TOOL_FIELDS, *PENALTY_FIELDS))
+    return CompletionRequest("chat", messages=checked, **common, logprobs=(top or 0) if logprobs else None,
+                             tools=tools)
 
 
 def text_request(body: dict, max_tokens_limit: Optional[int]) -> CompletionRequest:
@@ -212,8 +218,8 @@ def text_request(body: dict, max_tokens_limit: Optional[int]) -> CompletionReque
         if not isinstance(suffix, str) or not isinstance(text, str):
             raise ApiError(400, "'suffix' must be a string, after a 'prompt' given as text", param="suffix")
         fim = FimParts(prefix=text, suffix=suffix)
-    return CompletionRequest("text", prompt=text, **_common(body, max_tokens_limit, honoured=("suffix",)),
-                             logprobs=logprobs, fim=fim)
+    common = _common(body, max_tokens_limit, honoured=("suffix", *PENALTY_FIELDS))
+    return CompletionRequest("text", prompt=text, **common, logprobs=logprobs, fim=fim)
 
 
 def _message(message: Any, index: int) -> dict:
@@ -285,6 +291,7 @@ def _common(body: dict, max_tokens_limit: Optional[int], honoured: tuple[str, ..
             "temperature": _number(body, "temperature"), "draft_max": draft_max, "drafter": drafter,
             "top_p": _number(body, "top_p"), "top_k": _integer(body, "top_k"), "min_p": _number(body, "min_p"),
             "seed": _integer(body, "seed"), "logit_bias": _logit_bias(body.get("logit_bias")),
+            **{name: _number(body, name) for name in PENALTY_FIELDS if name in honoured},
             "stop": _stop(body.get("stop")), "stream": bool(stream), "include_usage": bool(include_usage)}
 
 

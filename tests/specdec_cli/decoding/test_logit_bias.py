@@ -1,7 +1,8 @@
-"""`logit_bias` (OpenAI's, the server's): each bias is added to its token's logit in every choice, drafted or not,
-so greedy answers are transformers' with the same `sequence_bias`, whatever is drafted (a banned token drafted in
-chains and trees at every depth is rejected), batched answers are each the answer alone (test_batch.py), and
-sampling keeps the biased law."""
+"""`logit_bias` and OpenAI's presence and frequency penalties (the server's): each bias is added to its token's
+logit in every choice, and each penalty taken off for the answer's tokens so far along the row's own draft path, so
+greedy answers are transformers' with the same `sequence_bias` (or a processor taking the penalties off), whatever
+is drafted (a banned or repeated token drafted in chains and trees at every depth), batched answers are each the
+answer alone (test_batch.py), and sampling keeps the shaped law."""
 
 from __future__ import annotations
 
@@ -25,6 +26,55 @@ def _biased_reference(model, prompt, bias: dict, new: int = 24) -> list[int]:
                              eos_token_id=None, pad_token_id=0, temperature=None, top_p=None, top_k=None,
                              sequence_bias={(token,): value for token, value in bias.items()})
     return out[0, len(prompt):].tolist()
+
+
+class _Penalties:
+    """transformers logits processor: OpenAI's presence and frequency penalties over the tokens after the prompt."""
+
+    def __init__(self, prompt_len: int, presence: float, frequency: float):
+        self.prompt_len, self.presence, self.frequency = prompt_len, presence, frequency
+
+    def __call__(self, input_ids, scores):
+        counts = torch.zeros_like(scores)  # [1, vocab]
+        for token in input_ids[0, self.prompt_len :].tolist():
+            counts[0, token] += 1
+        return scores - (self.frequency * counts + self.presence * (counts > 0))
+
+
+def _penalised_reference(model, prompt, presence: float, frequency: float, new: int = 24) -> list[int]:
+    from transformers import LogitsProcessorList
+
+    input_ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False, max_new_tokens=new,
+                             eos_token_id=None, pad_token_id=0, temperature=None, top_p=None, top_k=None,
+                             logits_processor=LogitsProcessorList([_Penalties(len(prompt), presence, frequency)]))
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:2])
+@pytest.mark.parametrize("drafter", ["none", "pld", "repeated", "repeated-tree"])
+def test_every_drafter_keeps_the_penalties_as_plain_decoding_does(tiny_model, prompt, drafter):
+    """Drafts that repeat the answer's last token (what the penalties push down) and the true continuation."""
+    free = hf_greedy(tiny_model, prompt, 24, eos=None)
+    presence, frequency = 1.5, 0.75
+    reference = _penalised_reference(tiny_model, prompt, presence, frequency)
+    assert reference != free  # the penalties changed the answer
+
+    class Repeating(EndingDrafter):
+        def propose(self, context, budget):
+            self.eos = context[-1]  # the token just written, drafted again first
+            return super().propose(context, budget)
+
+    made = {"none": lambda: NoDrafter(), "pld": lambda: PromptLookupDrafter(),
+            "repeated": lambda: Repeating(reference, len(prompt), 0, tree=False),
+            "repeated-tree": lambda: Repeating(reference, len(prompt), 0, tree=True)}[drafter]()
+    config = GenerationConfig(max_new_tokens=24, draft_max=8, presence_penalty=presence, frequency_penalty=frequency,
+                              cost_aware=False)
+    generation = Engine(tiny_model).generate(prompt, made, config)
+    assert generation.tokens == reference
+    if drafter == "repeated-tree":
+        assert generation.stats.accepted_tokens > 0
 
 
 @pytest.mark.parametrize("prompt", PROMPTS[:2])
@@ -69,6 +119,37 @@ def test_sampling_with_a_logit_bias_keeps_the_biased_law(tiny_llama):
         counts[engine.generate(prompt, drafter, config).tokens[1]] += 1
     statistic, dof = chi_square(counts, law)
     assert statistic < dof + 5 * (2 * dof) ** 0.5 + 5, (statistic, dof)
+
+
+def test_sampling_with_penalties_keeps_the_penalised_law(tiny_llama):
+    """Seeded Monte-Carlo: the second new token, after a first one the penalties count, follows the law of the
+    model's logits less the penalties for that first token."""
+    from specdec_cli.decoding.sampling import warp_probs
+
+    prompt = [1, 10, 11, 12, 10, 11]
+    presence, frequency = 1.0, 0.5
+    with torch.inference_mode():
+        first = warp_probs(tiny_llama(torch.tensor([prompt])).logits[0, -1], 1.0)  # [V]
+        second = tiny_llama(torch.tensor([prompt + [t] for t in range(TINY_VOCAB)])).logits[:, -1]  # [V, V]
+        second = warp_probs(second - (presence + frequency) * torch.eye(TINY_VOCAB), 1.0)  # row t1: t1 penalised
+    law = (first.unsqueeze(1) * second).sum(0).double()
+    counts = torch.zeros(TINY_VOCAB, dtype=torch.float64)
+    engine = Engine(tiny_llama)
+    drafter = PromptLookupDrafter()
+    for seed in range(800):
+        config = GenerationConfig(max_new_tokens=2, temperature=1.0, seed=seed, draft_max=3, cost_aware=False,
+                                  presence_penalty=presence, frequency_penalty=frequency)
+        counts[engine.generate(prompt, drafter, config).tokens[1]] += 1
+    statistic, dof = chi_square(counts, law)
+    assert statistic < dof + 5 * (2 * dof) ** 0.5 + 5, (statistic, dof)
+
+
+@pytest.mark.parametrize("name, value", [("presence_penalty", 2.5), ("frequency_penalty", -3.0),
+                                         ("presence_penalty", float("nan"))])
+def test_a_penalty_out_of_range_is_one_line(name, value):
+    with pytest.raises(SpecdecError, match=name) as error:
+        GenerationConfig(**{name: value}).check()
+    assert error.value.setting == name
 
 
 @pytest.mark.parametrize("bias, needle", [(((-1, 1.0),), "token ids >= 0"), (((3, 101.0),), "[-100, 100]"),

@@ -232,9 +232,8 @@ def test_fields_that_would_change_the_answer_are_refused_by_name_not_dropped(tin
     tool = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
     with serving(session) as server:
         client = client_of(server)
-        for asked, param in (({"frequency_penalty": 0.4}, "frequency_penalty"),
-                             ({"presence_penalty": 0.5}, "presence_penalty"),
-                             ({"extra_body": {"repetition_penalty": 1.1}}, "repetition_penalty")):
+        for asked, param in (({"extra_body": {"repetition_penalty": 1.1}}, "repetition_penalty"),
+                             ({"extra_body": {"frequency_penalty": 3}}, "frequency_penalty")):
             with pytest.raises(openai.BadRequestError) as refused:
                 client.chat.completions.create(model="m", messages=messages, max_tokens=2, **asked)
             assert refused.value.body["param"] == param, asked
@@ -244,6 +243,8 @@ def test_fields_that_would_change_the_answer_are_refused_by_name_not_dropped(tin
         with pytest.raises(openai.BadRequestError) as refused:
             client.completions.create(model="m", prompt="x", max_tokens=2, extra_body={"tools": [tool]})
         assert refused.value.body["param"] == "tools"
+        status, _, answer = raw_request(server, "POST", "/completion", b'{"prompt": "x", "presence_penalty": 1}')
+        assert status == 400 and answer["error"]["param"] == "presence_penalty"  # (llama-server's: a window)
         status, _, answer = raw_request(server, "POST", "/completion", b'{"prompt": "x", "mirostat": 2}')
         assert status == 400 and answer["error"]["param"] == "mirostat"
         status, _, answer = raw_request(server, "POST", "/completion", b'{"prompt": "x", "n_predict": 2, '
@@ -256,10 +257,10 @@ def test_fields_that_would_change_the_answer_are_refused_by_name_not_dropped(tin
         assert neutral.choices[0].message.content is not None
 
 
-def test_a_logit_bias_is_honoured_with_and_without_drafts(tiny):
-    """`logit_bias` (OpenAI's object, llama-server's pairs with false for a ban): the answer is plain decoding's
-    with the biases, whichever drafter verifies it; a token outside the vocabulary or a bias past 100 is a 400
-    naming the field."""
+def test_a_logit_bias_and_penalties_are_honoured_with_and_without_drafts(tiny):
+    """`logit_bias` (OpenAI's object, llama-server's pairs with false for a ban) and OpenAI's presence and
+    frequency penalties: the answer is plain decoding's with them, whichever drafter verifies it; a token outside
+    the vocabulary or a bias past 100 is a 400 naming the field."""
     session, _ = tiny
     messages = [{"role": "user", "content": "hi"}]
     with serving(session) as server:
@@ -273,6 +274,10 @@ def test_a_logit_bias_is_honoured_with_and_without_drafts(tiny):
                                                   extra_body={"speculative": speculative}).choices[0].message.content
                    for speculative in ({"n_max": 0}, {})]
         assert answers[0] == answers[1] != free.choices[0].message.content
+        penalised = [client.chat.completions.create(model="m", messages=messages, max_tokens=12, presence_penalty=2,
+                                                    frequency_penalty=1, extra_body={"speculative": speculative})
+                     .choices[0].message.content for speculative in ({"n_max": 0}, {})]
+        assert penalised[0] == penalised[1] != free.choices[0].message.content
         status, _, answer = raw_request(server, "POST", "/completion", json.dumps(
             {"prompt": "x", "n_predict": 4, "logit_bias": [[banned, False]]}).encode())
         assert status == 200, answer

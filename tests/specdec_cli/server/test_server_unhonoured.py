@@ -8,7 +8,7 @@ import pytest
 
 from specdec_cli.server.api_errors import ApiError
 from specdec_cli.server.llama_api import completion_request
-from specdec_cli.server.requests import TOOL_FIELDS, chat_request, text_request
+from specdec_cli.server.requests import PENALTY_FIELDS, TOOL_FIELDS, chat_request, text_request
 from specdec_cli.server.unhonoured import UNHONOURED
 
 ASKING = {"tools": [{"type": "function"}],
@@ -34,9 +34,10 @@ def test_every_field_of_the_table_is_tried():
 @pytest.mark.parametrize("name", sorted(UNHONOURED))
 def test_a_field_that_would_change_the_answer_is_refused_by_name_everywhere(name):
     """(everywhere it is not carried out: chat completions take tools, server/tools.py; text completions a suffix,
-    test_server_fim.py)"""
+    test_server_fim.py; both OpenAI routes the presence and frequency penalties, test_logit_bias.py)"""
     for read, body in ((chat_request, CHAT), (text_request, {"prompt": "x"}), (completion_request, {"prompt": "x"})):
-        if read is chat_request and name in TOOL_FIELDS or read is text_request and name == "suffix":
+        if read is chat_request and name in TOOL_FIELDS or read is text_request and name == "suffix" or \
+                read is not completion_request and name in PENALTY_FIELDS:
             continue
         with pytest.raises(ApiError) as refused:
             read({**body, name: ASKING[name]}, None)
