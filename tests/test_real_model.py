@@ -198,9 +198,9 @@ def test_every_drafter_is_exact_on_the_ggufs_own_blocks(real_target, tmp_path):
         assert generation.stats.drafted_tokens > 0, name
 
 
-def test_every_drafter_keeps_a_logit_bias_on_the_ggufs_own_blocks(real_target):
-    """A token of the free answer banned (`logit_bias` -100) and another favoured: every drafter's answer is plain
-    decoding's with the same biases, and the biases changed it."""
+def test_every_drafter_keeps_a_logit_bias_and_penalties_on_the_ggufs_own_blocks(real_target):
+    """A token of the free answer banned (`logit_bias` -100) and another favoured, or the presence and frequency
+    penalties: every drafter's answer is plain decoding's with the same settings, and they changed it."""
     from dataclasses import replace
 
     from specdec_cli.decoding.engine import GenerationConfig
@@ -209,13 +209,15 @@ def test_every_drafter_keeps_a_logit_bias_on_the_ggufs_own_blocks(real_target):
     _, info, engine, ids = _engine_on(real_target, "float32", "gguf", LIST_PROMPT)
     free_config = GenerationConfig(max_new_tokens=48, eos_token_ids=info.eos_token_ids)
     free = engine.generate(ids, make_drafter("none", DrafterOptions(), info), free_config).tokens
-    config = replace(free_config, logit_bias=((free[2], -100.0), (free[0], 1.5)))
-    reference = engine.generate(ids, make_drafter("none", DrafterOptions(), info), config).tokens
-    assert reference != free and free[2] not in reference
-    for name in [*DRAFTERS, "sam+recycle"]:
-        if name in ("none", "model", "eagle"):
-            continue
-        assert engine.generate(ids, make_drafter(name, DrafterOptions(), info), config).tokens == reference, name
+    for config in (replace(free_config, logit_bias=((free[2], -100.0), (free[0], 1.5))),
+                   replace(free_config, presence_penalty=1.0, frequency_penalty=0.5)):
+        reference = engine.generate(ids, make_drafter("none", DrafterOptions(), info), config).tokens
+        assert reference != free and (free[2] not in reference or not config.logit_bias)
+        for name in [*DRAFTERS, "sam+recycle"]:
+            if name in ("none", "model", "eagle"):
+                continue
+            generation = engine.generate(ids, make_drafter(name, DrafterOptions(), info), config)
+            assert generation.tokens == reference, (name, config)
 
 
 def test_chat_on_the_ggufs_blocks_says_so_and_speculates_identically(shared_real_model):
