@@ -83,9 +83,11 @@ class Run:
             self._bias = bias.to(logits.device, logits.dtype)
         shaped = logits if self._bias is None or not config.logit_bias else logits + self._bias
         if penalised:
-            counts = answer_counts(self.new_tokens, draft, logits.shape[0], logits.shape[-1])  # [rows, vocab]
+            columns, counts = answer_counts(self.new_tokens, draft, logits.shape[0])  # [used], [rows, used]
             penalty = config.frequency_penalty * counts + config.presence_penalty * (counts > 0)
-            shaped = shaped - penalty.to(logits.device, logits.dtype)
+            shaped = shaped.clone() if shaped is logits else shaped
+            index = columns.to(logits.device)
+            shaped[:, index] = shaped[:, index] - penalty.to(logits.device, logits.dtype)
         return shaped
 
     def logprobs(self, rows: torch.Tensor, committed: list[int]) -> Optional[list]:
@@ -98,17 +100,19 @@ class Run:
         return eos_barred(draft, len(self.new_tokens), self.config.min_new_tokens)
 
 
-def answer_counts(answer: list[int], draft: Optional[Draft], rows: int, vocab: int) -> torch.Tensor:
-    """[rows, vocab]: how often each token occurs in the answer so far followed by the draft's path to node r - 1
-    (row 0: the answer alone; rows past the draft, padding, as row 0)."""
-    counts = torch.zeros(rows, vocab)
-    if answer:
-        counts += torch.bincount(torch.tensor(answer), minlength=vocab)[:vocab].to(counts.dtype)
-    if draft is None:
-        return counts
-    for row in range(1, min(rows, len(draft) + 1)):
+def answer_counts(answer: list[int], draft: Optional[Draft], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens used in the answer so far or the draft ([used] ids), and how often each occurs in the answer
+    followed by the draft's path to node r - 1 ([rows, used]; row 0: the answer alone; rows past the draft, padding,
+    as row 0): only those columns of a vocabulary are penalised."""
+    drafted = list(draft.tokens) if draft is not None else []
+    columns = sorted(set(answer) | set(drafted))
+    where = {token: column for column, token in enumerate(columns)}
+    counts = torch.zeros(rows, len(columns))
+    for token in answer:
+        counts[:, where[token]] += 1
+    for row in range(1, min(rows, len(drafted) + 1)):
         node = row - 1
         while node >= 0:  # the node and its ancestors (a chain's: every token before it)
-            counts[row, draft.tokens[node]] += 1
-            node = node - 1 if draft.parents is None else draft.parents[node]
-    return counts
+            counts[row, where[drafted[node]]] += 1
+            node = node - 1 if draft is None or draft.parents is None else draft.parents[node]
+    return torch.tensor(columns, dtype=torch.long), counts
