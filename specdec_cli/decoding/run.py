@@ -75,17 +75,18 @@ class Run:
         penalised = bool(config.presence_penalty or config.frequency_penalty)
         if not config.logit_bias and not penalised:
             return logits
-        if config.logit_bias and (self._bias is None or self._bias.device != logits.device or
-                                  self._bias.dtype != logits.dtype):
-            bias = torch.zeros(logits.shape[-1], dtype=torch.float32)  # [vocab]
-            for token, value in config.logit_bias:
-                bias[token] = value
-            self._bias = bias.to(logits.device, logits.dtype)
-        shaped = logits if self._bias is None or not config.logit_bias else logits + self._bias
+        if config.logit_bias:
+            if self._bias is None or self._bias.device != logits.device or self._bias.dtype != logits.dtype:
+                bias = torch.zeros(logits.shape[-1], dtype=torch.float32)  # [vocab]
+                for token, value in config.logit_bias:
+                    bias[token] = value
+                self._bias = bias.to(logits.device, logits.dtype)
+            shaped = logits + self._bias
+        else:
+            shaped = logits.clone()  # (the penalties write into a copy, never into the forward's own tensor)
         if penalised:
             columns, counts = answer_counts(self.new_tokens, draft, logits.shape[0])  # [used], [rows, used]
             penalty = config.frequency_penalty * counts + config.presence_penalty * (counts > 0)
-            shaped = shaped.clone() if shaped is logits else shaped
             index = columns.to(logits.device)
             shaped[:, index] = shaped[:, index] - penalty.to(logits.device, logits.dtype)
         return shaped
@@ -104,15 +105,14 @@ def answer_counts(answer: list[int], draft: Optional[Draft], rows: int) -> tuple
     """The tokens used in the answer so far or the draft ([used] ids), and how often each occurs in the answer
     followed by the draft's path to node r - 1 ([rows, used]; row 0: the answer alone; rows past the draft, padding,
     as row 0): only those columns of a vocabulary are penalised."""
-    drafted = list(draft.tokens) if draft is not None else []
+    drafted = [] if draft is None else list(draft.tokens)
     columns = sorted(set(answer) | set(drafted))
     where = {token: column for column, token in enumerate(columns)}
     counts = torch.zeros(rows, len(columns))
-    for token in answer:
-        counts[:, where[token]] += 1
-    for row in range(1, min(rows, len(drafted) + 1)):
-        node = row - 1
-        while node >= 0:  # the node and its ancestors (a chain's: every token before it)
-            counts[row, where[drafted[node]]] += 1
-            node = node - 1 if draft is None or draft.parents is None else draft.parents[node]
+    if answer:
+        counts[:] = torch.bincount(torch.tensor([where[token] for token in answer]), minlength=len(columns))
+    parents = range(-1, len(drafted) - 1) if draft is None or draft.parents is None else draft.parents  # a chain's
+    for node, parent in enumerate(parents[: rows - 1]):  # a node's row: its parent's counts and its own token
+        counts[node + 1] = counts[parent + 1]
+        counts[node + 1, where[drafted[node]]] += 1
     return torch.tensor(columns, dtype=torch.long), counts

@@ -151,7 +151,6 @@ class Reference:
     ids: Any  # [1, n] prompt + answer
     start: int  # position start predicts answer[0]
     end: int  # one past the last compared position
-    target_argmax: Any  # [m]
     target_logits: Any  # [m, V] float32, or LogitRows (softmax taken a few rows at a time where read)
     features: Any  # [n, H] the target's last hidden states, float32
     layer_states: dict = field(default_factory=dict)  # layer -> [n, H] the states entering it (score_candidates'
@@ -283,14 +282,9 @@ def _target_along(forward: Any, prompt_ids: Sequence[int], answer: list[int], la
             logits_to_keep=1 if weights else ids.shape[1] - start, **forward.layer_states(layers))
         last = out.hidden_states[-1][0].float().cpu()  # [n, H], normed
         states = {layer: out.hidden_states[layer][0].float().cpu() for layer in layers}  # [n, H] each
-        if weights is None:
-            logits: Any = out.logits[0, : end - start].float().cpu()  # [m, V]
-            argmax = logits.argmax(-1)
-        else:
-            logits = LogitRows(last[start:end], weights.logits, weights.vocab_size)
-            argmax = torch.cat([logits.rows(first, min(first + AGREEMENT_ROWS, end - start)).argmax(-1)
-                                for first in range(0, end - start, AGREEMENT_ROWS)])  # [m]
-    return Reference(ids, start, end, argmax, logits, last, states)
+        logits: Any = out.logits[0, : end - start].float().cpu() if weights is None else \
+            LogitRows(last[start:end], weights.logits, weights.vocab_size)  # [m, V]
+    return Reference(ids, start, end, logits, last, states)
 
 
 def _agreement(candidate: Candidate, reference: Optional[Reference]) -> tuple[int, float, int]:
@@ -326,8 +320,9 @@ def _agreement(candidate: Candidate, reference: Optional[Reference]) -> tuple[in
                 allowed = allowed_static.unsqueeze(0) | (first_seen.unsqueeze(0) <= positions)  # [r, V]
                 rows = rows.masked_fill(~allowed, float("-inf"))
             draft_probs = torch.softmax(rows, -1)
-            matches += int((rows.argmax(-1) == reference.target_argmax[first:stop]).sum())
-            wanted = torch.softmax(_piece(reference.target_logits, first, stop), -1)[:, :width]
+            target = _piece(reference.target_logits, first, stop)  # [r, V]
+            matches += int((rows.argmax(-1) == target.argmax(-1)).sum())
+            wanted = torch.softmax(target, -1)[:, :width]
             tvds.append(0.5 * (wanted - draft_probs[:, :width]).abs().sum(-1))  # [r]
         tvd = torch.cat(tvds)  # [m]
     return matches, float(tvd.sum()), int(end - start)

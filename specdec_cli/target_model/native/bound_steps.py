@@ -26,19 +26,23 @@ from ... import kernels
 BOUND_CACHES = 64  # per layer and row count, the caches whose calls are kept bound (the oldest out first)
 
 
-def buffers_of(decoder: Any, rows: int) -> SimpleNamespace:
-    """The scratch buffers of an n-row forward (NativeDecoder._rows), and the views of them the steps read."""
+def buffers_of(decoder: Any, rows: int, keep: bool = True) -> SimpleNamespace:
+    """The scratch buffers of an n-row forward (NativeDecoder._rows: kept, or with `keep` False its own), and the
+    views of them the steps read."""
     q_width, kv_width = decoder.heads * decoder.head_dim, decoder.kv_heads * decoder.head_dim
-    qkv = decoder._rows("qkv", rows, q_width + 2 * kv_width)  # [n, q | k | v]
+
+    def buffer(name: str, width: int) -> kernels.Rows:
+        return decoder._rows(name, rows, width, keep)
+
+    qkv = buffer("qkv", q_width + 2 * kv_width)  # [n, q | k | v]
     return SimpleNamespace(
-        residual=decoder._rows("residual", rows, decoder.hidden),
-        normed=decoder._rows("normed", rows, decoder.hidden),
+        residual=buffer("residual", decoder.hidden), normed=buffer("normed", decoder.hidden),
         qkv=qkv, q_part=kernels.Rows(qkv.tensor[:, :q_width]),  # [n, q_width]
         new_keys=kernels.Rows(qkv.tensor[:, q_width : q_width + kv_width]),  # [n, kv_width]
         new_values=kernels.Rows(qkv.tensor[:, q_width + kv_width :]),  # [n, kv_width]
-        attended=decoder._rows("attended", rows, q_width), gate_up=decoder._rows("gate_up", rows, 2 * decoder.ffn),
-        act=decoder._rows("act", rows, decoder.ffn),
-        branch=decoder._rows("branch", rows, decoder.hidden))  # gemma2/3: a half's output before its post-norm
+        attended=buffer("attended", q_width), gate_up=buffer("gate_up", 2 * decoder.ffn),
+        act=buffer("act", decoder.ffn),
+        branch=buffer("branch", decoder.hidden))  # gemma2/3: a half's output before its post-norm
 
 
 def layer_steps(decoder: Any, rows: int, *, keep: bool) -> tuple[SimpleNamespace, list[SimpleNamespace]]:
@@ -49,7 +53,7 @@ def layer_steps(decoder: Any, rows: int, *, keep: bool) -> tuple[SimpleNamespace
     bound = decoder._bound.get(rows) if keep else None
     if bound is not None:
         return bound
-    buffers = buffers_of(decoder, rows)
+    buffers = buffers_of(decoder, rows, keep)
     residual, h, act = buffers.residual, buffers.normed, buffers.act
     steps = []
     for layer in decoder.layers:

@@ -272,10 +272,11 @@ class NativeDecoder:
 
     # -- buffers ----------------------------------------------------------------------------------------------
 
-    def _rows(self, name: str, rows: int, width: int) -> kernels.Rows:
+    def _rows(self, name: str, rows: int, width: int, keep: bool = True) -> kernels.Rows:
         """The float32 scratch buffer `name`'s first `rows` rows [rows, width], kept between forwards (grown, never
-        shrunk) and checked once per row count (kernels.Rows: the kernels then compare integers at each call)."""
-        if rows > ROW_INVARIANT_ROWS:  # a whole prompt's one forward (training, scoring): its buffers live with it
+        shrunk) and checked once per row count (kernels.Rows: the kernels then compare integers at each call); not
+        `keep`: a buffer of its own, freed with the forward (a whole prompt's, for training or scoring)."""
+        if not keep:
             return kernels.Rows(torch.empty(rows, width, dtype=torch.float32))
         checked = self._checked.get((name, rows))
         if checked is not None:
