@@ -200,7 +200,8 @@ def test_every_drafter_is_exact_on_the_ggufs_own_blocks(real_target, tmp_path):
 
 def test_every_drafter_keeps_a_logit_bias_and_penalties_on_the_ggufs_own_blocks(real_target):
     """A token of the free answer banned (`logit_bias` -100) and another favoured, or the presence and frequency
-    penalties: every drafter's answer is plain decoding's with the same settings, and they changed it."""
+    penalties, the repetition penalty, llama.cpp's window of all three: every drafter's answer is plain decoding's
+    with the same settings, and they changed it."""
     from dataclasses import replace
 
     from specdec_cli.decoding.engine import GenerationConfig
@@ -210,9 +211,11 @@ def test_every_drafter_keeps_a_logit_bias_and_penalties_on_the_ggufs_own_blocks(
     free_config = GenerationConfig(max_new_tokens=48, eos_token_ids=info.eos_token_ids)
     free = engine.generate(ids, make_drafter("none", DrafterOptions(), info), free_config).tokens
     for config in (replace(free_config, logit_bias=((free[2], -100.0), (free[0], 1.5))),
-                   replace(free_config, presence_penalty=1.0, frequency_penalty=0.5)):
+                   replace(free_config, presence_penalty=1.0, frequency_penalty=0.5),
+                   replace(free_config, repetition_penalty=1.3),  # vLLM's: every token of prompt and answer
+                   replace(free_config, repetition_penalty=1.5, presence_penalty=1.0, penalty_last_n=12)):  # llama.cpp
         reference = engine.generate(ids, make_drafter("none", DrafterOptions(), info), config).tokens
-        assert reference != free and (free[2] not in reference or not config.logit_bias)
+        assert reference != free and (free[2] not in reference or not config.logit_bias), config
         for name in [*DRAFTERS, "sam+recycle"]:
             if name in ("none", "model", "eagle"):
                 continue

@@ -44,6 +44,13 @@ class GenerationConfig:
     # frequency_penalty times how often (the prompt not counted); 0 = off
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # the repetition penalty (transformers' and vLLM's repetition_penalty, llama.cpp's repeat_penalty): the logit of
+    # every token counted divided by it where positive, multiplied by it where not; 1 = off
+    repetition_penalty: float = 1.0
+    # which tokens the three penalties count. None: transformers', vLLM's and OpenAI's (the repetition penalty every
+    # token of the prompt and the answer, presence and frequency the answer's alone); n: llama.cpp's repeat_last_n
+    # (all three the last n tokens of the prompt and the answer together; -1: all of them; 0: no penalty at all)
+    penalty_last_n: Optional[int] = None
 
     @property
     def greedy(self) -> bool:
@@ -81,6 +88,12 @@ class GenerationConfig:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:  # (NaN fails too)
                 raise SpecdecError(f"{name} must be in [-2, 2] (0 = off), got {getattr(self, name)}", setting=name)
+        if not 0.0 < self.repetition_penalty < float("inf"):  # (NaN fails too)
+            raise SpecdecError(f"repetition_penalty must be a number > 0 (1 = off), got {self.repetition_penalty}",
+                               setting="repetition_penalty")
+        if self.penalty_last_n is not None and self.penalty_last_n < -1:
+            raise SpecdecError(f"penalty_last_n must be >= -1 (-1: the whole context, 0: no penalties), got "
+                               f"{self.penalty_last_n}", setting="penalty_last_n")
         for token, bias in self.logit_bias:
             if not isinstance(token, int) or token < 0 or not -100.0 <= bias <= 100.0:  # (NaN fails too)
                 raise SpecdecError(f"logit_bias takes token ids >= 0 with biases in [-100, 100], got {token}: {bias}",

@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from . import penalties
 from .draft import Draft, Drafter, FinishReason, StepEvent
 from .generation_config import GenerationConfig
 from .grammar import Constraint
@@ -68,11 +69,12 @@ class Run:
 
     def shaped(self, logits: torch.Tensor, draft: Optional[Draft] = None) -> torch.Tensor:
         """The target's logits [rows, vocab] as its choices read them, row r choosing the token after the context
-        and the draft's path to node r - 1 (row 0: after the context alone): `config.logit_bias` added, and OpenAI's
-        presence and frequency penalties for the answer's tokens so far, that path's included, taken off. So a
-        drafted row is judged as plain decoding judges the same position. The same tensor when neither is set."""
+        and the draft's path to node r - 1 (row 0: after the context alone): `config.logit_bias` added, then the
+        repetition, presence and frequency penalties for the tokens that row counts (penalties.py). So a drafted
+        row is judged as plain decoding judges the same position. The same tensor when none is set."""
         config = self.config
-        penalised = bool(config.presence_penalty or config.frequency_penalty)
+        penalised = config.penalty_last_n != 0 and (bool(config.presence_penalty or config.frequency_penalty)
+                                                    or config.repetition_penalty != 1.0)
         if not config.logit_bias and not penalised:
             return logits
         if config.logit_bias:
@@ -84,12 +86,7 @@ class Run:
             shaped = logits + self._bias
         else:
             shaped = logits.clone()  # (the penalties write into a copy, never into the forward's own tensor)
-        if penalised:
-            columns, counts = answer_counts(self.new_tokens, draft, logits.shape[0])  # [used], [rows, used]
-            penalty = config.frequency_penalty * counts + config.presence_penalty * (counts > 0)
-            index = columns.to(logits.device)
-            shaped[:, index] = shaped[:, index] - penalty.to(logits.device, logits.dtype)
-        return shaped
+        return penalties.penalised(shaped, config, self.context, self.new_tokens, draft) if penalised else shaped
 
     def logprobs(self, rows: torch.Tensor, committed: list[int]) -> Optional[list]:
         """The committed tokens' log probabilities from the rows that chose them, where asked."""
@@ -100,19 +97,3 @@ class Run:
         token before the answer's `min_new_tokens`-th (none once the answer has as many)."""
         return eos_barred(draft, len(self.new_tokens), self.config.min_new_tokens)
 
-
-def answer_counts(answer: list[int], draft: Optional[Draft], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tokens used in the answer so far or the draft ([used] ids), and how often each occurs in the answer
-    followed by the draft's path to node r - 1 ([rows, used]; row 0: the answer alone; rows past the draft, padding,
-    as row 0): only those columns of a vocabulary are penalised."""
-    drafted = [] if draft is None else list(draft.tokens)
-    columns = sorted(set(answer) | set(drafted))
-    where = {token: column for column, token in enumerate(columns)}
-    counts = torch.zeros(rows, len(columns))
-    if answer:
-        counts[:] = torch.bincount(torch.tensor([where[token] for token in answer]), minlength=len(columns))
-    parents = range(-1, len(drafted) - 1) if draft is None or draft.parents is None else draft.parents  # a chain's
-    for node, parent in enumerate(parents[: rows - 1]):  # a node's row: its parent's counts and its own token
-        counts[node + 1] = counts[parent + 1]
-        counts[node + 1, where[drafted[node]]] += 1
-    return torch.tensor(columns, dtype=torch.long), counts

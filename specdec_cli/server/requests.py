@@ -32,9 +32,11 @@ MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_DRAFT = 64  # the longest draft a request may ask for (speculative.n_max)
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit (decoding/logprobs.py)
 TOOL_FIELDS = ("tools", "tool_choice")  # honoured on chat completions (server/tools.py), refused elsewhere
-# OpenAI's penalties, over the answer so far: honoured on its routes; llama-server's /completion counts a window of
-# `repeat_last_n` tokens, which this server does not, so there they are refused (unhonoured.py)
-PENALTY_FIELDS = ("presence_penalty", "frequency_penalty")
+# the penalties, as OpenAI and vLLM count them (presence and frequency the answer's tokens, vLLM's repetition_penalty
+# the prompt's too) or, once llama-server's repeat_penalty or repeat_last_n is sent (its /completion always),
+# llama.cpp's way: all three over the last repeat_last_n tokens (decoding/penalties.py)
+PENALTY_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty")
+LLAMA_LAST_N = 64  # llama-server's repeat_last_n when a request leaves it out
 ROLES = ("system", "developer", "user", "assistant", "tool")
 LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # the escape of a UTF-16 surrogate: paired, or a fault
 
@@ -71,6 +73,8 @@ class CompletionRequest:
     logit_bias: tuple[tuple[int, float], ...] = ()  # ((token id, bias), ...) added to the logits of every choice
     presence_penalty: Optional[float] = None  # OpenAI's, -2..2 (None: off)
     frequency_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None  # vLLM's repetition_penalty or llama-server's repeat_penalty (> 0)
+    penalty_last_n: Optional[int] = None  # llama-server's repeat_last_n (None: OpenAI's and vLLM's counting)
 
     def check_drafter(self, served: str) -> None:
         """`speculative.drafter` names what this server can draft with: its own drafter, or none (400 otherwise)."""
@@ -98,7 +102,7 @@ class CompletionRequest:
                 raise ApiError(400, "'tool_choice' makes the answer a tool call: it cannot also follow "
                                "'response_format' or a grammar", param="tool_choice")
             changes["grammar"] = calls
-        for name in ("temperature", "top_p", "top_k", "min_p", "seed", *PENALTY_FIELDS):
+        for name in ("temperature", "top_p", "top_k", "min_p", "seed", *PENALTY_FIELDS, "penalty_last_n"):
             if getattr(self, name) is not None:
                 changes[name] = getattr(self, name)
         if self.max_tokens is not None:
@@ -192,7 +196,7 @@ def chat_request(body: dict, max_tokens_limit: Optional[int]) -> CompletionReque
     if top and not logprobs:
         raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     tools = tool_use(body)
-    common = _common(body, max_tokens_limit, honoured=(*TOOL_FIELDS, *PENALTY_FIELDS))
+    common = _common(body, max_tokens_limit, honoured=(*TOOL_FIELDS, "repetition_penalty"))
     return CompletionRequest("chat", messages=checked, **common, logprobs=(top or 0) if logprobs else None,
                              tools=tools)
 
@@ -218,7 +222,7 @@ def text_request(body: dict, max_tokens_limit: Optional[int]) -> CompletionReque
         if not isinstance(suffix, str) or not isinstance(text, str):
             raise ApiError(400, "'suffix' must be a string, after a 'prompt' given as text", param="suffix")
         fim = FimParts(prefix=text, suffix=suffix)
-    common = _common(body, max_tokens_limit, honoured=("suffix", *PENALTY_FIELDS))
+    common = _common(body, max_tokens_limit, honoured=("suffix", "repetition_penalty"))
     return CompletionRequest("text", prompt=text, **common, logprobs=logprobs, fim=fim)
 
 
@@ -291,8 +295,30 @@ def _common(body: dict, max_tokens_limit: Optional[int], honoured: tuple[str, ..
             "temperature": _number(body, "temperature"), "draft_max": draft_max, "drafter": drafter,
             "top_p": _number(body, "top_p"), "top_k": _integer(body, "top_k"), "min_p": _number(body, "min_p"),
             "seed": _integer(body, "seed"), "logit_bias": _logit_bias(body.get("logit_bias")),
-            **{name: _number(body, name) for name in PENALTY_FIELDS if name in honoured},
+            **_penalties(body),
             "stop": _stop(body.get("stop")), "stream": bool(stream), "include_usage": bool(include_usage)}
+
+
+def _penalties(body: dict) -> dict:
+    """The penalties a body sets: OpenAI's presence and frequency penalties and vLLM's `repetition_penalty`, or
+    llama-server's `repeat_penalty` over a window of `repeat_last_n` tokens (64 when left out; -1: all, 0: off),
+    which then counts presence and frequency too. A 400 for a bad value or for both repetition penalties."""
+    read = {name: _number(body, name) for name in ("presence_penalty", "frequency_penalty")}
+    repetition, repeat = _number(body, "repetition_penalty"), _number(body, "repeat_penalty")
+    last_n = _integer(body, "repeat_last_n")
+    for name, value in (("repetition_penalty", repetition), ("repeat_penalty", repeat)):
+        if value is not None and not value > 0:
+            raise ApiError(400, f"'{name}' must be a number > 0 (1 = off), got {value}", param=name)
+    if last_n is not None and last_n < -1:
+        raise ApiError(400, f"'repeat_last_n' must be >= -1 (-1: the whole context, 0: no penalties), got {last_n}",
+                       param="repeat_last_n")
+    if repeat is None and last_n is None:
+        return {**read, "repetition_penalty": repetition}
+    if repetition is not None and repetition != 1:
+        raise ApiError(400, "'repetition_penalty' (vLLM's: every token of the prompt and answer) cannot be combined "
+                       "with llama-server's 'repeat_penalty' and 'repeat_last_n' (a window of tokens): send one",
+                       param="repetition_penalty")
+    return {**read, "repetition_penalty": repeat, "penalty_last_n": LLAMA_LAST_N if last_n is None else last_n}
 
 
 def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:

@@ -1,6 +1,6 @@
 """Request fields of OpenAI's and llama-server's APIs that this server does not honour, refused by name.
 
-A client that offers tools or asks for a repetition penalty and silently gets an answer made without them cannot
+A client that offers tools or asks for Mirostat sampling and silently gets an answer made without them cannot
 tell that its request was not carried out. So every field those APIs define that would change the answer (or add
 to it) and that specdec does not carry out gets a 400 naming it, when it is set to anything but its neutral value
 (`presence_penalty: 0`, `tools: []` are accepted). Fields that change nothing here (`user`, `store`, `metadata`,
@@ -49,10 +49,8 @@ UNHONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "tool_choice": (_tool_choice, "tool calls"),
     "functions": (_set, "function calls"),
     "function_call": (_tool_choice, "function calls"),
-    "frequency_penalty": (_set, "a frequency penalty over a window of tokens (the /v1 routes count the answer)"),
-    "presence_penalty": (_set, "a presence penalty over a window of tokens (the /v1 routes count the answer)"),
-    "repetition_penalty": (_not_one, "a repetition penalty"),
-    "repeat_penalty": (_not_one, "a repetition penalty"),
+    "repetition_penalty": (_not_one, "vLLM's repetition penalty over the whole context (/completion takes "
+                           "llama.cpp's repeat_penalty and repeat_last_n; the /v1 routes take either)"),
     "dry_multiplier": (_set, "DRY repetition penalties"),
     "typical_p": (_not_one, "typical sampling"),
     "tfs_z": (_not_one, "tail-free sampling"),

@@ -208,15 +208,19 @@ def test_min_new_tokens_in_a_batch_is_each_answer_alone(block_model, drafter_nam
 @pytest.mark.parametrize("drafter_name", ["none", "sam", "recycle"])
 def test_a_logit_bias_and_penalties_in_a_batch_are_each_answer_alone(block_model, drafter_name):
     """Answers with and without a logit bias or penalties (the server's `logit_bias`, `presence_penalty`,
-    `frequency_penalty`) share forwards: each is the answer its request gets alone by plain decoding."""
+    `frequency_penalty`, `repetition_penalty`, llama.cpp's window) share forwards: each is the answer its request
+    gets alone by plain decoding."""
     engine = fixed_engine(block_model)
     plain = _alone(engine, _config())
+    penalties = [{"presence_penalty": 1.0, "frequency_penalty": 0.5}, {"repetition_penalty": 1.8}]  # OpenAI's, vLLM's
+    windowed = {"repetition_penalty": 1.5, "presence_penalty": 1.0, "penalty_last_n": 4}  # llama.cpp's
     configs = [_config(logit_bias=((plain[index][1], -100.0), (5, 2.0))) if index % 3 == 1 else
-               _config(presence_penalty=1.0, frequency_penalty=0.5) if index % 3 == 2 else _config()
-               for index in range(len(PROMPTS))]
+               _config(**penalties[index // 3 % 2]) if index % 3 == 2 else
+               _config(**windowed) if index else _config() for index in range(len(PROMPTS))]
     alone = [engine.generate(prompt, _drafter("none"), config).tokens for prompt, config in zip(PROMPTS, configs)]
     assert any(alone[index] != plain[index] for index in range(1, len(PROMPTS), 3))  # the biases changed answers
     assert any(alone[index] != plain[index] for index in range(2, len(PROMPTS), 3))  # and the penalties
+    assert any(alone[index] != plain[index] for index in range(3, len(PROMPTS), 3))  # and llama.cpp's window
     batch = Batch(engine)
     runs = [batch.add(prompt, _drafter(drafter_name), config) for prompt, config in zip(PROMPTS, configs)]
     widest = 0

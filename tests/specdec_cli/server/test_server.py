@@ -232,7 +232,7 @@ def test_fields_that_would_change_the_answer_are_refused_by_name_not_dropped(tin
     tool = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
     with serving(session) as server:
         client = client_of(server)
-        for asked, param in (({"extra_body": {"repetition_penalty": 1.1}}, "repetition_penalty"),
+        for asked, param in (({"extra_body": {"repetition_penalty": 1.1, "repeat_penalty": 1.1}}, "repetition_penalty"),
                              ({"extra_body": {"frequency_penalty": 3}}, "frequency_penalty")):
             with pytest.raises(openai.BadRequestError) as refused:
                 client.chat.completions.create(model="m", messages=messages, max_tokens=2, **asked)
@@ -243,8 +243,8 @@ def test_fields_that_would_change_the_answer_are_refused_by_name_not_dropped(tin
         with pytest.raises(openai.BadRequestError) as refused:
             client.completions.create(model="m", prompt="x", max_tokens=2, extra_body={"tools": [tool]})
         assert refused.value.body["param"] == "tools"
-        status, _, answer = raw_request(server, "POST", "/completion", b'{"prompt": "x", "presence_penalty": 1}')
-        assert status == 400 and answer["error"]["param"] == "presence_penalty"  # (llama-server's: a window)
+        status, _, answer = raw_request(server, "POST", "/completion", b'{"prompt": "x", "repetition_penalty": 1.2}')
+        assert status == 400 and answer["error"]["param"] == "repetition_penalty"  # (llama.cpp's: repeat_penalty)
         status, _, answer = raw_request(server, "POST", "/completion", b'{"prompt": "x", "mirostat": 2}')
         assert status == 400 and answer["error"]["param"] == "mirostat"
         status, _, answer = raw_request(server, "POST", "/completion", b'{"prompt": "x", "n_predict": 2, '
@@ -258,8 +258,9 @@ def test_fields_that_would_change_the_answer_are_refused_by_name_not_dropped(tin
 
 
 def test_a_logit_bias_and_penalties_are_honoured_with_and_without_drafts(tiny):
-    """`logit_bias` (OpenAI's object, llama-server's pairs with false for a ban) and OpenAI's presence and
-    frequency penalties: the answer is plain decoding's with them, whichever drafter verifies it; a token outside
+    """`logit_bias` (OpenAI's object, llama-server's pairs with false for a ban), OpenAI's presence and frequency
+    penalties, vLLM's `repetition_penalty` and llama-server's windowed ones on `/completion`: the answer is plain
+    decoding's with them, whichever drafter verifies it; a token outside
     the vocabulary or a bias past 100 is a 400 naming the field."""
     session, _ = tiny
     messages = [{"role": "user", "content": "hi"}]
@@ -278,6 +279,20 @@ def test_a_logit_bias_and_penalties_are_honoured_with_and_without_drafts(tiny):
                                                     frequency_penalty=1, extra_body={"speculative": speculative})
                      .choices[0].message.content for speculative in ({"n_max": 0}, {})]
         assert penalised[0] == penalised[1] != free.choices[0].message.content
+        repeated = [client.chat.completions.create(model="m", messages=messages, max_tokens=12, extra_body={
+            "repetition_penalty": 3.0, "speculative": speculative}).choices[0].message.content
+            for speculative in ({"n_max": 0}, {})]
+        assert repeated[0] == repeated[1] != free.choices[0].message.content
+        windowed = []
+        for speculative in ({"n_max": 0}, {}):  # llama-server's: all three over the last repeat_last_n tokens
+            status, _, answer = raw_request(server, "POST", "/completion", json.dumps(
+                {"prompt": "hi hi hi", "n_predict": 12, "ignore_eos": True, "repeat_penalty": 3.0, "repeat_last_n": 8,
+                 "presence_penalty": 1, "speculative": speculative}).encode())
+            assert status == 200, answer
+            windowed.append(answer["content"])
+        status, _, plain = raw_request(server, "POST", "/completion",
+                                       b'{"prompt": "hi hi hi", "n_predict": 12, "ignore_eos": true}')
+        assert windowed[0] == windowed[1] != plain["content"]
         status, _, answer = raw_request(server, "POST", "/completion", json.dumps(
             {"prompt": "x", "n_predict": 4, "logit_bias": [[banned, False]]}).encode())
         assert status == 200, answer

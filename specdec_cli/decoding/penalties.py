@@ -1,0 +1,94 @@
+"""Repetition penalties as a verify block's rows read them: which tokens each row counts, and its logits less the
+penalties for them. Row r of a block chooses the token after the context and the draft's path to node r - 1 (row
+0: after the context alone), so it counts that path's tokens too, and a drafted row is judged as plain decoding
+judges the same position.
+
+Two conventions, as `GenerationConfig.penalty_last_n` chooses:
+- transformers', vLLM's and OpenAI's (None): the repetition penalty counts every token of the prompt and the answer,
+  presence and frequency penalties the answer's alone;
+- llama.cpp's (`repeat_last_n` = n): all three count the last n tokens of the prompt and the answer together, a
+  window that slides along a row's path (-1: every token; 0: no penalty).
+A counted token's logit is divided by the repetition penalty where positive and multiplied by it where not, then
+less `presence` once and `frequency` per occurrence (the order of vLLM's and llama.cpp's samplers).
+
+Pure functions over token lists and tensors; run.py's `Run.shaped` calls `penalised`. Only the columns of tokens
+counted are read or written, never a dense [rows, vocab] count.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from .draft import Draft
+from .generation_config import GenerationConfig
+
+
+def penalised(logits: torch.Tensor, config: GenerationConfig, context: Sequence[int], answer: Sequence[int],
+              draft: Optional[Draft]) -> torch.Tensor:
+    """`logits` [rows, vocab] less the penalties `config` sets, for a block after `context` (the prompt and the
+    answer so far; `answer` its tail after the prompt) and `draft`'s paths. Writes into `logits` (a caller's copy)."""
+    rows = logits.shape[0]
+    if config.penalty_last_n is not None:  # llama.cpp: one window for all three
+        if config.penalty_last_n == 0:
+            return logits
+        window = None if config.penalty_last_n == -1 else config.penalty_last_n
+        columns, counts = counted(context, draft, rows, window)
+        return _subtract(_repeat(logits, columns, counts, config.repetition_penalty), columns, counts, config)
+    if config.repetition_penalty != 1.0:
+        columns, counts = counted(context, draft, rows)
+        logits = _repeat(logits, columns, counts, config.repetition_penalty)
+    if config.presence_penalty or config.frequency_penalty:
+        columns, counts = counted(answer, draft, rows)
+        logits = _subtract(logits, columns, counts, config)
+    return logits
+
+
+def counted(history: Sequence[int], draft: Optional[Draft], rows: int,
+            window: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens counted by any row ([used] ids, ascending) and how often each row counts each ([rows, used]): row
+    r counts `history` followed by the draft's path to node r - 1, its last `window` tokens where one is given;
+    rows past the draft (padding) count as row 0."""
+    drafted = [] if draft is None else [int(token) for token in draft.tokens]
+    kept = list(history) if window is None else list(history[max(0, len(history) - window) :])
+    columns = torch.unique(torch.tensor(kept + drafted, dtype=torch.long))  # [used], sorted
+    counts = torch.zeros(rows, len(columns))  # [rows, used]
+    if kept:
+        counts[:] = torch.bincount(torch.searchsorted(columns, torch.tensor(kept, dtype=torch.long)),
+                                   minlength=len(columns))
+    if not drafted:
+        return columns, counts
+    where = {token: column for column, token in enumerate(columns.tolist())}
+    parents = range(-1, len(drafted) - 1) if draft is None or draft.parents is None else draft.parents  # a chain's
+    paths: list[list[int]] = []  # each node's path from the root, itself last
+    for node, parent in enumerate(parents[: rows - 1]):  # a node's row: its parent's counts and its own token...
+        paths.append((paths[parent] if parent >= 0 else []) + [drafted[node]])
+        counts[node + 1] = counts[parent + 1]
+        counts[node + 1, where[drafted[node]]] += 1
+        if window is not None:  # ...less the one that leaves the window as the path grows
+            leaving = len(history) + len(paths[node]) - 1 - window  # its place in history + path
+            if leaving >= 0:
+                token = history[leaving] if leaving < len(history) else paths[node][leaving - len(history)]
+                counts[node + 1, where[int(token)]] -= 1
+    return columns, counts
+
+
+def _repeat(logits: torch.Tensor, columns: torch.Tensor, counts: torch.Tensor, penalty: float) -> torch.Tensor:
+    if penalty == 1.0 or not len(columns):
+        return logits
+    index = columns.to(logits.device)
+    picked = logits[:, index]  # [rows, used]
+    repeated = torch.where(picked > 0, picked / penalty, picked * penalty)
+    logits[:, index] = torch.where(counts.to(logits.device) > 0, repeated, picked)
+    return logits
+
+
+def _subtract(logits: torch.Tensor, columns: torch.Tensor, counts: torch.Tensor,
+              config: GenerationConfig) -> torch.Tensor:
+    if not (config.presence_penalty or config.frequency_penalty) or not len(columns):
+        return logits
+    penalty = config.frequency_penalty * counts + config.presence_penalty * (counts > 0)  # [rows, used]
+    index = columns.to(logits.device)
+    logits[:, index] = logits[:, index] - penalty.to(logits.device, logits.dtype)
+    return logits
