@@ -35,9 +35,13 @@ def check_choice(value: str, choices: Sequence[str], setting: str, *, named: Opt
     return value
 
 
+# settings whose flags are spelled as llama.cpp spells them, not after the setting
+FLAG_NAMES = {"repetition_penalty": "--repeat-penalty", "penalty_last_n": "--repeat-last-n"}
+
+
 def flag_of(setting: str) -> str:
     """The command-line flag of a library setting: `max_new_tokens` -> `--max-new-tokens`."""
-    return "--" + setting.replace("_", "-")
+    return FLAG_NAMES.get(setting, "--" + setting.replace("_", "-"))
 
 
 TOKEN_LIMIT = 2**31  # token ids lie in [0, 2**31): automata and index files hold int32

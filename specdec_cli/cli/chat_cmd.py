@@ -54,6 +54,11 @@ def load_session(settings):
     return session, loaded
 
 
+# the penalties as llama.cpp names them, their GenerationConfig fields and values that turn them off
+PENALTY_FLAGS = (("repeat_penalty", "repetition_penalty", 1.0), ("presence_penalty", "presence_penalty", 0.0),
+                 ("frequency_penalty", "frequency_penalty", 0.0))
+
+
 @app.command("chat")
 def chat(
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="One-shot prompt ('-' reads stdin); omit for the interactive chat."),
@@ -68,6 +73,11 @@ def chat(
     temperature: float = options.temperature(),
     top_p: float = options.top_p(),
     top_k: int = options.top_k(),
+    min_p: float = options.min_p(),
+    repeat_penalty: float = options.repeat_penalty(),
+    repeat_last_n: int = options.repeat_last_n(),
+    presence_penalty: float = options.presence_penalty(),
+    frequency_penalty: float = options.frequency_penalty(),
     seed: Optional[int] = options.seed(note=" for sampling"),
     system: Optional[str] = options.system(),
     raw: bool = options.raw(),
@@ -93,6 +103,8 @@ def chat(
     settings = chat_settings(target=target, device=device, decoder=decoder, dtype=dtype, weights=weights, drafter=drafter, index=index,
                              aux=aux, draft_model=draft_model, draft_min_prob=draft_min_prob, draft_max=draft_max,
                              max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                             min_p=min_p, repetition_penalty=repeat_penalty, penalty_last_n=repeat_last_n,
+                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                              seed=seed, system=system, raw=raw, stop=stop, exact=exact,
                              remember=memory and not compare)  # a measurement neither reads nor feeds the memory
     if compare and text is None:
@@ -180,6 +192,11 @@ def settings_lines(session, loaded) -> list[str]:
         drafter += f" ({options.draft_model})"
     sampling = "greedy" if generation.greedy else (
         f"temperature {generation.temperature}, top_p {generation.top_p}, top_k {generation.top_k}, seed {generation.seed}")
+    penalties = [f"{name} {getattr(generation, field)}" for name, field, off in PENALTY_FLAGS
+                 if getattr(generation, field) != off]
+    if penalties and generation.penalty_last_n != 0:
+        window = "the whole context" if generation.penalty_last_n == -1 else f"the last {generation.penalty_last_n} tokens"
+        sampling += f" · {', '.join(penalties)} over {window}"
     dtype = loaded.dtype_reason or str(loaded.dtype).replace("torch.", "")
     exact = session.engine.forward.outcome.text()
     if exact == "off":

@@ -162,6 +162,30 @@ def top_k() -> Any:
     return typer.Option(0, "--top-k", help="Keep the k best tokens (0 = off).")
 
 
+def min_p() -> Any:
+    return typer.Option(0.0, "--min-p", help="Drop tokens less likely than min_p x the likeliest one (0 = off).")
+
+
+def repeat_penalty() -> Any:
+    return typer.Option(1.0, "--repeat-penalty", help="Penalise the tokens of the last --repeat-last-n: each one's "
+                        "logit divided by it where positive, multiplied where not (1 = off; llama.cpp's).")
+
+
+def repeat_last_n() -> Any:
+    return typer.Option(64, "--repeat-last-n", help="Tokens of the prompt and answer the penalties count (-1: all, "
+                        "0: no penalty).")
+
+
+def presence_penalty() -> Any:
+    return typer.Option(0.0, "--presence-penalty", help="Taken off the logit of each token of the last "
+                        "--repeat-last-n (-2..2; 0 = off).")
+
+
+def frequency_penalty() -> Any:
+    return typer.Option(0.0, "--frequency-penalty", help="Taken off the logit of each token of the last "
+                        "--repeat-last-n once per occurrence (-2..2; 0 = off).")
+
+
 def seed(default: Optional[int] = None, *, note: str = "") -> Any:
     return typer.Option(default, "--seed", help=f"Random seed{note}.")
 

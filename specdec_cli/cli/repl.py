@@ -23,20 +23,26 @@ HELP = """\
 /exit, /quit, Ctrl-D  leave
 /clear                start a new conversation (history and drafter state are dropped)
 /system TEXT          set the system message (and start a new conversation)
-/set KEY VALUE        temperature, top_p, top_k, seed, max_new_tokens, draft_max
+/set KEY VALUE        temperature, top_p, top_k, min_p, seed, max_new_tokens, draft_max, repeat_penalty,
+                      repeat_last_n, presence_penalty, frequency_penalty
 /drafter NAME         switch drafter: {drafters}
 /stats                per-turn speed and acceptance, per-position acceptance chart
 /save [--force] FILE  the conversation and its statistics as JSON
 \"\"\"                   start or end multi-line input
 Ctrl-C                stop the answer being written (it is kept)"""
 
-SETTABLE = {
-    "temperature": float,
-    "top_p": float,
-    "top_k": int,
-    "seed": int,
-    "max_new_tokens": int,
-    "draft_max": int,
+SETTABLE = {  # /set's keys (llama.cpp's names) -> how a value is read, the GenerationConfig field it sets
+    "temperature": (float, "temperature"),
+    "top_p": (float, "top_p"),
+    "top_k": (int, "top_k"),
+    "min_p": (float, "min_p"),
+    "seed": (int, "seed"),
+    "max_new_tokens": (int, "max_new_tokens"),
+    "draft_max": (int, "draft_max"),
+    "repeat_penalty": (float, "repetition_penalty"),
+    "repeat_last_n": (int, "penalty_last_n"),
+    "presence_penalty": (float, "presence_penalty"),
+    "frequency_penalty": (float, "frequency_penalty"),
 }
 
 
@@ -158,12 +164,16 @@ class Repl:
         key = key.replace("-", "_")
         if key not in SETTABLE or not value.strip():
             raise SpecdecError(f"usage: /set KEY VALUE with KEY one of {', '.join(SETTABLE)}")
+        parse, field = SETTABLE[key]
         try:
-            parsed = SETTABLE[key](value.strip())
+            parsed = parse(value.strip())
         except ValueError:
-            raise SpecdecError(f"/set {key}: {value.strip()!r} is not a valid {SETTABLE[key].__name__}") from None
-        updated = replace(self.session.generation, **{key: parsed})  # draft_max: the budget and the drafter's cap
-        updated.check()  # raises with a one-line reason; the old settings stay
+            raise SpecdecError(f"/set {key}: {value.strip()!r} is not a valid {parse.__name__}") from None
+        updated = replace(self.session.generation, **{field: parsed})  # draft_max: the budget and the drafter's cap
+        try:
+            updated.check()  # a one-line reason; the old settings stay
+        except SpecdecError as error:
+            raise SpecdecError(error.naming(key) if error.setting == field else str(error)) from None
         self.session.set_generation(updated)
         self.err.print(f"[dim]{key} = {parsed}[/dim]")
 

@@ -24,6 +24,10 @@ from conftest import HANG_GUARD, assert_one_line_error, cli_env, invoke, run_cli
         (["chat", "--prompt", "hi", "--temperature", "0.7", "--top-p", "1.5"], "--top-p"),
         (["chat", "--prompt", "hi", "--top-p", "0"], "--top-p"),
         (["chat", "--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens"),
+        (["chat", "--prompt", "hi", "--repeat-penalty", "0"], "--repeat-penalty must be a number > 0"),
+        (["chat", "--prompt", "hi", "--repeat-last-n", "-2"], "--repeat-last-n must be >= -1"),
+        (["chat", "--prompt", "hi", "--presence-penalty", "3"], "--presence-penalty must be in [-2, 2]"),
+        (["chat", "--prompt", "hi", "--min-p", "1.5"], "--min-p"),
         (["chat", "--prompt", "hi", "--device", "tpu"], "--device"),
         (["chat", "--prompt", "hi", "--temperature", "warm"], "temperature"),
         (["chat", "--no-such-flag"], "no such option"),
@@ -383,6 +387,24 @@ def test_distill_and_answer_settings_out_of_range_are_refused_before_the_model_l
     args = [{"DATA": str(data), "TINY": tiny_model_dir}.get(arg, arg.replace("TMP", str(tmp_path))) for arg in args]
     result = invoke(*args, env_extra={"SPECDEC_HOME": str(tmp_path / "home")})
     assert_one_line_error(result, needle, code=1)
+
+
+def test_repl_sets_the_penalties_by_llama_cpps_names():
+    from specdec_cli.decoding.generation_config import GenerationConfig
+
+    class Session(_Session):
+        generation = GenerationConfig(penalty_last_n=64)
+
+        def set_generation(self, generation):
+            self.generation = generation
+
+    session = Session()
+    said = _repl(["/set repeat_penalty 1.15", "/set repeat_last_n 32", "/set presence_penalty 0.5",
+                  "/set min_p 0.05", "/set repeat_penalty 0", "/set repeat_last_n x"], session)
+    generation = session.generation
+    assert (generation.repetition_penalty, generation.penalty_last_n, generation.presence_penalty,
+            generation.min_p) == (1.15, 32, 0.5, 0.05)
+    assert "repeat_penalty must be a number > 0" in said and "/set repeat_last_n: 'x' is not a valid int" in said
 
 
 def test_repl_set_max_new_tokens_is_bounded_as_the_flag_is():

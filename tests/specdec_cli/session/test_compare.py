@@ -59,3 +59,22 @@ def test_cli_compare_text(tiny_model_dir):
                     "--compare", "--plain")
     assert result.returncode == 0, result.stderr
     assert "plain decoding:" in result.stderr and "pld:" in result.stderr and "outputs identical" in result.stderr
+
+
+def test_cli_compare_with_llama_cpps_penalties(tiny_model_dir):
+    """`chat --repeat-penalty/--repeat-last-n/--presence-penalty`: both answers carry them (the speculative one
+    identical to plain decoding's) and they change the answer."""
+    import json
+
+    from conftest import invoke
+
+    def answer(*flags: str) -> dict:
+        result = invoke("chat", "--target", tiny_model_dir, "--prompt", "abcabcabc", "--drafter", "pld", "-n", "16",
+                        "--compare", "--json", *flags)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    free = answer()
+    penalised = answer("--repeat-penalty", "3", "--repeat-last-n", "8", "--presence-penalty", "1.5")
+    assert penalised["identical"] is True
+    assert penalised["plain"]["output_token_ids"] != free["plain"]["output_token_ids"]
