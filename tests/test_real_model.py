@@ -200,10 +200,11 @@ def test_every_drafter_is_exact_on_the_ggufs_own_blocks(real_target, tmp_path):
 
 def test_every_drafter_keeps_a_logit_bias_and_penalties_on_the_ggufs_own_blocks(real_target):
     """A token of the free answer banned (`logit_bias` -100) and another favoured, or the presence and frequency
-    penalties, the repetition penalty, llama.cpp's window of all three: every drafter's answer is plain decoding's
-    with the same settings, and they changed it."""
+    penalties, the repetition penalty, llama.cpp's window of all three, DRY: every drafter's answer is plain
+    decoding's with the same settings, and they changed it."""
     from dataclasses import replace
 
+    from specdec_cli.decoding.dry import DryPenalty
     from specdec_cli.decoding.engine import GenerationConfig
     from specdec_cli.drafters import DRAFTERS, DrafterOptions, make_drafter
 
@@ -213,7 +214,8 @@ def test_every_drafter_keeps_a_logit_bias_and_penalties_on_the_ggufs_own_blocks(
     for config in (replace(free_config, logit_bias=((free[2], -100.0), (free[0], 1.5))),
                    replace(free_config, presence_penalty=1.0, frequency_penalty=0.5),
                    replace(free_config, repetition_penalty=1.3),  # vLLM's: every token of prompt and answer
-                   replace(free_config, repetition_penalty=1.5, presence_penalty=1.0, penalty_last_n=12)):  # llama.cpp
+                   replace(free_config, repetition_penalty=1.5, presence_penalty=1.0, penalty_last_n=12),  # llama.cpp
+                   replace(free_config, dry=DryPenalty(multiplier=1.5))):
         reference = engine.generate(ids, make_drafter("none", DrafterOptions(), info), config).tokens
         assert reference != free and (free[2] not in reference or not config.logit_bias), config
         for name in [*DRAFTERS, "sam+recycle"]:

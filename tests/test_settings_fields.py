@@ -132,7 +132,7 @@ def test_each_default_is_declared_in_one_place():
         ("GenerationConfig", "draft_max"): "None", ("GenerationConfig", "min_new_tokens"): "0",
         ("GenerationConfig", "logit_bias"): "()", ("GenerationConfig", "presence_penalty"): "0.0",
         ("GenerationConfig", "frequency_penalty"): "0.0", ("GenerationConfig", "repetition_penalty"): "1.0",
-        ("GenerationConfig", "penalty_last_n"): "None",
+        ("GenerationConfig", "penalty_last_n"): "None", ("GenerationConfig", "dry"): "None",
         ("ProposerSettings", "num_speculative_tokens"): "None",
         ("RunSettings", "exact"): "None", ("RunSettings", "raw"): "False",
         ("ChatSettings", "system"): "None", ("ChatSettings", "remember"): "True",

@@ -31,6 +31,7 @@ from .batch_share import BatchShares, batch_share
 from .cost_curve import CostCurve
 from .curve_store import CurveStore
 from .draft import Draft, Drafter, StepEvent
+from .dry import breakers_for
 from .generation_config import GenerationConfig
 from .grammar import GRAMMAR_SOURCE, Constraint
 from .logprobs import choosing_rows
@@ -264,8 +265,10 @@ class Engine:
             cache = cache if held is None else held
         constraint = None if config.grammar is None else Constraint(config.grammar, self.tokenizer,
                                                                     config.eos_token_ids)
+        breakers = breakers_for(self.tokenizer, config.dry.breakers) if config.dry and config.dry.on else None
         return Run(config, drafter, on_event, limit, max_rows, list(prompt_ids), cache, cached, constraint,
-                   generator_for(config), set(config.eos_token_ids), time.perf_counter(), prompt_cache, computed=cached)
+                   generator_for(config), set(config.eos_token_ids), time.perf_counter(), prompt_cache, computed=cached,
+                   dry_breakers=breakers)
 
     def _draft(self, run: "Run", most: Optional[int] = None) -> tuple[Draft, int]:
         """This step's draft, cut to what is verified, and the verify forward's rows; `most`: a batched step's
@@ -330,8 +333,9 @@ class Engine:
                                    "(prompt and answer together): shorten it", setting="prompt")
             # the answer stops where the model's context ends (finish reason "length"), never past it
             config = replace(config, max_new_tokens=min(config.max_new_tokens, limit - len(prompt_ids)))
-        if config.stop and self.tokenizer is None:
-            raise SpecdecError("stop strings need the target's tokenizer")
+        if (config.stop or config.dry is not None) and self.tokenizer is None:
+            raise SpecdecError(f"{'stop strings' if config.stop else 'DRY sequence breakers'} need the target's "
+                               "tokenizer")
         vocab = getattr(getattr(self.model, "config", None), "vocab_size", None)
         if isinstance(vocab, int) and any(token >= vocab for token, _ in config.logit_bias):
             raise SpecdecError(f"logit_bias names a token past this model's vocabulary ({vocab} tokens)",

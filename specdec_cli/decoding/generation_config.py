@@ -14,6 +14,7 @@ from ..defaults import DEFAULT_BUDGET, DEFAULT_MAX_NEW_TOKENS, MAX_NEW_TOKENS
 from ..errors import SpecdecError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .dry import DryPenalty
     from .grammar import GrammarSpec
 
 
@@ -51,6 +52,8 @@ class GenerationConfig:
     # token of the prompt and the answer, presence and frequency the answer's alone); n: llama.cpp's repeat_last_n
     # (all three the last n tokens of the prompt and the answer together; -1: all of them; 0: no penalty at all)
     penalty_last_n: Optional[int] = None
+    # llama.cpp's DRY: a token that would extend a repeated stretch of the context penalised (dry.py); None = off
+    dry: Optional["DryPenalty"] = None
 
     @property
     def greedy(self) -> bool:
@@ -94,6 +97,8 @@ class GenerationConfig:
         if self.penalty_last_n is not None and self.penalty_last_n < -1:
             raise SpecdecError(f"penalty_last_n must be >= -1 (-1: the whole context, 0: no penalties), got "
                                f"{self.penalty_last_n}", setting="penalty_last_n")
+        if self.dry is not None:
+            self.dry.check()
         for token, bias in self.logit_bias:
             if not isinstance(token, int) or token < 0 or not -100.0 <= bias <= 100.0:  # (NaN fails too)
                 raise SpecdecError(f"logit_bias takes token ids >= 0 with biases in [-100, 100], got {token}: {bias}",

@@ -14,6 +14,7 @@ import torch
 
 from . import penalties
 from .draft import Draft, Drafter, FinishReason, StepEvent
+from .dry import Breakers, dry_rows
 from .generation_config import GenerationConfig
 from .grammar import Constraint
 from .logprobs import token_logprobs
@@ -59,6 +60,7 @@ class Run:
     text_end: Optional[int] = None
     ttft: float = 0.0
     computed: Optional[int] = None  # until the first token: the prompt's tokens in the cache (None after it)
+    dry_breakers: Optional[Breakers] = None  # config.dry's breakers as the tokenizer's tokens, when DRY is on
     _bias: Optional[torch.Tensor] = field(default=None, repr=False)  # [vocab] config.logit_bias, made when first used
 
     def emit(self, event: StepEvent) -> None:
@@ -70,12 +72,13 @@ class Run:
     def shaped(self, logits: torch.Tensor, draft: Optional[Draft] = None) -> torch.Tensor:
         """The target's logits [rows, vocab] as its choices read them, row r choosing the token after the context
         and the draft's path to node r - 1 (row 0: after the context alone): `config.logit_bias` added, then the
-        repetition, presence and frequency penalties for the tokens that row counts (penalties.py). So a drafted
-        row is judged as plain decoding judges the same position. The same tensor when none is set."""
+        repetition, presence and frequency penalties for the tokens that row counts (penalties.py), then DRY's
+        (dry.py). So a drafted row is judged as plain decoding judges the same position. The same tensor when none
+        is set."""
         config = self.config
         penalised = config.penalty_last_n != 0 and (bool(config.presence_penalty or config.frequency_penalty)
                                                     or config.repetition_penalty != 1.0)
-        if not config.logit_bias and not penalised:
+        if not config.logit_bias and not penalised and self.dry_breakers is None:
             return logits
         if config.logit_bias:
             if self._bias is None or self._bias.device != logits.device or self._bias.dtype != logits.dtype:
@@ -86,7 +89,11 @@ class Run:
             shaped = logits + self._bias
         else:
             shaped = logits.clone()  # (the penalties write into a copy, never into the forward's own tensor)
-        return penalties.penalised(shaped, config, self.context, self.new_tokens, draft) if penalised else shaped
+        if penalised:
+            shaped = penalties.penalised(shaped, config, self.context, self.new_tokens, draft)
+        if self.dry_breakers is not None and config.dry is not None:  # (after the penalties: llama.cpp's order)
+            shaped = dry_rows(shaped, self.context, draft, config.dry, self.dry_breakers)
+        return shaped
 
     def logprobs(self, rows: torch.Tensor, committed: list[int]) -> Optional[list]:
         """The committed tokens' log probabilities from the rows that chose them, where asked."""

@@ -20,8 +20,9 @@ from typing import Any, Optional
 from .. import __version__
 from ..texts.fim import FimParts, check_extra
 from .api_errors import ApiError
-from .requests import LLAMA_LAST_N, CompletionRequest, text_request
+from .requests import CompletionRequest, text_request
 from .responses import Outcome, timings
+from .shaping_fields import DRY_FIELDS, LLAMA_LAST_N
 from .unhonoured import refuse_unhonoured
 
 STOP_TYPES = {"eos": "eos", "length": "limit", "stop": "word"}  # the engine's finish -> llama.cpp's stop_type
@@ -29,7 +30,7 @@ STOP_TYPES = {"eos": "eos", "length": "limit", "stop": "word"}  # the engine's f
 
 def completion_request(body: dict, max_tokens_limit: Optional[int]) -> CompletionRequest:
     """A /completion body as the OpenAI text completion it amounts to (llama.cpp's fields it does not carry out,
-    `mirostat`, `dry_multiplier`, ..., refused by name first)."""
+    `mirostat`, `typical_p`, ..., refused by name first)."""
     refuse_unhonoured(body)
     n_predict = body.get("n_predict")
     if n_predict is not None and (not isinstance(n_predict, int) or isinstance(n_predict, bool)):
@@ -46,7 +47,8 @@ def completion_request(body: dict, max_tokens_limit: Optional[int]) -> Completio
         raise ApiError(400, "'cache_prompt' must be a boolean", param="cache_prompt")
     openai_body = {key: body[key] for key in ("prompt", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
                                               "logit_bias", "json_schema", "grammar", "ignore_eos", "stream",
-                                              "presence_penalty", "frequency_penalty", "repeat_penalty")
+                                              "presence_penalty", "frequency_penalty", "repeat_penalty",
+                                              *DRY_FIELDS)
                    if key in body}
     # llama.cpp's penalties count a window of the prompt and the answer: its default when left out
     openai_body["repeat_last_n"] = LLAMA_LAST_N if body.get("repeat_last_n") is None else body["repeat_last_n"]

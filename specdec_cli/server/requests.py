@@ -13,18 +13,22 @@ requests' tools are read by tools.py. This file reads bodies only; what they tur
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Optional, Union
 
+from ..decoding.dry import DryPenalty
 from ..decoding.generation_config import GenerationConfig
 from ..decoding.grammar import GrammarSpec
 from ..errors import SpecdecError
 from ..texts.fim import FimParts
 from ..texts.tool_calls import ToolFormat
 from .api_errors import ApiError
+from .body_fields import integer as _integer
+from .body_fields import is_int as _is_int
+from .body_fields import number as _number
+from .shaping_fields import PENALTY_FIELDS, shaping
 from .tools import ToolUse, assistant_calls, tool_use
 from .unhonoured import refuse_unhonoured
 
@@ -32,11 +36,6 @@ MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_DRAFT = 64  # the longest draft a request may ask for (speculative.n_max)
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit (decoding/logprobs.py)
 TOOL_FIELDS = ("tools", "tool_choice")  # honoured on chat completions (server/tools.py), refused elsewhere
-# the penalties, as OpenAI and vLLM count them (presence and frequency the answer's tokens, vLLM's repetition_penalty
-# the prompt's too) or, once llama-server's repeat_penalty or repeat_last_n is sent (its /completion always),
-# llama.cpp's way: all three over the last repeat_last_n tokens (decoding/penalties.py)
-PENALTY_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty")
-LLAMA_LAST_N = 64  # llama-server's repeat_last_n when a request leaves it out
 ROLES = ("system", "developer", "user", "assistant", "tool")
 LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # the escape of a UTF-16 surrogate: paired, or a fault
 
@@ -75,6 +74,7 @@ class CompletionRequest:
     frequency_penalty: Optional[float] = None
     repetition_penalty: Optional[float] = None  # vLLM's repetition_penalty or llama-server's repeat_penalty (> 0)
     penalty_last_n: Optional[int] = None  # llama-server's repeat_last_n (None: OpenAI's and vLLM's counting)
+    dry: Optional[DryPenalty] = None  # llama-server's DRY (`dry_multiplier`, ...; None: off)
 
     def check_drafter(self, served: str) -> None:
         """`speculative.drafter` names what this server can draft with: its own drafter, or none (400 otherwise)."""
@@ -111,6 +111,8 @@ class CompletionRequest:
             changes["logprobs"] = self.logprobs
         if self.logit_bias:
             changes["logit_bias"] = self.logit_bias
+        if self.dry is not None:
+            changes["dry"] = self.dry
         if self.grammar is not None:
             changes["grammar"] = self.grammar
         if self.draft_max is not None or self.drafter == "none":
@@ -294,53 +296,8 @@ def _common(body: dict, max_tokens_limit: Optional[int], honoured: tuple[str, ..
             "ignore_eos": bool(ignore_eos), "min_tokens": min_tokens,
             "temperature": _number(body, "temperature"), "draft_max": draft_max, "drafter": drafter,
             "top_p": _number(body, "top_p"), "top_k": _integer(body, "top_k"), "min_p": _number(body, "min_p"),
-            "seed": _integer(body, "seed"), "logit_bias": _logit_bias(body.get("logit_bias")),
-            **_penalties(body),
+            "seed": _integer(body, "seed"), **shaping(body),
             "stop": _stop(body.get("stop")), "stream": bool(stream), "include_usage": bool(include_usage)}
-
-
-def _penalties(body: dict) -> dict:
-    """The penalties a body sets: OpenAI's presence and frequency penalties and vLLM's `repetition_penalty`, or
-    llama-server's `repeat_penalty` over a window of `repeat_last_n` tokens (64 when left out; -1: all, 0: off),
-    which then counts presence and frequency too. A 400 for a bad value or for both repetition penalties."""
-    read = {name: _number(body, name) for name in ("presence_penalty", "frequency_penalty")}
-    repetition, repeat = _number(body, "repetition_penalty"), _number(body, "repeat_penalty")
-    last_n = _integer(body, "repeat_last_n")
-    for name, value in (("repetition_penalty", repetition), ("repeat_penalty", repeat)):
-        if value is not None and not value > 0:
-            raise ApiError(400, f"'{name}' must be a number > 0 (1 = off), got {value}", param=name)
-    if last_n is not None and last_n < -1:
-        raise ApiError(400, f"'repeat_last_n' must be >= -1 (-1: the whole context, 0: no penalties), got {last_n}",
-                       param="repeat_last_n")
-    if repeat is None and last_n is None:
-        return {**read, "repetition_penalty": repetition}
-    if repetition is not None and repetition != 1:
-        raise ApiError(400, "'repetition_penalty' (vLLM's: every token of the prompt and answer) cannot be combined "
-                       "with llama-server's 'repeat_penalty' and 'repeat_last_n' (a window of tokens): send one",
-                       param="repetition_penalty")
-    return {**read, "repetition_penalty": repeat, "penalty_last_n": LLAMA_LAST_N if last_n is None else last_n}
-
-
-def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
-    """OpenAI's `logit_bias` ({"token id": bias}) or llama-server's ([[token id, bias or false], ...]; false bans:
-    -100), each bias in [-100, 100]; () for none (400 on anything else)."""
-    if value is None:
-        return ()
-    pairs = list(value.items()) if isinstance(value, dict) else value
-    if not isinstance(pairs, list) or not all(isinstance(pair, (list, tuple)) and len(pair) == 2 for pair in pairs):
-        raise ApiError(400, "'logit_bias' must map token ids to biases: {\"123\": -100} (or [[123, -100], ...])",
-                       param="logit_bias")
-    chosen: dict[int, float] = {}
-    for token, bias in pairs:
-        token = int(token) if isinstance(token, str) and token.isascii() and token.isdigit() and len(token) < 12 \
-            else token
-        bias = -100.0 if bias is False else bias
-        if not _is_int(token) or token < 0 or isinstance(bias, bool) or not isinstance(bias, (int, float)) or \
-                not -100 <= bias <= 100:
-            raise ApiError(400, f"'logit_bias' takes token ids >= 0 with biases in [-100, 100], got {token!r}: "
-                           f"{bias!r}", param="logit_bias")
-        chosen[int(token)] = float(bias)
-    return tuple(chosen.items())
 
 
 def _grammar(body: dict) -> Optional[GrammarSpec]:
@@ -414,25 +371,3 @@ def _stop(stop: Any) -> tuple[str, ...]:
     if any(not one for one in stops):
         raise ApiError(400, "'stop' strings must not be empty", param="stop")
     return tuple(stops)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _number(body: dict, name: str) -> Optional[float]:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise ApiError(400, f"'{name}' must be a number", param=name)
-    return float(value)
-
-
-def _integer(body: dict, name: str) -> Optional[int]:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not _is_int(value):
-        raise ApiError(400, f"'{name}' must be an integer", param=name)
-    return int(value)

@@ -51,7 +51,6 @@ UNHONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "function_call": (_tool_choice, "function calls"),
     "repetition_penalty": (_not_one, "vLLM's repetition penalty over the whole context (/completion takes "
                            "llama.cpp's repeat_penalty and repeat_last_n; the /v1 routes take either)"),
-    "dry_multiplier": (_set, "DRY repetition penalties"),
     "typical_p": (_not_one, "typical sampling"),
     "tfs_z": (_not_one, "tail-free sampling"),
     "mirostat": (_set, "Mirostat sampling"),

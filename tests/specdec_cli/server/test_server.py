@@ -293,6 +293,14 @@ def test_a_logit_bias_and_penalties_are_honoured_with_and_without_drafts(tiny):
         status, _, plain = raw_request(server, "POST", "/completion",
                                        b'{"prompt": "hi hi hi", "n_predict": 12, "ignore_eos": true}')
         assert windowed[0] == windowed[1] != plain["content"]
+        dry = []
+        for speculative in ({"n_max": 0}, {}):  # llama-server's DRY
+            status, _, answer = raw_request(server, "POST", "/completion", json.dumps(
+                {"prompt": "hi hi hi", "n_predict": 12, "ignore_eos": True, "dry_multiplier": 3.0,
+                 "dry_allowed_length": 0, "speculative": speculative}).encode())
+            assert status == 200, answer
+            dry.append(answer["content"])
+        assert dry[0] == dry[1] != plain["content"]
         status, _, answer = raw_request(server, "POST", "/completion", json.dumps(
             {"prompt": "x", "n_predict": 4, "logit_bias": [[banned, False]]}).encode())
         assert status == 200, answer

@@ -56,3 +56,30 @@ def test_a_bad_penalty_is_a_400_naming_it(read, body, param):
         request.generation(GenerationConfig())  # (ranges the engine's settings check: a 400 there too)
     assert refused.value.status == 400 and refused.value.param == param
     assert "\n" not in str(refused.value)
+
+
+def test_dry_is_read_on_every_route_as_llama_server_names_it():
+    from specdec_cli.decoding.dry import DEFAULT_BREAKERS, DryPenalty
+
+    fields = {"dry_multiplier": 0.8, "dry_base": 2.0, "dry_allowed_length": 3, "dry_penalty_last_n": 256,
+              "dry_sequence_breakers": ["\n", "###"]}
+    for read, body in ((chat_request, CHAT), (text_request, {"prompt": "x"}), (completion_request, {"prompt": "x"})):
+        assert read({**body, **fields}, None).generation(GenerationConfig()).dry == \
+            DryPenalty(0.8, 2.0, 3, 256, ("\n", "###"))
+        assert read({**body, "dry_multiplier": 0.5}, None).dry == DryPenalty(0.5, 1.75, 2, -1, DEFAULT_BREAKERS)
+        assert read({**body, "dry_multiplier": 0, "dry_base": 9}, None).dry is None  # (off: nothing else read)
+
+
+@pytest.mark.parametrize("fields, param", [({"dry_multiplier": -1}, "dry_multiplier"),
+                                           ({"dry_multiplier": "x"}, "dry_multiplier"),
+                                           ({"dry_multiplier": 1, "dry_base": 0.5}, "dry_base"),
+                                           ({"dry_multiplier": 1, "dry_allowed_length": -1}, "dry_allowed_length"),
+                                           ({"dry_multiplier": 1, "dry_penalty_last_n": -2}, "dry_penalty_last_n"),
+                                           ({"dry_multiplier": 1, "dry_sequence_breakers": "\n"},
+                                            "dry_sequence_breakers"),
+                                           ({"dry_multiplier": 1, "dry_sequence_breakers": []},
+                                            "dry_sequence_breakers")])
+def test_a_bad_dry_field_is_a_400_naming_it(fields, param):
+    with pytest.raises(ApiError) as refused:
+        completion_request({"prompt": "x", **fields}, None).generation(GenerationConfig())
+    assert refused.value.status == 400 and refused.value.param == param

@@ -8,7 +8,8 @@ import pytest
 
 from specdec_cli.server.api_errors import ApiError
 from specdec_cli.server.llama_api import completion_request
-from specdec_cli.server.requests import PENALTY_FIELDS, TOOL_FIELDS, chat_request, text_request
+from specdec_cli.server.requests import TOOL_FIELDS, chat_request, text_request
+from specdec_cli.server.shaping_fields import PENALTY_FIELDS
 from specdec_cli.server.unhonoured import UNHONOURED
 
 ASKING = {"tools": [{"type": "function"}],
