@@ -51,6 +51,14 @@ class Draft:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def row_paths(self) -> list[list[int]]:
+        """The tokens each verify row comes after, beyond the context: [] for the root's row, then each node's path
+        from the root (itself last)."""
+        paths: list[list[int]] = [[]]
+        for node, parent in enumerate(self.node_parents):  # parents come before their children
+            paths.append(paths[parent + 1] + [int(self.tokens[node])])
+        return paths
+
     @property
     def depth(self) -> int:
         """The longest path from the root: len(tokens) for a chain."""

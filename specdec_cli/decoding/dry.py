@@ -121,11 +121,7 @@ def dry_rows(logits: Any, context: Sequence[int], draft: Any, dry: DryPenalty, b
     less each row's DRY penalties (written into `logits`, a caller's copy; rows past the draft are padding)."""
     import torch
 
-    drafted = [] if draft is None else [int(token) for token in draft.tokens]
-    parents = range(-1, len(drafted) - 1) if draft is None or draft.parents is None else draft.parents  # a chain's
-    paths: list[list[int]] = [[]]  # row r: the path to node r - 1
-    for node, parent in enumerate(parents[: logits.shape[0] - 1]):
-        paths.append(paths[parent + 1] + [drafted[node]])
+    paths = [[]] if draft is None else draft.row_paths()[: logits.shape[0]]  # row r: the path to node r - 1
     kept = np.asarray(context[-dry.last_n :] if dry.last_n > 0 else context, dtype=np.int64)
     for row, path in enumerate(paths):
         window = np.concatenate([kept, np.asarray(path, dtype=np.int64)])

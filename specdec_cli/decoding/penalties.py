@@ -17,7 +17,7 @@ counted are read or written, never a dense [rows, vocab] count.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, cast
 
 import torch
 
@@ -60,17 +60,12 @@ def counted(history: Sequence[int], draft: Optional[Draft], rows: int,
     if not drafted:
         return columns, counts
     where = {token: column for column, token in enumerate(columns.tolist())}
-    parents = range(-1, len(drafted) - 1) if draft is None or draft.parents is None else draft.parents  # a chain's
-    paths: list[list[int]] = []  # each node's path from the root, itself last
-    for node, parent in enumerate(parents[: rows - 1]):  # a node's row: its parent's counts and its own token...
-        paths.append((paths[parent] if parent >= 0 else []) + [drafted[node]])
-        counts[node + 1] = counts[parent + 1]
-        counts[node + 1, where[drafted[node]]] += 1
-        if window is not None:  # ...less the one that leaves the window as the path grows
-            leaving = len(history) + len(paths[node]) - 1 - window  # its place in history + path
-            if leaving >= 0:
-                token = history[leaving] if leaving < len(history) else paths[node][leaving - len(history)]
-                counts[node + 1, where[int(token)]] -= 1
+    for row, path in enumerate(cast(Draft, draft).row_paths()[1:rows], start=1):  # row 0's counts, and its path...
+        left = len(kept) if window is None else max(0, min(len(kept), window - len(path)))
+        for token in path if window is None else path[-window:]:
+            counts[row, where[token]] += 1
+        for token in kept[: len(kept) - left]:  # ...less the history that leaves the window as the path grows
+            counts[row, where[int(token)]] -= 1
     return columns, counts
 
 
