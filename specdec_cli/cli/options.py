@@ -176,14 +176,10 @@ def repeat_last_n() -> Any:
                         "0: no penalty).")
 
 
-def presence_penalty() -> Any:
-    return typer.Option(0.0, "--presence-penalty", help="Taken off the logit of each token of the last "
-                        "--repeat-last-n (-2..2; 0 = off).")
-
-
-def frequency_penalty() -> Any:
-    return typer.Option(0.0, "--frequency-penalty", help="Taken off the logit of each token of the last "
-                        "--repeat-last-n once per occurrence (-2..2; 0 = off).")
+def penalty(flag: str, how_often: str) -> Any:
+    """--presence-penalty ("once") or --frequency-penalty ("once per occurrence")."""
+    return typer.Option(0.0, flag, help=f"Taken off the logit of each token of the last --repeat-last-n {how_often} "
+                        "(-2..2; 0 = off).")
 
 
 def seed(default: Optional[int] = None, *, note: str = "") -> Any:
