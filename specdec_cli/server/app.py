@@ -43,6 +43,7 @@ from .llama_api import (
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .requests import chat_request, read_json, text_request
 from .responses import Ids, calls_chunk, chunk, completion, logprobs_body, timings, usage
+from .responses_api import ResponseIds, responses_request
 from .settings import ServerSettings
 from .worker import Worker
 
@@ -68,6 +69,9 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
     async def llama_completion(request: Request) -> Response:
         return await _complete(request, completion_request, llama=True)
 
+    async def responses(request: Request) -> Response:
+        return await _complete(request, responses_request, responses=True)
+
     async def infill(request: Request) -> Response:
         return await _complete(request, infill_request, llama=True)
 
@@ -89,10 +93,12 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
         body = read_json(await _read_body(request, settings.max_body_bytes, settings.timeout))
         return JSONResponse(detokenize_body(body, worker.session.tokenizer))
 
-    async def _complete(request: Request, parse: Callable[[dict, Optional[int]], Any], llama: bool = False) -> Response:
+    async def _complete(request: Request, parse: Callable[[dict, Optional[int]], Any], llama: bool = False,
+                        responses: bool = False) -> Response:
         _authorize(request, settings.listen.api_key)
         body = read_json(await _read_body(request, settings.max_body_bytes, settings.timeout))
         checked = parse(body, worker.context)
+        rids = ResponseIds(checked.model or model_name, body) if responses else None
         checked.check_drafter(worker.session.drafter_name)
         checked.check_vocabulary(worker.session.info.vocab_size)
         tool_format = worker.tool_format() if checked.tools is not None else None
@@ -109,6 +115,7 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
             ids = Ids(checked.kind, checked.model or model_name)
             if checked.stream and watcher is not None:
                 stream = _llama_events(job, model_name, watcher, checked.logprobs is not None) if llama else \
+                    _response_events(job, rids, watcher) if rids is not None else \
                     _events(job, ids, checked.include_usage, watcher, checked.logprobs is not None)
                 watcher = None  # the stream ends it
                 return StreamingResponse(stream, media_type="text/event-stream",
@@ -116,7 +123,8 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
             while True:
                 kind, value = await job.messages.get()
                 if kind == "done":
-                    return JSONResponse(completion_body(value, model_name) if llama else completion(ids, value))
+                    return JSONResponse(completion_body(value, model_name) if llama else rids.response(value)
+                                        if rids is not None else completion(ids, value))
                 if kind == "error":
                     raise value
                 if kind == "cancelled":
@@ -134,7 +142,8 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
     for prefix in ("/v1", ""):  # llama-server answers both
         routes += [Route(f"{prefix}/models", models, methods=["GET"]),
                    Route(f"{prefix}/chat/completions", chat, methods=["POST"]),
-                   Route(f"{prefix}/completions", text, methods=["POST"])]
+                   Route(f"{prefix}/completions", text, methods=["POST"]),
+                   Route(f"{prefix}/responses", responses, methods=["POST"])]
     handlers = {ApiError: _api_error, ClientGone: _client_gone, HTTPException: _http_error,
                 Exception: _internal_error}
     middleware = []
@@ -198,6 +207,36 @@ async def _llama_events(job: Job, model_name: str, watcher: asyncio.Task, with_p
                 return
             elif kind == "error":
                 yield _event(value.body())
+                return
+            elif kind == "cancelled":
+                return
+    finally:
+        job.cancel()
+        watcher.cancel()
+
+
+async def _response_events(job: Job, rids: ResponseIds, watcher: asyncio.Task) -> AsyncIterator[str]:
+    """The Responses API's stream: typed events, each numbered, the text as `response.output_text.delta`s."""
+    number = 0
+
+    def numbered(event: dict) -> str:
+        nonlocal number
+        number += 1
+        return f"event: {event['type']}\n" + _event({**event, "sequence_number": number - 1})
+
+    try:
+        for event in rids.opening():
+            yield numbered(event)
+        while True:
+            kind, value = await job.messages.get()
+            if kind == "text":
+                yield numbered(rids.delta(value[0]))
+            elif kind == "done":
+                for event in rids.closing(value):
+                    yield numbered(event)
+                return
+            elif kind == "error":
+                yield numbered({**value.body()["error"], "type": "error"})
                 return
             elif kind == "cancelled":
                 return
