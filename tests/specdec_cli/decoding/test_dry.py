@@ -160,3 +160,35 @@ def test_a_bad_dry_setting_is_one_line(settings, name):
     with pytest.raises(SpecdecError, match=name) as error:
         GenerationConfig(dry=DryPenalty(**{"multiplier": 1.0, **settings})).check()
     assert error.value.setting == name
+
+
+def test_sampling_with_dry_keeps_the_penalised_law(tiny_llama):
+    """Seeded Monte-Carlo: the second new token (verified against prompt lookup's drafts) follows the law of the
+    model's logits less DRY's penalties after the prompt and whichever first token was drawn."""
+    from conftest import TINY_VOCAB, chi_square
+
+    from specdec_cli.decoding.dry import breakers_for
+    from specdec_cli.decoding.sampling import warp_probs
+    from specdec_cli.drafters.pld import PromptLookupDrafter
+
+    prompt, tokenizer = [1, 10, 11, 12, 10, 11, 12, 10, 11], _Letters()
+    dry = DryPenalty(multiplier=1.5, base=2.0, allowed_length=1)
+    breakers = breakers_for(tokenizer, dry.breakers)
+
+    def penalised(logits, window):  # logits [V] after `window`
+        for token, penalty in _brute(window, dry, breakers).items():
+            logits[token] -= penalty
+        return logits
+
+    with torch.inference_mode():
+        first = warp_probs(penalised(tiny_llama(torch.tensor([prompt])).logits[0, -1].clone(), prompt), 1.0)  # [V]
+        second = tiny_llama(torch.tensor([prompt + [t] for t in range(TINY_VOCAB)])).logits[:, -1].clone()  # [V, V]
+        second = warp_probs(torch.stack([penalised(second[t], prompt + [t]) for t in range(TINY_VOCAB)]), 1.0)
+    law = (first.unsqueeze(1) * second).sum(0).double()
+    counts = torch.zeros(TINY_VOCAB, dtype=torch.float64)
+    engine, drafter = Engine(tiny_llama, tokenizer), PromptLookupDrafter()
+    for seed in range(800):
+        config = GenerationConfig(max_new_tokens=2, temperature=1.0, seed=seed, draft_max=3, cost_aware=False, dry=dry)
+        counts[engine.generate(prompt, drafter, config).tokens[1]] += 1
+    statistic, dof = chi_square(counts, law)
+    assert statistic < dof + 5 * (2 * dof) ** 0.5 + 5, (statistic, dof)
