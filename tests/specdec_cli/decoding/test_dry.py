@@ -172,7 +172,7 @@ def test_sampling_with_dry_keeps_the_penalised_law(tiny_llama):
     from specdec_cli.drafters.pld import PromptLookupDrafter
 
     prompt, tokenizer = [1, 10, 11, 12, 10, 11, 12, 10, 11], _Letters()
-    dry = DryPenalty(multiplier=1.5, base=2.0, allowed_length=1)
+    dry = DryPenalty(multiplier=3.0, base=2.0, allowed_length=0)  # every token seen penalised, repeats more
     breakers = breakers_for(tokenizer, dry.breakers)
 
     def penalised(logits, window):  # logits [V] after `window`
