@@ -178,7 +178,7 @@ def test_sampling_with_a_repetition_penalty_keeps_the_penalised_law(tiny_llama):
     the first new token penalised."""
     from specdec_cli.decoding.sampling import warp_probs
 
-    prompt, penalty = [1, 10, 11, 12, 10, 11], 2.0
+    prompt, penalty = [1, 10, 11, 12, 10, 11], 10.0  # (strong enough that the law without it fails)
 
     def repeated(logits, seen):  # [n, V] logits, [n, V] bool
         return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
