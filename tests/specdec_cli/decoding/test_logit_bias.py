@@ -114,17 +114,22 @@ def test_sampling_with_a_logit_bias_keeps_the_biased_law(tiny_llama):
 
 def test_sampling_with_penalties_keeps_the_penalised_law(tiny_llama):
     """Seeded Monte-Carlo: the second new token, after a first one the penalties count, follows the law of the
-    model's logits less the penalties for that first token."""
+    model's logits less the penalties for that first token. A bias makes one token the likely first and second
+    choice, so that the penalties' share of the law is large enough to tell (a law without them fails)."""
     from specdec_cli.decoding.sampling import warp_probs
 
     prompt = [1, 10, 11, 12, 10, 11]
     presence, frequency = 1.0, 0.5
+    bias = torch.zeros(TINY_VOCAB)
     with torch.inference_mode():
-        first = warp_probs(tiny_llama(torch.tensor([prompt])).logits[0, -1], 1.0)  # [V]
-        second = tiny_llama(torch.tensor([prompt + [t] for t in range(TINY_VOCAB)])).logits[:, -1]  # [V, V]
+        logits = tiny_llama(torch.tensor([prompt])).logits[0, -1]  # [V]
+        favoured = int(logits.argsort()[-3])
+        bias[favoured] = 8.0
+        first = warp_probs(logits + bias, 1.0)  # [V]
+        second = tiny_llama(torch.tensor([prompt + [t] for t in range(TINY_VOCAB)])).logits[:, -1] + bias  # [V, V]
         second = warp_probs(second - (presence + frequency) * torch.eye(TINY_VOCAB), 1.0)  # row t1: t1 penalised
     _assert_second_token_law(tiny_llama, prompt, first, second, presence_penalty=presence,
-                             frequency_penalty=frequency)
+                             frequency_penalty=frequency, logit_bias=((favoured, 8.0),))
 
 
 def _assert_second_token_law(model, prompt, first, second, **settings) -> None:
