@@ -42,8 +42,8 @@ def responses_request(body: dict, max_tokens_limit: Optional[int]) -> Completion
     """A /v1/responses body as the chat completion request it amounts to (checked: 400 naming the field)."""
     for name, asks in REFUSED.items():
         if asks(body.get(name)):
-            raise ApiError(400, f"'{name}' is not supported by this server's Responses API (it keeps no state and "
-                           "calls no tools); leave it out", param=name)
+            raise ApiError(400, f"'{name}' is not carried out by this server's Responses API (it stores no "
+                           "responses, calls no tools and reads text alone); leave it out", param=name)
     messages = []
     instructions = body.get("instructions")
     if instructions is not None:
