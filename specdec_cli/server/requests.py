@@ -25,9 +25,7 @@ from ..errors import SpecdecError
 from ..texts.fim import FimParts
 from ..texts.tool_calls import ToolFormat
 from .api_errors import ApiError
-from .body_fields import integer as _integer
-from .body_fields import is_int as _is_int
-from .body_fields import number as _number
+from .body_fields import integer, is_int, number
 from .shaping_fields import PENALTY_FIELDS, shaping
 from .tools import ToolUse, assistant_calls, tool_use
 from .unhonoured import refuse_unhonoured
@@ -192,7 +190,7 @@ def chat_request(body: dict, max_tokens_limit: Optional[int]) -> CompletionReque
     logprobs = body.get("logprobs")
     if logprobs is not None and not isinstance(logprobs, bool):
         raise ApiError(400, "'logprobs' must be a boolean", param="logprobs")
-    top = _integer(body, "top_logprobs")
+    top = integer(body, "top_logprobs")
     if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
         raise ApiError(400, f"'top_logprobs' must be in 0..{MAX_TOP_LOGPROBS}", param="top_logprobs")
     if top and not logprobs:
@@ -208,14 +206,14 @@ def text_request(body: dict, max_tokens_limit: Optional[int]) -> CompletionReque
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # one prompt given as a batch of one
-    if isinstance(prompt, list) and prompt and all(_is_int(token) and token >= 0 for token in prompt):
+    if isinstance(prompt, list) and prompt and all(is_int(token) and token >= 0 for token in prompt):
         text: Union[str, tuple[int, ...]] = tuple(int(token) for token in prompt)
     elif isinstance(prompt, str) and prompt:
         text = prompt
     else:
         raise ApiError(400, "'prompt' must be a non-empty string or array of token ids (one prompt per request)",
                        param="prompt")
-    logprobs = _integer(body, "logprobs")  # the legacy API's: alternatives per token (0 = the chosen ones only)
+    logprobs = integer(body, "logprobs")  # the legacy API's: alternatives per token (0 = the chosen ones only)
     if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
         raise ApiError(400, f"'logprobs' must be in 0..{MAX_TOP_LOGPROBS}", param="logprobs")
     suffix = body.get("suffix")
@@ -266,12 +264,12 @@ def _common(body: dict, max_tokens_limit: Optional[int], honoured: tuple[str, ..
     if not isinstance(model, str):
         raise ApiError(400, "'model' must be a string", param="model")
     n = body.get("n", 1)
-    if n is not None and (not _is_int(n) or n != 1):
+    if n is not None and (not is_int(n) or n != 1):
         raise ApiError(400, "'n' must be 1: this server answers one choice per request", param="n")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     param = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     if max_tokens is not None:
-        if not _is_int(max_tokens):
+        if not is_int(max_tokens):
             raise ApiError(400, f"'{param}' must be an integer", param=param)
         upper = f" and <= {max_tokens_limit} (this model's context)" if max_tokens_limit else ""
         if max_tokens < 1 or (max_tokens_limit is not None and max_tokens > max_tokens_limit):
@@ -289,14 +287,14 @@ def _common(body: dict, max_tokens_limit: Optional[int], honoured: tuple[str, ..
     ignore_eos = body.get("ignore_eos", False)
     if ignore_eos is not None and not isinstance(ignore_eos, bool):
         raise ApiError(400, "'ignore_eos' must be a boolean", param="ignore_eos")
-    min_tokens = _integer(body, "min_tokens") or 0
+    min_tokens = integer(body, "min_tokens") or 0
     if min_tokens < 0 or (max_tokens is not None and min_tokens > max_tokens):
         raise ApiError(400, f"'min_tokens' must be >= 0 and at most '{param}', got {min_tokens}", param="min_tokens")
     return {"model": model, "grammar": _grammar(body), "max_tokens": max_tokens, "trace": trace,
             "ignore_eos": bool(ignore_eos), "min_tokens": min_tokens,
-            "temperature": _number(body, "temperature"), "draft_max": draft_max, "drafter": drafter,
-            "top_p": _number(body, "top_p"), "top_k": _integer(body, "top_k"), "min_p": _number(body, "min_p"),
-            "seed": _integer(body, "seed"), **shaping(body),
+            "temperature": number(body, "temperature"), "draft_max": draft_max, "drafter": drafter,
+            "top_p": number(body, "top_p"), "top_k": integer(body, "top_k"), "min_p": number(body, "min_p"),
+            "seed": integer(body, "seed"), **shaping(body),
             "stop": _stop(body.get("stop")), "stream": bool(stream), "include_usage": bool(include_usage)}
 
 
@@ -352,7 +350,7 @@ def _speculative(value: Any) -> tuple[Optional[int], Optional[str], bool]:
     if not isinstance(trace, bool):
         raise ApiError(400, "'speculative.trace' must be a boolean", param="speculative.trace")
     n_max, drafter = value.get("n_max"), value.get("drafter")
-    if n_max is not None and (not _is_int(n_max) or not 0 <= n_max <= MAX_DRAFT):
+    if n_max is not None and (not is_int(n_max) or not 0 <= n_max <= MAX_DRAFT):
         raise ApiError(400, f"'speculative.n_max' must be an integer in 0..{MAX_DRAFT} (0: no drafting)",
                        param="speculative.n_max")
     if drafter is not None and not isinstance(drafter, str):
