@@ -67,13 +67,13 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
         return await _complete(request, text_request)
 
     async def llama_completion(request: Request) -> Response:
-        return await _complete(request, completion_request, llama=True)
+        return await _complete(request, completion_request, api="llama")
 
     async def responses(request: Request) -> Response:
-        return await _complete(request, responses_request, responses=True)
+        return await _complete(request, responses_request, api="responses")
 
     async def infill(request: Request) -> Response:
-        return await _complete(request, infill_request, llama=True)
+        return await _complete(request, infill_request, api="llama")
 
     async def props(request: Request) -> Response:
         _authorize(request, settings.listen.api_key)
@@ -93,12 +93,14 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
         body = read_json(await _read_body(request, settings.max_body_bytes, settings.timeout))
         return JSONResponse(detokenize_body(body, worker.session.tokenizer))
 
-    async def _complete(request: Request, parse: Callable[[dict, Optional[int]], Any], llama: bool = False,
-                        responses: bool = False) -> Response:
+    async def _complete(request: Request, parse: Callable[[dict, Optional[int]], Any], api: str = "openai"
+                        ) -> Response:
+        """One completion request, answered in `api`'s shape: "openai" (chat or text completions), "llama"
+        (/completion, /infill) or "responses" (/v1/responses)."""
         _authorize(request, settings.listen.api_key)
         body = read_json(await _read_body(request, settings.max_body_bytes, settings.timeout))
         checked = parse(body, worker.context)
-        rids = ResponseIds(checked.model or model_name, body) if responses else None
+        rids = ResponseIds(checked.model or model_name, body) if api == "responses" else None
         checked.check_drafter(worker.session.drafter_name)
         checked.check_vocabulary(worker.session.info.vocab_size)
         tool_format = worker.tool_format() if checked.tools is not None else None
@@ -114,17 +116,20 @@ def build_app(worker: Worker, settings: ServerSettings, model_name: str) -> Star
                 return Response(status_code=499)  # the client is gone: nobody reads this
             ids = Ids(checked.kind, checked.model or model_name)
             if checked.stream and watcher is not None:
-                stream = _llama_events(job, model_name, watcher, checked.logprobs is not None) if llama else \
-                    _response_events(job, rids, watcher) if rids is not None else \
-                    _events(job, ids, checked.include_usage, watcher, checked.logprobs is not None)
+                if api == "llama":
+                    stream = _llama_events(job, model_name, watcher, checked.logprobs is not None)
+                elif rids is not None:
+                    stream = _response_events(job, rids, watcher)
+                else:
+                    stream = _events(job, ids, checked.include_usage, watcher, checked.logprobs is not None)
                 watcher = None  # the stream ends it
                 return StreamingResponse(stream, media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
             while True:
                 kind, value = await job.messages.get()
                 if kind == "done":
-                    return JSONResponse(completion_body(value, model_name) if llama else rids.response(value)
-                                        if rids is not None else completion(ids, value))
+                    return JSONResponse(completion_body(value, model_name) if api == "llama" else
+                                        rids.response(value) if rids is not None else completion(ids, value))
                 if kind == "error":
                     raise value
                 if kind == "cancelled":
