@@ -25,6 +25,13 @@ if importlib.util.find_spec("vllm") is None:
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# transformers resolves its names lazily, and not safely across threads: a server a test left winding down could be
+# resolving one while a fixture asks for another ("cannot import name 'LlamaConfig'"). Resolved here, before any.
+import transformers  # noqa: E402
+
+_RESOLVED = (transformers.LlamaConfig, transformers.LlamaForCausalLM, transformers.Qwen2Config,
+             transformers.Qwen2ForCausalLM)
+
 # Tiny models run faster on one thread than on two (thread start-up dwarfs their matrix products).
 torch.set_num_threads(1)
 
