@@ -232,20 +232,17 @@ async def _response_events(job: Job, rids: ResponseIds, watcher: asyncio.Task) -
     try:
         for event in rids.opening():
             yield numbered(event)
-        while True:
-            kind, value = await job.messages.get()
+        kind, value = await job.messages.get()
+        while kind not in ("done", "error", "cancelled"):  # (a trace's steps are not this API's)
             if kind == "text":
                 yield numbered(rids.delta(value[0]))
-            elif kind == "done":
-                for event in rids.closing(value):
-                    yield numbered(event)
-                return
-            elif kind == "error":
-                yield numbered({**value.body()["error"], "type": "error"})
-                return
-            elif kind == "cancelled":
-                return
-    finally:
+            kind, value = await job.messages.get()
+        if kind == "done":
+            for event in rids.closing(value):
+                yield numbered(event)
+        elif kind == "error":
+            yield numbered({**value.body()["error"], "type": "error"})
+    finally:  # (whatever ended the stream, the job ends too)
         job.cancel()
         watcher.cancel()
 
