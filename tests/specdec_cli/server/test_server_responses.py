@@ -51,6 +51,10 @@ def test_a_response_is_the_chat_completions_answer_whole_and_streamed(tiny_sessi
         assert [event.sequence_number for event in events] == list(range(len(events)))
         deltas = "".join(event.delta for event in events if event.type == "response.output_text.delta")
         assert deltas == whole.output_text == events[-1].response.output_text
+        traced = list(client.responses.create(model="m", instructions="Be brief.", input=ASK, max_output_tokens=24,
+                                              stream=True, extra_body={"speculative": {"trace": True}}))
+        assert [event.type for event in traced] == kinds  # (a trace's steps are chat's, not this API's)
+        assert "".join(event.delta for event in traced if event.type == "response.output_text.delta") == deltas
 
 
 def test_a_cut_answer_is_incomplete_and_a_schema_is_kept(tiny_session):
