@@ -1,14 +1,14 @@
-"""The HTTP routes (starlette): OpenAI's chat and text completions, the model list, health, and llama.cpp's own
-`/completion`, `/infill`, `/props`, `/tokenize` and `/detokenize` (llama_api.py); `/metrics` (Prometheus' format,
-metrics.py); the chat page at `/` (page.py); the key; the body limit; CORS for the origins `--cors-origins`
-names (starlette's middleware answers browsers' preflight requests, without a key).
+"""The HTTP routes (starlette): OpenAI's chat and text completions and Responses API (responses_api.py), the model
+list, health, and llama.cpp's own `/completion`, `/infill`, `/props`, `/tokenize` and `/detokenize` (llama_api.py);
+`/metrics` (Prometheus' format, metrics.py); the chat page at `/` (page.py); the key; the body limit; CORS for the
+origins `--cors-origins` names (starlette's middleware answers browsers' preflight requests, without a key).
 
-`build_app(worker, settings, model_name)` makes the ASGI app. Every error is OpenAI's JSON body (api_errors.py):
-a 404/405 of the router too. A request is read (at most `max_body_bytes`, else 413), checked (requests.py), queued
+`build_app(worker, settings, model_name)` makes the ASGI app. Every error is OpenAI's JSON body (api_errors.py): a
+404/405 of the router too. A request is read (at most `max_body_bytes`, else 413), checked (requests.py), queued
 (worker.py: 429 when the queue is full), then answered whole or streamed as server-sent events (`data: {chunk}`
-lines, `data: [DONE]` at the end). From the moment its body is read, a task watches the connection: a client
-that goes away cancels its job, waiting or generating. `/health` and the page's files need no key (as
-llama-server's); the rest do when the server has one (the page asks for it).
+lines, `data: [DONE]` at the end). From the moment its body is read, a task watches the connection: a client that
+goes away cancels its job, waiting or generating. `/health` and the page's files need no key (as llama-server's);
+the rest do when the server has one (the page asks for it).
 """
 
 from __future__ import annotations
