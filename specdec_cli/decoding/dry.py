@@ -158,9 +158,10 @@ def dry_penalties(window: np.ndarray, dry: DryPenalty, breakers: Breakers) -> di
         if length >= dry.allowed_length:
             token = int(window[end + 1])
             longest[token] = max(longest.get(token, 0), length)
-    cap = int(FLOAT32_MAX_LOG / math.log(dry.base)) if dry.base > 1.000001 else 0
-    return {token: dry.multiplier * dry.base ** (min(length - dry.allowed_length, cap) if cap else
-                                                 length - dry.allowed_length)
+    # the exponent capped where float32 would overflow (none for a base of about 1, or one past float32's range)
+    found = int(FLOAT32_MAX_LOG / math.log(dry.base)) if dry.base > 1.000001 else 0
+    cap = found if found > 0 else math.inf
+    return {token: dry.multiplier * dry.base ** min(length - dry.allowed_length, cap)
             for token, length in longest.items() if token not in breakers.whole}
 
 

@@ -25,14 +25,19 @@ from .draft import Draft
 from .generation_config import GenerationConfig
 
 
+def in_effect(config: GenerationConfig) -> bool:
+    """Whether `config` sets a penalty that changes a logit (llama.cpp's window of 0 turns them all off)."""
+    return config.penalty_last_n != 0 and (bool(config.presence_penalty or config.frequency_penalty)
+                                           or config.repetition_penalty != 1.0)
+
+
 def penalised(logits: torch.Tensor, config: GenerationConfig, context: Sequence[int], answer: Sequence[int],
               draft: Optional[Draft]) -> torch.Tensor:
-    """`logits` [rows, vocab] less the penalties `config` sets, for a block after `context` (the prompt and the
-    answer so far; `answer` its tail after the prompt) and `draft`'s paths. Writes into `logits` (a caller's copy)."""
+    """`logits` [rows, vocab] less the penalties `config` sets (`in_effect`), for a block after `context` (the prompt
+    and the answer so far; `answer` its tail after the prompt) and `draft`'s paths. Writes into `logits` (a caller's
+    copy)."""
     rows = logits.shape[0]
     if config.penalty_last_n is not None:  # llama.cpp: one window for all three
-        if config.penalty_last_n == 0:
-            return logits
         window = None if config.penalty_last_n == -1 else config.penalty_last_n
         columns, counts = counted(context, draft, rows, window)
         return _subtract(_repeat(logits, columns, counts, config.repetition_penalty), columns, counts, config)

@@ -76,8 +76,7 @@ class Run:
         (dry.py). So a drafted row is judged as plain decoding judges the same position. The same tensor when none
         is set."""
         config = self.config
-        penalised = config.penalty_last_n != 0 and (bool(config.presence_penalty or config.frequency_penalty)
-                                                    or config.repetition_penalty != 1.0)
+        penalised = penalties.in_effect(config)
         if not config.logit_bias and not penalised and self.dry_breakers is None:
             return logits
         if config.logit_bias:
@@ -103,4 +102,3 @@ class Run:
         """The verify rows [k+1] of this draft where an end-of-text token may not be chosen yet: those choosing a
         token before the answer's `min_new_tokens`-th (none once the answer has as many)."""
         return eos_barred(draft, len(self.new_tokens), self.config.min_new_tokens)
-
