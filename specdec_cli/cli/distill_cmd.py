@@ -146,6 +146,7 @@ def distill(
     kind: str = options.kind(),
     unroll: int = options.unroll(),
     head_mlp: int = options.head_mlp(),
+    head_init: str = options.head_init(),
     prompt_loss: bool = options.prompt_loss(),
     corpus: Optional[List[str]] = options.corpus(),
     engine: str = options.answer_engine(),
@@ -174,7 +175,7 @@ def distill(
                          seed=seed, holdout=0.0, draft_vocab=draft_vocab)
     head_config = EagleTrainConfig(epochs=epochs, steps=steps, lr=lr, seed=seed, unroll=unroll,
                                    head_vocab=head_vocab_for(kind, draft_vocab), head_mlp=head_mlp,
-                                   prompt_loss=prompt_loss)
+                                   head_init=head_init, prompt_loss=prompt_loss)
     stages = stages_of(kind, config, head_config, tuple(corpus or ()))
     batch_prompts = check_batch_prompts(batch_prompts, 0.0)
     options.check_engine(engine)
@@ -321,6 +322,7 @@ def train(
     kind: str = options.kind(),
     unroll: int = options.unroll(),
     head_mlp: int = options.head_mlp(),
+    head_init: str = options.head_init(),
     prompt_loss: bool = options.prompt_loss(),
     corpus: Optional[List[str]] = options.corpus(),
     token_weight: float = typer.Option(0.1, "--token-weight", help="eagle: weight of the token loss beside the feature regression."),
@@ -336,7 +338,7 @@ def train(
     head_config = EagleTrainConfig(epochs=epochs, steps=steps, lr=lr, token_weight=token_weight,
                                    max_len=min(max_len, 512), head_vocab=head_vocab, holdout=holdout, seed=seed,
                                    save_every=save_every, unroll=unroll, head_mlp=head_mlp,
-                                   prompt_loss=prompt_loss)
+                                   head_init=head_init, prompt_loss=prompt_loss)
     stages = stages_of(kind, config, head_config, tuple(corpus or ()))
     stages.config.check()
     read_rows(data)  # a missing or empty file fails before the model loads

@@ -308,6 +308,7 @@ def stages_of(kind: str, config: TrainConfig, head_config: EagleTrainConfig,
     """`--kind` (checked as parsed, and here for other callers): the stages of a student or of a head."""
     check_choice(kind, DRAFT_KINDS, "kind")
     for flag, given, kinds in (("--head-mlp", head_config.head_mlp, ("eagle",)),  # (specdec's own head's width)
+                               ("--head-init", head_config.head_init != EagleTrainConfig.head_init, ("eagle",)),
                                ("--answers-only", not head_config.prompt_loss, ("eagle", "eagle3")),
                                ("--unroll", head_config.unroll != EagleTrainConfig.unroll, ("eagle", "eagle3"))):
         if given and kind not in kinds:

@@ -27,6 +27,7 @@ from ..defaults import (
 )
 from ..distill.eagle3_train import DEFAULT_DRAFT_VOCAB as EAGLE3_DRAFT_VOCAB
 from ..distill.eagle_train import DEFAULT_HEAD_VOCAB, DEFAULT_UNROLL, MAX_UNROLL, EagleTrainConfig
+from ..distill.head_init import INITS as HEAD_INITS
 from ..distill.loss import KD_LOSSES
 from ..distill.student import DEFAULT_DRAFT_VOCAB
 from ..drafters import AUX_CHOICES, DRAFTERS, HYBRID_HEAD
@@ -265,6 +266,13 @@ def head_mlp() -> Any:
     """--head-mlp: an EAGLE head's MLP width."""
     return typer.Option(0, "--head-mlp", help="--kind eagle: the head's MLP width (0: the target's, at most twice "
                         "its hidden size; wider trains slower for a little more agreement).")
+
+
+def head_init() -> Any:
+    """--head-init: where an EAGLE head's training starts."""
+    return choice(EagleTrainConfig.head_init, "--head-init", HEAD_INITS, help="--kind eagle: start the head from a "
+                  "copy of the target's last layer (where its layout allows; the MLP at the target's width), or at "
+                  "random.")
 
 
 def prompt_loss() -> Any:

@@ -117,7 +117,8 @@ def evaluate_head(
     else:
         trained, meta = load_head(directory, info)
         head_tokens = meta.get("head_tokens")
-        untrained = initial_head(target, seed, trained.config.intermediate_size).eval() if baseline else None
+        start = str((report.get("config") or {}).get("head_init") or "random")  # (heads before 0.5.0's: random)
+        untrained = initial_head(target, seed, trained.config.intermediate_size, start)[0].eval() if baseline else None
     heads = {True: trained, False: untrained}
     candidates = {}
     for label, is_trained, width in EAGLE_RUNS:

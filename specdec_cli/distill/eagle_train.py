@@ -36,6 +36,7 @@ from .checkpoints import CHECKPOINT_FORMAT, check_resumable
 from .data import items_digest
 from .feature_store import check_store_folder, discard_store, store_folder
 from .head_data import EagleProgress, HeadData, head_data, training_sequences
+from .head_init import INITS, copyable_layer, start_from_layer
 from .loop import Trainee, TrainingRun, train
 
 DEFAULT_HEAD_VOCAB = 4096  # the LM-head slice a drafted token reads: 4096 x 576 in bfloat16 is 4.7 MB
@@ -56,8 +57,10 @@ class EagleTrainConfig:
     seed: int = 0
     save_every: int = 100  # checkpoint every N steps (0 = only at the end and on Ctrl-C)
     unroll: int = DEFAULT_UNROLL  # steps per position: 1 teacher-forced, then on its own predicted features
-    head_mlp: int = 0  # the head's MLP width (0: the target's, at most eagle_head.MLP_PER_HIDDEN hidden sizes)
+    head_mlp: int = 0  # the head's MLP width (0: the target's when started from its layer, else at most
+    # eagle_head.MLP_PER_HIDDEN hidden sizes: mlp_width)
     prompt_loss: bool = True  # teach the prompts' positions too (False: the answers' alone; all are context)
+    head_init: str = "layer"  # where the head starts: a copy of the target's last layer where it can, or "random"
 
     def check(self) -> None:
         if not (self.steps or 0) > 0 and not 0 < self.epochs < math.inf:  # (--steps overrides --epochs)
@@ -81,12 +84,16 @@ class EagleTrainConfig:
         if self.head_mlp < 0:
             raise SpecdecError(f"head_mlp must be >= 0 (0: the default width), got {self.head_mlp}",
                                setting="head_mlp")
+        if self.head_init not in INITS:
+            raise SpecdecError(f"head_init must be one of {', '.join(INITS)}, got {self.head_init!r}",
+                               setting="head_init")
         if not 1 <= self.unroll <= MAX_UNROLL:
             raise SpecdecError(f"unroll must be in 1..{MAX_UNROLL}, got {self.unroll}", setting="unroll")
 
 
 # Settings a resumed run must share with its checkpoint (the length of the run may change).
-RESUME_KEYS = ("lr", "token_weight", "max_len", "head_vocab", "holdout", "seed", "unroll", "head_mlp", "prompt_loss")
+RESUME_KEYS = ("lr", "token_weight", "max_len", "head_vocab", "holdout", "seed", "unroll", "head_mlp", "prompt_loss",
+               "head_init")
 
 
 def last_states(target: Any) -> Callable[[Sequence[int]], Any]:
@@ -141,15 +148,27 @@ def epoch_order(count: int, seed: int, epoch: int) -> list[int]:
     return random.Random(f"eagle-{seed}-{epoch}").sample(range(count), count)
 
 
-def initial_head(target: Any, seed: int, mlp: int = 0) -> Any:
-    """The untrained head a run with `seed` starts from, its MLP `mlp` wide (0: the target's width); the
-    evaluation's "before" rebuilds it the same way."""
+def mlp_width(target: Any, config: EagleTrainConfig) -> int:
+    """The head's MLP width: `head_mlp` where given; else the target's where the head starts from its last layer
+    (head_init.py copies whole MLPs only), else eagle_head's default (at most MLP_PER_HIDDEN hidden sizes)."""
+    from ..drafters.eagle_head import head_config_for
+
+    if not config.head_mlp and config.head_init == "layer" and copyable_layer(target) is not None:
+        return int(target.config.intermediate_size)
+    return head_config_for(target.config, config.head_mlp).intermediate_size
+
+
+def initial_head(target: Any, seed: int, mlp: int = 0, init: str = "random") -> tuple[Any, str]:
+    """The untrained head a run with `seed` starts from, its MLP `mlp` wide (0: the target's width), and where it
+    started: "layer" (the target's last layer copied, head_init.py) where `init` asks for it and the target allows,
+    else "random". The evaluation's "before" rebuilds it the same way."""
     import torch
 
     from ..drafters.eagle_head import EagleHead, head_config_for
 
     torch.manual_seed(seed)
-    return EagleHead(head_config_for(target.config, mlp))
+    head = EagleHead(head_config_for(target.config, mlp))
+    return head, "layer" if init == "layer" and start_from_layer(head, target) else "random"
 
 
 class HeadKind:
@@ -160,20 +179,19 @@ class HeadKind:
     def __init__(self, target: Any, sequences: Sequence[Sequence[int]], config: EagleTrainConfig,
                  on_progress: Optional[Callable[[EagleProgress], None]] = None,
                  features_dir: Optional[Path] = None, answer_starts: Optional[Sequence[int]] = None) -> None:
-        from ..drafters.eagle_head import head_config_for
-
         self.target, self.sequences, self.config, self.on_progress = target, sequences, config, on_progress
         self.features_dir = features_dir  # where the feature store is kept (None: a temporary folder)
         self.answer_starts = answer_starts  # each sequence's first answer position (None: all answer)
         self.digest = items_digest([int(token) for token in sequence] for sequence in sequences)
         self.hidden = int(target.config.hidden_size)
-        self.mlp_width = head_config_for(target.config, config.head_mlp).intermediate_size
+        self.mlp_width = mlp_width(target, config)
         self.data: Optional[HeadData] = None
         self.head: Any = None
         self.ids: Any = None  # the head's tokens (all of them when unrestricted) [K]
         self.head_weight: Any = None  # the LM head's rows for them [K, H]
         self.held_greedy: list[Any] = []  # the target's own greedy choice along each held-out piece [n]
         self.before: Optional[float] = None  # held-out agreement of the untrained head
+        self.started_from = config.head_init  # "layer" or "random": where the head's weights started (initial_head)
         self._epoch_order: dict[int, list[int]] = {}
 
     def check_checkpoint(self, state: dict, directory: Path) -> None:
@@ -183,9 +201,9 @@ class HeadKind:
         check_resumable(state, directory, asdict(self.config), RESUME_KEYS, self.digest, "the training data")
         width = state.get("mlp_width", int(getattr(self.target.config, "intermediate_size", 4 * self.hidden)))
         if width != self.mlp_width:  # (a checkpoint without it: the default width was the target's)
-            raise SpecdecError(f"resume: the checkpoint in {directory} is of a head {width} wide, from a specdec "
-                               f"whose default width was the target's; this run's is {self.mlp_width}: start again "
-                               "without --resume", setting="resume")
+            raise SpecdecError(f"resume: the checkpoint in {directory} is of a head {width} wide; this run's is "
+                               f"{self.mlp_width} (--head-mlp, --head-init): start again without --resume",
+                               setting="resume")
 
     def start(self, state: Optional[dict]) -> Trainee:
         import torch
@@ -195,7 +213,8 @@ class HeadKind:
                                      self.hidden, last_states(target), self.features_dir, self.on_progress,
                                      self.answer_starts)
         self.let_target_go()  # (its layers are done with; the LM head's rows are read again below)
-        self.head = head = initial_head(target, config.seed, config.head_mlp)
+        self.head, self.started_from = initial_head(target, config.seed, self.mlp_width, config.head_init)
+        head = self.head
         lm_head = target.get_output_embeddings()
         vocab = int(target.config.vocab_size)
         self.ids = torch.tensor(data.head_tokens) if data.head_tokens is not None else torch.arange(vocab)
@@ -330,6 +349,7 @@ class HeadKind:
             "resumed_from": run.resumed_from,
             "final_loss": round(sum(tail) / len(tail), 5) if tail else None,
             "loss_history": history[:: max(1, math.ceil(len(history) / 200))],
+            "started_from": self.started_from,
             "top1_agreement_before": self.before,
             "top1_agreement_after": after,
             "seconds": round(run.seconds, 1),
