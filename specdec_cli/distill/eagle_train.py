@@ -60,7 +60,7 @@ class EagleTrainConfig:
     head_mlp: int = 0  # the head's MLP width (0: the target's when started from its layer, else at most
     # eagle_head.MLP_PER_HIDDEN hidden sizes: mlp_width)
     prompt_loss: bool = True  # teach the prompts' positions too (False: the answers' alone; all are context)
-    head_init: str = "layer"  # where the head starts: a copy of the target's last layer where it can, or "random"
+    head_init: str = "random"  # where the head starts, or "layer": a copy of the target's last layer (head_init.py)
 
     def check(self) -> None:
         if not (self.steps or 0) > 0 and not 0 < self.epochs < math.inf:  # (--steps overrides --epochs)
@@ -159,7 +159,7 @@ def mlp_width(target: Any, config: EagleTrainConfig) -> int:
 
 
 def initial_head(target: Any, seed: int, mlp: int = 0, init: str = "random") -> tuple[Any, str]:
-    """The untrained head a run with `seed` starts from, its MLP `mlp` wide (0: the target's width), and where it
+    """The untrained head a run with `seed` starts from, its MLP `mlp` wide (0: eagle_head's default), and where it
     started: "layer" (the target's last layer copied, head_init.py) where `init` asks for it and the target allows,
     else "random". The evaluation's "before" rebuilds it the same way."""
     import torch

@@ -356,7 +356,7 @@ def test_distill_refuses_foreign_inputs_before_loading(tmp_path, monkeypatch, ar
      "--head-mlp is a setting of --kind eagle, not of --kind eagle3"),
     (["distill", "train", "--data", "DATA", "-o", "TMP/draft", "--head-mlp", "64"], "--head-mlp is a setting of"),
     (["distill", "--kind", "eagle", "--head-init", "zeros"], "--head-init must be one of layer, random"),
-    (["distill", "train", "--data", "DATA", "-o", "TMP/draft", "--head-init", "random"],
+    (["distill", "train", "--data", "DATA", "-o", "TMP/draft", "--head-init", "layer"],
      "--head-init is a setting of --kind eagle, not of --kind student"),
     (["distill", "train", "--data", "DATA", "-o", "TMP/draft", "--answers-only"],
      "--answers-only is a setting of --kind eagle and eagle3, not of --kind student"),

@@ -40,15 +40,12 @@ class _FeaturePld(PromptLookupDrafter):
 
 
 def _trained_head(model):
-    """A head trained briefly on the model's own greedy answers to a few prompts, from a random start (the tiny
-    target's layers are random, with large weights: a copy of one is no head start; test_head_init.py has the
-    copy)."""
+    """A head trained briefly on the model's own greedy answers to a few prompts."""
     from specdec_cli.distill.eagle_train import EagleTrainConfig, train_eagle
 
     sequences = [prompt + hf_greedy(model, prompt, 40) for prompt in ([1, *PATTERN], *PROMPTS, [1, 40, 41, 42])]
     sequences = sequences * 3
-    head, result = train_eagle(model, sequences, EagleTrainConfig(steps=150, lr=3e-3, head_vocab=0, holdout=0.25,
-                                                                    head_init="random"))
+    head, result = train_eagle(model, sequences, EagleTrainConfig(steps=150, lr=3e-3, head_vocab=0, holdout=0.25))
     return head, result
 
 
