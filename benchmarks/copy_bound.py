@@ -30,6 +30,8 @@ import json
 from collections import defaultdict
 from typing import Callable, Sequence
 
+from specdec_cli.decoding.verify import greedy_accept  # leading draft tokens the greedy answer follows
+
 ALPHA = 4  # sam's draft length per matched token (drafters/sam.py)
 MAX_MATCH = 32  # suffix lengths tried: longer matches change no bound measurably and cost time
 
@@ -53,29 +55,19 @@ def longest_match(context: Sequence[int]) -> tuple[int, list[int]]:
     return best
 
 
-def agreed(draft: Sequence[int], truth: Sequence[int]) -> int:
-    """How many leading draft tokens the target's greedy answer follows."""
-    count = 0
-    for drafted, wanted in zip(draft, truth):
-        if drafted != wanted:
-            break
-        count += 1
-    return count
-
-
 def sam_chain(context: list[int], truth: list[int], depth: int) -> int:
     length, starts = longest_match(context)
-    return agreed(context[starts[0] : starts[0] + min(depth, 1 + ALPHA * length)], truth) if length else 0
+    return greedy_accept(context[starts[0] : starts[0] + min(depth, 1 + ALPHA * length)], truth) if length else 0
 
 
 def best_longest(context: list[int], truth: list[int], depth: int) -> int:
     _, starts = longest_match(context)
-    return max((agreed(context[start : start + depth], truth) for start in starts), default=0)
+    return max((greedy_accept(context[start : start + depth], truth) for start in starts), default=0)
 
 
 def best_any(context: list[int], truth: list[int], depth: int) -> int:
     length, _ = longest_match(context)
-    return max((agreed(context[start : start + depth], truth) for size in range(1, length + 1)
+    return max((greedy_accept(context[start : start + depth], truth) for size in range(1, length + 1)
                 for start in occurrences(context, size)), default=0)
 
 

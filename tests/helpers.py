@@ -346,6 +346,21 @@ def split_logits(forward, ids: list[int], tail: int = 3) -> torch.Tensor:
     return torch.cat(rows)
 
 
+def benchmark_script(name: str):
+    """benchmarks/NAME.py loaded as a module (the scripts are not part of the package; their folder goes on sys.path
+    for those that import a script beside them)."""
+    import importlib.util
+
+    folder = str(REPO / "benchmarks")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @contextlib.contextmanager
 def write_gguf_script():
     """benchmarks/write_gguf.py loaded as a module (it is a script, not part of the package), for as long as the

@@ -77,9 +77,9 @@ def start_from_layer(head: Any, target: Any) -> bool:
         return False
     key, value = (part.view(kv_heads, dim, size).repeat_interleave(heads // kv_heads, dim=0).reshape(size, size)
                   for part in (key, value))  # [H, H]: each query head's keys and values
-    gate, up, down = (dense_weight(getattr(mlp, name)) for name in MLP_COPIED)  # [F, H], [F, H], [H, F]
-    if head.down.weight.shape[1] != gate.shape[0]:
+    if head.down.weight.shape[1] != int(mlp.gate_proj.out_features):
         return False  # (a narrower MLP of the most important neurons started worse than a random one)
+    gate, up, down = (dense_weight(getattr(mlp, name)) for name in MLP_COPIED)  # [F, H], [F, H], [H, F]
     plus_one = families.norm_plus_one(getattr(config, "model_type", ""))
     eye = torch.eye(size)
     with torch.no_grad():
@@ -88,6 +88,6 @@ def start_from_layer(head: Any, target: Any) -> bool:
         head.qkv.weight.copy_(torch.cat([query, key, value]))  # [3H, H]
         head.out.weight.copy_(out)
         head.mlp_norm.weight.copy_(norm_multiplier(layer.post_attention_layernorm, plus_one))
-        head.gate_up.weight.copy_(torch.cat([gate, up]))  # [2F', H]: gate first (EagleHead.forward)
+        head.gate_up.weight.copy_(torch.cat([gate, up]))  # [2F, H]: gate first (EagleHead.forward)
         head.down.weight.copy_(down)
     return True

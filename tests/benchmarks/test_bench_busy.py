@@ -5,7 +5,6 @@ drafter's answers were plain decoding's and a row came out for each), and the re
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,15 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import benchmark_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_busy.py"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("bench_busy", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_report_is_each_drafters_decoding_speed_over_plain_decodings():
@@ -29,7 +24,8 @@ def test_the_report_is_each_drafters_decoding_speed_over_plain_decodings():
     seconds = {("qa", "none", 0): 1.0, ("qa", "sam", 0): 0.5, ("qa", "none", 1): 2.0, ("qa", "sam", 1): 2.0,
                ("code", "none", 0): 1.0, ("code", "sam", 0): 1.0, ("code", "none", 1): 1.0, ("code", "sam", 1): 1.0}
     tokens = {key: 100 for key in seconds}
-    rows = {row["category"]: row for row in _module()._report(seconds, tokens, ["none", "sam"], args)["rows"]}
+    report = benchmark_script("bench_busy")._report(seconds, tokens, ["none", "sam"], args)
+    rows = {row["category"]: row for row in report["rows"]}
     assert rows["qa"]["speed_over_plain"] == pytest.approx((200 / 2.5) / (200 / 3))  # 80 against 66.7 tok/s
     assert rows["qa"]["fewest_of_rounds"] == pytest.approx(1.0)  # round 0: 2.0x, round 1: 1.0x
     assert rows["code"]["speed_over_plain"] == pytest.approx(1.0)

@@ -5,21 +5,10 @@ was plain decoding's, text and tokens)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
 
 from conftest import make_fim_model_dir
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_infill.py"
-
-
-def _module():
-    sys.path.insert(0, str(SCRIPT.parent))  # (it imports bench_serve beside it)
-    spec = importlib.util.spec_from_file_location("bench_infill", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import benchmark_script
 
 
 def _source(folder: Path) -> Path:
@@ -31,7 +20,7 @@ def _source(folder: Path) -> Path:
 
 
 def test_the_cases_are_cut_as_an_editor_sends_them(tmp_path):
-    module = _module()
+    module = benchmark_script("bench_infill")
     cases = module.make_cases(_source(tmp_path / "src"), 6, seed=3)
     assert cases == module.make_cases(tmp_path / "src", 6, seed=3)  # the same cases for the same seed
     for case in cases:
@@ -42,7 +31,7 @@ def test_the_cases_are_cut_as_an_editor_sends_them(tmp_path):
 
 
 def test_the_benchmark_runs_on_a_model_with_fim_tokens(tmp_path):
-    module = _module()
+    module = benchmark_script("bench_infill")
     target = make_fim_model_dir(tmp_path / "fim")
     args = argparse.Namespace(target=target, drafter="sam", threads=1, cases=2, rounds=1, seed=1,
                               source=str(_source(tmp_path / "src")), json_out=None, llama_server="none",

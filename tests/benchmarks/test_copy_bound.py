@@ -3,25 +3,21 @@ force on random token streams."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import subprocess
 import sys
 from pathlib import Path
 
+from helpers import benchmark_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "copy_bound.py"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("copy_bound", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_occurrences_are_where_each_earlier_copy_of_the_suffix_is_followed():
-    bound = _module()
+    bound = benchmark_script("copy_bound")
     context = [1, 2, 3, 1, 2, 4, 1, 2]
     assert bound.occurrences(context, 2) == [2, 5]  # [1, 2] was followed by 3, then by 4
     assert bound.occurrences(context, 3) == []  # the suffix [4, 1, 2] was not seen before
@@ -30,7 +26,7 @@ def test_occurrences_are_where_each_earlier_copy_of_the_suffix_is_followed():
 
 
 def test_the_chain_copies_the_earliest_occurrence_and_the_best_any_occurrence():
-    bound = _module()
+    bound = benchmark_script("copy_bound")
     context = [1, 2, 3, 1, 2, 4, 9, 1, 2]
     assert bound.sam_chain(context, [3, 1, 2], 8) == 3  # the earliest: 3, 1, 2, 4, ...
     assert bound.sam_chain(context, [4, 9], 8) == 0
@@ -41,7 +37,7 @@ def test_the_chain_copies_the_earliest_occurrence_and_the_best_any_occurrence():
 def test_the_bounds_are_ordered_on_random_streams():
     """sam's chain <= the best of the longest match's occurrences <= the best of any; every tree <= the best of
     any; a tree that holds every continuation (nodes enough) is the best of any."""
-    bound = _module()
+    bound = benchmark_script("copy_bound")
     generator = random.Random(0)
     for _ in range(200):
         context = [generator.randrange(4) for _ in range(generator.randrange(2, 40))]
@@ -54,7 +50,7 @@ def test_the_bounds_are_ordered_on_random_streams():
 
 
 def test_steps_commit_the_accepted_drafts_and_one_more_token():
-    bound = _module()
+    bound = benchmark_script("copy_bound")
     rows = [{"category": "qa", "prompt": [7], "answer": list(range(10))}]
     # the oracle at depth 4: the prefill commits 1 token, then each step 4 + 1 -> steps 1, 2 (6 tokens), 3 (11 > 10)
     assert bound.tokens_per_step(rows, lambda context, truth, depth: len(truth), 4) == {"qa": (10, 3)}

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import family_model, write_family_gguf
 
 from specdec_cli.distill.head_init import copyable_layer, start_from_layer
 from specdec_cli.drafters.eagle_head import EagleHead, head_config_for
-from tests.helpers import family_model, write_family_gguf
 
 
 def _head(model, mlp: int = 0) -> EagleHead:
