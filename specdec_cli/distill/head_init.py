@@ -4,7 +4,7 @@ A head (drafters/eagle_head.py) is one pre-norm decoder block, shaped like one o
 of the target's last block (`--head-init layer`), it begins with attention and MLP weights that already read the
 target's hidden states, and learns faster from little data: on the real Qwen2.5-Coder-0.5B, after 300 steps on 42 k
 tokens, held-out top-1 36.4% against 28.8% from a random start. On the pipeline's 229 k tokens it ends level with the
-default random start (55.5% against 54.2%, no faster in the bench) in 1.5x the training time, its MLP being the
+default random start (55.5% against 54.2%, no faster in the bench) in 1.7x the training time, its MLP being the
 target's whole width: so random stays the default (docs/measurements.md). The copy, for a block in the Llama layout
 (q, k, v, o; gate, up, down; two RMS norms; SiLU):
 
