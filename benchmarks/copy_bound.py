@@ -44,15 +44,22 @@ def occurrences(context: Sequence[int], length: int) -> list[int]:
             and list(context[start : start + length]) == suffix]
 
 
+def matches(context: Sequence[int]) -> list[tuple[int, list[int]]]:
+    """(suffix length, continuation starts) for every length of the context's suffix seen earlier in it, shortest
+    first (a suffix not seen has no longer one seen either)."""
+    found: list[tuple[int, list[int]]] = []
+    for length in range(1, min(MAX_MATCH, len(context) - 1) + 1):
+        starts = occurrences(context, length)
+        if not starts:
+            break
+        found.append((length, starts))
+    return found
+
+
 def longest_match(context: Sequence[int]) -> tuple[int, list[int]]:
     """(match length, continuation starts) of the longest suffix of the context seen earlier in it."""
-    best: tuple[int, list[int]] = (0, [])
-    for length in range(1, min(MAX_MATCH, len(context) - 1) + 1):
-        found = occurrences(context, length)
-        if not found:
-            break
-        best = (length, found)
-    return best
+    found = matches(context)
+    return found[-1] if found else (0, [])
 
 
 def sam_chain(context: list[int], truth: list[int], depth: int) -> int:
@@ -66,17 +73,15 @@ def best_longest(context: list[int], truth: list[int], depth: int) -> int:
 
 
 def best_any(context: list[int], truth: list[int], depth: int) -> int:
-    length, _ = longest_match(context)
-    return max((greedy_accept(context[start : start + depth], truth) for size in range(1, length + 1)
-                for start in occurrences(context, size)), default=0)
+    return max((greedy_accept(context[start : start + depth], truth) for _, starts in matches(context)
+                for start in starts), default=0)
 
 
 def weighted_tree(context: list[int], truth: list[int], depth: int, nodes: int) -> int:
     """Accepted tokens of the `nodes` likeliest paths of the continuations' trie (weights 2^match length)."""
     weight: dict[tuple, float] = defaultdict(float)
-    length, _ = longest_match(context)
-    for size in range(1, length + 1):
-        for start in occurrences(context, size):
+    for size, starts in matches(context):
+        for start in starts:
             continuation = tuple(context[start : start + depth])
             for cut in range(1, len(continuation) + 1):
                 weight[continuation[:cut]] += 2.0 ** size

@@ -17,8 +17,6 @@ from helpers import benchmark_script
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_busy.py"
 
 
-
-
 def test_the_report_is_each_drafters_decoding_speed_over_plain_decodings():
     args = argparse.Namespace(rounds=2, burners=1, bar=0.97)
     seconds = {("qa", "none", 0): 1.0, ("qa", "sam", 0): 0.5, ("qa", "none", 1): 2.0, ("qa", "sam", 1): 2.0,

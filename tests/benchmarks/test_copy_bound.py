@@ -14,8 +14,6 @@ from helpers import benchmark_script
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "copy_bound.py"
 
 
-
-
 def test_occurrences_are_where_each_earlier_copy_of_the_suffix_is_followed():
     bound = benchmark_script("copy_bound")
     context = [1, 2, 3, 1, 2, 4, 1, 2]
