@@ -41,7 +41,15 @@ def best_ms(call, repeats: int) -> float:
 def attention_alone(contexts: list[int], rows_list: list[int], repeats: int) -> None:
     import torch
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as with block weights (models.use_block_threads): the kernels take the threads
+    try:
+        attention_table(contexts, rows_list, repeats)
+    finally:  # the model's parts below give the kernels torch's threads: one here would time them on one core
+        torch.set_num_threads(threads)
+
+
+def attention_table(contexts: list[int], rows_list: list[int], repeats: int) -> None:
     print("attention of one layer, ms: the exact kernel; torch's SDPA over the block; the same as two batched")
     print("matrix products (keys expanded to every query head beforehand); ratio = exact / the faster batched one")
     print(f"{'context':>8} {'rows':>5} {'exact':>8} {'sdpa':>8} {'matmuls':>8} {'ratio':>6}")
