@@ -300,6 +300,7 @@ typedef struct {
     int rows[5];
     tile_fn pairs[3]; /* 512-bit tiles of two groups: 1, 2, 4 rows (NULL on other paths) */
     tile_fn whole;    /* a one-row tile of a whole group, both halves of 8 columns in one pass (or NULL) */
+    tile_fn rest[8];  /* rest[r]: r rows in one pass, for what the largest tiles leave (or NULL: the smaller ones) */
 } TileSet;
 
 /* Indexed as SHAPES lists the block kinds' shapes, and float32, float16, bfloat16. */

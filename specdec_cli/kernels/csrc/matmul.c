@@ -198,8 +198,9 @@ typedef struct {
 } TiledTask;
 
 /* A thread's groups: each group's record is read from memory once (prefetched PREFETCH_AHEAD bytes ahead), then
- * every row tile after the first finds it in L1; rows go in tiles of the largest size the path has, then the smaller
- * ones (any split computes every row alike). */
+ * every row tile after the first finds it in L1; rows go in tiles of the largest size the path has, then what is
+ * left in one tile of its own size where the path has one (`rest`), else in the smaller ones (any split computes
+ * every row alike). */
 static void matmul_groups_tiled(const void *arg, long start, long stop)
 {
     const TiledTask *tiled = arg;
@@ -234,6 +235,12 @@ static void matmul_groups_tiled(const void *arg, long start, long stop)
                     tiled->tiles->fn[size](t, g, h, r0, prefetch);
                     prefetch = 0;
                     r0 += rows;
+                }
+                long left = t->rows - r0; /* 3, 5, 6 or 7 rows in one pass where the path has such a tile */
+                if (left > 0 && left < 8 && tiled->tiles->rest[left] != NULL) {
+                    tiled->tiles->rest[left](t, g, h, r0, prefetch);
+                    prefetch = 0;
+                    r0 = t->rows;
                 }
             }
         }

@@ -242,7 +242,8 @@ VNNI512 static inline __attribute__((always_inline)) void tile_packed_512(const 
     store_group(t, g, r0, R, acc);
 }
 
-/* One function per packed kind and tile size (1, 2, 4, 8 rows), and their table, indexed by kind - KIND_PQ4_0. */
+/* One function per packed kind and tile size (1-8 rows: 1, 2, 4 and 8 the tiles, 3, 5, 6 and 7 what 8-row tiles
+ * leave, in one pass), and their table, indexed by kind - KIND_PQ4_0. */
 #define WIDE_TILE(NAME, R, CALL)                                                                                   \
     VNNI512 static void NAME##_##R(const MatmulTask *t, long g, int h, long r0, int p)                             \
     {                                                                                                              \
@@ -252,12 +253,20 @@ VNNI512 static inline __attribute__((always_inline)) void tile_packed_512(const 
 #define WIDE_PACKED(NAME, BITS, FORM, OFF, TABLE)                                                                  \
     WIDE_TILE(NAME, 1, tile_packed_512(t, g, r0, 1, BITS, FORM, OFF, TABLE, p))                                    \
     WIDE_TILE(NAME, 2, tile_packed_512(t, g, r0, 2, BITS, FORM, OFF, TABLE, p))                                    \
+    WIDE_TILE(NAME, 3, tile_packed_512(t, g, r0, 3, BITS, FORM, OFF, TABLE, p))                                    \
     WIDE_TILE(NAME, 4, tile_packed_512(t, g, r0, 4, BITS, FORM, OFF, TABLE, p))                                    \
+    WIDE_TILE(NAME, 5, tile_packed_512(t, g, r0, 5, BITS, FORM, OFF, TABLE, p))                                    \
+    WIDE_TILE(NAME, 6, tile_packed_512(t, g, r0, 6, BITS, FORM, OFF, TABLE, p))                                    \
+    WIDE_TILE(NAME, 7, tile_packed_512(t, g, r0, 7, BITS, FORM, OFF, TABLE, p))                                    \
     WIDE_TILE(NAME, 8, tile_packed_512(t, g, r0, 8, BITS, FORM, OFF, TABLE, p))
 #define WIDE_K(NAME, BITS)                                                                                         \
     WIDE_TILE(NAME, 1, tile_k_512(t, g, r0, 1, BITS, p))                                                           \
     WIDE_TILE(NAME, 2, tile_k_512(t, g, r0, 2, BITS, p))                                                           \
+    WIDE_TILE(NAME, 3, tile_k_512(t, g, r0, 3, BITS, p))                                                           \
     WIDE_TILE(NAME, 4, tile_k_512(t, g, r0, 4, BITS, p))                                                           \
+    WIDE_TILE(NAME, 5, tile_k_512(t, g, r0, 5, BITS, p))                                                           \
+    WIDE_TILE(NAME, 6, tile_k_512(t, g, r0, 6, BITS, p))                                                           \
+    WIDE_TILE(NAME, 7, tile_k_512(t, g, r0, 7, BITS, p))                                                           \
     WIDE_TILE(NAME, 8, tile_k_512(t, g, r0, 8, BITS, p))
 WIDE_PACKED(w_pq4_0, 4, FORM_LEGACY, 0, 0)
 WIDE_PACKED(w_pq4_1, 4, FORM_LEGACY, 1, 0)
@@ -270,7 +279,9 @@ WIDE_PACKED(w_pq6_k, 6, FORM_Q6K, 0, 0)
 WIDE_PACKED(w_piq4_nl, 4, FORM_LEGACY, 0, 1)
 WIDE_PACKED(w_piq4_xs, 4, FORM_IQ4XS, 0, 1)
 
-#define WIDE_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NULL}
+#define WIDE_SET(NAME)                                                                                             \
+    {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NULL,                                         \
+     {NULL, NULL, NULL, NAME##_3, NULL, NAME##_5, NAME##_6, NAME##_7}}
 const TileSet cpu_tiles_packed_512[PACKED_COUNT] = {WIDE_SET(w_pq4_0), WIDE_SET(w_pq4_1), WIDE_SET(w_pq5_0),
                                                     WIDE_SET(w_pq5_1), WIDE_SET(w_pq8_0), WIDE_SET(w_pq4_k),
                                                     WIDE_SET(w_pq5_k), WIDE_SET(w_pq6_k), WIDE_SET(w_piq4_nl),
