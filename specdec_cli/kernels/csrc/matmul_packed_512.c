@@ -1,9 +1,9 @@
 /*
  * matmul_packed_512.c: the packed kinds' avx512vnni tiles (cpu_tiles_packed_512): a whole group (16 columns, one
- * zmm; a record's 64-byte code vector is exactly one load) x 1, 2, 4 or 8 rows, vpdpbusd of the unsigned codes with
- * the row's signed codes broadcast four at a time, so no 16-bit partial sums and no pairs of halves. Each output
- * element gets the integers and then the float operations of matmul_packed.c's header comment in their order, so the
- * bits of its AVX2 tiles and portable loop:
+ * zmm; a record's 64-byte code vector is exactly one load) x 1-8 rows (any count in one pass), vpdpbusd of the
+ * unsigned codes with the row's signed codes broadcast four at a time, so no 16-bit partial sums and no pairs of
+ * halves. Each output element gets the integers and then the float operations of matmul_packed.c's header comment
+ * in their order, so the bits of its AVX2 tiles and portable loop:
  *   legacy types, IQ4      per block: ia = -zero * (the row's code sum) + dot (vpdpbusd), then
  *                           acc = fma(float(ia), scale * dx, acc) and, with offsets, acc = fma(m, sx, acc);
  *                           Q8_0's int8 codes are made unsigned (+128, an xor), IQ4's nibbles looked up as their
