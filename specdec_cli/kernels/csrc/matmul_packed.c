@@ -661,7 +661,8 @@ AVX2 static inline __attribute__((always_inline)) void tile_legacy_whole(const M
 
 /* One function per packed kind, tile size (1, 2, 4 rows; 8 for the K-quants, and on the avxvnni path for every kind,
  * so tile_packed's are unused on avx2) and path (P: a for avx2, v and e for avxvnni's two encodings), and the paths'
- * tables, indexed by kind - KIND_PQ4_0. */
+ * tables, indexed by kind - KIND_PQ4_0. What the largest tiles leave goes in one pass where a tile of its size exists
+ * (`rest`): 3 rows on every path, and 5, 6 or 7 rows of tile_packed's kinds on the avxvnni path. */
 #define PACKED_FN(NAME, R, CALL)                                                                                   \
     AVX2 static __attribute__((unused)) void NAME##_##R(const MatmulTask *t, long g, int h, long r0, int p)         \
     {                                                                                                              \
@@ -672,11 +673,16 @@ AVX2 static inline __attribute__((always_inline)) void tile_legacy_whole(const M
 #define PACKED_FNS(NAME, V, BITS, FORM, OFF, TABLE)                                                                \
     PACKED_FN(NAME, 1, tile_packed(t, g, h, r0, 1, BITS, FORM, OFF, TABLE, V, p))                                  \
     PACKED_FN(NAME, 2, tile_packed(t, g, h, r0, 2, BITS, FORM, OFF, TABLE, V, p))                                  \
+    PACKED_FN(NAME, 3, tile_packed(t, g, h, r0, 3, BITS, FORM, OFF, TABLE, V, p))                                  \
     PACKED_FN(NAME, 4, tile_packed(t, g, h, r0, 4, BITS, FORM, OFF, TABLE, V, p))                                  \
+    PACKED_FN(NAME, 5, tile_packed(t, g, h, r0, 5, BITS, FORM, OFF, TABLE, V, p))                                  \
+    PACKED_FN(NAME, 6, tile_packed(t, g, h, r0, 6, BITS, FORM, OFF, TABLE, V, p))                                  \
+    PACKED_FN(NAME, 7, tile_packed(t, g, h, r0, 7, BITS, FORM, OFF, TABLE, V, p))                                  \
     PACKED_FN(NAME, 8, tile_packed(t, g, h, r0, 8, BITS, FORM, OFF, TABLE, V, p))
 #define K_FNS(NAME, V, BITS)                                                                                       \
     PACKED_FN(NAME, 1, tile_k(t, g, h, r0, 1, 1, BITS, V, p))                                                      \
     PACKED_FN(NAME, 2, tile_k(t, g, h, r0, 2, 1, BITS, V, p))                                                      \
+    PACKED_FN(NAME, 3, tile_k(t, g, h, r0, 3, 1, BITS, V, p))                                                      \
     PACKED_FN(NAME, 4, tile_k(t, g, h, r0, 4, 1, BITS, V, p))                                                      \
     PACKED_FN(NAME, w, tile_k(t, g, h, r0, 1, 2, BITS, V, p))
 #define WHOLE_FNS(NAME, V, BITS, OFF)                                                                              \
@@ -701,13 +707,16 @@ K8_FNS(a, VNNI_NONE)
 K8_FNS(v, VNNI_VEX)
 K8_FNS(e, VNNI_EVEX)
 
-#define PACKED_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NULL}
-#define WHOLE_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NAME##_w}
-#define PACKED_SET8(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NULL}
-#define WHOLE_SET8(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NAME##_w}
+#define REST3(NAME) {NULL, NULL, NULL, NAME##_3}
+#define REST8(NAME) {NULL, NULL, NULL, NAME##_3, NULL, NAME##_5, NAME##_6, NAME##_7}
+#define PACKED_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NULL, REST3(NAME)}
+#define WHOLE_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NAME##_w, REST3(NAME)}
+#define PACKED_SET8(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NULL, REST8(NAME)}
+#define K_SET8(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NAME##_w, REST3(NAME)}
+#define WHOLE_SET8(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NAME##_w, REST8(NAME)}
 #define PATH_SETS(P, WHOLE, PACKED)                                                                                \
     {WHOLE(P##_pq4_0),   WHOLE(P##_pq4_1),     WHOLE(P##_pq5_0),  WHOLE(P##_pq5_1),      PACKED(P##_pq8_0),          \
-     WHOLE_SET8(P##_pq4_k), WHOLE_SET8(P##_pq5_k), PACKED(P##_pq6_k), PACKED(P##_piq4_nl), PACKED(P##_piq4_xs)}
+     K_SET8(P##_pq4_k), K_SET8(P##_pq5_k), PACKED(P##_pq6_k), PACKED(P##_piq4_nl), PACKED(P##_piq4_xs)}
 const TileSet cpu_tiles_packed[PACKED_COUNT] = PATH_SETS(a, WHOLE_SET, PACKED_SET);
 const TileSet cpu_tiles_packed_vnni[PACKED_COUNT] = PATH_SETS(v, WHOLE_SET8, PACKED_SET8);
 const TileSet cpu_tiles_packed_vnni_evex[PACKED_COUNT] = PATH_SETS(e, WHOLE_SET8, PACKED_SET8);
