@@ -303,6 +303,11 @@ typedef struct {
     tile_fn rest[8];  /* rest[r]: r rows in one pass, for what the largest tiles leave (or NULL: the smaller ones) */
 } TileSet;
 
+/* A TileSet's `rest` from a path's tiles NAME_3 .. NAME_7: where its tiles reach 8 rows, 3, 5, 6 and 7 rows in one
+ * pass; where they reach 4, 3 rows. */
+#define REST_TO_8(NAME) {NULL, NULL, NULL, NAME##_3, NULL, NAME##_5, NAME##_6, NAME##_7}
+#define REST_TO_4(NAME) {NULL, NULL, NULL, NAME##_3}
+
 /* Indexed as SHAPES lists the block kinds' shapes, and float32, float16, bfloat16. */
 extern const TileSet cpu_tiles_avx2[SHAPE_COUNT], cpu_tiles_avxvnni[SHAPE_COUNT], cpu_tiles_vnni_evex[SHAPE_COUNT],
     cpu_floats_avx2[3];

@@ -707,13 +707,11 @@ K8_FNS(a, VNNI_NONE)
 K8_FNS(v, VNNI_VEX)
 K8_FNS(e, VNNI_EVEX)
 
-#define REST3(NAME) {NULL, NULL, NULL, NAME##_3}
-#define REST8(NAME) {NULL, NULL, NULL, NAME##_3, NULL, NAME##_5, NAME##_6, NAME##_7}
-#define PACKED_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NULL, REST3(NAME)}
-#define WHOLE_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NAME##_w, REST3(NAME)}
-#define PACKED_SET8(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NULL, REST8(NAME)}
-#define K_SET8(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NAME##_w, REST3(NAME)}
-#define WHOLE_SET8(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NAME##_w, REST8(NAME)}
+#define PACKED_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NULL, REST_TO_4(NAME)}
+#define WHOLE_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NAME##_w, REST_TO_4(NAME)}
+#define PACKED_SET8(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NULL, REST_TO_8(NAME)}
+#define K_SET8(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NAME##_w, REST_TO_4(NAME)}
+#define WHOLE_SET8(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NAME##_w, REST_TO_8(NAME)}
 #define PATH_SETS(P, WHOLE, PACKED)                                                                                \
     {WHOLE(P##_pq4_0),   WHOLE(P##_pq4_1),     WHOLE(P##_pq5_0),  WHOLE(P##_pq5_1),      PACKED(P##_pq8_0),          \
      K_SET8(P##_pq4_k), K_SET8(P##_pq5_k), PACKED(P##_pq6_k), PACKED(P##_piq4_nl), PACKED(P##_piq4_xs)}

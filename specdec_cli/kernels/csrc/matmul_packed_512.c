@@ -279,9 +279,7 @@ WIDE_PACKED(w_pq6_k, 6, FORM_Q6K, 0, 0)
 WIDE_PACKED(w_piq4_nl, 4, FORM_LEGACY, 0, 1)
 WIDE_PACKED(w_piq4_xs, 4, FORM_IQ4XS, 0, 1)
 
-#define WIDE_SET(NAME)                                                                                             \
-    {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NULL,                                         \
-     {NULL, NULL, NULL, NAME##_3, NULL, NAME##_5, NAME##_6, NAME##_7}}
+#define WIDE_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NULL, REST_TO_8(NAME)}
 const TileSet cpu_tiles_packed_512[PACKED_COUNT] = {WIDE_SET(w_pq4_0), WIDE_SET(w_pq4_1), WIDE_SET(w_pq5_0),
                                                     WIDE_SET(w_pq5_1), WIDE_SET(w_pq8_0), WIDE_SET(w_pq4_k),
                                                     WIDE_SET(w_pq5_k), WIDE_SET(w_pq6_k), WIDE_SET(w_piq4_nl),
