@@ -20,6 +20,7 @@ KERNEL_SOURCES = [
     "specdec_cli/kernels/csrc/matmul_avx512.c",
     "specdec_cli/kernels/csrc/matmul_packed.c",
     "specdec_cli/kernels/csrc/matmul_packed_512.c",
+    "specdec_cli/kernels/csrc/matmul_packed_portable.c",
     "specdec_cli/kernels/csrc/peak.c",
     "specdec_cli/kernels/csrc/pool.c",
     "specdec_cli/kernels/csrc/repack.c",

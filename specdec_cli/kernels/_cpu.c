@@ -86,7 +86,8 @@
  *   csrc/matmul.c             the matmul's driver and its portable reference loop
  *   csrc/matmul_avx2.c        the avx2 and avxvnni tiles
  *   csrc/matmul_avx512.c      the avx512vnni tiles
- *   csrc/matmul_packed.c      the packed kinds (a GGUF type's own fields): their reference loop and AVX2 tiles
+ *   csrc/matmul_packed.c      the packed kinds (a GGUF type's own fields): their layout and 256-bit tiles
+ *   csrc/matmul_packed_portable.c  the packed kinds' portable reference loop
  *   csrc/matmul_packed_512.c  the packed kinds' avx512vnni tiles
  *   csrc/repack.c             a GGUF tensor's rows into a packed kind's records (byte shuffling, at load)
  *   csrc/attention.c          attention's driver, its portable and AVX2 steps

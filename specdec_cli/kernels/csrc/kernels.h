@@ -315,7 +315,7 @@ extern const TileSet cpu_tiles_512[SHAPE_COUNT], cpu_floats_512[3];
 
 /* The packed kinds: their 256-bit tiles (matmul_packed.c: maddubs for the avx2 path, vpdpbusd in either encoding for
  * the avxvnni path) and avx512vnni tiles (matmul_packed_512.c), indexed by kind - KIND_PQ4_0, and their portable
- * reference loop (a task over record groups, like matmul.c's). */
+ * reference loop (matmul_packed_portable.c: a task over record groups, like matmul.c's). */
 #define PACKED_COUNT 10
 extern const TileSet cpu_tiles_packed[PACKED_COUNT], cpu_tiles_packed_vnni[PACKED_COUNT],
     cpu_tiles_packed_vnni_evex[PACKED_COUNT], cpu_tiles_packed_512[PACKED_COUNT];

@@ -2,10 +2,10 @@
  * matmul_packed.c: the packed kinds (KIND_PQ*, KIND_PIQ4_*), which multiply a GGUF type's own fields at the file's
  * size: f16 scales, 6-bit sub-scales and minimums, int8 sub-scales, nibbles with a fifth-bit or 2-bit plane, IQ4's
  * nibbles indexing its table of int8 values (IQ4_NL: Q4_0's bytes; IQ4_XS: 6-bit scales less 32 per 32 weights;
- * the tiles look the values up with a byte shuffle and multiply them as Q8_0's int8 codes). Their reference
- * loop (portable C) and their 256-bit tiles (8 columns x 1, 2, 4 or 8 rows: 8 for the K-quants, and on avxvnni for
- * every kind; for one row of the 4- and 5-bit kinds, a whole group's 16 columns in one pass over the record) for the
- * avx2 path (maddubs) and the avxvnni path (vpdpbusd; avx512vnni has its own: matmul_packed_512.c). A group's record
+ * the tiles look the values up with a byte shuffle and multiply them as Q8_0's int8 codes). Their 256-bit tiles (8
+ * columns x 1 to 8 rows; for one row of the 4- and 5-bit kinds and the K-quants, a whole group's 16 columns in one
+ * pass over the record) for the avx2 path (maddubs; most kinds with the row loop inside the block's, see its
+ * section) and the avxvnni path (vpdpbusd; avx512vnni has its own: matmul_packed_512.c). A group's record
  * (GROUP = 16 columns) is its super-blocks along k in order (sb = 32 weights for the legacy types and IQ4_NL, 256
  * for the K-quants, Q6_K and IQ4_XS), each a header then the codes of its blocks of 32:
  *   header   FORM_LEGACY  d f16 [16]; Q4_1/Q5_1: m f16 [16]
@@ -34,157 +34,10 @@
  * and summed in 32 bits (isum), the minimums' term likewise against the sub-blocks' sums of codes (imin), then per
  * super-block acc = fma(float(imin), -(float(dmin) * dx_s), acc) and acc = fma(float(isum), float(d) * dx_s, acc):
  * two float operations a super-block instead of two a sub-block.
- * Not here: packing (kernels/records.py), the driver (matmul.c), the record kinds' tiles (matmul_avx2.c,
- * matmul_avx512.c).
+ * Not here: the reference loop every path is tested against (matmul_packed_portable.c), packing
+ * (kernels/records.py), the driver (matmul.c), the record kinds' tiles (matmul_avx2.c, matmul_avx512.c).
  */
 #include "kernels.h"
-
-/* FORM_K's 6-bit value of sub-block j (0..7) of column c: a scale (low K_SCALE_LOW, high K_SCALE_HIGH) or a minimum
- * (K_MIN_LOW, K_MIN_HIGH). */
-static int k_six(const uint8_t *head, int low, int high, int j, int c)
-{
-    return ((head[low + (j >> 1) * GROUP + c] >> (4 * (j & 1))) & 15) |
-           (((head[high + (j >> 2) * GROUP + c] >> (2 * (j & 3))) & 3) << 4);
-}
-
-static const int8_t iq4_values[16] = {IQ4_TABLE};
-
-/* Column c of a group's record: its codes less the zero point (IQ4_NL: its table's values) [k], its scales and
- * offsets [k / sub]. */
-static void packed_column(const KindInfo *info, const uint8_t *record, long k, long super_bytes, int c,
-                          int16_t *codes, float *scales, float *offsets)
-{
-    long supers = k / info->sb, header = cpu_packed_header_bytes(info), block_bytes = cpu_packed_block_bytes(info);
-    int per_super = info->sb / info->sub, chunks = info->sub / 4, half = info->sub / 8;
-    for (long s = 0; s < supers; s++) {
-        const uint8_t *head = record + s * super_bytes;
-        uint16_t bits;
-        memcpy(&bits, head + 2 * c, 2);
-        float d = cpu_half_to_float(bits), m = 0.0f;
-        if (info->offsets) {
-            memcpy(&bits, head + 2 * GROUP + 2 * c, 2);
-            m = cpu_half_to_float(bits);
-        }
-        for (int j = 0; j < per_super; j++) {
-            float scale = d, offset = m; /* (FORM_K's sub-scales are applied in integers: k_row) */
-            if (info->form == FORM_Q6K)
-                scale = d * (float)(int8_t)head[Q6K_SCALES + j * GROUP + c];
-            if (info->form == FORM_IQ4XS)
-                scale = d * (float)(k_six(head, IQ4XS_SCALE_LOW, IQ4XS_SCALE_HIGH, j, c) - IQ4XS_SCALE_ZERO);
-            scales[s * per_super + j] = scale;
-            offsets[s * per_super + j] = offset;
-        }
-        for (long b = 0; b < info->sb / BLOCK; b++) {
-            const uint8_t *p = head + header + b * block_bytes;
-            int16_t *out = codes + s * info->sb + b * BLOCK;
-            for (int i = 0; i < BLOCK / 4; i++)
-                for (int e = 0; e < 4; e++) {
-                    int code;
-                    if (info->bits == 8)
-                        code = (int8_t)p[i * 64 + c * 4 + e];
-                    else {
-                        int j = i / chunks, q = i % chunks;
-                        uint8_t byte = p[(j * half + q % half) * 64 + c * 4 + e];
-                        code = q < half ? byte & 15 : byte >> 4;
-                        if (info->bits == 5)
-                            code |= ((p[256 + c * 4 + e] >> i) & 1) << 4;
-                        if (info->bits == 6)
-                            code |= ((p[256 + j * 64 + c * 4 + e] >> (2 * q)) & 3) << 4;
-                    }
-                    out[i * 4 + e] = (int16_t)(info->table ? iq4_values[code] : code - info->zero);
-                }
-        }
-    }
-}
-
-/* FORM_K's integer order (see the top) for row r of the task and column c of group record `record`, whose codes
- * (packed_column's) are `codes`. */
-static float k_row(const MatmulTask *t, const uint8_t *record, int c, const int16_t *codes, long r)
-{
-    const KindInfo *info = &t->info;
-    long supers = t->k / info->sb;
-    float acc = 0.0f;
-    for (long s = 0; s < supers; s++) {
-        const uint8_t *head = record + s * t->block;
-        uint16_t bits;
-        memcpy(&bits, head + 2 * c, 2);
-        float d = cpu_half_to_float(bits);
-        memcpy(&bits, head + 2 * GROUP + 2 * c, 2);
-        float dmin = cpu_half_to_float(bits), dx = t->dx[(s * info->sb / BLOCK) * t->rows + r];
-        int32_t isum = 0, imin = 0;
-        for (int j = 0; j < info->sb / BLOCK; j++) {
-            long b = s * (info->sb / BLOCK) + j; /* sub-block j is block b: 32 weights */
-            const int8_t *x = t->qx + (b * t->rows + r) * BLOCK;
-            int32_t dot = 0;
-            for (int i = 0; i < BLOCK; i++)
-                dot += codes[b * BLOCK + i] * x[i];
-            int32_t pair = t->pairs[(b >> 1) * t->rows + r];
-            isum += k_six(head, K_SCALE_LOW, K_SCALE_HIGH, j, c) * dot;
-            imin += k_six(head, K_MIN_LOW, K_MIN_HIGH, j, c) * (int16_t)(uint16_t)((uint32_t)pair >> (16 * (b & 1)));
-        }
-        acc = fmaf((float)imin, -(dmin * dx), acc);
-        acc = fmaf((float)isum, d * dx, acc);
-    }
-    return acc;
-}
-
-/* The reference: one column at a time, in the order above. */
-void cpu_matmul_packed_portable(const void *arg, long start, long stop)
-{
-    const MatmulTask *t = arg;
-    const KindInfo *info = &t->info;
-    long k = t->k, subs = k / info->sub, per_block = BLOCK / info->sub;
-    int16_t *codes = malloc(sizeof(int16_t) * (size_t)k);
-    float *scales = malloc(sizeof(float) * (size_t)subs), *offsets = malloc(sizeof(float) * (size_t)subs);
-    if (codes == NULL || scales == NULL || offsets == NULL) {
-        free(codes);
-        free(scales);
-        free(offsets);
-        cpu_store_nan(t, start, stop);
-        return;
-    }
-    for (long g = start; g < stop; g++) {
-        const uint8_t *record = (const uint8_t *)t->weights + g * t->record;
-        float values[32][GROUP];
-        for (long r0 = 0; r0 < t->rows; r0 += 32) {
-            long rows = t->rows - r0 < 32 ? t->rows - r0 : 32;
-            for (int c = 0; c < GROUP; c++) {
-                packed_column(info, record, k, t->block, c, codes, scales, offsets);
-                for (long r = 0; r < rows; r++) {
-                    if (info->form == FORM_K) {
-                        values[r][c] = k_row(t, record, c, codes, r0 + r);
-                        continue;
-                    }
-                    float acc = 0.0f, part = 0.0f;
-                    for (long j = 0; j < subs; j++) {
-                        long b = j / per_block, first = (j % per_block) * info->sub;
-                        const int8_t *x = t->qx + (b * t->rows + r0 + r) * BLOCK;
-                        int dot = 0;
-                        for (long i = first; i < first + info->sub; i++)
-                            dot += codes[b * BLOCK + i] * x[i];
-                        if (info->form == FORM_Q6K) { /* a super-block's 16 products, then one by its dx */
-                            part = fmaf((float)dot, scales[j], part);
-                            if ((j + 1) % (info->sb / info->sub) == 0) {
-                                acc = fmaf(part, t->dx[b * t->rows + r0 + r], acc);
-                                part = 0.0f;
-                            }
-                            continue;
-                        }
-                        acc = fmaf((float)dot, scales[j] * t->dx[b * t->rows + r0 + r], acc);
-                        if (info->offsets)
-                            acc = fmaf(offsets[j], t->sx[j * t->rows + r0 + r], acc);
-                    }
-                    values[r][c] = acc;
-                }
-            }
-            for (long r = 0; r < rows; r++)
-                cpu_store_values(t, r0 + r, g * GROUP, values[r]);
-        }
-    }
-    free(codes);
-    free(scales);
-    free(offsets);
-}
 
 #if HAVE_X86
 /* ---- 256-bit: 8 columns (half h of a group) x R rows a tile, compiled three times (VNNI: kernels.h's vnni_dot).
@@ -195,7 +48,7 @@ void cpu_matmul_packed_portable(const void *arg, long start, long stop)
  * VNNI_EVEX) takes vpdpbusd of the unsigned codes straight to 32 bits, int8 codes and IQ4's values + 128 (zero
  * point 128, as on avx512vnni), and the K-quants' sub-scales by vpmulld. Integers either way, so the same bits. */
 
-#define PACKED_ROWS 8 /* the most rows tile_k and tile_packed take: 4, or 8 for tile_packed on avxvnni */
+#define PACKED_ROWS 8 /* the most rows a 256-bit tile takes */
 
 /* Chunk q's and chunk q + 4's codes of half h of a 4- or 5-bit block as bytes: nibbles, with the fifth bit moved to
  * bit 4 from `plane` (a 16-bit shift by at most 4 carries only bits 0-3 or 5-7 across a byte). */
@@ -372,11 +225,11 @@ AVX2 static inline __attribute__((always_inline)) void tile_k(const MatmulTask *
     }
 }
 
-/* FORM_K, 8 columns x 8 rows: tile_k's integers and float operations in its order, each row's integer sum and float
- * accumulator kept in memory (volatile: the compiler would otherwise hold them in registers and spill the rows' dot
- * products instead, 0.87x the rate of two tiles of 4), so that the eight rows' dot products (or 16-bit pair sums),
- * the codes and a row's activations fit in the 16 registers; the codes are unpacked and the sub-scales read once for
- * eight rows. On a Zen 4, 1.09-1.25x the rate of two tiles of 4 on avxvnni and 1.08-1.10x on avx2. */
+/* FORM_K on the avxvnni path, 8 columns x 8 rows: tile_k's integers and float operations in its order, each row's
+ * integer sum and float accumulator kept in memory (volatile: the compiler would otherwise hold them in registers and
+ * spill the rows' dot products instead, 0.87x the rate of two tiles of 4), so that the eight rows' dot products, the
+ * codes and a row's activations fit in the 16 registers; the codes are unpacked and the sub-scales read once for
+ * eight rows. On a Zen 4, 1.09-1.25x the rate of two tiles of 4. (avx2's: tile_k_rows.) */
 AVX2 static inline __attribute__((always_inline)) void tile_k8(const MatmulTask *t, long g, int h, long r0,
                                                                const int BITS, const int VNNI, int prefetch)
 {
@@ -411,33 +264,15 @@ AVX2 static inline __attribute__((always_inline)) void tile_k8(const MatmulTask 
                 prefetch_slice(head, t->block, FORM_K, 8, i);
             const __m256i plane = BITS == 5 ? _mm256_loadu_si256((const __m256i *)(codes + 256 + 32 * h))
                                             : _mm256_setzero_si256();
-            __m256i dot[8]; /* 32-bit dot products (VNNI), or 16-bit pair sums (maddubs) */
+            __m256i dot[8]; /* 32-bit dot products */
             _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) dot[r] = _mm256_setzero_si256();
             const __m256i scale = k_sub_scale(head, i, h, VNNI);
             _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
                 __m256i lo, hi;
                 codes_45(codes, plane, q, h, BITS, &lo, &hi);
-                if (VNNI) {
-                    vnni_chunks(dot, lo, hi, xs + 4 * q, xs + 4 * (q + 4), 8, VNNI);
-                    continue;
-                }
-                _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
-                    __m256i xa = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * q));
-                    __m256i xb = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + 4)));
-                    dot[r] = _mm256_add_epi16(dot[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa),
-                                                                       _mm256_maddubs_epi16(hi, xb)));
-                }
-                if (BITS == 5 && (q & 1)) { /* 4 products of 5-bit codes: at most 31,496 in 16 bits */
-                    _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
-                        isum[r] = k_add_scaled(isum[r], dot[r], scale, VNNI);
-                        dot[r] = _mm256_setzero_si256();
-                    }
-                }
+                vnni_chunks(dot, lo, hi, xs + 4 * q, xs + 4 * (q + 4), 8, VNNI);
             }
-            if (VNNI || BITS == 4) { /* (5-bit pair sums were added every two vectors) */
-                _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) isum[r] =
-                    k_add_scaled(isum[r], dot[r], scale, VNNI);
-            }
+            _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) isum[r] = k_add_scaled(isum[r], dot[r], scale, VNNI);
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16 * h)));
         _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) acc[r] =
@@ -461,9 +296,9 @@ AVX2 static inline __attribute__((always_inline)) void int8_chunk(__m256i *ia, _
     }
 }
 
-/* The legacy types, IQ4 and Q6_K, 8 columns x R rows (up to 4; the avxvnni path's up to 8: with no 16-bit partial
- * sums their accumulators fit, and 8 rows ran 1.10-1.22x the rate of two tiles of 4 on a Zen 4), in their float
- * orders at the top. */
+/* The legacy types, IQ4 and Q6_K on the avxvnni path, 8 columns x R rows (up to 8: with no 16-bit partial sums their
+ * accumulators fit, and 8 rows ran 1.10-1.22x the rate of two tiles of 4 on a Zen 4), and IQ4 on the avx2 path (up
+ * to 4 rows; avx2's other kinds take the tiles with the rows inside, below), in their float orders at the top. */
 AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulTask *t, long g, int h, long r0,
                                                                    const int R, const int BITS, const int FORM,
                                                                    const int OFF, const int TABLE, const int VNNI,
@@ -476,7 +311,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
     const long supers = t->k / (NB * BLOCK);
     const long header = PACKED_HEADER_BYTES(FORM, OFF), block_bytes = PACKED_BLOCK_BYTES(BITS);
     const char *record = t->weights + g * t->record;
-    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), top_two = _mm256_set1_epi8(0x30);
+    const __m256i low = _mm256_set1_epi8(0x0F), top_two = _mm256_set1_epi8(0x30);
     const __m256i flip = _mm256_set1_epi8(-128);
     __m256 acc[PACKED_ROWS], part[PACKED_ROWS]; /* part: Q6_K's products over the super-block */
     _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] = part[r] = _mm256_setzero_ps();
@@ -524,13 +359,8 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
                     _Pragma("GCC unroll 4") for (int c = 0; c < 8; c += 2) {
                         __m256i lo = _mm256_loadu_si256((const __m256i *)(codes + c * 64 + 32 * h));
                         __m256i hi = _mm256_loadu_si256((const __m256i *)(codes + (c + 1) * 64 + 32 * h));
-                        if (VNNI)
-                            vnni_chunks(ia, _mm256_xor_si256(lo, flip), _mm256_xor_si256(hi, flip), xs + 4 * c,
-                                        xs + 4 * (c + 1), R, VNNI);
-                        else {
-                            int8_chunk(ia, lo, xs + 4 * c, R);
-                            int8_chunk(ia, hi, xs + 4 * (c + 1), R);
-                        }
+                        vnni_chunks(ia, _mm256_xor_si256(lo, flip), _mm256_xor_si256(hi, flip), xs + 4 * c,
+                                    xs + 4 * (c + 1), R, VNNI);
                     }
                 } else if (BITS == 6) {
                     __m256i plane = _mm256_loadu_si256((const __m256i *)(codes + 256 + j * 64 + 32 * h));
@@ -540,45 +370,15 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
                                                      _mm256_and_si256(_mm256_slli_epi16(plane, 4 - 2 * q), top_two));
                         __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low),
                                                      _mm256_and_si256(_mm256_srli_epi16(plane, 2 * q), top_two));
-                        if (VNNI) {
-                            vnni_chunks(ia, lo, hi, xs + j * SUB + 4 * q, xs + j * SUB + 4 * (q + 2), R, VNNI);
-                            continue;
-                        }
-                        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
-                            __m256i xa = _mm256_set1_epi32(load_i32(xs + r * BLOCK + j * SUB + 4 * q));
-                            __m256i xb = _mm256_set1_epi32(load_i32(xs + r * BLOCK + j * SUB + 4 * (q + 2)));
-                            __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb));
-                            ia[r] = _mm256_add_epi32(ia[r], _mm256_madd_epi16(pairs, ones));
-                        }
+                        vnni_chunks(ia, lo, hi, xs + j * SUB + 4 * q, xs + j * SUB + 4 * (q + 2), R, VNNI);
                     }
                 } else {
                     __m256i plane = BITS == 5 ? _mm256_loadu_si256((const __m256i *)(codes + 256 + 32 * h))
                                               : _mm256_setzero_si256();
-                    __m256i m16[PACKED_ROWS];
-                    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) m16[r] = _mm256_setzero_si256();
                     _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
                         __m256i lo, hi;
                         codes_45(codes, plane, q, h, BITS, &lo, &hi);
-                        if (VNNI) {
-                            vnni_chunks(ia, lo, hi, xs + 4 * q, xs + 4 * (q + 4), R, VNNI);
-                            continue;
-                        }
-                        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
-                            __m256i xa = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * q));
-                            __m256i xb = _mm256_set1_epi32(load_i32(xs + r * BLOCK + 4 * (q + 4)));
-                            m16[r] = _mm256_add_epi16(
-                                m16[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb)));
-                        }
-                        if (BITS == 5 && (q & 1)) { /* 4 products of 5-bit codes: at most 31,496 in 16 bits */
-                            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
-                                ia[r] = _mm256_add_epi32(ia[r], _mm256_madd_epi16(m16[r], ones));
-                                m16[r] = _mm256_setzero_si256();
-                            }
-                        }
-                    }
-                    if (BITS == 4 && !VNNI) {
-                        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
-                            ia[r] = _mm256_add_epi32(ia[r], _mm256_madd_epi16(m16[r], ones));
+                        vnni_chunks(ia, lo, hi, xs + 4 * q, xs + 4 * (q + 4), R, VNNI);
                     }
                 }
                 if (FORM == FORM_Q6K) {
@@ -602,6 +402,197 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
                 part[r] = _mm256_setzero_ps();
             }
         }
+    }
+    store_tile(t, g, h, r0, R, acc);
+}
+
+/* ---- avx2: the rows inside. tile_packed and tile_k hold every row's sums at once and share each chunk's unpacking
+ * among them; on avx2, whose 16-bit pair sums take a register a row beside its 32-bit sum, that spills past 4 rows
+ * and caps a tile there. The tiles below turn the loops around: a block's codes are unpacked once into eight
+ * registers, then each row in turn takes its dot products, its pair sums and its float operations against them, so a
+ * tile needs the same few registers for any R and reads and unpacks a record once for up to 8 rows. Per column and
+ * row the same integers and float operations in the same order as the other paths' tiles, so the same bits. On a
+ * Zen 3 (the real 0.5B's block matmuls, 2 threads) 8 rows cost 0.67-0.87x two tiles of 4 (docs/kernels.md). */
+
+/* The legacy types (Q4_0, Q4_1, Q5_0, Q5_1: nibbles; Q8_0: int8 codes as int8_chunk multiplies them), 8 columns x R
+ * rows. */
+AVX2 static inline __attribute__((always_inline)) void tile_legacy_rows(const MatmulTask *t, long g, int h, long r0,
+                                                                        const int R, const int BITS, const int OFF,
+                                                                        int prefetch)
+{
+    const long supers = t->k / BLOCK, header = PACKED_HEADER_BYTES(FORM_LEGACY, OFF);
+    const char *record = t->weights + g * t->record;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[PACKED_ROWS];
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (long s = 0; s < supers; s++) {
+        const char *head = record + s * t->block, *codes = head + header;
+        if (prefetch)
+            prefetch_ahead(head, t->block, FORM_LEGACY, R);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16 * h)));
+        __m256i lo[4], hi[4]; /* nibbles: chunks q and q + 4 as bytes; int8: chunks 2q and 2q + 1's magnitudes */
+        if (BITS == 8) {
+            _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+                lo[q] = _mm256_loadu_si256((const __m256i *)(codes + 2 * q * 64 + 32 * h));
+                hi[q] = _mm256_loadu_si256((const __m256i *)(codes + (2 * q + 1) * 64 + 32 * h));
+                lo[q] = _mm256_sign_epi8(lo[q], lo[q]);
+                hi[q] = _mm256_sign_epi8(hi[q], hi[q]);
+            }
+        } else {
+            const __m256i plane = BITS == 5 ? _mm256_loadu_si256((const __m256i *)(codes + 256 + 32 * h))
+                                            : _mm256_setzero_si256();
+            _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) codes_45(codes, plane, q, h, BITS, &lo[q], &hi[q]);
+        }
+        const int8_t *xs = t->qx + (s * t->rows + r0) * BLOCK;
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+            const int8_t *x = xs + r * BLOCK;
+            __m256i ia = _mm256_set1_epi32(t->init[s * t->rows + r0 + r]), m16 = _mm256_setzero_si256();
+            _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+                if (BITS == 8) { /* the row's codes carrying the weights' signs (read again: no register to spare) */
+                    const char *signs = codes + 2 * q * 64 + 32 * h;
+                    __m256i xa = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 8 * q)),
+                                                  _mm256_loadu_si256((const __m256i *)signs));
+                    __m256i xb = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 8 * q + 4)),
+                                                  _mm256_loadu_si256((const __m256i *)(signs + 64)));
+                    ia = _mm256_add_epi32(ia, _mm256_madd_epi16(_mm256_maddubs_epi16(lo[q], xa), ones));
+                    ia = _mm256_add_epi32(ia, _mm256_madd_epi16(_mm256_maddubs_epi16(hi[q], xb), ones));
+                    continue;
+                }
+                m16 = _mm256_add_epi16(m16, _mm256_add_epi16(
+                                                _mm256_maddubs_epi16(lo[q], _mm256_set1_epi32(load_i32(x + 4 * q))),
+                                                _mm256_maddubs_epi16(hi[q], _mm256_set1_epi32(load_i32(x + 4 * q + 16)))));
+                if (BITS == 5 && (q & 1)) { /* 4 products of 5-bit codes: at most 31,496 in 16 bits */
+                    ia = _mm256_add_epi32(ia, _mm256_madd_epi16(m16, ones));
+                    m16 = _mm256_setzero_si256();
+                }
+            }
+            if (BITS == 4)
+                ia = _mm256_add_epi32(ia, _mm256_madd_epi16(m16, ones));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_mul_ps(d, _mm256_set1_ps(t->dx[s * t->rows + r0 + r])),
+                                     acc[r]);
+            if (OFF)
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 2 * GROUP + 16 * h))),
+                                         _mm256_set1_ps(t->sx[s * t->rows + r0 + r]), acc[r]);
+        }
+    }
+    store_tile(t, g, h, r0, R, acc);
+}
+
+/* Q6_K, 8 columns x R rows: a block's two sub-blocks of 16 (four vectors of codes each, with their top two bits),
+ * then per row each sub-block's integer dot product, its product by the sub-scale into the super-block's part, and
+ * per super-block the part times the row's scale. */
+AVX2 static inline __attribute__((always_inline)) void tile_q6k_rows(const MatmulTask *t, long g, int h, long r0,
+                                                                     const int R, int prefetch)
+{
+    const long supers = t->k / (8 * BLOCK), header = PACKED_HEADER_BYTES(FORM_Q6K, 0);
+    const char *record = t->weights + g * t->record;
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), top_two = _mm256_set1_epi8(0x30);
+    __m256 acc[PACKED_ROWS], part[PACKED_ROWS];
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] = part[r] = _mm256_setzero_ps();
+    for (long s = 0; s < supers; s++) {
+        const char *head = record + s * t->block;
+        if (prefetch)
+            prefetch_ahead(head, t->block, FORM_Q6K, R);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16 * h)));
+        _Pragma("GCC unroll 1") for (int i = 0; i < 8; i++) {
+            const long b = s * 8 + i;
+            const char *codes = head + header + i * PACKED_BLOCK_BYTES(6);
+            if (prefetch)
+                prefetch_slice(head, t->block, FORM_Q6K, R, i);
+            __m256i lo[2][2], hi[2][2]; /* [sub-block j][q]: chunks 4j + q and 4j + q + 2 as bytes */
+            __m256 scale[2];
+            _Pragma("GCC unroll 2") for (int j = 0; j < 2; j++) {
+                __m128i sc = _mm_loadl_epi64((const __m128i *)(head + Q6K_SCALES + (i * 2 + j) * GROUP + 8 * h));
+                scale[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+                __m256i plane = _mm256_loadu_si256((const __m256i *)(codes + 256 + j * 64 + 32 * h));
+                _Pragma("GCC unroll 2") for (int q = 0; q < 2; q++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(codes + (j * 2 + q) * 64 + 32 * h));
+                    lo[j][q] = _mm256_or_si256(_mm256_and_si256(v, low),
+                                               _mm256_and_si256(_mm256_slli_epi16(plane, 4 - 2 * q), top_two));
+                    hi[j][q] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low),
+                                               _mm256_and_si256(_mm256_srli_epi16(plane, 2 * q), top_two));
+                }
+            }
+            const int8_t *xs = t->qx + (b * t->rows + r0) * BLOCK;
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+                const int8_t *x = xs + r * BLOCK;
+                _Pragma("GCC unroll 2") for (int j = 0; j < 2; j++) {
+                    __m256i ia = _mm256_set1_epi32(t->init[(b * 2 + j) * t->rows + r0 + r]);
+                    _Pragma("GCC unroll 2") for (int q = 0; q < 2; q++) { /* 6-bit codes: one vector's pairs */
+                        __m256i pairs =
+                            _mm256_add_epi16(_mm256_maddubs_epi16(lo[j][q], _mm256_set1_epi32(load_i32(x + j * 16 + 4 * q))),
+                                             _mm256_maddubs_epi16(hi[j][q], _mm256_set1_epi32(load_i32(x + j * 16 + 4 * q + 8))));
+                        ia = _mm256_add_epi32(ia, _mm256_madd_epi16(pairs, ones));
+                    }
+                    part[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), scale[j], part[r]);
+                }
+            }
+        }
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+            acc[r] = _mm256_fmadd_ps(part[r], _mm256_set1_ps(t->dx[s * 8 * t->rows + r0 + r]), acc[r]);
+            part[r] = _mm256_setzero_ps();
+        }
+    }
+    store_tile(t, g, h, r0, R, acc);
+}
+
+/* FORM_K (Q4_K, Q5_K), 8 columns x R rows: per super-block each row's minimums term, then per sub-block the codes
+ * once and each row's 16-bit pair sums times the sub-scale into its isum, then per row two float operations. */
+AVX2 static inline __attribute__((always_inline)) void tile_k_rows(const MatmulTask *t, long g, int h, long r0,
+                                                                   const int R, const int BITS, int prefetch)
+{
+    const long supers = t->k / 256;
+    const char *record = t->weights + g * t->record;
+    const __m256 negative_zero = _mm256_set1_ps(-0.0f);
+    __m256 acc[PACKED_ROWS];
+    __m256i isum[PACKED_ROWS];
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (long s = 0; s < supers; s++) {
+        const char *head = record + s * t->block;
+        if (prefetch)
+            prefetch_ahead(head, t->block, FORM_K, R);
+        const long pair0 = s * 4 * t->rows + r0; /* this super-block's pairs of sub-block sums, row r0 */
+        const float *dx = t->dx + s * 8 * t->rows + r0;
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 2 * GROUP + 16 * h)));
+        __m256i minimums[4];
+        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) minimums[p] = k_pair16(head, K_MIN_LOW, K_MIN_HIGH, p, h);
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+            __m256i imin = _mm256_setzero_si256();
+            _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) imin = _mm256_add_epi32(
+                imin, _mm256_madd_epi16(minimums[p], _mm256_set1_epi32(t->pairs[pair0 + p * t->rows + r])));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin),
+                                     _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_set1_ps(dx[r])), negative_zero), acc[r]);
+            isum[r] = _mm256_setzero_si256();
+        }
+        _Pragma("GCC unroll 1") for (int i = 0; i < 8; i++) {
+            const char *codes = head + PACKED_HEADER_BYTES(FORM_K, 1) + i * PACKED_BLOCK_BYTES(BITS);
+            const int8_t *xs = t->qx + ((s * 8 + i) * t->rows + r0) * BLOCK;
+            if (prefetch)
+                prefetch_slice(head, t->block, FORM_K, R, i);
+            const __m256i plane = BITS == 5 ? _mm256_loadu_si256((const __m256i *)(codes + 256 + 32 * h))
+                                            : _mm256_setzero_si256();
+            const __m256i scale = k_sub_scale(head, i, h, VNNI_NONE);
+            __m256i lo[4], hi[4];
+            _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) codes_45(codes, plane, q, h, BITS, &lo[q], &hi[q]);
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+                const int8_t *x = xs + r * BLOCK;
+                __m256i m16 = _mm256_setzero_si256();
+                _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+                    m16 = _mm256_add_epi16(m16, _mm256_add_epi16(
+                                                    _mm256_maddubs_epi16(lo[q], _mm256_set1_epi32(load_i32(x + 4 * q))),
+                                                    _mm256_maddubs_epi16(hi[q], _mm256_set1_epi32(load_i32(x + 4 * q + 16)))));
+                    if (BITS == 5 && (q & 1)) { /* 4 products of 5-bit codes: at most 31,496 in 16 bits */
+                        isum[r] = k_add_scaled(isum[r], m16, scale, VNNI_NONE);
+                        m16 = _mm256_setzero_si256();
+                    }
+                }
+                if (BITS == 4)
+                    isum[r] = k_add_scaled(isum[r], m16, scale, VNNI_NONE);
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16 * h)));
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, _mm256_set1_ps(dx[r])), acc[r]);
     }
     store_tile(t, g, h, r0, R, acc);
 }
@@ -659,10 +650,11 @@ AVX2 static inline __attribute__((always_inline)) void tile_legacy_whole(const M
     store_tile(t, g, 1, 0, 1, &acc[1]);
 }
 
-/* One function per packed kind, tile size (1, 2, 4 rows; 8 for the K-quants, and on the avxvnni path for every kind,
- * so tile_packed's are unused on avx2) and path (P: a for avx2, v and e for avxvnni's two encodings), and the paths'
- * tables, indexed by kind - KIND_PQ4_0. What the largest tiles leave goes in one pass where a tile of its size exists
- * (`rest`): 3 rows on every path, and 5, 6 or 7 rows of tile_packed's kinds on the avxvnni path. */
+/* One function per packed kind, tile size and path (P: a for avx2, v and e for avxvnni's two encodings), and the
+ * paths' tables, indexed by kind - KIND_PQ4_0: tiles of 1, 2, 4 and 8 rows, and what the 8-row tiles leave in one
+ * pass (`rest`: 3, 5, 6 or 7 rows), but for IQ4 on avx2 (tiles up to 4 rows, 3 left in one pass) and the K-quants on
+ * avxvnni (tile_k up to 4 rows, tile_k8; 3 left in one pass). A one-row call of the 4- and 5-bit legacy types and the
+ * K-quants takes a whole group in one pass (`w`). */
 #define PACKED_FN(NAME, R, CALL)                                                                                   \
     AVX2 static __attribute__((unused)) void NAME##_##R(const MatmulTask *t, long g, int h, long r0, int p)         \
     {                                                                                                              \
@@ -670,52 +662,58 @@ AVX2 static inline __attribute__((always_inline)) void tile_legacy_whole(const M
         (void)r0;                                                                                                  \
         CALL;                                                                                                      \
     }
-#define PACKED_FNS(NAME, V, BITS, FORM, OFF, TABLE)                                                                \
-    PACKED_FN(NAME, 1, tile_packed(t, g, h, r0, 1, BITS, FORM, OFF, TABLE, V, p))                                  \
-    PACKED_FN(NAME, 2, tile_packed(t, g, h, r0, 2, BITS, FORM, OFF, TABLE, V, p))                                  \
-    PACKED_FN(NAME, 3, tile_packed(t, g, h, r0, 3, BITS, FORM, OFF, TABLE, V, p))                                  \
-    PACKED_FN(NAME, 4, tile_packed(t, g, h, r0, 4, BITS, FORM, OFF, TABLE, V, p))                                  \
-    PACKED_FN(NAME, 5, tile_packed(t, g, h, r0, 5, BITS, FORM, OFF, TABLE, V, p))                                  \
-    PACKED_FN(NAME, 6, tile_packed(t, g, h, r0, 6, BITS, FORM, OFF, TABLE, V, p))                                  \
-    PACKED_FN(NAME, 7, tile_packed(t, g, h, r0, 7, BITS, FORM, OFF, TABLE, V, p))                                  \
-    PACKED_FN(NAME, 8, tile_packed(t, g, h, r0, 8, BITS, FORM, OFF, TABLE, V, p))
+#define SIZES(NAME, TILE, ...)                                                                                     \
+    PACKED_FN(NAME, 1, TILE(t, g, h, r0, 1, __VA_ARGS__))                                                          \
+    PACKED_FN(NAME, 2, TILE(t, g, h, r0, 2, __VA_ARGS__))                                                          \
+    PACKED_FN(NAME, 3, TILE(t, g, h, r0, 3, __VA_ARGS__))                                                          \
+    PACKED_FN(NAME, 4, TILE(t, g, h, r0, 4, __VA_ARGS__))                                                          \
+    PACKED_FN(NAME, 5, TILE(t, g, h, r0, 5, __VA_ARGS__))                                                          \
+    PACKED_FN(NAME, 6, TILE(t, g, h, r0, 6, __VA_ARGS__))                                                          \
+    PACKED_FN(NAME, 7, TILE(t, g, h, r0, 7, __VA_ARGS__))                                                          \
+    PACKED_FN(NAME, 8, TILE(t, g, h, r0, 8, __VA_ARGS__))
+#define PACKED_FNS(NAME, V, BITS, FORM, OFF, TABLE) SIZES(NAME, tile_packed, BITS, FORM, OFF, TABLE, V, p)
 #define K_FNS(NAME, V, BITS)                                                                                       \
     PACKED_FN(NAME, 1, tile_k(t, g, h, r0, 1, 1, BITS, V, p))                                                      \
     PACKED_FN(NAME, 2, tile_k(t, g, h, r0, 2, 1, BITS, V, p))                                                      \
     PACKED_FN(NAME, 3, tile_k(t, g, h, r0, 3, 1, BITS, V, p))                                                      \
     PACKED_FN(NAME, 4, tile_k(t, g, h, r0, 4, 1, BITS, V, p))                                                      \
-    PACKED_FN(NAME, w, tile_k(t, g, h, r0, 1, 2, BITS, V, p))
-#define WHOLE_FNS(NAME, V, BITS, OFF)                                                                              \
-    PACKED_FNS(NAME, V, BITS, FORM_LEGACY, OFF, 0) PACKED_FN(NAME, w, tile_legacy_whole(t, g, BITS, OFF, V, p))
-#define PATH_FNS(P, V)                                                                                             \
-    WHOLE_FNS(P##_pq4_0, V, 4, 0)                                                                                  \
-    WHOLE_FNS(P##_pq4_1, V, 4, 1)                                                                                  \
-    WHOLE_FNS(P##_pq5_0, V, 5, 0)                                                                                  \
-    WHOLE_FNS(P##_pq5_1, V, 5, 1)                                                                                  \
+    PACKED_FN(NAME, 8, tile_k8(t, g, h, r0, BITS, V, p))
+#define K_WHOLE(NAME, V, BITS) PACKED_FN(NAME, w, tile_k(t, g, h, r0, 1, 2, BITS, V, p))
+#define LEGACY_WHOLE(NAME, V, BITS, OFF) PACKED_FN(NAME, w, tile_legacy_whole(t, g, BITS, OFF, V, p))
+#define VNNI_FNS(P, V)                                                                                             \
+    PACKED_FNS(P##_pq4_0, V, 4, FORM_LEGACY, 0, 0) LEGACY_WHOLE(P##_pq4_0, V, 4, 0)                                \
+    PACKED_FNS(P##_pq4_1, V, 4, FORM_LEGACY, 1, 0) LEGACY_WHOLE(P##_pq4_1, V, 4, 1)                                \
+    PACKED_FNS(P##_pq5_0, V, 5, FORM_LEGACY, 0, 0) LEGACY_WHOLE(P##_pq5_0, V, 5, 0)                                \
+    PACKED_FNS(P##_pq5_1, V, 5, FORM_LEGACY, 1, 0) LEGACY_WHOLE(P##_pq5_1, V, 5, 1)                                \
     PACKED_FNS(P##_pq8_0, V, 8, FORM_LEGACY, 0, 0)                                                                 \
-    K_FNS(P##_pq4_k, V, 4)                                                                                         \
-    K_FNS(P##_pq5_k, V, 5)                                                                                         \
+    K_FNS(P##_pq4_k, V, 4) K_WHOLE(P##_pq4_k, V, 4)                                                                \
+    K_FNS(P##_pq5_k, V, 5) K_WHOLE(P##_pq5_k, V, 5)                                                                \
     PACKED_FNS(P##_pq6_k, V, 6, FORM_Q6K, 0, 0)                                                                    \
     PACKED_FNS(P##_piq4_nl, V, 4, FORM_LEGACY, 0, 1)                                                               \
     PACKED_FNS(P##_piq4_xs, V, 4, FORM_IQ4XS, 0, 1)
-#define K8_FNS(P, V)                                                                                               \
-    PACKED_FN(P##_pq4_k, 8, tile_k8(t, g, h, r0, 4, V, p)) PACKED_FN(P##_pq5_k, 8, tile_k8(t, g, h, r0, 5, V, p))
-PATH_FNS(a, VNNI_NONE)
-PATH_FNS(v, VNNI_VEX)
-PATH_FNS(e, VNNI_EVEX)
-K8_FNS(a, VNNI_NONE)
-K8_FNS(v, VNNI_VEX)
-K8_FNS(e, VNNI_EVEX)
+VNNI_FNS(v, VNNI_VEX)
+VNNI_FNS(e, VNNI_EVEX)
+SIZES(a_pq4_0, tile_legacy_rows, 4, 0, p) LEGACY_WHOLE(a_pq4_0, VNNI_NONE, 4, 0)
+SIZES(a_pq4_1, tile_legacy_rows, 4, 1, p) LEGACY_WHOLE(a_pq4_1, VNNI_NONE, 4, 1)
+SIZES(a_pq5_0, tile_legacy_rows, 5, 0, p) LEGACY_WHOLE(a_pq5_0, VNNI_NONE, 5, 0)
+SIZES(a_pq5_1, tile_legacy_rows, 5, 1, p) LEGACY_WHOLE(a_pq5_1, VNNI_NONE, 5, 1)
+SIZES(a_pq8_0, tile_legacy_rows, 8, 0, p)
+SIZES(a_pq4_k, tile_k_rows, 4, p) K_WHOLE(a_pq4_k, VNNI_NONE, 4)
+SIZES(a_pq5_k, tile_k_rows, 5, p) K_WHOLE(a_pq5_k, VNNI_NONE, 5)
+SIZES(a_pq6_k, tile_q6k_rows, p)
+PACKED_FNS(a_piq4_nl, VNNI_NONE, 4, FORM_LEGACY, 0, 1)
+PACKED_FNS(a_piq4_xs, VNNI_NONE, 4, FORM_IQ4XS, 0, 1)
 
-#define PACKED_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NULL, REST_TO_4(NAME)}
-#define WHOLE_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NAME##_w, REST_TO_4(NAME)}
-#define PACKED_SET8(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NULL, REST_TO_8(NAME)}
-#define K_SET8(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NAME##_w, REST_TO_4(NAME)}
+#define SET4(NAME) {{NAME##_1, NAME##_2, NAME##_4}, {1, 2, 4}, {NULL}, NULL, REST_TO_4(NAME)}
+#define SET8(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NULL, REST_TO_8(NAME)}
 #define WHOLE_SET8(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NAME##_w, REST_TO_8(NAME)}
-#define PATH_SETS(P, WHOLE, PACKED)                                                                                \
-    {WHOLE(P##_pq4_0),   WHOLE(P##_pq4_1),     WHOLE(P##_pq5_0),  WHOLE(P##_pq5_1),      PACKED(P##_pq8_0),          \
-     K_SET8(P##_pq4_k), K_SET8(P##_pq5_k), PACKED(P##_pq6_k), PACKED(P##_piq4_nl), PACKED(P##_piq4_xs)}
-const TileSet cpu_tiles_packed[PACKED_COUNT] = PATH_SETS(a, WHOLE_SET, PACKED_SET);
-const TileSet cpu_tiles_packed_vnni[PACKED_COUNT] = PATH_SETS(v, WHOLE_SET8, PACKED_SET8);
-const TileSet cpu_tiles_packed_vnni_evex[PACKED_COUNT] = PATH_SETS(e, WHOLE_SET8, PACKED_SET8);
+#define K_SET(NAME) {{NAME##_1, NAME##_2, NAME##_4, NAME##_8}, {1, 2, 4, 8}, {NULL}, NAME##_w, REST_TO_4(NAME)}
+const TileSet cpu_tiles_packed[PACKED_COUNT] = {
+    WHOLE_SET8(a_pq4_0), WHOLE_SET8(a_pq4_1), WHOLE_SET8(a_pq5_0), WHOLE_SET8(a_pq5_1), SET8(a_pq8_0),
+    WHOLE_SET8(a_pq4_k), WHOLE_SET8(a_pq5_k), SET8(a_pq6_k),       SET4(a_piq4_nl),     SET4(a_piq4_xs)};
+#define VNNI_SETS(P)                                                                                               \
+    {WHOLE_SET8(P##_pq4_0), WHOLE_SET8(P##_pq4_1), WHOLE_SET8(P##_pq5_0), WHOLE_SET8(P##_pq5_1), SET8(P##_pq8_0),  \
+     K_SET(P##_pq4_k),      K_SET(P##_pq5_k),      SET8(P##_pq6_k),       SET8(P##_piq4_nl),     SET8(P##_piq4_xs)}
+const TileSet cpu_tiles_packed_vnni[PACKED_COUNT] = VNNI_SETS(v);
+const TileSet cpu_tiles_packed_vnni_evex[PACKED_COUNT] = VNNI_SETS(e);
 #endif
