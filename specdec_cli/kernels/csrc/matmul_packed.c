@@ -140,6 +140,18 @@ AVX2 static inline __attribute__((always_inline)) void vnni_chunks(__m256i *ia, 
                  _mm256_set1_epi32(load_i32(xb + r * BLOCK)), VNNI);
 }
 
+/* acc + a row's minimums term of a FORM_K super-block, in tile_k's order: the minimums (k_pair16's, pairs p = 0..3)
+ * against the row's pairs of sub-block sums (t->pairs[pair + p * rows]), times -(dmin * dx). */
+AVX2 static inline __attribute__((always_inline)) __m256 k_minimums_term(const MatmulTask *t, const __m256i *minimums,
+                                                                         __m256 dmin, long pair, float dx, __m256 acc)
+{
+    __m256i imin = _mm256_setzero_si256();
+    _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) imin = _mm256_add_epi32(
+        imin, _mm256_madd_epi16(minimums[p], _mm256_set1_epi32(t->pairs[pair + p * t->rows])));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin),
+                           _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_set1_ps(dx)), _mm256_set1_ps(-0.0f)), acc);
+}
+
 /* FORM_K (Q4_K, Q5_K), 8 columns x R rows, or (W = 2, one row) both halves of the group at once, in the integer
  * order at the top: per sub-block the codes' 16-bit partial sums times the sub-scale (madd), or their 32-bit dot
  * product times it (vpmulld), into isum, per super-block the minimums against the pairs of sub-block sums, then two
@@ -235,7 +247,6 @@ AVX2 static inline __attribute__((always_inline)) void tile_k8(const MatmulTask 
 {
     const long supers = t->k / 256, block_bytes = PACKED_BLOCK_BYTES(BITS);
     const char *record = t->weights + g * t->record;
-    const __m256 negative_zero = _mm256_set1_ps(-0.0f);
     volatile __m256 acc[8];
     volatile __m256i isum[8];
     for (int r = 0; r < 8; r++)
@@ -250,11 +261,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_k8(const MatmulTask 
         __m256i minimums[4];
         _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) minimums[p] = k_pair16(head, K_MIN_LOW, K_MIN_HIGH, p, h);
         _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
-            __m256i imin = _mm256_setzero_si256();
-            _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) imin = _mm256_add_epi32(
-                imin, _mm256_madd_epi16(minimums[p], _mm256_set1_epi32(t->pairs[pair0 + p * t->rows + r])));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin),
-                                     _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_set1_ps(dx[r])), negative_zero), acc[r]);
+            acc[r] = k_minimums_term(t, minimums, dmin, pair0 + r, dx[r], acc[r]);
             isum[r] = _mm256_setzero_si256();
         }
         _Pragma("GCC unroll 1") for (int i = 0; i < 8; i++) {
@@ -549,7 +556,6 @@ AVX2 static inline __attribute__((always_inline)) void tile_k_rows(const MatmulT
 {
     const long supers = t->k / 256;
     const char *record = t->weights + g * t->record;
-    const __m256 negative_zero = _mm256_set1_ps(-0.0f);
     __m256 acc[PACKED_ROWS];
     __m256i isum[PACKED_ROWS];
     _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
@@ -563,11 +569,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_k_rows(const MatmulT
         __m256i minimums[4];
         _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) minimums[p] = k_pair16(head, K_MIN_LOW, K_MIN_HIGH, p, h);
         _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
-            __m256i imin = _mm256_setzero_si256();
-            _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) imin = _mm256_add_epi32(
-                imin, _mm256_madd_epi16(minimums[p], _mm256_set1_epi32(t->pairs[pair0 + p * t->rows + r])));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin),
-                                     _mm256_xor_ps(_mm256_mul_ps(dmin, _mm256_set1_ps(dx[r])), negative_zero), acc[r]);
+            acc[r] = k_minimums_term(t, minimums, dmin, pair0 + r, dx[r], acc[r]);
             isum[r] = _mm256_setzero_si256();
         }
         _Pragma("GCC unroll 1") for (int i = 0; i < 8; i++) {
