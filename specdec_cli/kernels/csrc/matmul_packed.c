@@ -65,6 +65,19 @@ AVX2 static inline __attribute__((always_inline)) void codes_45(const char *code
     }
 }
 
+/* Q6_K: chunk 4j + q's and chunk 4j + q + 2's codes of half h of sub-block j (of 16) as bytes: nibbles, with the
+ * top two bits moved to bits 4-5 from the sub-block's 2-bit plane. */
+AVX2 static inline __attribute__((always_inline)) void codes_6(const char *codes, int j, int q, int h, __m256i *lo,
+                                                               __m256i *hi)
+{
+    const __m256i low = _mm256_set1_epi8(0x0F), top_two = _mm256_set1_epi8(0x30);
+    __m256i plane = _mm256_loadu_si256((const __m256i *)(codes + 256 + j * 64 + 32 * h));
+    __m256i v = _mm256_loadu_si256((const __m256i *)(codes + (j * 2 + q) * 64 + 32 * h));
+    *lo = _mm256_or_si256(_mm256_and_si256(v, low), _mm256_and_si256(_mm256_slli_epi16(plane, 4 - 2 * q), top_two));
+    *hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low),
+                          _mm256_and_si256(_mm256_srli_epi16(plane, 2 * q), top_two));
+}
+
 /* A tile's R rows of 8 columns into out (or added to it), the columns past n left alone. */
 AVX2 static inline __attribute__((always_inline)) void store_tile(const MatmulTask *t, long g, int h, long r0,
                                                                   const int R, const __m256 *acc)
@@ -319,8 +332,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
     const long supers = t->k / (NB * BLOCK);
     const long header = PACKED_HEADER_BYTES(FORM, OFF), block_bytes = PACKED_BLOCK_BYTES(BITS);
     const char *record = t->weights + g * t->record;
-    const __m256i low = _mm256_set1_epi8(0x0F), top_two = _mm256_set1_epi8(0x30);
-    const __m256i flip = _mm256_set1_epi8(-128);
+    const __m256i low = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(-128);
     __m256 acc[PACKED_ROWS], part[PACKED_ROWS]; /* part: Q6_K's products over the super-block */
     _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] = part[r] = _mm256_setzero_ps();
     for (long s = 0; s < supers; s++) {
@@ -376,13 +388,9 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
                         }
                     }
                 } else if (BITS == 6) {
-                    __m256i plane = _mm256_loadu_si256((const __m256i *)(codes + 256 + j * 64 + 32 * h));
                     _Pragma("GCC unroll 2") for (int q = 0; q < 2; q++) {
-                        __m256i v = _mm256_loadu_si256((const __m256i *)(codes + (j * 2 + q) * 64 + 32 * h));
-                        __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low),
-                                                     _mm256_and_si256(_mm256_slli_epi16(plane, 4 - 2 * q), top_two));
-                        __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low),
-                                                     _mm256_and_si256(_mm256_srli_epi16(plane, 2 * q), top_two));
+                        __m256i lo, hi;
+                        codes_6(codes, j, q, h, &lo, &hi);
                         vnni_chunks(ia, lo, hi, xs + j * SUB + 4 * q, xs + j * SUB + 4 * (q + 2), R, VNNI);
                     }
                 } else {
@@ -427,6 +435,24 @@ AVX2 static inline __attribute__((always_inline)) void tile_packed(const MatmulT
  * row the same integers and float operations in the same order as the other paths' tiles, so the same bits. On a
  * Zen 3 (the real 0.5B's block matmuls, 2 threads) 8 rows cost 0.67-0.87x two tiles of 4 (docs/kernels.md). */
 
+/* sum + a row's products with a 4- or 5-bit block's codes (lo, hi: codes_45's for chunks 0-3) in 16-bit pair sums,
+ * widened by madd with `weight` (ones; the K-quants: the sub-scale, k_scale16) as often as 16 bits need: once a
+ * block for 4-bit codes, every two vectors for 5-bit ones. */
+AVX2 static inline __attribute__((always_inline)) __m256i row_nibbles(__m256i sum, const __m256i *lo, const __m256i *hi,
+                                                                      const int8_t *x, __m256i weight, const int BITS)
+{
+    __m256i m16 = _mm256_setzero_si256();
+    _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+        m16 = _mm256_add_epi16(m16, _mm256_add_epi16(_mm256_maddubs_epi16(lo[q], _mm256_set1_epi32(load_i32(x + 4 * q))),
+                                                     _mm256_maddubs_epi16(hi[q], _mm256_set1_epi32(load_i32(x + 4 * q + 16)))));
+        if (BITS == 5 && (q & 1)) { /* 4 products of 5-bit codes: at most 31,496 in 16 bits */
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(m16, weight));
+            m16 = _mm256_setzero_si256();
+        }
+    }
+    return BITS == 4 ? _mm256_add_epi32(sum, _mm256_madd_epi16(m16, weight)) : sum;
+}
+
 /* The legacy types (Q4_0, Q4_1, Q5_0, Q5_1: nibbles; Q8_0: int8 codes as int8_chunk multiplies them), 8 columns x R
  * rows. (Q8_0's 1 to 4 rows take tile_packed, which shares each chunk's codes among the rows: 5-10% cheaper there.) */
 AVX2 static inline __attribute__((always_inline)) void tile_legacy_rows(const MatmulTask *t, long g, int h, long r0,
@@ -443,6 +469,8 @@ AVX2 static inline __attribute__((always_inline)) void tile_legacy_rows(const Ma
         if (prefetch)
             prefetch_ahead(head, t->block, FORM_LEGACY, R);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16 * h)));
+        const __m256 m = OFF ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 2 * GROUP + 16 * h)))
+                             : _mm256_setzero_ps();
         __m256i lo[4], hi[4]; /* nibbles: chunks q and q + 4 as bytes; int8: chunks 2q and 2q + 1's magnitudes */
         if (BITS == 8) {
             _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
@@ -459,9 +487,9 @@ AVX2 static inline __attribute__((always_inline)) void tile_legacy_rows(const Ma
         const int8_t *xs = t->qx + (s * t->rows + r0) * BLOCK;
         _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
             const int8_t *x = xs + r * BLOCK;
-            __m256i ia = _mm256_set1_epi32(t->init[s * t->rows + r0 + r]), m16 = _mm256_setzero_si256();
-            _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
-                if (BITS == 8) { /* the row's codes carrying the weights' signs (read again: no register to spare) */
+            __m256i ia = _mm256_set1_epi32(t->init[s * t->rows + r0 + r]);
+            if (BITS == 8) { /* the row's codes carrying the weights' signs (read again: no register to spare) */
+                _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
                     const char *signs = codes + 2 * q * 64 + 32 * h;
                     __m256i xa = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(x + 8 * q)),
                                                   _mm256_loadu_si256((const __m256i *)signs));
@@ -469,23 +497,13 @@ AVX2 static inline __attribute__((always_inline)) void tile_legacy_rows(const Ma
                                                   _mm256_loadu_si256((const __m256i *)(signs + 64)));
                     ia = _mm256_add_epi32(ia, _mm256_madd_epi16(_mm256_maddubs_epi16(lo[q], xa), ones));
                     ia = _mm256_add_epi32(ia, _mm256_madd_epi16(_mm256_maddubs_epi16(hi[q], xb), ones));
-                    continue;
                 }
-                m16 = _mm256_add_epi16(m16, _mm256_add_epi16(
-                                                _mm256_maddubs_epi16(lo[q], _mm256_set1_epi32(load_i32(x + 4 * q))),
-                                                _mm256_maddubs_epi16(hi[q], _mm256_set1_epi32(load_i32(x + 4 * q + 16)))));
-                if (BITS == 5 && (q & 1)) { /* 4 products of 5-bit codes: at most 31,496 in 16 bits */
-                    ia = _mm256_add_epi32(ia, _mm256_madd_epi16(m16, ones));
-                    m16 = _mm256_setzero_si256();
-                }
-            }
-            if (BITS == 4)
-                ia = _mm256_add_epi32(ia, _mm256_madd_epi16(m16, ones));
+            } else
+                ia = row_nibbles(ia, lo, hi, x, ones, BITS);
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_mul_ps(d, _mm256_set1_ps(t->dx[s * t->rows + r0 + r])),
                                      acc[r]);
             if (OFF)
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 2 * GROUP + 16 * h))),
-                                         _mm256_set1_ps(t->sx[s * t->rows + r0 + r]), acc[r]);
+                acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(t->sx[s * t->rows + r0 + r]), acc[r]);
         }
     }
     store_tile(t, g, h, r0, R, acc);
@@ -499,7 +517,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_q6k_rows(const Matmu
 {
     const long supers = t->k / (8 * BLOCK), header = PACKED_HEADER_BYTES(FORM_Q6K, 0);
     const char *record = t->weights + g * t->record;
-    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), top_two = _mm256_set1_epi8(0x30);
+    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[PACKED_ROWS], part[PACKED_ROWS];
     _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] = part[r] = _mm256_setzero_ps();
     for (long s = 0; s < supers; s++) {
@@ -517,14 +535,7 @@ AVX2 static inline __attribute__((always_inline)) void tile_q6k_rows(const Matmu
             _Pragma("GCC unroll 2") for (int j = 0; j < 2; j++) {
                 __m128i sc = _mm_loadl_epi64((const __m128i *)(head + Q6K_SCALES + (i * 2 + j) * GROUP + 8 * h));
                 scale[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
-                __m256i plane = _mm256_loadu_si256((const __m256i *)(codes + 256 + j * 64 + 32 * h));
-                _Pragma("GCC unroll 2") for (int q = 0; q < 2; q++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(codes + (j * 2 + q) * 64 + 32 * h));
-                    lo[j][q] = _mm256_or_si256(_mm256_and_si256(v, low),
-                                               _mm256_and_si256(_mm256_slli_epi16(plane, 4 - 2 * q), top_two));
-                    hi[j][q] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low),
-                                               _mm256_and_si256(_mm256_srli_epi16(plane, 2 * q), top_two));
-                }
+                _Pragma("GCC unroll 2") for (int q = 0; q < 2; q++) codes_6(codes, j, q, h, &lo[j][q], &hi[j][q]);
             }
             const int8_t *xs = t->qx + (b * t->rows + r0) * BLOCK;
             _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
@@ -582,21 +593,8 @@ AVX2 static inline __attribute__((always_inline)) void tile_k_rows(const MatmulT
             const __m256i scale = k_sub_scale(head, i, h, VNNI_NONE);
             __m256i lo[4], hi[4];
             _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) codes_45(codes, plane, q, h, BITS, &lo[q], &hi[q]);
-            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
-                const int8_t *x = xs + r * BLOCK;
-                __m256i m16 = _mm256_setzero_si256();
-                _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
-                    m16 = _mm256_add_epi16(m16, _mm256_add_epi16(
-                                                    _mm256_maddubs_epi16(lo[q], _mm256_set1_epi32(load_i32(x + 4 * q))),
-                                                    _mm256_maddubs_epi16(hi[q], _mm256_set1_epi32(load_i32(x + 4 * q + 16)))));
-                    if (BITS == 5 && (q & 1)) { /* 4 products of 5-bit codes: at most 31,496 in 16 bits */
-                        isum[r] = k_add_scaled(isum[r], m16, scale, VNNI_NONE);
-                        m16 = _mm256_setzero_si256();
-                    }
-                }
-                if (BITS == 4)
-                    isum[r] = k_add_scaled(isum[r], m16, scale, VNNI_NONE);
-            }
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) isum[r] =
+                row_nibbles(isum[r], lo, hi, xs + r * BLOCK, scale, BITS);
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16 * h)));
         _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) acc[r] =
