@@ -172,6 +172,16 @@ def fixed_engine(model, exact=None):
     return Engine(held[1], planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})))
 
 
+def fixed_planner(session):
+    """`session` (a chat session) with its engine's planner pricing 1 to 64 rows the same, as fixed_engine's: a test
+    that asserts drafts were verified must not depend on the cost curve a busy machine measures. Returns it."""
+    from specdec_cli.decoding.cost_curve import CostCurve
+    from specdec_cli.decoding.planner import DraftPlanner
+
+    session.engine.planner = DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0}))
+    return session
+
+
 HANG_GUARD = 600  # seconds: a process that takes longer is stuck, not slow (no test waits on speed)
 
 

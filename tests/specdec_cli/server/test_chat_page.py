@@ -16,6 +16,7 @@ import shutil
 from dataclasses import replace
 
 import pytest
+from conftest import fixed_planner
 from test_server import HANG_GUARD, _sam_settings, client_of, serving
 
 PROMPT = "Repeat this sentence twice: the quick brown fox jumps over the lazy dog."
@@ -57,7 +58,8 @@ def smollm2(real_target):
     from specdec_cli.session.chat import ChatSession
 
     loaded = real_target("float32", "auto")
-    return ChatSession(loaded.model, loaded.tokenizer, _sam_settings(replace(GenerationConfig(max_new_tokens=48))))
+    settings = _sam_settings(replace(GenerationConfig(max_new_tokens=48)))
+    return fixed_planner(ChatSession(loaded.model, loaded.tokenizer, settings))  # drafts verified on any machine
 
 
 def _wait(browser, condition, what: str):

@@ -343,9 +343,11 @@ def test_log_probabilities_are_plain_decodings_whole_or_streamed_with_or_without
     answer, and the numbers are the same bits with speculation and without (n_max 0), streamed or whole, with the
     prompt cache or without (exact verification, as on block weights and 16-bit dtypes by default: each row's bits
     whatever the block)."""
+    from conftest import fixed_planner
+
     from specdec_cli.session.chat import open_session
 
-    session, _ = open_session(_chat_settings(tiny_model_dir, exact=True))
+    session = fixed_planner(open_session(_chat_settings(tiny_model_dir, exact=True))[0])
     messages = [{"role": "user", "content": "Repeat: red green blue, red green blue, red green"}]
     with serving(session) as server:
         client = client_of(server)
