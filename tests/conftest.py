@@ -161,24 +161,27 @@ def fixed_engine(model, exact=None):
     drafts are never trimmed for speed, so no outcome depends on this machine. Engines over one model share one
     forward (choose_forward(model, exact)), as one session's would: its row-invariance check, seconds in
     bfloat16, runs once per model, not per test."""
-    from specdec_cli.decoding.cost_curve import CostCurve
     from specdec_cli.decoding.engine import Engine
-    from specdec_cli.decoding.planner import DraftPlanner
     from specdec_cli.target_model.load.forward_choice import choose_forward
 
     held = _FORWARDS.get((id(model), exact))
     if held is None or held[0] is not model:
         held = _FORWARDS[(id(model), exact)] = (model, choose_forward(model, exact))
-    return Engine(held[1], planner=DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})))
+    return Engine(held[1], planner=flat_planner())
 
 
-def fixed_planner(session):
-    """`session` (a chat session) with its engine's planner pricing 1 to 64 rows the same, as fixed_engine's: a test
-    that asserts drafts were verified must not depend on the cost curve a busy machine measures. Returns it."""
+def flat_planner():
+    """A planner pricing a forward of 1 to 64 rows the same (a fixed cost curve, no timing anywhere)."""
     from specdec_cli.decoding.cost_curve import CostCurve
     from specdec_cli.decoding.planner import DraftPlanner
 
-    session.engine.planner = DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0}))
+    return DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0}))
+
+
+def fixed_planner(session):
+    """`session` (a chat session) with a flat_planner, as fixed_engine's: a test that asserts drafts were verified
+    must not depend on the cost curve a busy machine measures. Returns it."""
+    session.engine.planner = flat_planner()
     return session
 
 

@@ -9,11 +9,10 @@ import json
 
 import jsonschema
 import pytest
+from conftest import flat_planner
 
-from specdec_cli.decoding.cost_curve import CostCurve
 from specdec_cli.decoding.engine import Engine, GenerationConfig
 from specdec_cli.decoding.grammar import Constraint, GrammarSpec
-from specdec_cli.decoding.planner import DraftPlanner
 from specdec_cli.drafters import DrafterOptions, make_drafter, target_info
 from specdec_cli.errors import SpecdecError
 
@@ -34,7 +33,7 @@ def loaded(tiny_model_dir):
 
 def _generate(loaded, drafter_name: str, prompt: str, grammar: GrammarSpec, **changes):
     tokenizer = loaded.tokenizer
-    engine = Engine(loaded.model, tokenizer, DraftPlanner(CostCurve.fixed({1: 1.0, 64: 1.0})))  # drafts kept anywhere
+    engine = Engine(loaded.model, tokenizer, flat_planner())  # drafts kept anywhere
     drafter = make_drafter(drafter_name, DrafterOptions(), target_info(loaded.model, tokenizer))
     config = GenerationConfig(**{"max_new_tokens": 80, "eos_token_ids": (tokenizer.eos_token_id,), "draft_max": 6,
                                  "grammar": grammar, **changes})
