@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> dict:
         engine.generate(prompts[0][1], make_drafter(name, options, info), config)
     seconds: dict = defaultdict(float)  # (category, drafter, round) -> decoding seconds
     tokens: dict = defaultdict(int)
+    steps: dict = defaultdict(lambda: [0, 0, 0])  # (category, drafter) -> [steps, drafted, accepted]
     burners = _burners(args.burners)
     try:
         for round_index in range(args.rounds):
@@ -80,13 +81,17 @@ def run(args: argparse.Namespace) -> dict:
                         raise SystemExit(f"{name}'s answer differs from plain decoding's: a bug, not a speed")
                     seconds[category, name, round_index] += elapsed
                     tokens[category, name, round_index] += len(generation.tokens) - 1  # (the first: prefill's)
+                    tally = steps[category, name]
+                    tally[0] += generation.stats.steps
+                    tally[1] += generation.stats.drafted_tokens
+                    tally[2] += generation.stats.accepted_tokens
     finally:
         for burner in burners:
             burner.kill()
-    return _report(seconds, tokens, drafters, args)
+    return _report(seconds, tokens, steps, drafters, args)
 
 
-def _report(seconds: dict, tokens: dict, drafters: list[str], args: argparse.Namespace) -> dict:
+def _report(seconds: dict, tokens: dict, steps: dict, drafters: list[str], args: argparse.Namespace) -> dict:
     categories = sorted({key[0] for key in seconds}) + ["overall"]
     rows = []
     for category in categories:
@@ -100,8 +105,13 @@ def _report(seconds: dict, tokens: dict, drafters: list[str], args: argparse.Nam
             total = {which: sum(tokens[key] for key in chosen if key[1] == which) /
                      sum(seconds[key] for key in chosen if key[1] == which) for which in (name, "none")}
             per_round = [rates[name, index] / rates["none", index] for index in range(args.rounds)]
+            counts = [sum(steps[key][field] for key in steps if key[1] == name and category in ("overall", key[0]))
+                      for field in range(3)]
             rows.append({"category": category, "drafter": name, "speed_over_plain": total[name] / total["none"],
-                         "fewest_of_rounds": min(per_round), "plain_tokens_per_second": total["none"]})
+                         "fewest_of_rounds": min(per_round), "plain_tokens_per_second": total["none"],
+                         "tokens_per_step": sum(tokens[key] for key in chosen if key[1] == name) / max(counts[0], 1),
+                         "drafted_per_step": counts[1] / max(counts[0], 1),
+                         "acceptance": counts[2] / counts[1] if counts[1] else 0.0})
     return {"burners": args.burners, "rounds": args.rounds, "bar": args.bar, "rows": rows}
 
 
@@ -123,11 +133,13 @@ def main(argv=None) -> int:
     if args.rounds < 1 or args.burners < 0 or args.limit < 1:
         parser.error("--rounds and --limit must be >= 1, --burners >= 0")
     report = run(args)
-    print(f"{'category':16s} {'drafter':10s} {'over plain':>10s} {'fewest round':>12s}  plain tok/s")
+    print(f"{'category':16s} {'drafter':10s} {'over plain':>10s} {'fewest round':>12s}  plain tok/s  tokens/step"
+          "  drafted/step  acceptance")
     for row in report["rows"]:
         mark = "" if row["speed_over_plain"] >= args.bar else f"  below {args.bar:.2f}x"
         print(f"{row['category']:16s} {row['drafter']:10s} {row['speed_over_plain']:9.2f}x "
-              f"{row['fewest_of_rounds']:11.2f}x  {row['plain_tokens_per_second']:8.1f}{mark}")
+              f"{row['fewest_of_rounds']:11.2f}x  {row['plain_tokens_per_second']:11.1f}  "
+              f"{row['tokens_per_step']:11.2f}  {row['drafted_per_step']:12.2f}  {row['acceptance']:9.0%}{mark}")
     if args.json_out:
         from specdec_cli.files import write_json_atomic
 

@@ -16,7 +16,9 @@ target's top-8 at every answer position, and the target's verify-cost curve meas
 `replay` prints per-category and overall estimated speedups over plain decoding, mean tokens per verify
 pass (tau), and per draft source steps/verified/accepted. A method may carry settings after `@`:
 `sam+aded@t2` (l_threshold 2), `sam@b0` (l_bias 0), `sam@f1` (static drafts follow the most frequent
-continuation). `--remember` gives sam, for each answer, every earlier answer as the answer memory would.
+continuation). `--remember` gives sam, for each answer, every earlier answer as the answer memory would; `--forget` starts
+each answer from a new drafter and the planner's priors (as `specdec bench` and bench_busy.py do); `--cost
+1:0.072,2:0.086,...` charges another machine's curve (seconds by rows) instead of the recorded one.
 `suffix` replays Snowflake's SuffixDecoding (arctic-inference's suffix trees, where built) on the same answers:
 its global tree over earlier responses with `--remember`, the request alone without.
 
@@ -182,9 +184,10 @@ def make_replay_drafter(name: str, options: DrafterOptions, info: TargetInfo, re
 
 
 def replay(spec: str, document: dict, index: str | None, draft_max: int,
-           remember: bool = False) -> tuple[dict, dict]:
+           remember: bool = False, forget: bool = False) -> tuple[dict, dict]:
     """Per category [answer tokens, estimated seconds, verify passes]; per source [steps, verified, accepted].
-    With `remember`, sam drafts each answer with every earlier answer remembered (the answer memory)."""
+    With `remember`, sam drafts each answer with every earlier answer remembered (the answer memory); with
+    `forget`, each answer starts from a new drafter and the planner's priors, as `specdec bench` answers."""
     name, options, attributes = parse_method(spec, index)
     info = TargetInfo(document["vocab_size"], tuple(document["eos_token_ids"]), document["fingerprint"])
     cost = CostCurve.fixed({int(size): seconds for size, seconds in document["cost"].items()})
@@ -199,6 +202,11 @@ def replay(spec: str, document: dict, index: str | None, draft_max: int,
     per_source: dict = defaultdict(lambda: [0, 0, 0])
     for number, row in enumerate(document["rows"]):
         prompt, answer, topk = row["prompt"], row["answer"], row["topk"]
+        if forget and number:
+            planner.forget()
+            drafter = make_replay_drafter(name, options, info, remember)
+            for key, value in attributes.items():
+                setattr(drafter, key, value)
         if remember and hasattr(drafter, "memory_from"):
             drafter.static, drafter.memory_from = remembered(document["rows"], number, document, index_text)
             drafter.reset()
@@ -233,6 +241,9 @@ def replay(spec: str, document: dict, index: str | None, draft_max: int,
 def replay_all(args: argparse.Namespace) -> None:
     with open(args.answers, encoding="utf-8") as handle:
         document = json.load(handle)
+    if args.cost:  # another machine's curve, "1:0.072,2:0.086,..." (seconds by rows)
+        document["cost"] = {size: float(seconds) for size, seconds in
+                            (pair.split(":") for pair in args.cost.split(","))}
     plain_seconds = CostCurve({int(size): s for size, s in document["cost"].items()})(1)
     categories = sorted({row["category"] for row in document["rows"]})
     plain = {category: plain_seconds * sum(len(row["answer"]) for row in document["rows"]
@@ -240,7 +251,7 @@ def replay_all(args: argparse.Namespace) -> None:
     print("method".ljust(16) + "".join(category[:9].rjust(10) for category in categories) + "overall".rjust(10)
           + "tau".rjust(6) + "  sources: steps/verified/accepted")
     for spec in args.drafters.split(","):
-        per_category, per_source = replay(spec, document, args.index, args.draft_max, args.remember)
+        per_category, per_source = replay(spec, document, args.index, args.draft_max, args.remember, args.forget)
         if not per_category:
             continue
         speedups = [plain[category] / per_category[category][1] for category in categories]
@@ -267,6 +278,9 @@ def main() -> None:
     rep.add_argument("--index", help="static suffix-automaton index for sam (and aded's tri-grams)")
     rep.add_argument("--draft-max", type=int, default=8)
     rep.add_argument("--remember", action="store_true", help="sam drafts each answer with the earlier ones remembered")
+    rep.add_argument("--forget", action="store_true",
+                     help="each answer from a new drafter and the planner's priors, as `specdec bench` answers")
+    rep.add_argument("--cost", help="the verify curve to charge instead of the recorded one: ROWS:SECONDS,...")
     args = parser.parse_args()
     record(args) if args.command == "record" else replay_all(args)
 

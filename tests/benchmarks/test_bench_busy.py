@@ -22,12 +22,17 @@ def test_the_report_is_each_drafters_decoding_speed_over_plain_decodings():
     seconds = {("qa", "none", 0): 1.0, ("qa", "sam", 0): 0.5, ("qa", "none", 1): 2.0, ("qa", "sam", 1): 2.0,
                ("code", "none", 0): 1.0, ("code", "sam", 0): 1.0, ("code", "none", 1): 1.0, ("code", "sam", 1): 1.0}
     tokens = {key: 100 for key in seconds}
-    report = benchmark_script("bench_busy")._report(seconds, tokens, ["none", "sam"], args)
+    steps = {("qa", "none"): [200, 0, 0], ("qa", "sam"): [100, 150, 100], ("code", "sam"): [100, 0, 0]}
+    report = benchmark_script("bench_busy")._report(seconds, tokens, steps, ["none", "sam"], args)
     rows = {row["category"]: row for row in report["rows"]}
     assert rows["qa"]["speed_over_plain"] == pytest.approx((200 / 2.5) / (200 / 3))  # 80 against 66.7 tok/s
     assert rows["qa"]["fewest_of_rounds"] == pytest.approx(1.0)  # round 0: 2.0x, round 1: 1.0x
     assert rows["code"]["speed_over_plain"] == pytest.approx(1.0)
     assert rows["overall"]["speed_over_plain"] == pytest.approx((400 / 4.5) / (400 / 5))
+    assert (rows["qa"]["tokens_per_step"], rows["qa"]["drafted_per_step"], rows["qa"]["acceptance"]) == (
+        pytest.approx(2.0), pytest.approx(1.5), pytest.approx(2 / 3))  # 200 tokens in 100 steps, 100 of 150 drafts
+    assert rows["code"]["tokens_per_step"] == pytest.approx(2.0) and rows["code"]["acceptance"] == 0.0
+    assert rows["overall"]["tokens_per_step"] == pytest.approx(2.0)  # 400 tokens in 200 steps
 
 
 def test_the_benchmark_runs_on_the_default_model(tmp_path):
@@ -41,4 +46,5 @@ def test_the_benchmark_runs_on_the_default_model(tmp_path):
     assert [(row["category"], row["drafter"]) for row in report["rows"]] == [
         ("code", "pld"), ("code", "sam"), ("qa", "pld"), ("qa", "sam"), ("overall", "pld"), ("overall", "sam")]
     assert all(row["speed_over_plain"] > 0 and row["plain_tokens_per_second"] > 0 for row in report["rows"])
+    assert all(row["tokens_per_step"] >= 1.0 for row in report["rows"])
     assert "overall" in result.stdout
