@@ -16,9 +16,9 @@ target's top-8 at every answer position, and the target's verify-cost curve meas
 `replay` prints per-category and overall estimated speedups over plain decoding, mean tokens per verify
 pass (tau), and per draft source steps/verified/accepted. A method may carry settings after `@`:
 `sam+aded@t2` (l_threshold 2), `sam@b0` (l_bias 0), `sam@f1` (static drafts follow the most frequent
-continuation). `--remember` gives sam, for each answer, every earlier answer as the answer memory would; `--forget` starts
-each answer from a new drafter and the planner's priors (as `specdec bench` and bench_busy.py do); `--cost
-1:0.072,2:0.086,...` charges another machine's curve (seconds by rows) instead of the recorded one.
+continuation). `--remember` gives sam, for each answer, every earlier answer as the answer memory would;
+`--forget` starts each answer from a new drafter and the planner's priors (as `specdec bench` and bench_busy.py
+do); `--cost 1:0.072,2:0.086,...` charges another machine's curve (seconds by rows) instead of the recorded one.
 `suffix` replays Snowflake's SuffixDecoding (arctic-inference's suffix trees, where built) on the same answers:
 its global tree over earlier responses with `--remember`, the request alone without.
 
