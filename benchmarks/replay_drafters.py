@@ -12,7 +12,8 @@ target. Two stages:
     python benchmarks/replay_drafters.py replay answers.json --drafters pld,sam,sam+none --index answers.sam
 
 `record` answers each prompt greedily (first turn, the chat template) and stores prompt ids, answer ids, the
-target's top-8 at every answer position, and the target's verify-cost curve measured on this machine.
+target's top-8 at every answer position, and the engine's verify-cost curve for the target on this machine (the
+one stored under $SPECDEC_HOME/costs where there is one: it may be a busy hour's; `replay --cost` replaces it).
 `replay` prints per-category and overall estimated speedups over plain decoding, mean tokens per verify
 pass (tau), and per draft source steps/verified/accepted. A method may carry settings after `@`:
 `sam+aded@t2` (l_threshold 2), `sam@b0` (l_bias 0), `sam@f1` (static drafts follow the most frequent
