@@ -192,11 +192,16 @@ def replay(spec: str, document: dict, index: str | None, draft_max: int,
     name, options, attributes = parse_method(spec, index)
     info = TargetInfo(document["vocab_size"], tuple(document["eos_token_ids"]), document["fingerprint"])
     cost = CostCurve.fixed({int(size): seconds for size, seconds in document["cost"].items()})
-    drafter = make_replay_drafter(name, options, info, remember)
+
+    def fresh_drafter():
+        made = make_replay_drafter(name, options, info, remember)
+        for key, value in attributes.items() if made is not None else ():
+            setattr(made, key, value)
+        return made
+
+    drafter = fresh_drafter()
     if drafter is None:
         return {}, {}
-    for key, value in attributes.items():
-        setattr(drafter, key, value)
     index_text = getattr(getattr(drafter, "static", None), "text", None)
     planner = DraftPlanner(cost)  # the engine's planner, on the recorded curve (fixed: replays are deterministic)
     per_category: dict = defaultdict(lambda: [0, 0.0, 0])
@@ -205,9 +210,7 @@ def replay(spec: str, document: dict, index: str | None, draft_max: int,
         prompt, answer, topk = row["prompt"], row["answer"], row["topk"]
         if forget and number:
             planner.forget()
-            drafter = make_replay_drafter(name, options, info, remember)
-            for key, value in attributes.items():
-                setattr(drafter, key, value)
+            drafter = fresh_drafter()
         if remember and hasattr(drafter, "memory_from"):
             drafter.static, drafter.memory_from = remembered(document["rows"], number, document, index_text)
             drafter.reset()
