@@ -268,6 +268,31 @@ def test_distill_with_its_defaults_then_draft_identically(shared_real_model, tmp
     assert payload["identical"], payload
 
 
+def test_a_heads_pipeline_trains_on_the_features_its_answering_kept(shared_real_model, real_target, tmp_path,
+                                                                   monkeypatch):
+    """`specdec distill --kind eagle`: answering keeps the target's features beside the data file, and training reads
+    them instead of computing them again (the features pass would call the target once a piece: it never does)."""
+    from specdec_cli.distill import eagle_train
+    from specdec_cli.distill.answer_features import answers_folder, handed_features
+    from specdec_cli.texts.data_rows import read_rows
+
+    def no_forward(target):
+        return lambda piece: (_ for _ in ()).throw(AssertionError("computed features the answering had kept"))
+
+    monkeypatch.setattr(eagle_train, "last_states", no_forward)
+    head = tmp_path / "head"
+    result = invoke("distill", "--kind", "eagle", "-o", str(head), "--max-prompts", "3", "-n", "8",
+                    "--eval-max-prompts", "1", "--eval-max-new-tokens", "8", "--steps", "2")
+    assert result.returncode == 0, result.stderr
+    data = tmp_path / "head.data.jsonl"
+    rows = read_rows(str(data))
+    assert len(rows) == 3 and (head / "head.safetensors").is_file()
+    folder = answers_folder(data)
+    assert folder.name == "head.data.features" and (folder / "answers.json").is_file()
+    handed = handed_features(data, *eagle_train.answer_rows(real_target("float32", "auto").model))
+    assert handed is not None and all(handed.has([*row["prompt_ids"], *row["answer_ids"]]) for row in rows)
+
+
 def test_a_damaged_conversion_is_converted_again_with_one_warning(tmp_path, monkeypatch):
     """A converted model cut short (`truncate -s 1000000 model.safetensors`) is found on load and converted again,
     with one warning line naming it; transformers' own progress bar never reaches stderr. In a process of its own:

@@ -105,6 +105,7 @@ class Engine:
         self.compute_prompt(run)
         return run
 
+    @torch.inference_mode()  # (also Batch.add's, outside the other stages)
     def compute_prompt(self, run: "Run") -> None:
         """Prefill: the prompt (what the cache does not hold yet) in one go; its last logits give the first token."""
         needs = run.drafter.needs  # what the drafter reads beyond tokens: computed for it alone

@@ -11,6 +11,10 @@ each answer is, bit for bit, what plain decoding of its prompt alone writes with
 (tests/specdec_cli/decoding/test_plain_many.py compares them with the engine's). Answers that end leave and waiting
 prompts join between steps (continuous batching), `width` open at a time.
 
+With `keep_features`, each answer also hands back the target's last hidden states along its prompt and answer,
+which every forward computes anyway (a head's training reads them: distill/answer_features.py); such a prompt is
+computed whole when it joins rather than in the rows the others leave (batch.py), the same arithmetic.
+
 What it does not do: drafting (the batch is the speedup), stop strings, or forwards that cannot score several
 sequences in one call (distill/batched.py pads batches for transformers' models instead).
 """
@@ -19,13 +23,16 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from ..target_model.verify.forward import ManyForward
 from .batch import Batch
-from .draft import NoDrafter
+from .draft import Needs, NoDrafter, StepEvent
 from .engine import Engine
 from .generation_config import GenerationConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 MAX_WIDTH = 32  # answers open at once: the native decoder's row-invariant rows (native.ROW_INVARIANT_ROWS)
 
@@ -35,16 +42,40 @@ class BatchAnswer:
     index: int  # position of the prompt in the list given
     tokens: list[int]  # the answer, its EOS included when the model wrote one
     finish_reason: str  # "eos" or "length"
+    # with keep_features: the target's last hidden states (bfloat16) at every position of prompt + answer but the
+    # last, [len(prompt) + len(tokens) - 1, hidden] (the newest token is never scored)
+    features: Optional[torch.Tensor] = None
+
+
+class FeatureKeeper(NoDrafter):
+    """Plain decoding that keeps what each forward scored: the target's last hidden states of every committed token
+    but the newest (the prefill's prompt rows, then one row a step), in bfloat16."""
+
+    needs = Needs(features=True)
+
+    def __init__(self) -> None:
+        self.rows: list[torch.Tensor] = []
+
+    def observe(self, event: StepEvent) -> None:
+        import torch
+
+        if event.features is not None:  # (a copy: the forward's buffers are used again)
+            self.rows.append(event.features.detach().to(torch.bfloat16, copy=True))
+
+    def features(self) -> Optional[torch.Tensor]:
+        import torch
+
+        return torch.cat(self.rows) if self.rows else None
 
 
 def plain_many(forward: Any, prompts: Sequence[Sequence[int]], config: GenerationConfig, *, width: int,
-               seeds: Optional[Sequence[int]] = None,
-               on_answer: Optional[Callable[[BatchAnswer], None]] = None) -> list[BatchAnswer]:
+               seeds: Optional[Sequence[int]] = None, on_answer: Optional[Callable[[BatchAnswer], None]] = None,
+               keep_features: bool = False) -> list[BatchAnswer]:
     """Answer every prompt by plain decoding with `config` (its token budget, EOS tokens and sampling settings; stop
     strings are not read), at most `width` open at once, on a forward that scores several sequences per call.
     Sampled, prompt i's random source is seeded with seeds[i] (default: config.seed). `on_answer` is called for
     each answer as it ends (answers end in any order). Answers are bounded by the model's context as the engine
-    bounds them."""
+    bounds them. `keep_features`: each answer carries its `features` (FeatureKeeper's)."""
     if not isinstance(forward, ManyForward):
         raise TypeError("plain_many needs a forward that scores several sequences in one call")
     if not 1 <= width <= MAX_WIDTH:
@@ -60,7 +91,8 @@ def plain_many(forward: Any, prompts: Sequence[Sequence[int]], config: Generatio
 
     def finish(index: int, run: Any) -> None:
         generation = batch.close(run)
-        done = BatchAnswer(index, generation.tokens, generation.finish_reason)
+        kept = run.drafter.features() if keep_features else None
+        done = BatchAnswer(index, generation.tokens, generation.finish_reason, kept)
         answers.append(done)
         if on_answer is not None:
             on_answer(done)
@@ -75,7 +107,7 @@ def plain_many(forward: Any, prompts: Sequence[Sequence[int]], config: Generatio
             if limit is not None and len(prompt) >= limit:
                 raise ValueError(f"prompt {index} fills the model's context ({limit} tokens)")
             seeded = plain if seeds is None else replace(plain, seed=int(seeds[index]))
-            run = batch.add(prompt, NoDrafter(), seeded)
+            run = batch.add(prompt, FeatureKeeper() if keep_features else NoDrafter(), seeded)
             indices[id(run)] = index
             if run.finish is not None:
                 finish(index, run)

@@ -10,6 +10,9 @@ sum in another order, and at a near-tie of two tokens the argmax can differ from
 greedy decodings of the same model; tests/specdec_cli/distill/test_distill_batched.py measures how often on the real
 model).
 
+With `keep_features` (the native decoder only), each answer carries the target's last hidden states along it, which
+an EAGLE head trains on (answer_features.py); a transformers model's answers carry none.
+
 What it does not do: sampling (a batch is greedy), speculative drafting (the batch is the speedup here), or
 writing rows (generate.py does, one per finished answer).
 """
@@ -23,7 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def greedy_batches(model: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, eos_token_ids: Sequence[int],
-                   batch_size: int, on_answer: Optional[Callable[[BatchAnswer], None]] = None) -> list[BatchAnswer]:
+                   batch_size: int, on_answer: Optional[Callable[[BatchAnswer], None]] = None,
+                   keep_features: bool = False) -> list[BatchAnswer]:
     """Answer every prompt greedily, `batch_size` at a time; `on_answer` is called for each answer as it is done
     (on the native decoder, each as it ends; on a transformers model, a batch of prompts of similar length at a
     time, in prompt order within the batch)."""
@@ -37,7 +41,8 @@ def greedy_batches(model: Any, prompts: Sequence[Sequence[int]], *, max_new_toke
     forward = choose_forward(model)
     if isinstance(forward, ManyForward):  # the native decoder: answers join and leave, each exact
         config = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_ids=tuple(eos_token_ids))
-        return plain_many(forward, prompts, config, width=min(batch_size, MAX_WIDTH), on_answer=on_answer)
+        return plain_many(forward, prompts, config, width=min(batch_size, MAX_WIDTH), on_answer=on_answer,
+                          keep_features=keep_features)
     order = sorted(range(len(prompts)), key=lambda index: len(prompts[index]))  # little padding per batch
     answers: list[BatchAnswer] = []
     for start in range(0, len(order), batch_size):

@@ -3,7 +3,8 @@
 Data: token sequences (the target's own answers from `specdec distill generate`, prompt and answer together,
 and any text corpus, cut into pieces of at most `max_len` tokens). One target forward per piece gives its
 last hidden state at every position (thousands of tokens per second even on a CPU, far more data than
-generating answers gives); they are kept on disk in bfloat16 (feature_store.py) and read a piece a step. The
+generating answers gives), unless the answering kept them beside the data file (answer_features.py); they are
+kept on disk in bfloat16 (feature_store.py) and read a piece a step. The
 head learns, at each position t, from (f_t, token t+1) to f_{t+1}, and again from its own prediction
 (f^_{t+1}, token t+2) to f_{t+2}, and so on for `unroll` steps in all (EAGLE-3's training-time test), since
 drafting feeds its predictions back in: loss = smooth-L1 feature regression + `token_weight` x the cross-entropy
@@ -32,6 +33,7 @@ from ..decoding.generation_config import check_seed
 from ..errors import SpecdecError
 from ..heap import return_free_memory
 from ..texts.fingerprint import tokenizer_fingerprint
+from .answer_features import HandedFeatures, answer_rows, handed_features
 from .checkpoints import CHECKPOINT_FORMAT, check_resumable
 from .data import items_digest
 from .feature_store import check_store_folder, discard_store, store_folder
@@ -178,8 +180,10 @@ class HeadKind:
 
     def __init__(self, target: Any, sequences: Sequence[Sequence[int]], config: EagleTrainConfig,
                  on_progress: Optional[Callable[[EagleProgress], None]] = None,
-                 features_dir: Optional[Path] = None, answer_starts: Optional[Sequence[int]] = None) -> None:
+                 features_dir: Optional[Path] = None, answer_starts: Optional[Sequence[int]] = None,
+                 handed: Optional[HandedFeatures] = None) -> None:
         self.target, self.sequences, self.config, self.on_progress = target, sequences, config, on_progress
+        self.handed = handed  # the answering's features of the sequences it kept them for (None: computed)
         self.features_dir = features_dir  # where the feature store is kept (None: a temporary folder)
         self.answer_starts = answer_starts  # each sequence's first answer position (None: all answer)
         self.digest = items_digest([int(token) for token in sequence] for sequence in sequences)
@@ -211,7 +215,7 @@ class HeadKind:
         target, config = self.target, self.config
         self.data = data = head_data(target, self.sequences, config, {"kind": "eagle", "states": "last"},
                                      self.hidden, last_states(target), self.features_dir, self.on_progress,
-                                     self.answer_starts)
+                                     self.answer_starts, self.handed)
         self.let_target_go()  # (its layers are done with; the LM head's rows are read again below)
         self.head, self.started_from = initial_head(target, config.seed, self.mlp_width, config.head_init)
         head = self.head
@@ -361,13 +365,14 @@ def train_eagle(target: Any, sequences: Sequence[Sequence[int]], config: EagleTr
                 on_progress: Optional[Callable[[EagleProgress], None]] = None, *,
                 checkpoint_dir: Optional[Path] = None, resume: bool = False,
                 on_status: Optional[Callable[[str], None]] = None,
-                answer_starts: Optional[Sequence[int]] = None) -> tuple[Any, dict]:
+                answer_starts: Optional[Sequence[int]] = None,
+                handed: Optional[HandedFeatures] = None) -> tuple[Any, dict]:
     """Train a head for `target` on `sequences` (token id lists; `answer_starts`: each one's first answer
-    position, None: all answer); returns (head, result). With `checkpoint_dir` the run is checkpointed there (and
-    continued from there with `resume`)."""
+    position, None: all answer; `handed`: their features where the answering kept them); returns (head, result).
+    With `checkpoint_dir` the run is checkpointed there (and continued from there with `resume`)."""
     config.check()
     started = time.perf_counter()  # the head's training time counts the target's features too
-    kind = HeadKind(target, sequences, config, on_progress, store_folder(checkpoint_dir), answer_starts)
+    kind = HeadKind(target, sequences, config, on_progress, store_folder(checkpoint_dir), answer_starts, handed)
     return train(kind, checkpoint_dir, resume=resume, save_every=config.save_every, on_status=on_status,
                  started=started)
 
@@ -388,8 +393,9 @@ def build_eagle_head(target: Any, tokenizer: Any, target_name: str, output: str,
     check_store_folder(store_folder(ckpt_dir))
     fingerprint = tokenizer_fingerprint(tokenizer)
     sequences, answer_starts, sizes = training_sequences(tokenizer, fingerprint, target_name, data, corpus)
+    handed = handed_features(data, *answer_rows(target))  # what answering the data kept (None: computed)
     head, result = train_eagle(target, sequences, config, on_progress, checkpoint_dir=ckpt_dir, resume=resume,
-                               on_status=on_status, answer_starts=answer_starts)
+                               on_status=on_status, answer_starts=answer_starts, handed=handed)
     report = {**result["report"], **sizes}
     vocab = int(target.get_output_embeddings().out_features)  # (its `weight` would unpack a block head)
     meta = {"target": target_name, "fingerprint": fingerprint, "vocab_size": max(vocab, len(tokenizer)),

@@ -9,7 +9,9 @@ when the target produced it), the prompt token ids as fed to the target, the fin
 temperature, and the target's name and tokenizer fingerprint. Rows are appended one at a time and fsynced;
 a rerun skips prompts already answered, and a last line cut short by a crash is dropped before appending.
 A file that is not this command's data for this target is refused, untouched (`check_data_output`).
-The rows carry `prompt` and `answer`, so the file is also a corpus for `specdec build-index`.
+The rows carry `prompt` and `answer`, so the file is also a corpus for `specdec build-index`. Answering in batches
+with `keep_features`, the target's features along each answer go beside the file (answer_features.py), each
+answer's before its row, for an EAGLE head's training.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ..texts.prompt_ids import format_prompt
 from ..texts.prompts import Conversation
 from ..vllm import runner as vllm_runner
 from ..vllm.runner import VllmPhase, VllmSettings
+from .answer_features import AnswerFeatures, answer_rows, answers_folder
 from .batched import greedy_batches
 
 DATA_FORMAT = 1
@@ -175,10 +178,11 @@ def generate_data(
     system: Optional[str] = None,
     on_progress: Optional[Callable[[GenerateProgress], None]] = None,
     batch_size: int = 1,
+    keep_features: bool = False,
 ) -> GenerateSummary:
     """Answer the first turn of every prompt not yet in `out_path` and append one row per answer: one by one
     through the speculative engine (`batch_size` 1, greedy or sampled), or greedily `batch_size` prompts per
-    forward (batched.py)."""
+    forward (batched.py), then with `keep_features` each answer's features kept beside the file."""
     from dataclasses import replace
 
     from ..decoding.engine import Engine, GenerationConfig
@@ -194,10 +198,16 @@ def generate_data(
     rows = _RowWriter(out_path, tokenizer, target_name, info.fingerprint, prompts, raw, system, on_progress,
                       temperature)
     if batch_size > 1:
+        kept = AnswerFeatures(answers_folder(out_path), *answer_rows(model)) if keep_features and rows.todo else None
+
+        def write(answer: Any) -> None:
+            if kept is not None and answer.features is not None:
+                kept.add([*rows.prompt_ids[answer.index], *answer.tokens], answer.features)
+            rows.write(answer.index, answer.tokens, answer.finish_reason)
+
         if rows.todo:
             greedy_batches(model, rows.prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=info.eos_token_ids,
-                           batch_size=batch_size,
-                           on_answer=lambda answer: rows.write(answer.index, answer.tokens, answer.finish_reason))
+                           batch_size=batch_size, on_answer=write, keep_features=kept is not None)
         return rows.summary()
     drafter_object = make_drafter(drafter, drafter_options or DrafterOptions(), info, draft_max)
     engine = Engine(model, tokenizer)

@@ -8,7 +8,9 @@ A prompt's own text (a user's words, a template, a system prompt) is not what th
 default data it is 45% of the positions.
 
 This file computes nothing itself: the features come from the function its caller passes (eagle_train.py's last
-hidden states, eagle3_train.py's three layers). It does not train.
+hidden states, eagle3_train.py's three layers), or, for a sequence whose answering kept them (answer_features.py),
+from that store: such a sequence is cut without its last token (its rows stop one short), and its pieces' rows are
+the answering's, over the sequence's whole context. It does not train.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..errors import SpecdecError
 from ..texts.data_rows import read_rows
+from .answer_features import HandedFeatures
 from .data import items_digest
 from .feature_store import FeatureStore, StorePart, feature_store, target_identity
 
@@ -37,19 +40,20 @@ class EagleProgress:
 
 def pieces(sequences: Sequence[Sequence[int]], max_len: int) -> list[list[int]]:
     """Sequences cut into pieces of at most max_len tokens (pieces shorter than MIN_PIECE tokens are dropped)."""
-    return [piece for piece, _ in _cut(sequences, max_len, None)]
+    return [piece for piece, _, _ in _cut(sequences, max_len, None)]
 
 
 def _cut(sequences: Sequence[Sequence[int]], max_len: int,
-         answer_starts: Optional[Sequence[int]]) -> list[tuple[list[int], int]]:
-    """(piece, its first answer position within the piece, 0 when all of it is answer) for every piece."""
+         answer_starts: Optional[Sequence[int]]) -> list[tuple[list[int], int, tuple[int, int]]]:
+    """(piece, its first answer position within the piece, 0 when all of it is answer, (its sequence, its start
+    there)) for every piece."""
     out = []
     for index, sequence in enumerate(sequences):
         answer_from = 0 if answer_starts is None else int(answer_starts[index])
         for start in range(0, len(sequence), max_len):
             piece = list(sequence[start : start + max_len])
             if len(piece) >= MIN_PIECE:
-                out.append((piece, max(0, answer_from - start)))
+                out.append((piece, max(0, answer_from - start), (index, start)))
     return out
 
 
@@ -100,12 +104,15 @@ class HeadData:
 def head_data(target: Any, sequences: Sequence[Sequence[int]], config: Any, what: dict, width: int,
               features: Callable[[Sequence[int]], Any], folder: Optional[Path] = None,
               on_progress: Optional[Callable[[EagleProgress], None]] = None,
-              answer_starts: Optional[Sequence[int]] = None) -> HeadData:
+              answer_starts: Optional[Sequence[int]] = None, handed: Optional[HandedFeatures] = None) -> HeadData:
     """Pieces of at most `config.max_len` tokens, `config.holdout` of them kept apart at random (`config.seed`),
     the head's tokens (the training pieces' most frequent `config.head_vocab`), and `features(piece)` [n, width]
     for every piece: read from the store in `folder` when it holds them for this target, these pieces and `what`,
-    else computed into it. `answer_starts`: each sequence's first answer position (None: all answer)."""
-    cut = _cut(sequences, config.max_len, answer_starts)
+    else computed into it. `answer_starts`: each sequence's first answer position (None: all answer); `handed`: the
+    rows the answering kept, read instead of computed for the sequences it holds."""
+    kept = [handed is not None and handed.has(sequence) for sequence in sequences]
+    cut = _cut([sequence[:-1] if has else sequence for sequence, has in zip(sequences, kept)], config.max_len,
+               answer_starts)
     if len(cut) < 2:
         raise SpecdecError("too little data to train a head: give answers from `specdec distill generate` or a "
                            "corpus with at least two pieces of 8+ tokens")
@@ -113,16 +120,22 @@ def head_data(target: Any, sequences: Sequence[Sequence[int]], config: Any, what
     train, held_out = [cut[index][0] for index in train_order], [cut[index][0] for index in held_order]
     head_tokens = choose_head_tokens(train, config.head_vocab, int(target.config.vocab_size))
     ordered = train + held_out
+    origins = [cut[index][2] for index in train_order + held_order]  # (sequence, start) of each ordered piece
     key = {**what, "target": target_identity(target), "pieces": items_digest(ordered)}
 
     def compute(index: int) -> Any:
-        rows = features(ordered[index])
+        sequence, start = origins[index]
+        rows = None if handed is None or not kept[sequence] else handed.rows(sequences[sequence])
+        if rows is not None:
+            rows = rows[start : start + len(ordered[index])]  # [n, width]: the answering's
+        else:
+            rows = features(ordered[index])
         if on_progress is not None:
             on_progress(EagleProgress("features", index + 1, len(ordered)))
         return rows
 
     store, reused = feature_store(folder, key, len(ordered), width, compute)
-    return HeadData([piece for piece, _ in cut], train, held_out, [cut[index][1] for index in train_order],
+    return HeadData([piece for piece, _, _ in cut], train, held_out, [cut[index][1] for index in train_order],
                     [cut[index][1] for index in held_order], head_tokens, store, reused)
 
 

@@ -18,6 +18,7 @@ from ..files import check_output_file
 from ..home import specdec_home, writable_home_folder
 from ..target_model.load.target_source import resolve_target
 from ..texts.prompts import Conversation, load_prompts
+from .answer_features import check_answers_folder
 from .evaluate import prompts_from_data, read_report, tokenized
 from .generate import check_data_output
 
@@ -76,6 +77,8 @@ def pipeline_files(target: str, output: Optional[str], data: Optional[str], kind
     data_file = data or str(out_dir.parent / f"{out_dir.name}.data.jsonl")
     check_output_file(data_file, "data", own_rule=True)  # appended to: distill/generate.py
     check_data_output(data_file, setting="data")  # a file that is not distill data is refused before the target loads
+    if kind == "eagle":  # where answering keeps the target's features for the head (answer_features.py)
+        check_answers_folder(data_file)
     return out_dir, data_file
 
 

@@ -13,9 +13,10 @@ from specdec_cli.distill.head_data import _cut, split_order
 def test_each_piece_knows_where_its_answer_begins():
     sequence = list(range(100, 130))  # 30 tokens, the answer from position 10
     cut = _cut([sequence, list(range(40, 52))], max_len=8, answer_starts=[10, 0])
-    assert [(piece[0], start) for piece, start in cut] == [(100, 10), (108, 2), (116, 0), (40, 0)]
-    assert [len(piece) for piece, _ in cut] == [8, 8, 8, 8]  # the 6-token tails are dropped
-    assert [start for _, start in _cut([sequence], 8, None)] == [0, 0, 0]  # no prompt: every position taught
+    assert [(piece[0], start) for piece, start, _ in cut] == [(100, 10), (108, 2), (116, 0), (40, 0)]
+    assert [len(piece) for piece, _, _ in cut] == [8, 8, 8, 8]  # the 6-token tails are dropped
+    assert [origin for _, _, origin in cut] == [(0, 0), (0, 8), (0, 16), (1, 0)]  # (sequence, start)
+    assert [start for _, start, _ in _cut([sequence], 8, None)] == [0, 0, 0]  # no prompt: every position taught
     train, held = split_order(20, 0.25, seed=3)
     assert sorted(train + held) == list(range(20)) and len(held) == 5 and split_order(20, 0.25, seed=3) == (train, held)
 
