@@ -7,8 +7,9 @@ first token), and hands back the generations that ended, which leave; `drop` tak
 gone). So a new prompt never stops the others' answers for its whole length. Because no row's result depends on
 the others, and a prompt's cache entries are the same bits in pieces of any size, each answer is the one its
 request would get alone: greedy, plain decoding's answer token for token, whatever else shares the forward and
-whenever it joined or left. A drafter that reads the prompt's states (an EAGLE head), and forwards that cannot
-score several sequences at once, have the prompt computed whole by `add` (Engine.start).
+whenever it joined or left. A drafter that reads the target's last states (an EAGLE head) gets the prompt's from its
+pieces, the same bits; one that reads layer states, and forwards that cannot score several sequences at once, have
+the prompt computed whole by `add` (Engine.start).
 
 What it does not do: decide how many generations pay (the caller sets the width), or queue requests (the
 server's worker does). Sequences whose drafter reads the target's layer states, and forwards that cannot score
@@ -42,7 +43,7 @@ class Batch:
         cannot be); it steps with the others until it ends."""
         engine = self.engine
         run = engine.begin(prompt_ids, drafter, config, on_event, prompt_cache)
-        if not drafter.needs.features and engine.batches([drafter]):
+        if engine.batches([drafter]):  # (not where the drafter reads layer states)
             self.prompts.append(run)
             return run
         engine.compute_prompt(run)

@@ -217,8 +217,11 @@ class Engine:
             self.batch_shares.record(len(runs), share > 0, committed_all, time.perf_counter() - t0)
         for (run, _, stop), score in zip(pieces, scores[len(runs) :]):
             run.computed = stop
-            if stop == len(run.context):  # the prompt computed: its first token
-                self.first_token(run, score.logits)
+            if run.drafter.needs.features and score.features is not None:  # (a copy: the buffers are used again)
+                run.prompt_features.append(score.features.clone())  # [piece, hidden]
+            if stop == len(run.context):  # the prompt computed: its first token (and its features, where read)
+                self.first_token(run, score.logits, torch.cat(run.prompt_features) if run.prompt_features else None)
+                run.prompt_features.clear()
 
     @torch.inference_mode()
     def compute_ahead(self, prompt_cache: PromptCache, tokens: Sequence[int], at_least: int, most: int) -> int:

@@ -12,8 +12,8 @@ each answer is, bit for bit, what plain decoding of its prompt alone writes with
 prompts join between steps (continuous batching), `width` open at a time.
 
 With `keep_features`, each answer also hands back the target's last hidden states along its prompt and answer,
-which every forward computes anyway (a head's training reads them: distill/answer_features.py); such a prompt is
-computed whole when it joins rather than in the rows the others leave (batch.py), the same arithmetic.
+which every forward computes anyway (a head's training reads them: distill/answer_features.py), its prompt's
+from the pieces it was computed in.
 
 What it does not do: drafting (the batch is the speedup), stop strings, or forwards that cannot score several
 sequences in one call (distill/batched.py pads batches for transformers' models instead).

@@ -60,6 +60,8 @@ class Run:
     text_end: Optional[int] = None
     ttft: float = 0.0
     computed: Optional[int] = None  # until the first token: the prompt's tokens in the cache (None after it)
+    prompt_features: list[torch.Tensor] = field(default_factory=list)  # its pieces' [n, hidden], until then, where
+    # the drafter reads features (Engine.step_many)
     dry_breakers: Optional[Breakers] = None  # config.dry's breakers as the tokenizer's tokens, when DRY is on
     _bias: Optional[torch.Tensor] = field(default=None, repr=False)  # [vocab] config.logit_bias, made when first used
 

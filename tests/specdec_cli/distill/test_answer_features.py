@@ -13,7 +13,7 @@ from helpers import EOS, PROMPTS, family_model, make_tokenizer
 
 from specdec_cli import kernels
 from specdec_cli.decoding.engine import GenerationConfig
-from specdec_cli.decoding.plain_many import plain_many
+from specdec_cli.decoding.plain_many import FeatureKeeper, plain_many
 from specdec_cli.distill.answer_features import (
     INDEX,
     ROWS,
@@ -28,6 +28,7 @@ from specdec_cli.distill.head_data import head_data
 from specdec_cli.errors import SpecdecError
 from specdec_cli.target_model.load import converted_blocks
 from specdec_cli.target_model.native import quant
+from specdec_cli.target_model.native.native import ROW_INVARIANT_ROWS
 
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason="specdec's CPU kernels are not compiled")
 
@@ -52,9 +53,11 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 @needs_kernels
 def test_answers_keep_the_features_training_would_compute_and_stay_the_same_answers(block_llama):
-    prompts = [*PROMPTS, [1, 7, 7, 7, 7, 9]]
+    long = [1, *torch.randint(4, 90, (ROW_INVARIANT_ROWS + 9,), generator=torch.Generator().manual_seed(2)).tolist()]
+    prompts = [*PROMPTS, [1, 7, 7, 7, 7, 9], long]  # (the long one computed in pieces beside the others' steps)
     config = GenerationConfig(max_new_tokens=12, eos_token_ids=(EOS,))
-    forward = fixed_engine(block_llama).forward
+    engine = fixed_engine(block_llama)
+    forward = engine.forward
     plain = plain_many(forward, prompts, config, width=3)
     kept = plain_many(forward, prompts, config, width=3, keep_features=True)
     assert sorted((answer.index, answer.tokens) for answer in kept) == \
@@ -65,6 +68,9 @@ def test_answers_keep_the_features_training_would_compute_and_stay_the_same_answ
         assert answer.features is not None and answer.features.dtype == torch.bfloat16
         assert answer.features.shape == (len(sequence) - 1, block_llama.config.hidden_size)  # all but the newest
         assert _close(answer.features.float(), _states(block_llama, sequence)[:-1]), answer.index
+        alone = FeatureKeeper()  # its prompt computed whole, its answer alone: the same bits
+        engine.generate(prompts[answer.index], alone, config)
+        assert torch.equal(answer.features, alone.features()), answer.index
 
 
 def test_kept_rows_are_read_back_by_their_tokens_and_survive_a_crash(tmp_path):
