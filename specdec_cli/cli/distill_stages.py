@@ -201,7 +201,8 @@ class HeadStages:
     bench_methods = "sam,eagle,sam+eagle"
     # Both training suites whole (1,230 prompts: `distill`'s 298 and the standard library's), two passes: 140 k answer
     # tokens on the real Qwen2.5-Coder-0.5B (the `distill` suite alone: 33 k); 34 minutes on 2 Zen 4 cores (answering
-    # 9, the target's features and training 24, evaluating 1.5); SmolLM2-135M 19 (docs/measurements.md).
+    # 9, the target's features and training 24, evaluating 1.5; the features pass, 8 of them, is gone since the
+    # answering keeps them), 90 on an AVX2 Zen 3 (20 of them that pass); SmolLM2-135M 19 (docs/measurements.md).
     pipeline_prompts = 1300
     pipeline_suite = "distill,library"
     pipeline_epochs = 2.0

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ..files import atomic_file, check_replaceable_dir, read_json
+from .feature_store import ROW_BYTES, bfloat16_bytes, read_bfloat16_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -32,7 +33,6 @@ FORMAT = 1
 META = "answers.json"
 ROWS = "rows.bin"
 INDEX = "index.jsonl"
-ROW_BYTES = 2  # bfloat16
 
 
 def answers_folder(data: str | Path) -> Path:
@@ -43,8 +43,12 @@ def answers_folder(data: str | Path) -> Path:
 
 def check_answers_folder(data: str | Path) -> None:
     """Refuse, before any work, a folder where the answers' features would go that specdec did not write."""
-    check_replaceable_dir(answers_folder(data), lambda folder: (folder / META).is_file(),
-                          "a folder of answers' features specdec kept", setting=None)
+    _check_folder(answers_folder(data))
+
+
+def _check_folder(folder: Path) -> None:
+    check_replaceable_dir(folder, lambda found: (found / META).is_file(), "a folder of answers' features specdec kept",
+                          setting=None)
 
 
 def tokens_digest(tokens: Sequence[int]) -> str:
@@ -76,8 +80,7 @@ class AnswerFeatures:
     """Appends answers' rows to the folder for `target_id` and `width` (started again where it was another's)."""
 
     def __init__(self, folder: Path, target_id: str, width: int) -> None:
-        check_replaceable_dir(folder, lambda found: (found / META).is_file(), "a folder of answers' features "
-                              "specdec kept", setting=None)
+        _check_folder(folder)
         self.folder, self.width = folder, width
         folder.mkdir(parents=True, exist_ok=True)
         meta = {"format": FORMAT, "target": target_id, "width": width}
@@ -97,16 +100,13 @@ class AnswerFeatures:
 
     def add(self, tokens: Sequence[int], features: torch.Tensor) -> None:
         """A sequence's rows [len(tokens) - 1, width] (every position but the newest), synced, then indexed."""
-        import torch
-
         if features.dim() != 2 or features.shape != (len(tokens) - 1, self.width):
             raise ValueError(f"features of shape {tuple(features.shape)} for {len(tokens)} tokens")
         digest = tokens_digest(tokens)
         if digest in self.known:
             return
-        data = features.detach().to(torch.bfloat16).contiguous().cpu().view(torch.int16).numpy().tobytes()
-        for name, payload in ((ROWS, data), (INDEX, (json.dumps({"tokens": digest, "offset": self.end, "rows":
-                                                                  len(tokens) - 1}) + "\n").encode())):
+        line = json.dumps({"tokens": digest, "offset": self.end, "rows": len(tokens) - 1}) + "\n"
+        for name, payload in ((ROWS, bfloat16_bytes(features)), (INDEX, line.encode())):
             with open(self.folder / name, "ab") as handle:
                 handle.write(payload)
                 handle.flush()
@@ -128,18 +128,10 @@ class HandedFeatures:
         return tokens_digest(tokens) in self.known
 
     def rows(self, tokens: Sequence[int]) -> Optional[torch.Tensor]:
-        import torch
-
         found = self.known.get(tokens_digest(tokens))
         if found is None or found[1] != len(tokens) - 1:
             return None
-        offset, count = found
-        buffer = bytearray(count * self.width * ROW_BYTES)
-        with open(self.folder / ROWS, "rb") as handle:
-            handle.seek(offset * self.width * ROW_BYTES)
-            if handle.readinto(buffer) != len(buffer):
-                return None
-        return torch.frombuffer(buffer, dtype=torch.bfloat16).view(count, self.width).float()  # [n - 1, width]
+        return read_bfloat16_rows(self.folder / ROWS, found[0], found[1], self.width)  # [n - 1, width]
 
 
 def handed_features(data: Optional[str | Path], target_id: str, width: int) -> Optional[HandedFeatures]:

@@ -73,19 +73,14 @@ class FeatureStore:
         return len(self.offsets) - 1
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        import torch
-
         if not 0 <= index < len(self):
             raise IndexError(index)
         start, stop = self.offsets[index], self.offsets[index + 1]
-        buffer = bytearray((stop - start) * self.width * ROW_BYTES)
-        with open(self.folder / STORE_ROWS, "rb") as handle:
-            handle.seek(start * self.width * ROW_BYTES)
-            if handle.readinto(buffer) != len(buffer):
-                raise SpecdecError(f"{self.folder}: {STORE_ROWS} is shorter than {STORE_META} says; remove the "
-                                   "folder to compute the features again")
-        rows = torch.frombuffer(buffer, dtype=torch.bfloat16).view(stop - start, self.width)  # [n, width]
-        return rows.float()
+        rows = read_bfloat16_rows(self.folder / STORE_ROWS, start, stop - start, self.width)  # [n, width]
+        if rows is None:
+            raise SpecdecError(f"{self.folder}: {STORE_ROWS} is shorter than {STORE_META} says; remove the "
+                               "folder to compute the features again")
+        return rows
 
     def part(self, start: int, stop: int) -> "StorePart":
         return StorePart(self, start, stop)
@@ -174,7 +169,7 @@ def feature_store(folder: Optional[Path], key: dict, count: int, width: int,
             rows = compute(index)  # [n, width]
             if rows.dim() != 2 or rows.shape[1] != width:
                 raise ValueError(f"piece {index}: features of shape {tuple(rows.shape)}, not [n, {width}]")
-            handle.write(_bfloat16_bytes(rows))
+            handle.write(bfloat16_bytes(rows))
             offsets.append(offsets[-1] + int(rows.shape[0]))
             if time.monotonic() - recorded >= RECORD_SECONDS:
                 _record(target, handle, key, width, offsets, complete=False)
@@ -183,10 +178,24 @@ def feature_store(folder: Optional[Path], key: dict, count: int, width: int,
     return FeatureStore(target, meta, temporary), False
 
 
-def _bfloat16_bytes(rows: torch.Tensor) -> bytes:
+def bfloat16_bytes(rows: torch.Tensor) -> bytes:
+    """Rows [n, width] as bfloat16 bytes, little-endian, row after row."""
     import torch
 
     return rows.detach().to(torch.bfloat16).contiguous().cpu().view(torch.int16).numpy().tobytes()
+
+
+def read_bfloat16_rows(path: Path, offset: int, count: int, width: int) -> Optional[torch.Tensor]:
+    """Rows offset..offset+count-1 of a file of bfloat16 rows `width` wide, as float32 [count, width]; None when the
+    file is shorter."""
+    import torch
+
+    buffer = bytearray(count * width * ROW_BYTES)
+    with open(path, "rb") as handle:
+        handle.seek(offset * width * ROW_BYTES)
+        if handle.readinto(buffer) != len(buffer):
+            return None
+    return torch.frombuffer(buffer, dtype=torch.bfloat16).view(count, width).float()
 
 
 def _recorded_offsets(folder: Path, key: dict, width: int) -> list[int]:
