@@ -289,8 +289,9 @@ def test_a_heads_pipeline_trains_on_the_features_its_answering_kept(shared_real_
     assert len(rows) == 3 and (head / "head.safetensors").is_file()
     folder = answers_folder(data)
     assert folder.name == "head.data.features" and (folder / "answers.json").is_file()
-    handed = handed_features(data, *eagle_train.answer_rows(real_target("float32", "auto").model))
-    assert handed is not None and all(handed.has([*row["prompt_ids"], *row["answer_ids"]]) for row in rows)
+    handed = handed_features(data, *eagle_train.computed_by(real_target("float32", "auto").model))
+    assert handed is not None
+    assert all(handed.locate([*row["prompt_ids"], *row["answer_ids"]]) is not None for row in rows)
 
 
 def test_a_damaged_conversion_is_converted_again_with_one_warning(tmp_path, monkeypatch):

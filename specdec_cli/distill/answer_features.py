@@ -90,11 +90,13 @@ class AnswerFeatures:
             with atomic_file(folder / META) as temporary:
                 temporary.write_text(json.dumps(meta), encoding="utf-8")
         self.known, self.end = _index(folder, width)
-        with open(folder / INDEX, "a+b") as index:  # keep the whole lines alone
+        with open(folder / INDEX, "a+b") as index:  # keep the whole lines alone (a crash's last one goes)
             index.seek(0)
-            lines = index.read().split(b"\n")[: len(self.known)]
-            index.truncate(0)
-            index.write(b"".join(line + b"\n" for line in lines))
+            held = index.read()
+            whole = b"".join(line + b"\n" for line in held.split(b"\n")[: len(self.known)])
+            if whole != held:
+                index.truncate(0)
+                index.write(whole)
         with open(folder / ROWS, "ab") as rows:
             rows.truncate(self.end * width * ROW_BYTES)
 
@@ -116,7 +118,7 @@ class AnswerFeatures:
 
 
 class HandedFeatures:
-    """A sequence's rows [len(tokens) - 1, width] as float32 (`rows(tokens)`), where the answering kept them."""
+    """Where a sequence's rows [len(tokens) - 1, width] were kept (`locate`), and those rows as float32 (`read`)."""
 
     def __init__(self, folder: Path, width: int, known: dict[str, tuple[int, int]]) -> None:
         self.folder, self.width, self.known = folder, width, known
@@ -124,14 +126,19 @@ class HandedFeatures:
     def __len__(self) -> int:
         return len(self.known)
 
-    def has(self, tokens: Sequence[int]) -> bool:
-        return tokens_digest(tokens) in self.known
+    def locate(self, tokens: Sequence[int]) -> Optional[int]:
+        """The row offset of the sequence's rows, where the answering kept them for exactly these tokens."""
+        found = self.known.get(tokens_digest(tokens))
+        return found[0] if found is not None and found[1] == len(tokens) - 1 else None
+
+    def read(self, offset: int, count: int) -> Optional[torch.Tensor]:
+        """Rows offset..offset+count-1 [count, width] (None: the file is shorter)."""
+        return read_bfloat16_rows(self.folder / ROWS, offset, count, self.width)
 
     def rows(self, tokens: Sequence[int]) -> Optional[torch.Tensor]:
-        found = self.known.get(tokens_digest(tokens))
-        if found is None or found[1] != len(tokens) - 1:
-            return None
-        return read_bfloat16_rows(self.folder / ROWS, found[0], found[1], self.width)  # [n - 1, width]
+        """A sequence's rows [len(tokens) - 1, width], or None where they were not kept."""
+        offset = self.locate(tokens)
+        return None if offset is None else self.read(offset, len(tokens) - 1)
 
 
 def handed_features(data: Optional[str | Path], target_id: str, width: int) -> Optional[HandedFeatures]:
@@ -145,7 +152,7 @@ def handed_features(data: Optional[str | Path], target_id: str, width: int) -> O
     return HandedFeatures(folder, width, known) if known else None
 
 
-def answer_rows(model: Any) -> tuple[str, int]:
+def computed_by(model: Any) -> tuple[str, int]:
     """(the target's identity, its hidden size): what a folder's features were computed by."""
     from .feature_store import target_identity
 

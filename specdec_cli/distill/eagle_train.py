@@ -33,7 +33,7 @@ from ..decoding.generation_config import check_seed
 from ..errors import SpecdecError
 from ..heap import return_free_memory
 from ..texts.fingerprint import tokenizer_fingerprint
-from .answer_features import HandedFeatures, answer_rows, handed_features
+from .answer_features import HandedFeatures, computed_by, handed_features
 from .checkpoints import CHECKPOINT_FORMAT, check_resumable
 from .data import items_digest
 from .feature_store import check_store_folder, discard_store, store_folder
@@ -393,7 +393,7 @@ def build_eagle_head(target: Any, tokenizer: Any, target_name: str, output: str,
     check_store_folder(store_folder(ckpt_dir))
     fingerprint = tokenizer_fingerprint(tokenizer)
     sequences, answer_starts, sizes = training_sequences(tokenizer, fingerprint, target_name, data, corpus)
-    handed = handed_features(data, *answer_rows(target))  # what answering the data kept (None: computed)
+    handed = handed_features(data, *computed_by(target))  # what answering the data kept (None: computed)
     head, result = train_eagle(target, sequences, config, on_progress, checkpoint_dir=ckpt_dir, resume=resume,
                                on_status=on_status, answer_starts=answer_starts, handed=handed)
     report = {**result["report"], **sizes}

@@ -33,7 +33,7 @@ from ..texts.prompt_ids import format_prompt
 from ..texts.prompts import Conversation
 from ..vllm import runner as vllm_runner
 from ..vllm.runner import VllmPhase, VllmSettings
-from .answer_features import AnswerFeatures, answer_rows, answers_folder
+from .answer_features import AnswerFeatures, answers_folder, computed_by
 from .batched import greedy_batches
 
 DATA_FORMAT = 1
@@ -198,7 +198,7 @@ def generate_data(
     rows = _RowWriter(out_path, tokenizer, target_name, info.fingerprint, prompts, raw, system, on_progress,
                       temperature)
     if batch_size > 1:
-        kept = AnswerFeatures(answers_folder(out_path), *answer_rows(model)) if keep_features and rows.todo else None
+        kept = AnswerFeatures(answers_folder(out_path), *computed_by(model)) if keep_features and rows.todo else None
 
         def write(answer: Any) -> None:
             if kept is not None and answer.features is not None:

@@ -110,9 +110,9 @@ def head_data(target: Any, sequences: Sequence[Sequence[int]], config: Any, what
     for every piece: read from the store in `folder` when it holds them for this target, these pieces and `what`,
     else computed into it. `answer_starts`: each sequence's first answer position (None: all answer); `handed`: the
     rows the answering kept, read instead of computed for the sequences it holds."""
-    kept = [handed is not None and handed.has(sequence) for sequence in sequences]
-    cut = _cut([sequence[:-1] if has else sequence for sequence, has in zip(sequences, kept)], config.max_len,
-               answer_starts)
+    kept = [None if handed is None else handed.locate(sequence) for sequence in sequences]  # row offsets, or None
+    cut = _cut([sequence if offset is None else sequence[:-1] for sequence, offset in zip(sequences, kept)],
+               config.max_len, answer_starts)
     if len(cut) < 2:
         raise SpecdecError("too little data to train a head: give answers from `specdec distill generate` or a "
                            "corpus with at least two pieces of 8+ tokens")
@@ -125,10 +125,9 @@ def head_data(target: Any, sequences: Sequence[Sequence[int]], config: Any, what
 
     def compute(index: int) -> Any:
         sequence, start = origins[index]
-        rows = None if handed is None or not kept[sequence] else handed.rows(sequences[sequence])
-        if rows is not None:
-            rows = rows[start : start + len(ordered[index])]  # [n, width]: the answering's
-        else:
+        offset = kept[sequence]
+        rows = None if handed is None or offset is None else handed.read(offset + start, len(ordered[index]))
+        if rows is None:  # [n, width]: the answering's where kept, else computed
             rows = features(ordered[index])
         if on_progress is not None:
             on_progress(EagleProgress("features", index + 1, len(ordered)))

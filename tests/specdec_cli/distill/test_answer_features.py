@@ -18,9 +18,9 @@ from specdec_cli.distill.answer_features import (
     INDEX,
     ROWS,
     AnswerFeatures,
-    answer_rows,
     answers_folder,
     check_answers_folder,
+    computed_by,
     handed_features,
 )
 from specdec_cli.distill.eagle_train import EagleTrainConfig, last_states
@@ -86,7 +86,7 @@ def test_kept_rows_are_read_back_by_their_tokens_and_survive_a_crash(tmp_path):
     with pytest.raises(ValueError):
         store.add([9, 9], torch.randn(2, 8))  # rows for every position but the newest, no more
     handed = handed_features(data, "sha256:aa", 8)
-    assert handed is not None and len(handed) == 2 and handed.has(second) and not handed.has([5, 6])
+    assert handed is not None and len(handed) == 2 and handed.locate(second) == 3 and handed.locate([5, 6]) is None
     for tokens, want in zip((first, second), rows):
         assert torch.equal(handed.rows(tokens), want.to(torch.bfloat16).float())
     assert handed_features(data, "sha256:bb", 8) is None and handed_features(data, "sha256:aa", 16) is None
@@ -120,10 +120,10 @@ def test_a_folder_specdec_did_not_write_is_refused_untouched(tmp_path):
 def test_a_head_reads_the_kept_rows_instead_of_computing_them(tmp_path, tiny_llama):
     width = int(tiny_llama.config.hidden_size)
     sequences = [list(range(1, 22)), list(range(21, 40)), list(range(5, 30))]
-    store = AnswerFeatures(answers_folder(tmp_path / "d.jsonl"), *answer_rows(tiny_llama))
+    store = AnswerFeatures(answers_folder(tmp_path / "d.jsonl"), *computed_by(tiny_llama))
     kept_rows = torch.randn(len(sequences[0]) - 1, width)
     store.add(sequences[0], kept_rows)  # the first sequence's rows were kept; the others are computed
-    handed = handed_features(tmp_path / "d.jsonl", *answer_rows(tiny_llama))
+    handed = handed_features(tmp_path / "d.jsonl", *computed_by(tiny_llama))
     computed = []
 
     def features(piece):
@@ -159,7 +159,7 @@ def test_answering_for_a_head_keeps_its_features_beside_the_data(tmp_path, block
     data = tmp_path / "answers.jsonl"
     generate_data(block_llama, tokenizer, "tiny", items, str(data), max_new_tokens=6, batch_size=2,
                   keep_features=True)
-    handed = handed_features(data, *answer_rows(block_llama))
+    handed = handed_features(data, *computed_by(block_llama))
     rows = read_rows(str(data))
     assert handed is not None and len(handed) == len(rows) == 3
     for row in rows:
